@@ -1,0 +1,338 @@
+//! `cudarl-pipe bench`: speed goals measured as ratios against a baseline in the same run.
+//!
+//! - `bench noop`: wall time of a fully cached `cudarl-pipe run curriculum` process, against
+//!   the process floor (`cudarl-pipe --version`), median of N runs each.
+//! - `bench ingest-sakana`: `ingest-sakana` on a full-size (30,615-row) table in the archive's
+//!   19-column schema, built by replicating the bundled sample with varied code, against the
+//!   baseline of reading and rewriting the same files with the same Parquet writer.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use clap::Subcommand;
+use cudarl_core::{Engine, NodeStatus, Pipeline, RunOptions, Store};
+use cudarl_stages::Registry;
+
+use super::{CliError, Ctx};
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// Cached no-op `run curriculum` vs process start-up (`--version`).
+    Noop {
+        /// Timed repetitions of each command.
+        #[arg(long, default_value_t = 15)]
+        reps: usize,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// `ingest-sakana` on a full-size archive table vs plain read + rewrite of the same files.
+    IngestSakana {
+        /// Rows of the synthetic full-size table (the real archive has 30,615).
+        #[arg(long, default_value_t = 30_615)]
+        rows: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn machine() -> serde_json::Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    serde_json::json!({
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "date": chrono_like_now(),
+    })
+}
+
+fn chrono_like_now() -> String {
+    let out = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%dT%H:%M:%SZ")
+        .output();
+    out.ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn finish(result: serde_json::Value, out: Option<PathBuf>) -> Result<i32, CliError> {
+    let text = serde_json::to_string_pretty(&result).expect("json") + "\n";
+    if let Some(p) = out {
+        if let Some(d) = p.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        std::fs::write(&p, &text)
+            .map_err(|e| CliError::failed(format!("write {}: {e}", p.display())))?;
+    }
+    print!("{text}");
+    Ok(0)
+}
+
+/// Runs a benchmark.
+pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
+    match which {
+        BenchCmd::Noop { reps, out } => noop(ctx, reps, out),
+        BenchCmd::IngestSakana { rows, reps, out } => ingest_sakana(ctx, rows, reps, out),
+    }
+}
+
+fn time_cmd(exe: &Path, args: &[String]) -> Result<f64, CliError> {
+    let t0 = Instant::now();
+    let st = Command::new(exe)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| CliError::failed(format!("spawn: {e}")))?;
+    if !st.success() {
+        return Err(CliError::failed(format!(
+            "`{}` failed with {st}",
+            args.join(" ")
+        )));
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+fn noop(ctx: &Ctx, reps: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
+    let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
+    let mut args = vec![
+        "--root".to_string(),
+        ctx.root.display().to_string(),
+        "--store".to_string(),
+        ctx.store.display().to_string(),
+        "--pipeline".to_string(),
+        ctx.pipeline_path.display().to_string(),
+    ];
+    for s in &ctx.sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    let mut run_args = args.clone();
+    run_args.extend(["run".to_string(), "curriculum".to_string()]);
+    // Warm: build everything once (untimed), then every timed run must be all-cached.
+    time_cmd(&exe, &run_args)?;
+    let check = Command::new(&exe)
+        .args(&run_args)
+        .arg("--json")
+        .output()
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let all_cached = String::from_utf8_lossy(&check.stdout)
+        .lines()
+        .all(|l| l.contains("\"status\":\"cached\""));
+    if !all_cached {
+        return Err(CliError::failed(
+            "second run was not fully cached; cannot benchmark a no-op run",
+        ));
+    }
+    let base: Vec<f64> = (0..reps)
+        .map(|_| time_cmd(&exe, &["--version".to_string()]))
+        .collect::<Result<_, _>>()?;
+    let noop: Vec<f64> = (0..reps)
+        .map(|_| time_cmd(&exe, &run_args))
+        .collect::<Result<_, _>>()?;
+    let (b, n) = (median(base), median(noop));
+    finish(
+        serde_json::json!({
+            "bench": "noop-run-curriculum",
+            "machine": machine(),
+            "reps": reps,
+            "baseline": "cudarl-pipe --version (process start-up)",
+            "baseline_median_s": b,
+            "noop_run_median_s": n,
+            "ratio_vs_baseline": n / b,
+            "goal_s": 0.3,
+            "meets_goal": n <= 0.3,
+        }),
+        out,
+    )
+}
+
+/// Builds `rows` rows in the archive's 19-column schema from the bundled sample, split like the
+/// real archive into level_1 (39.7%), level_2 (42.3%), level_3 (18.0%) files, with the code
+/// varied per row so every kernel id is distinct.
+fn synth_archive(sample: &Path, dir: &Path, rows: usize) -> Result<Vec<PathBuf>, CliError> {
+    let t = cudarl_data::Table::read(sample, "sample.parquet")
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let n = t.rows();
+    let splits = [
+        ("level_1.parquet", rows * 12_157 / 30_615),
+        ("level_2.parquet", rows * 12_938 / 30_615),
+    ];
+    let third = rows - splits[0].1 - splits[1].1;
+    let mut files = Vec::new();
+    let mut start = 0usize;
+    for (name, count) in [splits[0], splits[1], ("level_3.parquet", third)] {
+        let idx: Vec<usize> = (start..start + count).map(|i| i % n).collect();
+        let take =
+            arrow::array::UInt32Array::from(idx.iter().map(|&i| i as u32).collect::<Vec<_>>());
+        let mut fields = Vec::new();
+        let mut cols: Vec<ArrayRef> = Vec::new();
+        for (ci, f) in t.schema.fields().iter().enumerate() {
+            let c = arrow::compute::take(t.batch.column(ci).as_ref(), &take, None)
+                .map_err(|e| CliError::failed(e.to_string()))?;
+            let c: ArrayRef = if f.name() == "CUDA_Code" {
+                let s = c.as_any().downcast_ref::<StringArray>().expect("utf8");
+                Arc::new(StringArray::from_iter(s.iter().enumerate().map(
+                    |(k, v)| v.map(|v| format!("{v}\n// variant {}\n", start + k)),
+                )))
+            } else if f.name() == "__index_level_0__" {
+                Arc::new(Int64Array::from_iter_values(
+                    (start..start + count).map(|v| v as i64),
+                ))
+            } else {
+                c
+            };
+            fields.push(f.as_ref().clone());
+            cols.push(c);
+            if f.name() == "PyTorch_Code_Module" {
+                // The full archive has PyTorch_Code_Functional right after the module code.
+                fields.push(Field::new("PyTorch_Code_Functional", DataType::Utf8, true));
+                cols.push(cols.last().expect("module col").clone());
+            }
+            if f.name() == "NCU_Profile" {
+                fields.push(Field::new("Torch_Profile", DataType::Utf8, true));
+                cols.push(Arc::new(StringArray::from(vec![
+                    Some(
+                        "{'aten::matmul': {'cuda_time_us': 12.5}}"
+                    );
+                    count
+                ])));
+            }
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let b = RecordBatch::try_new(schema, cols).map_err(|e| CliError::failed(e.to_string()))?;
+        let p = dir.join(name);
+        cudarl_data::write_parquet(&p, &b).map_err(|e| CliError::failed(e.to_string()))?;
+        files.push(p);
+        start += count;
+    }
+    Ok(files)
+}
+
+fn ingest_sakana(
+    ctx: &Ctx,
+    rows: usize,
+    reps: usize,
+    out: Option<PathBuf>,
+) -> Result<i32, CliError> {
+    let tmp = std::env::temp_dir().join(format!("cudarl-bench-{}", std::process::id()));
+    let archive = tmp.join("archive");
+    std::fs::create_dir_all(&archive).map_err(|e| CliError::failed(e.to_string()))?;
+    let sample = ctx
+        .root
+        .join("datasets/sakana_ai_cuda_engineer_archive_sample/sample.parquet");
+    let files = synth_archive(&sample, &archive, rows)?;
+    let bytes: u64 = files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum();
+
+    // Baseline: read and rewrite the same files with the same writer.
+    let mut base = Vec::new();
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        for f in &files {
+            let t =
+                cudarl_data::Table::read(f, "x").map_err(|e| CliError::failed(e.to_string()))?;
+            cudarl_data::write_parquet(&tmp.join("copy.parquet"), &t.batch)
+                .map_err(|e| CliError::failed(e.to_string()))?;
+        }
+        base.push(t0.elapsed().as_secs_f64());
+    }
+
+    let pipeline_text = format!(
+        "[stages.ingest-kernelbench]\npath = {:?}\n\n[stages.ingest-sakana]\nsource = \"files\"\npath = {:?}\n",
+        ctx.root
+            .join("datasets/kernelbench/problems.parquet")
+            .display()
+            .to_string(),
+        archive.display().to_string()
+    );
+    let pfile = tmp.join("bench.toml");
+    std::fs::write(&pfile, pipeline_text).map_err(|e| CliError::failed(e.to_string()))?;
+    let pipeline = Pipeline::load(&pfile, "bench.toml", &[], &Registry)?;
+    let store = Store::open(tmp.join("store")).map_err(|e| CliError::failed(e.to_string()))?;
+    let engine = Engine::new(
+        store,
+        pipeline,
+        ctx.root.clone(),
+        tmp.join("bench.lock"),
+        Arc::new(cudarl_core::NullReporter),
+        0,
+    );
+    let first = engine.run(&["ingest-kernelbench".to_string()], &RunOptions::default())?;
+    if first.exit_code() != 0 {
+        return Err(CliError::failed(
+            "ingest-kernelbench failed in the benchmark",
+        ));
+    }
+    let mut times = Vec::new();
+    let mut out_rows = 0;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        let s = engine.run(
+            &["ingest-sakana".to_string()],
+            &RunOptions {
+                force: vec!["ingest-sakana".into()],
+                dry_run: false,
+            },
+        )?;
+        times.push(t0.elapsed().as_secs_f64());
+        let r = s.record("ingest-sakana").expect("node ran");
+        if r.status != NodeStatus::Ran {
+            return Err(CliError::failed(format!(
+                "ingest-sakana {}: {:?}",
+                r.status.as_str(),
+                r.error
+            )));
+        }
+        out_rows = r.outputs.get("kernels").and_then(|o| o.rows).unwrap_or(0);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    let (b, n) = (median(base), median(times));
+    finish(
+        serde_json::json!({
+            "bench": "ingest-sakana-full-size",
+            "machine": machine(),
+            "input_rows": rows,
+            "input_bytes": bytes,
+            "output_rows": out_rows,
+            "reps": reps,
+            "baseline": "read + rewrite the same Parquet files (same writer settings)",
+            "baseline_median_s": b,
+            "ingest_median_s": n,
+            "ratio_vs_baseline": n / b,
+            "rows_per_s": rows as f64 / n,
+            "goal_s": 3.0,
+            "meets_goal": n <= 3.0,
+        }),
+        out,
+    )
+}

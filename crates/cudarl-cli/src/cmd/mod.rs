@@ -1,0 +1,474 @@
+//! Implementations of the CLI verbs.
+
+pub mod bench;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use cudarl_core::engine::NodeStatus;
+use cudarl_core::pipeline::discover_root;
+use cudarl_core::{Engine, EngineError, NodeRecord, Pipeline, RunOptions, StageError, Store};
+use cudarl_stages::Registry;
+
+use crate::report::CliReporter;
+use crate::{Cli, Command, DagFmt};
+
+/// An error with its exit code.
+#[derive(Debug)]
+pub struct CliError {
+    /// Exit code (1 or 2).
+    pub code: i32,
+    /// Message.
+    pub message: String,
+}
+
+impl CliError {
+    pub fn usage(m: impl Into<String>) -> Self {
+        CliError {
+            code: 2,
+            message: m.into(),
+        }
+    }
+    pub fn failed(m: impl Into<String>) -> Self {
+        CliError {
+            code: 1,
+            message: m.into(),
+        }
+    }
+}
+
+impl From<EngineError> for CliError {
+    fn from(e: EngineError) -> Self {
+        CliError {
+            code: e.exit_code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<StageError> for CliError {
+    fn from(e: StageError) -> Self {
+        CliError {
+            code: if e.is_bad_input() { 2 } else { 1 },
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Paths resolved from the global options.
+pub struct Ctx {
+    pub root: PathBuf,
+    pub pipeline_path: PathBuf,
+    pub pipeline_display: String,
+    pub store: PathBuf,
+    pub lock: Option<PathBuf>,
+    pub sets: Vec<String>,
+}
+
+impl Ctx {
+    fn from_cli(cli: &Cli) -> Result<Ctx, CliError> {
+        let root = match &cli.root {
+            Some(r) => r.clone(),
+            None => {
+                let cwd = std::env::current_dir()
+                    .map_err(|e| CliError::failed(format!("current directory: {e}")))?;
+                discover_root(&cwd).ok_or_else(|| {
+                    CliError::usage("not inside a cudarl-pipe project (no `pipelines/` folder here or above); use --root DIR")
+                })?
+            }
+        };
+        let (pipeline_path, pipeline_display) = match &cli.pipeline {
+            Some(p) => (p.clone(), p.display().to_string()),
+            None => (
+                root.join("pipelines/default.toml"),
+                "pipelines/default.toml".to_string(),
+            ),
+        };
+        let store = cli.store.clone().unwrap_or_else(|| root.join("artifacts"));
+        Ok(Ctx {
+            root,
+            pipeline_path,
+            pipeline_display,
+            store,
+            lock: cli.lock.clone(),
+            sets: cli.sets.clone(),
+        })
+    }
+
+    pub fn pipeline(&self) -> Result<Pipeline, CliError> {
+        Ok(Pipeline::load(
+            &self.pipeline_path,
+            &self.pipeline_display,
+            &self.sets,
+            &Registry,
+        )?)
+    }
+
+    pub fn engine(
+        &self,
+        reporter: Arc<dyn cudarl_core::Reporter>,
+        jobs: usize,
+    ) -> Result<Engine, CliError> {
+        let pipeline = self.pipeline()?;
+        let lock = self.lock.clone().unwrap_or_else(|| {
+            if pipeline.name == "default" {
+                self.root.join("cudarl.lock")
+            } else {
+                self.root.join(format!("cudarl.{}.lock", pipeline.name))
+            }
+        });
+        let store = Store::open(&self.store).map_err(|e| CliError::failed(e.to_string()))?;
+        Ok(Engine::new(
+            store,
+            pipeline,
+            self.root.clone(),
+            lock,
+            reporter,
+            jobs,
+        ))
+    }
+}
+
+/// Runs a verb; returns the exit code.
+pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
+    let ctx = Ctx::from_cli(&cli)?;
+    match cli.command {
+        Command::Run {
+            targets,
+            jobs,
+            dry_run,
+            force,
+            json,
+        } => run(&ctx, &targets, jobs.unwrap_or(0), dry_run, force, json),
+        Command::Status { targets, json } => status(&ctx, &targets, json),
+        Command::Explain { node, json } => explain(&ctx, &node, json),
+        Command::Dag { format } => {
+            let p = ctx.pipeline()?;
+            let f = match format {
+                DagFmt::Text => cudarl_core::dag::DagFormat::Text,
+                DagFmt::Dot => cudarl_core::dag::DagFormat::Dot,
+                DagFmt::Mermaid => cudarl_core::dag::DagFormat::Mermaid,
+                DagFmt::Json => cudarl_core::dag::DagFormat::Json,
+            };
+            print!("{}", cudarl_core::dag::render(&p, f));
+            Ok(0)
+        }
+        Command::Show {
+            node,
+            output,
+            head,
+            json,
+        } => show(&ctx, &node, output.as_deref(), head, json),
+        Command::Export {
+            node, to, output, ..
+        } => export(&ctx, &node, &to, output.as_deref()),
+        Command::Gc { keep_last, json } => gc(&ctx, keep_last, json),
+        Command::Bench { which } => bench::run(&ctx, which),
+    }
+}
+
+fn human_record(r: &NodeRecord) -> String {
+    let outs: Vec<String> = r
+        .outputs
+        .iter()
+        .map(|(n, o)| match o.rows {
+            Some(rows) => format!("{n}: {rows} rows {}", &o.hash[..12]),
+            None => format!("{n}: {} bytes {}", o.bytes, &o.hash[..12]),
+        })
+        .collect();
+    let mut s = format!(
+        "{:>9}  {:<22} {:>7.2}s  {}",
+        r.status.as_str(),
+        r.node,
+        r.seconds,
+        outs.join(", ")
+    );
+    if matches!(r.status, NodeStatus::Ran | NodeStatus::WouldRun) && !r.reasons.is_empty() {
+        s.push_str(&format!("\n{:>11}because {}", "", r.reasons.join("; ")));
+    }
+    if let Some(e) = &r.error {
+        s.push_str(&format!("\n{:>11}error: {e}", ""));
+    }
+    s
+}
+
+fn run(
+    ctx: &Ctx,
+    targets: &[String],
+    jobs: usize,
+    dry_run: bool,
+    force: Vec<String>,
+    json: bool,
+) -> Result<i32, CliError> {
+    let reporter = Arc::new(CliReporter::detect(json));
+    let engine = ctx.engine(reporter, jobs)?;
+    let summary = engine.run(targets, &RunOptions { force, dry_run })?;
+    for r in &summary.records {
+        if json {
+            println!("{}", serde_json::to_string(r).expect("record serializes"));
+        } else {
+            println!("{}", human_record(r));
+        }
+    }
+    Ok(summary.exit_code())
+}
+
+fn status(ctx: &Ctx, targets: &[String], json: bool) -> Result<i32, CliError> {
+    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+    let recs = engine.status(targets)?;
+    for r in &recs {
+        if json {
+            println!("{}", serde_json::to_string(r).expect("record serializes"));
+        } else {
+            let cause = match r.status {
+                NodeStatus::Fresh => {
+                    format!("key {}", r.key.as_deref().map(|k| &k[..12]).unwrap_or("?"))
+                }
+                _ => r.reasons.join("; "),
+            };
+            println!(
+                "{:<8} {:<22} {}",
+                r.status.as_str().to_uppercase(),
+                r.node,
+                cause
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn explain(ctx: &Ctx, node: &str, json: bool) -> Result<i32, CliError> {
+    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+    let recs = engine.explain(node)?;
+    if json {
+        let v: Vec<serde_json::Value> = recs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "node": r.node, "status": r.status, "key": r.key, "reasons": r.reasons,
+                    "causes": r.dirty_reasons(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(0);
+    }
+    let by_name: std::collections::HashMap<&str, &NodeRecord> =
+        recs.iter().map(|r| (r.node.as_str(), r)).collect();
+    fn print_node(
+        name: &str,
+        by: &std::collections::HashMap<&str, &NodeRecord>,
+        depth: usize,
+        seen: &mut Vec<String>,
+    ) {
+        let Some(r) = by.get(name) else { return };
+        let pad = "  ".repeat(depth);
+        let key = r
+            .key
+            .as_deref()
+            .map(|k| format!(" (key {})", &k[..12]))
+            .unwrap_or_default();
+        println!("{pad}{} is {}{key}", r.node, r.status.as_str());
+        if r.status == NodeStatus::Fresh {
+            return;
+        }
+        for (i, reason) in r.reasons.iter().enumerate() {
+            println!("{pad}  - {reason}");
+            if let Some(cudarl_core::DirtyReason::UpstreamStale { node }) = r.dirty_reasons().get(i)
+                && !seen.contains(node)
+            {
+                seen.push(node.clone());
+                print_node(node, by, depth + 2, seen);
+            }
+        }
+    }
+    print_node(node, &by_name, 0, &mut Vec::new());
+    Ok(0)
+}
+
+fn pick_output<'a>(
+    m: &'a cudarl_core::Manifest,
+    output: Option<&str>,
+) -> Result<Vec<(&'a String, &'a cudarl_core::OutputRecord)>, CliError> {
+    match output {
+        Some(o) => m
+            .outputs
+            .get_key_value(o)
+            .map(|kv| vec![kv])
+            .ok_or_else(|| {
+                CliError::usage(format!(
+                    "node `{}` has no output `{o}` (outputs: {})",
+                    m.node,
+                    m.outputs.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))
+            }),
+        None => Ok(m.outputs.iter().collect()),
+    }
+}
+
+fn show(
+    ctx: &Ctx,
+    node: &str,
+    output: Option<&str>,
+    head: usize,
+    json: bool,
+) -> Result<i32, CliError> {
+    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+    let m = engine.fresh_manifest(node)?;
+    let outs = pick_output(&m, output)?;
+    let (name, rec) = outs[0];
+    if output.is_none() && outs.len() > 1 {
+        eprintln!(
+            "showing `{name}` (outputs: {}; choose with --output)",
+            m.outputs.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let path = engine.store().blob_path(&rec.hash);
+    if !rec.file_name.ends_with(".parquet") {
+        println!(
+            "{name}: {} bytes, hash {} (not a table)",
+            rec.bytes, rec.hash
+        );
+        return Ok(0);
+    }
+    let t = cudarl_data::Table::read(&path, name).map_err(|e| CliError::failed(e.to_string()))?;
+    let n = head.min(t.rows());
+    let b = t.batch.slice(0, n);
+    if json {
+        let mut w = arrow::json::LineDelimitedWriter::new(std::io::stdout());
+        w.write(&b).map_err(|e| CliError::failed(e.to_string()))?;
+        w.finish().map_err(|e| CliError::failed(e.to_string()))?;
+        return Ok(0);
+    }
+    println!(
+        "{node}.{name}: {} rows, hash {}",
+        t.rows(),
+        &rec.hash.to_hex()[..16]
+    );
+    for f in t.schema.fields() {
+        println!(
+            "  {}: {}{}",
+            f.name(),
+            f.data_type(),
+            if f.is_nullable() { " (nullable)" } else { "" }
+        );
+    }
+    // Truncate long cells for display.
+    let opts = FormatOptions::default().with_null("null");
+    let mut header = Vec::new();
+    let mut rows = vec![Vec::new(); n];
+    for (ci, f) in t.schema.fields().iter().enumerate() {
+        header.push(f.name().clone());
+        let fmt = ArrayFormatter::try_new(b.column(ci).as_ref(), &opts)
+            .map_err(|e| CliError::failed(e.to_string()))?;
+        for (ri, row) in rows.iter_mut().enumerate() {
+            let mut s = fmt.value(ri).to_string().replace('\n', "\\n");
+            if s.chars().count() > 40 {
+                s = s.chars().take(37).collect::<String>() + "...";
+            }
+            row.push(s);
+        }
+    }
+    println!();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].chars().count())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    println!("{}", line(&header));
+    println!(
+        "{}",
+        widths
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .join("-+-")
+    );
+    for r in &rows {
+        println!("{}", line(r));
+    }
+    Ok(0)
+}
+
+fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32, CliError> {
+    let reporter = Arc::new(CliReporter::detect(false));
+    let engine = ctx.engine(reporter, 0)?;
+    let summary = engine.run(&[node.to_string()], &RunOptions::default())?;
+    if summary.exit_code() != 0 {
+        for r in summary
+            .records
+            .iter()
+            .filter(|r| r.status == NodeStatus::Failed)
+        {
+            eprintln!("{}", human_record(r));
+        }
+        return Ok(summary.exit_code());
+    }
+    let m = engine.fresh_manifest(node)?;
+    let outs = pick_output(&m, output)?;
+    let mut files = serde_json::Map::new();
+    for (name, rec) in outs {
+        let src = engine.store().blob_path(&rec.hash);
+        let dst = cudarl_data::export::copy_out(&src, to, &rec.file_name)
+            .map_err(|e| CliError::failed(e.to_string()))?;
+        println!("{}", dst.display());
+        files.insert(
+            name.clone(),
+            serde_json::json!({"file": rec.file_name, "hash": rec.hash, "rows": rec.rows, "bytes": rec.bytes, "schema_hash": rec.schema_hash}),
+        );
+    }
+    let sidecar = serde_json::json!({
+        "node": m.node, "key": m.key, "stage": m.preimage.stage, "code_version": m.preimage.code_version,
+        "params": m.preimage.params, "outputs": files, "git_commit": m.git_commit, "tool_version": m.tool_version,
+    });
+    let side = to.join(format!("{node}.export.json"));
+    std::fs::write(
+        &side,
+        serde_json::to_string_pretty(&sidecar).expect("json") + "\n",
+    )
+    .map_err(|e| CliError::failed(format!("write {}: {e}", side.display())))?;
+    Ok(0)
+}
+
+fn gc(ctx: &Ctx, keep_last: usize, json: bool) -> Result<i32, CliError> {
+    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+    let store = engine.store();
+    let _g = store
+        .gc_guard_exclusive()
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let (keep, blobs) = engine.gc_roots(keep_last)?;
+    let rep = store
+        .gc(&keep, &blobs)
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"manifests_removed": rep.actions_removed, "blobs_removed": rep.blobs_removed,
+                "bytes_freed": rep.bytes_freed, "tmp_removed": rep.tmp_removed, "manifests_kept": keep.len(), "blobs_kept": blobs.len()})
+        );
+    } else {
+        println!(
+            "gc: removed {} manifests, {} blobs ({:.1} MB), {} temp entries; kept {} manifests, {} blobs",
+            rep.actions_removed,
+            rep.blobs_removed,
+            rep.bytes_freed as f64 / 1e6,
+            rep.tmp_removed,
+            keep.len(),
+            blobs.len()
+        );
+    }
+    Ok(0)
+}

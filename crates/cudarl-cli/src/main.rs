@@ -1,0 +1,181 @@
+//! `cudarl-pipe`: build the data, curriculum and models for CUDA-kernel RL as a DAG of
+//! content-hashed, cached stages.
+//!
+//! Exit codes: 0 success, 1 a stage failed, 2 bad usage or bad input (DESIGN.md section 3).
+
+mod cmd;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Command-line interface.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cudarl-pipe",
+    version,
+    about = "Data, curriculum and training pipeline for teaching LLMs to write fast, correct CUDA kernels",
+    long_about = None,
+    after_help = "Exit codes: 0 success, 1 a stage failed, 2 bad usage or bad input."
+)]
+pub struct Cli {
+    /// Project root (default: the nearest ancestor of the current directory with a `pipelines/` folder).
+    #[arg(long, global = true, env = "CUDARL_ROOT", value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Pipeline file (default: <root>/pipelines/default.toml).
+    #[arg(long, global = true, value_name = "FILE")]
+    pipeline: Option<PathBuf>,
+    /// Store directory (default: <root>/artifacts).
+    #[arg(long, global = true, env = "CUDARL_STORE", value_name = "DIR")]
+    store: Option<PathBuf>,
+    /// Lock file (default: <root>/cudarl.lock for the default pipeline, cudarl.<name>.lock otherwise).
+    #[arg(long, global = true, value_name = "FILE")]
+    lock: Option<PathBuf>,
+    /// Override a stage param: NODE.KEY=VALUE (VALUE is TOML; repeatable).
+    #[arg(long = "set", global = true, value_name = "NODE.KEY=VALUE")]
+    sets: Vec<String>,
+    /// More log output (-v info, -vv debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Graph output formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DagFmt {
+    /// Plain text.
+    Text,
+    /// Graphviz dot.
+    Dot,
+    /// Mermaid flowchart.
+    Mermaid,
+    /// JSON.
+    Json,
+}
+
+/// Export formats.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum ExportFmt {
+    /// The tables as Parquet, with a JSON sidecar describing them.
+    Parquet,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Build TARGETs (default: every node) and everything they need; cached nodes are reused.
+    Run {
+        /// Nodes to build.
+        targets: Vec<String>,
+        /// Parallel jobs (independent nodes and in-stage work); default: one per core.
+        #[arg(short = 'j', long, value_name = "N")]
+        jobs: Option<usize>,
+        /// Show what would run and why, without running.
+        #[arg(long)]
+        dry_run: bool,
+        /// Re-run NODE even if cached (repeatable).
+        #[arg(long, value_name = "NODE")]
+        force: Vec<String>,
+        /// One JSON object per node on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// FRESH / STALE / MISSING for each node, with a one-line cause.
+    Status {
+        /// Nodes to report (default: all).
+        targets: Vec<String>,
+        /// One JSON object per node on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Why NODE is stale: one line per cause (params, inputs, code version, environment).
+    Explain {
+        /// The node.
+        node: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the pipeline's DAG.
+    Dag {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = DagFmt::Text)]
+        format: DagFmt,
+    },
+    /// Print the schema and first rows of a node's table output.
+    Show {
+        /// The node.
+        node: String,
+        /// Which output (default: the first).
+        #[arg(long)]
+        output: Option<String>,
+        /// Rows to print.
+        #[arg(long, default_value_t = 10)]
+        head: usize,
+        /// Rows as JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a node's outputs out of the store (builds the node first if needed).
+    Export {
+        /// The node.
+        node: String,
+        /// Destination directory.
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+        /// Format.
+        #[arg(long, value_enum, default_value_t = ExportFmt::Parquet)]
+        format: ExportFmt,
+        /// Only this output.
+        #[arg(long)]
+        output: Option<String>,
+    },
+    /// Delete manifests and blobs no longer needed: keeps what the lock file names and the newest
+    /// N manifests of each node.
+    Gc {
+        /// Manifests to keep per node besides the lock file's.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        keep_last: usize,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks (ratios against a baseline measured in the same run).
+    Bench {
+        #[command(subcommand)]
+        which: cmd::bench::BenchCmd,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let filter = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CUDARL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_writer(std::io::stderr)
+        .without_time()
+        .init();
+    match cmd::dispatch(cli) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.code as u8)
+        }
+    }
+}

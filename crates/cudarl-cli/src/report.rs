@@ -1,0 +1,150 @@
+//! Reporters: indicatif progress bars on a terminal, plain log lines otherwise, silence for
+//! machine-readable output (warnings always go to stderr).
+
+use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cudarl_core::{NodeRecord, NodeStatus, ProgressSink, Reporter};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// How the CLI reports progress.
+pub enum CliReporter {
+    /// Bars and spinners on a terminal.
+    Bars(MultiProgress),
+    /// One line per event on stderr.
+    Plain,
+    /// Warnings only (for `--json`).
+    Quiet,
+}
+
+impl CliReporter {
+    /// Bars if stderr is a terminal and not `quiet`, else plain lines (or quiet).
+    pub fn detect(quiet: bool) -> CliReporter {
+        if quiet {
+            CliReporter::Quiet
+        } else if std::io::stderr().is_terminal() {
+            CliReporter::Bars(MultiProgress::with_draw_target(ProgressDrawTarget::stderr()))
+        } else {
+            CliReporter::Plain
+        }
+    }
+
+    fn line(&self, s: &str) {
+        match self {
+            CliReporter::Bars(m) => {
+                let _ = m.println(s);
+            }
+            _ => eprintln!("{s}"),
+        }
+    }
+}
+
+impl Reporter for CliReporter {
+    fn node_started(&self, node: &str, stage: &str) {
+        if !matches!(self, CliReporter::Quiet) {
+            self.line(&format!("   running {node} ({stage})"));
+        }
+    }
+
+    fn node_waiting(&self, node: &str, why: &str) {
+        self.line(&format!("   waiting {node}: {why}"));
+    }
+
+    fn node_finished(&self, r: &NodeRecord) {
+        if matches!(self, CliReporter::Quiet) {
+            return;
+        }
+        if matches!(r.status, NodeStatus::Ran | NodeStatus::Failed) {
+            self.line(&format!(
+                "{:>10} {} ({:.2}s)",
+                r.status.as_str(),
+                r.node,
+                r.seconds
+            ));
+        }
+    }
+
+    fn warning(&self, node: &str, message: &str) {
+        self.line(&format!("   warning {node}: {message}"));
+    }
+
+    fn progress(&self, node: &str, label: &str, total: Option<u64>) -> Box<dyn ProgressSink> {
+        match self {
+            CliReporter::Bars(m) => {
+                let pb = match total {
+                    Some(t) => ProgressBar::new(t),
+                    None => ProgressBar::new_spinner(),
+                };
+                pb.set_style(
+                    ProgressStyle::with_template(
+                        "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} eta {eta} {msg}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+                pb.set_prefix(node.to_string());
+                pb.set_message(label.to_string());
+                Box::new(BarSink(m.add(pb)))
+            }
+            CliReporter::Plain => Box::new(PlainSink {
+                node: node.to_string(),
+                label: label.to_string(),
+                state: Mutex::new((0, total, Instant::now(), Instant::now())),
+            }),
+            CliReporter::Quiet => Box::new(cudarl_core::NoProgress),
+        }
+    }
+}
+
+struct BarSink(ProgressBar);
+
+impl ProgressSink for BarSink {
+    fn inc(&self, n: u64) {
+        self.0.inc(n);
+    }
+    fn set_total(&self, total: u64) {
+        self.0.set_length(total);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// Logs progress at most every 5 seconds: items done, total, rate.
+struct PlainSink {
+    node: String,
+    label: String,
+    state: Mutex<(u64, Option<u64>, Instant, Instant)>,
+}
+
+impl ProgressSink for PlainSink {
+    fn inc(&self, n: u64) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 += n;
+        if s.3.elapsed() >= Duration::from_secs(5) {
+            s.3 = Instant::now();
+            let rate = s.0 as f64 / s.2.elapsed().as_secs_f64().max(1e-9);
+            eprintln!(
+                "  progress {} {}: {}/{} ({rate:.1}/s)",
+                self.node,
+                self.label,
+                s.0,
+                s.1.map(|t| t.to_string()).unwrap_or_else(|| "?".into())
+            );
+        }
+    }
+    fn set_total(&self, total: u64) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(total);
+    }
+    fn finish(&self) {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        eprintln!(
+            "  progress {} {}: done, {} items in {:.1}s",
+            self.node,
+            self.label,
+            s.0,
+            s.2.elapsed().as_secs_f64()
+        );
+    }
+}

@@ -1,0 +1,480 @@
+//! Pipeline files (`pipelines/*.toml`), `--set` overrides, and the DAG of nodes.
+//!
+//! ```toml
+//! [pipeline]
+//! name = "default"
+//!
+//! [stages.ingest-kernelbench]     # node name; the stage kind defaults to it
+//! source = "bundled"              # typed params of the stage
+//!
+//! [stages.curriculum]
+//! seed = 0
+//! inputs = { problems = "ingest-kernelbench.problems" }   # optional rewiring
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use petgraph::algo::toposort;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
+
+use crate::stage::{InputDecl, InputSource, OutputDecl, Stage, StageError};
+
+/// Builds stages from their kind and params. `cudarl-stages` implements it for every stage.
+pub trait StageFactory: Send + Sync {
+    /// Every stage kind this factory knows, sorted.
+    fn kinds(&self) -> Vec<&'static str>;
+    /// Builds a stage of `kind` for node `node` from its params table.
+    ///
+    /// # Errors
+    /// A message (unknown param, wrong type...) that the caller wraps with file and field.
+    fn build(&self, kind: &str, node: &str, params: toml::Table) -> Result<Box<dyn Stage>, String>;
+}
+
+/// One node of a pipeline: a name, a stage, and its (possibly rewired) inputs.
+pub struct Node {
+    /// Node name (unique in the pipeline).
+    pub name: String,
+    /// The stage.
+    pub stage: Box<dyn Stage>,
+    /// Inputs after applying `inputs = {...}` overrides.
+    pub inputs: Vec<InputDecl>,
+    /// Declared outputs.
+    pub outputs: Vec<OutputDecl>,
+}
+
+/// A parsed and validated pipeline: nodes and the dependency graph between them.
+pub struct Pipeline {
+    /// File the pipeline came from, as given by the user (for messages).
+    pub file: String,
+    /// `pipeline.name`, or the file stem.
+    pub name: String,
+    nodes: Vec<Node>,
+    index: HashMap<String, usize>,
+    graph: DiGraph<usize, String>,
+    topo: Vec<usize>,
+}
+
+fn config_err(file: &str, field: impl Into<String>, message: impl Into<String>) -> StageError {
+    StageError::Config {
+        file: file.to_string(),
+        field: Some(field.into()),
+        message: message.into(),
+    }
+}
+
+/// Parses `VALUE` of a `--set NODE.KEY=VALUE` as a TOML value (number, bool, string, array,
+/// inline table); anything that is not valid TOML is taken as a plain string.
+pub fn parse_set_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+/// Reads a pipeline TOML file into (pipeline name, node tables).
+///
+/// # Errors
+/// Unreadable file or TOML syntax error ([`StageError::Config`] naming the file).
+pub fn read_pipeline_file(
+    path: &Path,
+    display: &str,
+) -> Result<(String, BTreeMap<String, toml::Table>), StageError> {
+    let text = std::fs::read_to_string(path).map_err(|e| StageError::Config {
+        file: display.to_string(),
+        field: None,
+        message: format!("cannot read pipeline file: {e}"),
+    })?;
+    let mut doc: toml::Table = toml::from_str(&text).map_err(|e| StageError::Config {
+        file: display.to_string(),
+        field: None,
+        message: format!("invalid TOML: {}", e.to_string().trim_end()),
+    })?;
+    let mut name = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("pipeline")
+        .to_string();
+    if let Some(p) = doc.remove("pipeline") {
+        let t = p
+            .as_table()
+            .ok_or_else(|| config_err(display, "pipeline", "must be a table"))?;
+        for (k, v) in t {
+            match (k.as_str(), v) {
+                ("name", toml::Value::String(s)) => name = s.clone(),
+                ("description", toml::Value::String(_)) => {}
+                _ => {
+                    return Err(config_err(
+                        display,
+                        format!("pipeline.{k}"),
+                        "unknown key (allowed: name, description)",
+                    ));
+                }
+            }
+        }
+    }
+    let stages = match doc.remove("stages") {
+        None => {
+            return Err(config_err(
+                display,
+                "stages",
+                "missing: a pipeline needs at least one [stages.NAME] table",
+            ));
+        }
+        Some(toml::Value::Table(t)) => t,
+        Some(_) => return Err(config_err(display, "stages", "must be a table of tables")),
+    };
+    if let Some(k) = doc.keys().next() {
+        return Err(config_err(
+            display,
+            k.clone(),
+            "unknown top-level key (allowed: pipeline, stages)",
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for (node, v) in stages {
+        match v {
+            toml::Value::Table(t) => {
+                out.insert(node, t);
+            }
+            _ => {
+                return Err(config_err(
+                    display,
+                    format!("stages.{node}"),
+                    "must be a table",
+                ));
+            }
+        }
+    }
+    Ok((name, out))
+}
+
+/// Applies `NODE.KEY=VALUE` overrides to node tables (`KEY` may be dotted for nested tables).
+///
+/// # Errors
+/// Malformed override or unknown node ([`StageError::Config`] naming `--set`).
+pub fn apply_overrides(
+    tables: &mut BTreeMap<String, toml::Table>,
+    sets: &[String],
+) -> Result<(), StageError> {
+    for s in sets {
+        let (lhs, value) = s
+            .split_once('=')
+            .ok_or_else(|| config_err("--set", s.clone(), "expected NODE.KEY=VALUE"))?;
+        let (node, key) = lhs
+            .split_once('.')
+            .ok_or_else(|| config_err("--set", s.clone(), "expected NODE.KEY=VALUE"))?;
+        let names = tables.keys().cloned().collect::<Vec<_>>().join(", ");
+        let table = tables.get_mut(node).ok_or_else(|| {
+            config_err(
+                "--set",
+                lhs.to_string(),
+                format!("unknown node `{node}` (nodes: {names})"),
+            )
+        })?;
+        let parts: Vec<&str> = key.split('.').collect();
+        let mut t = table;
+        for p in &parts[..parts.len() - 1] {
+            let entry = t
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            t = entry.as_table_mut().ok_or_else(|| {
+                config_err("--set", lhs.to_string(), format!("`{p}` is not a table"))
+            })?;
+        }
+        t.insert(parts[parts.len() - 1].to_string(), parse_set_value(value));
+    }
+    Ok(())
+}
+
+impl Pipeline {
+    /// Builds and validates a pipeline from node tables.
+    ///
+    /// # Errors
+    /// Unknown stage kind, bad params, dangling input reference, or a cycle
+    /// ([`StageError::Config`] naming `file` and the field).
+    pub fn build(
+        file: &str,
+        name: String,
+        tables: BTreeMap<String, toml::Table>,
+        factory: &dyn StageFactory,
+    ) -> Result<Pipeline, StageError> {
+        let mut nodes = Vec::new();
+        for (node_name, mut table) in tables {
+            cudarl_store::validate_name("node", &node_name)
+                .map_err(|e| config_err(file, format!("stages.{node_name}"), e.to_string()))?;
+            let kind = match table.remove("stage") {
+                None => node_name.clone(),
+                Some(toml::Value::String(s)) => s,
+                Some(_) => {
+                    return Err(config_err(
+                        file,
+                        format!("stages.{node_name}.stage"),
+                        "must be a string",
+                    ));
+                }
+            };
+            let overrides = match table.remove("inputs") {
+                None => BTreeMap::new(),
+                Some(toml::Value::Table(t)) => {
+                    let mut m = BTreeMap::new();
+                    for (k, v) in t {
+                        let s = v.as_str().ok_or_else(|| {
+                            config_err(
+                                file,
+                                format!("stages.{node_name}.inputs.{k}"),
+                                "must be \"NODE.OUTPUT\"",
+                            )
+                        })?;
+                        let (n, o) = s.split_once('.').ok_or_else(|| {
+                            config_err(
+                                file,
+                                format!("stages.{node_name}.inputs.{k}"),
+                                "must be \"NODE.OUTPUT\"",
+                            )
+                        })?;
+                        m.insert(k, (n.to_string(), o.to_string()));
+                    }
+                    m
+                }
+                Some(_) => {
+                    return Err(config_err(
+                        file,
+                        format!("stages.{node_name}.inputs"),
+                        "must be a table",
+                    ));
+                }
+            };
+            if !factory.kinds().contains(&kind.as_str()) {
+                return Err(config_err(
+                    file,
+                    format!("stages.{node_name}"),
+                    format!(
+                        "unknown stage `{kind}` (known stages: {})",
+                        factory.kinds().join(", ")
+                    ),
+                ));
+            }
+            let stage = factory
+                .build(&kind, &node_name, table)
+                .map_err(|m| config_err(file, format!("stages.{node_name}"), m))?;
+            let mut inputs = stage.inputs();
+            for (k, (n, o)) in &overrides {
+                let decl = inputs.iter_mut().find(|d| &d.name == k).ok_or_else(|| {
+                    config_err(
+                        file,
+                        format!("stages.{node_name}.inputs.{k}"),
+                        format!("stage `{kind}` has no input `{k}`"),
+                    )
+                })?;
+                decl.source = InputSource::Node {
+                    node: n.clone(),
+                    output: o.clone(),
+                };
+            }
+            let outputs = stage.outputs();
+            nodes.push(Node {
+                name: node_name,
+                stage,
+                inputs,
+                outputs,
+            });
+        }
+        let index: HashMap<String, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i))
+            .collect();
+        let mut graph = DiGraph::new();
+        let gi: Vec<NodeIndex> = (0..nodes.len()).map(|i| graph.add_node(i)).collect();
+        for (i, n) in nodes.iter().enumerate() {
+            for inp in &n.inputs {
+                if let InputSource::Node { node, output } = &inp.source {
+                    let Some(&j) = index.get(node) else {
+                        return Err(config_err(
+                            file,
+                            format!("stages.{}.inputs.{}", n.name, inp.name),
+                            format!(
+                                "input `{}` needs node `{node}`, which is not in this pipeline (add a [stages.{node}] table)",
+                                inp.name
+                            ),
+                        ));
+                    };
+                    if !nodes[j].outputs.iter().any(|o| &o.name == output) {
+                        return Err(config_err(
+                            file,
+                            format!("stages.{}.inputs.{}", n.name, inp.name),
+                            format!("node `{node}` has no output `{output}`"),
+                        ));
+                    }
+                    graph.add_edge(gi[j], gi[i], inp.name.clone());
+                }
+            }
+        }
+        let topo = toposort(&graph, None)
+            .map_err(|c| {
+                config_err(
+                    file,
+                    "stages",
+                    format!(
+                        "dependency cycle through node `{}`",
+                        nodes[graph[c.node_id()]].name
+                    ),
+                )
+            })?
+            .into_iter()
+            .map(|ix| graph[ix])
+            .collect();
+        Ok(Pipeline {
+            file: file.to_string(),
+            name,
+            nodes,
+            index,
+            graph,
+            topo,
+        })
+    }
+
+    /// Loads a pipeline file, applies `--set` overrides and builds it.
+    ///
+    /// # Errors
+    /// See [`read_pipeline_file`], [`apply_overrides`] and [`Pipeline::build`].
+    pub fn load(
+        path: &Path,
+        display: &str,
+        sets: &[String],
+        factory: &dyn StageFactory,
+    ) -> Result<Pipeline, StageError> {
+        let (name, mut tables) = read_pipeline_file(path, display)?;
+        apply_overrides(&mut tables, sets)?;
+        Pipeline::build(display, name, tables, factory)
+    }
+
+    /// All nodes, in a topological order.
+    pub fn topo_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.topo.iter().map(|&i| &self.nodes[i])
+    }
+
+    /// Node by name.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.index.get(name).map(|&i| &self.nodes[i])
+    }
+
+    /// Index of a node by name.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// Node by index.
+    pub fn node_at(&self, i: usize) -> &Node {
+        &self.nodes[i]
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the pipeline has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Node names, sorted.
+    pub fn node_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        v.sort();
+        v
+    }
+
+    /// Upstream node indices of node `i` (deduplicated, sorted).
+    pub fn upstream(&self, i: usize) -> Vec<usize> {
+        let ix = NodeIndex::new(i);
+        let mut v: Vec<usize> = self
+            .graph
+            .edges_directed(ix, petgraph::Direction::Incoming)
+            .map(|e| self.graph[e.source()])
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Downstream node indices of node `i` (deduplicated, sorted).
+    pub fn downstream(&self, i: usize) -> Vec<usize> {
+        let ix = NodeIndex::new(i);
+        let mut v: Vec<usize> = self
+            .graph
+            .edges_directed(ix, petgraph::Direction::Outgoing)
+            .map(|e| self.graph[e.target()])
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// The targets and all their ancestors, in topological order. No targets means all nodes.
+    ///
+    /// # Errors
+    /// An unknown target ([`StageError::Config`] listing the nodes).
+    pub fn closure(&self, targets: &[String]) -> Result<Vec<usize>, StageError> {
+        if targets.is_empty() {
+            return Ok(self.topo.clone());
+        }
+        let mut keep = vec![false; self.nodes.len()];
+        let mut stack = Vec::new();
+        for t in targets {
+            let i = self.index_of(t).ok_or_else(|| StageError::Config {
+                file: self.file.clone(),
+                field: None,
+                message: format!(
+                    "unknown node `{t}` (nodes: {})",
+                    self.node_names().join(", ")
+                ),
+            })?;
+            stack.push(i);
+        }
+        while let Some(i) = stack.pop() {
+            if !keep[i] {
+                keep[i] = true;
+                stack.extend(self.upstream(i));
+            }
+        }
+        Ok(self.topo.iter().copied().filter(|&i| keep[i]).collect())
+    }
+
+    /// Edges as (from node, output, to node, input), sorted.
+    pub fn edges(&self) -> Vec<(String, String, String, String)> {
+        let mut v = Vec::new();
+        for n in &self.nodes {
+            for inp in &n.inputs {
+                if let InputSource::Node { node, output } = &inp.source {
+                    v.push((
+                        node.clone(),
+                        output.clone(),
+                        n.name.clone(),
+                        inp.name.clone(),
+                    ));
+                }
+            }
+        }
+        v.sort();
+        v
+    }
+}
+
+/// Finds the project root: `start` or its nearest ancestor that holds a `pipelines/` folder.
+pub fn discover_root(start: &Path) -> Option<PathBuf> {
+    let mut cur = Some(start);
+    while let Some(d) = cur {
+        if d.join("pipelines").is_dir() {
+            return Some(d.to_path_buf());
+        }
+        cur = d.parent();
+    }
+    None
+}

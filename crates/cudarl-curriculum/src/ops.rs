@@ -1,0 +1,423 @@
+//! Static extraction of the torch operations a KernelBench reference uses.
+//!
+//! The scanner removes comments and string literals, drops the input-generator functions
+//! (`get_inputs`, `get_init_inputs`) and top-level statements, then finds call chains
+//! (`torch.matmul(`, `F.gelu(`, `nn.Conv2d(`, `x.sum(`) and, inside `forward`, binary tensor
+//! operators (`+ - * / @ **`). Features are normalized strings:
+//!
+//! | feature | from |
+//! |---|---|
+//! | `torch.<fn>` | `torch.<fn>(`, `torch.linalg.<fn>(`, `torch.special.<fn>(` |
+//! | `F.<fn>` | `F.<fn>(`, `torch.nn.functional.<fn>(` |
+//! | `nn.<Module>` | `nn.<Module>(`, `torch.nn.<Module>(` (container modules excluded) |
+//! | `Tensor.<method>` | `<expr>.<method>(` for known tensor methods |
+//! | `op.<name>` | binary operators in `forward`: add, sub, mul, div, matmul, pow |
+//!
+//! This is static and approximate (no type inference); it is the input of tier assignment,
+//! which is rule-based data (`configs/curriculum/op_categories.toml`).
+
+use std::collections::BTreeSet;
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// Tensor methods recognized in `expr.method(` calls.
+const TENSOR_METHODS: &[&str] = &[
+    "abs",
+    "add",
+    "all",
+    "amax",
+    "amin",
+    "any",
+    "argmax",
+    "argmin",
+    "bmm",
+    "cat",
+    "chunk",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "clip",
+    "contiguous",
+    "cos",
+    "cumprod",
+    "cumsum",
+    "div",
+    "exp",
+    "expand",
+    "expand_as",
+    "flatten",
+    "flip",
+    "gather",
+    "log",
+    "log_softmax",
+    "logsumexp",
+    "masked_fill",
+    "matmul",
+    "max",
+    "mean",
+    "min",
+    "mm",
+    "mul",
+    "narrow",
+    "neg",
+    "norm",
+    "permute",
+    "pow",
+    "prod",
+    "reciprocal",
+    "relu",
+    "repeat",
+    "reshape",
+    "roll",
+    "rsqrt",
+    "scatter",
+    "sigmoid",
+    "sign",
+    "sin",
+    "softmax",
+    "split",
+    "sqrt",
+    "square",
+    "squeeze",
+    "std",
+    "sub",
+    "sum",
+    "t",
+    "tanh",
+    "transpose",
+    "tril",
+    "triu",
+    "unfold",
+    "unsqueeze",
+    "var",
+    "view",
+    "view_as",
+    "where",
+    "index_select",
+    "masked_select",
+    "diag",
+    "diagonal",
+    "erf",
+    "floor",
+    "ceil",
+    "round",
+    "maximum",
+    "minimum",
+    "sort",
+    "topk",
+    "addmm",
+    "baddbmm",
+    "einsum",
+];
+
+/// `torch.X` calls that create or manage tensors rather than compute (ignored).
+const TORCH_NON_OPS: &[&str] = &[
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "randn_like",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "tensor",
+    "as_tensor",
+    "arange",
+    "linspace",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "manual_seed",
+    "no_grad",
+    "device",
+    "is_tensor",
+    "Size",
+    "from_numpy",
+    "set_default_dtype",
+    "get_default_dtype",
+    "inference_mode",
+    "enable_grad",
+    "jit",
+    "compile",
+    "finfo",
+    "iinfo",
+];
+
+/// `nn.X` constructors that are containers or parameters (ignored).
+const NN_NON_OPS: &[&str] = &[
+    "Module",
+    "Parameter",
+    "Sequential",
+    "ModuleList",
+    "ModuleDict",
+    "ParameterList",
+    "ParameterDict",
+    "Identity",
+];
+
+static CALL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"([A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*)\s*\(").expect("regex")
+});
+static BINOP: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"[A-Za-z0-9_\)\]]\s*(\*\*|[+\-*/@])=?\s*[A-Za-z0-9_\(\-\.]").expect("regex")
+});
+
+/// Replaces comments and string literals (including triple-quoted docstrings) by spaces,
+/// keeping line structure and byte offsets.
+pub fn strip_comments_and_strings(src: &str) -> String {
+    let b = src.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'#' {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b' ');
+                i += 1;
+            }
+        } else if c == b'\'' || c == b'"' {
+            let triple = i + 2 < b.len() && b[i + 1] == c && b[i + 2] == c;
+            let qlen = if triple { 3 } else { 1 };
+            out.extend(std::iter::repeat_n(b' ', qlen));
+            i += qlen;
+            while i < b.len() {
+                if b[i] == b'\\' && i + 1 < b.len() {
+                    out.extend([b' ', if b[i + 1] == b'\n' { b'\n' } else { b' ' }]);
+                    i += 2;
+                    continue;
+                }
+                if triple && i + 2 < b.len() && b[i] == c && b[i + 1] == c && b[i + 2] == c {
+                    out.extend([b' ', b' ', b' ']);
+                    i += 3;
+                    break;
+                }
+                if !triple && (b[i] == c || b[i] == b'\n') {
+                    out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                    i += 1;
+                    break;
+                }
+                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                i += 1;
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Splits cleaned source into (model part, forward bodies): the model part is everything
+/// inside top-level `class` blocks; forward bodies are the `def forward` blocks in them.
+fn model_parts(clean: &str) -> (String, String) {
+    let mut model = String::new();
+    let mut forward = String::new();
+    let mut in_class = false;
+    let mut fwd_indent: Option<usize> = None;
+    for line in clean.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() {
+            continue;
+        }
+        let indent = line.len() - trimmed.len();
+        if indent == 0 {
+            in_class = trimmed.starts_with("class ");
+            fwd_indent = None;
+            continue;
+        }
+        if !in_class {
+            continue;
+        }
+        model.push_str(line);
+        model.push('\n');
+        if let Some(fi) = fwd_indent {
+            if indent > fi {
+                forward.push_str(line);
+                forward.push('\n');
+                continue;
+            }
+            fwd_indent = None;
+        }
+        if trimmed.starts_with("def forward") {
+            fwd_indent = Some(indent);
+        }
+    }
+    (model, forward)
+}
+
+fn classify_chain(chain: &str, preceded_by_dot: bool) -> Option<String> {
+    let parts: Vec<&str> = chain.split('.').map(str::trim).collect();
+    let last = *parts.last()?;
+    let join = |p: &[&str]| p.join(".");
+    if preceded_by_dot {
+        return TENSOR_METHODS
+            .contains(&parts[0])
+            .then(|| format!("Tensor.{}", parts[0]));
+    }
+    match parts.as_slice() {
+        ["torch", "nn", "functional", f] | ["F", f] | ["nn", "functional", f] => {
+            Some(format!("F.{f}"))
+        }
+        ["torch", "nn", m] | ["nn", m]
+            if m.chars().next().is_some_and(|c| c.is_ascii_uppercase()) =>
+        {
+            (!NN_NON_OPS.contains(m)).then(|| format!("nn.{m}"))
+        }
+        ["torch", f] => (!TORCH_NON_OPS.contains(f)).then(|| format!("torch.{f}")),
+        ["torch", "linalg" | "special" | "fft", _] => Some(format!("torch.{}", join(&parts[1..]))),
+        [_, .., _]
+            if parts.len() >= 2
+                && parts[0] != "torch"
+                && parts[0] != "nn"
+                && parts[0] != "self" =>
+        {
+            TENSOR_METHODS
+                .contains(&last)
+                .then(|| format!("Tensor.{last}"))
+        }
+        ["self", _, ..] if parts.len() >= 3 => TENSOR_METHODS
+            .contains(&last)
+            .then(|| format!("Tensor.{last}")),
+        _ => None,
+    }
+}
+
+/// Extracts op features from a KernelBench reference module (sorted, unique).
+pub fn extract_op_features(code: &str) -> Vec<String> {
+    let clean = strip_comments_and_strings(code);
+    let (model, forward) = model_parts(&clean);
+    let mut feats = BTreeSet::new();
+    for m in CALL.captures_iter(&model) {
+        let whole = m.get(1).expect("group");
+        let chain: String = whole
+            .as_str()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        let before = model[..whole.start()].trim_end();
+        let preceded_by_dot = before.ends_with('.');
+        if let Some(f) = classify_chain(&chain, preceded_by_dot) {
+            feats.insert(f);
+        }
+    }
+    for m in BINOP.captures_iter(&forward) {
+        let op = match &m[1] {
+            "+" => "op.add",
+            "-" => "op.sub",
+            "*" => "op.mul",
+            "/" => "op.div",
+            "@" => "op.matmul",
+            "**" => "op.pow",
+            _ => continue,
+        };
+        // `*args` / `**kwargs` in a signature are not arithmetic.
+        let after = &forward[m.get(1).expect("op").end()..];
+        if (op == "op.mul" || op == "op.pow")
+            && after.trim_start().starts_with(|c: char| c.is_alphabetic())
+        {
+            let before = forward[..m.get(0).expect("m").start() + 1].trim_end();
+            if before.ends_with(',') || before.ends_with('(') {
+                continue;
+            }
+        }
+        feats.insert(op.to_string());
+    }
+    feats.into_iter().collect()
+}
+
+/// Base name of a feature for category lookup: the part after the prefix, lowercased, without
+/// underscores (`nn.LayerNorm`, `F.layer_norm` and `Tensor.layer_norm` all give `layernorm`).
+pub fn base_name(feature: &str) -> String {
+    let name = feature.rsplit('.').next().unwrap_or(feature);
+    name.chars()
+        .filter(|&c| c != '_')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RELU: &str = r#"import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    """
+    Simple model that performs a ReLU activation. torch.matmul(x) in a docstring.
+    """
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch.sigmoid(x) in a comment
+        return torch.relu(x)
+
+batch_size = 4096
+dim = 393216
+
+def get_inputs():
+    x = torch.rand(batch_size, dim)
+    return [x]
+
+def get_init_inputs():
+    return []
+"#;
+
+    const FUSED: &str = r#"import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, bias_shape):
+        super(Model, self).__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = torch.relu(x)
+        x = x + self.bias
+        x = torch.nn.functional.gelu(x).sum(dim=-1)
+        return x * 2.0
+
+def get_inputs():
+    return [torch.rand(128, 64, 32, 32)]
+"#;
+
+    #[test]
+    fn single_op() {
+        assert_eq!(extract_op_features(RELU), vec!["torch.relu"]);
+    }
+
+    #[test]
+    fn fused_ops_and_operators() {
+        assert_eq!(
+            extract_op_features(FUSED),
+            vec![
+                "F.gelu",
+                "Tensor.sum",
+                "nn.Conv2d",
+                "op.add",
+                "op.mul",
+                "torch.relu"
+            ]
+        );
+    }
+
+    #[test]
+    fn base_names() {
+        assert_eq!(base_name("nn.LayerNorm"), "layernorm");
+        assert_eq!(base_name("F.layer_norm"), "layernorm");
+        assert_eq!(base_name("op.add"), "add");
+        assert_eq!(base_name("torch.linalg.norm"), "norm");
+    }
+
+    #[test]
+    fn signature_star_args_are_not_mul() {
+        let code = "class Model(nn.Module):\n    def forward(self, *args, **kwargs):\n        return torch.cat(args, dim=-1)\n";
+        assert_eq!(extract_op_features(code), vec!["torch.cat"]);
+    }
+}

@@ -1,0 +1,140 @@
+//! Helpers shared by stages: error mapping, path resolution, hub params.
+
+use std::path::{Path, PathBuf};
+
+use cudarl_core::{ExternalFiles, StageError};
+use cudarl_data::DataError;
+use cudarl_data::hub::HubDataset;
+use serde::{Deserialize, Serialize};
+
+/// Maps a data-layer error to a stage error (bad input and unreachable sources exit with 2).
+pub fn data_err(e: DataError) -> StageError {
+    match e {
+        DataError::BadInput {
+            file,
+            field,
+            message,
+        } => StageError::BadInput {
+            file,
+            field,
+            message,
+        },
+        DataError::Source {
+            source_desc,
+            message,
+        } => StageError::BadInput {
+            file: source_desc,
+            field: None,
+            message,
+        },
+        DataError::Write { file, message } => {
+            StageError::Failed(format!("write {file}: {message}"))
+        }
+    }
+}
+
+/// A path as shown in messages: relative to the project root when inside it.
+pub fn display_path(root: &Path, p: &Path) -> String {
+    p.strip_prefix(root).unwrap_or(p).display().to_string()
+}
+
+/// Resolves a path from a pipeline file against the project root.
+pub fn rooted(root: &Path, p: &str) -> PathBuf {
+    let pb = PathBuf::from(p);
+    if pb.is_absolute() { pb } else { root.join(pb) }
+}
+
+/// One existing file as an external input; the key sees only its file name.
+///
+/// # Errors
+/// [`StageError::BadInput`] if the file does not exist.
+pub fn single_file(root: &Path, p: &str, source: &str) -> Result<ExternalFiles, StageError> {
+    let path = rooted(root, p);
+    if !path.is_file() {
+        return Err(StageError::bad_input(p, None, "file not found"));
+    }
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("input")
+        .to_string();
+    Ok(ExternalFiles {
+        source: source.to_string(),
+        files: vec![(name, path)],
+    })
+}
+
+/// Hub params of an ingest stage. Only `repo`, `revision` and `files` enter the cache key;
+/// where the cache lives and whether the network is used do not change the data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HubParams {
+    /// `owner/name` of the dataset.
+    pub repo: String,
+    /// Branch, tag or commit.
+    #[serde(default = "main_rev")]
+    pub revision: String,
+    /// Files to read, as paths inside the repository.
+    pub files: Vec<String>,
+    /// Hub cache directory (default: `HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`).
+    #[serde(default, skip_serializing)]
+    pub cache_dir: Option<String>,
+    /// Never use the network (also `HF_HUB_OFFLINE=1`).
+    #[serde(default, skip_serializing)]
+    pub offline: bool,
+    /// Hub endpoint (default `HF_ENDPOINT` or `https://huggingface.co`).
+    #[serde(default, skip_serializing)]
+    pub endpoint: Option<String>,
+}
+
+fn main_rev() -> String {
+    "main".to_string()
+}
+
+impl HubParams {
+    /// Resolves the files through the hub cache (downloading unless offline).
+    ///
+    /// # Errors
+    /// [`StageError::BadInput`] naming the file that cannot be had.
+    pub fn resolve(&self, root: &Path) -> Result<ExternalFiles, StageError> {
+        let ds = HubDataset {
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+            cache_dir: self.cache_dir.as_deref().map(|d| rooted(root, d)),
+            offline: self.offline,
+            endpoint: self.endpoint.clone(),
+        };
+        let files = ds.resolve(&self.files).map_err(data_err)?;
+        Ok(ExternalFiles {
+            source: ds.describe(),
+            files,
+        })
+    }
+}
+
+/// Parses a stage's params table with unknown keys rejected.
+///
+/// # Errors
+/// The deserializer's message (names the unknown or mistyped field).
+pub fn parse_params<P: serde::de::DeserializeOwned>(t: toml::Table) -> Result<P, String> {
+    toml::Value::Table(t)
+        .try_into::<P>()
+        .map_err(|e| e.to_string().trim_end().to_string())
+}
+
+/// Serializes params for the cache key.
+pub fn params_json<P: Serialize>(p: &P) -> serde_json::Value {
+    serde_json::to_value(p).expect("params serialize")
+}
+
+/// Writes a batch to the stage's output path, mapping errors.
+///
+/// # Errors
+/// Write failures.
+pub fn write_output(
+    ctx: &cudarl_core::StageContext<'_>,
+    name: &str,
+    batch: &arrow::array::RecordBatch,
+) -> Result<(), StageError> {
+    cudarl_data::write_parquet(&ctx.output_path(name), batch).map_err(data_err)
+}

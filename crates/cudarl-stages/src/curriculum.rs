@@ -1,0 +1,399 @@
+//! `curriculum`: tiers 0-3, deterministic splits and tier gates over KernelBench problems,
+//! with archive-kernel statistics per problem.
+//!
+//! Inputs are named so that later stages can be added as inputs (validations, synthetic tasks)
+//! without changing the output contract.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cudarl_core::{
+    ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
+};
+use cudarl_curriculum::{
+    Categories, DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, assign,
+};
+use cudarl_data::Table;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{data_err, params_json, single_file, write_output};
+
+fn list_of_str() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
+}
+
+/// `curriculum`: one row per problem.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | problem_id | utf8 | `kb/L{level}/{name}` |
+/// | source | utf8 | `kernelbench` (synthetic task families come later) |
+/// | level | int64, nullable | KernelBench level |
+/// | name | utf8 | problem name |
+/// | tier | int64 | 0 elementwise, 1 reduction/data movement, 2 tiled/normalizing, 3 fused |
+/// | tier_reason | utf8 | why this tier |
+/// | op_features | list<utf8> | ops from the reference |
+/// | op_categories | list<utf8> | categories of those ops |
+/// | unknown_ops | list<utf8> | ops with no category (tiered conservatively) |
+/// | split | utf8 | `train`, `val` or `test` |
+/// | archive_kernels | int64 | kernels for this problem in the ingested archives |
+/// | archive_claimed_correct | int64 | of those, claimed correct by their archive |
+/// | archive_best_claimed_speedup | float64, nullable | best claimed speedup vs PyTorch eager among claimed-correct kernels with a `__global__` kernel (ratio; not yet validated by us) |
+/// | archive_reference_drift | bool | some archive kernel was written against a different reference than `problems.code` |
+pub static CURRICULUM: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("problem_id", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("level", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, false),
+        Field::new("tier", DataType::Int64, false),
+        Field::new("tier_reason", DataType::Utf8, false),
+        Field::new("op_features", list_of_str(), false),
+        Field::new("op_categories", list_of_str(), false),
+        Field::new("unknown_ops", list_of_str(), false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("archive_kernels", DataType::Int64, false),
+        Field::new("archive_claimed_correct", DataType::Int64, false),
+        Field::new("archive_best_claimed_speedup", DataType::Float64, true),
+        Field::new("archive_reference_drift", DataType::Boolean, false),
+    ]))
+});
+
+/// `gates`: one row per tier: the thresholds that open the next tier, and problem counts.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | tier | int64 | 0..3 |
+/// | min_compile_rate | float64 | compile rate on this tier must exceed this to open tier+1 |
+/// | min_pass_rate | float64 | pass rate on this tier must exceed this to open tier+1 |
+/// | problems, train, val, test | int64 | problem counts |
+pub static GATES: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("tier", DataType::Int64, false),
+        Field::new("min_compile_rate", DataType::Float64, false),
+        Field::new("min_pass_rate", DataType::Float64, false),
+        Field::new("problems", DataType::Int64, false),
+        Field::new("train", DataType::Int64, false),
+        Field::new("val", DataType::Int64, false),
+        Field::new("test", DataType::Int64, false),
+    ]))
+});
+
+fn d_seed() -> u64 {
+    0
+}
+fn d_train() -> f64 {
+    0.8
+}
+fn d_val() -> f64 {
+    0.1
+}
+fn d_compile() -> f64 {
+    DEFAULT_MIN_COMPILE_RATE
+}
+fn d_pass() -> f64 {
+    DEFAULT_MIN_PASS_RATE
+}
+fn d_levels() -> Vec<i64> {
+    vec![1, 2, 3]
+}
+
+/// Params of `curriculum`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// Split seed.
+    #[serde(default = "d_seed")]
+    pub seed: u64,
+    /// Fraction of problems in train (by hash of problem_id and seed).
+    #[serde(default = "d_train")]
+    pub train_fraction: f64,
+    /// Fraction in val; the rest is test.
+    #[serde(default = "d_val")]
+    pub val_fraction: f64,
+    /// Gate: compile rate on a tier must exceed this to open the next (DESIGN.md: 0.9).
+    #[serde(default = "d_compile")]
+    pub min_compile_rate: f64,
+    /// Gate: pass rate on a tier must exceed this to open the next (DESIGN.md: 0.75).
+    #[serde(default = "d_pass")]
+    pub min_pass_rate: f64,
+    /// KernelBench levels in the curriculum (level 4 needs `transformers` and model downloads).
+    #[serde(default = "d_levels")]
+    pub levels: Vec<i64>,
+    /// Op category file, relative to the project root; its content is an input.
+    #[serde(default, skip_serializing)]
+    pub op_categories: Option<String>,
+}
+
+/// The stage.
+#[derive(Debug)]
+pub struct Curriculum {
+    params: Params,
+}
+
+impl Curriculum {
+    /// Default op category file.
+    pub const OP_CATEGORIES: &'static str = "configs/curriculum/op_categories.toml";
+
+    /// Builds the stage from its params table.
+    ///
+    /// # Errors
+    /// Unknown or mistyped params, fractions out of range.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        let params: Params = crate::common::parse_params(t)?;
+        let (tr, va) = (params.train_fraction, params.val_fraction);
+        if !(0.0..=1.0).contains(&tr) || !(0.0..=1.0).contains(&va) || tr + va > 1.0 {
+            return Err(format!(
+                "train_fraction ({tr}) and val_fraction ({va}) must be in [0, 1] and sum to at most 1"
+            ));
+        }
+        Ok(Curriculum { params })
+    }
+}
+
+#[derive(Default)]
+struct ArchiveStats {
+    kernels: i64,
+    claimed_correct: i64,
+    best: Option<f64>,
+    drift: bool,
+}
+
+fn add_kernels(
+    path: &std::path::Path,
+    name: &str,
+    stats: &mut BTreeMap<String, ArchiveStats>,
+) -> Result<(), StageError> {
+    let t = Table::read(path, name).map_err(data_err)?;
+    let pid = t.req_strings("problem_id").map_err(data_err)?;
+    let ok = t.req_bools("claimed_correct").map_err(data_err)?;
+    let sp = t.req_floats("claimed_speedup_native").map_err(data_err)?;
+    let cu = t.req_bools("has_cuda_kernel").map_err(data_err)?;
+    let m = t.req_bools("reference_matches_problem").map_err(data_err)?;
+    for i in 0..t.rows() {
+        let Some(p) = pid.get(i) else { continue };
+        let s = stats.entry(p.to_string()).or_default();
+        s.kernels += 1;
+        if ok.get(i) == Some(true) {
+            s.claimed_correct += 1;
+            if cu.get(i) == Some(true)
+                && let Some(v) = sp.get(i).filter(|v| v.is_finite())
+            {
+                s.best = Some(s.best.map_or(v, |b: f64| b.max(v)));
+            }
+        }
+        if m.get(i) == Some(false) {
+            s.drift = true;
+        }
+    }
+    Ok(())
+}
+
+impl Stage for Curriculum {
+    fn kind(&self) -> &str {
+        "curriculum"
+    }
+    fn code_version(&self) -> u32 {
+        1
+    }
+    fn params(&self) -> serde_json::Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::node("problems", "ingest-kernelbench", "problems"),
+            InputDecl::node("sakana_kernels", "ingest-sakana", "kernels"),
+            InputDecl::node("cuda_l1_kernels", "ingest-cuda-l1", "kernels"),
+            InputDecl::external("op_categories"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![
+            OutputDecl::table("curriculum", CURRICULUM.clone()),
+            OutputDecl::table("gates", GATES.clone()),
+        ]
+    }
+    fn resolve_external(
+        &self,
+        _input: &str,
+        ctx: &ResolveContext,
+    ) -> Result<ExternalFiles, StageError> {
+        single_file(
+            &ctx.root,
+            self.params
+                .op_categories
+                .as_deref()
+                .unwrap_or(Self::OP_CATEGORIES),
+            "op categories",
+        )
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let cat_path = ctx.input_path("op_categories")?.to_path_buf();
+        let cat_name = self
+            .params
+            .op_categories
+            .clone()
+            .unwrap_or_else(|| Self::OP_CATEGORIES.into());
+        let text = std::fs::read_to_string(&cat_path)
+            .map_err(|e| StageError::bad_input(&cat_name, None, format!("cannot read: {e}")))?;
+        let cats = Categories::parse(&text, &cat_name)
+            .map_err(|e| StageError::bad_input(&cat_name, None, e.message))?;
+
+        let mut stats = BTreeMap::new();
+        for input in ["sakana_kernels", "cuda_l1_kernels"] {
+            if ctx.has_input(input) {
+                let p = ctx.input_path(input)?.to_path_buf();
+                add_kernels(&p, input, &mut stats)?;
+            }
+        }
+
+        let t = Table::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
+        let pid = t.req_strings("problem_id").map_err(data_err)?;
+        let level = t.req_ints("level").map_err(data_err)?;
+        let name = t.req_strings("name").map_err(data_err)?;
+        let feats_col = t
+            .batch
+            .column(t.schema.index_of("op_features").map_err(|_| {
+                StageError::bad_input(
+                    "problems",
+                    Some("op_features"),
+                    "required column is missing",
+                )
+            })?);
+        let feats_list = feats_col
+            .as_any()
+            .downcast_ref::<arrow::array::ListArray>()
+            .ok_or_else(|| {
+                StageError::bad_input("problems", Some("op_features"), "expected list<utf8>")
+            })?;
+
+        let mut b_id = StringBuilder::new();
+        let mut b_src = StringBuilder::new();
+        let mut b_level = Int64Builder::new();
+        let mut b_name = StringBuilder::new();
+        let mut b_tier = Int64Builder::new();
+        let mut b_reason = StringBuilder::new();
+        let mut b_feats = ListBuilder::new(StringBuilder::new());
+        let mut b_cats = ListBuilder::new(StringBuilder::new());
+        let mut b_unknown = ListBuilder::new(StringBuilder::new());
+        let mut b_split = StringBuilder::new();
+        let mut b_ak = Int64Builder::new();
+        let mut b_acc = Int64Builder::new();
+        let mut b_best = Float64Builder::new();
+        let mut b_drift = BooleanBuilder::new();
+        let mut counts = [[0i64; 3]; (MAX_TIER + 1) as usize];
+        for i in 0..t.rows() {
+            let (Some(id), Some(lv), Some(nm)) = (pid.get(i), level.get(i), name.get(i)) else {
+                return Err(StageError::bad_input(
+                    "problems",
+                    Some("problem_id"),
+                    format!("null identity in row {i}"),
+                ));
+            };
+            if !self.params.levels.contains(&lv) {
+                continue;
+            }
+            let fa = feats_list.value(i);
+            let fs = fa
+                .as_any()
+                .downcast_ref::<arrow::array::StringArray>()
+                .ok_or_else(|| {
+                    StageError::bad_input("problems", Some("op_features"), "expected list<utf8>")
+                })?;
+            let feats: Vec<String> = fs.iter().flatten().map(str::to_string).collect();
+            let d = cats.decide(Some(lv), &feats);
+            let split = assign(
+                id,
+                self.params.seed,
+                self.params.train_fraction,
+                self.params.val_fraction,
+            );
+            counts[d.tier as usize][split as usize] += 1;
+            let st = stats.remove(id).unwrap_or_default();
+            b_id.append_value(id);
+            b_src.append_value("kernelbench");
+            b_level.append_value(lv);
+            b_name.append_value(nm);
+            b_tier.append_value(d.tier);
+            b_reason.append_value(&d.reason);
+            for f in &feats {
+                b_feats.values().append_value(f);
+            }
+            b_feats.append(true);
+            for c in &d.categories {
+                b_cats.values().append_value(c);
+            }
+            b_cats.append(true);
+            for u in &d.unknown_ops {
+                b_unknown.values().append_value(u);
+            }
+            b_unknown.append(true);
+            b_split.append_value(split.as_str());
+            b_ak.append_value(st.kernels);
+            b_acc.append_value(st.claimed_correct);
+            b_best.append_option(st.best);
+            b_drift.append_value(st.drift);
+        }
+        if !stats.is_empty() {
+            ctx.warn(format!(
+                "{} archive problem ids are not in the curriculum (other levels or unknown)",
+                stats.len()
+            ));
+        }
+        let schema = CURRICULUM.clone();
+        let cast_list = |a: ArrayRef, i: usize| {
+            arrow::compute::cast(&a, schema.field(i).data_type()).expect("list cast")
+        };
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(b_id.finish()),
+            Arc::new(b_src.finish()),
+            Arc::new(b_level.finish()),
+            Arc::new(b_name.finish()),
+            Arc::new(b_tier.finish()),
+            Arc::new(b_reason.finish()),
+            cast_list(Arc::new(b_feats.finish()), 6),
+            cast_list(Arc::new(b_cats.finish()), 7),
+            cast_list(Arc::new(b_unknown.finish()), 8),
+            Arc::new(b_split.finish()),
+            Arc::new(b_ak.finish()),
+            Arc::new(b_acc.finish()),
+            Arc::new(b_best.finish()),
+            Arc::new(b_drift.finish()),
+        ];
+        let batch = cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?;
+        write_output(ctx, "curriculum", &batch)?;
+
+        let tiers: Vec<i64> = (0..=MAX_TIER).collect();
+        let gcols: Vec<ArrayRef> = vec![
+            Arc::new(arrow::array::Int64Array::from(tiers.clone())),
+            Arc::new(arrow::array::Float64Array::from(vec![
+                self.params
+                    .min_compile_rate;
+                tiers.len()
+            ])),
+            Arc::new(arrow::array::Float64Array::from(vec![
+                self.params
+                    .min_pass_rate;
+                tiers.len()
+            ])),
+            Arc::new(arrow::array::Int64Array::from(
+                counts.iter().map(|c| c.iter().sum()).collect::<Vec<i64>>(),
+            )),
+            Arc::new(arrow::array::Int64Array::from(
+                counts.iter().map(|c| c[0]).collect::<Vec<i64>>(),
+            )),
+            Arc::new(arrow::array::Int64Array::from(
+                counts.iter().map(|c| c[1]).collect::<Vec<i64>>(),
+            )),
+            Arc::new(arrow::array::Int64Array::from(
+                counts.iter().map(|c| c[2]).collect::<Vec<i64>>(),
+            )),
+        ];
+        let gates = cudarl_data::parquet_io::batch(&GATES.clone(), gcols).map_err(data_err)?;
+        write_output(ctx, "gates", &gates)
+    }
+}

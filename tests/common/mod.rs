@@ -1,0 +1,147 @@
+//! Test helpers: a throwaway copy of the project (pipelines, configs, datasets) and the real
+//! `cudarl-pipe` binary run as a child process.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root (two levels above the cli crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        let d = dst.join(e.file_name());
+        if p.is_dir() {
+            copy_dir(&p, &d);
+        } else {
+            std::fs::copy(&p, &d).unwrap();
+            let mut perm = std::fs::metadata(&d).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            std::fs::set_permissions(&d, perm).unwrap();
+        }
+    }
+}
+
+/// A temporary project: a copy of `pipelines/`, `configs/` and `datasets/`.
+pub struct Project {
+    pub dir: tempfile::TempDir,
+}
+
+impl Project {
+    pub fn new() -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        let root = repo_root();
+        for d in ["pipelines", "configs", "datasets"] {
+            copy_dir(&root.join(d), &dir.path().join(d));
+        }
+        Project { dir }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn store(&self) -> PathBuf {
+        self.path("artifacts")
+    }
+
+    /// A command for the real binary, run in the project root.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cudarl-pipe"));
+        c.current_dir(self.root())
+            .args(args)
+            .env_remove("CUDARL_FAULT")
+            .env_remove("CUDARL_STORE");
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// Runs and parses `--json` lines into (node -> object).
+    pub fn run_json(
+        &self,
+        args: &[&str],
+    ) -> (i32, std::collections::BTreeMap<String, serde_json::Value>) {
+        let mut a: Vec<&str> = args.to_vec();
+        a.push("--json");
+        let o = self.run(&a);
+        let mut m = std::collections::BTreeMap::new();
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("bad json line {line:?}: {e}"));
+            m.insert(v["node"].as_str().unwrap().to_string(), v);
+        }
+        (o.status.code().unwrap_or(-1), m)
+    }
+
+    /// Every file under the store (relative path -> BLAKE3 of its bytes), for "store
+    /// untouched" checks.
+    pub fn store_snapshot(&self) -> std::collections::BTreeMap<String, String> {
+        let mut out = std::collections::BTreeMap::new();
+        fn walk(base: &Path, d: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+            let Ok(rd) = std::fs::read_dir(d) else { return };
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(base, &p, out);
+                } else {
+                    let rel = p.strip_prefix(base).unwrap().display().to_string();
+                    // Lock files and run logs are bookkeeping, not store content.
+                    if rel.starts_with("locks/") || rel.starts_with("runs/") {
+                        continue;
+                    }
+                    out.insert(
+                        rel,
+                        blake3::hash(&std::fs::read(&p).unwrap())
+                            .to_hex()
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        walk(&self.store(), &self.store(), &mut out);
+        out
+    }
+}
+
+pub fn status_of(m: &std::collections::BTreeMap<String, serde_json::Value>, node: &str) -> String {
+    m.get(node)
+        .unwrap_or_else(|| panic!("no record for {node}: {m:?}"))["status"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+pub fn out_hash(
+    m: &std::collections::BTreeMap<String, serde_json::Value>,
+    node: &str,
+    output: &str,
+) -> String {
+    m[node]["outputs"][output]["hash"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}

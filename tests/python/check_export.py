@@ -1,0 +1,74 @@
+"""Checks exported Parquet with pyarrow and polars against the documented schemas.
+
+Usage: python check_export.py EXPORT_DIR   (prints OK, exits non-zero on any mismatch)
+"""
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+out = Path(sys.argv[1])
+
+CURRICULUM = [
+    ("problem_id", pa.string(), False),
+    ("source", pa.string(), False),
+    ("level", pa.int64(), True),
+    ("name", pa.string(), False),
+    ("tier", pa.int64(), False),
+    ("tier_reason", pa.string(), False),
+    ("op_features", pa.list_(pa.string()), False),
+    ("op_categories", pa.list_(pa.string()), False),
+    ("unknown_ops", pa.list_(pa.string()), False),
+    ("split", pa.string(), False),
+    ("archive_kernels", pa.int64(), False),
+    ("archive_claimed_correct", pa.int64(), False),
+    ("archive_best_claimed_speedup", pa.float64(), True),
+    ("archive_reference_drift", pa.bool_(), False),
+]
+GATES = [
+    ("tier", pa.int64(), False),
+    ("min_compile_rate", pa.float64(), False),
+    ("min_pass_rate", pa.float64(), False),
+    ("problems", pa.int64(), False),
+    ("train", pa.int64(), False),
+    ("val", pa.int64(), False),
+    ("test", pa.int64(), False),
+]
+
+
+def check(path, expected):
+    schema = pq.read_schema(path)
+    got = [(f.name, f.type, f.nullable) for f in schema]
+    assert [g[0] for g in got] == [e[0] for e in expected], f"{path}: columns {got}"
+    for (n, t, nl), (en, et, enl) in zip(got, expected):
+        assert t == et, f"{path}: column {n} type {t} != {et}"
+        assert nl == enl, f"{path}: column {n} nullable {nl} != {enl}"
+    return pq.read_table(path)
+
+
+cur = check(out / "curriculum.parquet", CURRICULUM)
+gates = check(out / "gates.parquet", GATES)
+assert cur.num_rows == 250, cur.num_rows
+assert set(cur.column("split").to_pylist()) == {"train", "val", "test"}
+assert set(cur.column("tier").to_pylist()) == {0, 1, 2, 3}
+assert sum(gates.column("problems").to_pylist()) == 250
+
+df = pl.read_parquet(out / "curriculum.parquet")
+assert df.height == 250
+assert df.schema["op_features"] == pl.List(pl.String)
+relu = df.filter(pl.col("problem_id") == "kb/L1/19_ReLU")
+assert relu["tier"][0] == 0 and relu["op_features"][0].to_list() == ["torch.relu"], relu
+per_tier = df.group_by("tier").len().sort("tier")
+assert per_tier["len"].sum() == 250
+
+kernels = pl.read_parquet(out / "kernels.parquet")
+assert kernels.height == 102
+assert kernels["kernel_id"].str.len_chars().unique().to_list() == [64]
+assert kernels.schema["ncu_metrics"] == pl.List(
+    pl.Struct({"name": pl.String, "unit": pl.String, "avg_value": pl.Float64, "variance": pl.Float64, "n": pl.Int64})
+)
+# 78 of the 102 sample rows carry an NCU profile (26 correct rows per level).
+assert kernels["ncu_achieved_occupancy_pct"].is_not_null().sum() == 78
+print("OK")
