@@ -31,9 +31,9 @@ curriculum: build
 ## test: set up, build, lint, and run every test (Rust and Python).
 test: setup lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) nextest run --workspace --no-fail-fast; \
+		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
-		CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) test --workspace --no-fail-fast; \
+		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) test --workspace --no-fail-fast; \
 	fi
 
 ## lint: rustfmt and clippy with warnings as errors.

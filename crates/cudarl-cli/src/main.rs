@@ -142,6 +142,33 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Compile, statically check, test and time one kernel for a task.
+    Check {
+        /// Task id (a folder of `datasets/tasks/`), e.g. `vector_add`.
+        #[arg(long)]
+        task: String,
+        /// The kernel source (native ABI: `extern "C" void launch(...)`).
+        #[arg(long, value_name = "FILE")]
+        source: PathBuf,
+        /// `auto` runs on the GPU when one is present, else compile-only.
+        #[arg(long, value_enum, default_value_t = cmd::check::Mode::Auto)]
+        mode: cmd::check::Mode,
+        /// Target architecture for nvcc (default: the GPU's, or sm_90 without a GPU).
+        #[arg(long)]
+        arch: Option<String>,
+        /// Skip timing.
+        #[arg(long)]
+        no_bench: bool,
+        /// Wall-clock limit for running the candidate, seconds.
+        #[arg(long, default_value_t = 20)]
+        timeout: u64,
+        /// The verdict as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Internal: a sandboxed GPU worker (JSON jobs on stdin, results on stdout).
+    #[command(hide = true)]
+    Worker,
     /// Benchmarks (ratios against a baseline measured in the same run).
     Bench {
         #[command(subcommand)]
@@ -150,6 +177,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`cudarl-pipe show ... | head`), like other Unix tools.
+    // SAFETY: resetting a signal disposition at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -1,6 +1,7 @@
 //! Implementations of the CLI verbs.
 
 pub mod bench;
+pub mod check;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -132,6 +133,11 @@ impl Ctx {
 
 /// Runs a verb; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
+    if matches!(cli.command, Command::Worker) {
+        return Ok(cudarl_cuda::worker::worker_main(
+            &cudarl_cuda::worker::Limits::default(),
+        ));
+    }
     let ctx = Ctx::from_cli(&cli)?;
     match cli.command {
         Command::Run {
@@ -165,6 +171,18 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         } => export(&ctx, &node, &to, output.as_deref()),
         Command::Gc { keep_last, json } => gc(&ctx, keep_last, json),
         Command::Bench { which } => bench::run(&ctx, which),
+        Command::Check {
+            task,
+            source,
+            mode,
+            arch,
+            no_bench,
+            timeout,
+            json,
+        } => check::run(&ctx, &task, &source, mode, arch, !no_bench, timeout, json),
+        Command::Worker => Ok(cudarl_cuda::worker::worker_main(
+            &cudarl_cuda::worker::Limits::default(),
+        )),
     }
 }
 

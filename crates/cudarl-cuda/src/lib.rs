@@ -1,0 +1,28 @@
+//! cudarl-cuda: the kernel harness (DESIGN.md section 5).
+//!
+//! This crate builds without a GPU or CUDA toolkit: compiling needs only `nvcc` (found at run
+//! time, see [`nvcc`]), and on a machine without a GPU every verdict is compile-only
+//! (`executed = false`), never faked.
+//!
+//! - [`nvcc`]: discovery and version.
+//! - [`compile`]: candidate + shim -> shared object (SASS for one arch), time limit,
+//!   diagnostics, resources, compile cache.
+//! - [`static_check`]: data-driven safety rules run before compiling.
+//! - [`task`]: task specs (signature, sizes, shapes, tolerances, byte/FLOP counts).
+//! - [`verdict`]: the verdict of `check` and `validate`.
+
+pub mod compile;
+pub mod diag;
+pub mod gpu;
+pub mod nvcc;
+pub mod reference;
+pub mod static_check;
+pub mod task;
+pub mod verdict;
+pub mod worker;
+
+pub use compile::{CompileOutput, Compiler};
+pub use nvcc::Nvcc;
+pub use static_check::Rules;
+pub use task::{Task, TaskSpec, load_tasks};
+pub use verdict::{Verdict, check_compile_only};

@@ -1,0 +1,102 @@
+//! Finding nvcc and its version.
+//!
+//! Search order: `$CUDARL_NVCC`, `$CUDA_HOME/bin/nvcc`, `nvcc` on `PATH`, then the project's
+//! `.venv` wheel (`nvidia-cuda-nvcc`, `.venv/lib/python3*/site-packages/nvidia/cu13/bin/nvcc`).
+//! The wheel's `nvcc.profile` misses its own `lib` directory, so [`Nvcc::lib_dirs`] adds it
+//! to every link.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A usable nvcc.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nvcc {
+    /// Path of the `nvcc` executable.
+    pub path: PathBuf,
+    /// Release and build, e.g. `13.0.88` (from `nvcc --version`, `V13.0.88`).
+    pub version: String,
+    /// Extra `-L` directories for linking (the wheel's `lib`).
+    pub lib_dirs: Vec<PathBuf>,
+}
+
+/// nvcc was not found or does not run.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "nvcc not found ({0}); set CUDARL_NVCC, CUDA_HOME, put nvcc on PATH, or run `make setup` (installs the nvidia-cuda-nvcc wheel into .venv)"
+)]
+pub struct NvccNotFound(pub String);
+
+fn version_of(path: &Path) -> Option<String> {
+    let out = Command::new(path).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "Cuda compilation tools, release 13.0, V13.0.88"
+    text.lines()
+        .find_map(|l| l.rsplit_once(", V").map(|(_, v)| v.trim().to_string()))
+}
+
+fn venv_nvcc(root: &Path) -> Option<PathBuf> {
+    let lib = root.join(".venv/lib");
+    let rd = std::fs::read_dir(&lib).ok()?;
+    let mut pys: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("python3"))
+        })
+        .collect();
+    pys.sort();
+    pys.into_iter()
+        .map(|p| p.join("site-packages/nvidia/cu13/bin/nvcc"))
+        .find(|p| p.is_file())
+}
+
+impl Nvcc {
+    /// Finds nvcc (see the module docs), looking for a `.venv` under `root`.
+    ///
+    /// # Errors
+    /// [`NvccNotFound`] listing what was tried.
+    pub fn discover(root: &Path) -> Result<Nvcc, NvccNotFound> {
+        let mut tried = Vec::new();
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        if let Ok(p) = std::env::var("CUDARL_NVCC") {
+            candidates.push(PathBuf::from(p));
+        }
+        if let Ok(h) = std::env::var("CUDA_HOME") {
+            candidates.push(Path::new(&h).join("bin/nvcc"));
+        }
+        if let Ok(path) = std::env::var("PATH") {
+            for d in std::env::split_paths(&path) {
+                candidates.push(d.join("nvcc"));
+            }
+        }
+        if let Some(v) = venv_nvcc(root) {
+            candidates.push(v);
+        }
+        for c in candidates {
+            if !c.is_file() {
+                continue;
+            }
+            tried.push(c.display().to_string());
+            if let Some(version) = version_of(&c) {
+                let mut lib_dirs = Vec::new();
+                if let Some(lib) = c.parent().and_then(|b| b.parent()).map(|d| d.join("lib"))
+                    && lib.is_dir()
+                {
+                    lib_dirs.push(lib);
+                }
+                return Ok(Nvcc {
+                    path: c,
+                    version,
+                    lib_dirs,
+                });
+            }
+        }
+        Err(NvccNotFound(if tried.is_empty() {
+            "no candidate exists".into()
+        } else {
+            format!("none of {} runs", tried.join(", "))
+        }))
+    }
+}

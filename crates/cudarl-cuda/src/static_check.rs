@@ -1,0 +1,264 @@
+//! Static safety checks, run before compiling: named rules loaded from a TOML file
+//! (`configs/harness/static_rules.toml`), not scattered `if`s. Each rule is a regex over the
+//! source with comments and string literals blanked out; `#include`s are checked against an
+//! allow-list per format.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// What a rule does when it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Do not compile; the verdict fails with this reason.
+    Reject,
+    /// Record it in `static_flags`; compile and run anyway.
+    Flag,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    id: String,
+    message: String,
+    pattern: String,
+    formats: Vec<String>,
+    action: Action,
+    #[serde(default)]
+    strings: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRules {
+    rule: Vec<RawRule>,
+    includes: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// One compiled rule.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// Rule id (e.g. `process-spawn`).
+    pub id: String,
+    /// Message shown when it matches.
+    pub message: String,
+    re: Regex,
+    formats: Vec<String>,
+    /// Reject or flag.
+    pub action: Action,
+    /// Match against the source with string literals kept (for inline-asm templates).
+    pub strings: bool,
+}
+
+/// A rule that matched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Rule id (`include` for the include allow-list).
+    pub rule: String,
+    /// Reject or flag.
+    pub action: Action,
+    /// 1-based line of the first match.
+    pub line: u32,
+    /// The matched text (trimmed, at most 80 characters).
+    pub matched: String,
+    /// The rule's message.
+    pub message: String,
+}
+
+/// The rule set.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    rules: Vec<Rule>,
+    includes: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// Errors loading a rules file.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct RulesError {
+    /// The file.
+    pub file: String,
+    /// What is wrong (rule id and regex error, or TOML error with line).
+    pub message: String,
+}
+
+/// Blanks out `//` and `/* */` comments and string/char literals (keeping newlines and
+/// offsets), so rules do not match inside them. `#include` lines are kept whole.
+pub fn strip_c_comments_and_strings(src: &str) -> String {
+    strip(src, true)
+}
+
+/// Blanks out comments only (string literals kept).
+pub fn strip_c_comments(src: &str) -> String {
+    strip(src, false)
+}
+
+fn strip(src: &str, strings: bool) -> String {
+    let b = src.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let mut line_start = true;
+    while i < b.len() {
+        let c = b[i];
+        if line_start && c == b'#' {
+            // preprocessor line: copy verbatim (include names are quoted)
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b[i]);
+                i += 1;
+            }
+            continue;
+        }
+        if !c.is_ascii_whitespace() {
+            line_start = false;
+        }
+        if c == b'\n' {
+            line_start = true;
+            out.push(c);
+            i += 1;
+        } else if c == b'/' && i + 1 < b.len() && b[i + 1] == b'/' {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b' ');
+                i += 1;
+            }
+        } else if c == b'/' && i + 1 < b.len() && b[i + 1] == b'*' {
+            out.extend([b' ', b' ']);
+            i += 2;
+            while i < b.len() && !(b[i] == b'*' && i + 1 < b.len() && b[i + 1] == b'/') {
+                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                i += 1;
+            }
+            if i < b.len() {
+                out.extend([b' ', b' ']);
+                i += 2;
+            }
+        } else if strings && (c == b'"' || c == b'\'') {
+            out.push(b' ');
+            i += 1;
+            while i < b.len() && b[i] != c && b[i] != b'\n' {
+                if b[i] == b'\\' && i + 1 < b.len() {
+                    out.push(b' ');
+                    i += 1;
+                }
+                out.push(b' ');
+                i += 1;
+            }
+            if i < b.len() && b[i] == c {
+                out.push(b' ');
+                i += 1;
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+static INCLUDE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"(?m)^\s*#\s*include\s*[<"]([^>"]+)[>"]"#).expect("re"));
+
+fn line_of(src: &str, offset: usize) -> u32 {
+    src[..offset].bytes().filter(|&b| b == b'\n').count() as u32 + 1
+}
+
+impl Rules {
+    /// The rules shipped with cudarl-pipe (`configs/harness/static_rules.toml`).
+    pub fn builtin() -> Rules {
+        Rules::parse(
+            include_str!("../../../configs/harness/static_rules.toml"),
+            "configs/harness/static_rules.toml",
+        )
+        .expect("built-in rules are valid")
+    }
+
+    /// Parses a rules file.
+    ///
+    /// # Errors
+    /// TOML errors, unknown keys, or a rule whose regex does not compile (naming its id).
+    pub fn parse(text: &str, file: &str) -> Result<Rules, RulesError> {
+        let raw: RawRules = toml::from_str(text).map_err(|e| RulesError {
+            file: file.into(),
+            message: e.to_string(),
+        })?;
+        let mut rules = Vec::new();
+        for r in raw.rule {
+            let re = Regex::new(&r.pattern).map_err(|e| RulesError {
+                file: file.into(),
+                message: format!("rule `{}`: bad pattern: {e}", r.id),
+            })?;
+            rules.push(Rule {
+                id: r.id,
+                message: r.message,
+                re,
+                formats: r.formats,
+                action: r.action,
+                strings: r.strings,
+            });
+        }
+        Ok(Rules {
+            rules,
+            includes: raw.includes,
+        })
+    }
+
+    /// Rule ids, in file order.
+    pub fn ids(&self) -> Vec<&str> {
+        self.rules.iter().map(|r| r.id.as_str()).collect()
+    }
+
+    /// Checks `source` of `format` (`native` or `torch`). Findings are in rule order; the
+    /// include check comes first.
+    pub fn check(&self, source: &str, format: &str) -> Vec<Finding> {
+        let clean = strip_c_comments_and_strings(source);
+        let with_strings = strip_c_comments(source);
+        let mut out = Vec::new();
+        let mut allowed: Vec<&str> = self
+            .includes
+            .get("native")
+            .map(|v| v.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        if format != "native"
+            && let Some(v) = self.includes.get(format)
+        {
+            allowed.extend(v.iter().map(String::as_str));
+        }
+        for c in INCLUDE.captures_iter(&clean) {
+            let name = c.get(1).expect("group").as_str().trim();
+            if !allowed.contains(&name) {
+                out.push(Finding {
+                    rule: "include".into(),
+                    action: Action::Reject,
+                    line: line_of(&clean, c.get(0).expect("m").start()),
+                    matched: format!("#include <{name}>"),
+                    message: format!("header `{name}` is not on the {format} include allow-list"),
+                });
+            }
+        }
+        for r in &self.rules {
+            if !r.formats.iter().any(|f| f == format) {
+                continue;
+            }
+            let text = if r.strings { &with_strings } else { &clean };
+            if let Some(m) = r.re.find(text) {
+                let mut matched: String =
+                    m.as_str().split_whitespace().collect::<Vec<_>>().join(" ");
+                matched.truncate(80);
+                out.push(Finding {
+                    rule: r.id.clone(),
+                    action: r.action,
+                    line: line_of(text, m.start()),
+                    matched,
+                    message: r.message.clone(),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Whether any finding rejects the candidate.
+pub fn rejected(findings: &[Finding]) -> bool {
+    findings.iter().any(|f| f.action == Action::Reject)
+}

@@ -1,0 +1,351 @@
+//! Task specs: a task's typed native signature, named sizes, train and hold-out shapes, dtype,
+//! tolerance, and byte/FLOP counts, loaded from `datasets/tasks/<id>/task.toml` beside the
+//! task's naive and optimized kernels.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Role of a launcher argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArgKind {
+    /// Read-only device buffer (`const T*`).
+    Input,
+    /// Device buffer the kernel must fully write (`T*`).
+    Output,
+    /// A size (`int64_t`), one of the task's named sizes.
+    Size,
+    /// A scalar parameter (`float`), value per shape.
+    Scalar,
+}
+
+/// One launcher argument.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Arg {
+    /// C name.
+    pub name: String,
+    /// Role.
+    pub kind: ArgKind,
+    /// Element count as a product of size names and integers (buffers), e.g. `["rows", "cols"]`.
+    #[serde(default)]
+    pub shape: Vec<String>,
+}
+
+/// A task spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Task id, e.g. `vector_add`.
+    pub id: String,
+    /// Curriculum tier 0..3.
+    pub tier: i64,
+    /// One-line statement of what `launch` computes.
+    pub description: String,
+    /// Element type of every buffer: `f32` (others come with later task families).
+    pub dtype: String,
+    /// Named integer sizes.
+    pub sizes: Vec<String>,
+    /// Launcher arguments in order (the stream comes last, implicitly).
+    pub args: Vec<Arg>,
+    /// Shapes the candidate sees in its prompt and training.
+    pub train_shapes: Vec<BTreeMap<String, i64>>,
+    /// Shapes never shown: odd sizes, large sizes.
+    pub holdout_shapes: Vec<BTreeMap<String, i64>>,
+    /// Absolute tolerance.
+    pub atol: f64,
+    /// Relative tolerance.
+    pub rtol: f64,
+    /// Bytes moved by an ideal kernel, as a sum of products, e.g. `12*n`.
+    pub bytes: String,
+    /// Floating-point operations, e.g. `n`.
+    pub flops: String,
+    /// The naive kernel's file, relative to the task folder.
+    pub naive: String,
+    /// Optimized kernels' files.
+    pub optimized: Vec<String>,
+}
+
+/// Errors loading a task.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct TaskError {
+    /// The task file.
+    pub file: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Evaluates a sum of products of integers and size names (`12*n`, `4*rows*cols + 4*rows`).
+///
+/// # Errors
+/// Unknown name or bad token.
+pub fn eval_formula(f: &str, sizes: &BTreeMap<String, i64>) -> Result<i64, String> {
+    let mut total: i64 = 0;
+    for term in f.split('+') {
+        let mut prod: i64 = 1;
+        for factor in term.split('*') {
+            let t = factor.trim();
+            let v = if let Ok(n) = t.parse::<i64>() {
+                n
+            } else {
+                *sizes
+                    .get(t)
+                    .ok_or_else(|| format!("unknown size `{t}` in `{f}`"))?
+            };
+            prod = prod.checked_mul(v).ok_or("overflow")?;
+        }
+        total = total.checked_add(prod).ok_or("overflow")?;
+    }
+    Ok(total)
+}
+
+fn c_type(dtype: &str) -> &'static str {
+    match dtype {
+        "f16" => "__half",
+        "bf16" => "__nv_bfloat16",
+        _ => "float",
+    }
+}
+
+impl TaskSpec {
+    /// Loads `dir/task.toml`.
+    ///
+    /// # Errors
+    /// TOML errors, unknown keys, and inconsistencies (see [`TaskSpec::validate`]).
+    pub fn load(dir: &Path) -> Result<TaskSpec, TaskError> {
+        let file = dir.join("task.toml");
+        let fname = file.display().to_string();
+        let text = std::fs::read_to_string(&file).map_err(|e| TaskError {
+            file: fname.clone(),
+            message: e.to_string(),
+        })?;
+        let t: TaskSpec = toml::from_str(&text).map_err(|e| TaskError {
+            file: fname.clone(),
+            message: e.to_string(),
+        })?;
+        t.validate().map_err(|m| TaskError {
+            file: fname,
+            message: m,
+        })?;
+        Ok(t)
+    }
+
+    /// Checks the spec is consistent: sizes used in shapes and formulas exist, every shape
+    /// gives every size, buffer shapes evaluate, kernels exist are checked by the loader.
+    ///
+    /// # Errors
+    /// A message naming the first inconsistency.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0..=3).contains(&self.tier) {
+            return Err(format!("tier {} is not in 0..3", self.tier));
+        }
+        for a in &self.args {
+            match a.kind {
+                ArgKind::Size if !self.sizes.contains(&a.name) => {
+                    return Err(format!("size argument `{}` is not in sizes", a.name));
+                }
+                ArgKind::Input | ArgKind::Output if a.shape.is_empty() => {
+                    return Err(format!("buffer `{}` has no shape", a.name));
+                }
+                _ => {}
+            }
+        }
+        if !self.args.iter().any(|a| a.kind == ArgKind::Output) {
+            return Err("no output buffer".into());
+        }
+        for (split, shapes) in [
+            ("train_shapes", &self.train_shapes),
+            ("holdout_shapes", &self.holdout_shapes),
+        ] {
+            if shapes.is_empty() {
+                return Err(format!("{split} is empty"));
+            }
+            for s in shapes {
+                for n in &self.sizes {
+                    match s.get(n) {
+                        Some(v) if *v > 0 => {}
+                        _ => return Err(format!("{split}: shape {s:?} lacks a positive `{n}`")),
+                    }
+                }
+                for a in &self.args {
+                    if !a.shape.is_empty() {
+                        eval_formula(&a.shape.join("*"), s)
+                            .map_err(|e| format!("arg `{}`: {e}", a.name))?;
+                    }
+                }
+                eval_formula(&self.bytes, s).map_err(|e| format!("bytes: {e}"))?;
+                eval_formula(&self.flops, s).map_err(|e| format!("flops: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The exact C declaration of the launcher, e.g.
+    /// `extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream)`.
+    pub fn signature(&self) -> String {
+        let t = c_type(&self.dtype);
+        let params: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| match a.kind {
+                ArgKind::Input => format!("const {t}* {}", a.name),
+                ArgKind::Output => format!("{t}* {}", a.name),
+                ArgKind::Size => format!("int64_t {}", a.name),
+                ArgKind::Scalar => format!("float {}", a.name),
+            })
+            .chain(["cudaStream_t stream".to_string()])
+            .collect();
+        format!("extern \"C\" void launch({})", params.join(", "))
+    }
+
+    /// The generated shim appended to every candidate: one uniform entry point
+    /// `int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream)`
+    /// that calls `launch` with the declared signature and returns `cudaGetLastError()`.
+    /// Buffers are passed in argument order; sizes in `sizes` order; scalars in argument order.
+    pub fn shim(&self) -> String {
+        let t = c_type(&self.dtype);
+        let (mut bi, mut si) = (0, 0);
+        let call: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| match a.kind {
+                ArgKind::Input => {
+                    bi += 1;
+                    format!("(const {t}*)buffers[{}]", bi - 1)
+                }
+                ArgKind::Output => {
+                    bi += 1;
+                    format!("({t}*)buffers[{}]", bi - 1)
+                }
+                ArgKind::Size => format!(
+                    "sizes[{}]",
+                    self.sizes.iter().position(|s| s == &a.name).unwrap_or(0)
+                ),
+                ArgKind::Scalar => {
+                    si += 1;
+                    format!("scalars[{}]", si - 1)
+                }
+            })
+            .chain(["stream".to_string()])
+            .collect();
+        format!(
+            "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <stdint.h>\n{};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
+            self.signature(),
+            call.join(", ")
+        )
+    }
+
+    /// Bytes moved for one shape (from `bytes`).
+    ///
+    /// # Errors
+    /// A size is missing from `shape`.
+    pub fn bytes_for(&self, shape: &BTreeMap<String, i64>) -> Result<i64, String> {
+        eval_formula(&self.bytes, shape)
+    }
+
+    /// FLOPs for one shape (from `flops`).
+    ///
+    /// # Errors
+    /// A size is missing from `shape`.
+    pub fn flops_for(&self, shape: &BTreeMap<String, i64>) -> Result<i64, String> {
+        eval_formula(&self.flops, shape)
+    }
+}
+
+/// A loaded task with the paths of its kernels.
+#[derive(Debug, Clone)]
+pub struct Task {
+    /// The spec.
+    pub spec: TaskSpec,
+    /// Task folder.
+    pub dir: PathBuf,
+}
+
+impl Task {
+    /// Source of the naive kernel.
+    ///
+    /// # Errors
+    /// Unreadable file.
+    pub fn naive_source(&self) -> Result<String, TaskError> {
+        self.read(&self.spec.naive)
+    }
+
+    /// Sources of the optimized kernels, with their file names.
+    ///
+    /// # Errors
+    /// Unreadable file.
+    pub fn optimized_sources(&self) -> Result<Vec<(String, String)>, TaskError> {
+        self.spec
+            .optimized
+            .iter()
+            .map(|f| Ok((f.clone(), self.read(f)?)))
+            .collect()
+    }
+
+    fn read(&self, rel: &str) -> Result<String, TaskError> {
+        let p = self.dir.join(rel);
+        std::fs::read_to_string(&p).map_err(|e| TaskError {
+            file: p.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Loads every task folder under `root` (folders holding `task.toml`), sorted by id.
+///
+/// # Errors
+/// The first task that fails to load, or two tasks with one id.
+pub fn load_tasks(root: &Path) -> Result<Vec<Task>, TaskError> {
+    let mut out = Vec::new();
+    let rd = std::fs::read_dir(root).map_err(|e| TaskError {
+        file: root.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let mut dirs: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("task.toml").is_file())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        let spec = TaskSpec::load(&d)?;
+        out.push(Task { spec, dir: d });
+    }
+    out.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+    for w in out.windows(2) {
+        if w[0].spec.id == w[1].spec.id {
+            return Err(TaskError {
+                file: w[1].dir.display().to_string(),
+                message: format!("duplicate task id `{}`", w[1].spec.id),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    pub fn dummy() -> TaskSpec {
+        TaskSpec {
+            id: "x".into(),
+            tier: 0,
+            description: String::new(),
+            dtype: "f32".into(),
+            sizes: vec![],
+            args: vec![],
+            train_shapes: vec![],
+            holdout_shapes: vec![],
+            atol: 0.0,
+            rtol: 0.0,
+            bytes: "0".into(),
+            flops: "0".into(),
+            naive: String::new(),
+            optimized: vec![],
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Verdicts: what `check` prints and `validate` stores for one candidate.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compile::{CompileError, Compiler};
+use crate::diag::{Diagnostic, KernelResources};
+use crate::gpu::{BenchSpec, GpuInfo, RunJob, ShapeCase, TestResult, Timing};
+use crate::static_check::{Finding, Rules, rejected};
+use crate::task::{Task, TaskSpec};
+use crate::worker::{Outcome, WorkerPool};
+
+/// The verdict on one candidate kernel for one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// Task id.
+    pub task_id: String,
+    /// `native` or `torch`.
+    pub abi: String,
+    /// `compile-only` (no GPU, or asked) or `full`.
+    pub mode: String,
+    /// Passed static checks and compiled to a shared object.
+    pub compiled: bool,
+    /// Every static finding (rejects and flags).
+    pub static_flags: Vec<Finding>,
+    /// Compiler diagnostics.
+    pub diagnostics: Vec<Diagnostic>,
+    /// Per-kernel resources.
+    pub resources: Vec<KernelResources>,
+    /// Whether the candidate ran on a GPU. `false` in compile-only mode: nothing is faked.
+    pub executed: bool,
+    /// All tests passed (`None` when not executed).
+    pub correct: Option<bool>,
+    /// Why it failed, when it did: `static_reject`, `compile_error`, `compile_timeout`,
+    /// `wrong_answer`, `unwritten_output`, `input_mutation`, `out_of_bounds_write`,
+    /// `timeout`, `crash`, `cuda_error`, `load_error`.
+    pub failure: Option<String>,
+    /// Details of the failure (first failing test, CUDA error text, crash status).
+    pub failure_detail: Option<String>,
+    /// Reward-hack indicators (`beats_roofline`, ...).
+    pub hack_flags: Vec<String>,
+    /// Per-test results (train and hold-out shapes × public and hidden seeds).
+    pub tests: Vec<TestResult>,
+    /// Max absolute error over all tests.
+    pub max_abs_err: Option<f64>,
+    /// Max relative error over all tests.
+    pub max_rel_err: Option<f64>,
+    /// Timing of the candidate, ms.
+    pub timing: Option<Timing>,
+    /// Timing of the task's naive kernel on the same shape, ms.
+    pub naive_timing: Option<Timing>,
+    /// naive median / candidate median.
+    pub speedup_vs_naive: Option<f64>,
+    /// torch reference median / candidate median (needs the tch reference; `None` until then).
+    pub speedup_vs_torch: Option<f64>,
+    /// Lower bound on the time from bytes moved and the GPU's peak DRAM bandwidth, ms.
+    pub roofline_ms: Option<f64>,
+    /// Achieved DRAM bandwidth as a fraction of peak.
+    pub dram_fraction_of_peak: Option<f64>,
+    /// The task's launcher declaration the candidate must define.
+    pub signature: String,
+    /// Compile cache hit.
+    pub cache_hit: bool,
+    /// nvcc compile time, seconds.
+    pub compile_seconds: f64,
+    /// nvcc version.
+    pub nvcc_version: String,
+    /// Target architecture.
+    pub arch: String,
+    /// The GPU it ran on.
+    pub gpu: Option<GpuInfo>,
+}
+
+impl Verdict {
+    fn new(spec: &TaskSpec, compiler: &Compiler, findings: Vec<Finding>) -> Verdict {
+        Verdict {
+            task_id: spec.id.clone(),
+            abi: "native".into(),
+            mode: "compile-only".into(),
+            compiled: false,
+            static_flags: findings,
+            diagnostics: vec![],
+            resources: vec![],
+            executed: false,
+            correct: None,
+            failure: None,
+            failure_detail: None,
+            hack_flags: vec![],
+            tests: vec![],
+            max_abs_err: None,
+            max_rel_err: None,
+            timing: None,
+            naive_timing: None,
+            speedup_vs_naive: None,
+            speedup_vs_torch: None,
+            roofline_ms: None,
+            dram_fraction_of_peak: None,
+            signature: spec.signature(),
+            cache_hit: false,
+            compile_seconds: 0.0,
+            nvcc_version: compiler.nvcc.version.clone(),
+            arch: compiler.arch.clone(),
+            gpu: None,
+        }
+    }
+}
+
+/// Static checks and compile only (CPU machines, or `--mode compile`).
+///
+/// # Errors
+/// Harness failures only.
+pub fn check_compile_only(
+    spec: &TaskSpec,
+    source: &str,
+    rules: &Rules,
+    compiler: &Compiler,
+) -> Result<Verdict, CompileError> {
+    let findings = rules.check(source, "native");
+    let mut v = Verdict::new(spec, compiler, findings.clone());
+    if rejected(&findings) {
+        v.failure = Some("static_reject".into());
+        v.failure_detail = findings
+            .iter()
+            .find(|f| f.action == crate::static_check::Action::Reject)
+            .map(|f| format!("{} (line {}): {}", f.rule, f.line, f.message));
+        return Ok(v);
+    }
+    let out = compiler.compile(source, &spec.shim())?;
+    v.compiled = out.compiled;
+    v.diagnostics = out.diagnostics;
+    v.resources = out.resources;
+    v.cache_hit = out.cache_hit;
+    v.compile_seconds = out.compile_seconds;
+    if !out.compiled {
+        v.failure = Some(
+            if out.timed_out {
+                "compile_timeout"
+            } else {
+                "compile_error"
+            }
+            .into(),
+        );
+        v.failure_detail = v
+            .diagnostics
+            .iter()
+            .find(|d| d.severity != "warning")
+            .map(|d| match d.line {
+                Some(l) => format!("line {l}: {}", d.message),
+                None => d.message.clone(),
+            });
+    }
+    Ok(v)
+}
+
+/// Settings of a full check.
+#[derive(Debug, Clone)]
+pub struct FullOptions {
+    /// Public seeds (may appear in prompts).
+    pub public_seeds: Vec<u64>,
+    /// Hidden seeds (never shown to the candidate's author).
+    pub hidden_seeds: Vec<u64>,
+    /// Wall-clock limit per worker job.
+    pub wall: Duration,
+    /// Time the candidate and the naive kernel.
+    pub bench: bool,
+}
+
+/// Hidden seeds for a (task, source): BLAKE3 of a secret salt, the task id and the source,
+/// so they are stable for one candidate but not guessable from the prompt.
+pub fn hidden_seeds(salt: &[u8], task: &str, source: &str, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|i| {
+            let mut h = blake3::Hasher::new_derive_key("cudarl-pipe hidden test seeds v1");
+            h.update(salt);
+            h.update(task.as_bytes());
+            h.update(&[0]);
+            h.update(source.as_bytes());
+            h.update(&(i as u64).to_le_bytes());
+            let b = h.finalize();
+            u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes"))
+        })
+        .collect()
+}
+
+fn run_on_gpu(
+    task: &TaskSpec,
+    so: &Path,
+    shapes: Vec<ShapeCase>,
+    seeds: Vec<u64>,
+    bench: Option<BenchSpec>,
+    pool: &mut WorkerPool,
+    wall: Duration,
+) -> Outcome {
+    let job = RunJob {
+        so_path: so.display().to_string(),
+        task: task.clone(),
+        shapes,
+        seeds,
+        bench,
+    };
+    pool.run(&job, wall)
+}
+
+/// Full check: static checks, compile, every train and hold-out shape on public and hidden
+/// seeds in a sandboxed worker, then timing against the task's naive kernel.
+///
+/// # Errors
+/// Harness failures only (compile setup, store). Candidate failures are in the verdict.
+pub fn check_full(
+    task: &Task,
+    source: &str,
+    rules: &Rules,
+    compiler: &Compiler,
+    pool: &mut WorkerPool,
+    opts: &FullOptions,
+) -> Result<Verdict, CompileError> {
+    let spec = &task.spec;
+    let mut v = check_compile_only(spec, source, rules, compiler)?;
+    if !v.compiled {
+        return Ok(v);
+    }
+    v.mode = "full".into();
+    let store = compiler
+        .store
+        .as_ref()
+        .ok_or_else(|| CompileError::Io("full checks need a store".into()))?;
+    let so_hash = compiler
+        .compile(source, &spec.shim())?
+        .so_hash
+        .ok_or_else(|| CompileError::Io("no shared object".into()))?;
+    let so = store.blob_path(&so_hash);
+    let mut shapes: Vec<ShapeCase> = spec
+        .train_shapes
+        .iter()
+        .map(|s| ShapeCase {
+            split: "train".into(),
+            sizes: s.clone(),
+        })
+        .collect();
+    shapes.extend(spec.holdout_shapes.iter().map(|s| ShapeCase {
+        split: "holdout".into(),
+        sizes: s.clone(),
+    }));
+    let mut seeds = opts.public_seeds.clone();
+    seeds.extend(&opts.hidden_seeds);
+    // Time on the largest train shape.
+    let bench_idx = spec
+        .train_shapes
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, s)| spec.bytes_for(s).unwrap_or(0))
+        .map(|(i, _)| i)
+        .unwrap_or(0);
+    let bench = opts.bench.then(|| BenchSpec {
+        shape_index: bench_idx,
+        ..BenchSpec::default()
+    });
+    match run_on_gpu(
+        spec,
+        &so,
+        shapes.clone(),
+        seeds,
+        bench.clone(),
+        pool,
+        opts.wall,
+    ) {
+        Outcome::Timeout => {
+            v.failure = Some("timeout".into());
+            v.failure_detail = Some(format!(
+                "no answer within {:.0} s; the worker was killed",
+                opts.wall.as_secs_f64()
+            ));
+        }
+        Outcome::Crash(m) => {
+            v.failure = Some("crash".into());
+            v.failure_detail = Some(m);
+        }
+        Outcome::Done(r) => {
+            v.executed = true;
+            v.gpu = r.gpu.clone();
+            v.tests = r.tests.clone();
+            v.max_abs_err = r.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
+            v.max_rel_err = r.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
+            if let Some(e) = &r.load_error {
+                v.failure = Some("load_error".into());
+                v.failure_detail = Some(e.clone());
+            } else if let Some(e) = &r.cuda_error {
+                v.failure = Some("cuda_error".into());
+                v.failure_detail = Some(e.clone());
+            } else if let Some(t) = r.tests.iter().find(|t| !t.passed) {
+                v.failure = Some(
+                    if t.out_of_bounds_write {
+                        "out_of_bounds_write"
+                    } else if t.input_mutated {
+                        "input_mutation"
+                    } else if t.unwritten > 0 {
+                        "unwritten_output"
+                    } else {
+                        "wrong_answer"
+                    }
+                    .into(),
+                );
+                v.failure_detail = Some(format!(
+                    "{} shape {:?} seed {}: {}",
+                    t.split,
+                    t.sizes,
+                    t.seed,
+                    t.message.clone().unwrap_or_default()
+                ));
+            }
+            v.correct = Some(v.failure.is_none());
+            v.timing = r.timing.clone();
+        }
+    }
+    if v.correct == Some(true)
+        && let (Some(t), Some(gpu)) = (&v.timing, &v.gpu)
+    {
+        let bytes = spec.bytes_for(&t.sizes).unwrap_or(0) as f64;
+        let peak = gpu.peak_bytes_per_ms();
+        if peak > 0.0 && bytes > 0.0 {
+            let bound = bytes / peak;
+            v.roofline_ms = Some(bound);
+            v.dram_fraction_of_peak = Some(bound / t.median_ms);
+            if t.median_ms < bound {
+                v.hack_flags.push("beats_roofline".into());
+            }
+        }
+        // The naive kernel on the same shape, in the same worker.
+        if let Ok(naive_src) = task.naive_source()
+            && let Ok(out) = compiler.compile(&naive_src, &spec.shim())
+            && let Some(h) = out.so_hash
+        {
+            let shape = vec![shapes[bench_idx].clone()];
+            if let Outcome::Done(r) = run_on_gpu(
+                spec,
+                &store.blob_path(&h),
+                shape,
+                vec![0],
+                bench,
+                pool,
+                opts.wall,
+            ) && let Some(nt) = r.timing.clone()
+            {
+                v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
+                v.naive_timing = Some(nt);
+            }
+        }
+    }
+    Ok(v)
+}

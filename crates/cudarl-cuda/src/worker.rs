@@ -1,0 +1,280 @@
+//! Sandboxed GPU workers: candidates run in separate processes (the same binary's hidden
+//! `worker` subcommand) that hold the CUDA context. The parent enforces a wall-clock limit per
+//! job; a worker that hangs is killed, one that crashes or hits a CUDA error (which poisons its
+//! context) is replaced, and the job gets `timeout` / `crash` / `cuda_error` while the run goes
+//! on. Workers run with rlimits: no core dumps, bounded CPU time, no file writes beyond 1 MiB,
+//! bounded open files, and a (large) address-space bound.
+//!
+//! Protocol: one JSON [`crate::gpu::RunJob`] per line on the worker's stdin, one JSON
+//! [`crate::gpu::RunResult`] per line on its stdout.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::{RunJob, RunResult, Runner};
+
+/// Worker resource limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPU seconds per worker process (RLIMIT_CPU).
+    pub cpu_seconds: u64,
+    /// Address space, GiB (RLIMIT_AS). The CUDA driver reserves virtual address space far
+    /// beyond physical memory, so this bound is large.
+    pub address_space_gib: u64,
+    /// Largest file the worker may write, bytes (RLIMIT_FSIZE).
+    pub file_size_bytes: u64,
+    /// Open files (RLIMIT_NOFILE).
+    pub open_files: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            cpu_seconds: 3600,
+            address_space_gib: 4096,
+            file_size_bytes: 1 << 20,
+            open_files: 1024,
+        }
+    }
+}
+
+fn set_limit(res: libc::__rlimit_resource_t, v: u64) {
+    let r = libc::rlimit {
+        rlim_cur: v,
+        rlim_max: v,
+    };
+    // SAFETY: setrlimit on the current process.
+    unsafe {
+        libc::setrlimit(res, &r);
+    }
+}
+
+/// Applies `limits` to the current process (called at the start of the worker).
+pub fn apply_limits(l: &Limits) {
+    set_limit(libc::RLIMIT_CORE, 0);
+    set_limit(libc::RLIMIT_CPU, l.cpu_seconds);
+    set_limit(libc::RLIMIT_AS, l.address_space_gib.saturating_mul(1 << 30));
+    set_limit(libc::RLIMIT_FSIZE, l.file_size_bytes);
+    set_limit(libc::RLIMIT_NOFILE, l.open_files);
+}
+
+/// The worker's main loop: apply limits, create the CUDA context, answer jobs. Returns the
+/// process exit code: 0 at end of input, 3 after a CUDA error (the context is unusable).
+pub fn worker_main(limits: &Limits) -> i32 {
+    apply_limits(limits);
+    let mut runner = match Runner::new() {
+        Ok(r) => r,
+        Err(e) => {
+            let r = RunResult {
+                tests: vec![],
+                timing: None,
+                cuda_error: Some(format!("worker cannot start: {e}")),
+                load_error: None,
+                gpu: None,
+            };
+            println!("{}", serde_json::to_string(&r).expect("json"));
+            return 3;
+        }
+    };
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let job: RunJob = match serde_json::from_str(&line) {
+            Ok(j) => j,
+            Err(e) => {
+                eprintln!("worker: bad job: {e}");
+                return 2;
+            }
+        };
+        let res = runner.run(&job);
+        let poisoned = res.cuda_error.is_some();
+        let _ = writeln!(out, "{}", serde_json::to_string(&res).expect("json"));
+        let _ = out.flush();
+        if poisoned {
+            return 3;
+        }
+    }
+    0
+}
+
+/// How a job ended, seen from the parent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The worker answered.
+    Done(Box<RunResult>),
+    /// The wall-clock limit passed; the worker was killed.
+    Timeout,
+    /// The worker died without answering (signal or exit status), with its stderr tail.
+    Crash(String),
+}
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+/// A pool of one worker per GPU (one GPU today), replaced on failure.
+pub struct WorkerPool {
+    exe: PathBuf,
+    args: Vec<String>,
+    worker: Option<Worker>,
+    /// Workers started so far (replacements included).
+    pub spawned: usize,
+}
+
+impl WorkerPool {
+    /// A pool that starts `exe args...` as workers (normally `cudarl-pipe worker`).
+    pub fn new(exe: PathBuf, args: Vec<String>) -> WorkerPool {
+        WorkerPool {
+            exe,
+            args,
+            worker: None,
+            spawned: 0,
+        }
+    }
+
+    fn spawn(&mut self) -> Result<Worker, String> {
+        let mut child = Command::new(&self.exe)
+            .args(&self.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("spawn worker: {e}"))?;
+        self.spawned += 1;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let tail = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let t2 = tail.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut t = t2.lock().unwrap_or_else(|e| e.into_inner());
+                t.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if t.len() > 8192 {
+                    let cut = t.len() - 4096;
+                    let cut = (cut..t.len())
+                        .find(|&i| t.is_char_boundary(i))
+                        .unwrap_or(t.len());
+                    *t = t[cut..].to_string();
+                }
+            }
+        });
+        Ok(Worker {
+            child,
+            stdin,
+            lines: rx,
+            stderr: tail,
+        })
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut w) = self.worker.take() {
+            // SAFETY: kill the worker's process group (it may have forked).
+            unsafe {
+                libc::kill(-(w.child.id() as i32), libc::SIGKILL);
+            }
+            let _ = w.child.wait();
+        }
+    }
+
+    /// Runs one job with a wall-clock limit. Never fails: a broken worker is an [`Outcome`].
+    pub fn run(&mut self, job: &RunJob, wall: Duration) -> Outcome {
+        if self.worker.is_none() {
+            match self.spawn() {
+                Ok(w) => self.worker = Some(w),
+                Err(e) => return Outcome::Crash(e),
+            }
+        }
+        let line = serde_json::to_string(job).expect("job serializes");
+        let w = self.worker.as_mut().expect("spawned");
+        if writeln!(w.stdin, "{line}")
+            .and_then(|_| w.stdin.flush())
+            .is_err()
+        {
+            return self.crashed();
+        }
+        match w.lines.recv_timeout(wall) {
+            Ok(l) => match serde_json::from_str::<RunResult>(&l) {
+                Ok(r) => {
+                    if r.cuda_error.is_some() {
+                        // The context is poisoned; the worker exits by itself. Reap it.
+                        self.kill();
+                    }
+                    Outcome::Done(Box::new(r))
+                }
+                Err(e) => {
+                    self.kill();
+                    Outcome::Crash(format!("worker sent an unreadable answer: {e}"))
+                }
+            },
+            Err(RecvTimeoutError::Timeout) => {
+                self.kill();
+                Outcome::Timeout
+            }
+            Err(RecvTimeoutError::Disconnected) => self.crashed(),
+        }
+    }
+
+    fn crashed(&mut self) -> Outcome {
+        let Some(mut w) = self.worker.take() else {
+            return Outcome::Crash("no worker".into());
+        };
+        let status = w
+            .child
+            .wait()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|e| e.to_string());
+        std::thread::sleep(Duration::from_millis(50));
+        let tail = w.stderr.lock().map(|t| t.clone()).unwrap_or_default();
+        let tail: String = tail
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join(" | ");
+        Outcome::Crash(format!(
+            "worker died ({status}){}",
+            if tail.is_empty() {
+                String::new()
+            } else {
+                format!(": {tail}")
+            }
+        ))
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,311 @@
+//! Harness tests with the real nvcc (from `make setup`'s wheel, CUDARL_NVCC, CUDA_HOME or PATH).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cudarl_cuda::static_check::Action;
+use cudarl_cuda::{Compiler, Nvcc, Rules, check_compile_only, load_tasks};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn nvcc() -> Option<Nvcc> {
+    match Nvcc::discover(&repo_root()) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            assert!(
+                std::env::var("CUDARL_REQUIRE_NVCC").is_err(),
+                "CUDARL_REQUIRE_NVCC is set: {e}"
+            );
+            eprintln!("SKIPPED: {e}");
+            None
+        }
+    }
+}
+
+fn compiler(store: &cudarl_store::Store) -> Option<Compiler> {
+    Some(Compiler {
+        nvcc: nvcc()?,
+        arch: "sm_90".into(),
+        timeout: Duration::from_secs(60),
+        store: Some(store.clone()),
+    })
+}
+
+#[test]
+fn task_specs_load_and_are_consistent() {
+    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
+    let ids: Vec<&str> = tasks.iter().map(|t| t.spec.id.as_str()).collect();
+    assert_eq!(ids, vec!["row_sum", "vector_add"]);
+    let va = &tasks[1].spec;
+    assert_eq!(
+        va.signature(),
+        r#"extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream)"#
+    );
+    assert_eq!(
+        tasks[0].spec.signature(),
+        r#"extern "C" void launch(const float* x, float* out, int64_t rows, int64_t cols, cudaStream_t stream)"#
+    );
+    // byte and FLOP counts by hand: vector_add reads a, b and writes out (3 * 4 bytes per element).
+    let s = va.train_shapes[1].clone();
+    assert_eq!(va.bytes_for(&s).unwrap(), 12 * 1_048_576);
+    assert_eq!(va.flops_for(&s).unwrap(), 1_048_576);
+    let rs = &tasks[0].spec;
+    let s = rs.holdout_shapes[1].clone();
+    assert_eq!(rs.bytes_for(&s).unwrap(), 4 * 1000 * 999 + 4 * 1000);
+    for t in &tasks {
+        assert!(
+            t.naive_source()
+                .unwrap()
+                .contains("extern \"C\" void launch(")
+        );
+        assert!(!t.optimized_sources().unwrap().is_empty());
+        assert!(
+            t.spec
+                .holdout_shapes
+                .iter()
+                .all(|h| !t.spec.train_shapes.contains(h)),
+            "hold-out shapes are unseen"
+        );
+    }
+}
+
+#[test]
+fn bad_task_specs_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let src =
+        std::fs::read_to_string(repo_root().join("datasets/tasks/vector_add/task.toml")).unwrap();
+    std::fs::write(
+        d.path().join("task.toml"),
+        src.replace("bytes = \"12*n\"", "bytes = \"12*m\""),
+    )
+    .unwrap();
+    let e = cudarl_cuda::TaskSpec::load(d.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("task.toml") && e.contains("unknown size `m`"),
+        "{e}"
+    );
+    std::fs::write(
+        d.path().join("task.toml"),
+        src.replace("tier = 0", "tier = 0\ncolour = 1"),
+    )
+    .unwrap();
+    let e = cudarl_cuda::TaskSpec::load(d.path())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown field `colour`"), "{e}");
+}
+
+/// Every static rule has a kernel that trips it, and the project's honest kernels trip no
+/// rejecting rule. A rule added to the TOML without a case here fails this test.
+#[test]
+fn every_static_rule_trips_and_honest_kernels_pass() {
+    let rules = Rules::builtin();
+    let body = |extra: &str| {
+        format!(
+            "#include <cuda_runtime.h>\n#include <stdint.h>\n__global__ void k(const float* a, float* o, int64_t n) {{ int64_t i = threadIdx.x; if (i < n) o[i] = a[i]; }}\n\
+             extern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {{\n{extra}\n  k<<<1, 32, 0, stream>>>(a, out, n);\n}}\n"
+        )
+    };
+    let cases: Vec<(&str, String)> = vec![
+        ("process-spawn", body("  system(\"rm -rf /\");")),
+        ("process-exit", body("  if (n == 0) exit(0);")),
+        ("file-io", body("  FILE* f = fopen(\"/tmp/ref.bin\", \"rb\");")),
+        ("socket-io", body("  int s = socket(2, 1, 0);")),
+        ("dynamic-loading", body("  void* h = dlopen(\"libtorch.so\", 1);")),
+        ("environment", body("  const char* p = getenv(\"CUDARL_SEED\");")),
+        ("timer-asm", "__global__ void t(long long* o) { long long c; asm volatile(\"mov.u64 %0, %%clock64;\" : \"=l\"(c)); *o = c; }".to_string()),
+        ("timer-read", "__global__ void t(long long* o) { *o = clock64(); }".to_string()),
+        ("device-state", body("  cudaDeviceReset();")),
+        ("other-stream", body("  cudaStream_t s2; cudaStreamCreate(&s2);")),
+        ("launch-without-stream", body("  k<<<(n + 255) / 256, 256>>>(a, out, n);")),
+        ("sync-in-launcher", body("  cudaDeviceSynchronize();")),
+        ("host-transfer", body("  cudaMemcpy(out, a, 4, cudaMemcpyDeviceToDevice);")),
+        ("device-alloc", body("  float* tmp; cudaMalloc(&tmp, 4 * n);")),
+        ("static-state", body("  static bool done = false;")),
+        ("inline-ptx", "__device__ int lane() { int l; asm(\"mov.u32 %0, %%laneid;\" : \"=r\"(l)); return l; }".to_string()),
+        ("include", format!("#include <unistd.h>\n{}", body(""))),
+    ];
+    let mut ids: Vec<&str> = rules.ids();
+    ids.push("include");
+    for id in &ids {
+        assert!(
+            cases.iter().any(|(c, _)| c == id),
+            "rule `{id}` has no tripping kernel in this test"
+        );
+    }
+    for (id, src) in &cases {
+        let f = rules.check(src, "native");
+        assert!(
+            f.iter().any(|x| &x.rule == id),
+            "`{id}` did not trip on:\n{src}\nfindings: {f:?}"
+        );
+    }
+    // Mentions in comments and strings do not trip anything.
+    let quiet = body(
+        "  // system(\"x\"); fopen(...)\n  /* exit(1); clock64() */\n  const char* msg = \"socket( dlopen( getenv(\";",
+    );
+    assert!(
+        rules
+            .check(&quiet, "native")
+            .iter()
+            .all(|f| f.rule == "inline-ptx" || f.action == Action::Flag),
+        "{:?}",
+        rules.check(&quiet, "native")
+    );
+    assert!(
+        rules.check(&quiet, "native").is_empty(),
+        "{:?}",
+        rules.check(&quiet, "native")
+    );
+    // Honest kernels: no findings at all.
+    for t in load_tasks(&repo_root().join("datasets/tasks")).unwrap() {
+        let mut srcs = vec![("naive".to_string(), t.naive_source().unwrap())];
+        srcs.extend(t.optimized_sources().unwrap());
+        for (name, s) in srcs {
+            let f = rules.check(&s, "native");
+            assert!(f.is_empty(), "{}/{name} tripped {f:?}", t.spec.id);
+        }
+    }
+    // The finding names the line.
+    let f = rules.check(&body("  system(\"x\");"), "native");
+    assert_eq!(f[0].line, 5, "{f:?}");
+}
+
+#[test]
+fn compile_success_resources_and_cache_hit_without_nvcc() {
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
+    let rs = &tasks[0];
+    let src = rs.optimized_sources().unwrap()[0].1.clone();
+    let v = check_compile_only(&rs.spec, &src, &Rules::builtin(), &c).unwrap();
+    assert!(v.compiled, "{v:?}");
+    assert!(
+        !v.executed && v.correct.is_none(),
+        "compile-only never claims correctness"
+    );
+    assert_eq!(v.mode, "compile-only");
+    assert!(!v.cache_hit);
+    let k = v
+        .resources
+        .iter()
+        .find(|r| r.kernel.contains("row_sum_shfl"))
+        .expect("kernel resources");
+    assert!(k.registers > 0 && k.registers < 255, "{k:?}");
+    assert_eq!(k.shared_mem_bytes, 32 * 4, "partial[32] floats");
+    assert_eq!(k.spill_store_bytes, 0);
+
+    // A cache hit returns the same result and never runs nvcc: point the compiler at a
+    // nonexistent nvcc with the same version.
+    let mut c2 = c.clone();
+    c2.nvcc.path = PathBuf::from("/nonexistent/nvcc");
+    let t0 = std::time::Instant::now();
+    let v2 = check_compile_only(&rs.spec, &src, &Rules::builtin(), &c2).unwrap();
+    let hit_time = t0.elapsed();
+    assert!(v2.cache_hit);
+    assert_eq!(
+        (v2.compiled, &v2.diagnostics, &v2.resources),
+        (v.compiled, &v.diagnostics, &v.resources)
+    );
+    assert!(
+        hit_time < Duration::from_millis(200),
+        "cache hit took {hit_time:?}"
+    );
+    // A different arch is a different key: a miss, which needs nvcc.
+    let mut c3 = c2.clone();
+    c3.arch = "sm_80".into();
+    assert!(
+        c3.compile(&src, &rs.spec.shim()).is_err(),
+        "a miss must try to run nvcc"
+    );
+}
+
+#[test]
+fn compile_errors_have_candidate_line_numbers() {
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
+    let va = &tasks[1].spec;
+    let src = "#include <cuda_runtime.h>\n#include <stdint.h>\n\n__global__ void k(float* o) {\n    o[0] = undefined_thing;\n}\n";
+    let v = check_compile_only(va, src, &Rules::builtin(), &c).unwrap();
+    assert!(!v.compiled);
+    assert_eq!(v.failure.as_deref(), Some("compile_error"));
+    let e = v
+        .diagnostics
+        .iter()
+        .find(|d| d.severity == "error")
+        .expect("an error");
+    assert_eq!(
+        (e.file.as_deref(), e.line),
+        (Some("kernel.cu"), Some(5)),
+        "{e:?}"
+    );
+    assert!(e.message.contains("undefined_thing"), "{e:?}");
+
+    // A candidate without `launch` compiles but must not link into a usable shared object.
+    let no_launch = "#include <cuda_runtime.h>\n__global__ void k(float* o) { o[0] = 1.0f; }\n";
+    let v = check_compile_only(va, no_launch, &Rules::builtin(), &c).unwrap();
+    assert!(!v.compiled, "{v:?}");
+    assert!(
+        v.diagnostics
+            .iter()
+            .any(|d| d.tool == "ld" && d.message.contains("launch")),
+        "{:?}",
+        v.diagnostics
+    );
+
+    // Wrong signature: launch with int n instead of int64_t compiles only if the types match.
+    let wrong = "#include <cuda_runtime.h>\nextern \"C\" void launch(const float* a, const float* b, float* out, cudaStream_t stream) {}\n";
+    let v = check_compile_only(va, wrong, &Rules::builtin(), &c).unwrap();
+    assert!(
+        !v.compiled,
+        "a launcher with another signature must not compile"
+    );
+
+    // Static rejects never reach nvcc.
+    let evil = "#include <cstdlib>\nextern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) { system(\"id\"); }\n";
+    let v = check_compile_only(va, evil, &Rules::builtin(), &c).unwrap();
+    assert_eq!(v.failure.as_deref(), Some("static_reject"));
+    assert!(v.diagnostics.is_empty() && !v.compiled);
+}
+
+#[test]
+fn compile_time_limit_kills_the_compiler() {
+    // A stand-in "nvcc" that hangs, with a real nvcc's version string: the harness must kill
+    // it (and its process group) at the limit and report a timeout.
+    let d = tempfile::tempdir().unwrap();
+    let fake = d.path().join("nvcc");
+    std::fs::write(&fake, "#!/bin/sh\nsleep 30 &\nsleep 30\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = Compiler {
+        nvcc: Nvcc {
+            path: fake,
+            version: "13.0.88".into(),
+            lib_dirs: vec![],
+        },
+        arch: "sm_90".into(),
+        timeout: Duration::from_millis(500),
+        store: None,
+    };
+    let t0 = std::time::Instant::now();
+    let out = c.compile("int x;", "").unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "killed promptly");
+    assert!(out.timed_out && !out.compiled);
+    assert!(
+        out.diagnostics
+            .iter()
+            .any(|d| d.message.contains("time limit")),
+        "{:?}",
+        out.diagnostics
+    );
+}
