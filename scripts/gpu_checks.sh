@@ -34,8 +34,19 @@ for f in tests/kernels/hacks/*.cu; do
   n=$(basename "$f" .cu)
   run_check "hack__$n" vector_add "$f" --timeout 10 --no-bench
 done
-# Cold compile vs cache hit: a fresh store, the same kernel twice, compile only.
-for i in 1 2; do
-  "$BIN" --root . --store "$W/store2" check --task row_sum --source datasets/tasks/row_sum/warp_shuffle.cu --mode compile --json > "$W/compile_$i.json"
+# Cold compiles (5 distinct sources, fresh store) and a cache hit.
+for i in 1 2 3 4 5; do
+  (cat datasets/tasks/row_sum/warp_shuffle.cu; echo "// variant $i") > "$W/variant_$i.cu"
+  "$BIN" --root . --store "$W/store2" check --task row_sum --source "$W/variant_$i.cu" --mode compile --json > "$W/compile_$i.json"
 done
+t0=$(date +%s%N)
+"$BIN" --root . --store "$W/store2" check --task row_sum --source "$W/variant_1.cu" --mode compile --json > "$W/compile_hit.json"
+echo "$(( ($(date +%s%N) - t0) / 1000000 ))e-3" > "$W/compile_hit.wall"
+# The validate stage on the GPU (cold store): kernels per hour.
+t0=$(date +%s%N)
+"$BIN" --root . --store "$W/vstore" run validate --json > "$W/validate_run.jsonl" 2> "$W/validate_run.err"
+echo "$(( ($(date +%s%N) - t0) / 1000000 ))e-3" > "$W/validate_run.wall"
+"$BIN" --root . --store "$W/vstore" show validate --json --head 100 > "$W/validate_rows.jsonl" 2>/dev/null
+# torch.utils.cpp_extension.load_inline on the same vector_add kernel, cold, for comparison.
+python3 scripts/load_inline_timing.py > "$W/load_inline.json" 2> "$W/load_inline.err"
 python3 scripts/gpu_summary.py "$W" "$OUT"

@@ -4,6 +4,14 @@ mod common;
 
 use common::*;
 
+/// Rewrites a Parquet file without one column.
+fn drop_column(path: &std::path::Path, column: &str) {
+    let t = cudarl_data::Table::read(path, "x").unwrap();
+    let idx = t.schema.index_of(column).unwrap();
+    let keep: Vec<usize> = (0..t.schema.fields().len()).filter(|&i| i != idx).collect();
+    cudarl_data::write_parquet(path, &t.batch.project(&keep).unwrap()).unwrap();
+}
+
 fn assert_bad(p: &Project, args: &[&str], needles: &[&str]) {
     let before = p.store_snapshot();
     let o = p.run(args);
@@ -50,17 +58,7 @@ fn malformed_parquet_names_the_file() {
 fn wrong_schema_names_the_column() {
     let p = Project::new();
     let path = p.path("datasets/kernelbench/problems.parquet");
-    let t = cudarl_data::Table::read(&path, "x").unwrap();
-    let idx = t.schema.index_of("code").unwrap();
-    let b = t
-        .batch
-        .project(
-            &(0..t.schema.fields().len())
-                .filter(|&i| i != idx)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-    cudarl_data::write_parquet(&path, &b).unwrap();
+    drop_column(&path, "code");
     assert_bad(
         &p,
         &["run", "curriculum"],
@@ -93,7 +91,7 @@ fn wrong_schema_names_the_column() {
     cudarl_data::write_parquet(&path, &b).unwrap();
     assert_bad(
         &p,
-        &["run"],
+        &["run", "curriculum"],
         &[
             "problems.parquet",
             "field `level`",
@@ -106,17 +104,7 @@ fn wrong_schema_names_the_column() {
 fn sakana_missing_required_column_is_named() {
     let p = Project::new();
     let path = p.path("datasets/sakana_ai_cuda_engineer_archive_sample/sample.parquet");
-    let t = cudarl_data::Table::read(&path, "x").unwrap();
-    let idx = t.schema.index_of("Correct").unwrap();
-    let b = t
-        .batch
-        .project(
-            &(0..t.schema.fields().len())
-                .filter(|&i| i != idx)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-    cudarl_data::write_parquet(&path, &b).unwrap();
+    drop_column(&path, "Correct");
     p.run(&["run", "ingest-kernelbench"]);
     assert_bad(
         &p,

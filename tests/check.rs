@@ -151,3 +151,116 @@ fn worker_without_gpu_reports_and_exits() {
         "{v}"
     );
 }
+
+#[test]
+fn validate_stage_with_row_memo() {
+    if !nvcc_available() {
+        return;
+    }
+    let p = Project::new();
+    let nvcc = cudarl_cuda::Nvcc::discover(&repo_root()).unwrap().path;
+    let run = |args: &[&str]| {
+        let mut a: Vec<&str> = args.to_vec();
+        a.push("--json");
+        let o = p.cmd(&a).env("CUDARL_NVCC", &nvcc).output().unwrap();
+        let m: std::collections::BTreeMap<String, serde_json::Value> = stdout(&o)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (v["node"].as_str().unwrap().to_string(), v)
+            })
+            .collect();
+        (o.status.code().unwrap(), m, stderr(&o))
+    };
+    let (c, m, err) = run(&["run", "validate", "--set", "validate.mode=\"compile\""]);
+    assert_eq!(c, 0, "{err}");
+    assert_eq!(status_of(&m, "validate"), "ran");
+    assert_eq!(
+        m["validate"]["outputs"]["validations"]["rows"], 4,
+        "2 tasks x (naive + optimized)"
+    );
+    assert!(
+        m["validate"]["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("compile-only")
+    );
+    let h1 = out_hash(&m, "validate", "validations");
+    // The table says compile-only honestly.
+    let o = p
+        .cmd(&[
+            "show",
+            "validate",
+            "--json",
+            "--head",
+            "10",
+            "--set",
+            "validate.mode=\"compile\"",
+        ])
+        .env("CUDARL_NVCC", &nvcc)
+        .output()
+        .unwrap();
+    for l in stdout(&o).lines() {
+        let r: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(r["compiled"], true, "{r}");
+        assert_eq!(r["executed"], false, "{r}");
+        assert!(r["correct"].is_null(), "{r}");
+        assert!(r["registers"].as_i64().unwrap() > 0, "{r}");
+    }
+    // Forced re-run: every row comes from the row memo; same bytes.
+    let t0 = std::time::Instant::now();
+    let (c, m, _) = run(&[
+        "run",
+        "validate",
+        "--set",
+        "validate.mode=\"compile\"",
+        "--force",
+        "validate",
+    ]);
+    assert_eq!(c, 0);
+    assert_eq!(out_hash(&m, "validate", "validations"), h1);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "memo hits need no nvcc: {:?}",
+        t0.elapsed()
+    );
+    // Adding a kernel validates only that kernel: one new memo entry.
+    let memo_dir = p.store().join("memo/validate-v1");
+    let count = |d: &std::path::Path| walk_count(d);
+    let before = count(&memo_dir);
+    std::fs::copy(
+        p.path("datasets/tasks/vector_add/vec4.cu"),
+        p.path("datasets/tasks/vector_add/vec4_copy.cu"),
+    )
+    .unwrap();
+    let f = p.path("datasets/tasks/vector_add/task.toml");
+    let t = std::fs::read_to_string(&f).unwrap().replace(
+        "optimized = [\"vec4.cu\"]",
+        "optimized = [\"vec4.cu\", \"vec4_copy.cu\"]",
+    );
+    std::fs::write(&f, t).unwrap();
+    std::fs::write(
+        p.path("datasets/tasks/vector_add/vec4_copy.cu"),
+        std::fs::read_to_string(p.path("datasets/tasks/vector_add/vec4.cu")).unwrap()
+            + "\n// a variant\n",
+    )
+    .unwrap();
+    let (c, m, _) = run(&["run", "validate", "--set", "validate.mode=\"compile\""]);
+    assert_eq!(c, 0);
+    assert_eq!(m["validate"]["outputs"]["validations"]["rows"], 5, "{m:?}");
+    assert_eq!(count(&memo_dir), before + 1);
+}
+
+fn walk_count(d: &std::path::Path) -> usize {
+    let mut n = 0;
+    if let Ok(rd) = std::fs::read_dir(d) {
+        for e in rd.flatten() {
+            if e.path().is_dir() {
+                n += walk_count(&e.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}

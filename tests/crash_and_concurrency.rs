@@ -65,7 +65,7 @@ fn killed_mid_write_leaves_store_consistent() {
                     .count()
                     == 0
         );
-        let (_, st) = p.run_json(&["status"]);
+        let (_, st) = p.run_json(&["status", "curriculum"]);
         assert_eq!(status_of(&st, "ingest-kernelbench"), "fresh");
         assert_eq!(status_of(&st, "curriculum"), "missing", "{point}");
         assert_cas_consistent(&p);
@@ -94,7 +94,7 @@ fn stage_failure_leaves_no_manifest() {
         "garbage = [",
     )
     .unwrap();
-    let (c, m) = p.run_json(&["run"]);
+    let (c, m) = p.run_json(&["run", "curriculum"]);
     assert_eq!(c, 2);
     assert_eq!(status_of(&m, "curriculum"), "failed");
     assert_eq!(status_of(&m, "ingest-sakana"), "ran");

@@ -147,7 +147,7 @@ fn input_edit_reruns_ingest_and_early_cutoff_spares_downstream() {
 #[test]
 fn editing_op_categories_reruns_only_curriculum() {
     let p = Project::new();
-    p.run_json(&["run"]);
+    p.run_json(&["run", "curriculum"]);
     let f = p.path("configs/curriculum/op_categories.toml");
     let text = std::fs::read_to_string(&f).unwrap();
     std::fs::write(
@@ -157,7 +157,7 @@ fn editing_op_categories_reruns_only_curriculum() {
     .unwrap();
     let ex = stdout(&p.run(&["explain", "curriculum"]));
     assert!(ex.contains("input `op_categories` changed"), "{ex}");
-    let (_, m) = p.run_json(&["run"]);
+    let (_, m) = p.run_json(&["run", "curriculum"]);
     assert_eq!(status_of(&m, "curriculum"), "ran");
     assert_eq!(status_of(&m, "ingest-kernelbench"), "cached");
 }
@@ -165,13 +165,13 @@ fn editing_op_categories_reruns_only_curriculum() {
 #[test]
 fn status_dag_show_and_gc() {
     let p = Project::new();
-    let st = stdout(&p.run(&["status"]));
+    let st = stdout(&p.run(&["status", "curriculum"]));
     assert!(st.contains("MISSING  ingest-kernelbench"), "{st}");
     assert!(st.contains("MISSING  curriculum"), "{st}");
-    let (_, sj) = p.run_json(&["status"]);
+    let (_, sj) = p.run_json(&["status", "curriculum"]);
     assert_eq!(status_of(&sj, "curriculum"), "missing");
-    p.run_json(&["run"]);
-    let (_, sj) = p.run_json(&["status"]);
+    p.run_json(&["run", "curriculum"]);
+    let (_, sj) = p.run_json(&["status", "curriculum"]);
     for n in NODES {
         assert_eq!(status_of(&sj, n), "fresh");
         assert_eq!(sj[n]["key"].as_str().unwrap().len(), 64);
@@ -183,8 +183,8 @@ fn status_dag_show_and_gc() {
     assert!(mm.starts_with("flowchart LR"), "{mm}");
     let dj: serde_json::Value =
         serde_json::from_str(&stdout(&p.run(&["dag", "--format", "json"]))).unwrap();
-    assert_eq!(dj["nodes"].as_array().unwrap().len(), 4);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 5);
+    assert_eq!(dj["nodes"].as_array().unwrap().len(), 6);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 7);
 
     let show = stdout(&p.run(&["show", "ingest-kernelbench", "--head", "3"]));
     assert!(show.contains("270 rows"), "{show}");
@@ -212,9 +212,9 @@ fn status_dag_show_and_gc() {
     );
 
     // Make two more curriculum versions, then gc keeps only the lock file's and the newest.
-    p.run_json(&["run", "--set", "curriculum.seed=1"]);
-    p.run_json(&["run", "--set", "curriculum.seed=2"]);
-    p.run_json(&["run"]);
+    p.run_json(&["run", "curriculum", "--set", "curriculum.seed=1"]);
+    p.run_json(&["run", "curriculum", "--set", "curriculum.seed=2"]);
+    p.run_json(&["run", "curriculum"]);
     let manifests = |p: &Project| {
         std::fs::read_dir(p.store().join("ac/curriculum"))
             .unwrap()
@@ -228,7 +228,7 @@ fn status_dag_show_and_gc() {
     assert_eq!(g["manifests_removed"], 1, "{g}");
     assert_eq!(g["blobs_removed"], 2, "{g}"); // curriculum and gates of seed 1
     assert_eq!(manifests(&p), 2);
-    let (_, sj) = p.run_json(&["status"]);
+    let (_, sj) = p.run_json(&["status", "curriculum"]);
     assert_eq!(status_of(&sj, "curriculum"), "fresh");
 }
 

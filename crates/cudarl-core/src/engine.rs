@@ -396,7 +396,7 @@ impl Engine {
             code_version: node.stage.code_version(),
             params: node.stage.params(),
             inputs: fps,
-            env: node.stage.environment()?,
+            env: node.stage.environment(&ctx)?,
         };
         Ok(Prepared { preimage, inputs })
     }
@@ -691,11 +691,18 @@ impl Engine {
         };
         let key = prep.preimage.key();
         let forced = st.opts.force.iter().any(|f| f == &node.name);
-        if !forced && let Ok(m) = self.usable_manifest(idx, &key) {
+        let cached = |key: &str| -> Option<NodeRecord> {
+            if forced {
+                return None;
+            }
+            let m = self.usable_manifest(idx, key).ok()?;
             let mut r =
                 NodeRecord::new(&node.name, &kind, cv, NodeStatus::Cached).with_outputs(m.outputs);
-            r.key = Some(key);
+            r.key = Some(key.to_string());
             r.seconds = t0.elapsed().as_secs_f64();
+            Some(r)
+        };
+        if let Some(r) = cached(&key) {
             return r;
         }
         let dirty = if forced {
@@ -723,11 +730,7 @@ impl Engine {
                 return r;
             }
         };
-        if !forced && let Ok(m) = self.usable_manifest(idx, &key) {
-            let mut r =
-                NodeRecord::new(&node.name, &kind, cv, NodeStatus::Cached).with_outputs(m.outputs);
-            r.key = Some(key);
-            r.seconds = t0.elapsed().as_secs_f64();
+        if let Some(r) = cached(&key) {
             return r;
         }
         let mut rec = match self.execute(idx, &key, prep) {

@@ -181,7 +181,8 @@ pub trait Stage: Send + Sync {
     ///
     /// # Errors
     /// A required tool is absent.
-    fn environment(&self) -> Result<BTreeMap<String, String>, StageError> {
+    fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
+        let _ = ctx;
         Ok(BTreeMap::new())
     }
     /// Resolves an [`InputSource::External`] input to files.

@@ -298,6 +298,13 @@ impl Runner {
     /// Runs one job. A CUDA error is reported in the result; callers must drop the runner
     /// (the process) after one.
     pub fn run(&mut self, job: &RunJob) -> RunResult {
+        self.run_with_heartbeat(job, &mut || {})
+    }
+
+    /// Like [`Runner::run`], calling `heartbeat` before each GPU step (buffer set-up, launch
+    /// and synchronize, timing), so the parent's wall-clock limit applies per step, not to the
+    /// whole job (large shapes spend seconds on host-side inputs and references).
+    pub fn run_with_heartbeat(&mut self, job: &RunJob, heartbeat: &mut dyn FnMut()) -> RunResult {
         let mut res = RunResult {
             tests: vec![],
             timing: None,
@@ -323,7 +330,8 @@ impl Runner {
         };
         for (si, shape) in job.shapes.iter().enumerate() {
             for &seed in &job.seeds {
-                match self.test_one(&job.task, &entry, shape, seed) {
+                heartbeat();
+                match self.test_one(&job.task, &entry, shape, seed, heartbeat) {
                     Ok(t) => res.tests.push(t),
                     Err(e) => {
                         res.cuda_error = Some(e);
@@ -409,8 +417,10 @@ impl Runner {
         entry: &Entry,
         shape: &ShapeCase,
         seed: u64,
+        heartbeat: &mut dyn FnMut(),
     ) -> Result<TestResult, String> {
         let b = self.buffers(task, &shape.sizes, seed)?;
+        heartbeat();
         self.launch(entry, &b)?;
         // The whole device, not one stream: work the candidate put elsewhere is waited for.
         self.ctx.synchronize().map_err(derr)?;

@@ -5,8 +5,9 @@
 //! on. Workers run with rlimits: no core dumps, bounded CPU time, no file writes beyond 1 MiB,
 //! bounded open files, and a (large) address-space bound.
 //!
-//! Protocol: one JSON [`crate::gpu::RunJob`] per line on the worker's stdin, one JSON
-//! [`crate::gpu::RunResult`] per line on its stdout.
+//! Protocol: one JSON [`crate::gpu::RunJob`] per line on the worker's stdin; on its stdout,
+//! `{"heartbeat":true}` lines before each GPU step, then one JSON [`crate::gpu::RunResult`].
+//! The wall-clock limit applies between two lines, i.e. to each step.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -96,7 +97,11 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 return 2;
             }
         };
-        let res = runner.run(&job);
+        let res = runner.run_with_heartbeat(&job, &mut || {
+            let mut o = std::io::stdout();
+            let _ = writeln!(o, "{{\"heartbeat\":true}}");
+            let _ = o.flush();
+        });
         let poisoned = res.cuda_error.is_some();
         let _ = writeln!(out, "{}", serde_json::to_string(&res).expect("json"));
         let _ = out.flush();
@@ -204,7 +209,8 @@ impl WorkerPool {
         }
     }
 
-    /// Runs one job with a wall-clock limit. Never fails: a broken worker is an [`Outcome`].
+    /// Runs one job with a wall-clock limit per step (between heartbeats). Never fails: a broken
+    /// worker is an [`Outcome`].
     pub fn run(&mut self, job: &RunJob, wall: Duration) -> Outcome {
         if self.worker.is_none() {
             match self.spawn() {
@@ -220,7 +226,13 @@ impl WorkerPool {
         {
             return self.crashed();
         }
-        match w.lines.recv_timeout(wall) {
+        let answer = loop {
+            match w.lines.recv_timeout(wall) {
+                Ok(l) if l.starts_with("{\"heartbeat\"") => continue,
+                other => break other,
+            }
+        };
+        match answer {
             Ok(l) => match serde_json::from_str::<RunResult>(&l) {
                 Ok(r) => {
                     if r.cuda_error.is_some() {

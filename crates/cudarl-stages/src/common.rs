@@ -138,3 +138,28 @@ pub fn write_output(
 ) -> Result<(), StageError> {
     cudarl_data::write_parquet(&ctx.output_path(name), batch).map_err(data_err)
 }
+
+/// Inputs of an archive-ingest stage: its external `source` and the `problems` table it joins to.
+pub fn kernel_ingest_inputs() -> Vec<cudarl_core::InputDecl> {
+    vec![
+        cudarl_core::InputDecl::external("source"),
+        cudarl_core::InputDecl::node("problems", "ingest-kernelbench", "problems"),
+    ]
+}
+
+/// Output of an archive-ingest stage: the normalized `kernels` table.
+pub fn kernel_ingest_outputs() -> Vec<cudarl_core::OutputDecl> {
+    vec![cudarl_core::OutputDecl::table(
+        "kernels",
+        cudarl_data::schemas::KERNELS.clone(),
+    )]
+}
+
+/// Params JSON for the key, without the `hub` table unless the source is the hub.
+pub fn params_json_hub<P: Serialize>(p: &P, uses_hub: bool) -> serde_json::Value {
+    let mut v = params_json(p);
+    if !uses_hub && let Some(o) = v.as_object_mut() {
+        o.remove("hub");
+    }
+    v
+}

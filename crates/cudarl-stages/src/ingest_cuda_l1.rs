@@ -5,7 +5,6 @@ use cudarl_core::{
 };
 use cudarl_data::kernelbench::ProblemIndex;
 use cudarl_data::kernels::kernels_batch;
-use cudarl_data::schemas::KERNELS;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, single_file, write_output};
@@ -54,13 +53,10 @@ impl Stage for IngestCudaL1 {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
-            InputDecl::external("source"),
-            InputDecl::node("problems", "ingest-kernelbench", "problems"),
-        ]
+        crate::common::kernel_ingest_inputs()
     }
     fn outputs(&self) -> Vec<OutputDecl> {
-        vec![OutputDecl::table("kernels", KERNELS.clone())]
+        crate::common::kernel_ingest_outputs()
     }
     fn resolve_external(
         &self,

@@ -11,9 +11,7 @@ use cudarl_data::schemas::PROBLEMS;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{
-    HubParams, data_err, display_path, params_json, rooted, single_file, write_output,
-};
+use crate::common::{HubParams, data_err, display_path, rooted, single_file, write_output};
 
 /// Where problems come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,11 +98,7 @@ impl Stage for IngestKernelBench {
         1
     }
     fn params(&self) -> serde_json::Value {
-        let mut v = params_json(&self.params);
-        if self.params.source != KbSource::Hub {
-            v.as_object_mut().expect("object").remove("hub");
-        }
-        v
+        crate::common::params_json_hub(&self.params, self.params.source == KbSource::Hub)
     }
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("source")]

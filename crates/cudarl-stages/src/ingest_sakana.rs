@@ -6,10 +6,9 @@ use cudarl_core::{
 use cudarl_data::kernelbench::ProblemIndex;
 use cudarl_data::kernels::kernels_batch;
 use cudarl_data::sakana::{SakanaFile, ingest};
-use cudarl_data::schemas::KERNELS;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{HubParams, data_err, params_json, rooted, write_output};
+use crate::common::{HubParams, data_err, rooted, write_output};
 
 /// Where the archive comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,20 +89,13 @@ impl Stage for IngestSakana {
         1
     }
     fn params(&self) -> serde_json::Value {
-        let mut v = params_json(&self.params);
-        if self.params.source != SakanaSource::Hub {
-            v.as_object_mut().expect("object").remove("hub");
-        }
-        v
+        crate::common::params_json_hub(&self.params, self.params.source == SakanaSource::Hub)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
-            InputDecl::external("source"),
-            InputDecl::node("problems", "ingest-kernelbench", "problems"),
-        ]
+        crate::common::kernel_ingest_inputs()
     }
     fn outputs(&self) -> Vec<OutputDecl> {
-        vec![OutputDecl::table("kernels", KERNELS.clone())]
+        crate::common::kernel_ingest_outputs()
     }
     fn resolve_external(
         &self,

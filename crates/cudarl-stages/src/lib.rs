@@ -6,6 +6,8 @@ pub mod curriculum;
 pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;
+pub mod synth_tasks;
+pub mod validate;
 
 use cudarl_core::{Stage, StageFactory};
 
@@ -20,6 +22,8 @@ impl StageFactory for Registry {
             "ingest-cuda-l1",
             "ingest-kernelbench",
             "ingest-sakana",
+            "synth-tasks",
+            "validate",
         ]
     }
 
@@ -36,6 +40,8 @@ impl StageFactory for Registry {
             "ingest-sakana" => Box::new(ingest_sakana::IngestSakana::from_table(params)?),
             "ingest-cuda-l1" => Box::new(ingest_cuda_l1::IngestCudaL1::from_table(params)?),
             "curriculum" => Box::new(curriculum::Curriculum::from_table(params)?),
+            "synth-tasks" => Box::new(synth_tasks::SynthTasks::from_table(params)?),
+            "validate" => Box::new(validate::Validate::from_table(params)?),
             other => return Err(format!("unknown stage `{other}`")),
         })
     }

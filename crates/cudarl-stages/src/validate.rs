@@ -1,0 +1,479 @@
+//! `validate`: every kernel of a kernels table through the harness, with the row-level memo
+//! (a kernel already validated under the same spec, harness version and environment is not run
+//! again), into `validations`.
+//!
+//! On a machine without a GPU the verdicts are compile-only (`executed = false`) and the
+//! environment in the key says so, so a GPU run later never reuses them.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use arrow::array::{
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cudarl_core::{Digest, InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_cuda::verdict::{FullOptions, Verdict, check_full, hidden_seeds};
+use cudarl_cuda::worker::WorkerPool;
+use cudarl_cuda::{Compiler, Nvcc, Rules, Task, TaskSpec, check_compile_only};
+use cudarl_data::Table;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{data_err, params_json, write_output};
+
+/// Version of the verdict semantics; part of every row's memo key.
+pub const HARNESS_VERSION: u32 = 1;
+
+fn list_str() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
+}
+
+/// `validations`: one row per kernel.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | kernel_id, task_id, role | utf8 | the kernel (from the input table) |
+/// | mode | utf8 | `compile-only` or `full` |
+/// | compiled, executed | bool | |
+/// | correct | bool, nullable | null when not executed |
+/// | failure, failure_detail | utf8, nullable | see `Verdict::failure` |
+/// | static_flags, hack_flags | list<utf8> | rule ids / run-time hack indicators |
+/// | registers | int64, nullable | max registers per thread over the kernels |
+/// | shared_mem_bytes, spill_bytes | int64, nullable | max static smem per block; spill stores + loads, bytes |
+/// | compile_seconds | float64 | nvcc wall time, s |
+/// | tests, tests_passed | int64 | shapes × seeds run / passed |
+/// | max_abs_err, max_rel_err | float64, nullable | over all tests |
+/// | median_ms, p10_ms, p90_ms, cv | float64, nullable | timing of the candidate |
+/// | speedup_vs_naive | float64, nullable | naive median / candidate median |
+/// | dram_fraction_of_peak | float64, nullable | roofline bound / median |
+/// | gpu, nvcc, arch | utf8 | environment (gpu null without one) |
+/// | verdict_json | utf8 | the full verdict |
+pub static VALIDATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
+    Arc::new(Schema::new(vec![
+        f("kernel_id", DataType::Utf8, false),
+        f("task_id", DataType::Utf8, false),
+        f("role", DataType::Utf8, false),
+        f("mode", DataType::Utf8, false),
+        f("compiled", DataType::Boolean, false),
+        f("executed", DataType::Boolean, false),
+        f("correct", DataType::Boolean, true),
+        f("failure", DataType::Utf8, true),
+        f("failure_detail", DataType::Utf8, true),
+        f("static_flags", list_str(), false),
+        f("hack_flags", list_str(), false),
+        f("registers", DataType::Int64, true),
+        f("shared_mem_bytes", DataType::Int64, true),
+        f("spill_bytes", DataType::Int64, true),
+        f("compile_seconds", DataType::Float64, false),
+        f("tests", DataType::Int64, false),
+        f("tests_passed", DataType::Int64, false),
+        f("max_abs_err", DataType::Float64, true),
+        f("max_rel_err", DataType::Float64, true),
+        f("median_ms", DataType::Float64, true),
+        f("p10_ms", DataType::Float64, true),
+        f("p90_ms", DataType::Float64, true),
+        f("cv", DataType::Float64, true),
+        f("speedup_vs_naive", DataType::Float64, true),
+        f("dram_fraction_of_peak", DataType::Float64, true),
+        f("gpu", DataType::Utf8, true),
+        f("nvcc", DataType::Utf8, false),
+        f("arch", DataType::Utf8, false),
+        f("verdict_json", DataType::Utf8, false),
+    ]))
+});
+
+/// How to validate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Full on a GPU, compile-only without one.
+    Auto,
+    /// Compile-only everywhere.
+    Compile,
+}
+
+fn d_mode() -> Mode {
+    Mode::Auto
+}
+fn d_timeout() -> u64 {
+    20
+}
+fn d_two() -> usize {
+    2
+}
+fn d_true() -> bool {
+    true
+}
+
+/// Params of `validate`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// Run mode.
+    #[serde(default = "d_mode")]
+    pub mode: Mode,
+    /// Wall-clock limit per candidate run, seconds.
+    #[serde(default = "d_timeout")]
+    pub timeout_s: u64,
+    /// Public seeds per shape.
+    #[serde(default = "d_two")]
+    pub public_seeds: usize,
+    /// Hidden seeds per shape.
+    #[serde(default = "d_two")]
+    pub hidden_seeds: usize,
+    /// Time candidates.
+    #[serde(default = "d_true")]
+    pub bench: bool,
+}
+
+/// The stage.
+#[derive(Debug)]
+pub struct Validate {
+    params: Params,
+}
+
+impl Validate {
+    /// Builds the stage from its params table.
+    ///
+    /// # Errors
+    /// Unknown or mistyped params.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        Ok(Validate {
+            params: crate::common::parse_params(t)?,
+        })
+    }
+
+    fn gpu(&self) -> Option<cudarl_cuda::gpu::GpuInfo> {
+        match self.params.mode {
+            Mode::Compile => None,
+            Mode::Auto => cudarl_cuda::gpu::probe(),
+        }
+    }
+}
+
+impl Stage for Validate {
+    fn kind(&self) -> &str {
+        "validate"
+    }
+    fn code_version(&self) -> u32 {
+        HARNESS_VERSION
+    }
+    fn params(&self) -> serde_json::Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::node("tasks", "synth-tasks", "tasks"),
+            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![OutputDecl::table("validations", VALIDATIONS.clone())]
+    }
+    fn environment(
+        &self,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<std::collections::BTreeMap<String, String>, StageError> {
+        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
+        let gpu = self.gpu();
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("nvcc".into(), nvcc.version);
+        env.insert(
+            "arch".into(),
+            gpu.as_ref()
+                .map(|g| g.arch.clone())
+                .unwrap_or_else(|| "sm_90".into()),
+        );
+        env.insert(
+            "gpu".into(),
+            gpu.map(|g| g.name)
+                .unwrap_or_else(|| "none (compile-only)".into()),
+        );
+        Ok(env)
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let nvcc = Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
+        let gpu = self.gpu();
+        let compiler = Compiler {
+            nvcc,
+            arch: gpu
+                .as_ref()
+                .map(|g| g.arch.clone())
+                .unwrap_or_else(|| "sm_90".into()),
+            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+            store: Some(ctx.store().clone()),
+        };
+        let rules = Rules::builtin();
+        let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
+        let specs: std::collections::BTreeMap<String, TaskSpec> = {
+            let id = tt.req_strings("task_id").map_err(data_err)?;
+            let js = tt.req_strings("spec_json").map_err(data_err)?;
+            (0..tt.rows())
+                .filter_map(|i| {
+                    Some((
+                        id.get(i)?.to_string(),
+                        serde_json::from_str(js.get(i)?).ok()?,
+                    ))
+                })
+                .collect()
+        };
+        let kt = Table::read(ctx.input_path("kernels")?, "kernels").map_err(data_err)?;
+        let kid = kt.req_strings("kernel_id").map_err(data_err)?;
+        let ktask = kt.req_strings("task_id").map_err(data_err)?;
+        let krole = kt.req_strings("role").map_err(data_err)?;
+        let kcode = kt.req_strings("code").map_err(data_err)?;
+        struct Row {
+            kernel_id: String,
+            task_id: String,
+            role: String,
+            code: String,
+        }
+        let rows: Vec<Row> = (0..kt.rows())
+            .filter_map(|i| {
+                Some(Row {
+                    kernel_id: kid.get(i)?.to_string(),
+                    task_id: ktask.get(i)?.to_string(),
+                    role: krole.get(i)?.to_string(),
+                    code: kcode.get(i)?.to_string(),
+                })
+            })
+            .collect();
+        let memo = ctx.memo("validate-v1")?;
+        let env_key = format!(
+            "{}|{}|{}|{}",
+            HARNESS_VERSION,
+            compiler.nvcc.version,
+            compiler.arch,
+            gpu.as_ref().map(|g| g.name.as_str()).unwrap_or("none")
+        );
+        // The verdict depends on the task's spec (but not on which other kernels it lists), the
+        // code, the params and the environment.
+        let spec_key = |task: &str| -> String {
+            let mut s = specs.get(task).cloned();
+            if let Some(s) = s.as_mut() {
+                s.optimized.clear();
+            }
+            serde_json::to_string(&s).unwrap_or_default()
+        };
+        let row_key = |r: &Row| -> Digest {
+            let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate row v1");
+            for part in [
+                env_key.as_str(),
+                &spec_key(&r.task_id),
+                &r.code,
+                &serde_json::to_string(&self.params).unwrap_or_default(),
+            ] {
+                h.update(&(part.len() as u64).to_le_bytes());
+                h.update(part.as_bytes());
+            }
+            Digest(*h.finalize().as_bytes())
+        };
+        let progress = ctx.progress("kernels", Some(rows.len() as u64));
+        // Phase 1 (all cores): compile everything not memoized yet (fills the compile cache).
+        let todo: Vec<&Row> = rows
+            .iter()
+            .filter(|r| !memo.contains(&row_key(r)))
+            .collect();
+        let errs: Vec<String> = todo
+            .par_iter()
+            .filter_map(|r| {
+                let spec = specs.get(&r.task_id)?;
+                check_compile_only(spec, &r.code, &rules, &compiler)
+                    .err()
+                    .map(|e| e.to_string())
+            })
+            .collect();
+        if let Some(e) = errs.first() {
+            return Err(StageError::Failed(format!(
+                "harness failure while compiling: {e}"
+            )));
+        }
+        // Phase 2 (one GPU): run and time, one candidate at a time.
+        let mut pool = gpu.as_ref().map(|_| {
+            WorkerPool::new(
+                std::env::current_exe().unwrap_or_else(|_| "cudarl-pipe".into()),
+                vec!["worker".into()],
+            )
+        });
+        let salt = std::fs::read(ctx.store().root().join("hidden-salt"))
+            .unwrap_or_else(|_| b"cudarl-default-salt".to_vec());
+        let mut verdicts: Vec<Verdict> = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let key = row_key(r);
+            if let Some(b) = memo.get(&key)?
+                && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
+            {
+                verdicts.push(v);
+                progress.inc(1);
+                continue;
+            }
+            let spec = specs.get(&r.task_id).ok_or_else(|| {
+                StageError::bad_input(
+                    "kernels",
+                    Some("task_id"),
+                    format!("unknown task `{}`", r.task_id),
+                )
+            })?;
+            let v = match pool.as_mut() {
+                Some(p) => {
+                    let task = Task {
+                        spec: spec.clone(),
+                        dir: ctx.root().join("datasets/tasks").join(&spec.id),
+                    };
+                    let opts = FullOptions {
+                        public_seeds: (0..self.params.public_seeds as u64).collect(),
+                        hidden_seeds: hidden_seeds(
+                            &salt,
+                            &r.task_id,
+                            &r.code,
+                            self.params.hidden_seeds,
+                        ),
+                        wall: Duration::from_secs(self.params.timeout_s),
+                        bench: self.params.bench,
+                    };
+                    check_full(&task, &r.code, &rules, &compiler, p, &opts)
+                }
+                None => check_compile_only(spec, &r.code, &rules, &compiler),
+            }
+            .map_err(|e| StageError::Failed(e.to_string()))?;
+            memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
+            verdicts.push(v);
+            progress.inc(1);
+        }
+        progress.finish();
+        let compile_only = verdicts.iter().filter(|v| !v.executed).count();
+        if compile_only > 0 {
+            ctx.warn(format!("{compile_only} of {} verdicts are compile-only (no GPU): correctness and speed not checked", verdicts.len()));
+        }
+        let batch = validations_batch(
+            &rows
+                .iter()
+                .map(|r| (r.kernel_id.clone(), r.role.clone()))
+                .collect::<Vec<_>>(),
+            &verdicts,
+        )?;
+        write_output(ctx, "validations", &batch)
+    }
+}
+
+fn validations_batch(
+    ids: &[(String, String)],
+    vs: &[Verdict],
+) -> Result<arrow::array::RecordBatch, StageError> {
+    let mut s: Vec<StringBuilder> = (0..5).map(|_| StringBuilder::new()).collect();
+    let mut b: Vec<BooleanBuilder> = (0..3).map(|_| BooleanBuilder::new()).collect();
+    let mut lists: Vec<ListBuilder<StringBuilder>> = (0..2)
+        .map(|_| ListBuilder::new(StringBuilder::new()))
+        .collect();
+    let mut ints: Vec<Int64Builder> = (0..5).map(|_| Int64Builder::new()).collect();
+    let mut fl: Vec<Float64Builder> = (0..9).map(|_| Float64Builder::new()).collect();
+    let mut env: Vec<StringBuilder> = (0..4).map(|_| StringBuilder::new()).collect();
+    for ((kid, role), v) in ids.iter().zip(vs) {
+        s[0].append_value(kid);
+        s[1].append_value(&v.task_id);
+        s[2].append_value(role);
+        s[3].append_value(&v.mode);
+        b[0].append_value(v.compiled);
+        b[1].append_value(v.executed);
+        b[2].append_option(v.correct);
+        s[4].append_option(v.failure.as_deref());
+        env[3].append_option(v.failure_detail.as_deref());
+        for f in &v.static_flags {
+            lists[0].values().append_value(&f.rule);
+        }
+        lists[0].append(true);
+        for h in &v.hack_flags {
+            lists[1].values().append_value(h);
+        }
+        lists[1].append(true);
+        let maxr = |f: fn(&cudarl_cuda::diag::KernelResources) -> u32| {
+            v.resources.iter().map(f).max().map(i64::from)
+        };
+        ints[0].append_option(maxr(|r| r.registers));
+        ints[1].append_option(maxr(|r| r.shared_mem_bytes));
+        ints[2].append_option(maxr(|r| r.spill_store_bytes + r.spill_load_bytes));
+        fl[0].append_value(v.compile_seconds);
+        ints[3].append_value(v.tests.len() as i64);
+        ints[4].append_value(v.tests.iter().filter(|t| t.passed).count() as i64);
+        fl[1].append_option(v.max_abs_err);
+        fl[2].append_option(v.max_rel_err);
+        let t = v.timing.as_ref();
+        fl[3].append_option(t.map(|t| t.median_ms));
+        fl[4].append_option(t.map(|t| t.p10_ms));
+        fl[5].append_option(t.map(|t| t.p90_ms));
+        fl[6].append_option(t.map(|t| t.cv));
+        fl[7].append_option(v.speedup_vs_naive);
+        fl[8].append_option(v.dram_fraction_of_peak);
+        env[0].append_option(v.gpu.as_ref().map(|g| g.name.as_str()));
+        env[1].append_value(&v.nvcc_version);
+        env[2].append_value(&v.arch);
+    }
+    let schema = VALIDATIONS.clone();
+    let a = |x: ArrayRef, i: usize| {
+        arrow::compute::cast(&x, schema.field(i).data_type()).expect("cast")
+    };
+    let verdict_json: ArrayRef = Arc::new(arrow::array::StringArray::from(
+        vs.iter()
+            .map(|v| serde_json::to_string(v).expect("json"))
+            .collect::<Vec<_>>(),
+    ));
+    let mut s = s
+        .into_iter()
+        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
+        .collect::<Vec<_>>();
+    let mut b = b
+        .into_iter()
+        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
+        .collect::<Vec<_>>();
+    let mut lists = lists
+        .into_iter()
+        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
+        .collect::<Vec<_>>();
+    let mut ints = ints
+        .into_iter()
+        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
+        .collect::<Vec<_>>();
+    let mut fl = fl
+        .into_iter()
+        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
+        .collect::<Vec<_>>();
+    let mut env = env
+        .into_iter()
+        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
+        .collect::<Vec<_>>();
+    let take = |v: &mut Vec<ArrayRef>| v.remove(0);
+    let cols = vec![
+        take(&mut s),
+        take(&mut s),
+        take(&mut s),
+        take(&mut s),
+        take(&mut b),
+        take(&mut b),
+        take(&mut b),
+        take(&mut s),
+        env.remove(3),
+        a(take(&mut lists), 9),
+        a(take(&mut lists), 10),
+        take(&mut ints),
+        take(&mut ints),
+        take(&mut ints),
+        take(&mut fl),
+        take(&mut ints),
+        take(&mut ints),
+        take(&mut fl),
+        take(&mut fl),
+        take(&mut fl),
+        take(&mut fl),
+        take(&mut fl),
+        take(&mut fl),
+        take(&mut fl),
+        take(&mut fl),
+        take(&mut env),
+        take(&mut env),
+        take(&mut env),
+        verdict_json,
+    ];
+    cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)
+}
