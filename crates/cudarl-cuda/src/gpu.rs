@@ -213,30 +213,29 @@ const POISON: u32 = 0x7FBA_DBAD; // a NaN payload no arithmetic produces
 const GUARD: u32 = 0x7FC0_FFEE;
 const GUARD_ELEMS: usize = 4096;
 
-/// SplitMix64 (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", 2014).
-struct SplitMix64(u64);
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+/// The SplitMix64 finalizer (Steele, Lea, Flood, "Fast splittable pseudorandom number
+/// generators", OOPSLA 2014), used as a counter-based generator: element `i` of a buffer is a
+/// pure function of (seed, argument, i), so inputs are generated in parallel and reproducibly.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
-/// Inputs for `seed`: signed values whose scale depends on the seed (1, 100, 0.01), so a kernel
-/// cannot lean on one range.
+/// Inputs for `seed`: signed values uniform in [-s, s) whose scale s depends on the seed (1, 100,
+/// 0.01), so a kernel cannot lean on one range or sign. Generated in parallel.
 pub fn gen_input(len: usize, seed: u64, arg_index: usize) -> Vec<f32> {
-    let mut r = SplitMix64(
-        seed.wrapping_mul(0x100_0000_01B3) ^ (arg_index as u64 + 1).wrapping_mul(0x9E37_79B9),
-    );
+    use rayon::prelude::*;
+    let base = mix64(seed ^ mix64(arg_index as u64 + 1));
     let scale = [1.0f32, 100.0, 0.01][(seed % 3) as usize];
-    (0..len).map(|_| r.unit() * scale).collect()
+    (0..len)
+        .into_par_iter()
+        .map(|i| {
+            let r = mix64(base ^ (i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+            ((r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
 }
 
 type Entry = unsafe extern "C" fn(
@@ -463,22 +462,40 @@ impl Runner {
         let (atol, rtol) = (task.atol, task.rtol);
         let mut bad = 0u64;
         for (out, refo) in outputs.iter().zip(&reference) {
-            for ((o, r), m) in out.iter().zip(&refo.values).zip(&refo.magnitudes) {
-                if o.to_bits() == POISON {
-                    t.unwritten += 1;
-                    continue;
-                }
-                if !o.is_finite() {
-                    t.non_finite += 1;
-                    continue;
-                }
-                let d = (*o as f64 - r).abs();
-                t.max_abs_err = t.max_abs_err.max(d);
-                t.max_rel_err = t.max_rel_err.max(d / r.abs().max(1e-12));
-                if d > atol + rtol * m {
-                    bad += 1;
-                }
-            }
+            use rayon::prelude::*;
+            // (unwritten, non-finite, outside tolerance, max abs, max rel), reduced in parallel.
+            let z = (0u64, 0u64, 0u64, 0f64, 0f64);
+            let (u, nf, b, ma, mr) = out
+                .par_iter()
+                .zip(refo.values.par_iter())
+                .zip(refo.magnitudes.par_iter())
+                .fold(
+                    || z,
+                    |mut acc, ((o, r), m)| {
+                        if o.to_bits() == POISON {
+                            acc.0 += 1;
+                        } else if !o.is_finite() {
+                            acc.1 += 1;
+                        } else {
+                            let d = (*o as f64 - r).abs();
+                            acc.3 = acc.3.max(d);
+                            acc.4 = acc.4.max(d / r.abs().max(1e-12));
+                            if d > atol + rtol * m {
+                                acc.2 += 1;
+                            }
+                        }
+                        acc
+                    },
+                )
+                .reduce(
+                    || z,
+                    |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2, a.3.max(b.3), a.4.max(b.4)),
+                );
+            t.unwritten += u;
+            t.non_finite += nf;
+            bad += b;
+            t.max_abs_err = t.max_abs_err.max(ma);
+            t.max_rel_err = t.max_rel_err.max(mr);
         }
         t.message = if t.out_of_bounds_write {
             Some("wrote past the end of a buffer".into())

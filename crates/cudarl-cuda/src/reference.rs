@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
+
 use crate::task::TaskSpec;
 
 /// One reference output: exact values and, per element, the magnitude `m` the tolerance scales
@@ -35,12 +37,12 @@ pub fn compute(
     match task.id.as_str() {
         "vector_add" => Ok(vec![RefOutput {
             values: inputs[0]
-                .iter()
+                .par_iter()
                 .zip(inputs[1])
                 .map(|(a, b)| *a as f64 + *b as f64)
                 .collect(),
             magnitudes: inputs[0]
-                .iter()
+                .par_iter()
                 .zip(inputs[1])
                 .map(|(a, b)| (*a as f64).abs() + (*b as f64).abs())
                 .collect(),
@@ -50,9 +52,11 @@ pub fn compute(
             let row = |r: usize| &inputs[0][r * cols..(r + 1) * cols];
             Ok(vec![RefOutput {
                 values: (0..rows)
+                    .into_par_iter()
                     .map(|r| row(r).iter().map(|v| *v as f64).sum())
                     .collect(),
                 magnitudes: (0..rows)
+                    .into_par_iter()
                     .map(|r| row(r).iter().map(|v| (*v as f64).abs()).sum())
                     .collect(),
             }])

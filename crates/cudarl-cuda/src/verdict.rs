@@ -327,8 +327,12 @@ pub fn check_full(
                 v.hack_flags.push("beats_roofline".into());
             }
         }
-        // The naive kernel on the same shape, in the same worker.
-        if let Ok(naive_src) = task.naive_source()
+        // The naive kernel on the same shape, in the same worker (itself: speedup 1).
+        let naive_src = task.naive_source().ok();
+        if naive_src.as_deref() == Some(source) {
+            v.speedup_vs_naive = Some(1.0);
+            v.naive_timing = Some(t.clone());
+        } else if let Some(naive_src) = naive_src
             && let Ok(out) = compiler.compile(&naive_src, &spec.shim())
             && let Some(h) = out.so_hash
         {
