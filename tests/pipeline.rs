@@ -271,3 +271,40 @@ fn export_opens_in_pyarrow_and_polars() {
     );
     assert!(stdout(&o).contains("OK"), "{}", stdout(&o));
 }
+
+/// Paths are not in the keys, so outputs must not depend on them either: moving an input file
+/// and pointing `path` at it gives the same key and, when forced to re-run, the same bytes.
+#[test]
+fn outputs_do_not_depend_on_input_paths() {
+    let p = Project::new();
+    let (_, m0) = p.run_json(&["run", "curriculum"]);
+    std::fs::create_dir_all(p.path("elsewhere/deep")).unwrap();
+    for (node, from, to) in [
+        (
+            "ingest-cuda-l1",
+            "datasets/cuda_l1/kernels.parquet",
+            "elsewhere/deep/kernels.parquet",
+        ),
+        (
+            "ingest-sakana",
+            "datasets/sakana_ai_cuda_engineer_archive_sample/sample.parquet",
+            "elsewhere/sample.parquet",
+        ),
+        (
+            "ingest-kernelbench",
+            "datasets/kernelbench/problems.parquet",
+            "elsewhere/problems.parquet",
+        ),
+    ] {
+        std::fs::copy(p.path(from), p.path(to)).unwrap();
+        let set = format!("{node}.path=\"{to}\"");
+        let (c, m) = p.run_json(&["run", node, "--set", &set, "--force", node]);
+        assert_eq!(c, 0, "{m:?}");
+        assert_eq!(status_of(&m, node), "ran");
+        assert_eq!(m[node]["key"], m0[node]["key"], "{node}: key");
+        assert_eq!(
+            m[node]["outputs"], m0[node]["outputs"],
+            "{node}: output bytes depend on the path"
+        );
+    }
+}

@@ -11,6 +11,10 @@ use crate::sakana::Ingested;
 /// skipped; a row with a speedup claims correctness (CUDA-L1 only reports speedups of kernels
 /// that passed its check).
 ///
+/// `display` names the file in messages; `provenance` (dataset, revision, file name inside it)
+/// goes into every row, followed by ` row N`. It must not depend on where the file lies locally,
+/// since output bytes are keyed by content, not by path.
+///
 /// # Errors
 /// Unreadable file, missing or mistyped required column, null identity field.
 pub fn ingest(
@@ -69,7 +73,7 @@ pub fn ingest(
             claimed_speedup_native: score,
             claimed_speedup_compile: sc.as_ref().and_then(|s| s.get(i)),
             gpu: Some(g.to_string()),
-            provenance: format!("{provenance} {display} row {i}"),
+            provenance: format!("{provenance} row {i}"),
             ..Default::default()
         });
     }

@@ -74,10 +74,14 @@ impl Stage for IngestCudaL1 {
             ProblemIndex::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
         let ext = ctx.input_files("source")?.clone();
         let path = &ext.files[0].1;
+        let provenance = format!(
+            "deepreinforce-ai/CUDA-L1@51e8356bf844101cab2aeeca4bdff47ebb1953b8 {}",
+            ext.files[0].0
+        );
         let mut got = cudarl_data::cuda_l1::ingest(
             path,
             &crate::common::display_path(ctx.root(), path),
-            "deepreinforce-ai/CUDA-L1@51e8356bf844101cab2aeeca4bdff47ebb1953b8",
+            &provenance,
             &problems,
         )
         .map_err(data_err)?;
