@@ -48,8 +48,13 @@ impl GpuInfo {
     }
 }
 
-/// Whether libcuda loads and a device exists; the device's info if so.
+/// Whether libcuda loads and a device exists; the device's info if so. Probed once per process.
 pub fn probe() -> Option<GpuInfo> {
+    static PROBE: std::sync::OnceLock<Option<GpuInfo>> = std::sync::OnceLock::new();
+    PROBE.get_or_init(probe_uncached).clone()
+}
+
+fn probe_uncached() -> Option<GpuInfo> {
     // SAFETY: only tries to dlopen libcuda.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return None;
@@ -327,7 +332,7 @@ impl Runner {
                 return res;
             }
         };
-        for (si, shape) in job.shapes.iter().enumerate() {
+        for shape in &job.shapes {
             for &seed in &job.seeds {
                 heartbeat();
                 match self.test_one(&job.task, &entry, shape, seed, heartbeat) {
@@ -338,7 +343,6 @@ impl Runner {
                     }
                 }
             }
-            let _ = si;
         }
         if let Some(b) = &job.bench
             && res.tests.iter().all(|t| t.passed)

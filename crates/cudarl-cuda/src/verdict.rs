@@ -9,7 +9,7 @@ use crate::compile::{CompileError, Compiler};
 use crate::diag::{Diagnostic, KernelResources};
 use crate::gpu::{BenchSpec, GpuInfo, RunJob, ShapeCase, TestResult, Timing};
 use crate::static_check::{Finding, Rules, rejected};
-use crate::task::{Task, TaskSpec};
+use crate::task::TaskSpec;
 use crate::worker::{Outcome, WorkerPool};
 
 /// The verdict on one candidate kernel for one task.
@@ -71,6 +71,9 @@ pub struct Verdict {
     pub arch: String,
     /// The GPU it ran on.
     pub gpu: Option<GpuInfo>,
+    /// CAS digest of the compiled shared object (when it compiled and a store is attached).
+    #[serde(default)]
+    pub so_hash: Option<cudarl_store::Digest>,
 }
 
 impl Verdict {
@@ -103,6 +106,7 @@ impl Verdict {
             nvcc_version: compiler.nvcc.version.clone(),
             arch: compiler.arch.clone(),
             gpu: None,
+            so_hash: None,
         }
     }
 }
@@ -133,6 +137,7 @@ pub fn check_compile_only(
     v.resources = out.resources;
     v.cache_hit = out.cache_hit;
     v.compile_seconds = out.compile_seconds;
+    v.so_hash = out.so_hash;
     if !out.compiled {
         v.failure = Some(
             if out.timed_out {
@@ -165,6 +170,29 @@ pub struct FullOptions {
     pub wall: Duration,
     /// Time the candidate and the naive kernel.
     pub bench: bool,
+}
+
+/// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else `<store>/hidden-salt`, 32 bytes
+/// from `/dev/urandom` written atomically on first use (`check` and `validate` share it).
+///
+/// # Errors
+/// The salt file can neither be read nor created.
+pub fn hidden_salt(store: &cudarl_store::Store) -> Result<Vec<u8>, CompileError> {
+    if let Ok(s) = std::env::var("CUDARL_HIDDEN_SALT") {
+        return Ok(s.into_bytes());
+    }
+    let p = store.root().join("hidden-salt");
+    if let Ok(b) = std::fs::read(&p) {
+        return Ok(b);
+    }
+    let mut b = vec![0u8; 32];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| CompileError::Io(format!("read /dev/urandom: {e}")))?;
+    store.write_atomic(&p, &b)?;
+    // Another process may have won the race; everyone uses what is on disk.
+    std::fs::read(&p).map_err(|e| CompileError::Io(format!("read {}: {e}", p.display())))
 }
 
 /// Hidden seeds for a (task, source): BLAKE3 of a secret salt, the task id and the source,
@@ -209,14 +237,14 @@ fn run_on_gpu(
 /// # Errors
 /// Harness failures only (compile setup, store). Candidate failures are in the verdict.
 pub fn check_full(
-    task: &Task,
+    spec: &TaskSpec,
     source: &str,
+    naive_source: Option<&str>,
     rules: &Rules,
     compiler: &Compiler,
     pool: &mut WorkerPool,
     opts: &FullOptions,
 ) -> Result<Verdict, CompileError> {
-    let spec = &task.spec;
     let mut v = check_compile_only(spec, source, rules, compiler)?;
     if !v.compiled {
         return Ok(v);
@@ -226,8 +254,7 @@ pub fn check_full(
         .store
         .as_ref()
         .ok_or_else(|| CompileError::Io("full checks need a store".into()))?;
-    let so_hash = compiler
-        .compile(source, &spec.shim())?
+    let so_hash = v
         .so_hash
         .ok_or_else(|| CompileError::Io("no shared object".into()))?;
     let so = store.blob_path(&so_hash);
@@ -328,12 +355,11 @@ pub fn check_full(
             }
         }
         // The naive kernel on the same shape, in the same worker (itself: speedup 1).
-        let naive_src = task.naive_source().ok();
-        if naive_src.as_deref() == Some(source) {
+        if naive_source == Some(source) {
             v.speedup_vs_naive = Some(1.0);
             v.naive_timing = Some(t.clone());
-        } else if let Some(naive_src) = naive_src
-            && let Ok(out) = compiler.compile(&naive_src, &spec.shim())
+        } else if let Some(naive_src) = naive_source
+            && let Ok(out) = compiler.compile(naive_src, &spec.shim())
             && let Some(h) = out.so_hash
         {
             let shape = vec![shapes[bench_idx].clone()];

@@ -8,14 +8,12 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use arrow::array::{
-    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
-};
+use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, Stage, StageContext, StageError};
-use cudarl_cuda::verdict::{FullOptions, Verdict, check_full, hidden_seeds};
+use cudarl_cuda::verdict::{FullOptions, Verdict, check_full, hidden_salt, hidden_seeds};
 use cudarl_cuda::worker::WorkerPool;
-use cudarl_cuda::{Compiler, Nvcc, Rules, Task, TaskSpec, check_compile_only};
+use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -23,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::common::{data_err, params_json, write_output};
 
 /// Version of the verdict semantics; part of every row's memo key.
-pub const HARNESS_VERSION: u32 = 1;
+pub const HARNESS_VERSION: u32 = 2;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
@@ -271,25 +269,21 @@ impl Stage for Validate {
             Digest(*h.finalize().as_bytes())
         };
         let progress = ctx.progress("kernels", Some(rows.len() as u64));
-        // Phase 1 (all cores): compile everything not memoized yet (fills the compile cache).
-        let todo: Vec<&Row> = rows
-            .iter()
-            .filter(|r| !memo.contains(&row_key(r)))
-            .collect();
-        let errs: Vec<String> = todo
+        // Phase 1 (all cores): static checks and compiles of every row not memoized yet. Their
+        // verdicts are final without a GPU; with one, phase 2 starts from them (compile cache).
+        let compiled: Vec<Option<Verdict>> = rows
             .par_iter()
-            .filter_map(|r| {
-                let spec = specs.get(&r.task_id)?;
-                check_compile_only(spec, &r.code, &rules, &compiler)
-                    .err()
-                    .map(|e| e.to_string())
+            .map(|r| {
+                if memo.contains(&row_key(r)) {
+                    return Ok(None);
+                }
+                let Some(spec) = specs.get(&r.task_id) else {
+                    return Ok(None);
+                };
+                check_compile_only(spec, &r.code, &rules, &compiler).map(Some)
             })
-            .collect();
-        if let Some(e) = errs.first() {
-            return Err(StageError::Failed(format!(
-                "harness failure while compiling: {e}"
-            )));
-        }
+            .collect::<Result<_, _>>()
+            .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
         // Phase 2 (one GPU): run and time, one candidate at a time.
         let mut pool = gpu.as_ref().map(|_| {
             WorkerPool::new(
@@ -297,10 +291,18 @@ impl Stage for Validate {
                 vec!["worker".into()],
             )
         });
-        let salt = std::fs::read(ctx.store().root().join("hidden-salt"))
-            .unwrap_or_else(|_| b"cudarl-default-salt".to_vec());
+        let salt = match gpu {
+            Some(_) => hidden_salt(ctx.store()).map_err(|e| StageError::Failed(e.to_string()))?,
+            None => Vec::new(),
+        };
+        // The naive kernel of each task, from the kernels table (the speedup baseline).
+        let naive: std::collections::BTreeMap<&str, &str> = rows
+            .iter()
+            .filter(|r| r.role == "naive")
+            .map(|r| (r.task_id.as_str(), r.code.as_str()))
+            .collect();
         let mut verdicts: Vec<Verdict> = Vec::with_capacity(rows.len());
-        for r in &rows {
+        for (r, pre) in rows.iter().zip(compiled) {
             let key = row_key(r);
             if let Some(b) = memo.get(&key)?
                 && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
@@ -316,12 +318,10 @@ impl Stage for Validate {
                     format!("unknown task `{}`", r.task_id),
                 )
             })?;
-            let v = match pool.as_mut() {
-                Some(p) => {
-                    let task = Task {
-                        spec: spec.clone(),
-                        dir: ctx.root().join("datasets/tasks").join(&spec.id),
-                    };
+            let v = match (pool.as_mut(), pre) {
+                // Static rejects and compile errors need no GPU.
+                (_, Some(v)) if !v.compiled => Ok(v),
+                (Some(p), _) => {
                     let opts = FullOptions {
                         public_seeds: (0..self.params.public_seeds as u64).collect(),
                         hidden_seeds: hidden_seeds(
@@ -333,9 +333,11 @@ impl Stage for Validate {
                         wall: Duration::from_secs(self.params.timeout_s),
                         bench: self.params.bench,
                     };
-                    check_full(&task, &r.code, &rules, &compiler, p, &opts)
+                    let naive = naive.get(r.task_id.as_str()).copied();
+                    check_full(spec, &r.code, naive, &rules, &compiler, p, &opts)
                 }
-                None => check_compile_only(spec, &r.code, &rules, &compiler),
+                (None, Some(v)) => Ok(v),
+                (None, None) => check_compile_only(spec, &r.code, &rules, &compiler),
             }
             .map_err(|e| StageError::Failed(e.to_string()))?;
             memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
@@ -362,118 +364,74 @@ fn validations_batch(
     ids: &[(String, String)],
     vs: &[Verdict],
 ) -> Result<arrow::array::RecordBatch, StageError> {
-    let mut s: Vec<StringBuilder> = (0..5).map(|_| StringBuilder::new()).collect();
-    let mut b: Vec<BooleanBuilder> = (0..3).map(|_| BooleanBuilder::new()).collect();
-    let mut lists: Vec<ListBuilder<StringBuilder>> = (0..2)
-        .map(|_| ListBuilder::new(StringBuilder::new()))
-        .collect();
-    let mut ints: Vec<Int64Builder> = (0..5).map(|_| Int64Builder::new()).collect();
-    let mut fl: Vec<Float64Builder> = (0..9).map(|_| Float64Builder::new()).collect();
-    let mut env: Vec<StringBuilder> = (0..4).map(|_| StringBuilder::new()).collect();
-    for ((kid, role), v) in ids.iter().zip(vs) {
-        s[0].append_value(kid);
-        s[1].append_value(&v.task_id);
-        s[2].append_value(role);
-        s[3].append_value(&v.mode);
-        b[0].append_value(v.compiled);
-        b[1].append_value(v.executed);
-        b[2].append_option(v.correct);
-        s[4].append_option(v.failure.as_deref());
-        env[3].append_option(v.failure_detail.as_deref());
-        for f in &v.static_flags {
-            lists[0].values().append_value(&f.rule);
-        }
-        lists[0].append(true);
-        for h in &v.hack_flags {
-            lists[1].values().append_value(h);
-        }
-        lists[1].append(true);
-        let maxr = |f: fn(&cudarl_cuda::diag::KernelResources) -> u32| {
-            v.resources.iter().map(f).max().map(i64::from)
-        };
-        ints[0].append_option(maxr(|r| r.registers));
-        ints[1].append_option(maxr(|r| r.shared_mem_bytes));
-        ints[2].append_option(maxr(|r| r.spill_store_bytes + r.spill_load_bytes));
-        fl[0].append_value(v.compile_seconds);
-        ints[3].append_value(v.tests.len() as i64);
-        ints[4].append_value(v.tests.iter().filter(|t| t.passed).count() as i64);
-        fl[1].append_option(v.max_abs_err);
-        fl[2].append_option(v.max_rel_err);
-        let t = v.timing.as_ref();
-        fl[3].append_option(t.map(|t| t.median_ms));
-        fl[4].append_option(t.map(|t| t.p10_ms));
-        fl[5].append_option(t.map(|t| t.p90_ms));
-        fl[6].append_option(t.map(|t| t.cv));
-        fl[7].append_option(v.speedup_vs_naive);
-        fl[8].append_option(v.dram_fraction_of_peak);
-        env[0].append_option(v.gpu.as_ref().map(|g| g.name.as_str()));
-        env[1].append_value(&v.nvcc_version);
-        env[2].append_value(&v.arch);
-    }
-    let schema = VALIDATIONS.clone();
-    let a = |x: ArrayRef, i: usize| {
-        arrow::compute::cast(&x, schema.field(i).data_type()).expect("cast")
+    use arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
+    let strs = |f: &dyn Fn(&Verdict) -> Option<&str>| -> ArrayRef {
+        Arc::new(StringArray::from_iter(vs.iter().map(f)))
     };
-    let verdict_json: ArrayRef = Arc::new(arrow::array::StringArray::from(
-        vs.iter()
-            .map(|v| serde_json::to_string(v).expect("json"))
-            .collect::<Vec<_>>(),
-    ));
-    let mut s = s
-        .into_iter()
-        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
-        .collect::<Vec<_>>();
-    let mut b = b
-        .into_iter()
-        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
-        .collect::<Vec<_>>();
-    let mut lists = lists
-        .into_iter()
-        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
-        .collect::<Vec<_>>();
-    let mut ints = ints
-        .into_iter()
-        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
-        .collect::<Vec<_>>();
-    let mut fl = fl
-        .into_iter()
-        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
-        .collect::<Vec<_>>();
-    let mut env = env
-        .into_iter()
-        .map(|mut x| Arc::new(x.finish()) as ArrayRef)
-        .collect::<Vec<_>>();
-    let take = |v: &mut Vec<ArrayRef>| v.remove(0);
-    let cols = vec![
-        take(&mut s),
-        take(&mut s),
-        take(&mut s),
-        take(&mut s),
-        take(&mut b),
-        take(&mut b),
-        take(&mut b),
-        take(&mut s),
-        env.remove(3),
-        a(take(&mut lists), 9),
-        a(take(&mut lists), 10),
-        take(&mut ints),
-        take(&mut ints),
-        take(&mut ints),
-        take(&mut fl),
-        take(&mut ints),
-        take(&mut ints),
-        take(&mut fl),
-        take(&mut fl),
-        take(&mut fl),
-        take(&mut fl),
-        take(&mut fl),
-        take(&mut fl),
-        take(&mut fl),
-        take(&mut fl),
-        take(&mut env),
-        take(&mut env),
-        take(&mut env),
-        verdict_json,
+    let floats = |f: &dyn Fn(&Verdict) -> Option<f64>| -> ArrayRef {
+        Arc::new(Float64Array::from_iter(vs.iter().map(f)))
+    };
+    let ints = |f: &dyn Fn(&Verdict) -> Option<i64>| -> ArrayRef {
+        Arc::new(Int64Array::from_iter(vs.iter().map(f)))
+    };
+    let bools = |f: &dyn Fn(&Verdict) -> Option<bool>| -> ArrayRef {
+        Arc::new(BooleanArray::from_iter(vs.iter().map(f)))
+    };
+    let schema = VALIDATIONS.clone();
+    let list = |f: &dyn Fn(&Verdict) -> Vec<String>, i: usize| -> ArrayRef {
+        let mut b = ListBuilder::new(StringBuilder::new());
+        for v in vs {
+            for x in f(v) {
+                b.values().append_value(x);
+            }
+            b.append(true);
+        }
+        let a: ArrayRef = Arc::new(b.finish());
+        arrow::compute::cast(&a, schema.field(i).data_type()).expect("list item field")
+    };
+    let max_res = |v: &Verdict, f: fn(&cudarl_cuda::diag::KernelResources) -> u32| {
+        v.resources.iter().map(f).max().map(i64::from)
+    };
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(
+            ids.iter().map(|(k, _)| k.as_str()),
+        )),
+        strs(&|v| Some(&v.task_id)),
+        Arc::new(StringArray::from_iter_values(
+            ids.iter().map(|(_, r)| r.as_str()),
+        )),
+        strs(&|v| Some(&v.mode)),
+        bools(&|v| Some(v.compiled)),
+        bools(&|v| Some(v.executed)),
+        bools(&|v| v.correct),
+        strs(&|v| v.failure.as_deref()),
+        strs(&|v| v.failure_detail.as_deref()),
+        list(
+            &|v| v.static_flags.iter().map(|f| f.rule.clone()).collect(),
+            9,
+        ),
+        list(&|v| v.hack_flags.clone(), 10),
+        ints(&|v| max_res(v, |r| r.registers)),
+        ints(&|v| max_res(v, |r| r.shared_mem_bytes)),
+        ints(&|v| max_res(v, |r| r.spill_store_bytes + r.spill_load_bytes)),
+        floats(&|v| Some(v.compile_seconds)),
+        ints(&|v| Some(v.tests.len() as i64)),
+        ints(&|v| Some(v.tests.iter().filter(|t| t.passed).count() as i64)),
+        floats(&|v| v.max_abs_err),
+        floats(&|v| v.max_rel_err),
+        floats(&|v| v.timing.as_ref().map(|t| t.median_ms)),
+        floats(&|v| v.timing.as_ref().map(|t| t.p10_ms)),
+        floats(&|v| v.timing.as_ref().map(|t| t.p90_ms)),
+        floats(&|v| v.timing.as_ref().map(|t| t.cv)),
+        floats(&|v| v.speedup_vs_naive),
+        floats(&|v| v.dram_fraction_of_peak),
+        strs(&|v| v.gpu.as_ref().map(|g| g.name.as_str())),
+        strs(&|v| Some(&v.nvcc_version)),
+        strs(&|v| Some(&v.arch)),
+        Arc::new(StringArray::from_iter_values(
+            vs.iter()
+                .map(|v| serde_json::to_string(v).expect("verdict json")),
+        )),
     ];
     cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)
 }

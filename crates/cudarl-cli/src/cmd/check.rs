@@ -1,11 +1,10 @@
 //! `cudarl-pipe check`: one kernel through the harness.
 
-use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use cudarl_cuda::verdict::{FullOptions, check_full, hidden_seeds};
+use cudarl_cuda::verdict::{FullOptions, check_full, hidden_salt, hidden_seeds};
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, check_compile_only, load_tasks};
 
@@ -20,24 +19,6 @@ pub enum Mode {
     Compile,
     /// Also run and time on the GPU (fails without one).
     Full,
-}
-
-/// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else `<store>/hidden-salt` (32
-/// random bytes made on first use).
-pub fn salt(store: &Path) -> Result<Vec<u8>, CliError> {
-    if let Ok(s) = std::env::var("CUDARL_HIDDEN_SALT") {
-        return Ok(s.into_bytes());
-    }
-    let p = store.join("hidden-salt");
-    if let Ok(b) = std::fs::read(&p) {
-        return Ok(b);
-    }
-    let mut b = vec![0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| CliError::failed(format!("read /dev/urandom: {e}")))?;
-    std::fs::write(&p, &b).map_err(|e| CliError::failed(format!("write {}: {e}", p.display())))?;
-    Ok(b)
 }
 
 /// Runs `check`.
@@ -95,14 +76,30 @@ pub fn run(
     let v = if gpu.is_some() {
         let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
         let mut pool = WorkerPool::new(exe, vec!["worker".into()]);
+        let salt = compiler
+            .store
+            .as_ref()
+            .map(hidden_salt)
+            .transpose()
+            .map_err(|e| CliError::failed(e.to_string()))?
+            .unwrap_or_default();
         let opts = FullOptions {
             public_seeds: vec![0, 1],
-            hidden_seeds: hidden_seeds(&salt(&ctx.store)?, task_id, &src, 2),
+            hidden_seeds: hidden_seeds(&salt, task_id, &src, 2),
             wall: Duration::from_secs(timeout),
             bench,
         };
-        check_full(task, &src, &rules, &compiler, &mut pool, &opts)
-            .map_err(|e| CliError::failed(e.to_string()))?
+        let naive = task.naive_source().ok();
+        check_full(
+            &task.spec,
+            &src,
+            naive.as_deref(),
+            &rules,
+            &compiler,
+            &mut pool,
+            &opts,
+        )
+        .map_err(|e| CliError::failed(e.to_string()))?
     } else {
         check_compile_only(&task.spec, &src, &rules, &compiler)
             .map_err(|e| CliError::failed(e.to_string()))?
