@@ -4,10 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CARGO ?= cargo
 BIN := target/release/cudarl-pipe
+# tch (torch-sys) builds against the torch wheel in .venv, found through the venv's python.
+export LIBTORCH_USE_PYTORCH := 1
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
-.PHONY: setup build run curriculum test lint bench clean
+.PHONY: setup build run curriculum test lint bench carry clean
 
-## setup: Python virtualenv with the test tools (pyarrow, polars).
+## setup: Python virtualenv: test tools (pyarrow, polars), nvcc 13.0 wheels, torch 2.11.0 for tch.
 setup: $(VENV)/.stamp
 $(VENV)/.stamp: requirements-dev.txt
 	python3 -m venv $(VENV)
@@ -15,9 +19,9 @@ $(VENV)/.stamp: requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-## build: the release binary.
-build:
-	$(CARGO) build --release -p cudarl-cli
+## build: the release binaries (cudarl-pipe and its GPU worker, cudarl-pipe-worker).
+build: setup
+	$(CARGO) build --release -p cudarl-cli -p cudarl-torch
 
 ## run: set up, build, run the main job on the bundled data.
 run: setup build
@@ -45,6 +49,17 @@ lint:
 bench: build
 	$(BIN) bench noop --out benchmarks/results/noop-run-curriculum.json
 	$(BIN) bench ingest-sakana --out benchmarks/results/ingest-sakana-full-size.json
+
+## carry: stripped, zstd-compressed binaries for the GPU machine in .carry/ (cudarl-pipe, the
+## worker, and the gated GPU test binary); scripts/gpu_checks.sh runs them there.
+carry: build
+	$(CARGO) test --release --no-run -p cudarl-cli --test gpu
+	mkdir -p .carry && rm -f .carry/*
+	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker .carry/
+	cp "$$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)" .carry/gpu-tests
+	strip .carry/*
+	zstd -q -T0 -12 --rm .carry/*
+	ls -la .carry
 
 clean:
 	rm -rf target artifacts $(VENV)

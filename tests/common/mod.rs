@@ -5,8 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The repository root (two levels above the cli crate).
+/// The repository root: `$CUDARL_ROOT` (test binaries carried to the GPU machine), else two
+/// levels above the cli crate.
 pub fn repo_root() -> PathBuf {
+    if let Some(r) = std::env::var_os("CUDARL_ROOT") {
+        return PathBuf::from(r).canonicalize().unwrap();
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()
@@ -29,6 +33,13 @@ fn copy_dir(src: &Path, dst: &Path) {
             std::fs::set_permissions(&d, perm).unwrap();
         }
     }
+}
+
+/// The `cudarl-pipe` binary under test: `$CUDARL_BIN`, else the one cargo built.
+pub fn bin() -> PathBuf {
+    std::env::var_os("CUDARL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cudarl-pipe")))
 }
 
 /// A temporary project: a copy of `pipelines/`, `configs/` and `datasets/`.
@@ -58,9 +69,9 @@ impl Project {
         self.path("artifacts")
     }
 
-    /// A command for the real binary, run in the project root.
+    /// A command for the real binary (`$CUDARL_BIN` or cargo's), run in the project root.
     pub fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_cudarl-pipe"));
+        let mut c = Command::new(bin());
         c.current_dir(self.root())
             .args(args)
             .env_remove("CUDARL_FAULT")

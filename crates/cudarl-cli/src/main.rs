@@ -166,9 +166,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Internal: a sandboxed GPU worker (JSON jobs on stdin, results on stdout).
-    #[command(hide = true)]
-    Worker,
     /// Benchmarks (ratios against a baseline measured in the same run).
     Bench {
         #[command(subcommand)]

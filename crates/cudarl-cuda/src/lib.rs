@@ -8,14 +8,15 @@
 //! - [`compile`]: candidate + shim -> shared object (SASS for one arch), time limit,
 //!   diagnostics, resources, compile cache.
 //! - [`static_check`]: data-driven safety rules run before compiling.
+//! - [`expr`]: reference expressions (task data) evaluated with libtorch.
 //! - [`task`]: task specs (signature, sizes, shapes, tolerances, byte/FLOP counts).
 //! - [`verdict`]: the verdict of `check` and `validate`.
 
 pub mod compile;
 pub mod diag;
+pub mod expr;
 pub mod gpu;
 pub mod nvcc;
-pub mod reference;
 pub mod static_check;
 pub mod task;
 pub mod verdict;

@@ -62,6 +62,13 @@ pub struct TaskSpec {
     pub bytes: String,
     /// Floating-point operations, e.g. `n`.
     pub flops: String,
+    /// The reference, per output buffer: an expression over the input buffers and scalars
+    /// (see [`crate::expr`]), evaluated with libtorch in float64 after the candidate ran, and
+    /// in the task's dtype for the `speedup_vs_torch` baseline.
+    pub reference: BTreeMap<String, String>,
+    /// Values of scalar arguments; a test with seed `s` uses `values[s % len]`.
+    #[serde(default)]
+    pub scalars: BTreeMap<String, Vec<f64>>,
     /// The naive kernel's file, relative to the task folder.
     pub naive: String,
     /// Optimized kernels' files.
@@ -155,6 +162,43 @@ impl TaskSpec {
         }
         if !self.args.iter().any(|a| a.kind == ArgKind::Output) {
             return Err("no output buffer".into());
+        }
+        for a in &self.args {
+            if a.kind == ArgKind::Output {
+                let src = self
+                    .reference
+                    .get(&a.name)
+                    .ok_or_else(|| format!("reference: no expression for output `{}`", a.name))?;
+                let e =
+                    crate::expr::parse(src).map_err(|m| format!("reference.{}: {m}", a.name))?;
+                for v in e.vars() {
+                    if !self
+                        .args
+                        .iter()
+                        .any(|x| x.name == v && matches!(x.kind, ArgKind::Input | ArgKind::Scalar))
+                    {
+                        return Err(format!(
+                            "reference.{}: `{v}` is not an input or scalar argument",
+                            a.name
+                        ));
+                    }
+                }
+            }
+            if a.kind == ArgKind::Scalar && self.scalars.get(&a.name).is_none_or(Vec::is_empty) {
+                return Err(format!(
+                    "scalars: no values for scalar argument `{}`",
+                    a.name
+                ));
+            }
+        }
+        for k in self.reference.keys() {
+            if !self
+                .args
+                .iter()
+                .any(|a| &a.name == k && a.kind == ArgKind::Output)
+            {
+                return Err(format!("reference.{k}: not an output argument"));
+            }
         }
         for (split, shapes) in [
             ("train_shapes", &self.train_shapes),
@@ -324,28 +368,4 @@ pub fn load_tasks(root: &Path) -> Result<Vec<Task>, TaskError> {
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-pub(crate) mod tests_support {
-    use super::*;
-
-    pub fn dummy() -> TaskSpec {
-        TaskSpec {
-            id: "x".into(),
-            tier: 0,
-            description: String::new(),
-            dtype: "f32".into(),
-            sizes: vec![],
-            args: vec![],
-            train_shapes: vec![],
-            holdout_shapes: vec![],
-            atol: 0.0,
-            rtol: 0.0,
-            bytes: "0".into(),
-            flops: "0".into(),
-            naive: String::new(),
-            optimized: vec![],
-        }
-    }
 }

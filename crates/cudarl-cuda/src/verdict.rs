@@ -1,6 +1,5 @@
 //! Verdicts: what `check` prints and `validate` stores for one candidate.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -53,7 +52,11 @@ pub struct Verdict {
     pub naive_timing: Option<Timing>,
     /// naive median / candidate median.
     pub speedup_vs_naive: Option<f64>,
-    /// torch reference median / candidate median (needs the tch reference; `None` until then).
+    /// Timing of the task's reference evaluated by libtorch (f32, torch's own kernels) on the
+    /// same shape, ms.
+    #[serde(default)]
+    pub torch_timing: Option<Timing>,
+    /// torch reference median / candidate median.
     pub speedup_vs_torch: Option<f64>,
     /// Lower bound on the time from bytes moved and the GPU's peak DRAM bandwidth, ms.
     pub roofline_ms: Option<f64>,
@@ -97,6 +100,7 @@ impl Verdict {
             timing: None,
             naive_timing: None,
             speedup_vs_naive: None,
+            torch_timing: None,
             speedup_vs_torch: None,
             roofline_ms: None,
             dram_fraction_of_peak: None,
@@ -212,22 +216,20 @@ pub fn hidden_seeds(salt: &[u8], task: &str, source: &str, n: usize) -> Vec<u64>
         .collect()
 }
 
-fn run_on_gpu(
-    task: &TaskSpec,
-    so: &Path,
-    shapes: Vec<ShapeCase>,
-    seeds: Vec<u64>,
-    bench: Option<BenchSpec>,
-    pool: &mut WorkerPool,
-    wall: Duration,
-) -> Outcome {
-    let job = RunJob {
-        so_path: so.display().to_string(),
-        task: task.clone(),
-        shapes,
-        seeds,
-        bench,
-    };
+/// Baseline timings of one task on this GPU (bench shape): measured once, reused for every
+/// candidate of the task (`validate` keeps one per task for the whole run).
+#[derive(Debug, Clone, Default)]
+pub struct TaskBaselines {
+    /// The task's naive kernel.
+    pub naive: Option<Timing>,
+    /// The task's reference in libtorch.
+    pub torch: Option<Timing>,
+}
+
+/// Baselines per task id.
+pub type Baselines = std::collections::BTreeMap<String, TaskBaselines>;
+
+fn run_on_gpu(job: RunJob, pool: &mut WorkerPool, wall: Duration) -> Outcome {
     pool.run(&job, wall)
 }
 
@@ -236,6 +238,7 @@ fn run_on_gpu(
 ///
 /// # Errors
 /// Harness failures only (compile setup, store). Candidate failures are in the verdict.
+#[allow(clippy::too_many_arguments)]
 pub fn check_full(
     spec: &TaskSpec,
     source: &str,
@@ -244,6 +247,7 @@ pub fn check_full(
     compiler: &Compiler,
     pool: &mut WorkerPool,
     opts: &FullOptions,
+    baselines: &mut Baselines,
 ) -> Result<Verdict, CompileError> {
     let mut v = check_compile_only(spec, source, rules, compiler)?;
     if !v.compiled {
@@ -284,15 +288,16 @@ pub fn check_full(
         shape_index: bench_idx,
         ..BenchSpec::default()
     });
-    match run_on_gpu(
-        spec,
-        &so,
-        shapes.clone(),
+    let base = baselines.entry(spec.id.clone()).or_default();
+    let job = RunJob {
+        so_path: Some(so.display().to_string()),
+        task: spec.clone(),
+        shapes: shapes.clone(),
         seeds,
-        bench.clone(),
-        pool,
-        opts.wall,
-    ) {
+        bench: bench.clone(),
+        torch_baseline: bench.is_some() && base.torch.is_none(),
+    };
+    match run_on_gpu(job, pool, opts.wall) {
         Outcome::Timeout => {
             v.failure = Some("timeout".into());
             v.failure_detail = Some(format!(
@@ -339,6 +344,9 @@ pub fn check_full(
             }
             v.correct = Some(v.failure.is_none());
             v.timing = r.timing.clone();
+            if r.torch_timing.is_some() {
+                base.torch = r.torch_timing.clone();
+            }
         }
     }
     if v.correct == Some(true)
@@ -354,28 +362,33 @@ pub fn check_full(
                 v.hack_flags.push("beats_roofline".into());
             }
         }
-        // The naive kernel on the same shape, in the same worker (itself: speedup 1).
+        // The naive kernel on the same shape (itself: speedup 1), measured once per task.
         if naive_source == Some(source) {
-            v.speedup_vs_naive = Some(1.0);
-            v.naive_timing = Some(t.clone());
-        } else if let Some(naive_src) = naive_source
+            base.naive = Some(t.clone());
+        } else if base.naive.is_none()
+            && let Some(naive_src) = naive_source
             && let Ok(out) = compiler.compile(naive_src, &spec.shim())
             && let Some(h) = out.so_hash
         {
-            let shape = vec![shapes[bench_idx].clone()];
-            if let Outcome::Done(r) = run_on_gpu(
-                spec,
-                &store.blob_path(&h),
-                shape,
-                vec![0],
-                bench,
-                pool,
-                opts.wall,
-            ) && let Some(nt) = r.timing.clone()
-            {
-                v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
-                v.naive_timing = Some(nt);
+            let job = RunJob {
+                so_path: Some(store.blob_path(&h).display().to_string()),
+                task: spec.clone(),
+                shapes: vec![shapes[bench_idx].clone()],
+                seeds: vec![],
+                bench: bench.clone(),
+                torch_baseline: false,
+            };
+            if let Outcome::Done(r) = run_on_gpu(job, pool, opts.wall) {
+                base.naive = r.timing.clone();
             }
+        }
+        if let Some(nt) = &base.naive {
+            v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
+            v.naive_timing = Some(nt.clone());
+        }
+        if let Some(tt) = &base.torch {
+            v.speedup_vs_torch = Some(tt.median_ms / t.median_ms);
+            v.torch_timing = Some(tt.clone());
         }
     }
     Ok(v)

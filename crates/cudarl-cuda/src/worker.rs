@@ -1,5 +1,5 @@
-//! Sandboxed GPU workers: candidates run in separate processes (the same binary's hidden
-//! `worker` subcommand) that hold the CUDA context. The parent enforces a wall-clock limit per
+//! Sandboxed GPU workers: candidates run in separate processes (the `cudarl-pipe-worker`
+//! binary installed beside `cudarl-pipe`, see [`worker_exe`]) that hold the CUDA context. The parent enforces a wall-clock limit per
 //! job; a worker that hangs is killed, one that crashes or hits a CUDA error (which poisons its
 //! context) is replaced, and the job gets `timeout` / `crash` / `cuda_error` while the run goes
 //! on. Workers run with rlimits: no core dumps, bounded CPU time, no file writes beyond 1 MiB,
@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::{RunJob, RunResult, Runner};
+use crate::gpu::{RunJob, RunResult};
 
 /// Worker resource limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,51 +65,22 @@ pub fn apply_limits(l: &Limits) {
     set_limit(libc::RLIMIT_NOFILE, l.open_files);
 }
 
-/// The worker's main loop: apply limits, create the CUDA context, answer jobs. Returns the
-/// process exit code: 0 at end of input, 3 after a CUDA error (the context is unusable).
-pub fn worker_main(limits: &Limits) -> i32 {
-    apply_limits(limits);
-    let mut runner = match Runner::new() {
-        Ok(r) => r,
-        Err(e) => {
-            let r = RunResult {
-                tests: vec![],
-                timing: None,
-                cuda_error: Some(format!("worker cannot start: {e}")),
-                load_error: None,
-                gpu: None,
-            };
-            println!("{}", serde_json::to_string(&r).expect("json"));
-            return 3;
-        }
-    };
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let job: RunJob = match serde_json::from_str(&line) {
-            Ok(j) => j,
-            Err(e) => {
-                eprintln!("worker: bad job: {e}");
-                return 2;
+/// The worker binary: `$CUDARL_WORKER`, else `cudarl-pipe-worker` beside the running
+/// executable (cargo puts both in `target/<profile>/`), else `cudarl-pipe-worker` on `PATH`.
+pub fn worker_exe() -> PathBuf {
+    if let Some(p) = std::env::var_os("CUDARL_WORKER") {
+        return PathBuf::from(p);
+    }
+    if let Ok(me) = std::env::current_exe() {
+        // Test binaries live in target/<profile>/deps/.
+        for dir in me.ancestors().skip(1).take(2) {
+            let p = dir.join("cudarl-pipe-worker");
+            if p.is_file() {
+                return p;
             }
-        };
-        let res = runner.run_with_heartbeat(&job, &mut || {
-            let mut o = std::io::stdout();
-            let _ = writeln!(o, "{{\"heartbeat\":true}}");
-            let _ = o.flush();
-        });
-        let poisoned = res.cuda_error.is_some();
-        let _ = writeln!(out, "{}", serde_json::to_string(&res).expect("json"));
-        let _ = out.flush();
-        if poisoned {
-            return 3;
         }
     }
-    0
+    PathBuf::from("cudarl-pipe-worker")
 }
 
 /// How a job ended, seen from the parent.

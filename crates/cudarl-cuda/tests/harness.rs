@@ -40,21 +40,58 @@ fn compiler(store: &cudarl_store::Store) -> Option<Compiler> {
 fn task_specs_load_and_are_consistent() {
     let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
     let ids: Vec<&str> = tasks.iter().map(|t| t.spec.id.as_str()).collect();
-    assert_eq!(ids, vec!["row_sum", "vector_add"]);
-    let va = &tasks[1].spec;
+    for want in [
+        "vector_add",
+        "scalar_multiply",
+        "relu",
+        "gelu",
+        "axpy",
+        "sum",
+        "max",
+        "row_sum",
+        "row_max",
+        "transpose",
+        "matmul",
+        "softmax",
+        "layernorm",
+        "bias_gelu",
+        "matmul_bias_relu",
+        "add_layernorm",
+    ] {
+        assert!(ids.contains(&want), "missing family {want}: {ids:?}");
+    }
+    let by_id = |id: &str| &tasks.iter().find(|t| t.spec.id == id).unwrap().spec;
+    // Every tier has families.
+    for tier in 0..=3 {
+        assert!(tasks.iter().any(|t| t.spec.tier == tier), "no tier {tier}");
+    }
+    let va = by_id("vector_add");
     assert_eq!(
         va.signature(),
         r#"extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream)"#
     );
     assert_eq!(
-        tasks[0].spec.signature(),
+        by_id("row_sum").signature(),
         r#"extern "C" void launch(const float* x, float* out, int64_t rows, int64_t cols, cudaStream_t stream)"#
     );
+    assert_eq!(
+        by_id("axpy").signature(),
+        r#"extern "C" void launch(const float* x, const float* y, float* out, float alpha, int64_t n, cudaStream_t stream)"#
+    );
+    // matmul: a (m x k), b (k x n), out (m x n); 2mnk FLOPs.
+    let mm = by_id("matmul");
+    let s = std::collections::BTreeMap::from([
+        ("m".to_string(), 2i64),
+        ("n".to_string(), 3),
+        ("k".to_string(), 5),
+    ]);
+    assert_eq!(mm.bytes_for(&s).unwrap(), 4 * (2 * 5 + 5 * 3 + 2 * 3));
+    assert_eq!(mm.flops_for(&s).unwrap(), 2 * 2 * 3 * 5);
     // byte and FLOP counts by hand: vector_add reads a, b and writes out (3 * 4 bytes per element).
     let s = va.train_shapes[1].clone();
     assert_eq!(va.bytes_for(&s).unwrap(), 12 * 1_048_576);
     assert_eq!(va.flops_for(&s).unwrap(), 1_048_576);
-    let rs = &tasks[0].spec;
+    let rs = by_id("row_sum");
     let s = rs.holdout_shapes[1].clone();
     assert_eq!(rs.bytes_for(&s).unwrap(), 4 * 1000 * 999 + 4 * 1000);
     for t in &tasks {
@@ -100,6 +137,24 @@ fn bad_task_specs_are_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("unknown field `colour`"), "{e}");
+    // References are checked when the spec loads: syntax, names, one per output.
+    for (bad, want) in [
+        ("out = \"a + b\"", "out = \"a + c\""),
+        ("out = \"a + b\"", "out = \"a +\""),
+        ("out = \"a + b\"", "other = \"a\""),
+    ]
+    .iter()
+    .zip([
+        "reference.out: `c` is not an input or scalar argument",
+        "reference.out: unexpected end of expression",
+        "reference: no expression for output `out`",
+    ]) {
+        std::fs::write(d.path().join("task.toml"), src.replace(bad.0, bad.1)).unwrap();
+        let e = cudarl_cuda::TaskSpec::load(d.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+    }
 }
 
 /// Every static rule has a kernel that trips it, and the project's honest kernels trip no
@@ -184,7 +239,7 @@ fn compile_success_resources_and_cache_hit_without_nvcc() {
     let store = cudarl_store::Store::open(d.path()).unwrap();
     let Some(c) = compiler(&store) else { return };
     let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
-    let rs = &tasks[0];
+    let rs = tasks.iter().find(|t| t.spec.id == "row_sum").unwrap();
     let src = rs.optimized_sources().unwrap()[0].1.clone();
     let v = check_compile_only(&rs.spec, &src, &Rules::builtin(), &c).unwrap();
     assert!(v.compiled, "{v:?}");
@@ -234,7 +289,11 @@ fn compile_errors_have_candidate_line_numbers() {
     let store = cudarl_store::Store::open(d.path()).unwrap();
     let Some(c) = compiler(&store) else { return };
     let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
-    let va = &tasks[1].spec;
+    let va = &tasks
+        .iter()
+        .find(|t| t.spec.id == "vector_add")
+        .unwrap()
+        .spec;
     let src = "#include <cuda_runtime.h>\n#include <stdint.h>\n\n__global__ void k(float* o) {\n    o[0] = undefined_thing;\n}\n";
     let v = check_compile_only(va, src, &Rules::builtin(), &c).unwrap();
     assert!(!v.compiled);

@@ -23,11 +23,12 @@ fn job(so: &str) -> RunJob {
     )
     .unwrap();
     RunJob {
-        so_path: so.into(),
+        so_path: Some(so.into()),
         task: spec,
         shapes: vec![],
         seeds: vec![0],
         bench: None,
+        torch_baseline: false,
     }
 }
 

@@ -11,7 +11,9 @@ use std::time::Duration;
 use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, Stage, StageContext, StageError};
-use cudarl_cuda::verdict::{FullOptions, Verdict, check_full, hidden_salt, hidden_seeds};
+use cudarl_cuda::verdict::{
+    Baselines, FullOptions, Verdict, check_full, hidden_salt, hidden_seeds,
+};
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
@@ -21,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::common::{data_err, params_json, write_output};
 
 /// Version of the verdict semantics; part of every row's memo key.
-pub const HARNESS_VERSION: u32 = 2;
+pub const HARNESS_VERSION: u32 = 3;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
@@ -44,6 +46,8 @@ fn list_str() -> DataType {
 /// | max_abs_err, max_rel_err | float64, nullable | over all tests |
 /// | median_ms, p10_ms, p90_ms, cv | float64, nullable | timing of the candidate |
 /// | speedup_vs_naive | float64, nullable | naive median / candidate median |
+/// | torch_median_ms | float64, nullable | the task's reference in libtorch (f32), same shape |
+/// | speedup_vs_torch | float64, nullable | torch median / candidate median |
 /// | dram_fraction_of_peak | float64, nullable | roofline bound / median |
 /// | gpu, nvcc, arch | utf8 | environment (gpu null without one) |
 /// | verdict_json | utf8 | the full verdict |
@@ -74,6 +78,8 @@ pub static VALIDATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("p90_ms", DataType::Float64, true),
         f("cv", DataType::Float64, true),
         f("speedup_vs_naive", DataType::Float64, true),
+        f("torch_median_ms", DataType::Float64, true),
+        f("speedup_vs_torch", DataType::Float64, true),
         f("dram_fraction_of_peak", DataType::Float64, true),
         f("gpu", DataType::Utf8, true),
         f("nvcc", DataType::Utf8, false),
@@ -269,28 +275,9 @@ impl Stage for Validate {
             Digest(*h.finalize().as_bytes())
         };
         let progress = ctx.progress("kernels", Some(rows.len() as u64));
-        // Phase 1 (all cores): static checks and compiles of every row not memoized yet. Their
-        // verdicts are final without a GPU; with one, phase 2 starts from them (compile cache).
-        let compiled: Vec<Option<Verdict>> = rows
-            .par_iter()
-            .map(|r| {
-                if memo.contains(&row_key(r)) {
-                    return Ok(None);
-                }
-                let Some(spec) = specs.get(&r.task_id) else {
-                    return Ok(None);
-                };
-                check_compile_only(spec, &r.code, &rules, &compiler).map(Some)
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
-        // Phase 2 (one GPU): run and time, one candidate at a time.
-        let mut pool = gpu.as_ref().map(|_| {
-            WorkerPool::new(
-                std::env::current_exe().unwrap_or_else(|_| "cudarl-pipe".into()),
-                vec!["worker".into()],
-            )
-        });
+        let mut pool = gpu
+            .as_ref()
+            .map(|_| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]));
         let salt = match gpu {
             Some(_) => hidden_salt(ctx.store()).map_err(|e| StageError::Failed(e.to_string()))?,
             None => Vec::new(),
@@ -301,49 +288,97 @@ impl Stage for Validate {
             .filter(|r| r.role == "naive")
             .map(|r| (r.task_id.as_str(), r.code.as_str()))
             .collect();
-        let mut verdicts: Vec<Verdict> = Vec::with_capacity(rows.len());
-        for (r, pre) in rows.iter().zip(compiled) {
-            let key = row_key(r);
-            if let Some(b) = memo.get(&key)?
-                && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
-            {
-                verdicts.push(v);
-                progress.inc(1);
-                continue;
-            }
-            let spec = specs.get(&r.task_id).ok_or_else(|| {
-                StageError::bad_input(
-                    "kernels",
-                    Some("task_id"),
-                    format!("unknown task `{}`", r.task_id),
-                )
-            })?;
-            let v = match (pool.as_mut(), pre) {
-                // Static rejects and compile errors need no GPU.
-                (_, Some(v)) if !v.compiled => Ok(v),
-                (Some(p), _) => {
-                    let opts = FullOptions {
-                        public_seeds: (0..self.params.public_seeds as u64).collect(),
-                        hidden_seeds: hidden_seeds(
-                            &salt,
-                            &r.task_id,
-                            &r.code,
-                            self.params.hidden_seeds,
-                        ),
-                        wall: Duration::from_secs(self.params.timeout_s),
-                        bench: self.params.bench,
-                    };
-                    let naive = naive.get(r.task_id.as_str()).copied();
-                    check_full(spec, &r.code, naive, &rules, &compiler, p, &opts)
+        let mut baselines = Baselines::new();
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; rows.len()];
+        // Compiles (all cores, this thread and rayon's) feed the GPU (one consumer thread, one
+        // candidate at a time) through a channel, so the GPU runs while nvcc builds the rest.
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<Verdict>)>();
+        let mut consumer = |rx: std::sync::mpsc::Receiver<(usize, Option<Verdict>)>,
+                            verdicts: &mut Vec<Option<Verdict>>|
+         -> Result<(), StageError> {
+            for (i, pre) in rx {
+                let r = &rows[i];
+                let key = row_key(r);
+                if let Some(b) = memo.get(&key)?
+                    && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
+                {
+                    verdicts[i] = Some(v);
+                    progress.inc(1);
+                    continue;
                 }
-                (None, Some(v)) => Ok(v),
-                (None, None) => check_compile_only(spec, &r.code, &rules, &compiler),
+                let spec = specs.get(&r.task_id).ok_or_else(|| {
+                    StageError::bad_input(
+                        "kernels",
+                        Some("task_id"),
+                        format!("unknown task `{}`", r.task_id),
+                    )
+                })?;
+                let v = match (pool.as_mut(), pre) {
+                    // Static rejects and compile errors need no GPU.
+                    (_, Some(v)) if !v.compiled => Ok(v),
+                    (Some(p), _) => {
+                        let opts = FullOptions {
+                            public_seeds: (0..self.params.public_seeds as u64).collect(),
+                            hidden_seeds: hidden_seeds(
+                                &salt,
+                                &r.task_id,
+                                &r.code,
+                                self.params.hidden_seeds,
+                            ),
+                            wall: Duration::from_secs(self.params.timeout_s),
+                            bench: self.params.bench,
+                        };
+                        let naive = naive.get(r.task_id.as_str()).copied();
+                        check_full(
+                            spec,
+                            &r.code,
+                            naive,
+                            &rules,
+                            &compiler,
+                            p,
+                            &opts,
+                            &mut baselines,
+                        )
+                    }
+                    (None, Some(v)) => Ok(v),
+                    (None, None) => check_compile_only(spec, &r.code, &rules, &compiler),
+                }
+                .map_err(|e| StageError::Failed(e.to_string()))?;
+                memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
+                verdicts[i] = Some(v);
+                progress.inc(1);
             }
-            .map_err(|e| StageError::Failed(e.to_string()))?;
-            memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
-            verdicts.push(v);
-            progress.inc(1);
-        }
+            Ok(())
+        };
+        let (vref, cref) = (&mut verdicts, &mut consumer);
+        let (produced, consumed) = std::thread::scope(|sc| {
+            let h = sc.spawn(move || cref(rx, vref));
+            // Static checks and compiles of every row not memoized yet; their verdicts are final
+            // without a GPU, and with one the GPU phase starts from them (compile cache).
+            let produced = rows.par_iter().enumerate().try_for_each_with(
+                tx,
+                |tx, (i, r)| -> Result<(), String> {
+                    let pre = match specs.get(&r.task_id) {
+                        Some(spec) if !memo.contains(&row_key(r)) => Some(
+                            check_compile_only(spec, &r.code, &rules, &compiler)
+                                .map_err(|e| e.to_string())?,
+                        ),
+                        _ => None,
+                    };
+                    // A closed channel means the consumer failed; its error is reported.
+                    let _ = tx.send((i, pre));
+                    Ok(())
+                },
+            );
+            (produced, h.join())
+        });
+        consumed.map_err(|_| StageError::Failed("validate: the GPU thread panicked".into()))??;
+        produced
+            .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
+        let verdicts: Vec<Verdict> = verdicts
+            .into_iter()
+            .map(|v| v.expect("every row"))
+            .collect();
         progress.finish();
         let compile_only = verdicts.iter().filter(|v| !v.executed).count();
         if compile_only > 0 {
@@ -424,6 +459,8 @@ fn validations_batch(
         floats(&|v| v.timing.as_ref().map(|t| t.p90_ms)),
         floats(&|v| v.timing.as_ref().map(|t| t.cv)),
         floats(&|v| v.speedup_vs_naive),
+        floats(&|v| v.torch_timing.as_ref().map(|t| t.median_ms)),
+        floats(&|v| v.speedup_vs_torch),
         floats(&|v| v.dram_fraction_of_peak),
         strs(&|v| v.gpu.as_ref().map(|g| g.name.as_str())),
         strs(&|v| Some(&v.nvcc_version)),

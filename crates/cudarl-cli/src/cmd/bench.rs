@@ -43,6 +43,18 @@ pub enum BenchCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Throughput of the `validate` stage (compile + all tests + timing) on `--kernels` distinct
+    /// kernel sources (the task families' naive and optimized kernels, each variant a distinct
+    /// source, so every one is compiled by nvcc), on a cold store, against the per-kernel cost
+    /// of one cold `validate` of a single kernel in the same run.
+    Validate {
+        /// Distinct kernel sources to validate.
+        #[arg(long, default_value_t = 200)]
+        kernels: usize,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -99,6 +111,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
     match which {
         BenchCmd::Noop { reps, out } => noop(ctx, reps, out),
         BenchCmd::IngestSakana { rows, reps, out } => ingest_sakana(ctx, rows, reps, out),
+        BenchCmd::Validate { kernels, out } => validate(ctx, kernels, out),
     }
 }
 
@@ -332,6 +345,132 @@ fn ingest_sakana(
             "rows_per_s": rows as f64 / n,
             "goal_s": 3.0,
             "meets_goal": n <= 3.0,
+        }),
+        out,
+    )
+}
+
+/// A copy of the project's pipelines, configs and task families under `dir`, each task listing
+/// `per_task` variants of its kernels (distinct sources: a variant comment) as optimized kernels.
+fn variant_project(ctx: &Ctx, dir: &Path, per_task: usize) -> Result<usize, CliError> {
+    let e = |m: std::io::Error| CliError::failed(m.to_string());
+    let copy_tree = |from: &Path, to: &Path| -> Result<(), CliError> {
+        let st = Command::new("cp")
+            .arg("-r")
+            .arg(from)
+            .arg(to)
+            .status()
+            .map_err(e)?;
+        if st.success() {
+            Ok(())
+        } else {
+            Err(CliError::failed(format!("cp -r {}", from.display())))
+        }
+    };
+    copy_tree(&ctx.root.join("pipelines"), &dir.join("pipelines"))?;
+    copy_tree(&ctx.root.join("configs"), &dir.join("configs"))?;
+    std::fs::create_dir_all(dir.join("datasets")).map_err(e)?;
+    copy_tree(
+        &ctx.root.join("datasets/tasks"),
+        &dir.join("datasets/tasks"),
+    )?;
+    let tasks = cudarl_cuda::load_tasks(&dir.join("datasets/tasks"))
+        .map_err(|x| CliError::failed(x.to_string()))?;
+    let mut total = 0;
+    for t in tasks {
+        let mut sources = vec![
+            t.naive_source()
+                .map_err(|x| CliError::failed(x.to_string()))?,
+        ];
+        for (_, src) in t
+            .optimized_sources()
+            .map_err(|x| CliError::failed(x.to_string()))?
+        {
+            sources.push(src);
+        }
+        let mut names = Vec::new();
+        for i in 0..per_task {
+            let name = format!("bench_variant_{i}.cu");
+            let src = &sources[i % sources.len()];
+            std::fs::write(t.dir.join(&name), format!("{src}\n// bench variant {i}\n"))
+                .map_err(e)?;
+            names.push(name);
+        }
+        let toml_path = t.dir.join("task.toml");
+        let mut doc: toml::Table = toml::from_str(&std::fs::read_to_string(&toml_path).map_err(e)?)
+            .map_err(|x| CliError::failed(x.to_string()))?;
+        doc.insert(
+            "optimized".into(),
+            toml::Value::Array(names.into_iter().map(toml::Value::String).collect()),
+        );
+        std::fs::write(&toml_path, toml::to_string(&doc).expect("toml")).map_err(e)?;
+        total += per_task + 1;
+    }
+    Ok(total)
+}
+
+fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
+    let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
+    let tmp = tempfile::tempdir().map_err(|e| CliError::failed(e.to_string()))?;
+    let ntasks = cudarl_cuda::load_tasks(&ctx.root.join("datasets/tasks"))
+        .map_err(|x| CliError::failed(x.to_string()))?
+        .len()
+        .max(1);
+    // Baseline: one kernel per task (its naive one), cold store.
+    let small = tmp.path().join("small");
+    let n_small = variant_project(ctx, &small, 0)?;
+    let run = |root: &Path, store: &Path| -> Result<f64, CliError> {
+        time_cmd(
+            &exe,
+            &[
+                "--root".into(),
+                root.display().to_string(),
+                "--store".into(),
+                store.display().to_string(),
+                "run".into(),
+                "validate".into(),
+            ],
+        )
+    };
+    let small_s = run(&small, &small.join("store"))?;
+    let big = tmp.path().join("big");
+    let n_big = variant_project(ctx, &big, kernels.div_ceil(ntasks))?;
+    let big_s = run(&big, &big.join("store"))?;
+    let rows = Command::new(&exe)
+        .args(["--root", &big.display().to_string(), "--store"])
+        .arg(big.join("store"))
+        .args(["show", "validate", "--json", "--head", "100000"])
+        .output()
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let (mut executed, mut correct, mut compiled) = (0, 0, 0);
+    for l in String::from_utf8_lossy(&rows.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
+        executed += v["executed"].as_bool().unwrap_or(false) as usize;
+        correct += v["correct"].as_bool().unwrap_or(false) as usize;
+        compiled += v["compiled"].as_bool().unwrap_or(false) as usize;
+    }
+    let gpu = cudarl_cuda::gpu::probe();
+    let per_h = n_big as f64 / big_s * 3600.0;
+    finish(
+        serde_json::json!({
+            "bench": "validate-throughput",
+            "machine": machine(),
+            "gpu": gpu,
+            "mode": if gpu.is_some() { "full (compile + tests + timing)" } else { "compile-only (no GPU)" },
+            "kernels": n_big,
+            "compiled": compiled,
+            "executed": executed,
+            "correct": correct,
+            "wall_s": big_s,
+            "kernels_per_hour": per_h,
+            "baseline": "cold `run validate` of one naive kernel per task (start-up, worker, first compiles)",
+            "baseline_kernels": n_small,
+            "baseline_wall_s": small_s,
+            "baseline_s_per_kernel": small_s / n_small as f64,
+            "s_per_kernel": big_s / n_big as f64,
+            "ratio_vs_baseline_per_kernel": (small_s / n_small as f64) / (big_s / n_big as f64),
+            "goal_kernels_per_hour": 20000,
+            "meets_goal": per_h >= 20000.0,
         }),
         out,
     )

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use cudarl_cuda::verdict::{FullOptions, check_full, hidden_salt, hidden_seeds};
+use cudarl_cuda::verdict::{Baselines, FullOptions, check_full, hidden_salt, hidden_seeds};
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, check_compile_only, load_tasks};
 
@@ -74,8 +74,7 @@ pub fn run(
     };
     let rules = Rules::builtin();
     let v = if gpu.is_some() {
-        let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
-        let mut pool = WorkerPool::new(exe, vec!["worker".into()]);
+        let mut pool = WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]);
         let salt = compiler
             .store
             .as_ref()
@@ -98,6 +97,7 @@ pub fn run(
             &compiler,
             &mut pool,
             &opts,
+            &mut Baselines::new(),
         )
         .map_err(|e| CliError::failed(e.to_string()))?
     } else {

@@ -133,11 +133,6 @@ impl Ctx {
 
 /// Runs a verb; returns the exit code.
 pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
-    if matches!(cli.command, Command::Worker) {
-        return Ok(cudarl_cuda::worker::worker_main(
-            &cudarl_cuda::worker::Limits::default(),
-        ));
-    }
     let ctx = Ctx::from_cli(&cli)?;
     match cli.command {
         Command::Run {
@@ -180,9 +175,6 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             timeout,
             json,
         } => check::run(&ctx, &task, &source, mode, arch, !no_bench, timeout, json),
-        Command::Worker => Ok(cudarl_cuda::worker::worker_main(
-            &cudarl_cuda::worker::Limits::default(),
-        )),
     }
 }
 

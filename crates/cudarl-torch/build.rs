@@ -1,0 +1,19 @@
+//! Link arguments for the worker binary and this crate's tests (and `DEP_CUDARL_TORCH_LIBTORCH_LIB`
+//! for dependents).
+//!
+//! - `-Wl,--no-as-needed,-ltorch_cuda,--as-needed`: nothing here references a `libtorch_cuda`
+//!   symbol directly (its CUDA kernels register themselves from static constructors), so with
+//!   `--as-needed` the linker drops it and tch silently runs CPU-only.
+//! - `-rpath` to libtorch's lib dir (the `.venv` torch wheel, from torch-sys's
+//!   `DEP_TCH_LIBTORCH_LIB`), so the worker runs without `LD_LIBRARY_PATH` on the machine it
+//!   was built on. On another machine, set `LD_LIBRARY_PATH` to that machine's torch `lib/`.
+fn main() {
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
+        println!("cargo:libtorch_lib={lib}");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+        if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
+            println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
+        }
+    }
+}

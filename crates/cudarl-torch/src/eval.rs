@@ -1,0 +1,365 @@
+//! Evaluation of reference expressions ([`cudarl_cuda::expr`]) with tch (libtorch), with the
+//! tolerance magnitude described there.
+
+use std::collections::BTreeMap;
+
+use cudarl_cuda::expr::Expr;
+use tch::{Kind, Tensor};
+
+/// Values bound to names during evaluation.
+pub struct Env<'a> {
+    /// Buffer arguments, shaped.
+    pub tensors: BTreeMap<String, &'a Tensor>,
+    /// Scalar arguments.
+    pub scalars: BTreeMap<String, f64>,
+}
+
+/// A value and (optionally) its magnitude; numbers stay scalars until combined with a tensor.
+enum Val {
+    Num(f64),
+    T(Tensor, Option<Tensor>),
+}
+
+type R<T> = Result<T, tch::TchError>;
+
+fn err(m: impl Into<String>) -> tch::TchError {
+    tch::TchError::Kind(m.into())
+}
+
+fn int_arg(e: &Expr, f: &str) -> R<i64> {
+    match e {
+        Expr::Num(v) if v.fract() == 0.0 => Ok(*v as i64),
+        Expr::Neg(inner) => Ok(-int_arg(inner, f)?),
+        _ => Err(err(format!(
+            "`{f}`: the dimension must be an integer literal"
+        ))),
+    }
+}
+
+/// Evaluates `e`. With `with_magnitude`, also returns the tolerance magnitude (see the module
+/// docs); tensors keep the dtype of the inputs (callers pass float64 for references and the
+/// task's dtype to time torch's own kernels).
+///
+/// # Errors
+/// Unknown names, shape mismatches, libtorch errors (with libtorch's message).
+pub fn eval(e: &Expr, env: &Env<'_>, with_magnitude: bool) -> R<(Tensor, Option<Tensor>)> {
+    match eval_val(e, env, with_magnitude)? {
+        Val::T(v, m) => Ok((v, m)),
+        Val::Num(_) => Err(err("the expression is a constant; it must read an input")),
+    }
+}
+
+fn eval_val(e: &Expr, env: &Env<'_>, mag: bool) -> R<Val> {
+    Ok(match e {
+        Expr::Num(v) => Val::Num(*v),
+        Expr::Var(n) => {
+            if let Some(t) = env.tensors.get(n) {
+                let m = if mag { Some(t.f_abs()?) } else { None };
+                Val::T(t.shallow_clone(), m)
+            } else if let Some(v) = env.scalars.get(n) {
+                Val::Num(*v)
+            } else {
+                return Err(err(format!("unknown name `{n}`")));
+            }
+        }
+        Expr::Neg(a) => match eval_val(a, env, mag)? {
+            Val::Num(v) => Val::Num(-v),
+            Val::T(t, m) => Val::T(t.f_neg()?, m),
+        },
+        Expr::Bin(op, a, b) => binary(*op, eval_val(a, env, mag)?, eval_val(b, env, mag)?)?,
+        Expr::Call(f, args) => call(f, args, env, mag)?,
+    })
+}
+
+fn binary(op: char, a: Val, b: Val) -> R<Val> {
+    use Val::*;
+    Ok(match (a, b) {
+        (Num(x), Num(y)) => Num(match op {
+            '+' => x + y,
+            '-' => x - y,
+            '*' => x * y,
+            _ => x / y,
+        }),
+        (T(t, m), Num(y)) => match op {
+            '+' | '-' => {
+                let v = if op == '+' {
+                    t.f_add_scalar(y)?
+                } else {
+                    t.f_sub_scalar(y)?
+                };
+                T(v, m.map(|m| m.f_add_scalar(y.abs())).transpose()?)
+            }
+            '*' => T(
+                t.f_mul_scalar(y)?,
+                m.map(|m| m.f_mul_scalar(y.abs())).transpose()?,
+            ),
+            _ => T(
+                t.f_div_scalar(y)?,
+                m.map(|m| m.f_div_scalar(y.abs())).transpose()?,
+            ),
+        },
+        (Num(x), T(t, m)) => match op {
+            '+' => T(
+                t.f_add_scalar(x)?,
+                m.map(|m| m.f_add_scalar(x.abs())).transpose()?,
+            ),
+            '-' => T(
+                t.f_neg()?.f_add_scalar(x)?,
+                m.map(|m| m.f_add_scalar(x.abs())).transpose()?,
+            ),
+            '*' => T(
+                t.f_mul_scalar(x)?,
+                m.map(|m| m.f_mul_scalar(x.abs())).transpose()?,
+            ),
+            _ => {
+                let v = t.f_reciprocal()?.f_mul_scalar(x)?;
+                let m = m
+                    .map(|m| -> R<Tensor> { m.f_div(&t.f_square()?)?.f_mul_scalar(x.abs()) })
+                    .transpose()?;
+                T(v, m)
+            }
+        },
+        (T(t, mt), T(u, mu)) => {
+            let v = match op {
+                '+' => t.f_add(&u)?,
+                '-' => t.f_sub(&u)?,
+                '*' => t.f_mul(&u)?,
+                _ => t.f_div(&u)?,
+            };
+            let m = match (mt, mu) {
+                (Some(a), Some(b)) => Some(match op {
+                    '+' | '-' => a.f_add(&b)?,
+                    '*' => a.f_mul(&b)?,
+                    // |a/b| error: (m_a + |a/b| m_b) / |b|.
+                    _ => a.f_add(&v.f_abs()?.f_mul(&b)?)?.f_div(&u.f_abs()?)?,
+                }),
+                _ => None,
+            };
+            T(v, m)
+        }
+    })
+}
+
+fn tensor_arg(e: &Expr, env: &Env<'_>, mag: bool, f: &str) -> R<(Tensor, Option<Tensor>)> {
+    match eval_val(e, env, mag)? {
+        Val::T(t, m) => Ok((t, m)),
+        Val::Num(_) => Err(err(format!("`{f}` needs a tensor argument"))),
+    }
+}
+
+fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
+    let (x, mx) = tensor_arg(&args[0], env, mag, f)?;
+    // Lipschitz unary: value f(x), magnitude max(|f(x)|, m(x)).
+    let lip = |v: Tensor, mx: Option<Tensor>| -> R<Val> {
+        let m = match mx {
+            Some(m) => Some(v.f_abs()?.f_maximum(&m)?),
+            None => None,
+        };
+        Ok(Val::T(v, m))
+    };
+    match f {
+        "relu" => lip(x.f_relu()?, mx),
+        "sigmoid" => lip(x.f_sigmoid()?, mx),
+        "tanh" => lip(x.f_tanh()?, mx),
+        "abs" => lip(x.f_abs()?, mx),
+        "gelu" => lip(x.f_gelu("none")?, mx),
+        "gelu_tanh" => lip(x.f_gelu("tanh")?, mx),
+        "exp" => {
+            let v = x.f_exp()?;
+            let m = match mx {
+                Some(m) => Some(v.f_abs()?.f_mul(&m.f_add_scalar(1.0)?)?),
+                None => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "maximum" | "minimum" => {
+            let (y, my) = tensor_arg(&args[1], env, mag, f)?;
+            let v = if f == "maximum" {
+                x.f_maximum(&y)?
+            } else {
+                x.f_minimum(&y)?
+            };
+            let m = match (mx, my) {
+                (Some(a), Some(b)) => Some(a.f_maximum(&b)?),
+                _ => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "sum" | "max" | "min" | "mean" => {
+            let dim = args.get(1).map(|d| int_arg(d, f)).transpose()?;
+            let reduce = |t: &Tensor, kind: &str| -> R<Tensor> {
+                match (kind, dim) {
+                    ("sum", None) => t.f_sum(None::<Kind>)?.f_reshape([1]),
+                    ("sum", Some(d)) => t.f_sum_dim_intlist([d].as_slice(), false, None::<Kind>),
+                    ("mean", Some(d)) => t.f_mean_dim([d].as_slice(), false, None::<Kind>),
+                    ("max", None) => t.f_amax([0i64; 0].as_slice(), false)?.f_reshape([1]),
+                    ("max", Some(d)) => t.f_amax([d].as_slice(), false),
+                    ("min", None) => t.f_amin([0i64; 0].as_slice(), false)?.f_reshape([1]),
+                    (_, d) => t.f_amin([d.unwrap_or(0)].as_slice(), false),
+                }
+            };
+            let v = reduce(&x, f)?;
+            let m = match mx {
+                // Sums: sum of |terms|; max/min: the largest operand magnitude.
+                Some(m) => Some(if f == "sum" || f == "mean" {
+                    reduce(&m, f)?
+                } else {
+                    reduce(&m, "max")?
+                }),
+                None => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "softmax" => {
+            let d = int_arg(&args[1], f)?;
+            let v = x.f_softmax(d, None::<Kind>)?;
+            let m = match mx {
+                Some(m) => Some(
+                    v.f_mul(
+                        &m.f_amax([d].as_slice(), true)?
+                            .f_mul_scalar(2.0)?
+                            .f_add_scalar(1.0)?,
+                    )?,
+                ),
+                None => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "layernorm" => {
+            let (w, mw) = tensor_arg(&args[1], env, mag, f)?;
+            let (b, mb) = tensor_arg(&args[2], env, mag, f)?;
+            let eps = match eval_val(&args[3], env, false)? {
+                Val::Num(e) => e,
+                Val::T(..) => return Err(err("`layernorm`: eps must be a number")),
+            };
+            let last = *x
+                .size()
+                .last()
+                .ok_or_else(|| err("layernorm of a scalar"))?;
+            let v = x.f_layer_norm([last].as_slice(), Some(&w), Some(&b), eps, false)?;
+            let m = match (mw, mb) {
+                (Some(mw), Some(mb)) => {
+                    let yhat = x.f_layer_norm(
+                        [last].as_slice(),
+                        None::<Tensor>,
+                        None::<Tensor>,
+                        eps,
+                        false,
+                    )?;
+                    Some(yhat.f_abs()?.f_add_scalar(1.0)?.f_mul(&mw)?.f_add(&mb)?)
+                }
+                _ => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "matmul" => {
+            let (y, my) = tensor_arg(&args[1], env, mag, f)?;
+            let v = x.f_matmul(&y)?;
+            let m = match (mx, my) {
+                (Some(a), Some(b)) => Some(a.f_matmul(&b)?),
+                _ => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "transpose" => {
+            let v = x.f_transpose(-2, -1)?.f_contiguous()?;
+            let m = mx
+                .map(|m| -> R<Tensor> { m.f_transpose(-2, -1)?.f_contiguous() })
+                .transpose()?;
+            Ok(Val::T(v, m))
+        }
+        _ => Err(err(format!("unknown function `{f}`"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarl_cuda::expr::parse;
+
+    fn t(v: &[f64], shape: &[i64]) -> Tensor {
+        Tensor::from_slice(v).reshape(shape)
+    }
+    fn vals(t: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(t.reshape([-1])).unwrap()
+    }
+    fn run(
+        src: &str,
+        tensors: &[(&str, &Tensor)],
+        scalars: &[(&str, f64)],
+    ) -> (Vec<f64>, Vec<f64>) {
+        let env = Env {
+            tensors: tensors.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
+            scalars: scalars.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        };
+        let (v, m) = eval(&parse(src).unwrap(), &env, true).unwrap();
+        (vals(&v), vals(&m.unwrap()))
+    }
+
+    #[test]
+    fn elementwise_values_and_magnitudes_by_hand() {
+        let a = t(&[1.0, 2.0, -3.0], &[3]);
+        let b = t(&[0.5, -2.0, 3.0], &[3]);
+        let (v, m) = run("a + b", &[("a", &a), ("b", &b)], &[]);
+        assert_eq!(v, vec![1.5, 0.0, 0.0]);
+        assert_eq!(m, vec![1.5, 4.0, 6.0]);
+        // axpy with a scalar: alpha * x + y.
+        let (v, m) = run("alpha * a + b", &[("a", &a), ("b", &b)], &[("alpha", -2.0)]);
+        assert_eq!(v, vec![-1.5, -6.0, 9.0]);
+        assert_eq!(m, vec![2.5, 6.0, 9.0]);
+        let (v, _) = run("relu(a)", &[("a", &a)], &[]);
+        assert_eq!(v, vec![1.0, 2.0, 0.0]);
+        // gelu(1) = 0.5 * (1 + erf(1 / sqrt 2)) = 0.841344746...
+        let (v, _) = run("gelu(a)", &[("a", &a)], &[]);
+        assert!((v[0] - 0.841_344_746_068_543).abs() < 1e-12, "{v:?}");
+    }
+
+    #[test]
+    fn reductions_matmul_softmax_layernorm_transpose_by_hand() {
+        let x = t(&[1.0, 2.0, 3.0, -1.0, -1.0, 0.25], &[2, 3]);
+        let (v, m) = run("sum(x, 1)", &[("x", &x)], &[]);
+        assert_eq!(v, vec![6.0, -1.75]);
+        assert_eq!(m, vec![6.0, 2.25]);
+        let (v, _) = run("sum(x)", &[("x", &x)], &[]);
+        assert_eq!(v, vec![4.25]);
+        let (v, m) = run("max(x, 1)", &[("x", &x)], &[]);
+        assert_eq!((v, m), (vec![3.0, 0.25], vec![3.0, 1.0]));
+        let (v, _) = run("max(x)", &[("x", &x)], &[]);
+        assert_eq!(v, vec![3.0]);
+        let (v, _) = run("transpose(x)", &[("x", &x)], &[]);
+        assert_eq!(v, vec![1.0, -1.0, 2.0, -1.0, 3.0, 0.25]);
+        let w = t(&[1.0, 0.0, -1.0, 2.0, 0.5, 0.5], &[3, 2]);
+        // [1 2 3; -1 -1 0.25] x [1 0; -1 2; .5 .5] = [0.5 5.5; 0.125 -1.875]
+        let (v, m) = run("matmul(x, w)", &[("x", &x), ("w", &w)], &[]);
+        assert_eq!(v, vec![0.5, 5.5, 0.125, -1.875]);
+        assert_eq!(m, vec![4.5, 5.5, 2.125, 2.125]);
+        let z = t(&[0.0, f64::ln(3.0)], &[1, 2]);
+        let (v, _) = run("softmax(z, 1)", &[("z", &z)], &[]);
+        assert!(
+            (v[0] - 0.25).abs() < 1e-15 && (v[1] - 0.75).abs() < 1e-15,
+            "{v:?}"
+        );
+        // layernorm([1, 3]) with w = 1, b = 0, eps = 0: mean 2, var 1 -> [-1, 1].
+        let y = t(&[1.0, 3.0], &[1, 2]);
+        let ones = t(&[1.0, 1.0], &[2]);
+        let zeros = t(&[0.0, 0.0], &[2]);
+        let (v, m) = run(
+            "layernorm(y, w, b, 0)",
+            &[("y", &y), ("w", &ones), ("b", &zeros)],
+            &[],
+        );
+        assert_eq!(v, vec![-1.0, 1.0]);
+        assert_eq!(m, vec![2.0, 2.0]);
+    }
+
+    #[test]
+    fn unknown_names_are_errors() {
+        let a = t(&[1.0], &[1]);
+        let env = Env {
+            tensors: BTreeMap::from([("a".to_string(), &a)]),
+            scalars: BTreeMap::new(),
+        };
+        let e = eval(&parse("a + q").unwrap(), &env, false).unwrap_err();
+        assert!(e.to_string().contains("unknown name `q`"), "{e}");
+    }
+}

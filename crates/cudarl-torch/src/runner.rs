@@ -1,0 +1,631 @@
+//! Running a compiled candidate on the GPU: buffers are libtorch tensors in the same (primary)
+//! CUDA context cudarc uses, inputs drawn fresh per seed on the GPU, outputs poisoned with guard
+//! regions after every buffer, input-mutation and out-of-bounds checks, the reference evaluated
+//! in float64 on the GPU after the candidate ran, comparisons reduced on the GPU (one copy of a
+//! few statistics per test), and CUDA-event timing with a device-wide synchronize before the stop
+//! event and an L2 flush before every repetition.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, sys};
+use cudarl_cuda::gpu::{BenchSpec, GpuInfo, RunJob, RunResult, ShapeCase, TestResult, Timing};
+use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula};
+use tch::{Device, Kind, Tensor};
+
+use crate::eval;
+
+const POISON: i32 = 0x7FBA_DBAD; // a NaN payload no arithmetic produces
+const GUARD: i32 = 0x7FC0_FFEE;
+const GUARD_ELEMS: i64 = 4096;
+
+/// The SplitMix64 finalizer (Steele, Lea, Flood, "Fast splittable pseudorandom number
+/// generators", OOPSLA 2014): mixes (seed, argument) into the generator seed of one buffer.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The value range of inputs for `seed`: signed values uniform in `[-s, s)` with the scale `s`
+/// depending on the seed (1, 100, 0.01), so a kernel cannot lean on one range or sign.
+pub fn input_scale(seed: u64) -> f64 {
+    [1.0, 100.0, 0.01][(seed % 3) as usize]
+}
+
+/// One input buffer of `len` f32 elements for (`seed`, argument `arg_index`), drawn on `dev`
+/// with libtorch's generator seeded by SplitMix64(seed, arg) (Philox on CUDA: reproducible for
+/// one seed, GPU model and torch version), uniform in `[-s, s)`, `s = input_scale(seed)`.
+///
+/// # Errors
+/// libtorch errors (out of memory).
+pub fn gen_input(len: i64, seed: u64, arg_index: usize, dev: Device) -> Result<Tensor, String> {
+    tch::manual_seed(mix64(seed ^ mix64(arg_index as u64 + 1)) as i64);
+    let r = Tensor::f_rand([len], (Kind::Float, dev))
+        .and_then(|t| t.f_mul_scalar(2.0 * input_scale(seed)))
+        .and_then(|t| t.f_sub_scalar(input_scale(seed)))
+        .map_err(terr)?;
+    Ok(r)
+}
+
+/// The scalar arguments for `seed`: each scalar's value list from the task spec, indexed by
+/// the seed, so hidden seeds may use values the prompt never showed.
+pub fn scalar_values(task: &TaskSpec, seed: u64) -> Vec<(String, f64)> {
+    task.args
+        .iter()
+        .filter(|a| a.kind == ArgKind::Scalar)
+        .map(|a| {
+            let vals = task.scalars.get(&a.name).map(Vec::as_slice).unwrap_or(&[]);
+            let v = if vals.is_empty() {
+                1.0
+            } else {
+                vals[(seed % vals.len() as u64) as usize]
+            };
+            (a.name.clone(), v)
+        })
+        .collect()
+}
+
+fn terr(e: tch::TchError) -> String {
+    e.to_string()
+}
+
+type Entry = unsafe extern "C" fn(
+    *const *mut std::ffi::c_void,
+    *const i64,
+    *const f32,
+    sys::CUstream,
+) -> i32;
+
+/// Runs jobs in one CUDA context (lives in a worker process). Buffers are libtorch tensors on
+/// the GPU (the same primary context cudarc uses); candidates launch on a cudarc stream.
+pub struct Runner {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: GpuInfo,
+    l2_scratch: Option<CudaSlice<u8>>,
+    dev: Device,
+}
+
+fn derr(e: cudarc::driver::DriverError) -> String {
+    e.to_string()
+}
+
+/// One buffer argument: the whole allocation (int32 view: data then guard) and, for inputs,
+/// a pristine copy of the data taken before the launch.
+struct Buf {
+    kind: ArgKind,
+    name: String,
+    n: i64,
+    dims: Vec<i64>,
+    whole: Tensor,
+    pristine: Option<Tensor>,
+}
+
+impl Buf {
+    /// The data as f32 (a view; the guard excluded).
+    fn data(&self) -> Result<Tensor, String> {
+        self.whole
+            .f_narrow(0, 0, self.n)
+            .and_then(|t| t.f_view_dtype(Kind::Float))
+            .map_err(terr)
+    }
+}
+
+struct Bufs {
+    args: Vec<Buf>,
+    sizes: Vec<i64>,
+    scalars: Vec<(String, f64)>,
+}
+
+impl Bufs {
+    /// The inputs (pristine copies, shaped) and scalars bound for a reference expression,
+    /// converted to `kind`.
+    fn env_tensors(&self, kind: Kind) -> Result<Vec<(String, Tensor)>, String> {
+        self.args
+            .iter()
+            .filter_map(|b| Some((b, b.pristine.as_ref()?)))
+            .map(|(b, p)| {
+                Ok((
+                    b.name.clone(),
+                    p.f_to_kind(kind)
+                        .and_then(|t| t.f_reshape(b.dims.as_slice()))
+                        .map_err(terr)?,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Evaluates the task's reference for every output on `tensors`; per output (value, magnitude).
+fn reference_outputs(
+    task: &TaskSpec,
+    tensors: &[(String, Tensor)],
+    scalars: &[(String, f64)],
+    with_magnitude: bool,
+) -> Result<Vec<(Tensor, Option<Tensor>)>, String> {
+    let env = eval::Env {
+        tensors: tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
+        scalars: scalars.iter().cloned().collect(),
+    };
+    task.args
+        .iter()
+        .filter(|a| a.kind == ArgKind::Output)
+        .map(|a| {
+            let src = task
+                .reference
+                .get(&a.name)
+                .ok_or_else(|| format!("no reference for output `{}`", a.name))?;
+            let e = cudarl_cuda::expr::parse(src)
+                .map_err(|m| format!("reference `{}`: {m}", a.name))?;
+            eval::eval(&e, &env, with_magnitude).map_err(terr)
+        })
+        .collect()
+}
+
+impl Runner {
+    /// Creates a context on device 0 and a stream for candidates.
+    ///
+    /// # Errors
+    /// No GPU or driver failure.
+    pub fn new() -> Result<Runner, String> {
+        // SAFETY: dlopen probe.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcuda not found: no GPU driver on this machine".into());
+        }
+        if !tch::Cuda::is_available() {
+            return Err(
+                "libtorch sees no CUDA device (CPU-only torch, or libtorch_cuda not linked)".into(),
+            );
+        }
+        let ctx = CudaContext::new(0).map_err(derr)?;
+        // The harness synchronizes explicitly; no implicit event tracking on raw pointers.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(derr)?;
+        let info = cudarl_cuda::gpu::info(&ctx)?;
+        Ok(Runner {
+            ctx,
+            stream,
+            info,
+            l2_scratch: None,
+            dev: Device::Cuda(0),
+        })
+    }
+
+    /// The GPU.
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    /// Runs one job. A CUDA error is reported in the result; callers must drop the runner
+    /// (the process) after one.
+    pub fn run(&mut self, job: &RunJob) -> RunResult {
+        self.run_with_heartbeat(job, &mut || {})
+    }
+
+    /// Like [`Runner::run`], calling `heartbeat` before each GPU step (buffer set-up, launch
+    /// and synchronize, timing), so the parent's wall-clock limit applies per step.
+    pub fn run_with_heartbeat(&mut self, job: &RunJob, heartbeat: &mut dyn FnMut()) -> RunResult {
+        let mut res = RunResult {
+            tests: vec![],
+            timing: None,
+            torch_timing: None,
+            cuda_error: None,
+            load_error: None,
+            gpu: Some(self.info.clone()),
+        };
+        let bench_shape = job
+            .bench
+            .as_ref()
+            .map(|b| job.shapes[b.shape_index.min(job.shapes.len().saturating_sub(1))].clone());
+        // The torch baseline needs no candidate.
+        if job.torch_baseline
+            && let (Some(b), Some(shape)) = (&job.bench, &bench_shape)
+        {
+            heartbeat();
+            match self.time_torch(&job.task, shape, b) {
+                Ok(t) => res.torch_timing = Some(t),
+                Err(e) => {
+                    res.cuda_error = Some(format!("torch baseline: {e}"));
+                    return res;
+                }
+            }
+        }
+        let Some(so_path) = &job.so_path else {
+            return res;
+        };
+        // SAFETY: loading a shared object built by the harness from a statically checked source;
+        // its constructors run here, inside the sandboxed worker.
+        let lib = match unsafe { libloading::Library::new(so_path) } {
+            Ok(l) => l,
+            Err(e) => {
+                res.load_error = Some(e.to_string());
+                return res;
+            }
+        };
+        let entry: libloading::Symbol<Entry> = match unsafe { lib.get(b"cudarl_entry") } {
+            Ok(s) => s,
+            Err(e) => {
+                res.load_error = Some(e.to_string());
+                return res;
+            }
+        };
+        for shape in &job.shapes {
+            for &seed in &job.seeds {
+                heartbeat();
+                match self.test_one(&job.task, &entry, shape, seed, heartbeat) {
+                    Ok(t) => res.tests.push(t),
+                    Err(e) => {
+                        res.cuda_error = Some(e);
+                        return res;
+                    }
+                }
+            }
+        }
+        if let (Some(b), Some(shape)) = (&job.bench, &bench_shape)
+            && res.tests.iter().all(|t| t.passed)
+        {
+            heartbeat();
+            match self.time_candidate(&job.task, &entry, shape, b) {
+                Ok(t) => res.timing = Some(t),
+                Err(e) => res.cuda_error = Some(e),
+            }
+        }
+        res
+    }
+
+    /// Allocates every buffer argument for `sizes` and `seed` on the GPU: inputs drawn fresh
+    /// (and copied aside), outputs filled with the poison pattern, a guard region after each.
+    fn buffers(
+        &self,
+        task: &TaskSpec,
+        sizes: &BTreeMap<String, i64>,
+        seed: u64,
+    ) -> Result<Bufs, String> {
+        if task.dtype != "f32" {
+            return Err(format!(
+                "dtype `{}` is not supported by the native runner yet",
+                task.dtype
+            ));
+        }
+        let mut args = Vec::new();
+        for (ai, a) in task.args.iter().enumerate() {
+            if !matches!(a.kind, ArgKind::Input | ArgKind::Output) {
+                continue;
+            }
+            let dims = a
+                .shape
+                .iter()
+                .map(|d| eval_formula(d, sizes))
+                .collect::<Result<Vec<i64>, _>>()?;
+            let n: i64 = dims.iter().product();
+            let whole = Tensor::f_full([n + GUARD_ELEMS], GUARD as i64, (Kind::Int, self.dev))
+                .map_err(terr)?;
+            let mut data = whole.f_narrow(0, 0, n).map_err(terr)?;
+            let pristine = if a.kind == ArgKind::Input {
+                let x = gen_input(n, seed, ai, self.dev)?;
+                data.f_copy_(&x.f_view_dtype(Kind::Int).map_err(terr)?)
+                    .map_err(terr)?;
+                Some(x)
+            } else {
+                let _ = data.f_fill_(POISON as i64).map_err(terr)?;
+                None
+            };
+            args.push(Buf {
+                kind: a.kind,
+                name: a.name.clone(),
+                n,
+                dims,
+                whole,
+                pristine,
+            });
+        }
+        Ok(Bufs {
+            args,
+            sizes: task.sizes.iter().map(|s| sizes[s]).collect(),
+            scalars: scalar_values(task, seed),
+        })
+    }
+
+    fn launch(&self, entry: &Entry, b: &Bufs) -> Result<(), String> {
+        let ptrs: Vec<*mut std::ffi::c_void> = b.args.iter().map(|a| a.whole.data_ptr()).collect();
+        let scalars: Vec<f32> = b.scalars.iter().map(|(_, v)| *v as f32).collect();
+        // SAFETY: the entry point's signature is fixed by the generated shim.
+        let rc = unsafe {
+            entry(
+                ptrs.as_ptr(),
+                b.sizes.as_ptr(),
+                scalars.as_ptr(),
+                self.stream.cu_stream(),
+            )
+        };
+        if rc != 0 {
+            return Err(format!("launch returned cudaError {rc}"));
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        self.ctx.synchronize().map_err(derr)
+    }
+
+    fn test_one(
+        &self,
+        task: &TaskSpec,
+        entry: &Entry,
+        shape: &ShapeCase,
+        seed: u64,
+        heartbeat: &mut dyn FnMut(),
+    ) -> Result<TestResult, String> {
+        let b = self.buffers(task, &shape.sizes, seed)?;
+        // Inputs were written on torch's stream; the candidate's stream must see them.
+        self.sync()?;
+        heartbeat();
+        self.launch(entry, &b)?;
+        // The whole device, not one stream: work the candidate put elsewhere is waited for.
+        self.sync()?;
+        let mut t = TestResult {
+            split: shape.split.clone(),
+            sizes: shape.sizes.clone(),
+            seed,
+            passed: false,
+            max_abs_err: 0.0,
+            max_rel_err: 0.0,
+            unwritten: 0,
+            non_finite: 0,
+            input_mutated: false,
+            out_of_bounds_write: false,
+            message: None,
+        };
+        // Everything below runs on the GPU; the statistics come back in one copy.
+        let e = |r: Result<Tensor, tch::TchError>| r.map_err(terr);
+        let mut stats: Vec<Tensor> = Vec::new();
+        for a in &b.args {
+            let guard = e(a.whole.f_narrow(0, a.n, GUARD_ELEMS))?;
+            stats.push(
+                e(e(guard.f_ne(GUARD as i64))?.f_any())?
+                    .f_to_kind(Kind::Double)
+                    .map_err(terr)?,
+            );
+            if let Some(p) = &a.pristine {
+                let now = e(a.whole.f_narrow(0, 0, a.n))?;
+                let orig = e(p.f_view_dtype(Kind::Int))?;
+                stats.push(e(
+                    e(e(now.f_ne_tensor(&orig))?.f_any())?.f_to_kind(Kind::Double)
+                )?);
+            }
+        }
+        // Reference after the candidate, in float64 on the GPU, from the pristine inputs.
+        let env = b.env_tensors(Kind::Double)?;
+        let refs = reference_outputs(task, &env, &b.scalars, true)?;
+        let outs: Vec<&Buf> = b
+            .args
+            .iter()
+            .filter(|a| a.kind == ArgKind::Output)
+            .collect();
+        for (a, (r, m)) in outs.iter().zip(&refs) {
+            let r = e(r.f_reshape([-1]))?;
+            if r.size()[0] != a.n {
+                return Err(format!(
+                    "task spec error: the reference for `{}` has {} elements, the buffer {}",
+                    a.name,
+                    r.size()[0],
+                    a.n
+                ));
+            }
+            let m = e(m.as_ref().ok_or("no magnitude")?.f_reshape([-1]))?;
+            let got = a.data()?;
+            let unwritten =
+                e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(POISON as i64))?.f_sum(Kind::Double))?;
+            let finite = e(got.f_isfinite())?;
+            let non_finite =
+                e(e(e(finite.f_logical_not())?.f_sum(Kind::Double))?.f_sub(&unwritten))?;
+            let d = e(e(e(got.f_to_kind(Kind::Double))?.f_sub(&r))?.f_abs())?;
+            let d = e(d.f_nan_to_num(0.0, 0.0, 0.0))?;
+            let d = e(d.f_mul(&finite))?;
+            let tol = e(e(m.f_mul_scalar(task.rtol))?.f_add_scalar(task.atol))?;
+            let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
+            let rel = e(d.f_div(&e(e(r.f_abs())?.f_clamp_min(1e-12))?))?;
+            stats.push(unwritten);
+            stats.push(non_finite);
+            stats.push(bad);
+            stats.push(e(d.f_max())?);
+            stats.push(e(rel.f_max())?);
+        }
+        let flat: Vec<f64> =
+            Vec::<f64>::try_from(e(e(Tensor::f_stack(&stats, 0))?.f_to_device(Device::Cpu))?)
+                .map_err(terr)?;
+        let mut it = flat.into_iter();
+        let mut bad = 0u64;
+        for a in &b.args {
+            if it.next().unwrap_or(0.0) != 0.0 {
+                t.out_of_bounds_write = true;
+            }
+            if a.pristine.is_some() && it.next().unwrap_or(0.0) != 0.0 {
+                t.input_mutated = true;
+            }
+        }
+        for _ in &outs {
+            t.unwritten += it.next().unwrap_or(0.0) as u64;
+            t.non_finite += it.next().unwrap_or(0.0) as u64;
+            bad += it.next().unwrap_or(0.0) as u64;
+            t.max_abs_err = t.max_abs_err.max(it.next().unwrap_or(0.0));
+            t.max_rel_err = t.max_rel_err.max(it.next().unwrap_or(0.0));
+        }
+        t.message = if t.out_of_bounds_write {
+            Some("wrote past the end of a buffer".into())
+        } else if t.input_mutated {
+            Some("modified an input buffer".into())
+        } else if t.unwritten > 0 {
+            Some(format!(
+                "{} output elements were never written",
+                t.unwritten
+            ))
+        } else if t.non_finite > 0 {
+            Some(format!(
+                "{} output elements are NaN or infinite",
+                t.non_finite
+            ))
+        } else if bad > 0 {
+            Some(format!(
+                "{bad} elements outside tolerance (max abs err {:.3e})",
+                t.max_abs_err
+            ))
+        } else {
+            None
+        };
+        t.passed = t.message.is_none();
+        Ok(t)
+    }
+
+    fn ensure_scratch(&mut self, b: &BenchSpec) -> Result<(), String> {
+        if b.flush_l2 && self.l2_scratch.is_none() {
+            let n = (self.info.l2_bytes.max(1 << 20) as usize) * 2;
+            self.l2_scratch = Some(self.stream.alloc_zeros::<u8>(n).map_err(derr)?);
+        }
+        Ok(())
+    }
+
+    /// The timing loop shared by candidates and the torch baseline: warm-up, then repetitions
+    /// of [flush L2, synchronize, start event, `work`, synchronize the device, stop event]
+    /// until the CV target, the repetition cap, or the time budget.
+    fn time_loop(
+        &mut self,
+        b: &BenchSpec,
+        work: &mut dyn FnMut() -> Result<(), String>,
+    ) -> Result<Vec<f64>, String> {
+        self.ensure_scratch(b)?;
+        let start = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(derr)?;
+        let stop = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(derr)?;
+        for _ in 0..b.warmup {
+            work()?;
+        }
+        self.sync()?;
+        let mut times = Vec::new();
+        let budget = Instant::now();
+        loop {
+            if let Some(s) = self.l2_scratch.as_mut() {
+                self.stream.memset_zeros(s).map_err(derr)?;
+                // The flush must be over before the start event, on whatever stream the work runs.
+                self.ctx.synchronize().map_err(derr)?;
+            }
+            start.record(&self.stream).map_err(derr)?;
+            work()?;
+            // Synchronize the whole device before the stop event, so work on other streams counts.
+            self.ctx.synchronize().map_err(derr)?;
+            stop.record(&self.stream).map_err(derr)?;
+            times.push(start.elapsed_ms(&stop).map_err(derr)? as f64);
+            let n = times.len();
+            if n >= b.max_reps {
+                break;
+            }
+            if n >= b.min_reps {
+                let (m, s) = mean_std(&times);
+                if s / m < b.target_cv || budget.elapsed().as_secs_f64() * 1e3 > b.budget_ms {
+                    break;
+                }
+            }
+        }
+        Ok(times)
+    }
+
+    /// Host<->device copy times of the buffers (pageable host memory), ms.
+    fn transfer_ms(&self, bufs: &Bufs) -> Result<(f64, f64), String> {
+        self.sync()?;
+        let t0 = Instant::now();
+        let host: Vec<Tensor> = bufs
+            .args
+            .iter()
+            .map(|a| a.whole.f_to_device(Device::Cpu).map_err(terr))
+            .collect::<Result<_, _>>()?;
+        let d2h = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        for h in &host {
+            let _ = h.f_to_device(self.dev).map_err(terr)?;
+        }
+        self.sync()?;
+        Ok((t1.elapsed().as_secs_f64() * 1e3, d2h))
+    }
+
+    fn time_candidate(
+        &mut self,
+        task: &TaskSpec,
+        entry: &Entry,
+        shape: &ShapeCase,
+        b: &BenchSpec,
+    ) -> Result<Timing, String> {
+        let bufs = self.buffers(task, &shape.sizes, 0x5EED)?;
+        let (h2d_ms, d2h_ms) = self.transfer_ms(&bufs)?;
+        let stream = self.stream.clone();
+        let mut run = || -> Result<(), String> {
+            let ptrs: Vec<*mut std::ffi::c_void> =
+                bufs.args.iter().map(|a| a.whole.data_ptr()).collect();
+            let scalars: Vec<f32> = bufs.scalars.iter().map(|(_, v)| *v as f32).collect();
+            // SAFETY: the entry point's signature is fixed by the generated shim.
+            let rc = unsafe {
+                entry(
+                    ptrs.as_ptr(),
+                    bufs.sizes.as_ptr(),
+                    scalars.as_ptr(),
+                    stream.cu_stream(),
+                )
+            };
+            if rc != 0 {
+                return Err(format!("launch returned cudaError {rc}"));
+            }
+            Ok(())
+        };
+        let times = self.time_loop(b, &mut run)?;
+        Ok(stats(&times, h2d_ms, d2h_ms, shape))
+    }
+
+    /// Times the task's reference expression evaluated by libtorch in the task's dtype on the
+    /// same shape (torch's own kernels: the `speedup_vs_torch` baseline).
+    fn time_torch(
+        &mut self,
+        task: &TaskSpec,
+        shape: &ShapeCase,
+        b: &BenchSpec,
+    ) -> Result<Timing, String> {
+        let bufs = self.buffers(task, &shape.sizes, 0x5EED)?;
+        let env = bufs.env_tensors(Kind::Float)?;
+        let (h2d_ms, d2h_ms) = self.transfer_ms(&bufs)?;
+        let times = self.time_loop(b, &mut || {
+            reference_outputs(task, &env, &bufs.scalars, false).map(|_| ())
+        })?;
+        Ok(stats(&times, h2d_ms, d2h_ms, shape))
+    }
+}
+
+fn stats(times: &[f64], h2d_ms: f64, d2h_ms: f64, shape: &ShapeCase) -> Timing {
+    let (mean, std) = mean_std(times);
+    let mut sorted = times.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+    Timing {
+        median_ms: q(0.5),
+        p10_ms: q(0.1),
+        p90_ms: q(0.9),
+        mean_ms: mean,
+        cv: std / mean,
+        reps: times.len(),
+        h2d_ms,
+        d2h_ms,
+        sizes: shape.sizes.clone(),
+    }
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n.max(1.0);
+    (m, var.sqrt())
+}

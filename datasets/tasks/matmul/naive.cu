@@ -1,0 +1,20 @@
+// matmul, naive: one thread per output element, a sequential dot product over k.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <math.h>
+
+__global__ void matmul_naive(const float* a, const float* b, float* out, int64_t m, int64_t n, int64_t k) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
+    if (r >= m || c >= n) return;
+    float v = 0.0f;
+    for (int64_t i = 0; i < k; ++i) v += a[r * k + i] * b[i * n + c];
+    
+    out[r * n + c] = v;
+}
+
+extern "C" void launch(const float* a, const float* b, float* out, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+    dim3 block(16, 16);
+    dim3 grid((unsigned)((n + 15) / 16), (unsigned)((m + 15) / 16));
+    matmul_naive<<<grid, block, 0, stream>>>(a, b, out, m, n, k);
+}

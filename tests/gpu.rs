@@ -1,0 +1,186 @@
+//! GPU tests of the harness, gated: they run with `CUDARL_GPU=1` on a machine with a GPU (the
+//! GPU machine runs this test binary, see scripts/gpu_checks.sh) and print `SKIPPED` elsewhere.
+//!
+//! - every task's naive and optimized kernels pass on every train and hold-out shape and every
+//!   public and hidden seed; optimized beats naive; torch baselines are measured;
+//! - timing the same kernel twice agrees within 2% (median);
+//! - every reward hack in `tests/kernels/hacks/` is rejected with the expected reason inside one
+//!   `validate` run, and the run goes on (an honest kernel after them still passes).
+
+mod common;
+
+use common::{Project, stdout};
+use serde_json::Value;
+
+fn gpu_enabled(test: &str) -> bool {
+    if std::env::var("CUDARL_GPU").as_deref() != Ok("1") {
+        eprintln!("SKIPPED {test}: GPU test (set CUDARL_GPU=1 on a machine with a GPU)");
+        return false;
+    }
+    assert!(
+        cudarl_cuda::gpu::probe().is_some(),
+        "CUDARL_GPU=1 but no usable GPU"
+    );
+    true
+}
+
+fn check(p: &Project, task: &str, src: &std::path::Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "check",
+        "--task",
+        task,
+        "--source",
+        src.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let o = p.run(&args);
+    serde_json::from_str(&stdout(&o))
+        .unwrap_or_else(|e| panic!("{task} {}: {e}\n{}", src.display(), common::stderr(&o)))
+}
+
+fn median(v: &Value) -> f64 {
+    v["timing"]["median_ms"].as_f64().expect("timed")
+}
+
+#[test]
+fn task_kernels_pass_everywhere_and_optimized_beats_naive() {
+    if !gpu_enabled("task_kernels_pass_everywhere_and_optimized_beats_naive") {
+        return;
+    }
+    let p = Project::new();
+    let tasks = cudarl_cuda::load_tasks(&p.path("datasets/tasks")).unwrap();
+    assert!(tasks.len() >= 2);
+    for t in &tasks {
+        let naive = check(&p, &t.spec.id, &t.dir.join(&t.spec.naive), &[]);
+        let want_tests = (t.spec.train_shapes.len() + t.spec.holdout_shapes.len()) * 4; // 2 public + 2 hidden
+        for (name, v) in std::iter::once(("naive".to_string(), naive.clone())).chain(
+            t.spec
+                .optimized
+                .iter()
+                .map(|f| (f.clone(), check(&p, &t.spec.id, &t.dir.join(f), &[]))),
+        ) {
+            let id = format!("{}/{name}", t.spec.id);
+            assert_eq!(
+                v["correct"],
+                Value::Bool(true),
+                "{id}: {}",
+                v["failure_detail"]
+            );
+            let tests = v["tests"].as_array().unwrap();
+            assert_eq!(tests.len(), want_tests, "{id}");
+            assert!(
+                tests.iter().all(|x| x["passed"] == Value::Bool(true)),
+                "{id}"
+            );
+            assert!(tests.iter().any(|x| x["split"] == "holdout"), "{id}");
+            assert!(v["speedup_vs_torch"].as_f64().unwrap() > 0.0, "{id}");
+            assert!(
+                v["hack_flags"].as_array().unwrap().is_empty(),
+                "{id}: {}",
+                v["hack_flags"]
+            );
+            if name != "naive" {
+                let s = v["speedup_vs_naive"].as_f64().unwrap();
+                assert!(
+                    s > 1.0,
+                    "{id}: optimized is not faster than naive ({s:.3}x)"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn timing_the_same_kernel_twice_agrees_within_two_percent() {
+    if !gpu_enabled("timing_the_same_kernel_twice_agrees_within_two_percent") {
+        return;
+    }
+    let p = Project::new();
+    for t in cudarl_cuda::load_tasks(&p.path("datasets/tasks")).unwrap() {
+        // One family per kind of kernel: memory-bound elementwise, reduction, compute-bound.
+        if !["vector_add", "row_sum", "softmax", "matmul"].contains(&t.spec.id.as_str()) {
+            continue;
+        }
+        let f = t.dir.join(&t.spec.optimized[0]);
+        let a = median(&check(&p, &t.spec.id, &f, &[]));
+        let b = median(&check(&p, &t.spec.id, &f, &[]));
+        let d = (a - b).abs() / a.min(b);
+        assert!(
+            d <= 0.02,
+            "{}: {a:.5} ms vs {b:.5} ms ({:.2}%)",
+            t.spec.id,
+            d * 100.0
+        );
+    }
+}
+
+#[test]
+fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
+    if !gpu_enabled("every_hack_is_rejected_with_its_reason_and_the_run_goes_on") {
+        return;
+    }
+    let p = Project::new();
+    let hacks = common::repo_root().join("tests/kernels/hacks");
+    let expected: toml::Table =
+        toml::from_str(&std::fs::read_to_string(hacks.join("expected.toml")).unwrap()).unwrap();
+    // vector_add lists every hack, then its honest kernel last.
+    let dir = p.path("datasets/tasks/vector_add");
+    let mut names: Vec<String> = expected.keys().map(|k| format!("{k}.cu")).collect();
+    for n in &names {
+        std::fs::copy(hacks.join(n), dir.join(n)).unwrap();
+    }
+    names.push("vec4.cu".into());
+    let toml_path = dir.join("task.toml");
+    let mut doc: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&toml_path).unwrap()).unwrap();
+    doc.insert(
+        "optimized".into(),
+        toml::Value::Array(names.iter().cloned().map(toml::Value::String).collect()),
+    );
+    std::fs::write(&toml_path, toml::to_string(&doc).unwrap()).unwrap();
+    let o = p.run(&["run", "validate", "--set", "validate.timeout_s=10"]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let o = p.run(&["show", "validate", "--json", "--head", "1000"]);
+    let rows: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kernels = p.run(&[
+        "show",
+        "synth-tasks",
+        "--output",
+        "task_kernels",
+        "--json",
+        "--head",
+        "1000",
+    ]);
+    let files: std::collections::BTreeMap<String, String> = stdout(&kernels)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| {
+            (
+                v["kernel_id"].as_str().unwrap().to_string(),
+                v["file"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let mut seen = 0;
+    for r in &rows {
+        let file = files
+            .get(r["kernel_id"].as_str().unwrap())
+            .cloned()
+            .unwrap_or_default();
+        let stem = file.trim_end_matches(".cu");
+        if let Some(e) = expected.get(stem) {
+            let want = e["failure"].as_str().unwrap();
+            assert_eq!(r["failure"].as_str(), Some(want), "{stem}: {r}");
+            assert_eq!(r["correct"], Value::Bool(false), "{stem}");
+            seen += 1;
+        }
+        if r["task_id"] == "vector_add" && file == "vec4.cu" {
+            assert_eq!(r["correct"], Value::Bool(true), "the run went on: {r}");
+        }
+    }
+    assert_eq!(seen, expected.len(), "every hack has a row");
+}
