@@ -50,7 +50,7 @@ bench: build
 	$(BIN) bench noop --out benchmarks/results/noop-run-curriculum.json
 	$(BIN) bench ingest-sakana --out benchmarks/results/ingest-sakana-full-size.json
 
-## carry: stripped, zstd-compressed binaries for the GPU machine in .carry/ (cudarl-pipe, the
+## carry: stripped, gzip-compressed binaries for the GPU machine in .carry/ (cudarl-pipe, the
 ## worker, and the gated GPU test binary); scripts/gpu_checks.sh runs them there.
 carry: build
 	$(CARGO) test --release --no-run -p cudarl-cli --test gpu
@@ -58,7 +58,7 @@ carry: build
 	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker .carry/
 	cp "$$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)" .carry/gpu-tests
 	strip .carry/*
-	zstd -q -T0 -12 --rm .carry/*
+	gzip -9 .carry/*
 	ls -la .carry
 
 clean:

@@ -7,7 +7,7 @@
 #               rejected with its reason inside one validate run that goes on;
 #   PART=bench  cold compiles and a cache hit, `run validate` over every task kernel (speedups vs
 #               naive and vs torch), `bench validate` (kernels/hour), load_inline for comparison.
-# Carry (built on the CPU machine by `make carry`): .carry/{cudarl-pipe,cudarl-pipe-worker,gpu-tests}.zst
+# Carry (built on the CPU machine by `make carry`): .carry/{cudarl-pipe,cudarl-pipe-worker,gpu-tests}.gz
 # Usage: PART=tests OUT=out bash scripts/gpu_checks.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 W=$OUT/work
 mkdir -p "$W"
 B=$(mktemp -d)
-for z in "$CARRY"/*.zst; do [ -e "$z" ] && zstd -q -d -f "$z" -o "$B/$(basename "$z" .zst)" && chmod +x "$B/$(basename "$z" .zst)"; done
+for z in "$CARRY"/*.gz; do [ -e "$z" ] && gzip -dc "$z" > "$B/$(basename "$z" .gz)" && chmod +x "$B/$(basename "$z" .gz)"; done
 BIN=$B/cudarl-pipe
 export CUDARL_WORKER=$B/cudarl-pipe-worker
 # The worker loads libtorch: use this machine's torch wheel.
@@ -30,7 +30,7 @@ nvcc --version | tail -1 > "$W/nvcc.txt"
 ms() { echo "$(( ($(date +%s%N) - $1) / 1000000 ))e-3"; }
 if [ "$PART" = tests ]; then
   t0=$(date +%s%N)
-  CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_ROOT=$PWD timeout 540 "$B/gpu-tests" --test-threads 1 > "$W/gpu_tests.log" 2>&1
+  CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_TEST_REPO=$PWD timeout 540 "$B/gpu-tests" --include-ignored --test-threads 1 > "$W/gpu_tests.log" 2>&1
   echo $? > "$W/gpu_tests.rc"
   ms $t0 > "$W/gpu_tests.wall"
 else

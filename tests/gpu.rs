@@ -1,5 +1,6 @@
-//! GPU tests of the harness, gated: they run with `CUDARL_GPU=1` on a machine with a GPU (the
-//! GPU machine runs this test binary, see scripts/gpu_checks.sh) and print `SKIPPED` elsewhere.
+//! GPU tests of the harness, gated: `#[ignore]`d, so CPU CI lists them as skipped; on a machine
+//! with a GPU run them with `CUDARL_GPU=1 cargo test --test gpu -- --include-ignored` (the GPU
+//! machine runs the carried test binary, see scripts/gpu_checks.sh).
 //!
 //! - every task's naive and optimized kernels pass on every train and hold-out shape and every
 //!   public and hidden seed; optimized beats naive; torch baselines are measured;
@@ -44,6 +45,7 @@ fn median(v: &Value) -> f64 {
 }
 
 #[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
 fn task_kernels_pass_everywhere_and_optimized_beats_naive() {
     if !gpu_enabled("task_kernels_pass_everywhere_and_optimized_beats_naive") {
         return;
@@ -92,6 +94,7 @@ fn task_kernels_pass_everywhere_and_optimized_beats_naive() {
 }
 
 #[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
 fn timing_the_same_kernel_twice_agrees_within_two_percent() {
     if !gpu_enabled("timing_the_same_kernel_twice_agrees_within_two_percent") {
         return;
@@ -106,6 +109,7 @@ fn timing_the_same_kernel_twice_agrees_within_two_percent() {
         let a = median(&check(&p, &t.spec.id, &f, &[]));
         let b = median(&check(&p, &t.spec.id, &f, &[]));
         let d = (a - b).abs() / a.min(b);
+        eprintln!("{}: {a:.5} ms vs {b:.5} ms ({:.2}%)", t.spec.id, d * 100.0);
         assert!(
             d <= 0.02,
             "{}: {a:.5} ms vs {b:.5} ms ({:.2}%)",
@@ -116,6 +120,7 @@ fn timing_the_same_kernel_twice_agrees_within_two_percent() {
 }
 
 #[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
 fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
     if !gpu_enabled("every_hack_is_rejected_with_its_reason_and_the_run_goes_on") {
         return;
@@ -139,9 +144,10 @@ fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
         toml::Value::Array(names.iter().cloned().map(toml::Value::String).collect()),
     );
     std::fs::write(&toml_path, toml::to_string(&doc).unwrap()).unwrap();
-    let o = p.run(&["run", "validate", "--set", "validate.timeout_s=10"]);
+    let o = p.run(&["run", "validate"]);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     let o = p.run(&["show", "validate", "--json", "--head", "1000"]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     let rows: Vec<Value> = stdout(&o)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -165,6 +171,7 @@ fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
             )
         })
         .collect();
+    assert_eq!(rows.len(), files.len(), "one verdict per kernel");
     let mut seen = 0;
     for r in &rows {
         let file = files
@@ -175,12 +182,30 @@ fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
         if let Some(e) = expected.get(stem) {
             let want = e["failure"].as_str().unwrap();
             assert_eq!(r["failure"].as_str(), Some(want), "{stem}: {r}");
-            assert_eq!(r["correct"], Value::Bool(false), "{stem}");
+            // Static rejects never ran (correct is null); everything else ran and failed.
+            assert_ne!(r["correct"], Value::Bool(true), "{stem}");
             seen += 1;
         }
         if r["task_id"] == "vector_add" && file == "vec4.cu" {
             assert_eq!(r["correct"], Value::Bool(true), "the run went on: {r}");
         }
     }
-    assert_eq!(seen, expected.len(), "every hack has a row");
+    let summary: Vec<String> = rows
+        .iter()
+        .filter(|r| r["task_id"] == "vector_add")
+        .map(|r| {
+            format!(
+                "{:?} -> {:?}",
+                files.get(r["kernel_id"].as_str().unwrap()),
+                r["failure"].as_str()
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        expected.len(),
+        "every hack has a row: {} rows, {} kernels, vector_add: {summary:?}",
+        rows.len(),
+        files.len()
+    );
 }

@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The repository root: `$CUDARL_ROOT` (test binaries carried to the GPU machine), else two
-/// levels above the cli crate.
+/// The repository root: `$CUDARL_TEST_REPO` (test binaries carried to the GPU machine), else
+/// two levels above the cli crate.
 pub fn repo_root() -> PathBuf {
-    if let Some(r) = std::env::var_os("CUDARL_ROOT") {
+    if let Some(r) = std::env::var_os("CUDARL_TEST_REPO") {
         return PathBuf::from(r).canonicalize().unwrap();
     }
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -75,6 +75,7 @@ impl Project {
         c.current_dir(self.root())
             .args(args)
             .env_remove("CUDARL_FAULT")
+            .env_remove("CUDARL_ROOT")
             .env_remove("CUDARL_STORE");
         c
     }

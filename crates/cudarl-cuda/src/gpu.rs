@@ -107,7 +107,8 @@ pub struct BenchSpec {
     pub shape_index: usize,
     /// Untimed launches first.
     pub warmup: usize,
-    /// At least this many timed repetitions.
+    /// At least this many timed repetitions, unless they would overrun the time budget: a kernel
+    /// slower than `budget_ms / min_reps` stops at the budget, with at least 5 repetitions.
     pub min_reps: usize,
     /// At most this many.
     pub max_reps: usize,
@@ -124,10 +125,10 @@ impl Default for BenchSpec {
         BenchSpec {
             shape_index: 0,
             warmup: 3,
-            min_reps: 20,
-            max_reps: 200,
-            target_cv: 0.01,
-            budget_ms: 150.0,
+            min_reps: 30,
+            max_reps: 300,
+            target_cv: 0.02,
+            budget_ms: 100.0,
             flush_l2: true,
         }
     }
@@ -196,12 +197,33 @@ pub struct Timing {
     /// Timed repetitions.
     pub reps: usize,
     /// Host-to-device copy of the buffers from pageable host memory, ms (measured separately,
-    /// not in the kernel time).
+    /// not in the kernel time; once per task and shape, with the torch baseline).
     pub h2d_ms: f64,
     /// Device-to-host copy of the buffers to pageable host memory, ms.
     pub d2h_ms: f64,
     /// Sizes timed.
     pub sizes: BTreeMap<String, i64>,
+    /// Median from the start event until the device-wide synchronize returned and a final
+    /// event ran (includes the host's wake-up latency, about 10-30 us).
+    #[serde(default)]
+    pub synced_median_ms: f64,
+    /// Work outlived the stop event on the launch stream (another stream): the statistics are
+    /// then the synchronized times, and the verdict carries the `work_after_stop` hack flag.
+    #[serde(default)]
+    pub work_after_stop: bool,
+}
+
+/// Wall time a worker spent on one job, by phase, ms.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerMs {
+    /// Loading the shared object.
+    pub load: f64,
+    /// Every (shape, seed) test: inputs, launch, reference, comparisons.
+    pub tests: f64,
+    /// Timing the candidate (warm-up, repetitions, transfers).
+    pub timing: f64,
+    /// Timing the torch baseline, when asked.
+    pub torch: f64,
 }
 
 /// What a worker returns for a job.
@@ -221,4 +243,7 @@ pub struct RunResult {
     pub load_error: Option<String>,
     /// The GPU.
     pub gpu: Option<GpuInfo>,
+    /// Time by phase.
+    #[serde(default)]
+    pub worker_ms: Option<WorkerMs>,
 }

@@ -74,6 +74,9 @@ pub struct Verdict {
     pub arch: String,
     /// The GPU it ran on.
     pub gpu: Option<GpuInfo>,
+    /// Where the worker spent its time on this candidate, ms.
+    #[serde(default)]
+    pub worker_ms: Option<crate::gpu::WorkerMs>,
     /// CAS digest of the compiled shared object (when it compiled and a store is attached).
     #[serde(default)]
     pub so_hash: Option<cudarl_store::Digest>,
@@ -110,6 +113,7 @@ impl Verdict {
             nvcc_version: compiler.nvcc.version.clone(),
             arch: compiler.arch.clone(),
             gpu: None,
+            worker_ms: None,
             so_hash: None,
         }
     }
@@ -298,7 +302,10 @@ pub fn check_full(
         torch_baseline: bench.is_some() && base.torch.is_none(),
     };
     match run_on_gpu(job, pool, opts.wall) {
+        // The candidate ran and did not finish, or took its worker down: executed, not correct.
         Outcome::Timeout => {
+            v.executed = true;
+            v.correct = Some(false);
             v.failure = Some("timeout".into());
             v.failure_detail = Some(format!(
                 "no answer within {:.0} s; the worker was killed",
@@ -306,11 +313,14 @@ pub fn check_full(
             ));
         }
         Outcome::Crash(m) => {
+            v.executed = true;
+            v.correct = Some(false);
             v.failure = Some("crash".into());
             v.failure_detail = Some(m);
         }
         Outcome::Done(r) => {
             v.executed = true;
+            v.worker_ms = r.worker_ms.clone();
             v.gpu = r.gpu.clone();
             v.tests = r.tests.clone();
             v.max_abs_err = r.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
@@ -389,6 +399,13 @@ pub fn check_full(
         if let Some(tt) = &base.torch {
             v.speedup_vs_torch = Some(tt.median_ms / t.median_ms);
             v.torch_timing = Some(tt.clone());
+        }
+        if t.work_after_stop {
+            v.hack_flags.push("work_after_stop".into());
+        }
+        if let (Some(mine), Some(tt)) = (v.timing.as_mut(), base.torch.as_ref()) {
+            mine.h2d_ms = tt.h2d_ms;
+            mine.d2h_ms = tt.d2h_ms;
         }
     }
     Ok(v)

@@ -22,6 +22,7 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 cuda_error: Some(format!("worker cannot start: {e}")),
                 load_error: None,
                 gpu: None,
+                worker_ms: None,
             };
             println!("{}", serde_json::to_string(&r).expect("json"));
             return 3;

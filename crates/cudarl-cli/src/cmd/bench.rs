@@ -367,6 +367,7 @@ fn variant_project(ctx: &Ctx, dir: &Path, per_task: usize) -> Result<usize, CliE
             Err(CliError::failed(format!("cp -r {}", from.display())))
         }
     };
+    std::fs::create_dir_all(dir).map_err(e)?;
     copy_tree(&ctx.root.join("pipelines"), &dir.join("pipelines"))?;
     copy_tree(&ctx.root.join("configs"), &dir.join("configs"))?;
     std::fs::create_dir_all(dir.join("datasets")).map_err(e)?;
@@ -411,6 +412,11 @@ fn variant_project(ctx: &Ctx, dir: &Path, per_task: usize) -> Result<usize, CliE
 
 fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
     let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
+    // The copies live outside the project: hand them the project's nvcc (e.g. the .venv wheel).
+    let nvcc =
+        cudarl_cuda::Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
+    // SAFETY: set before any thread of this process reads the environment.
+    unsafe { std::env::set_var("CUDARL_NVCC", &nvcc.path) };
     let tmp = tempfile::tempdir().map_err(|e| CliError::failed(e.to_string()))?;
     let ntasks = cudarl_cuda::load_tasks(&ctx.root.join("datasets/tasks"))
         .map_err(|x| CliError::failed(x.to_string()))?
@@ -443,11 +449,19 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
         .output()
         .map_err(|e| CliError::failed(e.to_string()))?;
     let (mut executed, mut correct, mut compiled) = (0, 0, 0);
+    // Worker time by phase (seconds, summed over kernels) and nvcc time.
+    let mut phase = std::collections::BTreeMap::<&str, f64>::new();
     for l in String::from_utf8_lossy(&rows.stdout).lines() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
         executed += v["executed"].as_bool().unwrap_or(false) as usize;
         correct += v["correct"].as_bool().unwrap_or(false) as usize;
         compiled += v["compiled"].as_bool().unwrap_or(false) as usize;
+        *phase.entry("nvcc_s").or_default() += v["compile_seconds"].as_f64().unwrap_or(0.0);
+        let verdict: serde_json::Value =
+            serde_json::from_str(v["verdict_json"].as_str().unwrap_or("{}")).unwrap_or_default();
+        for k in ["load", "tests", "timing", "torch"] {
+            *phase.entry(k).or_default() += verdict["worker_ms"][k].as_f64().unwrap_or(0.0) / 1e3;
+        }
     }
     let gpu = cudarl_cuda::gpu::probe();
     let per_h = n_big as f64 / big_s * 3600.0;
@@ -462,6 +476,13 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
             "executed": executed,
             "correct": correct,
             "wall_s": big_s,
+            "seconds_by_phase": {
+                "nvcc (all cores, summed)": phase.get("nvcc_s"),
+                "worker: load .so": phase.get("load"),
+                "worker: tests": phase.get("tests"),
+                "worker: timing": phase.get("timing"),
+                "worker: torch baselines": phase.get("torch"),
+            },
             "kernels_per_hour": per_h,
             "baseline": "cold `run validate` of one naive kernel per task (start-up, worker, first compiles)",
             "baseline_kernels": n_small,
