@@ -24,13 +24,13 @@ build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch
 
 ## run: set up, build, run the main job on the bundled data.
-run: setup build
-	$(BIN) run curriculum
+run: setup build curriculum
 	$(BIN) status
 
-## curriculum: ingest -> curriculum on the bundled data.
+## curriculum: ingest -> curriculum, task families -> validate (compile-only without a GPU),
+## KernelBench native signatures (kb-specs), on the bundled data.
 curriculum: build
-	$(BIN) run curriculum
+	$(BIN) run curriculum validate kb-specs
 
 ## test: set up, build, lint, and run every test (Rust and Python).
 test: setup lint

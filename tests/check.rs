@@ -248,3 +248,55 @@ fn walk_count(d: &std::path::Path) -> usize {
     }
     n
 }
+
+#[test]
+fn kb_specs_stage_derives_native_signatures_with_coverage() {
+    // The Python worker on CPU torch, through the real binary; coverage goals of issue 4.
+    let p = Project::new();
+    let o = p.run(&["run", "kb-specs", "--json"]);
+    if o.status.code() != Some(0) && std::env::var("CUDARL_REQUIRE_PYTHON").is_err() {
+        eprintln!("SKIPPED: no Python with torch: {}", stderr(&o));
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let show = |out: &str| -> Vec<serde_json::Value> {
+        let o = p.run(&[
+            "show", "kb-specs", "--output", out, "--json", "--head", "1000",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let cov = show("coverage");
+    assert_eq!(cov.len(), 2, "levels 1 and 2");
+    for c in &cov {
+        let f = c["fraction"].as_f64().unwrap();
+        assert!(f >= c["goal"].as_f64().unwrap(), "{c}");
+    }
+    let specs = show("kb_specs");
+    assert_eq!(specs.len(), 200);
+    let relu = specs
+        .iter()
+        .find(|s| s["problem_id"] == "kb/L1/19_ReLU")
+        .unwrap();
+    assert_eq!(
+        relu["signature"],
+        r#"extern "C" void launch(const float* in0, float* out, int64_t batch_size, int64_t dim, cudaStream_t stream)"#
+    );
+    // Every problem left out says why.
+    for s in specs.iter().filter(|s| s["covered"] == false) {
+        assert!(
+            s["excluded_reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{s}"
+        );
+    }
+    // Re-running is a cache hit; a new store run reuses nothing but gives the same bytes.
+    let o = p.run(&["run", "kb-specs", "--json"]);
+    assert!(
+        stdout(&o).contains("\"status\":\"cached\""),
+        "{}",
+        stdout(&o)
+    );
+}

@@ -183,8 +183,9 @@ fn status_dag_show_and_gc() {
     assert!(mm.starts_with("flowchart LR"), "{mm}");
     let dj: serde_json::Value =
         serde_json::from_str(&stdout(&p.run(&["dag", "--format", "json"]))).unwrap();
-    assert_eq!(dj["nodes"].as_array().unwrap().len(), 6);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 7);
+    // ingest x3, curriculum, synth-tasks, validate, kb-specs.
+    assert_eq!(dj["nodes"].as_array().unwrap().len(), 7);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 8);
 
     let show = stdout(&p.run(&["show", "ingest-kernelbench", "--head", "3"]));
     assert!(show.contains("270 rows"), "{show}");

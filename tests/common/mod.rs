@@ -51,7 +51,7 @@ impl Project {
     pub fn new() -> Project {
         let dir = tempfile::tempdir().unwrap();
         let root = repo_root();
-        for d in ["pipelines", "configs", "datasets"] {
+        for d in ["pipelines", "configs", "datasets", "python"] {
             copy_dir(&root.join(d), &dir.path().join(d));
         }
         Project { dir }

@@ -86,12 +86,16 @@ fn truncate(mut s: String, n: usize) -> String {
 }
 
 impl Compiler {
-    /// nvcc flags for `arch`: SASS only for that architecture, O3, a shared object.
+    /// nvcc flags for `arch`: SASS only for that architecture, a shared object.
+    ///
+    /// No `-O3`: nvcc's `-O` sets the *host* compiler's level (device code is optimized by
+    /// cicc and ptxas at their default -O3 either way; nvcc docs, "--optimize"), and the host
+    /// side of a candidate is a launcher of a few lines; dropping it saves about 10% of a cold
+    /// compile (measured here: 0.96 s -> 0.85 s for vector_add/vec4).
     pub fn flags(&self) -> Vec<String> {
         let num = self.arch.trim_start_matches("sm_");
         vec![
             format!("-gencode=arch=compute_{num},code=sm_{num}"),
-            "-O3".into(),
             "-std=c++17".into(),
             "-shared".into(),
             "-Xcompiler".into(),

@@ -6,6 +6,7 @@ pub mod curriculum;
 pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;
+pub mod kb_specs;
 pub mod synth_tasks;
 pub mod validate;
 
@@ -22,6 +23,7 @@ impl StageFactory for Registry {
             "ingest-cuda-l1",
             "ingest-kernelbench",
             "ingest-sakana",
+            "kb-specs",
             "synth-tasks",
             "validate",
         ]
@@ -41,6 +43,7 @@ impl StageFactory for Registry {
             "ingest-cuda-l1" => Box::new(ingest_cuda_l1::IngestCudaL1::from_table(params)?),
             "curriculum" => Box::new(curriculum::Curriculum::from_table(params)?),
             "synth-tasks" => Box::new(synth_tasks::SynthTasks::from_table(params)?),
+            "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
             "validate" => Box::new(validate::Validate::from_table(params)?),
             other => return Err(format!("unknown stage `{other}`")),
         })

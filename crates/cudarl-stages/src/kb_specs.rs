@@ -1,0 +1,426 @@
+//! `kb-specs`: native task signatures for KernelBench problems, derived by the Python worker
+//! (`python/cudarl_worker.py`, op `signature`) from each problem's own `get_init_inputs()`,
+//! `Model` and `get_inputs()` run on torch's meta device (shapes and dtypes only), with the
+//! coverage per level and the reason for every problem left out.
+//!
+//! The worker is a real `python3` process with torch, found as `$CUDARL_PYTHON`, else
+//! `<root>/.venv/bin/python`, else `python3` on `PATH`. Each problem's answer is memoized by
+//! (code, python and torch versions), so a re-run after data growth runs only new problems.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cudarl_core::Digest;
+use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_data::Table;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::common::{data_err, params_json, write_output};
+
+/// `kb_specs`: one row per KernelBench problem of the selected levels.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | problem_id | utf8 | e.g. `kb/L1/19_ReLU` |
+/// | level | int64 | 1..4 |
+/// | covered | bool | a native signature exists |
+/// | excluded_reason | utf8, nullable | why not (non-tensor inputs or outputs, dtype, the problem fails on the meta device, a missing module) |
+/// | signature | utf8, nullable | `extern "C" void launch(...)`: inputs, parameters (state dict), outputs, sizes, stream |
+/// | sizes_json | utf8 | named integer sizes used by the buffers (module constants), e.g. `{"batch_size":16}` |
+/// | buffers_json | utf8 | inputs, params, outputs: name, shape, dims (size names or literals), dtype |
+/// | constants_json | utf8 | every module-level integer constant |
+pub static KB_SPECS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("problem_id", DataType::Utf8, false),
+        Field::new("level", DataType::Int64, false),
+        Field::new("covered", DataType::Boolean, false),
+        Field::new("excluded_reason", DataType::Utf8, true),
+        Field::new("signature", DataType::Utf8, true),
+        Field::new("sizes_json", DataType::Utf8, false),
+        Field::new("buffers_json", DataType::Utf8, false),
+        Field::new("constants_json", DataType::Utf8, false),
+    ]))
+});
+
+/// `coverage`: per level, problems, covered, fraction and the goal (issue 4: 80% of L1, 60% of L2).
+pub static COVERAGE: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("level", DataType::Int64, false),
+        Field::new("problems", DataType::Int64, false),
+        Field::new("covered", DataType::Int64, false),
+        Field::new("fraction", DataType::Float64, false),
+        Field::new("goal", DataType::Float64, true),
+    ]))
+});
+
+fn d_levels() -> Vec<i64> {
+    vec![1, 2]
+}
+
+/// Params of `kb-specs`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// KernelBench levels to derive signatures for.
+    #[serde(default = "d_levels")]
+    pub levels: Vec<i64>,
+}
+
+/// The stage.
+#[derive(Debug)]
+pub struct KbSpecs {
+    params: Params,
+}
+
+impl KbSpecs {
+    /// Builds the stage from its params table.
+    ///
+    /// # Errors
+    /// Unknown or mistyped params.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        Ok(KbSpecs {
+            params: crate::common::parse_params(t)?,
+        })
+    }
+}
+
+/// The Python interpreter for workers: `$CUDARL_PYTHON`, `<root>/.venv/bin/python`, `python3`.
+pub fn python(root: &Path) -> PathBuf {
+    if let Some(p) = std::env::var_os("CUDARL_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let v = root.join(".venv/bin/python");
+    if v.is_file() {
+        return v;
+    }
+    PathBuf::from("python3")
+}
+
+/// A running Python worker (`python/cudarl_worker.py`): requests and answers are JSON lines.
+pub struct PyWorker {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    /// The worker's hello: python and torch versions.
+    pub hello: Value,
+}
+
+impl PyWorker {
+    /// Starts the worker under `root` and reads its hello line.
+    ///
+    /// # Errors
+    /// The interpreter or torch is missing, or the hello is not JSON (the message carries the
+    /// worker's stderr).
+    pub fn start(root: &Path) -> Result<PyWorker, String> {
+        let py = python(root);
+        let script = root.join("python/cudarl_worker.py");
+        let mut child = Command::new(&py)
+            .arg(&script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("start {} {}: {e}", py.display(), script.display()))?;
+        let stdin = child.stdin.take().expect("piped");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+        // stderr is drained in the background (warnings from problems), kept for errors.
+        let mut stderr = child.stderr.take().expect("piped");
+        let tail = Arc::new(std::sync::Mutex::new(String::new()));
+        let t2 = tail.clone();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            *t2.lock().unwrap_or_else(|e| e.into_inner()) = s;
+        });
+        let hello = match stdout.next() {
+            Some(Ok(l)) => {
+                serde_json::from_str::<Value>(&l).map_err(|e| format!("worker hello: {e}: {l}"))?
+            }
+            _ => {
+                let _ = child.wait();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let t = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                return Err(format!(
+                    "the Python worker ({}) did not start: {}",
+                    py.display(),
+                    t.lines().last().unwrap_or("no output")
+                ));
+            }
+        };
+        Ok(PyWorker {
+            child,
+            stdin,
+            stdout,
+            hello,
+        })
+    }
+
+    /// Sends one request and reads its answer.
+    ///
+    /// # Errors
+    /// The worker died (its answer is missing) or answered something that is not JSON.
+    pub fn call(&mut self, req: &Value) -> Result<Value, String> {
+        writeln!(self.stdin, "{req}").map_err(|e| format!("worker stdin: {e}"))?;
+        self.stdin
+            .flush()
+            .map_err(|e| format!("worker stdin: {e}"))?;
+        match self.stdout.next() {
+            Some(Ok(l)) => serde_json::from_str(&l).map_err(|e| format!("worker answer: {e}: {l}")),
+            _ => Err("the Python worker exited without answering".into()),
+        }
+    }
+}
+
+impl Drop for PyWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn c_type(dtype: &str) -> Option<&'static str> {
+    Some(match dtype {
+        "f32" => "float",
+        "f16" => "__half",
+        "bf16" => "__nv_bfloat16",
+        "i64" => "int64_t",
+        "i32" => "int32_t",
+        "bool" => "bool",
+        _ => return None,
+    })
+}
+
+/// The native signature for a worker answer (inputs, parameters, outputs, then sizes).
+pub fn native_signature(ans: &Value) -> Option<String> {
+    let mut params = Vec::new();
+    let list = |k: &str| ans[k].as_array().cloned().unwrap_or_default();
+    for b in list("inputs").iter().chain(list("params").iter()) {
+        let name = b["name"].as_str()?;
+        if b.get("scalar").is_some() {
+            params.push(format!("float {name}"));
+        } else {
+            params.push(format!("const {}* {name}", c_type(b["dtype"].as_str()?)?));
+        }
+    }
+    for b in list("outputs") {
+        params.push(format!(
+            "{}* {}",
+            c_type(b["dtype"].as_str()?)?,
+            b["name"].as_str()?
+        ));
+    }
+    if let Some(sizes) = ans["sizes"].as_object() {
+        for k in sizes.keys() {
+            params.push(format!("int64_t {k}"));
+        }
+    }
+    params.push("cudaStream_t stream".into());
+    Some(format!("extern \"C\" void launch({})", params.join(", ")))
+}
+
+impl Stage for KbSpecs {
+    fn kind(&self) -> &str {
+        "kb-specs"
+    }
+    fn code_version(&self) -> u32 {
+        1
+    }
+    fn params(&self) -> Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::node("problems", "ingest-kernelbench", "problems"),
+            InputDecl::external("worker"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![
+            OutputDecl::table("kb_specs", KB_SPECS.clone()),
+            OutputDecl::table("coverage", COVERAGE.clone()),
+        ]
+    }
+    fn resolve_external(
+        &self,
+        _input: &str,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        crate::common::single_file(&ctx.root, "python/cudarl_worker.py", "worker")
+    }
+    fn environment(
+        &self,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<BTreeMap<String, String>, StageError> {
+        // The torch version decides what runs on the meta device.
+        static VERSIONS: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+        let py = python(&ctx.root);
+        let v = VERSIONS.get_or_init(|| {
+            let o = Command::new(&py)
+                .args([
+                    "-c",
+                    "import sys, torch; print(sys.version.split()[0], torch.__version__)",
+                ])
+                .output()
+                .map_err(|e| format!("{}: {e}", py.display()))?;
+            if !o.status.success() {
+                return Err(format!(
+                    "{} cannot import torch (run `make setup`): {}",
+                    py.display(),
+                    String::from_utf8_lossy(&o.stderr)
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                ));
+            }
+            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+        });
+        let v = v.clone().map_err(StageError::Failed)?;
+        Ok(BTreeMap::from([("python torch".to_string(), v)]))
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let t = Table::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
+        let ids = t.req_strings("problem_id").map_err(data_err)?;
+        let levels = t.req_ints("level").map_err(data_err)?;
+        let codes = t.req_strings("code").map_err(data_err)?;
+        let worker_src = std::fs::read(ctx.root().join("python/cudarl_worker.py"))
+            .map_err(|e| StageError::Failed(format!("python/cudarl_worker.py: {e}")))?;
+        let memo = ctx.memo("kb-specs-v1")?;
+        let mut worker: Option<PyWorker> = None;
+        let mut rows: Vec<(String, i64, Value)> = Vec::new();
+        let selected: Vec<usize> = (0..t.rows())
+            .filter(|&i| {
+                levels
+                    .get(i)
+                    .is_some_and(|l| self.params.levels.contains(&l))
+            })
+            .collect();
+        let progress = ctx.progress("problems", Some(selected.len() as u64));
+        for i in selected {
+            let (Some(id), Some(code)) = (ids.get(i), codes.get(i)) else {
+                continue;
+            };
+            let level: i64 = levels.get(i).unwrap_or(0);
+            let mut h = blake3::Hasher::new_derive_key("cudarl-pipe kb-specs row v1");
+            h.update(&worker_src);
+            h.update(id.as_bytes());
+            h.update(&[0]);
+            h.update(code.as_bytes());
+            let key = Digest(*h.finalize().as_bytes());
+            let ans = match memo.get(&key)? {
+                Some(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
+                None => {
+                    if worker.is_none() {
+                        worker = Some(PyWorker::start(ctx.root()).map_err(StageError::Failed)?);
+                    }
+                    let w = worker.as_mut().expect("started");
+                    let a = w
+                        .call(
+                            &serde_json::json!({"op": "signature", "problem_id": id, "code": code}),
+                        )
+                        .map_err(StageError::Failed)?;
+                    memo.put(&key, a.to_string().as_bytes())?;
+                    a
+                }
+            };
+            rows.push((id.to_string(), level, ans));
+            progress.inc(1);
+        }
+        progress.finish();
+        let mut cov: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        let mut cols: [Vec<Option<String>>; 5] = Default::default();
+        let (mut pid, mut lvl, mut covered) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, level, a) in &rows {
+            let sig = if a["ok"] == Value::Bool(true) && a["excluded"].is_null() {
+                native_signature(a)
+            } else {
+                None
+            };
+            let reason = if sig.is_some() {
+                None
+            } else {
+                Some(
+                    a["excluded"]
+                        .as_str()
+                        .or(a["error"].as_str())
+                        .unwrap_or("no signature")
+                        .to_string(),
+                )
+            };
+            let c = cov.entry(*level).or_default();
+            c.0 += 1;
+            c.1 += sig.is_some() as i64;
+            pid.push(id.clone());
+            lvl.push(*level);
+            covered.push(sig.is_some());
+            cols[0].push(reason);
+            cols[1].push(sig);
+            cols[2].push(Some(a["sizes"].to_string()));
+            cols[3].push(Some(
+                serde_json::json!({"inputs": a["inputs"], "params": a["params"], "outputs": a["outputs"]})
+                    .to_string(),
+            ));
+            cols[4].push(Some(a["constants"].to_string()));
+        }
+        let s = |v: &Vec<Option<String>>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
+        let batch = cudarl_data::parquet_io::batch(
+            &KB_SPECS.clone(),
+            vec![
+                Arc::new(StringArray::from(pid)),
+                Arc::new(Int64Array::from(lvl)),
+                Arc::new(BooleanArray::from(covered)),
+                s(&cols[0]),
+                s(&cols[1]),
+                s(&cols[2]),
+                s(&cols[3]),
+                s(&cols[4]),
+            ],
+        )
+        .map_err(data_err)?;
+        write_output(ctx, "kb_specs", &batch)?;
+        let goal = |l: i64| match l {
+            1 => Some(0.8),
+            2 => Some(0.6),
+            _ => None,
+        };
+        for (l, (n, c)) in &cov {
+            let f = *c as f64 / (*n).max(1) as f64;
+            if let Some(g) = goal(*l)
+                && f < g
+            {
+                ctx.warn(format!(
+                    "KernelBench level {l}: {c} of {n} problems have a native signature ({:.0}%, goal {:.0}%)",
+                    f * 100.0,
+                    g * 100.0
+                ));
+            }
+        }
+        let batch = cudarl_data::parquet_io::batch(
+            &COVERAGE.clone(),
+            vec![
+                Arc::new(Int64Array::from(cov.keys().copied().collect::<Vec<_>>())),
+                Arc::new(Int64Array::from(
+                    cov.values().map(|v| v.0).collect::<Vec<_>>(),
+                )),
+                Arc::new(Int64Array::from(
+                    cov.values().map(|v| v.1).collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    cov.values()
+                        .map(|v| v.1 as f64 / v.0.max(1) as f64)
+                        .collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    cov.keys().map(|l| goal(*l)).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .map_err(data_err)?;
+        write_output(ctx, "coverage", &batch)
+    }
+}
