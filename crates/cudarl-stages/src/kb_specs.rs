@@ -262,15 +262,17 @@ impl Stage for KbSpecs {
         let py = python(&ctx.root);
         let v = VERSIONS.get_or_init(|| {
             let o = Command::new(&py)
+                // The version from the package metadata: importing torch would cost seconds on
+                // every key computation (`status`, a cached `run`).
                 .args([
                     "-c",
-                    "import sys, torch; print(sys.version.split()[0], torch.__version__)",
+                    "import sys, importlib.metadata as m; print(sys.version.split()[0], m.version('torch'))",
                 ])
                 .output()
                 .map_err(|e| format!("{}: {e}", py.display()))?;
             if !o.status.success() {
                 return Err(format!(
-                    "{} cannot import torch (run `make setup`): {}",
+                    "{} has no torch (run `make setup`): {}",
                     py.display(),
                     String::from_utf8_lossy(&o.stderr)
                         .lines()
