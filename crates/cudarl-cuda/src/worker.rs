@@ -111,7 +111,7 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
-    /// A pool that starts `exe args...` as workers (normally `cudarl-pipe worker`).
+    /// A pool that starts `exe args...` as workers (normally `cudarl-pipe-worker`, see [`worker_exe`]).
     pub fn new(exe: PathBuf, args: Vec<String>) -> WorkerPool {
         WorkerPool {
             exe,
