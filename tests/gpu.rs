@@ -50,7 +50,7 @@ fn task_kernels_pass_everywhere_and_optimized_beats_naive() {
     if !gpu_enabled("task_kernels_pass_everywhere_and_optimized_beats_naive") {
         return;
     }
-    let p = Project::new();
+    let p = Project::full();
     let tasks = cudarl_cuda::load_tasks(&p.path("datasets/tasks")).unwrap();
     assert!(tasks.len() >= 2);
     for t in &tasks {
@@ -99,7 +99,7 @@ fn timing_the_same_kernel_twice_agrees_within_two_percent() {
     if !gpu_enabled("timing_the_same_kernel_twice_agrees_within_two_percent") {
         return;
     }
-    let p = Project::new();
+    let p = Project::full();
     for t in cudarl_cuda::load_tasks(&p.path("datasets/tasks")).unwrap() {
         // One family per kind of kernel: memory-bound elementwise, reduction, compute-bound.
         if !["vector_add", "row_sum", "softmax", "matmul"].contains(&t.spec.id.as_str()) {
@@ -125,7 +125,7 @@ fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
     if !gpu_enabled("every_hack_is_rejected_with_its_reason_and_the_run_goes_on") {
         return;
     }
-    let p = Project::new();
+    let p = Project::full();
     let hacks = common::repo_root().join("tests/kernels/hacks");
     let expected: toml::Table =
         toml::from_str(&std::fs::read_to_string(hacks.join("expected.toml")).unwrap()).unwrap();

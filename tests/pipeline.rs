@@ -26,7 +26,8 @@ fn two_clean_runs_give_identical_hashes() {
     }
     assert_eq!(ma["ingest-kernelbench"]["outputs"]["problems"]["rows"], 270);
     assert_eq!(ma["ingest-sakana"]["outputs"]["kernels"]["rows"], 102);
-    assert_eq!(ma["curriculum"]["outputs"]["curriculum"]["rows"], 250);
+    // 250 KernelBench problems (levels 1-3) + the 2 task families of the test project.
+    assert_eq!(ma["curriculum"]["outputs"]["curriculum"]["rows"], 252);
     assert_eq!(ma["curriculum"]["outputs"]["gates"]["rows"], 4);
     // The lock file records the same lineage in both projects.
     let la = std::fs::read_to_string(a.path("cudarl.lock")).unwrap();
@@ -185,7 +186,7 @@ fn status_dag_show_and_gc() {
         serde_json::from_str(&stdout(&p.run(&["dag", "--format", "json"]))).unwrap();
     // ingest x3, curriculum, synth-tasks, validate, kb-specs.
     assert_eq!(dj["nodes"].as_array().unwrap().len(), 7);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 8);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 10);
 
     let show = stdout(&p.run(&["show", "ingest-kernelbench", "--head", "3"]));
     assert!(show.contains("270 rows"), "{show}");
@@ -202,7 +203,7 @@ fn status_dag_show_and_gc() {
     assert_eq!(rows[0]["min_compile_rate"], 0.9);
     assert_eq!(rows[0]["min_pass_rate"], 0.75);
     let total: i64 = rows.iter().map(|r| r["problems"].as_i64().unwrap()).sum();
-    assert_eq!(total, 250);
+    assert_eq!(total, 252);
     // show of a stale node says to run it, exit 1
     let o = p.run(&["show", "curriculum", "--set", "curriculum.seed=9"]);
     assert_eq!(o.status.code(), Some(1));
@@ -227,7 +228,9 @@ fn status_dag_show_and_gc() {
     // Newest by time is the seed-0 re-run?  No: it was cached, so the newest file is seed 2;
     // the lock file names seed 0. Both stay, seed 1 goes.
     assert_eq!(g["manifests_removed"], 1, "{g}");
-    assert_eq!(g["blobs_removed"], 2, "{g}"); // curriculum and gates of seed 1
+    // curriculum, gates and validated_kernels of seed 1, and the compiled shared objects of the
+    // compile cache (no manifest names them: gc reclaims them, a later compile rebuilds them).
+    assert!(g["blobs_removed"].as_u64().unwrap() >= 3, "{g}");
     assert_eq!(manifests(&p), 2);
     let (_, sj) = p.run_json(&["status", "curriculum"]);
     assert_eq!(status_of(&sj, "curriculum"), "fresh");
@@ -257,7 +260,7 @@ fn export_opens_in_pyarrow_and_polars() {
     let side: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("curriculum.export.json")).unwrap())
             .unwrap();
-    assert_eq!(side["outputs"]["curriculum"]["rows"], 250);
+    assert_eq!(side["outputs"]["curriculum"]["rows"], 252);
     let script = repo_root().join("tests/python/check_export.py");
     let o = std::process::Command::new(python)
         .arg(script)

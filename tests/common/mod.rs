@@ -48,7 +48,22 @@ pub struct Project {
 }
 
 impl Project {
+    /// A copy with two task families (vector_add, row_sum), so stages downstream of `validate`
+    /// compile four kernels, not every family's.
     pub fn new() -> Project {
+        let p = Project::full();
+        let tasks = p.path("datasets/tasks");
+        for e in std::fs::read_dir(&tasks).unwrap().flatten() {
+            let keep = ["vector_add", "row_sum"].contains(&e.file_name().to_str().unwrap_or(""));
+            if e.path().is_dir() && !keep {
+                std::fs::remove_dir_all(e.path()).unwrap();
+            }
+        }
+        p
+    }
+
+    /// A copy with every task family.
+    pub fn full() -> Project {
         let dir = tempfile::tempdir().unwrap();
         let root = repo_root();
         for d in ["pipelines", "configs", "datasets", "python"] {
@@ -77,6 +92,12 @@ impl Project {
             .env_remove("CUDARL_FAULT")
             .env_remove("CUDARL_ROOT")
             .env_remove("CUDARL_STORE");
+        // The copy has no .venv: hand it the repository's nvcc (for `validate`).
+        if std::env::var_os("CUDARL_NVCC").is_none()
+            && let Ok(n) = cudarl_cuda::Nvcc::discover(&repo_root())
+        {
+            c.env("CUDARL_NVCC", n.path);
+        }
         c
     }
 

@@ -26,6 +26,11 @@ CURRICULUM = [
     ("archive_claimed_correct", pa.int64(), False),
     ("archive_best_claimed_speedup", pa.float64(), True),
     ("archive_reference_drift", pa.bool_(), False),
+    ("signature", pa.string(), True),
+    ("train_shapes", pa.string(), True),
+    ("holdout_shapes", pa.string(), True),
+    ("validated_kernels", pa.int64(), False),
+    ("best_validated_speedup", pa.float64(), True),
 ]
 GATES = [
     ("tier", pa.int64(), False),
@@ -50,18 +55,23 @@ def check(path, expected):
 
 cur = check(out / "curriculum.parquet", CURRICULUM)
 gates = check(out / "gates.parquet", GATES)
-assert cur.num_rows == 250, cur.num_rows
+# 250 KernelBench problems (levels 1-3) + the test project's 2 synthetic task families.
+assert cur.num_rows == 252, cur.num_rows
 assert set(cur.column("split").to_pylist()) == {"train", "val", "test"}
 assert set(cur.column("tier").to_pylist()) == {0, 1, 2, 3}
-assert sum(gates.column("problems").to_pylist()) == 250
+assert sum(gates.column("problems").to_pylist()) == 252
 
 df = pl.read_parquet(out / "curriculum.parquet")
-assert df.height == 250
+assert df.height == 252
+synth = df.filter(pl.col("source") == "synthetic").sort("problem_id")
+assert synth["problem_id"].to_list() == ["synth/row_sum", "synth/vector_add"], synth
+assert synth["signature"][1].startswith('extern "C" void launch(const float* a'), synth
+assert synth["validated_kernels"].to_list() == [0, 0]  # compile-only: nothing validated
 assert df.schema["op_features"] == pl.List(pl.String)
 relu = df.filter(pl.col("problem_id") == "kb/L1/19_ReLU")
 assert relu["tier"][0] == 0 and relu["op_features"][0].to_list() == ["torch.relu"], relu
 per_tier = df.group_by("tier").len().sort("tier")
-assert per_tier["len"].sum() == 250
+assert per_tier["len"].sum() == 252
 
 kernels = pl.read_parquet(out / "kernels.parquet")
 assert kernels.height == 102

@@ -1,8 +1,7 @@
-//! `curriculum`: tiers 0-3, deterministic splits and tier gates over KernelBench problems,
-//! with archive-kernel statistics per problem.
-//!
-//! Inputs are named so that later stages can be added as inputs (validations, synthetic tasks)
-//! without changing the output contract.
+//! `curriculum`: tiers 0-3, deterministic splits and tier gates over KernelBench problems and
+//! the synthetic task families, with archive-kernel statistics, the task families' signatures,
+//! train and hold-out shapes, and the kernels our harness validated (`validated_kernels`: correct
+//! on every seed and shape, with measured speedups; empty without a GPU).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -31,7 +30,7 @@ fn list_of_str() -> DataType {
 /// | column | type | meaning |
 /// |---|---|---|
 /// | problem_id | utf8 | `kb/L{level}/{name}` |
-/// | source | utf8 | `kernelbench` (synthetic task families come later) |
+/// | source | utf8 | `kernelbench` or `synthetic` (`problem_id` = `synth/<task>`) |
 /// | level | int64, nullable | KernelBench level |
 /// | name | utf8 | problem name |
 /// | tier | int64 | 0 elementwise, 1 reduction/data movement, 2 tiled/normalizing, 3 fused |
@@ -44,6 +43,10 @@ fn list_of_str() -> DataType {
 /// | archive_claimed_correct | int64 | of those, claimed correct by their archive |
 /// | archive_best_claimed_speedup | float64, nullable | best claimed speedup vs PyTorch eager among claimed-correct kernels with a `__global__` kernel (ratio; not yet validated by us) |
 /// | archive_reference_drift | bool | some archive kernel was written against a different reference than `problems.code` |
+/// | signature | utf8, nullable | the native launcher of a synthetic task (KernelBench signatures: the `kb-specs` node) |
+/// | train_shapes, holdout_shapes | utf8, nullable | JSON lists of size maps (synthetic tasks: hold-out shapes are never shown in prompts) |
+/// | validated_kernels | int64 | kernels of this problem our harness ran and found correct on every seed and shape |
+/// | best_validated_speedup | float64, nullable | best measured speedup vs the naive kernel among them |
 pub static CURRICULUM: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(vec![
         Field::new("problem_id", DataType::Utf8, false),
@@ -60,6 +63,11 @@ pub static CURRICULUM: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("archive_claimed_correct", DataType::Int64, false),
         Field::new("archive_best_claimed_speedup", DataType::Float64, true),
         Field::new("archive_reference_drift", DataType::Boolean, false),
+        Field::new("signature", DataType::Utf8, true),
+        Field::new("train_shapes", DataType::Utf8, true),
+        Field::new("holdout_shapes", DataType::Utf8, true),
+        Field::new("validated_kernels", DataType::Int64, false),
+        Field::new("best_validated_speedup", DataType::Float64, true),
     ]))
 });
 
@@ -80,6 +88,32 @@ pub static GATES: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("train", DataType::Int64, false),
         Field::new("val", DataType::Int64, false),
         Field::new("test", DataType::Int64, false),
+    ]))
+});
+
+/// `validated_kernels`: one row per kernel the harness ran and found correct on every train and
+/// hold-out shape and every public and hidden seed (empty without a GPU: compile-only verdicts
+/// validate nothing).
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | kernel_id | utf8 | BLAKE3 of the code |
+/// | problem_id | utf8 | curriculum row (`synth/<task>`) |
+/// | role | utf8 | `naive` or `optimized` |
+/// | tests | int64 | shapes x seeds run (all passed) |
+/// | median_ms | float64 | candidate median |
+/// | speedup_vs_naive, speedup_vs_torch | float64, nullable | measured ratios |
+/// | gpu | utf8 | the GPU |
+pub static VALIDATED_KERNELS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("kernel_id", DataType::Utf8, false),
+        Field::new("problem_id", DataType::Utf8, false),
+        Field::new("role", DataType::Utf8, false),
+        Field::new("tests", DataType::Int64, false),
+        Field::new("median_ms", DataType::Float64, false),
+        Field::new("speedup_vs_naive", DataType::Float64, true),
+        Field::new("speedup_vs_torch", DataType::Float64, true),
+        Field::new("gpu", DataType::Utf8, false),
     ]))
 });
 
@@ -198,7 +232,7 @@ impl Stage for Curriculum {
         "curriculum"
     }
     fn code_version(&self) -> u32 {
-        1
+        2
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -208,6 +242,8 @@ impl Stage for Curriculum {
             InputDecl::node("problems", "ingest-kernelbench", "problems"),
             InputDecl::node("sakana_kernels", "ingest-sakana", "kernels"),
             InputDecl::node("cuda_l1_kernels", "ingest-cuda-l1", "kernels"),
+            InputDecl::node("tasks", "synth-tasks", "tasks"),
+            InputDecl::node("validations", "validate", "validations"),
             InputDecl::external("op_categories"),
         ]
     }
@@ -215,6 +251,7 @@ impl Stage for Curriculum {
         vec![
             OutputDecl::table("curriculum", CURRICULUM.clone()),
             OutputDecl::table("gates", GATES.clone()),
+            OutputDecl::table("validated_kernels", VALIDATED_KERNELS.clone()),
         ]
     }
     fn resolve_external(
@@ -285,6 +322,12 @@ impl Stage for Curriculum {
         let mut b_acc = Int64Builder::new();
         let mut b_best = Float64Builder::new();
         let mut b_drift = BooleanBuilder::new();
+        let mut b_sig = StringBuilder::new();
+        let mut b_train = StringBuilder::new();
+        let mut b_hold = StringBuilder::new();
+        let mut b_nval = Int64Builder::new();
+        let mut b_bestv = Float64Builder::new();
+        let validated = read_validated(ctx)?;
         let mut counts = [[0i64; 3]; (MAX_TIER + 1) as usize];
         for i in 0..t.rows() {
             let (Some(id), Some(lv), Some(nm)) = (pid.get(i), level.get(i), name.get(i)) else {
@@ -337,6 +380,53 @@ impl Stage for Curriculum {
             b_acc.append_value(st.claimed_correct);
             b_best.append_option(st.best);
             b_drift.append_value(st.drift);
+            b_sig.append_null();
+            b_train.append_null();
+            b_hold.append_null();
+            b_nval.append_value(0);
+            b_bestv.append_null();
+        }
+        // Synthetic task families: tier from the spec, hold-out by shapes (all rows train).
+        let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
+        let (tid, ttier) = (
+            tt.req_strings("task_id").map_err(data_err)?,
+            tt.req_ints("tier").map_err(data_err)?,
+        );
+        let (tsig, ttrain, thold) = (
+            tt.req_strings("signature").map_err(data_err)?,
+            tt.req_strings("train_shapes").map_err(data_err)?,
+            tt.req_strings("holdout_shapes").map_err(data_err)?,
+        );
+        for i in 0..tt.rows() {
+            let (Some(id), Some(tier)) = (tid.get(i), ttier.get(i)) else {
+                continue;
+            };
+            let tier = tier.clamp(0, MAX_TIER);
+            counts[tier as usize][0] += 1;
+            let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
+            b_id.append_value(format!("synth/{id}"));
+            b_src.append_value("synthetic");
+            b_level.append_null();
+            b_name.append_value(id);
+            b_tier.append_value(tier);
+            b_reason.append_value(format!("task family tier (datasets/tasks/{id}/task.toml)"));
+            b_feats.append(true);
+            b_cats.append(true);
+            b_unknown.append(true);
+            b_split.append_value("train");
+            b_ak.append_value(0);
+            b_acc.append_value(0);
+            b_best.append_null();
+            b_drift.append_value(false);
+            b_sig.append_option(tsig.get(i));
+            b_train.append_option(ttrain.get(i));
+            b_hold.append_option(thold.get(i));
+            b_nval.append_value(mine.len() as i64);
+            b_bestv.append_option(
+                mine.iter()
+                    .filter_map(|v| v.speedup_vs_naive)
+                    .reduce(f64::max),
+            );
         }
         if !stats.is_empty() {
             ctx.warn(format!(
@@ -363,6 +453,11 @@ impl Stage for Curriculum {
             Arc::new(b_acc.finish()),
             Arc::new(b_best.finish()),
             Arc::new(b_drift.finish()),
+            Arc::new(b_sig.finish()),
+            Arc::new(b_train.finish()),
+            Arc::new(b_hold.finish()),
+            Arc::new(b_nval.finish()),
+            Arc::new(b_bestv.finish()),
         ];
         let batch = cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?;
         write_output(ctx, "curriculum", &batch)?;
@@ -394,6 +489,105 @@ impl Stage for Curriculum {
             )),
         ];
         let gates = cudarl_data::parquet_io::batch(&GATES.clone(), gcols).map_err(data_err)?;
-        write_output(ctx, "gates", &gates)
+        write_output(ctx, "gates", &gates)?;
+
+        use arrow::array::{Float64Array, Int64Array, StringArray};
+        let vk = cudarl_data::parquet_io::batch(
+            &VALIDATED_KERNELS.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    validated.iter().map(|v| v.kernel_id.clone()),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    validated.iter().map(|v| format!("synth/{}", v.task_id)),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    validated.iter().map(|v| v.role.clone()),
+                )),
+                Arc::new(Int64Array::from_iter_values(
+                    validated.iter().map(|v| v.tests),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    validated.iter().map(|v| v.median_ms),
+                )),
+                Arc::new(Float64Array::from(
+                    validated
+                        .iter()
+                        .map(|v| v.speedup_vs_naive)
+                        .collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    validated
+                        .iter()
+                        .map(|v| v.speedup_vs_torch)
+                        .collect::<Vec<_>>(),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    validated.iter().map(|v| v.gpu.clone()),
+                )),
+            ],
+        )
+        .map_err(data_err)?;
+        if validated.is_empty() {
+            ctx.warn(
+                "validated_kernels is empty: no kernel was run on a GPU (compile-only validations)",
+            );
+        }
+        write_output(ctx, "validated_kernels", &vk)
     }
+}
+
+/// A validation that counts: executed, correct, every test passed, timed.
+struct ValidatedRow {
+    kernel_id: String,
+    task_id: String,
+    role: String,
+    tests: i64,
+    median_ms: f64,
+    speedup_vs_naive: Option<f64>,
+    speedup_vs_torch: Option<f64>,
+    gpu: String,
+}
+
+fn read_validated(ctx: &StageContext<'_>) -> Result<Vec<ValidatedRow>, StageError> {
+    let t = Table::read(ctx.input_path("validations")?, "validations").map_err(data_err)?;
+    let s = |c: &str| t.req_strings(c).map_err(data_err);
+    let (kid, task, role, gpu) = (s("kernel_id")?, s("task_id")?, s("role")?, s("gpu")?);
+    let b = |c: &str| t.req_bools(c).map_err(data_err);
+    let (executed, correct) = (b("executed")?, b("correct")?);
+    let i = |c: &str| t.req_ints(c).map_err(data_err);
+    let (tests, passed) = (i("tests")?, i("tests_passed")?);
+    let f = |c: &str| t.req_floats(c).map_err(data_err);
+    let (median, sn, st) = (
+        f("median_ms")?,
+        f("speedup_vs_naive")?,
+        f("speedup_vs_torch")?,
+    );
+    let mut out = Vec::new();
+    for r in 0..t.rows() {
+        let n = tests.get(r).unwrap_or(0);
+        if executed.get(r) != Some(true)
+            || correct.get(r) != Some(true)
+            || n == 0
+            || passed.get(r) != Some(n)
+        {
+            continue;
+        }
+        let (Some(k), Some(tk), Some(ro), Some(m)) =
+            (kid.get(r), task.get(r), role.get(r), median.get(r))
+        else {
+            continue;
+        };
+        out.push(ValidatedRow {
+            kernel_id: k.to_string(),
+            task_id: tk.to_string(),
+            role: ro.to_string(),
+            tests: n,
+            median_ms: m,
+            speedup_vs_naive: sn.get(r),
+            speedup_vs_torch: st.get(r),
+            gpu: gpu.get(r).unwrap_or("").to_string(),
+        });
+    }
+    Ok(out)
 }

@@ -41,7 +41,6 @@ fn list_str() -> DataType {
 /// | static_flags, hack_flags | list<utf8> | rule ids / run-time hack indicators |
 /// | registers | int64, nullable | max registers per thread over the kernels |
 /// | shared_mem_bytes, spill_bytes | int64, nullable | max static smem per block; spill stores + loads, bytes |
-/// | compile_seconds | float64 | nvcc wall time, s |
 /// | tests, tests_passed | int64 | shapes × seeds run / passed |
 /// | max_abs_err, max_rel_err | float64, nullable | over all tests |
 /// | median_ms, p10_ms, p90_ms, cv | float64, nullable | timing of the candidate |
@@ -50,7 +49,7 @@ fn list_str() -> DataType {
 /// | speedup_vs_torch | float64, nullable | torch median / candidate median |
 /// | dram_fraction_of_peak | float64, nullable | roofline bound / median |
 /// | gpu, nvcc, arch | utf8 | environment (gpu null without one) |
-/// | verdict_json | utf8 | the full verdict |
+/// | verdict_json | utf8 | the full verdict, less what describes this run rather than the kernel (nvcc wall time, compile cache hit, the .so digest), so compile-only validations are identical across clean stores (GPU timings are measurements and differ) |
 pub static VALIDATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
     let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
     Arc::new(Schema::new(vec![
@@ -68,7 +67,6 @@ pub static VALIDATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("registers", DataType::Int64, true),
         f("shared_mem_bytes", DataType::Int64, true),
         f("spill_bytes", DataType::Int64, true),
-        f("compile_seconds", DataType::Float64, false),
         f("tests", DataType::Int64, false),
         f("tests_passed", DataType::Int64, false),
         f("max_abs_err", DataType::Float64, true),
@@ -399,6 +397,17 @@ fn validations_batch(
     ids: &[(String, String)],
     vs: &[Verdict],
 ) -> Result<arrow::array::RecordBatch, StageError> {
+    let vs: Vec<Verdict> = vs
+        .iter()
+        .map(|v| {
+            let mut v = v.clone();
+            v.compile_seconds = 0.0;
+            v.cache_hit = false;
+            v.so_hash = None;
+            v
+        })
+        .collect();
+    let vs = &vs[..];
     use arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
     let strs = |f: &dyn Fn(&Verdict) -> Option<&str>| -> ArrayRef {
         Arc::new(StringArray::from_iter(vs.iter().map(f)))
@@ -449,7 +458,6 @@ fn validations_batch(
         ints(&|v| max_res(v, |r| r.registers)),
         ints(&|v| max_res(v, |r| r.shared_mem_bytes)),
         ints(&|v| max_res(v, |r| r.spill_store_bytes + r.spill_load_bytes)),
-        floats(&|v| Some(v.compile_seconds)),
         ints(&|v| Some(v.tests.len() as i64)),
         ints(&|v| Some(v.tests.iter().filter(|t| t.passed).count() as i64)),
         floats(&|v| v.max_abs_err),

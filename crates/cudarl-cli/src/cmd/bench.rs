@@ -456,7 +456,6 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
         executed += v["executed"].as_bool().unwrap_or(false) as usize;
         correct += v["correct"].as_bool().unwrap_or(false) as usize;
         compiled += v["compiled"].as_bool().unwrap_or(false) as usize;
-        *phase.entry("nvcc_s").or_default() += v["compile_seconds"].as_f64().unwrap_or(0.0);
         let verdict: serde_json::Value =
             serde_json::from_str(v["verdict_json"].as_str().unwrap_or("{}")).unwrap_or_default();
         for k in ["load", "tests", "timing", "torch"] {
@@ -477,7 +476,6 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
             "correct": correct,
             "wall_s": big_s,
             "seconds_by_phase": {
-                "nvcc (all cores, summed)": phase.get("nvcc_s"),
                 "worker: load .so": phase.get("load"),
                 "worker: tests": phase.get("tests"),
                 "worker: timing": phase.get("timing"),
