@@ -15,6 +15,7 @@ use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula};
 use tch::{Device, Kind, Tensor};
 
 use crate::eval;
+use cudarl_cuda::expr::Expr;
 
 const POISON: i32 = 0x7FBA_DBAD; // a NaN payload no arithmetic produces
 const GUARD: i32 = 0x7FC0_FFEE;
@@ -141,16 +142,8 @@ impl Bufs {
 }
 
 /// Evaluates the task's reference for every output on `tensors`; per output (value, magnitude).
-fn reference_outputs(
-    task: &TaskSpec,
-    tensors: &[(String, Tensor)],
-    scalars: &[(String, f64)],
-    with_magnitude: bool,
-) -> Result<Vec<(Tensor, Option<Tensor>)>, String> {
-    let env = eval::Env {
-        tensors: tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
-        scalars: scalars.iter().cloned().collect(),
-    };
+/// The task's reference expressions, one per output buffer in argument order.
+fn parse_references(task: &TaskSpec) -> Result<Vec<Expr>, String> {
     task.args
         .iter()
         .filter(|a| a.kind == ArgKind::Output)
@@ -159,11 +152,44 @@ fn reference_outputs(
                 .reference
                 .get(&a.name)
                 .ok_or_else(|| format!("no reference for output `{}`", a.name))?;
-            let e = cudarl_cuda::expr::parse(src)
-                .map_err(|m| format!("reference `{}`: {m}", a.name))?;
-            eval::eval(&e, &env, with_magnitude).map_err(terr)
+            cudarl_cuda::expr::parse(src).map_err(|m| format!("reference `{}`: {m}", a.name))
         })
         .collect()
+}
+
+/// Evaluates parsed references on `tensors` and `scalars`; per output (value, magnitude).
+fn reference_outputs(
+    refs: &[Expr],
+    tensors: &[(String, Tensor)],
+    scalars: &[(String, f64)],
+    with_magnitude: bool,
+) -> Result<Vec<(Tensor, Option<Tensor>)>, String> {
+    let env = eval::Env {
+        tensors: tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
+        scalars: scalars.iter().cloned().collect(),
+    };
+    refs.iter()
+        .map(|e| eval::eval(e, &env, with_magnitude).map_err(terr))
+        .collect()
+}
+
+/// Calls the candidate's entry point on `b`'s buffers, sizes and scalars, on `stream`.
+fn launch(entry: &Entry, b: &Bufs, stream: &CudaStream) -> Result<(), String> {
+    let ptrs: Vec<*mut std::ffi::c_void> = b.args.iter().map(|a| a.whole.data_ptr()).collect();
+    let scalars: Vec<f32> = b.scalars.iter().map(|(_, v)| *v as f32).collect();
+    // SAFETY: the entry point's signature is fixed by the generated shim.
+    let rc = unsafe {
+        entry(
+            ptrs.as_ptr(),
+            b.sizes.as_ptr(),
+            scalars.as_ptr(),
+            stream.cu_stream(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!("launch returned cudaError {rc}"));
+    }
+    Ok(())
 }
 
 impl Runner {
@@ -351,24 +377,6 @@ impl Runner {
         })
     }
 
-    fn launch(&self, entry: &Entry, b: &Bufs) -> Result<(), String> {
-        let ptrs: Vec<*mut std::ffi::c_void> = b.args.iter().map(|a| a.whole.data_ptr()).collect();
-        let scalars: Vec<f32> = b.scalars.iter().map(|(_, v)| *v as f32).collect();
-        // SAFETY: the entry point's signature is fixed by the generated shim.
-        let rc = unsafe {
-            entry(
-                ptrs.as_ptr(),
-                b.sizes.as_ptr(),
-                scalars.as_ptr(),
-                self.stream.cu_stream(),
-            )
-        };
-        if rc != 0 {
-            return Err(format!("launch returned cudaError {rc}"));
-        }
-        Ok(())
-    }
-
     fn sync(&self) -> Result<(), String> {
         self.ctx.synchronize().map_err(derr)
     }
@@ -385,7 +393,7 @@ impl Runner {
         // Inputs were written on torch's stream; the candidate's stream must see them.
         self.sync()?;
         heartbeat();
-        self.launch(entry, &b)?;
+        launch(entry, &b, &self.stream)?;
         // The whole device, not one stream: work the candidate put elsewhere is waited for.
         self.sync()?;
         let mut t = TestResult {
@@ -421,7 +429,7 @@ impl Runner {
         }
         // Reference after the candidate, in float64 on the GPU, from the pristine inputs.
         let env = b.env_tensors(Kind::Double)?;
-        let refs = reference_outputs(task, &env, &b.scalars, true)?;
+        let refs = reference_outputs(&parse_references(task)?, &env, &b.scalars, true)?;
         let outs: Vec<&Buf> = b
             .args
             .iter()
@@ -598,24 +606,8 @@ impl Runner {
         let stream = self.stream.clone();
         let mut rep = 0usize;
         let mut run = || -> Result<(), String> {
-            let bufs = &sets[rep % sets.len()];
             rep += 1;
-            let ptrs: Vec<*mut std::ffi::c_void> =
-                bufs.args.iter().map(|a| a.whole.data_ptr()).collect();
-            let scalars: Vec<f32> = bufs.scalars.iter().map(|(_, v)| *v as f32).collect();
-            // SAFETY: the entry point's signature is fixed by the generated shim.
-            let rc = unsafe {
-                entry(
-                    ptrs.as_ptr(),
-                    bufs.sizes.as_ptr(),
-                    scalars.as_ptr(),
-                    stream.cu_stream(),
-                )
-            };
-            if rc != 0 {
-                return Err(format!("launch returned cudaError {rc}"));
-            }
-            Ok(())
+            launch(entry, &sets[(rep - 1) % sets.len()], &stream)
         };
         let times = self.time_loop(b, &mut run)?;
         // Transfer times depend on the buffers, not the candidate: measured once per task with
@@ -635,8 +627,9 @@ impl Runner {
         let bufs = self.buffers(task, &shape.sizes, 0x5EED)?;
         let env = bufs.env_tensors(Kind::Float)?;
         let (h2d_ms, d2h_ms) = self.transfer_ms(&bufs)?;
+        let refs = parse_references(task)?;
         let times = self.time_loop(b, &mut || {
-            reference_outputs(task, &env, &bufs.scalars, false).map(|_| ())
+            reference_outputs(&refs, &env, &bufs.scalars, false).map(|_| ())
         })?;
         Ok(stats(times, h2d_ms, d2h_ms, shape))
     }
