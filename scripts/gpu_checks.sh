@@ -28,7 +28,33 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$W/gpu.txt" 2>&1
 nvcc --version | tail -1 > "$W/nvcc.txt"
 ms() { echo "$(( ($(date +%s%N) - $1) / 1000000 ))e-3"; }
-if [ "$PART" = tests ]; then
+if [ "$PART" = curriculum ]; then
+  # `make curriculum` on the GPU machine: the whole chain into the default store (artifacts/,
+  # kept between calls while the machine is warm), cold then cached; a run cut by the call's
+  # time limit resumes from the row memos and the compile cache.
+  t0=$(date +%s%N)
+  s0=$(date +%s)
+  timeout ${CURRICULUM_LIMIT:-540} "$BIN" --root . run curriculum kb-specs testgen 2>&1 \
+    | while IFS= read -r l; do echo "$(( $(date +%s) - s0 ))s $l"; done > "$W/curriculum_run.err"
+  echo "${PIPESTATUS[0]}" > "$W/curriculum.rc"
+  ms $t0 > "$W/curriculum_cold.wall"
+  if [ "$(cat "$W/curriculum.rc")" = 0 ]; then
+    t0=$(date +%s%N)
+    "$BIN" --root . run curriculum kb-specs testgen --json > "$W/curriculum_cached.jsonl" 2>/dev/null
+    ms $t0 > "$W/curriculum_cached.wall"
+    "$BIN" --root . show validate --output agreement --json --head 100000 > "$W/agreement.jsonl" 2>/dev/null
+    "$BIN" --root . show validate --output validations --json --head 100000 > "$W/validations.jsonl" 2>/dev/null
+    "$BIN" --root . show testgen --output kb_testgen --json --head 100000 > "$W/kb_testgen.jsonl" 2>/dev/null
+    "$BIN" --root . export validate --to "$W/validate_export" > /dev/null 2>&1
+  fi
+  # KernelBench references of every covered problem on the GPU (testgen with device = cuda).
+  if [ -n "${REFS_ON_GPU:-}" ]; then
+    t0=$(date +%s%N)
+    "$BIN" --root . --store "$B/refstore" run testgen --set 'testgen.device="cuda"' --json > "$W/testgen_cuda.jsonl" 2> "$W/testgen_cuda.err"
+    ms $t0 > "$W/testgen_cuda.wall"
+    "$BIN" --root . --store "$B/refstore" show testgen --output kb_testgen --json --head 1000 > "$W/kb_testgen_cuda.jsonl" 2>/dev/null
+  fi
+elif [ "$PART" = tests ]; then
   t0=$(date +%s%N)
   CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_TEST_REPO=$PWD timeout 540 "$B/gpu-tests" --include-ignored --test-threads 1 > "$W/gpu_tests.log" 2>&1
   echo $? > "$W/gpu_tests.rc"

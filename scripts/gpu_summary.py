@@ -41,6 +41,49 @@ if read("validate_rows.jsonl") is not None:
         add(f"  {r['task_id']}/{r['role']}", f"correct={r.get('correct')} {r.get('tests_passed')}/{r.get('tests')} tests",
             f"{r.get('median_ms') or 0:.4f} ms", r.get("correct") is True and beats,
             f"x{sn or 0:.2f} vs naive, x{st or 0:.2f} vs torch, {100 * (r.get('dram_fraction_of_peak') or 0):.0f}% peak")
+if read("curriculum.rc") is not None:
+    rc = int(read("curriculum.rc"))
+    cur = {"exit_code": rc, "cold_wall_s": float(read("curriculum_cold.wall"))}
+    if read("curriculum_cached.wall") is not None:
+        cur["cached_wall_s"] = float(read("curriculum_cached.wall"))
+    add("make curriculum (cold)", f"exit {rc}", f"{cur['cold_wall_s']:.1f}s", rc == 0, (read("curriculum_run.err") or "")[-300:] if rc else "")
+    if "cached_wall_s" in cur:
+        add("make curriculum (cached)", "", f"{cur['cached_wall_s']:.3f}s", True)
+    if read("validations.jsonl") is not None:
+        vr = [json.loads(l) for l in read("validations.jsonl").splitlines() if l.strip()]
+        syn = [r for r in vr if r.get("source") == "synth"]
+        cur["synthetic"] = {"kernels": len(syn), "correct": sum(r.get("correct") is True for r in syn)}
+        add("  synthetic kernels", f"{cur['synthetic']['correct']}/{len(syn)} correct", "", cur["synthetic"]["correct"] == len(syn))
+        fam = {}
+        for r in syn:
+            fam.setdefault(r["task_id"], {})[r["role"]] = r
+        slow = [t for t, d in fam.items() if any((x.get("speedup_vs_naive") or 0) <= 1.0 for k, x in d.items() if k != "naive")]
+        cur["optimized_not_faster"] = slow
+        add("  optimized beats naive", f"{len(fam) - len(slow)}/{len(fam)} families", ",".join(slow), not slow)
+    if read("agreement.jsonl") is not None:
+        ag = [json.loads(l) for l in read("agreement.jsonl").splitlines() if l.strip()]
+        cur["agreement_rows"] = ag
+        for src in ("sakana", "cuda-l1"):
+            rows_ = [r for r in ag if r["source"] == src]
+            known = [r for r in rows_ if r.get("agree") is not None]
+            agree = sum(r["agree"] for r in known)
+            fails = {}
+            for r in rows_:
+                f = (r.get("our_reason") or "correct").split(":")[0]
+                fails[f] = fails.get(f, 0) + 1
+            cur[f"{src}_summary"] = {"kernels": len(rows_), "compared": len(known), "agree": agree, "our_outcomes": fails}
+            add(f"  {src} agreement", f"{agree}/{len(known)} agree ({len(rows_)} kernels)", json.dumps(fails)[:120], True)
+    if read("kb_testgen.jsonl") is not None:
+        kt = [json.loads(l) for l in read("kb_testgen.jsonl").splitlines() if l.strip()]
+        cur["testgen"] = {"problems": len(kt), "recorded": sum(r["status"] == "recorded" for r in kt)}
+        add("  testgen", f"{cur['testgen']['recorded']}/{len(kt)} problems recorded", "", True)
+    if read("kb_testgen_cuda.jsonl") is not None:
+        kt = [json.loads(l) for l in read("kb_testgen_cuda.jsonl").splitlines() if l.strip()]
+        cur["testgen_cuda"] = {"problems": len(kt), "recorded": sum(r["status"] == "recorded" for r in kt),
+                               "wall_s": float(read("testgen_cuda.wall")),
+                               "excluded": [(r["problem_id"], r["reason"]) for r in kt if r["status"] != "recorded"]}
+        add("  KernelBench references on the GPU", f"{cur['testgen_cuda']['recorded']}/{len(kt)} ran", f"{cur['testgen_cuda']['wall_s']:.0f}s", True)
+    res["curriculum"] = cur
 if read("bench_validate.json") is not None:
     bv = json.loads(read("bench_validate.json"))
     res["bench_validate"] = bv

@@ -209,3 +209,32 @@ fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
         files.len()
     );
 }
+
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn torch_format_modelnew_runs_against_recorded_tests_and_hacks_fail() {
+    if !gpu_enabled("torch_format_modelnew_runs_against_recorded_tests_and_hacks_fail") {
+        return;
+    }
+    // Recorded tests for the first 19 L1 problems (kb/L1/19_ReLU among them).
+    let p = Project::new();
+    let kb = common::repo_root().join("tests/kernels/kb");
+    let sets = ["--set", "testgen.limit=19"];
+    let v = check(&p, "kb/L1/19_ReLU", &kb.join("relu_model_new.py"), &sets);
+    assert_eq!(v["mode"], "full", "{v}");
+    assert_eq!(v["correct"], true, "{v}");
+    let tests = v["tests"].as_array().unwrap();
+    assert_eq!(tests.len(), 4, "2 public + 2 hidden recorded seeds: {v}");
+    assert!(tests.iter().any(|t| t["split"] == "hidden"));
+    assert!(median(&v) > 0.0);
+    assert!(v["speedup_vs_torch"].as_f64().unwrap() > 0.0, "{v}");
+    let v = check(&p, "kb/L1/19_ReLU", &kb.join("inplace_relu.py"), &sets);
+    assert_eq!(v["correct"], false, "{v}");
+    assert_eq!(v["failure"], "input_mutation", "{v}");
+    let v = check(&p, "kb/L1/19_ReLU", &kb.join("half_written.py"), &sets);
+    assert_eq!(v["correct"], false, "{v}");
+    assert!(
+        ["unwritten_output", "wrong_answer"].contains(&v["failure"].as_str().unwrap()),
+        "{v}"
+    );
+}

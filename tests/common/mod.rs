@@ -62,13 +62,25 @@ impl Project {
         p
     }
 
-    /// A copy with every task family.
+    /// A copy with every task family. Its pipeline records tests for the first 2 KernelBench
+    /// problems of each level (`testgen.limit`) and validates 3 archive kernels per source
+    /// (`validate.archive_limit`; torch-format builds are skipped without a GPU anyway), so
+    /// tests that build `curriculum` stay quick; `--set` lifts either.
     pub fn full() -> Project {
         let dir = tempfile::tempdir().unwrap();
         let root = repo_root();
         for d in ["pipelines", "configs", "datasets", "python"] {
             copy_dir(&root.join(d), &dir.path().join(d));
         }
+        let pl = dir.path().join("pipelines/default.toml");
+        let text = std::fs::read_to_string(&pl)
+            .unwrap()
+            .replace("[stages.testgen]\n", "[stages.testgen]\nlimit = 2\n")
+            .replace(
+                "[stages.validate]\n",
+                "[stages.validate]\narchive_limit = 3\n",
+            );
+        std::fs::write(&pl, text).unwrap();
         Project { dir }
     }
 

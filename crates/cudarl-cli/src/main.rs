@@ -144,12 +144,18 @@ enum Command {
     },
     /// Compile, statically check, test and time one kernel for a task.
     Check {
-        /// Task id (a folder of `datasets/tasks/`), e.g. `vector_add`.
+        /// Task id: a synthetic task (a folder of `datasets/tasks/`, e.g. `vector_add`) or a
+        /// KernelBench problem (`kb/L1/19_ReLU`).
         #[arg(long)]
         task: String,
-        /// The kernel source (native ABI: `extern "C" void launch(...)`).
+        /// The kernel source: native ABI (`extern "C" void launch(...)`) for synthetic tasks;
+        /// for KernelBench problems a `ModelNew` Python file or a SakanaAI-style `.cu` extension
+        /// (`PYBIND11_MODULE` + `forward`).
         #[arg(long, value_name = "FILE")]
         source: PathBuf,
+        /// The candidate's ABI (default: detected from the source).
+        #[arg(long, value_parser = ["native", "torch"])]
+        abi: Option<String>,
         /// `auto` runs on the GPU when one is present, else compile-only.
         #[arg(long, value_enum, default_value_t = cmd::check::Mode::Auto)]
         mode: cmd::check::Mode,

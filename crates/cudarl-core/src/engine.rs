@@ -335,6 +335,7 @@ impl Engine {
         let node = self.pipeline.node_at(idx);
         let ctx = ResolveContext {
             root: self.root.clone(),
+            store: self.store.clone(),
         };
         let mut inputs = BTreeMap::new();
         let mut fps = BTreeMap::new();
@@ -771,6 +772,7 @@ impl Engine {
         let result = catch_unwind(AssertUnwindSafe(|| node.stage.run(&mut ctx)));
         let seconds = t0.elapsed().as_secs_f64();
         let warnings = ctx.warnings.clone();
+        let referenced_blobs: Vec<Digest> = ctx.referenced.iter().copied().collect();
         match result {
             Err(panic) => {
                 let msg = panic
@@ -840,6 +842,7 @@ impl Engine {
             preimage: prep.preimage,
             outputs: outputs.clone(),
             warnings: warnings.clone(),
+            referenced_blobs,
             seconds,
             finished_unix_ms: now_ms(),
             git_commit: self
@@ -967,6 +970,7 @@ impl Engine {
                 && let Ok(m) = serde_json::from_slice::<Manifest>(&b)
             {
                 blobs.extend(m.outputs.values().map(|o| o.hash));
+                blobs.extend(m.referenced_blobs.iter().copied());
             }
         }
         Ok((keep, blobs))

@@ -44,6 +44,10 @@ pub struct Manifest {
     /// Warnings the stage reported.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Store blobs the outputs' rows point to (recorded test tensors, compiled shared objects),
+    /// kept by `gc` as long as this manifest is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub referenced_blobs: Vec<Digest>,
     /// Wall time of the stage run, seconds.
     pub seconds: f64,
     /// When the run finished (Unix time, milliseconds). Not part of the key.

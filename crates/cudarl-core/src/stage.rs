@@ -107,6 +107,8 @@ pub struct ExternalFiles {
 pub struct ResolveContext {
     /// The project root (relative paths in pipeline files resolve against it).
     pub root: PathBuf,
+    /// The store (for store-scoped environment such as the hidden-seed salt).
+    pub store: Store,
 }
 
 /// Errors a stage (or its configuration) reports. The CLI maps [`StageError::BadInput`] and
@@ -227,6 +229,7 @@ pub struct StageContext<'a> {
     pub(crate) reporter: Arc<dyn Reporter>,
     pub(crate) root: &'a Path,
     pub(crate) warnings: Vec<String>,
+    pub(crate) referenced: std::collections::BTreeSet<cudarl_store::Digest>,
 }
 
 impl<'a> StageContext<'a> {
@@ -249,6 +252,7 @@ impl<'a> StageContext<'a> {
             reporter,
             root,
             warnings: Vec::new(),
+            referenced: Default::default(),
         }
     }
 
@@ -344,6 +348,12 @@ impl<'a> StageContext<'a> {
     /// The store (for blobs a stage wants to reference from its tables).
     pub fn store(&self) -> &Store {
         self.store
+    }
+
+    /// Marks a store blob as referenced by this node's outputs (a digest in a table row): the
+    /// manifest lists it and `gc` keeps it while the manifest lives.
+    pub fn reference_blob(&mut self, d: cudarl_store::Digest) {
+        self.referenced.insert(d);
     }
 
     /// The project root.

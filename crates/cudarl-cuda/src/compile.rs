@@ -146,7 +146,7 @@ impl Compiler {
                 return Ok(out);
             }
         }
-        let mut out = self.run_nvcc(source, shim)?;
+        let mut out = self.run_nvcc(&format!("{source}\n{shim}"), self.flags(), self.timeout)?;
         if let (Some(m), Some(_)) = (&memo, &self.store) {
             m.put(&key, &serde_json::to_vec(&out).expect("json"))?;
         }
@@ -154,18 +154,112 @@ impl Compiler {
         Ok(out)
     }
 
-    fn run_nvcc(&self, source: &str, shim: &str) -> Result<CompileOutput, CompileError> {
+    /// Compiles a torch extension (one translation unit: a SakanaAI-style `.cu` with
+    /// `PYBIND11_MODULE`, or a `load_inline` call's sources joined by
+    /// [`crate::torchfmt`]) into a Python extension module named `module`, with torch's
+    /// headers and libraries from `env` and torch's own nvcc defines
+    /// (`torch.utils.cpp_extension`: `-D__CUDA_NO_HALF_OPERATORS__` ...,
+    /// `--expt-relaxed-constexpr`). Cached like [`Compiler::compile`]; `timeout` replaces the
+    /// compiler's (torch's headers make one build about a minute of CPU).
+    ///
+    /// # Errors
+    /// Harness failures only.
+    pub fn compile_torch_ext(
+        &self,
+        text: &str,
+        module: &str,
+        env: &crate::torchfmt::TorchEnv,
+        extra: &[String],
+        timeout: Duration,
+    ) -> Result<CompileOutput, CompileError> {
+        let t0 = Instant::now();
+        let num = self.arch.trim_start_matches("sm_");
+        let mut flags: Vec<String> = vec![
+            format!("-gencode=arch=compute_{num},code=sm_{num}"),
+            "-std=c++17".into(),
+            "-shared".into(),
+            "-Xcompiler".into(),
+            "-fPIC".into(),
+            "-Xptxas".into(),
+            "-v".into(),
+            "-lineinfo".into(),
+            "--expt-relaxed-constexpr".into(),
+            "-D__CUDA_NO_HALF_OPERATORS__".into(),
+            "-D__CUDA_NO_HALF_CONVERSIONS__".into(),
+            "-D__CUDA_NO_BFLOAT16_CONVERSIONS__".into(),
+            "-D__CUDA_NO_HALF2_OPERATORS__".into(),
+            "-DTORCH_API_INCLUDE_EXTENSION_H".into(),
+            format!("-DTORCH_EXTENSION_NAME={module}"),
+            format!("-D_GLIBCXX_USE_CXX11_ABI={}", u8::from(env.cxx11_abi)),
+        ];
+        for d in &env.include_dirs {
+            flags.push("-isystem".into());
+            flags.push(d.clone());
+        }
+        for d in &env.library_dirs {
+            flags.push(format!("-L{d}"));
+        }
+        // No -lcudart: nvcc links its static runtime (the default), which shares the primary
+        // context (and so streams and memory) with torch's shared one.
+        for l in [
+            "c10",
+            "c10_cuda",
+            "torch_cpu",
+            "torch_cuda",
+            "torch",
+            "torch_python",
+        ] {
+            flags.push(format!("-l{l}"));
+        }
+        flags.extend(extra.iter().cloned());
+        let v = serde_json::json!({
+            "source": text, "flags": flags, "nvcc": self.nvcc.version, "arch": self.arch,
+            "torch": env.torch,
+        });
+        let key = Digest(blake3::derive_key(
+            CACHE_CONTEXT,
+            serde_json::to_string(&v).expect("json").as_bytes(),
+        ));
+        let memo = match &self.store {
+            Some(s) => Some(s.memo("compile-v1")?),
+            None => None,
+        };
+        if let Some(m) = &memo
+            && let Some(bytes) = m.get(&key)?
+            && let Ok(mut out) = serde_json::from_slice::<CompileOutput>(&bytes)
+            && out
+                .so_hash
+                .is_none_or(|h| self.store.as_ref().is_some_and(|s| s.has_blob(&h)))
+        {
+            out.cache_hit = true;
+            out.seconds = t0.elapsed().as_secs_f64();
+            return Ok(out);
+        }
+        let mut out = self.run_nvcc(text, flags, timeout)?;
+        if let Some(m) = &memo {
+            m.put(&key, &serde_json::to_vec(&out).expect("json"))?;
+        }
+        out.seconds = t0.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    fn run_nvcc(
+        &self,
+        text: &str,
+        flags: Vec<String>,
+        timeout: Duration,
+    ) -> Result<CompileOutput, CompileError> {
         let io = |e: std::io::Error| CompileError::Io(e.to_string());
         let dir = match &self.store {
             Some(s) => s.temp_dir()?,
             None => tempfile::tempdir().map_err(io)?,
         };
         let src = dir.path().join("kernel.cu");
-        std::fs::write(&src, format!("{source}\n{shim}")).map_err(io)?;
+        std::fs::write(&src, text).map_err(io)?;
         let so = dir.path().join("kernel.so");
         let mut cmd = Command::new(&self.nvcc.path);
         cmd.current_dir(dir.path())
-            .args(self.flags())
+            .args(&flags)
             .arg("-o")
             .arg("kernel.so")
             .arg("kernel.cu")
@@ -195,7 +289,7 @@ impl Compiler {
             if let Some(st) = child.try_wait().map_err(io)? {
                 break Some(st);
             }
-            if t0.elapsed() > self.timeout {
+            if t0.elapsed() > timeout {
                 timed_out = true;
                 // Kill nvcc and its children (cicc, ptxas, gcc): the whole process group.
                 unsafe {
@@ -225,7 +319,7 @@ impl Compiler {
                 severity: "fatal".into(),
                 message: format!(
                     "compile exceeded the {:.0} s time limit and was killed",
-                    self.timeout.as_secs_f64()
+                    timeout.as_secs_f64()
                 ),
                 tool: "harness".into(),
             });
@@ -242,7 +336,7 @@ impl Compiler {
             seconds,
             nvcc_version: self.nvcc.version.clone(),
             arch: self.arch.clone(),
-            flags: self.flags(),
+            flags,
         })
     }
 }

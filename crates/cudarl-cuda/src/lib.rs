@@ -11,14 +11,18 @@
 //! - [`expr`]: reference expressions (task data) evaluated with libtorch.
 //! - [`task`]: task specs (signature, sizes, shapes, tolerances, byte/FLOP counts).
 //! - [`verdict`]: the verdict of `check` and `validate`.
+//! - [`torchfmt`]: torch-format candidates (KernelBench `ModelNew`, SakanaAI extensions).
+//! - [`pyworker`]: the Python worker process (`python/cudarl_worker.py`).
 
 pub mod compile;
 pub mod diag;
 pub mod expr;
 pub mod gpu;
 pub mod nvcc;
+pub mod pyworker;
 pub mod static_check;
 pub mod task;
+pub mod torchfmt;
 pub mod verdict;
 pub mod worker;
 

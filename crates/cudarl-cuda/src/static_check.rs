@@ -258,6 +258,34 @@ impl Rules {
     }
 }
 
+impl Rules {
+    /// Checks a Python (`ModelNew`) file with the rules of format `python`, on the source with
+    /// comments and string literals blanked out ([`crate::torchfmt::strip_python`]).
+    pub fn check_python(&self, source: &str) -> Vec<Finding> {
+        let clean = crate::torchfmt::strip_python(source);
+        let mut out = Vec::new();
+        for r in self
+            .rules
+            .iter()
+            .filter(|r| r.formats.iter().any(|f| f == "python"))
+        {
+            if let Some(m) = r.re.find(&clean) {
+                let mut matched: String =
+                    m.as_str().split_whitespace().collect::<Vec<_>>().join(" ");
+                matched.truncate(80);
+                out.push(Finding {
+                    rule: r.id.clone(),
+                    action: r.action,
+                    line: line_of(&clean, m.start()),
+                    matched,
+                    message: r.message.clone(),
+                });
+            }
+        }
+        out
+    }
+}
+
 /// Whether any finding rejects the candidate.
 pub fn rejected(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.action == Action::Reject)

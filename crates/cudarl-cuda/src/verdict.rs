@@ -84,12 +84,21 @@ pub struct Verdict {
 
 impl Verdict {
     fn new(spec: &TaskSpec, compiler: &Compiler, findings: Vec<Finding>) -> Verdict {
+        let mut v = Verdict::blank(&spec.id, "native", compiler);
+        v.static_flags = findings;
+        v.signature = spec.signature();
+        v
+    }
+
+    /// A compile-only verdict with nothing checked yet, for `task_id` and `abi` (`native` or
+    /// `torch`).
+    pub fn blank(task_id: &str, abi: &str, compiler: &Compiler) -> Verdict {
         Verdict {
-            task_id: spec.id.clone(),
-            abi: "native".into(),
+            task_id: task_id.to_string(),
+            abi: abi.into(),
             mode: "compile-only".into(),
             compiled: false,
-            static_flags: findings,
+            static_flags: vec![],
             diagnostics: vec![],
             resources: vec![],
             executed: false,
@@ -107,7 +116,7 @@ impl Verdict {
             speedup_vs_torch: None,
             roofline_ms: None,
             dram_fraction_of_peak: None,
-            signature: spec.signature(),
+            signature: String::new(),
             cache_hit: false,
             compile_seconds: 0.0,
             nvcc_version: compiler.nvcc.version.clone(),

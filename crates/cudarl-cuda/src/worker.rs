@@ -94,6 +94,17 @@ pub enum Outcome {
     Crash(String),
 }
 
+/// How a raw job line ended (see [`WorkerPool::run_line`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RawOutcome {
+    /// The worker's answer line.
+    Done(String),
+    /// The wall-clock limit passed; the worker was killed.
+    Timeout,
+    /// The worker died without answering, with its stderr tail.
+    Crash(String),
+}
+
 struct Worker {
     child: Child,
     stdin: ChildStdin,
@@ -183,28 +194,9 @@ impl WorkerPool {
     /// Runs one job with a wall-clock limit per step (between heartbeats). Never fails: a broken
     /// worker is an [`Outcome`].
     pub fn run(&mut self, job: &RunJob, wall: Duration) -> Outcome {
-        if self.worker.is_none() {
-            match self.spawn() {
-                Ok(w) => self.worker = Some(w),
-                Err(e) => return Outcome::Crash(e),
-            }
-        }
         let line = serde_json::to_string(job).expect("job serializes");
-        let w = self.worker.as_mut().expect("spawned");
-        if writeln!(w.stdin, "{line}")
-            .and_then(|_| w.stdin.flush())
-            .is_err()
-        {
-            return self.crashed();
-        }
-        let answer = loop {
-            match w.lines.recv_timeout(wall) {
-                Ok(l) if l.starts_with("{\"heartbeat\"") => continue,
-                other => break other,
-            }
-        };
-        match answer {
-            Ok(l) => match serde_json::from_str::<RunResult>(&l) {
+        match self.run_line(&line, wall) {
+            RawOutcome::Done(l) => match serde_json::from_str::<RunResult>(&l) {
                 Ok(r) => {
                     if r.cuda_error.is_some() {
                         // The context is poisoned; the worker exits by itself. Reap it.
@@ -217,12 +209,54 @@ impl WorkerPool {
                     Outcome::Crash(format!("worker sent an unreadable answer: {e}"))
                 }
             },
+            RawOutcome::Timeout => Outcome::Timeout,
+            RawOutcome::Crash(c) => Outcome::Crash(c),
+        }
+    }
+
+    /// Sends one JSON job line and returns the worker's answer line, with the same wall-clock
+    /// limit per step and the same handling of hangs and crashes as [`WorkerPool::run`]. Lines
+    /// starting with `{"heartbeat"` or `{"hello"` are not answers. Used for the Python worker
+    /// (torch-format candidates), whose jobs are not [`RunJob`]s.
+    pub fn run_line(&mut self, line: &str, wall: Duration) -> RawOutcome {
+        if self.worker.is_none() {
+            match self.spawn() {
+                Ok(w) => self.worker = Some(w),
+                Err(e) => return RawOutcome::Crash(e),
+            }
+        }
+        let w = self.worker.as_mut().expect("spawned");
+        if writeln!(w.stdin, "{line}")
+            .and_then(|_| w.stdin.flush())
+            .is_err()
+        {
+            return match self.crashed() {
+                Outcome::Crash(c) => RawOutcome::Crash(c),
+                _ => RawOutcome::Crash("worker stdin closed".into()),
+            };
+        }
+        let answer = loop {
+            match w.lines.recv_timeout(wall) {
+                Ok(l) if l.starts_with("{\"heartbeat\"") || l.starts_with("{\"hello\"") => continue,
+                other => break other,
+            }
+        };
+        match answer {
+            Ok(l) => RawOutcome::Done(l),
             Err(RecvTimeoutError::Timeout) => {
                 self.kill();
-                Outcome::Timeout
+                RawOutcome::Timeout
             }
-            Err(RecvTimeoutError::Disconnected) => self.crashed(),
+            Err(RecvTimeoutError::Disconnected) => match self.crashed() {
+                Outcome::Crash(c) => RawOutcome::Crash(c),
+                _ => RawOutcome::Crash("worker exited".into()),
+            },
         }
+    }
+
+    /// Kills the current worker (the next job starts a fresh one).
+    pub fn restart(&mut self) {
+        self.kill();
     }
 
     fn crashed(&mut self) -> Outcome {

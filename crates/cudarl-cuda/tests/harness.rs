@@ -187,11 +187,73 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
         ("inline-ptx", "__device__ int lane() { int l; asm(\"mov.u32 %0, %%laneid;\" : \"=r\"(l)); return l; }".to_string()),
         ("include", format!("#include <unistd.h>\n{}", body(""))),
     ];
+    // Python (`ModelNew`) rules and the torch-format C++ rule.
+    let py = |body: &str| {
+        format!(
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n{body}\n\
+             class ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n"
+        )
+    };
+    let py_cases: Vec<(&str, String)> = vec![
+        ("py-forbidden-import", py("import time")),
+        ("py-dynamic-code", py("f = eval('ext.f')")),
+        ("py-torch-compile", py("g = torch.compile(lambda x: x)")),
+        (
+            "py-file-io",
+            py("data = open('/tmp/expected.pt', 'rb').read()"),
+        ),
+        (
+            "py-inherits-model",
+            "class Model(nn.Module):\n    pass\nclass ModelNew(Model):\n    pass\n".to_string(),
+        ),
+        (
+            "py-try-fallback",
+            py("try:\n    ext = load_inline(name='e')\nexcept Exception:\n    ext = None"),
+        ),
+        ("py-stream-or-timer", py("s = torch.cuda.Stream()")),
+        (
+            "py-patch-torch",
+            py("torch.backends.cudnn.benchmark = True"),
+        ),
+        ("py-torch-op", py("y = torch.matmul(a, b)")),
+    ];
+    let torch_cases: Vec<(&str, String)> = vec![(
+        "torch-op-in-extension",
+        "#include <torch/extension.h>\ntorch::Tensor forward(torch::Tensor a, torch::Tensor b) { return torch::matmul(a, b); }\n".to_string(),
+    )];
+    for (id, src) in &py_cases {
+        let f = rules.check_python(src);
+        assert!(
+            f.iter().any(|x| &x.rule == id),
+            "`{id}` did not trip on:\n{src}\nfindings: {f:?}"
+        );
+    }
+    for (id, src) in &torch_cases {
+        let f = rules.check(src, "torch");
+        assert!(
+            f.iter().any(|x| &x.rule == id),
+            "`{id}` did not trip on:\n{src}\nfindings: {f:?}"
+        );
+    }
+    // Python: mentions in comments and strings (the CUDA source) trip nothing, and neither does
+    // a method named `compile` (`re.compile`).
+    let quiet = py(
+        "# import os; torch.cuda.Stream()\nsrc = '''exit(1); open(\"f\")'''\nr = re_mod.compile('x')",
+    );
+    assert!(
+        rules.check_python(&quiet).is_empty(),
+        "{:?}",
+        rules.check_python(&quiet)
+    );
     let mut ids: Vec<&str> = rules.ids();
     ids.push("include");
     for id in &ids {
         assert!(
-            cases.iter().any(|(c, _)| c == id),
+            cases
+                .iter()
+                .chain(&py_cases)
+                .chain(&torch_cases)
+                .any(|(c, _)| c == id),
             "rule `{id}` has no tripping kernel in this test"
         );
     }

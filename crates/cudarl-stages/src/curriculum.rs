@@ -43,10 +43,10 @@ fn list_of_str() -> DataType {
 /// | archive_claimed_correct | int64 | of those, claimed correct by their archive |
 /// | archive_best_claimed_speedup | float64, nullable | best claimed speedup vs PyTorch eager among claimed-correct kernels with a `__global__` kernel (ratio; not yet validated by us) |
 /// | archive_reference_drift | bool | some archive kernel was written against a different reference than `problems.code` |
-/// | signature | utf8, nullable | the native launcher of a synthetic task (KernelBench signatures: the `kb-specs` node) |
+/// | signature | utf8, nullable | the native launcher of a synthetic task, or of a KernelBench problem covered by `kb-specs` |
 /// | train_shapes, holdout_shapes | utf8, nullable | JSON lists of size maps (synthetic tasks: hold-out shapes are never shown in prompts) |
 /// | validated_kernels | int64 | kernels of this problem our harness ran and found correct on every seed and shape |
-/// | best_validated_speedup | float64, nullable | best measured speedup vs the naive kernel among them |
+/// | best_validated_speedup | float64, nullable | best measured speedup among them: vs the naive kernel (synthetic tasks), vs torch eager (KernelBench problems) |
 pub static CURRICULUM: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(vec![
         Field::new("problem_id", DataType::Utf8, false),
@@ -232,7 +232,7 @@ impl Stage for Curriculum {
         "curriculum"
     }
     fn code_version(&self) -> u32 {
-        2
+        3
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -244,6 +244,7 @@ impl Stage for Curriculum {
             InputDecl::node("cuda_l1_kernels", "ingest-cuda-l1", "kernels"),
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("validations", "validate", "validations"),
+            InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
             InputDecl::external("op_categories"),
         ]
     }
@@ -328,6 +329,17 @@ impl Stage for Curriculum {
         let mut b_nval = Int64Builder::new();
         let mut b_bestv = Float64Builder::new();
         let validated = read_validated(ctx)?;
+        // Native signatures of the covered KernelBench problems.
+        let kb_sig: BTreeMap<String, String> = {
+            let st = Table::read(ctx.input_path("kb_specs")?, "kb_specs").map_err(data_err)?;
+            let (sid, ssig) = (
+                st.req_strings("problem_id").map_err(data_err)?,
+                st.req_strings("signature").map_err(data_err)?,
+            );
+            (0..st.rows())
+                .filter_map(|i| Some((sid.get(i)?.to_string(), ssig.get(i)?.to_string())))
+                .collect()
+        };
         let mut counts = [[0i64; 3]; (MAX_TIER + 1) as usize];
         for i in 0..t.rows() {
             let (Some(id), Some(lv), Some(nm)) = (pid.get(i), level.get(i), name.get(i)) else {
@@ -380,11 +392,16 @@ impl Stage for Curriculum {
             b_acc.append_value(st.claimed_correct);
             b_best.append_option(st.best);
             b_drift.append_value(st.drift);
-            b_sig.append_null();
+            b_sig.append_option(kb_sig.get(id));
             b_train.append_null();
             b_hold.append_null();
-            b_nval.append_value(0);
-            b_bestv.append_null();
+            let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
+            b_nval.append_value(mine.len() as i64);
+            b_bestv.append_option(
+                mine.iter()
+                    .filter_map(|v| v.speedup_vs_torch)
+                    .reduce(f64::max),
+            );
         }
         // Synthetic task families: tier from the spec, hold-out by shapes (all rows train).
         let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;

@@ -8,6 +8,7 @@ pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
 pub mod synth_tasks;
+pub mod testgen;
 pub mod validate;
 
 use cudarl_core::{Stage, StageFactory};
@@ -25,6 +26,7 @@ impl StageFactory for Registry {
             "ingest-sakana",
             "kb-specs",
             "synth-tasks",
+            "testgen",
             "validate",
         ]
     }
@@ -44,6 +46,7 @@ impl StageFactory for Registry {
             "curriculum" => Box::new(curriculum::Curriculum::from_table(params)?),
             "synth-tasks" => Box::new(synth_tasks::SynthTasks::from_table(params)?),
             "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
+            "testgen" => Box::new(testgen::Testgen::from_table(params)?),
             "validate" => Box::new(validate::Validate::from_table(params)?),
             other => return Err(format!("unknown stage `{other}`")),
         })

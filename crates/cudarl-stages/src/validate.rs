@@ -19,6 +19,7 @@ use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::common::{data_err, params_json, write_output};
 
@@ -83,6 +84,37 @@ pub static VALIDATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("nvcc", DataType::Utf8, false),
         f("arch", DataType::Utf8, false),
         f("verdict_json", DataType::Utf8, false),
+        f("source", DataType::Utf8, false),
+        f("claimed_correct", DataType::Boolean, true),
+        f("claimed_speedup", DataType::Float64, true),
+    ]))
+});
+
+/// `agreement`: one row per archive kernel (SakanaAI sample, CUDA-L1): our verdict beside the
+/// archive's claim.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | kernel_id, task_id, source | utf8 | the kernel, its KernelBench problem, `sakana` or `cuda-l1` |
+/// | claimed_correct | bool, nullable | the archive's verdict (SakanaAI `Correct`; CUDA-L1: a score exists) |
+/// | our_correct | bool, nullable | ours (null: not executed, e.g. no GPU or the build was skipped) |
+/// | agree | bool, nullable | both verdicts known and equal |
+/// | our_reason | utf8, nullable | our failure and its detail |
+/// | their_reason | utf8, nullable | the archive's error text (first line that says what failed) |
+/// | claimed_speedup, our_speedup_vs_torch | float64, nullable | their speedup over torch eager / ours (same problem, full sizes, our GPU) |
+pub static AGREEMENT: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
+    Arc::new(Schema::new(vec![
+        f("kernel_id", DataType::Utf8, false),
+        f("task_id", DataType::Utf8, false),
+        f("source", DataType::Utf8, false),
+        f("claimed_correct", DataType::Boolean, true),
+        f("our_correct", DataType::Boolean, true),
+        f("agree", DataType::Boolean, true),
+        f("our_reason", DataType::Utf8, true),
+        f("their_reason", DataType::Utf8, true),
+        f("claimed_speedup", DataType::Float64, true),
+        f("our_speedup_vs_torch", DataType::Float64, true),
     ]))
 });
 
@@ -128,6 +160,23 @@ pub struct Params {
     /// Time candidates.
     #[serde(default = "d_true")]
     pub bench: bool,
+    /// Validate the archives' torch-format kernels (SakanaAI sample, CUDA-L1) too.
+    #[serde(default = "d_true")]
+    pub archive: bool,
+    /// CUDA-L1 rows of these GPUs (the archive has one kernel per problem and GPU).
+    #[serde(default = "d_l1_gpus")]
+    pub cuda_l1_gpus: Vec<String>,
+    /// Build torch-format kernels on a machine without a GPU too (about a minute of CPU each:
+    /// off by default; their verdicts then stop after the static checks).
+    #[serde(default)]
+    pub torch_builds_without_gpu: bool,
+    /// At most this many archive kernels per source (quick runs and tests).
+    #[serde(default)]
+    pub archive_limit: Option<usize>,
+}
+
+fn d_l1_gpus() -> Vec<String> {
+    vec!["h100".into()]
 }
 
 /// The stage.
@@ -166,13 +215,33 @@ impl Stage for Validate {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
+        let mut v = vec![
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("kernels", "synth-tasks", "task_kernels"),
-        ]
+        ];
+        if self.params.archive {
+            v.extend([
+                InputDecl::node("sakana", "ingest-sakana", "kernels"),
+                InputDecl::node("cuda_l1", "ingest-cuda-l1", "kernels"),
+                InputDecl::node("problems", "ingest-kernelbench", "problems"),
+                InputDecl::node("kb_tests", "testgen", "kb_tests"),
+                InputDecl::external("worker"),
+            ]);
+        }
+        v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
-        vec![OutputDecl::table("validations", VALIDATIONS.clone())]
+        vec![
+            OutputDecl::table("validations", VALIDATIONS.clone()),
+            OutputDecl::table("agreement", AGREEMENT.clone()),
+        ]
+    }
+    fn resolve_external(
+        &self,
+        _input: &str,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        crate::common::single_file(&ctx.root, "python/cudarl_worker.py", "worker")
     }
     fn environment(
         &self,
@@ -193,6 +262,12 @@ impl Stage for Validate {
             gpu.map(|g| g.name)
                 .unwrap_or_else(|| "none (compile-only)".into()),
         );
+        if self.params.archive {
+            env.insert(
+                "python torch".into(),
+                crate::kb_specs::python_versions(&ctx.root).map_err(StageError::Failed)?,
+            );
+        }
         Ok(env)
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
@@ -382,19 +457,354 @@ impl Stage for Validate {
         if compile_only > 0 {
             ctx.warn(format!("{compile_only} of {} verdicts are compile-only (no GPU): correctness and speed not checked", verdicts.len()));
         }
-        let batch = validations_batch(
-            &rows
-                .iter()
-                .map(|r| (r.kernel_id.clone(), r.role.clone()))
-                .collect::<Vec<_>>(),
-            &verdicts,
-        )?;
-        write_output(ctx, "validations", &batch)
+        let mut ids: Vec<RowMeta> = rows
+            .iter()
+            .map(|r| RowMeta {
+                kernel_id: r.kernel_id.clone(),
+                role: r.role.clone(),
+                source: "synth".into(),
+                claimed_correct: None,
+                claimed_speedup: None,
+                their_error: None,
+            })
+            .collect();
+        let mut verdicts = verdicts;
+        if self.params.archive {
+            let (m, v) = self.archive(ctx, &compiler, gpu.clone(), &env_key)?;
+            ids.extend(m);
+            verdicts.extend(v);
+        }
+        let batch = validations_batch(&ids, &verdicts)?;
+        write_output(ctx, "validations", &batch)?;
+        let batch = agreement_batch(&ids, &verdicts)?;
+        write_output(ctx, "agreement", &batch)
     }
 }
 
+/// What a validations row says besides the verdict.
+#[derive(Debug, Clone)]
+struct RowMeta {
+    kernel_id: String,
+    role: String,
+    source: String,
+    claimed_correct: Option<bool>,
+    claimed_speedup: Option<f64>,
+    their_error: Option<String>,
+}
+
+/// The line of an archive's error text that says what failed (the build log before it is
+/// noise): the last line mentioning an error, else the last non-empty line.
+fn their_reason(e: &str) -> Option<String> {
+    let lines: Vec<&str> = e.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let pick = lines
+        .iter()
+        .rev()
+        .find(|l| {
+            let l = l.to_ascii_lowercase();
+            l.contains("error")
+                || l.contains("mismatch")
+                || l.contains("failed")
+                || l.contains("incorrect")
+        })
+        .or(lines.last())?;
+    let mut s = pick.to_string();
+    s.truncate(300);
+    Some(s)
+}
+
+impl Validate {
+    /// The archives' torch-format kernels: static checks and extraction (one Python worker),
+    /// builds on every core (content-hash cached), then one GPU job at a time through the
+    /// Python worker pool against the recorded tests of `testgen`.
+    fn archive(
+        &self,
+        ctx: &mut StageContext<'_>,
+        compiler: &Compiler,
+        gpu: Option<cudarl_cuda::gpu::GpuInfo>,
+        env_key: &str,
+    ) -> Result<(Vec<RowMeta>, Vec<Verdict>), StageError> {
+        use cudarl_cuda::torchfmt::{self, Format};
+        let problems = crate::testgen::load_kb_problems(
+            ctx.input_path("problems")?,
+            ctx.input_path("kb_tests")?,
+            ctx.store(),
+        )?;
+        struct Arch {
+            meta: RowMeta,
+            task: String,
+            code: String,
+        }
+        let mut items: Vec<Arch> = Vec::new();
+        for (input, source) in [("sakana", "sakana"), ("cuda_l1", "cuda-l1")] {
+            let t = Table::read(ctx.input_path(input)?, input).map_err(data_err)?;
+            let kid = t.req_strings("kernel_id").map_err(data_err)?;
+            let pid = t.req_strings("problem_id").map_err(data_err)?;
+            let code = t.req_strings("code").map_err(data_err)?;
+            let fmt = t.req_strings("format").map_err(data_err)?;
+            let ok = t.req_bools("claimed_correct").map_err(data_err)?;
+            let sp = t.req_floats("claimed_speedup_native").map_err(data_err)?;
+            let err = t.req_strings("error").map_err(data_err)?;
+            let gpu_col = t.req_strings("gpu").map_err(data_err)?;
+            let mut n = 0;
+            for i in 0..t.rows() {
+                let (Some(k), Some(p), Some(c)) = (kid.get(i), pid.get(i), code.get(i)) else {
+                    continue;
+                };
+                if source == "cuda-l1"
+                    && !gpu_col
+                        .get(i)
+                        .is_some_and(|g| self.params.cuda_l1_gpus.iter().any(|x| x == g))
+                {
+                    continue;
+                }
+                if self.params.archive_limit.is_some_and(|l| n >= l) {
+                    break;
+                }
+                n += 1;
+                let _ = fmt.get(i);
+                items.push(Arch {
+                    meta: RowMeta {
+                        kernel_id: k.to_string(),
+                        role: "archive".into(),
+                        source: source.into(),
+                        claimed_correct: ok.get(i),
+                        claimed_speedup: sp.get(i),
+                        their_error: err.get(i).and_then(their_reason),
+                    },
+                    task: p.to_string(),
+                    code: c.to_string(),
+                });
+            }
+        }
+        let worker_src = std::fs::read(ctx.root().join("python/cudarl_worker.py"))
+            .map_err(|e| StageError::Failed(format!("python/cudarl_worker.py: {e}")))?;
+        let memo = ctx.memo("validate-torch-v1")?;
+        let row_key = |a: &Arch| -> Digest {
+            let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate torch row v1");
+            let tests = problems
+                .get(&a.task)
+                .map(|p| {
+                    p.tests
+                        .iter()
+                        .map(|t| t.path.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            let pcode = problems.get(&a.task).map(|p| p.code.as_str()).unwrap_or("");
+            for part in [
+                env_key.as_bytes(),
+                &worker_src,
+                pcode.as_bytes(),
+                tests.as_bytes(),
+                a.code.as_bytes(),
+                serde_json::to_string(&self.params)
+                    .unwrap_or_default()
+                    .as_bytes(),
+            ] {
+                h.update(&(part.len() as u64).to_le_bytes());
+                h.update(part);
+            }
+            Digest(*h.finalize().as_bytes())
+        };
+        let rules = Rules::builtin();
+        let mut out: Vec<Option<Verdict>> = vec![None; items.len()];
+        let mut py: Option<cudarl_cuda::pyworker::PyWorker> = None;
+        let mut preps: Vec<Option<torchfmt::Prepared>> = vec![None; items.len()];
+        let progress = ctx.progress("archive kernels", Some(items.len() as u64));
+        for (i, a) in items.iter().enumerate() {
+            if let Some(b) = memo.get(&row_key(a))?
+                && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
+            {
+                out[i] = Some(v);
+                progress.inc(1);
+                continue;
+            }
+            let format = torchfmt::detect(&a.code, Some("torch"));
+            if format == Format::ModelNew && py.is_none() {
+                py = Some(
+                    cudarl_cuda::pyworker::PyWorker::start(ctx.root())
+                        .map_err(StageError::Failed)?,
+                );
+            }
+            let p = torchfmt::prepare(&a.code, format, &rules, py.as_mut())
+                .map_err(StageError::Failed)?;
+            preps[i] = Some(p);
+        }
+        let build_all = gpu.is_some() || self.params.torch_builds_without_gpu;
+        let env = if build_all
+            && preps
+                .iter()
+                .any(|p| p.as_ref().is_some_and(|p| p.reject.is_none()))
+        {
+            if py.is_none() {
+                py = Some(
+                    cudarl_cuda::pyworker::PyWorker::start(ctx.root())
+                        .map_err(StageError::Failed)?,
+                );
+            }
+            Some(
+                torchfmt::TorchEnv::query(py.as_mut().expect("started"))
+                    .map_err(StageError::Failed)?,
+            )
+        } else {
+            None
+        };
+        drop(py);
+        // Builds on every core; the GPU runs below, one job at a time.
+        let built: Vec<Option<(Verdict, Option<Value>)>> = preps
+            .par_iter()
+            .enumerate()
+            .map(|(i, p)| -> Result<_, String> {
+                let Some(p) = p else { return Ok(None) };
+                let task = &items[i].task;
+                match (&env, &p.reject) {
+                    (Some(env), None) => torchfmt::build(task, p, compiler, env)
+                        .map(Some)
+                        .map_err(|e| e.to_string()),
+                    (None, None) => {
+                        let mut v = Verdict::blank(task, "torch", compiler);
+                        v.static_flags = p.findings.clone();
+                        v.failure = Some("build_skipped".into());
+                        v.failure_detail = Some(
+                            "no GPU: torch-format builds are skipped (validate.torch_builds_without_gpu = true builds them)".into(),
+                        );
+                        Ok(Some((v, None)))
+                    }
+                    (_, Some(_)) => torchfmt::build(
+                        task,
+                        p,
+                        compiler,
+                        &torchfmt::TorchEnv {
+                            include_dirs: vec![],
+                            library_dirs: vec![],
+                            cxx11_abi: true,
+                            torch: String::new(),
+                        },
+                    )
+                    .map(Some)
+                    .map_err(|e| e.to_string()),
+                }
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| StageError::Failed(format!("harness failure while building: {e}")))?;
+        let mut pool = gpu.as_ref().map(|_| {
+            WorkerPool::new(
+                cudarl_cuda::pyworker::python(ctx.root()),
+                vec![
+                    ctx.root()
+                        .join("python/cudarl_worker.py")
+                        .display()
+                        .to_string(),
+                    "--limits".into(),
+                ],
+            )
+        });
+        let opts = torchfmt::TorchRunOptions {
+            wall: Duration::from_secs(self.params.timeout_s.max(60)),
+            bench: self.params.bench.then(cudarl_cuda::gpu::BenchSpec::default),
+        };
+        for (i, b) in built.into_iter().enumerate() {
+            let Some((mut v, cand)) = b else { continue };
+            if let (Some(pool), Some(cand)) = (pool.as_mut(), cand) {
+                match problems.get(&items[i].task) {
+                    Some(p) if !p.tests.is_empty() => {
+                        v = torchfmt::run(v, &cand, p, pool, &opts, gpu.clone());
+                    }
+                    _ => {
+                        v.failure = Some("no_tests".into());
+                        v.failure_detail = Some(format!(
+                            "`{}` has no recorded tests (not covered by kb-specs/testgen levels)",
+                            items[i].task
+                        ));
+                    }
+                }
+            }
+            memo.put(
+                &row_key(&items[i]),
+                &serde_json::to_vec(&v).expect("verdict json"),
+            )?;
+            out[i] = Some(v);
+            progress.inc(1);
+        }
+        progress.finish();
+        let verdicts: Vec<Verdict> = out
+            .into_iter()
+            .map(|v| v.expect("every archive row"))
+            .collect();
+        for v in &verdicts {
+            if let Some(h) = v.so_hash {
+                ctx.reference_blob(h);
+            }
+        }
+        Ok((items.into_iter().map(|a| a.meta).collect(), verdicts))
+    }
+}
+
+fn agreement_batch(
+    ids: &[RowMeta],
+    vs: &[Verdict],
+) -> Result<arrow::array::RecordBatch, StageError> {
+    use arrow::array::{BooleanArray, Float64Array, StringArray};
+    let rows: Vec<(&RowMeta, &Verdict)> = ids
+        .iter()
+        .zip(vs)
+        .filter(|(m, _)| m.source != "synth")
+        .collect();
+    // Our verdict: executed ones as run; candidates that cannot work (rejected, do not build,
+    // do not load) are incorrect; those the harness could not run (no GPU, no tests, an
+    // argument it cannot bind) are unknown.
+    let ours = |v: &Verdict| {
+        if v.executed {
+            v.correct
+        } else if matches!(
+            v.failure.as_deref(),
+            Some("static_reject" | "compile_error" | "compile_timeout" | "load_error")
+        ) {
+            Some(false)
+        } else {
+            None
+        }
+    };
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(m, _)| m.kernel_id.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(_, v)| v.task_id.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|(m, _)| m.source.as_str()),
+        )),
+        Arc::new(BooleanArray::from_iter(
+            rows.iter().map(|(m, _)| m.claimed_correct),
+        )),
+        Arc::new(BooleanArray::from_iter(rows.iter().map(|(_, v)| ours(v)))),
+        Arc::new(BooleanArray::from_iter(rows.iter().map(|(m, v)| {
+            m.claimed_correct.zip(ours(v)).map(|(a, b)| a == b)
+        }))),
+        Arc::new(StringArray::from_iter(rows.iter().map(|(_, v)| {
+            v.failure.as_ref().map(|f| {
+                let mut s = format!("{f}: {}", v.failure_detail.as_deref().unwrap_or(""));
+                s.truncate(300);
+                s
+            })
+        }))),
+        Arc::new(StringArray::from_iter(
+            rows.iter().map(|(m, _)| m.their_error.clone()),
+        )),
+        Arc::new(Float64Array::from_iter(
+            rows.iter().map(|(m, _)| m.claimed_speedup),
+        )),
+        Arc::new(Float64Array::from_iter(
+            rows.iter().map(|(_, v)| v.speedup_vs_torch),
+        )),
+    ];
+    cudarl_data::parquet_io::batch(&AGREEMENT.clone(), cols).map_err(data_err)
+}
+
 fn validations_batch(
-    ids: &[(String, String)],
+    ids: &[RowMeta],
     vs: &[Verdict],
 ) -> Result<arrow::array::RecordBatch, StageError> {
     let vs: Vec<Verdict> = vs
@@ -438,11 +848,11 @@ fn validations_batch(
     };
     let cols: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter_values(
-            ids.iter().map(|(k, _)| k.as_str()),
+            ids.iter().map(|m| m.kernel_id.as_str()),
         )),
         strs(&|v| Some(&v.task_id)),
         Arc::new(StringArray::from_iter_values(
-            ids.iter().map(|(_, r)| r.as_str()),
+            ids.iter().map(|m| m.role.as_str()),
         )),
         strs(&|v| Some(&v.mode)),
         bools(&|v| Some(v.compiled)),
@@ -476,6 +886,15 @@ fn validations_batch(
         Arc::new(StringArray::from_iter_values(
             vs.iter()
                 .map(|v| serde_json::to_string(v).expect("verdict json")),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            ids.iter().map(|m| m.source.as_str()),
+        )),
+        Arc::new(BooleanArray::from_iter(
+            ids.iter().map(|m| m.claimed_correct),
+        )),
+        Arc::new(Float64Array::from_iter(
+            ids.iter().map(|m| m.claimed_speedup),
         )),
     ];
     cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)

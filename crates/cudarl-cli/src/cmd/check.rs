@@ -21,18 +21,143 @@ pub enum Mode {
     Full,
 }
 
+/// A KernelBench problem (`kb/L1/19_ReLU`) with a torch-format candidate: its recorded tests
+/// come from the `testgen` node (built first if needed).
+#[allow(clippy::too_many_arguments)]
+fn check_kb(
+    ctx: &Ctx,
+    task_id: &str,
+    src: &str,
+    abi: Option<&str>,
+    compiler: &Compiler,
+    gpu: Option<cudarl_cuda::gpu::GpuInfo>,
+    bench: bool,
+    timeout: u64,
+) -> Result<cudarl_cuda::Verdict, CliError> {
+    use cudarl_cuda::torchfmt::{self, Format};
+    let format = torchfmt::detect(src, abi);
+    if format == Format::Native {
+        return Err(CliError::usage(format!(
+            "`{task_id}` is a KernelBench problem: give a torch-format candidate (a `ModelNew` Python file or a `.cu` with PYBIND11_MODULE; `--abi torch`)"
+        )));
+    }
+    let reporter = std::sync::Arc::new(crate::report::CliReporter::detect(false));
+    let engine = ctx.engine(reporter, 0)?;
+    let summary = engine.run(
+        &["testgen".to_string()],
+        &cudarl_core::RunOptions::default(),
+    )?;
+    if summary.exit_code() != 0 {
+        return Err(CliError::failed(
+            "building the recorded tests (`testgen`) failed; see `cudarl-pipe run testgen`",
+        ));
+    }
+    let out = |node: &str, name: &str| -> Result<std::path::PathBuf, CliError> {
+        let m = engine.fresh_manifest(node)?;
+        let rec = m
+            .outputs
+            .get(name)
+            .ok_or_else(|| CliError::failed(format!("`{node}` has no output `{name}`")))?;
+        Ok(engine.store().blob_path(&rec.hash))
+    };
+    let problems = cudarl_stages::testgen::load_kb_problems(
+        &out("ingest-kernelbench", "problems")?,
+        &out("testgen", "kb_tests")?,
+        engine.store(),
+    )
+    .map_err(|e| CliError::failed(e.to_string()))?;
+    let problem = problems.get(task_id).ok_or_else(|| {
+        CliError::usage(format!(
+            "unknown KernelBench problem `{task_id}` (e.g. {})",
+            problems
+                .keys()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
+    let env = torchfmt::TorchEnv::query(&mut py).map_err(CliError::failed)?;
+    let rules = Rules::builtin();
+    let prep = torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
+    drop(py);
+    let (v, cand) = torchfmt::build(task_id, &prep, compiler, &env)
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    match (gpu, cand) {
+        (Some(g), Some(cand)) => {
+            if problem.tests.is_empty() {
+                return Err(CliError::failed(format!(
+                    "`{task_id}` has no recorded tests (see `cudarl-pipe show testgen`)"
+                )));
+            }
+            let py = cudarl_cuda::pyworker::python(&ctx.root);
+            let mut pool = WorkerPool::new(
+                py,
+                vec![
+                    ctx.root
+                        .join("python/cudarl_worker.py")
+                        .display()
+                        .to_string(),
+                    "--limits".into(),
+                ],
+            );
+            let opts = torchfmt::TorchRunOptions {
+                wall: Duration::from_secs(timeout),
+                bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
+            };
+            Ok(torchfmt::run(v, &cand, problem, &mut pool, &opts, Some(g)))
+        }
+        _ => Ok(v),
+    }
+}
+
 /// Runs `check`.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     ctx: &Ctx,
     task_id: &str,
     source: &Path,
+    abi: Option<&str>,
     mode: Mode,
     arch: Option<String>,
     bench: bool,
     timeout: u64,
     json: bool,
 ) -> Result<i32, CliError> {
+    if task_id.starts_with("kb/") {
+        let src = std::fs::read_to_string(source)
+            .map_err(|e| CliError::usage(format!("{}: {e}", source.display())))?;
+        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
+        let gpu = if mode == Mode::Compile {
+            None
+        } else {
+            cudarl_cuda::gpu::probe()
+        };
+        if mode == Mode::Full && gpu.is_none() {
+            return Err(CliError::failed(
+                "--mode full needs a GPU; none is usable here (use --mode compile)",
+            ));
+        }
+        let arch = arch
+            .or_else(|| gpu.as_ref().map(|g| g.arch.clone()))
+            .unwrap_or_else(|| "sm_90".into());
+        let store =
+            cudarl_core::Store::open(&ctx.store).map_err(|e| CliError::failed(e.to_string()))?;
+        let compiler = Compiler {
+            nvcc,
+            arch,
+            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+            store: Some(store),
+        };
+        let v = check_kb(ctx, task_id, &src, abi, &compiler, gpu, bench, timeout)?;
+        return Ok(print_verdict(&v, json));
+    }
+    if abi == Some("torch") {
+        return Err(CliError::usage(format!(
+            "`{task_id}` is a synthetic task: its candidates use the native ABI (`extern \"C\" void launch(...)`)"
+        )));
+    }
     let tasks =
         load_tasks(&ctx.root.join("datasets/tasks")).map_err(|e| CliError::usage(e.to_string()))?;
     let task = tasks.iter().find(|t| t.spec.id == task_id).ok_or_else(|| {
@@ -104,10 +229,15 @@ pub fn run(
         check_compile_only(&task.spec, &src, &rules, &compiler)
             .map_err(|e| CliError::failed(e.to_string()))?
     };
+    Ok(print_verdict(&v, json))
+}
+
+/// Prints a verdict (text or JSON); returns the exit code (0 pass, 1 fail).
+fn print_verdict(v: &cudarl_cuda::Verdict, json: bool) -> i32 {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&v).expect("verdict serializes")
+            serde_json::to_string_pretty(v).expect("verdict serializes")
         );
     } else {
         println!(
@@ -181,5 +311,5 @@ pub fn run(
         }
     }
     let pass = v.failure.is_none() && (v.compiled && (!v.executed || v.correct == Some(true)));
-    Ok(if pass { 0 } else { 1 })
+    if pass { 0 } else { 1 }
 }

@@ -169,12 +169,23 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         Command::Check {
             task,
             source,
+            abi,
             mode,
             arch,
             no_bench,
             timeout,
             json,
-        } => check::run(&ctx, &task, &source, mode, arch, !no_bench, timeout, json),
+        } => check::run(
+            &ctx,
+            &task,
+            &source,
+            abi.as_deref(),
+            mode,
+            arch,
+            !no_bench,
+            timeout,
+            json,
+        ),
     }
 }
 

@@ -1,0 +1,719 @@
+//! Torch-format candidates: KernelBench `ModelNew` files (Python, kernels through
+//! `torch.utils.cpp_extension.load_inline`) and SakanaAI-style extensions (a `.cu` with
+//! `torch::Tensor forward(...)` and `PYBIND11_MODULE`), checked against a KernelBench problem's
+//! recorded tests (`testgen`) with the native path's rules.
+//!
+//! Flow: format detection → static checks (Python rules on the `ModelNew` file, C++ rules on
+//! every CUDA/C++ source) → for `ModelNew`, the Python worker executes the file with
+//! `load_inline` replaced by a recorder (`extract_inline`) → every extension is built by nvcc
+//! here ([`Compiler::compile_torch_ext`]: parallel on the CPU cores, cached by content hash) →
+//! on a GPU, the Python worker (under [`WorkerPool`]: wall-clock limit, crash containment) runs
+//! the candidate on every recorded test and times it against the reference at full size.
+
+use std::path::PathBuf;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::compile::{CompileError, Compiler};
+use crate::gpu::{TestResult, Timing};
+use crate::pyworker::PyWorker;
+use crate::static_check::{Action, Finding, Rules};
+use crate::verdict::Verdict;
+use crate::worker::{RawOutcome, WorkerPool};
+
+/// Time limit of one torch-extension build (torch's headers cost about a minute of CPU).
+pub const TORCH_BUILD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Absolute tolerance (and relative, the same) of torch-format checks per output dtype:
+/// f32 `1e-2` as KernelBench's `eval_kernel_against_ref` (`torch.allclose(atol=1e-02,
+/// rtol=1e-02)`), f16/bf16 `5e-2` (10 bits / 7 bits of mantissa).
+pub fn tolerance(dtype: &str) -> f64 {
+    match dtype {
+        "f16" | "bf16" => 5e-2,
+        _ => 1e-2,
+    }
+}
+
+/// How a candidate is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// `extern "C" void launch(...)` for a synthetic task.
+    Native,
+    /// A KernelBench `ModelNew` Python file.
+    ModelNew,
+    /// A `.cu` with `PYBIND11_MODULE` and a `forward`.
+    Extension,
+}
+
+/// The format of `source`: `abi` `native` or `torch` if given (torch then picks `ModelNew` or
+/// extension from the text), else detected: `class ModelNew` → ModelNew, `PYBIND11_MODULE` →
+/// extension, else native.
+pub fn detect(source: &str, abi: Option<&str>) -> Format {
+    if abi == Some("native") {
+        return Format::Native;
+    }
+    if source.contains("class ModelNew") {
+        Format::ModelNew
+    } else if source.contains("PYBIND11_MODULE") || abi == Some("torch") {
+        Format::Extension
+    } else {
+        Format::Native
+    }
+}
+
+/// Torch's build environment, from the Python worker's `build_env`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchEnv {
+    /// `-isystem` directories (torch's and Python's headers).
+    pub include_dirs: Vec<String>,
+    /// `-L` directories (torch's libraries).
+    pub library_dirs: Vec<String>,
+    /// `_GLIBCXX_USE_CXX11_ABI` of the torch build.
+    pub cxx11_abi: bool,
+    /// torch version.
+    pub torch: String,
+}
+
+impl TorchEnv {
+    /// Asks the worker.
+    ///
+    /// # Errors
+    /// The worker failed or answered something else.
+    pub fn query(py: &mut PyWorker) -> Result<TorchEnv, String> {
+        let a = py.call(&json!({"op": "build_env"}))?;
+        serde_json::from_value(a.clone()).map_err(|e| format!("build_env answer {a}: {e}"))
+    }
+}
+
+/// One recorded test of a KernelBench problem (a `kb_tests` row).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedTest {
+    /// The safetensors file (a store blob).
+    pub path: PathBuf,
+    /// Seed.
+    pub seed: u64,
+    /// `public` or `hidden`.
+    pub split: String,
+    /// Input distribution.
+    pub dist: String,
+}
+
+/// A KernelBench problem with its recorded tests.
+#[derive(Debug, Clone)]
+pub struct KbProblem {
+    /// e.g. `kb/L1/19_ReLU`.
+    pub id: String,
+    /// The problem's Python source (`Model`, `get_inputs`, `get_init_inputs`).
+    pub code: String,
+    /// Recorded tests.
+    pub tests: Vec<RecordedTest>,
+    /// Tolerance (see [`tolerance`]).
+    pub tol: f64,
+}
+
+/// One extension to build.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unit {
+    /// The name the candidate gave it (`load_inline(name=...)`), or `extension`.
+    pub name: String,
+    /// The Python module name it is built as (`PyInit_<module>`): `cudarl_ext_<BLAKE3 prefix>`.
+    pub module: String,
+    /// The translation unit.
+    pub text: String,
+    /// Extra nvcc flags the candidate asked for (allow-listed).
+    pub extra: Vec<String>,
+}
+
+/// A candidate after static checks and extraction, ready to build.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The format.
+    pub format: Format,
+    /// Static findings (Python and C++ rules).
+    pub findings: Vec<Finding>,
+    /// Extensions to build.
+    pub units: Vec<Unit>,
+    /// Arguments of an extension's `forward` (name, `tensor` or `scalar`).
+    pub args: Vec<(String, String)>,
+    /// Why it cannot be built or run (a static reject, no kernel, extraction failed).
+    pub reject: Option<(String, String)>,
+    /// The candidate's source.
+    pub source: String,
+}
+
+/// Blanks out Python comments and string literals (keeping newlines), so rules do not match
+/// inside them (the CUDA source of a `ModelNew` is a string literal).
+pub fn strip_python(src: &str) -> String {
+    let b = src.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'#' {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b' ');
+                i += 1;
+            }
+        } else if c == b'"' || c == b'\'' {
+            let triple = i + 2 < b.len() && b[i + 1] == c && b[i + 2] == c;
+            let q = if triple { 3 } else { 1 };
+            out.extend(std::iter::repeat_n(b' ', q));
+            i += q;
+            while i < b.len() {
+                if b[i] == b'\\' && i + 1 < b.len() {
+                    out.extend([b' ', if b[i + 1] == b'\n' { b'\n' } else { b' ' }]);
+                    i += 2;
+                    continue;
+                }
+                if triple {
+                    if i + 2 < b.len() && b[i] == c && b[i + 1] == c && b[i + 2] == c {
+                        out.extend([b' '; 3]);
+                        i += 3;
+                        break;
+                    }
+                } else if b[i] == c || b[i] == b'\n' {
+                    out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                    i += 1;
+                    break;
+                }
+                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                i += 1;
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+static FWD_NAME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"\.def\s*\(\s*"forward"\s*,\s*&?\s*(?:torch::wrap_pybind_function\s*\(\s*)?([A-Za-z_]\w*)"#)
+        .expect("re")
+});
+static FN_DEF: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?s)([A-Za-z_][\w:<>, ]*?)\s+([A-Za-z_]\w*)\s*\(([^()]*)\)\s*\{").expect("re")
+});
+static GLOBAL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"__global__").expect("re"));
+
+/// The arguments of the function bound as `forward` in `PYBIND11_MODULE`: (name, `tensor` |
+/// `scalar`).
+///
+/// # Errors
+/// No `forward` binding, no definition, or an argument type the harness cannot bind (e.g. a
+/// `std::vector<torch::Tensor>`).
+pub fn forward_args(cpp: &str) -> Result<Vec<(String, String)>, String> {
+    let clean = crate::static_check::strip_c_comments(cpp);
+    let name = FWD_NAME
+        .captures(&clean)
+        .map(|c| c[1].to_string())
+        .ok_or("no `m.def(\"forward\", ...)` in PYBIND11_MODULE")?;
+    let def = FN_DEF
+        .captures_iter(&clean)
+        .find(|c| c[2] == *name && !c[1].trim().ends_with("return"))
+        .ok_or_else(|| format!("no definition of `{name}`"))?;
+    let mut out = Vec::new();
+    for p in def[3].split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let p = p.split('=').next().unwrap_or(p).trim();
+        let (ty, arg) = p
+            .rsplit_once(|c: char| c.is_whitespace() || c == '&' || c == '*')
+            .ok_or_else(|| format!("cannot read argument `{p}` of `{name}`"))?;
+        let ty = ty.replace(' ', "");
+        let kind = if (ty.contains("vector") || ty.contains("List")) && ty.contains("Tensor") {
+            "tensor_list"
+        } else if ty.contains("vector") || ty.contains("optional") || ty.contains("List") {
+            return Err(format!(
+                "argument `{arg}` of `{name}` has type `{ty}`, which the harness does not bind"
+            ));
+        } else if ty.contains("Tensor") {
+            "tensor"
+        } else if [
+            "int", "int64_t", "long", "float", "double", "bool", "size_t", "int32_t", "unsigned",
+        ]
+        .iter()
+        .any(|t| ty.trim_start_matches("const").ends_with(t))
+        {
+            "scalar"
+        } else {
+            return Err(format!("argument `{arg}` of `{name}` has type `{ty}`"));
+        };
+        out.push((arg.trim().to_string(), kind.to_string()));
+    }
+    Ok(out)
+}
+
+fn module_name(text: &str) -> String {
+    format!(
+        "cudarl_ext_{}",
+        &blake3::hash(text.as_bytes()).to_hex()[..16]
+    )
+}
+
+/// nvcc flags a candidate may add (from `load_inline`'s `extra_cuda_cflags`/`extra_cflags`/
+/// `extra_ldflags`): optimization, fast math, register caps, defines, C++ standard, cuBLAS.
+fn allowed_flag(f: &str) -> Option<String> {
+    let f = f.trim();
+    let ok = f.starts_with("-O")
+        || matches!(
+            f,
+            "--use_fast_math"
+                | "-use_fast_math"
+                | "--expt-relaxed-constexpr"
+                | "--expt-extended-lambda"
+                | "-lineinfo"
+                | "-std=c++17"
+                | "-std=c++20"
+                | "-ffast-math"
+        )
+        || f.starts_with("-maxrregcount")
+        || f.starts_with("--maxrregcount")
+        || f.starts_with("-D")
+        || f.starts_with("--ptxas-options=")
+        || f.starts_with("-Xptxas=");
+    if ok {
+        return Some(if f == "-ffast-math" {
+            "-Xcompiler=-ffast-math".into()
+        } else {
+            f.into()
+        });
+    }
+    match f {
+        "-lcublas" => Some("-l:libcublas.so.13".into()),
+        "-lcublasLt" => Some("-l:libcublasLt.so.13".into()),
+        _ => None,
+    }
+}
+
+fn reject_of(findings: &[Finding]) -> Option<(String, String)> {
+    findings
+        .iter()
+        .find(|f| f.action == Action::Reject)
+        .map(|f| {
+            (
+                "static_reject".into(),
+                format!("{} (line {}): {}", f.rule, f.line, f.message),
+            )
+        })
+}
+
+/// Static checks and extraction of a torch-format candidate. `py` is needed for `ModelNew`
+/// files (it executes the file with `load_inline` recorded; only after the Python rules pass).
+///
+/// # Errors
+/// The worker failed (not the candidate: a candidate that raises is a `reject`).
+pub fn prepare(
+    source: &str,
+    format: Format,
+    rules: &Rules,
+    py: Option<&mut PyWorker>,
+) -> Result<Prepared, String> {
+    let mut p = Prepared {
+        format,
+        findings: vec![],
+        units: vec![],
+        args: vec![],
+        reject: None,
+        source: source.to_string(),
+    };
+    match format {
+        Format::Native => return Err("a native candidate is not torch-format".into()),
+        Format::Extension => {
+            p.findings = rules.check(source, "torch");
+            p.reject = reject_of(&p.findings);
+            if p.reject.is_some() {
+                return Ok(p);
+            }
+            if !GLOBAL.is_match(&crate::static_check::strip_c_comments_and_strings(source)) {
+                p.reject = Some((
+                    "static_reject".into(),
+                    "no-kernel: the extension defines no __global__ kernel (torch ops stand in for it)".into(),
+                ));
+                return Ok(p);
+            }
+            if !source.contains("PYBIND11_MODULE") {
+                p.reject = Some((
+                    "load_error".into(),
+                    "no PYBIND11_MODULE: the extension defines no Python module (PyInit_...) to load".into(),
+                ));
+                return Ok(p);
+            }
+            match forward_args(source) {
+                Ok(a) => p.args = a,
+                Err(e) => {
+                    p.reject = Some(("bind_error".into(), e));
+                    return Ok(p);
+                }
+            }
+            p.units.push(Unit {
+                name: "extension".into(),
+                module: module_name(source),
+                text: source.to_string(),
+                extra: vec![],
+            });
+        }
+        Format::ModelNew => {
+            p.findings = rules.check_python(source);
+            p.reject = reject_of(&p.findings);
+            if p.reject.is_some() {
+                return Ok(p);
+            }
+            let clean = strip_python(source);
+            if !clean.contains("load_inline") {
+                p.reject = Some((
+                    "static_reject".into(),
+                    "no-kernel: ModelNew builds no CUDA extension (load_inline); torch ops stand in for the kernel".into(),
+                ));
+                return Ok(p);
+            }
+            let py = py.ok_or("extracting a ModelNew needs the Python worker")?;
+            let a = py.call(&json!({"op": "extract_inline", "code": source}))?;
+            if a["ok"] != Value::Bool(true) {
+                p.reject = Some((
+                    "load_error".into(),
+                    format!(
+                        "executing the ModelNew file: {}",
+                        a["error"].as_str().unwrap_or("failed")
+                    ),
+                ));
+                return Ok(p);
+            }
+            let calls = a["calls"].as_array().cloned().unwrap_or_default();
+            if calls.is_empty() {
+                p.reject = Some((
+                    "static_reject".into(),
+                    "no-kernel: the ModelNew file calls load_inline nowhere at import".into(),
+                ));
+                return Ok(p);
+            }
+            for c in calls {
+                let strs = |k: &str| -> Vec<String> {
+                    c[k].as_array()
+                        .map(|v| {
+                            v.iter()
+                                .filter_map(|x| x.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                let cuda = strs("cuda_sources").join("\n");
+                let cpp = strs("cpp_sources").join("\n");
+                let mut bind = String::new();
+                if let Some(fns) = c["functions"].as_object() {
+                    for (f, doc) in fns {
+                        bind.push_str(&format!(
+                            "  m.def(\"{f}\", torch::wrap_pybind_function({f}), \"{}\");\n",
+                            doc.as_str().unwrap_or(f).replace('"', "'")
+                        ));
+                    }
+                }
+                let body = format!("{cuda}\n{cpp}");
+                let mut f = rules.check(&body, "torch");
+                f.retain(|x| !p.findings.iter().any(|y| y.rule == x.rule));
+                p.findings.extend(f);
+                if let Some(r) = reject_of(&p.findings) {
+                    p.reject = Some(r);
+                    return Ok(p);
+                }
+                if !GLOBAL.is_match(&crate::static_check::strip_c_comments_and_strings(&cuda)) {
+                    p.reject = Some((
+                        "static_reject".into(),
+                        format!(
+                            "no-kernel: load_inline(`{}`) defines no __global__ kernel",
+                            c["name"].as_str().unwrap_or("?")
+                        ),
+                    ));
+                    return Ok(p);
+                }
+                // torch.utils.cpp_extension.load_inline's layout, as one translation unit.
+                let text = format!(
+                    "#include <torch/extension.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n{body}\n\
+                     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{bind}}}\n"
+                );
+                let mut extra = Vec::new();
+                for fl in strs("extra_cuda_cflags")
+                    .iter()
+                    .chain(strs("extra_cflags").iter())
+                    .chain(strs("extra_ldflags").iter())
+                {
+                    if let Some(a) = allowed_flag(fl) {
+                        extra.push(a);
+                    }
+                }
+                p.units.push(Unit {
+                    name: c["name"].as_str().unwrap_or("inline").to_string(),
+                    module: module_name(&text),
+                    text,
+                    extra,
+                });
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// A torch-format verdict before running: static checks and builds. Returns the verdict and
+/// the candidate description for the worker's `run_torch` (when everything built).
+///
+/// # Errors
+/// Harness failures (temp dir, store, spawning nvcc).
+pub fn build(
+    task_id: &str,
+    prep: &Prepared,
+    compiler: &Compiler,
+    env: &TorchEnv,
+) -> Result<(Verdict, Option<Value>), CompileError> {
+    let mut v = Verdict::blank(task_id, "torch", compiler);
+    v.signature = match prep.format {
+        Format::ModelNew => "class ModelNew(nn.Module) (KernelBench)".into(),
+        _ => format!(
+            "torch::Tensor forward({})",
+            prep.args
+                .iter()
+                .map(|(n, k)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    v.static_flags = prep.findings.clone();
+    if let Some((f, d)) = &prep.reject {
+        v.failure = Some(f.clone());
+        v.failure_detail = Some(d.clone());
+        return Ok((v, None));
+    }
+    let mut builds = Vec::new();
+    for u in &prep.units {
+        let out =
+            compiler.compile_torch_ext(&u.text, &u.module, env, &u.extra, TORCH_BUILD_TIMEOUT)?;
+        v.diagnostics.extend(out.diagnostics.clone());
+        v.resources.extend(out.resources.clone());
+        v.compile_seconds += out.compile_seconds;
+        v.cache_hit = out.cache_hit;
+        if !out.compiled {
+            v.failure = Some(
+                if out.timed_out {
+                    "compile_timeout"
+                } else {
+                    "compile_error"
+                }
+                .into(),
+            );
+            v.failure_detail = v
+                .diagnostics
+                .iter()
+                .find(|d| d.severity != "warning")
+                .map(|d| match d.line {
+                    Some(l) => format!("{} line {l}: {}", u.name, d.message),
+                    None => format!("{}: {}", u.name, d.message),
+                })
+                .or_else(|| {
+                    out.log
+                        .lines()
+                        .rev()
+                        .find(|l| !l.trim().is_empty())
+                        .map(str::to_string)
+                });
+            return Ok((v, None));
+        }
+        let so = compiler
+            .store
+            .as_ref()
+            .zip(out.so_hash)
+            .map(|(s, h)| s.blob_path(&h));
+        v.so_hash = out.so_hash;
+        builds.push((u, so));
+    }
+    v.compiled = true;
+    if builds.iter().any(|(_, so)| so.is_none()) {
+        return Ok((v, None));
+    }
+    let cand = match prep.format {
+        Format::ModelNew => json!({"kind": "modelnew", "code": prep.source,
+            "builds": builds.iter().map(|(u, so)| json!({"name": u.name, "module": u.module, "so": so})).collect::<Vec<_>>()}),
+        _ => json!({"kind": "extension", "module": builds[0].0.module, "so": builds[0].1,
+            "args": prep.args.iter().map(|(n, k)| json!({"name": n, "type": k})).collect::<Vec<_>>()}),
+    };
+    Ok((v, Some(cand)))
+}
+
+/// Settings of a torch-format GPU run.
+#[derive(Debug, Clone)]
+pub struct TorchRunOptions {
+    /// Wall-clock limit per worker step.
+    pub wall: Duration,
+    /// Time the candidate and the reference at the problem's full sizes.
+    pub bench: Option<crate::gpu::BenchSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TorchAnswer {
+    #[serde(default)]
+    ok: bool,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    tests: Vec<TestResult>,
+    #[serde(default)]
+    timing: Option<Timing>,
+    #[serde(default)]
+    torch_timing: Option<Timing>,
+    #[serde(default)]
+    cuda_error: Option<String>,
+    #[serde(default)]
+    load_error: Option<String>,
+    #[serde(default)]
+    full_size: Option<Value>,
+    #[serde(default)]
+    worker_ms: Option<crate::gpu::WorkerMs>,
+}
+
+/// Runs a built candidate on the GPU through the Python worker pool and completes `v`.
+pub fn run(
+    mut v: Verdict,
+    cand: &Value,
+    problem: &KbProblem,
+    pool: &mut WorkerPool,
+    opts: &TorchRunOptions,
+    gpu: Option<crate::gpu::GpuInfo>,
+) -> Verdict {
+    let bench = opts.bench.as_ref().map(|b| {
+        json!({"warmup": b.warmup, "min_reps": b.min_reps, "max_reps": b.max_reps,
+               "target_cv": b.target_cv, "budget_ms": b.budget_ms})
+    });
+    let req = json!({"op": "run_torch", "problem_id": problem.id, "code": problem.code,
+        "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
+        "bench": bench, "bench_seed": 0});
+    v.mode = "full".into();
+    v.gpu = gpu;
+    match pool.run_line(&req.to_string(), opts.wall) {
+        RawOutcome::Timeout => {
+            v.executed = true;
+            v.correct = Some(false);
+            v.failure = Some("timeout".into());
+            v.failure_detail = Some(format!(
+                "a step took longer than {:.0} s; the worker was killed",
+                opts.wall.as_secs_f64()
+            ));
+        }
+        RawOutcome::Crash(c) => {
+            v.executed = true;
+            v.correct = Some(false);
+            v.failure = Some("crash".into());
+            v.failure_detail = Some(c);
+        }
+        RawOutcome::Done(line) => {
+            let a: TorchAnswer = match serde_json::from_str(&line) {
+                Ok(a) => a,
+                Err(e) => {
+                    pool.restart();
+                    v.failure = Some("crash".into());
+                    v.failure_detail = Some(format!("unreadable worker answer: {e}"));
+                    v.executed = true;
+                    v.correct = Some(false);
+                    return v;
+                }
+            };
+            if !a.ok {
+                v.failure = Some("harness_error".into());
+                v.failure_detail = a.error;
+                return v;
+            }
+            v.executed = true;
+            v.worker_ms = a.worker_ms;
+            v.tests = a.tests;
+            v.max_abs_err = v.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
+            v.max_rel_err = v.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
+            if let Some(e) = a.load_error {
+                v.failure = Some("load_error".into());
+                v.failure_detail = Some(e);
+                v.correct = Some(false);
+                return v;
+            }
+            if let Some(e) = a.cuda_error {
+                pool.restart();
+                v.failure = Some("cuda_error".into());
+                v.failure_detail = Some(e);
+                v.correct = Some(false);
+                return v;
+            }
+            let full_ok = a
+                .full_size
+                .as_ref()
+                .map(|f| f["passed"] == Value::Bool(true));
+            let full_msg = a
+                .full_size
+                .as_ref()
+                .and_then(|f| f["message"].as_str().map(str::to_string));
+            let first_bad = v.tests.iter().find(|t| !t.passed).cloned();
+            if let Some(t) = first_bad {
+                v.correct = Some(false);
+                // Right at the problem's own sizes on this very seed (and distribution), wrong
+                // at the recorded test sizes: a kernel specialized to the problem's shapes.
+                let same_seed_full = a.full_size.as_ref().is_some_and(|f| {
+                    f["seeds"]
+                        .as_array()
+                        .is_some_and(|s| s.iter().any(|x| x.as_u64() == Some(t.seed)))
+                });
+                let specialized =
+                    full_ok == Some(true) && same_seed_full && !t.input_mutated && t.unwritten == 0;
+                v.failure = Some(
+                    if t.input_mutated {
+                        "input_mutation"
+                    } else if t.unwritten > 0 {
+                        "unwritten_output"
+                    } else if specialized {
+                        "shape_specialized"
+                    } else {
+                        "wrong_answer"
+                    }
+                    .into(),
+                );
+                v.failure_detail = Some(format!(
+                    "{}seed {} ({}, test sizes {:?}): {}",
+                    if specialized {
+                        "right at the problem's own sizes, wrong at the recorded test sizes: "
+                    } else {
+                        ""
+                    },
+                    t.seed,
+                    t.split,
+                    t.sizes,
+                    t.message.unwrap_or_default()
+                ));
+                return v;
+            }
+            if v.tests.is_empty() {
+                v.failure = Some("no_tests".into());
+                v.failure_detail = Some(format!("`{}` has no recorded tests", problem.id));
+                return v;
+            }
+            if full_ok == Some(false) {
+                v.correct = Some(false);
+                v.failure = Some("wrong_answer".into());
+                v.failure_detail = Some(format!(
+                    "at the problem's own sizes (live reference on the GPU): {}",
+                    full_msg.unwrap_or_else(|| "mismatch".into())
+                ));
+                return v;
+            }
+            v.correct = Some(true);
+            if let Some(t) = &a.timing
+                && t.work_after_stop
+            {
+                v.hack_flags.push("work_after_stop".into());
+            }
+            if let (Some(t), Some(r)) = (&a.timing, &a.torch_timing)
+                && t.median_ms > 0.0
+            {
+                v.speedup_vs_torch = Some(r.median_ms / t.median_ms);
+            }
+            v.timing = a.timing;
+            v.torch_timing = a.torch_timing;
+        }
+    }
+    v
+}

@@ -1,0 +1,602 @@
+//! `testgen`: recorded tests for KernelBench problems. The Python worker
+//! (`python/cudarl_worker.py`) runs each covered problem's reference `Model` per seed and writes
+//! inputs, parameters (state dict) and outputs as a safetensors blob into the store; the rows
+//! name the blob, its tensors (name, shape, dtype), the seed, whether the seed is public or
+//! hidden, and the input distribution.
+//!
+//! Test sizes: KernelBench's own sizes reach gigabytes per problem (median about 1 GB for L1 and
+//! L2 here), too much to record per seed. The worker's `plan` halves the problem's size
+//! constants (largest first, on the meta device, then checked by a real run) until one test
+//! fits `budget_bytes`; the full sizes stay for timing, where `validate` runs the reference live
+//! on the GPU. Problems that cannot be brought under `16 x budget_bytes` are listed with the
+//! reason.
+//!
+//! Input distributions (KernelBench's `rand_mix` idea): seed `k` of a problem draws its float
+//! inputs from `distributions[k % len]` (`native` = the problem's own `get_inputs()`, `signed`,
+//! `scaled`, `special`; see the worker's `redraw`). Problems whose `get_inputs` constrains its
+//! values (softmax, abs, triu, ...) keep `native` on every seed, and so does any seed whose
+//! redrawn inputs make the reference non-finite; both are marked in `kb_testgen.rand_mix_note`.
+//!
+//! Row memo: each (problem code, sizes, seed, distribution, worker, torch) runs once; a re-run
+//! after data growth runs only new rows.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{ArrayRef, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cudarl_core::{Digest, InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_data::Table;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::common::{data_err, params_json, write_output};
+use crate::kb_specs::{PyWorker, python_versions};
+
+/// Version of the recorded-test semantics (row memo key and code version).
+pub const TESTGEN_VERSION: u32 = 1;
+
+/// `kb_tests`: one row per recorded test.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | problem_id | utf8 | e.g. `kb/L1/19_ReLU` |
+/// | seed | int64 | the seed of `get_init_inputs`, `Model` and `get_inputs` (hidden seeds are BLAKE3 of the store's secret salt, as u63) |
+/// | split | utf8 | `public` or `hidden` |
+/// | dist | utf8 | input distribution: `native`, `signed`, `scaled`, `special` |
+/// | sizes_json | utf8 | the size constants overridden for this test (`{}`: the problem's own) |
+/// | blob | utf8 | BLAKE3 hex of the safetensors file in the store (`input.<i>`, `param.<name>`, `output.<i>`; metadata: scalars, init inputs) |
+/// | tensors_json | utf8 | `[{"name", "shape", "dtype"}]` of the file |
+/// | bytes | int64 | size of the safetensors file, bytes |
+/// | device | utf8 | where the reference ran (`cpu` or `cuda`) |
+pub static KB_TESTS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("problem_id", DataType::Utf8, false),
+        Field::new("seed", DataType::Int64, false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("dist", DataType::Utf8, false),
+        Field::new("sizes_json", DataType::Utf8, false),
+        Field::new("blob", DataType::Utf8, false),
+        Field::new("tensors_json", DataType::Utf8, false),
+        Field::new("bytes", DataType::Int64, false),
+        Field::new("device", DataType::Utf8, false),
+    ]))
+});
+
+/// `kb_testgen`: one row per covered problem.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | problem_id | utf8 | |
+/// | level | int64 | |
+/// | status | utf8 | `recorded` or `excluded` |
+/// | reason | utf8, nullable | why excluded (over budget, the reference raised, non-finite reference) |
+/// | test_sizes_json | utf8 | size constants of the tests (halved from the problem's) |
+/// | test_bytes, full_bytes | int64 | bytes of one test's tensors at test sizes / at the problem's sizes |
+/// | rand_mix_note | utf8, nullable | why some or all seeds keep the native distribution |
+/// | tests | int64 | recorded tests |
+pub static KB_TESTGEN: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("problem_id", DataType::Utf8, false),
+        Field::new("level", DataType::Int64, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("reason", DataType::Utf8, true),
+        Field::new("test_sizes_json", DataType::Utf8, false),
+        Field::new("test_bytes", DataType::Int64, false),
+        Field::new("full_bytes", DataType::Int64, false),
+        Field::new("rand_mix_note", DataType::Utf8, true),
+        Field::new("tests", DataType::Int64, false),
+    ]))
+});
+
+fn d_levels() -> Vec<i64> {
+    vec![1, 2]
+}
+fn d_two() -> usize {
+    2
+}
+fn d_budget() -> u64 {
+    1 << 20
+}
+fn d_dists() -> Vec<String> {
+    ["native", "signed", "scaled", "special"]
+        .map(String::from)
+        .to_vec()
+}
+fn d_device() -> String {
+    "cpu".into()
+}
+
+/// Params of `testgen`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// KernelBench levels.
+    #[serde(default = "d_levels")]
+    pub levels: Vec<i64>,
+    /// Public seeds per problem (0, 1, ...).
+    #[serde(default = "d_two")]
+    pub public_seeds: usize,
+    /// Hidden seeds per problem (from the store's secret salt).
+    #[serde(default = "d_two")]
+    pub hidden_seeds: usize,
+    /// Byte budget of one test's tensors (inputs + parameters + outputs).
+    #[serde(default = "d_budget")]
+    pub budget_bytes: u64,
+    /// Input distributions, cycled over a problem's seeds (public first, then hidden).
+    #[serde(default = "d_dists")]
+    pub distributions: Vec<String>,
+    /// Where references run: `cpu` (default: deterministic and the same on every machine) or
+    /// `cuda`.
+    #[serde(default = "d_device")]
+    pub device: String,
+    /// Only the first N covered problems of each level (quick runs and tests).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// The stage.
+#[derive(Debug)]
+pub struct Testgen {
+    params: Params,
+}
+
+impl Testgen {
+    /// Builds the stage from its params table.
+    ///
+    /// # Errors
+    /// Unknown or mistyped params, an unknown distribution or device.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        let params: Params = crate::common::parse_params(t)?;
+        for d in &params.distributions {
+            if !["native", "signed", "scaled", "special"].contains(&d.as_str()) {
+                return Err(format!(
+                    "distributions: unknown `{d}` (native, signed, scaled, special)"
+                ));
+            }
+        }
+        if params.distributions.is_empty() {
+            return Err("distributions: empty".into());
+        }
+        if !["cpu", "cuda"].contains(&params.device.as_str()) {
+            return Err(format!("device: `{}` is not cpu or cuda", params.device));
+        }
+        Ok(Testgen { params })
+    }
+}
+
+/// The worker's answer for one test, memoized.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Recorded {
+    blob: Option<Digest>,
+    tensors: Value,
+    bytes: u64,
+    ms: f64,
+    finite: bool,
+    error: Option<String>,
+}
+
+/// One recorded test: (problem, seed, split, distribution, sizes JSON, the worker's record).
+type TestRow = (String, u64, &'static str, String, String, Recorded);
+
+fn key_of(parts: &[&[u8]]) -> Digest {
+    let mut h = blake3::Hasher::new_derive_key("cudarl-pipe testgen row v1");
+    for p in parts {
+        h.update(&(p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    Digest(*h.finalize().as_bytes())
+}
+
+impl Stage for Testgen {
+    fn kind(&self) -> &str {
+        "testgen"
+    }
+    fn code_version(&self) -> u32 {
+        TESTGEN_VERSION
+    }
+    fn params(&self) -> Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::node("problems", "ingest-kernelbench", "problems"),
+            InputDecl::node("specs", "kb-specs", "kb_specs"),
+            InputDecl::external("worker"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![
+            OutputDecl::table("kb_tests", KB_TESTS.clone()),
+            OutputDecl::table("kb_testgen", KB_TESTGEN.clone()),
+        ]
+    }
+    fn resolve_external(
+        &self,
+        _input: &str,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        crate::common::single_file(&ctx.root, "python/cudarl_worker.py", "worker")
+    }
+    fn environment(
+        &self,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<BTreeMap<String, String>, StageError> {
+        let mut env = BTreeMap::from([(
+            "python torch".to_string(),
+            python_versions(&ctx.root).map_err(StageError::Failed)?,
+        )]);
+        if self.params.hidden_seeds > 0 {
+            // Hidden seeds come from the store's secret salt: another salt, other tests.
+            let salt = cudarl_cuda::verdict::hidden_salt(&ctx.store)
+                .map_err(|e| StageError::Failed(e.to_string()))?;
+            env.insert(
+                "hidden salt".into(),
+                blake3::hash(&salt).to_hex()[..12].to_string(),
+            );
+        }
+        Ok(env)
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let p = &self.params;
+        let pt = Table::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
+        let (pids, pcodes) = (
+            pt.req_strings("problem_id").map_err(data_err)?,
+            pt.req_strings("code").map_err(data_err)?,
+        );
+        let code_of: BTreeMap<&str, &str> = (0..pt.rows())
+            .filter_map(|i| Some((pids.get(i)?, pcodes.get(i)?)))
+            .collect();
+        let st = Table::read(ctx.input_path("specs")?, "kb_specs").map_err(data_err)?;
+        let sid = st.req_strings("problem_id").map_err(data_err)?;
+        let slevel = st.req_ints("level").map_err(data_err)?;
+        let scov = st.req_bools("covered").map_err(data_err)?;
+        let ssizes = st.req_strings("sizes_json").map_err(data_err)?;
+        let mut selected: Vec<(String, i64, Vec<String>)> = Vec::new();
+        let mut per_level: BTreeMap<i64, usize> = BTreeMap::new();
+        for i in 0..st.rows() {
+            let (Some(id), Some(level)) = (sid.get(i), slevel.get(i)) else {
+                continue;
+            };
+            if !scov.get(i).unwrap_or(false) || !p.levels.contains(&level) {
+                continue;
+            }
+            let n = per_level.entry(level).or_default();
+            if p.limit.is_some_and(|l| *n >= l) {
+                continue;
+            }
+            *n += 1;
+            let dims: Vec<String> = ssizes
+                .get(i)
+                .and_then(|s| serde_json::from_str::<BTreeMap<String, Value>>(s).ok())
+                .map(|m| m.into_keys().collect())
+                .unwrap_or_default();
+            selected.push((id.to_string(), level, dims));
+        }
+        let worker_src = std::fs::read(ctx.root().join("python/cudarl_worker.py"))
+            .map_err(|e| StageError::Failed(format!("python/cudarl_worker.py: {e}")))?;
+        let versions = python_versions(ctx.root()).map_err(StageError::Failed)?;
+        let salt = if p.hidden_seeds > 0 {
+            cudarl_cuda::verdict::hidden_salt(ctx.store())
+                .map_err(|e| StageError::Failed(e.to_string()))?
+        } else {
+            Vec::new()
+        };
+        let memo = ctx.memo("testgen-v1")?;
+        let store = ctx.store().clone();
+        let tmp = store.temp_dir()?;
+        let mut worker: Option<PyWorker> = None;
+        let mut call = |req: Value| -> Result<Value, StageError> {
+            if worker.is_none() {
+                worker = Some(PyWorker::start(ctx.root()).map_err(StageError::Failed)?);
+            }
+            worker
+                .as_mut()
+                .expect("started")
+                .call(&req)
+                .map_err(StageError::Failed)
+        };
+        let progress = ctx.progress("problems", Some(selected.len() as u64));
+        let mut tests: Vec<TestRow> = Vec::new();
+        let mut problems: Vec<[Value; 9]> = Vec::new();
+        let mut referenced = Vec::new();
+        for (pid, level, dims) in &selected {
+            let Some(code) = code_of.get(pid.as_str()) else {
+                return Err(StageError::bad_input(
+                    "kb_specs",
+                    Some("problem_id"),
+                    format!("`{pid}` is not in the problems table"),
+                ));
+            };
+            let plan_key = key_of(&[
+                b"plan",
+                &worker_src,
+                versions.as_bytes(),
+                code.as_bytes(),
+                dims.join(",").as_bytes(),
+                &p.budget_bytes.to_le_bytes(),
+            ]);
+            let plan: Value = match memo.get(&plan_key)? {
+                Some(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
+                None => {
+                    let a = call(json!({"op": "plan", "problem_id": pid, "code": code,
+                        "dims": dims, "budget_bytes": p.budget_bytes}))?;
+                    memo.put(&plan_key, a.to_string().as_bytes())?;
+                    a
+                }
+            };
+            let sizes = plan["sizes"].clone();
+            let sizes_s = if sizes.is_object() {
+                sizes.to_string()
+            } else {
+                "{}".into()
+            };
+            let test_bytes = plan["bytes"].as_i64().unwrap_or(0);
+            let full_bytes = plan["full_bytes"].as_i64().unwrap_or(0);
+            let row = |status: &str, reason: Option<String>, note: Option<String>, n: usize| {
+                [
+                    json!(pid),
+                    json!(level),
+                    json!(status),
+                    json!(reason),
+                    json!(sizes_s),
+                    json!(test_bytes),
+                    json!(full_bytes),
+                    json!(note),
+                    json!(n),
+                ]
+            };
+            if plan["ok"] != Value::Bool(true) {
+                problems.push(row(
+                    "excluded",
+                    Some(format!(
+                        "test sizes: {}",
+                        plan["error"].as_str().unwrap_or("the worker failed")
+                    )),
+                    None,
+                    0,
+                ));
+                progress.inc(1);
+                continue;
+            }
+            if test_bytes as u64 > 16 * p.budget_bytes {
+                problems.push(row(
+                    "excluded",
+                    Some(format!(
+                        "no test sizes under 16 x {} bytes (smallest found: {test_bytes} bytes; its sizes are not reducible through module constants)",
+                        p.budget_bytes
+                    )),
+                    None,
+                    0,
+                ));
+                progress.inc(1);
+                continue;
+            }
+            let constrained = plan["constrained"].as_str().map(str::to_string);
+            let mut seeds: Vec<(u64, &str)> =
+                (0..p.public_seeds as u64).map(|s| (s, "public")).collect();
+            seeds.extend(
+                cudarl_cuda::verdict::hidden_seeds(&salt, pid, "testgen", p.hidden_seeds)
+                    .into_iter()
+                    .map(|s| (s & (i64::MAX as u64), "hidden")),
+            );
+            let mut notes: Vec<String> = constrained
+                .iter()
+                .map(|c| format!("{c}: every seed keeps the native distribution"))
+                .collect();
+            let mut recorded = 0;
+            let mut failure: Option<String> = None;
+            for (k, (seed, split)) in seeds.iter().enumerate() {
+                let mut dist = if constrained.is_some() {
+                    "native".to_string()
+                } else {
+                    p.distributions[k % p.distributions.len()].clone()
+                };
+                let rec = loop {
+                    let key = key_of(&[
+                        b"test",
+                        &worker_src,
+                        versions.as_bytes(),
+                        code.as_bytes(),
+                        sizes_s.as_bytes(),
+                        &seed.to_le_bytes(),
+                        dist.as_bytes(),
+                        p.device.as_bytes(),
+                    ]);
+                    let cached = memo
+                        .get(&key)?
+                        .and_then(|b| serde_json::from_slice::<Recorded>(&b).ok())
+                        .filter(|r| r.blob.is_none_or(|d| store.has_blob(&d)));
+                    let rec = match cached {
+                        Some(r) => r,
+                        None => {
+                            let path = tmp.path().join("test.safetensors");
+                            let a = call(json!({"op": "testgen", "problem_id": pid, "code": code,
+                                "sizes": sizes, "seed": seed, "dist": dist, "path": path,
+                                "device": p.device}))?;
+                            let ok = a["ok"] == Value::Bool(true);
+                            let (blob, bytes) = if ok {
+                                let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                                (Some(store.ingest_file(&path)?), bytes)
+                            } else {
+                                (None, 0)
+                            };
+                            let r = Recorded {
+                                blob,
+                                tensors: a["tensors"].clone(),
+                                bytes,
+                                ms: a["ms"].as_f64().unwrap_or(0.0),
+                                finite: a["finite"].as_bool().unwrap_or(false),
+                                error: a["error"].as_str().map(str::to_string),
+                            };
+                            memo.put(&key, &serde_json::to_vec(&r).expect("json"))?;
+                            r
+                        }
+                    };
+                    if dist != "native" && rec.error.is_none() && !rec.finite {
+                        notes.push(format!(
+                            "seed {seed}: `{dist}` inputs make the reference non-finite; native used"
+                        ));
+                        dist = "native".into();
+                        continue;
+                    }
+                    break rec;
+                };
+                if let Some(e) = &rec.error {
+                    failure = Some(format!("the reference raised: {e}"));
+                    break;
+                }
+                if !rec.finite {
+                    failure = Some(format!(
+                        "the reference output is not finite (seed {seed}, {dist})"
+                    ));
+                    break;
+                }
+                if let Some(d) = rec.blob {
+                    referenced.push(d);
+                }
+                tests.push((pid.clone(), *seed, split, dist, sizes_s.clone(), rec));
+                recorded += 1;
+            }
+            if let Some(f) = failure {
+                tests.retain(|t| &t.0 != pid);
+                problems.push(row("excluded", Some(f), None, 0));
+            } else {
+                let note = (!notes.is_empty()).then(|| notes.join("; "));
+                problems.push(row("recorded", None, note, recorded));
+            }
+            progress.inc(1);
+        }
+        progress.finish();
+        for d in referenced {
+            ctx.reference_blob(d);
+        }
+        let excluded = problems.iter().filter(|r| r[2] == "excluded").count();
+        if excluded > 0 {
+            ctx.warn(format!(
+                "{excluded} of {} covered problems have no recorded tests (see kb_testgen.reason)",
+                problems.len()
+            ));
+        }
+        let s = |f: &dyn Fn(&TestRow) -> String| -> ArrayRef {
+            Arc::new(StringArray::from_iter_values(tests.iter().map(f)))
+        };
+        let batch = cudarl_data::parquet_io::batch(
+            &KB_TESTS.clone(),
+            vec![
+                s(&|t| t.0.clone()),
+                Arc::new(Int64Array::from_iter_values(
+                    tests.iter().map(|t| t.1 as i64),
+                )),
+                s(&|t| t.2.to_string()),
+                s(&|t| t.3.clone()),
+                s(&|t| t.4.clone()),
+                s(&|t| t.5.blob.map(|d| d.to_string()).unwrap_or_default()),
+                s(&|t| t.5.tensors.to_string()),
+                Arc::new(Int64Array::from_iter_values(
+                    tests.iter().map(|t| t.5.bytes as i64),
+                )),
+                s(&|_| p.device.clone()),
+            ],
+        )
+        .map_err(data_err)?;
+        write_output(ctx, "kb_tests", &batch)?;
+        let col_s = |j: usize| -> ArrayRef {
+            Arc::new(StringArray::from_iter(
+                problems.iter().map(|r| r[j].as_str().map(str::to_string)),
+            ))
+        };
+        let col_i = |j: usize| -> ArrayRef {
+            Arc::new(Int64Array::from_iter_values(
+                problems.iter().map(|r| r[j].as_i64().unwrap_or(0)),
+            ))
+        };
+        let batch = cudarl_data::parquet_io::batch(
+            &KB_TESTGEN.clone(),
+            vec![
+                col_s(0),
+                col_i(1),
+                col_s(2),
+                col_s(3),
+                col_s(4),
+                col_i(5),
+                col_i(6),
+                col_s(7),
+                col_i(8),
+            ],
+        )
+        .map_err(data_err)?;
+        write_output(ctx, "kb_testgen", &batch)
+    }
+}
+
+/// KernelBench problems with their recorded tests, from a `problems` table
+/// (`ingest-kernelbench`) and a `kb_tests` table (`testgen`); test files are store blobs.
+/// Tolerance per problem from the dtype of its first output ([`cudarl_cuda::torchfmt::tolerance`]).
+///
+/// # Errors
+/// Unreadable tables or missing columns (bad input naming the file and column).
+pub fn load_kb_problems(
+    problems: &std::path::Path,
+    kb_tests: &std::path::Path,
+    store: &cudarl_core::Store,
+) -> Result<BTreeMap<String, cudarl_cuda::torchfmt::KbProblem>, StageError> {
+    use cudarl_cuda::torchfmt::{KbProblem, RecordedTest, tolerance};
+    let pt = Table::read(problems, "problems").map_err(data_err)?;
+    let (ids, codes) = (
+        pt.req_strings("problem_id").map_err(data_err)?,
+        pt.req_strings("code").map_err(data_err)?,
+    );
+    let mut out: BTreeMap<String, KbProblem> = BTreeMap::new();
+    for i in 0..pt.rows() {
+        if let (Some(id), Some(code)) = (ids.get(i), codes.get(i)) {
+            out.insert(
+                id.to_string(),
+                KbProblem {
+                    id: id.to_string(),
+                    code: code.to_string(),
+                    tests: vec![],
+                    tol: tolerance("f32"),
+                },
+            );
+        }
+    }
+    let t = Table::read(kb_tests, "kb_tests").map_err(data_err)?;
+    let pid = t.req_strings("problem_id").map_err(data_err)?;
+    let seed = t.req_ints("seed").map_err(data_err)?;
+    let split = t.req_strings("split").map_err(data_err)?;
+    let dist = t.req_strings("dist").map_err(data_err)?;
+    let blob = t.req_strings("blob").map_err(data_err)?;
+    let tensors = t.req_strings("tensors_json").map_err(data_err)?;
+    for i in 0..t.rows() {
+        let (Some(p), Some(b)) = (pid.get(i), blob.get(i)) else {
+            continue;
+        };
+        let d: Digest = b.parse().map_err(|_| {
+            StageError::bad_input("kb_tests", Some("blob"), format!("`{b}` is not a digest"))
+        })?;
+        let Some(prob) = out.get_mut(p) else {
+            continue;
+        };
+        if prob.tests.is_empty()
+            && let Some(dt) = tensors
+                .get(i)
+                .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                .and_then(|v| {
+                    v.as_array()?
+                        .iter()
+                        .find(|x| x["name"].as_str().is_some_and(|n| n.starts_with("output.")))
+                        .and_then(|x| x["dtype"].as_str().map(str::to_string))
+                })
+        {
+            prob.tol = tolerance(&dt);
+        }
+        prob.tests.push(RecordedTest {
+            path: store.blob_path(&d),
+            seed: seed.get(i).unwrap_or(0) as u64,
+            split: split.get(i).unwrap_or("public").to_string(),
+            dist: dist.get(i).unwrap_or("native").to_string(),
+        });
+    }
+    Ok(out)
+}

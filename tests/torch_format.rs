@@ -1,0 +1,276 @@
+//! KernelBench recorded tests (`testgen`), the Python worker's protocol, and torch-format
+//! candidates (`check --task kb/...`) on CPU: real processes, real torch, real nvcc, real
+//! safetensors files in the store.
+
+mod common;
+
+use std::process::Command;
+
+use common::{Project, repo_root, stderr, stdout};
+use cudarl_cuda::pyworker::PyWorker;
+use serde_json::{Value, json};
+
+fn have_python(p: &Project, o: &std::process::Output) -> bool {
+    let _ = p;
+    if o.status.code() != Some(0) && std::env::var("CUDARL_REQUIRE_PYTHON").is_err() {
+        eprintln!("SKIPPED: no Python with torch: {}", stderr(o));
+        return false;
+    }
+    true
+}
+
+fn python() -> std::path::PathBuf {
+    cudarl_cuda::pyworker::python(&repo_root())
+}
+
+#[test]
+fn testgen_records_reference_tensors_as_safetensors_blobs() {
+    let p = Project::new();
+    let o = p.run(&["run", "testgen", "--set", "testgen.limit=2", "--json"]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let show_with = |out: &str, limit: &str| -> Vec<Value> {
+        let o = p.run(&[
+            "show", "testgen", "--output", out, "--json", "--head", "100", "--set", limit,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let show = |out: &str| show_with(out, "testgen.limit=2");
+    let probs = show("kb_testgen");
+    assert_eq!(probs.len(), 4, "2 per level: {probs:?}");
+    let tests = show("kb_tests");
+    // 2 public + 2 hidden seeds per problem, distributions cycled.
+    assert_eq!(tests.len(), 16, "{tests:?}");
+    let mm: Vec<&Value> = tests
+        .iter()
+        .filter(|t| t["problem_id"] == "kb/L1/1_Square_matrix_multiplication_")
+        .collect();
+    let splits: Vec<&str> = mm.iter().map(|t| t["split"].as_str().unwrap()).collect();
+    assert_eq!(splits, ["public", "public", "hidden", "hidden"]);
+    let dists: Vec<&str> = mm.iter().map(|t| t["dist"].as_str().unwrap()).collect();
+    assert_eq!(dists, ["native", "signed", "scaled", "special"]);
+    assert!(
+        mm[2]["seed"].as_i64().unwrap() > 1,
+        "hidden seeds are not 0, 1"
+    );
+    // Test sizes are the problem's halved (N = 2048 -> a few hundred) and fit the budget.
+    let sq = probs
+        .iter()
+        .find(|r| r["problem_id"] == "kb/L1/1_Square_matrix_multiplication_")
+        .unwrap();
+    let sizes: Value = serde_json::from_str(sq["test_sizes_json"].as_str().unwrap()).unwrap();
+    let n = sizes["N"].as_i64().unwrap();
+    assert!((64..2048).contains(&n), "{sizes}");
+    assert!(sq["test_bytes"].as_i64().unwrap() <= 1 << 20);
+    assert!(sq["full_bytes"].as_i64().unwrap() > sq["test_bytes"].as_i64().unwrap());
+    // The blobs are real safetensors: output = input.0 @ input.1 (f32), native inputs are
+    // torch.rand's [0, 1), `signed` ones are not.
+    let blob = |t: &Value| {
+        let d = t["blob"].as_str().unwrap();
+        p.store().join("cas").join(&d[..2]).join(d)
+    };
+    for (t, signed) in [(mm[0], false), (mm[1], true)] {
+        let path = blob(t);
+        assert!(path.is_file(), "{}", path.display());
+        let code = format!(
+            "from safetensors.torch import load_file\nimport torch\nt = load_file({:?})\n\
+             a, b, c = t['input.0'], t['input.1'], t['output.0']\n\
+             assert torch.allclose(a.double() @ b.double(), c.double(), rtol=1e-4, atol=1e-3)\n\
+             print(float(a.min()))",
+            path.display().to_string()
+        );
+        let o = Command::new(python()).args(["-c", &code]).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let min: f64 = stdout(&o).trim().parse().unwrap();
+        assert_eq!(min < 0.0, signed, "min {min}");
+    }
+    // gc keeps the blobs the kb_tests rows name.
+    let o = p.run(&["gc"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(blob(mm[3]).is_file(), "gc removed a recorded test");
+    // A larger limit runs only the new problems (row memo): same rows for the old ones.
+    let o = p.run(&["run", "testgen", "--set", "testgen.limit=3", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let tests3 = show_with("kb_tests", "testgen.limit=3");
+    assert_eq!(tests3.len(), 24);
+    for t in &tests {
+        assert!(tests3.contains(t), "row changed: {t}");
+    }
+}
+
+#[test]
+fn python_worker_protocol_and_error_paths() {
+    let mut w = match PyWorker::start(&repo_root()) {
+        Ok(w) => w,
+        Err(e) => {
+            assert!(
+                std::env::var("CUDARL_REQUIRE_PYTHON").is_err(),
+                "no worker: {e}"
+            );
+            eprintln!("SKIPPED: {e}");
+            return;
+        }
+    };
+    assert_eq!(w.hello["hello"], true);
+    let problem = "import torch\nimport torch.nn as nn\n\
+        class Model(nn.Module):\n    def forward(self, x):\n        return torch.softmax(x, dim=-1)\n\
+        batch = 256\ndim = 65536\n\
+        def get_inputs():\n    return [torch.rand(batch, dim)]\n\
+        def get_init_inputs():\n    return []\n";
+    // plan: 256 x 65536 x 4 B x 2 (in + out) = 128 MiB, halved until <= 1 MiB.
+    let a = w
+        .call(
+            &json!({"op": "plan", "problem_id": "t/softmax", "code": problem,
+            "dims": ["batch", "dim"], "budget_bytes": 1 << 20}),
+        )
+        .unwrap();
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(a["full_bytes"], 256 * 65536 * 4 * 2);
+    assert!(a["bytes"].as_i64().unwrap() <= 1 << 20, "{a}");
+    assert_eq!(a["fits"], true);
+    assert!(a["constrained"].is_null());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.safetensors");
+    let a = w
+        .call(
+            &json!({"op": "testgen", "problem_id": "t/softmax", "code": problem,
+            "sizes": {"batch": 4, "dim": 8}, "seed": 3, "dist": "special", "path": path}),
+        )
+        .unwrap();
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(a["finite"], true);
+    let names: Vec<&str> = a["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["input.0", "output.0"]);
+    assert_eq!(a["tensors"][1]["shape"], json!([4, 8]));
+    assert!(path.is_file());
+    // A reference that raises: ok=false, the error names the line in the problem file.
+    let bad = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        \
+        raise ValueError('boom')\ndef get_inputs():\n    return [torch.rand(2)]\n";
+    let a = w
+        .call(
+            &json!({"op": "testgen", "problem_id": "t/bad", "code": bad, "sizes": {},
+            "seed": 0, "dist": "native", "path": dir.path().join("b.safetensors")}),
+        )
+        .unwrap();
+    assert_eq!(a["ok"], false);
+    let e = a["error"].as_str().unwrap();
+    assert!(
+        e.contains("ValueError: boom") && e.contains("line 4"),
+        "{e}"
+    );
+    // A constrained generator is detected (redrawing would change the problem).
+    let kl = problem.replace(
+        "torch.rand(batch, dim)",
+        "torch.rand(batch, dim).softmax(dim=-1)",
+    );
+    let a = w
+        .call(
+            &json!({"op": "plan", "problem_id": "t/kl", "code": kl, "dims": [],
+            "budget_bytes": 1_i64 << 40}),
+        )
+        .unwrap();
+    assert_eq!(a["constrained"], "get_inputs applies softmax()", "{a}");
+    // extract_inline records load_inline's arguments without building anything.
+    let src =
+        std::fs::read_to_string(repo_root().join("tests/kernels/kb/relu_model_new.py")).unwrap();
+    let a = w
+        .call(&json!({"op": "extract_inline", "code": src}))
+        .unwrap();
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(a["calls"][0]["name"], "relu_ext");
+    assert_eq!(
+        a["calls"][0]["functions"],
+        json!({"relu_forward": "relu_forward"})
+    );
+    assert_eq!(a["calls"][0]["extra_cuda_cflags"], json!(["-O3"]));
+    // Unknown op and the explicit error path; the worker goes on after both.
+    let a = w.call(&json!({"op": "nope"})).unwrap();
+    assert_eq!(a["ok"], false);
+    let a = w.call(&json!({"op": "raise", "message": "x"})).unwrap();
+    assert_eq!(a["error"], "RuntimeError: x");
+    let a = w.call(&json!({"op": "build_env"})).unwrap();
+    assert_eq!(a["ok"], true, "{a}");
+}
+
+fn check_kb(p: &Project, source: &str) -> (i32, Value) {
+    let src = repo_root().join("tests/kernels/kb").join(source);
+    let o = p.run(&[
+        "check",
+        "--task",
+        "kb/L1/19_ReLU",
+        "--source",
+        src.to_str().unwrap(),
+        "--mode",
+        "compile",
+        "--json",
+    ]);
+    let v = serde_json::from_str(&stdout(&o))
+        .unwrap_or_else(|e| panic!("{e}: {} {}", stdout(&o), stderr(&o)));
+    (o.status.code().unwrap(), v)
+}
+
+#[test]
+fn torch_format_static_rejects() {
+    let p = Project::new();
+    let o = p.run(&["run", "testgen"]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    for (file, rule) in [
+        ("inherits_model.py", "py-inherits-model"),
+        ("try_fallback.py", "py-try-fallback"),
+        ("torch_only.py", "no-kernel"),
+    ] {
+        let (code, v) = check_kb(&p, file);
+        assert_eq!(code, 1, "{file}: {v}");
+        assert_eq!(v["abi"], "torch");
+        assert_eq!(v["compiled"], false);
+        assert_eq!(v["failure"], "static_reject", "{file}: {v}");
+        assert!(
+            v["failure_detail"].as_str().unwrap().starts_with(rule),
+            "{file}: {v}"
+        );
+    }
+}
+
+#[test]
+fn torch_format_candidates_build_with_nvcc() {
+    // One extension that does not build (the error names its line) and one ModelNew that does
+    // (about a minute of CPU each: torch's headers).
+    let p = Project::new();
+    let o = p.run(&["run", "testgen"]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    let (code, v) = check_kb(&p, "does_not_build.cu");
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["failure"], "compile_error", "{v}");
+    let d = v["failure_detail"].as_str().unwrap();
+    assert!(d.contains("line 6") && d.contains("undefined_name"), "{d}");
+    let (code, v) = check_kb(&p, "relu_model_new.py");
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["compiled"], true, "{v}");
+    assert_eq!(v["executed"], false);
+    assert_eq!(v["mode"], "compile-only");
+    assert!(
+        v["resources"][0]["kernel"]
+            .as_str()
+            .unwrap()
+            .contains("relu_kernel"),
+        "{v}"
+    );
+    // Built once: the second check is a cache hit.
+    let (_, v) = check_kb(&p, "relu_model_new.py");
+    assert_eq!(v["cache_hit"], true, "{v}");
+}
