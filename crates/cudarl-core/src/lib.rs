@@ -23,7 +23,7 @@ pub mod stage;
 pub mod stale;
 pub mod table;
 
-pub use cudarl_store::{Digest, Memo, Store, StoreError};
+pub use cudarl_store::{Digest, GcGuard, Memo, Store, StoreError};
 pub use engine::{Engine, EngineError, NodeRecord, NodeStatus, RunOptions, RunSummary};
 pub use key::{InputFingerprint, InputOrigin, Preimage};
 pub use manifest::{Manifest, OutputRecord};

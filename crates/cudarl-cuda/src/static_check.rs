@@ -241,20 +241,25 @@ impl Rules {
                 continue;
             }
             let text = if r.strings { &with_strings } else { &clean };
-            if let Some(m) = r.re.find(text) {
-                let mut matched: String =
-                    m.as_str().split_whitespace().collect::<Vec<_>>().join(" ");
-                matched.truncate(80);
-                out.push(Finding {
-                    rule: r.id.clone(),
-                    action: r.action,
-                    line: line_of(text, m.start()),
-                    matched,
-                    message: r.message.clone(),
-                });
-            }
+            out.extend(r.find(text));
         }
         out
+    }
+}
+
+impl Rule {
+    /// The first match in `text`, as a finding.
+    fn find(&self, text: &str) -> Option<Finding> {
+        let m = self.re.find(text)?;
+        let mut matched: String = m.as_str().split_whitespace().collect::<Vec<_>>().join(" ");
+        matched.truncate(80);
+        Some(Finding {
+            rule: self.id.clone(),
+            action: self.action,
+            line: line_of(text, m.start()),
+            matched,
+            message: self.message.clone(),
+        })
     }
 }
 
@@ -263,26 +268,11 @@ impl Rules {
     /// comments and string literals blanked out ([`crate::torchfmt::strip_python`]).
     pub fn check_python(&self, source: &str) -> Vec<Finding> {
         let clean = crate::torchfmt::strip_python(source);
-        let mut out = Vec::new();
-        for r in self
-            .rules
+        self.rules
             .iter()
             .filter(|r| r.formats.iter().any(|f| f == "python"))
-        {
-            if let Some(m) = r.re.find(&clean) {
-                let mut matched: String =
-                    m.as_str().split_whitespace().collect::<Vec<_>>().join(" ");
-                matched.truncate(80);
-                out.push(Finding {
-                    rule: r.id.clone(),
-                    action: r.action,
-                    line: line_of(&clean, m.start()),
-                    matched,
-                    message: r.message.clone(),
-                });
-            }
-        }
-        out
+            .filter_map(|r| r.find(&clean))
+            .collect()
     }
 }
 

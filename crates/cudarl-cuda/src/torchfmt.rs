@@ -146,50 +146,11 @@ pub struct Prepared {
     pub source: String,
 }
 
-/// Blanks out Python comments and string literals (keeping newlines), so rules do not match
-/// inside them (the CUDA source of a `ModelNew` is a string literal).
+/// Blanks out Python comments and string literals (keeping newlines and offsets), so rules do
+/// not match inside them (the CUDA source of a `ModelNew` is a string literal). The same
+/// stripper the curriculum's op extraction uses.
 pub fn strip_python(src: &str) -> String {
-    let b = src.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        if c == b'#' {
-            while i < b.len() && b[i] != b'\n' {
-                out.push(b' ');
-                i += 1;
-            }
-        } else if c == b'"' || c == b'\'' {
-            let triple = i + 2 < b.len() && b[i + 1] == c && b[i + 2] == c;
-            let q = if triple { 3 } else { 1 };
-            out.extend(std::iter::repeat_n(b' ', q));
-            i += q;
-            while i < b.len() {
-                if b[i] == b'\\' && i + 1 < b.len() {
-                    out.extend([b' ', if b[i + 1] == b'\n' { b'\n' } else { b' ' }]);
-                    i += 2;
-                    continue;
-                }
-                if triple {
-                    if i + 2 < b.len() && b[i] == c && b[i + 1] == c && b[i + 2] == c {
-                        out.extend([b' '; 3]);
-                        i += 3;
-                        break;
-                    }
-                } else if b[i] == c || b[i] == b'\n' {
-                    out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
-                    i += 1;
-                    break;
-                }
-                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
-                i += 1;
-            }
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    cudarl_curriculum::ops::strip_comments_and_strings(src)
 }
 
 static FWD_NAME: LazyLock<Regex> = LazyLock::new(|| {
@@ -590,30 +551,20 @@ pub fn run(
     v.mode = "full".into();
     v.gpu = gpu;
     match pool.run_line(&req.to_string(), opts.wall) {
-        RawOutcome::Timeout => {
-            v.executed = true;
-            v.correct = Some(false);
-            v.failure = Some("timeout".into());
-            v.failure_detail = Some(format!(
+        RawOutcome::Timeout => v.ran_and_failed(
+            "timeout",
+            format!(
                 "a step took longer than {:.0} s; the worker was killed",
                 opts.wall.as_secs_f64()
-            ));
-        }
-        RawOutcome::Crash(c) => {
-            v.executed = true;
-            v.correct = Some(false);
-            v.failure = Some("crash".into());
-            v.failure_detail = Some(c);
-        }
+            ),
+        ),
+        RawOutcome::Crash(c) => v.ran_and_failed("crash", c),
         RawOutcome::Done(line) => {
             let a: TorchAnswer = match serde_json::from_str(&line) {
                 Ok(a) => a,
                 Err(e) => {
                     pool.restart();
-                    v.failure = Some("crash".into());
-                    v.failure_detail = Some(format!("unreadable worker answer: {e}"));
-                    v.executed = true;
-                    v.correct = Some(false);
+                    v.ran_and_failed("crash", format!("unreadable worker answer: {e}"));
                     return v;
                 }
             };
@@ -628,16 +579,12 @@ pub fn run(
             v.max_abs_err = v.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
             v.max_rel_err = v.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
             if let Some(e) = a.load_error {
-                v.failure = Some("load_error".into());
-                v.failure_detail = Some(e);
-                v.correct = Some(false);
+                v.ran_and_failed("load_error", e);
                 return v;
             }
             if let Some(e) = a.cuda_error {
                 pool.restart();
-                v.failure = Some("cuda_error".into());
-                v.failure_detail = Some(e);
-                v.correct = Some(false);
+                v.ran_and_failed("cuda_error", e);
                 return v;
             }
             let full_ok = a

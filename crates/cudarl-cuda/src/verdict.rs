@@ -90,6 +90,15 @@ impl Verdict {
         v
     }
 
+    /// Marks a candidate that ran and failed (`timeout`, `crash`, `cuda_error`, ...): executed,
+    /// not correct, with the reason and its detail.
+    pub fn ran_and_failed(&mut self, failure: &str, detail: String) {
+        self.executed = true;
+        self.correct = Some(false);
+        self.failure = Some(failure.into());
+        self.failure_detail = Some(detail);
+    }
+
     /// A compile-only verdict with nothing checked yet, for `task_id` and `abi` (`native` or
     /// `torch`).
     pub fn blank(task_id: &str, abi: &str, compiler: &Compiler) -> Verdict {
@@ -312,21 +321,14 @@ pub fn check_full(
     };
     match run_on_gpu(job, pool, opts.wall) {
         // The candidate ran and did not finish, or took its worker down: executed, not correct.
-        Outcome::Timeout => {
-            v.executed = true;
-            v.correct = Some(false);
-            v.failure = Some("timeout".into());
-            v.failure_detail = Some(format!(
+        Outcome::Timeout => v.ran_and_failed(
+            "timeout",
+            format!(
                 "no answer within {:.0} s; the worker was killed",
                 opts.wall.as_secs_f64()
-            ));
-        }
-        Outcome::Crash(m) => {
-            v.executed = true;
-            v.correct = Some(false);
-            v.failure = Some("crash".into());
-            v.failure_detail = Some(m);
-        }
+            ),
+        ),
+        Outcome::Crash(m) => v.ran_and_failed("crash", m),
         Outcome::Done(r) => {
             v.executed = true;
             v.worker_ms = r.worker_ms.clone();

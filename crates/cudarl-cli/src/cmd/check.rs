@@ -112,6 +112,51 @@ fn check_kb(
     }
 }
 
+/// The compiler (nvcc, the GPU's arch or `arch`, the store's compile cache), the GPU if `mode`
+/// wants one and there is one, and a shared gc guard on the store (gc waits while it lives).
+fn harness(
+    ctx: &Ctx,
+    mode: Mode,
+    arch: Option<String>,
+) -> Result<
+    (
+        Compiler,
+        Option<cudarl_cuda::gpu::GpuInfo>,
+        cudarl_core::GcGuard,
+    ),
+    CliError,
+> {
+    let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
+    let gpu = if mode == Mode::Compile {
+        None
+    } else {
+        cudarl_cuda::gpu::probe()
+    };
+    if mode == Mode::Full && gpu.is_none() {
+        return Err(CliError::failed(
+            "--mode full needs a GPU; none is usable here (use --mode compile)",
+        ));
+    }
+    let arch = arch
+        .or_else(|| gpu.as_ref().map(|g| g.arch.clone()))
+        .unwrap_or_else(|| "sm_90".into());
+    let store =
+        cudarl_core::Store::open(&ctx.store).map_err(|e| CliError::failed(e.to_string()))?;
+    let guard = store
+        .gc_guard_shared()
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    Ok((
+        Compiler {
+            nvcc,
+            arch,
+            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+            store: Some(store),
+        },
+        gpu,
+        guard,
+    ))
+}
+
 /// Runs `check`.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
@@ -128,28 +173,7 @@ pub fn run(
     if task_id.starts_with("kb/") {
         let src = std::fs::read_to_string(source)
             .map_err(|e| CliError::usage(format!("{}: {e}", source.display())))?;
-        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
-        let gpu = if mode == Mode::Compile {
-            None
-        } else {
-            cudarl_cuda::gpu::probe()
-        };
-        if mode == Mode::Full && gpu.is_none() {
-            return Err(CliError::failed(
-                "--mode full needs a GPU; none is usable here (use --mode compile)",
-            ));
-        }
-        let arch = arch
-            .or_else(|| gpu.as_ref().map(|g| g.arch.clone()))
-            .unwrap_or_else(|| "sm_90".into());
-        let store =
-            cudarl_core::Store::open(&ctx.store).map_err(|e| CliError::failed(e.to_string()))?;
-        let compiler = Compiler {
-            nvcc,
-            arch,
-            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
-            store: Some(store),
-        };
+        let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
         let v = check_kb(ctx, task_id, &src, abi, &compiler, gpu, bench, timeout)?;
         return Ok(print_verdict(&v, json));
     }
@@ -172,31 +196,7 @@ pub fn run(
     })?;
     let src = std::fs::read_to_string(source)
         .map_err(|e| CliError::usage(format!("{}: {e}", source.display())))?;
-    let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
-    let gpu = if mode == Mode::Compile {
-        None
-    } else {
-        cudarl_cuda::gpu::probe()
-    };
-    if mode == Mode::Full && gpu.is_none() {
-        return Err(CliError::failed(
-            "--mode full needs a GPU; none is usable here (use --mode compile)",
-        ));
-    }
-    let arch = arch
-        .or_else(|| gpu.as_ref().map(|g| g.arch.clone()))
-        .unwrap_or_else(|| "sm_90".into());
-    let store =
-        cudarl_core::Store::open(&ctx.store).map_err(|e| CliError::failed(e.to_string()))?;
-    let _g = store
-        .gc_guard_shared()
-        .map_err(|e| CliError::failed(e.to_string()))?;
-    let compiler = Compiler {
-        nvcc,
-        arch,
-        timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
-        store: Some(store),
-    };
+    let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
     let rules = Rules::builtin();
     let v = if gpu.is_some() {
         let mut pool = WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]);
