@@ -223,7 +223,7 @@ fn check_kb(p: &Project, source: &str) -> (i32, Value) {
 #[test]
 fn torch_format_static_rejects() {
     let p = Project::new();
-    let o = p.run(&["run", "testgen"]);
+    let o = p.run(&["run", "kb-specs"]);
     if !have_python(&p, &o) {
         return;
     }
@@ -249,7 +249,7 @@ fn torch_format_candidates_build_with_nvcc() {
     // One extension that does not build (the error names its line) and one ModelNew that does
     // (about a minute of CPU each: torch's headers).
     let p = Project::new();
-    let o = p.run(&["run", "testgen"]);
+    let o = p.run(&["run", "kb-specs"]);
     if !have_python(&p, &o) {
         return;
     }
@@ -273,4 +273,71 @@ fn torch_format_candidates_build_with_nvcc() {
     // Built once: the second check is a cache hit.
     let (_, v) = check_kb(&p, "relu_model_new.py");
     assert_eq!(v["cache_hit"], true, "{v}");
+}
+
+#[test]
+fn archive_kernels_without_a_gpu_stop_after_static_checks_and_say_so() {
+    // 3 SakanaAI and 3 CUDA-L1 kernels (the test project's `validate.archive_limit`).
+    let p = Project::new();
+    let o = p.run(&["run", "validate", "--set", "validate.mode=\"compile\""]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = |out: &str| -> Vec<Value> {
+        let o = p.run(&[
+            "show",
+            "validate",
+            "--output",
+            out,
+            "--json",
+            "--head",
+            "100",
+            "--set",
+            "validate.mode=\"compile\"",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let archive: Vec<Value> = rows("validations")
+        .into_iter()
+        .filter(|r| r["source"] != "synth")
+        .collect();
+    assert_eq!(archive.len(), 6, "{archive:?}");
+    for r in &archive {
+        assert_eq!(r["executed"], false, "{r}");
+        assert!(r["correct"].is_null(), "{r}");
+        assert_eq!(r["role"], "archive");
+        let f = r["failure"].as_str().unwrap();
+        assert!(
+            ["build_skipped", "static_reject", "load_error", "bind_error"].contains(&f),
+            "{r}"
+        );
+        assert!(r["claimed_correct"].is_boolean() || r["claimed_correct"].is_null());
+    }
+    // The agreement table compares only what we know: skipped builds are not verdicts, static
+    // rejects are (incorrect).
+    let ag = rows("agreement");
+    let skipped: Vec<&Value> = ag
+        .iter()
+        .filter(|a| {
+            a["our_reason"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("build_skipped"))
+        })
+        .collect();
+    assert!(!skipped.is_empty(), "{ag:?}");
+    for a in &ag {
+        let rejected = a["our_reason"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("static_reject"));
+        if rejected {
+            assert_eq!(a["our_correct"], false, "{a}");
+        } else {
+            assert!(a["our_correct"].is_null() && a["agree"].is_null(), "{a}");
+        }
+    }
 }

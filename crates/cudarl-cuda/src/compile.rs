@@ -133,8 +133,20 @@ impl Compiler {
     /// # Errors
     /// Only failures of the harness (temp dir, spawn, store); compile errors are data.
     pub fn compile(&self, source: &str, shim: &str) -> Result<CompileOutput, CompileError> {
+        self.cached(self.cache_key(source, shim), || {
+            self.run_nvcc(&format!("{source}\n{shim}"), self.flags(), self.timeout)
+        })
+    }
+
+    /// The compile cache around `build`: a stored result for `key` whose shared object is still
+    /// in the store is returned as a hit (same diagnostics and resources, `seconds` of this
+    /// call); otherwise `build` runs and its result is stored.
+    fn cached(
+        &self,
+        key: Digest,
+        build: impl FnOnce() -> Result<CompileOutput, CompileError>,
+    ) -> Result<CompileOutput, CompileError> {
         let t0 = Instant::now();
-        let key = self.cache_key(source, shim);
         let memo = match &self.store {
             Some(s) => Some(s.memo("compile-v1")?),
             None => None,
@@ -142,18 +154,16 @@ impl Compiler {
         if let Some(m) = &memo
             && let Some(bytes) = m.get(&key)?
             && let Ok(mut out) = serde_json::from_slice::<CompileOutput>(&bytes)
-        {
-            let so_ok = out
+            && out
                 .so_hash
-                .is_none_or(|h| self.store.as_ref().is_some_and(|s| s.has_blob(&h)));
-            if so_ok {
-                out.cache_hit = true;
-                out.seconds = t0.elapsed().as_secs_f64();
-                return Ok(out);
-            }
+                .is_none_or(|h| self.store.as_ref().is_some_and(|s| s.has_blob(&h)))
+        {
+            out.cache_hit = true;
+            out.seconds = t0.elapsed().as_secs_f64();
+            return Ok(out);
         }
-        let mut out = self.run_nvcc(&format!("{source}\n{shim}"), self.flags(), self.timeout)?;
-        if let (Some(m), Some(_)) = (&memo, &self.store) {
+        let mut out = build()?;
+        if let Some(m) = &memo {
             m.put(&key, &serde_json::to_vec(&out).expect("json"))?;
         }
         out.seconds = t0.elapsed().as_secs_f64();
@@ -178,7 +188,6 @@ impl Compiler {
         extra: &[String],
         timeout: Duration,
     ) -> Result<CompileOutput, CompileError> {
-        let t0 = Instant::now();
         // Python extensions leave Python's symbols undefined: no `--no-undefined` here.
         let mut flags = self.shared_object_flags();
         flags.extend([
@@ -219,27 +228,7 @@ impl Compiler {
             CACHE_CONTEXT,
             serde_json::to_string(&v).expect("json").as_bytes(),
         ));
-        let memo = match &self.store {
-            Some(s) => Some(s.memo("compile-v1")?),
-            None => None,
-        };
-        if let Some(m) = &memo
-            && let Some(bytes) = m.get(&key)?
-            && let Ok(mut out) = serde_json::from_slice::<CompileOutput>(&bytes)
-            && out
-                .so_hash
-                .is_none_or(|h| self.store.as_ref().is_some_and(|s| s.has_blob(&h)))
-        {
-            out.cache_hit = true;
-            out.seconds = t0.elapsed().as_secs_f64();
-            return Ok(out);
-        }
-        let mut out = self.run_nvcc(text, flags, timeout)?;
-        if let Some(m) = &memo {
-            m.put(&key, &serde_json::to_vec(&out).expect("json"))?;
-        }
-        out.seconds = t0.elapsed().as_secs_f64();
-        Ok(out)
+        self.cached(key, || self.run_nvcc(text, flags, timeout))
     }
 
     fn run_nvcc(

@@ -11,6 +11,26 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+/// The worker script, relative to the project root.
+pub const SCRIPT: &str = "python/cudarl_worker.py";
+
+/// The worker script's bytes (part of every row-memo key of the stages that use it).
+///
+/// # Errors
+/// The script cannot be read (message names it).
+pub fn script_source(root: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(root.join(SCRIPT)).map_err(|e| format!("{SCRIPT}: {e}"))
+}
+
+/// A [`crate::worker::WorkerPool`] of sandboxed Python workers (`--limits`) for GPU jobs
+/// (`run_torch`): the same wall-clock limit, hang and crash handling as native candidates.
+pub fn pool(root: &Path) -> crate::worker::WorkerPool {
+    crate::worker::WorkerPool::new(
+        python(root),
+        vec![root.join(SCRIPT).display().to_string(), "--limits".into()],
+    )
+}
+
 /// The Python interpreter for workers: `$CUDARL_PYTHON`, `<root>/.venv/bin/python`, `python3`.
 pub fn python(root: &Path) -> PathBuf {
     if let Some(p) = std::env::var_os("CUDARL_PYTHON") {
@@ -73,7 +93,7 @@ impl PyWorker {
     /// worker's stderr).
     pub fn start(root: &Path) -> Result<PyWorker, String> {
         let py = python(root);
-        let script = root.join("python/cudarl_worker.py");
+        let script = root.join(SCRIPT);
         let mut child = Command::new(&py)
             .arg(&script)
             .stdin(Stdio::piped())

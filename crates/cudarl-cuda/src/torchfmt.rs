@@ -418,7 +418,9 @@ pub fn prepare(
 }
 
 /// A torch-format verdict before running: static checks and builds. Returns the verdict and
-/// the candidate description for the worker's `run_torch` (when everything built).
+/// the candidate description for the worker's `run_torch` (when everything built). Without
+/// `env` (no torch build environment asked for: a machine without a GPU where builds are
+/// skipped) a candidate that passed its static checks gets `build_skipped`.
 ///
 /// # Errors
 /// Harness failures (temp dir, store, spawning nvcc).
@@ -426,7 +428,7 @@ pub fn build(
     task_id: &str,
     prep: &Prepared,
     compiler: &Compiler,
-    env: &TorchEnv,
+    env: Option<&TorchEnv>,
 ) -> Result<(Verdict, Option<Value>), CompileError> {
     let mut v = Verdict::blank(task_id, "torch", compiler);
     v.signature = match prep.format {
@@ -446,6 +448,14 @@ pub fn build(
         v.failure_detail = Some(d.clone());
         return Ok((v, None));
     }
+    let Some(env) = env else {
+        v.failure = Some("build_skipped".into());
+        v.failure_detail = Some(
+            "no GPU: torch-format builds are skipped (validate.torch_builds_without_gpu = true builds them)"
+                .into(),
+        );
+        return Ok((v, None));
+    };
     let mut builds = Vec::new();
     for u in &prep.units {
         let out =
@@ -455,29 +465,7 @@ pub fn build(
         v.compile_seconds += out.compile_seconds;
         v.cache_hit = out.cache_hit;
         if !out.compiled {
-            v.failure = Some(
-                if out.timed_out {
-                    "compile_timeout"
-                } else {
-                    "compile_error"
-                }
-                .into(),
-            );
-            v.failure_detail = v
-                .diagnostics
-                .iter()
-                .find(|d| d.severity != "warning")
-                .map(|d| match d.line {
-                    Some(l) => format!("{} line {l}: {}", u.name, d.message),
-                    None => format!("{}: {}", u.name, d.message),
-                })
-                .or_else(|| {
-                    out.log
-                        .lines()
-                        .rev()
-                        .find(|l| !l.trim().is_empty())
-                        .map(str::to_string)
-                });
+            v.compile_failed(out.timed_out, &u.name, &out.log);
             return Ok((v, None));
         }
         let so = compiler

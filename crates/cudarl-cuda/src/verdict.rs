@@ -99,6 +99,37 @@ impl Verdict {
         self.failure_detail = Some(detail);
     }
 
+    /// Marks a failed build: `compile_timeout` or `compile_error`, with the first error
+    /// diagnostic (`<unit> line N: message`; `unit` empty for a single-file native build) as
+    /// the detail, else the last line of nvcc's `log` (e.g. a link error without a line).
+    pub fn compile_failed(&mut self, timed_out: bool, unit: &str, log: &str) {
+        self.failure = Some(
+            if timed_out {
+                "compile_timeout"
+            } else {
+                "compile_error"
+            }
+            .into(),
+        );
+        let at = |l: Option<u32>| match (unit.is_empty(), l) {
+            (true, Some(l)) => format!("line {l}: "),
+            (true, None) => String::new(),
+            (false, Some(l)) => format!("{unit} line {l}: "),
+            (false, None) => format!("{unit}: "),
+        };
+        self.failure_detail = self
+            .diagnostics
+            .iter()
+            .find(|d| d.severity != "warning")
+            .map(|d| format!("{}{}", at(d.line), d.message))
+            .or_else(|| {
+                log.lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .map(str::to_string)
+            });
+    }
+
     /// A compile-only verdict with nothing checked yet, for `task_id` and `abi` (`native` or
     /// `torch`).
     pub fn blank(task_id: &str, abi: &str, compiler: &Compiler) -> Verdict {
@@ -165,22 +196,7 @@ pub fn check_compile_only(
     v.compile_seconds = out.compile_seconds;
     v.so_hash = out.so_hash;
     if !out.compiled {
-        v.failure = Some(
-            if out.timed_out {
-                "compile_timeout"
-            } else {
-                "compile_error"
-            }
-            .into(),
-        );
-        v.failure_detail = v
-            .diagnostics
-            .iter()
-            .find(|d| d.severity != "warning")
-            .map(|d| match d.line {
-                Some(l) => format!("line {l}: {}", d.message),
-                None => d.message.clone(),
-            });
+        v.compile_failed(out.timed_out, "", &out.log);
     }
     Ok(v)
 }

@@ -156,7 +156,7 @@ impl Stage for KbSpecs {
         _input: &str,
         ctx: &cudarl_core::ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, "python/cudarl_worker.py", "worker")
+        crate::common::single_file(&ctx.root, cudarl_cuda::pyworker::SCRIPT, "worker")
     }
     fn environment(
         &self,
@@ -171,8 +171,8 @@ impl Stage for KbSpecs {
         let ids = t.req_strings("problem_id").map_err(data_err)?;
         let levels = t.req_ints("level").map_err(data_err)?;
         let codes = t.req_strings("code").map_err(data_err)?;
-        let worker_src = std::fs::read(ctx.root().join("python/cudarl_worker.py"))
-            .map_err(|e| StageError::Failed(format!("python/cudarl_worker.py: {e}")))?;
+        let worker_src =
+            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
         let memo = ctx.memo("kb-specs-v1")?;
         let mut worker: Option<PyWorker> = None;
         let mut rows: Vec<(String, i64, Value)> = Vec::new();

@@ -216,7 +216,7 @@ impl Stage for Testgen {
         _input: &str,
         ctx: &cudarl_core::ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, "python/cudarl_worker.py", "worker")
+        crate::common::single_file(&ctx.root, cudarl_cuda::pyworker::SCRIPT, "worker")
     }
     fn environment(
         &self,
@@ -273,8 +273,8 @@ impl Stage for Testgen {
                 .unwrap_or_default();
             selected.push((id.to_string(), level, dims));
         }
-        let worker_src = std::fs::read(ctx.root().join("python/cudarl_worker.py"))
-            .map_err(|e| StageError::Failed(format!("python/cudarl_worker.py: {e}")))?;
+        let worker_src =
+            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
         let versions = python_versions(ctx.root()).map_err(StageError::Failed)?;
         let salt = if p.hidden_seeds > 0 {
             cudarl_cuda::verdict::hidden_salt(ctx.store())
@@ -531,14 +531,15 @@ impl Stage for Testgen {
 }
 
 /// KernelBench problems with their recorded tests, from a `problems` table
-/// (`ingest-kernelbench`) and a `kb_tests` table (`testgen`); test files are store blobs.
+/// (`ingest-kernelbench`) and, if given, a `kb_tests` table (`testgen`; test files are store
+/// blobs). Without it the problems have no tests (compile-only checks need none).
 /// Tolerance per problem from the dtype of its first output ([`cudarl_cuda::torchfmt::tolerance`]).
 ///
 /// # Errors
 /// Unreadable tables or missing columns (bad input naming the file and column).
 pub fn load_kb_problems(
     problems: &std::path::Path,
-    kb_tests: &std::path::Path,
+    kb_tests: Option<&std::path::Path>,
     store: &cudarl_core::Store,
 ) -> Result<BTreeMap<String, cudarl_cuda::torchfmt::KbProblem>, StageError> {
     use cudarl_cuda::torchfmt::{KbProblem, RecordedTest, tolerance};
@@ -561,6 +562,9 @@ pub fn load_kb_problems(
             );
         }
     }
+    let Some(kb_tests) = kb_tests else {
+        return Ok(out);
+    };
     let t = Table::read(kb_tests, "kb_tests").map_err(data_err)?;
     let pid = t.req_strings("problem_id").map_err(data_err)?;
     let seed = t.req_ints("seed").map_err(data_err)?;

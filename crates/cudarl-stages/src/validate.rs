@@ -241,7 +241,7 @@ impl Stage for Validate {
         _input: &str,
         ctx: &cudarl_core::ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, "python/cudarl_worker.py", "worker")
+        crate::common::single_file(&ctx.root, cudarl_cuda::pyworker::SCRIPT, "worker")
     }
     fn environment(
         &self,
@@ -526,7 +526,7 @@ impl Validate {
         use cudarl_cuda::torchfmt::{self, Format};
         let problems = crate::testgen::load_kb_problems(
             ctx.input_path("problems")?,
-            ctx.input_path("kb_tests")?,
+            Some(ctx.input_path("kb_tests")?),
             ctx.store(),
         )?;
         struct Arch {
@@ -576,8 +576,8 @@ impl Validate {
                 });
             }
         }
-        let worker_src = std::fs::read(ctx.root().join("python/cudarl_worker.py"))
-            .map_err(|e| StageError::Failed(format!("python/cudarl_worker.py: {e}")))?;
+        let worker_src =
+            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
         let memo = ctx.memo("validate-torch-v1")?;
         let row_key = |a: &Arch| -> Digest {
             let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate torch row v1");
@@ -657,49 +657,15 @@ impl Validate {
             .enumerate()
             .map(|(i, p)| -> Result<_, String> {
                 let Some(p) = p else { return Ok(None) };
-                let task = &items[i].task;
-                match (&env, &p.reject) {
-                    (Some(env), None) => torchfmt::build(task, p, compiler, env)
-                        .map(Some)
-                        .map_err(|e| e.to_string()),
-                    (None, None) => {
-                        let mut v = Verdict::blank(task, "torch", compiler);
-                        v.static_flags = p.findings.clone();
-                        v.failure = Some("build_skipped".into());
-                        v.failure_detail = Some(
-                            "no GPU: torch-format builds are skipped (validate.torch_builds_without_gpu = true builds them)".into(),
-                        );
-                        Ok(Some((v, None)))
-                    }
-                    (_, Some(_)) => torchfmt::build(
-                        task,
-                        p,
-                        compiler,
-                        &torchfmt::TorchEnv {
-                            include_dirs: vec![],
-                            library_dirs: vec![],
-                            cxx11_abi: true,
-                            torch: String::new(),
-                        },
-                    )
+                torchfmt::build(&items[i].task, p, compiler, env.as_ref())
                     .map(Some)
-                    .map_err(|e| e.to_string()),
-                }
+                    .map_err(|e| e.to_string())
             })
             .collect::<Result<_, _>>()
             .map_err(|e| StageError::Failed(format!("harness failure while building: {e}")))?;
-        let mut pool = gpu.as_ref().map(|_| {
-            WorkerPool::new(
-                cudarl_cuda::pyworker::python(ctx.root()),
-                vec![
-                    ctx.root()
-                        .join("python/cudarl_worker.py")
-                        .display()
-                        .to_string(),
-                    "--limits".into(),
-                ],
-            )
-        });
+        let mut pool = gpu
+            .as_ref()
+            .map(|_| cudarl_cuda::pyworker::pool(ctx.root()));
         let opts = torchfmt::TorchRunOptions {
             wall: Duration::from_secs(self.params.timeout_s.max(60)),
             bench: self.params.bench.then(cudarl_cuda::gpu::BenchSpec::default),

@@ -43,14 +43,17 @@ fn check_kb(
     }
     let reporter = std::sync::Arc::new(crate::report::CliReporter::detect(false));
     let engine = ctx.engine(reporter, 0)?;
-    let summary = engine.run(
-        &["testgen".to_string()],
-        &cudarl_core::RunOptions::default(),
-    )?;
+    // Recorded tests only matter on a GPU; a compile-only check needs the problem's code.
+    let target = if gpu.is_some() {
+        "testgen"
+    } else {
+        "ingest-kernelbench"
+    };
+    let summary = engine.run(&[target.to_string()], &cudarl_core::RunOptions::default())?;
     if summary.exit_code() != 0 {
-        return Err(CliError::failed(
-            "building the recorded tests (`testgen`) failed; see `cudarl-pipe run testgen`",
-        ));
+        return Err(CliError::failed(format!(
+            "building `{target}` failed; see `cudarl-pipe run {target}`"
+        )));
     }
     let out = |node: &str, name: &str| -> Result<std::path::PathBuf, CliError> {
         let m = engine.fresh_manifest(node)?;
@@ -62,7 +65,10 @@ fn check_kb(
     };
     let problems = cudarl_stages::testgen::load_kb_problems(
         &out("ingest-kernelbench", "problems")?,
-        &out("testgen", "kb_tests")?,
+        gpu.is_some()
+            .then(|| out("testgen", "kb_tests"))
+            .transpose()?
+            .as_deref(),
         engine.store(),
     )
     .map_err(|e| CliError::failed(e.to_string()))?;
@@ -82,7 +88,7 @@ fn check_kb(
     let rules = Rules::builtin();
     let prep = torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
     drop(py);
-    let (v, cand) = torchfmt::build(task_id, &prep, compiler, &env)
+    let (v, cand) = torchfmt::build(task_id, &prep, compiler, Some(&env))
         .map_err(|e| CliError::failed(e.to_string()))?;
     match (gpu, cand) {
         (Some(g), Some(cand)) => {
@@ -91,17 +97,7 @@ fn check_kb(
                     "`{task_id}` has no recorded tests (see `cudarl-pipe show testgen`)"
                 )));
             }
-            let py = cudarl_cuda::pyworker::python(&ctx.root);
-            let mut pool = WorkerPool::new(
-                py,
-                vec![
-                    ctx.root
-                        .join("python/cudarl_worker.py")
-                        .display()
-                        .to_string(),
-                    "--limits".into(),
-                ],
-            );
+            let mut pool = cudarl_cuda::pyworker::pool(&ctx.root);
             let opts = torchfmt::TorchRunOptions {
                 wall: Duration::from_secs(timeout),
                 bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
