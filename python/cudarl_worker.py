@@ -552,6 +552,9 @@ def same_bits(a, b):
     return bool(torch.equal(a, b))
 
 
+COMPARE_CHUNK = 1 << 25  # elements per comparison chunk (256 MiB per float64 temporary)
+
+
 def compare(outs, exp, atol, rtol, scaled=False):
     """(passed, max_abs, max_rel, non_finite, message) with |o - e| <= atol + rtol |e|
     (torch.allclose, KernelBench's check). With `scaled` (inputs redrawn from another
@@ -569,27 +572,40 @@ def compare(outs, exp, atol, rtol, scaled=False):
             return False, math.inf, math.inf, 0, f"output {i} is a {type(o).__name__}"
         if tuple(o.shape) != tuple(e.shape):
             return False, math.inf, math.inf, 0, f"output {i} has shape {list(o.shape)}, expected {list(e.shape)}"
-        o64, e64 = o.detach().to(torch.float64), e.to(o.device, torch.float64)
-        fin = torch.isfinite(e64)
+        # In chunks of COMPARE_CHUNK elements: float64 temporaries of a full-size output
+        # (KernelBench sizes reach 1.6e9 elements) would not fit next to it on the GPU.
+        of, ef = o.detach().reshape(-1), e.reshape(-1)
+        n = of.numel()
         a_eff = atol
-        if scaled and e64.numel():
-            rms = float(torch.sqrt(torch.mean(torch.where(fin, e64, torch.zeros_like(e64)) ** 2)))
-            a_eff = atol * max(1.0, rms)
-        nonf += int((~torch.isfinite(o64) & fin).sum())
-        both_nan = torch.isnan(o64) & torch.isnan(e64)
-        same_inf = torch.isinf(e64) & (o64 == e64)
-        d = (o64 - e64).abs()
-        d = torch.where(both_nan | same_inf, torch.zeros_like(d), d)
-        d = torch.nan_to_num(d, nan=math.inf)
-        if d.numel():
+        if scaled and n:
+            sq = 0.0
+            for s0 in range(0, n, COMPARE_CHUNK):
+                e64 = ef[s0:s0 + COMPARE_CHUNK].to(of.device, torch.float64)
+                sq += float(torch.where(torch.isfinite(e64), e64, torch.zeros_like(e64)).square().sum())
+            a_eff = atol * max(1.0, math.sqrt(sq / n))
+        nbad, first = 0, None
+        for s0 in range(0, n, COMPARE_CHUNK):
+            o64 = of[s0:s0 + COMPARE_CHUNK].to(torch.float64)
+            e64 = ef[s0:s0 + COMPARE_CHUNK].to(of.device, torch.float64)
+            fin = torch.isfinite(e64)
+            nonf += int((~torch.isfinite(o64) & fin).sum())
+            both_nan = torch.isnan(o64) & torch.isnan(e64)
+            same_inf = torch.isinf(e64) & (o64 == e64)
+            d = (o64 - e64).abs()
+            d = torch.where(both_nan | same_inf, torch.zeros_like(d), d)
+            d = torch.nan_to_num(d, nan=math.inf)
             mabs = max(mabs, float(d.max()))
             mrel = max(mrel, float((d / e64.abs().clamp_min(1e-12)).nan_to_num(nan=math.inf).max()))
             bad = d > a_eff + rtol * e64.abs().nan_to_num(posinf=0, neginf=0)
-            nbad = int(bad.sum())
-            if nbad and msg is None:
-                idx = int(bad.flatten().nonzero()[0])
-                msg = (f"output {i}: {nbad} of {d.numel()} elements off tolerance (atol {a_eff:.3g}, rtol {rtol}); "
-                       f"first at flat index {idx}: got {float(o64.flatten()[idx]):.6g}, expected {float(e64.flatten()[idx]):.6g}")
+            k = int(bad.sum())
+            if k and first is None:
+                idx = int(bad.nonzero()[0])
+                first = (s0 + idx, float(o64[idx]), float(e64[idx]))
+            nbad += k
+            del o64, e64, fin, both_nan, same_inf, d, bad
+        if nbad and msg is None:
+            msg = (f"output {i}: {nbad} of {n} elements off tolerance (atol {a_eff:.3g}, rtol {rtol}); "
+                   f"first at flat index {first[0]}: got {first[1]:.6g}, expected {first[2]:.6g}")
     return msg is None and nonf == 0, mabs, mrel, nonf, msg or (f"{nonf} non-finite outputs" if nonf else None)
 
 
@@ -750,6 +766,7 @@ def run_torch(req):
                 args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
                 out = as_list(fn(args))
                 torch.cuda.synchronize()
+                del args  # the candidate's copies: full-size tensors can be GiBs each
                 exp = as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]))
             ok, mabs, _, _, msg = compare(out, exp, atol, rtol, scaled=t.get("dist", "native") != "native")
             full["tests"] += 1
@@ -758,7 +775,7 @@ def run_torch(req):
             if not ok:
                 full.update(passed=False, message=f"seed {seed} ({t.get('dist', 'native')}): {msg}")
                 break
-            del out, exp, args
+            del out, exp
             keep = (init, model, inputs, fn)
         except Exception as e:  # noqa: BLE001
             if is_cuda_error(e):

@@ -44,8 +44,15 @@ pub struct TaskSpec {
     pub tier: i64,
     /// One-line statement of what `launch` computes.
     pub description: String,
-    /// Element type of every buffer: `f32` (others come with later task families).
+    /// Element type of every buffer: `f32`, `f16` (IEEE binary16, `__half`) or `bf16`
+    /// (bfloat16, `__nv_bfloat16`). Scalars are always `float`.
     pub dtype: String,
+    /// Input value ranges, one per seed in turn: seed `s` draws inputs uniform in
+    /// `[-v, v)` with `v = input_scales[s % len]`. Default [`DEFAULT_INPUT_SCALES`]; f16 tasks
+    /// whose outputs grow with the inputs (matmul) use smaller ones so the exact result stays
+    /// within f16's range (max 65504).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_scales: Option<Vec<f64>>,
     /// Named integer sizes.
     pub sizes: Vec<String>,
     /// Launcher arguments in order (the stream comes last, implicitly).
@@ -109,6 +116,12 @@ pub fn eval_formula(f: &str, sizes: &BTreeMap<String, i64>) -> Result<i64, Strin
     Ok(total)
 }
 
+/// The default input ranges per seed (1, 100, 0.01): a kernel cannot lean on one range or sign.
+pub const DEFAULT_INPUT_SCALES: [f64; 3] = [1.0, 100.0, 0.01];
+
+/// The element types a task may declare.
+pub const DTYPES: [&str; 3] = ["f32", "f16", "bf16"];
+
 fn c_type(dtype: &str) -> &'static str {
     match dtype {
         "f16" => "__half",
@@ -148,6 +161,18 @@ impl TaskSpec {
     pub fn validate(&self) -> Result<(), String> {
         if !(0..=3).contains(&self.tier) {
             return Err(format!("tier {} is not in 0..3", self.tier));
+        }
+        if !DTYPES.contains(&self.dtype.as_str()) {
+            return Err(format!(
+                "dtype `{}` is not one of {}",
+                self.dtype,
+                DTYPES.join(", ")
+            ));
+        }
+        if let Some(v) = &self.input_scales
+            && (v.is_empty() || v.iter().any(|x| !(x.is_finite() && *x > 0.0)))
+        {
+            return Err("input_scales: give one or more positive, finite values".into());
         }
         for a in &self.args {
             match a.kind {
@@ -276,10 +301,24 @@ impl TaskSpec {
             .chain(["stream".to_string()])
             .collect();
         format!(
-            "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <stdint.h>\n{};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
+            "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <stdint.h>\n{}{};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
+            match self.dtype.as_str() {
+                "f16" => "#include <cuda_fp16.h>\n",
+                "bf16" => "#include <cuda_bf16.h>\n",
+                _ => "",
+            },
             self.signature(),
             call.join(", ")
         )
+    }
+
+    /// The input range for `seed`: inputs are uniform in `[-v, v)` (see `input_scales`).
+    pub fn input_scale(&self, seed: u64) -> f64 {
+        let v = self
+            .input_scales
+            .as_deref()
+            .unwrap_or(DEFAULT_INPUT_SCALES.as_slice());
+        v[(seed % v.len() as u64) as usize]
     }
 
     /// Bytes moved for one shape (from `bytes`).

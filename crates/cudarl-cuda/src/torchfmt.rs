@@ -627,6 +627,16 @@ pub fn run(
                 return v;
             }
             if full_ok == Some(false) {
+                let msg = full_msg.clone().unwrap_or_default();
+                if msg.contains("OutOfMemoryError") {
+                    // The problem's own sizes did not fit beside the reference: no verdict on
+                    // correctness there (the recorded tests passed), and not timed.
+                    v.failure = Some("out_of_memory".into());
+                    v.failure_detail = Some(format!(
+                        "at the problem's own sizes (live reference on the GPU): {msg}"
+                    ));
+                    return v;
+                }
                 v.correct = Some(false);
                 v.failure = Some("wrong_answer".into());
                 v.failure_detail = Some(format!(

@@ -34,7 +34,10 @@ pub struct Verdict {
     pub correct: Option<bool>,
     /// Why it failed, when it did: `static_reject`, `compile_error`, `compile_timeout`,
     /// `wrong_answer`, `unwritten_output`, `input_mutation`, `out_of_bounds_write`,
-    /// `timeout`, `crash`, `cuda_error`, `load_error`.
+    /// `timeout`, `crash`, `cuda_error`, `load_error`; torch-format kernels also
+    /// `shape_specialized` (right at the problem's own sizes, wrong at the recorded test sizes),
+    /// `out_of_memory` (recorded tests passed, the problem's own sizes did not fit on the GPU
+    /// beside the reference: `correct` stays `None`), `no_tests`, `build_skipped`.
     pub failure: Option<String>,
     /// Details of the failure (first failing test, CUDA error text, crash status).
     pub failure_detail: Option<String>,

@@ -57,6 +57,9 @@ fn task_specs_load_and_are_consistent() {
         "bias_gelu",
         "matmul_bias_relu",
         "add_layernorm",
+        "gelu_bf16",
+        "softmax_f16",
+        "matmul_f16",
     ] {
         assert!(ids.contains(&want), "missing family {want}: {ids:?}");
     }
@@ -78,6 +81,23 @@ fn task_specs_load_and_are_consistent() {
         by_id("axpy").signature(),
         r#"extern "C" void launch(const float* x, const float* y, float* out, float alpha, int64_t n, cudaStream_t stream)"#
     );
+    // Half-precision families: typed pointers, the header in the shim, 2 bytes per element,
+    // and per-task input ranges (f16 matmul keeps k v^2 within f16's 65504).
+    let mh = by_id("matmul_f16");
+    assert_eq!(
+        mh.signature(),
+        r#"extern "C" void launch(const __half* a, const __half* b, __half* out, int64_t m, int64_t n, int64_t k, cudaStream_t stream)"#
+    );
+    assert!(mh.shim().contains("#include <cuda_fp16.h>"));
+    assert!(by_id("gelu_bf16").shim().contains("#include <cuda_bf16.h>"));
+    assert!(!va.shim().contains("cuda_fp16"));
+    assert_eq!(
+        (0..4).map(|s| mh.input_scale(s)).collect::<Vec<_>>(),
+        [1.0, 4.0, 0.01, 1.0]
+    );
+    assert_eq!(va.input_scale(1), 100.0);
+    let big = &mh.train_shapes[2];
+    assert!(big["k"] as f64 * 4.0 * 4.0 <= 65504.0);
     // matmul: a (m x k), b (k x n), out (m x n); 2mnk FLOPs.
     let mm = by_id("matmul");
     let s = std::collections::BTreeMap::from([
@@ -137,6 +157,26 @@ fn bad_task_specs_are_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("unknown field `colour`"), "{e}");
+    for (bad, want) in [
+        ("dtype = \"f32\"", "dtype = \"f64\""),
+        ("dtype = \"f32\"", "dtype = \"f32\"\ninput_scales = []"),
+        (
+            "dtype = \"f32\"",
+            "dtype = \"f32\"\ninput_scales = [1.0, -2.0]",
+        ),
+    ]
+    .iter()
+    .zip([
+        "dtype `f64` is not one of f32, f16, bf16",
+        "input_scales: give one or more positive, finite values",
+        "input_scales: give one or more positive, finite values",
+    ]) {
+        std::fs::write(d.path().join("task.toml"), src.replace(bad.0, bad.1)).unwrap();
+        let e = cudarl_cuda::TaskSpec::load(d.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+    }
     // References are checked when the spec loads: syntax, names, one per output.
     for (bad, want) in [
         ("out = \"a + b\"", "out = \"a + c\""),

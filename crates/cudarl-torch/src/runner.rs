@@ -17,9 +17,44 @@ use tch::{Device, Kind, Tensor};
 use crate::eval;
 use cudarl_cuda::expr::Expr;
 
-const POISON: i32 = 0x7FBA_DBAD; // a NaN payload no arithmetic produces
-const GUARD: i32 = 0x7FC0_FFEE;
 const GUARD_ELEMS: i64 = 4096;
+
+/// How a task's element type is stored: its libtorch float kind and the same-width integer
+/// kind the harness uses to fill and compare bit patterns.
+#[derive(Clone, Copy)]
+struct Elem {
+    float: Kind,
+    bits: Kind,
+    /// Poison for outputs: a NaN payload no arithmetic produces (canonical NaNs are 0x7FC00000,
+    /// 0x7E00 (f16) and 0x7FC0 (bf16)); 0x7FBA is a NaN in both 16-bit formats.
+    poison: i64,
+    /// Fill of the guard region after every buffer.
+    guard: i64,
+}
+
+impl Elem {
+    fn of(dtype: &str) -> Result<Elem, String> {
+        Ok(match dtype {
+            "f32" => Elem {
+                float: Kind::Float,
+                bits: Kind::Int,
+                poison: 0x7FBA_DBAD,
+                guard: 0x7FC0_FFEE,
+            },
+            "f16" | "bf16" => Elem {
+                float: if dtype == "f16" {
+                    Kind::Half
+                } else {
+                    Kind::BFloat16
+                },
+                bits: Kind::Int16,
+                poison: 0x7FBA,
+                guard: 0x7FCE,
+            },
+            d => return Err(format!("dtype `{d}` is not supported by the native runner")),
+        })
+    }
+}
 
 /// The SplitMix64 finalizer (Steele, Lea, Flood, "Fast splittable pseudorandom number
 /// generators", OOPSLA 2014): mixes (seed, argument) into the generator seed of one buffer.
@@ -30,23 +65,26 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The value range of inputs for `seed`: signed values uniform in `[-s, s)` with the scale `s`
-/// depending on the seed (1, 100, 0.01), so a kernel cannot lean on one range or sign.
-pub fn input_scale(seed: u64) -> f64 {
-    [1.0, 100.0, 0.01][(seed % 3) as usize]
-}
-
-/// One input buffer of `len` f32 elements for (`seed`, argument `arg_index`), drawn on `dev`
-/// with libtorch's generator seeded by SplitMix64(seed, arg) (Philox on CUDA: reproducible for
-/// one seed, GPU model and torch version), uniform in `[-s, s)`, `s = input_scale(seed)`.
+/// One input buffer of `len` elements of `kind` for (`seed`, argument `arg_index`), drawn on
+/// `dev` with libtorch's generator seeded by SplitMix64(seed, arg) (Philox on CUDA:
+/// reproducible for one seed, GPU model and torch version): float32 uniform in `[-s, s)`,
+/// `s = scale`, then rounded to `kind` (f16/bf16 tasks).
 ///
 /// # Errors
 /// libtorch errors (out of memory).
-pub fn gen_input(len: i64, seed: u64, arg_index: usize, dev: Device) -> Result<Tensor, String> {
+pub fn gen_input(
+    len: i64,
+    seed: u64,
+    arg_index: usize,
+    scale: f64,
+    kind: Kind,
+    dev: Device,
+) -> Result<Tensor, String> {
     tch::manual_seed(mix64(seed ^ mix64(arg_index as u64 + 1)) as i64);
     let r = Tensor::f_rand([len], (Kind::Float, dev))
-        .and_then(|t| t.f_mul_scalar(2.0 * input_scale(seed)))
-        .and_then(|t| t.f_sub_scalar(input_scale(seed)))
+        .and_then(|t| t.f_mul_scalar(2.0 * scale))
+        .and_then(|t| t.f_sub_scalar(scale))
+        .and_then(|t| t.f_to_kind(kind))
         .map_err(terr)?;
     Ok(r)
 }
@@ -95,10 +133,11 @@ fn derr(e: cudarc::driver::DriverError) -> String {
     e.to_string()
 }
 
-/// One buffer argument: the whole allocation (int32 view: data then guard) and, for inputs,
-/// a pristine copy of the data taken before the launch.
+/// One buffer argument: the whole allocation (same-width integer view: data then guard) and,
+/// for inputs, a pristine copy of the data taken before the launch.
 struct Buf {
     kind: ArgKind,
+    elem: Elem,
     name: String,
     n: i64,
     dims: Vec<i64>,
@@ -107,16 +146,17 @@ struct Buf {
 }
 
 impl Buf {
-    /// The data as f32 (a view; the guard excluded).
+    /// The data in the task's float kind (a view; the guard excluded).
     fn data(&self) -> Result<Tensor, String> {
         self.whole
             .f_narrow(0, 0, self.n)
-            .and_then(|t| t.f_view_dtype(Kind::Float))
+            .and_then(|t| t.f_view_dtype(self.elem.float))
             .map_err(terr)
     }
 }
 
 struct Bufs {
+    elem: Elem,
     args: Vec<Buf>,
     sizes: Vec<i64>,
     scalars: Vec<(String, f64)>,
@@ -332,12 +372,7 @@ impl Runner {
         sizes: &BTreeMap<String, i64>,
         seed: u64,
     ) -> Result<Bufs, String> {
-        if task.dtype != "f32" {
-            return Err(format!(
-                "dtype `{}` is not supported by the native runner yet",
-                task.dtype
-            ));
-        }
+        let elem = Elem::of(&task.dtype)?;
         let mut args = Vec::new();
         for (ai, a) in task.args.iter().enumerate() {
             if !matches!(a.kind, ArgKind::Input | ArgKind::Output) {
@@ -349,20 +384,21 @@ impl Runner {
                 .map(|d| eval_formula(d, sizes))
                 .collect::<Result<Vec<i64>, _>>()?;
             let n: i64 = dims.iter().product();
-            let whole = Tensor::f_full([n + GUARD_ELEMS], GUARD as i64, (Kind::Int, self.dev))
+            let whole = Tensor::f_full([n + GUARD_ELEMS], elem.guard, (elem.bits, self.dev))
                 .map_err(terr)?;
             let mut data = whole.f_narrow(0, 0, n).map_err(terr)?;
             let pristine = if a.kind == ArgKind::Input {
-                let x = gen_input(n, seed, ai, self.dev)?;
-                data.f_copy_(&x.f_view_dtype(Kind::Int).map_err(terr)?)
+                let x = gen_input(n, seed, ai, task.input_scale(seed), elem.float, self.dev)?;
+                data.f_copy_(&x.f_view_dtype(elem.bits).map_err(terr)?)
                     .map_err(terr)?;
                 Some(x)
             } else {
-                let _ = data.f_fill_(POISON as i64).map_err(terr)?;
+                let _ = data.f_fill_(elem.poison).map_err(terr)?;
                 None
             };
             args.push(Buf {
                 kind: a.kind,
+                elem,
                 name: a.name.clone(),
                 n,
                 dims,
@@ -371,6 +407,7 @@ impl Runner {
             });
         }
         Ok(Bufs {
+            elem,
             args,
             sizes: task.sizes.iter().map(|s| sizes[s]).collect(),
             scalars: scalar_values(task, seed),
@@ -415,13 +452,13 @@ impl Runner {
         for a in &b.args {
             let guard = e(a.whole.f_narrow(0, a.n, GUARD_ELEMS))?;
             stats.push(
-                e(e(guard.f_ne(GUARD as i64))?.f_any())?
+                e(e(guard.f_ne(a.elem.guard))?.f_any())?
                     .f_to_kind(Kind::Double)
                     .map_err(terr)?,
             );
             if let Some(p) = &a.pristine {
                 let now = e(a.whole.f_narrow(0, 0, a.n))?;
-                let orig = e(p.f_view_dtype(Kind::Int))?;
+                let orig = e(p.f_view_dtype(a.elem.bits))?;
                 stats.push(e(
                     e(e(now.f_ne_tensor(&orig))?.f_any())?.f_to_kind(Kind::Double)
                 )?);
@@ -448,7 +485,7 @@ impl Runner {
             let m = e(m.as_ref().ok_or("no magnitude")?.f_reshape([-1]))?;
             let got = a.data()?;
             let unwritten =
-                e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(POISON as i64))?.f_sum(Kind::Double))?;
+                e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(a.elem.poison))?.f_sum(Kind::Double))?;
             let finite = e(got.f_isfinite())?;
             let non_finite =
                 e(e(e(finite.f_logical_not())?.f_sum(Kind::Double))?.f_sub(&unwritten))?;
@@ -512,7 +549,7 @@ impl Runner {
 
     fn ensure_scratch(&mut self, b: &BenchSpec) -> Result<(), String> {
         if b.flush_l2 && self.l2_scratch.is_none() {
-            let n = (self.info.l2_bytes.max(1 << 20) as i64) * 2 / 4;
+            let n = (self.info.l2_bytes.max(1 << 20) as i64) * 2 / 4; // int32 elements
             self.l2_scratch = Some(Tensor::f_zeros([n], (Kind::Int, self.dev)).map_err(terr)?);
         }
         Ok(())
@@ -625,7 +662,7 @@ impl Runner {
         b: &BenchSpec,
     ) -> Result<Timing, String> {
         let bufs = self.buffers(task, &shape.sizes, 0x5EED)?;
-        let env = bufs.env_tensors(Kind::Float)?;
+        let env = bufs.env_tensors(bufs.elem.float)?;
         let (h2d_ms, d2h_ms) = self.transfer_ms(&bufs)?;
         let refs = parse_references(task)?;
         let times = self.time_loop(b, &mut || {
