@@ -86,8 +86,26 @@ def load_problem(code, pid, sizes=None):
     mod = types.ModuleType("kb_problem")
     exec(compile(code, pid, "exec"), mod.__dict__)
     for k, v in (sizes or {}).items():
-        setattr(mod, k, v)
+        set_size(mod, k, v)
     return mod
+
+
+def set_size(mod, k, v):
+    """Overrides constant `k`; `name.i` is element i of a tuple or list constant (`input_shape.0`)."""
+    name, _, idx = k.rpartition(".")
+    seq = getattr(mod, name, None) if name else None
+    if isinstance(seq, (tuple, list)) and idx.isdigit() and int(idx) < len(seq):
+        items = list(seq)
+        items[int(idx)] = v
+        setattr(mod, name, type(seq)(items))
+    else:
+        setattr(mod, k, v)
+
+
+def seq_constants(mod):
+    """Integer elements of tuple and list constants, as `name.i`."""
+    return {f"{k}.{i}": x for k, v in vars(mod).items() if not k.startswith("_") and isinstance(v, (tuple, list))
+            for i, x in enumerate(v) if isinstance(x, int) and not isinstance(x, bool)}
 
 
 def int_constants(mod):
@@ -213,11 +231,24 @@ def real_run(code, pid, sizes):
 
 def plan(req):
     """Test sizes under a byte budget. Candidates for halving: every integer constant >= 8 (sizes
-    below 8 are kernel sizes, strides, axes...), the dims of the signature first at equal value."""
+    below 8 are kernel sizes, strides, axes...), the dims of the signature first at equal value.
+    When that cannot reach the budget, a second pass also halves integer elements of tuple and
+    list constants (`input_shape = (32768,)`) and halves constants of equal value together
+    (sizes that must match, e.g. for broadcasting)."""
     code, pid, budget = req["code"], req["problem_id"], int(req["budget_bytes"])
-    base = int_constants(load_problem(code, pid))
+    mod = load_problem(code, pid)
     dims = set(req.get("dims", []))
     full = meta_bytes(code, pid, {})
+    over, cur = plan_pass(code, pid, budget, int_constants(mod), dims, full, tied=False)
+    if cur > budget and seq_constants(mod):
+        over2, cur2 = plan_pass(code, pid, budget, {**int_constants(mod), **seq_constants(mod)}, dims, full, tied=True)
+        if cur2 < cur:
+            over, cur = over2, cur2
+    return {"sizes": over, "bytes": cur, "full_bytes": full, "fits": cur <= budget,
+            "constrained": constrained_reason(code)}
+
+
+def plan_pass(code, pid, budget, base, dims, full, tied):
     over, cur, frozen, hist = {}, full, set(), []
     for _ in range(400):
         if cur <= budget:
@@ -234,8 +265,11 @@ def plan(req):
                        key=lambda k: (-over.get(k, base[k]), k not in dims))
         moved = False
         for k in cands:
+            val = over.get(k, base[k])
+            group = [j for j in cands if over.get(j, base[j]) == val] if tied else [k]
             trial = dict(over)
-            trial[k] = over.get(k, base[k]) // 2
+            for j in group:
+                trial[j] = val // 2
             try:
                 b = meta_bytes(code, pid, trial)
             except Exception:  # noqa: BLE001 - a size the problem rejects stays
@@ -248,8 +282,7 @@ def plan(req):
             frozen.add(k)
         if not moved:
             break
-    return {"sizes": over, "bytes": cur, "full_bytes": full, "fits": cur <= budget,
-            "constrained": constrained_reason(code)}
+    return over, cur
 
 
 def redraw(x, dist, gen):

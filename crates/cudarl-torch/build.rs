@@ -1,5 +1,5 @@
 //! Link arguments for the worker binary and this crate's tests (and `DEP_CUDARL_TORCH_LIBTORCH_LIB`
-//! for dependents).
+//! and `DEP_CUDARL_TORCH_LINK_ARGS` for dependents).
 //!
 //! - `-Wl,--no-as-needed,-ltorch_cuda,--as-needed`: nothing here references a `libtorch_cuda`
 //!   symbol directly (its CUDA kernels register themselves from static constructors), so with
@@ -11,9 +11,14 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:libtorch_lib={lib}");
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+        let mut args = vec![format!("-Wl,-rpath,{lib}")];
         if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
-            println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
+            args.push("-Wl,--no-as-needed,-ltorch_cuda,--as-needed".into());
         }
+        for a in &args {
+            println!("cargo:rustc-link-arg={a}");
+        }
+        // For crates whose own binaries and tests link libtorch (DEP_CUDARL_TORCH_LINK_ARGS).
+        println!("cargo:link_args={}", args.join(" "));
     }
 }

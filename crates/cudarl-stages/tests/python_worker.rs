@@ -153,3 +153,53 @@ fn a_missing_interpreter_is_a_clear_error() {
     };
     assert!(e.contains("did not start"), "{e}");
 }
+
+/// KernelBench's HingeLoss shape: `predictions` is `(batch_size, *input_shape)` and `targets`
+/// `(batch_size,)` broadcast against its last dim, so neither constant can be halved alone and
+/// one of them is a tuple element; the second planning pass halves them together.
+#[test]
+fn test_sizes_halve_tuple_elements_and_tied_constants_together() {
+    let Some(mut w) = worker() else { return };
+    let hinge = r#"
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+batch_size = 32768
+input_shape = (32768,)
+
+def get_inputs():
+    return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]
+
+def get_init_inputs():
+    return []
+"#;
+    let a = w
+        .call(
+            &json!({"op": "plan", "problem_id": "hinge", "code": hinge, "dims": [],
+                      "budget_bytes": 1 << 20}),
+        )
+        .unwrap();
+    assert_eq!(a["ok"], Value::Bool(true), "{a}");
+    assert_eq!(a["fits"], Value::Bool(true), "{a}");
+    let s = &a["sizes"];
+    assert_eq!(s["batch_size"], s["input_shape.0"], "{a}");
+    assert!(s["batch_size"].as_i64().unwrap() <= 512, "{a}");
+    assert_eq!(a["full_bytes"], json!(4_295_098_372i64));
+    // The planned sizes apply to the tuple: testgen records tensors of the planned shape.
+    let b = s["batch_size"].as_i64().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("t.safetensors");
+    let t = w
+        .call(
+            &json!({"op": "testgen", "problem_id": "hinge", "code": hinge, "sizes": s,
+                      "seed": 0, "path": path.to_str().unwrap()}),
+        )
+        .unwrap();
+    assert_eq!(t["ok"], Value::Bool(true), "{t}");
+    assert_eq!(t["tensors"][0]["name"], "input.0");
+    assert_eq!(t["tensors"][0]["shape"], json!([b, b]), "{t}");
+}

@@ -1,0 +1,406 @@
+//! A decoder-only transformer of the Qwen2 architecture in tch: token embedding, `L` layers of
+//! [RMSNorm -> grouped-query self-attention with RoPE -> residual, RMSNorm -> SwiGLU MLP ->
+//! residual], a final RMSNorm and the LM head (tied to the embedding or not). Parameter names,
+//! shapes and the arithmetic follow `transformers`' `modeling_qwen2.py` (Qwen2 technical report,
+//! arXiv:2407.10671), so Hugging Face checkpoints load as they are; parity with `transformers`
+//! is tested (`tests/qwen2_parity.rs`).
+//!
+//! Shapes: `b` batch, `t` new tokens, `p` cached tokens, `h` hidden size, `nh`/`nkv` query and
+//! key/value heads, `d` head dim, `V` vocabulary.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use crate::ModelError;
+use crate::config::Qwen2Config;
+
+/// RMSNorm (Zhang and Sennrich, 2019) as Qwen2 computes it: in float32, then scaled by the
+/// weight in the input's dtype.
+#[derive(Debug)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(vs: nn::Path, h: i64, eps: f64) -> RmsNorm {
+        RmsNorm {
+            weight: vs.var("weight", &[h], nn::Init::Const(1.0)),
+            eps,
+        }
+    }
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let xf = x.to_kind(Kind::Float);
+        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let y = xf * (var + self.eps).rsqrt();
+        &self.weight * y.to_kind(kind)
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    q: nn::Linear,
+    k: nn::Linear,
+    v: nn::Linear,
+    o: nn::Linear,
+    gate: nn::Linear,
+    up: nn::Linear,
+    down: nn::Linear,
+    input_norm: RmsNorm,
+    post_norm: RmsNorm,
+}
+
+/// Keys and values of the tokens seen so far, per layer: `[b, nkv, p, d]` each.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    layers: Vec<(Tensor, Tensor)>,
+}
+
+impl KvCache {
+    /// Cached tokens `p` (0 when empty).
+    pub fn len(&self) -> i64 {
+        self.layers.first().map_or(0, |(k, _)| k.size()[2])
+    }
+    /// No tokens cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A Qwen2 model whose parameters live in a [`nn::VarStore`] under the Hugging Face names
+/// (`model.layers.0.self_attn.q_proj.weight`, ...).
+pub struct Qwen2 {
+    /// The architecture.
+    pub config: Qwen2Config,
+    /// The parameters (trainable; `vs.trainable_variables()` for an optimizer).
+    pub vs: nn::VarStore,
+    embed: nn::Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Option<nn::Linear>,
+    inv_freq: Tensor,
+}
+
+fn linear(vs: nn::Path, i: i64, o: i64, bias: bool) -> nn::Linear {
+    nn::linear(
+        vs,
+        i,
+        o,
+        nn::LinearConfig {
+            ws_init: nn::Init::Randn {
+                mean: 0.0,
+                stdev: 0.02,
+            },
+            bs_init: Some(nn::Init::Const(0.0)),
+            bias,
+        },
+    )
+}
+
+/// `rotate_half` of the RoPE paper's implementation in `transformers`: `[x1, x2] -> [-x2, x1]`.
+fn rotate_half(x: &Tensor) -> Tensor {
+    let d = x.size()[x.dim() - 1];
+    let x1 = x.narrow(-1, 0, d / 2);
+    let x2 = x.narrow(-1, d / 2, d / 2);
+    Tensor::cat(&[x2.neg(), x1], -1)
+}
+
+impl Qwen2 {
+    /// A freshly initialized model (`transformers`' init: normal(0, 0.02) weights, zero biases,
+    /// unit norms) in float32 on `device`; call [`Qwen2::set_kind`] for bf16.
+    ///
+    /// # Errors
+    /// An inconsistent config.
+    pub fn new(config: Qwen2Config, device: Device) -> Result<Qwen2, ModelError> {
+        config.validate().map_err(|m| ModelError::Config {
+            file: "config".into(),
+            message: m,
+        })?;
+        let vs = nn::VarStore::new(device);
+        let c = &config;
+        let (h, d) = (c.hidden_size, c.head_dim());
+        let root = vs.root();
+        let m = &root / "model";
+        let embed = nn::embedding(
+            &m / "embed_tokens",
+            c.vocab_size,
+            h,
+            nn::EmbeddingConfig {
+                ws_init: nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: 0.02,
+                },
+                ..Default::default()
+            },
+        );
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let l = &m / "layers" / i;
+                let a = &l / "self_attn";
+                let f = &l / "mlp";
+                Layer {
+                    q: linear(&a / "q_proj", h, c.num_attention_heads * d, true),
+                    k: linear(&a / "k_proj", h, c.num_key_value_heads * d, true),
+                    v: linear(&a / "v_proj", h, c.num_key_value_heads * d, true),
+                    o: linear(&a / "o_proj", c.num_attention_heads * d, h, false),
+                    gate: linear(&f / "gate_proj", h, c.intermediate_size, false),
+                    up: linear(&f / "up_proj", h, c.intermediate_size, false),
+                    down: linear(&f / "down_proj", c.intermediate_size, h, false),
+                    input_norm: RmsNorm::new(&l / "input_layernorm", h, c.rms_norm_eps),
+                    post_norm: RmsNorm::new(&l / "post_attention_layernorm", h, c.rms_norm_eps),
+                }
+            })
+            .collect();
+        let norm = RmsNorm::new(&m / "norm", h, c.rms_norm_eps);
+        let lm_head =
+            (!c.tie_word_embeddings).then(|| linear(&root / "lm_head", h, c.vocab_size, false));
+        // inv_freq[i] = 1 / base^(2i / d), float32 as transformers computes it.
+        let exponents = Tensor::arange_start_step(0, d, 2, (Kind::Int64, device))
+            .to_kind(Kind::Float)
+            / d as f64;
+        let inv_freq = Tensor::pow_scalar(c.rope_base(), &exponents).reciprocal();
+        Ok(Qwen2 {
+            config,
+            vs,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        })
+    }
+
+    /// The device the parameters are on.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// Casts every parameter (`Kind::BFloat16` on GPU, `Kind::Float` on CPU).
+    pub fn set_kind(&mut self, kind: Kind) {
+        self.vs.set_kind(kind);
+    }
+
+    /// The parameters' dtype.
+    pub fn kind(&self) -> Kind {
+        self.embed.ws.kind()
+    }
+
+    /// Logits `[b, t, V]` (float32) for `input_ids` `[b, t]` (int64).
+    ///
+    /// - `positions` `[b, t]` (int64): RoPE positions; `None` = `p..p+t` for every row.
+    /// - `mask` `[b, p + t]` (bool): which key positions hold real tokens (left padding is
+    ///   `false`); `None` = all. Attention is causal on top of it.
+    /// - `cache`: keys and values of earlier tokens; extended with these `t` tokens.
+    ///
+    /// # Errors
+    /// libtorch errors (shape mismatches, out of memory).
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        positions: Option<&Tensor>,
+        mask: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let dev = self.device();
+        let (b, t) = input_ids.size2()?;
+        let past = cache.as_ref().map_or(0, |k| k.len());
+        let total = past + t;
+        let d = c.head_dim();
+        let positions = match positions {
+            Some(p) => p.shallow_clone(),
+            None => Tensor::arange_start(past, total, (Kind::Int64, dev))
+                .unsqueeze(0)
+                .expand([b, t], false),
+        };
+        // cos/sin [b, 1, t, d], float32 then the activations' dtype, as transformers does.
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        let kind = self.kind();
+        let cos = emb.cos().to_kind(kind).unsqueeze(1);
+        let sin = emb.sin().to_kind(kind).unsqueeze(1);
+        // The attention mask [b, 1, t, total] (true = attend), or plain causal attention.
+        let attn_mask = if mask.is_none() && past == 0 {
+            None
+        } else {
+            let q_abs = Tensor::arange_start(past, total, (Kind::Int64, dev)).view([t, 1]);
+            let k_abs = Tensor::arange(total, (Kind::Int64, dev)).view([1, total]);
+            let causal = k_abs.le_tensor(&q_abs).view([1, 1, t, total]);
+            Some(match mask {
+                Some(m) => {
+                    let valid = m.to_kind(Kind::Bool).view([b, 1, 1, total]);
+                    // A padded query still attends to itself: no row is fully masked (NaN).
+                    let own = k_abs.eq_tensor(&q_abs).view([1, 1, t, total]);
+                    causal.logical_and(&valid.logical_or(&own))
+                }
+                None => causal.expand([b, 1, t, total], false),
+            })
+        };
+        let mut x = self.embed.forward(input_ids);
+        for (li, l) in self.layers.iter().enumerate() {
+            let hx = l.input_norm.forward(&x);
+            let q =
+                l.q.forward(&hx)
+                    .view([b, t, c.num_attention_heads, d])
+                    .transpose(1, 2);
+            let k =
+                l.k.forward(&hx)
+                    .view([b, t, c.num_key_value_heads, d])
+                    .transpose(1, 2);
+            let v =
+                l.v.forward(&hx)
+                    .view([b, t, c.num_key_value_heads, d])
+                    .transpose(1, 2);
+            let q = &q * &cos + rotate_half(&q) * &sin;
+            let mut k = &k * &cos + rotate_half(&k) * &sin;
+            let mut v = v;
+            if let Some(cache) = cache.as_deref_mut() {
+                if let Some((pk, pv)) = cache.layers.get(li) {
+                    k = Tensor::cat(&[pk, &k], 2);
+                    v = Tensor::cat(&[pv, &v], 2);
+                }
+                let entry = (k.shallow_clone(), v.shallow_clone());
+                if li < cache.layers.len() {
+                    cache.layers[li] = entry;
+                } else {
+                    cache.layers.push(entry);
+                }
+            }
+            let a = Tensor::f_scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                attn_mask.as_ref(),
+                0.0,
+                attn_mask.is_none(),
+                None,
+                c.num_key_value_heads != c.num_attention_heads,
+            )?;
+            let a = a
+                .transpose(1, 2)
+                .contiguous()
+                .view([b, t, c.num_attention_heads * d]);
+            // Out of place: `x` is saved for backward by the norm above (no `+=`).
+            x = &x + l.o.forward(&a);
+            let hx = l.post_norm.forward(&x);
+            let mlp = l
+                .down
+                .forward(&(l.gate.forward(&hx).silu() * l.up.forward(&hx)));
+            x = &x + mlp;
+        }
+        let x = self.norm.forward(&x);
+        let logits = match &self.lm_head {
+            Some(h) => h.forward(&x),
+            None => x.matmul(&self.embed.ws.tr()),
+        };
+        Ok(logits.to_kind(Kind::Float))
+    }
+
+    /// Loads a Hugging Face directory: `config.json` and `model.safetensors`, or the shards
+    /// listed in `model.safetensors.index.json`. Weights are converted to `kind` on `device`.
+    ///
+    /// # Errors
+    /// [`ModelError::Config`] for a bad config; [`ModelError::Weights`] naming the file and the
+    /// tensor for a missing, unexpected or wrongly shaped weight.
+    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Qwen2, ModelError> {
+        let config = Qwen2Config::load(&dir.join("config.json"))?;
+        let mut model = Qwen2::new(config, device)?;
+        model.set_kind(kind);
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<std::path::PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index)
+                .map_err(|e| ModelError::Io(index.display().to_string(), e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Weights {
+                    file: index.display().to_string(),
+                    message: e.to_string(),
+                })?;
+            let map = v["weight_map"]
+                .as_object()
+                .ok_or_else(|| ModelError::Weights {
+                    file: index.display().to_string(),
+                    message: "no `weight_map` object".into(),
+                })?;
+            let set: BTreeSet<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect();
+            set.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        let mut vars = model.vs.variables();
+        let mut loaded = BTreeSet::new();
+        let _guard = tch::no_grad_guard();
+        for f in &files {
+            let bad = |m: String| ModelError::Weights {
+                file: f.display().to_string(),
+                message: m,
+            };
+            let tensors = Tensor::read_safetensors(f).map_err(|e| bad(e.to_string()))?;
+            for (name, t) in tensors {
+                match vars.get_mut(&name) {
+                    Some(v) => {
+                        if v.size() != t.size() {
+                            return Err(bad(format!(
+                                "`{name}` has shape {:?}, the config implies {:?}",
+                                t.size(),
+                                v.size()
+                            )));
+                        }
+                        v.f_copy_(&t).map_err(|e| bad(format!("`{name}`: {e}")))?;
+                        loaded.insert(name);
+                    }
+                    // Tied checkpoints may still carry the head; it is the embedding.
+                    None if name == "lm_head.weight" && model.config.tie_word_embeddings => {}
+                    None => return Err(bad(format!("unexpected tensor `{name}`"))),
+                }
+            }
+        }
+        let missing: Vec<&String> = vars.keys().filter(|k| !loaded.contains(*k)).collect();
+        if !missing.is_empty() {
+            return Err(ModelError::Weights {
+                file: dir.display().to_string(),
+                message: format!(
+                    "{} weights missing, e.g. `{}`",
+                    missing.len(),
+                    missing.iter().min().map_or("", |s| s.as_str())
+                ),
+            });
+        }
+        Ok(model)
+    }
+
+    /// Saves in the Hugging Face layout: `config.json` (with `dtype`) and one
+    /// `model.safetensors` holding every parameter under its Hugging Face name, in the
+    /// parameters' dtype.
+    ///
+    /// # Errors
+    /// I/O and libtorch errors.
+    pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::Io(dir.display().to_string(), e))?;
+        let mut config = self.config.clone();
+        let dtype = match self.kind() {
+            Kind::BFloat16 => "bfloat16",
+            Kind::Half => "float16",
+            _ => "float32",
+        };
+        config.extra.insert("dtype".into(), dtype.into());
+        config.extra.insert("torch_dtype".into(), dtype.into());
+        config.save(&dir.join("config.json"))?;
+        let vars: BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
+        let named: Vec<(String, Tensor)> = vars
+            .into_iter()
+            .map(|(n, t)| (n, t.to_device(Device::Cpu).contiguous()))
+            .collect();
+        let path = dir.join("model.safetensors");
+        Tensor::write_safetensors(&named, &path).map_err(|e| ModelError::Weights {
+            file: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,251 @@
+//! Our Qwen2 against Hugging Face `transformers` (a tiny random model built offline by
+//! `tests/python/qwen2_reference.py` with the venv's python), the Hugging Face layout round
+//! trip, and generation with and without the KV cache.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudarl_train::{Finish, Qwen2, SampleParams, generate};
+use tch::{Device, Kind, Tensor};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Builds the reference model in `dir` with `transformers`; `None` (skipped, said so) when no
+/// Python with transformers is configured and CUDARL_REQUIRE_PYTHON is unset.
+fn reference(dir: &Path, args: &[&str]) -> Option<()> {
+    let py = std::env::var("CUDARL_PYTHON").unwrap_or_else(|_| {
+        repo_root()
+            .join(".venv/bin/python")
+            .to_string_lossy()
+            .into_owned()
+    });
+    let out = Command::new(&py)
+        .arg(repo_root().join("tests/python/qwen2_reference.py"))
+        .arg(dir)
+        .args(args)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(()),
+        other => {
+            let msg = match other {
+                Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                Err(e) => e.to_string(),
+            };
+            if std::env::var("CUDARL_REQUIRE_PYTHON").is_ok() {
+                panic!("qwen2_reference.py failed: {msg}");
+            }
+            eprintln!("SKIPPED: no Python with transformers ({py}): {msg}");
+            None
+        }
+    }
+}
+
+fn tensors(path: &Path) -> std::collections::HashMap<String, Tensor> {
+    Tensor::read_safetensors(path)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// max |a - b| / max |b|.
+fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let d = (a - b).abs().max().double_value(&[]);
+    d / b.abs().max().double_value(&[])
+}
+
+fn check_parity(args: &[&str]) {
+    let d = tempfile::tempdir().unwrap();
+    if reference(d.path(), args).is_none() {
+        return;
+    }
+    let r = tensors(&d.path().join("reference.safetensors"));
+    let m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    let logits = m.forward(&r["input_ids"], None, None, None).unwrap();
+    let e = rel_err(&logits, &r["logits"]);
+    eprintln!("{args:?}: relative error {e:e}");
+    assert!(e < 1e-4, "{args:?}: relative error {e:e}");
+    // Left padding with a mask and positions counted over real tokens.
+    let mask = r["mask"].to_kind(Kind::Bool);
+    let pos = (r["mask"].cumsum(-1, Kind::Int64) - 1).clamp_min(0);
+    let lp = m
+        .forward(&r["padded"], Some(&pos), Some(&mask), None)
+        .unwrap();
+    // Padded query positions are not compared (transformers and we treat them differently).
+    let keep = mask.unsqueeze(-1).to_kind(Kind::Float);
+    let e = rel_err(&(&lp * &keep), &(&r["logits_padded"] * &keep));
+    assert!(e < 1e-4, "{args:?} padded: relative error {e:e}");
+    // The unpadded row of the padded batch equals the unpadded batch's row.
+    let e = rel_err(&lp.get(0), &r["logits"].get(0));
+    assert!(e < 1e-4, "{e:e}");
+}
+
+#[test]
+fn logits_match_transformers_sharded_untied() {
+    check_parity(&["--sharded"]);
+}
+
+#[test]
+fn logits_match_transformers_tied() {
+    check_parity(&["--tied"]);
+}
+
+#[test]
+fn save_then_load_is_bit_exact_and_bad_weights_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    if reference(d.path(), &["--sharded"]).is_none() {
+        return;
+    }
+    let a = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    let out = d.path().join("ours");
+    a.save(&out).unwrap();
+    let b = Qwen2::load(&out, Device::Cpu, Kind::Float).unwrap();
+    let (va, vb) = (a.vs.variables(), b.vs.variables());
+    assert_eq!(va.len(), vb.len());
+    assert_eq!(
+        va.len() as i64,
+        3 * 12 + 3,
+        "12 tensors per layer (q, k, v weights and biases, o, gate, up, down, 2 norms) + embedding, final norm, head"
+    );
+    for (n, t) in &va {
+        assert!(t.equal(&vb[n]), "{n} differs after the round trip");
+    }
+    let ids = Tensor::from_slice(&[5i64, 9, 17, 3, 40]).view([1, 5]);
+    let (la, lb) = (
+        a.forward(&ids, None, None, None).unwrap(),
+        b.forward(&ids, None, None, None).unwrap(),
+    );
+    assert!(la.equal(&lb));
+    let p = a.config.num_parameters();
+    let n: i64 = va.values().map(Tensor::numel).map(|x| x as i64).sum();
+    assert_eq!(p, n, "num_parameters counts what the model holds");
+
+    // A missing weight and a misshapen one are named with their file.
+    let bad = d.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::copy(out.join("config.json"), bad.join("config.json")).unwrap();
+    let mut named: Vec<(String, Tensor)> = va
+        .iter()
+        .filter(|(n, _)| n.as_str() != "model.norm.weight")
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    Tensor::write_safetensors(&named, bad.join("model.safetensors")).unwrap();
+    let e = Qwen2::load(&bad, Device::Cpu, Kind::Float)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("1 weights missing") && e.contains("model.norm.weight"),
+        "{e}"
+    );
+    named.push((
+        "model.norm.weight".into(),
+        Tensor::ones([3], (Kind::Float, Device::Cpu)),
+    ));
+    Tensor::write_safetensors(&named, bad.join("model.safetensors")).unwrap();
+    let e = Qwen2::load(&bad, Device::Cpu, Kind::Float)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("model.safetensors") && e.contains("`model.norm.weight` has shape [3]"),
+        "{e}"
+    );
+    // A bad config names the key.
+    std::fs::write(
+        bad.join("config.json"),
+        std::fs::read_to_string(out.join("config.json"))
+            .unwrap()
+            .replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
+    )
+    .unwrap();
+    let e = Qwen2::load(&bad, Device::Cpu, Kind::Float)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("config.json") && e.contains("num_key_value_heads"),
+        "{e}"
+    );
+}
+
+#[test]
+fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
+    let d = tempfile::tempdir().unwrap();
+    if reference(d.path(), &[]).is_none() {
+        return;
+    }
+    let m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    // Different lengths: left padding in one batch.
+    let prompts = vec![vec![5i64, 9, 17, 3, 40, 41], vec![7, 8], vec![60, 61, 62]];
+    let greedy = |use_cache: bool| {
+        let p = SampleParams {
+            max_new_tokens: 12,
+            temperature: 0.0,
+            use_cache,
+            ..Default::default()
+        };
+        generate(&m, &prompts, &p, &[], &mut |_, _| false).unwrap()
+    };
+    let (a, b) = (greedy(true), greedy(false));
+    assert_eq!(a.tokens, b.tokens);
+    for (x, y) in a
+        .log_probs
+        .iter()
+        .flatten()
+        .zip(b.log_probs.iter().flatten())
+    {
+        assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+    }
+    assert!(a.finish.iter().all(|f| *f == Finish::Length));
+    assert!(a.tokens.iter().all(|t| t.len() == 12));
+    // A batched row equals the same prompt alone (padding does not leak).
+    let alone = generate(
+        &m,
+        &prompts[1..2],
+        &SampleParams {
+            max_new_tokens: 12,
+            temperature: 0.0,
+            ..Default::default()
+        },
+        &[],
+        &mut |_, _| false,
+    )
+    .unwrap();
+    assert_eq!(alone.tokens[0], a.tokens[1]);
+    // Log-probabilities are those of the model: the greedy token's equals the max log-softmax.
+    let ids = Tensor::from_slice(&prompts[0]).view([1, -1]);
+    let l = m.forward(&ids, None, None, None).unwrap();
+    let best = l
+        .get(0)
+        .get(5)
+        .log_softmax(-1, Kind::Float)
+        .max()
+        .double_value(&[]);
+    assert!((best - a.log_probs[0][0] as f64).abs() < 1e-5);
+    // Sampling: the same seed gives the same tokens; eos and a stop check end sequences.
+    let sp = SampleParams {
+        max_new_tokens: 20,
+        temperature: 1.0,
+        top_p: 0.9,
+        seed: Some(7),
+        use_cache: true,
+    };
+    let s1 = generate(&m, &prompts, &sp, &[], &mut |_, _| false).unwrap();
+    let s2 = generate(&m, &prompts, &sp, &[], &mut |_, _| false).unwrap();
+    assert_eq!(s1.tokens, s2.tokens);
+    assert!(s1.log_probs.iter().flatten().all(|x| *x <= 0.0));
+    let eos = s1.tokens[0][3];
+    let s3 = generate(&m, &prompts, &sp, &[eos], &mut |i, t| {
+        i == 2 && t.len() == 4
+    })
+    .unwrap();
+    let first = s1.tokens[0].iter().position(|t| *t == eos).unwrap();
+    assert_eq!(s3.tokens[0], s1.tokens[0][..=first].to_vec());
+    assert_eq!(s3.finish[0], Finish::Eos);
+    if !s1.tokens[2][..4].contains(&eos) {
+        assert_eq!(s3.finish[2], Finish::Stop);
+        assert_eq!(s3.tokens[2].len(), 4);
+    }
+}
