@@ -1,14 +1,19 @@
 //! Models and training for cudarl-pipe (DESIGN.md section 6): a Qwen2-architecture decoder in
 //! tch that loads and saves the Hugging Face layout, and batched generation with a KV cache
-//! and per-token log-probabilities.
+//! and per-token log-probabilities, BPE tokenizers with the ChatML template, and causal-LM
+//! training with a loss mask (pretraining and SFT).
 
 pub mod config;
 pub mod generate;
 pub mod model;
+pub mod tokenizer;
+pub mod train;
 
 pub use config::Qwen2Config;
 pub use generate::{Finish, Generation, SampleParams, generate};
 pub use model::{KvCache, Qwen2};
+pub use tokenizer::{ChatTokenizer, Message};
+pub use train::{Example, StepMetrics, TrainConfig, train_lm};
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +37,9 @@ pub enum ModelError {
     /// Reading or writing a file.
     #[error("{0}: {1}")]
     Io(String, std::io::Error),
+    /// Training, loading or using a tokenizer.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
     /// Bad generation parameters.
     #[error("generate: {0}")]
     Generate(String),
