@@ -19,12 +19,15 @@ $(VENV)/.stamp: requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-## build: the release binaries (cudarl-pipe and its GPU worker, cudarl-pipe-worker).
+## build: the release binaries (cudarl-pipe, its GPU worker cudarl-pipe-worker, its trainer cudarl-pipe-train).
 build: setup
-	$(CARGO) build --release -p cudarl-cli -p cudarl-torch
+	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-train
 
-## run: set up, build, run the main job on the bundled data.
+## run: set up, build, run the main job on the bundled data: the curriculum, then SFT data, the
+## tokenizer, the default model's pretraining and SFT of both agents (configs/model/tiny.toml;
+## on a GPU machine set `model = "small"` in pipelines/default.toml).
 run: setup build curriculum
+	$(BIN) run sft-train sft-train-optimizer
 	$(BIN) status
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,
@@ -55,7 +58,7 @@ bench: build
 carry: build
 	$(CARGO) test --release --no-run -p cudarl-cli --test gpu
 	mkdir -p .carry && rm -f .carry/*
-	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker .carry/
+	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker target/release/cudarl-pipe-train .carry/
 	cp "$$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)" .carry/gpu-tests
 	strip .carry/*
 	gzip -9 .carry/*

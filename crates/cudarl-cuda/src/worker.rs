@@ -68,19 +68,25 @@ pub fn apply_limits(l: &Limits) {
 /// The worker binary: `$CUDARL_WORKER`, else `cudarl-pipe-worker` beside the running
 /// executable (cargo puts both in `target/<profile>/`), else `cudarl-pipe-worker` on `PATH`.
 pub fn worker_exe() -> PathBuf {
-    if let Some(p) = std::env::var_os("CUDARL_WORKER") {
+    sibling_exe("CUDARL_WORKER", "cudarl-pipe-worker")
+}
+
+/// A companion binary of `cudarl-pipe`: `$env` if set, else `name` beside the running
+/// executable (or one level up, for test binaries in `target/<profile>/deps/`), else `name`
+/// on `PATH`.
+pub fn sibling_exe(env: &str, name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
         return PathBuf::from(p);
     }
     if let Ok(me) = std::env::current_exe() {
-        // Test binaries live in target/<profile>/deps/.
         for dir in me.ancestors().skip(1).take(2) {
-            let p = dir.join("cudarl-pipe-worker");
+            let p = dir.join(name);
             if p.is_file() {
                 return p;
             }
         }
     }
-    PathBuf::from("cudarl-pipe-worker")
+    PathBuf::from(name)
 }
 
 /// How a job ended, seen from the parent.

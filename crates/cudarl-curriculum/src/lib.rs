@@ -2,6 +2,7 @@
 //! gates that open the next tier (DESIGN.md section 4).
 
 pub mod ops;
+pub mod prompts;
 pub mod split;
 pub mod tiers;
 

@@ -7,8 +7,10 @@ pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
+pub mod sft_data;
 pub mod synth_tasks;
 pub mod testgen;
+pub mod train_stages;
 pub mod validate;
 
 use cudarl_core::{Stage, StageFactory};
@@ -25,8 +27,12 @@ impl StageFactory for Registry {
             "ingest-kernelbench",
             "ingest-sakana",
             "kb-specs",
+            "pretrain",
+            "sft-data",
+            "sft-train",
             "synth-tasks",
             "testgen",
+            "tokenizer",
             "validate",
         ]
     }
@@ -46,6 +52,19 @@ impl StageFactory for Registry {
             "curriculum" => Box::new(curriculum::Curriculum::from_table(params)?),
             "synth-tasks" => Box::new(synth_tasks::SynthTasks::from_table(params)?),
             "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
+            "sft-data" => Box::new(sft_data::SftData::from_table(params)?),
+            "tokenizer" => Box::new(train_stages::ModelStage::from_table(
+                train_stages::Kind::Tokenizer,
+                params,
+            )?),
+            "pretrain" => Box::new(train_stages::ModelStage::from_table(
+                train_stages::Kind::Pretrain,
+                params,
+            )?),
+            "sft-train" => Box::new(train_stages::ModelStage::from_table(
+                train_stages::Kind::SftTrain,
+                params,
+            )?),
             "testgen" => Box::new(testgen::Testgen::from_table(params)?),
             "validate" => Box::new(validate::Validate::from_table(params)?),
             other => return Err(format!("unknown stage `{other}`")),

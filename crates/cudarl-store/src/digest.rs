@@ -43,6 +43,16 @@ impl Digest {
         blake3::Hash::from_bytes(self.0).to_hex().to_string()
     }
 
+    /// Parses the 64-character hex form.
+    ///
+    /// # Errors
+    /// Not 64 hex digits.
+    pub fn from_hex(s: &str) -> Result<Digest, String> {
+        blake3::Hash::from_hex(s)
+            .map(|h| Digest(*h.as_bytes()))
+            .map_err(|e| format!("`{s}` is not a blake3 digest: {e}"))
+    }
+
     /// First `n` hex characters, for human-facing output.
     pub fn short(&self, n: usize) -> String {
         let mut s = self.to_hex();

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod generate;
+pub mod job;
 pub mod model;
 pub mod tokenizer;
 pub mod train;

@@ -108,8 +108,7 @@ impl ChatTokenizer {
         let tok = Tokenizer::from_file(path).map_err(|e| terr(&file, e))?;
         let id = |t: &str| tok.token_to_id(t).map(i64::from);
         Ok(ChatTokenizer {
-            im_start: id(IM_START)
-                .ok_or_else(|| terr(&file, format!("no `{IM_START}` token")))?,
+            im_start: id(IM_START).ok_or_else(|| terr(&file, format!("no `{IM_START}` token")))?,
             im_end: id(IM_END).ok_or_else(|| terr(&file, format!("no `{IM_END}` token")))?,
             eos: id(EOS),
             tok,

@@ -47,6 +47,8 @@ pub struct TrainConfig {
     pub eval_every: usize,
     /// Shuffling seed (and libtorch's).
     pub seed: u64,
+    /// Stop after this many steps (the schedule spans them); `None` = all epochs.
+    pub max_steps: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -63,6 +65,7 @@ impl Default for TrainConfig {
             grad_clip: 1.0,
             eval_every: 50,
             seed: 0,
+            max_steps: None,
         }
     }
 }
@@ -193,7 +196,7 @@ pub fn train_lm(
     tch::manual_seed(cfg.seed as i64);
     let bs = cfg.batch_size.max(1);
     let steps_per_epoch = train.len().div_ceil(bs);
-    let total = steps_per_epoch * cfg.epochs.max(1);
+    let total = (steps_per_epoch * cfg.epochs.max(1)).min(cfg.max_steps.unwrap_or(usize::MAX));
     let mut opt = nn::AdamW {
         beta1: cfg.betas.0,
         beta2: cfg.betas.1,
@@ -208,6 +211,9 @@ pub fn train_lm(
     for epoch in 0..cfg.epochs.max(1) {
         let order = shuffled(train.len(), cfg.seed.wrapping_add(epoch as u64));
         for chunk in order.chunks(bs) {
+            if step == total {
+                break;
+            }
             step += 1;
             let t0 = Instant::now();
             let refs: Vec<&Example> = chunk.iter().map(|&i| &train[i]).collect();

@@ -43,7 +43,11 @@ fn bpe_is_deterministic_round_trips_and_masks_assistant_tokens() {
     let src = "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; } // ünïcode";
     let ids = t.encode(src).unwrap();
     // Merges learned from the corpus: well under one token per byte.
-    assert!(ids.len() * 3 < src.len() * 2, "BPE merges: {} tokens", ids.len());
+    assert!(
+        ids.len() * 3 < src.len() * 2,
+        "BPE merges: {} tokens",
+        ids.len()
+    );
     assert_eq!(t.decode(&ids).unwrap(), src);
     let msgs = [
         Message::new("system", "You write CUDA kernels."),
@@ -118,5 +122,9 @@ fn tiny_model_sft_loss_falls() {
     let first: f64 = steps[..4].iter().map(|s| s.loss).sum::<f64>() / 4.0;
     let last: f64 = steps[44..].iter().map(|s| s.loss).sum::<f64>() / 4.0;
     assert!(last < first, "training loss {first} -> {last}");
-    assert!(steps.iter().all(|s| s.tokens_per_s > 0.0 && s.grad_norm.is_finite()));
+    assert!(
+        steps
+            .iter()
+            .all(|s| s.tokens_per_s > 0.0 && s.grad_norm.is_finite())
+    );
 }

@@ -1,0 +1,552 @@
+//! `sft-data`: chat-format SFT tables for the two agents, from the synthetic task families and
+//! their validated kernels, in the prompt format RL uses (`cudarl_curriculum::prompts`).
+//!
+//! - `sft_generator`: task prompt -> a kernel of that task that `validate` found correct (on a
+//!   GPU) or compiled (compile-only machines; `validated` says which). Templated variants
+//!   (opening and closing phrasings, which train shapes are shown and in what order, whether
+//!   the answer has a lead-in line) give about `per_family` distinct examples per family.
+//! - `sft_optimizer`: task prompt + a slower kernel + the tester's feedback for it -> a faster
+//!   kernel of the same task, for every validated (naive, optimized) pair; `speedup` is the
+//!   measured ratio (null on compile-only machines, `measured = false`).
+//!
+//! Families in `holdout_tasks` are the `test` split (never trained on: the generator's compile
+//! rate on them after SFT is the baseline RL must beat); of the rest, `val_fraction` of the
+//! examples (by content hash) are `val`.
+//!
+//! | column | type | meaning |
+//! |---|---|---|
+//! | example_id | utf8 | blake3 of `messages_json` |
+//! | task_id, tier | utf8, int64 | the family |
+//! | split | utf8 | `train`, `val`, `test` |
+//! | kernel_id | utf8 | the answer's kernel |
+//! | validated | utf8 | `correct` (ran on a GPU) or `compile-only` |
+//! | messages | list<struct<role: utf8, content: utf8>> | VERL's / `datasets`' chat `messages` column |
+//! | messages_json | utf8 | the same as a JSON array |
+//!
+//! `sft_optimizer` adds `base_kernel_id` (the slower kernel), `speedup` (float64, nullable:
+//! base median / answer median) and `measured` (bool).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{
+    ArrayRef, BooleanArray, Float64Array, Int64Array, ListBuilder, StringArray, StringBuilder,
+    StructBuilder,
+};
+use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
+use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_curriculum::prompts::{
+    self, CLOSINGS, ChatMessage, GENERATOR_SYSTEM, INTROS, OPTIMIZER_SYSTEM, TaskView,
+};
+use cudarl_data::Table;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::common::{data_err, params_json, write_output};
+
+fn message_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("role", DataType::Utf8, false),
+        Field::new("content", DataType::Utf8, false),
+    ])
+}
+
+fn messages_type() -> DataType {
+    DataType::List(Arc::new(Field::new(
+        "item",
+        DataType::Struct(message_fields()),
+        true,
+    )))
+}
+
+fn base_fields() -> Vec<Field> {
+    vec![
+        Field::new("example_id", DataType::Utf8, false),
+        Field::new("task_id", DataType::Utf8, false),
+        Field::new("tier", DataType::Int64, false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("kernel_id", DataType::Utf8, false),
+        Field::new("validated", DataType::Utf8, false),
+        Field::new("messages", messages_type(), false),
+        Field::new("messages_json", DataType::Utf8, false),
+    ]
+}
+
+/// Schema of `sft_generator`.
+pub static SFT_GENERATOR: LazyLock<SchemaRef> =
+    LazyLock::new(|| Arc::new(Schema::new(base_fields())));
+
+/// Schema of `sft_optimizer`.
+pub static SFT_OPTIMIZER: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let mut f = base_fields();
+    f.push(Field::new("base_kernel_id", DataType::Utf8, false));
+    f.push(Field::new("speedup", DataType::Float64, true));
+    f.push(Field::new("measured", DataType::Boolean, false));
+    Arc::new(Schema::new(f))
+});
+
+fn d_per_family() -> usize {
+    1000
+}
+fn d_holdout() -> Vec<String> {
+    vec!["scalar_multiply".into(), "row_max".into()]
+}
+fn d_val() -> f64 {
+    0.05
+}
+
+/// Parameters (`[stages.sft-data]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// Generator examples per task family (at most; fewer when the templates run out).
+    #[serde(default = "d_per_family")]
+    pub per_family: usize,
+    /// Families kept out of training (the `test` split).
+    #[serde(default = "d_holdout")]
+    pub holdout_tasks: Vec<String>,
+    /// Fraction of the other examples in `val`.
+    #[serde(default = "d_val")]
+    pub val_fraction: f64,
+    /// Seed of the order in which template variants are taken.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// The `sft-data` stage.
+#[derive(Debug)]
+pub struct SftData {
+    params: Params,
+}
+
+impl SftData {
+    /// From the pipeline's table.
+    ///
+    /// # Errors
+    /// Unknown or mistyped keys.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        let params: Params = crate::common::parse_params(t)?;
+        if !(0.0..1.0).contains(&params.val_fraction) {
+            return Err("val_fraction must be in [0, 1)".into());
+        }
+        Ok(SftData { params })
+    }
+}
+
+/// A validated kernel of a task.
+#[derive(Debug, Clone)]
+struct Kern {
+    id: String,
+    role: String,
+    code: String,
+    validated: &'static str,
+    median_ms: Option<f64>,
+    feedback: String,
+}
+
+struct Rows {
+    ids: Vec<String>,
+    task: Vec<String>,
+    tier: Vec<i64>,
+    split: Vec<String>,
+    kernel: Vec<String>,
+    validated: Vec<String>,
+    messages: Vec<Vec<ChatMessage>>,
+    base: Vec<String>,
+    speedup: Vec<Option<f64>>,
+}
+
+impl Rows {
+    fn new() -> Rows {
+        Rows {
+            ids: vec![],
+            task: vec![],
+            tier: vec![],
+            split: vec![],
+            kernel: vec![],
+            validated: vec![],
+            messages: vec![],
+            base: vec![],
+            speedup: vec![],
+        }
+    }
+
+    fn columns(&self) -> Vec<ArrayRef> {
+        let s = |v: &Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
+        let mut lb = ListBuilder::new(StructBuilder::from_fields(message_fields(), 0)).with_field(
+            Arc::new(Field::new("item", DataType::Struct(message_fields()), true)),
+        );
+        for msgs in &self.messages {
+            let sb = lb.values();
+            for m in msgs {
+                sb.field_builder::<StringBuilder>(0)
+                    .expect("role")
+                    .append_value(&m.role);
+                sb.field_builder::<StringBuilder>(1)
+                    .expect("content")
+                    .append_value(&m.content);
+                sb.append(true);
+            }
+            lb.append(true);
+        }
+        let json: Vec<String> = self
+            .messages
+            .iter()
+            .map(|m| serde_json::to_string(m).expect("json"))
+            .collect();
+        vec![
+            s(&self.ids),
+            s(&self.task),
+            Arc::new(Int64Array::from(self.tier.clone())),
+            s(&self.split),
+            s(&self.kernel),
+            s(&self.validated),
+            Arc::new(lb.finish()),
+            Arc::new(StringArray::from(json)),
+        ]
+    }
+}
+
+/// A deterministic pseudo-random order of `n` items (SplitMix64 keys).
+fn order(n: usize, seed: u64) -> Vec<usize> {
+    let mut keyed: Vec<(u64, usize)> = (0..n)
+        .map(|i| {
+            let mut z = seed
+                .wrapping_add(i as u64)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (z ^ (z >> 31), i)
+        })
+        .collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, i)| i).collect()
+}
+
+/// Ordered selections of the train shapes (the empty one, each single shape, each ordered pair,
+/// ... all permutations of all subsets).
+fn shape_variants(shapes: &[String]) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = vec![vec![]];
+    let mut frontier: Vec<Vec<usize>> = vec![vec![]];
+    for _ in 0..shapes.len() {
+        let mut next = Vec::new();
+        for f in &frontier {
+            for i in 0..shapes.len() {
+                if !f.contains(&i) {
+                    let mut g = f.clone();
+                    g.push(i);
+                    out.push(g.iter().map(|&j| shapes[j].clone()).collect());
+                    next.push(g);
+                }
+            }
+        }
+        frontier = next;
+    }
+    out
+}
+
+fn feedback(v: &BTreeMap<&str, Value>) -> String {
+    let num = |k: &str| v.get(k).and_then(Value::as_f64);
+    let int = |k: &str| v.get(k).and_then(Value::as_i64);
+    let mut lines = vec!["compiled: yes".to_string()];
+    match (v.get("executed").and_then(Value::as_bool), num("median_ms")) {
+        (Some(true), Some(ms)) => {
+            lines.push(format!(
+                "tests: {}/{} passed (train and hold-out shapes, public and hidden seeds)",
+                int("tests_passed").unwrap_or(0),
+                int("tests").unwrap_or(0)
+            ));
+            let mut t = format!("median time: {ms:.4} ms");
+            if let Some(s) = num("speedup_vs_torch") {
+                t.push_str(&format!(", {s:.2}x the PyTorch reference"));
+            }
+            if let Some(d) = num("dram_fraction_of_peak") {
+                t.push_str(&format!(", {:.0}% of peak DRAM bandwidth", d * 100.0));
+            }
+            lines.push(t);
+        }
+        _ => lines.push("not run: compile-only (no GPU on the validating machine)".into()),
+    }
+    lines.push(format!(
+        "resources: {} registers/thread, {} B shared memory/block, {} B spilled",
+        int("registers").unwrap_or(0),
+        int("shared_mem_bytes").unwrap_or(0),
+        int("spill_bytes").unwrap_or(0)
+    ));
+    lines.join("\n")
+}
+
+impl Stage for SftData {
+    fn kind(&self) -> &str {
+        "sft-data"
+    }
+    fn code_version(&self) -> u32 {
+        1
+    }
+    fn params(&self) -> Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::node("tasks", "synth-tasks", "tasks"),
+            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
+            InputDecl::node("validations", "validate", "validations"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![
+            OutputDecl::table("sft_generator", SFT_GENERATOR.clone()),
+            OutputDecl::table("sft_optimizer", SFT_OPTIMIZER.clone()),
+        ]
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let p = &self.params;
+        let tasks = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
+        let kt = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
+        let vt = Table::read(ctx.input_path("validations")?, "validations").map_err(data_err)?;
+        // Validation rows by kernel id, as JSON values of the columns used.
+        let mut val: BTreeMap<String, BTreeMap<&str, Value>> = BTreeMap::new();
+        {
+            let kid = vt.req_strings("kernel_id").map_err(data_err)?;
+            let compiled = vt.req_bools("compiled").map_err(data_err)?;
+            let executed = vt.req_bools("executed").map_err(data_err)?;
+            let correct = vt.bools("correct").map_err(data_err)?;
+            let fcols = [
+                "median_ms",
+                "speedup_vs_torch",
+                "dram_fraction_of_peak",
+                "speedup_vs_naive",
+            ];
+            let icols = [
+                "tests",
+                "tests_passed",
+                "registers",
+                "shared_mem_bytes",
+                "spill_bytes",
+            ];
+            let fs: Vec<_> = fcols
+                .iter()
+                .map(|c| vt.floats(c).map_err(data_err))
+                .collect::<Result<_, _>>()?;
+            let is: Vec<_> = icols
+                .iter()
+                .map(|c| vt.ints(c).map_err(data_err))
+                .collect::<Result<_, _>>()?;
+            for i in 0..vt.rows() {
+                let Some(k) = kid.get(i) else { continue };
+                let mut m: BTreeMap<&str, Value> = BTreeMap::new();
+                m.insert("compiled", compiled.get(i).unwrap_or(false).into());
+                m.insert("executed", executed.get(i).unwrap_or(false).into());
+                m.insert(
+                    "correct",
+                    correct
+                        .as_ref()
+                        .and_then(|c| c.get(i))
+                        .map_or(Value::Null, Value::from),
+                );
+                for (c, col) in fcols.iter().zip(&fs) {
+                    if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
+                        m.insert(c, v.into());
+                    }
+                }
+                for (c, col) in icols.iter().zip(&is) {
+                    if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
+                        m.insert(c, v.into());
+                    }
+                }
+                val.insert(k.to_string(), m);
+            }
+        }
+        // Kernels per task that validated (correct on a GPU, or compiled compile-only).
+        let mut by_task: BTreeMap<String, Vec<Kern>> = BTreeMap::new();
+        {
+            let kid = kt.req_strings("kernel_id").map_err(data_err)?;
+            let task = kt.req_strings("task_id").map_err(data_err)?;
+            let role = kt.req_strings("role").map_err(data_err)?;
+            let code = kt.req_strings("code").map_err(data_err)?;
+            for i in 0..kt.rows() {
+                let (Some(k), Some(t), Some(r), Some(c)) =
+                    (kid.get(i), task.get(i), role.get(i), code.get(i))
+                else {
+                    continue;
+                };
+                let Some(v) = val.get(k) else { continue };
+                let validated = match (
+                    v["compiled"].as_bool(),
+                    v["executed"].as_bool(),
+                    v["correct"].as_bool(),
+                ) {
+                    (_, Some(true), Some(true)) => "correct",
+                    (Some(true), Some(false), _) => "compile-only",
+                    _ => continue,
+                };
+                by_task.entry(t.to_string()).or_default().push(Kern {
+                    id: k.to_string(),
+                    role: r.to_string(),
+                    code: c.to_string(),
+                    validated,
+                    median_ms: v.get("median_ms").and_then(Value::as_f64),
+                    feedback: feedback(v),
+                });
+            }
+        }
+        let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
+        let tid = tasks.req_strings("task_id").map_err(data_err)?;
+        let tier = tasks.req_ints("tier").map_err(data_err)?;
+        let desc = tasks.req_strings("description").map_err(data_err)?;
+        let dtype = tasks.req_strings("dtype").map_err(data_err)?;
+        let sig = tasks.req_strings("signature").map_err(data_err)?;
+        let shapes = tasks.req_strings("train_shapes").map_err(data_err)?;
+        let split_of = |id: &str, holdout: bool| -> String {
+            if holdout {
+                return "test".into();
+            }
+            let h = blake3::hash(id.as_bytes());
+            let x = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
+            if (x as f64 / u64::MAX as f64) < p.val_fraction {
+                "val".into()
+            } else {
+                "train".into()
+            }
+        };
+        let push =
+            |rows: &mut Rows, t: &str, tier: i64, holdout: bool, k: &Kern, m: Vec<ChatMessage>| {
+                let json = serde_json::to_string(&m).expect("json");
+                let id = blake3::hash(json.as_bytes()).to_hex().to_string();
+                rows.split.push(split_of(&id, holdout));
+                rows.ids.push(id);
+                rows.task.push(t.to_string());
+                rows.tier.push(tier);
+                rows.kernel.push(k.id.clone());
+                rows.validated.push(k.validated.to_string());
+                rows.messages.push(m);
+            };
+        for i in 0..tasks.rows() {
+            let (Some(t), Some(tr), Some(d), Some(dt), Some(sg), Some(sh)) = (
+                tid.get(i),
+                tier.get(i),
+                desc.get(i),
+                dtype.get(i),
+                sig.get(i),
+                shapes.get(i),
+            ) else {
+                continue;
+            };
+            let Some(kerns) = by_task.get(t) else {
+                continue;
+            };
+            let holdout = p.holdout_tasks.iter().any(|h| h == t);
+            let shape_list: Vec<String> = serde_json::from_str::<Vec<Value>>(sh)
+                .unwrap_or_default()
+                .iter()
+                .map(Value::to_string)
+                .collect();
+            let variants = shape_variants(&shape_list);
+            // Every (intro, closing, shapes, kernel, lead-in) combination, in a seeded order.
+            let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2;
+            for c in order(n, p.seed ^ blake3::hash(t.as_bytes()).as_bytes()[0] as u64)
+                .into_iter()
+                .take(p.per_family)
+            {
+                let (intro, r) = (c % INTROS.len(), c / INTROS.len());
+                let (closing, r) = (r % CLOSINGS.len(), r / CLOSINGS.len());
+                let (sv, r) = (r % variants.len(), r / variants.len());
+                let (ki, lead) = (r % kerns.len(), r / kerns.len());
+                let view = TaskView {
+                    id: t,
+                    tier: tr,
+                    description: d,
+                    dtype: dt,
+                    signature: sg,
+                    shapes: &variants[sv],
+                };
+                let k = &kerns[ki];
+                let answer = if lead == 1 {
+                    format!("Here is the kernel:\n\n{}", prompts::fenced(&k.code))
+                } else {
+                    prompts::fenced(&k.code)
+                };
+                let m = vec![
+                    ChatMessage::new("system", GENERATOR_SYSTEM),
+                    ChatMessage::new("user", prompts::task_prompt(&view, intro, closing)),
+                    ChatMessage::new("assistant", answer),
+                ];
+                push(&mut gen_rows, t, tr, holdout, k, m);
+            }
+            // Optimizer: each naive -> optimized pair, faster when measured.
+            for base in kerns.iter().filter(|k| k.role == "naive") {
+                for better in kerns.iter().filter(|k| k.role != "naive") {
+                    let speedup = match (base.median_ms, better.median_ms) {
+                        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                        _ => None,
+                    };
+                    if speedup.is_some_and(|s| s <= 1.0) {
+                        continue;
+                    }
+                    let view = TaskView {
+                        id: t,
+                        tier: tr,
+                        description: d,
+                        dtype: dt,
+                        signature: sg,
+                        shapes: &shape_list,
+                    };
+                    for (intro, closing) in
+                        (0..INTROS.len()).flat_map(|a| (0..CLOSINGS.len()).map(move |b| (a, b)))
+                    {
+                        let m = vec![
+                            ChatMessage::new("system", OPTIMIZER_SYSTEM),
+                            ChatMessage::new(
+                                "user",
+                                prompts::optimizer_prompt(
+                                    &view,
+                                    &base.code,
+                                    &base.feedback,
+                                    intro,
+                                    closing,
+                                ),
+                            ),
+                            ChatMessage::new("assistant", prompts::fenced(&better.code)),
+                        ];
+                        push(&mut opt_rows, t, tr, holdout, better, m);
+                        opt_rows.base.push(base.id.clone());
+                        opt_rows.speedup.push(speedup);
+                    }
+                }
+            }
+        }
+        let b = cudarl_data::parquet_io::batch(&SFT_GENERATOR.clone(), gen_rows.columns())
+            .map_err(data_err)?;
+        write_output(ctx, "sft_generator", &b)?;
+        let mut cols = opt_rows.columns();
+        cols.push(Arc::new(StringArray::from(opt_rows.base.clone())));
+        cols.push(Arc::new(Float64Array::from(opt_rows.speedup.clone())));
+        cols.push(Arc::new(BooleanArray::from(
+            opt_rows
+                .speedup
+                .iter()
+                .map(Option::is_some)
+                .collect::<Vec<_>>(),
+        )));
+        let b = cudarl_data::parquet_io::batch(&SFT_OPTIMIZER.clone(), cols).map_err(data_err)?;
+        write_output(ctx, "sft_optimizer", &b)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_variants_are_all_ordered_subsets() {
+        let v = shape_variants(&["a".into(), "b".into(), "c".into()]);
+        // 1 empty + 3 + 6 + 6.
+        assert_eq!(v.len(), 16);
+        assert!(v.contains(&vec!["c".to_string(), "a".to_string()]));
+        let o = order(50, 1);
+        let mut s = o.clone();
+        s.sort();
+        assert_eq!(s, (0..50).collect::<Vec<_>>());
+    }
+}

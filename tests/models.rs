@@ -1,0 +1,112 @@
+//! The model stages end to end on CPU with the `tiny` config: `sft-data` -> `tokenizer` ->
+//! `pretrain` -> `sft-train` (generator and optimizer) through the real trainer process, the
+//! checkpoint loads as a Hugging Face directory, and bad model configs are named (exit 2).
+
+mod common;
+
+use common::{Project, stdout};
+use serde_json::Value;
+
+fn rows(p: &Project, node: &str, output: &str) -> Vec<Value> {
+    let o = p.run(&[
+        "show", node, "--output", output, "--json", "--head", "100000",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
+    let p = Project::new();
+    let pl = p.path("pipelines/default.toml");
+    let text = std::fs::read_to_string(&pl).unwrap();
+    std::fs::write(&pl, text.replace("per_family = 1000", "per_family = 40")).unwrap();
+    let o = p.run(&["run", "sft-train", "sft-train-optimizer"]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+
+    // SFT data: chat messages in the shared prompt format; hold-out families are `test` only.
+    let g = rows(&p, "sft-data", "sft_generator");
+    assert!(!g.is_empty());
+    for r in &g {
+        let m = r["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0]["role"], "system");
+        assert!(
+            m[1]["content"]
+                .as_str()
+                .unwrap()
+                .contains("extern \"C\" void launch(")
+        );
+        assert!(m[2]["content"].as_str().unwrap().contains("```cuda\n"));
+        // No GPU here: every kernel is compile-only validated, and says so.
+        assert_eq!(r["validated"], "compile-only");
+        let holdout = ["scalar_multiply", "row_max"].contains(&r["task_id"].as_str().unwrap());
+        assert_eq!(holdout, r["split"] == "test", "{}", r["task_id"]);
+    }
+    let opt = rows(&p, "sft-data", "sft_optimizer");
+    assert!(!opt.is_empty());
+    assert!(
+        opt.iter()
+            .all(|r| r["measured"] == Value::Bool(false) && r["speedup"].is_null())
+    );
+    assert!(
+        opt[0]["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("not run: compile-only")
+    );
+
+    // Training: the loss falls; the device is recorded; the checkpoint is a HF directory.
+    for node in ["pretrain", "sft-train", "sft-train-optimizer"] {
+        let m = rows(&p, node, "metrics");
+        assert!(m.len() >= 5, "{node}: {} steps", m.len());
+        assert!(m.iter().all(|r| r["device"] == "cpu"));
+        let first = m[0]["loss"].as_f64().unwrap();
+        let last = m.last().unwrap()["loss"].as_f64().unwrap();
+        assert!(last < first, "{node}: loss {first} -> {last}");
+        assert!(m.last().unwrap()["eval_loss"].as_f64().is_some(), "{node}");
+        let files: Vec<String> = rows(&p, node, "checkpoint")
+            .iter()
+            .map(|r| r["file"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            files,
+            ["config.json", "model.safetensors", "tokenizer.json"],
+            "{node}"
+        );
+    }
+    // Cached the second time.
+    let o = p.run(&["run", "sft-train", "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let s = stdout(&o);
+    assert!(s.contains("\"cached\""), "{s}");
+}
+
+#[test]
+fn bad_model_config_is_named() {
+    let p = Project::new();
+    let cfg = p.path("configs/model/tiny.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("lr = 3e-3", "lr = 3e-3\nlearning_rate = 1"),
+    )
+    .unwrap();
+    let o = p.run(&["run", "pretrain"]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    // The run summary (stdout) carries the node's error.
+    let e = format!("{}{}", stdout(&o), common::stderr(&o));
+    assert!(
+        e.contains("configs/model/tiny.toml: field `pretrain`")
+            && e.contains("unknown field `learning_rate`")
+            && !e.contains("job.json"),
+        "{e}"
+    );
+    let o = p.run(&["run", "pretrain", "--set", "pretrain.model=\"nope\""]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = format!("{}{}", stdout(&o), common::stderr(&o));
+    assert!(e.contains("configs/model/nope.toml: file not found"), "{e}");
+}
