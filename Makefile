@@ -27,7 +27,7 @@ build: setup
 ## tokenizer, the default model's pretraining and SFT of both agents (configs/model/tiny.toml;
 ## on a GPU machine set `model = "small"` in pipelines/default.toml).
 run: setup build curriculum
-	$(BIN) run sft-train sft-train-optimizer
+	$(BIN) run sft-train sft-train-optimizer sft-eval
 	$(BIN) status
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,

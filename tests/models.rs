@@ -1,6 +1,6 @@
 //! The model stages end to end on CPU with the `tiny` config: `sft-data` -> `tokenizer` ->
-//! `pretrain` -> `sft-train` (generator and optimizer) through the real trainer process, the
-//! checkpoint loads as a Hugging Face directory, and bad model configs are named (exit 2).
+//! `pretrain` -> `sft-train` (generator and optimizer) -> `sft-eval` through the real trainer
+//! process and nvcc, and bad model configs are named (exit 2).
 
 mod common;
 
@@ -23,8 +23,22 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     let p = Project::new();
     let pl = p.path("pipelines/default.toml");
     let text = std::fs::read_to_string(&pl).unwrap();
-    std::fs::write(&pl, text.replace("per_family = 1000", "per_family = 40")).unwrap();
-    let o = p.run(&["run", "sft-train", "sft-train-optimizer"]);
+    std::fs::write(
+        &pl,
+        text.replace("per_family = 1000", "per_family = 40")
+            .replace(
+                r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
+                r#"holdout_tasks = ["row_sum"]"#,
+            )
+            .replace("samples = 8", "samples = 3")
+            .replace("max_new_tokens = 512", "max_new_tokens = 48"),
+    )
+    .unwrap();
+    // Two families make few SFT examples: smaller batches, more steps.
+    let mc = p.path("configs/model/tiny.toml");
+    let t = std::fs::read_to_string(&mc).unwrap();
+    std::fs::write(&mc, t.replace("batch_size = 8", "batch_size = 2")).unwrap();
+    let o = p.run(&["run", "sft-train", "sft-train-optimizer", "sft-eval"]);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
 
     // SFT data: chat messages in the shared prompt format; hold-out families are `test` only.
@@ -43,7 +57,8 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert!(m[2]["content"].as_str().unwrap().contains("```cuda\n"));
         // No GPU here: every kernel is compile-only validated, and says so.
         assert_eq!(r["validated"], "compile-only");
-        let holdout = ["scalar_multiply", "row_max"].contains(&r["task_id"].as_str().unwrap());
+        // The test project has vector_add and row_sum; row_sum is held out.
+        let holdout = r["task_id"] == "row_sum";
         assert_eq!(holdout, r["split"] == "test", "{}", r["task_id"]);
     }
     let opt = rows(&p, "sft-data", "sft_optimizer");
@@ -62,7 +77,7 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     // Training: the loss falls; the device is recorded; the checkpoint is a HF directory.
     for node in ["pretrain", "sft-train", "sft-train-optimizer"] {
         let m = rows(&p, node, "metrics");
-        assert!(m.len() >= 5, "{node}: {} steps", m.len());
+        assert!(m.len() >= 10, "{node}: {} steps", m.len());
         assert!(m.iter().all(|r| r["device"] == "cpu"));
         let first = m[0]["loss"].as_f64().unwrap();
         let last = m.last().unwrap()["loss"].as_f64().unwrap();
@@ -77,6 +92,30 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             ["config.json", "model.safetensors", "tokenizer.json"],
             "{node}"
         );
+    }
+    // The generator's samples on the hold-out families, through the harness (compile-only).
+    let ev = rows(&p, "sft-eval", "sft_eval");
+    let ids: Vec<&str> = ev.iter().map(|r| r["task_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["row_sum"]);
+    for r in &ev {
+        assert_eq!(r["samples"], 3);
+        assert_eq!(r["mode"], "compile-only");
+        let rate = r["compile_rate"].as_f64().unwrap();
+        assert_eq!(rate, r["compiled"].as_f64().unwrap() / 3.0);
+    }
+    let s = rows(&p, "sft-eval", "samples");
+    assert_eq!(s.len(), 3);
+    for r in &s {
+        assert!(r["tokens"].as_i64().unwrap() <= 48);
+        // A sample without a code block is `no_code`; one with code went through nvcc.
+        if r["code"].is_null() {
+            assert_eq!(r["failure"], "no_code");
+        } else {
+            assert!(
+                r["compiled"].as_bool().unwrap() || !r["failure"].is_null(),
+                "{r}"
+            );
+        }
     }
     // Cached the second time.
     let o = p.run(&["run", "sft-train", "--json"]);

@@ -8,6 +8,7 @@ pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
 pub mod sft_data;
+pub mod sft_eval;
 pub mod synth_tasks;
 pub mod testgen;
 pub mod train_stages;
@@ -29,6 +30,7 @@ impl StageFactory for Registry {
             "kb-specs",
             "pretrain",
             "sft-data",
+            "sft-eval",
             "sft-train",
             "synth-tasks",
             "testgen",
@@ -53,6 +55,7 @@ impl StageFactory for Registry {
             "synth-tasks" => Box::new(synth_tasks::SynthTasks::from_table(params)?),
             "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
             "sft-data" => Box::new(sft_data::SftData::from_table(params)?),
+            "sft-eval" => Box::new(sft_eval::SftEval::from_table(params)?),
             "tokenizer" => Box::new(train_stages::ModelStage::from_table(
                 train_stages::Kind::Tokenizer,
                 params,

@@ -169,7 +169,7 @@ pub fn trainer_exe() -> PathBuf {
 
 /// Runs the trainer on `job`; its JSON event lines. Exit code 2 (bad input) becomes a
 /// [`StageError::BadInput`] naming `config`.
-fn run_trainer(
+pub(crate) fn run_trainer(
     job: &Value,
     dir: &Path,
     config: &str,

@@ -77,6 +77,30 @@ pub enum Job {
         /// Output directory.
         out: PathBuf,
     },
+    /// Samples completions of chat prompts (JSON lines of message lists; each rendered with
+    /// the generation prompt) from `model`: `n` per prompt, until `<|im_end|>` or
+    /// `max_new_tokens`; writes `out` (JSON lines: prompt, sample, text, tokens, finish, mean
+    /// log-probability).
+    Sample {
+        /// Model directory (with `tokenizer.json`).
+        model: PathBuf,
+        /// JSON lines of message lists.
+        prompts: PathBuf,
+        /// Samples per prompt.
+        n: usize,
+        /// Most new tokens per sample.
+        max_new_tokens: usize,
+        /// Softmax temperature (0 = greedy).
+        temperature: f64,
+        /// Nucleus mass.
+        top_p: f64,
+        /// Sampling seed.
+        seed: i64,
+        /// `auto`, `cpu` or `cuda`.
+        device: String,
+        /// Output JSON lines file.
+        out: PathBuf,
+    },
     /// Supervised fine-tuning of `base` (a Hugging Face directory with `tokenizer.json`) on
     /// chat examples (JSON lines of message lists), loss on assistant tokens only:
     /// `out/model/`.
@@ -216,6 +240,56 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                 serde_json::json!({"event": "done", "device": format!("{dev:?}"),
                 "parameters": m.config.num_parameters(), "train_windows": tr.len(),
                 "eval_windows": ev.len(), "steps": steps.len()}),
+            );
+        }
+        Job::Sample {
+            model,
+            prompts,
+            n,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            device: dev,
+            out,
+        } => {
+            let dev = device(dev)?;
+            let tok = ChatTokenizer::load(&model.join("tokenizer.json"))?;
+            let m = Qwen2::load(model, dev, tch::Kind::Float)?;
+            let rows: Vec<Vec<Message>> = read_lines(prompts)?;
+            let mut lines = Vec::new();
+            let params = crate::SampleParams {
+                max_new_tokens: *max_new_tokens,
+                temperature: *temperature,
+                top_p: *top_p,
+                seed: Some(*seed),
+                use_cache: true,
+            };
+            let mut eos = vec![tok.im_end];
+            eos.extend(tok.eos);
+            let t0 = std::time::Instant::now();
+            let mut new_tokens = 0usize;
+            for (pi, msgs) in rows.iter().enumerate() {
+                let (ids, _) = tok.render(msgs, true)?;
+                let batch = vec![ids; (*n).max(1)];
+                let g = crate::generate(&m, &batch, &params, &eos, &mut |_, _| false)?;
+                for (si, toks) in g.tokens.iter().enumerate() {
+                    new_tokens += toks.len();
+                    let lp = &g.log_probs[si];
+                    lines.push(serde_json::json!({
+                        "prompt": pi, "sample": si, "text": tok.decode(toks)?,
+                        "tokens": toks.len(), "finish": format!("{:?}", g.finish[si]),
+                        "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64,
+                    }).to_string());
+                }
+            }
+            std::fs::write(out, lines.join("\n") + "\n")
+                .map_err(|e| ModelError::Io(out.display().to_string(), e))?;
+            let secs = t0.elapsed().as_secs_f64();
+            emit(
+                serde_json::json!({"event": "done", "device": format!("{dev:?}"),
+                "samples": lines.len(), "new_tokens": new_tokens,
+                "tokens_per_s": new_tokens as f64 / secs.max(1e-9)}),
             );
         }
         Job::Sft {
