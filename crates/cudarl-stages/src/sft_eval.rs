@@ -111,12 +111,7 @@ impl SftEval {
     }
 
     fn device(&self) -> &'static str {
-        match self.params.device.as_str() {
-            "cpu" => "cpu",
-            "cuda" => "cuda",
-            _ if cudarl_cuda::gpu::probe().is_some() => "cuda",
-            _ => "cpu",
-        }
+        crate::train_stages::resolve_device(&self.params.device)
     }
 }
 

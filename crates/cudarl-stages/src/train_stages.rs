@@ -153,12 +153,18 @@ impl ModelStage {
 
     /// The device the trainer will use: `cpu` or `cuda`.
     fn resolved_device(&self) -> &'static str {
-        match self.params.device.as_str() {
-            "cpu" => "cpu",
-            "cuda" => "cuda",
-            _ if cudarl_cuda::gpu::probe().is_some() => "cuda",
-            _ => "cpu",
-        }
+        resolve_device(&self.params.device)
+    }
+}
+
+/// `auto` / `cpu` / `cuda` as the trainer will resolve it: `auto` is `cuda` when the driver
+/// reports a GPU.
+pub(crate) fn resolve_device(name: &str) -> &'static str {
+    match name {
+        "cpu" => "cpu",
+        "cuda" => "cuda",
+        _ if cudarl_cuda::gpu::probe().is_some() => "cuda",
+        _ => "cpu",
     }
 }
 

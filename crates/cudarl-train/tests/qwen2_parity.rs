@@ -55,6 +55,14 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     d / b.abs().max().double_value(&[])
 }
 
+/// The error of loading `dir` (which must fail).
+fn load_err(dir: &Path) -> String {
+    Qwen2::load(dir, Device::Cpu, Kind::Float)
+        .err()
+        .expect("the load must fail")
+        .to_string()
+}
+
 fn check_parity(args: &[&str]) {
     let d = tempfile::tempdir().unwrap();
     if reference(d.path(), args).is_none() {
@@ -131,10 +139,7 @@ fn save_then_load_is_bit_exact_and_bad_weights_are_named() {
         .map(|(n, t)| (n.clone(), t.shallow_clone()))
         .collect();
     Tensor::write_safetensors(&named, bad.join("model.safetensors")).unwrap();
-    let e = Qwen2::load(&bad, Device::Cpu, Kind::Float)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = load_err(&bad);
     assert!(
         e.contains("1 weights missing") && e.contains("model.norm.weight"),
         "{e}"
@@ -144,10 +149,7 @@ fn save_then_load_is_bit_exact_and_bad_weights_are_named() {
         Tensor::ones([3], (Kind::Float, Device::Cpu)),
     ));
     Tensor::write_safetensors(&named, bad.join("model.safetensors")).unwrap();
-    let e = Qwen2::load(&bad, Device::Cpu, Kind::Float)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = load_err(&bad);
     assert!(
         e.contains("model.safetensors") && e.contains("`model.norm.weight` has shape [3]"),
         "{e}"
@@ -160,10 +162,7 @@ fn save_then_load_is_bit_exact_and_bad_weights_are_named() {
             .replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
     )
     .unwrap();
-    let e = Qwen2::load(&bad, Device::Cpu, Kind::Float)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = load_err(&bad);
     assert!(
         e.contains("config.json") && e.contains("num_key_value_heads"),
         "{e}"
