@@ -1,6 +1,7 @@
 //! cudarl-curriculum: op features of reference code, tiers 0-3, deterministic splits and the
 //! gates that open the next tier (DESIGN.md section 4).
 
+pub mod credit;
 pub mod ops;
 pub mod prompts;
 pub mod split;

@@ -3,10 +3,16 @@
 
 pub mod common;
 pub mod curriculum;
+pub mod episode;
+pub mod eval;
 pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
+pub mod plot;
+pub mod reward;
+pub mod rl_train;
+pub mod rollout;
 pub mod sft_data;
 pub mod sft_eval;
 pub mod synth_tasks;
@@ -24,11 +30,13 @@ impl StageFactory for Registry {
     fn kinds(&self) -> Vec<&'static str> {
         vec![
             "curriculum",
+            "eval",
             "ingest-cuda-l1",
             "ingest-kernelbench",
             "ingest-sakana",
             "kb-specs",
             "pretrain",
+            "rl-train",
             "sft-data",
             "sft-eval",
             "sft-train",
@@ -56,6 +64,8 @@ impl StageFactory for Registry {
             "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
             "sft-data" => Box::new(sft_data::SftData::from_table(params)?),
             "sft-eval" => Box::new(sft_eval::SftEval::from_table(params)?),
+            "rl-train" => Box::new(rl_train::RlTrain::from_table(params)?),
+            "eval" => Box::new(eval::Eval::from_table(params)?),
             "tokenizer" => Box::new(train_stages::ModelStage::from_table(
                 train_stages::Kind::Tokenizer,
                 params,

@@ -11,6 +11,7 @@
 //! | table | columns |
 //! |---|---|
 //! | `checkpoint` (and `tokenizer`) | file (utf8: path in the Hugging Face directory), digest (utf8: blake3 of the bytes, a store blob), bytes (int64) |
+//! | `plots` | as `checkpoint`: `loss_curve.png` (training and evaluation loss per step) |
 //! | `metrics` | step, epoch (int64), loss (float64: nats per trained token), lr, grad_norm (float64), tokens (int64: trained tokens), tokens_per_s (float64: all tokens), eval_loss (float64, nullable), device (utf8) |
 
 use std::collections::BTreeMap;
@@ -225,7 +226,11 @@ pub(crate) fn run_trainer(
 }
 
 /// Puts every file under `dir` into the store; the `checkpoint` table rows, sorted by path.
-fn ingest_dir(ctx: &mut StageContext<'_>, dir: &Path, name: &str) -> Result<(), StageError> {
+pub(crate) fn ingest_dir(
+    ctx: &mut StageContext<'_>,
+    dir: &Path,
+    name: &str,
+) -> Result<(), StageError> {
     let mut files = Vec::new();
     for e in std::fs::read_dir(dir).map_err(|e| StageError::Failed(e.to_string()))? {
         let p = e.map_err(|e| StageError::Failed(e.to_string()))?.path();
@@ -321,6 +326,40 @@ fn write_metrics(ctx: &StageContext<'_>, events: &[Value], device: &str) -> Resu
     write_output(ctx, "metrics", &batch)
 }
 
+/// `plots`: `loss_curve.png` of the step events (training loss per step, evaluation loss at
+/// the evaluation steps), titled with what was trained and on which device.
+fn write_loss_plot(
+    ctx: &mut StageContext<'_>,
+    events: &[Value],
+    device: &str,
+    what: &str,
+    dir: &Path,
+) -> Result<(), StageError> {
+    use crate::plot::{Series, line_chart};
+    let steps: Vec<&Value> = events.iter().filter(|e| e["event"] == "step").collect();
+    let pts = |k: &str| -> Vec<(f64, f64)> {
+        steps
+            .iter()
+            .filter_map(|s| Some((s["step"].as_f64()?, s[k].as_f64()?)))
+            .collect()
+    };
+    std::fs::create_dir_all(dir).map_err(|e| StageError::Failed(e.to_string()))?;
+    let mut series = vec![Series::new("train loss", pts("loss"))];
+    let ev = pts("eval_loss");
+    if !ev.is_empty() {
+        series.push(Series::new("eval loss", ev));
+    }
+    line_chart(
+        &dir.join("loss_curve.png"),
+        &format!("{what} ({device})"),
+        "step",
+        "cross-entropy (nats / token)",
+        &series,
+    )
+    .map_err(StageError::Failed)?;
+    ingest_dir(ctx, dir, "plots")
+}
+
 /// The corpus: every task kernel and every KernelBench reference, as JSON lines.
 fn write_corpus(ctx: &StageContext<'_>, path: &Path) -> Result<usize, StageError> {
     let mut lines = Vec::new();
@@ -359,7 +398,7 @@ impl Stage for ModelStage {
         }
     }
     fn code_version(&self) -> u32 {
-        1
+        2
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -397,6 +436,7 @@ impl Stage for ModelStage {
             _ => vec![
                 OutputDecl::table("checkpoint", CHECKPOINT.clone()),
                 OutputDecl::table("metrics", METRICS.clone()),
+                OutputDecl::table("plots", CHECKPOINT.clone()),
             ],
         }
     }
@@ -443,6 +483,7 @@ impl Stage for ModelStage {
                 let ev = run_trainer(&job, dir, &rel, "pretrain")?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &ev, device)?;
+                write_loss_plot(ctx, &ev, device, "pretraining", &dir.join("plots"))?;
             }
             Kind::SftTrain => {
                 let base = dir.join("base");
@@ -463,6 +504,8 @@ impl Stage for ModelStage {
                 let events = run_trainer(&job, dir, &rel, "sft")?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &events, device)?;
+                let what = format!("SFT of the {}", self.params.agent);
+                write_loss_plot(ctx, &events, device, &what, &dir.join("plots"))?;
             }
         }
         Ok(())

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use tch::Device;
+use tch::{Device, Tensor};
 
 use crate::tokenizer::{ChatTokenizer, Message, train_bpe};
 use crate::train::{Example, TrainConfig, train_lm};
@@ -39,6 +39,24 @@ pub struct ModelSpec {
     /// RoPE base.
     #[serde(default = "theta")]
     pub rope_theta: f64,
+}
+
+impl ModelSpec {
+    /// The Qwen2 config of this architecture with `vocab_size` tokens.
+    pub fn config(&self, vocab_size: i64) -> Qwen2Config {
+        let mut cfg = Qwen2Config::new(
+            vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.max_position_embeddings,
+            self.tie_word_embeddings,
+        );
+        cfg.rope_theta = Some(self.rope_theta);
+        cfg
+    }
 }
 
 fn yes() -> bool {
@@ -117,6 +135,40 @@ pub enum Job {
         device: String,
         /// Output directory.
         out: PathBuf,
+    },
+    /// The RL trainer: holds both agents and answers requests on stdin
+    /// ([`crate::rl_serve`]).
+    RlServe(crate::rl_serve::RlServe),
+    /// Throughput of this implementation on random tokens: `steps` training steps (forward,
+    /// backward, clipping, AdamW; after `warmup_steps` untimed ones) of a fresh model at
+    /// `batch_size x seq_len`, then greedy generation of `gen_tokens` tokens after a
+    /// `prompt_len`-token prompt at each batch size of `gen_batches` (KV cache, no early stop).
+    /// Prints one `done` event: `train_tokens_per_s`, `generate` (per batch size:
+    /// `tokens_per_s` = new tokens of all rows per second), `peak_memory_bytes` on CUDA.
+    Bench {
+        /// Architecture.
+        model: ModelSpec,
+        /// Vocabulary size.
+        vocab_size: i64,
+        /// Sequences per training step.
+        batch_size: usize,
+        /// Tokens per sequence.
+        seq_len: usize,
+        /// Timed training steps.
+        steps: usize,
+        /// Untimed training steps first (allocator and kernel warm-up).
+        warmup_steps: usize,
+        /// Batch sizes of the generation measurement.
+        gen_batches: Vec<usize>,
+        /// Prompt tokens per row.
+        prompt_len: usize,
+        /// New tokens per row.
+        gen_tokens: usize,
+        /// Compute dtype.
+        #[serde(default)]
+        precision: crate::train::Precision,
+        /// `auto`, `cpu` or `cuda`.
+        device: String,
     },
 }
 
@@ -221,23 +273,15 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             let tr: Vec<Example> = tr.into_iter().map(|(_, e)| e).collect();
             let ev: Vec<Example> = ev.into_iter().map(|(_, e)| e).collect();
             tch::manual_seed(train.seed as i64);
-            let mut cfg = Qwen2Config::new(
-                tok.vocab_size() as i64,
-                model.hidden_size,
-                model.intermediate_size,
-                model.num_hidden_layers,
-                model.num_attention_heads,
-                model.num_key_value_heads,
-                model.max_position_embeddings,
-                model.tie_word_embeddings,
-            );
-            cfg.rope_theta = Some(model.rope_theta);
+            let mut cfg = model.config(tok.vocab_size() as i64);
             cfg.eos_token_id = Some(tok.im_end.into());
             let mut m = Qwen2::new(cfg, dev)?;
+            m.set_compute_kind(train.precision.compute_kind(dev));
             let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
             save(&m, tokenizer, out)?;
             emit(
                 serde_json::json!({"event": "done", "device": format!("{dev:?}"),
+                "compute_dtype": format!("{:?}", m.compute_kind()),
                 "parameters": m.config.num_parameters(), "train_windows": tr.len(),
                 "eval_windows": ev.len(), "steps": steps.len()}),
             );
@@ -255,7 +299,8 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
         } => {
             let dev = device(dev)?;
             let tok = ChatTokenizer::load(&model.join("tokenizer.json"))?;
-            let m = Qwen2::load(model, dev, tch::Kind::Float)?;
+            let mut m = Qwen2::load(model, dev, tch::Kind::Float)?;
+            m.set_compute_kind(crate::train::Precision::Auto.compute_kind(dev));
             let rows: Vec<Vec<Message>> = read_lines(prompts)?;
             let mut lines = Vec::new();
             let params = crate::SampleParams {
@@ -304,6 +349,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             let tp = base.join("tokenizer.json");
             let tok = ChatTokenizer::load(&tp)?;
             let mut m = Qwen2::load(base, dev, tch::Kind::Float)?;
+            m.set_compute_kind(train.precision.compute_kind(dev));
             let enc = |rows: Vec<Vec<Message>>| -> Result<Vec<Example>, ModelError> {
                 rows.iter()
                     .map(|msgs| {
@@ -318,11 +364,126 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             save(&m, &tp, out)?;
             emit(
                 serde_json::json!({"event": "done", "device": format!("{dev:?}"),
+                "compute_dtype": format!("{:?}", m.compute_kind()),
                 "train_examples": tr.len(), "eval_examples": ev.len(), "steps": steps.len()}),
             );
         }
+        Job::RlServe(j) => crate::rl_serve::serve(j)?,
+        Job::Bench {
+            model,
+            vocab_size,
+            batch_size,
+            seq_len,
+            steps,
+            warmup_steps,
+            gen_batches,
+            prompt_len,
+            gen_tokens,
+            precision,
+            device: dev,
+        } => emit(bench(
+            model,
+            *vocab_size,
+            (*batch_size, *seq_len, *steps, *warmup_steps),
+            gen_batches,
+            (*prompt_len, *gen_tokens),
+            *precision,
+            device(dev)?,
+        )?),
     }
     Ok(())
+}
+
+fn sync(dev: Device) {
+    if let Device::Cuda(i) = dev {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// The `bench` job (see [`Job::Bench`]).
+fn bench(
+    spec: &ModelSpec,
+    vocab: i64,
+    (bs, len, steps, warm): (usize, usize, usize, usize),
+    gen_batches: &[usize],
+    (prompt_len, gen_tokens): (usize, usize),
+    precision: crate::train::Precision,
+    dev: Device,
+) -> Result<serde_json::Value, ModelError> {
+    tch::manual_seed(0);
+    let mut m = Qwen2::new(spec.config(vocab), dev)?;
+    m.set_compute_kind(precision.compute_kind(dev));
+    let random = |n: usize, len: usize| -> Vec<Example> {
+        let t = Tensor::randint(
+            vocab,
+            [n as i64, len as i64],
+            (tch::Kind::Int64, Device::Cpu),
+        );
+        (0..n as i64)
+            .map(|i| Example {
+                ids: Vec::<i64>::try_from(t.get(i)).unwrap_or_default(),
+                mask: vec![true; len],
+            })
+            .collect()
+    };
+    let data = random(bs * (steps + warm), len);
+    let cfg = TrainConfig {
+        epochs: 1,
+        batch_size: bs,
+        max_len: len,
+        eval_every: 0,
+        max_steps: Some(steps + warm),
+        warmup: 1.0,
+        precision,
+        ..Default::default()
+    };
+    // Every step ends with a host read of the loss and gradient norm (a device sync), so the
+    // wall clock between the warm-up's last step and the last step is the timed steps' time.
+    let mut t_start = None;
+    let mut last = std::time::Instant::now();
+    train_lm(&mut m, &data, &[], &cfg, &mut |s| {
+        last = std::time::Instant::now();
+        if s.step == warm.max(1) {
+            t_start = Some(last);
+        }
+    })?;
+    let timed = if warm == 0 { steps - 1 } else { steps };
+    let secs = t_start.map_or(f64::NAN, |t| last.duration_since(t).as_secs_f64());
+    let train_tps = (timed * bs * len) as f64 / secs;
+    let mut gens = serde_json::Map::new();
+    let params = crate::SampleParams {
+        max_new_tokens: gen_tokens,
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: Some(0),
+        use_cache: true,
+    };
+    for &b in gen_batches {
+        let prompts: Vec<Vec<i64>> = random(b, prompt_len).into_iter().map(|e| e.ids).collect();
+        // One untimed short run, then the timed one.
+        let short = crate::SampleParams {
+            max_new_tokens: 4,
+            ..params.clone()
+        };
+        crate::generate(&m, &prompts, &short, &[], &mut |_, _| false)?;
+        sync(dev);
+        let t0 = std::time::Instant::now();
+        let g = crate::generate(&m, &prompts, &params, &[], &mut |_, _| false)?;
+        sync(dev);
+        let s = t0.elapsed().as_secs_f64();
+        let n: usize = g.tokens.iter().map(Vec::len).sum();
+        gens.insert(
+            b.to_string(),
+            serde_json::json!({"new_tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}),
+        );
+    }
+    Ok(serde_json::json!({
+        "event": "done", "impl": "cudarl-train (tch)", "device": format!("{dev:?}"),
+        "compute_dtype": format!("{:?}", m.compute_kind()),
+        "parameters": m.config.num_parameters(), "batch_size": bs, "seq_len": len,
+        "timed_steps": timed, "train_seconds": secs, "train_tokens_per_s": train_tps,
+        "generate": gens,
+    }))
 }
 
 /// `out/model/`: the model in the Hugging Face layout with its `tokenizer.json`.

@@ -3,18 +3,22 @@
 //! and per-token log-probabilities, BPE tokenizers with the ChatML template, and causal-LM
 //! training with a loss mask (pretraining and SFT).
 
+pub mod agent;
 pub mod config;
 pub mod generate;
 pub mod job;
 pub mod model;
+pub mod rl;
+pub mod rl_serve;
 pub mod tokenizer;
 pub mod train;
 
+pub use agent::{Completion, Role, TrainableAgent};
 pub use config::Qwen2Config;
 pub use generate::{Finish, Generation, SampleParams, generate};
 pub use model::{KvCache, Qwen2};
 pub use tokenizer::{ChatTokenizer, Message};
-pub use train::{Example, StepMetrics, TrainConfig, train_lm};
+pub use train::{Example, Precision, StepMetrics, TrainConfig, train_lm};
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

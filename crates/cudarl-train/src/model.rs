@@ -37,8 +37,27 @@ impl RmsNorm {
         let xf = x.to_kind(Kind::Float);
         let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
         let y = xf * (var + self.eps).rsqrt();
-        &self.weight * y.to_kind(kind)
+        at_kind(&self.weight, kind) * y.to_kind(kind)
     }
+}
+
+/// `t` in `kind`: the tensor itself when it already is (no copy), else a cast that gradients
+/// flow through (autocast-style use of float32 master weights in a bf16 forward).
+fn at_kind(t: &Tensor, kind: Kind) -> Tensor {
+    if t.kind() == kind {
+        t.shallow_clone()
+    } else {
+        t.to_kind(kind)
+    }
+}
+
+/// `x W^T + b` in `x`'s dtype (the weights cast to it when they differ).
+fn lin(l: &nn::Linear, x: &Tensor) -> Tensor {
+    let k = x.kind();
+    if l.ws.kind() == k {
+        return l.forward(x);
+    }
+    x.linear(&l.ws.to_kind(k), l.bs.as_ref().map(|b| b.to_kind(k)))
 }
 
 #[derive(Debug)]
@@ -83,6 +102,7 @@ pub struct Qwen2 {
     norm: RmsNorm,
     lm_head: Option<nn::Linear>,
     inv_freq: Tensor,
+    compute: Option<Kind>,
 }
 
 fn linear(vs: nn::Path, i: i64, o: i64, bias: bool) -> nn::Linear {
@@ -171,6 +191,7 @@ impl Qwen2 {
             norm,
             lm_head,
             inv_freq,
+            compute: None,
         })
     }
 
@@ -187,6 +208,20 @@ impl Qwen2 {
     /// The parameters' dtype.
     pub fn kind(&self) -> Kind {
         self.embed.ws.kind()
+    }
+
+    /// Mixed precision like `torch.autocast`: activations and matrix products in `kind`
+    /// (`Kind::BFloat16` on a GPU) while the parameters keep their own dtype (float32 master
+    /// weights that the optimizer updates; gradients flow through the casts). RMSNorm
+    /// statistics, RoPE angles and the returned logits stay float32. `None` = compute in the
+    /// parameters' dtype (the default; what the parity test checks).
+    pub fn set_compute_kind(&mut self, kind: Option<Kind>) {
+        self.compute = kind.filter(|k| *k != self.kind());
+    }
+
+    /// The dtype of activations: the compute kind, else the parameters'.
+    pub fn compute_kind(&self) -> Kind {
+        self.compute.unwrap_or_else(|| self.kind())
     }
 
     /// Logits `[b, t, V]` (float32) for `input_ids` `[b, t]` (int64).
@@ -220,7 +255,7 @@ impl Qwen2 {
         // cos/sin [b, 1, t, d], float32 then the activations' dtype, as transformers does.
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        let kind = self.kind();
+        let kind = self.compute_kind();
         let cos = emb.cos().to_kind(kind).unsqueeze(1);
         let sin = emb.sin().to_kind(kind).unsqueeze(1);
         // The attention mask [b, 1, t, total] (true = attend), or plain causal attention.
@@ -240,21 +275,18 @@ impl Qwen2 {
                 None => causal.expand([b, 1, t, total], false),
             })
         };
-        let mut x = self.embed.forward(input_ids);
+        let mut x = at_kind(&self.embed.forward(input_ids), kind);
         for (li, l) in self.layers.iter().enumerate() {
             let hx = l.input_norm.forward(&x);
-            let q =
-                l.q.forward(&hx)
-                    .view([b, t, c.num_attention_heads, d])
-                    .transpose(1, 2);
-            let k =
-                l.k.forward(&hx)
-                    .view([b, t, c.num_key_value_heads, d])
-                    .transpose(1, 2);
-            let v =
-                l.v.forward(&hx)
-                    .view([b, t, c.num_key_value_heads, d])
-                    .transpose(1, 2);
+            let q = lin(&l.q, &hx)
+                .view([b, t, c.num_attention_heads, d])
+                .transpose(1, 2);
+            let k = lin(&l.k, &hx)
+                .view([b, t, c.num_key_value_heads, d])
+                .transpose(1, 2);
+            let v = lin(&l.v, &hx)
+                .view([b, t, c.num_key_value_heads, d])
+                .transpose(1, 2);
             let q = &q * &cos + rotate_half(&q) * &sin;
             let mut k = &k * &cos + rotate_half(&k) * &sin;
             let mut v = v;
@@ -285,17 +317,15 @@ impl Qwen2 {
                 .contiguous()
                 .view([b, t, c.num_attention_heads * d]);
             // Out of place: `x` is saved for backward by the norm above (no `+=`).
-            x = &x + l.o.forward(&a);
+            x = &x + lin(&l.o, &a);
             let hx = l.post_norm.forward(&x);
-            let mlp = l
-                .down
-                .forward(&(l.gate.forward(&hx).silu() * l.up.forward(&hx)));
+            let mlp = lin(&l.down, &(lin(&l.gate, &hx).silu() * lin(&l.up, &hx)));
             x = &x + mlp;
         }
         let x = self.norm.forward(&x);
         let logits = match &self.lm_head {
-            Some(h) => h.forward(&x),
-            None => x.matmul(&self.embed.ws.tr()),
+            Some(h) => lin(h, &x),
+            None => x.matmul(&at_kind(&self.embed.ws, kind).tr()),
         };
         Ok(logits.to_kind(Kind::Float))
     }

@@ -49,6 +49,33 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Stop after this many steps (the schedule spans them); `None` = all epochs.
     pub max_steps: Option<usize>,
+    /// Compute dtype: `auto` (bf16 autocast on a GPU with float32 master weights, float32 on
+    /// the CPU), `f32` or `bf16`.
+    pub precision: Precision,
+}
+
+/// The dtype activations and matrix products are computed in; parameters and AdamW state stay
+/// float32 in every case (mixed precision as in `torch.autocast`, Micikevicius et al. 2018).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// bf16 on a CUDA device, float32 on the CPU.
+    #[default]
+    Auto,
+    /// float32 everywhere.
+    F32,
+    /// bf16 (also on the CPU, where it is slow; for tests).
+    Bf16,
+}
+
+impl Precision {
+    /// The compute dtype on `device` (`None` = the parameters' float32).
+    pub fn compute_kind(self, device: tch::Device) -> Option<Kind> {
+        match (self, device) {
+            (Precision::F32, _) | (Precision::Auto, tch::Device::Cpu) => None,
+            _ => Some(Kind::BFloat16),
+        }
+    }
 }
 
 impl Default for TrainConfig {
@@ -66,6 +93,7 @@ impl Default for TrainConfig {
             eval_every: 50,
             seed: 0,
             max_steps: None,
+            precision: Precision::Auto,
         }
     }
 }
@@ -223,25 +251,7 @@ pub fn train_lm(
             let (loss, n) = loss_of(model, &refs, cfg.max_len)?;
             opt.zero_grad();
             loss.backward();
-            let grad_norm = tch::no_grad(|| {
-                let norms: Vec<Tensor> = params
-                    .iter()
-                    .map(|p| p.grad())
-                    .filter(Tensor::defined)
-                    .map(|g| g.norm())
-                    .collect();
-                Tensor::stack(&norms, 0).norm().double_value(&[])
-            });
-            if grad_norm > cfg.grad_clip {
-                tch::no_grad(|| {
-                    for p in &params {
-                        let mut g = p.grad();
-                        if g.defined() {
-                            let _ = g.g_mul_scalar_(cfg.grad_clip / (grad_norm + 1e-6));
-                        }
-                    }
-                });
-            }
+            let grad_norm = clip_grad_norm(&params, cfg.grad_clip);
             opt.step();
             let eval_now = (cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == total;
             let eval_loss = if eval_now && !eval.is_empty() {
@@ -264,6 +274,32 @@ pub fn train_lm(
         }
     }
     Ok(out)
+}
+
+/// Scales the gradients of `params` so their global L2 norm is at most `max_norm` (as
+/// `torch.nn.utils.clip_grad_norm_`); returns the norm before clipping.
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> f64 {
+    tch::no_grad(|| {
+        let norms: Vec<Tensor> = params
+            .iter()
+            .map(|p| p.grad())
+            .filter(Tensor::defined)
+            .map(|g| g.norm())
+            .collect();
+        if norms.is_empty() {
+            return 0.0;
+        }
+        let total = Tensor::stack(&norms, 0).norm().double_value(&[]);
+        if total > max_norm {
+            for p in params {
+                let mut g = p.grad();
+                if g.defined() {
+                    let _ = g.g_mul_scalar_(max_norm / (total + 1e-6));
+                }
+            }
+        }
+        total
+    })
 }
 
 /// A permutation of `0..n` from a SplitMix64 stream seeded with `seed` (Fisher-Yates).

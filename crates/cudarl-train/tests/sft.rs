@@ -128,3 +128,34 @@ fn tiny_model_sft_loss_falls() {
             .all(|s| s.tokens_per_s > 0.0 && s.grad_norm.is_finite())
     );
 }
+
+#[test]
+fn bf16_autocast_keeps_float32_master_weights_and_tracks_float32_logits() {
+    tch::manual_seed(1);
+    let cfg = Qwen2Config::new(300, 64, 128, 2, 4, 2, 128, false);
+    let mut m = Qwen2::new(cfg, Device::Cpu).unwrap();
+    let ids = tch::Tensor::randint(300, [2, 24], (tch::Kind::Int64, Device::Cpu));
+    let f32_logits = m.forward(&ids, None, None, None).unwrap();
+    m.set_compute_kind(Some(tch::Kind::BFloat16));
+    assert_eq!(m.compute_kind(), tch::Kind::BFloat16);
+    let bf = m.forward(&ids, None, None, None).unwrap();
+    assert_eq!(
+        bf.kind(),
+        tch::Kind::Float,
+        "logits are returned in float32"
+    );
+    let rel = (&bf - &f32_logits).norm().double_value(&[]) / f32_logits.norm().double_value(&[]);
+    // bf16 has an 8-bit mantissa (relative rounding 2^-9 = 0.002 per operation).
+    assert!(rel > 0.0 && rel < 0.03, "bf16 vs f32 relative error {rel}");
+    // Gradients reach the float32 parameters through the casts.
+    bf.mean(tch::Kind::Float).backward();
+    for (name, p) in m.vs.variables() {
+        assert_eq!(p.kind(), tch::Kind::Float, "{name} stays float32");
+        assert!(p.grad().defined(), "{name} has a gradient");
+        assert_eq!(p.grad().kind(), tch::Kind::Float);
+    }
+    // The compute kind equal to the parameters' is no autocast at all.
+    m.set_compute_kind(Some(tch::Kind::Float));
+    let again = tch::no_grad(|| m.forward(&ids, None, None, None).unwrap());
+    assert_eq!((&again - &f32_logits).abs().max().double_value(&[]), 0.0);
+}

@@ -5,6 +5,10 @@
 //! - `bench ingest-sakana`: `ingest-sakana` on a full-size (30,615-row) table in the archive's
 //!   19-column schema, built by replicating the bundled sample with varied code, against the
 //!   baseline of reading and rewriting the same files with the same Parquet writer.
+//! - `bench train-throughput`: training tokens/s (forward, backward, clipping, AdamW; bf16
+//!   autocast on a GPU) and generation tokens/s of the Qwen2 model of `cudarl-train` against
+//!   the same architecture, batch and recipe in PyTorch eager (`transformers`,
+//!   `python/bench_transformers.py`), in one run on the same device.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,6 +55,33 @@ pub enum BenchCmd {
         /// Distinct kernel sources to validate.
         #[arg(long, default_value_t = 200)]
         kernels: usize,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Training and generation throughput of cudarl-train's Qwen2 vs `transformers` eager.
+    TrainThroughput {
+        /// `configs/model/<model>.toml` (architecture and tokenizer vocabulary size).
+        #[arg(long, default_value = "small")]
+        model: String,
+        /// Sequences per training step.
+        #[arg(long, default_value_t = 16)]
+        batch_size: usize,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 1024)]
+        seq_len: usize,
+        /// Timed training steps (after 5 untimed ones).
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+        /// Batch sizes of the generation measurement.
+        #[arg(long, value_delimiter = ',', default_value = "1,32")]
+        gen_batches: Vec<usize>,
+        /// New tokens per row in the generation measurement (after a 128-token prompt).
+        #[arg(long, default_value_t = 128)]
+        gen_tokens: usize,
+        /// `auto`, `cpu` or `cuda`.
+        #[arg(long, default_value = "auto")]
+        device: String,
         /// Also write the result as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -112,6 +143,26 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
         BenchCmd::Noop { reps, out } => noop(ctx, reps, out),
         BenchCmd::IngestSakana { rows, reps, out } => ingest_sakana(ctx, rows, reps, out),
         BenchCmd::Validate { kernels, out } => validate(ctx, kernels, out),
+        BenchCmd::TrainThroughput {
+            model,
+            batch_size,
+            seq_len,
+            steps,
+            gen_batches,
+            gen_tokens,
+            device,
+            out,
+        } => {
+            let job = train_job(
+                ctx,
+                &model,
+                (batch_size, seq_len, steps),
+                gen_batches,
+                gen_tokens,
+                &device,
+            )?;
+            train_throughput(ctx, &job, out)
+        }
     }
 }
 
@@ -490,6 +541,84 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
             "ratio_vs_baseline_per_kernel": (small_s / n_small as f64) / (big_s / n_big as f64),
             "goal_kernels_per_hour": 20000,
             "meets_goal": per_h >= 20000.0,
+        }),
+        out,
+    )
+}
+
+/// The trainer's `bench` job for `configs/model/<model>.toml`.
+fn train_job(
+    ctx: &Ctx,
+    model: &str,
+    (batch_size, seq_len, steps): (usize, usize, usize),
+    gen_batches: Vec<usize>,
+    gen_tokens: usize,
+    device: &str,
+) -> Result<serde_json::Value, CliError> {
+    let rel = format!("configs/model/{model}.toml");
+    let text = std::fs::read_to_string(ctx.root.join(&rel))
+        .map_err(|e| CliError::usage(format!("{rel}: {e}")))?;
+    let mf: cudarl_stages::train_stages::ModelFile =
+        toml::from_str(&text).map_err(|e| CliError::usage(format!("{rel}: {e}")))?;
+    Ok(serde_json::json!({
+        "kind": "bench", "model": mf.model, "vocab_size": mf.tokenizer.vocab_size,
+        "batch_size": batch_size, "seq_len": seq_len, "steps": steps, "warmup_steps": 5,
+        "gen_batches": gen_batches, "prompt_len": 128, "gen_tokens": gen_tokens,
+        "device": device,
+    }))
+}
+
+fn train_throughput(
+    ctx: &Ctx,
+    job: &serde_json::Value,
+    out: Option<PathBuf>,
+) -> Result<i32, CliError> {
+    let dir = tempfile::tempdir().map_err(|e| CliError::failed(e.to_string()))?;
+    let jp = dir.path().join("bench.json");
+    std::fs::write(&jp, job.to_string()).map_err(|e| CliError::failed(e.to_string()))?;
+    let last_json = |exe: &Path, args: &[&Path]| -> Result<serde_json::Value, CliError> {
+        let o = Command::new(exe)
+            .args(args)
+            .output()
+            .map_err(|e| CliError::failed(format!("{}: {e}", exe.display())))?;
+        if !o.status.success() {
+            return Err(CliError::failed(format!(
+                "{} failed ({}): {}",
+                exe.display(),
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            )));
+        }
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .ok_or_else(|| CliError::failed(format!("{}: no JSON result", exe.display())))
+    };
+    let ours = last_json(&cudarl_stages::train_stages::trainer_exe(), &[&jp])?;
+    let script = ctx.root.join("python/bench_transformers.py");
+    let base = last_json(&cudarl_cuda::pyworker::python(&ctx.root), &[&script, &jp])?;
+    let ratio = |a: &serde_json::Value, b: &serde_json::Value| {
+        a.as_f64().zip(b.as_f64()).map(|(a, b)| a / b)
+    };
+    let mut gen_ratio = serde_json::Map::new();
+    if let Some(g) = ours["generate"].as_object() {
+        for (b, v) in g {
+            gen_ratio.insert(
+                b.clone(),
+                serde_json::json!(ratio(
+                    &v["tokens_per_s"],
+                    &base["generate"][b]["tokens_per_s"]
+                )),
+            );
+        }
+    }
+    finish(
+        serde_json::json!({
+            "bench": "train-throughput", "machine": machine(), "job": job,
+            "ours": ours, "baseline": base,
+            "train_ratio": ratio(&ours["train_tokens_per_s"], &base["train_tokens_per_s"]),
+            "generate_ratio": gen_ratio,
         }),
         out,
     )

@@ -446,6 +446,20 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
         let dst = cudarl_data::export::copy_out(&src, to, &rec.file_name)
             .map_err(|e| CliError::failed(e.to_string()))?;
         println!("{}", dst.display());
+        // A table naming store blobs (file, digest, bytes: checkpoints, plots) also gets its
+        // files, under <to>/<node>.<output>/ (a Hugging Face model directory for checkpoints).
+        if let Ok(t) = cudarl_data::Table::read(&src, name)
+            && t.schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .eq(["file", "digest", "bytes"])
+        {
+            let dir = to.join(format!("{node}.{name}"));
+            cudarl_stages::train_stages::materialize(engine.store(), &src, &dir)
+                .map_err(|e| CliError::failed(e.to_string()))?;
+            println!("{}", dir.display());
+        }
         files.insert(
             name.clone(),
             serde_json::json!({"file": rec.file_name, "hash": rec.hash, "rows": rec.rows, "bytes": rec.bytes, "schema_hash": rec.schema_hash}),

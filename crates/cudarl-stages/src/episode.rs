@@ -1,0 +1,518 @@
+//! Multi-turn episodes (DESIGN.md section 6): the generator writes a kernel for a task, the
+//! tester (the harness: static rules, nvcc, tests and timing on a GPU) turns the verdict into
+//! feedback text, the optimizer revises, the tester again, up to `max_turns`, stopping early
+//! once a turn's reward passes the config's `stop_above`.
+//!
+//! Per episode the conversation state keeps a compilation cache (an identical resubmission is
+//! not rebuilt and is called out), the performance trajectory, the failed attempts and the
+//! optimization strategies already tried, and the optimizer is told which ones not to repeat.
+//!
+//! Policies are behind [`Policy`] (the trainer process during RL, fixed answers in tests), the
+//! harness behind [`Tester`].
+
+use std::collections::BTreeMap;
+
+use cudarl_cuda::Verdict;
+use cudarl_cuda::static_check::strip_c_comments_and_strings;
+use cudarl_cuda::task::TaskSpec;
+use cudarl_curriculum::prompts::{self, ChatMessage, TaskView};
+use serde::{Deserialize, Serialize};
+
+use cudarl_curriculum::credit::turn_credits;
+
+use crate::reward::{RewardComponents, RewardConfig, score};
+
+/// Which agent speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Writes the first kernel.
+    Generator,
+    /// Revises it.
+    Optimizer,
+}
+
+/// One sampled answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The trainer's id of the completion (for the update), if any.
+    pub id: Option<u64>,
+    /// The text.
+    pub text: String,
+    /// Generated tokens.
+    pub tokens: usize,
+}
+
+/// Something that answers conversations.
+pub trait Policy {
+    /// One answer per conversation, in order.
+    ///
+    /// # Errors
+    /// Whatever the policy fails with, in words.
+    fn answer(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+    ) -> Result<Vec<Answer>, String>;
+}
+
+/// Something that judges kernels: the harness.
+pub trait Tester {
+    /// The verdict on `code` for `task` and, when available, the SASS of its shared object.
+    ///
+    /// # Errors
+    /// Harness failures (not candidate failures), in words.
+    fn test(&mut self, task: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String>;
+    /// Judges many (task, code) pairs; the default calls [`Tester::test`] in order. The
+    /// harness overrides it to compile on every core while the GPU runs.
+    ///
+    /// # Errors
+    /// As [`Tester::test`].
+    fn test_many(
+        &mut self,
+        items: &[(&TaskSpec, &str)],
+    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+        items.iter().map(|(t, c)| self.test(t, c)).collect()
+    }
+}
+
+/// Optimization strategies recognized in a kernel's code (comments and strings stripped).
+pub fn strategies(code: &str) -> Vec<&'static str> {
+    let s = strip_c_comments_and_strings(code);
+    let c: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut v = Vec::new();
+    let has = |p: &str| c.contains(p);
+    if has("__shared__") {
+        v.push("shared-memory tiling");
+    }
+    if has("__shfl_") {
+        v.push("warp shuffles");
+    }
+    if ["float4", "float2", "__half2", "__nv_bfloat162", "int4"]
+        .iter()
+        .any(|t| has(t))
+    {
+        v.push("vectorized access");
+    }
+    if has("#pragmaunroll") {
+        v.push("loop unrolling");
+    }
+    if has("+=blockDim.x*gridDim.x") || has("+=gridDim.x*blockDim.x") {
+        v.push("grid-stride loop");
+    }
+    if has("wmma::") || has("mma.sync") {
+        v.push("tensor cores");
+    }
+    if has("__ldg(") || has("const__restrict__") {
+        v.push("read-only cache");
+    }
+    v
+}
+
+/// One turn, as stored in the per-turn table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Turn {
+    /// 0-based turn.
+    pub turn: usize,
+    /// Who wrote it.
+    pub role: Role,
+    /// The trainer's completion id.
+    #[serde(skip)]
+    pub completion: Option<u64>,
+    /// Generated tokens.
+    pub tokens: usize,
+    /// The extracted code.
+    pub code: Option<String>,
+    /// The harness's failure class (`no_code` when there was no code block).
+    pub failure: Option<String>,
+    /// The tester's feedback.
+    pub feedback: String,
+    /// Every reward component.
+    pub reward: RewardComponents,
+    /// Credit assigned for training.
+    pub credit: f64,
+}
+
+/// One episode's state.
+#[derive(Debug, Clone, Serialize)]
+pub struct Episode {
+    /// The task.
+    pub task_id: String,
+    /// Its tier.
+    pub tier: i64,
+    /// Turns taken.
+    pub turns: Vec<Turn>,
+    /// Compilation cache: code hash -> index of the turn that first submitted it.
+    #[serde(skip)]
+    pub seen: BTreeMap<[u8; 32], usize>,
+    /// Performance trajectory: (turn, speedup vs naive) of the correct turns.
+    pub trajectory: Vec<(usize, f64)>,
+    /// Failed attempts: (turn, failure class).
+    pub failed: Vec<(usize, String)>,
+    /// Strategies tried so far.
+    pub tried: Vec<String>,
+    /// Finished (reward passed the stop threshold or the turn limit reached).
+    pub done: bool,
+}
+
+impl Episode {
+    fn new(task: &TaskSpec) -> Episode {
+        Episode {
+            task_id: task.id.clone(),
+            tier: task.tier,
+            turns: vec![],
+            seen: BTreeMap::new(),
+            trajectory: vec![],
+            failed: vec![],
+            tried: vec![],
+            done: false,
+        }
+    }
+
+    /// The final reward (of the last turn).
+    pub fn final_reward(&self) -> f64 {
+        self.turns.last().map_or(0.0, |t| t.reward.reward)
+    }
+
+    /// The last code submitted (for the optimizer's prompt).
+    fn last_code(&self) -> Option<&str> {
+        self.turns.iter().rev().find_map(|t| t.code.as_deref())
+    }
+}
+
+/// The task as the prompts show it.
+pub fn task_messages(task: &TaskSpec) -> (String, Vec<String>) {
+    let shapes: Vec<String> = task
+        .train_shapes
+        .iter()
+        .map(|m| serde_json::to_string(m).expect("json"))
+        .collect();
+    (task.signature(), shapes)
+}
+
+fn view<'a>(task: &'a TaskSpec, sig: &'a str, shapes: &'a [String]) -> TaskView<'a> {
+    TaskView {
+        id: &task.id,
+        tier: task.tier,
+        description: &task.description,
+        dtype: &task.dtype,
+        signature: sig,
+        shapes,
+    }
+}
+
+/// The generator's conversation for `task` (the RL prompt: the first intro and closing).
+pub fn generator_conversation(task: &TaskSpec) -> Vec<ChatMessage> {
+    let (sig, shapes) = task_messages(task);
+    vec![
+        ChatMessage::new("system", prompts::GENERATOR_SYSTEM),
+        ChatMessage::new(
+            "user",
+            prompts::task_prompt(&view(task, &sig, &shapes), 0, 0),
+        ),
+    ]
+}
+
+/// The tester's feedback on one verdict, in words: what failed and where (compile errors with
+/// their lines, the failing test's split, shape and error; hidden seeds are not shown), or the
+/// timing and resource findings (spills, register pressure, shared memory, uncoalesced access).
+pub fn feedback(
+    task: &TaskSpec,
+    code: Option<&str>,
+    verdict: Option<&Verdict>,
+    public_seeds: &[u64],
+) -> String {
+    let (Some(code), Some(v)) = (code, verdict) else {
+        return "No code block found. Answer with one ```cuda code block holding the whole .cu file (kernels and the extern \"C\" launcher).".into();
+    };
+    let mut out = Vec::new();
+    match v.failure.as_deref() {
+        Some("static_reject") => out.push(format!(
+            "Rejected before compiling: {}.",
+            v.failure_detail.clone().unwrap_or_default()
+        )),
+        Some("compile_error") | Some("compile_timeout") => {
+            out.push("Compilation failed:".to_string());
+            let errs: Vec<String> = v
+                .diagnostics
+                .iter()
+                .filter(|d| d.severity.contains("error"))
+                .take(5)
+                .map(|d| match d.line {
+                    Some(l) => format!("  line {l}: error: {}", d.message),
+                    None => format!("  error: {}", d.message),
+                })
+                .collect();
+            if errs.is_empty() {
+                out.push(format!(
+                    "  {}",
+                    v.failure_detail
+                        .clone()
+                        .unwrap_or_default()
+                        .lines()
+                        .take(5)
+                        .collect::<Vec<_>>()
+                        .join("\n  ")
+                ));
+            } else {
+                out.extend(errs);
+            }
+        }
+        Some(f) => {
+            let t = v.tests.iter().find(|t| !t.passed);
+            let which = t.map(|t| {
+                let seed = if public_seeds.contains(&t.seed) {
+                    format!("seed {}", t.seed)
+                } else {
+                    "a hidden seed".into()
+                };
+                format!(
+                    " on the {} shape {} ({seed}): {}",
+                    t.split,
+                    serde_json::to_string(&t.sizes).unwrap_or_default(),
+                    t.message.clone().unwrap_or_default()
+                )
+            });
+            let n_fail = v.tests.iter().filter(|t| !t.passed).count();
+            out.push(match which {
+                Some(w) => format!(
+                    "Compiled, but {n_fail} of {} tests failed ({f}){w}.",
+                    v.tests.len()
+                ),
+                None => format!(
+                    "Compiled, but it failed: {f}: {}.",
+                    v.failure_detail.clone().unwrap_or_default()
+                ),
+            });
+        }
+        None if v.mode == "full" => {
+            let mut s = format!(
+                "All {} tests passed (train and hold-out shapes, public and hidden seeds).",
+                v.tests.len()
+            );
+            if let Some(t) = &v.timing {
+                s.push_str(&format!(" Median time {:.4} ms", t.median_ms));
+                if let Some(x) = v.speedup_vs_naive {
+                    s.push_str(&format!(", {x:.2}x the naive kernel"));
+                }
+                if let Some(x) = v.speedup_vs_torch {
+                    s.push_str(&format!(", {x:.2}x PyTorch"));
+                }
+                if let Some(f) = v.dram_fraction_of_peak {
+                    s.push_str(&format!(", {:.0}% of peak DRAM bandwidth", 100.0 * f));
+                }
+                s.push('.');
+            }
+            out.push(s);
+        }
+        None => out.push(
+            "Compiled (compile-only: no GPU on this machine, so the tests did not run).".into(),
+        ),
+    }
+    if v.compiled {
+        for r in &v.resources {
+            let name = r.kernel.as_str();
+            if r.spill_store_bytes > 0 || r.spill_load_bytes > 0 {
+                out.push(format!(
+                    "Kernel {name} spills registers ({} bytes stores, {} bytes loads): reduce live values.",
+                    r.spill_store_bytes, r.spill_load_bytes
+                ));
+            }
+            if r.registers > 128 {
+                out.push(format!(
+                    "Kernel {name} uses {} registers per thread: occupancy is limited to {} warps per SM.",
+                    r.registers,
+                    (65536 / (r.registers.max(1) * 32)).min(64)
+                ));
+            }
+            if r.shared_mem_bytes > 49152 {
+                out.push(format!(
+                    "Kernel {name} uses {} bytes of static shared memory per block (over 48 KiB).",
+                    r.shared_mem_bytes
+                ));
+            }
+        }
+        let (_, coalesced) = crate::reward::source_features(code);
+        if !coalesced && task.tier <= 1 {
+            out.push("Global accesses may be uncoalesced: index with blockIdx.x * blockDim.x + threadIdx.x so neighbouring threads touch neighbouring addresses.".into());
+        }
+    }
+    out.join("\n")
+}
+
+/// Settings of a batch of episodes.
+#[derive(Debug, Clone)]
+pub struct EpisodeSettings {
+    /// Most turns per episode (generator turn included).
+    pub max_turns: usize,
+    /// Public seeds (shown in feedback).
+    pub public_seeds: Vec<u64>,
+}
+
+/// Runs one episode per entry of `tasks` (repeat a task for a group) to completion, all turns
+/// batched: every active episode's turn goes to the policy in one call and to the tester in
+/// one call. Credits are filled in with the config's turn credit.
+///
+/// # Errors
+/// Policy or harness failures.
+pub fn run_episodes(
+    tasks: &[&TaskSpec],
+    policy: &mut dyn Policy,
+    tester: &mut dyn Tester,
+    cfg: &RewardConfig,
+    s: &EpisodeSettings,
+) -> Result<Vec<Episode>, String> {
+    let mut eps: Vec<Episode> = tasks.iter().map(|t| Episode::new(t)).collect();
+    for turn in 0..s.max_turns.max(1) {
+        let active: Vec<usize> = (0..eps.len()).filter(|&i| !eps[i].done).collect();
+        if active.is_empty() {
+            break;
+        }
+        let role = if turn == 0 {
+            Role::Generator
+        } else {
+            Role::Optimizer
+        };
+        let convs: Vec<Vec<ChatMessage>> = active
+            .iter()
+            .map(|&i| {
+                let task = tasks[i];
+                if turn == 0 {
+                    return generator_conversation(task);
+                }
+                let e = &eps[i];
+                let (sig, shapes) = task_messages(task);
+                let last = e.turns.last().expect("a previous turn");
+                let mut fb = last.feedback.clone();
+                if !e.tried.is_empty() {
+                    fb.push_str(&format!(
+                        "\nStrategies already tried: {}. Try a different one.",
+                        e.tried.join(", ")
+                    ));
+                }
+                if let Some(&(t, x)) = e.trajectory.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+                    fb.push_str(&format!(
+                        "\nBest so far: turn {}, {x:.2}x the naive kernel.",
+                        t + 1
+                    ));
+                }
+                let current = e.last_code().unwrap_or("");
+                vec![
+                    ChatMessage::new("system", prompts::OPTIMIZER_SYSTEM),
+                    ChatMessage::new(
+                        "user",
+                        prompts::optimizer_prompt(&view(task, &sig, &shapes), current, &fb, 0, 0),
+                    ),
+                ]
+            })
+            .collect();
+        let answers = policy.answer(role, &convs)?;
+        if answers.len() != active.len() {
+            return Err(format!(
+                "policy answered {} of {} conversations",
+                answers.len(),
+                active.len()
+            ));
+        }
+        let codes: Vec<Option<String>> = answers
+            .iter()
+            .map(|a| prompts::extract_code(&a.text))
+            .collect();
+        // Only code not seen before in its episode goes to the harness.
+        let mut to_test: Vec<(usize, &TaskSpec, &str)> = Vec::new();
+        let mut repeat: BTreeMap<usize, usize> = BTreeMap::new();
+        for (k, &i) in active.iter().enumerate() {
+            if let Some(c) = &codes[k] {
+                let h = *blake3::hash(c.as_bytes()).as_bytes();
+                match eps[i].seen.get(&h) {
+                    Some(&prev) => {
+                        repeat.insert(k, prev);
+                    }
+                    None => to_test.push((k, tasks[i], c.as_str())),
+                }
+            }
+        }
+        let items: Vec<(&TaskSpec, &str)> = to_test.iter().map(|(_, t, c)| (*t, *c)).collect();
+        let results = tester.test_many(&items)?;
+        let mut verdicts: BTreeMap<usize, (Verdict, Option<String>)> = BTreeMap::new();
+        for ((k, _, _), r) in to_test.iter().zip(results) {
+            verdicts.insert(*k, r);
+        }
+        for (k, &i) in active.iter().enumerate() {
+            let task = tasks[i];
+            let a = &answers[k];
+            let code = codes[k].clone();
+            let e = &mut eps[i];
+            let (reward, fb, failure) = if let Some(&prev) = repeat.get(&k) {
+                let p = &e.turns[prev];
+                (
+                    p.reward.clone(),
+                    format!(
+                        "This kernel is identical to your attempt in turn {} (not rebuilt). {}",
+                        prev + 1,
+                        p.feedback
+                    ),
+                    p.failure.clone(),
+                )
+            } else {
+                let vd = verdicts.get(&k);
+                let r = score(
+                    cfg,
+                    code.as_deref(),
+                    vd.map(|x| &x.0),
+                    vd.and_then(|x| x.1.as_deref()),
+                );
+                let fb = feedback(task, code.as_deref(), vd.map(|x| &x.0), &s.public_seeds);
+                let failure = match (&code, vd) {
+                    (None, _) => Some("no_code".to_string()),
+                    (_, Some((v, _))) => v.failure.clone(),
+                    _ => None,
+                };
+                if let Some(c) = &code {
+                    e.seen.insert(*blake3::hash(c.as_bytes()).as_bytes(), turn);
+                }
+                (r, fb, failure)
+            };
+            if let Some(f) = &failure {
+                e.failed.push((turn, f.clone()));
+            }
+            if reward.gate
+                && let Some(x) = reward.speedup
+            {
+                e.trajectory.push((turn, x));
+            }
+            if let Some(c) = &code {
+                for st in strategies(c) {
+                    if !e.tried.iter().any(|t| t == st) {
+                        e.tried.push(st.to_string());
+                    }
+                }
+            }
+            let stop = reward.reward > cfg.stop_above;
+            e.turns.push(Turn {
+                turn,
+                role,
+                completion: a.id,
+                tokens: a.tokens,
+                code,
+                failure,
+                feedback: fb,
+                reward,
+                credit: 0.0,
+            });
+            if stop || turn + 1 >= s.max_turns {
+                e.done = true;
+            }
+        }
+    }
+    let w = cfg.credit;
+    for e in &mut eps {
+        e.done = true;
+        let imm: Vec<f64> = e.turns.iter().map(|t| t.reward.reward).collect();
+        let fin = e.final_reward();
+        for (t, c) in e.turns.iter_mut().zip(turn_credits(&imm, fin, &w)) {
+            t.credit = c;
+        }
+    }
+    Ok(eps)
+}

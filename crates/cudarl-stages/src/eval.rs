@@ -1,0 +1,529 @@
+//! `eval`: the SFT and the RL checkpoints on the same episodes: the hold-out families (the
+//! `test` split of `sft-data`, never trained on) and, for per-tier rates, the train families;
+//! every candidate is tested on the train and the hold-out shapes (full mode on a GPU).
+//!
+//! Metrics (DESIGN.md section 7) per checkpoint and split: compile rate and pass rate after the
+//! first turn (single-turn) and after the last (multi-turn); fast_p for p in {0, 1, 1.5, 2}
+//! (fraction of episodes whose final kernel is correct and more than p times faster than the
+//! PyTorch reference; fast_0 = pass rate; KernelBench, Ouyang et al. 2025, arXiv:2502.10517);
+//! geometric-mean speedup of the correct finals over the naive kernel and over PyTorch;
+//! % regressions on hold-out shapes (final kernels that pass every train shape but fail a
+//! hold-out shape, over those that pass the train shapes); mean final reward.
+//!
+//! | table | columns |
+//! |---|---|
+//! | `summary` | checkpoint (utf8: sft, rl), split (utf8: test, train), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), mode, device (utf8) |
+//! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch (float64, nullable), reward (float64) |
+//! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_cuda::Nvcc;
+use cudarl_cuda::task::TaskSpec;
+use cudarl_data::Table;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::common::{data_err, params_json, write_output};
+use crate::episode::{Episode, EpisodeSettings, run_episodes};
+use crate::reward::RewardConfig;
+use crate::rl_train::{env_mode, harness, load_tasks, mean_std, serve_job};
+use crate::rollout::{Sampling, TrainerClient};
+use crate::train_stages::{CHECKPOINT, ingest_dir, materialize};
+
+fn f(name: &str) -> Field {
+    Field::new(name, DataType::Float64, true)
+}
+
+/// Schema of `summary`.
+pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("checkpoint", DataType::Utf8, false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("episodes", DataType::Int64, false),
+        f("single_turn_compile_rate"),
+        f("single_turn_pass_rate"),
+        f("compile_rate"),
+        f("pass_rate"),
+        f("fast_0"),
+        f("fast_1"),
+        f("fast_1_5"),
+        f("fast_2"),
+        f("geomean_speedup_vs_naive"),
+        f("geomean_speedup_vs_torch"),
+        f("holdout_regression_rate"),
+        f("mean_reward"),
+        Field::new("mode", DataType::Utf8, false),
+        Field::new("device", DataType::Utf8, false),
+    ]))
+});
+
+/// Schema of `episodes`.
+pub static EPISODES: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("checkpoint", DataType::Utf8, false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("task_id", DataType::Utf8, false),
+        Field::new("tier", DataType::Int64, false),
+        Field::new("episode", DataType::Int64, false),
+        Field::new("turns", DataType::Int64, false),
+        Field::new("first_compiled", DataType::Boolean, false),
+        Field::new("first_correct", DataType::Boolean, true),
+        Field::new("compiled", DataType::Boolean, false),
+        Field::new("correct", DataType::Boolean, true),
+        f("speedup_vs_naive"),
+        f("speedup_vs_torch"),
+        Field::new("reward", DataType::Float64, false),
+    ]))
+});
+
+fn d_samples() -> usize {
+    8
+}
+fn d_true() -> bool {
+    true
+}
+
+/// Parameters (`[stages.eval]`): the sampling and harness settings of `rl-train` plus these.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// Episodes per task.
+    #[serde(default = "d_samples")]
+    pub samples: usize,
+    /// Also evaluate on the train families (per-tier rates).
+    #[serde(default = "d_true")]
+    pub include_train: bool,
+    /// Sampling, turns, reward, mode, device (as `rl-train`; the update settings are unused).
+    #[serde(flatten)]
+    pub rl: crate::rl_train::Params,
+}
+
+/// The `eval` stage.
+#[derive(Debug)]
+pub struct Eval {
+    params: Params,
+}
+
+impl Eval {
+    /// From the pipeline's table.
+    ///
+    /// # Errors
+    /// Unknown keys.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        Ok(Eval {
+            params: crate::common::parse_params(t)?,
+        })
+    }
+}
+
+struct Row {
+    ck: &'static str,
+    split: &'static str,
+    ep: Episode,
+}
+
+fn summary(rows: &[&Row]) -> Value {
+    let n = rows.len().max(1) as f64;
+    let frac = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count() as f64 / n;
+    let first = |r: &Row| {
+        r.ep.turns
+            .first()
+            .map(|t| t.reward.clone())
+            .unwrap_or_default()
+    };
+    let last = |r: &Row| {
+        r.ep.turns
+            .last()
+            .map(|t| t.reward.clone())
+            .unwrap_or_default()
+    };
+    let full = rows.iter().any(|r| last(r).mode == "full");
+    let correct = |r: &Row| last(r).correct == Some(true);
+    let fast = |p: f64| {
+        full.then(|| frac(&|r| correct(r) && last(r).speedup_vs_torch.is_some_and(|s| s > p)))
+    };
+    let geo = |v: Vec<f64>| {
+        (!v.is_empty())
+            .then(|| (v.iter().map(|x| x.max(1e-9).ln()).sum::<f64>() / v.len() as f64).exp())
+    };
+    let train_ok: Vec<&&Row> = rows
+        .iter()
+        .filter(|r| last(r).train_shapes_passed == Some(true))
+        .collect();
+    let regress = (full && !train_ok.is_empty()).then(|| {
+        train_ok
+            .iter()
+            .filter(|r| last(r).holdout_shapes_passed == Some(false))
+            .count() as f64
+            / train_ok.len() as f64
+    });
+    let rewards: Vec<f64> = rows.iter().map(|r| r.ep.final_reward()).collect();
+    json!({
+        "episodes": rows.len(),
+        "single_turn_compile_rate": frac(&|r| first(r).compiled),
+        "single_turn_pass_rate": full.then(|| frac(&|r| first(r).correct == Some(true))),
+        "compile_rate": frac(&|r| last(r).compiled),
+        "pass_rate": full.then(|| frac(&correct)),
+        "fast_0": full.then(|| frac(&correct)),
+        "fast_1": fast(1.0), "fast_1_5": fast(1.5), "fast_2": fast(2.0),
+        "geomean_speedup_vs_naive": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| last(r).speedup).collect()),
+        "geomean_speedup_vs_torch": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| last(r).speedup_vs_torch).collect()),
+        "holdout_regression_rate": regress,
+        "mean_reward": mean_std(&rewards).0,
+    })
+}
+
+impl Stage for Eval {
+    fn kind(&self) -> &str {
+        "eval"
+    }
+    fn code_version(&self) -> u32 {
+        1
+    }
+    fn params(&self) -> Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::external("reward"),
+            InputDecl::node("tasks", "synth-tasks", "tasks"),
+            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
+            InputDecl::node("data", "sft-data", "sft_generator"),
+            InputDecl::node("sft_generator", "sft-train", "checkpoint"),
+            InputDecl::node("sft_optimizer", "sft-train-optimizer", "checkpoint"),
+            InputDecl::node("rl_generator", "rl-train", "generator"),
+            InputDecl::node("rl_optimizer", "rl-train", "optimizer"),
+            InputDecl::node("rl_metrics", "rl-train", "metrics"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![
+            OutputDecl::table("summary", SUMMARY.clone()),
+            OutputDecl::table("episodes", EPISODES.clone()),
+            OutputDecl::table("report", CHECKPOINT.clone()),
+        ]
+    }
+    fn resolve_external(
+        &self,
+        _input: &str,
+        ctx: &ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        crate::common::single_file(
+            &ctx.root,
+            &format!("configs/reward/{}.toml", self.params.rl.reward),
+            "reward config",
+        )
+    }
+    fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
+        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
+        Ok(BTreeMap::from([
+            ("nvcc".to_string(), nvcc.version),
+            (
+                "device".to_string(),
+                crate::train_stages::resolve_device(&self.params.rl.device).to_string(),
+            ),
+            (
+                "mode".to_string(),
+                env_mode(&self.params.rl.mode).to_string(),
+            ),
+        ]))
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let p = &self.params;
+        let rel = format!("configs/reward/{}.toml", p.rl.reward);
+        let cfg = RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel)
+            .map_err(|m| StageError::bad_input(&rel, None, m))?;
+        let ts = load_tasks(ctx)?;
+        let device = crate::train_stages::resolve_device(&p.rl.device);
+        let mut h = harness(ctx, &p.rl.mode, p.rl.timeout_s, ts.naive.clone())?;
+        let mode = if h.pool.is_some() {
+            "full"
+        } else {
+            "compile-only"
+        };
+        let settings = EpisodeSettings {
+            max_turns: p.rl.max_turns,
+            public_seeds: h.public_seeds.clone(),
+        };
+        let tmp = ctx.store().temp_dir()?;
+        let dir = tmp.path();
+        let mut splits: Vec<(&'static str, Vec<&TaskSpec>)> =
+            vec![("test", ts.test.iter().collect())];
+        if p.include_train {
+            splits.push(("train", ts.train.iter().collect()));
+        }
+        let mut rows: Vec<Row> = Vec::new();
+        for (ck, gi, oi) in [
+            ("sft", "sft_generator", "sft_optimizer"),
+            ("rl", "rl_generator", "rl_optimizer"),
+        ] {
+            let (g, o) = (dir.join(ck).join("gen"), dir.join(ck).join("opt"));
+            materialize(ctx.store(), ctx.input_path(gi)?, &g)?;
+            materialize(ctx.store(), ctx.input_path(oi)?, &o)?;
+            let mut tc = TrainerClient::start(
+                &serve_job(&g, &o, device, &p.rl),
+                &dir.join(ck),
+                Sampling {
+                    max_new_tokens: p.rl.max_new_tokens,
+                    temperature: p.rl.temperature,
+                    top_p: p.rl.top_p,
+                    // The same seeds for both checkpoints.
+                    seed: p.rl.seed as i64,
+                },
+            )?;
+            for (split, tasks) in &splits {
+                let many: Vec<&TaskSpec> = tasks
+                    .iter()
+                    .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
+                    .collect();
+                let eps = run_episodes(&many, &mut tc, &mut h, &cfg, &settings)
+                    .map_err(StageError::Failed)?;
+                rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
+            }
+            tc.quit();
+        }
+        // summary
+        let mut sums = Vec::new();
+        for ck in ["sft", "rl"] {
+            for (split, _) in &splits {
+                let sel: Vec<&Row> = rows
+                    .iter()
+                    .filter(|r| r.ck == ck && r.split == *split)
+                    .collect();
+                let mut v = summary(&sel);
+                v["checkpoint"] = ck.into();
+                v["split"] = (*split).into();
+                v["mode"] = mode.into();
+                v["device"] = device.into();
+                sums.push(v);
+            }
+        }
+        let schema = SUMMARY.clone();
+        let cols: Vec<ArrayRef> = schema
+            .fields()
+            .iter()
+            .map(|fl| -> ArrayRef {
+                let k = fl.name().as_str();
+                match fl.data_type() {
+                    DataType::Int64 => Arc::new(Int64Array::from(
+                        sums.iter()
+                            .map(|r| r[k].as_i64().unwrap_or(0))
+                            .collect::<Vec<_>>(),
+                    )),
+                    DataType::Utf8 => Arc::new(StringArray::from(
+                        sums.iter()
+                            .map(|r| r[k].as_str().unwrap_or_default().to_string())
+                            .collect::<Vec<_>>(),
+                    )),
+                    _ => Arc::new(Float64Array::from(
+                        sums.iter().map(|r| r[k].as_f64()).collect::<Vec<_>>(),
+                    )),
+                }
+            })
+            .collect();
+        write_output(
+            ctx,
+            "summary",
+            &cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?,
+        )?;
+        let last = |r: &Row| {
+            r.ep.turns
+                .last()
+                .map(|t| t.reward.clone())
+                .unwrap_or_default()
+        };
+        let first = |r: &Row| {
+            r.ep.turns
+                .first()
+                .map(|t| t.reward.clone())
+                .unwrap_or_default()
+        };
+        let b = cudarl_data::parquet_io::batch(
+            &EPISODES.clone(),
+            vec![
+                Arc::new(StringArray::from(
+                    rows.iter().map(|r| r.ck).collect::<Vec<_>>(),
+                )),
+                Arc::new(StringArray::from(
+                    rows.iter().map(|r| r.split).collect::<Vec<_>>(),
+                )),
+                Arc::new(StringArray::from(
+                    rows.iter()
+                        .map(|r| r.ep.task_id.clone())
+                        .collect::<Vec<_>>(),
+                )),
+                Arc::new(Int64Array::from(
+                    rows.iter().map(|r| r.ep.tier).collect::<Vec<_>>(),
+                )),
+                Arc::new(Int64Array::from((0..rows.len() as i64).collect::<Vec<_>>())),
+                Arc::new(Int64Array::from(
+                    rows.iter()
+                        .map(|r| r.ep.turns.len() as i64)
+                        .collect::<Vec<_>>(),
+                )),
+                Arc::new(BooleanArray::from(
+                    rows.iter().map(|r| first(r).compiled).collect::<Vec<_>>(),
+                )),
+                Arc::new(BooleanArray::from(
+                    rows.iter().map(|r| first(r).correct).collect::<Vec<_>>(),
+                )),
+                Arc::new(BooleanArray::from(
+                    rows.iter().map(|r| last(r).compiled).collect::<Vec<_>>(),
+                )),
+                Arc::new(BooleanArray::from(
+                    rows.iter().map(|r| last(r).correct).collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    rows.iter().map(|r| last(r).speedup).collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    rows.iter()
+                        .map(|r| last(r).speedup_vs_torch)
+                        .collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    rows.iter().map(|r| r.ep.final_reward()).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .map_err(data_err)?;
+        write_output(ctx, "episodes", &b)?;
+        let rd = dir.join("report");
+        std::fs::create_dir_all(&rd).map_err(|e| StageError::Failed(e.to_string()))?;
+        let metrics =
+            Table::read(ctx.input_path("rl_metrics")?, "rl-train.metrics").map_err(data_err)?;
+        report(&rd, &sums, &rows, &metrics, mode, device).map_err(StageError::Failed)?;
+        ingest_dir(ctx, &rd, "report")
+    }
+}
+
+fn fmt(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{x:.3}"),
+        None => "n/a".into(),
+    }
+}
+
+/// `report.md` and its plots.
+fn report(
+    dir: &std::path::Path,
+    sums: &[Value],
+    rows: &[Row],
+    metrics: &Table,
+    mode: &str,
+    device: &str,
+) -> Result<(), String> {
+    use crate::plot::{Series, histogram, line_chart};
+    let steps = metrics.req_ints("step").map_err(|e| e.to_string())?;
+    let mr = metrics.req_floats("mean_reward").map_err(|e| e.to_string())?;
+    let sd = metrics.req_floats("reward_std").map_err(|e| e.to_string())?;
+    let pts: Vec<(f64, f64, f64)> = (0..metrics.rows())
+        .filter_map(|i| Some((steps.get(i)? as f64, mr.get(i)?, sd.get(i)?)))
+        .collect();
+    line_chart(
+        &dir.join("reward_curve.png"),
+        &format!("rl-train: mean episode reward ({mode}, {device})"),
+        "RL step",
+        "final reward",
+        &[
+            Series::new("mean", pts.iter().map(|p| (p.0, p.1)).collect()),
+            Series::new("mean + std", pts.iter().map(|p| (p.0, p.1 + p.2)).collect()),
+            Series::new("mean - std", pts.iter().map(|p| (p.0, p.1 - p.2)).collect()),
+        ],
+    )?;
+    let last = |r: &Row| {
+        r.ep.turns
+            .last()
+            .map(|t| t.reward.clone())
+            .unwrap_or_default()
+    };
+    let mut tiers: BTreeMap<(&str, i64), (f64, f64, f64)> = BTreeMap::new();
+    for r in rows {
+        let e = tiers.entry((r.ck, r.ep.tier)).or_default();
+        e.0 += 1.0;
+        e.1 += f64::from(u8::from(last(r).compiled));
+        e.2 += f64::from(u8::from(last(r).correct == Some(true)));
+    }
+    let full = mode == "full";
+    let mut series = Vec::new();
+    for ck in ["sft", "rl"] {
+        let of = |k: usize| -> Vec<(f64, f64)> {
+            tiers
+                .iter()
+                .filter(|((c, _), _)| *c == ck)
+                .map(|((_, t), v)| (*t as f64, if k == 1 { v.1 / v.0 } else { v.2 / v.0 }))
+                .collect()
+        };
+        series.push(Series::new(format!("{ck} compile rate"), of(1)));
+        if full {
+            series.push(Series::new(format!("{ck} pass rate"), of(2)));
+        }
+    }
+    line_chart(
+        &dir.join("per_tier.png"),
+        &format!("eval: final-turn rates per tier ({mode})"),
+        "tier",
+        "rate",
+        &series,
+    )?;
+    let sp = |ck: &str| -> Series {
+        Series::new(
+            ck,
+            rows.iter()
+                .filter(|r| r.ck == ck && last(r).correct == Some(true))
+                .filter_map(|r| last(r).speedup.map(|s| (0.0, s.max(1e-9).log2())))
+                .collect(),
+        )
+    };
+    let groups = [sp("sft"), sp("rl")];
+    let have_speedups = groups.iter().any(|g| !g.points.is_empty());
+    if have_speedups {
+        histogram(
+            &dir.join("speedups.png"),
+            "eval: log2 speedup vs naive of correct final kernels",
+            "log2(speedup)",
+            &groups,
+            12,
+        )?;
+    }
+    let mut md = String::new();
+    md.push_str(&format!(
+        "# cudarl-pipe eval report\n\nMode: **{mode}** (full = compiled, tested on train and hold-out shapes with public and hidden seeds, and timed on a GPU; compile-only = no GPU: only the static checks and nvcc ran, so pass rates and speedups are n/a). Models on: {device}.\n\n"
+    ));
+    md.push_str("| checkpoint | split | episodes | compile (1 turn) | pass (1 turn) | compile | pass | fast_1 | fast_1.5 | fast_2 | geomean vs naive | geomean vs torch | hold-out regressions | mean reward |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for s in sums {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            s["checkpoint"].as_str().unwrap_or_default(),
+            s["split"].as_str().unwrap_or_default(),
+            s["episodes"],
+            fmt(&s["single_turn_compile_rate"]),
+            fmt(&s["single_turn_pass_rate"]),
+            fmt(&s["compile_rate"]),
+            fmt(&s["pass_rate"]),
+            fmt(&s["fast_1"]),
+            fmt(&s["fast_1_5"]),
+            fmt(&s["fast_2"]),
+            fmt(&s["geomean_speedup_vs_naive"]),
+            fmt(&s["geomean_speedup_vs_torch"]),
+            fmt(&s["holdout_regression_rate"]),
+            fmt(&s["mean_reward"]),
+        ));
+    }
+    if let (Some(a), Some(b)) = (pts.first(), pts.last()) {
+        md.push_str(&format!(
+            "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
+            a.0, a.1, a.2, b.0, b.1, b.2
+        ));
+    }
+    md.push_str("\n![reward curve](reward_curve.png)\n\n![per-tier rates](per_tier.png)\n");
+    if have_speedups {
+        md.push_str("\n![speedups](speedups.png)\n");
+    }
+    std::fs::write(dir.join("report.md"), md).map_err(|e| e.to_string())
+}

@@ -1,0 +1,422 @@
+//! The gated, shaped reward of one turn (DESIGN.md section 6), as configured data
+//! (`configs/reward/<name>.toml`, [`RewardConfig`]), with every component kept
+//! ([`RewardComponents`]) so the per-turn table can explain each number.
+//!
+//! Full mode (a GPU ran the tests): 0 unless the kernel compiles and passes every test (train
+//! and hold-out shapes, public and hidden seeds); then
+//! `w_pass * pass_rate + w_speedup * norm_speedup - w_reg * register_pressure
+//!  - w_smem * smem_overuse + w_shfl * [warp shuffle] + w_coal * [coalesced]`,
+//! plus `w_timeout` (negative) for a kernel that hung, gate or not.
+//! `norm_speedup = clamp(log2(speedup vs naive) / log2(cap), 0, 1)`: 1 at `cap` x the naive
+//! kernel, 0 at or below it.
+//!
+//! Compile-only mode (no GPU: CPU machines): nothing ran, so the gate is "compiles" and the
+//! reward is `compile_only.compiled` plus the same resource and source terms; rows say
+//! `mode = compile-only`.
+//!
+//! The bonuses are decided from the candidate's code (comments and strings stripped) and, when
+//! `cuobjdump` can read the compiled shared object, from its SASS: warp shuffle needs a
+//! `__shfl*_sync` call in the source and, with SASS, a `SHFL` instruction; coalesced access
+//! needs the canonical thread index (`blockIdx.x * blockDim.x + threadIdx.x`) or vector types
+//! (`float4`, `__half2`, ...) in the source, or with SASS 64/128-bit global loads
+//! (`LDG.E.64`/`LDG.E.128`), and no global index scaled by a stride on `threadIdx.x`.
+//! Never from the prompt.
+
+use std::path::Path;
+
+use cudarl_cuda::Verdict;
+use cudarl_cuda::static_check::strip_c_comments_and_strings;
+use serde::{Deserialize, Serialize};
+
+/// `configs/reward/<name>.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardConfig {
+    /// Weights of the terms.
+    pub weights: Weights,
+    /// Speedup normalization.
+    pub speedup: SpeedupNorm,
+    /// Resource limits above which the penalties grow.
+    pub limits: Limits,
+    /// Compile-only mode.
+    pub compile_only: CompileOnly,
+    /// Turn credit (`cudarl_train::rl::turn_credits`): immediate, final, gamma.
+    pub credit: cudarl_curriculum::credit::CreditWeights,
+    /// An episode stops once a turn's reward exceeds this.
+    pub stop_above: f64,
+}
+
+/// Weights of the reward terms.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Weights {
+    /// Fraction of tests passed (1 when the gate holds).
+    pub pass_rate: f64,
+    /// Normalized speedup over the naive kernel.
+    pub speedup: f64,
+    /// Register pressure in [0, 1] (penalty: give it a negative weight).
+    pub register_pressure: f64,
+    /// Shared-memory overuse in [0, 1] (penalty).
+    pub smem_overuse: f64,
+    /// The kernel hung (penalty, applied with or without the gate).
+    pub timeout: f64,
+    /// Warp-shuffle use (bonus).
+    pub warp_shuffle: f64,
+    /// Coalesced global access (bonus).
+    pub coalesced: f64,
+}
+
+/// `norm = clamp(log2(speedup) / log2(cap), 0, 1)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeedupNorm {
+    /// Speedup over the naive kernel that earns the full term.
+    pub cap: f64,
+}
+
+/// Resource limits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Registers per thread without penalty; the penalty rises linearly to 1 at 255.
+    pub registers_per_thread: f64,
+    /// Static shared memory per block without penalty (bytes); 1 at twice this.
+    pub smem_bytes_per_block: f64,
+}
+
+/// Compile-only mode.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompileOnly {
+    /// Reward of a kernel that passes the static checks and compiles.
+    pub compiled: f64,
+}
+
+impl RewardConfig {
+    /// Reads and checks `path` (shown as `display` in errors).
+    ///
+    /// # Errors
+    /// Unreadable file, bad TOML, unknown or missing keys, non-finite numbers, `cap <= 1`.
+    pub fn load(path: &Path, display: &str) -> Result<RewardConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: {e}"))?;
+        let c: RewardConfig = toml::from_str(&text).map_err(|e| format!("{display}: {e}"))?;
+        if !(c.speedup.cap > 1.0) {
+            return Err(format!("{display}: field `speedup.cap` must be > 1"));
+        }
+        if !(c.limits.registers_per_thread > 0.0 && c.limits.registers_per_thread < 255.0) {
+            return Err(format!(
+                "{display}: field `limits.registers_per_thread` must be in (0, 255)"
+            ));
+        }
+        Ok(c)
+    }
+}
+
+/// Every component of one turn's reward.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RewardComponents {
+    /// `full` or `compile-only`.
+    pub mode: String,
+    /// The answer had a code block.
+    pub has_code: bool,
+    /// Passed the static checks and compiled.
+    pub compiled: bool,
+    /// All tests passed (`None` when nothing ran).
+    pub correct: Option<bool>,
+    /// The gate held (full: compiled and correct; compile-only: compiled).
+    pub gate: bool,
+    /// Fraction of tests passed.
+    pub pass_rate: f64,
+    /// Speedup over the naive kernel (full mode, correct).
+    pub speedup: Option<f64>,
+    /// Normalized speedup in [0, 1].
+    pub norm_speedup: f64,
+    /// Register pressure in [0, 1].
+    pub register_pressure: f64,
+    /// Shared-memory overuse in [0, 1].
+    pub smem_overuse: f64,
+    /// The kernel hung.
+    pub timeout: bool,
+    /// Warp-shuffle use (source, and SASS when read).
+    pub warp_shuffle: bool,
+    /// Coalesced access (source, and SASS when read).
+    pub coalesced: bool,
+    /// The SASS was read for the bonuses.
+    pub sass: bool,
+    /// Speedup over the PyTorch reference (informational; not in the reward).
+    pub speedup_vs_torch: Option<f64>,
+    /// Every train-shape test passed (`None` when nothing ran).
+    pub train_shapes_passed: Option<bool>,
+    /// Every hold-out-shape test passed (`None` when nothing ran).
+    pub holdout_shapes_passed: Option<bool>,
+    /// The reward.
+    pub reward: f64,
+}
+
+/// Source-level evidence of warp shuffles and coalesced access: `(shuffle, coalesced)`.
+pub fn source_features(code: &str) -> (bool, bool) {
+    let s = strip_c_comments_and_strings(code);
+    let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+    let shfl = compact.contains("__shfl_sync(")
+        || compact.contains("__shfl_down_sync(")
+        || compact.contains("__shfl_xor_sync(")
+        || compact.contains("__shfl_up_sync(");
+    let canonical = compact.contains("blockIdx.x*blockDim.x+threadIdx.x")
+        || compact.contains("threadIdx.x+blockIdx.x*blockDim.x")
+        || compact.contains("blockDim.x*blockIdx.x+threadIdx.x");
+    let vector = [
+        "float4",
+        "float2",
+        "__half2",
+        "__nv_bfloat162",
+        "int4",
+        "uint4",
+    ]
+    .iter()
+    .any(|t| compact.contains(t));
+    // A thread index scaled by a stride makes neighbouring threads touch far-apart addresses.
+    let strided = compact.contains("threadIdx.x*") && !compact.contains("threadIdx.x*sizeof");
+    (shfl, (canonical || vector) && !strided)
+}
+
+/// SASS-level evidence: `(shuffle instruction, 64/128-bit global loads)`.
+pub fn sass_features(sass: &str) -> (bool, bool) {
+    (
+        sass.contains("SHFL"),
+        sass.contains("LDG.E.128") || sass.contains("LDG.E.64") || sass.contains("LDG.E.ENL2.256"),
+    )
+}
+
+/// Scores one turn: `code` is the extracted code block (`None`: the answer had none),
+/// `verdict` the harness's verdict on it, `sass` the disassembly of its shared object when
+/// available.
+pub fn score(
+    cfg: &RewardConfig,
+    code: Option<&str>,
+    verdict: Option<&Verdict>,
+    sass: Option<&str>,
+) -> RewardComponents {
+    let mut c = RewardComponents {
+        mode: verdict
+            .map_or("compile-only", |v| v.mode.as_str())
+            .to_string(),
+        has_code: code.is_some(),
+        ..Default::default()
+    };
+    let (Some(code), Some(v)) = (code, verdict) else {
+        return c;
+    };
+    c.compiled = v.compiled;
+    c.correct = v.correct;
+    c.timeout = v.failure.as_deref() == Some("timeout");
+    c.speedup_vs_torch = v.speedup_vs_torch.filter(|_| v.correct == Some(true));
+    let split_ok = |split: &str| {
+        let t: Vec<bool> = v
+            .tests
+            .iter()
+            .filter(|t| t.split == split)
+            .map(|t| t.passed)
+            .collect();
+        (!t.is_empty()).then(|| t.iter().all(|x| *x))
+    };
+    c.train_shapes_passed = split_ok("train");
+    c.holdout_shapes_passed = split_ok("holdout");
+    if !v.tests.is_empty() {
+        c.pass_rate = v.tests.iter().filter(|t| t.passed).count() as f64 / v.tests.len() as f64;
+    }
+    let regs = v
+        .resources
+        .iter()
+        .map(|r| r.registers as f64)
+        .fold(0.0, f64::max);
+    c.register_pressure = ((regs - cfg.limits.registers_per_thread)
+        / (255.0 - cfg.limits.registers_per_thread))
+        .clamp(0.0, 1.0);
+    let smem = v
+        .resources
+        .iter()
+        .map(|r| r.shared_mem_bytes as f64)
+        .fold(0.0, f64::max);
+    c.smem_overuse = ((smem - cfg.limits.smem_bytes_per_block) / cfg.limits.smem_bytes_per_block)
+        .clamp(0.0, 1.0);
+    let (s_shfl, s_coal) = source_features(code);
+    let (shfl, coal) = match sass {
+        Some(s) => {
+            c.sass = true;
+            let (a, b) = sass_features(s);
+            (s_shfl && a, s_coal || (b && s_coal_not_strided(code)))
+        }
+        None => (s_shfl, s_coal),
+    };
+    c.warp_shuffle = shfl;
+    c.coalesced = coal;
+    let w = &cfg.weights;
+    let shaped_extras = w.register_pressure * c.register_pressure
+        + w.smem_overuse * c.smem_overuse
+        + w.warp_shuffle * f64::from(u8::from(c.warp_shuffle))
+        + w.coalesced * f64::from(u8::from(c.coalesced));
+    let full = v.mode == "full";
+    c.gate = if full {
+        v.compiled && v.correct == Some(true)
+    } else {
+        v.compiled
+    };
+    if c.gate {
+        if full {
+            c.speedup = v.speedup_vs_naive;
+            c.norm_speedup = v.speedup_vs_naive.map_or(0.0, |s| {
+                (s.max(1e-9).log2() / cfg.speedup.cap.log2()).clamp(0.0, 1.0)
+            });
+            c.reward = w.pass_rate * c.pass_rate + w.speedup * c.norm_speedup + shaped_extras;
+        } else {
+            c.reward = cfg.compile_only.compiled + shaped_extras;
+        }
+    }
+    if c.timeout {
+        c.reward += w.timeout;
+    }
+    c
+}
+
+fn s_coal_not_strided(code: &str) -> bool {
+    let s = strip_c_comments_and_strings(code);
+    let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+    !(compact.contains("threadIdx.x*") && !compact.contains("threadIdx.x*sizeof"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarl_cuda::diag::KernelResources;
+    use cudarl_cuda::gpu::TestResult;
+
+    fn cfg() -> RewardConfig {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/reward/default.toml");
+        RewardConfig::load(&p, "configs/reward/default.toml").unwrap()
+    }
+
+    fn verdict(mode: &str, compiled: bool, correct: Option<bool>) -> Verdict {
+        let v: Verdict = serde_json::from_value(serde_json::json!({
+            "task_id": "t", "abi": "native", "mode": mode, "compiled": compiled,
+            "static_flags": [], "diagnostics": [], "resources": [], "executed": correct.is_some(),
+            "correct": correct, "failure": null, "failure_detail": null, "hack_flags": [],
+            "tests": [], "max_abs_err": null, "max_rel_err": null, "timing": null,
+            "naive_timing": null, "speedup_vs_naive": null, "speedup_vs_torch": null,
+            "roofline_ms": null, "dram_fraction_of_peak": null, "signature": "", "cache_hit": false,
+            "compile_seconds": 0.0, "nvcc_version": "", "arch": "sm_90", "gpu": null
+        }))
+        .unwrap();
+        v
+    }
+
+    fn tests(passed: usize, total: usize) -> Vec<TestResult> {
+        (0..total)
+            .map(|i| {
+                serde_json::from_value(serde_json::json!({
+                    "split": "train", "sizes": {"n": 1024}, "seed": i, "passed": i < passed,
+                    "max_abs_err": 0.0, "max_rel_err": 0.0, "unwritten": 0, "non_finite": 0,
+                    "input_mutated": false, "out_of_bounds_write": false, "message": null
+                }))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    const PLAIN: &str = "__global__ void k(const float* a, float* o, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) o[i] = a[i]; }";
+    const SHFL: &str = "__global__ void k(const float* a, float* o, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; float v = a[i]; v += __shfl_down_sync(0xffffffff, v, 16); o[i] = v; }";
+
+    #[test]
+    fn the_default_config_by_hand() {
+        let c = cfg();
+        assert_eq!(c.weights.pass_rate, 0.5);
+        assert_eq!(c.weights.speedup, 0.4);
+        assert_eq!(
+            c.credit,
+            cudarl_curriculum::credit::CreditWeights::default()
+        );
+        // Correct, 4x faster than naive with cap 8: norm = log2 4 / log2 8 = 2/3;
+        // 0.5 * 1 + 0.4 * 2/3 + 0.05 (coalesced) = 0.81667.
+        let mut v = verdict("full", true, Some(true));
+        v.tests = tests(8, 8);
+        v.speedup_vs_naive = Some(4.0);
+        let r = score(&c, Some(PLAIN), Some(&v), None);
+        assert!(r.gate && r.coalesced && !r.warp_shuffle);
+        assert!(
+            (r.reward - (0.5 + 0.4 * 2.0 / 3.0 + 0.05)).abs() < 1e-12,
+            "{r:?}"
+        );
+        // Add warp shuffles and 160 registers: pressure (160-128)/(255-128) = 0.25197;
+        // + 0.05 shuffle - 0.05 * 0.25197.
+        let mut v2 = v.clone();
+        v2.resources = vec![KernelResources {
+            kernel: "k".into(),
+            registers: 160,
+            ..Default::default()
+        }];
+        let r2 = score(&c, Some(SHFL), Some(&v2), None);
+        let p = 32.0 / 127.0;
+        assert!((r2.register_pressure - p).abs() < 1e-12);
+        assert!((r2.reward - (0.5 + 0.4 * 2.0 / 3.0 + 0.05 + 0.05 - 0.05 * p)).abs() < 1e-12);
+        // SASS without a SHFL instruction takes the shuffle bonus away.
+        let r3 = score(&c, Some(SHFL), Some(&v2), Some("LDG.E R2, [R2.64]"));
+        assert!(r3.sass && !r3.warp_shuffle);
+        // Slower than naive: no speedup term (clamped at 0), still the pass term.
+        let mut slow = v.clone();
+        slow.speedup_vs_naive = Some(0.5);
+        assert!((score(&c, Some(PLAIN), Some(&slow), None).reward - 0.55).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_gate_holds_everything_at_zero() {
+        let c = cfg();
+        // Compiled, wrong on 3 of 8 tests: gated to 0 even with a speedup and the bonuses.
+        let mut v = verdict("full", true, Some(false));
+        v.tests = tests(5, 8);
+        v.speedup_vs_naive = Some(8.0);
+        let r = score(&c, Some(SHFL), Some(&v), None);
+        assert!(!r.gate);
+        assert_eq!(r.pass_rate, 5.0 / 8.0);
+        assert_eq!(r.reward, 0.0);
+        // A hang: the timeout penalty applies below the gate.
+        let mut t = verdict("full", true, Some(false));
+        t.failure = Some("timeout".into());
+        assert_eq!(score(&c, Some(PLAIN), Some(&t), None).reward, -0.1);
+        // No code block, a compile error: 0.
+        assert_eq!(score(&c, None, None, None).reward, 0.0);
+        let ce = verdict("compile-only", false, None);
+        assert_eq!(score(&c, Some(PLAIN), Some(&ce), None).reward, 0.0);
+        // Compile-only: compiled earns the compile-only reward plus the source terms.
+        let co = verdict("compile-only", true, None);
+        let r = score(&c, Some(PLAIN), Some(&co), None);
+        assert_eq!(r.mode, "compile-only");
+        assert!((r.reward - (0.5 + 0.05)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn strided_thread_index_is_not_coalesced() {
+        assert!(source_features(PLAIN).1);
+        let strided = "__global__ void k(float* o) { int i = threadIdx.x * 33; o[i] = 0; }";
+        assert!(!source_features(strided).1);
+        // Comments do not count.
+        assert!(!source_features("// __shfl_down_sync(0, v, 1)\n__global__ void k() {}").0);
+    }
+
+    #[test]
+    fn bad_config_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.toml");
+        let good = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/reward/default.toml"),
+        )
+        .unwrap();
+        std::fs::write(&p, good.replace("cap = 8.0", "cap = 1.0")).unwrap();
+        let e = RewardConfig::load(&p, "configs/reward/x.toml").unwrap_err();
+        assert!(
+            e.contains("configs/reward/x.toml") && e.contains("speedup.cap"),
+            "{e}"
+        );
+        std::fs::write(&p, good.replace("[weights]", "[weights]\nbogus = 1")).unwrap();
+        let e = RewardConfig::load(&p, "configs/reward/x.toml").unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

@@ -1,0 +1,783 @@
+//! `rl-train`: multi-turn RL of the generator and the optimizer (DESIGN.md section 6) on the
+//! task families' train split, starting from the SFT checkpoints.
+//!
+//! Each step draws `tasks_per_step` tasks from the open tiers, runs `group_size` episodes per
+//! task ([`crate::episode::run_episodes`]: generator -> tester -> optimizer -> tester ..., up to
+//! `max_turns`), credits every turn (`0.3 r_t + 0.7 * 0.9^(turns left) R`, from the reward
+//! config), and updates each agent on its own turns with GRPO: advantages normalized within the
+//! group of the same task (generator turns) or the same task and turn (optimizer turns), the
+//! clipped ratio and the KL penalty to the SFT policy, in the trainer process
+//! (`cudarl_train::rl_serve`).
+//!
+//! Curriculum: training starts at tier 0; tier `k + 1` opens when, over the last
+//! `gate_window` steps, the episodes on tier `k` reach compile rate > `min_compile_rate` and pass
+//! rate > `min_pass_rate` (the `curriculum` stage's gates; compile-only machines cannot measure
+//! pass rates, so there tiers open on the compile rate alone, and the rows say so).
+//!
+//! | table | columns |
+//! |---|---|
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; final turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate (float64), mode, device (utf8) |
+//! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
+//! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
+//! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
+//! | `plots` | file, digest, bytes: `reward_curve.png`, `rates.png` |
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_cuda::task::TaskSpec;
+use cudarl_cuda::worker::WorkerPool;
+use cudarl_cuda::{Compiler, Nvcc, Rules};
+use cudarl_curriculum::credit::group_advantages;
+use cudarl_curriculum::prompts::{GENERATOR_SYSTEM, OPTIMIZER_SYSTEM};
+use cudarl_data::Table;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::common::{data_err, params_json, write_output};
+use crate::episode::{Episode, EpisodeSettings, Role, run_episodes};
+use crate::reward::RewardConfig;
+use crate::rollout::{Harness, Sampling, TrainerClient, find_cuobjdump};
+use crate::train_stages::{CHECKPOINT, ingest_dir, materialize};
+
+fn f64s(name: &str, nullable: bool) -> Field {
+    Field::new(name, DataType::Float64, nullable)
+}
+
+/// Schema of `metrics`.
+pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("step", DataType::Int64, false),
+        Field::new("tier", DataType::Int64, false),
+        Field::new("episodes", DataType::Int64, false),
+        f64s("mean_reward", false),
+        f64s("reward_std", false),
+        f64s("compile_rate", false),
+        f64s("pass_rate", true),
+        f64s("first_turn_compile_rate", false),
+        f64s("speedup", true),
+        f64s("turns_used", false),
+        f64s("kl", false),
+        f64s("entropy", false),
+        f64s("optimizer_kl", false),
+        f64s("gen_seconds", false),
+        f64s("harness_seconds", false),
+        f64s("update_seconds", false),
+        f64s("harness_ms_per_candidate", false),
+        Field::new("mode", DataType::Utf8, false),
+        Field::new("device", DataType::Utf8, false),
+    ]))
+});
+
+/// Schema of `turns`.
+pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("step", DataType::Int64, false),
+        Field::new("episode", DataType::Int64, false),
+        Field::new("turn", DataType::Int64, false),
+        Field::new("task_id", DataType::Utf8, false),
+        Field::new("tier", DataType::Int64, false),
+        Field::new("role", DataType::Utf8, false),
+        Field::new("tokens", DataType::Int64, false),
+        Field::new("code", DataType::Utf8, true),
+        Field::new("failure", DataType::Utf8, true),
+        Field::new("feedback", DataType::Utf8, false),
+        f64s("reward", false),
+        f64s("credit", false),
+        f64s("advantage", false),
+        Field::new("components_json", DataType::Utf8, false),
+    ]))
+});
+
+/// Schema of `tiers`.
+pub static TIERS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("tier", DataType::Int64, false),
+        Field::new("opened_at_step", DataType::Int64, false),
+        f64s("compile_rate", true),
+        f64s("pass_rate", true),
+    ]))
+});
+
+fn d_steps() -> usize {
+    20
+}
+fn d_tasks() -> usize {
+    4
+}
+fn d_group() -> usize {
+    4
+}
+fn d_turns() -> usize {
+    5
+}
+fn d_tokens() -> usize {
+    512
+}
+fn d_one() -> f64 {
+    1.0
+}
+fn d_lr() -> f64 {
+    1e-5
+}
+fn d_kl() -> f64 {
+    0.04
+}
+fn d_clip() -> f64 {
+    0.2
+}
+fn d_mb() -> usize {
+    8
+}
+fn d_reward() -> String {
+    "default".into()
+}
+fn d_algo() -> String {
+    "grpo".into()
+}
+fn d_auto() -> String {
+    "auto".into()
+}
+fn d_compile_gate() -> f64 {
+    cudarl_curriculum::DEFAULT_MIN_COMPILE_RATE
+}
+fn d_pass_gate() -> f64 {
+    cudarl_curriculum::DEFAULT_MIN_PASS_RATE
+}
+fn d_window() -> usize {
+    2
+}
+fn d_timeout() -> u64 {
+    10
+}
+
+/// Parameters (`[stages.rl-train]`; `eval` shares the sampling and harness ones).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// RL steps.
+    #[serde(default = "d_steps")]
+    pub steps: usize,
+    /// Tasks per step.
+    #[serde(default = "d_tasks")]
+    pub tasks_per_step: usize,
+    /// Episodes per task (the GRPO group).
+    #[serde(default = "d_group")]
+    pub group_size: usize,
+    /// Most turns per episode.
+    #[serde(default = "d_turns")]
+    pub max_turns: usize,
+    /// Most new tokens per turn.
+    #[serde(default = "d_tokens")]
+    pub max_new_tokens: usize,
+    /// Sampling temperature (the loss uses the same scaled distribution).
+    #[serde(default = "d_one")]
+    pub temperature: f64,
+    /// Nucleus mass.
+    #[serde(default = "d_one")]
+    pub top_p: f64,
+    /// AdamW learning rate of both agents.
+    #[serde(default = "d_lr")]
+    pub lr: f64,
+    /// KL penalty weight.
+    #[serde(default = "d_kl")]
+    pub kl_coef: f64,
+    /// Ratio clip.
+    #[serde(default = "d_clip")]
+    pub clip: f64,
+    /// Completions per optimizer step.
+    #[serde(default = "d_mb")]
+    pub minibatch: usize,
+    /// `grpo`.
+    #[serde(default = "d_algo")]
+    pub algorithm: String,
+    /// `configs/reward/<reward>.toml`.
+    #[serde(default = "d_reward")]
+    pub reward: String,
+    /// `auto` (full tests on a GPU, compile-only without) or `compile`.
+    #[serde(default = "d_auto")]
+    pub mode: String,
+    /// `auto`, `cpu` or `cuda` for the models.
+    #[serde(default = "d_auto")]
+    pub device: String,
+    /// Gate: compile rate on the current tier.
+    #[serde(default = "d_compile_gate")]
+    pub min_compile_rate: f64,
+    /// Gate: pass rate on the current tier.
+    #[serde(default = "d_pass_gate")]
+    pub min_pass_rate: f64,
+    /// Steps the gate looks back over.
+    #[serde(default = "d_window")]
+    pub gate_window: usize,
+    /// Seconds per GPU job.
+    #[serde(default = "d_timeout")]
+    pub timeout_s: u64,
+    /// Seed (task draws and sampling).
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// The tasks of the synthetic families, split by the SFT data's hold-out (`test`) families,
+/// and their naive kernels.
+pub(crate) struct TaskSet {
+    pub train: Vec<TaskSpec>,
+    pub test: Vec<TaskSpec>,
+    pub naive: BTreeMap<String, String>,
+}
+
+pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> {
+    let d = Table::read(ctx.input_path("data")?, "sft_generator").map_err(data_err)?;
+    let (dt, ds) = (
+        d.req_strings("task_id").map_err(data_err)?,
+        d.req_strings("split").map_err(data_err)?,
+    );
+    let held: BTreeSet<String> = (0..d.rows())
+        .filter(|&i| ds.get(i) == Some("test"))
+        .filter_map(|i| dt.get(i).map(str::to_string))
+        .collect();
+    let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
+    let tid = tt.req_strings("task_id").map_err(data_err)?;
+    let js = tt.req_strings("spec_json").map_err(data_err)?;
+    let (mut train, mut test) = (Vec::new(), Vec::new());
+    for i in 0..tt.rows() {
+        if let (Some(id), Some(j)) = (tid.get(i), js.get(i)) {
+            let s: TaskSpec = serde_json::from_str(j)
+                .map_err(|e| StageError::bad_input("tasks", Some("spec_json"), e.to_string()))?;
+            if held.contains(id) {
+                test.push(s);
+            } else {
+                train.push(s);
+            }
+        }
+    }
+    let k = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
+    let (kt, kr, kc) = (
+        k.req_strings("task_id").map_err(data_err)?,
+        k.req_strings("role").map_err(data_err)?,
+        k.req_strings("code").map_err(data_err)?,
+    );
+    let naive = (0..k.rows())
+        .filter(|&i| kr.get(i) == Some("naive"))
+        .filter_map(|i| Some((kt.get(i)?.to_string(), kc.get(i)?.to_string())))
+        .collect();
+    Ok(TaskSet { train, test, naive })
+}
+
+/// The harness for these params: full on a GPU unless `mode = "compile"`.
+pub(crate) fn harness(
+    ctx: &StageContext<'_>,
+    mode: &str,
+    timeout_s: u64,
+    naive: BTreeMap<String, String>,
+) -> Result<Harness, StageError> {
+    let nvcc = Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
+    let cuobjdump = find_cuobjdump(&nvcc.path);
+    let gpu = (mode != "compile").then(cudarl_cuda::gpu::probe).flatten();
+    let salt = match gpu {
+        Some(_) => cudarl_cuda::verdict::hidden_salt(ctx.store())
+            .map_err(|e| StageError::Failed(e.to_string()))?,
+        None => Vec::new(),
+    };
+    Ok(Harness {
+        compiler: Compiler {
+            nvcc,
+            arch: "sm_90".into(),
+            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+            store: Some(ctx.store().clone()),
+        },
+        rules: Rules::builtin(),
+        pool: gpu.map(|_| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![])),
+        salt,
+        public_seeds: vec![0],
+        hidden: 1,
+        wall: Duration::from_secs(timeout_s),
+        naive,
+        baselines: Default::default(),
+        cuobjdump,
+        seconds: 0.0,
+        candidates: 0,
+    })
+}
+
+/// The `mode` environment entry: `full` when a GPU will run the tests.
+pub(crate) fn env_mode(mode: &str) -> &'static str {
+    if mode != "compile" && cudarl_cuda::gpu::probe().is_some() {
+        "full"
+    } else {
+        "compile-only"
+    }
+}
+
+/// The rl-serve job for two checkpoints.
+pub(crate) fn serve_job(
+    gen_dir: &std::path::Path,
+    opt_dir: &std::path::Path,
+    device: &str,
+    p: &Params,
+) -> Value {
+    json!({"kind": "rl-serve", "generator": gen_dir, "optimizer": opt_dir,
+        "generator_system": GENERATOR_SYSTEM, "optimizer_system": OPTIMIZER_SYSTEM,
+        "device": device, "lr": p.lr, "pg": {"clip": p.clip, "kl_coef": p.kl_coef},
+        "minibatch": p.minibatch})
+}
+
+/// The `rl-train` stage.
+#[derive(Debug)]
+pub struct RlTrain {
+    params: Params,
+}
+
+impl RlTrain {
+    /// From the pipeline's table.
+    ///
+    /// # Errors
+    /// Unknown keys, an algorithm other than `grpo`.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        let params: Params = crate::common::parse_params(t)?;
+        if params.algorithm != "grpo" {
+            return Err(format!(
+                "algorithm `{}`: this version trains with `grpo` (PPO's value head and GAE are in cudarl_train::rl but not wired to rl-train)",
+                params.algorithm
+            ));
+        }
+        if params.group_size < 2 {
+            return Err("group_size must be at least 2 (GRPO normalizes within a group)".into());
+        }
+        Ok(RlTrain { params })
+    }
+}
+
+/// Mean and population standard deviation.
+pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64;
+    (m, var.sqrt())
+}
+
+/// SplitMix64 step.
+fn splitmix(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Final-turn rates of `eps`: (compile rate, pass rate or `None` when nothing ran).
+pub(crate) fn rates(eps: &[&Episode]) -> (f64, Option<f64>) {
+    let n = eps.len().max(1) as f64;
+    let last = |e: &&Episode| e.turns.last().map(|t| t.reward.clone());
+    let compiled = eps.iter().filter_map(last).filter(|r| r.compiled).count() as f64;
+    let ran: Vec<bool> = eps
+        .iter()
+        .filter_map(last)
+        .filter_map(|r| r.correct)
+        .collect();
+    let full = eps.iter().filter_map(last).any(|r| r.mode == "full");
+    let pass = full.then(|| ran.iter().filter(|c| **c).count() as f64 / n);
+    (compiled / n, pass)
+}
+
+impl Stage for RlTrain {
+    fn kind(&self) -> &str {
+        "rl-train"
+    }
+    fn code_version(&self) -> u32 {
+        1
+    }
+    fn params(&self) -> Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::external("reward"),
+            InputDecl::node("tasks", "synth-tasks", "tasks"),
+            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
+            InputDecl::node("data", "sft-data", "sft_generator"),
+            InputDecl::node("generator", "sft-train", "checkpoint"),
+            InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![
+            OutputDecl::table("metrics", METRICS.clone()),
+            OutputDecl::table("turns", TURNS.clone()),
+            OutputDecl::table("tiers", TIERS.clone()),
+            OutputDecl::table("generator", CHECKPOINT.clone()),
+            OutputDecl::table("optimizer", CHECKPOINT.clone()),
+            OutputDecl::table("plots", CHECKPOINT.clone()),
+        ]
+    }
+    fn resolve_external(
+        &self,
+        _input: &str,
+        ctx: &ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        crate::common::single_file(
+            &ctx.root,
+            &format!("configs/reward/{}.toml", self.params.reward),
+            "reward config",
+        )
+    }
+    fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
+        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
+        Ok(BTreeMap::from([
+            ("nvcc".to_string(), nvcc.version),
+            (
+                "device".to_string(),
+                crate::train_stages::resolve_device(&self.params.device).to_string(),
+            ),
+            ("mode".to_string(), env_mode(&self.params.mode).to_string()),
+        ]))
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let p = &self.params;
+        let rel = format!("configs/reward/{}.toml", p.reward);
+        let cfg = RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel)
+            .map_err(|m| StageError::bad_input(&rel, None, m))?;
+        let ts = load_tasks(ctx)?;
+        if ts.train.is_empty() {
+            return Err(StageError::bad_input(
+                "tasks",
+                Some("task_id"),
+                "no train tasks",
+            ));
+        }
+        let device = crate::train_stages::resolve_device(&p.device);
+        let mut h = harness(ctx, &p.mode, p.timeout_s, ts.naive.clone())?;
+        let mode = if h.pool.is_some() {
+            "full"
+        } else {
+            "compile-only"
+        };
+        let tmp = ctx.store().temp_dir()?;
+        let dir = tmp.path();
+        let (g, o) = (dir.join("gen"), dir.join("opt"));
+        materialize(ctx.store(), ctx.input_path("generator")?, &g)?;
+        materialize(ctx.store(), ctx.input_path("optimizer")?, &o)?;
+        let mut tc = TrainerClient::start(
+            &serve_job(&g, &o, device, p),
+            dir,
+            Sampling {
+                max_new_tokens: p.max_new_tokens,
+                temperature: p.temperature,
+                top_p: p.top_p,
+                seed: p.seed as i64,
+            },
+        )?;
+        let settings = EpisodeSettings {
+            max_turns: p.max_turns,
+            public_seeds: h.public_seeds.clone(),
+        };
+        let max_tier = ts.train.iter().map(|t| t.tier).max().unwrap_or(0);
+        let mut tier = ts.train.iter().map(|t| t.tier).min().unwrap_or(0);
+        let mut opened: Vec<(i64, i64, Option<f64>, Option<f64>)> = vec![(tier, 0, None, None)];
+        let mut history: Vec<(usize, Episode)> = Vec::new();
+        let mut rows: Vec<Value> = Vec::new();
+        let mut turn_rows: Vec<(usize, usize, crate::episode::Turn, String, i64, f64)> = Vec::new();
+        let mut rng = p.seed ^ 0x5EED_0F_C0DA;
+        let progress = ctx.progress("steps", Some(p.steps as u64));
+        for step in 1..=p.steps {
+            let pool: Vec<&TaskSpec> = ts.train.iter().filter(|t| t.tier <= tier).collect();
+            let mut chosen: Vec<&TaskSpec> = Vec::new();
+            for _ in 0..p.tasks_per_step.max(1) {
+                chosen.push(pool[(splitmix(&mut rng) % pool.len() as u64) as usize]);
+            }
+            let tasks: Vec<&TaskSpec> = chosen
+                .iter()
+                .flat_map(|t| std::iter::repeat_n(*t, p.group_size))
+                .collect();
+            let (g0, h0) = (tc.gen_seconds, h.seconds);
+            let cands0 = h.candidates;
+            let eps = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings)
+                .map_err(StageError::Failed)?;
+            // GRPO groups: generator turns by task slot; optimizer turns by (task slot, turn).
+            let (mut gen_s, mut opt_s) = (Vec::new(), Vec::new());
+            let (mut gen_r, mut gen_g, mut opt_r, mut opt_g) = (vec![], vec![], vec![], vec![]);
+            for (ei, e) in eps.iter().enumerate() {
+                let slot = ei / p.group_size;
+                for t in &e.turns {
+                    match t.role {
+                        Role::Generator => {
+                            gen_s.push((ei, t.turn, t.completion));
+                            gen_r.push(t.credit);
+                            gen_g.push(slot);
+                        }
+                        Role::Optimizer => {
+                            opt_s.push((ei, t.turn, t.completion));
+                            opt_r.push(t.credit);
+                            opt_g.push(slot * 64 + t.turn);
+                        }
+                    }
+                }
+            }
+            let gen_a = group_advantages(&gen_r, &gen_g, 1e-6);
+            let opt_a = group_advantages(&opt_r, &opt_g, 1e-6);
+            let mut adv: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+            let t_up = Instant::now();
+            let mut upd = |agent: Role,
+                           s: &[(usize, usize, Option<u64>)],
+                           a: &[f64]|
+             -> Result<Value, StageError> {
+                let samples: Vec<Value> = s
+                    .iter()
+                    .zip(a)
+                    .filter_map(|((ei, t, id), a)| {
+                        adv.insert((*ei, *t), *a);
+                        id.map(|id| json!({"id": id, "advantage": a}))
+                    })
+                    .collect();
+                tc.request(&json!({"op": "update", "agent": agent, "samples": samples}))
+            };
+            let gu = upd(Role::Generator, &gen_s, &gen_a)?;
+            let ou = upd(Role::Optimizer, &opt_s, &opt_a)?;
+            let update_seconds = t_up.elapsed().as_secs_f64();
+            let finals: Vec<f64> = eps.iter().map(Episode::final_reward).collect();
+            let (mr, sd) = mean_std(&finals);
+            let refs: Vec<&Episode> = eps.iter().collect();
+            let (cr, pr) = rates(&refs);
+            let first_cr = eps
+                .iter()
+                .filter(|e| e.turns.first().is_some_and(|t| t.reward.compiled))
+                .count() as f64
+                / eps.len().max(1) as f64;
+            let sp: Vec<f64> = eps
+                .iter()
+                .filter_map(|e| {
+                    e.turns
+                        .last()
+                        .and_then(|t| t.reward.speedup.filter(|_| t.reward.gate))
+                })
+                .collect();
+            let geo = (!sp.is_empty()).then(|| {
+                (sp.iter().map(|x| x.max(1e-9).ln()).sum::<f64>() / sp.len() as f64).exp()
+            });
+            let turns_used =
+                eps.iter().map(|e| e.turns.len() as f64).sum::<f64>() / eps.len().max(1) as f64;
+            let cands = (h.candidates - cands0).max(1) as f64;
+            rows.push(json!({"step": step, "tier": tier, "episodes": eps.len(), "mean_reward": mr,
+                "reward_std": sd, "compile_rate": cr, "pass_rate": pr, "first_turn_compile_rate": first_cr,
+                "speedup": geo, "turns_used": turns_used, "kl": gu["kl"], "entropy": gu["entropy"],
+                "optimizer_kl": ou["kl"], "gen_seconds": tc.gen_seconds - g0,
+                "harness_seconds": h.seconds - h0, "update_seconds": update_seconds,
+                "harness_ms_per_candidate": 1000.0 * (h.seconds - h0) / cands,
+                "mode": mode, "device": device}));
+            for (ei, e) in eps.iter().enumerate() {
+                for t in &e.turns {
+                    let a = adv.get(&(ei, t.turn)).copied().unwrap_or(0.0);
+                    turn_rows.push((step, ei, t.clone(), e.task_id.clone(), e.tier, a));
+                }
+            }
+            history.extend(eps.into_iter().map(|e| (step, e)));
+            // The gate on the current tier over the last `gate_window` steps.
+            if tier < max_tier {
+                let recent: Vec<&Episode> = history
+                    .iter()
+                    .filter(|(s, e)| *s + p.gate_window > step && e.tier == tier)
+                    .map(|(_, e)| e)
+                    .collect();
+                let (c, pass) = rates(&recent);
+                let pass_ok = pass.is_none_or(|x| x > p.min_pass_rate);
+                if !recent.is_empty() && c > p.min_compile_rate && pass_ok {
+                    tier += 1;
+                    opened.push((tier, step as i64, Some(c), pass));
+                }
+            }
+            progress.inc(1);
+        }
+        let ck = dir.join("rl");
+        tc.request(&json!({"op": "save", "dir": ck}))?;
+        tc.quit();
+        ingest_dir(ctx, &ck.join("generator"), "generator")?;
+        ingest_dir(ctx, &ck.join("optimizer"), "optimizer")?;
+        write_metrics(ctx, &rows)?;
+        write_turns(ctx, &turn_rows)?;
+        let b = cudarl_data::parquet_io::batch(
+            &TIERS.clone(),
+            vec![
+                Arc::new(Int64Array::from(
+                    opened.iter().map(|x| x.0).collect::<Vec<_>>(),
+                )),
+                Arc::new(Int64Array::from(
+                    opened.iter().map(|x| x.1).collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    opened.iter().map(|x| x.2).collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    opened.iter().map(|x| x.3).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .map_err(data_err)?;
+        write_output(ctx, "tiers", &b)?;
+        let pd = dir.join("plots");
+        std::fs::create_dir_all(&pd).map_err(|e| StageError::Failed(e.to_string()))?;
+        plots(&rows, &turn_rows, mode, device, &pd).map_err(StageError::Failed)?;
+        ingest_dir(ctx, &pd, "plots")
+    }
+}
+
+fn col_f(rows: &[Value], k: &str) -> ArrayRef {
+    Arc::new(Float64Array::from(
+        rows.iter().map(|r| r[k].as_f64()).collect::<Vec<_>>(),
+    ))
+}
+
+fn write_metrics(ctx: &StageContext<'_>, rows: &[Value]) -> Result<(), StageError> {
+    let schema = METRICS.clone();
+    let cols: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| -> ArrayRef {
+            let k = f.name().as_str();
+            match f.data_type() {
+                DataType::Int64 => Arc::new(Int64Array::from(
+                    rows.iter()
+                        .map(|r| r[k].as_i64().unwrap_or(0))
+                        .collect::<Vec<_>>(),
+                )),
+                DataType::Utf8 => Arc::new(StringArray::from(
+                    rows.iter()
+                        .map(|r| r[k].as_str().unwrap_or_default().to_string())
+                        .collect::<Vec<_>>(),
+                )),
+                _ if f.is_nullable() => col_f(rows, k),
+                _ => Arc::new(Float64Array::from(
+                    rows.iter()
+                        .map(|r| r[k].as_f64().unwrap_or(0.0))
+                        .collect::<Vec<_>>(),
+                )),
+            }
+        })
+        .collect();
+    let b = cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?;
+    write_output(ctx, "metrics", &b)
+}
+
+type TurnRow = (usize, usize, crate::episode::Turn, String, i64, f64);
+
+fn write_turns(ctx: &StageContext<'_>, t: &[TurnRow]) -> Result<(), StageError> {
+    let i = |f: &dyn Fn(&TurnRow) -> i64| -> ArrayRef {
+        Arc::new(Int64Array::from(t.iter().map(f).collect::<Vec<_>>()))
+    };
+    let b = cudarl_data::parquet_io::batch(
+        &TURNS.clone(),
+        vec![
+            i(&|r| r.0 as i64),
+            i(&|r| r.1 as i64),
+            i(&|r| r.2.turn as i64),
+            Arc::new(StringArray::from(
+                t.iter().map(|r| r.3.clone()).collect::<Vec<_>>(),
+            )),
+            i(&|r| r.4),
+            Arc::new(StringArray::from(
+                t.iter()
+                    .map(|r| format!("{:?}", r.2.role).to_lowercase())
+                    .collect::<Vec<_>>(),
+            )),
+            i(&|r| r.2.tokens as i64),
+            Arc::new(StringArray::from(
+                t.iter().map(|r| r.2.code.clone()).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                t.iter().map(|r| r.2.failure.clone()).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                t.iter().map(|r| r.2.feedback.clone()).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                t.iter().map(|r| r.2.reward.reward).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                t.iter().map(|r| r.2.credit).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                t.iter().map(|r| r.5).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                t.iter()
+                    .map(|r| serde_json::to_string(&r.2.reward).expect("json"))
+                    .collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .map_err(data_err)?;
+    write_output(ctx, "turns", &b)
+}
+
+/// `reward_curve.png` (mean final reward per step with a +-1 std band as two lines) and
+/// `rates.png` (compile and pass rates per step and tier).
+fn plots(
+    rows: &[Value],
+    turns: &[TurnRow],
+    mode: &str,
+    device: &str,
+    dir: &std::path::Path,
+) -> Result<(), String> {
+    use crate::plot::{Series, line_chart};
+    let pts = |f: &dyn Fn(&Value) -> Option<f64>| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter_map(|r| Some((r["step"].as_f64()?, f(r)?)))
+            .collect()
+    };
+    line_chart(
+        &dir.join("reward_curve.png"),
+        &format!("rl-train: mean episode reward per step ({mode}, {device})"),
+        "RL step",
+        "final reward",
+        &[
+            Series::new("mean", pts(&|r| r["mean_reward"].as_f64())),
+            Series::new(
+                "mean + std",
+                pts(&|r| Some(r["mean_reward"].as_f64()? + r["reward_std"].as_f64()?)),
+            ),
+            Series::new(
+                "mean - std",
+                pts(&|r| Some(r["mean_reward"].as_f64()? - r["reward_std"].as_f64()?)),
+            ),
+        ],
+    )?;
+    // Per tier: final-turn compile and pass rates of that tier's episodes per step.
+    let mut per: BTreeMap<(i64, usize), (f64, f64, f64, bool)> = BTreeMap::new();
+    let mut last: BTreeMap<(usize, usize), &TurnRow> = BTreeMap::new();
+    for r in turns {
+        last.insert((r.0, r.1), r);
+    }
+    for r in last.values() {
+        let e = per.entry((r.4, r.0)).or_default();
+        e.0 += 1.0;
+        e.1 += f64::from(u8::from(r.2.reward.compiled));
+        e.2 += f64::from(u8::from(r.2.reward.correct == Some(true)));
+        e.3 |= r.2.reward.mode == "full";
+    }
+    let tiers: BTreeSet<i64> = per.keys().map(|k| k.0).collect();
+    let mut series = Vec::new();
+    for tier in tiers {
+        let of = |k: usize| -> Vec<(f64, f64)> {
+            per.iter()
+                .filter(|((t, _), v)| *t == tier && (k == 1 || v.3))
+                .map(|((_, s), v)| (*s as f64, if k == 1 { v.1 / v.0 } else { v.2 / v.0 }))
+                .collect()
+        };
+        series.push(Series::new(format!("tier {tier} compile rate"), of(1)));
+        let pass = of(2);
+        if !pass.is_empty() {
+            series.push(Series::new(format!("tier {tier} pass rate"), pass));
+        }
+    }
+    line_chart(
+        &dir.join("rates.png"),
+        &format!("rl-train: final-turn rates per tier ({mode})"),
+        "RL step",
+        "rate",
+        &series,
+    )
+}

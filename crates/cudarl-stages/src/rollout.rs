@@ -1,0 +1,267 @@
+//! What `rl-train` and `eval` run episodes with: [`TrainerClient`], the trainer process in its
+//! `rl-serve` mode as a [`Policy`] (and the target of updates), and [`Harness`], the kernel
+//! harness as a [`Tester`] (compile-only without a GPU; full tests and timing through the GPU
+//! worker pool with one).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cudarl_core::StageError;
+use cudarl_cuda::task::TaskSpec;
+use cudarl_cuda::verdict::{Baselines, FullOptions, check_full, hidden_seeds};
+use cudarl_cuda::worker::WorkerPool;
+use cudarl_cuda::{Compiler, Rules, Verdict, check_compile_only};
+use cudarl_curriculum::prompts::ChatMessage;
+use rayon::prelude::*;
+use serde_json::{Value, json};
+
+use crate::episode::{Answer, Policy, Role, Tester};
+
+/// Sampling settings of a [`TrainerClient`].
+#[derive(Debug, Clone)]
+pub struct Sampling {
+    /// Most new tokens per answer.
+    pub max_new_tokens: usize,
+    /// Temperature.
+    pub temperature: f64,
+    /// Nucleus mass.
+    pub top_p: f64,
+    /// First seed (incremented per call).
+    pub seed: i64,
+}
+
+/// The trainer process (`cudarl-pipe-train` with an `rl-serve` job): JSON requests on its
+/// stdin, one JSON response per line on its stdout; its stderr goes to a log file whose tail
+/// is quoted if it dies.
+pub struct TrainerClient {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    log: PathBuf,
+    /// Sampling settings.
+    pub sampling: Sampling,
+    /// Seconds spent generating (sum of the trainer's own timings).
+    pub gen_seconds: f64,
+}
+
+impl TrainerClient {
+    /// Starts the trainer on `job` (written to `dir/rl-serve.json`) and waits until it has
+    /// loaded both agents.
+    ///
+    /// # Errors
+    /// The trainer cannot start or fails while loading (its message; a bad checkpoint).
+    pub fn start(job: &Value, dir: &Path, sampling: Sampling) -> Result<TrainerClient, StageError> {
+        let jp = dir.join("rl-serve.json");
+        std::fs::write(&jp, job.to_string()).map_err(|e| StageError::Failed(e.to_string()))?;
+        let log = dir.join("trainer.log");
+        let err = std::fs::File::create(&log).map_err(|e| StageError::Failed(e.to_string()))?;
+        let exe = crate::train_stages::trainer_exe();
+        let mut child = Command::new(&exe)
+            .arg(&jp)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .map_err(|e| StageError::Failed(format!("start {}: {e}", exe.display())))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut c = TrainerClient {
+            child,
+            stdin,
+            stdout,
+            log,
+            sampling,
+            gen_seconds: 0.0,
+        };
+        c.read()?;
+        Ok(c)
+    }
+
+    fn died(&mut self) -> StageError {
+        let _ = self.child.wait();
+        let tail = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+        StageError::Failed(format!(
+            "trainer process ended: {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ))
+    }
+
+    fn read(&mut self) -> Result<Value, StageError> {
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(0) | Err(_) => return Err(self.died()),
+            Ok(_) => {}
+        }
+        let v: Value = serde_json::from_str(&line)
+            .map_err(|e| StageError::Failed(format!("trainer answered `{line}`: {e}")))?;
+        if v["ok"] != true {
+            return Err(StageError::Failed(format!("trainer: {}", v["error"])));
+        }
+        Ok(v)
+    }
+
+    /// Sends one request and returns the response.
+    ///
+    /// # Errors
+    /// The trainer reported an error or died.
+    pub fn request(&mut self, req: &Value) -> Result<Value, StageError> {
+        if writeln!(self.stdin, "{req}")
+            .and_then(|()| self.stdin.flush())
+            .is_err()
+        {
+            return Err(self.died());
+        }
+        self.read()
+    }
+
+    /// Ends the process.
+    pub fn quit(mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
+        let _ = self.stdin.flush();
+        let _ = self.child.wait();
+    }
+}
+
+impl Policy for TrainerClient {
+    fn answer(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+    ) -> Result<Vec<Answer>, String> {
+        let s = self.sampling.clone();
+        self.sampling.seed += 1;
+        let v = self
+            .request(
+                &json!({"op": "generate", "agent": role, "conversations": conversations,
+                "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+                "top_p": s.top_p, "seed": s.seed}),
+            )
+            .map_err(|e| e.to_string())?;
+        self.gen_seconds += v["seconds"].as_f64().unwrap_or(0.0);
+        Ok(v["completions"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| Answer {
+                        id: c["id"].as_u64(),
+                        text: c["text"].as_str().unwrap_or_default().to_string(),
+                        tokens: c["tokens"].as_u64().unwrap_or(0) as usize,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+}
+
+/// The harness as a tester.
+pub struct Harness {
+    /// nvcc settings and the store.
+    pub compiler: Compiler,
+    /// Static rules.
+    pub rules: Rules,
+    /// The GPU worker pool (`None`: compile-only).
+    pub pool: Option<WorkerPool>,
+    /// Hidden-seed salt.
+    pub salt: Vec<u8>,
+    /// Public seeds.
+    pub public_seeds: Vec<u64>,
+    /// Hidden seeds per candidate.
+    pub hidden: usize,
+    /// Wall-clock limit per GPU job.
+    pub wall: Duration,
+    /// Naive kernel per task id (the speedup baseline).
+    pub naive: std::collections::BTreeMap<String, String>,
+    /// Baseline timings per task.
+    pub baselines: Baselines,
+    /// `cuobjdump` for SASS, when found.
+    pub cuobjdump: Option<PathBuf>,
+    /// Seconds in the harness.
+    pub seconds: f64,
+    /// Candidates judged.
+    pub candidates: usize,
+}
+
+/// `cuobjdump` beside nvcc, or on `PATH`.
+pub fn find_cuobjdump(nvcc: &Path) -> Option<PathBuf> {
+    let beside = nvcc.with_file_name("cuobjdump");
+    if beside.is_file() {
+        return Some(beside);
+    }
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("cuobjdump"))
+            .find(|f| f.is_file())
+    })
+}
+
+impl Harness {
+    fn sass(&self, v: &Verdict) -> Option<String> {
+        let (exe, h, store) = (
+            self.cuobjdump.as_ref()?,
+            v.so_hash?,
+            self.compiler.store.as_ref()?,
+        );
+        let o = Command::new(exe)
+            .arg("-sass")
+            .arg(store.blob_path(&h))
+            .output()
+            .ok()?;
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+}
+
+impl Tester for Harness {
+    fn test(&mut self, task: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String> {
+        Ok(self.test_many(&[(task, code)])?.remove(0))
+    }
+
+    fn test_many(
+        &mut self,
+        items: &[(&TaskSpec, &str)],
+    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+        let t0 = Instant::now();
+        // Static checks and nvcc on every core first; the GPU then runs the compiled ones
+        // (their builds are compile-cache hits).
+        let pre: Vec<Verdict> = items
+            .par_iter()
+            .map(|(t, c)| check_compile_only(t, c, &self.rules, &self.compiler))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(items.len());
+        for ((t, c), v) in items.iter().zip(pre) {
+            let v = match self.pool.as_mut() {
+                Some(pool) if v.compiled => {
+                    let opts = FullOptions {
+                        public_seeds: self.public_seeds.clone(),
+                        hidden_seeds: hidden_seeds(&self.salt, &t.id, c, self.hidden),
+                        wall: self.wall,
+                        bench: true,
+                    };
+                    let naive = self.naive.get(&t.id).map(String::as_str);
+                    check_full(
+                        t,
+                        c,
+                        naive,
+                        &self.rules,
+                        &self.compiler,
+                        pool,
+                        &opts,
+                        &mut self.baselines,
+                    )
+                    .map_err(|e| e.to_string())?
+                }
+                _ => v,
+            };
+            let sass = if v.compiled { self.sass(&v) } else { None };
+            out.push((v, sass));
+        }
+        self.seconds += t0.elapsed().as_secs_f64();
+        self.candidates += items.len();
+        Ok(out)
+    }
+}

@@ -1,0 +1,251 @@
+//! Trainable agents (the mission's `TrainableAgent`): a generator or optimizer that owns a
+//! Qwen2 model, its tokenizer, an AdamW optimizer over float32 master weights, and its role's
+//! chat template (ChatML with the role's system prompt). It samples completions with per-token
+//! log-probabilities (`generate_with_log_probs`), scores given completions differentiably
+//! (`completion_log_probs`, for policy-gradient losses) and applies updates (`step`).
+
+use std::path::Path;
+
+use tch::nn::OptimizerConfig;
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::ModelError;
+use crate::generate::{Finish, SampleParams, generate};
+use crate::model::Qwen2;
+use crate::tokenizer::{ChatTokenizer, Message};
+use crate::train::{Precision, clip_grad_norm};
+
+/// Which agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Writes a kernel for a task.
+    Generator,
+    /// Revises a kernel given the tester's feedback.
+    Optimizer,
+}
+
+/// One sampled completion of a conversation.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The rendered prompt (with the generation prompt), token ids.
+    pub prompt_ids: Vec<i64>,
+    /// New token ids (ending with `<|im_end|>` when the model ended its turn).
+    pub ids: Vec<i64>,
+    /// Log-probability of each new token under the sampling distribution.
+    pub log_probs: Vec<f32>,
+    /// Decoded text of the new tokens, without `<|im_end|>`.
+    pub text: String,
+    /// Why it ended.
+    pub finish: Finish,
+}
+
+/// Optimizer settings of an agent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgentOptim {
+    /// Learning rate (constant).
+    pub lr: f64,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f64,
+    /// Global gradient L2 norm clip.
+    pub grad_clip: f64,
+}
+
+impl Default for AgentOptim {
+    fn default() -> Self {
+        AgentOptim {
+            lr: 1e-5,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// A generator or optimizer agent with trainable parameters.
+pub struct TrainableAgent {
+    /// The role.
+    pub role: Role,
+    /// The role's system prompt, prepended to conversations that have none.
+    pub system: String,
+    /// The policy.
+    pub model: Qwen2,
+    /// Its tokenizer and chat template.
+    pub tokenizer: ChatTokenizer,
+    opt: nn::Optimizer,
+    optim: AgentOptim,
+}
+
+impl TrainableAgent {
+    /// Loads a Hugging Face directory (with `tokenizer.json`) as a trainable agent: float32
+    /// parameters on `device`, computing in `precision`'s dtype.
+    ///
+    /// # Errors
+    /// Bad model directory or tokenizer (named), libtorch errors.
+    pub fn load(
+        dir: &Path,
+        role: Role,
+        system: &str,
+        device: Device,
+        precision: Precision,
+        optim: AgentOptim,
+    ) -> Result<TrainableAgent, ModelError> {
+        let tokenizer = ChatTokenizer::load(&dir.join("tokenizer.json"))?;
+        let mut model = Qwen2::load(dir, device, Kind::Float)?;
+        model.set_compute_kind(precision.compute_kind(device));
+        let opt = nn::AdamW {
+            beta1: 0.9,
+            beta2: 0.95,
+            wd: optim.weight_decay,
+            eps: 1e-8,
+            amsgrad: false,
+        }
+        .build(&model.vs, optim.lr)?;
+        Ok(TrainableAgent {
+            role,
+            system: system.to_string(),
+            model,
+            tokenizer,
+            opt,
+            optim,
+        })
+    }
+
+    /// `conversation` with the role's system prompt first (unless it has one).
+    pub fn with_system(&self, conversation: &[Message]) -> Vec<Message> {
+        let mut v = Vec::with_capacity(conversation.len() + 1);
+        if conversation.first().is_none_or(|m| m.role != "system") {
+            v.push(Message::new("system", self.system.clone()));
+        }
+        v.extend_from_slice(conversation);
+        v
+    }
+
+    /// Samples one completion per conversation (the conversations are batched; repeat one to
+    /// get a group), with per-token log-probabilities; a turn ends at `<|im_end|>`.
+    ///
+    /// # Errors
+    /// Rendering or generation errors.
+    pub fn generate_with_log_probs(
+        &self,
+        conversations: &[Vec<Message>],
+        params: &SampleParams,
+    ) -> Result<Vec<Completion>, ModelError> {
+        let prompts: Vec<Vec<i64>> = conversations
+            .iter()
+            .map(|c| Ok(self.tokenizer.render(&self.with_system(c), true)?.0))
+            .collect::<Result<_, ModelError>>()?;
+        let mut eos = vec![self.tokenizer.im_end];
+        eos.extend(self.tokenizer.eos);
+        let g = generate(&self.model, &prompts, params, &eos, &mut |_, _| false)?;
+        let mut out = Vec::with_capacity(prompts.len());
+        for (i, p) in prompts.into_iter().enumerate() {
+            let ids = g.tokens[i].clone();
+            let body: Vec<i64> = ids.iter().copied().filter(|t| !eos.contains(t)).collect();
+            out.push(Completion {
+                text: self.tokenizer.decode(&body)?,
+                prompt_ids: p,
+                ids,
+                log_probs: g.log_probs[i].clone(),
+                finish: g.finish[i],
+            });
+        }
+        Ok(out)
+    }
+
+    /// Log-probabilities `[b, T]` (float32, differentiable) of each completion's tokens given
+    /// its prompt under `model` with logits divided by `temperature` (the distribution the
+    /// tokens were sampled from), and the mask `[b, T]` (1 on real completion tokens); `T` is
+    /// the longest completion. Also returns the per-token entropy `[b, T]` of that
+    /// distribution (detached).
+    ///
+    /// # Errors
+    /// libtorch errors.
+    pub fn completion_log_probs(
+        model: &Qwen2,
+        items: &[(&[i64], &[i64])],
+        temperature: f64,
+    ) -> Result<(Tensor, Tensor, Tensor), ModelError> {
+        let dev = model.device();
+        let width = items
+            .iter()
+            .map(|(p, c)| p.len() + c.len())
+            .max()
+            .unwrap_or(1);
+        let tmax = items.iter().map(|(_, c)| c.len()).max().unwrap_or(1).max(1);
+        let b = items.len() as i64;
+        // Right padding: [prompt, completion, pad..]; causal attention keeps pads out of the
+        // real tokens' logits.
+        let (mut ids, mut gather, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+        for (p, c) in items {
+            let mut row = p.to_vec();
+            row.extend_from_slice(c);
+            row.resize(width, 0);
+            ids.extend(row);
+            // Completion token j is predicted at position len(p) - 1 + j.
+            for j in 0..tmax {
+                gather.push((p.len() - 1 + j.min(c.len().saturating_sub(1))) as i64);
+                mask.push(if j < c.len() { 1.0f32 } else { 0.0 });
+            }
+        }
+        let ids_t = Tensor::from_slice(&ids)
+            .view([b, width as i64])
+            .to_device(dev);
+        let pos = Tensor::from_slice(&gather)
+            .view([b, tmax as i64])
+            .to_device(dev);
+        let mask = Tensor::from_slice(&mask)
+            .view([b, tmax as i64])
+            .to_device(dev);
+        let logits = model.forward(&ids_t, None, None, None)?; // [b, width, V] f32
+        let v = logits.size()[2];
+        let at = logits.gather(
+            1,
+            &pos.unsqueeze(-1).expand([b, tmax as i64, v], false),
+            false,
+        );
+        let at = if temperature > 0.0 {
+            at / temperature
+        } else {
+            at
+        };
+        let logp_all = at.log_softmax(-1, Kind::Float);
+        let tgt: Vec<i64> = items
+            .iter()
+            .flat_map(|(_, c)| (0..tmax).map(move |j| c.get(j).copied().unwrap_or(0)))
+            .collect();
+        let tgt = Tensor::from_slice(&tgt)
+            .view([b, tmax as i64, 1])
+            .to_device(dev);
+        let logp = logp_all.gather(-1, &tgt, false).squeeze_dim(-1) * &mask;
+        let entropy = tch::no_grad(|| {
+            -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float) * &mask
+        });
+        Ok((logp, mask, entropy))
+    }
+
+    /// One optimizer step on `loss`: backward, global-norm clipping, AdamW. Returns the
+    /// gradient norm before clipping.
+    ///
+    /// # Errors
+    /// libtorch errors.
+    pub fn step(&mut self, loss: &Tensor) -> Result<f64, ModelError> {
+        self.opt.zero_grad();
+        loss.f_backward()?;
+        let norm = clip_grad_norm(&self.model.vs.trainable_variables(), self.optim.grad_clip);
+        self.opt.step();
+        Ok(norm)
+    }
+
+    /// Saves the model and tokenizer in the Hugging Face layout.
+    ///
+    /// # Errors
+    /// I/O and libtorch errors.
+    pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        self.model.save(dir)?;
+        let p = dir.join("tokenizer.json");
+        self.tokenizer
+            .tok
+            .save(&p, true)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", p.display())))
+    }
+}

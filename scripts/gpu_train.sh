@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Model training on the GPU machine (the device tool), one part per call (10-minute limit):
+#   PART=sft    `bench train-throughput` (tch model vs transformers eager, same batch), then the
+#               pipeline up to sft-eval with the `small` model (validation compile-only to fit
+#               the call: the synthetic kernels' GPU correctness is checked by scripts/gpu_checks.sh)
+#   PART=rl     rl-train and eval with `small` on the same store (the machine must still be warm)
+# Carry (built here by `make carry`, plus Python wheels of transformers in .carry/wheels for the
+# baseline when the machine's python lacks it).
+# Usage: PART=sft OUT=out bash scripts/gpu_train.sh
+set -uo pipefail
+CARRY=${CARRY:-.carry}
+OUT=${OUT:-out}
+PART=${PART:-sft}
+W=$OUT/work
+mkdir -p "$W"
+B=/tmp/cudarl-bin
+mkdir -p "$B"
+for z in "$CARRY"/*.gz; do [ -e "$z" ] && gzip -dc "$z" > "$B/$(basename "$z" .gz)" && chmod +x "$B/$(basename "$z" .gz)"; done
+BIN=$B/cudarl-pipe
+export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_TRAINER=$B/cudarl-pipe-train
+export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:${LD_LIBRARY_PATH:-}
+if ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/nvcc" ] && export PATH="$d:$PATH"; done
+fi
+export CUDARL_PYTHON=$(command -v python3)
+if ! python3 -c 'import transformers' 2>/dev/null && [ -d "$CARRY/wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pylib "$CARRY"/wheels/*.whl > "$W/pip.log" 2>&1
+  export PYTHONPATH=/tmp/pylib:${PYTHONPATH:-}
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$W/gpu.txt" 2>&1
+SMALL=(--set 'tokenizer.model="small"' --set 'pretrain.model="small"' --set 'sft-train.model="small"'
+       --set 'sft-train-optimizer.model="small"' --set 'validate.mode="compile"')
+ts() { date +%s; }
+if [ "$PART" = sft ]; then
+  t0=$(ts)
+  timeout 150 "$BIN" --root . bench train-throughput --model small --out "$W/train_throughput.json" > "$W/bench.log" 2>&1
+  echo "bench $(( $(ts) - t0 ))s rc=$?" >> "$W/times.txt"
+  t0=$(ts)
+  timeout 400 "$BIN" --root . run sft-train sft-train-optimizer sft-eval "${SMALL[@]}" --json > "$W/sft_run.jsonl" 2> "$W/sft_run.err"
+  echo "sft $(( $(ts) - t0 ))s rc=$?" >> "$W/times.txt"
+  for o in metrics plots; do "$BIN" --root . show sft-train --output $o --json --head 100000 "${SMALL[@]}" > "$W/sft_$o.jsonl" 2>/dev/null; done
+  "$BIN" --root . show pretrain --output metrics --json --head 100000 "${SMALL[@]}" > "$W/pretrain_metrics.jsonl" 2>/dev/null
+  "$BIN" --root . show sft-eval --output sft_eval --json --head 1000 "${SMALL[@]}" > "$W/sft_eval.jsonl" 2>/dev/null
+  "$BIN" --root . export sft-train --output plots --to "$W/export" "${SMALL[@]}" > /dev/null 2>&1
+elif [ "$PART" = rl ]; then
+  t0=$(ts)
+  timeout ${RL_LIMIT:-560} "$BIN" --root . run rl-train eval "${SMALL[@]}" ${RL_SET:-} --json > "$W/rl_run.jsonl" 2> "$W/rl_run.err"
+  echo "rl+eval $(( $(ts) - t0 ))s rc=$?" >> "$W/times.txt"
+  "$BIN" --root . show rl-train --output metrics --json --head 100000 "${SMALL[@]}" > "$W/rl_metrics.jsonl" 2>/dev/null
+  "$BIN" --root . show rl-train --output tiers --json --head 100 "${SMALL[@]}" > "$W/rl_tiers.jsonl" 2>/dev/null
+  "$BIN" --root . show eval --output summary --json --head 100 "${SMALL[@]}" > "$W/eval_summary.jsonl" 2>/dev/null
+  "$BIN" --root . export eval --output report --to "$W/export" "${SMALL[@]}" > /dev/null 2>&1
+  "$BIN" --root . export rl-train --output plots --to "$W/export" "${SMALL[@]}" > /dev/null 2>&1
+fi
+echo "--- $PART"; cat "$W/times.txt"; tail -3 "$W"/*.err 2>/dev/null | cut -c1-300
