@@ -57,11 +57,11 @@ bench: build
 ## worker, and the gated GPU test binary); scripts/gpu_checks.sh runs them there.
 carry: build
 	$(CARGO) test --release --no-run -p cudarl-cli --test gpu
-	mkdir -p .carry && rm -f .carry/*
+	mkdir -p .carry && rm -f .carry/*.gz
 	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker target/release/cudarl-pipe-train .carry/
 	cp "$$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)" .carry/gpu-tests
-	strip .carry/*
-	gzip -9 .carry/*
+	strip .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-train .carry/gpu-tests
+	gzip -9 .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-train .carry/gpu-tests
 	ls -la .carry
 
 clean:

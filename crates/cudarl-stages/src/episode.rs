@@ -121,6 +121,8 @@ pub struct Turn {
     pub completion: Option<u64>,
     /// Generated tokens.
     pub tokens: usize,
+    /// The answer as generated.
+    pub text: String,
     /// The extracted code.
     pub code: Option<String>,
     /// The harness's failure class (`no_code` when there was no code block).
@@ -169,9 +171,23 @@ impl Episode {
         }
     }
 
-    /// The final reward (of the last turn).
+    /// The episode's result: its best turn (highest reward, the earliest on ties). The tester
+    /// verified every turn, so what an episode hands back is its best verified kernel, not
+    /// whatever the last revision was (a revision that breaks a correct kernel does not undo
+    /// it; it earns its own low immediate reward instead).
+    pub fn best_turn(&self) -> Option<&Turn> {
+        self.turns.iter().reduce(|a, b| {
+            if b.reward.reward > a.reward.reward {
+                b
+            } else {
+                a
+            }
+        })
+    }
+
+    /// The final reward `R` of the turn credit: the best turn's reward (0 without turns).
     pub fn final_reward(&self) -> f64 {
-        self.turns.last().map_or(0.0, |t| t.reward.reward)
+        self.best_turn().map_or(0.0, |t| t.reward.reward)
     }
 
     /// The last code submitted (for the optimizer's prompt).
@@ -494,6 +510,7 @@ pub fn run_episodes(
                 role,
                 completion: a.id,
                 tokens: a.tokens,
+                text: a.text.clone(),
                 code,
                 failure,
                 feedback: fb,

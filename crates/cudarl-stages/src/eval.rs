@@ -2,12 +2,13 @@
 //! `test` split of `sft-data`, never trained on) and, for per-tier rates, the train families;
 //! every candidate is tested on the train and the hold-out shapes (full mode on a GPU).
 //!
-//! Metrics (DESIGN.md section 7) per checkpoint and split: compile rate and pass rate after the
-//! first turn (single-turn) and after the last (multi-turn); fast_p for p in {0, 1, 1.5, 2}
-//! (fraction of episodes whose final kernel is correct and more than p times faster than the
+//! Metrics (DESIGN.md section 7) per checkpoint and split: compile rate and pass rate of the
+//! first turn (single-turn) and of the episode's best verified turn (multi-turn: what the
+//! generator-tester-optimizer loop hands back); fast_p for p in {0, 1, 1.5, 2}
+//! (fraction of episodes whose best kernel is correct and more than p times faster than the
 //! PyTorch reference; fast_0 = pass rate; KernelBench, Ouyang et al. 2025, arXiv:2502.10517);
 //! geometric-mean speedup of the correct finals over the naive kernel and over PyTorch;
-//! % regressions on hold-out shapes (final kernels that pass every train shape but fail a
+//! % regressions on hold-out shapes (best kernels that pass every train shape but fail a
 //! hold-out shape, over those that pass the train shapes); mean final reward.
 //!
 //! | table | columns |
@@ -183,7 +184,7 @@ impl Stage for Eval {
         "eval"
     }
     fn code_version(&self) -> u32 {
-        1
+        2
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -420,8 +421,12 @@ fn report(
 ) -> Result<(), String> {
     use crate::plot::{Series, histogram, line_chart};
     let steps = metrics.req_ints("step").map_err(|e| e.to_string())?;
-    let mr = metrics.req_floats("mean_reward").map_err(|e| e.to_string())?;
-    let sd = metrics.req_floats("reward_std").map_err(|e| e.to_string())?;
+    let mr = metrics
+        .req_floats("mean_reward")
+        .map_err(|e| e.to_string())?;
+    let sd = metrics
+        .req_floats("reward_std")
+        .map_err(|e| e.to_string())?;
     let pts: Vec<(f64, f64, f64)> = (0..metrics.rows())
         .filter_map(|i| Some((steps.get(i)? as f64, mr.get(i)?, sd.get(i)?)))
         .collect();
@@ -466,7 +471,7 @@ fn report(
     }
     line_chart(
         &dir.join("per_tier.png"),
-        &format!("eval: final-turn rates per tier ({mode})"),
+        &format!("eval: rates per tier, best turn of each episode ({mode})"),
         "tier",
         "rate",
         &series,
@@ -485,7 +490,7 @@ fn report(
     if have_speedups {
         histogram(
             &dir.join("speedups.png"),
-            "eval: log2 speedup vs naive of correct final kernels",
+            "eval: log2 speedup vs naive of the correct best kernels",
             "log2(speedup)",
             &groups,
             12,

@@ -16,8 +16,8 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; final turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate (float64), mode, device (utf8) |
-//! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate (float64), mode, device (utf8) |
+//! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
 //! | `plots` | file, digest, bytes: `reward_curve.png`, `rates.png` |
@@ -83,6 +83,7 @@ pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("tier", DataType::Int64, false),
         Field::new("role", DataType::Utf8, false),
         Field::new("tokens", DataType::Int64, false),
+        Field::new("text", DataType::Utf8, false),
         Field::new("code", DataType::Utf8, true),
         Field::new("failure", DataType::Utf8, true),
         Field::new("feedback", DataType::Utf8, false),
@@ -370,10 +371,10 @@ fn splitmix(s: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Final-turn rates of `eps`: (compile rate, pass rate or `None` when nothing ran).
+/// Rates of the best turns of `eps`: (compile rate, pass rate or `None` when nothing ran).
 pub(crate) fn rates(eps: &[&Episode]) -> (f64, Option<f64>) {
     let n = eps.len().max(1) as f64;
-    let last = |e: &&Episode| e.turns.last().map(|t| t.reward.clone());
+    let last = |e: &&Episode| e.best_turn().map(|t| t.reward.clone());
     let compiled = eps.iter().filter_map(last).filter(|r| r.compiled).count() as f64;
     let ran: Vec<bool> = eps
         .iter()
@@ -390,7 +391,7 @@ impl Stage for RlTrain {
         "rl-train"
     }
     fn code_version(&self) -> u32 {
-        1
+        2
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -685,6 +686,9 @@ fn write_turns(ctx: &StageContext<'_>, t: &[TurnRow]) -> Result<(), StageError> 
             )),
             i(&|r| r.2.tokens as i64),
             Arc::new(StringArray::from(
+                t.iter().map(|r| r.2.text.clone()).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
                 t.iter().map(|r| r.2.code.clone()).collect::<Vec<_>>(),
             )),
             Arc::new(StringArray::from(
@@ -714,7 +718,7 @@ fn write_turns(ctx: &StageContext<'_>, t: &[TurnRow]) -> Result<(), StageError> 
 }
 
 /// `reward_curve.png` (mean final reward per step with a +-1 std band as two lines) and
-/// `rates.png` (compile and pass rates per step and tier).
+/// `rates.png` (best-turn compile and pass rates per step and tier).
 fn plots(
     rows: &[Value],
     turns: &[TurnRow],
@@ -745,11 +749,14 @@ fn plots(
             ),
         ],
     )?;
-    // Per tier: final-turn compile and pass rates of that tier's episodes per step.
+    // Per tier: best-turn compile and pass rates of that tier's episodes per step.
     let mut per: BTreeMap<(i64, usize), (f64, f64, f64, bool)> = BTreeMap::new();
     let mut last: BTreeMap<(usize, usize), &TurnRow> = BTreeMap::new();
     for r in turns {
-        last.insert((r.0, r.1), r);
+        let e = last.entry((r.0, r.1)).or_insert(r);
+        if r.2.reward.reward > e.2.reward.reward {
+            *e = r;
+        }
     }
     for r in last.values() {
         let e = per.entry((r.4, r.0)).or_default();
@@ -775,7 +782,7 @@ fn plots(
     }
     line_chart(
         &dir.join("rates.png"),
-        &format!("rl-train: final-turn rates per tier ({mode})"),
+        &format!("rl-train: compile and pass rates per tier, best turn ({mode})"),
         "RL step",
         "rate",
         &series,
