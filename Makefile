@@ -24,10 +24,10 @@ build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-train
 
 ## run: set up, build, run the main job on the bundled data: the curriculum, then SFT data, the
-## tokenizer, the default model's pretraining and SFT of both agents (configs/model/tiny.toml;
+## tokenizer, the default model's pretraining, SFT of both agents, multi-turn RL and eval (configs/model/tiny.toml;
 ## on a GPU machine set `model = "small"` in pipelines/default.toml).
 run: setup build curriculum
-	$(BIN) run sft-train sft-train-optimizer sft-eval
+	$(BIN) run sft-train sft-train-optimizer sft-eval rl-train eval
 	$(BIN) status
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,

@@ -31,7 +31,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
                 r#"holdout_tasks = ["row_sum"]"#,
             )
             .replace("samples = 8", "samples = 3")
-            .replace("max_new_tokens = 512", "max_new_tokens = 48"),
+            .replace("max_new_tokens = 512", "max_new_tokens = 48")
+            .replace("steps = 4", "steps = 2")
+            .replace("tasks_per_step = 4", "tasks_per_step = 1")
+            .replace("group_size = 4", "group_size = 2")
+            .replace("max_new_tokens = 768", "max_new_tokens = 32"),
     )
     .unwrap();
     // Two families make few SFT examples: smaller batches, more steps.
@@ -122,6 +126,68 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     assert_eq!(o.status.code(), Some(0));
     let s = stdout(&o);
     assert!(s.contains("\"cached\""), "{s}");
+
+    // A short rl-train and eval on the CPU: compile-only rewards, labelled so.
+    let o = p.run(&["run", "rl-train", "eval"]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let m = rows(&p, "rl-train", "metrics");
+    assert_eq!(m.len(), 2);
+    for r in &m {
+        assert_eq!(r["mode"], "compile-only");
+        assert_eq!(r["device"], "cpu");
+        assert_eq!(r["episodes"], 2);
+        assert!(r["pass_rate"].is_null(), "nothing ran: no pass rate {r}");
+        assert!(r["entropy"].as_f64().unwrap() > 0.0);
+    }
+    let t = rows(&p, "rl-train", "turns");
+    assert!(!t.is_empty());
+    for r in &t {
+        assert!(r["tokens"].as_i64().unwrap() <= 32);
+        let c: Value = serde_json::from_str(r["components_json"].as_str().unwrap()).unwrap();
+        assert_eq!(c["mode"], "compile-only");
+        assert_eq!(c["reward"], r["reward"]);
+        // The generator writes turn 0, the optimizer the rest.
+        let want = if r["turn"] == 0 {
+            "generator"
+        } else {
+            "optimizer"
+        };
+        assert_eq!(r["role"], want);
+    }
+    let tiers = rows(&p, "rl-train", "tiers");
+    assert_eq!(tiers[0]["opened_at_step"], 0);
+    let sum = rows(&p, "eval", "summary");
+    let cks: Vec<&str> = sum
+        .iter()
+        .map(|r| r["checkpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(cks, ["sft", "rl"]);
+    assert!(
+        sum.iter()
+            .all(|r| r["split"] == "test" && r["pass_rate"].is_null())
+    );
+    // The report exports as files: report.md and its plots.
+    let out = p.path("exported");
+    let o = p.run(&[
+        "export",
+        "eval",
+        "--output",
+        "report",
+        "--to",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let md = std::fs::read_to_string(out.join("eval.report/report.md")).unwrap();
+    assert!(
+        md.contains("compile-only") && md.contains("| sft | test |"),
+        "{md}"
+    );
+    assert!(
+        std::fs::metadata(out.join("eval.report/reward_curve.png"))
+            .unwrap()
+            .len()
+            > 1000
+    );
 }
 
 #[test]

@@ -533,3 +533,128 @@ pub fn run_episodes(
     }
     Ok(eps)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// Answers with fixed texts, in order, and records the conversations it saw.
+    struct Scripted {
+        answers: Vec<String>,
+        seen: Vec<(Role, Vec<ChatMessage>)>,
+    }
+
+    impl Policy for Scripted {
+        fn answer(&mut self, role: Role, c: &[Vec<ChatMessage>]) -> Result<Vec<Answer>, String> {
+            self.seen.extend(c.iter().map(|m| (role, m.clone())));
+            Ok(c.iter()
+                .map(|_| Answer {
+                    id: None,
+                    text: self.answers.remove(0),
+                    tokens: 1,
+                })
+                .collect())
+        }
+    }
+
+    #[test]
+    fn scripted_episode_walks_from_compile_error_to_success_with_feedback() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let Ok(nvcc) = cudarl_cuda::Nvcc::discover(&root) else {
+            assert!(
+                std::env::var("CUDARL_REQUIRE_NVCC").is_err(),
+                "nvcc required"
+            );
+            eprintln!("SKIPPED: no nvcc");
+            return;
+        };
+        let task = cudarl_cuda::TaskSpec::load(&root.join("datasets/tasks/vector_add")).unwrap();
+        let good =
+            std::fs::read_to_string(root.join("datasets/tasks/vector_add/naive.cu")).unwrap();
+        let broken = good.replacen(';', "", 1);
+        let mut policy = Scripted {
+            answers: vec![
+                format!("Here:\n{}", prompts::fenced(&broken)),
+                "I think it is fine.".into(),
+                prompts::fenced(&good),
+            ],
+            seen: vec![],
+        };
+        let mut harness = crate::rollout::Harness {
+            compiler: cudarl_cuda::Compiler {
+                nvcc,
+                arch: "sm_90".into(),
+                timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+                store: None,
+            },
+            rules: cudarl_cuda::Rules::builtin(),
+            pool: None,
+            salt: vec![],
+            public_seeds: vec![0],
+            hidden: 1,
+            wall: std::time::Duration::from_secs(5),
+            naive: Default::default(),
+            baselines: Default::default(),
+            cuobjdump: None,
+            seconds: 0.0,
+            candidates: 0,
+        };
+        let cfg = RewardConfig::load(
+            &root.join("configs/reward/default.toml"),
+            "configs/reward/default.toml",
+        )
+        .unwrap();
+        let s = EpisodeSettings {
+            max_turns: 3,
+            public_seeds: vec![0],
+        };
+        let eps = run_episodes(&[&task], &mut policy, &mut harness, &cfg, &s).unwrap();
+        let e = &eps[0];
+        // Compile error -> no code -> fixed: compiled (compile-only: 0.5 + 0.05 coalesced);
+        // 0.55 < stop_above, so the turn limit (3) ends it.
+        assert_eq!(
+            e.turns.len(),
+            3,
+            "{:?}",
+            e.turns.iter().map(|t| &t.failure).collect::<Vec<_>>()
+        );
+        assert_eq!(e.turns[0].role, Role::Generator);
+        assert_eq!(e.turns[0].failure.as_deref(), Some("compile_error"));
+        assert!(
+            e.turns[0].feedback.starts_with("Compilation failed:"),
+            "{}",
+            e.turns[0].feedback
+        );
+        assert!(
+            e.turns[0].feedback.contains("line "),
+            "{}",
+            e.turns[0].feedback
+        );
+        assert_eq!(e.turns[1].failure.as_deref(), Some("no_code"));
+        assert!(e.turns[1].feedback.starts_with("No code block found"));
+        assert_eq!(e.turns[2].role, Role::Optimizer);
+        assert!(e.turns[2].reward.compiled && e.turns[2].failure.is_none());
+        assert!(
+            e.turns[2].feedback.contains("compile-only"),
+            "{}",
+            e.turns[2].feedback
+        );
+        assert!((e.turns[2].reward.reward - 0.55).abs() < 1e-12);
+        // The optimizer saw the tester's compile errors and the broken kernel in its prompt.
+        let (role, conv) = &policy.seen[1];
+        assert_eq!(*role, Role::Optimizer);
+        let user = &conv[1].content;
+        assert!(user.contains("Compilation failed:") && user.contains(broken.trim_end()));
+        // The best turn is the fixed one; credits: c_t = 0.3 r_t + 0.7 * 0.9^(2-t) * 0.55.
+        assert!((e.final_reward() - 0.55).abs() < 1e-12);
+        let want = [0.7 * 0.81 * 0.55, 0.7 * 0.9 * 0.55, 0.3 * 0.55 + 0.7 * 0.55];
+        for (t, w) in e.turns.iter().zip(want) {
+            assert!((t.credit - w).abs() < 1e-12, "{} vs {w}", t.credit);
+        }
+        assert_eq!(
+            harness.candidates, 2,
+            "the no-code turn never reaches the harness"
+        );
+    }
+}
