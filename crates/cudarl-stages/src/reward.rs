@@ -7,6 +7,7 @@
 //! `w_pass * pass_rate + w_speedup * norm_speedup - w_reg * register_pressure
 //!  - w_smem * smem_overuse + w_shfl * [warp shuffle] + w_coal * [coalesced]`,
 //! plus `w_timeout` (negative) for a kernel that hung, gate or not.
+//!
 //! `norm_speedup = clamp(log2(speedup vs naive) / log2(cap), 0, 1)`: 1 at `cap` x the naive
 //! kernel, 0 at or below it.
 //!
@@ -100,10 +101,11 @@ impl RewardConfig {
     pub fn load(path: &Path, display: &str) -> Result<RewardConfig, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: {e}"))?;
         let c: RewardConfig = toml::from_str(&text).map_err(|e| format!("{display}: {e}"))?;
-        if !(c.speedup.cap > 1.0) {
+        if c.speedup.cap.is_nan() || c.speedup.cap <= 1.0 {
             return Err(format!("{display}: field `speedup.cap` must be > 1"));
         }
-        if !(c.limits.registers_per_thread > 0.0 && c.limits.registers_per_thread < 255.0) {
+        let r = c.limits.registers_per_thread;
+        if r.is_nan() || r <= 0.0 || r >= 255.0 {
             return Err(format!(
                 "{display}: field `limits.registers_per_thread` must be in (0, 255)"
             ));
@@ -281,7 +283,7 @@ pub fn score(
 fn s_coal_not_strided(code: &str) -> bool {
     let s = strip_c_comments_and_strings(code);
     let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    !(compact.contains("threadIdx.x*") && !compact.contains("threadIdx.x*sizeof"))
+    !compact.contains("threadIdx.x*") || compact.contains("threadIdx.x*sizeof")
 }
 
 #[cfg(test)]

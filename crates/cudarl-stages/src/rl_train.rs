@@ -483,7 +483,7 @@ impl Stage for RlTrain {
         let mut history: Vec<(usize, Episode)> = Vec::new();
         let mut rows: Vec<Value> = Vec::new();
         let mut turn_rows: Vec<(usize, usize, crate::episode::Turn, String, i64, f64)> = Vec::new();
-        let mut rng = p.seed ^ 0x5EED_0F_C0DA;
+        let mut rng = p.seed ^ 0x005E_ED0F_C0DA;
         let progress = ctx.progress("steps", Some(p.steps as u64));
         for step in 1..=p.steps {
             let pool: Vec<&TaskSpec> = ts.train.iter().filter(|t| t.tier <= tier).collect();
