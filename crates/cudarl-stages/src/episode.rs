@@ -185,6 +185,21 @@ impl Episode {
         })
     }
 
+    /// Reward components of the first turn (single-turn results; default when no turn).
+    pub fn first_components(&self) -> RewardComponents {
+        self.turns
+            .first()
+            .map(|t| t.reward.clone())
+            .unwrap_or_default()
+    }
+
+    /// Reward components of the best turn (the episode's result; default when no turn).
+    pub fn best_components(&self) -> RewardComponents {
+        self.best_turn()
+            .map(|t| t.reward.clone())
+            .unwrap_or_default()
+    }
+
     /// The final reward `R` of the turn credit: the best turn's reward (0 without turns).
     pub fn final_reward(&self) -> f64 {
         self.best_turn().map_or(0.0, |t| t.reward.reward)

@@ -23,7 +23,6 @@ use std::sync::{Arc, LazyLock};
 use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
-use cudarl_cuda::Nvcc;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
@@ -31,8 +30,7 @@ use serde_json::{Value, json};
 
 use crate::common::{data_err, params_json, write_output};
 use crate::episode::{Episode, EpisodeSettings, run_episodes};
-use crate::reward::RewardConfig;
-use crate::rl_train::{env_mode, harness, load_tasks, mean_std, serve_job};
+use crate::rl_train::{harness, load_tasks, mean_std, serve_job};
 use crate::rollout::{Sampling, TrainerClient};
 use crate::train_stages::{CHECKPOINT, ingest_dir, materialize};
 
@@ -131,22 +129,18 @@ struct Row {
 fn summary(rows: &[&Row]) -> Value {
     let n = rows.len().max(1) as f64;
     let frac = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count() as f64 / n;
-    let first = |r: &Row| {
-        r.ep.turns
-            .first()
-            .map(|t| t.reward.clone())
-            .unwrap_or_default()
-    };
-    let last = |r: &Row| {
-        r.ep.turns
-            .last()
-            .map(|t| t.reward.clone())
-            .unwrap_or_default()
-    };
-    let full = rows.iter().any(|r| last(r).mode == "full");
-    let correct = |r: &Row| last(r).correct == Some(true);
+    let full = rows.iter().any(|r| r.ep.best_components().mode == "full");
+    let correct = |r: &Row| r.ep.best_components().correct == Some(true);
     let fast = |p: f64| {
-        full.then(|| frac(&|r| correct(r) && last(r).speedup_vs_torch.is_some_and(|s| s > p)))
+        full.then(|| {
+            frac(&|r| {
+                correct(r)
+                    && r.ep
+                        .best_components()
+                        .speedup_vs_torch
+                        .is_some_and(|s| s > p)
+            })
+        })
     };
     let geo = |v: Vec<f64>| {
         (!v.is_empty())
@@ -154,26 +148,26 @@ fn summary(rows: &[&Row]) -> Value {
     };
     let train_ok: Vec<&&Row> = rows
         .iter()
-        .filter(|r| last(r).train_shapes_passed == Some(true))
+        .filter(|r| r.ep.best_components().train_shapes_passed == Some(true))
         .collect();
     let regress = (full && !train_ok.is_empty()).then(|| {
         train_ok
             .iter()
-            .filter(|r| last(r).holdout_shapes_passed == Some(false))
+            .filter(|r| r.ep.best_components().holdout_shapes_passed == Some(false))
             .count() as f64
             / train_ok.len() as f64
     });
     let rewards: Vec<f64> = rows.iter().map(|r| r.ep.final_reward()).collect();
     json!({
         "episodes": rows.len(),
-        "single_turn_compile_rate": frac(&|r| first(r).compiled),
-        "single_turn_pass_rate": full.then(|| frac(&|r| first(r).correct == Some(true))),
-        "compile_rate": frac(&|r| last(r).compiled),
+        "single_turn_compile_rate": frac(&|r| r.ep.first_components().compiled),
+        "single_turn_pass_rate": full.then(|| frac(&|r| r.ep.first_components().correct == Some(true))),
+        "compile_rate": frac(&|r| r.ep.best_components().compiled),
         "pass_rate": full.then(|| frac(&correct)),
         "fast_0": full.then(|| frac(&correct)),
         "fast_1": fast(1.0), "fast_1_5": fast(1.5), "fast_2": fast(2.0),
-        "geomean_speedup_vs_naive": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| last(r).speedup).collect()),
-        "geomean_speedup_vs_torch": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| last(r).speedup_vs_torch).collect()),
+        "geomean_speedup_vs_naive": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| r.ep.best_components().speedup).collect()),
+        "geomean_speedup_vs_torch": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| r.ep.best_components().speedup_vs_torch).collect()),
         "holdout_regression_rate": regress,
         "mean_reward": mean_std(&rewards).0,
     })
@@ -184,7 +178,7 @@ impl Stage for Eval {
         "eval"
     }
     fn code_version(&self) -> u32 {
-        2
+        3
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -214,31 +208,14 @@ impl Stage for Eval {
         _input: &str,
         ctx: &ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(
-            &ctx.root,
-            &format!("configs/reward/{}.toml", self.params.rl.reward),
-            "reward config",
-        )
+        self.params.rl.reward_external(ctx)
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
-        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
-        Ok(BTreeMap::from([
-            ("nvcc".to_string(), nvcc.version),
-            (
-                "device".to_string(),
-                crate::train_stages::resolve_device(&self.params.rl.device).to_string(),
-            ),
-            (
-                "mode".to_string(),
-                env_mode(&self.params.rl.mode).to_string(),
-            ),
-        ]))
+        self.params.rl.environment(ctx)
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
-        let rel = format!("configs/reward/{}.toml", p.rl.reward);
-        let cfg = RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel)
-            .map_err(|m| StageError::bad_input(&rel, None, m))?;
+        let cfg = p.rl.reward_config(ctx)?;
         let ts = load_tasks(ctx)?;
         let device = crate::train_stages::resolve_device(&p.rl.device);
         let mut h = harness(ctx, &p.rl.mode, p.rl.timeout_s, ts.naive.clone())?;
@@ -332,18 +309,6 @@ impl Stage for Eval {
             "summary",
             &cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?,
         )?;
-        let last = |r: &Row| {
-            r.ep.turns
-                .last()
-                .map(|t| t.reward.clone())
-                .unwrap_or_default()
-        };
-        let first = |r: &Row| {
-            r.ep.turns
-                .first()
-                .map(|t| t.reward.clone())
-                .unwrap_or_default()
-        };
         let b = cudarl_data::parquet_io::batch(
             &EPISODES.clone(),
             vec![
@@ -368,23 +333,33 @@ impl Stage for Eval {
                         .collect::<Vec<_>>(),
                 )),
                 Arc::new(BooleanArray::from(
-                    rows.iter().map(|r| first(r).compiled).collect::<Vec<_>>(),
+                    rows.iter()
+                        .map(|r| r.ep.first_components().compiled)
+                        .collect::<Vec<_>>(),
                 )),
                 Arc::new(BooleanArray::from(
-                    rows.iter().map(|r| first(r).correct).collect::<Vec<_>>(),
+                    rows.iter()
+                        .map(|r| r.ep.first_components().correct)
+                        .collect::<Vec<_>>(),
                 )),
                 Arc::new(BooleanArray::from(
-                    rows.iter().map(|r| last(r).compiled).collect::<Vec<_>>(),
+                    rows.iter()
+                        .map(|r| r.ep.best_components().compiled)
+                        .collect::<Vec<_>>(),
                 )),
                 Arc::new(BooleanArray::from(
-                    rows.iter().map(|r| last(r).correct).collect::<Vec<_>>(),
-                )),
-                Arc::new(Float64Array::from(
-                    rows.iter().map(|r| last(r).speedup).collect::<Vec<_>>(),
+                    rows.iter()
+                        .map(|r| r.ep.best_components().correct)
+                        .collect::<Vec<_>>(),
                 )),
                 Arc::new(Float64Array::from(
                     rows.iter()
-                        .map(|r| last(r).speedup_vs_torch)
+                        .map(|r| r.ep.best_components().speedup)
+                        .collect::<Vec<_>>(),
+                )),
+                Arc::new(Float64Array::from(
+                    rows.iter()
+                        .map(|r| r.ep.best_components().speedup_vs_torch)
                         .collect::<Vec<_>>(),
                 )),
                 Arc::new(Float64Array::from(
@@ -441,18 +416,12 @@ fn report(
             Series::new("mean - std", pts.iter().map(|p| (p.0, p.1 - p.2)).collect()),
         ],
     )?;
-    let last = |r: &Row| {
-        r.ep.turns
-            .last()
-            .map(|t| t.reward.clone())
-            .unwrap_or_default()
-    };
     let mut tiers: BTreeMap<(&str, i64), (f64, f64, f64)> = BTreeMap::new();
     for r in rows {
         let e = tiers.entry((r.ck, r.ep.tier)).or_default();
         e.0 += 1.0;
-        e.1 += f64::from(u8::from(last(r).compiled));
-        e.2 += f64::from(u8::from(last(r).correct == Some(true)));
+        e.1 += f64::from(u8::from(r.ep.best_components().compiled));
+        e.2 += f64::from(u8::from(r.ep.best_components().correct == Some(true)));
     }
     let full = mode == "full";
     let mut series = Vec::new();
@@ -480,8 +449,12 @@ fn report(
         Series::new(
             ck,
             rows.iter()
-                .filter(|r| r.ck == ck && last(r).correct == Some(true))
-                .filter_map(|r| last(r).speedup.map(|s| (0.0, s.max(1e-9).log2())))
+                .filter(|r| r.ck == ck && r.ep.best_components().correct == Some(true))
+                .filter_map(|r| {
+                    r.ep.best_components()
+                        .speedup
+                        .map(|s| (0.0, s.max(1e-9).log2()))
+                })
                 .collect(),
         )
     };

@@ -222,6 +222,44 @@ pub struct Params {
     pub seed: u64,
 }
 
+impl Params {
+    /// `configs/reward/<reward>.toml`, the external input `reward` of `rl-train` and `eval`.
+    pub(crate) fn reward_external(
+        &self,
+        ctx: &ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        crate::common::single_file(&ctx.root, &self.reward_rel(), "reward config")
+    }
+
+    fn reward_rel(&self) -> String {
+        format!("configs/reward/{}.toml", self.reward)
+    }
+
+    /// The reward config (a bad one is named, exit 2).
+    pub(crate) fn reward_config(&self, ctx: &StageContext<'_>) -> Result<RewardConfig, StageError> {
+        let rel = self.reward_rel();
+        RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel)
+            .map_err(|m| StageError::bad_input(&rel, None, m))
+    }
+
+    /// What the results of `rl-train` and `eval` depend on beyond their inputs: nvcc, the
+    /// models' device, and whether a GPU runs the tests.
+    pub(crate) fn environment(
+        &self,
+        ctx: &ResolveContext,
+    ) -> Result<BTreeMap<String, String>, StageError> {
+        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
+        Ok(BTreeMap::from([
+            ("nvcc".to_string(), nvcc.version),
+            (
+                "device".to_string(),
+                crate::train_stages::resolve_device(&self.device).to_string(),
+            ),
+            ("mode".to_string(), env_mode(&self.mode).to_string()),
+        ]))
+    }
+}
+
 /// The tasks of the synthetic families, split by the SFT data's hold-out (`test`) families,
 /// and their naive kernels.
 pub(crate) struct TaskSet {
@@ -374,7 +412,7 @@ fn splitmix(s: &mut u64) -> u64 {
 /// Rates of the best turns of `eps`: (compile rate, pass rate or `None` when nothing ran).
 pub(crate) fn rates(eps: &[&Episode]) -> (f64, Option<f64>) {
     let n = eps.len().max(1) as f64;
-    let last = |e: &&Episode| e.best_turn().map(|t| t.reward.clone());
+    let last = |e: &&Episode| Some(e.best_components());
     let compiled = eps.iter().filter_map(last).filter(|r| r.compiled).count() as f64;
     let ran: Vec<bool> = eps
         .iter()
@@ -391,7 +429,7 @@ impl Stage for RlTrain {
         "rl-train"
     }
     fn code_version(&self) -> u32 {
-        2
+        3
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -421,28 +459,14 @@ impl Stage for RlTrain {
         _input: &str,
         ctx: &ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(
-            &ctx.root,
-            &format!("configs/reward/{}.toml", self.params.reward),
-            "reward config",
-        )
+        self.params.reward_external(ctx)
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
-        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
-        Ok(BTreeMap::from([
-            ("nvcc".to_string(), nvcc.version),
-            (
-                "device".to_string(),
-                crate::train_stages::resolve_device(&self.params.device).to_string(),
-            ),
-            ("mode".to_string(), env_mode(&self.params.mode).to_string()),
-        ]))
+        self.params.environment(ctx)
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
-        let rel = format!("configs/reward/{}.toml", p.reward);
-        let cfg = RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel)
-            .map_err(|m| StageError::bad_input(&rel, None, m))?;
+        let cfg = p.reward_config(ctx)?;
         let ts = load_tasks(ctx)?;
         if ts.train.is_empty() {
             return Err(StageError::bad_input(
@@ -552,9 +576,8 @@ impl Stage for RlTrain {
             let sp: Vec<f64> = eps
                 .iter()
                 .filter_map(|e| {
-                    e.turns
-                        .last()
-                        .and_then(|t| t.reward.speedup.filter(|_| t.reward.gate))
+                    let b = e.best_components();
+                    b.speedup.filter(|_| b.gate)
                 })
                 .collect();
             let geo = (!sp.is_empty()).then(|| {

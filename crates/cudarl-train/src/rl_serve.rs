@@ -214,38 +214,37 @@ impl Server {
         let mb = self.job.minibatch.max(1);
         let (a, r) = (&mut self.agents[idx(agent)], &self.refs[idx(agent)]);
         let mut n_mb = 0.0;
+        // The minibatches once: (prompt, completion) pairs, sampling temperature, advantages.
+        let kept = &self.kept;
+        let batches: Vec<Minibatch<'_>> = items
+            .chunks(mb)
+            .map(|chunk| {
+                let seqs = chunk
+                    .iter()
+                    .map(|(id, _)| {
+                        let c = &kept[id].completion;
+                        (c.prompt_ids.as_slice(), c.ids.as_slice())
+                    })
+                    .collect();
+                let adv: Vec<f32> = chunk.iter().map(|(_, a)| *a as f32).collect();
+                let adv = Tensor::from_slice(&adv).to_device(a.model.device());
+                (seqs, kept[&chunk[0].0].temperature, adv)
+            })
+            .collect();
         // Old and reference log-probabilities first, for every minibatch, without gradients.
         let mut fixed = Vec::new();
-        for chunk in items.chunks(mb) {
-            let seqs: Vec<(&[i64], &[i64])> = chunk
-                .iter()
-                .map(|(id, _)| {
-                    let c = &self.kept[id].completion;
-                    (c.prompt_ids.as_slice(), c.ids.as_slice())
-                })
-                .collect();
-            let temp = self.kept[&chunk[0].0].temperature;
+        for (seqs, temp, _) in &batches {
             let _g = tch::no_grad_guard();
-            let (old, _, ent) = TrainableAgent::completion_log_probs(&a.model, &seqs, temp)?;
-            let (rf, mask, _) = TrainableAgent::completion_log_probs(r, &seqs, temp)?;
+            let (old, _, ent) = TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
+            let (rf, mask, _) = TrainableAgent::completion_log_probs(r, seqs, *temp)?;
             st.entropy +=
                 (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
             fixed.push((old, rf));
         }
-        for (ci, chunk) in items.chunks(mb).enumerate() {
-            let seqs: Vec<(&[i64], &[i64])> = chunk
-                .iter()
-                .map(|(id, _)| {
-                    let c = &self.kept[id].completion;
-                    (c.prompt_ids.as_slice(), c.ids.as_slice())
-                })
-                .collect();
-            let temp = self.kept[&chunk[0].0].temperature;
-            let adv: Vec<f32> = chunk.iter().map(|(_, a)| *a as f32).collect();
-            let adv = Tensor::from_slice(&adv).to_device(a.model.device());
-            let (logp, mask, _) = TrainableAgent::completion_log_probs(&a.model, &seqs, temp)?;
+        for (ci, (seqs, temp, adv)) in batches.iter().enumerate() {
+            let (logp, mask, _) = TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
             let (old, rf) = &fixed[ci];
-            let (loss, s) = clipped_pg_loss(&logp, old, Some(rf), &adv, &mask, &self.job.pg);
+            let (loss, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
             st.grad_norm += a.step(&loss)?;
             st.loss += s.loss;
             st.pg_loss += s.pg_loss;
@@ -268,6 +267,10 @@ impl Server {
         Ok(st)
     }
 }
+
+/// One minibatch of an update: (prompt, completion) token pairs, the sampling temperature,
+/// the advantages `[b]`.
+type Minibatch<'a> = (Vec<(&'a [i64], &'a [i64])>, f64, Tensor);
 
 /// What one `update` did (means over its minibatches; `tokens` summed).
 #[derive(Debug, Clone, Default, Serialize)]
