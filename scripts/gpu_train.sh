@@ -3,7 +3,8 @@
 #   PART=sft    `bench train-throughput` (tch model vs transformers eager, same batch), then the
 #               pipeline up to sft-eval with the `small` model (validation compile-only to fit
 #               the call: the synthetic kernels' GPU correctness is checked by scripts/gpu_checks.sh)
-#   PART=rl     rl-train and eval with `small` on the same store (the machine must still be warm)
+#   PART=rl     rl-train and eval with `small` on the same store (the machine must still be warm);
+#               a call cut by RL_LIMIT keeps what finished (cached): call again for the rest
 # Carry (built here by `make carry`, plus Python wheels of transformers in .carry/wheels for the
 # baseline when the machine's python lacks it).
 # Usage: PART=sft OUT=out bash scripts/gpu_train.sh
@@ -30,6 +31,12 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$W/gpu.txt" 2>&1
 SMALL=(--set 'tokenizer.model="small"' --set 'pretrain.model="small"' --set 'sft-train.model="small"'
        --set 'sft-train-optimizer.model="small"' --set 'validate.mode="compile"')
+# RL_STEPS: rl-train steps (every PART=rl call of one experiment must give the same value)
+[ -n "${RL_STEPS:-}" ] && SMALL+=(--set "rl-train.steps=$RL_STEPS")
+# GEN_FAMILIES: that many generated elementwise families (and all 26 row reductions), 20 SFT
+# rows per family, 4 per optimizer pair, 3% of the generated families held out (the GPU experiment of issue 6)
+[ -n "${GEN_FAMILIES:-}" ] && SMALL+=(--set "synth-tasks.generate={elementwise=$GEN_FAMILIES,row_reduce=26,seed=0}"
+  --set 'sft-data.per_family=20' --set 'sft-data.optimizer_per_pair=4' --set 'sft-data.holdout_generated=0.03')
 ts() { date +%s; }
 if [ "$PART" = sft ]; then
   t0=$(ts)
@@ -38,7 +45,7 @@ if [ "$PART" = sft ]; then
     echo "bench $(( $(ts) - t0 ))s rc=$?" >> "$W/times.txt"
   fi
   t0=$(ts)
-  timeout 400 "$BIN" --root . run sft-train sft-train-optimizer sft-eval "${SMALL[@]}" --json > "$W/sft_run.jsonl" 2> "$W/sft_run.err"
+  timeout ${SFT_LIMIT:-560} "$BIN" --root . run sft-train sft-train-optimizer sft-eval "${SMALL[@]}" --json > "$W/sft_run.jsonl" 2> "$W/sft_run.err"
   echo "sft $(( $(ts) - t0 ))s rc=$?" >> "$W/times.txt"
   for o in metrics plots; do "$BIN" --root . show sft-train --output $o --json --head 100000 "${SMALL[@]}" > "$W/sft_$o.jsonl" 2>/dev/null; done
   "$BIN" --root . show pretrain --output metrics --json --head 100000 "${SMALL[@]}" > "$W/pretrain_metrics.jsonl" 2>/dev/null

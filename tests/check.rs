@@ -135,10 +135,17 @@ fn validate_stage_with_row_memo() {
     let p = Project::new();
     // The synthetic task kernels only (archive kernels are tested in torch_format.rs).
     let pl = p.path("pipelines/default.toml");
-    let text = std::fs::read_to_string(&pl).unwrap().replace(
-        "[stages.validate]\n",
-        "[stages.validate]\narchive = false\n",
-    );
+    // Plus three generated families (2 elementwise, 1 row reduction), two kernels each.
+    let text = std::fs::read_to_string(&pl)
+        .unwrap()
+        .replace(
+            "[stages.validate]\n",
+            "[stages.validate]\narchive = false\n",
+        )
+        .replace(
+            "[stages.synth-tasks]\n",
+            "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 1, seed = 3 }\n",
+        );
     std::fs::write(&pl, text).unwrap();
     let nvcc = cudarl_cuda::Nvcc::discover(&repo_root()).unwrap().path;
     let run = |args: &[&str]| {
@@ -157,11 +164,13 @@ fn validate_stage_with_row_memo() {
     let (c, m, err) = run(&["run", "validate", "--set", "validate.mode=\"compile\""]);
     assert_eq!(c, 0, "{err}");
     assert_eq!(status_of(&m, "validate"), "ran");
+    assert_eq!(m["synth-tasks"]["outputs"]["tasks"]["rows"], 2 + 3);
     let kernels: usize = cudarl_cuda::load_tasks(&p.path("datasets/tasks"))
         .unwrap()
         .iter()
         .map(|t| 1 + t.spec.optimized.len())
-        .sum();
+        .sum::<usize>()
+        + 6;
     assert_eq!(
         m["validate"]["outputs"]["validations"]["rows"], kernels,
         "every task's naive and optimized kernels"

@@ -25,12 +25,13 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     let text = std::fs::read_to_string(&pl).unwrap();
     std::fs::write(
         &pl,
-        text.replace("per_family = 1000", "per_family = 40")
+        text.replace("per_family = 150", "per_family = 40")
             .replace(
                 r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
                 r#"holdout_tasks = ["row_sum"]"#,
             )
             .replace("samples = 8", "samples = 3")
+            .replace("samples = 4 ", "samples = 3 ")
             .replace("max_new_tokens = 512", "max_new_tokens = 48")
             .replace("steps = 4", "steps = 2")
             .replace("tasks_per_step = 4", "tasks_per_step = 1")

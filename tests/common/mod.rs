@@ -48,8 +48,8 @@ pub struct Project {
 }
 
 impl Project {
-    /// A copy with two task families (vector_add, row_sum), so stages downstream of `validate`
-    /// compile four kernels, not every family's.
+    /// A copy with two task families (vector_add, row_sum) and no generated ones, so stages
+    /// downstream of `validate` compile four kernels, not every family's.
     pub fn new() -> Project {
         let p = Project::full();
         let tasks = p.path("datasets/tasks");
@@ -59,6 +59,18 @@ impl Project {
                 std::fs::remove_dir_all(e.path()).unwrap();
             }
         }
+        // And no generated families (tests that want them set `synth-tasks.generate`).
+        let pl = p.path("pipelines/default.toml");
+        let text = std::fs::read_to_string(&pl).unwrap();
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("generate = "))
+            .collect();
+        assert!(
+            kept.len() < text.lines().count(),
+            "the pipeline has a generate line"
+        );
+        std::fs::write(&pl, kept.join("\n") + "\n").unwrap();
         p
     }
 

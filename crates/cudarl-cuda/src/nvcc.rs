@@ -78,6 +78,9 @@ impl Nvcc {
             if !c.is_file() {
                 continue;
             }
+            // Absolute: compiles run nvcc from a temporary directory (`--root .` gave a
+            // relative venv path that no longer resolved there).
+            let c = std::path::absolute(&c).unwrap_or(c);
             tried.push(c.display().to_string());
             if let Some(version) = version_of(&c) {
                 let mut lib_dirs = Vec::new();

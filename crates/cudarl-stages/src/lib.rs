@@ -5,6 +5,7 @@ pub mod common;
 pub mod curriculum;
 pub mod episode;
 pub mod eval;
+pub mod families;
 pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;

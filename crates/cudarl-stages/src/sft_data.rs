@@ -9,8 +9,9 @@
 //!   kernel of the same task, for every validated (naive, optimized) pair; `speedup` is the
 //!   measured ratio (null on compile-only machines, `measured = false`).
 //!
-//! Families in `holdout_tasks` are the `test` split (never trained on: the generator's compile
-//! rate on them after SFT is the baseline RL must beat); of the rest, `val_fraction` of the
+//! Families in `holdout_tasks`, and a `holdout_generated` fraction of the generated families,
+//! are the `test` split (never trained on: the generator's rates on them after SFT are the
+//! baseline RL must beat); of the rest, `val_fraction` of the
 //! examples (by content hash) are `val`.
 //!
 //! | column | type | meaning |
@@ -91,6 +92,9 @@ fn d_per_family() -> usize {
 fn d_holdout() -> Vec<String> {
     vec!["scalar_multiply".into(), "row_max".into()]
 }
+fn d_per_pair() -> usize {
+    INTROS.len() * CLOSINGS.len()
+}
 fn d_val() -> f64 {
     0.05
 }
@@ -105,6 +109,14 @@ pub struct Params {
     /// Families kept out of training (the `test` split).
     #[serde(default = "d_holdout")]
     pub holdout_tasks: Vec<String>,
+    /// Fraction of the generated families (ids `gen_*`, `synth-tasks`' `generate`) also kept
+    /// out as `test`, chosen by the BLAKE3 hash of the id (stable as families are added).
+    #[serde(default)]
+    pub holdout_generated: f64,
+    /// Optimizer examples per (slower, faster) kernel pair: prompt phrasings taken in a seeded
+    /// order, at most `INTROS x CLOSINGS` (24, the default).
+    #[serde(default = "d_per_pair")]
+    pub optimizer_per_pair: usize,
     /// Fraction of the other examples in `val`.
     #[serde(default = "d_val")]
     pub val_fraction: f64,
@@ -128,6 +140,9 @@ impl SftData {
         let params: Params = crate::common::parse_params(t)?;
         if !(0.0..1.0).contains(&params.val_fraction) {
             return Err("val_fraction must be in [0, 1)".into());
+        }
+        if !(0.0..1.0).contains(&params.holdout_generated) {
+            return Err("holdout_generated must be in [0, 1)".into());
         }
         Ok(SftData { params })
     }
@@ -208,6 +223,13 @@ impl Rows {
 }
 
 /// A deterministic pseudo-random order of `n` items (SplitMix64 keys).
+/// A string's BLAKE3 hash as a number in [0, 1].
+fn unit_hash(s: &str) -> f64 {
+    let h = blake3::hash(s.as_bytes());
+    let x = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
+    x as f64 / u64::MAX as f64
+}
+
 fn order(n: usize, seed: u64) -> Vec<usize> {
     let mut keyed: Vec<(u64, usize)> = (0..n)
         .map(|i| {
@@ -401,9 +423,7 @@ impl Stage for SftData {
             if holdout {
                 return "test".into();
             }
-            let h = blake3::hash(id.as_bytes());
-            let x = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
-            if (x as f64 / u64::MAX as f64) < p.val_fraction {
+            if unit_hash(id) < p.val_fraction {
                 "val".into()
             } else {
                 "train".into()
@@ -435,7 +455,8 @@ impl Stage for SftData {
             let Some(kerns) = by_task.get(t) else {
                 continue;
             };
-            let holdout = p.holdout_tasks.iter().any(|h| h == t);
+            let holdout = p.holdout_tasks.iter().any(|h| h == t)
+                || (t.starts_with(crate::families::PREFIX) && unit_hash(t) < p.holdout_generated);
             let shape_list: Vec<String> = serde_json::from_str::<Vec<Value>>(sh)
                 .unwrap_or_default()
                 .iter()
@@ -491,9 +512,13 @@ impl Stage for SftData {
                         signature: sg,
                         shapes: &shape_list,
                     };
-                    for (intro, closing) in
-                        (0..INTROS.len()).flat_map(|a| (0..CLOSINGS.len()).map(move |b| (a, b)))
+                    let pair_seed =
+                        p.seed ^ blake3::hash(better.id.as_bytes()).as_bytes()[0] as u64;
+                    for c in order(INTROS.len() * CLOSINGS.len(), pair_seed)
+                        .into_iter()
+                        .take(p.optimizer_per_pair)
                     {
+                        let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
                         let m = vec![
                             ChatMessage::new("system", OPTIMIZER_SYSTEM),
                             ChatMessage::new(

@@ -1,5 +1,6 @@
 //! `synth-tasks`: task families from `datasets/tasks/` (specs and kernels written in this
-//! project) into the `tasks` and `task_kernels` tables.
+//! project), plus the generated families of `generate` ([`crate::families`]), into the `tasks`
+//! and `task_kernels` tables.
 
 use std::sync::{Arc, LazyLock};
 
@@ -12,6 +13,7 @@ use cudarl_cuda::task::load_tasks;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, rooted, write_output};
+use crate::families::GenerateParams;
 
 /// `tasks`: one row per task.
 ///
@@ -69,6 +71,13 @@ pub struct Params {
     /// Task folder, relative to the project root; not in the key (its files are).
     #[serde(default, skip_serializing)]
     pub path: Option<String>,
+    /// Generated families added to the folder's ([`crate::families`]); none by default.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub generate: GenerateParams,
+}
+
+fn is_default(g: &GenerateParams) -> bool {
+    g == &GenerateParams::default()
 }
 
 /// The stage.
@@ -113,7 +122,8 @@ impl Stage for SynthTasks {
         "synth-tasks"
     }
     fn code_version(&self) -> u32 {
-        1
+        // Bump when the templates of `crate::families` change (they are code, not inputs).
+        4
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -151,10 +161,27 @@ impl Stage for SynthTasks {
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let dir = self.dir(ctx.root());
         let tasks = load_tasks(&dir).map_err(|e| StageError::bad_input(e.file, None, e.message))?;
+        let mut all: Vec<crate::families::Generated> = Vec::new();
+        for t in &tasks {
+            all.push(crate::families::Generated {
+                spec: t.spec.clone(),
+                naive: t
+                    .naive_source()
+                    .map_err(|e| StageError::bad_input(e.file, None, e.message))?,
+                optimized: t
+                    .optimized_sources()
+                    .map_err(|e| StageError::bad_input(e.file, None, e.message))?,
+            });
+        }
+        let exclude = tasks
+            .iter()
+            .flat_map(|t| t.spec.reference.values().cloned())
+            .collect();
+        all.extend(crate::families::generate(&self.params.generate, &exclude));
         let mut cols: Vec<Vec<String>> = vec![Vec::new(); 8];
         let (mut tier, mut atol, mut rtol) = (Vec::new(), Vec::new(), Vec::new());
         let mut krows: Vec<[String; 5]> = Vec::new();
-        for t in &tasks {
+        for t in &all {
             let s = &t.spec;
             cols[0].push(s.id.clone());
             cols[1].push(s.description.clone());
@@ -167,30 +194,24 @@ impl Stage for SynthTasks {
             tier.push(s.tier);
             atol.push(s.atol);
             rtol.push(s.rtol);
-            let naive = t
-                .naive_source()
-                .map_err(|e| StageError::bad_input(e.file, None, e.message))?;
             krows.push([
-                blake3::hash(naive.as_bytes()).to_hex().to_string(),
+                blake3::hash(t.naive.as_bytes()).to_hex().to_string(),
                 s.id.clone(),
                 "naive".into(),
                 s.naive.clone(),
-                naive,
+                t.naive.clone(),
             ]);
-            for (f, code) in t
-                .optimized_sources()
-                .map_err(|e| StageError::bad_input(e.file, None, e.message))?
-            {
+            for (f, code) in &t.optimized {
                 krows.push([
                     blake3::hash(code.as_bytes()).to_hex().to_string(),
                     s.id.clone(),
                     "optimized".into(),
-                    f,
-                    code,
+                    f.clone(),
+                    code.clone(),
                 ]);
             }
         }
-        let spec_json: Vec<String> = tasks
+        let spec_json: Vec<String> = all
             .iter()
             .map(|t| serde_json::to_string(&t.spec).expect("json"))
             .collect();
