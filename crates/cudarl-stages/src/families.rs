@@ -18,6 +18,10 @@
 //!   mean and `g` one of identity, `fabsf`, relu, square, `tanhf`, sigmoid, `s * x`. Kernels:
 //!   one thread per row (naive); one block per row with warp shuffles (optimized).
 //!
+//! Kernel and function names are the same in every family (`ew_naive`, `ew_op`, `ew_vec4`,
+//! `row_naive`, `row_block`): with the family id in each name, the `small` model had to copy a
+//! 3-digit id consistently and every first turn failed to compile (H100, 2026-11-22).
+//!
 //! The description states the expression in CUDA C, exactly as the kernels compute it; the
 //! reference is the same tree in the reference language of [`cudarl_cuda::expr`]. Families
 //! whose reference equals one given in `exclude` (the hand-written families, so the hold-out
