@@ -234,3 +234,24 @@ fn bad_op_categories_file() {
         ],
     );
 }
+
+#[test]
+fn hand_written_family_with_a_generated_id_is_refused() {
+    let p = Project::new();
+    let toml = p.path("datasets/tasks/vector_add/task.toml");
+    let t = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        t.replace("id = \"vector_add\"", "id = \"gen_ew_000\""),
+    )
+    .unwrap();
+    assert_bad(
+        &p,
+        &["run", "synth-tasks"],
+        &[
+            "vector_add/task.toml",
+            "gen_ew_000",
+            "reserved for generated families",
+        ],
+    );
+}

@@ -1,4 +1,4 @@
-//! Generated task families: `synth-tasks`' `generate` table adds seeded random families beside
+//! Family task families: `synth-tasks`' `generate` table adds seeded random families beside
 //! the hand-written ones in `datasets/tasks/`, each a full [`TaskSpec`] (reference expression,
 //! tolerance, train and hold-out shapes) with a naive and an optimized kernel made from
 //! templates in this file.
@@ -53,7 +53,7 @@ pub struct GenerateParams {
 
 /// One generated family: its spec and kernel sources.
 #[derive(Debug, Clone)]
-pub struct Generated {
+pub struct Family {
     /// The spec (`naive` and `optimized` name the files below).
     pub spec: TaskSpec,
     /// The naive kernel (native ABI, with `launch`).
@@ -324,7 +324,7 @@ fn params(spec: &TaskSpec, restrict: bool) -> (String, String) {
     (decl, names.join(", "))
 }
 
-fn elementwise(id: &str, e: &E, scalar: Option<usize>, block: u32) -> Generated {
+fn elementwise(id: &str, e: &E, scalar: Option<usize>, block: u32) -> Family {
     let mut vs = BTreeSet::new();
     vars(e, &mut vs);
     let mut args = vec![arg("x", ArgKind::Input, &["n"])];
@@ -421,7 +421,7 @@ fn elementwise(id: &str, e: &E, scalar: Option<usize>, block: u32) -> Generated 
         op_params.join(", "),
         call(""),
     );
-    Generated {
+    Family {
         spec,
         naive,
         optimized: vec![("vec4.cu".into(), optimized)],
@@ -463,7 +463,7 @@ fn map_expr(m: Map) -> E {
     }
 }
 
-fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Generated {
+fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Family {
     let e = map_expr(m);
     let mut args = vec![
         arg("x", ArgKind::Input, &["rows", "cols"]),
@@ -545,23 +545,56 @@ fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Generated {
          row_block<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
         fin("acc"),
     );
-    Generated {
+    Family {
         spec,
         naive,
         optimized: vec![("block_per_row.cu".into(), optimized)],
     }
 }
 
-/// Generates the families of `p`, skipping any whose reference is in `exclude`.
+/// A reference expression up to the order of the operands of `+`, `*`, `maximum` and
+/// `minimum` (parsed by [`cudarl_cuda::expr::parse`]), so `x * s` matches `s * x`; unparsable
+/// text is compared as is.
+fn canonical(src: &str) -> String {
+    use cudarl_cuda::expr::Expr as X;
+    fn canon(e: X) -> X {
+        match e {
+            X::Neg(a) => X::Neg(Box::new(canon(*a))),
+            X::Bin(op, a, b) => {
+                let (a, b) = (canon(*a), canon(*b));
+                if matches!(op, '+' | '*') && format!("{b:?}") < format!("{a:?}") {
+                    X::Bin(op, Box::new(b), Box::new(a))
+                } else {
+                    X::Bin(op, Box::new(a), Box::new(b))
+                }
+            }
+            X::Call(f, args) => {
+                let mut args: Vec<X> = args.into_iter().map(canon).collect();
+                if f == "maximum" || f == "minimum" {
+                    args.sort_by_key(|a| format!("{a:?}"));
+                }
+                X::Call(f, args)
+            }
+            other => other,
+        }
+    }
+    match cudarl_cuda::expr::parse(src) {
+        Ok(e) => format!("{:?}", canon(e)),
+        Err(_) => src.to_string(),
+    }
+}
+
+/// Generates the families of `p`, skipping any whose reference is in `exclude` (up to
+/// commuted operands, [`canonical`]).
 ///
 /// Deterministic in `p` (ChaCha8). Elementwise trees are redrawn until they use `x` (and `y` /
 /// `s` when drawn), have 2..=7 nodes, are not degenerate (`x - x`, `tanhf(0.5f)`, `--x`) and
-/// have a reference not seen before (at most 1,000 draws per
+/// have a reference not seen before up to commuted operands (at most 1,000 draws per
 /// family; fewer families come back when the space is exhausted, which only happens for
 /// `row_reduce` > 26).
-pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Generated> {
+pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Family> {
     let mut rng = ChaCha8Rng::seed_from_u64(p.seed);
-    let mut seen: BTreeSet<String> = exclude.clone();
+    let mut seen: BTreeSet<String> = exclude.iter().map(|r| canonical(r)).collect();
     let mut out = Vec::new();
     for i in 0..p.elementwise {
         for _ in 0..1000 {
@@ -581,7 +614,10 @@ pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Generated
             if !vs.contains("x") || vs.contains("y") != has_y || vs.contains("s") != has_s {
                 continue;
             }
-            if !(2..=7).contains(&n) || degenerate(&e) || !seen.insert(render(&e, Lang::Ref)) {
+            if !(2..=7).contains(&n)
+                || degenerate(&e)
+                || !seen.insert(canonical(&render(&e, Lang::Ref)))
+            {
                 continue;
             }
             let scalar = has_s.then(|| rng.random_range(0..SCALARS.len()));
@@ -614,7 +650,7 @@ pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Generated
             m,
             (m == Map::Scale).then(|| i % SCALARS.len()),
         );
-        if !seen.insert(g.spec.reference["out"].clone()) {
+        if !seen.insert(canonical(&g.spec.reference["out"])) {
             continue;
         }
         out.push(g);
@@ -670,6 +706,28 @@ mod tests {
                 .collect::<Vec<_>>(),
             c.iter().map(|g| &g.spec.reference).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn exclusion_and_dedup_see_through_commuted_operands() {
+        assert_eq!(canonical("x * s"), canonical("s * x"));
+        assert_eq!(
+            canonical("maximum(y, x) + 2.0"),
+            canonical("2.0 + maximum(x, y)")
+        );
+        assert_ne!(canonical("x - s"), canonical("s - x"));
+        let exclude = BTreeSet::from(["s * x".to_string(), "x + y".to_string()]);
+        let gs = generate(&params(400, 0), &exclude);
+        let mut seen = BTreeSet::new();
+        for g in &gs {
+            let c = canonical(&g.spec.reference["out"]);
+            assert!(
+                c != canonical("x * s") && c != canonical("y + x"),
+                "{}",
+                g.spec.id
+            );
+            assert!(seen.insert(c), "{} repeats a family", g.spec.id);
+        }
     }
 
     #[test]
@@ -734,7 +792,7 @@ mod tests {
         };
         let gs = generate(&params(12, 2), &BTreeSet::new());
         let mut kinds = BTreeSet::new();
-        let picked: Vec<&Generated> = gs
+        let picked: Vec<&Family> = gs
             .iter()
             .filter(|g| {
                 let k = (

@@ -222,7 +222,6 @@ impl Rows {
     }
 }
 
-/// A deterministic pseudo-random order of `n` items (SplitMix64 keys).
 /// A string's BLAKE3 hash as a number in [0, 1].
 fn unit_hash(s: &str) -> f64 {
     let h = blake3::hash(s.as_bytes());
@@ -230,6 +229,7 @@ fn unit_hash(s: &str) -> f64 {
     x as f64 / u64::MAX as f64
 }
 
+/// A deterministic pseudo-random order of `n` items (SplitMix64 keys).
 fn order(n: usize, seed: u64) -> Vec<usize> {
     let mut keyed: Vec<(u64, usize)> = (0..n)
         .map(|i| {

@@ -123,7 +123,7 @@ impl Stage for SynthTasks {
     }
     fn code_version(&self) -> u32 {
         // Bump when the templates of `crate::families` change (they are code, not inputs).
-        4
+        5
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -161,9 +161,20 @@ impl Stage for SynthTasks {
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let dir = self.dir(ctx.root());
         let tasks = load_tasks(&dir).map_err(|e| StageError::bad_input(e.file, None, e.message))?;
-        let mut all: Vec<crate::families::Generated> = Vec::new();
+        let mut all: Vec<crate::families::Family> = Vec::new();
         for t in &tasks {
-            all.push(crate::families::Generated {
+            if t.spec.id.starts_with(crate::families::PREFIX) {
+                return Err(StageError::bad_input(
+                    t.dir.join("task.toml").display().to_string(),
+                    Some("id"),
+                    format!(
+                        "`{}`: ids starting with `{}` are reserved for generated families",
+                        t.spec.id,
+                        crate::families::PREFIX
+                    ),
+                ));
+            }
+            all.push(crate::families::Family {
                 spec: t.spec.clone(),
                 naive: t
                     .naive_source()
