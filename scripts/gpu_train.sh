@@ -7,6 +7,10 @@
 #               a call cut by RL_LIMIT keeps what finished (cached): call again for the rest
 # Carry (built here by `make carry`, plus Python wheels of transformers in .carry/wheels for the
 # baseline when the machine's python lacks it).
+#   PART=all    both, one after the other (what scripts/gpu_bg.sh runs in the background, to
+#               outlast one call)
+# RL_SETS: extra `--set` values for every stage, space-separated (e.g. "rl-train.lr=1e-5
+#   rl-train.warmup=6"); every call of one experiment must give the same value.
 # Usage: PART=sft OUT=out bash scripts/gpu_train.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -37,8 +41,9 @@ SMALL=(--set 'tokenizer.model="small"' --set 'pretrain.model="small"' --set 'sft
 # rows per family, 4 per optimizer pair, 3% of the generated families held out (the GPU experiment of issue 6)
 [ -n "${GEN_FAMILIES:-}" ] && SMALL+=(--set "synth-tasks.generate={elementwise=$GEN_FAMILIES,row_reduce=26,seed=0}"
   --set 'sft-data.per_family=20' --set 'sft-data.optimizer_per_pair=4' --set 'sft-data.holdout_generated=0.03')
+for kv in ${RL_SETS:-}; do SMALL+=(--set "$kv"); done
 ts() { date +%s; }
-if [ "$PART" = sft ]; then
+if [ "$PART" = sft ] || [ "$PART" = all ]; then
   t0=$(ts)
   if [ -z "${SKIP_BENCH:-}" ]; then
     timeout 150 "$BIN" --root . bench train-throughput --model small --out "$W/train_throughput.json" > "$W/bench.log" 2>&1
@@ -51,7 +56,8 @@ if [ "$PART" = sft ]; then
   "$BIN" --root . show pretrain --output metrics --json --head 100000 "${SMALL[@]}" > "$W/pretrain_metrics.jsonl" 2>/dev/null
   "$BIN" --root . show sft-eval --output sft_eval --json --head 1000 "${SMALL[@]}" > "$W/sft_eval.jsonl" 2>/dev/null
   "$BIN" --root . export sft-train --output plots --to "$W/export" "${SMALL[@]}" > /dev/null 2>&1
-elif [ "$PART" = rl ]; then
+fi
+if [ "$PART" = rl ] || [ "$PART" = all ]; then
   # rl-train first (cached once done, so a call cut during eval keeps it), then eval.
   start=$(ts)
   timeout ${RL_LIMIT:-560} "$BIN" --root . run rl-train "${SMALL[@]}" --json > "$W/rl_run.jsonl" 2> "$W/rl_run.err"

@@ -8,9 +8,18 @@ use common::{Project, stdout};
 use serde_json::Value;
 
 fn rows(p: &Project, node: &str, output: &str) -> Vec<Value> {
-    let o = p.run(&[
+    rows_with(p, node, output, &[])
+}
+
+/// The rows of `node`'s `output` under `--set` overrides.
+fn rows_with(p: &Project, node: &str, output: &str, sets: &[&str]) -> Vec<Value> {
+    let mut args = vec![
         "show", node, "--output", output, "--json", "--head", "100000",
-    ]);
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     stdout(&o)
         .lines()
@@ -157,6 +166,22 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     }
     let tiers = rows(&p, "rl-train", "tiers");
     assert_eq!(tiers[0]["opened_at_step"], 0);
+    // Every kernel that reached the harness was handed to nvcc while the batch still decoded.
+    for r in &m {
+        let step = &r["step"];
+        let tested = t.iter().any(|x| {
+            &x["step"] == step
+                && !x["code"].is_null()
+                && !x["feedback"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("This kernel is identical")
+        });
+        let want = if tested { 1.0 } else { 0.0 };
+        assert_eq!(r["compile_overlap"].as_f64(), Some(want), "{r}");
+        assert_eq!(r["algorithm"], "grpo");
+        assert!(r["value_loss"].is_null());
+    }
     let sum = rows(&p, "eval", "summary");
     let cks: Vec<&str> = sum
         .iter()
@@ -167,6 +192,49 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         sum.iter()
             .all(|r| r["split"] == "test" && r["pass_rate"].is_null())
     );
+    // PPO: a critic per agent, its values on every turn, GAE advantages, a value loss.
+    let o = p.run(&[
+        "run",
+        "rl-train",
+        "--set",
+        "rl-train.algorithm=\"ppo\"",
+        "--set",
+        "rl-train.group_size=1",
+        "--set",
+        "rl-train.warmup=2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let pm = rows_with(
+        &p,
+        "rl-train",
+        "metrics",
+        &[
+            "rl-train.algorithm=\"ppo\"",
+            "rl-train.group_size=1",
+            "rl-train.warmup=2",
+        ],
+    );
+    assert_eq!(pm.len(), 2);
+    for r in &pm {
+        assert_eq!(r["algorithm"], "ppo");
+        assert_eq!(r["episodes"], 1);
+        assert!(r["value_loss"].as_f64().unwrap() >= 0.0, "{r}");
+    }
+    let pt = rows_with(
+        &p,
+        "rl-train",
+        "turns",
+        &[
+            "rl-train.algorithm=\"ppo\"",
+            "rl-train.group_size=1",
+            "rl-train.warmup=2",
+        ],
+    );
+    assert!(pt.iter().all(|r| r["value"].is_f64()), "{pt:?}");
+    let o = p.run(&["run", "rl-train", "--set", "rl-train.algorithm=\"a2c\""]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("expected `grpo` or `ppo`"));
+
     // The report exports as files: report.md and its plots.
     let out = p.path("exported");
     let o = p.run(&[

@@ -41,6 +41,8 @@ pub struct Answer {
     pub text: String,
     /// Generated tokens.
     pub tokens: usize,
+    /// PPO: the critic's value estimate of the conversation's state (reward units).
+    pub value: Option<f64>,
 }
 
 /// Something that answers conversations.
@@ -54,6 +56,25 @@ pub trait Policy {
         role: Role,
         conversations: &[Vec<ChatMessage>],
     ) -> Result<Vec<Answer>, String>;
+
+    /// [`Policy::answer`] that calls `on_finish(i, text)` as soon as answer `i` is known (a
+    /// streaming policy: while the others are still being generated). The default answers
+    /// first and then calls it for each answer in order.
+    ///
+    /// # Errors
+    /// As [`Policy::answer`].
+    fn answer_streaming(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Vec<Answer>, String> {
+        let a = self.answer(role, conversations)?;
+        for (i, x) in a.iter().enumerate() {
+            on_finish(i, &x.text);
+        }
+        Ok(a)
+    }
 }
 
 /// Something that judges kernels: the harness.
@@ -74,6 +95,10 @@ pub trait Tester {
     ) -> Result<Vec<(Verdict, Option<String>)>, String> {
         items.iter().map(|(t, c)| self.test(t, c)).collect()
     }
+    /// A hint that `code` for `task` will be tested soon: the harness starts compiling it in
+    /// the background (the later test waits for that build instead of starting its own). The
+    /// default does nothing.
+    fn prefetch(&mut self, _task: &TaskSpec, _code: &str) {}
 }
 
 /// Optimization strategies recognized in a kernel's code (comments and strings stripped).
@@ -133,6 +158,8 @@ pub struct Turn {
     pub reward: RewardComponents,
     /// Credit assigned for training.
     pub credit: f64,
+    /// PPO: the critic's value estimate before the turn.
+    pub value: Option<f64>,
 }
 
 /// One episode's state.
@@ -437,7 +464,12 @@ pub fn run_episodes(
                 ]
             })
             .collect();
-        let answers = policy.answer(role, &convs)?;
+        // Kernels go to the harness's compiler as soon as each answer is finished.
+        let answers = policy.answer_streaming(role, &convs, &mut |k, text| {
+            if let (Some(&i), Some(c)) = (active.get(k), prompts::extract_code(text)) {
+                tester.prefetch(tasks[i], &c);
+            }
+        })?;
         if answers.len() != active.len() {
             return Err(format!(
                 "policy answered {} of {} conversations",
@@ -531,6 +563,7 @@ pub fn run_episodes(
                 feedback: fb,
                 reward,
                 credit: 0.0,
+                value: a.value,
             });
             if stop || turn + 1 >= s.max_turns {
                 e.done = true;
@@ -568,6 +601,7 @@ mod tests {
                     id: None,
                     text: self.answers.remove(0),
                     tokens: 1,
+                    value: None,
                 })
                 .collect())
         }
@@ -614,6 +648,8 @@ mod tests {
             cuobjdump: None,
             seconds: 0.0,
             candidates: 0,
+            prefetched: Default::default(),
+            prefetch_hits: 0,
         };
         let cfg = RewardConfig::load(
             &root.join("configs/reward/default.toml"),
@@ -671,5 +707,34 @@ mod tests {
             harness.candidates, 2,
             "the no-code turn never reaches the harness"
         );
+        // Both kernels were handed to the compiler as soon as their answers were known, and
+        // the tests waited for those builds instead of starting their own.
+        assert_eq!(harness.prefetch_hits, 2);
+        assert!(harness.prefetched.is_empty());
+        // PPO's targets for this episode by hand: rewards 0.3 r_t (+ 0.7 R on the last turn),
+        // no critic values (0): r = (0, 0, 0.3*0.55 + 0.7*0.55 = 0.55); gamma 1, lambda 0.95:
+        // A2 = 0.55, A1 = 0.95 * 0.55, A0 = 0.95^2 * 0.55; targets = A (values 0).
+        let t = crate::rl_train::ppo_targets(&eps, &cfg.credit, 1.0, 0.95);
+        let want = [0.9025 * 0.55, 0.95 * 0.55, 0.55];
+        for ((a, r), w) in t[0].iter().zip(want) {
+            assert!((a - w).abs() < 1e-12 && (r - w).abs() < 1e-12, "{:?}", t[0]);
+        }
+        // With values (0.2, 0.4, 0.5): deltas 0 + 0.4 - 0.2 = 0.2, 0 + 0.5 - 0.4 = 0.1,
+        // 0.55 - 0.5 = 0.05; A2 = 0.05, A1 = 0.1 + 0.0475 = 0.1475, A0 = 0.2 + 0.95 * 0.1475.
+        let mut e2 = eps[0].clone();
+        for (t, v) in e2.turns.iter_mut().zip([0.2, 0.4, 0.5]) {
+            t.value = Some(v);
+        }
+        let t = crate::rl_train::ppo_targets(&[e2], &cfg.credit, 1.0, 0.95);
+        let want = [(0.340_125, 0.540_125), (0.1475, 0.5475), (0.05, 0.55)];
+        for ((a, r), (wa, wr)) in t[0].iter().zip(want) {
+            assert!((a - wa).abs() < 1e-9 && (r - wr).abs() < 1e-9, "{:?}", t[0]);
+        }
+        let w = crate::rl_train::whiten(&[1.0, 3.0]);
+        assert!(
+            (w[0] + 1.0).abs() < 1e-5 && (w[1] - 1.0).abs() < 1e-5,
+            "{w:?}"
+        );
+        assert_eq!(crate::rl_train::whiten(&[2.0]), vec![0.0]);
     }
 }

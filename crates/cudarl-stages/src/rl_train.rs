@@ -68,6 +68,10 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("harness_seconds", false),
         f64s("update_seconds", false),
         f64s("harness_ms_per_candidate", false),
+        f64s("compile_overlap", false),
+        f64s("value_loss", true),
+        f64s("optimizer_value_loss", true),
+        Field::new("algorithm", DataType::Utf8, false),
         Field::new("mode", DataType::Utf8, false),
         Field::new("device", DataType::Utf8, false),
     ]))
@@ -90,6 +94,7 @@ pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("reward", false),
         f64s("credit", false),
         f64s("advantage", false),
+        f64s("value", true),
         Field::new("components_json", DataType::Utf8, false),
     ]))
 });
@@ -133,6 +138,12 @@ fn d_clip() -> f64 {
 }
 fn d_mb() -> usize {
     8
+}
+fn d_lambda() -> f64 {
+    0.95
+}
+fn d_value_lr() -> f64 {
+    1e-3
 }
 fn d_reward() -> String {
     "default".into()
@@ -193,9 +204,21 @@ pub struct Params {
     /// Completions per optimizer step.
     #[serde(default = "d_mb")]
     pub minibatch: usize,
-    /// `grpo`.
+    /// `grpo` (group-normalized advantages) or `ppo` (a value head per agent, GAE).
     #[serde(default = "d_algo")]
     pub algorithm: String,
+    /// Optimizer steps of linear learning-rate warmup per agent.
+    #[serde(default)]
+    pub warmup: usize,
+    /// PPO: discount per turn in GAE (the issue: 1.0).
+    #[serde(default = "d_one")]
+    pub gamma: f64,
+    /// PPO: GAE's lambda (0.95).
+    #[serde(default = "d_lambda")]
+    pub gae_lambda: f64,
+    /// PPO: AdamW learning rate of the value heads.
+    #[serde(default = "d_value_lr")]
+    pub value_lr: f64,
     /// `configs/reward/<reward>.toml`.
     #[serde(default = "d_reward")]
     pub reward: String,
@@ -339,6 +362,8 @@ pub(crate) fn harness(
         cuobjdump,
         seconds: 0.0,
         candidates: 0,
+        prefetched: Default::default(),
+        prefetch_hits: 0,
     })
 }
 
@@ -361,7 +386,8 @@ pub(crate) fn serve_job(
     json!({"kind": "rl-serve", "generator": gen_dir, "optimizer": opt_dir,
         "generator_system": GENERATOR_SYSTEM, "optimizer_system": OPTIMIZER_SYSTEM,
         "device": device, "lr": p.lr, "pg": {"clip": p.clip, "kl_coef": p.kl_coef},
-        "minibatch": p.minibatch})
+        "minibatch": p.minibatch, "algorithm": p.algorithm, "warmup": p.warmup,
+        "value_lr": p.value_lr})
 }
 
 /// The `rl-train` stage.
@@ -374,20 +400,67 @@ impl RlTrain {
     /// From the pipeline's table.
     ///
     /// # Errors
-    /// Unknown keys, an algorithm other than `grpo`.
+    /// Unknown keys, an algorithm other than `grpo` or `ppo`.
     pub fn from_table(t: toml::Table) -> Result<Self, String> {
         let params: Params = crate::common::parse_params(t)?;
-        if params.algorithm != "grpo" {
+        if params.algorithm != "grpo" && params.algorithm != "ppo" {
             return Err(format!(
-                "algorithm `{}`: this version trains with `grpo` (PPO's value head and GAE are in cudarl_train::rl but not wired to rl-train)",
+                "algorithm `{}`: expected `grpo` or `ppo`",
                 params.algorithm
             ));
         }
-        if params.group_size < 2 {
+        if !(0.0..=1.0).contains(&params.gamma) || !(0.0..=1.0).contains(&params.gae_lambda) {
+            return Err("gamma and gae_lambda must be in [0, 1]".into());
+        }
+        if params.algorithm == "grpo" && params.group_size < 2 {
             return Err("group_size must be at least 2 (GRPO normalizes within a group)".into());
         }
         Ok(RlTrain { params })
     }
+}
+
+/// PPO's per-turn (advantage, value target) for each episode: rewards `r_t = immediate * R_t`
+/// plus `final * R` on the last turn (the turn credit's weights, DESIGN.md section 6; `R_t` the
+/// turn's reward, `R` the episode's final reward), values from the critics at generation time
+/// (0 where missing), then GAE (Schulman et al., arXiv:1506.02438) with `gamma` per turn and
+/// `lambda`; target = advantage + value.
+pub(crate) fn ppo_targets(
+    eps: &[Episode],
+    w: &cudarl_curriculum::credit::CreditWeights,
+    gamma: f64,
+    lambda: f64,
+) -> Vec<Vec<(f64, f64)>> {
+    eps.iter()
+        .map(|e| {
+            let n = e.turns.len();
+            let r: Vec<f64> = e
+                .turns
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    w.immediate * t.reward.reward
+                        + if i + 1 == n {
+                            w.final_ * e.final_reward()
+                        } else {
+                            0.0
+                        }
+                })
+                .collect();
+            let v: Vec<f64> = e.turns.iter().map(|t| t.value.unwrap_or(0.0)).collect();
+            let (a, ret) = cudarl_curriculum::credit::gae(&r, &v, gamma, lambda);
+            a.into_iter().zip(ret).collect()
+        })
+        .collect()
+}
+
+/// Advantages whitened over the batch: `(a - mean) / (std + 1e-6)` (PPO's usual
+/// normalization); one sample gets 0.
+pub(crate) fn whiten(a: &[f64]) -> Vec<f64> {
+    let (m, sd) = mean_std(a);
+    if a.len() < 2 {
+        return vec![0.0; a.len()];
+    }
+    a.iter().map(|x| (x - m) / (sd + 1e-6)).collect()
 }
 
 /// Mean and population standard deviation.
@@ -429,7 +502,7 @@ impl Stage for RlTrain {
         "rl-train"
     }
     fn code_version(&self) -> u32 {
-        3
+        4
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -520,7 +593,7 @@ impl Stage for RlTrain {
                 .flat_map(|t| std::iter::repeat_n(*t, p.group_size))
                 .collect();
             let (g0, h0) = (tc.gen_seconds, h.seconds);
-            let cands0 = h.candidates;
+            let (cands0, hits0) = (h.candidates, h.prefetch_hits);
             let eps = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings)
                 .map_err(StageError::Failed)?;
             // GRPO groups: generator turns by task slot; optimizer turns by (task slot, turn).
@@ -543,26 +616,54 @@ impl Stage for RlTrain {
                     }
                 }
             }
-            let gen_a = group_advantages(&gen_r, &gen_g, 1e-6);
-            let opt_a = group_advantages(&opt_r, &opt_g, 1e-6);
+            // PPO: GAE over each episode's turns with the critics' values, whitened per agent;
+            // the value targets go with the samples. GRPO: group-normalized turn credits.
+            let ppo = (p.algorithm == "ppo")
+                .then(|| ppo_targets(&eps, &cfg.credit, p.gamma, p.gae_lambda));
+            let (gen_a, opt_a, gen_ret, opt_ret) = match &ppo {
+                Some(t) => {
+                    let by = |r: Role| -> (Vec<f64>, Vec<f64>) {
+                        eps.iter()
+                            .zip(t)
+                            .flat_map(|(e, v)| {
+                                e.turns.iter().zip(v).filter(move |(x, _)| x.role == r)
+                            })
+                            .map(|(_, x)| *x)
+                            .unzip()
+                    };
+                    let ((ga, gr), (oa, or)) = (by(Role::Generator), by(Role::Optimizer));
+                    (whiten(&ga), whiten(&oa), gr, or)
+                }
+                None => (
+                    group_advantages(&gen_r, &gen_g, 1e-6),
+                    group_advantages(&opt_r, &opt_g, 1e-6),
+                    vec![],
+                    vec![],
+                ),
+            };
             let mut adv: BTreeMap<(usize, usize), f64> = BTreeMap::new();
             let t_up = Instant::now();
             let mut upd = |agent: Role,
                            s: &[(usize, usize, Option<u64>)],
-                           a: &[f64]|
+                           a: &[f64],
+                           ret: &[f64]|
              -> Result<Value, StageError> {
                 let samples: Vec<Value> = s
                     .iter()
                     .zip(a)
-                    .filter_map(|((ei, t, id), a)| {
+                    .enumerate()
+                    .filter_map(|(k, ((ei, t, id), a))| {
                         adv.insert((*ei, *t), *a);
-                        id.map(|id| json!({"id": id, "advantage": a}))
+                        id.map(|id| match ret.get(k) {
+                            Some(r) => json!({"id": id, "advantage": a, "return": r}),
+                            None => json!({"id": id, "advantage": a}),
+                        })
                     })
                     .collect();
                 tc.request(&json!({"op": "update", "agent": agent, "samples": samples}))
             };
-            let gu = upd(Role::Generator, &gen_s, &gen_a)?;
-            let ou = upd(Role::Optimizer, &opt_s, &opt_a)?;
+            let gu = upd(Role::Generator, &gen_s, &gen_a, &gen_ret)?;
+            let ou = upd(Role::Optimizer, &opt_s, &opt_a, &opt_ret)?;
             let update_seconds = t_up.elapsed().as_secs_f64();
             let finals: Vec<f64> = eps.iter().map(Episode::final_reward).collect();
             let (mr, sd) = mean_std(&finals);
@@ -592,6 +693,10 @@ impl Stage for RlTrain {
                 "optimizer_kl": ou["kl"], "gen_seconds": tc.gen_seconds - g0,
                 "harness_seconds": h.seconds - h0, "update_seconds": update_seconds,
                 "harness_ms_per_candidate": 1000.0 * (h.seconds - h0) / cands,
+                "compile_overlap": (h.prefetch_hits - hits0) as f64 / cands,
+                "value_loss": ppo.as_ref().map(|_| &gu["value_loss"]),
+                "optimizer_value_loss": ppo.as_ref().map(|_| &ou["value_loss"]),
+                "algorithm": p.algorithm,
                 "mode": mode, "device": device}));
             for (ei, e) in eps.iter().enumerate() {
                 for t in &e.turns {
@@ -728,6 +833,9 @@ fn write_turns(ctx: &StageContext<'_>, t: &[TurnRow]) -> Result<(), StageError> 
             )),
             Arc::new(Float64Array::from(
                 t.iter().map(|r| r.5).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                t.iter().map(|r| r.2.value).collect::<Vec<_>>(),
             )),
             Arc::new(StringArray::from(
                 t.iter()

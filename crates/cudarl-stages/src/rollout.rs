@@ -3,9 +3,11 @@
 //! harness as a [`Tester`] (compile-only without a GPU; full tests and timing through the GPU
 //! worker pool with one).
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use cudarl_core::StageError;
@@ -108,13 +110,32 @@ impl TrainerClient {
     /// # Errors
     /// The trainer reported an error or died.
     pub fn request(&mut self, req: &Value) -> Result<Value, StageError> {
+        self.request_streaming(req, &mut |_| {})
+    }
+
+    /// Sends one request, hands each `partial` line to `on_partial` as it arrives, and
+    /// returns the final response.
+    ///
+    /// # Errors
+    /// The trainer reported an error or died.
+    pub fn request_streaming(
+        &mut self,
+        req: &Value,
+        on_partial: &mut dyn FnMut(&Value),
+    ) -> Result<Value, StageError> {
         if writeln!(self.stdin, "{req}")
             .and_then(|()| self.stdin.flush())
             .is_err()
         {
             return Err(self.died());
         }
-        self.read()
+        loop {
+            let v = self.read()?;
+            match v.get("partial") {
+                Some(p) => on_partial(p),
+                None => return Ok(v),
+            }
+        }
     }
 
     /// Ends the process.
@@ -131,13 +152,27 @@ impl Policy for TrainerClient {
         role: Role,
         conversations: &[Vec<ChatMessage>],
     ) -> Result<Vec<Answer>, String> {
+        self.answer_streaming(role, conversations, &mut |_, _| {})
+    }
+
+    fn answer_streaming(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Vec<Answer>, String> {
         let s = self.sampling.clone();
         self.sampling.seed += 1;
         let v = self
-            .request(
+            .request_streaming(
                 &json!({"op": "generate", "agent": role, "conversations": conversations,
                 "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                "top_p": s.top_p, "seed": s.seed}),
+                "top_p": s.top_p, "seed": s.seed, "stream": true}),
+                &mut |p| {
+                    if let (Some(i), Some(t)) = (p["index"].as_u64(), p["text"].as_str()) {
+                        on_finish(i as usize, t);
+                    }
+                },
             )
             .map_err(|e| e.to_string())?;
         self.gen_seconds += v["seconds"].as_f64().unwrap_or(0.0);
@@ -149,6 +184,7 @@ impl Policy for TrainerClient {
                         id: c["id"].as_u64(),
                         text: c["text"].as_str().unwrap_or_default().to_string(),
                         tokens: c["tokens"].as_u64().unwrap_or(0) as usize,
+                        value: c["value"].as_f64(),
                     })
                     .collect()
             })
@@ -182,6 +218,11 @@ pub struct Harness {
     pub seconds: f64,
     /// Candidates judged.
     pub candidates: usize,
+    /// Background builds started by [`Tester::prefetch`], by (task id, code): the compile-only
+    /// verdict arrives on the channel.
+    pub prefetched: BTreeMap<(String, String), Receiver<Result<Verdict, String>>>,
+    /// Candidates whose build was started by a prefetch (overlapping generation).
+    pub prefetch_hits: usize,
 }
 
 /// `cuobjdump` beside nvcc, or on `PATH`.
@@ -225,13 +266,29 @@ impl Tester for Harness {
         items: &[(&TaskSpec, &str)],
     ) -> Result<Vec<(Verdict, Option<String>)>, String> {
         let t0 = Instant::now();
-        // Static checks and nvcc on every core first; the GPU then runs the compiled ones
-        // (their builds are compile-cache hits).
+        // Static checks and nvcc on every core first (builds a prefetch started are waited
+        // for); the GPU then runs the compiled ones (their builds are compile-cache hits).
+        let waiting: Vec<Option<Receiver<Result<Verdict, String>>>> = items
+            .iter()
+            .map(|(t, c)| self.prefetched.remove(&(t.id.clone(), c.to_string())))
+            .collect();
+        self.prefetch_hits += waiting.iter().filter(|w| w.is_some()).count();
+        // Waited for here, outside the pool: a pool thread blocked on a build still queued
+        // behind it could deadlock the pool.
+        let done: Vec<Option<Result<Verdict, String>>> = waiting
+            .into_iter()
+            .map(|w| w.and_then(|rx| rx.recv().ok()))
+            .collect();
         let pre: Vec<Verdict> = items
             .par_iter()
-            .map(|(t, c)| check_compile_only(t, c, &self.rules, &self.compiler))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
+            .zip(done)
+            .map(|((t, c), d)| match d {
+                Some(v) => v,
+                None => {
+                    check_compile_only(t, c, &self.rules, &self.compiler).map_err(|e| e.to_string())
+                }
+            })
+            .collect::<Result<_, _>>()?;
         let mut out = Vec::with_capacity(items.len());
         for ((t, c), v) in items.iter().zip(pre) {
             let v = match self.pool.as_mut() {
@@ -263,5 +320,20 @@ impl Tester for Harness {
         self.seconds += t0.elapsed().as_secs_f64();
         self.candidates += items.len();
         Ok(out)
+    }
+
+    fn prefetch(&mut self, task: &TaskSpec, code: &str) {
+        let key = (task.id.clone(), code.to_string());
+        if self.prefetched.contains_key(&key) {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (t, c) = (task.clone(), code.to_string());
+        let (rules, compiler) = (self.rules.clone(), self.compiler.clone());
+        rayon::spawn(move || {
+            let _ =
+                tx.send(check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string()));
+        });
+        self.prefetched.insert(key, rx);
     }
 }

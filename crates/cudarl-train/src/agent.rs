@@ -10,7 +10,7 @@ use tch::nn::OptimizerConfig;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::ModelError;
-use crate::generate::{Finish, SampleParams, generate};
+use crate::generate::{Finish, SampleParams, generate_streaming};
 use crate::model::Qwen2;
 use crate::tokenizer::{ChatTokenizer, Message};
 use crate::train::{Precision, clip_grad_norm};
@@ -49,6 +49,11 @@ pub struct AgentOptim {
     pub weight_decay: f64,
     /// Global gradient L2 norm clip.
     pub grad_clip: f64,
+    /// Optimizer steps of linear learning-rate warmup (`lr * k / warmup` at step `k`, then
+    /// `lr`): Adam's first steps move every parameter by about `lr` whatever the gradient's
+    /// size, which is what pushed a peaked SFT policy far from its reference at once
+    /// (KL 0.99 nats/token after one RL step at 5e-5, README). 0 = none.
+    pub warmup: usize,
 }
 
 impl Default for AgentOptim {
@@ -57,6 +62,7 @@ impl Default for AgentOptim {
             lr: 1e-5,
             weight_decay: 0.0,
             grad_clip: 1.0,
+            warmup: 0,
         }
     }
 }
@@ -73,6 +79,7 @@ pub struct TrainableAgent {
     pub tokenizer: ChatTokenizer,
     opt: nn::Optimizer,
     optim: AgentOptim,
+    steps: usize,
 }
 
 impl TrainableAgent {
@@ -107,6 +114,7 @@ impl TrainableAgent {
             tokenizer,
             opt,
             optim,
+            steps: 0,
         })
     }
 
@@ -130,13 +138,42 @@ impl TrainableAgent {
         conversations: &[Vec<Message>],
         params: &SampleParams,
     ) -> Result<Vec<Completion>, ModelError> {
+        self.generate_streaming(conversations, params, &mut |_, _| {})
+    }
+
+    /// [`TrainableAgent::generate_with_log_probs`] that calls `on_finish(i, text)` with the
+    /// decoded text of conversation `i`'s answer as soon as it is finished, while the rest of
+    /// the batch decodes on.
+    ///
+    /// # Errors
+    /// Rendering or generation errors.
+    pub fn generate_streaming(
+        &self,
+        conversations: &[Vec<Message>],
+        params: &SampleParams,
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Vec<Completion>, ModelError> {
         let prompts: Vec<Vec<i64>> = conversations
             .iter()
             .map(|c| Ok(self.tokenizer.render(&self.with_system(c), true)?.0))
             .collect::<Result<_, ModelError>>()?;
         let mut eos = vec![self.tokenizer.im_end];
         eos.extend(self.tokenizer.eos);
-        let g = generate(&self.model, &prompts, params, &eos, &mut |_, _| false)?;
+        let tok = &self.tokenizer;
+        let mut finished = |i: usize, ids: &[i64]| {
+            let body: Vec<i64> = ids.iter().copied().filter(|t| !eos.contains(t)).collect();
+            if let Ok(text) = tok.decode(&body) {
+                on_finish(i, &text);
+            }
+        };
+        let g = generate_streaming(
+            &self.model,
+            &prompts,
+            params,
+            &eos,
+            &mut |_, _| false,
+            &mut finished,
+        )?;
         let mut out = Vec::with_capacity(prompts.len());
         for (i, p) in prompts.into_iter().enumerate() {
             let ids = g.tokens[i].clone();
@@ -156,7 +193,8 @@ impl TrainableAgent {
     /// its prompt under `model` with logits divided by `temperature` (the distribution the
     /// tokens were sampled from), and the mask `[b, T]` (1 on real completion tokens); `T` is
     /// the longest completion. Also returns the per-token entropy `[b, T]` of that
-    /// distribution (detached).
+    /// distribution (detached) and the state `[b, h]`: the last layer's hidden state at each
+    /// prompt's last token (what PPO's value head reads; compute dtype, differentiable).
     ///
     /// # Errors
     /// libtorch errors.
@@ -164,7 +202,7 @@ impl TrainableAgent {
         model: &Qwen2,
         items: &[(&[i64], &[i64])],
         temperature: f64,
-    ) -> Result<(Tensor, Tensor, Tensor), ModelError> {
+    ) -> Result<(Tensor, Tensor, Tensor, Tensor), ModelError> {
         let dev = model.device();
         let width = items
             .iter()
@@ -196,8 +234,14 @@ impl TrainableAgent {
         let mask = Tensor::from_slice(&mask)
             .view([b, tmax as i64])
             .to_device(dev);
-        let logits = model.forward(&ids_t, None, None, None)?; // [b, width, V] f32
+        let (logits, hidden) = model.forward_hidden(&ids_t, None, None, None)?; // [b, width, V] f32
         let v = logits.size()[2];
+        let last: Vec<i64> = items.iter().map(|(p, _)| p.len() as i64 - 1).collect();
+        let last = Tensor::from_slice(&last).to_device(dev).view([b, 1, 1]);
+        let h = hidden.size()[2];
+        let state = hidden
+            .gather(1, &last.expand([b, 1, h], false), false)
+            .squeeze_dim(1);
         let at = logits.gather(
             1,
             &pos.unsqueeze(-1).expand([b, tmax as i64, v], false),
@@ -220,7 +264,36 @@ impl TrainableAgent {
         let entropy = tch::no_grad(|| {
             -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float) * &mask
         });
-        Ok((logp, mask, entropy))
+        Ok((logp, mask, entropy, state))
+    }
+
+    /// The state `[b, h]` (float32, detached) of each prompt: the last layer's hidden state at
+    /// its last token, what PPO's value head reads before the agent answers.
+    ///
+    /// # Errors
+    /// libtorch errors.
+    pub fn prompt_states(model: &Qwen2, prompts: &[&[i64]]) -> Result<Tensor, ModelError> {
+        let _g = tch::no_grad_guard();
+        let dev = model.device();
+        let width = prompts.iter().map(|p| p.len()).max().unwrap_or(1).max(1);
+        let b = prompts.len() as i64;
+        let mut ids = Vec::new();
+        for p in prompts {
+            let mut row = p.to_vec();
+            row.resize(width, 0);
+            ids.extend(row);
+        }
+        let ids = Tensor::from_slice(&ids)
+            .view([b, width as i64])
+            .to_device(dev);
+        let (_, hidden) = model.forward_hidden(&ids, None, None, None)?;
+        let h = hidden.size()[2];
+        let last: Vec<i64> = prompts.iter().map(|p| p.len().max(1) as i64 - 1).collect();
+        let last = Tensor::from_slice(&last).to_device(dev).view([b, 1, 1]);
+        Ok(hidden
+            .gather(1, &last.expand([b, 1, h], false), false)
+            .squeeze_dim(1)
+            .to_kind(Kind::Float))
     }
 
     /// One optimizer step on `loss`: backward, global-norm clipping, AdamW. Returns the
@@ -229,6 +302,11 @@ impl TrainableAgent {
     /// # Errors
     /// libtorch errors.
     pub fn step(&mut self, loss: &Tensor) -> Result<f64, ModelError> {
+        self.steps += 1;
+        if self.optim.warmup > 0 {
+            let f = (self.steps as f64 / self.optim.warmup as f64).min(1.0);
+            self.opt.set_lr(self.optim.lr * f);
+        }
         self.opt.zero_grad();
         loss.f_backward()?;
         let norm = clip_grad_norm(&self.model.vs.trainable_variables(), self.optim.grad_clip);

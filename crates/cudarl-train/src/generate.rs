@@ -73,6 +73,24 @@ pub fn generate(
     eos: &[i64],
     stop: &mut dyn FnMut(usize, &[i64]) -> bool,
 ) -> Result<Generation, ModelError> {
+    generate_streaming(model, prompts, params, eos, stop, &mut |_, _| {})
+}
+
+/// [`generate`] that calls `on_finish(i, tokens)` as soon as row `i` is finished (end of
+/// sequence or `stop`; rows cut by `max_new_tokens` at the end), while the other rows are
+/// still decoding: a caller can compile finished kernels while the batch runs on
+/// (`rl-train` overlaps nvcc with generation this way).
+///
+/// # Errors
+/// As [`generate`].
+pub fn generate_streaming(
+    model: &Qwen2,
+    prompts: &[Vec<i64>],
+    params: &SampleParams,
+    eos: &[i64],
+    stop: &mut dyn FnMut(usize, &[i64]) -> bool,
+    on_finish: &mut dyn FnMut(usize, &[i64]),
+) -> Result<Generation, ModelError> {
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(ModelError::Generate("every prompt needs a token".into()));
     }
@@ -162,10 +180,16 @@ pub fn generate(
                 done[i] = true;
                 out.finish[i] = Finish::Stop;
             }
+            if done[i] {
+                on_finish(i, &out.tokens[i]);
+            }
         }
         if done.iter().all(|d| *d) {
             break;
         }
+    }
+    for i in (0..b).filter(|&i| !done[i]) {
+        on_finish(i, &out.tokens[i]);
     }
     Ok(out)
 }

@@ -238,8 +238,23 @@ impl Qwen2 {
         input_ids: &Tensor,
         positions: Option<&Tensor>,
         mask: Option<&Tensor>,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
     ) -> Result<Tensor, ModelError> {
+        Ok(self.forward_hidden(input_ids, positions, mask, cache)?.0)
+    }
+
+    /// [`Qwen2::forward`] that also returns the last layer's normed hidden states `[b, t, h]`
+    /// (the compute dtype; what the LM head reads, and what PPO's value head reads).
+    ///
+    /// # Errors
+    /// As [`Qwen2::forward`].
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        positions: Option<&Tensor>,
+        mask: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<(Tensor, Tensor), ModelError> {
         let c = &self.config;
         let dev = self.device();
         let (b, t) = input_ids.size2()?;
@@ -327,7 +342,7 @@ impl Qwen2 {
             Some(h) => lin(h, &x),
             None => x.matmul(&at_kind(&self.embed.ws, kind).tr()),
         };
-        Ok(logits.to_kind(Kind::Float))
+        Ok((logits.to_kind(Kind::Float), x))
     }
 
     /// Loads a Hugging Face directory: `config.json` and `model.safetensors`, or the shards

@@ -5,13 +5,18 @@
 //!
 //! Requests (`op`):
 //! - `generate` {agent, conversations: [[{role, content}]], max_new_tokens, temperature, top_p,
-//!   seed} -> {completions: [{id, text, tokens, finish, mean_log_prob}], seconds}; the tokens
-//!   are kept under `id` for a later update.
-//! - `update` {agent, samples: [{id, advantage}]} -> {loss, pg_loss, kl, clip_frac, entropy,
-//!   tokens, grad_norm, seconds}: the clipped-ratio loss with the KL penalty
-//!   ([`crate::rl::clipped_pg_loss`]) over minibatches; the old log-probabilities are
+//!   seed, stream?} -> {completions: [{id, text, tokens, finish, mean_log_prob, value?}],
+//!   seconds}; the tokens are kept under `id` for a later update. `value` (PPO only) is the
+//!   value head's estimate of the prompt's state. With `stream: true`, each answer is also
+//!   sent as soon as it is finished, as a line `{ok, partial: {index, text}}` before the final
+//!   response (the stage compiles finished kernels while the batch decodes on).
+//! - `update` {agent, samples: [{id, advantage, return?}]} -> {loss, pg_loss, kl, clip_frac,
+//!   entropy, tokens, grad_norm, value_loss, seconds}: the clipped-ratio loss with the KL
+//!   penalty ([`crate::rl::clipped_pg_loss`]) over minibatches; the old log-probabilities are
 //!   recomputed with the training forward pass before the first minibatch (so sampling-time
-//!   numerics do not bias the ratio). Every kept completion of that agent is dropped after.
+//!   numerics do not bias the ratio). With PPO, the value head is fitted to `return` (mean
+//!   squared error) in the same minibatches. Every kept completion of that agent is dropped
+//!   after.
 //! - `save` {dir} -> writes `dir/generator` and `dir/optimizer` (Hugging Face layout).
 //! - `quit`.
 //!
@@ -25,6 +30,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
+
+use tch::nn::{self, Module, OptimizerConfig};
 
 use crate::agent::{AgentOptim, Completion, Role, TrainableAgent};
 use crate::rl::{PgConfig, clipped_pg_loss};
@@ -55,6 +62,62 @@ pub struct RlServe {
     pub pg: PgConfig,
     /// Completions per optimizer step.
     pub minibatch: usize,
+    /// `grpo` (group-normalized advantages from the stage, no critic) or `ppo` (a value head
+    /// per agent; the stage computes GAE advantages from its estimates).
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// Optimizer steps of linear learning-rate warmup ([`AgentOptim::warmup`]).
+    #[serde(default)]
+    pub warmup: usize,
+    /// AdamW learning rate of PPO's value heads.
+    #[serde(default = "d_value_lr")]
+    pub value_lr: f64,
+}
+
+fn d_value_lr() -> f64 {
+    1e-3
+}
+
+/// The policy-gradient algorithm of an RL run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// GRPO: advantages normalized within groups of episodes of the same task (Shao et al.,
+    /// arXiv:2402.03300); no critic.
+    #[default]
+    Grpo,
+    /// PPO with a learned value function and GAE advantages (Schulman et al.,
+    /// arXiv:1707.06347, arXiv:1506.02438).
+    Ppo,
+}
+
+/// PPO's critic for one agent: a two-layer MLP `h -> h -> 1` (tanh) on the policy's last
+/// hidden state at the prompt's last token, detached (the critic does not move the policy's
+/// trunk), with its own AdamW. Estimates the turn's return (reward units, about 0..1).
+struct ValueHead {
+    _vs: nn::VarStore,
+    net: nn::Sequential,
+    opt: nn::Optimizer,
+}
+
+impl ValueHead {
+    fn new(hidden: i64, device: tch::Device, lr: f64) -> Result<ValueHead, ModelError> {
+        let vs = nn::VarStore::new(device);
+        let r = vs.root();
+        let net = nn::seq()
+            .add(nn::linear(&r / "fc", hidden, hidden, Default::default()))
+            .add_fn(|x| x.tanh())
+            .add(nn::linear(&r / "out", hidden, 1, Default::default()));
+        let opt = nn::AdamW::default().build(&vs, lr)?;
+        Ok(ValueHead { _vs: vs, net, opt })
+    }
+
+    /// Values `[b]` of states `[b, h]` (detached from the policy, float32).
+    fn values(&self, states: &Tensor) -> Tensor {
+        self.net
+            .forward(&states.detach().to_kind(Kind::Float))
+            .squeeze_dim(-1)
+    }
 }
 
 struct Kept {
@@ -66,6 +129,7 @@ struct Kept {
 struct Server {
     agents: [TrainableAgent; 2],
     refs: [Qwen2; 2],
+    critics: Option<[ValueHead; 2]>,
     kept: BTreeMap<u64, Kept>,
     next_id: u64,
     job: RlServe,
@@ -88,6 +152,8 @@ enum Request {
         temperature: f64,
         top_p: f64,
         seed: i64,
+        #[serde(default)]
+        stream: bool,
     },
     Update {
         agent: Role,
@@ -104,6 +170,9 @@ enum Request {
 struct Sample {
     id: u64,
     advantage: f64,
+    /// PPO's value target (GAE advantage + the value estimate at generation time).
+    #[serde(default, rename = "return")]
+    ret: Option<f64>,
 }
 
 impl Server {
@@ -111,6 +180,7 @@ impl Server {
         let dev = crate::job::device(&job.device)?;
         let optim = AgentOptim {
             lr: job.lr,
+            warmup: job.warmup,
             ..Default::default()
         };
         let load = |dir: &PathBuf, role, system: &str| {
@@ -127,16 +197,24 @@ impl Server {
             Ok(m)
         };
         let refs = [frozen(&job.generator)?, frozen(&job.optimizer)?];
+        let critics = match job.algorithm {
+            Algorithm::Grpo => None,
+            Algorithm::Ppo => Some([
+                ValueHead::new(g.model.config.hidden_size, dev, job.value_lr)?,
+                ValueHead::new(o.model.config.hidden_size, dev, job.value_lr)?,
+            ]),
+        };
         Ok(Server {
             agents: [g, o],
             refs,
+            critics,
             kept: BTreeMap::new(),
             next_id: 0,
             job,
         })
     }
 
-    fn handle(&mut self, req: Request) -> Result<Option<Value>, ModelError> {
+    fn handle(&mut self, req: Request, out: &mut dyn Write) -> Result<Option<Value>, ModelError> {
         let t0 = Instant::now();
         Ok(Some(match req {
             Request::Generate {
@@ -146,6 +224,7 @@ impl Server {
                 temperature,
                 top_p,
                 seed,
+                stream,
             } => {
                 let p = SampleParams {
                     max_new_tokens,
@@ -154,15 +233,36 @@ impl Server {
                     seed: Some(seed),
                     use_cache: true,
                 };
-                let comps = self.agents[idx(agent)].generate_with_log_probs(&conversations, &p)?;
+                let a = &self.agents[idx(agent)];
+                let comps = a.generate_streaming(&conversations, &p, &mut |i, text| {
+                    if stream {
+                        let _ = writeln!(
+                            out,
+                            "{}",
+                            json!({"ok": true, "partial": {"index": i, "text": text}})
+                        );
+                        let _ = out.flush();
+                    }
+                })?;
+                let values: Option<Vec<f64>> = match &self.critics {
+                    Some(c) if !comps.is_empty() => {
+                        let prompts: Vec<&[i64]> =
+                            comps.iter().map(|c| c.prompt_ids.as_slice()).collect();
+                        let st = TrainableAgent::prompt_states(&a.model, &prompts)?;
+                        let v = tch::no_grad(|| c[idx(agent)].values(&st));
+                        Some(Vec::<f64>::try_from(v.to_kind(Kind::Double))?)
+                    }
+                    _ => None,
+                };
                 let mut out = Vec::new();
-                for c in comps {
+                for (ci, c) in comps.into_iter().enumerate() {
                     let id = self.next_id;
                     self.next_id += 1;
                     let lp = &c.log_probs;
                     out.push(json!({"id": id, "text": c.text, "tokens": c.ids.len(),
                         "finish": format!("{:?}", c.finish),
-                        "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64}));
+                        "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64,
+                        "value": values.as_ref().map(|v| v[ci])}));
                     self.kept.insert(
                         id,
                         Kept {
@@ -203,8 +303,14 @@ impl Server {
                     s.id
                 )));
             }
+            if self.critics.is_some() && s.ret.is_none() {
+                return Err(ModelError::Generate(format!(
+                    "update: PPO needs a `return` for completion {}",
+                    s.id
+                )));
+            }
             if !k.completion.ids.is_empty() {
-                items.push((s.id, s.advantage));
+                items.push((s.id, s.advantage, s.ret.unwrap_or(0.0)));
             }
         }
         let mut st = UpdateStats::default();
@@ -213,6 +319,7 @@ impl Server {
         }
         let mb = self.job.minibatch.max(1);
         let (a, r) = (&mut self.agents[idx(agent)], &self.refs[idx(agent)]);
+        let mut critic = self.critics.as_mut().map(|c| &mut c[idx(agent)]);
         let mut n_mb = 0.0;
         // The minibatches once: (prompt, completion) pairs, sampling temperature, advantages.
         let kept = &self.kept;
@@ -221,30 +328,41 @@ impl Server {
             .map(|chunk| {
                 let seqs = chunk
                     .iter()
-                    .map(|(id, _)| {
+                    .map(|(id, _, _)| {
                         let c = &kept[id].completion;
                         (c.prompt_ids.as_slice(), c.ids.as_slice())
                     })
                     .collect();
-                let adv: Vec<f32> = chunk.iter().map(|(_, a)| *a as f32).collect();
+                let adv: Vec<f32> = chunk.iter().map(|(_, a, _)| *a as f32).collect();
                 let adv = Tensor::from_slice(&adv).to_device(a.model.device());
-                (seqs, kept[&chunk[0].0].temperature, adv)
+                let ret: Vec<f32> = chunk.iter().map(|(_, _, r)| *r as f32).collect();
+                let ret = Tensor::from_slice(&ret).to_device(a.model.device());
+                (seqs, kept[&chunk[0].0].temperature, adv, ret)
             })
             .collect();
         // Old and reference log-probabilities first, for every minibatch, without gradients.
         let mut fixed = Vec::new();
-        for (seqs, temp, _) in &batches {
+        for (seqs, temp, _, _) in &batches {
             let _g = tch::no_grad_guard();
-            let (old, _, ent) = TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
-            let (rf, mask, _) = TrainableAgent::completion_log_probs(r, seqs, *temp)?;
+            let (old, _, ent, _) = TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
+            let (rf, mask, _, _) = TrainableAgent::completion_log_probs(r, seqs, *temp)?;
             st.entropy +=
                 (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
             fixed.push((old, rf));
         }
-        for (ci, (seqs, temp, adv)) in batches.iter().enumerate() {
-            let (logp, mask, _) = TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
+        for (ci, (seqs, temp, adv, ret)) in batches.iter().enumerate() {
+            let (logp, mask, _, state) =
+                TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
             let (old, rf) = &fixed[ci];
             let (loss, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
+            if let Some(c) = critic.as_deref_mut() {
+                // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
+                let vl = (c.values(&state) - ret).square().mean(Kind::Float) * 0.5;
+                c.opt.zero_grad();
+                vl.f_backward()?;
+                c.opt.step();
+                st.value_loss += vl.double_value(&[]);
+            }
             st.grad_norm += a.step(&loss)?;
             st.loss += s.loss;
             st.pg_loss += s.pg_loss;
@@ -260,6 +378,7 @@ impl Server {
             &mut st.clip_frac,
             &mut st.entropy,
             &mut st.grad_norm,
+            &mut st.value_loss,
         ] {
             *x /= n_mb;
         }
@@ -269,8 +388,8 @@ impl Server {
 }
 
 /// One minibatch of an update: (prompt, completion) token pairs, the sampling temperature,
-/// the advantages `[b]`.
-type Minibatch<'a> = (Vec<(&'a [i64], &'a [i64])>, f64, Tensor);
+/// the advantages `[b]`, the value targets `[b]` (PPO; zeros with GRPO).
+type Minibatch<'a> = (Vec<(&'a [i64], &'a [i64])>, f64, Tensor, Tensor);
 
 /// What one `update` did (means over its minibatches; `tokens` summed).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -291,6 +410,8 @@ pub struct UpdateStats {
     pub grad_norm: f64,
     /// Completions trained on.
     pub samples: usize,
+    /// PPO's value loss `0.5 (V - return)^2` (0 with GRPO).
+    pub value_loss: f64,
 }
 
 /// Runs the request loop on stdin/stdout until `quit` or end of input.
@@ -310,7 +431,7 @@ pub fn serve(job: &RlServe) -> Result<(), ModelError> {
         }
         let resp = match serde_json::from_str::<Request>(&line) {
             Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
-            Ok(req) => match server.handle(req) {
+            Ok(req) => match server.handle(req, &mut out) {
                 Ok(Some(v)) => v,
                 Ok(None) => break,
                 Err(e) => json!({"ok": false, "error": e.to_string()}),
