@@ -67,6 +67,14 @@ fn probe_uncached() -> Option<GpuInfo> {
     info(&ctx).ok()
 }
 
+/// How many CUDA devices this process sees (0 without libcuda or a driver).
+pub fn device_count() -> usize {
+    if probe().is_none() {
+        return 0;
+    }
+    CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
 /// Reads the device's attributes.
 ///
 /// # Errors

@@ -118,10 +118,12 @@ struct Worker {
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
-/// A pool of one worker per GPU (one GPU today), replaced on failure.
+/// One worker process for one GPU, replaced on failure (a server keeps one pool per GPU, each
+/// pinned with [`WorkerPool::on_gpu`]).
 pub struct WorkerPool {
     exe: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     worker: Option<Worker>,
     /// Workers started so far (replacements included).
     pub spawned: usize,
@@ -133,14 +135,24 @@ impl WorkerPool {
         WorkerPool {
             exe,
             args,
+            env: Vec::new(),
             worker: None,
             spawned: 0,
         }
     }
 
+    /// The same pool with its workers pinned to GPU `index` (`CUDA_VISIBLE_DEVICES`; the
+    /// worker then sees that GPU as device 0).
+    pub fn on_gpu(mut self, index: usize) -> WorkerPool {
+        self.env
+            .push(("CUDA_VISIBLE_DEVICES".into(), index.to_string()));
+        self
+    }
+
     fn spawn(&mut self) -> Result<Worker, String> {
         let mut child = Command::new(&self.exe)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -59,6 +59,33 @@ pub enum BenchCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Load test of `serve` on loopback: `--clients` concurrent clients for `--seconds`, each
+    /// sending distinct kernels (the task families' naive and optimized kernels with a unique
+    /// comment, so every request compiles and, on a GPU, runs); throughput, p50/p99 latency,
+    /// lost or duplicated results (every request id must come back exactly once, and the
+    /// server's verdict count must equal the 200s received). Then the HTTP path's overhead:
+    /// the same compiled kernel through `check` (a process per call) vs through the warm
+    /// service, each `--overhead-reps` times.
+    Serve {
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// The service's queue (admission) size.
+        #[arg(long, default_value_t = 256)]
+        queue: usize,
+        /// Repetitions of the overhead comparison.
+        #[arg(long, default_value_t = 10)]
+        overhead_reps: usize,
+        /// `auto` or `compile`.
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Training and generation throughput of cudarl-train's Qwen2 vs `transformers` eager.
     TrainThroughput {
         /// `configs/model/<model>.toml` (architecture and tokenizer vocabulary size).
@@ -98,7 +125,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn machine() -> serde_json::Value {
+pub(crate) fn machine() -> serde_json::Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -143,6 +170,24 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
         BenchCmd::Noop { reps, out } => noop(ctx, reps, out),
         BenchCmd::IngestSakana { rows, reps, out } => ingest_sakana(ctx, rows, reps, out),
         BenchCmd::Validate { kernels, out } => validate(ctx, kernels, out),
+        BenchCmd::Serve {
+            clients,
+            seconds,
+            queue,
+            overhead_reps,
+            mode,
+            out,
+        } => crate::cmd::serve_bench::run(
+            ctx,
+            &crate::cmd::serve_bench::Load {
+                clients,
+                seconds,
+                queue,
+                overhead_reps,
+                mode,
+            },
+        )
+        .and_then(|r| finish(r, out)),
         BenchCmd::TrainThroughput {
             model,
             batch_size,

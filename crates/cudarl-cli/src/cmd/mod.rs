@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod check;
+pub mod serve;
+pub mod serve_bench;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -166,6 +168,32 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         } => export(&ctx, &node, &to, output.as_deref()),
         Command::Gc { keep_last, json } => gc(&ctx, keep_last, json),
         Command::Bench { which } => bench::run(&ctx, which),
+        Command::Serve {
+            bind,
+            queue,
+            deadline_s,
+            max_body_bytes,
+            token,
+            mode,
+            compile_workers,
+            arch,
+            timeout,
+            cache_entries,
+        } => serve::run(
+            &ctx,
+            serve::ServeArgs {
+                bind,
+                queue,
+                deadline_s,
+                max_body_bytes,
+                token,
+                mode,
+                compile_workers,
+                arch,
+                timeout,
+                cache_entries,
+            },
+        ),
         Command::Check {
             task,
             source,

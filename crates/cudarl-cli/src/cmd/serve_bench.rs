@@ -1,0 +1,250 @@
+//! `cudarl-pipe bench serve`: a bounded load test of `serve` on loopback and the overhead of
+//! the HTTP path against `check`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{CliError, Ctx};
+
+/// Load-test settings.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Seconds of load.
+    pub seconds: u64,
+    /// The service's queue size.
+    pub queue: usize,
+    /// Repetitions of the overhead comparison.
+    pub overhead_reps: usize,
+    /// `auto` or `compile`.
+    pub mode: String,
+}
+
+/// The service as a child process; killed on drop.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child; SIGTERM lets it shut down its GPU workers.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn start(ctx: &Ctx, l: &Load) -> Result<Served, CliError> {
+    let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
+    let mut child = Command::new(exe)
+        .arg("--root")
+        .arg(&ctx.root)
+        .arg("--store")
+        .arg(&ctx.store)
+        .args(["serve", "--bind", "127.0.0.1:0", "--mode", &l.mode])
+        .args(["--queue", &l.queue.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| CliError::failed(format!("start serve: {e}")))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let base = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .ok_or_else(|| CliError::failed(format!("serve did not start: `{line}`")))?
+        .to_string();
+    Ok(Served { child, base })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let k = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[k.min(sorted.len() - 1)]
+}
+
+/// One client's record: (request id, status, seconds, task id echoed in the verdict).
+type Record = (String, u16, f64, Option<String>);
+
+/// Runs the load test and the overhead comparison; returns the result JSON.
+///
+/// # Errors
+/// The task families cannot be read or the service does not start.
+pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
+    let tasks = cudarl_cuda::load_tasks(&ctx.root.join("datasets/tasks"))
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    let mut kernels: Vec<(String, String)> = Vec::new();
+    for t in &tasks {
+        if let Ok(n) = t.naive_source() {
+            kernels.push((t.spec.id.clone(), n));
+        }
+        if let Ok(o) = t.optimized_sources() {
+            kernels.extend(o.into_iter().map(|(_, c)| (t.spec.id.clone(), c)));
+        }
+    }
+    if kernels.is_empty() {
+        return Err(CliError::usage("no task kernels under datasets/tasks"));
+    }
+    let served = start(ctx, l)?;
+    let agent = || {
+        ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(600))
+            .build()
+    };
+    let health: Value = agent()
+        .get(&format!("{}/healthz", served.base))
+        .call()
+        .map_err(|e| CliError::failed(e.to_string()))?
+        .into_json()
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let records: Arc<Mutex<Vec<Record>>> = Arc::default();
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(l.seconds);
+    std::thread::scope(|s| {
+        for c in 0..l.clients {
+            let (records, kernels, base) = (records.clone(), &kernels, &served.base);
+            let a = agent();
+            s.spawn(move || {
+                let mut seq = 0usize;
+                while Instant::now() < end {
+                    let (task, code) = &kernels[(c * 7 + seq) % kernels.len()];
+                    let id = format!("c{c}r{seq}");
+                    let src = format!("// bench {id}\n{code}");
+                    let t = Instant::now();
+                    let r = a
+                        .post(&format!("{base}/v1/evaluate"))
+                        .send_json(json!({"task_id": task, "source": src}));
+                    let secs = t.elapsed().as_secs_f64();
+                    let rec = match r {
+                        Ok(resp) => {
+                            let v: Value = resp.into_json().unwrap_or_default();
+                            (id, 200, secs, v["task_id"].as_str().map(str::to_string))
+                        }
+                        Err(ureq::Error::Status(code, _)) => (id, code, secs, None),
+                        Err(_) => (id, 0, secs, None),
+                    };
+                    let busy = rec.1 == 429;
+                    records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+                    if busy {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    seq += 1;
+                }
+            });
+        }
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let recs = std::mem::take(&mut *records.lock().unwrap_or_else(|e| e.into_inner()));
+    let ok: Vec<&Record> = recs.iter().filter(|r| r.1 == 200).collect();
+    let busy = recs.iter().filter(|r| r.1 == 429).count();
+    let lost: Vec<&Record> = recs.iter().filter(|r| r.1 != 200 && r.1 != 429).collect();
+    let mut ids: Vec<&str> = ok.iter().map(|r| r.0.as_str()).collect();
+    ids.sort_unstable();
+    let unique = {
+        let mut u = ids.clone();
+        u.dedup();
+        u.len()
+    };
+    let wrong_task = ok
+        .iter()
+        .filter(|r| {
+            let c: usize = r.0[1..r.0.find('r').unwrap_or(1)].parse().unwrap_or(0);
+            let s: usize = r.0[r.0.find('r').map_or(0, |i| i + 1)..]
+                .parse()
+                .unwrap_or(0);
+            r.3.as_deref() != Some(kernels[(c * 7 + s) % kernels.len()].0.as_str())
+        })
+        .count();
+    let mut lat: Vec<f64> = ok.iter().map(|r| r.2 * 1000.0).collect();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    // The server's own count of verdicts: must equal the 200s received (no duplicates).
+    let metrics = agent()
+        .get(&format!("{}/metrics", served.base))
+        .call()
+        .map_err(|e| CliError::failed(e.to_string()))?
+        .into_string()
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let server_verdicts: f64 = metrics
+        .lines()
+        .filter(|x| x.starts_with("cudarl_serve_verdicts_total"))
+        .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+
+    // Overhead: one compiled kernel through `check` (a process each) and through the warm
+    // service (new public seeds each time: no verdict-cache hit, a compile-cache hit).
+    let (task, code) = &kernels[0];
+    let dir = tempfile::tempdir().map_err(|e| CliError::failed(e.to_string()))?;
+    let file = dir.path().join("k.cu");
+    std::fs::write(&file, code).map_err(|e| CliError::failed(e.to_string()))?;
+    let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
+    let check_mode = if l.mode == "compile" {
+        "compile"
+    } else {
+        "auto"
+    };
+    let a = agent();
+    let post = |seed: u64| -> f64 {
+        let t = Instant::now();
+        let _ = a
+            .post(&format!("{}/v1/evaluate", served.base))
+            .send_json(json!({"task_id": task, "source": code, "seeds": [seed]}));
+        t.elapsed().as_secs_f64() * 1000.0
+    };
+    post(10_000); // compiled and the naive baseline timed once
+    let mut serve_ms = Vec::new();
+    let mut check_ms = Vec::new();
+    for i in 0..l.overhead_reps {
+        serve_ms.push(post(10_001 + i as u64));
+        let t = Instant::now();
+        let _ = Command::new(&exe)
+            .arg("--root")
+            .arg(&ctx.root)
+            .arg("--store")
+            .arg(&ctx.store)
+            .args(["check", "--task", task, "--mode", check_mode, "--json"])
+            .arg("--source")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        check_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    serve_ms.sort_by(|a, b| a.total_cmp(b));
+    check_ms.sort_by(|a, b| a.total_cmp(b));
+    let (s50, c50) = (percentile(&serve_ms, 50.0), percentile(&check_ms, 50.0));
+    drop(served);
+    Ok(json!({
+        "bench": "serve",
+        "machine": super::bench::machine(),
+        "service": health,
+        "clients": l.clients,
+        "seconds": l.seconds,
+        "queue": l.queue,
+        "wall_seconds": wall,
+        "requests": recs.len(),
+        "ok": ok.len(),
+        "rejected_429": busy,
+        "lost": lost.len(),
+        "lost_statuses": lost.iter().map(|r| r.1).collect::<Vec<_>>(),
+        "duplicated": ok.len() - unique,
+        "wrong_task_in_verdict": wrong_task,
+        "server_verdicts": server_verdicts,
+        "verdicts_per_second": ok.len() as f64 / wall,
+        "latency_ms": {"p50": percentile(&lat, 50.0), "p90": percentile(&lat, 90.0),
+            "p99": percentile(&lat, 99.0), "max": lat.last().copied()},
+        "overhead": {"kernel": task, "reps": l.overhead_reps,
+            "serve_ms_p50": s50, "check_ms_p50": c50, "check_over_serve": c50 / s50,
+            "serve_ms": serve_ms, "check_ms": check_ms},
+    }))
+}

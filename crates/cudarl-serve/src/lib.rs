@@ -1,0 +1,689 @@
+//! The kernel-evaluation service behind `cudarl-pipe serve`: the harness over HTTP, for
+//! rollouts that run elsewhere (VERL's agent loop and reward function on a Ray cluster, see
+//! `python/cudarl_verl/`).
+//!
+//! Endpoints (described in OpenAPI 3.1 at `GET /openapi.json`, the file `openapi.json` beside
+//! this crate's sources):
+//! - `POST /v1/evaluate` {task_id, source, abi?, seeds?, mode?, deadline_s?} -> the verdict
+//!   JSON of `cudarl-pipe check --json` ([`cudarl_cuda::Verdict`]).
+//! - `GET /v1/tasks`, `GET /v1/tasks/{id}` (prompt, signature, shapes).
+//! - `GET /healthz`, `GET /metrics` (Prometheus text: queue depth, latency histogram, verdict
+//!   and response counts).
+//!
+//! Admission: at most `queue` requests are in the service at once (waiting or running); one
+//! more is answered 429 at once (backpressure, never an unbounded queue). Each request has a
+//! deadline (504 when it passes; the build goes on in the background and lands in the caches).
+//! nvcc runs on up to `compile_workers` blocking threads (all cores by default); full tests go
+//! to one worker pool per GPU, one job per GPU at a time. Verdicts are cached in memory by the
+//! BLAKE3 hash of (task, abi, mode, seeds, source); compiled objects are cached in the store
+//! by nvcc's own key, so a repeated source never recompiles. An optional bearer token guards
+//! `/v1/*`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use cudarl_cuda::task::TaskSpec;
+use cudarl_cuda::verdict::{Baselines, FullOptions, check_full, hidden_seeds};
+use cudarl_cuda::worker::WorkerPool;
+use cudarl_cuda::{Compiler, Rules, Verdict, check_compile_only};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The OpenAPI description served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// A task the service evaluates against: its spec and its naive kernel (the speedup baseline).
+#[derive(Debug, Clone)]
+pub struct ServedTask {
+    /// The task.
+    pub spec: TaskSpec,
+    /// Its naive kernel's source, when known.
+    pub naive: Option<String>,
+}
+
+/// Settings of the service.
+pub struct Config {
+    /// The tasks, by id.
+    pub tasks: Vec<ServedTask>,
+    /// nvcc, the target architecture, the store's compile cache.
+    pub compiler: Compiler,
+    /// One worker pool per GPU (empty: compile-only service).
+    pub gpus: Vec<WorkerPool>,
+    /// Hidden-seed salt (the store's; hidden seeds are derived per task and source).
+    pub salt: Vec<u8>,
+    /// Most requests in the service at once (waiting or running); one more gets 429.
+    pub queue: usize,
+    /// Most nvcc builds at once.
+    pub compile_workers: usize,
+    /// Longest time one request may take (a request's own `deadline_s` can only shorten it).
+    pub deadline: Duration,
+    /// Wall-clock limit per GPU job step (hangs are killed).
+    pub gpu_wall: Duration,
+    /// Largest request body, bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Bearer token required on `/v1/*` (none: open).
+    pub token: Option<String>,
+    /// Verdicts kept in the result cache (oldest dropped first).
+    pub cache_entries: usize,
+}
+
+/// `POST /v1/evaluate` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateRequest {
+    /// Task id (`GET /v1/tasks`).
+    pub task_id: String,
+    /// The candidate's CUDA source (native ABI: `extern "C" void launch(...)`).
+    pub source: String,
+    /// `native` (the default; the only ABI the service's tasks use).
+    #[serde(default)]
+    pub abi: Option<String>,
+    /// Public seeds of the tests (default `[0, 1]`, as `check`); hidden seeds are added.
+    #[serde(default)]
+    pub seeds: Option<Vec<u64>>,
+    /// `compile` or `full` (default: full with a GPU, compile without).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Seconds this request may take (capped by the server's deadline).
+    #[serde(default)]
+    pub deadline_s: Option<f64>,
+}
+
+/// A task as `GET /v1/tasks/{id}` describes it.
+#[derive(Debug, Clone, Serialize)]
+struct TaskView {
+    id: String,
+    tier: i64,
+    description: String,
+    dtype: String,
+    signature: String,
+    train_shapes: Vec<BTreeMap<String, i64>>,
+    prompt: Vec<Value>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    code: String,
+}
+
+struct Metrics {
+    registry: Registry,
+    queue_depth: Gauge,
+    latency: Histogram,
+    verdicts: Family<OutcomeLabel, Counter>,
+    responses: Family<StatusLabel, Counter>,
+    cache_hits: Counter,
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("cudarl_serve");
+        let queue_depth = Gauge::default();
+        // 10 ms .. ~164 s, doubling.
+        let latency = Histogram::new(exponential_buckets(0.01, 2.0, 15));
+        let verdicts = Family::<OutcomeLabel, Counter>::default();
+        let responses = Family::<StatusLabel, Counter>::default();
+        let cache_hits = Counter::default();
+        registry.register(
+            "queue_depth",
+            "Evaluate requests in the service (waiting or running)",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "evaluate_seconds",
+            "Latency of answered evaluate requests, seconds",
+            latency.clone(),
+        );
+        registry.register(
+            "verdicts",
+            "Verdicts by outcome: pass, compiled (compile-only), or the failure class",
+            verdicts.clone(),
+        );
+        registry.register(
+            "responses",
+            "Evaluate responses by HTTP status",
+            responses.clone(),
+        );
+        registry.register(
+            "cache_hits",
+            "Evaluate requests answered from the verdict cache",
+            cache_hits.clone(),
+        );
+        Metrics {
+            registry,
+            queue_depth,
+            latency,
+            verdicts,
+            responses,
+            cache_hits,
+        }
+    }
+}
+
+/// A GPU: its worker pool and its naive-kernel timings.
+struct GpuSlot {
+    pool: WorkerPool,
+    baselines: Baselines,
+}
+
+struct Inner {
+    tasks: BTreeMap<String, ServedTask>,
+    compiler: Compiler,
+    rules: Rules,
+    gpus: Vec<Arc<Mutex<GpuSlot>>>,
+    gpu_free: Arc<Semaphore>,
+    next_gpu: AtomicUsize,
+    salt: Vec<u8>,
+    admission: Arc<Semaphore>,
+    queue: usize,
+    compile: Arc<Semaphore>,
+    deadline: Duration,
+    gpu_wall: Duration,
+    token: Option<String>,
+    cache: Mutex<(
+        HashMap<[u8; 32], Value>,
+        std::collections::VecDeque<[u8; 32]>,
+    )>,
+    cache_entries: usize,
+    metrics: Metrics,
+}
+
+type Shared = Arc<Inner>;
+
+/// An error answer: `{"error": message}` with a status.
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+/// The router with every endpoint (for [`serve`] and in-process use).
+pub fn router(cfg: Config) -> Router {
+    let max_body = cfg.max_body_bytes;
+    let gpus: Vec<Arc<Mutex<GpuSlot>>> = cfg
+        .gpus
+        .into_iter()
+        .map(|pool| {
+            Arc::new(Mutex::new(GpuSlot {
+                pool,
+                baselines: Baselines::new(),
+            }))
+        })
+        .collect();
+    let inner = Inner {
+        tasks: cfg
+            .tasks
+            .into_iter()
+            .map(|t| (t.spec.id.clone(), t))
+            .collect(),
+        compiler: cfg.compiler,
+        rules: Rules::builtin(),
+        gpu_free: Arc::new(Semaphore::new(gpus.len())),
+        gpus,
+        next_gpu: AtomicUsize::new(0),
+        salt: cfg.salt,
+        admission: Arc::new(Semaphore::new(cfg.queue.max(1))),
+        queue: cfg.queue.max(1),
+        compile: Arc::new(Semaphore::new(cfg.compile_workers.max(1))),
+        deadline: cfg.deadline,
+        gpu_wall: cfg.gpu_wall,
+        token: cfg.token,
+        cache: Mutex::new(Default::default()),
+        cache_entries: cfg.cache_entries,
+        metrics: Metrics::new(),
+    };
+    let state: Shared = Arc::new(inner);
+    let evaluate_route = post(evaluate)
+        // 413 from the Content-Length alone (before reading a byte), or once a chunked body
+        // passes the limit; axum's own 2 MB default is replaced by it.
+        .layer::<_, std::convert::Infallible>(tower_http::limit::RequestBodyLimitLayer::new(
+            max_body,
+        ))
+        .layer::<_, std::convert::Infallible>(DefaultBodyLimit::disable())
+        // Outermost: every answer of the route is counted, the body limit's 413 too.
+        .layer::<_, std::convert::Infallible>(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_status,
+        ));
+    Router::new()
+        .route("/v1/evaluate", evaluate_route)
+        .route("/v1/tasks", get(tasks))
+        .route("/v1/tasks/{id}", get(task))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .with_state(state)
+}
+
+/// Serves `cfg` on `addr` until SIGINT or SIGTERM. Calls `on_listen` with the bound address
+/// first (port 0 picks a free port).
+///
+/// # Errors
+/// The address cannot be bound, or the server fails.
+pub async fn serve(
+    addr: SocketAddr,
+    cfg: Config,
+    on_listen: impl FnOnce(SocketAddr),
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    on_listen(listener.local_addr()?);
+    axum::serve(listener, router(cfg))
+        .with_graceful_shutdown(shutdown())
+        .await
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+fn authorized(s: &Inner, headers: &HeaderMap) -> bool {
+    let Some(tok) = &s.token else { return true };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| {
+            // Constant-time over the token's length.
+            let (a, b) = (given.as_bytes(), tok.as_bytes());
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        })
+}
+
+fn unauthorized() -> Response {
+    let mut r = error(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong bearer token (Authorization: Bearer <token>)",
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+/// Frees its admission slot and updates the queue-depth gauge when dropped (also when the
+/// request's future is dropped: a client that hangs up does not leak a slot).
+struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    state: Shared,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let s = &self.state;
+        // The permit is released after this runs: count it as gone already.
+        let in_use = s.queue - s.admission.available_permits() - 1;
+        s.metrics.queue_depth.set(in_use as i64);
+    }
+}
+
+async fn evaluate(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Result<Json<EvaluateRequest>, JsonRejection>,
+) -> Response {
+    let t0 = Instant::now();
+    let resp = evaluate_inner(&s, &headers, body).await;
+    if resp.status() == StatusCode::OK {
+        s.metrics.latency.observe(t0.elapsed().as_secs_f64());
+    }
+    resp
+}
+
+/// Counts every response of `/v1/evaluate` by status.
+async fn count_status(
+    State(s): State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let resp = next.run(req).await;
+    s.metrics
+        .responses
+        .get_or_create(&StatusLabel {
+            code: resp.status().as_u16().to_string(),
+        })
+        .inc();
+    resp
+}
+
+async fn evaluate_inner(
+    s: &Shared,
+    headers: &HeaderMap,
+    body: Result<Json<EvaluateRequest>, JsonRejection>,
+) -> Response {
+    if !authorized(s, headers) {
+        return unauthorized();
+    }
+    let req = match body {
+        Ok(Json(r)) => r,
+        Err(e) => return error(e.status(), e.body_text()),
+    };
+    let Some(task) = s.tasks.get(&req.task_id).cloned() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("unknown task `{}` (GET /v1/tasks)", req.task_id),
+        );
+    };
+    if let Some(abi) = req.abi.as_deref().filter(|a| *a != "native") {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("abi `{abi}`: this service's tasks take native-ABI kernels (`native`)"),
+        );
+    }
+    let full = match req.mode.as_deref() {
+        None => !s.gpus.is_empty(),
+        Some("compile") => false,
+        Some("full") if s.gpus.is_empty() => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "mode `full`: this server has no GPU (mode `compile` only)",
+            );
+        }
+        Some("full") => true,
+        Some(m) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("mode `{m}`: expected `compile` or `full`"),
+            );
+        }
+    };
+    let seeds = req.seeds.clone().unwrap_or_else(|| vec![0, 1]);
+    if seeds.is_empty() || seeds.len() > 16 {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "seeds: give 1 to 16 public seeds",
+        );
+    }
+    let key = cache_key(&req.task_id, full, &seeds, &req.source);
+    if let Some(v) = s
+        .cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .0
+        .get(&key)
+    {
+        s.metrics.cache_hits.inc();
+        let mut r = Json(v.clone()).into_response();
+        r.headers_mut()
+            .insert("x-cache", HeaderValue::from_static("hit"));
+        return r;
+    }
+    let Ok(permit) = s.admission.clone().try_acquire_owned() else {
+        let mut r = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "queue full ({} requests in the service); retry later",
+                s.queue
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
+    };
+    s.metrics
+        .queue_depth
+        .set((s.queue - s.admission.available_permits()) as i64);
+    // Held by the blocking jobs too: a request whose deadline passed keeps its slot until its
+    // build ends (the queue counts work, not connections).
+    let admitted = Arc::new(Admitted {
+        _permit: permit,
+        state: s.clone(),
+    });
+    let deadline = req
+        .deadline_s
+        .filter(|d| d.is_finite() && *d > 0.0)
+        .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)));
+    let job = judge(s.clone(), task, req.source, seeds, full, admitted);
+    match tokio::time::timeout(deadline, job).await {
+        Err(_) => error(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "deadline of {:.1} s passed (the build goes on and is cached)",
+                deadline.as_secs_f64()
+            ),
+        ),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Ok(Ok(v)) => {
+            // `pass` (ran and correct), `compiled` (compile-only, no failure) or the failure.
+            let outcome = v
+                .failure
+                .clone()
+                .unwrap_or_else(|| if v.executed { "pass" } else { "compiled" }.into());
+            s.metrics
+                .verdicts
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc();
+            let value = serde_json::to_value(&v).expect("verdict serializes");
+            let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if c.0.insert(key, value.clone()).is_none() {
+                c.1.push_back(key);
+                while c.1.len() > s.cache_entries {
+                    if let Some(old) = c.1.pop_front() {
+                        c.0.remove(&old);
+                    }
+                }
+            }
+            Json(value).into_response()
+        }
+    }
+}
+
+/// BLAKE3 of the fields a verdict depends on (the service's compiler and GPU are fixed for
+/// its lifetime).
+fn cache_key(task: &str, full: bool, seeds: &[u64], source: &str) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for part in [task.as_bytes(), if full { b"full" } else { b"comp" }] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.update(&(seeds.len() as u64).to_le_bytes());
+    for x in seeds {
+        h.update(&x.to_le_bytes());
+    }
+    h.update(source.as_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// Compile on a blocking thread (one of `compile_workers`), then, for `full`, the tests and
+/// timing on a free GPU.
+async fn judge(
+    s: Shared,
+    task: ServedTask,
+    source: String,
+    seeds: Vec<u64>,
+    full: bool,
+    admitted: Arc<Admitted>,
+) -> Result<Verdict, String> {
+    let v = {
+        let c = s
+            .compile
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (s2, t, src, adm) = (
+            s.clone(),
+            task.spec.clone(),
+            source.clone(),
+            admitted.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let _held = (c, adm);
+            check_compile_only(&t, &src, &s2.rules, &s2.compiler).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())??
+    };
+    if !full || !v.compiled {
+        return Ok(v);
+    }
+    let gpu = s
+        .gpu_free
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || {
+        let _held = (gpu, admitted);
+        // A free slot exists (the semaphore counts them): take the first unlocked one,
+        // starting round-robin.
+        let n = s.gpus.len();
+        let start = s.next_gpu.fetch_add(1, Ordering::Relaxed);
+        let mut slot = (0..n)
+            .find_map(|k| s.gpus[(start + k) % n].try_lock().ok())
+            .unwrap_or_else(|| s.gpus[start % n].lock().unwrap_or_else(|e| e.into_inner()));
+        let slot = &mut *slot;
+        let opts = FullOptions {
+            public_seeds: seeds,
+            hidden_seeds: hidden_seeds(&s.salt, &task.spec.id, &source, 2),
+            wall: s.gpu_wall,
+            bench: true,
+        };
+        check_full(
+            &task.spec,
+            &source,
+            task.naive.as_deref(),
+            &s.rules,
+            &s.compiler,
+            &mut slot.pool,
+            &opts,
+            &mut slot.baselines,
+        )
+        .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+fn view(t: &TaskSpec) -> TaskView {
+    let prompt = cudarl_stages::episode::generator_conversation(t)
+        .into_iter()
+        .map(|m| json!({"role": m.role, "content": m.content}))
+        .collect();
+    TaskView {
+        id: t.id.clone(),
+        tier: t.tier,
+        description: t.description.clone(),
+        dtype: t.dtype.clone(),
+        signature: t.signature(),
+        train_shapes: t.train_shapes.clone(),
+        prompt,
+    }
+}
+
+async fn tasks(State(s): State<Shared>, headers: HeaderMap) -> Response {
+    if !authorized(&s, &headers) {
+        return unauthorized();
+    }
+    let list: Vec<Value> = s
+        .tasks
+        .values()
+        .map(|t| json!({"id": t.spec.id, "tier": t.spec.tier, "description": t.spec.description}))
+        .collect();
+    Json(json!({"tasks": list})).into_response()
+}
+
+async fn task(State(s): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if !authorized(&s, &headers) {
+        return unauthorized();
+    }
+    match s.tasks.get(&id) {
+        Some(t) => Json(view(&t.spec)).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("unknown task `{id}`")),
+    }
+}
+
+async fn healthz(State(s): State<Shared>) -> Response {
+    Json(
+        json!({"ok": true, "tasks": s.tasks.len(), "gpus": s.gpus.len(),
+        "mode": if s.gpus.is_empty() { "compile-only" } else { "full" },
+        "nvcc": s.compiler.nvcc.version, "arch": s.compiler.arch}),
+    )
+    .into_response()
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    let mut buf = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut buf, &s.metrics.registry) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        buf,
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// The tasks of the `synth-tasks` node's outputs: `tasks` (its `spec_json` column) and
+/// `task_kernels` (the `naive` rows), i.e. the hand-written and the generated families of the
+/// pipeline, with the ids the exported curriculum uses.
+///
+/// # Errors
+/// An unreadable table or a bad spec, naming the file and the field.
+pub fn load_served_tasks(
+    tasks: &std::path::Path,
+    kernels: &std::path::Path,
+) -> Result<Vec<ServedTask>, String> {
+    use cudarl_data::Table;
+    let t = Table::read(tasks, "tasks").map_err(|e| e.to_string())?;
+    let (ids, specs) = (
+        t.req_strings("task_id").map_err(|e| e.to_string())?,
+        t.req_strings("spec_json").map_err(|e| e.to_string())?,
+    );
+    let k = Table::read(kernels, "task_kernels").map_err(|e| e.to_string())?;
+    let (kt, kr, kc) = (
+        k.req_strings("task_id").map_err(|e| e.to_string())?,
+        k.req_strings("role").map_err(|e| e.to_string())?,
+        k.req_strings("code").map_err(|e| e.to_string())?,
+    );
+    let naive: BTreeMap<&str, &str> = (0..k.rows())
+        .filter(|&i| kr.get(i) == Some("naive"))
+        .filter_map(|i| Some((kt.get(i)?, kc.get(i)?)))
+        .collect();
+    (0..t.rows())
+        .filter_map(|i| Some((ids.get(i)?, specs.get(i)?)))
+        .map(|(id, js)| {
+            let spec: TaskSpec = serde_json::from_str(js)
+                .map_err(|e| format!("{}: field spec_json of `{id}`: {e}", tasks.display()))?;
+            Ok(ServedTask {
+                naive: naive.get(id).map(|s| s.to_string()),
+                spec,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,381 @@
+//! `cudarl-pipe serve` as a real process on loopback, driven over real HTTP: every endpoint,
+//! the error codes, the bearer token, the body limit, the verdict cache, backpressure (429),
+//! deadlines (504) and a clean shutdown on SIGTERM. Compile-only (no GPU here): real nvcc.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::Project;
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(p: &Project, extra: &[&str]) -> Server {
+        let mut args = vec!["serve", "--bind", "127.0.0.1:0", "--mode", "compile"];
+        args.extend_from_slice(extra);
+        let mut child = p
+            .cmd(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(180))
+            .expect("serve prints its address");
+        let base = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in `{line}`"))
+            .to_string();
+        Server { child, base }
+    }
+
+    /// (status, headers we look at, body) of one request.
+    fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Reply {
+        let mut r = ureq::request(method, &format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(120));
+        if let Some(t) = token {
+            r = r.set("Authorization", &format!("Bearer {t}"));
+        }
+        let res = match body {
+            Some(b) => r.set("Content-Type", "application/json").send_string(b),
+            None => r.call(),
+        };
+        let resp = match res {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        Reply {
+            status: resp.status(),
+            cache: resp.header("x-cache").map(str::to_string),
+            retry_after: resp.header("retry-after").map(str::to_string),
+            www_auth: resp.header("www-authenticate").map(str::to_string),
+            body: resp.into_string().unwrap_or_default(),
+        }
+    }
+
+    fn stop(mut self) -> Option<i32> {
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        self.child.wait().unwrap().code()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Reply {
+    status: u16,
+    cache: Option<String>,
+    retry_after: Option<String>,
+    www_auth: Option<String>,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+fn evaluate_body(task: &str, source: &str) -> String {
+    json!({"task_id": task, "source": source}).to_string()
+}
+
+#[test]
+fn serve_endpoints_errors_token_cache_and_shutdown() {
+    let p = Project::new();
+    let s = Server::start(&p, &["--token", "s3cret", "--max-body-bytes", "65536"]);
+    let tok = Some("s3cret");
+
+    // Health and metrics need no token.
+    let h = s.call("GET", "/healthz", None, None);
+    assert_eq!(h.status, 200);
+    let hj = h.json();
+    assert_eq!(hj["mode"], "compile-only");
+    assert_eq!(hj["tasks"], 2);
+    assert_eq!(hj["gpus"], 0);
+
+    // /v1/* needs the token.
+    let r = s.call("GET", "/v1/tasks", None, None);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.www_auth.as_deref(), Some("Bearer"));
+    assert_eq!(s.call("GET", "/v1/tasks", Some("wrong"), None).status, 401);
+    let r = s.call("GET", "/v1/tasks", tok, None);
+    assert_eq!(r.status, 200);
+    let ids: Vec<String> = r.json()["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["row_sum", "vector_add"]);
+    let t = s.call("GET", "/v1/tasks/vector_add", tok, None).json();
+    assert!(t["signature"].as_str().unwrap().contains("launch("), "{t}");
+    let prompt = t["prompt"].as_array().unwrap();
+    assert_eq!(prompt[0]["role"], "system");
+    assert!(
+        prompt[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains(t["signature"].as_str().unwrap())
+    );
+    assert_eq!(s.call("GET", "/v1/tasks/nope", tok, None).status, 404);
+
+    // A good kernel: the verdict `check --json` gives for it.
+    let naive_path = p.path("datasets/tasks/vector_add/naive.cu");
+    let naive = std::fs::read_to_string(&naive_path).unwrap();
+    let r = s.call(
+        "POST",
+        "/v1/evaluate",
+        tok,
+        Some(&evaluate_body("vector_add", &naive)),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.cache.is_none());
+    let v = r.json();
+    let o = p.run(&[
+        "check",
+        "--task",
+        "vector_add",
+        "--source",
+        naive_path.to_str().unwrap(),
+        "--mode",
+        "compile",
+        "--json",
+    ]);
+    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in [
+        "task_id",
+        "abi",
+        "mode",
+        "compiled",
+        "executed",
+        "correct",
+        "failure",
+        "static_flags",
+        "resources",
+        "nvcc_version",
+        "arch",
+    ] {
+        assert_eq!(v[k], c[k], "{k}");
+    }
+    assert_eq!(v["compiled"], true);
+    assert_eq!(v["executed"], false);
+    // The same request again: from the verdict cache, the same body.
+    let again = s.call(
+        "POST",
+        "/v1/evaluate",
+        tok,
+        Some(&evaluate_body("vector_add", &naive)),
+    );
+    assert_eq!(again.cache.as_deref(), Some("hit"));
+    assert_eq!(again.json(), v);
+
+    // A broken kernel is a 200 with the failure and nvcc's diagnostics.
+    let broken = naive.replacen(";", "", 1);
+    let b = s.call(
+        "POST",
+        "/v1/evaluate",
+        tok,
+        Some(&evaluate_body("vector_add", &broken)),
+    );
+    assert_eq!(b.status, 200);
+    let bj = b.json();
+    assert_eq!(bj["failure"], "compile_error");
+    assert!(!bj["diagnostics"].as_array().unwrap().is_empty());
+
+    // Bad requests.
+    let bad = |body: &str| s.call("POST", "/v1/evaluate", tok, Some(body));
+    assert_eq!(bad("{").status, 400);
+    let r = bad(r#"{"task_id": "vector_add", "source": "x", "colour": 1}"#);
+    assert_eq!(r.status, 422);
+    assert!(
+        r.json()["error"].as_str().unwrap().contains("colour"),
+        "{}",
+        r.body
+    );
+    assert_eq!(bad(r#"{"task_id": 7, "source": "x"}"#).status, 422);
+    let r = bad(&evaluate_body("nope", "x"));
+    assert_eq!(r.status, 404);
+    assert!(r.body.contains("unknown task `nope`"));
+    let r = bad(r#"{"task_id": "vector_add", "source": "x", "mode": "full"}"#);
+    assert_eq!(r.status, 422);
+    assert!(r.body.contains("no GPU"), "{}", r.body);
+    assert_eq!(
+        bad(r#"{"task_id": "vector_add", "source": "x", "abi": "torch"}"#).status,
+        422
+    );
+    assert_eq!(
+        bad(r#"{"task_id": "vector_add", "source": "x", "seeds": []}"#).status,
+        422
+    );
+    // Over the body limit: refused from the Content-Length alone, before any body is read
+    // (raw HTTP/1.1, so the client does not trip over the early answer).
+    {
+        use std::io::{Read, Write};
+        let addr = s.base.trim_start_matches("http://");
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            c,
+            "POST /v1/evaluate HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\nContent-Length: 200000\r\nConnection: close\r\n\r\n{{"
+        )
+        .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 413");
+    }
+    let no_type = ureq::post(&format!("{}/v1/evaluate", s.base))
+        .set("Authorization", "Bearer s3cret")
+        .send_string(&evaluate_body("vector_add", &naive));
+    assert!(matches!(no_type, Err(ureq::Error::Status(415, _))));
+
+    // Metrics: responses by status, verdicts by outcome, cache hits, queue depth back to 0.
+    let m = s.call("GET", "/metrics", None, None);
+    assert_eq!(m.status, 200);
+    for line in [
+        "cudarl_serve_responses_total{code=\"200\"} 3",
+        "cudarl_serve_responses_total{code=\"404\"} 1",
+        "cudarl_serve_responses_total{code=\"413\"} 1",
+        "cudarl_serve_verdicts_total{outcome=\"compiled\"} 1",
+        "cudarl_serve_verdicts_total{outcome=\"compile_error\"} 1",
+        "cudarl_serve_cache_hits_total 1",
+        "cudarl_serve_queue_depth 0",
+        "cudarl_serve_evaluate_seconds_count 3",
+    ] {
+        assert!(m.body.lines().any(|l| l == line), "{line} in\n{}", m.body);
+    }
+
+    // The OpenAPI document describes exactly the routes served.
+    let api = s.call("GET", "/openapi.json", None, None).json();
+    assert_eq!(api["openapi"], "3.1.0");
+    let paths: BTreeSet<&str> = api["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let want: BTreeSet<&str> = [
+        "/v1/evaluate",
+        "/v1/tasks",
+        "/v1/tasks/{id}",
+        "/healthz",
+        "/metrics",
+        "/openapi.json",
+    ]
+    .into();
+    assert_eq!(paths, want);
+    for path in &want {
+        let probe = path.replace("{id}", "vector_add");
+        let method = if *path == "/v1/evaluate" {
+            "POST"
+        } else {
+            "GET"
+        };
+        let body = (method == "POST").then(|| evaluate_body("vector_add", &naive));
+        let r = s.call(method, &probe, tok, body.as_deref());
+        assert_eq!(r.status, 200, "{path}");
+    }
+
+    // SIGTERM: a clean exit.
+    assert_eq!(s.stop(), Some(0));
+}
+
+#[test]
+fn serve_backpressure_and_deadlines() {
+    let p = Project::new();
+    let s = Arc::new(Server::start(
+        &p,
+        &["--queue", "1", "--compile-workers", "1"],
+    ));
+    let naive = std::fs::read_to_string(p.path("datasets/tasks/vector_add/naive.cu")).unwrap();
+    // Six different kernels at once (a comment makes each a cache miss) into a queue of one:
+    // one is admitted, the others are told to come back.
+    let n = 6;
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (s, b, src) = (s.clone(), barrier.clone(), format!("// {i}\n{naive}"));
+            std::thread::spawn(move || {
+                b.wait();
+                let r = s.call(
+                    "POST",
+                    "/v1/evaluate",
+                    None,
+                    Some(&evaluate_body("vector_add", &src)),
+                );
+                (r.status, r.retry_after)
+            })
+        })
+        .collect();
+    let got: Vec<(u16, Option<String>)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = got.iter().filter(|g| g.0 == 200).count();
+    let busy: Vec<_> = got.iter().filter(|g| g.0 == 429).collect();
+    assert!(ok >= 1 && !busy.is_empty(), "{got:?}");
+    assert_eq!(ok + busy.len(), n, "{got:?}");
+    assert!(busy.iter().all(|g| g.1.as_deref() == Some("1")));
+
+    // A deadline shorter than the build: 504; the build goes on, and the same kernel asked
+    // again with time to spare is answered (a compile-cache hit).
+    let src = format!("// deadline\n{naive}");
+    let body = json!({"task_id": "vector_add", "source": src, "deadline_s": 0.001}).to_string();
+    let r = s.call("POST", "/v1/evaluate", None, Some(&body));
+    assert_eq!(r.status, 504, "{}", r.body);
+    assert!(r.body.contains("deadline"));
+    // The abandoned build still holds the only admission slot until it finishes.
+    let mut v = None;
+    for _ in 0..120 {
+        let r = s.call(
+            "POST",
+            "/v1/evaluate",
+            None,
+            Some(&evaluate_body("vector_add", &src)),
+        );
+        if r.status == 200 {
+            v = Some(r.json());
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.body);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let v = v.expect("answered once the build finished");
+    assert_eq!(v["compiled"], true);
+    assert_eq!(
+        v["cache_hit"], true,
+        "the abandoned build landed in the compile cache"
+    );
+    let m = s.call("GET", "/metrics", None, None).body;
+    assert!(
+        m.contains("cudarl_serve_responses_total{code=\"429\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("cudarl_serve_responses_total{code=\"504\"} 1"),
+        "{m}"
+    );
+    assert!(m.lines().any(|l| l == "cudarl_serve_queue_depth 0"), "{m}");
+}
