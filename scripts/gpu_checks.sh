@@ -5,6 +5,7 @@
 #               kernels pass on all seeds and hold-out shapes, optimized beats naive, the same
 #               kernel timed twice agrees within 2%, every reward hack in tests/kernels/hacks/ is
 #               rejected with its reason inside one validate run that goes on;
+#   PART=serve  `bench serve`: the HTTP service under load (64 clients, 60 s) and its overhead vs `check`;
 #   PART=bench  cold compiles and a cache hit, `run validate` over every task kernel (speedups vs
 #               naive and vs torch), `bench validate` (kernels/hour), load_inline for comparison.
 # Carry (built on the CPU machine by `make carry`): .carry/{cudarl-pipe,cudarl-pipe-worker,gpu-tests}.gz
@@ -54,6 +55,16 @@ if [ "$PART" = curriculum ]; then
     ms $t0 > "$W/testgen_cuda.wall"
     "$BIN" --root . --store "$B/refstore" show testgen --output kb_testgen --json --head 1000 > "$W/kb_testgen_cuda.jsonl" 2>/dev/null
   fi
+elif [ "$PART" = serve ]; then
+  # `serve` under load on loopback (bench serve: SERVE_CLIENTS clients for SERVE_SECONDS s,
+  # distinct kernels, full mode on the GPU), and the HTTP path vs `check`.
+  t0=$(date +%s%N)
+  timeout ${SERVE_LIMIT:-500} "$BIN" --root . bench serve --clients ${SERVE_CLIENTS:-64} --seconds ${SERVE_SECONDS:-60} \
+    --out "$OUT/serve_bench.json" > /dev/null 2> "$W/serve_bench.err"
+  echo "serve bench rc=$? $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ['requests','ok','rejected_429','lost','duplicated','wrong_task_in_verdict','server_verdicts','verdicts_per_second','latency_ms']}); print({k: v for k, v in d['overhead'].items() if not isinstance(v, list)})" "$OUT/serve_bench.json"
+  tail -3 "$W/serve_bench.err"
+  exit 0
 elif [ "$PART" = tests ]; then
   t0=$(date +%s%N)
   CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_TEST_REPO=$PWD timeout 540 "$B/gpu-tests" --include-ignored --test-threads 1 > "$W/gpu_tests.log" 2>&1

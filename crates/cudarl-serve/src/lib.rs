@@ -201,15 +201,15 @@ struct Inner {
     deadline: Duration,
     gpu_wall: Duration,
     token: Option<String>,
-    cache: Mutex<(
-        HashMap<[u8; 32], Value>,
-        std::collections::VecDeque<[u8; 32]>,
-    )>,
+    cache: Mutex<VerdictCache>,
     cache_entries: usize,
     metrics: Metrics,
 }
 
 type Shared = Arc<Inner>;
+
+/// Verdicts by request key, and the keys oldest first (for eviction).
+type VerdictCache = (HashMap<[u8; 32], Value>, std::collections::VecDeque<[u8; 32]>);
 
 /// An error answer: `{"error": message}` with a status.
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
