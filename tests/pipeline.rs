@@ -265,6 +265,24 @@ fn export_opens_in_pyarrow_and_polars() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = p.run(&["export", "ingest-sakana", "--to", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // VERL's layouts, with row_sum as the hold-out family (checked by the script below).
+    let o = p.run(&[
+        "export",
+        "curriculum",
+        "--format",
+        "verl",
+        "--to",
+        out.to_str().unwrap(),
+        "--set",
+        r#"sft-data.holdout_tasks=["row_sum"]"#,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed = stdout(&o);
+    for f in ["rl_train", "rl_test", "sft_train", "sft_val"] {
+        assert!(listed.contains(&format!("verl/{f}.parquet")), "{listed}");
+    }
+    let o = p.run(&["export", "validate", "--format", "verl", "--to", "x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let side: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("curriculum.export.json")).unwrap())
             .unwrap();

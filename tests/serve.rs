@@ -301,6 +301,9 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
         assert_eq!(r.status, 200, "{path}");
     }
 
+    // VERL's reward function (python/cudarl_verl/reward.py) against the live service.
+    verl_reward_function(&s, &naive);
+
     // SIGTERM: a clean exit.
     assert_eq!(s.stop(), Some(0));
 }
@@ -378,4 +381,69 @@ fn serve_backpressure_and_deadlines() {
         "{m}"
     );
     assert!(m.lines().any(|l| l == "cudarl_serve_queue_depth 0"), "{m}");
+}
+
+/// `compute_score` and its async form, in the repository's Python, scoring through `s`.
+fn verl_reward_function(s: &Server, naive: &str) {
+    let root = common::repo_root();
+    let python = std::env::var("CUDARL_PYTHON").ok().or_else(|| {
+        let v = root.join(".venv/bin/python");
+        v.exists().then(|| v.display().to_string())
+    });
+    let Some(python) = python else {
+        assert!(
+            std::env::var("CUDARL_REQUIRE_PYTHON").is_err(),
+            "CUDARL_REQUIRE_PYTHON set but no python"
+        );
+        eprintln!("SKIPPED the VERL reward-function check: no .venv (run `make setup`)");
+        return;
+    };
+    let script = r#"
+import asyncio, json, os, sys
+from cudarl_verl import reward as r
+good = "Here it is:\n```cuda\n" + sys.stdin.read() + "```\n"
+a = r.compute_score("cudarl-pipe/tier0", good, "vector_add", {"task_id": "vector_add"})
+assert a["compiled"] and a["error"] == "" and a["score"] > 0, a
+b = asyncio.run(r.compute_score_async("cudarl-pipe/tier0", good.replace(";", "", 1), "vector_add"))
+assert b["failure"] == "compile_error" and b["score"] == 0.0, b
+c = r.compute_score("x", "no code here", "vector_add")
+assert c["score"] == 0.0 and c["error"] == "no_code", c
+d = r.compute_score("x", good, "no_such_task")
+assert d["error"] == "http_404" and d["score"] == 0.0, d
+os.environ["CUDARL_SERVE_TOKEN"] = "wrong"
+e = r.compute_score("x", good, "vector_add")
+assert e["error"] == "http_401", e
+os.environ["CUDARL_SERVE_URL"] = "http://127.0.0.1:9"
+f = r.compute_score("x", good, "vector_add")
+assert f["error"].startswith("network"), f
+assert dict(r.ERRORS) == {"no_code": 1, "http_404": 1, "http_401": 1, "network": 1}, r.ERRORS
+print("OK", a["score"])
+"#;
+    let mut child = std::process::Command::new(python)
+        .args(["-c", script])
+        .env("PYTHONPATH", root.join("python"))
+        .env("CUDARL_SERVE_URL", &s.base)
+        .env("CUDARL_SERVE_TOKEN", "s3cret")
+        .env("CUDARL_SERVE_MODE", "compile")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(naive.as_bytes())
+            .unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.starts_with("OK"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

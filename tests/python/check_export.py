@@ -81,4 +81,38 @@ assert kernels.schema["ncu_metrics"] == pl.List(
 )
 # 78 of the 102 sample rows carry an NCU profile (26 correct rows per level).
 assert kernels["ncu_achieved_occupancy_pct"].is_not_null().sum() == 78
+
+# `export curriculum --format verl`: VERL's RL and SFT layouts, read with pyarrow the way
+# verl's RLHFDataset / SFT dataset read them (datasets.Dataset.from_parquet is pyarrow).
+verl = out / "verl"
+if verl.exists():
+    msg = pa.list_(pa.struct([pa.field("role", pa.string(), False), pa.field("content", pa.string(), False)]))
+    rl_ids = {}
+    for split in ["train", "test"]:
+        t = pq.read_table(verl / f"rl_{split}.parquet")
+        assert t.schema.field("prompt").type == msg, t.schema
+        assert t.schema.field("data_source").type == pa.string()
+        assert t.schema.field("ability").type == pa.string()
+        rm = t.schema.field("reward_model").type
+        assert rm == pa.struct([pa.field("style", pa.string(), False), pa.field("ground_truth", pa.string(), False)]), rm
+        ei = t.schema.field("extra_info").type
+        assert [f.name for f in ei] == ["split", "index", "task_id", "tier", "max_turns"], ei
+        rows = t.to_pylist()
+        for i, r in enumerate(rows):
+            assert r["agent_name"] == "cudarl_kernel_agent"
+            assert r["prompt"][0]["role"] == "system" and r["prompt"][1]["role"] == "user"
+            assert r["reward_model"] == {"style": "rule", "ground_truth": r["extra_info"]["task_id"]}
+            assert r["extra_info"]["split"] == split and r["extra_info"]["index"] == i
+            assert r["data_source"] == f"cudarl-pipe/tier{r['extra_info']['tier']}"
+            assert r["extra_info"]["max_turns"] == 3
+        rl_ids[split] = {r["extra_info"]["task_id"] for r in rows}
+    # The hold-out families are VERL's validation set, and never in its training set.
+    assert rl_ids["test"] == {"row_sum"}, rl_ids
+    assert rl_ids["train"] == {"vector_add"}, rl_ids
+    for split in ["train", "val"]:
+        t = pq.read_table(verl / f"sft_{split}.parquet")
+        assert t.schema.field("messages").type == msg
+        ids = set(t.column("task_id").to_pylist())
+        assert "row_sum" not in ids, ids
+        assert all(m[-1]["role"] == "assistant" and "```" in m[-1]["content"] for m in t.column("messages").to_pylist())
 print("OK")

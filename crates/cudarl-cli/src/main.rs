@@ -61,6 +61,10 @@ pub enum DagFmt {
 pub enum ExportFmt {
     /// The tables as Parquet, with a JSON sidecar describing them.
     Parquet,
+    /// The RL curriculum in VERL's layouts (node `curriculum`, `sft-data` or `rl-train`):
+    /// `rl_train.parquet`/`rl_test.parquet` (prompt, data_source, reward_model, extra_info,
+    /// agent_name) and `sft_train.parquet`/`sft_val.parquet` (messages), under `<to>/verl/`.
+    Verl,
 }
 
 #[derive(Debug, Subcommand)]
@@ -206,6 +210,9 @@ enum Command {
         /// Verdicts kept in the in-memory result cache.
         #[arg(long, default_value_t = 10_000)]
         cache_entries: usize,
+        /// Reward config scoring each verdict (`configs/reward/<NAME>.toml`).
+        #[arg(long, default_value = "default", value_name = "NAME")]
+        reward: String,
     },
     /// Benchmarks (ratios against a baseline measured in the same run).
     Bench {

@@ -5,7 +5,8 @@
 //! Endpoints (described in OpenAPI 3.1 at `GET /openapi.json`, the file `openapi.json` beside
 //! this crate's sources):
 //! - `POST /v1/evaluate` {task_id, source, abi?, seeds?, mode?, deadline_s?} -> the verdict
-//!   JSON of `cudarl-pipe check --json` ([`cudarl_cuda::Verdict`]).
+//!   JSON of `cudarl-pipe check --json` ([`cudarl_cuda::Verdict`]) plus `reward`: the shaped
+//!   reward's components under the served reward config (what `rl-train` stores per turn).
 //! - `GET /v1/tasks`, `GET /v1/tasks/{id}` (prompt, signature, shapes).
 //! - `GET /healthz`, `GET /metrics` (Prometheus text: queue depth, latency histogram, verdict
 //!   and response counts).
@@ -81,6 +82,10 @@ pub struct Config {
     pub token: Option<String>,
     /// Verdicts kept in the result cache (oldest dropped first).
     pub cache_entries: usize,
+    /// The reward config (`configs/reward/<name>.toml`): each verdict also gets its shaped
+    /// reward under `reward` (the components `rl-train` stores per turn), so a remote trainer
+    /// scores exactly as `rl-train` does.
+    pub reward: cudarl_stages::reward::RewardConfig,
 }
 
 /// `POST /v1/evaluate` body.
@@ -203,13 +208,17 @@ struct Inner {
     token: Option<String>,
     cache: Mutex<VerdictCache>,
     cache_entries: usize,
+    reward: cudarl_stages::reward::RewardConfig,
     metrics: Metrics,
 }
 
 type Shared = Arc<Inner>;
 
 /// Verdicts by request key, and the keys oldest first (for eviction).
-type VerdictCache = (HashMap<[u8; 32], Value>, std::collections::VecDeque<[u8; 32]>);
+type VerdictCache = (
+    HashMap<[u8; 32], Value>,
+    std::collections::VecDeque<[u8; 32]>,
+);
 
 /// An error answer: `{"error": message}` with a status.
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -249,6 +258,7 @@ pub fn router(cfg: Config) -> Router {
         token: cfg.token,
         cache: Mutex::new(Default::default()),
         cache_entries: cfg.cache_entries,
+        reward: cfg.reward,
         metrics: Metrics::new(),
     };
     let state: Shared = Arc::new(inner);
@@ -461,6 +471,7 @@ async fn evaluate_inner(
         .deadline_s
         .filter(|d| d.is_finite() && *d > 0.0)
         .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)));
+    let source = req.source.clone();
     let job = judge(s.clone(), task, req.source, seeds, full, admitted);
     match tokio::time::timeout(deadline, job).await {
         Err(_) => error(
@@ -481,7 +492,10 @@ async fn evaluate_inner(
                 .verdicts
                 .get_or_create(&OutcomeLabel { outcome })
                 .inc();
-            let value = serde_json::to_value(&v).expect("verdict serializes");
+            let mut value = serde_json::to_value(&v).expect("verdict serializes");
+            // SASS is not disassembled here: SASS-based bonuses read the source alone.
+            let r = cudarl_stages::reward::score(&s.reward, Some(&source), Some(&v), None);
+            value["reward"] = serde_json::to_value(&r).expect("reward serializes");
             let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
             if c.0.insert(key, value.clone()).is_none() {
                 c.1.push_back(key);

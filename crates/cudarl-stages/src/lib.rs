@@ -20,6 +20,7 @@ pub mod synth_tasks;
 pub mod testgen;
 pub mod train_stages;
 pub mod validate;
+pub mod verl;
 
 use cudarl_core::{Stage, StageFactory};
 

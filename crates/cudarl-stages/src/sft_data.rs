@@ -52,6 +52,28 @@ fn message_fields() -> Fields {
     ])
 }
 
+/// Chat conversations as a `list<struct<role: utf8, content: utf8>>` column (the `messages`
+/// layout of Hugging Face chat datasets, which VERL's SFT and RL loaders read).
+pub fn messages_array(conversations: &[Vec<ChatMessage>]) -> ArrayRef {
+    let mut lb = ListBuilder::new(StructBuilder::from_fields(message_fields(), 0)).with_field(
+        Arc::new(Field::new("item", DataType::Struct(message_fields()), true)),
+    );
+    for msgs in conversations {
+        let sb = lb.values();
+        for m in msgs {
+            sb.field_builder::<StringBuilder>(0)
+                .expect("role")
+                .append_value(&m.role);
+            sb.field_builder::<StringBuilder>(1)
+                .expect("content")
+                .append_value(&m.content);
+            sb.append(true);
+        }
+        lb.append(true);
+    }
+    Arc::new(lb.finish())
+}
+
 fn messages_type() -> DataType {
     DataType::List(Arc::new(Field::new(
         "item",
@@ -188,22 +210,7 @@ impl Rows {
 
     fn columns(&self) -> Vec<ArrayRef> {
         let s = |v: &Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
-        let mut lb = ListBuilder::new(StructBuilder::from_fields(message_fields(), 0)).with_field(
-            Arc::new(Field::new("item", DataType::Struct(message_fields()), true)),
-        );
-        for msgs in &self.messages {
-            let sb = lb.values();
-            for m in msgs {
-                sb.field_builder::<StringBuilder>(0)
-                    .expect("role")
-                    .append_value(&m.role);
-                sb.field_builder::<StringBuilder>(1)
-                    .expect("content")
-                    .append_value(&m.content);
-                sb.append(true);
-            }
-            lb.append(true);
-        }
+        let lb = messages_array(&self.messages);
         let json: Vec<String> = self
             .messages
             .iter()
@@ -216,7 +223,7 @@ impl Rows {
             s(&self.split),
             s(&self.kernel),
             s(&self.validated),
-            Arc::new(lb.finish()),
+            lb,
             Arc::new(StringArray::from(json)),
         ]
     }

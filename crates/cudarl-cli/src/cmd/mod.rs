@@ -164,6 +164,12 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             json,
         } => show(&ctx, &node, output.as_deref(), head, json),
         Command::Export {
+            node,
+            to,
+            output,
+            format: crate::ExportFmt::Verl,
+        } => export_verl(&ctx, &node, &to, output.is_some()),
+        Command::Export {
             node, to, output, ..
         } => export(&ctx, &node, &to, output.as_deref()),
         Command::Gc { keep_last, json } => gc(&ctx, keep_last, json),
@@ -179,6 +185,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             arch,
             timeout,
             cache_entries,
+            reward,
         } => serve::run(
             &ctx,
             serve::ServeArgs {
@@ -192,6 +199,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
                 arch,
                 timeout,
                 cache_entries,
+                reward,
             },
         ),
         Command::Check {
@@ -503,6 +511,55 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
         serde_json::to_string_pretty(&sidecar).expect("json") + "\n",
     )
     .map_err(|e| CliError::failed(format!("write {}: {e}", side.display())))?;
+    Ok(0)
+}
+
+/// `export --format verl`: the RL curriculum that `rl-train` trains on (the task families and
+/// the SFT data's hold-out split) in VERL's dataset layouts, under `<to>/verl/`.
+fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, CliError> {
+    if !["curriculum", "sft-data", "rl-train"].contains(&node) || output {
+        return Err(CliError::usage(format!(
+            "--format verl exports the RL curriculum: give node `curriculum` (or `sft-data`, `rl-train`) and no --output, not `{node}`"
+        )));
+    }
+    let reporter = Arc::new(CliReporter::detect(false));
+    let engine = ctx.engine(reporter, 0)?;
+    let targets = ["synth-tasks".to_string(), "sft-data".to_string()];
+    let summary = engine.run(&targets, &RunOptions::default())?;
+    if summary.exit_code() != 0 {
+        for r in summary
+            .records
+            .iter()
+            .filter(|r| r.status == NodeStatus::Failed)
+        {
+            eprintln!("{}", human_record(r));
+        }
+        return Ok(summary.exit_code());
+    }
+    let blob = |n: &str, o: &str| -> Result<std::path::PathBuf, CliError> {
+        let m = engine.fresh_manifest(n)?;
+        let rec = m
+            .outputs
+            .get(o)
+            .ok_or_else(|| CliError::failed(format!("`{n}` has no output `{o}`")))?;
+        Ok(engine.store().blob_path(&rec.hash))
+    };
+    // The agent loop's turn limit: rl-train's (params with defaults applied).
+    let max_turns = ctx
+        .pipeline()?
+        .node("rl-train")
+        .and_then(|n| n.stage.params()["max_turns"].as_u64())
+        .unwrap_or(3) as usize;
+    let files = cudarl_stages::verl::export(
+        &blob("synth-tasks", "tasks")?,
+        &blob("sft-data", "sft_generator")?,
+        &to.join("verl"),
+        max_turns,
+    )
+    .map_err(CliError::failed)?;
+    for f in files {
+        println!("{}", f.display());
+    }
     Ok(0)
 }
 

@@ -36,6 +36,8 @@ pub struct ServeArgs {
     pub timeout: u64,
     /// Verdicts kept in the result cache.
     pub cache_entries: usize,
+    /// `configs/reward/<reward>.toml`.
+    pub reward: String,
 }
 
 /// Runs the service until SIGINT/SIGTERM.
@@ -66,6 +68,9 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
     };
     let tasks = cudarl_serve::load_served_tasks(&out("tasks")?, &out("task_kernels")?)
         .map_err(CliError::failed)?;
+    let rel = format!("configs/reward/{}.toml", a.reward);
+    let reward = cudarl_stages::reward::RewardConfig::load(&ctx.root.join(&rel), &rel)
+        .map_err(CliError::usage)?;
     let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
     let gpu = (a.mode != Mode::Compile)
         .then(cudarl_cuda::gpu::probe)
@@ -106,6 +111,7 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
         max_body_bytes: a.max_body_bytes,
         token: a.token,
         cache_entries: a.cache_entries,
+        reward,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,190 @@
+//! Export of the RL curriculum in VERL's dataset layouts (volcengine/verl's `RLHFDataset` and
+//! multi-turn SFT dataset), so the same tasks train on a Ray cluster through VERL when one GPU
+//! is not enough.
+//!
+//! RL files (`rl_train.parquet`, `rl_test.parquet`), one row per task family, the columns
+//! VERL's RL loader reads:
+//! - `data_source` (utf8): `cudarl-pipe/tier{N}`, what VERL groups validation metrics by;
+//! - `prompt` (list<struct<role, content>>): the generator's chat messages (system + task);
+//! - `ability` (utf8): `cuda`;
+//! - `reward_model` (struct<style: utf8, ground_truth: utf8>): style `rule`, ground truth the
+//!   task id (the kernel-evaluation service judges a candidate against it);
+//! - `extra_info` (struct<split, index, task_id, tier, max_turns>): split name, row index,
+//!   the task, its tier, the turn limit of the agent loop;
+//! - `agent_name` (utf8): the agent loop to run (`cudarl_kernel_agent`).
+//!
+//! SFT files (`sft_train.parquet`, `sft_val.parquet`): the generator's SFT rows with VERL's
+//! multi-turn `messages` column (list<struct<role, content>>) plus task id, tier and split;
+//! the hold-out (`test`) families are not exported for SFT.
+//!
+//! Splits: a family is in `rl_test` when the SFT data holds it out (`sft-data`'s `test`
+//! split), so VERL's validation set is the same hold-out as `eval`'s.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, StringArray, StructArray};
+use arrow::datatypes::{Field, Schema};
+use cudarl_cuda::task::TaskSpec;
+use cudarl_curriculum::prompts::ChatMessage;
+use cudarl_data::Table;
+use cudarl_data::parquet_io::{batch, write_parquet};
+
+/// The agent loop VERL runs for these rows (`python/cudarl_verl/agent_loop.py` registers it).
+pub const AGENT_NAME: &str = "cudarl_kernel_agent";
+
+fn s(v: Vec<String>) -> ArrayRef {
+    Arc::new(StringArray::from(v))
+}
+
+fn st(fields: Vec<(&str, ArrayRef)>) -> ArrayRef {
+    Arc::new(StructArray::from(
+        fields
+            .into_iter()
+            .map(|(n, a)| (Arc::new(Field::new(n, a.data_type().clone(), false)), a))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+fn write(path: &Path, cols: Vec<(&str, ArrayRef)>) -> Result<(), String> {
+    let schema = Arc::new(Schema::new(
+        cols.iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
+            .collect::<Vec<_>>(),
+    ));
+    let b =
+        batch(&schema, cols.into_iter().map(|(_, a)| a).collect()).map_err(|e| e.to_string())?;
+    write_parquet(path, &b).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes the VERL files into `dir` from the `synth-tasks` node's `tasks` table and the
+/// `sft-data` node's `sft_generator` table; returns the files written.
+///
+/// # Errors
+/// Unreadable tables (file and field named), a bad task spec, write errors.
+pub fn export(
+    tasks: &Path,
+    sft_generator: &Path,
+    dir: &Path,
+    max_turns: usize,
+) -> Result<Vec<PathBuf>, String> {
+    let t = Table::read(tasks, "tasks").map_err(|e| e.to_string())?;
+    let (ids, js) = (
+        t.req_strings("task_id").map_err(|e| e.to_string())?,
+        t.req_strings("spec_json").map_err(|e| e.to_string())?,
+    );
+    let g = Table::read(sft_generator, "sft_generator").map_err(|e| e.to_string())?;
+    let (gt, gs, gm) = (
+        g.req_strings("task_id").map_err(|e| e.to_string())?,
+        g.req_strings("split").map_err(|e| e.to_string())?,
+        g.req_strings("messages_json").map_err(|e| e.to_string())?,
+    );
+    let gtier = g.req_ints("tier").map_err(|e| e.to_string())?;
+    let held: BTreeSet<&str> = (0..g.rows())
+        .filter(|&i| gs.get(i) == Some("test"))
+        .filter_map(|i| gt.get(i))
+        .collect();
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut written = Vec::new();
+    // RL: one row per family, by split.
+    // Both files always (an empty test set is still a file VERL can be pointed at).
+    let mut by_split: BTreeMap<&str, Vec<TaskSpec>> = [("train", vec![]), ("test", vec![])].into();
+    for i in 0..t.rows() {
+        let (Some(id), Some(j)) = (ids.get(i), js.get(i)) else {
+            continue;
+        };
+        let spec: TaskSpec = serde_json::from_str(j)
+            .map_err(|e| format!("{}: field spec_json of `{id}`: {e}", tasks.display()))?;
+        let split = if held.contains(id) { "test" } else { "train" };
+        by_split.entry(split).or_default().push(spec);
+    }
+    for (split, specs) in &by_split {
+        let n = specs.len();
+        let prompts: Vec<Vec<ChatMessage>> = specs
+            .iter()
+            .map(crate::episode::generator_conversation)
+            .collect();
+        let task_ids: Vec<String> = specs.iter().map(|t| t.id.clone()).collect();
+        let tiers: Vec<i64> = specs.iter().map(|t| t.tier).collect();
+        let path = dir.join(format!("rl_{split}.parquet"));
+        write(
+            &path,
+            vec![
+                (
+                    "data_source",
+                    s(tiers
+                        .iter()
+                        .map(|t| format!("cudarl-pipe/tier{t}"))
+                        .collect()),
+                ),
+                ("prompt", crate::sft_data::messages_array(&prompts)),
+                ("ability", s(vec!["cuda".into(); n])),
+                (
+                    "reward_model",
+                    st(vec![
+                        ("style", s(vec!["rule".into(); n])),
+                        ("ground_truth", s(task_ids.clone())),
+                    ]),
+                ),
+                (
+                    "extra_info",
+                    st(vec![
+                        ("split", s(vec![split.to_string(); n])),
+                        ("index", Arc::new(Int64Array::from_iter_values(0..n as i64))),
+                        ("task_id", s(task_ids)),
+                        ("tier", Arc::new(Int64Array::from(tiers))),
+                        (
+                            "max_turns",
+                            Arc::new(Int64Array::from(vec![max_turns as i64; n])),
+                        ),
+                    ]),
+                ),
+                ("agent_name", s(vec![AGENT_NAME.into(); n])),
+            ],
+        )?;
+        written.push(path);
+    }
+    // SFT: the generator's rows with their `messages`, train and val (never the hold-out).
+    for split in ["train", "val"] {
+        let rows: Vec<usize> = (0..g.rows())
+            .filter(|&i| gs.get(i) == Some(split))
+            .collect();
+        let msgs: Vec<Vec<ChatMessage>> = rows
+            .iter()
+            .map(|&i| {
+                serde_json::from_str(gm.get(i).unwrap_or("[]")).map_err(|e| {
+                    format!(
+                        "{}: field messages_json, row {i}: {e}",
+                        sft_generator.display()
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let path = dir.join(format!("sft_{split}.parquet"));
+        write(
+            &path,
+            vec![
+                ("messages", crate::sft_data::messages_array(&msgs)),
+                (
+                    "task_id",
+                    s(rows
+                        .iter()
+                        .map(|&i| gt.get(i).unwrap_or_default().to_string())
+                        .collect()),
+                ),
+                (
+                    "tier",
+                    Arc::new(Int64Array::from(
+                        rows.iter()
+                            .map(|&i| gtier.get(i).unwrap_or(0))
+                            .collect::<Vec<_>>(),
+                    )),
+                ),
+                ("split", s(vec![split.to_string(); rows.len()])),
+            ],
+        )?;
+        written.push(path);
+    }
+    Ok(written)
+}
