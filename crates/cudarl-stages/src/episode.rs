@@ -465,8 +465,13 @@ pub fn run_episodes(
             })
             .collect();
         // Kernels go to the harness's compiler as soon as each answer is finished.
+        // (Not code the episode already submitted: that is answered from its earlier turn.)
         let answers = policy.answer_streaming(role, &convs, &mut |k, text| {
-            if let (Some(&i), Some(c)) = (active.get(k), prompts::extract_code(text)) {
+            if let (Some(&i), Some(c)) = (active.get(k), prompts::extract_code(text))
+                && !eps[i]
+                    .seen
+                    .contains_key(blake3::hash(c.as_bytes()).as_bytes())
+            {
                 tester.prefetch(tasks[i], &c);
             }
         })?;
