@@ -180,6 +180,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         let want = if tested { 1.0 } else { 0.0 };
         assert_eq!(r["compile_overlap"].as_f64(), Some(want), "{r}");
         assert_eq!(r["algorithm"], "grpo");
+        // Both episodes are tier 0 (the two families' lowest tier opens first): the per-tier
+        // mean is the step's mean.
+        let bt: Value = serde_json::from_str(r["reward_by_tier_json"].as_str().unwrap()).unwrap();
+        assert_eq!(bt.as_object().unwrap().len(), 1, "{bt}");
+        assert_eq!(bt["0"].as_f64(), r["mean_reward"].as_f64(), "{bt}");
         assert!(r["value_loss"].is_null());
     }
     let sum = rows(&p, "eval", "summary");
@@ -248,7 +253,9 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     let md = std::fs::read_to_string(out.join("eval.report/report.md")).unwrap();
     assert!(
-        md.contains("compile-only") && md.contains("| sft | test |"),
+        md.contains("compile-only")
+            && md.contains("| sft | test |")
+            && md.contains("Tier 0: 2 steps, mean reward"),
         "{md}"
     );
     assert!(

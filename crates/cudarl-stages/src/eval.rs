@@ -178,7 +178,7 @@ impl Stage for Eval {
         "eval"
     }
     fn code_version(&self) -> u32 {
-        3
+        4
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -498,6 +498,34 @@ fn report(
             "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
             a.0, a.1, a.2, b.0, b.1, b.2
         ));
+    }
+    // Per tier: the first and the last step that ran episodes of it, and the mean over each
+    // half of those steps (a tier opening changes the mix; this curve is not confounded by it).
+    if let Ok(bt) = metrics.req_strings("reward_by_tier_json") {
+        let mut per: BTreeMap<i64, Vec<(f64, f64)>> = BTreeMap::new();
+        for i in 0..metrics.rows() {
+            let (Some(step), Some(j)) = (steps.get(i), bt.get(i)) else {
+                continue;
+            };
+            let m: serde_json::Map<String, Value> = serde_json::from_str(j).unwrap_or_default();
+            for (t, v) in m {
+                if let (Ok(t), Some(v)) = (t.parse::<i64>(), v.as_f64()) {
+                    per.entry(t).or_default().push((step as f64, v));
+                }
+            }
+        }
+        for (t, v) in &per {
+            let half = v.len() / 2;
+            let avg = |x: &[(f64, f64)]| x.iter().map(|p| p.1).sum::<f64>() / x.len().max(1) as f64;
+            if half > 0 {
+                md.push_str(&format!(
+                    "Tier {t}: {} steps, mean reward {:.3} over the first half, {:.3} over the second.\n",
+                    v.len(),
+                    avg(&v[..half]),
+                    avg(&v[v.len() - half..])
+                ));
+            }
+        }
     }
     md.push_str("\n![reward curve](reward_curve.png)\n\n![per-tier rates](per_tier.png)\n");
     if have_speedups {

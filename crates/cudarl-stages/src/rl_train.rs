@@ -72,6 +72,9 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("value_loss", true),
         f64s("optimizer_value_loss", true),
         Field::new("algorithm", DataType::Utf8, false),
+        // {"<tier>": mean final reward of this step's episodes of that tier}: the reward curve
+        // per tier, not confounded by the mix shifting when a tier opens.
+        Field::new("reward_by_tier_json", DataType::Utf8, false),
         Field::new("mode", DataType::Utf8, false),
         Field::new("device", DataType::Utf8, false),
     ]))
@@ -502,7 +505,7 @@ impl Stage for RlTrain {
         "rl-train"
     }
     fn code_version(&self) -> u32 {
-        4
+        5
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -667,6 +670,14 @@ impl Stage for RlTrain {
             let update_seconds = t_up.elapsed().as_secs_f64();
             let finals: Vec<f64> = eps.iter().map(Episode::final_reward).collect();
             let (mr, sd) = mean_std(&finals);
+            let mut per_tier: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+            for (e, r) in eps.iter().zip(&finals) {
+                per_tier.entry(e.tier).or_default().push(*r);
+            }
+            let by_tier: serde_json::Map<String, Value> = per_tier
+                .iter()
+                .map(|(t, v)| (t.to_string(), json!(mean_std(v).0)))
+                .collect();
             let refs: Vec<&Episode> = eps.iter().collect();
             let (cr, pr) = rates(&refs);
             let first_cr = eps
@@ -697,6 +708,7 @@ impl Stage for RlTrain {
                 "value_loss": ppo.as_ref().map(|_| &gu["value_loss"]),
                 "optimizer_value_loss": ppo.as_ref().map(|_| &ou["value_loss"]),
                 "algorithm": p.algorithm,
+                "reward_by_tier_json": Value::Object(by_tier).to_string(),
                 "mode": mode, "device": device}));
             for (ei, e) in eps.iter().enumerate() {
                 for t in &e.turns {
