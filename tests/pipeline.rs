@@ -247,15 +247,7 @@ fn status_dag_show_and_gc() {
 /// Exported Parquet opens in pyarrow and polars with the documented schema.
 #[test]
 fn export_opens_in_pyarrow_and_polars() {
-    let python = std::env::var("CUDARL_PYTHON").ok().or_else(|| {
-        let v = repo_root().join(".venv/bin/python");
-        v.exists().then(|| v.display().to_string())
-    });
-    let Some(python) = python else {
-        assert!(
-            std::env::var("CUDARL_REQUIRE_PYTHON").is_err(),
-            "CUDARL_REQUIRE_PYTHON set but no python"
-        );
+    let Some(python) = common::python() else {
         eprintln!("SKIPPED export_opens_in_pyarrow_and_polars: no .venv (run `make setup`)");
         return;
     };

@@ -386,15 +386,7 @@ fn serve_backpressure_and_deadlines() {
 /// `compute_score` and its async form, in the repository's Python, scoring through `s`.
 fn verl_reward_function(s: &Server, naive: &str) {
     let root = common::repo_root();
-    let python = std::env::var("CUDARL_PYTHON").ok().or_else(|| {
-        let v = root.join(".venv/bin/python");
-        v.exists().then(|| v.display().to_string())
-    });
-    let Some(python) = python else {
-        assert!(
-            std::env::var("CUDARL_REQUIRE_PYTHON").is_err(),
-            "CUDARL_REQUIRE_PYTHON set but no python"
-        );
+    let Some(python) = common::python() else {
         eprintln!("SKIPPED the VERL reward-function check: no .venv (run `make setup`)");
         return;
     };

@@ -202,3 +202,19 @@ pub fn stderr(o: &Output) -> String {
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).to_string()
 }
+
+/// The Python with the test tools (`$CUDARL_PYTHON`, else the repository's `.venv`); `None`
+/// (the caller prints that it skipped) unless `CUDARL_REQUIRE_PYTHON` is set, which makes a
+/// missing Python a failure.
+#[allow(dead_code)]
+pub fn python() -> Option<String> {
+    let p = std::env::var("CUDARL_PYTHON").ok().or_else(|| {
+        let v = repo_root().join(".venv/bin/python");
+        v.exists().then(|| v.display().to_string())
+    });
+    assert!(
+        p.is_some() || std::env::var("CUDARL_REQUIRE_PYTHON").is_err(),
+        "CUDARL_REQUIRE_PYTHON set but no python"
+    );
+    p
+}

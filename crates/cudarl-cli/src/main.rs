@@ -179,41 +179,7 @@ enum Command {
     /// The kernel-evaluation HTTP service: POST /v1/evaluate (the verdict JSON of `check`),
     /// GET /v1/tasks, /v1/tasks/{id}, /healthz, /metrics, /openapi.json. Prints
     /// `listening on http://ADDR` when ready; stops on SIGINT/SIGTERM.
-    Serve {
-        /// Address to listen on (port 0: any free port).
-        #[arg(long, default_value = "127.0.0.1:8000")]
-        bind: std::net::SocketAddr,
-        /// Most requests in the service at once (waiting or running); one more gets 429.
-        #[arg(long, default_value_t = 64)]
-        queue: usize,
-        /// Per-request deadline, seconds (504 after it).
-        #[arg(long, default_value_t = 300.0)]
-        deadline_s: f64,
-        /// Largest request body, bytes (413 above).
-        #[arg(long, default_value_t = 1 << 20)]
-        max_body_bytes: usize,
-        /// Bearer token required on /v1/* (default: none).
-        #[arg(long, env = "CUDARL_SERVE_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// `auto`: GPU tests when there is a GPU; `compile`: compile-only service.
-        #[arg(long, value_enum, default_value_t = cmd::check::Mode::Auto)]
-        mode: cmd::check::Mode,
-        /// Concurrent nvcc builds (default: the CPU cores).
-        #[arg(long)]
-        compile_workers: Option<usize>,
-        /// Target architecture for nvcc (default: the GPU's, or sm_90 without a GPU).
-        #[arg(long)]
-        arch: Option<String>,
-        /// Wall-clock limit per GPU job step, seconds (hangs are killed).
-        #[arg(long, default_value_t = 20)]
-        timeout: u64,
-        /// Verdicts kept in the in-memory result cache.
-        #[arg(long, default_value_t = 10_000)]
-        cache_entries: usize,
-        /// Reward config scoring each verdict (`configs/reward/<NAME>.toml`).
-        #[arg(long, default_value = "default", value_name = "NAME")]
-        reward: String,
-    },
+    Serve(cmd::serve::ServeArgs),
     /// Benchmarks (ratios against a baseline measured in the same run).
     Bench {
         #[command(subcommand)]

@@ -673,31 +673,13 @@ pub fn load_served_tasks(
     tasks: &std::path::Path,
     kernels: &std::path::Path,
 ) -> Result<Vec<ServedTask>, String> {
-    use cudarl_data::Table;
-    let t = Table::read(tasks, "tasks").map_err(|e| e.to_string())?;
-    let (ids, specs) = (
-        t.req_strings("task_id").map_err(|e| e.to_string())?,
-        t.req_strings("spec_json").map_err(|e| e.to_string())?,
-    );
-    let k = Table::read(kernels, "task_kernels").map_err(|e| e.to_string())?;
-    let (kt, kr, kc) = (
-        k.req_strings("task_id").map_err(|e| e.to_string())?,
-        k.req_strings("role").map_err(|e| e.to_string())?,
-        k.req_strings("code").map_err(|e| e.to_string())?,
-    );
-    let naive: BTreeMap<&str, &str> = (0..k.rows())
-        .filter(|&i| kr.get(i) == Some("naive"))
-        .filter_map(|i| Some((kt.get(i)?, kc.get(i)?)))
-        .collect();
-    (0..t.rows())
-        .filter_map(|i| Some((ids.get(i)?, specs.get(i)?)))
-        .map(|(id, js)| {
-            let spec: TaskSpec = serde_json::from_str(js)
-                .map_err(|e| format!("{}: field spec_json of `{id}`: {e}", tasks.display()))?;
-            Ok(ServedTask {
-                naive: naive.get(id).map(|s| s.to_string()),
-                spec,
-            })
+    let mut naive = cudarl_stages::synth_tasks::read_naive(kernels).map_err(|e| e.to_string())?;
+    Ok(cudarl_stages::synth_tasks::read_specs(tasks)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|spec| ServedTask {
+            naive: naive.remove(&spec.id),
+            spec,
         })
-        .collect()
+        .collect())
 }

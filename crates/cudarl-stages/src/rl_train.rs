@@ -34,7 +34,6 @@ use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules};
 use cudarl_curriculum::credit::group_advantages;
 use cudarl_curriculum::prompts::{GENERATOR_SYSTEM, OPTIMIZER_SYSTEM};
-use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -295,40 +294,11 @@ pub(crate) struct TaskSet {
 }
 
 pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> {
-    let d = Table::read(ctx.input_path("data")?, "sft_generator").map_err(data_err)?;
-    let (dt, ds) = (
-        d.req_strings("task_id").map_err(data_err)?,
-        d.req_strings("split").map_err(data_err)?,
-    );
-    let held: BTreeSet<String> = (0..d.rows())
-        .filter(|&i| ds.get(i) == Some("test"))
-        .filter_map(|i| dt.get(i).map(str::to_string))
-        .collect();
-    let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-    let tid = tt.req_strings("task_id").map_err(data_err)?;
-    let js = tt.req_strings("spec_json").map_err(data_err)?;
-    let (mut train, mut test) = (Vec::new(), Vec::new());
-    for i in 0..tt.rows() {
-        if let (Some(id), Some(j)) = (tid.get(i), js.get(i)) {
-            let s: TaskSpec = serde_json::from_str(j)
-                .map_err(|e| StageError::bad_input("tasks", Some("spec_json"), e.to_string()))?;
-            if held.contains(id) {
-                test.push(s);
-            } else {
-                train.push(s);
-            }
-        }
-    }
-    let k = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
-    let (kt, kr, kc) = (
-        k.req_strings("task_id").map_err(data_err)?,
-        k.req_strings("role").map_err(data_err)?,
-        k.req_strings("code").map_err(data_err)?,
-    );
-    let naive = (0..k.rows())
-        .filter(|&i| kr.get(i) == Some("naive"))
-        .filter_map(|i| Some((kt.get(i)?.to_string(), kc.get(i)?.to_string())))
-        .collect();
+    let held = crate::sft_data::holdout_ids(ctx.input_path("data")?)?;
+    let (test, train) = crate::synth_tasks::read_specs(ctx.input_path("tasks")?)?
+        .into_iter()
+        .partition(|s| held.contains(&s.id));
+    let naive = crate::synth_tasks::read_naive(ctx.input_path("kernels")?)?;
     Ok(TaskSet { train, test, naive })
 }
 

@@ -566,6 +566,25 @@ impl Stage for SftData {
     }
 }
 
+/// The ids of the task families the SFT data holds out (its `test` split), from an
+/// `sft_generator` table: `eval`'s hold-out, and VERL's validation set.
+///
+/// # Errors
+/// An unreadable table or a missing column (file and field named).
+pub fn holdout_ids(
+    path: &std::path::Path,
+) -> Result<std::collections::BTreeSet<String>, cudarl_core::StageError> {
+    let d = Table::read(path, "sft_generator").map_err(data_err)?;
+    let (dt, ds) = (
+        d.req_strings("task_id").map_err(data_err)?,
+        d.req_strings("split").map_err(data_err)?,
+    );
+    Ok((0..d.rows())
+        .filter(|&i| ds.get(i) == Some("test"))
+        .filter_map(|i| dt.get(i).map(str::to_string))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -256,3 +256,40 @@ impl Stage for SynthTasks {
         write_output(ctx, "task_kernels", &kb)
     }
 }
+
+/// The task specs of a `tasks` table (this stage's output, its `spec_json` column), in row
+/// order.
+///
+/// # Errors
+/// An unreadable table or a bad spec (file and field named).
+pub fn read_specs(path: &std::path::Path) -> Result<Vec<cudarl_cuda::task::TaskSpec>, StageError> {
+    let t = cudarl_data::Table::read(path, "tasks").map_err(data_err)?;
+    let js = t.req_strings("spec_json").map_err(data_err)?;
+    (0..t.rows())
+        .filter_map(|i| js.get(i))
+        .map(|j| {
+            serde_json::from_str(j).map_err(|e| {
+                StageError::bad_input(path.display().to_string(), Some("spec_json"), e.to_string())
+            })
+        })
+        .collect()
+}
+
+/// The naive kernel's source per task id, from a `task_kernels` table (this stage's output).
+///
+/// # Errors
+/// An unreadable table or a missing column (file and field named).
+pub fn read_naive(
+    path: &std::path::Path,
+) -> Result<std::collections::BTreeMap<String, String>, StageError> {
+    let k = cudarl_data::Table::read(path, "task_kernels").map_err(data_err)?;
+    let (kt, kr, kc) = (
+        k.req_strings("task_id").map_err(data_err)?,
+        k.req_strings("role").map_err(data_err)?,
+        k.req_strings("code").map_err(data_err)?,
+    );
+    Ok((0..k.rows())
+        .filter(|&i| kr.get(i) == Some("naive"))
+        .filter_map(|i| Some((kt.get(i)?.to_string(), kc.get(i)?.to_string())))
+        .collect())
+}

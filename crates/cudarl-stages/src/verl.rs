@@ -20,7 +20,7 @@
 //! Splits: a family is in `rl_test` when the SFT data holds it out (`sft-data`'s `test`
 //! split), so VERL's validation set is the same hold-out as `eval`'s.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -69,11 +69,8 @@ pub fn export(
     dir: &Path,
     max_turns: usize,
 ) -> Result<Vec<PathBuf>, String> {
-    let t = Table::read(tasks, "tasks").map_err(|e| e.to_string())?;
-    let (ids, js) = (
-        t.req_strings("task_id").map_err(|e| e.to_string())?,
-        t.req_strings("spec_json").map_err(|e| e.to_string())?,
-    );
+    let specs = crate::synth_tasks::read_specs(tasks).map_err(|e| e.to_string())?;
+    let held = crate::sft_data::holdout_ids(sft_generator).map_err(|e| e.to_string())?;
     let g = Table::read(sft_generator, "sft_generator").map_err(|e| e.to_string())?;
     let (gt, gs, gm) = (
         g.req_strings("task_id").map_err(|e| e.to_string())?,
@@ -81,22 +78,17 @@ pub fn export(
         g.req_strings("messages_json").map_err(|e| e.to_string())?,
     );
     let gtier = g.req_ints("tier").map_err(|e| e.to_string())?;
-    let held: BTreeSet<&str> = (0..g.rows())
-        .filter(|&i| gs.get(i) == Some("test"))
-        .filter_map(|i| gt.get(i))
-        .collect();
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut written = Vec::new();
     // RL: one row per family, by split.
     // Both files always (an empty test set is still a file VERL can be pointed at).
     let mut by_split: BTreeMap<&str, Vec<TaskSpec>> = [("train", vec![]), ("test", vec![])].into();
-    for i in 0..t.rows() {
-        let (Some(id), Some(j)) = (ids.get(i), js.get(i)) else {
-            continue;
+    for spec in specs {
+        let split = if held.contains(&spec.id) {
+            "test"
+        } else {
+            "train"
         };
-        let spec: TaskSpec = serde_json::from_str(j)
-            .map_err(|e| format!("{}: field spec_json of `{id}`: {e}", tasks.display()))?;
-        let split = if held.contains(id) { "test" } else { "train" };
         by_split.entry(split).or_default().push(spec);
     }
     for (split, specs) in &by_split {

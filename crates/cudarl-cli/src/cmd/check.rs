@@ -49,20 +49,8 @@ fn check_kb(
     } else {
         "ingest-kernelbench"
     };
-    let summary = engine.run(&[target.to_string()], &cudarl_core::RunOptions::default())?;
-    if summary.exit_code() != 0 {
-        return Err(CliError::failed(format!(
-            "building `{target}` failed; see `cudarl-pipe run {target}`"
-        )));
-    }
-    let out = |node: &str, name: &str| -> Result<std::path::PathBuf, CliError> {
-        let m = engine.fresh_manifest(node)?;
-        let rec = m
-            .outputs
-            .get(name)
-            .ok_or_else(|| CliError::failed(format!("`{node}` has no output `{name}`")))?;
-        Ok(engine.store().blob_path(&rec.hash))
-    };
+    super::build(&engine, target)?;
+    let out = |node: &str, name: &str| super::output_blob(&engine, node, name);
     let problems = cudarl_stages::testgen::load_kb_problems(
         &out("ingest-kernelbench", "problems")?,
         gpu.is_some()

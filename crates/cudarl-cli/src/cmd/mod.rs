@@ -174,34 +174,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         } => export(&ctx, &node, &to, output.as_deref()),
         Command::Gc { keep_last, json } => gc(&ctx, keep_last, json),
         Command::Bench { which } => bench::run(&ctx, which),
-        Command::Serve {
-            bind,
-            queue,
-            deadline_s,
-            max_body_bytes,
-            token,
-            mode,
-            compile_workers,
-            arch,
-            timeout,
-            cache_entries,
-            reward,
-        } => serve::run(
-            &ctx,
-            serve::ServeArgs {
-                bind,
-                queue,
-                deadline_s,
-                max_body_bytes,
-                token,
-                mode,
-                compile_workers,
-                arch,
-                timeout,
-                cache_entries,
-                reward,
-            },
-        ),
+        Command::Serve(args) => serve::run(&ctx, args),
         Command::Check {
             task,
             source,
@@ -514,6 +487,27 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
     Ok(0)
 }
 
+/// Builds `target` (and what it needs); a failure says which command shows why.
+pub(crate) fn build(engine: &Engine, target: &str) -> Result<(), CliError> {
+    let summary = engine.run(&[target.to_string()], &RunOptions::default())?;
+    if summary.exit_code() != 0 {
+        return Err(CliError::failed(format!(
+            "building `{target}` failed; see `cudarl-pipe run {target}`"
+        )));
+    }
+    Ok(())
+}
+
+/// The store path of output `name` of the fresh node `node`.
+pub(crate) fn output_blob(engine: &Engine, node: &str, name: &str) -> Result<PathBuf, CliError> {
+    let m = engine.fresh_manifest(node)?;
+    let rec = m
+        .outputs
+        .get(name)
+        .ok_or_else(|| CliError::failed(format!("`{node}` has no output `{name}`")))?;
+    Ok(engine.store().blob_path(&rec.hash))
+}
+
 /// `export --format verl`: the RL curriculum that `rl-train` trains on (the task families and
 /// the SFT data's hold-out split) in VERL's dataset layouts, under `<to>/verl/`.
 fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, CliError> {
@@ -536,14 +530,6 @@ fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, Cl
         }
         return Ok(summary.exit_code());
     }
-    let blob = |n: &str, o: &str| -> Result<std::path::PathBuf, CliError> {
-        let m = engine.fresh_manifest(n)?;
-        let rec = m
-            .outputs
-            .get(o)
-            .ok_or_else(|| CliError::failed(format!("`{n}` has no output `{o}`")))?;
-        Ok(engine.store().blob_path(&rec.hash))
-    };
     // The agent loop's turn limit: rl-train's (params with defaults applied).
     let max_turns = ctx
         .pipeline()?
@@ -551,8 +537,8 @@ fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, Cl
         .and_then(|n| n.stage.params()["max_turns"].as_u64())
         .unwrap_or(3) as usize;
     let files = cudarl_stages::verl::export(
-        &blob("synth-tasks", "tasks")?,
-        &blob("sft-data", "sft_generator")?,
+        &output_blob(&engine, "synth-tasks", "tasks")?,
+        &output_blob(&engine, "sft-data", "sft_generator")?,
         &to.join("verl"),
         max_turns,
     )

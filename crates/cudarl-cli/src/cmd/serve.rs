@@ -14,29 +14,40 @@ use super::check::Mode;
 use super::{CliError, Ctx};
 
 /// Settings of `serve` from the command line.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on (port 0: any free port; the bound address is printed).
+    /// Address to listen on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:8000")]
     pub bind: SocketAddr,
-    /// Most requests in the service at once.
+    /// Most requests in the service at once (waiting or running); one more gets 429.
+    #[arg(long, default_value_t = 64)]
     pub queue: usize,
-    /// Per-request deadline, seconds.
+    /// Per-request deadline, seconds (504 after it).
+    #[arg(long, default_value_t = 300.0)]
     pub deadline_s: f64,
-    /// Largest request body, bytes.
+    /// Largest request body, bytes (413 above).
+    #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
-    /// Bearer token for `/v1/*`.
+    /// Bearer token required on /v1/* (default: none).
+    #[arg(long, env = "CUDARL_SERVE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// `auto` (GPU tests when there is a GPU) or `compile`.
+    /// `auto`: GPU tests when there is a GPU; `compile`: compile-only service.
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
     pub mode: Mode,
     /// Concurrent nvcc builds (default: the CPU cores).
+    #[arg(long)]
     pub compile_workers: Option<usize>,
-    /// nvcc target (default: the GPU's, or sm_90).
+    /// Target architecture for nvcc (default: the GPU's, or sm_90 without a GPU).
+    #[arg(long)]
     pub arch: Option<String>,
-    /// Wall-clock limit per GPU job step, seconds.
+    /// Wall-clock limit per GPU job step, seconds (hangs are killed).
+    #[arg(long, default_value_t = 20)]
     pub timeout: u64,
-    /// Verdicts kept in the result cache.
+    /// Verdicts kept in the in-memory result cache.
+    #[arg(long, default_value_t = 10_000)]
     pub cache_entries: usize,
-    /// `configs/reward/<reward>.toml`.
+    /// Reward config scoring each verdict (`configs/reward/<NAME>.toml`).
+    #[arg(long, default_value = "default", value_name = "NAME")]
     pub reward: String,
 }
 
@@ -47,27 +58,13 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
             "serve: --mode is auto or compile (requests choose full or compile)",
         ));
     }
-    let reporter = Arc::new(crate::report::CliReporter::detect(false));
-    let engine = ctx.engine(reporter, 0)?;
-    let summary = engine.run(
-        &["synth-tasks".to_string()],
-        &cudarl_core::RunOptions::default(),
-    )?;
-    if summary.exit_code() != 0 {
-        return Err(CliError::failed(
-            "building `synth-tasks` failed; see `cudarl-pipe run synth-tasks`",
-        ));
-    }
-    let out = |name: &str| -> Result<std::path::PathBuf, CliError> {
-        let m = engine.fresh_manifest("synth-tasks")?;
-        let rec = m
-            .outputs
-            .get(name)
-            .ok_or_else(|| CliError::failed(format!("`synth-tasks` has no output `{name}`")))?;
-        Ok(engine.store().blob_path(&rec.hash))
-    };
-    let tasks = cudarl_serve::load_served_tasks(&out("tasks")?, &out("task_kernels")?)
-        .map_err(CliError::failed)?;
+    let engine = ctx.engine(Arc::new(crate::report::CliReporter::detect(false)), 0)?;
+    super::build(&engine, "synth-tasks")?;
+    let tasks = cudarl_serve::load_served_tasks(
+        &super::output_blob(&engine, "synth-tasks", "tasks")?,
+        &super::output_blob(&engine, "synth-tasks", "task_kernels")?,
+    )
+    .map_err(CliError::failed)?;
     let rel = format!("configs/reward/{}.toml", a.reward);
     let reward = cudarl_stages::reward::RewardConfig::load(&ctx.root.join(&rel), &rel)
         .map_err(CliError::usage)?;

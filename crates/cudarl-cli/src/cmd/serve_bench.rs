@@ -74,8 +74,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[k.min(sorted.len() - 1)]
 }
 
-/// One client's record: (request id, status, seconds, task id echoed in the verdict).
-type Record = (String, u16, f64, Option<String>);
+/// One client's record: (request id, status, seconds, task id echoed in the verdict, task id
+/// asked for).
+type Record = (String, u16, f64, Option<String>, String);
 
 /// Runs the load test and the overhead comparison; returns the result JSON.
 ///
@@ -129,10 +130,11 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
                     let rec = match r {
                         Ok(resp) => {
                             let v: Value = resp.into_json().unwrap_or_default();
-                            (id, 200, secs, v["task_id"].as_str().map(str::to_string))
+                            let echoed = v["task_id"].as_str().map(str::to_string);
+                            (id, 200, secs, echoed, task.clone())
                         }
-                        Err(ureq::Error::Status(code, _)) => (id, code, secs, None),
-                        Err(_) => (id, 0, secs, None),
+                        Err(ureq::Error::Status(code, _)) => (id, code, secs, None, task.clone()),
+                        Err(_) => (id, 0, secs, None, task.clone()),
                     };
                     let busy = rec.1 == 429;
                     records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
@@ -158,13 +160,7 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
     };
     let wrong_task = ok
         .iter()
-        .filter(|r| {
-            let c: usize = r.0[1..r.0.find('r').unwrap_or(1)].parse().unwrap_or(0);
-            let s: usize = r.0[r.0.find('r').map_or(0, |i| i + 1)..]
-                .parse()
-                .unwrap_or(0);
-            r.3.as_deref() != Some(kernels[(c * 7 + s) % kernels.len()].0.as_str())
-        })
+        .filter(|r| r.3.as_deref() != Some(r.4.as_str()))
         .count();
     let mut lat: Vec<f64> = ok.iter().map(|r| r.2 * 1000.0).collect();
     lat.sort_by(|a, b| a.total_cmp(b));
