@@ -30,6 +30,11 @@ pub struct Cli {
     /// Store directory (default: <root>/artifacts).
     #[arg(long, global = true, env = "CUDARL_STORE", value_name = "DIR")]
     store: Option<PathBuf>,
+    /// Cache shared by several machines for row-level results and shard records: a directory
+    /// (local or network-mounted) or file:///path; s3://bucket/prefix and gs://bucket/prefix in
+    /// a build with `--features cudarl-store/cloud`.
+    #[arg(long, global = true, env = "CUDARL_SHARED_CACHE", value_name = "URL")]
+    shared_cache: Option<String>,
     /// Lock file (default: <root>/cudarl.lock for the default pipeline, cudarl.<name>.lock otherwise).
     #[arg(long, global = true, value_name = "FILE")]
     lock: Option<PathBuf>,
@@ -82,6 +87,14 @@ enum Command {
         /// Re-run NODE even if cached (repeatable).
         #[arg(long, value_name = "NODE")]
         force: Vec<String>,
+        /// Compute only shard i of N of the targets' rows (row-wise stages: validate) into the
+        /// row memo (use --shared-cache to pool N machines); `--merge` then assembles the table.
+        #[arg(long, value_name = "i/N", value_parser = cudarl_core::RunPart::parse_shard)]
+        shard: Option<cudarl_core::RunPart>,
+        /// Assemble the targets' outputs from the rows the shards memoized; fails, naming
+        /// them, if any row is missing (nothing is computed).
+        #[arg(long, conflicts_with = "shard")]
+        merge: bool,
         /// One JSON object per node on stdout.
         #[arg(long)]
         json: bool,

@@ -18,7 +18,7 @@ use crate::manifest::{MANIFEST_FORMAT, Manifest, OutputRecord};
 use crate::pipeline::Pipeline;
 use crate::report::Reporter;
 use crate::stage::{
-    InputSource, OutputKind, ResolveContext, ResolvedInput, StageContext, StageError,
+    InputSource, OutputKind, ResolveContext, ResolvedInput, RunPart, StageContext, StageError,
 };
 use crate::stale::{DirtyReason, diff_preimages};
 use crate::table::{inspect_parquet, schema_hash, schema_mismatch};
@@ -43,6 +43,8 @@ pub enum NodeStatus {
     Stale,
     /// `status`: never ran.
     Missing,
+    /// `run --shard i/N`: this machine's rows are in the row memo; no outputs (see `--merge`).
+    Shard,
 }
 
 impl NodeStatus {
@@ -57,6 +59,7 @@ impl NodeStatus {
             NodeStatus::Fresh => "fresh",
             NodeStatus::Stale => "stale",
             NodeStatus::Missing => "missing",
+            NodeStatus::Shard => "shard",
         }
     }
 }
@@ -93,6 +96,10 @@ pub struct NodeRecord {
     /// Warnings reported by the stage.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Counters the stage reported ([`StageContext::stat`]), e.g. a shard's rows computed and
+    /// rows found in the memo.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub stats: BTreeMap<String, serde_json::Value>,
     /// Error message for `failed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -118,6 +125,7 @@ impl NodeRecord {
             outputs: BTreeMap::new(),
             reasons: Vec::new(),
             warnings: Vec::new(),
+            stats: BTreeMap::new(),
             error: None,
             bad_input: false,
             full_outputs: None,
@@ -200,6 +208,9 @@ pub struct RunOptions {
     pub force: Vec<String>,
     /// Compute keys and report what would run, without running or writing anything.
     pub dry_run: bool,
+    /// Which rows the targets compute (`--shard i/N`, `--merge`); their ancestors always run
+    /// whole. Only [`Stage::shardable`] targets accept anything but [`RunPart::Whole`].
+    pub part: RunPart,
 }
 
 /// Errors of the engine itself (not of a stage).
@@ -245,7 +256,11 @@ pub struct Engine {
 /// manifest yet).
 pub const FAULT_ENV: &str = "CUDARL_FAULT";
 
-fn fault_point(node: &str, point: &str) {
+/// Crash-test hook: when `CUDARL_FAULT` is `<node>:<point>`, prints `CUDARL_FAULT_PAUSED` to
+/// stderr and pauses for 600 s so a test can kill the process exactly there (the engine's
+/// points: `before-run`, `after-run`, `before-manifest`; stages add their own, e.g. `validate`'s
+/// `after-row`).
+pub fn fault_point(node: &str, point: &str) {
     if let Ok(spec) = std::env::var(FAULT_ENV)
         && spec == format!("{node}:{point}")
     {
@@ -568,6 +583,39 @@ impl Engine {
                 .into());
             }
         }
+        if opts.part != RunPart::Whole {
+            let flag = match opts.part {
+                RunPart::Merge => "--merge",
+                _ => "--shard",
+            };
+            let config = |message: String| StageError::Config {
+                file: flag.into(),
+                field: None,
+                message,
+            };
+            if targets.is_empty() {
+                return Err(config(
+                    "name the stage to shard, e.g. `run validate --shard 0/4`".into(),
+                )
+                .into());
+            }
+            for t in targets {
+                let idx = self.pipeline.index_of(t).ok_or_else(|| {
+                    config(format!(
+                        "unknown node `{t}` (nodes: {})",
+                        self.pipeline.node_names().join(", ")
+                    ))
+                })?;
+                let node = self.pipeline.node_at(idx);
+                if !node.stage.shardable() {
+                    return Err(config(format!(
+                        "node `{t}` (stage {}) does not process rows independently; shardable stages: validate",
+                        node.stage.kind()
+                    ))
+                    .into());
+                }
+            }
+        }
         let order = self.pipeline.closure(targets)?;
         let lock = LockFile::read(&self.lock_path)?;
         let _gc = self.store.gc_guard_shared()?;
@@ -611,6 +659,7 @@ impl Engine {
             lock: &lock,
             opts,
             log: log.as_ref(),
+            targets,
         };
         pool.scope(|s| {
             for &i in &order {
@@ -734,7 +783,12 @@ impl Engine {
         if let Some(r) = cached(&key) {
             return r;
         }
-        let mut rec = match self.execute(idx, &key, prep) {
+        let part = if st.targets.iter().any(|t| t == &node.name) {
+            st.opts.part
+        } else {
+            RunPart::Whole
+        };
+        let mut rec = match self.execute(idx, &key, prep, part) {
             Ok(r) => r,
             Err((e, warnings)) => {
                 let mut r = NodeRecord::new(&node.name, &kind, cv, NodeStatus::Failed);
@@ -754,6 +808,7 @@ impl Engine {
         idx: usize,
         key: &str,
         prep: Prepared,
+        part: RunPart,
     ) -> Result<NodeRecord, (StageError, Vec<String>)> {
         let node = self.pipeline.node_at(idx);
         let tmp = self.store.temp_dir().map_err(|e| (e.into(), vec![]))?;
@@ -766,12 +821,14 @@ impl Engine {
             &self.store,
             self.reporter.clone(),
             &self.root,
-        );
+        )
+        .with_part(part);
         fault_point(&node.name, "before-run");
         let t0 = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| node.stage.run(&mut ctx)));
         let seconds = t0.elapsed().as_secs_f64();
         let warnings = ctx.warnings.clone();
+        let stats = ctx.stats.clone();
         let referenced_blobs: Vec<Digest> = ctx.referenced.iter().copied().collect();
         match result {
             Err(panic) => {
@@ -787,6 +844,35 @@ impl Engine {
             }
             Ok(Err(e)) => return Err((e, warnings)),
             Ok(Ok(())) => {}
+        }
+        if let RunPart::Shard { .. } = part {
+            // The shard's rows are in the memo; the record says this shard finished this key
+            // (written once: a re-run of a finished shard leaves the first record).
+            if let Some(shared) = self.store.shared() {
+                let record = serde_json::json!({
+                    "node": node.name,
+                    "key": key,
+                    "shard": part.label(),
+                    "seconds": seconds,
+                    "finished_unix_ms": now_ms(),
+                    "host": std::env::var("HOSTNAME").unwrap_or_default(),
+                    "stats": stats,
+                });
+                let rel = format!("shards/{}/{key}/{}.json", node.name, part.label());
+                shared
+                    .put_new(&rel, &serde_json::to_vec_pretty(&record).expect("json"))
+                    .map_err(|e| (e.into(), warnings.clone()))?;
+            }
+            let mut r = NodeRecord::new(
+                &node.name,
+                node.stage.kind(),
+                node.stage.code_version(),
+                NodeStatus::Shard,
+            );
+            r.seconds = seconds;
+            r.warnings = warnings;
+            r.stats = stats;
+            return Ok(r);
         }
         fault_point(&node.name, "after-run");
         let mut outputs = BTreeMap::new();
@@ -864,6 +950,7 @@ impl Engine {
         .with_outputs(outputs);
         r.seconds = seconds;
         r.warnings = warnings;
+        r.stats = stats;
         Ok(r)
     }
 
@@ -990,4 +1077,5 @@ struct SchedState<'a> {
     lock: &'a LockFile,
     opts: &'a RunOptions,
     log: Option<&'a cudarl_store::RunLog>,
+    targets: &'a [String],
 }

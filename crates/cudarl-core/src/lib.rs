@@ -23,14 +23,16 @@ pub mod stage;
 pub mod stale;
 pub mod table;
 
-pub use cudarl_store::{Digest, GcGuard, Memo, Store, StoreError};
-pub use engine::{Engine, EngineError, NodeRecord, NodeStatus, RunOptions, RunSummary};
+pub use cudarl_store::{Digest, GcGuard, Memo, SharedCache, Store, StoreError};
+pub use engine::{
+    Engine, EngineError, NodeRecord, NodeStatus, RunOptions, RunSummary, fault_point,
+};
 pub use key::{InputFingerprint, InputOrigin, Preimage};
 pub use manifest::{Manifest, OutputRecord};
 pub use pipeline::{Pipeline, StageFactory};
 pub use report::{NoProgress, NullReporter, ProgressSink, Reporter};
 pub use stage::{
     ExternalFiles, InputDecl, InputSource, OutputDecl, OutputKind, ResolveContext, ResolvedInput,
-    Stage, StageContext, StageError,
+    RunPart, Stage, StageContext, StageError,
 };
 pub use stale::DirtyReason;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
-use cudarl_store::{Memo, Store, StoreError};
+use cudarl_store::{Digest, Memo, Store, StoreError};
 
 use crate::report::{ProgressSink, Reporter};
 
@@ -208,6 +208,69 @@ pub trait Stage: Send + Sync {
     /// # Errors
     /// Bad input data or any failure. A kernel that fails to compile is data, not an error.
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError>;
+    /// Whether the stage processes rows independently through the row memo and honours
+    /// [`StageContext::part`], so `run NODE --shard i/N` and `run NODE --merge` apply to it.
+    fn shardable(&self) -> bool {
+        false
+    }
+}
+
+/// Which rows of a shardable stage one run computes (DESIGN.md section 2, "Sharding").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunPart {
+    /// Every row, and publish the outputs (a normal run).
+    #[default]
+    Whole,
+    /// Only the rows this shard owns ([`RunPart::owns`]), into the row memo; no outputs are
+    /// published (the table is incomplete), the engine records the node as `shard`.
+    Shard {
+        /// This shard, `0..count`.
+        index: u32,
+        /// Number of shards.
+        count: u32,
+    },
+    /// Assemble the outputs from rows the shards memoized; a row without a memo entry is an
+    /// error (nothing is computed), so an incomplete set of shards cannot pass as a whole run.
+    Merge,
+}
+
+impl RunPart {
+    /// Parses `i/N` (`0 <= i < N`).
+    ///
+    /// # Errors
+    /// A message naming the expected form.
+    pub fn parse_shard(s: &str) -> Result<RunPart, String> {
+        let bad = || format!("`{s}`: expected i/N with 0 <= i < N, e.g. 0/4");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let index: u32 = i.trim().parse().map_err(|_| bad())?;
+        let count: u32 = n.trim().parse().map_err(|_| bad())?;
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(RunPart::Shard { index, count })
+    }
+
+    /// Whether this part computes the row with key `row`: a shard owns the rows whose key,
+    /// read as a little-endian u64 from its first 8 bytes, is `index` modulo `count` (keys are
+    /// BLAKE3 digests, so shards get near-equal shares and every machine agrees on the split).
+    pub fn owns(&self, row: &Digest) -> bool {
+        match *self {
+            RunPart::Shard { index, count } => {
+                let v = u64::from_le_bytes(row.0[..8].try_into().expect("8 bytes"));
+                v % u64::from(count) == u64::from(index)
+            }
+            RunPart::Whole | RunPart::Merge => true,
+        }
+    }
+
+    /// `i-of-N` for shards (the shard record's file stem), `whole` / `merge` otherwise.
+    pub fn label(&self) -> String {
+        match self {
+            RunPart::Shard { index, count } => format!("{index}-of-{count}"),
+            RunPart::Whole => "whole".into(),
+            RunPart::Merge => "merge".into(),
+        }
+    }
 }
 
 /// An input as seen by a running stage.
@@ -230,6 +293,8 @@ pub struct StageContext<'a> {
     pub(crate) root: &'a Path,
     pub(crate) warnings: Vec<String>,
     pub(crate) referenced: std::collections::BTreeSet<cudarl_store::Digest>,
+    pub(crate) part: RunPart,
+    pub(crate) stats: BTreeMap<String, serde_json::Value>,
 }
 
 impl<'a> StageContext<'a> {
@@ -253,7 +318,28 @@ impl<'a> StageContext<'a> {
             root,
             warnings: Vec::new(),
             referenced: Default::default(),
+            part: RunPart::Whole,
+            stats: BTreeMap::new(),
         }
+    }
+
+    /// Records a counter for the node's report (`run --json` `stats`, and a shard's record in
+    /// the shared cache), e.g. `rows_computed`.
+    pub fn stat(&mut self, name: &str, value: impl Into<serde_json::Value>) {
+        self.stats.insert(name.to_string(), value.into());
+    }
+
+    /// This context running only `part` of the rows (for tests and stages run outside the
+    /// engine; the engine sets it from `run --shard` / `--merge`).
+    pub fn with_part(mut self, part: RunPart) -> Self {
+        self.part = part;
+        self
+    }
+
+    /// Which rows this run computes; only [`Stage::shardable`] stages see anything but
+    /// [`RunPart::Whole`].
+    pub fn part(&self) -> RunPart {
+        self.part
     }
 
     /// The node name being run.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{Digest, InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
 use cudarl_cuda::verdict::{
     Baselines, FullOptions, Verdict, check_full, hidden_salt, hidden_seeds,
 };
@@ -270,8 +270,12 @@ impl Stage for Validate {
         }
         Ok(env)
     }
+    fn shardable(&self) -> bool {
+        true
+    }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let nvcc = Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
+        let rows_of = PartRows::new(ctx.part(), ctx.node());
         let gpu = self.gpu();
         let compiler = Compiler {
             nvcc,
@@ -372,11 +376,17 @@ impl Stage for Validate {
             for (i, pre) in rx {
                 let r = &rows[i];
                 let key = row_key(r);
+                rows_of.owned();
                 if let Some(b) = memo.get(&key)?
                     && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
                 {
                     verdicts[i] = Some(v);
+                    rows_of.from_memo();
                     progress.inc(1);
+                    continue;
+                }
+                if rows_of.part == RunPart::Merge {
+                    rows_of.missing(&r.kernel_id);
                     continue;
                 }
                 let spec = specs.get(&r.task_id).ok_or_else(|| {
@@ -418,6 +428,7 @@ impl Stage for Validate {
                 }
                 .map_err(|e| StageError::Failed(e.to_string()))?;
                 memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
+                rows_of.computed();
                 verdicts[i] = Some(v);
                 progress.inc(1);
             }
@@ -431,11 +442,17 @@ impl Stage for Validate {
             let produced = rows.par_iter().enumerate().try_for_each_with(
                 tx,
                 |tx, (i, r)| -> Result<(), String> {
+                    let key = row_key(r);
+                    if !rows_of.part.owns(&key) {
+                        return Ok(());
+                    }
                     let pre = match specs.get(&r.task_id) {
-                        Some(spec) if !memo.contains(&row_key(r)) => Some(
-                            check_compile_only(spec, &r.code, &rules, &compiler)
-                                .map_err(|e| e.to_string())?,
-                        ),
+                        Some(spec) if rows_of.part != RunPart::Merge && !memo.contains(&key) => {
+                            Some(
+                                check_compile_only(spec, &r.code, &rules, &compiler)
+                                    .map_err(|e| e.to_string())?,
+                            )
+                        }
                         _ => None,
                     };
                     // A closed channel means the consumer failed; its error is reported.
@@ -448,11 +465,20 @@ impl Stage for Validate {
         consumed.map_err(|_| StageError::Failed("validate: the GPU thread panicked".into()))??;
         produced
             .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
+        progress.finish();
+        let archive = if self.params.archive {
+            Some(self.archive(ctx, &compiler, gpu.clone(), &env_key, &rows_of)?)
+        } else {
+            None
+        };
+        if !rows_of.finish(ctx, rows.len() + archive.as_ref().map_or(0, |a| a.0.len()))? {
+            // A shard: its rows are memoized; the table is assembled by `--merge`.
+            return Ok(());
+        }
         let verdicts: Vec<Verdict> = verdicts
             .into_iter()
             .map(|v| v.expect("every row"))
             .collect();
-        progress.finish();
         let compile_only = verdicts.iter().filter(|v| !v.executed).count();
         if compile_only > 0 {
             ctx.warn(format!("{compile_only} of {} verdicts are compile-only (no GPU): correctness and speed not checked", verdicts.len()));
@@ -469,15 +495,91 @@ impl Stage for Validate {
             })
             .collect();
         let mut verdicts = verdicts;
-        if self.params.archive {
-            let (m, v) = self.archive(ctx, &compiler, gpu.clone(), &env_key)?;
+        if let Some((m, v)) = archive {
             ids.extend(m);
-            verdicts.extend(v);
+            verdicts.extend(v.into_iter().map(|v| v.expect("every archive row")));
         }
         let batch = validations_batch(&ids, &verdicts)?;
         write_output(ctx, "validations", &batch)?;
         let batch = agreement_batch(&ids, &verdicts)?;
         write_output(ctx, "agreement", &batch)
+    }
+}
+
+/// The rows one run computes ([`RunPart`]) and what became of them: found in the row memo
+/// (local or shared), computed here, or, in a merge, missing. Counters are atomics because
+/// the compile workers and the GPU thread update them concurrently.
+struct PartRows {
+    part: RunPart,
+    node: String,
+    owned: std::sync::atomic::AtomicUsize,
+    from_memo: std::sync::atomic::AtomicUsize,
+    computed: std::sync::atomic::AtomicUsize,
+    missing: std::sync::Mutex<Vec<String>>,
+}
+
+impl PartRows {
+    fn new(part: RunPart, node: &str) -> Self {
+        PartRows {
+            part,
+            node: node.to_string(),
+            owned: Default::default(),
+            from_memo: Default::default(),
+            computed: Default::default(),
+            missing: Default::default(),
+        }
+    }
+    fn owned(&self) {
+        self.owned
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn from_memo(&self) {
+        self.from_memo
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// A row computed and memoized; the `after-row` crash point follows its memo entry.
+    fn computed(&self) {
+        self.computed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        cudarl_core::fault_point(&self.node, "after-row");
+    }
+    fn missing(&self, kernel_id: &str) {
+        self.missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(kernel_id.to_string());
+    }
+
+    /// Reports the counters as node stats; `Ok(false)` for a shard (no table to write).
+    ///
+    /// # Errors
+    /// A merge with rows no shard memoized (naming how many and the first kernel ids).
+    fn finish(&self, ctx: &mut StageContext<'_>, rows: usize) -> Result<bool, StageError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        ctx.stat("rows", rows as u64);
+        ctx.stat("rows_owned", self.owned.load(Relaxed) as u64);
+        ctx.stat("rows_from_memo", self.from_memo.load(Relaxed) as u64);
+        ctx.stat("rows_computed", self.computed.load(Relaxed) as u64);
+        let mut missing = self
+            .missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if !missing.is_empty() {
+            missing.sort();
+            let n = missing.len();
+            missing.truncate(5);
+            return Err(StageError::Failed(format!(
+                "merge: {n} of {rows} rows have no verdict in the row memo{} (first: {}); run the shards that own them again (`run {} --shard i/N`), then merge",
+                ctx.store()
+                    .shared()
+                    .map(|s| format!(" or the shared cache {}", s.url()))
+                    .unwrap_or_default(),
+                missing.join(", "),
+                self.node,
+            )));
+        }
+        Ok(!matches!(self.part, RunPart::Shard { .. }))
     }
 }
 
@@ -522,7 +624,8 @@ impl Validate {
         compiler: &Compiler,
         gpu: Option<cudarl_cuda::gpu::GpuInfo>,
         env_key: &str,
-    ) -> Result<(Vec<RowMeta>, Vec<Verdict>), StageError> {
+        rows_of: &PartRows,
+    ) -> Result<(Vec<RowMeta>, Vec<Option<Verdict>>), StageError> {
         use cudarl_cuda::torchfmt::{self, Format};
         let problems = crate::testgen::load_kb_problems(
             ctx.input_path("problems")?,
@@ -584,9 +687,17 @@ impl Validate {
             let tests = problems
                 .get(&a.task)
                 .map(|p| {
+                    // The blobs' digests (their CAS file names), not their paths: a row's
+                    // key must not depend on where this machine's store lives, or shards on
+                    // other machines would split the rows differently and never share them.
                     p.tests
                         .iter()
-                        .map(|t| t.path.display().to_string())
+                        .map(|t| {
+                            t.path
+                                .file_name()
+                                .map(|f| f.to_string_lossy().into_owned())
+                                .unwrap_or_default()
+                        })
                         .collect::<Vec<_>>()
                         .join(",")
                 })
@@ -613,11 +724,21 @@ impl Validate {
         let mut preps: Vec<Option<torchfmt::Prepared>> = vec![None; items.len()];
         let progress = ctx.progress("archive kernels", Some(items.len() as u64));
         for (i, a) in items.iter().enumerate() {
-            if let Some(b) = memo.get(&row_key(a))?
+            let key = row_key(a);
+            if !rows_of.part.owns(&key) {
+                continue;
+            }
+            rows_of.owned();
+            if let Some(b) = memo.get(&key)?
                 && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
             {
                 out[i] = Some(v);
+                rows_of.from_memo();
                 progress.inc(1);
+                continue;
+            }
+            if rows_of.part == RunPart::Merge {
+                rows_of.missing(&a.meta.kernel_id);
                 continue;
             }
             let format = torchfmt::detect(&a.code, Some("torch"));
@@ -690,20 +811,17 @@ impl Validate {
                 &row_key(&items[i]),
                 &serde_json::to_vec(&v).expect("verdict json"),
             )?;
+            rows_of.computed();
             out[i] = Some(v);
             progress.inc(1);
         }
         progress.finish();
-        let verdicts: Vec<Verdict> = out
-            .into_iter()
-            .map(|v| v.expect("every archive row"))
-            .collect();
-        for v in &verdicts {
+        for v in out.iter().flatten() {
             if let Some(h) = v.so_hash {
                 ctx.reference_blob(h);
             }
         }
-        Ok((items.into_iter().map(|a| a.meta).collect(), verdicts))
+        Ok((items.into_iter().map(|a| a.meta).collect(), out))
     }
 }
 

@@ -19,6 +19,7 @@
 
 mod digest;
 mod memo;
+mod shared;
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -28,6 +29,7 @@ use std::time::SystemTime;
 
 pub use digest::{Digest, ParseDigestError};
 pub use memo::Memo;
+pub use shared::SharedCache;
 
 /// Errors of store operations. Every variant names the path involved.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,26 @@ pub enum StoreError {
     /// A blob that a manifest references is absent from the CAS.
     #[error("blob {0} is missing from the store")]
     MissingBlob(Digest),
+    /// The shared cache URL cannot be opened.
+    #[error("shared cache {url}: {message}")]
+    BadCacheUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// An operation on the shared cache failed.
+    #[error("shared cache {url}: {op} {key}: {message}")]
+    Shared {
+        /// The cache URL.
+        url: String,
+        /// What was being done ("read", "write", "list", "stat").
+        op: &'static str,
+        /// The path under the cache.
+        key: String,
+        /// The backend's error.
+        message: String,
+    },
 }
 
 /// Result alias for store operations.
@@ -94,6 +116,8 @@ pub fn validate_name(what: &'static str, name: &str) -> Result<()> {
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// The cache shared with other machines, if any (memo entries and shard records).
+    shared: Option<SharedCache>,
 }
 
 /// One manifest file in the action cache.
@@ -173,14 +197,14 @@ impl Store {
             let p = root.join(d);
             fs::create_dir_all(&p).map_err(io_err("create directory", &p))?;
         }
-        Ok(Store { root })
+        Ok(Store { root, shared: None })
     }
 
     /// Opens an existing store without creating anything; `None` if `root` holds no store.
     pub fn open_existing(root: impl Into<PathBuf>) -> Option<Store> {
         let root = root.into();
         if DIRS.iter().all(|d| root.join(d).is_dir()) {
-            Some(Store { root })
+            Some(Store { root, shared: None })
         } else {
             None
         }
@@ -189,6 +213,19 @@ impl Store {
     /// The store's root directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// This store with a cache shared by several machines: memo entries are read through it
+    /// (and copied into the local memo) and written to both, so N machines that run shards of
+    /// a stage see each other's rows (DESIGN.md section 2, "Sharding").
+    pub fn with_shared(mut self, cache: SharedCache) -> Store {
+        self.shared = Some(cache);
+        self
+    }
+
+    /// The shared cache, if one was attached with [`Store::with_shared`].
+    pub fn shared(&self) -> Option<&SharedCache> {
+        self.shared.as_ref()
     }
 
     // ----- CAS -------------------------------------------------------------------------
@@ -540,7 +577,11 @@ impl Store {
     /// Invalid namespace name or I/O errors creating its directory.
     pub fn memo(&self, namespace: &str) -> Result<Memo> {
         validate_name("memo namespace", namespace)?;
-        Memo::open(self.clone(), self.root.join("memo").join(namespace))
+        Memo::open(
+            self.clone(),
+            self.root.join("memo").join(namespace),
+            namespace,
+        )
     }
 
     /// Creates the event log `runs/<run_id>.jsonl`.

@@ -14,12 +14,23 @@ use crate::{Digest, Result, Store, io_err, sync_dir};
 pub struct Memo {
     store: Store,
     dir: PathBuf,
+    namespace: String,
 }
 
 impl Memo {
-    pub(crate) fn open(store: Store, dir: PathBuf) -> Result<Memo> {
+    pub(crate) fn open(store: Store, dir: PathBuf, namespace: &str) -> Result<Memo> {
         fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
-        Ok(Memo { store, dir })
+        Ok(Memo {
+            store,
+            dir,
+            namespace: namespace.to_string(),
+        })
+    }
+
+    /// Path of `key`'s entry in the shared cache.
+    fn shared_path(&self, key: &Digest) -> String {
+        let hex = key.to_hex();
+        format!("memo/{}/{}/{hex}", self.namespace, &hex[..2])
     }
 
     /// Directory of this namespace.
@@ -32,30 +43,71 @@ impl Memo {
         self.dir.join(&hex[..2]).join(hex)
     }
 
-    /// The stored value for `key`, if any.
+    /// The stored value for `key`, if any: the local entry, else the shared cache's (which is
+    /// then copied into the local memo).
     ///
     /// # Errors
-    /// I/O errors other than "not found".
+    /// I/O errors other than "not found"; shared cache errors.
     pub fn get(&self, key: &Digest) -> Result<Option<Vec<u8>>> {
         let p = self.path(key);
         match fs::read(&p) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err("read", &p)(e)),
+            Ok(b) => {
+                // A row computed here before the shared cache was attached is published to it,
+                // so the machine that merges finds it.
+                if let Some(shared) = self.store.shared() {
+                    let sp = self.shared_path(key);
+                    if !shared.contains(&sp)? {
+                        shared.put_new(&sp, &b)?;
+                    }
+                }
+                return Ok(Some(b));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("read", &p)(e)),
         }
+        let Some(shared) = self.store.shared() else {
+            return Ok(None);
+        };
+        let v = shared.get(&self.shared_path(key))?;
+        if let Some(b) = &v {
+            self.put_local(key, b)?;
+        }
+        Ok(v)
     }
 
-    /// Whether `key` has a value.
+    /// Whether `key` has a value, locally or in the shared cache (a shared cache that cannot
+    /// be reached counts as "no").
     pub fn contains(&self, key: &Digest) -> bool {
         self.path(key).is_file()
+            || self
+                .store
+                .shared()
+                .is_some_and(|s| s.contains(&self.shared_path(key)).unwrap_or(false))
     }
 
     /// Stores `value` under `key` unless the key already has a value. Returns `true` if this
-    /// call wrote the entry. Publication is atomic (temp file, fsync, hard link without clobber).
+    /// call wrote the entry (with a shared cache: if it wrote the shared entry, so exactly one
+    /// of N racing machines gets `true`). Publication is atomic (temp file, fsync, hard link
+    /// without clobber locally; a conditional create in the shared cache).
     ///
     /// # Errors
-    /// I/O errors writing the entry.
+    /// I/O errors writing the entry; shared cache errors.
     pub fn put(&self, key: &Digest, value: &[u8]) -> Result<bool> {
+        match self.store.shared() {
+            // The shared entry decides; the local copy follows the winner (a loser's value is
+            // never kept: `get` copies the shared one down).
+            Some(shared) => {
+                let wrote = shared.put_new(&self.shared_path(key), value)?;
+                if wrote {
+                    self.put_local(key, value)?;
+                }
+                Ok(wrote)
+            }
+            None => self.put_local(key, value),
+        }
+    }
+
+    fn put_local(&self, key: &Digest, value: &[u8]) -> Result<bool> {
         let dst = self.path(key);
         if dst.is_file() {
             return Ok(false);
@@ -117,5 +169,32 @@ mod tests {
         assert_eq!(m.get(&k).unwrap().unwrap(), b"first");
         assert_eq!(m.len().unwrap(), 1);
         assert!(s.memo("bad/name").is_err());
+    }
+
+    #[test]
+    fn two_stores_share_rows_through_the_shared_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("shared");
+        let cache = crate::SharedCache::open(url.to_str().unwrap()).unwrap();
+        let a = Store::open(dir.path().join("a"))
+            .unwrap()
+            .with_shared(cache.clone());
+        let b = Store::open(dir.path().join("b"))
+            .unwrap()
+            .with_shared(cache);
+        let (ma, mb) = (a.memo("ns").unwrap(), b.memo("ns").unwrap());
+        let k = Digest::of_bytes(b"row");
+        assert!(!mb.contains(&k));
+        assert!(ma.put(&k, b"from a").unwrap());
+        // b sees a's row, copies it locally, and cannot overwrite it.
+        assert!(mb.contains(&k));
+        assert!(!mb.put(&k, b"from b").unwrap());
+        assert_eq!(mb.get(&k).unwrap().unwrap(), b"from a");
+        assert_eq!(mb.len().unwrap(), 1);
+        let hex = k.to_hex();
+        assert_eq!(
+            std::fs::read(url.join("memo/ns").join(&hex[..2]).join(&hex)).unwrap(),
+            b"from a"
+        );
     }
 }

@@ -410,7 +410,7 @@ fn ingest_sakana(
             &["ingest-sakana".to_string()],
             &RunOptions {
                 force: vec!["ingest-sakana".into()],
-                dry_run: false,
+                ..Default::default()
             },
         )?;
         times.push(t0.elapsed().as_secs_f64());

@@ -124,8 +124,7 @@ fn harness(
     let arch = arch
         .or_else(|| gpu.as_ref().map(|g| g.arch.clone()))
         .unwrap_or_else(|| "sm_90".into());
-    let store =
-        cudarl_core::Store::open(&ctx.store).map_err(|e| CliError::failed(e.to_string()))?;
+    let store = ctx.open_store()?;
     let guard = store
         .gc_guard_shared()
         .map_err(|e| CliError::failed(e.to_string()))?;

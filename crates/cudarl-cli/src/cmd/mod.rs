@@ -67,6 +67,8 @@ pub struct Ctx {
     pub store: PathBuf,
     pub lock: Option<PathBuf>,
     pub sets: Vec<String>,
+    /// `--shared-cache` URL.
+    pub shared_cache: Option<String>,
 }
 
 impl Ctx {
@@ -96,7 +98,24 @@ impl Ctx {
             store,
             lock: cli.lock.clone(),
             sets: cli.sets.clone(),
+            shared_cache: cli.shared_cache.clone(),
         })
+    }
+
+    /// The store, with the `--shared-cache` attached when given.
+    ///
+    /// # Errors
+    /// The store cannot be created (exit 1); the shared cache URL is unusable (exit 2).
+    pub fn open_store(&self) -> Result<Store, CliError> {
+        let store = Store::open(&self.store).map_err(|e| CliError::failed(e.to_string()))?;
+        match &self.shared_cache {
+            Some(url) => {
+                let cache = cudarl_core::SharedCache::open(url)
+                    .map_err(|e| CliError::usage(format!("--shared-cache: {e}")))?;
+                Ok(store.with_shared(cache))
+            }
+            None => Ok(store),
+        }
     }
 
     pub fn pipeline(&self) -> Result<Pipeline, CliError> {
@@ -121,7 +140,7 @@ impl Ctx {
                 self.root.join(format!("cudarl.{}.lock", pipeline.name))
             }
         });
-        let store = Store::open(&self.store).map_err(|e| CliError::failed(e.to_string()))?;
+        let store = self.open_store()?;
         Ok(Engine::new(
             store,
             pipeline,
@@ -142,8 +161,22 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             jobs,
             dry_run,
             force,
+            shard,
+            merge,
             json,
-        } => run(&ctx, &targets, jobs.unwrap_or(0), dry_run, force, json),
+        } => {
+            let part = match (shard, merge) {
+                (Some(p), _) => p,
+                (None, true) => cudarl_core::RunPart::Merge,
+                (None, false) => cudarl_core::RunPart::Whole,
+            };
+            let opts = RunOptions {
+                force,
+                dry_run,
+                part,
+            };
+            run(&ctx, &targets, jobs.unwrap_or(0), opts, json)
+        }
         Command::Status { targets, json } => status(&ctx, &targets, json),
         Command::Explain { node, json } => explain(&ctx, &node, json),
         Command::Dag { format } => {
@@ -217,6 +250,10 @@ fn human_record(r: &NodeRecord) -> String {
     if matches!(r.status, NodeStatus::Ran | NodeStatus::WouldRun) && !r.reasons.is_empty() {
         s.push_str(&format!("\n{:>11}because {}", "", r.reasons.join("; ")));
     }
+    if !r.stats.is_empty() {
+        let stats: Vec<String> = r.stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        s.push_str(&format!("\n{:>11}{}", "", stats.join(", ")));
+    }
     if let Some(e) = &r.error {
         s.push_str(&format!("\n{:>11}error: {e}", ""));
     }
@@ -227,13 +264,12 @@ fn run(
     ctx: &Ctx,
     targets: &[String],
     jobs: usize,
-    dry_run: bool,
-    force: Vec<String>,
+    opts: RunOptions,
     json: bool,
 ) -> Result<i32, CliError> {
     let reporter = Arc::new(CliReporter::detect(json));
     let engine = ctx.engine(reporter, jobs)?;
-    let summary = engine.run(targets, &RunOptions { force, dry_run })?;
+    let summary = engine.run(targets, &opts)?;
     for r in &summary.records {
         if json {
             println!("{}", serde_json::to_string(r).expect("record serializes"));
