@@ -381,7 +381,7 @@ impl Stage for Validate {
                     && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
                 {
                     verdicts[i] = Some(v);
-                    rows_of.from_memo();
+                    rows_of.found_in_memo();
                     progress.inc(1);
                     continue;
                 }
@@ -533,7 +533,7 @@ impl PartRows {
         self.owned
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    fn from_memo(&self) {
+    fn found_in_memo(&self) {
         self.from_memo
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -733,7 +733,7 @@ impl Validate {
                 && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
             {
                 out[i] = Some(v);
-                rows_of.from_memo();
+                rows_of.found_in_memo();
                 progress.inc(1);
                 continue;
             }
