@@ -207,6 +207,12 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     let bj = b.json();
     assert_eq!(bj["failure"], "compile_error");
     assert!(!bj["diagnostics"].as_array().unwrap().is_empty());
+    // With the tester's words on it, as rl-train's optimizer reads them.
+    let fb = bj["feedback"].as_str().unwrap();
+    assert!(
+        fb.starts_with("Compilation failed:") && fb.contains("line "),
+        "{fb}"
+    );
 
     // Bad requests.
     let bad = |body: &str| s.call("POST", "/v1/evaluate", tok, Some(body));
@@ -303,6 +309,7 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
 
     // VERL's reward function (python/cudarl_verl/reward.py) against the live service.
     verl_reward_function(&s, &naive);
+    verl_agent_loop(&s, &naive);
 
     // SIGTERM: a clean exit.
     assert_eq!(s.stop(), Some(0));
@@ -385,7 +392,6 @@ fn serve_backpressure_and_deadlines() {
 
 /// `compute_score` and its async form, in the repository's Python, scoring through `s`.
 fn verl_reward_function(s: &Server, naive: &str) {
-    let root = common::repo_root();
     let Some(python) = common::python() else {
         eprintln!("SKIPPED the VERL reward-function check: no .venv (run `make setup`)");
         return;
@@ -411,9 +417,27 @@ assert f["error"].startswith("network"), f
 assert dict(r.ERRORS) == {"no_code": 1, "http_404": 1, "http_401": 1, "network": 1}, r.ERRORS
 print("OK", a["score"])
 "#;
+    python_against(s, &python, &["-c", script], naive);
+}
+
+/// The multi-turn VERL agent loop inside the pinned verl, against `s` (compile mode): see
+/// tests/python/check_verl_agent_loop.py.
+fn verl_agent_loop(s: &Server, naive: &str) {
+    let root = common::repo_root();
+    let Some(python) = common::python() else {
+        eprintln!("SKIPPED the VERL agent-loop check: no .venv (run `make setup`)");
+        return;
+    };
+    let script = root.join("tests/python/check_verl_agent_loop.py");
+    python_against(s, &python, &[script.to_str().unwrap()], naive);
+}
+
+/// Runs `python args...` with the repository's `python/` on PYTHONPATH, pointed at `s` (token
+/// `s3cret`, compile mode), `stdin` on its stdin; asserts it exits 0 printing `OK`.
+fn python_against(s: &Server, python: &str, args: &[&str], stdin: &str) {
     let mut child = std::process::Command::new(python)
-        .args(["-c", script])
-        .env("PYTHONPATH", root.join("python"))
+        .args(args)
+        .env("PYTHONPATH", common::repo_root().join("python"))
         .env("CUDARL_SERVE_URL", &s.base)
         .env("CUDARL_SERVE_TOKEN", "s3cret")
         .env("CUDARL_SERVE_MODE", "compile")
@@ -428,13 +452,13 @@ print("OK", a["score"])
             .stdin
             .take()
             .unwrap()
-            .write_all(naive.as_bytes())
+            .write_all(stdin.as_bytes())
             .unwrap();
     }
     let o = child.wait_with_output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        o.status.success() && out.starts_with("OK"),
+        o.status.success() && out.lines().any(|l| l.starts_with("OK")),
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );

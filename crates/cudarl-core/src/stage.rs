@@ -84,6 +84,16 @@ impl OutputDecl {
         }
     }
 
+    /// An opaque file output with extension `extension` (no dot).
+    pub fn file(name: &str, extension: &str) -> Self {
+        OutputDecl {
+            name: name.to_string(),
+            kind: OutputKind::File {
+                extension: extension.to_string(),
+            },
+        }
+    }
+
     /// The file name this output gets in exports and in the stage's scratch directory.
     pub fn file_name(&self) -> String {
         match &self.kind {

@@ -6,7 +6,9 @@
 //! this crate's sources):
 //! - `POST /v1/evaluate` {task_id, source, abi?, seeds?, mode?, deadline_s?} -> the verdict
 //!   JSON of `cudarl-pipe check --json` ([`cudarl_cuda::Verdict`]) plus `reward`: the shaped
-//!   reward's components under the served reward config (what `rl-train` stores per turn).
+//!   reward's components under the served reward config (what `rl-train` stores per turn), and
+//!   `feedback`: the tester's words on it, as `rl-train`'s episodes show the optimizer
+//!   (compile errors with lines, the failing shape, resource findings).
 //! - `GET /v1/tasks`, `GET /v1/tasks/{id}` (prompt, signature, shapes).
 //! - `GET /healthz`, `GET /metrics` (Prometheus text: queue depth, latency histogram, verdict
 //!   and response counts).
@@ -472,6 +474,8 @@ async fn evaluate_inner(
         .filter(|d| d.is_finite() && *d > 0.0)
         .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)));
     let source = req.source.clone();
+    let spec = task.spec.clone();
+    let public_seeds = seeds.clone();
     let job = judge(s.clone(), task, req.source, seeds, full, admitted);
     match tokio::time::timeout(deadline, job).await {
         Err(_) => error(
@@ -496,6 +500,12 @@ async fn evaluate_inner(
             // SASS is not disassembled here: SASS-based bonuses read the source alone.
             let r = cudarl_stages::reward::score(&s.reward, Some(&source), Some(&v), None);
             value["reward"] = serde_json::to_value(&r).expect("reward serializes");
+            value["feedback"] = json!(cudarl_stages::episode::feedback(
+                &spec,
+                Some(&source),
+                Some(&v),
+                &public_seeds
+            ));
             let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
             if c.0.insert(key, value.clone()).is_none() {
                 c.1.push_back(key);

@@ -21,6 +21,7 @@ pub mod testgen;
 pub mod train_stages;
 pub mod validate;
 pub mod verl;
+pub mod verl_launch;
 
 use cudarl_core::{Stage, StageFactory};
 
@@ -66,7 +67,15 @@ impl StageFactory for Registry {
             "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
             "sft-data" => Box::new(sft_data::SftData::from_table(params)?),
             "sft-eval" => Box::new(sft_eval::SftEval::from_table(params)?),
-            "rl-train" => Box::new(rl_train::RlTrain::from_table(params)?),
+            "rl-train" => match params.get("backend").and_then(|b| b.as_str()) {
+                Some("verl") => Box::new(verl_launch::VerlLaunch::from_table(params)?),
+                Some("tch") | None => {
+                    let mut params = params;
+                    params.remove("backend");
+                    Box::new(rl_train::RlTrain::from_table(params)?)
+                }
+                Some(b) => return Err(format!("backend `{b}`: expected `tch` or `verl`")),
+            },
             "eval" => Box::new(eval::Eval::from_table(params)?),
             "tokenizer" => Box::new(train_stages::ModelStage::from_table(
                 train_stages::Kind::Tokenizer,

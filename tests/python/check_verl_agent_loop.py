@@ -1,0 +1,147 @@
+"""The VERL agent loop (python/cudarl_verl/agent_loop.py) inside the real, pinned verl, against a
+live `cudarl-pipe serve` (compile mode). Run by tests/serve.rs with CUDARL_SERVE_URL/TOKEN/MODE
+set and the task's naive kernel on stdin.
+
+What is real: verl 0.9.1 (its AgentLoopBase, Continuous Token builder, Hydra config composed from
+its own ppo_trainer.yaml, the agent registry loaded from our agent_loop.yaml and instantiated
+the way AgentLoopWorker does), a Hugging Face fast tokenizer, the HTTP service, nvcc. What is
+scripted: the policy (VERL's vLLM/SGLang rollout server cannot run here), which answers with a
+broken kernel, then without a code block, then the fixed kernel.
+"""
+
+import asyncio
+import json
+import os
+import sys
+import urllib.request
+
+import hydra
+import verl
+import verl.trainer
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
+
+from cudarl_verl import reward
+
+assert verl.__version__ == "0.9.1", verl.__version__
+naive = sys.stdin.read()
+broken = naive.replace(";", "", 1)
+base = os.environ["CUDARL_SERVE_URL"]
+req = urllib.request.Request(
+    f"{base}/v1/tasks/vector_add", headers={"Authorization": f"Bearer {os.environ['CUDARL_SERVE_TOKEN']}"}
+)
+task = json.load(urllib.request.urlopen(req))
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+bpe = Tokenizer(models.BPE())
+bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+bpe.decoder = decoders.ByteLevel()
+bpe.train_from_iterator(
+    [naive, broken, json.dumps(task)],
+    trainers.BpeTrainer(
+        vocab_size=800,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ),
+)
+tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+tok.chat_template = CHATML
+
+# verl's own trainer config, with the overrides rl-train (backend = "verl") writes.
+overrides = [
+    "actor_rollout_ref.rollout.name=vllm",
+    "data.max_prompt_length=4096",
+    "data.max_response_length=4096",
+    "actor_rollout_ref.rollout.agent.default_agent_loop=cudarl_kernel_agent",
+]
+cfg_dir = os.path.join(os.path.dirname(verl.trainer.__file__), "config")
+with initialize_config_dir(config_dir=cfg_dir, version_base=None):
+    cfg = compose("ppo_trainer", overrides=overrides)
+registry = OmegaConf.load(os.path.join(os.path.dirname(reward.__file__), "agent_loop.yaml"))
+entry = next(e for e in registry if e.name == "cudarl_kernel_agent")
+assert entry._target_ == "cudarl_verl.agent_loop.CudaKernelAgentLoop"
+
+
+class ScriptedPolicy:
+    """Stands in for VERL's rollout server: fixed answers, as token ids of `tok`."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.prompts = []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kw):
+        self.prompts.append(list(prompt_ids))
+        ids = tok.encode(self.answers.pop(0) + "<|im_end|>", add_special_tokens=False)
+        return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids))
+
+
+def run(answers, max_turns=3):
+    policy = ScriptedPolicy(answers)
+
+    async def episode():
+        # Built inside the running event loop, as AgentLoopWorker builds it (the loop captures it).
+        loop = hydra.utils.instantiate(
+            config=entry,
+            trainer_config=DictConfigWrap(config=cfg),
+            server_manager=policy,
+            tokenizer=tok,
+            processor=None,
+            hf_model_type=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data),
+            tools=ToolListWrap([]),
+        )
+        return await loop.run(
+            {"temperature": 1.0},
+            raw_prompt=task["prompt"],
+            extra_info={"task_id": "vector_add", "max_turns": max_turns},
+            reward_model={"style": "rule", "ground_truth": "vector_add"},
+        )
+
+    return asyncio.run(episode()), policy
+
+
+fence = lambda code: f"Here is the kernel.\n```cuda\n{code}```"  # noqa: E731
+
+# compile error -> no code -> fix: three turns, each with the tester's words in between.
+out, policy = run([fence(broken), "I am not sure.", fence(naive)])
+scores = out.extra_fields["turn_scores"]
+assert len(scores) == 3 and scores[0] == 0.0 and scores[1] == 0.0 and scores[2] > 0.0, scores
+assert out.extra_fields["turn_failures"][:2] == ["compile_error", "no_code"], out.extra_fields
+assert out.reward_score == scores[2] and out.num_turns == 6, (out.reward_score, out.num_turns)
+# The tester's messages are in the context of later turns and masked out of the loss.
+second = tok.decode(policy.prompts[1])
+assert "The tester ran your kernel." in second and "Compilation failed" in second, second[-600:]
+assert "line " in second, "compile errors come with their lines"
+third = tok.decode(policy.prompts[2])
+assert "No code block found" in third, third[-300:]
+mask = out.response_mask
+assert len(mask) == len(out.response_ids) and 0 in mask and mask[0] == 1 and mask[-1] == 1
+policy_tokens = sum(mask)
+answered = sum(len(tok.encode(a + "<|im_end|>", add_special_tokens=False)) for a in
+               [fence(broken), "I am not sure.", fence(naive)])
+assert policy_tokens == answered, (policy_tokens, answered)
+assert len(out.response_logprobs) == len(mask)
+# The prompt part is exactly the task's chat prompt.
+prompt_text = tok.apply_chat_template(task["prompt"], add_generation_prompt=True, tokenize=False)
+assert tok.decode(out.prompt_ids) == prompt_text, (tok.decode(out.prompt_ids)[-200:], prompt_text[-200:])
+
+# A good first answer ends the episode after one turn when its reward reaches the stop reward.
+os.environ["CUDARL_STOP_REWARD"] = str(scores[2])
+out1, p1 = run([fence(naive), fence(broken)])
+assert out1.extra_fields["turn_scores"] == [scores[2]] and len(p1.answers) == 1, out1.extra_fields
+assert all(m == 1 for m in out1.response_mask)
+
+# The turn limit from extra_info.
+os.environ["CUDARL_STOP_REWARD"] = "2.0"
+out2, _ = run([fence(broken)] * 3, max_turns=2)
+assert len(out2.extra_fields["turn_scores"]) == 2, out2.extra_fields
+print("OK", scores)
