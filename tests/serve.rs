@@ -228,6 +228,9 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     let r = bad(&evaluate_body("nope", "x"));
     assert_eq!(r.status, 404);
     assert!(r.body.contains("unknown task `nope`"));
+    let r = bad(&evaluate_body("kb/L1/19_ReLU", "x"));
+    assert_eq!(r.status, 404);
+    assert!(r.body.contains("not served"), "{}", r.body);
     let r = bad(r#"{"task_id": "vector_add", "source": "x", "mode": "full"}"#);
     assert_eq!(r.status, 422);
     assert!(r.body.contains("no GPU"), "{}", r.body);

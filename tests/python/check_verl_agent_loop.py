@@ -56,8 +56,11 @@ tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_
 tok.chat_template = CHATML
 
 # verl's own trainer config, with the overrides rl-train (backend = "verl") writes.
+reward_py = os.path.join(os.path.dirname(reward.__file__), "reward.py")
 overrides = [
     "actor_rollout_ref.rollout.name=vllm",
+    f"reward.custom_reward_function.path={reward_py}",
+    "reward.custom_reward_function.name=compute_score",
     "data.max_prompt_length=4096",
     "data.max_response_length=4096",
     "actor_rollout_ref.rollout.agent.default_agent_loop=cudarl_kernel_agent",
@@ -144,4 +147,11 @@ assert all(m == 1 for m in out1.response_mask)
 os.environ["CUDARL_STOP_REWARD"] = "2.0"
 out2, _ = run([fence(broken)] * 3, max_turns=2)
 assert len(out2.extra_fields["turn_scores"]) == 2, out2.extra_fields
+# VERL's own loader finds compute_score from the config, as its reward loop does, and it scores
+# through the same service (the fixed kernel scores what its last turn scored).
+from verl.trainer.ppo.reward import get_custom_reward_fn  # noqa: E402
+
+score_fn = get_custom_reward_fn(cfg)
+res = score_fn("cudarl-pipe/tier0", fence(naive), "vector_add", {"task_id": "vector_add"})
+assert res["score"] == scores[2] and res["compiled"], res
 print("OK", scores)

@@ -399,9 +399,14 @@ async fn evaluate_inner(
         Err(e) => return error(e.status(), e.body_text()),
     };
     let Some(task) = s.tasks.get(&req.task_id).cloned() else {
+        let hint = if req.task_id.starts_with("kb/") {
+            "KernelBench problems (torch-format candidates) are not served; use `cudarl-pipe check`"
+        } else {
+            "GET /v1/tasks lists them"
+        };
         return error(
             StatusCode::NOT_FOUND,
-            format!("unknown task `{}` (GET /v1/tasks)", req.task_id),
+            format!("unknown task `{}` ({hint})", req.task_id),
         );
     };
     if let Some(abi) = req.abi.as_deref().filter(|a| *a != "native") {
