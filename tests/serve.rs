@@ -268,7 +268,7 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     assert_eq!(m.status, 200);
     for line in [
         "cudarl_serve_responses_total{code=\"200\"} 3",
-        "cudarl_serve_responses_total{code=\"404\"} 1",
+        "cudarl_serve_responses_total{code=\"404\"} 2",
         "cudarl_serve_responses_total{code=\"413\"} 1",
         "cudarl_serve_verdicts_total{outcome=\"compiled\"} 1",
         "cudarl_serve_verdicts_total{outcome=\"compile_error\"} 1",
