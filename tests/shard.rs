@@ -13,8 +13,8 @@ use common::*;
 
 const COMPILE: &str = "validate.mode=\"compile\"";
 
-/// A project whose store shares `salt` (hidden test seeds, and so `testgen`'s rows and the
-/// validate keys, derive from it: machines of one sharded job share it).
+/// A project whose store has the hidden-test salt `salt` (hidden test seeds, and so `testgen`'s
+/// rows and the validate keys, derive from it; with a shared cache the cache's salt wins).
 fn machine(salt: &[u8]) -> Project {
     let p = Project::new();
     std::fs::create_dir_all(p.store()).unwrap();
@@ -95,8 +95,10 @@ fn two_shards_and_a_merge_equal_one_unsharded_run() {
     assert_eq!(stat(&m, "rows_computed"), rows);
     let reference = out_hash(&m, "validate", "validations");
 
-    // A merge before any shard ran computes nothing and names what is missing.
-    let (c1, c2) = (machine(salt), machine(salt));
+    // A merge before any shard ran computes nothing and names what is missing. The machines'
+    // own salts differ; the first one to touch the shared cache publishes its salt (here the
+    // reference's) and every other machine of the job draws its hidden tests from it.
+    let (c1, c2) = (machine(salt), machine(b"another machine's salt"));
     let (c, m, err) = validate(&c1, &cache, &["--merge"]);
     assert_eq!(c, 1, "{err}");
     let msg = m["validate"]["error"].as_str().unwrap_or_default();
@@ -111,6 +113,7 @@ fn two_shards_and_a_merge_equal_one_unsharded_run() {
     let (c, m0, err) = validate(&c1, &cache, &["--shard", "0/2"]);
     assert_eq!(c, 0, "{err}");
     assert_eq!(status_of(&m0, "validate"), "shard");
+    assert_eq!(std::fs::read(cache.join("hidden-salt")).unwrap(), salt);
     assert!(m0["validate"]["outputs"].as_object().unwrap().is_empty());
     let (c, m1, err) = validate(&c2, &cache, &["--shard", "1/2"]);
     assert_eq!(c, 0, "{err}");
@@ -143,7 +146,7 @@ fn two_shards_and_a_merge_equal_one_unsharded_run() {
     assert_eq!(std::fs::read(rec0).unwrap(), first);
 
     // The merge on a third machine: nothing computed, the same table as the unsharded run.
-    let merger = machine(salt);
+    let merger = machine(b"a third salt");
     let (c, m, err) = validate(&merger, &cache, &["--merge"]);
     assert_eq!(c, 0, "{err}");
     assert_eq!(status_of(&m, "validate"), "ran");

@@ -217,14 +217,27 @@ pub struct FullOptions {
     pub bench: bool,
 }
 
-/// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else `<store>/hidden-salt`, 32 bytes
-/// from `/dev/urandom` written atomically on first use (`check` and `validate` share it).
+/// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else, with a shared cache attached
+/// to the store, the cache's `hidden-salt` (the first machine publishes its own; every machine of
+/// a sharded job then draws the same hidden tests), else `<store>/hidden-salt`, 32 bytes from
+/// `/dev/urandom` written atomically on first use (`check` and `validate` share it).
 ///
 /// # Errors
-/// The salt file can neither be read nor created.
+/// The salt file can neither be read nor created; shared cache errors.
 pub fn hidden_salt(store: &cudarl_store::Store) -> Result<Vec<u8>, CompileError> {
     if let Ok(s) = std::env::var("CUDARL_HIDDEN_SALT") {
         return Ok(s.into_bytes());
+    }
+    if let Some(shared) = store.shared() {
+        if let Some(b) = shared.get("hidden-salt")? {
+            return Ok(b);
+        }
+        let local = hidden_salt(&store.clone().without_shared())?;
+        shared.put_new("hidden-salt", &local)?;
+        // Another machine may have won the race; everyone uses the published one.
+        return shared
+            .get("hidden-salt")?
+            .ok_or_else(|| CompileError::Io("shared cache: hidden-salt vanished".into()));
     }
     let p = store.root().join("hidden-salt");
     if let Ok(b) = std::fs::read(&p) {

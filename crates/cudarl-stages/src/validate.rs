@@ -322,12 +322,23 @@ impl Stage for Validate {
             })
             .collect();
         let memo = ctx.memo("validate-v1")?;
+        let salt = match gpu {
+            Some(_) => hidden_salt(ctx.store()).map_err(|e| StageError::Failed(e.to_string()))?,
+            None => Vec::new(),
+        };
+        // Run verdicts depend on the hidden seeds, so on a GPU the salt's digest is part of
+        // every row key (rows of a shared cache drawn with another salt are not reused).
         let env_key = format!(
-            "{}|{}|{}|{}",
+            "{}|{}|{}|{}{}",
             HARNESS_VERSION,
             compiler.nvcc.version,
             compiler.arch,
-            gpu.as_ref().map(|g| g.name.as_str()).unwrap_or("none")
+            gpu.as_ref().map(|g| g.name.as_str()).unwrap_or("none"),
+            if salt.is_empty() {
+                String::new()
+            } else {
+                format!("|salt {}", &blake3::hash(&salt).to_hex()[..12])
+            }
         );
         // The verdict depends on the task's spec (but not on which other kernels it lists), the
         // code, the params and the environment.
@@ -355,10 +366,6 @@ impl Stage for Validate {
         let mut pool = gpu
             .as_ref()
             .map(|_| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]));
-        let salt = match gpu {
-            Some(_) => hidden_salt(ctx.store()).map_err(|e| StageError::Failed(e.to_string()))?,
-            None => Vec::new(),
-        };
         // The naive kernel of each task, from the kernels table (the speedup baseline).
         let naive: std::collections::BTreeMap<&str, &str> = rows
             .iter()

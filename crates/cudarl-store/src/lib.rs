@@ -223,6 +223,12 @@ impl Store {
         self
     }
 
+    /// This store without its shared cache (local files only).
+    pub fn without_shared(mut self) -> Store {
+        self.shared = None;
+        self
+    }
+
     /// The shared cache, if one was attached with [`Store::with_shared`].
     pub fn shared(&self) -> Option<&SharedCache> {
         self.shared.as_ref()
