@@ -5,6 +5,9 @@
 #               kernels pass on all seeds and hold-out shapes, optimized beats naive, the same
 #               kernel timed twice agrees within 2%, every reward hack in tests/kernels/hacks/ is
 #               rejected with its reason inside one validate run that goes on;
+#   PART=shard  sharded validation with GPU verdicts: `run validate` whole vs two shards (run at
+#               the same time, separate stores, one shared cache) + `--merge` on a third store;
+#               the merged table must equal the whole run's;
 #   PART=serve  `bench serve`: the HTTP service under load (64 clients, 60 s) and its overhead vs `check`;
 #   PART=bench  cold compiles and a cache hit, `run validate` over every task kernel (speedups vs
 #               naive and vs torch), `bench validate` (kernels/hour), load_inline for comparison.
@@ -65,6 +68,43 @@ elif [ "$PART" = serve ]; then
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ['requests','ok','rejected_429','lost','duplicated','wrong_task_in_verdict','server_verdicts','verdicts_per_second','latency_ms']}); print({k: v for k, v in d['overhead'].items() if not isinstance(v, list)})" "$OUT/serve_bench.json"
   tail -3 "$W/serve_bench.err"
   exit 0
+elif [ "$PART" = shard ]; then
+  SET="--set validate.archive=${SHARD_ARCHIVE:-false}"
+  export CUDARL_HIDDEN_SALT=gpu-shard-check
+  t0=$(date +%s%N)
+  "$BIN" --root . --store "$B/whole" run validate $SET --json > "$W/shard_whole.jsonl" 2> "$W/shard_whole.err"
+  ms $t0 > "$W/shard_whole.wall"
+  unset CUDARL_HIDDEN_SALT
+  # The job's salt in the shared cache (as the first machine of a job would publish it).
+  mkdir -p "$B/shared" && echo -n gpu-shard-check > "$B/shared/hidden-salt"
+  t0=$(date +%s%N)
+  "$BIN" --root . --store "$B/s0" --shared-cache "$B/shared" run validate --shard 0/2 $SET --json > "$W/shard_0.jsonl" 2> "$W/shard_0.err" &
+  "$BIN" --root . --store "$B/s1" --shared-cache "$B/shared" run validate --shard 1/2 $SET --json > "$W/shard_1.jsonl" 2> "$W/shard_1.err" &
+  wait
+  ms $t0 > "$W/shard_both.wall"
+  t0=$(date +%s%N)
+  "$BIN" --root . --store "$B/s2" --shared-cache "$B/shared" run validate --merge $SET --json > "$W/shard_merge.jsonl" 2> "$W/shard_merge.err"
+  ms $t0 > "$W/shard_merge.wall"
+  python3 - "$W" <<'PY' > "$W/shard_summary.json"
+import json, sys, pathlib
+w = pathlib.Path(sys.argv[1])
+def rec(name):
+    for l in (w / name).read_text().splitlines():
+        r = json.loads(l)
+        if r["node"] == "validate":
+            return r
+    return {}
+whole, s0, s1, merge = (rec(n) for n in ["shard_whole.jsonl", "shard_0.jsonl", "shard_1.jsonl", "shard_merge.jsonl"])
+h = lambda r: r.get("outputs", {}).get("validations", {}).get("hash")
+print(json.dumps({
+    "whole": {"status": whole.get("status"), "stats": whole.get("stats"), "hash": h(whole), "seconds": whole.get("seconds")},
+    "shard_0": {"status": s0.get("status"), "stats": s0.get("stats"), "seconds": s0.get("seconds")},
+    "shard_1": {"status": s1.get("status"), "stats": s1.get("stats"), "seconds": s1.get("seconds")},
+    "merge": {"status": merge.get("status"), "stats": merge.get("stats"), "hash": h(merge), "seconds": merge.get("seconds"), "error": merge.get("error")},
+    "merged_equals_whole": h(whole) is not None and h(whole) == h(merge),
+}, indent=1))
+PY
+  cat "$W/shard_summary.json"
 elif [ "$PART" = tests ]; then
   t0=$(date +%s%N)
   CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_TEST_REPO=$PWD timeout 540 "$B/gpu-tests" --include-ignored --test-threads 1 > "$W/gpu_tests.log" 2>&1
