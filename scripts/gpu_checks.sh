@@ -85,6 +85,8 @@ elif [ "$PART" = shard ]; then
   t0=$(date +%s%N)
   "$BIN" --root . --store "$B/s2" --shared-cache "$B/shared" run validate --merge $SET --json > "$W/shard_merge.jsonl" 2> "$W/shard_merge.err"
   ms $t0 > "$W/shard_merge.wall"
+  CUDARL_HIDDEN_SALT=gpu-shard-check "$BIN" --root . --store "$B/whole" show validate --output validations --json --head 100000 $SET > "$W/rows_whole.jsonl" 2>/dev/null
+  "$BIN" --root . --store "$B/s2" --shared-cache "$B/shared" show validate --output validations --json --head 100000 $SET > "$W/rows_merge.jsonl" 2>/dev/null
   python3 - "$W" <<'PY' > "$W/shard_summary.json"
 import json, sys, pathlib
 w = pathlib.Path(sys.argv[1])
@@ -96,12 +98,22 @@ def rec(name):
     return {}
 whole, s0, s1, merge = (rec(n) for n in ["shard_whole.jsonl", "shard_0.jsonl", "shard_1.jsonl", "shard_merge.jsonl"])
 h = lambda r: r.get("outputs", {}).get("validations", {}).get("hash")
+def rows(f):
+    return {r["kernel_id"]: r for r in map(json.loads, (w / f).read_text().splitlines())}
+a, b = rows("rows_whole.jsonl"), rows("rows_merge.jsonl")
+cols = list(next(iter(a.values())).keys()) if a else []
+diff = {c: sum(1 for k in a if a[k].get(c) != b.get(k, {}).get(c)) for c in cols}
+ratios = [b[k]["speedup_vs_naive"] / a[k]["speedup_vs_naive"] for k in a
+          if k in b and a[k].get("speedup_vs_naive") and b[k].get("speedup_vs_naive")]
 print(json.dumps({
     "whole": {"status": whole.get("status"), "stats": whole.get("stats"), "hash": h(whole), "seconds": whole.get("seconds")},
     "shard_0": {"status": s0.get("status"), "stats": s0.get("stats"), "seconds": s0.get("seconds")},
     "shard_1": {"status": s1.get("status"), "stats": s1.get("stats"), "seconds": s1.get("seconds")},
     "merge": {"status": merge.get("status"), "stats": merge.get("stats"), "hash": h(merge), "seconds": merge.get("seconds"), "error": merge.get("error")},
     "merged_equals_whole": h(whole) is not None and h(whole) == h(merge),
+    "columns_differing": diff,
+    "correct": [sum(1 for r in a.values() if r.get("correct")), sum(1 for r in b.values() if r.get("correct"))],
+    "speedup_vs_naive_ratio_merge_over_whole": sorted(ratios)[len(ratios) // 2] if ratios else None,
 }, indent=1))
 PY
   cat "$W/shard_summary.json"
