@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::common::{data_err, params_json, write_output};
 
 /// Version of the verdict semantics; part of every row's memo key.
-pub const HARNESS_VERSION: u32 = 3;
+pub const HARNESS_VERSION: u32 = 4;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))

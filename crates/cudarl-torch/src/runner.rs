@@ -682,9 +682,13 @@ fn quantiles(v: &[f64]) -> (f64, f64, f64) {
 
 /// Work still running after the stop event (on another stream) shows as a gap between the stop
 /// event and the end of the device-wide synchronize beyond the host's wake-up latency: more
-/// than 50 us and more than half the kernel's own time.
-fn work_after_stop(median_ms: f64, synced_median_ms: f64) -> bool {
-    synced_median_ms - median_ms > (0.05f64).max(0.5 * median_ms)
+/// than 50 us and more than half the kernel's own time. The synchronized side is its p10, not
+/// its median: hidden work delays every repetition, while a host thread descheduled by other
+/// load (measured on the H100: two validation shards compiling on all 16 cores) delays only
+/// some, and used to flag correct kernels (a 3.5 ms naive matmul: synced p10 3.49 ms, median
+/// 7.7 ms).
+fn work_after_stop(median_ms: f64, synced_p10_ms: f64) -> bool {
+    synced_p10_ms - median_ms > (0.05f64).max(0.5 * median_ms)
 }
 
 fn stats(
@@ -694,8 +698,8 @@ fn stats(
     shape: &ShapeCase,
 ) -> Timing {
     let (median, p10, p90) = quantiles(&times);
-    let synced_median = quantiles(&synced).0;
-    let after_stop = work_after_stop(median, synced_median);
+    let (synced_median, synced_p10, _) = quantiles(&synced);
+    let after_stop = work_after_stop(median, synced_p10);
     // Hidden work counts: the synchronized times replace the stream's.
     let times = if after_stop { synced } else { times };
     let (mean, std) = mean_std(&times);
@@ -738,6 +742,26 @@ mod tests {
         // ...a kernel still running on another stream long after the stop event is.
         assert!(work_after_stop(0.010, 0.500));
         assert!(work_after_stop(0.200, 0.900));
+    }
+
+    #[test]
+    fn a_descheduled_host_is_not_hidden_work() {
+        // The H100 case: events 3.48 ms; synchronized 3.49 ms in some reps, 7.7-8.0 ms in the
+        // others (the timing thread lost its core).
+        let events = vec![3.48; 18];
+        let mut synced = vec![3.49; 8];
+        synced.extend(vec![7.72; 10]);
+        let shape = ShapeCase {
+            split: "train".into(),
+            sizes: Default::default(),
+        };
+        let t = stats((events.clone(), synced), 0.0, 0.0, &shape);
+        assert!(!t.work_after_stop);
+        assert_eq!(t.median_ms, 3.48);
+        // Work on another stream delays every repetition: flagged, and timed synchronized.
+        let t = stats((events, vec![9.0; 18]), 0.0, 0.0, &shape);
+        assert!(t.work_after_stop);
+        assert_eq!(t.median_ms, 9.0);
     }
 
     #[test]
