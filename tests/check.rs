@@ -152,14 +152,7 @@ fn validate_stage_with_row_memo() {
         let mut a: Vec<&str> = args.to_vec();
         a.push("--json");
         let o = p.cmd(&a).env("CUDARL_NVCC", &nvcc).output().unwrap();
-        let m: std::collections::BTreeMap<String, serde_json::Value> = stdout(&o)
-            .lines()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                (v["node"].as_str().unwrap().to_string(), v)
-            })
-            .collect();
-        (o.status.code().unwrap(), m, stderr(&o))
+        (o.status.code().unwrap(), records(&o), stderr(&o))
     };
     let (c, m, err) = run(&["run", "validate", "--set", "validate.mode=\"compile\""]);
     assert_eq!(c, 0, "{err}");

@@ -43,14 +43,7 @@ fn validate(
     ];
     args.extend_from_slice(extra);
     let o = p.run(&args);
-    let m = stdout(&o)
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["node"].as_str().unwrap().to_string(), v)
-        })
-        .collect();
-    (o.status.code().unwrap(), m, stderr(&o))
+    (o.status.code().unwrap(), records(&o), stderr(&o))
 }
 
 fn stat(m: &std::collections::BTreeMap<String, serde_json::Value>, name: &str) -> u64 {

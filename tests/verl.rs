@@ -9,26 +9,6 @@ use common::*;
 
 const COMPILE: &str = "validate.mode=\"compile\"";
 
-/// The project's verl pipeline, trimmed like `Project::new`'s default one (no generated
-/// families, 2 KernelBench problems per level, 3 archive kernels per source).
-fn verl_project() -> Project {
-    let p = Project::new();
-    let pl = p.path("pipelines/verl.toml");
-    let text = std::fs::read_to_string(&pl).unwrap();
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.starts_with("generate = "))
-        .collect();
-    let text = (kept.join("\n") + "\n")
-        .replace("[stages.testgen]\n", "[stages.testgen]\nlimit = 2\n")
-        .replace(
-            "[stages.validate]\n",
-            "[stages.validate]\narchive_limit = 3\n",
-        );
-    std::fs::write(&pl, text).unwrap();
-    p
-}
-
 fn blob(
     p: &Project,
     m: &std::collections::BTreeMap<String, serde_json::Value>,
@@ -44,7 +24,7 @@ fn verl_backend_writes_and_composes_the_job() {
         eprintln!("SKIPPED the VERL backend test: no .venv (run `make setup`)");
         return;
     }
-    let p = verl_project();
+    let p = Project::new();
     let args = [
         "run",
         "rl-train",

@@ -59,40 +59,43 @@ impl Project {
                 std::fs::remove_dir_all(e.path()).unwrap();
             }
         }
-        // And no generated families (tests that want them set `synth-tasks.generate`).
-        let pl = p.path("pipelines/default.toml");
-        let text = std::fs::read_to_string(&pl).unwrap();
-        let kept: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.starts_with("generate = "))
-            .collect();
-        assert!(
-            kept.len() < text.lines().count(),
-            "the pipeline has a generate line"
-        );
-        std::fs::write(&pl, kept.join("\n") + "\n").unwrap();
+        // And no generated families (tests that want them set `synth-tasks.generate`), in
+        // every pipeline file.
+        for f in ["default.toml", "verl.toml"] {
+            let pl = p.path("pipelines").join(f);
+            let text = std::fs::read_to_string(&pl).unwrap();
+            let kept: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.starts_with("generate = "))
+                .collect();
+            assert!(kept.len() < text.lines().count(), "{f} has a generate line");
+            std::fs::write(&pl, kept.join("\n") + "\n").unwrap();
+        }
         p
     }
 
     /// A copy with every task family. Its pipeline records tests for the first 2 KernelBench
     /// problems of each level (`testgen.limit`) and validates 3 archive kernels per source
     /// (`validate.archive_limit`; torch-format builds are skipped without a GPU anyway), so
-    /// tests that build `curriculum` stay quick; `--set` lifts either.
+    /// tests that build `curriculum` stay quick; `--set` lifts either. (The same for the VERL
+    /// pipeline, `pipelines/verl.toml`.)
     pub fn full() -> Project {
         let dir = tempfile::tempdir().unwrap();
         let root = repo_root();
         for d in ["pipelines", "configs", "datasets", "python"] {
             copy_dir(&root.join(d), &dir.path().join(d));
         }
-        let pl = dir.path().join("pipelines/default.toml");
-        let text = std::fs::read_to_string(&pl)
-            .unwrap()
-            .replace("[stages.testgen]\n", "[stages.testgen]\nlimit = 2\n")
-            .replace(
-                "[stages.validate]\n",
-                "[stages.validate]\narchive_limit = 3\n",
-            );
-        std::fs::write(&pl, text).unwrap();
+        for f in ["default.toml", "verl.toml"] {
+            let pl = dir.path().join("pipelines").join(f);
+            let text = std::fs::read_to_string(&pl)
+                .unwrap()
+                .replace("[stages.testgen]\n", "[stages.testgen]\nlimit = 2\n")
+                .replace(
+                    "[stages.validate]\n",
+                    "[stages.validate]\narchive_limit = 3\n",
+                );
+            std::fs::write(&pl, text).unwrap();
+        }
         Project { dir }
     }
 
@@ -137,13 +140,7 @@ impl Project {
         let mut a: Vec<&str> = args.to_vec();
         a.push("--json");
         let o = self.run(&a);
-        let mut m = std::collections::BTreeMap::new();
-        for line in String::from_utf8_lossy(&o.stdout).lines() {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("bad json line {line:?}: {e}"));
-            m.insert(v["node"].as_str().unwrap().to_string(), v);
-        }
-        (o.status.code().unwrap_or(-1), m)
+        (o.status.code().unwrap_or(-1), records(&o))
     }
 
     /// Every file under the store (relative path -> BLAKE3 of its bytes), for "store
@@ -174,6 +171,18 @@ impl Project {
         walk(&self.store(), &self.store(), &mut out);
         out
     }
+}
+
+/// The `--json` node records of a run's stdout, by node name.
+pub fn records(o: &Output) -> std::collections::BTreeMap<String, serde_json::Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("bad json line {line:?}: {e}"));
+            (v["node"].as_str().unwrap().to_string(), v)
+        })
+        .collect()
 }
 
 pub fn status_of(m: &std::collections::BTreeMap<String, serde_json::Value>, node: &str) -> String {

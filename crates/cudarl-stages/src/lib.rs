@@ -21,6 +21,9 @@ pub mod testgen;
 pub mod train_stages;
 pub mod validate;
 pub mod verl;
+/// Where `cudarl-pipe serve` listens by default (and where the VERL backend's rollouts look for
+/// it unless `serve_url` says otherwise).
+pub const SERVE_BIND: &str = "127.0.0.1:8000";
 pub mod verl_launch;
 
 use cudarl_core::{Stage, StageFactory};

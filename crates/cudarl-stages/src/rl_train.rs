@@ -114,10 +114,10 @@ pub static TIERS: LazyLock<SchemaRef> = LazyLock::new(|| {
 fn d_steps() -> usize {
     20
 }
-fn d_tasks() -> usize {
+pub(crate) fn d_tasks() -> usize {
     4
 }
-fn d_group() -> usize {
+pub(crate) fn d_group() -> usize {
     4
 }
 fn d_turns() -> usize {
@@ -126,16 +126,16 @@ fn d_turns() -> usize {
 fn d_tokens() -> usize {
     512
 }
-fn d_one() -> f64 {
+pub(crate) fn d_one() -> f64 {
     1.0
 }
 fn d_lr() -> f64 {
     1e-5
 }
-fn d_kl() -> f64 {
+pub(crate) fn d_kl() -> f64 {
     0.04
 }
-fn d_clip() -> f64 {
+pub(crate) fn d_clip() -> f64 {
     0.2
 }
 fn d_mb() -> usize {

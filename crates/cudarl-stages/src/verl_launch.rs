@@ -42,7 +42,7 @@ fn d_backend() -> String {
 fn d_model() -> String {
     "Qwen/Qwen2.5-Coder-7B-Instruct".into()
 }
-fn d_four() -> usize {
+fn d_steps() -> usize {
     4
 }
 fn d_turns() -> usize {
@@ -54,17 +54,8 @@ fn d_tokens() -> usize {
 fn d_prompt_tokens() -> usize {
     2048
 }
-fn d_one() -> f64 {
-    1.0
-}
 fn d_lr() -> f64 {
     1e-6
-}
-fn d_kl() -> f64 {
-    0.04
-}
-fn d_clip() -> f64 {
-    0.2
 }
 fn d_gpus() -> usize {
     8
@@ -76,7 +67,7 @@ fn d_rollout() -> String {
     "vllm".into()
 }
 fn d_serve() -> String {
-    "http://127.0.0.1:8000".into()
+    format!("http://{}", crate::SERVE_BIND)
 }
 
 /// Params of `rl-train` with `backend = "verl"`. The names shared with the tch backend mean the
@@ -91,13 +82,13 @@ pub struct Params {
     #[serde(default = "d_model")]
     pub model: String,
     /// Optimizer steps (`trainer.total_training_steps`).
-    #[serde(default = "d_four")]
+    #[serde(default = "d_steps")]
     pub steps: usize,
     /// Tasks per step (`data.train_batch_size`).
-    #[serde(default = "d_four")]
+    #[serde(default = "crate::rl_train::d_tasks")]
     pub tasks_per_step: usize,
     /// Episodes per task: the GRPO group (`actor_rollout_ref.rollout.n`).
-    #[serde(default = "d_four")]
+    #[serde(default = "crate::rl_train::d_group")]
     pub group_size: usize,
     /// Policy turns per episode (`extra_info.max_turns` and
     /// `actor_rollout_ref.rollout.multi_turn.max_assistant_turns`).
@@ -111,17 +102,17 @@ pub struct Params {
     #[serde(default = "d_prompt_tokens")]
     pub max_prompt_tokens: usize,
     /// Sampling temperature (`actor_rollout_ref.rollout.temperature`).
-    #[serde(default = "d_one")]
+    #[serde(default = "crate::rl_train::d_one")]
     pub temperature: f64,
     /// Actor learning rate (`actor_rollout_ref.actor.optim.lr`).
     #[serde(default = "d_lr")]
     pub lr: f64,
     /// KL coefficient to the reference policy (`actor_rollout_ref.actor.kl_loss_coef`, with
     /// `use_kl_loss`, as GRPO in DeepSeekMath, arXiv:2402.03300).
-    #[serde(default = "d_kl")]
+    #[serde(default = "crate::rl_train::d_kl")]
     pub kl_coef: f64,
     /// PPO clip ratio (`actor_rollout_ref.actor.clip_ratio`).
-    #[serde(default = "d_clip")]
+    #[serde(default = "crate::rl_train::d_clip")]
     pub clip: f64,
     /// GPUs per node (`trainer.n_gpus_per_node`).
     #[serde(default = "d_gpus")]

@@ -472,16 +472,9 @@ fn show(
 fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32, CliError> {
     let reporter = Arc::new(CliReporter::detect(false));
     let engine = ctx.engine(reporter, 0)?;
-    let summary = engine.run(&[node.to_string()], &RunOptions::default())?;
-    if summary.exit_code() != 0 {
-        for r in summary
-            .records
-            .iter()
-            .filter(|r| r.status == NodeStatus::Failed)
-        {
-            eprintln!("{}", human_record(r));
-        }
-        return Ok(summary.exit_code());
+    let code = run_or_report(&engine, &[node.to_string()])?;
+    if code != 0 {
+        return Ok(code);
     }
     let m = engine.fresh_manifest(node)?;
     let outs = pick_output(&m, output)?;
@@ -534,6 +527,20 @@ pub(crate) fn build(engine: &Engine, target: &str) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Builds `targets` for a verb that then reads their outputs; on failure prints the failed
+/// nodes to stderr and returns the run's exit code (0: all built).
+fn run_or_report(engine: &Engine, targets: &[String]) -> Result<i32, CliError> {
+    let summary = engine.run(targets, &RunOptions::default())?;
+    for r in summary
+        .records
+        .iter()
+        .filter(|r| r.status == NodeStatus::Failed)
+    {
+        eprintln!("{}", human_record(r));
+    }
+    Ok(summary.exit_code())
+}
+
 /// The store path of output `name` of the fresh node `node`.
 pub(crate) fn output_blob(engine: &Engine, node: &str, name: &str) -> Result<PathBuf, CliError> {
     let m = engine.fresh_manifest(node)?;
@@ -555,16 +562,9 @@ fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, Cl
     let reporter = Arc::new(CliReporter::detect(false));
     let engine = ctx.engine(reporter, 0)?;
     let targets = ["synth-tasks".to_string(), "sft-data".to_string()];
-    let summary = engine.run(&targets, &RunOptions::default())?;
-    if summary.exit_code() != 0 {
-        for r in summary
-            .records
-            .iter()
-            .filter(|r| r.status == NodeStatus::Failed)
-        {
-            eprintln!("{}", human_record(r));
-        }
-        return Ok(summary.exit_code());
+    let code = run_or_report(&engine, &targets)?;
+    if code != 0 {
+        return Ok(code);
     }
     // The agent loop's turn limit: rl-train's (params with defaults applied).
     let max_turns = ctx

@@ -17,7 +17,7 @@ use super::{CliError, Ctx};
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on (port 0: any free port).
-    #[arg(long, default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = cudarl_stages::SERVE_BIND)]
     pub bind: SocketAddr,
     /// Most requests in the service at once (waiting or running); one more gets 429.
     #[arg(long, default_value_t = 64)]
