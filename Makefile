@@ -23,14 +23,15 @@ $(VENV)/.stamp: requirements-dev.txt
 build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-train
 
-## run: set up, build, run the main job on the bundled data: the curriculum, then SFT data, the
-## tokenizer, the default model's pretraining, SFT of both agents, multi-turn RL and eval (configs/model/tiny.toml;
-## on a GPU machine set `model = "small"` in pipelines/default.toml).
+## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train` and `eval`
+## (and `sft-eval`), i.e. synth-tasks -> validate (the task kernels) -> sft-data -> tokenizer ->
+## pretrain -> SFT of both agents -> multi-turn RL -> eval. `model = "auto"`: configs/model/small.toml
+## with a GPU, tiny.toml without. The curriculum with the archives' kernels is `make curriculum`.
 ## Without a GPU, fewer evaluation samples (the tiny CPU model writes no kernels; the 16 hold-out
 ## families x 8 sft-eval samples alone take 7.5 minutes on 2 cores) and 2 RL steps, not 4.
 CPU_SET := $(if $(shell command -v nvidia-smi 2>/dev/null),,--set sft-eval.samples=2 --set eval.samples=1 --set rl-train.steps=2)
-run: setup build curriculum
-	$(BIN) run sft-train sft-train-optimizer sft-eval rl-train eval $(CPU_SET)
+run: setup build
+	$(BIN) run sft-eval rl-train eval $(CPU_SET)
 	$(BIN) status $(CPU_SET)
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,

@@ -81,12 +81,42 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         opt.iter()
             .all(|r| r["measured"] == Value::Bool(false) && r["speedup"].is_null())
     );
-    assert!(
-        opt[0]["messages"][1]["content"]
-            .as_str()
-            .unwrap()
-            .contains("not run: compile-only")
-    );
+    let user = |r: &Value| r["messages"][1]["content"].as_str().unwrap().to_string();
+    let answer = |r: &Value| r["messages"][2]["content"].as_str().unwrap().to_string();
+    let optimize: Vec<&Value> = opt.iter().filter(|r| r["kind"] == "optimize").collect();
+    assert!(!optimize.is_empty());
+    assert!(user(optimize[0]).contains("not run: compile-only"));
+    // Repairs: each task kernel broken once and really compiled by nvcc, whose diagnostics
+    // are the feedback; the answer is the kernel it was broken from (a validated one).
+    let kernels: std::collections::BTreeMap<String, String> = rows(&p, "synth-tasks", "task_kernels")
+        .iter()
+        .map(|r| {
+            (
+                r["kernel_id"].as_str().unwrap().to_string(),
+                r["code"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut kinds = std::collections::BTreeSet::new();
+    for r in opt.iter().filter(|r| r["kind"] != "optimize") {
+        let kind = r["kind"].as_str().unwrap();
+        kinds.insert(kind.to_string());
+        let (u, a) = (user(r), answer(r));
+        let code = &kernels[r["kernel_id"].as_str().unwrap()];
+        assert_eq!(a, format!("```cuda\n{}\n```", code.trim_end()), "{kind}");
+        if kind == "repair:no_code" {
+            assert!(u.contains("No code block found."), "{u}");
+        } else {
+            assert!(u.contains("Compilation failed:\n  line "), "{u}");
+            assert!(u.contains(": error: "), "{u}");
+            assert!(!u.contains(code.trim_end()), "the prompt holds the broken kernel");
+            assert_eq!(
+                r["base_kernel_id"].as_str().unwrap(),
+                format!("{}#{}", r["kernel_id"].as_str().unwrap(), &kind[7..])
+            );
+        }
+    }
+    assert!(kinds.contains("repair:no_code") && kinds.len() >= 2, "{kinds:?}");
 
     // Training: the loss falls; the device is recorded; the checkpoint is a HF directory.
     for node in ["pretrain", "sft-train", "sft-train-optimizer"] {

@@ -76,7 +76,7 @@ impl Project {
 
     /// A copy with every task family. Its pipeline records tests for the first 2 KernelBench
     /// problems of each level (`testgen.limit`) and validates 3 archive kernels per source
-    /// (`validate.archive_limit`; torch-format builds are skipped without a GPU anyway), so
+    /// (`validate-archive.archive_limit`; torch-format builds are skipped without a GPU anyway), so
     /// tests that build `curriculum` stay quick; `--set` lifts either. (The same for the VERL
     /// pipeline, `pipelines/verl.toml`.)
     pub fn full() -> Project {
@@ -91,8 +91,8 @@ impl Project {
                 .unwrap()
                 .replace("[stages.testgen]\n", "[stages.testgen]\nlimit = 2\n")
                 .replace(
-                    "[stages.validate]\n",
-                    "[stages.validate]\narchive_limit = 3\n",
+                    "[stages.validate-archive]\n",
+                    "[stages.validate-archive]\narchive_limit = 3\n",
                 );
             std::fs::write(&pl, text).unwrap();
         }

@@ -232,7 +232,7 @@ impl Stage for Curriculum {
         "curriculum"
     }
     fn code_version(&self) -> u32 {
-        3
+        4
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -244,6 +244,7 @@ impl Stage for Curriculum {
             InputDecl::node("cuda_l1_kernels", "ingest-cuda-l1", "kernels"),
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("validations", "validate", "validations"),
+            InputDecl::node("archive_validations", "validate-archive", "validations"),
             InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
             InputDecl::external("op_categories"),
         ]
@@ -566,8 +567,21 @@ struct ValidatedRow {
     gpu: String,
 }
 
+/// The validated rows of the task kernels' and the archives' `validations` tables.
 fn read_validated(ctx: &StageContext<'_>) -> Result<Vec<ValidatedRow>, StageError> {
-    let t = Table::read(ctx.input_path("validations")?, "validations").map_err(data_err)?;
+    let mut out = Vec::new();
+    for input in ["validations", "archive_validations"] {
+        read_validated_table(ctx, input, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn read_validated_table(
+    ctx: &StageContext<'_>,
+    input: &str,
+    out: &mut Vec<ValidatedRow>,
+) -> Result<(), StageError> {
+    let t = Table::read(ctx.input_path(input)?, input).map_err(data_err)?;
     let s = |c: &str| t.req_strings(c).map_err(data_err);
     let (kid, task, role, gpu) = (s("kernel_id")?, s("task_id")?, s("role")?, s("gpu")?);
     let b = |c: &str| t.req_bools(c).map_err(data_err);
@@ -580,7 +594,6 @@ fn read_validated(ctx: &StageContext<'_>) -> Result<Vec<ValidatedRow>, StageErro
         f("speedup_vs_naive")?,
         f("speedup_vs_torch")?,
     );
-    let mut out = Vec::new();
     for r in 0..t.rows() {
         let n = tests.get(r).unwrap_or(0);
         if executed.get(r) != Some(true)
@@ -606,5 +619,5 @@ fn read_validated(ctx: &StageContext<'_>) -> Result<Vec<ValidatedRow>, StageErro
             gpu: gpu.get(r).unwrap_or("").to_string(),
         });
     }
-    Ok(out)
+    Ok(())
 }

@@ -11,6 +11,7 @@ pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
 pub mod plot;
+pub mod repair;
 pub mod reward;
 pub mod rl_train;
 pub mod rollout;

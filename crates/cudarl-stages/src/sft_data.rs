@@ -25,7 +25,11 @@
 //! | messages_json | utf8 | the same as a JSON array |
 //!
 //! `sft_optimizer` adds `base_kernel_id` (the slower kernel), `speedup` (float64, nullable:
-//! base median / answer median) and `measured` (bool).
+//! base median / answer median), `measured` (bool) and `kind` (utf8): `optimize`, or for a
+//! repair example (`repairs_per_base`; [`crate::repair`]) `repair:<breakage>`: a task kernel
+//! broken on purpose (`missing_semicolon`, `undeclared_identifier`, `missing_brace`) with
+//! nvcc's real diagnostics as the tester's feedback, or `repair:no_code` (the answer had no
+//! code block), -> the correct kernel; `base_kernel_id` is then `<kernel_id>#<breakage>`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -105,6 +109,7 @@ pub static SFT_OPTIMIZER: LazyLock<SchemaRef> = LazyLock::new(|| {
     f.push(Field::new("base_kernel_id", DataType::Utf8, false));
     f.push(Field::new("speedup", DataType::Float64, true));
     f.push(Field::new("measured", DataType::Boolean, false));
+    f.push(Field::new("kind", DataType::Utf8, false));
     Arc::new(Schema::new(f))
 });
 
@@ -119,6 +124,9 @@ fn d_per_pair() -> usize {
 }
 fn d_val() -> f64 {
     0.05
+}
+fn d_repairs() -> usize {
+    8
 }
 
 /// Parameters (`[stages.sft-data]`).
@@ -139,6 +147,12 @@ pub struct Params {
     /// order, at most `INTROS x CLOSINGS` (24, the default).
     #[serde(default = "d_per_pair")]
     pub optimizer_per_pair: usize,
+    /// Repair examples per broken kernel (prompt phrasings, seeded order): every validated
+    /// task kernel broken once (the breakage kind rotates over the kernels) and compiled by
+    /// nvcc for its real diagnostics, plus one "no code block" case per family. `0`: none
+    /// (and no nvcc needed).
+    #[serde(default = "d_repairs")]
+    pub repairs_per_base: usize,
     /// Fraction of the other examples in `val`.
     #[serde(default = "d_val")]
     pub val_fraction: f64,
@@ -191,6 +205,7 @@ struct Rows {
     messages: Vec<Vec<ChatMessage>>,
     base: Vec<String>,
     speedup: Vec<Option<f64>>,
+    kind: Vec<String>,
 }
 
 impl Rows {
@@ -205,6 +220,7 @@ impl Rows {
             messages: vec![],
             base: vec![],
             speedup: vec![],
+            kind: vec![],
         }
     }
 
@@ -310,7 +326,7 @@ impl Stage for SftData {
         "sft-data"
     }
     fn code_version(&self) -> u32 {
-        1
+        2
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -327,6 +343,18 @@ impl Stage for SftData {
             OutputDecl::table("sft_generator", SFT_GENERATOR.clone()),
             OutputDecl::table("sft_optimizer", SFT_OPTIMIZER.clone()),
         ]
+    }
+    fn environment(
+        &self,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<BTreeMap<String, String>, StageError> {
+        // Repair feedback is nvcc's own diagnostics: its version is part of the key.
+        if self.params.repairs_per_base == 0 {
+            return Ok(BTreeMap::new());
+        }
+        let nvcc = cudarl_cuda::Nvcc::discover(&ctx.root)
+            .map_err(|e| StageError::Failed(e.to_string()))?;
+        Ok(BTreeMap::from([("nvcc".to_string(), nvcc.version)]))
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
@@ -419,6 +447,7 @@ impl Stage for SftData {
                 });
             }
         }
+        let repairs = self.repairs(ctx, &tasks, &by_task)?;
         let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
         let tid = tasks.req_strings("task_id").map_err(data_err)?;
         let tier = tasks.req_ints("tier").map_err(data_err)?;
@@ -543,7 +572,44 @@ impl Stage for SftData {
                         push(&mut opt_rows, t, tr, holdout, better, m);
                         opt_rows.base.push(base.id.clone());
                         opt_rows.speedup.push(speedup);
+                        opt_rows.kind.push("optimize".into());
                     }
+                }
+            }
+            // Optimizer repairs: a broken kernel and the tester's words on it -> the correct one.
+            for r in repairs.get(t).into_iter().flatten() {
+                let view = TaskView {
+                    id: t,
+                    tier: tr,
+                    description: d,
+                    dtype: dt,
+                    signature: sg,
+                    shapes: &shape_list,
+                };
+                let seed = p.seed ^ blake3::hash(r.base_id.as_bytes()).as_bytes()[0] as u64;
+                for c in order(INTROS.len() * CLOSINGS.len(), seed)
+                    .into_iter()
+                    .take(p.repairs_per_base)
+                {
+                    let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
+                    let m = vec![
+                        ChatMessage::new("system", OPTIMIZER_SYSTEM),
+                        ChatMessage::new(
+                            "user",
+                            prompts::optimizer_prompt(
+                                &view,
+                                &r.broken,
+                                &r.feedback,
+                                intro,
+                                closing,
+                            ),
+                        ),
+                        ChatMessage::new("assistant", prompts::fenced(&r.target.code)),
+                    ];
+                    push(&mut opt_rows, t, tr, holdout, &r.target, m);
+                    opt_rows.base.push(r.base_id.clone());
+                    opt_rows.speedup.push(None);
+                    opt_rows.kind.push(format!("repair:{}", r.kind));
                 }
             }
         }
@@ -560,9 +626,120 @@ impl Stage for SftData {
                 .map(Option::is_some)
                 .collect::<Vec<_>>(),
         )));
+        cols.push(Arc::new(StringArray::from(opt_rows.kind.clone())));
         let b = cudarl_data::parquet_io::batch(&SFT_OPTIMIZER.clone(), cols).map_err(data_err)?;
         write_output(ctx, "sft_optimizer", &b)?;
         Ok(())
+    }
+}
+
+/// One repair example's base: a broken kernel, the tester's feedback on it, the answer.
+struct Repair {
+    base_id: String,
+    kind: &'static str,
+    broken: String,
+    feedback: String,
+    target: Kern,
+}
+
+impl SftData {
+    /// The repair bases of every task (see [`Params::repairs_per_base`]): each validated
+    /// kernel broken once, compiled (compile-only, all cores, the store's compile cache) for
+    /// nvcc's diagnostics, kept only when it really fails; plus one "no code block" base per
+    /// task whose answer is its fastest kernel.
+    ///
+    /// # Errors
+    /// No nvcc; a task without a readable `spec_json` (naming the task); harness failures.
+    fn repairs(
+        &self,
+        ctx: &StageContext<'_>,
+        tasks: &Table,
+        by_task: &BTreeMap<String, Vec<Kern>>,
+    ) -> Result<BTreeMap<String, Vec<Repair>>, StageError> {
+        use rayon::prelude::*;
+        let mut out: BTreeMap<String, Vec<Repair>> = BTreeMap::new();
+        if self.params.repairs_per_base == 0 {
+            return Ok(out);
+        }
+        let nvcc = cudarl_cuda::Nvcc::discover(ctx.root())
+            .map_err(|e| StageError::Failed(e.to_string()))?;
+        let compiler = cudarl_cuda::Compiler {
+            nvcc,
+            arch: "sm_90".into(),
+            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+            store: Some(ctx.store().clone()),
+        };
+        let rules = cudarl_cuda::Rules::builtin();
+        let tid = tasks.req_strings("task_id").map_err(data_err)?;
+        let js = tasks.req_strings("spec_json").map_err(data_err)?;
+        let mut specs: BTreeMap<String, cudarl_cuda::TaskSpec> = BTreeMap::new();
+        for i in 0..tasks.rows() {
+            let (Some(t), Some(j)) = (tid.get(i), js.get(i)) else {
+                continue;
+            };
+            let spec = serde_json::from_str(j).map_err(|e| {
+                StageError::bad_input("tasks", Some("spec_json"), format!("task `{t}`: {e}"))
+            })?;
+            specs.insert(t.to_string(), spec);
+        }
+        // (task, kernel, broken code, breakage), the kind rotating over a task's kernels.
+        let mut todo: Vec<(&str, &Kern, String, crate::repair::Breakage)> = Vec::new();
+        for (t, kerns) in by_task {
+            if !specs.contains_key(t) {
+                continue;
+            }
+            for (j, k) in kerns.iter().enumerate() {
+                let h = blake3::hash(k.id.as_bytes());
+                let pick = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
+                let first = (pick as usize).wrapping_add(j);
+                let broken = (0..crate::repair::Breakage::ALL.len())
+                    .find_map(|v| crate::repair::break_kernel(&k.code, first + v, pick));
+                if let Some((code, kind)) = broken {
+                    todo.push((t.as_str(), k, code, kind));
+                }
+            }
+            // No code block: the answer is the task's fastest kernel.
+            let best = kerns
+                .iter()
+                .filter(|k| k.median_ms.is_some())
+                .min_by(|a, b| a.median_ms.partial_cmp(&b.median_ms).expect("finite"))
+                .or_else(|| kerns.iter().find(|k| k.role != "naive"))
+                .or(kerns.first());
+            if let Some(b) = best {
+                out.entry(t.clone()).or_default().push(Repair {
+                    base_id: format!("{}#no_code", b.id),
+                    kind: "no_code",
+                    broken: String::new(),
+                    feedback: crate::episode::feedback(&specs[t], None, None, &[]),
+                    target: b.clone(),
+                });
+            }
+        }
+        let progress = ctx.progress("repair kernels", Some(todo.len() as u64));
+        let verdicts: Vec<cudarl_cuda::verdict::Verdict> = todo
+            .par_iter()
+            .map(|(t, _, code, _)| {
+                let v = cudarl_cuda::check_compile_only(&specs[*t], code, &rules, &compiler);
+                progress.inc(1);
+                v
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| StageError::Failed(format!("harness failure: {e}")))?;
+        progress.finish();
+        for ((t, k, code, kind), v) in todo.into_iter().zip(verdicts) {
+            // A breakage nvcc accepts teaches nothing about repairs.
+            if v.compiled {
+                continue;
+            }
+            out.entry(t.to_string()).or_default().push(Repair {
+                base_id: format!("{}#{}", k.id, kind.name()),
+                kind: kind.name(),
+                feedback: crate::episode::feedback(&specs[t], Some(&code), Some(&v), &[0, 1]),
+                broken: code,
+                target: k.clone(),
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -89,7 +89,9 @@ fn d_agent() -> String {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
-    /// `configs/model/<model>.toml`.
+    /// `configs/model/<model>.toml`; `auto`: `small` when the stage's device resolves to a GPU
+    /// (`device`: `auto` with a GPU, or `cuda`), else `tiny` (the file read is an input of the
+    /// key, so the two never share outputs).
     #[serde(default = "d_model")]
     pub model: String,
     /// `auto` (the GPU when there is one), `cpu` or `cuda` (pretrain, sft-train).
@@ -149,7 +151,16 @@ impl ModelStage {
     }
 
     fn config_rel(&self) -> String {
-        format!("configs/model/{}.toml", self.params.model)
+        format!("configs/model/{}.toml", self.model_name())
+    }
+
+    /// The model config's name, `auto` resolved (see [`Params::model`]).
+    fn model_name(&self) -> &str {
+        match self.params.model.as_str() {
+            "auto" if self.resolved_device() == "cuda" => "small",
+            "auto" => "tiny",
+            m => m,
+        }
     }
 
     /// The device the trainer will use: `cpu` or `cuda`.

@@ -160,8 +160,13 @@ pub struct Params {
     /// Time candidates.
     #[serde(default = "d_true")]
     pub bench: bool,
-    /// Validate the archives' torch-format kernels (SakanaAI sample, CUDA-L1) too.
+    /// Validate the task kernels (`synth-tasks`: native ABI, what SFT and RL learn from).
     #[serde(default = "d_true")]
+    pub tasks: bool,
+    /// Validate the archives' torch-format kernels (SakanaAI sample, CUDA-L1; needs
+    /// `kb-specs`/`testgen`). The default pipeline gives them their own node,
+    /// `validate-archive`, so the main job (`rl-train`, `eval`) does not wait for them.
+    #[serde(default)]
     pub archive: bool,
     /// CUDA-L1 rows of these GPUs (the archive has one kernel per problem and GPU).
     #[serde(default = "d_l1_gpus")]
@@ -191,9 +196,24 @@ impl Validate {
     /// # Errors
     /// Unknown or mistyped params.
     pub fn from_table(t: toml::Table) -> Result<Self, String> {
-        Ok(Validate {
-            params: crate::common::parse_params(t)?,
+        let params: Params = crate::common::parse_params(t)?;
+        if !params.tasks && !params.archive {
+            return Err("`tasks` and `archive` are both false: nothing to validate".into());
+        }
+        Ok(Validate { params })
+    }
+
+    /// The params a verdict depends on (the row memo keys): not which kernels this node
+    /// validates (`tasks`, `archive`, `archive_limit`, `cuda_l1_gpus`), so splitting or
+    /// limiting the kernel set reuses every verdict already computed.
+    fn verdict_params(&self) -> String {
+        let p = &self.params;
+        serde_json::json!({
+            "mode": p.mode, "timeout_s": p.timeout_s, "public_seeds": p.public_seeds,
+            "hidden_seeds": p.hidden_seeds, "bench": p.bench,
+            "torch_builds_without_gpu": p.torch_builds_without_gpu,
         })
+        .to_string()
     }
 
     fn gpu(&self) -> Option<cudarl_cuda::gpu::GpuInfo> {
@@ -215,10 +235,13 @@ impl Stage for Validate {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        let mut v = vec![
-            InputDecl::node("tasks", "synth-tasks", "tasks"),
-            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
-        ];
+        let mut v = Vec::new();
+        if self.params.tasks {
+            v.extend([
+                InputDecl::node("tasks", "synth-tasks", "tasks"),
+                InputDecl::node("kernels", "synth-tasks", "task_kernels"),
+            ]);
+        }
         if self.params.archive {
             v.extend([
                 InputDecl::node("sakana", "ingest-sakana", "kernels"),
@@ -287,40 +310,11 @@ impl Stage for Validate {
             store: Some(ctx.store().clone()),
         };
         let rules = Rules::builtin();
-        let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-        let specs: std::collections::BTreeMap<String, TaskSpec> = {
-            let id = tt.req_strings("task_id").map_err(data_err)?;
-            let js = tt.req_strings("spec_json").map_err(data_err)?;
-            (0..tt.rows())
-                .filter_map(|i| {
-                    Some((
-                        id.get(i)?.to_string(),
-                        serde_json::from_str(js.get(i)?).ok()?,
-                    ))
-                })
-                .collect()
+        let (specs, rows) = if self.params.tasks {
+            read_task_rows(ctx)?
+        } else {
+            Default::default()
         };
-        let kt = Table::read(ctx.input_path("kernels")?, "kernels").map_err(data_err)?;
-        let kid = kt.req_strings("kernel_id").map_err(data_err)?;
-        let ktask = kt.req_strings("task_id").map_err(data_err)?;
-        let krole = kt.req_strings("role").map_err(data_err)?;
-        let kcode = kt.req_strings("code").map_err(data_err)?;
-        struct Row {
-            kernel_id: String,
-            task_id: String,
-            role: String,
-            code: String,
-        }
-        let rows: Vec<Row> = (0..kt.rows())
-            .filter_map(|i| {
-                Some(Row {
-                    kernel_id: kid.get(i)?.to_string(),
-                    task_id: ktask.get(i)?.to_string(),
-                    role: krole.get(i)?.to_string(),
-                    code: kcode.get(i)?.to_string(),
-                })
-            })
-            .collect();
         let memo = ctx.memo("validate-v1")?;
         let salt = match gpu {
             Some(_) => hidden_salt(ctx.store()).map_err(|e| StageError::Failed(e.to_string()))?,
@@ -349,13 +343,14 @@ impl Stage for Validate {
             }
             serde_json::to_string(&s).unwrap_or_default()
         };
+        let verdict_params = self.verdict_params();
         let row_key = |r: &Row| -> Digest {
             let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate row v1");
             for part in [
                 env_key.as_str(),
                 &spec_key(&r.task_id),
                 &r.code,
-                &serde_json::to_string(&self.params).unwrap_or_default(),
+                &verdict_params,
             ] {
                 h.update(&(part.len() as u64).to_le_bytes());
                 h.update(part.as_bytes());
@@ -511,6 +506,53 @@ impl Stage for Validate {
         let batch = agreement_batch(&ids, &verdicts)?;
         write_output(ctx, "agreement", &batch)
     }
+}
+
+/// A task kernel to validate (a row of `synth-tasks.task_kernels`).
+struct Row {
+    kernel_id: String,
+    task_id: String,
+    role: String,
+    code: String,
+}
+
+/// The task specs (`tasks.spec_json` by `task_id`) and the task kernels.
+///
+/// # Errors
+/// Unreadable tables or missing columns (naming the input and column).
+#[allow(clippy::type_complexity)]
+fn read_task_rows(
+    ctx: &StageContext<'_>,
+) -> Result<(std::collections::BTreeMap<String, TaskSpec>, Vec<Row>), StageError> {
+    let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
+    let specs: std::collections::BTreeMap<String, TaskSpec> = {
+        let id = tt.req_strings("task_id").map_err(data_err)?;
+        let js = tt.req_strings("spec_json").map_err(data_err)?;
+        (0..tt.rows())
+            .filter_map(|i| {
+                Some((
+                    id.get(i)?.to_string(),
+                    serde_json::from_str(js.get(i)?).ok()?,
+                ))
+            })
+            .collect()
+    };
+    let kt = Table::read(ctx.input_path("kernels")?, "kernels").map_err(data_err)?;
+    let kid = kt.req_strings("kernel_id").map_err(data_err)?;
+    let ktask = kt.req_strings("task_id").map_err(data_err)?;
+    let krole = kt.req_strings("role").map_err(data_err)?;
+    let kcode = kt.req_strings("code").map_err(data_err)?;
+    let rows: Vec<Row> = (0..kt.rows())
+        .filter_map(|i| {
+            Some(Row {
+                kernel_id: kid.get(i)?.to_string(),
+                task_id: ktask.get(i)?.to_string(),
+                role: krole.get(i)?.to_string(),
+                code: kcode.get(i)?.to_string(),
+            })
+        })
+        .collect();
+    Ok((specs, rows))
 }
 
 /// The rows one run computes ([`RunPart`]) and what became of them: found in the row memo
@@ -689,6 +731,7 @@ impl Validate {
         let worker_src =
             cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
         let memo = ctx.memo("validate-torch-v1")?;
+        let verdict_params = self.verdict_params();
         let row_key = |a: &Arch| -> Digest {
             let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate torch row v1");
             let tests = problems
@@ -716,9 +759,7 @@ impl Validate {
                 pcode.as_bytes(),
                 tests.as_bytes(),
                 a.code.as_bytes(),
-                serde_json::to_string(&self.params)
-                    .unwrap_or_default()
-                    .as_bytes(),
+                verdict_params.as_bytes(),
             ] {
                 h.update(&(part.len() as u64).to_le_bytes());
                 h.update(part);

@@ -104,26 +104,21 @@ pub fn generate_streaming(
     if let Some(s) = params.seed {
         tch::manual_seed(s);
     }
+    // Decode a mixed-precision model with its weights cast once, not at every step.
+    let copy = model.inference_copy()?;
+    let model = copy.as_ref().unwrap_or(model);
     let dev = model.device();
     let b = prompts.len();
     let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
     // Left padding: [pad.., prompt]; pad id 0 never attended to.
-    let mut ids: Vec<Vec<i64>> = prompts
-        .iter()
-        .map(|p| {
-            let mut v = vec![0; width - p.len()];
-            v.extend_from_slice(p);
-            v
-        })
-        .collect();
-    let mut valid: Vec<Vec<bool>> = prompts
-        .iter()
-        .map(|p| {
-            let mut v = vec![false; width - p.len()];
-            v.extend(std::iter::repeat_n(true, p.len()));
-            v
-        })
-        .collect();
+    let mut ids: Vec<i64> = Vec::with_capacity(b * width);
+    let mut valid: Vec<bool> = Vec::with_capacity(b * width);
+    for p in prompts {
+        ids.extend(std::iter::repeat_n(0, width - p.len()));
+        ids.extend_from_slice(p);
+        valid.extend(std::iter::repeat_n(false, width - p.len()));
+        valid.extend(std::iter::repeat_n(true, p.len()));
+    }
     let mut out = Generation {
         tokens: vec![Vec::new(); b],
         log_probs: vec![Vec::new(); b],
@@ -131,46 +126,52 @@ pub fn generate_streaming(
     };
     let mut done = vec![false; b];
     let mut cache = KvCache::default();
-    let to_t = |rows: &[Vec<i64>]| -> Tensor {
-        let flat: Vec<i64> = rows.iter().flatten().copied().collect();
-        Tensor::from_slice(&flat)
-            .view([rows.len() as i64, -1])
-            .to_device(dev)
-    };
-    let mask_t = |rows: &[Vec<bool>]| -> Tensor {
-        let flat: Vec<bool> = rows.iter().flatten().copied().collect();
-        Tensor::from_slice(&flat)
-            .view([rows.len() as i64, -1])
-            .to_device(dev)
-    };
+    let shape = [b as i64, width as i64];
+    let prompt_ids = Tensor::from_slice(&ids).view(shape).to_device(dev);
+    // The key mask [b, p] grows by a column of `true` per step, on the device.
+    let mut mask = Tensor::from_slice(&valid).view(shape).to_device(dev);
+    let new_col = Tensor::ones([b as i64, 1], (Kind::Bool, dev));
+    // RoPE positions count real tokens only: cumsum(mask) - 1 (0 on the padding); each new
+    // token is one past the row's last.
+    let pos_all = (mask.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
+    let mut next_pos = pos_all.narrow(1, width as i64 - 1, 1) + 1;
     let padded = prompts.iter().any(|p| p.len() != width);
-    for step in 0..params.max_new_tokens {
-        let mask = mask_t(&valid);
-        // RoPE positions count real tokens only: cumsum(mask) - 1 (0 on the padding).
-        let pos_all = (mask.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
-        let logits = if params.use_cache {
-            let (inp, pos) = if step == 0 {
-                (to_t(&ids), pos_all)
-            } else {
-                let last: Vec<Vec<i64>> = ids.iter().map(|r| vec![*r.last().unwrap()]).collect();
-                let n = pos_all.size()[1];
-                (to_t(&last), pos_all.narrow(1, n - 1, 1))
-            };
-            model.forward(&inp, Some(&pos), padded.then_some(&mask), Some(&mut cache))?
-        } else {
-            model.forward(&to_t(&ids), Some(&pos_all), padded.then_some(&mask), None)?
+    // The previous step's tokens [b, 1] on the device (finished rows keep feeding theirs,
+    // ignored, so the batch stays rectangular).
+    let mut last_tok: Option<Tensor> = None;
+    let mut all_ids = prompt_ids.shallow_clone();
+    for _ in 0..params.max_new_tokens {
+        let logits = match (&last_tok, params.use_cache) {
+            (None, true) => model.forward(
+                &prompt_ids,
+                Some(&pos_all),
+                padded.then_some(&mask),
+                Some(&mut cache),
+            )?,
+            (Some(t), true) => {
+                mask = Tensor::cat(&[&mask, &new_col], 1);
+                let pos = next_pos.shallow_clone();
+                next_pos = &next_pos + 1;
+                model.forward(t, Some(&pos), padded.then_some(&mask), Some(&mut cache))?
+            }
+            (_, false) => {
+                if let Some(t) = &last_tok {
+                    mask = Tensor::cat(&[&mask, &new_col], 1);
+                    all_ids = Tensor::cat(&[&all_ids, t], 1);
+                }
+                let pos = (mask.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
+                model.forward(&all_ids, Some(&pos), padded.then_some(&mask), None)?
+            }
         };
         let t = logits.size()[1];
         let last = logits.narrow(1, t - 1, 1).squeeze_dim(1); // [b, V] float32
-        let (next, logp) = sample(&last, params)?;
+        let (tok_t, next, logp) = sample(&last, params)?;
+        last_tok = Some(tok_t);
         for i in 0..b {
-            let (tok, lp) = (next[i], logp[i]);
-            // Finished rows keep feeding a token (ignored) so the batch stays rectangular.
-            ids[i].push(if done[i] { 0 } else { tok });
-            valid[i].push(true);
             if done[i] {
                 continue;
             }
+            let (tok, lp) = (next[i], logp[i]);
             out.tokens[i].push(tok);
             out.log_probs[i].push(lp);
             if eos.contains(&tok) {
@@ -194,9 +195,13 @@ pub fn generate_streaming(
     Ok(out)
 }
 
-/// One token per row of `logits` `[b, V]` and its log-probability (see
-/// [`Generation::log_probs`]).
-fn sample(logits: &Tensor, p: &SampleParams) -> Result<(Vec<i64>, Vec<f32>), ModelError> {
+/// One token per row of `logits` `[b, V]`: the tokens `[b, 1]` (int64, on the device), and
+/// on the host the tokens and their log-probabilities (see [`Generation::log_probs`]), read
+/// back in one copy.
+fn sample(
+    logits: &Tensor,
+    p: &SampleParams,
+) -> Result<(Tensor, Vec<i64>, Vec<f32>), ModelError> {
     let (tok, logp) = if p.temperature == 0.0 {
         let logp = logits.log_softmax(-1, Kind::Float);
         (logits.argmax(-1, true), logp)
@@ -215,12 +220,10 @@ fn sample(logits: &Tensor, p: &SampleParams) -> Result<(Vec<i64>, Vec<f32>), Mod
         (probs.multinomial(1, false), logp)
     };
     let lp = logp.gather(-1, &tok, false);
-    let to_vec = |t: Tensor| -> Result<Vec<f64>, ModelError> {
-        Ok(Vec::<f64>::try_from(
-            t.to_device(Device::Cpu).to_kind(Kind::Double).view([-1]),
-        )?)
-    };
-    let toks = to_vec(tok)?.into_iter().map(|v| v as i64).collect();
-    let lps = to_vec(lp)?.into_iter().map(|v| v as f32).collect();
-    Ok((toks, lps))
+    // [b, 2] float64 (token ids < 2^53 are exact): one device-to-host copy per step.
+    let both = Tensor::cat(&[tok.to_kind(Kind::Double), lp.to_kind(Kind::Double)], 1);
+    let host = Vec::<f64>::try_from(both.to_device(Device::Cpu).view([-1]))?;
+    let toks = host.iter().step_by(2).map(|v| *v as i64).collect();
+    let lps = host.iter().skip(1).step_by(2).map(|v| *v as f32).collect();
+    Ok((tok, toks, lps))
 }

@@ -195,6 +195,27 @@ impl Qwen2 {
         })
     }
 
+    /// A frozen copy whose parameters are in the compute dtype, for decoding a model trained
+    /// with mixed precision: the mixed forward casts every float32 weight to bf16 at every
+    /// decode step (about 60 extra kernel launches per token for `small`); the copy holds
+    /// the same bf16 values once, so its logits are identical. `None` when the parameters are
+    /// already in the compute dtype (nothing to save). Costs one model's memory in the compute
+    /// dtype (`small`: 54 MB).
+    ///
+    /// # Errors
+    /// libtorch errors.
+    pub fn inference_copy(&self) -> Result<Option<Qwen2>, ModelError> {
+        if self.compute.is_none() {
+            return Ok(None);
+        }
+        let _g = tch::no_grad_guard();
+        let mut m = Qwen2::new(self.config.clone(), self.device())?;
+        m.vs.copy(&self.vs)?;
+        m.set_kind(self.compute_kind());
+        m.vs.freeze();
+        Ok(Some(m))
+    }
+
     /// The device the parameters are on.
     pub fn device(&self) -> Device {
         self.vs.device()

@@ -248,3 +248,40 @@ fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
         assert_eq!(s3.tokens[2].len(), 4);
     }
 }
+
+#[test]
+fn inference_copy_has_the_mixed_precision_logits_and_generation() {
+    let d = tempfile::tempdir().unwrap();
+    if reference(d.path(), &[]).is_none() {
+        return;
+    }
+    // float32 master weights, bf16 compute (what training on a GPU uses), here on the CPU.
+    let mut m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    assert!(m.inference_copy().unwrap().is_none(), "nothing to cast");
+    m.set_compute_kind(Some(Kind::BFloat16));
+    let c = m.inference_copy().unwrap().expect("a bf16 copy");
+    assert_eq!(c.kind(), Kind::BFloat16);
+    let ids = Tensor::from_slice(&[5i64, 9, 17, 3, 40, 41]).view([1, -1]);
+    let a = m.forward(&ids, None, None, None).unwrap();
+    let b = c.forward(&ids, None, None, None).unwrap();
+    assert_eq!(a.kind(), Kind::Float);
+    assert_eq!(
+        (a - b).abs().max().double_value(&[]),
+        0.0,
+        "the same bf16 values, the same logits"
+    );
+    // generate decodes with the copy; greedy, with and without the cache, agree.
+    let prompts = vec![vec![5i64, 9, 17, 3, 40, 41], vec![7, 8]];
+    let greedy = |use_cache: bool| {
+        let p = SampleParams {
+            max_new_tokens: 8,
+            temperature: 0.0,
+            use_cache,
+            ..Default::default()
+        };
+        generate(&m, &prompts, &p, &[], &mut |_, _| false).unwrap()
+    };
+    assert_eq!(greedy(true).tokens, greedy(false).tokens);
+    // The master weights are untouched (still float32, still trainable).
+    assert_eq!(m.kind(), Kind::Float);
+}

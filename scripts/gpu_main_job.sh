@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `make run`'s main job on the GPU machine (the device tool has no Rust toolchain or make: the
+# binaries come from `make carry`): `cudarl-pipe run sft-eval rl-train eval` with the default
+# pipeline on a cold store, timed, in its own process session so it outlasts one 10-minute
+# call (the machine must stay warm: chain the calls).
+#   ACTION=start    starts it, then waits like `wait`
+#   ACTION=wait     waits up to WAIT_S seconds (default 560), printing progress
+#   ACTION=collect  writes the results to $OUT (main_job.json: wall time, per-node seconds,
+#                   rl-train metrics and tiers, eval summary, sft-eval; eval_report.md) and
+#                   prints a short table
+# SETS: extra `--set` values, space-separated (none for the default run).
+set -uo pipefail
+D=/tmp/cudarl-main
+ACTION=${ACTION:-wait}
+CARRY=${CARRY:-.carry}
+B=/tmp/cudarl-bin
+if [ "$ACTION" = start ]; then
+  rm -rf "$D"; mkdir -p "$D" "$B"
+  for z in "$CARRY"/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
+  cat > "$D/job.sh" <<EOF
+set -uo pipefail
+export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_TRAINER=$B/cudarl-pipe-train
+export LD_LIBRARY_PATH=\$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:\${LD_LIBRARY_PATH:-}
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:\$PATH
+export CUDARL_PYTHON=\$(command -v python3)
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > $D/gpu.txt
+SETS=()
+for kv in ${SETS:-}; do SETS+=(--set "\$kv"); done
+date +%s > $D/start
+$B/cudarl-pipe --root . --store $D/store run sft-eval rl-train eval "\${SETS[@]}" --json > $D/run.jsonl 2> $D/run.err
+echo \$? > $D/rc
+date +%s > $D/end
+for o in metrics tiers turns; do $B/cudarl-pipe --root . --store $D/store show rl-train --output \$o --json --head 100000 "\${SETS[@]}" > $D/rl_\$o.jsonl 2>/dev/null; done
+$B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${SETS[@]}" > $D/eval_summary.jsonl 2>/dev/null
+$B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
+$B/cudarl-pipe --root . --store $D/store export eval --output report --to $D/export "\${SETS[@]}" > /dev/null 2>&1
+touch $D/done
+EOF
+  setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
+  ACTION=wait
+fi
+if [ "$ACTION" = wait ]; then
+  end=$(( $(date +%s) + ${WAIT_S:-560} ))
+  while [ ! -f "$D/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  echo "done: $([ -f "$D/done" ] && echo yes || echo no); elapsed $(( $(date +%s) - $(cat $D/start 2>/dev/null || date +%s) )) s"
+  grep -o '"node":"[^"]*"\|"status":"[^"]*"\|"seconds":[0-9.]*' "$D/run.jsonl" 2>/dev/null | paste - - - | tail -20
+  tail -c 1500 "$D/run.err"
+  [ -f "$D/done" ] && ACTION=collect
+fi
+if [ "$ACTION" = collect ]; then
+  python3 - "$D" "$OUT" <<'PY'
+import json, sys, os, pathlib
+d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+def jl(name):
+    p = d / name
+    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+recs = jl("run.jsonl")
+nodes = {r.get("node"): {k: r.get(k) for k in ("status", "seconds", "stats", "error") if r.get(k) is not None}
+         for r in recs if r.get("node")}
+res = {
+    "gpu": (d / "gpu.txt").read_text().strip() if (d / "gpu.txt").exists() else None,
+    "command": "cudarl-pipe run sft-eval rl-train eval (the default pipeline, cold store)",
+    "rc": int((d / "rc").read_text()) if (d / "rc").exists() else None,
+    "wall_s": int((d / "end").read_text()) - int((d / "start").read_text()) if (d / "end").exists() else None,
+    "nodes": nodes,
+    "rl_metrics": jl("rl_metrics.jsonl"),
+    "rl_tiers": jl("rl_tiers.jsonl"),
+    "eval_summary": jl("eval_summary.jsonl"),
+    "sft_eval": jl("sft_eval.jsonl"),
+}
+(out / "main_job.json").write_text(json.dumps(res, indent=1))
+for p in (d / "export").rglob("report.md"):
+    (out / "eval_report.md").write_text(p.read_text())
+(out / "rl_turns.jsonl").write_text((d / "rl_turns.jsonl").read_text() if (d / "rl_turns.jsonl").exists() else "")
+print(f"wall {res['wall_s']} s, rc {res['rc']}")
+for n, v in nodes.items():
+    print(f"  {n:22s} {v.get('status', ''):8s} {v.get('seconds', 0) or 0:8.1f} s")
+for m in res["rl_metrics"]:
+    print(f"  step {m['step']} tier {m['tier']} reward {m['mean_reward']:.3f}±{m.get('reward_std', 0):.3f} "
+          f"compile {m['compile_rate']:.2f} pass {m['pass_rate']:.2f} gen {m['gen_seconds']:.0f}s "
+          f"harness {m['harness_seconds']:.0f}s update {m['update_seconds']:.1f}s")
+for e in res["eval_summary"]:
+    print(f"  eval {e['checkpoint']:4s} {e['split']:5s} n={e['episodes']} compile {e['compile_rate']:.3f} "
+          f"pass {e.get('pass_rate', 0):.3f} (1-turn {e.get('single_turn_pass_rate', 0):.3f}) "
+          f"fast_1 {e.get('fast_1', 0):.3f} reward {e['mean_reward']:.3f}")
+PY
+fi
