@@ -27,8 +27,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 SETS=()
 for kv in ${SETS:-}; do SETS+=(--set "\$kv"); done
 date +%s > $D/start
-$B/cudarl-pipe --root . --store $D/store run sft-eval rl-train eval "\${SETS[@]}" --json > $D/run.jsonl 2> $D/run.err
-echo \$? > $D/rc
+# One target at a time (the same work as one \`run sft-eval rl-train eval\`), so a cut call
+# still says how far it got and what each part took.
+rc=0
+for t in validate sft-data tokenizer pretrain sft-train sft-train-optimizer sft-eval rl-train eval; do
+  t0=\$(date +%s)
+  $B/cudarl-pipe --root . --store $D/store run \$t "\${SETS[@]}" --json >> $D/run.jsonl 2>> $D/run.err || rc=\$?
+  echo "\$t \$(( \$(date +%s) - t0 ))s rc=\$rc" >> $D/times.txt
+  [ \$rc = 0 ] || break
+done
+echo \$rc > $D/rc
 date +%s > $D/end
 for o in metrics tiers turns; do $B/cudarl-pipe --root . --store $D/store show rl-train --output \$o --json --head 100000 "\${SETS[@]}" > $D/rl_\$o.jsonl 2>/dev/null; done
 $B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${SETS[@]}" > $D/eval_summary.jsonl 2>/dev/null
@@ -43,7 +51,7 @@ if [ "$ACTION" = wait ]; then
   end=$(( $(date +%s) + ${WAIT_S:-560} ))
   while [ ! -f "$D/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
   echo "done: $([ -f "$D/done" ] && echo yes || echo no); elapsed $(( $(date +%s) - $(cat $D/start 2>/dev/null || date +%s) )) s"
-  grep -o '"node":"[^"]*"\|"status":"[^"]*"\|"seconds":[0-9.]*' "$D/run.jsonl" 2>/dev/null | paste - - - | tail -20
+  cat "$D/times.txt" 2>/dev/null
   tail -c 1500 "$D/run.err"
   [ -f "$D/done" ] && ACTION=collect
 fi
@@ -56,7 +64,7 @@ def jl(name):
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 recs = jl("run.jsonl")
 nodes = {r.get("node"): {k: r.get(k) for k in ("status", "seconds", "stats", "error") if r.get(k) is not None}
-         for r in recs if r.get("node")}
+         for r in recs if r.get("node") and r.get("status") != "cached"}
 res = {
     "gpu": (d / "gpu.txt").read_text().strip() if (d / "gpu.txt").exists() else None,
     "command": "cudarl-pipe run sft-eval rl-train eval (the default pipeline, cold store)",

@@ -24,6 +24,7 @@ fn assert_bad(p: &Project, args: &[&str], needles: &[&str]) {
             "ingest-kernelbench",
             "kb-specs",
             "validate",
+            "validate-archive",
         ] {
             p.run(&["run", n]);
         }

@@ -137,12 +137,10 @@ fn validate_stage_with_row_memo() {
     // torch_format.rs).
     let pl = p.path("pipelines/default.toml");
     // Plus three generated families (2 elementwise, 1 row reduction), two kernels each.
-    let text = std::fs::read_to_string(&pl)
-        .unwrap()
-        .replace(
-            "[stages.synth-tasks]\n",
-            "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 1, seed = 3 }\n",
-        );
+    let text = std::fs::read_to_string(&pl).unwrap().replace(
+        "[stages.synth-tasks]\n",
+        "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 1, seed = 3 }\n",
+    );
     std::fs::write(&pl, text).unwrap();
     let nvcc = cudarl_cuda::Nvcc::discover(&repo_root()).unwrap().path;
     let run = |args: &[&str]| {

@@ -88,15 +88,16 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     assert!(user(optimize[0]).contains("not run: compile-only"));
     // Repairs: each task kernel broken once and really compiled by nvcc, whose diagnostics
     // are the feedback; the answer is the kernel it was broken from (a validated one).
-    let kernels: std::collections::BTreeMap<String, String> = rows(&p, "synth-tasks", "task_kernels")
-        .iter()
-        .map(|r| {
-            (
-                r["kernel_id"].as_str().unwrap().to_string(),
-                r["code"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let kernels: std::collections::BTreeMap<String, String> =
+        rows(&p, "synth-tasks", "task_kernels")
+            .iter()
+            .map(|r| {
+                (
+                    r["kernel_id"].as_str().unwrap().to_string(),
+                    r["code"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
     let mut kinds = std::collections::BTreeSet::new();
     for r in opt.iter().filter(|r| r["kind"] != "optimize") {
         let kind = r["kind"].as_str().unwrap();
@@ -109,14 +110,20 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         } else {
             assert!(u.contains("Compilation failed:\n  line "), "{u}");
             assert!(u.contains(": error: "), "{u}");
-            assert!(!u.contains(code.trim_end()), "the prompt holds the broken kernel");
+            assert!(
+                !u.contains(code.trim_end()),
+                "the prompt holds the broken kernel"
+            );
             assert_eq!(
                 r["base_kernel_id"].as_str().unwrap(),
                 format!("{}#{}", r["kernel_id"].as_str().unwrap(), &kind[7..])
             );
         }
     }
-    assert!(kinds.contains("repair:no_code") && kinds.len() >= 2, "{kinds:?}");
+    assert!(
+        kinds.contains("repair:no_code") && kinds.len() >= 2,
+        "{kinds:?}"
+    );
 
     // Training: the loss falls; the device is recorded; the checkpoint is a HF directory.
     for node in ["pretrain", "sft-train", "sft-train-optimizer"] {

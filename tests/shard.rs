@@ -94,12 +94,7 @@ fn two_shards_and_a_merge_equal_one_unsharded_run() {
     let (c1, c2) = (machine(salt), machine(b"another machine's salt"));
     // (`validate` of the task kernels needs no salt without a GPU; `testgen`, upstream of
     // `validate-archive`, draws hidden seeds, so machine 1 runs it first.)
-    let o = c1.run(&[
-        "run",
-        "testgen",
-        "--shared-cache",
-        cache.to_str().unwrap(),
-    ]);
+    let o = c1.run(&["run", "testgen", "--shared-cache", cache.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let (c, m, err) = validate(&c1, &cache, &["--merge"]);
     assert_eq!(c, 1, "{err}");

@@ -120,7 +120,7 @@ impl Stage for SftEval {
         "sft-eval"
     }
     fn code_version(&self) -> u32 {
-        1
+        2
     }
     fn params(&self) -> Value {
         params_json(&self.params)

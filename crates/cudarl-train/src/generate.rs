@@ -198,10 +198,7 @@ pub fn generate_streaming(
 /// One token per row of `logits` `[b, V]`: the tokens `[b, 1]` (int64, on the device), and
 /// on the host the tokens and their log-probabilities (see [`Generation::log_probs`]), read
 /// back in one copy.
-fn sample(
-    logits: &Tensor,
-    p: &SampleParams,
-) -> Result<(Tensor, Vec<i64>, Vec<f32>), ModelError> {
+fn sample(logits: &Tensor, p: &SampleParams) -> Result<(Tensor, Vec<i64>, Vec<f32>), ModelError> {
     let (tok, logp) = if p.temperature == 0.0 {
         let logp = logits.log_softmax(-1, Kind::Float);
         (logits.argmax(-1, true), logp)
