@@ -701,8 +701,9 @@ impl SftData {
             // No code block: the answer is the task's fastest kernel.
             let best = kerns
                 .iter()
-                .filter(|k| k.median_ms.is_some())
-                .min_by(|a, b| a.median_ms.partial_cmp(&b.median_ms).expect("finite"))
+                .filter_map(|k| k.median_ms.map(|m| (m, k)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, k)| k)
                 .or_else(|| kerns.iter().find(|k| k.role != "naive"))
                 .or(kerns.first());
             if let Some(b) = best {
