@@ -530,6 +530,42 @@ impl Stage for SftData {
                 ];
                 push(&mut gen_rows, t, tr, holdout, k, m);
             }
+            // Optimizer examples: the task, a kernel and the tester's words on it -> `target`,
+            // in `n` prompt phrasings taken in an order seeded by `seed_key`.
+            let view = TaskView {
+                id: t,
+                tier: tr,
+                description: d,
+                dtype: dt,
+                signature: sg,
+                shapes: &shape_list,
+            };
+            let add_opt =
+                |rows: &mut Rows,
+                 (seed_key, n): (&str, usize),
+                 (current, fb): (&str, &str),
+                 target: &Kern,
+                 (base_id, speedup, kind): (&str, Option<f64>, String)| {
+                    let seed = p.seed ^ blake3::hash(seed_key.as_bytes()).as_bytes()[0] as u64;
+                    for c in order(INTROS.len() * CLOSINGS.len(), seed)
+                        .into_iter()
+                        .take(n)
+                    {
+                        let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
+                        let m = vec![
+                            ChatMessage::new("system", OPTIMIZER_SYSTEM),
+                            ChatMessage::new(
+                                "user",
+                                prompts::optimizer_prompt(&view, current, fb, intro, closing),
+                            ),
+                            ChatMessage::new("assistant", prompts::fenced(&target.code)),
+                        ];
+                        push(rows, t, tr, holdout, target, m);
+                        rows.base.push(base_id.to_string());
+                        rows.speedup.push(speedup);
+                        rows.kind.push(kind.clone());
+                    }
+                };
             // Optimizer: each naive -> optimized pair, faster when measured.
             for base in kerns.iter().filter(|k| k.role == "naive") {
                 for better in kerns.iter().filter(|k| k.role != "naive") {
@@ -540,77 +576,24 @@ impl Stage for SftData {
                     if speedup.is_some_and(|s| s <= 1.0) {
                         continue;
                     }
-                    let view = TaskView {
-                        id: t,
-                        tier: tr,
-                        description: d,
-                        dtype: dt,
-                        signature: sg,
-                        shapes: &shape_list,
-                    };
-                    let pair_seed =
-                        p.seed ^ blake3::hash(better.id.as_bytes()).as_bytes()[0] as u64;
-                    for c in order(INTROS.len() * CLOSINGS.len(), pair_seed)
-                        .into_iter()
-                        .take(p.optimizer_per_pair)
-                    {
-                        let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
-                        let m = vec![
-                            ChatMessage::new("system", OPTIMIZER_SYSTEM),
-                            ChatMessage::new(
-                                "user",
-                                prompts::optimizer_prompt(
-                                    &view,
-                                    &base.code,
-                                    &base.feedback,
-                                    intro,
-                                    closing,
-                                ),
-                            ),
-                            ChatMessage::new("assistant", prompts::fenced(&better.code)),
-                        ];
-                        push(&mut opt_rows, t, tr, holdout, better, m);
-                        opt_rows.base.push(base.id.clone());
-                        opt_rows.speedup.push(speedup);
-                        opt_rows.kind.push("optimize".into());
-                    }
+                    add_opt(
+                        &mut opt_rows,
+                        (&better.id, p.optimizer_per_pair),
+                        (&base.code, &base.feedback),
+                        better,
+                        (&base.id, speedup, "optimize".into()),
+                    );
                 }
             }
             // Optimizer repairs: a broken kernel and the tester's words on it -> the correct one.
             for r in repairs.get(t).into_iter().flatten() {
-                let view = TaskView {
-                    id: t,
-                    tier: tr,
-                    description: d,
-                    dtype: dt,
-                    signature: sg,
-                    shapes: &shape_list,
-                };
-                let seed = p.seed ^ blake3::hash(r.base_id.as_bytes()).as_bytes()[0] as u64;
-                for c in order(INTROS.len() * CLOSINGS.len(), seed)
-                    .into_iter()
-                    .take(p.repairs_per_base)
-                {
-                    let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
-                    let m = vec![
-                        ChatMessage::new("system", OPTIMIZER_SYSTEM),
-                        ChatMessage::new(
-                            "user",
-                            prompts::optimizer_prompt(
-                                &view,
-                                &r.broken,
-                                &r.feedback,
-                                intro,
-                                closing,
-                            ),
-                        ),
-                        ChatMessage::new("assistant", prompts::fenced(&r.target.code)),
-                    ];
-                    push(&mut opt_rows, t, tr, holdout, &r.target, m);
-                    opt_rows.base.push(r.base_id.clone());
-                    opt_rows.speedup.push(None);
-                    opt_rows.kind.push(format!("repair:{}", r.kind));
-                }
+                add_opt(
+                    &mut opt_rows,
+                    (&r.base_id, p.repairs_per_base),
+                    (&r.broken, &r.feedback),
+                    &r.target,
+                    (&r.base_id, None, format!("repair:{}", r.kind)),
+                );
             }
         }
         let b = cudarl_data::parquet_io::batch(&SFT_GENERATOR.clone(), gen_rows.columns())
