@@ -23,21 +23,25 @@ $(VENV)/.stamp: requirements-dev.txt
 build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-train
 
-## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train` and `eval`
-## (and `sft-eval`), i.e. synth-tasks -> validate (the task kernels) -> sft-data -> tokenizer ->
-## pretrain -> SFT of both agents -> multi-turn RL -> eval. `model = "auto"`: configs/model/small.toml
-## with a GPU, tiny.toml without. The curriculum with the archives' kernels is `make curriculum`.
-## Without a GPU, fewer evaluation samples (the tiny CPU model writes no kernels; the 16 hold-out
-## families x 8 sft-eval samples alone take 7.5 minutes on 2 cores) and 2 RL steps, not 4.
-CPU_SET := $(if $(shell command -v nvidia-smi 2>/dev/null),,--set sft-eval.samples=2 --set eval.samples=1 --set rl-train.steps=2)
+## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train eval`, i.e.
+## synth-tasks -> validate (the task kernels) -> sft-data -> tokenizer -> pretrain -> SFT of both
+## agents -> multi-turn RL -> eval (SFT vs RL on the hold-out families). `model = "auto"`:
+## configs/model/small.toml with a GPU, tiny.toml without. The compile-only look at the SFT
+## generator is `cudarl-pipe run sft-eval`; the curriculum with the archives is `make curriculum`.
+## Without a GPU (2 cores, the tiny model, compile-only rewards): the earlier, smaller data set
+## (48 + 16 generated families, 150 examples each; 346 families would take nvcc most of an hour
+## there), one evaluation sample per task and 2 RL steps, not 4.
+HAVE_GPU := $(shell command -v nvidia-smi 2>/dev/null)
+CPU_DATA := $(if $(HAVE_GPU),,--set synth-tasks.generate.elementwise=48 --set synth-tasks.generate.row_reduce=16 --set sft-data.per_family=150 --set sft-data.holdout_generated=0.15)
+CPU_SET := $(if $(HAVE_GPU),,$(CPU_DATA) --set eval.samples=1 --set rl-train.steps=2)
 run: setup build
-	$(BIN) run sft-eval rl-train eval $(CPU_SET)
+	$(BIN) run rl-train eval $(CPU_SET)
 	$(BIN) status $(CPU_SET)
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,
 ## and KernelBench native signatures (kb-specs), on the bundled data.
 curriculum: build
-	$(BIN) run curriculum kb-specs
+	$(BIN) run curriculum kb-specs $(CPU_DATA)
 
 ## test: set up, build, lint, and run every test (Rust and Python).
 test: setup lint

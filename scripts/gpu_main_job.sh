@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make run`'s main job on the GPU machine (the device tool has no Rust toolchain or make: the
-# binaries come from `make carry`): `cudarl-pipe run sft-eval rl-train eval` with the default
+# binaries come from `make carry`): `cudarl-pipe run rl-train eval` with the default
 # pipeline on a cold store, timed, in its own process session so it outlasts one 10-minute
 # call (the machine must stay warm: chain the calls).
 #   ACTION=start    starts it, then waits like `wait`
@@ -8,7 +8,8 @@
 #   ACTION=collect  writes the results to $OUT (main_job.json: wall time, per-node seconds,
 #                   rl-train metrics and tiers, eval summary, sft-eval; eval_report.md) and
 #                   prints a short table
-# SETS: extra `--set` values, space-separated (none for the default run).
+# SETS: extra `--set` values, space-separated (none for the default run); nested keys dotted
+# (synth-tasks.generate.elementwise=48), not inline tables (their braces would expand).
 set -uo pipefail
 D=/tmp/cudarl-main
 ACTION=${ACTION:-wait}
@@ -27,10 +28,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 SETS=()
 for kv in ${SETS:-}; do SETS+=(--set "\$kv"); done
 date +%s > $D/start
-# One target at a time (the same work as one \`run sft-eval rl-train eval\`), so a cut call
+# One target at a time (the same work as one \`run rl-train eval\`), so a cut call
 # still says how far it got and what each part took.
 rc=0
-for t in validate sft-data tokenizer pretrain sft-train sft-train-optimizer sft-eval rl-train eval; do
+for t in validate sft-data tokenizer pretrain sft-train sft-train-optimizer rl-train eval; do
   t0=\$(date +%s)
   $B/cudarl-pipe --root . --store $D/store run \$t "\${SETS[@]}" --json >> $D/run.jsonl 2>> $D/run.err || rc=\$?
   echo "\$t \$(( \$(date +%s) - t0 ))s rc=\$rc" >> $D/times.txt
@@ -48,6 +49,8 @@ EOF
   ACTION=wait
 fi
 if [ "$ACTION" = wait ]; then
+  # A fresh machine (the last one went back) has no job to wait for.
+  [ -f "$D/job.sh" ] || { echo "no job on this machine (it was returned): start again"; exit 3; }
   end=$(( $(date +%s) + ${WAIT_S:-560} ))
   while [ ! -f "$D/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
   echo "done: $([ -f "$D/done" ] && echo yes || echo no); elapsed $(( $(date +%s) - $(cat $D/start 2>/dev/null || date +%s) )) s"
@@ -67,7 +70,7 @@ nodes = {r.get("node"): {k: r.get(k) for k in ("status", "seconds", "stats", "er
          for r in recs if r.get("node") and r.get("status") != "cached"}
 res = {
     "gpu": (d / "gpu.txt").read_text().strip() if (d / "gpu.txt").exists() else None,
-    "command": "cudarl-pipe run sft-eval rl-train eval (the default pipeline, cold store)",
+    "command": "cudarl-pipe run rl-train eval (the default pipeline, cold store)",
     "rc": int((d / "rc").read_text()) if (d / "rc").exists() else None,
     "wall_s": int((d / "end").read_text()) - int((d / "start").read_text()) if (d / "end").exists() else None,
     "nodes": nodes,
@@ -91,5 +94,8 @@ for e in res["eval_summary"]:
     print(f"  eval {e['checkpoint']:4s} {e['split']:5s} n={e['episodes']} compile {e['compile_rate']:.3f} "
           f"pass {e.get('pass_rate', 0):.3f} (1-turn {e.get('single_turn_pass_rate', 0):.3f}) "
           f"fast_1 {e.get('fast_1', 0):.3f} reward {e['mean_reward']:.3f}")
+    print(f"       {e.get('candidates')} candidates: gen {e.get('gen_seconds') or 0:.0f}s harness "
+          f"{e.get('harness_seconds') or 0:.0f}s (compile {e.get('harness_compile_seconds') or 0:.0f}, "
+          f"gpu {e.get('harness_gpu_seconds') or 0:.0f}, sass {e.get('harness_sass_seconds') or 0:.0f})")
 PY
 fi

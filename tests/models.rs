@@ -34,7 +34,7 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     let text = std::fs::read_to_string(&pl).unwrap();
     std::fs::write(
         &pl,
-        text.replace("per_family = 150", "per_family = 40")
+        text.replace("per_family = 20 ", "per_family = 40 ")
             .replace(
                 r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
                 r#"holdout_tasks = ["row_sum"]"#,

@@ -653,6 +653,7 @@ mod tests {
             cuobjdump: None,
             seconds: 0.0,
             candidates: 0,
+            phases: Default::default(),
             prefetched: Default::default(),
             prefetch_hits: 0,
         };

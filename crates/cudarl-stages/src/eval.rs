@@ -58,6 +58,12 @@ pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("mean_reward"),
         Field::new("mode", DataType::Utf8, false),
         Field::new("device", DataType::Utf8, false),
+        Field::new("candidates", DataType::Int64, false),
+        f("gen_seconds"),
+        f("harness_seconds"),
+        f("harness_compile_seconds"),
+        f("harness_gpu_seconds"),
+        f("harness_sass_seconds"),
     ]))
 });
 
@@ -178,7 +184,7 @@ impl Stage for Eval {
         "eval"
     }
     fn code_version(&self) -> u32 {
-        4
+        5
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -236,6 +242,8 @@ impl Stage for Eval {
             splits.push(("train", ts.train.iter().collect()));
         }
         let mut rows: Vec<Row> = Vec::new();
+        // Wall-clock seconds per (checkpoint, split): generation and the harness by phase.
+        let mut times: BTreeMap<(&str, &str), Value> = BTreeMap::new();
         for (ck, gi, oi) in [
             ("sft", "sft_generator", "sft_optimizer"),
             ("rl", "rl_generator", "rl_optimizer"),
@@ -259,8 +267,20 @@ impl Stage for Eval {
                     .iter()
                     .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
                     .collect();
+                let (g0, h0, p0, c0) = (tc.gen_seconds, h.seconds, h.phases, h.candidates);
                 let eps = run_episodes(&many, &mut tc, &mut h, &cfg, &settings)
                     .map_err(StageError::Failed)?;
+                times.insert(
+                    (ck, split),
+                    json!({
+                        "candidates": h.candidates - c0,
+                        "gen_seconds": tc.gen_seconds - g0,
+                        "harness_seconds": h.seconds - h0,
+                        "harness_compile_seconds": h.phases.compile - p0.compile,
+                        "harness_gpu_seconds": h.phases.gpu - p0.gpu,
+                        "harness_sass_seconds": h.phases.sass - p0.sass,
+                    }),
+                );
                 rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
             }
             tc.quit();
@@ -278,6 +298,11 @@ impl Stage for Eval {
                 v["split"] = (*split).into();
                 v["mode"] = mode.into();
                 v["device"] = device.into();
+                if let Some(Value::Object(t)) = times.get(&(ck, *split)) {
+                    for (k, x) in t {
+                        v[k.as_str()] = x.clone();
+                    }
+                }
                 sums.push(v);
             }
         }

@@ -335,6 +335,7 @@ pub(crate) fn harness(
         cuobjdump,
         seconds: 0.0,
         candidates: 0,
+        phases: Default::default(),
         prefetched: Default::default(),
         prefetch_hits: 0,
     })

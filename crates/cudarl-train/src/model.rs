@@ -121,6 +121,38 @@ fn linear(vs: nn::Path, i: i64, o: i64, bias: bool) -> nn::Linear {
     )
 }
 
+// libtorch's global SDPA backend switches (`at::Context::setSDPUseCuDNN`, what Python's
+// `torch.backends.cuda.enable_cudnn_sdp` calls), which tch 0.24 does not wrap: C++ methods of
+// `at::Context` exported by `libtorch_cpu.so` (torch 2.11.0), called through their Itanium
+// mangled names with the context as `this`.
+unsafe extern "C" {
+    #[link_name = "_ZN2at13globalContextEv"]
+    fn at_global_context() -> *mut std::ffi::c_void;
+    #[link_name = "_ZN2at7Context14setSDPUseCuDNNEb"]
+    fn at_context_set_sdp_use_cudnn(ctx: *mut std::ffi::c_void, enabled: bool);
+    #[link_name = "_ZNK2at7Context19userEnabledCuDNNSDPEv"]
+    fn at_context_user_enabled_cudnn_sdp(ctx: *const std::ffi::c_void) -> bool;
+}
+
+/// Turns libtorch's cuDNN backend of `scaled_dot_product_attention` on or off for the process
+/// (like `torch.backends.cuda.enable_cudnn_sdp`); returns whether it was on. Every [`Qwen2`]
+/// turns it off when built ([`Qwen2::new`]): on an H100 with torch 2.11.0 that backend is
+/// chosen first for bf16 attention and builds a cuDNN graph for every new key length, about
+/// 12 ms of CPU per call. A decode step attends to one more key than the last, so every step
+/// paid it: 55-85 ms per step instead of about 6 (measured in Python's profiler and in
+/// `cudarl-train`'s decode, H100, 2026-11-23; README "Decoding speed"). Without it, libtorch
+/// picks flash or memory-efficient attention, which have no per-shape set-up.
+pub fn set_cudnn_attention(enabled: bool) -> bool {
+    // SAFETY: `globalContext()` returns a reference to libtorch's process-wide context, valid
+    // for the life of the process; both methods only read or write a boolean member of it.
+    unsafe {
+        let ctx = at_global_context();
+        let was = at_context_user_enabled_cudnn_sdp(ctx);
+        at_context_set_sdp_use_cudnn(ctx, enabled);
+        was
+    }
+}
+
 /// `rotate_half` of the RoPE paper's implementation in `transformers`: `[x1, x2] -> [-x2, x1]`.
 fn rotate_half(x: &Tensor) -> Tensor {
     let d = x.size()[x.dim() - 1];
@@ -140,6 +172,7 @@ impl Qwen2 {
             file: "config".into(),
             message: m,
         })?;
+        set_cudnn_attention(false);
         let vs = nn::VarStore::new(device);
         let c = &config;
         let (h, d) = (c.hidden_size, c.head_dim());
@@ -468,5 +501,23 @@ impl Qwen2 {
             file: path.display().to_string(),
             message: e.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod cudnn_attention_tests {
+    use super::*;
+
+    #[test]
+    fn building_a_model_turns_cudnn_attention_off_and_the_switch_reports_the_old_state() {
+        // libtorch's own flag (on by default in torch 2.11.0), read back through its getter.
+        set_cudnn_attention(true);
+        assert!(set_cudnn_attention(true), "the flag did not stick");
+        let cfg = Qwen2Config::new(64, 16, 32, 1, 2, 1, 32, true);
+        let _m = Qwen2::new(cfg, Device::Cpu).unwrap();
+        assert!(
+            !set_cudnn_attention(false),
+            "Qwen2::new left cuDNN attention on"
+        );
     }
 }
