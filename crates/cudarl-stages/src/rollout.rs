@@ -254,9 +254,13 @@ pub fn find_cuobjdump(nvcc: &Path) -> Option<PathBuf> {
     })
 }
 
-/// `cuobjdump -sass` of a candidate's shared object in the store (`None`: no cuobjdump, no
-/// shared object, or cuobjdump failed). About 0.75 s per call on the H100 machine's CPU.
+/// `cuobjdump -sass` of a compiled candidate's shared object in the store (`None`: not
+/// compiled, no cuobjdump, no shared object, or cuobjdump failed). About 0.75 s per call on
+/// the H100 machine's CPU.
 fn sass_of(exe: Option<&Path>, store: Option<&Store>, v: &Verdict) -> Option<String> {
+    if !v.compiled {
+        return None;
+    }
     let (exe, h, store) = (exe?, v.so_hash?, store?);
     let o = Command::new(exe)
         .arg("-sass")
@@ -338,13 +342,7 @@ impl Tester for Harness {
         let (exe, store) = (self.cuobjdump.as_deref(), self.compiler.store.as_ref());
         let sass: Vec<Option<String>> = verdicts
             .par_iter()
-            .map(|v| {
-                if v.compiled {
-                    sass_of(exe, store, v)
-                } else {
-                    None
-                }
-            })
+            .map(|v| sass_of(exe, store, v))
             .collect();
         self.phases.sass += t_sass.elapsed().as_secs_f64();
         let out: Vec<(Verdict, Option<String>)> = verdicts.into_iter().zip(sass).collect();

@@ -499,6 +499,15 @@ impl Stage for SftData {
                 .map(Value::to_string)
                 .collect();
             let variants = shape_variants(&shape_list);
+            // The task as prompts show it, with these shapes.
+            let task_view = |shapes| TaskView {
+                id: t,
+                tier: tr,
+                description: d,
+                dtype: dt,
+                signature: sg,
+                shapes,
+            };
             // Every (intro, closing, shapes, kernel, lead-in) combination, in a seeded order.
             let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2;
             for c in order(n, p.seed ^ blake3::hash(t.as_bytes()).as_bytes()[0] as u64)
@@ -509,14 +518,7 @@ impl Stage for SftData {
                 let (closing, r) = (r % CLOSINGS.len(), r / CLOSINGS.len());
                 let (sv, r) = (r % variants.len(), r / variants.len());
                 let (ki, lead) = (r % kerns.len(), r / kerns.len());
-                let view = TaskView {
-                    id: t,
-                    tier: tr,
-                    description: d,
-                    dtype: dt,
-                    signature: sg,
-                    shapes: &variants[sv],
-                };
+                let view = task_view(&variants[sv]);
                 let k = &kerns[ki];
                 let answer = if lead == 1 {
                     format!("Here is the kernel:\n\n{}", prompts::fenced(&k.code))
@@ -532,14 +534,7 @@ impl Stage for SftData {
             }
             // Optimizer examples: the task, a kernel and the tester's words on it -> `target`,
             // in `n` prompt phrasings taken in an order seeded by `seed_key`.
-            let view = TaskView {
-                id: t,
-                tier: tr,
-                description: d,
-                dtype: dt,
-                signature: sg,
-                shapes: &shape_list,
-            };
+            let view = task_view(&shape_list);
             let add_opt =
                 |rows: &mut Rows,
                  (seed_key, n): (&str, usize),
