@@ -10,6 +10,10 @@
 #                   prints a short table
 # SETS: extra `--set` values, space-separated (none for the default run); nested keys dotted
 # (synth-tasks.generate.elementwise=48), not inline tables (their braces would expand).
+# VARIANTS: after the main job, `run rl-train eval` again on the same store (everything before
+# rl-train cached) once per variant, `name:key=value,key=value;name2:...`, each into
+# variants/<name>/ (RL settings compared on the same SFT checkpoints).
+# GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs).
 set -uo pipefail
 D=/tmp/cudarl-main
 ACTION=${ACTION:-wait}
@@ -17,6 +21,7 @@ CARRY=${CARRY:-.carry}
 B=/tmp/cudarl-bin
 if [ "$ACTION" = start ]; then
   rm -rf "$D"; mkdir -p "$D" "$B"
+  echo "${VARIANTS:-}" | tr ';' '\n' | sed '/^$/d' > "$D/variants.txt"
   for z in "$CARRY"/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
   cat > "$D/job.sh" <<EOF
 set -uo pipefail
@@ -43,6 +48,21 @@ for o in metrics tiers turns; do $B/cudarl-pipe --root . --store $D/store show r
 $B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${SETS[@]}" > $D/eval_summary.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store export eval --output report --to $D/export "\${SETS[@]}" > /dev/null 2>&1
+while IFS=: read -r name kvs; do
+  V=$D/variants/\$name; mkdir -p \$V
+  VS=("\${SETS[@]}")
+  for kv in \${kvs//,/ }; do VS+=(--set "\$kv"); done
+  t0=\$(date +%s)
+  $B/cudarl-pipe --root . --store $D/store run rl-train eval "\${VS[@]}" --json > \$V/run.jsonl 2> \$V/run.err
+  echo \$? > \$V/rc; echo \$(( \$(date +%s) - t0 )) > \$V/wall
+  for o in metrics turns; do $B/cudarl-pipe --root . --store $D/store show rl-train --output \$o --json --head 100000 "\${VS[@]}" > \$V/rl_\$o.jsonl 2>/dev/null; done
+  $B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${VS[@]}" > \$V/eval_summary.jsonl 2>/dev/null
+done < $D/variants.txt
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+  t0=\$(date +%s)
+  CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 > $D/gpu_tests.log 2>&1
+  echo \$? > $D/gpu_tests.rc; echo \$(( \$(date +%s) - t0 )) > $D/gpu_tests.wall
+fi
 touch $D/done
 EOF
   setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
@@ -55,6 +75,7 @@ if [ "$ACTION" = wait ]; then
   while [ ! -f "$D/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
   echo "done: $([ -f "$D/done" ] && echo yes || echo no); elapsed $(( $(date +%s) - $(cat $D/start 2>/dev/null || date +%s) )) s"
   cat "$D/times.txt" 2>/dev/null
+  for v in "$D"/variants/*/; do [ -d "$v" ] && echo "variant $(basename "$v"): rc $(cat "$v/rc" 2>/dev/null || echo running) $(cat "$v/wall" 2>/dev/null)s"; done
   tail -c 1500 "$D/run.err"
   [ -f "$D/done" ] && ACTION=collect
 fi
@@ -62,6 +83,7 @@ if [ "$ACTION" = collect ]; then
   python3 - "$D" "$OUT" <<'PY'
 import json, sys, os, pathlib
 d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
 def jl(name):
     p = d / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
@@ -78,7 +100,24 @@ res = {
     "rl_tiers": jl("rl_tiers.jsonl"),
     "eval_summary": jl("eval_summary.jsonl"),
     "sft_eval": jl("sft_eval.jsonl"),
+    "variants": {},
 }
+for v in sorted((d / "variants").glob("*/")):
+    spec = next((l for l in (d / "variants.txt").read_text().splitlines() if l.split(":")[0] == v.name), "")
+    res["variants"][v.name] = {
+        "sets": spec.partition(":")[2],
+        "rc": int((v / "rc").read_text()) if (v / "rc").exists() else None,
+        "wall_s": int((v / "wall").read_text()) if (v / "wall").exists() else None,
+        "rl_metrics": [json.loads(l) for l in (v / "rl_metrics.jsonl").read_text().splitlines() if l.strip()] if (v / "rl_metrics.jsonl").exists() else [],
+        "eval_summary": [json.loads(l) for l in (v / "eval_summary.jsonl").read_text().splitlines() if l.strip()] if (v / "eval_summary.jsonl").exists() else [],
+    }
+    if (v / "rl_turns.jsonl").exists():
+        (out / f"rl_turns_{v.name}.jsonl").write_text((v / "rl_turns.jsonl").read_text())
+if (d / "gpu_tests.rc").exists():
+    log = (d / "gpu_tests.log").read_text()
+    res["gpu_tests"] = {"rc": int((d / "gpu_tests.rc").read_text()), "wall_s": int((d / "gpu_tests.wall").read_text()),
+                        "results": [l for l in log.splitlines() if l.startswith("test ") or "test result" in l]}
+    (out / "gpu_tests.log").write_text(log)
 (out / "main_job.json").write_text(json.dumps(res, indent=1))
 for p in (d / "export").rglob("report.md"):
     (out / "eval_report.md").write_text(p.read_text())
@@ -90,12 +129,23 @@ for m in res["rl_metrics"]:
     print(f"  step {m['step']} tier {m['tier']} reward {m['mean_reward']:.3f}±{m.get('reward_std', 0):.3f} "
           f"compile {m['compile_rate']:.2f} pass {m['pass_rate']:.2f} gen {m['gen_seconds']:.0f}s "
           f"harness {m['harness_seconds']:.0f}s update {m['update_seconds']:.1f}s")
-for e in res["eval_summary"]:
+def show_eval(rows):
+  for e in rows:
     print(f"  eval {e['checkpoint']:4s} {e['split']:5s} n={e['episodes']} compile {e['compile_rate']:.3f} "
           f"pass {e.get('pass_rate', 0):.3f} (1-turn {e.get('single_turn_pass_rate', 0):.3f}) "
           f"fast_1 {e.get('fast_1', 0):.3f} reward {e['mean_reward']:.3f}")
     print(f"       {e.get('candidates')} candidates: gen {e.get('gen_seconds') or 0:.0f}s harness "
           f"{e.get('harness_seconds') or 0:.0f}s (compile {e.get('harness_compile_seconds') or 0:.0f}, "
           f"gpu {e.get('harness_gpu_seconds') or 0:.0f}, sass {e.get('harness_sass_seconds') or 0:.0f})")
+show_eval(res["eval_summary"])
+for name, v in res["variants"].items():
+    print(f"variant {name} ({v['sets']}): rc {v['rc']} {v['wall_s']} s")
+    for m in v["rl_metrics"]:
+        print(f"  step {m['step']} reward {m['mean_reward']:.3f}±{m.get('reward_std', 0):.3f} pass {m.get('pass_rate') or 0:.2f} "
+              f"signal {m.get('signal_groups', 0):.2f} kl {m.get('kl', 0):.4f} ent {m.get('entropy', 0):.3f}")
+    show_eval(v["eval_summary"])
+if "gpu_tests" in res:
+    print(f"gpu tests rc {res['gpu_tests']['rc']} in {res['gpu_tests']['wall_s']} s")
+    print("\n".join(res["gpu_tests"]["results"]))
 PY
 fi

@@ -35,6 +35,13 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     std::fs::write(
         &pl,
         text.replace("per_family = 20 ", "per_family = 40 ")
+            // Two generated elementwise families, both reserved for RL (their id hashes,
+            // 0.578 and 0.424, fall in [holdout_generated, holdout_generated + 0.6)).
+            .replace(
+                "[stages.synth-tasks]\n",
+                "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 0, seed = 3 }\n",
+            )
+            .replace("rl_generated = 0.0 ", "rl_generated = 0.6 ")
             .replace(
                 r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
                 r#"holdout_tasks = ["row_sum"]"#,
@@ -71,10 +78,19 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert!(m[2]["content"].as_str().unwrap().contains("```cuda\n"));
         // No GPU here: every kernel is compile-only validated, and says so.
         assert_eq!(r["validated"], "compile-only");
-        // The test project has vector_add and row_sum; row_sum is held out.
+        // The test project has vector_add and row_sum; row_sum is held out, the generated
+        // families are the `rl` split.
         let holdout = r["task_id"] == "row_sum";
         assert_eq!(holdout, r["split"] == "test", "{}", r["task_id"]);
+        let reserved = r["task_id"].as_str().unwrap().starts_with("gen_ew_");
+        assert_eq!(reserved, r["split"] == "rl", "{}", r["task_id"]);
     }
+    let rl_families: std::collections::BTreeSet<&str> = g
+        .iter()
+        .filter(|r| r["split"] == "rl")
+        .map(|r| r["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(rl_families.len(), 2, "{rl_families:?}");
     let opt = rows(&p, "sft-data", "sft_optimizer");
     assert!(!opt.is_empty());
     assert!(
@@ -201,6 +217,12 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         };
         assert_eq!(r["role"], want);
     }
+    // RL practised on the families SFT never saw (task_pool = "auto": the `rl` split).
+    assert!(
+        t.iter()
+            .all(|r| rl_families.contains(r["task_id"].as_str().unwrap())),
+        "rl-train drew a family outside the rl split"
+    );
     let tiers = rows(&p, "rl-train", "tiers");
     assert_eq!(tiers[0]["opened_at_step"], 0);
     // Every kernel that reached the harness was handed to nvcc while the batch still decoded.
@@ -223,6 +245,30 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert_eq!(bt.as_object().unwrap().len(), 1, "{bt}");
         assert_eq!(bt["0"].as_f64(), r["mean_reward"].as_f64(), "{bt}");
         assert!(r["value_loss"].is_null());
+        // One GRPO group of 2 episodes per step: it carries a signal iff the two generator
+        // turns' credits differ.
+        let credits: Vec<f64> = t
+            .iter()
+            .filter(|x| &x["step"] == step && x["role"] == "generator")
+            .map(|x| x["credit"].as_f64().unwrap())
+            .collect();
+        assert_eq!(credits.len(), 2);
+        let want = if (credits[0] - credits[1]).abs() > 1e-9 {
+            1.0
+        } else {
+            0.0
+        };
+        assert_eq!(r["signal_groups"].as_f64(), Some(want), "{r}");
+        let phases = ["compile", "gpu", "sass"]
+            .iter()
+            .map(|k| r[format!("harness_{k}_seconds")].as_f64().unwrap())
+            .sum::<f64>();
+        assert!(
+            phases <= r["harness_seconds"].as_f64().unwrap() + 1e-6,
+            "{r}"
+        );
+        // No GPU here: no GPU job ran (microseconds of bookkeeping at most).
+        assert!(r["harness_gpu_seconds"].as_f64().unwrap() < 1e-2, "{r}");
     }
     let sum = rows(&p, "eval", "summary");
     let cks: Vec<&str> = sum

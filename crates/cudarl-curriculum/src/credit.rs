@@ -5,10 +5,16 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Group-normalized advantages: `A_i = (r_i - mean_g) / (std_g + eps)` over the samples of the
-/// same group `g` (`groups[i]`), with the population standard deviation. A group whose rewards
-/// are all equal gets zero advantages (no signal), not a division by zero.
-pub fn group_advantages(rewards: &[f64], groups: &[usize], eps: f64) -> Vec<f64> {
+/// Group-normalized advantages: `A_i = (r_i - mean_g) / max(std_g, std_floor)` over the samples
+/// of the same group `g` (`groups[i]`), with the population standard deviation. A group whose
+/// rewards are all equal gets zero advantages (no signal), not a division by zero.
+///
+/// `std_floor` (0 = plain GRPO, Shao et al.) bounds the amplification of a group whose rewards
+/// differ only by measurement noise: two correct kernels a few percent apart in timed speedup
+/// would otherwise get advantages of +-1, as large as a pass next to a failure. Liu et al.
+/// ("Understanding R1-Zero-Like Training", arXiv:2503.20783) drop the division altogether for
+/// a related bias; a floor keeps GRPO's scale for groups with real spread.
+pub fn group_advantages(rewards: &[f64], groups: &[usize], std_floor: f64) -> Vec<f64> {
     assert_eq!(rewards.len(), groups.len(), "one group id per reward");
     let mut stats: std::collections::BTreeMap<usize, (f64, f64, f64)> = Default::default();
     for (&r, &g) in rewards.iter().zip(groups) {
@@ -23,14 +29,34 @@ pub fn group_advantages(rewards: &[f64], groups: &[usize], eps: f64) -> Vec<f64>
         .map(|(&r, g)| {
             let (n, s, s2) = stats[g];
             let mean = s / n;
-            let var = (s2 / n - mean * mean).max(0.0);
-            if var.sqrt() < 1e-12 {
+            let sd = (s2 / n - mean * mean).max(0.0).sqrt();
+            if sd < 1e-12 {
                 0.0
             } else {
-                (r - mean) / (var.sqrt() + eps)
+                (r - mean) / sd.max(std_floor)
             }
         })
         .collect()
+}
+
+/// The share of groups whose rewards are not all equal (population std above `min_std`): the
+/// groups that carry a GRPO signal at all. 0 for no groups.
+pub fn signal_share(rewards: &[f64], groups: &[usize], min_std: f64) -> f64 {
+    let mut by: std::collections::BTreeMap<usize, Vec<f64>> = Default::default();
+    for (&r, &g) in rewards.iter().zip(groups) {
+        by.entry(g).or_default().push(r);
+    }
+    if by.is_empty() {
+        return 0.0;
+    }
+    let with = by
+        .values()
+        .filter(|v| {
+            let m = v.iter().sum::<f64>() / v.len() as f64;
+            (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len() as f64).sqrt() > min_std
+        })
+        .count();
+    with as f64 / by.len() as f64
 }
 
 /// Credit of each turn of an episode with immediate rewards `r_0..r_{T-1}` and final reward
@@ -99,6 +125,19 @@ mod tests {
         // Rewards 0, 0.5, 1: mean 0.5, std sqrt(1/6) = 0.40825 -> -1.2247, 0, 1.2247.
         let a = group_advantages(&[0.0, 0.5, 1.0], &[7, 7, 7], 0.0);
         assert!((a[0] + 1.224_744_871).abs() < 1e-6 && a[1].abs() < 1e-12);
+        // A floor of 0.1 leaves a group with std 0.5 alone and damps timing noise: rewards
+        // 0.60, 0.62 (std 0.01) -> -0.1, +0.1 instead of -1, +1.
+        let a = group_advantages(&[1.0, 0.0, 0.60, 0.62], &[0, 0, 1, 1], 0.1);
+        let want = [1.0, -1.0, -0.1, 0.1];
+        for (x, w) in a.iter().zip(want) {
+            assert!((x - w).abs() < 1e-9, "{a:?}");
+        }
+        // Signal share: group 0 (std 0.5) and group 1 (std 0.01) differ, group 2 does not;
+        // with min_std 0.05 only group 0 counts.
+        let (r, g) = ([1.0, 0.0, 0.60, 0.62, 0.3, 0.3], [0, 0, 1, 1, 2, 2]);
+        assert!((signal_share(&r, &g, 0.0) - 2.0 / 3.0).abs() < 1e-12);
+        assert!((signal_share(&r, &g, 0.05) - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(signal_share(&[], &[], 0.0), 0.0);
     }
 
     #[test]

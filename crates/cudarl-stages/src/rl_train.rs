@@ -1,22 +1,26 @@
-//! `rl-train`: multi-turn RL of the generator and the optimizer (DESIGN.md section 6) on the
-//! task families' train split, starting from the SFT checkpoints.
+//! `rl-train`: multi-turn RL of the generator and the optimizer (DESIGN.md section 6),
+//! starting from the SFT checkpoints, on the families sft-data reserved for RL (its `rl` split:
+//! never in SFT data, so RL practises writing kernels for operations the agents have not
+//! memorized, as the hold-out families ask) or, without such a split, on its train split
+//! (`task_pool`).
 //!
 //! Each step draws `tasks_per_step` tasks from the open tiers, runs `group_size` episodes per
 //! task ([`crate::episode::run_episodes`]: generator -> tester -> optimizer -> tester ..., up to
 //! `max_turns`), credits every turn (`0.3 r_t + 0.7 * 0.9^(turns left) R`, from the reward
 //! config), and updates each agent on its own turns with GRPO: advantages normalized within the
 //! group of the same task (generator turns) or the same task and turn (optimizer turns), the
-//! clipped ratio and the KL penalty to the SFT policy, in the trainer process
+//! group std floored at `std_floor` so timing noise between equally correct kernels is not
+//! amplified into full-size advantages, the clipped ratio and the KL penalty to the SFT policy, in the trainer process
 //! (`cudarl_train::rl_serve`).
 //!
 //! Curriculum: training starts at tier 0; tier `k + 1` opens when, over the last
-//! `gate_window` steps, the episodes on tier `k` reach compile rate > `min_compile_rate` and pass
+//! `gate_window` steps (a full window since tier `k` opened), the episodes on tier `k` reach compile rate > `min_compile_rate` and pass
 //! rate > `min_pass_rate` (the `curriculum` stage's gates; compile-only machines cannot measure
 //! pass rates, so there tiers open on the compile rate alone, and the rows say so).
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate (float64), mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), algorithm, reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -32,7 +36,7 @@ use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, St
 use cudarl_cuda::task::TaskSpec;
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules};
-use cudarl_curriculum::credit::group_advantages;
+use cudarl_curriculum::credit::{group_advantages, signal_share};
 use cudarl_curriculum::prompts::{GENERATOR_SYSTEM, OPTIMIZER_SYSTEM};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -68,6 +72,13 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("update_seconds", false),
         f64s("harness_ms_per_candidate", false),
         f64s("compile_overlap", false),
+        // The harness seconds by phase (rollout::HarnessPhases).
+        f64s("harness_compile_seconds", false),
+        f64s("harness_gpu_seconds", false),
+        f64s("harness_sass_seconds", false),
+        // Share of GRPO groups whose turn credits differ at all (the rest give no gradient).
+        f64s("signal_groups", false),
+        f64s("optimizer_signal_groups", false),
         f64s("value_loss", true),
         f64s("optimizer_value_loss", true),
         Field::new("algorithm", DataType::Utf8, false),
@@ -165,6 +176,9 @@ fn d_pass_gate() -> f64 {
 fn d_window() -> usize {
     2
 }
+fn d_std_floor() -> f64 {
+    0.1
+}
 fn d_timeout() -> u64 {
     10
 }
@@ -245,6 +259,14 @@ pub struct Params {
     /// Seed (task draws and sampling).
     #[serde(default)]
     pub seed: u64,
+    /// GRPO: the floor under a group's reward std when normalizing advantages
+    /// ([`group_advantages`]; 0 = plain GRPO).
+    #[serde(default = "d_std_floor")]
+    pub std_floor: f64,
+    /// The families RL draws from: `auto` (sft-data's `rl` split when it reserved one, else
+    /// `train`), `train` (the families SFT trained on), `rl`, or `both`.
+    #[serde(default = "d_auto")]
+    pub task_pool: String,
 }
 
 impl Params {
@@ -288,18 +310,49 @@ impl Params {
 /// The tasks of the synthetic families, split by the SFT data's hold-out (`test`) families,
 /// and their naive kernels.
 pub(crate) struct TaskSet {
+    /// Families SFT trained on (neither held out nor reserved for RL).
     pub train: Vec<TaskSpec>,
+    /// Families sft-data reserved for RL (its `rl` split): never in SFT data.
+    pub rl: Vec<TaskSpec>,
+    /// Hold-out families (the `test` split).
     pub test: Vec<TaskSpec>,
     pub naive: BTreeMap<String, String>,
 }
 
+impl TaskSet {
+    /// The families `task_pool` names (see [`Params::task_pool`]).
+    pub(crate) fn pool(&self, task_pool: &str) -> Vec<&TaskSpec> {
+        match task_pool {
+            "train" => self.train.iter().collect(),
+            "rl" => self.rl.iter().collect(),
+            "both" => self.train.iter().chain(&self.rl).collect(),
+            _ if self.rl.is_empty() => self.train.iter().collect(),
+            _ => self.rl.iter().collect(),
+        }
+    }
+}
+
 pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> {
-    let held = crate::sft_data::holdout_ids(ctx.input_path("data")?)?;
-    let (test, train) = crate::synth_tasks::read_specs(ctx.input_path("tasks")?)?
-        .into_iter()
-        .partition(|s| held.contains(&s.id));
+    let data = ctx.input_path("data")?;
+    let held = crate::sft_data::split_ids(data, "test")?;
+    let reserved = crate::sft_data::split_ids(data, "rl")?;
+    let (mut ts, mut rl, mut train) = (vec![], vec![], vec![]);
+    for s in crate::synth_tasks::read_specs(ctx.input_path("tasks")?)? {
+        if held.contains(&s.id) {
+            ts.push(s);
+        } else if reserved.contains(&s.id) {
+            rl.push(s);
+        } else {
+            train.push(s);
+        }
+    }
     let naive = crate::synth_tasks::read_naive(ctx.input_path("kernels")?)?;
-    Ok(TaskSet { train, test, naive })
+    Ok(TaskSet {
+        train,
+        rl,
+        test: ts,
+        naive,
+    })
 }
 
 /// The harness for these params: full on a GPU unless `mode = "compile"`.
@@ -386,6 +439,15 @@ impl RlTrain {
         if !(0.0..=1.0).contains(&params.gamma) || !(0.0..=1.0).contains(&params.gae_lambda) {
             return Err("gamma and gae_lambda must be in [0, 1]".into());
         }
+        if !["auto", "train", "rl", "both"].contains(&params.task_pool.as_str()) {
+            return Err(format!(
+                "task_pool `{}`: expected `auto`, `train`, `rl` or `both`",
+                params.task_pool
+            ));
+        }
+        if !(0.0..=1.0).contains(&params.std_floor) {
+            return Err("std_floor must be in [0, 1]".into());
+        }
         if params.algorithm == "grpo" && params.group_size < 2 {
             return Err("group_size must be at least 2 (GRPO normalizes within a group)".into());
         }
@@ -457,6 +519,21 @@ fn splitmix(s: &mut u64) -> u64 {
 }
 
 /// Rates of the best turns of `eps`: (compile rate, pass rate or `None` when nothing ran).
+/// The curriculum gate of the current tier: a full window of `gate_window` steps since the tier
+/// opened (one step of 16 episodes is not evidence; with a 2-step window tier 1 used to open
+/// after step 1), compile rate > `min_compile_rate` and pass rate > `min_pass_rate` (the pass
+/// rate is `None` in compile-only mode: the compile rate alone decides).
+pub(crate) fn gate_passes(
+    steps_since_open: usize,
+    p: &Params,
+    compile: f64,
+    pass: Option<f64>,
+) -> bool {
+    steps_since_open >= p.gate_window.max(1)
+        && compile > p.min_compile_rate
+        && pass.is_none_or(|x| x > p.min_pass_rate)
+}
+
 pub(crate) fn rates(eps: &[&Episode]) -> (f64, Option<f64>) {
     let n = eps.len().max(1) as f64;
     let last = |e: &&Episode| Some(e.best_components());
@@ -476,7 +553,7 @@ impl Stage for RlTrain {
         "rl-train"
     }
     fn code_version(&self) -> u32 {
-        5
+        6
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -515,11 +592,12 @@ impl Stage for RlTrain {
         let p = &self.params;
         let cfg = p.reward_config(ctx)?;
         let ts = load_tasks(ctx)?;
-        if ts.train.is_empty() {
+        let families = ts.pool(&p.task_pool);
+        if families.is_empty() {
             return Err(StageError::bad_input(
                 "tasks",
                 Some("task_id"),
-                "no train tasks",
+                format!("no `{}` families to train on", p.task_pool),
             ));
         }
         let device = crate::train_stages::resolve_device(&p.device);
@@ -548,8 +626,8 @@ impl Stage for RlTrain {
             max_turns: p.max_turns,
             public_seeds: h.public_seeds.clone(),
         };
-        let max_tier = ts.train.iter().map(|t| t.tier).max().unwrap_or(0);
-        let mut tier = ts.train.iter().map(|t| t.tier).min().unwrap_or(0);
+        let max_tier = families.iter().map(|t| t.tier).max().unwrap_or(0);
+        let mut tier = families.iter().map(|t| t.tier).min().unwrap_or(0);
         let mut opened: Vec<(i64, i64, Option<f64>, Option<f64>)> = vec![(tier, 0, None, None)];
         let mut history: Vec<(usize, Episode)> = Vec::new();
         let mut rows: Vec<Value> = Vec::new();
@@ -557,7 +635,11 @@ impl Stage for RlTrain {
         let mut rng = p.seed ^ 0x005E_ED0F_C0DA;
         let progress = ctx.progress("steps", Some(p.steps as u64));
         for step in 1..=p.steps {
-            let pool: Vec<&TaskSpec> = ts.train.iter().filter(|t| t.tier <= tier).collect();
+            let pool: Vec<&TaskSpec> = families
+                .iter()
+                .copied()
+                .filter(|t| t.tier <= tier)
+                .collect();
             let mut chosen: Vec<&TaskSpec> = Vec::new();
             for _ in 0..p.tasks_per_step.max(1) {
                 chosen.push(pool[(splitmix(&mut rng) % pool.len() as u64) as usize]);
@@ -566,7 +648,7 @@ impl Stage for RlTrain {
                 .iter()
                 .flat_map(|t| std::iter::repeat_n(*t, p.group_size))
                 .collect();
-            let (g0, h0) = (tc.gen_seconds, h.seconds);
+            let (g0, h0, ph0) = (tc.gen_seconds, h.seconds, h.phases);
             let (cands0, hits0) = (h.candidates, h.prefetch_hits);
             let eps = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings)
                 .map_err(StageError::Failed)?;
@@ -609,8 +691,8 @@ impl Stage for RlTrain {
                     (whiten(&ga), whiten(&oa), gr, or)
                 }
                 None => (
-                    group_advantages(&gen_r, &gen_g, 1e-6),
-                    group_advantages(&opt_r, &opt_g, 1e-6),
+                    group_advantages(&gen_r, &gen_g, p.std_floor),
+                    group_advantages(&opt_r, &opt_g, p.std_floor),
                     vec![],
                     vec![],
                 ),
@@ -675,6 +757,11 @@ impl Stage for RlTrain {
                 "optimizer_kl": ou["kl"], "gen_seconds": tc.gen_seconds - g0,
                 "harness_seconds": h.seconds - h0, "update_seconds": update_seconds,
                 "harness_ms_per_candidate": 1000.0 * (h.seconds - h0) / cands,
+                "harness_compile_seconds": h.phases.compile - ph0.compile,
+                "harness_gpu_seconds": h.phases.gpu - ph0.gpu,
+                "harness_sass_seconds": h.phases.sass - ph0.sass,
+                "signal_groups": signal_share(&gen_r, &gen_g, 1e-9),
+                "optimizer_signal_groups": signal_share(&opt_r, &opt_g, 1e-9),
                 "compile_overlap": (h.prefetch_hits - hits0) as f64 / cands,
                 "value_loss": ppo.as_ref().map(|_| &gu["value_loss"]),
                 "optimizer_value_loss": ppo.as_ref().map(|_| &ou["value_loss"]),
@@ -696,8 +783,8 @@ impl Stage for RlTrain {
                     .map(|(_, e)| e)
                     .collect();
                 let (c, pass) = rates(&recent);
-                let pass_ok = pass.is_none_or(|x| x > p.min_pass_rate);
-                if !recent.is_empty() && c > p.min_compile_rate && pass_ok {
+                let since = step - opened.last().map_or(0, |o| o.1 as usize);
+                if !recent.is_empty() && gate_passes(since, p, c, pass) {
                     tier += 1;
                     opened.push((tier, step as i64, Some(c), pass));
                 }
@@ -901,4 +988,24 @@ fn plots(
         "rate",
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tier_gate_needs_a_full_window_and_both_rates() {
+        // Defaults: window 2 steps, compile > 0.9, pass > 0.75.
+        let p = RlTrain::from_table(toml::Table::new()).unwrap().params;
+        assert_eq!(p.gate_window, 2);
+        // Perfect rates after one step on the tier: not yet.
+        assert!(!gate_passes(1, &p, 1.0, Some(1.0)));
+        assert!(gate_passes(2, &p, 1.0, Some(1.0)));
+        // Each rate must clear its bar (strictly).
+        assert!(!gate_passes(3, &p, 0.9, Some(1.0)));
+        assert!(!gate_passes(3, &p, 1.0, Some(0.75)));
+        // Compile-only: no pass rate, the compile rate decides.
+        assert!(gate_passes(2, &p, 0.95, None));
+    }
 }

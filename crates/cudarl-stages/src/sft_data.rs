@@ -11,14 +11,16 @@
 //!
 //! Families in `holdout_tasks`, and a `holdout_generated` fraction of the generated families,
 //! are the `test` split (never trained on: the generator's rates on them after SFT are the
-//! baseline RL must beat); of the rest, `val_fraction` of the
-//! examples (by content hash) are `val`.
+//! baseline RL must beat); a further `rl_generated` fraction of the generated families is the
+//! `rl` split (kept out of SFT too: `rl-train` practises on them, so RL learns to write kernels
+//! for operations the agents have not memorized, the skill the hold-out families measure); of
+//! the rest, `val_fraction` of the examples (by content hash) are `val`.
 //!
 //! | column | type | meaning |
 //! |---|---|---|
 //! | example_id | utf8 | blake3 of `messages_json` |
 //! | task_id, tier | utf8, int64 | the family |
-//! | split | utf8 | `train`, `val`, `test` |
+//! | split | utf8 | `train`, `val`, `test`, `rl` (SFT trains on `train` only) |
 //! | kernel_id | utf8 | the answer's kernel |
 //! | validated | utf8 | `correct` (ran on a GPU) or `compile-only` |
 //! | messages | list<struct<role: utf8, content: utf8>> | VERL's / `datasets`' chat `messages` column |
@@ -143,6 +145,11 @@ pub struct Params {
     /// out as `test`, chosen by the BLAKE3 hash of the id (stable as families are added).
     #[serde(default)]
     pub holdout_generated: f64,
+    /// Fraction of the generated families reserved for RL (the `rl` split: hash of the id in
+    /// `[holdout_generated, holdout_generated + rl_generated)`, so the hold-out set does not
+    /// move when this changes).
+    #[serde(default)]
+    pub rl_generated: f64,
     /// Optimizer examples per (slower, faster) kernel pair: prompt phrasings taken in a seeded
     /// order, at most `INTROS x CLOSINGS` (24, the default).
     #[serde(default = "d_per_pair")]
@@ -179,6 +186,11 @@ impl SftData {
         }
         if !(0.0..1.0).contains(&params.holdout_generated) {
             return Err("holdout_generated must be in [0, 1)".into());
+        }
+        if params.rl_generated < 0.0 || params.holdout_generated + params.rl_generated >= 1.0 {
+            return Err(
+                "rl_generated must be >= 0, with holdout_generated + rl_generated < 1".into(),
+            );
         }
         Ok(SftData { params })
     }
@@ -455,9 +467,9 @@ impl Stage for SftData {
         let dtype = tasks.req_strings("dtype").map_err(data_err)?;
         let sig = tasks.req_strings("signature").map_err(data_err)?;
         let shapes = tasks.req_strings("train_shapes").map_err(data_err)?;
-        let split_of = |id: &str, holdout: bool| -> String {
-            if holdout {
-                return "test".into();
+        let split_of = |id: &str, reserved: Option<&'static str>| -> String {
+            if let Some(r) = reserved {
+                return r.into();
             }
             if unit_hash(id) < p.val_fraction {
                 "val".into()
@@ -465,18 +477,22 @@ impl Stage for SftData {
                 "train".into()
             }
         };
-        let push =
-            |rows: &mut Rows, t: &str, tier: i64, holdout: bool, k: &Kern, m: Vec<ChatMessage>| {
-                let json = serde_json::to_string(&m).expect("json");
-                let id = blake3::hash(json.as_bytes()).to_hex().to_string();
-                rows.split.push(split_of(&id, holdout));
-                rows.ids.push(id);
-                rows.task.push(t.to_string());
-                rows.tier.push(tier);
-                rows.kernel.push(k.id.clone());
-                rows.validated.push(k.validated.to_string());
-                rows.messages.push(m);
-            };
+        let push = |rows: &mut Rows,
+                    t: &str,
+                    tier: i64,
+                    held: Option<&'static str>,
+                    k: &Kern,
+                    m: Vec<ChatMessage>| {
+            let json = serde_json::to_string(&m).expect("json");
+            let id = blake3::hash(json.as_bytes()).to_hex().to_string();
+            rows.split.push(split_of(&id, held));
+            rows.ids.push(id);
+            rows.task.push(t.to_string());
+            rows.tier.push(tier);
+            rows.kernel.push(k.id.clone());
+            rows.validated.push(k.validated.to_string());
+            rows.messages.push(m);
+        };
         for i in 0..tasks.rows() {
             let (Some(t), Some(tr), Some(d), Some(dt), Some(sg), Some(sh)) = (
                 tid.get(i),
@@ -491,8 +507,17 @@ impl Stage for SftData {
             let Some(kerns) = by_task.get(t) else {
                 continue;
             };
-            let holdout = p.holdout_tasks.iter().any(|h| h == t)
-                || (t.starts_with(crate::families::PREFIX) && unit_hash(t) < p.holdout_generated);
+            // `test` or `rl` for a family kept out of SFT.
+            let generated = t.starts_with(crate::families::PREFIX);
+            let holdout = if p.holdout_tasks.iter().any(|h| h == t)
+                || (generated && unit_hash(t) < p.holdout_generated)
+            {
+                Some("test")
+            } else if generated && unit_hash(t) < p.holdout_generated + p.rl_generated {
+                Some("rl")
+            } else {
+                None
+            };
             let shape_list: Vec<String> = serde_json::from_str::<Vec<Value>>(sh)
                 .unwrap_or_default()
                 .iter()
@@ -730,13 +755,25 @@ impl SftData {
 pub fn holdout_ids(
     path: &std::path::Path,
 ) -> Result<std::collections::BTreeSet<String>, cudarl_core::StageError> {
+    split_ids(path, "test")
+}
+
+/// The ids of the task families whose rows in an `sft_generator` table are in `split`
+/// (`test`: the hold-out; `rl`: reserved for `rl-train`).
+///
+/// # Errors
+/// An unreadable table or a missing column (file and field named).
+pub fn split_ids(
+    path: &std::path::Path,
+    split: &str,
+) -> Result<std::collections::BTreeSet<String>, cudarl_core::StageError> {
     let d = Table::read(path, "sft_generator").map_err(data_err)?;
     let (dt, ds) = (
         d.req_strings("task_id").map_err(data_err)?,
         d.req_strings("split").map_err(data_err)?,
     );
     Ok((0..d.rows())
-        .filter(|&i| ds.get(i) == Some("test"))
+        .filter(|&i| ds.get(i) == Some(split))
         .filter_map(|i| dt.get(i).map(str::to_string))
         .collect())
 }

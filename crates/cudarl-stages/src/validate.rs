@@ -6,7 +6,7 @@
 //! environment in the key says so, so a GPU run later never reuses them.
 
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -375,7 +375,9 @@ impl Stage for Validate {
         let mut consumer = |rx: std::sync::mpsc::Receiver<(usize, Option<Verdict>)>,
                             verdicts: &mut Vec<Option<Verdict>>|
          -> Result<(), StageError> {
+            let mut idle = Instant::now();
             for (i, pre) in rx {
+                PartRows::time(&rows_of.gpu_wait_ms, idle);
                 let r = &rows[i];
                 let key = row_key(r);
                 rows_of.owned();
@@ -398,6 +400,7 @@ impl Stage for Validate {
                         format!("unknown task `{}`", r.task_id),
                     )
                 })?;
+                let t_gpu = Instant::now();
                 let v = match (pool.as_mut(), pre) {
                     // Static rejects and compile errors need no GPU.
                     (_, Some(v)) if !v.compiled => Ok(v),
@@ -429,10 +432,12 @@ impl Stage for Validate {
                     (None, None) => check_compile_only(spec, &r.code, &rules, &compiler),
                 }
                 .map_err(|e| StageError::Failed(e.to_string()))?;
+                PartRows::time(&rows_of.gpu_ms, t_gpu);
                 memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
                 rows_of.computed();
                 verdicts[i] = Some(v);
                 progress.inc(1);
+                idle = Instant::now();
             }
             Ok(())
         };
@@ -450,10 +455,11 @@ impl Stage for Validate {
                     }
                     let pre = match specs.get(&r.task_id) {
                         Some(spec) if rows_of.part != RunPart::Merge && !memo.contains(&key) => {
-                            Some(
-                                check_compile_only(spec, &r.code, &rules, &compiler)
-                                    .map_err(|e| e.to_string())?,
-                            )
+                            let t0 = Instant::now();
+                            let v = check_compile_only(spec, &r.code, &rules, &compiler)
+                                .map_err(|e| e.to_string())?;
+                            PartRows::time(&rows_of.compile_ms, t0);
+                            Some(v)
                         }
                         _ => None,
                     };
@@ -565,6 +571,11 @@ struct PartRows {
     from_memo: std::sync::atomic::AtomicUsize,
     computed: std::sync::atomic::AtomicUsize,
     missing: std::sync::Mutex<Vec<String>>,
+    /// Milliseconds: static checks and nvcc summed over the compile workers; the GPU thread
+    /// running tests and timing; the GPU thread waiting for a compile to finish.
+    compile_ms: std::sync::atomic::AtomicU64,
+    gpu_ms: std::sync::atomic::AtomicU64,
+    gpu_wait_ms: std::sync::atomic::AtomicU64,
 }
 
 impl PartRows {
@@ -576,7 +587,16 @@ impl PartRows {
             from_memo: Default::default(),
             computed: Default::default(),
             missing: Default::default(),
+            compile_ms: Default::default(),
+            gpu_ms: Default::default(),
+            gpu_wait_ms: Default::default(),
         }
+    }
+    fn time(counter: &std::sync::atomic::AtomicU64, since: Instant) {
+        counter.fetch_add(
+            since.elapsed().as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
     fn owned(&self) {
         self.owned
@@ -609,6 +629,9 @@ impl PartRows {
         ctx.stat("rows_owned", self.owned.load(Relaxed) as u64);
         ctx.stat("rows_from_memo", self.from_memo.load(Relaxed) as u64);
         ctx.stat("rows_computed", self.computed.load(Relaxed) as u64);
+        ctx.stat("compile_ms_summed", self.compile_ms.load(Relaxed));
+        ctx.stat("gpu_ms", self.gpu_ms.load(Relaxed));
+        ctx.stat("gpu_wait_ms", self.gpu_wait_ms.load(Relaxed));
         let mut missing = self
             .missing
             .lock()
