@@ -1,8 +1,7 @@
 //! `rl-train`: multi-turn RL of the generator and the optimizer (DESIGN.md section 6),
-//! starting from the SFT checkpoints, on the families sft-data reserved for RL (its `rl` split:
-//! never in SFT data, so RL practises writing kernels for operations the agents have not
-//! memorized, as the hold-out families ask) or, without such a split, on its train split
-//! (`task_pool`).
+//! starting from the SFT checkpoints, on the task families' train split or (`task_pool`) on the
+//! families sft-data reserved for RL (its `rl` split, `rl_generated`: never in SFT data, so RL
+//! practises operations the agents have not memorized, as the hold-out families ask).
 //!
 //! Each step draws `tasks_per_step` tasks from the open tiers, runs `group_size` episodes per
 //! task ([`crate::episode::run_episodes`]: generator -> tester -> optimizer -> tester ..., up to
@@ -10,13 +9,14 @@
 //! config), and updates each agent on its own turns with GRPO: advantages normalized within the
 //! group of the same task (generator turns) or the same task and turn (optimizer turns), the
 //! group std floored at `std_floor` so timing noise between equally correct kernels is not
-//! amplified into full-size advantages, the clipped ratio and the KL penalty to the SFT policy, in the trainer process
-//! (`cudarl_train::rl_serve`).
+//! amplified into full-size advantages, the clipped ratio and the KL penalty to the SFT
+//! policy, in the trainer process (`cudarl_train::rl_serve`).
 //!
 //! Curriculum: training starts at tier 0; tier `k + 1` opens when, over the last
-//! `gate_window` steps (a full window since tier `k` opened), the episodes on tier `k` reach compile rate > `min_compile_rate` and pass
-//! rate > `min_pass_rate` (the `curriculum` stage's gates; compile-only machines cannot measure
-//! pass rates, so there tiers open on the compile rate alone, and the rows say so).
+//! `gate_window` steps (a full window since tier `k` opened), the episodes on tier `k` reach
+//! compile rate > `min_compile_rate` and pass rate > `min_pass_rate` (the `curriculum` stage's
+//! gates; compile-only machines cannot measure pass rates, so there tiers open on the compile
+//! rate alone, and the rows say so).
 //!
 //! | table | columns |
 //! |---|---|
@@ -307,8 +307,8 @@ impl Params {
     }
 }
 
-/// The tasks of the synthetic families, split by the SFT data's hold-out (`test`) families,
-/// and their naive kernels.
+/// The tasks of the synthetic families, split as the SFT data split them (`train`, `rl`,
+/// `test`), and their naive kernels.
 pub(crate) struct TaskSet {
     /// Families SFT trained on (neither held out nor reserved for RL).
     pub train: Vec<TaskSpec>,
@@ -518,7 +518,6 @@ fn splitmix(s: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Rates of the best turns of `eps`: (compile rate, pass rate or `None` when nothing ran).
 /// The curriculum gate of the current tier: a full window of `gate_window` steps since the tier
 /// opened (one step of 16 episodes is not evidence; with a 2-step window tier 1 used to open
 /// after step 1), compile rate > `min_compile_rate` and pass rate > `min_pass_rate` (the pass
@@ -534,6 +533,7 @@ pub(crate) fn gate_passes(
         && pass.is_none_or(|x| x > p.min_pass_rate)
 }
 
+/// Rates of the best turns of `eps`: (compile rate, pass rate or `None` when nothing ran).
 pub(crate) fn rates(eps: &[&Episode]) -> (f64, Option<f64>) {
     let n = eps.len().max(1) as f64;
     let last = |e: &&Episode| Some(e.best_components());

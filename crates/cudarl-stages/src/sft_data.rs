@@ -509,7 +509,7 @@ impl Stage for SftData {
             };
             // `test` or `rl` for a family kept out of SFT.
             let generated = t.starts_with(crate::families::PREFIX);
-            let holdout = if p.holdout_tasks.iter().any(|h| h == t)
+            let kept_out = if p.holdout_tasks.iter().any(|h| h == t)
                 || (generated && unit_hash(t) < p.holdout_generated)
             {
                 Some("test")
@@ -555,7 +555,7 @@ impl Stage for SftData {
                     ChatMessage::new("user", prompts::task_prompt(&view, intro, closing)),
                     ChatMessage::new("assistant", answer),
                 ];
-                push(&mut gen_rows, t, tr, holdout, k, m);
+                push(&mut gen_rows, t, tr, kept_out, k, m);
             }
             // Optimizer examples: the task, a kernel and the tester's words on it -> `target`,
             // in `n` prompt phrasings taken in an order seeded by `seed_key`.
@@ -580,7 +580,7 @@ impl Stage for SftData {
                             ),
                             ChatMessage::new("assistant", prompts::fenced(&target.code)),
                         ];
-                        push(rows, t, tr, holdout, target, m);
+                        push(rows, t, tr, kept_out, target, m);
                         rows.base.push(base_id.to_string());
                         rows.speedup.push(speedup);
                         rows.kind.push(kind.clone());
