@@ -280,6 +280,28 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         sum.iter()
             .all(|r| r["split"] == "test" && r["pass_rate"].is_null())
     );
+    // Where eval's time went: at most one candidate per turn (an answer without a code block
+    // never reaches the harness), at least one if anything compiled; the harness phases inside
+    // the harness seconds; decoding took time.
+    let eps = rows(&p, "eval", "episodes");
+    for r in &sum {
+        let mine = eps.iter().filter(|e| e["checkpoint"] == r["checkpoint"]);
+        let turns: i64 = mine.clone().map(|e| e["turns"].as_i64().unwrap()).sum();
+        let c = r["candidates"].as_i64().unwrap();
+        assert!(c <= turns, "{c} candidates in {turns} turns: {r}");
+        if mine.clone().any(|e| e["compiled"] == true) {
+            assert!(c >= 1, "{r}");
+        }
+        let phases = ["compile", "gpu", "sass"]
+            .iter()
+            .map(|k| r[format!("harness_{k}_seconds")].as_f64().unwrap())
+            .sum::<f64>();
+        assert!(
+            phases <= r["harness_seconds"].as_f64().unwrap() + 1e-6,
+            "{r}"
+        );
+        assert!(r["gen_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    }
     // PPO: a critic per agent, its values on every turn, GAE advantages, a value loss.
     let o = p.run(&[
         "run",

@@ -243,7 +243,7 @@ impl Stage for Eval {
         }
         let mut rows: Vec<Row> = Vec::new();
         // Wall-clock seconds per (checkpoint, split): generation and the harness by phase.
-        let mut times: BTreeMap<(&str, &str), Value> = BTreeMap::new();
+        let mut times: BTreeMap<(&str, &str), serde_json::Map<String, Value>> = BTreeMap::new();
         for (ck, gi, oi) in [
             ("sft", "sft_generator", "sft_optimizer"),
             ("rl", "rl_generator", "rl_optimizer"),
@@ -267,20 +267,14 @@ impl Stage for Eval {
                     .iter()
                     .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
                     .collect();
-                let (g0, h0, p0, c0) = (tc.gen_seconds, h.seconds, h.phases, h.candidates);
+                let (g0, m0) = (tc.gen_seconds, h.mark());
                 let eps = run_episodes(&many, &mut tc, &mut h, &cfg, &settings)
                     .map_err(StageError::Failed)?;
-                times.insert(
-                    (ck, split),
-                    json!({
-                        "candidates": h.candidates - c0,
-                        "gen_seconds": tc.gen_seconds - g0,
-                        "harness_seconds": h.seconds - h0,
-                        "harness_compile_seconds": h.phases.compile - p0.compile,
-                        "harness_gpu_seconds": h.phases.gpu - p0.gpu,
-                        "harness_sass_seconds": h.phases.sass - p0.sass,
-                    }),
-                );
+                let used = h.since(&m0);
+                let mut t = used.seconds_json();
+                t.insert("candidates".into(), json!(used.candidates));
+                t.insert("gen_seconds".into(), json!(tc.gen_seconds - g0));
+                times.insert((ck, split), t);
                 rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
             }
             tc.quit();
@@ -298,7 +292,7 @@ impl Stage for Eval {
                 v["split"] = (*split).into();
                 v["mode"] = mode.into();
                 v["device"] = device.into();
-                if let Some(Value::Object(t)) = times.get(&(ck, *split)) {
+                if let Some(t) = times.get(&(ck, *split)) {
                     for (k, x) in t {
                         v[k.as_str()] = x.clone();
                     }

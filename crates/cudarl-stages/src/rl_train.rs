@@ -334,8 +334,9 @@ impl TaskSet {
 
 pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> {
     let data = ctx.input_path("data")?;
-    let held = crate::sft_data::split_ids(data, "test")?;
-    let reserved = crate::sft_data::split_ids(data, "rl")?;
+    let mut splits = crate::sft_data::family_splits(data)?;
+    let held = splits.remove("test").unwrap_or_default();
+    let reserved = splits.remove("rl").unwrap_or_default();
     let (mut ts, mut rl, mut train) = (vec![], vec![], vec![]);
     for s in crate::synth_tasks::read_specs(ctx.input_path("tasks")?)? {
         if held.contains(&s.id) {
@@ -648,8 +649,7 @@ impl Stage for RlTrain {
                 .iter()
                 .flat_map(|t| std::iter::repeat_n(*t, p.group_size))
                 .collect();
-            let (g0, h0, ph0) = (tc.gen_seconds, h.seconds, h.phases);
-            let (cands0, hits0) = (h.candidates, h.prefetch_hits);
+            let (g0, m0) = (tc.gen_seconds, h.mark());
             let eps = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings)
                 .map_err(StageError::Failed)?;
             // GRPO groups: generator turns by task slot; optimizer turns by (task slot, turn).
@@ -750,24 +750,26 @@ impl Stage for RlTrain {
             });
             let turns_used =
                 eps.iter().map(|e| e.turns.len() as f64).sum::<f64>() / eps.len().max(1) as f64;
-            let cands = (h.candidates - cands0).max(1) as f64;
-            rows.push(json!({"step": step, "tier": tier, "episodes": eps.len(), "mean_reward": mr,
+            let used = h.since(&m0);
+            let cands = used.candidates.max(1) as f64;
+            let mut row = json!({"step": step, "tier": tier, "episodes": eps.len(), "mean_reward": mr,
                 "reward_std": sd, "compile_rate": cr, "pass_rate": pr, "first_turn_compile_rate": first_cr,
                 "speedup": geo, "turns_used": turns_used, "kl": gu["kl"], "entropy": gu["entropy"],
                 "optimizer_kl": ou["kl"], "gen_seconds": tc.gen_seconds - g0,
-                "harness_seconds": h.seconds - h0, "update_seconds": update_seconds,
-                "harness_ms_per_candidate": 1000.0 * (h.seconds - h0) / cands,
-                "harness_compile_seconds": h.phases.compile - ph0.compile,
-                "harness_gpu_seconds": h.phases.gpu - ph0.gpu,
-                "harness_sass_seconds": h.phases.sass - ph0.sass,
+                "update_seconds": update_seconds,
+                "harness_ms_per_candidate": 1000.0 * used.seconds / cands,
                 "signal_groups": signal_share(&gen_r, &gen_g, 1e-9),
                 "optimizer_signal_groups": signal_share(&opt_r, &opt_g, 1e-9),
-                "compile_overlap": (h.prefetch_hits - hits0) as f64 / cands,
+                "compile_overlap": used.prefetch_hits as f64 / cands,
                 "value_loss": ppo.as_ref().map(|_| &gu["value_loss"]),
                 "optimizer_value_loss": ppo.as_ref().map(|_| &ou["value_loss"]),
                 "algorithm": p.algorithm,
                 "reward_by_tier_json": Value::Object(by_tier).to_string(),
-                "mode": mode, "device": device}));
+                "mode": mode, "device": device});
+            if let Value::Object(r) = &mut row {
+                r.extend(used.seconds_json());
+            }
+            rows.push(row);
             for (ei, e) in eps.iter().enumerate() {
                 for t in &e.turns {
                     let a = adv.get(&(ei, t.turn)).copied().unwrap_or(0.0);

@@ -241,6 +241,62 @@ pub struct HarnessPhases {
     pub sass: f64,
 }
 
+/// What a [`Harness`] did between two points: take [`Harness::mark`] before a batch of episodes
+/// and [`Harness::since`] after it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HarnessUse {
+    /// Candidates judged.
+    pub candidates: usize,
+    /// Of those, builds a prefetch had started while the batch still decoded.
+    pub prefetch_hits: usize,
+    /// Wall-clock seconds in the harness.
+    pub seconds: f64,
+    /// Those seconds by phase.
+    pub phases: HarnessPhases,
+}
+
+impl HarnessUse {
+    /// The columns rl-train's `metrics` and eval's `summary` share: `harness_seconds` and
+    /// `harness_{compile,gpu,sass}_seconds` (float64, s).
+    pub fn seconds_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        [
+            ("harness_seconds", self.seconds),
+            ("harness_compile_seconds", self.phases.compile),
+            ("harness_gpu_seconds", self.phases.gpu),
+            ("harness_sass_seconds", self.phases.sass),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+        .collect()
+    }
+}
+
+impl Harness {
+    /// The counters now, for a later [`Harness::since`].
+    pub fn mark(&self) -> HarnessUse {
+        HarnessUse {
+            candidates: self.candidates,
+            prefetch_hits: self.prefetch_hits,
+            seconds: self.seconds,
+            phases: self.phases,
+        }
+    }
+
+    /// What the harness did since `m` (a [`Harness::mark`]).
+    pub fn since(&self, m: &HarnessUse) -> HarnessUse {
+        HarnessUse {
+            candidates: self.candidates - m.candidates,
+            prefetch_hits: self.prefetch_hits - m.prefetch_hits,
+            seconds: self.seconds - m.seconds,
+            phases: HarnessPhases {
+                compile: self.phases.compile - m.phases.compile,
+                gpu: self.phases.gpu - m.phases.gpu,
+                sass: self.phases.sass - m.phases.sass,
+            },
+        }
+    }
+}
+
 /// `cuobjdump` beside nvcc, or on `PATH`.
 pub fn find_cuobjdump(nvcc: &Path) -> Option<PathBuf> {
     let beside = nvcc.with_file_name("cuobjdump");

@@ -755,27 +755,29 @@ impl SftData {
 pub fn holdout_ids(
     path: &std::path::Path,
 ) -> Result<std::collections::BTreeSet<String>, cudarl_core::StageError> {
-    split_ids(path, "test")
+    Ok(family_splits(path)?.remove("test").unwrap_or_default())
 }
 
-/// The ids of the task families whose rows in an `sft_generator` table are in `split`
-/// (`test`: the hold-out; `rl`: reserved for `rl-train`).
+/// The task families of an `sft_generator` table by the split of their rows (`train`, `val`,
+/// `test`: the hold-out, `rl`: reserved for `rl-train`), read once.
 ///
 /// # Errors
 /// An unreadable table or a missing column (file and field named).
-pub fn split_ids(
+pub fn family_splits(
     path: &std::path::Path,
-    split: &str,
-) -> Result<std::collections::BTreeSet<String>, cudarl_core::StageError> {
+) -> Result<BTreeMap<String, std::collections::BTreeSet<String>>, cudarl_core::StageError> {
     let d = Table::read(path, "sft_generator").map_err(data_err)?;
     let (dt, ds) = (
         d.req_strings("task_id").map_err(data_err)?,
         d.req_strings("split").map_err(data_err)?,
     );
-    Ok((0..d.rows())
-        .filter(|&i| ds.get(i) == Some(split))
-        .filter_map(|i| dt.get(i).map(str::to_string))
-        .collect())
+    let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for i in 0..d.rows() {
+        if let (Some(t), Some(sp)) = (dt.get(i), ds.get(i)) {
+            out.entry(sp.to_string()).or_default().insert(t.to_string());
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
