@@ -5,6 +5,8 @@
 //! - every task's naive and optimized kernels pass on every train and hold-out shape and every
 //!   public and hidden seed; optimized beats naive; torch baselines are measured;
 //! - timing the same kernel twice agrees within 2% (median);
+//! - `validate` with four GPU workers testing at once gives the verdicts one worker gives, and
+//!   timings that agree with its (timing runs alone);
 //! - every reward hack in `tests/kernels/hacks/` is rejected with the expected reason inside one
 //!   `validate` run, and the run goes on (an honest kernel after them still passes).
 
@@ -117,6 +119,91 @@ fn timing_the_same_kernel_twice_agrees_within_two_percent() {
             d * 100.0
         );
     }
+}
+
+/// `validate`'s verdict rows (`show validate --json`) by kernel id, run in `store` with
+/// `validate.gpu_workers = workers` and a few generated families.
+fn validations(
+    p: &Project,
+    store: &str,
+    workers: usize,
+) -> std::collections::BTreeMap<String, Value> {
+    let set = format!("validate.gpu_workers={workers}");
+    let base = [
+        "--store",
+        store,
+        "--set",
+        &set,
+        "--set",
+        "synth-tasks.generate.elementwise=24",
+        "--set",
+        "synth-tasks.generate.row_reduce=4",
+    ];
+    let o = p.run(&[&base[..], &["run", "validate"]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let show = [
+        "show",
+        "validate",
+        "--output",
+        "validations",
+        "--json",
+        "--head",
+        "100000",
+    ];
+    let o = p.run(&[&base[..], &show[..]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| (v["kernel_id"].as_str().unwrap().to_string(), v))
+        .collect()
+}
+
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn four_gpu_workers_agree_with_one() {
+    if !gpu_enabled("four_gpu_workers_agree_with_one") {
+        return;
+    }
+    let p = Project::full();
+    let one = validations(&p, "store-one", 1);
+    let four = validations(&p, "store-four", 4);
+    assert_eq!(
+        one.keys().collect::<Vec<_>>(),
+        four.keys().collect::<Vec<_>>()
+    );
+    assert!(one.len() >= 60, "{} kernels", one.len());
+    let mut log_ratios = Vec::new();
+    for (id, a) in &one {
+        let b = &four[id];
+        for k in ["compiled", "correct", "failure", "hack_flags"] {
+            assert_eq!(a[k], b[k], "{id}: {k}");
+        }
+        let verdict = |v: &Value| -> Value {
+            serde_json::from_str(v["verdict_json"].as_str().unwrap()).unwrap()
+        };
+        let (va, vb) = (verdict(a), verdict(b));
+        assert!(
+            va["hack_flags"].as_array().unwrap().is_empty(),
+            "{id}: {}",
+            va["hack_flags"]
+        );
+        if let (Some(x), Some(y)) = (
+            va["timing"]["median_ms"].as_f64(),
+            vb["timing"]["median_ms"].as_f64(),
+        ) {
+            log_ratios.push((y / x).ln());
+        }
+    }
+    assert!(log_ratios.len() >= 50, "{} timed", log_ratios.len());
+    // Every kernel timed alone either way: the geometric mean of four-worker / one-worker
+    // medians stays within 3% of 1 (per kernel, run-to-run noise of small kernels is larger).
+    let g = (log_ratios.iter().sum::<f64>() / log_ratios.len() as f64).exp();
+    eprintln!(
+        "{} kernels timed; geometric mean ratio 4 workers / 1 = {g:.4}",
+        log_ratios.len()
+    );
+    assert!((0.97..=1.03).contains(&g), "geometric mean ratio {g:.4}");
 }
 
 #[test]

@@ -288,7 +288,12 @@ fn run_on_gpu(job: RunJob, pool: &mut WorkerPool, wall: Duration) -> Outcome {
 }
 
 /// Full check: static checks, compile, every train and hold-out shape on public and hidden
-/// seeds in a sandboxed worker, then timing against the task's naive kernel.
+/// seeds in a sandboxed worker, then, if every test passed, timing against the task's naive
+/// kernel and its libtorch reference (measured once per task into `baselines`).
+///
+/// Two worker jobs: the tests (the GPU shared with other testers) and the timing (the GPU
+/// alone), so callers with several pools on one GPU ([`crate::worker::drain_on`]) test
+/// candidates concurrently while every timing still runs alone ([`crate::worker::GpuLock`]).
 ///
 /// # Errors
 /// Harness failures only (compile setup, store). Candidate failures are in the verdict.
@@ -301,7 +306,7 @@ pub fn check_full(
     compiler: &Compiler,
     pool: &mut WorkerPool,
     opts: &FullOptions,
-    baselines: &mut Baselines,
+    baselines: &std::sync::Mutex<Baselines>,
 ) -> Result<Verdict, CompileError> {
     let mut v = check_compile_only(spec, source, rules, compiler)?;
     if !v.compiled {
@@ -338,20 +343,22 @@ pub fn check_full(
         .max_by_key(|(_, s)| spec.bytes_for(s).unwrap_or(0))
         .map(|(i, _)| i)
         .unwrap_or(0);
+    // Timing jobs carry the bench shape alone.
     let bench = opts.bench.then(|| BenchSpec {
-        shape_index: bench_idx,
+        shape_index: 0,
         ..BenchSpec::default()
     });
-    let base = baselines.entry(spec.id.clone()).or_default();
-    let job = RunJob {
+    let base = |b: &mut Baselines| b.entry(spec.id.clone()).or_default().clone();
+    let lock = || baselines.lock().unwrap_or_else(|e| e.into_inner());
+    let tests = RunJob {
         so_path: Some(so.display().to_string()),
         task: spec.clone(),
         shapes: shapes.clone(),
         seeds,
-        bench: bench.clone(),
-        torch_baseline: bench.is_some() && base.torch.is_none(),
+        bench: None,
+        torch_baseline: false,
     };
-    match run_on_gpu(job, pool, opts.wall) {
+    let failed_run = |v: &mut Verdict, o: &Outcome| match o {
         // The candidate ran and did not finish, or took its worker down: executed, not correct.
         Outcome::Timeout => v.ran_and_failed(
             "timeout",
@@ -360,45 +367,83 @@ pub fn check_full(
                 opts.wall.as_secs_f64()
             ),
         ),
-        Outcome::Crash(m) => v.ran_and_failed("crash", m),
-        Outcome::Done(r) => {
-            v.executed = true;
-            v.worker_ms = r.worker_ms.clone();
-            v.gpu = r.gpu.clone();
-            v.tests = r.tests.clone();
-            v.max_abs_err = r.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
-            v.max_rel_err = r.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
-            if let Some(e) = &r.load_error {
-                v.failure = Some("load_error".into());
-                v.failure_detail = Some(e.clone());
-            } else if let Some(e) = &r.cuda_error {
-                v.failure = Some("cuda_error".into());
-                v.failure_detail = Some(e.clone());
-            } else if let Some(t) = r.tests.iter().find(|t| !t.passed) {
-                v.failure = Some(
-                    if t.out_of_bounds_write {
-                        "out_of_bounds_write"
-                    } else if t.input_mutated {
-                        "input_mutation"
-                    } else if t.unwritten > 0 {
-                        "unwritten_output"
-                    } else {
-                        "wrong_answer"
-                    }
-                    .into(),
-                );
-                v.failure_detail = Some(format!(
-                    "{} shape {:?} seed {}: {}",
-                    t.split,
-                    t.sizes,
-                    t.seed,
-                    t.message.clone().unwrap_or_default()
-                ));
+        Outcome::Crash(m) => v.ran_and_failed("crash", m.clone()),
+        Outcome::Done(_) => {}
+    };
+    let out = run_on_gpu(tests, pool, opts.wall);
+    failed_run(&mut v, &out);
+    if let Outcome::Done(r) = out {
+        v.executed = true;
+        v.worker_ms = r.worker_ms.clone();
+        v.gpu = r.gpu.clone();
+        v.tests = r.tests.clone();
+        v.max_abs_err = r.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
+        v.max_rel_err = r.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
+        if let Some(e) = &r.load_error {
+            v.failure = Some("load_error".into());
+            v.failure_detail = Some(e.clone());
+        } else if let Some(e) = &r.cuda_error {
+            v.failure = Some("cuda_error".into());
+            v.failure_detail = Some(e.clone());
+        } else if let Some(t) = r.tests.iter().find(|t| !t.passed) {
+            v.failure = Some(
+                if t.out_of_bounds_write {
+                    "out_of_bounds_write"
+                } else if t.input_mutated {
+                    "input_mutation"
+                } else if t.unwritten > 0 {
+                    "unwritten_output"
+                } else {
+                    "wrong_answer"
+                }
+                .into(),
+            );
+            v.failure_detail = Some(format!(
+                "{} shape {:?} seed {}: {}",
+                t.split,
+                t.sizes,
+                t.seed,
+                t.message.clone().unwrap_or_default()
+            ));
+        }
+        v.correct = Some(v.failure.is_none());
+    }
+    if v.correct == Some(true)
+        && let Some(b) = &bench
+    {
+        let timing = RunJob {
+            so_path: Some(so.display().to_string()),
+            task: spec.clone(),
+            shapes: vec![shapes[bench_idx].clone()],
+            seeds: vec![],
+            bench: Some(b.clone()),
+            torch_baseline: base(&mut lock()).torch.is_none(),
+        };
+        let out = run_on_gpu(timing, pool, opts.wall);
+        failed_run(&mut v, &out);
+        if let Outcome::Done(r) = out {
+            if let (Some(w), Some(t)) = (v.worker_ms.as_mut(), &r.worker_ms) {
+                w.load += t.load;
+                w.timing = t.timing;
+                w.torch = t.torch;
             }
-            v.correct = Some(v.failure.is_none());
+            if let Some(e) = r.load_error.as_ref().or(r.cuda_error.as_ref()) {
+                v.ran_and_failed(
+                    if r.load_error.is_some() {
+                        "load_error"
+                    } else {
+                        "cuda_error"
+                    },
+                    e.clone(),
+                );
+            }
             v.timing = r.timing.clone();
             if r.torch_timing.is_some() {
-                base.torch = r.torch_timing.clone();
+                let mut b = lock();
+                let e = b.entry(spec.id.clone()).or_default();
+                if e.torch.is_none() {
+                    e.torch = r.torch_timing.clone();
+                }
             }
         }
     }
@@ -417,8 +462,8 @@ pub fn check_full(
         }
         // The naive kernel on the same shape (itself: speedup 1), measured once per task.
         if naive_source == Some(source) {
-            base.naive = Some(t.clone());
-        } else if base.naive.is_none()
+            lock().entry(spec.id.clone()).or_default().naive = Some(t.clone());
+        } else if base(&mut lock()).naive.is_none()
             && let Some(naive_src) = naive_source
             && let Ok(out) = compiler.compile(naive_src, &spec.shim())
             && let Some(h) = out.so_hash
@@ -431,10 +476,17 @@ pub fn check_full(
                 bench: bench.clone(),
                 torch_baseline: false,
             };
-            if let Outcome::Done(r) = run_on_gpu(job, pool, opts.wall) {
-                base.naive = r.timing.clone();
+            if let Outcome::Done(r) = run_on_gpu(job, pool, opts.wall)
+                && r.timing.is_some()
+            {
+                let mut b = lock();
+                let e = b.entry(spec.id.clone()).or_default();
+                if e.naive.is_none() {
+                    e.naive = r.timing.clone();
+                }
             }
         }
+        let base = base(&mut lock());
         if let Some(nt) = &base.naive {
             v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
             v.naive_timing = Some(nt.clone());

@@ -9,12 +9,16 @@
 //! `{"heartbeat":true}` lines before each GPU step, then one JSON [`crate::gpu::RunResult`].
 //! The wall-clock limit applies between two lines, i.e. to each step.
 //!
-//! One job at a time per GPU, machine-wide: every job holds an exclusive lock on its GPU
+//! Timing runs alone on its GPU, machine-wide: a job that times (a [`RunJob`] with `bench` or
+//! `torch_baseline`, and every [`WorkerPool::run_line`] job) holds an exclusive lock on its GPU
 //! ([`GpuLock`]) while it runs, so two cudarl-pipe processes on one GPU (two validation shards,
 //! `serve` beside a `validate`) take turns instead of timing each other's kernels. Measured on an
 //! H100 before the lock: two concurrent shards on one GPU flagged 22 of 166 kernels
 //! `work_after_stop` and reported speedups up to 9x lower than a run alone
-//! (benchmarks/results/shard_validate_h100_2026-11-22.json).
+//! (benchmarks/results/shard_validate_h100_2026-11-22.json). Jobs that only test (correctness
+//! does not depend on what else runs) hold the lock shared, so several pools on one GPU test
+//! candidates concurrently ([`drain_on`]); within a process a waiting timer goes first (a
+//! writer-preferring [`std::sync::RwLock`] per GPU in front of the flock).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -27,13 +31,37 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::{RunJob, RunResult};
 
-/// An exclusive, machine-wide advisory lock (flock(2)) on one GPU, released on drop. The lock
-/// file is `<dir>/cudarl-gpu-<id>.lock` with `dir` = `$CUDARL_GPU_LOCK_DIR` or the system temp
+/// A machine-wide advisory lock (flock(2)) on one GPU, exclusive (timing) or shared (tests),
+/// released on drop. The lock file is `<dir>/cudarl-gpu-<id>.lock` with `dir` = `$CUDARL_GPU_LOCK_DIR` or the system temp
 /// directory, and `id` the GPU's `CUDA_VISIBLE_DEVICES` value (`default` when unset): processes
 /// that see the same device share one lock.
 #[derive(Debug)]
 pub struct GpuLock {
+    // Dropped first: the flock goes before the in-process gate lets the next thread in.
     _file: std::fs::File,
+    _gate: Gate,
+}
+
+/// The in-process half of a [`GpuLock`]: a guard on the GPU's writer-preferring gate.
+#[derive(Debug)]
+enum Gate {
+    None,
+    Shared {
+        _held: std::sync::RwLockReadGuard<'static, ()>,
+    },
+    Exclusive {
+        _held: std::sync::RwLockWriteGuard<'static, ()>,
+    },
+}
+
+/// One gate per lock id for the whole process (leaked: a handful of GPUs).
+fn gate(id: &str) -> &'static std::sync::RwLock<()> {
+    static GATES: std::sync::Mutex<
+        std::collections::BTreeMap<String, &'static std::sync::RwLock<()>>,
+    > = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let mut g = GATES.lock().unwrap_or_else(|e| e.into_inner());
+    g.entry(id.to_string())
+        .or_insert_with(|| Box::leak(Box::new(std::sync::RwLock::new(()))))
 }
 
 impl GpuLock {
@@ -62,18 +90,49 @@ impl GpuLock {
             .open(Self::path(id))
     }
 
-    /// Waits for the GPU `id` and holds it until dropped.
+    /// Waits for the GPU `id` alone and holds it until dropped.
     ///
     /// # Errors
     /// The lock file cannot be opened or locked.
     pub fn acquire(id: &str) -> std::io::Result<GpuLock> {
+        Self::acquire_mode(id, true)
+    }
+
+    /// Waits for the GPU `id` beside other shared holders (no exclusive one) and holds it until
+    /// dropped.
+    ///
+    /// # Errors
+    /// The lock file cannot be opened or locked.
+    pub fn acquire_shared(id: &str) -> std::io::Result<GpuLock> {
+        Self::acquire_mode(id, false)
+    }
+
+    fn acquire_mode(id: &str, exclusive: bool) -> std::io::Result<GpuLock> {
         use std::os::fd::AsRawFd;
+        let g = gate(id);
+        let gate = if exclusive {
+            Gate::Exclusive {
+                _held: g.write().unwrap_or_else(|e| e.into_inner()),
+            }
+        } else {
+            Gate::Shared {
+                _held: g.read().unwrap_or_else(|e| e.into_inner()),
+            }
+        };
         let f = Self::open(id)?;
+        let op = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
         // SAFETY: flock on a file descriptor this function owns.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(GpuLock { _file: f })
+        Ok(GpuLock {
+            _file: f,
+            _gate: gate,
+        })
     }
 
     /// The lock if the GPU `id` is free now, `None` if another holder has it.
@@ -87,9 +146,18 @@ impl GpuLock {
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Ok(None);
         }
-        Ok(Some(GpuLock { _file: f }))
+        Ok(Some(GpuLock {
+            _file: f,
+            _gate: Gate::None,
+        }))
     }
 }
+
+/// GPU worker processes a stage runs on one GPU by default (`validate`, and the harness of
+/// `rl-train` and `eval`): they test candidates concurrently while timing runs alone. Four
+/// hide the host-side work of the tests (input generation, launches, the libtorch reference,
+/// comparisons); see benchmarks/results/bench_validate_*.json for the measured ratio.
+pub const DEFAULT_GPU_WORKERS: usize = 4;
 
 /// Worker resource limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -292,10 +360,12 @@ impl WorkerPool {
     }
 
     /// Runs one job with a wall-clock limit per step (between heartbeats). Never fails: a broken
-    /// worker is an [`Outcome`].
+    /// worker is an [`Outcome`]. A job that times (`bench` or `torch_baseline`) has the GPU to
+    /// itself; one that only tests shares it with other testers ([`GpuLock`]).
     pub fn run(&mut self, job: &RunJob, wall: Duration) -> Outcome {
         let line = serde_json::to_string(job).expect("job serializes");
-        match self.run_line(&line, wall) {
+        let exclusive = job.bench.is_some() || job.torch_baseline;
+        match self.run_line_locked(&line, wall, exclusive) {
             RawOutcome::Done(l) => match serde_json::from_str::<RunResult>(&l) {
                 Ok(r) => {
                     if r.cuda_error.is_some() {
@@ -317,10 +387,21 @@ impl WorkerPool {
     /// Sends one JSON job line and returns the worker's answer line, with the same wall-clock
     /// limit per step and the same handling of hangs and crashes as [`WorkerPool::run`]. Lines
     /// starting with `{"heartbeat"` or `{"hello"` are not answers. Used for the Python worker
-    /// (torch-format candidates), whose jobs are not [`RunJob`]s.
+    /// (torch-format candidates), whose jobs are not [`RunJob`]s; such a job has the GPU to
+    /// itself.
     pub fn run_line(&mut self, line: &str, wall: Duration) -> RawOutcome {
-        // Machine-wide: one job on this GPU at a time (held until the answer or the kill).
-        let _gpu = match GpuLock::acquire(&self.gpu_id()) {
+        self.run_line_locked(line, wall, true)
+    }
+
+    fn run_line_locked(&mut self, line: &str, wall: Duration, exclusive: bool) -> RawOutcome {
+        // Machine-wide (held until the answer or the kill).
+        let id = self.gpu_id();
+        let lock = if exclusive {
+            GpuLock::acquire(&id)
+        } else {
+            GpuLock::acquire_shared(&id)
+        };
+        let _gpu = match lock {
             Ok(l) => l,
             Err(e) => return RawOutcome::Crash(format!("GPU lock: {e}")),
         };
@@ -395,6 +476,68 @@ impl WorkerPool {
     }
 }
 
+/// Runs `f` on every item of `jobs`, one thread per slot (normally one [`WorkerPool`] each, so
+/// several workers test candidates on one GPU at once, see [`GpuLock`]); each thread takes the
+/// next item when it is done with one. Returns the results in completion order (carry an index
+/// in the item to place them). One slot is the plain sequential loop on this thread.
+///
+/// # Errors
+/// The first error of `f`: the other threads stop taking items, and it is returned once they
+/// have finished the ones they hold.
+pub fn drain_on<S, T, R, E, I, F>(slots: &mut [S], jobs: I, f: F) -> Result<Vec<R>, E>
+where
+    S: Send,
+    T: Send,
+    R: Send,
+    E: Send,
+    I: Iterator<Item = T> + Send,
+    F: Fn(&mut S, T) -> Result<R, E> + Sync,
+{
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if let [slot] = slots {
+        return jobs.map(|t| f(slot, t)).collect();
+    }
+    let jobs = Mutex::new(jobs);
+    let failed = AtomicBool::new(false);
+    let next = || -> Option<T> {
+        if failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        jobs.lock().unwrap_or_else(|e| e.into_inner()).next()
+    };
+    let parts: Vec<Result<Vec<R>, E>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = slots
+            .iter_mut()
+            .map(|slot| {
+                let (f, next, failed) = (&f, &next, &failed);
+                sc.spawn(move || {
+                    let mut out = Vec::new();
+                    while let Some(t) = next() {
+                        match f(slot, t) {
+                            Ok(r) => out.push(r),
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut all = Vec::new();
+    for p in parts {
+        all.extend(p?);
+    }
+    Ok(all)
+}
+
 impl Drop for WorkerPool {
     fn drop(&mut self) {
         self.kill();
@@ -432,6 +575,63 @@ mod tests {
         assert!(GpuLock::try_acquire(&id).unwrap().is_some());
         let _ = std::fs::remove_file(GpuLock::path(&id));
         let _ = std::fs::remove_file(GpuLock::path(&format!("{id}-other")));
+    }
+
+    #[test]
+    fn testers_share_the_gpu_and_a_timer_waits_for_them() {
+        let id = format!("test-shared-{}", std::process::id());
+        let a = GpuLock::acquire_shared(&id).unwrap();
+        // Another tester gets in beside the first (another thread: the gate is per process).
+        let b = std::thread::spawn({
+            let id = id.clone();
+            move || GpuLock::acquire_shared(&id).map(|_| ())
+        });
+        b.join().unwrap().unwrap();
+        assert!(
+            GpuLock::try_acquire(&id).unwrap().is_none(),
+            "no exclusive holder beside a shared one"
+        );
+        let timer = std::thread::spawn({
+            let id = id.clone();
+            move || GpuLock::acquire(&id).map(|_| ())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!timer.is_finished(), "the timer waits for the tester");
+        drop(a);
+        timer.join().unwrap().unwrap();
+        let _ = std::fs::remove_file(GpuLock::path(&id));
+    }
+
+    #[test]
+    fn drain_on_runs_every_item_once_and_stops_at_an_error() {
+        let mut slots = vec![0usize; 3];
+        let mut got = drain_on(&mut slots, 0..50, |n, i| {
+            *n += 1;
+            std::thread::sleep(Duration::from_millis(1));
+            Ok::<_, String>(i)
+        })
+        .unwrap();
+        got.sort();
+        assert_eq!(got, (0..50).collect::<Vec<_>>());
+        assert_eq!(slots.iter().sum::<usize>(), 50);
+        assert!(
+            slots.iter().filter(|&&n| n > 0).count() >= 2,
+            "work spread over the slots: {slots:?}"
+        );
+        let err = drain_on(&mut slots, 0..1000, |_, i| {
+            std::thread::sleep(Duration::from_millis(1));
+            if i == 7 {
+                Err(format!("item {i}"))
+            } else {
+                Ok(i)
+            }
+        });
+        assert_eq!(err.unwrap_err(), "item 7");
+        let mut one = vec![()];
+        assert_eq!(
+            drain_on(&mut one, 0..3, |_, i| Ok::<_, ()>(i * 2)).unwrap(),
+            vec![0, 2, 4]
+        );
     }
 
     #[test]

@@ -191,7 +191,7 @@ impl Metrics {
 /// A GPU: its worker pool and its naive-kernel timings.
 struct GpuSlot {
     pool: WorkerPool,
-    baselines: Baselines,
+    baselines: std::sync::Mutex<Baselines>,
 }
 
 struct Inner {
@@ -236,7 +236,7 @@ pub fn router(cfg: Config) -> Router {
         .map(|pool| {
             Arc::new(Mutex::new(GpuSlot {
                 pool,
-                baselines: Baselines::new(),
+                baselines: Default::default(),
             }))
         })
         .collect();
@@ -604,7 +604,7 @@ async fn judge(
             &s.compiler,
             &mut slot.pool,
             &opts,
-            &mut slot.baselines,
+            &slot.baselines,
         )
         .map_err(|e| e.to_string())
     })

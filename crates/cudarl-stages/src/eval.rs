@@ -225,7 +225,7 @@ impl Stage for Eval {
         let ts = load_tasks(ctx)?;
         let device = crate::train_stages::resolve_device(&p.rl.device);
         let mut h = harness(ctx, &p.rl.mode, p.rl.timeout_s, ts.naive.clone())?;
-        let mode = if h.pool.is_some() {
+        let mode = if !h.pools.is_empty() {
             "full"
         } else {
             "compile-only"

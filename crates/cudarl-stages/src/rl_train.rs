@@ -379,7 +379,12 @@ pub(crate) fn harness(
             store: Some(ctx.store().clone()),
         },
         rules: Rules::builtin(),
-        pool: gpu.map(|_| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![])),
+        pools: match gpu {
+            Some(_) => (0..cudarl_cuda::worker::DEFAULT_GPU_WORKERS)
+                .map(|_| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]))
+                .collect(),
+            None => Vec::new(),
+        },
         salt,
         public_seeds: vec![0],
         hidden: 1,
@@ -387,6 +392,7 @@ pub(crate) fn harness(
         naive,
         baselines: Default::default(),
         cuobjdump,
+        sass_cache: Default::default(),
         seconds: 0.0,
         candidates: 0,
         phases: Default::default(),
@@ -603,7 +609,7 @@ impl Stage for RlTrain {
         }
         let device = crate::train_stages::resolve_device(&p.device);
         let mut h = harness(ctx, &p.mode, p.timeout_s, ts.naive.clone())?;
-        let mode = if h.pool.is_some() {
+        let mode = if !h.pools.is_empty() {
             "full"
         } else {
             "compile-only"

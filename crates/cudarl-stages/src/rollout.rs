@@ -14,7 +14,7 @@ use cudarl_core::StageError;
 use cudarl_core::Store;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_cuda::verdict::{Baselines, FullOptions, check_full, hidden_seeds};
-use cudarl_cuda::worker::WorkerPool;
+use cudarl_cuda::worker::{WorkerPool, drain_on};
 use cudarl_cuda::{Compiler, Rules, Verdict, check_compile_only};
 use cudarl_curriculum::prompts::ChatMessage;
 use rayon::prelude::*;
@@ -199,8 +199,9 @@ pub struct Harness {
     pub compiler: Compiler,
     /// Static rules.
     pub rules: Rules,
-    /// The GPU worker pool (`None`: compile-only).
-    pub pool: Option<WorkerPool>,
+    /// GPU worker pools on the one GPU (empty: compile-only): each tests one candidate at a
+    /// time, concurrently, while timing runs alone ([`cudarl_cuda::worker::GpuLock`]).
+    pub pools: Vec<WorkerPool>,
     /// Hidden-seed salt.
     pub salt: Vec<u8>,
     /// Public seeds.
@@ -212,9 +213,13 @@ pub struct Harness {
     /// Naive kernel per task id (the speedup baseline).
     pub naive: std::collections::BTreeMap<String, String>,
     /// Baseline timings per task.
-    pub baselines: Baselines,
+    pub baselines: std::sync::Mutex<Baselines>,
     /// `cuobjdump` for SASS, when found.
     pub cuobjdump: Option<PathBuf>,
+    /// `cuobjdump -sass` output by shared-object digest (`None`: it failed), filled by
+    /// prefetches while the batch still decodes and by [`Tester::test_many`]; the same kernel
+    /// sampled twice is disassembled once.
+    pub sass_cache: SassCache,
     /// Seconds in the harness.
     pub seconds: f64,
     /// Candidates judged.
@@ -228,16 +233,21 @@ pub struct Harness {
     pub prefetch_hits: usize,
 }
 
-/// Wall-clock seconds of [`Harness::test_many`] by phase (they add up to about
-/// [`Harness::seconds`]).
+/// SASS text by shared-object digest, shared with background prefetches.
+pub type SassCache =
+    std::sync::Arc<std::sync::Mutex<BTreeMap<cudarl_core::Digest, Option<String>>>>;
+
+/// Wall-clock seconds of [`Harness::test_many`] by phase: `compile`, then `gpu` and `sass`
+/// side by side (the harness's seconds are about compile + max(gpu, sass)).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HarnessPhases {
     /// Static checks and nvcc not already done by a prefetch (all cores), plus waiting for
     /// prefetched builds still running.
     pub compile: f64,
-    /// GPU worker jobs (tests and timing, one candidate at a time under the GPU lock).
+    /// GPU worker jobs (tests on every pool at once, timing alone under the GPU lock).
     pub gpu: f64,
-    /// `cuobjdump -sass` of each compiled candidate (the reward's SASS bonuses).
+    /// `cuobjdump -sass` of each compiled candidate a prefetch had not disassembled (the
+    /// reward's SASS bonuses), on the rayon pool while the GPU workers test.
     pub sass: f64,
 }
 
@@ -313,19 +323,31 @@ pub fn find_cuobjdump(nvcc: &Path) -> Option<PathBuf> {
 /// `cuobjdump -sass` of a compiled candidate's shared object in the store (`None`: not
 /// compiled, no cuobjdump, no shared object, or cuobjdump failed). About 0.75 s per call on
 /// the H100 machine's CPU.
-fn sass_of(exe: Option<&Path>, store: Option<&Store>, v: &Verdict) -> Option<String> {
+fn sass_of(
+    exe: Option<&Path>,
+    store: Option<&Store>,
+    cache: &SassCache,
+    v: &Verdict,
+) -> Option<String> {
     if !v.compiled {
         return None;
     }
     let (exe, h, store) = (exe?, v.so_hash?, store?);
-    let o = Command::new(exe)
+    if let Some(s) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&h) {
+        return s.clone();
+    }
+    let sass = Command::new(exe)
         .arg("-sass")
         .arg(store.blob_path(&h))
         .output()
-        .ok()?;
-    o.status
-        .success()
-        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(h, sass.clone());
+    sass
 }
 
 impl Tester for Harness {
@@ -363,44 +385,63 @@ impl Tester for Harness {
             .collect::<Result<_, _>>()?;
         let t_gpu = Instant::now();
         self.phases.compile += t_gpu.duration_since(t0).as_secs_f64();
-        let mut verdicts = Vec::with_capacity(items.len());
-        for ((t, c), v) in items.iter().zip(pre) {
-            let v = match self.pool.as_mut() {
-                Some(pool) if v.compiled => {
-                    let opts = FullOptions {
-                        public_seeds: self.public_seeds.clone(),
-                        hidden_seeds: hidden_seeds(&self.salt, &t.id, c, self.hidden),
-                        wall: self.wall,
-                        bench: true,
-                    };
-                    let naive = self.naive.get(&t.id).map(String::as_str);
-                    check_full(
-                        t,
-                        c,
-                        naive,
-                        &self.rules,
-                        &self.compiler,
-                        pool,
-                        &opts,
-                        &mut self.baselines,
-                    )
-                    .map_err(|e| e.to_string())?
-                }
-                _ => v,
-            };
-            verdicts.push(v);
-        }
-        let t_sass = Instant::now();
-        self.phases.gpu += t_sass.duration_since(t_gpu).as_secs_f64();
-        // SASS for the reward's bonuses: one cuobjdump process per compiled candidate, on
-        // every core (one after another they were most of the harness's time: 135 of 146 s
-        // in an H100 eval of 180 candidates).
-        let (exe, store) = (self.cuobjdump.as_deref(), self.compiler.store.as_ref());
-        let sass: Vec<Option<String>> = verdicts
-            .par_iter()
-            .map(|v| sass_of(exe, store, v))
+        let mut verdicts: Vec<Verdict> = pre;
+        let on_gpu: Vec<usize> = (0..items.len())
+            .filter(|&i| verdicts[i].compiled && !self.pools.is_empty())
             .collect();
-        self.phases.sass += t_sass.elapsed().as_secs_f64();
+        let Harness {
+            pools,
+            public_seeds,
+            salt,
+            hidden,
+            wall,
+            naive,
+            rules,
+            compiler,
+            baselines,
+            cuobjdump,
+            sass_cache,
+            phases,
+            ..
+        } = self;
+        // SASS for the reward's bonuses (one cuobjdump process per compiled candidate not
+        // disassembled yet, on every core; one after another they were most of the harness's
+        // time: 135 of 146 s in an H100 eval of 180 candidates) while the GPU workers test:
+        // the build is the same (compile cache), so its .so digest is known already.
+        let (full, (sass, sass_s)) = std::thread::scope(|sc| {
+            let pre = &verdicts;
+            let (exe, store) = (cuobjdump.as_deref(), compiler.store.as_ref());
+            let disassembly = sc.spawn(move || {
+                let t = Instant::now();
+                let sass: Vec<Option<String>> = pre
+                    .par_iter()
+                    .map(|v| sass_of(exe, store, sass_cache, v))
+                    .collect();
+                (sass, t.elapsed().as_secs_f64())
+            });
+            let full = drain_on(pools, on_gpu.into_iter(), |pool, i| {
+                let (t, c) = items[i];
+                let opts = FullOptions {
+                    public_seeds: public_seeds.clone(),
+                    hidden_seeds: hidden_seeds(salt, &t.id, c, *hidden),
+                    wall: *wall,
+                    bench: true,
+                };
+                let naive = naive.get(&t.id).map(String::as_str);
+                check_full(t, c, naive, rules, compiler, pool, &opts, baselines)
+                    .map(|v| (i, v))
+                    .map_err(|e| e.to_string())
+            });
+            phases.gpu += t_gpu.elapsed().as_secs_f64();
+            let sass = disassembly
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (full, sass)
+        });
+        for (i, v) in full? {
+            verdicts[i] = v;
+        }
+        phases.sass += sass_s;
         let out: Vec<(Verdict, Option<String>)> = verdicts.into_iter().zip(sass).collect();
         self.seconds += t0.elapsed().as_secs_f64();
         self.candidates += items.len();
@@ -415,9 +456,14 @@ impl Tester for Harness {
         let (tx, rx) = std::sync::mpsc::channel();
         let (t, c) = (task.clone(), code.to_string());
         let (rules, compiler) = (self.rules.clone(), self.compiler.clone());
+        let (exe, cache) = (self.cuobjdump.clone(), self.sass_cache.clone());
         rayon::spawn(move || {
-            let _ =
-                tx.send(check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string()));
+            let v = check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string());
+            // Its SASS too, while the batch still decodes.
+            if let Ok(v) = &v {
+                sass_of(exe.as_deref(), compiler.store.as_ref(), &cache, v);
+            }
+            let _ = tx.send(v);
         });
         self.prefetched.insert(key, rx);
     }

@@ -14,7 +14,7 @@ use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, S
 use cudarl_cuda::verdict::{
     Baselines, FullOptions, Verdict, check_full, hidden_salt, hidden_seeds,
 };
-use cudarl_cuda::worker::WorkerPool;
+use cudarl_cuda::worker::{WorkerPool, drain_on, worker_exe};
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
@@ -178,6 +178,14 @@ pub struct Params {
     /// At most this many archive kernels per source (quick runs and tests).
     #[serde(default)]
     pub archive_limit: Option<usize>,
+    /// GPU worker processes testing task kernels concurrently on the one GPU; timing still runs
+    /// alone ([`cudarl_cuda::worker::GpuLock`]). Not part of a verdict's memo key.
+    #[serde(default = "d_gpu_workers")]
+    pub gpu_workers: usize,
+}
+
+fn d_gpu_workers() -> usize {
+    cudarl_cuda::worker::DEFAULT_GPU_WORKERS
 }
 
 fn d_l1_gpus() -> Vec<String> {
@@ -358,86 +366,92 @@ impl Stage for Validate {
             Digest(*h.finalize().as_bytes())
         };
         let progress = ctx.progress("kernels", Some(rows.len() as u64));
-        let mut pool = gpu
-            .as_ref()
-            .map(|_| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]));
+        // One slot per GPU worker (`gpu_workers` of them test concurrently, timing runs alone);
+        // one empty slot without a GPU.
+        let slot = |pool: Option<WorkerPool>| (pool, Instant::now());
+        let mut slots: Vec<(Option<WorkerPool>, Instant)> = match gpu {
+            Some(_) => (0..self.params.gpu_workers.max(1))
+                .map(|_| slot(Some(WorkerPool::new(worker_exe(), vec![]))))
+                .collect(),
+            None => vec![slot(None)],
+        };
         // The naive kernel of each task, from the kernels table (the speedup baseline).
         let naive: std::collections::BTreeMap<&str, &str> = rows
             .iter()
             .filter(|r| r.role == "naive")
             .map(|r| (r.task_id.as_str(), r.code.as_str()))
             .collect();
-        let mut baselines = Baselines::new();
+        let baselines = std::sync::Mutex::new(Baselines::new());
         let mut verdicts: Vec<Option<Verdict>> = vec![None; rows.len()];
-        // Compiles (all cores, this thread and rayon's) feed the GPU (one consumer thread, one
+        // Compiles (all cores, this thread and rayon's) feed the GPU workers (each one
         // candidate at a time) through a channel, so the GPU runs while nvcc builds the rest.
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<Verdict>)>();
+        let one = |(pool, idle): &mut (Option<WorkerPool>, Instant),
+                   (i, pre): (usize, Option<Verdict>)|
+         -> Result<Option<(usize, Verdict)>, StageError> {
+            PartRows::time(&rows_of.gpu_wait_ms, *idle);
+            let r = &rows[i];
+            let key = row_key(r);
+            rows_of.owned();
+            if let Some(b) = memo.get(&key)?
+                && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
+            {
+                rows_of.found_in_memo();
+                progress.inc(1);
+                return Ok(Some((i, v)));
+            }
+            if rows_of.part == RunPart::Merge {
+                rows_of.missing(&r.kernel_id);
+                return Ok(None);
+            }
+            let spec = specs.get(&r.task_id).ok_or_else(|| {
+                StageError::bad_input(
+                    "kernels",
+                    Some("task_id"),
+                    format!("unknown task `{}`", r.task_id),
+                )
+            })?;
+            let t_gpu = Instant::now();
+            let v = match (pool.as_mut(), pre) {
+                // Static rejects and compile errors need no GPU.
+                (_, Some(v)) if !v.compiled => Ok(v),
+                (Some(p), _) => {
+                    let opts = FullOptions {
+                        public_seeds: (0..self.params.public_seeds as u64).collect(),
+                        hidden_seeds: hidden_seeds(
+                            &salt,
+                            &r.task_id,
+                            &r.code,
+                            self.params.hidden_seeds,
+                        ),
+                        wall: Duration::from_secs(self.params.timeout_s),
+                        bench: self.params.bench,
+                    };
+                    let naive = naive.get(r.task_id.as_str()).copied();
+                    check_full(
+                        spec, &r.code, naive, &rules, &compiler, p, &opts, &baselines,
+                    )
+                }
+                (None, Some(v)) => Ok(v),
+                (None, None) => check_compile_only(spec, &r.code, &rules, &compiler),
+            }
+            .map_err(|e| StageError::Failed(e.to_string()))?;
+            PartRows::time(&rows_of.gpu_ms, t_gpu);
+            rows_of.worker(&v);
+            memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
+            rows_of.computed();
+            progress.inc(1);
+            *idle = Instant::now();
+            Ok(Some((i, v)))
+        };
         let mut consumer = |rx: std::sync::mpsc::Receiver<(usize, Option<Verdict>)>,
                             verdicts: &mut Vec<Option<Verdict>>|
          -> Result<(), StageError> {
-            let mut idle = Instant::now();
-            for (i, pre) in rx {
-                PartRows::time(&rows_of.gpu_wait_ms, idle);
-                let r = &rows[i];
-                let key = row_key(r);
-                rows_of.owned();
-                if let Some(b) = memo.get(&key)?
-                    && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
-                {
-                    verdicts[i] = Some(v);
-                    rows_of.found_in_memo();
-                    progress.inc(1);
-                    continue;
-                }
-                if rows_of.part == RunPart::Merge {
-                    rows_of.missing(&r.kernel_id);
-                    continue;
-                }
-                let spec = specs.get(&r.task_id).ok_or_else(|| {
-                    StageError::bad_input(
-                        "kernels",
-                        Some("task_id"),
-                        format!("unknown task `{}`", r.task_id),
-                    )
-                })?;
-                let t_gpu = Instant::now();
-                let v = match (pool.as_mut(), pre) {
-                    // Static rejects and compile errors need no GPU.
-                    (_, Some(v)) if !v.compiled => Ok(v),
-                    (Some(p), _) => {
-                        let opts = FullOptions {
-                            public_seeds: (0..self.params.public_seeds as u64).collect(),
-                            hidden_seeds: hidden_seeds(
-                                &salt,
-                                &r.task_id,
-                                &r.code,
-                                self.params.hidden_seeds,
-                            ),
-                            wall: Duration::from_secs(self.params.timeout_s),
-                            bench: self.params.bench,
-                        };
-                        let naive = naive.get(r.task_id.as_str()).copied();
-                        check_full(
-                            spec,
-                            &r.code,
-                            naive,
-                            &rules,
-                            &compiler,
-                            p,
-                            &opts,
-                            &mut baselines,
-                        )
-                    }
-                    (None, Some(v)) => Ok(v),
-                    (None, None) => check_compile_only(spec, &r.code, &rules, &compiler),
-                }
-                .map_err(|e| StageError::Failed(e.to_string()))?;
-                PartRows::time(&rows_of.gpu_ms, t_gpu);
-                memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
-                rows_of.computed();
+            for (i, v) in drain_on(&mut slots, rx.into_iter(), &one)?
+                .into_iter()
+                .flatten()
+            {
                 verdicts[i] = Some(v);
-                progress.inc(1);
-                idle = Instant::now();
             }
             Ok(())
         };
@@ -571,11 +585,15 @@ struct PartRows {
     from_memo: std::sync::atomic::AtomicUsize,
     computed: std::sync::atomic::AtomicUsize,
     missing: std::sync::Mutex<Vec<String>>,
-    /// Milliseconds: static checks and nvcc summed over the compile workers; the GPU thread
-    /// running tests and timing; the GPU thread waiting for a compile to finish.
+    /// Milliseconds: static checks and nvcc summed over the compile workers; the GPU threads
+    /// (one per GPU worker) running tests and timing, summed, and waiting for a compile to
+    /// finish, summed.
     compile_ms: std::sync::atomic::AtomicU64,
     gpu_ms: std::sync::atomic::AtomicU64,
     gpu_wait_ms: std::sync::atomic::AtomicU64,
+    /// Milliseconds inside the GPU workers by phase ([`cudarl_cuda::gpu::WorkerMs`]), summed:
+    /// loading the .so, tests, timing the candidate, timing the torch baseline.
+    worker_ms: [std::sync::atomic::AtomicU64; 4],
 }
 
 impl PartRows {
@@ -590,6 +608,19 @@ impl PartRows {
             compile_ms: Default::default(),
             gpu_ms: Default::default(),
             gpu_wait_ms: Default::default(),
+            worker_ms: Default::default(),
+        }
+    }
+    /// Adds a computed verdict's worker phases.
+    fn worker(&self, v: &Verdict) {
+        if let Some(w) = &v.worker_ms {
+            for (c, ms) in self
+                .worker_ms
+                .iter()
+                .zip([w.load, w.tests, w.timing, w.torch])
+            {
+                c.fetch_add(ms.round() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
     fn time(counter: &std::sync::atomic::AtomicU64, since: Instant) {
@@ -632,6 +663,12 @@ impl PartRows {
         ctx.stat("compile_ms_summed", self.compile_ms.load(Relaxed));
         ctx.stat("gpu_ms", self.gpu_ms.load(Relaxed));
         ctx.stat("gpu_wait_ms", self.gpu_wait_ms.load(Relaxed));
+        for (name, c) in ["load", "tests", "timing", "torch"]
+            .iter()
+            .zip(&self.worker_ms)
+        {
+            ctx.stat(&format!("worker_{name}_ms"), c.load(Relaxed));
+        }
         let mut missing = self
             .missing
             .lock()

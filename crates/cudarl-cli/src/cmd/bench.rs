@@ -521,23 +521,28 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
     // Baseline: one kernel per task (its naive one), cold store.
     let small = tmp.path().join("small");
     let n_small = variant_project(ctx, &small, 0)?;
-    let run = |root: &Path, store: &Path| -> Result<f64, CliError> {
-        time_cmd(
-            &exe,
-            &[
-                "--root".into(),
-                root.display().to_string(),
-                "--store".into(),
-                store.display().to_string(),
-                "run".into(),
-                "validate".into(),
-            ],
-        )
+    let run_with = |root: &Path, store: &Path, workers: Option<usize>| -> Result<f64, CliError> {
+        let mut args = vec![
+            "--root".into(),
+            root.display().to_string(),
+            "--store".into(),
+            store.display().to_string(),
+            "run".into(),
+            "validate".into(),
+        ];
+        if let Some(n) = workers {
+            args.extend(["--set".into(), format!("validate.gpu_workers={n}")]);
+        }
+        time_cmd(&exe, &args)
     };
+    let run = |root: &Path, store: &Path| run_with(root, store, None);
     let small_s = run(&small, &small.join("store"))?;
     let big = tmp.path().join("big");
     let n_big = variant_project(ctx, &big, kernels.div_ceil(ntasks))?;
-    let big_s = run(&big, &big.join("store"))?;
+    // The same kernels on one GPU worker (cold store too): what concurrent testing buys.
+    let workers = cudarl_cuda::worker::DEFAULT_GPU_WORKERS;
+    let one_s = run_with(&big, &big.join("store-one-worker"), Some(1))?;
+    let big_s = run_with(&big, &big.join("store"), Some(workers))?;
     let rows = Command::new(&exe)
         .args(["--root", &big.display().to_string(), "--store"])
         .arg(big.join("store"))
@@ -584,6 +589,9 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
             "baseline_s_per_kernel": small_s / n_small as f64,
             "s_per_kernel": big_s / n_big as f64,
             "ratio_vs_baseline_per_kernel": (small_s / n_small as f64) / (big_s / n_big as f64),
+            "gpu_workers": workers,
+            "one_worker_wall_s": one_s,
+            "speedup_vs_one_worker": one_s / big_s,
             "goal_kernels_per_hour": 20000,
             "meets_goal": per_h >= 20000.0,
         }),

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use cudarl_cuda::verdict::{Baselines, FullOptions, check_full, hidden_salt, hidden_seeds};
+use cudarl_cuda::verdict::{FullOptions, check_full, hidden_salt, hidden_seeds};
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, check_compile_only, load_tasks};
 
@@ -205,7 +205,7 @@ pub fn run(
             &compiler,
             &mut pool,
             &opts,
-            &mut Baselines::new(),
+            &Default::default(),
         )
         .map_err(|e| CliError::failed(e.to_string()))?
     } else {
