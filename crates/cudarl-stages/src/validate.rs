@@ -447,7 +447,7 @@ impl Stage for Validate {
         let mut consumer = |rx: std::sync::mpsc::Receiver<(usize, Option<Verdict>)>,
                             verdicts: &mut Vec<Option<Verdict>>|
          -> Result<(), StageError> {
-            for (i, v) in drain_on(&mut slots, rx.into_iter(), &one)?
+            for (i, v) in drain_on(&mut slots, rx.into_iter(), one)?
                 .into_iter()
                 .flatten()
             {
