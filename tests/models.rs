@@ -31,30 +31,37 @@ fn rows_with(p: &Project, node: &str, output: &str, sets: &[&str]) -> Vec<Value>
 fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     let p = Project::new();
     let pl = p.path("pipelines/default.toml");
-    let text = std::fs::read_to_string(&pl).unwrap();
-    std::fs::write(
-        &pl,
-        text.replace("per_family = 20 ", "per_family = 40 ")
-            // Two generated elementwise families, both reserved for RL (their id hashes,
-            // 0.578 and 0.424, fall in [holdout_generated, holdout_generated + 0.6)).
-            .replace(
-                "[stages.synth-tasks]\n",
-                "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 0, seed = 3 }\n",
-            )
-            .replace("rl_generated = 0.0 ", "rl_generated = 0.6 ")
-            .replace(
-                r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
-                r#"holdout_tasks = ["row_sum"]"#,
-            )
-            .replace("samples = 8", "samples = 3")
-            .replace("samples = 4 ", "samples = 3 ")
-            .replace("max_new_tokens = 512", "max_new_tokens = 48")
-            .replace("steps = 4", "steps = 2")
-            .replace("tasks_per_step = 4", "tasks_per_step = 1")
-            .replace("group_size = 4", "group_size = 2")
-            .replace("max_new_tokens = 768", "max_new_tokens = 32"),
-    )
-    .unwrap();
+    let mut text = std::fs::read_to_string(&pl).unwrap();
+    // Every edit must find its text: a default that moved would otherwise change this test
+    // silently.
+    for (from, to) in [
+        ("per_family = 20 ", "per_family = 40 "),
+        // Two generated elementwise families, both reserved for RL (their id hashes, 0.578
+        // and 0.424, fall in [holdout_generated, holdout_generated + 0.6)).
+        (
+            "[stages.synth-tasks]\n",
+            "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 0, seed = 3 }\n",
+        ),
+        ("rl_generated = 0.0 ", "rl_generated = 0.6 "),
+        (
+            r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
+            r#"holdout_tasks = ["row_sum"]"#,
+        ),
+        ("samples = 8", "samples = 3"),
+        ("samples = 4 ", "samples = 3 "),
+        ("max_new_tokens = 512", "max_new_tokens = 48"),
+        ("\nsteps = 6 ", "\nsteps = 2 "),
+        ("tasks_per_step = 4", "tasks_per_step = 1"),
+        ("group_size = 4", "group_size = 2"),
+        ("max_new_tokens = 768", "max_new_tokens = 32"),
+    ] {
+        assert!(
+            text.contains(from),
+            "pipelines/default.toml has no `{from}`"
+        );
+        text = text.replace(from, to);
+    }
+    std::fs::write(&pl, text).unwrap();
     // Two families make few SFT examples: smaller batches, more steps.
     let mc = p.path("configs/model/tiny.toml");
     let t = std::fs::read_to_string(&mc).unwrap();

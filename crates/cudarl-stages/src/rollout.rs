@@ -242,7 +242,7 @@ pub type SassCache =
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HarnessPhases {
     /// Static checks and nvcc not already done by a prefetch (all cores), plus waiting for
-    /// prefetched builds still running.
+    /// prefetched builds still running (a prefetch disassembles its build before it answers).
     pub compile: f64,
     /// GPU worker jobs (tests on every pool at once, timing alone under the GPU lock).
     pub gpu: f64,

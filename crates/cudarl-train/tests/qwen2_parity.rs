@@ -281,7 +281,30 @@ fn inference_copy_has_the_mixed_precision_logits_and_generation() {
         };
         generate(&m, &prompts, &p, &[], &mut |_, _| false).unwrap()
     };
-    assert_eq!(greedy(true).tokens, greedy(false).tokens);
+    // bf16 rounds the cached (one query row) and the full-sequence attention differently, so
+    // the two greedy decodes may part, but only where the next token is a near tie.
+    let (cached, full) = (greedy(true).tokens, greedy(false).tokens);
+    assert_eq!(
+        cached[0][0], full[0][0],
+        "the same prefill, the same first token"
+    );
+    for (i, (x, y)) in cached.iter().zip(&full).enumerate() {
+        if let Some(k) = x.iter().zip(y).position(|(a, b)| a != b) {
+            let mut seq = prompts[i].clone();
+            seq.extend(&x[..k]);
+            let l = m
+                .forward(&Tensor::from_slice(&seq).view([1, -1]), None, None, None)
+                .unwrap();
+            let last = l.select(1, -1).view([-1]);
+            let (lx, ly) = (last.double_value(&[x[k]]), last.double_value(&[y[k]]));
+            assert!(
+                (lx - ly).abs() <= 0.03 * lx.abs().max(ly.abs()).max(1.0),
+                "row {i} step {k}: cached {} ({lx}) vs full {} ({ly}) is no near tie",
+                x[k],
+                y[k]
+            );
+        }
+    }
     // The master weights are untouched (still float32, still trainable).
     assert_eq!(m.kind(), Kind::Float);
 }
