@@ -266,12 +266,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             0.0
         };
         assert_eq!(r["signal_groups"].as_f64(), Some(want), "{r}");
-        let phases = ["compile", "gpu", "sass"]
-            .iter()
-            .map(|k| r[format!("harness_{k}_seconds")].as_f64().unwrap())
-            .sum::<f64>();
+        // The GPU and SASS phases run side by side after the compile phase.
+        let ph = |k: &str| r[format!("harness_{k}_seconds")].as_f64().unwrap();
+        let phases = ph("compile") + ph("gpu").max(ph("sass"));
         assert!(
-            phases <= r["harness_seconds"].as_f64().unwrap() + 1e-6,
+            phases <= r["harness_seconds"].as_f64().unwrap() + 1e-3,
             "{r}"
         );
         // No GPU here: no GPU job ran (microseconds of bookkeeping at most).
@@ -299,12 +298,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         if mine.clone().any(|e| e["compiled"] == true) {
             assert!(c >= 1, "{r}");
         }
-        let phases = ["compile", "gpu", "sass"]
-            .iter()
-            .map(|k| r[format!("harness_{k}_seconds")].as_f64().unwrap())
-            .sum::<f64>();
+        // The GPU and SASS phases run side by side after the compile phase.
+        let ph = |k: &str| r[format!("harness_{k}_seconds")].as_f64().unwrap();
+        let phases = ph("compile") + ph("gpu").max(ph("sass"));
         assert!(
-            phases <= r["harness_seconds"].as_f64().unwrap() + 1e-6,
+            phases <= r["harness_seconds"].as_f64().unwrap() + 1e-3,
             "{r}"
         );
         assert!(r["gen_seconds"].as_f64().unwrap() > 0.0, "{r}");
