@@ -121,25 +121,10 @@ fn timing_the_same_kernel_twice_agrees_within_two_percent() {
     }
 }
 
-/// `validate`'s verdict rows (`show validate --json`) by kernel id, run in `store` with
-/// `validate.gpu_workers = workers` and a few generated families.
-fn validations(
-    p: &Project,
-    store: &str,
-    workers: usize,
-) -> std::collections::BTreeMap<String, Value> {
-    let set = format!("validate.gpu_workers={workers}");
-    let base = [
-        "--store",
-        store,
-        "--set",
-        &set,
-        "--set",
-        "synth-tasks.generate.elementwise=24",
-        "--set",
-        "synth-tasks.generate.row_reduce=4",
-    ];
-    let o = p.run(&[&base[..], &["run", "validate"]].concat());
+/// `run validate`, then its verdict rows (`show validate --output validations`) by kernel id;
+/// `base` (e.g. `--store`, `--set`) goes to both commands.
+fn validations(p: &Project, base: &[&str]) -> std::collections::BTreeMap<String, Value> {
+    let o = p.run(&[base, &["run", "validate"]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     let show = [
         "show",
@@ -150,7 +135,7 @@ fn validations(
         "--head",
         "100000",
     ];
-    let o = p.run(&[&base[..], &show[..]].concat());
+    let o = p.run(&[base, &show[..]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     stdout(&o)
         .lines()
@@ -166,8 +151,23 @@ fn four_gpu_workers_agree_with_one() {
         return;
     }
     let p = Project::full();
-    let one = validations(&p, "store-one", 1);
-    let four = validations(&p, "store-four", 4);
+    let run = |store: &str, workers: usize| {
+        let set = format!("validate.gpu_workers={workers}");
+        validations(
+            &p,
+            &[
+                "--store",
+                store,
+                "--set",
+                &set,
+                "--set",
+                "synth-tasks.generate.elementwise=24",
+                "--set",
+                "synth-tasks.generate.row_reduce=4",
+            ],
+        )
+    };
+    let (one, four) = (run("store-one", 1), run("store-four", 4));
     assert_eq!(
         one.keys().collect::<Vec<_>>(),
         four.keys().collect::<Vec<_>>()
@@ -231,23 +231,8 @@ fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
         toml::Value::Array(names.iter().cloned().map(toml::Value::String).collect()),
     );
     std::fs::write(&toml_path, toml::to_string(&doc).unwrap()).unwrap();
-    let o = p.run(&["run", "validate"]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let o = p.run(&[
-        "show",
-        "validate",
-        "--output",
-        "validations",
-        "--json",
-        "--head",
-        "1000",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     // The task kernels (`validate`; the archives' are `validate-archive`'s).
-    let rows: Vec<Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .collect();
+    let rows: Vec<Value> = validations(&p, &[]).into_values().collect();
     assert!(rows.iter().all(|v| v["source"] == "synth"), "{rows:?}");
     let kernels = p.run(&[
         "show",

@@ -280,6 +280,14 @@ impl WorkerPool {
         }
     }
 
+    /// `n` pools of `cudarl-pipe-worker` ([`worker_exe`]) for the visible GPU, to test
+    /// candidates side by side with [`drain_on`] (normally [`DEFAULT_GPU_WORKERS`]; at least one).
+    pub fn testers(n: usize) -> Vec<WorkerPool> {
+        (0..n.max(1))
+            .map(|_| WorkerPool::new(worker_exe(), vec![]))
+            .collect()
+    }
+
     /// The GPU this pool's jobs run on, as the lock id of [`GpuLock`].
     fn gpu_id(&self) -> String {
         self.env

@@ -380,9 +380,7 @@ pub(crate) fn harness(
         },
         rules: Rules::builtin(),
         pools: match gpu {
-            Some(_) => (0..cudarl_cuda::worker::DEFAULT_GPU_WORKERS)
-                .map(|_| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]))
-                .collect(),
+            Some(_) => WorkerPool::testers(cudarl_cuda::worker::DEFAULT_GPU_WORKERS),
             None => Vec::new(),
         },
         salt,

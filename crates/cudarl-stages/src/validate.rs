@@ -14,7 +14,7 @@ use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, S
 use cudarl_cuda::verdict::{
     Baselines, FullOptions, Verdict, check_full, hidden_salt, hidden_seeds,
 };
-use cudarl_cuda::worker::{WorkerPool, drain_on, worker_exe};
+use cudarl_cuda::worker::{WorkerPool, drain_on};
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
@@ -368,13 +368,15 @@ impl Stage for Validate {
         let progress = ctx.progress("kernels", Some(rows.len() as u64));
         // One slot per GPU worker (`gpu_workers` of them test concurrently, timing runs alone);
         // one empty slot without a GPU.
-        let slot = |pool: Option<WorkerPool>| (pool, Instant::now());
-        let mut slots: Vec<(Option<WorkerPool>, Instant)> = match gpu {
-            Some(_) => (0..self.params.gpu_workers.max(1))
-                .map(|_| slot(Some(WorkerPool::new(worker_exe(), vec![]))))
+        let pools: Vec<Option<WorkerPool>> = match gpu {
+            Some(_) => WorkerPool::testers(self.params.gpu_workers)
+                .into_iter()
+                .map(Some)
                 .collect(),
-            None => vec![slot(None)],
+            None => vec![None],
         };
+        let mut slots: Vec<(Option<WorkerPool>, Instant)> =
+            pools.into_iter().map(|p| (p, Instant::now())).collect();
         // The naive kernel of each task, from the kernels table (the speedup baseline).
         let naive: std::collections::BTreeMap<&str, &str> = rows
             .iter()
@@ -484,7 +486,7 @@ impl Stage for Validate {
             );
             (produced, h.join())
         });
-        consumed.map_err(|_| StageError::Failed("validate: the GPU thread panicked".into()))??;
+        consumed.map_err(|_| StageError::Failed("validate: a GPU thread panicked".into()))??;
         produced
             .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
         progress.finish();
@@ -577,7 +579,7 @@ fn read_task_rows(
 
 /// The rows one run computes ([`RunPart`]) and what became of them: found in the row memo
 /// (local or shared), computed here, or, in a merge, missing. Counters are atomics because
-/// the compile workers and the GPU thread update them concurrently.
+/// the compile workers and the GPU threads update them concurrently.
 struct PartRows {
     part: RunPart,
     node: String,

@@ -547,8 +547,7 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
         args.extend(sets(workers));
         time_cmd(&exe, &args)
     };
-    let run = |root: &Path, store: &Path| run_with(root, store, None);
-    let small_s = run(&small, &small.join("store"))?;
+    let small_s = run_with(&small, &small.join("store"), None)?;
     let big = tmp.path().join("big");
     let n_big = variant_project(ctx, &big, kernels.div_ceil(ntasks))?;
     // The same kernels on one GPU worker (cold store too): what concurrent testing buys.
