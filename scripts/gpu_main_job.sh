@@ -47,6 +47,8 @@ date +%s > $D/end
 for o in metrics tiers turns; do $B/cudarl-pipe --root . --store $D/store show rl-train --output \$o --json --head 100000 "\${SETS[@]}" > $D/rl_\$o.jsonl 2>/dev/null; done
 $B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${SETS[@]}" > $D/eval_summary.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
+$B/cudarl-pipe --root . --store $D/store show eval --output turns --json --head 100000 "\${SETS[@]}" > $D/eval_turns.jsonl 2>/dev/null
+$B/cudarl-pipe --root . --store $D/store show synth-tasks --output tasks --json --head 100000 "\${SETS[@]}" > $D/tasks.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store export eval --output report --to $D/export "\${SETS[@]}" > /dev/null 2>&1
 while IFS=: read -r name kvs; do
   V=$D/variants/\$name; mkdir -p \$V
@@ -57,6 +59,7 @@ while IFS=: read -r name kvs; do
   echo \$? > \$V/rc; echo \$(( \$(date +%s) - t0 )) > \$V/wall
   for o in metrics turns; do $B/cudarl-pipe --root . --store $D/store show rl-train --output \$o --json --head 100000 "\${VS[@]}" > \$V/rl_\$o.jsonl 2>/dev/null; done
   $B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${VS[@]}" > \$V/eval_summary.jsonl 2>/dev/null
+  $B/cudarl-pipe --root . --store $D/store show eval --output turns --json --head 100000 "\${VS[@]}" > \$V/eval_turns.jsonl 2>/dev/null
 done < $D/variants.txt
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   t0=\$(date +%s)
@@ -111,8 +114,9 @@ for v in sorted((d / "variants").glob("*/")):
         "rl_metrics": [json.loads(l) for l in (v / "rl_metrics.jsonl").read_text().splitlines() if l.strip()] if (v / "rl_metrics.jsonl").exists() else [],
         "eval_summary": [json.loads(l) for l in (v / "eval_summary.jsonl").read_text().splitlines() if l.strip()] if (v / "eval_summary.jsonl").exists() else [],
     }
-    if (v / "rl_turns.jsonl").exists():
-        (out / f"rl_turns_{v.name}.jsonl").write_text((v / "rl_turns.jsonl").read_text())
+    for t in ("rl_turns", "eval_turns"):
+        if (v / f"{t}.jsonl").exists():
+            (out / f"{t}_{v.name}.jsonl").write_text((v / f"{t}.jsonl").read_text())
 if (d / "gpu_tests.rc").exists():
     log = (d / "gpu_tests.log").read_text()
     res["gpu_tests"] = {"rc": int((d / "gpu_tests.rc").read_text()), "wall_s": int((d / "gpu_tests.wall").read_text()),
@@ -121,7 +125,8 @@ if (d / "gpu_tests.rc").exists():
 (out / "main_job.json").write_text(json.dumps(res, indent=1))
 for p in (d / "export").rglob("report.md"):
     (out / "eval_report.md").write_text(p.read_text())
-(out / "rl_turns.jsonl").write_text((d / "rl_turns.jsonl").read_text() if (d / "rl_turns.jsonl").exists() else "")
+for t in ("rl_turns", "eval_turns", "tasks"):
+    (out / f"{t}.jsonl").write_text((d / f"{t}.jsonl").read_text() if (d / f"{t}.jsonl").exists() else "")
 print(f"wall {res['wall_s']} s, rc {res['rc']}")
 for n, v in nodes.items():
     print(f"  {n:22s} {v.get('status', ''):8s} {v.get('seconds', 0) or 0:8.1f} s")

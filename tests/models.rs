@@ -42,7 +42,7 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             "[stages.synth-tasks]\n",
             "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 0, seed = 3 }\n",
         ),
-        ("rl_generated = 0.0 ", "rl_generated = 0.6 "),
+        ("rl_generated = 0.2 ", "rl_generated = 0.6 "),
         (
             r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
             r#"holdout_tasks = ["row_sum"]"#,
@@ -306,6 +306,25 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             "{r}"
         );
         assert!(r["gen_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // What each agent wrote: eval's turns, one row per turn of every episode, keyed to the
+    // episodes table; the generator writes turn 0, the optimizer the rest; every turn has the
+    // tester's feedback, and a turn with code that compiled has no `no_code` failure.
+    let et = rows(&p, "eval", "turns");
+    for e in &eps {
+        let mine: Vec<&Value> = et.iter().filter(|t| t["episode"] == e["episode"]).collect();
+        assert_eq!(mine.len() as i64, e["turns"].as_i64().unwrap(), "{e}");
+        for (k, t) in mine.iter().enumerate() {
+            assert_eq!(t["turn"].as_u64(), Some(k as u64), "{t}");
+            assert_eq!(t["checkpoint"], e["checkpoint"]);
+            assert_eq!(t["task_id"], e["task_id"]);
+            let role = if k == 0 { "generator" } else { "optimizer" };
+            assert_eq!(t["role"], role, "{t}");
+            assert!(!t["feedback"].as_str().unwrap().is_empty(), "{t}");
+        }
+        let first = mine[0];
+        let c: Value = serde_json::from_str(first["components_json"].as_str().unwrap()).unwrap();
+        assert_eq!(c["compiled"], e["first_compiled"], "{first}");
     }
     // PPO: a critic per agent, its values on every turn, GAE advantages, a value loss.
     let o = p.run(&[

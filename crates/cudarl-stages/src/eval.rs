@@ -15,6 +15,7 @@
 //! |---|---|
 //! | `summary` | checkpoint (utf8: sft, rl), split (utf8: test, train), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), mode, device (utf8) |
 //! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch (float64, nullable), reward (float64) |
+//! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
 
 use std::collections::BTreeMap;
@@ -84,6 +85,17 @@ pub static EPISODES: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("speedup_vs_torch"),
         Field::new("reward", DataType::Float64, false),
     ]))
+});
+
+/// Schema of `turns`: checkpoint, split, episode, then [`crate::rl_train::turn_fields`].
+pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let mut f = vec![
+        Field::new("checkpoint", DataType::Utf8, false),
+        Field::new("split", DataType::Utf8, false),
+        Field::new("episode", DataType::Int64, false),
+    ];
+    f.extend(crate::rl_train::turn_fields());
+    Arc::new(Schema::new(f))
 });
 
 fn d_samples() -> usize {
@@ -184,7 +196,7 @@ impl Stage for Eval {
         "eval"
     }
     fn code_version(&self) -> u32 {
-        5
+        6
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -206,6 +218,7 @@ impl Stage for Eval {
         vec![
             OutputDecl::table("summary", SUMMARY.clone()),
             OutputDecl::table("episodes", EPISODES.clone()),
+            OutputDecl::table("turns", TURNS.clone()),
             OutputDecl::table("report", CHECKPOINT.clone()),
         ]
     }
@@ -388,6 +401,29 @@ impl Stage for Eval {
         )
         .map_err(data_err)?;
         write_output(ctx, "episodes", &b)?;
+        let turns: Vec<(usize, &Row, &crate::episode::Turn)> = rows
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.ep.turns.iter().map(move |t| (i, r, t)))
+            .collect();
+        let items: Vec<_> = turns
+            .iter()
+            .map(|(_, r, t)| (*t, r.ep.task_id.as_str(), r.ep.tier, 0.0))
+            .collect();
+        let mut cols: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(
+                turns.iter().map(|x| x.1.ck).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                turns.iter().map(|x| x.1.split).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                turns.iter().map(|x| x.0 as i64).collect::<Vec<_>>(),
+            )),
+        ];
+        cols.extend(crate::rl_train::turn_columns(&items));
+        let b = cudarl_data::parquet_io::batch(&TURNS.clone(), cols).map_err(data_err)?;
+        write_output(ctx, "turns", &b)?;
         let rd = dir.join("report");
         std::fs::create_dir_all(&rd).map_err(|e| StageError::Failed(e.to_string()))?;
         let metrics =

@@ -869,58 +869,64 @@ fn write_metrics(ctx: &StageContext<'_>, rows: &[Value]) -> Result<(), StageErro
 
 type TurnRow = (usize, usize, crate::episode::Turn, String, i64, f64);
 
-fn write_turns(ctx: &StageContext<'_>, t: &[TurnRow]) -> Result<(), StageError> {
-    let i = |f: &dyn Fn(&TurnRow) -> i64| -> ArrayRef {
-        Arc::new(Int64Array::from(t.iter().map(f).collect::<Vec<_>>()))
+/// One row of a turns table: (turn, task id, tier, advantage).
+pub(crate) type TurnItem<'a> = (&'a crate::episode::Turn, &'a str, i64, f64);
+
+/// The columns of a turns table after its leading key columns: turn, task_id, tier, role,
+/// tokens, text, code, failure, feedback, reward, credit, advantage, value, components_json
+/// (the tail of [`TURNS`]; `eval`'s `turns` has the same tail). Each item: (turn, task id,
+/// tier, advantage).
+pub(crate) fn turn_columns(t: &[TurnItem<'_>]) -> Vec<ArrayRef> {
+    let s = |f: &dyn Fn(&crate::episode::Turn) -> Option<String>| -> ArrayRef {
+        Arc::new(StringArray::from(
+            t.iter().map(|r| f(r.0)).collect::<Vec<_>>(),
+        ))
     };
-    let b = cudarl_data::parquet_io::batch(
-        &TURNS.clone(),
-        vec![
-            i(&|r| r.0 as i64),
-            i(&|r| r.1 as i64),
-            i(&|r| r.2.turn as i64),
-            Arc::new(StringArray::from(
-                t.iter().map(|r| r.3.clone()).collect::<Vec<_>>(),
-            )),
-            i(&|r| r.4),
-            Arc::new(StringArray::from(
-                t.iter()
-                    .map(|r| format!("{:?}", r.2.role).to_lowercase())
-                    .collect::<Vec<_>>(),
-            )),
-            i(&|r| r.2.tokens as i64),
-            Arc::new(StringArray::from(
-                t.iter().map(|r| r.2.text.clone()).collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from(
-                t.iter().map(|r| r.2.code.clone()).collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from(
-                t.iter().map(|r| r.2.failure.clone()).collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from(
-                t.iter().map(|r| r.2.feedback.clone()).collect::<Vec<_>>(),
-            )),
-            Arc::new(Float64Array::from(
-                t.iter().map(|r| r.2.reward.reward).collect::<Vec<_>>(),
-            )),
-            Arc::new(Float64Array::from(
-                t.iter().map(|r| r.2.credit).collect::<Vec<_>>(),
-            )),
-            Arc::new(Float64Array::from(
-                t.iter().map(|r| r.5).collect::<Vec<_>>(),
-            )),
-            Arc::new(Float64Array::from(
-                t.iter().map(|r| r.2.value).collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from(
-                t.iter()
-                    .map(|r| serde_json::to_string(&r.2.reward).expect("json"))
-                    .collect::<Vec<_>>(),
-            )),
-        ],
-    )
-    .map_err(data_err)?;
+    let x = |f: &dyn Fn(&TurnItem<'_>) -> Option<f64>| -> ArrayRef {
+        Arc::new(Float64Array::from(t.iter().map(f).collect::<Vec<_>>()))
+    };
+    vec![
+        Arc::new(Int64Array::from(
+            t.iter().map(|r| r.0.turn as i64).collect::<Vec<_>>(),
+        )),
+        Arc::new(StringArray::from(t.iter().map(|r| r.1).collect::<Vec<_>>())),
+        Arc::new(Int64Array::from(t.iter().map(|r| r.2).collect::<Vec<_>>())),
+        s(&|u| Some(format!("{:?}", u.role).to_lowercase())),
+        Arc::new(Int64Array::from(
+            t.iter().map(|r| r.0.tokens as i64).collect::<Vec<_>>(),
+        )),
+        s(&|u| Some(u.text.clone())),
+        s(&|u| u.code.clone()),
+        s(&|u| u.failure.clone()),
+        s(&|u| Some(u.feedback.clone())),
+        x(&|r| Some(r.0.reward.reward)),
+        x(&|r| Some(r.0.credit)),
+        x(&|r| Some(r.3)),
+        x(&|r| r.0.value),
+        s(&|u| Some(serde_json::to_string(&u.reward).expect("json"))),
+    ]
+}
+
+/// The fields of [`turn_columns`].
+pub(crate) fn turn_fields() -> Vec<Field> {
+    TURNS.fields()[2..]
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect()
+}
+
+fn write_turns(ctx: &StageContext<'_>, t: &[TurnRow]) -> Result<(), StageError> {
+    let items: Vec<_> = t.iter().map(|r| (&r.2, r.3.as_str(), r.4, r.5)).collect();
+    let mut cols: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(
+            t.iter().map(|r| r.0 as i64).collect::<Vec<_>>(),
+        )),
+        Arc::new(Int64Array::from(
+            t.iter().map(|r| r.1 as i64).collect::<Vec<_>>(),
+        )),
+    ];
+    cols.extend(turn_columns(&items));
+    let b = cudarl_data::parquet_io::batch(&TURNS.clone(), cols).map_err(data_err)?;
     write_output(ctx, "turns", &b)
 }
 
