@@ -250,7 +250,6 @@ pub fn task_messages(task: &TaskSpec) -> (String, Vec<String>) {
 
 fn view<'a>(task: &'a TaskSpec, sig: &'a str, shapes: &'a [String]) -> TaskView<'a> {
     TaskView {
-        id: &task.id,
         tier: task.tier,
         description: &task.description,
         dtype: &task.dtype,

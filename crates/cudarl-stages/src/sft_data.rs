@@ -526,7 +526,6 @@ impl Stage for SftData {
             let variants = shape_variants(&shape_list);
             // The task as prompts show it, with these shapes.
             let task_view = |shapes| TaskView {
-                id: t,
                 tier: tr,
                 description: d,
                 dtype: dt,

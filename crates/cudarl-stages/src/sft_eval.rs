@@ -184,7 +184,6 @@ impl Stage for SftEval {
                 .collect();
             let sig = s.signature();
             let view = TaskView {
-                id: &s.id,
                 tier: s.tier,
                 description: &s.description,
                 dtype: &s.dtype,

@@ -313,6 +313,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                 top_p: *top_p,
                 seed: Some(*seed),
                 use_cache: true,
+                ..Default::default()
             };
             let mut eos = vec![tok.im_end];
             eos.extend(tok.eos);
@@ -476,6 +477,7 @@ fn bench(
         top_p: 1.0,
         seed: Some(0),
         use_cache: true,
+        ..Default::default()
     };
     for &b in gen_batches {
         let prompts: Vec<Vec<i64>> = random(b, prompt_len).into_iter().map(|e| e.ids).collect();

@@ -88,6 +88,33 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The caches of consecutive row blocks of one batch (same layers and length) as one,
+    /// rows in order: keys and values `[b, kv_heads, p, head_dim]` concatenated on `b`.
+    ///
+    /// # Errors
+    /// Caches with different layer counts; libtorch errors (different lengths).
+    pub fn cat(parts: Vec<KvCache>) -> Result<KvCache, ModelError> {
+        let Some(n) = parts.first().map(|p| p.layers.len()) else {
+            return Ok(KvCache::default());
+        };
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().expect("one part"));
+        }
+        if parts.iter().any(|p| p.layers.len() != n) {
+            return Err(ModelError::Generate(
+                "KV caches with different layer counts".into(),
+            ));
+        }
+        let layers = (0..n)
+            .map(|l| {
+                let ks: Vec<&Tensor> = parts.iter().map(|p| &p.layers[l].0).collect();
+                let vs: Vec<&Tensor> = parts.iter().map(|p| &p.layers[l].1).collect();
+                Ok((Tensor::f_cat(&ks, 0)?, Tensor::f_cat(&vs, 0)?))
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(KvCache { layers })
+    }
 }
 
 /// A Qwen2 model whose parameters live in a [`nn::VarStore`] under the Hugging Face names

@@ -232,6 +232,7 @@ impl Server {
                     top_p,
                     seed: Some(seed),
                     use_cache: true,
+                    ..Default::default()
                 };
                 let a = &self.agents[idx(agent)];
                 let comps = a.generate_streaming(&conversations, &p, &mut |i, text| {

@@ -189,6 +189,29 @@ fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
     };
     let (a, b) = (greedy(true), greedy(false));
     assert_eq!(a.tokens, b.tokens);
+    // The prompts' forward pass one row at a time (the smallest chunks) gives the same.
+    let one_row = generate(
+        &m,
+        &prompts,
+        &SampleParams {
+            max_new_tokens: 12,
+            temperature: 0.0,
+            prefill_bytes: 1,
+            ..Default::default()
+        },
+        &[],
+        &mut |_, _| false,
+    )
+    .unwrap();
+    assert_eq!(one_row.tokens, a.tokens);
+    for (x, y) in one_row
+        .log_probs
+        .iter()
+        .flatten()
+        .zip(a.log_probs.iter().flatten())
+    {
+        assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+    }
     for (x, y) in a
         .log_probs
         .iter()
@@ -230,6 +253,7 @@ fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
         top_p: 0.9,
         seed: Some(7),
         use_cache: true,
+        ..Default::default()
     };
     let s1 = generate(&m, &prompts, &sp, &[], &mut |_, _| false).unwrap();
     let s2 = generate(&m, &prompts, &sp, &[], &mut |_, _| false).unwrap();
