@@ -50,7 +50,7 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         ("samples = 8", "samples = 3"),
         ("samples = 4 ", "samples = 3 "),
         ("max_new_tokens = 512", "max_new_tokens = 48"),
-        ("\nsteps = 8 ", "\nsteps = 2 "),
+        ("\nsteps = 6 ", "\nsteps = 2 "),
         ("tasks_per_step = 4", "tasks_per_step = 1"),
         ("group_size = 4", "group_size = 2"),
         ("max_new_tokens = 768", "max_new_tokens = 32"),
