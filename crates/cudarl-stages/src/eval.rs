@@ -433,6 +433,13 @@ impl Stage for Eval {
     }
 }
 
+/// `b - a` for two rates measured on `na` and `nb` episodes, and its standard error
+/// `sqrt(a (1 - a) / na + b (1 - b) / nb)` (the unpooled two-proportion Wald interval's;
+/// e.g. Agresti, *Categorical Data Analysis*, 3rd ed., section 1.4). `None` without episodes.
+pub(crate) fn rate_diff(a: f64, na: f64, b: f64, nb: f64) -> Option<(f64, f64)> {
+    (na > 0.0 && nb > 0.0).then(|| (b - a, (a * (1.0 - a) / na + b * (1.0 - b) / nb).sqrt()))
+}
+
 fn fmt(v: &Value) -> String {
     match v.as_f64() {
         Some(x) => format!("{x:.3}"),
@@ -548,6 +555,37 @@ fn report(
             fmt(&s["mean_reward"]),
         ));
     }
+    // RL minus SFT per split, with one standard error: is the difference evidence?
+    for split in ["test", "train"] {
+        let get = |ck: &str| {
+            sums.iter()
+                .find(|s| s["checkpoint"] == ck && s["split"] == split)
+        };
+        let (Some(s), Some(r)) = (get("sft"), get("rl")) else {
+            continue;
+        };
+        let (ns, nr) = (
+            s["episodes"].as_f64().unwrap_or(0.0),
+            r["episodes"].as_f64().unwrap_or(0.0),
+        );
+        let parts: Vec<String> = [
+            ("compile", "compile_rate"),
+            ("pass", "pass_rate"),
+            ("fast_1", "fast_1"),
+        ]
+        .iter()
+        .filter_map(|(name, k)| {
+            let (d, se) = rate_diff(s[*k].as_f64()?, ns, r[*k].as_f64()?, nr)?;
+            Some(format!("{name} {d:+.3} +- {se:.3}"))
+        })
+        .collect();
+        if !parts.is_empty() {
+            md.push_str(&format!(
+                "\nRL - SFT on `{split}` ({ns} and {nr} episodes; +- one standard error, two-proportion Wald): {}. A difference inside two standard errors is not evidence either way.\n",
+                parts.join(", ")
+            ));
+        }
+    }
     if let (Some(a), Some(b)) = (pts.first(), pts.last()) {
         md.push_str(&format!(
             "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
@@ -587,4 +625,21 @@ fn report(
         md.push_str("\n![speedups](speedups.png)\n");
     }
     std::fs::write(dir.join("report.md"), md).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_difference_and_its_standard_error_by_hand() {
+        // 0.5 of 100 vs 0.6 of 50: sqrt(0.25 / 100 + 0.24 / 50) = sqrt(0.0073).
+        let (d, se) = rate_diff(0.5, 100.0, 0.6, 50.0).unwrap();
+        assert!((d - 0.1).abs() < 1e-12);
+        assert!((se - 0.0073f64.sqrt()).abs() < 1e-12, "{se}");
+        // Session 13's eval8: pass 0.132 -> 0.191 on 136 episodes each is 1.3 standard errors.
+        let (d, se) = rate_diff(18.0 / 136.0, 136.0, 26.0 / 136.0, 136.0).unwrap();
+        assert!((d / se - 1.32).abs() < 0.01, "{}", d / se);
+        assert_eq!(rate_diff(0.5, 0.0, 0.5, 10.0), None);
+    }
 }
