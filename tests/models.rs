@@ -167,6 +167,22 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             "{node}"
         );
     }
+    // Copy documents (expression stated, then carried by kernels): pretraining on 24 more
+    // documents trains on more tokens; they are `pretrain`'s parameter only.
+    let tokens = |m: Vec<Value>| -> i64 { m.iter().map(|r| r["tokens"].as_i64().unwrap()).sum() };
+    let base = tokens(rows(&p, "pretrain", "metrics"));
+    let o = p.run(&["run", "pretrain", "--set", "pretrain.copy_documents=24"]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let more = tokens(rows_with(
+        &p,
+        "pretrain",
+        "metrics",
+        &["pretrain.copy_documents=24"],
+    ));
+    assert!(more > base, "{more} vs {base} tokens");
+    let o = p.run(&["run", "sft-train", "--set", "sft-train.copy_documents=24"]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("`pretrain` parameters"));
     // The generator's samples on the hold-out families, through the harness (compile-only).
     let ev = rows(&p, "sft-eval", "sft_eval");
     let ids: Vec<&str> = ev.iter().map(|r| r["task_id"].as_str().unwrap()).collect();

@@ -659,6 +659,36 @@ pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Family> {
     out
 }
 
+/// `n` pretraining documents that each state an elementwise expression and then carry it in
+/// code: the description line (`// out[i] = EXPR for i in [0, n)`), the naive kernel (the same
+/// `EXPR` on `x[i]`) and the float4 kernel (its per-element function, `EXPR` on plain names).
+/// The trees are drawn like [`generate`]'s with `seed`, never one whose reference is in
+/// `exclude` (pass every task's, the hold-out families' included), so the text teaches the
+/// copy from description to code without showing any task's expression.
+///
+/// Why: on families it had not seen, the SFT generator wrote some other expression (2-4 of
+/// 100 first turns carried the asked one, H100, 2026-11-23): 45 s of SFT over about 320
+/// families, each seen 40 times, teaches recall by family. Thousands of expressions seen once
+/// each can only be fitted by copying.
+pub fn copy_documents(n: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<String> {
+    let p = GenerateParams {
+        elementwise: n,
+        row_reduce: 0,
+        seed,
+    };
+    generate(&p, exclude)
+        .into_iter()
+        .map(|f| {
+            let mut doc = format!("// {}\n{}", f.spec.description, f.naive);
+            for (_, src) in &f.optimized {
+                doc.push('\n');
+                doc.push_str(src);
+            }
+            doc
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -668,6 +698,34 @@ mod tests {
             elementwise: e,
             row_reduce: r,
             seed: 7,
+        }
+    }
+
+    #[test]
+    fn copy_documents_state_their_expression_then_carry_it_and_skip_the_excluded() {
+        let tasks = generate(&params(30, 0), &BTreeSet::new());
+        let exclude: BTreeSet<String> = tasks
+            .iter()
+            .map(|f| f.spec.reference["out"].clone())
+            .collect();
+        let docs = copy_documents(200, 11, &exclude);
+        assert_eq!(docs.len(), 200);
+        assert_eq!(docs, copy_documents(200, 11, &exclude), "deterministic");
+        let descs: BTreeSet<&str> = tasks.iter().map(|f| f.spec.description.as_str()).collect();
+        // The tasks' own seed with their references excluded draws none of them again.
+        for d in docs.iter().chain(&copy_documents(30, 7, &exclude)) {
+            let desc = d.lines().next().unwrap().strip_prefix("// ").unwrap();
+            assert!(!descs.contains(desc), "a task's expression: {desc}");
+            let expr = desc
+                .strip_prefix("out[i] = ")
+                .and_then(|s| s.strip_suffix(" for i in [0, n)"))
+                .unwrap();
+            // The naive kernel carries it verbatim, the float4 kernel on plain names.
+            assert!(d.contains(&format!("out[i] = {expr};")), "{d}");
+            assert!(
+                d.contains(&format!("return {};", expr.replace("[i]", ""))),
+                "{d}"
+            );
         }
     }
 

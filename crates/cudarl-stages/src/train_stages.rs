@@ -100,6 +100,25 @@ pub struct Params {
     /// `generator` or `optimizer` (sft-train): which agent, for the row's label.
     #[serde(default = "d_agent")]
     pub agent: String,
+    /// `pretrain` only: this many synthetic documents added to the corpus, each an elementwise
+    /// expression stated in a comment and then carried by its naive and float4 kernels
+    /// ([`crate::families::copy_documents`]; never a task's expression, hold-out included).
+    /// 0 (the default) adds none and leaves the stage's key as it was.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub copy_documents: usize,
+    /// `pretrain` only: the seed of those documents' expressions.
+    #[serde(default = "d_copy_seed", skip_serializing_if = "is_copy_seed")]
+    pub copy_seed: u64,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+fn d_copy_seed() -> u64 {
+    1
+}
+fn is_copy_seed(s: &u64) -> bool {
+    *s == d_copy_seed()
 }
 
 /// Which model stage.
@@ -129,6 +148,11 @@ impl ModelStage {
         let params: Params = crate::common::parse_params(t)?;
         if !["auto", "cpu", "cuda"].contains(&params.device.as_str()) {
             return Err(format!("device `{}`: use auto, cpu or cuda", params.device));
+        }
+        if kind != Kind::Pretrain
+            && (params.copy_documents > 0 || params.copy_seed != d_copy_seed())
+        {
+            return Err("copy_documents and copy_seed are `pretrain` parameters".into());
         }
         if !["generator", "optimizer"].contains(&params.agent.as_str()) {
             return Err(format!(
@@ -371,8 +395,13 @@ fn write_loss_plot(
     ingest_dir(ctx, dir, "plots")
 }
 
-/// The corpus: every task kernel and every KernelBench reference, as JSON lines.
-fn write_corpus(ctx: &StageContext<'_>, path: &Path) -> Result<usize, StageError> {
+/// The corpus: every task kernel and every KernelBench reference, then `extra` documents, as
+/// JSON lines.
+fn write_corpus(
+    ctx: &StageContext<'_>,
+    path: &Path,
+    extra: &[String],
+) -> Result<usize, StageError> {
     let mut lines = Vec::new();
     for (input, name) in [("kernels", "task_kernels"), ("problems", "problems")] {
         let t = Table::read(ctx.input_path(input)?, name).map_err(data_err)?;
@@ -383,6 +412,11 @@ fn write_corpus(ctx: &StageContext<'_>, path: &Path) -> Result<usize, StageError
             }
         }
     }
+    lines.extend(
+        extra
+            .iter()
+            .map(|d| serde_json::to_string(d).expect("json")),
+    );
     std::fs::write(path, lines.join("\n") + "\n").map_err(|e| StageError::Failed(e.to_string()))?;
     Ok(lines.len())
 }
@@ -428,6 +462,9 @@ impl Stage for ModelStage {
             Kind::Pretrain => {
                 v.push(InputDecl::node("tokenizer", "tokenizer", "tokenizer"));
                 v.push(InputDecl::node("kernels", "synth-tasks", "task_kernels"));
+                if self.params.copy_documents > 0 {
+                    v.push(InputDecl::node("tasks", "synth-tasks", "tasks"));
+                }
                 v.push(InputDecl::node(
                     "problems",
                     "ingest-kernelbench",
@@ -477,7 +514,7 @@ impl Stage for ModelStage {
         match self.kind {
             Kind::Tokenizer => {
                 let corpus = dir.join("corpus.jsonl");
-                write_corpus(ctx, &corpus)?;
+                write_corpus(ctx, &corpus, &[])?;
                 let job = json!({"kind": "tokenizer", "corpus": corpus,
                     "vocab_size": mf.tokenizer.vocab_size, "out": out});
                 run_trainer(&job, dir, &rel, "tokenizer")?;
@@ -485,7 +522,18 @@ impl Stage for ModelStage {
             }
             Kind::Pretrain => {
                 let corpus = dir.join("corpus.jsonl");
-                write_corpus(ctx, &corpus)?;
+                let extra = match self.params.copy_documents {
+                    0 => Vec::new(),
+                    n => {
+                        // Every task's expressions, the hold-out families' included.
+                        let exclude = crate::synth_tasks::read_specs(ctx.input_path("tasks")?)?
+                            .into_iter()
+                            .flat_map(|s| s.reference.into_values())
+                            .collect();
+                        crate::families::copy_documents(n, self.params.copy_seed, &exclude)
+                    }
+                };
+                write_corpus(ctx, &corpus, &extra)?;
                 let tk = dir.join("tok");
                 materialize(ctx.store(), ctx.input_path("tokenizer")?, &tk)?;
                 let job = json!({"kind": "pretrain", "tokenizer": tk.join("tokenizer.json"),
