@@ -401,6 +401,7 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         md.contains("compile-only")
             && md.contains("| sft | test |")
             && md.contains("Tier 0: 2 steps, mean reward")
+            && md.contains("First 1 steps: mean reward")
             // compile-only: no pass rate or fast_1 to compare, the compile rate only
             && md.contains("RL - SFT on `test` (")
             && md.contains("two-proportion Wald): compile ")

@@ -433,6 +433,23 @@ impl Stage for Eval {
     }
 }
 
+/// The mean over the episodes of several steps given each step's (episodes, mean, population
+/// std), its standard error `sqrt(var / N)` (the pooled population variance: within-step
+/// plus between-step spread), and `N`.
+pub(crate) fn pooled(steps: &[(f64, f64, f64)]) -> (f64, f64, f64) {
+    let n: f64 = steps.iter().map(|s| s.0).sum();
+    if n <= 0.0 {
+        return (0.0, 0.0, 0.0);
+    }
+    let mean = steps.iter().map(|s| s.0 * s.1).sum::<f64>() / n;
+    let var = steps
+        .iter()
+        .map(|s| s.0 * (s.2 * s.2 + (s.1 - mean).powi(2)))
+        .sum::<f64>()
+        / n;
+    (mean, (var / n).sqrt(), n)
+}
+
 /// `b - a` for two rates measured on `na` and `nb` episodes, and its standard error
 /// `sqrt(a (1 - a) / na + b (1 - b) / nb)` (the unpooled two-proportion Wald interval's;
 /// e.g. Agresti, *Categorical Data Analysis*, 3rd ed., section 1.4). `None` without episodes.
@@ -592,6 +609,27 @@ fn report(
             a.0, a.1, a.2, b.0, b.1, b.2
         ));
     }
+    // The first against the second half of the steps, pooled over their episodes.
+    if let Ok(n) = metrics.req_ints("episodes") {
+        let steps: Vec<(f64, f64, f64)> = (0..metrics.rows())
+            .filter_map(|i| Some((n.get(i)? as f64, mr.get(i)?, sd.get(i)?)))
+            .collect();
+        let half = steps.len() / 2;
+        if half > 0 {
+            let (x, y) = (pooled(&steps[..half]), pooled(&steps[steps.len() - half..]));
+            md.push_str(&format!(
+                "First {half} steps: mean reward {:.3} +- {:.3} ({} episodes); last {half}: {:.3} +- {:.3} ({}); difference {:+.3} +- {:.3} (+- one standard error, episodes taken as independent: a GRPO group shares its task, so the spread is understated).\n",
+                x.0,
+                x.1,
+                x.2,
+                y.0,
+                y.1,
+                y.2,
+                y.0 - x.0,
+                (x.1 * x.1 + y.1 * y.1).sqrt()
+            ));
+        }
+    }
     // Per tier: the first and the last step that ran episodes of it, and the mean over each
     // half of those steps (a tier opening changes the mix; this curve is not confounded by it).
     if let Ok(bt) = metrics.req_strings("reward_by_tier_json") {
@@ -641,5 +679,17 @@ mod tests {
         let (d, se) = rate_diff(18.0 / 136.0, 136.0, 26.0 / 136.0, 136.0).unwrap();
         assert!((d / se - 1.32).abs() < 0.01, "{}", d / se);
         assert_eq!(rate_diff(0.5, 0.0, 0.5, 10.0), None);
+    }
+
+    #[test]
+    fn pooled_steps_equal_the_pooled_episodes() {
+        // Episodes {0, 1} and {1, 1, 1, 0}: 4 of 6 are 1.
+        let steps = [(2.0, 0.5, 0.5), (4.0, 0.75, (0.75f64 * 0.25).sqrt())];
+        let (m, se, n) = pooled(&steps);
+        assert_eq!(n, 6.0);
+        assert!((m - 4.0 / 6.0).abs() < 1e-12);
+        let var = 4.0 / 6.0 * (2.0 / 6.0);
+        assert!((se - (var / 6.0f64).sqrt()).abs() < 1e-12, "{se}");
+        assert_eq!(pooled(&[]), (0.0, 0.0, 0.0));
     }
 }
