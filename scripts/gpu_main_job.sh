@@ -149,6 +149,35 @@ for name, v in res["variants"].items():
         print(f"  step {m['step']} reward {m['mean_reward']:.3f}±{m.get('reward_std', 0):.3f} pass {m.get('pass_rate') or 0:.2f} "
               f"signal {m.get('signal_groups', 0):.2f} kl {m.get('kl', 0):.4f} ent {m.get('entropy', 0):.3f}")
     show_eval(v["eval_summary"])
+# How often a turn's code carries the asked expression (generated elementwise families: the
+# description is `out[i] = EXPR for i in [0, n)`), per checkpoint and agent (README, "Why RL
+# does not yet beat SFT").
+import re
+tasks = {}
+for t in jl("tasks.jsonl"):
+    m = re.match(r"out\[i\] = (.*) for i in \[0, n\)", t.get("description", ""))
+    if m:
+        tasks[t["task_id"]] = m.group(1)
+def copy_rates(path):
+    if not path.exists():
+        return {}
+    c = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line) if line.strip() else None
+        if not r or r["task_id"] not in tasks or not r.get("code"):
+            continue
+        e = tasks[r["task_id"]]
+        k = f"{r.get('checkpoint', 'rl-train')}/{r['role']}"
+        hit = e in r["code"] or e.replace("[i]", "") in r["code"]
+        c.setdefault(k, [0, 0])
+        c[k][0] += hit
+        c[k][1] += 1
+    return c
+for name, path in [("main", d / "eval_turns.jsonl")] + [
+        (v.name, v / "eval_turns.jsonl") for v in sorted((d / "variants").glob("*/"))]:
+    rates = copy_rates(path)
+    if rates:
+        print(f"expression copied ({name} eval): " + ", ".join(f"{k} {a}/{n}" for k, (a, n) in sorted(rates.items())))
 if "gpu_tests" in res:
     print(f"gpu tests rc {res['gpu_tests']['rc']} in {res['gpu_tests']['wall_s']} s")
     print("\n".join(res["gpu_tests"]["results"]))
