@@ -451,8 +451,9 @@ pub(crate) fn pooled(steps: &[(f64, f64, f64)]) -> (f64, f64, f64) {
 }
 
 /// `b - a` for two rates measured on `na` and `nb` episodes, and its standard error
-/// `sqrt(a (1 - a) / na + b (1 - b) / nb)` (the unpooled two-proportion Wald interval's;
-/// e.g. Agresti, *Categorical Data Analysis*, 3rd ed., section 1.4). `None` without episodes.
+/// `sqrt(a (1 - a) / na + b (1 - b) / nb)`: the Wald standard error of a difference of two
+/// independent binomial proportions (Agresti, *Categorical Data Analysis*, the comparison of
+/// two proportions). `None` without episodes.
 pub(crate) fn rate_diff(a: f64, na: f64, b: f64, nb: f64) -> Option<(f64, f64)> {
     (na > 0.0 && nb > 0.0).then(|| (b - a, (a * (1.0 - a) / na + b * (1.0 - b) / nb).sqrt()))
 }
