@@ -15,7 +15,7 @@ pub mod train;
 
 pub use agent::{Completion, Role, TrainableAgent};
 pub use config::Qwen2Config;
-pub use generate::{Finish, Generation, SampleParams, generate};
+pub use generate::{Finish, Generation, PREFILL_BYTES, SampleParams, generate};
 pub use model::{KvCache, Qwen2, set_cudnn_attention};
 pub use tokenizer::{ChatTokenizer, Message};
 pub use train::{Example, Precision, StepMetrics, TrainConfig, train_lm};

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudarl_train::{Finish, Qwen2, SampleParams, generate};
+use cudarl_train::{Finish, Generation, PREFILL_BYTES, Qwen2, SampleParams, generate};
 use tch::{Device, Kind, Tensor};
 
 fn repo_root() -> PathBuf {
@@ -178,63 +178,37 @@ fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
     let m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
     // Different lengths: left padding in one batch.
     let prompts = vec![vec![5i64, 9, 17, 3, 40, 41], vec![7, 8], vec![60, 61, 62]];
-    let greedy = |use_cache: bool| {
+    // Greedy decoding of `rows` with the KV cache or without, prefill chunks of at most
+    // `prefill_bytes`.
+    let greedy = |rows: &[Vec<i64>], use_cache: bool, prefill_bytes: i64| {
         let p = SampleParams {
             max_new_tokens: 12,
             temperature: 0.0,
             use_cache,
+            prefill_bytes,
             ..Default::default()
         };
-        generate(&m, &prompts, &p, &[], &mut |_, _| false).unwrap()
+        generate(&m, rows, &p, &[], &mut |_, _| false).unwrap()
     };
-    let (a, b) = (greedy(true), greedy(false));
-    assert_eq!(a.tokens, b.tokens);
+    let same = |x: &Generation, y: &Generation, tol: f32| {
+        assert_eq!(x.tokens, y.tokens);
+        for (p, q) in x
+            .log_probs
+            .iter()
+            .flatten()
+            .zip(y.log_probs.iter().flatten())
+        {
+            assert!((p - q).abs() < tol, "{p} vs {q}");
+        }
+    };
+    let a = greedy(&prompts, true, PREFILL_BYTES);
+    same(&a, &greedy(&prompts, false, PREFILL_BYTES), 1e-4);
     // The prompts' forward pass one row at a time (the smallest chunks) gives the same.
-    let one_row = generate(
-        &m,
-        &prompts,
-        &SampleParams {
-            max_new_tokens: 12,
-            temperature: 0.0,
-            prefill_bytes: 1,
-            ..Default::default()
-        },
-        &[],
-        &mut |_, _| false,
-    )
-    .unwrap();
-    assert_eq!(one_row.tokens, a.tokens);
-    for (x, y) in one_row
-        .log_probs
-        .iter()
-        .flatten()
-        .zip(a.log_probs.iter().flatten())
-    {
-        assert!((x - y).abs() < 1e-5, "{x} vs {y}");
-    }
-    for (x, y) in a
-        .log_probs
-        .iter()
-        .flatten()
-        .zip(b.log_probs.iter().flatten())
-    {
-        assert!((x - y).abs() < 1e-4, "{x} vs {y}");
-    }
+    same(&a, &greedy(&prompts, true, 1), 1e-5);
     assert!(a.finish.iter().all(|f| *f == Finish::Length));
     assert!(a.tokens.iter().all(|t| t.len() == 12));
     // A batched row equals the same prompt alone (padding does not leak).
-    let alone = generate(
-        &m,
-        &prompts[1..2],
-        &SampleParams {
-            max_new_tokens: 12,
-            temperature: 0.0,
-            ..Default::default()
-        },
-        &[],
-        &mut |_, _| false,
-    )
-    .unwrap();
+    let alone = greedy(&prompts[1..2], true, PREFILL_BYTES);
     assert_eq!(alone.tokens[0], a.tokens[1]);
     // Log-probabilities are those of the model: the greedy token's equals the max log-softmax.
     let ids = Tensor::from_slice(&prompts[0]).view([1, -1]);
