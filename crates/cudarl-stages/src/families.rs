@@ -32,6 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cudarl_cuda::task::{Arg, ArgKind, TaskSpec};
+use cudarl_curriculum::prompts::{self, ChatMessage, TaskView};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -659,18 +660,23 @@ pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Family> {
     out
 }
 
-/// `n` pretraining documents that each state an elementwise expression and then carry it in
-/// code: the description line (`// out[i] = EXPR for i in [0, n)`), the naive kernel (the same
-/// `EXPR` on `x[i]`) and the float4 kernel (its per-element function, `EXPR` on plain names).
-/// The trees are drawn like [`generate`]'s with `seed`, never one whose reference is in
-/// `exclude` (pass every task's, the hold-out families' included), so the text teaches the
-/// copy from description to code without showing any task's expression.
+/// `n` pretraining conversations (system, user, assistant; rendered by the trainer with the
+/// chat template, [`cudarl_curriculum::prompts`]) that each ask, in the generator's prompt
+/// format, for an elementwise expression and answer with a kernel that carries it: the naive
+/// kernel (the same `EXPR` on `x[i]`) for even indices, the float4 kernel (its per-element
+/// function, `EXPR` on plain names) for odd ones; the prompt's phrasing cycles through
+/// [`INTROS`](cudarl_curriculum::prompts::INTROS) and
+/// [`CLOSINGS`](cudarl_curriculum::prompts::CLOSINGS) and shows every train shape. The trees are
+/// drawn like [`generate`]'s with `seed`, never one whose reference is in `exclude` (pass every
+/// task's, the hold-out families' included), so the text teaches the copy from a task's
+/// description to its code without showing any task's expression.
 ///
 /// Why: on families it had not seen, the SFT generator wrote some other expression (2-4 of
 /// 100 first turns carried the asked one, H100, 2026-11-23): 45 s of SFT over about 320
 /// families, each seen 40 times, teaches recall by family. Thousands of expressions seen once
-/// each can only be fitted by copying.
-pub fn copy_documents(n: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<String> {
+/// each can only be fitted by copying. In the prompt format, not as a bare `// EXPR` comment
+/// over the code: the copy is learnt where the model is later asked for it.
+pub fn copy_documents(n: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Vec<ChatMessage>> {
     let p = GenerateParams {
         elementwise: n,
         row_reduce: 0,
@@ -678,13 +684,34 @@ pub fn copy_documents(n: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<St
     };
     generate(&p, exclude)
         .into_iter()
-        .map(|f| {
-            let mut doc = format!("// {}\n{}", f.spec.description, f.naive);
-            for (_, src) in &f.optimized {
-                doc.push('\n');
-                doc.push_str(src);
-            }
-            doc
+        .enumerate()
+        .map(|(i, f)| {
+            let signature = f.spec.signature();
+            let shapes: Vec<String> = f
+                .spec
+                .train_shapes
+                .iter()
+                .map(|s| serde_json::to_string(s).expect("json"))
+                .collect();
+            let view = TaskView {
+                tier: f.spec.tier,
+                description: &f.spec.description,
+                dtype: &f.spec.dtype,
+                signature: &signature,
+                shapes: &shapes,
+            };
+            let code = match (i % 2, f.optimized.first()) {
+                (1, Some((_, src))) => src,
+                _ => &f.naive,
+            };
+            vec![
+                ChatMessage::new("system", prompts::GENERATOR_SYSTEM),
+                ChatMessage::new(
+                    "user",
+                    prompts::task_prompt(&view, i, i / prompts::INTROS.len()),
+                ),
+                ChatMessage::new("assistant", prompts::fenced(code)),
+            ]
         })
         .collect()
 }
@@ -702,7 +729,7 @@ mod tests {
     }
 
     #[test]
-    fn copy_documents_state_their_expression_then_carry_it_and_skip_the_excluded() {
+    fn copy_documents_ask_for_their_expression_then_carry_it_and_skip_the_excluded() {
         let tasks = generate(&params(30, 0), &BTreeSet::new());
         let exclude: BTreeSet<String> = tasks
             .iter()
@@ -712,21 +739,42 @@ mod tests {
         assert_eq!(docs.len(), 200);
         assert_eq!(docs, copy_documents(200, 11, &exclude), "deterministic");
         let descs: BTreeSet<&str> = tasks.iter().map(|f| f.spec.description.as_str()).collect();
+        let mut intros = BTreeSet::new();
         // The tasks' own seed with their references excluded draws none of them again.
-        for d in docs.iter().chain(&copy_documents(30, 7, &exclude)) {
-            let desc = d.lines().next().unwrap().strip_prefix("// ").unwrap();
+        for (i, d) in docs
+            .iter()
+            .chain(&copy_documents(30, 7, &exclude))
+            .enumerate()
+        {
+            let roles: Vec<&str> = d.iter().map(|m| m.role.as_str()).collect();
+            assert_eq!(roles, ["system", "user", "assistant"]);
+            assert_eq!(d[0].content, prompts::GENERATOR_SYSTEM);
+            let (user, answer) = (&d[1].content, &d[2].content);
+            intros.insert(user.lines().next().unwrap().to_string());
+            // The generator's prompt: tier 0, the launcher, the shapes.
+            let desc = user
+                .lines()
+                .find_map(|l| l.strip_prefix("Task (tier 0): "))
+                .unwrap_or_else(|| panic!("{user}"));
+            assert!(user.contains("extern \"C\" void launch("), "{user}");
+            assert!(user.contains("tested on shapes such as {\"n\":"), "{user}");
             assert!(!descs.contains(desc), "a task's expression: {desc}");
             let expr = desc
                 .strip_prefix("out[i] = ")
                 .and_then(|s| s.strip_suffix(" for i in [0, n)"))
                 .unwrap();
-            // The naive kernel carries it verbatim, the float4 kernel on plain names.
-            assert!(d.contains(&format!("out[i] = {expr};")), "{d}");
-            assert!(
-                d.contains(&format!("return {};", expr.replace("[i]", ""))),
-                "{d}"
-            );
+            // Answers alternate: the naive kernel carries it verbatim, the float4 kernel on
+            // plain names.
+            let code = prompts::extract_code(answer).unwrap();
+            if i % 2 == 0 && i < 200 {
+                assert!(code.contains(&format!("out[i] = {expr};")), "{code}");
+            } else if i < 200 {
+                assert!(code.contains("float4"), "{code}");
+                let plain = expr.replace("[i]", "");
+                assert!(code.contains(&format!("return {plain};")), "{code}");
+            }
         }
+        assert_eq!(intros.len(), prompts::INTROS.len(), "every phrasing");
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! and hold-out shapes, public and hidden seeds); then
 //! `w_pass * pass_rate + w_speedup * norm_speedup - w_reg * register_pressure
 //!  - w_smem * smem_overuse + w_shfl * [warp shuffle] + w_coal * [coalesced]`,
-//! plus `w_timeout` (negative) for a kernel that hung, gate or not.
+//! plus `w_timeout` (negative) for a kernel that hung, gate or not, and `w_compiled` for a
+//! kernel that passed the static checks and compiled, gate or not (0 in the default config:
+//! a partial credit that gives GRPO a signal in groups where no candidate passes yet, as in
+//! `configs/reward/compile.toml`).
 //!
 //! `norm_speedup = clamp(log2(speedup vs naive) / log2(cap), 0, 1)`: 1 at `cap` x the naive
 //! kernel, 0 at or below it.
@@ -65,6 +68,10 @@ pub struct Weights {
     pub warp_shuffle: f64,
     /// Coalesced global access (bonus).
     pub coalesced: f64,
+    /// Full mode: passed the static checks and compiled, gate or not (partial credit; 0 when
+    /// absent). Compile-only mode has its own `compile_only.compiled`.
+    #[serde(default)]
+    pub compiled: f64,
 }
 
 /// `norm = clamp(log2(speedup) / log2(cap), 0, 1)`.
@@ -274,6 +281,9 @@ pub fn score(
             c.reward = cfg.compile_only.compiled + shaped_extras;
         }
     }
+    if full && c.compiled {
+        c.reward += w.compiled;
+    }
     if c.timeout {
         c.reward += w.timeout;
     }
@@ -392,6 +402,36 @@ mod tests {
         let r = score(&c, Some(PLAIN), Some(&co), None);
         assert_eq!(r.mode, "compile-only");
         assert!((r.reward - (0.5 + 0.05)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn compile_credit_is_added_gate_or_not_in_full_mode_only() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/reward/compile.toml");
+        let c = RewardConfig::load(&p, "configs/reward/compile.toml").unwrap();
+        assert_eq!(c.weights.compiled, 0.1);
+        assert_eq!(cfg().weights.compiled, 0.0, "off by default");
+        // Compiled, wrong: 0.1 alone (the bonuses stay behind the gate).
+        let mut wrong = verdict("full", true, Some(false));
+        wrong.tests = tests(0, 8);
+        assert_eq!(score(&c, Some(SHFL), Some(&wrong), None).reward, 0.1);
+        // Correct, 2x: 0.1 + 0.5 + 0.4 * (1/3) + 0.05 (coalesced).
+        let mut ok = verdict("full", true, Some(true));
+        ok.tests = tests(8, 8);
+        ok.speedup_vs_naive = Some(2.0);
+        let r = score(&c, Some(PLAIN), Some(&ok), None);
+        assert!(
+            (r.reward - (0.1 + 0.5 + 0.4 / 3.0 + 0.05)).abs() < 1e-12,
+            "{r:?}"
+        );
+        // Compiled and hung: 0.1 - 0.1. A compile error: 0.
+        let mut t = verdict("full", true, Some(false));
+        t.failure = Some("timeout".into());
+        assert_eq!(score(&c, Some(PLAIN), Some(&t), None).reward, 0.0);
+        let ce = verdict("full", false, None);
+        assert_eq!(score(&c, Some(PLAIN), Some(&ce), None).reward, 0.0);
+        // Compile-only mode keeps its own term: 0.5 + 0.05, not + 0.1.
+        let co = verdict("compile-only", true, None);
+        assert!((score(&c, Some(PLAIN), Some(&co), None).reward - 0.55).abs() < 1e-12);
     }
 
     #[test]

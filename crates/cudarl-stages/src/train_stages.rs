@@ -100,8 +100,8 @@ pub struct Params {
     /// `generator` or `optimizer` (sft-train): which agent, for the row's label.
     #[serde(default = "d_agent")]
     pub agent: String,
-    /// `pretrain` only: this many synthetic documents added to the corpus, each an elementwise
-    /// expression stated in a comment and then carried by its naive and float4 kernels
+    /// `pretrain` only: this many synthetic conversations added to the corpus, each a
+    /// generator prompt for an elementwise expression answered by a kernel that carries it
     /// ([`crate::families::copy_documents`]; never a task's expression, hold-out included).
     /// 0 (the default) adds none and leaves the stage's key as it was.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -395,12 +395,12 @@ fn write_loss_plot(
     ingest_dir(ctx, dir, "plots")
 }
 
-/// The corpus: every task kernel and every KernelBench reference, then `extra` documents, as
-/// JSON lines.
+/// The corpus: every task kernel and every KernelBench reference (strings), then `extra`
+/// conversations (lists of messages), as JSON lines (the trainer's `Document`).
 fn write_corpus(
     ctx: &StageContext<'_>,
     path: &Path,
-    extra: &[String],
+    extra: &[Vec<cudarl_curriculum::prompts::ChatMessage>],
 ) -> Result<usize, StageError> {
     let mut lines = Vec::new();
     for (input, name) in [("kernels", "task_kernels"), ("problems", "problems")] {
@@ -443,7 +443,8 @@ impl Stage for ModelStage {
         }
     }
     fn code_version(&self) -> u32 {
-        2
+        // 3: `copy_documents` are conversations in the prompt format.
+        3
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -66,6 +66,19 @@ fn theta() -> f64 {
     10_000.0
 }
 
+/// One pretraining document (a line of a `pretrain` job's corpus): a JSON string (code, a
+/// problem's source) or a JSON list of chat [`Message`]s, tokenized exactly as SFT and RL
+/// render a conversation ([`ChatTokenizer::render`], the ChatML template), so the text a model
+/// is pretrained on and the prompts it is later asked share their tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Document {
+    /// Plain text.
+    Text(String),
+    /// A conversation.
+    Chat(Vec<Message>),
+}
+
 /// A job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
@@ -79,14 +92,15 @@ pub enum Job {
         /// Output directory.
         out: PathBuf,
     },
-    /// Causal-LM pretraining of a fresh model on `corpus` (JSON lines of strings, each
-    /// followed by `<|endoftext|>`, all tokens trained): `out/model/` in the Hugging Face layout.
+    /// Causal-LM pretraining of a fresh model on `corpus` (JSON lines, each a [`Document`]:
+    /// a string, or a chat rendered with the chat template; each followed by `<|endoftext|>`,
+    /// all tokens trained): `out/model/` in the Hugging Face layout.
     Pretrain {
         /// `tokenizer.json`.
         tokenizer: PathBuf,
         /// Architecture.
         model: ModelSpec,
-        /// JSON lines, one string each.
+        /// JSON lines, one [`Document`] each.
         corpus: PathBuf,
         /// Optimization.
         train: TrainConfig,
@@ -253,11 +267,14 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             let eos = tok.eos.ok_or_else(|| {
                 ModelError::Tokenizer(format!("{}: no <|endoftext|> token", tokenizer.display()))
             })?;
-            let texts: Vec<String> = read_lines(corpus)?;
+            let docs: Vec<Document> = read_lines(corpus)?;
             // Documents joined with <|endoftext|>, cut into max_len windows.
             let mut stream = Vec::new();
-            for t in &texts {
-                stream.extend(tok.encode(t)?);
+            for d in &docs {
+                match d {
+                    Document::Text(t) => stream.extend(tok.encode(t)?),
+                    Document::Chat(m) => stream.extend(tok.render(m, false)?.0),
+                }
                 stream.push(eos);
             }
             let w = train.max_len.max(2);
@@ -514,4 +531,28 @@ fn save(m: &Qwen2, tokenizer: &PathBuf, out: &std::path::Path) -> Result<(), Mod
     std::fs::copy(tokenizer, dir.join("tokenizer.json"))
         .map_err(|e| ModelError::Io(tokenizer.display().to_string(), e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_lines_are_text_or_chats_and_anything_else_is_an_error() {
+        let d: Document = serde_json::from_str(r#""__global__ void k() {}""#).unwrap();
+        assert_eq!(d, Document::Text("__global__ void k() {}".into()));
+        let d: Document = serde_json::from_str(
+            r#"[{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            d,
+            Document::Chat(vec![
+                Message::new("user", "hi"),
+                Message::new("assistant", "ok")
+            ])
+        );
+        assert!(serde_json::from_str::<Document>(r#"{"text": "x"}"#).is_err());
+        assert!(serde_json::from_str::<Document>(r#"[{"role":"user"}]"#).is_err());
+    }
 }
