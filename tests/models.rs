@@ -47,8 +47,10 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             r#"holdout_tasks = ["scalar_multiply", "row_max"]"#,
             r#"holdout_tasks = ["row_sum"]"#,
         ),
+        // sft-eval's and eval's samples.
         ("samples = 8", "samples = 3"),
-        ("samples = 4 ", "samples = 3 "),
+        // The copy documents are this test's own, below.
+        ("copy_documents = 3000 ", "copy_documents = 0 "),
         ("max_new_tokens = 512", "max_new_tokens = 48"),
         ("\nsteps = 6 ", "\nsteps = 2 "),
         ("tasks_per_step = 4", "tasks_per_step = 1"),

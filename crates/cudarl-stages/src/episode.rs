@@ -198,17 +198,29 @@ impl Episode {
         }
     }
 
-    /// The episode's result: its best turn (highest reward, the earliest on ties). The tester
+    /// The episode's result: its best turn (highest reward; on equal rewards a correct kernel,
+    /// then a compiled one, then one with code; the earliest on full ties). The tester
     /// verified every turn, so what an episode hands back is its best verified kernel, not
     /// whatever the last revision was (a revision that breaks a correct kernel does not undo
-    /// it; it earns its own low immediate reward instead).
+    /// it; it earns its own low immediate reward instead). Under the gated reward every
+    /// failing turn scores 0: without the tie-break an episode whose first turn failed to
+    /// compile and whose revision compiled (still wrong) handed back the compile error, and
+    /// the multi-turn compile rate was the first turn's.
     pub fn best_turn(&self) -> Option<&Turn> {
+        let key = |t: &Turn| {
+            (
+                t.reward.correct == Some(true),
+                t.reward.compiled,
+                t.reward.has_code,
+            )
+        };
         self.turns.iter().reduce(|a, b| {
-            if b.reward.reward > a.reward.reward {
-                b
-            } else {
-                a
-            }
+            let better = match b.reward.reward.partial_cmp(&a.reward.reward) {
+                Some(std::cmp::Ordering::Greater) => true,
+                Some(std::cmp::Ordering::Equal) => key(b) > key(a),
+                _ => false,
+            };
+            if better { b } else { a }
         })
     }
 
@@ -736,6 +748,18 @@ mod tests {
         for ((a, r), (wa, wr)) in t[0].iter().zip(want) {
             assert!((a - wa).abs() < 1e-9 && (r - wr).abs() < 1e-9, "{:?}", t[0]);
         }
+        // On equal rewards the episode hands back a compiled kernel over a compile error or
+        // no code (the fixed turn, even with its reward zeroed), the earliest on full ties.
+        let mut e3 = eps[0].clone();
+        e3.turns[2].reward.reward = 0.0;
+        assert_eq!(e3.best_turn().unwrap().turn, 2);
+        assert!(e3.best_components().compiled);
+        e3.turns[2].reward.compiled = false;
+        // Turns 0 and 2 now both wrote code that did not compile: the earlier; turn 1 had none.
+        assert_eq!(e3.best_turn().unwrap().turn, 0);
+        e3.turns[2].reward.has_code = false;
+        e3.turns[0].reward.has_code = false;
+        assert_eq!(e3.best_turn().unwrap().turn, 0, "the earliest on full ties");
         let w = crate::rl_train::whiten(&[1.0, 3.0]);
         assert!(
             (w[0] + 1.0).abs() < 1e-5 && (w[1] - 1.0).abs() < 1e-5,

@@ -196,7 +196,8 @@ impl Stage for Eval {
         "eval"
     }
     fn code_version(&self) -> u32 {
-        6
+        // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
+        7
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -558,7 +558,8 @@ impl Stage for RlTrain {
         "rl-train"
     }
     fn code_version(&self) -> u32 {
-        6
+        // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
+        7
     }
     fn params(&self) -> Value {
         params_json(&self.params)
