@@ -9,7 +9,10 @@
 //! PyTorch reference; fast_0 = pass rate; KernelBench, Ouyang et al. 2025, arXiv:2502.10517);
 //! geometric-mean speedup of the correct finals over the naive kernel and over PyTorch;
 //! % regressions on hold-out shapes (best kernels that pass every train shape but fail a
-//! hold-out shape, over those that pass the train shapes); mean final reward.
+//! hold-out shape, over those that pass the train shapes); mean final reward. The report adds
+//! RL - SFT with one standard error, the episodes by their first turn's outcome (passed,
+//! compiled but failed, compile error, no code) with the fraction of each that ended correct,
+//! and the RL reward's first against its second half of steps.
 //!
 //! | table | columns |
 //! |---|---|
@@ -466,6 +469,62 @@ fn fmt(v: &Value) -> String {
     }
 }
 
+/// What an episode's first turn (the generator's answer) came to.
+pub(crate) fn first_turn_outcome(c: &crate::reward::RewardComponents) -> &'static str {
+    if c.correct == Some(true) {
+        "passed"
+    } else if c.compiled {
+        "compiled, failed"
+    } else if c.has_code {
+        "compile error"
+    } else {
+        "no code"
+    }
+}
+
+/// The report's table of episodes by their first turn's outcome and, for each, the fraction
+/// that ended correct (what the optimizer's turns made of that start): one row per
+/// `(checkpoint, split)` in the order first seen, a cell `n (p)` per outcome of
+/// [`first_turn_outcome`] (`-` where none). Items: `(checkpoint, split, outcome, ended
+/// correct)`. Empty without items.
+pub(crate) fn first_turn_table(items: &[(&str, &str, &str, bool)]) -> String {
+    const OUTCOMES: [&str; 4] = ["passed", "compiled, failed", "compile error", "no code"];
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for (ck, split, _, _) in items {
+        if !keys.contains(&(*ck, *split)) {
+            keys.push((ck, split));
+        }
+    }
+    if keys.is_empty() {
+        return String::new();
+    }
+    let mut md = format!(
+        "| checkpoint | split | {} |\n|---|---|---|---|---|---|\n",
+        OUTCOMES.map(|o| format!("first turn {o}")).join(" | ")
+    );
+    for (ck, split) in keys {
+        let cells: Vec<String> = OUTCOMES
+            .iter()
+            .map(|o| {
+                let ended: Vec<bool> = items
+                    .iter()
+                    .filter(|i| (i.0, i.1, i.2) == (ck, split, *o))
+                    .map(|i| i.3)
+                    .collect();
+                match ended.len() {
+                    0 => "-".to_string(),
+                    n => format!(
+                        "{n} ({:.2})",
+                        ended.iter().filter(|x| **x).count() as f64 / n as f64
+                    ),
+                }
+            })
+            .collect();
+        md.push_str(&format!("| {ck} | {split} | {} |\n", cells.join(" | ")));
+    }
+    md
+}
+
 /// `report.md` and its plots.
 fn report(
     dir: &std::path::Path,
@@ -605,6 +664,24 @@ fn report(
             ));
         }
     }
+    // What the loop made of each kind of start (full mode: "ended correct" needs tests).
+    if rows.iter().any(|r| r.ep.best_components().mode == "full") {
+        let items: Vec<(&str, &str, &str, bool)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.ck,
+                    r.split,
+                    first_turn_outcome(&r.ep.first_components()),
+                    r.ep.best_components().correct == Some(true),
+                )
+            })
+            .collect();
+        md.push_str(&format!(
+            "\nEpisodes by their first turn (the generator's answer): how many, and in brackets the fraction that ended correct after the optimizer's turns.\n\n{}",
+            first_turn_table(&items)
+        ));
+    }
     if let (Some(a), Some(b)) = (pts.first(), pts.last()) {
         md.push_str(&format!(
             "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
@@ -681,6 +758,38 @@ mod tests {
         let (d, se) = rate_diff(18.0 / 136.0, 136.0, 26.0 / 136.0, 136.0).unwrap();
         assert!((d / se - 1.32).abs() < 0.01, "{}", d / se);
         assert_eq!(rate_diff(0.5, 0.0, 0.5, 10.0), None);
+    }
+
+    #[test]
+    fn first_turn_table_by_hand() {
+        use crate::reward::RewardComponents;
+        let c = |has_code, compiled, correct| RewardComponents {
+            has_code,
+            compiled,
+            correct,
+            ..Default::default()
+        };
+        assert_eq!(first_turn_outcome(&c(true, true, Some(true))), "passed");
+        assert_eq!(
+            first_turn_outcome(&c(true, true, Some(false))),
+            "compiled, failed"
+        );
+        assert_eq!(first_turn_outcome(&c(true, false, None)), "compile error");
+        assert_eq!(first_turn_outcome(&c(false, false, None)), "no code");
+        let items = [
+            ("sft", "test", "compile error", false),
+            ("sft", "test", "compile error", true),
+            ("sft", "test", "passed", true),
+            ("rl", "test", "compiled, failed", false),
+            ("sft", "test", "compile error", false),
+        ];
+        let t = first_turn_table(&items);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(lines[0].contains("first turn compiled, failed"), "{t}");
+        assert_eq!(lines[2], "| sft | test | 1 (1.00) | - | 3 (0.33) | - |");
+        assert_eq!(lines[3], "| rl | test | - | 1 (0.00) | - | - |");
+        assert_eq!(first_turn_table(&[]), "");
     }
 
     #[test]
