@@ -103,7 +103,8 @@ pub struct Params {
     /// `pretrain` only: this many synthetic conversations added to the corpus, each a
     /// generator prompt for an elementwise expression answered by a kernel that carries it
     /// ([`crate::families::copy_documents`]; never a task's expression, hold-out included).
-    /// 0 (the default) adds none and leaves the stage's key as it was.
+    /// 0 (when the key is absent; `pipelines/default.toml` sets 3000) adds none and leaves the
+    /// stage's key as it was before the parameter existed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub copy_documents: usize,
     /// `pretrain` only: the seed of those documents' expressions.
