@@ -56,8 +56,11 @@ pub struct RlServe {
     /// Compute dtype.
     #[serde(default)]
     pub precision: Precision,
-    /// AdamW learning rate.
+    /// AdamW learning rate (both agents, or the optimizer alone with `generator_lr`).
     pub lr: f64,
+    /// The generator's AdamW learning rate (absent: `lr`).
+    #[serde(default)]
+    pub generator_lr: Option<f64>,
     /// Loss settings.
     pub pg: PgConfig,
     /// Completions per optimizer step.
@@ -76,6 +79,19 @@ pub struct RlServe {
 
 fn d_value_lr() -> f64 {
     1e-3
+}
+
+impl RlServe {
+    /// The AdamW settings of the generator and of the optimizer: `generator_lr` (else `lr`)
+    /// and `lr`, the same warmup.
+    pub fn agent_optims(&self) -> [AgentOptim; 2] {
+        let optim = |lr| AgentOptim {
+            lr,
+            warmup: self.warmup,
+            ..Default::default()
+        };
+        [optim(self.generator_lr.unwrap_or(self.lr)), optim(self.lr)]
+    }
 }
 
 /// The policy-gradient algorithm of an RL run.
@@ -178,16 +194,12 @@ struct Sample {
 impl Server {
     fn new(job: RlServe) -> Result<Server, ModelError> {
         let dev = crate::job::device(&job.device)?;
-        let optim = AgentOptim {
-            lr: job.lr,
-            warmup: job.warmup,
-            ..Default::default()
-        };
-        let load = |dir: &PathBuf, role, system: &str| {
+        let [go, oo] = job.agent_optims();
+        let load = |dir: &PathBuf, role, system: &str, optim| {
             TrainableAgent::load(dir, role, system, dev, job.precision, optim)
         };
-        let g = load(&job.generator, Role::Generator, &job.generator_system)?;
-        let o = load(&job.optimizer, Role::Optimizer, &job.optimizer_system)?;
+        let g = load(&job.generator, Role::Generator, &job.generator_system, go)?;
+        let o = load(&job.optimizer, Role::Optimizer, &job.optimizer_system, oo)?;
         let frozen = |dir: &PathBuf| -> Result<Qwen2, ModelError> {
             let mut m = Qwen2::load(dir, dev, Kind::Float)?;
             m.set_compute_kind(job.precision.compute_kind(dev));
@@ -442,4 +454,29 @@ pub fn serve(job: &RlServe) -> Result<(), ModelError> {
         let _ = out.flush();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(extra: &str) -> RlServe {
+        serde_json::from_str(&format!(
+            r#"{{"generator": "g", "optimizer": "o", "generator_system": "s", "optimizer_system": "t",
+                "device": "cpu", "lr": 2e-5, "pg": {{"clip": 0.2, "kl_coef": 0.04}},
+                "minibatch": 8, "warmup": 3{extra}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_generator_learns_at_generator_lr_else_at_lr() {
+        let [g, o] = job("").agent_optims();
+        assert_eq!((g.lr, o.lr), (2e-5, 2e-5));
+        let [g, o] = job(r#", "generator_lr": 5e-6"#).agent_optims();
+        assert_eq!((g.lr, o.lr), (5e-6, 2e-5));
+        assert_eq!((g.warmup, o.warmup), (3, 3));
+        let [g, _] = job(r#", "generator_lr": 0.0"#).agent_optims();
+        assert_eq!(g.lr, 0.0, "0 freezes the generator");
+    }
 }
