@@ -469,6 +469,27 @@ fn fmt(v: &Value) -> String {
     }
 }
 
+/// `b - a` stratified by task, and its standard error: per task `t`, `a` succeeded `ka_t` times
+/// in `na_t` episodes and `b` `kb_t` in `nb_t`; the difference is `sum_t w_t (kb_t/nb_t -
+/// ka_t/na_t)` with `w_t = (na_t + nb_t) / (Na + Nb)`, its variance `sum_t w_t^2 (pa_t (1 -
+/// pa_t) / na_t + pb_t (1 - pb_t) / nb_t)` (the stratified difference of proportions, e.g.
+/// Cochran, *Sampling Techniques*, stratified random sampling). Eval gives every task the same
+/// episodes per checkpoint, so between-task spread is not sampling error on these tasks; the
+/// unstratified [`rate_diff`] counts it. `None` when a task has no episodes on one side.
+pub(crate) fn stratified_diff(tasks: &[(f64, f64, f64, f64)]) -> Option<(f64, f64)> {
+    let total: f64 = tasks.iter().map(|t| t.0 + t.2).sum();
+    if tasks.is_empty() || tasks.iter().any(|t| t.0 <= 0.0 || t.2 <= 0.0) {
+        return None;
+    }
+    let (mut d, mut var) = (0.0, 0.0);
+    for &(na, ka, nb, kb) in tasks {
+        let (w, pa, pb) = ((na + nb) / total, ka / na, kb / nb);
+        d += w * (pb - pa);
+        var += w * w * (pa * (1.0 - pa) / na + pb * (1.0 - pb) / nb);
+    }
+    Some((d, var.sqrt()))
+}
+
 /// What an episode's first turn (the generator's answer) came to.
 pub(crate) fn first_turn_outcome(c: &crate::reward::RewardComponents) -> &'static str {
     if c.correct == Some(true) {
@@ -663,6 +684,38 @@ fn report(
                 parts.join(", ")
             ));
         }
+        // The same, stratified by task (every task has its own episodes on both sides).
+        let per_task = |f: &dyn Fn(&Row) -> bool| {
+            let mut t: BTreeMap<&str, (f64, f64, f64, f64)> = BTreeMap::new();
+            for r in rows.iter().filter(|r| r.split == split) {
+                let e = t.entry(r.ep.task_id.as_str()).or_default();
+                let hit = f64::from(u8::from(f(r)));
+                if r.ck == "sft" {
+                    (e.0, e.1) = (e.0 + 1.0, e.1 + hit);
+                } else {
+                    (e.2, e.3) = (e.2 + 1.0, e.3 + hit);
+                }
+            }
+            stratified_diff(&t.into_values().collect::<Vec<_>>())
+        };
+        let full = rows.iter().any(|r| r.ep.best_components().mode == "full");
+        let strat: Vec<String> = [
+            ("compile", per_task(&|r| r.ep.best_components().compiled)),
+            (
+                "pass",
+                full.then(|| per_task(&|r| r.ep.best_components().correct == Some(true)))
+                    .flatten(),
+            ),
+        ]
+        .iter()
+        .filter_map(|(name, d)| d.map(|(d, se)| format!("{name} {d:+.3} +- {se:.3}")))
+        .collect();
+        if !strat.is_empty() {
+            md.push_str(&format!(
+                "Stratified by task (the same tasks on both sides; what holds on these tasks, not on new ones): {}.\n",
+                strat.join(", ")
+            ));
+        }
     }
     // What the loop made of each kind of start (full mode: "ended correct" needs tests).
     if rows.iter().any(|r| r.ep.best_components().mode == "full") {
@@ -758,6 +811,24 @@ mod tests {
         let (d, se) = rate_diff(18.0 / 136.0, 136.0, 26.0 / 136.0, 136.0).unwrap();
         assert!((d / se - 1.32).abs() < 0.01, "{}", d / se);
         assert_eq!(rate_diff(0.5, 0.0, 0.5, 10.0), None);
+    }
+
+    #[test]
+    fn stratified_difference_by_hand() {
+        // Task 1: 0 of 4 vs 2 of 4; task 2: 4 of 4 vs 4 of 4. Weights 1/2 each:
+        // d = 0.5 * 0.5 + 0 = 0.25; var = 0.25 * (0 + 0.25 / 4) + 0 = 0.015625.
+        let (d, se) = stratified_diff(&[(4.0, 0.0, 4.0, 2.0), (4.0, 4.0, 4.0, 4.0)]).unwrap();
+        assert!((d - 0.25).abs() < 1e-12);
+        assert!((se - 0.125).abs() < 1e-12, "{se}");
+        // Unstratified, the same counts (4 of 8 vs 6 of 8) have a larger error: the spread
+        // between the tasks counts as noise there.
+        let (d2, se2) = rate_diff(0.5, 8.0, 0.75, 8.0).unwrap();
+        assert!((d2 - d).abs() < 1e-12 && se2 > se);
+        // Unequal sizes weigh by episodes: (2 + 2) and (6 + 6) of 16.
+        let (d, _) = stratified_diff(&[(2.0, 0.0, 2.0, 2.0), (6.0, 3.0, 6.0, 3.0)]).unwrap();
+        assert!((d - 0.25).abs() < 1e-12);
+        assert_eq!(stratified_diff(&[(4.0, 1.0, 0.0, 0.0)]), None);
+        assert_eq!(stratified_diff(&[]), None);
     }
 
     #[test]
