@@ -215,12 +215,12 @@ impl Episode {
             )
         };
         self.turns.iter().reduce(|a, b| {
-            let better = match b.reward.reward.partial_cmp(&a.reward.reward) {
-                Some(std::cmp::Ordering::Greater) => true,
-                Some(std::cmp::Ordering::Equal) => key(b) > key(a),
-                _ => false,
-            };
-            if better { b } else { a }
+            let order = b.reward.reward.total_cmp(&a.reward.reward);
+            if order.then_with(|| key(b).cmp(&key(a))).is_gt() {
+                b
+            } else {
+                a
+            }
         })
     }
 
@@ -272,12 +272,23 @@ fn view<'a>(task: &'a TaskSpec, sig: &'a str, shapes: &'a [String]) -> TaskView<
 
 /// The generator's conversation for `task` (the RL prompt: the first intro and closing).
 pub fn generator_conversation(task: &TaskSpec) -> Vec<ChatMessage> {
+    generator_conversation_phrased(task, 0, 0)
+}
+
+/// The generator's conversation for `task` with phrasing variant `intro` / `closing` (indices
+/// modulo [`prompts::INTROS`] / [`prompts::CLOSINGS`]): system prompt, then the task prompt
+/// with every train shape.
+pub fn generator_conversation_phrased(
+    task: &TaskSpec,
+    intro: usize,
+    closing: usize,
+) -> Vec<ChatMessage> {
     let (sig, shapes) = task_messages(task);
     vec![
         ChatMessage::new("system", prompts::GENERATOR_SYSTEM),
         ChatMessage::new(
             "user",
-            prompts::task_prompt(&view(task, &sig, &shapes), 0, 0),
+            prompts::task_prompt(&view(task, &sig, &shapes), intro, closing),
         ),
     ]
 }

@@ -698,12 +698,12 @@ fn report(
             }
             stratified_diff(&t.into_values().collect::<Vec<_>>())
         };
-        let full = rows.iter().any(|r| r.ep.best_components().mode == "full");
         let strat: Vec<String> = [
             ("compile", per_task(&|r| r.ep.best_components().compiled)),
             (
                 "pass",
-                full.then(|| per_task(&|r| r.ep.best_components().correct == Some(true)))
+                (mode == "full")
+                    .then(|| per_task(&|r| r.ep.best_components().correct == Some(true)))
                     .flatten(),
             ),
         ]
@@ -718,7 +718,7 @@ fn report(
         }
     }
     // What the loop made of each kind of start (full mode: "ended correct" needs tests).
-    if rows.iter().any(|r| r.ep.best_components().mode == "full") {
+    if mode == "full" {
         let items: Vec<(&str, &str, &str, bool)> = rows
             .iter()
             .map(|r| {

@@ -32,7 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cudarl_cuda::task::{Arg, ArgKind, TaskSpec};
-use cudarl_curriculum::prompts::{self, ChatMessage, TaskView};
+use cudarl_curriculum::prompts::{self, ChatMessage};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -689,32 +689,17 @@ pub fn copy_documents(n: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Ve
         .into_iter()
         .enumerate()
         .map(|(i, f)| {
-            let signature = f.spec.signature();
-            let shapes: Vec<String> = f
-                .spec
-                .train_shapes
-                .iter()
-                .map(|s| serde_json::to_string(s).expect("json"))
-                .collect();
-            let view = TaskView {
-                tier: f.spec.tier,
-                description: &f.spec.description,
-                dtype: &f.spec.dtype,
-                signature: &signature,
-                shapes: &shapes,
-            };
             let code = match (i % 2, f.optimized.first()) {
                 (1, Some((_, src))) => src,
                 _ => &f.naive,
             };
-            vec![
-                ChatMessage::new("system", prompts::GENERATOR_SYSTEM),
-                ChatMessage::new(
-                    "user",
-                    prompts::task_prompt(&view, i, i / prompts::INTROS.len()),
-                ),
-                ChatMessage::new("assistant", prompts::fenced(code)),
-            ]
+            let mut m = crate::episode::generator_conversation_phrased(
+                &f.spec,
+                i,
+                i / prompts::INTROS.len(),
+            );
+            m.push(ChatMessage::new("assistant", prompts::fenced(code)));
+            m
         })
         .collect()
 }

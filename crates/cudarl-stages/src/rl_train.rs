@@ -424,7 +424,7 @@ pub(crate) fn serve_job(
 ) -> Value {
     json!({"kind": "rl-serve", "generator": gen_dir, "optimizer": opt_dir,
         "generator_system": GENERATOR_SYSTEM, "optimizer_system": OPTIMIZER_SYSTEM,
-        "device": device, "lr": p.lr, "generator_lr": p.generator_lr.unwrap_or(p.lr),
+        "device": device, "lr": p.lr, "generator_lr": p.generator_lr,
         "pg": {"clip": p.clip, "kl_coef": p.kl_coef},
         "minibatch": p.minibatch, "algorithm": p.algorithm, "warmup": p.warmup,
         "value_lr": p.value_lr})
@@ -1027,9 +1027,10 @@ mod tests {
             "key unchanged"
         );
         let j = serve_job(Path::new("g"), Path::new("o"), "cpu", &base);
+        // Absent: the trainer uses `lr` (cudarl_train::rl_serve::RlServe::agent_optims).
         assert_eq!(
-            (j["lr"].as_f64(), j["generator_lr"].as_f64()),
-            (Some(2e-5), Some(2e-5))
+            (j["lr"].as_f64(), &j["generator_lr"]),
+            (Some(2e-5), &Value::Null)
         );
         let slow = p("lr = 2e-5\ngenerator_lr = 5e-6");
         assert_eq!(params_json(&slow)["generator_lr"], 5e-6);
