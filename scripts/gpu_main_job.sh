@@ -4,7 +4,8 @@
 # pipeline on a cold store, timed, in its own process session so it outlasts one 10-minute
 # call (the machine must stay warm: chain the calls).
 #   ACTION=start    starts it, then waits like `wait`
-#   ACTION=wait     waits up to WAIT_S seconds (default 560), printing progress
+#   ACTION=wait     waits up to WAIT_S seconds (default 560), printing progress, then collects
+#                   what is finished so far
 #   ACTION=collect  writes the results to $OUT (main_job.json: wall time, per-node seconds,
 #                   rl-train metrics and tiers, eval summary, sft-eval; eval_report.md) and
 #                   prints a short table
@@ -80,7 +81,8 @@ if [ "$ACTION" = wait ]; then
   cat "$D/times.txt" 2>/dev/null
   for v in "$D"/variants/*/; do [ -d "$v" ] && echo "variant $(basename "$v"): rc $(cat "$v/rc" 2>/dev/null || echo running) $(cat "$v/wall" 2>/dev/null)s"; done
   tail -c 1500 "$D/run.err"
-  [ -f "$D/done" ] && ACTION=collect
+  # Collect what is there on every call (a machine that goes back between calls loses the rest).
+  ACTION=collect
 fi
 if [ "$ACTION" = collect ]; then
   python3 - "$D" "$OUT" <<'PY'
