@@ -226,6 +226,12 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert_eq!(r["episodes"], 2);
         assert!(r["pass_rate"].is_null(), "nothing ran: no pass rate {r}");
         assert!(r["entropy"].as_f64().unwrap() > 0.0);
+        // No target_kl by default: every minibatch stepped; the KL it moved is recorded.
+        assert_eq!(r["skipped_minibatches"], 0, "{r}");
+        assert!(
+            r["optimizer_max_approx_kl"].as_f64().unwrap().is_finite(),
+            "{r}"
+        );
     }
     let t = rows(&p, "rl-train", "turns");
     assert!(!t.is_empty());
@@ -386,6 +392,9 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     let o = p.run(&["run", "rl-train", "--set", "rl-train.algorithm=\"a2c\""]);
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("expected `grpo` or `ppo`"));
+    let o = p.run(&["run", "rl-train", "--set", "rl-train.target_kl=0.0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("target_kl must be a positive"));
 
     // The report exports as files: report.md and its plots.
     let out = p.path("exported");

@@ -20,7 +20,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), algorithm, reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), algorithm, reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -81,6 +81,12 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("optimizer_signal_groups", false),
         f64s("value_loss", true),
         f64s("optimizer_value_loss", true),
+        // The update's largest approximate KL from the generating policy (nats per token) and
+        // the minibatches `target_kl` left unstepped, per agent.
+        f64s("max_approx_kl", false),
+        f64s("optimizer_max_approx_kl", false),
+        Field::new("skipped_minibatches", DataType::Int64, false),
+        Field::new("optimizer_skipped_minibatches", DataType::Int64, false),
         Field::new("algorithm", DataType::Utf8, false),
         // {"<tier>": mean final reward of this step's episodes of that tier}: the reward curve
         // per tier, not confounded by the mix shifting when a tier opens.
@@ -221,6 +227,13 @@ pub struct Params {
     /// KL penalty weight.
     #[serde(default = "d_kl")]
     pub kl_coef: f64,
+    /// Early stop of each agent's update once the approximate KL from the generating policy
+    /// passes 1.5 x this (nats per token; Spinning Up PPO's rule, `cudarl_train::rl_serve::
+    /// RlServe::target_kl`). Absent: every minibatch steps, and the stage's key is as before
+    /// the parameter existed. Why: at lr 4e-5 the optimizer's KL to the SFT policy jumped to
+    /// 0.835 in one step of six (H100, 2026-11-24, README); not yet measured with it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_kl: Option<f64>,
     /// Ratio clip.
     #[serde(default = "d_clip")]
     pub clip: f64,
@@ -427,7 +440,7 @@ pub(crate) fn serve_job(
         "device": device, "lr": p.lr, "generator_lr": p.generator_lr,
         "pg": {"clip": p.clip, "kl_coef": p.kl_coef},
         "minibatch": p.minibatch, "algorithm": p.algorithm, "warmup": p.warmup,
-        "value_lr": p.value_lr})
+        "value_lr": p.value_lr, "target_kl": p.target_kl})
 }
 
 /// The `rl-train` stage.
@@ -440,7 +453,7 @@ impl RlTrain {
     /// From the pipeline's table.
     ///
     /// # Errors
-    /// Unknown keys, an algorithm other than `grpo` or `ppo`.
+    /// Unknown keys, an algorithm other than `grpo` or `ppo`, a `target_kl` not above 0.
     pub fn from_table(t: toml::Table) -> Result<Self, String> {
         let params: Params = crate::common::parse_params(t)?;
         if params.algorithm != "grpo" && params.algorithm != "ppo" {
@@ -463,6 +476,12 @@ impl RlTrain {
         }
         if params.algorithm == "grpo" && params.group_size < 2 {
             return Err("group_size must be at least 2 (GRPO normalizes within a group)".into());
+        }
+        if params
+            .target_kl
+            .is_some_and(|t| !(t > 0.0 && t.is_finite()))
+        {
+            return Err("target_kl must be a positive number of nats per token".into());
         }
         Ok(RlTrain { params })
     }
@@ -776,6 +795,9 @@ impl Stage for RlTrain {
                 "compile_overlap": used.prefetch_hits as f64 / cands,
                 "value_loss": ppo.as_ref().map(|_| &gu["value_loss"]),
                 "optimizer_value_loss": ppo.as_ref().map(|_| &ou["value_loss"]),
+                "max_approx_kl": gu["max_approx_kl"], "optimizer_max_approx_kl": ou["max_approx_kl"],
+                "skipped_minibatches": gu["skipped_minibatches"],
+                "optimizer_skipped_minibatches": ou["skipped_minibatches"],
                 "algorithm": p.algorithm,
                 "reward_by_tier_json": Value::Object(by_tier).to_string(),
                 "mode": mode, "device": device});
@@ -1039,6 +1061,36 @@ mod tests {
             (j["lr"].as_f64(), j["generator_lr"].as_f64()),
             (Some(2e-5), Some(5e-6))
         );
+    }
+
+    #[test]
+    fn target_kl_reaches_the_trainer_keeps_the_key_when_absent_and_must_be_positive() {
+        let t = |s: &str| toml::from_str::<toml::Table>(s).unwrap();
+        let base = RlTrain::from_table(t("")).unwrap().params;
+        assert!(
+            params_json(&base).get("target_kl").is_none(),
+            "key unchanged"
+        );
+        let j = serve_job(
+            std::path::Path::new("g"),
+            std::path::Path::new("o"),
+            "cpu",
+            &base,
+        );
+        assert_eq!(j["target_kl"], Value::Null);
+        let on = RlTrain::from_table(t("target_kl = 0.02")).unwrap().params;
+        assert_eq!(params_json(&on)["target_kl"], 0.02);
+        let j = serve_job(
+            std::path::Path::new("g"),
+            std::path::Path::new("o"),
+            "cpu",
+            &on,
+        );
+        assert_eq!(j["target_kl"].as_f64(), Some(0.02));
+        for bad in ["target_kl = 0.0", "target_kl = -0.1"] {
+            let e = RlTrain::from_table(t(bad)).unwrap_err();
+            assert!(e.contains("target_kl"), "{bad}: {e}");
+        }
     }
 
     #[test]

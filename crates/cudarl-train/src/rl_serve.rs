@@ -11,12 +11,13 @@
 //!   sent as soon as it is finished, as a line `{ok, partial: {index, text}}` before the final
 //!   response (the stage compiles finished kernels while the batch decodes on).
 //! - `update` {agent, samples: [{id, advantage, return?}]} -> {loss, pg_loss, kl, clip_frac,
-//!   entropy, tokens, grad_norm, value_loss, seconds}: the clipped-ratio loss with the KL
-//!   penalty ([`crate::rl::clipped_pg_loss`]) over minibatches; the old log-probabilities are
-//!   recomputed with the training forward pass before the first minibatch (so sampling-time
-//!   numerics do not bias the ratio). With PPO, the value head is fitted to `return` (mean
-//!   squared error) in the same minibatches. Every kept completion of that agent is dropped
-//!   after.
+//!   entropy, tokens, grad_norm, value_loss, max_approx_kl, skipped_minibatches, seconds}: the
+//!   clipped-ratio loss with the KL penalty ([`crate::rl::clipped_pg_loss`]) over minibatches;
+//!   the old log-probabilities are recomputed with the training forward pass before the first
+//!   minibatch (so sampling-time numerics do not bias the ratio). With `target_kl`, the update
+//!   stops early once the policy has moved too far ([`RlServe::target_kl`]). With PPO, the
+//!   value head is fitted to `return` (mean squared error) in the same minibatches. Every kept
+//!   completion of that agent is dropped after.
 //! - `save` {dir} -> writes `dir/generator` and `dir/optimizer` (Hugging Face layout).
 //! - `quit`.
 //!
@@ -75,7 +76,18 @@ pub struct RlServe {
     /// AdamW learning rate of PPO's value heads.
     #[serde(default = "d_value_lr")]
     pub value_lr: f64,
+    /// Early stop of an update (absent: every minibatch steps): before each minibatch's step
+    /// the approximate KL from the policy that generated the completions to the current one,
+    /// `mean_tokens(old_logp - logp)` (nats per token), is measured, and once it passes
+    /// `1.5 * target_kl` the update's remaining minibatches are skipped. The rule and the 1.5
+    /// are OpenAI Spinning Up's PPO (Achiam, 2018, `target_kl`, also Stable-Baselines3's
+    /// `target_kl`). The first minibatch always steps (nothing has moved yet).
+    #[serde(default)]
+    pub target_kl: Option<f64>,
 }
+
+/// Spinning Up's margin over `target_kl` before an update stops (see [`RlServe::target_kl`]).
+pub const TARGET_KL_MARGIN: f64 = 1.5;
 
 fn d_value_lr() -> f64 {
     1e-3
@@ -367,6 +379,21 @@ impl Server {
             let (logp, mask, _, state) =
                 TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
             let (old, rf) = &fixed[ci];
+            // How far this update has moved the policy on these completions (k1 estimator).
+            let approx_kl = tch::no_grad(|| {
+                ((old - &logp) * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)
+            })
+            .double_value(&[]);
+            st.max_approx_kl = st.max_approx_kl.max(approx_kl);
+            if ci > 0
+                && self
+                    .job
+                    .target_kl
+                    .is_some_and(|t| approx_kl > TARGET_KL_MARGIN * t)
+            {
+                st.skipped_minibatches = batches.len() - ci;
+                break;
+            }
             let (loss, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
             if let Some(c) = critic.as_deref_mut() {
                 // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
@@ -384,12 +411,13 @@ impl Server {
             st.tokens += s.tokens;
             n_mb += 1.0;
         }
+        // Entropy was measured on every minibatch, the rest on those that stepped.
+        st.entropy /= batches.len() as f64;
         for x in [
             &mut st.loss,
             &mut st.pg_loss,
             &mut st.kl,
             &mut st.clip_frac,
-            &mut st.entropy,
             &mut st.grad_norm,
             &mut st.value_loss,
         ] {
@@ -425,6 +453,12 @@ pub struct UpdateStats {
     pub samples: usize,
     /// PPO's value loss `0.5 (V - return)^2` (0 with GRPO).
     pub value_loss: f64,
+    /// The largest approximate KL (nats per token, `mean(old_logp - logp)`) from the
+    /// generating policy to the current one measured before a minibatch's step.
+    pub max_approx_kl: f64,
+    /// Minibatches left unstepped because `max_approx_kl` passed 1.5 `target_kl`
+    /// ([`RlServe::target_kl`]; 0 without one).
+    pub skipped_minibatches: usize,
 }
 
 /// Runs the request loop on stdin/stdout until `quit` or end of input.
@@ -467,6 +501,78 @@ mod tests {
                 "minibatch": 8, "warmup": 3{extra}}}"#
         ))
         .unwrap()
+    }
+
+    /// One `generate` of 4 completions from a tiny random model, then an `update` of the
+    /// generator with advantages +1, -1, +1, -1 at a large learning rate, one completion per
+    /// minibatch.
+    fn update_with(target_kl: Option<f64>) -> UpdateStats {
+        use crate::{Qwen2Config, tokenizer::ChatTokenizer};
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("m");
+        std::fs::create_dir_all(&m).unwrap();
+        let texts: Vec<String> = (0..64)
+            .map(|i| format!("__global__ void k{i}(float* x) {{ x[threadIdx.x] *= {i}.5f; }}"))
+            .collect();
+        crate::tokenizer::train_bpe(&texts, 400, &m.join("tokenizer.json")).unwrap();
+        let vocab = ChatTokenizer::load(&m.join("tokenizer.json"))
+            .unwrap()
+            .vocab_size();
+        tch::manual_seed(0);
+        let cfg = Qwen2Config::new(vocab as i64, 32, 64, 1, 2, 1, 256, true);
+        Qwen2::new(cfg, tch::Device::Cpu).unwrap().save(&m).unwrap();
+        let mut j = job("");
+        (j.generator, j.optimizer) = (m.clone(), m);
+        (j.lr, j.minibatch, j.warmup, j.target_kl) = (1e-2, 1, 0, target_kl);
+        let mut s = Server::new(j).unwrap();
+        let generate = Request::Generate {
+            agent: Role::Generator,
+            conversations: vec![vec![Message::new("user", "Write k.")]; 4],
+            max_new_tokens: 12,
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 1,
+            stream: false,
+        };
+        let r = s.handle(generate, &mut Vec::new()).unwrap().unwrap();
+        let samples: Vec<Sample> = r["completions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Sample {
+                id: c["id"].as_u64().unwrap(),
+                advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
+                ret: None,
+            })
+            .collect();
+        let st = s.update(Role::Generator, &samples).unwrap();
+        assert_eq!(st.samples, 4, "every completion has tokens");
+        st
+    }
+
+    #[test]
+    fn target_kl_stops_an_update_once_the_policy_has_moved() {
+        let all = update_with(None);
+        assert_eq!(all.skipped_minibatches, 0);
+        // Each step at lr 1e-2 moves the policy: the approximate KL from the generating policy
+        // is well above float noise (about 1e-8) after the first step.
+        assert!(all.max_approx_kl > 1e-5, "{}", all.max_approx_kl);
+        let stopped = update_with(Some(all.max_approx_kl / 100.0));
+        assert!(
+            (1..=3).contains(&stopped.skipped_minibatches),
+            "the first minibatch steps, a later one stops: {stopped:?}"
+        );
+        assert!(stopped.max_approx_kl > TARGET_KL_MARGIN * all.max_approx_kl / 100.0);
+        let loose = update_with(Some(all.max_approx_kl * 10.0));
+        assert_eq!(
+            loose.skipped_minibatches, 0,
+            "a target above what moved stops nothing"
+        );
+        assert_eq!(
+            loose.max_approx_kl, all.max_approx_kl,
+            "same seeds, same steps"
+        );
     }
 
     #[test]
