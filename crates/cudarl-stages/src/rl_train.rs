@@ -586,7 +586,8 @@ impl Stage for RlTrain {
     }
     fn code_version(&self) -> u32 {
         // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
-        7
+        // 8: metrics gain max_approx_kl and skipped_minibatches per agent.
+        8
     }
     fn params(&self) -> Value {
         params_json(&self.params)
