@@ -1039,58 +1039,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn generator_lr_reaches_the_trainer_and_leaves_the_key_alone_when_absent() {
-        let p = |t: &str| -> Params {
-            crate::common::parse_params(toml::from_str(t).unwrap()).unwrap()
-        };
-        use std::path::Path;
-        let base = p("lr = 2e-5");
-        assert!(
-            params_json(&base).get("generator_lr").is_none(),
-            "key unchanged"
-        );
-        let j = serve_job(Path::new("g"), Path::new("o"), "cpu", &base);
-        // Absent: the trainer uses `lr` (cudarl_train::rl_serve::RlServe::agent_optims).
-        assert_eq!(
-            (j["lr"].as_f64(), &j["generator_lr"]),
-            (Some(2e-5), &Value::Null)
-        );
-        let slow = p("lr = 2e-5\ngenerator_lr = 5e-6");
-        assert_eq!(params_json(&slow)["generator_lr"], 5e-6);
-        let j = serve_job(Path::new("g"), Path::new("o"), "cpu", &slow);
-        assert_eq!(
-            (j["lr"].as_f64(), j["generator_lr"].as_f64()),
-            (Some(2e-5), Some(5e-6))
-        );
-    }
-
-    #[test]
-    fn target_kl_reaches_the_trainer_keeps_the_key_when_absent_and_must_be_positive() {
+    fn optional_trainer_keys_reach_the_trainer_and_leave_the_stage_key_alone_when_absent() {
         let t = |s: &str| toml::from_str::<toml::Table>(s).unwrap();
-        let base = RlTrain::from_table(t("")).unwrap().params;
-        assert!(
-            params_json(&base).get("target_kl").is_none(),
-            "key unchanged"
-        );
-        let j = serve_job(
-            std::path::Path::new("g"),
-            std::path::Path::new("o"),
-            "cpu",
-            &base,
-        );
-        assert_eq!(j["target_kl"], Value::Null);
-        let on = RlTrain::from_table(t("target_kl = 0.02")).unwrap().params;
-        assert_eq!(params_json(&on)["target_kl"], 0.02);
-        let j = serve_job(
-            std::path::Path::new("g"),
-            std::path::Path::new("o"),
-            "cpu",
-            &on,
-        );
-        assert_eq!(j["target_kl"].as_f64(), Some(0.02));
+        let job = |p: &Params| serve_job(Path::new("g"), Path::new("o"), "cpu", p);
+        use std::path::Path;
+        let base = RlTrain::from_table(t("lr = 2e-5")).unwrap().params;
+        for (key, set, value) in [
+            // Absent: the trainer uses `lr` (cudarl_train::rl_serve::RlServe::agent_optims).
+            ("generator_lr", "generator_lr = 5e-6", 5e-6),
+            // Absent: every minibatch steps (cudarl_train::rl_serve::RlServe::target_kl).
+            ("target_kl", "target_kl = 0.02", 0.02),
+        ] {
+            assert!(
+                params_json(&base).get(key).is_none(),
+                "{key}: key unchanged"
+            );
+            assert_eq!(job(&base)[key], Value::Null, "{key}");
+            let on = RlTrain::from_table(t(&format!("lr = 2e-5\n{set}")))
+                .unwrap()
+                .params;
+            assert_eq!(params_json(&on)[key], value);
+            assert_eq!(job(&on)[key].as_f64(), Some(value));
+            assert_eq!(job(&on)["lr"].as_f64(), Some(2e-5), "{key} leaves lr alone");
+        }
         for bad in ["target_kl = 0.0", "target_kl = -0.1"] {
             let e = RlTrain::from_table(t(bad)).unwrap_err();
-            assert!(e.contains("target_kl"), "{bad}: {e}");
+            assert!(e.contains("target_kl must be a positive"), "{bad}: {e}");
         }
     }
 

@@ -493,6 +493,7 @@ pub fn serve(job: &RlServe) -> Result<(), ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn job(extra: &str) -> RlServe {
         serde_json::from_str(&format!(
@@ -503,26 +504,30 @@ mod tests {
         .unwrap()
     }
 
-    /// One `generate` of 4 completions from a tiny random model, then an `update` of the
-    /// generator with advantages +1, -1, +1, -1 at a large learning rate, one completion per
-    /// minibatch.
-    fn update_with(target_kl: Option<f64>) -> UpdateStats {
+    /// A tiny random Qwen2 checkpoint with its BPE tokenizer in `dir` (Hugging Face layout).
+    fn tiny_checkpoint(dir: &Path) {
         use crate::{Qwen2Config, tokenizer::ChatTokenizer};
-        let d = tempfile::tempdir().unwrap();
-        let m = d.path().join("m");
-        std::fs::create_dir_all(&m).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
         let texts: Vec<String> = (0..64)
             .map(|i| format!("__global__ void k{i}(float* x) {{ x[threadIdx.x] *= {i}.5f; }}"))
             .collect();
-        crate::tokenizer::train_bpe(&texts, 400, &m.join("tokenizer.json")).unwrap();
-        let vocab = ChatTokenizer::load(&m.join("tokenizer.json"))
-            .unwrap()
-            .vocab_size();
+        let tp = dir.join("tokenizer.json");
+        crate::tokenizer::train_bpe(&texts, 400, &tp).unwrap();
+        let vocab = ChatTokenizer::load(&tp).unwrap().vocab_size();
         tch::manual_seed(0);
         let cfg = Qwen2Config::new(vocab as i64, 32, 64, 1, 2, 1, 256, true);
-        Qwen2::new(cfg, tch::Device::Cpu).unwrap().save(&m).unwrap();
+        Qwen2::new(cfg, tch::Device::Cpu)
+            .unwrap()
+            .save(dir)
+            .unwrap();
+    }
+
+    /// One `generate` of 4 completions from the checkpoint in `m`, then an `update` of the
+    /// generator with advantages +1, -1, +1, -1 at a large learning rate, one completion per
+    /// minibatch.
+    fn update_with(m: &Path, target_kl: Option<f64>) -> UpdateStats {
         let mut j = job("");
-        (j.generator, j.optimizer) = (m.clone(), m);
+        (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
         (j.lr, j.minibatch, j.warmup, j.target_kl) = (1e-2, 1, 0, target_kl);
         let mut s = Server::new(j).unwrap();
         let generate = Request::Generate {
@@ -553,18 +558,21 @@ mod tests {
 
     #[test]
     fn target_kl_stops_an_update_once_the_policy_has_moved() {
-        let all = update_with(None);
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("m");
+        tiny_checkpoint(&m);
+        let all = update_with(&m, None);
         assert_eq!(all.skipped_minibatches, 0);
         // Each step at lr 1e-2 moves the policy: the approximate KL from the generating policy
         // is well above float noise (about 1e-8) after the first step.
         assert!(all.max_approx_kl > 1e-5, "{}", all.max_approx_kl);
-        let stopped = update_with(Some(all.max_approx_kl / 100.0));
+        let stopped = update_with(&m, Some(all.max_approx_kl / 100.0));
         assert!(
             (1..=3).contains(&stopped.skipped_minibatches),
             "the first minibatch steps, a later one stops: {stopped:?}"
         );
         assert!(stopped.max_approx_kl > TARGET_KL_MARGIN * all.max_approx_kl / 100.0);
-        let loose = update_with(Some(all.max_approx_kl * 10.0));
+        let loose = update_with(&m, Some(all.max_approx_kl * 10.0));
         assert_eq!(
             loose.skipped_minibatches, 0,
             "a target above what moved stops nothing"
