@@ -14,6 +14,12 @@
 # VARIANTS: after the main job, `run rl-train eval` again on the same store (everything before
 # rl-train cached) once per variant, `name:key=value,key=value;name2:...`, each into
 # variants/<name>/ (RL settings compared on the same SFT checkpoints).
+# PARALLEL=1: the variants run at once, each on its own copy of the store (the store locks a
+#   node per run); they share the GPU, so their timings (speedup, fast_p) are noisier than a
+#   lone run's, while compile and pass rates are not affected.
+# MAIN_TARGETS: the main job's targets, in order (default: through rl-train and eval; e.g.
+#   "validate sft-data tokenizer pretrain sft-train sft-train-optimizer" to stop at the SFT
+#   checkpoints and leave RL to the variants).
 # GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs).
 set -uo pipefail
 D=/tmp/cudarl-main
@@ -37,7 +43,7 @@ date +%s > $D/start
 # One target at a time (the same work as one \`run rl-train eval\`), so a cut call
 # still says how far it got and what each part took.
 rc=0
-for t in validate sft-data tokenizer pretrain sft-train sft-train-optimizer rl-train eval; do
+for t in ${MAIN_TARGETS:-validate sft-data tokenizer pretrain sft-train sft-train-optimizer rl-train eval}; do
   t0=\$(date +%s)
   $B/cudarl-pipe --root . --store $D/store run \$t "\${SETS[@]}" --json >> $D/run.jsonl 2>> $D/run.err || rc=\$?
   echo "\$t \$(( \$(date +%s) - t0 ))s rc=\$rc" >> $D/times.txt
@@ -51,17 +57,24 @@ $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json 
 $B/cudarl-pipe --root . --store $D/store show eval --output turns --json --head 100000 "\${SETS[@]}" > $D/eval_turns.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show synth-tasks --output tasks --json --head 100000 "\${SETS[@]}" > $D/tasks.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store export eval --output report --to $D/export "\${SETS[@]}" > /dev/null 2>&1
-while IFS=: read -r name kvs; do
-  V=$D/variants/\$name; mkdir -p \$V
-  VS=("\${SETS[@]}")
+variant() {
+  local name=\$1 kvs=\$2 V=$D/variants/\$1 S=$D/store
+  mkdir -p \$V
+  if [ "${PARALLEL:-0}" = 1 ]; then S=\$V/store; cp -r $D/store \$S; rm -rf \$S/locks; fi
+  local VS=("\${SETS[@]}")
   for kv in \${kvs//,/ }; do VS+=(--set "\$kv"); done
-  t0=\$(date +%s)
-  $B/cudarl-pipe --root . --store $D/store run rl-train eval "\${VS[@]}" --json > \$V/run.jsonl 2> \$V/run.err
+  local t0=\$(date +%s)
+  $B/cudarl-pipe --root . --store \$S run rl-train eval "\${VS[@]}" --json > \$V/run.jsonl 2> \$V/run.err
   echo \$? > \$V/rc; echo \$(( \$(date +%s) - t0 )) > \$V/wall
-  for o in metrics turns; do $B/cudarl-pipe --root . --store $D/store show rl-train --output \$o --json --head 100000 "\${VS[@]}" > \$V/rl_\$o.jsonl 2>/dev/null; done
-  $B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${VS[@]}" > \$V/eval_summary.jsonl 2>/dev/null
-  $B/cudarl-pipe --root . --store $D/store show eval --output turns --json --head 100000 "\${VS[@]}" > \$V/eval_turns.jsonl 2>/dev/null
+  for o in metrics turns; do $B/cudarl-pipe --root . --store \$S show rl-train --output \$o --json --head 100000 "\${VS[@]}" > \$V/rl_\$o.jsonl 2>/dev/null; done
+  $B/cudarl-pipe --root . --store \$S show eval --output summary --json --head 100 "\${VS[@]}" > \$V/eval_summary.jsonl 2>/dev/null
+  $B/cudarl-pipe --root . --store \$S show eval --output turns --json --head 100000 "\${VS[@]}" > \$V/eval_turns.jsonl 2>/dev/null
+  $B/cudarl-pipe --root . --store \$S export eval --output report --to \$V/export "\${VS[@]}" > /dev/null 2>&1
+}
+while IFS=: read -r name kvs; do
+  if [ "${PARALLEL:-0}" = 1 ]; then variant "\$name" "\$kvs" < /dev/null & else variant "\$name" "\$kvs"; fi
 done < $D/variants.txt
+wait
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   t0=\$(date +%s)
   CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 > $D/gpu_tests.log 2>&1
@@ -116,6 +129,8 @@ for v in sorted((d / "variants").glob("*/")):
         "rl_metrics": [json.loads(l) for l in (v / "rl_metrics.jsonl").read_text().splitlines() if l.strip()] if (v / "rl_metrics.jsonl").exists() else [],
         "eval_summary": [json.loads(l) for l in (v / "eval_summary.jsonl").read_text().splitlines() if l.strip()] if (v / "eval_summary.jsonl").exists() else [],
     }
+    for p in (v / "export").rglob("report.md"):
+        (out / f"eval_report_{v.name}.md").write_text(p.read_text())
     for t in ("rl_turns", "eval_turns"):
         if (v / f"{t}.jsonl").exists():
             (out / f"{t}_{v.name}.jsonl").write_text((v / f"{t}.jsonl").read_text())
