@@ -105,8 +105,8 @@ if [ "$ACTION" = collect ]; then
 import json, sys, os, pathlib
 d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
-def jl(name):
-    p = d / name
+def jl(name, base=d):
+    p = base / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 recs = jl("run.jsonl")
 nodes = {r.get("node"): {k: r.get(k) for k in ("status", "seconds", "stats", "error") if r.get(k) is not None}
@@ -129,8 +129,8 @@ for v in sorted((d / "variants").glob("*/")):
         "sets": spec.partition(":")[2],
         "rc": int((v / "rc").read_text()) if (v / "rc").exists() else None,
         "wall_s": int((v / "wall").read_text()) if (v / "wall").exists() else None,
-        "rl_metrics": [json.loads(l) for l in (v / "rl_metrics.jsonl").read_text().splitlines() if l.strip()] if (v / "rl_metrics.jsonl").exists() else [],
-        "eval_summary": [json.loads(l) for l in (v / "eval_summary.jsonl").read_text().splitlines() if l.strip()] if (v / "eval_summary.jsonl").exists() else [],
+        "rl_metrics": jl("rl_metrics.jsonl", v),
+        "eval_summary": jl("eval_summary.jsonl", v),
     }
     for p in (v / "export").rglob("report.md"):
         (out / f"eval_report_{v.name}.md").write_text(p.read_text())
