@@ -30,10 +30,11 @@ build: setup
 ## generator is `cudarl-pipe run sft-eval`; the curriculum with the archives is `make curriculum`.
 ## Without a GPU (2 cores, the tiny model, compile-only rewards): the earlier, smaller data set
 ## (48 + 16 generated families, 150 examples each; 346 families would take nvcc most of an hour
-## there), one evaluation sample per task and 2 RL steps, not 4.
+## there), one evaluation sample per task and 2 RL steps of 16 episodes (4 tasks x groups of 4),
+## not 6 of 64.
 HAVE_GPU := $(shell command -v nvidia-smi 2>/dev/null)
 CPU_DATA := $(if $(HAVE_GPU),,--set synth-tasks.generate.elementwise=48 --set synth-tasks.generate.row_reduce=16 --set sft-data.per_family=150 --set sft-data.holdout_generated=0.15)
-CPU_SET := $(if $(HAVE_GPU),,$(CPU_DATA) --set eval.samples=1 --set rl-train.steps=2)
+CPU_SET := $(if $(HAVE_GPU),,$(CPU_DATA) --set eval.samples=1 --set rl-train.steps=2 --set rl-train.tasks_per_step=4 --set rl-train.group_size=4 --set rl-train.minibatch=8)
 run: setup build
 	$(BIN) run rl-train eval $(CPU_SET)
 	$(BIN) status $(CPU_SET)

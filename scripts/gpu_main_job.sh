@@ -67,6 +67,8 @@ variant() {
   local VS=("\${SETS[@]}")
   for kv in \${kvs//,/ }; do VS+=(--set "\$kv"); done
   local t0=\$(date +%s)
+  # Its own lock file: parallel runs must not record their keys in one cudarl.lock.
+  VS+=(--lock \$V/cudarl.lock)
   $B/cudarl-pipe --root . --store \$S run rl-train eval "\${VS[@]}" --json > \$V/run.jsonl 2> \$V/run.err
   echo \$? > \$V/rc; echo \$(( \$(date +%s) - t0 )) > \$V/wall
   for o in metrics turns; do $B/cudarl-pipe --root . --store \$S show rl-train --output \$o --json --head 100000 "\${VS[@]}" > \$V/rl_\$o.jsonl 2>/dev/null; done
@@ -129,6 +131,9 @@ for v in sorted((d / "variants").glob("*/")):
         "sets": spec.partition(":")[2],
         "rc": int((v / "rc").read_text()) if (v / "rc").exists() else None,
         "wall_s": int((v / "wall").read_text()) if (v / "wall").exists() else None,
+        # A failed stage's error is a JSON record on stdout (`--json`), not on stderr.
+        "errors": {r["node"]: r.get("error") for r in jl("run.jsonl", v) if r.get("node") and r.get("status") == "failed"},
+        "stderr_tail": (v / "run.err").read_text()[-1500:] if (v / "run.err").exists() else "",
         "rl_metrics": jl("rl_metrics.jsonl", v),
         "eval_summary": jl("eval_summary.jsonl", v),
     }
@@ -165,6 +170,10 @@ def show_eval(rows):
 show_eval(res["eval_summary"])
 for name, v in res["variants"].items():
     print(f"variant {name} ({v['sets']}): rc {v['rc']} {v['wall_s']} s")
+    for n, e in v["errors"].items():
+        print(f"  FAILED {n}: {str(e)[:600]}")
+    if v["rc"] and v["stderr_tail"]:
+        print("  stderr: " + v["stderr_tail"][-600:])
     for m in v["rl_metrics"]:
         print(f"  step {m['step']} reward {m['mean_reward']:.3f}±{m.get('reward_std', 0):.3f} pass {m.get('pass_rate') or 0:.2f} "
               f"signal {m.get('signal_groups', 0):.2f} kl {m.get('kl', 0):.4f} ent {m.get('entropy', 0):.3f}")

@@ -53,8 +53,8 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         ("copy_documents = 3000 ", "copy_documents = 0 "),
         ("max_new_tokens = 512", "max_new_tokens = 48"),
         ("\nsteps = 6 ", "\nsteps = 2 "),
-        ("tasks_per_step = 4", "tasks_per_step = 1"),
-        ("group_size = 4", "group_size = 2"),
+        ("tasks_per_step = 8", "tasks_per_step = 1"),
+        ("group_size = 8 ", "group_size = 2 "),
         ("max_new_tokens = 768", "max_new_tokens = 32"),
     ] {
         assert!(
