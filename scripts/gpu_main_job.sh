@@ -17,9 +17,10 @@
 # PARALLEL=1: the variants run at once, each on its own copy of the store (the store locks a
 #   node per run); they share the GPU, so their timings (speedup, fast_p) are noisier than a
 #   lone run's, while compile and pass rates are not affected.
-#   Caveat (session 16): of four parallel variants one exited 1 with an empty stderr and
-#   another's wall time read 1 s though it ran; not yet understood, so confirm a parallel
-#   result with a lone run before it becomes a default.
+#   Memory: a 64-episode trainer takes 11-19 GB of the GPU while generating; four of them
+#   with their harness workers ran out of an 80 GB H100 (sessions 16 and 17: a variant with
+#   rc 1, its `trainer process ended: ... CUDA out of memory` printed from its run.jsonl), two
+#   fit. Each variant has its own lock file. Confirm a parallel result with a lone run.
 # MAIN_TARGETS: the main job's targets, in order (default: through rl-train and eval; e.g.
 #   "validate sft-data tokenizer pretrain sft-train sft-train-optimizer" to stop at the SFT
 #   checkpoints and leave RL to the variants).
