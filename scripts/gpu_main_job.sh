@@ -156,6 +156,8 @@ for t in ("rl_turns", "eval_turns", "tasks"):
 print(f"wall {res['wall_s']} s, rc {res['rc']}")
 for n, v in nodes.items():
     print(f"  {n:22s} {v.get('status', ''):8s} {v.get('seconds', 0) or 0:8.1f} s")
+    if v.get("error"):
+        print(f"    error: {str(v['error'])[:600]}")
 for m in res["rl_metrics"]:
     print(f"  step {m['step']} tier {m['tier']} reward {m['mean_reward']:.3f}±{m.get('reward_std', 0):.3f} "
           f"compile {m['compile_rate']:.2f} pass {m['pass_rate']:.2f} gen {m['gen_seconds']:.0f}s "
