@@ -17,10 +17,11 @@
 # PARALLEL=1: the variants run at once, each on its own copy of the store (the store locks a
 #   node per run); they share the GPU, so their timings (speedup, fast_p) are noisier than a
 #   lone run's, while compile and pass rates are not affected.
-#   Memory: a 64-episode trainer takes 11-19 GB of the GPU while generating; four of them
-#   with their harness workers ran out of an 80 GB H100 (sessions 16 and 17: a variant with
-#   rc 1, its `trainer process ended: ... CUDA out of memory` printed from its run.jsonl), two
-#   fit. Each variant has its own lock file. Confirm a parallel result with a lone run.
+#   MAX_PARALLEL (default 2) of them at a time: a 64-episode trainer takes 11-19 GB of the
+#   GPU while generating, and four with their harness workers ran out of an 80 GB H100
+#   (sessions 16 and 17: rc 1, `trainer process ended: ... CUDA out of memory` in the
+#   variant's run.jsonl, which the collector prints). Each variant has its own lock file.
+#   Confirm a parallel result with a lone run.
 # MAIN_TARGETS: the main job's targets, in order (default: through rl-train and eval; e.g.
 #   "validate sft-data tokenizer pretrain sft-train sft-train-optimizer" to stop at the SFT
 #   checkpoints and leave RL to the variants).
@@ -55,12 +56,17 @@ for t in ${MAIN_TARGETS:-validate sft-data tokenizer pretrain sft-train sft-trai
 done
 echo \$rc > $D/rc
 date +%s > $D/end
-for o in metrics tiers turns; do $B/cudarl-pipe --root . --store $D/store show rl-train --output \$o --json --head 100000 "\${SETS[@]}" > $D/rl_\$o.jsonl 2>/dev/null; done
-$B/cudarl-pipe --root . --store $D/store show eval --output summary --json --head 100 "\${SETS[@]}" > $D/eval_summary.jsonl 2>/dev/null
+# What a run left in store \$1, into folder \$2 (the rest: the run's --set/--lock arguments).
+outputs() {
+  local S=\$1 O=\$2; shift 2
+  for o in metrics tiers turns; do $B/cudarl-pipe --root . --store \$S show rl-train --output \$o --json --head 100000 "\$@" > \$O/rl_\$o.jsonl 2>/dev/null; done
+  $B/cudarl-pipe --root . --store \$S show eval --output summary --json --head 100 "\$@" > \$O/eval_summary.jsonl 2>/dev/null
+  $B/cudarl-pipe --root . --store \$S show eval --output turns --json --head 100000 "\$@" > \$O/eval_turns.jsonl 2>/dev/null
+  $B/cudarl-pipe --root . --store \$S export eval --output report --to \$O/export "\$@" > /dev/null 2>&1
+}
+outputs $D/store $D "\${SETS[@]}"
 $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
-$B/cudarl-pipe --root . --store $D/store show eval --output turns --json --head 100000 "\${SETS[@]}" > $D/eval_turns.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show synth-tasks --output tasks --json --head 100000 "\${SETS[@]}" > $D/tasks.jsonl 2>/dev/null
-$B/cudarl-pipe --root . --store $D/store export eval --output report --to $D/export "\${SETS[@]}" > /dev/null 2>&1
 variant() {
   local name=\$1 kvs=\$2 V=$D/variants/\$1 S=$D/store
   mkdir -p \$V
@@ -72,13 +78,16 @@ variant() {
   VS+=(--lock \$V/cudarl.lock)
   $B/cudarl-pipe --root . --store \$S run rl-train eval "\${VS[@]}" --json > \$V/run.jsonl 2> \$V/run.err
   echo \$? > \$V/rc; echo \$(( \$(date +%s) - t0 )) > \$V/wall
-  for o in metrics turns; do $B/cudarl-pipe --root . --store \$S show rl-train --output \$o --json --head 100000 "\${VS[@]}" > \$V/rl_\$o.jsonl 2>/dev/null; done
-  $B/cudarl-pipe --root . --store \$S show eval --output summary --json --head 100 "\${VS[@]}" > \$V/eval_summary.jsonl 2>/dev/null
-  $B/cudarl-pipe --root . --store \$S show eval --output turns --json --head 100000 "\${VS[@]}" > \$V/eval_turns.jsonl 2>/dev/null
-  $B/cudarl-pipe --root . --store \$S export eval --output report --to \$V/export "\${VS[@]}" > /dev/null 2>&1
+  outputs \$S \$V "\${VS[@]}"
 }
 while IFS=: read -r name kvs; do
-  if [ "${PARALLEL:-0}" = 1 ]; then variant "\$name" "\$kvs" < /dev/null & else variant "\$name" "\$kvs"; fi
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    # At most MAX_PARALLEL at once (default 2): four 64-episode trainers overflow an 80 GB GPU.
+    while [ "\$(jobs -rp | wc -l)" -ge ${MAX_PARALLEL:-2} ]; do wait -n; done
+    variant "\$name" "\$kvs" < /dev/null &
+  else
+    variant "\$name" "\$kvs"
+  fi
 done < $D/variants.txt
 wait
 if [ "${GPU_TESTS:-0}" = 1 ]; then
