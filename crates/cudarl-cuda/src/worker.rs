@@ -18,7 +18,12 @@
 //! (benchmarks/results/shard_validate_h100_2026-11-22.json). Jobs that only test (correctness
 //! does not depend on what else runs) hold the lock shared, so several pools on one GPU test
 //! candidates concurrently ([`drain_on`]); within a process a waiting timer goes first (a
-//! writer-preferring [`std::sync::RwLock`] per GPU in front of the flock).
+//! writer-preferring [`std::sync::RwLock`] per GPU in front of the flock), and across processes
+//! too (a turnstile lock file: a waiting timer holds it, and a new shared holder must pass it).
+//! Every other GPU user holds the lock shared while its GPU work runs: the trainer per training
+//! step and per `serve` request (crates/cudarl-train), so a stage that trains (`pretrain`) can
+//! run beside `validate`, and `eval`'s two checkpoints beside each other, without a timing
+//! ever overlapping their kernels.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -108,7 +113,6 @@ impl GpuLock {
     }
 
     fn acquire_mode(id: &str, exclusive: bool) -> std::io::Result<GpuLock> {
-        use std::os::fd::AsRawFd;
         let g = gate(id);
         let gate = if exclusive {
             Gate::Exclusive {
@@ -119,20 +123,45 @@ impl GpuLock {
                 _held: g.read().unwrap_or_else(|e| e.into_inner()),
             }
         };
-        let f = Self::open(id)?;
-        let op = if exclusive {
-            libc::LOCK_EX
-        } else {
-            libc::LOCK_SH
-        };
-        // SAFETY: flock on a file descriptor this function owns.
-        if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(GpuLock {
-            _file: f,
+            _file: Self::lock_files(id, exclusive)?,
             _gate: gate,
         })
+    }
+
+    /// The machine-wide half: flock(2) on the lock file, writer-preferring across processes.
+    /// flock alone lets new shared holders in while an exclusive one waits, so two processes
+    /// whose shared holds overlap (two trainers generating) could starve a timer. A turnstile
+    /// file fixes that: a timer takes the turnstile, then waits for the lock and lets the
+    /// turnstile go once it has it; a shared holder passes the turnstile (takes it and lets it
+    /// go at once) before taking the lock, so it queues behind a waiting timer.
+    fn lock_files(id: &str, exclusive: bool) -> std::io::Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let flock = |f: &std::fs::File, op: i32| -> std::io::Result<()> {
+            // SAFETY: flock on a file descriptor the caller owns.
+            if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        };
+        let turnstile = Self::open(&format!("{id}-turnstile"))?;
+        flock(&turnstile, libc::LOCK_EX)?;
+        if !exclusive {
+            drop(turnstile);
+            let f = Self::open(id)?;
+            flock(&f, libc::LOCK_SH)?;
+            return Ok(f);
+        }
+        let f = Self::open(id)?;
+        flock(&f, libc::LOCK_EX)?;
+        drop(turnstile);
+        Ok(f)
+    }
+
+    /// The lock id of the GPU this process uses as CUDA device 0: `CUDA_VISIBLE_DEVICES`, or
+    /// `default` when it is unset (the id [`WorkerPool`]s use for their workers).
+    pub fn visible_id() -> String {
+        std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "default".into())
     }
 
     /// The lock if the GPU `id` is free now, `None` if another holder has it.
@@ -582,6 +611,7 @@ mod tests {
         waiter.join().unwrap().unwrap();
         assert!(GpuLock::try_acquire(&id).unwrap().is_some());
         let _ = std::fs::remove_file(GpuLock::path(&id));
+        let _ = std::fs::remove_file(GpuLock::path(&format!("{id}-turnstile")));
         let _ = std::fs::remove_file(GpuLock::path(&format!("{id}-other")));
     }
 
@@ -608,6 +638,45 @@ mod tests {
         drop(a);
         timer.join().unwrap().unwrap();
         let _ = std::fs::remove_file(GpuLock::path(&id));
+        let _ = std::fs::remove_file(GpuLock::path(&format!("{id}-turnstile")));
+    }
+
+    #[test]
+    fn a_waiting_timer_goes_before_new_shared_holders_of_other_processes() {
+        // `lock_files` without the in-process gate: each thread opens its own files, as
+        // separate processes would (flock locks belong to open file descriptions).
+        let id = format!("test-turnstile-{}", std::process::id());
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reader_a = GpuLock::lock_files(&id, false).unwrap();
+        let spawn = |name: &'static str, exclusive: bool, hold_ms: u64| {
+            let (id, order) = (id.clone(), order.clone());
+            std::thread::spawn(move || {
+                let f = GpuLock::lock_files(&id, exclusive).unwrap();
+                order.lock().unwrap().push(name);
+                std::thread::sleep(Duration::from_millis(hold_ms));
+                drop(f);
+            })
+        };
+        let timer = spawn("timer", true, 100);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !timer.is_finished(),
+            "the timer waits for the shared holder"
+        );
+        // A new shared holder beside the first would starve the timer; it queues instead.
+        let reader_b = spawn("reader_b", false, 0);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            order.lock().unwrap().is_empty(),
+            "the second shared holder waits behind the timer: {:?}",
+            order.lock().unwrap()
+        );
+        drop(reader_a);
+        timer.join().unwrap();
+        reader_b.join().unwrap();
+        assert_eq!(*order.lock().unwrap(), vec!["timer", "reader_b"]);
+        let _ = std::fs::remove_file(GpuLock::path(&id));
+        let _ = std::fs::remove_file(GpuLock::path(&format!("{id}-turnstile")));
     }
 
     #[test]

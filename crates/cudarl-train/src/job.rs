@@ -353,7 +353,9 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                     seed: Some(*seed + ci as i64),
                     ..params.clone()
                 };
+                let gpu = crate::GpuShare::hold(dev)?;
                 let g = crate::generate(&m, &batch, &params, &eos, &mut |_, _| false)?;
+                drop(gpu);
                 for (k, toks) in g.tokens.iter().enumerate() {
                     let (pi, si, _) = chunk[k];
                     new_tokens += toks.len();

@@ -20,6 +20,49 @@ pub use model::{KvCache, Qwen2, set_cudnn_attention};
 pub use tokenizer::{ChatTokenizer, Message};
 pub use train::{Example, Precision, StepMetrics, TrainConfig, train_lm};
 
+/// This process's share of the GPU while it runs kernels there: the machine-wide lock of
+/// [`cudarl_cuda::worker::GpuLock`] held shared (beside the harness's test workers and other
+/// trainers) and dropped after a device synchronize, so the harness's timing, which holds it
+/// alone, never overlaps this process's kernels. Taken per training step and per `serve`
+/// request: a stage that trains (`pretrain`) can run beside `validate`, and `eval`'s two
+/// checkpoints beside each other, with every timing still alone on the GPU. Holds nothing on
+/// the CPU.
+#[derive(Debug)]
+pub struct GpuShare {
+    dev: tch::Device,
+    _lock: Option<cudarl_cuda::worker::GpuLock>,
+}
+
+impl GpuShare {
+    /// Waits for the GPU behind `dev` (lock id [`cudarl_cuda::worker::GpuLock::visible_id`];
+    /// a waiting timer goes first) and holds it shared until dropped.
+    ///
+    /// # Errors
+    /// [`ModelError::Io`] when the lock file cannot be opened or locked.
+    pub fn hold(dev: tch::Device) -> Result<GpuShare, ModelError> {
+        let lock = match dev {
+            tch::Device::Cuda(_) => {
+                let id = cudarl_cuda::worker::GpuLock::visible_id();
+                Some(
+                    cudarl_cuda::worker::GpuLock::acquire_shared(&id)
+                        .map_err(|e| ModelError::Io(format!("GPU lock `{id}`"), e))?,
+                )
+            }
+            _ => None,
+        };
+        Ok(GpuShare { dev, _lock: lock })
+    }
+}
+
+impl Drop for GpuShare {
+    fn drop(&mut self) {
+        // Before the lock goes (fields drop after this): every kernel queued under it is done.
+        if let tch::Device::Cuda(i) = self.dev {
+            tch::Cuda::synchronize(i as i64);
+        }
+    }
+}
+
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -163,6 +163,13 @@ struct Server {
     job: RlServe,
 }
 
+impl Server {
+    /// Where the agents run.
+    fn device(&self) -> tch::Device {
+        self.agents[0].model.device()
+    }
+}
+
 fn idx(role: Role) -> usize {
     match role {
         Role::Generator => 0,
@@ -478,7 +485,11 @@ pub fn serve(job: &RlServe) -> Result<(), ModelError> {
         }
         let resp = match serde_json::from_str::<Request>(&line) {
             Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
-            Ok(req) => match server.handle(req, &mut out) {
+            // The GPU, shared, for the request (generate, update, save): the harness's timing
+            // waits between requests.
+            Ok(req) => match crate::GpuShare::hold(server.device())
+                .and_then(|_gpu| server.handle(req, &mut out))
+            {
                 Ok(Some(v)) => v,
                 Ok(None) => break,
                 Err(e) => json!({"ok": false, "error": e.to_string()}),

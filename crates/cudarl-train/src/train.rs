@@ -248,6 +248,8 @@ pub fn train_lm(
             let all_tokens: usize = refs.iter().map(|e| e.ids.len().min(cfg.max_len)).sum();
             let lr = lr_at(cfg, step, total);
             opt.set_lr(lr);
+            // The GPU, shared, for this step (the harness's timing waits between steps).
+            let gpu = crate::GpuShare::hold(model.vs.device())?;
             let (loss, n) = loss_of(model, &refs, cfg.max_len)?;
             opt.zero_grad();
             loss.backward();
@@ -259,10 +261,12 @@ pub fn train_lm(
             } else {
                 None
             };
+            let loss = loss.double_value(&[]);
+            drop(gpu);
             let m = StepMetrics {
                 step,
                 epoch,
-                loss: loss.double_value(&[]),
+                loss,
                 lr,
                 grad_norm,
                 tokens: n,
