@@ -52,7 +52,7 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         // The copy documents are this test's own, below.
         ("copy_documents = 3000 ", "copy_documents = 0 "),
         ("max_new_tokens = 512", "max_new_tokens = 48"),
-        ("\nsteps = 6 ", "\nsteps = 2 "),
+        ("\nsteps = 5 ", "\nsteps = 2 "),
         ("tasks_per_step = 8", "tasks_per_step = 1"),
         ("group_size = 8 ", "group_size = 2 "),
         ("max_new_tokens = 768", "max_new_tokens = 32"),
@@ -149,6 +149,39 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         kinds.contains("repair:no_code") && kinds.len() >= 2,
         "{kinds:?}"
     );
+    // `sft-repairs` (beside validate: no verdicts needed): one row per task kernel a breakage
+    // applies to, nvcc's verdict on it, and sft-data's repair rows are its rejected ones.
+    let rep = rows(&p, "sft-repairs", "repairs");
+    assert!(!rep.is_empty() && rep.len() <= kernels.len());
+    for r in &rep {
+        let k = r["kernel_id"].as_str().unwrap();
+        assert!(kernels.contains_key(k), "{k}");
+        assert_ne!(r["broken"].as_str().unwrap(), kernels[k], "{k} is broken");
+        if r["compiled"] == Value::Bool(false) {
+            assert!(r["feedback"].as_str().unwrap().contains(": error: "), "{r}");
+        }
+    }
+    let rejected: std::collections::BTreeSet<String> = rep
+        .iter()
+        .filter(|r| r["compiled"] == Value::Bool(false))
+        .map(|r| {
+            format!(
+                "{}#{}",
+                r["kernel_id"].as_str().unwrap(),
+                r["kind"].as_str().unwrap()
+            )
+        })
+        .collect();
+    for r in opt
+        .iter()
+        .filter(|r| r["kind"] != "optimize" && r["kind"] != "repair:no_code")
+    {
+        let b = r["base_kernel_id"].as_str().unwrap();
+        assert!(
+            rejected.contains(b),
+            "{b} is a rejected breakage of sft-repairs"
+        );
+    }
 
     // Training: the loss falls; the device is recorded; the checkpoint is a HF directory.
     for node in ["pretrain", "sft-train", "sft-train-optimizer"] {

@@ -192,11 +192,11 @@ fn status_dag_show_and_gc() {
     let dj: serde_json::Value =
         serde_json::from_str(&stdout(&p.run(&["dag", "--format", "json"]))).unwrap();
     // ingest x3, curriculum, synth-tasks, validate (task kernels), validate-archive, kb-specs,
-    // testgen, sft-data, tokenizer, pretrain, sft-train (generator), sft-train-optimizer,
-    // sft-eval, rl-train (5 inputs), eval (8); pretrain reads synth-tasks' tasks for its copy
-    // documents (the expressions they must not show).
-    assert_eq!(dj["nodes"].as_array().unwrap().len(), 17);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 47);
+    // testgen, sft-repairs (2 inputs), sft-data (4), tokenizer, pretrain, sft-train (generator),
+    // sft-train-optimizer, sft-eval, rl-train (5 inputs), eval (8); pretrain reads synth-tasks'
+    // tasks for its copy documents (the expressions they must not show).
+    assert_eq!(dj["nodes"].as_array().unwrap().len(), 18);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 50);
 
     let show = stdout(&p.run(&["show", "ingest-kernelbench", "--head", "3"]));
     assert!(show.contains("270 rows"), "{show}");

@@ -46,6 +46,7 @@ impl StageFactory for Registry {
             "rl-train",
             "sft-data",
             "sft-eval",
+            "sft-repairs",
             "sft-train",
             "synth-tasks",
             "testgen",
@@ -70,6 +71,7 @@ impl StageFactory for Registry {
             "synth-tasks" => Box::new(synth_tasks::SynthTasks::from_table(params)?),
             "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
             "sft-data" => Box::new(sft_data::SftData::from_table(params)?),
+            "sft-repairs" => Box::new(sft_data::SftRepairs::from_table(params)?),
             "sft-eval" => Box::new(sft_eval::SftEval::from_table(params)?),
             "rl-train" => match params.get("backend").and_then(|b| b.as_str()) {
                 Some("verl") => Box::new(verl_launch::VerlLaunch::from_table(params)?),

@@ -32,6 +32,10 @@
 //! broken on purpose (`missing_semicolon`, `undeclared_identifier`, `missing_brace`) with
 //! nvcc's real diagnostics as the tester's feedback, or `repair:no_code` (the answer had no
 //! code block), -> the correct kernel; `base_kernel_id` is then `<kernel_id>#<breakage>`.
+//!
+//! The broken kernels come from `sft-repairs` ([`SftRepairs`]), which breaks and compiles every
+//! task kernel without waiting for `validate` (it needs no verdicts), so its nvcc work runs
+//! beside `validate`'s; `sft-data` keeps the repairs of the kernels that validated.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -338,7 +342,8 @@ impl Stage for SftData {
         "sft-data"
     }
     fn code_version(&self) -> u32 {
-        2
+        // 3: repairs from `sft-repairs` (the breakage rotates over all of a task's kernels).
+        3
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -348,6 +353,7 @@ impl Stage for SftData {
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("kernels", "synth-tasks", "task_kernels"),
             InputDecl::node("validations", "validate", "validations"),
+            InputDecl::node("repairs", "sft-repairs", "repairs"),
         ]
     }
     fn outputs(&self) -> Vec<OutputDecl> {
@@ -355,18 +361,6 @@ impl Stage for SftData {
             OutputDecl::table("sft_generator", SFT_GENERATOR.clone()),
             OutputDecl::table("sft_optimizer", SFT_OPTIMIZER.clone()),
         ]
-    }
-    fn environment(
-        &self,
-        ctx: &cudarl_core::ResolveContext,
-    ) -> Result<BTreeMap<String, String>, StageError> {
-        // Repair feedback is nvcc's own diagnostics: its version is part of the key.
-        if self.params.repairs_per_base == 0 {
-            return Ok(BTreeMap::new());
-        }
-        let nvcc = cudarl_cuda::Nvcc::discover(&ctx.root)
-            .map_err(|e| StageError::Failed(e.to_string()))?;
-        Ok(BTreeMap::from([("nvcc".to_string(), nvcc.version)]))
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
@@ -459,7 +453,8 @@ impl Stage for SftData {
                 });
             }
         }
-        let repairs = self.repairs(ctx, &tasks, &by_task)?;
+        let rt = Table::read(ctx.input_path("repairs")?, "repairs").map_err(data_err)?;
+        let repairs = self.repairs(&tasks, &rt, &by_task)?;
         let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
         let tid = tasks.req_strings("task_id").map_err(data_err)?;
         let tier = tasks.req_ints("tier").map_err(data_err)?;
@@ -646,58 +641,68 @@ struct Repair {
 
 impl SftData {
     /// The repair bases of every task (see [`Params::repairs_per_base`]): each validated
-    /// kernel broken once, compiled (compile-only, all cores, the store's compile cache) for
-    /// nvcc's diagnostics, kept only when it really fails; plus one "no code block" base per
-    /// task whose answer is its fastest kernel.
+    /// kernel's breakage from `sft-repairs` that nvcc really rejected, with its diagnostics;
+    /// plus one "no code block" base per task whose answer is its fastest kernel.
     ///
     /// # Errors
-    /// No nvcc; a task without a readable `spec_json` (naming the task); harness failures.
+    /// A task without a readable `spec_json`, a `repairs` table without its columns (file and
+    /// field named).
     fn repairs(
         &self,
-        ctx: &StageContext<'_>,
         tasks: &Table,
+        rt: &Table,
         by_task: &BTreeMap<String, Vec<Kern>>,
     ) -> Result<BTreeMap<String, Vec<Repair>>, StageError> {
-        use rayon::prelude::*;
         let mut out: BTreeMap<String, Vec<Repair>> = BTreeMap::new();
         if self.params.repairs_per_base == 0 {
             return Ok(out);
         }
-        let nvcc = cudarl_cuda::Nvcc::discover(ctx.root())
-            .map_err(|e| StageError::Failed(e.to_string()))?;
-        let compiler = cudarl_cuda::Compiler {
-            nvcc,
-            arch: "sm_90".into(),
-            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
-            store: Some(ctx.store().clone()),
-        };
-        let rules = cudarl_cuda::Rules::builtin();
-        let tid = tasks.req_strings("task_id").map_err(data_err)?;
-        let js = tasks.req_strings("spec_json").map_err(data_err)?;
-        let mut specs: BTreeMap<String, cudarl_cuda::TaskSpec> = BTreeMap::new();
-        for i in 0..tasks.rows() {
-            let (Some(t), Some(j)) = (tid.get(i), js.get(i)) else {
-                continue;
-            };
-            let spec = serde_json::from_str(j).map_err(|e| {
-                StageError::bad_input("tasks", Some("spec_json"), format!("task `{t}`: {e}"))
-            })?;
-            specs.insert(t.to_string(), spec);
-        }
-        // (task, kernel, broken code, breakage), the kind rotating over a task's kernels.
-        let mut todo: Vec<(&str, &Kern, String, crate::repair::Breakage)> = Vec::new();
-        for (t, kerns) in by_task {
-            if !specs.contains_key(t) {
+        let specs = task_specs(tasks)?;
+        // Rejected breakages by kernel id: (kind, broken code, feedback).
+        let mut broken: BTreeMap<&str, Vec<(&'static str, &str, &str)>> = BTreeMap::new();
+        let (kid, kind) = (
+            rt.req_strings("kernel_id").map_err(data_err)?,
+            rt.req_strings("kind").map_err(data_err)?,
+        );
+        let (code, fb) = (
+            rt.req_strings("broken").map_err(data_err)?,
+            rt.req_strings("feedback").map_err(data_err)?,
+        );
+        let compiled = rt.req_bools("compiled").map_err(data_err)?;
+        for i in 0..rt.rows() {
+            // A breakage nvcc accepts teaches nothing about repairs.
+            if compiled.get(i) != Some(false) {
                 continue;
             }
-            for (j, k) in kerns.iter().enumerate() {
-                let h = blake3::hash(k.id.as_bytes());
-                let pick = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
-                let first = (pick as usize).wrapping_add(j);
-                let broken = (0..crate::repair::Breakage::ALL.len())
-                    .find_map(|v| crate::repair::break_kernel(&k.code, first + v, pick));
-                if let Some((code, kind)) = broken {
-                    todo.push((t.as_str(), k, code, kind));
+            let (Some(k), Some(n), Some(c), Some(f)) =
+                (kid.get(i), kind.get(i), code.get(i), fb.get(i))
+            else {
+                continue;
+            };
+            let Some(n) = crate::repair::Breakage::ALL
+                .iter()
+                .map(|b| b.name())
+                .find(|b| *b == n)
+            else {
+                return Err(StageError::bad_input(
+                    "repairs",
+                    Some("kind"),
+                    format!("kernel `{k}`: unknown breakage `{n}`"),
+                ));
+            };
+            broken.entry(k).or_default().push((n, c, f));
+        }
+        for (t, kerns) in by_task {
+            let Some(spec) = specs.get(t) else { continue };
+            for k in kerns {
+                for (n, c, f) in broken.get(k.id.as_str()).into_iter().flatten() {
+                    out.entry(t.clone()).or_default().push(Repair {
+                        base_id: format!("{}#{n}", k.id),
+                        kind: n,
+                        feedback: f.to_string(),
+                        broken: c.to_string(),
+                        target: k.clone(),
+                    });
                 }
             }
             // No code block: the answer is the task's fastest kernel.
@@ -713,36 +718,212 @@ impl SftData {
                     base_id: format!("{}#no_code", b.id),
                     kind: "no_code",
                     broken: String::new(),
-                    feedback: crate::episode::feedback(&specs[t], None, None, &[]),
+                    feedback: crate::episode::feedback(spec, None, None, &[]),
                     target: b.clone(),
                 });
             }
         }
-        let progress = ctx.progress("repair kernels", Some(todo.len() as u64));
-        let verdicts: Vec<cudarl_cuda::verdict::Verdict> = todo
-            .par_iter()
-            .map(|(t, _, code, _)| {
-                let v = cudarl_cuda::check_compile_only(&specs[*t], code, &rules, &compiler);
-                progress.inc(1);
-                v
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| StageError::Failed(format!("harness failure: {e}")))?;
-        progress.finish();
-        for ((t, k, code, kind), v) in todo.into_iter().zip(verdicts) {
-            // A breakage nvcc accepts teaches nothing about repairs.
-            if v.compiled {
+        Ok(out)
+    }
+}
+
+/// A rayon pool (one thread per core) whose threads run at nice 19, the lowest CPU priority:
+/// on Linux a thread's nice value is its own and the processes it starts (nvcc) inherit it.
+///
+/// # Errors
+/// The pool cannot start.
+fn background_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+    rayon::ThreadPoolBuilder::new()
+        .start_handler(|_| {
+            // SAFETY: setpriority on the calling thread (who = 0); failure leaves nice 0.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+            }
+        })
+        .build()
+}
+
+/// Task specs by task id from a `tasks` table.
+///
+/// # Errors
+/// A task whose `spec_json` does not parse (task and field named).
+fn task_specs(tasks: &Table) -> Result<BTreeMap<String, cudarl_cuda::TaskSpec>, StageError> {
+    let tid = tasks.req_strings("task_id").map_err(data_err)?;
+    let js = tasks.req_strings("spec_json").map_err(data_err)?;
+    let mut specs = BTreeMap::new();
+    for i in 0..tasks.rows() {
+        let (Some(t), Some(j)) = (tid.get(i), js.get(i)) else {
+            continue;
+        };
+        let spec = serde_json::from_str(j).map_err(|e| {
+            StageError::bad_input("tasks", Some("spec_json"), format!("task `{t}`: {e}"))
+        })?;
+        specs.insert(t.to_string(), spec);
+    }
+    Ok(specs)
+}
+
+/// Schema of `sft-repairs`' `repairs` table: one row per task kernel that a breakage applies to.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | task_id, kernel_id | utf8 | the kernel (from `task_kernels`) |
+/// | kind | utf8 | the breakage ([`crate::repair::Breakage::name`]), rotating over a task's kernels |
+/// | broken | utf8 | the broken source |
+/// | compiled | bool | nvcc accepted it anyway (`sft-data` skips such rows) |
+/// | feedback | utf8 | the tester's feedback on it: nvcc's diagnostics with lines ([`crate::episode::feedback`]) |
+pub static REPAIRS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let u = |n: &str| Field::new(n, DataType::Utf8, false);
+    Arc::new(Schema::new(vec![
+        u("task_id"),
+        u("kernel_id"),
+        u("kind"),
+        u("broken"),
+        Field::new("compiled", DataType::Boolean, false),
+        u("feedback"),
+    ]))
+});
+
+/// Parameters of `sft-repairs` (none).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepairParams {}
+
+/// The `sft-repairs` stage: every task kernel broken once (the kind rotating over a task's
+/// kernels, seeded by the kernel id's blake3) and compiled (compile-only, all cores, the
+/// store's compile cache) for nvcc's real diagnostics: the repair examples of `sft-data`. It
+/// reads only `synth-tasks`, so it runs beside `validate`, whose nvcc work leaves cores idle
+/// (H100 host: 1424 core-seconds over a 191 s stage, 16 cores); its compiles run at nice 19
+/// so they take only those.
+#[derive(Debug)]
+pub struct SftRepairs {
+    params: RepairParams,
+}
+
+impl SftRepairs {
+    /// From the pipeline's table.
+    ///
+    /// # Errors
+    /// Unknown keys.
+    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+        Ok(SftRepairs {
+            params: crate::common::parse_params(t)?,
+        })
+    }
+}
+
+impl Stage for SftRepairs {
+    fn kind(&self) -> &str {
+        "sft-repairs"
+    }
+    fn code_version(&self) -> u32 {
+        1
+    }
+    fn params(&self) -> Value {
+        params_json(&self.params)
+    }
+    fn inputs(&self) -> Vec<InputDecl> {
+        vec![
+            InputDecl::node("tasks", "synth-tasks", "tasks"),
+            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
+        ]
+    }
+    fn outputs(&self) -> Vec<OutputDecl> {
+        vec![OutputDecl::table("repairs", REPAIRS.clone())]
+    }
+    fn environment(
+        &self,
+        ctx: &cudarl_core::ResolveContext,
+    ) -> Result<BTreeMap<String, String>, StageError> {
+        // The feedback is nvcc's own diagnostics: its version is part of the key.
+        let nvcc = cudarl_cuda::Nvcc::discover(&ctx.root)
+            .map_err(|e| StageError::Failed(e.to_string()))?;
+        Ok(BTreeMap::from([("nvcc".to_string(), nvcc.version)]))
+    }
+    fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        use rayon::prelude::*;
+        let tasks = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
+        let kt = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
+        let specs = task_specs(&tasks)?;
+        let nvcc = cudarl_cuda::Nvcc::discover(ctx.root())
+            .map_err(|e| StageError::Failed(e.to_string()))?;
+        let compiler = cudarl_cuda::Compiler {
+            nvcc,
+            arch: "sm_90".into(),
+            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+            store: Some(ctx.store().clone()),
+        };
+        let rules = cudarl_cuda::Rules::builtin();
+        let kid = kt.req_strings("kernel_id").map_err(data_err)?;
+        let task = kt.req_strings("task_id").map_err(data_err)?;
+        let code = kt.req_strings("code").map_err(data_err)?;
+        // (task, kernel id, broken code, breakage), the kind rotating over a task's kernels.
+        let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut todo: Vec<(&str, &str, String, crate::repair::Breakage)> = Vec::new();
+        for i in 0..kt.rows() {
+            let (Some(k), Some(t), Some(c)) = (kid.get(i), task.get(i), code.get(i)) else {
+                continue;
+            };
+            if !specs.contains_key(t) {
                 continue;
             }
-            out.entry(t.to_string()).or_default().push(Repair {
-                base_id: format!("{}#{}", k.id, kind.name()),
-                kind: kind.name(),
-                feedback: crate::episode::feedback(&specs[t], Some(&code), Some(&v), &[0, 1]),
-                broken: code,
-                target: k.clone(),
-            });
+            let j = seen.entry(t).or_default();
+            let h = blake3::hash(k.as_bytes());
+            let pick = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
+            let first = (pick as usize).wrapping_add(*j);
+            *j += 1;
+            let broken = (0..crate::repair::Breakage::ALL.len())
+                .find_map(|v| crate::repair::break_kernel(c, first + v, pick));
+            if let Some((b, kind)) = broken {
+                todo.push((t, k, b, kind));
+            }
         }
-        Ok(out)
+        let progress = ctx.progress("repair kernels", Some(todo.len() as u64));
+        // At the lowest CPU priority (nice 19, per thread on Linux, inherited by the nvcc
+        // processes a thread starts): beside `validate` these compiles take only the cores
+        // its own compiles leave idle (at nice 0 they slowed it by 15-20 s on the H100 host).
+        let pool = background_pool()
+            .map_err(|e| StageError::Failed(format!("cannot start thread pool: {e}")))?;
+        let verdicts: Vec<cudarl_cuda::verdict::Verdict> = pool
+            .install(|| {
+                todo.par_iter()
+                    .map(|(t, _, code, _)| {
+                        let v =
+                            cudarl_cuda::check_compile_only(&specs[*t], code, &rules, &compiler);
+                        progress.inc(1);
+                        v
+                    })
+                    .collect::<Result<_, _>>()
+            })
+            .map_err(|e| StageError::Failed(format!("harness failure: {e}")))?;
+        progress.finish();
+        let fb: Vec<String> = todo
+            .iter()
+            .zip(&verdicts)
+            .map(|((t, _, c, _), v)| {
+                crate::episode::feedback(&specs[*t], Some(c), Some(v), &[0, 1])
+            })
+            .collect();
+        let col = |f: &dyn Fn(usize) -> String| -> ArrayRef {
+            Arc::new(StringArray::from(
+                (0..todo.len()).map(f).collect::<Vec<_>>(),
+            ))
+        };
+        let b = cudarl_data::parquet_io::batch(
+            &REPAIRS.clone(),
+            vec![
+                col(&|i| todo[i].0.to_string()),
+                col(&|i| todo[i].1.to_string()),
+                col(&|i| todo[i].3.name().to_string()),
+                col(&|i| todo[i].2.clone()),
+                Arc::new(BooleanArray::from(
+                    verdicts.iter().map(|v| v.compiled).collect::<Vec<_>>(),
+                )),
+                col(&|i| fb[i].clone()),
+            ],
+        )
+        .map_err(data_err)?;
+        write_output(ctx, "repairs", &b)
     }
 }
 
@@ -782,6 +963,22 @@ pub fn family_splits(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repair_compiles_run_at_nice_19_and_their_processes_inherit_it() {
+        // Field 19 of /proc/<pid>/stat is the nice value; the shell is a real child process.
+        let nice_of_child = || {
+            let o = std::process::Command::new("sh")
+                .args(["-c", "cut -d' ' -f19 /proc/self/stat"])
+                .output()
+                .unwrap();
+            String::from_utf8(o.stdout).unwrap().trim().to_string()
+        };
+        let outside = nice_of_child();
+        let inside = background_pool().unwrap().install(nice_of_child);
+        assert_eq!(inside, "19", "outside the pool: {outside}");
+        assert_ne!(outside, "19", "the test itself must not run at nice 19");
+    }
 
     #[test]
     fn shape_variants_are_all_ordered_subsets() {
