@@ -22,9 +22,14 @@
 #   (sessions 16 and 17: rc 1, `trainer process ended: ... CUDA out of memory` in the
 #   variant's run.jsonl, which the collector prints). Each variant has its own lock file.
 #   Confirm a parallel result with a lone run.
-# MAIN_TARGETS: the main job's targets, in order (default: through rl-train and eval; e.g.
-#   "validate sft-data tokenizer pretrain sft-train sft-train-optimizer" to stop at the SFT
-#   checkpoints and leave RL to the variants).
+# MAIN_TARGETS: the main job's targets, run as one command as `make run` does (default
+#   "rl-train eval"; independent stages overlap, e.g. tokenizer and pretrain beside validate;
+#   "sft-train-optimizer" stops at the SFT checkpoints and leaves RL to the variants).
+#   Per-node seconds come from run.jsonl; their sum beside the wall time shows the overlap.
+# VALIDATE_ALONE=1: then `run validate` again on a fresh store with nothing beside it; the
+#   collector compares each kernel's timing with the main job's (where tokenizer and pretrain
+#   ran beside validate, sharing the GPU through GpuLock / GpuShare): median ratio, spread,
+#   and hack flags in each.
 # GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs).
 set -uo pipefail
 D=/tmp/cudarl-main
@@ -34,6 +39,7 @@ B=/tmp/cudarl-bin
 if [ "$ACTION" = start ]; then
   rm -rf "$D"; mkdir -p "$D" "$B"
   echo "${VARIANTS:-}" | tr ';' '\n' | sed '/^$/d' > "$D/variants.txt"
+  echo "${MAIN_TARGETS:-rl-train eval}" > "$D/targets"
   for z in "$CARRY"/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
   cat > "$D/job.sh" <<EOF
 set -uo pipefail
@@ -45,15 +51,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 SETS=()
 for kv in ${SETS:-}; do SETS+=(--set "\$kv"); done
 date +%s > $D/start
-# One target at a time (the same work as one \`run rl-train eval\`), so a cut call
-# still says how far it got and what each part took.
 rc=0
-for t in ${MAIN_TARGETS:-validate sft-data tokenizer pretrain sft-train sft-train-optimizer rl-train eval}; do
-  t0=\$(date +%s)
-  $B/cudarl-pipe --root . --store $D/store run \$t "\${SETS[@]}" --json >> $D/run.jsonl 2>> $D/run.err || rc=\$?
-  echo "\$t \$(( \$(date +%s) - t0 ))s rc=\$rc" >> $D/times.txt
-  [ \$rc = 0 ] || break
-done
+t0=\$(date +%s)
+$B/cudarl-pipe --root . --store $D/store run ${MAIN_TARGETS:-rl-train eval} "\${SETS[@]}" --json >> $D/run.jsonl 2>> $D/run.err || rc=\$?
+echo "${MAIN_TARGETS:-rl-train eval}: \$(( \$(date +%s) - t0 ))s rc=\$rc" >> $D/times.txt
 echo \$rc > $D/rc
 date +%s > $D/end
 # What a run left in store \$1, into folder \$2 (the rest: the run's --set/--lock arguments).
@@ -67,6 +68,7 @@ outputs() {
 outputs $D/store $D "\${SETS[@]}"
 $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show synth-tasks --output tasks --json --head 100000 "\${SETS[@]}" > $D/tasks.jsonl 2>/dev/null
+$B/cudarl-pipe --root . --store $D/store show validate --output validations --json --head 100000 "\${SETS[@]}" > $D/validations.jsonl 2>/dev/null
 variant() {
   local name=\$1 kvs=\$2 V=$D/variants/\$1 S=$D/store
   mkdir -p \$V
@@ -90,6 +92,12 @@ while IFS=: read -r name kvs; do
   fi
 done < $D/variants.txt
 wait
+if [ "${VALIDATE_ALONE:-0}" = 1 ]; then
+  t0=\$(date +%s)
+  $B/cudarl-pipe --root . --store $D/store2 run validate "\${SETS[@]}" --lock $D/validate_alone.lock --json > $D/validate_alone.jsonl 2>> $D/run.err
+  echo \$(( \$(date +%s) - t0 )) > $D/validate_alone.wall
+  $B/cudarl-pipe --root . --store $D/store2 show validate --output validations --json --head 100000 "\${SETS[@]}" --lock $D/validate_alone.lock > $D/validations_alone.jsonl 2>/dev/null
+fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   t0=\$(date +%s)
   CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 > $D/gpu_tests.log 2>&1
@@ -125,7 +133,7 @@ nodes = {r.get("node"): {k: r.get(k) for k in ("status", "seconds", "stats", "er
          for r in recs if r.get("node") and r.get("status") != "cached"}
 res = {
     "gpu": (d / "gpu.txt").read_text().strip() if (d / "gpu.txt").exists() else None,
-    "command": "cudarl-pipe run rl-train eval (the default pipeline, cold store)",
+    "command": "cudarl-pipe run " + ((d / "targets").read_text().strip() if (d / "targets").exists() else "?") + " (one command, cold store)",
     "rc": int((d / "rc").read_text()) if (d / "rc").exists() else None,
     "wall_s": int((d / "end").read_text()) - int((d / "start").read_text()) if (d / "end").exists() else None,
     "nodes": nodes,
@@ -157,6 +165,29 @@ if (d / "gpu_tests.rc").exists():
     res["gpu_tests"] = {"rc": int((d / "gpu_tests.rc").read_text()), "wall_s": int((d / "gpu_tests.wall").read_text()),
                         "results": [l for l in log.splitlines() if l.startswith("test ") or "test result" in l]}
     (out / "gpu_tests.log").write_text(log)
+def vsum(rows):
+    flags = {}
+    for r in rows:
+        for f in r.get("hack_flags") or []:
+            flags[f] = flags.get(f, 0) + 1
+    return {"rows": len(rows), "correct": sum(1 for r in rows if r.get("correct")),
+            "timed": sum(1 for r in rows if r.get("median_ms")), "hack_flags": flags}
+v1, v2 = jl("validations.jsonl"), jl("validations_alone.jsonl")
+if v1:
+    res["validations"] = vsum(v1)
+if v2:
+    import math, statistics
+    a = {r["kernel_id"]: r for r in v1 if r.get("median_ms")}
+    ratios = sorted(a[r["kernel_id"]]["median_ms"] / r["median_ms"] for r in v2
+                    if r.get("median_ms") and r["kernel_id"] in a)
+    q = lambda p: ratios[min(len(ratios) - 1, int(p * len(ratios)))]
+    res["validate_alone"] = {
+        "wall_s": int((d / "validate_alone.wall").read_text()) if (d / "validate_alone.wall").exists() else None,
+        "seconds": next((r.get("seconds") for r in jl("validate_alone.jsonl") if r.get("node") == "validate"), None),
+        "alone": vsum(v2), "kernels_timed_in_both": len(ratios),
+        "median_ms_ratio_main_over_alone": {"p10": q(0.1), "median": q(0.5), "p90": q(0.9),
+            "geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else None,
+            "beyond_1_5x": sum(1 for x in ratios if x > 1.5 or x < 1 / 1.5)}} if ratios else {}
 (out / "main_job.json").write_text(json.dumps(res, indent=1))
 for p in (d / "export").rglob("report.md"):
     (out / "eval_report.md").write_text(p.read_text())
@@ -219,6 +250,10 @@ for name, path in [("main", d / "eval_turns.jsonl")] + [
     rates = copy_rates(path)
     if rates:
         print(f"expression copied ({name} eval): " + ", ".join(f"{k} {a}/{n}" for k, (a, n) in sorted(rates.items())))
+if "validations" in res:
+    print(f"validations (main job): {res['validations']}")
+if "validate_alone" in res:
+    print(f"validate alone: {json.dumps(res['validate_alone'])}")
 if "gpu_tests" in res:
     print(f"gpu tests rc {res['gpu_tests']['rc']} in {res['gpu_tests']['wall_s']} s")
     print("\n".join(res["gpu_tests"]["results"]))

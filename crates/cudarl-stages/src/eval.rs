@@ -750,7 +750,7 @@ fn report(
         if half > 0 {
             let (x, y) = (pooled(&steps[..half]), pooled(&steps[steps.len() - half..]));
             md.push_str(&format!(
-                "First {half} steps: mean reward {:.3} +- {:.3} ({} episodes); last {half}: {:.3} +- {:.3} ({}); difference {:+.3} +- {:.3} (+- one standard error, episodes taken as independent: a GRPO group shares its task, so the spread is understated).\n",
+                "First {half} steps: mean reward {:.3} +- {:.3} ({} episodes); last {half}: {:.3} +- {:.3} ({}); difference {:+.3} +- {:.3} (+- one standard error, episodes taken as independent: a GRPO group shares its task, so the spread is understated). A step's tasks come from `seed` alone, so runs with one seed share their task sequence: the frozen policy's curve on it (`--set rl-train.lr=0`) is the baseline a rise is learning against (H100, 2026-11-24: a frozen policy's curve rose as much as RL's).\n",
                 x.0,
                 x.1,
                 x.2,
