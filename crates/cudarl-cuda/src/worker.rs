@@ -21,9 +21,9 @@
 //! writer-preferring [`std::sync::RwLock`] per GPU in front of the flock), and across processes
 //! too (a turnstile lock file: a waiting timer holds it, and a new shared holder must pass it).
 //! Every other GPU user holds the lock shared while its GPU work runs: the trainer per training
-//! step and per `serve` request (crates/cudarl-train), so a stage that trains (`pretrain`) can
-//! run beside `validate`, and `eval`'s two checkpoints beside each other, without a timing
-//! ever overlapping their kernels.
+//! step, per `serve` request and per sampling batch (`GpuShare` in crates/cudarl-train), so a
+//! stage that trains (`pretrain`) can run beside `validate`, and RL runs beside each other,
+//! without a timing ever overlapping their kernels.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;

@@ -159,9 +159,8 @@ pub struct Params {
     #[serde(default = "d_per_pair")]
     pub optimizer_per_pair: usize,
     /// Repair examples per broken kernel (prompt phrasings, seeded order): every validated
-    /// task kernel broken once (the breakage kind rotates over the kernels) and compiled by
-    /// nvcc for its real diagnostics, plus one "no code block" case per family. `0`: none
-    /// (and no nvcc needed).
+    /// task kernel's breakage from `sft-repairs` that nvcc rejected, with its real diagnostics,
+    /// plus one "no code block" case per family. `0`: none.
     #[serde(default = "d_repairs")]
     pub repairs_per_base: usize,
     /// Fraction of the other examples in `val`.

@@ -23,10 +23,10 @@ pub use train::{Example, Precision, StepMetrics, TrainConfig, train_lm};
 /// This process's share of the GPU while it runs kernels there: the machine-wide lock of
 /// [`cudarl_cuda::worker::GpuLock`] held shared (beside the harness's test workers and other
 /// trainers) and dropped after a device synchronize, so the harness's timing, which holds it
-/// alone, never overlaps this process's kernels. Taken per training step and per `serve`
-/// request: a stage that trains (`pretrain`) can run beside `validate`, and `eval`'s two
-/// checkpoints beside each other, with every timing still alone on the GPU. Holds nothing on
-/// the CPU.
+/// alone, never overlaps this process's kernels. Taken per training step, per `serve` request
+/// and per sampling batch: a stage that trains (`pretrain`) can run beside `validate`, and RL
+/// runs beside each other, with every timing still alone on the GPU (a timing waits for the
+/// step or request in flight). Holds nothing on the CPU.
 #[derive(Debug)]
 pub struct GpuShare {
     dev: tch::Device,
