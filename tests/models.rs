@@ -422,6 +422,40 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         ],
     );
     assert!(pt.iter().all(|r| r["value"].is_f64()), "{pt:?}");
+    // The frozen-policy control: the SFT references on each step's tasks with its seeds.
+    // Step 1 samples both from identical weights, so their rewards agree exactly; the
+    // policy's own episodes are those of the run without the control.
+    assert!(
+        m.iter().all(|r| r["control_reward"].is_null()),
+        "off by default"
+    );
+    let o = p.run(&["run", "rl-train", "eval", "--set", "rl-train.control=true"]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let cm = rows_with(&p, "rl-train", "metrics", &["rl-train.control=true"]);
+    assert_eq!(cm.len(), m.len());
+    for (c, r) in cm.iter().zip(&m) {
+        assert_eq!(c["mean_reward"], r["mean_reward"], "{c}");
+        assert!(c["control_reward"].is_f64(), "{c}");
+        assert!(c["control_compile_rate"].is_f64(), "{c}");
+    }
+    assert_eq!(cm[0]["control_reward"], cm[0]["mean_reward"], "{}", cm[0]);
+    let out = p.path("exported-control");
+    let o = p.run(&[
+        "export",
+        "eval",
+        "--output",
+        "report",
+        "--to",
+        out.to_str().unwrap(),
+        "--set",
+        "rl-train.control=true",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let md = std::fs::read_to_string(out.join("eval.report/report.md")).unwrap();
+    assert!(
+        md.contains("RL minus the frozen SFT policy") && md.contains("1: +0.000"),
+        "{md}"
+    );
     let o = p.run(&["run", "rl-train", "--set", "rl-train.algorithm=\"a2c\""]);
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("expected `grpo` or `ppo`"));

@@ -750,7 +750,7 @@ fn report(
         if half > 0 {
             let (x, y) = (pooled(&steps[..half]), pooled(&steps[steps.len() - half..]));
             md.push_str(&format!(
-                "First {half} steps: mean reward {:.3} +- {:.3} ({} episodes); last {half}: {:.3} +- {:.3} ({}); difference {:+.3} +- {:.3} (+- one standard error, episodes taken as independent: a GRPO group shares its task, so the spread is understated). A step's tasks come from `seed` alone, so runs with one seed share their task sequence: the frozen policy's curve on it (`--set rl-train.lr=0`) is the baseline a rise is learning against (H100, 2026-11-24: a frozen policy's curve rose as much as RL's).\n",
+                "First {half} steps: mean reward {:.3} +- {:.3} ({} episodes); last {half}: {:.3} +- {:.3} ({}); difference {:+.3} +- {:.3} (+- one standard error, episodes taken as independent: a GRPO group shares its task, so the spread is understated). A step's tasks come from `seed` alone, so runs with one seed share their task sequence: the frozen policy's curve on it (`--set rl-train.control=true`, or a run with `lr = 0`) is the baseline a rise is learning against (H100, 2026-11-24: a frozen policy's curve rose as much as RL's).\n",
                 x.0,
                 x.1,
                 x.2,
@@ -759,6 +759,36 @@ fn report(
                 y.2,
                 y.0 - x.0,
                 (x.1 * x.1 + y.1 * y.1).sqrt()
+            ));
+        }
+    }
+    // RL against the frozen references on the same tasks and seeds (`rl-train.control`).
+    if let (Ok(Some(c)), Ok(Some(m)), Ok(st)) = (
+        metrics.floats("control_reward"),
+        metrics.floats("mean_reward"),
+        metrics.req_ints("step"),
+    ) {
+        let d: Vec<(i64, f64)> = (0..metrics.rows())
+            .filter_map(|i| Some((st.get(i)?, m.get(i)? - c.get(i)?)))
+            .collect();
+        if !d.is_empty() {
+            let per: Vec<String> = d.iter().map(|(s, x)| format!("{s}: {x:+.3}")).collect();
+            // Step 1 samples from identical weights: the later steps are the evidence.
+            let later: Vec<f64> = d.iter().skip(1).map(|x| x.1).collect();
+            let (mean, sd) = mean_std(&later);
+            md.push_str(&format!(
+                "RL minus the frozen SFT policy (`control`: the same tasks and sampling seeds, no training), mean reward per step: {}.{}\n",
+                per.join(", "),
+                if later.len() >= 2 {
+                    format!(
+                        " Steps 2-{}: {mean:+.3} +- {:.3} (mean +- one standard error over steps).",
+                        d.last().map_or(0, |x| x.0),
+                        // Sample standard deviation (n - 1) over sqrt(n).
+                        sd / ((later.len() - 1) as f64).sqrt()
+                    )
+                } else {
+                    String::new()
+                }
             ));
         }
     }

@@ -20,7 +20,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), algorithm, reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -88,6 +88,12 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("skipped_minibatches", DataType::Int64, false),
         Field::new("optimizer_skipped_minibatches", DataType::Int64, false),
         Field::new("algorithm", DataType::Utf8, false),
+        // `control`: the frozen reference policy's episodes on this step's tasks with this
+        // step's sampling seeds (mean final reward; compile and pass rates of each episode's
+        // best turn); null without `control`.
+        f64s("control_reward", true),
+        f64s("control_compile_rate", true),
+        f64s("control_pass_rate", true),
         // {"<tier>": mean final reward of this step's episodes of that tier}: the reward curve
         // per tier, not confounded by the mix shifting when a tier opens.
         Field::new("reward_by_tier_json", DataType::Utf8, false),
@@ -287,6 +293,14 @@ pub struct Params {
     /// `train`), `train` (the families SFT trained on), `rl`, or `both`.
     #[serde(default = "d_auto")]
     pub task_pool: String,
+    /// Also run, each step, the frozen reference policies (the SFT checkpoints) on the step's
+    /// tasks with the step's sampling seeds, untrained (`control_*` metrics; the eval report
+    /// gives RL minus control per step). A step's tasks come from `seed` alone, so a reward
+    /// curve mixes learning with the tasks' difficulty; on the H100 (2026-11-24) a frozen
+    /// policy's curve rose as much as RL's (README). Costs a second rollout per step. Absent:
+    /// off, and the stage's key is as before the parameter existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<bool>,
 }
 
 impl Params {
@@ -587,7 +601,8 @@ impl Stage for RlTrain {
     fn code_version(&self) -> u32 {
         // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
         // 8: metrics gain max_approx_kl and skipped_minibatches per agent.
-        8
+        // 9: metrics gain the control columns.
+        9
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -682,7 +697,7 @@ impl Stage for RlTrain {
                 .iter()
                 .flat_map(|t| std::iter::repeat_n(*t, p.group_size))
                 .collect();
-            let (g0, m0) = (tc.gen_seconds, h.mark());
+            let (g0, m0, seed0) = (tc.gen_seconds, h.mark(), tc.sampling.seed);
             let eps = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings)
                 .map_err(StageError::Failed)?;
             // GRPO groups: generator turns by task slot; optimizer turns by (task slot, turn).
@@ -804,6 +819,20 @@ impl Stage for RlTrain {
                 "mode": mode, "device": device});
             if let Value::Object(r) = &mut row {
                 r.extend(used.seconds_json());
+            }
+            if p.control == Some(true) {
+                // The same tasks and sampling seeds from the frozen references; the policy's
+                // seed sequence goes on as without the control.
+                let seed1 = tc.sampling.seed;
+                (tc.sampling.seed, tc.reference) = (seed0, true);
+                let ctl = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings);
+                (tc.sampling.seed, tc.reference) = (seed1, false);
+                let ctl = ctl.map_err(StageError::Failed)?;
+                let finals: Vec<f64> = ctl.iter().map(Episode::final_reward).collect();
+                let (c, pass) = rates(&ctl.iter().collect::<Vec<_>>());
+                row["control_reward"] = json!(mean_std(&finals).0);
+                row["control_compile_rate"] = json!(c);
+                row["control_pass_rate"] = json!(pass);
             }
             rows.push(row);
             for (ei, e) in eps.iter().enumerate() {

@@ -47,6 +47,9 @@ pub struct TrainerClient {
     pub sampling: Sampling,
     /// Seconds spent generating (sum of the trainer's own timings).
     pub gen_seconds: f64,
+    /// Sample from the frozen references instead of the policies (`rl-train`'s `control`):
+    /// such answers have no id and cannot be trained on.
+    pub reference: bool,
 }
 
 impl TrainerClient {
@@ -77,6 +80,7 @@ impl TrainerClient {
             log,
             sampling,
             gen_seconds: 0.0,
+            reference: false,
         };
         c.read()?;
         Ok(c)
@@ -168,7 +172,7 @@ impl Policy for TrainerClient {
             .request_streaming(
                 &json!({"op": "generate", "agent": role, "conversations": conversations,
                 "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                "top_p": s.top_p, "seed": s.seed, "stream": true}),
+                "top_p": s.top_p, "seed": s.seed, "stream": true, "reference": self.reference}),
                 &mut |p| {
                     if let (Some(i), Some(t)) = (p["index"].as_u64(), p["text"].as_str()) {
                         on_finish(i as usize, t);

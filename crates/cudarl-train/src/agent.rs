@@ -153,6 +153,22 @@ impl TrainableAgent {
         params: &SampleParams,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Completion>, ModelError> {
+        self.generate_streaming_with(&self.model, conversations, params, on_finish)
+    }
+
+    /// [`TrainableAgent::generate_streaming`] with another model of the same vocabulary in
+    /// place of the policy (the frozen reference: `rl-train`'s `control`), with this agent's
+    /// tokenizer and system prompt.
+    ///
+    /// # Errors
+    /// Tokenizer or libtorch errors.
+    pub fn generate_streaming_with(
+        &self,
+        model: &Qwen2,
+        conversations: &[Vec<Message>],
+        params: &SampleParams,
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Vec<Completion>, ModelError> {
         let prompts: Vec<Vec<i64>> = conversations
             .iter()
             .map(|c| Ok(self.tokenizer.render(&self.with_system(c), true)?.0))
@@ -167,7 +183,7 @@ impl TrainableAgent {
             }
         };
         let g = generate_streaming(
-            &self.model,
+            model,
             &prompts,
             params,
             &eos,

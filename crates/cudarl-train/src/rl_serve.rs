@@ -189,6 +189,11 @@ enum Request {
         seed: i64,
         #[serde(default)]
         stream: bool,
+        /// Sample from the agent's frozen reference (the checkpoint it started from) instead of
+        /// the policy: `rl-train`'s `control`. Such completions are not kept (no `id`): they
+        /// cannot be trained on.
+        #[serde(default)]
+        reference: bool,
     },
     Update {
         agent: Role,
@@ -256,6 +261,7 @@ impl Server {
                 top_p,
                 seed,
                 stream,
+                reference,
             } => {
                 let p = SampleParams {
                     max_new_tokens,
@@ -266,18 +272,24 @@ impl Server {
                     ..Default::default()
                 };
                 let a = &self.agents[idx(agent)];
-                let comps = a.generate_streaming(&conversations, &p, &mut |i, text| {
-                    if stream {
-                        let _ = writeln!(
-                            out,
-                            "{}",
-                            json!({"ok": true, "partial": {"index": i, "text": text}})
-                        );
-                        let _ = out.flush();
-                    }
-                })?;
+                let model = if reference {
+                    &self.refs[idx(agent)]
+                } else {
+                    &a.model
+                };
+                let comps =
+                    a.generate_streaming_with(model, &conversations, &p, &mut |i, text| {
+                        if stream {
+                            let _ = writeln!(
+                                out,
+                                "{}",
+                                json!({"ok": true, "partial": {"index": i, "text": text}})
+                            );
+                            let _ = out.flush();
+                        }
+                    })?;
                 let values: Option<Vec<f64>> = match &self.critics {
-                    Some(c) if !comps.is_empty() => {
+                    Some(c) if !comps.is_empty() && !reference => {
                         let prompts: Vec<&[i64]> =
                             comps.iter().map(|c| c.prompt_ids.as_slice()).collect();
                         let st = TrainableAgent::prompt_states(&a.model, &prompts)?;
@@ -288,6 +300,13 @@ impl Server {
                 };
                 let mut out = Vec::new();
                 for (ci, c) in comps.into_iter().enumerate() {
+                    if reference {
+                        let lp = &c.log_probs;
+                        out.push(json!({"id": null, "text": c.text, "tokens": c.ids.len(),
+                            "finish": format!("{:?}", c.finish),
+                            "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64}));
+                        continue;
+                    }
                     let id = self.next_id;
                     self.next_id += 1;
                     let lp = &c.log_probs;
@@ -549,6 +568,7 @@ mod tests {
             top_p: 1.0,
             seed: 1,
             stream: false,
+            reference: false,
         };
         let r = s.handle(generate, &mut Vec::new()).unwrap().unwrap();
         let samples: Vec<Sample> = r["completions"]
@@ -592,6 +612,70 @@ mod tests {
             loose.max_approx_kl, all.max_approx_kl,
             "same seeds, same steps"
         );
+    }
+
+    #[test]
+    fn the_reference_samples_what_the_policy_sampled_before_it_moved() {
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("m");
+        tiny_checkpoint(&m);
+        let mut j = job("");
+        (j.generator, j.optimizer) = (m.clone(), m.clone());
+        (j.lr, j.minibatch, j.warmup) = (5e-2, 1, 0);
+        let mut s = Server::new(j).unwrap();
+        let generate = |s: &mut Server, reference: bool| -> Value {
+            let req = Request::Generate {
+                agent: Role::Generator,
+                conversations: vec![vec![Message::new("user", "Write k.")]; 4],
+                max_new_tokens: 16,
+                temperature: 1.0,
+                top_p: 1.0,
+                seed: 7,
+                stream: false,
+                reference,
+            };
+            s.handle(req, &mut Vec::new()).unwrap().unwrap()
+        };
+        let texts = |v: &Value| -> Vec<String> {
+            v["completions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["text"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let before = generate(&mut s, false);
+        let samples: Vec<Sample> = before["completions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Sample {
+                id: c["id"].as_u64().unwrap(),
+                advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
+                ret: None,
+            })
+            .collect();
+        let st = s.update(Role::Generator, &samples).unwrap();
+        assert!(st.max_approx_kl > 1e-5, "the policy moved: {st:?}");
+        let frozen = generate(&mut s, true);
+        assert_eq!(
+            texts(&frozen),
+            texts(&before),
+            "same seed, the unmoved reference"
+        );
+        assert!(
+            frozen["completions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["id"].is_null()),
+            "reference samples are not kept for training"
+        );
+        let kept = s.kept.len();
+        let after = generate(&mut s, false);
+        assert_eq!(s.kept.len(), kept + 4, "policy samples are kept");
+        assert_ne!(texts(&after), texts(&before), "the policy itself moved");
     }
 
     #[test]
