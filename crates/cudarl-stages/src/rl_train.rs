@@ -298,7 +298,7 @@ pub struct Params {
     /// gives RL minus control per step). A step's tasks come from `seed` alone, so a reward
     /// curve mixes learning with the tasks' difficulty; on the H100 (2026-11-24) a frozen
     /// policy's curve rose as much as RL's (README). Costs a second rollout per step. Absent:
-    /// off, and the stage's key is as before the parameter existed.
+    /// off, and left out of the stage's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<bool>,
 }
