@@ -24,14 +24,15 @@ build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-train
 
 ## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train eval`, i.e.
-## synth-tasks -> validate (the task kernels) -> sft-data -> tokenizer -> pretrain -> SFT of both
-## agents -> multi-turn RL -> eval (SFT vs RL on the hold-out families). `model = "auto"`:
+## synth-tasks -> validate (the task kernels; beside it sft-repairs, tokenizer and pretrain) ->
+## sft-data -> SFT of both agents -> multi-turn RL -> eval (SFT vs RL on the hold-out families).
+## `model = "auto"`:
 ## configs/model/small.toml with a GPU, tiny.toml without. The compile-only look at the SFT
 ## generator is `cudarl-pipe run sft-eval`; the curriculum with the archives is `make curriculum`.
 ## Without a GPU (2 cores, the tiny model, compile-only rewards): the earlier, smaller data set
 ## (48 + 16 generated families, 150 examples each; 346 families would take nvcc most of an hour
 ## there), one evaluation sample per task and 2 RL steps of 16 episodes (4 tasks x groups of 4),
-## not 6 of 64.
+## not 5 of 64.
 HAVE_GPU := $(shell command -v nvidia-smi 2>/dev/null)
 CPU_DATA := $(if $(HAVE_GPU),,--set synth-tasks.generate.elementwise=48 --set synth-tasks.generate.row_reduce=16 --set sft-data.per_family=150 --set sft-data.holdout_generated=0.15)
 CPU_SET := $(if $(HAVE_GPU),,$(CPU_DATA) --set eval.samples=1 --set rl-train.steps=2 --set rl-train.tasks_per_step=4 --set rl-train.group_size=4 --set rl-train.minibatch=8)
