@@ -163,3 +163,22 @@ pub fn params_json_hub<P: Serialize>(p: &P, uses_hub: bool) -> serde_json::Value
     }
     v
 }
+
+/// The harness's nvcc for a stage: discovered from the project root (the venv's wheel, then
+/// `PATH`), SASS for `sm_90` (the GPU machine's H100/H200; PTX from a newer nvcc does not
+/// load on its driver), the default compile timeout, results cached in the stage's store.
+///
+/// # Errors
+/// No nvcc (the message says where it looked).
+pub fn store_compiler(
+    ctx: &cudarl_core::StageContext<'_>,
+) -> Result<cudarl_cuda::Compiler, StageError> {
+    let nvcc =
+        cudarl_cuda::Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
+    Ok(cudarl_cuda::Compiler {
+        nvcc,
+        arch: "sm_90".into(),
+        timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+        store: Some(ctx.store().clone()),
+    })
+}

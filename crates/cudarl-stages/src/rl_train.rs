@@ -35,7 +35,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_cuda::worker::WorkerPool;
-use cudarl_cuda::{Compiler, Nvcc, Rules};
+use cudarl_cuda::{Nvcc, Rules};
 use cudarl_curriculum::credit::{group_advantages, signal_share};
 use cudarl_curriculum::prompts::{GENERATOR_SYSTEM, OPTIMIZER_SYSTEM};
 use serde::{Deserialize, Serialize};
@@ -397,8 +397,8 @@ pub(crate) fn harness(
     timeout_s: u64,
     naive: BTreeMap<String, String>,
 ) -> Result<Harness, StageError> {
-    let nvcc = Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
-    let cuobjdump = find_cuobjdump(&nvcc.path);
+    let compiler = crate::common::store_compiler(ctx)?;
+    let cuobjdump = find_cuobjdump(&compiler.nvcc.path);
     let gpu = (mode != "compile").then(cudarl_cuda::gpu::probe).flatten();
     let salt = match gpu {
         Some(_) => cudarl_cuda::verdict::hidden_salt(ctx.store())
@@ -406,12 +406,7 @@ pub(crate) fn harness(
         None => Vec::new(),
     };
     Ok(Harness {
-        compiler: Compiler {
-            nvcc,
-            arch: "sm_90".into(),
-            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
-            store: Some(ctx.store().clone()),
-        },
+        compiler,
         rules: Rules::builtin(),
         pools: match gpu {
             Some(_) => WorkerPool::testers(cudarl_cuda::worker::DEFAULT_GPU_WORKERS),

@@ -844,14 +844,7 @@ impl Stage for SftRepairs {
         let tasks = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
         let kt = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
         let specs = task_specs(&tasks)?;
-        let nvcc = cudarl_cuda::Nvcc::discover(ctx.root())
-            .map_err(|e| StageError::Failed(e.to_string()))?;
-        let compiler = cudarl_cuda::Compiler {
-            nvcc,
-            arch: "sm_90".into(),
-            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
-            store: Some(ctx.store().clone()),
-        };
+        let compiler = crate::common::store_compiler(ctx)?;
         let rules = cudarl_cuda::Rules::builtin();
         let kid = kt.req_strings("kernel_id").map_err(data_err)?;
         let task = kt.req_strings("task_id").map_err(data_err)?;

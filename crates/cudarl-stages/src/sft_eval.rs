@@ -15,7 +15,7 @@ use std::sync::{Arc, LazyLock};
 use arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
-use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
+use cudarl_cuda::{Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_curriculum::prompts::{self, ChatMessage, GENERATOR_SYSTEM, TaskView};
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
@@ -205,13 +205,7 @@ impl Stage for SftEval {
             "top_p": p.top_p, "seed": p.seed, "device": device, "out": out});
         run_trainer(&job, dir, "pipelines (stages.sft-eval)", "sft-eval")?;
         let text = std::fs::read_to_string(&out).map_err(|e| StageError::Failed(e.to_string()))?;
-        let nvcc = Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
-        let compiler = Compiler {
-            nvcc,
-            arch: "sm_90".into(),
-            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
-            store: Some(ctx.store().clone()),
-        };
+        let compiler = crate::common::store_compiler(ctx)?;
         let rules = Rules::builtin();
         let mut cols: (Vec<String>, Vec<i64>, Vec<String>, Vec<Option<String>>) =
             (vec![], vec![], vec![], vec![]);
