@@ -300,28 +300,26 @@ impl Server {
                 };
                 let mut out = Vec::new();
                 for (ci, c) in comps.into_iter().enumerate() {
-                    if reference {
-                        let lp = &c.log_probs;
-                        out.push(json!({"id": null, "text": c.text, "tokens": c.ids.len(),
-                            "finish": format!("{:?}", c.finish),
-                            "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64}));
-                        continue;
-                    }
-                    let id = self.next_id;
-                    self.next_id += 1;
                     let lp = &c.log_probs;
+                    // Reference samples are not kept: no id, nothing to train on.
+                    let id = (!reference).then(|| {
+                        self.next_id += 1;
+                        self.next_id - 1
+                    });
                     out.push(json!({"id": id, "text": c.text, "tokens": c.ids.len(),
                         "finish": format!("{:?}", c.finish),
                         "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64,
                         "value": values.as_ref().map(|v| v[ci])}));
-                    self.kept.insert(
-                        id,
-                        Kept {
-                            role: agent,
-                            completion: c,
-                            temperature,
-                        },
-                    );
+                    if let Some(id) = id {
+                        self.kept.insert(
+                            id,
+                            Kept {
+                                role: agent,
+                                completion: c,
+                                temperature,
+                            },
+                        );
+                    }
                 }
                 json!({"ok": true, "completions": out, "seconds": t0.elapsed().as_secs_f64()})
             }
@@ -552,26 +550,29 @@ mod tests {
             .unwrap();
     }
 
-    /// One `generate` of 4 completions from the checkpoint in `m`, then an `update` of the
-    /// generator with advantages +1, -1, +1, -1 at a large learning rate, one completion per
-    /// minibatch.
-    fn update_with(m: &Path, target_kl: Option<f64>) -> UpdateStats {
-        let mut j = job("");
-        (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
-        (j.lr, j.minibatch, j.warmup, j.target_kl) = (1e-2, 1, 0, target_kl);
-        let mut s = Server::new(j).unwrap();
-        let generate = Request::Generate {
+    /// Sampling seeds libtorch's global generator: tests that sample and compare take turns
+    /// (`cargo test` runs them as threads of one process; nextest as processes).
+    static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Four completions of the generator for "Write k." (seed `seed`, temperature 1), from the
+    /// policy or from its frozen reference.
+    fn generate4(s: &mut Server, max_new_tokens: usize, seed: i64, reference: bool) -> Value {
+        let req = Request::Generate {
             agent: Role::Generator,
             conversations: vec![vec![Message::new("user", "Write k.")]; 4],
-            max_new_tokens: 12,
+            max_new_tokens,
             temperature: 1.0,
             top_p: 1.0,
-            seed: 1,
+            seed,
             stream: false,
-            reference: false,
+            reference,
         };
-        let r = s.handle(generate, &mut Vec::new()).unwrap().unwrap();
-        let samples: Vec<Sample> = r["completions"]
+        s.handle(req, &mut Vec::new()).unwrap().unwrap()
+    }
+
+    /// Advantages +1, -1, +1, -1 for a `generate` answer's completions.
+    fn alternating(r: &Value) -> Vec<Sample> {
+        r["completions"]
             .as_array()
             .unwrap()
             .iter()
@@ -581,8 +582,20 @@ mod tests {
                 advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
                 ret: None,
             })
-            .collect();
-        let st = s.update(Role::Generator, &samples).unwrap();
+            .collect()
+    }
+
+    /// One `generate` of 4 completions from the checkpoint in `m`, then an `update` of the
+    /// generator with advantages +1, -1, +1, -1 at a large learning rate, one completion per
+    /// minibatch.
+    fn update_with(m: &Path, target_kl: Option<f64>) -> UpdateStats {
+        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let mut j = job("");
+        (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
+        (j.lr, j.minibatch, j.warmup, j.target_kl) = (1e-2, 1, 0, target_kl);
+        let mut s = Server::new(j).unwrap();
+        let r = generate4(&mut s, 12, 1, false);
+        let st = s.update(Role::Generator, &alternating(&r)).unwrap();
         assert_eq!(st.samples, 4, "every completion has tokens");
         st
     }
@@ -622,20 +635,9 @@ mod tests {
         let mut j = job("");
         (j.generator, j.optimizer) = (m.clone(), m.clone());
         (j.lr, j.minibatch, j.warmup) = (5e-2, 1, 0);
+        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
         let mut s = Server::new(j).unwrap();
-        let generate = |s: &mut Server, reference: bool| -> Value {
-            let req = Request::Generate {
-                agent: Role::Generator,
-                conversations: vec![vec![Message::new("user", "Write k.")]; 4],
-                max_new_tokens: 16,
-                temperature: 1.0,
-                top_p: 1.0,
-                seed: 7,
-                stream: false,
-                reference,
-            };
-            s.handle(req, &mut Vec::new()).unwrap().unwrap()
-        };
+        let generate = |s: &mut Server, reference: bool| generate4(s, 16, 7, reference);
         let texts = |v: &Value| -> Vec<String> {
             v["completions"]
                 .as_array()
@@ -645,17 +647,7 @@ mod tests {
                 .collect()
         };
         let before = generate(&mut s, false);
-        let samples: Vec<Sample> = before["completions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Sample {
-                id: c["id"].as_u64().unwrap(),
-                advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
-                ret: None,
-            })
-            .collect();
+        let samples = alternating(&before);
         let st = s.update(Role::Generator, &samples).unwrap();
         assert!(st.max_approx_kl > 1e-5, "the policy moved: {st:?}");
         let frozen = generate(&mut s, true);
