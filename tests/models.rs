@@ -11,6 +11,25 @@ fn rows(p: &Project, node: &str, output: &str) -> Vec<Value> {
     rows_with(p, node, output, &[])
 }
 
+/// `export eval --output report` into `dir` under `--set` overrides; the report's Markdown.
+fn export_report(p: &Project, dir: &str, sets: &[&str]) -> String {
+    let out = p.path(dir);
+    let mut args = vec![
+        "export",
+        "eval",
+        "--output",
+        "report",
+        "--to",
+        out.to_str().unwrap(),
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    std::fs::read_to_string(out.join("eval.report/report.md")).unwrap()
+}
+
 /// The rows of `node`'s `output` under `--set` overrides.
 fn rows_with(p: &Project, node: &str, output: &str, sets: &[&str]) -> Vec<Value> {
     let mut args = vec![
@@ -439,19 +458,7 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert!(c["control_compile_rate"].is_f64(), "{c}");
     }
     assert_eq!(cm[0]["control_reward"], cm[0]["mean_reward"], "{}", cm[0]);
-    let out = p.path("exported-control");
-    let o = p.run(&[
-        "export",
-        "eval",
-        "--output",
-        "report",
-        "--to",
-        out.to_str().unwrap(),
-        "--set",
-        "rl-train.control=true",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let md = std::fs::read_to_string(out.join("eval.report/report.md")).unwrap();
+    let md = export_report(&p, "exported-control", &["rl-train.control=true"]);
     assert!(
         md.contains("RL minus the frozen SFT policy") && md.contains("1: +0.000"),
         "{md}"
@@ -464,17 +471,8 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     assert!(common::stderr(&o).contains("target_kl must be a positive"));
 
     // The report exports as files: report.md and its plots.
+    let md = export_report(&p, "exported", &[]);
     let out = p.path("exported");
-    let o = p.run(&[
-        "export",
-        "eval",
-        "--output",
-        "report",
-        "--to",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let md = std::fs::read_to_string(out.join("eval.report/report.md")).unwrap();
     assert!(
         md.contains("compile-only")
             && md.contains("| sft | test |")
