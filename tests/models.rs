@@ -74,6 +74,8 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         ("\nsteps = 5 ", "\nsteps = 2 "),
         ("tasks_per_step = 8", "tasks_per_step = 1"),
         ("group_size = 8 ", "group_size = 2 "),
+        // One pass per update here; the `own` run below takes two.
+        ("\nepochs = 4 ", "\nepochs = 1 "),
         ("max_new_tokens = 768", "max_new_tokens = 32"),
     ] {
         assert!(
@@ -463,6 +465,53 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         md.contains("RL minus the frozen SFT policy") && md.contains("1: +0.000"),
         "{md}"
     );
+    // The generator credited with its own turn's reward, two passes over each update: step
+    // 1 samples what the default run sampled (no update yet) and steps twice as often; each
+    // step's generator advantages follow the generator's own rewards.
+    let own = ["rl-train.generator_credit=\"own\"", "rl-train.epochs=2"];
+    let o = p.run(&["run", "rl-train", "--set", own[0], "--set", own[1]]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let om = rows_with(&p, "rl-train", "metrics", &own);
+    assert_eq!(om[0]["mean_reward"], m[0]["mean_reward"], "{}", om[0]);
+    let one = m[0]["update_steps"].as_i64().unwrap();
+    assert!(one >= 1, "{}", m[0]);
+    assert_eq!(om[0]["update_steps"].as_i64(), Some(2 * one), "{}", om[0]);
+    let ot = rows_with(&p, "rl-train", "turns", &own);
+    for r in &om {
+        let g: Vec<(f64, f64)> = ot
+            .iter()
+            .filter(|x| x["step"] == r["step"] && x["role"] == "generator")
+            .map(|x| {
+                (
+                    x["reward"].as_f64().unwrap(),
+                    x["advantage"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(g.len(), 2, "one group of two: {g:?}");
+        let differ = (g[0].0 - g[1].0).abs() > 1e-9;
+        assert_eq!(
+            r["signal_groups"].as_f64(),
+            Some(if differ { 1.0 } else { 0.0 })
+        );
+        let want = (g[0].0 - g[1].0).signum();
+        assert!(
+            if differ {
+                (g[0].1 - g[1].1).signum() == want
+            } else {
+                g[0].1 == 0.0 && g[1].1 == 0.0
+            },
+            "advantages follow the generator's own rewards: {g:?}"
+        );
+    }
+    let o = p.run(&[
+        "run",
+        "rl-train",
+        "--set",
+        "rl-train.generator_credit=\"mine\"",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("expected `episode` or `own`"));
     let o = p.run(&["run", "rl-train", "--set", "rl-train.algorithm=\"a2c\""]);
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("expected `grpo` or `ppo`"));

@@ -20,7 +20,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -87,6 +87,9 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("optimizer_max_approx_kl", false),
         Field::new("skipped_minibatches", DataType::Int64, false),
         Field::new("optimizer_skipped_minibatches", DataType::Int64, false),
+        // AdamW steps each agent's update took (`epochs` x minibatches, less those skipped).
+        Field::new("update_steps", DataType::Int64, false),
+        Field::new("optimizer_update_steps", DataType::Int64, false),
         Field::new("algorithm", DataType::Utf8, false),
         // `control`: the frozen reference policy's episodes on this step's tasks with this
         // step's sampling seeds (mean final reward; compile and pass rates of each episode's
@@ -94,6 +97,8 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("control_reward", true),
         f64s("control_compile_rate", true),
         f64s("control_pass_rate", true),
+        // Wall seconds of the control's rollout (generation and harness; not in the others).
+        f64s("control_seconds", true),
         // {"<tier>": mean final reward of this step's episodes of that tier}: the reward curve
         // per tier, not confounded by the mix shifting when a tier opens.
         Field::new("reward_by_tier_json", DataType::Utf8, false),
@@ -240,6 +245,21 @@ pub struct Params {
     /// 0.835 in one step of six (H100, 2026-11-24, README); not yet measured with it on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_kl: Option<f64>,
+    /// Passes over each update's minibatches (GRPO's mu iterations, Shao et al. 2024; PPO's
+    /// epochs), the ratio always against the sampling policy so the clip bounds the whole
+    /// update (`cudarl_train::rl_serve::RlServe::epochs`). Why: at 64 episodes and minibatch 32
+    /// a 5-step run gave the generator 10 AdamW steps; the policy did not move measurably from
+    /// its frozen copy (H100, 2026-11-24, README). Absent: 1, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<usize>,
+    /// What a generator turn is credited with: `episode` (absent: the turn credit
+    /// `0.3 r_0 + 0.7 gamma^(T-1) R`, DESIGN.md section 6, R the episode's best turn, so
+    /// mostly the optimizer's repair) or `own` (its own turn's reward `r_0`: the tester's
+    /// verdict on the kernel the generator wrote). GRPO only. Why: broken generator turns got
+    /// advantages from -1.7 to +1.7 depending on whether the optimizer's repair later passed
+    /// (README, "Why RL does not yet beat SFT"). Absent: `episode`, left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator_credit: Option<String>,
     /// Ratio clip.
     #[serde(default = "d_clip")]
     pub clip: f64,
@@ -449,7 +469,7 @@ pub(crate) fn serve_job(
         "device": device, "lr": p.lr, "generator_lr": p.generator_lr,
         "pg": {"clip": p.clip, "kl_coef": p.kl_coef},
         "minibatch": p.minibatch, "algorithm": p.algorithm, "warmup": p.warmup,
-        "value_lr": p.value_lr, "target_kl": p.target_kl})
+        "value_lr": p.value_lr, "target_kl": p.target_kl, "epochs": p.epochs.unwrap_or(1)})
 }
 
 /// The `rl-train` stage.
@@ -462,7 +482,8 @@ impl RlTrain {
     /// From the pipeline's table.
     ///
     /// # Errors
-    /// Unknown keys, an algorithm other than `grpo` or `ppo`, a `target_kl` not above 0.
+    /// Unknown keys, an algorithm other than `grpo` or `ppo`, a `target_kl` not above 0, `epochs`
+    /// 0, a `generator_credit` other than `episode` or `own` (`own` with PPO).
     pub fn from_table(t: toml::Table) -> Result<Self, String> {
         let params: Params = crate::common::parse_params(t)?;
         if params.algorithm != "grpo" && params.algorithm != "ppo" {
@@ -485,6 +506,24 @@ impl RlTrain {
         }
         if params.algorithm == "grpo" && params.group_size < 2 {
             return Err("group_size must be at least 2 (GRPO normalizes within a group)".into());
+        }
+        match params.generator_credit.as_deref() {
+            None | Some("episode") => {}
+            Some("own") if params.algorithm == "grpo" => {}
+            Some("own") => {
+                return Err(
+                    "generator_credit `own` is for GRPO (PPO's GAE runs over the episode's turns)"
+                        .into(),
+                );
+            }
+            Some(o) => {
+                return Err(format!(
+                    "generator_credit `{o}`: expected `episode` or `own`"
+                ));
+            }
+        }
+        if params.epochs == Some(0) {
+            return Err("epochs must be at least 1".into());
         }
         if params
             .target_kl
@@ -597,7 +636,8 @@ impl Stage for RlTrain {
         // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
         // 8: metrics gain max_approx_kl and skipped_minibatches per agent.
         // 9: metrics gain the control columns.
-        9
+        // 10: metrics gain control_seconds, update_steps, optimizer_update_steps.
+        10
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -677,6 +717,7 @@ impl Stage for RlTrain {
         let mut rows: Vec<Value> = Vec::new();
         let mut turn_rows: Vec<(usize, usize, crate::episode::Turn, String, i64, f64)> = Vec::new();
         let mut rng = p.seed ^ 0x005E_ED0F_C0DA;
+        let own_credit = p.generator_credit.as_deref() == Some("own");
         let progress = ctx.progress("steps", Some(p.steps as u64));
         for step in 1..=p.steps {
             let pool: Vec<&TaskSpec> = families
@@ -704,7 +745,11 @@ impl Stage for RlTrain {
                     match t.role {
                         Role::Generator => {
                             gen_s.push((ei, t.turn, t.completion));
-                            gen_r.push(t.credit);
+                            gen_r.push(if own_credit {
+                                t.reward.reward
+                            } else {
+                                t.credit
+                            });
                             gen_g.push(slot);
                         }
                         Role::Optimizer => {
@@ -809,6 +854,7 @@ impl Stage for RlTrain {
                 "max_approx_kl": gu["max_approx_kl"], "optimizer_max_approx_kl": ou["max_approx_kl"],
                 "skipped_minibatches": gu["skipped_minibatches"],
                 "optimizer_skipped_minibatches": ou["skipped_minibatches"],
+                "update_steps": gu["steps"], "optimizer_update_steps": ou["steps"],
                 "algorithm": p.algorithm,
                 "reward_by_tier_json": Value::Object(by_tier).to_string(),
                 "mode": mode, "device": device});
@@ -818,7 +864,7 @@ impl Stage for RlTrain {
             if p.control == Some(true) {
                 // The same tasks and sampling seeds from the frozen references; the policy's
                 // seed sequence goes on as without the control.
-                let seed1 = tc.sampling.seed;
+                let (seed1, t_ctl) = (tc.sampling.seed, Instant::now());
                 (tc.sampling.seed, tc.reference) = (seed0, true);
                 let ctl = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings);
                 (tc.sampling.seed, tc.reference) = (seed1, false);
@@ -828,6 +874,7 @@ impl Stage for RlTrain {
                 row["control_reward"] = json!(mean_std(&finals).0);
                 row["control_compile_rate"] = json!(c);
                 row["control_pass_rate"] = json!(pass);
+                row["control_seconds"] = json!(t_ctl.elapsed().as_secs_f64());
             }
             rows.push(row);
             for (ei, e) in eps.iter().enumerate() {

@@ -793,7 +793,9 @@ pub struct RepairParams {}
 /// store's compile cache) for nvcc's real diagnostics: the repair examples of `sft-data`. It
 /// reads only `synth-tasks`, so it runs beside `validate`, whose nvcc work leaves cores idle
 /// (H100 host: 1424 core-seconds over a 191 s stage, 16 cores); its compiles run at nice 19
-/// so they take only those.
+/// so they take only those. Measured (H100, 2026-11-24): validate took 206 s beside it at
+/// nice 0 and 211-217 s at nice 19 against 186-191 s alone, so what still slows validate is
+/// not this stage's CPU share (pretrain shares the GPU with it at the same time).
 #[derive(Debug)]
 pub struct SftRepairs {
     params: RepairParams,

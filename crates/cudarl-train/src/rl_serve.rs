@@ -12,8 +12,8 @@
 //!   response (the stage compiles finished kernels while the batch decodes on).
 //! - `update` {agent, samples: [{id, advantage, return?}]} -> {loss, pg_loss, kl, clip_frac,
 //!   entropy, tokens, grad_norm, value_loss, max_approx_kl, skipped_minibatches, seconds}: the
-//!   clipped-ratio loss with the KL penalty ([`crate::rl::clipped_pg_loss`]) over minibatches;
-//!   the old log-probabilities are recomputed with the training forward pass before the first
+//!   clipped-ratio loss with the KL penalty ([`crate::rl::clipped_pg_loss`]) over minibatches,
+//!   `epochs` passes over them ([`RlServe::epochs`]); the old log-probabilities are recomputed with the training forward pass before the first
 //!   minibatch (so sampling-time numerics do not bias the ratio). With `target_kl`, the update
 //!   stops early once the policy has moved too far ([`RlServe::target_kl`]). With PPO, the
 //!   value head is fitted to `return` (mean squared error) in the same minibatches. Every kept
@@ -84,6 +84,17 @@ pub struct RlServe {
     /// `target_kl`). The first minibatch always steps (nothing has moved yet).
     #[serde(default)]
     pub target_kl: Option<f64>,
+    /// Passes over an update's minibatches (GRPO's mu iterations, Shao et al. 2024,
+    /// DeepSeekMath, Algorithm 1; PPO's epochs, Schulman et al. 2017). The old log-probabilities
+    /// of the ratio are those of the policy that sampled the completions, computed once before
+    /// the first pass, so the clip bounds how far all passes together move each token;
+    /// `target_kl` is checked before every minibatch of every pass. 0 counts as 1.
+    #[serde(default = "d_epochs")]
+    pub epochs: usize,
+}
+
+fn d_epochs() -> usize {
+    1
 }
 
 /// Spinning Up's margin over `target_kl` before an update stops (see [`RlServe::target_kl`]).
@@ -399,7 +410,10 @@ impl Server {
                 (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
             fixed.push((old, rf));
         }
-        for (ci, (seqs, temp, adv, ret)) in batches.iter().enumerate() {
+        let passes = self.job.epochs.max(1);
+        let order = (0..passes).flat_map(|_| 0..batches.len());
+        for (k, ci) in order.enumerate() {
+            let (seqs, temp, adv, ret) = &batches[ci];
             let (logp, mask, _, state) =
                 TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
             let (old, rf) = &fixed[ci];
@@ -409,13 +423,13 @@ impl Server {
             })
             .double_value(&[]);
             st.max_approx_kl = st.max_approx_kl.max(approx_kl);
-            if ci > 0
+            if k > 0
                 && self
                     .job
                     .target_kl
                     .is_some_and(|t| approx_kl > TARGET_KL_MARGIN * t)
             {
-                st.skipped_minibatches = batches.len() - ci;
+                st.skipped_minibatches = passes * batches.len() - k;
                 break;
             }
             let (loss, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
@@ -433,6 +447,7 @@ impl Server {
             st.kl += s.kl;
             st.clip_frac += s.clip_frac;
             st.tokens += s.tokens;
+            st.steps += 1;
             n_mb += 1.0;
         }
         // Entropy was measured on every minibatch, the rest on those that stepped.
@@ -480,9 +495,11 @@ pub struct UpdateStats {
     /// The largest approximate KL (nats per token, `mean(old_logp - logp)`) from the
     /// generating policy to the current one measured before a minibatch's step.
     pub max_approx_kl: f64,
-    /// Minibatches left unstepped because `max_approx_kl` passed 1.5 `target_kl`
+    /// Minibatch steps (over all `epochs` passes) left undone because `max_approx_kl` passed 1.5 `target_kl`
     /// ([`RlServe::target_kl`]; 0 without one).
     pub skipped_minibatches: usize,
+    /// AdamW steps taken (at most `epochs` x minibatches).
+    pub steps: usize,
 }
 
 /// Runs the request loop on stdin/stdout until `quit` or end of input.
@@ -550,6 +567,14 @@ mod tests {
             .unwrap();
     }
 
+    /// [`tiny_checkpoint`] in a fresh temporary directory (kept alive by the first value).
+    fn tiny_model() -> (tempfile::TempDir, std::path::PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("m");
+        tiny_checkpoint(&m);
+        (d, m)
+    }
+
     /// Sampling seeds libtorch's global generator: tests that sample and compare take turns
     /// (`cargo test` runs them as threads of one process; nextest as processes).
     static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -587,12 +612,12 @@ mod tests {
 
     /// One `generate` of 4 completions from the checkpoint in `m`, then an `update` of the
     /// generator with advantages +1, -1, +1, -1 at a large learning rate, one completion per
-    /// minibatch.
-    fn update_with(m: &Path, target_kl: Option<f64>) -> UpdateStats {
+    /// minibatch, `epochs` passes.
+    fn update_with(m: &Path, target_kl: Option<f64>, epochs: usize) -> UpdateStats {
         let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
         let mut j = job("");
         (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
-        (j.lr, j.minibatch, j.warmup, j.target_kl) = (1e-2, 1, 0, target_kl);
+        (j.lr, j.minibatch, j.warmup, j.target_kl, j.epochs) = (1e-2, 1, 0, target_kl, epochs);
         let mut s = Server::new(j).unwrap();
         let r = generate4(&mut s, 12, 1, false);
         let st = s.update(Role::Generator, &alternating(&r)).unwrap();
@@ -602,21 +627,19 @@ mod tests {
 
     #[test]
     fn target_kl_stops_an_update_once_the_policy_has_moved() {
-        let d = tempfile::tempdir().unwrap();
-        let m = d.path().join("m");
-        tiny_checkpoint(&m);
-        let all = update_with(&m, None);
-        assert_eq!(all.skipped_minibatches, 0);
+        let (_d, m) = tiny_model();
+        let all = update_with(&m, None, 1);
+        assert_eq!((all.skipped_minibatches, all.steps), (0, 4));
         // Each step at lr 1e-2 moves the policy: the approximate KL from the generating policy
         // is well above float noise (about 1e-8) after the first step.
         assert!(all.max_approx_kl > 1e-5, "{}", all.max_approx_kl);
-        let stopped = update_with(&m, Some(all.max_approx_kl / 100.0));
+        let stopped = update_with(&m, Some(all.max_approx_kl / 100.0), 1);
         assert!(
             (1..=3).contains(&stopped.skipped_minibatches),
             "the first minibatch steps, a later one stops: {stopped:?}"
         );
         assert!(stopped.max_approx_kl > TARGET_KL_MARGIN * all.max_approx_kl / 100.0);
-        let loose = update_with(&m, Some(all.max_approx_kl * 10.0));
+        let loose = update_with(&m, Some(all.max_approx_kl * 10.0), 1);
         assert_eq!(
             loose.skipped_minibatches, 0,
             "a target above what moved stops nothing"
@@ -628,10 +651,26 @@ mod tests {
     }
 
     #[test]
+    fn epochs_pass_over_the_minibatches_again_against_the_sampling_policy() {
+        let (_d, m) = tiny_model();
+        let one = update_with(&m, None, 1);
+        let two = update_with(&m, None, 2);
+        assert_eq!((one.steps, two.steps), (4, 8), "{one:?} {two:?}");
+        assert_eq!(two.samples, 4, "samples count once");
+        // The second pass measures each completion against the policy that sampled it, after
+        // four more steps: it has moved at least as far as anything the first pass saw.
+        assert!(two.max_approx_kl > one.max_approx_kl, "{one:?} {two:?}");
+        // A target between the two stops the second run within its second pass, and the
+        // skipped count covers the steps of every pass left undone.
+        let t = (one.max_approx_kl + two.max_approx_kl) / 2.0 / TARGET_KL_MARGIN;
+        let stopped = update_with(&m, Some(t), 2);
+        assert!(stopped.steps >= 4 && stopped.steps < 8, "{stopped:?}");
+        assert_eq!(stopped.steps + stopped.skipped_minibatches, 8);
+    }
+
+    #[test]
     fn the_reference_samples_what_the_policy_sampled_before_it_moved() {
-        let d = tempfile::tempdir().unwrap();
-        let m = d.path().join("m");
-        tiny_checkpoint(&m);
+        let (_d, m) = tiny_model();
         let mut j = job("");
         (j.generator, j.optimizer) = (m.clone(), m.clone());
         (j.lr, j.minibatch, j.warmup) = (5e-2, 1, 0);
