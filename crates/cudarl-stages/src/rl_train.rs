@@ -246,10 +246,12 @@ pub struct Params {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_kl: Option<f64>,
     /// Passes over each update's minibatches (GRPO's mu iterations, Shao et al. 2024; PPO's
-    /// epochs), the ratio always against the sampling policy so the clip bounds the whole
-    /// update (`cudarl_train::rl_serve::RlServe::epochs`). Why: at 64 episodes and minibatch 32
-    /// a 5-step run gave the generator 10 AdamW steps; the policy did not move measurably from
-    /// its frozen copy (H100, 2026-11-24, README). Absent: 1, and left out of the key.
+    /// epochs), the ratio always against the sampling policy
+    /// (`cudarl_train::rl_serve::RlServe::epochs`). Why: at 64 episodes and minibatch 32 a
+    /// 5-step run gave the generator 10 AdamW steps and RL's reward stayed at or below its
+    /// frozen copy's on the same tasks and seeds; with 4 passes it was above it in 2 runs of 2
+    /// (H100, 2026-11-24, README; `pipelines/default.toml` sets 4). Absent: 1, and left out of
+    /// the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epochs: Option<usize>,
     /// What a generator turn is credited with: `episode` (absent: the turn credit

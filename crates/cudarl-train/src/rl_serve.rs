@@ -11,10 +11,11 @@
 //!   sent as soon as it is finished, as a line `{ok, partial: {index, text}}` before the final
 //!   response (the stage compiles finished kernels while the batch decodes on).
 //! - `update` {agent, samples: [{id, advantage, return?}]} -> {loss, pg_loss, kl, clip_frac,
-//!   entropy, tokens, grad_norm, value_loss, max_approx_kl, skipped_minibatches, seconds}: the
-//!   clipped-ratio loss with the KL penalty ([`crate::rl::clipped_pg_loss`]) over minibatches,
-//!   `epochs` passes over them ([`RlServe::epochs`]); the old log-probabilities are recomputed with the training forward pass before the first
-//!   minibatch (so sampling-time numerics do not bias the ratio). With `target_kl`, the update
+//!   entropy, tokens, grad_norm, value_loss, max_approx_kl, skipped_minibatches, steps,
+//!   seconds}: the clipped-ratio loss with the KL penalty ([`crate::rl::clipped_pg_loss`]) over
+//!   minibatches, `epochs` passes over them ([`RlServe::epochs`]); the old log-probabilities
+//!   are recomputed with the training forward pass before the first minibatch (so
+//!   sampling-time numerics do not bias the ratio). With `target_kl`, the update
 //!   stops early once the policy has moved too far ([`RlServe::target_kl`]). With PPO, the
 //!   value head is fitted to `return` (mean squared error) in the same minibatches. Every kept
 //!   completion of that agent is dropped after.
@@ -87,8 +88,11 @@ pub struct RlServe {
     /// Passes over an update's minibatches (GRPO's mu iterations, Shao et al. 2024,
     /// DeepSeekMath, Algorithm 1; PPO's epochs, Schulman et al. 2017). The old log-probabilities
     /// of the ratio are those of the policy that sampled the completions, computed once before
-    /// the first pass, so the clip bounds how far all passes together move each token;
-    /// `target_kl` is checked before every minibatch of every pass. 0 counts as 1.
+    /// the first pass, so a token whose ratio has left the clip range in the direction of its
+    /// advantage gets no more policy gradient in later passes (other tokens' steps can still
+    /// move it: on the H100 a few sampled tokens fell by several nats in the first update of
+    /// four passes, README); `target_kl` is checked before every minibatch of every pass.
+    /// 0 counts as 1.
     #[serde(default = "d_epochs")]
     pub epochs: usize,
 }
@@ -495,8 +499,8 @@ pub struct UpdateStats {
     /// The largest approximate KL (nats per token, `mean(old_logp - logp)`) from the
     /// generating policy to the current one measured before a minibatch's step.
     pub max_approx_kl: f64,
-    /// Minibatch steps (over all `epochs` passes) left undone because `max_approx_kl` passed 1.5 `target_kl`
-    /// ([`RlServe::target_kl`]; 0 without one).
+    /// Minibatch steps (over all `epochs` passes) left undone because `max_approx_kl` passed
+    /// 1.5 `target_kl` ([`RlServe::target_kl`]; 0 without one).
     pub skipped_minibatches: usize,
     /// AdamW steps taken (at most `epochs` x minibatches).
     pub steps: usize,
