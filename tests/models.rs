@@ -504,6 +504,22 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             "advantages follow the generator's own rewards: {g:?}"
         );
     }
+    // Fresh families: every step practises an elementwise family generated for this run,
+    // a new one each step, none of them a synth-tasks family (fresh_families' unit test).
+    let fresh = ["rl-train.task_pool=\"fresh\""];
+    let o = p.run(&["run", "rl-train", "--set", fresh[0]]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let ft = rows_with(&p, "rl-train", "turns", &fresh);
+    let ids = |step: i64| -> Vec<String> {
+        let s: std::collections::BTreeSet<String> = ft
+            .iter()
+            .filter(|x| x["step"] == step)
+            .map(|x| x["task_id"].as_str().unwrap().to_string())
+            .collect();
+        s.into_iter().collect()
+    };
+    assert_eq!(ids(1), ["fresh_ew_000"]);
+    assert_eq!(ids(2), ["fresh_ew_001"]);
     let o = p.run(&[
         "run",
         "rl-train",

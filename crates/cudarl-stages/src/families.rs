@@ -556,7 +556,7 @@ fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Family {
 /// A reference expression up to the order of the operands of `+`, `*`, `maximum` and
 /// `minimum` (parsed by [`cudarl_cuda::expr::parse`]), so `x * s` matches `s * x`; unparsable
 /// text is compared as is.
-fn canonical(src: &str) -> String {
+pub fn canonical(src: &str) -> String {
     use cudarl_cuda::expr::Expr as X;
     fn canon(e: X) -> X {
         match e {
