@@ -2,7 +2,8 @@
 # `make run`'s main job on the GPU machine (the device tool has no Rust toolchain or make: the
 # binaries come from `make carry`): `cudarl-pipe run rl-train eval` with the default
 # pipeline on a cold store, timed, in its own process session so it outlasts one 10-minute
-# call (the machine must stay warm: chain the calls).
+# call (the machine must stay warm: chain the calls; the device tool hands it back after about
+# 30 s idle, which lost two variants of session 19, and after 30 minutes held).
 #   ACTION=start    starts it, then waits like `wait`
 #   ACTION=wait     waits up to WAIT_S seconds (default 560), printing progress, then collects
 #                   what is finished so far
