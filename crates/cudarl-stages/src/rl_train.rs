@@ -20,7 +20,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -76,7 +76,8 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("harness_compile_seconds", false),
         f64s("harness_gpu_seconds", false),
         f64s("harness_sass_seconds", false),
-        // Share of GRPO groups whose turn credits differ at all (the rest give no gradient).
+        // Share of GRPO groups whose values (turn credits; the generator's own rewards with
+        // `generator_credit = "own"`) differ at all (the rest give no gradient).
         f64s("signal_groups", false),
         f64s("optimizer_signal_groups", false),
         f64s("value_loss", true),
@@ -259,7 +260,8 @@ pub struct Params {
     /// mostly the optimizer's repair) or `own` (its own turn's reward `r_0`: the tester's
     /// verdict on the kernel the generator wrote). GRPO only. Why: broken generator turns got
     /// advantages from -1.7 to +1.7 depending on whether the optimizer's repair later passed
-    /// (README, "Why RL does not yet beat SFT"). Absent: `episode`, left out of the key.
+    /// (README, "Why RL does not yet beat SFT"). The `turns` table's `credit` stays the turn
+    /// credit; its `advantage` is what the update used. Absent: `episode`, left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator_credit: Option<String>,
     /// Ratio clip.
