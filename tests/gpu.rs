@@ -193,6 +193,14 @@ fn four_gpu_workers_agree_with_one() {
             vb["timing"]["median_ms"].as_f64(),
         ) {
             log_ratios.push((y / x).ln());
+            // Host<->device copies are measured once per worker process and buffer sizes, and
+            // every timed kernel carries them (a task whose sizes another task already had too).
+            for v in [&va, &vb] {
+                for k in ["h2d_ms", "d2h_ms"] {
+                    let ms = v["timing"][k].as_f64().unwrap_or(0.0);
+                    assert!(ms > 0.0, "{id}: timing.{k} = {ms}");
+                }
+            }
         }
     }
     assert!(log_ratios.len() >= 50, "{} timed", log_ratios.len());

@@ -205,7 +205,8 @@ pub struct Timing {
     /// Timed repetitions.
     pub reps: usize,
     /// Host-to-device copy of the buffers from pageable host memory, ms (measured separately,
-    /// not in the kernel time; once per task and shape, with the torch baseline).
+    /// not in the kernel time; with the torch baseline, once per worker process and list of
+    /// buffer sizes in bytes: tasks with the same sizes share the measurement).
     pub h2d_ms: f64,
     /// Device-to-host copy of the buffers to pageable host memory, ms.
     pub d2h_ms: f64,
@@ -230,8 +231,12 @@ pub struct WorkerMs {
     pub tests: f64,
     /// Timing the candidate (warm-up, repetitions, transfers).
     pub timing: f64,
-    /// Timing the torch baseline, when asked.
+    /// Timing the torch baseline, when asked (`transfer` included).
     pub torch: f64,
+    /// Of `torch`: copying the buffers host<->device for `h2d_ms` / `d2h_ms` (0 when the worker
+    /// process had measured the same buffer sizes before).
+    #[serde(default)]
+    pub transfer: f64,
 }
 
 /// What a worker returns for a job.

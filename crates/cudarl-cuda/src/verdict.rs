@@ -426,6 +426,7 @@ pub fn check_full(
                 w.load += t.load;
                 w.timing = t.timing;
                 w.torch = t.torch;
+                w.transfer = t.transfer;
             }
             if let Some(e) = r.load_error.as_ref().or(r.cuda_error.as_ref()) {
                 v.ran_and_failed(

@@ -594,8 +594,9 @@ struct PartRows {
     gpu_ms: std::sync::atomic::AtomicU64,
     gpu_wait_ms: std::sync::atomic::AtomicU64,
     /// Milliseconds inside the GPU workers by phase ([`cudarl_cuda::gpu::WorkerMs`]), summed:
-    /// loading the .so, tests, timing the candidate, timing the torch baseline.
-    worker_ms: [std::sync::atomic::AtomicU64; 4],
+    /// loading the .so, tests, timing the candidate, timing the torch baseline, and of that the
+    /// host<->device copies (measured once per worker process and buffer sizes).
+    worker_ms: [std::sync::atomic::AtomicU64; 5],
 }
 
 impl PartRows {
@@ -619,7 +620,7 @@ impl PartRows {
             for (c, ms) in self
                 .worker_ms
                 .iter()
-                .zip([w.load, w.tests, w.timing, w.torch])
+                .zip([w.load, w.tests, w.timing, w.torch, w.transfer])
             {
                 c.fetch_add(ms.round() as u64, std::sync::atomic::Ordering::Relaxed);
             }
@@ -665,7 +666,7 @@ impl PartRows {
         ctx.stat("compile_ms_summed", self.compile_ms.load(Relaxed));
         ctx.stat("gpu_ms", self.gpu_ms.load(Relaxed));
         ctx.stat("gpu_wait_ms", self.gpu_wait_ms.load(Relaxed));
-        for (name, c) in ["load", "tests", "timing", "torch"]
+        for (name, c) in ["load", "tests", "timing", "torch", "transfer"]
             .iter()
             .zip(&self.worker_ms)
         {
