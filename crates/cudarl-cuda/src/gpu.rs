@@ -229,7 +229,7 @@ pub struct WorkerMs {
     pub load: f64,
     /// Every (shape, seed) test: inputs, launch, reference, comparisons.
     pub tests: f64,
-    /// Timing the candidate (warm-up, repetitions, transfers).
+    /// Timing the candidate (its three buffer sets, warm-up, repetitions; no transfers).
     pub timing: f64,
     /// Timing the torch baseline, when asked (`transfer` included).
     pub torch: f64,

@@ -130,7 +130,7 @@ pub struct Runner {
     /// Pageable host<->device copy times (h2d, d2h; ms) measured in this process, by the bytes
     /// of each buffer argument: transfers depend on the sizes, not on the task, and 406 of the
     /// 445 synth-tasks families share one bench shape, so each size list is copied once per
-    /// worker process instead of once per task (about 128 MB each way per elementwise task).
+    /// worker process instead of once per task (128-192 MB each way per elementwise task).
     transfers: std::collections::HashMap<Vec<i64>, (f64, f64)>,
     /// Milliseconds the last [`Runner::transfer_ms`] call spent copying (0 when cached).
     transfer_spent_ms: f64,
@@ -306,6 +306,7 @@ impl Runner {
         {
             heartbeat();
             let t0 = Instant::now();
+            self.transfer_spent_ms = 0.0;
             let r = self.time_torch(&job.task, shape, b);
             if let Some(w) = res.worker_ms.as_mut() {
                 w.torch = ms(t0);
