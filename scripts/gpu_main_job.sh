@@ -150,6 +150,9 @@ for v in sorted((d / "variants").glob("*/")):
         "sets": spec.partition(":")[2],
         "rc": int((v / "rc").read_text()) if (v / "rc").exists() else None,
         "wall_s": int((v / "wall").read_text()) if (v / "wall").exists() else None,
+        # Per node: status (ran / cached / failed) and seconds, from the run's own records (the
+        # `base` variant's wall file read 0-1 s in both session-20 leases while its nodes ran).
+        "nodes": {r["node"]: [r.get("status"), round(r.get("seconds") or 0, 1)] for r in jl("run.jsonl", v) if r.get("node")},
         # A failed stage's error is a JSON record on stdout (`--json`), not on stderr.
         "errors": {r["node"]: r.get("error") for r in jl("run.jsonl", v) if r.get("node") and r.get("status") == "failed"},
         "stderr_tail": (v / "run.err").read_text()[-1500:] if (v / "run.err").exists() else "",
