@@ -64,7 +64,11 @@ outputs() {
   for o in metrics tiers turns; do $B/cudarl-pipe --root . --store \$S show rl-train --output \$o --json --head 100000 "\$@" > \$O/rl_\$o.jsonl 2>/dev/null; done
   $B/cudarl-pipe --root . --store \$S show eval --output summary --json --head 100 "\$@" > \$O/eval_summary.jsonl 2>/dev/null
   $B/cudarl-pipe --root . --store \$S show eval --output turns --json --head 100000 "\$@" > \$O/eval_turns.jsonl 2>/dev/null
-  $B/cudarl-pipe --root . --store \$S export eval --output report --to \$O/export "\$@" > /dev/null 2>&1
+  # `export` runs its node first: export a fresh eval only (`show` fails otherwise), or a main job
+  # stopped at sft-train-optimizer trains and evaluates the default here, unrecorded (session 20:
+  # the default-config variant then found rl-train and eval cached).
+  $B/cudarl-pipe --root . --store \$S show eval --output summary "\$@" > /dev/null 2>&1 &&
+    $B/cudarl-pipe --root . --store \$S export eval --output report --to \$O/export "\$@" > /dev/null 2>&1
 }
 outputs $D/store $D "\${SETS[@]}"
 $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
@@ -150,8 +154,7 @@ for v in sorted((d / "variants").glob("*/")):
         "sets": spec.partition(":")[2],
         "rc": int((v / "rc").read_text()) if (v / "rc").exists() else None,
         "wall_s": int((v / "wall").read_text()) if (v / "wall").exists() else None,
-        # Per node: status (ran / cached / failed) and seconds, from the run's own records (the
-        # `base` variant's wall file read 0-1 s in both session-20 leases while its nodes ran).
+        # Per node: status (ran / cached / failed) and seconds, from the run's own records.
         "nodes": {r["node"]: [r.get("status"), round(r.get("seconds") or 0, 1)] for r in jl("run.jsonl", v) if r.get("node")},
         # A failed stage's error is a JSON record on stdout (`--json`), not on stderr.
         "errors": {r["node"]: r.get("error") for r in jl("run.jsonl", v) if r.get("node") and r.get("status") == "failed"},
