@@ -250,9 +250,9 @@ pub struct Params {
     /// epochs), the ratio always against the sampling policy
     /// (`cudarl_train::rl_serve::RlServe::epochs`). Why: at 64 episodes and minibatch 32 a
     /// 5-step run gave the generator 10 AdamW steps and RL's reward stayed at or below its
-    /// frozen copy's on the same tasks and seeds; with 4 passes it was above it in 2 runs of 2
-    /// (H100, 2026-11-24, README; `pipelines/default.toml` sets 4). Absent: 1, and left out of
-    /// the key.
+    /// frozen copy's on the same tasks and seeds; with 4 passes it was above it in 4 runs of 4
+    /// (+0.019 +- 0.003, H100, sessions 19-20, README; `pipelines/default.toml` sets 4).
+    /// Absent: 1, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epochs: Option<usize>,
     /// What a generator turn is credited with: `episode` (absent: the turn credit
@@ -319,7 +319,8 @@ pub struct Params {
     /// step, none of them a task of `synth-tasks` (hold-out included), so nothing RL practises
     /// can be recalled, only copied from its description. Why: with the `rl` split (about 85
     /// families drawn 40 times a run) RL's reward rose above its frozen copy's while the
-    /// hold-out pass rate fell (H100, 2026-11-24, README); not yet measured on a GPU.
+    /// hold-out pass rate fell (H100, 2026-11-24, README). Measured (H100, session 20): no gain
+    /// over the frozen copy and a larger hold-out loss (pass -0.07 .. -0.12), so not the default.
     #[serde(default = "d_auto")]
     pub task_pool: String,
     /// Also run, each step, the frozen reference policies (the SFT checkpoints) on the step's
