@@ -520,6 +520,30 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     };
     assert_eq!(ids(1), ["fresh_ew_000"]);
     assert_eq!(ids(2), ["fresh_ew_001"]);
+    // PPO-ptx: each update also fits the agents' SFT conversations; the SFT cross-entropy is
+    // in `metrics` (null without it), and step 1 samples what the default run sampled.
+    assert!(m.iter().all(|r| r["ptx_loss"].is_null()), "off by default");
+    let ptx = ["rl-train.ptx_coef=0.5", "rl-train.ptx_batch=2"];
+    let o = p.run(&["run", "rl-train", "--set", ptx[0], "--set", ptx[1]]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let xm = rows_with(&p, "rl-train", "metrics", &ptx);
+    assert_eq!(xm[0]["mean_reward"], m[0]["mean_reward"], "{}", xm[0]);
+    assert!(xm[0]["update_steps"].as_i64().unwrap() >= 1, "{}", xm[0]);
+    for r in &xm {
+        for (loss, steps) in [
+            ("ptx_loss", "update_steps"),
+            ("optimizer_ptx_loss", "optimizer_update_steps"),
+        ] {
+            let l = r[loss].as_f64().unwrap();
+            // A trained-on SFT conversation has a positive cross-entropy, finite.
+            if r[steps].as_i64().unwrap() > 0 {
+                assert!(l > 0.0 && l.is_finite(), "{loss}: {r}");
+            }
+        }
+    }
+    let o = p.run(&["run", "rl-train", "--set", "rl-train.ptx_coef=-1.0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("ptx_coef must be a number >= 0"));
     let o = p.run(&[
         "run",
         "rl-train",

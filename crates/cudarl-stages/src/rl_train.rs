@@ -20,7 +20,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -91,6 +91,10 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         // AdamW steps each agent's update took (`epochs` x minibatches, less those skipped).
         Field::new("update_steps", DataType::Int64, false),
         Field::new("optimizer_update_steps", DataType::Int64, false),
+        // PPO-ptx (`ptx_coef`): each agent's mean SFT cross-entropy (nats per assistant token)
+        // over the update's minibatch steps; null without it.
+        f64s("ptx_loss", true),
+        f64s("optimizer_ptx_loss", true),
         Field::new("algorithm", DataType::Utf8, false),
         // `control`: the frozen reference policy's episodes on this step's tasks with this
         // step's sampling seeds (mean final reward; compile and pass rates of each episode's
@@ -331,6 +335,17 @@ pub struct Params {
     /// off, and left out of the stage's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<bool>,
+    /// PPO-ptx's weight (absent: off, and left out of the key; `cudarl_train::rl_serve::Ptx`,
+    /// Ouyang et al. 2022): each agent's every minibatch step adds this times the mean
+    /// cross-entropy of `ptx_batch` of its own SFT conversations (`sft-data`'s train split of
+    /// `sft_generator` / `sft_optimizer`), so RL moves the policy away from SFT only where
+    /// its rewards ask. Why: RL beat its frozen copy on the families it practised in 4 runs of
+    /// 4 and lost on the hold-out on average (H100, sessions 19-20, README).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_coef: Option<f64>,
+    /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_batch: Option<usize>,
 }
 
 impl Params {
@@ -527,7 +542,8 @@ impl RlTrain {
     ///
     /// # Errors
     /// Unknown keys, an algorithm other than `grpo` or `ppo`, a `target_kl` not above 0, `epochs`
-    /// 0, a `generator_credit` other than `episode` or `own` (`own` with PPO).
+    /// 0, a `generator_credit` other than `episode` or `own` (`own` with PPO), a negative
+    /// `ptx_coef` or a `ptx_batch` of 0.
     pub fn from_table(t: toml::Table) -> Result<Self, String> {
         let params: Params = crate::common::parse_params(t)?;
         if params.algorithm != "grpo" && params.algorithm != "ppo" {
@@ -568,6 +584,15 @@ impl RlTrain {
         }
         if params.epochs == Some(0) {
             return Err("epochs must be at least 1".into());
+        }
+        if params
+            .ptx_coef
+            .is_some_and(|c| !(c >= 0.0 && c.is_finite()))
+        {
+            return Err("ptx_coef must be a number >= 0".into());
+        }
+        if params.ptx_batch == Some(0) {
+            return Err("ptx_batch must be at least 1".into());
         }
         if params
             .target_kl
@@ -681,20 +706,30 @@ impl Stage for RlTrain {
         // 8: metrics gain max_approx_kl and skipped_minibatches per agent.
         // 9: metrics gain the control columns.
         // 10: metrics gain control_seconds, update_steps, optimizer_update_steps.
-        10
+        // 11: metrics gain ptx_loss, optimizer_ptx_loss.
+        11
     }
     fn params(&self) -> Value {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
+        let mut v = vec![
             InputDecl::external("reward"),
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("kernels", "synth-tasks", "task_kernels"),
             InputDecl::node("data", "sft-data", "sft_generator"),
             InputDecl::node("generator", "sft-train", "checkpoint"),
             InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
-        ]
+        ];
+        if self.params.ptx_coef.is_some() {
+            // PPO-ptx's optimizer conversations (the generator's are `data`).
+            v.push(InputDecl::node(
+                "optimizer_data",
+                "sft-data",
+                "sft_optimizer",
+            ));
+        }
+        v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
@@ -746,8 +781,25 @@ impl Stage for RlTrain {
         let (g, o) = (dir.join("gen"), dir.join("opt"));
         materialize(ctx.store(), ctx.input_path("generator")?, &g)?;
         materialize(ctx.store(), ctx.input_path("optimizer")?, &o)?;
+        let mut job = serve_job(&g, &o, device, p);
+        if let Some(coef) = p.ptx_coef {
+            let mut ptx = json!({"coef": coef, "batch": p.ptx_batch.unwrap_or(8), "seed": p.seed});
+            for (input, agent) in [("data", "generator"), ("optimizer_data", "optimizer")] {
+                let path = dir.join(format!("ptx_{agent}.jsonl"));
+                let table = ctx.input_path(input)?.to_path_buf();
+                if crate::train_stages::write_chats(&table, &["train"], &path)? == 0 {
+                    return Err(StageError::bad_input(
+                        table.display().to_string(),
+                        Some("split"),
+                        "ptx_coef: no `train` rows",
+                    ));
+                }
+                ptx[agent] = json!(path);
+            }
+            job["ptx"] = ptx;
+        }
         let mut tc = TrainerClient::start(
-            &serve_job(&g, &o, device, p),
+            &job,
             dir,
             Sampling {
                 max_new_tokens: p.max_new_tokens,
@@ -910,6 +962,8 @@ impl Stage for RlTrain {
                 "skipped_minibatches": gu["skipped_minibatches"],
                 "optimizer_skipped_minibatches": ou["skipped_minibatches"],
                 "update_steps": gu["steps"], "optimizer_update_steps": ou["steps"],
+                "ptx_loss": p.ptx_coef.map(|_| &gu["ptx_loss"]),
+                "optimizer_ptx_loss": p.ptx_coef.map(|_| &ou["ptx_loss"]),
                 "algorithm": p.algorithm,
                 "reward_by_tier_json": Value::Object(by_tier).to_string(),
                 "mode": mode, "device": device});

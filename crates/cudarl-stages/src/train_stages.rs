@@ -422,8 +422,13 @@ fn write_corpus(
     Ok(lines.len())
 }
 
-/// Chat examples of an SFT table (`messages_json`) for `split`, as JSON lines.
-fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, StageError> {
+/// Chat examples of an SFT table (`messages_json`) for `split`, as JSON lines; returns how
+/// many.
+///
+/// # Errors
+/// The table cannot be read or lacks `messages_json` / `split` (named), or `path` cannot be
+/// written.
+pub(crate) fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, StageError> {
     let t = Table::read(table, "sft").map_err(data_err)?;
     let m = t.req_strings("messages_json").map_err(data_err)?;
     let s = t.req_strings("split").map_err(data_err)?;

@@ -208,7 +208,13 @@ pub fn device(name: &str) -> Result<Device, ModelError> {
     }
 }
 
-fn read_lines<T: serde::de::DeserializeOwned>(path: &PathBuf) -> Result<Vec<T>, ModelError> {
+/// JSON values, one per non-empty line of `path`.
+///
+/// # Errors
+/// I/O (the path named) or a line that is not a `T` (path and 1-based line named).
+pub(crate) fn read_lines<T: serde::de::DeserializeOwned>(
+    path: &PathBuf,
+) -> Result<Vec<T>, ModelError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| ModelError::Io(path.display().to_string(), e))?;
     text.lines()

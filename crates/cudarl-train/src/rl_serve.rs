@@ -38,7 +38,7 @@ use tch::nn::{self, Module, OptimizerConfig};
 use crate::agent::{AgentOptim, Completion, Role, TrainableAgent};
 use crate::rl::{PgConfig, clipped_pg_loss};
 use crate::tokenizer::Message;
-use crate::train::Precision;
+use crate::train::{Example, Precision};
 use crate::{ModelError, Qwen2, SampleParams};
 
 /// Settings of the RL trainer process (the `rl-serve` job).
@@ -95,6 +95,42 @@ pub struct RlServe {
     /// 0 counts as 1.
     #[serde(default = "d_epochs")]
     pub epochs: usize,
+    /// PPO-ptx (absent: off): every minibatch step also fits the agent's SFT examples.
+    #[serde(default)]
+    pub ptx: Option<Ptx>,
+}
+
+/// PPO-ptx (Ouyang et al. 2022, "Training language models to follow instructions with human
+/// feedback", section 3.5: the RL objective plus `gamma` times the log-likelihood of the
+/// pretraining distribution, against the "alignment tax", regressions outside what RL
+/// practises). Here the distribution is each agent's own SFT data: every minibatch step adds
+/// `coef` times the mean masked next-token cross-entropy (nats per assistant token,
+/// [`crate::train::loss_of`]) of the next `batch` SFT conversations of that agent, taken in a
+/// `seed`-shuffled order and cycled. Why: on the H100 (sessions 19-20) RL beat its frozen copy
+/// on the families it practised in 4 runs of 4 while the hold-out pass rate fell on average
+/// (README, "Why RL does not yet beat SFT").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ptx {
+    /// Weight of the SFT cross-entropy in each minibatch's loss (InstructGPT's `gamma`).
+    pub coef: f64,
+    /// SFT conversations per minibatch step.
+    pub batch: usize,
+    /// The generator's SFT conversations: JSON lines, each a list of `{role, content}`
+    /// (the `messages_json` of `sft-data`'s `sft_generator` train split).
+    pub generator: PathBuf,
+    /// The optimizer's (`sft_optimizer`).
+    pub optimizer: PathBuf,
+    /// Longer conversations are cut to this many tokens.
+    #[serde(default = "d_ptx_len")]
+    pub max_len: usize,
+    /// Shuffling seed of the SFT order.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn d_ptx_len() -> usize {
+    1024
 }
 
 fn d_epochs() -> usize {
@@ -176,6 +212,8 @@ struct Server {
     kept: BTreeMap<u64, Kept>,
     next_id: u64,
     job: RlServe,
+    /// PPO-ptx's SFT examples per agent (empty when off) and the next one to use.
+    ptx: [(Vec<Example>, usize); 2],
 }
 
 impl Server {
@@ -255,6 +293,24 @@ impl Server {
                 ValueHead::new(o.model.config.hidden_size, dev, job.value_lr)?,
             ]),
         };
+        let ptx = match &job.ptx {
+            None => [(Vec::new(), 0), (Vec::new(), 0)],
+            Some(p) => {
+                let load = |path: &PathBuf, a: &TrainableAgent| -> Result<_, ModelError> {
+                    let rows: Vec<Vec<Message>> = crate::job::read_lines(path)?;
+                    let order = crate::train::shuffled(rows.len(), p.seed);
+                    let ex = order
+                        .into_iter()
+                        .map(|i| {
+                            let (ids, mask) = a.tokenizer.render(&rows[i], false)?;
+                            Ok(Example { ids, mask })
+                        })
+                        .collect::<Result<Vec<_>, ModelError>>()?;
+                    Ok((ex, 0))
+                };
+                [load(&p.generator, &g)?, load(&p.optimizer, &o)?]
+            }
+        };
         Ok(Server {
             agents: [g, o],
             refs,
@@ -262,6 +318,7 @@ impl Server {
             kept: BTreeMap::new(),
             next_id: 0,
             job,
+            ptx,
         })
     }
 
@@ -436,7 +493,18 @@ impl Server {
                 st.skipped_minibatches = passes * batches.len() - k;
                 break;
             }
-            let (loss, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
+            let (mut loss, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
+            if let Some(p) = &self.job.ptx {
+                let (ex, next) = &mut self.ptx[idx(agent)];
+                if !ex.is_empty() && p.batch > 0 {
+                    let b: Vec<&Example> =
+                        (0..p.batch).map(|j| &ex[(*next + j) % ex.len()]).collect();
+                    *next = (*next + p.batch) % ex.len();
+                    let (nll, _) = crate::train::loss_of(&a.model, &b, p.max_len)?;
+                    st.ptx_loss += nll.double_value(&[]);
+                    loss = loss + nll * p.coef;
+                }
+            }
             if let Some(c) = critic.as_deref_mut() {
                 // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
                 let vl = (c.values(&state) - ret).square().mean(Kind::Float) * 0.5;
@@ -463,6 +531,7 @@ impl Server {
             &mut st.clip_frac,
             &mut st.grad_norm,
             &mut st.value_loss,
+            &mut st.ptx_loss,
         ] {
             *x /= n_mb;
         }
@@ -504,6 +573,9 @@ pub struct UpdateStats {
     pub skipped_minibatches: usize,
     /// AdamW steps taken (at most `epochs` x minibatches).
     pub steps: usize,
+    /// PPO-ptx: mean SFT cross-entropy (nats per assistant token) of the minibatches that
+    /// stepped, before their step ([`Ptx`]; 0 when off).
+    pub ptx_loss: f64,
 }
 
 /// Runs the request loop on stdin/stdout until `quit` or end of input.
@@ -711,6 +783,89 @@ mod tests {
         let after = generate(&mut s, false);
         assert_eq!(s.kept.len(), kept + 4, "policy samples are kept");
         assert_ne!(texts(&after), texts(&before), "the policy itself moved");
+    }
+
+    #[test]
+    fn ptx_fits_each_agent_to_its_own_sft_data_during_an_update() {
+        let (d, m) = tiny_model();
+        let conv = |i: usize, role_text: &str| {
+            serde_json::to_string(&vec![
+                Message::new("user", format!("Write k{i}.")),
+                Message::new(
+                    "assistant",
+                    format!("__global__ void k{i}(float* x) {{ x[threadIdx.x] *= {role_text}; }}"),
+                ),
+            ])
+            .unwrap()
+        };
+        let write = |name: &str, text: &str| {
+            let p = d.path().join(name);
+            let lines: Vec<String> = (0..6).map(|i| conv(i, text)).collect();
+            std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+            p
+        };
+        let (gp, op) = (write("g.jsonl", "2.5f"), write("o.jsonl", "x[0]"));
+        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let server = |ptx: Option<Ptx>| {
+            let mut j = job("");
+            (j.generator, j.optimizer) = (m.clone(), m.clone());
+            (j.lr, j.minibatch, j.warmup, j.ptx) = (1e-2, 1, 0, ptx);
+            Server::new(j).unwrap()
+        };
+        let ptx = Ptx {
+            coef: 1.0,
+            batch: 3,
+            generator: gp,
+            optimizer: op,
+            max_len: 256,
+            seed: 0,
+        };
+        let mut s = server(Some(ptx));
+        assert_eq!((s.ptx[0].0.len(), s.ptx[1].0.len()), (6, 6));
+        let sft_loss = |s: &Server, k: usize| {
+            let _g = tch::no_grad_guard();
+            let ex: Vec<&Example> = s.ptx[k].0.iter().collect();
+            let (l, n) = crate::train::loss_of(&s.agents[k].model, &ex, 256).unwrap();
+            assert!(n > 0, "assistant tokens are trained on");
+            l.double_value(&[])
+        };
+        let (g0, o0) = (sft_loss(&s, 0), sft_loss(&s, 1));
+        // Zero advantages and a policy equal to its reference: the policy-gradient and KL
+        // terms give no gradient, so what moves the generator is its SFT data alone.
+        let r = generate4(&mut s, 8, 1, false);
+        let zero: Vec<Sample> = alternating(&r)
+            .into_iter()
+            .map(|x| Sample {
+                advantage: 0.0,
+                ..x
+            })
+            .collect();
+        let st = s.update(Role::Generator, &zero).unwrap();
+        assert_eq!(st.steps, 4);
+        assert!(st.ptx_loss > 0.0, "{st:?}");
+        assert_eq!(
+            s.ptx[0].1,
+            (4 * 3) % 6,
+            "the cursor cycles over the examples"
+        );
+        assert!(
+            sft_loss(&s, 0) < g0 - 0.1,
+            "the generator fitted its SFT data"
+        );
+        assert_eq!(sft_loss(&s, 1), o0, "the optimizer did not move");
+        // Without ptx the same update moves nothing and reports no SFT loss.
+        let mut plain = server(None);
+        let r = generate4(&mut plain, 8, 1, false);
+        let zero: Vec<Sample> = alternating(&r)
+            .into_iter()
+            .map(|x| Sample {
+                advantage: 0.0,
+                ..x
+            })
+            .collect();
+        let st = plain.update(Role::Generator, &zero).unwrap();
+        assert_eq!(st.ptx_loss, 0.0);
+        assert!(st.max_approx_kl.abs() < 1e-4, "{st:?}");
     }
 
     #[test]

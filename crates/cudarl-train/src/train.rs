@@ -307,7 +307,7 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> f64 {
 }
 
 /// A permutation of `0..n` from a SplitMix64 stream seeded with `seed` (Fisher-Yates).
-fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut s = seed;
     let mut next = || {
         s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
