@@ -64,7 +64,7 @@ outputs() {
   for o in metrics tiers turns; do $B/cudarl-pipe --root . --store \$S show rl-train --output \$o --json --head 100000 "\$@" > \$O/rl_\$o.jsonl 2>/dev/null; done
   $B/cudarl-pipe --root . --store \$S show eval --output summary --json --head 100 "\$@" > \$O/eval_summary.jsonl 2>/dev/null
   $B/cudarl-pipe --root . --store \$S show eval --output turns --json --head 100000 "\$@" > \$O/eval_turns.jsonl 2>/dev/null
-  # `export` runs its node first: export a fresh eval only (`show` fails otherwise), or a main job
+  # 'export' runs its node first: export a fresh eval only ('show' fails otherwise), or a main job
   # stopped at sft-train-optimizer trains and evaluates the default here, unrecorded (session 20:
   # the default-config variant then found rl-train and eval cached).
   $B/cudarl-pipe --root . --store \$S show eval --output summary "\$@" > /dev/null 2>&1 &&
@@ -110,6 +110,9 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then
 fi
 touch $D/done
 EOF
+  # The heredoc above expands \$ and backquotes when it is written (session 21: a backquoted
+  # word in one of its comments ran as a command and left job.sh unparsable after the main job).
+  bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu_main_job.sh"; exit 2; }
   setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
   ACTION=wait
 fi
