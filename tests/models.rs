@@ -520,16 +520,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     };
     assert_eq!(ids(1), ["fresh_ew_000"]);
     assert_eq!(ids(2), ["fresh_ew_001"]);
-    // PPO-ptx: each update also fits the agents' SFT conversations; the SFT cross-entropy is
-    // in `metrics` (null without it), and step 1 samples what the default run sampled.
-    assert!(m.iter().all(|r| r["ptx_loss"].is_null()), "off by default");
-    let ptx = ["rl-train.ptx_coef=0.5", "rl-train.ptx_batch=2"];
-    let o = p.run(&["run", "rl-train", "--set", ptx[0], "--set", ptx[1]]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let xm = rows_with(&p, "rl-train", "metrics", &ptx);
-    assert_eq!(xm[0]["mean_reward"], m[0]["mean_reward"], "{}", xm[0]);
-    assert!(xm[0]["update_steps"].as_i64().unwrap() >= 1, "{}", xm[0]);
-    for r in &xm {
+    // PPO-ptx (on by default): each update also fits the agents' SFT conversations, its SFT
+    // cross-entropy in `metrics`; `ptx_coef = 0` turns it off (null), and step 1 samples what
+    // the default run sampled (no update yet).
+    assert!(m[0]["update_steps"].as_i64().unwrap() >= 1, "{}", m[0]);
+    for r in &m {
         for (loss, steps) in [
             ("ptx_loss", "update_steps"),
             ("optimizer_ptx_loss", "optimizer_update_steps"),
@@ -541,6 +536,12 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             }
         }
     }
+    let off = ["rl-train.ptx_coef=0.0"];
+    let o = p.run(&["run", "rl-train", "--set", off[0]]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let xm = rows_with(&p, "rl-train", "metrics", &off);
+    assert_eq!(xm[0]["mean_reward"], m[0]["mean_reward"], "{}", xm[0]);
+    assert!(xm.iter().all(|r| r["ptx_loss"].is_null()), "{xm:?}");
     let o = p.run(&["run", "rl-train", "--set", "rl-train.ptx_coef=-1.0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("ptx_coef must be a number >= 0"));

@@ -193,10 +193,11 @@ fn status_dag_show_and_gc() {
         serde_json::from_str(&stdout(&p.run(&["dag", "--format", "json"]))).unwrap();
     // ingest x3, curriculum, synth-tasks, validate (task kernels), validate-archive, kb-specs,
     // testgen, sft-repairs (2 inputs), sft-data (4), tokenizer, pretrain, sft-train (generator),
-    // sft-train-optimizer, sft-eval, rl-train (5 inputs), eval (8); pretrain reads synth-tasks'
-    // tasks for its copy documents (the expressions they must not show).
+    // sft-train-optimizer, sft-eval, rl-train (6 inputs: PPO-ptx reads sft-data's optimizer
+    // table), eval (8); pretrain reads synth-tasks' tasks for its copy documents (the
+    // expressions they must not show).
     assert_eq!(dj["nodes"].as_array().unwrap().len(), 18);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 50);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 51);
 
     let show = stdout(&p.run(&["show", "ingest-kernelbench", "--head", "3"]));
     assert!(show.contains("270 rows"), "{show}");

@@ -335,12 +335,17 @@ pub struct Params {
     /// off, and left out of the stage's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<bool>,
-    /// PPO-ptx's weight (absent: off, and left out of the key; `cudarl_train::rl_serve::Ptx`,
-    /// Ouyang et al. 2022): each agent's every minibatch step adds this times the mean
-    /// cross-entropy of `ptx_batch` of its own SFT conversations (`sft-data`'s train split of
-    /// `sft_generator` / `sft_optimizer`), so RL moves the policy away from SFT only where
-    /// its rewards ask. Why: RL beat its frozen copy on the families it practised in 4 runs of
-    /// 4 and lost on the hold-out on average (H100, sessions 19-20, README).
+    /// PPO-ptx's weight (absent or 0: off, and absent leaves the key as before the parameter
+    /// existed; `cudarl_train::rl_serve::Ptx`, Ouyang et al. 2022): each agent's every
+    /// minibatch step adds this times the mean cross-entropy of `ptx_batch` of its own SFT
+    /// conversations (`sft-data`'s train split of `sft_generator` / `sft_optimizer`), so RL
+    /// moves the policy away from SFT only where its rewards ask. Why: RL beat its frozen copy
+    /// on the families it practised in 4 runs of 4 and lost on the hold-out on average, and
+    /// the generator's single-turn hold-out pass rate fell in every default run (H100,
+    /// sessions 19-21, README). Measured (H100, session 21, one SFT draw, paired with the
+    /// default): the generator's first update's k3 KL 1.03 -> 0.006 nats per token, its
+    /// hold-out first turns unchanged from SFT's, hold-out pass RL - SFT +0.022 against
+    /// -0.037 without it; `pipelines/default.toml` sets 1.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_coef: Option<f64>,
     /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
@@ -349,6 +354,11 @@ pub struct Params {
 }
 
 impl Params {
+    /// PPO-ptx's weight when it is on (`ptx_coef` set and above 0).
+    pub(crate) fn ptx(&self) -> Option<f64> {
+        self.ptx_coef.filter(|c| *c > 0.0)
+    }
+
     /// `configs/reward/<reward>.toml`, the external input `reward` of `rl-train` and `eval`.
     pub(crate) fn reward_external(
         &self,
@@ -721,7 +731,7 @@ impl Stage for RlTrain {
             InputDecl::node("generator", "sft-train", "checkpoint"),
             InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
         ];
-        if self.params.ptx_coef.is_some() {
+        if self.params.ptx().is_some() {
             // PPO-ptx's optimizer conversations (the generator's are `data`).
             v.push(InputDecl::node(
                 "optimizer_data",
@@ -782,7 +792,7 @@ impl Stage for RlTrain {
         materialize(ctx.store(), ctx.input_path("generator")?, &g)?;
         materialize(ctx.store(), ctx.input_path("optimizer")?, &o)?;
         let mut job = serve_job(&g, &o, device, p);
-        if let Some(coef) = p.ptx_coef {
+        if let Some(coef) = p.ptx() {
             let mut ptx = json!({"coef": coef, "batch": p.ptx_batch.unwrap_or(8), "seed": p.seed});
             for (input, agent) in [("data", "generator"), ("optimizer_data", "optimizer")] {
                 let path = dir.join(format!("ptx_{agent}.jsonl"));
@@ -962,8 +972,8 @@ impl Stage for RlTrain {
                 "skipped_minibatches": gu["skipped_minibatches"],
                 "optimizer_skipped_minibatches": ou["skipped_minibatches"],
                 "update_steps": gu["steps"], "optimizer_update_steps": ou["steps"],
-                "ptx_loss": p.ptx_coef.map(|_| &gu["ptx_loss"]),
-                "optimizer_ptx_loss": p.ptx_coef.map(|_| &ou["ptx_loss"]),
+                "ptx_loss": p.ptx().map(|_| &gu["ptx_loss"]),
+                "optimizer_ptx_loss": p.ptx().map(|_| &ou["ptx_loss"]),
                 "algorithm": p.algorithm,
                 "reward_by_tier_json": Value::Object(by_tier).to_string(),
                 "mode": mode, "device": device});
@@ -1245,6 +1255,21 @@ mod tests {
         for bad in ["target_kl = 0.0", "target_kl = -0.1"] {
             let e = RlTrain::from_table(t(bad)).unwrap_err();
             assert!(e.contains("target_kl must be a positive"), "{bad}: {e}");
+        }
+        // PPO-ptx: on above 0 (and then rl-train reads sft-data's optimizer table too).
+        let ptx = |s: &str| RlTrain::from_table(t(s)).unwrap();
+        assert_eq!(ptx("ptx_coef = 0.5").params.ptx(), Some(0.5));
+        assert_eq!(ptx("ptx_coef = 0.0").params.ptx(), None);
+        assert_eq!(base.ptx(), None);
+        let has_input = |r: &RlTrain| r.inputs().iter().any(|d| d.name == "optimizer_data");
+        assert!(has_input(&ptx("ptx_coef = 0.5")));
+        assert!(!has_input(&ptx("ptx_coef = 0.0")));
+        for (bad, msg) in [
+            ("ptx_coef = -1.0", "ptx_coef must be a number >= 0"),
+            ("ptx_batch = 0", "ptx_batch must be at least 1"),
+        ] {
+            let e = RlTrain::from_table(t(bad)).unwrap_err();
+            assert!(e.contains(msg), "{bad}: {e}");
         }
     }
 

@@ -493,18 +493,20 @@ impl Server {
                 st.skipped_minibatches = passes * batches.len() - k;
                 break;
             }
-            let (mut loss, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
-            if let Some(p) = &self.job.ptx {
-                let (ex, next) = &mut self.ptx[idx(agent)];
-                if !ex.is_empty() && p.batch > 0 {
+            let (pg, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
+            // PPO-ptx: the next `batch` SFT conversations of this agent, cycled.
+            let loss = match &self.job.ptx {
+                Some(p) if p.batch > 0 && !self.ptx[idx(agent)].0.is_empty() => {
+                    let (ex, next) = &mut self.ptx[idx(agent)];
                     let b: Vec<&Example> =
                         (0..p.batch).map(|j| &ex[(*next + j) % ex.len()]).collect();
                     *next = (*next + p.batch) % ex.len();
                     let (nll, _) = crate::train::loss_of(&a.model, &b, p.max_len)?;
                     st.ptx_loss += nll.double_value(&[]);
-                    loss = loss + nll * p.coef;
+                    pg + nll * p.coef
                 }
-            }
+                _ => pg,
+            };
             if let Some(c) = critic.as_deref_mut() {
                 // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
                 let vl = (c.values(&state) - ret).square().mean(Kind::Float) * 0.5;
