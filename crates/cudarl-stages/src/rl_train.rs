@@ -335,14 +335,14 @@ pub struct Params {
     /// off, and left out of the stage's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<bool>,
-    /// PPO-ptx's weight (absent or 0: off, and absent leaves the key as before the parameter
-    /// existed; `cudarl_train::rl_serve::Ptx`, Ouyang et al. 2022): each agent's every
+    /// PPO-ptx's weight (absent or 0: off; absent is left out of the key;
+    /// `cudarl_train::rl_serve::Ptx`, Ouyang et al. 2022): each agent's every
     /// minibatch step adds this times the mean cross-entropy of `ptx_batch` of its own SFT
     /// conversations (`sft-data`'s train split of `sft_generator` / `sft_optimizer`), so RL
     /// moves the policy away from SFT only where its rewards ask. Why: RL beat its frozen copy
     /// on the families it practised in 4 runs of 4 and lost on the hold-out on average, and
-    /// the generator's single-turn hold-out pass rate fell in every default run (H100,
-    /// sessions 19-21, README). Measured (H100, session 21, one SFT draw, paired with the
+    /// the generator's single-turn hold-out pass rate fell in every run of session 19 and in
+    /// both default runs of session 21 (H100, README). Measured (H100, session 21, one SFT draw, paired with the
     /// default): the generator's first update's k3 KL 1.03 -> 0.006 nats per token, its
     /// hold-out first turns unchanged from SFT's, hold-out pass RL - SFT +0.022 against
     /// -0.037 without it; `pipelines/default.toml` sets 1.0.
