@@ -395,14 +395,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             let tok = ChatTokenizer::load(&tp)?;
             let mut m = Qwen2::load(base, dev, tch::Kind::Float)?;
             m.set_compute_kind(train.precision.compute_kind(dev));
-            let enc = |rows: Vec<Vec<Message>>| -> Result<Vec<Example>, ModelError> {
-                rows.iter()
-                    .map(|msgs| {
-                        let (ids, mask) = tok.render(msgs, false)?;
-                        Ok(Example { ids, mask })
-                    })
-                    .collect()
-            };
+            let enc = |rows: Vec<Vec<Message>>| crate::train::chat_examples(&tok, &rows);
             let tr = enc(read_lines(data)?)?;
             let ev = enc(read_lines(eval_data)?)?;
             let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;

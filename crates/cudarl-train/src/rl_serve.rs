@@ -298,15 +298,9 @@ impl Server {
             Some(p) => {
                 let load = |path: &PathBuf, a: &TrainableAgent| -> Result<_, ModelError> {
                     let rows: Vec<Vec<Message>> = crate::job::read_lines(path)?;
-                    let order = crate::train::shuffled(rows.len(), p.seed);
-                    let ex = order
-                        .into_iter()
-                        .map(|i| {
-                            let (ids, mask) = a.tokenizer.render(&rows[i], false)?;
-                            Ok(Example { ids, mask })
-                        })
-                        .collect::<Result<Vec<_>, ModelError>>()?;
-                    Ok((ex, 0))
+                    let ex = crate::train::chat_examples(&a.tokenizer, &rows)?;
+                    let order = crate::train::shuffled(ex.len(), p.seed);
+                    Ok((order.into_iter().map(|i| ex[i].clone()).collect(), 0))
                 };
                 [load(&p.generator, &g)?, load(&p.optimizer, &o)?]
             }
@@ -637,6 +631,9 @@ mod tests {
         let tp = dir.join("tokenizer.json");
         crate::tokenizer::train_bpe(&texts, 400, &tp).unwrap();
         let vocab = ChatTokenizer::load(&tp).unwrap().vocab_size();
+        // Seeding libtorch's global generator while another test samples would change that
+        // test's samples (`cargo test` runs tests as threads): take turns. No caller holds it.
+        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(0);
         let cfg = Qwen2Config::new(vocab as i64, 32, 64, 1, 2, 1, 256, true);
         Qwen2::new(cfg, tch::Device::Cpu)
@@ -787,6 +784,20 @@ mod tests {
         assert_ne!(texts(&after), texts(&before), "the policy itself moved");
     }
 
+    /// Four generator completions (seed 1), then an update of the generator with advantage 0
+    /// for each.
+    fn zero_update(s: &mut Server) -> UpdateStats {
+        let r = generate4(s, 8, 1, false);
+        let zero: Vec<Sample> = alternating(&r)
+            .into_iter()
+            .map(|x| Sample {
+                advantage: 0.0,
+                ..x
+            })
+            .collect();
+        s.update(Role::Generator, &zero).unwrap()
+    }
+
     #[test]
     fn ptx_fits_each_agent_to_its_own_sft_data_during_an_update() {
         let (d, m) = tiny_model();
@@ -834,15 +845,7 @@ mod tests {
         let (g0, o0) = (sft_loss(&s, 0), sft_loss(&s, 1));
         // Zero advantages and a policy equal to its reference: the policy-gradient and KL
         // terms give no gradient, so what moves the generator is its SFT data alone.
-        let r = generate4(&mut s, 8, 1, false);
-        let zero: Vec<Sample> = alternating(&r)
-            .into_iter()
-            .map(|x| Sample {
-                advantage: 0.0,
-                ..x
-            })
-            .collect();
-        let st = s.update(Role::Generator, &zero).unwrap();
+        let st = zero_update(&mut s);
         assert_eq!(st.steps, 4);
         assert!(st.ptx_loss > 0.0, "{st:?}");
         assert_eq!(
@@ -857,15 +860,7 @@ mod tests {
         assert_eq!(sft_loss(&s, 1), o0, "the optimizer did not move");
         // Without ptx the same update moves nothing and reports no SFT loss.
         let mut plain = server(None);
-        let r = generate4(&mut plain, 8, 1, false);
-        let zero: Vec<Sample> = alternating(&r)
-            .into_iter()
-            .map(|x| Sample {
-                advantage: 0.0,
-                ..x
-            })
-            .collect();
-        let st = plain.update(Role::Generator, &zero).unwrap();
+        let st = zero_update(&mut plain);
         assert_eq!(st.ptx_loss, 0.0);
         assert!(st.max_approx_kl.abs() < 1e-4, "{st:?}");
     }

@@ -11,6 +11,7 @@ use tch::{Kind, Tensor, nn};
 
 use crate::ModelError;
 use crate::model::Qwen2;
+use crate::tokenizer::{ChatTokenizer, Message};
 
 /// One training sequence: token ids and, per token, whether predicting it counts in the loss.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +166,23 @@ fn batch(examples: &[&Example], max_len: usize, dev: tch::Device) -> (Tensor, Te
             .to_device(dev),
         n,
     )
+}
+
+/// Chat conversations as training examples: each rendered with the chat template
+/// ([`ChatTokenizer::render`]), trained on its assistant turns only (SFT's and PPO-ptx's data).
+///
+/// # Errors
+/// Tokenizer errors.
+pub fn chat_examples(
+    tok: &ChatTokenizer,
+    rows: &[Vec<Message>],
+) -> Result<Vec<Example>, ModelError> {
+    rows.iter()
+        .map(|msgs| {
+            let (ids, mask) = tok.render(msgs, false)?;
+            Ok(Example { ids, mask })
+        })
+        .collect()
 }
 
 /// Mean masked next-token cross-entropy of `examples` and the number of trained tokens.
