@@ -32,6 +32,10 @@
 #   ran beside validate, sharing the GPU through GpuLock / GpuShare): median ratio, spread,
 #   and hack flags in each.
 # GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs).
+# SFT_GROUPED=1: after the main job (before the variants), both SFT stages again on its store
+#   from configs/model/small.toml with group_by_length = true (written here as
+#   small_grouped.toml, not in the repository): sft_grouped.jsonl, length-grouped batching's
+#   SFT seconds beside the main job's on the same machine.
 set -uo pipefail
 D=/tmp/cudarl-main
 ACTION=${ACTION:-wait}
@@ -74,6 +78,10 @@ outputs $D/store $D "\${SETS[@]}"
 $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show synth-tasks --output tasks --json --head 100000 "\${SETS[@]}" > $D/tasks.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show validate --output validations --json --head 100000 "\${SETS[@]}" > $D/validations.jsonl 2>/dev/null
+if [ "${SFT_GROUPED:-0}" = 1 ]; then
+  sed 's/^\[sft\]$/[sft]\ngroup_by_length = true/' configs/model/small.toml > configs/model/small_grouped.toml
+  $B/cudarl-pipe --root . --store $D/store run sft-train-optimizer "\${SETS[@]}" --set sft-train.model=small_grouped --set sft-train-optimizer.model=small_grouped --lock $D/sft_grouped.lock --json > $D/sft_grouped.jsonl 2>> $D/run.err
+fi
 variant() {
   local name=\$1 kvs=\$2 V=$D/variants/\$1 S=$D/store
   mkdir -p \$V
@@ -170,6 +178,10 @@ for v in sorted((d / "variants").glob("*/")):
     for t in ("rl_turns", "eval_turns"):
         if (v / f"{t}.jsonl").exists():
             (out / f"{t}_{v.name}.jsonl").write_text((v / f"{t}.jsonl").read_text())
+su = [r for r in jl("sft_grouped.jsonl") if r.get("node") in ("sft-train", "sft-train-optimizer")]
+if su:
+    res["sft_grouped"] = {r["node"]: {"status": r.get("status"), "seconds": r.get("seconds"),
+                                      "main_job_seconds": nodes.get(r["node"], {}).get("seconds")} for r in su}
 if (d / "gpu_tests.rc").exists():
     log = (d / "gpu_tests.log").read_text()
     res["gpu_tests"] = {"rc": int((d / "gpu_tests.rc").read_text()), "wall_s": int((d / "gpu_tests.wall").read_text()),
@@ -262,6 +274,8 @@ for name, path in [("main", d / "eval_turns.jsonl")] + [
         print(f"expression copied ({name} eval): " + ", ".join(f"{k} {a}/{n}" for k, (a, n) in sorted(rates.items())))
 if "validations" in res:
     print(f"validations (main job): {res['validations']}")
+if "sft_grouped" in res:
+    print(f"sft grouped vs the main job's (seconds): {json.dumps(res['sft_grouped'])}")
 if "validate_alone" in res:
     print(f"validate alone: {json.dumps(res['validate_alone'])}")
 if "gpu_tests" in res:

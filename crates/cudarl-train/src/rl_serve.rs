@@ -212,8 +212,10 @@ struct Server {
     kept: BTreeMap<u64, Kept>,
     next_id: u64,
     job: RlServe,
-    /// PPO-ptx's SFT examples per agent (empty when off) and the next one to use.
-    ptx: [(Vec<Example>, usize); 2],
+    /// PPO-ptx's SFT conversations per agent, in the seed's order (empty when off), and the
+    /// next one to use; each is rendered when a minibatch takes it (a run of five 64-episode
+    /// steps uses about 320 per agent of some 7,000).
+    ptx: [(Vec<Vec<Message>>, usize); 2],
 }
 
 impl Server {
@@ -296,13 +298,16 @@ impl Server {
         let ptx = match &job.ptx {
             None => [(Vec::new(), 0), (Vec::new(), 0)],
             Some(p) => {
-                let load = |path: &PathBuf, a: &TrainableAgent| -> Result<_, ModelError> {
-                    let rows: Vec<Vec<Message>> = crate::job::read_lines(path)?;
-                    let ex = crate::train::chat_examples(&a.tokenizer, &rows)?;
-                    let order = crate::train::shuffled(ex.len(), p.seed);
-                    Ok((order.into_iter().map(|i| ex[i].clone()).collect(), 0))
+                let load = |path: &PathBuf| -> Result<_, ModelError> {
+                    let mut rows: Vec<Option<Vec<Message>>> = crate::job::read_lines(path)?
+                        .into_iter()
+                        .map(Some)
+                        .collect();
+                    let order = crate::train::shuffled(rows.len(), p.seed);
+                    let rows = order.into_iter().filter_map(|i| rows[i].take()).collect();
+                    Ok((rows, 0))
                 };
-                [load(&p.generator, &g)?, load(&p.optimizer, &o)?]
+                [load(&p.generator)?, load(&p.optimizer)?]
             }
         };
         Ok(Server {
@@ -491,10 +496,13 @@ impl Server {
             // PPO-ptx: the next `batch` SFT conversations of this agent, cycled.
             let loss = match &self.job.ptx {
                 Some(p) if p.batch > 0 && !self.ptx[idx(agent)].0.is_empty() => {
-                    let (ex, next) = &mut self.ptx[idx(agent)];
-                    let b: Vec<&Example> =
-                        (0..p.batch).map(|j| &ex[(*next + j) % ex.len()]).collect();
-                    *next = (*next + p.batch) % ex.len();
+                    let (rows, next) = &mut self.ptx[idx(agent)];
+                    let take: Vec<Vec<Message>> = (0..p.batch)
+                        .map(|j| rows[(*next + j) % rows.len()].clone())
+                        .collect();
+                    *next = (*next + p.batch) % rows.len();
+                    let ex = crate::train::chat_examples(&a.tokenizer, &take)?;
+                    let b: Vec<&Example> = ex.iter().collect();
                     let (nll, _) = crate::train::loss_of(&a.model, &b, p.max_len)?;
                     st.ptx_loss += nll.double_value(&[]);
                     pg + nll * p.coef
@@ -837,7 +845,8 @@ mod tests {
         assert_eq!((s.ptx[0].0.len(), s.ptx[1].0.len()), (6, 6));
         let sft_loss = |s: &Server, k: usize| {
             let _g = tch::no_grad_guard();
-            let ex: Vec<&Example> = s.ptx[k].0.iter().collect();
+            let ex = crate::train::chat_examples(&s.agents[k].tokenizer, &s.ptx[k].0).unwrap();
+            let ex: Vec<&Example> = ex.iter().collect();
             let (l, n) = crate::train::loss_of(&s.agents[k].model, &ex, 256).unwrap();
             assert!(n > 0, "assistant tokens are trained on");
             l.double_value(&[])

@@ -53,6 +53,16 @@ pub struct TrainConfig {
     /// Compute dtype: `auto` (bf16 autocast on a GPU with float32 master weights, float32 on
     /// the CPU), `f32` or `bf16`.
     pub precision: Precision,
+    /// Batch examples of similar length together (`transformers`' `group_by_length`, its
+    /// `LengthGroupedSampler`; [`epoch_batches`]): a batch is right-padded to its longest
+    /// example, and random batches of `make run`'s CPU SFT conversations spend 43-45% of their
+    /// tokens on padding. Off by default: on the H100 (session 22, one machine) the generator's
+    /// SFT took 43.2 s grouped vs 40.7 s not and the optimizer's 64.4 s vs 72.8 s, about 5% of
+    /// the two together (small-model steps there cost about the same padded or not), and on 2
+    /// CPU cores 13.4 s vs 15.2 s and 9.4 s vs 9.7 s; the one SFT draw measured grouped was
+    /// within the range of the others (hold-out pass 0.309, compile 0.890). The same examples
+    /// and steps per epoch either way.
+    pub group_by_length: bool,
 }
 
 /// The dtype activations and matrix products are computed in; parameters and AdamW state stay
@@ -95,6 +105,7 @@ impl Default for TrainConfig {
             seed: 0,
             max_steps: None,
             precision: Precision::Auto,
+            group_by_length: false,
         }
     }
 }
@@ -177,7 +188,10 @@ pub fn chat_examples(
     tok: &ChatTokenizer,
     rows: &[Vec<Message>],
 ) -> Result<Vec<Example>, ModelError> {
-    rows.iter()
+    use rayon::prelude::*;
+    // On all cores: about 1.2M tokens per second on one (this machine), and sft-train renders
+    // about 5M tokens before its first step.
+    rows.par_iter()
         .map(|msgs| {
             let (ids, mask) = tok.render(msgs, false)?;
             Ok(Example { ids, mask })
@@ -254,9 +268,10 @@ pub fn train_lm(
     let params = model.vs.trainable_variables();
     let mut out = Vec::new();
     let mut step = 0;
+    let lens: Vec<usize> = train.iter().map(|e| e.ids.len().min(cfg.max_len)).collect();
     for epoch in 0..cfg.epochs.max(1) {
-        let order = shuffled(train.len(), cfg.seed.wrapping_add(epoch as u64));
-        for chunk in order.chunks(bs) {
+        let seed = cfg.seed.wrapping_add(epoch as u64);
+        for chunk in epoch_batches(&lens, bs, seed, cfg.group_by_length) {
             if step == total {
                 break;
             }
@@ -324,6 +339,33 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> f64 {
     })
 }
 
+/// Batches per megabatch of [`TrainConfig::group_by_length`] (`transformers`'
+/// `get_length_grouped_indices` uses 50).
+pub const MEGABATCH: usize = 50;
+
+/// One epoch's batches of example indices (`lens[i]`: example `i`'s tokens after truncation):
+/// the permutation [`shuffled`]`(n, seed)` cut into batches of `bs`; with `group`, each run of
+/// [`MEGABATCH`] batches of it sorted by length (longest first) before it is cut, then the
+/// batches put in an order shuffled by `seed`. Every index appears once; `n.div_ceil(bs)`
+/// batches either way, all of `bs` but possibly one.
+pub fn epoch_batches(lens: &[usize], bs: usize, seed: u64, group: bool) -> Vec<Vec<usize>> {
+    let bs = bs.max(1);
+    let order = shuffled(lens.len(), seed);
+    if !group {
+        return order.chunks(bs).map(<[usize]>::to_vec).collect();
+    }
+    let mut batches: Vec<Vec<usize>> = Vec::with_capacity(lens.len().div_ceil(bs));
+    for mega in order.chunks(bs * MEGABATCH) {
+        let mut m = mega.to_vec();
+        m.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+        batches.extend(m.chunks(bs).map(<[usize]>::to_vec));
+    }
+    let perm = shuffled(batches.len(), seed ^ 0x9e37_79b9_7f4a_7c15);
+    perm.into_iter()
+        .map(|k| std::mem::take(&mut batches[k]))
+        .collect()
+}
+
 /// A permutation of `0..n` from a SplitMix64 stream seeded with `seed` (Fisher-Yates).
 pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut s = seed;
@@ -369,5 +411,49 @@ mod tests {
         assert_eq!(s, (0..100).collect::<Vec<_>>());
         assert_eq!(a, shuffled(100, 3));
         assert_ne!(a, shuffled(100, 4));
+    }
+
+    #[test]
+    fn length_grouped_batches_cover_every_example_once_with_less_padding() {
+        // Lengths like the SFT conversations': 600 to 2,048 tokens.
+        let lens: Vec<usize> = (0..1003).map(|i| 600 + (i * 7919) % 1449).collect();
+        let padded = |bs: &[Vec<usize>]| -> usize {
+            bs.iter()
+                .map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap())
+                .sum()
+        };
+        let plain = epoch_batches(&lens, 16, 7, false);
+        let flat: Vec<usize> = plain.concat();
+        assert_eq!(
+            flat,
+            shuffled(lens.len(), 7),
+            "ungrouped: the shuffled order, cut"
+        );
+        let grouped = epoch_batches(&lens, 16, 7, true);
+        assert_eq!(grouped.len(), lens.len().div_ceil(16));
+        assert_eq!(grouped.iter().filter(|b| b.len() != 16).count(), 1);
+        let mut all = grouped.concat();
+        all.sort();
+        assert_eq!(
+            all,
+            (0..lens.len()).collect::<Vec<_>>(),
+            "each example once"
+        );
+        let real: usize = lens.iter().sum();
+        let (p, g) = (padded(&plain), padded(&grouped));
+        assert!(
+            (real as f64 / g as f64) > 0.97 && (real as f64 / p as f64) < 0.7,
+            "tokens used: grouped {:.3}, random {:.3}",
+            real as f64 / g as f64,
+            real as f64 / p as f64
+        );
+        assert_eq!(grouped, epoch_batches(&lens, 16, 7, true), "seeded");
+        assert_ne!(grouped, epoch_batches(&lens, 16, 8, true));
+        // Long and short batches are spread over the epoch, not sorted.
+        let maxes: Vec<usize> = grouped
+            .iter()
+            .map(|b| b.iter().map(|&i| lens[i]).max().unwrap())
+            .collect();
+        assert!(maxes.windows(2).any(|w| w[0] < w[1]) && maxes.windows(2).any(|w| w[0] > w[1]));
     }
 }

@@ -8,6 +8,10 @@ use std::process::Command;
 use cudarl_train::{Finish, Generation, PREFILL_BYTES, Qwen2, SampleParams, generate};
 use tch::{Device, Kind, Tensor};
 
+/// libtorch's generator is global: tests that seed it and sample hold this (`cargo test`
+/// runs them on threads of one process; one drew another's stream, session 22).
+static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -171,6 +175,7 @@ fn save_then_load_is_bit_exact_and_bad_weights_are_named() {
 
 #[test]
 fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
+    let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
     if reference(d.path(), &[]).is_none() {
         return;
@@ -249,6 +254,7 @@ fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
 
 #[test]
 fn inference_copy_has_the_mixed_precision_logits_and_generation() {
+    let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
     if reference(d.path(), &[]).is_none() {
         return;
