@@ -497,8 +497,8 @@ impl Server {
             let loss = match &self.job.ptx {
                 Some(p) if p.batch > 0 && !self.ptx[idx(agent)].0.is_empty() => {
                     let (rows, next) = &mut self.ptx[idx(agent)];
-                    let take: Vec<Vec<Message>> = (0..p.batch)
-                        .map(|j| rows[(*next + j) % rows.len()].clone())
+                    let take: Vec<&Vec<Message>> = (0..p.batch)
+                        .map(|j| &rows[(*next + j) % rows.len()])
                         .collect();
                     *next = (*next + p.batch) % rows.len();
                     let ex = crate::train::chat_examples(&a.tokenizer, &take)?;

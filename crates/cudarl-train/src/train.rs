@@ -184,16 +184,16 @@ fn batch(examples: &[&Example], max_len: usize, dev: tch::Device) -> (Tensor, Te
 ///
 /// # Errors
 /// Tokenizer errors.
-pub fn chat_examples(
+pub fn chat_examples<R: AsRef<[Message]> + Sync>(
     tok: &ChatTokenizer,
-    rows: &[Vec<Message>],
+    rows: &[R],
 ) -> Result<Vec<Example>, ModelError> {
     use rayon::prelude::*;
     // On all cores: about 1.2M tokens per second on one (this machine), and sft-train renders
     // about 5M tokens before its first step.
     rows.par_iter()
         .map(|msgs| {
-            let (ids, mask) = tok.render(msgs, false)?;
+            let (ids, mask) = tok.render(msgs.as_ref(), false)?;
             Ok(Example { ids, mask })
         })
         .collect()
