@@ -9,7 +9,7 @@
 #                   what is finished so far
 #   ACTION=collect  writes the results to $OUT (main_job.json: wall time, per-node seconds,
 #                   rl-train metrics and tiers, eval summary, sft-eval; eval_report.md) and
-#                   prints a short table
+#                   prints a short table; the jsonl tables (turns, tasks) as tables.tar.gz
 # SETS: extra `--set` values, space-separated (none for the default run); nested keys dotted
 # (synth-tasks.generate.elementwise=48), not inline tables (their braces would expand).
 # VARIANTS: after the main job, `run rl-train eval` again on the same store (everything before
@@ -31,7 +31,11 @@
 #   collector compares each kernel's timing with the main job's (where tokenizer and pretrain
 #   ran beside validate, sharing the GPU through GpuLock / GpuShare): median ratio, spread,
 #   and hack flags in each.
-# GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs).
+#   VALIDATE_UNBATCHED=1 as well: then once more on another fresh store with
+#   validate.timing_batch=1 (one exclusive hold of the GPU per timed candidate, as before session
+#   23): validate_unbatched, its seconds and stats beside validate_alone's.
+# GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs); GPU_TESTS_SKIP: a
+#   test name filter to leave out (e.g. torch_format, which needs more than 500 s alone).
 # SFT_GROUPED=1: after the main job (before the variants), both SFT stages again on its store
 #   from configs/model/small.toml with group_by_length = true (written here as
 #   small_grouped.toml, not in the repository): sft_grouped.jsonl, length-grouped batching's
@@ -110,10 +114,15 @@ if [ "${VALIDATE_ALONE:-0}" = 1 ]; then
   $B/cudarl-pipe --root . --store $D/store2 run validate "\${SETS[@]}" --lock $D/validate_alone.lock --json > $D/validate_alone.jsonl 2>> $D/run.err
   echo \$(( \$(date +%s) - t0 )) > $D/validate_alone.wall
   $B/cudarl-pipe --root . --store $D/store2 show validate --output validations --json --head 100000 "\${SETS[@]}" --lock $D/validate_alone.lock > $D/validations_alone.jsonl 2>/dev/null
+  if [ "${VALIDATE_UNBATCHED:-0}" = 1 ]; then
+    t0=\$(date +%s)
+    $B/cudarl-pipe --root . --store $D/store3 run validate "\${SETS[@]}" --set validate.timing_batch=1 --lock $D/validate_unbatched.lock --json > $D/validate_unbatched.jsonl 2>> $D/run.err
+    echo \$(( \$(date +%s) - t0 )) > $D/validate_unbatched.wall
+  fi
 fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   t0=\$(date +%s)
-  CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 > $D/gpu_tests.log 2>&1
+  CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 ${GPU_TESTS_SKIP:+--skip $GPU_TESTS_SKIP} > $D/gpu_tests.log 2>&1
   echo \$? > $D/gpu_tests.rc; echo \$(( \$(date +%s) - t0 )) > $D/gpu_tests.wall
 fi
 touch $D/done
@@ -210,6 +219,15 @@ if v2:
         "median_ms_ratio_main_over_alone": {"p10": q(0.1), "median": q(0.5), "p90": q(0.9),
             "geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else None,
             "beyond_1_5x": sum(1 for x in ratios if x > 1.5 or x < 1 / 1.5)}} if ratios else {}
+if nodes.get("validate", {}).get("stats"):
+    res.setdefault("validate_runs", {})["main_job"] = {
+        "wall_s": None, "seconds": nodes["validate"].get("seconds"), "stats": nodes["validate"]["stats"]}
+for name in ("validate_alone", "validate_unbatched"):
+    run = [r for r in jl(f"{name}.jsonl") if r.get("node") == "validate"]
+    if run:
+        res.setdefault("validate_runs", {})[name] = {
+            "wall_s": int((d / f"{name}.wall").read_text()) if (d / f"{name}.wall").exists() else None,
+            "seconds": run[0].get("seconds"), "stats": run[0].get("stats")}
 (out / "main_job.json").write_text(json.dumps(res, indent=1))
 for p in (d / "export").rglob("report.md"):
     (out / "eval_report.md").write_text(p.read_text())
@@ -278,8 +296,17 @@ if "sft_grouped" in res:
     print(f"sft grouped vs the main job's (seconds): {json.dumps(res['sft_grouped'])}")
 if "validate_alone" in res:
     print(f"validate alone: {json.dumps(res['validate_alone'])}")
+for name, r in res.get("validate_runs", {}).items():
+    st = r.get("stats") or {}
+    print(f"{name}: {r['seconds']} s (wall {r['wall_s']} s) gpu_ms {st.get('gpu_ms')} timer_ms {st.get('timer_ms')} "
+          f"tests {st.get('worker_tests_ms')} timing {st.get('worker_timing_ms')} torch {st.get('worker_torch_ms')} "
+          f"transfer {st.get('worker_transfer_ms')} compile {st.get('compile_ms_summed')} gpu_wait {st.get('gpu_wait_ms')}")
 if "gpu_tests" in res:
     print(f"gpu tests rc {res['gpu_tests']['rc']} in {res['gpu_tests']['wall_s']} s")
     print("\n".join(res["gpu_tests"]["results"]))
 PY
+  # The device returns at most 8 files: the turns and task tables travel as one archive.
+  if ls "$OUT"/*.jsonl >/dev/null 2>&1; then
+    (cd "$OUT" && tar czf tables.tar.gz ./*.jsonl && rm -f ./*.jsonl)
+  fi
 fi

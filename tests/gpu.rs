@@ -146,6 +146,9 @@ fn validations(p: &Project, base: &[&str]) -> std::collections::BTreeMap<String,
 
 #[test]
 #[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+/// `validate` with four testers and batched timing (the default: 32 candidates per exclusive
+/// hold) against one worker timing each candidate in its own hold: the same verdicts, and the
+/// same timings within noise.
 fn four_gpu_workers_agree_with_one() {
     if !gpu_enabled("four_gpu_workers_agree_with_one") {
         return;
@@ -153,6 +156,10 @@ fn four_gpu_workers_agree_with_one() {
     let p = Project::full();
     let run = |store: &str, workers: usize| {
         let set = format!("validate.gpu_workers={workers}");
+        let batch = format!(
+            "validate.timing_batch={}",
+            if workers == 1 { 1 } else { 32 }
+        );
         validations(
             &p,
             &[
@@ -160,6 +167,8 @@ fn four_gpu_workers_agree_with_one() {
                 store,
                 "--set",
                 &set,
+                "--set",
+                &batch,
                 "--set",
                 "synth-tasks.generate.elementwise=24",
                 "--set",
@@ -204,8 +213,9 @@ fn four_gpu_workers_agree_with_one() {
         }
     }
     assert!(log_ratios.len() >= 50, "{} timed", log_ratios.len());
-    // Every kernel timed alone either way: the geometric mean of four-worker / one-worker
-    // medians stays within 3% of 1 (per kernel, run-to-run noise of small kernels is larger).
+    // Every kernel timed alone either way (one hold per candidate, or one per batch of 32): the
+    // geometric mean of four-worker / one-worker medians stays within 3% of 1 (per kernel,
+    // run-to-run noise of small kernels is larger).
     let g = (log_ratios.iter().sum::<f64>() / log_ratios.len() as f64).exp();
     eprintln!(
         "{} kernels timed; geometric mean ratio 4 workers / 1 = {g:.4}",

@@ -289,11 +289,14 @@ fn run_on_gpu(job: RunJob, pool: &mut WorkerPool, wall: Duration) -> Outcome {
 
 /// Full check: static checks, compile, every train and hold-out shape on public and hidden
 /// seeds in a sandboxed worker, then, if every test passed, timing against the task's naive
-/// kernel and its libtorch reference (measured once per task into `baselines`).
+/// kernel and its libtorch reference (measured once per task into `baselines`):
+/// [`check_tests`] then [`time_batch`] of that one candidate.
 ///
 /// Two worker jobs: the tests (the GPU shared with other testers) and the timing (the GPU
 /// alone), so callers with several pools on one GPU ([`crate::worker::drain_on`]) test
 /// candidates concurrently while every timing still runs alone ([`crate::worker::GpuLock`]).
+/// Callers with many candidates at once should call the two halves themselves and time in
+/// batches: each exclusive hold first waits for the testers' jobs in flight to finish.
 ///
 /// # Errors
 /// Harness failures only (compile setup, store). Candidate failures are in the verdict.
@@ -308,9 +311,60 @@ pub fn check_full(
     opts: &FullOptions,
     baselines: &std::sync::Mutex<Baselines>,
 ) -> Result<Verdict, CompileError> {
+    match check_tests(spec, source, naive_source, rules, compiler, pool, opts)? {
+        Tested::Done(v) => Ok(v),
+        Tested::Pending(p) => Ok(time_batch(vec![p], compiler, pool, baselines)
+            .pop()
+            .expect("one verdict per pending candidate")),
+    }
+}
+
+/// A candidate after [`check_tests`]: its verdict, or (every test passed and timing was
+/// asked) what [`time_batch`] needs to time it.
+#[derive(Debug)]
+pub enum Tested {
+    /// The verdict is complete (static reject, compile error, a failed test, or no timing).
+    Done(Verdict),
+    /// Every test passed; the timing is still to run.
+    Pending(PendingTiming),
+}
+
+/// A candidate whose tests all passed, waiting for its timing ([`time_batch`]).
+#[derive(Debug, Clone)]
+pub struct PendingTiming {
+    /// The verdict so far (`correct = Some(true)`).
+    pub verdict: Verdict,
+    spec: Box<TaskSpec>,
+    /// The built shared object.
+    so: String,
+    /// The bench shape (the largest train shape, in bytes).
+    shape: ShapeCase,
+    /// Timing settings.
+    bench: BenchSpec,
+    /// The task's naive kernel (the speedup baseline); `None` when unknown.
+    naive_source: Option<String>,
+    /// The candidate is the naive kernel itself (speedup 1; it becomes the baseline).
+    is_naive: bool,
+    wall: Duration,
+}
+
+/// The first half of [`check_full`]: static checks, compile, and every train and hold-out
+/// shape on public and hidden seeds in a sandboxed worker (the GPU shared with other testers).
+///
+/// # Errors
+/// Harness failures only (compile setup, store). Candidate failures are in the verdict.
+pub fn check_tests(
+    spec: &TaskSpec,
+    source: &str,
+    naive_source: Option<&str>,
+    rules: &Rules,
+    compiler: &Compiler,
+    pool: &mut WorkerPool,
+    opts: &FullOptions,
+) -> Result<Tested, CompileError> {
     let mut v = check_compile_only(spec, source, rules, compiler)?;
     if !v.compiled {
-        return Ok(v);
+        return Ok(Tested::Done(v));
     }
     v.mode = "full".into();
     let store = compiler
@@ -343,13 +397,6 @@ pub fn check_full(
         .max_by_key(|(_, s)| spec.bytes_for(s).unwrap_or(0))
         .map(|(i, _)| i)
         .unwrap_or(0);
-    // Timing jobs carry the bench shape alone.
-    let bench = opts.bench.then(|| BenchSpec {
-        shape_index: 0,
-        ..BenchSpec::default()
-    });
-    let base = |b: &mut Baselines| b.entry(spec.id.clone()).or_default().clone();
-    let lock = || baselines.lock().unwrap_or_else(|e| e.into_inner());
     let tests = RunJob {
         so_path: Some(so.display().to_string()),
         task: spec.clone(),
@@ -358,20 +405,8 @@ pub fn check_full(
         bench: None,
         torch_baseline: false,
     };
-    let failed_run = |v: &mut Verdict, o: &Outcome| match o {
-        // The candidate ran and did not finish, or took its worker down: executed, not correct.
-        Outcome::Timeout => v.ran_and_failed(
-            "timeout",
-            format!(
-                "no answer within {:.0} s; the worker was killed",
-                opts.wall.as_secs_f64()
-            ),
-        ),
-        Outcome::Crash(m) => v.ran_and_failed("crash", m.clone()),
-        Outcome::Done(_) => {}
-    };
     let out = run_on_gpu(tests, pool, opts.wall);
-    failed_run(&mut v, &out);
+    failed_run(&mut v, &out, opts.wall);
     if let Outcome::Done(r) = out {
         v.executed = true;
         v.worker_ms = r.worker_ms.clone();
@@ -408,20 +443,103 @@ pub fn check_full(
         }
         v.correct = Some(v.failure.is_none());
     }
-    if v.correct == Some(true)
-        && let Some(b) = &bench
-    {
-        let timing = RunJob {
-            so_path: Some(so.display().to_string()),
-            task: spec.clone(),
-            shapes: vec![shapes[bench_idx].clone()],
-            seeds: vec![],
-            bench: Some(b.clone()),
-            torch_baseline: base(&mut lock()).torch.is_none(),
+    if v.correct != Some(true) || !opts.bench {
+        return Ok(Tested::Done(v));
+    }
+    Ok(Tested::Pending(PendingTiming {
+        verdict: v,
+        spec: Box::new(spec.clone()),
+        so: so.display().to_string(),
+        shape: shapes[bench_idx].clone(),
+        // Timing jobs carry the bench shape alone.
+        bench: BenchSpec {
+            shape_index: 0,
+            ..BenchSpec::default()
+        },
+        naive_source: naive_source.map(str::to_string),
+        is_naive: naive_source == Some(source),
+        wall: opts.wall,
+    }))
+}
+
+/// A job that ran and did not finish, or took its worker down: executed, not correct.
+fn failed_run(v: &mut Verdict, o: &Outcome, wall: Duration) {
+    match o {
+        Outcome::Timeout => v.ran_and_failed(
+            "timeout",
+            format!(
+                "no answer within {:.0} s; the worker was killed",
+                wall.as_secs_f64()
+            ),
+        ),
+        Outcome::Crash(m) => v.ran_and_failed("crash", m.clone()),
+        Outcome::Done(_) => {}
+    }
+}
+
+/// The second half of [`check_full`] for many candidates at once: times each on its bench
+/// shape, with the task's naive kernel and libtorch reference measured once per task into
+/// `baselines` (the naive kernel built before the GPU is taken), all on `pool` while it holds
+/// the GPU alone once for the whole batch ([`WorkerPool::lock_gpu`]). One exclusive hold per
+/// batch instead of one per candidate: each hold first waits for the other testers' jobs in
+/// flight to finish, which in `validate` on an H100 cost about as much as the timings
+/// themselves (README, "Kernel harness"). Returns the verdicts in `batch`'s order; a timeout or
+/// crash marks its candidate (executed, not correct) and the batch goes on.
+pub fn time_batch(
+    batch: Vec<PendingTiming>,
+    compiler: &Compiler,
+    pool: &mut WorkerPool,
+    baselines: &std::sync::Mutex<Baselines>,
+) -> Vec<Verdict> {
+    let lock = || baselines.lock().unwrap_or_else(|e| e.into_inner());
+    let base = |id: &str| lock().entry(id.to_string()).or_default().clone();
+    // The naive kernels to time for tasks without a naive baseline whose naive kernel is not in
+    // the batch itself, built now so no nvcc runs while the GPU is held.
+    let mut naive_so = std::collections::BTreeMap::<String, String>::new();
+    for p in &batch {
+        let id = &p.spec.id;
+        if p.is_naive
+            || naive_so.contains_key(id)
+            || base(id).naive.is_some()
+            || batch.iter().any(|q| q.is_naive && &q.spec.id == id)
+        {
+            continue;
+        }
+        if let Some(src) = &p.naive_source
+            && let Ok(out) = compiler.compile(src, &p.spec.shim())
+            && let (Some(h), Some(store)) = (out.so_hash, compiler.store.as_ref())
+        {
+            naive_so.insert(id.clone(), store.blob_path(&h).display().to_string());
+        }
+    }
+    // Naive kernels first: they are their tasks' baselines.
+    let mut order: Vec<usize> = (0..batch.len()).collect();
+    order.sort_by_key(|&i| !batch[i].is_naive);
+    let held = if batch.is_empty() {
+        None
+    } else {
+        Some(pool.lock_gpu())
+    };
+    let mut out: Vec<Option<Verdict>> = vec![None; batch.len()];
+    for i in order {
+        let p = &batch[i];
+        let mut v = p.verdict.clone();
+        let run = |pool: &mut WorkerPool, job: RunJob| match &held {
+            Some(Ok(l)) => pool.run_holding(&job, p.wall, l),
+            Some(Err(e)) => Outcome::Crash(format!("GPU lock: {e}")),
+            None => unreachable!("a non-empty batch holds the GPU"),
         };
-        let out = run_on_gpu(timing, pool, opts.wall);
-        failed_run(&mut v, &out);
-        if let Outcome::Done(r) = out {
+        let timing = RunJob {
+            so_path: Some(p.so.clone()),
+            task: (*p.spec).clone(),
+            shapes: vec![p.shape.clone()],
+            seeds: vec![],
+            bench: Some(p.bench.clone()),
+            torch_baseline: base(&p.spec.id).torch.is_none(),
+        };
+        let o = run(pool, timing);
+        failed_run(&mut v, &o, p.wall);
+        if let Outcome::Done(r) = o {
             if let (Some(w), Some(t)) = (v.worker_ms.as_mut(), &r.worker_ms) {
                 w.load += t.load;
                 w.timing = t.timing;
@@ -441,68 +559,69 @@ pub fn check_full(
             v.timing = r.timing.clone();
             if r.torch_timing.is_some() {
                 let mut b = lock();
-                let e = b.entry(spec.id.clone()).or_default();
+                let e = b.entry(p.spec.id.clone()).or_default();
                 if e.torch.is_none() {
                     e.torch = r.torch_timing.clone();
                 }
             }
         }
-    }
-    if v.correct == Some(true)
-        && let (Some(t), Some(gpu)) = (&v.timing, &v.gpu)
-    {
-        let bytes = spec.bytes_for(&t.sizes).unwrap_or(0) as f64;
-        let peak = gpu.peak_bytes_per_ms();
-        if peak > 0.0 && bytes > 0.0 {
-            let bound = bytes / peak;
-            v.roofline_ms = Some(bound);
-            v.dram_fraction_of_peak = Some(bound / t.median_ms);
-            if t.median_ms < bound {
-                v.hack_flags.push("beats_roofline".into());
-            }
-        }
-        // The naive kernel on the same shape (itself: speedup 1), measured once per task.
-        if naive_source == Some(source) {
-            lock().entry(spec.id.clone()).or_default().naive = Some(t.clone());
-        } else if base(&mut lock()).naive.is_none()
-            && let Some(naive_src) = naive_source
-            && let Ok(out) = compiler.compile(naive_src, &spec.shim())
-            && let Some(h) = out.so_hash
+        if v.correct == Some(true)
+            && let (Some(t), Some(gpu)) = (&v.timing, &v.gpu)
         {
-            let job = RunJob {
-                so_path: Some(store.blob_path(&h).display().to_string()),
-                task: spec.clone(),
-                shapes: vec![shapes[bench_idx].clone()],
-                seeds: vec![],
-                bench: bench.clone(),
-                torch_baseline: false,
-            };
-            if let Outcome::Done(r) = run_on_gpu(job, pool, opts.wall)
-                && r.timing.is_some()
-            {
-                let mut b = lock();
-                let e = b.entry(spec.id.clone()).or_default();
-                if e.naive.is_none() {
-                    e.naive = r.timing.clone();
+            let bytes = p.spec.bytes_for(&t.sizes).unwrap_or(0) as f64;
+            let peak = gpu.peak_bytes_per_ms();
+            if peak > 0.0 && bytes > 0.0 {
+                let bound = bytes / peak;
+                v.roofline_ms = Some(bound);
+                v.dram_fraction_of_peak = Some(bound / t.median_ms);
+                if t.median_ms < bound {
+                    v.hack_flags.push("beats_roofline".into());
                 }
             }
+            // The naive kernel on the same shape (itself: speedup 1), measured once per task.
+            if p.is_naive {
+                lock().entry(p.spec.id.clone()).or_default().naive = Some(t.clone());
+            } else if base(&p.spec.id).naive.is_none()
+                && let Some(so) = naive_so.get(&p.spec.id)
+            {
+                let job = RunJob {
+                    so_path: Some(so.clone()),
+                    task: (*p.spec).clone(),
+                    shapes: vec![p.shape.clone()],
+                    seeds: vec![],
+                    bench: Some(p.bench.clone()),
+                    torch_baseline: false,
+                };
+                if let Outcome::Done(r) = run(pool, job)
+                    && r.timing.is_some()
+                {
+                    let mut b = lock();
+                    let e = b.entry(p.spec.id.clone()).or_default();
+                    if e.naive.is_none() {
+                        e.naive = r.timing.clone();
+                    }
+                }
+            }
+            let base = base(&p.spec.id);
+            if let Some(nt) = &base.naive {
+                v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
+                v.naive_timing = Some(nt.clone());
+            }
+            if let Some(tt) = &base.torch {
+                v.speedup_vs_torch = Some(tt.median_ms / t.median_ms);
+                v.torch_timing = Some(tt.clone());
+            }
+            if t.work_after_stop {
+                v.hack_flags.push("work_after_stop".into());
+            }
+            if let (Some(mine), Some(tt)) = (v.timing.as_mut(), base.torch.as_ref()) {
+                mine.h2d_ms = tt.h2d_ms;
+                mine.d2h_ms = tt.d2h_ms;
+            }
         }
-        let base = base(&mut lock());
-        if let Some(nt) = &base.naive {
-            v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
-            v.naive_timing = Some(nt.clone());
-        }
-        if let Some(tt) = &base.torch {
-            v.speedup_vs_torch = Some(tt.median_ms / t.median_ms);
-            v.torch_timing = Some(tt.clone());
-        }
-        if t.work_after_stop {
-            v.hack_flags.push("work_after_stop".into());
-        }
-        if let (Some(mine), Some(tt)) = (v.timing.as_mut(), base.torch.as_ref()) {
-            mine.h2d_ms = tt.h2d_ms;
-            mine.d2h_ms = tt.d2h_ms;
-        }
+        out[i] = Some(v);
     }
-    Ok(v)
+    out.into_iter()
+        .map(|v| v.expect("every candidate timed"))
+        .collect()
 }

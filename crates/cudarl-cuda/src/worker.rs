@@ -45,6 +45,10 @@ pub struct GpuLock {
     // Dropped first: the flock goes before the in-process gate lets the next thread in.
     _file: std::fs::File,
     _gate: Gate,
+    /// The GPU's lock id.
+    id: String,
+    /// Held alone (timing), not shared.
+    exclusive: bool,
 }
 
 /// The in-process half of a [`GpuLock`]: a guard on the GPU's writer-preferring gate.
@@ -126,6 +130,8 @@ impl GpuLock {
         Ok(GpuLock {
             _file: Self::lock_files(id, exclusive)?,
             _gate: gate,
+            id: id.to_string(),
+            exclusive,
         })
     }
 
@@ -178,6 +184,8 @@ impl GpuLock {
         Ok(Some(GpuLock {
             _file: f,
             _gate: Gate::None,
+            id: id.to_string(),
+            exclusive: true,
         }))
     }
 }
@@ -284,6 +292,17 @@ struct Worker {
     stdin: ChildStdin,
     lines: Receiver<String>,
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+/// How a job holds its GPU's [`GpuLock`].
+#[derive(Debug, Clone, Copy)]
+enum Hold {
+    /// Beside other testers.
+    Shared,
+    /// Alone, taken for this job.
+    Exclusive,
+    /// Alone, taken by the caller ([`WorkerPool::run_holding`]).
+    Held,
 }
 
 /// One worker process for one GPU, replaced on failure (a server keeps one pool per GPU, each
@@ -400,9 +419,50 @@ impl WorkerPool {
     /// worker is an [`Outcome`]. A job that times (`bench` or `torch_baseline`) has the GPU to
     /// itself; one that only tests shares it with other testers ([`GpuLock`]).
     pub fn run(&mut self, job: &RunJob, wall: Duration) -> Outcome {
-        let line = serde_json::to_string(job).expect("job serializes");
         let exclusive = job.bench.is_some() || job.torch_baseline;
-        match self.run_line_locked(&line, wall, exclusive) {
+        self.run_job(
+            job,
+            wall,
+            if exclusive {
+                Hold::Exclusive
+            } else {
+                Hold::Shared
+            },
+        )
+    }
+
+    /// The GPU alone for this pool's jobs (its [`GpuLock`], exclusive), to run several timing
+    /// jobs one after another with [`WorkerPool::run_holding`]: testers on the GPU drain once
+    /// per hold instead of once per job.
+    ///
+    /// # Errors
+    /// The lock file cannot be opened or locked.
+    pub fn lock_gpu(&self) -> std::io::Result<GpuLock> {
+        GpuLock::acquire(&self.gpu_id())
+    }
+
+    /// [`WorkerPool::run`] for a caller that already holds this pool's GPU alone (`held`, from
+    /// [`WorkerPool::lock_gpu`]): no lock is taken. A `held` lock that is shared or for another
+    /// GPU is a [`Outcome::Crash`] (the job does not run).
+    pub fn run_holding(&mut self, job: &RunJob, wall: Duration, held: &GpuLock) -> Outcome {
+        if !held.exclusive || held.id != self.gpu_id() {
+            return Outcome::Crash(format!(
+                "run_holding needs this pool's GPU ({}) held alone, got {} ({})",
+                self.gpu_id(),
+                held.id,
+                if held.exclusive {
+                    "exclusive"
+                } else {
+                    "shared"
+                }
+            ));
+        }
+        self.run_job(job, wall, Hold::Held)
+    }
+
+    fn run_job(&mut self, job: &RunJob, wall: Duration, hold: Hold) -> Outcome {
+        let line = serde_json::to_string(job).expect("job serializes");
+        match self.run_line_locked(&line, wall, hold) {
             RawOutcome::Done(l) => match serde_json::from_str::<RunResult>(&l) {
                 Ok(r) => {
                     if r.cuda_error.is_some() {
@@ -427,16 +487,16 @@ impl WorkerPool {
     /// (torch-format candidates), whose jobs are not [`RunJob`]s; such a job has the GPU to
     /// itself.
     pub fn run_line(&mut self, line: &str, wall: Duration) -> RawOutcome {
-        self.run_line_locked(line, wall, true)
+        self.run_line_locked(line, wall, Hold::Exclusive)
     }
 
-    fn run_line_locked(&mut self, line: &str, wall: Duration, exclusive: bool) -> RawOutcome {
+    fn run_line_locked(&mut self, line: &str, wall: Duration, hold: Hold) -> RawOutcome {
         // Machine-wide (held until the answer or the kill).
         let id = self.gpu_id();
-        let lock = if exclusive {
-            GpuLock::acquire(&id)
-        } else {
-            GpuLock::acquire_shared(&id)
+        let lock = match hold {
+            Hold::Exclusive => GpuLock::acquire(&id).map(Some),
+            Hold::Shared => GpuLock::acquire_shared(&id).map(Some),
+            Hold::Held => Ok(None),
         };
         let _gpu = match lock {
             Ok(l) => l,
@@ -709,6 +769,80 @@ mod tests {
             drain_on(&mut one, 0..3, |_, i| Ok::<_, ()>(i * 2)).unwrap(),
             vec![0, 2, 4]
         );
+    }
+
+    #[test]
+    fn run_holding_runs_jobs_under_the_callers_exclusive_hold_only() {
+        // A real process that answers every job line with an empty result.
+        let answer = r#"while read l; do echo '{"tests":[]}'; done"#;
+        let gpu = 90_000 + (std::process::id() as usize % 10_000);
+        let mut pool =
+            WorkerPool::new(PathBuf::from("/bin/sh"), vec!["-c".into(), answer.into()]).on_gpu(gpu);
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../datasets/tasks");
+        let task = crate::load_tasks(&dir)
+            .unwrap()
+            .into_iter()
+            .find(|t| t.spec.id == "vector_add")
+            .unwrap()
+            .spec;
+        let job = RunJob {
+            so_path: None,
+            task,
+            shapes: vec![],
+            seeds: vec![],
+            bench: Some(Default::default()),
+            torch_baseline: false,
+        };
+        let wall = Duration::from_secs(10);
+        let id = gpu.to_string();
+        // A shared hold, or one on another GPU, is refused before any worker starts.
+        let shared = GpuLock::acquire_shared(&id).unwrap();
+        match pool.run_holding(&job, wall, &shared) {
+            Outcome::Crash(m) => assert!(m.contains("held alone"), "{m}"),
+            o => panic!("ran under a shared hold: {o:?}"),
+        }
+        drop(shared);
+        let other = GpuLock::acquire(&format!("{id}-other")).unwrap();
+        assert!(matches!(
+            pool.run_holding(&job, wall, &other),
+            Outcome::Crash(_)
+        ));
+        drop(other);
+        assert_eq!(pool.spawned, 0);
+        // Under the pool's own exclusive hold: several jobs, and no tester gets in between.
+        let held = pool.lock_gpu().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tester = {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let l = GpuLock::acquire_shared(&id).unwrap();
+                tx.send(()).unwrap();
+                drop(l);
+            })
+        };
+        for _ in 0..3 {
+            assert!(matches!(
+                pool.run_holding(&job, wall, &held),
+                Outcome::Done(_)
+            ));
+        }
+        assert!(
+            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            "a tester got the GPU during the hold"
+        );
+        drop(held);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the tester gets the GPU after the hold");
+        tester.join().unwrap();
+        assert_eq!(pool.spawned, 1, "one worker for the three jobs");
+        for f in [
+            id.clone(),
+            format!("{id}-turnstile"),
+            format!("{id}-other"),
+            format!("{id}-other-turnstile"),
+        ] {
+            let _ = std::fs::remove_file(GpuLock::path(&f));
+        }
     }
 
     #[test]

@@ -12,9 +12,10 @@ use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
 use cudarl_cuda::verdict::{
-    Baselines, FullOptions, Verdict, check_full, hidden_salt, hidden_seeds,
+    Baselines, FullOptions, PendingTiming, Tested, Verdict, check_tests, hidden_salt, hidden_seeds,
+    time_batch,
 };
-use cudarl_cuda::worker::{WorkerPool, drain_on};
+use cudarl_cuda::worker::{WorkerPool, drain_on, worker_exe};
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
@@ -182,10 +183,22 @@ pub struct Params {
     /// alone ([`cudarl_cuda::worker::GpuLock`]). Not part of a verdict's memo key.
     #[serde(default = "d_gpu_workers")]
     pub gpu_workers: usize,
+    /// Candidates timed per exclusive hold of the GPU: the testers hand every candidate whose
+    /// tests passed to one timing worker, which waits for this many (or the last ones), then
+    /// takes the GPU alone once and times them one after another
+    /// ([`cudarl_cuda::verdict::time_batch`]). 1 takes the GPU alone once per candidate, as
+    /// before session 23; each hold first waits for the tests in flight to finish. Not part of
+    /// a verdict's memo key.
+    #[serde(default = "d_timing_batch")]
+    pub timing_batch: usize,
 }
 
 fn d_gpu_workers() -> usize {
     cudarl_cuda::worker::DEFAULT_GPU_WORKERS
+}
+
+fn d_timing_batch() -> usize {
+    32
 }
 
 fn d_l1_gpus() -> Vec<String> {
@@ -388,8 +401,19 @@ impl Stage for Validate {
         // Compiles (all cores, this thread and rayon's) feed the GPU workers (each one
         // candidate at a time) through a channel, so the GPU runs while nvcc builds the rest.
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<Verdict>)>();
+        // A tested row finished here (memo, stats, progress).
+        let done = |key: &Digest, v: &Verdict| -> Result<(), StageError> {
+            rows_of.worker(v);
+            memo.put(key, &serde_json::to_vec(v).expect("verdict json"))?;
+            rows_of.computed();
+            progress.inc(1);
+            Ok(())
+        };
+        // Rows whose tests passed wait for the timing worker (`timing_batch`).
+        type Timed = (usize, Digest, PendingTiming);
         let one = |(pool, idle): &mut (Option<WorkerPool>, Instant),
-                   (i, pre): (usize, Option<Verdict>)|
+                   (i, pre): (usize, Option<Verdict>),
+                   timer: &std::sync::mpsc::Sender<Timed>|
          -> Result<Option<(usize, Verdict)>, StageError> {
             PartRows::time(&rows_of.gpu_wait_ms, *idle);
             let r = &rows[i];
@@ -414,9 +438,9 @@ impl Stage for Validate {
                 )
             })?;
             let t_gpu = Instant::now();
-            let v = match (pool.as_mut(), pre) {
+            let tested = match (pool.as_mut(), pre) {
                 // Static rejects and compile errors need no GPU.
-                (_, Some(v)) if !v.compiled => Ok(v),
+                (_, Some(v)) if !v.compiled => Ok(Tested::Done(v)),
                 (Some(p), _) => {
                     let opts = FullOptions {
                         public_seeds: (0..self.params.public_seeds as u64).collect(),
@@ -430,29 +454,83 @@ impl Stage for Validate {
                         bench: self.params.bench,
                     };
                     let naive = naive.get(r.task_id.as_str()).copied();
-                    check_full(
-                        spec, &r.code, naive, &rules, &compiler, p, &opts, &baselines,
-                    )
+                    check_tests(spec, &r.code, naive, &rules, &compiler, p, &opts)
                 }
-                (None, Some(v)) => Ok(v),
-                (None, None) => check_compile_only(spec, &r.code, &rules, &compiler),
+                (None, Some(v)) => Ok(Tested::Done(v)),
+                (None, None) => {
+                    check_compile_only(spec, &r.code, &rules, &compiler).map(Tested::Done)
+                }
             }
             .map_err(|e| StageError::Failed(e.to_string()))?;
             PartRows::time(&rows_of.gpu_ms, t_gpu);
-            rows_of.worker(&v);
-            memo.put(&key, &serde_json::to_vec(&v).expect("verdict json"))?;
-            rows_of.computed();
-            progress.inc(1);
             *idle = Instant::now();
-            Ok(Some((i, v)))
+            match tested {
+                Tested::Done(v) => {
+                    done(&key, &v)?;
+                    Ok(Some((i, v)))
+                }
+                Tested::Pending(p) => {
+                    // A closed channel means the timer failed; its error is reported.
+                    let _ = timer.send((i, key, p));
+                    Ok(None)
+                }
+            }
+        };
+        // The timing worker: batches of `timing_batch` rows, each under one exclusive hold.
+        let mut timer_pool = gpu.as_ref().map(|_| WorkerPool::new(worker_exe(), vec![]));
+        let batch_size = self.params.timing_batch.max(1);
+        let timer = |pool: &mut WorkerPool,
+                     rx: std::sync::mpsc::Receiver<Timed>|
+         -> Result<Vec<(usize, Verdict)>, StageError> {
+            let mut out = Vec::new();
+            let mut queue: Vec<Timed> = Vec::new();
+            let mut open = true;
+            while open || !queue.is_empty() {
+                while open && queue.len() < batch_size {
+                    match rx.recv() {
+                        Ok(t) => queue.push(t),
+                        Err(_) => open = false,
+                    }
+                }
+                let batch: Vec<Timed> = std::mem::take(&mut queue);
+                let t0 = Instant::now();
+                let (ids, pending): (Vec<(usize, Digest)>, Vec<PendingTiming>) =
+                    batch.into_iter().map(|(i, k, p)| ((i, k), p)).unzip();
+                let timed = time_batch(pending, &compiler, pool, &baselines);
+                PartRows::time(&rows_of.timer_ms, t0);
+                for ((i, key), v) in ids.into_iter().zip(timed) {
+                    done(&key, &v)?;
+                    out.push((i, v));
+                }
+            }
+            Ok(out)
         };
         let mut consumer = |rx: std::sync::mpsc::Receiver<(usize, Option<Verdict>)>,
                             verdicts: &mut Vec<Option<Verdict>>|
          -> Result<(), StageError> {
-            for (i, v) in drain_on(&mut slots, rx.into_iter(), one)?
-                .into_iter()
-                .flatten()
-            {
+            let (ttx, trx) = std::sync::mpsc::channel::<Timed>();
+            let (tested, timed) = std::thread::scope(|sc| {
+                let timer = timer_pool.as_mut().map(|pool| {
+                    let timer = &timer;
+                    sc.spawn(move || timer(pool, trx))
+                });
+                let tested = drain_on(&mut slots, rx.into_iter(), |slot, item| {
+                    one(slot, item, &ttx)
+                });
+                drop(ttx);
+                let timed = timer.map(|h| h.join());
+                (tested, timed)
+            });
+            let timed = match timed {
+                Some(Ok(t)) => t?,
+                Some(Err(_)) => {
+                    return Err(StageError::Failed(
+                        "validate: the timing thread panicked".into(),
+                    ));
+                }
+                None => Vec::new(),
+            };
+            for (i, v) in tested?.into_iter().flatten().chain(timed) {
                 verdicts[i] = Some(v);
             }
             Ok(())
@@ -593,6 +671,9 @@ struct PartRows {
     compile_ms: std::sync::atomic::AtomicU64,
     gpu_ms: std::sync::atomic::AtomicU64,
     gpu_wait_ms: std::sync::atomic::AtomicU64,
+    /// Milliseconds the timing worker's thread spent on its batches (exclusive holds, their
+    /// waits for the testers in flight, and the naive kernels' builds).
+    timer_ms: std::sync::atomic::AtomicU64,
     /// Milliseconds inside the GPU workers by phase ([`cudarl_cuda::gpu::WorkerMs`]), summed:
     /// loading the .so, tests, timing the candidate, timing the torch baseline, and of that the
     /// host<->device copies (measured once per worker process and buffer sizes).
@@ -611,6 +692,7 @@ impl PartRows {
             compile_ms: Default::default(),
             gpu_ms: Default::default(),
             gpu_wait_ms: Default::default(),
+            timer_ms: Default::default(),
             worker_ms: Default::default(),
         }
     }
@@ -666,6 +748,7 @@ impl PartRows {
         ctx.stat("compile_ms_summed", self.compile_ms.load(Relaxed));
         ctx.stat("gpu_ms", self.gpu_ms.load(Relaxed));
         ctx.stat("gpu_wait_ms", self.gpu_wait_ms.load(Relaxed));
+        ctx.stat("timer_ms", self.timer_ms.load(Relaxed));
         for (name, c) in ["load", "tests", "timing", "torch", "transfer"]
             .iter()
             .zip(&self.worker_ms)
