@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Project, stdout};
+use common::{Project, repo_root, stdout};
 use serde_json::Value;
 
 fn rows(p: &Project, node: &str, output: &str) -> Vec<Value> {
@@ -607,4 +607,65 @@ fn bad_model_config_is_named() {
     assert_eq!(o.status.code(), Some(2));
     let e = format!("{}{}", stdout(&o), common::stderr(&o));
     assert!(e.contains("configs/model/nope.toml: file not found"), "{e}");
+}
+
+/// `scripts/rl_holdout_summary.py` (the README's RL - SFT table over every committed GPU run)
+/// on result files written here: it finds eval summaries at any depth, leaves out runs below
+/// `--min-episodes` and the frozen-policy controls, and pools the differences (mean and
+/// standard error over runs, hand-computed below).
+#[test]
+fn rl_holdout_summary_pools_committed_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let row = |ck: &str, n: u32, pass: f64, compile: f64| {
+        serde_json::json!({"checkpoint": ck, "split": "test", "episodes": n,
+            "pass_rate": pass, "compile_rate": compile, "single_turn_pass_rate": pass / 2.0,
+            "single_turn_compile_rate": compile, "fast_1": pass, "geomean_speedup_vs_naive": 1.0})
+    };
+    let a = serde_json::json!({"lease_1": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.6, 0.9)],
+        // A control: the frozen SFT policy, identical by construction.
+        "variants": {"ctl (rl-train.lr=0.0)": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.5, 0.8)]}}}});
+    let b = serde_json::json!({"runs": [{"eval_summary": [
+        row("sft", 272, 0.4, 0.9), row("rl", 272, 0.3, 0.85),
+        // The train split is not the hold-out.
+        {"checkpoint": "rl", "split": "train", "episodes": 9, "pass_rate": 1.0, "compile_rate": 1.0}]},
+        // Too few episodes to count.
+        {"eval_summary": [row("sft", 52, 0.1, 0.5), row("rl", 52, 0.9, 0.9)]}]});
+    std::fs::write(dir.path().join("a.json"), a.to_string()).unwrap();
+    std::fs::write(dir.path().join("b.json"), b.to_string()).unwrap();
+    std::fs::write(dir.path().join("notes.md"), "not a result").unwrap();
+    let script = repo_root().join("scripts/rl_holdout_summary.py");
+    let o = std::process::Command::new("python3")
+        .arg(&script)
+        .arg("--results")
+        .arg(dir.path())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 4, "{v}");
+    let close = |x: &Value, want: f64| (x.as_f64().unwrap() - want).abs() < 1e-9;
+    // Pass differences +0.1 and -0.1: mean 0, sd 0.1414, se 0.1.
+    let pass = &v["pooled"]["pass_rate"];
+    assert_eq!(pass["runs"], 2, "{v}");
+    assert!(
+        close(&pass["mean"], 0.0) && close(&pass["se"], 0.1),
+        "{pass}"
+    );
+    assert_eq!(
+        (pass["above"].clone(), pass["below"].clone()),
+        (1.into(), 1.into())
+    );
+    // Compile differences +0.1 and -0.05: mean 0.025, sd 0.10607, se 0.075.
+    let compile = &v["pooled"]["compile_rate"];
+    assert!(
+        close(&compile["mean"], 0.025) && close(&compile["se"], 0.075),
+        "{compile}"
+    );
+    assert_eq!(
+        v["runs_above_sft_in_pass_and_compile"],
+        serde_json::json!(["a.json:lease_1"])
+    );
+    // Multi-turn minus single-turn pass of RL: 0.6 - 0.3 and 0.3 - 0.15.
+    assert!(close(&v["multi_minus_single_turn_pass_min"], 0.15), "{v}");
 }
