@@ -7,6 +7,10 @@ multi-turn compile rate, single-turn pass rate: SFT -> RL) and, over the runs wi
 `--min-episodes` episodes per checkpoint, the mean RL - SFT difference with its standard error
 over runs (sd / sqrt(n)) and how many runs were above, equal to and below SFT.
 
+It also pools RL minus its frozen control (`rl-train.control = true`: the SFT weights, frozen, on
+the same tasks with the same sampling seeds) in mean reward over steps 2 on, per run that had the
+control on: what RL learnt on the tasks it practised, with the task order taken out.
+
 Each run's own RL - SFT difference has a standard error of about 0.035 (stratified by task) to
 0.06 (two-proportion Wald) at 136 episodes per checkpoint (README, "Why RL does not yet beat
 SFT"); the spread over runs below includes that noise and the SFT draw's.
@@ -43,6 +47,28 @@ def pairs(obj, path):
                 yield from pairs(v, path + [str(i)])
 
 
+def control_runs(obj, path):
+    """(path, [RL - control mean reward per step from step 2 on]) for every metrics table with
+    the control on."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from control_runs(v, path + [str(k)])
+    elif isinstance(obj, list):
+        rows = [r for r in obj if isinstance(r, dict) and "mean_reward" in r and r.get("control_reward") is not None]
+        if rows:
+            diffs = [r["mean_reward"] - r["control_reward"] for r in rows if r.get("step", 0) >= 2]
+            if diffs:
+                yield path, diffs
+        else:
+            for i, v in enumerate(obj):
+                yield from control_runs(v, path + [str(i)])
+
+
+def mean_se(xs):
+    """Mean and standard error over `xs` (None for the s.e. of fewer than two)."""
+    return statistics.fmean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) >= 2 else None)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results"))
@@ -51,10 +77,14 @@ def main():
     ap.add_argument("--exclude", action="append", default=["lr=0.0"],
                     help="leave out runs whose path contains this (default: the frozen-policy controls, lr=0.0)")
     a = ap.parse_args()
-    runs = []
+    runs, controls = [], []
     for f in sorted(glob.glob(os.path.join(a.results, "*.json"))):
         with open(f) as fh:
             d = json.load(fh)
+        for path, diffs in control_runs(d, []):
+            m, se = mean_se(diffs)
+            controls.append({"file": os.path.basename(f), "run": "/".join(path), "steps": len(diffs),
+                             "rl_minus_control": m, "se_over_steps": se})
         for path, s, r in pairs(d, []):
             runs.append({
                 "file": os.path.basename(f),
@@ -82,7 +112,11 @@ def main():
     # Multi-turn (best turn) against single-turn pass rate of the RL checkpoint.
     gaps = [x["rl_pass_rate"] - x["rl_single_turn_pass_rate"] for x in big
             if x["rl_single_turn_pass_rate"] is not None]
+    ctl = [c["rl_minus_control"] for c in controls]
     summary = {
+        "control_runs": controls,
+        "rl_minus_control": dict(zip(("mean", "se"), mean_se(ctl)), runs=len(ctl),
+                                 above=sum(1 for x in ctl if x > 0)) if ctl else None,
         "runs_above_sft_in_pass_and_compile": both,
         "rl_pass_range": [min(x["rl_pass_rate"] for x in big), max(x["rl_pass_rate"] for x in big)] if big else None,
         "rl_single_turn_pass_range": [min(x["rl_single_turn_pass_rate"] for x in big),
@@ -102,6 +136,14 @@ def main():
     for m, p in pooled.items():
         print(f"  {m:26s} {p['mean']:+.4f} +- {p['se']:.4f}  ({p['above']} / {p['equal']} / {p['below']} of {p['runs']})")
     print(f"runs above SFT in both pass and compile: {len(both)} of {len(big)}: {', '.join(both)}")
+    if controls:
+        print("\nRL - frozen control, mean reward over steps 2 on (mean +- se over steps):")
+        for c in controls:
+            se = f" +- {c['se_over_steps']:.3f}" if c["se_over_steps"] is not None else ""
+            print(f"  {c['file'][:44]:44s} {c['run'][:40]:40s} {c['rl_minus_control']:+.3f}{se} ({c['steps']} steps)")
+        rc = summary["rl_minus_control"]
+        se = f" +- {rc['se']:.4f}" if rc["se"] is not None else ""
+        print(f"  over {rc['runs']} runs: {rc['mean']:+.4f}{se}, {rc['above']} above their control")
     if gaps:
         print(f"RL pass {summary['rl_pass_range']}, single-turn {summary['rl_single_turn_pass_range']}; "
               f"multi-turn minus single-turn pass at least {summary['multi_minus_single_turn_pass_min']:+.3f}")

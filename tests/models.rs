@@ -621,7 +621,13 @@ fn rl_holdout_summary_pools_committed_runs() {
             "pass_rate": pass, "compile_rate": compile, "single_turn_pass_rate": pass / 2.0,
             "single_turn_compile_rate": compile, "fast_1": pass, "geomean_speedup_vs_naive": 1.0})
     };
+    // RL's metrics with the frozen control: step 1 is left out (identical weights sample alike).
+    let steps = serde_json::json!([
+        {"step": 1, "mean_reward": 0.2, "control_reward": 0.1},
+        {"step": 2, "mean_reward": 0.3, "control_reward": 0.25},
+        {"step": 3, "mean_reward": 0.2, "control_reward": 0.25}]);
     let a = serde_json::json!({"lease_1": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.6, 0.9)],
+        "rl_steps": steps,
         // A control: the frozen SFT policy, identical by construction.
         "variants": {"ctl (rl-train.lr=0.0)": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.5, 0.8)]}}}});
     let b = serde_json::json!({"runs": [{"eval_summary": [
@@ -629,7 +635,10 @@ fn rl_holdout_summary_pools_committed_runs() {
         // The train split is not the hold-out.
         {"checkpoint": "rl", "split": "train", "episodes": 9, "pass_rate": 1.0, "compile_rate": 1.0}]},
         // Too few episodes to count.
-        {"eval_summary": [row("sft", 52, 0.1, 0.5), row("rl", 52, 0.9, 0.9)]}]});
+        {"eval_summary": [row("sft", 52, 0.1, 0.5), row("rl", 52, 0.9, 0.9)]},
+        // Without the control (null): not a control run.
+        {"rl_steps": [{"step": 2, "mean_reward": 0.9, "control_reward": null}]},
+        {"rl_steps": [{"step": 2, "mean_reward": 0.4, "control_reward": 0.3}]}]});
     std::fs::write(dir.path().join("a.json"), a.to_string()).unwrap();
     std::fs::write(dir.path().join("b.json"), b.to_string()).unwrap();
     std::fs::write(dir.path().join("notes.md"), "not a result").unwrap();
@@ -668,4 +677,16 @@ fn rl_holdout_summary_pools_committed_runs() {
     );
     // Multi-turn minus single-turn pass of RL: 0.6 - 0.3 and 0.3 - 0.15.
     assert!(close(&v["multi_minus_single_turn_pass_min"], 0.15), "{v}");
+    // RL - control per run over steps 2 on: (+0.05, -0.05) -> 0 +- 0.05, and +0.1 (one step,
+    // no s.e.); over the two runs 0.05 +- 0.05, one above its control.
+    let runs = v["control_runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    assert!(close(&runs[0]["rl_minus_control"], 0.0) && close(&runs[0]["se_over_steps"], 0.05));
+    assert!(close(&runs[1]["rl_minus_control"], 0.1) && runs[1]["se_over_steps"].is_null());
+    let c = &v["rl_minus_control"];
+    assert!(close(&c["mean"], 0.05) && close(&c["se"], 0.05), "{c}");
+    assert_eq!(
+        (c["runs"].clone(), c["above"].clone()),
+        (2.into(), 1.into())
+    );
 }

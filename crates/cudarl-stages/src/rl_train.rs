@@ -255,7 +255,8 @@ pub struct Params {
     /// (`cudarl_train::rl_serve::RlServe::epochs`). Why: at 64 episodes and minibatch 32 a
     /// 5-step run gave the generator 10 AdamW steps and RL's reward stayed at or below its
     /// frozen copy's on the same tasks and seeds; with 4 passes it was above it in 4 runs of 4
-    /// (+0.019 +- 0.003, H100, sessions 19-20, README; `pipelines/default.toml` sets 4).
+    /// (+0.019 +- 0.003, H100, sessions 19-20; `pipelines/default.toml` sets 4), though not in
+    /// the four runs of sessions 21-22 (-0.025 to +0.000; `docs/experiments.md`).
     /// Absent: 1, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epochs: Option<usize>,
