@@ -30,38 +30,41 @@ METRICS = ("pass_rate", "compile_rate", "single_turn_pass_rate", "single_turn_co
            "geomean_speedup_vs_naive")
 
 
-def pairs(obj, path):
-    """(path, sft_row, rl_row) for every list of eval summary rows under `obj`."""
+def tables(obj, path, keep):
+    """(path, rows) for every list under `obj` (a results file, any depth) holding dicts that
+    `keep` accepts; other lists and dicts are searched further."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from pairs(v, path + [str(k)])
+            yield from tables(v, path + [str(k)], keep)
     elif isinstance(obj, list):
-        rows = [r for r in obj if isinstance(r, dict) and r.get("checkpoint") in ("sft", "rl")]
-        rows = [r for r in rows if "pass_rate" in r and r.get("split", "test") == "test"]
+        rows = [r for r in obj if isinstance(r, dict) and keep(r)]
+        if rows:
+            yield path, rows
+        else:
+            for i, v in enumerate(obj):
+                yield from tables(v, path + [str(i)], keep)
+
+
+def pairs(obj):
+    """(path, sft_row, rl_row) for every eval summary with both checkpoints on the hold-out."""
+    def holdout(r):
+        return r.get("checkpoint") in ("sft", "rl") and "pass_rate" in r and r.get("split", "test") == "test"
+    for path, rows in tables(obj, [], holdout):
         sft = [r for r in rows if r["checkpoint"] == "sft"]
         rl = [r for r in rows if r["checkpoint"] == "rl"]
         if sft and rl:
             yield path, sft[0], rl[0]
-        elif not rows:
-            for i, v in enumerate(obj):
-                yield from pairs(v, path + [str(i)])
 
 
-def control_runs(obj, path):
+def control_runs(obj):
     """(path, [RL - control mean reward per step from step 2 on]) for every metrics table with
     the control on."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from control_runs(v, path + [str(k)])
-    elif isinstance(obj, list):
-        rows = [r for r in obj if isinstance(r, dict) and "mean_reward" in r and r.get("control_reward") is not None]
-        if rows:
-            diffs = [r["mean_reward"] - r["control_reward"] for r in rows if r.get("step", 0) >= 2]
-            if diffs:
-                yield path, diffs
-        else:
-            for i, v in enumerate(obj):
-                yield from control_runs(v, path + [str(i)])
+    def with_control(r):
+        return "mean_reward" in r and r.get("control_reward") is not None
+    for path, rows in tables(obj, [], with_control):
+        diffs = [r["mean_reward"] - r["control_reward"] for r in rows if r.get("step", 0) >= 2]
+        if diffs:
+            yield path, diffs
 
 
 def mean_se(xs):
@@ -81,11 +84,11 @@ def main():
     for f in sorted(glob.glob(os.path.join(a.results, "*.json"))):
         with open(f) as fh:
             d = json.load(fh)
-        for path, diffs in control_runs(d, []):
+        for path, diffs in control_runs(d):
             m, se = mean_se(diffs)
             controls.append({"file": os.path.basename(f), "run": "/".join(path), "steps": len(diffs),
                              "rl_minus_control": m, "se_over_steps": se})
-        for path, s, r in pairs(d, []):
+        for path, s, r in pairs(d):
             runs.append({
                 "file": os.path.basename(f),
                 "run": "/".join(p for p in path if p not in ("eval_summary", "eval", "eval_holdout", "result")),
