@@ -15,6 +15,9 @@ Each run's own RL - SFT difference has a standard error of about 0.035 (stratifi
 0.06 (two-proportion Wald) at 136 episodes per checkpoint (README, "Why RL does not yet beat
 SFT"); the spread over runs below includes that noise and the SFT draw's.
 
+A results file keeps a smaller eval of checkpoints that a later eval measured again under a key
+containing `superseded` (e.g. `superseded_eval_summary`): listed, not pooled, so a run counts once.
+
 Usage: python3 scripts/rl_holdout_summary.py [--min-episodes 136] [--exclude SUBSTRING] [--json]
 Standard library only.
 """
@@ -77,8 +80,9 @@ def main():
     ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results"))
     ap.add_argument("--min-episodes", type=int, default=136)
     ap.add_argument("--json", action="store_true", help="print the runs and the pooled means as JSON")
-    ap.add_argument("--exclude", action="append", default=["lr=0.0"],
-                    help="leave out runs whose path contains this (default: the frozen-policy controls, lr=0.0)")
+    ap.add_argument("--exclude", action="append", default=["lr=0.0", "superseded"],
+                    help="leave out runs whose path contains this (default: the frozen-policy controls, lr=0.0, "
+                         "and evals a larger eval of the same checkpoints superseded)")
     a = ap.parse_args()
     runs, controls = [], []
     for f in sorted(glob.glob(os.path.join(a.results, "*.json"))):

@@ -628,6 +628,8 @@ fn rl_holdout_summary_pools_committed_runs() {
         {"step": 3, "mean_reward": 0.2, "control_reward": 0.25}]);
     let a = serde_json::json!({"lease_1": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.6, 0.9)],
         "rl_steps": steps,
+        // The same checkpoints' smaller eval, measured again above: listed, not pooled.
+        "superseded_eval_summary": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.1, 0.1)],
         // A control: the frozen SFT policy, identical by construction.
         "variants": {"ctl (rl-train.lr=0.0)": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.5, 0.8)]}}}});
     let b = serde_json::json!({"runs": [{"eval_summary": [
@@ -652,7 +654,7 @@ fn rl_holdout_summary_pools_committed_runs() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["runs"].as_array().unwrap().len(), 4, "{v}");
+    assert_eq!(v["runs"].as_array().unwrap().len(), 5, "{v}");
     let close = |x: &Value, want: f64| (x.as_f64().unwrap() - want).abs() < 1e-9;
     // Pass differences +0.1 and -0.1: mean 0, sd 0.1414, se 0.1.
     let pass = &v["pooled"]["pass_rate"];

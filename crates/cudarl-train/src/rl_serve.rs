@@ -874,6 +874,103 @@ mod tests {
         assert!(st.max_approx_kl.abs() < 1e-4, "{st:?}");
     }
 
+    /// Fraction of a completion's non-space characters that are ASCII digits: a verifiable
+    /// reward the tiny random model earns some of by chance (its BPE was trained on text with
+    /// numbers in it), so a GRPO group has spread from the first step.
+    fn digit_share(text: &str) -> f64 {
+        let chars: Vec<char> = text.chars().filter(|c| !c.is_whitespace()).collect();
+        chars.iter().filter(|c| c.is_ascii_digit()).count() as f64 / chars.len().max(1) as f64
+    }
+
+    /// `steps` GRPO steps of the generator on one prompt through the server's own protocol
+    /// (`generate` 16 completions at temperature 1, group-normalized advantages of
+    /// [`digit_share`], `update`), each step's completions also drawn from the frozen reference
+    /// with the same seed (the control of `rl-train.control`). Returns the policy's and the
+    /// control's mean reward per step. `sign` -1 pays the opposite of the reward.
+    fn digit_grpo(m: &Path, steps: i64, sign: f64) -> (Vec<f64>, Vec<f64>) {
+        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let mut j = job("");
+        (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
+        (j.lr, j.minibatch, j.warmup) = (1e-2, 16, 0);
+        let mut s = Server::new(j).unwrap();
+        let (mut policy, mut control) = (Vec::new(), Vec::new());
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        for step in 0..steps {
+            let generate = |s: &mut Server, reference: bool| {
+                let req = Request::Generate {
+                    agent: Role::Generator,
+                    conversations: vec![vec![Message::new("user", "Write k.")]; 16],
+                    max_new_tokens: 8,
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    seed: 100 + step,
+                    stream: false,
+                    reference,
+                };
+                s.handle(req, &mut Vec::new()).unwrap().unwrap()
+            };
+            let texts = |v: &Value| -> Vec<f64> {
+                v["completions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| digit_share(c["text"].as_str().unwrap()))
+                    .collect()
+            };
+            control.push(mean(&texts(&generate(&mut s, true))));
+            let r = generate(&mut s, false);
+            let rewards = texts(&r);
+            policy.push(mean(&rewards));
+            let paid: Vec<f64> = rewards.iter().map(|x| sign * x).collect();
+            let adv = crate::rl::group_advantages(&paid, &[0; 16], 0.0);
+            let samples = r["completions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(adv)
+                .map(|(c, advantage)| Sample {
+                    id: c["id"].as_u64().unwrap(),
+                    advantage,
+                    ret: None,
+                })
+                .collect();
+            let req = Request::Update {
+                agent: Role::Generator,
+                samples,
+            };
+            let st = s.handle(req, &mut Vec::new()).unwrap().unwrap();
+            assert_eq!(st["ok"], true, "{st}");
+        }
+        (policy, control)
+    }
+
+    /// The whole update path (sampling log-probs kept by `generate`, group-normalized
+    /// advantages, clipped ratio, KL to the reference, AdamW) learns a reward with signal: the
+    /// question "is RL broken, or is there too little to learn from?" (README, "Why RL does not
+    /// yet beat SFT") answered for the first half. Paying the opposite reward must push the
+    /// other way, so a sign error in the loss or the advantages fails here.
+    #[test]
+    fn grpo_learns_a_verifiable_reward_and_its_frozen_control_does_not() {
+        let (_d, m) = tiny_model();
+        let last = |v: &[f64]| v[v.len() - 5..].iter().sum::<f64>() / 5.0;
+        let (policy, control) = digit_grpo(&m, 40, 1.0);
+        eprintln!("policy {policy:.3?}\ncontrol {control:.3?}");
+        assert!(
+            last(&policy) > last(&control) + 0.5,
+            "RL above its frozen control over the last 5 steps: {policy:.3?} vs {control:.3?}"
+        );
+        let (against, control2) = digit_grpo(&m, 40, -1.0);
+        eprintln!("against {against:.3?}");
+        assert_eq!(
+            control, control2,
+            "the control is the same frozen policy with the same seeds"
+        );
+        assert!(
+            last(&against) < 0.5 * last(&control),
+            "paying the opposite reward lowers it: {against:.3?} vs {control:.3?}"
+        );
+    }
+
     #[test]
     fn the_generator_learns_at_generator_lr_else_at_lr() {
         let [g, o] = job("").agent_optims();
