@@ -572,6 +572,8 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             && md.contains("RL - SFT on `test` (")
             && md.contains("two-proportion Wald): compile ")
             && md.contains("not on new ones): compile ")
+            && md.contains("(what to expect on new tasks like these): compile ")
+            && md.contains(", single-turn compile ")
             && !md.contains(", pass "),
         "{md}"
     );

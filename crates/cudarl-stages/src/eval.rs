@@ -490,6 +490,43 @@ pub(crate) fn stratified_diff(tasks: &[(f64, f64, f64, f64)]) -> Option<(f64, f6
     Some((d, var.sqrt()))
 }
 
+/// `b - a` over paired episodes and its standard error clustered by task, with the episodes
+/// `b` gained and lost. `pairs[i] = (task, a_i, b_i)`: episode `i` of a task on each side drew
+/// the same sampling seeds (eval runs both checkpoints with one seed; the generator's first
+/// turn is then identical wherever its weights are). The difference is `d = mean_i (b_i -
+/// a_i)`; its variance `T / (T - 1) * sum_t (sum_{i in t} (x_i - d))^2 / N^2` over the `T`
+/// tasks and `N` pairs, the cluster-robust (CR1) estimator (Cameron and Miller, "A
+/// Practitioner's Guide to Cluster-Robust Inference", J. Human Resources 50(2), 2015): the
+/// episodes of one task are correlated, so the tasks are the independent units, and the error
+/// speaks of new tasks like these rather than of these tasks (compare [`stratified_diff`]).
+/// With equal episodes per task it is the standard error of the per-task mean differences.
+/// Returns `(d, se, gained, lost)`, `se` `None` with one task (no spread between tasks to
+/// measure); `None` without pairs.
+pub(crate) fn paired_diff(
+    pairs: &[(&str, bool, bool)],
+) -> Option<(f64, Option<f64>, usize, usize)> {
+    let mut by_task: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for &(t, a, b) in pairs {
+        by_task
+            .entry(t)
+            .or_default()
+            .push(f64::from(u8::from(b)) - f64::from(u8::from(a)));
+    }
+    let (n, k) = (pairs.len() as f64, by_task.len() as f64);
+    if pairs.is_empty() {
+        return None;
+    }
+    let d = by_task.values().flatten().sum::<f64>() / n;
+    let ss: f64 = by_task
+        .values()
+        .map(|x| x.iter().map(|v| v - d).sum::<f64>().powi(2))
+        .sum();
+    let gained = pairs.iter().filter(|p| p.2 && !p.1).count();
+    let lost = pairs.iter().filter(|p| p.1 && !p.2).count();
+    let se = (k >= 2.0).then(|| (k / (k - 1.0) * ss).sqrt() / n);
+    Some((d, se, gained, lost))
+}
+
 /// What an episode's first turn (the generator's answer) came to.
 pub(crate) fn first_turn_outcome(c: &crate::reward::RewardComponents) -> &'static str {
     if c.correct == Some(true) {
@@ -716,6 +753,51 @@ fn report(
                 strat.join(", ")
             ));
         }
+        // Paired by seed: episode i of a task drew the same sampling seeds on both sides.
+        let paired = |f: &dyn Fn(&Row) -> bool| {
+            let side = |ck: &str| -> BTreeMap<&str, Vec<bool>> {
+                let mut m: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
+                for r in rows.iter().filter(|r| r.split == split && r.ck == ck) {
+                    m.entry(r.ep.task_id.as_str()).or_default().push(f(r));
+                }
+                m
+            };
+            let (a, b) = (side("sft"), side("rl"));
+            let mut pairs = Vec::new();
+            for (t, xa) in &a {
+                let xb = b.get(t).filter(|xb| xb.len() == xa.len())?;
+                pairs.extend(xa.iter().zip(xb).map(|(&x, &y)| (*t, x, y)));
+            }
+            (a.len() == b.len()).then_some(())?;
+            paired_diff(&pairs)
+        };
+        let pair: Vec<String> = [
+            ("compile", paired(&|r| r.ep.best_components().compiled)),
+            (
+                "pass",
+                (mode == "full")
+                    .then(|| paired(&|r| r.ep.best_components().correct == Some(true)))
+                    .flatten(),
+            ),
+            (
+                "single-turn compile",
+                paired(&|r| r.ep.first_components().compiled),
+            ),
+        ]
+        .iter()
+        .filter_map(|(name, d)| {
+            d.map(|(d, se, g, l)| {
+                let se = se.map_or("n/a (one task)".into(), |se| format!("{se:.3}"));
+                format!("{name} {d:+.3} +- {se} (RL gained {g}, lost {l})")
+            })
+        })
+        .collect();
+        if !pair.is_empty() {
+            md.push_str(&format!(
+                "Paired by sampling seed (episode i of a task drew the same seeds on both sides), +- one standard error clustered by task (what to expect on new tasks like these): {}.\n",
+                pair.join(", ")
+            ));
+        }
     }
     // What the loop made of each kind of start (full mode: "ended correct" needs tests).
     if mode == "full" {
@@ -859,6 +941,34 @@ mod tests {
         assert!((d - 0.25).abs() < 1e-12);
         assert_eq!(stratified_diff(&[(4.0, 1.0, 0.0, 0.0)]), None);
         assert_eq!(stratified_diff(&[]), None);
+    }
+
+    #[test]
+    fn paired_difference_by_hand() {
+        // Task a: pairs (0,1), (0,1), (1,1), (1,0): +1, +1, 0, -1; task b: (0,0), (1,1), (0,1),
+        // (0,1): 0, 0, +1, +1. N = 8, d = 3/8. Per task the deviations sum to 1 - 4d = -0.5
+        // and 2 - 4d = 0.5; CR1 variance 2/1 * (0.25 + 0.25) / 64 = 1/64, se 0.125, which is
+        // the standard error of the per-task means 0.25 and 0.5 (sd 0.1768 / sqrt 2).
+        let p = [
+            ("a", false, true),
+            ("a", false, true),
+            ("a", true, true),
+            ("a", true, false),
+            ("b", false, false),
+            ("b", true, true),
+            ("b", false, true),
+            ("b", false, true),
+        ];
+        let (d, se, gained, lost) = paired_diff(&p).unwrap();
+        assert!((d - 0.375).abs() < 1e-12, "{d}");
+        assert!((se.unwrap() - 0.125).abs() < 1e-12, "{se:?}");
+        assert_eq!((gained, lost), (4, 1));
+        // Identical sides: no difference and no spread.
+        let same: Vec<_> = p.iter().map(|&(t, a, _)| (t, a, a)).collect();
+        assert_eq!(paired_diff(&same), Some((0.0, Some(0.0), 0, 0)));
+        // One task: the difference and the counts, no spread between tasks to measure.
+        assert_eq!(paired_diff(&p[..4]), Some((0.25, None, 2, 1)));
+        assert_eq!(paired_diff(&[]), None);
     }
 
     #[test]
