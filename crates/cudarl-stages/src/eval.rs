@@ -200,7 +200,8 @@ impl Stage for Eval {
     }
     fn code_version(&self) -> u32 {
         // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
-        7
+        // 8: the report adds RL - SFT paired by sampling seed.
+        8
     }
     fn params(&self) -> Value {
         params_json(&self.params)
