@@ -147,6 +147,9 @@ struct Row {
     ep: Episode,
 }
 
+/// Whether an episode (a row of one checkpoint and split) counts for a rate.
+type Outcome = dyn Fn(&Row) -> bool;
+
 fn summary(rows: &[&Row]) -> Value {
     let n = rows.len().max(1) as f64;
     let frac = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count() as f64 / n;
@@ -200,7 +203,8 @@ impl Stage for Eval {
     }
     fn code_version(&self) -> u32 {
         // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
-        // 8: the report adds RL - SFT paired by sampling seed.
+        // 8: the report adds RL - SFT paired by sampling seed, and single-turn compile to the
+        // stratified comparison.
         8
     }
     fn params(&self) -> Value {
@@ -736,18 +740,21 @@ fn report(
             }
             stratified_diff(&t.into_values().collect::<Vec<_>>())
         };
-        let strat: Vec<String> = [
-            ("compile", per_task(&|r| r.ep.best_components().compiled)),
-            (
-                "pass",
-                (mode == "full")
-                    .then(|| per_task(&|r| r.ep.best_components().correct == Some(true)))
-                    .flatten(),
-            ),
-        ]
-        .iter()
-        .filter_map(|(name, d)| d.map(|(d, se)| format!("{name} {d:+.3} +- {se:.3}")))
-        .collect();
+        // The outcomes both comparisons below count: the pass rate only where tests ran.
+        let compiled = |r: &Row| r.ep.best_components().compiled;
+        let passed = |r: &Row| r.ep.best_components().correct == Some(true);
+        let first_compiled = |r: &Row| r.ep.first_components().compiled;
+        let mut outcomes: Vec<(&str, &Outcome)> = vec![("compile", &compiled)];
+        if mode == "full" {
+            outcomes.push(("pass", &passed));
+        }
+        outcomes.push(("single-turn compile", &first_compiled));
+        let strat: Vec<String> = outcomes
+            .iter()
+            .filter_map(|(name, f)| {
+                per_task(*f).map(|(d, se)| format!("{name} {d:+.3} +- {se:.3}"))
+            })
+            .collect();
         if !strat.is_empty() {
             md.push_str(&format!(
                 "Stratified by task (the same tasks on both sides; what holds on these tasks, not on new ones): {}.\n",
@@ -772,27 +779,15 @@ fn report(
             (a.len() == b.len()).then_some(())?;
             paired_diff(&pairs)
         };
-        let pair: Vec<String> = [
-            ("compile", paired(&|r| r.ep.best_components().compiled)),
-            (
-                "pass",
-                (mode == "full")
-                    .then(|| paired(&|r| r.ep.best_components().correct == Some(true)))
-                    .flatten(),
-            ),
-            (
-                "single-turn compile",
-                paired(&|r| r.ep.first_components().compiled),
-            ),
-        ]
-        .iter()
-        .filter_map(|(name, d)| {
-            d.map(|(d, se, g, l)| {
-                let se = se.map_or("n/a (one task)".into(), |se| format!("{se:.3}"));
-                format!("{name} {d:+.3} +- {se} (RL gained {g}, lost {l})")
+        let pair: Vec<String> = outcomes
+            .iter()
+            .filter_map(|(name, f)| {
+                paired(*f).map(|(d, se, g, l)| {
+                    let se = se.map_or("n/a (one task)".into(), |se| format!("{se:.3}"));
+                    format!("{name} {d:+.3} +- {se} (RL gained {g}, lost {l})")
+                })
             })
-        })
-        .collect();
+            .collect();
         if !pair.is_empty() {
             md.push_str(&format!(
                 "Paired by sampling seed (episode i of a task drew the same seeds on both sides), +- one standard error clustered by task (what to expect on new tasks like these): {}.\n",
