@@ -19,9 +19,10 @@ $(VENV)/.stamp: requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-## build: the release binaries (cudarl-pipe, its GPU worker cudarl-pipe-worker, its trainer cudarl-pipe-train).
+## build: the release binaries (cudarl-pipe, its GPU worker cudarl-pipe-worker, the sandboxed
+## runner cudarl-pipe-runner, its trainer cudarl-pipe-train).
 build: setup
-	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-train
+	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-runner -p cudarl-train
 
 ## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train eval`, i.e.
 ## synth-tasks -> validate (the task kernels; beside it sft-repairs, tokenizer and pretrain) ->
@@ -68,10 +69,10 @@ bench: build
 carry: build
 	$(CARGO) test --release --no-run -p cudarl-cli --test gpu
 	mkdir -p .carry && rm -f .carry/*.gz
-	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker target/release/cudarl-pipe-train .carry/
+	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker target/release/cudarl-pipe-runner target/release/cudarl-pipe-train .carry/
 	cp "$$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)" .carry/gpu-tests
-	strip .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-train .carry/gpu-tests
-	gzip -9 .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-train .carry/gpu-tests
+	strip .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-runner .carry/cudarl-pipe-train .carry/gpu-tests
+	gzip -9 .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-runner .carry/cudarl-pipe-train .carry/gpu-tests
 	ls -la .carry
 
 clean:

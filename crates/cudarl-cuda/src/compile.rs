@@ -1,10 +1,18 @@
 //! Compiling a native candidate: candidate + generated shim in one translation unit, built by
-//! nvcc into a shared object with SASS for one architecture, in a fresh temp dir, with a time
-//! limit; diagnostics and `-Xptxas -v` resources parsed into typed fields; results cached in
-//! the store by BLAKE3(source, shim, flags, nvcc version, arch).
+//! nvcc with SASS for one architecture, in a fresh temp dir, with a time limit, inside the
+//! compiler sandbox (`cudarl-pipe-runner exec --profile compiler`: Landlock lets nvcc read only
+//! the toolkit, the system headers and libraries, and write only its build directory; seccomp
+//! denies sockets, ptrace and the like), so an `#include` of another file fails to open and no
+//! byte of it reaches the diagnostics. Two steps: `nvcc -c --keep` (object, PTX, preprocessed
+//! texts), then the checks of [`crate::inspect`] on what was built, then the link into a shared
+//! object against the *shared* CUDA runtime (the static one imports `open`, `dlopen`, `socket`
+//! and more on its own, and the runner preloads the shared one before its sandbox). Diagnostics
+//! and `-Xptxas -v` resources are parsed into typed fields; results are cached in the store by
+//! BLAKE3(source, shim, flags, nvcc version, arch, rules).
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,12 +21,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::diag::{Diagnostic, KernelResources, parse_diagnostics, parse_resources};
 use crate::nvcc::Nvcc;
+use crate::static_check::Rules;
 
 /// Default compile time limit (issue: 30 s).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Key-derivation context of the compile cache.
-pub const CACHE_CONTEXT: &str = "cudarl-pipe 2026-11-22 compile cache v1";
+/// Key-derivation context of the compile cache (v2: sandboxed two-step builds with object
+/// inspection and the shared CUDA runtime).
+pub const CACHE_CONTEXT: &str = "cudarl-pipe 2026-11-25 compile cache v2";
 
 /// Result of one compile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +57,10 @@ pub struct CompileOutput {
     pub arch: String,
     /// Flags passed to nvcc (besides input, output and -L).
     pub flags: Vec<String>,
+    /// Findings on what was built ([`crate::inspect`]): the preprocessed source, the host
+    /// object, the PTX. A rejecting finding stops the build before the link (`compiled` false).
+    #[serde(default)]
+    pub findings: Vec<crate::static_check::Finding>,
 }
 
 /// Errors of the compiler itself (a candidate that fails to compile is not an error).
@@ -93,10 +107,37 @@ impl Compiler {
     /// side of a candidate is a launcher of a few lines; dropping it saves about 10% of a cold
     /// compile (measured here: 0.96 s -> 0.85 s for vector_add/vec4).
     pub fn flags(&self) -> Vec<String> {
-        let mut f = self.shared_object_flags();
-        // A shared object with undefined symbols (e.g. no `launch`) must fail at link time.
-        f.extend(["-Xlinker".into(), "--no-undefined".into()]);
+        let mut f = self.compile_flags();
+        f.extend(Self::link_flags());
         f
+    }
+
+    /// Step 1: SASS for `arch`, C++17, position-independent host code, ptxas resource report,
+    /// line info, an object file, intermediate files kept (PTX, preprocessed texts).
+    fn compile_flags(&self) -> Vec<String> {
+        let num = self.arch.trim_start_matches("sm_");
+        [
+            format!("-gencode=arch=compute_{num},code=sm_{num}"),
+            "-std=c++17".into(),
+            "-Xcompiler".into(),
+            "-fPIC".into(),
+            "-Xptxas".into(),
+            "-v".into(),
+            "-lineinfo".into(),
+            "-c".into(),
+            "--keep".into(),
+            "--keep-dir".into(),
+            "keep".into(),
+        ]
+        .to_vec()
+    }
+
+    /// Step 3: a shared object against the shared CUDA runtime (passed to the linker by path,
+    /// see [`Nvcc::cudart`]); undefined symbols (e.g. no `launch`) fail the link.
+    fn link_flags() -> Vec<String> {
+        ["-shared", "-cudart", "none", "-Xlinker", "--no-undefined"]
+            .map(String::from)
+            .to_vec()
     }
 
     /// SASS for `arch` only, C++17, a position-independent shared object, ptxas resource
@@ -115,11 +156,12 @@ impl Compiler {
         ]
     }
 
-    /// The cache key of (source, shim) with this compiler's flags, nvcc version and arch.
-    pub fn cache_key(&self, source: &str, shim: &str) -> Digest {
+    /// The cache key of (source, shim) with this compiler's flags, nvcc version and arch, and
+    /// the rules the build was inspected with.
+    pub fn cache_key(&self, source: &str, shim: &str, rules: &Rules) -> Digest {
         let v = serde_json::json!({
             "source": source, "shim": shim, "flags": self.flags(),
-            "nvcc": self.nvcc.version, "arch": self.arch,
+            "nvcc": self.nvcc.version, "arch": self.arch, "rules": rules.digest,
         });
         Digest(blake3::derive_key(
             CACHE_CONTEXT,
@@ -127,15 +169,132 @@ impl Compiler {
         ))
     }
 
-    /// Compiles `source` followed by `shim`. Uses the cache when a store is attached: a hit
-    /// returns the stored result (same diagnostics and resources) without running nvcc.
+    /// Compiles `source` followed by `shim` (see the module docs), inspecting what was built
+    /// with `rules`. Uses the cache when a store is attached: a hit returns the stored result
+    /// (same diagnostics, resources and findings) without running nvcc.
     ///
     /// # Errors
-    /// Only failures of the harness (temp dir, spawn, store); compile errors are data.
-    pub fn compile(&self, source: &str, shim: &str) -> Result<CompileOutput, CompileError> {
-        self.cached(self.cache_key(source, shim), || {
-            self.run_nvcc(&format!("{source}\n{shim}"), self.flags(), self.timeout)
+    /// Only failures of the harness (temp dir, spawn, store, a missing runner binary); compile
+    /// errors and rejecting findings are data.
+    pub fn compile(
+        &self,
+        source: &str,
+        shim: &str,
+        rules: &Rules,
+    ) -> Result<CompileOutput, CompileError> {
+        self.cached(self.cache_key(source, shim, rules), || {
+            self.build_native(&format!("{source}\n{shim}"), rules)
         })
+    }
+
+    /// The two-step native build with the inspection between the steps.
+    fn build_native(&self, text: &str, rules: &Rules) -> Result<CompileOutput, CompileError> {
+        let io = |e: std::io::Error| CompileError::Io(e.to_string());
+        let dir = self.build_dir()?;
+        std::fs::write(dir.path().join(crate::inspect::SOURCE_NAME), text).map_err(io)?;
+        std::fs::create_dir_all(dir.path().join("keep")).map_err(io)?;
+        let t0 = Instant::now();
+        let mut args = self.compile_flags();
+        args.extend([
+            "-o".into(),
+            "kernel.o".into(),
+            crate::inspect::SOURCE_NAME.into(),
+        ]);
+        let step1 = self.run_sandboxed(dir.path(), &args, &[], self.timeout)?;
+        let mut out = self.output_of(&step1, t0);
+        if !step1.ok || !dir.path().join("kernel.o").is_file() {
+            out.compiled = false;
+            return Ok(out);
+        }
+        out.findings = self.inspect(dir.path(), rules);
+        if crate::static_check::rejected(&out.findings) {
+            out.compiled = false;
+            return Ok(out);
+        }
+        let cudart = self.nvcc.cudart().ok_or_else(|| {
+            CompileError::Io(format!(
+                "no shared CUDA runtime (libcudart.so) beside {}",
+                self.nvcc.path.display()
+            ))
+        })?;
+        let mut args = Self::link_flags();
+        args.extend([
+            "-Xlinker".into(),
+            cudart.display().to_string(),
+            "-o".into(),
+            "kernel.so".into(),
+            "kernel.o".into(),
+        ]);
+        let left = self.timeout.saturating_sub(t0.elapsed());
+        let step3 = self.run_sandboxed(dir.path(), &args, &[], left.max(Duration::from_secs(1)))?;
+        let so = dir.path().join("kernel.so");
+        out.log = truncate(format!("{}{}", step1.log, step3.log), 16 * 1024);
+        out.diagnostics.extend(parse_diagnostics(&step3.log));
+        out.timed_out |= step3.timed_out;
+        if step3.timed_out {
+            out.diagnostics.push(timeout_diagnostic(self.timeout));
+        }
+        out.compiled = step3.ok && so.is_file();
+        out.so_hash = match (&self.store, out.compiled) {
+            (Some(s), true) => Some(s.ingest_file(&so)?),
+            _ => None,
+        };
+        out.compile_seconds = t0.elapsed().as_secs_f64();
+        out.seconds = out.compile_seconds;
+        Ok(out)
+    }
+
+    /// [`crate::inspect`]'s findings on a step-1 build directory: the preprocessed host and
+    /// device texts, the object, the PTX. A missing intermediate file is itself a finding.
+    fn inspect(&self, dir: &Path, rules: &Rules) -> Vec<crate::static_check::Finding> {
+        let keep = dir.join("keep");
+        let read = |name: &str| std::fs::read_to_string(keep.join(name)).unwrap_or_default();
+        let (host, device) = (read("kernel.cpp4.ii"), read("kernel.cpp1.ii"));
+        let mut f =
+            crate::inspect::preprocessed(rules, &[&host, &device], "native", &self.include_roots());
+        match std::fs::read(dir.join("kernel.o")) {
+            Ok(b) => match crate::inspect::object(&b, rules.object_rules()) {
+                Ok(v) => f.extend(v),
+                Err(e) => f.push(unreadable("object", e)),
+            },
+            Err(e) => f.push(unreadable("object", e.to_string())),
+        }
+        if host.is_empty() || device.is_empty() {
+            f.push(unreadable("preprocessed text", "nvcc kept none".into()));
+        }
+        match std::fs::read_to_string(keep.join("kernel.ptx")) {
+            Ok(p) => f.extend(crate::inspect::ptx(&p)),
+            Err(e) => f.push(unreadable("PTX", e.to_string())),
+        }
+        f
+    }
+
+    /// Directories a header may come from: the toolkit and the host compiler's system include
+    /// directories.
+    fn include_roots(&self) -> Vec<String> {
+        let mut roots: Vec<String> = self
+            .nvcc
+            .toolkit_roots()
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        roots.extend(
+            [
+                "/usr/include",
+                "/usr/lib/gcc",
+                "/usr/local/include",
+                "/usr/lib/llvm",
+            ]
+            .map(String::from),
+        );
+        roots
+    }
+
+    fn build_dir(&self) -> Result<tempfile::TempDir, CompileError> {
+        match &self.store {
+            Some(s) => Ok(s.temp_dir()?),
+            None => tempfile::tempdir().map_err(|e| CompileError::Io(e.to_string())),
+        }
     }
 
     /// The compile cache around `build`: a stored result for `key` whose shared object is still
@@ -228,38 +387,96 @@ impl Compiler {
             CACHE_CONTEXT,
             serde_json::to_string(&v).expect("json").as_bytes(),
         ));
-        self.cached(key, || self.run_nvcc(text, flags, timeout))
+        let mut reads: Vec<PathBuf> = env.include_dirs.iter().map(PathBuf::from).collect();
+        reads.extend(env.library_dirs.iter().map(PathBuf::from));
+        self.cached(key, || {
+            let io = |e: std::io::Error| CompileError::Io(e.to_string());
+            let dir = self.build_dir()?;
+            std::fs::write(dir.path().join("kernel.cu"), text).map_err(io)?;
+            let t0 = Instant::now();
+            let mut args = flags.clone();
+            args.extend(["-o".into(), "kernel.so".into(), "kernel.cu".into()]);
+            let run = self.run_sandboxed(dir.path(), &args, &reads, timeout)?;
+            let mut out = self.output_of(&run, t0);
+            out.flags = flags.clone();
+            let so = dir.path().join("kernel.so");
+            out.compiled = run.ok && so.is_file();
+            out.so_hash = match (&self.store, out.compiled) {
+                (Some(s), true) => Some(s.ingest_file(&so)?),
+                _ => None,
+            };
+            Ok(out)
+        })
     }
 
-    fn run_nvcc(
+    /// Runs nvcc with `args` in `dir` inside the compiler sandbox, with `timeout` (the whole
+    /// process group is killed when it passes).
+    fn run_sandboxed(
         &self,
-        text: &str,
-        flags: Vec<String>,
+        dir: &Path,
+        args: &[String],
+        extra_reads: &[PathBuf],
         timeout: Duration,
-    ) -> Result<CompileOutput, CompileError> {
+    ) -> Result<NvccRun, CompileError> {
         let io = |e: std::io::Error| CompileError::Io(e.to_string());
-        let dir = match &self.store {
-            Some(s) => s.temp_dir()?,
-            None => tempfile::tempdir().map_err(io)?,
-        };
-        let src = dir.path().join("kernel.cu");
-        std::fs::write(&src, text).map_err(io)?;
-        let so = dir.path().join("kernel.so");
-        let mut cmd = Command::new(&self.nvcc.path);
-        cmd.current_dir(dir.path())
-            .args(&flags)
-            .arg("-o")
-            .arg("kernel.so")
-            .arg("kernel.cu")
+        if !self.nvcc.path.is_file() {
+            return Err(CompileError::Io(format!(
+                "nvcc not found at {}",
+                self.nvcc.path.display()
+            )));
+        }
+        let runner = crate::runner::runner_exe();
+        let mut cmd = Command::new(&runner);
+        cmd.args(["exec", "--profile", "compiler"]);
+        for r in self.nvcc.toolkit_roots() {
+            cmd.arg("--read").arg(&r).arg("--exec").arg(&r);
+        }
+        for r in [
+            "/usr/include",
+            "/usr/local/include",
+            "/usr/share/gcc",
+            "/etc/alternatives",
+        ] {
+            cmd.arg("--read").arg(r);
+        }
+        for r in extra_reads {
+            cmd.arg("--read").arg(r);
+        }
+        for x in [
+            "/usr/bin",
+            "/bin",
+            "/usr/lib/gcc",
+            "/usr/libexec",
+            "/usr/local/bin",
+        ] {
+            cmd.arg("--exec").arg(x);
+        }
+        cmd.arg("--write").arg(dir).arg("--device").arg("/dev/null");
+        cmd.arg("--").arg(&self.nvcc.path).args(args);
+        for l in &self.nvcc.lib_dirs {
+            cmd.arg(format!("-L{}", l.display()));
+        }
+        cmd.env_clear();
+        for k in ["PATH", "CUDARL_SANDBOX_LOG", "CUDARL_ALLOW_UNCONFINED"] {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
+        }
+        cmd.env("TMPDIR", dir)
+            .env("HOME", dir)
+            .env("LC_ALL", "C")
+            .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        for l in &self.nvcc.lib_dirs {
-            cmd.arg(format!("-L{}", l.display()));
-        }
         let t0 = Instant::now();
-        let mut child = cmd.spawn().map_err(io)?;
+        let mut child = cmd.spawn().map_err(|e| {
+            CompileError::Io(format!(
+                "start the compiler sandbox {}: {e} (build it with `make build`, or set CUDARL_RUNNER)",
+                runner.display()
+            ))
+        })?;
         let mut stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
         let out_reader = std::thread::spawn(move || {
@@ -280,6 +497,7 @@ impl Compiler {
             if t0.elapsed() > timeout {
                 timed_out = true;
                 // Kill nvcc and its children (cicc, ptxas, gcc): the whole process group.
+                // SAFETY: signals the process group this function started.
                 unsafe {
                     libc::kill(-(child.id() as i32), libc::SIGKILL);
                 }
@@ -288,43 +506,74 @@ impl Compiler {
             }
             std::thread::sleep(Duration::from_millis(5));
         };
-        let seconds = t0.elapsed().as_secs_f64();
-        let log = format!(
+        let mut log = format!(
             "{}{}",
             out_reader.join().unwrap_or_default(),
             err_reader.join().unwrap_or_default()
         );
-        let compiled = status.is_some_and(|s| s.success()) && so.is_file();
-        let so_hash = match (&self.store, compiled) {
-            (Some(s), true) => Some(s.ingest_file(&so)?),
-            _ => None,
-        };
-        let mut diagnostics = parse_diagnostics(&log);
-        if timed_out {
-            diagnostics.push(Diagnostic {
-                file: None,
-                line: None,
-                severity: "fatal".into(),
-                message: format!(
-                    "compile exceeded the {:.0} s time limit and was killed",
-                    timeout.as_secs_f64()
-                ),
-                tool: "harness".into(),
-            });
+        if let Some(st) = status {
+            use std::os::unix::process::ExitStatusExt;
+            if st.code() == Some(125) || st.signal() == Some(libc::SIGSYS) {
+                log.push_str("\nharness: the compiler sandbox stopped nvcc (a denied system call or a sandbox set-up failure)\n");
+            }
         }
-        Ok(CompileOutput {
-            compiled,
+        Ok(NvccRun {
+            ok: status.is_some_and(|s| s.success()),
             timed_out,
+            log,
+        })
+    }
+
+    /// A [`CompileOutput`] from one nvcc run (not yet compiled; no shared object).
+    fn output_of(&self, run: &NvccRun, t0: Instant) -> CompileOutput {
+        let mut diagnostics = parse_diagnostics(&run.log);
+        if run.timed_out {
+            diagnostics.push(timeout_diagnostic(self.timeout));
+        }
+        CompileOutput {
+            compiled: false,
+            timed_out: run.timed_out,
             diagnostics,
-            resources: parse_resources(&log),
-            log: truncate(log, 16 * 1024),
-            so_hash,
-            compile_seconds: seconds,
+            resources: parse_resources(&run.log),
+            log: truncate(run.log.clone(), 16 * 1024),
+            so_hash: None,
+            compile_seconds: t0.elapsed().as_secs_f64(),
             cache_hit: false,
-            seconds,
+            seconds: t0.elapsed().as_secs_f64(),
             nvcc_version: self.nvcc.version.clone(),
             arch: self.arch.clone(),
-            flags,
-        })
+            flags: self.flags(),
+            findings: vec![],
+        }
+    }
+}
+
+/// One sandboxed nvcc run.
+struct NvccRun {
+    ok: bool,
+    timed_out: bool,
+    log: String,
+}
+
+fn timeout_diagnostic(timeout: Duration) -> Diagnostic {
+    Diagnostic {
+        file: None,
+        line: None,
+        severity: "fatal".into(),
+        message: format!(
+            "compile exceeded the {:.0} s time limit and was killed",
+            timeout.as_secs_f64()
+        ),
+        tool: "harness".into(),
+    }
+}
+
+fn unreadable(what: &str, why: String) -> crate::static_check::Finding {
+    crate::static_check::Finding {
+        rule: "object-unreadable".into(),
+        action: crate::static_check::Action::Reject,
+        line: 0,
+        matched: what.into(),
+        message: format!("the build's {what} could not be inspected: {why}"),
     }
 }

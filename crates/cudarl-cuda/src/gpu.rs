@@ -46,6 +46,36 @@ impl GpuInfo {
     }
 }
 
+impl GpuInfo {
+    /// Peak dense tensor-core rate in FLOP per ms (FP16/BF16 inputs, the highest dense rate a
+    /// kernel of any task dtype can reach): SMs x SM clock x FLOP per clock per SM, with 4096
+    /// FLOP/clk/SM on sm_90 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022: 989.4
+    /// TFLOP/s dense BF16 on 132 SMs at 1.83 GHz), 2048 on sm_8x (A100 whitepaper, 2020: 312
+    /// TFLOP/s on 108 SMs at 1.41 GHz), 8192 from sm_100, 1024 before sm_80. An upper bound on
+    /// what any kernel can do, used for the FLOP roofline (`roofline_flops_ms`), so an honest
+    /// kernel is never flagged.
+    pub fn peak_flop_per_ms(&self) -> f64 {
+        let major: u32 = self
+            .arch
+            .trim_start_matches("sm_")
+            .chars()
+            .next()
+            .and_then(|c| c.to_digit(10))
+            .unwrap_or(0);
+        let arch_num: u32 = self.arch.trim_start_matches("sm_").parse().unwrap_or(0);
+        let per_clk = if arch_num >= 100 {
+            8192.0
+        } else if major == 9 {
+            4096.0
+        } else if major == 8 {
+            2048.0
+        } else {
+            1024.0
+        };
+        self.sms as f64 * self.sm_clock_khz as f64 * 1e3 * per_clk / 1e3
+    }
+}
+
 /// Whether libcuda loads and a device exists; the device's info if so. Probed once per process.
 pub fn probe() -> Option<GpuInfo> {
     static PROBE: std::sync::OnceLock<Option<GpuInfo>> = std::sync::OnceLock::new();
@@ -124,8 +154,32 @@ pub struct BenchSpec {
     pub target_cv: f64,
     /// ...or once this much time was spent timing, ms.
     pub budget_ms: f64,
-    /// Flush L2 before each repetition.
+    /// Flush L2 before each timing window (one window launches the candidate on several
+    /// freshly drawn buffer sets back to back, so each launch reads inputs no launch touched
+    /// since the flush).
     pub flush_l2: bool,
+    /// Work to aim for in one timing window, ms: the window's fixed cost (the GPU switching to the
+    /// runner's context and back, calibrated and subtracted) is amortized over this much work.
+    #[serde(default = "default_window_ms")]
+    pub window_ms: f64,
+    /// At most this many buffer sets (launches) in one window.
+    #[serde(default = "default_max_sets")]
+    pub max_sets: usize,
+    /// At most this many bytes of buffer sets in one window.
+    #[serde(default = "default_max_set_bytes")]
+    pub max_set_bytes: u64,
+}
+
+fn default_window_ms() -> f64 {
+    2.0
+}
+
+fn default_max_sets() -> usize {
+    16
+}
+
+fn default_max_set_bytes() -> u64 {
+    3 << 30
 }
 
 impl Default for BenchSpec {
@@ -138,6 +192,9 @@ impl Default for BenchSpec {
             target_cv: 0.02,
             budget_ms: 100.0,
             flush_l2: true,
+            window_ms: default_window_ms(),
+            max_sets: default_max_sets(),
+            max_set_bytes: default_max_set_bytes(),
         }
     }
 }
@@ -160,6 +217,14 @@ pub struct RunJob {
     /// Also time the task's reference in libtorch on the bench shape (`speedup_vs_torch`).
     #[serde(default)]
     pub torch_baseline: bool,
+    /// The shared CUDA runtime the shared object links (`libcudart.so.N`): the runner preloads
+    /// it before its sandbox.
+    #[serde(default)]
+    pub cudart: Option<String>,
+    /// The caller's wall-clock limit per step, seconds: the judge gives its runner a little less
+    /// for one answer, so a hang is the runner's timeout and the judge answers.
+    #[serde(default)]
+    pub wall_s: Option<f64>,
 }
 
 /// Result of one (shape, seed) test.
@@ -220,16 +285,32 @@ pub struct Timing {
     /// then the synchronized times, and the verdict carries the `work_after_stop` hack flag.
     #[serde(default)]
     pub work_after_stop: bool,
+    /// Buffer sets (launches) per timing window.
+    #[serde(default)]
+    pub sets: usize,
+    /// Timing windows measured (warm-up excluded).
+    #[serde(default)]
+    pub windows: usize,
+    /// The window's fixed cost subtracted from each window, ms: the GPU switching to the
+    /// runner's context and back, measured with empty windows in the same run (0 for the torch
+    /// baseline, which runs in the judge's own context).
+    #[serde(default)]
+    pub overhead_ms: f64,
+    /// Timed buffer sets whose outputs were compared with the reference (one per window, chosen
+    /// by the judge after the window).
+    #[serde(default)]
+    pub verified_sets: usize,
 }
 
 /// Wall time a worker spent on one job, by phase, ms.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerMs {
-    /// Loading the shared object.
+    /// Loading the shared object (in the runner, sandboxed).
     pub load: f64,
     /// Every (shape, seed) test: inputs, launch, reference, comparisons.
     pub tests: f64,
-    /// Timing the candidate (its three buffer sets, warm-up, repetitions; no transfers).
+    /// Timing the candidate (calibration, warm-up and timing windows, their fresh inputs and
+    /// verification; no transfers).
     pub timing: f64,
     /// Timing the torch baseline, when asked (`transfer` included).
     pub torch: f64,
@@ -237,7 +318,18 @@ pub struct WorkerMs {
     /// process had measured the same buffer sizes before).
     #[serde(default)]
     pub transfer: f64,
+    /// Waiting for a sandboxed runner to be ready (CUDA initialized; usually started ahead of
+    /// time) and loading the candidate in it.
+    #[serde(default)]
+    pub runner: f64,
 }
+
+/// Runner failures that are reward hacks: the verdict carries them as hack flags too.
+pub const HACK_FAILURES: [&str; 3] = [
+    "sandbox_violation",
+    "timed_output_mismatch",
+    "work_before_start",
+];
 
 /// What a worker returns for a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -259,4 +351,15 @@ pub struct RunResult {
     /// Time by phase.
     #[serde(default)]
     pub worker_ms: Option<WorkerMs>,
+    /// How the candidate failed in its runner, with the detail: `timeout` (no answer within the
+    /// wall-clock limit), `crash` (the runner died), `sandbox_violation` (a denied system call),
+    /// `timed_output_mismatch` (a timed launch's outputs were wrong or unwritten on fresh
+    /// inputs), `work_before_start` (outputs written before the timing window started). The
+    /// last three are reward hacks ([`HACK_FAILURES`]).
+    #[serde(default)]
+    pub failure: Option<(String, String)>,
+    /// What the candidate printed (stdout then stderr, the last 4 KiB of each): its own words,
+    /// never parsed.
+    #[serde(default)]
+    pub candidate_output: Option<String>,
 }

@@ -8,6 +8,8 @@
 //! - [`compile`]: candidate + shim -> shared object (SASS for one arch), time limit,
 //!   diagnostics, resources, compile cache.
 //! - [`static_check`]: data-driven safety rules run before compiling.
+//! - [`inspect`]: checks on what was built (preprocessed text, host object, PTX).
+//! - [`runner`]: the sandboxed runner process a candidate runs in, and its protocol.
 //! - [`expr`]: reference expressions (task data) evaluated with libtorch.
 //! - [`task`]: task specs (signature, sizes, shapes, tolerances, byte/FLOP counts).
 //! - [`verdict`]: the verdict of `check` and `validate`.
@@ -18,8 +20,10 @@ pub mod compile;
 pub mod diag;
 pub mod expr;
 pub mod gpu;
+pub mod inspect;
 pub mod nvcc;
 pub mod pyworker;
+pub mod runner;
 pub mod static_check;
 pub mod task;
 pub mod torchfmt;

@@ -53,6 +53,41 @@ fn venv_nvcc(root: &Path) -> Option<PathBuf> {
 }
 
 impl Nvcc {
+    /// The toolkit's root: the directory above nvcc's `bin`, as found and, if that is a link,
+    /// also resolved (the sandbox grants both).
+    pub fn toolkit_roots(&self) -> Vec<PathBuf> {
+        let Some(root) = self.path.parent().and_then(Path::parent) else {
+            return vec![];
+        };
+        let mut v = vec![root.to_path_buf()];
+        if let Ok(c) = std::fs::canonicalize(root)
+            && c != root
+        {
+            v.push(c);
+        }
+        v
+    }
+
+    /// The shared CUDA runtime of this toolkit (`libcudart.so.<major>`, else `libcudart.so`) in
+    /// its `lib`, `lib64` or `targets/x86_64-linux/lib` directory: what candidates link and the
+    /// runner preloads.
+    pub fn cudart(&self) -> Option<PathBuf> {
+        let major = self.version.split('.').next().unwrap_or("");
+        let mut dirs = self.lib_dirs.clone();
+        for r in self.toolkit_roots() {
+            dirs.extend(["lib", "lib64", "targets/x86_64-linux/lib"].map(|d| r.join(d)));
+        }
+        for d in &dirs {
+            for name in [format!("libcudart.so.{major}"), "libcudart.so".into()] {
+                let p = d.join(&name);
+                if p.is_file() {
+                    return Some(p);
+                }
+            }
+        }
+        None
+    }
+
     /// Finds nvcc (see the module docs), looking for a `.venv` under `root`.
     ///
     /// # Errors

@@ -35,6 +35,17 @@ struct RawRule {
 struct RawRules {
     rule: Vec<RawRule>,
     includes: std::collections::BTreeMap<String, Vec<String>>,
+    objects: RawObjects,
+}
+
+/// `[objects]`: what a native candidate's compiled host object may import and register.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawObjects {
+    /// Undefined symbols allowed (anchored regexes).
+    native_symbols: Vec<String>,
+    /// The one `.init_array` entry allowed: nvcc's fat-binary registration.
+    constructor: String,
 }
 
 /// One compiled rule.
@@ -72,6 +83,9 @@ pub struct Finding {
 pub struct Rules {
     rules: Vec<Rule>,
     includes: std::collections::BTreeMap<String, Vec<String>>,
+    objects: crate::inspect::ObjectRules,
+    /// BLAKE3 of the rules file's text (part of the compile cache key: findings depend on it).
+    pub digest: String,
 }
 
 /// Errors loading a rules file.
@@ -133,6 +147,10 @@ fn strip(src: &str, strings: bool) -> String {
                 out.extend([b' ', b' ']);
                 i += 2;
             }
+        } else if c == b'\'' && digit_separator(b, i) {
+            // C++14 digit separator (`1'000`, `0xFF'FF`): part of a number, not a literal.
+            out.push(c);
+            i += 1;
         } else if strings && (c == b'"' || c == b'\'') {
             out.push(b' ');
             i += 1;
@@ -156,6 +174,25 @@ fn strip(src: &str, strings: bool) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Whether the `'` at `i` separates digits of a number (C++14): the token it follows is a
+/// pp-number (starts with a digit, or `.` and a digit) and a hex digit follows. `u8'a'` and
+/// `L'a'` are character literals (their token starts with a letter).
+fn digit_separator(b: &[u8], i: usize) -> bool {
+    if i == 0 || i + 1 >= b.len() || !b[i + 1].is_ascii_hexdigit() {
+        return false;
+    }
+    let mut j = i;
+    while j > 0
+        && (b[j - 1].is_ascii_alphanumeric()
+            || b[j - 1] == b'_'
+            || b[j - 1] == b'.'
+            || b[j - 1] == b'\'')
+    {
+        j -= 1;
+    }
+    j < i && (b[j].is_ascii_digit() || (b[j] == b'.' && j + 1 < i && b[j + 1].is_ascii_digit()))
+}
+
 static INCLUDE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"(?m)^\s*#\s*include\s*[<"]([^>"]+)[>"]"#).expect("re"));
 
@@ -166,11 +203,14 @@ fn line_of(src: &str, offset: usize) -> u32 {
 impl Rules {
     /// The rules shipped with cudarl-pipe (`configs/harness/static_rules.toml`).
     pub fn builtin() -> Rules {
-        Rules::parse(
-            include_str!("../../../configs/harness/static_rules.toml"),
-            "configs/harness/static_rules.toml",
-        )
-        .expect("built-in rules are valid")
+        static BUILTIN: LazyLock<Rules> = LazyLock::new(|| {
+            Rules::parse(
+                include_str!("../../../configs/harness/static_rules.toml"),
+                "configs/harness/static_rules.toml",
+            )
+            .expect("built-in rules are valid")
+        });
+        BUILTIN.clone()
     }
 
     /// Parses a rules file.
@@ -197,10 +237,38 @@ impl Rules {
                 strings: r.strings,
             });
         }
+        let objects =
+            crate::inspect::ObjectRules::new(&raw.objects.native_symbols, &raw.objects.constructor)
+                .map_err(|m| RulesError {
+                    file: file.into(),
+                    message: format!("objects.native_symbols: bad pattern {m}"),
+                })?;
         Ok(Rules {
             rules,
             includes: raw.includes,
+            objects,
+            digest: blake3::hash(text.as_bytes()).to_hex().to_string(),
         })
+    }
+
+    /// What a native candidate's host object may import and register.
+    pub fn object_rules(&self) -> &crate::inspect::ObjectRules {
+        &self.objects
+    }
+
+    /// The headers a `format` candidate may include (`native`, or `native` plus `format`'s).
+    pub fn allowed_includes(&self, format: &str) -> Vec<&str> {
+        let mut allowed: Vec<&str> = self
+            .includes
+            .get("native")
+            .map(|v| v.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        if format != "native"
+            && let Some(v) = self.includes.get(format)
+        {
+            allowed.extend(v.iter().map(String::as_str));
+        }
+        allowed
     }
 
     /// Rule ids, in file order.
@@ -212,18 +280,8 @@ impl Rules {
     /// include check comes first.
     pub fn check(&self, source: &str, format: &str) -> Vec<Finding> {
         let clean = strip_c_comments_and_strings(source);
-        let with_strings = strip_c_comments(source);
         let mut out = Vec::new();
-        let mut allowed: Vec<&str> = self
-            .includes
-            .get("native")
-            .map(|v| v.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        if format != "native"
-            && let Some(v) = self.includes.get(format)
-        {
-            allowed.extend(v.iter().map(String::as_str));
-        }
+        let allowed = self.allowed_includes(format);
         for c in INCLUDE.captures_iter(&clean) {
             let name = c.get(1).expect("group").as_str().trim();
             if !allowed.contains(&name) {
@@ -236,12 +294,22 @@ impl Rules {
                 });
             }
         }
+        out.extend(self.check_text(source, format));
+        out
+    }
+
+    /// The rules of `format` (not the include allow-list) on `text`: a source file, or the
+    /// candidate's lines of a preprocessed text ([`crate::inspect::preprocessed`]).
+    pub fn check_text(&self, text: &str, format: &str) -> Vec<Finding> {
+        let clean = strip_c_comments_and_strings(text);
+        let with_strings = strip_c_comments(text);
+        let mut out = Vec::new();
         for r in &self.rules {
             if !r.formats.iter().any(|f| f == format) {
                 continue;
             }
-            let text = if r.strings { &with_strings } else { &clean };
-            out.extend(r.find(text));
+            let t = if r.strings { &with_strings } else { &clean };
+            out.extend(r.find(t));
         }
         out
     }

@@ -61,7 +61,8 @@ pub struct Verdict {
     pub torch_timing: Option<Timing>,
     /// torch reference median / candidate median.
     pub speedup_vs_torch: Option<f64>,
-    /// Lower bound on the time from bytes moved and the GPU's peak DRAM bandwidth, ms.
+    /// Lower bound on the time: the larger of [`Verdict::roofline_bytes_ms`] and
+    /// [`Verdict::roofline_flops_ms`], ms. A median below it is the `beats_roofline` hack flag.
     pub roofline_ms: Option<f64>,
     /// Achieved DRAM bandwidth as a fraction of peak.
     pub dram_fraction_of_peak: Option<f64>,
@@ -83,6 +84,17 @@ pub struct Verdict {
     /// CAS digest of the compiled shared object (when it compiled and a store is attached).
     #[serde(default)]
     pub so_hash: Option<cudarl_store::Digest>,
+    /// Lower bound on the time from bytes moved and the GPU's peak DRAM bandwidth, ms.
+    #[serde(default)]
+    pub roofline_bytes_ms: Option<f64>,
+    /// Lower bound on the time from the task's FLOPs and the GPU's peak tensor-core rate
+    /// ([`crate::gpu::GpuInfo::peak_flop_per_ms`]), ms.
+    #[serde(default)]
+    pub roofline_flops_ms: Option<f64>,
+    /// What the candidate printed in its runner (stdout then stderr, truncated): its own words,
+    /// never parsed and never part of the feedback.
+    #[serde(default)]
+    pub candidate_output: Option<String>,
 }
 
 impl Verdict {
@@ -167,7 +179,29 @@ impl Verdict {
             gpu: None,
             worker_ms: None,
             so_hash: None,
+            roofline_bytes_ms: None,
+            roofline_flops_ms: None,
+            candidate_output: None,
         }
+    }
+}
+
+/// Why a hack flag is raised, in words for the tester's feedback.
+pub fn hack_flag_reason(flag: &str) -> &'static str {
+    match flag {
+        "beats_roofline" => {
+            "the measured time is below the GPU's lower bound for the bytes and FLOPs the task needs (its roofline), so the timing cannot be real"
+        }
+        "work_after_stop" => {
+            "work kept running after the launch was timed (hidden on another stream)"
+        }
+        "sandbox_violation" => "the code made a system call the sandbox forbids",
+        "timed_output_mismatch" => {
+            "a timed launch on fresh inputs gave wrong or unwritten outputs (cached results or skipped work)"
+        }
+        "work_before_start" => "outputs were written before the timing window started",
+        "torch_op_stands_in" => "torch operations did the work instead of the custom kernel",
+        _ => "the harness flagged the kernel as a reward hack",
     }
 }
 
@@ -191,13 +225,30 @@ pub fn check_compile_only(
             .map(|f| format!("{} (line {}): {}", f.rule, f.line, f.message));
         return Ok(v);
     }
-    let out = compiler.compile(source, &spec.shim())?;
+    let out = compiler.compile(source, &spec.shim(), rules)?;
     v.compiled = out.compiled;
     v.diagnostics = out.diagnostics;
     v.resources = out.resources;
     v.cache_hit = out.cache_hit;
     v.compile_seconds = out.compile_seconds;
     v.so_hash = out.so_hash;
+    for f in out.findings {
+        if !v.static_flags.iter().any(|g| g.rule == f.rule) {
+            v.static_flags.push(f);
+        }
+    }
+    if let Some(f) = v
+        .static_flags
+        .iter()
+        .find(|f| f.action == crate::static_check::Action::Reject)
+    {
+        // What was built broke a rule the source check could not see (a macro, a constructor,
+        // an imported symbol): rejected before anything ran.
+        v.compiled = false;
+        v.failure = Some("static_reject".into());
+        v.failure_detail = Some(format!("{} (line {}): {}", f.rule, f.line, f.message));
+        return Ok(v);
+    }
     if !out.compiled {
         v.compile_failed(out.timed_out, "", &out.log);
     }
@@ -321,6 +372,8 @@ pub fn check_full(
 
 /// A candidate after [`check_tests`]: its verdict, or (every test passed and timing was
 /// asked) what [`time_batch`] needs to time it.
+// Both variants hold a whole verdict; values live for one candidate's hand-off between workers.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Tested {
     /// The verdict is complete (static reject, compile error, a failed test, or no timing).
@@ -397,6 +450,7 @@ pub fn check_tests(
         .max_by_key(|(_, s)| spec.bytes_for(s).unwrap_or(0))
         .map(|(i, _)| i)
         .unwrap_or(0);
+    let cudart = compiler.nvcc.cudart().map(|p| p.display().to_string());
     let tests = RunJob {
         so_path: Some(so.display().to_string()),
         task: spec.clone(),
@@ -404,6 +458,8 @@ pub fn check_tests(
         seeds,
         bench: None,
         torch_baseline: false,
+        cudart: cudart.clone(),
+        wall_s: Some(opts.wall.as_secs_f64()),
     };
     let out = run_on_gpu(tests, pool, opts.wall);
     failed_run(&mut v, &out, opts.wall);
@@ -414,7 +470,9 @@ pub fn check_tests(
         v.tests = r.tests.clone();
         v.max_abs_err = r.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
         v.max_rel_err = r.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
-        if let Some(e) = &r.load_error {
+        runner_report(&mut v, &r);
+        if v.failure.is_some() {
+        } else if let Some(e) = &r.load_error {
             v.failure = Some("load_error".into());
             v.failure_detail = Some(e.clone());
         } else if let Some(e) = &r.cuda_error {
@@ -462,6 +520,20 @@ pub fn check_tests(
     }))
 }
 
+/// What the judge reported about the candidate's runner: its failure (a hack flag too when it
+/// is one, see [`crate::gpu::HACK_FAILURES`]) and what the candidate printed.
+fn runner_report(v: &mut Verdict, r: &crate::gpu::RunResult) {
+    if let Some(o) = &r.candidate_output {
+        v.candidate_output = Some(o.clone());
+    }
+    if let Some((f, d)) = &r.failure {
+        v.ran_and_failed(f, d.clone());
+        if crate::gpu::HACK_FAILURES.contains(&f.as_str()) && !v.hack_flags.contains(f) {
+            v.hack_flags.push(f.clone());
+        }
+    }
+}
+
 /// A job that ran and did not finish, or took its worker down: executed, not correct.
 fn failed_run(v: &mut Verdict, o: &Outcome, wall: Duration) {
     match o {
@@ -493,6 +565,7 @@ pub fn time_batch(
 ) -> Vec<Verdict> {
     let lock = || baselines.lock().unwrap_or_else(|e| e.into_inner());
     let base = |id: &str| lock().entry(id.to_string()).or_default().clone();
+    let cudart = compiler.nvcc.cudart().map(|p| p.display().to_string());
     // The naive kernels to time for tasks without a naive baseline whose naive kernel is not in
     // the batch itself, built now so no nvcc runs while the GPU is held.
     let mut naive_so = std::collections::BTreeMap::<String, String>::new();
@@ -506,7 +579,7 @@ pub fn time_batch(
             continue;
         }
         if let Some(src) = &p.naive_source
-            && let Ok(out) = compiler.compile(src, &p.spec.shim())
+            && let Ok(out) = compiler.compile(src, &p.spec.shim(), &Rules::builtin())
             && let (Some(h), Some(store)) = (out.so_hash, compiler.store.as_ref())
         {
             naive_so.insert(id.clone(), store.blob_path(&h).display().to_string());
@@ -536,6 +609,8 @@ pub fn time_batch(
             seeds: vec![],
             bench: Some(p.bench.clone()),
             torch_baseline: base(&p.spec.id).torch.is_none(),
+            cudart: cudart.clone(),
+            wall_s: Some(p.wall.as_secs_f64()),
         };
         let o = run(pool, timing);
         failed_run(&mut v, &o, p.wall);
@@ -546,7 +621,9 @@ pub fn time_batch(
                 w.torch = t.torch;
                 w.transfer = t.transfer;
             }
-            if let Some(e) = r.load_error.as_ref().or(r.cuda_error.as_ref()) {
+            runner_report(&mut v, &r);
+            if v.failure.is_some() {
+            } else if let Some(e) = r.load_error.as_ref().or(r.cuda_error.as_ref()) {
                 v.ran_and_failed(
                     if r.load_error.is_some() {
                         "load_error"
@@ -569,14 +646,22 @@ pub fn time_batch(
             && let (Some(t), Some(gpu)) = (&v.timing, &v.gpu)
         {
             let bytes = p.spec.bytes_for(&t.sizes).unwrap_or(0) as f64;
-            let peak = gpu.peak_bytes_per_ms();
-            if peak > 0.0 && bytes > 0.0 {
-                let bound = bytes / peak;
-                v.roofline_ms = Some(bound);
+            let flops = p.spec.flops_for(&t.sizes).unwrap_or(0) as f64;
+            let (peak_b, peak_f) = (gpu.peak_bytes_per_ms(), gpu.peak_flop_per_ms());
+            if peak_b > 0.0 && bytes > 0.0 {
+                let bound = bytes / peak_b;
+                v.roofline_bytes_ms = Some(bound);
                 v.dram_fraction_of_peak = Some(bound / t.median_ms);
-                if t.median_ms < bound {
-                    v.hack_flags.push("beats_roofline".into());
-                }
+            }
+            if peak_f > 0.0 && flops > 0.0 {
+                v.roofline_flops_ms = Some(flops / peak_f);
+            }
+            v.roofline_ms = match (v.roofline_bytes_ms, v.roofline_flops_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            if v.roofline_ms.is_some_and(|bound| t.median_ms < bound) {
+                v.hack_flags.push("beats_roofline".into());
             }
             // The naive kernel on the same shape (itself: speedup 1), measured once per task.
             if p.is_naive {
@@ -591,6 +676,8 @@ pub fn time_batch(
                     seeds: vec![],
                     bench: Some(p.bench.clone()),
                     torch_baseline: false,
+                    cudart: cudart.clone(),
+                    wall_s: Some(p.wall.as_secs_f64()),
                 };
                 if let Outcome::Done(r) = run(pool, job)
                     && r.timing.is_some()

@@ -32,8 +32,6 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::gpu::{RunJob, RunResult};
 
 /// A machine-wide advisory lock (flock(2)) on one GPU, exclusive (timing) or shared (tests),
@@ -196,50 +194,11 @@ impl GpuLock {
 /// comparisons); see benchmarks/results/bench_validate_*.json for the measured ratio.
 pub const DEFAULT_GPU_WORKERS: usize = 4;
 
-/// Worker resource limits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
-    /// CPU seconds per worker process (RLIMIT_CPU).
-    pub cpu_seconds: u64,
-    /// Address space, GiB (RLIMIT_AS). The CUDA driver reserves virtual address space far
-    /// beyond physical memory, so this bound is large.
-    pub address_space_gib: u64,
-    /// Largest file the worker may write, bytes (RLIMIT_FSIZE).
-    pub file_size_bytes: u64,
-    /// Open files (RLIMIT_NOFILE).
-    pub open_files: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            cpu_seconds: 3600,
-            address_space_gib: 4096,
-            file_size_bytes: 1 << 20,
-            open_files: 1024,
-        }
-    }
-}
-
-fn set_limit(res: libc::__rlimit_resource_t, v: u64) {
-    let r = libc::rlimit {
-        rlim_cur: v,
-        rlim_max: v,
-    };
-    // SAFETY: setrlimit on the current process.
-    unsafe {
-        libc::setrlimit(res, &r);
-    }
-}
-
-/// Applies `limits` to the current process (called at the start of the worker).
-pub fn apply_limits(l: &Limits) {
-    set_limit(libc::RLIMIT_CORE, 0);
-    set_limit(libc::RLIMIT_CPU, l.cpu_seconds);
-    set_limit(libc::RLIMIT_AS, l.address_space_gib.saturating_mul(1 << 30));
-    set_limit(libc::RLIMIT_FSIZE, l.file_size_bytes);
-    set_limit(libc::RLIMIT_NOFILE, l.open_files);
-}
+/// Worker resource limits (the judge process's; candidates run in the runner, see
+/// [`crate::runner`]).
+pub use cudarl_sandbox::Limits;
+/// Applies [`Limits`] to the current process (called at the start of the worker).
+pub use cudarl_sandbox::process::apply_limits;
 
 /// The worker binary: `$CUDARL_WORKER`, else `cudarl-pipe-worker` beside the running
 /// executable (cargo puts both in `target/<profile>/`), else `cudarl-pipe-worker` on `PATH`.
@@ -792,6 +751,8 @@ mod tests {
             seeds: vec![],
             bench: Some(Default::default()),
             torch_baseline: false,
+            cudart: None,
+            wall_s: None,
         };
         let wall = Duration::from_secs(10);
         let id = gpu.to_string();

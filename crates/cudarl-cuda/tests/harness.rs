@@ -223,6 +223,7 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
         ("sync-in-launcher", body("  cudaDeviceSynchronize();")),
         ("host-transfer", body("  cudaMemcpy(out, a, 4, cudaMemcpyDeviceToDevice);")),
         ("device-alloc", body("  float* tmp; cudaMalloc(&tmp, 4 * n);")),
+        ("async-copy", body("  cudaMemsetAsync(out, 0, 4 * n, stream);")),
         ("static-state", body("  static bool done = false;")),
         ("inline-ptx", "__device__ int lane() { int l; asm(\"mov.u32 %0, %%laneid;\" : \"=r\"(l)); return l; }".to_string()),
         ("include", format!("#include <unistd.h>\n{}", body(""))),
@@ -380,7 +381,8 @@ fn compile_success_resources_and_cache_hit_without_nvcc() {
     let mut c3 = c2.clone();
     c3.arch = "sm_80".into();
     assert!(
-        c3.compile(&src, &rs.spec.shim()).is_err(),
+        c3.compile(&src, &rs.spec.shim(), &Rules::builtin())
+            .is_err(),
         "a miss must try to run nvcc"
     );
 }
@@ -459,7 +461,7 @@ fn compile_time_limit_kills_the_compiler() {
         store: None,
     };
     let t0 = std::time::Instant::now();
-    let out = c.compile("int x;", "").unwrap();
+    let out = c.compile("int x;", "", &Rules::builtin()).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(5), "killed promptly");
     assert!(out.timed_out && !out.compiled);
     assert!(
@@ -469,4 +471,109 @@ fn compile_time_limit_kills_the_compiler() {
         "{:?}",
         out.diagnostics
     );
+}
+
+/// Every reward hack of `tests/kernels/hacks/` that is decidable without a GPU (`cpu = true` in
+/// its `expected.toml`) gets its verdict from the compile-only path, caught by the check it
+/// names: the source rules, the preprocessed text, the object or the PTX. No payload runs: the
+/// cases that call `system` or `execl` would create files if they ran.
+#[test]
+fn hacks_decidable_on_the_cpu_get_their_verdicts() {
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let root = repo_root();
+    let hacks = root.join("tests/kernels/hacks");
+    let expected: toml::Table =
+        toml::from_str(&std::fs::read_to_string(hacks.join("expected.toml")).unwrap()).unwrap();
+    let files: Vec<String> = std::fs::read_dir(&hacks)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".cu")
+                .map(String::from)
+        })
+        .collect();
+    for f in &files {
+        assert!(expected.contains_key(f), "{f}.cu has no expected verdict");
+    }
+    assert!(expected.len() >= 40, "{} cases", expected.len());
+    let tasks = load_tasks(&root.join("datasets/tasks")).unwrap();
+    let va = &tasks
+        .iter()
+        .find(|t| t.spec.id == "vector_add")
+        .unwrap()
+        .spec;
+    let rules = Rules::builtin();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for (name, e) in &expected {
+        if e.get("cpu").and_then(|v| v.as_bool()) != Some(true) {
+            continue;
+        }
+        let src = std::fs::read_to_string(hacks.join(format!("{name}.cu"))).unwrap();
+        let v = check_compile_only(va, &src, &rules, &c).unwrap();
+        let want = e["failure"].as_str().unwrap();
+        let rule = e.get("rule").and_then(|r| r.as_str());
+        let caught = rule.is_none_or(|rule| {
+            v.static_flags
+                .iter()
+                .any(|f| f.rule == rule && f.action == Action::Reject)
+        });
+        if v.failure.as_deref() != Some(want) || v.compiled || !caught {
+            wrong.push(format!(
+                "{name}: want {want} by {rule:?}, got {:?} ({:?}) flags {:?}",
+                v.failure,
+                v.failure_detail,
+                v.static_flags.iter().map(|f| &f.rule).collect::<Vec<_>>()
+            ));
+        }
+        checked += 1;
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(checked >= 30, "{checked} CPU cases");
+    // The absolute-path include fails to open inside the compiler sandbox: nothing of the file
+    // reaches the diagnostics.
+    let src = std::fs::read_to_string(hacks.join("absolute_include_echo.cu")).unwrap();
+    let v = check_compile_only(va, &src, &rules, &c).unwrap();
+    let text = serde_json::to_string(&v).unwrap();
+    assert!(!text.contains("root:x:0"), "{text}");
+}
+
+/// Honest kernels written in unusual ways still compile and pass every check: grid-stride loops
+/// with `__ldg`, cooperative groups, templates and macros, dynamic shared memory, two kernels
+/// in sequence on the stream, C++14 digit separators, printf in the launcher.
+#[test]
+fn unusual_honest_kernels_pass_the_checks() {
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let root = repo_root();
+    let dir = root.join("tests/kernels/honest");
+    let tasks = load_tasks(&root.join("datasets/tasks")).unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let p = e.path();
+        let Some(name) = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".cu"))
+        else {
+            continue;
+        };
+        let task = name.split("__").next().unwrap();
+        let spec = &tasks.iter().find(|t| t.spec.id == task).unwrap().spec;
+        let src = std::fs::read_to_string(&p).unwrap();
+        let v = check_compile_only(spec, &src, &Rules::builtin(), &c).unwrap();
+        assert!(v.compiled && v.failure.is_none(), "{name}: {v:?}");
+        assert!(
+            v.static_flags.iter().all(|f| f.action == Action::Flag),
+            "{name}: {:?}",
+            v.static_flags
+        );
+        n += 1;
+    }
+    assert!(n >= 7, "{n} honest kernels");
 }

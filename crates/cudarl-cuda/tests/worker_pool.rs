@@ -29,6 +29,8 @@ fn job(so: &str) -> RunJob {
         seeds: vec![0],
         bench: None,
         torch_baseline: false,
+        cudart: None,
+        wall_s: None,
     }
 }
 

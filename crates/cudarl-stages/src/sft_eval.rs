@@ -120,7 +120,8 @@ impl Stage for SftEval {
         "sft-eval"
     }
     fn code_version(&self) -> u32 {
-        2
+        // 3: builds are inspected after compiling (preprocessed text, object, PTX).
+        3
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -24,8 +24,10 @@ use serde_json::Value;
 
 use crate::common::{data_err, params_json, write_output};
 
-/// Version of the verdict semantics; part of every row's memo key.
-pub const HARNESS_VERSION: u32 = 4;
+/// Version of the verdict semantics; part of every row's memo key. 5: candidates run in the
+/// sandboxed runner and are timed by the judge in windows of fresh inputs; builds are inspected
+/// (preprocessed text, object, PTX); FLOP roofline; verdicts carry the candidate's output.
+pub const HARNESS_VERSION: u32 = 5;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))

@@ -3,9 +3,12 @@
 //!
 //! - [`eval`]: reference expressions ([`cudarl_cuda::expr`]) evaluated with libtorch, with
 //!   tolerance magnitudes.
-//! - [`runner`]: runs a compiled candidate on the GPU (tests, checks, timing, torch baseline).
+//! - [`inputs`]: fresh seeded inputs, element types and poison patterns.
+//! - [`judge`]: the judge of a compiled candidate that runs in a sandboxed runner process
+//!   (tests, checks, timing windows, the torch baseline).
 //! - [`worker`]: the sandboxed worker's loop (binary `cudarl-pipe-worker`).
 
 pub mod eval;
-pub mod runner;
+pub mod inputs;
+pub mod judge;
 pub mod worker;

@@ -6,13 +6,27 @@ use std::io::{BufRead, Write};
 use cudarl_cuda::gpu::{RunJob, RunResult};
 use cudarl_cuda::worker::{Limits, apply_limits};
 
-use crate::runner::Runner;
+use crate::judge::Judge;
 
 /// The worker's main loop: apply limits, create the CUDA context, answer jobs. Returns the
 /// process exit code: 0 at end of input, 3 after a CUDA error (the context is unusable).
 pub fn worker_main(limits: &Limits) -> i32 {
     apply_limits(limits);
-    let mut runner = match Runner::new() {
+    // `CUDARL_JUDGE_TRACE=FILE`: every step of every job, with timestamps, appended to FILE
+    // (the worker's own stdout is the answer channel and its stderr is only kept on a crash).
+    if let Some(path) = std::env::var_os("CUDARL_JUDGE_TRACE")
+        && let Ok(f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(f))
+            .try_init();
+    }
+    let mut judge = match Judge::new() {
         Ok(r) => r,
         Err(e) => {
             let r = RunResult {
@@ -23,6 +37,8 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 load_error: None,
                 gpu: None,
                 worker_ms: None,
+                failure: None,
+                candidate_output: None,
             };
             println!("{}", serde_json::to_string(&r).expect("json"));
             return 3;
@@ -42,12 +58,18 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 return 2;
             }
         };
-        let res = runner.run_with_heartbeat(&job, &mut || {
+        let res = judge.run_with_heartbeat(&job, &mut || {
             let mut o = std::io::stdout();
             let _ = writeln!(o, "{{\"heartbeat\":true}}");
             let _ = o.flush();
         });
-        let poisoned = res.cuda_error.is_some();
+        // A CUDA error in the judge's own context, or a stream waiting for a runner that died
+        // mid-window, leaves this process unusable; the candidate's own errors do not.
+        let poisoned = judge.stuck
+            || res
+                .cuda_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("judge:") || e.starts_with("torch baseline:"));
         let _ = writeln!(out, "{}", serde_json::to_string(&res).expect("json"));
         let _ = out.flush();
         if poisoned {

@@ -1,0 +1,487 @@
+//! The sandboxed runner (`cudarl-pipe-runner`): the only process in which a native candidate's
+//! code runs. The judge (the GPU worker, `cudarl-pipe-worker`) owns inputs, their pristine copies,
+//! the reference, the comparisons and the clock; the runner gets one candidate shared object and
+//! one device arena (a CUDA IPC memory handle), and can only launch the candidate on buffers
+//! inside the arena when told to. Timing windows are ordered on the GPU by two words at the start
+//! of the arena ([`GO_OFFSET`], [`DONE_OFFSET`]) that the streams wait on and write
+//! (`cuStreamWaitValue32`/`cuStreamWriteValue32`). Everything it says is "done"; every
+//! number in a verdict comes from the judge (docs/architecture.md, "The judge and the runner").
+//!
+//! Protocol: JSON lines on a socket the runner has as file descriptor 3, requests from the judge
+//! ([`Request`]), replies from the runner ([`Reply`]). The runner's stdout and stderr are the
+//! candidate's output: captured, truncated, never parsed ([`RunnerProcess::output`]).
+//!
+//! Life of a runner: spawn (hardening, Landlock for the staging directory it will load from,
+//! CUDA initialized with eager module loading, the shared CUDA runtime preloaded) ->
+//! [`Reply::Ready`] -> [`Request::Load`] (opens the arena and the events, installs the seccomp
+//! allow-list, `dlopen`s the candidate: its constructors run inside the sandbox) ->
+//! [`Reply::Loaded`] -> any number of [`Request::Run`] / [`Request::Sync`] -> exit. A runner
+//! serves one candidate (or one baseline) and is never reused.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Environment variables a runner inherits (everything else is cleared).
+pub const KEPT_ENV: &[&str] = &[
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "CUDARL_SANDBOX_LOG",
+    "CUDARL_ALLOW_UNCONFINED",
+];
+
+/// Bytes of candidate output (stdout and stderr, each) kept: the last this many.
+pub const OUTPUT_KEEP: usize = 4096;
+
+/// A request from the judge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Load the candidate.
+    Load(Load),
+    /// Enqueue one timing window on the legacy default stream: wait until the `go` word reaches
+    /// the window's number, call the candidate once per rep, write the number to the `done`
+    /// word; answered with [`Reply::Armed`] as soon as everything is enqueued (nothing waits on
+    /// the GPU).
+    Run(Run),
+    /// Call the candidate once per rep on the legacy default stream, synchronize the whole
+    /// context and answer [`Reply::Launched`] (the tests: no timing, no events).
+    Launch(Run),
+    /// Synchronize the whole context (work the candidate left on any stream) and answer
+    /// [`Reply::Synced`].
+    Sync,
+    /// Exit.
+    Exit,
+}
+
+/// [`Request::Load`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Load {
+    /// The candidate's shared object, inside the runner's staging directory.
+    pub so: PathBuf,
+    /// The device arena every buffer lives in, with the GPU; `None` on a machine without one
+    /// (the runner only loads the candidate).
+    pub arena: Option<Arena>,
+}
+
+/// Bytes at the start of the arena reserved for the window words; buffers start after them.
+pub const CONTROL_BYTES: u64 = 512;
+/// Arena offset of the `go` word (u32): the judge's stream writes a window's number to it when
+/// the window starts.
+pub const GO_OFFSET: u64 = 0;
+/// Arena offset of the `done` word (u32): the runner's stream writes the window's number to it
+/// after the window's launches.
+pub const DONE_OFFSET: u64 = 256;
+
+/// A device allocation shared with the runner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Arena {
+    /// `cuIpcGetMemHandle` (hex, 64 bytes).
+    pub handle: String,
+    /// Size, bytes.
+    pub bytes: u64,
+}
+
+/// [`Request::Run`] and [`Request::Launch`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Run {
+    /// The window's number (the value of the `go` and `done` words; 0 for [`Request::Launch`]).
+    pub window: u32,
+    /// The launches, in order. A window without launches runs the runner's own empty kernel
+    /// instead (calibration: the GPU switches to the runner's context as for a candidate).
+    pub reps: Vec<Rep>,
+}
+
+/// One call of the candidate's entry point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rep {
+    /// Byte offset of each buffer argument in the arena, in argument order.
+    pub buffers: Vec<u64>,
+    /// The task's sizes, in `sizes` order.
+    pub sizes: Vec<i64>,
+    /// Scalar arguments, in argument order.
+    pub scalars: Vec<f32>,
+}
+
+/// A reply from the runner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    /// Initialized and waiting for [`Request::Load`].
+    Ready {
+        /// A CUDA context is up.
+        gpu: bool,
+        /// Landlock enforced the staging directory's confinement.
+        confined: bool,
+    },
+    /// Start-up failed (no driver, no device, ...).
+    InitError {
+        /// Why.
+        message: String,
+    },
+    /// The candidate is loaded (inside the seccomp sandbox).
+    Loaded,
+    /// `dlopen`/`dlsym` or the IPC handles failed.
+    LoadError {
+        /// Why.
+        message: String,
+    },
+    /// A window is enqueued.
+    Armed {
+        /// The first nonzero value the entry point returned (`cudaGetLastError` after a
+        /// launch), 0 if none.
+        rc: i32,
+    },
+    /// The launches of [`Request::Launch`] finished.
+    Launched {
+        /// As in [`Reply::Armed`].
+        rc: i32,
+        /// The CUDA error the synchronize returned, if any (the context is then unusable).
+        error: Option<String>,
+    },
+    /// The context synchronized.
+    Synced {
+        /// The CUDA error it returned, if any (the context is then unusable).
+        error: Option<String>,
+    },
+    /// A denied system call (written by the runner's `SIGSYS` handler).
+    Violation {
+        /// x86-64 system-call number.
+        syscall: i64,
+    },
+}
+
+/// How the runner ended, or what it answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// A reply.
+    Reply(Reply),
+    /// No reply within the limit; the runner was killed.
+    Timeout,
+    /// The runner died; with its status and a note (e.g. the system call it was denied).
+    Died(String),
+}
+
+/// A running `cudarl-pipe-runner`.
+pub struct RunnerProcess {
+    child: Child,
+    ctl: UnixStream,
+    replies: Receiver<String>,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    /// The staging directory the runner may read (its candidate goes here); removed on drop.
+    pub dir: tempfile::TempDir,
+    /// When it was started.
+    pub started: Instant,
+}
+
+fn keep_tail(buf: &Arc<Mutex<Vec<u8>>>, mut r: impl Read + Send + 'static) {
+    let buf = buf.clone();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            let mut b = buf.lock().unwrap_or_else(|e| e.into_inner());
+            b.extend_from_slice(&chunk[..n]);
+            if b.len() > 2 * OUTPUT_KEEP {
+                let cut = b.len() - OUTPUT_KEEP;
+                b.drain(..cut);
+            }
+        }
+    });
+}
+
+/// The runner binary: `$CUDARL_RUNNER`, else `cudarl-pipe-runner` beside the running executable
+/// (see [`crate::worker::sibling_exe`]), else on `PATH`.
+pub fn runner_exe() -> PathBuf {
+    crate::worker::sibling_exe("CUDARL_RUNNER", "cudarl-pipe-runner")
+}
+
+impl RunnerProcess {
+    /// Starts a runner: `gpu` initializes CUDA, `cudart` is the shared CUDA runtime to preload
+    /// (the library candidates link), `read` more read-only paths (the CUDA driver's and
+    /// runtime's directories). The staging directory is created here.
+    ///
+    /// # Errors
+    /// The runner cannot be started (missing binary, no temp dir).
+    pub fn spawn(
+        gpu: bool,
+        cudart: Option<&Path>,
+        read: &[PathBuf],
+    ) -> std::io::Result<RunnerProcess> {
+        let dir = tempfile::Builder::new()
+            .prefix("cudarl-runner-")
+            .tempdir()?;
+        let (judge_end, runner_end) = UnixStream::pair()?;
+        let mut cmd = Command::new(runner_exe());
+        cmd.arg("native").arg("--dir").arg(dir.path());
+        if gpu {
+            cmd.arg("--gpu");
+        }
+        if let Some(c) = cudart {
+            cmd.arg("--cudart").arg(c);
+        }
+        for r in read {
+            cmd.arg("--read").arg(r);
+        }
+        // Paths a driver installed elsewhere needs (colon-separated), from the environment.
+        for (var, flag) in [
+            ("CUDARL_RUNNER_READ", "--read"),
+            ("CUDARL_RUNNER_WRITE", "--write"),
+        ] {
+            if let Some(v) = std::env::var_os(var) {
+                for p in std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()) {
+                    cmd.arg(flag).arg(p);
+                }
+            }
+        }
+        // Eager module loading: a lazy load at the first launch would synchronize the context
+        // while the judge holds the stream back.
+        // A clean environment: the candidate reads nothing of the judge's (no salt, no paths
+        // into the store), only what the dynamic loader and the driver need.
+        cmd.env_clear();
+        for k in KEPT_ENV {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
+        }
+        // No JIT cache on disk (the runner writes no files).
+        cmd.env("CUDA_MODULE_LOADING", "EAGER")
+            .env("CUDA_CACHE_DISABLE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let fd: OwnedFd = runner_end.into();
+        let raw = fd.as_raw_fd();
+        // SAFETY: dup2 onto fd 3 in the child before exec; async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(raw, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        drop(fd);
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        keep_tail(&stdout, child.stdout.take().expect("piped"));
+        keep_tail(&stderr, child.stderr.take().expect("piped"));
+        let (tx, rx) = channel();
+        let reader = judge_end.try_clone()?;
+        std::thread::spawn(move || {
+            for l in BufReader::new(reader).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(RunnerProcess {
+            child,
+            ctl: judge_end,
+            replies: rx,
+            stdout,
+            stderr,
+            dir,
+            started: Instant::now(),
+        })
+    }
+
+    /// Sends a request.
+    ///
+    /// # Errors
+    /// The runner's end is closed (it died).
+    pub fn send(&mut self, r: &Request) -> std::io::Result<()> {
+        let line = serde_json::to_string(r).expect("request serializes");
+        writeln!(self.ctl, "{line}")?;
+        self.ctl.flush()
+    }
+
+    /// Waits up to `wait` for the next reply; `None` if none came yet (the runner keeps running).
+    pub fn try_recv(&mut self, wait: Duration) -> Option<Answer> {
+        match self.replies.recv_timeout(wait) {
+            Ok(l) => Some(self.answer_of(l)),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Answer::Died(self.status())),
+        }
+    }
+
+    /// Waits up to `wall` for the next reply. A line that is not a [`Reply`] (the candidate can
+    /// write to the socket too) counts as a dead runner; so does a closed socket.
+    pub fn recv(&mut self, wall: Duration) -> Answer {
+        match self.replies.recv_timeout(wall) {
+            Ok(l) => self.answer_of(l),
+            Err(RecvTimeoutError::Timeout) => {
+                self.kill();
+                Answer::Timeout
+            }
+            Err(RecvTimeoutError::Disconnected) => Answer::Died(self.status()),
+        }
+    }
+
+    fn answer_of(&mut self, l: String) -> Answer {
+        match serde_json::from_str::<Reply>(&l) {
+            Ok(Reply::Violation { syscall }) => {
+                self.kill();
+                Answer::Died(format!(
+                    "sandbox violation: denied system call `{}` ({syscall})",
+                    cudarl_sandbox::syscalls::name(syscall)
+                ))
+            }
+            Ok(r) => Answer::Reply(r),
+            Err(_) => {
+                self.kill();
+                Answer::Died(format!(
+                    "the runner sent an unreadable line ({} bytes)",
+                    l.len()
+                ))
+            }
+        }
+    }
+
+    /// Sends `r` and waits for its reply.
+    pub fn call(&mut self, r: &Request, wall: Duration) -> Answer {
+        if self.send(r).is_err() {
+            return Answer::Died(self.status());
+        }
+        self.recv(wall)
+    }
+
+    /// The exit status, once the runner ended (waits for it), with the violation it reported.
+    fn status(&mut self) -> String {
+        let st = self.child.wait();
+        match st {
+            Ok(s) if s.code() == Some(cudarl_sandbox::VIOLATION_EXIT) => {
+                "sandbox violation: the runner made a denied system call".into()
+            }
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                match s.signal() {
+                    Some(libc::SIGSYS) => {
+                        "sandbox violation: the runner was killed by SIGSYS (a denied system call)"
+                            .into()
+                    }
+                    Some(sig) => format!("the runner died (signal {sig})"),
+                    None => format!("the runner exited ({s})"),
+                }
+            }
+            Err(e) => format!("the runner is gone ({e})"),
+        }
+    }
+
+    /// Kills the runner and its process group.
+    pub fn kill(&mut self) {
+        // SAFETY: signals the runner's own process group (it is the group leader).
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The candidate's output so far: stdout and stderr, each its last [`OUTPUT_KEEP`] bytes,
+    /// lossily decoded.
+    pub fn output(&self) -> String {
+        let tail = |b: &Arc<Mutex<Vec<u8>>>| {
+            let b = b.lock().unwrap_or_else(|e| e.into_inner());
+            let s = &b[b.len().saturating_sub(OUTPUT_KEEP)..];
+            String::from_utf8_lossy(s).into_owned()
+        };
+        let (o, e) = (tail(&self.stdout), tail(&self.stderr));
+        match (o.is_empty(), e.is_empty()) {
+            (true, true) => String::new(),
+            (false, true) => o,
+            (true, false) => e,
+            (false, false) => format!("{o}\n{e}"),
+        }
+    }
+
+    /// The runner's pid.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for RunnerProcess {
+    fn drop(&mut self) {
+        let _ = self.send(&Request::Exit);
+        self.kill();
+    }
+}
+
+/// Hex of `bytes` (IPC handles on the protocol).
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes of hex `s`, `None` if it is not hex of even length.
+pub fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The control socket the runner finds on file descriptor 3, as a plain file: reads and writes
+/// are `read(2)`/`write(2)`, the calls the runner's seccomp allow-list has (`send`/`recv` on
+/// a socket are not on it).
+///
+/// # Safety
+/// Fd 3 must be the control socket the judge passed.
+pub unsafe fn control_socket() -> std::fs::File {
+    // SAFETY: per the caller's contract.
+    unsafe { std::fs::File::from_raw_fd(3) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_lines_round_trip_and_reject_unknown_fields() {
+        let r = Request::Run(Run {
+            window: 1,
+            reps: vec![Rep {
+                buffers: vec![0, 4096],
+                sizes: vec![1024],
+                scalars: vec![0.5],
+            }],
+        });
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        assert_eq!(
+            serde_json::to_string(&Reply::Armed { rc: 0 }).unwrap(),
+            r#"{"armed":{"rc":0}}"#
+        );
+        assert!(serde_json::from_str::<Reply>(r#"{"armed":{"rc":0,"ms":1.0}}"#).is_err());
+        // The SIGSYS reporter's line is a reply.
+        assert_eq!(
+            serde_json::from_str::<Reply>(r#"{"violation":{"syscall":59}}"#).unwrap(),
+            Reply::Violation { syscall: 59 }
+        );
+        assert_eq!(
+            from_hex(&to_hex(&[0, 1, 254, 255])).unwrap(),
+            vec![0, 1, 254, 255]
+        );
+        assert!(from_hex("abc").is_none() && from_hex("zz").is_none());
+    }
+}

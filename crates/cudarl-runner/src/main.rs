@@ -1,0 +1,561 @@
+//! `cudarl-pipe-runner`: where candidate code runs, and nothing else.
+//!
+//! - `cudarl-pipe-runner native --dir D [--gpu] [--cudart LIB] [--read P]...`: the native
+//!   kernel runner the judge starts (protocol: `cudarl_cuda::runner`). Confined by Landlock to
+//!   reading system libraries, the CUDA libraries, `/proc`, `/sys`, the GPU's device files and its
+//!   staging directory `D`, before CUDA starts any thread; CUDA initialized on device 0's primary
+//!   context with eager module loading and the shared CUDA runtime preloaded; then, per
+//!   candidate, the arena and events opened, the seccomp allow-list installed on every thread,
+//!   and only then the candidate `dlopen`ed (its constructors run sandboxed).
+//! - `cudarl-pipe-runner exec --profile compiler|interpreter [--read P]... [--exec P]...
+//!   [--write P]... [--device P]... -- PROGRAM ARGS...`: confines itself (Landlock, the
+//!   profile's seccomp deny-list, rlimits, death with its parent) and `exec`s `PROGRAM`; used for
+//!   nvcc and for Python reading or running a candidate file.
+//!
+//! Not meant to be run by hand. Exit codes: 0 done, 2 bad usage, 86 a denied system call,
+//! 125 sandbox set-up failed, 127 `exec` failed.
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use cudarl_cuda::runner::{Reply, Request, from_hex};
+use cudarl_sandbox::{FilterOptions, FsPolicy, Limits, Profile};
+
+#[derive(Parser)]
+#[command(
+    name = "cudarl-pipe-runner",
+    about = "cudarl-pipe's sandboxed runner (internal)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The native kernel runner (control socket on fd 3).
+    Native {
+        /// The staging directory the candidate is loaded from (readable, nothing else is).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Initialize CUDA on device 0.
+        #[arg(long)]
+        gpu: bool,
+        /// The shared CUDA runtime (libcudart.so.N) to preload.
+        #[arg(long)]
+        cudart: Option<PathBuf>,
+        /// More read-only paths.
+        #[arg(long)]
+        read: Vec<PathBuf>,
+        /// Writable paths (before the seccomp filter: the driver's initialization only).
+        #[arg(long)]
+        write: Vec<PathBuf>,
+    },
+    /// Confine this process, then exec PROGRAM.
+    Exec {
+        /// `compiler` (processes allowed) or `interpreter` (none).
+        #[arg(long)]
+        profile: String,
+        /// Read-only paths.
+        #[arg(long)]
+        read: Vec<PathBuf>,
+        /// Readable and executable paths.
+        #[arg(long)]
+        exec: Vec<PathBuf>,
+        /// Writable paths.
+        #[arg(long)]
+        write: Vec<PathBuf>,
+        /// Device files (read, write, ioctl).
+        #[arg(long)]
+        device: Vec<PathBuf>,
+        /// Largest file the program may write, MiB.
+        #[arg(long, default_value_t = 256)]
+        file_size_mib: u64,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        program: Vec<String>,
+    },
+}
+
+fn env_flag(k: &str) -> bool {
+    std::env::var(k).is_ok_and(|v| v == "1")
+}
+
+fn fail(code: i32, msg: &str) -> ! {
+    eprintln!("cudarl-pipe-runner: {msg}");
+    std::process::exit(code)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Exec {
+            profile,
+            read,
+            exec,
+            write,
+            device,
+            file_size_mib,
+            program,
+        } => exec_confined(&profile, read, exec, write, device, file_size_mib, &program),
+        Cmd::Native {
+            dir,
+            gpu,
+            cudart,
+            read,
+            write,
+        } => native::run(dir, gpu, cudart, read, write),
+    }
+}
+
+fn exec_confined(
+    profile: &str,
+    read: Vec<PathBuf>,
+    exec: Vec<PathBuf>,
+    write: Vec<PathBuf>,
+    device: Vec<PathBuf>,
+    file_size_mib: u64,
+    program: &[String],
+) -> ! {
+    let profile = match profile {
+        "compiler" => Profile::Compiler,
+        "interpreter" => Profile::Interpreter,
+        p => fail(2, &format!("unknown profile `{p}` (compiler, interpreter)")),
+    };
+    let limits = Limits {
+        file_size_bytes: file_size_mib << 20,
+        ..Limits::default()
+    };
+    if let Err(e) = cudarl_sandbox::harden(&limits) {
+        fail(125, &e.to_string());
+    }
+    let mut read = read;
+    read.extend(FsPolicy::system_libraries());
+    let mut exec = exec;
+    exec.extend(FsPolicy::dynamic_loader());
+    let policy = FsPolicy {
+        read,
+        exec,
+        write,
+        devices: device,
+    };
+    if let Err(e) = policy.restrict(env_flag("CUDARL_ALLOW_UNCONFINED")) {
+        fail(125, &e.to_string());
+    }
+    let opts = FilterOptions {
+        // SAFETY: no preconditions.
+        self_pid: unsafe { libc::getpid() },
+        log_only: env_flag("CUDARL_SANDBOX_LOG"),
+    };
+    let filters = cudarl_sandbox::syscalls::filters(profile, &opts)
+        .unwrap_or_else(|e| fail(125, &e.to_string()));
+    if let Err(e) = cudarl_sandbox::syscalls::install(&filters, false) {
+        fail(125, &e.to_string());
+    }
+    let args: Vec<CString> = program
+        .iter()
+        .map(|a| CString::new(a.as_str()).unwrap_or_else(|_| fail(2, "NUL in an argument")))
+        .collect();
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // SAFETY: a NUL-terminated argv of valid C strings.
+    unsafe { libc::execvp(argv[0], argv.as_ptr()) };
+    fail(
+        127,
+        &format!("exec {}: {}", program[0], std::io::Error::last_os_error()),
+    )
+}
+
+/// Writes one reply line on the control socket.
+fn reply(out: &mut impl Write, r: &Reply) {
+    let line = serde_json::to_string(r).expect("reply serializes");
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Reads one request line; `None` at end of input or on a line that is not a request.
+fn request(inp: &mut impl BufRead) -> Option<Request> {
+    let mut l = String::new();
+    match inp.read_line(&mut l) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => serde_json::from_str(&l).ok(),
+    }
+}
+
+mod native {
+    use super::*;
+    use cudarc::driver::sys;
+
+    type Entry = unsafe extern "C" fn(
+        *const *mut std::ffi::c_void,
+        *const i64,
+        *const f32,
+        sys::CUstream,
+    ) -> i32;
+
+    fn cu(r: sys::CUresult, what: &str) -> Result<(), String> {
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("{what}: {r:?}"))
+        }
+    }
+
+    /// Read-only paths of every native runner: system libraries, the driver's and the toolkit's
+    /// usual homes, the loader's search path, `/proc` and `/sys` (the driver reads both).
+    fn base_reads(dir: &Path, cudart: Option<&PathBuf>, extra: Vec<PathBuf>) -> Vec<PathBuf> {
+        let mut read = FsPolicy::system_libraries();
+        read.extend(
+            [
+                "/usr/local/nvidia",
+                "/usr/local/cuda",
+                "/proc",
+                "/sys",
+                "/etc/ld.so.conf",
+                "/etc/ld.so.conf.d",
+            ]
+            .into_iter()
+            .map(PathBuf::from),
+        );
+        if let Some(p) = std::env::var_os("LD_LIBRARY_PATH") {
+            read.extend(std::env::split_paths(&p));
+        }
+        if let Some(c) = cudart.and_then(|c| c.parent()) {
+            read.push(c.to_path_buf());
+        }
+        read.extend(extra);
+        read.push(dir.to_path_buf());
+        read
+    }
+
+    struct Gpu {
+        arena: sys::CUdeviceptr,
+    }
+
+    /// The runner's own empty kernel, as PTX (compiled by the driver at start-up): what a window
+    /// without launches runs, so the judge's calibration windows make the GPU switch to this
+    /// context the way a candidate's launch does.
+    const NOOP_PTX: &str = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry cudarl_noop()\n{\n\tret;\n}\n\0";
+
+    /// Loads [`NOOP_PTX`] in the current context.
+    fn load_noop() -> Result<sys::CUfunction, String> {
+        // SAFETY: a NUL-terminated PTX image and valid out-pointers.
+        unsafe {
+            let mut m = std::ptr::null_mut();
+            cu(
+                sys::cuModuleLoadData(&mut m, NOOP_PTX.as_ptr().cast()),
+                "cuModuleLoadData(noop)",
+            )?;
+            let mut f = std::ptr::null_mut();
+            cu(
+                sys::cuModuleGetFunction(&mut f, m, c"cudarl_noop".as_ptr()),
+                "cuModuleGetFunction(noop)",
+            )?;
+            Ok(f)
+        }
+    }
+
+    fn init_gpu(cudart: Option<&libloading::Library>) -> Result<(), String> {
+        // SAFETY: driver initialization and the primary context of device 0, in order.
+        unsafe {
+            if !sys::is_culib_present() {
+                return Err("libcuda not found: no GPU driver on this machine".into());
+            }
+            cu(sys::cuInit(0), "cuInit")?;
+            let mut dev = 0;
+            cu(sys::cuDeviceGet(&mut dev, 0), "cuDeviceGet")?;
+            let mut ctx = std::ptr::null_mut();
+            cu(
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+            cu(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+            if let Some(rt) = cudart {
+                // The runtime binds to the current primary context: cudaFree(NULL).
+                let free: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void) -> i32> =
+                    rt.get(b"cudaFree").map_err(|e| format!("cudaFree: {e}"))?;
+                let rc = free(std::ptr::null_mut());
+                if rc != 0 {
+                    return Err(format!("cudaFree(0) returned cudaError {rc}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn open_gpu(load: &cudarl_cuda::runner::Load) -> Result<Option<Gpu>, String> {
+        let Some(arena) = &load.arena else {
+            return Ok(None);
+        };
+        let v = from_hex(&arena.handle).ok_or("arena handle: not hex")?;
+        if v.len() != 64 {
+            return Err(format!("arena handle: {} bytes, not 64", v.len()));
+        }
+        let mut mh = [0u8; 64];
+        mh.copy_from_slice(&v);
+        // SAFETY: an IPC memory handle from the judge, opened in the current (primary) context.
+        unsafe {
+            let mut ptr = 0;
+            let handle = sys::CUipcMemHandle {
+                reserved: mh.map(|b| b as std::ffi::c_char),
+            };
+            cu(
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut ptr,
+                    handle,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                ),
+                "cuIpcOpenMemHandle",
+            )?;
+            Ok(Some(Gpu { arena: ptr }))
+        }
+    }
+
+    /// Calls the candidate once per rep on the legacy default stream, with the rep's buffers
+    /// inside the arena; the first nonzero return value, 0 if none.
+    fn call(entry: Entry, arena: sys::CUdeviceptr, reps: &[cudarl_cuda::runner::Rep]) -> i32 {
+        let mut rc = 0;
+        for rep in reps {
+            let ptrs: Vec<*mut std::ffi::c_void> = rep
+                .buffers
+                .iter()
+                .map(|&o| (arena + o) as *mut std::ffi::c_void)
+                .collect();
+            // SAFETY: the candidate's entry point (the shim's signature) on buffers inside the
+            // arena, sizes and scalars in the task's order, the legacy default stream.
+            let r = unsafe {
+                entry(
+                    ptrs.as_ptr(),
+                    rep.sizes.as_ptr(),
+                    rep.scalars.as_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if rc == 0 {
+                rc = r;
+            }
+        }
+        rc
+    }
+
+    pub fn run(
+        dir: PathBuf,
+        gpu: bool,
+        cudart: Option<PathBuf>,
+        read: Vec<PathBuf>,
+        write: Vec<PathBuf>,
+    ) -> ! {
+        // SAFETY: the judge passes the control socket as fd 3.
+        let ctl = unsafe { cudarl_cuda::runner::control_socket() };
+        let mut out = ctl
+            .try_clone()
+            .unwrap_or_else(|e| fail(125, &format!("fd 3: {e}")));
+        let mut inp = BufReader::new(ctl);
+        let limits = Limits {
+            cpu_seconds: 600,
+            address_space_gib: 4096,
+            file_size_bytes: 0,
+            open_files: 256,
+        };
+        let init_error = |out: &mut std::fs::File, m: String| -> ! {
+            reply(out, &Reply::InitError { message: m });
+            // SAFETY: leaves without running anything else.
+            unsafe { libc::_exit(125) }
+        };
+        if let Err(e) = cudarl_sandbox::harden(&limits) {
+            init_error(&mut out, e.to_string());
+        }
+        if let Err(e) = cudarl_sandbox::report::install_reporter(3) {
+            init_error(&mut out, e.to_string());
+        }
+        let mut write = write;
+        if gpu {
+            // The driver names its threads (`/proc/self/task/<tid>/comm`, opened for writing);
+            // cuInit fails with CUDA_ERROR_OPERATING_SYSTEM when it cannot. Only this process's
+            // own task directory, resolved now.
+            write.push(PathBuf::from("/proc/self/task"));
+        }
+        let policy = FsPolicy {
+            read: base_reads(&dir, cudart.as_ref(), read),
+            devices: if gpu { FsPolicy::gpu_devices() } else { vec![] },
+            write,
+            ..Default::default()
+        };
+        let confined = match policy.restrict(env_flag("CUDARL_ALLOW_UNCONFINED")) {
+            Ok(s) => s.enforced,
+            Err(e) => init_error(&mut out, e.to_string()),
+        };
+        // Libraries a candidate links, loaded now (their files are not read after the sandbox).
+        let flags = libc::RTLD_NOW | libc::RTLD_GLOBAL;
+        let mut keep = Vec::new();
+        for name in ["libstdc++.so.6", "libgcc_s.so.1", "libm.so.6"] {
+            // SAFETY: loading system libraries.
+            if let Ok(l) = unsafe { libloading::os::unix::Library::open(Some(name), flags) } {
+                keep.push(l);
+            }
+        }
+        let rt = match &cudart {
+            // SAFETY: the CUDA runtime the harness linked candidates against.
+            Some(p) => match unsafe { libloading::os::unix::Library::open(Some(p), flags) } {
+                Ok(l) => Some(libloading::Library::from(l)),
+                Err(e) => init_error(&mut out, format!("{}: {e}", p.display())),
+            },
+            None => None,
+        };
+        if gpu && let Err(e) = init_gpu(rt.as_ref()) {
+            init_error(&mut out, e);
+        }
+        let noop = if gpu {
+            match load_noop() {
+                Ok(f) => Some(f),
+                Err(e) => init_error(&mut out, e),
+            }
+        } else {
+            None
+        };
+        reply(&mut out, &Reply::Ready { gpu, confined });
+        let Some(Request::Load(load)) = request(&mut inp) else {
+            // SAFETY: nothing to clean up.
+            unsafe { libc::_exit(0) }
+        };
+        let g = match open_gpu(&load) {
+            Ok(g) => g,
+            Err(e) => {
+                reply(&mut out, &Reply::LoadError { message: e });
+                // SAFETY: as above.
+                unsafe { libc::_exit(0) }
+            }
+        };
+        let opts = FilterOptions {
+            // SAFETY: no preconditions.
+            self_pid: unsafe { libc::getpid() },
+            log_only: env_flag("CUDARL_SANDBOX_LOG"),
+        };
+        let installed = cudarl_sandbox::syscalls::filters(Profile::Runner, &opts)
+            .and_then(|f| cudarl_sandbox::syscalls::install(&f, true));
+        if let Err(e) = installed {
+            init_error(&mut out, e.to_string());
+        }
+        // From here on the candidate's code may run.
+        // SAFETY: loading the candidate inside the sandbox; its constructors run now.
+        let lib = match unsafe {
+            libloading::os::unix::Library::open(Some(&load.so), libc::RTLD_NOW | libc::RTLD_LOCAL)
+        } {
+            Ok(l) => l,
+            Err(e) => {
+                reply(
+                    &mut out,
+                    &Reply::LoadError {
+                        message: e.to_string(),
+                    },
+                );
+                // SAFETY: leaves without running the candidate's destructors.
+                unsafe { libc::_exit(0) }
+            }
+        };
+        // SAFETY: the shim's entry point has this signature.
+        let entry: Entry = match unsafe { lib.get::<Entry>(b"cudarl_entry") } {
+            Ok(s) => *s,
+            Err(e) => {
+                reply(
+                    &mut out,
+                    &Reply::LoadError {
+                        message: e.to_string(),
+                    },
+                );
+                // SAFETY: as above.
+                unsafe { libc::_exit(0) }
+            }
+        };
+        reply(&mut out, &Reply::Loaded);
+        loop {
+            match request(&mut inp) {
+                Some(Request::Run(run)) => {
+                    let Some(g) = &g else {
+                        reply(&mut out, &Reply::Armed { rc: -1 });
+                        continue;
+                    };
+                    let stream: sys::CUstream = std::ptr::null_mut();
+                    let (go, done) = (
+                        g.arena + cudarl_cuda::runner::GO_OFFSET,
+                        g.arena + cudarl_cuda::runner::DONE_OFFSET,
+                    );
+                    // SAFETY: stream memory operations on words of the arena, on the legacy
+                    // stream: wait until the judge starts the window, then, after the launches,
+                    // say the window is done (ordered after them on the stream).
+                    let r = unsafe { sys::cuStreamWaitValue32_v2(stream, go, run.window, 0) };
+                    let rc = if r != sys::CUresult::CUDA_SUCCESS {
+                        -2
+                    } else if run.reps.is_empty() {
+                        // A calibration window: the runner's own empty kernel.
+                        let f = noop.expect("GPU mode loads the empty kernel");
+                        // SAFETY: a kernel without parameters, one thread, legacy stream.
+                        let r = unsafe {
+                            sys::cuLaunchKernel(
+                                f,
+                                1,
+                                1,
+                                1,
+                                1,
+                                1,
+                                1,
+                                0,
+                                stream,
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                            )
+                        };
+                        if r == sys::CUresult::CUDA_SUCCESS {
+                            0
+                        } else {
+                            -3
+                        }
+                    } else {
+                        call(entry, g.arena, &run.reps)
+                    };
+                    // SAFETY: as above.
+                    unsafe { sys::cuStreamWriteValue32_v2(stream, done, run.window, 0) };
+                    reply(&mut out, &Reply::Armed { rc });
+                }
+                Some(Request::Launch(run)) => {
+                    let Some(g) = &g else {
+                        reply(
+                            &mut out,
+                            &Reply::Launched {
+                                rc: -1,
+                                error: Some("no GPU".into()),
+                            },
+                        );
+                        continue;
+                    };
+                    let rc = call(entry, g.arena, &run.reps);
+                    // SAFETY: synchronizes the current context.
+                    let r = unsafe { sys::cuCtxSynchronize() };
+                    let error = (r != sys::CUresult::CUDA_SUCCESS).then(|| format!("{r:?}"));
+                    reply(&mut out, &Reply::Launched { rc, error });
+                }
+                Some(Request::Sync) => {
+                    // SAFETY: synchronizes the current context.
+                    let r = unsafe { sys::cuCtxSynchronize() };
+                    let error = (r != sys::CUresult::CUDA_SUCCESS).then(|| format!("{r:?}"));
+                    reply(&mut out, &Reply::Synced { error });
+                }
+                Some(Request::Load(_)) => {
+                    reply(
+                        &mut out,
+                        &Reply::LoadError {
+                            message: "one candidate per runner".into(),
+                        },
+                    );
+                }
+                Some(Request::Exit) | None => {
+                    // SAFETY: leaves without running the candidate's atexit handlers or
+                    // destructors.
+                    unsafe { libc::_exit(0) }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,558 @@
+//! seccomp-bpf filters (x86-64 system-call numbers), built with `seccompiler`.
+//!
+//! A [`Profile`] compiles to a few stacked filters; the kernel takes the strictest answer of all
+//! of them (kill > trap > errno > allow), so one filter decides what is allowed at all and the
+//! others turn some allowed calls into a plain error:
+//!
+//! - [`Profile::Runner`] (the native kernel runner once CUDA is initialized): an **allow-list**.
+//!   Memory, `ioctl` (the driver), futexes, polling, clocks, signals to itself, threads
+//!   (`clone` with `CLONE_THREAD`), reading files. Anything else traps: `execve`, processes,
+//!   sockets, `ptrace`, `process_vm_*`, `setsid`, mounts, `io_uring`, `bpf`, ... Opening a file
+//!   for writing fails with `EACCES`; `clone3` fails with `ENOSYS` (its flags sit in memory a
+//!   filter cannot read; glibc then falls back to `clone`, whose flags it can).
+//! - [`Profile::Compiler`] (nvcc and the host compiler it runs): a **deny-list** of calls that
+//!   reach outside the process tree (sockets, `ptrace`, `process_vm_*`, mounts, namespaces,
+//!   `setsid`/`setpgid`, kernel modules, `bpf`, `perf_event_open`, `io_uring`, keyrings, clock
+//!   setting). Processes are allowed: nvcc runs cicc, ptxas and gcc.
+//! - [`Profile::Interpreter`] (Python reading or running a candidate file): the compiler's
+//!   deny-list plus no new processes (`fork`, `vfork`, `clone` without `CLONE_THREAD`).
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::SandboxError;
+
+/// Which filter set a process gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Profile {
+    /// The native kernel runner after CUDA initialization: an allow-list.
+    Runner,
+    /// A toolchain (nvcc, gcc): a deny-list; processes allowed.
+    Compiler,
+    /// An interpreter running candidate code: a deny-list; no new processes.
+    Interpreter,
+}
+
+/// Settings of a filter set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilterOptions {
+    /// The sandboxed process's pid: `kill`/`tgkill` may target it alone.
+    pub self_pid: i32,
+    /// Log denied calls to the kernel's audit log and let them run, instead of trapping
+    /// (`SECCOMP_RET_LOG`; for finding what a toolkit needs: `dmesg | grep type=1326`).
+    pub log_only: bool,
+}
+
+/// System calls the runner may make once CUDA is up (x86-64 numbers, with their names).
+const RUNNER_ALLOWED: &[(i64, &str)] = &[
+    (libc::SYS_read, "read"),
+    (libc::SYS_write, "write"),
+    (libc::SYS_readv, "readv"),
+    (libc::SYS_writev, "writev"),
+    (libc::SYS_pread64, "pread64"),
+    (libc::SYS_close, "close"),
+    (libc::SYS_fstat, "fstat"),
+    (libc::SYS_stat, "stat"),
+    (libc::SYS_lstat, "lstat"),
+    (libc::SYS_newfstatat, "newfstatat"),
+    (libc::SYS_statx, "statx"),
+    (libc::SYS_lseek, "lseek"),
+    (libc::SYS_mmap, "mmap"),
+    (libc::SYS_munmap, "munmap"),
+    (libc::SYS_mprotect, "mprotect"),
+    (libc::SYS_mremap, "mremap"),
+    (libc::SYS_madvise, "madvise"),
+    (libc::SYS_mincore, "mincore"),
+    (libc::SYS_mlock, "mlock"),
+    (libc::SYS_munlock, "munlock"),
+    (libc::SYS_brk, "brk"),
+    (libc::SYS_ioctl, "ioctl"),
+    (libc::SYS_futex, "futex"),
+    (libc::SYS_sched_yield, "sched_yield"),
+    (libc::SYS_nanosleep, "nanosleep"),
+    (libc::SYS_clock_nanosleep, "clock_nanosleep"),
+    (libc::SYS_clock_gettime, "clock_gettime"),
+    (libc::SYS_clock_getres, "clock_getres"),
+    (libc::SYS_gettimeofday, "gettimeofday"),
+    (libc::SYS_getpid, "getpid"),
+    (libc::SYS_gettid, "gettid"),
+    (libc::SYS_getppid, "getppid"),
+    (libc::SYS_getuid, "getuid"),
+    (libc::SYS_geteuid, "geteuid"),
+    (libc::SYS_getgid, "getgid"),
+    (libc::SYS_getegid, "getegid"),
+    (libc::SYS_rt_sigaction, "rt_sigaction"),
+    (libc::SYS_rt_sigprocmask, "rt_sigprocmask"),
+    (libc::SYS_rt_sigreturn, "rt_sigreturn"),
+    (libc::SYS_sigaltstack, "sigaltstack"),
+    (libc::SYS_restart_syscall, "restart_syscall"),
+    (libc::SYS_exit, "exit"),
+    (libc::SYS_exit_group, "exit_group"),
+    (libc::SYS_set_robust_list, "set_robust_list"),
+    (libc::SYS_get_robust_list, "get_robust_list"),
+    (libc::SYS_rseq, "rseq"),
+    (libc::SYS_set_tid_address, "set_tid_address"),
+    (libc::SYS_poll, "poll"),
+    (libc::SYS_ppoll, "ppoll"),
+    (libc::SYS_select, "select"),
+    (libc::SYS_pselect6, "pselect6"),
+    (libc::SYS_epoll_create1, "epoll_create1"),
+    (libc::SYS_epoll_ctl, "epoll_ctl"),
+    (libc::SYS_epoll_wait, "epoll_wait"),
+    (libc::SYS_epoll_pwait, "epoll_pwait"),
+    (libc::SYS_eventfd2, "eventfd2"),
+    (libc::SYS_pipe2, "pipe2"),
+    (libc::SYS_dup, "dup"),
+    (libc::SYS_dup3, "dup3"),
+    (libc::SYS_fcntl, "fcntl"),
+    (libc::SYS_openat, "openat"),
+    (libc::SYS_open, "open"),
+    (libc::SYS_access, "access"),
+    (libc::SYS_faccessat, "faccessat"),
+    (libc::SYS_faccessat2, "faccessat2"),
+    (libc::SYS_readlink, "readlink"),
+    (libc::SYS_readlinkat, "readlinkat"),
+    (libc::SYS_getcwd, "getcwd"),
+    (libc::SYS_getdents64, "getdents64"),
+    (libc::SYS_uname, "uname"),
+    (libc::SYS_sched_getaffinity, "sched_getaffinity"),
+    (libc::SYS_sched_getparam, "sched_getparam"),
+    (libc::SYS_sched_getscheduler, "sched_getscheduler"),
+    (libc::SYS_getrandom, "getrandom"),
+    (libc::SYS_sysinfo, "sysinfo"),
+    (libc::SYS_membarrier, "membarrier"),
+    (libc::SYS_getrusage, "getrusage"),
+    (libc::SYS_times, "times"),
+    (libc::SYS_memfd_create, "memfd_create"),
+    (libc::SYS_get_mempolicy, "get_mempolicy"),
+    (libc::SYS_mbind, "mbind"),
+    (libc::SYS_msync, "msync"),
+    (libc::SYS_ftruncate, "ftruncate"),
+    (libc::SYS_clone3, "clone3"),
+];
+
+/// Calls that reach outside a toolchain's or interpreter's own process tree.
+const OUTSIDE: &[(i64, &str)] = &[
+    (libc::SYS_ptrace, "ptrace"),
+    (libc::SYS_process_vm_readv, "process_vm_readv"),
+    (libc::SYS_process_vm_writev, "process_vm_writev"),
+    (libc::SYS_socket, "socket"),
+    (libc::SYS_socketpair, "socketpair"),
+    (libc::SYS_connect, "connect"),
+    (libc::SYS_bind, "bind"),
+    (libc::SYS_listen, "listen"),
+    (libc::SYS_accept, "accept"),
+    (libc::SYS_accept4, "accept4"),
+    (libc::SYS_mount, "mount"),
+    (libc::SYS_umount2, "umount2"),
+    (libc::SYS_pivot_root, "pivot_root"),
+    (libc::SYS_chroot, "chroot"),
+    (libc::SYS_unshare, "unshare"),
+    (libc::SYS_setns, "setns"),
+    (libc::SYS_setsid, "setsid"),
+    (libc::SYS_setpgid, "setpgid"),
+    (libc::SYS_kexec_load, "kexec_load"),
+    (libc::SYS_kexec_file_load, "kexec_file_load"),
+    (libc::SYS_init_module, "init_module"),
+    (libc::SYS_finit_module, "finit_module"),
+    (libc::SYS_delete_module, "delete_module"),
+    (libc::SYS_bpf, "bpf"),
+    (libc::SYS_perf_event_open, "perf_event_open"),
+    (libc::SYS_userfaultfd, "userfaultfd"),
+    (libc::SYS_io_uring_setup, "io_uring_setup"),
+    (libc::SYS_io_uring_enter, "io_uring_enter"),
+    (libc::SYS_io_uring_register, "io_uring_register"),
+    (libc::SYS_keyctl, "keyctl"),
+    (libc::SYS_add_key, "add_key"),
+    (libc::SYS_request_key, "request_key"),
+    (libc::SYS_acct, "acct"),
+    (libc::SYS_swapon, "swapon"),
+    (libc::SYS_swapoff, "swapoff"),
+    (libc::SYS_reboot, "reboot"),
+    (libc::SYS_settimeofday, "settimeofday"),
+    (libc::SYS_clock_settime, "clock_settime"),
+    (libc::SYS_clock_adjtime, "clock_adjtime"),
+    (libc::SYS_adjtimex, "adjtimex"),
+    (libc::SYS_open_by_handle_at, "open_by_handle_at"),
+    (libc::SYS_name_to_handle_at, "name_to_handle_at"),
+    (libc::SYS_iopl, "iopl"),
+    (libc::SYS_ioperm, "ioperm"),
+    (libc::SYS_fanotify_init, "fanotify_init"),
+    (libc::SYS_quotactl, "quotactl"),
+    (libc::SYS_syslog, "syslog"),
+    (libc::SYS_vhangup, "vhangup"),
+    (libc::SYS_pidfd_getfd, "pidfd_getfd"),
+    (libc::SYS_pidfd_open, "pidfd_open"),
+    (libc::SYS_kcmp, "kcmp"),
+    (libc::SYS_move_mount, "move_mount"),
+    (libc::SYS_fsopen, "fsopen"),
+    (libc::SYS_fsmount, "fsmount"),
+    (libc::SYS_fsconfig, "fsconfig"),
+    (libc::SYS_fspick, "fspick"),
+    (libc::SYS_open_tree, "open_tree"),
+];
+
+/// Calls that start processes or programs (named for reports; the runner allows none of them).
+const PROCESSES: &[(i64, &str)] = &[
+    (libc::SYS_execve, "execve"),
+    (libc::SYS_execveat, "execveat"),
+    (libc::SYS_fork, "fork"),
+    (libc::SYS_vfork, "vfork"),
+    (libc::SYS_clone, "clone"),
+    (libc::SYS_kill, "kill"),
+    (libc::SYS_tgkill, "tgkill"),
+    (libc::SYS_tkill, "tkill"),
+    (libc::SYS_prctl, "prctl"),
+    (libc::SYS_prlimit64, "prlimit64"),
+];
+
+/// The name of x86-64 system call `nr` when it is one the filters mention, else `syscall <nr>`.
+pub fn name(nr: i64) -> String {
+    RUNNER_ALLOWED
+        .iter()
+        .chain(OUTSIDE)
+        .chain(PROCESSES)
+        .find(|(n, _)| *n == nr)
+        .map_or_else(|| format!("syscall {nr}"), |(_, s)| (*s).to_string())
+}
+
+fn err(e: impl std::fmt::Display) -> SandboxError {
+    SandboxError::Seccomp(e.to_string())
+}
+
+fn cond(
+    arg: u8,
+    len: SeccompCmpArgLen,
+    op: SeccompCmpOp,
+    v: u64,
+) -> Result<SeccompCondition, SandboxError> {
+    SeccompCondition::new(arg, len, op, v).map_err(err)
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SandboxError> {
+    SeccompRule::new(conds).map_err(err)
+}
+
+/// `arg & bit == bit`.
+fn has_bit(arg: u8, bit: u64) -> Result<SeccompCondition, SandboxError> {
+    cond(
+        arg,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(bit),
+        bit,
+    )
+}
+
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    on_match: SeccompAction,
+) -> Result<BpfProgram, SandboxError> {
+    let f = SeccompFilter::new(rules, mismatch, on_match, TargetArch::x86_64).map_err(err)?;
+    f.try_into().map_err(err)
+}
+
+/// Opening for writing (`O_WRONLY`, `O_RDWR`, `O_CREAT`, `O_TRUNC`, `O_APPEND`) fails with
+/// `EACCES`; `clone3` with `ENOSYS`.
+fn errno_filters() -> Result<Vec<BpfProgram>, SandboxError> {
+    let write_bits = [
+        libc::O_WRONLY,
+        libc::O_RDWR,
+        libc::O_CREAT,
+        libc::O_TRUNC,
+        libc::O_APPEND,
+    ];
+    let write_rules = |arg: u8| -> Result<Vec<SeccompRule>, SandboxError> {
+        write_bits
+            .iter()
+            .map(|&b| rule(vec![has_bit(arg, b as u64)?]))
+            .collect()
+    };
+    let mut open = BTreeMap::new();
+    open.insert(libc::SYS_openat, write_rules(2)?);
+    open.insert(libc::SYS_open, write_rules(1)?);
+    open.insert(libc::SYS_creat, vec![]);
+    let mut clone3 = BTreeMap::new();
+    clone3.insert(libc::SYS_clone3, vec![]);
+    Ok(vec![
+        compile(
+            open,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EACCES as u32),
+        )?,
+        compile(
+            clone3,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::ENOSYS as u32),
+        )?,
+    ])
+}
+
+/// The filters of `profile`, in the order they must be installed ([`install`]): the one that
+/// denies most comes last, since installing a filter itself takes `prctl` and `seccomp`.
+///
+/// # Errors
+/// [`SandboxError::Seccomp`] if a filter does not compile (a bug, not an input error).
+pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>, SandboxError> {
+    let denied = if opts.log_only {
+        SeccompAction::Log
+    } else {
+        SeccompAction::Trap
+    };
+    let me = opts.self_pid as u64;
+    match profile {
+        Profile::Runner => {
+            let mut allow: BTreeMap<i64, Vec<SeccompRule>> =
+                RUNNER_ALLOWED.iter().map(|(n, _)| (*n, vec![])).collect();
+            // Threads, not processes.
+            allow.insert(
+                libc::SYS_clone,
+                vec![rule(vec![has_bit(0, libc::CLONE_THREAD as u64)?])?],
+            );
+            // Signals to itself only (abort, thread cancellation).
+            let to_me = |arg: u8| cond(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, me);
+            allow.insert(libc::SYS_kill, vec![rule(vec![to_me(0)?])?]);
+            allow.insert(libc::SYS_tgkill, vec![rule(vec![to_me(0)?])?]);
+            // Thread names and the loader's mapping names, nothing else of prctl.
+            let pr = |v: u64| -> Result<SeccompRule, SandboxError> {
+                rule(vec![cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?])
+            };
+            allow.insert(
+                libc::SYS_prctl,
+                vec![
+                    pr(libc::PR_SET_NAME as u64)?,
+                    pr(libc::PR_GET_NAME as u64)?,
+                    pr(libc::PR_GET_DUMPABLE as u64)?,
+                    pr(0x5356_4d41)?, // PR_SET_VMA (glibc names anonymous mappings)
+                ],
+            );
+            // Reading limits, not setting them.
+            allow.insert(
+                libc::SYS_prlimit64,
+                vec![rule(vec![cond(
+                    2,
+                    SeccompCmpArgLen::Qword,
+                    SeccompCmpOp::Eq,
+                    0,
+                )?])?],
+            );
+            // The allow-list goes last: installing a filter takes prctl and seccomp calls it denies.
+            let mut out = errno_filters()?;
+            out.push(compile(allow, denied, SeccompAction::Allow)?);
+            Ok(out)
+        }
+        Profile::Compiler | Profile::Interpreter => {
+            let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
+                OUTSIDE.iter().map(|(n, _)| (*n, vec![])).collect();
+            if profile == Profile::Interpreter {
+                deny.insert(libc::SYS_fork, vec![]);
+                deny.insert(libc::SYS_vfork, vec![]);
+                deny.insert(
+                    libc::SYS_clone,
+                    vec![rule(vec![cond(
+                        0,
+                        SeccompCmpArgLen::Qword,
+                        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+                        0,
+                    )?])?],
+                );
+            }
+            let mut out = Vec::new();
+            if profile == Profile::Interpreter {
+                let mut clone3 = BTreeMap::new();
+                clone3.insert(libc::SYS_clone3, vec![]);
+                out.push(compile(
+                    clone3,
+                    SeccompAction::Allow,
+                    SeccompAction::Errno(libc::ENOSYS as u32),
+                )?);
+            }
+            out.push(compile(deny, SeccompAction::Allow, denied)?);
+            Ok(out)
+        }
+    }
+}
+
+/// Installs `filters` (after setting `no_new_privs`), on every thread of the process
+/// (`SECCOMP_FILTER_FLAG_TSYNC`) when `all_threads`, else on the calling thread (and threads it
+/// starts later).
+///
+/// # Errors
+/// [`SandboxError::Seccomp`] when the kernel refuses a filter.
+pub fn install(filters: &[BpfProgram], all_threads: bool) -> Result<(), SandboxError> {
+    crate::process::no_new_privs()?;
+    for f in filters {
+        let r = if all_threads {
+            seccompiler::apply_filter_all_threads(f)
+        } else {
+            seccompiler::apply_filter(f)
+        };
+        r.map_err(err)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_child(f: impl FnOnce() -> i32) -> (i32, i32) {
+        // SAFETY: the child runs `f` and exits without returning.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let c = f();
+            // SAFETY: leaves the forked child.
+            unsafe { libc::_exit(c) };
+        }
+        let mut st = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        if libc::WIFSIGNALED(st) {
+            (-1, libc::WTERMSIG(st))
+        } else {
+            (libc::WEXITSTATUS(st), 0)
+        }
+    }
+
+    fn opts() -> FilterOptions {
+        FilterOptions {
+            // SAFETY: getpid has no preconditions.
+            self_pid: unsafe { libc::getpid() },
+            log_only: false,
+        }
+    }
+
+    #[test]
+    fn the_runner_profile_traps_exec_and_fails_write_opens() {
+        // exec traps: the child dies of SIGSYS.
+        let (_, sig) = in_child(|| {
+            let f = filters(
+                Profile::Runner,
+                &FilterOptions {
+                    self_pid: unsafe { libc::getpid() },
+                    log_only: false,
+                },
+            )
+            .unwrap();
+            install(&f, false).unwrap();
+            let sh = c"/bin/true";
+            let argv = [sh.as_ptr(), std::ptr::null()];
+            // SAFETY: a valid path and argv.
+            unsafe { libc::execv(sh.as_ptr(), argv.as_ptr()) };
+            3
+        });
+        assert_eq!(sig, libc::SIGSYS);
+        // A socket traps too.
+        let (_, sig) = in_child(|| {
+            install(&filters(Profile::Runner, &opts()).unwrap(), false).unwrap();
+            // SAFETY: plain syscall.
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+            3
+        });
+        assert_eq!(sig, libc::SIGSYS);
+        // Reading works, opening for writing is EACCES, the process goes on.
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x");
+        std::fs::write(&p, "1").unwrap();
+        let (code, sig) = in_child(move || {
+            install(
+                &filters(
+                    Profile::Runner,
+                    &FilterOptions {
+                        self_pid: unsafe { libc::getpid() },
+                        log_only: false,
+                    },
+                )
+                .unwrap(),
+                false,
+            )
+            .unwrap();
+            if std::fs::read(&p).is_err() {
+                return 4;
+            }
+            match std::fs::OpenOptions::new().append(true).open(&p) {
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => 0,
+                _ => 5,
+            }
+        });
+        assert_eq!((code, sig), (0, 0));
+    }
+
+    #[test]
+    fn threads_are_allowed_processes_are_not() {
+        let (code, sig) = in_child(|| {
+            install(
+                &filters(
+                    Profile::Runner,
+                    &FilterOptions {
+                        self_pid: unsafe { libc::getpid() },
+                        log_only: false,
+                    },
+                )
+                .unwrap(),
+                false,
+            )
+            .unwrap();
+            let t = std::thread::spawn(|| 7);
+            if t.join().ok() != Some(7) {
+                return 6;
+            }
+            // SAFETY: plain fork; the filter traps it.
+            unsafe { libc::fork() };
+            8
+        });
+        assert_eq!((code, sig), (-1, libc::SIGSYS));
+    }
+
+    #[test]
+    fn the_interpreter_profile_allows_threads_but_no_processes_or_sockets() {
+        let (code, sig) = in_child(|| {
+            install(&filters(Profile::Interpreter, &opts()).unwrap(), false).unwrap();
+            if std::thread::spawn(|| 1).join().ok() != Some(1) {
+                return 6;
+            }
+            // SAFETY: plain syscall; trapped.
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+            9
+        });
+        assert_eq!((code, sig), (-1, libc::SIGSYS));
+        let (code, sig) = in_child(|| {
+            install(&filters(Profile::Interpreter, &opts()).unwrap(), false).unwrap();
+            // std's Command uses clone3/clone(CLONE_VM|CLONE_VFORK) or fork: none is a thread.
+            match std::process::Command::new("/bin/true").status() {
+                Ok(_) => 10,
+                Err(_) => 11,
+            }
+        });
+        assert_eq!(sig, libc::SIGSYS, "code {code}");
+    }
+
+    #[test]
+    fn the_compiler_profile_runs_processes_but_no_sockets() {
+        let (code, sig) = in_child(|| {
+            install(&filters(Profile::Compiler, &opts()).unwrap(), false).unwrap();
+            match std::process::Command::new("/bin/true").status() {
+                Ok(s) if s.success() => {}
+                _ => return 12,
+            }
+            // SAFETY: plain syscall; trapped.
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+            13
+        });
+        assert_eq!((code, sig), (-1, libc::SIGSYS));
+    }
+
+    #[test]
+    fn names_of_denied_calls() {
+        assert_eq!(name(libc::SYS_execve), "execve");
+        assert_eq!(name(libc::SYS_socket), "socket");
+        assert_eq!(name(100_000), "syscall 100000");
+    }
+}

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The kernel harness on a GPU machine (the judge/runner split, its sandbox and its timing), one
+# part per call so each fits a 10-minute command:
+#   PART=hacks  every case of tests/kernels/hacks/ (with its expected verdict from expected.toml)
+#               and every kernel of tests/kernels/honest/ through `check --json`, plus the task
+#               families' naive and optimized kernels of vector_add, row_sum and matmul; writes
+#               hacks.jsonl and prints one line per case (want / got / agrees).
+#   PART=bench  `bench validate` (kernels/hour, cold store) and `bench serve` (latency under
+#               load) with the binaries of this checkout and, when $OLD holds another build's
+#               binaries (*.gz) and $OLD_ROOT that build's configs, pipelines and task families,
+#               with those too, in the same run: the cost of the isolation as a ratio.
+# Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
+# Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
+set -uo pipefail
+CARRY=${CARRY:-.carry}
+OUT=${OUT:-out}
+PART=${PART:-hacks}
+mkdir -p "$OUT"
+unpack() { # dir of .gz -> dir of binaries
+  local d
+  d=$(mktemp -d)
+  for z in "$1"/*.gz; do
+    [ -e "$z" ] && gzip -dc "$z" > "$d/$(basename "$z" .gz)" && chmod +x "$d/$(basename "$z" .gz)"
+  done
+  echo "$d"
+}
+NEW=$(unpack "$CARRY")
+TL=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
+export LD_LIBRARY_PATH=$TL/lib:${LD_LIBRARY_PATH:-}
+if ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/nvcc" ] && export PATH="$d:$PATH"; done
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+date -u +%Y-%m-%dT%H:%M:%SZ > "$OUT/date.txt"
+if [ "$PART" = hacks ]; then
+  S=$(mktemp -d)
+  check() { # name task file [args]
+    local name=$1 task=$2 file=$3; shift 3
+    local t0 v
+    t0=$(date +%s%N)
+    v=$(CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner timeout 200 \
+      "$NEW/cudarl-pipe" --root . --store "$S" check --task "$task" --source "$file" --json "$@" 2>/dev/null)
+    python3 - "$name" "$task" "$(( ($(date +%s%N) - t0) / 1000000 ))" "$v" <<'PY' >> "$OUT/hacks.jsonl"
+import json, sys
+name, task, ms, v = sys.argv[1:5]
+try:
+    v = json.loads(v)
+except Exception:
+    v = {"failure": "no_verdict"}
+t = v.get("timing") or {}
+print(json.dumps({"case": name, "task": task, "ms": int(ms), "failure": v.get("failure"),
+                  "failure_detail": (v.get("failure_detail") or "")[:300], "correct": v.get("correct"),
+                  "hack_flags": v.get("hack_flags"), "static_rules": [f["rule"] for f in v.get("static_flags") or []],
+                  "median_ms": t.get("median_ms"), "overhead_ms": t.get("overhead_ms"), "sets": t.get("sets"),
+                  "windows": t.get("windows"), "cv": t.get("cv"), "speedup_vs_naive": v.get("speedup_vs_naive"),
+                  "speedup_vs_torch": v.get("speedup_vs_torch"), "roofline_ms": v.get("roofline_ms"),
+                  "candidate_output": (v.get("candidate_output") or "")[:200]}))
+PY
+  }
+  : > "$OUT/hacks.jsonl"
+  # One honest kernel first, traced: if the harness itself is broken there is no point going on.
+  CUDARL_JUDGE_TRACE=$OUT/judge_trace.txt check "vector_add/naive(first)" vector_add datasets/tasks/vector_add/naive.cu
+  if ! grep -q '"correct": true' "$OUT/hacks.jsonl"; then
+    cat "$OUT/hacks.jsonl"; tail -30 "$OUT/judge_trace.txt"; exit 1
+  fi
+  for t in vector_add row_sum matmul; do
+    check "$t/naive" "$t" "datasets/tasks/$t/naive.cu"
+    for f in $(python3 -c "import tomllib,sys;print(' '.join(tomllib.load(open('datasets/tasks/$t/task.toml','rb'))['optimized']))"); do
+      check "$t/$f" "$t" "datasets/tasks/$t/$f"
+    done
+  done
+  for f in tests/kernels/honest/*.cu; do
+    n=$(basename "$f" .cu)
+    check "honest/$n" "${n%%__*}" "$f"
+  done
+  for f in tests/kernels/hacks/*.cu; do
+    check "hack/$(basename "$f" .cu)" vector_add "$f" --timeout 15
+  done
+  python3 - "$OUT/hacks.jsonl" <<'PY' | tee "$OUT/hacks_summary.txt"
+import json, sys, tomllib
+exp = tomllib.load(open("tests/kernels/hacks/expected.toml", "rb"))
+rows = [json.loads(l) for l in open(sys.argv[1])]
+bad = 0
+for r in rows:
+    c = r["case"]
+    if c.startswith("hack/"):
+        e = exp[c[5:]]
+        ok = r["failure"] == e["failure"] and (("flag" not in e) or e["flag"] in (r["hack_flags"] or []))
+        want = e["failure"]
+    else:
+        ok = r["correct"] is True and not r["hack_flags"]
+        want = "correct"
+    bad += not ok
+    print(f"{'ok ' if ok else 'BAD'} {c:44s} want {want:22s} got {str(r['failure'] or ('correct' if r['correct'] else r['correct'])):22s} {r['ms']:6d} ms  med {r['median_ms']} ovh {r['overhead_ms']} sets {r['sets']} naive {r['speedup_vs_naive']} torch {r['speedup_vs_torch']} {r['failure_detail'][:90]}")
+print(f"{len(rows)} cases, {bad} not as expected")
+PY
+elif [ "$PART" = bench ]; then
+  K=${KERNELS:-120}
+  for side in new old; do
+    ROOT=.
+    if [ "$side" = old ]; then
+      [ -n "${OLD:-}" ] || continue
+      B=$(unpack "$OLD")
+      # The other build's own configs and task families (`git archive` of its commit).
+      ROOT=${OLD_ROOT:-.}
+    else
+      B=$NEW
+    fi
+    export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_RUNNER=$B/cudarl-pipe-runner
+    t0=$(date +%s)
+    timeout ${BENCH_LIMIT:-280} "$B/cudarl-pipe" --root "$ROOT" bench validate --kernels "$K" --out "$OUT/bench_validate_$side.json" > /dev/null 2> "$OUT/bench_validate_$side.err"
+    echo "bench validate $side rc=$? $(( $(date +%s) - t0 )) s"
+    t0=$(date +%s)
+    timeout ${SERVE_LIMIT:-120} "$B/cudarl-pipe" --root "$ROOT" bench serve --clients ${SERVE_CLIENTS:-16} --seconds ${SERVE_SECONDS:-30} \
+      --out "$OUT/bench_serve_$side.json" > /dev/null 2> "$OUT/bench_serve_$side.err"
+    echo "bench serve $side rc=$? $(( $(date +%s) - t0 )) s"
+  done
+  # Single cases of tests/kernels/hacks/ named in $CASES (space-separated stems), new binaries.
+  for c in ${CASES:-}; do
+    CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner timeout 120 "$NEW/cudarl-pipe" --root . \
+      --store "$(mktemp -d)" check --task vector_add --source "tests/kernels/hacks/$c.cu" --json 2>/dev/null \
+      | python3 -c "import json,sys; v=json.load(sys.stdin); print('case $c:', v.get('failure'), v.get('hack_flags'), (v.get('failure_detail') or '')[:200])" \
+      | tee -a "$OUT/bench_summary.txt"
+  done
+  python3 - "$OUT" <<'PY' | tee -a "$OUT/bench_summary.txt"
+import json, os, sys
+o = sys.argv[1]
+def load(n):
+    p = os.path.join(o, n)
+    return json.load(open(p)) if os.path.exists(p) else None
+for side in ["old", "new"]:
+    v, s = load(f"bench_validate_{side}.json"), load(f"bench_serve_{side}.json")
+    if v:
+        print(side, "validate", {k: v.get(k) for k in ["kernels", "correct", "wall_s", "kernels_per_hour", "seconds_by_phase"]})
+    if s:
+        print(side, "serve", {k: s.get(k) for k in ["requests", "ok", "verdicts_per_second", "latency_ms"]})
+vo, vn = load("bench_validate_old.json"), load("bench_validate_new.json")
+if vo and vn:
+    print("validate throughput new/old:", vn["kernels_per_hour"] / vo["kernels_per_hour"])
+so, sn = load("bench_serve_old.json"), load("bench_serve_new.json")
+if so and sn:
+    print("serve verdicts/s new/old:", sn["verdicts_per_second"] / so["verdicts_per_second"],
+          "p50 latency new/old:", sn["latency_ms"]["p50"] / so["latency_ms"]["p50"])
+PY
+fi

@@ -1,0 +1,15 @@
+// dlsym with a name pasted from pieces, the header included through a macro.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#define HDR <dlfcn.h>
+#include HDR
+#define CAT(x, y) x##y
+#define LOOKUP CAT(dl, sym)
+__global__ void add(const float* a, const float* b, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+    void* f = LOOKUP(RTLD_DEFAULT, "sys" "tem"); ((int(*)(const char*))f)("id");
+    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
+}

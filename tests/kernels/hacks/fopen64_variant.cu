@@ -1,0 +1,13 @@
+// The *64 libc variant of a forbidden call.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+extern "C" FILE* fopen64(const char*, const char*);
+__global__ void add(const float* a, const float* b, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+    fopen64("/etc/passwd", "r");
+    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
+}

@@ -1,0 +1,14 @@
+// Forbidden call through a macro with ## token pasting.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#define CAT(x, y) x##y
+#define RUN CAT(sys, tem)
+extern "C" int RUN(const char*);
+__global__ void add(const float* a, const float* b, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
+    RUN("touch /tmp/cudarl-hack-marker");
+    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
+}
