@@ -130,6 +130,11 @@ struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlagLabel {
+    flag: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
     code: String,
 }
@@ -139,6 +144,7 @@ struct Metrics {
     queue_depth: Gauge,
     latency: Histogram,
     verdicts: Family<OutcomeLabel, Counter>,
+    flagged: Family<FlagLabel, Counter>,
     responses: Family<StatusLabel, Counter>,
     cache_hits: Counter,
 }
@@ -150,6 +156,7 @@ impl Metrics {
         // 10 ms .. ~164 s, doubling.
         let latency = Histogram::new(exponential_buckets(0.01, 2.0, 15));
         let verdicts = Family::<OutcomeLabel, Counter>::default();
+        let flagged = Family::<FlagLabel, Counter>::default();
         let responses = Family::<StatusLabel, Counter>::default();
         let cache_hits = Counter::default();
         registry.register(
@@ -168,6 +175,11 @@ impl Metrics {
             verdicts.clone(),
         );
         registry.register(
+            "flagged_verdicts",
+            "Verdicts with a hack flag, by flag (a flagged verdict earns reward 0)",
+            flagged.clone(),
+        );
+        registry.register(
             "responses",
             "Evaluate responses by HTTP status",
             responses.clone(),
@@ -182,6 +194,7 @@ impl Metrics {
             queue_depth,
             latency,
             verdicts,
+            flagged,
             responses,
             cache_hits,
         }
@@ -501,6 +514,12 @@ async fn evaluate_inner(
                 .verdicts
                 .get_or_create(&OutcomeLabel { outcome })
                 .inc();
+            for flag in &v.hack_flags {
+                s.metrics
+                    .flagged
+                    .get_or_create(&FlagLabel { flag: flag.clone() })
+                    .inc();
+            }
             let mut value = serde_json::to_value(&v).expect("verdict serializes");
             // SASS is not disassembled here: SASS-based bonuses read the source alone.
             let r = cudarl_stages::reward::score(&s.reward, Some(&source), Some(&v), None);

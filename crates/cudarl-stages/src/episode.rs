@@ -207,13 +207,7 @@ impl Episode {
     /// compile and whose revision compiled (still wrong) handed back the compile error, and
     /// the multi-turn compile rate was the first turn's.
     pub fn best_turn(&self) -> Option<&Turn> {
-        let key = |t: &Turn| {
-            (
-                t.reward.correct == Some(true),
-                t.reward.compiled,
-                t.reward.has_code,
-            )
-        };
+        let key = |t: &Turn| (t.reward.honest_pass(), t.reward.compiled, t.reward.has_code);
         self.turns.iter().reduce(|a, b| {
             let order = b.reward.reward.total_cmp(&a.reward.reward);
             if order.then_with(|| key(b).cmp(&key(a))).is_gt() {
@@ -237,6 +231,11 @@ impl Episode {
         self.best_turn()
             .map(|t| t.reward.clone())
             .unwrap_or_default()
+    }
+
+    /// Whether any turn's verdict carried a hack flag.
+    pub fn flagged(&self) -> bool {
+        self.turns.iter().any(|t| !t.reward.hack_flags.is_empty())
     }
 
     /// The final reward `R` of the turn credit: the best turn's reward (0 without turns).
@@ -388,6 +387,12 @@ pub fn feedback(
         None => out.push(
             "Compiled (compile-only: no GPU on this machine, so the tests did not run).".into(),
         ),
+    }
+    for f in &v.hack_flags {
+        out.push(format!(
+            "Flagged as a reward hack ({f}): {}. A flagged kernel earns no reward.",
+            cudarl_cuda::verdict::hack_flag_reason(f)
+        ));
     }
     if v.compiled {
         for r in &v.resources {

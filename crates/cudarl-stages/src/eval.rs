@@ -16,7 +16,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `summary` | checkpoint (utf8: sft, rl), split (utf8: test, train), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), mode, device (utf8) |
+//! | `summary` | checkpoint (utf8: sft, rl), split (utf8: test, train), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
 //! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch (float64, nullable), reward (float64) |
 //! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
@@ -60,6 +60,7 @@ pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("geomean_speedup_vs_torch"),
         f("holdout_regression_rate"),
         f("mean_reward"),
+        f("flagged_rate"),
         Field::new("mode", DataType::Utf8, false),
         Field::new("device", DataType::Utf8, false),
         Field::new("candidates", DataType::Int64, false),
@@ -154,7 +155,7 @@ fn summary(rows: &[&Row]) -> Value {
     let n = rows.len().max(1) as f64;
     let frac = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count() as f64 / n;
     let full = rows.iter().any(|r| r.ep.best_components().mode == "full");
-    let correct = |r: &Row| r.ep.best_components().correct == Some(true);
+    let correct = |r: &Row| r.ep.best_components().honest_pass();
     let fast = |p: f64| {
         full.then(|| {
             frac(&|r| {
@@ -185,7 +186,7 @@ fn summary(rows: &[&Row]) -> Value {
     json!({
         "episodes": rows.len(),
         "single_turn_compile_rate": frac(&|r| r.ep.first_components().compiled),
-        "single_turn_pass_rate": full.then(|| frac(&|r| r.ep.first_components().correct == Some(true))),
+        "single_turn_pass_rate": full.then(|| frac(&|r| r.ep.first_components().honest_pass())),
         "compile_rate": frac(&|r| r.ep.best_components().compiled),
         "pass_rate": full.then(|| frac(&correct)),
         "fast_0": full.then(|| frac(&correct)),
@@ -194,6 +195,7 @@ fn summary(rows: &[&Row]) -> Value {
         "geomean_speedup_vs_torch": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| r.ep.best_components().speedup_vs_torch).collect()),
         "holdout_regression_rate": regress,
         "mean_reward": mean_std(&rewards).0,
+        "flagged_rate": frac(&|r| r.ep.flagged()),
     })
 }
 
@@ -205,7 +207,9 @@ impl Stage for Eval {
         // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
         // 8: the report adds RL - SFT paired by sampling seed, and single-turn compile to the
         // stratified comparison.
-        8
+        // 9: a turn with a hack flag is not a pass (it earns 0); the summary and the report
+        // count flagged episodes (`flagged_rate`).
+        9
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -676,10 +680,10 @@ fn report(
     md.push_str(&format!(
         "# cudarl-pipe eval report\n\nMode: **{mode}** (full = compiled, tested on train and hold-out shapes with public and hidden seeds, and timed on a GPU; compile-only = no GPU: only the static checks and nvcc ran, so pass rates and speedups are n/a). Models on: {device}.\n\n"
     ));
-    md.push_str("| checkpoint | split | episodes | compile (1 turn) | pass (1 turn) | compile | pass | fast_1 | fast_1.5 | fast_2 | geomean vs naive | geomean vs torch | hold-out regressions | mean reward |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| checkpoint | split | episodes | compile (1 turn) | pass (1 turn) | compile | pass | fast_1 | fast_1.5 | fast_2 | geomean vs naive | geomean vs torch | hold-out regressions | mean reward | flagged |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for s in sums {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s["checkpoint"].as_str().unwrap_or_default(),
             s["split"].as_str().unwrap_or_default(),
             s["episodes"],
@@ -694,6 +698,7 @@ fn report(
             fmt(&s["geomean_speedup_vs_torch"]),
             fmt(&s["holdout_regression_rate"]),
             fmt(&s["mean_reward"]),
+            fmt(&s["flagged_rate"]),
         ));
     }
     // RL minus SFT per split, with one standard error: is the difference evidence?

@@ -48,6 +48,22 @@ pub struct RewardConfig {
     pub credit: cudarl_curriculum::credit::CreditWeights,
     /// An episode stops once a turn's reward exceeds this.
     pub stop_above: f64,
+    /// What a verdict with a hack flag (`beats_roofline`, `work_after_stop`,
+    /// `sandbox_violation`, `timed_output_mismatch`, `work_before_start`, ...) earns.
+    #[serde(default)]
+    pub on_hack_flag: OnHackFlag,
+}
+
+/// [`RewardConfig::on_hack_flag`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnHackFlag {
+    /// The reward is 0, every term and credit included (the default).
+    #[default]
+    Zero,
+    /// The flag is recorded and the reward computed as if it were not there (for measuring
+    /// what a flag would have earned; never for training).
+    Ignore,
 }
 
 /// Weights of the reward terms.
@@ -158,8 +174,19 @@ pub struct RewardComponents {
     pub train_shapes_passed: Option<bool>,
     /// Every hold-out-shape test passed (`None` when nothing ran).
     pub holdout_shapes_passed: Option<bool>,
+    /// The verdict's hack flags; with `on_hack_flag = "zero"` any of them makes the reward 0.
+    #[serde(default)]
+    pub hack_flags: Vec<String>,
     /// The reward.
     pub reward: f64,
+}
+
+impl RewardComponents {
+    /// Correct and without a hack flag: what counts as a pass in rates, fast_p and the choice
+    /// of an episode's best turn (a flagged kernel is counted apart, see [`Self::hack_flags`]).
+    pub fn honest_pass(&self) -> bool {
+        self.correct == Some(true) && self.hack_flags.is_empty()
+    }
 }
 
 /// Source-level evidence of warp shuffles and coalesced access: `(shuffle, coalesced)`.
@@ -286,6 +313,11 @@ pub fn score(
     }
     if c.timeout {
         c.reward += w.timeout;
+    }
+    c.hack_flags = v.hack_flags.clone();
+    if !c.hack_flags.is_empty() && cfg.on_hack_flag == OnHackFlag::Zero {
+        c.gate = false;
+        c.reward = 0.0;
     }
     c
 }
@@ -432,6 +464,30 @@ mod tests {
         // Compile-only mode keeps its own term: 0.5 + 0.05, not + 0.1.
         let co = verdict("compile-only", true, None);
         assert!((score(&c, Some(PLAIN), Some(&co), None).reward - 0.55).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_hack_flag_zeroes_the_reward_unless_ignored() {
+        let c = cfg();
+        assert_eq!(c.on_hack_flag, OnHackFlag::Zero);
+        // Correct and 8x faster than naive (the full speedup term), but flagged: 0.
+        let mut v = verdict("full", true, Some(true));
+        v.tests = tests(8, 8);
+        v.speedup_vs_naive = Some(8.0);
+        let honest = score(&c, Some(SHFL), Some(&v), None);
+        assert!(honest.reward > 0.9, "{honest:?}");
+        v.hack_flags = vec!["beats_roofline".into()];
+        let r = score(&c, Some(SHFL), Some(&v), None);
+        assert_eq!((r.reward, r.gate), (0.0, false), "{r:?}");
+        assert_eq!(r.hack_flags, vec!["beats_roofline".to_string()]);
+        // The compile credit goes too.
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/reward/compile.toml");
+        let cc = RewardConfig::load(&p, "configs/reward/compile.toml").unwrap();
+        assert_eq!(score(&cc, Some(SHFL), Some(&v), None).reward, 0.0);
+        // `ignore` computes what the flag would have earned.
+        let mut ig = c.clone();
+        ig.on_hack_flag = OnHackFlag::Ignore;
+        assert_eq!(score(&ig, Some(SHFL), Some(&v), None).reward, honest.reward);
     }
 
     #[test]

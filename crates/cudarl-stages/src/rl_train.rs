@@ -718,7 +718,9 @@ impl Stage for RlTrain {
         // 9: metrics gain the control columns.
         // 10: metrics gain control_seconds, update_steps, optimizer_update_steps.
         // 11: metrics gain ptx_loss, optimizer_ptx_loss.
-        11
+        // 12: a verdict with a hack flag earns reward 0 (`on_hack_flag`), and the tester's
+        // feedback names the flag.
+        12
     }
     fn params(&self) -> Value {
         params_json(&self.params)
