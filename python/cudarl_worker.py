@@ -30,11 +30,14 @@ Requests:
       Answer: {"tensors": [{name, shape, dtype}], "finite": bool, "ms": reference time}.
   {"op": "build_env"}
       Include and library directories, C++ ABI and defines for building torch extensions.
-  {"op": "extract_inline", "code"}
-      Executes a KernelBench `ModelNew` file with `torch.utils.cpp_extension.load_inline`
-      replaced by a recorder, and returns every call's arguments (name, cpp_sources,
-      cuda_sources, functions, extra flags), so the Rust side builds them with nvcc (parallel,
-      content-hash cached) instead of ninja inside the worker.
+  `--extract` (a one-shot process, not a request): executes the KernelBench `ModelNew` file read
+      from stdin with `torch.utils.cpp_extension.load_inline` replaced by a recorder, and writes
+      every call's arguments (name, cpp_sources, cuda_sources, functions, extra flags) as one JSON
+      line to file descriptor 3, so the Rust side builds them with nvcc (parallel, content-hash
+      cached) instead of ninja inside the worker. The candidate's code runs here, so the Rust side
+      starts this mode only inside the interpreter sandbox (`cudarl-pipe-runner exec --profile
+      interpreter`: no processes, sockets or file writes, nothing of the store readable); the
+      long-lived worker never executes a candidate file.
   {"op": "run_torch", ...}
       Tests and times a torch-format candidate (a `ModelNew` file, or a SakanaAI-style
       extension's `forward`) against the recorded tests; see `run_torch`.
@@ -854,10 +857,26 @@ def gpu_info():
 
 
 OPS = {"signature": signature, "plan": plan, "testgen": testgen, "build_env": build_env,
-       "extract_inline": extract_inline, "run_torch": run_torch}
+       "run_torch": run_torch}
+
+
+def extract_main():
+    """`--extract`: one ModelNew file on stdin, its load_inline calls as one JSON line on fd 3."""
+    code = sys.stdin.read()
+    try:
+        ans = extract_inline({"code": code})
+        ans.update(ok=True, error=None)
+    except Exception as e:  # noqa: BLE001 - a candidate that raises is an answer
+        ans = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    with open(3, "w", closefd=False) as out:
+        out.write(json.dumps(ans) + "\n")
+        out.flush()
 
 
 def main():
+    if "--extract" in sys.argv:
+        extract_main()
+        return
     limits = "--limits" in sys.argv
     if limits:
         import resource

@@ -181,12 +181,23 @@ fn python_worker_protocol_and_error_paths() {
         )
         .unwrap();
     assert_eq!(a["constrained"], "get_inputs applies softmax()", "{a}");
-    // extract_inline records load_inline's arguments without building anything.
+    // The long-lived worker never executes a candidate file: extraction is a sandboxed process.
+    let a = w
+        .call(&json!({"op": "extract_inline", "code": "import os"}))
+        .unwrap();
+    assert_eq!(a["ok"], false, "{a}");
     let src =
         std::fs::read_to_string(repo_root().join("tests/kernels/kb/relu_model_new.py")).unwrap();
-    let a = w
-        .call(&json!({"op": "extract_inline", "code": src}))
-        .unwrap();
+    let a = match cudarl_cuda::pyworker::extract_inline(
+        &repo_root(),
+        &src,
+        std::time::Duration::from_secs(120),
+    )
+    .unwrap()
+    {
+        cudarl_cuda::pyworker::Extracted::Answer(a) => a,
+        other => panic!("{other:?}"),
+    };
     assert_eq!(a["ok"], true, "{a}");
     assert_eq!(a["calls"][0]["name"], "relu_ext");
     assert_eq!(
@@ -241,6 +252,47 @@ fn torch_format_static_rejects() {
             v["failure_detail"].as_str().unwrap().starts_with(rule),
             "{file}: {v}"
         );
+    }
+}
+
+/// `ModelNew` files that reach the host at import (the payload runs while the file is executed
+/// to record its `load_inline` calls, on a machine without a GPU too): every one slips past the
+/// Python source rules, and every one is stopped by the interpreter sandbox. None of the marker
+/// files its payload would create ever appears.
+#[test]
+fn modelnew_files_that_escape_at_import_are_stopped_by_the_sandbox() {
+    let p = Project::new();
+    let o = p.run(&["run", "kb-specs"]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    for (case, failure) in [
+        ("torch_os", "sandbox_violation"),
+        ("torch_ctypes", "sandbox_violation"),
+        ("cpp_extension_subprocess", "sandbox_violation"),
+        ("import_math_os", "sandbox_violation"),
+        ("builtins_import", "sandbox_violation"),
+        ("posix", "sandbox_violation"),
+        ("socket", "sandbox_violation"),
+        ("write_file", "load_error"),
+    ] {
+        let marker = std::path::PathBuf::from(format!("/tmp/cudarl-escape-{case}"));
+        let _ = std::fs::remove_file(&marker);
+        let (code, v) = check_kb(&p, &format!("escape_{case}.py"));
+        assert_eq!(code, 1, "{case}: {v}");
+        assert_eq!(v["failure"], failure, "{case}: {v}");
+        assert!(
+            v["static_flags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|f| f["action"] != "reject"),
+            "{case}: the source rules must not be what stops it: {v}"
+        );
+        if failure == "sandbox_violation" {
+            assert_eq!(v["hack_flags"], json!(["sandbox_violation"]), "{case}: {v}");
+        }
+        assert!(!marker.exists(), "{case}: the payload ran on the host");
     }
 }
 

@@ -78,6 +78,8 @@ pub fn python_versions(root: &Path) -> Result<String, String> {
 
 /// A running Python worker (`python/cudarl_worker.py`): requests and answers are JSON lines.
 pub struct PyWorker {
+    /// The project root it was started from (the sandboxed extraction runs the same script).
+    pub root: PathBuf,
     child: std::process::Child,
     stdin: std::process::ChildStdin,
     stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
@@ -128,6 +130,7 @@ impl PyWorker {
             }
         };
         Ok(PyWorker {
+            root: root.to_path_buf(),
             child,
             stdin,
             stdout,
@@ -148,6 +151,191 @@ impl PyWorker {
             Some(Ok(l)) => serde_json::from_str(&l).map_err(|e| format!("worker answer: {e}: {l}")),
             _ => Err("the Python worker exited without answering".into()),
         }
+    }
+}
+
+/// Where the worker's interpreter lives: what the interpreter sandbox must let it read and
+/// execute.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct PythonPaths {
+    prefix: PathBuf,
+    base: PathBuf,
+    exec_prefix: PathBuf,
+    base_exec: PathBuf,
+    exe: PathBuf,
+    site: Vec<PathBuf>,
+}
+
+fn python_paths(root: &Path) -> Result<PythonPaths, String> {
+    static PATHS: std::sync::OnceLock<Result<PythonPaths, String>> = std::sync::OnceLock::new();
+    let py = python(root);
+    PATHS
+        .get_or_init(|| {
+            let o = Command::new(&py)
+                .args([
+                    "-c",
+                    "import sys, os, site, json; print(json.dumps({'prefix': sys.prefix, 'base': sys.base_prefix, 'exec_prefix': sys.exec_prefix, 'base_exec': sys.base_exec_prefix, 'exe': os.path.realpath(sys.executable), 'site': site.getsitepackages()}))",
+                ])
+                .output()
+                .map_err(|e| format!("{}: {e}", py.display()))?;
+            serde_json::from_slice(&o.stdout)
+                .map_err(|e| format!("{}: its paths: {e}", py.display()))
+        })
+        .clone()
+}
+
+/// What the sandboxed extraction of a `ModelNew` file gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Extracted {
+    /// The worker's answer (`ok`, `error`, `calls`).
+    Answer(Value),
+    /// The candidate's code made a system call the sandbox forbids (the process was killed).
+    Violation(String),
+    /// It did not finish within the limit.
+    Timeout,
+}
+
+/// Executes a KernelBench `ModelNew` file with `load_inline` recorded (the worker script's
+/// `--extract` mode) in a one-shot Python process inside the interpreter sandbox
+/// (`cudarl-pipe-runner exec --profile interpreter`): it reads only the interpreter's own files,
+/// the worker script, `/proc` and `/sys`; it writes only to a private scratch directory removed
+/// afterwards (torch's import wants a temp dir); it starts no process and opens no socket.
+/// The candidate's prints are its own (discarded); the answer comes on file descriptor 3.
+///
+/// # Errors
+/// The sandbox or the interpreter cannot be started (a harness failure, not the candidate's).
+pub fn extract_inline(
+    root: &Path,
+    code: &str,
+    timeout: std::time::Duration,
+) -> Result<Extracted, String> {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let paths = python_paths(root)?;
+    let mut cmd = Command::new(crate::runner::runner_exe());
+    cmd.args(["exec", "--profile", "interpreter"]);
+    let mut reads: Vec<PathBuf> = vec![
+        paths.prefix.clone(),
+        paths.base.clone(),
+        paths.exec_prefix.clone(),
+        paths.base_exec.clone(),
+        root.join(SCRIPT),
+        PathBuf::from("/proc"),
+        PathBuf::from("/sys"),
+        PathBuf::from("/etc/localtime"),
+    ];
+    reads.extend(paths.site.iter().cloned());
+    for r in reads {
+        cmd.arg("--read").arg(r);
+    }
+    cmd.arg("--exec").arg(&paths.exe);
+    for d in ["/dev/null", "/dev/urandom"] {
+        cmd.arg("--device").arg(d);
+    }
+    // A private, empty scratch directory is the only writable place (torch's import asks for a
+    // usable temp dir); it is removed with this function's return.
+    let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    cmd.arg("--write").arg(scratch.path());
+    cmd.arg("--")
+        .arg(python(root))
+        .arg(root.join(SCRIPT))
+        .arg("--extract");
+    cmd.env_clear()
+        .env("HOME", scratch.path())
+        .env("TMPDIR", scratch.path())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("OMP_NUM_THREADS", "1");
+    for k in [
+        "CUDARL_SANDBOX_LOG",
+        "CUDARL_ALLOW_UNCONFINED",
+        "LD_LIBRARY_PATH",
+    ] {
+        if let Some(v) = std::env::var_os(k) {
+            cmd.env(k, v);
+        }
+    }
+    let mut fds = [0i32; 2];
+    // SAFETY: a pipe for the answer; both ends owned below.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the descriptors were just created and are owned here.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let w = write_end.as_raw_fd();
+    // SAFETY: dup2 in the child before exec; async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(w, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("start the interpreter sandbox: {e}"))?;
+    drop(write_end);
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(code.as_bytes());
+    }
+    let mut stderr = child.stderr.take().expect("piped");
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut answer_reader = std::fs::File::from(read_end);
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = answer_reader.read_to_string(&mut s);
+        s
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(st);
+        }
+        if t0.elapsed() > timeout {
+            // SAFETY: signals the process group this function started.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let answer = reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    let Some(status) = status else {
+        return Ok(Extracted::Timeout);
+    };
+    if status.signal() == Some(libc::SIGSYS) {
+        return Ok(Extracted::Violation(
+            "executing the ModelNew file made a system call the sandbox forbids (it was killed by SIGSYS)".into(),
+        ));
+    }
+    if status.code() == Some(125) {
+        return Err(format!(
+            "the interpreter sandbox could not be set up: {}",
+            err.lines().last().unwrap_or("")
+        ));
+    }
+    match answer.lines().rev().find(|l| !l.trim().is_empty()) {
+        Some(l) => serde_json::from_str(l)
+            .map(Extracted::Answer)
+            .map_err(|e| format!("extraction answer: {e}")),
+        None => Ok(Extracted::Answer(serde_json::json!({
+            "ok": false,
+            "error": format!(
+                "the interpreter exited ({status}) without an answer: {}",
+                err.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ")
+            ),
+        }))),
     }
 }
 

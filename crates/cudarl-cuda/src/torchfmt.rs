@@ -4,8 +4,9 @@
 //! recorded tests (`testgen`) with the native path's rules.
 //!
 //! Flow: format detection → static checks (Python rules on the `ModelNew` file, C++ rules on
-//! every CUDA/C++ source) → for `ModelNew`, the Python worker executes the file with
-//! `load_inline` replaced by a recorder (`extract_inline`) → every extension is built by nvcc
+//! every CUDA/C++ source) → for `ModelNew`, a one-shot Python process inside the interpreter
+//! sandbox executes the file with `load_inline` replaced by a recorder
+//! ([`crate::pyworker::extract_inline`]) → every extension is built by nvcc
 //! here ([`Compiler::compile_torch_ext`]: parallel on the CPU cores, cached by content hash) →
 //! on a GPU, the Python worker (under [`WorkerPool`]: wall-clock limit, crash containment) runs
 //! the candidate on every recorded test and times it against the reference at full size.
@@ -24,6 +25,10 @@ use crate::pyworker::PyWorker;
 use crate::static_check::{Action, Finding, Rules};
 use crate::verdict::Verdict;
 use crate::worker::{RawOutcome, WorkerPool};
+
+/// Time limit of executing a `ModelNew` file to record its `load_inline` calls (importing torch
+/// takes a few seconds).
+pub const EXTRACT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Time limit of one torch-extension build (torch's headers cost about a minute of CPU).
 pub const TORCH_BUILD_TIMEOUT: Duration = Duration::from_secs(300);
@@ -332,7 +337,23 @@ pub fn prepare(
                 return Ok(p);
             }
             let py = py.ok_or("extracting a ModelNew needs the Python worker")?;
-            let a = py.call(&json!({"op": "extract_inline", "code": source}))?;
+            let a = match crate::pyworker::extract_inline(&py.root, source, EXTRACT_TIMEOUT)? {
+                crate::pyworker::Extracted::Answer(a) => a,
+                crate::pyworker::Extracted::Violation(m) => {
+                    p.reject = Some(("sandbox_violation".into(), m));
+                    return Ok(p);
+                }
+                crate::pyworker::Extracted::Timeout => {
+                    p.reject = Some((
+                        "timeout".into(),
+                        format!(
+                            "executing the ModelNew file took longer than {} s",
+                            EXTRACT_TIMEOUT.as_secs()
+                        ),
+                    ));
+                    return Ok(p);
+                }
+            };
             if a["ok"] != Value::Bool(true) {
                 p.reject = Some((
                     "load_error".into(),
@@ -446,6 +467,9 @@ pub fn build(
     if let Some((f, d)) = &prep.reject {
         v.failure = Some(f.clone());
         v.failure_detail = Some(d.clone());
+        if crate::gpu::HACK_FAILURES.contains(&f.as_str()) {
+            v.hack_flags.push(f.clone());
+        }
         return Ok((v, None));
     }
     let Some(env) = env else {
