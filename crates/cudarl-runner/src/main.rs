@@ -220,7 +220,9 @@ mod native {
             .map(PathBuf::from),
         );
         if let Some(p) = std::env::var_os("LD_LIBRARY_PATH") {
-            read.extend(std::env::split_paths(&p));
+            // Absolute directories only: an empty or relative entry would be the working
+            // directory, which may be the project (and its store).
+            read.extend(std::env::split_paths(&p).filter(|d| d.is_absolute()));
         }
         if let Some(c) = cudart.and_then(|c| c.parent()) {
             read.push(c.to_path_buf());
