@@ -54,10 +54,12 @@ test: setup lint
 		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) test --workspace --no-fail-fast; \
 	fi
 
-## lint: rustfmt and clippy with warnings as errors.
-lint:
+## lint: rustfmt and clippy with warnings as errors; ruff (lint and format) on the Python code.
+lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python scripts tests/python
+	$(VENV)/bin/ruff format --check python scripts tests/python
 
 ## bench: CPU benchmarks; results in benchmarks/results/.
 bench: build

@@ -64,9 +64,18 @@ def main() -> None:
     gens = {}
     for b in job["gen_batches"]:
         prompts = torch.randint(job["vocab_size"], (b, job["prompt_len"]), device=dev)
-        kw = dict(do_sample=False, max_new_tokens=job["gen_tokens"], min_new_tokens=job["gen_tokens"],
-                  pad_token_id=0, eos_token_id=None, use_cache=True)
-        with torch.no_grad(), torch.autocast(device_type="cuda" if dev == "cuda" else "cpu", dtype=torch.bfloat16, enabled=bf16):
+        kw = dict(
+            do_sample=False,
+            max_new_tokens=job["gen_tokens"],
+            min_new_tokens=job["gen_tokens"],
+            pad_token_id=0,
+            eos_token_id=None,
+            use_cache=True,
+        )
+        with (
+            torch.no_grad(),
+            torch.autocast(device_type="cuda" if dev == "cuda" else "cpu", dtype=torch.bfloat16, enabled=bf16),
+        ):
             model.generate(prompts, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
             if dev == "cuda":
                 torch.cuda.synchronize()
@@ -77,13 +86,22 @@ def main() -> None:
             s = time.perf_counter() - t
         new = (out.shape[1] - prompts.shape[1]) * b
         gens[str(b)] = {"new_tokens": new, "seconds": s, "tokens_per_s": new / s}
-    print(json.dumps({
-        "impl": f"transformers {__import__('transformers').__version__} eager (torch {torch.__version__})",
-        "device": dev, "compute_dtype": "bfloat16" if bf16 else "float32",
-        "parameters": sum(p.numel() for p in model.parameters()), "batch_size": bs, "seq_len": n,
-        "timed_steps": steps, "train_seconds": secs, "train_tokens_per_s": steps * bs * n / secs,
-        "generate": gens,
-    }))
+    print(
+        json.dumps(
+            {
+                "impl": f"transformers {__import__('transformers').__version__} eager (torch {torch.__version__})",
+                "device": dev,
+                "compute_dtype": "bfloat16" if bf16 else "float32",
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "batch_size": bs,
+                "seq_len": n,
+                "timed_steps": steps,
+                "train_seconds": secs,
+                "train_tokens_per_s": steps * bs * n / secs,
+                "generate": gens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,9 +46,9 @@ Requests:
 
 A request that fails answers {"ok": false, "error": "<type>: <message>"}; the worker goes on.
 """
+
 import ast
 import contextlib
-import importlib.util
 import json
 import math
 import re
@@ -60,15 +60,43 @@ import types
 
 import torch
 
-NATIVE_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64",
-                 torch.int32: "i32", torch.bool: "bool"}
+NATIVE_DTYPES = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.bool: "bool",
+}
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 # Calls inside `get_inputs` that give inputs a structure (probabilities, magnitudes, indices,
 # masks) a redraw from another distribution would destroy.
-CONSTRAINING_CALLS = {"softmax", "log_softmax", "abs", "sigmoid", "clamp", "clip", "normalize", "exp",
-                      "sort", "argsort", "cumsum", "tril", "triu", "eye", "arange", "bernoulli",
-                      "multinomial", "relu", "sqrt", "square", "cholesky", "qr", "matrix_exp"}
+CONSTRAINING_CALLS = {
+    "softmax",
+    "log_softmax",
+    "abs",
+    "sigmoid",
+    "clamp",
+    "clip",
+    "normalize",
+    "exp",
+    "sort",
+    "argsort",
+    "cumsum",
+    "tril",
+    "triu",
+    "eye",
+    "arange",
+    "bernoulli",
+    "multinomial",
+    "relu",
+    "sqrt",
+    "square",
+    "cholesky",
+    "qr",
+    "matrix_exp",
+}
 
 
 def describe(t):
@@ -107,13 +135,19 @@ def set_size(mod, k, v):
 
 def seq_constants(mod):
     """Integer elements of tuple and list constants, as `name.i`."""
-    return {f"{k}.{i}": x for k, v in vars(mod).items() if not k.startswith("_") and isinstance(v, (tuple, list))
-            for i, x in enumerate(v) if isinstance(x, int) and not isinstance(x, bool)}
+    return {
+        f"{k}.{i}": x
+        for k, v in vars(mod).items()
+        if not k.startswith("_") and isinstance(v, (tuple, list))
+        for i, x in enumerate(v)
+        if isinstance(x, int) and not isinstance(x, bool)
+    }
 
 
 def int_constants(mod):
-    return {k: v for k, v in vars(mod).items()
-            if not k.startswith("_") and isinstance(v, int) and not isinstance(v, bool)}
+    return {
+        k: v for k, v in vars(mod).items() if not k.startswith("_") and isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 @contextlib.contextmanager
@@ -122,7 +156,9 @@ def on_meta():
     torch.set_default_device("meta")
     real_cuda, real_to = torch.Tensor.cuda, torch.Tensor.to
     torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.Tensor.to = lambda self, *a, **k: self if (a and isinstance(a[0], (str, torch.device))) or "device" in k else real_to(self, *a, **k)
+    torch.Tensor.to = lambda self, *a, **k: (
+        self if (a and isinstance(a[0], (str, torch.device))) or "device" in k else real_to(self, *a, **k)
+    )
     try:
         yield
     finally:
@@ -247,8 +283,13 @@ def plan(req):
         over2, cur2 = plan_pass(code, pid, budget, {**int_constants(mod), **seq_constants(mod)}, dims, full, tied=True)
         if cur2 < cur:
             over, cur = over2, cur2
-    return {"sizes": over, "bytes": cur, "full_bytes": full, "fits": cur <= budget,
-            "constrained": constrained_reason(code)}
+    return {
+        "sizes": over,
+        "bytes": cur,
+        "full_bytes": full,
+        "fits": cur <= budget,
+        "constrained": constrained_reason(code),
+    }
 
 
 def plan_pass(code, pid, budget, base, dims, full, tied):
@@ -258,14 +299,16 @@ def plan_pass(code, pid, budget, base, dims, full, tied):
             try:
                 real_run(code, pid, over)
                 break
-            except Exception:  # noqa: BLE001 - undo the last halving and freeze that constant
+            except Exception:
                 if not hist:
                     break
                 k, over, cur = hist.pop()
                 frozen.add(k)
                 continue
-        cands = sorted((k for k in base if k not in frozen and over.get(k, base[k]) >= 8),
-                       key=lambda k: (-over.get(k, base[k]), k not in dims))
+        cands = sorted(
+            (k for k in base if k not in frozen and over.get(k, base[k]) >= 8),
+            key=lambda k: (-over.get(k, base[k]), k not in dims),
+        )
         moved = False
         for k in cands:
             val = over.get(k, base[k])
@@ -275,7 +318,7 @@ def plan_pass(code, pid, budget, base, dims, full, tied):
                 trial[j] = val // 2
             try:
                 b = meta_bytes(code, pid, trial)
-            except Exception:  # noqa: BLE001 - a size the problem rejects stays
+            except Exception:
                 frozen.add(k)
                 continue
             if b < cur:
@@ -338,6 +381,7 @@ def scalars_of(inputs):
 
 def testgen(req):
     from safetensors.torch import save_file
+
     dev = req.get("device", "cpu")
     mod = load_problem(req["code"], req["problem_id"], req.get("sizes"))
     seed = int(req["seed"])
@@ -368,9 +412,16 @@ def testgen(req):
         if o.is_floating_point() and not bool(torch.isfinite(o).all()):
             finite = False
         tensors[f"output.{i}"] = o
-    meta = {"problem_id": req["problem_id"], "seed": str(seed), "dist": req.get("dist", "native"),
-            "sizes": json.dumps(req.get("sizes") or {}), "scalars": json.dumps(scalars_of(inputs)),
-            "init_inputs": json.dumps([x if isinstance(x, (int, float, bool, str)) or x is None else repr(x) for x in init])}
+    meta = {
+        "problem_id": req["problem_id"],
+        "seed": str(seed),
+        "dist": req.get("dist", "native"),
+        "sizes": json.dumps(req.get("sizes") or {}),
+        "scalars": json.dumps(scalars_of(inputs)),
+        "init_inputs": json.dumps(
+            [x if isinstance(x, (int, float, bool, str)) or x is None else repr(x) for x in init]
+        ),
+    }
     # One metadata key: safetensors writes its metadata map in no fixed order, and the file's
     # bytes (its digest in the store) must not depend on that.
     save_file(tensors, req["path"], metadata={"cudarl": json.dumps(meta, sort_keys=True)})
@@ -379,33 +430,55 @@ def testgen(req):
 
 def build_env(_req):
     import sysconfig
+
     import torch.utils.cpp_extension as ce
-    return {"include_dirs": ce.include_paths("cpu") + [sysconfig.get_paths()["include"]],
-            "library_dirs": ce.library_paths("cpu"),
-            "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-            "torch": torch.__version__}
+
+    return {
+        "include_dirs": ce.include_paths("cpu") + [sysconfig.get_paths()["include"]],
+        "library_dirs": ce.library_paths("cpu"),
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "torch": torch.__version__,
+    }
 
 
 def extract_inline(req):
     import torch.utils.cpp_extension as ce
+
     calls = []
 
     class NotBuilt(types.ModuleType):
         def __getattr__(self, name):
             raise RuntimeError("extension not built (extract_inline only records)")
 
-    def record(name, cpp_sources=(), cuda_sources=None, functions=None, extra_cflags=None,
-               extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None, **_kw):
-        as_strs = lambda s: [s] if isinstance(s, str) else list(s or [])  # noqa: E731
+    def record(
+        name,
+        cpp_sources=(),
+        cuda_sources=None,
+        functions=None,
+        extra_cflags=None,
+        extra_cuda_cflags=None,
+        extra_ldflags=None,
+        extra_include_paths=None,
+        **_kw,
+    ):
+        as_strs = lambda s: [s] if isinstance(s, str) else list(s or [])
         fns = functions
         if isinstance(fns, str):
             fns = {fns: fns}
         elif isinstance(fns, (list, tuple)):
             fns = {f: f for f in fns}
-        calls.append({"name": name, "cpp_sources": as_strs(cpp_sources), "cuda_sources": as_strs(cuda_sources),
-                      "functions": fns or {}, "extra_cflags": list(extra_cflags or []),
-                      "extra_cuda_cflags": list(extra_cuda_cflags or []), "extra_ldflags": list(extra_ldflags or []),
-                      "extra_include_paths": list(extra_include_paths or [])})
+        calls.append(
+            {
+                "name": name,
+                "cpp_sources": as_strs(cpp_sources),
+                "cuda_sources": as_strs(cuda_sources),
+                "functions": fns or {},
+                "extra_cflags": list(extra_cflags or []),
+                "extra_cuda_cflags": list(extra_cuda_cflags or []),
+                "extra_ldflags": list(extra_ldflags or []),
+                "extra_include_paths": list(extra_include_paths or []),
+            }
+        )
         return NotBuilt(name)
 
     real = ce.load_inline
@@ -420,6 +493,7 @@ def extract_inline(req):
 # ---------------------------------------------------------------------------------------------
 # run_torch: tests and times one torch-format candidate on the GPU.
 
+
 class CandidateCudaError(Exception):
     pass
 
@@ -432,6 +506,7 @@ def load_so(path, module):
     """Imports an extension module from `path` (a store blob: any file name) as `module`, the
     name its `PyInit_<module>` was built with."""
     import importlib.machinery
+
     loader = importlib.machinery.ExtensionFileLoader(module, path)
     spec = importlib.util.spec_from_file_location(module, path, loader=loader)
     m = importlib.util.module_from_spec(spec)
@@ -453,6 +528,7 @@ class Candidate:
         self.req = req
         if self.kind == "modelnew":
             import torch.utils.cpp_extension as ce
+
             built = {b["name"]: b for b in c.get("builds", [])}
 
             def serve(name, *a, **k):
@@ -520,16 +596,18 @@ class Candidate:
                     else:
                         raise ValueError(f"cannot bind extension argument `{a['name']}` to an init input or constant")
             return fwd(*args)
+
         return call
 
 
 def init_names(problem, init):
     import inspect
+
     try:
         ps = [p for p in inspect.signature(problem.Model.__init__).parameters if p != "self"]
     except (TypeError, ValueError):
         ps = []
-    return dict(zip(ps, init))
+    return dict(zip(ps, init, strict=False))
 
 
 def norm(s):
@@ -569,11 +647,19 @@ def count_unwritten(x, y):
     """Elements that still hold the poison in both runs: NaN (0xFF bytes) in the first, the 0x3F
     byte pattern in the second. Values that merely differ between runs (atomics, another
     summation order) are not unwritten; the tolerance check judges them."""
-    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x.shape != y.shape \
-            or not x.is_floating_point() or x.dtype != y.dtype:
+    if (
+        not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor))
+        or x.shape != y.shape
+        or not x.is_floating_point()
+        or x.dtype != y.dtype
+    ):
         return 0
-    pattern = {torch.float32: (torch.int32, 0x3F3F3F3F), torch.float16: (torch.int16, 0x3F3F),
-               torch.bfloat16: (torch.int16, 0x3F3F), torch.float64: (torch.int64, 0x3F3F3F3F3F3F3F3F)}.get(x.dtype)
+    pattern = {
+        torch.float32: (torch.int32, 0x3F3F3F3F),
+        torch.float16: (torch.int16, 0x3F3F),
+        torch.bfloat16: (torch.int16, 0x3F3F),
+        torch.float64: (torch.int64, 0x3F3F3F3F3F3F3F3F),
+    }.get(x.dtype)
     if pattern is None:
         return 0
     ity, bits = pattern
@@ -603,7 +689,7 @@ def compare(outs, exp, atol, rtol, scaled=False):
     mabs = mrel = 0.0
     nonf = 0
     msg = None
-    for i, (o, e) in enumerate(zip(outs, exp)):
+    for i, (o, e) in enumerate(zip(outs, exp, strict=True)):
         if not isinstance(o, torch.Tensor):
             return False, math.inf, math.inf, 0, f"output {i} is a {type(o).__name__}"
         if tuple(o.shape) != tuple(e.shape):
@@ -616,13 +702,13 @@ def compare(outs, exp, atol, rtol, scaled=False):
         if scaled and n:
             sq = 0.0
             for s0 in range(0, n, COMPARE_CHUNK):
-                e64 = ef[s0:s0 + COMPARE_CHUNK].to(of.device, torch.float64)
+                e64 = ef[s0 : s0 + COMPARE_CHUNK].to(of.device, torch.float64)
                 sq += float(torch.where(torch.isfinite(e64), e64, torch.zeros_like(e64)).square().sum())
             a_eff = atol * max(1.0, math.sqrt(sq / n))
         nbad, first = 0, None
         for s0 in range(0, n, COMPARE_CHUNK):
-            o64 = of[s0:s0 + COMPARE_CHUNK].to(torch.float64)
-            e64 = ef[s0:s0 + COMPARE_CHUNK].to(of.device, torch.float64)
+            o64 = of[s0 : s0 + COMPARE_CHUNK].to(torch.float64)
+            e64 = ef[s0 : s0 + COMPARE_CHUNK].to(of.device, torch.float64)
             fin = torch.isfinite(e64)
             nonf += int((~torch.isfinite(o64) & fin).sum())
             both_nan = torch.isnan(o64) & torch.isnan(e64)
@@ -640,8 +726,10 @@ def compare(outs, exp, atol, rtol, scaled=False):
             nbad += k
             del o64, e64, fin, both_nan, same_inf, d, bad
         if nbad and msg is None:
-            msg = (f"output {i}: {nbad} of {n} elements off tolerance (atol {a_eff:.3g}, rtol {rtol}); "
-                   f"first at flat index {first[0]}: got {first[1]:.6g}, expected {first[2]:.6g}")
+            msg = (
+                f"output {i}: {nbad} of {n} elements off tolerance (atol {a_eff:.3g}, rtol {rtol}); "
+                f"first at flat index {first[0]}: got {first[1]:.6g}, expected {first[2]:.6g}"
+            )
     return msg is None and nonf == 0, mabs, mrel, nonf, msg or (f"{nonf} non-finite outputs" if nonf else None)
 
 
@@ -675,7 +763,7 @@ def time_fn(fn, bench, flush):
         elif n >= 3 and spent >= 20 * bench["budget_ms"]:
             break  # a slow candidate (tens of ms a call): three repetitions are enough
     st = sorted(times)
-    q = lambda p: st[min(len(st) - 1, int(p * (len(st) - 1) + 0.5))]  # noqa: E731
+    q = lambda p: st[min(len(st) - 1, int(p * (len(st) - 1) + 0.5))]
     mean = statistics.fmean(times)
     med, smed = statistics.median(times), statistics.median(synced)
     ss = sorted(synced)
@@ -688,9 +776,19 @@ def time_fn(fn, bench, flush):
         times = synced
         st = sorted(times)
         med, mean = statistics.median(times), statistics.fmean(times)
-    return {"median_ms": med, "p10_ms": q(0.1), "p90_ms": q(0.9), "mean_ms": mean,
-            "cv": statistics.pstdev(times) / mean if mean > 0 else 0.0, "reps": len(times), "h2d_ms": 0.0,
-            "d2h_ms": 0.0, "sizes": {}, "synced_median_ms": smed, "work_after_stop": after_stop}
+    return {
+        "median_ms": med,
+        "p10_ms": q(0.1),
+        "p90_ms": q(0.9),
+        "mean_ms": mean,
+        "cv": statistics.pstdev(times) / mean if mean > 0 else 0.0,
+        "reps": len(times),
+        "h2d_ms": 0.0,
+        "d2h_ms": 0.0,
+        "sizes": {},
+        "synced_median_ms": smed,
+        "work_after_stop": after_stop,
+    }
 
 
 def run_torch(req):
@@ -705,13 +803,21 @@ def run_torch(req):
     after the candidate ran. A CUDA error ends the worker (the context is unusable)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
+
     t_start = time.perf_counter()
-    res = {"tests": [], "timing": None, "torch_timing": None, "cuda_error": None, "load_error": None,
-           "gpu": None, "worker_ms": {"load": 0.0, "tests": 0.0, "timing": 0.0, "torch": 0.0}}
+    res = {
+        "tests": [],
+        "timing": None,
+        "torch_timing": None,
+        "cuda_error": None,
+        "load_error": None,
+        "gpu": None,
+        "worker_ms": {"load": 0.0, "tests": 0.0, "timing": 0.0, "torch": 0.0},
+    }
     atol, rtol = req["atol"], req["rtol"]
     try:
         cand = Candidate(req)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         res["load_error"] = f"{type(e).__name__}: {e}"
         return res
     res["worker_ms"]["load"] = (time.perf_counter() - t_start) * 1e3
@@ -726,12 +832,22 @@ def run_torch(req):
         scalars = {int(k): v for k, v in json.loads(meta.get("scalars", "{}")).items()}
         n_in = 1 + max([int(k.split(".")[1]) for k in recorded if k.startswith("input.")] + list(scalars) + [-1])
         inputs = [recorded[f"input.{i}"].cuda() if f"input.{i}" in recorded else scalars[i] for i in range(n_in)]
-        params = {k[len("param."):]: v.cuda() for k, v in recorded.items() if k.startswith("param.")}
+        params = {k[len("param.") :]: v.cuda() for k, v in recorded.items() if k.startswith("param.")}
         n_out = sum(1 for k in recorded if k.startswith("output."))
         out_bytes = sum(recorded[f"output.{i}"].numel() * recorded[f"output.{i}"].element_size() for i in range(n_out))
-        tr = {"split": t.get("split", "public"), "sizes": {k: int(v) for k, v in json.loads(meta.get("sizes", "{}")).items()},
-              "seed": int(t["seed"]), "passed": False, "max_abs_err": 0.0, "max_rel_err": 0.0, "unwritten": 0,
-              "non_finite": 0, "input_mutated": False, "out_of_bounds_write": False, "message": None}
+        tr = {
+            "split": t.get("split", "public"),
+            "sizes": {k: int(v) for k, v in json.loads(meta.get("sizes", "{}")).items()},
+            "seed": int(t["seed"]),
+            "passed": False,
+            "max_abs_err": 0.0,
+            "max_rel_err": 0.0,
+            "unwritten": 0,
+            "non_finite": 0,
+            "input_mutated": False,
+            "out_of_bounds_write": False,
+            "message": None,
+        }
         try:
             before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
             pbefore = {k: v.clone() for k, v in params.items()}
@@ -744,28 +860,32 @@ def run_torch(req):
                 with torch.no_grad():
                     out = as_list(fn(args))
                 torch.cuda.synchronize()
-                if any(isinstance(a, torch.Tensor) and not same_bits(a, b) for a, b in zip(args, argsb)):
+                if any(isinstance(a, torch.Tensor) and not same_bits(a, b) for a, b in zip(args, argsb, strict=True)):
                     tr["input_mutated"] = True
                 runs.append([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in out])
                 del out, fn
-            if any(not same_bits(v, pbefore[k]) for k, v in params.items()) or \
-                    any(isinstance(a, torch.Tensor) and not same_bits(a, b) for a, b in zip(inputs, before)):
+            if any(not same_bits(v, pbefore[k]) for k, v in params.items()) or any(
+                isinstance(a, torch.Tensor) and not same_bits(a, b) for a, b in zip(inputs, before, strict=True)
+            ):
                 tr["input_mutated"] = True
             # The reference's outputs reach the GPU only now, after the candidate ran.
             exp = [recorded[f"output.{i}"].cuda() for i in range(n_out)]
             a, b = runs
-            unwritten = sum(count_unwritten(x, y) for x, y in zip(a, b))
+            unwritten = sum(count_unwritten(x, y) for x, y in zip(a, b, strict=False))
             tr["unwritten"] = unwritten
             ok, mabs, mrel, nonf, msg = compare(a, exp, atol, rtol, scaled=t.get("dist", "native") != "native")
-            tr.update(max_abs_err=mabs if math.isfinite(mabs) else 1e300, max_rel_err=mrel if math.isfinite(mrel) else 1e300,
-                      non_finite=nonf)
+            tr.update(
+                max_abs_err=mabs if math.isfinite(mabs) else 1e300,
+                max_rel_err=mrel if math.isfinite(mrel) else 1e300,
+                non_finite=nonf,
+            )
             if tr["input_mutated"]:
                 msg = "the candidate changed an input or parameter"
             elif unwritten:
                 msg = f"{unwritten} output elements differ between two runs with different poison (unwritten or racy)"
             tr["passed"] = ok and not tr["input_mutated"] and unwritten == 0
             tr["message"] = None if tr["passed"] else msg
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if is_cuda_error(e):
                 res["cuda_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 res["tests"].append({**tr, "message": res["cuda_error"]})
@@ -817,11 +937,13 @@ def run_torch(req):
                 break
             del out, exp
             keep = (init, model, inputs, fn)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if is_cuda_error(e):
                 res["cuda_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 return res
-            full.update(passed=False, message=f"seed {seed}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            full.update(
+                passed=False, message=f"seed {seed}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            )
             break
     res["full_size"] = full
     res["worker_ms"]["full_size"] = (time.perf_counter() - t_full) * 1e3
@@ -833,7 +955,7 @@ def run_torch(req):
             l2 = torch.cuda.get_device_properties(0).L2_cache_size
             flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
             sink = torch.empty((), dtype=torch.float32, device="cuda")
-            flush = lambda: torch.sum(flush_buf, dim=0, out=sink)  # noqa: E731 - reads 2x L2
+            flush = lambda: torch.sum(flush_buf, dim=0, out=sink)
             with torch.no_grad():
                 res["timing"] = time_fn(lambda: fn(inputs), bench, flush)
                 res["worker_ms"]["timing"] = (time.perf_counter() - t_time) * 1e3
@@ -841,7 +963,7 @@ def run_torch(req):
                 t_ref = time.perf_counter()
                 res["torch_timing"] = time_fn(lambda: model(*inputs), bench, flush)
                 res["worker_ms"]["torch"] = (time.perf_counter() - t_ref) * 1e3
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if is_cuda_error(e):
                 res["cuda_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 return res
@@ -856,8 +978,7 @@ def gpu_info():
     return {"name": p.name, "arch": f"sm_{p.major}{p.minor}", "sms": p.multi_processor_count}
 
 
-OPS = {"signature": signature, "plan": plan, "testgen": testgen, "build_env": build_env,
-       "run_torch": run_torch}
+OPS = {"signature": signature, "plan": plan, "testgen": testgen, "build_env": build_env, "run_torch": run_torch}
 
 
 def extract_main():
@@ -866,7 +987,7 @@ def extract_main():
     try:
         ans = extract_inline({"code": code})
         ans.update(ok=True, error=None)
-    except Exception as e:  # noqa: BLE001 - a candidate that raises is an answer
+    except Exception as e:
         ans = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     with open(3, "w", closefd=False) as out:
         out.write(json.dumps(ans) + "\n")
@@ -880,10 +1001,20 @@ def main():
     limits = "--limits" in sys.argv
     if limits:
         import resource
+
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-    print(json.dumps({"hello": True, "python": sys.version.split()[0], "torch": torch.__version__,
-                      "cuda": torch.cuda.is_available()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "hello": True,
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "cuda": torch.cuda.is_available(),
+            }
+        ),
+        flush=True,
+    )
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -897,7 +1028,7 @@ def main():
                 raise ValueError(f"unknown op {op!r}")
             ans = OPS[op](req)
             ans.update(ok=True, error=None)
-        except Exception as e:  # noqa: BLE001 - every failure is an answer
+        except Exception as e:
             tb = traceback.extract_tb(e.__traceback__)
             where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == req.get("problem_id")), None)
             ans = {"ok": False, "error": f"{type(e).__name__}: {e}" + (f" ({where})" if where else "")}

@@ -1,5 +1,6 @@
 """Times torch.utils.cpp_extension.load_inline on the vector_add kernel (cold build in a fresh
 directory) and checks the result, for comparison with the native nvcc path. Prints JSON."""
+
 import json
 import tempfile
 import time
@@ -23,8 +24,15 @@ torch::Tensor vector_add(torch::Tensor a, torch::Tensor b) {
 cpp_src = "torch::Tensor vector_add(torch::Tensor a, torch::Tensor b);"
 with tempfile.TemporaryDirectory() as d:
     t0 = time.perf_counter()
-    mod = load_inline(name="cudarl_va", cpp_sources=cpp_src, cuda_sources=cuda_src, functions=["vector_add"],
-                      build_directory=d, extra_cuda_cflags=["-O3", "-gencode=arch=compute_90,code=sm_90"], verbose=False)
+    mod = load_inline(
+        name="cudarl_va",
+        cpp_sources=cpp_src,
+        cuda_sources=cuda_src,
+        functions=["vector_add"],
+        build_directory=d,
+        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90,code=sm_90"],
+        verbose=False,
+    )
     build = time.perf_counter() - t0
     a = torch.randn(1 << 20, device="cuda")
     b = torch.randn(1 << 20, device="cuda")

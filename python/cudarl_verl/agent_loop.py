@@ -117,7 +117,8 @@ class CudaKernelAgentLoop(AgentLoopBase):
             if (
                 score >= self.stop_reward
                 or turns >= max_turns
-                or "error" in verdict and verdict["error"] != "no_code"
+                or "error" in verdict
+                and verdict["error"] != "no_code"
                 or len(response_mask) >= self.response_length
             ):
                 break

@@ -2,6 +2,7 @@
 
 Usage: python check_export.py EXPORT_DIR   (prints OK, exits non-zero on any mismatch)
 """
+
 import sys
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def check(path, expected):
     schema = pq.read_schema(path)
     got = [(f.name, f.type, f.nullable) for f in schema]
     assert [g[0] for g in got] == [e[0] for e in expected], f"{path}: columns {got}"
-    for (n, t, nl), (en, et, enl) in zip(got, expected):
+    for (n, t, nl), (_en, et, enl) in zip(got, expected, strict=True):
         assert t == et, f"{path}: column {n} type {t} != {et}"
         assert nl == enl, f"{path}: column {n} nullable {nl} != {enl}"
     return pq.read_table(path)
@@ -94,7 +95,9 @@ if verl.exists():
         assert t.schema.field("data_source").type == pa.string()
         assert t.schema.field("ability").type == pa.string()
         rm = t.schema.field("reward_model").type
-        assert rm == pa.struct([pa.field("style", pa.string(), False), pa.field("ground_truth", pa.string(), False)]), rm
+        assert rm == pa.struct([pa.field("style", pa.string(), False), pa.field("ground_truth", pa.string(), False)]), (
+            rm
+        )
         ei = t.schema.field("extra_info").type
         assert [f.name for f in ei] == ["split", "index", "task_id", "tier", "max_turns"], ei
         rows = t.to_pylist()

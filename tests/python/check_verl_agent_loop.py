@@ -18,6 +18,7 @@ import urllib.request
 import hydra
 import verl
 import verl.trainer
+from cudarl_verl import reward
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -25,8 +26,6 @@ from transformers import PreTrainedTokenizerFast
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
-
-from cudarl_verl import reward
 
 assert verl.__version__ == "0.9.1", verl.__version__
 naive = sys.stdin.read()
@@ -112,7 +111,7 @@ def run(answers, max_turns=3):
     return asyncio.run(episode()), policy
 
 
-fence = lambda code: f"Here is the kernel.\n```cuda\n{code}```"  # noqa: E731
+fence = lambda code: f"Here is the kernel.\n```cuda\n{code}```"
 
 # compile error -> no code -> fix: three turns, each with the tester's words in between.
 out, policy = run([fence(broken), "I am not sure.", fence(naive)])
@@ -129,8 +128,9 @@ assert "No code block found" in third, third[-300:]
 mask = out.response_mask
 assert len(mask) == len(out.response_ids) and 0 in mask and mask[0] == 1 and mask[-1] == 1
 policy_tokens = sum(mask)
-answered = sum(len(tok.encode(a + "<|im_end|>", add_special_tokens=False)) for a in
-               [fence(broken), "I am not sure.", fence(naive)])
+answered = sum(
+    len(tok.encode(a + "<|im_end|>", add_special_tokens=False)) for a in [fence(broken), "I am not sure.", fence(naive)]
+)
 assert policy_tokens == answered, (policy_tokens, answered)
 assert len(out.response_logprobs) == len(mask)
 # The prompt part is exactly the task's chat prompt.
