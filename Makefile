@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CARGO ?= cargo
 BIN := target/release/cudarl-pipe
+DATE := $(shell date -u +%F)
 # tch (torch-sys) builds against the torch wheel in .venv, found through the venv's python.
 export LIBTORCH_USE_PYTORCH := 1
 export VIRTUAL_ENV := $(abspath $(VENV))
@@ -63,10 +64,10 @@ lint: setup
 
 ## bench: CPU benchmarks; results in benchmarks/results/.
 bench: build
-	$(BIN) bench noop --out benchmarks/results/noop-run-curriculum.json
-	$(BIN) bench ingest-sakana --out benchmarks/results/ingest-sakana-full-size.json
+	$(BIN) bench noop --out benchmarks/results/noop_run_curriculum_cpu_$(DATE).json
+	$(BIN) bench ingest-sakana --out benchmarks/results/ingest_sakana_full_size_cpu_$(DATE).json
 
-## carry: stripped, gzip-compressed binaries for the GPU machine in .carry/ (cudarl-pipe, the
+## carry: stripped, gzip-compressed binaries for a GPU host without a Rust toolchain, in .carry/ (cudarl-pipe, the
 ## worker, and the gated GPU test binary); scripts/gpu_checks.sh runs them there.
 carry: build
 	$(CARGO) test --release --no-run -p cudarl-cli --test gpu

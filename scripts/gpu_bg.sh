@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs scripts/gpu_train.sh PART=all in its own process session on the GPU machine, so one
-# experiment can outlast the device tool's 10-minute calls (the machine must stay warm: chain
-# the calls). Results go to /tmp/cudarl-run/work.
+# Runs scripts/gpu_train.sh PART=all detached (setsid) on a GPU host, so one experiment
+# outlasts the shell that started it; later shells on the same host wait for it and collect
+# it. Results go to /tmp/cudarl-run/work.
 #   ACTION=start  starts it (same environment knobs as gpu_train.sh), then waits like `wait`
 #   ACTION=wait   waits up to WAIT_S seconds (default 560) for it to finish, printing progress
 #   ACTION=collect copies the results (small files) to $OUT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks of the kernel harness, run on the GPU machine (the device tool), one part per call
-# (each part fits the 10-minute limit of one call):
+# GPU checks of the kernel harness on a GPU host (binaries from `make carry`), one part per
+# invocation, each under ten minutes:
 #   PART=tests  the gated GPU tests (tests/gpu.rs): every task family's naive and optimized
 #               kernels pass on all seeds and hold-out shapes, optimized beats naive, the same
 #               kernel timed twice agrees within 2%, every reward hack in tests/kernels/hacks/ is
@@ -24,7 +24,7 @@ B=$(mktemp -d)
 for z in "$CARRY"/*.gz; do [ -e "$z" ] && gzip -dc "$z" > "$B/$(basename "$z" .gz)" && chmod +x "$B/$(basename "$z" .gz)"; done
 BIN=$B/cudarl-pipe
 export CUDARL_WORKER=$B/cudarl-pipe-worker
-# The worker loads libtorch: use this machine's torch wheel.
+# The worker loads libtorch: use the host's torch wheel.
 export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:${LD_LIBRARY_PATH:-}
 if ! command -v nvcc >/dev/null; then
   for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do [ -x "$d/nvcc" ] && export PATH="$d:$PATH"; done
@@ -33,9 +33,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 nvcc --version | tail -1 > "$W/nvcc.txt"
 ms() { echo "$(( ($(date +%s%N) - $1) / 1000000 ))e-3"; }
 if [ "$PART" = curriculum ]; then
-  # `make curriculum` on the GPU machine: the whole chain into the default store (artifacts/,
-  # kept between calls while the machine is warm), cold then cached; a run cut by the call's
-  # time limit resumes from the row memos and the compile cache.
+  # `make curriculum` on the GPU host: the whole chain into the default store (artifacts/,
+  # kept between invocations on the same host), cold then cached; a run cut by a time limit
+  # resumes from the row memos and the compile cache.
   t0=$(date +%s%N)
   s0=$(date +%s)
   timeout ${CURRICULUM_LIMIT:-540} "$BIN" --root . run curriculum kb-specs testgen 2>&1 \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The kernel harness on a GPU machine (the judge/runner split, its sandbox and its timing), one
-# part per call so each fits a 10-minute command:
+# The kernel harness on a GPU host (the judge/runner split, its sandbox and its timing), one
+# part per invocation, each under ten minutes:
 #   PART=hacks  every case of tests/kernels/hacks/ (with its expected verdict from expected.toml)
 #               and every kernel of tests/kernels/honest/ through `check --json`, plus the task
 #               families' naive and optimized kernels of vector_add, row_sum and matmul; writes

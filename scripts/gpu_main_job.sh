@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# `make run`'s main job on the GPU machine (the device tool has no Rust toolchain or make: the
-# binaries come from `make carry`): `cudarl-pipe run rl-train eval` with the default
-# pipeline on a cold store, timed, in its own process session so it outlasts one 10-minute
-# call (the machine must stay warm: chain the calls; the device tool hands it back after about
-# 30 s idle, which lost two variants of session 19, and after 30 minutes held).
+# `make run`'s main job on a GPU host without a Rust toolchain or make (the binaries come from
+# `make carry`): `cudarl-pipe run rl-train eval` with the default pipeline on a cold store,
+# timed, detached with setsid so it outlasts the shell that started it; `ACTION=wait` and
+# `ACTION=collect` from later shells on the same host follow it and gather its results.
 #   ACTION=start    starts it, then waits like `wait`
 #   ACTION=wait     waits up to WAIT_S seconds (default 560), printing progress, then collects
 #                   what is finished so far
@@ -19,9 +18,9 @@
 #   node per run); they share the GPU, so their timings (speedup, fast_p) are noisier than a
 #   lone run's, while compile and pass rates are not affected.
 #   MAX_PARALLEL (default 2) of them at a time: a 64-episode trainer takes 11-19 GB of the
-#   GPU while generating, and four with their harness workers ran out of an 80 GB H100
-#   (sessions 16 and 17: rc 1, `trainer process ended: ... CUDA out of memory` in the
-#   variant's run.jsonl, which the collector prints). Each variant has its own lock file.
+#   GPU while generating, and four with their harness workers run out of an 80 GB H100
+#   (rc 1, `trainer process ended: ... CUDA out of memory` in the variant's run.jsonl, which
+#   the collector prints). Each variant has its own lock file.
 #   Confirm a parallel result with a lone run.
 # MAIN_TARGETS: the main job's targets, run as one command as `make run` does (default
 #   "rl-train eval"; independent stages overlap, e.g. tokenizer and pretrain beside validate;
@@ -32,8 +31,8 @@
 #   ran beside validate, sharing the GPU through GpuLock / GpuShare): median ratio, spread,
 #   and hack flags in each.
 #   VALIDATE_UNBATCHED=1 as well: then once more on another fresh store with
-#   validate.timing_batch=1 (one exclusive hold of the GPU per timed candidate, as before session
-#   23): validate_unbatched, its seconds and stats beside validate_alone's.
+#   validate.timing_batch=1 (one exclusive hold of the GPU per timed candidate):
+#   validate_unbatched, its seconds and stats beside validate_alone's.
 # GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs); GPU_TESTS_SKIP: a
 #   test name filter to leave out (e.g. torch_format, which needs more than 500 s alone).
 # SFT_GROUPED=1: after the main job (before the variants), both SFT stages again on its store
@@ -73,8 +72,8 @@ outputs() {
   $B/cudarl-pipe --root . --store \$S show eval --output summary --json --head 100 "\$@" > \$O/eval_summary.jsonl 2>/dev/null
   $B/cudarl-pipe --root . --store \$S show eval --output turns --json --head 100000 "\$@" > \$O/eval_turns.jsonl 2>/dev/null
   # 'export' runs its node first: export a fresh eval only ('show' fails otherwise), or a main job
-  # stopped at sft-train-optimizer trains and evaluates the default here, unrecorded (session 20:
-  # the default-config variant then found rl-train and eval cached).
+  # stopped at sft-train-optimizer would train and evaluate the default here, unrecorded, and
+  # the default-config variant would then find rl-train and eval cached.
   $B/cudarl-pipe --root . --store \$S show eval --output summary "\$@" > /dev/null 2>&1 &&
     $B/cudarl-pipe --root . --store \$S export eval --output report --to \$O/export "\$@" > /dev/null 2>&1
 }
@@ -127,22 +126,22 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then
 fi
 touch $D/done
 EOF
-  # The heredoc above expands \$ and backquotes when it is written (session 21: a backquoted
-  # word in one of its comments ran as a command and left job.sh unparsable after the main job).
+  # The heredoc above expands \$ and backquotes when it is written: a backquoted word in one of
+  # its comments would run as a command and could leave job.sh unparsable.
   bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu_main_job.sh"; exit 2; }
   setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
   ACTION=wait
 fi
 if [ "$ACTION" = wait ]; then
-  # A fresh machine (the last one went back) has no job to wait for.
-  [ -f "$D/job.sh" ] || { echo "no job on this machine (it was returned): start again"; exit 3; }
+  # A fresh host has no job to wait for.
+  [ -f "$D/job.sh" ] || { echo "no job on this host: start one (ACTION=start)"; exit 3; }
   end=$(( $(date +%s) + ${WAIT_S:-560} ))
   while [ ! -f "$D/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
   echo "done: $([ -f "$D/done" ] && echo yes || echo no); elapsed $(( $(date +%s) - $(cat $D/start 2>/dev/null || date +%s) )) s"
   cat "$D/times.txt" 2>/dev/null
   for v in "$D"/variants/*/; do [ -d "$v" ] && echo "variant $(basename "$v"): rc $(cat "$v/rc" 2>/dev/null || echo running) $(cat "$v/wall" 2>/dev/null)s"; done
   tail -c 1500 "$D/run.err"
-  # Collect what is there on every call (a machine that goes back between calls loses the rest).
+  # Collect what is there every time (a host lost before the end keeps what was collected).
   ACTION=collect
 fi
 if [ "$ACTION" = collect ]; then
@@ -262,8 +261,8 @@ for name, v in res["variants"].items():
               f"signal {m.get('signal_groups', 0):.2f} kl {m.get('kl', 0):.4f} ent {m.get('entropy', 0):.3f}")
     show_eval(v["eval_summary"])
 # How often a turn's code carries the asked expression (generated elementwise families: the
-# description is `out[i] = EXPR for i in [0, n)`), per checkpoint and agent (README, "Why RL
-# does not yet beat SFT").
+# description is `out[i] = EXPR for i in [0, n)`), per checkpoint and agent (docs/experiments.md,
+# "Why does the generator miss families it has not seen?").
 import re
 tasks = {}
 for t in jl("tasks.jsonl"):

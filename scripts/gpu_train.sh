@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Model training on the GPU machine (the device tool), one part per call (10-minute limit):
+# Model training on a GPU host (binaries from `make carry`), one part per invocation, each under
+# ten minutes:
 #   PART=sft    `bench train-throughput` (tch model vs transformers eager, same batch), then the
 #               pipeline up to sft-eval with the `small` model (validation compile-only to fit
-#               the call: the synthetic kernels' GPU correctness is checked by scripts/gpu_checks.sh)
-#   PART=rl     rl-train and eval with `small` on the same store (the machine must still be warm);
-#               a call cut by RL_LIMIT keeps what finished (cached): call again for the rest
-# Carry (built here by `make carry`, plus Python wheels of transformers in .carry/wheels for the
-# baseline when the machine's python lacks it).
+#               ten minutes: the synthetic kernels' GPU correctness is checked by scripts/gpu_checks.sh)
+#   PART=rl     rl-train and eval with `small` on the same store (same host, same store);
+#               a run cut by RL_LIMIT keeps what finished (cached): run again for the rest
+# Carry (built by `make carry`, plus Python wheels of transformers in .carry/wheels for the
+# baseline when the host's python lacks it).
 #   PART=all    both, one after the other (what scripts/gpu_bg.sh runs in the background, to
-#               outlast one call)
+#               outlast the shell that started it)
 # RL_SETS: extra `--set` values for every stage, space-separated (e.g. "rl-train.lr=1e-5
-#   rl-train.warmup=6"); every call of one experiment must give the same value.
+#   rl-train.warmup=6"); every invocation of one experiment must give the same value.
 # Usage: PART=sft OUT=out bash scripts/gpu_train.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -35,10 +36,10 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$W/gpu.txt" 2>&1
 SMALL=(--set 'tokenizer.model="small"' --set 'pretrain.model="small"' --set 'sft-train.model="small"'
        --set 'sft-train-optimizer.model="small"' --set 'validate.mode="compile"')
-# RL_STEPS: rl-train steps (every PART=rl call of one experiment must give the same value)
+# RL_STEPS: rl-train steps (every PART=rl invocation of one experiment must give the same value)
 [ -n "${RL_STEPS:-}" ] && SMALL+=(--set "rl-train.steps=$RL_STEPS")
 # GEN_FAMILIES: that many generated elementwise families (and all 26 row reductions), 20 SFT
-# rows per family, 4 per optimizer pair, 3% of the generated families held out (the GPU experiment of issue 6)
+# rows per family, 4 per optimizer pair, 3% of the generated families held out
 [ -n "${GEN_FAMILIES:-}" ] && SMALL+=(--set "synth-tasks.generate={elementwise=$GEN_FAMILIES,row_reduce=26,seed=0}"
   --set 'sft-data.per_family=20' --set 'sft-data.optimizer_per_pair=4' --set 'sft-data.holdout_generated=0.03')
 for kv in ${RL_SETS:-}; do SMALL+=(--set "$kv"); done

@@ -12,8 +12,8 @@ the same tasks with the same sampling seeds) in mean reward over steps 2 on, per
 control on: what RL learnt on the tasks it practised, with the task order taken out.
 
 Each run's own RL - SFT difference has a standard error of about 0.035 (stratified by task) to
-0.06 (two-proportion Wald) at 136 episodes per checkpoint (README, "Why RL does not yet beat
-SFT"); the spread over runs below includes that noise and the SFT draw's.
+0.06 (two-proportion Wald) at 136 episodes per checkpoint (docs/experiments.md, "Does RL beat
+SFT on the hold-out families?"); the spread over runs below includes that noise and the SFT draw's.
 
 A results file keeps a smaller eval of checkpoints that a later eval measured again under a key
 containing `superseded` (e.g. `superseded_eval_summary`): listed, not pooled, so a run counts once.
@@ -136,7 +136,7 @@ def main():
                 "equal": sum(1 for x in diffs if abs(x) <= 1e-9),
                 "below": sum(1 for x in diffs if x < -1e-9),
             }
-    # Issue 6's hold-out criterion per run: RL above SFT in both the pass and the compile rate.
+    # The hold-out criterion per run: RL above SFT in both the pass and the compile rate.
     both = [
         x["file"] + ":" + x["run"]
         for x in big

@@ -1,9 +1,9 @@
-"""Why decoding and training were slow on the H100 machine (issue 6, 2026-11-23): a decode step of
+"""Why decoding and training were slow on an H100 (2026-11-23): a decode step of
 the `small` model (8 layers, width 512, GQA 8/2, bf16 compute over float32 weights) with a KV cache
 that grows by one key per step, timed and profiled in PyTorch. With torch 2.11.0 the cuDNN SDPA
 backend is picked and builds a cuDNN graph for every new key length (about 12 ms of CPU per call,
 `aten::_cudnn_attention_forward` in the profile): 65 ms per step. `cudarl-train` turns that backend
-off (`set_cudnn_attention`). Run on the GPU machine: `python3 scripts/sdpa_backend_probe.py`
+off (`set_cudnn_attention`). Run on a GPU host: `python3 scripts/sdpa_backend_probe.py`
 (pass `--no-cudnn` to see the step without it).
 """
 

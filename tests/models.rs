@@ -611,8 +611,9 @@ fn bad_model_config_is_named() {
     assert!(e.contains("configs/model/nope.toml: file not found"), "{e}");
 }
 
-/// `scripts/rl_holdout_summary.py` (the README's RL - SFT table over every committed GPU run)
-/// on result files written here: it finds eval summaries at any depth, leaves out runs below
+/// `scripts/rl_holdout_summary.py` (the RL - SFT table of docs/experiments.md over every committed
+/// GPU run) on result files written here: it finds eval summaries at any depth, leaves out runs
+/// below
 /// `--min-episodes` and the frozen-policy controls, and pools the differences (mean and
 /// standard error over runs, hand-computed below).
 #[test]
@@ -628,7 +629,7 @@ fn rl_holdout_summary_pools_committed_runs() {
         {"step": 1, "mean_reward": 0.2, "control_reward": 0.1},
         {"step": 2, "mean_reward": 0.3, "control_reward": 0.25},
         {"step": 3, "mean_reward": 0.2, "control_reward": 0.25}]);
-    let a = serde_json::json!({"lease_1": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.6, 0.9)],
+    let a = serde_json::json!({"run_1": {"eval": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.6, 0.9)],
         "rl_steps": steps,
         // The same checkpoints' smaller eval, measured again above: listed, not pooled.
         "superseded_eval_summary": [row("sft", 136, 0.5, 0.8), row("rl", 136, 0.1, 0.1)],
@@ -677,7 +678,7 @@ fn rl_holdout_summary_pools_committed_runs() {
     );
     assert_eq!(
         v["runs_above_sft_in_pass_and_compile"],
-        serde_json::json!(["a.json:lease_1"])
+        serde_json::json!(["a.json:run_1"])
     );
     // Multi-turn minus single-turn pass of RL: 0.6 - 0.3 and 0.3 - 0.15.
     assert!(close(&v["multi_minus_single_turn_pass_min"], 0.15), "{v}");

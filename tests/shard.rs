@@ -1,4 +1,4 @@
-//! Sharded validation over a shared object-store cache (issue 7, DESIGN.md section 2): each
+//! Sharded validation over a shared object-store cache (docs/architecture.md, "Sharding"): each
 //! "machine" is its own project and store, the shared cache a local directory (the
 //! `object_store` local backend, as a network mount would be). Real processes, real nvcc
 //! (compile-only verdicts, so the test means the same with or without a GPU).

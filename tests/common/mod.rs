@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The repository root: `$CUDARL_TEST_REPO` (test binaries carried to the GPU machine), else
+/// The repository root: `$CUDARL_TEST_REPO` (test binaries carried to a GPU host), else
 /// two levels above the cli crate.
 pub fn repo_root() -> PathBuf {
     if let Some(r) = std::env::var_os("CUDARL_TEST_REPO") {

@@ -1,7 +1,8 @@
 //! `cudarl-pipe`: build the data, curriculum and models for CUDA-kernel RL as a DAG of
 //! content-hashed, cached stages.
 //!
-//! Exit codes: 0 success, 1 a stage failed, 2 bad usage or bad input (DESIGN.md section 3).
+//! Exit codes: 0 success, 1 a stage failed, 2 bad usage or bad input (docs/architecture.md, "The
+//! command line").
 
 mod cmd;
 mod report;

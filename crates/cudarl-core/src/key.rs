@@ -4,9 +4,9 @@
 //!
 //! The preimage holds the stage kind, its code version, its canonical params, the content hash
 //! of every input (sorted by name) and the declared environment. Never mtimes, absolute paths,
-//! run ids or temp dirs (DESIGN.md section 2). The golden tests below pin the encoding: a change
-//! that moves those hashes invalidates every cache and must come with a bump of
-//! [`KEY_FORMAT`].
+//! run ids or temp dirs (docs/architecture.md, "Stages, keys and the store"). The golden tests
+//! below pin the encoding: a change that moves those hashes invalidates every cache and must come
+//! with a bump of [`KEY_FORMAT`].
 
 use std::collections::BTreeMap;
 

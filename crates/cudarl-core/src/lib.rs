@@ -1,4 +1,5 @@
-//! cudarl-core: the content-hashed DAG engine of cudarl-pipe (DESIGN.md section 2).
+//! cudarl-core: the content-hashed DAG engine of cudarl-pipe (docs/architecture.md, "Stages, keys
+//! and the store").
 //!
 //! - [`stage`]: the [`Stage`] trait (name, code version, typed params, named inputs and
 //!   outputs with Arrow schemas, declared environment).

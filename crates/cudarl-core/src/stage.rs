@@ -225,7 +225,7 @@ pub trait Stage: Send + Sync {
     }
 }
 
-/// Which rows of a shardable stage one run computes (DESIGN.md section 2, "Sharding").
+/// Which rows of a shardable stage one run computes (docs/architecture.md, "Sharding").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RunPart {
     /// Every row, and publish the outputs (a normal run).

@@ -1,4 +1,4 @@
-//! cudarl-cuda: the kernel harness (DESIGN.md section 5).
+//! cudarl-cuda: the kernel harness (docs/architecture.md, "The judge and the runner").
 //!
 //! This crate builds without a GPU or CUDA toolkit: compiling needs only `nvcc` (found at run
 //! time, see [`nvcc`]), and on a machine without a GPU every verdict is compile-only

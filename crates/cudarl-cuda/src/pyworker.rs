@@ -163,6 +163,9 @@ struct PythonPaths {
     exec_prefix: PathBuf,
     base_exec: PathBuf,
     exe: PathBuf,
+    /// `sys.executable`: the absolute path the interpreter was started as (a venv's own
+    /// `bin/python`, so its site-packages apply), for a sandbox with no `PATH` to search.
+    invoked: PathBuf,
     site: Vec<PathBuf>,
 }
 
@@ -174,7 +177,7 @@ fn python_paths(root: &Path) -> Result<PythonPaths, String> {
             let o = Command::new(&py)
                 .args([
                     "-c",
-                    "import sys, os, site, json; print(json.dumps({'prefix': sys.prefix, 'base': sys.base_prefix, 'exec_prefix': sys.exec_prefix, 'base_exec': sys.base_exec_prefix, 'exe': os.path.realpath(sys.executable), 'site': site.getsitepackages()}))",
+                    "import sys, os, site, json; print(json.dumps({'prefix': sys.prefix, 'base': sys.base_prefix, 'exec_prefix': sys.exec_prefix, 'base_exec': sys.base_exec_prefix, 'exe': os.path.realpath(sys.executable), 'invoked': sys.executable, 'site': site.getsitepackages()}))",
                 ])
                 .output()
                 .map_err(|e| format!("{}: {e}", py.display()))?;
@@ -238,7 +241,7 @@ pub fn extract_inline(
     let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     cmd.arg("--write").arg(scratch.path());
     cmd.arg("--")
-        .arg(python(root))
+        .arg(&paths.invoked)
         .arg(root.join(SCRIPT))
         .arg("--extract");
     cmd.env_clear()

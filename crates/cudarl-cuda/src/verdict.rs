@@ -555,8 +555,9 @@ fn failed_run(v: &mut Verdict, o: &Outcome, wall: Duration) {
 /// the GPU alone once for the whole batch ([`WorkerPool::lock_gpu`]). One exclusive hold per
 /// batch instead of one per candidate: each hold first waits for the other testers' jobs in
 /// flight to finish, which in `validate` on an H100 cost about as much as the timings
-/// themselves (README, "Kernel harness"). Returns the verdicts in `batch`'s order; a timeout or
-/// crash marks its candidate (executed, not correct) and the batch goes on.
+/// themselves (`benchmarks/results/validate_batched_timing_h100_2026-11-24.json`). Returns the
+/// verdicts in `batch`'s order; a timeout or crash marks its candidate (executed, not correct) and
+/// the batch goes on.
 pub fn time_batch(
     batch: Vec<PendingTiming>,
     compiler: &Compiler,

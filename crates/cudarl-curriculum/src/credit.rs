@@ -1,7 +1,7 @@
 //! Credit assignment of multi-turn RL without tensors (shared by the `rl-train` stage and the
 //! trainer): group-normalized advantages (GRPO, Shao et al., "DeepSeekMath", arXiv:2402.03300),
-//! turn credit (DESIGN.md section 6), generalized advantage estimation (Schulman et al.,
-//! arXiv:1506.02438).
+//! turn credit (docs/architecture.md, "Reward and turn credit"), generalized advantage estimation
+//! (Schulman et al., arXiv:1506.02438).
 
 use serde::{Deserialize, Serialize};
 
@@ -60,8 +60,9 @@ pub fn signal_share(rewards: &[f64], groups: &[usize], min_std: f64) -> f64 {
 }
 
 /// Credit of each turn of an episode with immediate rewards `r_0..r_{T-1}` and final reward
-/// `R`: `c_t = immediate * r_t + final * gamma^(T-1-t) * R` (DESIGN.md section 6: 0.3, 0.7,
-/// 0.9: the final outcome counts most, discounted by the turns still to come).
+/// `R`: `c_t = immediate * r_t + final * gamma^(T-1-t) * R` (docs/architecture.md, "Reward and
+/// turn credit": 0.3, 0.7, 0.9: the final outcome counts most, discounted by the turns still to
+/// come).
 pub fn turn_credits(immediate_rewards: &[f64], final_reward: f64, w: &CreditWeights) -> Vec<f64> {
     let t = immediate_rewards.len();
     immediate_rewards

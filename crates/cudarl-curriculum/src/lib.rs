@@ -1,5 +1,5 @@
 //! cudarl-curriculum: op features of reference code, tiers 0-3, deterministic splits and the
-//! gates that open the next tier (DESIGN.md section 4).
+//! gates that open the next tier (docs/architecture.md, "Tiers and gates").
 
 pub mod credit;
 pub mod ops;
@@ -12,7 +12,7 @@ pub use split::{Split, assign, unit_hash};
 pub use tiers::{Categories, CategoryError, MAX_TIER, TierDecision};
 
 /// Gate thresholds to open the next tier: compile rate and pass rate on the current tier must
-/// exceed these (DESIGN.md section 4: compile rate > 0.9 and pass rate > 0.75).
+/// exceed these (docs/architecture.md, "Tiers and gates": compile rate > 0.9 and pass rate > 0.75).
 pub const DEFAULT_MIN_COMPILE_RATE: f64 = 0.9;
 /// See [`DEFAULT_MIN_COMPILE_RATE`].
 pub const DEFAULT_MIN_PASS_RATE: f64 = 0.75;

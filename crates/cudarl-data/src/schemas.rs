@@ -1,5 +1,6 @@
 //! Arrow schemas of the tables cudarl-pipe produces. Column names, types and nullability here
-//! are the documented contract of the exported Parquet (README "Tables").
+//! are the documented contract of the exported Parquet (read back by
+//! `tests/python/check_export.py`).
 
 use std::sync::{Arc, LazyLock};
 
@@ -155,7 +156,7 @@ pub fn ncu_rule_struct() -> DataType {
 /// | level, task_id | int64 | KernelBench level and problem number |
 /// | op_name | utf8, nullable | KernelBench file stem |
 /// | kernel_name | utf8, nullable | archive's kernel name |
-/// | abi | utf8 | `torch` for both archives (DESIGN.md section 5) |
+/// | abi | utf8 | `torch` for both archives (docs/architecture.md, "Kernel formats") |
 /// | format | utf8 | `torch-extension` (`PYBIND11_MODULE` + `forward`) or `kernelbench-modelnew` |
 /// | has_cuda_kernel | bool | the code defines a `__global__` function |
 /// | code | utf8 | the kernel source |

@@ -165,7 +165,7 @@ pub fn params_json_hub<P: Serialize>(p: &P, uses_hub: bool) -> serde_json::Value
 }
 
 /// The harness's nvcc for a stage: discovered from the project root (the venv's wheel, then
-/// `PATH`), SASS for `sm_90` (the GPU machine's H100/H200; PTX from a newer nvcc does not
+/// `PATH`), SASS for `sm_90` (Hopper: H100, H200; PTX from a newer nvcc does not
 /// load on its driver), the default compile timeout, results cached in the stage's store.
 ///
 /// # Errors

@@ -149,10 +149,12 @@ pub struct Params {
     /// Fraction in val; the rest is test.
     #[serde(default = "d_val")]
     pub val_fraction: f64,
-    /// Gate: compile rate on a tier must exceed this to open the next (DESIGN.md: 0.9).
+    /// Gate: compile rate on a tier must exceed this to open the next (docs/architecture.md, "Tiers
+    /// and gates": 0.9).
     #[serde(default = "d_compile")]
     pub min_compile_rate: f64,
-    /// Gate: pass rate on a tier must exceed this to open the next (DESIGN.md: 0.75).
+    /// Gate: pass rate on a tier must exceed this to open the next (docs/architecture.md, "Tiers
+    /// and gates": 0.75).
     #[serde(default = "d_pass")]
     pub min_pass_rate: f64,
     /// KernelBench levels in the curriculum (level 4 needs `transformers` and model downloads).

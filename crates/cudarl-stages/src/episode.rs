@@ -1,6 +1,6 @@
-//! Multi-turn episodes (DESIGN.md section 6): the generator writes a kernel for a task, the
-//! tester (the harness: static rules, nvcc, tests and timing on a GPU) turns the verdict into
-//! feedback text, the optimizer revises, the tester again, up to `max_turns`, stopping early
+//! Multi-turn episodes (docs/architecture.md, "Training"): the generator writes a kernel for a
+//! task, the tester (the harness: static rules, nvcc, tests and timing on a GPU) turns the verdict
+//! into feedback text, the optimizer revises, the tester again, up to `max_turns`, stopping early
 //! once a turn's reward passes the config's `stop_above`.
 //!
 //! Per episode the conversation state keeps a compilation cache (an identical resubmission is

@@ -2,8 +2,8 @@
 //! `test` split of `sft-data`, never trained on) and, for per-tier rates, the train families;
 //! every candidate is tested on the train and the hold-out shapes (full mode on a GPU).
 //!
-//! Metrics (DESIGN.md section 7) per checkpoint and split: compile rate and pass rate of the
-//! first turn (single-turn) and of the episode's best verified turn (multi-turn: what the
+//! Metrics (docs/architecture.md, "Metrics") per checkpoint and split: compile rate and pass rate
+//! of the first turn (single-turn) and of the episode's best verified turn (multi-turn: what the
 //! generator-tester-optimizer loop hands back); fast_p for p in {0, 1, 1.5, 2}
 //! (fraction of episodes whose best kernel is correct and more than p times faster than the
 //! PyTorch reference; fast_0 = pass rate; KernelBench, Ouyang et al. 2025, arXiv:2502.10517);
@@ -920,7 +920,7 @@ mod tests {
         let (d, se) = rate_diff(0.5, 100.0, 0.6, 50.0).unwrap();
         assert!((d - 0.1).abs() < 1e-12);
         assert!((se - 0.0073f64.sqrt()).abs() < 1e-12, "{se}");
-        // Session 13's eval8: pass 0.132 -> 0.191 on 136 episodes each is 1.3 standard errors.
+        // 18 -> 26 passes of 136 episodes each (0.132 -> 0.191) is 1.3 standard errors.
         let (d, se) = rate_diff(18.0 / 136.0, 136.0, 26.0 / 136.0, 136.0).unwrap();
         assert!((d / se - 1.32).abs() < 0.01, "{}", d / se);
         assert_eq!(rate_diff(0.5, 0.0, 0.5, 10.0), None);

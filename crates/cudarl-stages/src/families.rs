@@ -3,9 +3,10 @@
 //! tolerance, train and hold-out shapes) with a naive and an optimized kernel made from
 //! templates in this file.
 //!
-//! Why: two hand-written kernels per family, templated into thousands of SFT rows, teach a small
+//! Two hand-written kernels per family, templated into thousands of SFT rows, teach a small
 //! model to recall a family's kernel from its name, not to write the kernel a description asks
-//! for (issue 6: a collapsed policy, zero pass rate on the hold-out families). Many families
+//! for (zero pass rate on the hold-out families; with generated families 0.25 single-turn,
+//! `benchmarks/results/rl_generated_families_h100_2026-11-22.json`). Many families
 //! whose descriptions differ in the expression, and whose kernels carry that expression, teach
 //! the mapping description -> code that a new task needs.
 //!
@@ -671,14 +672,13 @@ pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Family> {
 /// task's, the hold-out families' included), so the text teaches the copy from a task's
 /// description to its code without showing any task's expression.
 ///
-/// Why: on families it had not seen, the SFT generator wrote some other expression (2-4 of
-/// 100 first turns carried the asked one, H100, 2026-11-23): 45 s of SFT over about 320
-/// families, each seen 40 times, teaches recall by family. Thousands of expressions seen once
-/// each can only be fitted by copying. In the prompt format, not as a bare `// EXPR` comment
-/// over the code: the copy is learnt where the model is later asked for it. Measured with 3000
-/// of them (H100, 2026-11-23, 136 hold-out episodes per checkpoint): the SFT checkpoint's
-/// hold-out pass rate 0.132 -> 0.412, single-turn 0.051 -> 0.154, first turns carrying the
-/// asked expression 4 -> 27 of 128 (`benchmarks/results/main_job_h100_2026-11-23_session14.json`).
+/// Thousands of expressions seen once each can only be fitted by copying, where SFT over a
+/// few hundred families, each seen 40 times, teaches recall by family. In the prompt format,
+/// not as a bare `// EXPR` comment over the code: the copy is learnt where the model is later
+/// asked for it. Measured with 3000 of them (H100, 136 hold-out episodes per checkpoint): the SFT
+/// checkpoint's hold-out pass rate 0.132 -> 0.412, single-turn 0.051 -> 0.154, first turns carrying
+/// the asked expression 4 -> 27 of 128
+/// (`benchmarks/results/main_job_h100_2026-11-23_copy_documents.json`).
 pub fn copy_documents(n: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Vec<ChatMessage>> {
     let p = GenerateParams {
         elementwise: n,

@@ -1,4 +1,5 @@
-//! `ingest-kernelbench`: KernelBench problems into `problems` (DESIGN.md section 4).
+//! `ingest-kernelbench`: KernelBench problems into `problems` (docs/architecture.md, "The default
+//! pipeline").
 
 use cudarl_core::{
     ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,

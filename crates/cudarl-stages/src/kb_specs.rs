@@ -45,7 +45,8 @@ pub static KB_SPECS: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// `coverage`: per level, problems, covered, fraction and the goal (issue 4: 80% of L1, 60% of L2).
+/// `coverage`: per level, problems, covered, fraction and the goal (80% of level 1, 60% of level
+/// 2).
 pub static COVERAGE: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(vec![
         Field::new("level", DataType::Int64, false),

@@ -3,10 +3,10 @@
 //! In a multi-turn episode the optimizer also revises kernels that failed: the generator's
 //! answer did not compile, or had no code block. Its SFT data otherwise holds only (correct,
 //! slower) -> faster pairs, so after SFT it copies a broken kernel instead of fixing it and
-//! a second turn adds nothing over the first (measured on the H100, issue 6 run C: multi-turn
-//! pass rate 0.241, single-turn 0.241). A repair example shows the optimizer a kernel broken
-//! the way a small model breaks one (a dropped `;`, a misspelled variable, a missing `}`),
-//! the tester's real feedback on it (nvcc's diagnostics through the same
+//! a second turn adds nothing over the first (H100, 2026-11-22: multi-turn pass rate 0.241,
+//! single-turn 0.241, `benchmarks/results/rl_warmup_h100_2026-11-22.json`). A repair example shows
+//! the optimizer a kernel broken the way a small model breaks one (a dropped `;`, a misspelled
+//! variable, a missing `}`), the tester's real feedback on it (nvcc's diagnostics through the same
 //! [`crate::episode::feedback`] RL and eval print), and the correct kernel as the answer.
 
 /// What was broken.

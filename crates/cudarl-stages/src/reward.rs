@@ -1,5 +1,5 @@
-//! The gated, shaped reward of one turn (DESIGN.md section 6), as configured data
-//! (`configs/reward/<name>.toml`, [`RewardConfig`]), with every component kept
+//! The gated, shaped reward of one turn (docs/architecture.md, "Reward and turn credit"), as
+//! configured data (`configs/reward/<name>.toml`, [`RewardConfig`]), with every component kept
 //! ([`RewardComponents`]) so the per-turn table can explain each number.
 //!
 //! Full mode (a GPU ran the tests): 0 unless the kernel compiles and passes every test (train

@@ -1,4 +1,4 @@
-//! `rl-train`: multi-turn RL of the generator and the optimizer (DESIGN.md section 6),
+//! `rl-train`: multi-turn RL of the generator and the optimizer (docs/architecture.md, "Training"),
 //! starting from the SFT checkpoints, on the task families' train split or (`task_pool`) on the
 //! families sft-data reserved for RL (its `rl` split, `rl_generated`: never in SFT data, so RL
 //! practises operations the agents have not memorized, as the hold-out families ask).
@@ -233,11 +233,11 @@ pub struct Params {
     /// AdamW learning rate of both agents (of the optimizer alone with `generator_lr`).
     #[serde(default = "d_lr")]
     pub lr: f64,
-    /// The generator's learning rate when it differs from `lr` (absent: `lr`; the stage's key
-    /// is then as before the parameter existed). Why: on the H100 (2026-11-23) RL raised the
-    /// optimizer's repairs after a first-turn compile error (19% -> 43-47% of those episodes
-    /// ended correct) while the generator's first-turn compile rate on the hold-out fell,
-    /// the more the larger the step (lr 2e-5: -0.07 and -0.13; 4e-5: -0.24, README).
+    /// The generator's learning rate when it differs from `lr` (absent: `lr`, and left out of
+    /// the stage's key; 0 trains the optimizer alone). Measured (H100, two SFT draws, paired by
+    /// sampling seed): at 0 the hold-out multi-turn compile rate did not fall in any of four
+    /// runs (+0.000 to +0.015) and the pass rate moved -0.033 to +0.026, inside one standard
+    /// error (`benchmarks/results/rl_optimizer_alone_h100_2026-11-25.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator_lr: Option<f64>,
     /// KL penalty weight.
@@ -245,28 +245,31 @@ pub struct Params {
     pub kl_coef: f64,
     /// Early stop of each agent's update once the approximate KL from the generating policy
     /// passes 1.5 x this (nats per token; Spinning Up PPO's rule, `cudarl_train::rl_serve::
-    /// RlServe::target_kl`). Absent: every minibatch steps, and the stage's key is as before
-    /// the parameter existed. Why: at lr 4e-5 the optimizer's KL to the SFT policy jumped to
-    /// 0.835 in one step of six (H100, 2026-11-24, README); not yet measured with it on.
+    /// RlServe::target_kl`). Absent: every minibatch steps, and left out of the stage's key.
+    /// Measured at 0.02 (H100, 64-episode steps): it never stopped an update, the largest
+    /// approximate KL within one was 0.0013 nats per token
+    /// (`benchmarks/results/rl_group_size_h100_2026-11-24.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_kl: Option<f64>,
     /// Passes over each update's minibatches (GRPO's mu iterations, Shao et al. 2024; PPO's
     /// epochs), the ratio always against the sampling policy
-    /// (`cudarl_train::rl_serve::RlServe::epochs`). Why: at 64 episodes and minibatch 32 a
-    /// 5-step run gave the generator 10 AdamW steps and RL's reward stayed at or below its
-    /// frozen copy's on the same tasks and seeds; with 4 passes it was above it in 4 runs of 4
-    /// (+0.019 +- 0.003, H100, sessions 19-20; `pipelines/default.toml` sets 4), though not in
-    /// the four runs of sessions 21-22 (-0.025 to +0.000; `docs/experiments.md`).
-    /// Absent: 1, and left out of the key.
+    /// (`cudarl_train::rl_serve::RlServe::epochs`). Absent: 1, and left out of the key;
+    /// `pipelines/default.toml` sets 4. Measured (H100, 64-episode steps, minibatch 32): RL's
+    /// mean reward minus its frozen control's over steps 2-5 was -0.018 +- 0.008 with one pass
+    /// and +0.017 +- 0.009 with four on the same SFT draw
+    /// (`benchmarks/results/rl_epochs_h100_2026-11-24.json`), +0.013 and +0.019 on two more
+    /// (`benchmarks/results/rl_fresh_warmup_h100_2026-11-24.json`), and -0.025 to +0.000 in
+    /// four later runs (`benchmarks/results/rl_ptx_h100_2026-11-24_*.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epochs: Option<usize>,
     /// What a generator turn is credited with: `episode` (absent: the turn credit
-    /// `0.3 r_0 + 0.7 gamma^(T-1) R`, DESIGN.md section 6, R the episode's best turn, so
-    /// mostly the optimizer's repair) or `own` (its own turn's reward `r_0`: the tester's
-    /// verdict on the kernel the generator wrote). GRPO only. Why: broken generator turns got
-    /// advantages from -1.7 to +1.7 depending on whether the optimizer's repair later passed
-    /// (README, "Why RL does not yet beat SFT"). The `turns` table's `credit` stays the turn
-    /// credit; its `advantage` is what the update used. Absent: `episode`, left out of the key.
+    /// `0.3 r_0 + 0.7 gamma^(T-1) R` of `docs/architecture.md`, "Reward and turn credit", R
+    /// the episode's best turn, so mostly the optimizer's repair) or `own` (its own turn's
+    /// reward `r_0`: the tester's verdict on the kernel the generator wrote). GRPO only. The
+    /// `turns` table's `credit` stays the turn credit; its `advantage` is what the update used.
+    /// Absent: `episode`, left out of the key. Measured (H100): `own` -0.020 +- 0.008 against
+    /// the frozen control, hold-out pass -0.074 +- 0.036
+    /// (`benchmarks/results/rl_epochs_h100_2026-11-24.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator_credit: Option<String>,
     /// Ratio clip.
@@ -322,31 +325,30 @@ pub struct Params {
     /// `train`), `train` (the families SFT trained on), `rl`, `both`, or `fresh`: elementwise
     /// families generated for this run ([`fresh_families`]), `tasks_per_step` new ones every
     /// step, none of them a task of `synth-tasks` (hold-out included), so nothing RL practises
-    /// can be recalled, only copied from its description. Why: with the `rl` split (about 85
-    /// families drawn 40 times a run) RL's reward rose above its frozen copy's while the
-    /// hold-out pass rate fell (H100, 2026-11-24, README). Measured (H100, session 20): no gain
-    /// over the frozen copy and a larger hold-out loss (pass -0.07 .. -0.12), so not the default.
+    /// can be recalled, only copied from its description. Measured (H100): `fresh` +0.005 and
+    /// -0.014 against the frozen control, hold-out pass -0.118 and -0.074 against SFT
+    /// (`benchmarks/results/rl_fresh_warmup_h100_2026-11-24.json`), so not the default.
     #[serde(default = "d_auto")]
     pub task_pool: String,
     /// Also run, each step, the frozen reference policies (the SFT checkpoints) on the step's
     /// tasks with the step's sampling seeds, untrained (`control_*` metrics; the eval report
     /// gives RL minus control per step). A step's tasks come from `seed` alone, so a reward
-    /// curve mixes learning with the tasks' difficulty; on the H100 (2026-11-24) a frozen
-    /// policy's curve rose as much as RL's (README). Costs a second rollout per step. Absent:
-    /// off, and left out of the stage's key.
+    /// curve mixes learning with the tasks' difficulty: measured (H100), a frozen policy's
+    /// first-vs-last-three-steps rise +0.076 +- 0.030 against RL's +0.096 +- 0.030
+    /// (`benchmarks/results/main_job_h100_2026-11-24_frozen_control.json`). Costs a second
+    /// rollout per step. Absent: off, and left out of the stage's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<bool>,
     /// PPO-ptx's weight (absent or 0: off; absent is left out of the key;
     /// `cudarl_train::rl_serve::Ptx`, Ouyang et al. 2022): each agent's every
     /// minibatch step adds this times the mean cross-entropy of `ptx_batch` of its own SFT
     /// conversations (`sft-data`'s train split of `sft_generator` / `sft_optimizer`), so RL
-    /// moves the policy away from SFT only where its rewards ask. Why: RL beat its frozen copy
-    /// on the families it practised in 4 runs of 4 and lost on the hold-out on average, and
-    /// the generator's single-turn hold-out pass rate fell in every run of session 19 and in
-    /// both default runs of session 21 (H100, README). Measured (H100, session 21, one SFT draw, paired with the
-    /// default): the generator's first update's k3 KL 1.03 -> 0.006 nats per token, its
-    /// hold-out first turns unchanged from SFT's, hold-out pass RL - SFT +0.022 against
-    /// -0.037 without it; `pipelines/default.toml` sets 1.0.
+    /// moves the policy away from SFT only where its rewards ask; `pipelines/default.toml`
+    /// sets 1.0. Measured (H100, one SFT draw, paired with `ptx_coef = 0`): the generator's
+    /// first update's k3 KL 1.03 -> 0.006 nats per token, its hold-out first turns unchanged
+    /// from SFT's, hold-out pass RL - SFT +0.022 against -0.037 without it
+    /// (`benchmarks/results/rl_ptx_h100_2026-11-24_main_job.json`); on two more draws -0.029 and
+    /// -0.059 (`benchmarks/results/rl_ptx_h100_2026-11-24_coef_sweep.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_coef: Option<f64>,
     /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
@@ -616,9 +618,10 @@ impl RlTrain {
 }
 
 /// PPO's per-turn (advantage, value target) for each episode: rewards `r_t = immediate * R_t`
-/// plus `final * R` on the last turn (the turn credit's weights, DESIGN.md section 6; `R_t` the
-/// turn's reward, `R` the episode's final reward), values from the critics at generation time
-/// (0 where missing), then GAE (Schulman et al., arXiv:1506.02438) with `gamma` per turn and
+/// plus `final * R` on the last turn (the turn credit's weights, `docs/architecture.md`, "Reward
+/// and turn credit"; `R_t` the turn's reward, `R` the episode's final reward), values from the
+/// critics at generation time (0 where missing), then GAE (Schulman et al., arXiv:1506.02438) with
+/// `gamma` per turn and
 /// `lambda`; target = advantage + value.
 pub(crate) fn ppo_targets(
     eps: &[Episode],

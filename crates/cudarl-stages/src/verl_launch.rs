@@ -1,5 +1,5 @@
 //! `rl-train` with `backend = "verl"`: the same curriculum trained by VERL on a Ray cluster
-//! (for models one GPU cannot hold; DESIGN.md section 7, issue 7).
+//! (for models one GPU cannot hold; `docs/architecture.md`, "Scale-out").
 //!
 //! The stage writes VERL's RL Parquet (`rl_train`, `rl_test`: the layout of `export --format
 //! verl`), a job directory (the Parquet files, `cudarl_verl/` with the multi-turn agent loop

@@ -1,7 +1,7 @@
 //! The local store of cudarl-pipe: a content-addressed blob store (CAS), an action cache of
 //! manifests, a row-level memo, per-node locks, run logs and garbage collection.
 //!
-//! Layout under the store root (DESIGN.md section 2):
+//! Layout under the store root (docs/architecture.md, "Stages, keys and the store"):
 //!
 //! ```text
 //! cas/<aa>/<hash>            immutable blobs, named by their BLAKE3 digest (read-only files)
@@ -217,7 +217,7 @@ impl Store {
 
     /// This store with a cache shared by several machines: memo entries are read through it
     /// (and copied into the local memo) and written to both, so N machines that run shards of
-    /// a stage see each other's rows (DESIGN.md section 2, "Sharding").
+    /// a stage see each other's rows (docs/architecture.md, "Sharding").
     pub fn with_shared(mut self, cache: SharedCache) -> Store {
         self.shared = Some(cache);
         self

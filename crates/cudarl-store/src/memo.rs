@@ -1,5 +1,6 @@
 //! Row-level memo: per-row results keyed by a row key, so a stage that processes items
-//! independently redoes only new or changed rows (DESIGN.md section 2).
+//! independently redoes only new or changed rows (docs/architecture.md, "Stages, keys and the
+//! store").
 
 use std::fs;
 use std::io::{self, Write};

@@ -1,5 +1,5 @@
 //! A cache shared by several machines, on an `object_store` backend: row-level memo entries
-//! and shard records of sharded stages (DESIGN.md section 2, "Sharding").
+//! and shard records of sharded stages (docs/architecture.md, "Sharding").
 //!
 //! Layout under the cache URL:
 //!

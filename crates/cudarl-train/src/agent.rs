@@ -52,7 +52,8 @@ pub struct AgentOptim {
     /// Optimizer steps of linear learning-rate warmup (`lr * k / warmup` at step `k`, then
     /// `lr`): Adam's first steps move every parameter by about `lr` whatever the gradient's
     /// size, which is what pushed a peaked SFT policy far from its reference at once
-    /// (KL 0.99 nats/token after one RL step at 5e-5, README). 0 = none.
+    /// (KL 0.99 nats/token after one RL step at 5e-5,
+    /// `benchmarks/results/rl_generated_families_h100_2026-11-22.json`). 0 = none.
     pub warmup: usize,
 }
 

@@ -1,6 +1,6 @@
-//! Models and training for cudarl-pipe (DESIGN.md section 6): a Qwen2-architecture decoder in
-//! tch that loads and saves the Hugging Face layout, and batched generation with a KV cache
-//! and per-token log-probabilities, BPE tokenizers with the ChatML template, and causal-LM
+//! Models and training for cudarl-pipe (docs/architecture.md, "Training"): a Qwen2-architecture
+//! decoder in tch that loads and saves the Hugging Face layout, and batched generation with a KV
+//! cache and per-token log-probabilities, BPE tokenizers with the ChatML template, and causal-LM
 //! training with a loss mask (pretraining and SFT).
 
 pub mod agent;

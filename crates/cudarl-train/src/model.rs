@@ -167,8 +167,8 @@ unsafe extern "C" {
 /// chosen first for bf16 attention and builds a cuDNN graph for every new key length, about
 /// 12 ms of CPU per call. A decode step attends to one more key than the last, so every step
 /// paid it: 55-85 ms per step instead of about 6 (measured in Python's profiler and in
-/// `cudarl-train`'s decode, H100, 2026-11-23; README "Decoding speed"). Without it, libtorch
-/// picks flash or memory-efficient attention, which have no per-shape set-up.
+/// `cudarl-train`'s decode, H100, `benchmarks/results/main_job_h100_2026-11-23_sdpa_off.json`).
+/// Without it, libtorch picks flash or memory-efficient attention, which have no per-shape set-up.
 pub fn set_cudnn_attention(enabled: bool) -> bool {
     // SAFETY: `globalContext()` returns a reference to libtorch's process-wide context, valid
     // for the life of the process; both methods only read or write a boolean member of it.

@@ -56,12 +56,12 @@ pub struct TrainConfig {
     /// Batch examples of similar length together (`transformers`' `group_by_length`, its
     /// `LengthGroupedSampler`; [`epoch_batches`]): a batch is right-padded to its longest
     /// example, and random batches of `make run`'s CPU SFT conversations spend 43-45% of their
-    /// tokens on padding. Off by default: on the H100 (session 22, one machine) the generator's
-    /// SFT took 43.2 s grouped vs 40.7 s not and the optimizer's 64.4 s vs 72.8 s, about 5% of
-    /// the two together (small-model steps there cost about the same padded or not), and on 2
-    /// CPU cores 13.4 s vs 15.2 s and 9.4 s vs 9.7 s; the one SFT draw measured grouped was
-    /// within the range of the others (hold-out pass 0.309, compile 0.890). The same examples
-    /// and steps per epoch either way.
+    /// tokens on padding. The same examples and steps per epoch either way. Off by default:
+    /// measured on the H100, the generator's SFT 43.2 s grouped vs 40.7 s not and the
+    /// optimizer's 64.4 s vs 72.8 s, about 5% of the two together, and on 2 CPU cores 13.4 s vs
+    /// 15.2 s and 9.4 s vs 9.7 s; the SFT draw trained grouped was within the range of the
+    /// others (hold-out pass 0.309, compile 0.890;
+    /// `benchmarks/results/rl_ptx_h100_2026-11-24_coef_sweep.json`).
     pub group_by_length: bool,
 }
 
@@ -189,7 +189,7 @@ pub fn chat_examples<R: AsRef<[Message]> + Sync>(
     rows: &[R],
 ) -> Result<Vec<Example>, ModelError> {
     use rayon::prelude::*;
-    // On all cores: about 1.2M tokens per second on one (this machine), and sft-train renders
+    // On all cores: about 1.2M tokens per second on one core, and sft-train renders
     // about 5M tokens before its first step.
     rows.par_iter()
         .map(|msgs| {

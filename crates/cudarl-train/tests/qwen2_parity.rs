@@ -9,7 +9,7 @@ use cudarl_train::{Finish, Generation, PREFILL_BYTES, Qwen2, SampleParams, gener
 use tch::{Device, Kind, Tensor};
 
 /// libtorch's generator is global: tests that seed it and sample hold this (`cargo test`
-/// runs them on threads of one process; one drew another's stream, session 22).
+/// runs them on threads of one process, and one would draw from another's stream).
 static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn repo_root() -> PathBuf {
