@@ -1,6 +1,7 @@
 //! The model stages end to end on CPU with the `tiny` config: `sft-data` -> `tokenizer` ->
-//! `pretrain` -> `sft-train` (generator and optimizer) -> `sft-eval` through the real trainer
-//! process and nvcc, and bad model configs are named (exit 2).
+//! `pretrain` -> `sft-train` (generator and optimizer) -> `sft-eval` -> `rl-train` -> `eval`
+//! through the real trainer process and nvcc, one behaviour per test on one shared store, and
+//! bad model configs and RL params are named (exit 2).
 
 mod common;
 
@@ -46,12 +47,38 @@ fn rows_with(p: &Project, node: &str, output: &str, sets: &[&str]) -> Vec<Value>
         .collect()
 }
 
-#[test]
-fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
+/// The store the CPU model tests share: one per test run (`NEXTEST_RUN_ID`, else this process),
+/// so the SFT checkpoints are trained once and each test reads or extends them; the store's
+/// per-node locks make the tests that start together wait for one another's nodes. Stores of
+/// earlier runs older than a day are removed.
+fn shared_store() -> std::path::PathBuf {
+    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let run = std::env::var("NEXTEST_RUN_ID").unwrap_or_else(|_| std::process::id().to_string());
+    let dir = base.join(format!("models-store-{run}"));
+    if let Ok(entries) = std::fs::read_dir(base) {
+        for e in entries.flatten() {
+            let old = e.file_name().to_string_lossy().starts_with("models-store-")
+                && e.path() != dir
+                && e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|a| a.as_secs() > 86_400));
+            if old {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A project for the model stages on the CPU: vector_add and row_sum (held out) and two
+/// generated elementwise families reserved for RL, small SFT and RL settings, the `tiny` model
+/// with batches of 2, and its store shared with the other tests of this file.
+fn cpu_project() -> Project {
     let p = Project::new();
     let pl = p.path("pipelines/default.toml");
     let mut text = std::fs::read_to_string(&pl).unwrap();
-    // Every edit must find its text: a default that moved would otherwise change this test
+    // Every edit must find its text: a default that moved would otherwise change these tests
     // silently.
     for (from, to) in [
         ("per_family = 20 ", "per_family = 40 "),
@@ -68,13 +95,13 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         ),
         // sft-eval's and eval's samples.
         ("samples = 8", "samples = 3"),
-        // The copy documents are this test's own, below.
+        // The copy documents are a test's own, below.
         ("copy_documents = 3000 ", "copy_documents = 0 "),
         ("max_new_tokens = 512", "max_new_tokens = 48"),
         ("\nsteps = 5 ", "\nsteps = 2 "),
         ("tasks_per_step = 8", "tasks_per_step = 1"),
         ("group_size = 8 ", "group_size = 2 "),
-        // One pass per update here; the `own` run below takes two.
+        // One pass per update here; the `own` run takes two.
         ("\nepochs = 4 ", "\nepochs = 1 "),
         ("max_new_tokens = 768", "max_new_tokens = 32"),
     ] {
@@ -89,10 +116,47 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     let mc = p.path("configs/model/tiny.toml");
     let t = std::fs::read_to_string(&mc).unwrap();
     std::fs::write(&mc, t.replace("batch_size = 8", "batch_size = 2")).unwrap();
-    let o = p.run(&["run", "sft-train", "sft-train-optimizer", "sft-eval"]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    std::os::unix::fs::symlink(shared_store(), p.store()).unwrap();
+    p
+}
 
-    // SFT data: chat messages in the shared prompt format; hold-out families are `test` only.
+/// `run` with `--set` overrides, which must succeed.
+fn run_ok(p: &Project, targets: &[&str], sets: &[&str]) {
+    let mut args = vec!["run"];
+    args.extend(targets);
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+}
+
+/// The project with its SFT stages run (cached after the first test that ran them).
+fn after_sft() -> Project {
+    let p = cpu_project();
+    run_ok(&p, &["sft-train", "sft-train-optimizer", "sft-eval"], &[]);
+    p
+}
+
+/// The project with the default `rl-train` and `eval` run.
+fn after_rl() -> Project {
+    let p = cpu_project();
+    run_ok(&p, &["rl-train", "eval"], &[]);
+    p
+}
+
+/// The families `sft-data` reserved for RL (the `rl` split).
+fn rl_families(p: &Project) -> std::collections::BTreeSet<String> {
+    rows(p, "sft-data", "sft_generator")
+        .iter()
+        .filter(|r| r["split"] == "rl")
+        .map(|r| r["task_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn sft_data_is_chat_messages_with_the_holdout_and_rl_families_in_their_own_splits() {
+    let p = after_sft();
     let g = rows(&p, "sft-data", "sft_generator");
     assert!(!g.is_empty());
     for r in &g {
@@ -115,25 +179,32 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         let reserved = r["task_id"].as_str().unwrap().starts_with("gen_ew_");
         assert_eq!(reserved, r["split"] == "rl", "{}", r["task_id"]);
     }
-    let rl_families: std::collections::BTreeSet<&str> = g
-        .iter()
-        .filter(|r| r["split"] == "rl")
-        .map(|r| r["task_id"].as_str().unwrap())
-        .collect();
-    assert_eq!(rl_families.len(), 2, "{rl_families:?}");
+    assert_eq!(rl_families(&p).len(), 2);
     let opt = rows(&p, "sft-data", "sft_optimizer");
-    assert!(!opt.is_empty());
     assert!(
-        opt.iter()
-            .all(|r| r["measured"] == Value::Bool(false) && r["speedup"].is_null())
+        !opt.is_empty()
+            && opt
+                .iter()
+                .all(|r| r["measured"] == Value::Bool(false) && r["speedup"].is_null())
     );
-    let user = |r: &Value| r["messages"][1]["content"].as_str().unwrap().to_string();
-    let answer = |r: &Value| r["messages"][2]["content"].as_str().unwrap().to_string();
     let optimize: Vec<&Value> = opt.iter().filter(|r| r["kind"] == "optimize").collect();
     assert!(!optimize.is_empty());
-    assert!(user(optimize[0]).contains("not run: compile-only"));
-    // Repairs: each task kernel broken once and really compiled by nvcc, whose diagnostics
-    // are the feedback; the answer is the kernel it was broken from (a validated one).
+    assert!(
+        optimize[0]["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("not run: compile-only")
+    );
+}
+
+#[test]
+fn optimizer_repair_examples_are_task_kernels_nvcc_rejected_with_its_diagnostics() {
+    let p = after_sft();
+    let opt = rows(&p, "sft-data", "sft_optimizer");
+    let user = |r: &Value| r["messages"][1]["content"].as_str().unwrap().to_string();
+    let answer = |r: &Value| r["messages"][2]["content"].as_str().unwrap().to_string();
+    // Each task kernel broken once and really compiled by nvcc, whose diagnostics are the
+    // feedback; the answer is the kernel it was broken from (a validated one).
     let kernels: std::collections::BTreeMap<String, String> =
         rows(&p, "synth-tasks", "task_kernels")
             .iter()
@@ -203,8 +274,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             "{b} is a rejected breakage of sft-repairs"
         );
     }
+}
 
-    // Training: the loss falls; the device is recorded; the checkpoint is a HF directory.
+#[test]
+fn pretrain_and_sft_losses_fall_and_checkpoints_are_hugging_face_directories() {
+    let p = after_sft();
     for node in ["pretrain", "sft-train", "sft-train-optimizer"] {
         let m = rows(&p, node, "metrics");
         assert!(m.len() >= 10, "{node}: {} steps", m.len());
@@ -223,23 +297,30 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             "{node}"
         );
     }
-    // Copy documents (expression stated, then carried by kernels): pretraining on 24 more
-    // documents trains on more tokens; they are `pretrain`'s parameter only.
+    // Cached the second time.
+    let o = p.run(&["run", "sft-train", "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let s = stdout(&o);
+    assert!(s.contains("\"cached\""), "{s}");
+}
+
+#[test]
+fn copy_documents_add_pretraining_tokens_and_are_a_pretrain_parameter_only() {
+    let p = after_sft();
     let tokens = |m: Vec<Value>| -> i64 { m.iter().map(|r| r["tokens"].as_i64().unwrap()).sum() };
     let base = tokens(rows(&p, "pretrain", "metrics"));
-    let o = p.run(&["run", "pretrain", "--set", "pretrain.copy_documents=24"]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let more = tokens(rows_with(
-        &p,
-        "pretrain",
-        "metrics",
-        &["pretrain.copy_documents=24"],
-    ));
+    let more = ["pretrain.copy_documents=24"];
+    run_ok(&p, &["pretrain"], &more);
+    let more = tokens(rows_with(&p, "pretrain", "metrics", &more));
     assert!(more > base, "{more} vs {base} tokens");
     let o = p.run(&["run", "sft-train", "--set", "sft-train.copy_documents=24"]);
     assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
     assert!(common::stderr(&o).contains("`pretrain` parameters"));
-    // The generator's samples on the hold-out families, through the harness (compile-only).
+}
+
+#[test]
+fn sft_eval_puts_the_generators_holdout_samples_through_nvcc() {
+    let p = after_sft();
     let ev = rows(&p, "sft-eval", "sft_eval");
     let ids: Vec<&str> = ev.iter().map(|r| r["task_id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["row_sum"]);
@@ -263,15 +344,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             );
         }
     }
-    // Cached the second time.
-    let o = p.run(&["run", "sft-train", "--json"]);
-    assert_eq!(o.status.code(), Some(0));
-    let s = stdout(&o);
-    assert!(s.contains("\"cached\""), "{s}");
+}
 
-    // A short rl-train and eval on the CPU: compile-only rewards, labelled so.
-    let o = p.run(&["run", "rl-train", "eval"]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+#[test]
+fn rl_train_on_the_cpu_is_compile_only_labelled_and_practises_the_rl_split() {
+    let p = after_rl();
     let m = rows(&p, "rl-train", "metrics");
     assert_eq!(m.len(), 2);
     for r in &m {
@@ -285,6 +362,12 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert!(
             r["optimizer_max_approx_kl"].as_f64().unwrap().is_finite(),
             "{r}"
+        );
+        assert_eq!(r["algorithm"], "grpo");
+        assert!(r["value_loss"].is_null());
+        assert!(
+            r["control_reward"].is_null(),
+            "the control is off by default"
         );
     }
     let t = rows(&p, "rl-train", "turns");
@@ -303,16 +386,24 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert_eq!(r["role"], want);
     }
     // RL practised on the families SFT never saw (task_pool = "auto": the `rl` split).
+    let rl = rl_families(&p);
     assert!(
         t.iter()
-            .all(|r| rl_families.contains(r["task_id"].as_str().unwrap())),
+            .all(|r| rl.contains(r["task_id"].as_str().unwrap())),
         "rl-train drew a family outside the rl split"
     );
     let tiers = rows(&p, "rl-train", "tiers");
     assert_eq!(tiers[0]["opened_at_step"], 0);
-    // Every kernel that reached the harness was handed to nvcc while the batch still decoded.
+}
+
+#[test]
+fn rl_train_metrics_account_for_overlap_signal_groups_tiers_and_harness_phases() {
+    let p = after_rl();
+    let m = rows(&p, "rl-train", "metrics");
+    let t = rows(&p, "rl-train", "turns");
     for r in &m {
         let step = &r["step"];
+        // Every kernel that reached the harness was handed to nvcc while the batch decoded.
         let tested = t.iter().any(|x| {
             &x["step"] == step
                 && !x["code"].is_null()
@@ -323,13 +414,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         });
         let want = if tested { 1.0 } else { 0.0 };
         assert_eq!(r["compile_overlap"].as_f64(), Some(want), "{r}");
-        assert_eq!(r["algorithm"], "grpo");
         // Both episodes are tier 0 (the two families' lowest tier opens first): the per-tier
         // mean is the step's mean.
         let bt: Value = serde_json::from_str(r["reward_by_tier_json"].as_str().unwrap()).unwrap();
         assert_eq!(bt.as_object().unwrap().len(), 1, "{bt}");
         assert_eq!(bt["0"].as_f64(), r["mean_reward"].as_f64(), "{bt}");
-        assert!(r["value_loss"].is_null());
         // One GRPO group of 2 episodes per step: it carries a signal iff the two generator
         // turns' credits differ.
         let credits: Vec<f64> = t
@@ -354,6 +443,11 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         // No GPU here: no GPU job ran (microseconds of bookkeeping at most).
         assert!(r["harness_gpu_seconds"].as_f64().unwrap() < 1e-2, "{r}");
     }
+}
+
+#[test]
+fn eval_summarizes_sft_and_rl_and_keeps_every_turn_of_every_episode() {
+    let p = after_rl();
     let sum = rows(&p, "eval", "summary");
     let cks: Vec<&str> = sum
         .iter()
@@ -376,7 +470,6 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         if mine.clone().any(|e| e["compiled"] == true) {
             assert!(c >= 1, "{r}");
         }
-        // The GPU and SASS phases run side by side after the compile phase.
         let ph = |k: &str| r[format!("harness_{k}_seconds")].as_f64().unwrap();
         let phases = ph("compile") + ph("gpu").max(ph("sass"));
         assert!(
@@ -385,9 +478,9 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         );
         assert!(r["gen_seconds"].as_f64().unwrap() > 0.0, "{r}");
     }
-    // What each agent wrote: eval's turns, one row per turn of every episode, keyed to the
-    // episodes table; the generator writes turn 0, the optimizer the rest; every turn has the
-    // tester's feedback, and a turn with code that compiled has no `no_code` failure.
+    // One row per turn of every episode, keyed to the episodes table; the generator writes
+    // turn 0, the optimizer the rest; every turn has the tester's feedback, and the first
+    // turn's compile verdict is the episode's `first_compiled`.
     let et = rows(&p, "eval", "turns");
     for e in &eps {
         let mine: Vec<&Value> = et.iter().filter(|t| t["episode"] == e["episode"]).collect();
@@ -404,55 +497,64 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         let c: Value = serde_json::from_str(first["components_json"].as_str().unwrap()).unwrap();
         assert_eq!(c["compiled"], e["first_compiled"], "{first}");
     }
-    // PPO: a critic per agent, its values on every turn, GAE advantages, a value loss.
-    let o = p.run(&[
-        "run",
-        "rl-train",
-        "--set",
-        "rl-train.algorithm=\"ppo\"",
-        "--set",
-        "rl-train.group_size=1",
-        "--set",
-        "rl-train.warmup=2",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let pm = rows_with(
-        &p,
-        "rl-train",
-        "metrics",
-        &[
-            "rl-train.algorithm=\"ppo\"",
-            "rl-train.group_size=1",
-            "rl-train.warmup=2",
-        ],
+}
+
+#[test]
+fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
+    let p = after_rl();
+    let md = export_report(&p, "exported", &[]);
+    assert!(
+        md.contains("compile-only")
+            && md.contains("| sft | test |")
+            && md.contains("Tier 0: 2 steps, mean reward")
+            && md.contains("First 1 steps: mean reward")
+            // compile-only: no pass rate or fast_1 to compare, the compile rate only
+            && md.contains("RL - SFT on `test` (")
+            && md.contains("two-proportion Wald): compile ")
+            && md.contains("not on new ones): compile ")
+            && md.contains("(what to expect on new tasks like these): compile ")
+            && md.contains(", single-turn compile ")
+            && !md.contains(", pass "),
+        "{md}"
     );
+    assert!(
+        std::fs::metadata(p.path("exported/eval.report/reward_curve.png"))
+            .unwrap()
+            .len()
+            > 1000
+    );
+}
+
+#[test]
+fn ppo_trains_a_critic_and_records_a_value_on_every_turn() {
+    let p = after_sft();
+    let ppo = [
+        "rl-train.algorithm=\"ppo\"",
+        "rl-train.group_size=1",
+        "rl-train.warmup=2",
+    ];
+    run_ok(&p, &["rl-train"], &ppo);
+    let pm = rows_with(&p, "rl-train", "metrics", &ppo);
     assert_eq!(pm.len(), 2);
     for r in &pm {
         assert_eq!(r["algorithm"], "ppo");
         assert_eq!(r["episodes"], 1);
         assert!(r["value_loss"].as_f64().unwrap() >= 0.0, "{r}");
     }
-    let pt = rows_with(
-        &p,
-        "rl-train",
-        "turns",
-        &[
-            "rl-train.algorithm=\"ppo\"",
-            "rl-train.group_size=1",
-            "rl-train.warmup=2",
-        ],
-    );
+    let pt = rows_with(&p, "rl-train", "turns", &ppo);
     assert!(pt.iter().all(|r| r["value"].is_f64()), "{pt:?}");
-    // The frozen-policy control: the SFT references on each step's tasks with its seeds.
-    // Step 1 samples both from identical weights, so their rewards agree exactly; the
-    // policy's own episodes are those of the run without the control.
-    assert!(
-        m.iter().all(|r| r["control_reward"].is_null()),
-        "off by default"
-    );
-    let o = p.run(&["run", "rl-train", "eval", "--set", "rl-train.control=true"]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let cm = rows_with(&p, "rl-train", "metrics", &["rl-train.control=true"]);
+}
+
+#[test]
+fn the_frozen_control_samples_what_the_policy_sampled_at_step_one() {
+    // The SFT references on each step's tasks with its seeds. Step 1 samples both from
+    // identical weights, so their rewards agree exactly; the policy's own episodes are those
+    // of the run without the control.
+    let p = after_rl();
+    let m = rows(&p, "rl-train", "metrics");
+    let ctl = ["rl-train.control=true"];
+    run_ok(&p, &["rl-train", "eval"], &ctl);
+    let cm = rows_with(&p, "rl-train", "metrics", &ctl);
     assert_eq!(cm.len(), m.len());
     for (c, r) in cm.iter().zip(&m) {
         assert_eq!(c["mean_reward"], r["mean_reward"], "{c}");
@@ -460,17 +562,21 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
         assert!(c["control_compile_rate"].is_f64(), "{c}");
     }
     assert_eq!(cm[0]["control_reward"], cm[0]["mean_reward"], "{}", cm[0]);
-    let md = export_report(&p, "exported-control", &["rl-train.control=true"]);
+    let md = export_report(&p, "exported-control", &ctl);
     assert!(
         md.contains("RL minus the frozen SFT policy") && md.contains("1: +0.000"),
         "{md}"
     );
-    // The generator credited with its own turn's reward, two passes over each update: step
-    // 1 samples what the default run sampled (no update yet) and steps twice as often; each
-    // step's generator advantages follow the generator's own rewards.
+}
+
+#[test]
+fn own_generator_credit_follows_the_generators_rewards_and_epochs_multiply_the_steps() {
+    // Step 1 samples what the default run sampled (no update yet) and steps twice as often
+    // with two passes; each step's generator advantages follow the generator's own rewards.
+    let p = after_rl();
+    let m = rows(&p, "rl-train", "metrics");
     let own = ["rl-train.generator_credit=\"own\"", "rl-train.epochs=2"];
-    let o = p.run(&["run", "rl-train", "--set", own[0], "--set", own[1]]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    run_ok(&p, &["rl-train"], &own);
     let om = rows_with(&p, "rl-train", "metrics", &own);
     assert_eq!(om[0]["mean_reward"], m[0]["mean_reward"], "{}", om[0]);
     let one = m[0]["update_steps"].as_i64().unwrap();
@@ -504,11 +610,13 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             "advantages follow the generator's own rewards: {g:?}"
         );
     }
-    // Fresh families: every step practises an elementwise family generated for this run,
-    // a new one each step, none of them a synth-tasks family (fresh_families' unit test).
+}
+
+#[test]
+fn the_fresh_task_pool_practises_a_new_generated_family_each_step() {
+    let p = after_sft();
     let fresh = ["rl-train.task_pool=\"fresh\""];
-    let o = p.run(&["run", "rl-train", "--set", fresh[0]]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    run_ok(&p, &["rl-train"], &fresh);
     let ft = rows_with(&p, "rl-train", "turns", &fresh);
     let ids = |step: i64| -> Vec<String> {
         let s: std::collections::BTreeSet<String> = ft
@@ -520,9 +628,15 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
     };
     assert_eq!(ids(1), ["fresh_ew_000"]);
     assert_eq!(ids(2), ["fresh_ew_001"]);
-    // PPO-ptx (on by default): each update also fits the agents' SFT conversations, its SFT
-    // cross-entropy in `metrics`; `ptx_coef = 0` turns it off (null), and step 1 samples what
-    // the default run sampled (no update yet).
+}
+
+#[test]
+fn ppo_ptx_records_its_sft_loss_and_ptx_coef_zero_turns_it_off() {
+    // On by default: each update also fits the agents' SFT conversations, its cross-entropy in
+    // `metrics`; `ptx_coef = 0` turns it off (null), and step 1 samples what the default run
+    // sampled (no update yet).
+    let p = after_rl();
+    let m = rows(&p, "rl-train", "metrics");
     assert!(m[0]["update_steps"].as_i64().unwrap() >= 1, "{}", m[0]);
     for r in &m {
         for (loss, steps) in [
@@ -530,59 +644,38 @@ fn sft_data_then_tiny_model_pretrain_and_sft_on_cpu() {
             ("optimizer_ptx_loss", "optimizer_update_steps"),
         ] {
             let l = r[loss].as_f64().unwrap();
-            // A trained-on SFT conversation has a positive cross-entropy, finite.
             if r[steps].as_i64().unwrap() > 0 {
                 assert!(l > 0.0 && l.is_finite(), "{loss}: {r}");
             }
         }
     }
     let off = ["rl-train.ptx_coef=0.0"];
-    let o = p.run(&["run", "rl-train", "--set", off[0]]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    run_ok(&p, &["rl-train"], &off);
     let xm = rows_with(&p, "rl-train", "metrics", &off);
     assert_eq!(xm[0]["mean_reward"], m[0]["mean_reward"], "{}", xm[0]);
     assert!(xm.iter().all(|r| r["ptx_loss"].is_null()), "{xm:?}");
-    let o = p.run(&["run", "rl-train", "--set", "rl-train.ptx_coef=-1.0"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(common::stderr(&o).contains("ptx_coef must be a number >= 0"));
-    let o = p.run(&[
-        "run",
-        "rl-train",
-        "--set",
-        "rl-train.generator_credit=\"mine\"",
-    ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(common::stderr(&o).contains("expected `episode` or `own`"));
-    let o = p.run(&["run", "rl-train", "--set", "rl-train.algorithm=\"a2c\""]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(common::stderr(&o).contains("expected `grpo` or `ppo`"));
-    let o = p.run(&["run", "rl-train", "--set", "rl-train.target_kl=0.0"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(common::stderr(&o).contains("target_kl must be a positive"));
+}
 
-    // The report exports as files: report.md and its plots.
-    let md = export_report(&p, "exported", &[]);
-    let out = p.path("exported");
-    assert!(
-        md.contains("compile-only")
-            && md.contains("| sft | test |")
-            && md.contains("Tier 0: 2 steps, mean reward")
-            && md.contains("First 1 steps: mean reward")
-            // compile-only: no pass rate or fast_1 to compare, the compile rate only
-            && md.contains("RL - SFT on `test` (")
-            && md.contains("two-proportion Wald): compile ")
-            && md.contains("not on new ones): compile ")
-            && md.contains("(what to expect on new tasks like these): compile ")
-            && md.contains(", single-turn compile ")
-            && !md.contains(", pass "),
-        "{md}"
-    );
-    assert!(
-        std::fs::metadata(out.join("eval.report/reward_curve.png"))
-            .unwrap()
-            .len()
-            > 1000
-    );
+#[test]
+fn bad_rl_train_params_are_named_with_exit_2() {
+    let p = cpu_project();
+    for (set, says) in [
+        ("rl-train.ptx_coef=-1.0", "ptx_coef must be a number >= 0"),
+        (
+            "rl-train.generator_credit=\"mine\"",
+            "expected `episode` or `own`",
+        ),
+        ("rl-train.algorithm=\"a2c\"", "expected `grpo` or `ppo`"),
+        ("rl-train.target_kl=0.0", "target_kl must be a positive"),
+    ] {
+        let o = p.run(&["run", "rl-train", "--set", set]);
+        assert_eq!(o.status.code(), Some(2), "{set}: {}", common::stderr(&o));
+        assert!(
+            common::stderr(&o).contains(says),
+            "{set}: {}",
+            common::stderr(&o)
+        );
+    }
 }
 
 #[test]

@@ -294,14 +294,18 @@ pub fn hidden_salt(store: &cudarl_store::Store) -> Result<Vec<u8>, CompileError>
     if let Ok(b) = std::fs::read(&p) {
         return Ok(b);
     }
+    // Processes sharing the store agree on one salt: the first to hold the lock writes it.
+    let _lock = store.lock_named("hidden-salt")?;
+    if let Ok(b) = std::fs::read(&p) {
+        return Ok(b);
+    }
     let mut b = vec![0u8; 32];
     use std::io::Read;
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))
         .map_err(|e| CompileError::Io(format!("read /dev/urandom: {e}")))?;
     store.write_atomic(&p, &b)?;
-    // Another process may have won the race; everyone uses what is on disk.
-    std::fs::read(&p).map_err(|e| CompileError::Io(format!("read {}: {e}", p.display())))
+    Ok(b)
 }
 
 /// Hidden seeds for a (task, source): BLAKE3 of a secret salt, the task id and the source,
