@@ -20,7 +20,7 @@ $(VENV)/.stamp: requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-## build: the release binaries (cudarl-pipe, its GPU worker cudarl-pipe-worker, the sandboxed
+## build: the optimized binaries (cudarl-pipe, its GPU worker cudarl-pipe-worker, the sandboxed
 ## runner cudarl-pipe-runner, its trainer cudarl-pipe-train).
 build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-runner -p cudarl-train

@@ -13,7 +13,7 @@ use std::process::Command;
 pub struct Nvcc {
     /// Path of the `nvcc` executable.
     pub path: PathBuf,
-    /// Release and build, e.g. `13.0.88` (from `nvcc --version`, `V13.0.88`).
+    /// Version and build, e.g. `13.0.88` (from `nvcc --version`, `V13.0.88`).
     pub version: String,
     /// Extra `-L` directories for linking (the wheel's `lib`).
     pub lib_dirs: Vec<PathBuf>,

@@ -1,7 +1,6 @@
 //! cudarl-curriculum: op features of reference code, tiers 0-3, deterministic splits and the
 //! gates that open the next tier (docs/architecture.md, "Tiers and gates").
 
-pub mod credit;
 pub mod ops;
 pub mod prompts;
 pub mod split;

@@ -8,32 +8,13 @@
 //! Optimizer: system [`OPTIMIZER_SYSTEM`]; user = [`task_prompt`] + the current kernel + the
 //! tester's feedback ([`optimizer_prompt`]); assistant = the revised kernel, same fence.
 
-use serde::{Deserialize, Serialize};
-
 /// The generator's system message.
 pub const GENERATOR_SYSTEM: &str = "You are an expert CUDA engineer. You write correct, fast CUDA kernels that implement exactly the requested launcher.";
 
 /// The optimizer's system message.
 pub const OPTIMIZER_SYSTEM: &str = "You are an expert CUDA performance engineer. You revise a CUDA kernel using the tester's feedback: keep it correct, make it faster.";
 
-/// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl ChatMessage {
-    /// A message.
-    pub fn new(role: &str, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
+pub use cudarl_protocol::ChatMessage;
 
 /// What a task prompt says about a task. Not the task id: a generated family's id
 /// (`gen_ew_292`) names nothing, and with it in every SFT prompt the `small` model recalled

@@ -64,6 +64,21 @@ pub fn batch(schema: &SchemaRef, columns: Vec<ArrayRef>) -> Result<RecordBatch> 
     })
 }
 
+/// A batch of `schema` from typed rows: each row a struct whose fields are the schema's columns
+/// by name (an `Option` for a nullable column), serialized with `serde_arrow`. The batch
+/// carries `schema` itself, so rows written this way and column by column are the same bytes.
+///
+/// # Errors
+/// A row's field is missing or does not fit its column's type (the message names it).
+pub fn rows_batch<T: serde::Serialize>(schema: &SchemaRef, rows: &[T]) -> Result<RecordBatch> {
+    let err = |message: String| DataError::Write {
+        file: "(record batch)".into(),
+        message,
+    };
+    let b = serde_arrow::to_record_batch(schema.fields(), &rows).map_err(|e| err(e.to_string()))?;
+    RecordBatch::try_new(schema.clone(), b.columns().to_vec()).map_err(|e| err(e.to_string()))
+}
+
 /// A whole Parquet file in memory, with typed, checked column access.
 #[derive(Debug, Clone)]
 pub struct Table {
@@ -284,6 +299,72 @@ pub fn arc<A: Array + 'static>(a: A) -> ArrayRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_rows_give_the_bytes_of_the_same_columns_and_a_misfit_row_is_named() {
+        use arrow::array::Float64Array;
+        #[derive(serde::Serialize)]
+        struct Key {
+            step: i64,
+        }
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            #[serde(flatten)]
+            key: Key,
+            name: &'a str,
+            rate: Option<f64>,
+        }
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("step", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+            Field::new("rate", DataType::Float64, true),
+        ]));
+        let rows = [
+            Row {
+                key: Key { step: 1 },
+                name: "a",
+                rate: Some(0.5),
+            },
+            Row {
+                key: Key { step: 2 },
+                name: "b",
+                rate: None,
+            },
+        ];
+        let typed = rows_batch(&schema, &rows).unwrap();
+        let cols = batch(
+            &schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["a", "b"])),
+                Arc::new(Float64Array::from(vec![Some(0.5), None])),
+            ],
+        )
+        .unwrap();
+        assert_eq!(typed, cols);
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a.parquet"), d.path().join("b.parquet"));
+        write_parquet(&a, &typed).unwrap();
+        write_parquet(&b, &cols).unwrap();
+        assert_eq!(std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+        // A null in a non-nullable column is refused, naming the column.
+        #[derive(serde::Serialize)]
+        struct Bad {
+            step: i64,
+            name: Option<&'static str>,
+            rate: f64,
+        }
+        let e = rows_batch(
+            &schema,
+            &[Bad {
+                step: 1,
+                name: None,
+                rate: 0.0,
+            }],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("name"), "{e}");
+    }
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{Field, Schema};
 

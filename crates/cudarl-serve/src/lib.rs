@@ -87,7 +87,7 @@ pub struct Config {
     /// The reward config (`configs/reward/<name>.toml`): each verdict also gets its shaped
     /// reward under `reward` (the components `rl-train` stores per turn), so a remote trainer
     /// scores exactly as `rl-train` does.
-    pub reward: cudarl_stages::reward::RewardConfig,
+    pub reward: cudarl_rl::reward::RewardConfig,
 }
 
 /// `POST /v1/evaluate` body.
@@ -223,7 +223,7 @@ struct Inner {
     token: Option<String>,
     cache: Mutex<VerdictCache>,
     cache_entries: usize,
-    reward: cudarl_stages::reward::RewardConfig,
+    reward: cudarl_rl::reward::RewardConfig,
     metrics: Metrics,
 }
 
@@ -522,9 +522,9 @@ async fn evaluate_inner(
             }
             let mut value = serde_json::to_value(&v).expect("verdict serializes");
             // SASS is not disassembled here: SASS-based bonuses read the source alone.
-            let r = cudarl_stages::reward::score(&s.reward, Some(&source), Some(&v), None);
+            let r = cudarl_rl::reward::score(&s.reward, Some(&source), Some(&v), None);
             value["reward"] = serde_json::to_value(&r).expect("reward serializes");
-            value["feedback"] = json!(cudarl_stages::episode::feedback(
+            value["feedback"] = json!(cudarl_rl::episode::feedback(
                 &spec,
                 Some(&source),
                 Some(&v),
@@ -632,7 +632,7 @@ async fn judge(
 }
 
 fn view(t: &TaskSpec) -> TaskView {
-    let prompt = cudarl_stages::episode::generator_conversation(t)
+    let prompt = cudarl_rl::episode::generator_conversation(t)
         .into_iter()
         .map(|m| json!({"role": m.role, "content": m.content}))
         .collect();
@@ -707,8 +707,8 @@ pub fn load_served_tasks(
     tasks: &std::path::Path,
     kernels: &std::path::Path,
 ) -> Result<Vec<ServedTask>, String> {
-    let mut naive = cudarl_stages::synth_tasks::read_naive(kernels).map_err(|e| e.to_string())?;
-    Ok(cudarl_stages::synth_tasks::read_specs(tasks)
+    let mut naive = cudarl_rl::tasks::read_naive(kernels).map_err(|e| e.to_string())?;
+    Ok(cudarl_rl::tasks::read_specs(tasks)
         .map_err(|e| e.to_string())?
         .into_iter()
         .map(|spec| ServedTask {

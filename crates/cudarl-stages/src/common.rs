@@ -1,10 +1,15 @@
-//! Helpers shared by stages: error mapping, path resolution, hub params.
+//! Helpers shared by stages: error mapping, path resolution, params, writing typed rows,
+//! checkpoints in the store, the models' device.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock};
 
-use cudarl_core::{ExternalFiles, StageError};
-use cudarl_data::DataError;
+use arrow::array::{Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cudarl_core::{Digest, ExternalFiles, StageContext, StageError};
 use cudarl_data::hub::HubDataset;
+use cudarl_data::{DataError, Table};
+use cudarl_protocol::Device;
 use serde::{Deserialize, Serialize};
 
 /// Maps a data-layer error to a stage error (bad input and unreachable sources exit with 2).
@@ -181,4 +186,113 @@ pub fn store_compiler(
         timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
         store: Some(ctx.store().clone()),
     })
+}
+
+/// Schema of `checkpoint` / `tokenizer`.
+pub static CHECKPOINT: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("file", DataType::Utf8, false),
+        Field::new("digest", DataType::Utf8, false),
+        Field::new("bytes", DataType::Int64, false),
+    ]))
+});
+
+/// `auto` / `cpu` / `cuda` as the trainer will resolve it: `auto` is `cuda` when the driver
+/// reports a GPU.
+pub(crate) fn resolve_device(device: Device) -> &'static str {
+    match device {
+        Device::Cpu => "cpu",
+        Device::Cuda => "cuda",
+        _ if cudarl_cuda::gpu::probe().is_some() => "cuda",
+        _ => "cpu",
+    }
+}
+
+/// Writes `rows` (typed, one struct per row with the columns of `schema`) as the stage's
+/// output `name`.
+///
+/// # Errors
+/// A row does not fit the schema, or the write fails.
+pub fn write_rows<T: Serialize>(
+    ctx: &StageContext<'_>,
+    name: &str,
+    schema: &SchemaRef,
+    rows: &[T],
+) -> Result<(), StageError> {
+    let b = cudarl_data::parquet_io::rows_batch(schema, rows).map_err(data_err)?;
+    write_output(ctx, name, &b)
+}
+
+/// Puts every file under `dir` into the store; the `checkpoint` table rows, sorted by path.
+pub fn ingest_dir(ctx: &mut StageContext<'_>, dir: &Path, name: &str) -> Result<(), StageError> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| StageError::Failed(e.to_string()))? {
+        let p = e.map_err(|e| StageError::Failed(e.to_string()))?.path();
+        if p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    let (mut f, mut d, mut b) = (Vec::new(), Vec::new(), Vec::new());
+    for p in files {
+        let digest = ctx.store().ingest_file(&p)?;
+        ctx.reference_blob(digest);
+        f.push(
+            p.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
+        d.push(digest.to_hex());
+        b.push(std::fs::metadata(ctx.store().blob_path(&digest)).map_or(0, |m| m.len() as i64));
+    }
+    let batch = cudarl_data::parquet_io::batch(
+        &CHECKPOINT.clone(),
+        vec![
+            Arc::new(StringArray::from(f)),
+            Arc::new(StringArray::from(d)),
+            Arc::new(Int64Array::from(b)),
+        ],
+    )
+    .map_err(data_err)?;
+    write_output(ctx, name, &batch)
+}
+
+/// Copies the files a `checkpoint` table names from the store into `dir`.
+///
+/// # Errors
+/// A malformed table or a missing blob.
+pub fn materialize(store: &cudarl_core::Store, table: &Path, dir: &Path) -> Result<(), StageError> {
+    let t = Table::read(table, "checkpoint").map_err(data_err)?;
+    let files = t.req_strings("file").map_err(data_err)?;
+    let digests = t.req_strings("digest").map_err(data_err)?;
+    std::fs::create_dir_all(dir).map_err(|e| StageError::Failed(e.to_string()))?;
+    for i in 0..t.rows() {
+        let (Some(f), Some(d)) = (files.get(i), digests.get(i)) else {
+            continue;
+        };
+        let digest = Digest::from_hex(d)
+            .map_err(|e| StageError::bad_input(table.display().to_string(), Some("digest"), e))?;
+        std::fs::copy(store.blob_path(&digest), dir.join(f))
+            .map_err(|e| StageError::Failed(format!("checkpoint file `{f}` ({d}): {e}")))?;
+    }
+    Ok(())
+}
+
+/// Chat examples of an SFT table (`messages_json`) for `split`, as JSON lines; returns how
+/// many.
+///
+/// # Errors
+/// The table cannot be read or lacks `messages_json` / `split` (named), or `path` cannot be
+/// written.
+pub fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, StageError> {
+    let t = Table::read(table, "sft").map_err(data_err)?;
+    let m = t.req_strings("messages_json").map_err(data_err)?;
+    let s = t.req_strings("split").map_err(data_err)?;
+    let lines: Vec<&str> = (0..t.rows())
+        .filter(|&r| s.get(r).is_some_and(|x| split.contains(&x)))
+        .filter_map(|r| m.get(r))
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").map_err(|e| StageError::Failed(e.to_string()))?;
+    Ok(lines.len())
 }

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, single_file, write_output};
 
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "curriculum";
+
 fn list_of_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
 }
@@ -231,7 +234,7 @@ fn add_kernels(
 
 impl Stage for Curriculum {
     fn kind(&self) -> &str {
-        "curriculum"
+        KIND
     }
     fn code_version(&self) -> u32 {
         4

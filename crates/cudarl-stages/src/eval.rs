@@ -24,19 +24,24 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::common::{data_err, params_json, write_output};
-use crate::episode::{Episode, EpisodeSettings, run_episodes};
-use crate::rl_train::{harness, load_tasks, mean_std, serve_job};
-use crate::rollout::{Sampling, TrainerClient};
-use crate::train_stages::{CHECKPOINT, ingest_dir, materialize};
+use cudarl_rl::episode::{Episode, EpisodeSettings, run_episodes};
+use cudarl_rl::stats::{
+    first_turn_outcome, first_turn_table, geomean, mean_std, paired_diff, pooled, rate_diff,
+    stratified_diff,
+};
+
+use crate::common::{CHECKPOINT, data_err, ingest_dir, params_json, resolve_device, write_rows};
+use crate::rl_params::{TURN_FIELDS, TurnFields, harness, load_tasks};
+
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "eval";
 
 fn f(name: &str) -> Field {
     Field::new(name, DataType::Float64, true)
@@ -91,14 +96,14 @@ pub static EPISODES: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// Schema of `turns`: checkpoint, split, episode, then [`crate::rl_train::turn_fields`].
+/// Schema of `turns`: checkpoint, split, episode, then [`TURN_FIELDS`].
 pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
     let mut f = vec![
-        Field::new("checkpoint", DataType::Utf8, false),
-        Field::new("split", DataType::Utf8, false),
-        Field::new("episode", DataType::Int64, false),
+        Arc::new(Field::new("checkpoint", DataType::Utf8, false)),
+        Arc::new(Field::new("split", DataType::Utf8, false)),
+        Arc::new(Field::new("episode", DataType::Int64, false)),
     ];
-    f.extend(crate::rl_train::turn_fields());
+    f.extend(TURN_FIELDS.iter().cloned());
     Arc::new(Schema::new(f))
 });
 
@@ -121,7 +126,7 @@ pub struct Params {
     pub include_train: bool,
     /// Sampling, turns, reward, mode, device (as `rl-train`; the update settings are unused).
     #[serde(flatten)]
-    pub rl: crate::rl_train::Params,
+    pub rl: crate::rl_params::Params,
 }
 
 /// The `eval` stage.
@@ -151,7 +156,37 @@ struct Row {
 /// Whether an episode (a row of one checkpoint and split) counts for a rate.
 type Outcome = dyn Fn(&Row) -> bool;
 
-fn summary(rows: &[&Row]) -> Value {
+/// One row of `summary` (the columns of [`SUMMARY`]).
+#[derive(Debug, Clone, Default, Serialize)]
+struct SummaryRow {
+    checkpoint: &'static str,
+    split: &'static str,
+    episodes: i64,
+    single_turn_compile_rate: f64,
+    single_turn_pass_rate: Option<f64>,
+    compile_rate: f64,
+    pass_rate: Option<f64>,
+    fast_0: Option<f64>,
+    fast_1: Option<f64>,
+    fast_1_5: Option<f64>,
+    fast_2: Option<f64>,
+    geomean_speedup_vs_naive: Option<f64>,
+    geomean_speedup_vs_torch: Option<f64>,
+    holdout_regression_rate: Option<f64>,
+    mean_reward: f64,
+    flagged_rate: f64,
+    mode: &'static str,
+    device: &'static str,
+    candidates: i64,
+    gen_seconds: f64,
+    harness_seconds: f64,
+    harness_compile_seconds: f64,
+    harness_gpu_seconds: f64,
+    harness_sass_seconds: f64,
+}
+
+/// The metrics of one checkpoint and split over its episodes `rows`.
+fn summary(rows: &[&Row]) -> SummaryRow {
     let n = rows.len().max(1) as f64;
     let frac = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count() as f64 / n;
     let full = rows.iter().any(|r| r.ep.best_components().mode == "full");
@@ -167,9 +202,14 @@ fn summary(rows: &[&Row]) -> Value {
             })
         })
     };
-    let geo = |v: Vec<f64>| {
-        (!v.is_empty())
-            .then(|| (v.iter().map(|x| x.max(1e-9).ln()).sum::<f64>() / v.len() as f64).exp())
+    let speedups = |f: &dyn Fn(&Row) -> Option<f64>| -> Option<f64> {
+        geomean(
+            &rows
+                .iter()
+                .filter(|r| correct(r))
+                .filter_map(|r| f(r))
+                .collect::<Vec<_>>(),
+        )
     };
     let train_ok: Vec<&&Row> = rows
         .iter()
@@ -183,25 +223,133 @@ fn summary(rows: &[&Row]) -> Value {
             / train_ok.len() as f64
     });
     let rewards: Vec<f64> = rows.iter().map(|r| r.ep.final_reward()).collect();
-    json!({
-        "episodes": rows.len(),
-        "single_turn_compile_rate": frac(&|r| r.ep.first_components().compiled),
-        "single_turn_pass_rate": full.then(|| frac(&|r| r.ep.first_components().honest_pass())),
-        "compile_rate": frac(&|r| r.ep.best_components().compiled),
-        "pass_rate": full.then(|| frac(&correct)),
-        "fast_0": full.then(|| frac(&correct)),
-        "fast_1": fast(1.0), "fast_1_5": fast(1.5), "fast_2": fast(2.0),
-        "geomean_speedup_vs_naive": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| r.ep.best_components().speedup).collect()),
-        "geomean_speedup_vs_torch": geo(rows.iter().filter(|r| correct(r)).filter_map(|r| r.ep.best_components().speedup_vs_torch).collect()),
-        "holdout_regression_rate": regress,
-        "mean_reward": mean_std(&rewards).0,
-        "flagged_rate": frac(&|r| r.ep.flagged()),
-    })
+    SummaryRow {
+        episodes: rows.len() as i64,
+        single_turn_compile_rate: frac(&|r| r.ep.first_components().compiled),
+        single_turn_pass_rate: full.then(|| frac(&|r| r.ep.first_components().honest_pass())),
+        compile_rate: frac(&|r| r.ep.best_components().compiled),
+        pass_rate: full.then(|| frac(&correct)),
+        fast_0: full.then(|| frac(&correct)),
+        fast_1: fast(1.0),
+        fast_1_5: fast(1.5),
+        fast_2: fast(2.0),
+        geomean_speedup_vs_naive: speedups(&|r| r.ep.best_components().speedup),
+        geomean_speedup_vs_torch: speedups(&|r| r.ep.best_components().speedup_vs_torch),
+        holdout_regression_rate: regress,
+        mean_reward: mean_std(&rewards).0,
+        flagged_rate: frac(&|r| r.ep.flagged()),
+        ..Default::default()
+    }
+}
+
+/// One row of `episodes`.
+#[derive(Debug, Serialize)]
+struct EpisodeRow<'a> {
+    checkpoint: &'static str,
+    split: &'static str,
+    task_id: &'a str,
+    tier: i64,
+    episode: i64,
+    turns: i64,
+    first_compiled: bool,
+    first_correct: Option<bool>,
+    compiled: bool,
+    correct: Option<bool>,
+    speedup_vs_naive: Option<f64>,
+    speedup_vs_torch: Option<f64>,
+    reward: f64,
+}
+
+impl<'a> EpisodeRow<'a> {
+    fn of(i: usize, r: &'a Row) -> Self {
+        let (first, best) = (r.ep.first_components(), r.ep.best_components());
+        EpisodeRow {
+            checkpoint: r.ck,
+            split: r.split,
+            task_id: &r.ep.task_id,
+            tier: r.ep.tier,
+            episode: i as i64,
+            turns: r.ep.turns.len() as i64,
+            first_compiled: first.compiled,
+            first_correct: first.correct,
+            compiled: best.compiled,
+            correct: best.correct,
+            speedup_vs_naive: best.speedup,
+            speedup_vs_torch: best.speedup_vs_torch,
+            reward: r.ep.final_reward(),
+        }
+    }
+}
+
+/// One row of `turns`.
+#[derive(Debug, Serialize)]
+struct TurnRow<'a> {
+    checkpoint: &'static str,
+    split: &'static str,
+    episode: i64,
+    #[serde(flatten)]
+    turn: TurnFields<'a>,
+}
+
+/// What generating and judging one checkpoint's episodes on one split cost.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cost {
+    candidates: usize,
+    gen_seconds: f64,
+    harness: cudarl_rl::harness::HarnessUse,
+}
+
+/// [`Cost`] by (checkpoint, split).
+type CostBy = BTreeMap<(&'static str, &'static str), Cost>;
+
+impl Eval {
+    /// Every episode of both checkpoints on `splits`, and what each (checkpoint, split) cost.
+    fn episodes(
+        &self,
+        ctx: &StageContext<'_>,
+        h: &mut cudarl_rl::harness::Harness,
+        cfg: &cudarl_rl::reward::RewardConfig,
+        splits: &[(&'static str, Vec<&TaskSpec>)],
+        dir: &std::path::Path,
+    ) -> Result<(Vec<Row>, CostBy), StageError> {
+        let p = &self.params;
+        let settings = EpisodeSettings {
+            max_turns: p.rl.max_turns,
+            public_seeds: h.public_seeds.clone(),
+        };
+        let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
+        for (ck, gi, oi) in [
+            ("sft", "sft_generator", "sft_optimizer"),
+            ("rl", "rl_generator", "rl_optimizer"),
+        ] {
+            // The same sampling seeds for both checkpoints.
+            let mut tc = p.rl.start_trainer(ctx, (gi, oi), &dir.join(ck), None)?;
+            for (split, tasks) in splits {
+                let many: Vec<&TaskSpec> = tasks
+                    .iter()
+                    .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
+                    .collect();
+                let (g0, m0) = (tc.gen_seconds, h.mark());
+                let eps =
+                    run_episodes(&many, &mut tc, h, cfg, &settings).map_err(StageError::Failed)?;
+                let used = h.since(&m0);
+                let c = Cost {
+                    candidates: used.candidates,
+                    gen_seconds: tc.gen_seconds - g0,
+                    harness: used,
+                };
+                cost.insert((ck, *split), c);
+                rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
+            }
+            tc.quit();
+        }
+        Ok((rows, cost))
+    }
 }
 
 impl Stage for Eval {
     fn kind(&self) -> &str {
-        "eval"
+        KIND
     }
     fn code_version(&self) -> u32 {
         // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
@@ -249,17 +397,9 @@ impl Stage for Eval {
         let p = &self.params;
         let cfg = p.rl.reward_config(ctx)?;
         let ts = load_tasks(ctx)?;
-        let device = crate::train_stages::resolve_device(&p.rl.device);
-        let mut h = harness(ctx, &p.rl.mode, p.rl.timeout_s, ts.naive.clone())?;
-        let mode = if !h.pools.is_empty() {
-            "full"
-        } else {
-            "compile-only"
-        };
-        let settings = EpisodeSettings {
-            max_turns: p.rl.max_turns,
-            public_seeds: h.public_seeds.clone(),
-        };
+        let device = resolve_device(p.rl.device);
+        let mut h = harness(ctx, p.rl.mode, p.rl.timeout_s, ts.naive.clone())?;
+        let mode = h.mode();
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let mut splits: Vec<(&'static str, Vec<&TaskSpec>)> =
@@ -267,176 +407,54 @@ impl Stage for Eval {
         if p.include_train {
             splits.push(("train", ts.train.iter().collect()));
         }
-        let mut rows: Vec<Row> = Vec::new();
-        // Wall-clock seconds per (checkpoint, split): generation and the harness by phase.
-        let mut times: BTreeMap<(&str, &str), serde_json::Map<String, Value>> = BTreeMap::new();
-        for (ck, gi, oi) in [
-            ("sft", "sft_generator", "sft_optimizer"),
-            ("rl", "rl_generator", "rl_optimizer"),
-        ] {
-            let (g, o) = (dir.join(ck).join("gen"), dir.join(ck).join("opt"));
-            materialize(ctx.store(), ctx.input_path(gi)?, &g)?;
-            materialize(ctx.store(), ctx.input_path(oi)?, &o)?;
-            let mut tc = TrainerClient::start(
-                &serve_job(&g, &o, device, &p.rl),
-                &dir.join(ck),
-                Sampling {
-                    max_new_tokens: p.rl.max_new_tokens,
-                    temperature: p.rl.temperature,
-                    top_p: p.rl.top_p,
-                    // The same seeds for both checkpoints.
-                    seed: p.rl.seed as i64,
-                },
-            )?;
-            for (split, tasks) in &splits {
-                let many: Vec<&TaskSpec> = tasks
-                    .iter()
-                    .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
-                    .collect();
-                let (g0, m0) = (tc.gen_seconds, h.mark());
-                let eps = run_episodes(&many, &mut tc, &mut h, &cfg, &settings)
-                    .map_err(StageError::Failed)?;
-                let used = h.since(&m0);
-                let mut t = used.seconds_json();
-                t.insert("candidates".into(), json!(used.candidates));
-                t.insert("gen_seconds".into(), json!(tc.gen_seconds - g0));
-                times.insert((ck, split), t);
-                rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
-            }
-            tc.quit();
-        }
-        // summary
+        let (rows, cost) = self.episodes(ctx, &mut h, &cfg, &splits, dir)?;
         let mut sums = Vec::new();
-        for ck in ["sft", "rl"] {
+        for checkpoint in ["sft", "rl"] {
             for (split, _) in &splits {
                 let sel: Vec<&Row> = rows
                     .iter()
-                    .filter(|r| r.ck == ck && r.split == *split)
+                    .filter(|r| r.ck == checkpoint && r.split == *split)
                     .collect();
-                let mut v = summary(&sel);
-                v["checkpoint"] = ck.into();
-                v["split"] = (*split).into();
-                v["mode"] = mode.into();
-                v["device"] = device.into();
-                if let Some(t) = times.get(&(ck, *split)) {
-                    for (k, x) in t {
-                        v[k.as_str()] = x.clone();
-                    }
-                }
-                sums.push(v);
+                let c = cost.get(&(checkpoint, *split)).copied().unwrap_or_default();
+                sums.push(SummaryRow {
+                    checkpoint,
+                    split,
+                    mode,
+                    device,
+                    candidates: c.candidates as i64,
+                    gen_seconds: c.gen_seconds,
+                    harness_seconds: c.harness.seconds,
+                    harness_compile_seconds: c.harness.phases.compile,
+                    harness_gpu_seconds: c.harness.phases.gpu,
+                    harness_sass_seconds: c.harness.phases.sass,
+                    ..summary(&sel)
+                });
             }
         }
-        let schema = SUMMARY.clone();
-        let cols: Vec<ArrayRef> = schema
-            .fields()
-            .iter()
-            .map(|fl| -> ArrayRef {
-                let k = fl.name().as_str();
-                match fl.data_type() {
-                    DataType::Int64 => Arc::new(Int64Array::from(
-                        sums.iter()
-                            .map(|r| r[k].as_i64().unwrap_or(0))
-                            .collect::<Vec<_>>(),
-                    )),
-                    DataType::Utf8 => Arc::new(StringArray::from(
-                        sums.iter()
-                            .map(|r| r[k].as_str().unwrap_or_default().to_string())
-                            .collect::<Vec<_>>(),
-                    )),
-                    _ => Arc::new(Float64Array::from(
-                        sums.iter().map(|r| r[k].as_f64()).collect::<Vec<_>>(),
-                    )),
-                }
-            })
-            .collect();
-        write_output(
-            ctx,
-            "summary",
-            &cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?,
-        )?;
-        let b = cudarl_data::parquet_io::batch(
-            &EPISODES.clone(),
-            vec![
-                Arc::new(StringArray::from(
-                    rows.iter().map(|r| r.ck).collect::<Vec<_>>(),
-                )),
-                Arc::new(StringArray::from(
-                    rows.iter().map(|r| r.split).collect::<Vec<_>>(),
-                )),
-                Arc::new(StringArray::from(
-                    rows.iter()
-                        .map(|r| r.ep.task_id.clone())
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(Int64Array::from(
-                    rows.iter().map(|r| r.ep.tier).collect::<Vec<_>>(),
-                )),
-                Arc::new(Int64Array::from((0..rows.len() as i64).collect::<Vec<_>>())),
-                Arc::new(Int64Array::from(
-                    rows.iter()
-                        .map(|r| r.ep.turns.len() as i64)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(BooleanArray::from(
-                    rows.iter()
-                        .map(|r| r.ep.first_components().compiled)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(BooleanArray::from(
-                    rows.iter()
-                        .map(|r| r.ep.first_components().correct)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(BooleanArray::from(
-                    rows.iter()
-                        .map(|r| r.ep.best_components().compiled)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(BooleanArray::from(
-                    rows.iter()
-                        .map(|r| r.ep.best_components().correct)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(Float64Array::from(
-                    rows.iter()
-                        .map(|r| r.ep.best_components().speedup)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(Float64Array::from(
-                    rows.iter()
-                        .map(|r| r.ep.best_components().speedup_vs_torch)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(Float64Array::from(
-                    rows.iter().map(|r| r.ep.final_reward()).collect::<Vec<_>>(),
-                )),
-            ],
-        )
-        .map_err(data_err)?;
-        write_output(ctx, "episodes", &b)?;
-        let turns: Vec<(usize, &Row, &crate::episode::Turn)> = rows
+        write_rows(ctx, "summary", &SUMMARY, &sums)?;
+        let episodes: Vec<EpisodeRow<'_>> = rows
             .iter()
             .enumerate()
-            .flat_map(|(i, r)| r.ep.turns.iter().map(move |t| (i, r, t)))
+            .map(|(i, r)| EpisodeRow::of(i, r))
             .collect();
-        let items: Vec<_> = turns
+        write_rows(ctx, "episodes", &EPISODES, &episodes)?;
+        let turns: Vec<TurnRow<'_>> = rows
             .iter()
-            .map(|(_, r, t)| (*t, r.ep.task_id.as_str(), r.ep.tier, 0.0))
+            .enumerate()
+            .flat_map(|(i, r)| {
+                r.ep.turns.iter().map(move |t| TurnRow {
+                    checkpoint: r.ck,
+                    split: r.split,
+                    episode: i as i64,
+                    turn: TurnFields::of(t, &r.ep.task_id, r.ep.tier, 0.0),
+                })
+            })
             .collect();
-        let mut cols: Vec<ArrayRef> = vec![
-            Arc::new(StringArray::from(
-                turns.iter().map(|x| x.1.ck).collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from(
-                turns.iter().map(|x| x.1.split).collect::<Vec<_>>(),
-            )),
-            Arc::new(Int64Array::from(
-                turns.iter().map(|x| x.0 as i64).collect::<Vec<_>>(),
-            )),
-        ];
-        cols.extend(crate::rl_train::turn_columns(&items));
-        let b = cudarl_data::parquet_io::batch(&TURNS.clone(), cols).map_err(data_err)?;
-        write_output(ctx, "turns", &b)?;
+        write_rows(ctx, "turns", &TURNS, &turns)?;
+        let sums: Vec<Value> = sums
+            .iter()
+            .map(|s| serde_json::to_value(s).expect("a summary row serializes"))
+            .collect();
         let rd = dir.join("report");
         std::fs::create_dir_all(&rd).map_err(|e| StageError::Failed(e.to_string()))?;
         let metrics =
@@ -446,150 +464,11 @@ impl Stage for Eval {
     }
 }
 
-/// The mean over the episodes of several steps given each step's (episodes, mean, population
-/// std), its standard error `sqrt(var / N)` (the pooled population variance: within-step
-/// plus between-step spread), and `N`.
-pub(crate) fn pooled(steps: &[(f64, f64, f64)]) -> (f64, f64, f64) {
-    let n: f64 = steps.iter().map(|s| s.0).sum();
-    if n <= 0.0 {
-        return (0.0, 0.0, 0.0);
-    }
-    let mean = steps.iter().map(|s| s.0 * s.1).sum::<f64>() / n;
-    let var = steps
-        .iter()
-        .map(|s| s.0 * (s.2 * s.2 + (s.1 - mean).powi(2)))
-        .sum::<f64>()
-        / n;
-    (mean, (var / n).sqrt(), n)
-}
-
-/// `b - a` for two rates measured on `na` and `nb` episodes, and its standard error
-/// `sqrt(a (1 - a) / na + b (1 - b) / nb)`: the Wald standard error of a difference of two
-/// independent binomial proportions (Agresti, *Categorical Data Analysis*, the comparison of
-/// two proportions). `None` without episodes.
-pub(crate) fn rate_diff(a: f64, na: f64, b: f64, nb: f64) -> Option<(f64, f64)> {
-    (na > 0.0 && nb > 0.0).then(|| (b - a, (a * (1.0 - a) / na + b * (1.0 - b) / nb).sqrt()))
-}
-
 fn fmt(v: &Value) -> String {
     match v.as_f64() {
         Some(x) => format!("{x:.3}"),
         None => "n/a".into(),
     }
-}
-
-/// `b - a` stratified by task, and its standard error: per task `t`, `a` succeeded `ka_t` times
-/// in `na_t` episodes and `b` `kb_t` in `nb_t`; the difference is `sum_t w_t (kb_t/nb_t -
-/// ka_t/na_t)` with `w_t = (na_t + nb_t) / (Na + Nb)`, its variance `sum_t w_t^2 (pa_t (1 -
-/// pa_t) / na_t + pb_t (1 - pb_t) / nb_t)` (the stratified difference of proportions, e.g.
-/// Cochran, *Sampling Techniques*, stratified random sampling). Eval gives every task the same
-/// episodes per checkpoint, so between-task spread is not sampling error on these tasks; the
-/// unstratified [`rate_diff`] counts it. `None` when a task has no episodes on one side.
-pub(crate) fn stratified_diff(tasks: &[(f64, f64, f64, f64)]) -> Option<(f64, f64)> {
-    let total: f64 = tasks.iter().map(|t| t.0 + t.2).sum();
-    if tasks.is_empty() || tasks.iter().any(|t| t.0 <= 0.0 || t.2 <= 0.0) {
-        return None;
-    }
-    let (mut d, mut var) = (0.0, 0.0);
-    for &(na, ka, nb, kb) in tasks {
-        let (w, pa, pb) = ((na + nb) / total, ka / na, kb / nb);
-        d += w * (pb - pa);
-        var += w * w * (pa * (1.0 - pa) / na + pb * (1.0 - pb) / nb);
-    }
-    Some((d, var.sqrt()))
-}
-
-/// `b - a` over paired episodes and its standard error clustered by task, with the episodes
-/// `b` gained and lost. `pairs[i] = (task, a_i, b_i)`: episode `i` of a task on each side drew
-/// the same sampling seeds (eval runs both checkpoints with one seed; the generator's first
-/// turn is then identical wherever its weights are). The difference is `d = mean_i (b_i -
-/// a_i)`; its variance `T / (T - 1) * sum_t (sum_{i in t} (x_i - d))^2 / N^2` over the `T`
-/// tasks and `N` pairs, the cluster-robust (CR1) estimator (Cameron and Miller, "A
-/// Practitioner's Guide to Cluster-Robust Inference", J. Human Resources 50(2), 2015): the
-/// episodes of one task are correlated, so the tasks are the independent units, and the error
-/// speaks of new tasks like these rather than of these tasks (compare [`stratified_diff`]).
-/// With equal episodes per task it is the standard error of the per-task mean differences.
-/// Returns `(d, se, gained, lost)`, `se` `None` with one task (no spread between tasks to
-/// measure); `None` without pairs.
-pub(crate) fn paired_diff(
-    pairs: &[(&str, bool, bool)],
-) -> Option<(f64, Option<f64>, usize, usize)> {
-    let mut by_task: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for &(t, a, b) in pairs {
-        by_task
-            .entry(t)
-            .or_default()
-            .push(f64::from(u8::from(b)) - f64::from(u8::from(a)));
-    }
-    let (n, k) = (pairs.len() as f64, by_task.len() as f64);
-    if pairs.is_empty() {
-        return None;
-    }
-    let d = by_task.values().flatten().sum::<f64>() / n;
-    let ss: f64 = by_task
-        .values()
-        .map(|x| x.iter().map(|v| v - d).sum::<f64>().powi(2))
-        .sum();
-    let gained = pairs.iter().filter(|p| p.2 && !p.1).count();
-    let lost = pairs.iter().filter(|p| p.1 && !p.2).count();
-    let se = (k >= 2.0).then(|| (k / (k - 1.0) * ss).sqrt() / n);
-    Some((d, se, gained, lost))
-}
-
-/// What an episode's first turn (the generator's answer) came to.
-pub(crate) fn first_turn_outcome(c: &crate::reward::RewardComponents) -> &'static str {
-    if c.correct == Some(true) {
-        "passed"
-    } else if c.compiled {
-        "compiled, failed"
-    } else if c.has_code {
-        "compile error"
-    } else {
-        "no code"
-    }
-}
-
-/// The report's table of episodes by their first turn's outcome and, for each, the fraction
-/// that ended correct (what the optimizer's turns made of that start): one row per
-/// `(checkpoint, split)` in the order first seen, a cell `n (p)` per outcome of
-/// [`first_turn_outcome`] (`-` where none). Items: `(checkpoint, split, outcome, ended
-/// correct)`. Empty without items.
-pub(crate) fn first_turn_table(items: &[(&str, &str, &str, bool)]) -> String {
-    const OUTCOMES: [&str; 4] = ["passed", "compiled, failed", "compile error", "no code"];
-    let mut keys: Vec<(&str, &str)> = Vec::new();
-    for (ck, split, _, _) in items {
-        if !keys.contains(&(*ck, *split)) {
-            keys.push((ck, split));
-        }
-    }
-    if keys.is_empty() {
-        return String::new();
-    }
-    let mut md = format!(
-        "| checkpoint | split | {} |\n|---|---|---|---|---|---|\n",
-        OUTCOMES.map(|o| format!("first turn {o}")).join(" | ")
-    );
-    for (ck, split) in keys {
-        let cells: Vec<String> = OUTCOMES
-            .iter()
-            .map(|o| {
-                let ended: Vec<bool> = items
-                    .iter()
-                    .filter(|i| (i.0, i.1, i.2) == (ck, split, *o))
-                    .map(|i| i.3)
-                    .collect();
-                match ended.len() {
-                    0 => "-".to_string(),
-                    n => format!(
-                        "{n} ({:.2})",
-                        ended.iter().filter(|x| **x).count() as f64 / n as f64
-                    ),
-                }
-            })
-            .collect();
-        md.push_str(&format!("| {ck} | {split} | {} |\n", cells.join(" | ")));
-    }
-    md
 }
 
 /// `report.md` and its plots.
@@ -908,111 +787,4 @@ fn report(
         md.push_str("\n![speedups](speedups.png)\n");
     }
     std::fs::write(dir.join("report.md"), md).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rate_difference_and_its_standard_error_by_hand() {
-        // 0.5 of 100 vs 0.6 of 50: sqrt(0.25 / 100 + 0.24 / 50) = sqrt(0.0073).
-        let (d, se) = rate_diff(0.5, 100.0, 0.6, 50.0).unwrap();
-        assert!((d - 0.1).abs() < 1e-12);
-        assert!((se - 0.0073f64.sqrt()).abs() < 1e-12, "{se}");
-        // 18 -> 26 passes of 136 episodes each (0.132 -> 0.191) is 1.3 standard errors.
-        let (d, se) = rate_diff(18.0 / 136.0, 136.0, 26.0 / 136.0, 136.0).unwrap();
-        assert!((d / se - 1.32).abs() < 0.01, "{}", d / se);
-        assert_eq!(rate_diff(0.5, 0.0, 0.5, 10.0), None);
-    }
-
-    #[test]
-    fn stratified_difference_by_hand() {
-        // Task 1: 0 of 4 vs 2 of 4; task 2: 4 of 4 vs 4 of 4. Weights 1/2 each:
-        // d = 0.5 * 0.5 + 0 = 0.25; var = 0.25 * (0 + 0.25 / 4) + 0 = 0.015625.
-        let (d, se) = stratified_diff(&[(4.0, 0.0, 4.0, 2.0), (4.0, 4.0, 4.0, 4.0)]).unwrap();
-        assert!((d - 0.25).abs() < 1e-12);
-        assert!((se - 0.125).abs() < 1e-12, "{se}");
-        // Unstratified, the same counts (4 of 8 vs 6 of 8) have a larger error: the spread
-        // between the tasks counts as noise there.
-        let (d2, se2) = rate_diff(0.5, 8.0, 0.75, 8.0).unwrap();
-        assert!((d2 - d).abs() < 1e-12 && se2 > se);
-        // Unequal sizes weigh by episodes: (2 + 2) and (6 + 6) of 16.
-        let (d, _) = stratified_diff(&[(2.0, 0.0, 2.0, 2.0), (6.0, 3.0, 6.0, 3.0)]).unwrap();
-        assert!((d - 0.25).abs() < 1e-12);
-        assert_eq!(stratified_diff(&[(4.0, 1.0, 0.0, 0.0)]), None);
-        assert_eq!(stratified_diff(&[]), None);
-    }
-
-    #[test]
-    fn paired_difference_by_hand() {
-        // Task a: pairs (0,1), (0,1), (1,1), (1,0): +1, +1, 0, -1; task b: (0,0), (1,1), (0,1),
-        // (0,1): 0, 0, +1, +1. N = 8, d = 3/8. Per task the deviations sum to 1 - 4d = -0.5
-        // and 2 - 4d = 0.5; CR1 variance 2/1 * (0.25 + 0.25) / 64 = 1/64, se 0.125, which is
-        // the standard error of the per-task means 0.25 and 0.5 (sd 0.1768 / sqrt 2).
-        let p = [
-            ("a", false, true),
-            ("a", false, true),
-            ("a", true, true),
-            ("a", true, false),
-            ("b", false, false),
-            ("b", true, true),
-            ("b", false, true),
-            ("b", false, true),
-        ];
-        let (d, se, gained, lost) = paired_diff(&p).unwrap();
-        assert!((d - 0.375).abs() < 1e-12, "{d}");
-        assert!((se.unwrap() - 0.125).abs() < 1e-12, "{se:?}");
-        assert_eq!((gained, lost), (4, 1));
-        // Identical sides: no difference and no spread.
-        let same: Vec<_> = p.iter().map(|&(t, a, _)| (t, a, a)).collect();
-        assert_eq!(paired_diff(&same), Some((0.0, Some(0.0), 0, 0)));
-        // One task: the difference and the counts, no spread between tasks to measure.
-        assert_eq!(paired_diff(&p[..4]), Some((0.25, None, 2, 1)));
-        assert_eq!(paired_diff(&[]), None);
-    }
-
-    #[test]
-    fn first_turn_table_by_hand() {
-        use crate::reward::RewardComponents;
-        let c = |has_code, compiled, correct| RewardComponents {
-            has_code,
-            compiled,
-            correct,
-            ..Default::default()
-        };
-        assert_eq!(first_turn_outcome(&c(true, true, Some(true))), "passed");
-        assert_eq!(
-            first_turn_outcome(&c(true, true, Some(false))),
-            "compiled, failed"
-        );
-        assert_eq!(first_turn_outcome(&c(true, false, None)), "compile error");
-        assert_eq!(first_turn_outcome(&c(false, false, None)), "no code");
-        let items = [
-            ("sft", "test", "compile error", false),
-            ("sft", "test", "compile error", true),
-            ("sft", "test", "passed", true),
-            ("rl", "test", "compiled, failed", false),
-            ("sft", "test", "compile error", false),
-        ];
-        let t = first_turn_table(&items);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 4, "{t}");
-        assert!(lines[0].contains("first turn compiled, failed"), "{t}");
-        assert_eq!(lines[2], "| sft | test | 1 (1.00) | - | 3 (0.33) | - |");
-        assert_eq!(lines[3], "| rl | test | - | 1 (0.00) | - | - |");
-        assert_eq!(first_turn_table(&[]), "");
-    }
-
-    #[test]
-    fn pooled_steps_equal_the_pooled_episodes() {
-        // Episodes {0, 1} and {1, 1, 1, 0}: 4 of 6 are 1.
-        let steps = [(2.0, 0.5, 0.5), (4.0, 0.75, (0.75f64 * 0.25).sqrt())];
-        let (m, se, n) = pooled(&steps);
-        assert_eq!(n, 6.0);
-        assert!((m - 4.0 / 6.0).abs() < 1e-12);
-        let var = 4.0 / 6.0 * (2.0 / 6.0);
-        assert!((se - (var / 6.0f64).sqrt()).abs() < 1e-12, "{se}");
-        assert_eq!(pooled(&[]), (0.0, 0.0, 0.0));
-    }
 }

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, single_file, write_output};
 
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "ingest-cuda-l1";
+
 /// Params of `ingest-cuda-l1`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,7 +47,7 @@ impl IngestCudaL1 {
 
 impl Stage for IngestCudaL1 {
     fn kind(&self) -> &str {
-        "ingest-cuda-l1"
+        KIND
     }
     fn code_version(&self) -> u32 {
         1

@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{HubParams, data_err, display_path, rooted, single_file, write_output};
 
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "ingest-kernelbench";
+
 /// Where problems come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -93,7 +96,7 @@ impl IngestKernelBench {
 
 impl Stage for IngestKernelBench {
     fn kind(&self) -> &str {
-        "ingest-kernelbench"
+        KIND
     }
     fn code_version(&self) -> u32 {
         1

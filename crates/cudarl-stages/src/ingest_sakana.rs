@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{HubParams, data_err, rooted, write_output};
 
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "ingest-sakana";
+
 /// Where the archive comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -83,7 +86,7 @@ impl IngestSakana {
 
 impl Stage for IngestSakana {
     fn kind(&self) -> &str {
-        "ingest-sakana"
+        KIND
     }
     fn code_version(&self) -> u32 {
         1

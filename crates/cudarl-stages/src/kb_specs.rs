@@ -20,6 +20,9 @@ use serde_json::Value;
 
 use crate::common::{data_err, params_json, write_output};
 
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "kb-specs";
+
 /// `kb_specs`: one row per KernelBench problem of the selected levels.
 ///
 /// | column | type | meaning |
@@ -132,7 +135,7 @@ pub fn native_signature(ans: &Value) -> Option<String> {
 
 impl Stage for KbSpecs {
     fn kind(&self) -> &str {
-        "kb-specs"
+        KIND
     }
     fn code_version(&self) -> u32 {
         1

@@ -3,18 +3,14 @@
 
 pub mod common;
 pub mod curriculum;
-pub mod episode;
 pub mod eval;
-pub mod families;
 pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
 pub mod plot;
-pub mod repair;
-pub mod reward;
+pub mod rl_params;
 pub mod rl_train;
-pub mod rollout;
 pub mod sft_data;
 pub mod sft_eval;
 pub mod synth_tasks;
@@ -22,12 +18,70 @@ pub mod testgen;
 pub mod train_stages;
 pub mod validate;
 pub mod verl;
-/// Where `cudarl-pipe serve` listens by default (and where the VERL backend's rollouts look for
-/// it unless `serve_url` says otherwise).
-pub const SERVE_BIND: &str = "127.0.0.1:8000";
 pub mod verl_launch;
 
 use cudarl_core::{Stage, StageFactory};
+
+/// Builds one stage from its pipeline table.
+type Build = fn(toml::Table) -> Result<Box<dyn Stage>, String>;
+
+fn boxed<S: Stage + 'static>(s: Result<S, String>) -> Result<Box<dyn Stage>, String> {
+    Ok(Box::new(s?))
+}
+
+/// Every stage kind and its builder, sorted by kind.
+const STAGES: [(&str, Build); 16] = [
+    (curriculum::KIND, |p| {
+        boxed(curriculum::Curriculum::from_table(p))
+    }),
+    (eval::KIND, |p| boxed(eval::Eval::from_table(p))),
+    (ingest_cuda_l1::KIND, |p| {
+        boxed(ingest_cuda_l1::IngestCudaL1::from_table(p))
+    }),
+    (ingest_kernelbench::KIND, |p| {
+        boxed(ingest_kernelbench::IngestKernelBench::from_table(p))
+    }),
+    (ingest_sakana::KIND, |p| {
+        boxed(ingest_sakana::IngestSakana::from_table(p))
+    }),
+    (kb_specs::KIND, |p| boxed(kb_specs::KbSpecs::from_table(p))),
+    (train_stages::Kind::Pretrain.as_str(), |p| {
+        model(train_stages::Kind::Pretrain, p)
+    }),
+    (rl_train::KIND, rl_train_backend),
+    (sft_data::KIND, |p| boxed(sft_data::SftData::from_table(p))),
+    (sft_eval::KIND, |p| boxed(sft_eval::SftEval::from_table(p))),
+    (sft_data::REPAIRS_KIND, |p| {
+        boxed(sft_data::SftRepairs::from_table(p))
+    }),
+    (train_stages::Kind::SftTrain.as_str(), |p| {
+        model(train_stages::Kind::SftTrain, p)
+    }),
+    (synth_tasks::KIND, |p| {
+        boxed(synth_tasks::SynthTasks::from_table(p))
+    }),
+    (testgen::KIND, |p| boxed(testgen::Testgen::from_table(p))),
+    (train_stages::Kind::Tokenizer.as_str(), |p| {
+        model(train_stages::Kind::Tokenizer, p)
+    }),
+    (validate::KIND, |p| boxed(validate::Validate::from_table(p))),
+];
+
+fn model(kind: train_stages::Kind, p: toml::Table) -> Result<Box<dyn Stage>, String> {
+    boxed(train_stages::ModelStage::from_table(kind, p))
+}
+
+/// `rl-train` on its `backend`: `tch` (absent; this process trains) or `verl` (a VERL job).
+fn rl_train_backend(mut p: toml::Table) -> Result<Box<dyn Stage>, String> {
+    match p.get("backend").and_then(|b| b.as_str()) {
+        Some("verl") => boxed(verl_launch::VerlLaunch::from_table(p)),
+        Some("tch") | None => {
+            p.remove("backend");
+            boxed(rl_train::RlTrain::from_table(p))
+        }
+        Some(b) => Err(format!("backend `{b}`: expected `tch` or `verl`")),
+    }
+}
 
 /// Builds every stage kind of cudarl-pipe.
 #[derive(Debug, Default, Clone, Copy)]
@@ -35,24 +89,7 @@ pub struct Registry;
 
 impl StageFactory for Registry {
     fn kinds(&self) -> Vec<&'static str> {
-        vec![
-            "curriculum",
-            "eval",
-            "ingest-cuda-l1",
-            "ingest-kernelbench",
-            "ingest-sakana",
-            "kb-specs",
-            "pretrain",
-            "rl-train",
-            "sft-data",
-            "sft-eval",
-            "sft-repairs",
-            "sft-train",
-            "synth-tasks",
-            "testgen",
-            "tokenizer",
-            "validate",
-        ]
+        STAGES.iter().map(|s| s.0).collect()
     }
 
     fn build(
@@ -61,43 +98,29 @@ impl StageFactory for Registry {
         _node: &str,
         params: toml::Table,
     ) -> Result<Box<dyn Stage>, String> {
-        Ok(match kind {
-            "ingest-kernelbench" => {
-                Box::new(ingest_kernelbench::IngestKernelBench::from_table(params)?)
-            }
-            "ingest-sakana" => Box::new(ingest_sakana::IngestSakana::from_table(params)?),
-            "ingest-cuda-l1" => Box::new(ingest_cuda_l1::IngestCudaL1::from_table(params)?),
-            "curriculum" => Box::new(curriculum::Curriculum::from_table(params)?),
-            "synth-tasks" => Box::new(synth_tasks::SynthTasks::from_table(params)?),
-            "kb-specs" => Box::new(kb_specs::KbSpecs::from_table(params)?),
-            "sft-data" => Box::new(sft_data::SftData::from_table(params)?),
-            "sft-repairs" => Box::new(sft_data::SftRepairs::from_table(params)?),
-            "sft-eval" => Box::new(sft_eval::SftEval::from_table(params)?),
-            "rl-train" => match params.get("backend").and_then(|b| b.as_str()) {
-                Some("verl") => Box::new(verl_launch::VerlLaunch::from_table(params)?),
-                Some("tch") | None => {
-                    let mut params = params;
-                    params.remove("backend");
-                    Box::new(rl_train::RlTrain::from_table(params)?)
-                }
-                Some(b) => return Err(format!("backend `{b}`: expected `tch` or `verl`")),
-            },
-            "eval" => Box::new(eval::Eval::from_table(params)?),
-            "tokenizer" => Box::new(train_stages::ModelStage::from_table(
-                train_stages::Kind::Tokenizer,
-                params,
-            )?),
-            "pretrain" => Box::new(train_stages::ModelStage::from_table(
-                train_stages::Kind::Pretrain,
-                params,
-            )?),
-            "sft-train" => Box::new(train_stages::ModelStage::from_table(
-                train_stages::Kind::SftTrain,
-                params,
-            )?),
-            "testgen" => Box::new(testgen::Testgen::from_table(params)?),
-            "validate" => Box::new(validate::Validate::from_table(params)?),
-            other => return Err(format!("unknown stage `{other}`")),
-        })
+        match STAGES.iter().find(|s| s.0 == kind) {
+            Some((_, build)) => build(params),
+            None => Err(format!("unknown stage `{kind}`")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_stage_reports_the_kind_it_is_registered_under() {
+        for (kind, build) in STAGES {
+            let stage = build(toml::Table::new()).unwrap_or_else(|e| panic!("{kind}: {e}"));
+            assert_eq!(stage.kind(), kind);
+        }
+        assert!(
+            STAGES.windows(2).all(|w| w[0].0 < w[1].0),
+            "sorted, no duplicates"
+        );
+        for k in train_stages::Kind::ALL {
+            assert!(STAGES.iter().any(|s| s.0 == k.as_str()), "{}", k.as_str());
+        }
     }
 }

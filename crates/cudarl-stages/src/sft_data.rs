@@ -55,6 +55,11 @@ use serde_json::Value;
 
 use crate::common::{data_err, params_json, write_output};
 
+/// The stage kind of [`SftData`], as pipeline files name it.
+pub const KIND: &str = "sft-data";
+/// The stage kind of [`SftRepairs`].
+pub const REPAIRS_KIND: &str = "sft-repairs";
+
 fn message_fields() -> Fields {
     Fields::from(vec![
         Field::new("role", DataType::Utf8, false),
@@ -338,7 +343,7 @@ fn feedback(v: &BTreeMap<&str, Value>) -> String {
 
 impl Stage for SftData {
     fn kind(&self) -> &str {
-        "sft-data"
+        KIND
     }
     fn code_version(&self) -> u32 {
         // 3: repairs from `sft-repairs` (the breakage rotates over all of a task's kernels).
@@ -453,7 +458,7 @@ impl Stage for SftData {
             }
         }
         let rt = Table::read(ctx.input_path("repairs")?, "repairs").map_err(data_err)?;
-        let repairs = self.repairs(&tasks, &rt, &by_task)?;
+        let repairs = self.repairs(ctx.input_path("tasks")?, &rt, &by_task)?;
         let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
         let tid = tasks.req_strings("task_id").map_err(data_err)?;
         let tier = tasks.req_ints("tier").map_err(data_err)?;
@@ -502,7 +507,7 @@ impl Stage for SftData {
                 continue;
             };
             // `test` or `rl` for a family kept out of SFT.
-            let generated = t.starts_with(crate::families::PREFIX);
+            let generated = t.starts_with(cudarl_rl::families::PREFIX);
             let kept_out = if p.holdout_tasks.iter().any(|h| h == t)
                 || (generated && unit_hash(t) < p.holdout_generated)
             {
@@ -648,7 +653,7 @@ impl SftData {
     /// field named).
     fn repairs(
         &self,
-        tasks: &Table,
+        tasks: &std::path::Path,
         rt: &Table,
         by_task: &BTreeMap<String, Vec<Kern>>,
     ) -> Result<BTreeMap<String, Vec<Repair>>, StageError> {
@@ -656,7 +661,7 @@ impl SftData {
         if self.params.repairs_per_base == 0 {
             return Ok(out);
         }
-        let specs = task_specs(tasks)?;
+        let specs = cudarl_rl::tasks::specs_by_id(tasks)?;
         // Rejected breakages by kernel id: (kind, broken code, feedback).
         let mut broken: BTreeMap<&str, Vec<(&'static str, &str, &str)>> = BTreeMap::new();
         let (kid, kind) = (
@@ -678,7 +683,7 @@ impl SftData {
             else {
                 continue;
             };
-            let Some(n) = crate::repair::Breakage::ALL
+            let Some(n) = cudarl_rl::repair::Breakage::ALL
                 .iter()
                 .map(|b| b.name())
                 .find(|b| *b == n)
@@ -717,7 +722,7 @@ impl SftData {
                     base_id: format!("{}#no_code", b.id),
                     kind: "no_code",
                     broken: String::new(),
-                    feedback: crate::episode::feedback(spec, None, None, &[]),
+                    feedback: cudarl_rl::episode::feedback(spec, None, None, &[]),
                     target: b.clone(),
                 });
             }
@@ -742,35 +747,15 @@ fn background_pool() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
         .build()
 }
 
-/// Task specs by task id from a `tasks` table.
-///
-/// # Errors
-/// A task whose `spec_json` does not parse (task and field named).
-fn task_specs(tasks: &Table) -> Result<BTreeMap<String, cudarl_cuda::TaskSpec>, StageError> {
-    let tid = tasks.req_strings("task_id").map_err(data_err)?;
-    let js = tasks.req_strings("spec_json").map_err(data_err)?;
-    let mut specs = BTreeMap::new();
-    for i in 0..tasks.rows() {
-        let (Some(t), Some(j)) = (tid.get(i), js.get(i)) else {
-            continue;
-        };
-        let spec = serde_json::from_str(j).map_err(|e| {
-            StageError::bad_input("tasks", Some("spec_json"), format!("task `{t}`: {e}"))
-        })?;
-        specs.insert(t.to_string(), spec);
-    }
-    Ok(specs)
-}
-
 /// Schema of `sft-repairs`' `repairs` table: one row per task kernel that a breakage applies to.
 ///
 /// | column | type | meaning |
 /// |---|---|---|
 /// | task_id, kernel_id | utf8 | the kernel (from `task_kernels`) |
-/// | kind | utf8 | the breakage ([`crate::repair::Breakage::name`]), rotating over a task's kernels |
+/// | kind | utf8 | the breakage ([`cudarl_rl::repair::Breakage::name`]), rotating over a task's kernels |
 /// | broken | utf8 | the broken source |
 /// | compiled | bool | nvcc accepted it anyway (`sft-data` skips such rows) |
-/// | feedback | utf8 | the tester's feedback on it: nvcc's diagnostics with lines ([`crate::episode::feedback`]) |
+/// | feedback | utf8 | the tester's feedback on it: nvcc's diagnostics with lines ([`cudarl_rl::episode::feedback`]) |
 pub static REPAIRS: LazyLock<SchemaRef> = LazyLock::new(|| {
     let u = |n: &str| Field::new(n, DataType::Utf8, false);
     Arc::new(Schema::new(vec![
@@ -815,7 +800,7 @@ impl SftRepairs {
 
 impl Stage for SftRepairs {
     fn kind(&self) -> &str {
-        "sft-repairs"
+        REPAIRS_KIND
     }
     fn code_version(&self) -> u32 {
         1
@@ -843,9 +828,8 @@ impl Stage for SftRepairs {
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         use rayon::prelude::*;
-        let tasks = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
         let kt = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
-        let specs = task_specs(&tasks)?;
+        let specs = cudarl_rl::tasks::specs_by_id(ctx.input_path("tasks")?)?;
         let compiler = crate::common::store_compiler(ctx)?;
         let rules = cudarl_cuda::Rules::builtin();
         let kid = kt.req_strings("kernel_id").map_err(data_err)?;
@@ -853,7 +837,7 @@ impl Stage for SftRepairs {
         let code = kt.req_strings("code").map_err(data_err)?;
         // (task, kernel id, broken code, breakage), the kind rotating over a task's kernels.
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut todo: Vec<(&str, &str, String, crate::repair::Breakage)> = Vec::new();
+        let mut todo: Vec<(&str, &str, String, cudarl_rl::repair::Breakage)> = Vec::new();
         for i in 0..kt.rows() {
             let (Some(k), Some(t), Some(c)) = (kid.get(i), task.get(i), code.get(i)) else {
                 continue;
@@ -866,8 +850,8 @@ impl Stage for SftRepairs {
             let pick = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
             let first = (pick as usize).wrapping_add(*j);
             *j += 1;
-            let broken = (0..crate::repair::Breakage::ALL.len())
-                .find_map(|v| crate::repair::break_kernel(c, first + v, pick));
+            let broken = (0..cudarl_rl::repair::Breakage::ALL.len())
+                .find_map(|v| cudarl_rl::repair::break_kernel(c, first + v, pick));
             if let Some((b, kind)) = broken {
                 todo.push((t, k, b, kind));
             }
@@ -895,7 +879,7 @@ impl Stage for SftRepairs {
             .iter()
             .zip(&verdicts)
             .map(|((t, _, c, _), v)| {
-                crate::episode::feedback(&specs[*t], Some(c), Some(v), &[0, 1])
+                cudarl_rl::episode::feedback(&specs[*t], Some(c), Some(v), &[0, 1])
             })
             .collect();
         let col = |f: &dyn Fn(usize) -> String| -> ArrayRef {
@@ -919,39 +903,6 @@ impl Stage for SftRepairs {
         .map_err(data_err)?;
         write_output(ctx, "repairs", &b)
     }
-}
-
-/// The ids of the task families the SFT data holds out (its `test` split), from an
-/// `sft_generator` table: `eval`'s hold-out, and VERL's validation set.
-///
-/// # Errors
-/// An unreadable table or a missing column (file and field named).
-pub fn holdout_ids(
-    path: &std::path::Path,
-) -> Result<std::collections::BTreeSet<String>, cudarl_core::StageError> {
-    Ok(family_splits(path)?.remove("test").unwrap_or_default())
-}
-
-/// The task families of an `sft_generator` table by the split of their rows (`train`, `val`,
-/// `test`: the hold-out, `rl`: reserved for `rl-train`), read once.
-///
-/// # Errors
-/// An unreadable table or a missing column (file and field named).
-pub fn family_splits(
-    path: &std::path::Path,
-) -> Result<BTreeMap<String, std::collections::BTreeSet<String>>, cudarl_core::StageError> {
-    let d = Table::read(path, "sft_generator").map_err(data_err)?;
-    let (dt, ds) = (
-        d.req_strings("task_id").map_err(data_err)?,
-        d.req_strings("split").map_err(data_err)?,
-    );
-    let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
-    for i in 0..d.rows() {
-        if let (Some(t), Some(sp)) = (dt.get(i), ds.get(i)) {
-            out.entry(sp.to_string()).or_default().insert(t.to_string());
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

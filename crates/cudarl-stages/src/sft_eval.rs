@@ -12,17 +12,20 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_cuda::{Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_curriculum::prompts::{self, ChatMessage, GENERATOR_SYSTEM, TaskView};
-use cudarl_data::Table;
+use cudarl_protocol::{Device, Job, SampleLine};
+use cudarl_rl::tasks;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::common::{data_err, params_json, write_output};
-use crate::train_stages::{materialize, run_trainer};
+use crate::common::{materialize, params_json, resolve_device, write_rows};
+use crate::train_stages::run_job;
+
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "sft-eval";
 
 /// Schema of `samples`.
 pub static SAMPLES: LazyLock<SchemaRef> = LazyLock::new(|| {
@@ -65,9 +68,6 @@ fn d_temp() -> f64 {
 fn d_top_p() -> f64 {
     0.95
 }
-fn d_device() -> String {
-    "auto".into()
-}
 
 /// Parameters (`[stages.sft-eval]`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,8 +89,8 @@ pub struct Params {
     #[serde(default)]
     pub seed: i64,
     /// `auto`, `cpu` or `cuda`.
-    #[serde(default = "d_device")]
-    pub device: String,
+    #[serde(default)]
+    pub device: Device,
 }
 
 /// The `sft-eval` stage.
@@ -111,13 +111,13 @@ impl SftEval {
     }
 
     fn device(&self) -> &'static str {
-        crate::train_stages::resolve_device(&self.params.device)
+        resolve_device(self.params.device)
     }
 }
 
 impl Stage for SftEval {
     fn kind(&self) -> &str {
-        "sft-eval"
+        KIND
     }
     fn code_version(&self) -> u32 {
         // 3: builds are inspected after compiling (preprocessed text, object, PTX).
@@ -149,76 +149,53 @@ impl Stage for SftEval {
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
         // The hold-out families: the `test` split of the SFT data.
-        let d = Table::read(ctx.input_path("data")?, "sft_generator").map_err(data_err)?;
-        let (dt, ds) = (
-            d.req_strings("task_id").map_err(data_err)?,
-            d.req_strings("split").map_err(data_err)?,
-        );
-        let held: std::collections::BTreeSet<String> = (0..d.rows())
-            .filter(|&i| ds.get(i) == Some("test"))
-            .filter_map(|i| dt.get(i).map(str::to_string))
+        let held = tasks::holdout_ids(ctx.input_path("data")?)?;
+        let specs: Vec<TaskSpec> = tasks::read_specs(ctx.input_path("tasks")?)?
+            .into_iter()
+            .filter(|s| held.contains(&s.id))
             .collect();
-        let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-        let tid = tt.req_strings("task_id").map_err(data_err)?;
-        let js = tt.req_strings("spec_json").map_err(data_err)?;
-        let mut specs: Vec<TaskSpec> = Vec::new();
-        for i in 0..tt.rows() {
-            if let (Some(id), Some(j)) = (tid.get(i), js.get(i))
-                && held.contains(id)
-            {
-                specs.push(serde_json::from_str(j).map_err(|e| {
-                    StageError::bad_input("tasks", Some("spec_json"), e.to_string())
-                })?);
-            }
-        }
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let model = dir.join("model");
         materialize(ctx.store(), ctx.input_path("model")?, &model)?;
         let prompts_path = dir.join("prompts.jsonl");
-        let mut lines = Vec::new();
-        for s in &specs {
-            let shapes: Vec<String> = s
-                .train_shapes
-                .iter()
-                .map(|m| serde_json::to_string(m).expect("json"))
-                .collect();
-            let sig = s.signature();
-            let view = TaskView {
-                tier: s.tier,
-                description: &s.description,
-                dtype: &s.dtype,
-                signature: &sig,
-                shapes: &shapes,
-            };
-            let msgs = vec![
-                ChatMessage::new("system", GENERATOR_SYSTEM),
-                ChatMessage::new("user", prompts::task_prompt(&view, 0, 0)),
-            ];
-            lines.push(serde_json::to_string(&msgs).expect("json"));
-        }
+        let lines: Vec<String> = specs.iter().map(prompt_line).collect();
         std::fs::write(&prompts_path, lines.join("\n") + "\n")
             .map_err(|e| StageError::Failed(e.to_string()))?;
         let out = dir.join("samples.jsonl");
         let device = self.device();
-        let job = json!({"kind": "sample", "model": model, "prompts": prompts_path,
-            "n": p.samples, "max_new_tokens": p.max_new_tokens, "temperature": p.temperature,
-            "top_p": p.top_p, "seed": p.seed, "device": device, "out": out});
-        run_trainer(&job, dir, "pipelines (stages.sft-eval)", "sft-eval")?;
+        let job = Job::Sample {
+            model,
+            prompts: prompts_path,
+            n: p.samples,
+            max_new_tokens: p.max_new_tokens,
+            temperature: p.temperature,
+            top_p: p.top_p,
+            seed: p.seed,
+            device: if device == "cuda" {
+                Device::Cuda
+            } else {
+                Device::Cpu
+            },
+            out: out.clone(),
+        };
+        run_job(&job, dir, "pipelines (stages.sft-eval)", KIND)?;
         let text = std::fs::read_to_string(&out).map_err(|e| StageError::Failed(e.to_string()))?;
         let compiler = crate::common::store_compiler(ctx)?;
         let rules = Rules::builtin();
-        let mut cols: (Vec<String>, Vec<i64>, Vec<String>, Vec<Option<String>>) =
-            (vec![], vec![], vec![], vec![]);
-        let (mut toks, mut fin, mut comp, mut fail, mut det) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        let mut per: BTreeMap<String, (i64, i64, i64, i64)> = BTreeMap::new();
+        let mut samples = Vec::new();
+        let mut per: BTreeMap<String, TaskRow> = BTreeMap::new();
         for l in text.lines().filter(|l| !l.trim().is_empty()) {
-            let v: Value =
-                serde_json::from_str(l).map_err(|e| StageError::Failed(e.to_string()))?;
-            let spec = &specs[v["prompt"].as_u64().unwrap_or(0) as usize];
-            let completion = v["text"].as_str().unwrap_or_default().to_string();
-            let code = prompts::extract_code(&completion);
+            let v: SampleLine = serde_json::from_str(l)
+                .map_err(|e| StageError::Failed(format!("trainer sample `{l}`: {e}")))?;
+            let spec = specs.get(v.prompt).ok_or_else(|| {
+                StageError::Failed(format!(
+                    "trainer sample of prompt {} of {}",
+                    v.prompt,
+                    specs.len()
+                ))
+            })?;
+            let code = prompts::extract_code(&v.text);
             let (ok, failure, detail) = match &code {
                 None => (false, Some("no_code".to_string()), None),
                 Some(c) => {
@@ -227,57 +204,80 @@ impl Stage for SftEval {
                     (vd.compiled, vd.failure, vd.failure_detail)
                 }
             };
-            let e = per.entry(spec.id.clone()).or_insert((spec.tier, 0, 0, 0));
-            e.1 += 1;
-            e.2 += i64::from(code.is_some());
-            e.3 += i64::from(ok);
-            cols.0.push(spec.id.clone());
-            cols.1.push(v["sample"].as_i64().unwrap_or(0));
-            cols.2.push(completion);
-            cols.3.push(code);
-            toks.push(v["tokens"].as_i64().unwrap_or(0));
-            fin.push(v["finish"].as_str().unwrap_or_default().to_string());
-            comp.push(ok);
-            fail.push(failure);
-            det.push(detail.map(|d| d.chars().take(2000).collect::<String>()));
+            let e = per.entry(spec.id.clone()).or_insert(TaskRow {
+                task_id: spec.id.clone(),
+                tier: spec.tier,
+                device,
+                mode: "compile-only",
+                ..Default::default()
+            });
+            e.samples += 1;
+            e.with_code += i64::from(code.is_some());
+            e.compiled += i64::from(ok);
+            e.compile_rate = e.compiled as f64 / e.samples as f64;
+            samples.push(SampleRow {
+                task_id: spec.id.clone(),
+                sample: v.sample as i64,
+                text: v.text,
+                code,
+                tokens: v.tokens as i64,
+                finish: v.finish.as_str(),
+                compiled: ok,
+                failure,
+                detail: detail.map(|d| d.chars().take(2000).collect::<String>()),
+            });
         }
-        let b = cudarl_data::parquet_io::batch(
-            &SAMPLES.clone(),
-            vec![
-                Arc::new(StringArray::from(cols.0)),
-                Arc::new(Int64Array::from(cols.1)),
-                Arc::new(StringArray::from(cols.2)),
-                Arc::new(StringArray::from(cols.3)),
-                Arc::new(Int64Array::from(toks)),
-                Arc::new(StringArray::from(fin)),
-                Arc::new(BooleanArray::from(comp)),
-                Arc::new(StringArray::from(fail)),
-                Arc::new(StringArray::from(det)),
-            ],
-        )
-        .map_err(data_err)?;
-        write_output(ctx, "samples", &b)?;
-        let ids: Vec<String> = per.keys().cloned().collect();
-        let v: Vec<&(i64, i64, i64, i64)> = per.values().collect();
-        let b = cudarl_data::parquet_io::batch(
-            &SFT_EVAL.clone(),
-            vec![
-                Arc::new(StringArray::from(ids)),
-                Arc::new(Int64Array::from(v.iter().map(|x| x.0).collect::<Vec<_>>())),
-                Arc::new(Int64Array::from(v.iter().map(|x| x.1).collect::<Vec<_>>())),
-                Arc::new(Int64Array::from(v.iter().map(|x| x.2).collect::<Vec<_>>())),
-                Arc::new(Int64Array::from(v.iter().map(|x| x.3).collect::<Vec<_>>())),
-                Arc::new(Float64Array::from(
-                    v.iter()
-                        .map(|x| x.3 as f64 / x.1.max(1) as f64)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(StringArray::from(vec!["compile-only"; v.len()])),
-                Arc::new(StringArray::from(vec![device; v.len()])),
-            ],
-        )
-        .map_err(data_err)?;
-        write_output(ctx, "sft_eval", &b)?;
-        Ok(())
+        write_rows(ctx, "samples", &SAMPLES, &samples)?;
+        let rows: Vec<TaskRow> = per.into_values().collect();
+        write_rows(ctx, "sft_eval", &SFT_EVAL, &rows)
     }
+}
+
+/// The generator's first prompt for `s` (system and user message) as one JSON line.
+fn prompt_line(s: &TaskSpec) -> String {
+    let shapes: Vec<String> = s
+        .train_shapes
+        .iter()
+        .map(|m| serde_json::to_string(m).expect("json"))
+        .collect();
+    let sig = s.signature();
+    let view = TaskView {
+        tier: s.tier,
+        description: &s.description,
+        dtype: &s.dtype,
+        signature: &sig,
+        shapes: &shapes,
+    };
+    let msgs = vec![
+        ChatMessage::new("system", GENERATOR_SYSTEM),
+        ChatMessage::new("user", prompts::task_prompt(&view, 0, 0)),
+    ];
+    serde_json::to_string(&msgs).expect("json")
+}
+
+/// One row of `samples`.
+#[derive(Debug, Serialize)]
+struct SampleRow {
+    task_id: String,
+    sample: i64,
+    text: String,
+    code: Option<String>,
+    tokens: i64,
+    finish: &'static str,
+    compiled: bool,
+    failure: Option<String>,
+    detail: Option<String>,
+}
+
+/// One row of `sft_eval`.
+#[derive(Debug, Default, Serialize)]
+struct TaskRow {
+    task_id: String,
+    tier: i64,
+    samples: i64,
+    with_code: i64,
+    compiled: i64,
+    compile_rate: f64,
+    mode: &'static str,
+    device: &'static str,
 }

@@ -13,7 +13,10 @@ use cudarl_cuda::task::load_tasks;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, rooted, write_output};
-use crate::families::GenerateParams;
+use cudarl_rl::families::GenerateParams;
+
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "synth-tasks";
 
 /// `tasks`: one row per task.
 ///
@@ -119,7 +122,7 @@ fn walk(base: &std::path::Path, d: &std::path::Path, out: &mut Vec<(String, std:
 
 impl Stage for SynthTasks {
     fn kind(&self) -> &str {
-        "synth-tasks"
+        KIND
     }
     fn code_version(&self) -> u32 {
         // Bump when the templates of `crate::families` change (they are code, not inputs).
@@ -161,20 +164,20 @@ impl Stage for SynthTasks {
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let dir = self.dir(ctx.root());
         let tasks = load_tasks(&dir).map_err(|e| StageError::bad_input(e.file, None, e.message))?;
-        let mut all: Vec<crate::families::Family> = Vec::new();
+        let mut all: Vec<cudarl_rl::families::Family> = Vec::new();
         for t in &tasks {
-            if t.spec.id.starts_with(crate::families::PREFIX) {
+            if t.spec.id.starts_with(cudarl_rl::families::PREFIX) {
                 return Err(StageError::bad_input(
                     t.dir.join("task.toml").display().to_string(),
                     Some("id"),
                     format!(
                         "`{}`: ids starting with `{}` are reserved for generated families",
                         t.spec.id,
-                        crate::families::PREFIX
+                        cudarl_rl::families::PREFIX
                     ),
                 ));
             }
-            all.push(crate::families::Family {
+            all.push(cudarl_rl::families::Family {
                 spec: t.spec.clone(),
                 naive: t
                     .naive_source()
@@ -188,7 +191,10 @@ impl Stage for SynthTasks {
             .iter()
             .flat_map(|t| t.spec.reference.values().cloned())
             .collect();
-        all.extend(crate::families::generate(&self.params.generate, &exclude));
+        all.extend(cudarl_rl::families::generate(
+            &self.params.generate,
+            &exclude,
+        ));
         let mut cols: Vec<Vec<String>> = vec![Vec::new(); 8];
         let (mut tier, mut atol, mut rtol) = (Vec::new(), Vec::new(), Vec::new());
         let mut krows: Vec<[String; 5]> = Vec::new();
@@ -255,41 +261,4 @@ impl Stage for SynthTasks {
             .map_err(data_err)?;
         write_output(ctx, "task_kernels", &kb)
     }
-}
-
-/// The task specs of a `tasks` table (this stage's output, its `spec_json` column), in row
-/// order.
-///
-/// # Errors
-/// An unreadable table or a bad spec (file and field named).
-pub fn read_specs(path: &std::path::Path) -> Result<Vec<cudarl_cuda::task::TaskSpec>, StageError> {
-    let t = cudarl_data::Table::read(path, "tasks").map_err(data_err)?;
-    let js = t.req_strings("spec_json").map_err(data_err)?;
-    (0..t.rows())
-        .filter_map(|i| js.get(i))
-        .map(|j| {
-            serde_json::from_str(j).map_err(|e| {
-                StageError::bad_input(path.display().to_string(), Some("spec_json"), e.to_string())
-            })
-        })
-        .collect()
-}
-
-/// The naive kernel's source per task id, from a `task_kernels` table (this stage's output).
-///
-/// # Errors
-/// An unreadable table or a missing column (file and field named).
-pub fn read_naive(
-    path: &std::path::Path,
-) -> Result<std::collections::BTreeMap<String, String>, StageError> {
-    let k = cudarl_data::Table::read(path, "task_kernels").map_err(data_err)?;
-    let (kt, kr, kc) = (
-        k.req_strings("task_id").map_err(data_err)?,
-        k.req_strings("role").map_err(data_err)?,
-        k.req_strings("code").map_err(data_err)?,
-    );
-    Ok((0..k.rows())
-        .filter(|&i| kr.get(i) == Some("naive"))
-        .filter_map(|i| Some((kt.get(i)?.to_string(), kc.get(i)?.to_string())))
-        .collect())
 }

@@ -33,6 +33,9 @@ use serde_json::{Value, json};
 use crate::common::{data_err, params_json, write_output};
 use crate::kb_specs::{PyWorker, python_versions};
 
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "testgen";
+
 /// Version of the recorded-test semantics (row memo key and code version).
 pub const TESTGEN_VERSION: u32 = 1;
 
@@ -190,7 +193,7 @@ fn key_of(parts: &[&[u8]]) -> Digest {
 
 impl Stage for Testgen {
     fn kind(&self) -> &str {
-        "testgen"
+        KIND
     }
     fn code_version(&self) -> u32 {
         TESTGEN_VERSION

@@ -15,27 +15,21 @@
 //! | `metrics` | step, epoch (int64), loss (float64: nats per trained token), lr, grad_norm (float64), tokens (int64: trained tokens), tokens_per_s (float64: all tokens), eval_loss (float64, nullable), device (utf8) |
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{Digest, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_data::Table;
+use cudarl_protocol::{Device, Event, Job, StepMetrics, TrainConfig};
+use cudarl_rl::trainer::JobError;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::common::{data_err, params_json, write_output};
-
-/// Schema of `checkpoint` / `tokenizer`.
-pub static CHECKPOINT: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("file", DataType::Utf8, false),
-        Field::new("digest", DataType::Utf8, false),
-        Field::new("bytes", DataType::Int64, false),
-    ]))
-});
+use crate::common::{
+    CHECKPOINT, data_err, ingest_dir, materialize, params_json, resolve_device, write_chats,
+    write_rows,
+};
 
 /// Schema of `metrics`.
 pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
@@ -52,8 +46,8 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// `configs/model/<name>.toml`: `[model]` (architecture, `cudarl_train::job::ModelSpec`),
-/// `[tokenizer] vocab_size`, `[pretrain]` and `[sft]` (`cudarl_train::train::TrainConfig`).
+/// `configs/model/<name>.toml`: `[model]` (architecture, `cudarl_protocol::ModelSpec`),
+/// `[tokenizer] vocab_size`, `[pretrain]` and `[sft]` (`cudarl_protocol::TrainConfig`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelFile {
@@ -78,9 +72,6 @@ pub struct TokenizerSettings {
 fn d_model() -> String {
     "tiny".into()
 }
-fn d_device() -> String {
-    "auto".into()
-}
 fn d_agent() -> String {
     "generator".into()
 }
@@ -95,14 +86,14 @@ pub struct Params {
     #[serde(default = "d_model")]
     pub model: String,
     /// `auto` (the GPU when there is one), `cpu` or `cuda` (pretrain, sft-train).
-    #[serde(default = "d_device")]
-    pub device: String,
+    #[serde(default)]
+    pub device: Device,
     /// `generator` or `optimizer` (sft-train): which agent, for the row's label.
     #[serde(default = "d_agent")]
     pub agent: String,
     /// `pretrain` only: this many synthetic conversations added to the corpus, each a
     /// generator prompt for an elementwise expression answered by a kernel that carries it
-    /// ([`crate::families::copy_documents`]; never a task's expression, hold-out included).
+    /// ([`cudarl_rl::families::copy_documents`]; never a task's expression, hold-out included).
     /// 0 (when the key is absent; `pipelines/default.toml` sets 3000) adds none and leaves the
     /// stage's key as it was before the parameter existed.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -133,6 +124,20 @@ pub enum Kind {
     SftTrain,
 }
 
+impl Kind {
+    /// Every model stage.
+    pub const ALL: [Kind; 3] = [Kind::Tokenizer, Kind::Pretrain, Kind::SftTrain];
+
+    /// The stage kind, as pipeline files name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Tokenizer => "tokenizer",
+            Kind::Pretrain => "pretrain",
+            Kind::SftTrain => "sft-train",
+        }
+    }
+}
+
 /// A model stage.
 #[derive(Debug)]
 pub struct ModelStage {
@@ -147,9 +152,6 @@ impl ModelStage {
     /// Unknown keys, a bad device or agent name.
     pub fn from_table(kind: Kind, t: toml::Table) -> Result<Self, String> {
         let params: Params = crate::common::parse_params(t)?;
-        if !["auto", "cpu", "cuda"].contains(&params.device.as_str()) {
-            return Err(format!("device `{}`: use auto, cpu or cuda", params.device));
-        }
         if kind != Kind::Pretrain
             && (params.copy_documents > 0 || params.copy_seed != d_copy_seed())
         {
@@ -190,198 +192,92 @@ impl ModelStage {
 
     /// The device the trainer will use: `cpu` or `cuda`.
     fn resolved_device(&self) -> &'static str {
-        resolve_device(&self.params.device)
+        resolve_device(self.params.device)
+    }
+
+    /// The same as the trainer job's device.
+    fn job_device(&self) -> Device {
+        match self.resolved_device() {
+            "cuda" => Device::Cuda,
+            _ => Device::Cpu,
+        }
     }
 }
 
-/// `auto` / `cpu` / `cuda` as the trainer will resolve it: `auto` is `cuda` when the driver
-/// reports a GPU.
-pub(crate) fn resolve_device(name: &str) -> &'static str {
-    match name {
-        "cpu" => "cpu",
-        "cuda" => "cuda",
-        _ if cudarl_cuda::gpu::probe().is_some() => "cuda",
-        _ => "cpu",
-    }
-}
-
-/// The trainer binary: `$CUDARL_TRAINER`, else `cudarl-pipe-train` beside `cudarl-pipe`.
-pub fn trainer_exe() -> PathBuf {
-    cudarl_cuda::worker::sibling_exe("CUDARL_TRAINER", "cudarl-pipe-train")
-}
-
-/// Runs the trainer on `job`; its JSON event lines. Exit code 2 (bad input) becomes a
-/// [`StageError::BadInput`] naming `config`.
-pub(crate) fn run_trainer(
-    job: &Value,
+/// Runs `job` in the trainer process; its step metrics. A job the trainer refuses (exit 2)
+/// becomes a [`StageError::BadInput`] naming `config` and its `section`.
+pub(crate) fn run_job(
+    job: &Job,
     dir: &Path,
     config: &str,
     section: &str,
-) -> Result<Vec<Value>, StageError> {
-    let jp = dir.join("job.json");
-    std::fs::write(&jp, job.to_string()).map_err(|e| StageError::Failed(e.to_string()))?;
-    let exe = trainer_exe();
-    let out = Command::new(&exe)
-        .arg(&jp)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            StageError::Failed(format!(
-                "cannot run the trainer `{}` (set CUDARL_TRAINER, or build it: make build): {e}",
-                exe.display()
-            ))
-        })?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let tail: String = stderr
-        .lines()
-        .rev()
-        .take(5)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join("\n");
-    match out.status.code() {
-        Some(0) => {}
-        Some(2) => {
-            // The job file is ours; what is wrong in it came from the config's section.
-            let msg = tail.replace(&format!("error: {}: ", jp.display()), "");
-            return Err(StageError::bad_input(config, Some(section), msg));
-        }
-        _ => {
-            return Err(StageError::Failed(format!(
-                "trainer failed ({}): {tail}",
-                out.status
-            )));
-        }
+) -> Result<Vec<StepMetrics>, StageError> {
+    match cudarl_rl::trainer::run_job(job, dir) {
+        Ok(events) => Ok(events
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Step(m) => Some(m),
+                Event::Done(_) => None,
+            })
+            .collect()),
+        Err(JobError::BadInput(m)) => Err(StageError::bad_input(config, Some(section), m)),
+        Err(JobError::Failed(m)) => Err(StageError::Failed(m)),
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect())
 }
 
-/// Puts every file under `dir` into the store; the `checkpoint` table rows, sorted by path.
-pub(crate) fn ingest_dir(
-    ctx: &mut StageContext<'_>,
-    dir: &Path,
-    name: &str,
+/// One row of `metrics` (the columns of [`METRICS`]).
+#[derive(Debug, Serialize)]
+struct MetricsRow<'a> {
+    step: i64,
+    epoch: i64,
+    loss: f64,
+    lr: f64,
+    grad_norm: f64,
+    tokens: i64,
+    tokens_per_s: f64,
+    eval_loss: Option<f64>,
+    device: &'a str,
+}
+
+fn write_metrics(
+    ctx: &StageContext<'_>,
+    steps: &[StepMetrics],
+    device: &str,
 ) -> Result<(), StageError> {
-    let mut files = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| StageError::Failed(e.to_string()))? {
-        let p = e.map_err(|e| StageError::Failed(e.to_string()))?.path();
-        if p.is_file() {
-            files.push(p);
-        }
-    }
-    files.sort();
-    let (mut f, mut d, mut b) = (Vec::new(), Vec::new(), Vec::new());
-    for p in files {
-        let digest = ctx.store().ingest_file(&p)?;
-        ctx.reference_blob(digest);
-        f.push(
-            p.file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned(),
-        );
-        d.push(digest.to_hex());
-        b.push(std::fs::metadata(ctx.store().blob_path(&digest)).map_or(0, |m| m.len() as i64));
-    }
-    let batch = cudarl_data::parquet_io::batch(
-        &CHECKPOINT.clone(),
-        vec![
-            Arc::new(StringArray::from(f)),
-            Arc::new(StringArray::from(d)),
-            Arc::new(Int64Array::from(b)),
-        ],
-    )
-    .map_err(data_err)?;
-    write_output(ctx, name, &batch)
+    let rows: Vec<MetricsRow<'_>> = steps
+        .iter()
+        .map(|s| MetricsRow {
+            step: s.step as i64,
+            epoch: s.epoch as i64,
+            loss: s.loss,
+            lr: s.lr,
+            grad_norm: s.grad_norm,
+            tokens: s.tokens as i64,
+            tokens_per_s: s.tokens_per_s,
+            eval_loss: s.eval_loss,
+            device,
+        })
+        .collect();
+    write_rows(ctx, "metrics", &METRICS, &rows)
 }
 
-/// Copies the files a `checkpoint` table names from the store into `dir`.
-///
-/// # Errors
-/// A malformed table or a missing blob.
-pub fn materialize(store: &cudarl_core::Store, table: &Path, dir: &Path) -> Result<(), StageError> {
-    let t = Table::read(table, "checkpoint").map_err(data_err)?;
-    let files = t.req_strings("file").map_err(data_err)?;
-    let digests = t.req_strings("digest").map_err(data_err)?;
-    std::fs::create_dir_all(dir).map_err(|e| StageError::Failed(e.to_string()))?;
-    for i in 0..t.rows() {
-        let (Some(f), Some(d)) = (files.get(i), digests.get(i)) else {
-            continue;
-        };
-        let digest = Digest::from_hex(d)
-            .map_err(|e| StageError::bad_input(table.display().to_string(), Some("digest"), e))?;
-        std::fs::copy(store.blob_path(&digest), dir.join(f))
-            .map_err(|e| StageError::Failed(format!("checkpoint file `{f}` ({d}): {e}")))?;
-    }
-    Ok(())
-}
-
-fn write_metrics(ctx: &StageContext<'_>, events: &[Value], device: &str) -> Result<(), StageError> {
-    let steps: Vec<&Value> = events.iter().filter(|e| e["event"] == "step").collect();
-    let i = |k: &str| -> ArrayRef {
-        Arc::new(Int64Array::from(
-            steps
-                .iter()
-                .map(|s| s[k].as_i64().unwrap_or(0))
-                .collect::<Vec<_>>(),
-        ))
-    };
-    let f = |k: &str| -> ArrayRef {
-        Arc::new(Float64Array::from(
-            steps
-                .iter()
-                .map(|s| s[k].as_f64().unwrap_or(f64::NAN))
-                .collect::<Vec<_>>(),
-        ))
-    };
-    let batch = cudarl_data::parquet_io::batch(
-        &METRICS.clone(),
-        vec![
-            i("step"),
-            i("epoch"),
-            f("loss"),
-            f("lr"),
-            f("grad_norm"),
-            i("tokens"),
-            f("tokens_per_s"),
-            Arc::new(Float64Array::from(
-                steps
-                    .iter()
-                    .map(|s| s["eval_loss"].as_f64())
-                    .collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from(vec![device; steps.len()])),
-        ],
-    )
-    .map_err(data_err)?;
-    write_output(ctx, "metrics", &batch)
-}
-
-/// `plots`: `loss_curve.png` of the step events (training loss per step, evaluation loss at
-/// the evaluation steps), titled with what was trained and on which device.
 fn write_loss_plot(
     ctx: &mut StageContext<'_>,
-    events: &[Value],
+    steps: &[StepMetrics],
     device: &str,
     what: &str,
     dir: &Path,
 ) -> Result<(), StageError> {
     use crate::plot::{Series, line_chart};
-    let steps: Vec<&Value> = events.iter().filter(|e| e["event"] == "step").collect();
-    let pts = |k: &str| -> Vec<(f64, f64)> {
+    let pts = |f: &dyn Fn(&StepMetrics) -> Option<f64>| -> Vec<(f64, f64)> {
         steps
             .iter()
-            .filter_map(|s| Some((s["step"].as_f64()?, s[k].as_f64()?)))
+            .filter_map(|s| Some((s.step as f64, f(s)?)))
             .collect()
     };
     std::fs::create_dir_all(dir).map_err(|e| StageError::Failed(e.to_string()))?;
-    let mut series = vec![Series::new("train loss", pts("loss"))];
-    let ev = pts("eval_loss");
+    let mut series = vec![Series::new("train loss", pts(&|s| Some(s.loss)))];
+    let ev = pts(&|s| s.eval_loss);
     if !ev.is_empty() {
         series.push(Series::new("eval loss", ev));
     }
@@ -422,31 +318,9 @@ fn write_corpus(
     Ok(lines.len())
 }
 
-/// Chat examples of an SFT table (`messages_json`) for `split`, as JSON lines; returns how
-/// many.
-///
-/// # Errors
-/// The table cannot be read or lacks `messages_json` / `split` (named), or `path` cannot be
-/// written.
-pub(crate) fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, StageError> {
-    let t = Table::read(table, "sft").map_err(data_err)?;
-    let m = t.req_strings("messages_json").map_err(data_err)?;
-    let s = t.req_strings("split").map_err(data_err)?;
-    let lines: Vec<&str> = (0..t.rows())
-        .filter(|&r| s.get(r).is_some_and(|x| split.contains(&x)))
-        .filter_map(|r| m.get(r))
-        .collect();
-    std::fs::write(path, lines.join("\n") + "\n").map_err(|e| StageError::Failed(e.to_string()))?;
-    Ok(lines.len())
-}
-
 impl Stage for ModelStage {
     fn kind(&self) -> &str {
-        match self.kind {
-            Kind::Tokenizer => "tokenizer",
-            Kind::Pretrain => "pretrain",
-            Kind::SftTrain => "sft-train",
-        }
+        self.kind.as_str()
     }
     fn code_version(&self) -> u32 {
         // 3: `copy_documents` are conversations in the prompt format.
@@ -514,6 +388,10 @@ impl Stage for ModelStage {
             .map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
         let mf: ModelFile =
             toml::from_str(&text).map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
+        let section = |name: &str, v: &Value| -> Result<TrainConfig, StageError> {
+            serde_json::from_value(v.clone())
+                .map_err(|e| StageError::bad_input(&rel, Some(name), e.to_string()))
+        };
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let out = dir.join("out");
@@ -522,9 +400,12 @@ impl Stage for ModelStage {
             Kind::Tokenizer => {
                 let corpus = dir.join("corpus.jsonl");
                 write_corpus(ctx, &corpus, &[])?;
-                let job = json!({"kind": "tokenizer", "corpus": corpus,
-                    "vocab_size": mf.tokenizer.vocab_size, "out": out});
-                run_trainer(&job, dir, &rel, "tokenizer")?;
+                let job = Job::Tokenizer {
+                    corpus,
+                    vocab_size: mf.tokenizer.vocab_size,
+                    out: out.clone(),
+                };
+                run_job(&job, dir, &rel, "tokenizer")?;
                 ingest_dir(ctx, &out, "tokenizer")?;
             }
             Kind::Pretrain => {
@@ -533,20 +414,26 @@ impl Stage for ModelStage {
                     0 => Vec::new(),
                     n => {
                         // Every task's expressions, the hold-out families' included.
-                        let exclude = crate::synth_tasks::read_specs(ctx.input_path("tasks")?)?
+                        let exclude = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?)?
                             .into_iter()
                             .flat_map(|s| s.reference.into_values())
                             .collect();
-                        crate::families::copy_documents(n, self.params.copy_seed, &exclude)
+                        cudarl_rl::families::copy_documents(n, self.params.copy_seed, &exclude)
                     }
                 };
                 write_corpus(ctx, &corpus, &extra)?;
                 let tk = dir.join("tok");
                 materialize(ctx.store(), ctx.input_path("tokenizer")?, &tk)?;
-                let job = json!({"kind": "pretrain", "tokenizer": tk.join("tokenizer.json"),
-                    "model": mf.model, "corpus": corpus, "train": mf.pretrain,
-                    "device": device, "out": out});
-                let ev = run_trainer(&job, dir, &rel, "pretrain")?;
+                let job = Job::Pretrain {
+                    tokenizer: tk.join("tokenizer.json"),
+                    model: serde_json::from_value(mf.model.clone())
+                        .map_err(|e| StageError::bad_input(&rel, Some("model"), e.to_string()))?,
+                    corpus,
+                    train: section("pretrain", &mf.pretrain)?,
+                    device: self.job_device(),
+                    out: out.clone(),
+                };
+                let ev = run_job(&job, dir, &rel, "pretrain")?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &ev, device)?;
                 write_loss_plot(ctx, &ev, device, "pretraining", &dir.join("plots"))?;
@@ -565,9 +452,15 @@ impl Stage for ModelStage {
                         "no `train` rows",
                     ));
                 }
-                let job = json!({"kind": "sft", "base": base, "data": tr, "eval_data": ev,
-                    "train": mf.sft, "device": device, "out": out});
-                let events = run_trainer(&job, dir, &rel, "sft")?;
+                let job = Job::Sft {
+                    base,
+                    data: tr,
+                    eval_data: ev,
+                    train: section("sft", &mf.sft)?,
+                    device: self.job_device(),
+                    out: out.clone(),
+                };
+                let events = run_job(&job, dir, &rel, "sft")?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &events, device)?;
                 let what = format!("SFT of the {}", self.params.agent);

@@ -24,6 +24,9 @@ use serde_json::Value;
 
 use crate::common::{data_err, params_json, write_output};
 
+/// The stage kind, as pipeline files name it.
+pub const KIND: &str = "validate";
+
 /// Version of the verdict semantics; part of every row's memo key. 5: candidates run in the
 /// sandboxed runner and are timed by the judge in windows of fresh inputs; builds are inspected
 /// (preprocessed text, object, PTX); FLOP roofline; verdicts carry the candidate's output.
@@ -251,7 +254,7 @@ impl Validate {
 
 impl Stage for Validate {
     fn kind(&self) -> &str {
-        "validate"
+        KIND
     }
     fn code_version(&self) -> u32 {
         HARNESS_VERSION
@@ -613,49 +616,19 @@ impl Stage for Validate {
 }
 
 /// A task kernel to validate (a row of `synth-tasks.task_kernels`).
-struct Row {
-    kernel_id: String,
-    task_id: String,
-    role: String,
-    code: String,
-}
+type Row = cudarl_rl::tasks::TaskKernel;
 
 /// The task specs (`tasks.spec_json` by `task_id`) and the task kernels.
 ///
 /// # Errors
-/// Unreadable tables or missing columns (naming the input and column).
+/// Unreadable tables, missing columns or a spec that does not parse (naming the file, the
+/// column and the task).
 #[allow(clippy::type_complexity)]
 fn read_task_rows(
     ctx: &StageContext<'_>,
 ) -> Result<(std::collections::BTreeMap<String, TaskSpec>, Vec<Row>), StageError> {
-    let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-    let specs: std::collections::BTreeMap<String, TaskSpec> = {
-        let id = tt.req_strings("task_id").map_err(data_err)?;
-        let js = tt.req_strings("spec_json").map_err(data_err)?;
-        (0..tt.rows())
-            .filter_map(|i| {
-                Some((
-                    id.get(i)?.to_string(),
-                    serde_json::from_str(js.get(i)?).ok()?,
-                ))
-            })
-            .collect()
-    };
-    let kt = Table::read(ctx.input_path("kernels")?, "kernels").map_err(data_err)?;
-    let kid = kt.req_strings("kernel_id").map_err(data_err)?;
-    let ktask = kt.req_strings("task_id").map_err(data_err)?;
-    let krole = kt.req_strings("role").map_err(data_err)?;
-    let kcode = kt.req_strings("code").map_err(data_err)?;
-    let rows: Vec<Row> = (0..kt.rows())
-        .filter_map(|i| {
-            Some(Row {
-                kernel_id: kid.get(i)?.to_string(),
-                task_id: ktask.get(i)?.to_string(),
-                role: krole.get(i)?.to_string(),
-                code: kcode.get(i)?.to_string(),
-            })
-        })
-        .collect();
+    let specs = cudarl_rl::tasks::specs_by_id(ctx.input_path("tasks")?)?;
+    let rows = cudarl_rl::tasks::read_kernels(ctx.input_path("kernels")?)?;
     Ok((specs, rows))
 }
 

@@ -69,8 +69,8 @@ pub fn export(
     dir: &Path,
     max_turns: usize,
 ) -> Result<Vec<PathBuf>, String> {
-    let specs = crate::synth_tasks::read_specs(tasks).map_err(|e| e.to_string())?;
-    let held = crate::sft_data::holdout_ids(sft_generator).map_err(|e| e.to_string())?;
+    let specs = cudarl_rl::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
+    let held = cudarl_rl::tasks::holdout_ids(sft_generator).map_err(|e| e.to_string())?;
     let g = Table::read(sft_generator, "sft_generator").map_err(|e| e.to_string())?;
     let (gt, gs, gm) = (
         g.req_strings("task_id").map_err(|e| e.to_string())?,
@@ -95,7 +95,7 @@ pub fn export(
         let n = specs.len();
         let prompts: Vec<Vec<ChatMessage>> = specs
             .iter()
-            .map(crate::episode::generator_conversation)
+            .map(cudarl_rl::episode::generator_conversation)
             .collect();
         let task_ids: Vec<String> = specs.iter().map(|t| t.id.clone()).collect();
         let tiers: Vec<i64> = specs.iter().map(|t| t.tier).collect();

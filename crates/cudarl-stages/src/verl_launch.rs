@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::params_json;
 
-/// The verl release the agent loop and the generated overrides are written against.
+/// The verl version the agent loop and the generated overrides are written against.
 pub const VERL_VERSION: &str = "0.9.1";
 
 /// The agent loop's files under `python/` (the `agent` external input).
@@ -67,7 +67,7 @@ fn d_rollout() -> String {
     "vllm".into()
 }
 fn d_serve() -> String {
-    format!("http://{}", crate::SERVE_BIND)
+    format!("http://{}", cudarl_rl::SERVE_BIND)
 }
 
 /// Params of `rl-train` with `backend = "verl"`. The names shared with the tch backend mean the
@@ -85,10 +85,10 @@ pub struct Params {
     #[serde(default = "d_steps")]
     pub steps: usize,
     /// Tasks per step (`data.train_batch_size`).
-    #[serde(default = "crate::rl_train::d_tasks")]
+    #[serde(default = "crate::rl_params::d_tasks")]
     pub tasks_per_step: usize,
     /// Episodes per task: the GRPO group (`actor_rollout_ref.rollout.n`).
-    #[serde(default = "crate::rl_train::d_group")]
+    #[serde(default = "crate::rl_params::d_group")]
     pub group_size: usize,
     /// Policy turns per episode (`extra_info.max_turns` and
     /// `actor_rollout_ref.rollout.multi_turn.max_assistant_turns`).
@@ -102,17 +102,17 @@ pub struct Params {
     #[serde(default = "d_prompt_tokens")]
     pub max_prompt_tokens: usize,
     /// Sampling temperature (`actor_rollout_ref.rollout.temperature`).
-    #[serde(default = "crate::rl_train::d_one")]
+    #[serde(default = "crate::rl_params::d_one")]
     pub temperature: f64,
     /// Actor learning rate (`actor_rollout_ref.actor.optim.lr`).
     #[serde(default = "d_lr")]
     pub lr: f64,
     /// KL coefficient to the reference policy (`actor_rollout_ref.actor.kl_loss_coef`, with
     /// `use_kl_loss`, as GRPO in DeepSeekMath, arXiv:2402.03300).
-    #[serde(default = "crate::rl_train::d_kl")]
+    #[serde(default = "crate::rl_params::d_kl")]
     pub kl_coef: f64,
     /// PPO clip ratio (`actor_rollout_ref.actor.clip_ratio`).
-    #[serde(default = "crate::rl_train::d_clip")]
+    #[serde(default = "crate::rl_params::d_clip")]
     pub clip: f64,
     /// GPUs per node (`trainer.n_gpus_per_node`).
     #[serde(default = "d_gpus")]
@@ -291,7 +291,7 @@ fn io(p: &Path) -> impl Fn(std::io::Error) -> StageError + '_ {
 
 impl Stage for VerlLaunch {
     fn kind(&self) -> &str {
-        "rl-train"
+        crate::rl_train::KIND
     }
     fn code_version(&self) -> u32 {
         1

@@ -12,18 +12,10 @@ use tch::{Device, Kind, Tensor, nn};
 use crate::ModelError;
 use crate::generate::{Finish, SampleParams, generate_streaming};
 use crate::model::Qwen2;
-use crate::tokenizer::{ChatTokenizer, Message};
-use crate::train::{Precision, clip_grad_norm};
+use crate::tokenizer::{ChatMessage, ChatTokenizer};
+use crate::train::{ComputeKind, Precision, clip_grad_norm};
 
-/// Which agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Writes a kernel for a task.
-    Generator,
-    /// Revises a kernel given the tester's feedback.
-    Optimizer,
-}
+pub use cudarl_protocol::Role;
 
 /// One sampled completion of a conversation.
 #[derive(Debug, Clone)]
@@ -120,10 +112,10 @@ impl TrainableAgent {
     }
 
     /// `conversation` with the role's system prompt first (unless it has one).
-    pub fn with_system(&self, conversation: &[Message]) -> Vec<Message> {
+    pub fn with_system(&self, conversation: &[ChatMessage]) -> Vec<ChatMessage> {
         let mut v = Vec::with_capacity(conversation.len() + 1);
         if conversation.first().is_none_or(|m| m.role != "system") {
-            v.push(Message::new("system", self.system.clone()));
+            v.push(ChatMessage::new("system", self.system.clone()));
         }
         v.extend_from_slice(conversation);
         v
@@ -136,7 +128,7 @@ impl TrainableAgent {
     /// Rendering or generation errors.
     pub fn generate_with_log_probs(
         &self,
-        conversations: &[Vec<Message>],
+        conversations: &[Vec<ChatMessage>],
         params: &SampleParams,
     ) -> Result<Vec<Completion>, ModelError> {
         self.generate_streaming(conversations, params, &mut |_, _| {})
@@ -150,7 +142,7 @@ impl TrainableAgent {
     /// Rendering or generation errors.
     pub fn generate_streaming(
         &self,
-        conversations: &[Vec<Message>],
+        conversations: &[Vec<ChatMessage>],
         params: &SampleParams,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Completion>, ModelError> {
@@ -166,7 +158,7 @@ impl TrainableAgent {
     pub fn generate_streaming_with(
         &self,
         model: &Qwen2,
-        conversations: &[Vec<Message>],
+        conversations: &[Vec<ChatMessage>],
         params: &SampleParams,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Completion>, ModelError> {

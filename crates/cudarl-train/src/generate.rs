@@ -40,16 +40,7 @@ impl Default for SampleParams {
     }
 }
 
-/// Why a sequence ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// Produced an end-of-sequence token (kept as the last token).
-    Eos,
-    /// The caller's stop check fired (a stop string appeared).
-    Stop,
-    /// Reached `max_new_tokens`.
-    Length,
-}
+pub use cudarl_protocol::Finish;
 
 /// The result for each prompt, in order.
 #[derive(Debug, Clone)]

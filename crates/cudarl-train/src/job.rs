@@ -3,47 +3,27 @@
 //! `cudarl-pipe` binary, and a crash or an out-of-memory kill ends the job, not the pipeline),
 //! and ingest what it wrote into the store.
 //!
-//! Output of every job: files under `out` and one JSON line per event on stdout
-//! (`{"event": "step", ...StepMetrics}`, `{"event": "done", ...}`).
+//! Output of every job: files under `out` and one [`Event`] per line on stdout (the job types
+//! and events are `cudarl_protocol`'s).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 
-use crate::tokenizer::{ChatTokenizer, Message, train_bpe};
-use crate::train::{Example, TrainConfig, train_lm};
+use crate::tokenizer::{ChatMessage, ChatTokenizer, train_bpe};
+use crate::train::{ComputeKind, Example, TrainConfig, train_lm};
 use crate::{ModelError, Qwen2, Qwen2Config};
 
-/// Architecture of a model the pipeline trains itself (`configs/model/*.toml`); the
-/// vocabulary size comes from the tokenizer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelSpec {
-    /// Model width.
-    pub hidden_size: i64,
-    /// SwiGLU inner width.
-    pub intermediate_size: i64,
-    /// Decoder layers.
-    pub num_hidden_layers: i64,
-    /// Query heads.
-    pub num_attention_heads: i64,
-    /// Key/value heads.
-    pub num_key_value_heads: i64,
-    /// Longest sequence.
-    pub max_position_embeddings: i64,
-    /// LM head tied to the embedding.
-    #[serde(default = "yes")]
-    pub tie_word_embeddings: bool,
-    /// RoPE base.
-    #[serde(default = "theta")]
-    pub rope_theta: f64,
+/// The Qwen2 config of a [`ModelSpec`].
+pub trait ModelConfig {
+    /// The Qwen2 config of this architecture with `vocab_size` tokens.
+    fn config(&self, vocab_size: i64) -> Qwen2Config;
 }
 
-impl ModelSpec {
-    /// The Qwen2 config of this architecture with `vocab_size` tokens.
-    pub fn config(&self, vocab_size: i64) -> Qwen2Config {
+impl ModelConfig for ModelSpec {
+    fn config(&self, vocab_size: i64) -> Qwen2Config {
         let mut cfg = Qwen2Config::new(
             vocab_size,
             self.hidden_size,
@@ -59,152 +39,24 @@ impl ModelSpec {
     }
 }
 
-fn yes() -> bool {
-    true
-}
-fn theta() -> f64 {
-    10_000.0
-}
-
-/// One pretraining document (a line of a `pretrain` job's corpus): a JSON string (code, a
-/// problem's source) or a JSON list of chat [`Message`]s, tokenized exactly as SFT and RL
-/// render a conversation ([`ChatTokenizer::render`], the ChatML template), so the text a model
-/// is pretrained on and the prompts it is later asked share their tokens.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Document {
-    /// Plain text.
-    Text(String),
-    /// A conversation.
-    Chat(Vec<Message>),
-}
-
-/// A job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Job {
-    /// Train a byte-level BPE on `corpus` (JSON lines of strings): `out/tokenizer.json`.
-    Tokenizer {
-        /// JSON lines, one string each.
-        corpus: PathBuf,
-        /// Vocabulary size including special tokens.
-        vocab_size: usize,
-        /// Output directory.
-        out: PathBuf,
-    },
-    /// Causal-LM pretraining of a fresh model on `corpus` (JSON lines, each a [`Document`]:
-    /// a string, or a chat rendered with the chat template; each followed by `<|endoftext|>`,
-    /// all tokens trained): `out/model/` in the Hugging Face layout.
-    Pretrain {
-        /// `tokenizer.json`.
-        tokenizer: PathBuf,
-        /// Architecture.
-        model: ModelSpec,
-        /// JSON lines, one [`Document`] each.
-        corpus: PathBuf,
-        /// Optimization.
-        train: TrainConfig,
-        /// `auto` (CUDA when libtorch sees a GPU), `cpu` or `cuda`.
-        device: String,
-        /// Output directory.
-        out: PathBuf,
-    },
-    /// Samples completions of chat prompts (JSON lines of message lists; each rendered with
-    /// the generation prompt) from `model`: `n` per prompt, until `<|im_end|>` or
-    /// `max_new_tokens`; writes `out` (JSON lines: prompt, sample, text, tokens, finish, mean
-    /// log-probability).
-    Sample {
-        /// Model directory (with `tokenizer.json`).
-        model: PathBuf,
-        /// JSON lines of message lists.
-        prompts: PathBuf,
-        /// Samples per prompt.
-        n: usize,
-        /// Most new tokens per sample.
-        max_new_tokens: usize,
-        /// Softmax temperature (0 = greedy).
-        temperature: f64,
-        /// Nucleus mass.
-        top_p: f64,
-        /// Sampling seed.
-        seed: i64,
-        /// `auto`, `cpu` or `cuda`.
-        device: String,
-        /// Output JSON lines file.
-        out: PathBuf,
-    },
-    /// Supervised fine-tuning of `base` (a Hugging Face directory with `tokenizer.json`) on
-    /// chat examples (JSON lines of message lists), loss on assistant tokens only:
-    /// `out/model/`.
-    Sft {
-        /// Base model directory.
-        base: PathBuf,
-        /// JSON lines: `[{"role": ..., "content": ...}, ...]`.
-        data: PathBuf,
-        /// Held-out examples for the evaluation loss (same format).
-        eval_data: PathBuf,
-        /// Optimization.
-        train: TrainConfig,
-        /// `auto`, `cpu` or `cuda`.
-        device: String,
-        /// Output directory.
-        out: PathBuf,
-    },
-    /// The RL trainer: holds both agents and answers requests on stdin
-    /// ([`crate::rl_serve`]).
-    RlServe(crate::rl_serve::RlServe),
-    /// Throughput of this implementation on random tokens: `steps` training steps (forward,
-    /// backward, clipping, AdamW; after `warmup_steps` untimed ones) of a fresh model at
-    /// `batch_size x seq_len`, then greedy generation of `gen_tokens` tokens after a
-    /// `prompt_len`-token prompt at each batch size of `gen_batches` (KV cache, no early stop).
-    /// Prints one `done` event: `train_tokens_per_s`, `generate` (per batch size:
-    /// `tokens_per_s` = new tokens of all rows per second), `peak_memory_bytes` on CUDA.
-    Bench {
-        /// Architecture.
-        model: ModelSpec,
-        /// Vocabulary size.
-        vocab_size: i64,
-        /// Sequences per training step.
-        batch_size: usize,
-        /// Tokens per sequence.
-        seq_len: usize,
-        /// Timed training steps.
-        steps: usize,
-        /// Untimed training steps first (allocator and kernel warm-up).
-        warmup_steps: usize,
-        /// Batch sizes of the generation measurement.
-        gen_batches: Vec<usize>,
-        /// Prompt tokens per row.
-        prompt_len: usize,
-        /// New tokens per row.
-        gen_tokens: usize,
-        /// Compute dtype.
-        #[serde(default)]
-        precision: crate::train::Precision,
-        /// `auto`, `cpu` or `cuda`.
-        device: String,
-    },
-}
+pub use cudarl_protocol::{Document, Event, Job, ModelSpec};
 
 /// Most rows of one `sample` job's generate call (prompts x samples); bounds the KV cache
 /// (`small`, 2k tokens a row: 256 rows hold about 2 GiB of bf16 keys and values).
 pub const SAMPLE_BATCH: usize = 256;
 
-/// The device for `auto`/`cpu`/`cuda`.
+/// The libtorch device of a job's [`cudarl_protocol::Device`].
 ///
 /// # Errors
-/// `cuda` without a GPU, or another name.
-pub fn device(name: &str) -> Result<Device, ModelError> {
-    match name {
-        "cpu" => Ok(Device::Cpu),
-        "auto" => Ok(Device::cuda_if_available()),
-        "cuda" if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
-        "cuda" => Err(ModelError::Generate(
+/// `cuda` without a GPU.
+pub fn device(d: cudarl_protocol::Device) -> Result<Device, ModelError> {
+    match d {
+        cudarl_protocol::Device::Cpu => Ok(Device::Cpu),
+        cudarl_protocol::Device::Auto => Ok(Device::cuda_if_available()),
+        cudarl_protocol::Device::Cuda if tch::Cuda::is_available() => Ok(Device::Cuda(0)),
+        cudarl_protocol::Device::Cuda => Err(ModelError::Generate(
             "device = \"cuda\" but libtorch sees no GPU".into(),
         )),
-        d => Err(ModelError::Generate(format!(
-            "device `{d}`: use auto, cpu or cuda"
-        ))),
     }
 }
 
@@ -228,16 +80,23 @@ pub(crate) fn read_lines<T: serde::de::DeserializeOwned>(
         .collect()
 }
 
-fn emit(v: serde_json::Value) {
+fn emit(e: &Event) {
     let mut o = std::io::stdout().lock();
-    let _ = writeln!(o, "{v}");
+    let _ = writeln!(o, "{}", serde_json::to_string(e).expect("event serializes"));
     let _ = o.flush();
 }
 
 fn step_event(m: &crate::train::StepMetrics) {
-    let mut v = serde_json::to_value(m).expect("metrics serialize");
-    v["event"] = "step".into();
-    emit(v);
+    emit(&Event::Step(m.clone()));
+}
+
+/// The `done` event of a job: its summary, key by key.
+fn done(v: serde_json::Value) {
+    let summary: BTreeMap<String, serde_json::Value> = match v {
+        serde_json::Value::Object(m) => m.into_iter().collect(),
+        _ => BTreeMap::new(),
+    };
+    emit(&Event::Done(summary));
 }
 
 /// Runs `job`.
@@ -256,9 +115,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                 .map_err(|e| ModelError::Io(out.display().to_string(), e))?;
             train_bpe(&texts, *vocab_size, &out.join("tokenizer.json"))?;
             let t = ChatTokenizer::load(&out.join("tokenizer.json"))?;
-            emit(
-                serde_json::json!({"event": "done", "vocab_size": t.vocab_size(), "texts": texts.len()}),
-            );
+            done(serde_json::json!({"vocab_size": t.vocab_size(), "texts": texts.len()}));
         }
         Job::Pretrain {
             tokenizer,
@@ -268,7 +125,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             device: dev,
             out,
         } => {
-            let dev = device(dev)?;
+            let dev = device(*dev)?;
             let tok = ChatTokenizer::load(tokenizer)?;
             let eos = tok.eos.ok_or_else(|| {
                 ModelError::Tokenizer(format!("{}: no <|endoftext|> token", tokenizer.display()))
@@ -306,12 +163,10 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             m.set_compute_kind(train.precision.compute_kind(dev));
             let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
             save(&m, tokenizer, out)?;
-            emit(
-                serde_json::json!({"event": "done", "device": format!("{dev:?}"),
+            done(serde_json::json!({"device": format!("{dev:?}"),
                 "compute_dtype": format!("{:?}", m.compute_kind()),
                 "parameters": m.config.num_parameters(), "train_windows": tr.len(),
-                "eval_windows": ev.len(), "steps": steps.len()}),
-            );
+                "eval_windows": ev.len(), "steps": steps.len()}));
         }
         Job::Sample {
             model,
@@ -324,11 +179,11 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             device: dev,
             out,
         } => {
-            let dev = device(dev)?;
+            let dev = device(*dev)?;
             let tok = ChatTokenizer::load(&model.join("tokenizer.json"))?;
             let mut m = Qwen2::load(model, dev, tch::Kind::Float)?;
             m.set_compute_kind(crate::train::Precision::Auto.compute_kind(dev));
-            let rows: Vec<Vec<Message>> = read_lines(prompts)?;
+            let rows: Vec<Vec<ChatMessage>> = read_lines(prompts)?;
             let mut lines = Vec::new();
             let params = crate::SampleParams {
                 max_new_tokens: *max_new_tokens,
@@ -366,21 +221,24 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                     let (pi, si, _) = chunk[k];
                     new_tokens += toks.len();
                     let lp = &g.log_probs[k];
-                    lines.push(serde_json::json!({
-                        "prompt": pi, "sample": si, "text": tok.decode(toks)?,
-                        "tokens": toks.len(), "finish": format!("{:?}", g.finish[k]),
-                        "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64,
-                    }).to_string());
+                    let line = cudarl_protocol::SampleLine {
+                        prompt: pi,
+                        sample: si,
+                        text: tok.decode(toks)?,
+                        tokens: toks.len(),
+                        finish: g.finish[k],
+                        mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
+                            / lp.len().max(1) as f64,
+                    };
+                    lines.push(serde_json::to_string(&line).expect("sample line serializes"));
                 }
             }
             std::fs::write(out, lines.join("\n") + "\n")
                 .map_err(|e| ModelError::Io(out.display().to_string(), e))?;
             let secs = t0.elapsed().as_secs_f64();
-            emit(
-                serde_json::json!({"event": "done", "device": format!("{dev:?}"),
+            done(serde_json::json!({"device": format!("{dev:?}"),
                 "samples": lines.len(), "new_tokens": new_tokens,
-                "tokens_per_s": new_tokens as f64 / secs.max(1e-9)}),
-            );
+                "tokens_per_s": new_tokens as f64 / secs.max(1e-9)}));
         }
         Job::Sft {
             base,
@@ -390,21 +248,19 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             device: dev,
             out,
         } => {
-            let dev = device(dev)?;
+            let dev = device(*dev)?;
             let tp = base.join("tokenizer.json");
             let tok = ChatTokenizer::load(&tp)?;
             let mut m = Qwen2::load(base, dev, tch::Kind::Float)?;
             m.set_compute_kind(train.precision.compute_kind(dev));
-            let enc = |rows: Vec<Vec<Message>>| crate::train::chat_examples(&tok, &rows);
+            let enc = |rows: Vec<Vec<ChatMessage>>| crate::train::chat_examples(&tok, &rows);
             let tr = enc(read_lines(data)?)?;
             let ev = enc(read_lines(eval_data)?)?;
             let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
             save(&m, &tp, out)?;
-            emit(
-                serde_json::json!({"event": "done", "device": format!("{dev:?}"),
+            done(serde_json::json!({"device": format!("{dev:?}"),
                 "compute_dtype": format!("{:?}", m.compute_kind()),
-                "train_examples": tr.len(), "eval_examples": ev.len(), "steps": steps.len()}),
-            );
+                "train_examples": tr.len(), "eval_examples": ev.len(), "steps": steps.len()}));
         }
         Job::RlServe(j) => crate::rl_serve::serve(j)?,
         Job::Bench {
@@ -419,14 +275,14 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             gen_tokens,
             precision,
             device: dev,
-        } => emit(bench(
+        } => done(bench(
             model,
             *vocab_size,
             (*batch_size, *seq_len, *steps, *warmup_steps),
             gen_batches,
             (*prompt_len, *gen_tokens),
             *precision,
-            device(dev)?,
+            device(*dev)?,
         )?),
     }
     Ok(())
@@ -517,7 +373,7 @@ fn bench(
         );
     }
     Ok(serde_json::json!({
-        "event": "done", "impl": "cudarl-train (tch)", "device": format!("{dev:?}"),
+        "impl": "cudarl-train (tch)", "device": format!("{dev:?}"),
         "compute_dtype": format!("{:?}", m.compute_kind()),
         "parameters": m.config.num_parameters(), "batch_size": bs, "seq_len": len,
         "timed_steps": timed, "train_seconds": secs, "train_tokens_per_s": train_tps,
@@ -549,8 +405,8 @@ mod tests {
         assert_eq!(
             d,
             Document::Chat(vec![
-                Message::new("user", "hi"),
-                Message::new("assistant", "ok")
+                ChatMessage::new("user", "hi"),
+                ChatMessage::new("assistant", "ok")
             ])
         );
         assert!(serde_json::from_str::<Document>(r#"{"text": "x"}"#).is_err());

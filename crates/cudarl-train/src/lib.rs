@@ -17,7 +17,7 @@ pub use agent::{Completion, Role, TrainableAgent};
 pub use config::Qwen2Config;
 pub use generate::{Finish, Generation, PREFILL_BYTES, SampleParams, generate};
 pub use model::{KvCache, Qwen2, set_cudnn_attention};
-pub use tokenizer::{ChatTokenizer, Message};
+pub use tokenizer::{ChatMessage, ChatTokenizer};
 pub use train::{Example, Precision, StepMetrics, TrainConfig, train_lm};
 
 /// This process's share of the GPU while it runs kernels there: the machine-wide lock of

@@ -1,6 +1,5 @@
-//! Policy-gradient arithmetic of multi-turn RL: group-normalized advantages (GRPO), turn credit,
-//! generalized advantage estimation (PPO's critic), and the clipped-ratio loss with a KL penalty
-//! to the frozen reference policy, averaged over the agent's own tokens.
+//! The clipped-ratio policy loss with a KL penalty to the frozen reference policy, averaged over
+//! the agent's own tokens (the advantages come from the caller: `cudarl_rl::credit`).
 //!
 //! Sources: GRPO, Shao et al., "DeepSeekMath", arXiv:2402.03300 (group-normalized advantages,
 //! KL to the reference in the loss, k3 estimator); PPO, Schulman et al., arXiv:1707.06347
@@ -8,28 +7,10 @@
 //! J. Schulman, "Approximating KL Divergence" (2020); token-level averaging over all tokens of
 //! the batch, Yu et al., "DAPO", arXiv:2503.14476.
 
-pub use cudarl_curriculum::credit::{CreditWeights, gae, group_advantages, turn_credits};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-/// Settings of the clipped policy loss.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PgConfig {
-    /// Ratio clip epsilon (PPO: 0.2).
-    pub clip: f64,
-    /// Weight of the KL penalty to the reference policy (GRPO: 0.04; 0.02-0.08).
-    pub kl_coef: f64,
-}
-
-impl Default for PgConfig {
-    fn default() -> Self {
-        PgConfig {
-            clip: 0.2,
-            kl_coef: 0.04,
-        }
-    }
-}
+pub use cudarl_protocol::PgConfig;
 
 /// The loss and what it is made of (detached scalars).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -29,146 +29,29 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use cudarl_protocol::{Generated, Reply, Request, Sample, UpdateStats};
 use tch::{Kind, Tensor};
 
 use tch::nn::{self, Module, OptimizerConfig};
 
 use crate::agent::{AgentOptim, Completion, Role, TrainableAgent};
-use crate::rl::{PgConfig, clipped_pg_loss};
-use crate::tokenizer::Message;
-use crate::train::{Example, Precision};
+use crate::rl::clipped_pg_loss;
+use crate::tokenizer::ChatMessage;
+use crate::train::{ComputeKind, Example};
 use crate::{ModelError, Qwen2, SampleParams};
 
-/// Settings of the RL trainer process (the `rl-serve` job).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RlServe {
-    /// The generator's starting checkpoint (Hugging Face directory with `tokenizer.json`).
-    pub generator: PathBuf,
-    /// The optimizer's starting checkpoint.
-    pub optimizer: PathBuf,
-    /// The generator's system prompt.
-    pub generator_system: String,
-    /// The optimizer's system prompt.
-    pub optimizer_system: String,
-    /// `auto`, `cpu` or `cuda`.
-    pub device: String,
-    /// Compute dtype.
-    #[serde(default)]
-    pub precision: Precision,
-    /// AdamW learning rate (both agents, or the optimizer alone with `generator_lr`).
-    pub lr: f64,
-    /// The generator's AdamW learning rate (absent: `lr`).
-    #[serde(default)]
-    pub generator_lr: Option<f64>,
-    /// Loss settings.
-    pub pg: PgConfig,
-    /// Completions per optimizer step.
-    pub minibatch: usize,
-    /// `grpo` (group-normalized advantages from the stage, no critic) or `ppo` (a value head
-    /// per agent; the stage computes GAE advantages from its estimates).
-    #[serde(default)]
-    pub algorithm: Algorithm,
-    /// Optimizer steps of linear learning-rate warmup ([`AgentOptim::warmup`]).
-    #[serde(default)]
-    pub warmup: usize,
-    /// AdamW learning rate of PPO's value heads.
-    #[serde(default = "d_value_lr")]
-    pub value_lr: f64,
-    /// Early stop of an update (absent: every minibatch steps): before each minibatch's step
-    /// the approximate KL from the policy that generated the completions to the current one,
-    /// `mean_tokens(old_logp - logp)` (nats per token), is measured, and once it passes
-    /// `1.5 * target_kl` the update's remaining minibatches are skipped. The rule and the 1.5
-    /// are OpenAI Spinning Up's PPO (Achiam, 2018, `target_kl`, also Stable-Baselines3's
-    /// `target_kl`). The first minibatch always steps (nothing has moved yet).
-    #[serde(default)]
-    pub target_kl: Option<f64>,
-    /// Passes over an update's minibatches (GRPO's mu iterations, Shao et al. 2024,
-    /// DeepSeekMath, Algorithm 1; PPO's epochs, Schulman et al. 2017). The old log-probabilities
-    /// of the ratio are those of the policy that sampled the completions, computed once before
-    /// the first pass, so a token whose ratio has left the clip range in the direction of its
-    /// advantage gets no more policy gradient in later passes (other tokens' steps can still
-    /// move it: on the H100 a few sampled tokens fell by several nats in the first update of
-    /// four passes, `benchmarks/results/rl_epochs_h100_2026-11-24.json`); `target_kl` is
-    /// checked before every minibatch of every pass.
-    /// 0 counts as 1.
-    #[serde(default = "d_epochs")]
-    pub epochs: usize,
-    /// PPO-ptx (absent: off): every minibatch step also fits the agent's SFT examples.
-    #[serde(default)]
-    pub ptx: Option<Ptx>,
-}
+pub use cudarl_protocol::rl::TARGET_KL_MARGIN;
+pub use cudarl_protocol::{Algorithm, Ptx, RlServe};
 
-/// PPO-ptx (Ouyang et al. 2022, "Training language models to follow instructions with human
-/// feedback", section 3.5: the RL objective plus `gamma` times the log-likelihood of the
-/// pretraining distribution, against the "alignment tax", regressions outside what RL
-/// practises). Here the distribution is each agent's own SFT data: every minibatch step adds
-/// `coef` times the mean masked next-token cross-entropy (nats per assistant token,
-/// [`crate::train::loss_of`]) of the next `batch` SFT conversations of that agent, taken in a
-/// `seed`-shuffled order and cycled. Measured (H100): the generator's first-update k3 KL
-/// 1.03 -> 0.006 nats per token and its hold-out first turns unchanged from SFT's
-/// (`benchmarks/results/rl_ptx_h100_2026-11-24_main_job.json`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Ptx {
-    /// Weight of the SFT cross-entropy in each minibatch's loss (InstructGPT's `gamma`).
-    pub coef: f64,
-    /// SFT conversations per minibatch step.
-    pub batch: usize,
-    /// The generator's SFT conversations: JSON lines, each a list of `{role, content}`
-    /// (the `messages_json` of `sft-data`'s `sft_generator` train split).
-    pub generator: PathBuf,
-    /// The optimizer's (`sft_optimizer`).
-    pub optimizer: PathBuf,
-    /// Longer conversations are cut to this many tokens.
-    #[serde(default = "d_ptx_len")]
-    pub max_len: usize,
-    /// Shuffling seed of the SFT order.
-    #[serde(default)]
-    pub seed: u64,
-}
-
-fn d_ptx_len() -> usize {
-    1024
-}
-
-fn d_epochs() -> usize {
-    1
-}
-
-/// Spinning Up's margin over `target_kl` before an update stops (see [`RlServe::target_kl`]).
-pub const TARGET_KL_MARGIN: f64 = 1.5;
-
-fn d_value_lr() -> f64 {
-    1e-3
-}
-
-impl RlServe {
-    /// The AdamW settings of the generator and of the optimizer: `generator_lr` (else `lr`)
-    /// and `lr`, the same warmup.
-    pub fn agent_optims(&self) -> [AgentOptim; 2] {
-        let optim = |lr| AgentOptim {
-            lr,
-            warmup: self.warmup,
-            ..Default::default()
-        };
-        [optim(self.generator_lr.unwrap_or(self.lr)), optim(self.lr)]
-    }
-}
-
-/// The policy-gradient algorithm of an RL run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    /// GRPO: advantages normalized within groups of episodes of the same task (Shao et al.,
-    /// arXiv:2402.03300); no critic.
-    #[default]
-    Grpo,
-    /// PPO with a learned value function and GAE advantages (Schulman et al.,
-    /// arXiv:1707.06347, arXiv:1506.02438).
-    Ppo,
+/// The AdamW settings of the generator and of the optimizer of `job`: `generator_lr` (else
+/// `lr`) and `lr`, the same warmup.
+pub fn agent_optims(job: &RlServe) -> [AgentOptim; 2] {
+    let optim = |lr| AgentOptim {
+        lr,
+        warmup: job.warmup,
+        ..Default::default()
+    };
+    [optim(job.generator_lr.unwrap_or(job.lr)), optim(job.lr)]
 }
 
 /// PPO's critic for one agent: a two-layer MLP `h -> h -> 1` (tanh) on the policy's last
@@ -216,7 +99,7 @@ struct Server {
     /// PPO-ptx's SFT conversations per agent, in the seed's order (empty when off), and the
     /// next one to use; each is rendered when a minibatch takes it (a run of five 64-episode
     /// steps uses about 320 per agent of some 7,000).
-    ptx: [(Vec<Vec<Message>>, usize); 2],
+    ptx: [(Vec<Vec<ChatMessage>>, usize); 2],
 }
 
 impl Server {
@@ -226,55 +109,10 @@ impl Server {
     }
 }
 
-fn idx(role: Role) -> usize {
-    match role {
-        Role::Generator => 0,
-        Role::Optimizer => 1,
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
-enum Request {
-    Generate {
-        agent: Role,
-        conversations: Vec<Vec<Message>>,
-        max_new_tokens: usize,
-        temperature: f64,
-        top_p: f64,
-        seed: i64,
-        #[serde(default)]
-        stream: bool,
-        /// Sample from the agent's frozen reference (the checkpoint it started from) instead of
-        /// the policy: `rl-train`'s `control`. Such completions are not kept (no `id`): they
-        /// cannot be trained on.
-        #[serde(default)]
-        reference: bool,
-    },
-    Update {
-        agent: Role,
-        samples: Vec<Sample>,
-    },
-    Save {
-        dir: PathBuf,
-    },
-    Quit,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Sample {
-    id: u64,
-    advantage: f64,
-    /// PPO's value target (GAE advantage + the value estimate at generation time).
-    #[serde(default, rename = "return")]
-    ret: Option<f64>,
-}
-
 impl Server {
     fn new(job: RlServe) -> Result<Server, ModelError> {
-        let dev = crate::job::device(&job.device)?;
-        let [go, oo] = job.agent_optims();
+        let dev = crate::job::device(job.device)?;
+        let [go, oo] = agent_optims(&job);
         let load = |dir: &PathBuf, role, system: &str, optim| {
             TrainableAgent::load(dir, role, system, dev, job.precision, optim)
         };
@@ -300,7 +138,7 @@ impl Server {
             None => [(Vec::new(), 0), (Vec::new(), 0)],
             Some(p) => {
                 let load = |path: &PathBuf| -> Result<_, ModelError> {
-                    let mut rows: Vec<Option<Vec<Message>>> = crate::job::read_lines(path)?
+                    let mut rows: Vec<Option<Vec<ChatMessage>>> = crate::job::read_lines(path)?
                         .into_iter()
                         .map(Some)
                         .collect();
@@ -322,7 +160,7 @@ impl Server {
         })
     }
 
-    fn handle(&mut self, req: Request, out: &mut dyn Write) -> Result<Option<Value>, ModelError> {
+    fn handle(&mut self, req: Request, out: &mut dyn Write) -> Result<Option<Reply>, ModelError> {
         let t0 = Instant::now();
         Ok(Some(match req {
             Request::Generate {
@@ -343,21 +181,17 @@ impl Server {
                     use_cache: true,
                     ..Default::default()
                 };
-                let a = &self.agents[idx(agent)];
+                let a = &self.agents[agent.index()];
                 let model = if reference {
-                    &self.refs[idx(agent)]
+                    &self.refs[agent.index()]
                 } else {
                     &a.model
                 };
                 let comps =
                     a.generate_streaming_with(model, &conversations, &p, &mut |i, text| {
                         if stream {
-                            let _ = writeln!(
-                                out,
-                                "{}",
-                                json!({"ok": true, "partial": {"index": i, "text": text}})
-                            );
-                            let _ = out.flush();
+                            let text = text.to_string();
+                            write_reply(out, &Reply::Partial { index: i, text });
                         }
                     })?;
                 let values: Option<Vec<f64>> = match &self.critics {
@@ -365,7 +199,7 @@ impl Server {
                         let prompts: Vec<&[i64]> =
                             comps.iter().map(|c| c.prompt_ids.as_slice()).collect();
                         let st = TrainableAgent::prompt_states(&a.model, &prompts)?;
-                        let v = tch::no_grad(|| c[idx(agent)].values(&st));
+                        let v = tch::no_grad(|| c[agent.index()].values(&st));
                         Some(Vec::<f64>::try_from(v.to_kind(Kind::Double))?)
                     }
                     _ => None,
@@ -378,10 +212,15 @@ impl Server {
                         self.next_id += 1;
                         self.next_id - 1
                     });
-                    out.push(json!({"id": id, "text": c.text, "tokens": c.ids.len(),
-                        "finish": format!("{:?}", c.finish),
-                        "mean_log_prob": lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64,
-                        "value": values.as_ref().map(|v| v[ci])}));
+                    out.push(cudarl_protocol::Completion {
+                        id,
+                        text: c.text.clone(),
+                        tokens: c.ids.len(),
+                        finish: c.finish,
+                        mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
+                            / lp.len().max(1) as f64,
+                        value: values.as_ref().map(|v| v[ci]),
+                    });
                     if let Some(id) = id {
                         self.kept.insert(
                             id,
@@ -393,20 +232,23 @@ impl Server {
                         );
                     }
                 }
-                json!({"ok": true, "completions": out, "seconds": t0.elapsed().as_secs_f64()})
+                Reply::Generated(Generated {
+                    completions: out,
+                    seconds: t0.elapsed().as_secs_f64(),
+                })
             }
             Request::Update { agent, samples } => {
-                let mut v =
-                    serde_json::to_value(self.update(agent, &samples)?).expect("stats serialize");
+                let mut st = self.update(agent, &samples)?;
                 self.kept.retain(|_, k| k.role != agent);
-                v["ok"] = true.into();
-                v["seconds"] = t0.elapsed().as_secs_f64().into();
-                v
+                st.seconds = t0.elapsed().as_secs_f64();
+                Reply::Updated(st)
             }
             Request::Save { dir } => {
                 self.agents[0].save(&dir.join("generator"))?;
                 self.agents[1].save(&dir.join("optimizer"))?;
-                json!({"ok": true, "seconds": t0.elapsed().as_secs_f64()})
+                Reply::Saved {
+                    seconds: t0.elapsed().as_secs_f64(),
+                }
             }
             Request::Quit => return Ok(None),
         }))
@@ -439,8 +281,8 @@ impl Server {
             return Ok(st);
         }
         let mb = self.job.minibatch.max(1);
-        let (a, r) = (&mut self.agents[idx(agent)], &self.refs[idx(agent)]);
-        let mut critic = self.critics.as_mut().map(|c| &mut c[idx(agent)]);
+        let (a, r) = (&mut self.agents[agent.index()], &self.refs[agent.index()]);
+        let mut critic = self.critics.as_mut().map(|c| &mut c[agent.index()]);
         let mut n_mb = 0.0;
         // The minibatches once: (prompt, completion) pairs, sampling temperature, advantages.
         let kept = &self.kept;
@@ -496,9 +338,9 @@ impl Server {
             let (pg, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
             // PPO-ptx: the next `batch` SFT conversations of this agent, cycled.
             let loss = match &self.job.ptx {
-                Some(p) if p.batch > 0 && !self.ptx[idx(agent)].0.is_empty() => {
-                    let (rows, next) = &mut self.ptx[idx(agent)];
-                    let take: Vec<&Vec<Message>> = (0..p.batch)
+                Some(p) if p.batch > 0 && !self.ptx[agent.index()].0.is_empty() => {
+                    let (rows, next) = &mut self.ptx[agent.index()];
+                    let take: Vec<&Vec<ChatMessage>> = (0..p.batch)
                         .map(|j| &rows[(*next + j) % rows.len()])
                         .collect();
                     *next = (*next + p.batch) % rows.len();
@@ -549,40 +391,6 @@ impl Server {
 /// the advantages `[b]`, the value targets `[b]` (PPO; zeros with GRPO).
 type Minibatch<'a> = (Vec<(&'a [i64], &'a [i64])>, f64, Tensor, Tensor);
 
-/// What one `update` did (means over its minibatches; `tokens` summed).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct UpdateStats {
-    /// Total loss.
-    pub loss: f64,
-    /// Clipped-surrogate part.
-    pub pg_loss: f64,
-    /// k3 KL to the reference, per token.
-    pub kl: f64,
-    /// Fraction of clipped tokens.
-    pub clip_frac: f64,
-    /// Mean per-token entropy of the policy (nats) before the update.
-    pub entropy: f64,
-    /// Tokens trained on.
-    pub tokens: f64,
-    /// Gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Completions trained on.
-    pub samples: usize,
-    /// PPO's value loss `0.5 (V - return)^2` (0 with GRPO).
-    pub value_loss: f64,
-    /// The largest approximate KL (nats per token, `mean(old_logp - logp)`) from the
-    /// generating policy to the current one measured before a minibatch's step.
-    pub max_approx_kl: f64,
-    /// Minibatch steps (over all `epochs` passes) left undone because `max_approx_kl` passed
-    /// 1.5 `target_kl` ([`RlServe::target_kl`]; 0 without one).
-    pub skipped_minibatches: usize,
-    /// AdamW steps taken (at most `epochs` x minibatches).
-    pub steps: usize,
-    /// PPO-ptx: mean SFT cross-entropy (nats per assistant token) of the minibatches that
-    /// stepped, before their step ([`Ptx`]; 0 when off).
-    pub ptx_loss: f64,
-}
-
 /// Runs the request loop on stdin/stdout until `quit` or end of input.
 ///
 /// # Errors
@@ -591,35 +399,52 @@ pub fn serve(job: &RlServe) -> Result<(), ModelError> {
     let mut server = Server::new(job.clone())?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{}", json!({"ok": true, "ready": true}));
-    let _ = out.flush();
+    write_reply(&mut out, &Reply::Ready);
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         if line.trim().is_empty() {
             continue;
         }
-        let resp = match serde_json::from_str::<Request>(&line) {
-            Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Err(e) => Reply::Error(format!("bad request: {e}")),
             // The GPU, shared, for the request (generate, update, save): the harness's timing
             // waits between requests.
             Ok(req) => match crate::GpuShare::hold(server.device())
                 .and_then(|_gpu| server.handle(req, &mut out))
             {
-                Ok(Some(v)) => v,
+                Ok(Some(r)) => r,
                 Ok(None) => break,
-                Err(e) => json!({"ok": false, "error": e.to_string()}),
+                Err(e) => Reply::Error(e.to_string()),
             },
         };
-        let _ = writeln!(out, "{resp}");
-        let _ = out.flush();
+        write_reply(&mut out, &reply);
     }
     Ok(())
+}
+
+/// One reply line, flushed.
+fn write_reply(out: &mut dyn Write, r: &Reply) {
+    let _ = writeln!(
+        out,
+        "{}",
+        serde_json::to_string(r).expect("reply serializes")
+    );
+    let _ = out.flush();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
     use std::path::Path;
+
+    /// A `generate` reply's body as JSON (for indexing in tests).
+    fn generated(r: Option<Reply>) -> Value {
+        match r {
+            Some(Reply::Generated(g)) => serde_json::to_value(g).unwrap(),
+            other => panic!("expected a generated reply: {other:?}"),
+        }
+    }
 
     fn job(extra: &str) -> RlServe {
         serde_json::from_str(&format!(
@@ -668,7 +493,7 @@ mod tests {
     fn generate4(s: &mut Server, max_new_tokens: usize, seed: i64, reference: bool) -> Value {
         let req = Request::Generate {
             agent: Role::Generator,
-            conversations: vec![vec![Message::new("user", "Write k.")]; 4],
+            conversations: vec![vec![ChatMessage::new("user", "Write k.")]; 4],
             max_new_tokens,
             temperature: 1.0,
             top_p: 1.0,
@@ -676,7 +501,7 @@ mod tests {
             stream: false,
             reference,
         };
-        s.handle(req, &mut Vec::new()).unwrap().unwrap()
+        generated(s.handle(req, &mut Vec::new()).unwrap())
     }
 
     /// Advantages +1, -1, +1, -1 for a `generate` answer's completions.
@@ -812,8 +637,8 @@ mod tests {
         let (d, m) = tiny_model();
         let conv = |i: usize, role_text: &str| {
             serde_json::to_string(&vec![
-                Message::new("user", format!("Write k{i}.")),
-                Message::new(
+                ChatMessage::new("user", format!("Write k{i}.")),
+                ChatMessage::new(
                     "assistant",
                     format!("__global__ void k{i}(float* x) {{ x[threadIdx.x] *= {role_text}; }}"),
                 ),
@@ -900,7 +725,7 @@ mod tests {
             let generate = |s: &mut Server, reference: bool| {
                 let req = Request::Generate {
                     agent: Role::Generator,
-                    conversations: vec![vec![Message::new("user", "Write k.")]; 16],
+                    conversations: vec![vec![ChatMessage::new("user", "Write k.")]; 16],
                     max_new_tokens: 8,
                     temperature: 1.0,
                     top_p: 1.0,
@@ -908,7 +733,7 @@ mod tests {
                     stream: false,
                     reference,
                 };
-                s.handle(req, &mut Vec::new()).unwrap().unwrap()
+                generated(s.handle(req, &mut Vec::new()).unwrap())
             };
             let texts = |v: &Value| -> Vec<f64> {
                 v["completions"]
@@ -923,7 +748,13 @@ mod tests {
             let rewards = texts(&r);
             policy.push(mean(&rewards));
             let paid: Vec<f64> = rewards.iter().map(|x| sign * x).collect();
-            let adv = crate::rl::group_advantages(&paid, &[0; 16], 0.0);
+            // One GRPO group (Shao et al., arXiv:2402.03300): (r - mean) / std.
+            let m = mean(&paid);
+            let sd = (paid.iter().map(|x| (x - m).powi(2)).sum::<f64>() / paid.len() as f64).sqrt();
+            let adv: Vec<f64> = paid
+                .iter()
+                .map(|x| if sd < 1e-12 { 0.0 } else { (x - m) / sd })
+                .collect();
             let samples = r["completions"]
                 .as_array()
                 .unwrap()
@@ -939,8 +770,8 @@ mod tests {
                 agent: Role::Generator,
                 samples,
             };
-            let st = s.handle(req, &mut Vec::new()).unwrap().unwrap();
-            assert_eq!(st["ok"], true, "{st}");
+            let st = s.handle(req, &mut Vec::new()).unwrap();
+            assert!(matches!(st, Some(Reply::Updated(_))), "{st:?}");
         }
         (policy, control)
     }
@@ -973,12 +804,12 @@ mod tests {
 
     #[test]
     fn the_generator_learns_at_generator_lr_else_at_lr() {
-        let [g, o] = job("").agent_optims();
+        let [g, o] = agent_optims(&job(""));
         assert_eq!((g.lr, o.lr), (2e-5, 2e-5));
-        let [g, o] = job(r#", "generator_lr": 5e-6"#).agent_optims();
+        let [g, o] = agent_optims(&job(r#", "generator_lr": 5e-6"#));
         assert_eq!((g.lr, o.lr), (5e-6, 2e-5));
         assert_eq!((g.warmup, o.warmup), (3, 3));
-        let [g, _] = job(r#", "generator_lr": 0.0"#).agent_optims();
+        let [g, _] = agent_optims(&job(r#", "generator_lr": 0.0"#));
         assert_eq!(g.lr, 0.0, "0 freezes the generator");
     }
 }

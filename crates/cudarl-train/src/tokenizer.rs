@@ -15,12 +15,12 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
 use crate::ModelError;
+pub use cudarl_protocol::ChatMessage;
 
 /// End of a document (pretraining) and of a generation when no chat turn is open.
 pub const EOS: &str = "<|endoftext|>";
@@ -28,25 +28,6 @@ pub const EOS: &str = "<|endoftext|>";
 pub const IM_START: &str = "<|im_start|>";
 /// Closes a chat turn (the end-of-sequence token of chat generation).
 pub const IM_END: &str = "<|im_end|>";
-
-/// One chat message (`role`: `system`, `user` or `assistant`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl Message {
-    /// A message.
-    pub fn new(role: &str, content: impl Into<String>) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
 
 fn terr(file: &str, e: impl std::fmt::Display) -> ModelError {
     ModelError::Tokenizer(format!("{file}: {e}"))
@@ -149,7 +130,7 @@ impl ChatTokenizer {
     /// Tokenizer errors.
     pub fn render(
         &self,
-        messages: &[Message],
+        messages: &[ChatMessage],
         generation_prompt: bool,
     ) -> Result<(Vec<i64>, Vec<bool>), ModelError> {
         let nl = self.encode("\n")?;

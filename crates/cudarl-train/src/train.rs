@@ -11,7 +11,7 @@ use tch::{Kind, Tensor, nn};
 
 use crate::ModelError;
 use crate::model::Qwen2;
-use crate::tokenizer::{ChatTokenizer, Message};
+use crate::tokenizer::{ChatMessage, ChatTokenizer};
 
 /// One training sequence: token ids and, per token, whether predicting it counts in the loss.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,113 +22,22 @@ pub struct Example {
     pub mask: Vec<bool>,
 }
 
-/// Optimization settings (defaults: the SFT recipe).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainConfig {
-    /// Passes over the training set.
-    pub epochs: usize,
-    /// Sequences per step.
-    pub batch_size: usize,
-    /// Longer sequences are cut to this many tokens.
-    pub max_len: usize,
-    /// Peak learning rate.
-    pub lr: f64,
-    /// Warmup steps (linear from 0 to `lr`); a fraction of the total when < 1.
-    pub warmup: f64,
-    /// The cosine decays to `min_lr_ratio * lr` at the last step.
-    pub min_lr_ratio: f64,
-    /// AdamW decoupled weight decay.
-    pub weight_decay: f64,
-    /// AdamW betas.
-    pub betas: (f64, f64),
-    /// Global L2 norm the gradients are clipped to.
-    pub grad_clip: f64,
-    /// Evaluate every this many steps (and at the end); 0 = only at the end.
-    pub eval_every: usize,
-    /// Shuffling seed (and libtorch's).
-    pub seed: u64,
-    /// Stop after this many steps (the schedule spans them); `None` = all epochs.
-    pub max_steps: Option<usize>,
-    /// Compute dtype: `auto` (bf16 autocast on a GPU with float32 master weights, float32 on
-    /// the CPU), `f32` or `bf16`.
-    pub precision: Precision,
-    /// Batch examples of similar length together (`transformers`' `group_by_length`, its
-    /// `LengthGroupedSampler`; [`epoch_batches`]): a batch is right-padded to its longest
-    /// example, and random batches of `make run`'s CPU SFT conversations spend 43-45% of their
-    /// tokens on padding. The same examples and steps per epoch either way. Off by default:
-    /// measured on the H100, the generator's SFT 43.2 s grouped vs 40.7 s not and the
-    /// optimizer's 64.4 s vs 72.8 s, about 5% of the two together, and on 2 CPU cores 13.4 s vs
-    /// 15.2 s and 9.4 s vs 9.7 s; the SFT draw trained grouped was within the range of the
-    /// others (hold-out pass 0.309, compile 0.890;
-    /// `benchmarks/results/rl_ptx_h100_2026-11-24_coef_sweep.json`).
-    pub group_by_length: bool,
+pub use cudarl_protocol::{Precision, StepMetrics, TrainConfig};
+
+/// The compute dtype of a [`Precision`] on a device.
+pub trait ComputeKind {
+    /// The compute dtype on `device` (`None` = the parameters' float32): bf16 on CUDA for
+    /// `auto` and `bf16`, bf16 on the CPU only for `bf16`.
+    fn compute_kind(self, device: tch::Device) -> Option<Kind>;
 }
 
-/// The dtype activations and matrix products are computed in; parameters and AdamW state stay
-/// float32 in every case (mixed precision as in `torch.autocast`, Micikevicius et al. 2018).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// bf16 on a CUDA device, float32 on the CPU.
-    #[default]
-    Auto,
-    /// float32 everywhere.
-    F32,
-    /// bf16 (also on the CPU, where it is slow; for tests).
-    Bf16,
-}
-
-impl Precision {
-    /// The compute dtype on `device` (`None` = the parameters' float32).
-    pub fn compute_kind(self, device: tch::Device) -> Option<Kind> {
+impl ComputeKind for Precision {
+    fn compute_kind(self, device: tch::Device) -> Option<Kind> {
         match (self, device) {
             (Precision::F32, _) | (Precision::Auto, tch::Device::Cpu) => None,
             _ => Some(Kind::BFloat16),
         }
     }
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            epochs: 2,
-            batch_size: 8,
-            max_len: 1024,
-            lr: 1e-3,
-            warmup: 0.05,
-            min_lr_ratio: 0.1,
-            weight_decay: 0.1,
-            betas: (0.9, 0.95),
-            grad_clip: 1.0,
-            eval_every: 50,
-            seed: 0,
-            max_steps: None,
-            precision: Precision::Auto,
-            group_by_length: false,
-        }
-    }
-}
-
-/// Metrics of one optimizer step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StepMetrics {
-    /// 1-based step.
-    pub step: usize,
-    /// 0-based epoch.
-    pub epoch: usize,
-    /// Mean cross-entropy (nats per trained token) of this step's batch.
-    pub loss: f64,
-    /// Learning rate used.
-    pub lr: f64,
-    /// Gradient L2 norm before clipping.
-    pub grad_norm: f64,
-    /// Trained tokens in the batch.
-    pub tokens: usize,
-    /// All tokens (trained or not) processed per second in this step.
-    pub tokens_per_s: f64,
-    /// Mean loss on the evaluation set, at evaluation steps.
-    pub eval_loss: Option<f64>,
 }
 
 /// Learning rate at `step` (1-based) of `total`: linear warmup, then cosine to
@@ -184,7 +93,7 @@ fn batch(examples: &[&Example], max_len: usize, dev: tch::Device) -> (Tensor, Te
 ///
 /// # Errors
 /// Tokenizer errors.
-pub fn chat_examples<R: AsRef<[Message]> + Sync>(
+pub fn chat_examples<R: AsRef<[ChatMessage]> + Sync>(
     tok: &ChatTokenizer,
     rows: &[R],
 ) -> Result<Vec<Example>, ModelError> {

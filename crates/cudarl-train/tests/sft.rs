@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use cudarl_train::tokenizer::{ChatTokenizer, Message, train_bpe};
+use cudarl_train::tokenizer::{ChatMessage, ChatTokenizer, train_bpe};
 use cudarl_train::train::{Example, TrainConfig, evaluate, train_lm};
 use cudarl_train::{Qwen2, Qwen2Config};
 use tch::Device;
@@ -50,9 +50,9 @@ fn bpe_is_deterministic_round_trips_and_masks_assistant_tokens() {
     );
     assert_eq!(t.decode(&ids).unwrap(), src);
     let msgs = [
-        Message::new("system", "You write CUDA kernels."),
-        Message::new("user", "Write relu."),
-        Message::new("assistant", "__global__ void relu() {}"),
+        ChatMessage::new("system", "You write CUDA kernels."),
+        ChatMessage::new("user", "Write relu."),
+        ChatMessage::new("assistant", "__global__ void relu() {}"),
     ];
     let (ids, mask) = t.render(&msgs, false).unwrap();
     assert_eq!(ids.len(), mask.len());
@@ -90,8 +90,8 @@ fn tiny_model_sft_loss_falls() {
         .enumerate()
         .map(|(i, k)| {
             let msgs = [
-                Message::new("user", format!("Write kernel number {i}.")),
-                Message::new("assistant", k.chars().take(400).collect::<String>()),
+                ChatMessage::new("user", format!("Write kernel number {i}.")),
+                ChatMessage::new("assistant", k.chars().take(400).collect::<String>()),
             ];
             let (ids, mask) = t.render(&msgs, false).unwrap();
             Example { ids, mask }

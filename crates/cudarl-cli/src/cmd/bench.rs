@@ -688,7 +688,7 @@ fn train_throughput(
             .find_map(|l| serde_json::from_str(l).ok())
             .ok_or_else(|| CliError::failed(format!("{}: no JSON result", exe.display())))
     };
-    let ours = last_json(&cudarl_stages::train_stages::trainer_exe(), &[&jp])?;
+    let ours = last_json(&cudarl_rl::trainer::trainer_exe(), &[&jp])?;
     let script = ctx.root.join("python/bench_transformers.py");
     let base = last_json(&cudarl_cuda::pyworker::python(&ctx.root), &[&script, &jp])?;
     let ratio = |a: &serde_json::Value, b: &serde_json::Value| {

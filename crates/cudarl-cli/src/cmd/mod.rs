@@ -494,7 +494,7 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
                 .eq(["file", "digest", "bytes"])
         {
             let dir = to.join(format!("{node}.{name}"));
-            cudarl_stages::train_stages::materialize(engine.store(), &src, &dir)
+            cudarl_stages::common::materialize(engine.store(), &src, &dir)
                 .map_err(|e| CliError::failed(e.to_string()))?;
             println!("{}", dir.display());
         }

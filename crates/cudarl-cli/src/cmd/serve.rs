@@ -17,7 +17,7 @@ use super::{CliError, Ctx};
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on (port 0: any free port).
-    #[arg(long, default_value = cudarl_stages::SERVE_BIND)]
+    #[arg(long, default_value = cudarl_rl::SERVE_BIND)]
     pub bind: SocketAddr,
     /// Most requests in the service at once (waiting or running); one more gets 429.
     #[arg(long, default_value_t = 64)]
@@ -66,7 +66,7 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
     )
     .map_err(CliError::failed)?;
     let rel = format!("configs/reward/{}.toml", a.reward);
-    let reward = cudarl_stages::reward::RewardConfig::load(&ctx.root.join(&rel), &rel)
+    let reward = cudarl_rl::reward::RewardConfig::load(&ctx.root.join(&rel), &rel)
         .map_err(CliError::usage)?;
     let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
     let gpu = (a.mode != Mode::Compile)

@@ -16,21 +16,11 @@ use cudarl_cuda::Verdict;
 use cudarl_cuda::static_check::strip_c_comments_and_strings;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_curriculum::prompts::{self, ChatMessage, TaskView};
-use serde::{Deserialize, Serialize};
+use cudarl_protocol::Role;
+use serde::Serialize;
 
-use cudarl_curriculum::credit::turn_credits;
-
+use crate::credit::turn_credits;
 use crate::reward::{RewardComponents, RewardConfig, score};
-
-/// Which agent speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Writes the first kernel.
-    Generator,
-    /// Revises it.
-    Optimizer,
-}
 
 /// One sampled answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -662,7 +652,7 @@ mod tests {
             ],
             seen: vec![],
         };
-        let mut harness = crate::rollout::Harness {
+        let mut harness = crate::harness::Harness {
             compiler: cudarl_cuda::Compiler {
                 nvcc,
                 arch: "sm_90".into(),
@@ -748,7 +738,7 @@ mod tests {
         // PPO's targets for this episode by hand: rewards 0.3 r_t (+ 0.7 R on the last turn),
         // no critic values (0): r = (0, 0, 0.3*0.55 + 0.7*0.55 = 0.55); gamma 1, lambda 0.95:
         // A2 = 0.55, A1 = 0.95 * 0.55, A0 = 0.95^2 * 0.55; targets = A (values 0).
-        let t = crate::rl_train::ppo_targets(&eps, &cfg.credit, 1.0, 0.95);
+        let t = crate::step::ppo_targets(&eps, &cfg.credit, 1.0, 0.95);
         let want = [0.9025 * 0.55, 0.95 * 0.55, 0.55];
         for ((a, r), w) in t[0].iter().zip(want) {
             assert!((a - w).abs() < 1e-12 && (r - w).abs() < 1e-12, "{:?}", t[0]);
@@ -759,7 +749,7 @@ mod tests {
         for (t, v) in e2.turns.iter_mut().zip([0.2, 0.4, 0.5]) {
             t.value = Some(v);
         }
-        let t = crate::rl_train::ppo_targets(&[e2], &cfg.credit, 1.0, 0.95);
+        let t = crate::step::ppo_targets(&[e2], &cfg.credit, 1.0, 0.95);
         let want = [(0.340_125, 0.540_125), (0.1475, 0.5475), (0.05, 0.55)];
         for ((a, r), (wa, wr)) in t[0].iter().zip(want) {
             assert!((a - wa).abs() < 1e-9 && (r - wr).abs() < 1e-9, "{:?}", t[0]);
@@ -776,11 +766,5 @@ mod tests {
         e3.turns[2].reward.has_code = false;
         e3.turns[0].reward.has_code = false;
         assert_eq!(e3.best_turn().unwrap().turn, 0, "the earliest on full ties");
-        let w = crate::rl_train::whiten(&[1.0, 3.0]);
-        assert!(
-            (w[0] + 1.0).abs() < 1e-5 && (w[1] - 1.0).abs() < 1e-5,
-            "{w:?}"
-        );
-        assert_eq!(crate::rl_train::whiten(&[2.0]), vec![0.0]);
     }
 }

@@ -1,201 +1,21 @@
-//! What `rl-train` and `eval` run episodes with: [`TrainerClient`], the trainer process in its
-//! `rl-serve` mode as a [`Policy`] (and the target of updates), and [`Harness`], the kernel
-//! harness as a [`Tester`] (compile-only without a GPU; full tests and timing through the GPU
-//! worker pool with one).
+//! [`Harness`], the kernel harness as the episodes' [`Tester`]: compile-only without a GPU;
+//! with one, full tests and timing through the GPU worker pools, and the SASS the reward's
+//! bonuses read.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use cudarl_core::StageError;
-use cudarl_core::Store;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_cuda::verdict::{Baselines, FullOptions, Tested, check_tests, hidden_seeds, time_batch};
 use cudarl_cuda::worker::{WorkerPool, drain_on};
 use cudarl_cuda::{Compiler, Rules, Verdict, check_compile_only};
-use cudarl_curriculum::prompts::ChatMessage;
+use cudarl_store::{Digest, Store};
 use rayon::prelude::*;
-use serde_json::{Value, json};
 
-use crate::episode::{Answer, Policy, Role, Tester};
-
-/// Sampling settings of a [`TrainerClient`].
-#[derive(Debug, Clone)]
-pub struct Sampling {
-    /// Most new tokens per answer.
-    pub max_new_tokens: usize,
-    /// Temperature.
-    pub temperature: f64,
-    /// Nucleus mass.
-    pub top_p: f64,
-    /// First seed (incremented per call).
-    pub seed: i64,
-}
-
-/// The trainer process (`cudarl-pipe-train` with an `rl-serve` job): JSON requests on its
-/// stdin, one JSON response per line on its stdout; its stderr goes to a log file whose tail
-/// is quoted if it dies.
-pub struct TrainerClient {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    log: PathBuf,
-    /// Sampling settings.
-    pub sampling: Sampling,
-    /// Seconds spent generating (sum of the trainer's own timings).
-    pub gen_seconds: f64,
-    /// Sample from the frozen references instead of the policies (`rl-train`'s `control`):
-    /// such answers have no id and cannot be trained on.
-    pub reference: bool,
-}
-
-impl TrainerClient {
-    /// Starts the trainer on `job` (written to `dir/rl-serve.json`) and waits until it has
-    /// loaded both agents.
-    ///
-    /// # Errors
-    /// The trainer cannot start or fails while loading (its message; a bad checkpoint).
-    pub fn start(job: &Value, dir: &Path, sampling: Sampling) -> Result<TrainerClient, StageError> {
-        let jp = dir.join("rl-serve.json");
-        std::fs::write(&jp, job.to_string()).map_err(|e| StageError::Failed(e.to_string()))?;
-        let log = dir.join("trainer.log");
-        let err = std::fs::File::create(&log).map_err(|e| StageError::Failed(e.to_string()))?;
-        let exe = crate::train_stages::trainer_exe();
-        let mut child = Command::new(&exe)
-            .arg(&jp)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .map_err(|e| StageError::Failed(format!("start {}: {e}", exe.display())))?;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut c = TrainerClient {
-            child,
-            stdin,
-            stdout,
-            log,
-            sampling,
-            gen_seconds: 0.0,
-            reference: false,
-        };
-        c.read()?;
-        Ok(c)
-    }
-
-    fn died(&mut self) -> StageError {
-        let _ = self.child.wait();
-        let tail = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-        StageError::Failed(format!(
-            "trainer process ended: {}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        ))
-    }
-
-    fn read(&mut self) -> Result<Value, StageError> {
-        let mut line = String::new();
-        match self.stdout.read_line(&mut line) {
-            Ok(0) | Err(_) => return Err(self.died()),
-            Ok(_) => {}
-        }
-        let v: Value = serde_json::from_str(&line)
-            .map_err(|e| StageError::Failed(format!("trainer answered `{line}`: {e}")))?;
-        if v["ok"] != true {
-            return Err(StageError::Failed(format!("trainer: {}", v["error"])));
-        }
-        Ok(v)
-    }
-
-    /// Sends one request and returns the response.
-    ///
-    /// # Errors
-    /// The trainer reported an error or died.
-    pub fn request(&mut self, req: &Value) -> Result<Value, StageError> {
-        self.request_streaming(req, &mut |_| {})
-    }
-
-    /// Sends one request, hands each `partial` line to `on_partial` as it arrives, and
-    /// returns the final response.
-    ///
-    /// # Errors
-    /// The trainer reported an error or died.
-    pub fn request_streaming(
-        &mut self,
-        req: &Value,
-        on_partial: &mut dyn FnMut(&Value),
-    ) -> Result<Value, StageError> {
-        if writeln!(self.stdin, "{req}")
-            .and_then(|()| self.stdin.flush())
-            .is_err()
-        {
-            return Err(self.died());
-        }
-        loop {
-            let v = self.read()?;
-            match v.get("partial") {
-                Some(p) => on_partial(p),
-                None => return Ok(v),
-            }
-        }
-    }
-
-    /// Ends the process.
-    pub fn quit(mut self) {
-        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
-        let _ = self.stdin.flush();
-        let _ = self.child.wait();
-    }
-}
-
-impl Policy for TrainerClient {
-    fn answer(
-        &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-    ) -> Result<Vec<Answer>, String> {
-        self.answer_streaming(role, conversations, &mut |_, _| {})
-    }
-
-    fn answer_streaming(
-        &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-        on_finish: &mut dyn FnMut(usize, &str),
-    ) -> Result<Vec<Answer>, String> {
-        let s = self.sampling.clone();
-        self.sampling.seed += 1;
-        let v = self
-            .request_streaming(
-                &json!({"op": "generate", "agent": role, "conversations": conversations,
-                "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                "top_p": s.top_p, "seed": s.seed, "stream": true, "reference": self.reference}),
-                &mut |p| {
-                    if let (Some(i), Some(t)) = (p["index"].as_u64(), p["text"].as_str()) {
-                        on_finish(i as usize, t);
-                    }
-                },
-            )
-            .map_err(|e| e.to_string())?;
-        self.gen_seconds += v["seconds"].as_f64().unwrap_or(0.0);
-        Ok(v["completions"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|c| Answer {
-                        id: c["id"].as_u64(),
-                        text: c["text"].as_str().unwrap_or_default().to_string(),
-                        tokens: c["tokens"].as_u64().unwrap_or(0) as usize,
-                        value: c["value"].as_f64(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default())
-    }
-}
+use crate::episode::Tester;
 
 /// The harness as a tester.
 pub struct Harness {
@@ -238,8 +58,7 @@ pub struct Harness {
 }
 
 /// SASS text by shared-object digest, shared with background prefetches.
-pub type SassCache =
-    std::sync::Arc<std::sync::Mutex<BTreeMap<cudarl_core::Digest, Option<String>>>>;
+pub type SassCache = std::sync::Arc<std::sync::Mutex<BTreeMap<Digest, Option<String>>>>;
 
 /// Wall-clock seconds of [`Harness::test_many`] by phase: `compile`, then `gpu` and `sass`
 /// side by side (the harness's seconds are about compile + max(gpu, sass)).
@@ -286,6 +105,57 @@ impl HarnessUse {
 }
 
 impl Harness {
+    /// A harness compiling with `compiler`: with `gpu`, full tests on
+    /// [`cudarl_cuda::worker::DEFAULT_GPU_WORKERS`] tester pools (one public seed, one hidden
+    /// seed drawn with the store's hidden-test salt), else compile-only. `wall` bounds each GPU
+    /// job; `naive` holds the speedup baseline per task id.
+    ///
+    /// # Errors
+    /// The hidden-test salt cannot be read or written in the compiler's store (GPU only).
+    pub fn new(
+        compiler: Compiler,
+        gpu: bool,
+        wall: Duration,
+        naive: BTreeMap<String, String>,
+    ) -> Result<Harness, String> {
+        let cuobjdump = find_cuobjdump(&compiler.nvcc.path);
+        let (pools, salt) = match (gpu, &compiler.store) {
+            (true, Some(store)) => (
+                WorkerPool::testers(cudarl_cuda::worker::DEFAULT_GPU_WORKERS),
+                cudarl_cuda::verdict::hidden_salt(store).map_err(|e| e.to_string())?,
+            ),
+            (true, None) => return Err("a GPU harness needs a store (the hidden-test salt)".into()),
+            (false, _) => (Vec::new(), Vec::new()),
+        };
+        Ok(Harness {
+            compiler,
+            rules: Rules::builtin(),
+            pools,
+            salt,
+            public_seeds: vec![0],
+            hidden: 1,
+            wall,
+            naive,
+            baselines: Default::default(),
+            cuobjdump,
+            sass_cache: Default::default(),
+            seconds: 0.0,
+            candidates: 0,
+            phases: Default::default(),
+            prefetched: Default::default(),
+            prefetch_hits: 0,
+        })
+    }
+
+    /// `full` when the harness tests on a GPU, else `compile-only` (the `mode` of verdicts).
+    pub fn mode(&self) -> &'static str {
+        if self.pools.is_empty() {
+            "compile-only"
+        } else {
+            "full"
+        }
+    }
+
     /// The counters now, for a later [`Harness::since`].
     pub fn mark(&self) -> HarnessUse {
         HarnessUse {

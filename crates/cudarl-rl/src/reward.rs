@@ -45,7 +45,7 @@ pub struct RewardConfig {
     /// Compile-only mode.
     pub compile_only: CompileOnly,
     /// Turn credit (`cudarl_train::rl::turn_credits`): immediate, final, gamma.
-    pub credit: cudarl_curriculum::credit::CreditWeights,
+    pub credit: crate::credit::CreditWeights,
     /// An episode stops once a turn's reward exceeds this.
     pub stop_above: f64,
     /// What a verdict with a hack flag (`beats_roofline`, `work_after_stop`,
@@ -374,10 +374,7 @@ mod tests {
         let c = cfg();
         assert_eq!(c.weights.pass_rate, 0.5);
         assert_eq!(c.weights.speedup, 0.4);
-        assert_eq!(
-            c.credit,
-            cudarl_curriculum::credit::CreditWeights::default()
-        );
+        assert_eq!(c.credit, crate::credit::CreditWeights::default());
         // Correct, 4x faster than naive with cap 8: norm = log2 4 / log2 8 = 2/3;
         // 0.5 * 1 + 0.4 * 2/3 + 0.05 (coalesced) = 0.81667.
         let mut v = verdict("full", true, Some(true));

@@ -1,0 +1,105 @@
+//! cudarl-rl: multi-turn RL of the generator and the optimizer as a library, without stages
+//! (docs/architecture.md, "Training"). The `rl-train` and `eval` stages and the evaluation
+//! service are built on it.
+//!
+//! - [`episode`]: one episode (generator -> tester -> optimizer -> tester ...) and the
+//!   tester's feedback; [`reward`]: the gated, shaped reward of a turn; [`repair`]: broken
+//!   kernels for the optimizer's repair examples;
+//! - [`credit`]: turn credit, group-normalized advantages (GRPO), GAE (PPO);
+//! - [`trainer`]: the trainer process (`cudarl-pipe-train`): one-shot jobs and the RL trainer
+//!   as the episodes' policy; [`harness`]: the kernel harness as their tester;
+//! - [`families`]: generated task families; [`tasks`]: the task tables, read in one place;
+//! - [`step`]: one RL step (groups, advantages, updates, the step's metrics);
+//! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`.
+
+pub mod credit;
+pub mod episode;
+pub mod families;
+pub mod harness;
+pub mod repair;
+pub mod reward;
+pub mod stats;
+pub mod step;
+pub mod tasks;
+pub mod trainer;
+
+pub use cudarl_protocol::{ChatMessage, Role};
+
+/// Where `cudarl-pipe serve` listens by default (and where the VERL backend's rollouts look for
+/// it unless `serve_url` says otherwise).
+pub const SERVE_BIND: &str = "127.0.0.1:8000";
+
+/// Errors of this crate. A kernel that fails is data (a verdict, a reward), never an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RlError {
+    /// An input table or config is malformed (file and field named).
+    #[error("{file}{}: {message}", field.as_ref().map(|f| format!(": field `{f}`")).unwrap_or_default())]
+    BadInput {
+        /// The file (or input) that is wrong.
+        file: String,
+        /// The column or field that is wrong, when one is.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// The trainer, the harness or the file system failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl RlError {
+    /// Shorthand for [`RlError::BadInput`].
+    pub fn bad_input(
+        file: impl Into<String>,
+        field: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
+        RlError::BadInput {
+            file: file.into(),
+            field: field.map(str::to_string),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<cudarl_data::DataError> for RlError {
+    fn from(e: cudarl_data::DataError) -> Self {
+        match e {
+            cudarl_data::DataError::BadInput {
+                file,
+                field,
+                message,
+            } => RlError::BadInput {
+                file,
+                field,
+                message,
+            },
+            cudarl_data::DataError::Source {
+                source_desc,
+                message,
+            } => RlError::BadInput {
+                file: source_desc,
+                field: None,
+                message,
+            },
+            other => RlError::Failed(other.to_string()),
+        }
+    }
+}
+
+impl From<RlError> for cudarl_core::StageError {
+    fn from(e: RlError) -> Self {
+        match e {
+            RlError::BadInput {
+                file,
+                field,
+                message,
+            } => cudarl_core::StageError::BadInput {
+                file,
+                field,
+                message,
+            },
+            RlError::Failed(m) => cudarl_core::StageError::Failed(m),
+        }
+    }
+}

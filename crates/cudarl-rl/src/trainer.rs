@@ -1,0 +1,296 @@
+//! The trainer process `cudarl-pipe-train` seen from the pipeline (docs/architecture.md, "The
+//! trainer protocol"): one-shot jobs ([`run_job`]) and the long-lived RL trainer
+//! ([`TrainerClient`]), which is also the [`Policy`] episodes sample from. The wire types are
+//! `cudarl_protocol`'s; an answer that does not parse as one is an error, never a default.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use cudarl_protocol::{
+    ChatMessage, Event, Generated, Job, Reply, Request, RlServe, Role, Sample, UpdateStats,
+};
+
+use crate::RlError;
+use crate::episode::{Answer, Policy};
+
+/// The trainer binary: `$CUDARL_TRAINER`, else `cudarl-pipe-train` beside the running binary.
+pub fn trainer_exe() -> PathBuf {
+    cudarl_cuda::worker::sibling_exe("CUDARL_TRAINER", "cudarl-pipe-train")
+}
+
+/// How a one-shot job failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The trainer refused the job's input (exit code 2): the message, without the job
+    /// file's temporary path.
+    #[error("{0}")]
+    BadInput(String),
+    /// It could not start, failed otherwise, or printed a line that is not an [`Event`].
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Runs `job` to completion (written to `dir/job.json`); its events in order.
+///
+/// # Errors
+/// [`JobError::BadInput`] when the trainer exits with 2 (bad data, a bad model file, a field
+/// the job cannot have), [`JobError::Failed`] otherwise, with the tail of its stderr.
+pub fn run_job(job: &Job, dir: &Path) -> Result<Vec<Event>, JobError> {
+    let jp = dir.join("job.json");
+    let text = serde_json::to_string(job).expect("a job serializes");
+    std::fs::write(&jp, text).map_err(|e| JobError::Failed(format!("{}: {e}", jp.display())))?;
+    let exe = trainer_exe();
+    let out = Command::new(&exe)
+        .arg(&jp)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| {
+            JobError::Failed(format!(
+                "cannot run the trainer `{}` (set CUDARL_TRAINER, or build it: make build): {e}",
+                exe.display()
+            ))
+        })?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail = last_lines(&stderr, 5);
+    match out.status.code() {
+        Some(0) => {}
+        Some(2) => {
+            return Err(JobError::BadInput(
+                tail.replace(&format!("error: {}: ", jp.display()), ""),
+            ));
+        }
+        _ => {
+            return Err(JobError::Failed(format!(
+                "trainer failed ({}): {tail}",
+                out.status
+            )));
+        }
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l)
+                .map_err(|e| JobError::Failed(format!("trainer printed `{l}`: {e}")))
+        })
+        .collect()
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().rev().take(n).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+/// Sampling settings of a [`TrainerClient`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// Most new tokens per answer.
+    pub max_new_tokens: usize,
+    /// Temperature.
+    pub temperature: f64,
+    /// Nucleus mass.
+    pub top_p: f64,
+    /// First seed (incremented per `generate`).
+    pub seed: i64,
+}
+
+/// The RL trainer process (`cudarl-pipe-train` with an `rl-serve` job): [`Request`]s on its
+/// stdin, [`Reply`]s on its stdout; its stderr goes to a log file whose tail is quoted if it
+/// dies.
+pub struct TrainerClient {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    log: PathBuf,
+    /// Sampling settings.
+    pub sampling: Sampling,
+    /// Seconds spent generating (sum of the trainer's own timings).
+    pub gen_seconds: f64,
+    /// Sample from the frozen references instead of the policies (`rl-train`'s `control`):
+    /// such answers have no id and cannot be trained on.
+    pub reference: bool,
+}
+
+impl TrainerClient {
+    /// Starts the trainer on `job` (written to `dir/rl-serve.json`) and waits until it has
+    /// loaded both agents.
+    ///
+    /// # Errors
+    /// The trainer cannot start or fails while loading (its message; a bad checkpoint).
+    pub fn start(job: &RlServe, dir: &Path, sampling: Sampling) -> Result<TrainerClient, RlError> {
+        let jp = dir.join("rl-serve.json");
+        let text = serde_json::to_string(&Job::RlServe(job.clone())).expect("a job serializes");
+        std::fs::write(&jp, text).map_err(|e| RlError::Failed(e.to_string()))?;
+        let log = dir.join("trainer.log");
+        let err = std::fs::File::create(&log).map_err(|e| RlError::Failed(e.to_string()))?;
+        let exe = trainer_exe();
+        let mut child = Command::new(&exe)
+            .arg(&jp)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .map_err(|e| RlError::Failed(format!("start {}: {e}", exe.display())))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut c = TrainerClient {
+            child,
+            stdin,
+            stdout,
+            log,
+            sampling,
+            gen_seconds: 0.0,
+            reference: false,
+        };
+        match c.read()? {
+            Reply::Ready => Ok(c),
+            other => Err(RlError::Failed(format!(
+                "trainer: expected `ready`, got {other:?}"
+            ))),
+        }
+    }
+
+    fn died(&mut self) -> RlError {
+        let _ = self.child.wait();
+        let tail = std::fs::read_to_string(&self.log).unwrap_or_default();
+        RlError::Failed(format!("trainer process ended: {}", last_lines(&tail, 5)))
+    }
+
+    fn read(&mut self) -> Result<Reply, RlError> {
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(0) | Err(_) => return Err(self.died()),
+            Ok(_) => {}
+        }
+        match serde_json::from_str(&line) {
+            Ok(Reply::Error(e)) => Err(RlError::Failed(format!("trainer: {e}"))),
+            Ok(r) => Ok(r),
+            Err(e) => Err(RlError::Failed(format!(
+                "trainer answered `{}`: {e}",
+                line.trim_end()
+            ))),
+        }
+    }
+
+    /// Sends one request; hands each `partial` reply to `on_partial` as it arrives and
+    /// returns the final reply.
+    fn send(
+        &mut self,
+        req: &Request,
+        on_partial: &mut dyn FnMut(usize, &str),
+    ) -> Result<Reply, RlError> {
+        let line = serde_json::to_string(req).expect("a request serializes");
+        if writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .is_err()
+        {
+            return Err(self.died());
+        }
+        loop {
+            match self.read()? {
+                Reply::Partial { index, text } => on_partial(index, &text),
+                r => return Ok(r),
+            }
+        }
+    }
+
+    /// Samples one completion per conversation from `agent` with the next seed.
+    ///
+    /// # Errors
+    /// The trainer reported an error, died, or answered something else.
+    pub fn generate(
+        &mut self,
+        agent: Role,
+        conversations: &[Vec<ChatMessage>],
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Generated, RlError> {
+        let s = self.sampling.clone();
+        self.sampling.seed += 1;
+        let req = Request::Generate {
+            agent,
+            conversations: conversations.to_vec(),
+            max_new_tokens: s.max_new_tokens,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            seed: s.seed,
+            stream: true,
+            reference: self.reference,
+        };
+        match self.send(&req, on_finish)? {
+            Reply::Generated(g) => {
+                self.gen_seconds += g.seconds;
+                Ok(g)
+            }
+            other => Err(unexpected("generated", &other)),
+        }
+    }
+
+    /// One update of `agent` on kept completions.
+    ///
+    /// # Errors
+    /// The trainer reported an error (an unknown id, a PPO sample without its return), died,
+    /// or answered something else.
+    pub fn update(&mut self, agent: Role, samples: Vec<Sample>) -> Result<UpdateStats, RlError> {
+        match self.send(&Request::Update { agent, samples }, &mut |_, _| {})? {
+            Reply::Updated(st) => Ok(st),
+            other => Err(unexpected("updated", &other)),
+        }
+    }
+
+    /// Writes both agents to `dir/generator` and `dir/optimizer`.
+    ///
+    /// # Errors
+    /// The trainer reported an error, died, or answered something else.
+    pub fn save(&mut self, dir: &Path) -> Result<(), RlError> {
+        let req = Request::Save {
+            dir: dir.to_path_buf(),
+        };
+        match self.send(&req, &mut |_, _| {})? {
+            Reply::Saved { .. } => Ok(()),
+            other => Err(unexpected("saved", &other)),
+        }
+    }
+
+    /// Ends the process.
+    pub fn quit(mut self) {
+        let line = serde_json::to_string(&Request::Quit).expect("a request serializes");
+        let _ = writeln!(self.stdin, "{line}");
+        let _ = self.stdin.flush();
+        let _ = self.child.wait();
+    }
+}
+
+fn unexpected(want: &str, got: &Reply) -> RlError {
+    RlError::Failed(format!("trainer: expected `{want}`, got {got:?}"))
+}
+
+impl Policy for TrainerClient {
+    fn answer(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+    ) -> Result<Vec<Answer>, String> {
+        self.answer_streaming(role, conversations, &mut |_, _| {})
+    }
+
+    fn answer_streaming(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Vec<Answer>, String> {
+        let g = self
+            .generate(role, conversations, on_finish)
+            .map_err(|e| e.to_string())?;
+        Ok(g.completions
+            .into_iter()
+            .map(|c| Answer {
+                id: c.id,
+                text: c.text,
+                tokens: c.tokens,
+                value: c.value,
+            })
+            .collect())
+    }
+}

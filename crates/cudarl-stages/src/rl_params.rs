@@ -1,0 +1,490 @@
+//! What `rl-train` and `eval` share: the RL parameters (`[stages.rl-train]`; `eval` flattens
+//! them into its own), the harness and trainer they start, the task set they read, and the
+//! typed rows of their `turns` tables.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use arrow::datatypes::{DataType, Field};
+use cudarl_core::{ResolveContext, StageContext, StageError};
+use cudarl_cuda::Nvcc;
+use cudarl_curriculum::prompts::{GENERATOR_SYSTEM, OPTIMIZER_SYSTEM};
+use cudarl_protocol::{Algorithm, Device, PgConfig, Ptx, RlServe};
+use cudarl_rl::episode::Turn;
+use cudarl_rl::harness::Harness;
+use cudarl_rl::reward::RewardConfig;
+use cudarl_rl::step::{GeneratorCredit, UpdateSettings};
+use cudarl_rl::tasks::{TaskPool, TaskSet};
+use cudarl_rl::trainer::{Sampling, TrainerClient};
+use serde::{Deserialize, Serialize};
+
+fn d_steps() -> usize {
+    20
+}
+pub(crate) fn d_tasks() -> usize {
+    4
+}
+pub(crate) fn d_group() -> usize {
+    4
+}
+fn d_turns() -> usize {
+    5
+}
+fn d_tokens() -> usize {
+    512
+}
+pub(crate) fn d_one() -> f64 {
+    1.0
+}
+fn d_lr() -> f64 {
+    1e-5
+}
+pub(crate) fn d_kl() -> f64 {
+    0.04
+}
+pub(crate) fn d_clip() -> f64 {
+    0.2
+}
+fn d_mb() -> usize {
+    8
+}
+fn d_lambda() -> f64 {
+    0.95
+}
+fn d_value_lr() -> f64 {
+    1e-3
+}
+fn d_reward() -> String {
+    "default".into()
+}
+fn d_compile_gate() -> f64 {
+    cudarl_curriculum::DEFAULT_MIN_COMPILE_RATE
+}
+fn d_pass_gate() -> f64 {
+    cudarl_curriculum::DEFAULT_MIN_PASS_RATE
+}
+fn d_window() -> usize {
+    2
+}
+fn d_std_floor() -> f64 {
+    0.1
+}
+fn d_timeout() -> u64 {
+    10
+}
+
+/// Whether the harness runs tests: `auto` (full tests and timing on a GPU, compile-only
+/// without one) or `compile` (compile-only everywhere).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Full on a GPU, compile-only without.
+    #[default]
+    Auto,
+    /// Compile-only.
+    Compile,
+}
+
+/// Parameters (`[stages.rl-train]`; `eval` shares the sampling and harness ones).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// RL steps.
+    #[serde(default = "d_steps")]
+    pub steps: usize,
+    /// Tasks per step.
+    #[serde(default = "d_tasks")]
+    pub tasks_per_step: usize,
+    /// Episodes per task (the GRPO group).
+    #[serde(default = "d_group")]
+    pub group_size: usize,
+    /// Most turns per episode.
+    #[serde(default = "d_turns")]
+    pub max_turns: usize,
+    /// Most new tokens per turn.
+    #[serde(default = "d_tokens")]
+    pub max_new_tokens: usize,
+    /// Sampling temperature (the loss uses the same scaled distribution).
+    #[serde(default = "d_one")]
+    pub temperature: f64,
+    /// Nucleus mass.
+    #[serde(default = "d_one")]
+    pub top_p: f64,
+    /// AdamW learning rate of both agents (of the optimizer alone with `generator_lr`).
+    #[serde(default = "d_lr")]
+    pub lr: f64,
+    /// The generator's learning rate when it differs from `lr` (absent: `lr`, and left out of
+    /// the stage's key; 0 trains the optimizer alone). Measured (H100, two SFT draws, paired by
+    /// sampling seed): at 0 the hold-out multi-turn compile rate did not fall in any of four
+    /// runs (+0.000 to +0.015) and the pass rate moved -0.033 to +0.026, inside one standard
+    /// error (`benchmarks/results/rl_optimizer_alone_h100_2026-11-25.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator_lr: Option<f64>,
+    /// KL penalty weight.
+    #[serde(default = "d_kl")]
+    pub kl_coef: f64,
+    /// Early stop of each agent's update once the approximate KL from the generating policy
+    /// passes 1.5 x this (nats per token; Spinning Up PPO's rule, [`RlServe::target_kl`]).
+    /// Absent: every minibatch steps, and left out of the stage's key. Measured at 0.02 (H100,
+    /// 64-episode steps): it never stopped an update, the largest approximate KL within one was
+    /// 0.0013 nats per token (`benchmarks/results/rl_group_size_h100_2026-11-24.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_kl: Option<f64>,
+    /// Passes over each update's minibatches (GRPO's mu iterations, Shao et al. 2024; PPO's
+    /// epochs), the ratio always against the sampling policy ([`RlServe::epochs`]). Absent: 1,
+    /// and left out of the key; `pipelines/default.toml` sets 4. Measured (H100, 64-episode
+    /// steps, minibatch 32): RL's mean reward minus its frozen control's over steps 2-5 was
+    /// -0.018 +- 0.008 with one pass and +0.017 +- 0.009 with four on the same SFT draw
+    /// (`benchmarks/results/rl_epochs_h100_2026-11-24.json`), +0.013 and +0.019 on two more
+    /// (`benchmarks/results/rl_fresh_warmup_h100_2026-11-24.json`), and -0.025 to +0.000 in
+    /// four later runs (`benchmarks/results/rl_ptx_h100_2026-11-24_*.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<usize>,
+    /// What a generator turn is credited with ([`GeneratorCredit`]): `episode` (absent: the
+    /// turn credit `0.3 r_0 + 0.7 gamma^(T-1) R` of `docs/architecture.md`, "Reward and turn
+    /// credit", R the episode's best turn, so mostly the optimizer's repair) or `own` (its own
+    /// turn's reward `r_0`). GRPO only. The `turns` table's `credit` stays the turn credit; its
+    /// `advantage` is what the update used. Absent: `episode`, left out of the key. Measured
+    /// (H100): `own` -0.020 +- 0.008 against the frozen control, hold-out pass -0.074 +- 0.036
+    /// (`benchmarks/results/rl_epochs_h100_2026-11-24.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator_credit: Option<GeneratorCredit>,
+    /// Ratio clip.
+    #[serde(default = "d_clip")]
+    pub clip: f64,
+    /// Completions per optimizer step.
+    #[serde(default = "d_mb")]
+    pub minibatch: usize,
+    /// `grpo` (group-normalized advantages) or `ppo` (a value head per agent, GAE).
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// Optimizer steps of linear learning-rate warmup per agent.
+    #[serde(default)]
+    pub warmup: usize,
+    /// PPO: discount per turn in GAE (1.0).
+    #[serde(default = "d_one")]
+    pub gamma: f64,
+    /// PPO: GAE's lambda (0.95).
+    #[serde(default = "d_lambda")]
+    pub gae_lambda: f64,
+    /// PPO: AdamW learning rate of the value heads.
+    #[serde(default = "d_value_lr")]
+    pub value_lr: f64,
+    /// `configs/reward/<reward>.toml`.
+    #[serde(default = "d_reward")]
+    pub reward: String,
+    /// `auto` (full tests on a GPU, compile-only without) or `compile`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// `auto`, `cpu` or `cuda` for the models.
+    #[serde(default)]
+    pub device: Device,
+    /// Gate: compile rate on the current tier.
+    #[serde(default = "d_compile_gate")]
+    pub min_compile_rate: f64,
+    /// Gate: pass rate on the current tier.
+    #[serde(default = "d_pass_gate")]
+    pub min_pass_rate: f64,
+    /// Steps the gate looks back over.
+    #[serde(default = "d_window")]
+    pub gate_window: usize,
+    /// Seconds per GPU job.
+    #[serde(default = "d_timeout")]
+    pub timeout_s: u64,
+    /// Seed (task draws and sampling).
+    #[serde(default)]
+    pub seed: u64,
+    /// GRPO: the floor under a group's reward std when normalizing advantages
+    /// ([`cudarl_rl::credit::group_advantages`]; 0 = plain GRPO).
+    #[serde(default = "d_std_floor")]
+    pub std_floor: f64,
+    /// The families RL draws from ([`TaskPool`]): `auto` (sft-data's `rl` split when it
+    /// reserved one, else `train`), `train`, `rl`, `both`, or `fresh`: elementwise families
+    /// generated for this run ([`cudarl_rl::tasks::fresh_families`]), `tasks_per_step` new ones
+    /// every step, none of them a task of `synth-tasks` (hold-out included). Measured (H100):
+    /// `fresh` +0.005 and -0.014 against the frozen control, hold-out pass -0.118 and -0.074
+    /// against SFT (`benchmarks/results/rl_fresh_warmup_h100_2026-11-24.json`), so not the
+    /// default.
+    #[serde(default)]
+    pub task_pool: TaskPool,
+    /// Also run, each step, the frozen reference policies (the SFT checkpoints) on the step's
+    /// tasks with the step's sampling seeds, untrained (`control_*` metrics; the eval report
+    /// gives RL minus control per step). A step's tasks come from `seed` alone, so a reward
+    /// curve mixes learning with the tasks' difficulty: measured (H100), a frozen policy's
+    /// first-vs-last-three-steps rise +0.076 +- 0.030 against RL's +0.096 +- 0.030
+    /// (`benchmarks/results/main_job_h100_2026-11-24_frozen_control.json`). Costs a second
+    /// rollout per step. Absent: off, and left out of the stage's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<bool>,
+    /// PPO-ptx's weight (absent or 0: off; absent is left out of the key; [`Ptx`], Ouyang et
+    /// al. 2022): each agent's every minibatch step adds this times the mean cross-entropy of
+    /// `ptx_batch` of its own SFT conversations (`sft-data`'s train split of `sft_generator` /
+    /// `sft_optimizer`), so RL moves the policy away from SFT only where its rewards ask;
+    /// `pipelines/default.toml` sets 1.0. Measured (H100, one SFT draw, paired with `ptx_coef =
+    /// 0`): the generator's first update's k3 KL 1.03 -> 0.006 nats per token, its hold-out
+    /// first turns unchanged from SFT's, hold-out pass RL - SFT +0.022 against -0.037 without
+    /// it (`benchmarks/results/rl_ptx_h100_2026-11-24_main_job.json`); on two more draws -0.029
+    /// and -0.059 (`benchmarks/results/rl_ptx_h100_2026-11-24_coef_sweep.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_coef: Option<f64>,
+    /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_batch: Option<usize>,
+}
+
+impl Params {
+    /// The checks serde cannot make.
+    ///
+    /// # Errors
+    /// `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
+    /// `generator_credit = "own"` with PPO, `epochs` 0, a negative `ptx_coef`, `ptx_batch` 0, a
+    /// `target_kl` not above 0.
+    pub fn check(&self) -> Result<(), String> {
+        let unit = 0.0..=1.0;
+        let grpo = self.algorithm == Algorithm::Grpo;
+        let bad = [
+            (
+                !unit.contains(&self.gamma) || !unit.contains(&self.gae_lambda),
+                "gamma and gae_lambda must be in [0, 1]",
+            ),
+            (
+                !unit.contains(&self.std_floor),
+                "std_floor must be in [0, 1]",
+            ),
+            (
+                grpo && self.group_size < 2,
+                "group_size must be at least 2 (GRPO normalizes within a group)",
+            ),
+            (
+                !grpo && self.generator_credit == Some(GeneratorCredit::Own),
+                "generator_credit `own` is for GRPO (PPO's GAE runs over the episode's turns)",
+            ),
+            (self.epochs == Some(0), "epochs must be at least 1"),
+            (
+                self.ptx_coef.is_some_and(|c| !(c >= 0.0 && c.is_finite())),
+                "ptx_coef must be a number >= 0",
+            ),
+            (self.ptx_batch == Some(0), "ptx_batch must be at least 1"),
+            (
+                self.target_kl.is_some_and(|t| !(t > 0.0 && t.is_finite())),
+                "target_kl must be a positive number of nats per token",
+            ),
+        ];
+        match bad.iter().find(|(b, _)| *b) {
+            Some((_, m)) => Err((*m).to_string()),
+            None => Ok(()),
+        }
+    }
+
+    /// PPO-ptx's weight when it is on (`ptx_coef` set and above 0).
+    pub(crate) fn ptx(&self) -> Option<f64> {
+        self.ptx_coef.filter(|c| *c > 0.0)
+    }
+
+    /// `configs/reward/<reward>.toml`, the external input `reward` of `rl-train` and `eval`.
+    pub(crate) fn reward_external(
+        &self,
+        ctx: &ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        crate::common::single_file(&ctx.root, &self.reward_rel(), "reward config")
+    }
+
+    fn reward_rel(&self) -> String {
+        format!("configs/reward/{}.toml", self.reward)
+    }
+
+    /// The reward config (a bad one is named, exit 2).
+    pub(crate) fn reward_config(&self, ctx: &StageContext<'_>) -> Result<RewardConfig, StageError> {
+        let rel = self.reward_rel();
+        RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel)
+            .map_err(|m| StageError::bad_input(&rel, None, m))
+    }
+
+    /// What the results of `rl-train` and `eval` depend on beyond their inputs: nvcc, the
+    /// models' device, and whether a GPU runs the tests.
+    pub(crate) fn environment(
+        &self,
+        ctx: &ResolveContext,
+    ) -> Result<BTreeMap<String, String>, StageError> {
+        let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
+        Ok(BTreeMap::from([
+            ("nvcc".to_string(), nvcc.version),
+            (
+                "device".to_string(),
+                crate::common::resolve_device(self.device).to_string(),
+            ),
+            ("mode".to_string(), env_mode(self.mode).to_string()),
+        ]))
+    }
+
+    /// The sampling settings, seeds from `seed`.
+    pub(crate) fn sampling(&self) -> Sampling {
+        Sampling {
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed as i64,
+        }
+    }
+
+    /// How an update turns episodes into advantages, with the reward config's credit weights.
+    pub(crate) fn update_settings(&self, cfg: &RewardConfig) -> UpdateSettings {
+        UpdateSettings {
+            algorithm: self.algorithm,
+            group_size: self.group_size,
+            std_floor: self.std_floor,
+            generator_credit: self.generator_credit.unwrap_or_default(),
+            credit: cfg.credit,
+            gamma: self.gamma,
+            gae_lambda: self.gae_lambda,
+        }
+    }
+
+    /// The RL trainer's settings for the two checkpoints in `gen` and `opt`.
+    pub(crate) fn serve_job(&self, gen_dir: &Path, opt_dir: &Path, ptx: Option<Ptx>) -> RlServe {
+        RlServe {
+            generator: gen_dir.to_path_buf(),
+            optimizer: opt_dir.to_path_buf(),
+            generator_system: GENERATOR_SYSTEM.to_string(),
+            optimizer_system: OPTIMIZER_SYSTEM.to_string(),
+            device: self.device,
+            precision: Default::default(),
+            lr: self.lr,
+            generator_lr: self.generator_lr,
+            pg: PgConfig {
+                clip: self.clip,
+                kl_coef: self.kl_coef,
+            },
+            minibatch: self.minibatch,
+            algorithm: self.algorithm,
+            warmup: self.warmup,
+            value_lr: self.value_lr,
+            target_kl: self.target_kl,
+            epochs: self.epochs.unwrap_or(1),
+            ptx,
+        }
+    }
+
+    /// Materializes the generator and optimizer checkpoint tables `gen_input` and `opt_input`
+    /// under `dir` and starts the RL trainer on them.
+    pub(crate) fn start_trainer(
+        &self,
+        ctx: &StageContext<'_>,
+        (gen_input, opt_input): (&str, &str),
+        dir: &Path,
+        ptx: Option<Ptx>,
+    ) -> Result<TrainerClient, StageError> {
+        let (g, o) = (dir.join("gen"), dir.join("opt"));
+        crate::common::materialize(ctx.store(), ctx.input_path(gen_input)?, &g)?;
+        crate::common::materialize(ctx.store(), ctx.input_path(opt_input)?, &o)?;
+        Ok(TrainerClient::start(
+            &self.serve_job(&g, &o, ptx),
+            dir,
+            self.sampling(),
+        )?)
+    }
+}
+
+/// The harness for `mode`: full on a GPU unless [`Mode::Compile`].
+pub(crate) fn harness(
+    ctx: &StageContext<'_>,
+    mode: Mode,
+    timeout_s: u64,
+    naive: BTreeMap<String, String>,
+) -> Result<Harness, StageError> {
+    let compiler = crate::common::store_compiler(ctx)?;
+    let gpu = mode != Mode::Compile && cudarl_cuda::gpu::probe().is_some();
+    Harness::new(compiler, gpu, Duration::from_secs(timeout_s), naive).map_err(StageError::Failed)
+}
+
+/// The `mode` environment entry: `full` when a GPU will run the tests.
+pub(crate) fn env_mode(mode: Mode) -> &'static str {
+    if mode != Mode::Compile && cudarl_cuda::gpu::probe().is_some() {
+        "full"
+    } else {
+        "compile-only"
+    }
+}
+
+/// The task set of the inputs `tasks`, `kernels` (synth-tasks) and `data` (sft-data's
+/// `sft_generator`, whose splits say which families are held out or reserved for RL).
+pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> {
+    Ok(TaskSet::load(
+        ctx.input_path("tasks")?,
+        ctx.input_path("kernels")?,
+        ctx.input_path("data")?,
+    )?)
+}
+
+fn f64s(name: &str, nullable: bool) -> Field {
+    Field::new(name, DataType::Float64, nullable)
+}
+
+/// The columns of a `turns` table after its key columns ([`TurnFields`]): turn, task_id, tier,
+/// role, tokens, text, code, failure, feedback, reward, credit, advantage, value,
+/// components_json. `rl-train` keys them by step and episode, `eval` by checkpoint, split and
+/// episode.
+pub(crate) static TURN_FIELDS: LazyLock<Vec<Arc<Field>>> = LazyLock::new(|| {
+    [
+        Field::new("turn", DataType::Int64, false),
+        Field::new("task_id", DataType::Utf8, false),
+        Field::new("tier", DataType::Int64, false),
+        Field::new("role", DataType::Utf8, false),
+        Field::new("tokens", DataType::Int64, false),
+        Field::new("text", DataType::Utf8, false),
+        Field::new("code", DataType::Utf8, true),
+        Field::new("failure", DataType::Utf8, true),
+        Field::new("feedback", DataType::Utf8, false),
+        f64s("reward", false),
+        f64s("credit", false),
+        f64s("advantage", false),
+        f64s("value", true),
+        Field::new("components_json", DataType::Utf8, false),
+    ]
+    .into_iter()
+    .map(Arc::new)
+    .collect()
+});
+
+/// One turn as the columns of [`TURN_FIELDS`].
+#[derive(Debug, Serialize)]
+pub(crate) struct TurnFields<'a> {
+    turn: i64,
+    task_id: &'a str,
+    tier: i64,
+    role: &'static str,
+    tokens: i64,
+    text: &'a str,
+    code: Option<&'a str>,
+    failure: Option<&'a str>,
+    feedback: &'a str,
+    reward: f64,
+    credit: f64,
+    advantage: f64,
+    value: Option<f64>,
+    components_json: String,
+}
+
+impl<'a> TurnFields<'a> {
+    /// `t` of a task `task_id` on `tier`, trained with `advantage` (0 when not trained).
+    pub(crate) fn of(t: &'a Turn, task_id: &'a str, tier: i64, advantage: f64) -> Self {
+        TurnFields {
+            turn: t.turn as i64,
+            task_id,
+            tier,
+            role: t.role.as_str(),
+            tokens: t.tokens as i64,
+            text: &t.text,
+            code: t.code.as_deref(),
+            failure: t.failure.as_deref(),
+            feedback: &t.feedback,
+            reward: t.reward.reward,
+            credit: t.credit,
+            advantage,
+            value: t.value,
+            components_json: serde_json::to_string(&t.reward).expect("components serialize"),
+        }
+    }
+}
