@@ -15,8 +15,9 @@ use std::sync::{Arc, LazyLock};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_cuda::{Nvcc, Rules, TaskSpec, check_compile_only};
-use cudarl_curriculum::prompts::{self, ChatMessage, GENERATOR_SYSTEM, TaskView};
+use cudarl_curriculum::prompts;
 use cudarl_protocol::{Device, Job, SampleLine};
+use cudarl_rl::episode::generator_conversation;
 use cudarl_rl::tasks;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -159,7 +160,10 @@ impl Stage for SftEval {
         let model = dir.join("model");
         materialize(ctx.store(), ctx.input_path("model")?, &model)?;
         let prompts_path = dir.join("prompts.jsonl");
-        let lines: Vec<String> = specs.iter().map(prompt_line).collect();
+        let lines: Vec<String> = specs
+            .iter()
+            .map(|s| serde_json::to_string(&generator_conversation(s)).expect("json"))
+            .collect();
         std::fs::write(&prompts_path, lines.join("\n") + "\n")
             .map_err(|e| StageError::Failed(e.to_string()))?;
         let out = dir.join("samples.jsonl");
@@ -231,28 +235,6 @@ impl Stage for SftEval {
         let rows: Vec<TaskRow> = per.into_values().collect();
         write_rows(ctx, "sft_eval", &SFT_EVAL, &rows)
     }
-}
-
-/// The generator's first prompt for `s` (system and user message) as one JSON line.
-fn prompt_line(s: &TaskSpec) -> String {
-    let shapes: Vec<String> = s
-        .train_shapes
-        .iter()
-        .map(|m| serde_json::to_string(m).expect("json"))
-        .collect();
-    let sig = s.signature();
-    let view = TaskView {
-        tier: s.tier,
-        description: &s.description,
-        dtype: &s.dtype,
-        signature: &sig,
-        shapes: &shapes,
-    };
-    let msgs = vec![
-        ChatMessage::new("system", GENERATOR_SYSTEM),
-        ChatMessage::new("user", prompts::task_prompt(&view, 0, 0)),
-    ];
-    serde_json::to_string(&msgs).expect("json")
 }
 
 /// One row of `samples`.
