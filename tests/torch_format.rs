@@ -215,7 +215,25 @@ fn python_worker_protocol_and_error_paths() {
 }
 
 fn check_kb(p: &Project, source: &str) -> (i32, Value) {
-    let src = repo_root().join("tests/kernels/kb").join(source);
+    check_kb_file(p, &repo_root().join("tests/kernels/kb").join(source))
+}
+
+/// The ModelNew file of an escape case: its payload (`tests/kernels/kb/escape_<case>.py`)
+/// followed by the honest ReLU of `relu_model_new.py` from its `cuda_src` on, written into the
+/// project.
+fn escape_candidate(p: &Project, case: &str) -> std::path::PathBuf {
+    let kb = repo_root().join("tests/kernels/kb");
+    let payload = std::fs::read_to_string(kb.join(format!("escape_{case}.py"))).unwrap();
+    let honest = std::fs::read_to_string(kb.join("relu_model_new.py")).unwrap();
+    let body = &honest[honest
+        .find("cuda_src = ")
+        .expect("relu_model_new.py has cuda_src")..];
+    let path = p.path(&format!("escape_{case}.py"));
+    std::fs::write(&path, format!("{payload}\n{body}")).unwrap();
+    path
+}
+
+fn check_kb_file(p: &Project, src: &std::path::Path) -> (i32, Value) {
     let o = p.run(&[
         "check",
         "--task",
@@ -278,7 +296,7 @@ fn modelnew_files_that_escape_at_import_are_stopped_by_the_sandbox() {
     ] {
         let marker = std::path::PathBuf::from(format!("/tmp/cudarl-escape-{case}"));
         let _ = std::fs::remove_file(&marker);
-        let (code, v) = check_kb(&p, &format!("escape_{case}.py"));
+        let (code, v) = check_kb_file(&p, &escape_candidate(&p, case));
         assert_eq!(code, 1, "{case}: {v}");
         assert_eq!(v["failure"], failure, "{case}: {v}");
         assert!(

@@ -652,29 +652,18 @@ mod tests {
             ],
             seen: vec![],
         };
-        let mut harness = crate::harness::Harness {
-            compiler: cudarl_cuda::Compiler {
+        let mut harness = crate::harness::Harness::new(
+            cudarl_cuda::Compiler {
                 nvcc,
                 arch: "sm_90".into(),
                 timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
                 store: None,
             },
-            rules: cudarl_cuda::Rules::builtin(),
-            pools: Vec::new(),
-            salt: vec![],
-            public_seeds: vec![0],
-            hidden: 1,
-            wall: std::time::Duration::from_secs(5),
-            naive: Default::default(),
-            baselines: Default::default(),
-            cuobjdump: None,
-            sass_cache: Default::default(),
-            seconds: 0.0,
-            candidates: 0,
-            phases: Default::default(),
-            prefetched: Default::default(),
-            prefetch_hits: 0,
-        };
+            false,
+            std::time::Duration::from_secs(5),
+            Default::default(),
+        )
+        .unwrap();
         let cfg = RewardConfig::load(
             &root.join("configs/reward/default.toml"),
             "configs/reward/default.toml",

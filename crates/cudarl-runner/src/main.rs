@@ -175,6 +175,14 @@ fn reply(out: &mut impl Write, r: &Reply) {
     let _ = out.flush();
 }
 
+/// Answers that the candidate could not be loaded and leaves at once, without running the
+/// candidate's destructors.
+fn load_error(out: &mut impl Write, message: String) -> ! {
+    reply(out, &Reply::LoadError { message });
+    // SAFETY: `_exit` ends the process without unwinding or running atexit handlers.
+    unsafe { libc::_exit(0) }
+}
+
 /// Reads one request line; `None` at end of input or on a line that is not a request.
 fn request(inp: &mut impl BufRead) -> Option<Request> {
     let mut l = String::new();
@@ -446,30 +454,12 @@ mod native {
             libloading::os::unix::Library::open(Some(&load.so), libc::RTLD_NOW | libc::RTLD_LOCAL)
         } {
             Ok(l) => l,
-            Err(e) => {
-                reply(
-                    &mut out,
-                    &Reply::LoadError {
-                        message: e.to_string(),
-                    },
-                );
-                // SAFETY: leaves without running the candidate's destructors.
-                unsafe { libc::_exit(0) }
-            }
+            Err(e) => load_error(&mut out, e.to_string()),
         };
         // SAFETY: the shim's entry point has this signature.
         let entry: Entry = match unsafe { lib.get::<Entry>(b"cudarl_entry") } {
             Ok(s) => *s,
-            Err(e) => {
-                reply(
-                    &mut out,
-                    &Reply::LoadError {
-                        message: e.to_string(),
-                    },
-                );
-                // SAFETY: as above.
-                unsafe { libc::_exit(0) }
-            }
+            Err(e) => load_error(&mut out, e.to_string()),
         };
         reply(&mut out, &Reply::Loaded);
         loop {

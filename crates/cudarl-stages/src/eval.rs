@@ -294,7 +294,6 @@ struct TurnRow<'a> {
 /// What generating and judging one checkpoint's episodes on one split cost.
 #[derive(Debug, Clone, Copy, Default)]
 struct Cost {
-    candidates: usize,
     gen_seconds: f64,
     harness: cudarl_rl::harness::HarnessUse,
 }
@@ -334,7 +333,6 @@ impl Eval {
                     run_episodes(&many, &mut tc, h, cfg, &settings).map_err(StageError::Failed)?;
                 let used = h.since(&m0);
                 let c = Cost {
-                    candidates: used.candidates,
                     gen_seconds: tc.gen_seconds - g0,
                     harness: used,
                 };
@@ -421,7 +419,7 @@ impl Stage for Eval {
                     split,
                     mode,
                     device,
-                    candidates: c.candidates as i64,
+                    candidates: c.harness.candidates as i64,
                     gen_seconds: c.gen_seconds,
                     harness_seconds: c.harness.seconds,
                     harness_compile_seconds: c.harness.phases.compile,

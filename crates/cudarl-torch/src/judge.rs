@@ -830,27 +830,14 @@ impl Judge {
             heartbeat();
             self.window(r, task, shape, k, set_bytes, (&start, &stop, &after), wall)?;
         }
-        let (min_w, max_w) = window_counts(b, k);
-        let (mut times, mut synced) = (Vec::new(), Vec::new());
-        let budget = Instant::now();
-        loop {
-            heartbeat();
+        let (times, synced) = sample_windows(b, k, heartbeat, || {
             let (t, s) =
                 self.window(r, task, shape, k, set_bytes, (&start, &stop, &after), wall)?;
-            times.push(((t - overhead) / k as f64).max(0.0));
-            synced.push(((s - overhead) / k as f64).max(0.0));
-            let n = times.len();
-            if n >= max_w {
-                break;
-            }
-            let over = budget.elapsed().as_secs_f64() * 1e3 > b.budget_ms.max(b.window_ms * 5.0);
-            if n >= min_w || (n >= 3 && over) {
-                let (m, sd) = mean_std(&times);
-                if sd / m.max(1e-12) < b.target_cv || over {
-                    break;
-                }
-            }
-        }
+            Ok::<_, Fail>((
+                ((t - overhead) / k as f64).max(0.0),
+                ((s - overhead) / k as f64).max(0.0),
+            ))
+        })?;
         let mut t = stats((times, synced), 0.0, 0.0, shape);
         t.sets = k;
         t.windows = t.reps;
@@ -1213,26 +1200,10 @@ impl Judge {
         for _ in 0..b.warmup.min(2) {
             run(self, k)?;
         }
-        let (min_w, max_w) = window_counts(b, k);
-        let (mut times, mut synced) = (Vec::new(), Vec::new());
-        let budget = Instant::now();
-        loop {
-            heartbeat();
+        let (times, synced) = sample_windows(b, k, heartbeat, || {
             let (t, s) = run(self, k)?;
-            times.push(t / k as f64);
-            synced.push(s / k as f64);
-            let n = times.len();
-            if n >= max_w {
-                break;
-            }
-            let over = budget.elapsed().as_secs_f64() * 1e3 > b.budget_ms.max(b.window_ms * 5.0);
-            if n >= min_w || (n >= 3 && over) {
-                let (m, sd) = mean_std(&times);
-                if sd / m.max(1e-12) < b.target_cv || over {
-                    break;
-                }
-            }
-        }
+            Ok::<_, String>((t / k as f64, s / k as f64))
+        })?;
         self.transfer_spent_ms = spent_ms;
         let mut t = stats((times, synced), h2d_ms, d2h_ms, shape);
         t.sets = k;
@@ -1253,6 +1224,40 @@ impl Drop for Judge {
 /// job does not say.
 fn job_wall(job: &RunJob) -> Duration {
     Duration::from_secs_f64(job.wall_s.map_or(50.0, |w| (0.9 * w).max(1.0)))
+}
+
+/// Timed windows of `k` sets until the per-launch times settle: at least `window_counts`'
+/// minimum and at most its maximum, stopping early once their coefficient of variation is under
+/// `target_cv`, or after 3 once the time budget (`budget_ms`, at least 5 windows' worth) is
+/// spent. `window` times one window: (per-launch ms, per-launch ms up to the device's
+/// synchronization). The candidate's and the torch baseline's timing share this rule.
+/// `heartbeat` is called before each window.
+fn sample_windows<E>(
+    b: &BenchSpec,
+    k: usize,
+    heartbeat: &mut dyn FnMut(),
+    mut window: impl FnMut() -> Result<(f64, f64), E>,
+) -> Result<(Vec<f64>, Vec<f64>), E> {
+    let (min_w, max_w) = window_counts(b, k);
+    let (mut times, mut synced) = (Vec::new(), Vec::new());
+    let budget = Instant::now();
+    loop {
+        heartbeat();
+        let (t, s) = window()?;
+        times.push(t);
+        synced.push(s);
+        let n = times.len();
+        if n >= max_w {
+            return Ok((times, synced));
+        }
+        let over = budget.elapsed().as_secs_f64() * 1e3 > b.budget_ms.max(b.window_ms * 5.0);
+        if n >= min_w || (n >= 3 && over) {
+            let (m, sd) = mean_std(&times);
+            if sd / m.max(1e-12) < b.target_cv || over {
+                return Ok((times, synced));
+            }
+        }
+    }
 }
 
 /// The most sets one window may use for sets of `set_bytes`.
