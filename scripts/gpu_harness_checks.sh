@@ -107,13 +107,17 @@ elif [ "$PART" = bench ]; then
       B=$NEW
     fi
     export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_RUNNER=$B/cudarl-pipe-runner
+    # TRACE=1: the new build's judge steps, timestamped, per worker process (CUDARL_JUDGE_TRACE).
+    [ "$side" = new ] && [ -n "${TRACE:-}" ] && export CUDARL_JUDGE_TRACE=$OUT/judge_trace_validate.txt
     t0=$(date +%s)
     timeout ${BENCH_LIMIT:-280} "$B/cudarl-pipe" --root "$ROOT" bench validate --kernels "$K" --out "$OUT/bench_validate_$side.json" > /dev/null 2> "$OUT/bench_validate_$side.err"
     echo "bench validate $side rc=$? $(( $(date +%s) - t0 )) s"
+    [ -n "${CUDARL_JUDGE_TRACE:-}" ] && export CUDARL_JUDGE_TRACE=$OUT/judge_trace_serve.txt
     t0=$(date +%s)
     timeout ${SERVE_LIMIT:-120} "$B/cudarl-pipe" --root "$ROOT" bench serve --clients ${SERVE_CLIENTS:-16} --seconds ${SERVE_SECONDS:-30} \
       --out "$OUT/bench_serve_$side.json" > /dev/null 2> "$OUT/bench_serve_$side.err"
     echo "bench serve $side rc=$? $(( $(date +%s) - t0 )) s"
+    unset CUDARL_JUDGE_TRACE
   done
   # Single cases of tests/kernels/hacks/ named in $CASES (space-separated stems), new binaries.
   for c in ${CASES:-}; do

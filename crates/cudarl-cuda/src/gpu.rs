@@ -225,6 +225,11 @@ pub struct RunJob {
     /// for one answer, so a hang is the runner's timeout and the judge answers.
     #[serde(default)]
     pub wall_s: Option<f64>,
+    /// Jobs the caller will send right after this one (e.g. the rest of a timing batch): the
+    /// worker keeps that many sandboxed runners started ahead of time (bounded), so their CUDA
+    /// initialization overlaps this job instead of delaying the next.
+    #[serde(default)]
+    pub upcoming: usize,
 }
 
 /// Result of one (shape, seed) test.
@@ -281,8 +286,9 @@ pub struct Timing {
     /// event ran (includes the host's wake-up latency, about 10-30 us).
     #[serde(default)]
     pub synced_median_ms: f64,
-    /// Work outlived the stop event on the launch stream (another stream): the statistics are
-    /// then the synchronized times, and the verdict carries the `work_after_stop` hack flag.
+    /// Outputs still changed after the stop event (sampled chunks copied at the stop differ
+    /// from the same chunks once the runner's context is synchronized): the statistics are then
+    /// the synchronized times, and the verdict carries the `work_after_stop` hack flag.
     #[serde(default)]
     pub work_after_stop: bool,
     /// Buffer sets (launches) per timing window.
@@ -305,8 +311,6 @@ pub struct Timing {
 /// Wall time a worker spent on one job, by phase, ms.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkerMs {
-    /// Loading the shared object (in the runner, sandboxed).
-    pub load: f64,
     /// Every (shape, seed) test: inputs, launch, reference, comparisons.
     pub tests: f64,
     /// Timing the candidate (calibration, warm-up and timing windows, their fresh inputs and

@@ -260,9 +260,15 @@ impl RunnerProcess {
                 cmd.env(k, v);
             }
         }
-        // No JIT cache on disk (the runner writes no files).
+        // No JIT cache on disk (the runner writes no files). One hardware queue per context: the
+        // driver creates and destroys contexts one process at a time, and with the default 8
+        // queues each runner costs 2-3x more of that serialized time (H200, 8 runners started
+        // at once: ready after 0.44 s instead of 0.97 s, reaped after 0.18 s instead of 0.48 s;
+        // benchmarks/results/runner_start_cost_h200_2026-11-26.json). Work a candidate
+        // puts on other streams then shares the queue of the timed stream, so it is timed too.
         cmd.env("CUDA_MODULE_LOADING", "EAGER")
             .env("CUDA_CACHE_DISABLE", "1")
+            .env("CUDA_DEVICE_MAX_CONNECTIONS", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -387,12 +393,19 @@ impl RunnerProcess {
         }
     }
 
-    /// Kills the runner and its process group.
+    /// Kills the runner and its process group and waits until the runner is gone (its CUDA
+    /// context destroyed with it).
     pub fn kill(&mut self) {
-        // SAFETY: signals the runner's own process group (it is the group leader).
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        self.signal_kill();
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Sends SIGKILL to the runner's process group without waiting; the runner is reaped by
+    /// [`RunnerProcess::kill`] or on drop (until then its pid is not reused).
+    pub fn signal_kill(&mut self) {
+        // SAFETY: signals the runner's own process group (it is the group leader, not reaped).
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
     }
 
     /// The candidate's output so far: stdout and stderr, each its last [`OUTPUT_KEEP`] bytes,

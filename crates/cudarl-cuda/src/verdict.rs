@@ -464,6 +464,7 @@ pub fn check_tests(
         torch_baseline: false,
         cudart: cudart.clone(),
         wall_s: Some(opts.wall.as_secs_f64()),
+        upcoming: 0,
     };
     let out = run_on_gpu(tests, pool, opts.wall);
     failed_run(&mut v, &out, opts.wall);
@@ -599,7 +600,8 @@ pub fn time_batch(
         Some(pool.lock_gpu())
     };
     let mut out: Vec<Option<Verdict>> = vec![None; batch.len()];
-    for i in order {
+    let n = order.len();
+    for (k, i) in order.into_iter().enumerate() {
         let p = &batch[i];
         let mut v = p.verdict.clone();
         let run = |pool: &mut WorkerPool, job: RunJob| match &held {
@@ -616,12 +618,14 @@ pub fn time_batch(
             torch_baseline: base(&p.spec.id).torch.is_none(),
             cudart: cudart.clone(),
             wall_s: Some(p.wall.as_secs_f64()),
+            // The rest of the batch (and a naive baseline per task at most).
+            upcoming: n - 1 - k + naive_so.len(),
         };
         let o = run(pool, timing);
         failed_run(&mut v, &o, p.wall);
         if let Outcome::Done(r) = o {
             if let (Some(w), Some(t)) = (v.worker_ms.as_mut(), &r.worker_ms) {
-                w.load += t.load;
+                w.runner += t.runner;
                 w.timing = t.timing;
                 w.torch = t.torch;
                 w.transfer = t.transfer;
@@ -683,6 +687,7 @@ pub fn time_batch(
                     torch_baseline: false,
                     cudart: cudart.clone(),
                     wall_s: Some(p.wall.as_secs_f64()),
+                    upcoming: n - 1 - k,
                 };
                 if let Outcome::Done(r) = run(pool, job)
                     && r.timing.is_some()

@@ -753,6 +753,7 @@ mod tests {
             torch_baseline: false,
             cudart: None,
             wall_s: None,
+            upcoming: 0,
         };
         let wall = Duration::from_secs(10);
         let id = gpu.to_string();

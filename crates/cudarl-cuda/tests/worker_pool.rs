@@ -31,6 +31,7 @@ fn job(so: &str) -> RunJob {
         torch_baseline: false,
         cudart: None,
         wall_s: None,
+        upcoming: 0,
     }
 }
 

@@ -652,7 +652,8 @@ struct PartRows {
     /// waits for the testers in flight, and the naive kernels' builds).
     timer_ms: std::sync::atomic::AtomicU64,
     /// Milliseconds inside the GPU workers by phase ([`cudarl_cuda::gpu::WorkerMs`]), summed:
-    /// loading the .so, tests, timing the candidate, timing the torch baseline, and of that the
+    /// waiting for a started runner and loading the candidate in it, tests, timing the
+    /// candidate, timing the torch baseline, and of that the
     /// host<->device copies (measured once per worker process and buffer sizes).
     worker_ms: [std::sync::atomic::AtomicU64; 5],
 }
@@ -679,7 +680,7 @@ impl PartRows {
             for (c, ms) in self
                 .worker_ms
                 .iter()
-                .zip([w.load, w.tests, w.timing, w.torch, w.transfer])
+                .zip([w.runner, w.tests, w.timing, w.torch, w.transfer])
             {
                 c.fetch_add(ms.round() as u64, std::sync::atomic::Ordering::Relaxed);
             }
@@ -726,7 +727,7 @@ impl PartRows {
         ctx.stat("gpu_ms", self.gpu_ms.load(Relaxed));
         ctx.stat("gpu_wait_ms", self.gpu_wait_ms.load(Relaxed));
         ctx.stat("timer_ms", self.timer_ms.load(Relaxed));
-        for (name, c) in ["load", "tests", "timing", "torch", "transfer"]
+        for (name, c) in ["runner", "tests", "timing", "torch", "transfer"]
             .iter()
             .zip(&self.worker_ms)
         {

@@ -26,6 +26,8 @@ pub fn worker_main(limits: &Limits) -> i32 {
             .with_writer(std::sync::Mutex::new(f))
             .try_init();
     }
+    // Every trace line names the worker process (several workers append to one file).
+    let _span = tracing::debug_span!("worker", pid = std::process::id()).entered();
     let mut judge = match Judge::new() {
         Ok(r) => r,
         Err(e) => {
@@ -63,6 +65,18 @@ pub fn worker_main(limits: &Limits) -> i32 {
             let _ = writeln!(o, "{{\"heartbeat\":true}}");
             let _ = o.flush();
         });
+        if let Some(w) = &res.worker_ms {
+            tracing::debug!(
+                runner = w.runner,
+                tests = w.tests,
+                timing = w.timing,
+                torch = w.torch,
+                failure = ?res.failure,
+                cuda_error = ?res.cuda_error,
+                load_error = ?res.load_error,
+                "job: done"
+            );
+        }
         // A CUDA error in the judge's own context, or a stream waiting for a runner that died
         // mid-window, leaves this process unusable; the candidate's own errors do not.
         let poisoned = judge.stuck
@@ -75,6 +89,7 @@ pub fn worker_main(limits: &Limits) -> i32 {
         if poisoned {
             return 3;
         }
+        judge.refill();
     }
     0
 }

@@ -589,6 +589,8 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
     let (mut executed, mut correct, mut compiled) = (0, 0, 0);
     // Worker time by phase (seconds, summed over kernels) and nvcc time.
     let mut phase = std::collections::BTreeMap::<&str, f64>::new();
+    // Kernels not judged correct, by failure (or error) text.
+    let mut failures = std::collections::BTreeMap::<String, usize>::new();
     for l in String::from_utf8_lossy(&rows.stdout).lines() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
         executed += v["executed"].as_bool().unwrap_or(false) as usize;
@@ -596,7 +598,15 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
         compiled += v["compiled"].as_bool().unwrap_or(false) as usize;
         let verdict: serde_json::Value =
             serde_json::from_str(v["verdict_json"].as_str().unwrap_or("{}")).unwrap_or_default();
-        for k in ["load", "tests", "timing", "torch"] {
+        if v["correct"].as_bool() != Some(true) {
+            let why = format!(
+                "{}: {}",
+                verdict["failure"].as_str().unwrap_or("wrong output"),
+                verdict["failure_detail"].as_str().unwrap_or_default()
+            );
+            *failures.entry(why.chars().take(100).collect()).or_default() += 1;
+        }
+        for k in ["runner", "tests", "timing", "torch"] {
             *phase.entry(k).or_default() += verdict["worker_ms"][k].as_f64().unwrap_or(0.0) / 1e3;
         }
     }
@@ -612,9 +622,10 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
             "compiled": compiled,
             "executed": executed,
             "correct": correct,
+            "not_correct_by_reason": failures,
             "wall_s": big_s,
             "seconds_by_phase": {
-                "worker: load .so": phase.get("load"),
+                "worker: runner start and load": phase.get("runner"),
                 "worker: tests": phase.get("tests"),
                 "worker: timing": phase.get("timing"),
                 "worker: torch baselines": phase.get("torch"),
