@@ -174,6 +174,44 @@ impl Bufs {
     }
 }
 
+/// One buffer argument (input or output) of a set at arena offset `base`: its index among the
+/// task's arguments, its dims and element count for `sizes`, and its byte offset.
+struct BufArg<'t> {
+    index: usize,
+    arg: &'t cudarl_cuda::task::Arg,
+    dims: Vec<i64>,
+    n: i64,
+    offset: u64,
+}
+
+/// The buffer arguments of one set at arena offset `base`, in argument order ([`set_layout`]).
+fn buffer_args<'t>(
+    task: &'t TaskSpec,
+    sizes: &BTreeMap<String, i64>,
+    base: u64,
+) -> Result<Vec<BufArg<'t>>, String> {
+    let (offs, _) = set_layout(task, sizes)?;
+    let mut out = Vec::new();
+    for (index, arg) in task.args.iter().enumerate() {
+        if !matches!(arg.kind, ArgKind::Input | ArgKind::Output) {
+            continue;
+        }
+        let dims = arg
+            .shape
+            .iter()
+            .map(|d| eval_formula(d, sizes))
+            .collect::<Result<Vec<i64>, _>>()?;
+        out.push(BufArg {
+            index,
+            arg,
+            n: dims.iter().product(),
+            dims,
+            offset: base + offs[out.len()],
+        });
+    }
+    Ok(out)
+}
+
 /// Byte sizes of one set's buffers (data and guard), aligned, for `sizes`.
 fn set_layout(task: &TaskSpec, sizes: &BTreeMap<String, i64>) -> Result<(Vec<u64>, u64), String> {
     let elem = Elem::of(&task.dtype)?;
@@ -495,21 +533,15 @@ impl Judge {
         keep_pristine: bool,
     ) -> Result<Bufs, String> {
         let elem = Elem::of(&task.dtype)?;
-        let (offs, _) = set_layout(task, sizes)?;
         let mut args = Vec::new();
-        let mut bi = 0;
-        for (ai, a) in task.args.iter().enumerate() {
-            if !matches!(a.kind, ArgKind::Input | ArgKind::Output) {
-                continue;
-            }
-            let dims = a
-                .shape
-                .iter()
-                .map(|d| eval_formula(d, sizes))
-                .collect::<Result<Vec<i64>, _>>()?;
-            let n: i64 = dims.iter().product();
-            let offset = base + offs[bi];
-            bi += 1;
+        for BufArg {
+            index: ai,
+            arg: a,
+            dims,
+            n,
+            offset,
+        } in buffer_args(task, sizes, base)?
+        {
             let whole = self.view(offset, n + GUARD_ELEMS, elem.bits)?;
             let mut data = whole.f_narrow(0, 0, n).map_err(terr)?;
             let mut guard = whole.f_narrow(0, n, GUARD_ELEMS).map_err(terr)?;
@@ -582,22 +614,16 @@ impl Judge {
         verify: usize,
     ) -> Result<Vec<Bufs>, String> {
         let elem = Elem::of(&task.dtype)?;
-        let (offs, _) = set_layout(task, sizes)?;
         let seed: u64 = self.rng.random();
         let mut sets: Vec<Vec<Buf>> = (0..k).map(|_| Vec::new()).collect();
-        let mut bi = 0;
-        for (ai, a) in task.args.iter().enumerate() {
-            if !matches!(a.kind, ArgKind::Input | ArgKind::Output) {
-                continue;
-            }
-            let dims = a
-                .shape
-                .iter()
-                .map(|d| eval_formula(d, sizes))
-                .collect::<Result<Vec<i64>, _>>()?;
-            let n: i64 = dims.iter().product();
-            let offset = base + offs[bi];
-            bi += 1;
+        for BufArg {
+            index: ai,
+            arg: a,
+            dims,
+            n,
+            offset,
+        } in buffer_args(task, sizes, base)?
+        {
             let guard_at = offset + (n * elem.size) as u64;
             let _ = self
                 .strided(guard_at, k, GUARD_ELEMS, set_bytes, &elem, elem.bits)?
