@@ -119,7 +119,8 @@ PY
   cat "$W/shard_summary.json"
 elif [ "$PART" = tests ]; then
   t0=$(date +%s%N)
-  CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_TEST_REPO=$PWD timeout 540 "$B/gpu-tests" --include-ignored --test-threads 1 > "$W/gpu_tests.log" 2>&1
+  # TESTS: name filters (all gated tests without).
+  CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_TEST_REPO=$PWD timeout ${LIMIT:-540} "$B/gpu-tests" --include-ignored --test-threads 1 ${TESTS:-} > "$W/gpu_tests.log" 2>&1
   echo $? > "$W/gpu_tests.rc"
   ms $t0 > "$W/gpu_tests.wall"
 else

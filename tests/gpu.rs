@@ -156,9 +156,10 @@ fn four_gpu_workers_agree_with_one() {
     let p = Project::full();
     let run = |store: &str, workers: usize| {
         let set = format!("validate.gpu_workers={workers}");
+        // One worker times in batches by a timing worker, four in their testers' runners.
         let batch = format!(
-            "validate.timing_batch={}",
-            if workers == 1 { 1 } else { 32 }
+            "validate.timing=\"{}\"",
+            if workers == 1 { "batched" } else { "in_tester" }
         );
         validations(
             &p,
@@ -202,8 +203,8 @@ fn four_gpu_workers_agree_with_one() {
             vb["timing"]["median_ms"].as_f64(),
         ) {
             log_ratios.push((y / x).ln());
-            // Host<->device copies are measured once per worker process and buffer sizes, and
-            // every timed kernel carries them (a task whose sizes another task already had too).
+            // Every timed kernel carries host<->device copy times (from the copy rate each
+            // worker process measures once).
             for v in [&va, &vb] {
                 for k in ["h2d_ms", "d2h_ms"] {
                     let ms = v["timing"][k].as_f64().unwrap_or(0.0);
@@ -213,7 +214,7 @@ fn four_gpu_workers_agree_with_one() {
         }
     }
     assert!(log_ratios.len() >= 50, "{} timed", log_ratios.len());
-    // Every kernel timed alone either way (one hold per candidate, or one per batch of 32): the
+    // Every kernel timed alone either way (in its tester's runner, or by a timing worker): the
     // geometric mean of four-worker / one-worker medians stays within 3% of 1 (per kernel,
     // run-to-run noise of small kernels is larger).
     let g = (log_ratios.iter().sum::<f64>() / log_ratios.len() as f64).exp();

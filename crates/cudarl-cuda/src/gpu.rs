@@ -230,6 +230,13 @@ pub struct RunJob {
     /// initialization overlaps this job instead of delaying the next.
     #[serde(default)]
     pub upcoming: usize,
+    /// Tests under a shared hold of the GPU, then times (`bench`, and `torch_baseline` when
+    /// asked) in the same runner once the GPU is held alone: the worker asks its parent with an
+    /// `{"exclusive":true}` line after the tests pass and waits for a `go` line on its stdin
+    /// ([`crate::worker`]). One runner per candidate instead of one for its tests and one for
+    /// its timing.
+    #[serde(default)]
+    pub exclusive_timing: bool,
 }
 
 /// Result of one (shape, seed) test.
@@ -274,9 +281,9 @@ pub struct Timing {
     pub cv: f64,
     /// Timed repetitions.
     pub reps: usize,
-    /// Host-to-device copy of the buffers from pageable host memory, ms (measured separately,
-    /// not in the kernel time; with the torch baseline, once per worker process and list of
-    /// buffer sizes in bytes: tasks with the same sizes share the measurement).
+    /// Host-to-device copy of the buffers from pageable host memory, ms (not in the kernel
+    /// time): their bytes at the copy rate each worker process measures once on a 64 MiB
+    /// buffer.
     pub h2d_ms: f64,
     /// Device-to-host copy of the buffers to pageable host memory, ms.
     pub d2h_ms: f64,
@@ -302,8 +309,9 @@ pub struct Timing {
     /// baseline, which runs in the judge's own context).
     #[serde(default)]
     pub overhead_ms: f64,
-    /// Timed buffer sets whose outputs were compared with the reference (one per window, chosen
-    /// by the judge after the window).
+    /// Timed buffer sets whose outputs were compared with the reference: one set, chosen by the
+    /// judge, in each window verified (half of them, chosen at random after each window ran);
+    /// every window's outputs are checked for poison left.
     #[serde(default)]
     pub verified_sets: usize,
 }
@@ -318,8 +326,8 @@ pub struct WorkerMs {
     pub timing: f64,
     /// Timing the torch baseline, when asked (`transfer` included).
     pub torch: f64,
-    /// Of `torch`: copying the buffers host<->device for `h2d_ms` / `d2h_ms` (0 when the worker
-    /// process had measured the same buffer sizes before).
+    /// Of `torch`: measuring the host<->device copy rate for `h2d_ms` / `d2h_ms` (once per
+    /// worker process, 0 after).
     #[serde(default)]
     pub transfer: f64,
     /// Waiting for a sandboxed runner to be ready (CUDA initialized; usually started ahead of

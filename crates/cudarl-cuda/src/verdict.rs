@@ -343,15 +343,14 @@ fn run_on_gpu(job: RunJob, pool: &mut WorkerPool, wall: Duration) -> Outcome {
 }
 
 /// Full check: static checks, compile, every train and hold-out shape on public and hidden
-/// seeds in a sandboxed worker, then, if every test passed, timing against the task's naive
-/// kernel and its libtorch reference (measured once per task into `baselines`):
-/// [`check_tests`] then [`time_batch`] of that one candidate.
+/// seeds in a sandboxed runner, then, if every test passed, timing in the same runner against
+/// the task's naive kernel and its libtorch reference (measured once per task into
+/// `baselines`): [`check_and_time`], and the naive kernel timed in a runner of its own when
+/// its task has no naive timing yet.
 ///
-/// Two worker jobs: the tests (the GPU shared with other testers) and the timing (the GPU
-/// alone), so callers with several pools on one GPU ([`crate::worker::drain_on`]) test
-/// candidates concurrently while every timing still runs alone ([`crate::worker::GpuLock`]).
-/// Callers with many candidates at once should call the two halves themselves and time in
-/// batches: each exclusive hold first waits for the testers' jobs in flight to finish.
+/// The tests share the GPU with other testers; the timing holds it alone
+/// ([`crate::worker::GpuLock`]), so callers with several pools on one GPU
+/// ([`crate::worker::drain_on`]) test candidates concurrently while every timing runs alone.
 ///
 /// # Errors
 /// Harness failures only (compile setup, store). Candidate failures are in the verdict.
@@ -366,11 +365,72 @@ pub fn check_full(
     opts: &FullOptions,
     baselines: &std::sync::Mutex<Baselines>,
 ) -> Result<Verdict, CompileError> {
-    match check_tests(spec, source, naive_source, rules, compiler, pool, opts)? {
-        Tested::Done(v) => Ok(v),
-        Tested::Pending(p) => Ok(time_batch(vec![p], compiler, pool, baselines)
-            .pop()
-            .expect("one verdict per pending candidate")),
+    let mut v = check_and_time(
+        spec,
+        source,
+        naive_source,
+        rules,
+        compiler,
+        pool,
+        opts,
+        baselines,
+    )?;
+    let known = |b: &std::sync::Mutex<Baselines>| {
+        b.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&spec.id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    if let (Some(t), Some(naive)) = (&v.timing, naive_source)
+        && v.correct == Some(true)
+        && known(baselines).naive.is_none()
+        && let Ok(out) = compiler.compile(naive, &spec.shim(), &Rules::builtin())
+        && let (Some(h), Some(store)) = (out.so_hash, compiler.store.as_ref())
+    {
+        let job = naive_job(
+            spec,
+            store.blob_path(&h).display().to_string(),
+            ShapeCase {
+                split: "train".into(),
+                sizes: t.sizes.clone(),
+            },
+            compiler,
+            opts.wall,
+        );
+        if let Outcome::Done(r) = pool.run(&job, opts.wall)
+            && r.timing.is_some()
+        {
+            let mut b = baselines.lock().unwrap_or_else(|e| e.into_inner());
+            let e = b.entry(spec.id.clone()).or_default();
+            if e.naive.is_none() {
+                e.naive = r.timing.clone();
+            }
+        }
+        speedups(&mut v, &known(baselines));
+    }
+    Ok(v)
+}
+
+/// A job that times the naive kernel built at `so` on `shape` alone (the speedup baseline).
+fn naive_job(
+    spec: &TaskSpec,
+    so: String,
+    shape: ShapeCase,
+    compiler: &Compiler,
+    wall: Duration,
+) -> RunJob {
+    RunJob {
+        so_path: Some(so),
+        task: spec.clone(),
+        shapes: vec![shape],
+        seeds: vec![],
+        bench: Some(BenchSpec::default()),
+        torch_baseline: false,
+        cudart: compiler.nvcc.cudart().map(|p| p.display().to_string()),
+        wall_s: Some(wall.as_secs_f64()),
+        upcoming: 0,
+        exclusive_timing: false,
     }
 }
 
@@ -419,6 +479,56 @@ pub fn check_tests(
     pool: &mut WorkerPool,
     opts: &FullOptions,
 ) -> Result<Tested, CompileError> {
+    let (src, naive) = (source, naive_source);
+    tests_then(spec, (src, naive), rules, compiler, pool, opts, None)
+}
+
+/// [`check_full`] with one runner for the candidate: static checks, compile, then one worker
+/// job that tests on every train and hold-out shape (the GPU shared with other testers) and,
+/// once every test passed, asks for the GPU alone and times the candidate in the same runner
+/// ([`RunJob::exclusive_timing`]), with the task's torch baseline when `baselines` lacks it.
+/// The naive kernel is not timed here: `speedup_vs_naive` is filled from `baselines` when the
+/// task's naive timing is known (the naive kernel itself records it), else left for the
+/// caller ([`speedups`]). Each timed candidate holds the GPU alone once, after its tests.
+///
+/// # Errors
+/// Harness failures only (compile setup, store). Candidate failures are in the verdict.
+#[allow(clippy::too_many_arguments)]
+pub fn check_and_time(
+    spec: &TaskSpec,
+    source: &str,
+    naive_source: Option<&str>,
+    rules: &Rules,
+    compiler: &Compiler,
+    pool: &mut WorkerPool,
+    opts: &FullOptions,
+    baselines: &std::sync::Mutex<Baselines>,
+) -> Result<Verdict, CompileError> {
+    let (src, naive) = (source, naive_source);
+    match tests_then(
+        spec,
+        (src, naive),
+        rules,
+        compiler,
+        pool,
+        opts,
+        Some(baselines),
+    )? {
+        Tested::Done(v) => Ok(v),
+        Tested::Pending(p) => Ok(p.verdict),
+    }
+}
+
+/// [`check_tests`], and with `timed` the timing in the same job ([`check_and_time`]).
+fn tests_then(
+    spec: &TaskSpec,
+    (source, naive_source): (&str, Option<&str>),
+    rules: &Rules,
+    compiler: &Compiler,
+    pool: &mut WorkerPool,
+    opts: &FullOptions,
+    timed: Option<&std::sync::Mutex<Baselines>>,
+) -> Result<Tested, CompileError> {
     let mut v = check_compile_only(spec, source, rules, compiler)?;
     if !v.compiled {
         return Ok(Tested::Done(v));
@@ -455,19 +565,69 @@ pub fn check_tests(
         .map(|(i, _)| i)
         .unwrap_or(0);
     let cudart = compiler.nvcc.cudart().map(|p| p.display().to_string());
+    let is_naive = naive_source == Some(source);
+    let lock = |b: &std::sync::Mutex<Baselines>| {
+        b.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&spec.id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let timed = timed.filter(|_| opts.bench);
     let tests = RunJob {
         so_path: Some(so.display().to_string()),
         task: spec.clone(),
         shapes: shapes.clone(),
         seeds,
-        bench: None,
-        torch_baseline: false,
+        bench: timed.map(|_| BenchSpec {
+            shape_index: bench_idx,
+            ..BenchSpec::default()
+        }),
+        torch_baseline: timed.is_some_and(|b| lock(b).torch.is_none()),
         cudart: cudart.clone(),
         wall_s: Some(opts.wall.as_secs_f64()),
         upcoming: 0,
+        exclusive_timing: timed.is_some(),
     };
     let out = run_on_gpu(tests, pool, opts.wall);
-    failed_run(&mut v, &out, opts.wall);
+    read_tests(&mut v, &out, opts.wall);
+    if let Some(baselines) = timed {
+        read_timing(&mut v, &out, spec, baselines);
+        if let (Some(true), Some(t)) = (v.correct, &v.timing)
+            && is_naive
+        {
+            let mut b = baselines.lock().unwrap_or_else(|e| e.into_inner());
+            let e = b.entry(spec.id.clone()).or_default();
+            if e.naive.is_none() {
+                e.naive = Some(t.clone());
+            }
+        }
+        speedups(&mut v, &lock(baselines));
+        return Ok(Tested::Done(v));
+    }
+    if v.correct != Some(true) || !opts.bench {
+        return Ok(Tested::Done(v));
+    }
+    Ok(Tested::Pending(PendingTiming {
+        verdict: v,
+        spec: Box::new(spec.clone()),
+        so: so.display().to_string(),
+        shape: shapes[bench_idx].clone(),
+        // Timing jobs carry the bench shape alone.
+        bench: BenchSpec {
+            shape_index: 0,
+            ..BenchSpec::default()
+        },
+        naive_source: naive_source.map(str::to_string),
+        is_naive,
+        wall: opts.wall,
+    }))
+}
+
+/// Reads a tests job's outcome into `v`: executed, the tests and their errors, the runner's
+/// report, the failure (the first failed test's kind) and `correct`.
+fn read_tests(v: &mut Verdict, out: &Outcome, wall: Duration) {
+    failed_run(v, out, wall);
     if let Outcome::Done(r) = out {
         v.executed = true;
         v.worker_ms = r.worker_ms.clone();
@@ -475,7 +635,7 @@ pub fn check_tests(
         v.tests = r.tests.clone();
         v.max_abs_err = r.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
         v.max_rel_err = r.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
-        runner_report(&mut v, &r);
+        runner_report(v, r);
         if v.failure.is_some() {
         } else if let Some(e) = &r.load_error {
             v.failure = Some("load_error".into());
@@ -506,23 +666,70 @@ pub fn check_tests(
         }
         v.correct = Some(v.failure.is_none());
     }
-    if v.correct != Some(true) || !opts.bench {
-        return Ok(Tested::Done(v));
+}
+
+/// The timing of a correct candidate from its job's answer: the timing, its roofline (bytes and,
+/// for a task that declares them, FLOPs, at the GPU's peaks; a median under it is the
+/// `beats_roofline` hack flag) and `work_after_stop` when the judge saw outputs change after
+/// the stop event; a torch baseline the job measured goes into `baselines` (first one wins).
+fn read_timing(
+    v: &mut Verdict,
+    o: &Outcome,
+    spec: &TaskSpec,
+    baselines: &std::sync::Mutex<Baselines>,
+) {
+    let Outcome::Done(r) = o else { return };
+    v.timing = r.timing.clone();
+    if r.torch_timing.is_some() {
+        let mut b = baselines.lock().unwrap_or_else(|e| e.into_inner());
+        let e = b.entry(spec.id.clone()).or_default();
+        if e.torch.is_none() {
+            e.torch = r.torch_timing.clone();
+        }
     }
-    Ok(Tested::Pending(PendingTiming {
-        verdict: v,
-        spec: Box::new(spec.clone()),
-        so: so.display().to_string(),
-        shape: shapes[bench_idx].clone(),
-        // Timing jobs carry the bench shape alone.
-        bench: BenchSpec {
-            shape_index: 0,
-            ..BenchSpec::default()
-        },
-        naive_source: naive_source.map(str::to_string),
-        is_naive: naive_source == Some(source),
-        wall: opts.wall,
-    }))
+    let (Some(true), Some(t), Some(gpu)) = (v.correct, &v.timing, &v.gpu) else {
+        return;
+    };
+    let bytes = spec.bytes_for(&t.sizes).unwrap_or(0) as f64;
+    let flops = spec.flops_for(&t.sizes).unwrap_or(0) as f64;
+    let (peak_b, peak_f) = (gpu.peak_bytes_per_ms(), gpu.peak_flop_per_ms());
+    if peak_b > 0.0 && bytes > 0.0 {
+        let bound = bytes / peak_b;
+        v.roofline_bytes_ms = Some(bound);
+        v.dram_fraction_of_peak = Some(bound / t.median_ms);
+    }
+    if peak_f > 0.0 && flops > 0.0 {
+        v.roofline_flops_ms = Some(flops / peak_f);
+    }
+    v.roofline_ms = match (v.roofline_bytes_ms, v.roofline_flops_ms) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    if v.roofline_ms.is_some_and(|bound| t.median_ms < bound) {
+        v.hack_flags.push("beats_roofline".into());
+    }
+    if t.work_after_stop {
+        v.hack_flags.push("work_after_stop".into());
+    }
+}
+
+/// A timed candidate's speedups against its task's baselines (naive kernel and libtorch, each
+/// timed on the same shape), with their timings and the torch baseline's host<->device copy
+/// times. A baseline not known leaves its speedup empty.
+pub fn speedups(v: &mut Verdict, base: &TaskBaselines) {
+    let Some(t) = v.timing.clone() else { return };
+    if let Some(nt) = &base.naive {
+        v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
+        v.naive_timing = Some(nt.clone());
+    }
+    if let Some(tt) = &base.torch {
+        v.speedup_vs_torch = Some(tt.median_ms / t.median_ms);
+        v.torch_timing = Some(tt.clone());
+        if let Some(mine) = v.timing.as_mut() {
+            mine.h2d_ms = tt.h2d_ms;
+            mine.d2h_ms = tt.d2h_ms;
+        }
+    }
 }
 
 /// What the judge reported about the candidate's runner: its failure (a hack flag too when it
@@ -620,17 +827,18 @@ pub fn time_batch(
             wall_s: Some(p.wall.as_secs_f64()),
             // The rest of the batch (and a naive baseline per task at most).
             upcoming: n - 1 - k + naive_so.len(),
+            exclusive_timing: false,
         };
         let o = run(pool, timing);
         failed_run(&mut v, &o, p.wall);
-        if let Outcome::Done(r) = o {
+        if let Outcome::Done(r) = &o {
             if let (Some(w), Some(t)) = (v.worker_ms.as_mut(), &r.worker_ms) {
                 w.runner += t.runner;
                 w.timing = t.timing;
                 w.torch = t.torch;
                 w.transfer = t.transfer;
             }
-            runner_report(&mut v, &r);
+            runner_report(&mut v, r);
             if v.failure.is_some() {
             } else if let Some(e) = r.load_error.as_ref().or(r.cuda_error.as_ref()) {
                 v.ran_and_failed(
@@ -642,36 +850,9 @@ pub fn time_batch(
                     e.clone(),
                 );
             }
-            v.timing = r.timing.clone();
-            if r.torch_timing.is_some() {
-                let mut b = lock();
-                let e = b.entry(p.spec.id.clone()).or_default();
-                if e.torch.is_none() {
-                    e.torch = r.torch_timing.clone();
-                }
-            }
         }
-        if v.correct == Some(true)
-            && let (Some(t), Some(gpu)) = (&v.timing, &v.gpu)
-        {
-            let bytes = p.spec.bytes_for(&t.sizes).unwrap_or(0) as f64;
-            let flops = p.spec.flops_for(&t.sizes).unwrap_or(0) as f64;
-            let (peak_b, peak_f) = (gpu.peak_bytes_per_ms(), gpu.peak_flop_per_ms());
-            if peak_b > 0.0 && bytes > 0.0 {
-                let bound = bytes / peak_b;
-                v.roofline_bytes_ms = Some(bound);
-                v.dram_fraction_of_peak = Some(bound / t.median_ms);
-            }
-            if peak_f > 0.0 && flops > 0.0 {
-                v.roofline_flops_ms = Some(flops / peak_f);
-            }
-            v.roofline_ms = match (v.roofline_bytes_ms, v.roofline_flops_ms) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            if v.roofline_ms.is_some_and(|bound| t.median_ms < bound) {
-                v.hack_flags.push("beats_roofline".into());
-            }
+        read_timing(&mut v, &o, &p.spec, baselines);
+        if let (Some(true), Some(t)) = (v.correct, v.timing.clone()) {
             // The naive kernel on the same shape (itself: speedup 1), measured once per task.
             if p.is_naive {
                 lock().entry(p.spec.id.clone()).or_default().naive = Some(t.clone());
@@ -679,15 +860,8 @@ pub fn time_batch(
                 && let Some(so) = naive_so.get(&p.spec.id)
             {
                 let job = RunJob {
-                    so_path: Some(so.clone()),
-                    task: (*p.spec).clone(),
-                    shapes: vec![p.shape.clone()],
-                    seeds: vec![],
-                    bench: Some(p.bench.clone()),
-                    torch_baseline: false,
-                    cudart: cudart.clone(),
-                    wall_s: Some(p.wall.as_secs_f64()),
                     upcoming: n - 1 - k,
+                    ..naive_job(&p.spec, so.clone(), p.shape.clone(), compiler, p.wall)
                 };
                 if let Outcome::Done(r) = run(pool, job)
                     && r.timing.is_some()
@@ -699,22 +873,7 @@ pub fn time_batch(
                     }
                 }
             }
-            let base = base(&p.spec.id);
-            if let Some(nt) = &base.naive {
-                v.speedup_vs_naive = Some(nt.median_ms / t.median_ms);
-                v.naive_timing = Some(nt.clone());
-            }
-            if let Some(tt) = &base.torch {
-                v.speedup_vs_torch = Some(tt.median_ms / t.median_ms);
-                v.torch_timing = Some(tt.clone());
-            }
-            if t.work_after_stop {
-                v.hack_flags.push("work_after_stop".into());
-            }
-            if let (Some(mine), Some(tt)) = (v.timing.as_mut(), base.torch.as_ref()) {
-                mine.h2d_ms = tt.h2d_ms;
-                mine.d2h_ms = tt.d2h_ms;
-            }
+            speedups(&mut v, &base(&p.spec.id));
         }
         out[i] = Some(v);
     }

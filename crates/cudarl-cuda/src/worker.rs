@@ -7,10 +7,13 @@
 //!
 //! Protocol: one JSON [`crate::gpu::RunJob`] per line on the worker's stdin; on its stdout,
 //! `{"heartbeat":true}` lines before each GPU step, then one JSON [`crate::gpu::RunResult`].
-//! The wall-clock limit applies between two lines, i.e. to each step.
+//! The wall-clock limit applies between two lines, i.e. to each step. A job with
+//! `exclusive_timing` writes `{"exclusive":true}` once its tests passed and waits for a `go`
+//! line: the parent then holds the GPU alone for the rest of the job (the timing).
 //!
 //! Timing runs alone on its GPU, machine-wide: a job that times (a [`RunJob`] with `bench` or
-//! `torch_baseline`, and every [`WorkerPool::run_line`] job) holds an exclusive lock on its GPU
+//! `torch_baseline`, from its `{"exclusive":true}` line on with `exclusive_timing`, and every
+//! [`WorkerPool::run_line`] job) holds an exclusive lock on its GPU
 //! ([`GpuLock`]) while it runs, so two cudarl-pipe processes on one GPU (two validation shards,
 //! `serve` beside a `validate`) take turns instead of timing each other's kernels. Measured on an
 //! H100 before the lock: two concurrent shards on one GPU flagged 22 of 166 kernels
@@ -378,7 +381,7 @@ impl WorkerPool {
     /// worker is an [`Outcome`]. A job that times (`bench` or `torch_baseline`) has the GPU to
     /// itself; one that only tests shares it with other testers ([`GpuLock`]).
     pub fn run(&mut self, job: &RunJob, wall: Duration) -> Outcome {
-        let exclusive = job.bench.is_some() || job.torch_baseline;
+        let exclusive = (job.bench.is_some() || job.torch_baseline) && !job.exclusive_timing;
         self.run_job(
             job,
             wall,
@@ -457,7 +460,7 @@ impl WorkerPool {
             Hold::Shared => GpuLock::acquire_shared(&id).map(Some),
             Hold::Held => Ok(None),
         };
-        let _gpu = match lock {
+        let mut gpu = match lock {
             Ok(l) => l,
             Err(e) => return RawOutcome::Crash(format!("GPU lock: {e}")),
         };
@@ -467,19 +470,31 @@ impl WorkerPool {
                 Err(e) => return RawOutcome::Crash(e),
             }
         }
-        let w = self.worker.as_mut().expect("spawned");
-        if writeln!(w.stdin, "{line}")
-            .and_then(|_| w.stdin.flush())
-            .is_err()
-        {
-            return match self.crashed() {
-                Outcome::Crash(c) => RawOutcome::Crash(c),
-                _ => RawOutcome::Crash("worker stdin closed".into()),
-            };
+        if let Err(o) = self.send(line) {
+            return o;
         }
         let answer = loop {
+            let w = self.worker.as_mut().expect("spawned");
             match w.lines.recv_timeout(wall) {
                 Ok(l) if l.starts_with("{\"heartbeat\"") || l.starts_with("{\"hello\"") => continue,
+                Ok(l) if l.starts_with("{\"exclusive\"") => {
+                    // The job's tests passed and its timing wants the GPU alone: trade the shared
+                    // hold for an exclusive one (released first: two testers upgrading at once
+                    // would otherwise wait for each other), then let the worker go on.
+                    if gpu.as_ref().is_some_and(|g| !g.exclusive) {
+                        drop(gpu.take());
+                        match GpuLock::acquire(&id) {
+                            Ok(l) => gpu = Some(l),
+                            Err(e) => {
+                                self.kill();
+                                return RawOutcome::Crash(format!("GPU lock: {e}"));
+                            }
+                        }
+                    }
+                    if let Err(o) = self.send("go") {
+                        return o;
+                    }
+                }
                 other => break other,
             }
         };
@@ -494,6 +509,21 @@ impl WorkerPool {
                 _ => RawOutcome::Crash("worker exited".into()),
             },
         }
+    }
+
+    /// Writes one line to the running worker; a worker that cannot take it has crashed.
+    fn send(&mut self, line: &str) -> Result<(), RawOutcome> {
+        let w = self.worker.as_mut().expect("spawned");
+        if writeln!(w.stdin, "{line}")
+            .and_then(|_| w.stdin.flush())
+            .is_err()
+        {
+            return Err(match self.crashed() {
+                Outcome::Crash(c) => RawOutcome::Crash(c),
+                _ => RawOutcome::Crash("worker stdin closed".into()),
+            });
+        }
+        Ok(())
     }
 
     /// Kills the current worker (the next job starts a fresh one).
@@ -754,6 +784,7 @@ mod tests {
             cudart: None,
             wall_s: None,
             upcoming: 0,
+            exclusive_timing: false,
         };
         let wall = Duration::from_secs(10);
         let id = gpu.to_string();

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use cudarl_cuda::gpu::{RunJob, RunResult};
-use cudarl_cuda::worker::{Outcome, WorkerPool};
+use cudarl_cuda::worker::{GpuLock, Outcome, WorkerPool};
 
 const SCRIPT: &str = r#"
 while read -r line; do
@@ -32,6 +32,7 @@ fn job(so: &str) -> RunJob {
         cudart: None,
         wall_s: None,
         upcoming: 0,
+        exclusive_timing: false,
     }
 }
 
@@ -77,4 +78,68 @@ fn crashed_and_hung_workers_are_replaced() {
     let d = pid_of(&pool.run(&job("ok"), wall));
     assert_ne!(d, c);
     assert_eq!(pool.spawned, 3);
+}
+
+/// A stand-in for a job with `exclusive_timing`: "tests" (marker `$1.testing`), asks for the GPU
+/// alone, waits for its parent's answer, "times" (marker `$1.timing`) and answers with what the
+/// parent sent as the GPU's name.
+const UPGRADE: &str = r#"
+read -r line
+echo '{"heartbeat":true}'
+touch "$1.testing"; sleep 0.5
+echo '{"exclusive":true}'
+read -r go
+touch "$1.timing"; sleep 1
+echo "{\"tests\":[],\"timing\":null,\"cuda_error\":null,\"load_error\":null,\"gpu\":{\"name\":\"$go\",\"arch\":\"sm_90\",\"sms\":1,\"sm_clock_khz\":1,\"mem_clock_khz\":1,\"l2_bytes\":1,\"driver_version\":1,\"total_mem_bytes\":1,\"mem_bus_bits\":1}}"
+"#;
+
+#[test]
+fn a_tester_holds_the_gpu_shared_for_tests_and_alone_for_its_timing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("job");
+    let gpu = 90_000 + (std::process::id() % 10_000) as usize;
+    let id = gpu.to_string();
+    let mut pool = WorkerPool::new(
+        "sh".into(),
+        vec![
+            "-c".into(),
+            UPGRADE.into(),
+            "sh".into(),
+            mark.display().to_string(),
+        ],
+    )
+    .on_gpu(gpu);
+    let mut j = job("ok");
+    j.bench = Some(cudarl_cuda::gpu::BenchSpec::default());
+    j.exclusive_timing = true;
+    let job = std::thread::spawn(move || pool.run(&j, Duration::from_secs(10)));
+    let wait_for = |suffix: &str| {
+        let p = dir.path().join(format!("job.{suffix}"));
+        let t0 = Instant::now();
+        while !p.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no {suffix} marker");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    // Testing: the hold is shared, another tester gets in beside it at once.
+    wait_for("testing");
+    let t0 = Instant::now();
+    drop(GpuLock::acquire_shared(&id).unwrap());
+    assert!(
+        t0.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
+    // Timing: the GPU is held alone; another tester waits until the answer.
+    wait_for("timing");
+    let tester = std::thread::spawn({
+        let id = id.clone();
+        move || GpuLock::acquire_shared(&id).map(|_| Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!tester.is_finished(), "a tester got in during a timing");
+    let answered = job.join().unwrap();
+    assert_eq!(pid_of(&answered), "go", "the worker was told to go on");
+    tester.join().unwrap().unwrap();
+    assert!(GpuLock::try_acquire(&id).unwrap().is_some(), "released");
 }

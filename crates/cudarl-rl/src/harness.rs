@@ -9,7 +9,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use cudarl_cuda::task::TaskSpec;
-use cudarl_cuda::verdict::{Baselines, FullOptions, Tested, check_tests, hidden_seeds, time_batch};
+use cudarl_cuda::verdict::{Baselines, FullOptions, check_full, hidden_seeds};
 use cudarl_cuda::worker::{WorkerPool, drain_on};
 use cudarl_cuda::{Compiler, Rules, Verdict, check_compile_only};
 use cudarl_store::{Digest, Store};
@@ -293,8 +293,8 @@ impl Tester for Harness {
                     .collect();
                 (sass, t.elapsed().as_secs_f64())
             });
-            // Tests on every worker, then the candidates that passed timed in one exclusive
-            // hold of the GPU (each hold waits for the tests in flight: once, not per candidate).
+            // Tests on every worker, each candidate that passed timed in its tester's runner once
+            // that tester holds the GPU alone.
             let full = drain_on(pools, on_gpu.into_iter(), |pool, i| {
                 let (t, c) = items[i];
                 let opts = FullOptions {
@@ -304,29 +304,9 @@ impl Tester for Harness {
                     bench: true,
                 };
                 let naive = naive.get(&t.id).map(String::as_str);
-                check_tests(t, c, naive, rules, compiler, pool, &opts)
+                check_full(t, c, naive, rules, compiler, pool, &opts, baselines)
                     .map(|v| (i, v))
                     .map_err(|e| e.to_string())
-            })
-            .map(|tested| {
-                let mut done = Vec::new();
-                let mut pending = Vec::new();
-                for (i, t) in tested {
-                    match t {
-                        Tested::Done(v) => done.push((i, v)),
-                        Tested::Pending(p) => pending.push((i, p)),
-                    }
-                }
-                if !pending.is_empty() {
-                    // Candidates were tested, so there is a pool (`on_gpu` is empty without).
-                    let pool = pools.first_mut().expect("tested candidates had a GPU pool");
-                    let (ids, pending): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
-                    done.extend(
-                        ids.into_iter()
-                            .zip(time_batch(pending, compiler, pool, baselines)),
-                    );
-                }
-                done
             });
             phases.gpu += t_gpu.elapsed().as_secs_f64();
             let sass = disassembly

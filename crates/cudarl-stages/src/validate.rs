@@ -12,8 +12,8 @@ use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
 use cudarl_cuda::verdict::{
-    Baselines, FullOptions, PendingTiming, Tested, Verdict, check_tests, hidden_salt, hidden_seeds,
-    time_batch,
+    Baselines, FullOptions, PendingTiming, Tested, Verdict, check_and_time, check_tests,
+    hidden_salt, hidden_seeds, speedups, time_batch,
 };
 use cudarl_cuda::worker::{WorkerPool, drain_on, worker_exe};
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
@@ -30,7 +30,9 @@ pub const KIND: &str = "validate";
 /// Version of the verdict semantics; part of every row's memo key. 5: candidates run in the
 /// sandboxed runner and are timed by the judge in windows of fresh inputs; builds are inspected
 /// (preprocessed text, object, PTX); FLOP roofline; verdicts carry the candidate's output.
-pub const HARNESS_VERSION: u32 = 5;
+/// 6: half of the timed windows, chosen after they ran, compared with the reference (every
+/// window checked for poison); host<->device copy times from a per-worker copy rate.
+pub const HARNESS_VERSION: u32 = 6;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
@@ -134,6 +136,22 @@ pub enum Mode {
     Compile,
 }
 
+/// Where a candidate whose tests passed is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimingMode {
+    /// In its tester's runner, right after its tests, once the tester holds the GPU alone
+    /// ([`cudarl_cuda::verdict::check_and_time`]): one runner per candidate.
+    InTester,
+    /// By one timing worker in batches of `timing_batch`, each batch under one exclusive hold
+    /// ([`cudarl_cuda::verdict::time_batch`]): a second runner per candidate.
+    Batched,
+}
+
+fn d_timing() -> TimingMode {
+    TimingMode::InTester
+}
+
 fn d_mode() -> Mode {
     Mode::Auto
 }
@@ -188,7 +206,12 @@ pub struct Params {
     /// alone ([`cudarl_cuda::worker::GpuLock`]). Not part of a verdict's memo key.
     #[serde(default = "d_gpu_workers")]
     pub gpu_workers: usize,
-    /// Candidates timed per exclusive hold of the GPU: the testers hand every candidate whose
+    /// Where candidates are timed. Measured (H200, `bench validate`, 57 kernels): see
+    /// `benchmarks/results/harness_isolation_cost_h200_2026-11-26.json`. Not part of a
+    /// verdict's memo key.
+    #[serde(default = "d_timing")]
+    pub timing: TimingMode,
+    /// With `timing = "batched"`: candidates timed per exclusive hold of the GPU: the testers hand every candidate whose
     /// tests passed to one timing worker, which waits for this many (or the last ones), then
     /// takes the GPU alone once and times them one after another
     /// ([`cudarl_cuda::verdict::time_batch`]); 1 takes the GPU alone once per candidate. Each
@@ -408,10 +431,23 @@ impl Stage for Validate {
         // Compiles (all cores, this thread and rayon's) feed the GPU workers (each one
         // candidate at a time) through a channel, so the GPU runs while nvcc builds the rest.
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<Verdict>)>();
+        // Timed in a tester before its task's naive kernel: memoized once the naive kernel's
+        // timing gives its speedup (after the GPU phase).
+        let unrated = std::sync::Mutex::new(Vec::<(usize, Digest)>::new());
         // A tested row finished here (memo, stats, progress).
-        let done = |key: &Digest, v: &Verdict| -> Result<(), StageError> {
+        let done = |i: usize, key: &Digest, v: &Verdict| -> Result<(), StageError> {
             rows_of.worker(v);
-            memo.put(key, &serde_json::to_vec(v).expect("verdict json"))?;
+            if v.timing.is_some()
+                && v.speedup_vs_naive.is_none()
+                && naive.contains_key(rows[i].task_id.as_str())
+            {
+                unrated
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, *key));
+            } else {
+                memo.put(key, &serde_json::to_vec(v).expect("verdict json"))?;
+            }
             rows_of.computed();
             progress.inc(1);
             Ok(())
@@ -461,7 +497,15 @@ impl Stage for Validate {
                         bench: self.params.bench,
                     };
                     let naive = naive.get(r.task_id.as_str()).copied();
-                    check_tests(spec, &r.code, naive, &rules, &compiler, p, &opts)
+                    match self.params.timing {
+                        TimingMode::InTester => check_and_time(
+                            spec, &r.code, naive, &rules, &compiler, p, &opts, &baselines,
+                        )
+                        .map(Tested::Done),
+                        TimingMode::Batched => {
+                            check_tests(spec, &r.code, naive, &rules, &compiler, p, &opts)
+                        }
+                    }
                 }
                 (None, Some(v)) => Ok(Tested::Done(v)),
                 (None, None) => {
@@ -473,7 +517,7 @@ impl Stage for Validate {
             *idle = Instant::now();
             match tested {
                 Tested::Done(v) => {
-                    done(&key, &v)?;
+                    done(i, &key, &v)?;
                     Ok(Some((i, v)))
                 }
                 Tested::Pending(p) => {
@@ -484,7 +528,10 @@ impl Stage for Validate {
             }
         };
         // The timing worker: batches of `timing_batch` rows, each under one exclusive hold.
-        let mut timer_pool = gpu.as_ref().map(|_| WorkerPool::new(worker_exe(), vec![]));
+        let mut timer_pool = gpu
+            .as_ref()
+            .filter(|_| self.params.timing == TimingMode::Batched)
+            .map(|_| WorkerPool::new(worker_exe(), vec![]));
         let batch_size = self.params.timing_batch.max(1);
         let timer = |pool: &mut WorkerPool,
                      rx: std::sync::mpsc::Receiver<Timed>|
@@ -506,7 +553,7 @@ impl Stage for Validate {
                 let timed = time_batch(pending, &compiler, pool, &baselines);
                 PartRows::time(&rows_of.timer_ms, t0);
                 for ((i, key), v) in ids.into_iter().zip(timed) {
-                    done(&key, &v)?;
+                    done(i, &key, &v)?;
                     out.push((i, v));
                 }
             }
@@ -574,6 +621,24 @@ impl Stage for Validate {
         consumed.map_err(|_| StageError::Failed("validate: a GPU thread panicked".into()))??;
         produced
             .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
+        // Speedups over naive kernels timed after the candidates of their task.
+        for (i, key) in unrated.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            let naive_timing = rows.iter().zip(&verdicts).find_map(|(r, v)| {
+                (r.role == "naive"
+                    && r.task_id == rows[i].task_id
+                    && v.as_ref()?.correct == Some(true))
+                .then(|| v.as_ref()?.timing.clone())
+                .flatten()
+            });
+            if let Some(v) = verdicts[i].as_mut() {
+                let base = cudarl_cuda::verdict::TaskBaselines {
+                    naive: naive_timing,
+                    torch: v.torch_timing.clone(),
+                };
+                speedups(v, &base);
+                memo.put(&key, &serde_json::to_vec(v).expect("verdict json"))?;
+            }
+        }
         progress.finish();
         let archive = if self.params.archive {
             Some(self.archive(ctx, &compiler, gpu.clone(), &env_key, &rows_of)?)

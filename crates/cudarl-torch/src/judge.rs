@@ -57,14 +57,23 @@ const WARM_RUNNERS: usize = 2;
 /// Most runners kept started ahead of time (each holds a CUDA context, about 0.5 GB of device
 /// memory).
 const MAX_WARM: usize = 8;
-/// Chunks of every output copied aside just before a window starts (they must still hold the
-/// poison: nothing may compute them ahead of the clock), and their size, bytes.
-const EARLY_CHUNKS: usize = 8;
+/// Chunks of every output argument per window, each in a set drawn at random, copied aside just
+/// before the window starts (they must still hold the poison: nothing may compute them ahead of
+/// the clock), at the stop event and after the runner's synchronize (they must not change:
+/// work after the stop); and their size, bytes. Work done ahead of or after the clock on a
+/// share `f` of the outputs escapes one window with probability `(1 - f)^16`.
+const EARLY_CHUNKS: usize = 16;
 const EARLY_CHUNK_BYTES: u64 = 4096;
 /// How long the gate waits for the runner to enqueue a window before it opens anyway.
 const ARM_WAIT: Duration = Duration::from_secs(2);
 /// Empty windows measured to calibrate the window's fixed cost.
-const CALIBRATION_WINDOWS: usize = 7;
+const CALIBRATION_WINDOWS: usize = 3;
+/// The share of timed windows whose outputs are compared with the reference (one set, chosen by
+/// the judge, in windows chosen at random after they ran); every window is checked for poison
+/// left and writes before the start.
+const VERIFY_SHARE: f64 = 0.5;
+/// The buffer the pageable copy rate is measured on, bytes (see [`Judge::transfer_ms`]).
+const TRANSFER_PROBE_BYTES: u64 = 64 << 20;
 
 fn derr(e: cudarc::driver::DriverError) -> String {
     e.to_string()
@@ -296,6 +305,20 @@ impl Ipc {
     }
 }
 
+/// Host time spent in the steps of timing windows, ms: drawing and poisoning the sets, enqueuing
+/// the gated window, the runner arming it, the GPU reaching the stop event, the runner's
+/// synchronize, and the checks of the outputs.
+#[derive(Debug, Default, Clone, Copy)]
+struct WindowSteps {
+    windows: usize,
+    fill: f64,
+    enqueue: f64,
+    arm: f64,
+    run: f64,
+    sync: f64,
+    check: f64,
+}
+
 /// A started runner waiting for its candidate, with the runtime it preloaded.
 struct Warm {
     cudart: Option<PathBuf>,
@@ -309,16 +332,18 @@ pub struct Judge {
     info: GpuInfo,
     l2_scratch: Option<Tensor>,
     dev: Device,
-    /// Pageable host<->device copy times (h2d, d2h; ms) measured in this process, by the bytes
-    /// of each buffer argument: transfers depend on the sizes, not on the task, so each size
-    /// list is copied once per worker process.
-    transfers: std::collections::HashMap<Vec<i64>, (f64, f64)>,
+    /// Pageable host<->device copy cost (h2d, d2h; ms per byte) measured once in this process
+    /// on a [`TRANSFER_PROBE_BYTES`] buffer (see [`Judge::transfer_ms`]).
+    transfer_rate: Option<(f64, f64)>,
     transfer_spent_ms: f64,
     ipc: Option<Ipc>,
     warm: Vec<Warm>,
     /// The runtime and the number of runners [`Judge::refill`] keeps started.
     wanted: (Option<PathBuf>, usize),
     rng: rand::rngs::StdRng,
+    /// Host time of the timing windows since the last timing run, ms, by step (see
+    /// [`WindowSteps`]); traced at the end of each run.
+    steps: WindowSteps,
     /// The judge's own stream waits on an event that will never come (the runner faulted in
     /// the middle of a window): the worker must exit after answering.
     pub stuck: bool,
@@ -350,13 +375,14 @@ impl Judge {
             stream,
             info,
             l2_scratch: None,
-            transfers: Default::default(),
+            transfer_rate: None,
             transfer_spent_ms: 0.0,
             dev: Device::Cuda(0),
             ipc: None,
             warm: Vec::new(),
             wanted: (None, 0),
             rng: rand::rngs::StdRng::from_os_rng(),
+            steps: WindowSteps::default(),
             stuck: false,
         })
     }
@@ -680,8 +706,16 @@ impl Judge {
     }
 
     /// Runs one job. A CUDA error on the judge's side is reported in the result; after one, or
-    /// with [`Judge::stuck`], the worker exits.
-    pub fn run_with_heartbeat(&mut self, job: &RunJob, heartbeat: &mut dyn FnMut()) -> RunResult {
+    /// with [`Judge::stuck`], the worker exits. `heartbeat` is called before each GPU step;
+    /// `exclusive` is called once, between the tests and the timing of a job with
+    /// [`RunJob::exclusive_timing`], and returns once the GPU is held alone (`false`: the parent
+    /// refused, and the job answers without timing).
+    pub fn run_with_heartbeat(
+        &mut self,
+        job: &RunJob,
+        heartbeat: &mut dyn FnMut(),
+        exclusive: &mut dyn FnMut() -> bool,
+    ) -> RunResult {
         let mut res = RunResult {
             tests: vec![],
             timing: None,
@@ -698,24 +732,28 @@ impl Judge {
             .bench
             .as_ref()
             .map(|b| job.shapes[b.shape_index.min(job.shapes.len().saturating_sub(1))].clone());
-        if job.torch_baseline
-            && let (Some(b), Some(shape)) = (&job.bench, &bench_shape)
-        {
+        // The torch baseline, timed with the GPU held alone: first, or after the tests once the
+        // parent gave the GPU to this job alone (`exclusive_timing`).
+        let torch = |me: &mut Judge, res: &mut RunResult, heartbeat: &mut dyn FnMut()| -> bool {
+            let (Some(b), Some(shape)) = (&job.bench, &bench_shape) else {
+                return true;
+            };
             heartbeat();
             let t0 = Instant::now();
-            self.transfer_spent_ms = 0.0;
-            let r = self.time_torch(&job.task, shape, b, heartbeat);
+            me.transfer_spent_ms = 0.0;
+            let r = me.time_torch(&job.task, shape, b, heartbeat);
             if let Some(w) = res.worker_ms.as_mut() {
                 w.torch = ms(t0);
-                w.transfer = self.transfer_spent_ms;
+                w.transfer = me.transfer_spent_ms;
             }
             match r {
                 Ok(t) => res.torch_timing = Some(t),
-                Err(e) => {
-                    res.cuda_error = Some(format!("torch baseline: {e}"));
-                    return res;
-                }
+                Err(e) => res.cuda_error = Some(format!("torch baseline: {e}")),
             }
+            res.cuda_error.is_none()
+        };
+        if job.torch_baseline && !job.exclusive_timing && !torch(self, &mut res, heartbeat) {
+            return res;
         }
         let Some(so_path) = &job.so_path else {
             return res;
@@ -781,9 +819,21 @@ impl Judge {
             w.tests = ms(t_tests);
         }
         let failed = res.cuda_error.is_some() || res.load_error.is_some() || res.failure.is_some();
+        let mut held = |me: &mut Judge, res: &mut RunResult, heartbeat: &mut dyn FnMut()| -> bool {
+            if !job.exclusive_timing {
+                return true;
+            }
+            tracing::debug!("job: tests passed, asking for the GPU alone");
+            if !exclusive() {
+                return false;
+            }
+            tracing::debug!("job: GPU held alone");
+            !job.torch_baseline || torch(me, res, heartbeat)
+        };
         if !failed
             && let (Some(b), Some(shape)) = (&job.bench, &bench_shape)
             && res.tests.iter().all(|t| t.passed)
+            && held(self, &mut res, heartbeat)
         {
             heartbeat();
             let t0 = Instant::now();
@@ -1002,35 +1052,38 @@ impl Judge {
                 ),
             ));
         }
+        let events = (&start, &stop, &after);
         // The window's fixed cost: empty windows (no launch) in the same runner.
         let mut empty = Vec::new();
         for _ in 0..CALIBRATION_WINDOWS {
             heartbeat();
-            let w = self.window(r, task, shape, 0, set_bytes, (&start, &stop, &after), wall)?;
-            empty.push(w.0);
+            let w = self.window(r, task, shape, (0, set_bytes), events, wall, 0.0)?;
+            empty.push(w.ms);
         }
         let overhead = quantiles(&empty).0;
         tracing::debug!(?empty, "calibration");
-        // Warm-up with one set, which also estimates a launch.
+        // Warm-up with one set, which also estimates a launch. Warm-up windows are checked for
+        // poison and unwritten outputs, not against the reference.
         heartbeat();
-        let w = self.window(r, task, shape, 1, set_bytes, (&start, &stop, &after), wall)?;
-        let mut late = w.2;
-        let est = (w.0 - overhead).max(1e-3);
-        tracing::debug!(window = w.0, est, "warm-up");
+        let w = self.window(r, task, shape, (1, set_bytes), events, wall, 0.0)?;
+        let mut late = w.late;
+        let est = (w.ms - overhead).max(1e-3);
+        tracing::debug!(window = w.ms, est, "warm-up");
         let k = ((b.window_ms / est).ceil() as usize).clamp(1, max_sets(b, set_bytes));
         for _ in 0..b.warmup.saturating_sub(1).min(2) {
             heartbeat();
             late |= self
-                .window(r, task, shape, k, set_bytes, (&start, &stop, &after), wall)?
-                .2;
+                .window(r, task, shape, (k, set_bytes), events, wall, 0.0)?
+                .late;
         }
+        let mut verified = 0;
         let (times, synced) = sample_windows(b, k, heartbeat, || {
-            let (t, s, l) =
-                self.window(r, task, shape, k, set_bytes, (&start, &stop, &after), wall)?;
-            late |= l;
+            let w = self.window(r, task, shape, (k, set_bytes), events, wall, VERIFY_SHARE)?;
+            late |= w.late;
+            verified += usize::from(w.verified);
             Ok::<_, Fail>((
-                ((t - overhead) / k as f64).max(0.0),
-                ((s - overhead) / k as f64).max(0.0),
+                ((w.ms - overhead) / k as f64).max(0.0),
+                ((w.synced_ms - overhead) / k as f64).max(0.0),
             ))
         })?;
         let mut t = stats((times, synced), late, (0.0, 0.0), shape);
@@ -1038,14 +1091,17 @@ impl Judge {
         t.windows = t.reps;
         t.reps *= k;
         t.overhead_ms = overhead;
-        t.verified_sets = t.windows;
+        t.verified_sets = verified;
+        tracing::debug!(steps = ?std::mem::take(&mut self.steps), "timing: window steps");
         Ok(t)
     }
 
-    /// One gated window of `k` launches (0: an empty calibration window); returns its time and
-    /// its synchronized time, ms, after checking its outputs, and whether sampled outputs
-    /// changed after the stop event (work the candidate left running: `work_after_stop`). The
-    /// sampled chunks are copied right after the stop event on the judge's stream and compared
+    /// One gated window of `k` launches on sets `set_bytes` apart (`k` = 0: an empty calibration
+    /// window). Every window's outputs are checked for poison left and for writes before the
+    /// start; with probability `verify_p`, decided after the window ran (the candidate cannot
+    /// tell), one set chosen by the judge is also compared with the reference. Returns its time
+    /// and synchronized time, and whether sampled outputs changed after the stop event (work the
+    /// candidate left running: `work_after_stop`). The sampled chunks are copied right after the stop event on the judge's stream and compared
     /// with the same chunks once the runner has synchronized its whole context: a comparison of
     /// contents, not of clocks, so a host thread delayed by other load never looks like hidden
     /// work.
@@ -1055,11 +1111,11 @@ impl Judge {
         r: &mut RunnerProcess,
         task: &TaskSpec,
         shape: &ShapeCase,
-        k: usize,
-        set_bytes: u64,
+        (k, set_bytes): (usize, u64),
         (start, stop, after): (&CudaEvent, &CudaEvent, &CudaEvent),
         wall: Duration,
-    ) -> Result<(f64, f64, bool), Fail> {
+        verify_p: f64,
+    ) -> Result<Window, Fail> {
         let (gate_dev, w, arena, gate_host) = {
             let ipc = self
                 .ipc
@@ -1073,6 +1129,7 @@ impl Judge {
         // and must never wait on the held stream); one set, chosen by the judge, keeps its
         // pristine inputs for the comparison. Sampled chunks of every output are copied aside
         // after the gate, just before `start`: they must still hold the poison then.
+        let mut lap = Lap::new();
         let verify = self.rng.random_range(0..k.max(1));
         let sets = if k > 0 {
             self.fill_sets(task, &shape.sizes, (k, set_bytes), CONTROL_BYTES, verify)?
@@ -1080,18 +1137,26 @@ impl Judge {
             Vec::new()
         };
         let mut chunks: Vec<(sys::CUdeviceptr, usize)> = Vec::new();
-        for o in sets.iter().flat_map(Bufs::outputs) {
-            let bytes = (o.n * o.elem.size) as u64;
-            for _ in 0..EARLY_CHUNKS {
-                let len = EARLY_CHUNK_BYTES.min(bytes);
-                let at = self.rng.random_range(0..=(bytes - len) / 4) * 4;
-                chunks.push((arena + o.offset + at, len as usize));
+        if let Some(first) = sets.first() {
+            for (i, o) in first.outputs().enumerate() {
+                let bytes = (o.n * o.elem.size) as u64;
+                for _ in 0..EARLY_CHUNKS {
+                    let set = &sets[self.rng.random_range(0..sets.len())];
+                    let o = set
+                        .outputs()
+                        .nth(i)
+                        .expect("every set has the same outputs");
+                    let len = EARLY_CHUNK_BYTES.min(bytes);
+                    let at = self.rng.random_range(0..=(bytes - len) / 4) * 4;
+                    chunks.push((arena + o.offset + at, len as usize));
+                }
             }
         }
         let snap_bytes: usize = chunks.iter().map(|c| c.1).sum();
         // The sampled chunks three times: before the start, at the stop, after synchronizing.
         let snaps = Tensor::f_zeros([3, snap_bytes.max(1) as i64], (Kind::Uint8, self.dev))
             .map_err(terr)?;
+        self.steps.fill += lap.ms();
         let snap_at =
             |i: i64| snaps.data_ptr() as sys::CUdeviceptr + (i * snap_bytes.max(1) as i64) as u64;
         let copy_chunks = |to: sys::CUdeviceptr| -> Result<(), String> {
@@ -1153,6 +1218,7 @@ impl Judge {
             return Err(Fail::Judge(e));
         }
         let reps = sets.iter().map(Bufs::rep).collect();
+        self.steps.enqueue += lap.ms();
         tracing::debug!(w, k, "window: enqueued, asking the runner");
         if r.send(&Request::Run(Run { window: w, reps })).is_err() {
             release(w);
@@ -1171,7 +1237,10 @@ impl Judge {
         };
         tracing::debug!(?answer, "window: runner answered");
         match answer {
-            Answer::Reply(Reply::Armed { .. }) => release(w),
+            Answer::Reply(Reply::Armed { .. }) => {
+                release(w);
+                self.steps.arm += lap.ms();
+            }
             a => {
                 release(w);
                 self.unblock(done, w, stop);
@@ -1198,6 +1267,7 @@ impl Judge {
             }
             std::thread::sleep(Duration::from_micros(20));
         }
+        self.steps.run += lap.ms();
         tracing::debug!(w, "window: stop reached");
         // Everything the candidate started, on any stream, is finished before the checks.
         match r.call(&Request::Sync, wall) {
@@ -1209,8 +1279,16 @@ impl Judge {
         after.synchronize().map_err(derr)?;
         let t = start.elapsed_ms(stop).map_err(derr)? as f64;
         let s = start.elapsed_ms(after).map_err(derr)? as f64;
+        self.steps.sync += lap.ms();
+        self.steps.windows += 1;
+        let mut w = Window {
+            ms: t,
+            synced_ms: s,
+            late: false,
+            verified: false,
+        };
         if k == 0 {
-            return Ok((t, s, false));
+            return Ok(w);
         }
         copy_chunks(snap_at(2)).map_err(Fail::Judge)?;
         // One host synchronization for what every set must show: the sampled chunks still held
@@ -1247,13 +1325,17 @@ impl Judge {
                 "outputs of a timed launch were written before the timing window started".into(),
             ));
         }
-        let late = counts[1] > 0;
+        w.late = counts[1] > 0;
         let left: i64 = counts[2..].iter().sum();
         if left > 0 {
             return Err(Fail::Timing(
                 "timed_output_mismatch".into(),
                 format!("the timed launches left {left} output elements unwritten"),
             ));
+        }
+        if !self.rng.random_bool(verify_p.clamp(0.0, 1.0)) {
+            self.steps.check += lap.ms();
+            return Ok(w);
         }
         let mut tr = TestResult {
             split: shape.split.clone(),
@@ -1278,7 +1360,9 @@ impl Judge {
                 ),
             ));
         }
-        Ok((t, s, late))
+        self.steps.check += lap.ms();
+        w.verified = true;
+        Ok(w)
     }
 
     /// Lets the judge's stream past a window the runner will never finish (it died, hung or
@@ -1310,35 +1394,36 @@ impl Judge {
         }
     }
 
-    /// Host<->device copy times of the buffers (pageable host memory), ms: (h2d, d2h), measured
-    /// the first time this process sees a list of buffer sizes, then reused. Sets
-    /// `transfer_spent_ms`.
-    fn transfer_ms(&mut self, bufs: &[Tensor]) -> Result<(f64, f64), String> {
-        let key: Vec<i64> = bufs
-            .iter()
-            .map(|a| a.numel() as i64 * a.kind().elt_size_in_bytes() as i64)
-            .collect();
+    /// Host<->device copy times of buffers of `bytes` in all (pageable host memory), ms: (h2d,
+    /// d2h), from the copy rate this process measured once on a [`TRANSFER_PROBE_BYTES`] buffer
+    /// (a fresh pageable host allocation each way, as a caller's `tensor.cpu()` and back would
+    /// do). Sets `transfer_spent_ms` (0 once the rate is known).
+    fn transfer_ms(&mut self, bytes: u64) -> Result<(f64, f64), String> {
         self.transfer_spent_ms = 0.0;
-        if let Some(&t) = self.transfers.get(&key) {
-            return Ok(t);
-        }
-        let spent = Instant::now();
-        self.sync()?;
-        let t0 = Instant::now();
-        let host: Vec<Tensor> = bufs
-            .iter()
-            .map(|a| a.f_to_device(Device::Cpu).map_err(terr))
-            .collect::<Result<_, _>>()?;
-        let d2h = t0.elapsed().as_secs_f64() * 1e3;
-        let t1 = Instant::now();
-        for h in &host {
-            let _ = h.f_to_device(self.dev).map_err(terr)?;
-        }
-        self.sync()?;
-        let t = (t1.elapsed().as_secs_f64() * 1e3, d2h);
-        self.transfers.insert(key, t);
-        self.transfer_spent_ms = spent.elapsed().as_secs_f64() * 1e3;
-        Ok(t)
+        let (h2d, d2h) = match self.transfer_rate {
+            Some(r) => r,
+            None => {
+                let spent = Instant::now();
+                let probe = Tensor::f_zeros([TRANSFER_PROBE_BYTES as i64], (Kind::Uint8, self.dev))
+                    .map_err(terr)?;
+                self.sync()?;
+                let t0 = Instant::now();
+                let host = probe.f_to_device(Device::Cpu).map_err(terr)?;
+                let d2h = t0.elapsed().as_secs_f64() * 1e3;
+                let t1 = Instant::now();
+                let _back = host.f_to_device(self.dev).map_err(terr)?;
+                self.sync()?;
+                let h2d = t1.elapsed().as_secs_f64() * 1e3;
+                let r = (
+                    h2d / TRANSFER_PROBE_BYTES as f64,
+                    d2h / TRANSFER_PROBE_BYTES as f64,
+                );
+                self.transfer_rate = Some(r);
+                self.transfer_spent_ms = spent.elapsed().as_secs_f64() * 1e3;
+                r
+            }
+        };
+        Ok((h2d * bytes as f64, d2h * bytes as f64))
     }
 
     /// Times the task's reference evaluated by libtorch in the task's dtype (torch's own
@@ -1375,14 +1460,11 @@ impl Judge {
             Ok((env, scalar_values(task, seed)))
         };
         // Transfer times of the buffers (inputs and outputs, as the candidate's).
-        {
-            let (env, scalars) = draw(self)?;
-            let outs = reference_outputs(&refs, &env, &scalars, false)?;
-            let mut all: Vec<Tensor> = env.into_iter().map(|(_, t)| t).collect();
-            all.extend(outs.into_iter().map(|(t, _)| t));
-            self.transfer_ms(&all)?;
-        }
-        let (h2d_ms, d2h_ms) = *self.transfers.values().last().unwrap_or(&(0.0, 0.0));
+        let bytes: u64 = buffer_args(task, &shape.sizes, 0)?
+            .iter()
+            .map(|b| (b.n * elem.size) as u64)
+            .sum();
+        let (h2d_ms, d2h_ms) = self.transfer_ms(bytes)?;
         let spent_ms = self.transfer_spent_ms;
         let (start, stop, after) = (self.event()?, self.event()?, self.event()?);
         let run = |me: &mut Judge, k: usize| -> Result<(f64, f64), String> {
@@ -1430,6 +1512,34 @@ impl Drop for Judge {
 /// The judge's limit for one runner answer: 90% of the caller's per-step limit (its heartbeats
 /// reset it), so a hang ends as the runner's timeout and the judge still answers; 50 s when the
 /// job does not say.
+/// One timing window measured by [`Judge::window`].
+struct Window {
+    /// Start to stop event, ms.
+    ms: f64,
+    /// Start to the event recorded after the runner synchronized its context, ms.
+    synced_ms: f64,
+    /// Sampled output chunks changed after the stop event.
+    late: bool,
+    /// One set of the window was compared with the reference.
+    verified: bool,
+}
+
+/// Milliseconds between successive calls of [`Lap::ms`].
+struct Lap(Instant);
+
+impl Lap {
+    fn new() -> Lap {
+        Lap(Instant::now())
+    }
+
+    fn ms(&mut self) -> f64 {
+        let now = Instant::now();
+        let ms = (now - self.0).as_secs_f64() * 1e3;
+        self.0 = now;
+        ms
+    }
+}
+
 fn job_wall(job: &RunJob) -> Duration {
     Duration::from_secs_f64(job.wall_s.map_or(50.0, |w| (0.9 * w).max(1.0)))
 }

@@ -11,10 +11,16 @@ use crate::judge::Judge;
 /// The worker's main loop: apply limits, create the CUDA context, answer jobs. Returns the
 /// process exit code: 0 at end of input, 3 after a CUDA error (the context is unusable).
 pub fn worker_main(limits: &Limits) -> i32 {
-    apply_limits(limits);
     // `CUDARL_JUDGE_TRACE=FILE`: every step of every job, with timestamps, appended to FILE
     // (the worker's own stdout is the answer channel and its stderr is only kept on a crash).
-    if let Some(path) = std::env::var_os("CUDARL_JUDGE_TRACE")
+    // The judge is the project's own code, so a trace may outgrow the file size limit.
+    let trace = std::env::var_os("CUDARL_JUDGE_TRACE");
+    let mut limits = limits.clone();
+    if trace.is_some() {
+        limits.file_size_bytes = limits.file_size_bytes.max(1 << 30);
+    }
+    apply_limits(&limits);
+    if let Some(path) = trace
         && let Ok(f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -48,7 +54,8 @@ pub fn worker_main(limits: &Limits) -> i32 {
     };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    for line in stdin.lock().lines() {
+    let mut lines = stdin.lock().lines();
+    while let Some(line) = lines.next() {
         let Ok(line) = line else { break };
         if line.trim().is_empty() {
             continue;
@@ -60,11 +67,21 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 return 2;
             }
         };
-        let res = judge.run_with_heartbeat(&job, &mut || {
-            let mut o = std::io::stdout();
-            let _ = writeln!(o, "{{\"heartbeat\":true}}");
-            let _ = o.flush();
-        });
+        let res = judge.run_with_heartbeat(
+            &job,
+            &mut || {
+                let mut o = std::io::stdout();
+                let _ = writeln!(o, "{{\"heartbeat\":true}}");
+                let _ = o.flush();
+            },
+            // The GPU alone for the timing: ask the parent, wait for its `go`.
+            &mut || {
+                let mut o = std::io::stdout();
+                let _ = writeln!(o, "{{\"exclusive\":true}}");
+                let _ = o.flush();
+                matches!(lines.next(), Some(Ok(l)) if l.trim() == "go")
+            },
+        );
         if let Some(w) = &res.worker_ms {
             tracing::debug!(
                 runner = w.runner,
