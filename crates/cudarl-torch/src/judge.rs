@@ -1099,12 +1099,13 @@ impl Judge {
     /// One gated window of `k` launches on sets `set_bytes` apart (`k` = 0: an empty calibration
     /// window). Every window's outputs are checked for poison left and for writes before the
     /// start; with probability `verify_p`, decided after the window ran (the candidate cannot
-    /// tell), one set chosen by the judge is also compared with the reference. Returns its time
-    /// and synchronized time, and whether sampled outputs changed after the stop event (work the
-    /// candidate left running: `work_after_stop`). The sampled chunks are copied right after the stop event on the judge's stream and compared
-    /// with the same chunks once the runner has synchronized its whole context: a comparison of
-    /// contents, not of clocks, so a host thread delayed by other load never looks like hidden
-    /// work.
+    /// tell), one set chosen by the judge is also compared with the reference
+    /// ([`Judge::check_window`]). Returns its time and synchronized time, and whether sampled
+    /// outputs changed after the stop event (work the candidate left running:
+    /// `work_after_stop`). The sampled chunks ([`Samples`]) are copied right after the stop
+    /// event on the judge's stream and compared with the same chunks once the runner has
+    /// synchronized its whole context: a comparison of contents, not of clocks, so a host thread
+    /// delayed by other load never looks like hidden work.
     #[allow(clippy::too_many_arguments)]
     fn window(
         &mut self,
@@ -1136,43 +1137,8 @@ impl Judge {
         } else {
             Vec::new()
         };
-        let mut chunks: Vec<(sys::CUdeviceptr, usize)> = Vec::new();
-        if let Some(first) = sets.first() {
-            for (i, o) in first.outputs().enumerate() {
-                let bytes = (o.n * o.elem.size) as u64;
-                for _ in 0..EARLY_CHUNKS {
-                    let set = &sets[self.rng.random_range(0..sets.len())];
-                    let o = set
-                        .outputs()
-                        .nth(i)
-                        .expect("every set has the same outputs");
-                    let len = EARLY_CHUNK_BYTES.min(bytes);
-                    let at = self.rng.random_range(0..=(bytes - len) / 4) * 4;
-                    chunks.push((arena + o.offset + at, len as usize));
-                }
-            }
-        }
-        let snap_bytes: usize = chunks.iter().map(|c| c.1).sum();
-        // The sampled chunks three times: before the start, at the stop, after synchronizing.
-        let snaps = Tensor::f_zeros([3, snap_bytes.max(1) as i64], (Kind::Uint8, self.dev))
-            .map_err(terr)?;
+        let samples = Samples::draw(&mut self.rng, &sets, arena, self.dev)?;
         self.steps.fill += lap.ms();
-        let snap_at =
-            |i: i64| snaps.data_ptr() as sys::CUdeviceptr + (i * snap_bytes.max(1) as i64) as u64;
-        let copy_chunks = |to: sys::CUdeviceptr| -> Result<(), String> {
-            let mut at = to;
-            for &(src, len) in &chunks {
-                // SAFETY: device-to-device copies inside the arena and the snapshot buffer.
-                unsafe {
-                    cu(
-                        sys::cuMemcpyDtoDAsync_v2(at, src, len, std::ptr::null_mut()),
-                        "cuMemcpyDtoDAsync",
-                    )?
-                };
-                at += len as u64;
-            }
-            Ok(())
-        };
         // SAFETY: the gate is device-mapped host memory of this context; legacy stream.
         unsafe {
             cu(
@@ -1187,7 +1153,7 @@ impl Judge {
         };
         let held = (|| -> Result<(), String> {
             self.flush()?;
-            copy_chunks(snap_at(0))
+            samples.copy(0)
         })();
         if let Err(e) = held {
             release(w);
@@ -1211,7 +1177,7 @@ impl Judge {
                 )?;
             }
             stop.record(&self.stream).map_err(derr)?;
-            copy_chunks(snap_at(1))
+            samples.copy(1)
         })();
         if let Err(e) = enqueued {
             release(w);
@@ -1247,26 +1213,7 @@ impl Judge {
                 return Err(answer_fail(a));
             }
         }
-        // Wait for the window with a deadline: a candidate that faults or hangs never records
-        // `done`, and the judge's stream then waits for good.
-        let t0 = Instant::now();
-        loop {
-            match stop.try_is_complete() {
-                Ok(true) => break,
-                Ok(false) => {}
-                Err(e) => return Err(Fail::Judge(derr(e))),
-            }
-            if t0.elapsed() > wall {
-                let f = match r.call(&Request::Sync, Duration::from_secs(5)) {
-                    Answer::Reply(Reply::Synced { error: Some(e) }) => Fail::Cuda(e),
-                    _ => Fail::Timeout,
-                };
-                r.kill();
-                self.unblock(done, w, stop);
-                return Err(f);
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
+        self.wait_for_stop(r, (done, w), stop, wall)?;
         self.steps.run += lap.ms();
         tracing::debug!(w, "window: stop reached");
         // Everything the candidate started, on any stream, is finished before the checks.
@@ -1290,11 +1237,66 @@ impl Judge {
         if k == 0 {
             return Ok(w);
         }
-        copy_chunks(snap_at(2)).map_err(Fail::Judge)?;
-        // One host synchronization for what every set must show: the sampled chunks still held
-        // the poison when the window started, and no output element still holds it now.
+        samples.copy(2).map_err(Fail::Judge)?;
+        (w.late, w.verified) =
+            self.check_window(task, shape, (&sets, verify), &samples, set_bytes, verify_p)?;
+        self.steps.check += lap.ms();
+        Ok(w)
+    }
+
+    /// Waits until the GPU reached `stop` of window `w`, with a deadline: a candidate that
+    /// faults or hangs never records `done`, and the judge's stream would wait for good. Past
+    /// `wall` the runner is asked for its error, killed, and the stream let past the window
+    /// ([`Judge::unblock`]).
+    fn wait_for_stop(
+        &mut self,
+        r: &mut RunnerProcess,
+        (done, w): (sys::CUdeviceptr, u32),
+        stop: &CudaEvent,
+        wall: Duration,
+    ) -> Result<(), Fail> {
+        let t0 = Instant::now();
+        loop {
+            match stop.try_is_complete() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(Fail::Judge(derr(e))),
+            }
+            if t0.elapsed() > wall {
+                let f = match r.call(&Request::Sync, Duration::from_secs(5)) {
+                    Answer::Reply(Reply::Synced { error: Some(e) }) => Fail::Cuda(e),
+                    _ => Fail::Timeout,
+                };
+                r.kill();
+                self.unblock(done, w, stop);
+                return Err(f);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// The checks of a window of `sets` once the runner synchronized: with one host
+    /// synchronization, the sampled chunks still held the poison at the start
+    /// (`work_before_start`) and no output element still holds it (`timed_output_mismatch`);
+    /// then, with probability `verify_p`, set `verify` against the reference. Returns (sampled
+    /// outputs changed after the stop, set compared with the reference).
+    fn check_window(
+        &mut self,
+        task: &TaskSpec,
+        shape: &ShapeCase,
+        (sets, verify): (&[Bufs], usize),
+        samples: &Samples,
+        set_bytes: u64,
+        verify_p: f64,
+    ) -> Result<(bool, bool), Fail> {
+        let k = sets.len();
         let elem = Elem::of(&task.dtype).map_err(Fail::Judge)?;
-        let snap = |i: i64| snaps.f_select(0, i).and_then(|x| x.f_view_dtype(elem.bits));
+        let snap = |i: i64| {
+            samples
+                .snaps
+                .f_select(0, i)
+                .and_then(|x| x.f_view_dtype(elem.bits))
+        };
         let mut counts = vec![
             snap(0)
                 .and_then(|x| x.f_ne(elem.poison))
@@ -1325,7 +1327,7 @@ impl Judge {
                 "outputs of a timed launch were written before the timing window started".into(),
             ));
         }
-        w.late = counts[1] > 0;
+        let late = counts[1] > 0;
         let left: i64 = counts[2..].iter().sum();
         if left > 0 {
             return Err(Fail::Timing(
@@ -1334,8 +1336,7 @@ impl Judge {
             ));
         }
         if !self.rng.random_bool(verify_p.clamp(0.0, 1.0)) {
-            self.steps.check += lap.ms();
-            return Ok(w);
+            return Ok((late, false));
         }
         let mut tr = TestResult {
             split: shape.split.clone(),
@@ -1360,9 +1361,7 @@ impl Judge {
                 ),
             ));
         }
-        self.steps.check += lap.ms();
-        w.verified = true;
-        Ok(w)
+        Ok((late, true))
     }
 
     /// Lets the judge's stream past a window the runner will never finish (it died, hung or
@@ -1512,6 +1511,64 @@ impl Drop for Judge {
 /// The judge's limit for one runner answer: 90% of the caller's per-step limit (its heartbeats
 /// reset it), so a hang ends as the runner's timeout and the judge still answers; 50 s when the
 /// job does not say.
+/// Sampled chunks of a window's outputs ([`EARLY_CHUNKS`] per output argument, each in a set
+/// drawn at random) and a device buffer holding three copies of them: before the start, at the
+/// stop, after the runner's synchronize.
+struct Samples {
+    chunks: Vec<(sys::CUdeviceptr, usize)>,
+    bytes: usize,
+    snaps: Tensor,
+}
+
+impl Samples {
+    fn draw(
+        rng: &mut rand::rngs::StdRng,
+        sets: &[Bufs],
+        arena: sys::CUdeviceptr,
+        dev: Device,
+    ) -> Result<Samples, String> {
+        let mut chunks = Vec::new();
+        if let Some(first) = sets.first() {
+            for (i, o) in first.outputs().enumerate() {
+                let bytes = (o.n * o.elem.size) as u64;
+                for _ in 0..EARLY_CHUNKS {
+                    let set = &sets[rng.random_range(0..sets.len())];
+                    let o = set
+                        .outputs()
+                        .nth(i)
+                        .expect("every set has the same outputs");
+                    let len = EARLY_CHUNK_BYTES.min(bytes);
+                    let at = rng.random_range(0..=(bytes - len) / 4) * 4;
+                    chunks.push((arena + o.offset + at, len as usize));
+                }
+            }
+        }
+        let bytes = chunks.iter().map(|c| c.1).sum::<usize>().max(1);
+        let snaps = Tensor::f_zeros([3, bytes as i64], (Kind::Uint8, dev)).map_err(terr)?;
+        Ok(Samples {
+            chunks,
+            bytes,
+            snaps,
+        })
+    }
+
+    /// Enqueues copy `i` (0, 1 or 2) of every chunk on the legacy stream.
+    fn copy(&self, i: usize) -> Result<(), String> {
+        let mut at = self.snaps.data_ptr() as sys::CUdeviceptr + (i * self.bytes) as u64;
+        for &(src, len) in &self.chunks {
+            // SAFETY: device-to-device copies inside the arena and the snapshot buffer.
+            unsafe {
+                cu(
+                    sys::cuMemcpyDtoDAsync_v2(at, src, len, std::ptr::null_mut()),
+                    "cuMemcpyDtoDAsync",
+                )?
+            };
+            at += len as u64;
+        }
+        Ok(())
+    }
+}
+
 /// One timing window measured by [`Judge::window`].
 struct Window {
     /// Start to stop event, ms.
