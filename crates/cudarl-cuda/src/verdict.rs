@@ -266,6 +266,10 @@ pub struct FullOptions {
     pub wall: Duration,
     /// Time the candidate and the naive kernel.
     pub bench: bool,
+    /// [`check_full`] times the task's naive kernel in a runner of its own when `baselines`
+    /// has no naive timing for the task yet; `false` for a caller that judges the naive kernel
+    /// itself among its candidates (`validate`) and fills the speedup from it.
+    pub time_naive: bool,
 }
 
 /// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else, with a shared cache attached
@@ -342,15 +346,16 @@ fn run_on_gpu(job: RunJob, pool: &mut WorkerPool, wall: Duration) -> Outcome {
     pool.run(&job, wall)
 }
 
-/// Full check: static checks, compile, every train and hold-out shape on public and hidden
-/// seeds in a sandboxed runner, then, if every test passed, timing in the same runner against
-/// the task's naive kernel and its libtorch reference (measured once per task into
-/// `baselines`): [`check_and_time`], and the naive kernel timed in a runner of its own when
-/// its task has no naive timing yet.
+/// Full check: static checks, compile, then one worker job that tests on every train and
+/// hold-out shape on public and hidden seeds (the GPU shared with other testers) and, once
+/// every test passed, asks for the GPU alone and times the candidate in the same runner
+/// ([`RunJob::exclusive_timing`]), with the task's libtorch reference when `baselines` lacks
+/// it. Speedups come from `baselines` (measured once per task): the naive kernel records its
+/// own timing, and with [`FullOptions::time_naive`] a task without one gets its naive kernel
+/// timed in a runner of its own.
 ///
-/// The tests share the GPU with other testers; the timing holds it alone
-/// ([`crate::worker::GpuLock`]), so callers with several pools on one GPU
-/// ([`crate::worker::drain_on`]) test candidates concurrently while every timing runs alone.
+/// Callers with several pools on one GPU ([`crate::worker::drain_on`]) test candidates
+/// concurrently while every timing runs alone ([`crate::worker::GpuLock`]).
 ///
 /// # Errors
 /// Harness failures only (compile setup, store). Candidate failures are in the verdict.
@@ -365,26 +370,22 @@ pub fn check_full(
     opts: &FullOptions,
     baselines: &std::sync::Mutex<Baselines>,
 ) -> Result<Verdict, CompileError> {
-    let mut v = check_and_time(
+    let mut v = match tests_then(
         spec,
-        source,
-        naive_source,
+        (source, naive_source),
         rules,
         compiler,
         pool,
         opts,
-        baselines,
-    )?;
-    let known = |b: &std::sync::Mutex<Baselines>| {
-        b.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&spec.id)
-            .cloned()
-            .unwrap_or_default()
+        Some(baselines),
+    )? {
+        Tested::Done(v) => v,
+        Tested::Pending(p) => p.verdict,
     };
     if let (Some(t), Some(naive)) = (&v.timing, naive_source)
+        && opts.time_naive
         && v.correct == Some(true)
-        && known(baselines).naive.is_none()
+        && known(baselines, &spec.id).naive.is_none()
         && let Ok(out) = compiler.compile(naive, &spec.shim(), &Rules::builtin())
         && let (Some(h), Some(store)) = (out.so_hash, compiler.store.as_ref())
     {
@@ -398,18 +399,38 @@ pub fn check_full(
             compiler,
             opts.wall,
         );
-        if let Outcome::Done(r) = pool.run(&job, opts.wall)
-            && r.timing.is_some()
-        {
-            let mut b = baselines.lock().unwrap_or_else(|e| e.into_inner());
-            let e = b.entry(spec.id.clone()).or_default();
-            if e.naive.is_none() {
-                e.naive = r.timing.clone();
-            }
+        if let Outcome::Done(r) = pool.run(&job, opts.wall) {
+            record(baselines, &spec.id, |b| &mut b.naive, r.timing.as_ref());
         }
-        speedups(&mut v, &known(baselines));
+        speedups(&mut v, &known(baselines, &spec.id));
     }
     Ok(v)
+}
+
+/// The baselines known for task `id` (empty when none).
+fn known(baselines: &std::sync::Mutex<Baselines>, id: &str) -> TaskBaselines {
+    baselines
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(id)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Records `timing` as task `id`'s baseline in the slot `which` picks, unless one is there
+/// already (the first measurement wins).
+fn record(
+    baselines: &std::sync::Mutex<Baselines>,
+    id: &str,
+    which: fn(&mut TaskBaselines) -> &mut Option<Timing>,
+    timing: Option<&Timing>,
+) {
+    let Some(t) = timing else { return };
+    let mut b = baselines.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = which(b.entry(id.to_string()).or_default());
+    if slot.is_none() {
+        *slot = Some(t.clone());
+    }
 }
 
 /// A job that times the naive kernel built at `so` on `shape` alone (the speedup baseline).
@@ -479,47 +500,11 @@ pub fn check_tests(
     pool: &mut WorkerPool,
     opts: &FullOptions,
 ) -> Result<Tested, CompileError> {
-    let (src, naive) = (source, naive_source);
-    tests_then(spec, (src, naive), rules, compiler, pool, opts, None)
+    let candidate = (source, naive_source);
+    tests_then(spec, candidate, rules, compiler, pool, opts, None)
 }
 
-/// [`check_full`] with one runner for the candidate: static checks, compile, then one worker
-/// job that tests on every train and hold-out shape (the GPU shared with other testers) and,
-/// once every test passed, asks for the GPU alone and times the candidate in the same runner
-/// ([`RunJob::exclusive_timing`]), with the task's torch baseline when `baselines` lacks it.
-/// The naive kernel is not timed here: `speedup_vs_naive` is filled from `baselines` when the
-/// task's naive timing is known (the naive kernel itself records it), else left for the
-/// caller ([`speedups`]). Each timed candidate holds the GPU alone once, after its tests.
-///
-/// # Errors
-/// Harness failures only (compile setup, store). Candidate failures are in the verdict.
-#[allow(clippy::too_many_arguments)]
-pub fn check_and_time(
-    spec: &TaskSpec,
-    source: &str,
-    naive_source: Option<&str>,
-    rules: &Rules,
-    compiler: &Compiler,
-    pool: &mut WorkerPool,
-    opts: &FullOptions,
-    baselines: &std::sync::Mutex<Baselines>,
-) -> Result<Verdict, CompileError> {
-    let (src, naive) = (source, naive_source);
-    match tests_then(
-        spec,
-        (src, naive),
-        rules,
-        compiler,
-        pool,
-        opts,
-        Some(baselines),
-    )? {
-        Tested::Done(v) => Ok(v),
-        Tested::Pending(p) => Ok(p.verdict),
-    }
-}
-
-/// [`check_tests`], and with `timed` the timing in the same job ([`check_and_time`]).
+/// [`check_tests`], and with `timed` the timing in the same job ([`check_full`]).
 fn tests_then(
     spec: &TaskSpec,
     (source, naive_source): (&str, Option<&str>),
@@ -566,13 +551,6 @@ fn tests_then(
         .unwrap_or(0);
     let cudart = compiler.nvcc.cudart().map(|p| p.display().to_string());
     let is_naive = naive_source == Some(source);
-    let lock = |b: &std::sync::Mutex<Baselines>| {
-        b.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&spec.id)
-            .cloned()
-            .unwrap_or_default()
-    };
     let timed = timed.filter(|_| opts.bench);
     let tests = RunJob {
         so_path: Some(so.display().to_string()),
@@ -583,7 +561,7 @@ fn tests_then(
             shape_index: bench_idx,
             ..BenchSpec::default()
         }),
-        torch_baseline: timed.is_some_and(|b| lock(b).torch.is_none()),
+        torch_baseline: timed.is_some_and(|b| known(b, &spec.id).torch.is_none()),
         cudart: cudart.clone(),
         wall_s: Some(opts.wall.as_secs_f64()),
         upcoming: 0,
@@ -593,16 +571,10 @@ fn tests_then(
     read_tests(&mut v, &out, opts.wall);
     if let Some(baselines) = timed {
         read_timing(&mut v, &out, spec, baselines);
-        if let (Some(true), Some(t)) = (v.correct, &v.timing)
-            && is_naive
-        {
-            let mut b = baselines.lock().unwrap_or_else(|e| e.into_inner());
-            let e = b.entry(spec.id.clone()).or_default();
-            if e.naive.is_none() {
-                e.naive = Some(t.clone());
-            }
+        if v.correct == Some(true) && is_naive {
+            record(baselines, &spec.id, |b| &mut b.naive, v.timing.as_ref());
         }
-        speedups(&mut v, &lock(baselines));
+        speedups(&mut v, &known(baselines, &spec.id));
         return Ok(Tested::Done(v));
     }
     if v.correct != Some(true) || !opts.bench {
@@ -680,13 +652,12 @@ fn read_timing(
 ) {
     let Outcome::Done(r) = o else { return };
     v.timing = r.timing.clone();
-    if r.torch_timing.is_some() {
-        let mut b = baselines.lock().unwrap_or_else(|e| e.into_inner());
-        let e = b.entry(spec.id.clone()).or_default();
-        if e.torch.is_none() {
-            e.torch = r.torch_timing.clone();
-        }
-    }
+    record(
+        baselines,
+        &spec.id,
+        |b| &mut b.torch,
+        r.torch_timing.as_ref(),
+    );
     let (Some(true), Some(t), Some(gpu)) = (v.correct, &v.timing, &v.gpu) else {
         return;
     };
@@ -776,8 +747,7 @@ pub fn time_batch(
     pool: &mut WorkerPool,
     baselines: &std::sync::Mutex<Baselines>,
 ) -> Vec<Verdict> {
-    let lock = || baselines.lock().unwrap_or_else(|e| e.into_inner());
-    let base = |id: &str| lock().entry(id.to_string()).or_default().clone();
+    let base = |id: &str| known(baselines, id);
     let cudart = compiler.nvcc.cudart().map(|p| p.display().to_string());
     // The naive kernels to time for tasks without a naive baseline whose naive kernel is not in
     // the batch itself, built now so no nvcc runs while the GPU is held.
@@ -852,10 +822,10 @@ pub fn time_batch(
             }
         }
         read_timing(&mut v, &o, &p.spec, baselines);
-        if let (Some(true), Some(t)) = (v.correct, v.timing.clone()) {
+        if v.correct == Some(true) && v.timing.is_some() {
             // The naive kernel on the same shape (itself: speedup 1), measured once per task.
             if p.is_naive {
-                lock().entry(p.spec.id.clone()).or_default().naive = Some(t.clone());
+                record(baselines, &p.spec.id, |b| &mut b.naive, v.timing.as_ref());
             } else if base(&p.spec.id).naive.is_none()
                 && let Some(so) = naive_so.get(&p.spec.id)
             {
@@ -863,14 +833,8 @@ pub fn time_batch(
                     upcoming: n - 1 - k,
                     ..naive_job(&p.spec, so.clone(), p.shape.clone(), compiler, p.wall)
                 };
-                if let Outcome::Done(r) = run(pool, job)
-                    && r.timing.is_some()
-                {
-                    let mut b = lock();
-                    let e = b.entry(p.spec.id.clone()).or_default();
-                    if e.naive.is_none() {
-                        e.naive = r.timing.clone();
-                    }
+                if let Outcome::Done(r) = run(pool, job) {
+                    record(baselines, &p.spec.id, |b| &mut b.naive, r.timing.as_ref());
                 }
             }
             speedups(&mut v, &base(&p.spec.id));

@@ -302,6 +302,7 @@ impl Tester for Harness {
                     hidden_seeds: hidden_seeds(salt, &t.id, c, *hidden),
                     wall: *wall,
                     bench: true,
+                    time_naive: true,
                 };
                 let naive = naive.get(&t.id).map(String::as_str);
                 check_full(t, c, naive, rules, compiler, pool, &opts, baselines)

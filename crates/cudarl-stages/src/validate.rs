@@ -12,8 +12,8 @@ use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
 use cudarl_cuda::verdict::{
-    Baselines, FullOptions, PendingTiming, Tested, Verdict, check_and_time, check_tests,
-    hidden_salt, hidden_seeds, speedups, time_batch,
+    Baselines, FullOptions, PendingTiming, Tested, Verdict, check_full, check_tests, hidden_salt,
+    hidden_seeds, speedups, time_batch,
 };
 use cudarl_cuda::worker::{WorkerPool, drain_on, worker_exe};
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
@@ -141,7 +141,7 @@ pub enum Mode {
 #[serde(rename_all = "snake_case")]
 pub enum TimingMode {
     /// In its tester's runner, right after its tests, once the tester holds the GPU alone
-    /// ([`cudarl_cuda::verdict::check_and_time`]): one runner per candidate.
+    /// ([`cudarl_cuda::verdict::check_full`]): one runner per candidate.
     InTester,
     /// By one timing worker in batches of `timing_batch`, each batch under one exclusive hold
     /// ([`cudarl_cuda::verdict::time_batch`]): a second runner per candidate.
@@ -495,10 +495,12 @@ impl Stage for Validate {
                         ),
                         wall: Duration::from_secs(self.params.timeout_s),
                         bench: self.params.bench,
+                        // The naive kernels are rows here: their own timings give the speedups.
+                        time_naive: false,
                     };
                     let naive = naive.get(r.task_id.as_str()).copied();
                     match self.params.timing {
-                        TimingMode::InTester => check_and_time(
+                        TimingMode::InTester => check_full(
                             spec, &r.code, naive, &rules, &compiler, p, &opts, &baselines,
                         )
                         .map(Tested::Done),
@@ -622,17 +624,19 @@ impl Stage for Validate {
         produced
             .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
         // Speedups over naive kernels timed after the candidates of their task.
+        let naive_timing: std::collections::BTreeMap<&str, cudarl_cuda::gpu::Timing> = rows
+            .iter()
+            .zip(&verdicts)
+            .filter(|(r, _)| r.role == "naive")
+            .filter_map(|(r, v)| {
+                let v = v.as_ref().filter(|v| v.correct == Some(true))?;
+                Some((r.task_id.as_str(), v.timing.clone()?))
+            })
+            .collect();
         for (i, key) in unrated.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            let naive_timing = rows.iter().zip(&verdicts).find_map(|(r, v)| {
-                (r.role == "naive"
-                    && r.task_id == rows[i].task_id
-                    && v.as_ref()?.correct == Some(true))
-                .then(|| v.as_ref()?.timing.clone())
-                .flatten()
-            });
             if let Some(v) = verdicts[i].as_mut() {
                 let base = cudarl_cuda::verdict::TaskBaselines {
-                    naive: naive_timing,
+                    naive: naive_timing.get(rows[i].task_id.as_str()).cloned(),
                     torch: v.torch_timing.clone(),
                 };
                 speedups(v, &base);

@@ -887,6 +887,19 @@ impl Judge {
             Answer::Reply(Reply::Launched { .. }) => {}
             a => return Err(answer_fail(a)),
         }
+        Ok(self.check(task, &b, shape, seed)?)
+    }
+
+    /// Guards, input mutation, unwritten and non-finite outputs and the reference for one set
+    /// of `shape` drawn from `seed` (its pristine inputs are in the judge's memory), reduced on
+    /// the GPU.
+    fn check(
+        &self,
+        task: &TaskSpec,
+        b: &Bufs,
+        shape: &ShapeCase,
+        seed: u64,
+    ) -> Result<TestResult, String> {
         let mut t = TestResult {
             split: shape.split.clone(),
             sizes: shape.sizes.clone(),
@@ -900,13 +913,6 @@ impl Judge {
             out_of_bounds_write: false,
             message: None,
         };
-        self.check(task, &b, &mut t)?;
-        Ok(t)
-    }
-
-    /// Guards, input mutation, unwritten and non-finite outputs and the reference for one set
-    /// (its pristine inputs are in the judge's memory), reduced on the GPU; fills `t`.
-    fn check(&self, task: &TaskSpec, b: &Bufs, t: &mut TestResult) -> Result<(), String> {
         let e = |r: Result<Tensor, tch::TchError>| r.map_err(terr);
         let mut stats: Vec<Tensor> = Vec::new();
         for a in &b.args {
@@ -999,7 +1005,7 @@ impl Judge {
             None
         };
         t.passed = t.message.is_none();
-        Ok(())
+        Ok(t)
     }
 
     fn ensure_scratch(&mut self, b: &BenchSpec) -> Result<(), String> {
@@ -1338,20 +1344,7 @@ impl Judge {
         if !self.rng.random_bool(verify_p.clamp(0.0, 1.0)) {
             return Ok((late, false));
         }
-        let mut tr = TestResult {
-            split: shape.split.clone(),
-            sizes: shape.sizes.clone(),
-            seed: 0,
-            passed: false,
-            max_abs_err: 0.0,
-            max_rel_err: 0.0,
-            unwritten: 0,
-            non_finite: 0,
-            input_mutated: false,
-            out_of_bounds_write: false,
-            message: None,
-        };
-        self.check(task, &sets[verify], &mut tr)?;
+        let tr = self.check(task, &sets[verify], shape, 0)?;
         if !tr.passed {
             return Err(Fail::Timing(
                 "timed_output_mismatch".into(),

@@ -195,6 +195,7 @@ pub fn run(
             hidden_seeds: hidden_seeds(&salt, task_id, &src, 2),
             wall: Duration::from_secs(timeout),
             bench,
+            time_naive: true,
         };
         let naive = task.naive_source().ok();
         check_full(
