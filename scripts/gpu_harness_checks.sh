@@ -9,6 +9,9 @@
 #               load) with the binaries of this checkout and, when $OLD holds another build's
 #               binaries (*.gz) and $OLD_ROOT that build's configs, pipelines and task families,
 #               with those too, in the same run: the cost of the isolation as a ratio.
+#   PART=profile  the Nsight Compute profile pass: `check --json` with and without `--profile`
+#               on naive and optimized kernels of vector_add, row_sum, matmul and softmax; writes
+#               profile_pass.json (timing, the judge's DRAM fraction, the counters, the pass's ms).
 # Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
 # Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
 set -uo pipefail
@@ -93,6 +96,34 @@ for r in rows:
     bad += not ok
     print(f"{'ok ' if ok else 'BAD'} {c:44s} want {want:22s} got {str(r['failure'] or ('correct' if r['correct'] else r['correct'])):22s} {r['ms']:6d} ms  med {r['median_ms']} ovh {r['overhead_ms']} sets {r['sets']} naive {r['speedup_vs_naive']} torch {r['speedup_vs_torch']} {r['failure_detail'][:90]}")
 print(f"{len(rows)} cases, {bad} not as expected")
+PY
+elif [ "$PART" = profile ]; then
+  export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner
+  "${CUDARL_NCU:-/usr/local/cuda/bin/ncu}" --version | tail -1 > "$OUT/ncu.txt" 2>&1
+  S=$(mktemp -d)
+  : > "$OUT/profile.tsv"
+  for k in vector_add/naive vector_add/vec4 row_sum/warp_shuffle matmul/tiled_4x4 softmax/naive; do
+    for mode in plain profile; do
+      flag=; [ $mode = profile ] && flag=--profile
+      timeout 300 "$NEW/cudarl-pipe" --root . --store "$S" check --task "${k%/*}" \
+        --source "datasets/tasks/$k.cu" $flag --json > "$OUT/v.json" 2>/dev/null
+      echo "$k $mode $(cat "$OUT/v.json" | tr -d '\n')" >> "$OUT/profile.tsv"
+    done
+  done
+  python3 - "$OUT" <<'PY' | tee "$OUT/profile_summary.txt"
+import json, sys
+o = sys.argv[1]
+rows = []
+for line in open(f"{o}/profile.tsv"):
+    k, mode, v = line.split(" ", 2)
+    v = json.loads(v)
+    p = v.get("profile") or {}
+    rows.append({"kernel": k, "mode": mode, "correct": v.get("correct"),
+                 "median_ms": (v.get("timing") or {}).get("median_ms"),
+                 "dram_fraction_of_peak_judge": v.get("dram_fraction_of_peak"),
+                 "profile": p or None, "profile_ms": (v.get("worker_ms") or {}).get("profile")})
+    print(k, mode, v.get("correct"), rows[-1]["median_ms"], p.get("status"), p.get("metrics"), rows[-1]["profile_ms"])
+json.dump(rows, open(f"{o}/profile_pass.json", "w"), indent=1)
 PY
 elif [ "$PART" = bench ]; then
   K=${KERNELS:-120}

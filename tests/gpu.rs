@@ -5,6 +5,8 @@
 //! - every task's naive and optimized kernels pass on every train and hold-out shape and every
 //!   public and hidden seed; optimized beats naive; torch baselines are measured;
 //! - timing the same kernel twice agrees within 2% (median);
+//! - the Nsight Compute profile pass measures occupancy, DRAM throughput and warp efficiency of
+//!   a candidate inside its sandboxed runner (or says `absent` without `ncu`);
 //! - `validate` with four GPU workers testing at once gives the verdicts one worker gives, and
 //!   timings that agree with its (timing runs alone);
 //! - every reward hack in `tests/kernels/hacks/` is rejected with the expected reason inside one
@@ -118,6 +120,41 @@ fn timing_the_same_kernel_twice_agrees_within_two_percent() {
             t.spec.id,
             d * 100.0
         );
+    }
+}
+
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn the_profile_pass_measures_counters_inside_the_sandbox() {
+    if !gpu_enabled("the_profile_pass_measures_counters_inside_the_sandbox") {
+        return;
+    }
+    let p = Project::full();
+    let has_ncu = cudarl_cuda::profile::Ncu::find().is_some();
+    for (task, file) in [("vector_add", "naive.cu"), ("matmul", "tiled_4x4.cu")] {
+        let f = p.path(&format!("datasets/tasks/{task}/{file}"));
+        let v = check(&p, task, &f, &["--profile"]);
+        assert_eq!(v["correct"], true, "{task}: {v}");
+        let status = v["profile"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if !has_ncu {
+            assert!(status.starts_with("absent"), "{task}: {status}");
+            continue;
+        }
+        assert!(status.starts_with("measured"), "{task}: {status}");
+        let m = &v["profile"]["metrics"];
+        eprintln!("{task} {file}: {m}");
+        assert!(m["kernels"].as_u64().unwrap() >= 1, "{m}");
+        for k in [
+            "achieved_occupancy",
+            "dram_throughput",
+            "warp_execution_efficiency",
+        ] {
+            let x = m[k].as_f64().unwrap();
+            assert!(x > 0.0 && x <= 1.0, "{task} {k} = {x}");
+        }
     }
 }
 

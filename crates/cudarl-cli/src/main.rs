@@ -183,6 +183,11 @@ enum Command {
         /// Skip timing.
         #[arg(long)]
         no_bench: bool,
+        /// After the timing of a correct native candidate, profile one launch with Nsight
+        /// Compute (`ncu`): achieved occupancy, DRAM throughput and warp execution efficiency in
+        /// the verdict's `profile` (its status says `absent` without `ncu`).
+        #[arg(long, conflicts_with = "no_bench")]
+        profile: bool,
         /// Wall-clock limit for running the candidate, seconds.
         #[arg(long, default_value_t = 20)]
         timeout: u64,

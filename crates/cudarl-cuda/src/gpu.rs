@@ -237,6 +237,10 @@ pub struct RunJob {
     /// its timing.
     #[serde(default)]
     pub exclusive_timing: bool,
+    /// After a timed candidate's timing, the profile pass ([`crate::profile`]): one more runner
+    /// under Nsight Compute, one checked launch on the bench shape.
+    #[serde(default)]
+    pub profile: bool,
 }
 
 /// Result of one (shape, seed) test.
@@ -334,6 +338,14 @@ pub struct WorkerMs {
     /// time) and loading the candidate in it.
     #[serde(default)]
     pub runner: f64,
+    /// The profile pass ([`RunJob::profile`]): starting `ncu` and its runner, the profiled
+    /// launch (`ncu` replays each kernel once per group of counters) and reading its CSV.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub profile: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Runner failures that are reward hacks: the verdict carries them as hack flags too.
@@ -374,4 +386,7 @@ pub struct RunResult {
     /// never parsed.
     #[serde(default)]
     pub candidate_output: Option<String>,
+    /// The profile pass, when [`RunJob::profile`] asked for it and the candidate was timed.
+    #[serde(default)]
+    pub profile: Option<crate::profile::ProfileOutcome>,
 }

@@ -9,6 +9,7 @@
 //!   diagnostics, resources, compile cache.
 //! - [`static_check`]: data-driven safety rules run before compiling.
 //! - [`inspect`]: checks on what was built (preprocessed text, host object, PTX).
+//! - [`profile`]: the optional Nsight Compute profile pass.
 //! - [`runner`]: the sandboxed runner process a candidate runs in, and its protocol.
 //! - [`expr`]: reference expressions (task data) evaluated with libtorch.
 //! - [`task`]: task specs (signature, sizes, shapes, tolerances, byte/FLOP counts).
@@ -22,6 +23,7 @@ pub mod expr;
 pub mod gpu;
 pub mod inspect;
 pub mod nvcc;
+pub mod profile;
 pub mod pyworker;
 pub mod runner;
 pub mod static_check;

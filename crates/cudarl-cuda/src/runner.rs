@@ -224,14 +224,49 @@ impl RunnerProcess {
         cudart: Option<&Path>,
         read: &[PathBuf],
     ) -> std::io::Result<RunnerProcess> {
+        Self::start(gpu, cudart, read, None)
+    }
+
+    /// Starts a GPU runner under Nsight Compute for a profile pass ([`crate::profile`]): `ncu`
+    /// is the process this handle waits for and kills; it writes its CSV to `log` and keeps its
+    /// own files in `home` (its `$HOME` and `$TMPDIR`), outside the runner's view but for the
+    /// lock directory `home/nvidia/nsight_compute`, which the runner may write.
+    ///
+    /// # Errors
+    /// As [`RunnerProcess::spawn`], or `ncu` cannot be started.
+    pub fn spawn_profiled(
+        cudart: Option<&Path>,
+        ncu: &crate::profile::Ncu,
+        log: &Path,
+        home: &Path,
+    ) -> std::io::Result<RunnerProcess> {
+        Self::start(true, cudart, &[], Some((ncu, log, home)))
+    }
+
+    fn start(
+        gpu: bool,
+        cudart: Option<&Path>,
+        read: &[PathBuf],
+        profiler: Option<(&crate::profile::Ncu, &Path, &Path)>,
+    ) -> std::io::Result<RunnerProcess> {
         let dir = tempfile::Builder::new()
             .prefix("cudarl-runner-")
             .tempdir()?;
         let (judge_end, runner_end) = UnixStream::pair()?;
-        let mut cmd = Command::new(runner_exe());
+        let mut cmd = match profiler {
+            Some((ncu, log, _)) => {
+                let mut c = Command::new(&ncu.path);
+                c.args(ncu.args(log)).arg(runner_exe());
+                c
+            }
+            None => Command::new(runner_exe()),
+        };
         cmd.arg("native").arg("--dir").arg(dir.path());
         if gpu {
             cmd.arg("--gpu");
+        }
+        if profiler.is_some() {
+            cmd.arg("--profiled");
         }
         if let Some(c) = cudart {
             cmd.arg("--cudart").arg(c);
@@ -266,6 +301,12 @@ impl RunnerProcess {
         // at once: ready after 0.44 s instead of 0.97 s, reaped after 0.18 s instead of 0.48 s;
         // benchmarks/results/runner_start_cost_h200_2026-11-26.json). Work a candidate
         // puts on other streams then shares the queue of the timed stream, so it is timed too.
+        if let Some((_, _, home)) = profiler {
+            // ncu's interprocess lock lives under `$TMPDIR/nvidia/nsight_compute`: a directory
+            // of the profile pass's own, the one place the profiled runner may write.
+            std::fs::create_dir_all(home.join("nvidia").join("nsight_compute"))?;
+            cmd.env("HOME", home).env("TMPDIR", home);
+        }
         cmd.env("CUDA_MODULE_LOADING", "EAGER")
             .env("CUDA_CACHE_DISABLE", "1")
             .env("CUDA_DEVICE_MAX_CONNECTIONS", "1")
@@ -309,6 +350,19 @@ impl RunnerProcess {
             dir,
             started: Instant::now(),
         })
+    }
+
+    /// Waits up to `wall` for the process to exit (after [`Request::Exit`]); `false` if it did
+    /// not.
+    pub fn wait_exit(&mut self, wall: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < wall {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     /// Sends a request.

@@ -95,6 +95,10 @@ pub struct Verdict {
     /// never parsed and never part of the feedback.
     #[serde(default)]
     pub candidate_output: Option<String>,
+    /// The Nsight Compute profile pass ([`crate::profile`]; [`FullOptions::profile`]): counters
+    /// measured inside the candidate's process, reported beside the verdict, never part of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::profile::ProfileOutcome>,
 }
 
 impl Verdict {
@@ -182,6 +186,7 @@ impl Verdict {
             roofline_bytes_ms: None,
             roofline_flops_ms: None,
             candidate_output: None,
+            profile: None,
         }
     }
 }
@@ -270,6 +275,10 @@ pub struct FullOptions {
     /// has no naive timing for the task yet; `false` for a caller that judges the naive kernel
     /// itself among its candidates (`validate`) and fills the speedup from it.
     pub time_naive: bool,
+    /// After a correct candidate's timing, the Nsight Compute profile pass
+    /// ([`crate::profile`]): achieved occupancy, DRAM throughput and warp execution efficiency
+    /// in [`Verdict::profile`] (its status says `absent` without `ncu`).
+    pub profile: bool,
 }
 
 /// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else, with a shared cache attached
@@ -452,6 +461,7 @@ fn naive_job(
         wall_s: Some(wall.as_secs_f64()),
         upcoming: 0,
         exclusive_timing: false,
+        profile: false,
     }
 }
 
@@ -566,6 +576,7 @@ fn tests_then(
         wall_s: Some(opts.wall.as_secs_f64()),
         upcoming: 0,
         exclusive_timing: timed.is_some(),
+        profile: timed.is_some() && opts.profile,
     };
     let out = run_on_gpu(tests, pool, opts.wall);
     read_tests(&mut v, &out, opts.wall);
@@ -652,6 +663,7 @@ fn read_timing(
 ) {
     let Outcome::Done(r) = o else { return };
     v.timing = r.timing.clone();
+    v.profile = r.profile.clone();
     record(
         baselines,
         &spec.id,
@@ -798,6 +810,7 @@ pub fn time_batch(
             // The rest of the batch (and a naive baseline per task at most).
             upcoming: n - 1 - k + naive_so.len(),
             exclusive_timing: false,
+            profile: false,
         };
         let o = run(pool, timing);
         failed_run(&mut v, &o, p.wall);

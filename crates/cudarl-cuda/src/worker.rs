@@ -785,6 +785,7 @@ mod tests {
             wall_s: None,
             upcoming: 0,
             exclusive_timing: false,
+            profile: false,
         };
         let wall = Duration::from_secs(10);
         let id = gpu.to_string();

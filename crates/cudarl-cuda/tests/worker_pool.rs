@@ -33,6 +33,7 @@ fn job(so: &str) -> RunJob {
         wall_s: None,
         upcoming: 0,
         exclusive_timing: false,
+        profile: false,
     }
 }
 

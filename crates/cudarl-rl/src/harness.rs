@@ -55,6 +55,9 @@ pub struct Harness {
     pub prefetched: BTreeMap<(String, String), Receiver<Result<Verdict, String>>>,
     /// Candidates whose build was started by a prefetch (overlapping generation).
     pub prefetch_hits: usize,
+    /// The Nsight Compute profile pass after each correct candidate's timing
+    /// ([`FullOptions::profile`]).
+    pub profile: bool,
 }
 
 /// SASS text by shared-object digest, shared with background prefetches.
@@ -144,6 +147,7 @@ impl Harness {
             phases: Default::default(),
             prefetched: Default::default(),
             prefetch_hits: 0,
+            profile: false,
         })
     }
 
@@ -276,6 +280,7 @@ impl Tester for Harness {
             cuobjdump,
             sass_cache,
             phases,
+            profile,
             ..
         } = self;
         // SASS for the reward's bonuses (one cuobjdump process per compiled candidate not
@@ -303,6 +308,7 @@ impl Tester for Harness {
                     wall: *wall,
                     bench: true,
                     time_naive: true,
+                    profile: *profile,
                 };
                 let naive = naive.get(&t.id).map(String::as_str);
                 check_full(t, c, naive, rules, compiler, pool, &opts, baselines)

@@ -88,6 +88,15 @@ pub struct Weights {
     /// absent). Compile-only mode has its own `compile_only.compiled`.
     #[serde(default)]
     pub compiled: f64,
+    /// Achieved occupancy (0-1) from the verdict's Nsight Compute profile pass
+    /// (`cudarl_cuda::profile`), under the gate; 0 when absent (no term without a profile).
+    /// Measured inside the candidate's process: a shaping term, kept small.
+    #[serde(default)]
+    pub occupancy: f64,
+    /// DRAM throughput as a fraction of peak (0-1) from the profile pass, under the gate; 0
+    /// when absent. As [`Weights::occupancy`].
+    #[serde(default)]
+    pub dram_throughput: f64,
 }
 
 /// `norm = clamp(log2(speedup) / log2(cap), 0, 1)`.
@@ -177,6 +186,12 @@ pub struct RewardComponents {
     /// The verdict's hack flags; with `on_hack_flag = "zero"` any of them makes the reward 0.
     #[serde(default)]
     pub hack_flags: Vec<String>,
+    /// Achieved occupancy (0-1) from the profile pass, when it measured one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achieved_occupancy: Option<f64>,
+    /// DRAM throughput, fraction of peak (0-1), from the profile pass, when it measured one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dram_throughput: Option<f64>,
     /// The reward.
     pub reward: f64,
 }
@@ -303,7 +318,13 @@ pub fn score(
             c.norm_speedup = v.speedup_vs_naive.map_or(0.0, |s| {
                 (s.max(1e-9).log2() / cfg.speedup.cap.log2()).clamp(0.0, 1.0)
             });
-            c.reward = w.pass_rate * c.pass_rate + w.speedup * c.norm_speedup + shaped_extras;
+            let measured = v.profile.as_ref().and_then(|p| p.metrics.as_ref());
+            c.achieved_occupancy = measured.map(|m| m.achieved_occupancy.clamp(0.0, 1.0));
+            c.dram_throughput = measured.map(|m| m.dram_throughput.clamp(0.0, 1.0));
+            let profiled = w.occupancy * c.achieved_occupancy.unwrap_or(0.0)
+                + w.dram_throughput * c.dram_throughput.unwrap_or(0.0);
+            c.reward =
+                w.pass_rate * c.pass_rate + w.speedup * c.norm_speedup + shaped_extras + profiled;
         } else {
             c.reward = cfg.compile_only.compiled + shaped_extras;
         }
@@ -431,6 +452,47 @@ mod tests {
         let r = score(&c, Some(PLAIN), Some(&co), None);
         assert_eq!(r.mode, "compile-only");
         assert!((r.reward - (0.5 + 0.05)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn profile_terms_count_under_the_gate_and_only_when_measured() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/reward/profiled.toml");
+        let c = RewardConfig::load(&p, "configs/reward/profiled.toml").unwrap();
+        assert_eq!(
+            (c.weights.occupancy, c.weights.dram_throughput),
+            (0.05, 0.05)
+        );
+        assert_eq!(cfg().weights.occupancy, 0.0, "off by default");
+        let mut v = verdict("full", true, Some(true));
+        v.tests = tests(8, 8);
+        v.speedup_vs_naive = Some(1.0);
+        let plain = score(&c, Some(PLAIN), Some(&v), None);
+        assert_eq!(plain.achieved_occupancy, None);
+        let measured = cudarl_cuda::profile::KernelProfile {
+            kernels: 1,
+            duration_ms: 0.2,
+            achieved_occupancy: 0.6,
+            dram_throughput: 0.8,
+            warp_execution_efficiency: 1.0,
+        };
+        v.profile = Some(cudarl_cuda::profile::ProfileOutcome {
+            status: "measured (ncu)".into(),
+            metrics: Some(measured),
+        });
+        let r = score(&c, Some(PLAIN), Some(&v), None);
+        assert_eq!(
+            (r.achieved_occupancy, r.dram_throughput),
+            (Some(0.6), Some(0.8))
+        );
+        assert!((r.reward - plain.reward - (0.05 * 0.6 + 0.05 * 0.8)).abs() < 1e-12);
+        // Wrong answers and hack flags earn nothing of it.
+        let mut wrong = v.clone();
+        wrong.correct = Some(false);
+        wrong.tests = tests(7, 8);
+        assert_eq!(score(&c, Some(PLAIN), Some(&wrong), None).reward, 0.0);
+        let mut flagged = v.clone();
+        flagged.hack_flags = vec!["beats_roofline".into()];
+        assert_eq!(score(&c, Some(PLAIN), Some(&flagged), None).reward, 0.0);
     }
 
     #[test]

@@ -52,6 +52,11 @@ enum Cmd {
         /// Writable paths (before the seccomp filter: the driver's initialization only).
         #[arg(long)]
         write: Vec<PathBuf>,
+        /// Started under Nsight Compute for a profile pass: the runner's own empty kernel runs
+        /// once before the filter (the injected collector connects to `ncu`), and send/receive
+        /// on the sockets open then are allowed (`FilterOptions::profiler_fds`).
+        #[arg(long)]
+        profiled: bool,
     },
     /// Confine this process, then exec PROGRAM.
     Exec {
@@ -106,7 +111,8 @@ fn main() {
             cudart,
             read,
             write,
-        } => native::run(dir, gpu, cudart, read, write),
+            profiled,
+        } => native::run(dir, gpu, cudart, read, write, profiled),
     }
 }
 
@@ -148,6 +154,7 @@ fn exec_confined(
         // SAFETY: no preconditions.
         self_pid: unsafe { libc::getpid() },
         log_only: env_flag("CUDARL_SANDBOX_LOG"),
+        ..Default::default()
     };
     let filters = cudarl_sandbox::syscalls::filters(profile, &opts)
         .unwrap_or_else(|e| fail(125, &e.to_string()));
@@ -295,6 +302,43 @@ mod native {
         Ok(())
     }
 
+    /// Runs the empty kernel once and waits for it, so a profiler injected at CUDA
+    /// initialization has connected to its front end; returns the sockets now open other than
+    /// the control socket (fd 3): the profiler's.
+    fn connect_profiler(noop: sys::CUfunction) -> Result<Vec<i32>, String> {
+        // SAFETY: a kernel without parameters on the legacy stream, then a context-wide sync.
+        unsafe {
+            cu(
+                sys::cuLaunchKernel(
+                    noop,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                ),
+                "cuLaunchKernel(noop)",
+            )?;
+            cu(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
+        }
+        let dir = std::fs::read_dir("/proc/self/fd").map_err(|e| format!("/proc/self/fd: {e}"))?;
+        let mut fds: Vec<i32> = dir
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+                let target = std::fs::read_link(e.path()).ok()?;
+                (fd != 3 && target.to_string_lossy().starts_with("socket:")).then_some(fd)
+            })
+            .collect();
+        fds.sort_unstable();
+        Ok(fds)
+    }
+
     fn open_gpu(load: &cudarl_cuda::runner::Load) -> Result<Option<Gpu>, String> {
         let Some(arena) = &load.arena else {
             return Ok(None);
@@ -356,6 +400,7 @@ mod native {
         cudart: Option<PathBuf>,
         read: Vec<PathBuf>,
         write: Vec<PathBuf>,
+        profiled: bool,
     ) -> ! {
         // SAFETY: the judge passes the control socket as fd 3.
         let ctl = unsafe { cudarl_cuda::runner::control_socket() };
@@ -381,6 +426,14 @@ mod native {
             init_error(&mut out, e.to_string());
         }
         let mut write = write;
+        if profiled {
+            // Nsight Compute's interprocess lock (`$TMPDIR/nvidia/nsight_compute/lock`), opened
+            // by its collector at every profiled kernel; the judge gives the profile pass a
+            // private `TMPDIR` and creates the directory.
+            let tmp =
+                std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+            write.push(tmp.join("nvidia").join("nsight_compute"));
+        }
         if gpu {
             // The driver names its threads (`/proc/self/task/<tid>/comm`, opened for writing);
             // cuInit fails with CUDA_ERROR_OPERATING_SYSTEM when it cannot. Only this process's
@@ -438,10 +491,19 @@ mod native {
                 unsafe { libc::_exit(0) }
             }
         };
+        let profiler_fds = match (profiled, noop) {
+            (true, Some(f)) => match connect_profiler(f) {
+                Ok(fds) => fds,
+                Err(e) => init_error(&mut out, e),
+            },
+            _ => vec![],
+        };
         let opts = FilterOptions {
             // SAFETY: no preconditions.
             self_pid: unsafe { libc::getpid() },
             log_only: env_flag("CUDARL_SANDBOX_LOG"),
+            write_opens: profiled,
+            profiler_fds,
         };
         let installed = cudarl_sandbox::syscalls::filters(Profile::Runner, &opts)
             .and_then(|f| cudarl_sandbox::syscalls::install(&f, true));

@@ -97,7 +97,7 @@ mod tests {
                 &crate::FilterOptions {
                     // SAFETY: no preconditions.
                     self_pid: unsafe { libc::getpid() },
-                    log_only: false,
+                    ..Default::default()
                 },
             )
             .unwrap();

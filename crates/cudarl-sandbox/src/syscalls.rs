@@ -40,14 +40,37 @@ pub enum Profile {
 }
 
 /// Settings of a filter set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FilterOptions {
     /// The sandboxed process's pid: `kill`/`tgkill` may target it alone.
     pub self_pid: i32,
     /// Log denied calls to the kernel's audit log and let them run, instead of trapping
     /// (`SECCOMP_RET_LOG`; for finding what a toolkit needs: `dmesg | grep type=1326`).
     pub log_only: bool,
+    /// Sockets a profiler's injected collector opened before the filter ([`Profile::Runner`]
+    /// only): send, receive and socket options on exactly these descriptors are allowed
+    /// ([`PROFILER_SOCKET_CALLS`]), nothing else of sockets. Empty outside a profile pass.
+    pub profiler_fds: Vec<i32>,
+    /// Opening files for writing is left to Landlock ([`Profile::Runner`] only; a profile pass,
+    /// whose collector opens `ncu`'s interprocess lock file at every profiled kernel). Off: such
+    /// opens fail with `EACCES` whatever Landlock allows.
+    pub write_opens: bool,
 }
+
+/// Socket calls allowed on [`FilterOptions::profiler_fds`]: Nsight Compute's collector, injected
+/// into the runner at CUDA initialization, reports each profiled kernel's counters to the `ncu`
+/// process over a socket it connected before the filter was installed.
+pub const PROFILER_SOCKET_CALLS: &[(i64, &str)] = &[
+    (libc::SYS_sendto, "sendto"),
+    (libc::SYS_recvfrom, "recvfrom"),
+    (libc::SYS_sendmsg, "sendmsg"),
+    (libc::SYS_recvmsg, "recvmsg"),
+    (libc::SYS_shutdown, "shutdown"),
+    (libc::SYS_getsockname, "getsockname"),
+    (libc::SYS_getpeername, "getpeername"),
+    (libc::SYS_setsockopt, "setsockopt"),
+    (libc::SYS_getsockopt, "getsockopt"),
+];
 
 /// System calls the runner may make once CUDA is up (x86-64 numbers, with their names).
 const RUNNER_ALLOWED: &[(i64, &str)] = &[
@@ -137,6 +160,36 @@ const RUNNER_ALLOWED: &[(i64, &str)] = &[
     (libc::SYS_clone3, "clone3"),
 ];
 
+/// Calls a profile pass's collector makes once the filter is in ([`FilterOptions::write_opens`]):
+/// file calls on `ncu`'s interprocess lock (where they may act is Landlock's write list) and its
+/// own timers (`timerfd_*`). Found with the filter in log mode (`CUDARL_SANDBOX_LOG=1`, audit
+/// records of type 1326) under Nsight Compute 2025.3.1.
+pub const PROFILER_CALLS: &[(i64, &str)] = &[
+    (libc::SYS_timerfd_create, "timerfd_create"),
+    (libc::SYS_timerfd_settime, "timerfd_settime"),
+    (libc::SYS_timerfd_gettime, "timerfd_gettime"),
+    (libc::SYS_unlink, "unlink"),
+    (libc::SYS_unlinkat, "unlinkat"),
+    (libc::SYS_mkdir, "mkdir"),
+    (libc::SYS_mkdirat, "mkdirat"),
+    (libc::SYS_rename, "rename"),
+    (libc::SYS_renameat, "renameat"),
+    (libc::SYS_renameat2, "renameat2"),
+    (libc::SYS_symlink, "symlink"),
+    (libc::SYS_symlinkat, "symlinkat"),
+    (libc::SYS_link, "link"),
+    (libc::SYS_linkat, "linkat"),
+    (libc::SYS_rmdir, "rmdir"),
+    (libc::SYS_flock, "flock"),
+    (libc::SYS_fsync, "fsync"),
+    (libc::SYS_fdatasync, "fdatasync"),
+    (libc::SYS_fchmod, "fchmod"),
+    (libc::SYS_utimensat, "utimensat"),
+    (libc::SYS_utimes, "utimes"),
+    (libc::SYS_utime, "utime"),
+    (libc::SYS_futimesat, "futimesat"),
+];
+
 /// Calls that reach outside a toolchain's or interpreter's own process tree.
 const OUTSIDE: &[(i64, &str)] = &[
     (libc::SYS_ptrace, "ptrace"),
@@ -216,6 +269,8 @@ const PROCESSES: &[(i64, &str)] = &[
 pub fn name(nr: i64) -> String {
     RUNNER_ALLOWED
         .iter()
+        .chain(PROFILER_SOCKET_CALLS)
+        .chain(PROFILER_CALLS)
         .chain(OUTSIDE)
         .chain(PROCESSES)
         .find(|(n, _)| *n == nr)
@@ -259,8 +314,8 @@ fn compile(
 }
 
 /// Opening for writing (`O_WRONLY`, `O_RDWR`, `O_CREAT`, `O_TRUNC`, `O_APPEND`) fails with
-/// `EACCES`; `clone3` with `ENOSYS`.
-fn errno_filters() -> Result<Vec<BpfProgram>, SandboxError> {
+/// `EACCES` unless `write_opens`; `clone3` with `ENOSYS`.
+fn errno_filters(write_opens: bool) -> Result<Vec<BpfProgram>, SandboxError> {
     let write_bits = [
         libc::O_WRONLY,
         libc::O_RDWR,
@@ -274,24 +329,25 @@ fn errno_filters() -> Result<Vec<BpfProgram>, SandboxError> {
             .map(|&b| rule(vec![has_bit(arg, b as u64)?]))
             .collect()
     };
-    let mut open = BTreeMap::new();
-    open.insert(libc::SYS_openat, write_rules(2)?);
-    open.insert(libc::SYS_open, write_rules(1)?);
-    open.insert(libc::SYS_creat, vec![]);
     let mut clone3 = BTreeMap::new();
     clone3.insert(libc::SYS_clone3, vec![]);
-    Ok(vec![
-        compile(
+    let mut out = vec![compile(
+        clone3,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+    )?];
+    if !write_opens {
+        let mut open = BTreeMap::new();
+        open.insert(libc::SYS_openat, write_rules(2)?);
+        open.insert(libc::SYS_open, write_rules(1)?);
+        open.insert(libc::SYS_creat, vec![]);
+        out.push(compile(
             open,
             SeccompAction::Allow,
             SeccompAction::Errno(libc::EACCES as u32),
-        )?,
-        compile(
-            clone3,
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::ENOSYS as u32),
-        )?,
-    ])
+        )?);
+    }
+    Ok(out)
 }
 
 /// The filters of `profile`, in the order they must be installed ([`install`]): the one that
@@ -342,8 +398,39 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
                     0,
                 )?])?],
             );
+            if opts.write_opens {
+                allow.extend(PROFILER_CALLS.iter().map(|(n, _)| (*n, vec![])));
+                // Whether a lock's holder still lives: signal 0 to any process (no signal is
+                // sent).
+                allow.insert(
+                    libc::SYS_kill,
+                    vec![
+                        rule(vec![to_me(0)?])?,
+                        rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0)?])?,
+                    ],
+                );
+            }
+            // A profiler's own sockets, by descriptor.
+            if !opts.profiler_fds.is_empty() {
+                let on_fd = |fd: i32| -> Result<SeccompRule, SandboxError> {
+                    rule(vec![cond(
+                        0,
+                        SeccompCmpArgLen::Dword,
+                        SeccompCmpOp::Eq,
+                        fd as u32 as u64,
+                    )?])
+                };
+                for (nr, _) in PROFILER_SOCKET_CALLS {
+                    let rules = opts
+                        .profiler_fds
+                        .iter()
+                        .map(|&fd| on_fd(fd))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    allow.insert(*nr, rules);
+                }
+            }
             // The allow-list goes last: installing a filter takes prctl and seccomp calls it denies.
-            let mut out = errno_filters()?;
+            let mut out = errno_filters(opts.write_opens)?;
             out.push(compile(allow, denied, SeccompAction::Allow)?);
             Ok(out)
         }
@@ -425,7 +512,7 @@ mod tests {
         FilterOptions {
             // SAFETY: getpid has no preconditions.
             self_pid: unsafe { libc::getpid() },
-            log_only: false,
+            ..Default::default()
         }
     }
 
@@ -433,14 +520,7 @@ mod tests {
     fn the_runner_profile_traps_exec_and_fails_write_opens() {
         // exec traps: the child dies of SIGSYS.
         let (_, sig) = in_child(|| {
-            let f = filters(
-                Profile::Runner,
-                &FilterOptions {
-                    self_pid: unsafe { libc::getpid() },
-                    log_only: false,
-                },
-            )
-            .unwrap();
+            let f = filters(Profile::Runner, &opts()).unwrap();
             install(&f, false).unwrap();
             let sh = c"/bin/true";
             let argv = [sh.as_ptr(), std::ptr::null()];
@@ -462,18 +542,7 @@ mod tests {
         let p = d.path().join("x");
         std::fs::write(&p, "1").unwrap();
         let (code, sig) = in_child(move || {
-            install(
-                &filters(
-                    Profile::Runner,
-                    &FilterOptions {
-                        self_pid: unsafe { libc::getpid() },
-                        log_only: false,
-                    },
-                )
-                .unwrap(),
-                false,
-            )
-            .unwrap();
+            install(&filters(Profile::Runner, &opts()).unwrap(), false).unwrap();
             if std::fs::read(&p).is_err() {
                 return 4;
             }
@@ -488,18 +557,7 @@ mod tests {
     #[test]
     fn threads_are_allowed_processes_are_not() {
         let (code, sig) = in_child(|| {
-            install(
-                &filters(
-                    Profile::Runner,
-                    &FilterOptions {
-                        self_pid: unsafe { libc::getpid() },
-                        log_only: false,
-                    },
-                )
-                .unwrap(),
-                false,
-            )
-            .unwrap();
+            install(&filters(Profile::Runner, &opts()).unwrap(), false).unwrap();
             let t = std::thread::spawn(|| 7);
             if t.join().ok() != Some(7) {
                 return 6;
@@ -545,6 +603,77 @@ mod tests {
             // SAFETY: plain syscall; trapped.
             unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
             13
+        });
+        assert_eq!((code, sig), (-1, libc::SIGSYS));
+    }
+
+    #[test]
+    fn a_profiler_socket_is_usable_and_no_other_socket_is() {
+        let (code, sig) = in_child(|| {
+            let mut profiler = [0i32; 2];
+            let mut other = [0i32; 2];
+            // SAFETY: out-arrays of two descriptors.
+            unsafe {
+                libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, profiler.as_mut_ptr());
+                libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, other.as_mut_ptr());
+            }
+            let o = FilterOptions {
+                profiler_fds: vec![profiler[0]],
+                ..opts()
+            };
+            install(&filters(Profile::Runner, &o).unwrap(), false).unwrap();
+            let msg = b"metrics";
+            // SAFETY: a valid buffer on a connected socket.
+            let sent = unsafe {
+                libc::sendto(
+                    profiler[0],
+                    msg.as_ptr().cast(),
+                    msg.len(),
+                    0,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            let mut buf = [0u8; 16];
+            // SAFETY: as above, the other end of the profiler's pair (plain read is allowed).
+            let got = unsafe { libc::read(profiler[1], buf.as_mut_ptr().cast(), buf.len()) };
+            if sent != msg.len() as isize || got != sent {
+                return 20;
+            }
+            // SAFETY: as above, on a socket that is not the profiler's: trapped.
+            unsafe {
+                libc::sendto(
+                    other[0],
+                    msg.as_ptr().cast(),
+                    msg.len(),
+                    0,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            21
+        });
+        assert_eq!((code, sig), (-1, libc::SIGSYS));
+    }
+
+    #[test]
+    fn a_profile_pass_may_open_for_writing_and_remove_its_lock_and_still_not_exec() {
+        let d = tempfile::tempdir().unwrap();
+        let lock = d.path().join("lock");
+        let (code, sig) = in_child(move || {
+            let o = FilterOptions {
+                write_opens: true,
+                ..opts()
+            };
+            install(&filters(Profile::Runner, &o).unwrap(), false).unwrap();
+            if std::fs::File::create(&lock).is_err() || std::fs::remove_file(&lock).is_err() {
+                return 30;
+            }
+            let sh = c"/bin/true";
+            let argv = [sh.as_ptr(), std::ptr::null()];
+            // SAFETY: a valid path and argv; trapped.
+            unsafe { libc::execv(sh.as_ptr(), argv.as_ptr()) };
+            31
         });
         assert_eq!((code, sig), (-1, libc::SIGSYS));
     }

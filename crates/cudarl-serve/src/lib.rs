@@ -615,6 +615,7 @@ async fn judge(
             wall: s.gpu_wall,
             bench: true,
             time_naive: true,
+            profile: false,
         };
         check_full(
             &task.spec,

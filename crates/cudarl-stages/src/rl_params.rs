@@ -178,6 +178,13 @@ pub struct Params {
     /// `auto` (full tests on a GPU, compile-only without) or `compile`.
     #[serde(default)]
     pub mode: Mode,
+    /// The Nsight Compute profile pass after each correct candidate's timing
+    /// (`cudarl_cuda::profile`): achieved occupancy and DRAM throughput for the reward's
+    /// `occupancy` and `dram_throughput` terms (`reward = "profiled"`). One more runner per
+    /// correct candidate, under `ncu`: 1.3-1.5 s each on an H200
+    /// (benchmarks/results/profile_pass_h200_2026-11-26.json).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub profile: bool,
     /// `auto`, `cpu` or `cuda` for the models.
     #[serde(default)]
     pub device: Device,

@@ -446,6 +446,7 @@ impl Stage for RlTrain {
         }
         let device = resolve_device(p.device);
         let mut h = harness(ctx, p.mode, p.timeout_s, ts.naive.clone())?;
+        h.profile = p.profile;
         let mode = h.mode();
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();

@@ -497,6 +497,7 @@ impl Stage for Validate {
                         bench: self.params.bench,
                         // The naive kernels are rows here: their own timings give the speedups.
                         time_naive: false,
+                        profile: false,
                     };
                     let naive = naive.get(r.task_id.as_str()).copied();
                     match self.params.timing {

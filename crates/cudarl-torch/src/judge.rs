@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, sys};
 use cudarl_cuda::expr::Expr;
 use cudarl_cuda::gpu::{BenchSpec, GpuInfo, RunJob, RunResult, ShapeCase, TestResult, Timing};
+use cudarl_cuda::profile::{Ncu, ProfileOutcome, parse_raw_csv};
 use cudarl_cuda::runner::{
     Answer, CONTROL_BYTES, Load, Rep, Reply, Request, Run, RunnerProcess, to_hex,
 };
@@ -105,6 +106,24 @@ enum Fail {
     /// A timed launch misbehaved: (hack flag, detail).
     Timing(String, String),
 }
+
+/// The words of a [`Fail`] for a profile pass's status.
+fn fail_words(f: Fail) -> String {
+    match f {
+        Fail::Cuda(e) | Fail::Died(e) | Fail::Violation(e) | Fail::Load(e) | Fail::Judge(e) => e,
+        Fail::Timeout => "no answer within the wall-clock limit".into(),
+        Fail::Timing(flag, detail) => format!("{flag}: {detail}"),
+    }
+}
+
+/// The first character boundary of `s` at or after byte `i` (`s.len()` past the end).
+fn boundary_at(s: &str, i: usize) -> usize {
+    (i..s.len()).find(|&j| s.is_char_boundary(j)).unwrap_or(s.len())
+}
+
+/// Wall-clock limit of each step of a profile pass (`ncu` replays every kernel once per group
+/// of counters).
+const PROFILE_WALL: Duration = Duration::from_secs(180);
 
 impl From<String> for Fail {
     fn from(s: String) -> Fail {
@@ -506,6 +525,13 @@ impl Judge {
     ) -> Result<RunnerProcess, Fail> {
         let mut r = self.take_runner(cudart, upcoming)?;
         tracing::debug!(pid = r.id(), warm = self.warm.len(), "runner taken");
+        self.load_in(&mut r, so, bytes)?;
+        Ok(r)
+    }
+
+    /// Waits for the started runner `r`, then stages `so` in it and loads it on an arena of at
+    /// least `bytes`.
+    fn load_in(&mut self, r: &mut RunnerProcess, so: &str, bytes: u64) -> Result<(), Fail> {
         match r.recv(Duration::from_secs(120)) {
             Answer::Reply(Reply::Ready { gpu: true, .. }) => {}
             a => return Err(answer_fail(a)),
@@ -524,7 +550,7 @@ impl Judge {
         match r.call(&Request::Load(load), Duration::from_secs(60)) {
             Answer::Reply(Reply::Loaded) => {
                 tracing::debug!("runner loaded");
-                Ok(r)
+                Ok(())
             }
             a => Err(answer_fail(a)),
         }
@@ -726,6 +752,7 @@ impl Judge {
             worker_ms: Some(Default::default()),
             failure: None,
             candidate_output: None,
+            profile: None,
         };
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let bench_shape = job
@@ -845,6 +872,7 @@ impl Judge {
                 w.timing = ms(t0);
             }
         }
+        let profile = job.profile && res.timing.is_some();
         drop(r.send(&Request::Exit));
         // Give the runner's output readers a moment, then keep what it printed.
         std::thread::sleep(Duration::from_millis(2));
@@ -858,7 +886,88 @@ impl Judge {
             Some(ipc) => ipc.arenas[ipc.cur].retired = Some(r),
             None => drop(r),
         }
+        if profile && let Some(shape) = &bench_shape {
+            heartbeat();
+            let t0 = Instant::now();
+            res.profile = Some(self.profile(job, so_path, shape));
+            if let Some(w) = res.worker_ms.as_mut() {
+                w.profile = ms(t0);
+            }
+        }
         res
+    }
+
+    /// The profile pass ([`cudarl_cuda::profile`]): `so` loaded in a runner started under `ncu`,
+    /// one launch on fresh inputs of `shape` checked like a test, and the counters of its
+    /// kernels from the CSV `ncu` wrote where only the judge reads.
+    fn profile(&mut self, job: &RunJob, so: &str, shape: &ShapeCase) -> ProfileOutcome {
+        let Some(ncu) = Ncu::find() else {
+            return ProfileOutcome::without(
+                "absent: no ncu on this machine ($CUDARL_NCU, PATH, /usr/local/cuda/bin)",
+            );
+        };
+        let failed = |why: String| ProfileOutcome::without(format!("failed: {why}"));
+        let Ok(bytes) = set_layout(&job.task, &shape.sizes).map(|(_, b)| CONTROL_BYTES + b) else {
+            return failed("task spec".into());
+        };
+        let dir = match tempfile::Builder::new().prefix("cudarl-profile-").tempdir() {
+            Ok(d) => d,
+            Err(e) => return failed(format!("temp dir: {e}")),
+        };
+        let log = dir.path().join("ncu.csv");
+        let cudart = job.cudart.as_ref().map(PathBuf::from);
+        let mut r = match RunnerProcess::spawn_profiled(cudart.as_deref(), &ncu, &log, dir.path()) {
+            Ok(r) => r,
+            Err(e) => return failed(format!("start {}: {e}", ncu.path.display())),
+        };
+        // Any seed the tests did not use: the inputs are fresh.
+        let seed = job
+            .seeds
+            .iter()
+            .fold(0x9e37_79b9_7f4a_7c15u64, |a, s| a ^ s.rotate_left(17));
+        let launch = self
+            .load_in(&mut r, so, bytes)
+            .and_then(|()| self.test_one(&mut r, &job.task, shape, seed, PROFILE_WALL));
+        drop(r.send(&Request::Exit));
+        let exited = r.wait_exit(PROFILE_WALL);
+        let output = r.output();
+        drop(r);
+        // What ncu wrote to its log (its errors go there too) and what the runner printed, for
+        // a status that says why.
+        let tail = || {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            let t = format!("{} {}", log.trim(), output.trim());
+            let t = t.trim();
+            format!(
+                " ({})",
+                &t[boundary_at(t, t.len().saturating_sub(600))..]
+            )
+        };
+        match launch {
+            Ok(t) if t.passed => {}
+            Ok(t) => {
+                let why = t.message.unwrap_or_default();
+                return failed(format!("the profiled launch failed its check: {why}"));
+            }
+            Err(f) => return failed(fail_words(f) + &tail()),
+        }
+        if !exited {
+            return failed("ncu did not exit".to_string() + &tail());
+        }
+        let text = match std::fs::read_to_string(&log) {
+            Ok(t) => t,
+            Err(e) => return failed(format!("no ncu log: {e}{}", tail())),
+        };
+        match parse_raw_csv(&text, "cudarl_noop") {
+            Ok(m) => ProfileOutcome {
+                status: "measured (ncu)".into(),
+                metrics: Some(m),
+            },
+            Err(e) => {
+                let head = &text[..boundary_at(&text, 400)];
+                failed(format!("{e}; the log begins: {head}"))
+            }
+        }
     }
 
     /// One (shape, seed) test through the runner (see the module docs).

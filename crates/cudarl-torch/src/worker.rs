@@ -47,6 +47,7 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 worker_ms: None,
                 failure: None,
                 candidate_output: None,
+                profile: None,
             };
             println!("{}", serde_json::to_string(&r).expect("json"));
             return 3;

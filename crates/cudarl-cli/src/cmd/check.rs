@@ -149,7 +149,7 @@ pub fn run(
     abi: Option<&str>,
     mode: Mode,
     arch: Option<String>,
-    bench: bool,
+    (bench, profile): (bool, bool),
     timeout: u64,
     json: bool,
 ) -> Result<i32, CliError> {
@@ -196,6 +196,7 @@ pub fn run(
             wall: Duration::from_secs(timeout),
             bench,
             time_naive: true,
+            profile,
         };
         let naive = task.naive_source().ok();
         check_full(

@@ -215,6 +215,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             mode,
             arch,
             no_bench,
+            profile,
             timeout,
             json,
         } => check::run(
@@ -224,7 +225,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             abi.as_deref(),
             mode,
             arch,
-            !no_bench,
+            (!no_bench, profile),
             timeout,
             json,
         ),
