@@ -288,40 +288,7 @@ pub fn prepare(
     };
     match format {
         Format::Native => return Err("a native candidate is not torch-format".into()),
-        Format::Extension => {
-            p.findings = rules.check(source, "torch");
-            p.reject = reject_of(&p.findings);
-            if p.reject.is_some() {
-                return Ok(p);
-            }
-            if !GLOBAL.is_match(&crate::static_check::strip_c_comments_and_strings(source)) {
-                p.reject = Some((
-                    "static_reject".into(),
-                    "no-kernel: the extension defines no __global__ kernel (torch ops stand in for it)".into(),
-                ));
-                return Ok(p);
-            }
-            if !source.contains("PYBIND11_MODULE") {
-                p.reject = Some((
-                    "load_error".into(),
-                    "no PYBIND11_MODULE: the extension defines no Python module (PyInit_...) to load".into(),
-                ));
-                return Ok(p);
-            }
-            match forward_args(source) {
-                Ok(a) => p.args = a,
-                Err(e) => {
-                    p.reject = Some(("bind_error".into(), e));
-                    return Ok(p);
-                }
-            }
-            p.units.push(Unit {
-                name: "extension".into(),
-                module: module_name(source),
-                text: source.to_string(),
-                extra: vec![],
-            });
-        }
+        Format::Extension => extension(&mut p, source, rules),
         Format::ModelNew => {
             p.findings = rules.check_python(source);
             p.reject = reject_of(&p.findings);
@@ -436,6 +403,45 @@ pub fn prepare(
         }
     }
     Ok(p)
+}
+
+/// [`prepare`] of a SakanaAI-style extension: its rules, a `__global__` kernel, a Python module,
+/// the arguments of `forward`, then one unit; the first failure is `p.reject`.
+fn extension(p: &mut Prepared, source: &str, rules: &Rules) {
+    p.findings = rules.check(source, "torch");
+    p.reject = reject_of(&p.findings);
+    if p.reject.is_some() {
+        return;
+    }
+    if !GLOBAL.is_match(&crate::static_check::strip_c_comments_and_strings(source)) {
+        p.reject = Some((
+            "static_reject".into(),
+            "no-kernel: the extension defines no __global__ kernel (torch ops stand in for it)"
+                .into(),
+        ));
+        return;
+    }
+    if !source.contains("PYBIND11_MODULE") {
+        p.reject = Some((
+            "load_error".into(),
+            "no PYBIND11_MODULE: the extension defines no Python module (PyInit_...) to load"
+                .into(),
+        ));
+        return;
+    }
+    match forward_args(source) {
+        Ok(a) => p.args = a,
+        Err(e) => {
+            p.reject = Some(("bind_error".into(), e));
+            return;
+        }
+    }
+    p.units.push(Unit {
+        name: "extension".into(),
+        module: module_name(source),
+        text: source.to_string(),
+        extra: vec![],
+    });
 }
 
 /// A torch-format verdict before running: static checks and builds. Returns the verdict and

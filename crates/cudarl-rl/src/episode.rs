@@ -424,6 +424,34 @@ pub struct EpisodeSettings {
     pub public_seeds: Vec<u64>,
 }
 
+/// The optimizer's conversation for the next turn of `e` on `task`: its last kernel and the
+/// tester's feedback, with the strategies already tried and the best speedup so far.
+fn optimizer_conversation(task: &TaskSpec, e: &Episode) -> Vec<ChatMessage> {
+    let (sig, shapes) = task_messages(task);
+    let last = e.turns.last().expect("a previous turn");
+    let mut fb = last.feedback.clone();
+    if !e.tried.is_empty() {
+        fb.push_str(&format!(
+            "\nStrategies already tried: {}. Try a different one.",
+            e.tried.join(", ")
+        ));
+    }
+    if let Some(&(t, x)) = e.trajectory.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+        fb.push_str(&format!(
+            "\nBest so far: turn {}, {x:.2}x the naive kernel.",
+            t + 1
+        ));
+    }
+    let current = e.last_code().unwrap_or("");
+    vec![
+        ChatMessage::new("system", prompts::OPTIMIZER_SYSTEM),
+        ChatMessage::new(
+            "user",
+            prompts::optimizer_prompt(&view(task, &sig, &shapes), current, &fb, 0, 0),
+        ),
+    ]
+}
+
 /// Runs one episode per entry of `tasks` (repeat a task for a group) to completion, all turns
 /// batched: every active episode's turn goes to the policy in one call and to the tester in
 /// one call. Credits are filled in with the config's turn credit.
@@ -451,34 +479,11 @@ pub fn run_episodes(
         let convs: Vec<Vec<ChatMessage>> = active
             .iter()
             .map(|&i| {
-                let task = tasks[i];
                 if turn == 0 {
-                    return generator_conversation(task);
+                    generator_conversation(tasks[i])
+                } else {
+                    optimizer_conversation(tasks[i], &eps[i])
                 }
-                let e = &eps[i];
-                let (sig, shapes) = task_messages(task);
-                let last = e.turns.last().expect("a previous turn");
-                let mut fb = last.feedback.clone();
-                if !e.tried.is_empty() {
-                    fb.push_str(&format!(
-                        "\nStrategies already tried: {}. Try a different one.",
-                        e.tried.join(", ")
-                    ));
-                }
-                if let Some(&(t, x)) = e.trajectory.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
-                    fb.push_str(&format!(
-                        "\nBest so far: turn {}, {x:.2}x the naive kernel.",
-                        t + 1
-                    ));
-                }
-                let current = e.last_code().unwrap_or("");
-                vec![
-                    ChatMessage::new("system", prompts::OPTIMIZER_SYSTEM),
-                    ChatMessage::new(
-                        "user",
-                        prompts::optimizer_prompt(&view(task, &sig, &shapes), current, &fb, 0, 0),
-                    ),
-                ]
             })
             .collect();
         // Kernels go to the harness's compiler as soon as each answer is finished.

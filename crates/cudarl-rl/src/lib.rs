@@ -10,7 +10,8 @@
 //!   as the episodes' policy; [`harness`]: the kernel harness as their tester;
 //! - [`families`]: generated task families; [`tasks`]: the task tables, read in one place;
 //! - [`step`]: one RL step (groups, advantages, updates, the step's metrics);
-//! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`.
+//! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`;
+//! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`).
 
 pub mod credit;
 pub mod episode;
@@ -22,6 +23,7 @@ pub mod stats;
 pub mod step;
 pub mod tasks;
 pub mod trainer;
+pub mod verl;
 
 pub use cudarl_protocol::{ChatMessage, Role};
 

@@ -524,6 +524,18 @@ mod native {
             Err(e) => load_error(&mut out, e.to_string()),
         };
         reply(&mut out, &Reply::Loaded);
+        serve(inp, out, g.as_ref(), entry, noop)
+    }
+
+    /// Answers the judge's requests for the loaded candidate until [`Request::Exit`] or the end
+    /// of the control socket (then exits without running the candidate's exit handlers).
+    fn serve(
+        mut inp: impl BufRead,
+        mut out: std::fs::File,
+        g: Option<&Gpu>,
+        entry: Entry,
+        noop: Option<sys::CUfunction>,
+    ) -> ! {
         loop {
             match request(&mut inp) {
                 Some(Request::Run(run)) => {

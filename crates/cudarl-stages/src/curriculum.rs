@@ -315,25 +315,7 @@ impl Stage for Curriculum {
                 StageError::bad_input("problems", Some("op_features"), "expected list<utf8>")
             })?;
 
-        let mut b_id = StringBuilder::new();
-        let mut b_src = StringBuilder::new();
-        let mut b_level = Int64Builder::new();
-        let mut b_name = StringBuilder::new();
-        let mut b_tier = Int64Builder::new();
-        let mut b_reason = StringBuilder::new();
-        let mut b_feats = ListBuilder::new(StringBuilder::new());
-        let mut b_cats = ListBuilder::new(StringBuilder::new());
-        let mut b_unknown = ListBuilder::new(StringBuilder::new());
-        let mut b_split = StringBuilder::new();
-        let mut b_ak = Int64Builder::new();
-        let mut b_acc = Int64Builder::new();
-        let mut b_best = Float64Builder::new();
-        let mut b_drift = BooleanBuilder::new();
-        let mut b_sig = StringBuilder::new();
-        let mut b_train = StringBuilder::new();
-        let mut b_hold = StringBuilder::new();
-        let mut b_nval = Int64Builder::new();
-        let mut b_bestv = Float64Builder::new();
+        let mut b = Columns::new();
         let validated = read_validated(ctx)?;
         // Native signatures of the covered KernelBench problems.
         let kb_sig: BTreeMap<String, String> = {
@@ -375,82 +357,42 @@ impl Stage for Curriculum {
             );
             counts[d.tier as usize][split as usize] += 1;
             let st = stats.remove(id).unwrap_or_default();
-            b_id.append_value(id);
-            b_src.append_value("kernelbench");
-            b_level.append_value(lv);
-            b_name.append_value(nm);
-            b_tier.append_value(d.tier);
-            b_reason.append_value(&d.reason);
+            b.id.append_value(id);
+            b.src.append_value("kernelbench");
+            b.level.append_value(lv);
+            b.name.append_value(nm);
+            b.tier.append_value(d.tier);
+            b.reason.append_value(&d.reason);
             for f in &feats {
-                b_feats.values().append_value(f);
+                b.feats.values().append_value(f);
             }
-            b_feats.append(true);
+            b.feats.append(true);
             for c in &d.categories {
-                b_cats.values().append_value(c);
+                b.cats.values().append_value(c);
             }
-            b_cats.append(true);
+            b.cats.append(true);
             for u in &d.unknown_ops {
-                b_unknown.values().append_value(u);
+                b.unknown.values().append_value(u);
             }
-            b_unknown.append(true);
-            b_split.append_value(split.as_str());
-            b_ak.append_value(st.kernels);
-            b_acc.append_value(st.claimed_correct);
-            b_best.append_option(st.best);
-            b_drift.append_value(st.drift);
-            b_sig.append_option(kb_sig.get(id));
-            b_train.append_null();
-            b_hold.append_null();
+            b.unknown.append(true);
+            b.split.append_value(split.as_str());
+            b.ak.append_value(st.kernels);
+            b.acc.append_value(st.claimed_correct);
+            b.best.append_option(st.best);
+            b.drift.append_value(st.drift);
+            b.sig.append_option(kb_sig.get(id));
+            b.train.append_null();
+            b.hold.append_null();
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
-            b_nval.append_value(mine.len() as i64);
-            b_bestv.append_option(
+            b.nval.append_value(mine.len() as i64);
+            b.bestv.append_option(
                 mine.iter()
                     .filter_map(|v| v.speedup_vs_torch)
                     .reduce(f64::max),
             );
         }
-        // Synthetic task families: tier from the spec, hold-out by shapes (all rows train).
         let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-        let (tid, ttier) = (
-            tt.req_strings("task_id").map_err(data_err)?,
-            tt.req_ints("tier").map_err(data_err)?,
-        );
-        let (tsig, ttrain, thold) = (
-            tt.req_strings("signature").map_err(data_err)?,
-            tt.req_strings("train_shapes").map_err(data_err)?,
-            tt.req_strings("holdout_shapes").map_err(data_err)?,
-        );
-        for i in 0..tt.rows() {
-            let (Some(id), Some(tier)) = (tid.get(i), ttier.get(i)) else {
-                continue;
-            };
-            let tier = tier.clamp(0, MAX_TIER);
-            counts[tier as usize][0] += 1;
-            let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
-            b_id.append_value(format!("synth/{id}"));
-            b_src.append_value("synthetic");
-            b_level.append_null();
-            b_name.append_value(id);
-            b_tier.append_value(tier);
-            b_reason.append_value(format!("task family tier (datasets/tasks/{id}/task.toml)"));
-            b_feats.append(true);
-            b_cats.append(true);
-            b_unknown.append(true);
-            b_split.append_value("train");
-            b_ak.append_value(0);
-            b_acc.append_value(0);
-            b_best.append_null();
-            b_drift.append_value(false);
-            b_sig.append_option(tsig.get(i));
-            b_train.append_option(ttrain.get(i));
-            b_hold.append_option(thold.get(i));
-            b_nval.append_value(mine.len() as i64);
-            b_bestv.append_option(
-                mine.iter()
-                    .filter_map(|v| v.speedup_vs_naive)
-                    .reduce(f64::max),
-            );
-        }
+        b.synthetic(&tt, &validated, &mut counts)?;
         if !stats.is_empty() {
             ctx.warn(format!(
                 "{} archive problem ids are not in the curriculum (other levels or unknown)",
@@ -458,33 +400,30 @@ impl Stage for Curriculum {
             ));
         }
         let schema = CURRICULUM.clone();
-        let cast_list = |a: ArrayRef, i: usize| {
-            arrow::compute::cast(&a, schema.field(i).data_type()).expect("list cast")
-        };
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(b_id.finish()),
-            Arc::new(b_src.finish()),
-            Arc::new(b_level.finish()),
-            Arc::new(b_name.finish()),
-            Arc::new(b_tier.finish()),
-            Arc::new(b_reason.finish()),
-            cast_list(Arc::new(b_feats.finish()), 6),
-            cast_list(Arc::new(b_cats.finish()), 7),
-            cast_list(Arc::new(b_unknown.finish()), 8),
-            Arc::new(b_split.finish()),
-            Arc::new(b_ak.finish()),
-            Arc::new(b_acc.finish()),
-            Arc::new(b_best.finish()),
-            Arc::new(b_drift.finish()),
-            Arc::new(b_sig.finish()),
-            Arc::new(b_train.finish()),
-            Arc::new(b_hold.finish()),
-            Arc::new(b_nval.finish()),
-            Arc::new(b_bestv.finish()),
-        ];
+        let cols = b.finish(&schema);
         let batch = cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?;
         write_output(ctx, "curriculum", &batch)?;
 
+        let gates = self.gates(&counts)?;
+        write_output(ctx, "gates", &gates)?;
+
+        let vk = validated_batch(&validated)?;
+        if validated.is_empty() {
+            ctx.warn(
+                "validated_kernels is empty: no kernel was run on a GPU (compile-only validations)",
+            );
+        }
+        write_output(ctx, "validated_kernels", &vk)
+    }
+}
+
+impl Curriculum {
+    /// The `gates` table: per tier, the compile and pass rates a stage must reach and the
+    /// curriculum rows per split (`counts[tier]` = [train, val, test]).
+    ///
+    /// # Errors
+    /// The batch does not match the schema (a bug).
+    fn gates(&self, counts: &[[i64; 3]]) -> Result<arrow::record_batch::RecordBatch, StageError> {
         let tiers: Vec<i64> = (0..=MAX_TIER).collect();
         let gcols: Vec<ArrayRef> = vec![
             Arc::new(arrow::array::Int64Array::from(tiers.clone())),
@@ -511,52 +450,185 @@ impl Stage for Curriculum {
                 counts.iter().map(|c| c[2]).collect::<Vec<i64>>(),
             )),
         ];
-        let gates = cudarl_data::parquet_io::batch(&GATES.clone(), gcols).map_err(data_err)?;
-        write_output(ctx, "gates", &gates)?;
+        cudarl_data::parquet_io::batch(&GATES.clone(), gcols).map_err(data_err)
+    }
+}
 
-        use arrow::array::{Float64Array, Int64Array, StringArray};
-        let vk = cudarl_data::parquet_io::batch(
-            &VALIDATED_KERNELS.clone(),
-            vec![
-                Arc::new(StringArray::from_iter_values(
-                    validated.iter().map(|v| v.kernel_id.clone()),
-                )),
-                Arc::new(StringArray::from_iter_values(
-                    validated.iter().map(|v| format!("synth/{}", v.task_id)),
-                )),
-                Arc::new(StringArray::from_iter_values(
-                    validated.iter().map(|v| v.role.clone()),
-                )),
-                Arc::new(Int64Array::from_iter_values(
-                    validated.iter().map(|v| v.tests),
-                )),
-                Arc::new(Float64Array::from_iter_values(
-                    validated.iter().map(|v| v.median_ms),
-                )),
-                Arc::new(Float64Array::from(
-                    validated
-                        .iter()
-                        .map(|v| v.speedup_vs_naive)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(Float64Array::from(
-                    validated
-                        .iter()
-                        .map(|v| v.speedup_vs_torch)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(StringArray::from_iter_values(
-                    validated.iter().map(|v| v.gpu.clone()),
-                )),
-            ],
-        )
-        .map_err(data_err)?;
-        if validated.is_empty() {
-            ctx.warn(
-                "validated_kernels is empty: no kernel was run on a GPU (compile-only validations)",
+/// The `validated_kernels` table: every validation that counts, by synthetic task.
+///
+/// # Errors
+/// The batch does not match the schema (a bug).
+fn validated_batch(
+    validated: &[ValidatedRow],
+) -> Result<arrow::record_batch::RecordBatch, StageError> {
+    use arrow::array::{Float64Array, Int64Array, StringArray};
+    cudarl_data::parquet_io::batch(
+        &VALIDATED_KERNELS.clone(),
+        vec![
+            Arc::new(StringArray::from_iter_values(
+                validated.iter().map(|v| v.kernel_id.clone()),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                validated.iter().map(|v| format!("synth/{}", v.task_id)),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                validated.iter().map(|v| v.role.clone()),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                validated.iter().map(|v| v.tests),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                validated.iter().map(|v| v.median_ms),
+            )),
+            Arc::new(Float64Array::from(
+                validated
+                    .iter()
+                    .map(|v| v.speedup_vs_naive)
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                validated
+                    .iter()
+                    .map(|v| v.speedup_vs_torch)
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                validated.iter().map(|v| v.gpu.clone()),
+            )),
+        ],
+    )
+    .map_err(data_err)
+}
+
+/// The `curriculum` table's columns, one builder per column in schema order.
+struct Columns {
+    id: StringBuilder,
+    src: StringBuilder,
+    level: Int64Builder,
+    name: StringBuilder,
+    tier: Int64Builder,
+    reason: StringBuilder,
+    feats: ListBuilder<StringBuilder>,
+    cats: ListBuilder<StringBuilder>,
+    unknown: ListBuilder<StringBuilder>,
+    split: StringBuilder,
+    ak: Int64Builder,
+    acc: Int64Builder,
+    best: Float64Builder,
+    drift: BooleanBuilder,
+    sig: StringBuilder,
+    train: StringBuilder,
+    hold: StringBuilder,
+    nval: Int64Builder,
+    bestv: Float64Builder,
+}
+
+impl Columns {
+    fn new() -> Columns {
+        Columns {
+            id: StringBuilder::new(),
+            src: StringBuilder::new(),
+            level: Int64Builder::new(),
+            name: StringBuilder::new(),
+            tier: Int64Builder::new(),
+            reason: StringBuilder::new(),
+            feats: ListBuilder::new(StringBuilder::new()),
+            cats: ListBuilder::new(StringBuilder::new()),
+            unknown: ListBuilder::new(StringBuilder::new()),
+            split: StringBuilder::new(),
+            ak: Int64Builder::new(),
+            acc: Int64Builder::new(),
+            best: Float64Builder::new(),
+            drift: BooleanBuilder::new(),
+            sig: StringBuilder::new(),
+            train: StringBuilder::new(),
+            hold: StringBuilder::new(),
+            nval: Int64Builder::new(),
+            bestv: Float64Builder::new(),
+        }
+    }
+
+    /// Appends the synthetic task families of `tt` (the `tasks` table): tier from the spec,
+    /// hold-out by shapes (all rows train), the best speedup over naive among `validated`.
+    ///
+    /// # Errors
+    /// A required column of `tasks` is missing or has the wrong type (named).
+    fn synthetic(
+        &mut self,
+        tt: &Table,
+        validated: &[ValidatedRow],
+        counts: &mut [[i64; 3]],
+    ) -> Result<(), StageError> {
+        let (tid, ttier) = (
+            tt.req_strings("task_id").map_err(data_err)?,
+            tt.req_ints("tier").map_err(data_err)?,
+        );
+        let (tsig, ttrain, thold) = (
+            tt.req_strings("signature").map_err(data_err)?,
+            tt.req_strings("train_shapes").map_err(data_err)?,
+            tt.req_strings("holdout_shapes").map_err(data_err)?,
+        );
+        for i in 0..tt.rows() {
+            let (Some(id), Some(tier)) = (tid.get(i), ttier.get(i)) else {
+                continue;
+            };
+            let tier = tier.clamp(0, MAX_TIER);
+            counts[tier as usize][0] += 1;
+            let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
+            self.id.append_value(format!("synth/{id}"));
+            self.src.append_value("synthetic");
+            self.level.append_null();
+            self.name.append_value(id);
+            self.tier.append_value(tier);
+            self.reason
+                .append_value(format!("task family tier (datasets/tasks/{id}/task.toml)"));
+            self.feats.append(true);
+            self.cats.append(true);
+            self.unknown.append(true);
+            self.split.append_value("train");
+            self.ak.append_value(0);
+            self.acc.append_value(0);
+            self.best.append_null();
+            self.drift.append_value(false);
+            self.sig.append_option(tsig.get(i));
+            self.train.append_option(ttrain.get(i));
+            self.hold.append_option(thold.get(i));
+            self.nval.append_value(mine.len() as i64);
+            self.bestv.append_option(
+                mine.iter()
+                    .filter_map(|v| v.speedup_vs_naive)
+                    .reduce(f64::max),
             );
         }
-        write_output(ctx, "validated_kernels", &vk)
+        Ok(())
+    }
+
+    /// The finished columns, list columns cast to `schema`'s types.
+    fn finish(mut self, schema: &arrow::datatypes::Schema) -> Vec<ArrayRef> {
+        let cast_list = |a: ArrayRef, i: usize| {
+            arrow::compute::cast(&a, schema.field(i).data_type()).expect("list cast")
+        };
+        vec![
+            Arc::new(self.id.finish()),
+            Arc::new(self.src.finish()),
+            Arc::new(self.level.finish()),
+            Arc::new(self.name.finish()),
+            Arc::new(self.tier.finish()),
+            Arc::new(self.reason.finish()),
+            cast_list(Arc::new(self.feats.finish()), 6),
+            cast_list(Arc::new(self.cats.finish()), 7),
+            cast_list(Arc::new(self.unknown.finish()), 8),
+            Arc::new(self.split.finish()),
+            Arc::new(self.ak.finish()),
+            Arc::new(self.acc.finish()),
+            Arc::new(self.best.finish()),
+            Arc::new(self.drift.finish()),
+            Arc::new(self.sig.finish()),
+            Arc::new(self.train.finish()),
+            Arc::new(self.hold.finish()),
+            Arc::new(self.nval.finish()),
+            Arc::new(self.bestv.finish()),
+        ]
     }
 }
 

@@ -470,115 +470,31 @@ fn fmt(v: &Value) -> String {
     }
 }
 
-/// `report.md` and its plots.
-fn report(
-    dir: &std::path::Path,
-    sums: &[Value],
-    rows: &[Row],
-    metrics: &Table,
-    mode: &str,
-    device: &str,
-) -> Result<(), String> {
-    use crate::plot::{Series, histogram, line_chart};
-    let steps = metrics.req_ints("step").map_err(|e| e.to_string())?;
-    let mr = metrics
-        .req_floats("mean_reward")
-        .map_err(|e| e.to_string())?;
-    let sd = metrics
-        .req_floats("reward_std")
-        .map_err(|e| e.to_string())?;
-    let pts: Vec<(f64, f64, f64)> = (0..metrics.rows())
-        .filter_map(|i| Some((steps.get(i)? as f64, mr.get(i)?, sd.get(i)?)))
-        .collect();
-    line_chart(
-        &dir.join("reward_curve.png"),
-        &format!("rl-train: mean episode reward ({mode}, {device})"),
-        "RL step",
-        "final reward",
-        &[
-            Series::new("mean", pts.iter().map(|p| (p.0, p.1)).collect()),
-            Series::new("mean + std", pts.iter().map(|p| (p.0, p.1 + p.2)).collect()),
-            Series::new("mean - std", pts.iter().map(|p| (p.0, p.1 - p.2)).collect()),
-        ],
-    )?;
-    let mut tiers: BTreeMap<(&str, i64), (f64, f64, f64)> = BTreeMap::new();
-    for r in rows {
-        let e = tiers.entry((r.ck, r.ep.tier)).or_default();
-        e.0 += 1.0;
-        e.1 += f64::from(u8::from(r.ep.best_components().compiled));
-        e.2 += f64::from(u8::from(r.ep.best_components().correct == Some(true)));
+/// The reward curve's columns of the `metrics` table: step, mean reward, its standard deviation.
+struct RewardColumns {
+    steps: cudarl_data::parquet_io::I64Col,
+    mr: cudarl_data::parquet_io::F64Col,
+    sd: cudarl_data::parquet_io::F64Col,
+}
+
+impl RewardColumns {
+    /// Reads them.
+    ///
+    /// # Errors
+    /// `metrics` lacks `step`, `mean_reward` or `reward_std`.
+    fn read(metrics: &Table) -> Result<RewardColumns, String> {
+        let e = |e: cudarl_data::DataError| e.to_string();
+        Ok(RewardColumns {
+            steps: metrics.req_ints("step").map_err(e)?,
+            mr: metrics.req_floats("mean_reward").map_err(e)?,
+            sd: metrics.req_floats("reward_std").map_err(e)?,
+        })
     }
-    let full = mode == "full";
-    let mut series = Vec::new();
-    for ck in ["sft", "rl"] {
-        let of = |k: usize| -> Vec<(f64, f64)> {
-            tiers
-                .iter()
-                .filter(|((c, _), _)| *c == ck)
-                .map(|((_, t), v)| (*t as f64, if k == 1 { v.1 / v.0 } else { v.2 / v.0 }))
-                .collect()
-        };
-        series.push(Series::new(format!("{ck} compile rate"), of(1)));
-        if full {
-            series.push(Series::new(format!("{ck} pass rate"), of(2)));
-        }
-    }
-    line_chart(
-        &dir.join("per_tier.png"),
-        &format!("eval: rates per tier, best turn of each episode ({mode})"),
-        "tier",
-        "rate",
-        &series,
-    )?;
-    let sp = |ck: &str| -> Series {
-        Series::new(
-            ck,
-            rows.iter()
-                .filter(|r| r.ck == ck && r.ep.best_components().correct == Some(true))
-                .filter_map(|r| {
-                    r.ep.best_components()
-                        .speedup
-                        .map(|s| (0.0, s.max(1e-9).log2()))
-                })
-                .collect(),
-        )
-    };
-    let groups = [sp("sft"), sp("rl")];
-    let have_speedups = groups.iter().any(|g| !g.points.is_empty());
-    if have_speedups {
-        histogram(
-            &dir.join("speedups.png"),
-            "eval: log2 speedup vs naive of the correct best kernels",
-            "log2(speedup)",
-            &groups,
-            12,
-        )?;
-    }
-    let mut md = String::new();
-    md.push_str(&format!(
-        "# cudarl-pipe eval report\n\nMode: **{mode}** (full = compiled, tested on train and hold-out shapes with public and hidden seeds, and timed on a GPU; compile-only = no GPU: only the static checks and nvcc ran, so pass rates and speedups are n/a). Models on: {device}.\n\n"
-    ));
-    md.push_str("| checkpoint | split | episodes | compile (1 turn) | pass (1 turn) | compile | pass | fast_1 | fast_1.5 | fast_2 | geomean vs naive | geomean vs torch | hold-out regressions | mean reward | flagged |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for s in sums {
-        md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            s["checkpoint"].as_str().unwrap_or_default(),
-            s["split"].as_str().unwrap_or_default(),
-            s["episodes"],
-            fmt(&s["single_turn_compile_rate"]),
-            fmt(&s["single_turn_pass_rate"]),
-            fmt(&s["compile_rate"]),
-            fmt(&s["pass_rate"]),
-            fmt(&s["fast_1"]),
-            fmt(&s["fast_1_5"]),
-            fmt(&s["fast_2"]),
-            fmt(&s["geomean_speedup_vs_naive"]),
-            fmt(&s["geomean_speedup_vs_torch"]),
-            fmt(&s["holdout_regression_rate"]),
-            fmt(&s["mean_reward"]),
-            fmt(&s["flagged_rate"]),
-        ));
-    }
+}
+
+/// The report's RL-minus-SFT section per split (test, then train): each rate's difference with
+/// one standard error, the same stratified by task, and paired by sampling seed.
+fn rl_minus_sft(md: &mut String, sums: &[Value], rows: &[Row], mode: &str) {
     // RL minus SFT per split, with one standard error: is the difference evidence?
     for split in ["test", "train"] {
         let get = |ck: &str| {
@@ -678,30 +594,13 @@ fn report(
             ));
         }
     }
-    // What the loop made of each kind of start (full mode: "ended correct" needs tests).
-    if mode == "full" {
-        let items: Vec<(&str, &str, &str, bool)> = rows
-            .iter()
-            .map(|r| {
-                (
-                    r.ck,
-                    r.split,
-                    first_turn_outcome(&r.ep.first_components()),
-                    r.ep.best_components().correct == Some(true),
-                )
-            })
-            .collect();
-        md.push_str(&format!(
-            "\nEpisodes by their first turn (the generator's answer): how many, and in brackets the fraction that ended correct after the optimizer's turns.\n\n{}",
-            first_turn_table(&items)
-        ));
-    }
-    if let (Some(a), Some(b)) = (pts.first(), pts.last()) {
-        md.push_str(&format!(
-            "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
-            a.0, a.1, a.2, b.0, b.1, b.2
-        ));
-    }
+}
+
+/// The report's learning-curve section from the `metrics` table (its reward curve in `curve`):
+/// the first against the last half of the steps, RL against its frozen control per step, and
+/// per tier.
+fn learning_curves(md: &mut String, metrics: &Table, curve: &RewardColumns) {
+    let RewardColumns { steps, mr, sd } = curve;
     // The first against the second half of the steps, pooled over their episodes.
     if let Ok(n) = metrics.req_ints("episodes") {
         let steps: Vec<(f64, f64, f64)> = (0..metrics.rows())
@@ -781,6 +680,138 @@ fn report(
             }
         }
     }
+}
+
+/// `report.md` and its plots.
+fn report(
+    dir: &std::path::Path,
+    sums: &[Value],
+    rows: &[Row],
+    metrics: &Table,
+    mode: &str,
+    device: &str,
+) -> Result<(), String> {
+    use cudarl_data::plot::{Series, histogram, line_chart};
+    let curve = RewardColumns::read(metrics)?;
+    let RewardColumns { steps, mr, sd } = &curve;
+    let pts: Vec<(f64, f64, f64)> = (0..metrics.rows())
+        .filter_map(|i| Some((steps.get(i)? as f64, mr.get(i)?, sd.get(i)?)))
+        .collect();
+    line_chart(
+        &dir.join("reward_curve.png"),
+        &format!("rl-train: mean episode reward ({mode}, {device})"),
+        "RL step",
+        "final reward",
+        &[
+            Series::new("mean", pts.iter().map(|p| (p.0, p.1)).collect()),
+            Series::new("mean + std", pts.iter().map(|p| (p.0, p.1 + p.2)).collect()),
+            Series::new("mean - std", pts.iter().map(|p| (p.0, p.1 - p.2)).collect()),
+        ],
+    )?;
+    let mut tiers: BTreeMap<(&str, i64), (f64, f64, f64)> = BTreeMap::new();
+    for r in rows {
+        let e = tiers.entry((r.ck, r.ep.tier)).or_default();
+        e.0 += 1.0;
+        e.1 += f64::from(u8::from(r.ep.best_components().compiled));
+        e.2 += f64::from(u8::from(r.ep.best_components().correct == Some(true)));
+    }
+    let full = mode == "full";
+    let mut series = Vec::new();
+    for ck in ["sft", "rl"] {
+        let of = |k: usize| -> Vec<(f64, f64)> {
+            tiers
+                .iter()
+                .filter(|((c, _), _)| *c == ck)
+                .map(|((_, t), v)| (*t as f64, if k == 1 { v.1 / v.0 } else { v.2 / v.0 }))
+                .collect()
+        };
+        series.push(Series::new(format!("{ck} compile rate"), of(1)));
+        if full {
+            series.push(Series::new(format!("{ck} pass rate"), of(2)));
+        }
+    }
+    line_chart(
+        &dir.join("per_tier.png"),
+        &format!("eval: rates per tier, best turn of each episode ({mode})"),
+        "tier",
+        "rate",
+        &series,
+    )?;
+    let sp = |ck: &str| -> Series {
+        Series::new(
+            ck,
+            rows.iter()
+                .filter(|r| r.ck == ck && r.ep.best_components().correct == Some(true))
+                .filter_map(|r| {
+                    r.ep.best_components()
+                        .speedup
+                        .map(|s| (0.0, s.max(1e-9).log2()))
+                })
+                .collect(),
+        )
+    };
+    let groups = [sp("sft"), sp("rl")];
+    let have_speedups = groups.iter().any(|g| !g.points.is_empty());
+    if have_speedups {
+        histogram(
+            &dir.join("speedups.png"),
+            "eval: log2 speedup vs naive of the correct best kernels",
+            "log2(speedup)",
+            &groups,
+            12,
+        )?;
+    }
+    let mut md = String::new();
+    md.push_str(&format!(
+        "# cudarl-pipe eval report\n\nMode: **{mode}** (full = compiled, tested on train and hold-out shapes with public and hidden seeds, and timed on a GPU; compile-only = no GPU: only the static checks and nvcc ran, so pass rates and speedups are n/a). Models on: {device}.\n\n"
+    ));
+    md.push_str("| checkpoint | split | episodes | compile (1 turn) | pass (1 turn) | compile | pass | fast_1 | fast_1.5 | fast_2 | geomean vs naive | geomean vs torch | hold-out regressions | mean reward | flagged |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for s in sums {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            s["checkpoint"].as_str().unwrap_or_default(),
+            s["split"].as_str().unwrap_or_default(),
+            s["episodes"],
+            fmt(&s["single_turn_compile_rate"]),
+            fmt(&s["single_turn_pass_rate"]),
+            fmt(&s["compile_rate"]),
+            fmt(&s["pass_rate"]),
+            fmt(&s["fast_1"]),
+            fmt(&s["fast_1_5"]),
+            fmt(&s["fast_2"]),
+            fmt(&s["geomean_speedup_vs_naive"]),
+            fmt(&s["geomean_speedup_vs_torch"]),
+            fmt(&s["holdout_regression_rate"]),
+            fmt(&s["mean_reward"]),
+            fmt(&s["flagged_rate"]),
+        ));
+    }
+    rl_minus_sft(&mut md, sums, rows, mode);
+    // What the loop made of each kind of start (full mode: "ended correct" needs tests).
+    if mode == "full" {
+        let items: Vec<(&str, &str, &str, bool)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.ck,
+                    r.split,
+                    first_turn_outcome(&r.ep.first_components()),
+                    r.ep.best_components().correct == Some(true),
+                )
+            })
+            .collect();
+        md.push_str(&format!(
+            "\nEpisodes by their first turn (the generator's answer): how many, and in brackets the fraction that ended correct after the optimizer's turns.\n\n{}",
+            first_turn_table(&items)
+        ));
+    }
+    if let (Some(a), Some(b)) = (pts.first(), pts.last()) {
+        md.push_str(&format!(
+            "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
+            a.0, a.1, a.2, b.0, b.1, b.2
+        ));
+    }
+    learning_curves(&mut md, metrics, &curve);
     md.push_str("\n![reward curve](reward_curve.png)\n\n![per-tier rates](per_tier.png)\n");
     if have_speedups {
         md.push_str("\n![speedups](speedups.png)\n");

@@ -8,7 +8,6 @@ pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
-pub mod plot;
 pub mod rl_params;
 pub mod rl_train;
 pub mod sft_data;
@@ -17,7 +16,6 @@ pub mod synth_tasks;
 pub mod testgen;
 pub mod train_stages;
 pub mod validate;
-pub mod verl;
 pub mod verl_launch;
 
 use cudarl_core::{Stage, StageFactory};

@@ -547,7 +547,7 @@ fn plots(
     device: &str,
     dir: &std::path::Path,
 ) -> Result<(), String> {
-    use crate::plot::{Series, line_chart};
+    use cudarl_data::plot::{Series, line_chart};
     let pts = |f: &dyn Fn(&MetricsRow) -> f64| -> Vec<(f64, f64)> {
         rows.iter().map(|r| (r.step as f64, f(r))).collect()
     };

@@ -40,11 +40,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{
-    ArrayRef, BooleanArray, Float64Array, Int64Array, ListBuilder, StringArray, StringBuilder,
-    StructBuilder,
-};
-use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
+use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
 use cudarl_curriculum::prompts::{
     self, CLOSINGS, ChatMessage, GENERATOR_SYSTEM, INTROS, OPTIMIZER_SYSTEM, TaskView,
@@ -60,43 +57,6 @@ pub const KIND: &str = "sft-data";
 /// The stage kind of [`SftRepairs`].
 pub const REPAIRS_KIND: &str = "sft-repairs";
 
-fn message_fields() -> Fields {
-    Fields::from(vec![
-        Field::new("role", DataType::Utf8, false),
-        Field::new("content", DataType::Utf8, false),
-    ])
-}
-
-/// Chat conversations as a `list<struct<role: utf8, content: utf8>>` column (the `messages`
-/// layout of Hugging Face chat datasets, which VERL's SFT and RL loaders read).
-pub fn messages_array(conversations: &[Vec<ChatMessage>]) -> ArrayRef {
-    let mut lb = ListBuilder::new(StructBuilder::from_fields(message_fields(), 0)).with_field(
-        Arc::new(Field::new("item", DataType::Struct(message_fields()), true)),
-    );
-    for msgs in conversations {
-        let sb = lb.values();
-        for m in msgs {
-            sb.field_builder::<StringBuilder>(0)
-                .expect("role")
-                .append_value(&m.role);
-            sb.field_builder::<StringBuilder>(1)
-                .expect("content")
-                .append_value(&m.content);
-            sb.append(true);
-        }
-        lb.append(true);
-    }
-    Arc::new(lb.finish())
-}
-
-fn messages_type() -> DataType {
-    DataType::List(Arc::new(Field::new(
-        "item",
-        DataType::Struct(message_fields()),
-        true,
-    )))
-}
-
 fn base_fields() -> Vec<Field> {
     vec![
         Field::new("example_id", DataType::Utf8, false),
@@ -105,7 +65,7 @@ fn base_fields() -> Vec<Field> {
         Field::new("split", DataType::Utf8, false),
         Field::new("kernel_id", DataType::Utf8, false),
         Field::new("validated", DataType::Utf8, false),
-        Field::new("messages", messages_type(), false),
+        Field::new("messages", cudarl_rl::verl::messages_type(), false),
         Field::new("messages_json", DataType::Utf8, false),
     ]
 }
@@ -246,7 +206,7 @@ impl Rows {
 
     fn columns(&self) -> Vec<ArrayRef> {
         let s = |v: &Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
-        let lb = messages_array(&self.messages);
+        let lb = cudarl_rl::verl::messages_array(&self.messages);
         let json: Vec<String> = self
             .messages
             .iter()
@@ -371,92 +331,8 @@ impl Stage for SftData {
         let tasks = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
         let kt = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
         let vt = Table::read(ctx.input_path("validations")?, "validations").map_err(data_err)?;
-        // Validation rows by kernel id, as JSON values of the columns used.
-        let mut val: BTreeMap<String, BTreeMap<&str, Value>> = BTreeMap::new();
-        {
-            let kid = vt.req_strings("kernel_id").map_err(data_err)?;
-            let compiled = vt.req_bools("compiled").map_err(data_err)?;
-            let executed = vt.req_bools("executed").map_err(data_err)?;
-            let correct = vt.bools("correct").map_err(data_err)?;
-            let fcols = [
-                "median_ms",
-                "speedup_vs_torch",
-                "dram_fraction_of_peak",
-                "speedup_vs_naive",
-            ];
-            let icols = [
-                "tests",
-                "tests_passed",
-                "registers",
-                "shared_mem_bytes",
-                "spill_bytes",
-            ];
-            let fs: Vec<_> = fcols
-                .iter()
-                .map(|c| vt.floats(c).map_err(data_err))
-                .collect::<Result<_, _>>()?;
-            let is: Vec<_> = icols
-                .iter()
-                .map(|c| vt.ints(c).map_err(data_err))
-                .collect::<Result<_, _>>()?;
-            for i in 0..vt.rows() {
-                let Some(k) = kid.get(i) else { continue };
-                let mut m: BTreeMap<&str, Value> = BTreeMap::new();
-                m.insert("compiled", compiled.get(i).unwrap_or(false).into());
-                m.insert("executed", executed.get(i).unwrap_or(false).into());
-                m.insert(
-                    "correct",
-                    correct
-                        .as_ref()
-                        .and_then(|c| c.get(i))
-                        .map_or(Value::Null, Value::from),
-                );
-                for (c, col) in fcols.iter().zip(&fs) {
-                    if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
-                        m.insert(c, v.into());
-                    }
-                }
-                for (c, col) in icols.iter().zip(&is) {
-                    if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
-                        m.insert(c, v.into());
-                    }
-                }
-                val.insert(k.to_string(), m);
-            }
-        }
-        // Kernels per task that validated (correct on a GPU, or compiled compile-only).
-        let mut by_task: BTreeMap<String, Vec<Kern>> = BTreeMap::new();
-        {
-            let kid = kt.req_strings("kernel_id").map_err(data_err)?;
-            let task = kt.req_strings("task_id").map_err(data_err)?;
-            let role = kt.req_strings("role").map_err(data_err)?;
-            let code = kt.req_strings("code").map_err(data_err)?;
-            for i in 0..kt.rows() {
-                let (Some(k), Some(t), Some(r), Some(c)) =
-                    (kid.get(i), task.get(i), role.get(i), code.get(i))
-                else {
-                    continue;
-                };
-                let Some(v) = val.get(k) else { continue };
-                let validated = match (
-                    v["compiled"].as_bool(),
-                    v["executed"].as_bool(),
-                    v["correct"].as_bool(),
-                ) {
-                    (_, Some(true), Some(true)) => "correct",
-                    (Some(true), Some(false), _) => "compile-only",
-                    _ => continue,
-                };
-                by_task.entry(t.to_string()).or_default().push(Kern {
-                    id: k.to_string(),
-                    role: r.to_string(),
-                    code: c.to_string(),
-                    validated,
-                    median_ms: v.get("median_ms").and_then(Value::as_f64),
-                    feedback: feedback(v),
-                });
-            }
-        }
+        let val = validation_rows(&vt)?;
+        let by_task = validated_kernels(&kt, &val)?;
         let rt = Table::read(ctx.input_path("repairs")?, "repairs").map_err(data_err)?;
         let repairs = self.repairs(ctx.input_path("tasks")?, &rt, &by_task)?;
         let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
@@ -466,16 +342,6 @@ impl Stage for SftData {
         let dtype = tasks.req_strings("dtype").map_err(data_err)?;
         let sig = tasks.req_strings("signature").map_err(data_err)?;
         let shapes = tasks.req_strings("train_shapes").map_err(data_err)?;
-        let split_of = |id: &str, reserved: Option<&'static str>| -> String {
-            if let Some(r) = reserved {
-                return r.into();
-            }
-            if unit_hash(id) < p.val_fraction {
-                "val".into()
-            } else {
-                "train".into()
-            }
-        };
         let push = |rows: &mut Rows,
                     t: &str,
                     tier: i64,
@@ -484,7 +350,7 @@ impl Stage for SftData {
                     m: Vec<ChatMessage>| {
             let json = serde_json::to_string(&m).expect("json");
             let id = blake3::hash(json.as_bytes()).to_hex().to_string();
-            rows.split.push(split_of(&id, held));
+            rows.split.push(self.split_of(&id, held));
             rows.ids.push(id);
             rows.task.push(t.to_string());
             rows.tier.push(tier);
@@ -506,17 +372,7 @@ impl Stage for SftData {
             let Some(kerns) = by_task.get(t) else {
                 continue;
             };
-            // `test` or `rl` for a family kept out of SFT.
-            let generated = t.starts_with(cudarl_rl::families::PREFIX);
-            let kept_out = if p.holdout_tasks.iter().any(|h| h == t)
-                || (generated && unit_hash(t) < p.holdout_generated)
-            {
-                Some("test")
-            } else if generated && unit_hash(t) < p.holdout_generated + p.rl_generated {
-                Some("rl")
-            } else {
-                None
-            };
+            let kept_out = self.kept_out(t);
             let shape_list: Vec<String> = serde_json::from_str::<Vec<Value>>(sh)
                 .unwrap_or_default()
                 .iter()
@@ -614,24 +470,138 @@ impl Stage for SftData {
                 );
             }
         }
-        let b = cudarl_data::parquet_io::batch(&SFT_GENERATOR.clone(), gen_rows.columns())
-            .map_err(data_err)?;
-        write_output(ctx, "sft_generator", &b)?;
-        let mut cols = opt_rows.columns();
-        cols.push(Arc::new(StringArray::from(opt_rows.base.clone())));
-        cols.push(Arc::new(Float64Array::from(opt_rows.speedup.clone())));
-        cols.push(Arc::new(BooleanArray::from(
-            opt_rows
-                .speedup
-                .iter()
-                .map(Option::is_some)
-                .collect::<Vec<_>>(),
-        )));
-        cols.push(Arc::new(StringArray::from(opt_rows.kind.clone())));
-        let b = cudarl_data::parquet_io::batch(&SFT_OPTIMIZER.clone(), cols).map_err(data_err)?;
-        write_output(ctx, "sft_optimizer", &b)?;
-        Ok(())
+        write_tables(ctx, &gen_rows, &opt_rows)
     }
+}
+
+/// Writes `sft_generator` and `sft_optimizer` (the optimizer's rows with their base kernel,
+/// speedup, whether it was measured, and kind).
+///
+/// # Errors
+/// A batch does not match its schema, or the store write failed.
+fn write_tables(
+    ctx: &mut StageContext<'_>,
+    gen_rows: &Rows,
+    opt_rows: &Rows,
+) -> Result<(), StageError> {
+    let b = cudarl_data::parquet_io::batch(&SFT_GENERATOR.clone(), gen_rows.columns())
+        .map_err(data_err)?;
+    write_output(ctx, "sft_generator", &b)?;
+    let mut cols = opt_rows.columns();
+    cols.push(Arc::new(StringArray::from(opt_rows.base.clone())));
+    cols.push(Arc::new(Float64Array::from(opt_rows.speedup.clone())));
+    cols.push(Arc::new(BooleanArray::from(
+        opt_rows
+            .speedup
+            .iter()
+            .map(Option::is_some)
+            .collect::<Vec<_>>(),
+    )));
+    cols.push(Arc::new(StringArray::from(opt_rows.kind.clone())));
+    let b = cudarl_data::parquet_io::batch(&SFT_OPTIMIZER.clone(), cols).map_err(data_err)?;
+    write_output(ctx, "sft_optimizer", &b)
+}
+
+/// Validation rows by kernel id, as JSON values of the columns the examples use.
+///
+/// # Errors
+/// A required column of `validations` is missing or has the wrong type (named).
+fn validation_rows(
+    vt: &Table,
+) -> Result<BTreeMap<String, BTreeMap<&'static str, Value>>, StageError> {
+    let mut val: BTreeMap<String, BTreeMap<&'static str, Value>> = BTreeMap::new();
+    let kid = vt.req_strings("kernel_id").map_err(data_err)?;
+    let compiled = vt.req_bools("compiled").map_err(data_err)?;
+    let executed = vt.req_bools("executed").map_err(data_err)?;
+    let correct = vt.bools("correct").map_err(data_err)?;
+    let fcols = [
+        "median_ms",
+        "speedup_vs_torch",
+        "dram_fraction_of_peak",
+        "speedup_vs_naive",
+    ];
+    let icols = [
+        "tests",
+        "tests_passed",
+        "registers",
+        "shared_mem_bytes",
+        "spill_bytes",
+    ];
+    let fs: Vec<_> = fcols
+        .iter()
+        .map(|c| vt.floats(c).map_err(data_err))
+        .collect::<Result<_, _>>()?;
+    let is: Vec<_> = icols
+        .iter()
+        .map(|c| vt.ints(c).map_err(data_err))
+        .collect::<Result<_, _>>()?;
+    for i in 0..vt.rows() {
+        let Some(k) = kid.get(i) else { continue };
+        let mut m: BTreeMap<&str, Value> = BTreeMap::new();
+        m.insert("compiled", compiled.get(i).unwrap_or(false).into());
+        m.insert("executed", executed.get(i).unwrap_or(false).into());
+        m.insert(
+            "correct",
+            correct
+                .as_ref()
+                .and_then(|c| c.get(i))
+                .map_or(Value::Null, Value::from),
+        );
+        for (c, col) in fcols.iter().zip(&fs) {
+            if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
+                m.insert(c, v.into());
+            }
+        }
+        for (c, col) in icols.iter().zip(&is) {
+            if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
+                m.insert(c, v.into());
+            }
+        }
+        val.insert(k.to_string(), m);
+    }
+    Ok(val)
+}
+
+/// Kernels per task that validated (correct on a GPU, or compiled compile-only), with their
+/// validation in `val`.
+///
+/// # Errors
+/// A required column of `task_kernels` is missing or has the wrong type (named).
+fn validated_kernels(
+    kt: &Table,
+    val: &BTreeMap<String, BTreeMap<&'static str, Value>>,
+) -> Result<BTreeMap<String, Vec<Kern>>, StageError> {
+    let mut by_task: BTreeMap<String, Vec<Kern>> = BTreeMap::new();
+    let kid = kt.req_strings("kernel_id").map_err(data_err)?;
+    let task = kt.req_strings("task_id").map_err(data_err)?;
+    let role = kt.req_strings("role").map_err(data_err)?;
+    let code = kt.req_strings("code").map_err(data_err)?;
+    for i in 0..kt.rows() {
+        let (Some(k), Some(t), Some(r), Some(c)) =
+            (kid.get(i), task.get(i), role.get(i), code.get(i))
+        else {
+            continue;
+        };
+        let Some(v) = val.get(k) else { continue };
+        let validated = match (
+            v["compiled"].as_bool(),
+            v["executed"].as_bool(),
+            v["correct"].as_bool(),
+        ) {
+            (_, Some(true), Some(true)) => "correct",
+            (Some(true), Some(false), _) => "compile-only",
+            _ => continue,
+        };
+        by_task.entry(t.to_string()).or_default().push(Kern {
+            id: k.to_string(),
+            role: r.to_string(),
+            code: c.to_string(),
+            validated,
+            median_ms: v.get("median_ms").and_then(Value::as_f64),
+            feedback: feedback(v),
+        });
+    }
+    Ok(by_task)
 }
 
 /// One repair example's base: a broken kernel, the tester's feedback on it, the answer.
@@ -644,6 +614,32 @@ struct Repair {
 }
 
 impl SftData {
+    /// The split of example `id`: `reserved` when given (a family kept out), else `val` for a
+    /// `val_fraction` of ids by hash, else `train`.
+    fn split_of(&self, id: &str, reserved: Option<&'static str>) -> String {
+        match reserved {
+            Some(r) => r.into(),
+            None if unit_hash(id) < self.params.val_fraction => "val".into(),
+            None => "train".into(),
+        }
+    }
+
+    /// `test` or `rl` for a task family kept out of SFT (named in `holdout_tasks`, or a
+    /// generated family whose hash falls in the hold-out or RL fraction), else `None`.
+    fn kept_out(&self, t: &str) -> Option<&'static str> {
+        let p = &self.params;
+        let generated = t.starts_with(cudarl_rl::families::PREFIX);
+        if p.holdout_tasks.iter().any(|h| h == t)
+            || (generated && unit_hash(t) < p.holdout_generated)
+        {
+            Some("test")
+        } else if generated && unit_hash(t) < p.holdout_generated + p.rl_generated {
+            Some("rl")
+        } else {
+            None
+        }
+    }
+
     /// The repair bases of every task (see [`Params::repairs_per_base`]): each validated
     /// kernel's breakage from `sft-repairs` that nvcc really rejected, with its diagnostics;
     /// plus one "no code block" base per task whose answer is its fastest kernel.

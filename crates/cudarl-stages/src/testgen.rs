@@ -138,6 +138,22 @@ pub struct Params {
     pub limit: Option<usize>,
 }
 
+impl Params {
+    /// The seeds of one problem's tests: `public_seeds` public ones (0, 1, ...), then
+    /// `hidden_seeds` drawn with the store's salt for problem `pid` (kept below 2^63).
+    fn seeds(&self, salt: &[u8], pid: &str) -> Vec<(u64, &'static str)> {
+        let mut seeds: Vec<(u64, &'static str)> = (0..self.public_seeds as u64)
+            .map(|s| (s, "public"))
+            .collect();
+        seeds.extend(
+            cudarl_cuda::verdict::hidden_seeds(salt, pid, "testgen", self.hidden_seeds)
+                .into_iter()
+                .map(|s| (s & (i64::MAX as u64), "hidden")),
+        );
+        seeds
+    }
+}
+
 /// The stage.
 #[derive(Debug)]
 pub struct Testgen {
@@ -189,6 +205,112 @@ fn key_of(parts: &[&[u8]]) -> Digest {
         h.update(p);
     }
     Digest(*h.finalize().as_bytes())
+}
+
+/// The test sizes of problem `pid` (`code`, size dimensions `dims`) under `budget_bytes`, as the
+/// Python worker plans them (`ok`, `sizes`, `bytes`, `full_bytes`, `constrained`, `error`):
+/// from the memo, else asked now and memoized.
+///
+/// # Errors
+/// The worker failed, or the memo could not be read or written.
+fn plan_sizes(
+    call: &mut dyn FnMut(Value) -> Result<Value, StageError>,
+    memo: &cudarl_core::Memo,
+    (worker_src, versions): (&[u8], &str),
+    (pid, code, dims): (&str, &str, &[String]),
+    budget_bytes: u64,
+) -> Result<Value, StageError> {
+    let plan_key = key_of(&[
+        b"plan",
+        worker_src,
+        versions.as_bytes(),
+        code.as_bytes(),
+        dims.join(",").as_bytes(),
+        &budget_bytes.to_le_bytes(),
+    ]);
+    Ok(match memo.get(&plan_key)? {
+        Some(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
+        None => {
+            let a = call(json!({"op": "plan", "problem_id": pid, "code": code,
+                "dims": dims, "budget_bytes": budget_bytes}))?;
+            memo.put(&plan_key, a.to_string().as_bytes())?;
+            a
+        }
+    })
+}
+
+/// Why a problem gets no tests from its `plan` ([`plan_sizes`]), if it does not: the worker
+/// found no sizes, or the smallest it found take more than 16 x `budget_bytes`.
+fn excluded_by_plan(plan: &Value, budget_bytes: u64) -> Option<String> {
+    if plan["ok"] != Value::Bool(true) {
+        return Some(format!(
+            "test sizes: {}",
+            plan["error"].as_str().unwrap_or("the worker failed")
+        ));
+    }
+    let test_bytes = plan["bytes"].as_i64().unwrap_or(0);
+    (test_bytes as u64 > 16 * budget_bytes).then(|| {
+        format!(
+            "no test sizes under 16 x {budget_bytes} bytes (smallest found: {test_bytes} bytes; its sizes are not reducible through module constants)"
+        )
+    })
+}
+
+/// The worker's record of one test (problem `pid`'s `code` on `sizes`, `seed`, inputs drawn
+/// from `dist`, reference run on `device`): from the memo when its blob is still in the store,
+/// else recorded now (the tensors ingested into the store) and memoized.
+///
+/// # Errors
+/// The worker failed, or the store or memo could not be written.
+fn record_test(
+    call: &mut dyn FnMut(Value) -> Result<Value, StageError>,
+    (memo, store, tmp): (&cudarl_core::Memo, &cudarl_core::Store, &std::path::Path),
+    (worker_src, versions, device): (&[u8], &str, &str),
+    (pid, code, sizes, sizes_s): (&str, &str, &Value, &str),
+    seed: u64,
+    dist: &str,
+) -> Result<Recorded, StageError> {
+    let key = key_of(&[
+        b"test",
+        worker_src,
+        versions.as_bytes(),
+        code.as_bytes(),
+        sizes_s.as_bytes(),
+        &seed.to_le_bytes(),
+        dist.as_bytes(),
+        device.as_bytes(),
+    ]);
+    let cached = memo
+        .get(&key)?
+        .and_then(|b| serde_json::from_slice::<Recorded>(&b).ok())
+        .filter(|r| r.blob.is_none_or(|d| store.has_blob(&d)));
+    let rec = match cached {
+        Some(r) => r,
+        None => {
+            let path = tmp.join("test.safetensors");
+            let a = call(json!({"op": "testgen", "problem_id": pid, "code": code,
+                    "sizes": sizes, "seed": seed, "dist": dist, "path": path,
+                    "device": device}))?;
+            let ok = a["ok"] == Value::Bool(true);
+            let (blob, bytes) = if ok {
+                let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                (Some(store.ingest_file(&path)?), bytes)
+            } else {
+                (None, 0)
+            };
+            let r = Recorded {
+                blob,
+                tensors: a["tensors"].clone(),
+                bytes,
+                ms: a["ms"].as_f64().unwrap_or(0.0),
+                finite: a["finite"].as_bool().unwrap_or(false),
+                error: a["error"].as_str().map(str::to_string),
+            };
+            memo.put(&key, &serde_json::to_vec(&r).expect("json"))?;
+            r
+        }
+    };
+    Ok(rec)
 }
 
 impl Stage for Testgen {
@@ -251,31 +373,7 @@ impl Stage for Testgen {
             .filter_map(|i| Some((pids.get(i)?, pcodes.get(i)?)))
             .collect();
         let st = Table::read(ctx.input_path("specs")?, "kb_specs").map_err(data_err)?;
-        let sid = st.req_strings("problem_id").map_err(data_err)?;
-        let slevel = st.req_ints("level").map_err(data_err)?;
-        let scov = st.req_bools("covered").map_err(data_err)?;
-        let ssizes = st.req_strings("sizes_json").map_err(data_err)?;
-        let mut selected: Vec<(String, i64, Vec<String>)> = Vec::new();
-        let mut per_level: BTreeMap<i64, usize> = BTreeMap::new();
-        for i in 0..st.rows() {
-            let (Some(id), Some(level)) = (sid.get(i), slevel.get(i)) else {
-                continue;
-            };
-            if !scov.get(i).unwrap_or(false) || !p.levels.contains(&level) {
-                continue;
-            }
-            let n = per_level.entry(level).or_default();
-            if p.limit.is_some_and(|l| *n >= l) {
-                continue;
-            }
-            *n += 1;
-            let dims: Vec<String> = ssizes
-                .get(i)
-                .and_then(|s| serde_json::from_str::<BTreeMap<String, Value>>(s).ok())
-                .map(|m| m.into_keys().collect())
-                .unwrap_or_default();
-            selected.push((id.to_string(), level, dims));
-        }
+        let selected = selected_specs(&st, p)?;
         let worker_src =
             cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
         let versions = python_versions(ctx.root()).map_err(StageError::Failed)?;
@@ -311,23 +409,13 @@ impl Stage for Testgen {
                     format!("`{pid}` is not in the problems table"),
                 ));
             };
-            let plan_key = key_of(&[
-                b"plan",
-                &worker_src,
-                versions.as_bytes(),
-                code.as_bytes(),
-                dims.join(",").as_bytes(),
-                &p.budget_bytes.to_le_bytes(),
-            ]);
-            let plan: Value = match memo.get(&plan_key)? {
-                Some(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
-                None => {
-                    let a = call(json!({"op": "plan", "problem_id": pid, "code": code,
-                        "dims": dims, "budget_bytes": p.budget_bytes}))?;
-                    memo.put(&plan_key, a.to_string().as_bytes())?;
-                    a
-                }
-            };
+            let plan = plan_sizes(
+                &mut call,
+                &memo,
+                (&worker_src, &versions),
+                (pid, code, dims),
+                p.budget_bytes,
+            )?;
             let sizes = plan["sizes"].clone();
             let sizes_s = if sizes.is_object() {
                 sizes.to_string()
@@ -349,40 +437,13 @@ impl Stage for Testgen {
                     json!(n),
                 ]
             };
-            if plan["ok"] != Value::Bool(true) {
-                problems.push(row(
-                    "excluded",
-                    Some(format!(
-                        "test sizes: {}",
-                        plan["error"].as_str().unwrap_or("the worker failed")
-                    )),
-                    None,
-                    0,
-                ));
-                progress.inc(1);
-                continue;
-            }
-            if test_bytes as u64 > 16 * p.budget_bytes {
-                problems.push(row(
-                    "excluded",
-                    Some(format!(
-                        "no test sizes under 16 x {} bytes (smallest found: {test_bytes} bytes; its sizes are not reducible through module constants)",
-                        p.budget_bytes
-                    )),
-                    None,
-                    0,
-                ));
+            if let Some(why) = excluded_by_plan(&plan, p.budget_bytes) {
+                problems.push(row("excluded", Some(why), None, 0));
                 progress.inc(1);
                 continue;
             }
             let constrained = plan["constrained"].as_str().map(str::to_string);
-            let mut seeds: Vec<(u64, &str)> =
-                (0..p.public_seeds as u64).map(|s| (s, "public")).collect();
-            seeds.extend(
-                cudarl_cuda::verdict::hidden_seeds(&salt, pid, "testgen", p.hidden_seeds)
-                    .into_iter()
-                    .map(|s| (s & (i64::MAX as u64), "hidden")),
-            );
+            let seeds = p.seeds(&salt, pid);
             let mut notes: Vec<String> = constrained
                 .iter()
                 .map(|c| format!("{c}: every seed keeps the native distribution"))
@@ -396,46 +457,14 @@ impl Stage for Testgen {
                     p.distributions[k % p.distributions.len()].clone()
                 };
                 let rec = loop {
-                    let key = key_of(&[
-                        b"test",
-                        &worker_src,
-                        versions.as_bytes(),
-                        code.as_bytes(),
-                        sizes_s.as_bytes(),
-                        &seed.to_le_bytes(),
-                        dist.as_bytes(),
-                        p.device.as_bytes(),
-                    ]);
-                    let cached = memo
-                        .get(&key)?
-                        .and_then(|b| serde_json::from_slice::<Recorded>(&b).ok())
-                        .filter(|r| r.blob.is_none_or(|d| store.has_blob(&d)));
-                    let rec = match cached {
-                        Some(r) => r,
-                        None => {
-                            let path = tmp.path().join("test.safetensors");
-                            let a = call(json!({"op": "testgen", "problem_id": pid, "code": code,
-                                "sizes": sizes, "seed": seed, "dist": dist, "path": path,
-                                "device": p.device}))?;
-                            let ok = a["ok"] == Value::Bool(true);
-                            let (blob, bytes) = if ok {
-                                let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                                (Some(store.ingest_file(&path)?), bytes)
-                            } else {
-                                (None, 0)
-                            };
-                            let r = Recorded {
-                                blob,
-                                tensors: a["tensors"].clone(),
-                                bytes,
-                                ms: a["ms"].as_f64().unwrap_or(0.0),
-                                finite: a["finite"].as_bool().unwrap_or(false),
-                                error: a["error"].as_str().map(str::to_string),
-                            };
-                            memo.put(&key, &serde_json::to_vec(&r).expect("json"))?;
-                            r
-                        }
-                    };
+                    let rec = record_test(
+                        &mut call,
+                        (&memo, &store, tmp.path()),
+                        (&worker_src, &versions, &p.device),
+                        (pid, code, &sizes, &sizes_s),
+                        *seed,
+                        &dist,
+                    )?;
                     if dist != "native" && rec.error.is_none() && !rec.finite {
                         notes.push(format!(
                             "seed {seed}: `{dist}` inputs make the reference non-finite; native used"
@@ -474,63 +503,111 @@ impl Stage for Testgen {
         for d in referenced {
             ctx.reference_blob(d);
         }
-        let excluded = problems.iter().filter(|r| r[2] == "excluded").count();
-        if excluded > 0 {
-            ctx.warn(format!(
-                "{excluded} of {} covered problems have no recorded tests (see kb_testgen.reason)",
-                problems.len()
-            ));
-        }
-        let s = |f: &dyn Fn(&TestRow) -> String| -> ArrayRef {
-            Arc::new(StringArray::from_iter_values(tests.iter().map(f)))
-        };
-        let batch = cudarl_data::parquet_io::batch(
-            &KB_TESTS.clone(),
-            vec![
-                s(&|t| t.0.clone()),
-                Arc::new(Int64Array::from_iter_values(
-                    tests.iter().map(|t| t.1 as i64),
-                )),
-                s(&|t| t.2.to_string()),
-                s(&|t| t.3.clone()),
-                s(&|t| t.4.clone()),
-                s(&|t| t.5.blob.map(|d| d.to_string()).unwrap_or_default()),
-                s(&|t| t.5.tensors.to_string()),
-                Arc::new(Int64Array::from_iter_values(
-                    tests.iter().map(|t| t.5.bytes as i64),
-                )),
-                s(&|_| p.device.clone()),
-            ],
-        )
-        .map_err(data_err)?;
-        write_output(ctx, "kb_tests", &batch)?;
-        let col_s = |j: usize| -> ArrayRef {
-            Arc::new(StringArray::from_iter(
-                problems.iter().map(|r| r[j].as_str().map(str::to_string)),
-            ))
-        };
-        let col_i = |j: usize| -> ArrayRef {
-            Arc::new(Int64Array::from_iter_values(
-                problems.iter().map(|r| r[j].as_i64().unwrap_or(0)),
-            ))
-        };
-        let batch = cudarl_data::parquet_io::batch(
-            &KB_TESTGEN.clone(),
-            vec![
-                col_s(0),
-                col_i(1),
-                col_s(2),
-                col_s(3),
-                col_s(4),
-                col_i(5),
-                col_i(6),
-                col_s(7),
-                col_i(8),
-            ],
-        )
-        .map_err(data_err)?;
-        write_output(ctx, "kb_testgen", &batch)
+        write_tables(ctx, &tests, &problems, &p.device)
     }
+}
+
+/// The covered problems of `st` (the `kb_specs` table) at the levels asked, at most `limit`
+/// per level: (problem id, level, the names of its size dimensions).
+///
+/// # Errors
+/// A required column of `kb_specs` is missing or has the wrong type (named).
+fn selected_specs(st: &Table, p: &Params) -> Result<Vec<(String, i64, Vec<String>)>, StageError> {
+    let sid = st.req_strings("problem_id").map_err(data_err)?;
+    let slevel = st.req_ints("level").map_err(data_err)?;
+    let scov = st.req_bools("covered").map_err(data_err)?;
+    let ssizes = st.req_strings("sizes_json").map_err(data_err)?;
+    let mut selected: Vec<(String, i64, Vec<String>)> = Vec::new();
+    let mut per_level: BTreeMap<i64, usize> = BTreeMap::new();
+    for i in 0..st.rows() {
+        let (Some(id), Some(level)) = (sid.get(i), slevel.get(i)) else {
+            continue;
+        };
+        if !scov.get(i).unwrap_or(false) || !p.levels.contains(&level) {
+            continue;
+        }
+        let n = per_level.entry(level).or_default();
+        if p.limit.is_some_and(|l| *n >= l) {
+            continue;
+        }
+        *n += 1;
+        let dims: Vec<String> = ssizes
+            .get(i)
+            .and_then(|s| serde_json::from_str::<BTreeMap<String, Value>>(s).ok())
+            .map(|m| m.into_keys().collect())
+            .unwrap_or_default();
+        selected.push((id.to_string(), level, dims));
+    }
+    Ok(selected)
+}
+
+/// Writes `kb_tests` (one row per recorded test) and `kb_testgen` (one row per problem: status,
+/// reason, sizes, bytes, note, tests recorded), with a warning when problems got no tests.
+///
+/// # Errors
+/// A batch does not match its schema, or the store write failed.
+fn write_tables(
+    ctx: &mut StageContext<'_>,
+    tests: &[TestRow],
+    problems: &[[Value; 9]],
+    device: &str,
+) -> Result<(), StageError> {
+    let excluded = problems.iter().filter(|r| r[2] == "excluded").count();
+    if excluded > 0 {
+        ctx.warn(format!(
+            "{excluded} of {} covered problems have no recorded tests (see kb_testgen.reason)",
+            problems.len()
+        ));
+    }
+    let s = |f: &dyn Fn(&TestRow) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(tests.iter().map(f)))
+    };
+    let batch = cudarl_data::parquet_io::batch(
+        &KB_TESTS.clone(),
+        vec![
+            s(&|t| t.0.clone()),
+            Arc::new(Int64Array::from_iter_values(
+                tests.iter().map(|t| t.1 as i64),
+            )),
+            s(&|t| t.2.to_string()),
+            s(&|t| t.3.clone()),
+            s(&|t| t.4.clone()),
+            s(&|t| t.5.blob.map(|d| d.to_string()).unwrap_or_default()),
+            s(&|t| t.5.tensors.to_string()),
+            Arc::new(Int64Array::from_iter_values(
+                tests.iter().map(|t| t.5.bytes as i64),
+            )),
+            s(&|_| device.to_string()),
+        ],
+    )
+    .map_err(data_err)?;
+    write_output(ctx, "kb_tests", &batch)?;
+    let col_s = |j: usize| -> ArrayRef {
+        Arc::new(StringArray::from_iter(
+            problems.iter().map(|r| r[j].as_str().map(str::to_string)),
+        ))
+    };
+    let col_i = |j: usize| -> ArrayRef {
+        Arc::new(Int64Array::from_iter_values(
+            problems.iter().map(|r| r[j].as_i64().unwrap_or(0)),
+        ))
+    };
+    let batch = cudarl_data::parquet_io::batch(
+        &KB_TESTGEN.clone(),
+        vec![
+            col_s(0),
+            col_i(1),
+            col_s(2),
+            col_s(3),
+            col_s(4),
+            col_i(5),
+            col_i(6),
+            col_s(7),
+            col_i(8),
+        ],
+    )
+    .map_err(data_err)?;
+    write_output(ctx, "kb_testgen", &batch)
 }
 
 /// KernelBench problems with their recorded tests, from a `problems` table

@@ -268,7 +268,7 @@ fn write_loss_plot(
     what: &str,
     dir: &Path,
 ) -> Result<(), StageError> {
-    use crate::plot::{Series, line_chart};
+    use cudarl_data::plot::{Series, line_chart};
     let pts = |f: &dyn Fn(&StepMetrics) -> Option<f64>| -> Vec<(f64, f64)> {
         steps
             .iter()

@@ -348,18 +348,9 @@ impl Stage for Validate {
         true
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let nvcc = Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
         let rows_of = PartRows::new(ctx.part(), ctx.node());
         let gpu = self.gpu();
-        let compiler = Compiler {
-            nvcc,
-            arch: gpu
-                .as_ref()
-                .map(|g| g.arch.clone())
-                .unwrap_or_else(|| "sm_90".into()),
-            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
-            store: Some(ctx.store().clone()),
-        };
+        let compiler = compiler_for(ctx, gpu.as_ref())?;
         let rules = Rules::builtin();
         let (specs, rows) = if self.params.tasks {
             read_task_rows(ctx)?
@@ -371,20 +362,7 @@ impl Stage for Validate {
             Some(_) => hidden_salt(ctx.store()).map_err(|e| StageError::Failed(e.to_string()))?,
             None => Vec::new(),
         };
-        // Run verdicts depend on the hidden seeds, so on a GPU the salt's digest is part of
-        // every row key (rows of a shared cache drawn with another salt are not reused).
-        let env_key = format!(
-            "{}|{}|{}|{}{}",
-            HARNESS_VERSION,
-            compiler.nvcc.version,
-            compiler.arch,
-            gpu.as_ref().map(|g| g.name.as_str()).unwrap_or("none"),
-            if salt.is_empty() {
-                String::new()
-            } else {
-                format!("|salt {}", &blake3::hash(&salt).to_hex()[..12])
-            }
-        );
+        let env_key = env_key(&compiler, gpu.as_ref(), &salt);
         // The verdict depends on the task's spec (but not on which other kernels it lists), the
         // code, the params and the environment.
         let spec_key = |task: &str| -> String {
@@ -624,26 +602,8 @@ impl Stage for Validate {
         consumed.map_err(|_| StageError::Failed("validate: a GPU thread panicked".into()))??;
         produced
             .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
-        // Speedups over naive kernels timed after the candidates of their task.
-        let naive_timing: std::collections::BTreeMap<&str, cudarl_cuda::gpu::Timing> = rows
-            .iter()
-            .zip(&verdicts)
-            .filter(|(r, _)| r.role == "naive")
-            .filter_map(|(r, v)| {
-                let v = v.as_ref().filter(|v| v.correct == Some(true))?;
-                Some((r.task_id.as_str(), v.timing.clone()?))
-            })
-            .collect();
-        for (i, key) in unrated.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            if let Some(v) = verdicts[i].as_mut() {
-                let base = cudarl_cuda::verdict::TaskBaselines {
-                    naive: naive_timing.get(rows[i].task_id.as_str()).cloned(),
-                    torch: v.torch_timing.clone(),
-                };
-                speedups(v, &base);
-                memo.put(&key, &serde_json::to_vec(v).expect("verdict json"))?;
-            }
-        }
+        let unrated = unrated.into_inner().unwrap_or_else(|e| e.into_inner());
+        rate_late(&rows, &mut verdicts, &unrated, &memo)?;
         progress.finish();
         let archive = if self.params.archive {
             Some(self.archive(ctx, &compiler, gpu.clone(), &env_key, &rows_of)?)
@@ -654,35 +614,119 @@ impl Stage for Validate {
             // A shard: its rows are memoized; the table is assembled by `--merge`.
             return Ok(());
         }
-        let verdicts: Vec<Verdict> = verdicts
-            .into_iter()
-            .map(|v| v.expect("every row"))
-            .collect();
-        let compile_only = verdicts.iter().filter(|v| !v.executed).count();
-        if compile_only > 0 {
-            ctx.warn(format!("{compile_only} of {} verdicts are compile-only (no GPU): correctness and speed not checked", verdicts.len()));
-        }
-        let mut ids: Vec<RowMeta> = rows
-            .iter()
-            .map(|r| RowMeta {
-                kernel_id: r.kernel_id.clone(),
-                role: r.role.clone(),
-                source: "synth".into(),
-                claimed_correct: None,
-                claimed_speedup: None,
-                their_error: None,
-            })
-            .collect();
-        let mut verdicts = verdicts;
-        if let Some((m, v)) = archive {
-            ids.extend(m);
-            verdicts.extend(v.into_iter().map(|v| v.expect("every archive row")));
-        }
-        let batch = validations_batch(&ids, &verdicts)?;
-        write_output(ctx, "validations", &batch)?;
-        let batch = agreement_batch(&ids, &verdicts)?;
-        write_output(ctx, "agreement", &batch)
+        write_tables(ctx, &rows, verdicts, archive)
     }
+}
+
+/// nvcc (found from the project root) building for `gpu`'s arch, or sm_90 without a GPU, with
+/// the default time limit and the store's compile cache.
+///
+/// # Errors
+/// No usable nvcc.
+fn compiler_for(
+    ctx: &StageContext<'_>,
+    gpu: Option<&cudarl_cuda::gpu::GpuInfo>,
+) -> Result<Compiler, StageError> {
+    let nvcc = Nvcc::discover(ctx.root()).map_err(|e| StageError::Failed(e.to_string()))?;
+    Ok(Compiler {
+        nvcc,
+        arch: gpu
+            .map(|g| g.arch.clone())
+            .unwrap_or_else(|| "sm_90".into()),
+        timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+        store: Some(ctx.store().clone()),
+    })
+}
+
+/// The environment part of every row key: harness version, nvcc version, arch, GPU name, and on
+/// a GPU the hidden-seed salt's digest (run verdicts depend on the hidden seeds, so rows of a
+/// shared cache drawn with another salt are not reused).
+fn env_key(compiler: &Compiler, gpu: Option<&cudarl_cuda::gpu::GpuInfo>, salt: &[u8]) -> String {
+    format!(
+        "{}|{}|{}|{}{}",
+        HARNESS_VERSION,
+        compiler.nvcc.version,
+        compiler.arch,
+        gpu.map(|g| g.name.as_str()).unwrap_or("none"),
+        if salt.is_empty() {
+            String::new()
+        } else {
+            format!("|salt {}", &blake3::hash(salt).to_hex()[..12])
+        }
+    )
+}
+
+/// Speedups of the candidates timed before their task's naive kernel (`unrated`: row index and
+/// row key), from the naive kernels' own verdicts among `verdicts`; each is memoized now.
+///
+/// # Errors
+/// The memo could not be written.
+fn rate_late(
+    rows: &[Row],
+    verdicts: &mut [Option<Verdict>],
+    unrated: &[(usize, Digest)],
+    memo: &cudarl_core::Memo,
+) -> Result<(), StageError> {
+    let naive_timing: std::collections::BTreeMap<&str, cudarl_cuda::gpu::Timing> = rows
+        .iter()
+        .zip(verdicts.iter())
+        .filter(|(r, _)| r.role == "naive")
+        .filter_map(|(r, v)| {
+            let v = v.as_ref().filter(|v| v.correct == Some(true))?;
+            Some((r.task_id.as_str(), v.timing.clone()?))
+        })
+        .collect();
+    for &(i, key) in unrated {
+        if let Some(v) = verdicts[i].as_mut() {
+            let base = cudarl_cuda::verdict::TaskBaselines {
+                naive: naive_timing.get(rows[i].task_id.as_str()).cloned(),
+                torch: v.torch_timing.clone(),
+            };
+            speedups(v, &base);
+            memo.put(&key, &serde_json::to_vec(v).expect("verdict json"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `validations` and `agreement`: the task kernels' verdicts (`verdicts`, one per row of
+/// `rows`), then the archive's (`archive`), with a warning when some are compile-only.
+///
+/// # Errors
+/// A batch does not match its schema, or the store write failed.
+fn write_tables(
+    ctx: &mut StageContext<'_>,
+    rows: &[Row],
+    verdicts: Vec<Option<Verdict>>,
+    archive: Option<(Vec<RowMeta>, Vec<Option<Verdict>>)>,
+) -> Result<(), StageError> {
+    let mut verdicts: Vec<Verdict> = verdicts
+        .into_iter()
+        .map(|v| v.expect("every row"))
+        .collect();
+    let compile_only = verdicts.iter().filter(|v| !v.executed).count();
+    if compile_only > 0 {
+        ctx.warn(format!("{compile_only} of {} verdicts are compile-only (no GPU): correctness and speed not checked", verdicts.len()));
+    }
+    let mut ids: Vec<RowMeta> = rows
+        .iter()
+        .map(|r| RowMeta {
+            kernel_id: r.kernel_id.clone(),
+            role: r.role.clone(),
+            source: "synth".into(),
+            claimed_correct: None,
+            claimed_speedup: None,
+            their_error: None,
+        })
+        .collect();
+    if let Some((m, v)) = archive {
+        ids.extend(m);
+        verdicts.extend(v.into_iter().map(|v| v.expect("every archive row")));
+    }
+    let batch = validations_batch(&ids, &verdicts)?;
+    write_output(ctx, "validations", &batch)?;
+    let batch = agreement_batch(&ids, &verdicts)?;
+    write_output(ctx, "agreement", &batch)
 }
 
 /// A task kernel to validate (a row of `synth-tasks.task_kernels`).
@@ -858,28 +902,12 @@ fn their_reason(e: &str) -> Option<String> {
 }
 
 impl Validate {
-    /// The archives' torch-format kernels: static checks and extraction (one Python worker),
-    /// builds on every core (content-hash cached), then one GPU job at a time through the
-    /// Python worker pool against the recorded tests of `testgen`.
-    fn archive(
-        &self,
-        ctx: &mut StageContext<'_>,
-        compiler: &Compiler,
-        gpu: Option<cudarl_cuda::gpu::GpuInfo>,
-        env_key: &str,
-        rows_of: &PartRows,
-    ) -> Result<(Vec<RowMeta>, Vec<Option<Verdict>>), StageError> {
-        use cudarl_cuda::torchfmt::{self, Format};
-        let problems = crate::testgen::load_kb_problems(
-            ctx.input_path("problems")?,
-            Some(ctx.input_path("kb_tests")?),
-            ctx.store(),
-        )?;
-        struct Arch {
-            meta: RowMeta,
-            task: String,
-            code: String,
-        }
+    /// The archive kernels to validate: SakanaAI's and CUDA-L1's rows (CUDA-L1's only for the
+    /// GPUs in `cuda_l1_gpus`), at most `archive_limit` per source.
+    ///
+    /// # Errors
+    /// A required column of an archive table is missing or has the wrong type (named).
+    fn archive_items(&self, ctx: &StageContext<'_>) -> Result<Vec<Arch>, StageError> {
         let mut items: Vec<Arch> = Vec::new();
         for (input, source) in [("sakana", "sakana"), ("cuda_l1", "cuda-l1")] {
             let t = Table::read(ctx.input_path(input)?, input).map_err(data_err)?;
@@ -922,30 +950,34 @@ impl Validate {
                 });
             }
         }
+        Ok(items)
+    }
+
+    /// The archives' torch-format kernels: static checks and extraction (one Python worker),
+    /// builds on every core (content-hash cached), then one GPU job at a time through the
+    /// Python worker pool against the recorded tests of `testgen`.
+    fn archive(
+        &self,
+        ctx: &mut StageContext<'_>,
+        compiler: &Compiler,
+        gpu: Option<cudarl_cuda::gpu::GpuInfo>,
+        env_key: &str,
+        rows_of: &PartRows,
+    ) -> Result<(Vec<RowMeta>, Vec<Option<Verdict>>), StageError> {
+        use cudarl_cuda::torchfmt::{self, Format};
+        let problems = crate::testgen::load_kb_problems(
+            ctx.input_path("problems")?,
+            Some(ctx.input_path("kb_tests")?),
+            ctx.store(),
+        )?;
+        let items = self.archive_items(ctx)?;
         let worker_src =
             cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
         let memo = ctx.memo("validate-torch-v1")?;
         let verdict_params = self.verdict_params();
         let row_key = |a: &Arch| -> Digest {
             let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate torch row v1");
-            let tests = problems
-                .get(&a.task)
-                .map(|p| {
-                    // The blobs' digests (their CAS file names), not their paths: a row's
-                    // key must not depend on where this machine's store lives, or shards on
-                    // other machines would split the rows differently and never share them.
-                    p.tests
-                        .iter()
-                        .map(|t| {
-                            t.path
-                                .file_name()
-                                .map(|f| f.to_string_lossy().into_owned())
-                                .unwrap_or_default()
-                        })
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
+            let tests = problems.get(&a.task).map(test_digests).unwrap_or_default();
             let pcode = problems.get(&a.task).map(|p| p.code.as_str()).unwrap_or("");
             for part in [
                 env_key.as_bytes(),
@@ -1065,6 +1097,29 @@ impl Validate {
         }
         Ok((items.into_iter().map(|a| a.meta).collect(), out))
     }
+}
+
+/// An archive kernel to validate: its row's identity and claims, its problem, its code.
+struct Arch {
+    meta: RowMeta,
+    task: String,
+    code: String,
+}
+
+/// The digests of problem `p`'s recorded tests (their CAS file names), comma-separated: not
+/// their paths, since a row's key must not depend on where this machine's store lives, or
+/// shards on other machines would split the rows differently and never share them.
+fn test_digests(p: &cudarl_cuda::torchfmt::KbProblem) -> String {
+    p.tests
+        .iter()
+        .map(|t| {
+            t.path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn agreement_batch(

@@ -367,7 +367,7 @@ impl Stage for VerlLaunch {
             .unwrap_or_default();
         // VERL's RL Parquet, as `export --format verl` writes it.
         let scratch = out_dir.join("export");
-        crate::verl::export(
+        cudarl_rl::verl::export(
             ctx.input_path("tasks")?,
             ctx.input_path("sft")?,
             &scratch,

@@ -107,6 +107,43 @@ enum Fail {
     Timing(String, String),
 }
 
+impl Fail {
+    /// Puts this failure in its field of `res`.
+    fn record(self, res: &mut RunResult) {
+        match self {
+            Fail::Cuda(e) => res.cuda_error = Some(e),
+            Fail::Timeout => res.failure = Some((
+                "timeout".into(),
+                "the candidate did not finish within the wall-clock limit; its runner was killed"
+                    .into(),
+            )),
+            Fail::Died(m) => res.failure = Some(("crash".into(), m)),
+            Fail::Violation(m) => res.failure = Some(("sandbox_violation".into(), m)),
+            Fail::Load(m) => res.load_error = Some(m),
+            Fail::Judge(m) => res.cuda_error = Some(format!("judge: {m}")),
+            Fail::Timing(flag, detail) => res.failure = Some((flag, detail)),
+        }
+    }
+}
+
+/// Bytes of a job's arena: the control words, then the largest tested set or the timing sets
+/// on `bench_shape`, whichever is larger.
+///
+/// # Errors
+/// A shape the task spec cannot lay out.
+fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, String> {
+    let mut bytes = 0u64;
+    for s in &job.shapes {
+        bytes = bytes.max(set_layout(&job.task, &s.sizes)?.1);
+    }
+    if let (Some(b), Some(shape)) = (&job.bench, bench_shape)
+        && let Ok((_, set)) = set_layout(&job.task, &shape.sizes)
+    {
+        bytes = bytes.max(set * max_sets(b, set) as u64);
+    }
+    Ok(CONTROL_BYTES + bytes)
+}
+
 /// The words of a [`Fail`] for a profile pass's status.
 fn fail_words(f: Fail) -> String {
     match f {
@@ -118,7 +155,9 @@ fn fail_words(f: Fail) -> String {
 
 /// The first character boundary of `s` at or after byte `i` (`s.len()` past the end).
 fn boundary_at(s: &str, i: usize) -> usize {
-    (i..s.len()).find(|&j| s.is_char_boundary(j)).unwrap_or(s.len())
+    (i..s.len())
+        .find(|&j| s.is_char_boundary(j))
+        .unwrap_or(s.len())
 }
 
 /// Wall-clock limit of each step of a profile pass (`ncu` replays every kernel once per group
@@ -785,36 +824,14 @@ impl Judge {
         let Some(so_path) = &job.so_path else {
             return res;
         };
-        let fail = |res: &mut RunResult, f: Fail| match f {
-            Fail::Cuda(e) => res.cuda_error = Some(e),
-            Fail::Timeout => res.failure = Some((
-                "timeout".into(),
-                "the candidate did not finish within the wall-clock limit; its runner was killed"
-                    .into(),
-            )),
-            Fail::Died(m) => res.failure = Some(("crash".into(), m)),
-            Fail::Violation(m) => res.failure = Some(("sandbox_violation".into(), m)),
-            Fail::Load(m) => res.load_error = Some(m),
-            Fail::Judge(m) => res.cuda_error = Some(format!("judge: {m}")),
-            Fail::Timing(flag, detail) => res.failure = Some((flag, detail)),
-        };
-        // Arena: the largest tested set, or the timing sets.
-        let mut bytes = 0u64;
-        for s in &job.shapes {
-            match set_layout(&job.task, &s.sizes) {
-                Ok((_, b)) => bytes = bytes.max(b),
-                Err(e) => {
-                    res.cuda_error = Some(format!("task spec: {e}"));
-                    return res;
-                }
+        let fail = |res: &mut RunResult, f: Fail| f.record(res);
+        let bytes = match arena_bytes(job, bench_shape.as_ref()) {
+            Ok(b) => b,
+            Err(e) => {
+                res.cuda_error = Some(format!("task spec: {e}"));
+                return res;
             }
-        }
-        if let (Some(b), Some(shape)) = (&job.bench, &bench_shape)
-            && let Ok((_, set)) = set_layout(&job.task, &shape.sizes)
-        {
-            bytes = bytes.max(set * max_sets(b, set) as u64);
-        }
-        let bytes = CONTROL_BYTES + bytes;
+        };
         let t_load = Instant::now();
         heartbeat();
         tracing::debug!(task = %job.task.id, bytes, bench = job.bench.is_some(), "job: load");
@@ -938,10 +955,7 @@ impl Judge {
             let log = std::fs::read_to_string(&log).unwrap_or_default();
             let t = format!("{} {}", log.trim(), output.trim());
             let t = t.trim();
-            format!(
-                " ({})",
-                &t[boundary_at(t, t.len().saturating_sub(600))..]
-            )
+            format!(" ({})", &t[boundary_at(t, t.len().saturating_sub(600))..])
         };
         match launch {
             Ok(t) if t.passed => {}

@@ -131,31 +131,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                 ModelError::Tokenizer(format!("{}: no <|endoftext|> token", tokenizer.display()))
             })?;
             let docs: Vec<Document> = read_lines(corpus)?;
-            // Documents joined with <|endoftext|>, cut into max_len windows.
-            let mut stream = Vec::new();
-            for d in &docs {
-                match d {
-                    Document::Text(t) => stream.extend(tok.encode(t)?),
-                    Document::Chat(m) => stream.extend(tok.render(m, false)?.0),
-                }
-                stream.push(eos);
-            }
-            let w = train.max_len.max(2);
-            let windows: Vec<Example> = stream
-                .chunks(w)
-                .filter(|c| c.len() >= 2)
-                .map(|c| Example {
-                    ids: c.to_vec(),
-                    mask: vec![true; c.len()],
-                })
-                .collect();
-            // Every 20th window is held out for the evaluation loss.
-            let (ev, tr): (Vec<_>, Vec<_>) = windows
-                .into_iter()
-                .enumerate()
-                .partition(|(i, _)| i % 20 == 19);
-            let tr: Vec<Example> = tr.into_iter().map(|(_, e)| e).collect();
-            let ev: Vec<Example> = ev.into_iter().map(|(_, e)| e).collect();
+            let (tr, ev) = lm_windows(&tok, &docs, eos, train.max_len)?;
             tch::manual_seed(train.seed as i64);
             let mut cfg = model.config(tok.vocab_size() as i64);
             cfg.eos_token_id = Some(tok.im_end.into());
@@ -209,29 +185,11 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                 }
             }
             for (ci, chunk) in all.chunks(SAMPLE_BATCH).enumerate() {
-                let batch: Vec<Vec<i64>> = chunk.iter().map(|(_, _, ids)| ids.clone()).collect();
                 let params = crate::SampleParams {
                     seed: Some(*seed + ci as i64),
                     ..params.clone()
                 };
-                let gpu = crate::GpuShare::hold(dev)?;
-                let g = crate::generate(&m, &batch, &params, &eos, &mut |_, _| false)?;
-                drop(gpu);
-                for (k, toks) in g.tokens.iter().enumerate() {
-                    let (pi, si, _) = chunk[k];
-                    new_tokens += toks.len();
-                    let lp = &g.log_probs[k];
-                    let line = cudarl_protocol::SampleLine {
-                        prompt: pi,
-                        sample: si,
-                        text: tok.decode(toks)?,
-                        tokens: toks.len(),
-                        finish: g.finish[k],
-                        mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
-                            / lp.len().max(1) as f64,
-                    };
-                    lines.push(serde_json::to_string(&line).expect("sample line serializes"));
-                }
+                new_tokens += sample_batch((&m, dev), &tok, chunk, (&params, &eos), &mut lines)?;
             }
             std::fs::write(out, lines.join("\n") + "\n")
                 .map_err(|e| ModelError::Io(out.display().to_string(), e))?;
@@ -286,6 +244,74 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
         )?),
     }
     Ok(())
+}
+
+/// Documents joined with `<|endoftext|>` (`eos`) and cut into windows of `max_len` tokens (at
+/// least 2); every 20th window is held out for the evaluation loss: (train, eval).
+///
+/// # Errors
+/// A document the tokenizer cannot encode.
+fn lm_windows(
+    tok: &ChatTokenizer,
+    docs: &[Document],
+    eos: i64,
+    max_len: usize,
+) -> Result<(Vec<Example>, Vec<Example>), ModelError> {
+    let mut stream = Vec::new();
+    for d in docs {
+        match d {
+            Document::Text(t) => stream.extend(tok.encode(t)?),
+            Document::Chat(m) => stream.extend(tok.render(m, false)?.0),
+        }
+        stream.push(eos);
+    }
+    let windows = stream
+        .chunks(max_len.max(2))
+        .filter(|c| c.len() >= 2)
+        .map(|c| Example {
+            ids: c.to_vec(),
+            mask: vec![true; c.len()],
+        });
+    let (ev, tr): (Vec<_>, Vec<_>) = windows.enumerate().partition(|(i, _)| i % 20 == 19);
+    Ok((
+        tr.into_iter().map(|(_, e)| e).collect(),
+        ev.into_iter().map(|(_, e)| e).collect(),
+    ))
+}
+
+/// Samples one batch of prompts (`chunk`: prompt index, sample index, prompt tokens) with
+/// `params` until an `eos` token, under a share of the GPU of `dev`; appends one
+/// [`cudarl_protocol::SampleLine`] JSON line per row to `lines` and returns the new tokens.
+///
+/// # Errors
+/// Generation or decoding failed.
+fn sample_batch(
+    (m, dev): (&Qwen2, Device),
+    tok: &ChatTokenizer,
+    chunk: &[(usize, usize, Vec<i64>)],
+    (params, eos): (&crate::SampleParams, &[i64]),
+    lines: &mut Vec<String>,
+) -> Result<usize, ModelError> {
+    let batch: Vec<Vec<i64>> = chunk.iter().map(|(_, _, ids)| ids.clone()).collect();
+    let gpu = crate::GpuShare::hold(dev)?;
+    let g = crate::generate(m, &batch, params, eos, &mut |_, _| false)?;
+    drop(gpu);
+    let mut new_tokens = 0;
+    for (k, toks) in g.tokens.iter().enumerate() {
+        let (pi, si, _) = chunk[k];
+        new_tokens += toks.len();
+        let lp = &g.log_probs[k];
+        let line = cudarl_protocol::SampleLine {
+            prompt: pi,
+            sample: si,
+            text: tok.decode(toks)?,
+            tokens: toks.len(),
+            finish: g.finish[k],
+            mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>() / lp.len().max(1) as f64,
+        };
+        lines.push(serde_json::to_string(&line).expect("sample line serializes"));
+    }
+    Ok(new_tokens)
 }
 
 fn sync(dev: Device) {

@@ -573,7 +573,7 @@ fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, Cl
         .node("rl-train")
         .and_then(|n| n.stage.params()["max_turns"].as_u64())
         .unwrap_or(3) as usize;
-    let files = cudarl_stages::verl::export(
+    let files = cudarl_rl::verl::export(
         &output_blob(&engine, "synth-tasks", "tasks")?,
         &output_blob(&engine, "sft-data", "sft_generator")?,
         &to.join("verl"),

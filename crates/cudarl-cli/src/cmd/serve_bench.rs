@@ -83,20 +83,7 @@ type Record = (String, u16, f64, Option<String>, String);
 /// # Errors
 /// The task families cannot be read or the service does not start.
 pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
-    let tasks = cudarl_cuda::load_tasks(&ctx.root.join("datasets/tasks"))
-        .map_err(|e| CliError::usage(e.to_string()))?;
-    let mut kernels: Vec<(String, String)> = Vec::new();
-    for t in &tasks {
-        if let Ok(n) = t.naive_source() {
-            kernels.push((t.spec.id.clone(), n));
-        }
-        if let Ok(o) = t.optimized_sources() {
-            kernels.extend(o.into_iter().map(|(_, c)| (t.spec.id.clone(), c)));
-        }
-    }
-    if kernels.is_empty() {
-        return Err(CliError::usage("no task kernels under datasets/tasks"));
-    }
+    let kernels = task_kernels(ctx)?;
     let served = start(ctx, l)?;
     let agent = || {
         ureq::AgentBuilder::new()
@@ -177,9 +164,69 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
         .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
 
-    // Overhead: one compiled kernel through `check` (a process each) and through the warm
-    // service (new public seeds each time: no verdict-cache hit, a compile-cache hit).
-    let (task, code) = &kernels[0];
+    let (serve_ms, check_ms) = overhead(ctx, l, &served.base, &kernels[0], &agent)?;
+    let (s50, c50) = (percentile(&serve_ms, 50.0), percentile(&check_ms, 50.0));
+    drop(served);
+    Ok(json!({
+        "bench": "serve",
+        "machine": super::bench::machine(),
+        "service": health,
+        "clients": l.clients,
+        "seconds": l.seconds,
+        "queue": l.queue,
+        "wall_seconds": wall,
+        "requests": recs.len(),
+        "ok": ok.len(),
+        "rejected_429": busy,
+        "lost": lost.len(),
+        "lost_statuses": lost.iter().map(|r| r.1).collect::<Vec<_>>(),
+        "duplicated": ok.len() - unique,
+        "wrong_task_in_verdict": wrong_task,
+        "server_verdicts": server_verdicts,
+        "verdicts_per_second": ok.len() as f64 / wall,
+        "latency_ms": {"p50": percentile(&lat, 50.0), "p90": percentile(&lat, 90.0),
+            "p99": percentile(&lat, 99.0), "max": lat.last().copied()},
+        "overhead": {"kernel": kernels[0].0, "reps": l.overhead_reps,
+            "serve_ms_p50": s50, "check_ms_p50": c50, "check_over_serve": c50 / s50,
+            "serve_ms": serve_ms, "check_ms": check_ms},
+    }))
+}
+
+/// Every task family's naive and optimized kernels under `datasets/tasks`, as (task id, code).
+///
+/// # Errors
+/// The task folder cannot be read, or holds no kernel (usage error).
+fn task_kernels(ctx: &Ctx) -> Result<Vec<(String, String)>, CliError> {
+    let tasks = cudarl_cuda::load_tasks(&ctx.root.join("datasets/tasks"))
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    let mut kernels: Vec<(String, String)> = Vec::new();
+    for t in &tasks {
+        if let Ok(n) = t.naive_source() {
+            kernels.push((t.spec.id.clone(), n));
+        }
+        if let Ok(o) = t.optimized_sources() {
+            kernels.extend(o.into_iter().map(|(_, c)| (t.spec.id.clone(), c)));
+        }
+    }
+    if kernels.is_empty() {
+        return Err(CliError::usage("no task kernels under datasets/tasks"));
+    }
+    Ok(kernels)
+}
+
+/// One compiled kernel through `check` (a process each) and through the warm service at `base`
+/// (new public seeds each time: no verdict-cache hit, a compile-cache hit), `l.overhead_reps`
+/// times each: (service ms, `check` ms), each sorted.
+///
+/// # Errors
+/// A temporary file for the kernel cannot be written.
+fn overhead(
+    ctx: &Ctx,
+    l: &Load,
+    base: &str,
+    (task, code): &(String, String),
+    agent: &dyn Fn() -> ureq::Agent,
+) -> Result<(Vec<f64>, Vec<f64>), CliError> {
     let dir = tempfile::tempdir().map_err(|e| CliError::failed(e.to_string()))?;
     let file = dir.path().join("k.cu");
     std::fs::write(&file, code).map_err(|e| CliError::failed(e.to_string()))?;
@@ -193,7 +240,7 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
     let post = |seed: u64| -> f64 {
         let t = Instant::now();
         let _ = a
-            .post(&format!("{}/v1/evaluate", served.base))
+            .post(&format!("{base}/v1/evaluate"))
             .send_json(json!({"task_id": task, "source": code, "seeds": [seed]}));
         t.elapsed().as_secs_f64() * 1000.0
     };
@@ -218,29 +265,5 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
     }
     serve_ms.sort_by(|a, b| a.total_cmp(b));
     check_ms.sort_by(|a, b| a.total_cmp(b));
-    let (s50, c50) = (percentile(&serve_ms, 50.0), percentile(&check_ms, 50.0));
-    drop(served);
-    Ok(json!({
-        "bench": "serve",
-        "machine": super::bench::machine(),
-        "service": health,
-        "clients": l.clients,
-        "seconds": l.seconds,
-        "queue": l.queue,
-        "wall_seconds": wall,
-        "requests": recs.len(),
-        "ok": ok.len(),
-        "rejected_429": busy,
-        "lost": lost.len(),
-        "lost_statuses": lost.iter().map(|r| r.1).collect::<Vec<_>>(),
-        "duplicated": ok.len() - unique,
-        "wrong_task_in_verdict": wrong_task,
-        "server_verdicts": server_verdicts,
-        "verdicts_per_second": ok.len() as f64 / wall,
-        "latency_ms": {"p50": percentile(&lat, 50.0), "p90": percentile(&lat, 90.0),
-            "p99": percentile(&lat, 99.0), "max": lat.last().copied()},
-        "overhead": {"kernel": task, "reps": l.overhead_reps,
-            "serve_ms_p50": s50, "check_ms_p50": c50, "check_over_serve": c50 / s50,
-            "serve_ms": serve_ms, "check_ms": check_ms},
-    }))
+    Ok((serve_ms, check_ms))
 }

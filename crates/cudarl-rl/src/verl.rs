@@ -24,8 +24,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, StringArray, StructArray};
-use arrow::datatypes::{Field, Schema};
+use arrow::array::{
+    ArrayRef, Int64Array, ListBuilder, StringArray, StringBuilder, StructArray, StructBuilder,
+};
+use arrow::datatypes::{DataType, Field, Fields, Schema};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_curriculum::prompts::ChatMessage;
 use cudarl_data::Table;
@@ -69,8 +71,8 @@ pub fn export(
     dir: &Path,
     max_turns: usize,
 ) -> Result<Vec<PathBuf>, String> {
-    let specs = cudarl_rl::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
-    let held = cudarl_rl::tasks::holdout_ids(sft_generator).map_err(|e| e.to_string())?;
+    let specs = crate::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
+    let held = crate::tasks::holdout_ids(sft_generator).map_err(|e| e.to_string())?;
     let g = Table::read(sft_generator, "sft_generator").map_err(|e| e.to_string())?;
     let (gt, gs, gm) = (
         g.req_strings("task_id").map_err(|e| e.to_string())?,
@@ -95,7 +97,7 @@ pub fn export(
         let n = specs.len();
         let prompts: Vec<Vec<ChatMessage>> = specs
             .iter()
-            .map(cudarl_rl::episode::generator_conversation)
+            .map(crate::episode::generator_conversation)
             .collect();
         let task_ids: Vec<String> = specs.iter().map(|t| t.id.clone()).collect();
         let tiers: Vec<i64> = specs.iter().map(|t| t.tier).collect();
@@ -110,7 +112,7 @@ pub fn export(
                         .map(|t| format!("cudarl-pipe/tier{t}"))
                         .collect()),
                 ),
-                ("prompt", crate::sft_data::messages_array(&prompts)),
+                ("prompt", messages_array(&prompts)),
                 ("ability", s(vec!["cuda".into(); n])),
                 (
                     "reward_model",
@@ -157,7 +159,7 @@ pub fn export(
         write(
             &path,
             vec![
-                ("messages", crate::sft_data::messages_array(&msgs)),
+                ("messages", messages_array(&msgs)),
                 (
                     "task_id",
                     s(rows
@@ -179,4 +181,42 @@ pub fn export(
         written.push(path);
     }
     Ok(written)
+}
+
+fn message_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("role", DataType::Utf8, false),
+        Field::new("content", DataType::Utf8, false),
+    ])
+}
+
+/// Chat conversations as a `list<struct<role: utf8, content: utf8>>` column (the `messages`
+/// layout of Hugging Face chat datasets, which VERL's SFT and RL loaders read).
+pub fn messages_array(conversations: &[Vec<ChatMessage>]) -> ArrayRef {
+    let mut lb = ListBuilder::new(StructBuilder::from_fields(message_fields(), 0)).with_field(
+        Arc::new(Field::new("item", DataType::Struct(message_fields()), true)),
+    );
+    for msgs in conversations {
+        let sb = lb.values();
+        for m in msgs {
+            sb.field_builder::<StringBuilder>(0)
+                .expect("role")
+                .append_value(&m.role);
+            sb.field_builder::<StringBuilder>(1)
+                .expect("content")
+                .append_value(&m.content);
+            sb.append(true);
+        }
+        lb.append(true);
+    }
+    Arc::new(lb.finish())
+}
+
+/// The Arrow type of a [`messages_array`] column.
+pub fn messages_type() -> DataType {
+    DataType::List(Arc::new(Field::new(
+        "item",
+        DataType::Struct(message_fields()),
+        true,
+    )))
 }
