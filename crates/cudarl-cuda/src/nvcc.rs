@@ -101,11 +101,7 @@ impl Nvcc {
         if let Ok(h) = std::env::var("CUDA_HOME") {
             candidates.push(Path::new(&h).join("bin/nvcc"));
         }
-        if let Ok(path) = std::env::var("PATH") {
-            for d in std::env::split_paths(&path) {
-                candidates.push(d.join("nvcc"));
-            }
-        }
+        candidates.extend(on_path("nvcc"));
         if let Some(v) = venv_nvcc(root) {
             candidates.push(v);
         }
@@ -137,4 +133,11 @@ impl Nvcc {
             format!("none of {} runs", tried.join(", "))
         }))
     }
+}
+
+/// `name` in every directory of `$PATH`, in order (files or not: callers check).
+pub fn on_path(name: &str) -> Vec<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect())
+        .unwrap_or_default()
 }

@@ -86,18 +86,14 @@ impl Ncu {
     /// `$CUDARL_NCU`, else `ncu` on `PATH`, else `/usr/local/cuda/bin/ncu`; `None` when none is
     /// an executable file.
     pub fn find() -> Option<Ncu> {
-        let exists = |p: &Path| p.is_file();
         if let Some(p) = std::env::var_os("CUDARL_NCU") {
             let p = PathBuf::from(p);
-            return exists(&p).then_some(Ncu { path: p });
+            return p.is_file().then_some(Ncu { path: p });
         }
-        let on_path: Vec<PathBuf> = std::env::var_os("PATH")
-            .map(|v| std::env::split_paths(&v).map(|d| d.join("ncu")).collect())
-            .unwrap_or_default();
-        on_path
+        crate::nvcc::on_path("ncu")
             .into_iter()
             .chain([PathBuf::from("/usr/local/cuda/bin/ncu")])
-            .find(|p| exists(p))
+            .find(|p| p.is_file())
             .map(|path| Ncu { path })
     }
 
@@ -129,12 +125,12 @@ fn number(field: &str) -> Option<f64> {
 
 /// Reads `ncu --csv --page raw` output (a header row naming the metrics, a row of units, one row
 /// per profiled kernel; anything before the header, such as `==PROF==` lines, is skipped), leaving
-/// out kernels whose name starts with `skip_prefix` (the runner's own).
+/// out the runner's own kernel ([`crate::runner::NOOP_KERNEL`]).
 ///
 /// # Errors
 /// No header, a metric column missing, a value not a number, no kernel, or a value out of range
 /// (a fraction outside [0, 1] or a duration that is not positive).
-pub fn parse_raw_csv(text: &str, skip_prefix: &str) -> Result<KernelProfile, String> {
+pub fn parse_raw_csv(text: &str) -> Result<KernelProfile, String> {
     let start = text
         .find("\"ID\",")
         .ok_or("no CSV header (\"ID\",...) in the ncu log")?;
@@ -161,7 +157,7 @@ pub fn parse_raw_csv(text: &str, skip_prefix: &str) -> Result<KernelProfile, Str
         let rec = rec.map_err(|e| format!("ncu CSV: {e}"))?;
         let name = rec.get(name_col).unwrap_or("");
         // The units row, and the runner's own kernel.
-        if name.is_empty() || name.starts_with(skip_prefix) {
+        if name.is_empty() || name.starts_with(crate::runner::NOOP_KERNEL) {
             continue;
         }
         let get = |c: usize| {
@@ -226,7 +222,7 @@ mod tests {
             "\"1\",\"7\",\"add_kernel(float const*, float*)\",\"3,000\",\"80\",\"90\",\"32\"",
             "\"2\",\"7\",\"tail<float, 4>\",\"1000\",\"40\",\"10\",\"16\"",
         ]);
-        let p = parse_raw_csv(&text, "cudarl_noop").unwrap();
+        let p = parse_raw_csv(&text).unwrap();
         assert_eq!(p.kernels, 2);
         assert!((p.duration_ms - 0.004).abs() < 1e-12);
         assert!((p.achieved_occupancy - 0.7).abs() < 1e-9);
@@ -237,24 +233,16 @@ mod tests {
     #[test]
     fn impossible_counters_and_empty_logs_are_errors() {
         let over = csv(&["\"1\",\"7\",\"k\",\"100\",\"150\",\"10\",\"32\""]);
-        assert!(
-            parse_raw_csv(&over, "cudarl_noop")
-                .unwrap_err()
-                .contains("occupancy")
-        );
+        assert!(parse_raw_csv(&over).unwrap_err().contains("occupancy"));
         let none = csv(&["\"0\",\"7\",\"cudarl_noop\",\"100\",\"1\",\"1\",\"1\""]);
+        assert!(parse_raw_csv(&none).unwrap_err().contains("no kernel"));
         assert!(
-            parse_raw_csv(&none, "cudarl_noop")
-                .unwrap_err()
-                .contains("no kernel")
-        );
-        assert!(
-            parse_raw_csv("==PROF== nothing", "x")
+            parse_raw_csv("==PROF== nothing")
                 .unwrap_err()
                 .contains("header")
         );
         let missing = "\"ID\",\"Kernel Name\"\n\"1\",\"k\"\n";
-        assert!(parse_raw_csv(missing, "x").unwrap_err().contains(DURATION));
+        assert!(parse_raw_csv(missing).unwrap_err().contains(DURATION));
     }
 
     #[test]

@@ -83,6 +83,10 @@ pub const GO_OFFSET: u64 = 0;
 /// after the window's launches.
 pub const DONE_OFFSET: u64 = 256;
 
+/// Name of the runner's own empty kernel: what calibration windows run, and what a profile
+/// pass leaves out of a candidate's counters.
+pub const NOOP_KERNEL: &str = "cudarl_noop";
+
 /// A device allocation shared with the runner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

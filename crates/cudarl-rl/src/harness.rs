@@ -191,11 +191,9 @@ pub fn find_cuobjdump(nvcc: &Path) -> Option<PathBuf> {
     if beside.is_file() {
         return Some(beside);
     }
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("cuobjdump"))
-            .find(|f| f.is_file())
-    })
+    cudarl_cuda::nvcc::on_path("cuobjdump")
+        .into_iter()
+        .find(|f| f.is_file())
 }
 
 /// `cuobjdump -sass` of a compiled candidate's shared object in the store (`None`: not

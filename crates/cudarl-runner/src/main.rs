@@ -251,26 +251,57 @@ mod native {
         arena: sys::CUdeviceptr,
     }
 
-    /// The runner's own empty kernel, as PTX (compiled by the driver at start-up): what a window
+    /// The runner's own empty kernel ([`cudarl_cuda::runner::NOOP_KERNEL`]), as PTX (compiled by
+    /// the driver at start-up): what a window
     /// without launches runs, so the judge's calibration windows make the GPU switch to this
     /// context the way a candidate's launch does.
-    const NOOP_PTX: &str = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry cudarl_noop()\n{\n\tret;\n}\n\0";
+    fn noop_ptx() -> std::ffi::CString {
+        let k = cudarl_cuda::runner::NOOP_KERNEL;
+        CString::new(format!(
+            ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry {k}()\n{{\n\tret;\n}}\n"
+        ))
+        .expect("no NUL in the PTX")
+    }
 
-    /// Loads [`NOOP_PTX`] in the current context.
+    /// Loads [`noop_ptx`] in the current context.
     fn load_noop() -> Result<sys::CUfunction, String> {
-        // SAFETY: a NUL-terminated PTX image and valid out-pointers.
+        let (ptx, name) = (
+            noop_ptx(),
+            CString::new(cudarl_cuda::runner::NOOP_KERNEL).expect("no NUL in the name"),
+        );
+        // SAFETY: a NUL-terminated PTX image, a NUL-terminated name and valid out-pointers.
         unsafe {
             let mut m = std::ptr::null_mut();
             cu(
-                sys::cuModuleLoadData(&mut m, NOOP_PTX.as_ptr().cast()),
+                sys::cuModuleLoadData(&mut m, ptx.as_ptr().cast()),
                 "cuModuleLoadData(noop)",
             )?;
             let mut f = std::ptr::null_mut();
             cu(
-                sys::cuModuleGetFunction(&mut f, m, c"cudarl_noop".as_ptr()),
+                sys::cuModuleGetFunction(&mut f, m, name.as_ptr()),
                 "cuModuleGetFunction(noop)",
             )?;
             Ok(f)
+        }
+    }
+
+    /// Launches the empty kernel (one thread) on `stream`.
+    fn launch_noop(f: sys::CUfunction, stream: sys::CUstream) -> sys::CUresult {
+        // SAFETY: a kernel without parameters, one block of one thread.
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
         }
     }
 
@@ -306,26 +337,12 @@ mod native {
     /// initialization has connected to its front end; returns the sockets now open other than
     /// the control socket (fd 3): the profiler's.
     fn connect_profiler(noop: sys::CUfunction) -> Result<Vec<i32>, String> {
-        // SAFETY: a kernel without parameters on the legacy stream, then a context-wide sync.
-        unsafe {
-            cu(
-                sys::cuLaunchKernel(
-                    noop,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    0,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                ),
-                "cuLaunchKernel(noop)",
-            )?;
-            cu(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
-        }
+        cu(
+            launch_noop(noop, std::ptr::null_mut()),
+            "cuLaunchKernel(noop)",
+        )?;
+        // SAFETY: a context-wide synchronize.
+        cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
         let dir = std::fs::read_dir("/proc/self/fd").map_err(|e| format!("/proc/self/fd: {e}"))?;
         let mut fds: Vec<i32> = dir
             .filter_map(|e| e.ok())
@@ -557,23 +574,7 @@ mod native {
                     } else if run.reps.is_empty() {
                         // A calibration window: the runner's own empty kernel.
                         let f = noop.expect("GPU mode loads the empty kernel");
-                        // SAFETY: a kernel without parameters, one thread, legacy stream.
-                        let r = unsafe {
-                            sys::cuLaunchKernel(
-                                f,
-                                1,
-                                1,
-                                1,
-                                1,
-                                1,
-                                1,
-                                0,
-                                stream,
-                                std::ptr::null_mut(),
-                                std::ptr::null_mut(),
-                            )
-                        };
-                        if r == sys::CUresult::CUDA_SUCCESS {
+                        if launch_noop(f, stream) == sys::CUresult::CUDA_SUCCESS {
                             0
                         } else {
                             -3

@@ -972,7 +972,7 @@ impl Judge {
             Ok(t) => t,
             Err(e) => return failed(format!("no ncu log: {e}{}", tail())),
         };
-        match parse_raw_csv(&text, "cudarl_noop") {
+        match parse_raw_csv(&text) {
             Ok(m) => ProfileOutcome {
                 status: "measured (ncu)".into(),
                 metrics: Some(m),
