@@ -17,7 +17,7 @@ setup: $(VENV)/.stamp
 $(VENV)/.stamp: requirements-dev.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-cache-dir -r requirements-dev.txt
 	touch $@
 
 ## build: the optimized binaries (cudarl-pipe, its GPU worker cudarl-pipe-worker, the sandboxed
