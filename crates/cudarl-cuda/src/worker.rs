@@ -562,6 +562,47 @@ impl WorkerPool {
     }
 }
 
+/// The harness's scheduler: `produce(i)` for every `i < n` on every core (rayon: static checks
+/// and nvcc), each `Some` item handed at once to the GPU side, where [`drain_on`] runs `consume`
+/// on it in the first free slot, so the GPU works while nvcc builds the rest. Returns
+/// `consume`'s results in completion order (carry an index in the item to place them).
+///
+/// # Errors
+/// The first error of `consume` (the slots stop taking items; the remaining items are still
+/// produced and dropped), else the first of `produce`.
+pub fn stream_to<S, T, R, E, P, F>(
+    slots: &mut [S],
+    n: usize,
+    produce: P,
+    consume: F,
+) -> Result<Vec<R>, E>
+where
+    S: Send,
+    T: Send,
+    R: Send,
+    E: Send,
+    P: Fn(usize) -> Result<Option<T>, E> + Sync,
+    F: Fn(&mut S, T) -> Result<R, E> + Sync + Send,
+{
+    use rayon::prelude::*;
+    let (tx, rx) = std::sync::mpsc::channel::<T>();
+    let (produced, consumed) = std::thread::scope(|sc| {
+        let h = sc.spawn(move || drain_on(slots, rx.into_iter(), consume));
+        let produced = (0..n).into_par_iter().try_for_each_with(tx, |tx, i| {
+            if let Some(t) = produce(i)? {
+                // A closed channel means the consumer failed; its error is returned.
+                let _ = tx.send(t);
+            }
+            Ok(())
+        });
+        let consumed = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (produced, consumed)
+    });
+    let out = consumed?;
+    produced?;
+    Ok(out)
+}
+
 /// Runs `f` on every item of `jobs`, one thread per slot (normally one [`WorkerPool`] each, so
 /// several workers test candidates on one GPU at once, see [`GpuLock`]); each thread takes the
 /// next item when it is done with one. Returns the results in completion order (carry an index
@@ -726,6 +767,51 @@ mod tests {
         assert_eq!(*order.lock().unwrap(), vec!["timer", "reader_b"]);
         let _ = std::fs::remove_file(GpuLock::path(&id));
         let _ = std::fs::remove_file(GpuLock::path(&format!("{id}-turnstile")));
+    }
+
+    #[test]
+    fn stream_to_tests_what_is_produced_and_reports_the_first_error() {
+        let mut slots = vec![0usize; 3];
+        // Odd items need no GPU (like a compile error): they are not handed on.
+        let mut got = stream_to(
+            &mut slots,
+            40,
+            |i| Ok::<_, String>((i % 2 == 0).then_some(i)),
+            |n, i| {
+                *n += 1;
+                Ok(i * 10)
+            },
+        )
+        .unwrap();
+        got.sort();
+        assert_eq!(got, (0..40).step_by(2).map(|i| i * 10).collect::<Vec<_>>());
+        assert_eq!(slots.iter().sum::<usize>(), 20, "every item tested once");
+        let e = stream_to(
+            &mut slots,
+            40,
+            |i| {
+                if i == 7 {
+                    Err(format!("build {i}"))
+                } else {
+                    Ok(Some(i))
+                }
+            },
+            |_, i| Ok(i),
+        );
+        assert_eq!(e, Err("build 7".to_string()));
+        let e = stream_to(
+            &mut slots,
+            40,
+            |i| Ok(Some(i)),
+            |_, i| {
+                if i == 3 {
+                    Err(format!("test {i}"))
+                } else {
+                    Ok(i)
+                }
+            },
+        );
+        assert_eq!(e, Err("test 3".to_string()));
     }
 
     #[test]

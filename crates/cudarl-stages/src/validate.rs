@@ -15,7 +15,7 @@ use cudarl_cuda::verdict::{
     Baselines, FullOptions, PendingTiming, Tested, Verdict, check_full, check_tests, hidden_salt,
     hidden_seeds, speedups, time_batch,
 };
-use cudarl_cuda::worker::{WorkerPool, drain_on, worker_exe};
+use cudarl_cuda::worker::{WorkerPool, stream_to, worker_exe};
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
@@ -363,246 +363,76 @@ impl Stage for Validate {
             None => Vec::new(),
         };
         let env_key = env_key(&compiler, gpu.as_ref(), &salt);
-        // The verdict depends on the task's spec (but not on which other kernels it lists), the
-        // code, the params and the environment.
-        let spec_key = |task: &str| -> String {
-            let mut s = specs.get(task).cloned();
-            if let Some(s) = s.as_mut() {
-                s.optimized.clear();
-            }
-            serde_json::to_string(&s).unwrap_or_default()
-        };
-        let verdict_params = self.verdict_params();
-        let row_key = |r: &Row| -> Digest {
-            let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate row v1");
-            for part in [
-                env_key.as_str(),
-                &spec_key(&r.task_id),
-                &r.code,
-                &verdict_params,
-            ] {
-                h.update(&(part.len() as u64).to_le_bytes());
-                h.update(part.as_bytes());
-            }
-            Digest(*h.finalize().as_bytes())
-        };
         let progress = ctx.progress("kernels", Some(rows.len() as u64));
+        let phase = TaskKernels {
+            params: &self.params,
+            rows: &rows,
+            specs: &specs,
+            memo: &memo,
+            rows_of: &rows_of,
+            progress: progress.as_ref(),
+            salt: &salt,
+            env_key: env_key.clone(),
+            verdict_params: self.verdict_params(),
+            // The naive kernel of each task, from the kernels table (the speedup baseline).
+            naive: rows
+                .iter()
+                .filter(|r| r.role == "naive")
+                .map(|r| (r.task_id.as_str(), r.code.as_str()))
+                .collect(),
+            rules: &rules,
+            compiler: &compiler,
+            baselines: std::sync::Mutex::new(Baselines::new()),
+            unrated: std::sync::Mutex::new(Vec::new()),
+        };
         // One slot per GPU worker (`gpu_workers` of them test concurrently, timing runs alone);
         // one empty slot without a GPU.
-        let pools: Vec<Option<WorkerPool>> = match gpu {
+        let mut slots: Vec<(Option<WorkerPool>, Instant)> = match gpu {
             Some(_) => WorkerPool::testers(self.params.gpu_workers)
                 .into_iter()
-                .map(Some)
+                .map(|p| (Some(p), Instant::now()))
                 .collect(),
-            None => vec![None],
+            None => vec![(None, Instant::now())],
         };
-        let mut slots: Vec<(Option<WorkerPool>, Instant)> =
-            pools.into_iter().map(|p| (p, Instant::now())).collect();
-        // The naive kernel of each task, from the kernels table (the speedup baseline).
-        let naive: std::collections::BTreeMap<&str, &str> = rows
-            .iter()
-            .filter(|r| r.role == "naive")
-            .map(|r| (r.task_id.as_str(), r.code.as_str()))
-            .collect();
-        let baselines = std::sync::Mutex::new(Baselines::new());
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; rows.len()];
-        // Compiles (all cores, this thread and rayon's) feed the GPU workers (each one
-        // candidate at a time) through a channel, so the GPU runs while nvcc builds the rest.
-        let (tx, rx) = std::sync::mpsc::channel::<(usize, Option<Verdict>)>();
-        // Timed in a tester before its task's naive kernel: memoized once the naive kernel's
-        // timing gives its speedup (after the GPU phase).
-        let unrated = std::sync::Mutex::new(Vec::<(usize, Digest)>::new());
-        // A tested row finished here (memo, stats, progress).
-        let done = |i: usize, key: &Digest, v: &Verdict| -> Result<(), StageError> {
-            rows_of.worker(v);
-            if v.timing.is_some()
-                && v.speedup_vs_naive.is_none()
-                && naive.contains_key(rows[i].task_id.as_str())
-            {
-                unrated
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((i, *key));
-            } else {
-                memo.put(key, &serde_json::to_vec(v).expect("verdict json"))?;
-            }
-            rows_of.computed();
-            progress.inc(1);
-            Ok(())
-        };
-        // Rows whose tests passed wait for the timing worker (`timing_batch`).
-        type Timed = (usize, Digest, PendingTiming);
-        let one = |(pool, idle): &mut (Option<WorkerPool>, Instant),
-                   (i, pre): (usize, Option<Verdict>),
-                   timer: &std::sync::mpsc::Sender<Timed>|
-         -> Result<Option<(usize, Verdict)>, StageError> {
-            PartRows::time(&rows_of.gpu_wait_ms, *idle);
-            let r = &rows[i];
-            let key = row_key(r);
-            rows_of.owned();
-            if let Some(b) = memo.get(&key)?
-                && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
-            {
-                rows_of.found_in_memo();
-                progress.inc(1);
-                return Ok(Some((i, v)));
-            }
-            if rows_of.part == RunPart::Merge {
-                rows_of.missing(&r.kernel_id);
-                return Ok(None);
-            }
-            let spec = specs.get(&r.task_id).ok_or_else(|| {
-                StageError::bad_input(
-                    "kernels",
-                    Some("task_id"),
-                    format!("unknown task `{}`", r.task_id),
-                )
-            })?;
-            let t_gpu = Instant::now();
-            let tested = match (pool.as_mut(), pre) {
-                // Static rejects and compile errors need no GPU.
-                (_, Some(v)) if !v.compiled => Ok(Tested::Done(v)),
-                (Some(p), _) => {
-                    let opts = FullOptions {
-                        public_seeds: (0..self.params.public_seeds as u64).collect(),
-                        hidden_seeds: hidden_seeds(
-                            &salt,
-                            &r.task_id,
-                            &r.code,
-                            self.params.hidden_seeds,
-                        ),
-                        wall: Duration::from_secs(self.params.timeout_s),
-                        bench: self.params.bench,
-                        // The naive kernels are rows here: their own timings give the speedups.
-                        time_naive: false,
-                        profile: false,
-                    };
-                    let naive = naive.get(r.task_id.as_str()).copied();
-                    match self.params.timing {
-                        TimingMode::InTester => check_full(
-                            spec, &r.code, naive, &rules, &compiler, p, &opts, &baselines,
-                        )
-                        .map(Tested::Done),
-                        TimingMode::Batched => {
-                            check_tests(spec, &r.code, naive, &rules, &compiler, p, &opts)
-                        }
-                    }
-                }
-                (None, Some(v)) => Ok(Tested::Done(v)),
-                (None, None) => {
-                    check_compile_only(spec, &r.code, &rules, &compiler).map(Tested::Done)
-                }
-            }
-            .map_err(|e| StageError::Failed(e.to_string()))?;
-            PartRows::time(&rows_of.gpu_ms, t_gpu);
-            *idle = Instant::now();
-            match tested {
-                Tested::Done(v) => {
-                    done(i, &key, &v)?;
-                    Ok(Some((i, v)))
-                }
-                Tested::Pending(p) => {
-                    // A closed channel means the timer failed; its error is reported.
-                    let _ = timer.send((i, key, p));
-                    Ok(None)
-                }
-            }
-        };
-        // The timing worker: batches of `timing_batch` rows, each under one exclusive hold.
+        // The timing worker of `timing = "batched"`: batches of rows whose tests passed.
         let mut timer_pool = gpu
             .as_ref()
             .filter(|_| self.params.timing == TimingMode::Batched)
             .map(|_| WorkerPool::new(worker_exe(), vec![]));
-        let batch_size = self.params.timing_batch.max(1);
-        let timer = |pool: &mut WorkerPool,
-                     rx: std::sync::mpsc::Receiver<Timed>|
-         -> Result<Vec<(usize, Verdict)>, StageError> {
-            let mut out = Vec::new();
-            let mut queue: Vec<Timed> = Vec::new();
-            let mut open = true;
-            while open || !queue.is_empty() {
-                while open && queue.len() < batch_size {
-                    match rx.recv() {
-                        Ok(t) => queue.push(t),
-                        Err(_) => open = false,
-                    }
-                }
-                let batch: Vec<Timed> = std::mem::take(&mut queue);
-                let t0 = Instant::now();
-                let (ids, pending): (Vec<(usize, Digest)>, Vec<PendingTiming>) =
-                    batch.into_iter().map(|(i, k, p)| ((i, k), p)).unzip();
-                let timed = time_batch(pending, &compiler, pool, &baselines);
-                PartRows::time(&rows_of.timer_ms, t0);
-                for ((i, key), v) in ids.into_iter().zip(timed) {
-                    done(i, &key, &v)?;
-                    out.push((i, v));
-                }
-            }
-            Ok(out)
-        };
-        let mut consumer = |rx: std::sync::mpsc::Receiver<(usize, Option<Verdict>)>,
-                            verdicts: &mut Vec<Option<Verdict>>|
-         -> Result<(), StageError> {
-            let (ttx, trx) = std::sync::mpsc::channel::<Timed>();
-            let (tested, timed) = std::thread::scope(|sc| {
-                let timer = timer_pool.as_mut().map(|pool| {
-                    let timer = &timer;
-                    sc.spawn(move || timer(pool, trx))
-                });
-                let tested = drain_on(&mut slots, rx.into_iter(), |slot, item| {
-                    one(slot, item, &ttx)
-                });
-                drop(ttx);
-                let timed = timer.map(|h| h.join());
-                (tested, timed)
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; rows.len()];
+        let (ttx, trx) = std::sync::mpsc::channel::<Timed>();
+        let (tested, timed) = std::thread::scope(|sc| {
+            let timer = timer_pool.as_mut().map(|pool| {
+                let phase = &phase;
+                sc.spawn(move || phase.time_batches(pool, trx))
             });
-            let timed = match timed {
-                Some(Ok(t)) => t?,
-                Some(Err(_)) => {
-                    return Err(StageError::Failed(
-                        "validate: the timing thread panicked".into(),
-                    ));
-                }
-                None => Vec::new(),
-            };
-            for (i, v) in tested?.into_iter().flatten().chain(timed) {
-                verdicts[i] = Some(v);
-            }
-            Ok(())
-        };
-        let (vref, cref) = (&mut verdicts, &mut consumer);
-        let (produced, consumed) = std::thread::scope(|sc| {
-            let h = sc.spawn(move || cref(rx, vref));
-            // Static checks and compiles of every row not memoized yet; their verdicts are final
-            // without a GPU, and with one the GPU phase starts from them (compile cache).
-            let produced = rows.par_iter().enumerate().try_for_each_with(
-                tx,
-                |tx, (i, r)| -> Result<(), String> {
-                    let key = row_key(r);
-                    if !rows_of.part.owns(&key) {
-                        return Ok(());
-                    }
-                    let pre = match specs.get(&r.task_id) {
-                        Some(spec) if rows_of.part != RunPart::Merge && !memo.contains(&key) => {
-                            let t0 = Instant::now();
-                            let v = check_compile_only(spec, &r.code, &rules, &compiler)
-                                .map_err(|e| e.to_string())?;
-                            PartRows::time(&rows_of.compile_ms, t0);
-                            Some(v)
-                        }
-                        _ => None,
-                    };
-                    // A closed channel means the consumer failed; its error is reported.
-                    let _ = tx.send((i, pre));
-                    Ok(())
-                },
+            // Static checks and compiles on every core feed the GPU workers (each one candidate
+            // at a time), so the GPU runs while nvcc builds the rest.
+            let tested = stream_to(
+                &mut slots,
+                rows.len(),
+                |i| phase.compile(i),
+                |slot, item| phase.test(slot, item, &ttx),
             );
-            (produced, h.join())
+            drop(ttx);
+            (tested, timer.map(|h| h.join()))
         });
-        consumed.map_err(|_| StageError::Failed("validate: a GPU thread panicked".into()))??;
-        produced
-            .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
-        let unrated = unrated.into_inner().unwrap_or_else(|e| e.into_inner());
+        let timed = match timed {
+            Some(Ok(t)) => t?,
+            Some(Err(_)) => {
+                return Err(StageError::Failed(
+                    "validate: the timing thread panicked".into(),
+                ));
+            }
+            None => Vec::new(),
+        };
+        for (i, v) in tested?.into_iter().flatten().chain(timed) {
+            verdicts[i] = Some(v);
+        }
+        let unrated = phase
+            .unrated
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
         rate_late(&rows, &mut verdicts, &unrated, &memo)?;
         progress.finish();
         let archive = if self.params.archive {
@@ -730,6 +560,210 @@ fn write_tables(
 }
 
 /// A task kernel to validate (a row of `synth-tasks.task_kernels`).
+/// A row whose tests passed, waiting for the timing worker (`timing = "batched"`).
+type Timed = (usize, Digest, PendingTiming);
+
+/// The task kernels' part of a `validate` run: what every row's compile, test and timing step
+/// reads, shared by the compile workers and the GPU threads.
+struct TaskKernels<'a> {
+    params: &'a Params,
+    rows: &'a [Row],
+    specs: &'a std::collections::BTreeMap<String, TaskSpec>,
+    memo: &'a cudarl_core::Memo,
+    rows_of: &'a PartRows,
+    progress: &'a dyn cudarl_core::ProgressSink,
+    salt: &'a [u8],
+    env_key: String,
+    verdict_params: String,
+    naive: std::collections::BTreeMap<&'a str, &'a str>,
+    rules: &'a Rules,
+    compiler: &'a Compiler,
+    baselines: std::sync::Mutex<Baselines>,
+    /// Timed in a tester before its task's naive kernel: memoized once the naive kernel's
+    /// timing gives its speedup (after the GPU phase).
+    unrated: std::sync::Mutex<Vec<(usize, Digest)>>,
+}
+
+impl TaskKernels<'_> {
+    /// A row's memo key: the environment, the task's spec (but not which other kernels it
+    /// lists), the code and the verdict's params.
+    fn key(&self, r: &Row) -> Digest {
+        let mut spec = self.specs.get(&r.task_id).cloned();
+        if let Some(s) = spec.as_mut() {
+            s.optimized.clear();
+        }
+        let spec = serde_json::to_string(&spec).unwrap_or_default();
+        let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate row v1");
+        for part in [self.env_key.as_str(), &spec, &r.code, &self.verdict_params] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        Digest(*h.finalize().as_bytes())
+    }
+
+    /// Static checks and compile of row `i` when this part owns it and it is not memoized:
+    /// final without a GPU, and with one the GPU step starts from it (compile cache).
+    #[allow(clippy::type_complexity)]
+    fn compile(&self, i: usize) -> Result<Option<(usize, Option<Verdict>)>, StageError> {
+        let r = &self.rows[i];
+        let key = self.key(r);
+        if !self.rows_of.part.owns(&key) {
+            return Ok(None);
+        }
+        let pre = match self.specs.get(&r.task_id) {
+            Some(spec) if self.rows_of.part != RunPart::Merge && !self.memo.contains(&key) => {
+                let t0 = Instant::now();
+                let v =
+                    check_compile_only(spec, &r.code, self.rules, self.compiler).map_err(|e| {
+                        StageError::Failed(format!("harness failure while compiling: {e}"))
+                    })?;
+                PartRows::time(&self.rows_of.compile_ms, t0);
+                Some(v)
+            }
+            _ => None,
+        };
+        Ok(Some((i, pre)))
+    }
+
+    /// A tested row finished here (memo, stats, progress).
+    fn done(&self, i: usize, key: &Digest, v: &Verdict) -> Result<(), StageError> {
+        self.rows_of.worker(v);
+        if v.timing.is_some()
+            && v.speedup_vs_naive.is_none()
+            && self.naive.contains_key(self.rows[i].task_id.as_str())
+        {
+            self.unrated
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((i, *key));
+        } else {
+            self.memo
+                .put(key, &serde_json::to_vec(v).expect("verdict json"))?;
+        }
+        self.rows_of.computed();
+        self.progress.inc(1);
+        Ok(())
+    }
+
+    /// Row `i` on a GPU worker (or compile-only without one): from the memo, or tested (and
+    /// timed in the tester's runner, or handed to the timing worker).
+    fn test(
+        &self,
+        (pool, idle): &mut (Option<WorkerPool>, Instant),
+        (i, pre): (usize, Option<Verdict>),
+        timer: &std::sync::mpsc::Sender<Timed>,
+    ) -> Result<Option<(usize, Verdict)>, StageError> {
+        PartRows::time(&self.rows_of.gpu_wait_ms, *idle);
+        let r = &self.rows[i];
+        let key = self.key(r);
+        self.rows_of.owned();
+        if let Some(b) = self.memo.get(&key)?
+            && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
+        {
+            self.rows_of.found_in_memo();
+            self.progress.inc(1);
+            return Ok(Some((i, v)));
+        }
+        if self.rows_of.part == RunPart::Merge {
+            self.rows_of.missing(&r.kernel_id);
+            return Ok(None);
+        }
+        let spec = self.specs.get(&r.task_id).ok_or_else(|| {
+            StageError::bad_input(
+                "kernels",
+                Some("task_id"),
+                format!("unknown task `{}`", r.task_id),
+            )
+        })?;
+        let t_gpu = Instant::now();
+        let (rules, compiler) = (self.rules, self.compiler);
+        let tested = match (pool.as_mut(), pre) {
+            // Static rejects and compile errors need no GPU.
+            (_, Some(v)) if !v.compiled => Ok(Tested::Done(v)),
+            (Some(p), _) => {
+                let opts = FullOptions {
+                    public_seeds: (0..self.params.public_seeds as u64).collect(),
+                    hidden_seeds: hidden_seeds(
+                        self.salt,
+                        &r.task_id,
+                        &r.code,
+                        self.params.hidden_seeds,
+                    ),
+                    wall: Duration::from_secs(self.params.timeout_s),
+                    bench: self.params.bench,
+                    // The naive kernels are rows here: their own timings give the speedups.
+                    time_naive: false,
+                    profile: false,
+                };
+                let naive = self.naive.get(r.task_id.as_str()).copied();
+                match self.params.timing {
+                    TimingMode::InTester => check_full(
+                        spec,
+                        &r.code,
+                        naive,
+                        rules,
+                        compiler,
+                        p,
+                        &opts,
+                        &self.baselines,
+                    )
+                    .map(Tested::Done),
+                    TimingMode::Batched => {
+                        check_tests(spec, &r.code, naive, rules, compiler, p, &opts)
+                    }
+                }
+            }
+            (None, Some(v)) => Ok(Tested::Done(v)),
+            (None, None) => check_compile_only(spec, &r.code, rules, compiler).map(Tested::Done),
+        }
+        .map_err(|e| StageError::Failed(e.to_string()))?;
+        PartRows::time(&self.rows_of.gpu_ms, t_gpu);
+        *idle = Instant::now();
+        match tested {
+            Tested::Done(v) => {
+                self.done(i, &key, &v)?;
+                Ok(Some((i, v)))
+            }
+            Tested::Pending(p) => {
+                // A closed channel means the timer failed; its error is reported.
+                let _ = timer.send((i, key, p));
+                Ok(None)
+            }
+        }
+    }
+
+    /// The timing worker: batches of `timing_batch` rows, each under one exclusive hold.
+    fn time_batches(
+        &self,
+        pool: &mut WorkerPool,
+        rx: std::sync::mpsc::Receiver<Timed>,
+    ) -> Result<Vec<(usize, Verdict)>, StageError> {
+        let batch_size = self.params.timing_batch.max(1);
+        let mut out = Vec::new();
+        let mut queue: Vec<Timed> = Vec::new();
+        let mut open = true;
+        while open || !queue.is_empty() {
+            while open && queue.len() < batch_size {
+                match rx.recv() {
+                    Ok(t) => queue.push(t),
+                    Err(_) => open = false,
+                }
+            }
+            let batch: Vec<Timed> = std::mem::take(&mut queue);
+            let t0 = Instant::now();
+            let (ids, pending): (Vec<(usize, Digest)>, Vec<PendingTiming>) =
+                batch.into_iter().map(|(i, k, p)| ((i, k), p)).unzip();
+            let timed = time_batch(pending, self.compiler, pool, &self.baselines);
+            PartRows::time(&self.rows_of.timer_ms, t0);
+            for ((i, key), v) in ids.into_iter().zip(timed) {
+                self.done(i, &key, &v)?;
+                out.push((i, v));
+            }
+        }
+        Ok(out)
+    }
+}
+
 type Row = cudarl_rl::tasks::TaskKernel;
 
 /// The task specs (`tasks.spec_json` by `task_id`) and the task kernels.
