@@ -113,15 +113,7 @@ pub fn line_chart(
                 .map_err(|e| err(&e))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .label_font(("sans-serif", 16))
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+    legend_and_write(&mut chart, &root, path)
 }
 
 /// Draws a histogram of `values` in `bins` equal-width bins (one colour per group, bars side by
@@ -202,6 +194,20 @@ pub fn histogram(
             .label(s.label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
     }
+    legend_and_write(&mut chart, &root, path)
+}
+
+/// Draws the series' legend (upper right, on a light box) and writes the PNG file `path`.
+fn legend_and_write<'a, 'b: 'a>(
+    chart: &mut ChartContext<
+        'a,
+        BitMapBackend<'b>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    root: &DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    path: &Path,
+) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     chart
         .configure_series_labels()
         .label_font(("sans-serif", 16))
