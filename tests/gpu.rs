@@ -376,3 +376,38 @@ fn torch_format_modelnew_runs_against_recorded_tests_and_hacks_fail() {
         "{v}"
     );
 }
+
+/// `ModelNew` files whose `forward` attacks the judge (run only in the sandboxed runner): a
+/// shell command through `torch.ctypes`, a file written through `torch.os`, the expected outputs
+/// sought among the interpreter's objects, a forged answer on stdout, the comparison replaced in
+/// the runner's interpreter. Each gets the judge's verdict, and no marker file appears.
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
+    if !gpu_enabled("torch_format_forward_attacks_meet_the_judge_in_another_process") {
+        return;
+    }
+    let p = Project::new();
+    let kb = common::repo_root().join("tests/kernels/kb");
+    let sets = ["--set", "testgen.limit=19"];
+    for (case, failure) in [
+        ("torch_ctypes", "sandbox_violation"),
+        ("write_file", "wrong_answer"),
+        ("gc_expected", "wrong_answer"),
+        ("forged_answer", "wrong_answer"),
+        ("patch_compare", "wrong_answer"),
+    ] {
+        let marker = std::path::PathBuf::from(format!("/tmp/cudarl-forward-{case}"));
+        let _ = std::fs::remove_file(&marker);
+        let v = check(
+            &p,
+            "kb/L1/19_ReLU",
+            &kb.join(format!("forward_{case}.py")),
+            &sets,
+        );
+        assert_eq!(v["mode"], "full", "{case}: {v}");
+        assert_eq!(v["correct"], false, "{case}: {v}");
+        assert_eq!(v["failure"], failure, "{case}: {v}");
+        assert!(!marker.exists(), "{case}: the payload reached the host");
+    }
+}

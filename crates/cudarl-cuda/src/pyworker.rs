@@ -198,6 +198,81 @@ pub enum Extracted {
     Timeout,
 }
 
+/// A Python process of the worker script inside the interpreter sandbox
+/// (`cudarl-pipe-runner exec --profile interpreter`): its command line and its whole environment.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SandboxedPython {
+    /// The sandbox wrapper, its policy, `--`, the interpreter, the script and its mode.
+    pub argv: Vec<String>,
+    /// The environment (nothing else is inherited): `HOME` and `TMPDIR` the scratch directory,
+    /// and the sandbox's and the loader's settings when set.
+    pub env: Vec<(String, String)>,
+}
+
+/// The worker script in `mode` (`--extract`, `--torch-runner`) inside the interpreter sandbox:
+/// it reads only the interpreter's own files, the worker script, `/proc`, `/sys` and `reads`
+/// (with `gpu`, also what the driver reads and the GPU's device files); it writes only to
+/// `scratch`; it starts no process and opens no socket.
+///
+/// # Errors
+/// The interpreter's paths cannot be read (it does not run).
+pub fn sandboxed_python(
+    root: &Path,
+    scratch: &Path,
+    gpu: bool,
+    reads: &[PathBuf],
+    mode: &str,
+) -> Result<SandboxedPython, String> {
+    let paths = python_paths(root)?;
+    let s = |p: &Path| p.display().to_string();
+    let mut argv = vec![
+        s(&crate::runner::runner_exe()),
+        "exec".into(),
+        "--profile".into(),
+        "interpreter".into(),
+    ];
+    if gpu {
+        argv.push("--gpu".into());
+    }
+    let mut all: Vec<PathBuf> = vec![
+        paths.prefix.clone(),
+        paths.base.clone(),
+        paths.exec_prefix.clone(),
+        paths.base_exec.clone(),
+        root.join(SCRIPT),
+        PathBuf::from("/proc"),
+        PathBuf::from("/sys"),
+        PathBuf::from("/etc/localtime"),
+    ];
+    all.extend(paths.site.iter().cloned());
+    all.extend(reads.iter().cloned());
+    for r in all {
+        argv.extend(["--read".into(), s(&r)]);
+    }
+    argv.extend(["--exec".into(), s(&paths.exe)]);
+    for d in ["/dev/null", "/dev/urandom"] {
+        argv.extend(["--device".into(), d.into()]);
+    }
+    argv.extend(["--write".into(), s(scratch), "--".into()]);
+    argv.extend([s(&paths.invoked), s(&root.join(SCRIPT)), mode.into()]);
+    let mut env = vec![
+        ("HOME".to_string(), s(scratch)),
+        ("TMPDIR".to_string(), s(scratch)),
+        ("PYTHONDONTWRITEBYTECODE".to_string(), "1".to_string()),
+        ("OMP_NUM_THREADS".to_string(), "1".to_string()),
+    ];
+    for k in [
+        "CUDARL_SANDBOX_LOG",
+        "CUDARL_ALLOW_UNCONFINED",
+        "LD_LIBRARY_PATH",
+    ] {
+        if let Ok(v) = std::env::var(k) {
+            env.push((k.to_string(), v));
+        }
+    }
+    Ok(SandboxedPython { argv, env })
+}
+
 /// Executes a KernelBench `ModelNew` file with `load_inline` recorded (the worker script's
 /// `--extract` mode) in a one-shot Python process inside the interpreter sandbox
 /// (`cudarl-pipe-runner exec --profile interpreter`): it reads only the interpreter's own files,
@@ -215,49 +290,13 @@ pub fn extract_inline(
     use std::io::Read;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::process::{CommandExt, ExitStatusExt};
-    let paths = python_paths(root)?;
-    let mut cmd = Command::new(crate::runner::runner_exe());
-    cmd.args(["exec", "--profile", "interpreter"]);
-    let mut reads: Vec<PathBuf> = vec![
-        paths.prefix.clone(),
-        paths.base.clone(),
-        paths.exec_prefix.clone(),
-        paths.base_exec.clone(),
-        root.join(SCRIPT),
-        PathBuf::from("/proc"),
-        PathBuf::from("/sys"),
-        PathBuf::from("/etc/localtime"),
-    ];
-    reads.extend(paths.site.iter().cloned());
-    for r in reads {
-        cmd.arg("--read").arg(r);
-    }
-    cmd.arg("--exec").arg(&paths.exe);
-    for d in ["/dev/null", "/dev/urandom"] {
-        cmd.arg("--device").arg(d);
-    }
     // A private, empty scratch directory is the only writable place (torch's import asks for a
     // usable temp dir); it is removed with this function's return.
     let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    cmd.arg("--write").arg(scratch.path());
-    cmd.arg("--")
-        .arg(&paths.invoked)
-        .arg(root.join(SCRIPT))
-        .arg("--extract");
-    cmd.env_clear()
-        .env("HOME", scratch.path())
-        .env("TMPDIR", scratch.path())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("OMP_NUM_THREADS", "1");
-    for k in [
-        "CUDARL_SANDBOX_LOG",
-        "CUDARL_ALLOW_UNCONFINED",
-        "LD_LIBRARY_PATH",
-    ] {
-        if let Some(v) = std::env::var_os(k) {
-            cmd.env(k, v);
-        }
-    }
+    let sb = sandboxed_python(root, scratch.path(), false, &[], "--extract")?;
+    let mut cmd = Command::new(&sb.argv[0]);
+    cmd.args(&sb.argv[1..]);
+    cmd.env_clear().envs(sb.env.iter().map(|(k, v)| (k, v)));
     let mut fds = [0i32; 2];
     // SAFETY: a pipe for the answer; both ends owned below.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {

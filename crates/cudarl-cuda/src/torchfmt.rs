@@ -526,6 +526,8 @@ pub struct TorchRunOptions {
     pub wall: Duration,
     /// Time the candidate and the reference at the problem's full sizes.
     pub bench: Option<crate::gpu::BenchSpec>,
+    /// The project root (the worker script, the interpreter).
+    pub root: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]
@@ -544,13 +546,20 @@ struct TorchAnswer {
     cuda_error: Option<String>,
     #[serde(default)]
     load_error: Option<String>,
+    /// How the runner ended the run (`sandbox_violation`, `timeout`, `crash`) or what timing
+    /// found (`timed_output_mismatch`), with its detail.
+    #[serde(default)]
+    failure: Option<(String, String)>,
     #[serde(default)]
     full_size: Option<Value>,
     #[serde(default)]
     worker_ms: Option<crate::gpu::WorkerMs>,
 }
 
-/// Runs a built candidate on the GPU through the Python worker pool and completes `v`.
+/// Runs a built candidate on the GPU and completes `v`: the Python worker (from `pool`) is the
+/// judge, and starts the candidate's runner inside the interpreter sandbox with the GPU
+/// ([`crate::pyworker::sandboxed_python`], `--torch-runner`), which may read the candidate's
+/// built extensions and write only a scratch directory removed afterwards.
 pub fn run(
     mut v: Verdict,
     cand: &Value,
@@ -563,11 +572,34 @@ pub fn run(
         json!({"warmup": b.warmup, "min_reps": b.min_reps, "max_reps": b.max_reps,
                "target_cv": b.target_cv, "budget_ms": b.budget_ms})
     });
-    let req = json!({"op": "run_torch", "problem_id": problem.id, "code": problem.code,
-        "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
-        "bench": bench, "bench_seed": 0});
     v.mode = "full".into();
     v.gpu = gpu;
+    let sos: Vec<PathBuf> = cand["builds"]
+        .as_array()
+        .map(|b| b.iter().map(|x| x["so"].clone()).collect())
+        .unwrap_or_else(|| vec![cand["so"].clone()])
+        .into_iter()
+        .filter_map(|p| p.as_str().map(PathBuf::from))
+        .collect();
+    let runner = tempfile::tempdir()
+        .map_err(|e| format!("temp dir: {e}"))
+        .and_then(|d| {
+            crate::pyworker::sandboxed_python(&opts.root, d.path(), true, &sos, "--torch-runner")
+                .map(|s| (d, s))
+        });
+    let (_scratch, runner) = match runner {
+        Ok(r) => r,
+        Err(e) => {
+            v.failure = Some("harness_error".into());
+            v.failure_detail = Some(e);
+            return v;
+        }
+    };
+    // The judge's own limit per runner step stays under the pool's limit between two lines.
+    let step_s = (opts.wall.as_secs_f64() - 10.0).max(opts.wall.as_secs_f64() * 0.5);
+    let req = json!({"op": "run_torch", "problem_id": problem.id, "code": problem.code,
+        "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
+        "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s});
     match pool.run_line(&req.to_string(), opts.wall) {
         RawOutcome::Timeout => v.ran_and_failed(
             "timeout",
@@ -601,8 +633,14 @@ pub fn run(
                 return v;
             }
             if let Some(e) = a.cuda_error {
-                pool.restart();
                 v.ran_and_failed("cuda_error", e);
+                return v;
+            }
+            if let Some((f, d)) = a.failure {
+                if crate::gpu::HACK_FAILURES.contains(&f.as_str()) {
+                    v.hack_flags.push(f.clone());
+                }
+                v.ran_and_failed(&f, d);
                 return v;
             }
             let full_ok = a

@@ -7,10 +7,11 @@
 //!   context with eager module loading and the shared CUDA runtime preloaded; then, per
 //!   candidate, the arena and events opened, the seccomp allow-list installed on every thread,
 //!   and only then the candidate `dlopen`ed (its constructors run sandboxed).
-//! - `cudarl-pipe-runner exec --profile compiler|interpreter [--read P]... [--exec P]...
+//! - `cudarl-pipe-runner exec --profile compiler|interpreter [--gpu] [--read P]... [--exec P]...
 //!   [--write P]... [--device P]... -- PROGRAM ARGS...`: confines itself (Landlock, the
 //!   profile's seccomp deny-list, rlimits, death with its parent) and `exec`s `PROGRAM`; used for
-//!   nvcc and for Python reading or running a candidate file.
+//!   nvcc, for Python reading a candidate file, and (`--gpu`: the GPU's device files and the
+//!   driver's files readable) for the runner of torch-format candidates.
 //!
 //! Not meant to be run by hand. Exit codes: 0 done, 2 bad usage, 86 a denied system call,
 //! 125 sandbox set-up failed, 127 `exec` failed.
@@ -63,6 +64,10 @@ enum Cmd {
         /// `compiler` (processes allowed) or `interpreter` (none).
         #[arg(long)]
         profile: String,
+        /// The GPU: its device files (read, write, ioctl) and what the driver reads
+        /// ([`gpu_reads`]).
+        #[arg(long)]
+        gpu: bool,
         /// Read-only paths.
         #[arg(long)]
         read: Vec<PathBuf>,
@@ -84,6 +89,30 @@ enum Cmd {
     },
 }
 
+/// What a process using the GPU reads: system libraries, the driver's and the toolkit's usual
+/// homes, the loader's search path, `/proc` and `/sys` (the driver reads both).
+fn gpu_reads() -> Vec<PathBuf> {
+    let mut read = FsPolicy::system_libraries();
+    read.extend(
+        [
+            "/usr/local/nvidia",
+            "/usr/local/cuda",
+            "/proc",
+            "/sys",
+            "/etc/ld.so.conf",
+            "/etc/ld.so.conf.d",
+        ]
+        .into_iter()
+        .map(PathBuf::from),
+    );
+    if let Some(p) = std::env::var_os("LD_LIBRARY_PATH") {
+        // Absolute directories only: an empty or relative entry would be the working
+        // directory, which may be the project (and its store).
+        read.extend(std::env::split_paths(&p).filter(|d| d.is_absolute()));
+    }
+    read
+}
+
 fn env_flag(k: &str) -> bool {
     std::env::var(k).is_ok_and(|v| v == "1")
 }
@@ -98,13 +127,21 @@ fn main() {
     match cli.cmd {
         Cmd::Exec {
             profile,
+            gpu,
             read,
             exec,
             write,
             device,
             file_size_mib,
             program,
-        } => exec_confined(&profile, read, exec, write, device, file_size_mib, &program),
+        } => {
+            let (mut read, mut device) = (read, device);
+            if gpu {
+                read.extend(gpu_reads());
+                device.extend(FsPolicy::gpu_devices());
+            }
+            exec_confined(&profile, read, exec, write, device, file_size_mib, &program)
+        }
         Cmd::Native {
             dir,
             gpu,
@@ -218,27 +255,10 @@ mod native {
         }
     }
 
-    /// Read-only paths of every native runner: system libraries, the driver's and the toolkit's
-    /// usual homes, the loader's search path, `/proc` and `/sys` (the driver reads both).
+    /// Read-only paths of every native runner: [`gpu_reads`], the shared CUDA runtime's
+    /// directory, `extra` and the staging directory.
     fn base_reads(dir: &Path, cudart: Option<&PathBuf>, extra: Vec<PathBuf>) -> Vec<PathBuf> {
-        let mut read = FsPolicy::system_libraries();
-        read.extend(
-            [
-                "/usr/local/nvidia",
-                "/usr/local/cuda",
-                "/proc",
-                "/sys",
-                "/etc/ld.so.conf",
-                "/etc/ld.so.conf.d",
-            ]
-            .into_iter()
-            .map(PathBuf::from),
-        );
-        if let Some(p) = std::env::var_os("LD_LIBRARY_PATH") {
-            // Absolute directories only: an empty or relative entry would be the working
-            // directory, which may be the project (and its store).
-            read.extend(std::env::split_paths(&p).filter(|d| d.is_absolute()));
-        }
+        let mut read = gpu_reads();
         if let Some(c) = cudart.and_then(|c| c.parent()) {
             read.push(c.to_path_buf());
         }

@@ -1098,6 +1098,7 @@ impl Validate {
         let opts = torchfmt::TorchRunOptions {
             wall: Duration::from_secs(self.params.timeout_s.max(60)),
             bench: self.params.bench.then(cudarl_cuda::gpu::BenchSpec::default),
+            root: ctx.root().to_path_buf(),
         };
         for (i, b) in built.into_iter().enumerate() {
             let Some((mut v, cand)) = b else { continue };

@@ -89,6 +89,7 @@ fn check_kb(
             let opts = torchfmt::TorchRunOptions {
                 wall: Duration::from_secs(timeout),
                 bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
+                root: ctx.root.clone(),
             };
             Ok(torchfmt::run(v, &cand, problem, &mut pool, &opts, Some(g)))
         }
