@@ -805,6 +805,49 @@ def time_fn(fn, bench, flush):
 ARENA_ALIGN = 256  # bytes between buffers of an arena; the two control words take the first slot
 SAMPLES = 4096  # output elements sampled per output and window (work after the stop event)
 GATE_S = 1.0  # how long the judge waits for the runner to enqueue a window before starting it
+CALIBRATION = 5  # empty windows before the timed ones; the least is the fixed cost
+
+
+def install_handed_filters():
+    """Installs the seccomp filters handed over by `cudarl-pipe-runner exec --defer-filter` (the
+    read end of a pipe, its number in `CUDARL_SECCOMP_FD`; format: `syscalls::to_bytes` in
+    cudarl-sandbox) on every thread of this process, in order (`seccomp(2)`,
+    `SECCOMP_SET_MODE_FILTER` with `SECCOMP_FILTER_FLAG_TSYNC`). Called once CUDA is up and
+    before any candidate code runs. Without the variable nothing is handed over and nothing is
+    done (the filters were installed before the program started). Raises `OSError` when the
+    kernel refuses a filter or the bytes are cut short; the runner then never runs a candidate."""
+    import ctypes as c
+    import struct
+
+    fd = os.environ.pop("CUDARL_SECCOMP_FD", None)
+    if fd is None:
+        return 0
+    with os.fdopen(int(fd), "rb") as f:
+        data = f.read()
+
+    class Fprog(c.Structure):
+        _fields_ = [("len", c.c_ushort), ("filter", c.c_void_p)]
+
+    libc = c.CDLL(None, use_errno=True)
+    libc.syscall.restype = c.c_long
+    sys_seccomp, set_mode_filter, tsync = 317, 1, 1  # x86-64 <asm/unistd_64.h>, <linux/seccomp.h>
+    at, n_filters = 0, 0
+    while at < len(data):
+        if at + 4 > len(data):
+            raise OSError("seccomp filters: cut short")
+        (n,) = struct.unpack_from("<I", data, at)
+        body = data[at + 4 : at + 4 + 8 * n]
+        if n == 0 or len(body) != 8 * n:
+            raise OSError("seccomp filters: cut short")
+        buf = c.create_string_buffer(body, len(body))
+        prog = Fprog(n, c.cast(buf, c.c_void_p))
+        r = libc.syscall(c.c_long(sys_seccomp), c.c_long(set_mode_filter), c.c_long(tsync), c.byref(prog))
+        if r != 0:
+            err = c.get_errno()
+            raise OSError(err, f"seccomp filter {n_filters}: {os.strerror(err) if r < 0 else f'thread {r} differs'}")
+        at += 4 + 8 * n
+        n_filters += 1
+    return n_filters
 
 
 class Driver:
@@ -1077,12 +1120,52 @@ class TorchJudge:
         self.atol, self.rtol = req["atol"], req["rtol"]
         self.drv = Driver()
         self.runner = TorchRunner(req["runner"], float(req.get("step_s", 60)))
-        self.arena = None
+        self.arena = self.switch_arena = None
+        self.switch_ms = 0.0
 
     def close(self):
         self.runner.close()
-        if self.arena is not None:
-            self.arena.free()
+        for a in (self.arena, self.switch_arena):
+            if a is not None:
+                a.free()
+
+    def measure_switch(self, pairs=5):
+        """The GPU's switch to the runner's context and back, ms, into `switch_ms`: windows on a
+        small arena of their own (`[start] [go := w] [wait done >= w] [stop]`) with the runner
+        waiting for `go` and writing `done`, less the same windows with the judge writing `done`
+        (the least of `pairs` of each, at least 0: other contexts only lengthen a window).
+        Measured before the candidate loads, while the runner runs only this script: the
+        candidate cannot lengthen it. Timing subtracts it from every window with the judge's own
+        fixed cost (`time_candidate`)."""
+        self.switch_arena = arena = Arena(self.drv, [])
+        stream = torch.cuda.Stream()
+        alone, both = [], []
+        for w in range(1, 2 * pairs + 1):
+            runner = w % 2 == 0
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if runner:
+                self.runner.send({"op": "switch", "handle": arena.handle, "w": w})
+                a = self.runner.reply()
+                if a is None or a[0] != "ready":
+                    self.runner.kill()
+                    raise RunnerGone("crash", f"the runner did not take the calibration window: {a}")
+            with torch.cuda.stream(stream):
+                start.record(stream)
+                self.drv.write(stream.cuda_stream, arena.go, w)
+                if not runner:
+                    self.drv.write(stream.cuda_stream, arena.done, w)
+                self.drv.wait(stream.cuda_stream, arena.done, w)
+                stop.record(stream)
+            if runner:
+                a = self.runner.reply()
+                if a is None or a[0] != "synced":
+                    self.runner.kill()
+                    self.drv.write(torch.cuda.Stream().cuda_stream, arena.done, w)
+                    stop.synchronize()
+                    raise RunnerGone("crash", f"the runner did not finish the calibration window: {a}")
+            stop.synchronize()
+            (both if runner else alone).append(start.elapsed_time(stop))
+        self.switch_ms = max(min(both) - min(alone), 0.0)
 
     def bind(self, specs, values, sizes, init_seed, inputs, params):
         """A fresh arena holding `values` (key -> tensor), opened by the runner (which closes
@@ -1242,16 +1325,20 @@ class TorchJudge:
     def window(self, w, empty, fresh, outs, stream):
         """One timing window; returns (ms, samples at the stop event, runner's answer or None
         when it ended). The judge's stream: [start] [fresh inputs into the arena] [L2 flush]
-        [go := w] [wait done >= w] [stop] [output samples]."""
+        [go := w] [wait done >= w] [stop] [output samples]. An `empty` window leaves the runner
+        out (the judge writes `done` itself): the fixed cost, which the candidate cannot
+        lengthen."""
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.runner.send({"op": "window", "w": w, "empty": empty})
-        a = self.runner.reply(self.gate)
-        if a is None:
-            # The candidate's forward waits on the host for its own GPU work, which waits for
-            # `go`: this and later windows start without the gate and include host time.
-            self.gate = 0.0
-        elif a[0] != "ready":
-            return None, None, a
+        a = None
+        if not empty:
+            self.runner.send({"op": "window", "w": w})
+            a = self.runner.reply(self.gate)
+            if a is None:
+                # The candidate's forward waits on the host for its own GPU work, which waits for
+                # `go`: this and later windows start without the gate and include host time.
+                self.gate = 0.0
+            elif a[0] != "ready":
+                return None, None, a
         keys = [k for k in sorted(self.arena.views) if k.startswith("in.")]
         with torch.cuda.stream(stream):
             start.record(stream)
@@ -1259,6 +1346,8 @@ class TorchJudge:
                 self.arena.views[k].copy_(fresh[int(k.split(".")[1])])
             self.flush()
             self.drv.write(stream.cuda_stream, self.arena.go, w)
+            if empty:
+                self.drv.write(stream.cuda_stream, self.arena.done, w)
             self.drv.wait(stream.cuda_stream, self.arena.done, w)
             stop.record(stream)
             idx = [
@@ -1266,6 +1355,9 @@ class TorchJudge:
                 for o in outs
             ]
             at_stop = [o.reshape(-1)[i].clone() for o, i in zip(outs, idx, strict=True)]
+        if empty:
+            stop.synchronize()
+            return start.elapsed_time(stop), at_stop, None
         if a is None:
             a = self.runner.reply()
         if a is not None and a[0] == "ready":
@@ -1284,10 +1376,13 @@ class TorchJudge:
 
     def time_candidate(self, problem, model, inputs, dist, bench):
         """Windows of one launch each on fresh inputs (drawn by the judge with a seed the runner
-        never sees), outputs poisoned before each; three empty windows measure the fixed cost
-        (context switches, the input copy, the flush), subtracted from each sample; the first
+        never sees), outputs poisoned before each; the least of CALIBRATION empty windows is the fixed cost
+        (the input copy, the flush, the stream memory operations; the judge alone, so the
+        candidate cannot lengthen it) plus `switch_ms` are subtracted from each sample; the first
         timed window and then half of them, chosen after each ran, are compared with the
-        reference; output samples that change after the stop event are work after stop."""
+        reference; output samples that change after the stop event are work after stop. The
+        candidate's time includes the runner's copy of its outputs into the arena: the reference
+        is timed with the same copy (`run_torch`)."""
         import random
 
         rng = random.SystemRandom()
@@ -1307,11 +1402,11 @@ class TorchJudge:
                 poison_fill(outs, 0xFF)
             return [x.cuda() if isinstance(x, torch.Tensor) else x for x in xs]
 
-        n_windows = 3 + int(bench["warmup"]) + int(bench["max_reps"])
+        n_windows = CALIBRATION + int(bench["warmup"]) + int(bench["max_reps"])
         while w < n_windows:
             w += 1
             heartbeat()
-            empty = w <= 3
+            empty = w <= CALIBRATION
             fresh = fresh_inputs()
             ms, at_stop, a = self.window(w, empty, fresh, outs, stream)
             if ms is None:
@@ -1327,7 +1422,7 @@ class TorchJudge:
                 after_stop = True
             elif any(holds_poison(s) for s in at_stop):
                 return None, ("timed_output_mismatch", "a timed launch left output elements unwritten")
-            if w <= 3 + int(bench["warmup"]):
+            if w <= CALIBRATION + int(bench["warmup"]):
                 continue
             if not times or (verified < 8 and rng.random() < 0.5):
                 verified += 1
@@ -1341,7 +1436,7 @@ class TorchJudge:
                     for i, x in enumerate(fresh)
                 ):
                     return None, ("timed_output_mismatch", "a timed launch changed its inputs")
-            base = statistics.median(fixed)
+            base = min(fixed) + self.switch_ms
             times.append(max(ms - base, 1e-4))
             spent += ms
             n = len(times)
@@ -1369,7 +1464,8 @@ class TorchJudge:
             "work_after_stop": after_stop,
             "sets": 1,
             "windows": w,
-            "overhead_ms": statistics.median(fixed),
+            "overhead_ms": min(fixed) + self.switch_ms,
+            "verified_sets": verified,
         }, None
 
 
@@ -1413,7 +1509,10 @@ def run_torch(req):
 
 
 def judge_torch(judge, req, res, t_start):
-    """The steps of `run_torch`: load, recorded tests, the problem's own sizes, timing."""
+    """The steps of `run_torch`: the context switch measured (when timing is asked for), load,
+    recorded tests, the problem's own sizes, timing."""
+    if req.get("bench"):
+        judge.measure_switch()
     word, text = judge.runner.ask(
         {"op": "load", "candidate": req["candidate"], "code": req["code"], "problem_id": req["problem_id"]}
     )
@@ -1469,8 +1568,16 @@ def judge_torch(judge, req, res, t_start):
     res["worker_ms"]["timing"] = (time.perf_counter() - t_time) * 1e3
     heartbeat()
     t_ref = time.perf_counter()
+    # The candidate's window includes the runner's copy of its outputs into the arena: the
+    # reference pays the same copy into buffers of its own.
+    dst = [torch.empty_like(o) for o in judge.arena.outputs(0)]
+
+    def reference():
+        for d, o in zip(dst, as_list(model(*inputs)), strict=True):
+            d.copy_(o)
+
     with torch.no_grad():
-        res["torch_timing"] = time_fn(lambda: model(*inputs), bench, judge.flush)
+        res["torch_timing"] = time_fn(reference, bench, judge.flush)
     res["worker_ms"]["torch"] = (time.perf_counter() - t_ref) * 1e3
 
 
@@ -1480,7 +1587,7 @@ class RunnerState:
     produces."""
 
     def __init__(self, drv):
-        self.drv, self.cand, self.ptr, self.fn = drv, None, 0, None
+        self.drv, self.cand, self.ptr, self.fn, self.cal = drv, None, 0, None, None
 
     def load(self, req):
         self.code, self.pid = req["code"], req["problem_id"]
@@ -1530,15 +1637,26 @@ class RunnerState:
         self.fn = self.cand.make(self.problem, self.init, dict(self.params), int(req["seed"]))
         return "ok"
 
+    def switch(self, req, say):
+        """A calibration window before the candidate loads (`TorchJudge.measure_switch`): waits
+        for `go` on the legacy default stream and writes `done` on the calibration arena, says
+        "ready", synchronizes, says "synced"."""
+        if self.cal is None:
+            self.cal = self.drv.open(bytes.fromhex(req["handle"]))
+        w = int(req["w"])
+        self.drv.wait(None, self.cal, w)
+        self.drv.write(None, self.cal + 4, w)
+        say("ready")
+        torch.cuda.synchronize()
+        return "synced"
+
     def window(self, req, say):
-        """Waits for `go` on the legacy default stream, launches (unless `empty`), copies the
-        outputs into the arena and writes `done`, all enqueued; says "ready", synchronizes the
-        device, says "synced"."""
+        """Waits for `go` on the legacy default stream, launches, copies the outputs into the arena
+        and writes `done`, all enqueued; says "ready", synchronizes the device, says "synced"."""
         w = int(req["w"])
         self.drv.wait(None, self.ptr, w)
         try:
-            if not req["empty"]:
-                self.run(0)
+            self.run(0)
         finally:
             self.drv.write(None, self.ptr + 4, w)
         say("ready")
@@ -1556,12 +1674,13 @@ def torch_runner_main(rfd, wfd):
         out.flush()
 
     st = RunnerState(Driver())
+    install_handed_filters()
     ops = {"load": st.load, "bind": st.bind, "test": st.test, "model": st.model}
     for line in os.fdopen(rfd, "r"):
         try:
             req = json.loads(line)
             op = req["op"]
-            say(st.window(req, say) if op == "window" else ops[op](req))
+            say(st.window(req, say) if op == "window" else st.switch(req, say) if op == "switch" else ops[op](req))
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             say("cuda_error" if is_cuda_error(e) else "error", msg)

@@ -309,8 +309,9 @@ pub struct Timing {
     #[serde(default)]
     pub windows: usize,
     /// The window's fixed cost subtracted from each window, ms: the GPU switching to the
-    /// runner's context and back, measured with empty windows in the same run (0 for the torch
-    /// baseline, which runs in the judge's own context).
+    /// runner's context and back (and for torch-format candidates the judge's input copy and L2
+    /// flush), the least of the empty windows in the same run (0 for the torch baseline, which
+    /// runs in the judge's own context).
     #[serde(default)]
     pub overhead_ms: f64,
     /// Timed buffer sets whose outputs were compared with the reference: one set, chosen by the

@@ -212,7 +212,9 @@ pub struct SandboxedPython {
 /// The worker script in `mode` (`--extract`, `--torch-runner`) inside the interpreter sandbox:
 /// it reads only the interpreter's own files, the worker script, `/proc`, `/sys` and `reads`
 /// (with `gpu`, also what the driver reads and the GPU's device files); it writes only to
-/// `scratch`; it starts no process and opens no socket.
+/// `scratch`; it starts no process and opens no socket. With `gpu` the system-call filters are
+/// handed to the script (`--defer-filter`), which installs them once CUDA is up and before the
+/// candidate loads; Landlock and the limits hold from the start.
 ///
 /// # Errors
 /// The interpreter's paths cannot be read (it does not run).
@@ -232,7 +234,9 @@ pub fn sandboxed_python(
         "interpreter".into(),
     ];
     if gpu {
-        argv.push("--gpu".into());
+        // CUDA's initialization makes calls the filters trap: the runner installs them itself
+        // once CUDA is up, before the candidate loads (`install_handed_filters`).
+        argv.extend(["--gpu".into(), "--defer-filter".into()]);
     }
     let mut all: Vec<PathBuf> = vec![
         paths.prefix.clone(),

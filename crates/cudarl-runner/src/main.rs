@@ -18,6 +18,7 @@
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
@@ -64,8 +65,8 @@ enum Cmd {
         /// `compiler` (processes allowed) or `interpreter` (none).
         #[arg(long)]
         profile: String,
-        /// The GPU: its device files (read, write, ioctl) and what the driver reads
-        /// ([`gpu_reads`]).
+        /// The GPU: its device files (read, write, ioctl), what the driver reads
+        /// ([`gpu_reads`]) and writes ([`gpu_writes`]).
         #[arg(long)]
         gpu: bool,
         /// Read-only paths.
@@ -80,6 +81,15 @@ enum Cmd {
         /// Device files (read, write, ioctl).
         #[arg(long)]
         device: Vec<PathBuf>,
+        /// Hand the system-call filters to the program instead of installing them: the read end
+        /// of a pipe holding them ([`cudarl_sandbox::syscalls::to_bytes`]) stays open in the
+        /// program, its number in `CUDARL_SECCOMP_FD`, and the program installs them on all its
+        /// threads before it runs anything untrusted. For the project's torch runner, which
+        /// initializes CUDA first: `cuInit` opens a Unix socket, a call the filters trap (as the
+        /// native runner, which installs its filter once CUDA is up). Limits and Landlock hold
+        /// from the start either way.
+        #[arg(long)]
+        defer_filter: bool,
         /// Largest file the program may write, MiB.
         #[arg(long, default_value_t = 256)]
         file_size_mib: u64,
@@ -113,6 +123,14 @@ fn gpu_reads() -> Vec<PathBuf> {
     read
 }
 
+/// What a process using the GPU writes: its own task directory (`/proc/self/task`, resolved
+/// when the policy is applied, so this process's and, across `exec`, its program's). The driver
+/// names its threads (`/proc/self/task/<tid>/comm`, opened for writing); cuInit fails with
+/// CUDA_ERROR_OPERATING_SYSTEM when it cannot.
+fn gpu_writes() -> Vec<PathBuf> {
+    vec![PathBuf::from("/proc/self/task")]
+}
+
 fn env_flag(k: &str) -> bool {
     std::env::var(k).is_ok_and(|v| v == "1")
 }
@@ -133,14 +151,25 @@ fn main() {
             write,
             device,
             file_size_mib,
+            defer_filter,
             program,
         } => {
-            let (mut read, mut device) = (read, device);
+            let (mut read, mut write, mut devices) = (read, write, device);
             if gpu {
                 read.extend(gpu_reads());
-                device.extend(FsPolicy::gpu_devices());
+                write.extend(gpu_writes());
+                devices.extend(FsPolicy::gpu_devices());
             }
-            exec_confined(&profile, read, exec, write, device, file_size_mib, &program)
+            read.extend(FsPolicy::system_libraries());
+            let mut exec = exec;
+            exec.extend(FsPolicy::dynamic_loader());
+            let policy = FsPolicy {
+                read,
+                exec,
+                write,
+                devices,
+            };
+            exec_confined(&profile, policy, file_size_mib, defer_filter, &program)
         }
         Cmd::Native {
             dir,
@@ -155,11 +184,9 @@ fn main() {
 
 fn exec_confined(
     profile: &str,
-    read: Vec<PathBuf>,
-    exec: Vec<PathBuf>,
-    write: Vec<PathBuf>,
-    device: Vec<PathBuf>,
+    policy: FsPolicy,
     file_size_mib: u64,
+    defer_filter: bool,
     program: &[String],
 ) -> ! {
     let profile = match profile {
@@ -174,16 +201,6 @@ fn exec_confined(
     if let Err(e) = cudarl_sandbox::harden(&limits) {
         fail(125, &e.to_string());
     }
-    let mut read = read;
-    read.extend(FsPolicy::system_libraries());
-    let mut exec = exec;
-    exec.extend(FsPolicy::dynamic_loader());
-    let policy = FsPolicy {
-        read,
-        exec,
-        write,
-        devices: device,
-    };
     if let Err(e) = policy.restrict(env_flag("CUDARL_ALLOW_UNCONFINED")) {
         fail(125, &e.to_string());
     }
@@ -195,7 +212,9 @@ fn exec_confined(
     };
     let filters = cudarl_sandbox::syscalls::filters(profile, &opts)
         .unwrap_or_else(|e| fail(125, &e.to_string()));
-    if let Err(e) = cudarl_sandbox::syscalls::install(&filters, false) {
+    if defer_filter {
+        hand_over(&filters);
+    } else if let Err(e) = cudarl_sandbox::syscalls::install(&filters, false) {
         fail(125, &e.to_string());
     }
     let args: Vec<CString> = program
@@ -210,6 +229,30 @@ fn exec_confined(
         127,
         &format!("exec {}: {}", program[0], std::io::Error::last_os_error()),
     )
+}
+
+/// Writes `filters` ([`cudarl_sandbox::syscalls::to_bytes`]) into a pipe whose read end the
+/// program inherits, named by `CUDARL_SECCOMP_FD`.
+fn hand_over(filters: &[cudarl_sandbox::syscalls::BpfProgram]) {
+    let bytes = cudarl_sandbox::syscalls::to_bytes(filters);
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        fail(125, &format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // The filters are a few KiB, far below a pipe's buffer: the write does not block.
+    // SAFETY: the write end was just opened and is owned here.
+    let mut w = unsafe { std::fs::File::from_raw_fd(fds[1]) };
+    if let Err(e) = w.write_all(&bytes) {
+        fail(125, &format!("writing the filters: {e}"));
+    }
+    drop(w);
+    // SAFETY: clears close-on-exec on the read end, which stays open for the program.
+    if unsafe { libc::fcntl(fds[0], libc::F_SETFD, 0) } != 0 {
+        fail(125, &format!("fcntl: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: single-threaded; the environment is read by execvp next.
+    unsafe { std::env::set_var("CUDARL_SECCOMP_FD", fds[0].to_string()) };
 }
 
 /// Writes one reply line on the control socket.
@@ -472,10 +515,7 @@ mod native {
             write.push(tmp.join("nvidia").join("nsight_compute"));
         }
         if gpu {
-            // The driver names its threads (`/proc/self/task/<tid>/comm`, opened for writing);
-            // cuInit fails with CUDA_ERROR_OPERATING_SYSTEM when it cannot. Only this process's
-            // own task directory, resolved now.
-            write.push(PathBuf::from("/proc/self/task"));
+            write.extend(gpu_writes());
         }
         let policy = FsPolicy {
             read: base_reads(&dir, cudart.as_ref(), read),

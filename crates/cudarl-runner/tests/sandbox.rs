@@ -203,3 +203,78 @@ fn exec_mode_confines_the_program_it_runs() {
         .unwrap();
     assert_eq!(o.status.code(), Some(127), "{o:?}");
 }
+
+/// `exec --defer-filter`: the program runs unfiltered until it installs the handed filters
+/// (`install_handed_filters` in the worker script, as the torch runner does once CUDA is up),
+/// and from then on a socket is trapped (SIGSYS) on every thread, including threads started
+/// before the installation.
+#[test]
+fn handed_filters_hold_once_the_program_installs_them() {
+    let py = cudarl_cuda::pyworker::python(&repo_root());
+    let has_torch = Command::new(&py)
+        .args(["-c", "import torch"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_torch {
+        assert!(
+            std::env::var("CUDARL_REQUIRE_PYTHON").is_err(),
+            "CUDARL_REQUIRE_PYTHON is set: no Python with torch at {}",
+            py.display()
+        );
+        eprintln!("SKIPPED: no Python with torch at {}", py.display());
+        return;
+    }
+    let script = format!(
+        r#"
+import os, socket, sys, threading
+sys.path.insert(0, {dir:?})
+import cudarl_worker as w
+socket.socket(socket.AF_UNIX).close()
+print("socket before", flush=True)
+go = threading.Event()
+def late():
+    go.wait()
+    socket.socket(socket.AF_UNIX)
+    print("socket on an older thread survived", flush=True)
+t = threading.Thread(target=late)
+t.start()
+print("filters", w.install_handed_filters(), "fd left", "CUDARL_SECCOMP_FD" in os.environ, flush=True)
+go.set()
+t.join()
+print("survived", flush=True)
+"#,
+        dir = repo_root().join("python").display().to_string()
+    );
+    let runner = env!("CARGO_BIN_EXE_cudarl-pipe-runner");
+    let scratch = tempfile::tempdir().unwrap();
+    let o = Command::new(runner)
+        .args([
+            "exec",
+            "--profile",
+            "interpreter",
+            "--defer-filter",
+            "--read",
+            "/",
+            "--exec",
+            "/",
+            "--device",
+            "/dev/null",
+            "--write",
+        ])
+        .arg(scratch.path())
+        .arg("--")
+        .env("TMPDIR", scratch.path())
+        .arg(&py)
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("socket before") && out.contains("filters 2 fd left False"),
+        "{out} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!out.contains("survived"), "{out}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.status.signal(), Some(libc::SIGSYS), "{o:?}");
+}

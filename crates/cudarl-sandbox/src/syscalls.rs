@@ -19,9 +19,10 @@
 
 use std::collections::BTreeMap;
 
+pub use seccompiler::BpfProgram;
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
 };
 use serde::{Deserialize, Serialize};
 
@@ -464,6 +465,24 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
             Ok(out)
         }
     }
+}
+
+/// `filters` as bytes, for a program that installs them itself (`seccomp(2)` with
+/// `SECCOMP_SET_MODE_FILTER`, in this order): per filter a little-endian `u32` count of
+/// instructions, then the instructions as the kernel's `struct sock_filter` (8 bytes each:
+/// `u16` code, `u8` jt, `u8` jf, `u32` k, little-endian). Read by `install_handed_filters` in
+/// `python/cudarl_worker.py`.
+pub fn to_bytes(filters: &[BpfProgram]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in filters {
+        out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+        for i in f {
+            out.extend_from_slice(&i.code.to_le_bytes());
+            out.extend_from_slice(&[i.jt, i.jf]);
+            out.extend_from_slice(&i.k.to_le_bytes());
+        }
+    }
+    out
 }
 
 /// Installs `filters` (after setting `no_new_privs`), on every thread of the process

@@ -20,8 +20,8 @@
 //! [`cudarl_cuda::runner::GO_OFFSET`]). The gate (a host word the judge's stream waits on) holds
 //! the judge's stream until the runner has enqueued its launches, so no host latency falls
 //! inside the window. Each window's time, less the window's
-//! fixed cost (the GPU switching to the runner's context and back, measured with empty windows
-//! in the same run), divided by `k`, is one sample. After each window the runner synchronizes
+//! fixed cost (the GPU switching to the runner's context and back: the least of five empty
+//! windows in the same run), divided by `k`, is one sample. After each window the runner synchronizes
 //! its whole context; sampled output chunks copied right at the stop event must equal the same
 //! chunks after that (outputs still changing after the stop: `work_after_stop`), every set's
 //! outputs are checked for the poison, and one set chosen by the judge is compared with the reference
@@ -67,8 +67,8 @@ const EARLY_CHUNKS: usize = 16;
 const EARLY_CHUNK_BYTES: u64 = 4096;
 /// How long the gate waits for the runner to enqueue a window before it opens anyway.
 const ARM_WAIT: Duration = Duration::from_secs(2);
-/// Empty windows measured to calibrate the window's fixed cost.
-const CALIBRATION_WINDOWS: usize = 3;
+/// Empty windows measured to calibrate the window's fixed cost (their least time is taken).
+const CALIBRATION_WINDOWS: usize = 5;
 /// The share of timed windows whose outputs are compared with the reference (one set, chosen by
 /// the judge, in windows chosen at random after they ran); every window is checked for poison
 /// left and writes before the start.
@@ -1189,7 +1189,11 @@ impl Judge {
             let w = self.window(r, task, shape, (0, set_bytes), events, wall, 0.0)?;
             empty.push(w.ms);
         }
-        let overhead = quantiles(&empty).0;
+        // The least: other contexts on the GPU (runners starting or ending) only lengthen a
+        // window, and an overestimate would shorten every sample (0.29 ms on an H200; one of
+        // three windows at 0.46 ms made an elementwise kernel beat its roofline,
+        // `benchmarks/results/judge_calibration_h200_2026-11-26.json`).
+        let overhead = empty.iter().copied().fold(f64::INFINITY, f64::min);
         tracing::debug!(?empty, "calibration");
         // Warm-up with one set, which also estimates a launch. Warm-up windows are checked for
         // poison and unwritten outputs, not against the reference.
