@@ -601,14 +601,20 @@ pub fn run(
         "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
         "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s});
     match pool.run_line(&req.to_string(), opts.wall) {
-        RawOutcome::Timeout => v.ran_and_failed(
-            "timeout",
-            format!(
-                "a step took longer than {:.0} s; the worker was killed",
-                opts.wall.as_secs_f64()
-            ),
-        ),
-        RawOutcome::Crash(c) => v.ran_and_failed("crash", c),
+        RawOutcome::Timeout => {
+            v.ran_and_failed(
+                "timeout",
+                format!(
+                    "a step took longer than {:.0} s; the worker was killed",
+                    opts.wall.as_secs_f64()
+                ),
+            );
+            v
+        }
+        RawOutcome::Crash(c) => {
+            v.ran_and_failed("crash", c);
+            v
+        }
         RawOutcome::Done(line) => {
             let a: TorchAnswer = match serde_json::from_str(&line) {
                 Ok(a) => a,
@@ -618,115 +624,122 @@ pub fn run(
                     return v;
                 }
             };
-            if !a.ok {
-                v.failure = Some("harness_error".into());
-                v.failure_detail = a.error;
-                return v;
-            }
-            v.executed = true;
-            v.worker_ms = a.worker_ms;
-            v.tests = a.tests;
-            v.max_abs_err = v.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
-            v.max_rel_err = v.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
-            if let Some(e) = a.load_error {
-                v.ran_and_failed("load_error", e);
-                return v;
-            }
-            if let Some(e) = a.cuda_error {
-                v.ran_and_failed("cuda_error", e);
-                return v;
-            }
-            if let Some((f, d)) = a.failure {
-                if crate::gpu::HACK_FAILURES.contains(&f.as_str()) {
-                    v.hack_flags.push(f.clone());
-                }
-                v.ran_and_failed(&f, d);
-                return v;
-            }
-            let full_ok = a
-                .full_size
-                .as_ref()
-                .map(|f| f["passed"] == Value::Bool(true));
-            let full_msg = a
-                .full_size
-                .as_ref()
-                .and_then(|f| f["message"].as_str().map(str::to_string));
-            let first_bad = v.tests.iter().find(|t| !t.passed).cloned();
-            if let Some(t) = first_bad {
-                v.correct = Some(false);
-                // Right at the problem's own sizes on this very seed (and distribution), wrong
-                // at the recorded test sizes: a kernel specialized to the problem's shapes.
-                let same_seed_full = a.full_size.as_ref().is_some_and(|f| {
-                    f["seeds"]
-                        .as_array()
-                        .is_some_and(|s| s.iter().any(|x| x.as_u64() == Some(t.seed)))
-                });
-                let specialized =
-                    full_ok == Some(true) && same_seed_full && !t.input_mutated && t.unwritten == 0;
-                v.failure = Some(
-                    if t.input_mutated {
-                        "input_mutation"
-                    } else if t.unwritten > 0 {
-                        "unwritten_output"
-                    } else if specialized {
-                        "shape_specialized"
-                    } else {
-                        "wrong_answer"
-                    }
-                    .into(),
-                );
-                v.failure_detail = Some(format!(
-                    "{}seed {} ({}, test sizes {:?}): {}",
-                    if specialized {
-                        "right at the problem's own sizes, wrong at the recorded test sizes: "
-                    } else {
-                        ""
-                    },
-                    t.seed,
-                    t.split,
-                    t.sizes,
-                    t.message.unwrap_or_default()
-                ));
-                return v;
-            }
-            if v.tests.is_empty() {
-                v.failure = Some("no_tests".into());
-                v.failure_detail = Some(format!("`{}` has no recorded tests", problem.id));
-                return v;
-            }
-            if full_ok == Some(false) {
-                let msg = full_msg.clone().unwrap_or_default();
-                if msg.contains("OutOfMemoryError") {
-                    // The problem's own sizes did not fit beside the reference: no verdict on
-                    // correctness there (the recorded tests passed), and not timed.
-                    v.failure = Some("out_of_memory".into());
-                    v.failure_detail = Some(format!(
-                        "at the problem's own sizes (live reference on the GPU): {msg}"
-                    ));
-                    return v;
-                }
-                v.correct = Some(false);
-                v.failure = Some("wrong_answer".into());
-                v.failure_detail = Some(format!(
-                    "at the problem's own sizes (live reference on the GPU): {}",
-                    full_msg.unwrap_or_else(|| "mismatch".into())
-                ));
-                return v;
-            }
-            v.correct = Some(true);
-            if let Some(t) = &a.timing
-                && t.work_after_stop
-            {
-                v.hack_flags.push("work_after_stop".into());
-            }
-            if let (Some(t), Some(r)) = (&a.timing, &a.torch_timing)
-                && t.median_ms > 0.0
-            {
-                v.speedup_vs_torch = Some(r.median_ms / t.median_ms);
-            }
-            v.timing = a.timing;
-            v.torch_timing = a.torch_timing;
+            apply_answer(v, a, problem)
         }
     }
+}
+
+/// Completes `v` from the judge's answer `a`: a harness error, a load or CUDA error, how the
+/// runner ended the run, the first failed recorded test, the problem's own sizes, then the
+/// timings and `speedup_vs_torch` of a correct candidate.
+fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem) -> Verdict {
+    if !a.ok {
+        v.failure = Some("harness_error".into());
+        v.failure_detail = a.error;
+        return v;
+    }
+    v.executed = true;
+    v.worker_ms = a.worker_ms;
+    v.tests = a.tests;
+    v.max_abs_err = v.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
+    v.max_rel_err = v.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
+    if let Some(e) = a.load_error {
+        v.ran_and_failed("load_error", e);
+        return v;
+    }
+    if let Some(e) = a.cuda_error {
+        v.ran_and_failed("cuda_error", e);
+        return v;
+    }
+    if let Some((f, d)) = a.failure {
+        if crate::gpu::HACK_FAILURES.contains(&f.as_str()) {
+            v.hack_flags.push(f.clone());
+        }
+        v.ran_and_failed(&f, d);
+        return v;
+    }
+    let full_ok = a
+        .full_size
+        .as_ref()
+        .map(|f| f["passed"] == Value::Bool(true));
+    let full_msg = a
+        .full_size
+        .as_ref()
+        .and_then(|f| f["message"].as_str().map(str::to_string));
+    let first_bad = v.tests.iter().find(|t| !t.passed).cloned();
+    if let Some(t) = first_bad {
+        v.correct = Some(false);
+        // Right at the problem's own sizes on this very seed (and distribution), wrong
+        // at the recorded test sizes: a kernel specialized to the problem's shapes.
+        let same_seed_full = a.full_size.as_ref().is_some_and(|f| {
+            f["seeds"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|x| x.as_u64() == Some(t.seed)))
+        });
+        let specialized =
+            full_ok == Some(true) && same_seed_full && !t.input_mutated && t.unwritten == 0;
+        v.failure = Some(
+            if t.input_mutated {
+                "input_mutation"
+            } else if t.unwritten > 0 {
+                "unwritten_output"
+            } else if specialized {
+                "shape_specialized"
+            } else {
+                "wrong_answer"
+            }
+            .into(),
+        );
+        v.failure_detail = Some(format!(
+            "{}seed {} ({}, test sizes {:?}): {}",
+            if specialized {
+                "right at the problem's own sizes, wrong at the recorded test sizes: "
+            } else {
+                ""
+            },
+            t.seed,
+            t.split,
+            t.sizes,
+            t.message.unwrap_or_default()
+        ));
+        return v;
+    }
+    if v.tests.is_empty() {
+        v.failure = Some("no_tests".into());
+        v.failure_detail = Some(format!("`{}` has no recorded tests", problem.id));
+        return v;
+    }
+    if full_ok == Some(false) {
+        let msg = full_msg.clone().unwrap_or_default();
+        if msg.contains("OutOfMemoryError") {
+            // The problem's own sizes did not fit beside the reference: no verdict on
+            // correctness there (the recorded tests passed), and not timed.
+            v.failure = Some("out_of_memory".into());
+            v.failure_detail = Some(format!(
+                "at the problem's own sizes (live reference on the GPU): {msg}"
+            ));
+            return v;
+        }
+        v.correct = Some(false);
+        v.failure = Some("wrong_answer".into());
+        v.failure_detail = Some(format!(
+            "at the problem's own sizes (live reference on the GPU): {}",
+            full_msg.unwrap_or_else(|| "mismatch".into())
+        ));
+        return v;
+    }
+    v.correct = Some(true);
+    if let Some(t) = &a.timing
+        && t.work_after_stop
+    {
+        v.hack_flags.push("work_after_stop".into());
+    }
+    if let (Some(t), Some(r)) = (&a.timing, &a.torch_timing)
+        && t.median_ms > 0.0
+    {
+        v.speedup_vs_torch = Some(r.median_ms / t.median_ms);
+    }
+    v.timing = a.timing;
+    v.torch_timing = a.torch_timing;
     v
 }

@@ -342,22 +342,6 @@ impl Stage for SftData {
         let dtype = tasks.req_strings("dtype").map_err(data_err)?;
         let sig = tasks.req_strings("signature").map_err(data_err)?;
         let shapes = tasks.req_strings("train_shapes").map_err(data_err)?;
-        let push = |rows: &mut Rows,
-                    t: &str,
-                    tier: i64,
-                    held: Option<&'static str>,
-                    k: &Kern,
-                    m: Vec<ChatMessage>| {
-            let json = serde_json::to_string(&m).expect("json");
-            let id = blake3::hash(json.as_bytes()).to_hex().to_string();
-            rows.split.push(self.split_of(&id, held));
-            rows.ids.push(id);
-            rows.task.push(t.to_string());
-            rows.tier.push(tier);
-            rows.kernel.push(k.id.clone());
-            rows.validated.push(k.validated.to_string());
-            rows.messages.push(m);
-        };
         for i in 0..tasks.rows() {
             let (Some(t), Some(tr), Some(d), Some(dt), Some(sg), Some(sh)) = (
                 tid.get(i),
@@ -372,74 +356,21 @@ impl Stage for SftData {
             let Some(kerns) = by_task.get(t) else {
                 continue;
             };
-            let kept_out = self.kept_out(t);
-            let shape_list: Vec<String> = serde_json::from_str::<Vec<Value>>(sh)
-                .unwrap_or_default()
-                .iter()
-                .map(Value::to_string)
-                .collect();
-            let variants = shape_variants(&shape_list);
-            // The task as prompts show it, with these shapes.
-            let task_view = |shapes| TaskView {
+            let task = TaskExamples {
+                stage: self,
+                id: t,
                 tier: tr,
                 description: d,
                 dtype: dt,
                 signature: sg,
-                shapes,
+                kept_out: self.kept_out(t),
+                shapes: serde_json::from_str::<Vec<Value>>(sh)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(Value::to_string)
+                    .collect(),
             };
-            // Every (intro, closing, shapes, kernel, lead-in) combination, in a seeded order.
-            let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2;
-            for c in order(n, p.seed ^ blake3::hash(t.as_bytes()).as_bytes()[0] as u64)
-                .into_iter()
-                .take(p.per_family)
-            {
-                let (intro, r) = (c % INTROS.len(), c / INTROS.len());
-                let (closing, r) = (r % CLOSINGS.len(), r / CLOSINGS.len());
-                let (sv, r) = (r % variants.len(), r / variants.len());
-                let (ki, lead) = (r % kerns.len(), r / kerns.len());
-                let view = task_view(&variants[sv]);
-                let k = &kerns[ki];
-                let answer = if lead == 1 {
-                    format!("Here is the kernel:\n\n{}", prompts::fenced(&k.code))
-                } else {
-                    prompts::fenced(&k.code)
-                };
-                let m = vec![
-                    ChatMessage::new("system", GENERATOR_SYSTEM),
-                    ChatMessage::new("user", prompts::task_prompt(&view, intro, closing)),
-                    ChatMessage::new("assistant", answer),
-                ];
-                push(&mut gen_rows, t, tr, kept_out, k, m);
-            }
-            // Optimizer examples: the task, a kernel and the tester's words on it -> `target`,
-            // in `n` prompt phrasings taken in an order seeded by `seed_key`.
-            let view = task_view(&shape_list);
-            let add_opt =
-                |rows: &mut Rows,
-                 (seed_key, n): (&str, usize),
-                 (current, fb): (&str, &str),
-                 target: &Kern,
-                 (base_id, speedup, kind): (&str, Option<f64>, String)| {
-                    let seed = p.seed ^ blake3::hash(seed_key.as_bytes()).as_bytes()[0] as u64;
-                    for c in order(INTROS.len() * CLOSINGS.len(), seed)
-                        .into_iter()
-                        .take(n)
-                    {
-                        let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
-                        let m = vec![
-                            ChatMessage::new("system", OPTIMIZER_SYSTEM),
-                            ChatMessage::new(
-                                "user",
-                                prompts::optimizer_prompt(&view, current, fb, intro, closing),
-                            ),
-                            ChatMessage::new("assistant", prompts::fenced(&target.code)),
-                        ];
-                        push(rows, t, tr, kept_out, target, m);
-                        rows.base.push(base_id.to_string());
-                        rows.speedup.push(speedup);
-                        rows.kind.push(kind.clone());
-                    }
-                };
+            task.generator(&mut gen_rows, kerns);
             // Optimizer: each naive -> optimized pair, faster when measured.
             for base in kerns.iter().filter(|k| k.role == "naive") {
                 for better in kerns.iter().filter(|k| k.role != "naive") {
@@ -450,7 +381,7 @@ impl Stage for SftData {
                     if speedup.is_some_and(|s| s <= 1.0) {
                         continue;
                     }
-                    add_opt(
+                    task.optimizer(
                         &mut opt_rows,
                         (&better.id, p.optimizer_per_pair),
                         (&base.code, &base.feedback),
@@ -461,7 +392,7 @@ impl Stage for SftData {
             }
             // Optimizer repairs: a broken kernel and the tester's words on it -> the correct one.
             for r in repairs.get(t).into_iter().flatten() {
-                add_opt(
+                task.optimizer(
                     &mut opt_rows,
                     (&r.base_id, p.repairs_per_base),
                     (&r.broken, &r.feedback),
@@ -471,6 +402,110 @@ impl Stage for SftData {
             }
         }
         write_tables(ctx, &gen_rows, &opt_rows)
+    }
+}
+
+/// One task's SFT examples: its row of the `tasks` table and the stage's parameters.
+struct TaskExamples<'a> {
+    stage: &'a SftData,
+    id: &'a str,
+    tier: i64,
+    description: &'a str,
+    dtype: &'a str,
+    signature: &'a str,
+    /// The hold-out split this task is kept for, if any.
+    kept_out: Option<&'static str>,
+    /// Its training shapes (JSON objects of sizes).
+    shapes: Vec<String>,
+}
+
+impl TaskExamples<'_> {
+    /// The task as prompts show it, with `shapes`.
+    fn view<'s>(&'s self, shapes: &'s [String]) -> TaskView<'s> {
+        TaskView {
+            tier: self.tier,
+            description: self.description,
+            dtype: self.dtype,
+            signature: self.signature,
+            shapes,
+        }
+    }
+
+    fn push(&self, rows: &mut Rows, k: &Kern, m: Vec<ChatMessage>) {
+        let json = serde_json::to_string(&m).expect("json");
+        let id = blake3::hash(json.as_bytes()).to_hex().to_string();
+        rows.split.push(self.stage.split_of(&id, self.kept_out));
+        rows.ids.push(id);
+        rows.task.push(self.id.to_string());
+        rows.tier.push(self.tier);
+        rows.kernel.push(k.id.clone());
+        rows.validated.push(k.validated.to_string());
+        rows.messages.push(m);
+    }
+
+    /// Generator examples: every (intro, closing, shapes, kernel, lead-in) combination, in an
+    /// order seeded by the task, `per_family` of them.
+    fn generator(&self, rows: &mut Rows, kerns: &[Kern]) {
+        let p = &self.stage.params;
+        let variants = shape_variants(&self.shapes);
+        let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2;
+        for c in order(
+            n,
+            p.seed ^ blake3::hash(self.id.as_bytes()).as_bytes()[0] as u64,
+        )
+        .into_iter()
+        .take(p.per_family)
+        {
+            let (intro, r) = (c % INTROS.len(), c / INTROS.len());
+            let (closing, r) = (r % CLOSINGS.len(), r / CLOSINGS.len());
+            let (sv, r) = (r % variants.len(), r / variants.len());
+            let (ki, lead) = (r % kerns.len(), r / kerns.len());
+            let view = self.view(&variants[sv]);
+            let k = &kerns[ki];
+            let answer = if lead == 1 {
+                format!("Here is the kernel:\n\n{}", prompts::fenced(&k.code))
+            } else {
+                prompts::fenced(&k.code)
+            };
+            let m = vec![
+                ChatMessage::new("system", GENERATOR_SYSTEM),
+                ChatMessage::new("user", prompts::task_prompt(&view, intro, closing)),
+                ChatMessage::new("assistant", answer),
+            ];
+            self.push(rows, k, m);
+        }
+    }
+
+    /// Optimizer examples: the task, a kernel (`current`) and the tester's words on it (`fb`)
+    /// -> `target`, in `n` prompt phrasings taken in an order seeded by `seed_key`.
+    fn optimizer(
+        &self,
+        rows: &mut Rows,
+        (seed_key, n): (&str, usize),
+        (current, fb): (&str, &str),
+        target: &Kern,
+        (base_id, speedup, kind): (&str, Option<f64>, String),
+    ) {
+        let view = self.view(&self.shapes);
+        let seed = self.stage.params.seed ^ blake3::hash(seed_key.as_bytes()).as_bytes()[0] as u64;
+        for c in order(INTROS.len() * CLOSINGS.len(), seed)
+            .into_iter()
+            .take(n)
+        {
+            let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
+            let m = vec![
+                ChatMessage::new("system", OPTIMIZER_SYSTEM),
+                ChatMessage::new(
+                    "user",
+                    prompts::optimizer_prompt(&view, current, fb, intro, closing),
+                ),
+                ChatMessage::new("assistant", prompts::fenced(&target.code)),
+            ];
+            self.push(rows, target, m);
+            rows.base.push(base_id.to_string());
+            rows.speedup.push(speedup);
+            rows.kind.push(kind.clone());
+        }
     }
 }
 

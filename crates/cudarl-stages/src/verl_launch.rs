@@ -376,79 +376,10 @@ impl Stage for VerlLaunch {
         .map_err(StageError::Failed)?;
         let overrides = self.overrides();
         let overrides_text = overrides.join("\n") + "\n";
-        // The job directory: content-addressed under the store, so a re-run reuses it and two
-        // configurations never share one.
-        let mut h = blake3::Hasher::new_derive_key("cudarl-pipe verl job v1");
         let agent = ctx.input_files("agent")?.clone();
-        let mut parts: Vec<(String, Vec<u8>)> = Vec::new();
-        for split in ["train", "test"] {
-            let p = scratch.join(format!("rl_{split}.parquet"));
-            parts.push((
-                format!("rl_{split}.parquet"),
-                std::fs::read(&p).map_err(io(&p))?,
-            ));
-        }
-        for (name, p) in &agent.files {
-            parts.push((name.clone(), std::fs::read(p).map_err(io(p))?));
-        }
-        parts.push(("overrides.txt".into(), overrides_text.clone().into_bytes()));
-        for (name, bytes) in &parts {
-            h.update(&(name.len() as u64).to_le_bytes());
-            h.update(name.as_bytes());
-            h.update(&(bytes.len() as u64).to_le_bytes());
-            h.update(bytes);
-        }
-        let job_dir: PathBuf = ctx
-            .store()
-            .root()
-            .join("verl-jobs")
-            .join(&h.finalize().to_hex()[..16]);
-        for (name, bytes) in &parts {
-            let p = job_dir.join(name);
-            if let Some(d) = p.parent() {
-                std::fs::create_dir_all(d).map_err(io(d))?;
-            }
-            std::fs::write(&p, bytes).map_err(io(&p))?;
-        }
+        let job_dir = write_job_dir(ctx.store().root(), &scratch, &agent.files, &overrides_text)?;
         let python = cudarl_cuda::pyworker::python(ctx.root());
-        let py = |args: &[String]| -> Result<std::process::Output, StageError> {
-            Command::new(&python)
-                .args(args)
-                .current_dir(&job_dir)
-                .env("PYTHONPATH", &job_dir)
-                .env("HYDRA_FULL_ERROR", "0")
-                .output()
-                .map_err(|e| StageError::Failed(format!("{}: {e}", python.display())))
-        };
-        // Compose against verl's own config: unknown keys and type errors fail here.
-        let mut args: Vec<String> = ["-m", "verl.trainer.main_ppo", "--cfg", "job"]
-            .map(String::from)
-            .to_vec();
-        args.extend(overrides.iter().cloned());
-        let o = py(&args)?;
-        if !o.status.success() {
-            let err = String::from_utf8_lossy(&o.stderr);
-            return Err(StageError::Config {
-                file: "rl-train".into(),
-                field: Some("overrides".into()),
-                message: format!(
-                    "VERL's config (verl.trainer.main_ppo, ppo_trainer) rejects the overrides:\n{}",
-                    tail(&err, 6)
-                ),
-            });
-        }
-        let config = o.stdout;
-        // The agent loop must import against this verl (the cluster runs the same files).
-        let o = py(&[
-            "-c".into(),
-            "import cudarl_verl.agent_loop as a; print(a.AGENT_NAME)".into(),
-        ])?;
-        if !o.status.success() {
-            return Err(StageError::Failed(format!(
-                "the VERL agent loop does not import: {}",
-                tail(&String::from_utf8_lossy(&o.stderr), 6)
-            )));
-        }
+        let config = check_with_verl(&python, &job_dir, &overrides)?;
         let command = self.command(&python, &overrides);
         let mut job = serde_json::json!({
             "verl": VERL_VERSION,
@@ -458,28 +389,7 @@ impl Stage for VerlLaunch {
             "launched": self.params.launch,
         });
         if self.params.launch {
-            let log = job_dir.join("job.log");
-            let f = std::fs::File::create(&log).map_err(io(&log))?;
-            let f2 = f.try_clone().map_err(io(&log))?;
-            let status = Command::new(&command[0])
-                .args(&command[1..])
-                .current_dir(&job_dir)
-                .env("PYTHONPATH", &job_dir)
-                .env("CUDARL_SERVE_URL", &self.params.serve_url)
-                .stdout(f)
-                .stderr(f2)
-                .status()
-                .map_err(|e| StageError::Failed(format!("{}: {e}", command[0])))?;
-            job["exit_code"] = serde_json::json!(status.code());
-            job["log"] = serde_json::json!(log.display().to_string());
-            if !status.success() {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                return Err(StageError::Failed(format!(
-                    "the VERL job failed ({status}); log {}:\n{}",
-                    log.display(),
-                    tail(&text, 10)
-                )));
-            }
+            launch(&command, &job_dir, &self.params.serve_url, &mut job)?;
         } else {
             ctx.warn(format!(
                 "VERL job written, not launched (launch = false): cd {} && {}",
@@ -505,6 +415,141 @@ impl Stage for VerlLaunch {
             &serde_json::to_vec_pretty(&job).expect("job json serializes"),
         )
     }
+}
+
+/// Writes the job directory, content-addressed under the store (`verl-jobs/<16 hex digits of
+/// a BLAKE3 keyed hash of every file>`), so a re-run reuses it and two configurations never
+/// share one: VERL's RL Parquet from `scratch`, the agent's files and `overrides.txt`.
+///
+/// # Errors
+/// A file cannot be read or written (named).
+fn write_job_dir(
+    store_root: &Path,
+    scratch: &Path,
+    agent: &[(String, PathBuf)],
+    overrides_text: &str,
+) -> Result<PathBuf, StageError> {
+    // The job directory: content-addressed under the store, so a re-run reuses it and two
+    // configurations never share one.
+    let mut h = blake3::Hasher::new_derive_key("cudarl-pipe verl job v1");
+    let mut parts: Vec<(String, Vec<u8>)> = Vec::new();
+    for split in ["train", "test"] {
+        let p = scratch.join(format!("rl_{split}.parquet"));
+        parts.push((
+            format!("rl_{split}.parquet"),
+            std::fs::read(&p).map_err(io(&p))?,
+        ));
+    }
+    for (name, p) in agent {
+        parts.push((name.clone(), std::fs::read(p).map_err(io(p))?));
+    }
+    parts.push(("overrides.txt".into(), overrides_text.as_bytes().to_vec()));
+    for (name, bytes) in &parts {
+        h.update(&(name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
+    let job_dir: PathBuf = store_root
+        .join("verl-jobs")
+        .join(&h.finalize().to_hex()[..16]);
+    for (name, bytes) in &parts {
+        let p = job_dir.join(name);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d).map_err(io(d))?;
+        }
+        std::fs::write(&p, bytes).map_err(io(&p))?;
+    }
+    Ok(job_dir)
+}
+
+/// Composes the overrides against VERL's own config (`python -m verl.trainer.main_ppo --cfg
+/// job`: unknown keys and type errors fail here) and imports the agent loop against this VERL
+/// (the cluster runs the same files); returns the composed config (YAML bytes).
+///
+/// # Errors
+/// [`StageError::Config`] naming `overrides` when VERL rejects them; [`StageError::Failed`]
+/// when Python does not start or the agent loop does not import.
+fn check_with_verl(
+    python: &Path,
+    job_dir: &Path,
+    overrides: &[String],
+) -> Result<Vec<u8>, StageError> {
+    let py = |args: &[String]| -> Result<std::process::Output, StageError> {
+        Command::new(python)
+            .args(args)
+            .current_dir(job_dir)
+            .env("PYTHONPATH", job_dir)
+            .env("HYDRA_FULL_ERROR", "0")
+            .output()
+            .map_err(|e| StageError::Failed(format!("{}: {e}", python.display())))
+    };
+    // Compose against verl's own config: unknown keys and type errors fail here.
+    let mut args: Vec<String> = ["-m", "verl.trainer.main_ppo", "--cfg", "job"]
+        .map(String::from)
+        .to_vec();
+    args.extend(overrides.iter().cloned());
+    let o = py(&args)?;
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        return Err(StageError::Config {
+            file: "rl-train".into(),
+            field: Some("overrides".into()),
+            message: format!(
+                "VERL's config (verl.trainer.main_ppo, ppo_trainer) rejects the overrides:\n{}",
+                tail(&err, 6)
+            ),
+        });
+    }
+    let config = o.stdout;
+    // The agent loop must import against this verl (the cluster runs the same files).
+    let o = py(&[
+        "-c".into(),
+        "import cudarl_verl.agent_loop as a; print(a.AGENT_NAME)".into(),
+    ])?;
+    if !o.status.success() {
+        return Err(StageError::Failed(format!(
+            "the VERL agent loop does not import: {}",
+            tail(&String::from_utf8_lossy(&o.stderr), 6)
+        )));
+    }
+    Ok(config)
+}
+
+/// Runs the VERL job (`command`, in `job_dir`, its log in `job.log`) and records its exit code
+/// and log in `job`.
+///
+/// # Errors
+/// [`StageError::Failed`] when the job does not start or fails (with its log's last lines).
+fn launch(
+    command: &[String],
+    job_dir: &Path,
+    serve_url: &str,
+    job: &mut serde_json::Value,
+) -> Result<(), StageError> {
+    let log = job_dir.join("job.log");
+    let f = std::fs::File::create(&log).map_err(io(&log))?;
+    let f2 = f.try_clone().map_err(io(&log))?;
+    let status = Command::new(&command[0])
+        .args(&command[1..])
+        .current_dir(job_dir)
+        .env("PYTHONPATH", job_dir)
+        .env("CUDARL_SERVE_URL", serve_url)
+        .stdout(f)
+        .stderr(f2)
+        .status()
+        .map_err(|e| StageError::Failed(format!("{}: {e}", command[0])))?;
+    job["exit_code"] = serde_json::json!(status.code());
+    job["log"] = serde_json::json!(log.display().to_string());
+    if !status.success() {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        return Err(StageError::Failed(format!(
+            "the VERL job failed ({status}); log {}:\n{}",
+            log.display(),
+            tail(&text, 10)
+        )));
+    }
+    Ok(())
 }
 
 /// A command line for humans (arguments with shell metacharacters single-quoted).
