@@ -7,11 +7,12 @@
 //!   context with eager module loading and the shared CUDA runtime preloaded; then, per
 //!   candidate, the arena and events opened, the seccomp allow-list installed on every thread,
 //!   and only then the candidate `dlopen`ed (its constructors run sandboxed).
-//! - `cudarl-pipe-runner exec --profile compiler|interpreter [--gpu] [--read P]... [--exec P]...
-//!   [--write P]... [--device P]... -- PROGRAM ARGS...`: confines itself (Landlock, the
-//!   profile's seccomp deny-list, rlimits, death with its parent) and `exec`s `PROGRAM`; used for
-//!   nvcc, for Python reading a candidate file, and (`--gpu`: the GPU's device files and the
-//!   driver's files readable) for the runner of torch-format candidates.
+//! - `cudarl-pipe-runner exec --profile compiler|interpreter [--gpu] [--defer-filter]
+//!   [--read P]... [--exec P]... [--write P]... [--device P]... -- PROGRAM ARGS...`: confines
+//!   itself (Landlock, the profile's seccomp deny-list, rlimits, death with its parent) and
+//!   `exec`s `PROGRAM`; used for nvcc, for Python reading a candidate file, and (`--gpu`: the
+//!   GPU's device files and what the driver reads and writes; `--defer-filter`: the deny-list
+//!   installed by the program once CUDA is up) for the runner of torch-format candidates.
 //!
 //! Not meant to be run by hand. Exit codes: 0 done, 2 bad usage, 86 a denied system call,
 //! 125 sandbox set-up failed, 127 `exec` failed.
