@@ -755,30 +755,38 @@ def time_fn(fn, bench, flush):
         times.append(s.elapsed_time(e))
         synced.append(s.elapsed_time(after))
         spent += synced[-1]
-        n = len(times)
-        if n >= bench["min_reps"]:
-            mean = statistics.fmean(times)
-            cv = statistics.pstdev(times) / mean if mean > 0 else 0.0
-            if cv <= bench["target_cv"] or spent >= bench["budget_ms"]:
-                break
-        elif n >= 3 and spent >= 20 * bench["budget_ms"]:
-            break  # a slow candidate (tens of ms a call): three repetitions are enough
-    st = sorted(times)
-    q = lambda p: st[min(len(st) - 1, int(p * (len(st) - 1) + 0.5))]
-    mean = statistics.fmean(times)
-    med, smed = statistics.median(times), statistics.median(synced)
+        if enough_reps(times, spent, bench):
+            break
+    smed = statistics.median(synced)
     ss = sorted(synced)
     sp10 = ss[min(len(ss) - 1, int(0.1 * (len(ss) - 1) + 0.5))]
     # Work that outlived the stop event ran on another stream: its time is the synchronized one.
     # Its p10, not its median: hidden work delays every repetition, a descheduled host thread
     # only some (the Rust runner's rule, crates/cudarl-torch/src/runner.rs).
-    after_stop = sp10 > 2 * med + 0.05
-    if after_stop:
-        times = synced
-        st = sorted(times)
-        med, mean = statistics.median(times), statistics.fmean(times)
+    after_stop = sp10 > 2 * statistics.median(times) + 0.05
+    return timing_stats(synced if after_stop else times, smed, after_stop)
+
+
+def enough_reps(times, spent, bench):
+    """Whether a timing loop stops after its latest repetition (the native runner's rules): once
+    `min_reps` ran, when the CV reaches `target_cv` or `spent` (ms) reaches `budget_ms`; before,
+    after three repetitions of a slow candidate (20x the budget: tens of ms a call)."""
+    n = len(times)
+    if n >= bench["min_reps"]:
+        mean = statistics.fmean(times)
+        cv = statistics.pstdev(times) / mean if mean > 0 else 0.0
+        return cv <= bench["target_cv"] or spent >= bench["budget_ms"]
+    return n >= 3 and spent >= 20 * bench["budget_ms"]
+
+
+def timing_stats(times, synced_median, work_after_stop):
+    """A `Timing` (crates/cudarl-cuda/src/gpu.rs) of per-repetition `times` (ms): median, p10,
+    p90, mean, CV; no host copies (the torch path's inputs are on the GPU)."""
+    st = sorted(times)
+    q = lambda p: st[min(len(st) - 1, int(p * (len(st) - 1) + 0.5))]
+    mean = statistics.fmean(times)
     return {
-        "median_ms": med,
+        "median_ms": statistics.median(times),
         "p10_ms": q(0.1),
         "p90_ms": q(0.9),
         "mean_ms": mean,
@@ -787,8 +795,8 @@ def time_fn(fn, bench, flush):
         "h2d_ms": 0.0,
         "d2h_ms": 0.0,
         "sizes": {},
-        "synced_median_ms": smed,
-        "work_after_stop": after_stop,
+        "synced_median_ms": synced_median,
+        "work_after_stop": work_after_stop,
     }
 
 
@@ -797,15 +805,16 @@ def time_fn(fn, bench, flush):
 # The judge owns the inputs and their pristine copies, the reference `Model`, the expected outputs,
 # the comparisons and the clock. The candidate's code (its `ModelNew` file and the extensions built
 # for it) runs only in a runner process (`--torch-runner`, started inside the interpreter sandbox
-# with the GPU's device files: `cudarl-pipe-runner exec --profile interpreter --gpu`), which sees
-# one raw allocation of the judge's (the arena: inputs, parameters, output buffers and two control
-# words), opened through CUDA IPC. Whatever the runner says is only "ok", "ready" or "synced"; every
-# number of a verdict is the judge's.
+# with the GPU's device files: `cudarl-pipe-runner exec --profile interpreter --gpu
+# --defer-filter`), which sees one raw allocation of the judge's (the arena: inputs, parameters,
+# output buffers and two control words), opened through CUDA IPC. Whatever the runner says is
+# only "ok", "ready" or "synced"; every number of a verdict is the judge's.
 
 ARENA_ALIGN = 256  # bytes between buffers of an arena; the two control words take the first slot
 SAMPLES = 4096  # output elements sampled per output and window (work after the stop event)
 GATE_S = 1.0  # how long the judge waits for the runner to enqueue a window before starting it
 CALIBRATION = 5  # empty windows before the timed ones; the least is the fixed cost
+GO, DONE = 0, 4  # byte offsets of an arena's control words (u32): the window the judge opened, the runner finished
 
 
 def install_handed_filters():
@@ -971,8 +980,23 @@ class Arena:
         self.mem = device_bytes(self.ptr, self.size)
         self.mem.zero_()
         self.views = arena_views(self.mem, self.layout)
+        # (argument index, view) of the input tensors, which timing refills in every window.
+        self.inputs = [(int(k.split(".")[1]), v) for k, v in sorted(self.views.items()) if k.startswith("in.")]
         self.handle = drv.handle(self.ptr).hex()
-        self.go, self.done = self.ptr, self.ptr + 4
+        self.go, self.done = self.ptr + GO, self.ptr + DONE
+
+    def handshake(self, stream, w, alone=False):
+        """Enqueues on `stream` (the judge's): `go := w`, then waits until `done >= w`; `alone`:
+        the judge writes `done` itself (a window without the runner)."""
+        self.drv.write(stream.cuda_stream, self.go, w)
+        if alone:
+            self.drv.write(stream.cuda_stream, self.done, w)
+        self.drv.wait(stream.cuda_stream, self.done, w)
+
+    def release(self, w):
+        """`done := w` from a stream of its own: the judge's stream passes window `w` of a runner
+        that is stuck or gone."""
+        self.drv.write(torch.cuda.Stream().cuda_stream, self.done, w)
 
     def outputs(self, s):
         return [v for k, v in sorted(self.views.items()) if k.startswith(f"o{s}.")]
@@ -981,7 +1005,7 @@ class Arena:
         """After the runner closed its mapping (a new bind, or the runner is gone)."""
         if self.ptr:
             torch.cuda.synchronize()
-            self.mem = self.views = None
+            self.mem = self.views = self.inputs = None
             self.drv.free(self.ptr)
             self.ptr = 0
 
@@ -1151,16 +1175,13 @@ class TorchJudge:
                     raise RunnerGone("crash", f"the runner did not take the calibration window: {a}")
             with torch.cuda.stream(stream):
                 start.record(stream)
-                self.drv.write(stream.cuda_stream, arena.go, w)
-                if not runner:
-                    self.drv.write(stream.cuda_stream, arena.done, w)
-                self.drv.wait(stream.cuda_stream, arena.done, w)
+                arena.handshake(stream, w, alone=not runner)
                 stop.record(stream)
             if runner:
                 a = self.runner.reply()
                 if a is None or a[0] != "synced":
                     self.runner.kill()
-                    self.drv.write(torch.cuda.Stream().cuda_stream, arena.done, w)
+                    arena.release(w)
                     stop.synchronize()
                     raise RunnerGone("crash", f"the runner did not finish the calibration window: {a}")
             stop.synchronize()
@@ -1339,16 +1360,12 @@ class TorchJudge:
                 self.gate = 0.0
             elif a[0] != "ready":
                 return None, None, a
-        keys = [k for k in sorted(self.arena.views) if k.startswith("in.")]
         with torch.cuda.stream(stream):
             start.record(stream)
-            for k in keys:
-                self.arena.views[k].copy_(fresh[int(k.split(".")[1])])
+            for i, v in self.arena.inputs:
+                v.copy_(fresh[i])
             self.flush()
-            self.drv.write(stream.cuda_stream, self.arena.go, w)
-            if empty:
-                self.drv.write(stream.cuda_stream, self.arena.done, w)
-            self.drv.wait(stream.cuda_stream, self.arena.done, w)
+            self.arena.handshake(stream, w, alone=empty)
             stop.record(stream)
             idx = [
                 torch.randint(0, max(o.numel(), 1), (min(o.numel(), SAMPLES),), device="cuda", generator=self.gen)
@@ -1364,10 +1381,9 @@ class TorchJudge:
             a = self.runner.reply()
         if a is None or a[0] != "synced":
             # The runner is stuck or said something else: it goes, and the judge's stream is
-            # released by writing `done` from a stream of its own.
+            # released.
             self.runner.kill()
-            aux = torch.cuda.Stream()
-            self.drv.write(aux.cuda_stream, self.arena.done, w)
+            self.arena.release(w)
             stop.synchronize()
             return None, None, a
         stop.synchronize()
@@ -1390,7 +1406,7 @@ class TorchJudge:
         gen_in = torch.Generator(device="cuda").manual_seed(rng.getrandbits(62))
         stream = torch.cuda.Stream()
         outs = self.arena.outputs(0)
-        w, fixed = 0, []
+        w, fixed, base = 0, [], 0.0
         self.gate = GATE_S
         times, after_stop, verified = [], False, 0
         spent = 0.0
@@ -1417,6 +1433,7 @@ class TorchJudge:
                 return None, ("timed_output_mismatch", f"a timed launch failed: {a[1]}")
             if empty:
                 fixed.append(ms)
+                base = min(fixed) + self.switch_ms
                 continue
             if at_stop is None:
                 after_stop = True
@@ -1436,37 +1453,13 @@ class TorchJudge:
                     for i, x in enumerate(fresh)
                 ):
                     return None, ("timed_output_mismatch", "a timed launch changed its inputs")
-            base = min(fixed) + self.switch_ms
             times.append(max(ms - base, 1e-4))
             spent += ms
-            n = len(times)
-            if n >= bench["min_reps"]:
-                mean = statistics.fmean(times)
-                cv = statistics.pstdev(times) / mean if mean > 0 else 0.0
-                if cv <= bench["target_cv"] or spent >= bench["budget_ms"]:
-                    break
-            elif n >= 3 and spent >= 20 * bench["budget_ms"]:
+            if enough_reps(times, spent, bench):
                 break
-        st = sorted(times)
-        q = lambda p: st[min(len(st) - 1, int(p * (len(st) - 1) + 0.5))]
-        mean = statistics.fmean(times)
-        return {
-            "median_ms": statistics.median(times),
-            "p10_ms": q(0.1),
-            "p90_ms": q(0.9),
-            "mean_ms": mean,
-            "cv": statistics.pstdev(times) / mean if mean > 0 else 0.0,
-            "reps": len(times),
-            "h2d_ms": 0.0,
-            "d2h_ms": 0.0,
-            "sizes": {},
-            "synced_median_ms": statistics.median(times),
-            "work_after_stop": after_stop,
-            "sets": 1,
-            "windows": w,
-            "overhead_ms": min(fixed) + self.switch_ms,
-            "verified_sets": verified,
-        }, None
+        stats = timing_stats(times, statistics.median(times), after_stop)
+        stats.update(sets=1, windows=w, overhead_ms=base, verified_sets=verified)
+        return stats, None
 
 
 def run_torch(req):
@@ -1643,22 +1636,23 @@ class RunnerState:
         "ready", synchronizes, says "synced"."""
         if self.cal is None:
             self.cal = self.drv.open(bytes.fromhex(req["handle"]))
-        w = int(req["w"])
-        self.drv.wait(None, self.cal, w)
-        self.drv.write(None, self.cal + 4, w)
-        say("ready")
-        torch.cuda.synchronize()
-        return "synced"
+        return self.handshake(self.cal, int(req["w"]), say, None)
 
     def window(self, req, say):
         """Waits for `go` on the legacy default stream, launches, copies the outputs into the arena
         and writes `done`, all enqueued; says "ready", synchronizes the device, says "synced"."""
-        w = int(req["w"])
-        self.drv.wait(None, self.ptr, w)
+        return self.handshake(self.ptr, int(req["w"]), say, lambda: self.run(0))
+
+    def handshake(self, ptr, w, say, work):
+        """The runner's side of window `w` on the arena at `ptr`, on the legacy default stream:
+        wait for `go >= w`, `work()` (if any), `done := w` (also when `work` raised); says
+        "ready" once enqueued, synchronizes the device, returns "synced"."""
+        self.drv.wait(None, ptr + GO, w)
         try:
-            self.run(0)
+            if work is not None:
+                work()
         finally:
-            self.drv.write(None, self.ptr + 4, w)
+            self.drv.write(None, ptr + DONE, w)
         say("ready")
         torch.cuda.synchronize()
         return "synced"
@@ -1675,12 +1669,19 @@ def torch_runner_main(rfd, wfd):
 
     st = RunnerState(Driver())
     install_handed_filters()
-    ops = {"load": st.load, "bind": st.bind, "test": st.test, "model": st.model}
+    ops = {
+        "load": st.load,
+        "bind": st.bind,
+        "test": st.test,
+        "model": st.model,
+        "window": lambda r: st.window(r, say),
+        "switch": lambda r: st.switch(r, say),
+    }
     for line in os.fdopen(rfd, "r"):
         try:
             req = json.loads(line)
             op = req["op"]
-            say(st.window(req, say) if op == "window" else st.switch(req, say) if op == "switch" else ops[op](req))
+            say(ops[op](req))
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             say("cuda_error" if is_cuda_error(e) else "error", msg)

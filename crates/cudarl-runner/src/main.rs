@@ -100,22 +100,21 @@ enum Cmd {
     },
 }
 
-/// What a process using the GPU reads: system libraries, the driver's and the toolkit's usual
-/// homes, the loader's search path, `/proc` and `/sys` (the driver reads both).
+/// What a process using the GPU reads besides the system libraries
+/// ([`FsPolicy::system_libraries`]): the driver's and the toolkit's usual homes, the loader's
+/// search path, `/proc` and `/sys` (the driver reads both).
 fn gpu_reads() -> Vec<PathBuf> {
-    let mut read = FsPolicy::system_libraries();
-    read.extend(
-        [
-            "/usr/local/nvidia",
-            "/usr/local/cuda",
-            "/proc",
-            "/sys",
-            "/etc/ld.so.conf",
-            "/etc/ld.so.conf.d",
-        ]
-        .into_iter()
-        .map(PathBuf::from),
-    );
+    let mut read: Vec<PathBuf> = [
+        "/usr/local/nvidia",
+        "/usr/local/cuda",
+        "/proc",
+        "/sys",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .collect();
     if let Some(p) = std::env::var_os("LD_LIBRARY_PATH") {
         // Absolute directories only: an empty or relative entry would be the working
         // directory, which may be the project (and its store).
@@ -302,7 +301,8 @@ mod native {
     /// Read-only paths of every native runner: [`gpu_reads`], the shared CUDA runtime's
     /// directory, `extra` and the staging directory.
     fn base_reads(dir: &Path, cudart: Option<&PathBuf>, extra: Vec<PathBuf>) -> Vec<PathBuf> {
-        let mut read = gpu_reads();
+        let mut read = FsPolicy::system_libraries();
+        read.extend(gpu_reads());
         if let Some(c) = cudart.and_then(|c| c.parent()) {
             read.push(c.to_path_buf());
         }
