@@ -815,6 +815,26 @@ SAMPLES = 4096  # output elements sampled per output and window (work after the 
 GATE_S = 1.0  # how long the judge waits for the runner to enqueue a window before starting it
 CALIBRATION = 5  # empty windows before the timed ones; the least is the fixed cost
 GO, DONE = 0, 4  # byte offsets of an arena's control words (u32): the window the judge opened, the runner finished
+ANSWER_CHARS = 32000  # longest runner answer line read (a profiled forward's kernel names)
+PROFILED_KERNELS = 64  # kernel names kept per profiled forward, longest GPU time first
+
+
+def kernels_ran(fn):
+    """The GPU work of `fn()` under torch's profiler (Kineto over CUPTI): `[[name, ns], ...]`,
+    GPU time summed per kernel name (demangled; memory copies and sets named `Memcpy ...`,
+    `Memset ...`), longest first, at most PROFILED_KERNELS. Read by `cudarl_cuda::standin`."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    ns = {}
+    for e in p.profiler.kineto_results.events():
+        if e.device_type() == DeviceType.CUDA:
+            n = " ".join(e.name().split())[:400]
+            ns[n] = ns.get(n, 0) + int(e.duration_ns())
+    return sorted(([n, t] for n, t in ns.items()), key=lambda x: -x[1])[:PROFILED_KERNELS]
 
 
 def install_handed_filters():
@@ -1035,7 +1055,7 @@ class RunnerGone(Exception):
 class TorchRunner:
     """One sandboxed runner process for one candidate. `spec` (from the Rust side): `argv` (the
     sandbox wrapper, the interpreter, this script and `--torch-runner`) and `env`; requests go on
-    a pipe, answers come on another (one line each, at most 2,000 characters read); the runner's
+    a pipe, answers come on another (one line each, at most ANSWER_CHARS characters read); the runner's
     stdout is discarded and its stderr kept in a file for crash reports."""
 
     def __init__(self, spec, step_s):
@@ -1084,7 +1104,7 @@ class TorchRunner:
                     raise self.gone()
                 self.buf = (self.buf + chunk)[-(1 << 16) :]
         line, _, self.buf = self.buf.partition(b"\n")
-        word, _, text = line.decode("utf-8", "replace")[:2000].partition(" ")
+        word, _, text = line.decode("utf-8", "replace")[:ANSWER_CHARS].partition(" ")
         return word, text
 
     def ask(self, msg):
@@ -1343,6 +1363,24 @@ class TorchJudge:
             return f"seed {seed} ({dist}): {msg}", mabs, None
         return None, mabs, (model, inputs, params, seed, dist)
 
+    def kernels(self, model, inputs):
+        """The kernels one forward ran at the problem's own sizes (`kernels_ran`): the
+        candidate's in its runner (on the inputs it is bound to, the same values as `inputs`),
+        the reference's here; None when the runner's profiler could not start. Raises
+        RunnerGone when the candidate's profiled forward fails."""
+        word, text = self.runner.ask({"op": "profile"})
+        if word == "none":
+            return None
+        try:
+            cand = json.loads(text) if word == "ok" else None
+        except ValueError:
+            cand = None
+        if cand is None:
+            raise RunnerGone("crash", f"the profiled forward failed: {text[:500]}")
+        with torch.no_grad():
+            ref = kernels_ran(lambda: model(*inputs))
+        return {"candidate": cand, "reference": ref}
+
     def window(self, w, empty, fresh, outs, stream):
         """One timing window; returns (ms, samples at the stop event, runner's answer or None
         when it ended). The judge's stream: [start] [fresh inputs into the arena] [L2 flush]
@@ -1503,7 +1541,8 @@ def run_torch(req):
 
 def judge_torch(judge, req, res, t_start):
     """The steps of `run_torch`: the context switch measured (when timing is asked for), load,
-    recorded tests, the problem's own sizes, timing."""
+    recorded tests, the problem's own sizes, the kernels one forward ran there (the candidate's
+    and the reference's, `res["kernels"]`), timing."""
     if req.get("bench"):
         judge.measure_switch()
     word, text = judge.runner.ask(
@@ -1540,16 +1579,22 @@ def judge_torch(judge, req, res, t_start):
             break
     res["full_size"] = full
     res["worker_ms"]["full_size"] = (time.perf_counter() - t_full) * 1e3
-    bench = req.get("bench")
-    if not (bench and keep and res["tests"] and all(t["passed"] for t in res["tests"])):
+    if not (keep and res["tests"] and all(t["passed"] for t in res["tests"])):
         return
     heartbeat()
     model, inputs, _params, seed, dist = keep
-    t_time = time.perf_counter()
     word, text = judge.runner.ask({"op": "model", "seed": seed})
     if word != "ok":
-        res["failure"] = ["timed_output_mismatch", f"building the candidate for timing: {text}"]
+        res["failure"] = ["timed_output_mismatch", f"building the candidate at the problem's sizes: {text}"]
         return
+    t_prof = time.perf_counter()
+    res["kernels"] = judge.kernels(model, inputs)
+    res["worker_ms"]["profile"] = (time.perf_counter() - t_prof) * 1e3
+    bench = req.get("bench")
+    if not bench:
+        return
+    heartbeat()
+    t_time = time.perf_counter()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
     sink = torch.empty((), dtype=torch.float32, device="cuda")
@@ -1581,6 +1626,7 @@ class RunnerState:
 
     def __init__(self, drv):
         self.drv, self.cand, self.ptr, self.fn, self.cal = drv, None, 0, None, None
+        self.no_profiler = None
 
     def load(self, req):
         self.code, self.pid = req["code"], req["problem_id"]
@@ -1630,6 +1676,19 @@ class RunnerState:
         self.fn = self.cand.make(self.problem, self.init, dict(self.params), int(req["seed"]))
         return "ok"
 
+    def profile(self, _req):
+        """One forward of the built candidate on the bound arena under the profiler
+        (`kernels_ran`; the copy into the arena's outputs left out): ("ok", JSON), or ("none",
+        why) when the profiler could not start before the candidate loaded."""
+        if self.no_profiler:
+            return "none", self.no_profiler
+
+        def forward():
+            with torch.no_grad():
+                as_list(self.fn(self.inputs))
+
+        return "ok", json.dumps(kernels_ran(forward))
+
     def switch(self, req, say):
         """A calibration window before the candidate loads (`TorchJudge.measure_switch`): waits
         for `go` on the legacy default stream and writes `done` on the calibration arena, says
@@ -1664,10 +1723,17 @@ def torch_runner_main(rfd, wfd):
     out = os.fdopen(wfd, "w")
 
     def say(word, text=""):
-        out.write((word + (" " + " ".join(str(text).split()) if text else ""))[:2000] + "\n")
+        out.write((word + (" " + " ".join(str(text).split()) if text else ""))[:ANSWER_CHARS] + "\n")
         out.flush()
 
     st = RunnerState(Driver())
+    # CUPTI's first use (files, threads) happens before the filters and the candidate. Where the
+    # profiler cannot start at all, `profile` answers "none" and the judge reports no kernels.
+    try:
+        kernels_ran(lambda: torch.ones(1, device="cuda").add_(1))
+    except Exception as e:
+        st.no_profiler = f"{type(e).__name__}: {e}"
+        print(f"profiler unavailable: {st.no_profiler}", file=sys.stderr, flush=True)
     install_handed_filters()
     ops = {
         "load": st.load,
@@ -1676,12 +1742,14 @@ def torch_runner_main(rfd, wfd):
         "model": st.model,
         "window": lambda r: st.window(r, say),
         "switch": lambda r: st.switch(r, say),
+        "profile": st.profile,
     }
     for line in os.fdopen(rfd, "r"):
         try:
             req = json.loads(line)
             op = req["op"]
-            say(ops[op](req))
+            a = ops[op](req)
+            say(*a) if isinstance(a, tuple) else say(a)
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             say("cuda_error" if is_cuda_error(e) else "error", msg)

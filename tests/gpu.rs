@@ -411,3 +411,37 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
         assert!(!marker.exists(), "{case}: the payload reached the host");
     }
 }
+
+/// Torch ops standing in for the kernel, found from the kernels one forward ran: a token launch
+/// beside plain `torch.relu`, and one beside `getattr(torch.ops.aten, "relu")`, are correct but
+/// flagged `torch_op_stands_in`; the honest ReLU `ModelNew` is not flagged.
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn torch_ops_standing_in_are_found_from_the_kernels_that_ran() {
+    if !gpu_enabled("torch_ops_standing_in_are_found_from_the_kernels_that_ran") {
+        return;
+    }
+    let p = Project::new();
+    let kb = common::repo_root().join("tests/kernels/kb");
+    let sets = ["--set", "testgen.limit=19"];
+    for (file, flagged) in [
+        ("relu_model_new", false),
+        ("forward_token_relu", true),
+        ("forward_getattr_aten", true),
+    ] {
+        let v = check(&p, "kb/L1/19_ReLU", &kb.join(format!("{file}.py")), &sets);
+        assert_eq!(v["correct"], true, "{file}: {v}");
+        let flags: Vec<&str> = v["hack_flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(
+            flags.contains(&"torch_op_stands_in"),
+            flagged,
+            "{file}: {flags:?} {}",
+            v["failure_detail"]
+        );
+    }
+}

@@ -10,6 +10,7 @@
 //! - [`static_check`]: data-driven safety rules run before compiling.
 //! - [`inspect`]: checks on what was built (preprocessed text, host object, PTX).
 //! - [`profile`]: the optional Nsight Compute profile pass.
+//! - [`standin`]: torch ops standing in for a torch-format kernel, from the kernels that ran.
 //! - [`runner`]: the sandboxed runner process a candidate runs in, and its protocol.
 //! - [`expr`]: reference expressions (task data) evaluated with libtorch.
 //! - [`task`]: task specs (signature, sizes, shapes, tolerances, byte/FLOP counts).
@@ -26,6 +27,7 @@ pub mod nvcc;
 pub mod profile;
 pub mod pyworker;
 pub mod runner;
+pub mod standin;
 pub mod static_check;
 pub mod task;
 pub mod torchfmt;

@@ -262,6 +262,10 @@ pub fn sandboxed_python(
     let mut env = vec![
         ("HOME".to_string(), s(scratch)),
         ("TMPDIR".to_string(), s(scratch)),
+        // `getpass.getuser()` (torch's profiler imports reach it) reads these before the
+        // password database, which the sandbox hides.
+        ("USER".to_string(), "cudarl".to_string()),
+        ("LOGNAME".to_string(), "cudarl".to_string()),
         ("PYTHONDONTWRITEBYTECODE".to_string(), "1".to_string()),
         ("OMP_NUM_THREADS".to_string(), "1".to_string()),
     ];

@@ -554,6 +554,10 @@ struct TorchAnswer {
     full_size: Option<Value>,
     #[serde(default)]
     worker_ms: Option<crate::gpu::WorkerMs>,
+    /// The kernels one forward ran at the problem's own sizes, the candidate's and the
+    /// reference's (absent when the candidate did not pass).
+    #[serde(default)]
+    kernels: Option<crate::standin::KernelsRan>,
 }
 
 /// Runs a built candidate on the GPU and completes `v`: the Python worker (from `pool`) is the
@@ -624,15 +628,29 @@ pub fn run(
                     return v;
                 }
             };
-            apply_answer(v, a, problem)
+            // The candidate's own kernels, from what it was built into (an unreadable object
+            // leaves them unknown: only the comparison with the reference's kernels decides).
+            let own = sos
+                .iter()
+                .filter_map(|p| std::fs::read(p).ok())
+                .filter_map(|b| crate::standin::own_kernels(&b).ok())
+                .flatten()
+                .collect();
+            apply_answer(v, a, problem, &own)
         }
     }
 }
 
 /// Completes `v` from the judge's answer `a`: a harness error, a load or CUDA error, how the
 /// runner ended the run, the first failed recorded test, the problem's own sizes, then the
-/// timings and `speedup_vs_torch` of a correct candidate.
-fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem) -> Verdict {
+/// timings and `speedup_vs_torch` of a correct candidate, and `torch_op_stands_in`
+/// ([`crate::standin::stands_in`] of the profiled kernels; `own`: the candidate's kernels).
+fn apply_answer(
+    mut v: Verdict,
+    a: TorchAnswer,
+    problem: &KbProblem,
+    own: &std::collections::BTreeSet<String>,
+) -> Verdict {
     if !a.ok {
         v.failure = Some("harness_error".into());
         v.failure_detail = a.error;
@@ -733,6 +751,14 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem) -> Verdict 
         && t.work_after_stop
     {
         v.hack_flags.push("work_after_stop".into());
+    }
+    if let Some(why) = a
+        .kernels
+        .as_ref()
+        .and_then(|k| crate::standin::stands_in(k, own))
+    {
+        v.hack_flags.push("torch_op_stands_in".into());
+        v.failure_detail = Some(why);
     }
     if let (Some(t), Some(r)) = (&a.timing, &a.torch_timing)
         && t.median_ms > 0.0

@@ -257,11 +257,21 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
             py("torch.backends.cudnn.benchmark = True"),
         ),
         ("py-torch-op", py("y = torch.matmul(a, b)")),
+        (
+            "py-profiler",
+            py("torch.autograd.profiler._disable_profiler_legacy()"),
+        ),
     ];
-    let torch_cases: Vec<(&str, String)> = vec![(
-        "torch-op-in-extension",
-        "#include <torch/extension.h>\ntorch::Tensor forward(torch::Tensor a, torch::Tensor b) { return torch::matmul(a, b); }\n".to_string(),
-    )];
+    let torch_cases: Vec<(&str, String)> = vec![
+        (
+            "torch-op-in-extension",
+            "#include <torch/extension.h>\ntorch::Tensor forward(torch::Tensor a, torch::Tensor b) { return torch::matmul(a, b); }\n".to_string(),
+        ),
+        (
+            "profiler-in-extension",
+            "#include <torch/extension.h>\ntorch::Tensor forward(torch::Tensor a) { torch::autograd::profiler::disableProfiler(); return a; }\n".to_string(),
+        ),
+    ];
     for (id, src) in &py_cases {
         let f = rules.check_python(src);
         assert!(
@@ -576,4 +586,41 @@ fn unusual_honest_kernels_pass_the_checks() {
         n += 1;
     }
     assert!(n >= 7, "{n} honest kernels");
+}
+
+#[test]
+fn own_kernels_are_read_from_the_built_object() {
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
+    let rs = tasks.iter().find(|t| t.spec.id == "row_sum").unwrap();
+    // A templated kernel in a namespace and one named by a macro, launched from host code so
+    // their stubs are emitted.
+    let extra = r#"
+namespace ns {
+template <typename T> __global__ void scale_kernel(T* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = y[i] * (T)2;
+}
+}
+#define KERNEL(name) __global__ void name(float* y) { y[threadIdx.x] = 0.0f; }
+KERNEL(zero_from_macro)
+void extra_launches(float* y, int n, cudaStream_t s) {
+    ns::scale_kernel<float><<<(n + 255) / 256, 256, 0, s>>>(y, n);
+    zero_from_macro<<<1, 32, 0, s>>>(y);
+}
+"#;
+    let src = format!("{}\n{extra}", rs.optimized_sources().unwrap()[0].1);
+    let out = c.compile(&src, &rs.spec.shim(), &Rules::builtin()).unwrap();
+    assert!(out.compiled, "{}", out.log);
+    let so = store.blob_path(&out.so_hash.unwrap());
+    let own = cudarl_cuda::standin::own_kernels(&std::fs::read(so).unwrap()).unwrap();
+    for k in ["ns::scale_kernel", "zero_from_macro"] {
+        assert!(own.contains(k), "{k} not in {own:?}");
+    }
+    assert!(
+        own.iter().any(|k| k.contains("row_sum")),
+        "the task's kernel: {own:?}"
+    );
 }
