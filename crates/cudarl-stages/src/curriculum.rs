@@ -14,7 +14,8 @@ use cudarl_core::{
     ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
 };
 use cudarl_curriculum::{
-    Categories, DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, assign,
+    Categories, DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, Split, TierDecision,
+    assign,
 };
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
@@ -357,39 +358,8 @@ impl Stage for Curriculum {
             );
             counts[d.tier as usize][split as usize] += 1;
             let st = stats.remove(id).unwrap_or_default();
-            b.id.append_value(id);
-            b.src.append_value("kernelbench");
-            b.level.append_value(lv);
-            b.name.append_value(nm);
-            b.tier.append_value(d.tier);
-            b.reason.append_value(&d.reason);
-            for f in &feats {
-                b.feats.values().append_value(f);
-            }
-            b.feats.append(true);
-            for c in &d.categories {
-                b.cats.values().append_value(c);
-            }
-            b.cats.append(true);
-            for u in &d.unknown_ops {
-                b.unknown.values().append_value(u);
-            }
-            b.unknown.append(true);
-            b.split.append_value(split.as_str());
-            b.ak.append_value(st.kernels);
-            b.acc.append_value(st.claimed_correct);
-            b.best.append_option(st.best);
-            b.drift.append_value(st.drift);
-            b.sig.append_option(kb_sig.get(id));
-            b.train.append_null();
-            b.hold.append_null();
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
-            b.nval.append_value(mine.len() as i64);
-            b.bestv.append_option(
-                mine.iter()
-                    .filter_map(|v| v.speedup_vs_torch)
-                    .reduce(f64::max),
-            );
+            b.kernelbench((id, lv, nm), (&feats, &d, split), st, kb_sig.get(id), &mine);
         }
         let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
         b.synthetic(&tt, &validated, &mut counts)?;
@@ -546,6 +516,52 @@ impl Columns {
             nval: Int64Builder::new(),
             bestv: Float64Builder::new(),
         }
+    }
+
+    /// Appends one KernelBench problem: (id, level, name), its op features with the tier
+    /// decided from them and its split, what the archives say of it (`st`), its native
+    /// signature (covered problems only) and its kernels validated on a GPU (`mine`; the best
+    /// `speedup_vs_torch` among them).
+    fn kernelbench(
+        &mut self,
+        (id, lv, nm): (&str, i64, &str),
+        (feats, d, split): (&[String], &TierDecision, Split),
+        st: ArchiveStats,
+        sig: Option<&String>,
+        mine: &[&ValidatedRow],
+    ) {
+        self.id.append_value(id);
+        self.src.append_value("kernelbench");
+        self.level.append_value(lv);
+        self.name.append_value(nm);
+        self.tier.append_value(d.tier);
+        self.reason.append_value(&d.reason);
+        for f in feats {
+            self.feats.values().append_value(f);
+        }
+        self.feats.append(true);
+        for c in &d.categories {
+            self.cats.values().append_value(c);
+        }
+        self.cats.append(true);
+        for u in &d.unknown_ops {
+            self.unknown.values().append_value(u);
+        }
+        self.unknown.append(true);
+        self.split.append_value(split.as_str());
+        self.ak.append_value(st.kernels);
+        self.acc.append_value(st.claimed_correct);
+        self.best.append_option(st.best);
+        self.drift.append_value(st.drift);
+        self.sig.append_option(sig);
+        self.train.append_null();
+        self.hold.append_null();
+        self.nval.append_value(mine.len() as i64);
+        self.bestv.append_option(
+            mine.iter()
+                .filter_map(|v| v.speedup_vs_torch)
+                .reduce(f64::max),
+        );
     }
 
     /// Appends the synthetic task families of `tt` (the `tasks` table): tier from the spec,

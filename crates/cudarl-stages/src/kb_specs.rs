@@ -12,6 +12,7 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
 use cudarl_core::Digest;
 use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
 use cudarl_data::Table;
@@ -219,65 +220,11 @@ impl Stage for KbSpecs {
             progress.inc(1);
         }
         progress.finish();
-        let mut cov: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-        let mut cols: [Vec<Option<String>>; 5] = Default::default();
-        let (mut pid, mut lvl, mut covered) = (Vec::new(), Vec::new(), Vec::new());
-        for (id, level, a) in &rows {
-            let sig = if a["ok"] == Value::Bool(true) && a["excluded"].is_null() {
-                native_signature(a)
-            } else {
-                None
-            };
-            let reason = if sig.is_some() {
-                None
-            } else {
-                Some(
-                    a["excluded"]
-                        .as_str()
-                        .or(a["error"].as_str())
-                        .unwrap_or("no signature")
-                        .to_string(),
-                )
-            };
-            let c = cov.entry(*level).or_default();
-            c.0 += 1;
-            c.1 += sig.is_some() as i64;
-            pid.push(id.clone());
-            lvl.push(*level);
-            covered.push(sig.is_some());
-            cols[0].push(reason);
-            cols[1].push(sig);
-            cols[2].push(Some(a["sizes"].to_string()));
-            cols[3].push(Some(
-                serde_json::json!({"inputs": a["inputs"], "params": a["params"], "outputs": a["outputs"]})
-                    .to_string(),
-            ));
-            cols[4].push(Some(a["constants"].to_string()));
-        }
-        let s = |v: &Vec<Option<String>>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
-        let batch = cudarl_data::parquet_io::batch(
-            &KB_SPECS.clone(),
-            vec![
-                Arc::new(StringArray::from(pid)),
-                Arc::new(Int64Array::from(lvl)),
-                Arc::new(BooleanArray::from(covered)),
-                s(&cols[0]),
-                s(&cols[1]),
-                s(&cols[2]),
-                s(&cols[3]),
-                s(&cols[4]),
-            ],
-        )
-        .map_err(data_err)?;
+        let (batch, cov) = specs_batch(&rows)?;
         write_output(ctx, "kb_specs", &batch)?;
-        let goal = |l: i64| match l {
-            1 => Some(0.8),
-            2 => Some(0.6),
-            _ => None,
-        };
         for (l, (n, c)) in &cov {
             let f = *c as f64 / (*n).max(1) as f64;
-            if let Some(g) = goal(*l)
+            if let Some(g) = coverage_goal(*l)
                 && f < g
             {
                 ctx.warn(format!(
@@ -287,27 +234,106 @@ impl Stage for KbSpecs {
                 ));
             }
         }
-        let batch = cudarl_data::parquet_io::batch(
-            &COVERAGE.clone(),
-            vec![
-                Arc::new(Int64Array::from(cov.keys().copied().collect::<Vec<_>>())),
-                Arc::new(Int64Array::from(
-                    cov.values().map(|v| v.0).collect::<Vec<_>>(),
-                )),
-                Arc::new(Int64Array::from(
-                    cov.values().map(|v| v.1).collect::<Vec<_>>(),
-                )),
-                Arc::new(Float64Array::from(
-                    cov.values()
-                        .map(|v| v.1 as f64 / v.0.max(1) as f64)
-                        .collect::<Vec<_>>(),
-                )),
-                Arc::new(Float64Array::from(
-                    cov.keys().map(|l| goal(*l)).collect::<Vec<_>>(),
-                )),
-            ],
-        )
-        .map_err(data_err)?;
-        write_output(ctx, "coverage", &batch)
+        write_output(ctx, "coverage", &coverage_batch(&cov)?)
     }
+}
+
+/// Per KernelBench level: (problems, problems with a native signature).
+type Coverage = BTreeMap<i64, (i64, i64)>;
+
+/// The share of a KernelBench level's problems that should get a native signature (levels 1
+/// and 2; none for the others); `run` warns below it.
+fn coverage_goal(level: i64) -> Option<f64> {
+    match level {
+        1 => Some(0.8),
+        2 => Some(0.6),
+        _ => None,
+    }
+}
+
+/// The `kb_specs` table of the worker's answers `rows` (problem id, level, answer), and the
+/// coverage per level.
+///
+/// # Errors
+/// The columns do not match the schema.
+fn specs_batch(rows: &[(String, i64, Value)]) -> Result<(RecordBatch, Coverage), StageError> {
+    let mut cov = Coverage::new();
+    let mut cols: [Vec<Option<String>>; 5] = Default::default();
+    let (mut pid, mut lvl, mut covered) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, level, a) in rows {
+        let sig = if a["ok"] == Value::Bool(true) && a["excluded"].is_null() {
+            native_signature(a)
+        } else {
+            None
+        };
+        let reason = if sig.is_some() {
+            None
+        } else {
+            Some(
+                a["excluded"]
+                    .as_str()
+                    .or(a["error"].as_str())
+                    .unwrap_or("no signature")
+                    .to_string(),
+            )
+        };
+        let c = cov.entry(*level).or_default();
+        c.0 += 1;
+        c.1 += sig.is_some() as i64;
+        pid.push(id.clone());
+        lvl.push(*level);
+        covered.push(sig.is_some());
+        cols[0].push(reason);
+        cols[1].push(sig);
+        cols[2].push(Some(a["sizes"].to_string()));
+        cols[3].push(Some(
+            serde_json::json!({"inputs": a["inputs"], "params": a["params"], "outputs": a["outputs"]})
+                .to_string(),
+        ));
+        cols[4].push(Some(a["constants"].to_string()));
+    }
+    let s = |v: &Vec<Option<String>>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
+    let batch = cudarl_data::parquet_io::batch(
+        &KB_SPECS.clone(),
+        vec![
+            Arc::new(StringArray::from(pid)),
+            Arc::new(Int64Array::from(lvl)),
+            Arc::new(BooleanArray::from(covered)),
+            s(&cols[0]),
+            s(&cols[1]),
+            s(&cols[2]),
+            s(&cols[3]),
+            s(&cols[4]),
+        ],
+    )
+    .map_err(data_err)?;
+    Ok((batch, cov))
+}
+
+/// The `coverage` table: per level, problems, covered problems, their share and the goal.
+///
+/// # Errors
+/// The columns do not match the schema.
+fn coverage_batch(cov: &Coverage) -> Result<RecordBatch, StageError> {
+    cudarl_data::parquet_io::batch(
+        &COVERAGE.clone(),
+        vec![
+            Arc::new(Int64Array::from(cov.keys().copied().collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(
+                cov.values().map(|v| v.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                cov.values().map(|v| v.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                cov.values()
+                    .map(|v| v.1 as f64 / v.0.max(1) as f64)
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                cov.keys().map(|l| coverage_goal(*l)).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .map_err(data_err)
 }

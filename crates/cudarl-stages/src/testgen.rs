@@ -443,59 +443,26 @@ impl Stage for Testgen {
                 continue;
             }
             let constrained = plan["constrained"].as_str().map(str::to_string);
-            let seeds = p.seeds(&salt, pid);
             let mut notes: Vec<String> = constrained
                 .iter()
                 .map(|c| format!("{c}: every seed keeps the native distribution"))
                 .collect();
-            let mut recorded = 0;
-            let mut failure: Option<String> = None;
-            for (k, (seed, split)) in seeds.iter().enumerate() {
-                let mut dist = if constrained.is_some() {
-                    "native".to_string()
-                } else {
-                    p.distributions[k % p.distributions.len()].clone()
-                };
-                let rec = loop {
-                    let rec = record_test(
-                        &mut call,
-                        (&memo, &store, tmp.path()),
-                        (&worker_src, &versions, &p.device),
-                        (pid, code, &sizes, &sizes_s),
-                        *seed,
-                        &dist,
-                    )?;
-                    if dist != "native" && rec.error.is_none() && !rec.finite {
-                        notes.push(format!(
-                            "seed {seed}: `{dist}` inputs make the reference non-finite; native used"
-                        ));
-                        dist = "native".into();
-                        continue;
-                    }
-                    break rec;
-                };
-                if let Some(e) = &rec.error {
-                    failure = Some(format!("the reference raised: {e}"));
-                    break;
-                }
-                if !rec.finite {
-                    failure = Some(format!(
-                        "the reference output is not finite (seed {seed}, {dist})"
-                    ));
-                    break;
-                }
-                if let Some(d) = rec.blob {
-                    referenced.push(d);
-                }
-                tests.push((pid.clone(), *seed, split, dist, sizes_s.clone(), rec));
-                recorded += 1;
-            }
-            if let Some(f) = failure {
-                tests.retain(|t| &t.0 != pid);
+            let seeded = record_seeds(
+                &mut call,
+                (&memo, &store, tmp.path()),
+                (&worker_src, &versions, &p.device),
+                (pid, code, &sizes, &sizes_s),
+                &p.seeds(&salt, pid),
+                constrained.is_none().then_some(p.distributions.as_slice()),
+            )?;
+            referenced.extend(seeded.blobs);
+            notes.extend(seeded.notes);
+            if let Some(f) = seeded.failure {
                 problems.push(row("excluded", Some(f), None, 0));
             } else {
                 let note = (!notes.is_empty()).then(|| notes.join("; "));
-                problems.push(row("recorded", None, note, recorded));
+                problems.push(row("recorded", None, note, seeded.tests.len()));
+                tests.extend(seeded.tests);
             }
             progress.inc(1);
         }
@@ -505,6 +472,81 @@ impl Stage for Testgen {
         }
         write_tables(ctx, &tests, &problems, &p.device)
     }
+}
+
+/// One planned problem's tests, one per seed (`record_seeds`).
+struct Seeded {
+    /// The recorded tests (none when `failure` is set).
+    tests: Vec<TestRow>,
+    /// The store blobs the records reference (also those of an excluded problem: their memo
+    /// entries point at them).
+    blobs: Vec<Digest>,
+    /// Seeds whose distribution made the reference non-finite and fell back to `native`.
+    notes: Vec<String>,
+    /// Why the problem is excluded: the reference raised, or its output is not finite.
+    failure: Option<String>,
+}
+
+/// Records problem `pid`'s test for every seed of `seeds` at `sizes`, with the input
+/// distributions `dists` in turn (`None`: a constrained problem, `native` for every seed); a
+/// distribution that makes the reference non-finite falls back to `native` for that seed. The
+/// first seed whose reference raises or stays non-finite excludes the problem.
+///
+/// # Errors
+/// The worker or the store failed.
+fn record_seeds(
+    call: &mut dyn FnMut(Value) -> Result<Value, StageError>,
+    at: (&cudarl_core::Memo, &cudarl_core::Store, &std::path::Path),
+    env: (&[u8], &str, &str),
+    (pid, code, sizes, sizes_s): (&str, &str, &Value, &str),
+    seeds: &[(u64, &'static str)],
+    dists: Option<&[String]>,
+) -> Result<Seeded, StageError> {
+    let mut out = Seeded {
+        tests: vec![],
+        blobs: vec![],
+        notes: vec![],
+        failure: None,
+    };
+    for (k, (seed, split)) in seeds.iter().enumerate() {
+        let mut dist = dists.map_or("native".to_string(), |d| d[k % d.len()].clone());
+        let rec = loop {
+            let rec = record_test(call, at, env, (pid, code, sizes, sizes_s), *seed, &dist)?;
+            if dist != "native" && rec.error.is_none() && !rec.finite {
+                out.notes.push(format!(
+                    "seed {seed}: `{dist}` inputs make the reference non-finite; native used"
+                ));
+                dist = "native".into();
+                continue;
+            }
+            break rec;
+        };
+        if let Some(e) = &rec.error {
+            out.failure = Some(format!("the reference raised: {e}"));
+            break;
+        }
+        if !rec.finite {
+            out.failure = Some(format!(
+                "the reference output is not finite (seed {seed}, {dist})"
+            ));
+            break;
+        }
+        if let Some(d) = rec.blob {
+            out.blobs.push(d);
+        }
+        out.tests.push((
+            pid.to_string(),
+            *seed,
+            split,
+            dist,
+            sizes_s.to_string(),
+            rec,
+        ));
+    }
+    if out.failure.is_some() {
+        out.tests.clear();
+    }
+    Ok(out)
 }
 
 /// The covered problems of `st` (the `kb_specs` table) at the levels asked, at most `limit`
