@@ -1532,11 +1532,23 @@ def run_torch(req):
             raise RuntimeError(e.detail) from e
         if e.failure == "cuda_error":
             res["cuda_error"] = e.detail
+            res["context_ok"] = context_ok()
         else:
             res["failure"] = [e.failure, e.detail]
     finally:
         judge.close()
     return res
+
+
+def context_ok():
+    """Whether this process's CUDA context still works (a fault in the runner's context leaves
+    the judge's intact; the worker then keeps serving instead of exiting)."""
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).item()
+        return True
+    except Exception:
+        return False
 
 
 def judge_torch(judge, req, res, t_start):
@@ -1822,8 +1834,8 @@ def main():
             ans = {"ok": False, "error": f"{type(e).__name__}: {e}" + (f" ({where})" if where else "")}
         ans["problem_id"] = req.get("problem_id")
         print(json.dumps(ans), flush=True)
-        if ans.get("cuda_error"):
-            sys.exit(3)  # the CUDA context is unusable; the pool starts a fresh worker
+        if ans.get("cuda_error") and not ans.get("context_ok"):
+            sys.exit(3)  # the CUDA context is unusable; the caller restarts the worker
 
 
 if __name__ == "__main__":

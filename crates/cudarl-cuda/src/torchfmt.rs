@@ -546,6 +546,10 @@ struct TorchAnswer {
     cuda_error: Option<String>,
     #[serde(default)]
     load_error: Option<String>,
+    /// With `cuda_error`: the judge's own CUDA context still works (the fault was the runner's),
+    /// so the worker keeps serving; otherwise it exits after answering.
+    #[serde(default)]
+    context_ok: bool,
     /// How the runner ended the run (`sandbox_violation`, `timeout`, `crash`) or what timing
     /// found (`timed_output_mismatch`), with its detail.
     #[serde(default)]
@@ -628,6 +632,11 @@ pub fn run(
                     return v;
                 }
             };
+            if a.cuda_error.is_some() && !a.context_ok {
+                // The worker exits after this answer: replaced now, so the next candidate is
+                // not sent to a worker on its way out (and judged `crash`).
+                pool.restart();
+            }
             // The candidate's own kernels, from what it was built into (an unreadable object
             // leaves them unknown: only the comparison with the reference's kernels decides).
             let own = sos
