@@ -1166,6 +1166,7 @@ class TorchJudge:
         self.runner = TorchRunner(req["runner"], float(req.get("step_s", 60)))
         self.arena = self.switch_arena = None
         self.switch_ms = 0.0
+        self.profiler = False
 
     def close(self):
         self.runner.close()
@@ -1367,9 +1368,12 @@ class TorchJudge:
         """The kernels one forward ran at the problem's own sizes (`kernels_ran`): the
         candidate's in its runner (on the inputs it is bound to, the same values as `inputs`),
         the reference's here; None when the runner's profiler could not start. Raises
-        RunnerGone when the candidate's profiled forward fails."""
+        RunnerGone when the candidate's profiled forward fails, or when the profiler worked
+        before the candidate loaded (`profiler`) and no longer does."""
         word, text = self.runner.ask({"op": "profile"})
         if word == "none":
+            if self.profiler:
+                raise RunnerGone("crash", "the runner's profiler stopped working after the candidate loaded")
             return None
         try:
             cand = json.loads(text) if word == "ok" else None
@@ -1557,6 +1561,9 @@ def judge_torch(judge, req, res, t_start):
     and the reference's, `res["kernels"]`), timing."""
     if req.get("bench"):
         judge.measure_switch()
+    # Asked before any candidate code runs: a profiler that worked then and answers "none"
+    # later was switched off by the candidate.
+    judge.profiler = judge.runner.ask({"op": "profiler"})[0] == "ok"
     word, text = judge.runner.ask(
         {"op": "load", "candidate": req["candidate"], "code": req["code"], "problem_id": req["problem_id"]}
     )
@@ -1755,6 +1762,7 @@ def torch_runner_main(rfd, wfd):
         "window": lambda r: st.window(r, say),
         "switch": lambda r: st.switch(r, say),
         "profile": st.profile,
+        "profiler": lambda _r: ("none", st.no_profiler) if st.no_profiler else "ok",
     }
     for line in os.fdopen(rfd, "r"):
         try:
