@@ -388,7 +388,6 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
         return;
     }
     let p = Project::new();
-    let kb = common::repo_root().join("tests/kernels/kb");
     let sets = ["--set", "testgen.limit=19"];
     for (case, failure) in [
         ("torch_ctypes", "sandbox_violation"),
@@ -402,7 +401,7 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
         let v = check(
             &p,
             "kb/L1/19_ReLU",
-            &kb.join(format!("forward_{case}.py")),
+            &common::forward_candidate(&p, case),
             &sets,
         );
         assert_eq!(v["mode"], "full", "{case}: {v}");
@@ -413,7 +412,8 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
 }
 
 /// Torch ops standing in for the kernel, found from the kernels one forward ran: a token launch
-/// beside plain `torch.relu`, and one beside `getattr(torch.ops.aten, "relu")`, are correct but
+/// of the honest extension beside plain `torch.relu`, and one beside
+/// `getattr(torch.ops.aten, "relu")` (`forward_candidate`), are correct but
 /// flagged `torch_op_stands_in`; the honest ReLU `ModelNew` is not flagged.
 #[test]
 #[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
@@ -426,10 +426,15 @@ fn torch_ops_standing_in_are_found_from_the_kernels_that_ran() {
     let sets = ["--set", "testgen.limit=19"];
     for (file, flagged) in [
         ("relu_model_new", false),
-        ("forward_token_relu", true),
-        ("forward_getattr_aten", true),
+        ("token_relu", true),
+        ("getattr_aten", true),
     ] {
-        let v = check(&p, "kb/L1/19_ReLU", &kb.join(format!("{file}.py")), &sets);
+        let src = if flagged {
+            common::forward_candidate(&p, file)
+        } else {
+            kb.join(format!("{file}.py"))
+        };
+        let v = check(&p, "kb/L1/19_ReLU", &src, &sets);
         assert_eq!(v["correct"], true, "{file}: {v}");
         let flags: Vec<&str> = v["hack_flags"]
             .as_array()

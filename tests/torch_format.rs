@@ -249,6 +249,15 @@ fn check_kb_file(p: &Project, src: &std::path::Path) -> (i32, Value) {
     (o.status.code().unwrap(), v)
 }
 
+/// Whether a static rule rejected the candidate of verdict `v`.
+fn rejected_by_rules(v: &Value) -> bool {
+    v["static_flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["action"] == "reject")
+}
+
 #[test]
 fn torch_format_static_rejects() {
     let p = Project::new();
@@ -300,17 +309,45 @@ fn modelnew_files_that_escape_at_import_are_stopped_by_the_sandbox() {
         assert_eq!(code, 1, "{case}: {v}");
         assert_eq!(v["failure"], failure, "{case}: {v}");
         assert!(
-            v["static_flags"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|f| f["action"] != "reject"),
+            !rejected_by_rules(&v),
             "{case}: the source rules must not be what stops it: {v}"
         );
         if failure == "sandbox_violation" {
             assert_eq!(v["hack_flags"], json!(["sandbox_violation"]), "{case}: {v}");
         }
         assert!(!marker.exists(), "{case}: the payload ran on the host");
+    }
+}
+
+/// The `forward` cases (`tests/kernels/kb/forward_<case>.py`, put in place of
+/// `relu_model_new.py`'s forward): attacks on the judge and torch ops standing in for the kernel,
+/// all of which act only when `forward` runs. Every one passes the source rules, the sandboxed
+/// extraction and the build, so only the runner's sandbox and the judge can stop it (the gated
+/// GPU tests); no payload runs here.
+#[test]
+fn forward_cases_pass_the_source_rules_extraction_and_build() {
+    let p = Project::new();
+    let o = p.run(&["run", "kb-specs"]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    for case in [
+        "torch_ctypes",
+        "write_file",
+        "gc_expected",
+        "forged_answer",
+        "patch_compare",
+        "token_relu",
+        "getattr_aten",
+    ] {
+        let marker = std::path::PathBuf::from(format!("/tmp/cudarl-forward-{case}"));
+        let _ = std::fs::remove_file(&marker);
+        let (code, v) = check_kb_file(&p, &common::forward_candidate(&p, case));
+        assert_eq!(code, 0, "{case}: {v}");
+        assert_eq!(v["compiled"], true, "{case}: {v}");
+        assert_eq!(v["failure"], Value::Null, "{case}: {v}");
+        assert!(!rejected_by_rules(&v), "{case}: {v}");
+        assert!(!marker.exists(), "{case}: the payload ran at extraction");
     }
 }
 
