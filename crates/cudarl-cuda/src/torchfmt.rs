@@ -637,15 +637,7 @@ pub fn run(
                 // not sent to a worker on its way out (and judged `crash`).
                 pool.restart();
             }
-            // The candidate's own kernels, from what it was built into (an unreadable object
-            // leaves them unknown: only the comparison with the reference's kernels decides).
-            let own = sos
-                .iter()
-                .filter_map(|p| std::fs::read(p).ok())
-                .filter_map(|b| crate::standin::own_kernels(&b).ok())
-                .flatten()
-                .collect();
-            apply_answer(v, a, problem, &own)
+            apply_answer(v, a, problem, &sos)
         }
     }
 }
@@ -653,13 +645,9 @@ pub fn run(
 /// Completes `v` from the judge's answer `a`: a harness error, a load or CUDA error, how the
 /// runner ended the run, the first failed recorded test, the problem's own sizes, then the
 /// timings and `speedup_vs_torch` of a correct candidate, and `torch_op_stands_in`
-/// ([`crate::standin::stands_in`] of the profiled kernels; `own`: the candidate's kernels).
-fn apply_answer(
-    mut v: Verdict,
-    a: TorchAnswer,
-    problem: &KbProblem,
-    own: &std::collections::BTreeSet<String>,
-) -> Verdict {
+/// ([`crate::standin::stands_in`] of the profiled kernels; the candidate's own kernels read from
+/// `sos`, what it was built into, only then).
+fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[PathBuf]) -> Verdict {
     if !a.ok {
         v.failure = Some("harness_error".into());
         v.failure_detail = a.error;
@@ -761,11 +749,17 @@ fn apply_answer(
     {
         v.hack_flags.push("work_after_stop".into());
     }
-    if let Some(why) = a
-        .kernels
-        .as_ref()
-        .and_then(|k| crate::standin::stands_in(k, own))
-    {
+    if let Some(why) = a.kernels.as_ref().and_then(|k| {
+        // An unreadable object leaves the own kernels unknown: only the comparison with the
+        // reference's kernels decides.
+        let own = sos
+            .iter()
+            .filter_map(|p| std::fs::read(p).ok())
+            .filter_map(|b| crate::standin::own_kernels(&b).ok())
+            .flatten()
+            .collect();
+        crate::standin::stands_in(k, &own)
+    }) {
         v.hack_flags.push("torch_op_stands_in".into());
         v.failure_detail = Some(why);
     }
