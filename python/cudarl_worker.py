@@ -812,6 +812,7 @@ def timing_stats(times, synced_median, work_after_stop):
 
 ARENA_ALIGN = 256  # bytes between buffers of an arena; the two control words take the first slot
 SAMPLES = 4096  # output elements sampled per output and window (work after the stop event)
+START_S = 120.0  # how long the judge waits for a runner to start (before any candidate code)
 GATE_S = 1.0  # how long the judge waits for the runner to enqueue a window before starting it
 CALIBRATION = 5  # empty windows before the timed ones; the least is the fixed cost
 GO, DONE = 0, 4  # byte offsets of an arena's control words (u32): the window the judge opened, the runner finished
@@ -1082,6 +1083,23 @@ class TorchRunner:
         os.set_blocking(self.r, False)
         self.buf, self.step_s = b"", step_s
 
+    def wait_up(self):
+        """Waits for the runner's `up` (the interpreter, torch, CUDA, the profiler's first use
+        and the filters: seconds, more on a cold page cache), at most START_S s, with heartbeats
+        so the caller's limit between two lines holds; the step limit starts after it."""
+        deadline = time.monotonic() + START_S
+        while (left := deadline - time.monotonic()) > 0:
+            heartbeat()
+            a = self.reply(min(5.0, left))
+            if a is None:
+                continue
+            if a[0] != "up":
+                self.kill()
+                raise RunnerGone("crash", f"the runner started with {a}")
+            return
+        self.kill()
+        raise RunnerGone("timeout", f"the runner did not start within {START_S:.0f} s")
+
     def send(self, msg):
         try:
             os.write(self.w, (json.dumps(msg) + "\n").encode())
@@ -1142,10 +1160,13 @@ class TorchRunner:
         return RunnerGone("crash", f"the runner exited ({rc}): {tail}")
 
     def kill(self):
+        """Ends the runner's process group and reaps the runner (once: a reaped runner's process
+        group id may be reused)."""
         import signal
 
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
     def close(self):
@@ -1432,15 +1453,28 @@ class TorchJudge:
         after = any(not same_bits(o.reshape(-1)[i], s) for o, i, s in zip(outs, idx, at_stop, strict=True))
         return start.elapsed_time(stop), at_stop if not after else None, a
 
-    def time_candidate(self, problem, model, inputs, dist, bench):
+    def calibrate(self, w, fresh_inputs, outs, stream):
+        """The window's fixed cost, ms: the least of CALIBRATION empty windows numbered after
+        `w` (the input copy, the flush, the stream memory operations; other contexts only
+        lengthen a window) plus `switch_ms`. Returns (cost, last window number)."""
+        fixed = []
+        for _ in range(CALIBRATION):
+            w += 1
+            ms, _, _ = self.window(w, True, fresh_inputs(), outs, stream)
+            fixed.append(ms)
+        return min(fixed) + self.switch_ms, w
+
+    def time_candidate(self, problem, model, dist, bench):
         """Windows of one launch each on fresh inputs (drawn by the judge with a seed the runner
-        never sees), outputs poisoned before each; the least of CALIBRATION empty windows is the fixed cost
-        (the input copy, the flush, the stream memory operations; the judge alone, so the
-        candidate cannot lengthen it) plus `switch_ms` are subtracted from each sample; the first
-        timed window and then half of them, chosen after each ran, are compared with the
-        reference; output samples that change after the stop event are work after stop. The
-        candidate's time includes the runner's copy of its outputs into the arena: the reference
-        is timed with the same copy (`run_torch`)."""
+        never sees), outputs poisoned before each; the first timed window and then half of them,
+        chosen after each ran, are compared with the reference; output samples that change after
+        the stop event are work after stop. The candidate's time includes the runner's copy of
+        its outputs into the arena: the reference is timed with the same copy (`judge_torch`).
+
+        Ends the runner: the fixed cost subtracted from every window (`calibrate`) is measured
+        once the runner process is gone, so nothing the candidate left running (a thread of its
+        own, GPU work on another stream) can lengthen it and shorten every sample; the fixed
+        cost measured before the timed windows only decides when they stop (`enough_reps`)."""
         import random
 
         rng = random.SystemRandom()
@@ -1448,9 +1482,8 @@ class TorchJudge:
         gen_in = torch.Generator(device="cuda").manual_seed(rng.getrandbits(62))
         stream = torch.cuda.Stream()
         outs = self.arena.outputs(0)
-        w, fixed, base = 0, [], 0.0
         self.gate = GATE_S
-        times, after_stop, verified = [], False, 0
+        raw, times, after_stop, verified = [], [], False, 0
         spent = 0.0
 
         def fresh_inputs():
@@ -1460,28 +1493,25 @@ class TorchJudge:
                 poison_fill(outs, 0xFF)
             return [x.cuda() if isinstance(x, torch.Tensor) else x for x in xs]
 
-        n_windows = CALIBRATION + int(bench["warmup"]) + int(bench["max_reps"])
+        base, w = self.calibrate(0, fresh_inputs, outs, stream)
+        n_windows = w + int(bench["warmup"]) + int(bench["max_reps"])
+        first_timed = w + int(bench["warmup"])
         while w < n_windows:
             w += 1
             heartbeat()
-            empty = w <= CALIBRATION
             fresh = fresh_inputs()
-            ms, at_stop, a = self.window(w, empty, fresh, outs, stream)
+            ms, at_stop, a = self.window(w, False, fresh, outs, stream)
             if ms is None:
                 if a is None:
                     raise self.runner.timeout()
                 if a[0] == "cuda_error":
                     raise RunnerGone("cuda_error", a[1])
                 return None, ("timed_output_mismatch", f"a timed launch failed: {a[1]}")
-            if empty:
-                fixed.append(ms)
-                base = min(fixed) + self.switch_ms
-                continue
             if at_stop is None:
                 after_stop = True
             elif any(holds_poison(s) for s in at_stop):
                 return None, ("timed_output_mismatch", "a timed launch left output elements unwritten")
-            if w <= CALIBRATION + int(bench["warmup"]):
+            if w <= first_timed:
                 continue
             if not times or (verified < 8 and rng.random() < 0.5):
                 verified += 1
@@ -1495,10 +1525,14 @@ class TorchJudge:
                     for i, x in enumerate(fresh)
                 ):
                     return None, ("timed_output_mismatch", "a timed launch changed its inputs")
+            raw.append(ms)
             times.append(max(ms - base, 1e-4))
             spent += ms
             if enough_reps(times, spent, bench):
                 break
+        self.runner.kill()
+        base, w = self.calibrate(w, fresh_inputs, outs, stream)
+        times = [max(ms - base, 1e-4) for ms in raw]
         stats = timing_stats(times, statistics.median(times), after_stop)
         stats.update(sets=1, windows=w, overhead_ms=base, verified_sets=verified)
         return stats, None
@@ -1559,6 +1593,7 @@ def judge_torch(judge, req, res, t_start):
     """The steps of `run_torch`: the context switch measured (when timing is asked for), load,
     recorded tests, the problem's own sizes, the kernels one forward ran there (the candidate's
     and the reference's, `res["kernels"]`), timing."""
+    judge.runner.wait_up()
     if req.get("bench"):
         judge.measure_switch()
     # Asked before any candidate code runs: a profiler that worked then and answers "none"
@@ -1618,15 +1653,16 @@ def judge_torch(judge, req, res, t_start):
     flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
     sink = torch.empty((), dtype=torch.float32, device="cuda")
     judge.flush = lambda: torch.sum(flush_buf, dim=0, out=sink)
-    res["timing"], failure = judge.time_candidate(problem, model, inputs, dist, bench)
+    res["timing"], failure = judge.time_candidate(problem, model, dist, bench)
     if failure:
         res["failure"] = list(failure)
         return
     res["worker_ms"]["timing"] = (time.perf_counter() - t_time) * 1e3
     heartbeat()
     t_ref = time.perf_counter()
-    # The candidate's window includes the runner's copy of its outputs into the arena: the
-    # reference pays the same copy into buffers of its own.
+    # Timed once the runner is gone (`time_candidate` ends it): nothing of the candidate's can
+    # slow the reference down. The candidate's window includes the runner's copy of its outputs
+    # into the arena: the reference pays the same copy into buffers of its own.
     dst = [torch.empty_like(o) for o in judge.arena.outputs(0)]
 
     def reference():
@@ -1738,7 +1774,8 @@ class RunnerState:
 
 def torch_runner_main(rfd, wfd):
     """`--torch-runner R W`: the runner's loop; requests on file descriptor R, one answer line
-    each on W (`ok`, `done`, `ready`, `synced`, `error <text>`, `cuda_error <text>`)."""
+    each on W (`ok`, `done`, `ready`, `synced`, `error <text>`, `cuda_error <text>`), after `up`
+    once it is ready for the first."""
     out = os.fdopen(wfd, "w")
 
     def say(word, text=""):
@@ -1754,6 +1791,7 @@ def torch_runner_main(rfd, wfd):
         st.no_profiler = f"{type(e).__name__}: {e}"
         print(f"profiler unavailable: {st.no_profiler}", file=sys.stderr, flush=True)
     install_handed_filters()
+    say("up")
     ops = {
         "load": st.load,
         "bind": st.bind,

@@ -116,6 +116,22 @@ fn check_compile_only_verdicts() {
     assert_eq!(v["failure"], "compile_error");
     assert_eq!(v["diagnostics"][0]["line"], 4);
 
+    // Several sources, judged in turn: an array of verdicts in order, exit 1 when any fails.
+    let vec4 = root.join("datasets/tasks/vector_add/vec4.cu");
+    let (c, v) = check(
+        &p,
+        "vector_add",
+        &vec4,
+        &["--source", bad.to_str().unwrap()],
+    );
+    assert_eq!(c, 1, "{v}");
+    assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(
+        (&v[0]["compiled"], &v[0]["failure"]),
+        (&true.into(), &serde_json::Value::Null)
+    );
+    assert_eq!(v[1]["failure"], "compile_error", "{v}");
+
     // Bad usage: unknown task or missing file, exit 2.
     let o = p.run(&["check", "--task", "nope", "--source", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));

@@ -450,3 +450,32 @@ fn torch_ops_standing_in_are_found_from_the_kernels_that_ran() {
         );
     }
 }
+
+/// A CUDA fault in one candidate's runner (a device-side assert) is that candidate's
+/// `cuda_error`; the judge's own context is intact, so the next candidate judged by the same
+/// worker (`check` with two sources) is correct, not `crash`.
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn a_fault_in_one_runner_leaves_the_next_candidate_to_the_same_judge() {
+    if !gpu_enabled("a_fault_in_one_runner_leaves_the_next_candidate_to_the_same_judge") {
+        return;
+    }
+    let p = Project::new();
+    let honest = common::repo_root().join("tests/kernels/kb/relu_model_new.py");
+    let faulting = common::forward_candidate(&p, "device_assert");
+    let v = check(
+        &p,
+        "kb/L1/19_ReLU",
+        &faulting,
+        &[
+            "--source",
+            honest.to_str().unwrap(),
+            "--set",
+            "testgen.limit=19",
+        ],
+    );
+    let v = v.as_array().unwrap_or_else(|| panic!("two verdicts: {v}"));
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[0]["failure"], "cuda_error", "{}", v[0]);
+    assert_eq!(v[1]["correct"], true, "{}", v[1]);
+}

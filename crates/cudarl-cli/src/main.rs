@@ -168,9 +168,10 @@ enum Command {
         task: String,
         /// The kernel source: native ABI (`extern "C" void launch(...)`) for synthetic tasks;
         /// for KernelBench problems a `ModelNew` Python file or a SakanaAI-style `.cu` extension
-        /// (`PYBIND11_MODULE` + `forward`).
-        #[arg(long, value_name = "FILE")]
-        source: PathBuf,
+        /// (`PYBIND11_MODULE` + `forward`). Repeat it to judge several candidates in turn,
+        /// with one worker (`--json` then prints an array of verdicts).
+        #[arg(long, value_name = "FILE", required = true)]
+        source: Vec<PathBuf>,
         /// The candidate's ABI (default: detected from the source).
         #[arg(long, value_parser = ["native", "torch"])]
         abi: Option<String>,
@@ -191,7 +192,7 @@ enum Command {
         /// Wall-clock limit for running the candidate, seconds.
         #[arg(long, default_value_t = 20)]
         timeout: u64,
-        /// The verdict as JSON on stdout.
+        /// The verdict as JSON on stdout (an array of verdicts for several `--source`s).
         #[arg(long)]
         json: bool,
     },

@@ -1182,7 +1182,10 @@ impl Judge {
             ));
         }
         let events = (&start, &stop, &after);
-        // The window's fixed cost: empty windows (no launch) in the same runner.
+        // The window's fixed cost: empty windows (no launch) in the same runner. Nothing of the
+        // candidate's runs meanwhile: its code runs only inside its launches (the object checks
+        // reject constructors and thread, signal and callback symbols), and the runner
+        // synchronized its context after the last one.
         let mut empty = Vec::new();
         for _ in 0..CALIBRATION_WINDOWS {
             heartbeat();

@@ -1,6 +1,6 @@
 //! `cudarl-pipe check`: one kernel through the harness.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ValueEnum;
@@ -21,22 +21,23 @@ pub enum Mode {
     Full,
 }
 
-/// A KernelBench problem (`kb/L1/19_ReLU`) with a torch-format candidate: its recorded tests
-/// come from the `testgen` node (built first if needed).
+/// A KernelBench problem (`kb/L1/19_ReLU`) with torch-format candidates (`srcs`, judged in
+/// turn by one worker pool): its recorded tests come from the `testgen` node (built first if
+/// needed).
 #[allow(clippy::too_many_arguments)]
 fn check_kb(
     ctx: &Ctx,
     task_id: &str,
-    src: &str,
+    srcs: &[String],
     abi: Option<&str>,
     compiler: &Compiler,
     gpu: Option<cudarl_cuda::gpu::GpuInfo>,
     bench: bool,
     timeout: u64,
-) -> Result<cudarl_cuda::Verdict, CliError> {
+) -> Result<Vec<cudarl_cuda::Verdict>, CliError> {
     use cudarl_cuda::torchfmt::{self, Format};
-    let format = torchfmt::detect(src, abi);
-    if format == Format::Native {
+    let formats: Vec<Format> = srcs.iter().map(|s| torchfmt::detect(s, abi)).collect();
+    if formats.contains(&Format::Native) {
         return Err(CliError::usage(format!(
             "`{task_id}` is a KernelBench problem: give a torch-format candidate (a `ModelNew` Python file or a `.cu` with PYBIND11_MODULE; `--abi torch`)"
         )));
@@ -71,30 +72,40 @@ fn check_kb(
                 .join(", ")
         ))
     })?;
+    if gpu.is_some() && problem.tests.is_empty() {
+        return Err(CliError::failed(format!(
+            "`{task_id}` has no recorded tests (see `cudarl-pipe show testgen`)"
+        )));
+    }
     let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
     let env = torchfmt::TorchEnv::query(&mut py).map_err(CliError::failed)?;
     let rules = Rules::builtin();
-    let prep = torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
-    drop(py);
-    let (v, cand) = torchfmt::build(task_id, &prep, compiler, Some(&env))
-        .map_err(|e| CliError::failed(e.to_string()))?;
-    match (gpu, cand) {
-        (Some(g), Some(cand)) => {
-            if problem.tests.is_empty() {
-                return Err(CliError::failed(format!(
-                    "`{task_id}` has no recorded tests (see `cudarl-pipe show testgen`)"
-                )));
-            }
-            let mut pool = cudarl_cuda::pyworker::pool(&ctx.root);
-            let opts = torchfmt::TorchRunOptions {
-                wall: Duration::from_secs(timeout),
-                bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
-                root: ctx.root.clone(),
-            };
-            Ok(torchfmt::run(v, &cand, problem, &mut pool, &opts, Some(g)))
-        }
-        _ => Ok(v),
+    let mut built = Vec::new();
+    for (src, format) in srcs.iter().zip(formats) {
+        let prep =
+            torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
+        built.push(
+            torchfmt::build(task_id, &prep, compiler, Some(&env))
+                .map_err(|e| CliError::failed(e.to_string()))?,
+        );
     }
+    drop(py);
+    let Some(g) = gpu else {
+        return Ok(built.into_iter().map(|(v, _)| v).collect());
+    };
+    let mut pool = cudarl_cuda::pyworker::pool(&ctx.root);
+    let opts = torchfmt::TorchRunOptions {
+        wall: Duration::from_secs(timeout),
+        bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
+        root: ctx.root.clone(),
+    };
+    Ok(built
+        .into_iter()
+        .map(|(v, cand)| match cand {
+            Some(cand) => torchfmt::run(v, &cand, problem, &mut pool, &opts, Some(g.clone())),
+            None => v,
+        })
+        .collect())
 }
 
 /// The compiler (nvcc, the GPU's arch or `arch`, the store's compile cache), the GPU if `mode`
@@ -141,12 +152,13 @@ fn harness(
     ))
 }
 
-/// Runs `check`.
+/// Runs `check` on every file of `sources` in turn (one worker pool for all): each verdict is
+/// printed (several: a JSON array with `--json`); the exit code is 0 when all pass, else 1.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     ctx: &Ctx,
     task_id: &str,
-    source: &Path,
+    sources: &[PathBuf],
     abi: Option<&str>,
     mode: Mode,
     arch: Option<String>,
@@ -154,13 +166,51 @@ pub fn run(
     timeout: u64,
     json: bool,
 ) -> Result<i32, CliError> {
-    if task_id.starts_with("kb/") {
-        let src = std::fs::read_to_string(source)
-            .map_err(|e| CliError::usage(format!("{}: {e}", source.display())))?;
+    let srcs = sources
+        .iter()
+        .map(|p| {
+            std::fs::read_to_string(p).map_err(|e| CliError::usage(format!("{}: {e}", p.display())))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let verdicts = if task_id.starts_with("kb/") {
         let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
-        let v = check_kb(ctx, task_id, &src, abi, &compiler, gpu, bench, timeout)?;
-        return Ok(print_verdict(&v, json));
+        check_kb(ctx, task_id, &srcs, abi, &compiler, gpu, bench, timeout)?
+    } else {
+        check_native(
+            ctx,
+            task_id,
+            &srcs,
+            abi,
+            (mode, arch),
+            (bench, profile),
+            timeout,
+        )?
+    };
+    if json && verdicts.len() > 1 {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&verdicts).expect("verdicts serialize")
+        );
+        return Ok(i32::from(!verdicts.iter().all(passed)));
     }
+    Ok(verdicts
+        .iter()
+        .map(|v| print_verdict(v, json))
+        .max()
+        .unwrap_or(0))
+}
+
+/// Native-ABI candidates `srcs` for the synthetic task `task_id`, judged in turn by one worker
+/// pool (compile-only without a GPU).
+fn check_native(
+    ctx: &Ctx,
+    task_id: &str,
+    srcs: &[String],
+    abi: Option<&str>,
+    (mode, arch): (Mode, Option<String>),
+    (bench, profile): (bool, bool),
+    timeout: u64,
+) -> Result<Vec<cudarl_cuda::Verdict>, CliError> {
     if abi == Some("torch") {
         return Err(CliError::usage(format!(
             "`{task_id}` is a synthetic task: its candidates use the native ABI (`extern \"C\" void launch(...)`)"
@@ -178,44 +228,54 @@ pub fn run(
                 .join(", ")
         ))
     })?;
-    let src = std::fs::read_to_string(source)
-        .map_err(|e| CliError::usage(format!("{}: {e}", source.display())))?;
     let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
     let rules = Rules::builtin();
-    let v = if gpu.is_some() {
-        let mut pool = WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]);
-        let salt = compiler
-            .store
-            .as_ref()
-            .map(hidden_salt)
-            .transpose()
-            .map_err(|e| CliError::failed(e.to_string()))?
-            .unwrap_or_default();
-        let opts = FullOptions {
-            public_seeds: vec![0, 1],
-            hidden_seeds: hidden_seeds(&salt, task_id, &src, 2),
-            wall: Duration::from_secs(timeout),
-            bench,
-            time_naive: true,
-            profile,
-        };
-        let naive = task.naive_source().ok();
-        check_full(
-            &task.spec,
-            &src,
-            naive.as_deref(),
-            &rules,
-            &compiler,
-            &mut pool,
-            &opts,
-            &Default::default(),
-        )
+    if gpu.is_none() {
+        return srcs
+            .iter()
+            .map(|src| {
+                check_compile_only(&task.spec, src, &rules, &compiler)
+                    .map_err(|e| CliError::failed(e.to_string()))
+            })
+            .collect();
+    }
+    let mut pool = WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]);
+    let salt = compiler
+        .store
+        .as_ref()
+        .map(hidden_salt)
+        .transpose()
         .map_err(|e| CliError::failed(e.to_string()))?
-    } else {
-        check_compile_only(&task.spec, &src, &rules, &compiler)
-            .map_err(|e| CliError::failed(e.to_string()))?
-    };
-    Ok(print_verdict(&v, json))
+        .unwrap_or_default();
+    let naive = task.naive_source().ok();
+    srcs.iter()
+        .map(|src| {
+            let opts = FullOptions {
+                public_seeds: vec![0, 1],
+                hidden_seeds: hidden_seeds(&salt, task_id, src, 2),
+                wall: Duration::from_secs(timeout),
+                bench,
+                time_naive: true,
+                profile,
+            };
+            check_full(
+                &task.spec,
+                src,
+                naive.as_deref(),
+                &rules,
+                &compiler,
+                &mut pool,
+                &opts,
+                &Default::default(),
+            )
+            .map_err(|e| CliError::failed(e.to_string()))
+        })
+        .collect()
+}
+
+/// Whether `v` passes: compiled, and correct when it ran.
+fn passed(v: &cudarl_cuda::Verdict) -> bool {
+    v.failure.is_none() && (v.compiled && (!v.executed || v.correct == Some(true)))
 }
 
 /// Prints a verdict (text or JSON); returns the exit code (0 pass, 1 fail).
@@ -296,6 +356,5 @@ fn print_verdict(v: &cudarl_cuda::Verdict, json: bool) -> i32 {
             println!("  hack flag: {h}");
         }
     }
-    let pass = v.failure.is_none() && (v.compiled && (!v.executed || v.correct == Some(true)));
-    if pass { 0 } else { 1 }
+    i32::from(!passed(v))
 }
