@@ -209,7 +209,7 @@ pub struct RunOptions {
     /// Compute keys and report what would run, without running or writing anything.
     pub dry_run: bool,
     /// Which rows the targets compute (`--shard i/N`, `--merge`); their ancestors always run
-    /// whole. Only [`Stage::shardable`] targets accept anything but [`RunPart::Whole`].
+    /// whole. Only [`crate::Stage::shardable`] targets accept anything but [`RunPart::Whole`].
     pub part: RunPart,
 }
 

@@ -8,7 +8,7 @@
 //!   host and device texts that come from the candidate's own file (linemarkers say which), and
 //!   every header the candidate's file includes, resolved to its path, against the include
 //!   allow-list.
-//! - [`object`]: the host object's undefined symbols against the allow-list
+//! - [`object()`]: the host object's undefined symbols against the allow-list
 //!   (`[objects] native_symbols` in `configs/harness/static_rules.toml`), no constructors or
 //!   destructors beyond nvcc's own registration (`.init_array` entries,
 //!   `.preinit_array`/`.fini_array`/`.ctors`/`.dtors`/`.init`/`.fini` sections), no `IFUNC`

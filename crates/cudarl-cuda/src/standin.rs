@@ -100,7 +100,7 @@ fn is_transfer(name: &str) -> bool {
 /// Torch operations standing in for the candidate's kernels, or `None`. `own` holds the base
 /// names of the candidate's kernels ([`own_kernels`]). Flagged when
 /// - none of the candidate's own kernels ran (when `own` is known: empty means unknown), or
-/// - the reference ran at least one kernel that is not data movement ([`PLUMBING`]) and every
+/// - the reference ran at least one kernel that is not data movement (`PLUMBING`) and every
 ///   such kernel also ran for the candidate: its own kernels replaced none of the reference's
 ///   work (a token launch beside `torch.relu`, `getattr(F, ...)`, `torch.ops.aten`).
 ///

@@ -20,7 +20,7 @@ fn list_of(item: DataType) -> DataType {
 /// | name | utf8 | file stem, e.g. `19_ReLU` |
 /// | code | utf8 | the reference module (`class Model`, `get_inputs`, `get_init_inputs`) |
 /// | code_hash | utf8 | BLAKE3 hex of `code` |
-/// | op_features | list<utf8> | torch operations the reference uses, extracted statically (sorted, unique) |
+/// | op_features | `list<utf8>` | torch operations the reference uses, extracted statically (sorted, unique) |
 /// | source_kind | utf8 | `bundled`, `checkout` or `hub` |
 /// | source_repo, source_commit, source_path | utf8, nullable | provenance |
 pub static PROBLEMS: LazyLock<SchemaRef> = LazyLock::new(|| {
@@ -171,8 +171,8 @@ pub fn ncu_rule_struct() -> DataType {
 /// | gpu | utf8, nullable | GPU the archive timed on, when known |
 /// | clang_tidy_warnings | int64, nullable | `warning:` lines in the archive's clang-tidy output |
 /// | ncu_* | float64, nullable | typed NCU metrics, see [`NCU_TYPED`] |
-/// | ncu_metrics | list<struct>, nullable | every NCU metric as in the archive (name, unit, avg, variance, n) |
-/// | ncu_rules | list<struct>, nullable | NCU rule results (name, type, description) |
+/// | ncu_metrics | `list<struct>`, nullable | every NCU metric as in the archive (name, unit, avg, variance, n) |
+/// | ncu_rules | `list<struct>`, nullable | NCU rule results (name, type, description) |
 /// | provenance | utf8 | dataset, revision, file and row the kernel came from |
 pub static KERNELS: LazyLock<SchemaRef> = LazyLock::new(|| {
     let mut f = vec![

@@ -282,6 +282,42 @@ pub fn generator_conversation_phrased(
     ]
 }
 
+/// The tester's feedback on a validated kernel, from its `validations` row `v` (column name ->
+/// value): compiled, the tests passed, the median time (ms) with the speedup over the PyTorch
+/// reference and the fraction of peak DRAM bandwidth when it ran on a GPU, and its registers,
+/// shared memory and spills. Missing numbers read as 0.
+pub fn validation_feedback(v: &BTreeMap<&str, serde_json::Value>) -> String {
+    use serde_json::Value;
+    let num = |k: &str| v.get(k).and_then(Value::as_f64);
+    let int = |k: &str| v.get(k).and_then(Value::as_i64);
+    let mut lines = vec!["compiled: yes".to_string()];
+    match (v.get("executed").and_then(Value::as_bool), num("median_ms")) {
+        (Some(true), Some(ms)) => {
+            lines.push(format!(
+                "tests: {}/{} passed (train and hold-out shapes, public and hidden seeds)",
+                int("tests_passed").unwrap_or(0),
+                int("tests").unwrap_or(0)
+            ));
+            let mut t = format!("median time: {ms:.4} ms");
+            if let Some(s) = num("speedup_vs_torch") {
+                t.push_str(&format!(", {s:.2}x the PyTorch reference"));
+            }
+            if let Some(d) = num("dram_fraction_of_peak") {
+                t.push_str(&format!(", {:.0}% of peak DRAM bandwidth", d * 100.0));
+            }
+            lines.push(t);
+        }
+        _ => lines.push("not run: compile-only (no GPU on the validating machine)".into()),
+    }
+    lines.push(format!(
+        "resources: {} registers/thread, {} B shared memory/block, {} B spilled",
+        int("registers").unwrap_or(0),
+        int("shared_mem_bytes").unwrap_or(0),
+        int("spill_bytes").unwrap_or(0)
+    ));
+    lines.join("\n")
+}
+
 /// The tester's feedback on one verdict, in words: what failed and where (compile errors with
 /// their lines, the failing test's split, shape and error; hidden seeds are not shown), or the
 /// timing and resource findings (spills, register pressure, shared memory, uncoalesced access).

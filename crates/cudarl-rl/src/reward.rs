@@ -5,7 +5,7 @@
 //! Full mode (a GPU ran the tests): 0 unless the kernel compiles and passes every test (train
 //! and hold-out shapes, public and hidden seeds); then
 //! `w_pass * pass_rate + w_speedup * norm_speedup - w_reg * register_pressure
-//!  - w_smem * smem_overuse + w_shfl * [warp shuffle] + w_coal * [coalesced]`,
+//!  - w_smem * smem_overuse + w_shfl * 1{warp shuffle} + w_coal * 1{coalesced}`,
 //! plus `w_timeout` (negative) for a kernel that hung, gate or not, and `w_compiled` for a
 //! kernel that passed the static checks and compiled, gate or not (0 in the default config:
 //! a partial credit that gives GRPO a signal in groups where no candidate passes yet, as in

@@ -1,5 +1,6 @@
 //! Helpers shared by stages: error mapping, path resolution, params, writing typed rows,
-//! checkpoints in the store, the models' device.
+//! checkpoints in the store, the models' device, trainer jobs, KernelBench problems with their
+//! recorded tests.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
@@ -295,4 +296,104 @@ pub fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, S
         .collect();
     std::fs::write(path, lines.join("\n") + "\n").map_err(|e| StageError::Failed(e.to_string()))?;
     Ok(lines.len())
+}
+
+/// Runs `job` in the trainer process; its step metrics. A job the trainer refuses (exit 2)
+/// becomes a [`StageError::BadInput`] naming `config` and its `section`.
+pub fn run_job(
+    job: &cudarl_protocol::Job,
+    dir: &Path,
+    config: &str,
+    section: &str,
+) -> Result<Vec<cudarl_protocol::StepMetrics>, StageError> {
+    use cudarl_protocol::Event;
+    use cudarl_rl::trainer::JobError;
+    match cudarl_rl::trainer::run_job(job, dir) {
+        Ok(events) => Ok(events
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Step(m) => Some(m),
+                Event::Done(_) => None,
+            })
+            .collect()),
+        Err(JobError::BadInput(m)) => Err(StageError::bad_input(config, Some(section), m)),
+        Err(JobError::Failed(m)) => Err(StageError::Failed(m)),
+    }
+}
+
+/// KernelBench problems with their recorded tests, from a `problems` table
+/// (`ingest-kernelbench`) and, if given, a `kb_tests` table (`testgen`; test files are store
+/// blobs). Without it the problems have no tests (compile-only checks need none).
+/// Tolerance per problem from the dtype of its first output ([`cudarl_cuda::torchfmt::tolerance`]).
+///
+/// # Errors
+/// Unreadable tables or missing columns (bad input naming the file and column).
+pub fn load_kb_problems(
+    problems: &std::path::Path,
+    kb_tests: Option<&std::path::Path>,
+    store: &cudarl_core::Store,
+) -> Result<std::collections::BTreeMap<String, cudarl_cuda::torchfmt::KbProblem>, StageError> {
+    use cudarl_cuda::torchfmt::{KbProblem, RecordedTest, tolerance};
+    use serde_json::Value;
+    use std::collections::BTreeMap;
+    let pt = Table::read(problems, "problems").map_err(data_err)?;
+    let (ids, codes) = (
+        pt.req_strings("problem_id").map_err(data_err)?,
+        pt.req_strings("code").map_err(data_err)?,
+    );
+    let mut out: BTreeMap<String, KbProblem> = BTreeMap::new();
+    for i in 0..pt.rows() {
+        if let (Some(id), Some(code)) = (ids.get(i), codes.get(i)) {
+            out.insert(
+                id.to_string(),
+                KbProblem {
+                    id: id.to_string(),
+                    code: code.to_string(),
+                    tests: vec![],
+                    tol: tolerance("f32"),
+                },
+            );
+        }
+    }
+    let Some(kb_tests) = kb_tests else {
+        return Ok(out);
+    };
+    let t = Table::read(kb_tests, "kb_tests").map_err(data_err)?;
+    let pid = t.req_strings("problem_id").map_err(data_err)?;
+    let seed = t.req_ints("seed").map_err(data_err)?;
+    let split = t.req_strings("split").map_err(data_err)?;
+    let dist = t.req_strings("dist").map_err(data_err)?;
+    let blob = t.req_strings("blob").map_err(data_err)?;
+    let tensors = t.req_strings("tensors_json").map_err(data_err)?;
+    for i in 0..t.rows() {
+        let (Some(p), Some(b)) = (pid.get(i), blob.get(i)) else {
+            continue;
+        };
+        let d: Digest = b.parse().map_err(|_| {
+            StageError::bad_input("kb_tests", Some("blob"), format!("`{b}` is not a digest"))
+        })?;
+        let Some(prob) = out.get_mut(p) else {
+            continue;
+        };
+        if prob.tests.is_empty()
+            && let Some(dt) = tensors
+                .get(i)
+                .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                .and_then(|v| {
+                    v.as_array()?
+                        .iter()
+                        .find(|x| x["name"].as_str().is_some_and(|n| n.starts_with("output.")))
+                        .and_then(|x| x["dtype"].as_str().map(str::to_string))
+                })
+        {
+            prob.tol = tolerance(&dt);
+        }
+        prob.tests.push(RecordedTest {
+            path: store.blob_path(&d),
+            seed: seed.get(i).unwrap_or(0) as u64,
+            split: split.get(i).unwrap_or("public").to_string(),
+            dist: dist.get(i).unwrap_or("native").to_string(),
+        });
+    }
+    Ok(out)
 }

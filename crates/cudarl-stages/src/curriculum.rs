@@ -39,9 +39,9 @@ fn list_of_str() -> DataType {
 /// | name | utf8 | problem name |
 /// | tier | int64 | 0 elementwise, 1 reduction/data movement, 2 tiled/normalizing, 3 fused |
 /// | tier_reason | utf8 | why this tier |
-/// | op_features | list<utf8> | ops from the reference |
-/// | op_categories | list<utf8> | categories of those ops |
-/// | unknown_ops | list<utf8> | ops with no category (tiered conservatively) |
+/// | op_features | `list<utf8>` | ops from the reference |
+/// | op_categories | `list<utf8>` | categories of those ops |
+/// | unknown_ops | `list<utf8>` | ops with no category (tiered conservatively) |
 /// | split | utf8 | `train`, `val` or `test` |
 /// | archive_kernels | int64 | kernels for this problem in the ingested archives |
 /// | archive_claimed_correct | int64 | of those, claimed correct by their archive |

@@ -92,7 +92,7 @@ impl KbSpecs {
     }
 }
 
-pub use cudarl_cuda::pyworker::{PyWorker, python, python_versions};
+use cudarl_cuda::pyworker::{PyWorker, python_versions};
 
 fn c_type(dtype: &str) -> Option<&'static str> {
     Some(match dtype {

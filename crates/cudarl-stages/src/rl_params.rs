@@ -429,11 +429,11 @@ fn f64s(name: &str, nullable: bool) -> Field {
     Field::new(name, DataType::Float64, nullable)
 }
 
-/// The columns of a `turns` table after its key columns ([`TurnFields`]): turn, task_id, tier,
+/// The columns of a `turns` table after its key columns (`TurnFields`): turn, task_id, tier,
 /// role, tokens, text, code, failure, feedback, reward, credit, advantage, value,
 /// components_json. `rl-train` keys them by step and episode, `eval` by checkpoint, split and
 /// episode.
-pub(crate) static TURN_FIELDS: LazyLock<Vec<Arc<Field>>> = LazyLock::new(|| {
+pub static TURN_FIELDS: LazyLock<Vec<Arc<Field>>> = LazyLock::new(|| {
     [
         Field::new("turn", DataType::Int64, false),
         Field::new("task_id", DataType::Utf8, false),

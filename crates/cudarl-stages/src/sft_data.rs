@@ -28,7 +28,7 @@
 //!
 //! `sft_optimizer` adds `base_kernel_id` (the slower kernel), `speedup` (float64, nullable:
 //! base median / answer median), `measured` (bool) and `kind` (utf8): `optimize`, or for a
-//! repair example (`repairs_per_base`; [`crate::repair`]) `repair:<breakage>`: a task kernel
+//! repair example (`repairs_per_base`; [`cudarl_rl::repair`]) `repair:<breakage>`: a task kernel
 //! broken on purpose (`missing_semicolon`, `undeclared_identifier`, `missing_brace`) with
 //! nvcc's real diagnostics as the tester's feedback, or `repair:no_code` (the answer had no
 //! code block), -> the correct kernel; `base_kernel_id` is then `<kernel_id>#<breakage>`.
@@ -46,6 +46,7 @@ use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
 use cudarl_curriculum::prompts::{
     self, CLOSINGS, ChatMessage, GENERATOR_SYSTEM, INTROS, OPTIMIZER_SYSTEM, TaskView,
 };
+use cudarl_curriculum::sample::{hash_fraction, order, shape_variants};
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -223,82 +224,6 @@ impl Rows {
             Arc::new(StringArray::from(json)),
         ]
     }
-}
-
-/// A string's BLAKE3 hash as a number in [0, 1].
-fn unit_hash(s: &str) -> f64 {
-    let h = blake3::hash(s.as_bytes());
-    let x = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
-    x as f64 / u64::MAX as f64
-}
-
-/// A deterministic pseudo-random order of `n` items (SplitMix64 keys).
-fn order(n: usize, seed: u64) -> Vec<usize> {
-    let mut keyed: Vec<(u64, usize)> = (0..n)
-        .map(|i| {
-            let mut z = seed
-                .wrapping_add(i as u64)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (z ^ (z >> 31), i)
-        })
-        .collect();
-    keyed.sort_unstable();
-    keyed.into_iter().map(|(_, i)| i).collect()
-}
-
-/// Ordered selections of the train shapes (the empty one, each single shape, each ordered pair,
-/// ... all permutations of all subsets).
-fn shape_variants(shapes: &[String]) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = vec![vec![]];
-    let mut frontier: Vec<Vec<usize>> = vec![vec![]];
-    for _ in 0..shapes.len() {
-        let mut next = Vec::new();
-        for f in &frontier {
-            for i in 0..shapes.len() {
-                if !f.contains(&i) {
-                    let mut g = f.clone();
-                    g.push(i);
-                    out.push(g.iter().map(|&j| shapes[j].clone()).collect());
-                    next.push(g);
-                }
-            }
-        }
-        frontier = next;
-    }
-    out
-}
-
-fn feedback(v: &BTreeMap<&str, Value>) -> String {
-    let num = |k: &str| v.get(k).and_then(Value::as_f64);
-    let int = |k: &str| v.get(k).and_then(Value::as_i64);
-    let mut lines = vec!["compiled: yes".to_string()];
-    match (v.get("executed").and_then(Value::as_bool), num("median_ms")) {
-        (Some(true), Some(ms)) => {
-            lines.push(format!(
-                "tests: {}/{} passed (train and hold-out shapes, public and hidden seeds)",
-                int("tests_passed").unwrap_or(0),
-                int("tests").unwrap_or(0)
-            ));
-            let mut t = format!("median time: {ms:.4} ms");
-            if let Some(s) = num("speedup_vs_torch") {
-                t.push_str(&format!(", {s:.2}x the PyTorch reference"));
-            }
-            if let Some(d) = num("dram_fraction_of_peak") {
-                t.push_str(&format!(", {:.0}% of peak DRAM bandwidth", d * 100.0));
-            }
-            lines.push(t);
-        }
-        _ => lines.push("not run: compile-only (no GPU on the validating machine)".into()),
-    }
-    lines.push(format!(
-        "resources: {} registers/thread, {} B shared memory/block, {} B spilled",
-        int("registers").unwrap_or(0),
-        int("shared_mem_bytes").unwrap_or(0),
-        int("spill_bytes").unwrap_or(0)
-    ));
-    lines.join("\n")
 }
 
 impl Stage for SftData {
@@ -633,7 +558,7 @@ fn validated_kernels(
             code: c.to_string(),
             validated,
             median_ms: v.get("median_ms").and_then(Value::as_f64),
-            feedback: feedback(v),
+            feedback: cudarl_rl::episode::validation_feedback(v),
         });
     }
     Ok(by_task)
@@ -654,7 +579,7 @@ impl SftData {
     fn split_of(&self, id: &str, reserved: Option<&'static str>) -> String {
         match reserved {
             Some(r) => r.into(),
-            None if unit_hash(id) < self.params.val_fraction => "val".into(),
+            None if hash_fraction(id) < self.params.val_fraction => "val".into(),
             None => "train".into(),
         }
     }
@@ -665,10 +590,10 @@ impl SftData {
         let p = &self.params;
         let generated = t.starts_with(cudarl_rl::families::PREFIX);
         if p.holdout_tasks.iter().any(|h| h == t)
-            || (generated && unit_hash(t) < p.holdout_generated)
+            || (generated && hash_fraction(t) < p.holdout_generated)
         {
             Some("test")
-        } else if generated && unit_hash(t) < p.holdout_generated + p.rl_generated {
+        } else if generated && hash_fraction(t) < p.holdout_generated + p.rl_generated {
             Some("rl")
         } else {
             None
@@ -954,17 +879,5 @@ mod tests {
         let inside = background_pool().unwrap().install(nice_of_child);
         assert_eq!(inside, "19", "outside the pool: {outside}");
         assert_ne!(outside, "19", "the test itself must not run at nice 19");
-    }
-
-    #[test]
-    fn shape_variants_are_all_ordered_subsets() {
-        let v = shape_variants(&["a".into(), "b".into(), "c".into()]);
-        // 1 empty + 3 + 6 + 6.
-        assert_eq!(v.len(), 16);
-        assert!(v.contains(&vec!["c".to_string(), "a".to_string()]));
-        let o = order(50, 1);
-        let mut s = o.clone();
-        s.sort();
-        assert_eq!(s, (0..50).collect::<Vec<_>>());
     }
 }

@@ -22,8 +22,8 @@ use cudarl_rl::tasks;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::common::run_job;
 use crate::common::{materialize, params_json, resolve_device, write_rows};
-use crate::train_stages::run_job;
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "sft-eval";

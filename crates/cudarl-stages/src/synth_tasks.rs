@@ -1,5 +1,5 @@
 //! `synth-tasks`: task families from `datasets/tasks/` (specs and kernels written in this
-//! project), plus the generated families of `generate` ([`crate::families`]), into the `tasks`
+//! project), plus the generated families of `generate` ([`cudarl_rl::families`]), into the `tasks`
 //! and `task_kernels` tables.
 
 use std::sync::{Arc, LazyLock};
@@ -74,7 +74,7 @@ pub struct Params {
     /// Task folder, relative to the project root; not in the key (its files are).
     #[serde(default, skip_serializing)]
     pub path: Option<String>,
-    /// Generated families added to the folder's ([`crate::families`]); none by default.
+    /// Generated families added to the folder's ([`cudarl_rl::families`]); none by default.
     #[serde(default, skip_serializing_if = "is_default")]
     pub generate: GenerateParams,
 }
@@ -125,7 +125,7 @@ impl Stage for SynthTasks {
         KIND
     }
     fn code_version(&self) -> u32 {
-        // Bump when the templates of `crate::families` change (they are code, not inputs).
+        // Bump when the templates of `cudarl_rl::families` change (they are code, not inputs).
         5
     }
     fn params(&self) -> serde_json::Value {

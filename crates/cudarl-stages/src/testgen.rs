@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::common::{data_err, params_json, write_output};
-use crate::kb_specs::{PyWorker, python_versions};
+use cudarl_cuda::pyworker::{PyWorker, python_versions};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "testgen";
@@ -650,79 +650,4 @@ fn write_tables(
     )
     .map_err(data_err)?;
     write_output(ctx, "kb_testgen", &batch)
-}
-
-/// KernelBench problems with their recorded tests, from a `problems` table
-/// (`ingest-kernelbench`) and, if given, a `kb_tests` table (`testgen`; test files are store
-/// blobs). Without it the problems have no tests (compile-only checks need none).
-/// Tolerance per problem from the dtype of its first output ([`cudarl_cuda::torchfmt::tolerance`]).
-///
-/// # Errors
-/// Unreadable tables or missing columns (bad input naming the file and column).
-pub fn load_kb_problems(
-    problems: &std::path::Path,
-    kb_tests: Option<&std::path::Path>,
-    store: &cudarl_core::Store,
-) -> Result<BTreeMap<String, cudarl_cuda::torchfmt::KbProblem>, StageError> {
-    use cudarl_cuda::torchfmt::{KbProblem, RecordedTest, tolerance};
-    let pt = Table::read(problems, "problems").map_err(data_err)?;
-    let (ids, codes) = (
-        pt.req_strings("problem_id").map_err(data_err)?,
-        pt.req_strings("code").map_err(data_err)?,
-    );
-    let mut out: BTreeMap<String, KbProblem> = BTreeMap::new();
-    for i in 0..pt.rows() {
-        if let (Some(id), Some(code)) = (ids.get(i), codes.get(i)) {
-            out.insert(
-                id.to_string(),
-                KbProblem {
-                    id: id.to_string(),
-                    code: code.to_string(),
-                    tests: vec![],
-                    tol: tolerance("f32"),
-                },
-            );
-        }
-    }
-    let Some(kb_tests) = kb_tests else {
-        return Ok(out);
-    };
-    let t = Table::read(kb_tests, "kb_tests").map_err(data_err)?;
-    let pid = t.req_strings("problem_id").map_err(data_err)?;
-    let seed = t.req_ints("seed").map_err(data_err)?;
-    let split = t.req_strings("split").map_err(data_err)?;
-    let dist = t.req_strings("dist").map_err(data_err)?;
-    let blob = t.req_strings("blob").map_err(data_err)?;
-    let tensors = t.req_strings("tensors_json").map_err(data_err)?;
-    for i in 0..t.rows() {
-        let (Some(p), Some(b)) = (pid.get(i), blob.get(i)) else {
-            continue;
-        };
-        let d: Digest = b.parse().map_err(|_| {
-            StageError::bad_input("kb_tests", Some("blob"), format!("`{b}` is not a digest"))
-        })?;
-        let Some(prob) = out.get_mut(p) else {
-            continue;
-        };
-        if prob.tests.is_empty()
-            && let Some(dt) = tensors
-                .get(i)
-                .and_then(|s| serde_json::from_str::<Value>(s).ok())
-                .and_then(|v| {
-                    v.as_array()?
-                        .iter()
-                        .find(|x| x["name"].as_str().is_some_and(|n| n.starts_with("output.")))
-                        .and_then(|x| x["dtype"].as_str().map(str::to_string))
-                })
-        {
-            prob.tol = tolerance(&dt);
-        }
-        prob.tests.push(RecordedTest {
-            path: store.blob_path(&d),
-            seed: seed.get(i).unwrap_or(0) as u64,
-            split: split.get(i).unwrap_or("public").to_string(),
-            dist: dist.get(i).unwrap_or("native").to_string(),
-        });
-    }
-    Ok(out)
 }

@@ -21,14 +21,13 @@ use std::sync::{Arc, LazyLock};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_data::Table;
-use cudarl_protocol::{Device, Event, Job, StepMetrics, TrainConfig};
-use cudarl_rl::trainer::JobError;
+use cudarl_protocol::{Device, Job, StepMetrics, TrainConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::{
-    CHECKPOINT, data_err, ingest_dir, materialize, params_json, resolve_device, write_chats,
-    write_rows,
+    CHECKPOINT, data_err, ingest_dir, materialize, params_json, resolve_device, run_job,
+    write_chats, write_rows,
 };
 
 /// Schema of `metrics`.
@@ -201,27 +200,6 @@ impl ModelStage {
             "cuda" => Device::Cuda,
             _ => Device::Cpu,
         }
-    }
-}
-
-/// Runs `job` in the trainer process; its step metrics. A job the trainer refuses (exit 2)
-/// becomes a [`StageError::BadInput`] naming `config` and its `section`.
-pub(crate) fn run_job(
-    job: &Job,
-    dir: &Path,
-    config: &str,
-    section: &str,
-) -> Result<Vec<StepMetrics>, StageError> {
-    match cudarl_rl::trainer::run_job(job, dir) {
-        Ok(events) => Ok(events
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Step(m) => Some(m),
-                Event::Done(_) => None,
-            })
-            .collect()),
-        Err(JobError::BadInput(m)) => Err(StageError::bad_input(config, Some(section), m)),
-        Err(JobError::Failed(m)) => Err(StageError::Failed(m)),
     }
 }
 

@@ -47,7 +47,7 @@ fn list_str() -> DataType {
 /// | compiled, executed | bool | |
 /// | correct | bool, nullable | null when not executed |
 /// | failure, failure_detail | utf8, nullable | see `Verdict::failure` |
-/// | static_flags, hack_flags | list<utf8> | rule ids / run-time hack indicators |
+/// | static_flags, hack_flags | `list<utf8>` | rule ids / run-time hack indicators |
 /// | registers | int64, nullable | max registers per thread over the kernels |
 /// | shared_mem_bytes, spill_bytes | int64, nullable | max static smem per block; spill stores + loads, bytes |
 /// | tests, tests_passed | int64 | shapes × seeds run / passed |
@@ -339,7 +339,7 @@ impl Stage for Validate {
         if self.params.archive {
             env.insert(
                 "python torch".into(),
-                crate::kb_specs::python_versions(&ctx.root).map_err(StageError::Failed)?,
+                cudarl_cuda::pyworker::python_versions(&ctx.root).map_err(StageError::Failed)?,
             );
         }
         Ok(env)
@@ -999,7 +999,7 @@ impl Validate {
         rows_of: &PartRows,
     ) -> Result<(Vec<RowMeta>, Vec<Option<Verdict>>), StageError> {
         use cudarl_cuda::torchfmt::{self, Format};
-        let problems = crate::testgen::load_kb_problems(
+        let problems = crate::common::load_kb_problems(
             ctx.input_path("problems")?,
             Some(ctx.input_path("kb_tests")?),
             ctx.store(),

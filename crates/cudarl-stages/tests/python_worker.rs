@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use cudarl_stages::kb_specs::{PyWorker, native_signature};
+use cudarl_cuda::pyworker::PyWorker;
+use cudarl_stages::kb_specs::native_signature;
 use serde_json::{Value, json};
 
 fn root() -> PathBuf {

@@ -538,7 +538,7 @@ impl Judge {
     }
 
     /// Starts runners ahead of time until as many wait as the last job asked for (see
-    /// [`Judge::take_runner`]). The worker calls it after answering a job, so the process
+    /// `Judge::take_runner`). The worker calls it after answering a job, so the process
     /// starts overlap the caller's work between jobs; each runner then initializes CUDA on its
     /// own while the next jobs run.
     pub fn refill(&mut self) {

@@ -194,7 +194,7 @@ pub fn generate_streaming(
 }
 
 /// Bytes one prefill chunk may take for its attention scores and logits by default (2 GiB;
-/// see [`prefill`]).
+/// see `prefill`).
 pub const PREFILL_BYTES: i64 = 2 << 30;
 
 /// The prompts' forward pass, filling `cache`; returns the last position's logits `[b, 1, V]`

@@ -253,7 +253,7 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> f64 {
 pub const MEGABATCH: usize = 50;
 
 /// One epoch's batches of example indices (`lens[i]`: example `i`'s tokens after truncation):
-/// the permutation [`shuffled`]`(n, seed)` cut into batches of `bs`; with `group`, each run of
+/// the permutation `shuffled(n, seed)` cut into batches of `bs`; with `group`, each run of
 /// [`MEGABATCH`] batches of it sorted by length (longest first) before it is cut, then the
 /// batches put in an order shuffled by `seed`. Every index appears once; `n.div_ceil(bs)`
 /// batches either way, all of `bs` but possibly one.

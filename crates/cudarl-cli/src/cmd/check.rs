@@ -52,7 +52,7 @@ fn check_kb(
     };
     super::build(&engine, target)?;
     let out = |node: &str, name: &str| super::output_blob(&engine, node, name);
-    let problems = cudarl_stages::testgen::load_kb_problems(
+    let problems = cudarl_stages::common::load_kb_problems(
         &out("ingest-kernelbench", "problems")?,
         gpu.is_some()
             .then(|| out("testgen", "kb_tests"))
