@@ -1202,7 +1202,7 @@ class TorchJudge:
         (the least of `pairs` of each, at least 0: other contexts only lengthen a window).
         Measured before the candidate loads, while the runner runs only this script: the
         candidate cannot lengthen it. Timing subtracts it from every window with the judge's own
-        fixed cost (`time_candidate`)."""
+        fixed cost (`calibrate`)."""
         self.switch_arena = arena = Arena(self.drv, [])
         stream = torch.cuda.Stream()
         alone, both = [], []

@@ -44,6 +44,16 @@ fn check(p: &Project, task: &str, src: &std::path::Path, extra: &[&str]) -> Valu
         .unwrap_or_else(|e| panic!("{task} {}: {e}\n{}", src.display(), common::stderr(&o)))
 }
 
+/// `check` of torch-format `srcs` for `kb/L1/19_ReLU`, judged in turn by one worker, with the
+/// recorded tests of the first 19 L1 problems: one verdict, or an array for several sources.
+fn check_relu(p: &Project, srcs: &[&std::path::Path]) -> Value {
+    let mut extra: Vec<&str> = vec!["--set", "testgen.limit=19"];
+    for s in &srcs[1..] {
+        extra.extend(["--source", s.to_str().unwrap()]);
+    }
+    check(p, "kb/L1/19_ReLU", srcs[0], &extra)
+}
+
 fn median(v: &Value) -> f64 {
     v["timing"]["median_ms"].as_f64().expect("timed")
 }
@@ -354,11 +364,9 @@ fn torch_format_modelnew_runs_against_recorded_tests_and_hacks_fail() {
     if !gpu_enabled("torch_format_modelnew_runs_against_recorded_tests_and_hacks_fail") {
         return;
     }
-    // Recorded tests for the first 19 L1 problems (kb/L1/19_ReLU among them).
     let p = Project::new();
     let kb = common::repo_root().join("tests/kernels/kb");
-    let sets = ["--set", "testgen.limit=19"];
-    let v = check(&p, "kb/L1/19_ReLU", &kb.join("relu_model_new.py"), &sets);
+    let v = check_relu(&p, &[&kb.join("relu_model_new.py")]);
     assert_eq!(v["mode"], "full", "{v}");
     assert_eq!(v["correct"], true, "{v}");
     let tests = v["tests"].as_array().unwrap();
@@ -366,10 +374,10 @@ fn torch_format_modelnew_runs_against_recorded_tests_and_hacks_fail() {
     assert!(tests.iter().any(|t| t["split"] == "hidden"));
     assert!(median(&v) > 0.0);
     assert!(v["speedup_vs_torch"].as_f64().unwrap() > 0.0, "{v}");
-    let v = check(&p, "kb/L1/19_ReLU", &kb.join("inplace_relu.py"), &sets);
+    let v = check_relu(&p, &[&kb.join("inplace_relu.py")]);
     assert_eq!(v["correct"], false, "{v}");
     assert_eq!(v["failure"], "input_mutation", "{v}");
-    let v = check(&p, "kb/L1/19_ReLU", &kb.join("half_written.py"), &sets);
+    let v = check_relu(&p, &[&kb.join("half_written.py")]);
     assert_eq!(v["correct"], false, "{v}");
     assert!(
         ["unwritten_output", "wrong_answer"].contains(&v["failure"].as_str().unwrap()),
@@ -388,7 +396,6 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
         return;
     }
     let p = Project::new();
-    let sets = ["--set", "testgen.limit=19"];
     for (case, failure) in [
         ("torch_ctypes", "sandbox_violation"),
         ("write_file", "wrong_answer"),
@@ -398,12 +405,7 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
     ] {
         let marker = std::path::PathBuf::from(format!("/tmp/cudarl-forward-{case}"));
         let _ = std::fs::remove_file(&marker);
-        let v = check(
-            &p,
-            "kb/L1/19_ReLU",
-            &common::forward_candidate(&p, case),
-            &sets,
-        );
+        let v = check_relu(&p, &[&common::forward_candidate(&p, case)]);
         assert_eq!(v["mode"], "full", "{case}: {v}");
         assert_eq!(v["correct"], false, "{case}: {v}");
         assert_eq!(v["failure"], failure, "{case}: {v}");
@@ -423,7 +425,6 @@ fn torch_ops_standing_in_are_found_from_the_kernels_that_ran() {
     }
     let p = Project::new();
     let kb = common::repo_root().join("tests/kernels/kb");
-    let sets = ["--set", "testgen.limit=19"];
     for (file, flagged) in [
         ("relu_model_new", false),
         ("token_relu", true),
@@ -434,7 +435,7 @@ fn torch_ops_standing_in_are_found_from_the_kernels_that_ran() {
         } else {
             kb.join(format!("{file}.py"))
         };
-        let v = check(&p, "kb/L1/19_ReLU", &src, &sets);
+        let v = check_relu(&p, &[&src]);
         assert_eq!(v["correct"], true, "{file}: {v}");
         let flags: Vec<&str> = v["hack_flags"]
             .as_array()
@@ -463,17 +464,7 @@ fn a_fault_in_one_runner_leaves_the_next_candidate_to_the_same_judge() {
     let p = Project::new();
     let honest = common::repo_root().join("tests/kernels/kb/relu_model_new.py");
     let faulting = common::forward_candidate(&p, "device_assert");
-    let v = check(
-        &p,
-        "kb/L1/19_ReLU",
-        &faulting,
-        &[
-            "--source",
-            honest.to_str().unwrap(),
-            "--set",
-            "testgen.limit=19",
-        ],
-    );
+    let v = check_relu(&p, &[&faulting, &honest]);
     let v = v.as_array().unwrap_or_else(|| panic!("two verdicts: {v}"));
     assert_eq!(v.len(), 2);
     assert_eq!(v[0]["failure"], "cuda_error", "{}", v[0]);
