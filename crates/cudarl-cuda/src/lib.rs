@@ -15,6 +15,8 @@
 //! - [`expr`]: reference expressions (task data) evaluated with libtorch.
 //! - [`task`]: task specs (signature, sizes, shapes, tolerances, byte/FLOP counts).
 //! - [`verdict`]: the verdict of `check` and `validate`.
+//! - [`schedule`]: compile on every core, test on the GPU testers, time in the tester or in
+//!   batches: how `validate`, RL rollouts and `eval` judge many candidates.
 //! - [`torchfmt`]: torch-format candidates (KernelBench `ModelNew`, SakanaAI extensions).
 //! - [`pyworker`]: the Python worker process (`python/cudarl_worker.py`).
 
@@ -27,6 +29,7 @@ pub mod nvcc;
 pub mod profile;
 pub mod pyworker;
 pub mod runner;
+pub mod schedule;
 pub mod standin;
 pub mod static_check;
 pub mod task;

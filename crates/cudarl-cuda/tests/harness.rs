@@ -624,3 +624,112 @@ void extra_launches(float* y, int n, cudaStream_t s) {
         "the task's kernel: {own:?}"
     );
 }
+
+#[test]
+fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
+    use cudarl_cuda::schedule::{GpuJob, Scheduler, Step};
+    use cudarl_cuda::verdict::FullOptions;
+    use cudarl_cuda::worker::WorkerPool;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
+    let va = tasks.iter().find(|t| t.spec.id == "vector_add").unwrap();
+    let naive = va.naive_source().unwrap();
+    let sources: Vec<String> = (0..4)
+        .map(|i| format!("{naive}\n// variant {i}\n"))
+        .collect();
+    let (rules, baselines) = (Rules::builtin(), Default::default());
+    let sched = Scheduler::new(&rules, &c, &baselines);
+    let opts = FullOptions {
+        public_seeds: vec![0],
+        hidden_seeds: vec![],
+        wall: Duration::from_secs(30),
+        bench: false,
+        time_naive: false,
+        profile: false,
+    };
+    // The last build is slow: the testers must not wait for it to start the others.
+    let compile = |i: usize| -> Result<Step<'_>, String> {
+        let v = check_compile_only(&va.spec, &sources[i], &rules, &c).map_err(|e| e.to_string())?;
+        assert!(v.compiled, "{v:?}");
+        if i == 3 {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        Ok(Step::Gpu(GpuJob {
+            spec: &va.spec,
+            code: &sources[i],
+            naive: None,
+            opts: opts.clone(),
+        }))
+    };
+    let done = AtomicUsize::new(0);
+    let mut testers: Vec<WorkerPool> = (0..2)
+        .map(|_| {
+            let worker = repo_root().join("tests/workers/answers_at_once.sh");
+            WorkerPool::new("sh".into(), vec![worker.display().to_string()])
+        })
+        .collect();
+    let verdicts = sched
+        .run(&mut testers, None, sources.len(), compile, |_, v| {
+            assert_eq!(v.mode, "full", "{v:?}");
+            done.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+        .map_err(|e| e.into_caller(|h| h.to_string()))
+        .unwrap();
+    let mut ids: Vec<usize> = verdicts.iter().map(|(i, _)| *i).collect();
+    ids.sort();
+    assert_eq!(ids, vec![0, 1, 2, 3], "one verdict per candidate");
+    assert_eq!(
+        done.load(Ordering::Relaxed),
+        4,
+        "done is called per GPU verdict"
+    );
+    let marks = sched.times.snapshot();
+    let (first_gpu, compiled) = (marks.first_gpu.unwrap(), marks.compiled.unwrap());
+    assert!(
+        compiled.duration_since(first_gpu) > Duration::from_secs(1),
+        "the first GPU job started while the slow build still ran"
+    );
+
+    // Without testers, final verdicts come back and a compiled candidate for the GPU is the
+    // harness's error.
+    let none = sched
+        .run(
+            &mut [],
+            None,
+            2,
+            |i| -> Result<Step<'_>, String> {
+                Ok(if i == 0 {
+                    Step::Skip
+                } else {
+                    Step::Done(cudarl_cuda::Verdict::blank("t", "native", &c))
+                })
+            },
+            |_, _| Ok(()),
+        )
+        .map_err(|e| e.into_caller(|h| h.to_string()))
+        .unwrap();
+    assert_eq!(none.len(), 1);
+    let err = sched
+        .run(
+            &mut [],
+            None,
+            1,
+            |_| -> Result<Step<'_>, String> {
+                Ok(Step::Gpu(GpuJob {
+                    spec: &va.spec,
+                    code: &sources[0],
+                    naive: None,
+                    opts: opts.clone(),
+                }))
+            },
+            |_, _| Ok(()),
+        )
+        .map_err(|e| e.into_caller(|h| h.to_string()))
+        .unwrap_err();
+    assert!(err.contains("no GPU tester"), "{err}");
+}

@@ -5,15 +5,16 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::mpsc::Receiver;
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
+use cudarl_cuda::schedule::{GpuJob, Scheduler, Step};
 use cudarl_cuda::task::TaskSpec;
-use cudarl_cuda::verdict::{Baselines, FullOptions, check_full, hidden_seeds};
-use cudarl_cuda::worker::{WorkerPool, drain_on};
+use cudarl_cuda::verdict::{Baselines, FullOptions, hidden_seeds};
+use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Rules, Verdict, check_compile_only};
 use cudarl_store::{Digest, Store};
-use rayon::prelude::*;
 
 use crate::episode::Tester;
 
@@ -63,17 +64,22 @@ pub struct Harness {
 /// SASS text by shared-object digest, shared with background prefetches.
 pub type SassCache = std::sync::Arc<std::sync::Mutex<BTreeMap<Digest, Option<String>>>>;
 
-/// Wall-clock seconds of [`Harness::test_many`] by phase: `compile`, then `gpu` and `sass`
-/// side by side (the harness's seconds are about compile + max(gpu, sass)).
+/// Wall-clock seconds of [`Harness::test_many`] by phase. The phases overlap
+/// ([`cudarl_cuda::schedule`]): the GPU testers take each candidate as soon as it is built and
+/// `cuobjdump` runs beside them, so the harness's seconds are about max(compile, the start of
+/// the first GPU job + gpu, sass).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HarnessPhases {
-    /// Static checks and nvcc not already done by a prefetch (all cores), plus waiting for
-    /// prefetched builds still running (a prefetch disassembles its build before it answers).
+    /// From the start until the last build was done: waiting for prefetched builds still
+    /// running (a prefetch disassembles its build before it answers), then static checks and
+    /// nvcc for the rest (all cores).
     pub compile: f64,
-    /// GPU worker jobs (tests on every pool at once, timing alone under the GPU lock).
+    /// From the start of the first GPU job to the end of the last (tests on every pool at
+    /// once, timing alone under the GPU lock).
     pub gpu: f64,
-    /// `cuobjdump -sass` of each compiled candidate a prefetch had not disassembled (the
-    /// reward's SASS bonuses), on the rayon pool while the GPU workers test.
+    /// From the first build done to the last `cuobjdump -sass` answered (the reward's SASS
+    /// bonuses; builds a prefetch disassembled are cache hits), on the rayon pool as the builds
+    /// finish.
     pub sass: f64,
 }
 
@@ -236,35 +242,18 @@ impl Tester for Harness {
         items: &[(&TaskSpec, &str)],
     ) -> Result<Vec<(Verdict, Option<String>)>, String> {
         let t0 = Instant::now();
-        // Static checks and nvcc on every core first (builds a prefetch started are waited
-        // for); the GPU then runs the compiled ones (their builds are compile-cache hits).
         let waiting: Vec<Option<Receiver<Result<Verdict, String>>>> = items
             .iter()
             .map(|(t, c)| self.prefetched.remove(&(t.id.clone(), c.to_string())))
             .collect();
         self.prefetch_hits += waiting.iter().filter(|w| w.is_some()).count();
-        // Waited for here, outside the pool: a pool thread blocked on a build still queued
-        // behind it could deadlock the pool.
-        let done: Vec<Option<Result<Verdict, String>>> = waiting
+        // Builds a prefetch started are waited for here, outside the pool: a pool thread blocked
+        // on a build still queued behind it could deadlock the pool.
+        let prefetched: Vec<Mutex<Option<Result<Verdict, String>>>> = waiting
             .into_iter()
-            .map(|w| w.and_then(|rx| rx.recv().ok()))
+            .map(|w| Mutex::new(w.and_then(|rx| rx.recv().ok())))
             .collect();
-        let pre: Vec<Verdict> = items
-            .par_iter()
-            .zip(done)
-            .map(|((t, c), d)| match d {
-                Some(v) => v,
-                None => {
-                    check_compile_only(t, c, &self.rules, &self.compiler).map_err(|e| e.to_string())
-                }
-            })
-            .collect::<Result<_, _>>()?;
-        let t_gpu = Instant::now();
-        self.phases.compile += t_gpu.duration_since(t0).as_secs_f64();
-        let mut verdicts: Vec<Verdict> = pre;
-        let on_gpu: Vec<usize> = (0..items.len())
-            .filter(|&i| verdicts[i].compiled && !self.pools.is_empty())
-            .collect();
+        let t_wait = t0.elapsed().as_secs_f64();
         let Harness {
             pools,
             public_seeds,
@@ -281,49 +270,87 @@ impl Tester for Harness {
             profile,
             ..
         } = self;
+        let gpu = !pools.is_empty();
+        let sched = Scheduler::new(rules, compiler, baselines);
         // SASS for the reward's bonuses (one cuobjdump process per compiled candidate not
-        // disassembled yet, on every core; one after another they were most of the harness's
-        // time: 135 of 146 s in an H100 eval of 180 candidates) while the GPU workers test:
-        // the build is the same (compile cache), so its .so digest is known already.
-        let (full, (sass, sass_s)) = std::thread::scope(|sc| {
-            let pre = &verdicts;
-            let (exe, store) = (cuobjdump.as_deref(), compiler.store.as_ref());
-            let disassembly = sc.spawn(move || {
-                let t = Instant::now();
-                let sass: Vec<Option<String>> = pre
-                    .par_iter()
-                    .map(|v| sass_of(exe, store, sass_cache, v))
-                    .collect();
-                (sass, t.elapsed().as_secs_f64())
+        // disassembled yet; one after another they were most of the harness's time: 135 of
+        // 146 s in an H100 eval of 180 candidates): a rayon job per build as it finishes, on
+        // every core while the GPU testers run. The jobs never wait inside the pool (a pool
+        // thread blocked on a channel could starve the builds that feed it); their answers are
+        // gathered on this thread once the scheduler is done.
+        let (stx, srx) = channel::<(usize, Option<String>)>();
+        let sass_start: Mutex<Option<Instant>> = Mutex::new(None);
+        let compile = |i: usize| -> Result<Step<'_>, String> {
+            let (t, c) = items[i];
+            let taken = prefetched[i]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let v = match taken {
+                Some(v) => v?,
+                None => check_compile_only(t, c, rules, compiler).map_err(|e| e.to_string())?,
+            };
+            let (exe, store, cache) = (
+                cuobjdump.clone(),
+                compiler.store.clone(),
+                sass_cache.clone(),
+            );
+            let (tx, built) = (stx.clone(), v.clone());
+            sass_start
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(Instant::now);
+            rayon::spawn(move || {
+                let _ = tx.send((i, sass_of(exe.as_deref(), store.as_ref(), &cache, &built)));
             });
-            // Tests on every worker, each candidate that passed timed in its tester's runner once
-            // that tester holds the GPU alone.
-            let full = drain_on(pools, on_gpu.into_iter(), |pool, i| {
-                let (t, c) = items[i];
-                let opts = FullOptions {
+            if !(v.compiled && gpu) {
+                return Ok(Step::Done(v));
+            }
+            Ok(Step::Gpu(GpuJob {
+                spec: t,
+                code: c,
+                naive: naive.get(&t.id).map(String::as_str),
+                opts: FullOptions {
                     public_seeds: public_seeds.clone(),
                     hidden_seeds: hidden_seeds(salt, &t.id, c, *hidden),
                     wall: *wall,
                     bench: true,
                     time_naive: true,
                     profile: *profile,
-                };
-                let naive = naive.get(&t.id).map(String::as_str);
-                check_full(t, c, naive, rules, compiler, pool, &opts, baselines)
-                    .map(|v| (i, v))
-                    .map_err(|e| e.to_string())
-            });
-            phases.gpu += t_gpu.elapsed().as_secs_f64();
-            let sass = disassembly
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (full, sass)
-        });
-        for (i, v) in full? {
-            verdicts[i] = v;
-        }
+                },
+            }))
+        };
+        let judged = sched
+            .run(pools, None, items.len(), compile, |_, _| Ok(()))
+            .map_err(|e| e.into_caller(|h| h.to_string()));
+        drop(stx);
+        // Every job holds a sender until it has answered: the channel ends with the last one.
+        let sass: BTreeMap<usize, Option<String>> = srx.into_iter().collect();
+        let sass_s = sass_start
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let end = Instant::now();
+        let marks = sched.times.snapshot();
+        phases.compile += marks
+            .compiled
+            .map_or(t_wait, |m| m.duration_since(t0).as_secs_f64());
+        phases.gpu += marks
+            .first_gpu
+            .map_or(0.0, |f| end.duration_since(f).as_secs_f64());
         phases.sass += sass_s;
-        let out: Vec<(Verdict, Option<String>)> = verdicts.into_iter().zip(sass).collect();
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; items.len()];
+        for (i, v) in judged? {
+            verdicts[i] = Some(v);
+        }
+        let out = verdicts
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let v = v.ok_or_else(|| format!("the harness gave candidate {i} no verdict"))?;
+                Ok((v, sass.get(&i).cloned().flatten()))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         self.seconds += t0.elapsed().as_secs_f64();
         self.candidates += items.len();
         Ok(out)
@@ -347,5 +374,64 @@ impl Tester for Harness {
             let _ = tx.send(v);
         });
         self.prefetched.insert(key, rx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_streams_to_the_testers_and_every_build_gets_its_sass() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let Some(nvcc) = crate::episode::tests::nvcc_or_skip(&root) else {
+            return;
+        };
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let compiler = Compiler {
+            nvcc,
+            arch: "sm_90".into(),
+            timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+            store: Some(store),
+        };
+        let mut h =
+            Harness::new(compiler, false, Duration::from_secs(30), Default::default()).unwrap();
+        // Two testers on stand-in workers: the GPU path without a GPU.
+        let worker = root.join("tests/workers/answers_at_once.sh");
+        h.pools = (0..2)
+            .map(|_| WorkerPool::new("sh".into(), vec![worker.display().to_string()]))
+            .collect();
+        let task = TaskSpec::load(&root.join("datasets/tasks/vector_add")).unwrap();
+        let naive =
+            std::fs::read_to_string(root.join("datasets/tasks/vector_add/naive.cu")).unwrap();
+        let codes: Vec<String> = (0..8)
+            .map(|i| format!("{naive}\n// variant {i}\n"))
+            .collect();
+        // Some builds started as prefetches (as while a batch decodes), the rest cold.
+        for c in &codes[..3] {
+            h.prefetch(&task, c);
+        }
+        let has_cuobjdump = h.cuobjdump.is_some();
+        // A watchdog: a scheduler that deadlocks fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let items: Vec<(&TaskSpec, &str)> = codes.iter().map(|c| (&task, c.as_str())).collect();
+            let _ = tx.send((h.test_many(&items), h.prefetch_hits));
+        });
+        let (out, hits) = rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("test_many answered within 300 s");
+        let out = out.unwrap();
+        assert_eq!(out.len(), 8);
+        assert_eq!(hits, 3, "the prefetched builds were used");
+        for (v, sass) in &out {
+            assert!(v.compiled, "{v:?}");
+            assert_eq!(v.mode, "full", "tested by a GPU tester: {v:?}");
+            if has_cuobjdump {
+                let s = sass.as_deref().expect("SASS of a compiled build");
+                assert!(s.contains("vector_add"), "{s}");
+            }
+        }
     }
 }

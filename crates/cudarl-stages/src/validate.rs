@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
-use cudarl_cuda::verdict::{
-    Baselines, FullOptions, PendingTiming, Tested, Verdict, check_full, check_tests, hidden_salt,
-    hidden_seeds, speedups, time_batch,
-};
-use cudarl_cuda::worker::{WorkerPool, stream_to, worker_exe};
+use cudarl_cuda::schedule::{GpuJob, ScheduleTimes, Scheduler, Step};
+use cudarl_cuda::verdict::{Baselines, FullOptions, Verdict, hidden_salt, hidden_seeds, speedups};
+use cudarl_cuda::worker::{WorkerPool, worker_exe};
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
@@ -136,17 +134,7 @@ pub enum Mode {
     Compile,
 }
 
-/// Where a candidate whose tests passed is timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TimingMode {
-    /// In its tester's runner, right after its tests, once the tester holds the GPU alone
-    /// ([`cudarl_cuda::verdict::check_full`]): one runner per candidate.
-    InTester,
-    /// By one timing worker in batches of `timing_batch`, each batch under one exclusive hold
-    /// ([`cudarl_cuda::verdict::time_batch`]): a second runner per candidate.
-    Batched,
-}
+pub use cudarl_cuda::schedule::TimingMode;
 
 fn d_timing() -> TimingMode {
     TimingMode::InTester
@@ -364,6 +352,10 @@ impl Stage for Validate {
         };
         let env_key = env_key(&compiler, gpu.as_ref(), &salt);
         let progress = ctx.progress("kernels", Some(rows.len() as u64));
+        let baselines = std::sync::Mutex::new(Baselines::new());
+        let mut sched = Scheduler::new(&rules, &compiler, &baselines);
+        sched.timing = self.params.timing;
+        sched.batch = self.params.timing_batch;
         let phase = TaskKernels {
             params: &self.params,
             rows: &rows,
@@ -382,51 +374,31 @@ impl Stage for Validate {
                 .collect(),
             rules: &rules,
             compiler: &compiler,
-            baselines: std::sync::Mutex::new(Baselines::new()),
+            gpu: gpu.is_some(),
             unrated: std::sync::Mutex::new(Vec::new()),
         };
-        // One slot per GPU worker (`gpu_workers` of them test concurrently, timing runs alone);
-        // one empty slot without a GPU.
-        let mut slots: Vec<(Option<WorkerPool>, Instant)> = match gpu {
-            Some(_) => WorkerPool::testers(self.params.gpu_workers)
-                .into_iter()
-                .map(|p| (Some(p), Instant::now()))
-                .collect(),
-            None => vec![(None, Instant::now())],
+        // `gpu_workers` testers test concurrently (timing runs alone); none without a GPU. The
+        // timing pool of `timing = "batched"` times batches of rows whose tests passed.
+        let mut testers = match gpu {
+            Some(_) => WorkerPool::testers(self.params.gpu_workers),
+            None => Vec::new(),
         };
-        // The timing worker of `timing = "batched"`: batches of rows whose tests passed.
         let mut timer_pool = gpu
             .as_ref()
             .filter(|_| self.params.timing == TimingMode::Batched)
             .map(|_| WorkerPool::new(worker_exe(), vec![]));
         let mut verdicts: Vec<Option<Verdict>> = vec![None; rows.len()];
-        let (ttx, trx) = std::sync::mpsc::channel::<Timed>();
-        let (tested, timed) = std::thread::scope(|sc| {
-            let timer = timer_pool.as_mut().map(|pool| {
-                let phase = &phase;
-                sc.spawn(move || phase.time_batches(pool, trx))
-            });
-            // Static checks and compiles on every core feed the GPU workers (each one candidate
-            // at a time), so the GPU runs while nvcc builds the rest.
-            let tested = stream_to(
-                &mut slots,
+        let judged = sched
+            .run(
+                &mut testers,
+                timer_pool.as_mut(),
                 rows.len(),
                 |i| phase.compile(i),
-                |slot, item| phase.test(slot, item, &ttx),
-            );
-            drop(ttx);
-            (tested, timer.map(|h| h.join()))
-        });
-        let timed = match timed {
-            Some(Ok(t)) => t?,
-            Some(Err(_)) => {
-                return Err(StageError::Failed(
-                    "validate: the timing thread panicked".into(),
-                ));
-            }
-            None => Vec::new(),
-        };
-        for (i, v) in tested?.into_iter().flatten().chain(timed) {
+                |i, v| phase.done(i, &phase.key(&rows[i]), v),
+            )
+            .map_err(|e| e.into_caller(|h| StageError::Failed(format!("harness failure: {h}"))))?;
+        rows_of.scheduled(&sched.times);
+        for (i, v) in judged {
             verdicts[i] = Some(v);
         }
         let unrated = phase
@@ -559,10 +531,6 @@ fn write_tables(
     write_output(ctx, "agreement", &batch)
 }
 
-/// A task kernel to validate (a row of `synth-tasks.task_kernels`).
-/// A row whose tests passed, waiting for the timing worker (`timing = "batched"`).
-type Timed = (usize, Digest, PendingTiming);
-
 /// The task kernels' part of a `validate` run: what every row's compile, test and timing step
 /// reads, shared by the compile workers and the GPU threads.
 struct TaskKernels<'a> {
@@ -578,7 +546,8 @@ struct TaskKernels<'a> {
     naive: std::collections::BTreeMap<&'a str, &'a str>,
     rules: &'a Rules,
     compiler: &'a Compiler,
-    baselines: std::sync::Mutex<Baselines>,
+    /// A GPU tests the compiled rows (else every verdict is compile-only).
+    gpu: bool,
     /// Timed in a tester before its task's naive kernel: memoized once the naive kernel's
     /// timing gives its speedup (after the GPU phase).
     unrated: std::sync::Mutex<Vec<(usize, Digest)>>,
@@ -601,28 +570,62 @@ impl TaskKernels<'_> {
         Digest(*h.finalize().as_bytes())
     }
 
-    /// Static checks and compile of row `i` when this part owns it and it is not memoized:
-    /// final without a GPU, and with one the GPU step starts from it (compile cache).
-    #[allow(clippy::type_complexity)]
-    fn compile(&self, i: usize) -> Result<Option<(usize, Option<Verdict>)>, StageError> {
+    /// Row `i`'s compile step ([`Step`]): skipped when another shard owns it (or a merge
+    /// lacks it), its memoized verdict, else static checks and nvcc, and the GPU's tests for a
+    /// build that compiled when there is a GPU.
+    fn compile(&self, i: usize) -> Result<Step<'_>, StageError> {
         let r = &self.rows[i];
         let key = self.key(r);
         if !self.rows_of.part.owns(&key) {
-            return Ok(None);
+            return Ok(Step::Skip);
         }
-        let pre = match self.specs.get(&r.task_id) {
-            Some(spec) if self.rows_of.part != RunPart::Merge && !self.memo.contains(&key) => {
-                let t0 = Instant::now();
-                let v =
-                    check_compile_only(spec, &r.code, self.rules, self.compiler).map_err(|e| {
-                        StageError::Failed(format!("harness failure while compiling: {e}"))
-                    })?;
-                PartRows::time(&self.rows_of.compile_ms, t0);
-                Some(v)
-            }
-            _ => None,
-        };
-        Ok(Some((i, pre)))
+        self.rows_of.owned();
+        if let Some(b) = self.memo.get(&key)?
+            && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
+        {
+            self.rows_of.found_in_memo();
+            self.progress.inc(1);
+            return Ok(Step::Done(v));
+        }
+        if self.rows_of.part == RunPart::Merge {
+            self.rows_of.missing(&r.kernel_id);
+            return Ok(Step::Skip);
+        }
+        let spec = self.specs.get(&r.task_id).ok_or_else(|| {
+            StageError::bad_input(
+                "kernels",
+                Some("task_id"),
+                format!("unknown task `{}`", r.task_id),
+            )
+        })?;
+        let t0 = Instant::now();
+        let v = check_compile_only(spec, &r.code, self.rules, self.compiler)
+            .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
+        PartRows::time(&self.rows_of.compile_ms, t0);
+        if !(v.compiled && self.gpu) {
+            // Static rejects and compile errors need no GPU.
+            self.done(i, &key, &v)?;
+            return Ok(Step::Done(v));
+        }
+        Ok(Step::Gpu(GpuJob {
+            spec,
+            code: &r.code,
+            naive: self.naive.get(r.task_id.as_str()).copied(),
+            opts: FullOptions {
+                public_seeds: (0..self.params.public_seeds as u64).collect(),
+                hidden_seeds: hidden_seeds(
+                    self.salt,
+                    &r.task_id,
+                    &r.code,
+                    self.params.hidden_seeds,
+                ),
+                wall: Duration::from_secs(self.params.timeout_s),
+                bench: self.params.bench,
+                // The naive kernels are rows here: their own timings give the speedups.
+                time_naive: false,
+                profile: false,
+            },
+        }))
     }
 
     /// A tested row finished here (memo, stats, progress).
@@ -643,124 +646,6 @@ impl TaskKernels<'_> {
         self.rows_of.computed();
         self.progress.inc(1);
         Ok(())
-    }
-
-    /// Row `i` on a GPU worker (or compile-only without one): from the memo, or tested (and
-    /// timed in the tester's runner, or handed to the timing worker).
-    fn test(
-        &self,
-        (pool, idle): &mut (Option<WorkerPool>, Instant),
-        (i, pre): (usize, Option<Verdict>),
-        timer: &std::sync::mpsc::Sender<Timed>,
-    ) -> Result<Option<(usize, Verdict)>, StageError> {
-        PartRows::time(&self.rows_of.gpu_wait_ms, *idle);
-        let r = &self.rows[i];
-        let key = self.key(r);
-        self.rows_of.owned();
-        if let Some(b) = self.memo.get(&key)?
-            && let Ok(v) = serde_json::from_slice::<Verdict>(&b)
-        {
-            self.rows_of.found_in_memo();
-            self.progress.inc(1);
-            return Ok(Some((i, v)));
-        }
-        if self.rows_of.part == RunPart::Merge {
-            self.rows_of.missing(&r.kernel_id);
-            return Ok(None);
-        }
-        let spec = self.specs.get(&r.task_id).ok_or_else(|| {
-            StageError::bad_input(
-                "kernels",
-                Some("task_id"),
-                format!("unknown task `{}`", r.task_id),
-            )
-        })?;
-        let t_gpu = Instant::now();
-        let (rules, compiler) = (self.rules, self.compiler);
-        let tested = match (pool.as_mut(), pre) {
-            // Static rejects and compile errors need no GPU.
-            (_, Some(v)) if !v.compiled => Ok(Tested::Done(v)),
-            (Some(p), _) => {
-                let opts = FullOptions {
-                    public_seeds: (0..self.params.public_seeds as u64).collect(),
-                    hidden_seeds: hidden_seeds(
-                        self.salt,
-                        &r.task_id,
-                        &r.code,
-                        self.params.hidden_seeds,
-                    ),
-                    wall: Duration::from_secs(self.params.timeout_s),
-                    bench: self.params.bench,
-                    // The naive kernels are rows here: their own timings give the speedups.
-                    time_naive: false,
-                    profile: false,
-                };
-                let naive = self.naive.get(r.task_id.as_str()).copied();
-                match self.params.timing {
-                    TimingMode::InTester => check_full(
-                        spec,
-                        &r.code,
-                        naive,
-                        rules,
-                        compiler,
-                        p,
-                        &opts,
-                        &self.baselines,
-                    )
-                    .map(Tested::Done),
-                    TimingMode::Batched => {
-                        check_tests(spec, &r.code, naive, rules, compiler, p, &opts)
-                    }
-                }
-            }
-            (None, Some(v)) => Ok(Tested::Done(v)),
-            (None, None) => check_compile_only(spec, &r.code, rules, compiler).map(Tested::Done),
-        }
-        .map_err(|e| StageError::Failed(e.to_string()))?;
-        PartRows::time(&self.rows_of.gpu_ms, t_gpu);
-        *idle = Instant::now();
-        match tested {
-            Tested::Done(v) => {
-                self.done(i, &key, &v)?;
-                Ok(Some((i, v)))
-            }
-            Tested::Pending(p) => {
-                // A closed channel means the timer failed; its error is reported.
-                let _ = timer.send((i, key, p));
-                Ok(None)
-            }
-        }
-    }
-
-    /// The timing worker: batches of `timing_batch` rows, each under one exclusive hold.
-    fn time_batches(
-        &self,
-        pool: &mut WorkerPool,
-        rx: std::sync::mpsc::Receiver<Timed>,
-    ) -> Result<Vec<(usize, Verdict)>, StageError> {
-        let batch_size = self.params.timing_batch.max(1);
-        let mut out = Vec::new();
-        let mut queue: Vec<Timed> = Vec::new();
-        let mut open = true;
-        while open || !queue.is_empty() {
-            while open && queue.len() < batch_size {
-                match rx.recv() {
-                    Ok(t) => queue.push(t),
-                    Err(_) => open = false,
-                }
-            }
-            let batch: Vec<Timed> = std::mem::take(&mut queue);
-            let t0 = Instant::now();
-            let (ids, pending): (Vec<(usize, Digest)>, Vec<PendingTiming>) =
-                batch.into_iter().map(|(i, k, p)| ((i, k), p)).unzip();
-            let timed = time_batch(pending, self.compiler, pool, &self.baselines);
-            PartRows::time(&self.rows_of.timer_ms, t0);
-            for ((i, key), v) in ids.into_iter().zip(timed) {
-                self.done(i, &key, &v)?;
-                out.push((i, v));
-            }
-        }
-        Ok(out)
     }
 }
 
@@ -833,6 +718,14 @@ impl PartRows {
                 c.fetch_add(ms.round() as u64, std::sync::atomic::Ordering::Relaxed);
             }
         }
+    }
+    /// The scheduler's GPU-side times ([`ScheduleTimes`]).
+    fn scheduled(&self, t: &ScheduleTimes) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.gpu_ms.store(t.test_ms.load(Relaxed), Relaxed);
+        self.gpu_wait_ms
+            .store(t.test_wait_ms.load(Relaxed), Relaxed);
+        self.timer_ms.store(t.timer_ms.load(Relaxed), Relaxed);
     }
     fn time(counter: &std::sync::atomic::AtomicU64, since: Instant) {
         counter.fetch_add(

@@ -63,6 +63,20 @@ pub enum BenchCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// The RL harness (rollouts, `eval`) on one batch of `--kernels` distinct kernel sources:
+    /// streamed through the harness scheduler (each build tested as soon as it is done) vs the
+    /// same batch built first and tested after (`speedup_vs_compile_first`), `--rounds` pairs.
+    Harness {
+        /// Candidates per batch.
+        #[arg(long, default_value_t = 64)]
+        kernels: usize,
+        /// Pairs of batches (streamed, compile-first).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Load test of `serve` on loopback: `--clients` concurrent clients for `--seconds`, each
     /// sending distinct kernels (the task families' naive and optimized kernels with a unique
     /// comment, so every request compiles and, on a GPU, runs); throughput, p50/p99 latency,
@@ -119,7 +133,7 @@ pub enum BenchCmd {
     },
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n % 2 == 1 {
@@ -155,7 +169,7 @@ fn chrono_like_now() -> String {
         .unwrap_or_default()
 }
 
-fn finish(result: serde_json::Value, out: Option<PathBuf>) -> Result<i32, CliError> {
+pub(crate) fn finish(result: serde_json::Value, out: Option<PathBuf>) -> Result<i32, CliError> {
     let text = serde_json::to_string_pretty(&result).expect("json") + "\n";
     if let Some(p) = out {
         if let Some(d) = p.parent() {
@@ -174,6 +188,11 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
         BenchCmd::Noop { reps, out } => noop(ctx, reps, out),
         BenchCmd::IngestSakana { rows, reps, out } => ingest_sakana(ctx, rows, reps, out),
         BenchCmd::Validate { kernels, out } => validate(ctx, kernels, out),
+        BenchCmd::Harness {
+            kernels,
+            rounds,
+            out,
+        } => crate::cmd::bench_harness::run(ctx, kernels, rounds, out),
         BenchCmd::Serve {
             clients,
             seconds,

@@ -1,6 +1,7 @@
 //! Implementations of the CLI verbs.
 
 pub mod bench;
+pub mod bench_harness;
 pub mod check;
 pub mod serve;
 pub mod serve_bench;
