@@ -181,8 +181,9 @@ impl<'a> Scheduler<'a> {
             let t0 = Instant::now();
             let step = compile(i).map_err(ScheduleError::Caller)?;
             ScheduleTimes::add(&self.times.compile_ms, t0);
+            let now = Instant::now();
             let mut m = self.times.marks();
-            m.compiled = Some(m.compiled.map_or(Instant::now(), |c| c.max(Instant::now())));
+            m.compiled = Some(m.compiled.map_or(now, |c| c.max(now)));
             drop(m);
             match step {
                 Step::Skip => Ok(None),

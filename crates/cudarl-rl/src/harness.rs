@@ -77,9 +77,8 @@ pub struct HarnessPhases {
     /// From the start of the first GPU job to the end of the last (tests on every pool at
     /// once, timing alone under the GPU lock).
     pub gpu: f64,
-    /// From the first build done to the last `cuobjdump -sass` answered (the reward's SASS
-    /// bonuses; builds a prefetch disassembled are cache hits), on the rayon pool as the builds
-    /// finish.
+    /// From the start until the last `cuobjdump -sass` answered (the reward's SASS bonuses;
+    /// builds a prefetch disassembled are cache hits), on the rayon pool as the builds finish.
     pub sass: f64,
 }
 
@@ -202,25 +201,22 @@ pub fn find_cuobjdump(nvcc: &Path) -> Option<PathBuf> {
         .find(|f| f.is_file())
 }
 
-/// `cuobjdump -sass` of a compiled candidate's shared object in the store (`None`: not
-/// compiled, no cuobjdump, no shared object, or cuobjdump failed). About 0.75 s per call on
-/// the H100 machine's CPU.
+/// `cuobjdump -sass` of the shared object with digest `so` in the store (`None`: no
+/// cuobjdump, no store, or cuobjdump failed), cached by digest. About 0.75 s per call on the
+/// H100 machine's CPU.
 fn sass_of(
     exe: Option<&Path>,
     store: Option<&Store>,
     cache: &SassCache,
-    v: &Verdict,
+    so: Digest,
 ) -> Option<String> {
-    if !v.compiled {
-        return None;
-    }
-    let (exe, h, store) = (exe?, v.so_hash?, store?);
-    if let Some(s) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&h) {
+    let (exe, store) = (exe?, store?);
+    if let Some(s) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&so) {
         return s.clone();
     }
     let sass = Command::new(exe)
         .arg("-sass")
-        .arg(store.blob_path(&h))
+        .arg(store.blob_path(&so))
         .output()
         .ok()
         .filter(|o| o.status.success())
@@ -228,8 +224,13 @@ fn sass_of(
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(h, sass.clone());
+        .insert(so, sass.clone());
     sass
+}
+
+/// The digest of a verdict's built shared object, when it compiled.
+fn built(v: &Verdict) -> Option<Digest> {
+    v.so_hash.filter(|_| v.compiled)
 }
 
 impl Tester for Harness {
@@ -279,7 +280,6 @@ impl Tester for Harness {
         // thread blocked on a channel could starve the builds that feed it); their answers are
         // gathered on this thread once the scheduler is done.
         let (stx, srx) = channel::<(usize, Option<String>)>();
-        let sass_start: Mutex<Option<Instant>> = Mutex::new(None);
         let compile = |i: usize| -> Result<Step<'_>, String> {
             let (t, c) = items[i];
             let taken = prefetched[i]
@@ -290,19 +290,17 @@ impl Tester for Harness {
                 Some(v) => v?,
                 None => check_compile_only(t, c, rules, compiler).map_err(|e| e.to_string())?,
             };
-            let (exe, store, cache) = (
-                cuobjdump.clone(),
-                compiler.store.clone(),
-                sass_cache.clone(),
-            );
-            let (tx, built) = (stx.clone(), v.clone());
-            sass_start
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert_with(Instant::now);
-            rayon::spawn(move || {
-                let _ = tx.send((i, sass_of(exe.as_deref(), store.as_ref(), &cache, &built)));
-            });
+            if let Some(so) = built(&v) {
+                let (exe, store, cache) = (
+                    cuobjdump.clone(),
+                    compiler.store.clone(),
+                    sass_cache.clone(),
+                );
+                let tx = stx.clone();
+                rayon::spawn(move || {
+                    let _ = tx.send((i, sass_of(exe.as_deref(), store.as_ref(), &cache, so)));
+                });
+            }
             if !(v.compiled && gpu) {
                 return Ok(Step::Done(v));
             }
@@ -326,10 +324,7 @@ impl Tester for Harness {
         drop(stx);
         // Every job holds a sender until it has answered: the channel ends with the last one.
         let sass: BTreeMap<usize, Option<String>> = srx.into_iter().collect();
-        let sass_s = sass_start
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let sass_s = t0.elapsed().as_secs_f64();
         let end = Instant::now();
         let marks = sched.times.snapshot();
         phases.compile += marks
@@ -368,8 +363,8 @@ impl Tester for Harness {
         rayon::spawn(move || {
             let v = check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string());
             // Its SASS too, while the batch still decodes.
-            if let Ok(v) = &v {
-                sass_of(exe.as_deref(), compiler.store.as_ref(), &cache, v);
+            if let Some(so) = v.as_ref().ok().and_then(built) {
+                sass_of(exe.as_deref(), compiler.store.as_ref(), &cache, so);
             }
             let _ = tx.send(v);
         });
@@ -413,6 +408,9 @@ mod tests {
             h.prefetch(&task, c);
         }
         let has_cuobjdump = h.cuobjdump.is_some();
+        if !has_cuobjdump {
+            eprintln!("SASS not checked: no cuobjdump beside nvcc or on PATH");
+        }
         // A watchdog: a scheduler that deadlocks fails the test instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

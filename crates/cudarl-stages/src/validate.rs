@@ -6,7 +6,7 @@
 //! environment in the key says so, so a GPU run later never reuses them.
 
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -397,7 +397,6 @@ impl Stage for Validate {
                 |i, v| phase.done(i, &phase.key(&rows[i]), v),
             )
             .map_err(|e| e.into_caller(|h| StageError::Failed(format!("harness failure: {h}"))))?;
-        rows_of.scheduled(&sched.times);
         for (i, v) in judged {
             verdicts[i] = Some(v);
         }
@@ -412,7 +411,11 @@ impl Stage for Validate {
         } else {
             None
         };
-        if !rows_of.finish(ctx, rows.len() + archive.as_ref().map_or(0, |a| a.0.len()))? {
+        if !rows_of.finish(
+            ctx,
+            &sched.times,
+            rows.len() + archive.as_ref().map_or(0, |a| a.0.len()),
+        )? {
             // A shard: its rows are memoized; the table is assembled by `--merge`.
             return Ok(());
         }
@@ -598,10 +601,8 @@ impl TaskKernels<'_> {
                 format!("unknown task `{}`", r.task_id),
             )
         })?;
-        let t0 = Instant::now();
         let v = check_compile_only(spec, &r.code, self.rules, self.compiler)
             .map_err(|e| StageError::Failed(format!("harness failure while compiling: {e}")))?;
-        PartRows::time(&self.rows_of.compile_ms, t0);
         if !(v.compiled && self.gpu) {
             // Static rejects and compile errors need no GPU.
             self.done(i, &key, &v)?;
@@ -675,15 +676,6 @@ struct PartRows {
     from_memo: std::sync::atomic::AtomicUsize,
     computed: std::sync::atomic::AtomicUsize,
     missing: std::sync::Mutex<Vec<String>>,
-    /// Milliseconds: static checks and nvcc summed over the compile workers; the GPU threads
-    /// (one per GPU worker) running tests and timing, summed, and waiting for a compile to
-    /// finish, summed.
-    compile_ms: std::sync::atomic::AtomicU64,
-    gpu_ms: std::sync::atomic::AtomicU64,
-    gpu_wait_ms: std::sync::atomic::AtomicU64,
-    /// Milliseconds the timing worker's thread spent on its batches (exclusive holds, their
-    /// waits for the testers in flight, and the naive kernels' builds).
-    timer_ms: std::sync::atomic::AtomicU64,
     /// Milliseconds inside the GPU workers by phase ([`cudarl_cuda::gpu::WorkerMs`]), summed:
     /// waiting for a started runner and loading the candidate in it, tests, timing the
     /// candidate, timing the torch baseline, and of that the
@@ -700,10 +692,6 @@ impl PartRows {
             from_memo: Default::default(),
             computed: Default::default(),
             missing: Default::default(),
-            compile_ms: Default::default(),
-            gpu_ms: Default::default(),
-            gpu_wait_ms: Default::default(),
-            timer_ms: Default::default(),
             worker_ms: Default::default(),
         }
     }
@@ -718,20 +706,6 @@ impl PartRows {
                 c.fetch_add(ms.round() as u64, std::sync::atomic::Ordering::Relaxed);
             }
         }
-    }
-    /// The scheduler's GPU-side times ([`ScheduleTimes`]).
-    fn scheduled(&self, t: &ScheduleTimes) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.gpu_ms.store(t.test_ms.load(Relaxed), Relaxed);
-        self.gpu_wait_ms
-            .store(t.test_wait_ms.load(Relaxed), Relaxed);
-        self.timer_ms.store(t.timer_ms.load(Relaxed), Relaxed);
-    }
-    fn time(counter: &std::sync::atomic::AtomicU64, since: Instant) {
-        counter.fetch_add(
-            since.elapsed().as_millis() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
     }
     fn owned(&self) {
         self.owned
@@ -758,16 +732,24 @@ impl PartRows {
     ///
     /// # Errors
     /// A merge with rows no shard memoized (naming how many and the first kernel ids).
-    fn finish(&self, ctx: &mut StageContext<'_>, rows: usize) -> Result<bool, StageError> {
+    fn finish(
+        &self,
+        ctx: &mut StageContext<'_>,
+        times: &ScheduleTimes,
+        rows: usize,
+    ) -> Result<bool, StageError> {
         use std::sync::atomic::Ordering::Relaxed;
         ctx.stat("rows", rows as u64);
         ctx.stat("rows_owned", self.owned.load(Relaxed) as u64);
         ctx.stat("rows_from_memo", self.from_memo.load(Relaxed) as u64);
         ctx.stat("rows_computed", self.computed.load(Relaxed) as u64);
-        ctx.stat("compile_ms_summed", self.compile_ms.load(Relaxed));
-        ctx.stat("gpu_ms", self.gpu_ms.load(Relaxed));
-        ctx.stat("gpu_wait_ms", self.gpu_wait_ms.load(Relaxed));
-        ctx.stat("timer_ms", self.timer_ms.load(Relaxed));
+        // The scheduler's times ([`ScheduleTimes`]): compile steps (memo lookups, static checks,
+        // nvcc) and tester jobs summed over threads, testers waiting for a build, the timing
+        // pool's batches.
+        ctx.stat("compile_ms_summed", times.compile_ms.load(Relaxed));
+        ctx.stat("gpu_ms", times.test_ms.load(Relaxed));
+        ctx.stat("gpu_wait_ms", times.test_wait_ms.load(Relaxed));
+        ctx.stat("timer_ms", times.timer_ms.load(Relaxed));
         for (name, c) in ["runner", "tests", "timing", "torch", "transfer"]
             .iter()
             .zip(&self.worker_ms)
