@@ -11,6 +11,9 @@
 //!   timings that agree with its (timing runs alone);
 //! - every reward hack in `tests/kernels/hacks/` is rejected with the expected reason inside one
 //!   `validate` run, and the run goes on (an honest kernel after them still passes).
+//! - decoding with CUDA graphs gives the tokens and log-probabilities of the same steps run
+//!   without graphs, log-probabilities of sampled tokens equal to the training path's, and is
+//!   faster than the dynamic-cache decode.
 
 mod common;
 
@@ -469,4 +472,48 @@ fn a_fault_in_one_runner_leaves_the_next_candidate_to_the_same_judge() {
     assert_eq!(v.len(), 2);
     assert_eq!(v[0]["failure"], "cuda_error", "{}", v[0]);
     assert_eq!(v[1]["correct"], true, "{}", v[1]);
+}
+
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn decoding_with_cuda_graphs_matches_the_kernels_it_replays_and_the_training_log_probs() {
+    if !gpu_enabled(
+        "decoding_with_cuda_graphs_matches_the_kernels_it_replays_and_the_training_log_probs",
+    ) {
+        return;
+    }
+    let p = Project::full();
+    let o = p.run(&[
+        "bench",
+        "decode",
+        "--batches",
+        "1,8,64",
+        "--prompt-len",
+        "64",
+        "--gen-tokens",
+        "40",
+        "--reps",
+        "1",
+        "--no-transformers",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["ours"]["cuda_graphs"], true, "built without CUDA graphs");
+    for c in v["ours"]["checks"].as_array().unwrap() {
+        let b = c["batch"].as_u64().unwrap();
+        // Replayed graphs run the kernels the uncaptured steps run: the same tokens and
+        // log-probabilities, bit for bit.
+        assert_eq!(c["greedy_rows_equal_static"].as_u64(), Some(b), "{c}");
+        assert_eq!(c["greedy_log_probs_equal_static"], true, "{c}");
+        // The sampled tokens' log-probabilities are the training path's, to bf16 rounding.
+        let e = c["sampled_max_log_prob_error_vs_training"]
+            .as_f64()
+            .unwrap();
+        assert!(e < 0.05, "{c}");
+    }
+    for r in v["rows"].as_array().unwrap() {
+        let x = r["speedup_vs_baseline"].as_f64().unwrap();
+        eprintln!("batch {}: {x:.2}x the dynamic-cache decode", r["batch"]);
+        assert!(x > 1.0, "{r}");
+    }
 }

@@ -264,6 +264,35 @@ pub enum Job {
         /// Where it runs.
         device: Device,
     },
+    /// Decode throughput on random weights and tokens (`cudarl-pipe bench decode`): a fresh
+    /// model (float32 master weights, the precision's compute dtype, as the RL agents hold
+    /// them) saved to `save_to` in the Hugging Face layout (so `python/bench_decode.py` decodes
+    /// the same weights), then at each batch size of `batches` and for each decode path,
+    /// greedy generation of `gen_tokens` tokens after a `prompt_len`-token prompt (no early
+    /// stop): one untimed run, then `reps` timed runs of the prompt's forward pass alone
+    /// (one new token) and of the whole generation. Prints one `done` event with one record per
+    /// batch size and path.
+    BenchDecode {
+        /// Architecture.
+        model: ModelSpec,
+        /// Vocabulary size.
+        vocab_size: i64,
+        /// Batch sizes.
+        batches: Vec<usize>,
+        /// Prompt tokens per row.
+        prompt_len: usize,
+        /// New tokens per row.
+        gen_tokens: usize,
+        /// Timed repetitions (the median is reported).
+        reps: usize,
+        /// Compute dtype.
+        #[serde(default)]
+        precision: Precision,
+        /// Where it runs.
+        device: Device,
+        /// Where the model is saved.
+        save_to: PathBuf,
+    },
 }
 
 /// Metrics of one optimizer step of pretraining or SFT.

@@ -1,7 +1,8 @@
 //! Multi-turn episodes (docs/architecture.md, "Training"): the generator writes a kernel for a
 //! task, the tester (the harness: static rules, nvcc, tests and timing on a GPU) turns the verdict
 //! into feedback text, the optimizer revises, the tester again, up to `max_turns`, stopping early
-//! once a turn's reward passes the config's `stop_above`.
+//! at the reward config's stop condition ([`RewardConfig::stops`]: by default, the first turn
+//! whose kernel passes every test and is at least as fast as the naive kernel).
 //!
 //! Per episode the conversation state keeps a compilation cache (an identical resubmission is
 //! not rebuilt and is called out), the performance trajectory, the failed attempts and the
@@ -558,11 +559,26 @@ pub fn run_episodes(
                 }
             }
         }
-        let items: Vec<(&TaskSpec, &str)> = to_test.iter().map(|(_, t, c)| (*t, *c)).collect();
-        let results = tester.test_many(&items)?;
+        // Identical candidates for the same task (a group's episodes often agree) are judged
+        // once and the verdict shared.
+        let mut unique: Vec<(&TaskSpec, &str)> = Vec::new();
+        let mut first: BTreeMap<(&str, [u8; 32]), usize> = BTreeMap::new();
+        let slots: Vec<usize> = to_test
+            .iter()
+            .map(|(_, t, c)| {
+                let key = (t.id.as_str(), *blake3::hash(c.as_bytes()).as_bytes());
+                *first.entry(key).or_insert_with(|| {
+                    unique.push((*t, *c));
+                    unique.len() - 1
+                })
+            })
+            .collect();
+        let results = tester.test_many(&unique)?;
         let mut verdicts: BTreeMap<usize, (Verdict, Option<String>)> = BTreeMap::new();
-        for ((k, _, _), r) in to_test.iter().zip(results) {
-            verdicts.insert(*k, r);
+        for ((k, _, _), slot) in to_test.iter().zip(&slots) {
+            if let Some(r) = results.get(*slot) {
+                verdicts.insert(*k, r.clone());
+            }
         }
         for (k, &i) in active.iter().enumerate() {
             let task = tasks[i];
@@ -614,7 +630,7 @@ pub fn run_episodes(
                     }
                 }
             }
-            let stop = reward.reward > cfg.stop_above;
+            let stop = cfg.stops(&reward);
             e.turns.push(Turn {
                 turn,
                 role,
@@ -686,6 +702,66 @@ pub(crate) mod tests {
         }
     }
 
+    /// Judges every candidate correct in full mode at the speedup named in its source
+    /// (`// speedup 1.5`), counting the candidates it was asked to judge.
+    struct Counting {
+        judged: Vec<String>,
+    }
+
+    impl Tester for Counting {
+        fn test(&mut self, _t: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String> {
+            self.judged.push(code.to_string());
+            let x: f64 = code
+                .split("// speedup ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next()?.parse().ok())
+                .unwrap_or(1.0);
+            let mut v = crate::reward::tests::verdict("full", true, Some(true));
+            v.tests = crate::reward::tests::tests(4, 4);
+            v.speedup_vs_naive = Some(x);
+            Ok((v, None))
+        }
+    }
+
+    #[test]
+    fn identical_candidates_of_a_group_are_judged_once_and_a_fast_correct_kernel_ends_the_episode()
+    {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let task = cudarl_cuda::TaskSpec::load(&root.join("datasets/tasks/vector_add")).unwrap();
+        let cfg = RewardConfig::load(
+            &root.join("configs/reward/default.toml"),
+            "configs/reward/default.toml",
+        )
+        .unwrap();
+        assert_eq!(cfg.stop_speedup, Some(1.0));
+        let kernel =
+            |x: f64| prompts::fenced(&format!("__global__ void k() {{}} // speedup {x}\n"));
+        // Four episodes of one task: turn 1 gives three the same slow kernel (0.5x) and one a
+        // kernel at 1.5x; turn 2 gives the three slow ones the same 2x kernel.
+        let mut policy = Scripted {
+            answers: vec![kernel(0.5), kernel(0.5), kernel(1.5), kernel(0.5)]
+                .into_iter()
+                .chain(std::iter::repeat_n(kernel(2.0), 3))
+                .collect(),
+            seen: vec![],
+        };
+        let mut tester = Counting { judged: vec![] };
+        let s = EpisodeSettings {
+            max_turns: 3,
+            public_seeds: vec![0],
+        };
+        let tasks = vec![&task; 4];
+        let eps = run_episodes(&tasks, &mut policy, &mut tester, &cfg, &s).unwrap();
+        // Judged: the slow kernel once, the 1.5x one once, the 2x one once.
+        assert_eq!(tester.judged.len(), 3, "{:?}", tester.judged);
+        // The 1.5x episode ended at turn 1, the others at turn 2 (2x >= 1x), not at the limit.
+        let turns: Vec<usize> = eps.iter().map(|e| e.turns.len()).collect();
+        assert_eq!(turns, vec![2, 2, 1, 2]);
+        // The shared verdict scored each episode alike.
+        assert_eq!(eps[0].turns[0].reward, eps[1].turns[0].reward);
+        assert!(policy.answers.is_empty());
+    }
+
     #[test]
     fn scripted_episode_walks_from_compile_error_to_success_with_feedback() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -728,7 +804,7 @@ pub(crate) mod tests {
         let eps = run_episodes(&[&task], &mut policy, &mut harness, &cfg, &s).unwrap();
         let e = &eps[0];
         // Compile error -> no code -> fixed: compiled (compile-only: 0.5 + 0.05 coalesced);
-        // 0.55 < stop_above, so the turn limit (3) ends it.
+        // Compile-only verdicts never meet the stop condition, so the turn limit (3) ends it.
         assert_eq!(
             e.turns.len(),
             3,

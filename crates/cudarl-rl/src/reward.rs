@@ -46,8 +46,14 @@ pub struct RewardConfig {
     pub compile_only: CompileOnly,
     /// Turn credit (`cudarl_train::rl::turn_credits`): immediate, final, gamma.
     pub credit: crate::credit::CreditWeights,
-    /// An episode stops once a turn's reward exceeds this.
-    pub stop_above: f64,
+    /// An episode stops at its first turn whose kernel passes every test (full mode, no hack
+    /// flag) and is at least this many times as fast as the task's naive kernel
+    /// ([`RewardConfig::stops`]); absent: this rule is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_speedup: Option<f64>,
+    /// An episode stops once a turn's reward exceeds this; absent: this rule is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_above: Option<f64>,
     /// What a verdict with a hack flag (`beats_roofline`, `work_after_stop`,
     /// `sandbox_violation`, `timed_output_mismatch`, `work_before_start`, ...) earns.
     #[serde(default)]
@@ -136,6 +142,11 @@ impl RewardConfig {
         if c.speedup.cap.is_nan() || c.speedup.cap <= 1.0 {
             return Err(format!("{display}: field `speedup.cap` must be > 1"));
         }
+        if let Some(x) = c.stop_speedup
+            && !(x.is_finite() && x > 0.0)
+        {
+            return Err(format!("{display}: field `stop_speedup` must be > 0"));
+        }
         let r = c.limits.registers_per_thread;
         if r.is_nan() || r <= 0.0 || r >= 255.0 {
             return Err(format!(
@@ -143,6 +154,23 @@ impl RewardConfig {
             ));
         }
         Ok(c)
+    }
+}
+
+impl RewardConfig {
+    /// Whether an episode ends at a turn scored `r`: its kernel passed every test in full mode
+    /// with a positive reward (no hack flag zeroed it) and a speedup of at least
+    /// [`RewardConfig::stop_speedup`] over the naive kernel, or `r.reward` exceeds
+    /// [`RewardConfig::stop_above`].
+    pub fn stops(&self, r: &RewardComponents) -> bool {
+        let fast = self.stop_speedup.is_some_and(|s| {
+            r.mode == "full"
+                && r.gate
+                && r.correct == Some(true)
+                && r.reward > 0.0
+                && r.speedup.is_some_and(|x| x >= s)
+        });
+        fast || self.stop_above.is_some_and(|t| r.reward > t)
     }
 }
 
@@ -350,7 +378,7 @@ fn s_coal_not_strided(code: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use cudarl_cuda::diag::KernelResources;
     use cudarl_cuda::gpu::TestResult;
@@ -360,7 +388,7 @@ mod tests {
         RewardConfig::load(&p, "configs/reward/default.toml").unwrap()
     }
 
-    fn verdict(mode: &str, compiled: bool, correct: Option<bool>) -> Verdict {
+    pub(crate) fn verdict(mode: &str, compiled: bool, correct: Option<bool>) -> Verdict {
         let v: Verdict = serde_json::from_value(serde_json::json!({
             "task_id": "t", "abi": "native", "mode": mode, "compiled": compiled,
             "static_flags": [], "diagnostics": [], "resources": [], "executed": correct.is_some(),
@@ -374,7 +402,7 @@ mod tests {
         v
     }
 
-    fn tests(passed: usize, total: usize) -> Vec<TestResult> {
+    pub(crate) fn tests(passed: usize, total: usize) -> Vec<TestResult> {
         (0..total)
             .map(|i| {
                 serde_json::from_value(serde_json::json!({

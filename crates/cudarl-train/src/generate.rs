@@ -25,6 +25,26 @@ pub struct SampleParams {
     /// Bytes one chunk of rows of the prompts' forward pass may take (attention scores and
     /// logits, estimated; at least one row per chunk); see [`PREFILL_BYTES`], the default.
     pub prefill_bytes: i64,
+    /// How decode steps run (with `use_cache`).
+    pub decode: DecodePath,
+}
+
+/// How the decode steps after the prompts' forward pass run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodePath {
+    /// A preallocated KV cache, grouped-query attention as two batched matrix products
+    /// ([`Qwen2::forward_static`]), sampling on the device, and on a GPU each step replayed as a
+    /// CUDA graph per batch size and attention length (`crate::decode`); tokens are read back
+    /// every [`crate::decode::SYNC_EVERY`] steps.
+    #[default]
+    Graphs,
+    /// [`DecodePath::Graphs`] without the graphs: the same steps launched one kernel at a time.
+    Static,
+    /// The cache grown by concatenation every step and libtorch's
+    /// `scaled_dot_product_attention` with the key mask (its math kernel under grouped-query
+    /// attention), tokens read back every step: the path before [`DecodePath::Graphs`], kept
+    /// for comparison (`cudarl-pipe bench decode`).
+    Dynamic,
 }
 
 impl Default for SampleParams {
@@ -36,6 +56,7 @@ impl Default for SampleParams {
             seed: None,
             use_cache: true,
             prefill_bytes: PREFILL_BYTES,
+            decode: DecodePath::Graphs,
         }
     }
 }
@@ -99,58 +120,150 @@ pub fn generate_streaming(
     if let Some(s) = params.seed {
         tch::manual_seed(s);
     }
+    let mut rows = Rows::new(prompts.len(), eos, stop, on_finish);
+    if params.max_new_tokens > 0 {
+        if params.use_cache && params.decode != DecodePath::Dynamic {
+            crate::decode::generate_static(model, prompts, params, &mut rows)?;
+        } else {
+            generate_dynamic(model, prompts, params, &mut rows)?;
+        }
+    }
+    Ok(rows.finish())
+}
+
+/// The tokens of a batch as they come back to the host, and the callers' checks on them.
+pub(crate) struct Rows<'a> {
+    out: Generation,
+    done: Vec<bool>,
+    eos: &'a [i64],
+    stop: &'a mut dyn FnMut(usize, &[i64]) -> bool,
+    on_finish: &'a mut dyn FnMut(usize, &[i64]),
+}
+
+impl<'a> Rows<'a> {
+    fn new(
+        b: usize,
+        eos: &'a [i64],
+        stop: &'a mut dyn FnMut(usize, &[i64]) -> bool,
+        on_finish: &'a mut dyn FnMut(usize, &[i64]),
+    ) -> Rows<'a> {
+        Rows {
+            out: Generation {
+                tokens: vec![Vec::new(); b],
+                log_probs: vec![Vec::new(); b],
+                finish: vec![Finish::Length; b],
+            },
+            done: vec![false; b],
+            eos,
+            stop,
+            on_finish,
+        }
+    }
+
+    /// The next token of row `i` and its log-probability (ignored once the row is done).
+    pub(crate) fn push(&mut self, i: usize, tok: i64, lp: f32) {
+        if self.done[i] {
+            return;
+        }
+        self.out.tokens[i].push(tok);
+        self.out.log_probs[i].push(lp);
+        if self.eos.contains(&tok) {
+            self.out.finish[i] = Finish::Eos;
+        } else if (self.stop)(i, &self.out.tokens[i]) {
+            self.out.finish[i] = Finish::Stop;
+        } else {
+            return;
+        }
+        self.done[i] = true;
+        (self.on_finish)(i, &self.out.tokens[i]);
+    }
+
+    /// Every row has ended.
+    pub(crate) fn all_done(&self) -> bool {
+        self.done.iter().all(|d| *d)
+    }
+
+    /// The generation; rows still open end by length (`on_finish` called for them).
+    fn finish(self) -> Generation {
+        for i in (0..self.done.len()).filter(|&i| !self.done[i]) {
+            (self.on_finish)(i, &self.out.tokens[i]);
+        }
+        self.out
+    }
+}
+
+/// Left-padded prompts on the device.
+pub(crate) struct Padded {
+    /// Token ids `[b, w]` (int64; 0 on the padding).
+    pub ids: Tensor,
+    /// Which positions hold real tokens `[b, w]` (bool).
+    pub mask: Tensor,
+    /// RoPE positions `[b, w]` (int64): real tokens count from 0, the padding is 0.
+    pub pos: Tensor,
+    /// Each row's next position `[b, 1]` (int64).
+    pub next_pos: Tensor,
+    /// Whether any row is padded.
+    pub padded: bool,
+}
+
+impl Padded {
+    pub(crate) fn new(prompts: &[Vec<i64>], dev: Device) -> Padded {
+        let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        // Left padding: [pad.., prompt]; pad id 0 never attended to.
+        let mut ids: Vec<i64> = Vec::with_capacity(prompts.len() * width);
+        let mut valid: Vec<bool> = Vec::with_capacity(prompts.len() * width);
+        for p in prompts {
+            ids.extend(std::iter::repeat_n(0, width - p.len()));
+            ids.extend_from_slice(p);
+            valid.extend(std::iter::repeat_n(false, width - p.len()));
+            valid.extend(std::iter::repeat_n(true, p.len()));
+        }
+        let shape = [prompts.len() as i64, width as i64];
+        let mask = Tensor::from_slice(&valid).view(shape).to_device(dev);
+        // RoPE positions count real tokens only: cumsum(mask) - 1 (0 on the padding); each new
+        // token is one past the row's last.
+        let pos = (mask.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
+        let next_pos = pos.narrow(1, width as i64 - 1, 1) + 1;
+        Padded {
+            ids: Tensor::from_slice(&ids).view(shape).to_device(dev),
+            mask,
+            pos,
+            next_pos,
+            padded: prompts.iter().any(|p| p.len() != width),
+        }
+    }
+}
+
+/// [`DecodePath::Dynamic`], and the uncached decode (`use_cache = false`).
+fn generate_dynamic(
+    model: &Qwen2,
+    prompts: &[Vec<i64>],
+    params: &SampleParams,
+    rows: &mut Rows<'_>,
+) -> Result<(), ModelError> {
     // Decode a mixed-precision model with its weights cast once, not at every step.
     let copy = model.inference_copy()?;
     let model = copy.as_ref().unwrap_or(model);
     let dev = model.device();
     let b = prompts.len();
-    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    // Left padding: [pad.., prompt]; pad id 0 never attended to.
-    let mut ids: Vec<i64> = Vec::with_capacity(b * width);
-    let mut valid: Vec<bool> = Vec::with_capacity(b * width);
-    for p in prompts {
-        ids.extend(std::iter::repeat_n(0, width - p.len()));
-        ids.extend_from_slice(p);
-        valid.extend(std::iter::repeat_n(false, width - p.len()));
-        valid.extend(std::iter::repeat_n(true, p.len()));
-    }
-    let mut out = Generation {
-        tokens: vec![Vec::new(); b],
-        log_probs: vec![Vec::new(); b],
-        finish: vec![Finish::Length; b],
-    };
-    let mut done = vec![false; b];
+    let p = Padded::new(prompts, dev);
     let mut cache = KvCache::default();
-    let shape = [b as i64, width as i64];
-    let prompt_ids = Tensor::from_slice(&ids).view(shape).to_device(dev);
     // The key mask [b, p] grows by a column of `true` per step, on the device.
-    let mut mask = Tensor::from_slice(&valid).view(shape).to_device(dev);
+    let mut mask = p.mask.shallow_clone();
+    let mut next_pos = p.next_pos.shallow_clone();
     let new_col = Tensor::ones([b as i64, 1], (Kind::Bool, dev));
-    // RoPE positions count real tokens only: cumsum(mask) - 1 (0 on the padding); each new
-    // token is one past the row's last.
-    let pos_all = (mask.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
-    let mut next_pos = pos_all.narrow(1, width as i64 - 1, 1) + 1;
-    let padded = prompts.iter().any(|p| p.len() != width);
     // The previous step's tokens [b, 1] on the device (finished rows keep feeding theirs,
     // ignored, so the batch stays rectangular).
     let mut last_tok: Option<Tensor> = None;
-    let mut all_ids = prompt_ids.shallow_clone();
+    let mut all_ids = p.ids.shallow_clone();
     for _ in 0..params.max_new_tokens {
         let logits = match (&last_tok, params.use_cache) {
-            (None, true) => prefill(
-                model,
-                &prompt_ids,
-                &pos_all,
-                &mask,
-                padded,
-                params,
-                &mut cache,
-            )?,
+            (None, true) => prefill(model, &p, params, &mut cache)?,
             (Some(t), true) => {
                 mask = Tensor::cat(&[&mask, &new_col], 1);
                 let pos = next_pos.shallow_clone();
                 next_pos = &next_pos + 1;
-                model.forward(t, Some(&pos), padded.then_some(&mask), Some(&mut cache))?
+                model.forward(t, Some(&pos), p.padded.then_some(&mask), Some(&mut cache))?
             }
             (_, false) => {
                 if let Some(t) = &last_tok {
@@ -158,39 +271,22 @@ pub fn generate_streaming(
                     all_ids = Tensor::cat(&[&all_ids, t], 1);
                 }
                 let pos = (mask.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
-                model.forward(&all_ids, Some(&pos), padded.then_some(&mask), None)?
+                model.forward(&all_ids, Some(&pos), p.padded.then_some(&mask), None)?
             }
         };
         let t = logits.size()[1];
         let last = logits.narrow(1, t - 1, 1).squeeze_dim(1); // [b, V] float32
-        let (tok_t, next, logp) = sample(&last, params)?;
+        let (tok_t, lp_t) = sample(&last, params)?;
+        let (next, logp) = to_host(&tok_t, &lp_t)?;
         last_tok = Some(tok_t);
         for i in 0..b {
-            if done[i] {
-                continue;
-            }
-            let (tok, lp) = (next[i], logp[i]);
-            out.tokens[i].push(tok);
-            out.log_probs[i].push(lp);
-            if eos.contains(&tok) {
-                done[i] = true;
-                out.finish[i] = Finish::Eos;
-            } else if stop(i, &out.tokens[i]) {
-                done[i] = true;
-                out.finish[i] = Finish::Stop;
-            }
-            if done[i] {
-                on_finish(i, &out.tokens[i]);
-            }
+            rows.push(i, next[i], logp[i]);
         }
-        if done.iter().all(|d| *d) {
+        if rows.all_done() {
             break;
         }
     }
-    for i in (0..b).filter(|&i| !done[i]) {
-        on_finish(i, &out.tokens[i]);
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Bytes one prefill chunk may take for its attention scores and logits by default (2 GiB;
@@ -203,16 +299,13 @@ pub const PREFILL_BYTES: i64 = 2 << 30;
 /// float32 logits, 6.5 GiB and 5 GiB for 60 prompts of 2,500 tokens (eval ran out of the
 /// H100's 80 GB on 2026-11-23); rows are independent, so chunks of at most
 /// `params.prefill_bytes` give the same cache and logits.
-fn prefill(
+pub(crate) fn prefill(
     model: &Qwen2,
-    ids: &Tensor,
-    pos: &Tensor,
-    mask: &Tensor,
-    padded: bool,
+    p: &Padded,
     params: &SampleParams,
     cache: &mut KvCache,
 ) -> Result<Tensor, ModelError> {
-    let (b, w) = ids.size2()?;
+    let (b, w) = p.ids.size2()?;
     let c = &model.config;
     let per_row = w * (w * c.num_attention_heads * 4 + c.vocab_size * 6);
     let rows = (params.prefill_bytes / per_row.max(1)).clamp(1, b.max(1));
@@ -221,11 +314,11 @@ fn prefill(
     for start in (0..b).step_by(rows as usize) {
         let n = rows.min(b - start);
         let mut part = KvCache::default();
-        let m = mask.narrow(0, start, n);
+        let m = p.mask.narrow(0, start, n);
         let logits = model.forward(
-            &ids.narrow(0, start, n),
-            Some(&pos.narrow(0, start, n)),
-            padded.then_some(&m),
+            &p.ids.narrow(0, start, n),
+            Some(&p.pos.narrow(0, start, n)),
+            p.padded.then_some(&m),
             Some(&mut part),
         )?;
         last.push(logits.narrow(1, w - 1, 1));
@@ -235,32 +328,44 @@ fn prefill(
     Ok(Tensor::cat(&last, 0))
 }
 
-/// One token per row of `logits` `[b, V]`: the tokens `[b, 1]` (int64, on the device), and
-/// on the host the tokens and their log-probabilities (see [`Generation::log_probs`]), read
-/// back in one copy.
-fn sample(logits: &Tensor, p: &SampleParams) -> Result<(Tensor, Vec<i64>, Vec<f32>), ModelError> {
-    let (tok, logp) = if p.temperature == 0.0 {
-        let logp = logits.log_softmax(-1, Kind::Float);
-        (logits.argmax(-1, true), logp)
+/// One token per row of `logits` `[b, V]` (float32) and its log-probability (see
+/// [`Generation::log_probs`]), both `[b, 1]` on the device (int64, float32), with no host
+/// synchronization, so a CUDA graph can hold it. Sampling is the exponential race (the
+/// Gumbel-max trick: `argmax(p / E)`, `E ~ Exp(1)` i.i.d., picks token `i` with probability
+/// `p_i`), over the nucleus when `top_p < 1`; greedy (`temperature = 0`) is the argmax.
+pub(crate) fn sample(logits: &Tensor, p: &SampleParams) -> Result<(Tensor, Tensor), ModelError> {
+    if p.temperature == 0.0 {
+        let logp = logits.f_log_softmax(-1, Kind::Float)?;
+        let tok = logits.f_argmax(-1, true)?;
+        let lp = logp.f_gather(-1, &tok, false)?;
+        return Ok((tok, lp));
+    }
+    let logp = (logits / p.temperature).f_log_softmax(-1, Kind::Float)?;
+    let probs = logp.exp();
+    let tok = if p.top_p < 1.0 {
+        let (sorted, idx) = probs.f_sort(-1, true)?;
+        let before = sorted.cumsum(-1, Kind::Float) - &sorted; // mass of better tokens
+        let keep = before.lt(p.top_p); // the first token is always kept (before = 0)
+        let kept = sorted * keep.to_kind(Kind::Float);
+        let mut race = kept.empty_like();
+        let _ = race.f_exponential_(1.0)?;
+        let j = (kept / race).f_argmax(-1, true)?;
+        idx.f_gather(-1, &j, false)?
     } else {
-        let logp = (logits / p.temperature).log_softmax(-1, Kind::Float);
-        let probs = logp.exp();
-        let probs = if p.top_p < 1.0 {
-            let (sorted, idx) = probs.sort(-1, true);
-            let before = sorted.cumsum(-1, Kind::Float) - &sorted; // mass of better tokens
-            let keep = before.lt(p.top_p); // the first token is always kept (before = 0)
-            let kept = sorted * keep.to_kind(Kind::Float);
-            Tensor::zeros_like(&probs).scatter(-1, &idx, &kept)
-        } else {
-            probs
-        };
-        (probs.multinomial(1, false), logp)
+        let mut race = probs.empty_like();
+        let _ = race.f_exponential_(1.0)?;
+        (&probs / race).f_argmax(-1, true)?
     };
-    let lp = logp.gather(-1, &tok, false);
-    // [b, 2] float64 (token ids < 2^53 are exact): one device-to-host copy per step.
-    let both = Tensor::cat(&[tok.to_kind(Kind::Double), lp.to_kind(Kind::Double)], 1);
-    let host = Vec::<f64>::try_from(both.to_device(Device::Cpu).view([-1]))?;
+    let lp = logp.f_gather(-1, &tok, false)?;
+    Ok((tok, lp))
+}
+
+/// Tokens `[b, n]` (int64) and their log-probabilities `[b, n]` on the host, row-major, in one
+/// device-to-host copy (float64 holds token ids below 2^53 exactly).
+pub(crate) fn to_host(tok: &Tensor, lp: &Tensor) -> Result<(Vec<i64>, Vec<f32>), ModelError> {
+    let both = Tensor::f_stack(&[tok.to_kind(Kind::Double), lp.to_kind(Kind::Double)], -1)?;
+    let host = Vec::<f64>::try_from(both.to_device(Device::Cpu).contiguous().view([-1]))?;
     let toks = host.iter().step_by(2).map(|v| *v as i64).collect();
     let lps = host.iter().skip(1).step_by(2).map(|v| *v as f32).collect();
-    Ok((tok, toks, lps))
+    Ok((toks, lps))
 }

@@ -242,6 +242,25 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             *precision,
             device(*dev)?,
         )?),
+        Job::BenchDecode {
+            model,
+            vocab_size,
+            batches,
+            prompt_len,
+            gen_tokens,
+            reps,
+            precision,
+            device: dev,
+            save_to,
+        } => done(crate::bench_decode::bench_decode(
+            model,
+            *vocab_size,
+            batches,
+            (*prompt_len, *gen_tokens, *reps),
+            *precision,
+            device(*dev)?,
+            save_to,
+        )?),
     }
     Ok(())
 }

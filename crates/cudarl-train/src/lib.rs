@@ -4,7 +4,10 @@
 //! training with a loss mask (pretraining and SFT).
 
 pub mod agent;
+mod bench_decode;
 pub mod config;
+pub mod cuda_graph;
+pub mod decode;
 pub mod generate;
 pub mod job;
 pub mod model;
@@ -15,8 +18,8 @@ pub mod train;
 
 pub use agent::{Completion, Role, TrainableAgent};
 pub use config::Qwen2Config;
-pub use generate::{Finish, Generation, PREFILL_BYTES, SampleParams, generate};
-pub use model::{KvCache, Qwen2, set_cudnn_attention};
+pub use generate::{DecodePath, Finish, Generation, PREFILL_BYTES, SampleParams, generate};
+pub use model::{KvCache, Qwen2, StaticKv, set_cudnn_attention};
 pub use tokenizer::{ChatMessage, ChatTokenizer};
 pub use train::{Example, Precision, StepMetrics, TrainConfig, train_lm};
 

@@ -104,6 +104,36 @@ pub enum BenchCmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Decode throughput of the trainer's generation per batch size, prompts' forward pass and
+    /// decode steps apart: CUDA graphs over a static cache (the default path), the same without
+    /// graphs, and the previous dynamic-cache path, against `transformers` on the same weights
+    /// with its static cache and `torch.compile(mode="reduce-overhead")`, in one run.
+    Decode {
+        /// `configs/model/<model>.toml`.
+        #[arg(long, default_value = "small")]
+        model: String,
+        /// Batch sizes.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
+        batches: Vec<usize>,
+        /// Prompt tokens per row.
+        #[arg(long, default_value_t = 512)]
+        prompt_len: usize,
+        /// New tokens per row.
+        #[arg(long, default_value_t = 256)]
+        gen_tokens: usize,
+        /// Timed repetitions (medians).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// `auto`, `cpu` or `cuda`.
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Leave out the `transformers` baseline.
+        #[arg(long)]
+        no_transformers: bool,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Training and generation throughput of cudarl-train's Qwen2 vs `transformers` eager.
     TrainThroughput {
         /// `configs/model/<model>.toml` (architecture and tokenizer vocabulary size).
@@ -169,6 +199,41 @@ fn chrono_like_now() -> String {
         .unwrap_or_default()
 }
 
+/// `result` (an object) with `machine` (CPU, cores, date), `gpu` (the first GPU's name from
+/// `nvidia-smi`, or `none`) and `commit` (`$CUDARL_COMMIT`, else `git rev-parse HEAD`, else
+/// `unknown`) added.
+pub(crate) fn finish_fields(mut result: serde_json::Value) -> serde_json::Value {
+    let out = |cmd: &str, args: &[&str]| {
+        Command::new(cmd)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()
+            })
+            .filter(|s| !s.is_empty())
+    };
+    let gpu = out("nvidia-smi", &["--query-gpu=name", "--format=csv,noheader"]);
+    let commit = std::env::var("CUDARL_COMMIT")
+        .ok()
+        .or_else(|| out("git", &["rev-parse", "HEAD"]));
+    if let Some(o) = result.as_object_mut() {
+        o.insert("machine".into(), machine());
+        o.insert("gpu".into(), gpu.unwrap_or_else(|| "none".into()).into());
+        o.insert(
+            "commit".into(),
+            commit.unwrap_or_else(|| "unknown".into()).into(),
+        );
+    }
+    result
+}
+
 pub(crate) fn finish(result: serde_json::Value, out: Option<PathBuf>) -> Result<i32, CliError> {
     let text = serde_json::to_string_pretty(&result).expect("json") + "\n";
     if let Some(p) = out {
@@ -208,6 +273,28 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
                 queue,
                 overhead_reps,
                 mode,
+            },
+        )
+        .and_then(|r| finish(r, out)),
+        BenchCmd::Decode {
+            model,
+            batches,
+            prompt_len,
+            gen_tokens,
+            reps,
+            device,
+            no_transformers,
+            out,
+        } => crate::cmd::bench_decode::run(
+            ctx,
+            &crate::cmd::bench_decode::Args {
+                model,
+                batches,
+                prompt_len,
+                gen_tokens,
+                reps,
+                device,
+                transformers: !no_transformers,
             },
         )
         .and_then(|r| finish(r, out)),
@@ -670,6 +757,20 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
 }
 
 /// The trainer's `bench` job for `configs/model/<model>.toml`.
+/// `configs/model/<model>.toml`.
+///
+/// # Errors
+/// A missing or malformed file (named), as a usage error.
+pub(crate) fn model_file(
+    ctx: &Ctx,
+    model: &str,
+) -> Result<cudarl_stages::train_stages::ModelFile, CliError> {
+    let rel = format!("configs/model/{model}.toml");
+    let text = std::fs::read_to_string(ctx.root.join(&rel))
+        .map_err(|e| CliError::usage(format!("{rel}: {e}")))?;
+    toml::from_str(&text).map_err(|e| CliError::usage(format!("{rel}: {e}")))
+}
+
 fn train_job(
     ctx: &Ctx,
     model: &str,
@@ -678,17 +779,38 @@ fn train_job(
     gen_tokens: usize,
     device: &str,
 ) -> Result<serde_json::Value, CliError> {
-    let rel = format!("configs/model/{model}.toml");
-    let text = std::fs::read_to_string(ctx.root.join(&rel))
-        .map_err(|e| CliError::usage(format!("{rel}: {e}")))?;
-    let mf: cudarl_stages::train_stages::ModelFile =
-        toml::from_str(&text).map_err(|e| CliError::usage(format!("{rel}: {e}")))?;
+    let mf = model_file(ctx, model)?;
     Ok(serde_json::json!({
         "kind": "bench", "model": mf.model, "vocab_size": mf.tokenizer.vocab_size,
         "batch_size": batch_size, "seq_len": seq_len, "steps": steps, "warmup_steps": 5,
         "gen_batches": gen_batches, "prompt_len": 128, "gen_tokens": gen_tokens,
         "device": device,
     }))
+}
+
+/// The last line of `exe args`' stdout that parses as JSON (the result of a trainer job or a
+/// baseline script).
+///
+/// # Errors
+/// The process failed to start or exited non-zero (its stderr quoted), or printed no JSON.
+pub(crate) fn last_json(exe: &Path, args: &[&Path]) -> Result<serde_json::Value, CliError> {
+    let o = Command::new(exe)
+        .args(args)
+        .output()
+        .map_err(|e| CliError::failed(format!("{}: {e}", exe.display())))?;
+    if !o.status.success() {
+        return Err(CliError::failed(format!(
+            "{} failed ({}): {}",
+            exe.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        )));
+    }
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| CliError::failed(format!("{}: no JSON result", exe.display())))
 }
 
 fn train_throughput(
@@ -699,25 +821,6 @@ fn train_throughput(
     let dir = tempfile::tempdir().map_err(|e| CliError::failed(e.to_string()))?;
     let jp = dir.path().join("bench.json");
     std::fs::write(&jp, job.to_string()).map_err(|e| CliError::failed(e.to_string()))?;
-    let last_json = |exe: &Path, args: &[&Path]| -> Result<serde_json::Value, CliError> {
-        let o = Command::new(exe)
-            .args(args)
-            .output()
-            .map_err(|e| CliError::failed(format!("{}: {e}", exe.display())))?;
-        if !o.status.success() {
-            return Err(CliError::failed(format!(
-                "{} failed ({}): {}",
-                exe.display(),
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            )));
-        }
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| CliError::failed(format!("{}: no JSON result", exe.display())))
-    };
     let ours = last_json(&cudarl_rl::trainer::trainer_exe(), &[&jp])?;
     let script = ctx.root.join("python/bench_transformers.py");
     let base = last_json(&cudarl_cuda::pyworker::python(&ctx.root), &[&script, &jp])?;

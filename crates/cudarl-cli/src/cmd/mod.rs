@@ -1,6 +1,7 @@
 //! Implementations of the CLI verbs.
 
 pub mod bench;
+pub mod bench_decode;
 pub mod bench_harness;
 pub mod check;
 pub mod serve;

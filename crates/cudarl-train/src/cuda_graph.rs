@@ -1,0 +1,132 @@
+//! CUDA graphs of tch work: a safe wrapper of `at::cuda::CUDAGraph` (what Python's
+//! `torch.cuda.CUDAGraph` wraps) through the C++ shim `csrc/cuda_graph.cpp`. The tch operations
+//! a closure issues during [`CudaGraph::capture`] are recorded, not run; [`CudaGraph::replay`]
+//! runs them again with one launch, on the same tensors (addresses), with fresh random draws of
+//! libtorch's default CUDA generator. Tensors allocated during capture live in the graph's
+//! memory pool ([`GraphPool`]) for as long as the graph; reading one after a replay reads that
+//! replay's result.
+
+use std::ffi::{CStr, c_char, c_void};
+
+use crate::ModelError;
+
+unsafe extern "C" {
+    fn cudarl_tensor_version(t: *const c_void) -> i64;
+    fn cudarl_graph_available() -> i32;
+    fn cudarl_graph_pool(id0: *mut u64, id1: *mut u64, err: *mut c_char, n: usize) -> i32;
+    fn cudarl_graph_new(device: i32, out: *mut *mut c_void, err: *mut c_char, n: usize) -> i32;
+    fn cudarl_graph_begin(g: *mut c_void, id0: u64, id1: u64, err: *mut c_char, n: usize) -> i32;
+    fn cudarl_graph_end(g: *mut c_void, err: *mut c_char, n: usize) -> i32;
+    fn cudarl_graph_replay(g: *mut c_void, err: *mut c_char, n: usize) -> i32;
+    fn cudarl_graph_free(g: *mut c_void);
+}
+
+/// Calls a shim function with an error buffer; its message as a [`ModelError::Generate`].
+fn call(what: &str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), ModelError> {
+    let mut buf = vec![0 as c_char; 1024];
+    if f(buf.as_mut_ptr(), buf.len()) == 0 {
+        return Ok(());
+    }
+    // SAFETY: the shim writes a NUL-terminated message into the buffer (zeroed beforehand).
+    let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+    Err(ModelError::Generate(format!("CUDA graph {what}: {msg}")))
+}
+
+/// libtorch's version counter of `t`'s storage (`Tensor._version` in Python): every in-place
+/// write through libtorch (an optimizer step, `copy_`) increases it. `-1` when this build has
+/// no libtorch headers.
+pub fn tensor_version(t: &tch::Tensor) -> i64 {
+    // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `t`; the shim only reads it.
+    unsafe { cudarl_tensor_version(t.as_ptr().cast()) }
+}
+
+/// Whether this build can capture CUDA graphs (built against CUDA headers and a libtorch with
+/// CUDA; whether a GPU is present is `tch::Cuda::is_available`).
+pub fn available() -> bool {
+    // SAFETY: returns a constant.
+    unsafe { cudarl_graph_available() == 1 }
+}
+
+/// A memory pool that several graphs share (`torch.cuda.graph_pool_handle()`): what one
+/// graph's capture freed, the next capture reuses. Graphs of one pool must not run at the same
+/// time (they are replayed one after another on one stream here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphPool(u64, u64);
+
+impl GraphPool {
+    /// A new pool id.
+    ///
+    /// # Errors
+    /// No CUDA graphs in this build ([`available`]), libtorch errors.
+    pub fn new() -> Result<GraphPool, ModelError> {
+        let (mut a, mut b) = (0u64, 0u64);
+        // SAFETY: the shim writes two integers through valid pointers.
+        call("pool", |e, n| unsafe {
+            cudarl_graph_pool(&mut a, &mut b, e, n)
+        })?;
+        Ok(GraphPool(a, b))
+    }
+}
+
+/// One captured CUDA graph.
+#[derive(Debug)]
+pub struct CudaGraph {
+    ptr: *mut c_void,
+}
+
+// SAFETY: the graph is an owned C++ object with no thread affinity; replays are serialized by
+// `&mut self`.
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    /// Captures the work `body` issues on CUDA device `device` into a graph that allocates from
+    /// `pool`, and returns it with `body`'s result (tensors that live in the pool; their
+    /// contents are defined only after a replay). Nothing runs during capture: `body` must not
+    /// read a device value on the host or synchronize (libtorch then errors and the capture is
+    /// abandoned).
+    ///
+    /// # Errors
+    /// No CUDA graphs in this build, `body`'s error, libtorch's capture errors.
+    pub fn capture<T>(
+        device: usize,
+        pool: GraphPool,
+        body: impl FnOnce() -> Result<T, ModelError>,
+    ) -> Result<(CudaGraph, T), ModelError> {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: the shim allocates a graph and writes its pointer.
+        call("create", |e, n| unsafe {
+            cudarl_graph_new(device as i32, &mut ptr, e, n)
+        })?;
+        let graph = CudaGraph { ptr };
+        // SAFETY: `ptr` is a live graph.
+        call("capture", |e, n| unsafe {
+            cudarl_graph_begin(graph.ptr, pool.0, pool.1, e, n)
+        })?;
+        let out = body();
+        // SAFETY: as above; ends the capture begun here whatever `body` returned.
+        let end = call("capture", |e, n| unsafe {
+            cudarl_graph_end(graph.ptr, e, n)
+        });
+        let out = out?;
+        end?;
+        Ok((graph, out))
+    }
+
+    /// Runs the captured work once more on the current stream (asynchronous to the host).
+    ///
+    /// # Errors
+    /// CUDA errors of the launch.
+    pub fn replay(&mut self) -> Result<(), ModelError> {
+        // SAFETY: `ptr` is a live, captured graph.
+        call("replay", |e, n| unsafe {
+            cudarl_graph_replay(self.ptr, e, n)
+        })
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `cudarl_graph_new` and is freed once.
+        unsafe { cudarl_graph_free(self.ptr) }
+    }
+}

@@ -1,0 +1,264 @@
+//! The static-cache decoder of [`crate::generate`] ([`DecodePath::Graphs`] and
+//! [`DecodePath::Static`]): the prompts' forward pass fills a preallocated KV cache, then every
+//! decode step is one [`Qwen2::forward_static`] plus sampling on the device, writing its token
+//! and log-probability into device buffers; the host reads them back every [`SYNC_EVERY`] steps.
+//! On a GPU each step is captured once per (batch size, attention length, sampling parameters)
+//! as a CUDA graph and replayed (one launch instead of about 400 kernel launches for `small`).
+//!
+//! The decoder belongs to its model (`Qwen2::decoder`) and is kept between calls: its own copy
+//! of the weights in the compute dtype (refreshed in place at each call, so graphs stay valid
+//! after an optimizer step), one set of buffers per batch size, and the graphs. Batch sizes are
+//! rounded up to a power of two (extra rows decode a dummy token, ignored) and attention
+//! lengths to a multiple of [`LEN_BUCKET`] (keys past a row's last token are masked), so a run
+//! captures few graphs. Measured: `cudarl-pipe bench decode`
+//! (`benchmarks/results/decode_*.json`).
+
+use std::collections::{BTreeMap, HashMap};
+
+use tch::{Device, Kind, Tensor};
+
+use crate::cuda_graph::{self, CudaGraph, GraphPool};
+use crate::generate::{DecodePath, Padded, Rows, SampleParams, prefill, sample, to_host};
+use crate::model::{KvCache, StaticKv};
+use crate::{ModelError, Qwen2};
+
+/// Decode steps between reads of the new tokens to the host (stop checks, `on_finish`). A
+/// batch whose rows all ended runs at most this many steps too many.
+pub const SYNC_EVERY: usize = 16;
+
+/// Attention lengths are rounded up to a multiple of this (one graph per bucket).
+pub const LEN_BUCKET: i64 = 256;
+
+/// `x` rounded up to a multiple of `m` (both positive).
+fn round_up(x: i64, m: i64) -> i64 {
+    (x + m - 1) / m * m
+}
+
+/// The state of one batch size on the device.
+#[derive(Debug)]
+struct Buffers {
+    kv: StaticKv,
+    /// The last token of each row `[B, 1]` (int64): the next step's input.
+    tok: Tensor,
+    /// Its RoPE position `[B, 1]` (int64).
+    pos: Tensor,
+    /// The cache column it is written to `[1]` (int64).
+    cur: Tensor,
+    /// The index of the token the next step samples `[1]` (int64).
+    step: Tensor,
+    /// Which cache columns each row attends to `[B, cap]` (bool).
+    valid: Tensor,
+    /// Sampled tokens `[B, cap]` (int64) and log-probabilities `[B, cap]` (float32) by index.
+    hist_tok: Tensor,
+    hist_lp: Tensor,
+    /// The decoder's weights stamp the fused weights were refreshed at.
+    stamp: Option<(i64, usize)>,
+}
+
+impl Buffers {
+    fn new(model: &Qwen2, b: i64, cap: i64) -> Buffers {
+        let dev = model.device();
+        let i64s = |shape: &[i64]| Tensor::zeros(shape, (Kind::Int64, dev));
+        Buffers {
+            kv: model.static_kv(b, cap),
+            tok: i64s(&[b, 1]),
+            pos: i64s(&[b, 1]),
+            cur: i64s(&[1]),
+            step: i64s(&[1]),
+            valid: Tensor::zeros([b, cap], (Kind::Bool, dev)),
+            hist_tok: i64s(&[b, cap]),
+            hist_lp: Tensor::zeros([b, cap], (Kind::Float, dev)),
+            stamp: None,
+        }
+    }
+
+    /// One decode step (see the module docs); issues device work only, so it can be captured.
+    fn step(&mut self, model: &Qwen2, len: i64, params: &SampleParams) -> Result<(), ModelError> {
+        let _ = self.valid.f_index_fill_(1, &self.cur, 1i64)?;
+        let b = self.tok.size()[0];
+        // 0 where attended, -inf elsewhere: log of the mask as float.
+        let bias = self
+            .valid
+            .narrow(1, 0, len)
+            .to_kind(Kind::Float)
+            .log()
+            .view([b, 1, 1, len]);
+        let logits =
+            model.forward_static(&self.tok, &self.pos, &self.cur, &bias, &mut self.kv, len)?;
+        let (next, lp) = sample(&logits, params)?;
+        let _ = self.hist_tok.f_index_copy_(1, &self.step, &next)?;
+        let _ = self.hist_lp.f_index_copy_(1, &self.step, &lp)?;
+        self.tok.f_copy_(&next)?;
+        let _ = self.pos.f_add_scalar_(1)?;
+        let _ = self.cur.f_add_scalar_(1)?;
+        let _ = self.step.f_add_scalar_(1)?;
+        Ok(())
+    }
+}
+
+/// Graphs are keyed by batch size, attention length and the sampling parameters baked in.
+type GraphKey = (i64, i64, u64, u64);
+
+/// See the module docs.
+pub(crate) struct Decoder {
+    model: Qwen2,
+    /// The master weights' [`weights_stamp`] when `model` was last refreshed.
+    stamp: Option<(i64, usize)>,
+    sets: BTreeMap<i64, Buffers>,
+    graphs: HashMap<GraphKey, CudaGraph>,
+    pool: Option<GraphPool>,
+}
+
+impl Decoder {
+    fn new(master: &Qwen2) -> Result<Decoder, ModelError> {
+        let mut model = Qwen2::new(master.config.clone(), master.device())?;
+        model.set_kind(master.compute_kind());
+        model.vs.freeze();
+        Ok(Decoder {
+            model,
+            stamp: None,
+            sets: BTreeMap::new(),
+            graphs: HashMap::new(),
+            pool: None,
+        })
+    }
+
+    /// Buffers for batch size `b` with at least `need` columns (new ones drop that batch
+    /// size's graphs, which point at the old ones), their fused weights refreshed from the
+    /// weights copy when it `changed` or they were made from an older one.
+    fn buffers(&mut self, b: i64, need: i64, changed: bool) -> Result<&mut Buffers, ModelError> {
+        let new = self.sets.get(&b).is_none_or(|s| s.kv.capacity() < need);
+        if new {
+            let cap = round_up(need, LEN_BUCKET);
+            self.graphs.retain(|k, _| k.0 != b);
+            self.sets.insert(b, Buffers::new(&self.model, b, cap));
+        }
+        let bufs = self.sets.get_mut(&b).expect("inserted above");
+        if changed || bufs.stamp != self.stamp {
+            bufs.kv.refresh(&self.model)?;
+            bufs.stamp = self.stamp;
+        }
+        Ok(bufs)
+    }
+
+    /// One decode step of batch size `b` attending to `len` columns: a graph replay when one
+    /// was captured, else run directly and, where graphs are on, captured for the next time.
+    fn step(&mut self, b: i64, len: i64, params: &SampleParams) -> Result<(), ModelError> {
+        let key = (b, len, params.temperature.to_bits(), params.top_p.to_bits());
+        if let Some(g) = self.graphs.get_mut(&key) {
+            return g.replay();
+        }
+        let Decoder {
+            model, sets, pool, ..
+        } = self;
+        let bufs = sets.get_mut(&b).expect("buffers before steps");
+        // The first step of a shape runs directly: it is real work, and it initializes what
+        // must not be created during a capture (cuBLAS workspaces).
+        bufs.step(model, len, params)?;
+        let graphs = params.decode == DecodePath::Graphs && cuda_graph::available();
+        if let (true, Device::Cuda(d)) = (graphs, model.device()) {
+            let pool = match pool {
+                Some(p) => *p,
+                None => *pool.insert(GraphPool::new()?),
+            };
+            let (g, ()) = CudaGraph::capture(d, pool, || bufs.step(model, len, params))?;
+            self.graphs.insert(key, g);
+        }
+        Ok(())
+    }
+}
+
+/// A stamp of `model`'s weights that changes whenever one changes: the sum of libtorch's
+/// version counters (each in-place write increases one) and of the storage addresses. `-1`
+/// first when versions cannot be read (then the weights are always copied).
+fn weights_stamp(model: &Qwen2) -> (i64, usize) {
+    let vars = model.vs.variables();
+    let mut v = 0i64;
+    let mut ptrs = 0usize;
+    for t in vars.values() {
+        let x = cuda_graph::tensor_version(t);
+        if x < 0 {
+            return (-1, 0);
+        }
+        v = v.wrapping_add(x);
+        ptrs = ptrs.wrapping_add(t.data_ptr() as usize);
+    }
+    (v, ptrs)
+}
+
+/// The static-cache decode of `prompts` into `rows` (see the module docs).
+///
+/// # Errors
+/// libtorch and CUDA-graph errors.
+pub(crate) fn generate_static(
+    master: &Qwen2,
+    prompts: &[Vec<i64>],
+    params: &SampleParams,
+    rows: &mut Rows<'_>,
+) -> Result<(), ModelError> {
+    let mut slot = master.decoder.lock().unwrap_or_else(|e| e.into_inner());
+    if slot
+        .as_ref()
+        .is_none_or(|d| d.model.kind() != master.compute_kind())
+    {
+        *slot = Some(Box::new(Decoder::new(master)?));
+    }
+    let dec = slot.as_mut().expect("set above");
+    let stamp = weights_stamp(master);
+    let fresh = stamp.0 >= 0 && dec.stamp == Some(stamp);
+    if !fresh {
+        dec.model.vs.copy(&master.vs)?;
+        dec.stamp = Some(stamp);
+    }
+    let b = prompts.len();
+    let bb = b.next_power_of_two() as i64;
+    let p = Padded::new(prompts, dec.model.device());
+    let w = p.ids.size()[1];
+    let max_new = params.max_new_tokens as i64;
+    let mut cache = KvCache::default();
+    let logits = prefill(&dec.model, &p, params, &mut cache)?.squeeze_dim(1);
+    let (t0, lp0) = sample(&logits, params)?;
+    drop(logits);
+    let bufs = dec.buffers(bb, w + max_new, !fresh)?;
+    bufs.kv.fill_from(&cache)?;
+    drop(cache);
+    let rows_of = |t: &Tensor| t.narrow(0, 0, b as i64);
+    let _ = bufs.valid.f_fill_(0i64)?;
+    rows_of(&bufs.valid).narrow(1, 0, w).f_copy_(&p.mask)?;
+    let _ = bufs.tok.f_fill_(0i64)?;
+    rows_of(&bufs.tok).f_copy_(&t0)?;
+    let _ = bufs.pos.f_fill_(0i64)?;
+    rows_of(&bufs.pos).f_copy_(&p.next_pos)?;
+    let _ = bufs.cur.f_fill_(w)?;
+    let _ = bufs.step.f_fill_(1i64)?;
+    rows_of(&bufs.hist_tok).narrow(1, 0, 1).f_copy_(&t0)?;
+    rows_of(&bufs.hist_lp).narrow(1, 0, 1).f_copy_(&lp0)?;
+    // Tokens 0..read are on the host; token s comes from step s (token 0 from the prefill).
+    let mut read = 0i64;
+    for s in 0..max_new {
+        if s > 0 {
+            // Step s writes the cache column of token s-1, w + s - 1, and attends to it.
+            let len = round_up(w + s, LEN_BUCKET);
+            dec.step(bb, len, params)?;
+        }
+        if (s + 1) % SYNC_EVERY as i64 == 0 || s + 1 == max_new {
+            let bufs = dec.sets.get(&bb).expect("buffers");
+            let n = s + 1 - read;
+            let (toks, lps) = to_host(
+                &rows_of(&bufs.hist_tok).narrow(1, read, n),
+                &rows_of(&bufs.hist_lp).narrow(1, read, n),
+            )?;
+            for i in 0..b {
+                for j in 0..n as usize {
+                    let k = i * n as usize + j;
+                    rows.push(i, toks[k], lps[k]);
+                }
+            }
+            read = s + 1;
+            if rows.all_done() {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
