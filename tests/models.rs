@@ -788,3 +788,60 @@ fn rl_holdout_summary_pools_committed_runs() {
         (2.into(), 1.into())
     );
 }
+
+#[test]
+fn bench_decode_compares_the_paths_in_one_run_and_a_missing_model_config_is_named() {
+    let p = Project::new();
+    let o = p.run(&[
+        "bench",
+        "decode",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--batches",
+        "1,3",
+        "--prompt-len",
+        "12",
+        "--gen-tokens",
+        "20",
+        "--reps",
+        "1",
+        "--no-transformers",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        for k in [
+            "tokens_per_s",
+            "baseline_tokens_per_s",
+            "prefill_tokens_per_s",
+        ] {
+            assert!(r[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {r}");
+        }
+        assert!(r["transformers_tokens_per_s"].is_null(), "{r}");
+    }
+    // On the CPU in float32 the three paths decode the same tokens (20 new tokens: more than
+    // one read-back interval), and sampled log-probabilities are the training path's.
+    for c in v["ours"]["checks"].as_array().unwrap() {
+        let b = c["batch"].as_u64().unwrap();
+        assert_eq!(c["greedy_rows_equal_static"].as_u64(), Some(b), "{c}");
+        assert_eq!(c["greedy_rows_equal_dynamic"].as_u64(), Some(b), "{c}");
+        assert!(
+            c["sampled_max_log_prob_error_vs_training"]
+                .as_f64()
+                .unwrap()
+                < 1e-4,
+            "{c}"
+        );
+    }
+    let o = p.run(&["bench", "decode", "--model", "nope", "--device", "cpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        common::stderr(&o).contains("configs/model/nope.toml"),
+        "{}",
+        common::stderr(&o)
+    );
+}

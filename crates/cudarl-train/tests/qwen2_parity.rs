@@ -173,14 +173,35 @@ fn save_then_load_is_bit_exact_and_bad_weights_are_named() {
     );
 }
 
+/// The tiny random Qwen2 of `tests/python/qwen2_reference.py` loaded in float32 on the CPU,
+/// with the lock on libtorch's global generator and the directory it lives in; `None` (the
+/// test skips) without the reference's Python packages.
+fn reference_model() -> Option<(std::sync::MutexGuard<'static, ()>, tempfile::TempDir, Qwen2)> {
+    let rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tempfile::tempdir().unwrap();
+    reference(d.path(), &[])?;
+    let m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    Some((rng, d, m))
+}
+
+/// The same tokens, and log-probabilities within `tol`.
+fn same(x: &Generation, y: &Generation, tol: f32) {
+    assert_eq!(x.tokens, y.tokens);
+    let lps = x
+        .log_probs
+        .iter()
+        .flatten()
+        .zip(y.log_probs.iter().flatten());
+    for (p, q) in lps {
+        assert!((p - q).abs() < tol, "{p} vs {q}");
+    }
+}
+
 #[test]
 fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
-    let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
-    let d = tempfile::tempdir().unwrap();
-    if reference(d.path(), &[]).is_none() {
+    let Some((_rng, _d, m)) = reference_model() else {
         return;
-    }
-    let m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    };
     // Different lengths: left padding in one batch.
     let prompts = vec![vec![5i64, 9, 17, 3, 40, 41], vec![7, 8], vec![60, 61, 62]];
     // Greedy decoding of `rows` with the KV cache or without, prefill chunks of at most
@@ -194,17 +215,6 @@ fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
             ..Default::default()
         };
         generate(&m, rows, &p, &[], &mut |_, _| false).unwrap()
-    };
-    let same = |x: &Generation, y: &Generation, tol: f32| {
-        assert_eq!(x.tokens, y.tokens);
-        for (p, q) in x
-            .log_probs
-            .iter()
-            .flatten()
-            .zip(y.log_probs.iter().flatten())
-        {
-            assert!((p - q).abs() < tol, "{p} vs {q}");
-        }
     };
     let a = greedy(&prompts, true, PREFILL_BYTES);
     same(&a, &greedy(&prompts, false, PREFILL_BYTES), 1e-4);
@@ -254,13 +264,10 @@ fn generation_with_kv_cache_equals_without_greedy_and_sampling_is_seeded() {
 
 #[test]
 fn inference_copy_has_the_mixed_precision_logits_and_generation() {
-    let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
-    let d = tempfile::tempdir().unwrap();
-    if reference(d.path(), &[]).is_none() {
-        return;
-    }
     // float32 master weights, bf16 compute (what training on a GPU uses), here on the CPU.
-    let mut m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    let Some((_rng, _d, mut m)) = reference_model() else {
+        return;
+    };
     assert!(m.inference_copy().unwrap().is_none(), "nothing to cast");
     m.set_compute_kind(Some(Kind::BFloat16));
     let c = m.inference_copy().unwrap().expect("a bf16 copy");
@@ -315,12 +322,9 @@ fn inference_copy_has_the_mixed_precision_logits_and_generation() {
 
 #[test]
 fn the_static_decoder_equals_the_dynamic_one_and_follows_weight_updates() {
-    let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
-    let d = tempfile::tempdir().unwrap();
-    if reference(d.path(), &[]).is_none() {
+    let Some((_rng, _d, m)) = reference_model() else {
         return;
-    }
-    let m = Qwen2::load(&d.path().join("model"), Device::Cpu, Kind::Float).unwrap();
+    };
     // Four rows: the static decoder rounds the batch up to a power of two, and with the same
     // shapes both paths draw the same random numbers, so sampling agrees too.
     let prompts = vec![
@@ -340,17 +344,7 @@ fn the_static_decoder_equals_the_dynamic_one_and_follows_weight_updates() {
         };
         generate(m, &prompts, &p, &[], &mut |_, _| false).unwrap()
     };
-    let same = |x: &Generation, y: &Generation| {
-        assert_eq!(x.tokens, y.tokens);
-        for (p, q) in x
-            .log_probs
-            .iter()
-            .flatten()
-            .zip(y.log_probs.iter().flatten())
-        {
-            assert!((p - q).abs() < 1e-4, "{p} vs {q}");
-        }
-    };
+    let same = |x: &Generation, y: &Generation| same(x, y, 1e-4);
     // More tokens than one read-back interval; greedy and seeded sampling (the nucleus too).
     same(
         &run(&m, DecodePath::Static, 0.0),

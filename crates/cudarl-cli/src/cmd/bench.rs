@@ -109,27 +109,8 @@ pub enum BenchCmd {
     /// graphs, and the previous dynamic-cache path, against `transformers` on the same weights
     /// with its static cache and `torch.compile(mode="reduce-overhead")`, in one run.
     Decode {
-        /// `configs/model/<model>.toml`.
-        #[arg(long, default_value = "small")]
-        model: String,
-        /// Batch sizes.
-        #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
-        batches: Vec<usize>,
-        /// Prompt tokens per row.
-        #[arg(long, default_value_t = 512)]
-        prompt_len: usize,
-        /// New tokens per row.
-        #[arg(long, default_value_t = 256)]
-        gen_tokens: usize,
-        /// Timed repetitions (medians).
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
-        /// `auto`, `cpu` or `cuda`.
-        #[arg(long, default_value = "auto")]
-        device: String,
-        /// Leave out the `transformers` baseline.
-        #[arg(long)]
-        no_transformers: bool,
+        #[command(flatten)]
+        args: crate::cmd::bench_decode::Args,
         /// Also write the result as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -276,28 +257,9 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
             },
         )
         .and_then(|r| finish(r, out)),
-        BenchCmd::Decode {
-            model,
-            batches,
-            prompt_len,
-            gen_tokens,
-            reps,
-            device,
-            no_transformers,
-            out,
-        } => crate::cmd::bench_decode::run(
-            ctx,
-            &crate::cmd::bench_decode::Args {
-                model,
-                batches,
-                prompt_len,
-                gen_tokens,
-                reps,
-                device,
-                transformers: !no_transformers,
-            },
-        )
-        .and_then(|r| finish(r, out)),
+        BenchCmd::Decode { args, out } => {
+            crate::cmd::bench_decode::run(ctx, &args).and_then(|r| finish(r, out))
+        }
         BenchCmd::TrainThroughput {
             model,
             batch_size,

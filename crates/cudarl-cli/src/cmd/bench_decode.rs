@@ -11,22 +11,29 @@ use super::bench::{finish_fields, last_json, model_file};
 use super::{CliError, Ctx};
 
 /// What to measure.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct Args {
     /// `configs/model/<model>.toml`.
+    #[arg(long, default_value = "small")]
     pub model: String,
     /// Batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,256")]
     pub batches: Vec<usize>,
     /// Prompt tokens per row.
+    #[arg(long, default_value_t = 512)]
     pub prompt_len: usize,
     /// New tokens per row.
+    #[arg(long, default_value_t = 256)]
     pub gen_tokens: usize,
-    /// Timed repetitions.
+    /// Timed repetitions (medians).
+    #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// `auto`, `cpu` or `cuda`.
+    #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Run the `transformers` baseline.
-    pub transformers: bool,
+    /// Leave out the `transformers` baseline.
+    #[arg(long)]
+    pub no_transformers: bool,
 }
 
 /// The record of `batch` and `path` in a job's or script's `records`.
@@ -57,7 +64,7 @@ pub fn run(ctx: &Ctx, a: &Args) -> Result<serde_json::Value, CliError> {
     let jp = dir.path().join("job.json");
     std::fs::write(&jp, job.to_string()).map_err(|e| CliError::failed(e.to_string()))?;
     let ours = last_json(&cudarl_rl::trainer::trainer_exe(), &[&jp])?;
-    let hf = if a.transformers {
+    let hf = if !a.no_transformers {
         let script = ctx.root.join("python/bench_decode.py");
         last_json(
             &cudarl_cuda::pyworker::python(&ctx.root),
