@@ -88,6 +88,23 @@ impl Nvcc {
         None
     }
 
+    /// [`Nvcc::discover`] under the tests' policy: `None` when nvcc is missing, after printing
+    /// `SKIPPED: ...` so the skip is visible, unless `CUDARL_REQUIRE_NVCC` is set (`make test`
+    /// sets it), when a missing nvcc panics naming what was tried.
+    pub fn discover_or_skip(root: &Path) -> Option<Nvcc> {
+        match Nvcc::discover(root) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                assert!(
+                    std::env::var_os("CUDARL_REQUIRE_NVCC").is_none(),
+                    "CUDARL_REQUIRE_NVCC is set: {e}"
+                );
+                eprintln!("SKIPPED: {e}");
+                None
+            }
+        }
+    }
+
     /// Finds nvcc (see the module docs), looking for a `.venv` under `root`.
     ///
     /// # Errors

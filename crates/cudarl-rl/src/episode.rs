@@ -666,22 +666,6 @@ pub(crate) mod tests {
     use super::*;
     use std::path::Path;
 
-    /// nvcc found from the repository `root`, or `None` (the test is skipped, and says so)
-    /// unless `CUDARL_REQUIRE_NVCC` is set, when a missing nvcc fails it.
-    pub(crate) fn nvcc_or_skip(root: &Path) -> Option<cudarl_cuda::Nvcc> {
-        match cudarl_cuda::Nvcc::discover(root) {
-            Ok(n) => Some(n),
-            Err(e) => {
-                assert!(
-                    std::env::var("CUDARL_REQUIRE_NVCC").is_err(),
-                    "nvcc required: {e}"
-                );
-                eprintln!("SKIPPED: no nvcc");
-                None
-            }
-        }
-    }
-
     /// Answers with fixed texts, in order, and records the conversations it saw.
     struct Scripted {
         answers: Vec<String>,
@@ -765,7 +749,7 @@ pub(crate) mod tests {
     #[test]
     fn scripted_episode_walks_from_compile_error_to_success_with_feedback() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let Some(nvcc) = nvcc_or_skip(&root) else {
+        let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
             return;
         };
         let task = cudarl_cuda::TaskSpec::load(&root.join("datasets/tasks/vector_add")).unwrap();

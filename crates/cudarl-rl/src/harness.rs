@@ -383,7 +383,7 @@ mod tests {
     #[test]
     fn a_batch_streams_to_the_testers_and_every_build_gets_its_sass() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let Some(nvcc) = crate::episode::tests::nvcc_or_skip(&root) else {
+        let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
             return;
         };
         let d = tempfile::tempdir().unwrap();

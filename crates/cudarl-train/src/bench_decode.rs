@@ -6,7 +6,7 @@ use std::time::Instant;
 use tch::{Device, Tensor};
 
 use crate::generate::{DecodePath, SampleParams, generate};
-use crate::job::ModelConfig;
+use crate::job::{ModelConfig, sync};
 use crate::train::ComputeKind;
 use crate::{ModelError, Qwen2};
 
@@ -32,10 +32,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn sync(dev: Device) {
-    if let Device::Cuda(i) = dev {
-        tch::Cuda::synchronize(i as i64);
-    }
+/// `b` prompts of uniformly random tokens below `vocab`, row `i` of `len(i)` tokens.
+fn random_prompts(vocab: i64, b: usize, len: impl Fn(usize) -> usize) -> Vec<Vec<i64>> {
+    (0..b)
+        .map(|i| {
+            let t = Tensor::randint(vocab, [len(i) as i64], (tch::Kind::Int64, Device::Cpu));
+            Vec::<i64>::try_from(t).unwrap_or_default()
+        })
+        .collect()
 }
 
 /// The job (see [`cudarl_protocol::Job::BenchDecode`]).
@@ -58,16 +62,7 @@ pub(crate) fn bench_decode(
     let gen_tokens = gen_tokens.max(2);
     let mut records = Vec::new();
     for &b in batches {
-        let prompts: Vec<Vec<i64>> = (0..b)
-            .map(|_| {
-                let t = Tensor::randint(
-                    vocab,
-                    [prompt_len.max(1) as i64],
-                    (tch::Kind::Int64, Device::Cpu),
-                );
-                Vec::<i64>::try_from(t).unwrap_or_default()
-            })
-            .collect();
+        let prompts = random_prompts(vocab, b, |_| prompt_len.max(1));
         for (path, name) in [
             (DecodePath::Graphs, "graphs"),
             (DecodePath::Static, "static"),
@@ -158,13 +153,7 @@ fn agreement(
     prompt_len: usize,
     n: usize,
 ) -> Result<serde_json::Value, ModelError> {
-    let prompts: Vec<Vec<i64>> = (0..b)
-        .map(|i| {
-            let len = (prompt_len.max(2) - i % 7).max(1) as i64;
-            let t = Tensor::randint(vocab, [len], (tch::Kind::Int64, Device::Cpu));
-            Vec::<i64>::try_from(t).unwrap_or_default()
-        })
-        .collect();
+    let prompts = random_prompts(vocab, b, |i| (prompt_len.max(2) - i % 7).max(1));
     let run = |path: DecodePath, temperature: f64, top_p: f64| {
         let p = SampleParams {
             max_new_tokens: n,

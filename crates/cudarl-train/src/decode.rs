@@ -6,8 +6,9 @@
 //! as a CUDA graph and replayed (one launch instead of about 400 kernel launches for `small`).
 //!
 //! The decoder belongs to its model (`Qwen2::decoder`) and is kept between calls: its own copy
-//! of the weights in the compute dtype (refreshed in place at each call, so graphs stay valid
-//! after an optimizer step), one set of buffers per batch size, and the graphs. Batch sizes are
+//! of the weights in the compute dtype and their fused projections (copied again in place when
+//! libtorch's version counters say the model's weights changed, so graphs stay valid after an
+//! optimizer step), one set of buffers per batch size, and the graphs. Batch sizes are
 //! rounded up to a power of two (extra rows decode a dummy token, ignored) and attention
 //! lengths to a multiple of [`LEN_BUCKET`] (keys past a row's last token are masked), so a run
 //! captures few graphs. Measured: `cudarl-pipe bench decode`
@@ -19,7 +20,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::cuda_graph::{self, CudaGraph, GraphPool};
 use crate::generate::{DecodePath, Padded, Rows, SampleParams, prefill, sample, to_host};
-use crate::model::{KvCache, StaticKv};
+use crate::model::{FusedWeights, KvCache, StaticKv};
 use crate::{ModelError, Qwen2};
 
 /// Decode steps between reads of the new tokens to the host (stop checks, `on_finish`). A
@@ -51,8 +52,6 @@ struct Buffers {
     /// Sampled tokens `[B, cap]` (int64) and log-probabilities `[B, cap]` (float32) by index.
     hist_tok: Tensor,
     hist_lp: Tensor,
-    /// The decoder's weights stamp the fused weights were refreshed at.
-    stamp: Option<(i64, usize)>,
 }
 
 impl Buffers {
@@ -68,12 +67,16 @@ impl Buffers {
             valid: Tensor::zeros([b, cap], (Kind::Bool, dev)),
             hist_tok: i64s(&[b, cap]),
             hist_lp: Tensor::zeros([b, cap], (Kind::Float, dev)),
-            stamp: None,
         }
     }
 
     /// One decode step (see the module docs); issues device work only, so it can be captured.
-    fn step(&mut self, model: &Qwen2, len: i64, params: &SampleParams) -> Result<(), ModelError> {
+    fn step(
+        &mut self,
+        (model, fused): (&Qwen2, &FusedWeights),
+        len: i64,
+        params: &SampleParams,
+    ) -> Result<(), ModelError> {
         let _ = self.valid.f_index_fill_(1, &self.cur, 1i64)?;
         let b = self.tok.size()[0];
         // 0 where attended, -inf elsewhere: log of the mask as float.
@@ -83,8 +86,8 @@ impl Buffers {
             .to_kind(Kind::Float)
             .log()
             .view([b, 1, 1, len]);
-        let logits =
-            model.forward_static(&self.tok, &self.pos, &self.cur, &bias, &mut self.kv, len)?;
+        let (t, p, c) = (&self.tok, &self.pos, &self.cur);
+        let logits = model.forward_static(t, p, c, &bias, (fused, &mut self.kv), len)?;
         let (next, lp) = sample(&logits, params)?;
         let _ = self.hist_tok.f_index_copy_(1, &self.step, &next)?;
         let _ = self.hist_lp.f_index_copy_(1, &self.step, &lp)?;
@@ -102,6 +105,8 @@ type GraphKey = (i64, i64, u64, u64);
 /// See the module docs.
 pub(crate) struct Decoder {
     model: Qwen2,
+    /// `model`'s fused projections, refreshed with it.
+    fused: FusedWeights,
     /// The master weights' [`weights_stamp`] when `model` was last refreshed.
     stamp: Option<(i64, usize)>,
     sets: BTreeMap<i64, Buffers>,
@@ -115,6 +120,7 @@ impl Decoder {
         model.set_kind(master.compute_kind());
         model.vs.freeze();
         Ok(Decoder {
+            fused: model.fused_weights(),
             model,
             stamp: None,
             sets: BTreeMap::new(),
@@ -124,21 +130,14 @@ impl Decoder {
     }
 
     /// Buffers for batch size `b` with at least `need` columns (new ones drop that batch
-    /// size's graphs, which point at the old ones), their fused weights refreshed from the
-    /// weights copy when it `changed` or they were made from an older one.
-    fn buffers(&mut self, b: i64, need: i64, changed: bool) -> Result<&mut Buffers, ModelError> {
-        let new = self.sets.get(&b).is_none_or(|s| s.kv.capacity() < need);
-        if new {
+    /// size's graphs, which point at the old ones).
+    fn buffers(&mut self, b: i64, need: i64) -> &mut Buffers {
+        if self.sets.get(&b).is_none_or(|s| s.kv.capacity() < need) {
             let cap = round_up(need, LEN_BUCKET);
             self.graphs.retain(|k, _| k.0 != b);
             self.sets.insert(b, Buffers::new(&self.model, b, cap));
         }
-        let bufs = self.sets.get_mut(&b).expect("inserted above");
-        if changed || bufs.stamp != self.stamp {
-            bufs.kv.refresh(&self.model)?;
-            bufs.stamp = self.stamp;
-        }
-        Ok(bufs)
+        self.sets.get_mut(&b).expect("inserted above")
     }
 
     /// One decode step of batch size `b` attending to `len` columns: a graph replay when one
@@ -149,19 +148,24 @@ impl Decoder {
             return g.replay();
         }
         let Decoder {
-            model, sets, pool, ..
+            model,
+            fused,
+            sets,
+            pool,
+            ..
         } = self;
+        let weights = (&*model, &*fused);
         let bufs = sets.get_mut(&b).expect("buffers before steps");
         // The first step of a shape runs directly: it is real work, and it initializes what
         // must not be created during a capture (cuBLAS workspaces).
-        bufs.step(model, len, params)?;
+        bufs.step(weights, len, params)?;
         let graphs = params.decode == DecodePath::Graphs && cuda_graph::available();
         if let (true, Device::Cuda(d)) = (graphs, model.device()) {
             let pool = match pool {
                 Some(p) => *p,
                 None => *pool.insert(GraphPool::new()?),
             };
-            let (g, ()) = CudaGraph::capture(d, pool, || bufs.step(model, len, params))?;
+            let (g, ()) = CudaGraph::capture(d, pool, || bufs.step(weights, len, params))?;
             self.graphs.insert(key, g);
         }
         Ok(())
@@ -205,9 +209,9 @@ pub(crate) fn generate_static(
     }
     let dec = slot.as_mut().expect("set above");
     let stamp = weights_stamp(master);
-    let fresh = stamp.0 >= 0 && dec.stamp == Some(stamp);
-    if !fresh {
+    if stamp.0 < 0 || dec.stamp != Some(stamp) {
         dec.model.vs.copy(&master.vs)?;
+        dec.fused.refresh(&dec.model)?;
         dec.stamp = Some(stamp);
     }
     let b = prompts.len();
@@ -219,7 +223,7 @@ pub(crate) fn generate_static(
     let logits = prefill(&dec.model, &p, params, &mut cache)?.squeeze_dim(1);
     let (t0, lp0) = sample(&logits, params)?;
     drop(logits);
-    let bufs = dec.buffers(bb, w + max_new, !fresh)?;
+    let bufs = dec.buffers(bb, w + max_new);
     bufs.kv.fill_from(&cache)?;
     drop(cache);
     let rows_of = |t: &Tensor| t.narrow(0, 0, b as i64);

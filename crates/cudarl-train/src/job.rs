@@ -333,7 +333,9 @@ fn sample_batch(
     Ok(new_tokens)
 }
 
-fn sync(dev: Device) {
+/// Waits for the work queued on `dev` (nothing on the CPU), so a wall clock read after it
+/// covers that work.
+pub(crate) fn sync(dev: Device) {
     if let Device::Cuda(i) = dev {
         tch::Cuda::synchronize(i as i64);
     }

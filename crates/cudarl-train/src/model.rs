@@ -128,18 +128,21 @@ impl KvCache {
 }
 
 /// Preallocated keys and values per layer, `[B, nkv, cap, d]` each in the compute dtype,
-/// written in place one column per decode step ([`Qwen2::forward_static`]), and the fused
-/// projection weights that step reads.
+/// written in place one column per decode step ([`Qwen2::forward_static`]).
 #[derive(Debug)]
 pub struct StaticKv {
     layers: Vec<(Tensor, Tensor)>,
-    fused: Vec<FusedLayer>,
 }
 
-/// One layer's projections concatenated for decoding, so a step runs one matrix product where
-/// the layer has several: queries, keys and values `[(nh + 2 nkv) d, h]` with their biases, and
-/// the MLP's gate and up projections `[2 i, h]`. Copies of the weights at the time they are
-/// made ([`StaticKv::refresh`] copies them again in place).
+/// Every layer's projections concatenated for decoding ([`Qwen2::fused_weights`]), so a
+/// decode step runs one matrix product where the layer has several: queries, keys and values
+/// `[(nh + 2 nkv) d, h]` with their biases, and the MLP's gate and up projections `[2 i, h]`.
+/// Copies of the weights when made; [`FusedWeights::refresh`] copies them again in place.
+#[derive(Debug)]
+pub struct FusedWeights {
+    layers: Vec<FusedLayer>,
+}
+
 #[derive(Debug)]
 struct FusedLayer {
     qkv_w: Tensor,
@@ -177,19 +180,21 @@ impl FusedLayer {
     }
 }
 
-impl StaticKv {
-    /// Copies `model`'s current projection weights into the fused ones, in place (their
-    /// addresses, which captured CUDA graphs hold, stay). Call after the weights changed.
+impl FusedWeights {
+    /// Copies `model`'s current projection weights in, in place (their addresses, which
+    /// captured CUDA graphs hold, stay). Call after the weights changed.
     ///
     /// # Errors
     /// libtorch errors.
     pub fn refresh(&mut self, model: &Qwen2) -> Result<(), ModelError> {
-        for (f, l) in self.fused.iter_mut().zip(&model.layers) {
+        for (f, l) in self.layers.iter_mut().zip(&model.layers) {
             f.refresh(l)?;
         }
         Ok(())
     }
+}
 
+impl StaticKv {
     /// Positions per row (`cap`).
     pub fn capacity(&self) -> i64 {
         self.layers.first().map_or(0, |(k, _)| k.size()[2])
@@ -560,7 +565,9 @@ impl Qwen2 {
     /// of every row, given each row's last token `tok` `[B, 1]` (int64) at RoPE position `pos`
     /// `[B, 1]` (int64). Its key and value are written into `kv` at column `cur` (`[1]` int64,
     /// on the device), and attention reads columns `0..len` (a host number, `cur < len`)
-    /// with `bias` `[B, 1, 1, len]` (float32: 0 where a key is attended, -inf where not).
+    /// with `bias` `[B, 1, 1, len]` (float32: 0 where a key is attended, -inf where not). The
+    /// projections are read from `fused` ([`Qwen2::fused_weights`] of this model, refreshed
+    /// after its weights change), the norms, output and down projections from the model.
     ///
     /// Attention is two batched matrix products and a float32 softmax, queries grouped by
     /// their key-value head (`[B, nkv, nh / nkv, d]`), so no key or value is repeated and no
@@ -577,7 +584,7 @@ impl Qwen2 {
         pos: &Tensor,
         cur: &Tensor,
         bias: &Tensor,
-        kv: &mut StaticKv,
+        (fused, kv): (&FusedWeights, &mut StaticKv),
         len: i64,
     ) -> Result<Tensor, ModelError> {
         let c = &self.config;
@@ -589,7 +596,12 @@ impl Qwen2 {
         let mut x = at_kind(&self.embed.forward(tok), kind);
         let (qd, kd) = (nh * d, nkv * d);
         let heads = |t: Tensor, n: i64| t.view([b, 1, n, d]).transpose(1, 2);
-        for ((l, f), (kc, vc)) in self.layers.iter().zip(&kv.fused).zip(kv.layers.iter_mut()) {
+        for ((l, f), (kc, vc)) in self
+            .layers
+            .iter()
+            .zip(&fused.layers)
+            .zip(kv.layers.iter_mut())
+        {
             let hx = l.input_norm.forward_fused(&x)?;
             let qkv = hx.linear(&f.qkv_w, Some(&f.qkv_b));
             // RoPE on queries and keys at once.
@@ -629,7 +641,13 @@ impl Qwen2 {
             layers: (0..c.num_hidden_layers)
                 .map(|_| (Tensor::zeros(shape, opts), Tensor::zeros(shape, opts)))
                 .collect(),
-            fused: self.layers.iter().map(FusedLayer::new).collect(),
+        }
+    }
+
+    /// The fused projection weights [`Qwen2::forward_static`] reads, copied from these.
+    pub fn fused_weights(&self) -> FusedWeights {
+        FusedWeights {
+            layers: self.layers.iter().map(FusedLayer::new).collect(),
         }
     }
 
