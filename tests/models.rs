@@ -845,3 +845,116 @@ fn bench_decode_compares_the_paths_in_one_run_and_a_missing_model_config_is_name
         common::stderr(&o)
     );
 }
+
+/// The metrics columns that are not wall-clock measurements (these must repeat exactly).
+const DETERMINED: [&str; 14] = [
+    "step",
+    "tier",
+    "episodes",
+    "mean_reward",
+    "reward_std",
+    "compile_rate",
+    "first_turn_compile_rate",
+    "turns_used",
+    "kl",
+    "entropy",
+    "optimizer_kl",
+    "signal_groups",
+    "update_steps",
+    "ptx_loss",
+];
+
+fn sets(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn determined(rows: &[Value]) -> Vec<Vec<Value>> {
+    rows.iter()
+        .map(|r| DETERMINED.iter().map(|k| r[*k].clone()).collect())
+        .collect()
+}
+
+#[test]
+fn a_killed_rl_run_resumes_from_its_last_saved_step_and_a_longer_run_continues_a_shorter_one() {
+    let p = after_sft();
+    let with = |steps: usize, every: usize| -> Vec<String> {
+        vec![
+            "rl-train.seed=7".into(),
+            format!("rl-train.steps={steps}"),
+            format!("rl-train.checkpoint_every={every}"),
+        ]
+    };
+    // The straight run: nothing saved, nothing read.
+    let straight = with(4, 0);
+    run_ok(&p, &["rl-train"], &sets(&straight));
+    let sm = rows_with(&p, "rl-train", "metrics", &sets(&straight));
+    assert_eq!(sm.len(), 4);
+    // Two steps that save each step: the straight run's first two.
+    let short = with(2, 1);
+    run_ok(&p, &["rl-train"], &sets(&short));
+    let km = rows_with(&p, "rl-train", "metrics", &sets(&short));
+    assert_eq!(determined(&km), determined(&sm[..2]));
+    // Four steps: continues the two-step run, and is killed right after saving step 3.
+    let long = with(4, 1);
+    let mut args = vec!["run", "rl-train"];
+    for s in &long {
+        args.extend(["--set", s.as_str()]);
+    }
+    let mut child = p
+        .cmd(&args)
+        .env("CUDARL_FAULT", "rl-train:after-checkpoint")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = Vec::new();
+    use std::io::BufRead;
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let paused = line.starts_with("CUDARL_FAULT_PAUSED rl-train after-checkpoint");
+        said.push(line);
+        if paused {
+            break;
+        }
+    }
+    let said = said.join("\n");
+    assert!(
+        said.contains("resuming from saved step 2 of 4") && said.contains("CUDARL_FAULT_PAUSED"),
+        "{said}"
+    );
+    // SIGKILL: no destructors, no cleanup, like a crash or the end of a command's time.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    assert!(!child.wait().unwrap().success());
+    // Run again: from step 3, one step left; every row and the final weights as in the
+    // straight run (the AdamW moments and step counts came back too, or step 4's update
+    // would differ).
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    assert!(
+        common::stderr(&o).contains("resuming from saved step 3 of 4"),
+        "{}",
+        common::stderr(&o)
+    );
+    let lm = rows_with(&p, "rl-train", "metrics", &sets(&long));
+    assert_eq!(determined(&lm), determined(&sm));
+    let turns = |v: &[String]| -> Vec<(Value, Value, Value)> {
+        rows_with(&p, "rl-train", "turns", &sets(v))
+            .into_iter()
+            .map(|r| (r["step"].clone(), r["text"].clone(), r["reward"].clone()))
+            .collect()
+    };
+    assert_eq!(turns(&long), turns(&straight));
+    for agent in ["generator", "optimizer"] {
+        let digest = |v: &[String]| -> Vec<Value> {
+            rows_with(&p, "rl-train", agent, &sets(v))
+                .into_iter()
+                .filter(|r| r["file"] == "model.safetensors")
+                .map(|r| r["digest"].clone())
+                .collect()
+        };
+        assert_eq!(digest(&long), digest(&straight), "{agent}");
+        assert_eq!(digest(&long).len(), 1, "{agent}");
+    }
+}

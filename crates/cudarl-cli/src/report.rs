@@ -1,5 +1,5 @@
 //! Reporters: indicatif progress bars on a terminal, plain log lines otherwise, silence for
-//! machine-readable output (warnings always go to stderr).
+//! machine-readable output (warnings and notes always go to stderr).
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
@@ -14,7 +14,7 @@ pub enum CliReporter {
     Bars(MultiProgress),
     /// One line per event on stderr.
     Plain,
-    /// Warnings only (for `--json`).
+    /// Warnings and notes only (for `--json`).
     Quiet,
 }
 
@@ -49,6 +49,10 @@ impl Reporter for CliReporter {
 
     fn node_waiting(&self, node: &str, why: &str) {
         self.line(&format!("   waiting {node}: {why}"));
+    }
+
+    fn node_note(&self, node: &str, message: &str) {
+        self.line(&format!("      note {node}: {message}"));
     }
 
     fn node_finished(&self, r: &NodeRecord) {

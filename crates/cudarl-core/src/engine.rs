@@ -822,7 +822,8 @@ impl Engine {
             self.reporter.clone(),
             &self.root,
         )
-        .with_part(part);
+        .with_part(part)
+        .with_preimage(prep.preimage.clone());
         fault_point(&node.name, "before-run");
         let t0 = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| node.stage.run(&mut ctx)));

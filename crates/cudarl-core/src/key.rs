@@ -95,6 +95,19 @@ impl Preimage {
         let h = blake3::derive_key(KEY_CONTEXT, &self.canonical_bytes());
         Digest(h).to_hex()
     }
+
+    /// The key of this preimage without the params named in `params`: the same work up to
+    /// those params, e.g. `rl-train`'s run without its `steps`, so a longer run finds a shorter
+    /// run's progress (docs/architecture.md, "Resuming").
+    pub fn key_without(&self, params: &[&str]) -> String {
+        let mut p = self.clone();
+        if let Some(m) = p.params.as_object_mut() {
+            for k in params {
+                m.remove(*k);
+            }
+        }
+        p.key()
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +180,19 @@ mod tests {
     // blake3.blake3(json.dumps(preimage, separators=(",", ":"), sort_keys=True).encode(),
     //               derive_key_context=KEY_CONTEXT).hexdigest()
     const GOLDEN_KEY: &str = "2c034240659557961188eb7d3101d15bf8ce82628ec46d3223e0d5849b2a85de";
+
+    #[test]
+    fn key_without_drops_only_the_named_params() {
+        let mut a = sample();
+        a.params = serde_json::json!({"seed": 1, "steps": 5});
+        let mut b = a.clone();
+        b.params["steps"] = 100.into();
+        assert_ne!(a.key(), b.key());
+        assert_eq!(a.key_without(&["steps"]), b.key_without(&["steps"]));
+        assert_ne!(a.key_without(&["steps"]), a.key());
+        b.params["seed"] = 2.into();
+        assert_ne!(a.key_without(&["steps"]), b.key_without(&["steps"]));
+    }
 
     #[test]
     fn key_changes_with_every_field() {

@@ -17,6 +17,11 @@ pub trait Reporter: Send + Sync {
     fn node_finished(&self, record: &NodeRecord) {
         let _ = record;
     }
+    /// A stage says what it is doing in a way the user should see once (e.g. resuming from
+    /// saved progress); not a warning and not stored.
+    fn node_note(&self, node: &str, message: &str) {
+        let _ = (node, message);
+    }
     /// A stage reported a warning.
     fn warning(&self, node: &str, message: &str) {
         let _ = (node, message);

@@ -305,6 +305,7 @@ pub struct StageContext<'a> {
     pub(crate) referenced: std::collections::BTreeSet<cudarl_store::Digest>,
     pub(crate) part: RunPart,
     pub(crate) stats: BTreeMap<String, serde_json::Value>,
+    pub(crate) preimage: Option<crate::key::Preimage>,
 }
 
 impl<'a> StageContext<'a> {
@@ -330,7 +331,22 @@ impl<'a> StageContext<'a> {
             referenced: Default::default(),
             part: RunPart::Whole,
             stats: BTreeMap::new(),
+            preimage: None,
         }
+    }
+
+    /// This context running the action of `preimage` (the engine sets it; see
+    /// [`StageContext::key_without`]).
+    pub fn with_preimage(mut self, preimage: crate::key::Preimage) -> Self {
+        self.preimage = Some(preimage);
+        self
+    }
+
+    /// The node's cache key without the params named in `params`
+    /// ([`crate::key::Preimage::key_without`]): a key for progress that runs differing only in
+    /// those params share. `None` for a context built without a preimage.
+    pub fn key_without(&self, params: &[&str]) -> Option<String> {
+        self.preimage.as_ref().map(|p| p.key_without(params))
     }
 
     /// Records a counter for the node's report (`run --json` `stats`, and a shard's record in
@@ -419,6 +435,11 @@ impl<'a> StageContext<'a> {
             Some(OutputKind::Table(s)) => s.clone(),
             _ => panic!("`{name}` is not a declared table output"),
         }
+    }
+
+    /// Shows the user a line about this node's run (not a warning, not stored).
+    pub fn note(&self, message: &str) {
+        self.reporter.node_note(self.node, message);
     }
 
     /// Records a warning: shown to the user and stored in the manifest.

@@ -189,6 +189,21 @@ pub enum Request {
         /// Output directory.
         dir: PathBuf,
     },
+    /// Write everything continuing the training needs to `dir`: both agents' float32 weights,
+    /// AdamW moments and step counts, the critics' (PPO) and the PPO-ptx positions, answered
+    /// by [`Reply::Saved`] (docs/architecture.md, "Resuming").
+    #[serde(rename = "save_state")]
+    SaveState {
+        /// Output directory (created).
+        dir: PathBuf,
+    },
+    /// Read what `save_state` wrote for the same job into the running agents, answered by
+    /// [`Reply::Saved`].
+    #[serde(rename = "load_state")]
+    LoadState {
+        /// The directory `save_state` wrote.
+        dir: PathBuf,
+    },
     /// End the process (no reply).
     Quit,
 }
@@ -288,7 +303,7 @@ pub enum Reply {
     Generated(Generated),
     /// The answer to `update`.
     Updated(UpdateStats),
-    /// The answer to `save`.
+    /// The answer to `save`, `save_state` and `load_state`.
     Saved {
         /// Wall seconds of the request.
         seconds: f64,
@@ -320,6 +335,14 @@ mod tests {
         assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
         assert!(
             serde_json::from_str::<Request>(r#"{"op": "save", "dir": "d", "now": 1}"#).is_err()
+        );
+        let st = Request::SaveState { dir: "d".into() };
+        let line = serde_json::to_string(&st).unwrap();
+        assert_eq!(line, r#"{"op":"save_state","dir":"d"}"#);
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), st);
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"load_state","dir":"d"}"#).unwrap(),
+            Request::LoadState { dir: "d".into() }
         );
         let g = Reply::Generated(Generated {
             completions: vec![Completion {

@@ -18,7 +18,7 @@ use cudarl_cuda::static_check::strip_c_comments_and_strings;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_curriculum::prompts::{self, ChatMessage, TaskView};
 use cudarl_protocol::Role;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::credit::turn_credits;
 use crate::reward::{RewardComponents, RewardConfig, score};
@@ -125,8 +125,8 @@ pub fn strategies(code: &str) -> Vec<&'static str> {
     v
 }
 
-/// One turn, as stored in the per-turn table.
-#[derive(Debug, Clone, Serialize)]
+/// One turn, as stored in the per-turn table (and in `rl-train`'s saved progress).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Turn {
     /// 0-based turn.
     pub turn: usize,

@@ -196,12 +196,20 @@ pub fn ppo_targets(
 
 /// Rates of the best turns of `eps`: (compile rate, pass rate or `None` when nothing ran).
 pub fn rates(eps: &[&Episode]) -> (f64, Option<f64>) {
-    let n = eps.len().max(1) as f64;
-    let best: Vec<_> = eps.iter().map(|e| e.best_components()).collect();
-    let compiled = best.iter().filter(|r| r.compiled).count() as f64;
-    let full = best.iter().any(|r| r.mode == "full");
-    let pass = full.then(|| best.iter().filter(|r| r.correct == Some(true)).count() as f64 / n);
-    (compiled / n, pass)
+    let outcomes: Vec<Outcome> = eps
+        .iter()
+        .map(|e| {
+            let b = e.best_components();
+            Outcome {
+                step: 0,
+                tier: e.tier,
+                compiled: b.compiled,
+                correct: b.correct,
+                full: b.mode == "full",
+            }
+        })
+        .collect();
+    outcome_rates(&outcomes)
 }
 
 /// What a step's episodes came to (the episode columns of `rl-train`'s `metrics`).
@@ -268,7 +276,7 @@ impl EpisodeStats {
 /// since tier `k` opened), the episodes on tier `k` reach a compile rate above
 /// `min_compile_rate` and a pass rate above `min_pass_rate` (docs/architecture.md, "Tiers and
 /// gates": 0.9 and 0.75); without a GPU the pass rate is unknown and the compile rate decides.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Gate {
     /// Steps the gate looks back over.
     pub window: usize,
@@ -291,8 +299,24 @@ impl Gate {
 /// A tier opening: (tier, step it opened at, the compile and pass rates that opened it).
 pub type Opening = (i64, i64, Option<f64>, Option<f64>);
 
-/// The tiers a run has opened and the episodes the gate reads.
-#[derive(Debug, Clone)]
+/// What the gate reads of one episode: its step, tier and best turn's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The RL step it ran in.
+    pub step: usize,
+    /// Its task's tier.
+    pub tier: i64,
+    /// The best turn compiled.
+    pub compiled: bool,
+    /// The best turn passed every test (`None` when nothing ran).
+    pub correct: Option<bool>,
+    /// Tests ran (full mode).
+    pub full: bool,
+}
+
+/// The tiers a run has opened and the outcomes the gate reads (those of the last `window`
+/// steps); serializable, so a resumed run opens tiers as the straight run would.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Curriculum {
     gate: Gate,
     max_tier: i64,
@@ -300,7 +324,7 @@ pub struct Curriculum {
     pub tier: i64,
     /// Every opening, the first at step 0.
     pub opened: Vec<Opening>,
-    history: Vec<(usize, Episode)>,
+    history: Vec<Outcome>,
 }
 
 impl Curriculum {
@@ -316,24 +340,44 @@ impl Curriculum {
     }
 
     /// Records `step`'s episodes and opens the next tier when the gate passes.
-    pub fn record(&mut self, step: usize, eps: Vec<Episode>) {
-        self.history.extend(eps.into_iter().map(|e| (step, e)));
+    pub fn record(&mut self, step: usize, eps: &[Episode]) {
+        let window = self.gate.window.max(1);
+        self.history.retain(|o| o.step + window > step);
+        self.history.extend(eps.iter().map(|e| {
+            let b = e.best_components();
+            Outcome {
+                step,
+                tier: e.tier,
+                compiled: b.compiled,
+                correct: b.correct,
+                full: b.mode == "full",
+            }
+        }));
         if self.tier >= self.max_tier {
             return;
         }
-        let recent: Vec<&Episode> = self
+        let recent: Vec<Outcome> = self
             .history
             .iter()
-            .filter(|(s, e)| *s + self.gate.window > step && e.tier == self.tier)
-            .map(|(_, e)| e)
+            .filter(|o| o.step + self.gate.window > step && o.tier == self.tier)
+            .copied()
             .collect();
-        let (c, pass) = rates(&recent);
+        let (c, pass) = outcome_rates(&recent);
         let since = step - self.opened.last().map_or(0, |o| o.1 as usize);
         if !recent.is_empty() && self.gate.passes(since, c, pass) {
             self.tier += 1;
             self.opened.push((self.tier, step as i64, Some(c), pass));
         }
     }
+}
+
+/// (compile rate, pass rate or `None` when no test ran) of `outcomes`.
+fn outcome_rates(outcomes: &[Outcome]) -> (f64, Option<f64>) {
+    let n = outcomes.len().max(1) as f64;
+    let compiled = outcomes.iter().filter(|o| o.compiled).count() as f64;
+    let full = outcomes.iter().any(|o| o.full);
+    let pass = full.then(|| outcomes.iter().filter(|o| o.correct == Some(true)).count() as f64 / n);
+    (compiled / n, pass)
 }
 
 /// SplitMix64 (Steele, Lea and Flood 2014): the next value of the task draw's stream.

@@ -243,9 +243,32 @@ impl TrainerClient {
     /// # Errors
     /// The trainer reported an error, died, or answered something else.
     pub fn save(&mut self, dir: &Path) -> Result<(), RlError> {
-        let req = Request::Save {
+        self.state_request(Request::Save {
             dir: dir.to_path_buf(),
-        };
+        })
+    }
+
+    /// Writes the trainer's training state to `dir` (`save_state`).
+    ///
+    /// # Errors
+    /// The trainer's error (a file it could not write) or a dead process.
+    pub fn save_state(&mut self, dir: &Path) -> Result<(), RlError> {
+        self.state_request(Request::SaveState {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Loads a training state [`TrainerClient::save_state`] wrote for the same job.
+    ///
+    /// # Errors
+    /// The trainer's error (a missing or misshapen file, named) or a dead process.
+    pub fn load_state(&mut self, dir: &Path) -> Result<(), RlError> {
+        self.state_request(Request::LoadState {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn state_request(&mut self, req: Request) -> Result<(), RlError> {
         match self.send(&req, &mut |_, _| {})? {
             Reply::Saved { .. } => Ok(()),
             other => Err(unexpected("saved", &other)),

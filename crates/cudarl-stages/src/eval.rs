@@ -355,7 +355,8 @@ impl Stage for Eval {
         // stratified comparison.
         // 9: a turn with a hack flag is not a pass (it earns 0); the summary and the report
         // count flagged episodes (`flagged_rate`).
-        9
+        // 10: a seeded batch samples the same whether the model had a decoder yet or not.
+        10
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -9,6 +9,7 @@ pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_specs;
 pub mod rl_params;
+pub mod rl_progress;
 pub mod rl_train;
 pub mod sft_data;
 pub mod sft_eval;

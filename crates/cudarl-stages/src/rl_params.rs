@@ -75,6 +75,10 @@ fn d_timeout() -> u64 {
     10
 }
 
+/// `checkpoint_every` when absent: a save of the `small` model's state (both agents' weights
+/// and AdamW moments, about 720 MB) every 5 steps of 15-25 s each.
+pub const DEFAULT_CHECKPOINT_EVERY: usize = 5;
+
 /// Whether the harness runs tests: `auto` (full tests and timing on a GPU, compile-only
 /// without one) or `compile` (compile-only everywhere).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,6 +240,12 @@ pub struct Params {
     /// and -0.059 (`benchmarks/results/rl_ptx_h100_2026-11-24_coef_sweep.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_coef: Option<f64>,
+    /// Save the run's state every this many steps and at its last step, and continue from the
+    /// latest saved step ([`crate::rl_progress`]; docs/architecture.md, "Resuming"). 0: save
+    /// nothing and start from step 1. Absent: [`DEFAULT_CHECKPOINT_EVERY`], and left out of
+    /// the key; never part of the progress key, like `steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<usize>,
     /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_batch: Option<usize>,

@@ -40,11 +40,14 @@ use cudarl_rl::reward::RewardConfig;
 use cudarl_rl::step::{Curriculum, EpisodeStats, Gate, StepUpdate, rates, splitmix, update};
 use cudarl_rl::tasks::{TaskPool, fresh_families};
 use cudarl_rl::trainer::TrainerClient;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, write_rows};
-use crate::rl_params::{Params, TURN_FIELDS, TurnFields, harness, load_tasks};
+use crate::rl_params::{
+    DEFAULT_CHECKPOINT_EVERY, Params, TURN_FIELDS, TurnFields, harness, load_tasks,
+};
+use crate::rl_progress::Progress;
 
 /// The stage kind, as pipeline files name it (also `verl_launch`'s, its other backend).
 pub const KIND: &str = "rl-train";
@@ -135,7 +138,7 @@ pub static TIERS: LazyLock<SchemaRef> = LazyLock::new(|| {
 });
 
 /// One row of `metrics` (the columns of [`METRICS`]).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct MetricsRow {
     step: i64,
     tier: i64,
@@ -170,14 +173,14 @@ struct MetricsRow {
     optimizer_update_steps: i64,
     ptx_loss: Option<f64>,
     optimizer_ptx_loss: Option<f64>,
-    algorithm: &'static str,
+    algorithm: String,
     control_reward: Option<f64>,
     control_compile_rate: Option<f64>,
     control_pass_rate: Option<f64>,
     control_seconds: Option<f64>,
     reward_by_tier_json: String,
-    mode: &'static str,
-    device: &'static str,
+    mode: String,
+    device: String,
 }
 
 /// What a step measured, for its [`MetricsRow`].
@@ -231,10 +234,10 @@ impl MetricsRow {
             optimizer_update_steps: o.steps as i64,
             ptx_loss: ptx.then_some(g.ptx_loss),
             optimizer_ptx_loss: ptx.then_some(o.ptx_loss),
-            algorithm: p.algorithm.as_str(),
+            algorithm: p.algorithm.as_str().to_string(),
             reward_by_tier_json: e.reward_by_tier_json,
-            mode,
-            device,
+            mode: mode.to_string(),
+            device: device.to_string(),
             ..Default::default()
         }
     }
@@ -250,6 +253,7 @@ struct TurnRow<'a> {
 }
 
 /// A turn of a step, kept for the `turns` table and the plots.
+#[derive(Debug, Serialize, Deserialize)]
 struct StepTurn {
     step: usize,
     episode: usize,
@@ -266,6 +270,20 @@ struct TierRow {
     opened_at_step: i64,
     compile_rate: Option<f64>,
     pass_rate: Option<f64>,
+}
+
+/// What `rl-train` saves of itself with the trainer's state ([`crate::rl_progress`]): enough
+/// for step `step + 1` to run as it would have in the straight run.
+#[derive(Debug, Serialize, Deserialize)]
+struct StageState {
+    /// The last step done.
+    step: usize,
+    /// The task draw's SplitMix64 state.
+    rng: u64,
+    /// The next sampling seed.
+    seed: i64,
+    curriculum: Curriculum,
+    rows: Vec<MetricsRow>,
 }
 
 /// The `rl-train` stage.
@@ -383,7 +401,8 @@ impl Stage for RlTrain {
         // 11: metrics gain ptx_loss, optimizer_ptx_loss.
         // 12: a verdict with a hack flag earns reward 0 (`on_hack_flag`), and the tester's
         // feedback names the flag.
-        12
+        // 13: the agents' AdamW is `cudarl_train::adamw` (saveable state); runs resume.
+        13
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -464,17 +483,42 @@ impl Stage for RlTrain {
             min_pass_rate: p.min_pass_rate,
         };
         let (lo, hi) = (tier_of.clone().min(), tier_of.max());
-        let mut cur = Curriculum::new(gate, lo.unwrap_or(0), hi.unwrap_or(0));
-        let (mut rows, mut turns) = (Vec::new(), Vec::new());
-        let mut rng = p.seed ^ 0x005E_ED0F_C0DA;
-        let progress = ctx.progress("steps", Some(p.steps as u64));
-        for step in 1..=p.steps {
+        let mut st = StageState {
+            step: 0,
+            rng: p.seed ^ 0x005E_ED0F_C0DA,
+            seed: tc.sampling.seed,
+            curriculum: Curriculum::new(gate, lo.unwrap_or(0), hi.unwrap_or(0)),
+            rows: Vec::new(),
+        };
+        let mut turns: Vec<StepTurn> = Vec::new();
+        let every = p.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
+        let progress = match every {
+            0 => None,
+            _ => Progress::open(ctx)?,
+        };
+        let (mut last_saved, mut save_seconds) = (None, 0.0);
+        if let Some(saved) = progress.as_ref().and_then(|pr| pr.latest(p.steps)) {
+            tc.load_state(&saved.dir.join("trainer"))?;
+            st = saved.stage()?;
+            turns = saved.turns()?;
+            tc.sampling.seed = st.seed;
+            ctx.stat("resumed_from_step", saved.step);
+            ctx.note(&format!(
+                "resuming from saved step {} of {}",
+                saved.step, p.steps
+            ));
+            last_saved = Some((saved.step, saved.dir, turns.len()));
+        }
+        let bar = ctx.progress("steps", Some(p.steps as u64));
+        bar.inc(st.step as u64);
+        for step in st.step + 1..=p.steps {
+            let cur = &mut st.curriculum;
             let pool: Vec<&TaskSpec> = families
                 .iter()
                 .copied()
                 .filter(|t| t.tier <= cur.tier)
                 .collect();
-            let tasks = draw(p, &pool, step, fresh.is_some(), &mut rng);
+            let tasks = draw(p, &pool, step, fresh.is_some(), &mut st.rng);
             let (g0, m0, seed0) = (tc.gen_seconds, h.mark(), tc.sampling.seed);
             let eps = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings)
                 .map_err(StageError::Failed)?;
@@ -491,7 +535,7 @@ impl Stage for RlTrain {
             if p.control == Some(true) {
                 control(&mut tc, &mut h, &tasks, seed0, &cfg, &settings, &mut row)?;
             }
-            rows.push(row);
+            st.rows.push(row);
             for (ei, e) in eps.iter().enumerate() {
                 turns.extend(e.turns.iter().map(|t| StepTurn {
                     step,
@@ -502,9 +546,33 @@ impl Stage for RlTrain {
                     turn: t.clone(),
                 }));
             }
-            cur.record(step, eps);
-            progress.inc(1);
+            cur.record(step, &eps);
+            (st.step, st.seed) = (step, tc.sampling.seed);
+            if let Some(pr) = &progress
+                && (step % every == 0 || step == p.steps)
+            {
+                let (prev_step, prev_dir, from) = match &last_saved {
+                    Some((s, d, n)) => (*s, Some(d.as_path()), *n),
+                    None => (0, None, 0),
+                };
+                let t0 = Instant::now();
+                let t = ctx.store().temp_dir()?;
+                tc.save_state(&t.path().join("trainer"))?;
+                let d = pr.save(
+                    step,
+                    t.path(),
+                    &st,
+                    (prev_step + 1, &turns[from..]),
+                    prev_dir,
+                )?;
+                last_saved = Some((step, d, turns.len()));
+                save_seconds += t0.elapsed().as_secs_f64();
+                cudarl_core::fault_point(ctx.node(), "after-checkpoint");
+            }
+            bar.inc(1);
         }
+        ctx.stat("checkpoint_seconds", save_seconds);
+        let (rows, cur) = (st.rows, st.curriculum);
         let ck = dir.join("rl");
         tc.save(&ck)?;
         tc.quit();

@@ -122,7 +122,8 @@ impl Stage for SftEval {
     }
     fn code_version(&self) -> u32 {
         // 3: builds are inspected after compiling (preprocessed text, object, PTX).
-        3
+        // 4: a seeded batch samples the same whether the model had a decoder yet or not.
+        4
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -133,6 +133,55 @@ impl Memo {
         Ok(wrote)
     }
 
+    /// Path of `key`'s directory entry, if it has one ([`Memo::put_dir`]).
+    pub fn dir_entry(&self, key: &Digest) -> Option<PathBuf> {
+        let p = self.path(key);
+        p.is_dir().then_some(p)
+    }
+
+    /// Stores the directory `src` under `key` unless the key already has an entry, by renaming
+    /// it into place (atomic: a reader sees the whole directory or nothing). `src` must be on
+    /// the store's filesystem (a [`Store::temp_dir`] is); it is consumed when this returns
+    /// `true` and left where it is otherwise. Directory entries are local to this store: a
+    /// shared cache does not carry them (they hold training state of hundreds of MB).
+    ///
+    /// # Errors
+    /// I/O errors creating the shard directory or renaming (other than "the key exists").
+    pub fn put_dir(&self, key: &Digest, src: &Path) -> Result<bool> {
+        let dst = self.path(key);
+        if dst.exists() {
+            return Ok(false);
+        }
+        let parent = dst.parent().expect("memo path has parent");
+        fs::create_dir_all(parent).map_err(io_err("create directory", parent))?;
+        sync_tree(src);
+        // rename(2) onto an existing non-empty directory fails: the first writer wins.
+        match fs::rename(src, &dst) {
+            Ok(()) => {}
+            Err(_) if dst.exists() => return Ok(false),
+            Err(e) => return Err(io_err("rename into", &dst)(e)),
+        }
+        sync_dir(parent);
+        Ok(true)
+    }
+
+    /// Deletes `key`'s entry, a value or a directory (absent: nothing to do).
+    ///
+    /// # Errors
+    /// I/O errors deleting it.
+    pub fn remove(&self, key: &Digest) -> Result<()> {
+        let p = self.path(key);
+        let r = if p.is_dir() {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_file(&p)
+        };
+        match r {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", &p)(e)),
+            _ => Ok(()),
+        }
+    }
+
     /// Number of entries in the namespace.
     ///
     /// # Errors
@@ -154,6 +203,19 @@ impl Memo {
     }
 }
 
+/// fsyncs every file under `dir` and the directories themselves (best effort), so a directory
+/// renamed into place is durable.
+fn sync_tree(dir: &Path) {
+    for p in crate::read_dir_sorted(dir).unwrap_or_default() {
+        if p.is_dir() {
+            sync_tree(&p);
+        } else if let Ok(f) = fs::File::open(&p) {
+            let _ = f.sync_all();
+        }
+    }
+    sync_dir(dir);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +232,40 @@ mod tests {
         assert_eq!(m.get(&k).unwrap().unwrap(), b"first");
         assert_eq!(m.len().unwrap(), 1);
         assert!(s.memo("bad/name").is_err());
+    }
+
+    #[test]
+    fn a_directory_entry_is_renamed_into_place_once_and_can_be_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let m = s.memo("progress").unwrap();
+        let k = Digest::of_bytes(b"run/5");
+        let make = |text: &str| {
+            let t = s.temp_dir().unwrap().keep();
+            fs::create_dir_all(t.join("sub")).unwrap();
+            fs::write(t.join("sub/state.json"), text).unwrap();
+            t
+        };
+        assert!(m.dir_entry(&k).is_none());
+        let first = make("first");
+        assert!(m.put_dir(&k, &first).unwrap());
+        assert!(!first.exists(), "moved, not copied");
+        let second = make("second");
+        assert!(!m.put_dir(&k, &second).unwrap());
+        assert!(second.exists(), "a loser's directory stays with its caller");
+        let e = m.dir_entry(&k).unwrap();
+        assert_eq!(
+            fs::read_to_string(e.join("sub/state.json")).unwrap(),
+            "first"
+        );
+        // A value entry is not a directory entry.
+        let v = Digest::of_bytes(b"row");
+        m.put(&v, b"x").unwrap();
+        assert!(m.dir_entry(&v).is_none());
+        m.remove(&k).unwrap();
+        m.remove(&v).unwrap();
+        m.remove(&k).unwrap();
+        assert!(m.dir_entry(&k).is_none() && m.get(&v).unwrap().is_none());
     }
 
     #[test]

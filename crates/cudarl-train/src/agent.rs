@@ -6,10 +6,10 @@
 
 use std::path::Path;
 
-use tch::nn::OptimizerConfig;
-use tch::{Device, Kind, Tensor, nn};
+use tch::{Device, Kind, Tensor};
 
 use crate::ModelError;
+use crate::adamw::{AdamW, AdamWConfig};
 use crate::generate::{Finish, SampleParams, generate_streaming};
 use crate::model::Qwen2;
 use crate::tokenizer::{ChatMessage, ChatTokenizer};
@@ -70,7 +70,7 @@ pub struct TrainableAgent {
     pub model: Qwen2,
     /// Its tokenizer and chat template.
     pub tokenizer: ChatTokenizer,
-    opt: nn::Optimizer,
+    opt: AdamW,
     optim: AgentOptim,
     steps: usize,
 }
@@ -92,14 +92,12 @@ impl TrainableAgent {
         let tokenizer = ChatTokenizer::load(&dir.join("tokenizer.json"))?;
         let mut model = Qwen2::load(dir, device, Kind::Float)?;
         model.set_compute_kind(precision.compute_kind(device));
-        let opt = nn::AdamW {
-            beta1: 0.9,
+        let cfg = AdamWConfig {
             beta2: 0.95,
-            wd: optim.weight_decay,
-            eps: 1e-8,
-            amsgrad: false,
-        }
-        .build(&model.vs, optim.lr)?;
+            weight_decay: optim.weight_decay,
+            ..Default::default()
+        };
+        let opt = AdamW::new(&model.vs, cfg, optim.lr);
         Ok(TrainableAgent {
             role,
             system: system.to_string(),
@@ -321,6 +319,52 @@ impl TrainableAgent {
         let norm = clip_grad_norm(&self.model.vs.trainable_variables(), self.optim.grad_clip);
         self.opt.step();
         Ok(norm)
+    }
+
+    /// Writes what continuing this agent's training needs into `dir`: the float32 master
+    /// weights (`weights.safetensors`, tch variable names), the AdamW moments
+    /// (`adamw.safetensors`) and the optimizer step count (`agent.json`), which the warmup
+    /// reads.
+    ///
+    /// # Errors
+    /// I/O and libtorch errors, naming the file.
+    pub fn save_state(&self, dir: &Path) -> Result<(), ModelError> {
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::Io(dir.display().to_string(), e))?;
+        let w = dir.join("weights.safetensors");
+        self.model.vs.save(&w).map_err(|e| ModelError::Weights {
+            file: w.display().to_string(),
+            message: e.to_string(),
+        })?;
+        self.opt.save(&dir.join("adamw.safetensors"))?;
+        let a = dir.join("agent.json");
+        let text = serde_json::json!({ "steps": self.steps }).to_string();
+        std::fs::write(&a, text).map_err(|e| ModelError::Io(a.display().to_string(), e))
+    }
+
+    /// Reads what [`TrainableAgent::save_state`] wrote for an agent of the same shapes; the
+    /// weights are copied into the live parameters, so the decoder's copies follow them.
+    ///
+    /// # Errors
+    /// A missing or misshapen file or tensor (named), libtorch errors.
+    pub fn load_state(&mut self, dir: &Path) -> Result<(), ModelError> {
+        let w = dir.join("weights.safetensors");
+        self.model.vs.load(&w).map_err(|e| ModelError::Weights {
+            file: w.display().to_string(),
+            message: e.to_string(),
+        })?;
+        self.opt.load(&dir.join("adamw.safetensors"))?;
+        let a = dir.join("agent.json");
+        let text =
+            std::fs::read_to_string(&a).map_err(|e| ModelError::Io(a.display().to_string(), e))?;
+        let steps = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["steps"].as_u64())
+            .ok_or_else(|| ModelError::Weights {
+                file: a.display().to_string(),
+                message: "no integer `steps`".into(),
+            })?;
+        self.steps = steps as usize;
+        Ok(())
     }
 
     /// Saves the model and tokenizer in the Hugging Face layout.

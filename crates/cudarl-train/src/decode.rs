@@ -214,6 +214,12 @@ pub(crate) fn generate_static(
         dec.fused.refresh(&dec.model)?;
         dec.stamp = Some(stamp);
     }
+    // Seeded again after the decoder's construction, whose random init draws from the same
+    // generator: a seeded batch samples the same whether this model had a decoder yet or not
+    // (a resumed RL run's first batch is its straight run's).
+    if let Some(s) = params.seed {
+        tch::manual_seed(s);
+    }
     let b = prompts.len();
     let bb = b.next_power_of_two() as i64;
     let p = Padded::new(prompts, dec.model.device());

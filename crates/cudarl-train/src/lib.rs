@@ -3,6 +3,7 @@
 //! cache and per-token log-probabilities, BPE tokenizers with the ChatML template, and causal-LM
 //! training with a loss mask (pretraining and SFT).
 
+pub mod adamw;
 pub mod agent;
 mod bench_decode;
 pub mod config;

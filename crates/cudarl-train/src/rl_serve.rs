@@ -26,14 +26,15 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use cudarl_protocol::{Generated, Reply, Request, Sample, UpdateStats};
 use tch::{Kind, Tensor};
 
-use tch::nn::{self, Module, OptimizerConfig};
+use tch::nn::{self, Module};
 
+use crate::adamw::{AdamW, AdamWConfig};
 use crate::agent::{AgentOptim, Completion, Role, TrainableAgent};
 use crate::rl::clipped_pg_loss;
 use crate::tokenizer::ChatMessage;
@@ -58,9 +59,9 @@ pub fn agent_optims(job: &RlServe) -> [AgentOptim; 2] {
 /// hidden state at the prompt's last token, detached (the critic does not move the policy's
 /// trunk), with its own AdamW. Estimates the turn's return (reward units, about 0..1).
 struct ValueHead {
-    _vs: nn::VarStore,
+    vs: nn::VarStore,
     net: nn::Sequential,
-    opt: nn::Optimizer,
+    opt: AdamW,
 }
 
 impl ValueHead {
@@ -71,8 +72,8 @@ impl ValueHead {
             .add(nn::linear(&r / "fc", hidden, hidden, Default::default()))
             .add_fn(|x| x.tanh())
             .add(nn::linear(&r / "out", hidden, 1, Default::default()));
-        let opt = nn::AdamW::default().build(&vs, lr)?;
-        Ok(ValueHead { _vs: vs, net, opt })
+        let opt = AdamW::new(&vs, AdamWConfig::default(), lr);
+        Ok(ValueHead { vs, net, opt })
     }
 
     /// Values `[b]` of states `[b, h]` (detached from the policy, float32).
@@ -250,8 +251,80 @@ impl Server {
                     seconds: t0.elapsed().as_secs_f64(),
                 }
             }
+            Request::SaveState { dir } => {
+                self.save_state(&dir)?;
+                Reply::Saved {
+                    seconds: t0.elapsed().as_secs_f64(),
+                }
+            }
+            Request::LoadState { dir } => {
+                self.load_state(&dir)?;
+                Reply::Saved {
+                    seconds: t0.elapsed().as_secs_f64(),
+                }
+            }
             Request::Quit => return Ok(None),
         }))
+    }
+
+    /// `dir/{generator,optimizer}/` ([`TrainableAgent::save_state`]), PPO's critics as
+    /// `dir/critic_<agent>.safetensors` and `dir/critic_<agent>_adamw.safetensors`, and
+    /// `dir/server.json` with the PPO-ptx positions.
+    fn save_state(&self, dir: &Path) -> Result<(), ModelError> {
+        let io = |p: &Path| {
+            let p = p.display().to_string();
+            move |e| ModelError::Io(p, e)
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        for a in &self.agents {
+            a.save_state(&dir.join(a.role.as_str()))?;
+        }
+        if let Some(critics) = &self.critics {
+            for (c, a) in critics.iter().zip(&self.agents) {
+                let w = dir.join(format!("critic_{}.safetensors", a.role.as_str()));
+                c.vs.save(&w).map_err(|e| ModelError::Weights {
+                    file: w.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                c.opt
+                    .save(&dir.join(format!("critic_{}_adamw.safetensors", a.role.as_str())))?;
+            }
+        }
+        let s = dir.join("server.json");
+        let text = serde_json::json!({ "ptx_next": [self.ptx[0].1, self.ptx[1].1] }).to_string();
+        std::fs::write(&s, text).map_err(io(&s))
+    }
+
+    /// Reads what [`Server::save_state`] wrote.
+    fn load_state(&mut self, dir: &Path) -> Result<(), ModelError> {
+        for a in &mut self.agents {
+            a.load_state(&dir.join(a.role.as_str()))?;
+        }
+        if let Some(critics) = &mut self.critics {
+            for (c, a) in critics.iter_mut().zip(&self.agents) {
+                let w = dir.join(format!("critic_{}.safetensors", a.role.as_str()));
+                c.vs.load(&w).map_err(|e| ModelError::Weights {
+                    file: w.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                c.opt
+                    .load(&dir.join(format!("critic_{}_adamw.safetensors", a.role.as_str())))?;
+            }
+        }
+        let s = dir.join("server.json");
+        let text =
+            std::fs::read_to_string(&s).map_err(|e| ModelError::Io(s.display().to_string(), e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        for (i, slot) in self.ptx.iter_mut().enumerate() {
+            let next = v["ptx_next"][i]
+                .as_u64()
+                .ok_or_else(|| ModelError::Weights {
+                    file: s.display().to_string(),
+                    message: format!("no integer `ptx_next[{i}]`"),
+                })?;
+            slot.1 = next as usize;
+        }
+        Ok(())
     }
 
     fn update(&mut self, agent: Role, samples: &[Sample]) -> Result<UpdateStats, ModelError> {

@@ -1,0 +1,319 @@
+//! AdamW whose state can be saved and loaded, so an RL run resumes with the moments it had
+//! (docs/architecture.md, "Resuming"). The update is libtorch's `torch::optim::AdamW`
+//! (`torch/csrc/api/src/optim/adamw.cpp`, after Loshchilov and Hutter 2019, "Decoupled Weight
+//! Decay Regularization"), which tch's `nn::AdamW` runs but whose state tch does not expose:
+//!
+//! ```text
+//! p   <- p * (1 - lr * wd)
+//! m   <- b1 * m + (1 - b1) * g
+//! v   <- b2 * v + (1 - b2) * g^2
+//! p   <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+//! ```
+//!
+//! with `t` counted per parameter (a parameter without a gradient is skipped and keeps its
+//! count), no AMSGrad.
+
+use std::path::Path;
+
+use tch::{Kind, Tensor, nn};
+
+use crate::ModelError;
+
+/// AdamW hyperparameters (libtorch's defaults: 0.9, 0.999, 1e-8, 0.01).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub eps: f64,
+    /// Decoupled weight decay (per unit of learning rate).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// One parameter's state.
+struct Slot {
+    name: String,
+    param: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: i64,
+}
+
+/// AdamW over the trainable variables of a [`nn::VarStore`] (in name order), with float32
+/// moments of each parameter's shape on its device.
+pub struct AdamW {
+    cfg: AdamWConfig,
+    lr: f64,
+    slots: Vec<Slot>,
+}
+
+impl AdamW {
+    /// AdamW at learning rate `lr` over `vs`'s variables that require gradients.
+    pub fn new(vs: &nn::VarStore, cfg: AdamWConfig, lr: f64) -> AdamW {
+        let mut vars: Vec<(String, Tensor)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let slots = vars
+            .into_iter()
+            .map(|(name, param)| Slot {
+                exp_avg: param.zeros_like().to_kind(Kind::Float),
+                exp_avg_sq: param.zeros_like().to_kind(Kind::Float),
+                name,
+                param,
+                step: 0,
+            })
+            .collect();
+        AdamW { cfg, lr, slots }
+    }
+
+    /// Sets the learning rate of later steps.
+    pub fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    /// Zeroes every parameter's gradient.
+    pub fn zero_grad(&mut self) {
+        for s in &mut self.slots {
+            s.param.zero_grad();
+        }
+    }
+
+    /// One update of every parameter that has a gradient.
+    pub fn step(&mut self) {
+        let AdamWConfig {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.cfg;
+        let lr = self.lr;
+        tch::no_grad(|| {
+            for s in &mut self.slots {
+                let g = s.param.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let g = g.to_kind(Kind::Float);
+                s.step += 1;
+                if weight_decay != 0.0 {
+                    let _ = s.param.g_mul_scalar_(1.0 - lr * weight_decay);
+                }
+                let _ = s.exp_avg.lerp_(&g, 1.0 - beta1);
+                let _ = s.exp_avg_sq.g_mul_scalar_(beta2);
+                let _ = s.exp_avg_sq.addcmul_(&g, &(&g * (1.0 - beta2)));
+                let bc1 = 1.0 - beta1.powi(s.step as i32);
+                let bc2 = 1.0 - beta2.powi(s.step as i32);
+                let denom = (s.exp_avg_sq.sqrt() / bc2.sqrt()) + eps;
+                let update = (&s.exp_avg / denom) * (lr / bc1);
+                let _ = s.param.g_sub_(&update.to_kind(s.param.kind()));
+            }
+        });
+    }
+
+    /// Writes the moments and step counts to `path` (safetensors: `exp_avg.<name>`,
+    /// `exp_avg_sq.<name>`, and `step`, int64 `[n]` in name order).
+    ///
+    /// # Errors
+    /// [`ModelError::Weights`] naming the file when libtorch cannot write it.
+    pub fn save(&self, path: &Path) -> Result<(), ModelError> {
+        let mut named: Vec<(String, Tensor)> = Vec::with_capacity(2 * self.slots.len() + 1);
+        for s in &self.slots {
+            named.push((format!("exp_avg.{}", s.name), s.exp_avg.shallow_clone()));
+            named.push((
+                format!("exp_avg_sq.{}", s.name),
+                s.exp_avg_sq.shallow_clone(),
+            ));
+        }
+        let steps: Vec<i64> = self.slots.iter().map(|s| s.step).collect();
+        named.push(("step".into(), Tensor::from_slice(&steps)));
+        Tensor::write_safetensors(&named, path).map_err(|e| weights(path, e.to_string()))
+    }
+
+    /// Reads what [`AdamW::save`] wrote for the same variables.
+    ///
+    /// # Errors
+    /// [`ModelError::Weights`] naming the file and the tensor when one is missing or has
+    /// another shape, or the file cannot be read.
+    pub fn load(&mut self, path: &Path) -> Result<(), ModelError> {
+        let read = Tensor::read_safetensors(path).map_err(|e| weights(path, e.to_string()))?;
+        let mut by: std::collections::HashMap<String, Tensor> = read.into_iter().collect();
+        let steps = by
+            .remove("step")
+            .ok_or_else(|| weights(path, "no tensor `step`".into()))?;
+        let steps = Vec::<i64>::try_from(&steps).map_err(|e| weights(path, e.to_string()))?;
+        if steps.len() != self.slots.len() {
+            return Err(weights(
+                path,
+                format!(
+                    "`step` has {} entries for {} parameters",
+                    steps.len(),
+                    self.slots.len()
+                ),
+            ));
+        }
+        tch::no_grad(|| -> Result<(), ModelError> {
+            for (s, step) in self.slots.iter_mut().zip(steps) {
+                for (which, dst) in [
+                    ("exp_avg", &mut s.exp_avg),
+                    ("exp_avg_sq", &mut s.exp_avg_sq),
+                ] {
+                    let key = format!("{which}.{}", s.name);
+                    let src = by
+                        .remove(&key)
+                        .ok_or_else(|| weights(path, format!("no tensor `{key}`")))?;
+                    if src.size() != dst.size() {
+                        return Err(weights(
+                            path,
+                            format!("`{key}` has shape {:?}, not {:?}", src.size(), dst.size()),
+                        ));
+                    }
+                    dst.copy_(&src);
+                }
+                s.step = step;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn weights(path: &Path, message: String) -> ModelError {
+    ModelError::Weights {
+        file: path.display().to_string(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::nn::OptimizerConfig;
+
+    /// A small least-squares problem on one weight matrix.
+    fn problem(seed: i64) -> (nn::VarStore, nn::Linear, Tensor, Tensor) {
+        tch::manual_seed(seed);
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let lin = nn::linear(vs.root() / "lin", 6, 3, Default::default());
+        let x = Tensor::randn([16, 6], (Kind::Float, tch::Device::Cpu));
+        let y = Tensor::randn([16, 3], (Kind::Float, tch::Device::Cpu));
+        (vs, lin, x, y)
+    }
+
+    fn loss(lin: &nn::Linear, x: &Tensor, y: &Tensor) -> Tensor {
+        use tch::nn::Module;
+        (lin.forward(x) - y).square().mean(Kind::Float)
+    }
+
+    fn weights_of(vs: &nn::VarStore) -> Vec<f32> {
+        let mut v: Vec<_> = vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.iter()
+            .flat_map(|(_, t)| Vec::<f32>::try_from(t.flatten(0, -1)).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn it_takes_libtorchs_adamw_steps() {
+        let cfg = AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        let (vs_a, lin_a, x, y) = problem(3);
+        let (vs_b, lin_b, _, _) = problem(3);
+        let mut ours = AdamW::new(&vs_a, cfg, 1e-2);
+        let mut theirs = nn::AdamW {
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            wd: cfg.weight_decay,
+            eps: cfg.eps,
+            amsgrad: false,
+        }
+        .build(&vs_b, 1e-2)
+        .unwrap();
+        for _ in 0..20 {
+            ours.zero_grad();
+            loss(&lin_a, &x, &y).backward();
+            ours.step();
+            theirs.zero_grad();
+            loss(&lin_b, &x, &y).backward();
+            theirs.step();
+        }
+        let (a, b) = (weights_of(&vs_a), weights_of(&vs_b));
+        let moved = a
+            .iter()
+            .zip(&weights_of(&problem(3).0))
+            .any(|(p, q)| p != q);
+        assert!(moved, "the steps moved the weights");
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() < 1e-5, "{p} vs libtorch {q}");
+        }
+    }
+
+    #[test]
+    fn saved_moments_continue_a_run_as_if_never_stopped() {
+        let cfg = AdamWConfig::default();
+        let dir = tempfile::tempdir().unwrap();
+        // Straight: 10 steps.
+        let (vs, lin, x, y) = problem(5);
+        let mut opt = AdamW::new(&vs, cfg, 5e-2);
+        for k in 0..10 {
+            opt.zero_grad();
+            loss(&lin, &x, &y).backward();
+            opt.step();
+            if k == 4 {
+                vs.save(dir.path().join("w.safetensors")).unwrap();
+                opt.save(&dir.path().join("adamw.safetensors")).unwrap();
+            }
+        }
+        // Stopped after 5, state saved, a fresh process's objects load it and take 5 more.
+        let (mut vs2, lin2, _, _) = problem(99);
+        vs2.load(dir.path().join("w.safetensors")).unwrap();
+        let mut opt2 = AdamW::new(&vs2, cfg, 5e-2);
+        opt2.load(&dir.path().join("adamw.safetensors")).unwrap();
+        for _ in 5..10 {
+            opt2.zero_grad();
+            loss(&lin2, &x, &y).backward();
+            opt2.step();
+        }
+        assert_eq!(weights_of(&vs), weights_of(&vs2));
+        // Without the moments (fresh AdamW on the same weights) the run differs.
+        let (mut vs3, lin3, _, _) = problem(99);
+        vs3.load(dir.path().join("w.safetensors")).unwrap();
+        let mut opt3 = AdamW::new(&vs3, cfg, 5e-2);
+        for _ in 5..10 {
+            opt3.zero_grad();
+            loss(&lin3, &x, &y).backward();
+            opt3.step();
+        }
+        assert_ne!(weights_of(&vs), weights_of(&vs3));
+        // A state for other variables is refused with the file and the tensor named.
+        let other = nn::VarStore::new(tch::Device::Cpu);
+        let _ = nn::linear(other.root() / "other", 6, 3, Default::default());
+        let e = AdamW::new(&other, cfg, 1e-3)
+            .load(&dir.path().join("adamw.safetensors"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("adamw.safetensors") && e.contains("exp_avg.other"),
+            "{e}"
+        );
+    }
+}

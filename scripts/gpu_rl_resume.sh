@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# A long `rl-train` cut into commands of at most BUDGET_S seconds each, on one GPU host without
+# a Rust toolchain (binaries from `make carry`): every invocation runs
+# `cudarl-pipe run rl-train --set rl-train.steps=$STEPS` on the same store until it finishes or
+# its time is up (then it is killed, as at the end of a command's time), and the next
+# invocation continues from the last saved step (docs/architecture.md, "Resuming"). The first
+# invocation also builds everything before rl-train (pretrain, SFT, validate) on a cold store.
+#   STEPS     RL steps of the run (default 100)
+#   BUDGET_S  seconds this invocation may run (default 560)
+#   FRESH=1   starts over on an empty store
+# Each invocation appends one line to $D/commands.jsonl (the saved step before and after, its
+# seconds, the exit code) and copies it to $OUT; the invocation that finishes also writes
+# $OUT/rl_resume.json: the commands, rl-train's metrics and the node's stats.
+set -uo pipefail
+D=/tmp/cudarl-resume
+B=/tmp/cudarl-bin
+STEPS=${STEPS:-100}
+BUDGET_S=${BUDGET_S:-560}
+OUT=${OUT:-/tmp/cudarl-resume-out}
+mkdir -p "$OUT"
+# What the previous invocation's kill left: the trainer and the GPU workers run in their own
+# sessions (so a candidate cannot escape the harness's kill), out of reach of `timeout`'s.
+pkill -KILL -f "[/]tmp/cudarl-bin/cudarl-pipe" 2>/dev/null && sleep 1
+if [ "${FRESH:-0}" = 1 ] || [ ! -d "$D" ]; then
+  rm -rf "$D"; mkdir -p "$D" "$B"
+  for z in .carry/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
+fi
+export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_TRAINER=$B/cudarl-pipe-train
+LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+CUDARL_PYTHON=$(command -v python3)
+export CUDARL_PYTHON
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$D/gpu.txt"
+# The step of the run's saved progress (0: none).
+saved() {
+  find "$D/store/memo/rl-train-progress" -name stage.json 2>/dev/null |
+    xargs -r python3 -c 'import json,sys; print(max([json.load(open(f))["step"] for f in sys.argv[1:]] or [0]))' 2>/dev/null || echo 0
+}
+n=$(( $(wc -l < "$D/commands.jsonl" 2>/dev/null || echo 0) + 1 ))
+before=$(saved); [ -n "$before" ] || before=0
+t0=$(date +%s.%N)
+timeout -s KILL "$BUDGET_S" "$B/cudarl-pipe" --root . --store "$D/store" run rl-train \
+  --set "rl-train.steps=$STEPS" --json > "$D/run_$n.jsonl" 2> "$D/run_$n.err"
+rc=$?
+t1=$(date +%s.%N)
+after=$(saved); [ -n "$after" ] || after=0
+python3 - "$n" "$before" "$after" "$t0" "$t1" "$rc" "$D/run_$n.err" >> "$D/commands.jsonl" <<'PY'
+import json, sys
+n, before, after, t0, t1, rc, err = sys.argv[1:]
+notes = [l.strip() for l in open(err, errors="replace") if "note rl-train" in l or "ran " in l]
+print(json.dumps({"command": int(n), "saved_step_before": int(before), "saved_step_after": int(after),
+                  "seconds": round(float(t1) - float(t0), 1), "rc": int(rc), "said": notes[-12:]}))
+PY
+cp "$D/commands.jsonl" "$OUT/"
+if [ "$rc" = 0 ]; then
+  "$B/cudarl-pipe" --root . --store "$D/store" show rl-train --output metrics --json --head 100000 \
+    --set "rl-train.steps=$STEPS" > "$D/metrics.jsonl"
+  python3 - "$D" "$STEPS" > "$OUT/rl_resume.json" <<'PY'
+import glob, json, sys
+d, steps = sys.argv[1], int(sys.argv[2])
+recs = [json.loads(l) for p in sorted(glob.glob(f"{d}/run_*.jsonl")) for l in open(p) if l.strip()]
+ran = [r for r in recs if r.get("node") == "rl-train" and r.get("status") == "ran"]
+nodes = {r["node"]: round(r.get("seconds") or 0, 1) for r in recs if r.get("node") and r.get("status") == "ran"}
+print(json.dumps({"gpu": open(f"{d}/gpu.txt").read().strip(), "steps": steps,
+                  "commands": [json.loads(l) for l in open(f"{d}/commands.jsonl")],
+                  "nodes_ran_seconds": nodes,
+                  "rl_train": {k: ran[-1].get(k) for k in ("seconds", "stats")} if ran else None,
+                  "metrics": [json.loads(l) for l in open(f"{d}/metrics.jsonl")]}, indent=1))
+PY
+fi
+tail -1 "$D/commands.jsonl"
