@@ -14,9 +14,10 @@
 //! | `turns/<first>-<last>.json` | the turns of steps `first..=last`, one file per save (earlier files are hard links of the previous entry's) |
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use cudarl_core::{Digest, Memo};
-use cudarl_core::{StageContext, StageError};
+use cudarl_core::{Digest, Memo, StageContext, StageError};
+use cudarl_rl::trainer::TrainerClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -157,5 +158,99 @@ impl Saved {
             all.extend(read_json::<Vec<T>>(&f)?);
         }
         Ok(all)
+    }
+}
+
+/// A run's saving and resuming as `rl-train` uses them: when to save, what was saved last (the
+/// next entry links its turn files), and the seconds spent saving.
+pub struct Checkpoints {
+    progress: Option<Progress>,
+    every: usize,
+    /// (step, entry directory, turns it holds) of the last save or of the resumed entry.
+    last: Option<(usize, PathBuf, usize)>,
+    /// Wall seconds spent in saves (the trainer's `save_state` and the entry's files).
+    pub seconds: f64,
+}
+
+impl Checkpoints {
+    /// Saving every `every` steps (0: never, and nothing is resumed).
+    ///
+    /// # Errors
+    /// The memo namespace cannot be opened.
+    pub fn open(ctx: &StageContext<'_>, every: usize) -> Result<Checkpoints, StageError> {
+        let progress = match every {
+            0 => None,
+            _ => Progress::open(ctx)?,
+        };
+        Ok(Checkpoints {
+            progress,
+            every,
+            last: None,
+            seconds: 0.0,
+        })
+    }
+
+    /// Loads the latest saved step at or below `steps` into the trainer and returns the
+    /// stage's state and turns, saying so to the user (`None`: nothing saved, start at step 1).
+    ///
+    /// # Errors
+    /// A saved file that cannot be read (named), or the trainer refusing its state.
+    pub fn resume<S: DeserializeOwned, T: DeserializeOwned>(
+        &mut self,
+        ctx: &mut StageContext<'_>,
+        tc: &mut TrainerClient,
+        steps: usize,
+    ) -> Result<Option<(S, Vec<T>)>, StageError> {
+        let Some(saved) = self.progress.as_ref().and_then(|p| p.latest(steps)) else {
+            return Ok(None);
+        };
+        tc.load_state(&saved.dir.join("trainer"))?;
+        let (stage, turns): (S, Vec<T>) = (saved.stage()?, saved.turns()?);
+        ctx.stat("resumed_from_step", saved.step);
+        ctx.note(&format!(
+            "resuming from saved step {} of {steps}",
+            saved.step
+        ));
+        self.last = Some((saved.step, saved.dir, turns.len()));
+        Ok(Some((stage, turns)))
+    }
+
+    /// After `step` of a run of `steps`: saves the trainer's and the stage's state when `step`
+    /// is a multiple of `every` or the last one.
+    ///
+    /// # Errors
+    /// The trainer's or the store's errors (named).
+    pub fn after_step<S: Serialize, T: Serialize>(
+        &mut self,
+        ctx: &StageContext<'_>,
+        tc: &mut TrainerClient,
+        (step, steps): (usize, usize),
+        stage: &S,
+        turns: &[T],
+    ) -> Result<(), StageError> {
+        let Some(pr) = &self.progress else {
+            return Ok(());
+        };
+        if step % self.every != 0 && step != steps {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let (prev_step, prev_dir, from) = match &self.last {
+            Some((s, d, n)) => (*s, Some(d.as_path()), *n),
+            None => (0, None, 0),
+        };
+        let tmp = ctx.store().temp_dir()?;
+        tc.save_state(&tmp.path().join("trainer"))?;
+        let dir = pr.save(
+            step,
+            tmp.path(),
+            stage,
+            (prev_step + 1, &turns[from..]),
+            prev_dir,
+        )?;
+        self.last = Some((step, dir, turns.len()));
+        self.seconds += t0.elapsed().as_secs_f64();
+        cudarl_core::fault_point(ctx.node(), "after-checkpoint");
+        Ok(())
     }
 }

@@ -47,7 +47,7 @@ use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, write_r
 use crate::rl_params::{
     DEFAULT_CHECKPOINT_EVERY, Params, TURN_FIELDS, TurnFields, harness, load_tasks,
 };
-use crate::rl_progress::Progress;
+use crate::rl_progress::Checkpoints;
 
 /// The stage kind, as pipeline files name it (also `verl_launch`'s, its other backend).
 pub const KIND: &str = "rl-train";
@@ -492,22 +492,10 @@ impl Stage for RlTrain {
         };
         let mut turns: Vec<StepTurn> = Vec::new();
         let every = p.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
-        let progress = match every {
-            0 => None,
-            _ => Progress::open(ctx)?,
-        };
-        let (mut last_saved, mut save_seconds) = (None, 0.0);
-        if let Some(saved) = progress.as_ref().and_then(|pr| pr.latest(p.steps)) {
-            tc.load_state(&saved.dir.join("trainer"))?;
-            st = saved.stage()?;
-            turns = saved.turns()?;
+        let mut ck = Checkpoints::open(ctx, every)?;
+        if let Some((saved, t)) = ck.resume(ctx, &mut tc, p.steps)? {
+            (st, turns) = (saved, t);
             tc.sampling.seed = st.seed;
-            ctx.stat("resumed_from_step", saved.step);
-            ctx.note(&format!(
-                "resuming from saved step {} of {}",
-                saved.step, p.steps
-            ));
-            last_saved = Some((saved.step, saved.dir, turns.len()));
         }
         let bar = ctx.progress("steps", Some(p.steps as u64));
         bar.inc(st.step as u64);
@@ -548,30 +536,10 @@ impl Stage for RlTrain {
             }
             cur.record(step, &eps);
             (st.step, st.seed) = (step, tc.sampling.seed);
-            if let Some(pr) = &progress
-                && (step % every == 0 || step == p.steps)
-            {
-                let (prev_step, prev_dir, from) = match &last_saved {
-                    Some((s, d, n)) => (*s, Some(d.as_path()), *n),
-                    None => (0, None, 0),
-                };
-                let t0 = Instant::now();
-                let t = ctx.store().temp_dir()?;
-                tc.save_state(&t.path().join("trainer"))?;
-                let d = pr.save(
-                    step,
-                    t.path(),
-                    &st,
-                    (prev_step + 1, &turns[from..]),
-                    prev_dir,
-                )?;
-                last_saved = Some((step, d, turns.len()));
-                save_seconds += t0.elapsed().as_secs_f64();
-                cudarl_core::fault_point(ctx.node(), "after-checkpoint");
-            }
+            ck.after_step(ctx, &mut tc, (step, p.steps), &st, &turns)?;
             bar.inc(1);
         }
-        ctx.stat("checkpoint_seconds", save_seconds);
+        ctx.stat("checkpoint_seconds", ck.seconds);
         let (rows, cur) = (st.rows, st.curriculum);
         let ck = dir.join("rl");
         tc.save(&ck)?;
