@@ -104,6 +104,9 @@ fn cpu_project() -> Project {
         // One pass per update here; the `own` run takes two.
         ("\nepochs = 4 ", "\nepochs = 1 "),
         ("max_new_tokens = 768", "max_new_tokens = 32"),
+        // The tiny model earns no reward on the CPU, so signal-only updates would train on
+        // nothing; these tests check the update path (one test checks signal-only itself).
+        ("\nkl_coef = 0.04", "\nsignal_only = false\nkl_coef = 0.04"),
     ] {
         assert!(
             text.contains(from),
@@ -350,6 +353,17 @@ fn sft_eval_puts_the_generators_holdout_samples_through_nvcc() {
 fn rl_train_on_the_cpu_is_compile_only_labelled_and_practises_the_rl_split() {
     let p = after_rl();
     let m = rows(&p, "rl-train", "metrics");
+    // Signal-only updates (the default outside these tests): no reward spread, no update.
+    let only = ["rl-train.signal_only=true"];
+    run_ok(&p, &["rl-train"], &only);
+    for r in rows_with(&p, "rl-train", "metrics", &only) {
+        assert_eq!(r["signal_groups"], 0.0, "{r}");
+        assert_eq!(r["update_steps"], 0, "{r}");
+        assert_eq!(r["optimizer_update_steps"], 0, "{r}");
+    }
+    for r in &m {
+        assert!(r["update_steps"].as_i64().unwrap() >= 1, "{r}");
+    }
     assert_eq!(m.len(), 2);
     for r in &m {
         assert_eq!(r["mode"], "compile-only");

@@ -93,6 +93,12 @@ fn d_value_lr() -> f64 {
 /// Spinning Up's margin over `target_kl` before an update stops (see [`RlServe::target_kl`]).
 pub const TARGET_KL_MARGIN: f64 = 1.5;
 
+/// Bound of the per-token k3 KL estimate (nats), and of the log-ratio inside it (20): VERL's
+/// `low_var_kl` (`verl/trainer/ppo/core_algos.py`, `kl_penalty`). Unbounded, a few tokens the
+/// policy moved far from the reference reached 44 to 11,243 nats each in one update, and their
+/// gradients dominated the minibatch.
+pub const KL_CLAMP: f64 = 10.0;
+
 /// Settings of the RL trainer process (the `rl-serve` job).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -274,6 +280,11 @@ pub struct UpdateStats {
     /// The largest approximate KL (nats per token, `mean(old_logp - logp)`) from the
     /// generating policy to the current one, measured before a minibatch's step.
     pub max_approx_kl: f64,
+    /// The largest per-token `|log pi_ref - log pi|` (nats) of the update's minibatch steps:
+    /// how far the policy moved from its reference on its most moved token (the k3 term
+    /// counts at most [`KL_CLAMP`] per token).
+    #[serde(default)]
+    pub max_ref_log_ratio: f64,
     /// Minibatch steps (over all `epochs` passes) left undone because `max_approx_kl` passed
     /// [`TARGET_KL_MARGIN`] `* target_kl` (0 without one).
     pub skipped_minibatches: usize,

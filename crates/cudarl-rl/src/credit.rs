@@ -59,38 +59,94 @@ pub fn signal_share(rewards: &[f64], groups: &[usize], min_std: f64) -> f64 {
     with as f64 / by.len() as f64
 }
 
-/// Credit of each turn of an episode with immediate rewards `r_0..r_{T-1}` and final reward
-/// `R`: `c_t = immediate * r_t + final * gamma^(T-1-t) * R` (docs/architecture.md, "Reward and
-/// turn credit": 0.3, 0.7, 0.9: the final outcome counts most, discounted by the turns still to
-/// come).
-pub fn turn_credits(immediate_rewards: &[f64], final_reward: f64, w: &CreditWeights) -> Vec<f64> {
-    let t = immediate_rewards.len();
-    immediate_rewards
-        .iter()
-        .enumerate()
-        .map(|(i, &r)| w.immediate * r + w.final_ * w.gamma.powi((t - 1 - i) as i32) * final_reward)
+/// Credit of each turn of an episode whose turns earned `rewards` `r_0..r_{T-1}`
+/// (docs/architecture.md, "Reward and turn credit"):
+///
+/// - [`CreditMode::ReturnsToGo`] (default): `c_t = sum_{k >= t} gamma^(k-t) r_k`, the turn's
+///   reward and the discounted rewards of the turns after it (Kevin-32B's multi-turn credit,
+///   "sum" with `gamma = 0.4`; Baronio et al., Cognition, 2025). A turn is credited with what
+///   it and what followed it earned, never with an earlier turn's result.
+/// - [`CreditMode::Seed`]: `c_t = immediate * r_t + final * gamma^(T-1-t) * r_{T-1}`, the final
+///   turn's reward discounted by the turns still to come (the founding design's formula:
+///   0.3, 0.7, 0.9).
+pub fn turn_credits(rewards: &[f64], w: &CreditWeights) -> Vec<f64> {
+    let t = rewards.len();
+    match w.mode {
+        CreditMode::ReturnsToGo => {
+            let mut c = vec![0.0; t];
+            let mut next = 0.0;
+            for i in (0..t).rev() {
+                next = rewards[i] + w.gamma * next;
+                c[i] = next;
+            }
+            c
+        }
+        CreditMode::Seed => {
+            let last = rewards.last().copied().unwrap_or(0.0);
+            rewards
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| w.immediate * r + w.final_ * w.gamma.powi((t - 1 - i) as i32) * last)
+                .collect()
+        }
+    }
+}
+
+/// Advantages of optimizer turns against the state each one revises: `v_i / max(sd, floor)`
+/// with `v_i = credit_i - baseline_i`, `baseline_i` the reward of the kernel the turn was given
+/// (a function of the state alone, so an unbiased baseline; Williams 1992) and `sd` the
+/// population standard deviation of all `v` (a scale, not a mean: the sign of an advantage is
+/// the sign of the turn's improvement). A revision that breaks a passing kernel gets a negative
+/// advantage whatever the other episodes did; a repair of a failing one a positive advantage.
+/// A turn that changed nothing gets 0.
+pub fn improvement_advantages(credits: &[f64], baselines: &[f64], floor: f64) -> Vec<f64> {
+    assert_eq!(credits.len(), baselines.len(), "one baseline per credit");
+    let v: Vec<f64> = credits.iter().zip(baselines).map(|(c, b)| c - b).collect();
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let sd = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n).sqrt();
+    let scale = sd.max(floor).max(1e-12);
+    v.iter()
+        .map(|x| if x.abs() < 1e-12 { 0.0 } else { x / scale })
         .collect()
 }
 
-/// Weights of [`turn_credits`].
+/// How [`turn_credits`] credits a turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CreditMode {
+    /// The turn's reward plus the discounted rewards of later turns; optimizer turns are judged
+    /// against the kernel they revise ([`improvement_advantages`]).
+    #[default]
+    ReturnsToGo,
+    /// The founding design's `immediate * r_t + final * gamma^(turns left) * r_final`,
+    /// optimizer turns group-normalized by task and turn.
+    Seed,
+}
+
+/// Weights of [`turn_credits`] (`[credit]` in `configs/reward/*.toml`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreditWeights {
-    /// Weight of the turn's own reward.
+    /// Returns-to-go (default) or the seed formula.
+    #[serde(default)]
+    pub mode: CreditMode,
+    /// Seed: weight of the turn's own reward.
     pub immediate: f64,
-    /// Weight of the episode's final reward.
+    /// Seed: weight of the final turn's reward.
     #[serde(rename = "final")]
     pub final_: f64,
-    /// Discount per remaining turn.
+    /// Discount per turn (returns-to-go: 0.4; seed: 0.9).
     pub gamma: f64,
 }
 
 impl Default for CreditWeights {
     fn default() -> Self {
         CreditWeights {
+            mode: CreditMode::ReturnsToGo,
             immediate: 0.3,
             final_: 0.7,
-            gamma: 0.9,
+            gamma: 0.4,
         }
     }
 }
@@ -143,13 +199,46 @@ mod tests {
 
     #[test]
     fn turn_credits_by_hand() {
-        // Three turns, immediate 0, 0.2, 0.9, final 0.9:
+        let seed = CreditWeights {
+            mode: CreditMode::Seed,
+            gamma: 0.9,
+            ..Default::default()
+        };
+        // Seed, rewards 0, 0.2, 0.9 (the last one final):
         // c0 = 0.3*0 + 0.7*0.81*0.9 = 0.5103; c1 = 0.06 + 0.7*0.9*0.9 = 0.627; c2 = 0.27 + 0.63 = 0.9.
-        let c = turn_credits(&[0.0, 0.2, 0.9], 0.9, &CreditWeights::default());
-        let want = [0.5103, 0.627, 0.9];
-        for (x, w) in c.iter().zip(want) {
+        let c = turn_credits(&[0.0, 0.2, 0.9], &seed);
+        for (x, w) in c.iter().zip([0.5103, 0.627, 0.9]) {
             assert!((x - w).abs() < 1e-12, "{c:?}");
         }
+        // The seed's R is the final turn's reward, not the best: a broken revision of a
+        // passing kernel leaves the earlier turns 0.7 * 0.9^k * 0.
+        let c = turn_credits(&[0.8, 0.0], &seed);
+        assert!((c[0] - 0.24).abs() < 1e-12 && c[1].abs() < 1e-12, "{c:?}");
+        // Returns-to-go, gamma 0.4: c2 = 0.9; c1 = 0.2 + 0.36 = 0.56; c0 = 0 + 0.224 = 0.224.
+        let c = turn_credits(&[0.0, 0.2, 0.9], &CreditWeights::default());
+        for (x, w) in c.iter().zip([0.224, 0.56, 0.9]) {
+            assert!((x - w).abs() < 1e-12, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn an_optimizer_turn_that_breaks_a_passing_kernel_gets_a_negative_advantage() {
+        let w = CreditWeights::default();
+        // Four episodes of one task, turn 1 is the optimizer's (the last turn):
+        // a: passing 0.8 -> broken 0     b: failing 0 -> repaired 0.6
+        // c: failing 0 -> still failing 0 d: passing 0.8 -> faster 0.9
+        let eps = [[0.8, 0.0], [0.0, 0.6], [0.0, 0.0], [0.8, 0.9]];
+        let credits: Vec<f64> = eps.iter().map(|r| turn_credits(r, &w)[1]).collect();
+        let baselines: Vec<f64> = eps.iter().map(|r| r[0]).collect();
+        let a = improvement_advantages(&credits, &baselines, 0.1);
+        assert!(a[0] < 0.0, "breaking a passing kernel: {a:?}");
+        assert!(a[1] > 0.0, "repairing a failing kernel: {a:?}");
+        assert_eq!(a[2], 0.0, "no change, no signal: {a:?}");
+        assert!(a[3] > 0.0 && a[3] < a[1], "a small speed-up: {a:?}");
+        // Judged against the state it revised, not against the other episodes: in a group
+        // where the others failed for good, breaking a passing kernel is still negative.
+        let a = improvement_advantages(&[0.5, 0.0, 0.0, 0.0], &[0.0, 0.8, 0.0, 0.0], 0.1);
+        assert!(a[1] < 0.0 && a[0] > 0.0, "{a:?}");
     }
 
     #[test]

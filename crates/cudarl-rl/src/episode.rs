@@ -653,8 +653,7 @@ pub fn run_episodes(
     for e in &mut eps {
         e.done = true;
         let imm: Vec<f64> = e.turns.iter().map(|t| t.reward.reward).collect();
-        let fin = e.final_reward();
-        for (t, c) in e.turns.iter_mut().zip(turn_credits(&imm, fin, &w)) {
+        for (t, c) in e.turns.iter_mut().zip(turn_credits(&imm, &w)) {
             t.credit = c;
         }
     }
@@ -822,9 +821,10 @@ pub(crate) mod tests {
         assert_eq!(*role, Role::Optimizer);
         let user = &conv[1].content;
         assert!(user.contains("Compilation failed:") && user.contains(broken.trim_end()));
-        // The best turn is the fixed one; credits: c_t = 0.3 r_t + 0.7 * 0.9^(2-t) * 0.55.
+        // The best turn is the fixed one; credits are the returns-to-go of rewards (0, 0, 0.55)
+        // with gamma 0.4 (configs/reward/default.toml): 0.16 * 0.55, 0.4 * 0.55, 0.55.
         assert!((e.final_reward() - 0.55).abs() < 1e-12);
-        let want = [0.7 * 0.81 * 0.55, 0.7 * 0.9 * 0.55, 0.3 * 0.55 + 0.7 * 0.55];
+        let want = [0.16 * 0.55, 0.4 * 0.55, 0.55];
         for (t, w) in e.turns.iter().zip(want) {
             assert!((t.credit - w).abs() < 1e-12, "{} vs {w}", t.credit);
         }

@@ -16,7 +16,9 @@ use cudarl_protocol::{Algorithm, Role, Sample, UpdateStats};
 use serde::{Deserialize, Serialize};
 
 use crate::RlError;
-use crate::credit::{CreditWeights, gae, group_advantages, signal_share};
+use crate::credit::{
+    CreditMode, CreditWeights, gae, group_advantages, improvement_advantages, signal_share,
+};
 use crate::episode::Episode;
 use crate::stats::{geomean, mean_std, whiten};
 use crate::trainer::TrainerClient;
@@ -25,8 +27,8 @@ use crate::trainer::TrainerClient;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GeneratorCredit {
-    /// The turn credit `immediate * r_0 + final * gamma^(T-1) * R` (mostly the optimizer's
-    /// repair when the episode's best turn is a revision).
+    /// The turn credit ([`crate::credit::turn_credits`]): by default its reward plus the
+    /// discounted rewards of the optimizer's revisions after it.
     #[default]
     Episode,
     /// Its own turn's reward `r_0`: the tester's verdict on the kernel the generator wrote.
@@ -50,6 +52,8 @@ pub struct UpdateSettings {
     pub gamma: f64,
     /// PPO: GAE's lambda.
     pub gae_lambda: f64,
+    /// GRPO: completions with advantage 0 stay out of the update.
+    pub signal_only: bool,
 }
 
 /// What one step's update did.
@@ -77,6 +81,8 @@ struct AgentTurns {
     keys: Vec<(usize, usize, Option<u64>)>,
     values: Vec<f64>,
     groups: Vec<usize>,
+    /// The reward of the kernel each turn was given (optimizer turns; 0 without one).
+    baselines: Vec<f64>,
 }
 
 /// Updates both agents on `eps` (one step's episodes, in task-slot order).
@@ -91,7 +97,7 @@ pub fn update(
     let (mut gen_t, mut opt) = (AgentTurns::default(), AgentTurns::default());
     for (ei, e) in eps.iter().enumerate() {
         let slot = ei / s.group_size.max(1);
-        for t in &e.turns {
+        for (i, t) in e.turns.iter().enumerate() {
             match t.role {
                 Role::Generator => {
                     gen_t.keys.push((ei, t.turn, t.completion));
@@ -105,6 +111,9 @@ pub fn update(
                     opt.keys.push((ei, t.turn, t.completion));
                     opt.values.push(t.credit);
                     opt.groups.push(slot * 64 + t.turn);
+                    // The optimizer revises the last kernel submitted before its turn.
+                    let given = e.turns[..i].iter().rev().find(|x| x.code.is_some());
+                    opt.baselines.push(given.map_or(0.0, |x| x.reward.reward));
                 }
             }
         }
@@ -124,17 +133,30 @@ pub fn update(
         }
         Algorithm::Grpo => (
             group_advantages(&gen_t.values, &gen_t.groups, s.std_floor),
-            group_advantages(&opt.values, &opt.groups, s.std_floor),
+            match s.credit.mode {
+                CreditMode::ReturnsToGo => {
+                    improvement_advantages(&opt.values, &opt.baselines, s.std_floor)
+                }
+                CreditMode::Seed => group_advantages(&opt.values, &opt.groups, s.std_floor),
+            },
             vec![],
             vec![],
         ),
     };
     let t0 = Instant::now();
+    let optimizer_signal_groups = match (s.algorithm, s.credit.mode) {
+        // Each optimizer turn is its own comparison: the share that changed its kernel's reward.
+        (Algorithm::Grpo, CreditMode::ReturnsToGo) => {
+            opt_a.iter().filter(|a| **a != 0.0).count() as f64 / opt_a.len().max(1) as f64
+        }
+        _ => signal_share(&opt.values, &opt.groups, 1e-9),
+    };
     let mut out = StepUpdate {
         signal_groups: signal_share(&gen_t.values, &gen_t.groups, 1e-9),
-        optimizer_signal_groups: signal_share(&opt.values, &opt.groups, 1e-9),
+        optimizer_signal_groups,
         ..Default::default()
     };
+    let drop_zero = s.algorithm == Algorithm::Grpo && s.signal_only;
     for (agent, turns, a, ret) in [
         (Role::Generator, &gen_t, &gen_a, &gen_ret),
         (Role::Optimizer, &opt, &opt_a, &opt_ret),
@@ -142,6 +164,13 @@ pub fn update(
         let mut samples = Vec::new();
         for (k, ((ei, t, id), a)) in turns.keys.iter().zip(a).enumerate() {
             out.advantages.insert((*ei, *t), *a);
+            // GRPO trains on signal only: a completion with advantage 0 (its group's values
+            // all equal, or a revision that changed nothing) adds no policy gradient, and its
+            // tokens in the token mean, the KL and PPO-ptx would only dilute those that do
+            // (DAPO's dynamic sampling, Yu et al., arXiv:2503.14476).
+            if drop_zero && *a == 0.0 {
+                continue;
+            }
             if let Some(id) = id {
                 samples.push(Sample {
                     id: *id,

@@ -148,11 +148,12 @@ pub struct Params {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epochs: Option<usize>,
     /// What a generator turn is credited with ([`GeneratorCredit`]): `episode` (absent: the
-    /// turn credit `0.3 r_0 + 0.7 gamma^(T-1) R` of `docs/architecture.md`, "Reward and turn
-    /// credit", R the episode's best turn, so mostly the optimizer's repair) or `own` (its own
-    /// turn's reward `r_0`). GRPO only. The `turns` table's `credit` stays the turn credit; its
-    /// `advantage` is what the update used. Absent: `episode`, left out of the key. Measured
-    /// (H100): `own` -0.020 +- 0.008 against the frozen control, hold-out pass -0.074 +- 0.036
+    /// turn credit of `docs/architecture.md`, "Reward and turn credit", which adds the later
+    /// turns' discounted rewards) or `own` (its own turn's reward `r_0`). GRPO only. The
+    /// `turns` table's `credit` stays the turn credit; its `advantage` is what the update used.
+    /// Absent: `episode`, left out of the key. Measured (H100, with the earlier credit
+    /// `0.3 r_0 + 0.7 * 0.9^(T-1) R`, R the episode's best turn): `own` -0.020 +- 0.008 against
+    /// the frozen control, hold-out pass -0.074 +- 0.036
     /// (`benchmarks/results/rl_epochs_h100_2026-11-24.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator_credit: Option<GeneratorCredit>,
@@ -241,6 +242,11 @@ pub struct Params {
     /// and -0.059 (`benchmarks/results/rl_ptx_h100_2026-11-24_coef_sweep.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_coef: Option<f64>,
+    /// GRPO: leave completions whose advantage is 0 out of the update (absent: true, and left
+    /// out of the key; docs/architecture.md, "Reward and turn credit"). `false` trains on every
+    /// completion, as before, their tokens in the token mean, the KL and PPO-ptx.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal_only: Option<bool>,
     /// Save the run's state every this many steps and at its last step, and continue from the
     /// latest saved step ([`crate::rl_progress`]; docs/architecture.md, "Resuming"). 0: save
     /// nothing and start from step 1. Absent: [`DEFAULT_CHECKPOINT_EVERY`], and left out of
@@ -357,6 +363,7 @@ impl Params {
             credit: cfg.credit,
             gamma: self.gamma,
             gae_lambda: self.gae_lambda,
+            signal_only: self.signal_only.unwrap_or(true),
         }
     }
 

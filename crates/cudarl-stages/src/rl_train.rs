@@ -5,9 +5,10 @@
 //!
 //! Each step draws `tasks_per_step` tasks from the open tiers, runs `group_size` episodes per
 //! task ([`cudarl_rl::episode::run_episodes`]: generator -> tester -> optimizer -> tester ..., up to
-//! `max_turns`), credits every turn (`0.3 r_t + 0.7 * 0.9^(turns left) R`, from the reward
-//! config), and updates each agent on its own turns with GRPO: advantages normalized within the
-//! group of the same task (generator turns) or the same task and turn (optimizer turns), the
+//! `max_turns`), credits every turn (returns-to-go by default, from the reward config's
+//! `[credit]`; [`cudarl_rl::credit::turn_credits`]), and updates each agent on its own turns
+//! with GRPO: generator advantages normalized within the group of the same task, optimizer
+//! turns against the kernel they revise (or, with `mode = "seed"`, by task and turn), the
 //! group std floored at `std_floor` so timing noise between equally correct kernels is not
 //! amplified into full-size advantages, the clipped ratio and the KL penalty to the SFT
 //! policy, in the trainer process (`cudarl_train::rl_serve`).
@@ -20,7 +21,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal; for optimizer turns under returns-to-go credit, the share whose improvement over the kernel they were given is not 0), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), max_ref_log_ratio, optimizer_max_ref_log_ratio (float64: the largest per-token log-ratio to the reference, nats), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -91,6 +92,10 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         // the minibatches `target_kl` left unstepped, per agent.
         f64s("max_approx_kl", false),
         f64s("optimizer_max_approx_kl", false),
+        // The largest per-token |log pi_ref - log pi| of each agent's update (nats; the k3
+        // term counts at most cudarl_protocol::rl::KL_CLAMP per token).
+        f64s("max_ref_log_ratio", false),
+        f64s("optimizer_max_ref_log_ratio", false),
         Field::new("skipped_minibatches", DataType::Int64, false),
         Field::new("optimizer_skipped_minibatches", DataType::Int64, false),
         // AdamW steps each agent's update took (`epochs` x minibatches, less those skipped).
@@ -167,6 +172,8 @@ struct MetricsRow {
     optimizer_value_loss: Option<f64>,
     max_approx_kl: f64,
     optimizer_max_approx_kl: f64,
+    max_ref_log_ratio: f64,
+    optimizer_max_ref_log_ratio: f64,
     skipped_minibatches: i64,
     optimizer_skipped_minibatches: i64,
     update_steps: i64,
@@ -228,6 +235,8 @@ impl MetricsRow {
             optimizer_value_loss: ppo.then_some(o.value_loss),
             max_approx_kl: g.max_approx_kl,
             optimizer_max_approx_kl: o.max_approx_kl,
+            max_ref_log_ratio: g.max_ref_log_ratio,
+            optimizer_max_ref_log_ratio: o.max_ref_log_ratio,
             skipped_minibatches: g.skipped_minibatches as i64,
             optimizer_skipped_minibatches: o.skipped_minibatches as i64,
             update_steps: g.steps as i64,
@@ -402,7 +411,9 @@ impl Stage for RlTrain {
         // 12: a verdict with a hack flag earns reward 0 (`on_hack_flag`), and the tester's
         // feedback names the flag.
         // 13: the agents' AdamW is `cudarl_train::adamw` (saveable state); runs resume.
-        13
+        // 14: returns-to-go credit, optimizer turns against the kernel they revise, zero
+        // advantages out of the update, k3 clamped; metrics gain max_ref_log_ratio per agent.
+        14
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 pub use cudarl_protocol::PgConfig;
+pub use cudarl_protocol::rl::KL_CLAMP;
 
 /// The loss and what it is made of (detached scalars).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -25,11 +26,14 @@ pub struct PgStats {
     pub clip_frac: f64,
     /// Tokens in the loss.
     pub tokens: f64,
+    /// The largest per-token `|ref_logp - logp|` (nats; 0 without a reference).
+    pub max_log_ratio: f64,
 }
 
 /// The clipped-ratio policy loss with a KL penalty, averaged over every real token of the batch:
 /// `L = mean_tokens[ -min(rho A, clip(rho, 1-eps, 1+eps) A) + beta * KL_k3 ]` with
-/// `rho = exp(logp - old_logp)` and `KL_k3 = exp(ref - logp) - (ref - logp) - 1`.
+/// `rho = exp(logp - old_logp)` and `KL_k3 = min(exp(d) - d - 1, KL_CLAMP)`,
+/// `d = clamp(ref - logp, -20, 20)` ([`KL_CLAMP`]).
 ///
 /// Shapes: `logp`, `old_logp`, `ref_logp`, `mask` `[b, T]` (float32; `mask` 1 on the agent's own
 /// tokens), `adv` `[b]` (one advantage per completion, broadcast over its tokens).
@@ -47,12 +51,15 @@ pub fn clipped_pg_loss(
     let s1 = &ratio * &a;
     let s2 = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip) * &a;
     let pg = -(s1.minimum(&s2) * mask).sum(Kind::Float) / &n;
-    let kl = match ref_logp {
+    let (kl, max_log_ratio) = match ref_logp {
         Some(r) => {
-            let d = r - logp;
-            ((d.exp() - &d - 1.0) * mask).sum(Kind::Float) / &n
+            let raw = r - logp;
+            let max = tch::no_grad(|| (raw.abs() * mask).max().double_value(&[]));
+            let d = raw.clamp(-20.0, 20.0);
+            let k3 = (d.exp() - &d - 1.0).clamp(-KL_CLAMP, KL_CLAMP);
+            ((k3 * mask).sum(Kind::Float) / &n, max)
         }
-        None => Tensor::zeros([], (Kind::Float, logp.device())),
+        None => (Tensor::zeros([], (Kind::Float, logp.device())), 0.0),
     };
     let loss = &pg + &kl * cfg.kl_coef;
     let clipped = tch::no_grad(|| {
@@ -70,6 +77,7 @@ pub fn clipped_pg_loss(
         kl: kl.double_value(&[]),
         clip_frac: clipped.double_value(&[]),
         tokens: n.double_value(&[]),
+        max_log_ratio,
     };
     (loss, stats)
 }
@@ -113,6 +121,13 @@ mod tests {
         let kl = (k3(-0.5) + k3(0.5) + k3(0.5)) / 5.0;
         assert!((other.kl - kl).abs() < 1e-6, "{} vs {kl}", other.kl);
         assert!((other.loss - (want + 0.1 * kl)).abs() < 1e-6);
+        assert!((other.max_log_ratio - 0.5).abs() < 1e-6, "{other:?}");
+        // A reference 30 nats above the policy on one token: k3 would be e^30, about 1e13;
+        // it counts KL_CLAMP, and the largest log-ratio says how far the token went.
+        let far = Tensor::from_slice(&[30.0f32, 0.0, 0.0, 0.0, 0.0, 0.0]).view([2, 3]);
+        let (_, clamped) = clipped_pg_loss(&new, &old, Some(&(&new + &far)), &adv, &mask, &cfg);
+        assert!(clamped.kl <= KL_CLAMP / 5.0 + 1e-6, "{clamped:?}");
+        assert!((clamped.max_log_ratio - 30.0).abs() < 1e-4, "{clamped:?}");
     }
 
     #[test]

@@ -437,6 +437,7 @@ impl Server {
             st.loss += s.loss;
             st.pg_loss += s.pg_loss;
             st.kl += s.kl;
+            st.max_ref_log_ratio = st.max_ref_log_ratio.max(s.max_log_ratio);
             st.clip_frac += s.clip_frac;
             st.tokens += s.tokens;
             st.steps += 1;
