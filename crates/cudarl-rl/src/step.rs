@@ -225,19 +225,7 @@ pub fn ppo_targets(
 
 /// Rates of the best turns of `eps`: (compile rate, pass rate or `None` when nothing ran).
 pub fn rates(eps: &[&Episode]) -> (f64, Option<f64>) {
-    let outcomes: Vec<Outcome> = eps
-        .iter()
-        .map(|e| {
-            let b = e.best_components();
-            Outcome {
-                step: 0,
-                tier: e.tier,
-                compiled: b.compiled,
-                correct: b.correct,
-                full: b.mode == "full",
-            }
-        })
-        .collect();
+    let outcomes: Vec<Outcome> = eps.iter().map(|e| Outcome::of(0, e)).collect();
     outcome_rates(&outcomes)
 }
 
@@ -343,6 +331,20 @@ pub struct Outcome {
     pub full: bool,
 }
 
+impl Outcome {
+    /// `e`'s outcome, in `step`.
+    pub fn of(step: usize, e: &Episode) -> Outcome {
+        let b = e.best_components();
+        Outcome {
+            step,
+            tier: e.tier,
+            compiled: b.compiled,
+            correct: b.correct,
+            full: b.mode == "full",
+        }
+    }
+}
+
 /// The tiers a run has opened and the outcomes the gate reads (those of the last `window`
 /// steps); serializable, so a resumed run opens tiers as the straight run would.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -372,16 +374,8 @@ impl Curriculum {
     pub fn record(&mut self, step: usize, eps: &[Episode]) {
         let window = self.gate.window.max(1);
         self.history.retain(|o| o.step + window > step);
-        self.history.extend(eps.iter().map(|e| {
-            let b = e.best_components();
-            Outcome {
-                step,
-                tier: e.tier,
-                compiled: b.compiled,
-                correct: b.correct,
-                full: b.mode == "full",
-            }
-        }));
+        self.history
+            .extend(eps.iter().map(|e| Outcome::of(step, e)));
         if self.tier >= self.max_tier {
             return;
         }

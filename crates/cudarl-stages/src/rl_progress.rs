@@ -9,7 +9,7 @@
 //!
 //! | path | what |
 //! |---|---|
-//! | `trainer/` | the trainer's `save_state`: both agents' float32 weights, AdamW moments and step counts, PPO's critics, PPO-ptx positions |
+//! | `trainer/` | the trainer's `save_state`: per agent one file with its float32 weights, AdamW moments and step counts, PPO's critics likewise, PPO-ptx positions |
 //! | `stage.json` | the step, the task-draw and sampling seeds, the curriculum, the metrics rows |
 //! | `turns/<first>-<last>.json` | the turns of steps `first..=last`, one file per save (earlier files are hard links of the previous entry's) |
 

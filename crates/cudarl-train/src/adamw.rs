@@ -58,6 +58,8 @@ pub struct AdamW {
     cfg: AdamWConfig,
     lr: f64,
     slots: Vec<Slot>,
+    /// Calls of [`AdamW::step`].
+    calls: usize,
 }
 
 impl AdamW {
@@ -79,7 +81,17 @@ impl AdamW {
                 step: 0,
             })
             .collect();
-        AdamW { cfg, lr, slots }
+        AdamW {
+            cfg,
+            lr,
+            slots,
+            calls: 0,
+        }
+    }
+
+    /// Steps taken ([`AdamW::step`] calls, saved and loaded with the state).
+    pub fn steps(&self) -> usize {
+        self.calls
     }
 
     /// Sets the learning rate of later steps.
@@ -103,6 +115,7 @@ impl AdamW {
             weight_decay,
         } = self.cfg;
         let lr = self.lr;
+        self.calls += 1;
         tch::no_grad(|| {
             for s in &mut self.slots {
                 let g = s.param.grad();
@@ -126,14 +139,17 @@ impl AdamW {
         });
     }
 
-    /// Writes the moments and step counts to `path` (safetensors: `exp_avg.<name>`,
-    /// `exp_avg_sq.<name>`, and `step`, int64 `[n]` in name order).
+    /// Writes what continuing the training needs to `path` (safetensors): the parameters it
+    /// trains (`param.<name>`, their own dtype), the moments (`exp_avg.<name>`,
+    /// `exp_avg_sq.<name>`), each parameter's step count (`step`, int64 `[n]` in name order)
+    /// and the steps taken (`calls`, int64 `[1]`).
     ///
     /// # Errors
     /// [`ModelError::Weights`] naming the file when libtorch cannot write it.
     pub fn save(&self, path: &Path) -> Result<(), ModelError> {
-        let mut named: Vec<(String, Tensor)> = Vec::with_capacity(2 * self.slots.len() + 1);
+        let mut named: Vec<(String, Tensor)> = Vec::with_capacity(3 * self.slots.len() + 2);
         for s in &self.slots {
+            named.push((format!("param.{}", s.name), s.param.detach()));
             named.push((format!("exp_avg.{}", s.name), s.exp_avg.shallow_clone()));
             named.push((
                 format!("exp_avg_sq.{}", s.name),
@@ -142,10 +158,12 @@ impl AdamW {
         }
         let steps: Vec<i64> = self.slots.iter().map(|s| s.step).collect();
         named.push(("step".into(), Tensor::from_slice(&steps)));
+        named.push(("calls".into(), Tensor::from_slice(&[self.calls as i64])));
         Tensor::write_safetensors(&named, path).map_err(|e| weights(path, e.to_string()))
     }
 
-    /// Reads what [`AdamW::save`] wrote for the same variables.
+    /// Reads what [`AdamW::save`] wrote for the same variables, the parameters copied into the
+    /// live tensors (so their version counters move and a decoder's copy follows).
     ///
     /// # Errors
     /// [`ModelError::Weights`] naming the file and the tensor when one is missing or has
@@ -157,6 +175,11 @@ impl AdamW {
             .remove("step")
             .ok_or_else(|| weights(path, "no tensor `step`".into()))?;
         let steps = Vec::<i64>::try_from(&steps).map_err(|e| weights(path, e.to_string()))?;
+        let calls = by
+            .remove("calls")
+            .and_then(|t| Vec::<i64>::try_from(&t).ok())
+            .and_then(|v| v.first().copied())
+            .ok_or_else(|| weights(path, "no int64 tensor `calls`".into()))?;
         if steps.len() != self.slots.len() {
             return Err(weights(
                 path,
@@ -170,6 +193,7 @@ impl AdamW {
         tch::no_grad(|| -> Result<(), ModelError> {
             for (s, step) in self.slots.iter_mut().zip(steps) {
                 for (which, dst) in [
+                    ("param", &mut s.param),
                     ("exp_avg", &mut s.exp_avg),
                     ("exp_avg_sq", &mut s.exp_avg_sq),
                 ] {
@@ -187,6 +211,7 @@ impl AdamW {
                 }
                 s.step = step;
             }
+            self.calls = calls as usize;
             Ok(())
         })
     }
@@ -283,16 +308,17 @@ mod tests {
             }
         }
         // Stopped after 5, state saved, a fresh process's objects load it and take 5 more.
-        let (mut vs2, lin2, _, _) = problem(99);
-        vs2.load(dir.path().join("w.safetensors")).unwrap();
+        let (vs2, lin2, _, _) = problem(99);
         let mut opt2 = AdamW::new(&vs2, cfg, 5e-2);
         opt2.load(&dir.path().join("adamw.safetensors")).unwrap();
+        assert_eq!(opt2.steps(), 5);
         for _ in 5..10 {
             opt2.zero_grad();
             loss(&lin2, &x, &y).backward();
             opt2.step();
         }
         assert_eq!(weights_of(&vs), weights_of(&vs2));
+        assert_eq!(opt2.steps(), 10);
         // Without the moments (fresh AdamW on the same weights) the run differs.
         let (mut vs3, lin3, _, _) = problem(99);
         vs3.load(dir.path().join("w.safetensors")).unwrap();
@@ -312,7 +338,7 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(
-            e.contains("adamw.safetensors") && e.contains("exp_avg.other"),
+            e.contains("adamw.safetensors") && e.contains("no tensor `param.other.bias`"),
             "{e}"
         );
     }

@@ -72,7 +72,6 @@ pub struct TrainableAgent {
     pub tokenizer: ChatTokenizer,
     opt: AdamW,
     optim: AgentOptim,
-    steps: usize,
 }
 
 impl TrainableAgent {
@@ -105,7 +104,6 @@ impl TrainableAgent {
             tokenizer,
             opt,
             optim,
-            steps: 0,
         })
     }
 
@@ -309,9 +307,9 @@ impl TrainableAgent {
     /// # Errors
     /// libtorch errors.
     pub fn step(&mut self, loss: &Tensor) -> Result<f64, ModelError> {
-        self.steps += 1;
         if self.optim.warmup > 0 {
-            let f = (self.steps as f64 / self.optim.warmup as f64).min(1.0);
+            let k = self.opt.steps() + 1;
+            let f = (k as f64 / self.optim.warmup as f64).min(1.0);
             self.opt.set_lr(self.optim.lr * f);
         }
         self.opt.zero_grad();
@@ -321,50 +319,21 @@ impl TrainableAgent {
         Ok(norm)
     }
 
-    /// Writes what continuing this agent's training needs into `dir`: the float32 master
-    /// weights (`weights.safetensors`, tch variable names), the AdamW moments
-    /// (`adamw.safetensors`) and the optimizer step count (`agent.json`), which the warmup
-    /// reads.
+    /// Writes what continuing this agent's training needs to `path` ([`AdamW::save`]: the
+    /// float32 master weights, the moments and the step counts the warmup reads).
     ///
     /// # Errors
-    /// I/O and libtorch errors, naming the file.
-    pub fn save_state(&self, dir: &Path) -> Result<(), ModelError> {
-        std::fs::create_dir_all(dir).map_err(|e| ModelError::Io(dir.display().to_string(), e))?;
-        let w = dir.join("weights.safetensors");
-        self.model.vs.save(&w).map_err(|e| ModelError::Weights {
-            file: w.display().to_string(),
-            message: e.to_string(),
-        })?;
-        self.opt.save(&dir.join("adamw.safetensors"))?;
-        let a = dir.join("agent.json");
-        let text = serde_json::json!({ "steps": self.steps }).to_string();
-        std::fs::write(&a, text).map_err(|e| ModelError::Io(a.display().to_string(), e))
+    /// libtorch errors, naming the file.
+    pub fn save_state(&self, path: &Path) -> Result<(), ModelError> {
+        self.opt.save(path)
     }
 
-    /// Reads what [`TrainableAgent::save_state`] wrote for an agent of the same shapes; the
-    /// weights are copied into the live parameters, so the decoder's copies follow them.
+    /// Reads what [`TrainableAgent::save_state`] wrote for an agent of the same shapes.
     ///
     /// # Errors
     /// A missing or misshapen file or tensor (named), libtorch errors.
-    pub fn load_state(&mut self, dir: &Path) -> Result<(), ModelError> {
-        let w = dir.join("weights.safetensors");
-        self.model.vs.load(&w).map_err(|e| ModelError::Weights {
-            file: w.display().to_string(),
-            message: e.to_string(),
-        })?;
-        self.opt.load(&dir.join("adamw.safetensors"))?;
-        let a = dir.join("agent.json");
-        let text =
-            std::fs::read_to_string(&a).map_err(|e| ModelError::Io(a.display().to_string(), e))?;
-        let steps = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v["steps"].as_u64())
-            .ok_or_else(|| ModelError::Weights {
-                file: a.display().to_string(),
-                message: "no integer `steps`".into(),
-            })?;
-        self.steps = steps as usize;
-        Ok(())
+    pub fn load_state(&mut self, path: &Path) -> Result<(), ModelError> {
+        self.opt.load(path)
     }
 
     /// Saves the model and tokenizer in the Hugging Face layout.

@@ -55,11 +55,21 @@ pub fn agent_optims(job: &RlServe) -> [AgentOptim; 2] {
     [optim(job.generator_lr.unwrap_or(job.lr)), optim(job.lr)]
 }
 
+/// The files of `role`'s training state in a `save_state` directory: the agent's and its
+/// critic's (PPO).
+fn state_files(dir: &Path, role: Role) -> (PathBuf, PathBuf) {
+    let r = role.as_str();
+    (
+        dir.join(format!("{r}.safetensors")),
+        dir.join(format!("critic_{r}.safetensors")),
+    )
+}
+
 /// PPO's critic for one agent: a two-layer MLP `h -> h -> 1` (tanh) on the policy's last
 /// hidden state at the prompt's last token, detached (the critic does not move the policy's
 /// trunk), with its own AdamW. Estimates the turn's return (reward units, about 0..1).
 struct ValueHead {
-    vs: nn::VarStore,
+    _vs: nn::VarStore,
     net: nn::Sequential,
     opt: AdamW,
 }
@@ -73,7 +83,7 @@ impl ValueHead {
             .add_fn(|x| x.tanh())
             .add(nn::linear(&r / "out", hidden, 1, Default::default()));
         let opt = AdamW::new(&vs, AdamWConfig::default(), lr);
-        Ok(ValueHead { vs, net, opt })
+        Ok(ValueHead { _vs: vs, net, opt })
     }
 
     /// Values `[b]` of states `[b, h]` (detached from the policy, float32).
@@ -267,27 +277,20 @@ impl Server {
         }))
     }
 
-    /// `dir/{generator,optimizer}/` ([`TrainableAgent::save_state`]), PPO's critics as
-    /// `dir/critic_<agent>.safetensors` and `dir/critic_<agent>_adamw.safetensors`, and
-    /// `dir/server.json` with the PPO-ptx positions.
+    /// `dir/<agent>.safetensors` ([`TrainableAgent::save_state`]), PPO's critics as
+    /// `dir/critic_<agent>.safetensors` ([`AdamW::save`]), and `dir/server.json` with the
+    /// PPO-ptx positions.
     fn save_state(&self, dir: &Path) -> Result<(), ModelError> {
         let io = |p: &Path| {
             let p = p.display().to_string();
             move |e| ModelError::Io(p, e)
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
-        for a in &self.agents {
-            a.save_state(&dir.join(a.role.as_str()))?;
-        }
-        if let Some(critics) = &self.critics {
-            for (c, a) in critics.iter().zip(&self.agents) {
-                let w = dir.join(format!("critic_{}.safetensors", a.role.as_str()));
-                c.vs.save(&w).map_err(|e| ModelError::Weights {
-                    file: w.display().to_string(),
-                    message: e.to_string(),
-                })?;
-                c.opt
-                    .save(&dir.join(format!("critic_{}_adamw.safetensors", a.role.as_str())))?;
+        for (i, a) in self.agents.iter().enumerate() {
+            let (own, critic) = state_files(dir, a.role);
+            a.save_state(&own)?;
+            if let Some(c) = &self.critics {
+                c[i].opt.save(&critic)?;
             }
         }
         let s = dir.join("server.json");
@@ -297,18 +300,11 @@ impl Server {
 
     /// Reads what [`Server::save_state`] wrote.
     fn load_state(&mut self, dir: &Path) -> Result<(), ModelError> {
-        for a in &mut self.agents {
-            a.load_state(&dir.join(a.role.as_str()))?;
-        }
-        if let Some(critics) = &mut self.critics {
-            for (c, a) in critics.iter_mut().zip(&self.agents) {
-                let w = dir.join(format!("critic_{}.safetensors", a.role.as_str()));
-                c.vs.load(&w).map_err(|e| ModelError::Weights {
-                    file: w.display().to_string(),
-                    message: e.to_string(),
-                })?;
-                c.opt
-                    .load(&dir.join(format!("critic_{}_adamw.safetensors", a.role.as_str())))?;
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            let (own, critic) = state_files(dir, a.role);
+            a.load_state(&own)?;
+            if let Some(c) = &mut self.critics {
+                c[i].opt.load(&critic)?;
             }
         }
         let s = dir.join("server.json");
