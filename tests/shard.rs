@@ -189,11 +189,10 @@ fn a_killed_shard_loses_only_its_in_flight_rows() {
         libc::kill(child.id() as i32, libc::SIGKILL);
     }
     assert!(!child.wait().unwrap().success());
-    assert_eq!(
-        validate_rows(&cache),
-        1,
-        "the finished row survives, the in-flight ones are lost"
-    );
+    // The row that reached the crash point survives; so may rows other workers finished
+    // between that line and the kill (each of them then pauses at the same point).
+    let survived = validate_rows(&cache);
+    assert!(survived >= 1, "the finished row survives");
     assert!(
         files(&cache.join("shards")).is_empty(),
         "no record: the shard did not finish"
@@ -203,8 +202,9 @@ fn a_killed_shard_loses_only_its_in_flight_rows() {
     let (c, m, err) = validate(&p, &cache, &["--shard", "0/1"]);
     assert_eq!(c, 0, "{err}");
     let rows = stat(&m, "rows");
-    assert_eq!(stat(&m, "rows_from_memo"), 1);
-    assert_eq!(stat(&m, "rows_computed"), rows - 1);
+    assert!((survived as u64) < rows, "the in-flight rows were lost");
+    assert_eq!(stat(&m, "rows_from_memo"), survived as u64);
+    assert_eq!(stat(&m, "rows_computed"), rows - survived as u64);
     let (c, m, err) = validate(&p, &cache, &["--merge"]);
     assert_eq!(c, 0, "{err}");
     assert_eq!(stat(&m, "rows_computed"), 0);
