@@ -2,11 +2,14 @@
 # A long `rl-train` cut into commands of at most BUDGET_S seconds each, on one GPU host without
 # a Rust toolchain (binaries from `make carry`): every invocation runs
 # `cudarl-pipe run rl-train --set rl-train.steps=$STEPS` on the same store until it finishes or
-# its time is up (then it is killed, as at the end of a command's time), and the next
-# invocation continues from the last saved step (docs/architecture.md, "Resuming"). The first
-# invocation also builds everything before rl-train (pretrain, SFT, validate) on a cold store.
+# its time is up: then it gets SIGTERM, finishes the RL step in flight, saves it and exits 130
+# (docs/architecture.md, "Interrupts"), or is killed GRACE_S seconds later (SIGKILL, as at the end
+# of a command's time: it then loses the steps since its last save), and the next invocation
+# continues from the last saved step (docs/architecture.md, "Resuming"). The first invocation
+# also builds everything before rl-train (pretrain, SFT, validate) on a cold store.
 #   STEPS     RL steps of the run (default 100)
-#   BUDGET_S  seconds this invocation may run (default 560)
+#   BUDGET_S  seconds before the SIGTERM (default 540)
+#   GRACE_S   seconds from the SIGTERM to the SIGKILL (default 45)
 #   FRESH=1   starts over on an empty store
 # Each invocation appends one line to $D/commands.jsonl (the saved step before and after, its
 # seconds, the exit code) and copies it to $OUT; the invocation that finishes also writes
@@ -15,7 +18,8 @@ set -uo pipefail
 D=/tmp/cudarl-resume
 B=/tmp/cudarl-bin
 STEPS=${STEPS:-100}
-BUDGET_S=${BUDGET_S:-560}
+BUDGET_S=${BUDGET_S:-540}
+GRACE_S=${GRACE_S:-45}
 OUT=${OUT:-/tmp/cudarl-resume-out}
 mkdir -p "$OUT"
 # What the previous invocation's kill left: the trainer and the GPU workers run in their own
@@ -40,7 +44,7 @@ saved() {
 n=$(( $(wc -l < "$D/commands.jsonl" 2>/dev/null || echo 0) + 1 ))
 before=$(saved); [ -n "$before" ] || before=0
 t0=$(date +%s.%N)
-timeout -s KILL "$BUDGET_S" "$B/cudarl-pipe" --root . --store "$D/store" run rl-train \
+timeout -s TERM -k "$GRACE_S" "$BUDGET_S" "$B/cudarl-pipe" --root . --store "$D/store" run rl-train \
   --set "rl-train.steps=$STEPS" --json > "$D/run_$n.jsonl" 2> "$D/run_$n.err"
 rc=$?
 t1=$(date +%s.%N)
@@ -48,7 +52,8 @@ after=$(saved); [ -n "$after" ] || after=0
 python3 - "$n" "$before" "$after" "$t0" "$t1" "$rc" "$D/run_$n.err" >> "$D/commands.jsonl" <<'PY'
 import json, sys
 n, before, after, t0, t1, rc, err = sys.argv[1:]
-notes = [l.strip() for l in open(err, errors="replace") if "note rl-train" in l or "ran " in l]
+notes = [l.strip() for l in open(err, errors="replace")
+         if "note rl-train" in l or "ran " in l or "stopped " in l or "interrupted" in l]
 print(json.dumps({"command": int(n), "saved_step_before": int(before), "saved_step_after": int(after),
                   "seconds": round(float(t1) - float(t0), 1), "rc": int(rc), "said": notes[-12:]}))
 PY

@@ -888,8 +888,52 @@ fn determined(rows: &[Value]) -> Vec<Vec<Value>> {
         .collect()
 }
 
+/// `run rl-train` with the fault `rl-train:<point>`, stopped when it pauses there: by `signal`
+/// (SIGKILL: a crash or the end of a command's time; SIGTERM: a stop request). Returns its
+/// stderr up to the pause and, after the signal, its exit status and the rest of its stderr.
+fn stopped_at(p: &Project, sets: &[String], point: &str, signal: i32) -> (String, i32) {
+    let mut args = vec!["run", "rl-train"];
+    for s in sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    let mut child = p
+        .cmd(&args)
+        .env("CUDARL_FAULT", format!("rl-train:{point}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = Vec::new();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let paused = line.starts_with(&format!("CUDARL_FAULT_PAUSED rl-train {point}"));
+        said.push(line);
+        if paused {
+            break;
+        }
+    }
+    assert!(
+        said.last()
+            .is_some_and(|l| l.contains("CUDARL_FAULT_PAUSED")),
+        "{}",
+        said.join("\n")
+    );
+    // SAFETY: signals the child this test started.
+    unsafe {
+        libc::kill(child.id() as i32, signal);
+    }
+    said.extend(lines.map_while(Result::ok));
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    let code = status.code().unwrap_or(128 + status.signal().unwrap_or(0));
+    (said.join("\n"), code)
+}
+
 #[test]
-fn a_killed_rl_run_resumes_from_its_last_saved_step_and_a_longer_run_continues_a_shorter_one() {
+fn a_killed_or_interrupted_rl_run_resumes_from_its_last_saved_step_and_a_longer_run_continues_a_shorter_one()
+ {
     let p = after_sft();
     let with = |steps: usize, every: usize| -> Vec<String> {
         vec![
@@ -908,46 +952,33 @@ fn a_killed_rl_run_resumes_from_its_last_saved_step_and_a_longer_run_continues_a
     run_ok(&p, &["rl-train"], &sets(&short));
     let km = rows_with(&p, "rl-train", "metrics", &sets(&short));
     assert_eq!(determined(&km), determined(&sm[..2]));
-    // Four steps: continues the two-step run, and is killed right after saving step 3.
+    // Four steps saving only at the end: continues the two-step run; SIGTERM as step 3 starts
+    // ends it after that step, which it saves although no save was due, and says so (130).
+    let (said, code) = stopped_at(&p, &with(4, 100), "before-step", libc::SIGTERM);
+    assert_eq!(code, 130, "{said}");
+    assert!(
+        said.contains("resuming from saved step 2 of 4")
+            && said.contains("stopped after step 3 of 4; its progress is saved")
+            && said.contains("interrupted"),
+        "{said}"
+    );
+    // Again, saving every step: continues from step 3 and is killed right after saving its
+    // last step, before anything is published.
     let long = with(4, 1);
+    let (said, code) = stopped_at(&p, &long, "after-checkpoint", libc::SIGKILL);
+    assert_eq!(code, 128 + libc::SIGKILL, "{said}");
+    assert!(said.contains("resuming from saved step 3 of 4"), "{said}");
+    // Run again: every step is saved, so it only publishes; every row and the final weights
+    // as in the straight run (the AdamW moments and step counts came back too, or step 4's
+    // update would differ).
     let mut args = vec!["run", "rl-train"];
     for s in &long {
         args.extend(["--set", s.as_str()]);
     }
-    let mut child = p
-        .cmd(&args)
-        .env("CUDARL_FAULT", "rl-train:after-checkpoint")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = Vec::new();
-    use std::io::BufRead;
-    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
-        let line = line.unwrap();
-        let paused = line.starts_with("CUDARL_FAULT_PAUSED rl-train after-checkpoint");
-        said.push(line);
-        if paused {
-            break;
-        }
-    }
-    let said = said.join("\n");
-    assert!(
-        said.contains("resuming from saved step 2 of 4") && said.contains("CUDARL_FAULT_PAUSED"),
-        "{said}"
-    );
-    // SIGKILL: no destructors, no cleanup, like a crash or the end of a command's time.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
-    assert!(!child.wait().unwrap().success());
-    // Run again: from step 3, one step left; every row and the final weights as in the
-    // straight run (the AdamW moments and step counts came back too, or step 4's update
-    // would differ).
     let o = p.run(&args);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     assert!(
-        common::stderr(&o).contains("resuming from saved step 3 of 4"),
+        common::stderr(&o).contains("resuming from saved step 4 of 4"),
         "{}",
         common::stderr(&o)
     );

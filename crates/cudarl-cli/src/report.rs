@@ -59,6 +59,11 @@ impl Reporter for CliReporter {
         if matches!(self, CliReporter::Quiet) {
             return;
         }
+        if r.interrupted {
+            let why = r.error.as_deref().unwrap_or("interrupted");
+            self.line(&format!("{:>10} {}: {why}", "stopped", r.node));
+            return;
+        }
         if matches!(r.status, NodeStatus::Ran | NodeStatus::Failed) {
             self.line(&format!(
                 "{:>10} {} ({:.2}s)",

@@ -106,6 +106,10 @@ pub struct NodeRecord {
     /// Whether the failure is bad input or config (exit code 2) rather than a stage failure.
     #[serde(skip)]
     pub bad_input: bool,
+    /// Whether the node stopped, or never started, because a stop was requested
+    /// ([`crate::interrupt`]; exit code 130). In JSON only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     #[serde(skip)]
     pub(crate) full_outputs: Option<BTreeMap<String, OutputRecord>>,
     #[serde(skip)]
@@ -128,6 +132,7 @@ impl NodeRecord {
             stats: BTreeMap::new(),
             error: None,
             bad_input: false,
+            interrupted: false,
             full_outputs: None,
             code_version,
             dirty: Vec::new(),
@@ -179,8 +184,12 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
-    /// 0 if every node ran or was cached, 2 if a failure was bad input or config, 1 otherwise.
+    /// 0 if every node ran or was cached, 130 if a stop was requested and a node stopped or
+    /// never started for it, 2 if a failure was bad input or config, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
+        if self.records.iter().any(|r| r.interrupted) {
+            return crate::interrupt::EXIT_CODE;
+        }
         let failed: Vec<&NodeRecord> = self
             .records
             .iter()
@@ -257,15 +266,19 @@ pub struct Engine {
 pub const FAULT_ENV: &str = "CUDARL_FAULT";
 
 /// Crash-test hook: when `CUDARL_FAULT` is `<node>:<point>`, prints `CUDARL_FAULT_PAUSED` to
-/// stderr and pauses for 600 s so a test can kill the process exactly there (the engine's
-/// points: `before-run`, `after-run`, `before-manifest`; stages add their own, e.g. `validate`'s
-/// `after-row`).
+/// stderr and pauses for 600 s, or until a stop is requested ([`crate::interrupt`]), so a test
+/// can kill or interrupt the process exactly there (the engine's points: `before-run`,
+/// `after-run`, `before-manifest`; stages add their own, e.g. `validate`'s `after-row`,
+/// `rl-train`'s `before-step` and `after-checkpoint`).
 pub fn fault_point(node: &str, point: &str) {
     if let Ok(spec) = std::env::var(FAULT_ENV)
         && spec == format!("{node}:{point}")
     {
         eprintln!("CUDARL_FAULT_PAUSED {node} {point}");
-        std::thread::sleep(std::time::Duration::from_secs(600));
+        let t0 = Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(600) && !crate::interrupt::requested() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 
@@ -766,6 +779,14 @@ impl Engine {
             r.key = Some(key);
             return r;
         }
+        if crate::interrupt::requested() {
+            let mut r =
+                NodeRecord::new(&node.name, &kind, cv, NodeStatus::Skipped).with_dirty(dirty);
+            r.key = Some(key);
+            r.error = Some("not started: interrupted".into());
+            r.interrupted = true;
+            return r;
+        }
         // Take the node lock; another process may have produced the key meanwhile.
         let _lock = match self.store.lock_node(&node.name, || {
             self.reporter.node_waiting(
@@ -793,6 +814,10 @@ impl Engine {
             Err((e, warnings)) => {
                 let mut r = NodeRecord::new(&node.name, &kind, cv, NodeStatus::Failed);
                 r.bad_input = e.is_bad_input();
+                // A stage that failed after a stop was requested most likely failed of it
+                // (a terminal's Ctrl-C also reaches the processes it started).
+                r.interrupted =
+                    matches!(e, StageError::Interrupted(_)) || crate::interrupt::requested();
                 r.error = Some(e.to_string());
                 r.warnings = warnings;
                 r

@@ -15,6 +15,7 @@
 pub mod canonical;
 pub mod dag;
 pub mod engine;
+pub mod interrupt;
 pub mod key;
 pub mod lockfile;
 pub mod manifest;

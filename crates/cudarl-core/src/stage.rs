@@ -122,7 +122,8 @@ pub struct ResolveContext {
 }
 
 /// Errors a stage (or its configuration) reports. The CLI maps [`StageError::BadInput`] and
-/// [`StageError::Config`] to exit code 2 and everything else to 1.
+/// [`StageError::Config`] to exit code 2, [`StageError::Interrupted`] to 130 and everything else
+/// to 1.
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
     /// Input data is malformed: unreadable Parquet, wrong schema, missing column, bad value.
@@ -148,6 +149,10 @@ pub enum StageError {
     /// The stage failed for another reason.
     #[error("{0}")]
     Failed(String),
+    /// The stage stopped early because a stop was requested ([`crate::interrupt`]); the
+    /// message says what was kept (e.g. the progress a rerun continues from). Exit code 130.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
     /// A store operation failed.
     #[error(transparent)]
     Store(#[from] StoreError),

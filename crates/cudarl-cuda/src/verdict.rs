@@ -271,6 +271,11 @@ pub struct FullOptions {
     pub wall: Duration,
     /// Time the candidate and the naive kernel.
     pub bench: bool,
+    /// How they are timed: repetitions, windows and the time budget per kernel
+    /// ([`BenchSpec`]; its `shape_index` is set per job to the largest train shape). The naive
+    /// kernel and the torch reference are timed with the same settings, so a speedup compares
+    /// like with like.
+    pub timing: BenchSpec,
     /// [`check_full`] times the task's naive kernel in a runner of its own when `baselines`
     /// has no naive timing for the task yet; `false` for a caller that judges the naive kernel
     /// itself among its candidates (`validate`) and fills the speedup from it.
@@ -406,7 +411,7 @@ pub fn check_full(
                 sizes: t.sizes.clone(),
             },
             compiler,
-            opts.wall,
+            (opts.wall, &opts.timing),
         );
         if let Outcome::Done(r) = pool.run(&job, opts.wall) {
             record(baselines, &spec.id, |b| &mut b.naive, r.timing.as_ref());
@@ -442,20 +447,24 @@ fn record(
     }
 }
 
-/// A job that times the naive kernel built at `so` on `shape` alone (the speedup baseline).
+/// A job that times the naive kernel built at `so` on `shape` alone (the speedup baseline),
+/// with `timing`'s settings.
 fn naive_job(
     spec: &TaskSpec,
     so: String,
     shape: ShapeCase,
     compiler: &Compiler,
-    wall: Duration,
+    (wall, timing): (Duration, &BenchSpec),
 ) -> RunJob {
     RunJob {
         so_path: Some(so),
         task: spec.clone(),
         shapes: vec![shape],
         seeds: vec![],
-        bench: Some(BenchSpec::default()),
+        bench: Some(BenchSpec {
+            shape_index: 0,
+            ..timing.clone()
+        }),
         torch_baseline: false,
         cudart: compiler.nvcc.cudart().map(|p| p.display().to_string()),
         wall_s: Some(wall.as_secs_f64()),
@@ -569,7 +578,7 @@ fn tests_then(
         seeds,
         bench: timed.map(|_| BenchSpec {
             shape_index: bench_idx,
-            ..BenchSpec::default()
+            ..opts.timing.clone()
         }),
         torch_baseline: timed.is_some_and(|b| known(b, &spec.id).torch.is_none()),
         cudart: cudart.clone(),
@@ -599,7 +608,7 @@ fn tests_then(
         // Timing jobs carry the bench shape alone.
         bench: BenchSpec {
             shape_index: 0,
-            ..BenchSpec::default()
+            ..opts.timing.clone()
         },
         naive_source: naive_source.map(str::to_string),
         is_naive,
@@ -844,7 +853,13 @@ pub fn time_batch(
             {
                 let job = RunJob {
                     upcoming: n - 1 - k,
-                    ..naive_job(&p.spec, so.clone(), p.shape.clone(), compiler, p.wall)
+                    ..naive_job(
+                        &p.spec,
+                        so.clone(),
+                        p.shape.clone(),
+                        compiler,
+                        (p.wall, &p.bench),
+                    )
                 };
                 if let Outcome::Done(r) = run(pool, job) {
                     record(baselines, &p.spec.id, |b| &mut b.naive, r.timing.as_ref());

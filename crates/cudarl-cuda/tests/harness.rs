@@ -638,6 +638,7 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
         hidden_seeds: vec![],
         wall: Duration::from_secs(30),
         bench: false,
+        timing: cudarl_cuda::gpu::BenchSpec::default(),
         time_naive: false,
         profile: false,
     };

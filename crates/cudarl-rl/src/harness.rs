@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
+use cudarl_cuda::gpu::BenchSpec;
 use cudarl_cuda::schedule::{GpuJob, Scheduler, Step};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_cuda::verdict::{Baselines, FullOptions, hidden_seeds};
@@ -42,8 +43,8 @@ pub struct Harness {
     /// `cuobjdump` for SASS, when found.
     pub cuobjdump: Option<PathBuf>,
     /// `cuobjdump -sass` output by shared-object digest (`None`: it failed), filled by
-    /// prefetches while the batch still decodes and by [`Tester::test_many`]; the same kernel
-    /// sampled twice is disassembled once.
+    /// [`Tester::test_many`] for the builds whose SASS can change their reward
+    /// ([`crate::reward::sass_decides`]); the same kernel sampled twice is disassembled once.
     pub sass_cache: SassCache,
     /// Seconds in the harness.
     pub seconds: f64,
@@ -59,26 +60,29 @@ pub struct Harness {
     /// The Nsight Compute profile pass after each correct candidate's timing
     /// ([`FullOptions::profile`]).
     pub profile: bool,
+    /// How correct candidates, the naive kernels and the torch references are timed
+    /// ([`FullOptions::timing`]; default [`BenchSpec::default`], a 100 ms budget per kernel).
+    pub timing: BenchSpec,
 }
 
-/// SASS text by shared-object digest, shared with background prefetches.
+/// SASS text by shared-object digest, shared with the disassembly jobs.
 pub type SassCache = std::sync::Arc<std::sync::Mutex<BTreeMap<Digest, Option<String>>>>;
 
 /// Wall-clock seconds of [`Harness::test_many`] by phase. The phases overlap
 /// ([`cudarl_cuda::schedule`]): the GPU testers take each candidate as soon as it is built and
-/// `cuobjdump` runs beside them, so the harness's seconds are about max(compile, the start of
-/// the first GPU job + gpu, sass).
+/// `cuobjdump` runs beside them on the builds whose verdict needs it, so the harness's seconds
+/// are about max(compile, the start of the first GPU job + gpu, sass).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HarnessPhases {
     /// From the start until the last build was done: waiting for prefetched builds still
-    /// running (a prefetch disassembles its build before it answers), then static checks and
-    /// nvcc for the rest (all cores).
+    /// running, then static checks and nvcc for the rest (all cores).
     pub compile: f64,
     /// From the start of the first GPU job to the end of the last (tests on every pool at
     /// once, timing alone under the GPU lock).
     pub gpu: f64,
-    /// From the start until the last `cuobjdump -sass` answered (the reward's SASS bonuses;
-    /// builds a prefetch disassembled are cache hits), on the rayon pool as the builds finish.
+    /// From the start until the last `cuobjdump -sass` answered (the reward's SASS bonuses, for
+    /// the builds whose verdict leaves them open), on the rayon pool as the verdicts arrive; 0
+    /// when no build needed its SASS.
     pub sass: f64,
 }
 
@@ -153,6 +157,7 @@ impl Harness {
             prefetched: Default::default(),
             prefetch_hits: 0,
             profile: false,
+            timing: BenchSpec::default(),
         })
     }
 
@@ -203,7 +208,7 @@ pub fn find_cuobjdump(nvcc: &Path) -> Option<PathBuf> {
 
 /// `cuobjdump -sass` of the shared object with digest `so` in the store (`None`: no
 /// cuobjdump, no store, or cuobjdump failed), cached by digest. About 0.75 s per call on the
-/// H100 machine's CPU.
+/// H100 machine's CPU, 0.5 s of CPU on a 2-core host (nvdisasm's start-up; a build is about 1 s).
 fn sass_of(
     exe: Option<&Path>,
     store: Option<&Store>,
@@ -214,7 +219,14 @@ fn sass_of(
     if let Some(s) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&so) {
         return s.clone();
     }
-    let sass = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    // cuobjdump runs nvdisasm, found on PATH or through NVDISASM_PATH: the one beside it first.
+    if let Some(dir) = exe.parent().filter(|d| d.join("nvdisasm").is_file())
+        && std::env::var_os("NVDISASM_PATH").is_none()
+    {
+        cmd.env("NVDISASM_PATH", dir);
+    }
+    let sass = cmd
         .arg("-sass")
         .arg(store.blob_path(&so))
         .output()
@@ -269,17 +281,34 @@ impl Tester for Harness {
             sass_cache,
             phases,
             profile,
+            timing,
             ..
         } = self;
         let gpu = !pools.is_empty();
         let sched = Scheduler::new(rules, compiler, baselines);
-        // SASS for the reward's bonuses (one cuobjdump process per compiled candidate not
-        // disassembled yet; one after another they were most of the harness's time: 135 of
-        // 146 s in an H100 eval of 180 candidates): a rayon job per build as it finishes, on
-        // every core while the GPU testers run. The jobs never wait inside the pool (a pool
-        // thread blocked on a channel could starve the builds that feed it); their answers are
-        // gathered on this thread once the scheduler is done.
+        // SASS for the reward's bonuses, only of builds whose SASS can change the reward
+        // ([`crate::reward::sass_decides`]: the gate passed and the source leaves the bonus
+        // open), once their verdict is known: a rayon job per such build, on every core while
+        // the GPU testers go on. The jobs never wait inside the pool (a pool thread blocked on
+        // a channel could starve the builds that feed it); their answers are gathered on this
+        // thread once the scheduler is done.
         let (stx, srx) = channel::<(usize, Option<String>, Instant)>();
+        let stx = Mutex::new(stx);
+        let disassemble = |i: usize, v: &Verdict| {
+            let Some(so) = built(v).filter(|_| crate::reward::sass_decides(items[i].1, v)) else {
+                return;
+            };
+            let (exe, store, cache) = (
+                cuobjdump.clone(),
+                compiler.store.clone(),
+                sass_cache.clone(),
+            );
+            let tx = stx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            rayon::spawn(move || {
+                let sass = sass_of(exe.as_deref(), store.as_ref(), &cache, so);
+                let _ = tx.send((i, sass, Instant::now()));
+            });
+        };
         let compile = |i: usize| -> Result<Step<'_>, String> {
             let (t, c) = items[i];
             let taken = prefetched[i]
@@ -290,19 +319,8 @@ impl Tester for Harness {
                 Some(v) => v?,
                 None => check_compile_only(t, c, rules, compiler).map_err(|e| e.to_string())?,
             };
-            if let Some(so) = built(&v) {
-                let (exe, store, cache) = (
-                    cuobjdump.clone(),
-                    compiler.store.clone(),
-                    sass_cache.clone(),
-                );
-                let tx = stx.clone();
-                rayon::spawn(move || {
-                    let sass = sass_of(exe.as_deref(), store.as_ref(), &cache, so);
-                    let _ = tx.send((i, sass, Instant::now()));
-                });
-            }
             if !(v.compiled && gpu) {
+                disassemble(i, &v);
                 return Ok(Step::Done(v));
             }
             Ok(Step::Gpu(GpuJob {
@@ -314,13 +332,17 @@ impl Tester for Harness {
                     hidden_seeds: hidden_seeds(salt, &t.id, c, *hidden),
                     wall: *wall,
                     bench: true,
+                    timing: timing.clone(),
                     time_naive: true,
                     profile: *profile,
                 },
             }))
         };
         let judged = sched
-            .run(pools, None, items.len(), compile, |_, _| Ok(()))
+            .run(pools, None, items.len(), compile, |i, v| {
+                disassemble(i, v);
+                Ok(())
+            })
             .map_err(|e| e.into_caller(|h| h.to_string()));
         drop(stx);
         // Every job holds a sender until it has answered: the channel ends with the last one.
@@ -363,13 +385,8 @@ impl Tester for Harness {
         let (tx, rx) = std::sync::mpsc::channel();
         let (t, c) = (task.clone(), code.to_string());
         let (rules, compiler) = (self.rules.clone(), self.compiler.clone());
-        let (exe, cache) = (self.cuobjdump.clone(), self.sass_cache.clone());
         rayon::spawn(move || {
             let v = check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string());
-            // Its SASS too, while the batch still decodes.
-            if let Some(so) = v.as_ref().ok().and_then(built) {
-                sass_of(exe.as_deref(), compiler.store.as_ref(), &cache, so);
-            }
             let _ = tx.send(v);
         });
         self.prefetched.insert(key, rx);
@@ -381,7 +398,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_streams_to_the_testers_and_every_build_gets_its_sass() {
+    fn a_batch_streams_to_the_testers_and_only_builds_whose_reward_needs_it_are_disassembled() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
             return;
@@ -404,8 +421,21 @@ mod tests {
         let task = TaskSpec::load(&root.join("datasets/tasks/vector_add")).unwrap();
         let naive =
             std::fs::read_to_string(root.join("datasets/tasks/vector_add/naive.cu")).unwrap();
+        // Even variants as written (coalesced by their source: no SASS can change their
+        // reward); odd ones with a warp shuffle, which only the SASS can confirm.
+        let shuffled = naive.replace(
+            "out[i] = a[i] + b[i];",
+            "float s = a[i] + __shfl_down_sync(0xffffffffu, a[i], 1); out[i] = s - __shfl_down_sync(0xffffffffu, a[i], 1) + b[i];",
+        );
+        assert_ne!(
+            shuffled, naive,
+            "the naive kernel's body changed: update this test"
+        );
         let codes: Vec<String> = (0..8)
-            .map(|i| format!("{naive}\n// variant {i}\n"))
+            .map(|i| {
+                let base = if i % 2 == 0 { &naive } else { &shuffled };
+                format!("{base}\n// variant {i}\n")
+            })
             .collect();
         // Some builds started as prefetches (as while a batch decodes), the rest cold.
         for c in &codes[..3] {
@@ -417,23 +447,45 @@ mod tests {
         }
         // A watchdog: a scheduler that deadlocks fails the test instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
+        let sent = codes.clone();
         std::thread::spawn(move || {
-            let items: Vec<(&TaskSpec, &str)> = codes.iter().map(|c| (&task, c.as_str())).collect();
-            let _ = tx.send((h.test_many(&items), h.prefetch_hits));
+            let items: Vec<(&TaskSpec, &str)> = sent.iter().map(|c| (&task, c.as_str())).collect();
+            let _ = tx.send((h.test_many(&items), h.prefetch_hits, h.sass_cache));
         });
-        let (out, hits) = rx
+        let (out, hits, cache) = rx
             .recv_timeout(Duration::from_secs(300))
             .expect("test_many answered within 300 s");
         let out = out.unwrap();
         assert_eq!(out.len(), 8);
         assert_eq!(hits, 3, "the prefetched builds were used");
-        for (v, sass) in &out {
+        for (k, (v, sass)) in out.iter().enumerate() {
             assert!(v.compiled, "{v:?}");
             assert_eq!(v.mode, "full", "tested by a GPU tester: {v:?}");
-            if has_cuobjdump {
-                let s = sass.as_deref().expect("SASS of a compiled build");
-                assert!(s.contains("vector_add"), "{s}");
+            let needs = crate::reward::sass_decides(&codes[k], v);
+            assert_eq!(needs, k % 2 == 1, "variant {k}: {v:?}");
+            if !needs {
+                assert!(sass.is_none(), "variant {k} was disassembled for nothing");
+            } else if has_cuobjdump {
+                let s = sass
+                    .as_deref()
+                    .expect("SASS of a build whose reward needs it");
+                assert!(s.contains("SHFL"), "{s}");
             }
+        }
+        // Exactly the builds that needed it went through cuobjdump (the cache holds one entry
+        // per disassembled build; equal builds share one).
+        let needed: std::collections::BTreeSet<Digest> = out
+            .iter()
+            .enumerate()
+            .filter(|(k, (v, _))| crate::reward::sass_decides(&codes[*k], v))
+            .filter_map(|(_, (v, _))| v.so_hash)
+            .collect();
+        let disassembled: std::collections::BTreeSet<Digest> =
+            cache.lock().unwrap().keys().copied().collect();
+        if has_cuobjdump {
+            assert_eq!(disassembled, needed);
+        } else {
+            assert!(disassembled.is_empty());
         }
     }
 }

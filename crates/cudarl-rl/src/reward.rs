@@ -19,7 +19,8 @@
 //! `mode = compile-only`.
 //!
 //! The bonuses are decided from the candidate's code (comments and strings stripped) and, when
-//! `cuobjdump` can read the compiled shared object, from its SASS: warp shuffle needs a
+//! `cuobjdump` can read the compiled shared object and its SASS can change them
+//! ([`sass_decides`]), from its SASS: warp shuffle needs a
 //! `__shfl*_sync` call in the source and, with SASS, a `SHFL` instruction; coalesced access
 //! needs the canonical thread index (`blockIdx.x * blockDim.x + threadIdx.x`) or vector types
 //! (`float4`, `__half2`, ...) in the source, or with SASS 64/128-bit global loads
@@ -258,6 +259,26 @@ pub fn source_features(code: &str) -> (bool, bool) {
     (shfl, (canonical || vector) && !strided)
 }
 
+/// Whether the SASS of `verdict`'s build can change the bonuses [`score`] gives `code`: the
+/// gate can pass (compiled; in full mode also correct) with no hack flag, and the source leaves
+/// something for the SASS to decide (a `__shfl*_sync` call, whose `SHFL` the SASS must confirm,
+/// or code that is not coalesced by its source alone and whose index is not strided, which
+/// 64/128-bit global loads in the SASS would make coalesced). For every other candidate
+/// [`score`] gives the same reward with or without the SASS, so the harness disassembles only
+/// these (a `cuobjdump -sass` costs about 0.5 to 0.75 s of CPU, as much as half a build): the
+/// RL harness's compile phase fell from 9.4 to 4.9 s a step in the main job on an H200
+/// (`benchmarks/results/main_job_h200_2026-11-27_sass_on_demand.json`).
+pub fn sass_decides(code: &str, verdict: &Verdict) -> bool {
+    let gate = verdict.compiled
+        && (verdict.mode != "full" || verdict.correct == Some(true))
+        && verdict.hack_flags.is_empty();
+    if !gate {
+        return false;
+    }
+    let (shfl, coal) = source_features(code);
+    shfl || (!coal && s_coal_not_strided(code))
+}
+
 /// SASS-level evidence: `(shuffle instruction, 64/128-bit global loads)`.
 pub fn sass_features(sass: &str) -> (bool, bool) {
     (
@@ -454,6 +475,48 @@ pub(crate) mod tests {
         let mut slow = v.clone();
         slow.speedup_vs_naive = Some(0.5);
         assert!((score(&c, Some(PLAIN), Some(&slow), None).reward - 0.55).abs() < 1e-12);
+    }
+
+    /// Where [`sass_decides`] says no, every SASS gives the reward that no SASS gives; where it
+    /// says yes, some SASS changes it (so skipping the disassembly there would change rewards).
+    #[test]
+    fn the_sass_is_read_only_where_it_can_change_the_reward() {
+        let c = cfg();
+        let gather = "__global__ void k(const float* a, const int* idx, float* o, int n) { int i = blockIdx.y * 7 + threadIdx.x; o[i] = a[idx[i]]; }";
+        let strided = "__global__ void k(const float* a, float* o) { int i = threadIdx.x * 32; o[i] = a[i]; }";
+        let vector =
+            "__global__ void k(const float4* a, float4* o) { o[threadIdx.x] = a[threadIdx.x]; }";
+        let mut correct = verdict("full", true, Some(true));
+        correct.tests = tests(4, 4);
+        correct.speedup_vs_naive = Some(2.0);
+        let mut flagged = correct.clone();
+        flagged.hack_flags = vec!["beats_roofline".into()];
+        let verdicts = [
+            correct,
+            flagged,
+            verdict("full", true, Some(false)),
+            verdict("compile-only", true, None),
+            verdict("compile-only", false, None),
+        ];
+        let sass = ["", "SHFL.DOWN", "LDG.E.128", "SHFL.BFLY LDG.E.64"];
+        let mut decided = 0;
+        for code in [PLAIN, SHFL, gather, strided, vector] {
+            for v in &verdicts {
+                let bare = score(&c, Some(code), Some(v), None).reward;
+                let differs = sass
+                    .iter()
+                    .any(|s| score(&c, Some(code), Some(v), Some(s)).reward != bare);
+                assert_eq!(
+                    differs,
+                    sass_decides(code, v),
+                    "{code} with {} {:?}",
+                    v.mode,
+                    v.correct
+                );
+                decided += usize::from(differs);
+            }
+        }
+        assert!(decided >= 4, "the cases reach both answers");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! `cudarl_protocol`'s; an answer that does not parse as one is an error, never a default.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
@@ -125,11 +126,25 @@ impl TrainerClient {
         let log = dir.join("trainer.log");
         let err = std::fs::File::create(&log).map_err(|e| RlError::Failed(e.to_string()))?;
         let exe = trainer_exe();
-        let mut child = Command::new(&exe)
-            .arg(&jp)
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&jp)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(err)
+            // Its own process group: a terminal's Ctrl-C reaches the CLI alone, which stops the
+            // run after the step in flight (cudarl_core::interrupt) and then ends the trainer.
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; the child dies with the thread that started it
+        // (SIGKILL), so a CLI that exits at once (a second Ctrl-C) leaves no trainer behind.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .spawn()
             .map_err(|e| RlError::Failed(format!("start {}: {e}", exe.display())))?;
         let stdin = child.stdin.take().expect("piped");
@@ -280,6 +295,17 @@ impl TrainerClient {
         let line = serde_json::to_string(&Request::Quit).expect("a request serializes");
         let _ = writeln!(self.stdin, "{line}");
         let _ = self.stdin.flush();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for TrainerClient {
+    /// A client dropped without [`TrainerClient::quit`] (a failed or interrupted stage) ends
+    /// its trainer and reaps it.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }

@@ -614,6 +614,7 @@ async fn judge(
             hidden_seeds: hidden_seeds(&s.salt, &task.spec.id, &source, 2),
             wall: s.gpu_wall,
             bench: true,
+            timing: cudarl_cuda::gpu::BenchSpec::default(),
             time_naive: true,
             profile: false,
         };

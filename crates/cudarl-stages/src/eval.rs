@@ -397,8 +397,7 @@ impl Stage for Eval {
         let cfg = p.rl.reward_config(ctx)?;
         let ts = load_tasks(ctx)?;
         let device = resolve_device(p.rl.device);
-        let mut h = harness(ctx, p.rl.mode, p.rl.timeout_s, ts.naive.clone())?;
-        h.profile = p.rl.profile;
+        let mut h = harness(ctx, &p.rl, ts.naive.clone())?;
         let mode = h.mode();
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();

@@ -206,6 +206,17 @@ pub struct Params {
     /// Seconds per GPU job.
     #[serde(default = "d_timeout")]
     pub timeout_s: u64,
+    /// Time spent timing each correct candidate (and each task's naive kernel and torch
+    /// reference), ms: [`cudarl_cuda::gpu::BenchSpec::budget_ms`]; timing stops earlier once the
+    /// per-launch times vary by less than 2%. The GPU times one kernel at a time, so this
+    /// bounds the GPU phase of a step. Absent: the harness's 100 ms, left out of the key;
+    /// `pipelines/default.toml` gives `rl-train` 30 (the reward's speedup term is a log over a
+    /// factor of 8, so a few per cent of timing noise moves it by less than 0.01). With it and
+    /// the SASS read only where it can change a reward, a 64-episode step took 10.7 s on
+    /// average over 71 steps on an H200, against 14.4 s
+    /// (`benchmarks/results/rl_resume_h200_2026-11-27.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing_budget_ms: Option<f64>,
     /// Seed (task draws and sampling).
     #[serde(default)]
     pub seed: u64,
@@ -264,7 +275,7 @@ impl Params {
     /// # Errors
     /// `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
     /// `generator_credit = "own"` with PPO, `epochs` 0, a negative `ptx_coef`, `ptx_batch` 0, a
-    /// `target_kl` not above 0.
+    /// `target_kl` or `timing_budget_ms` not above 0.
     pub fn check(&self) -> Result<(), String> {
         let unit = 0.0..=1.0;
         let grpo = self.algorithm == Algorithm::Grpo;
@@ -294,6 +305,11 @@ impl Params {
             (
                 self.target_kl.is_some_and(|t| !(t > 0.0 && t.is_finite())),
                 "target_kl must be a positive number of nats per token",
+            ),
+            (
+                self.timing_budget_ms
+                    .is_some_and(|t| !(t > 0.0 && t.is_finite())),
+                "timing_budget_ms must be a positive number of milliseconds",
             ),
         ];
         match bad.iter().find(|(b, _)| *b) {
@@ -415,13 +431,18 @@ impl Params {
 /// The harness for `mode`: full on a GPU unless [`Mode::Compile`].
 pub(crate) fn harness(
     ctx: &StageContext<'_>,
-    mode: Mode,
-    timeout_s: u64,
+    p: &Params,
     naive: BTreeMap<String, String>,
 ) -> Result<Harness, StageError> {
     let compiler = crate::common::store_compiler(ctx)?;
-    let gpu = mode != Mode::Compile && cudarl_cuda::gpu::probe().is_some();
-    Harness::new(compiler, gpu, Duration::from_secs(timeout_s), naive).map_err(StageError::Failed)
+    let gpu = p.mode != Mode::Compile && cudarl_cuda::gpu::probe().is_some();
+    let mut h = Harness::new(compiler, gpu, Duration::from_secs(p.timeout_s), naive)
+        .map_err(StageError::Failed)?;
+    h.profile = p.profile;
+    if let Some(ms) = p.timing_budget_ms {
+        h.timing.budget_ms = ms;
+    }
+    Ok(h)
 }
 
 /// The `mode` environment entry: `full` when a GPU will run the tests.

@@ -216,10 +216,12 @@ impl Checkpoints {
     }
 
     /// After `step` of a run of `steps`: saves the trainer's and the stage's state when `step`
-    /// is a multiple of `every` or the last one.
+    /// is a multiple of `every` or the last one, or when a stop was requested
+    /// ([`cudarl_core::interrupt`]), which then ends the stage.
     ///
     /// # Errors
-    /// The trainer's or the store's errors (named).
+    /// The trainer's or the store's errors (named); [`StageError::Interrupted`] after the save
+    /// when a stop was requested and steps remain.
     pub fn after_step<S: Serialize, T: Serialize>(
         &mut self,
         ctx: &StageContext<'_>,
@@ -228,12 +230,35 @@ impl Checkpoints {
         stage: &S,
         turns: &[T],
     ) -> Result<(), StageError> {
+        let stop = cudarl_core::interrupt::requested() && step < steps;
+        if self.progress.is_some() && (stop || step % self.every == 0 || step == steps) {
+            self.save(ctx, tc, step, stage, turns)?;
+        }
+        if stop {
+            return Err(StageError::Interrupted(match &self.progress {
+                Some(_) => format!(
+                    "stopped after step {step} of {steps}; its progress is saved and a rerun continues from there"
+                ),
+                None => format!(
+                    "stopped after step {step} of {steps}; nothing saved (checkpoint_every = 0)"
+                ),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Saves the trainer's and the stage's state after `step` as the run's latest entry.
+    fn save<S: Serialize, T: Serialize>(
+        &mut self,
+        ctx: &StageContext<'_>,
+        tc: &mut TrainerClient,
+        step: usize,
+        stage: &S,
+        turns: &[T],
+    ) -> Result<(), StageError> {
         let Some(pr) = &self.progress else {
             return Ok(());
         };
-        if step % self.every != 0 && step != steps {
-            return Ok(());
-        }
         let t0 = Instant::now();
         let (prev_step, prev_dir, from) = match &self.last {
             Some((s, d, n)) => (*s, Some(d.as_path()), *n),

@@ -475,8 +475,7 @@ impl Stage for RlTrain {
             ));
         }
         let device = resolve_device(p.device);
-        let mut h = harness(ctx, p.mode, p.timeout_s, ts.naive.clone())?;
-        h.profile = p.profile;
+        let mut h = harness(ctx, p, ts.naive.clone())?;
         let mode = h.mode();
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
@@ -511,6 +510,7 @@ impl Stage for RlTrain {
         let bar = ctx.progress("steps", Some(p.steps as u64));
         bar.inc(st.step as u64);
         for step in st.step + 1..=p.steps {
+            cudarl_core::fault_point(ctx.node(), "before-step");
             let cur = &mut st.curriculum;
             let pool: Vec<&TaskSpec> = families
                 .iter()

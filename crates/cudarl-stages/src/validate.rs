@@ -622,6 +622,7 @@ impl TaskKernels<'_> {
                 ),
                 wall: Duration::from_secs(self.params.timeout_s),
                 bench: self.params.bench,
+                timing: cudarl_cuda::gpu::BenchSpec::default(),
                 // The naive kernels are rows here: their own timings give the speedups.
                 time_naive: false,
                 profile: false,

@@ -255,6 +255,7 @@ fn check_native(
                 hidden_seeds: hidden_seeds(&salt, task_id, src, 2),
                 wall: Duration::from_secs(timeout),
                 bench,
+                timing: cudarl_cuda::gpu::BenchSpec::default(),
                 time_naive: true,
                 profile,
             };

@@ -272,6 +272,13 @@ fn run(
 ) -> Result<i32, CliError> {
     let reporter = Arc::new(CliReporter::detect(json));
     let engine = ctx.engine(reporter, jobs)?;
+    // SIGINT/SIGTERM: no further node starts, rl-train saves after its step in flight; a
+    // second signal ends the process at once (exit 130).
+    if !opts.dry_run
+        && let Err(e) = cudarl_core::interrupt::install()
+    {
+        eprintln!("warning: no SIGINT/SIGTERM handlers ({e}): an interrupt ends the run at once");
+    }
     let summary = engine.run(targets, &opts)?;
     for r in &summary.records {
         if json {
@@ -280,7 +287,13 @@ fn run(
             println!("{}", human_record(r));
         }
     }
-    Ok(summary.exit_code())
+    let code = summary.exit_code();
+    if code == cudarl_core::interrupt::EXIT_CODE {
+        eprintln!(
+            "interrupted: nodes that finished are stored, the rest did not start or stopped early; run again to continue"
+        );
+    }
+    Ok(code)
 }
 
 fn status(ctx: &Ctx, targets: &[String], json: bool) -> Result<i32, CliError> {

@@ -1,0 +1,46 @@
+//! SIGINT and SIGTERM as a request to stop at the next safe point.
+//!
+//! After [`install`], the first SIGINT or SIGTERM only sets a flag: the engine starts no further
+//! node ([`crate::Engine::run`] records them `skipped`), and a long stage that can stop between
+//! units of work asks [`requested`] there (`rl-train` saves its progress after the step in
+//! flight and ends with [`crate::StageError::Interrupted`]); the run then exits with
+//! [`EXIT_CODE`]. A second signal ends the process at once with the same code, as a user who
+//! presses Ctrl-C twice expects. Nothing a stage writes is published before its manifest, so
+//! either way the store stays consistent (docs/architecture.md, "Interrupts").
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// The exit code of an interrupted run: 128 + SIGINT, the shell's convention.
+pub const EXIT_CODE: i32 = 130;
+
+fn flag() -> &'static Arc<AtomicBool> {
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)))
+}
+
+/// Installs the handlers for SIGINT and SIGTERM (idempotent in effect: a second call adds
+/// handlers that do the same).
+///
+/// # Errors
+/// The handlers cannot be registered.
+pub fn install() -> io::Result<()> {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registered first, so it sees the flag as the previous signal left it: set means
+        // this is the second signal.
+        signal_hook::flag::register_conditional_shutdown(sig, EXIT_CODE, Arc::clone(flag()))?;
+        signal_hook::flag::register(sig, Arc::clone(flag()))?;
+    }
+    Ok(())
+}
+
+/// Whether a stop was requested (a signal since [`install`], or [`request`]).
+pub fn requested() -> bool {
+    flag().load(Ordering::SeqCst)
+}
+
+/// Requests a stop as a signal would (tests; an embedding program's own stop).
+pub fn request() {
+    flag().store(true, Ordering::SeqCst);
+}
