@@ -12,7 +12,7 @@
 #   GRACE_S   seconds from the SIGTERM to the SIGKILL (default 45)
 #   FRESH=1   starts over on an empty store
 # Each invocation appends one line to $D/commands.jsonl (the saved step before and after, its
-# seconds, the exit code) and copies it to $OUT; the invocation that finishes also writes
+# seconds, the exit code: 0 finished, 130 stopped by the SIGTERM after saving, 137 killed) and copies it to $OUT; the invocation that finishes also writes
 # $OUT/rl_resume.json: the commands, rl-train's metrics and the node's stats.
 set -uo pipefail
 D=/tmp/cudarl-resume
@@ -44,7 +44,7 @@ saved() {
 n=$(( $(wc -l < "$D/commands.jsonl" 2>/dev/null || echo 0) + 1 ))
 before=$(saved); [ -n "$before" ] || before=0
 t0=$(date +%s.%N)
-timeout -s TERM -k "$GRACE_S" "$BUDGET_S" "$B/cudarl-pipe" --root . --store "$D/store" run rl-train \
+timeout --preserve-status -s TERM -k "$GRACE_S" "$BUDGET_S" "$B/cudarl-pipe" --root . --store "$D/store" run rl-train \
   --set "rl-train.steps=$STEPS" --json > "$D/run_$n.jsonl" 2> "$D/run_$n.err"
 rc=$?
 t1=$(date +%s.%N)
