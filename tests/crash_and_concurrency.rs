@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use common::*;
@@ -27,29 +26,13 @@ fn assert_cas_consistent(p: &Project) {
 }
 
 fn kill_at(p: &Project, point: &str) {
-    let mut child = p
-        .cmd(&["run", "curriculum", "-j", "1"])
-        .env("CUDARL_FAULT", format!("curriculum:{point}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let mut seen = false;
-    for line in BufReader::new(err).lines() {
-        let line = line.unwrap();
-        if line.starts_with("CUDARL_FAULT_PAUSED curriculum") {
-            seen = true;
-            break;
-        }
-    }
-    assert!(seen, "child never reached the fault point");
-    // SIGKILL: no destructors, no cleanup, like a crash or an OOM kill.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
-    let st = child.wait().unwrap();
-    assert!(!st.success());
+    let (said, code) = stop_at_fault(
+        p,
+        &["run", "curriculum", "-j", "1"],
+        &format!("curriculum:{point}"),
+        libc::SIGKILL,
+    );
+    assert_eq!(code, 128 + libc::SIGKILL, "{said}");
 }
 
 #[test]
@@ -83,6 +66,39 @@ fn killed_mid_write_leaves_store_consistent() {
         assert!(g["tmp_removed"].as_u64().unwrap() >= 1, "{point}: {g}");
         assert_eq!(std::fs::read_dir(p.store().join("tmp")).unwrap().count(), 0);
     }
+}
+
+#[test]
+fn an_interrupt_lets_the_running_node_finish_and_starts_no_other() {
+    let p = Project::new();
+    // SIGTERM while `synth-tasks` is about to run, one node at a time: it finishes and is
+    // stored, no node after it starts, the run says so and exits 130.
+    let (said, code) = stop_at_fault(
+        &p,
+        &["run", "curriculum", "-j", "1"],
+        "synth-tasks:before-run",
+        libc::SIGTERM,
+    );
+    assert_eq!(code, 130, "{said}");
+    for node in ["validate", "curriculum"] {
+        assert!(
+            said.contains(&format!("stopped {node}: not started: interrupted")),
+            "{said}"
+        );
+    }
+    assert!(
+        said.contains("interrupted: nodes that finished are stored"),
+        "{said}"
+    );
+    let (_, st) = p.run_json(&["status", "curriculum"]);
+    assert_eq!(status_of(&st, "synth-tasks"), "fresh");
+    assert_eq!(status_of(&st, "curriculum"), "missing");
+    assert_cas_consistent(&p);
+    // Run again: what finished is cached, the rest runs.
+    let (c, m) = p.run_json(&["run", "curriculum"]);
+    assert_eq!(c, 0);
+    assert_eq!(status_of(&m, "synth-tasks"), "cached");
+    assert_eq!(status_of(&m, "curriculum"), "ran");
 }
 
 #[test]

@@ -888,47 +888,13 @@ fn determined(rows: &[Value]) -> Vec<Vec<Value>> {
         .collect()
 }
 
-/// `run rl-train` with the fault `rl-train:<point>`, stopped when it pauses there: by `signal`
-/// (SIGKILL: a crash or the end of a command's time; SIGTERM: a stop request). Returns its
-/// stderr up to the pause and, after the signal, its exit status and the rest of its stderr.
+/// `run rl-train --set ...` stopped by `signal` when it pauses at `rl-train:<point>`.
 fn stopped_at(p: &Project, sets: &[String], point: &str, signal: i32) -> (String, i32) {
     let mut args = vec!["run", "rl-train"];
     for s in sets {
         args.extend(["--set", s.as_str()]);
     }
-    let mut child = p
-        .cmd(&args)
-        .env("CUDARL_FAULT", format!("rl-train:{point}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = Vec::new();
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let paused = line.starts_with(&format!("CUDARL_FAULT_PAUSED rl-train {point}"));
-        said.push(line);
-        if paused {
-            break;
-        }
-    }
-    assert!(
-        said.last()
-            .is_some_and(|l| l.contains("CUDARL_FAULT_PAUSED")),
-        "{}",
-        said.join("\n")
-    );
-    // SAFETY: signals the child this test started.
-    unsafe {
-        libc::kill(child.id() as i32, signal);
-    }
-    said.extend(lines.map_while(Result::ok));
-    let status = child.wait().unwrap();
-    use std::os::unix::process::ExitStatusExt;
-    let code = status.code().unwrap_or(128 + status.signal().unwrap_or(0));
-    (said.join("\n"), code)
+    common::stop_at_fault(p, &args, &format!("rl-train:{point}"), signal)
 }
 
 #[test]

@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Stdio;
 
 use common::*;
 
@@ -162,8 +160,10 @@ fn a_killed_shard_loses_only_its_in_flight_rows() {
     let shared = tempfile::tempdir().unwrap();
     let cache = shared.path().join("cache");
     let p = machine(b"crash");
-    let mut child = p
-        .cmd(&[
+    // SIGKILL while other rows are compiling: like a machine that dies.
+    let (said, code) = stop_at_fault(
+        &p,
+        &[
             "run",
             "validate",
             "--set",
@@ -172,23 +172,11 @@ fn a_killed_shard_loses_only_its_in_flight_rows() {
             "0/1",
             "--shared-cache",
             cache.to_str().unwrap(),
-        ])
-        .env("CUDARL_FAULT", "validate:after-row")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let seen = BufReader::new(err)
-        .lines()
-        .map_while(Result::ok)
-        .any(|l| l.starts_with("CUDARL_FAULT_PAUSED validate after-row"));
-    assert!(seen, "the shard never finished a row");
-    // SIGKILL while other rows are compiling: like a machine that dies.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGKILL);
-    }
-    assert!(!child.wait().unwrap().success());
+        ],
+        "validate:after-row",
+        libc::SIGKILL,
+    );
+    assert_eq!(code, 128 + libc::SIGKILL, "{said}");
     // The row that reached the crash point survives; so may rows other workers finished
     // between that line and the kill (each of them then pauses at the same point).
     let survived = validate_rows(&cache);

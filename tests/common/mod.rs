@@ -251,3 +251,45 @@ pub fn forward_candidate(p: &Project, case: &str) -> PathBuf {
     std::fs::write(&path, format!("{head}{}", rest.replace(CALL, &body))).unwrap();
     path
 }
+
+/// Runs the binary with `args` and the fault `fault` (`NODE:POINT`, `CUDARL_FAULT`), waits until
+/// it pauses there, sends it `signal` and waits for it to end (SIGKILL: a crash or the end of a
+/// command's time, no destructors; SIGTERM or SIGINT: a stop request). Returns its whole stderr
+/// and its exit code (128 + the signal when a signal ended it). Panics when it never pauses.
+pub fn stop_at_fault(p: &Project, args: &[&str], fault: &str, signal: i32) -> (String, i32) {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = p
+        .cmd(args)
+        .env("CUDARL_FAULT", fault)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let paused = format!("CUDARL_FAULT_PAUSED {}", fault.replacen(':', " ", 1));
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let at = line.starts_with(&paused);
+        said.push(line);
+        if at {
+            break;
+        }
+    }
+    assert!(
+        said.last().is_some_and(|l| l.starts_with(&paused)),
+        "never paused at {fault}:\n{}",
+        said.join("\n")
+    );
+    // SAFETY: signals the child this function started.
+    unsafe {
+        libc::kill(child.id() as i32, signal);
+    }
+    said.extend(lines.map_while(Result::ok));
+    let status = child.wait().unwrap();
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    (said.join("\n"), code)
+}

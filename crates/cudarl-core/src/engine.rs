@@ -735,7 +735,13 @@ impl Engine {
                         let mut r = NodeRecord::new(&node.name, &kind, cv, status)
                             .with_dirty(vec![DirtyReason::UpstreamStale { node: un.clone() }]);
                         if !st.opts.dry_run {
-                            r.error = Some(format!("upstream `{un}` did not complete"));
+                            // After a stop request an upstream node did not run for it.
+                            r.interrupted = crate::interrupt::requested();
+                            r.error = Some(if r.interrupted {
+                                "not started: interrupted".into()
+                            } else {
+                                format!("upstream `{un}` did not complete")
+                            });
                         }
                         return r;
                     }

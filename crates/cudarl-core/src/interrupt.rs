@@ -35,12 +35,7 @@ pub fn install() -> io::Result<()> {
     Ok(())
 }
 
-/// Whether a stop was requested (a signal since [`install`], or [`request`]).
+/// Whether a stop was requested (a signal since [`install`]).
 pub fn requested() -> bool {
     flag().load(Ordering::SeqCst)
-}
-
-/// Requests a stop as a signal would (tests; an embedding program's own stop).
-pub fn request() {
-    flag().store(true, Ordering::SeqCst);
 }

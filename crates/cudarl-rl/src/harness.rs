@@ -71,7 +71,10 @@ pub type SassCache = std::sync::Arc<std::sync::Mutex<BTreeMap<Digest, Option<Str
 /// Wall-clock seconds of [`Harness::test_many`] by phase. The phases overlap
 /// ([`cudarl_cuda::schedule`]): the GPU testers take each candidate as soon as it is built and
 /// `cuobjdump` runs beside them on the builds whose verdict needs it, so the harness's seconds
-/// are about max(compile, the start of the first GPU job + gpu, sass).
+/// are max(compile, the start of the first GPU job + gpu, sass). A turn's builds start together
+/// and finish within about a second of each other, so in the RL steps measured the first GPU
+/// job started near the end of the builds and the harness took about compile + gpu
+/// (`benchmarks/results/rl_resume_h200_2026-11-27.json`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HarnessPhases {
     /// From the start until the last build was done: waiting for prefetched builds still
@@ -293,7 +296,6 @@ impl Tester for Harness {
         // a channel could starve the builds that feed it); their answers are gathered on this
         // thread once the scheduler is done.
         let (stx, srx) = channel::<(usize, Option<String>, Instant)>();
-        let stx = Mutex::new(stx);
         let disassemble = |i: usize, v: &Verdict| {
             let Some(so) = built(v).filter(|_| crate::reward::sass_decides(items[i].1, v)) else {
                 return;
@@ -303,7 +305,7 @@ impl Tester for Harness {
                 compiler.store.clone(),
                 sass_cache.clone(),
             );
-            let tx = stx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let tx = stx.clone();
             rayon::spawn(move || {
                 let sass = sass_of(exe.as_deref(), store.as_ref(), &cache, so);
                 let _ = tx.send((i, sass, Instant::now()));
