@@ -11,6 +11,9 @@
 #   BUDGET_S  seconds before the SIGTERM (default 540)
 #   GRACE_S   seconds from the SIGTERM to the SIGKILL (default 45)
 #   FRESH=1   starts over on an empty store
+#   FROM_STORE a store to start from instead (hard-linked, e.g. the main job's
+#             /tmp/cudarl-main/store): its stages before rl-train are cached, and a run with
+#             more steps continues its shorter rl-train (docs/architecture.md, "Resuming")
 # Each invocation appends one line to $D/commands.jsonl (the saved step before and after, its
 # seconds, the exit code: 0 finished, 130 stopped by the SIGTERM after saving, 137 killed) and copies it to $OUT; the invocation that finishes also writes
 # $OUT/rl_resume.json: the commands, rl-train's metrics and the node's stats.
@@ -28,6 +31,7 @@ pkill -KILL -f "[/]tmp/cudarl-bin/cudarl-pipe" 2>/dev/null && sleep 1
 if [ "${FRESH:-0}" = 1 ] || [ ! -d "$D" ]; then
   rm -rf "$D"; mkdir -p "$D" "$B"
   for z in .carry/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
+  if [ -n "${FROM_STORE:-}" ]; then cp -al "$FROM_STORE" "$D/store"; rm -rf "$D/store/locks"; fi
 fi
 export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_TRAINER=$B/cudarl-pipe-train
 LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:${LD_LIBRARY_PATH:-}

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Instant;
 
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::compile::CompileError;
@@ -153,8 +152,10 @@ impl<'a> Scheduler<'a> {
     }
 
     /// Judges candidates `0..n`: `compile(i)` on every core (rayon) says what becomes of
-    /// candidate `i` ([`Step`]); compiled ones go to the first free tester (one thread per pool
-    /// in `testers`) as soon as they are built, and are timed in the tester or, with
+    /// candidate `i` ([`Step`]); for the candidates in `waits`, whose `compile` waits for a
+    /// build already running (started while their batch still decoded), on a thread each
+    /// outside the rayon pool, in the order their builds land ([`stream_to`]). Compiled ones go
+    /// to the first free tester (one thread per pool in `testers`) as soon as they are built, and are timed in the tester or, with
     /// [`TimingMode::Batched`] and a `timer` pool, in batches there. `done(i, verdict)` is
     /// called for every verdict the GPU produced, on the thread that finished it, before
     /// `run` returns. Returns every verdict, [`Step::Done`] ones included, as `(i, verdict)` in
@@ -168,6 +169,7 @@ impl<'a> Scheduler<'a> {
         testers: &mut [WorkerPool],
         timer: Option<&mut WorkerPool>,
         n: usize,
+        waits: &[usize],
         compile: C,
         done: D,
     ) -> Result<Vec<(usize, Verdict)>, ScheduleError<E>>
@@ -198,11 +200,11 @@ impl<'a> Scheduler<'a> {
             }
         };
         if testers.is_empty() {
-            (0..n).into_par_iter().try_for_each(|i| match produce(i)? {
-                None => Ok(()),
-                Some(_) => Err(ScheduleError::Harness(CompileError::Io(
+            // No tester: a candidate compiled for the GPU is the caller's mistake.
+            stream_to(&mut [()], n, waits, produce, |_, _: (usize, GpuJob<'j>)| {
+                Err::<(), _>(ScheduleError::Harness(CompileError::Io(
                     "a compiled candidate for the GPU, and no GPU tester".into(),
-                ))),
+                )))
             })?;
             return Ok(finals.into_inner().unwrap_or_else(|e| e.into_inner()));
         }
@@ -216,7 +218,7 @@ impl<'a> Scheduler<'a> {
                 let done = &done;
                 sc.spawn(move || self.time_batches(pool, trx, done))
             });
-            let tested = stream_to(&mut slots, n, produce, |slot, (i, job)| {
+            let tested = stream_to(&mut slots, n, waits, produce, |slot, (i, job)| {
                 self.test(slot, i, job, batched, &ttx, &done)
             });
             drop(ttx);

@@ -564,7 +564,10 @@ impl WorkerPool {
 
 /// The harness's scheduler: `produce(i)` for every `i < n` on every core (rayon: static checks
 /// and nvcc), each `Some` item handed at once to the GPU side, where [`drain_on`] runs `consume`
-/// on it in the first free slot, so the GPU works while nvcc builds the rest. Returns
+/// on it in the first free slot, so the GPU works while nvcc builds the rest. The items in
+/// `waits` are produced each on a thread of its own instead, outside the rayon pool: their
+/// `produce` may block on work already running elsewhere (a build started while the batch still
+/// decoded), and each is handed on as soon as it lands, in whatever order they land. Returns
 /// `consume`'s results in completion order (carry an index in the item to place them).
 ///
 /// # Errors
@@ -573,6 +576,7 @@ impl WorkerPool {
 pub fn stream_to<S, T, R, E, P, F>(
     slots: &mut [S],
     n: usize,
+    waits: &[usize],
     produce: P,
     consume: F,
 ) -> Result<Vec<R>, E>
@@ -586,15 +590,34 @@ where
 {
     use rayon::prelude::*;
     let (tx, rx) = std::sync::mpsc::channel::<T>();
+    let waiting: std::collections::BTreeSet<usize> =
+        waits.iter().copied().filter(|&i| i < n).collect();
+    let produce_to = |tx: &std::sync::mpsc::Sender<T>, i: usize| -> Result<(), E> {
+        if let Some(t) = produce(i)? {
+            // A closed channel means the consumer failed; its error is returned.
+            let _ = tx.send(t);
+        }
+        Ok(())
+    };
     let (produced, consumed) = std::thread::scope(|sc| {
         let h = sc.spawn(move || drain_on(slots, rx.into_iter(), consume));
-        let produced = (0..n).into_par_iter().try_for_each_with(tx, |tx, i| {
-            if let Some(t) = produce(i)? {
-                // A closed channel means the consumer failed; its error is returned.
-                let _ = tx.send(t);
-            }
-            Ok(())
-        });
+        let waited: Vec<_> = waiting
+            .iter()
+            .map(|&i| {
+                let tx = tx.clone();
+                let produce_to = &produce_to;
+                sc.spawn(move || produce_to(&tx, i))
+            })
+            .collect();
+        let built = (0..n)
+            .into_par_iter()
+            .filter(|i| !waiting.contains(i))
+            .try_for_each_with(tx, |tx, i| produce_to(tx, i));
+        // The scope joins any thread left behind by the first error.
+        let produced = waited
+            .into_iter()
+            .try_for_each(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .and(built);
         let consumed = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         (produced, consumed)
     });
@@ -776,6 +799,7 @@ mod tests {
         let mut got = stream_to(
             &mut slots,
             40,
+            &[],
             |i| Ok::<_, String>((i % 2 == 0).then_some(i)),
             |n, i| {
                 *n += 1;
@@ -789,6 +813,7 @@ mod tests {
         let e = stream_to(
             &mut slots,
             40,
+            &[],
             |i| {
                 if i == 7 {
                     Err(format!("build {i}"))
@@ -802,6 +827,7 @@ mod tests {
         let e = stream_to(
             &mut slots,
             40,
+            &[],
             |i| Ok(Some(i)),
             |_, i| {
                 if i == 3 {
@@ -812,6 +838,52 @@ mod tests {
             },
         );
         assert_eq!(e, Err("test 3".to_string()));
+    }
+
+    #[test]
+    fn items_that_wait_on_the_pool_land_in_the_order_they_finish_without_a_deadlock() {
+        // More waiting items than rayon threads, each waiting on a job queued in the same pool
+        // (a build a prefetch started): produced on the pool, they could deadlock it.
+        let n = 4 * rayon::current_num_threads() + 8;
+        let waits: Vec<usize> = (0..n).filter(|i| i % 4 != 3).collect();
+        let rxs: Vec<std::sync::Mutex<Option<std::sync::mpsc::Receiver<usize>>>> = (0..n)
+            .map(|i| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                rayon::spawn(move || {
+                    // Item 0's build is the slowest: it must not hold the others back.
+                    std::thread::sleep(Duration::from_millis(if i == 0 { 400 } else { 5 }));
+                    let _ = tx.send(i);
+                });
+                std::sync::Mutex::new(Some(rx))
+            })
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut one = [0usize];
+            let got = stream_to(
+                &mut one,
+                n,
+                &waits,
+                |i| {
+                    let rx = rxs[i].lock().unwrap().take().unwrap();
+                    Ok::<_, String>(Some(rx.recv().unwrap()))
+                },
+                |_, i| Ok(i),
+            );
+            let _ = tx.send(got);
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("no deadlock")
+            .unwrap();
+        let mut sorted = got.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+        assert_eq!(
+            got.last(),
+            Some(&0),
+            "the slowest build was handed on last: {got:?}"
+        );
     }
 
     #[test]

@@ -664,7 +664,7 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
         })
         .collect();
     let verdicts = sched
-        .run(&mut testers, None, sources.len(), compile, |_, v| {
+        .run(&mut testers, None, sources.len(), &[], compile, |_, v| {
             assert_eq!(v.mode, "full", "{v:?}");
             done.fetch_add(1, Ordering::Relaxed);
             Ok(())
@@ -693,6 +693,7 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
             &mut [],
             None,
             2,
+            &[],
             |i| -> Result<Step<'_>, String> {
                 Ok(if i == 0 {
                     Step::Skip
@@ -710,6 +711,7 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
             &mut [],
             None,
             1,
+            &[],
             |_| -> Result<Step<'_>, String> {
                 Ok(Step::Gpu(GpuJob {
                     spec: &va.spec,

@@ -46,15 +46,22 @@ pub struct Harness {
     /// [`Tester::test_many`] for the builds whose SASS can change their reward
     /// ([`crate::reward::sass_decides`]); the same kernel sampled twice is disassembled once.
     pub sass_cache: SassCache,
+    /// Every verdict of the run by (task id, BLAKE3 of the code): a candidate sampled again,
+    /// in a later step or another group, is answered from it without a rebuild, a GPU run or a
+    /// disassembly (its hidden seeds are a function of the same code, so its tests would be the
+    /// same; its timing is the first measurement's).
+    pub judged: BTreeMap<(String, [u8; 32]), Verdict>,
     /// Seconds in the harness.
     pub seconds: f64,
-    /// Candidates judged.
+    /// Candidates judged, [`Harness::reused`] included.
     pub candidates: usize,
+    /// Candidates answered from [`Harness::judged`].
+    pub reused: usize,
     /// Where [`Harness::seconds`] went.
     pub phases: HarnessPhases,
     /// Background builds started by [`Tester::prefetch`], by (task id, code): the compile-only
     /// verdict arrives on the channel.
-    pub prefetched: BTreeMap<(String, String), Receiver<Result<Verdict, String>>>,
+    pub prefetched: BTreeMap<(String, String), Build>,
     /// Candidates whose build was started by a prefetch (overlapping generation).
     pub prefetch_hits: usize,
     /// The Nsight Compute profile pass after each correct candidate's timing
@@ -65,20 +72,21 @@ pub struct Harness {
     pub timing: BenchSpec,
 }
 
+/// A build a prefetch started: its compile-only verdict arrives on the channel.
+pub type Build = Receiver<Result<Verdict, String>>;
+
 /// SASS text by shared-object digest, shared with the disassembly jobs.
 pub type SassCache = std::sync::Arc<std::sync::Mutex<BTreeMap<Digest, Option<String>>>>;
 
 /// Wall-clock seconds of [`Harness::test_many`] by phase. The phases overlap
-/// ([`cudarl_cuda::schedule`]): the GPU testers take each candidate as soon as it is built and
-/// `cuobjdump` runs beside them on the builds whose verdict needs it, so the harness's seconds
-/// are max(compile, the start of the first GPU job + gpu, sass). A turn's builds start together
-/// and finish within about a second of each other, so in the RL steps measured the first GPU
-/// job started near the end of the builds and the harness took about compile + gpu
-/// (`benchmarks/results/rl_resume_h200_2026-11-27.json`).
+/// ([`cudarl_cuda::schedule`]): the GPU testers take each candidate as soon as it is built (a
+/// build a prefetch started, as it lands) and `cuobjdump` runs beside them on the builds whose
+/// verdict needs it, so the harness's seconds are max(compile, the start of the first GPU job +
+/// gpu, sass).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HarnessPhases {
-    /// From the start until the last build was done: waiting for prefetched builds still
-    /// running, then static checks and nvcc for the rest (all cores).
+    /// From the start until the last build was done: prefetched builds still running, static
+    /// checks and nvcc for the rest (all cores).
     pub compile: f64,
     /// From the start of the first GPU job to the end of the last (tests on every pool at
     /// once, timing alone under the GPU lock).
@@ -95,6 +103,8 @@ pub struct HarnessPhases {
 pub struct HarnessUse {
     /// Candidates judged.
     pub candidates: usize,
+    /// Of those, candidates answered from a verdict earlier in the run ([`Harness::judged`]).
+    pub reused: usize,
     /// Of those, builds a prefetch had started while the batch still decoded.
     pub prefetch_hits: usize,
     /// Wall-clock seconds in the harness.
@@ -154,8 +164,10 @@ impl Harness {
             baselines: Default::default(),
             cuobjdump,
             sass_cache: Default::default(),
+            judged: Default::default(),
             seconds: 0.0,
             candidates: 0,
+            reused: 0,
             phases: Default::default(),
             prefetched: Default::default(),
             prefetch_hits: 0,
@@ -177,6 +189,7 @@ impl Harness {
     pub fn mark(&self) -> HarnessUse {
         HarnessUse {
             candidates: self.candidates,
+            reused: self.reused,
             prefetch_hits: self.prefetch_hits,
             seconds: self.seconds,
             phases: self.phases,
@@ -187,6 +200,7 @@ impl Harness {
     pub fn since(&self, m: &HarnessUse) -> HarnessUse {
         HarnessUse {
             candidates: self.candidates - m.candidates,
+            reused: self.reused - m.reused,
             prefetch_hits: self.prefetch_hits - m.prefetch_hits,
             seconds: self.seconds - m.seconds,
             phases: HarnessPhases {
@@ -258,18 +272,81 @@ impl Tester for Harness {
         items: &[(&TaskSpec, &str)],
     ) -> Result<Vec<(Verdict, Option<String>)>, String> {
         let t0 = Instant::now();
-        let waiting: Vec<Option<Receiver<Result<Verdict, String>>>> = items
-            .iter()
-            .map(|(t, c)| self.prefetched.remove(&(t.id.clone(), c.to_string())))
+        let keys: Vec<(String, [u8; 32])> = items.iter().map(|(t, c)| judged_key(t, c)).collect();
+        let fresh: Vec<usize> = (0..items.len())
+            .filter(|&i| !self.judged.contains_key(&keys[i]))
             .collect();
-        self.prefetch_hits += waiting.iter().filter(|w| w.is_some()).count();
-        // Builds a prefetch started are waited for here, outside the pool: a pool thread blocked
-        // on a build still queued behind it could deadlock the pool.
-        let prefetched: Vec<Mutex<Option<Result<Verdict, String>>>> = waiting
+        let fresh_items: Vec<(&TaskSpec, &str)> = fresh.iter().map(|&i| items[i]).collect();
+        let mut out: Vec<Option<(Verdict, Option<String>)>> = vec![None; items.len()];
+        for (i, r) in fresh.iter().zip(self.judge(&fresh_items)?) {
+            self.judged.insert(keys[*i].clone(), r.0.clone());
+            out[*i] = Some(r);
+        }
+        let reused = items.len() - fresh.len();
+        let sass_cache = self.sass_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let out = out
             .into_iter()
-            .map(|w| Mutex::new(w.and_then(|rx| rx.recv().ok())))
+            .zip(items)
+            .zip(&keys)
+            .map(|((r, (_, code)), k)| match r {
+                Some(r) => r,
+                None => {
+                    let v = self.judged[k].clone();
+                    let sass = built(&v)
+                        .filter(|_| crate::reward::sass_decides(code, &v))
+                        .and_then(|so| sass_cache.get(&so).cloned().flatten());
+                    (v, sass)
+                }
+            })
             .collect();
-        let t_wait = t0.elapsed().as_secs_f64();
+        drop(sass_cache);
+        self.reused += reused;
+        self.candidates += items.len();
+        self.seconds += t0.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    fn prefetch(&mut self, task: &TaskSpec, code: &str) {
+        let key = (task.id.clone(), code.to_string());
+        if self.prefetched.contains_key(&key) || self.judged.contains_key(&judged_key(task, code)) {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (t, c) = (task.clone(), code.to_string());
+        let (rules, compiler) = (self.rules.clone(), self.compiler.clone());
+        rayon::spawn(move || {
+            let v = check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string());
+            let _ = tx.send(v);
+        });
+        self.prefetched.insert(key, rx);
+    }
+}
+
+/// The key of [`Harness::judged`].
+fn judged_key(task: &TaskSpec, code: &str) -> (String, [u8; 32]) {
+    (task.id.clone(), *blake3::hash(code.as_bytes()).as_bytes())
+}
+
+impl Harness {
+    /// Judges `items` (none of them in [`Harness::judged`]): builds (those a prefetch started
+    /// as they land), GPU tests and timing through the scheduler, and the SASS of the builds
+    /// whose reward needs it. Adds to [`Harness::phases`] and [`Harness::prefetch_hits`].
+    fn judge(
+        &mut self,
+        items: &[(&TaskSpec, &str)],
+    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+        let t0 = Instant::now();
+        // Builds a prefetch started are taken as they land: their compile steps wait on threads
+        // of their own (a rayon thread blocked on a build queued behind it could deadlock the
+        // pool), so the GPU testers start on the first build done, not the last.
+        let waiting: Vec<Mutex<Option<Build>>> = items
+            .iter()
+            .map(|(t, c)| Mutex::new(self.prefetched.remove(&(t.id.clone(), c.to_string()))))
+            .collect();
+        let waits: Vec<usize> = (0..items.len())
+            .filter(|&i| waiting[i].lock().is_ok_and(|w| w.is_some()))
+            .collect();
+        self.prefetch_hits += waits.len();
         let Harness {
             pools,
             public_seeds,
@@ -313,11 +390,12 @@ impl Tester for Harness {
         };
         let compile = |i: usize| -> Result<Step<'_>, String> {
             let (t, c) = items[i];
-            let taken = prefetched[i]
+            let landed = waiting[i]
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .take();
-            let v = match taken {
+                .take()
+                .and_then(|rx| rx.recv().ok());
+            let v = match landed {
                 Some(v) => v?,
                 None => check_compile_only(t, c, rules, compiler).map_err(|e| e.to_string())?,
             };
@@ -341,7 +419,7 @@ impl Tester for Harness {
             }))
         };
         let judged = sched
-            .run(pools, None, items.len(), compile, |i, v| {
+            .run(pools, None, items.len(), &waits, compile, |i, v| {
                 disassemble(i, v);
                 Ok(())
             })
@@ -357,7 +435,7 @@ impl Tester for Harness {
         let marks = sched.times.snapshot();
         phases.compile += marks
             .compiled
-            .map_or(t_wait, |m| m.duration_since(t0).as_secs_f64());
+            .map_or(0.0, |m| m.duration_since(t0).as_secs_f64());
         phases.gpu += marks
             .first_gpu
             .map_or(0.0, |f| end.duration_since(f).as_secs_f64());
@@ -374,24 +452,7 @@ impl Tester for Harness {
                 Ok((v, sass.get(&i).cloned().flatten()))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        self.seconds += t0.elapsed().as_secs_f64();
-        self.candidates += items.len();
         Ok(out)
-    }
-
-    fn prefetch(&mut self, task: &TaskSpec, code: &str) {
-        let key = (task.id.clone(), code.to_string());
-        if self.prefetched.contains_key(&key) {
-            return;
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (t, c) = (task.clone(), code.to_string());
-        let (rules, compiler) = (self.rules.clone(), self.compiler.clone());
-        rayon::spawn(move || {
-            let v = check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string());
-            let _ = tx.send(v);
-        });
-        self.prefetched.insert(key, rx);
     }
 }
 
@@ -400,7 +461,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_streams_to_the_testers_and_only_builds_whose_reward_needs_it_are_disassembled() {
+    fn a_batch_streams_to_the_testers_disassembles_only_where_the_reward_needs_it_and_reuses_repeats()
+     {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
             return;
@@ -452,14 +514,35 @@ mod tests {
         let sent = codes.clone();
         std::thread::spawn(move || {
             let items: Vec<(&TaskSpec, &str)> = sent.iter().map(|c| (&task, c.as_str())).collect();
-            let _ = tx.send((h.test_many(&items), h.prefetch_hits, h.sass_cache));
+            let first = h.test_many(&items);
+            let (hits, phases) = (h.prefetch_hits, h.phases);
+            // The same candidates again (a later step): answered from the run's verdicts, with
+            // testers that would fail any job and no build prefetched.
+            h.pools = vec![WorkerPool::new("false".into(), vec![])];
+            for c in &sent {
+                h.prefetch(&task, c);
+            }
+            let prefetched = h.prefetched.len();
+            let again = h.test_many(&items);
+            let reuse = (h.reused, h.candidates, prefetched, h.phases == phases);
+            let _ = tx.send((first, again, hits, reuse, h.sass_cache));
         });
-        let (out, hits, cache) = rx
+        let (out, again, hits, reuse, cache) = rx
             .recv_timeout(Duration::from_secs(300))
             .expect("test_many answered within 300 s");
         let out = out.unwrap();
         assert_eq!(out.len(), 8);
         assert_eq!(hits, 3, "the prefetched builds were used");
+        assert_eq!(
+            again.unwrap(),
+            out,
+            "a candidate judged earlier in the run gets the same verdict and SASS"
+        );
+        assert_eq!(
+            reuse,
+            (8, 16, 0, true),
+            "(reused, candidates, builds prefetched, phases unchanged) on the second batch"
+        );
         for (k, (v, sass)) in out.iter().enumerate() {
             assert!(v.compiled, "{v:?}");
             assert_eq!(v.mode, "full", "tested by a GPU tester: {v:?}");

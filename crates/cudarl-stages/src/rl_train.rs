@@ -21,7 +21,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal; for optimizer turns under returns-to-go credit, the share whose improvement over the kernel they were given is not 0), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), max_ref_log_ratio, optimizer_max_ref_log_ratio (float64: the largest per-token log-ratio to the reference, nats), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), verdict_reuse (float64: share of the step's candidates answered from a verdict earlier in the run), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal; for optimizer turns under returns-to-go credit, the share whose improvement over the kernel they were given is not 0), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), max_ref_log_ratio, optimizer_max_ref_log_ratio (float64: the largest per-token log-ratio to the reference, nats), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -82,6 +82,9 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         f64s("harness_compile_seconds", false),
         f64s("harness_gpu_seconds", false),
         f64s("harness_sass_seconds", false),
+        // Share of the step's candidates answered from a verdict earlier in the run
+        // (cudarl_rl::harness::Harness::judged).
+        f64s("verdict_reuse", false),
         // Share of GRPO groups whose values (turn credits; the generator's own rewards with
         // `generator_credit = "own"`) differ at all (the rest give no gradient).
         f64s("signal_groups", false),
@@ -166,6 +169,7 @@ struct MetricsRow {
     harness_compile_seconds: f64,
     harness_gpu_seconds: f64,
     harness_sass_seconds: f64,
+    verdict_reuse: f64,
     signal_groups: f64,
     optimizer_signal_groups: f64,
     value_loss: Option<f64>,
@@ -229,6 +233,7 @@ impl MetricsRow {
             harness_compile_seconds: r.harness.phases.compile,
             harness_gpu_seconds: r.harness.phases.gpu,
             harness_sass_seconds: r.harness.phases.sass,
+            verdict_reuse: r.harness.reused as f64 / cands,
             signal_groups: r.update.signal_groups,
             optimizer_signal_groups: r.update.optimizer_signal_groups,
             value_loss: ppo.then_some(g.value_loss),

@@ -393,6 +393,7 @@ impl Stage for Validate {
                 &mut testers,
                 timer_pool.as_mut(),
                 rows.len(),
+                &[],
                 |i| phase.compile(i),
                 |i, v| phase.done(i, &phase.key(&rows[i]), v),
             )
