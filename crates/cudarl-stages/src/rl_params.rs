@@ -211,10 +211,11 @@ pub struct Params {
     /// per-launch times vary by less than 2%. The GPU times one kernel at a time, so this
     /// bounds the GPU phase of a step. Absent: the harness's 100 ms, left out of the key;
     /// `pipelines/default.toml` gives `rl-train` 30 (the reward's speedup term is a log over a
-    /// factor of 8, so a few per cent of timing noise moves it by less than 0.01). With it and
-    /// the SASS read only where it can change a reward, a 64-episode step took 10.7 s on
-    /// average over 71 steps on an H200, against 14.4 s
-    /// (`benchmarks/results/rl_resume_h200_2026-11-27.json`).
+    /// factor of 8, so a few per cent of timing noise moves it by less than 0.01). With it, the
+    /// SASS read only where it can change a reward, GPU tests starting on the first build that
+    /// lands and repeats answered from their verdicts, a 64-episode step took 6.7 s on average
+    /// over 100 steps on an H200
+    /// (`benchmarks/results/rl_resume_100_steps_h200_2026-11-27.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing_budget_ms: Option<f64>,
     /// Seed (task draws and sampling).
