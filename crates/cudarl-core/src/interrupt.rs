@@ -20,19 +20,30 @@ fn flag() -> &'static Arc<AtomicBool> {
     FLAG.get_or_init(|| Arc::new(AtomicBool::new(false)))
 }
 
-/// Installs the handlers for SIGINT and SIGTERM (idempotent in effect: a second call adds
-/// handlers that do the same).
+/// Installs the handlers for SIGINT and SIGTERM once; later calls return the first call's
+/// outcome (a second set of handlers would make the first signal end the process).
 ///
 /// # Errors
 /// The handlers cannot be registered.
 pub fn install() -> io::Result<()> {
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // Registered first, so it sees the flag as the previous signal left it: set means
-        // this is the second signal.
-        signal_hook::flag::register_conditional_shutdown(sig, EXIT_CODE, Arc::clone(flag()))?;
-        signal_hook::flag::register(sig, Arc::clone(flag()))?;
-    }
-    Ok(())
+    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                // Registered first, so it sees the flag as the previous signal left it: set
+                // means this is the second signal.
+                signal_hook::flag::register_conditional_shutdown(
+                    sig,
+                    EXIT_CODE,
+                    Arc::clone(flag()),
+                )
+                .map_err(|e| e.to_string())?;
+                signal_hook::flag::register(sig, Arc::clone(flag())).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(io::Error::other)
 }
 
 /// Whether a stop was requested (a signal since [`install`]).

@@ -342,13 +342,12 @@ impl Harness {
         // Builds a prefetch started are taken as they land: their compile steps wait on threads
         // of their own (a rayon thread blocked on a build queued behind it could deadlock the
         // pool), so the GPU testers start on the first build done, not the last.
-        let waiting: Vec<Mutex<Option<Build>>> = items
+        let builds: Vec<Option<Build>> = items
             .iter()
-            .map(|(t, c)| Mutex::new(self.prefetched.remove(&(t.id.clone(), c.to_string()))))
+            .map(|(t, c)| self.prefetched.remove(&(t.id.clone(), c.to_string())))
             .collect();
-        let waits: Vec<usize> = (0..items.len())
-            .filter(|&i| waiting[i].lock().is_ok_and(|w| w.is_some()))
-            .collect();
+        let waits: Vec<usize> = (0..items.len()).filter(|&i| builds[i].is_some()).collect();
+        let waiting: Vec<Mutex<Option<Build>>> = builds.into_iter().map(Mutex::new).collect();
         self.prefetch_hits += waits.len();
         let Harness {
             pools,
