@@ -11,6 +11,8 @@
 #   BUDGET_S  seconds before the SIGTERM (default 540)
 #   GRACE_S   seconds from the SIGTERM to the SIGKILL (default 45)
 #   FRESH=1   starts over on an empty store
+#   SETS      extra `--set` values, space-separated (e.g. rl-train.control=true); every
+#             invocation of one run must give the same ones (they are part of the stage's key)
 #   FROM_STORE a store to start from instead (hard-linked, e.g. the main job's
 #             /tmp/cudarl-main/store): its stages before rl-train are cached, and a run with
 #             more steps continues its shorter rl-train (docs/architecture.md, "Resuming")
@@ -27,7 +29,9 @@ OUT=${OUT:-/tmp/cudarl-resume-out}
 mkdir -p "$OUT"
 # What the previous invocation's kill left: the trainer and the GPU workers run in their own
 # sessions (so a candidate cannot escape the harness's kill), out of reach of `timeout`'s.
-pkill -KILL -f "[/]tmp/cudarl-bin/cudarl-pipe" 2>/dev/null && sleep 1
+# Anchored: a shell whose command line names the binaries (the one that started this script)
+# is not one of them.
+pkill -KILL -f "^/tmp/cudarl-bin/cudarl-pipe" 2>/dev/null && sleep 1
 if [ "${FRESH:-0}" = 1 ] || [ ! -d "$D" ]; then
   rm -rf "$D"; mkdir -p "$D" "$B"
   for z in .carry/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
@@ -48,8 +52,10 @@ saved() {
 n=$(( $(wc -l < "$D/commands.jsonl" 2>/dev/null || echo 0) + 1 ))
 before=$(saved); [ -n "$before" ] || before=0
 t0=$(date +%s.%N)
+EXTRA=()
+for kv in ${SETS:-}; do EXTRA+=(--set "$kv"); done
 timeout --preserve-status -s TERM -k "$GRACE_S" "$BUDGET_S" "$B/cudarl-pipe" --root . --store "$D/store" run rl-train \
-  --set "rl-train.steps=$STEPS" --json > "$D/run_$n.jsonl" 2> "$D/run_$n.err"
+  --set "rl-train.steps=$STEPS" "${EXTRA[@]}" --json > "$D/run_$n.jsonl" 2> "$D/run_$n.err"
 rc=$?
 t1=$(date +%s.%N)
 after=$(saved); [ -n "$after" ] || after=0
@@ -64,7 +70,7 @@ PY
 cp "$D/commands.jsonl" "$OUT/"
 if [ "$rc" = 0 ]; then
   "$B/cudarl-pipe" --root . --store "$D/store" show rl-train --output metrics --json --head 100000 \
-    --set "rl-train.steps=$STEPS" > "$D/metrics.jsonl"
+    --set "rl-train.steps=$STEPS" "${EXTRA[@]}" > "$D/metrics.jsonl"
   python3 - "$D" "$STEPS" > "$OUT/rl_resume.json" <<'PY'
 import glob, json, sys
 d, steps = sys.argv[1], int(sys.argv[2])

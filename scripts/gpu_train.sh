@@ -38,9 +38,9 @@ SMALL=(--set 'tokenizer.model="small"' --set 'pretrain.model="small"' --set 'sft
        --set 'sft-train-optimizer.model="small"' --set 'validate.mode="compile"')
 # RL_STEPS: rl-train steps (every PART=rl invocation of one experiment must give the same value)
 [ -n "${RL_STEPS:-}" ] && SMALL+=(--set "rl-train.steps=$RL_STEPS")
-# GEN_FAMILIES: that many generated elementwise families (and all 26 row reductions), 20 SFT
-# rows per family, 4 per optimizer pair, 3% of the generated families held out
-[ -n "${GEN_FAMILIES:-}" ] && SMALL+=(--set "synth-tasks.generate={elementwise=$GEN_FAMILIES,row_reduce=26,seed=0}"
+# GEN_FAMILIES: that many generated elementwise families (and GEN_ROWS row reductions, 160 by
+# default), 20 SFT rows per family, 4 per optimizer pair, 3% of the generated families held out
+[ -n "${GEN_FAMILIES:-}" ] && SMALL+=(--set "synth-tasks.generate={elementwise=$GEN_FAMILIES,row_reduce=${GEN_ROWS:-160},seed=0}"
   --set 'sft-data.per_family=20' --set 'sft-data.optimizer_per_pair=4' --set 'sft-data.holdout_generated=0.03')
 for kv in ${RL_SETS:-}; do SMALL+=(--set "$kv"); done
 ts() { date +%s; }

@@ -18,7 +18,7 @@
 //! |---|---|
 //! | `relu(x)`, `sigmoid(x)`, `tanh(x)`, `exp(x)`, `abs(x)` | elementwise |
 //! | `gelu(x)` / `gelu_tanh(x)` | `F.gelu(x)` / `F.gelu(x, approximate="tanh")` |
-//! | `maximum(a, b)`, `minimum(a, b)` | elementwise, broadcasting |
+//! | `maximum(a, b)`, `minimum(a, b)` | elementwise, broadcasting; either may be a number |
 //! | `sum(x)`, `max(x)`, `min(x)` | full reduction to one element |
 //! | `sum(x, d)`, `max(x, d)`, `min(x, d)`, `mean(x, d)` | reduction over dimension `d` |
 //! | `softmax(x, d)` | softmax over dimension `d` |

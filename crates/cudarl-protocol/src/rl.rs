@@ -18,6 +18,11 @@ pub struct PgConfig {
     /// Weight of the KL penalty to the reference policy (GRPO, Shao et al.,
     /// arXiv:2402.03300: 0.04).
     pub kl_coef: f64,
+    /// The ceiling on the auxiliary terms' gradient (the KL penalty and PPO-ptx) as a multiple
+    /// of the policy gradient's norm, per minibatch step (`cudarl_train::rl::capped_gradients`);
+    /// absent: the terms are summed into one loss, unscaled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aux_grad_cap: Option<f64>,
 }
 
 impl Default for PgConfig {
@@ -25,6 +30,7 @@ impl Default for PgConfig {
         PgConfig {
             clip: 0.2,
             kl_coef: 0.04,
+            aux_grad_cap: None,
         }
     }
 }
@@ -285,6 +291,14 @@ pub struct UpdateStats {
     /// counts at most [`KL_CLAMP`] per token).
     #[serde(default)]
     pub max_ref_log_ratio: f64,
+    /// With `aux_grad_cap`: the mean factor the auxiliary gradient was scaled by over the
+    /// minibatch steps (1: never capped; 0 without the cap or auxiliary terms).
+    #[serde(default)]
+    pub aux_scale: f64,
+    /// With `aux_grad_cap`: the largest `||g_aux|| / ||g_pg||` of the minibatch steps, before
+    /// scaling (0 without the cap or auxiliary terms).
+    #[serde(default)]
+    pub max_aux_grad_ratio: f64,
     /// Minibatch steps (over all `epochs` passes) left undone because `max_approx_kl` passed
     /// [`TARGET_KL_MARGIN`] `* target_kl` (0 without one).
     pub skipped_minibatches: usize,

@@ -16,11 +16,16 @@
 //!   `fmaxf`/`fminf` and the constants 0.5 and 2. Kernels: one thread per element (naive); float4
 //!   loads and stores in a grid-stride loop with a scalar tail (optimized).
 //! - **row reductions** (tier 1): `out[r] = R_c g(x[r*cols + c])` with `R` one of sum, max, min,
-//!   mean and `g` one of identity, `fabsf`, relu, square, `tanhf`, sigmoid, `s * x`. Kernels:
-//!   one thread per row (naive); one block per row with warp shuffles (optimized).
+//!   mean and `g` a random expression tree of depth <= 2 over `x` (and sometimes the scalar
+//!   `s`), 1 to 5 nodes, drawn like the elementwise trees: thousands of distinct families.
+//!   Kernels: one thread per row (naive); two of three optimized ones, drawn per family: one
+//!   block per row with warp shuffles and a block size drawn from 256/512/1024 for long rows
+//!   (`block_per_row.cu`), one warp per row (`warp_per_row.cu`), one block per row with float4
+//!   loads unrolled by two (`block_vec4.cu`). So SFT shows a real choice between a naive scan
+//!   and several fast layouts, where RL's speed term decides.
 //!
 //! Kernel and function names are the same in every family (`ew_naive`, `ew_op`, `ew_vec4`,
-//! `row_naive`, `row_block`): with the family id in each name, the `small` model had to copy a
+//! `row_naive`, `row_block`, `row_warp`, `row_vec4`): with the family id in each name, the `small` model had to copy a
 //! 3-digit id consistently and every first turn failed to compile (H100, 2026-11-22).
 //!
 //! The description states the expression in CUDA C, exactly as the kernels compute it; the
@@ -45,7 +50,7 @@ pub struct GenerateParams {
     /// Tier-0 elementwise families (ids `gen_ew_000`, ...).
     #[serde(default)]
     pub elementwise: usize,
-    /// Tier-1 row-reduction families (ids `gen_rr_000`, ...); at most 26 distinct ones exist.
+    /// Tier-1 row-reduction families (ids `gen_rr_000`, ...).
     #[serde(default)]
     pub row_reduce: usize,
     /// ChaCha8 seed: the same seed gives the same families, byte for byte.
@@ -438,35 +443,40 @@ enum Red {
     Mean,
 }
 
-/// The per-element maps of row reductions; `Scale` is `s * x`.
+/// The optimized kernels a row-reduction family can carry (two per family, drawn).
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Map {
-    Id,
-    Un(Un),
-    Scale,
+enum RowKernel {
+    /// One block per row, a block size drawn per family (`block_per_row.cu`).
+    Block,
+    /// One warp per row, eight rows per block (`warp_per_row.cu`).
+    Warp,
+    /// One block per row, float4 loads unrolled by two (`block_vec4.cu`).
+    Vec4,
 }
 
-const MAPS: [Map; 7] = [
-    Map::Id,
-    Map::Un(Un::Abs),
-    Map::Un(Un::Relu),
-    Map::Un(Un::Square),
-    Map::Un(Un::Tanh),
-    Map::Un(Un::Sigmoid),
-    Map::Scale,
-];
+const ROW_KERNELS: [RowKernel; 3] = [RowKernel::Block, RowKernel::Warp, RowKernel::Vec4];
 
-fn map_expr(m: Map) -> E {
-    let x = Box::new(E::Var("x"));
-    match m {
-        Map::Id => E::Var("x"),
-        Map::Un(u) => E::Un(u, x),
-        Map::Scale => E::Bin('*', Box::new(E::Var("s")), x),
+impl RowKernel {
+    fn file(self) -> &'static str {
+        match self {
+            RowKernel::Block => "block_per_row.cu",
+            RowKernel::Warp => "warp_per_row.cu",
+            RowKernel::Vec4 => "block_vec4.cu",
+        }
     }
 }
 
-fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Family {
-    let e = map_expr(m);
+/// A row-reduction family: `out[r] = R_c e(x[r*cols + c])`, its naive kernel and the
+/// optimized `kernels`; `block` is the block size [`RowKernel::Block`] uses for rows of at least
+/// 4,096 columns (half of it from 512).
+fn row_reduce(
+    id: &str,
+    r: Red,
+    e: &E,
+    scalar: Option<usize>,
+    kernels: &[RowKernel],
+    block: u32,
+) -> Family {
     let mut args = vec![
         arg("x", ArgKind::Input, &["rows", "cols"]),
         arg("out", ArgKind::Output, &["rows"]),
@@ -486,7 +496,7 @@ fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Family {
         let name = name.to_string();
         Box::new(move |v: &str| if v == "s" { "s".into() } else { name.clone() })
     };
-    let desc_elem = render(&e, Lang::C(&*at("x[r*cols + c]")));
+    let desc_elem = render(e, Lang::C(&*at("x[r*cols + c]")));
     let description = if r == Red::Mean {
         format!("out[r] = mean over c of {desc_elem} (the sum divided by cols), for r in [0, rows)")
     } else {
@@ -497,14 +507,14 @@ fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Family {
         1,
         description,
         args,
-        format!("{rname}({}, 1)", render(&e, Lang::Ref)),
+        format!("{rname}({}, 1)", render(e, Lang::Ref)),
         scalar,
         true,
     );
     let sig = spec.signature();
     let (decl, names) = params(&spec, false);
     let (rdecl, _) = params(&spec, true);
-    let elem = render(&e, Lang::C(&*at("v")));
+    let elem = render(e, Lang::C(&*at("v")));
     let fin = |acc: &str| {
         if r == Red::Mean {
             format!("{acc} / (float)cols")
@@ -517,40 +527,105 @@ fn row_reduce(id: &str, r: Red, m: Map, scalar: Option<usize>) -> Family {
         Red::Max => format!("fmaxf({a}, {b})"),
         Red::Min => format!("fminf({a}, {b})"),
     };
+    // A sum or mean scanned by one thread accumulates in double: float32 sequential sums of
+    // 65,536 terms of one sign drift by about n u / 4 = 1e-3 of their magnitude, 100x the
+    // tolerance (27 of 160 naive kernels failed the 64 x 65,536 train shape on an H200).
+    let sums = matches!(r, Red::Sum | Red::Mean);
+    let (acc_t, naive_step, naive_out) = if sums {
+        (
+            "double",
+            format!("acc + (double)({elem})"),
+            if r == Red::Mean {
+                "(float)(acc / (double)cols)".to_string()
+            } else {
+                "(float)acc".to_string()
+            },
+        )
+    } else {
+        ("float", comb_of("acc", &format!("({elem})")), fin("acc"))
+    };
     let naive = format!(
         "// naive: one thread per row, a sequential scan (neighbouring threads read different rows).\n\
          {HEADER}\n__global__ void row_naive({decl}) {{\n    \
          int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
-         if (r >= rows) return;\n    float acc = {init};\n    \
+         if (r >= rows) return;\n    {acc_t} acc = {init};\n    \
          for (int64_t c = 0; c < cols; ++c) {{\n        float v = x[r * cols + c];\n        \
-         acc = {};\n    }}\n    out[r] = {};\n}}\n\n\
+         acc = {naive_step};\n    }}\n    out[r] = {naive_out};\n}}\n\n\
          {sig} {{\n    const int block = 128;\n    \
          row_naive<<<(unsigned)((rows + block - 1) / block), block, 0, stream>>>({names});\n}}\n",
-        comb_of("acc", &format!("({elem})")),
-        fin("acc"),
     );
-    let optimized = format!(
-        "// optimized: one block per row, coalesced loads, warp-shuffle then shared-memory {rname}.\n\
-         {HEADER}\n__device__ __forceinline__ float row_combine(float a, float b) {{\n    return {comb};\n}}\n\n\
-         __global__ void row_block({rdecl}) {{\n    __shared__ float part[32];\n    \
-         const int64_t r = blockIdx.x;\n    const float* row = x + r * cols;\n    \
-         float acc = {init};\n    \
-         for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {{\n        float v = row[c];\n        \
-         acc = row_combine(acc, {elem});\n    }}\n    \
-         for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n    \
+    let head = format!(
+        "{HEADER}\n__device__ __forceinline__ float row_combine(float a, float b) {{\n    \
+         return {comb};\n}}\n\n"
+    );
+    // The block's partial results: warp shuffles, then one warp over the warps' results.
+    let epilogue = format!(
+        "    for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n    \
          const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n    \
          if (lane == 0) part[warp] = acc;\n    __syncthreads();\n    \
          if (warp == 0) {{\n        acc = lane < (int)(blockDim.x >> 5) ? part[lane] : {init};\n        \
          for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n        \
-         if (lane == 0) out[r] = {};\n    }}\n}}\n\n\
-         {sig} {{\n    const int block = cols >= 4096 ? 512 : (cols >= 512 ? 256 : 64);\n    \
-         row_block<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
+         if (lane == 0) out[r] = {};\n    }}\n}}\n\n",
         fin("acc"),
     );
+    let step = format!("acc = row_combine(acc, {elem});");
+    let optimized = kernels
+        .iter()
+        .map(|k| {
+            let src = match k {
+                RowKernel::Block => format!(
+                    "// optimized: one block per row, coalesced loads, warp-shuffle then shared-memory {rname}.\n\
+                     {head}__global__ void row_block({rdecl}) {{\n    __shared__ float part[32];\n    \
+                     const int64_t r = blockIdx.x;\n    const float* row = x + r * cols;\n    \
+                     float acc = {init};\n    \
+                     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {{\n        float v = row[c];\n        \
+                     {step}\n    }}\n{epilogue}\
+                     {sig} {{\n    const int block = cols >= 4096 ? {block} : (cols >= 512 ? {} : 64);\n    \
+                     row_block<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
+                    block / 2,
+                ),
+                RowKernel::Warp => format!(
+                    "// optimized: one warp per row (eight rows per block), coalesced loads, warp-shuffle {rname}.\n\
+                     {head}__global__ void row_warp({rdecl}) {{\n    \
+                     const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n    \
+                     const int lane = threadIdx.x & 31;\n    if (r >= rows) return;\n    \
+                     const float* row = x + r * cols;\n    float acc = {init};\n    \
+                     for (int64_t c = lane; c < cols; c += 32) {{\n        float v = row[c];\n        \
+                     {step}\n    }}\n    \
+                     for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n    \
+                     if (lane == 0) out[r] = {};\n}}\n\n\
+                     {sig} {{\n    const int warps = 8;\n    \
+                     row_warp<<<(unsigned)((rows + warps - 1) / warps), warps * 32, 0, stream>>>({names});\n}}\n",
+                    fin("acc"),
+                ),
+                RowKernel::Vec4 => format!(
+                    "// optimized: one block per row, float4 (128-bit) loads unrolled by two where the row is\n\
+                     // 16-byte aligned (a scalar loop for the rest), warp-shuffle then shared-memory {rname}.\n\
+                     {head}__global__ void row_vec4({rdecl}) {{\n    __shared__ float part[32];\n    \
+                     const int64_t r = blockIdx.x;\n    const float* row = x + r * cols;\n    \
+                     float acc = {init};\n    \
+                     const int64_t n4 = (reinterpret_cast<uintptr_t>(row) & 15) == 0 ? cols / 4 : 0;\n    \
+                     const float4* row4 = reinterpret_cast<const float4*>(row);\n    \
+                     #pragma unroll 2\n    \
+                     for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {{\n        \
+                     const float4 q = row4[j];\n        float v = q.x;\n        {step}\n        \
+                     v = q.y;\n        {step}\n        v = q.z;\n        {step}\n        \
+                     v = q.w;\n        {step}\n    }}\n    \
+                     for (int64_t c = n4 * 4 + threadIdx.x; c < cols; c += blockDim.x) {{\n        \
+                     float v = row[c];\n        {step}\n    }}\n{epilogue}\
+                     {sig} {{\n    const int block = cols >= 4096 ? 256 : 128;\n    \
+                     row_vec4<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
+                ),
+            };
+            (k.file().to_string(), src)
+        })
+        .collect::<Vec<_>>();
+    let mut spec = spec;
+    spec.optimized = optimized.iter().map(|(f, _)| f.clone()).collect();
     Family {
         spec,
         naive,
-        optimized: vec![("block_per_row.cu".into(), optimized)],
+        optimized,
     }
 }
 
@@ -592,8 +667,8 @@ pub fn canonical(src: &str) -> String {
 /// Deterministic in `p` (ChaCha8). Elementwise trees are redrawn until they use `x` (and `y` /
 /// `s` when drawn), have 2..=7 nodes, are not degenerate (`x - x`, `tanhf(0.5f)`, `--x`) and
 /// have a reference not seen before up to commuted operands (at most 1,000 draws per
-/// family; fewer families come back when the space is exhausted, which only happens for
-/// `row_reduce` > 26).
+/// family; fewer families come back when the space is exhausted). Row reductions are drawn
+/// after them, so their count does not change the elementwise families.
 pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Family> {
     let mut rng = ChaCha8Rng::seed_from_u64(p.seed);
     let mut seen: BTreeSet<String> = exclude.iter().map(|r| canonical(r)).collect();
@@ -633,24 +708,39 @@ pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Family> {
             break;
         }
     }
-    let mut combos: Vec<(Red, Map)> = [Red::Sum, Red::Max, Red::Min, Red::Mean]
-        .into_iter()
-        .flat_map(|r| MAPS.into_iter().map(move |m| (r, m)))
-        .collect();
-    // A seeded shuffle (Fisher-Yates), then the first `row_reduce` not excluded.
-    for k in (1..combos.len()).rev() {
-        combos.swap(k, rng.random_range(0..=k));
-    }
+    // Row reductions: a reducer and a map drawn like the elementwise trees, over `x` and
+    // sometimes `s`, depth <= 2 and 1..=5 nodes (`x` alone included), each family with two
+    // of the three optimized kernels.
     let mut i = 0;
-    for (r, m) in combos {
-        if i >= p.row_reduce {
-            break;
+    let mut draws = 0;
+    while i < p.row_reduce && draws < 1000 * p.row_reduce {
+        draws += 1;
+        let r = [Red::Sum, Red::Max, Red::Min, Red::Mean][rng.random_range(0..4)];
+        let has_s = rng.random_bool(0.3);
+        let mut leaves = vec![("x", 4)];
+        if has_s {
+            leaves.push(("s", 2));
         }
+        let e = tree(&mut rng, 2, &leaves);
+        let mut vs = BTreeSet::new();
+        vars(&e, &mut vs);
+        if !vs.contains("x") || vs.contains("s") != has_s || size(&e) > 5 || degenerate(&e) {
+            continue;
+        }
+        let skip = rng.random_range(0..ROW_KERNELS.len());
+        let kernels: Vec<RowKernel> = (0..ROW_KERNELS.len())
+            .filter(|k| *k != skip)
+            .map(|k| ROW_KERNELS[k])
+            .collect();
+        let block = [256, 512, 1024][rng.random_range(0..3)];
+        let scalar = has_s.then(|| rng.random_range(0..SCALARS.len()));
         let g = row_reduce(
             &format!("{PREFIX}rr_{i:03}"),
             r,
-            m,
-            (m == Map::Scale).then(|| i % SCALARS.len()),
+            &e,
+            scalar,
+            &kernels,
+            block,
         );
         if !seen.insert(canonical(&g.spec.reference["out"])) {
             continue;
@@ -768,9 +858,18 @@ mod tests {
     #[test]
     fn families_are_valid_distinct_and_reproducible() {
         let exclude = BTreeSet::from(["max(x, 1)".to_string(), "sum(x, 1)".to_string()]);
-        let a = generate(&params(40, 26), &exclude);
-        let b = generate(&params(40, 26), &exclude);
-        assert_eq!(a.len(), 66);
+        let a = generate(&params(40, 200), &exclude);
+        let b = generate(&params(40, 200), &exclude);
+        assert_eq!(a.len(), 240, "hundreds of distinct row reductions");
+        let mut files = BTreeMap::new();
+        for g in a.iter().filter(|g| g.spec.tier == 1) {
+            assert_eq!(g.optimized.len(), 2, "{}", g.spec.id);
+            for (f, _) in &g.optimized {
+                *files.entry(f.as_str()).or_insert(0) += 1;
+            }
+        }
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert!(files.values().all(|n| *n > 100), "{files:?}");
         let mut refs = BTreeSet::new();
         for (g, h) in a.iter().zip(&b) {
             assert_eq!(g.spec, h.spec);
@@ -783,7 +882,11 @@ mod tests {
             assert!(refs.insert(r.clone()), "duplicate {r}");
             assert!(!exclude.contains(r));
             assert!(g.naive.contains(&g.spec.signature()));
-            assert!(g.optimized[0].1.contains(&g.spec.signature()));
+            for (f, src) in &g.optimized {
+                assert!(src.contains(&g.spec.signature()), "{} {f}", g.spec.id);
+            }
+            let named: Vec<&String> = g.optimized.iter().map(|(f, _)| f).collect();
+            assert_eq!(g.spec.optimized.iter().collect::<Vec<_>>(), named);
         }
         // Another seed, other families.
         let c = generate(
@@ -851,11 +954,30 @@ mod tests {
             g.spec.signature(),
             "extern \"C\" void launch(const float* x, const float* y, float* out, float s, int64_t n, cudaStream_t stream)"
         );
-        let r = row_reduce("gen_rr_x", Red::Mean, Map::Un(Un::Square), None);
+        let sq = E::Un(Un::Square, Box::new(E::Var("x")));
+        let r = row_reduce("gen_rr_x", Red::Mean, &sq, None, &ROW_KERNELS, 512);
         assert_eq!(r.spec.reference["out"], "mean(x * x, 1)");
-        assert!(r.naive.contains("acc = acc + (v * v);"));
-        assert!(r.naive.contains("out[r] = acc / (float)cols;"));
-        assert!(r.optimized[0].1.contains("__shfl_xor_sync"));
+        assert!(r.naive.contains("double acc = 0.0f;"));
+        assert!(r.naive.contains("acc = acc + (double)(v * v);"));
+        assert!(r.naive.contains("out[r] = (float)(acc / (double)cols);"));
+        let mx = row_reduce("gen_rr_y", Red::Max, &sq, None, &ROW_KERNELS, 512);
+        assert!(mx.naive.contains("float acc = -INFINITY;"));
+        assert!(mx.naive.contains("acc = fmaxf(acc, (v * v));"));
+        assert_eq!(
+            r.spec.optimized,
+            ["block_per_row.cu", "warp_per_row.cu", "block_vec4.cu"]
+        );
+        for (file, src) in &r.optimized {
+            assert!(src.contains("__shfl_xor_sync"), "{file}");
+            assert!(src.contains("acc = row_combine(acc, v * v);"), "{file}");
+            assert!(src.contains("out[r] = acc / (float)cols;"), "{file}");
+        }
+        assert!(
+            r.optimized[0]
+                .1
+                .contains("cols >= 4096 ? 512 : (cols >= 512 ? 256 : 64)")
+        );
+        assert!(r.optimized[2].1.contains("float4"));
         assert_eq!(
             r.spec.description,
             "out[r] = mean over c of x[r*cols + c] * x[r*cols + c] (the sum divided by cols), for r in [0, rows)"
@@ -879,7 +1001,13 @@ mod tests {
         let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
             return;
         };
-        let gs = generate(&params(12, 2), &BTreeSet::new());
+        let mut gs = generate(&params(12, 2), &BTreeSet::new());
+        // Every row kernel, with a scalar in the map.
+        let e = E::Bin('*', Box::new(E::Var("s")), Box::new(E::Var("x")));
+        gs.insert(
+            0,
+            row_reduce("gen_rr_x", Red::Max, &e, Some(0), &ROW_KERNELS, 1024),
+        );
         let mut kinds = BTreeSet::new();
         let picked: Vec<&Family> = gs
             .iter()

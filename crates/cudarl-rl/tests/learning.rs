@@ -183,7 +183,11 @@ fn shares(
         precision: Default::default(),
         lr,
         generator_lr: None,
-        pg: PgConfig::default(),
+        // The pipeline's default: the KL gradient capped at the policy gradient's norm.
+        pg: PgConfig {
+            aux_grad_cap: Some(1.0),
+            ..PgConfig::default()
+        },
         minibatch: 8,
         algorithm: Algorithm::Grpo,
         warmup: 0,

@@ -265,6 +265,13 @@ pub struct Params {
     /// the key; never part of the progress key, like `steps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every: Option<usize>,
+    /// The ceiling on the KL and PPO-ptx terms' gradient as a multiple of the policy
+    /// gradient's norm, per minibatch step (`cudarl_train::rl::capped_gradients`): with a
+    /// ceiling at most 1 a step never lowers the policy-gradient objective to first order,
+    /// however large the k3 KL or the SFT cross-entropy get. Absent: 1.0, and left out of the
+    /// key; 0: off (the terms summed into one loss, unscaled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aux_grad_cap: Option<f64>,
     /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_batch: Option<usize>,
@@ -275,7 +282,8 @@ impl Params {
     ///
     /// # Errors
     /// `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
-    /// `generator_credit = "own"` with PPO, `epochs` 0, a negative `ptx_coef`, `ptx_batch` 0, a
+    /// `generator_credit = "own"` with PPO, `epochs` 0, a negative `ptx_coef` or `aux_grad_cap`,
+    /// `ptx_batch` 0, a
     /// `target_kl` or `timing_budget_ms` not above 0.
     pub fn check(&self) -> Result<(), String> {
         let unit = 0.0..=1.0;
@@ -302,6 +310,11 @@ impl Params {
                 self.ptx_coef.is_some_and(|c| !(c >= 0.0 && c.is_finite())),
                 "ptx_coef must be a number >= 0",
             ),
+            (
+                self.aux_grad_cap
+                    .is_some_and(|c| !(c >= 0.0 && c.is_finite())),
+                "aux_grad_cap must be a number >= 0",
+            ),
             (self.ptx_batch == Some(0), "ptx_batch must be at least 1"),
             (
                 self.target_kl.is_some_and(|t| !(t > 0.0 && t.is_finite())),
@@ -317,6 +330,11 @@ impl Params {
             Some((_, m)) => Err((*m).to_string()),
             None => Ok(()),
         }
+    }
+
+    /// The auxiliary-gradient ceiling when it is on (`aux_grad_cap` absent: 1.0; 0: off).
+    pub(crate) fn aux_grad_cap(&self) -> Option<f64> {
+        Some(self.aux_grad_cap.unwrap_or(1.0)).filter(|c| *c > 0.0)
     }
 
     /// PPO-ptx's weight when it is on (`ptx_coef` set and above 0).
@@ -398,6 +416,7 @@ impl Params {
             pg: PgConfig {
                 clip: self.clip,
                 kl_coef: self.kl_coef,
+                aux_grad_cap: self.aux_grad_cap(),
             },
             minibatch: self.minibatch,
             algorithm: self.algorithm,

@@ -21,7 +21,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), verdict_reuse (float64: share of the step's candidates answered from a verdict earlier in the run), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal; for optimizer turns under returns-to-go credit, the share whose improvement over the kernel they were given is not 0), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), max_ref_log_ratio, optimizer_max_ref_log_ratio (float64: the largest per-token log-ratio to the reference, nats), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), verdict_reuse (float64: share of the step's candidates answered from a verdict earlier in the run), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal; for optimizer turns under returns-to-go credit, the share whose improvement over the kernel they were given is not 0), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), max_ref_log_ratio, optimizer_max_ref_log_ratio (float64: the largest per-token log-ratio to the reference, nats), aux_scale, optimizer_aux_scale, max_aux_grad_ratio, optimizer_max_aux_grad_ratio (float64, nullable: how `aux_grad_cap` scaled the KL and PPO-ptx gradient, and its largest norm ratio to the policy gradient), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
@@ -99,6 +99,13 @@ pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
         // term counts at most cudarl_protocol::rl::KL_CLAMP per token).
         f64s("max_ref_log_ratio", false),
         f64s("optimizer_max_ref_log_ratio", false),
+        // `aux_grad_cap`: the mean factor each agent's KL and PPO-ptx gradient was scaled by
+        // (1: never capped) and its largest norm ratio to the policy gradient before scaling;
+        // null with the cap off.
+        f64s("aux_scale", true),
+        f64s("optimizer_aux_scale", true),
+        f64s("max_aux_grad_ratio", true),
+        f64s("optimizer_max_aux_grad_ratio", true),
         Field::new("skipped_minibatches", DataType::Int64, false),
         Field::new("optimizer_skipped_minibatches", DataType::Int64, false),
         // AdamW steps each agent's update took (`epochs` x minibatches, less those skipped).
@@ -178,6 +185,10 @@ struct MetricsRow {
     optimizer_max_approx_kl: f64,
     max_ref_log_ratio: f64,
     optimizer_max_ref_log_ratio: f64,
+    aux_scale: Option<f64>,
+    optimizer_aux_scale: Option<f64>,
+    max_aux_grad_ratio: Option<f64>,
+    optimizer_max_aux_grad_ratio: Option<f64>,
     skipped_minibatches: i64,
     optimizer_skipped_minibatches: i64,
     update_steps: i64,
@@ -211,6 +222,7 @@ impl MetricsRow {
         let cands = r.harness.candidates.max(1) as f64;
         let ppo = p.algorithm == Algorithm::Ppo;
         let ptx = p.ptx().is_some();
+        let cap = p.aux_grad_cap().is_some();
         MetricsRow {
             step: r.step as i64,
             tier: r.tier,
@@ -242,6 +254,10 @@ impl MetricsRow {
             optimizer_max_approx_kl: o.max_approx_kl,
             max_ref_log_ratio: g.max_ref_log_ratio,
             optimizer_max_ref_log_ratio: o.max_ref_log_ratio,
+            aux_scale: cap.then_some(g.aux_scale),
+            optimizer_aux_scale: cap.then_some(o.aux_scale),
+            max_aux_grad_ratio: cap.then_some(g.max_aux_grad_ratio),
+            optimizer_max_aux_grad_ratio: cap.then_some(o.max_aux_grad_ratio),
             skipped_minibatches: g.skipped_minibatches as i64,
             optimizer_skipped_minibatches: o.skipped_minibatches as i64,
             update_steps: g.steps as i64,
@@ -418,7 +434,9 @@ impl Stage for RlTrain {
         // 13: the agents' AdamW is `cudarl_train::adamw` (saveable state); runs resume.
         // 14: returns-to-go credit, optimizer turns against the kernel they revise, zero
         // advantages out of the update, k3 clamped; metrics gain max_ref_log_ratio per agent.
-        14
+        // 15: the KL and PPO-ptx gradient capped at the policy gradient's norm
+        // (`aux_grad_cap`); metrics gain the aux columns.
+        15
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -126,7 +126,9 @@ impl Stage for SynthTasks {
     }
     fn code_version(&self) -> u32 {
         // Bump when the templates of `cudarl_rl::families` change (they are code, not inputs).
-        5
+        // 6: row-reduction maps are drawn trees, with two of three optimized kernels each;
+        // naive row sums accumulate in double.
+        6
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)

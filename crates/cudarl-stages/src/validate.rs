@@ -30,7 +30,8 @@ pub const KIND: &str = "validate";
 /// (preprocessed text, object, PTX); FLOP roofline; verdicts carry the candidate's output.
 /// 6: half of the timed windows, chosen after they ran, compared with the reference (every
 /// window checked for poison); host<->device copy times from a per-worker copy rate.
-pub const HARNESS_VERSION: u32 = 6;
+/// 7: references with a number in `maximum` / `minimum` evaluate (they failed as `cuda_error`).
+pub const HARNESS_VERSION: u32 = 7;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))

@@ -147,7 +147,41 @@ fn tensor_arg(e: &Expr, env: &Env<'_>, mag: bool, f: &str) -> R<(Tensor, Option<
     }
 }
 
+/// `maximum(a, b)` / `minimum(a, b)` where either operand may be a number: value elementwise,
+/// magnitude the larger operand magnitude (`|c|` for a number `c`).
+fn extremum(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
+    let hi = f == "maximum";
+    let pick = |a: f64, b: f64| if hi { a.max(b) } else { a.min(b) };
+    let (a, b) = (eval_val(&args[0], env, mag)?, eval_val(&args[1], env, mag)?);
+    Ok(match (a, b) {
+        (Val::Num(x), Val::Num(y)) => Val::Num(pick(x, y)),
+        (Val::T(t, m), Val::Num(c)) | (Val::Num(c), Val::T(t, m)) => {
+            let v = if hi {
+                t.f_clamp_min(c)?
+            } else {
+                t.f_clamp_max(c)?
+            };
+            Val::T(v, m.map(|m| m.f_clamp_min(c.abs())).transpose()?)
+        }
+        (Val::T(x, mx), Val::T(y, my)) => {
+            let v = if hi {
+                x.f_maximum(&y)?
+            } else {
+                x.f_minimum(&y)?
+            };
+            let m = match (mx, my) {
+                (Some(a), Some(b)) => Some(a.f_maximum(&b)?),
+                _ => None,
+            };
+            Val::T(v, m)
+        }
+    })
+}
+
 fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
+    if f == "maximum" || f == "minimum" {
+        return extremum(f, args, env, mag);
+    }
     let (x, mx) = tensor_arg(&args[0], env, mag, f)?;
     // Lipschitz unary: value f(x), magnitude max(|f(x)|, m(x)).
     let lip = |v: Tensor, mx: Option<Tensor>| -> R<Val> {
@@ -169,19 +203,6 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
             let m = match mx {
                 Some(m) => Some(v.f_abs()?.f_mul(&m.f_add_scalar(1.0)?)?),
                 None => None,
-            };
-            Ok(Val::T(v, m))
-        }
-        "maximum" | "minimum" => {
-            let (y, my) = tensor_arg(&args[1], env, mag, f)?;
-            let v = if f == "maximum" {
-                x.f_maximum(&y)?
-            } else {
-                x.f_minimum(&y)?
-            };
-            let m = match (mx, my) {
-                (Some(a), Some(b)) => Some(a.f_maximum(&b)?),
-                _ => None,
             };
             Ok(Val::T(v, m))
         }
@@ -312,6 +333,17 @@ mod tests {
         // gelu(1) = 0.5 * (1 + erf(1 / sqrt 2)) = 0.841344746...
         let (v, _) = run("gelu(a)", &[("a", &a)], &[]);
         assert!((v[0] - 0.841_344_746_068_543).abs() < 1e-12, "{v:?}");
+        // A number on either side of maximum / minimum (generated families draw them).
+        let (v, m) = run("maximum(0.5, a)", &[("a", &a)], &[]);
+        assert_eq!(v, vec![1.0, 2.0, 0.5]);
+        assert_eq!(m, vec![1.0, 2.0, 3.0]);
+        let (v, m) = run("minimum(a, -2.0)", &[("a", &a)], &[]);
+        assert_eq!(v, vec![-2.0, -2.0, -3.0]);
+        assert_eq!(m, vec![2.0, 2.0, 3.0]);
+        let (v, _) = run("min(relu(minimum(0.5, a)), 0)", &[("a", &a)], &[]);
+        assert_eq!(v, vec![0.0]);
+        let (v, _) = run("a + maximum(2.0, 0.5)", &[("a", &a)], &[]);
+        assert_eq!(v, vec![3.0, 4.0, -1.0]);
     }
 
     #[test]

@@ -307,16 +307,44 @@ impl TrainableAgent {
     /// # Errors
     /// libtorch errors.
     pub fn step(&mut self, loss: &Tensor) -> Result<f64, ModelError> {
-        if self.optim.warmup > 0 {
-            let k = self.opt.steps() + 1;
-            let f = (k as f64 / self.optim.warmup as f64).min(1.0);
-            self.opt.set_lr(self.optim.lr * f);
-        }
+        self.warm_up();
         self.opt.zero_grad();
         loss.f_backward()?;
         let norm = clip_grad_norm(&self.model.vs.trainable_variables(), self.optim.grad_clip);
         self.opt.step();
         Ok(norm)
+    }
+
+    /// One optimizer step on the policy-gradient loss `pg` plus the auxiliary terms `aux` (the
+    /// weighted KL penalty and PPO-ptx), the auxiliary gradient scaled to at most `cap` times
+    /// the policy gradient's norm ([`crate::rl::capped_gradients`]); then global-norm clipping
+    /// and AdamW. Returns the summed gradient's norm before clipping and how the two were
+    /// combined.
+    ///
+    /// # Errors
+    /// libtorch errors.
+    pub fn step_capped(
+        &mut self,
+        pg: &Tensor,
+        aux: &Tensor,
+        cap: f64,
+    ) -> Result<(f64, crate::rl::AuxCap), ModelError> {
+        self.warm_up();
+        self.opt.zero_grad();
+        let params = self.model.vs.trainable_variables();
+        let c = crate::rl::capped_gradients(pg, aux, &params, cap)?;
+        let norm = clip_grad_norm(&params, self.optim.grad_clip);
+        self.opt.step();
+        Ok((norm, c))
+    }
+
+    /// Sets the learning rate of the next step from the linear warmup.
+    fn warm_up(&mut self) {
+        if self.optim.warmup > 0 {
+            let k = self.opt.steps() + 1;
+            let f = (k as f64 / self.optim.warmup as f64).min(1.0);
+            self.opt.set_lr(self.optim.lr * f);
+        }
     }
 
     /// Writes what continuing this agent's training needs to `path` ([`AdamW::save`]: the

@@ -130,11 +130,17 @@ impl Decoder {
     }
 
     /// Buffers for batch size `b` with at least `need` columns (new ones drop that batch
-    /// size's graphs, which point at the old ones).
+    /// size's graphs, which point at the old ones). Once no graph is left the pool goes too:
+    /// libtorch releases a pool whose last graph is freed, and a capture into its id then fails
+    /// (`create_or_incref_pool`'s `use_count > 0` assertion, seen on an H200 when a resumed
+    /// `rl-train` with `control` regrew its only batch size's buffers).
     fn buffers(&mut self, b: i64, need: i64) -> &mut Buffers {
         if self.sets.get(&b).is_none_or(|s| s.kv.capacity() < need) {
             let cap = round_up(need, LEN_BUCKET);
             self.graphs.retain(|k, _| k.0 != b);
+            if self.graphs.is_empty() {
+                self.pool = None;
+            }
             self.sets.insert(b, Buffers::new(&self.model, b, cap));
         }
         self.sets.get_mut(&b).expect("inserted above")
@@ -271,4 +277,50 @@ pub(crate) fn generate_static(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{SampleParams, generate};
+    use crate::job::ModelConfig;
+
+    /// A decoder whose only batch size outgrows its buffers drops every graph of its pool, and
+    /// the next capture must go into a fresh pool. Gated: `CUDARL_GPU=1` on a GPU machine.
+    #[test]
+    fn graphs_are_captured_again_after_the_only_batch_size_outgrew_its_buffers() {
+        if std::env::var("CUDARL_GPU").as_deref() != Ok("1") {
+            eprintln!("SKIPPED graphs_are_captured_again...: GPU test (set CUDARL_GPU=1)");
+            return;
+        }
+        assert!(cuda_graph::available(), "built without CUDA graphs");
+        let spec = cudarl_protocol::ModelSpec {
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 2048,
+            tie_word_embeddings: true,
+            rope_theta: 10_000.0,
+        };
+        tch::manual_seed(0);
+        let m = Qwen2::new(spec.config(100), Device::Cuda(0)).unwrap();
+        let prompts = vec![vec![1i64, 2, 3, 4]; 2];
+        // 16, then 600 new tokens (past the first buffers' 256 columns), then 16 again.
+        for n in [16, 600, 16] {
+            let p = SampleParams {
+                max_new_tokens: n,
+                temperature: 1.0,
+                seed: Some(0),
+                decode: DecodePath::Graphs,
+                ..Default::default()
+            };
+            let g = generate(&m, &prompts, &p, &[], &mut |_, _| false).unwrap();
+            assert!(g.tokens.iter().all(|t| t.len() == n), "{n}");
+        }
+        let dec = m.decoder.lock().unwrap();
+        let dec = dec.as_ref().expect("a decoder");
+        assert!(!dec.graphs.is_empty(), "the longer decode was captured");
+    }
 }

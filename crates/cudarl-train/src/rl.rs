@@ -8,7 +8,7 @@
 //! the batch, Yu et al., "DAPO", arXiv:2503.14476.
 
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::{Kind, TchError, Tensor};
 
 pub use cudarl_protocol::PgConfig;
 pub use cudarl_protocol::rl::KL_CLAMP;
@@ -45,6 +45,20 @@ pub fn clipped_pg_loss(
     mask: &Tensor,
     cfg: &PgConfig,
 ) -> (Tensor, PgStats) {
+    let (pg, kl, stats) = clipped_pg_terms(logp, old_logp, ref_logp, adv, mask, cfg);
+    (pg + kl, stats)
+}
+
+/// [`clipped_pg_loss`]'s two terms apart: the clipped surrogate and the weighted KL penalty
+/// `beta * mean_tokens[KL_k3]` (scalar tensors), for [`capped_gradients`].
+pub fn clipped_pg_terms(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    ref_logp: Option<&Tensor>,
+    adv: &Tensor,
+    mask: &Tensor,
+    cfg: &PgConfig,
+) -> (Tensor, Tensor, PgStats) {
     let n = mask.sum(Kind::Float).clamp_min(1.0);
     let a = adv.unsqueeze(-1);
     let ratio = (logp - old_logp).exp();
@@ -61,7 +75,8 @@ pub fn clipped_pg_loss(
         }
         None => (Tensor::zeros([], (Kind::Float, logp.device())), 0.0),
     };
-    let loss = &pg + &kl * cfg.kl_coef;
+    let kl_term = &kl * cfg.kl_coef;
+    let loss = &pg + &kl_term;
     let clipped = tch::no_grad(|| {
         (ratio
             .gt(1.0 + cfg.clip)
@@ -79,7 +94,76 @@ pub fn clipped_pg_loss(
         tokens: n.double_value(&[]),
         max_log_ratio,
     };
-    (loss, stats)
+    (pg, kl_term, stats)
+}
+
+/// How [`capped_gradients`] combined the two gradients of one minibatch step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AuxCap {
+    /// `||g_aux|| / max(||g_pg||, 1e-12)` before scaling (global L2 norms over every trained
+    /// parameter).
+    pub ratio: f64,
+    /// The factor `g_aux` was multiplied by: `min(1, cap * ||g_pg|| / ||g_aux||)`.
+    pub scale: f64,
+}
+
+/// Leaves `g_pg + s * g_aux` in each parameter's gradient (added to what is there), with
+/// `g_pg` the gradient of the policy-gradient loss `pg`, `g_aux` that of the auxiliary terms
+/// `aux` (the KL penalty and PPO-ptx's cross-entropy, already weighted), and
+/// `s = min(1, cap * ||g_pg|| / ||g_aux||)` over the global L2 norms. With `cap <= 1`,
+/// `<g_pg, g_pg + s g_aux> >= (1 - cap) ||g_pg||^2 >= 0`: a step along the sum never lowers
+/// the policy-gradient objective to first order, however large the KL or SFT terms are (the
+/// norm balancing of multi-task training, Chen et al., "GradNorm", arXiv:1711.02257, reduced to a
+/// ceiling). Both backward passes run through the shared graph (`pg` first, keeping it), and
+/// the sum is written with one more backward of `sum_i <p_i, g_i>` (parameters the losses did
+/// not reach keep their gradient).
+///
+/// `pg` and `aux` are scalar tensors; `params` the trained parameters (`requires_grad`).
+///
+/// # Errors
+/// libtorch errors (a loss that does not reach any parameter, a freed graph).
+pub fn capped_gradients(
+    pg: &Tensor,
+    aux: &Tensor,
+    params: &[Tensor],
+    cap: f64,
+) -> Result<AuxCap, TchError> {
+    let gp = Tensor::f_run_backward(&[pg], params, true, false)?;
+    let ga = Tensor::f_run_backward(&[aux], params, false, false)?;
+    let norm = |gs: &[Tensor]| -> f64 {
+        let sq: f64 = gs
+            .iter()
+            .filter(|g| g.defined())
+            .map(|g| {
+                g.to_kind(Kind::Float)
+                    .square()
+                    .sum(Kind::Float)
+                    .double_value(&[])
+            })
+            .sum();
+        sq.sqrt()
+    };
+    let (np, na) = (norm(&gp), norm(&ga));
+    let ratio = na / np.max(1e-12);
+    let scale = if na > cap * np { cap * np / na } else { 1.0 };
+    let mut surrogate: Option<Tensor> = None;
+    for ((p, a), b) in params.iter().zip(&gp).zip(&ga) {
+        let g = match (a.defined(), b.defined()) {
+            (true, true) => a + b * scale,
+            (true, false) => a.shallow_clone(),
+            (false, true) => b * scale,
+            (false, false) => continue,
+        };
+        let term = (p * g.detach()).sum(Kind::Float);
+        surrogate = Some(match surrogate {
+            Some(s) => s + term,
+            None => term,
+        });
+    }
+    if let Some(s) = surrogate {
+        s.f_backward()?;
+    }
+    Ok(AuxCap { ratio, scale })
 }
 
 #[cfg(test)]
@@ -98,6 +182,7 @@ mod tests {
         let cfg = PgConfig {
             clip: 0.2,
             kl_coef: 0.0,
+            aux_grad_cap: None,
         };
         let (loss, st) = clipped_pg_loss(&new, &old, None, &adv, &mask, &cfg);
         // Row 0 (A = 1): min(1.6487, 1.2) = 1.2; min(1, 1) = 1; min(0.6065, 0.6065) = 0.6065.
@@ -112,6 +197,7 @@ mod tests {
         let cfg = PgConfig {
             clip: 0.2,
             kl_coef: 0.1,
+            aux_grad_cap: None,
         };
         let (_, same) = clipped_pg_loss(&new, &old, Some(&new), &adv, &mask, &cfg);
         assert!(same.kl.abs() < 1e-7);
@@ -151,5 +237,72 @@ mod tests {
             g[0] < 0.0 && g[1] < 0.0 && g[2] > 0.0 && g[3] > 0.0,
             "{g:?}"
         );
+    }
+
+    /// Logits `[1, 4]` as the only parameter; the policy gradient raises token 0 (advantage 1),
+    /// a KL term 1000x stronger pulls toward a reference on token 1.
+    fn opposed_losses(logits: &Tensor) -> (Tensor, Tensor) {
+        let logp = logits.log_softmax(-1, Kind::Float);
+        let mask = Tensor::ones([1, 1], (Kind::Float, tch::Device::Cpu));
+        let lp0 = logp.narrow(1, 0, 1);
+        let (pg, _) = clipped_pg_loss(
+            &lp0,
+            &lp0.detach(),
+            None,
+            &Tensor::from_slice(&[1.0f32]),
+            &mask,
+            &PgConfig::default(),
+        );
+        let reference = Tensor::from_slice(&[-6.0f32, -0.01, -6.0, -6.0]).view([1, 4]);
+        let kl = (logp.exp() * (&logp - reference)).sum(Kind::Float) * 1000.0;
+        (pg, kl)
+    }
+
+    fn grad_of(logits: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(logits.grad().view([-1])).unwrap()
+    }
+
+    #[test]
+    fn a_capped_auxiliary_gradient_cannot_outweigh_the_policy_gradient() {
+        let mut logits =
+            Tensor::zeros([1, 4], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let params = [logits.shallow_clone()];
+        // The policy gradient alone.
+        let (pg, _) = opposed_losses(&logits);
+        pg.backward();
+        let gp = grad_of(&logits);
+        let dot = |g: &[f32]| g.iter().zip(&gp).map(|(a, b)| a * b).sum::<f32>();
+        // Summed as before, the KL term's gradient turns the step against the policy gradient.
+        logits.zero_grad();
+        let (pg, kl) = opposed_losses(&logits);
+        (pg + kl).backward();
+        let summed = grad_of(&logits);
+        assert!(dot(&summed) < 0.0, "{summed:?} vs {gp:?}");
+        // Capped at 1: scaled down to the policy gradient's norm, the step still raises the
+        // advantaged token's log-probability.
+        logits.zero_grad();
+        let (pg, kl) = opposed_losses(&logits);
+        let c = capped_gradients(&pg, &kl, &params, 1.0).unwrap();
+        let capped = grad_of(&logits);
+        assert!(c.ratio > 100.0, "{c:?}");
+        assert!((c.scale - 1.0 / c.ratio).abs() < 1e-9, "{c:?}");
+        assert!(dot(&capped) >= 0.0, "{capped:?} vs {gp:?}");
+        let stepped = tch::no_grad(|| &logits - Tensor::from_slice(&capped).view([1, 4]));
+        let p0 = stepped.softmax(-1, Kind::Float).double_value(&[0, 0]);
+        assert!(p0 >= 0.25 - 1e-6, "token 0 fell to {p0}");
+        // A weak auxiliary term passes unscaled: the gradient is the plain sum.
+        logits.zero_grad();
+        let (pg, kl) = opposed_losses(&logits);
+        let c = capped_gradients(&pg, &(kl * 1e-6), &params, 1.0).unwrap();
+        assert_eq!(c.scale, 1.0);
+        assert!(c.ratio < 1.0, "{c:?}");
+        let weak = grad_of(&logits);
+        logits.zero_grad();
+        let (pg, kl) = opposed_losses(&logits);
+        (pg + kl * 1e-6).backward();
+        let plain = grad_of(&logits);
+        for (a, b) in weak.iter().zip(&plain) {
+            assert!((a - b).abs() < 1e-6, "{weak:?} vs {plain:?}");
+        }
     }
 }

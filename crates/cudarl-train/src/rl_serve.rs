@@ -13,7 +13,10 @@
 //! - `update` {agent, samples: [{id, advantage, return?}]} -> {loss, pg_loss, kl, clip_frac,
 //!   entropy, tokens, grad_norm, value_loss, max_approx_kl, skipped_minibatches, steps,
 //!   seconds}: the clipped-ratio loss with the KL penalty ([`crate::rl::clipped_pg_loss`]) over
-//!   minibatches, `epochs` passes over them ([`RlServe::epochs`]); the old log-probabilities
+//!   minibatches, `epochs` passes over them ([`RlServe::epochs`]); with `pg.aux_grad_cap`, the
+//!   gradient of the KL and PPO-ptx terms is scaled to at most that multiple of the policy
+//!   gradient's norm ([`crate::rl::capped_gradients`]; `aux_scale`, `max_aux_grad_ratio`
+//!   report it); the old log-probabilities
 //!   are recomputed with the training forward pass before the first minibatch (so
 //!   sampling-time numerics do not bias the ratio). With `target_kl`, the update
 //!   stops early once the policy has moved too far ([`RlServe::target_kl`]). With PPO, the
@@ -36,7 +39,7 @@ use tch::nn::{self, Module};
 
 use crate::adamw::{AdamW, AdamWConfig};
 use crate::agent::{AgentOptim, Completion, Role, TrainableAgent};
-use crate::rl::clipped_pg_loss;
+use crate::rl::clipped_pg_terms;
 use crate::tokenizer::ChatMessage;
 use crate::train::{ComputeKind, Example};
 use crate::{ModelError, Qwen2, SampleParams};
@@ -404,9 +407,10 @@ impl Server {
                 st.skipped_minibatches = passes * batches.len() - k;
                 break;
             }
-            let (pg, s) = clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
-            // PPO-ptx: the next `batch` SFT conversations of this agent, cycled.
-            let loss = match &self.job.ptx {
+            let (pg, kl, s) = clipped_pg_terms(&logp, old, Some(rf), adv, &mask, &self.job.pg);
+            // The auxiliary terms: the weighted KL penalty, and PPO-ptx on the next `batch` SFT
+            // conversations of this agent, cycled.
+            let aux = match &self.job.ptx {
                 Some(p) if p.batch > 0 && !self.ptx[agent.index()].0.is_empty() => {
                     let (rows, next) = &mut self.ptx[agent.index()];
                     let take: Vec<&Vec<ChatMessage>> = (0..p.batch)
@@ -417,9 +421,9 @@ impl Server {
                     let b: Vec<&Example> = ex.iter().collect();
                     let (nll, _) = crate::train::loss_of(&a.model, &b, p.max_len)?;
                     st.ptx_loss += nll.double_value(&[]);
-                    pg + nll * p.coef
+                    kl + nll * p.coef
                 }
-                _ => pg,
+                _ => kl,
             };
             if let Some(c) = critic.as_deref_mut() {
                 // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
@@ -429,7 +433,15 @@ impl Server {
                 c.opt.step();
                 st.value_loss += vl.double_value(&[]);
             }
-            st.grad_norm += a.step(&loss)?;
+            st.grad_norm += match self.job.pg.aux_grad_cap {
+                Some(cap) if aux.requires_grad() => {
+                    let (norm, c) = a.step_capped(&pg, &aux, cap)?;
+                    st.aux_scale += c.scale;
+                    st.max_aux_grad_ratio = st.max_aux_grad_ratio.max(c.ratio);
+                    norm
+                }
+                _ => a.step(&(pg + aux))?,
+            };
             st.loss += s.loss;
             st.pg_loss += s.pg_loss;
             st.kl += s.kl;
@@ -449,6 +461,7 @@ impl Server {
             &mut st.grad_norm,
             &mut st.value_loss,
             &mut st.ptx_loss,
+            &mut st.aux_scale,
         ] {
             *x /= n_mb;
         }
@@ -723,12 +736,14 @@ mod tests {
         };
         let (gp, op) = (write("g.jsonl", "2.5f"), write("o.jsonl", "x[0]"));
         let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
-        let server = |ptx: Option<Ptx>| {
+        let server_capped = |ptx: Option<Ptx>, cap: Option<f64>| {
             let mut j = job("");
             (j.generator, j.optimizer) = (m.clone(), m.clone());
             (j.lr, j.minibatch, j.warmup, j.ptx) = (1e-2, 1, 0, ptx);
+            j.pg.aux_grad_cap = cap;
             Server::new(j).unwrap()
         };
+        let server = |ptx: Option<Ptx>| server_capped(ptx, None);
         let ptx = Ptx {
             coef: 1.0,
             batch: 3,
@@ -737,7 +752,7 @@ mod tests {
             max_len: 256,
             seed: 0,
         };
-        let mut s = server(Some(ptx));
+        let mut s = server(Some(ptx.clone()));
         assert_eq!((s.ptx[0].0.len(), s.ptx[1].0.len()), (6, 6));
         let sft_loss = |s: &Server, k: usize| {
             let _g = tch::no_grad_guard();
@@ -763,6 +778,19 @@ mod tests {
             "the generator fitted its SFT data"
         );
         assert_eq!(sft_loss(&s, 1), o0, "the optimizer did not move");
+        assert_eq!(
+            (st.aux_scale, st.max_aux_grad_ratio),
+            (0.0, 0.0),
+            "no cap, no report"
+        );
+        // With the auxiliary gradient capped at the policy gradient's norm, a zero policy
+        // gradient lets no SFT step through: PPO-ptx cannot outweigh it.
+        let mut capped = server_capped(Some(ptx.clone()), Some(1.0));
+        let st = zero_update(&mut capped);
+        assert_eq!(st.steps, 4);
+        assert_eq!(st.aux_scale, 0.0, "{st:?}");
+        assert!(st.max_aux_grad_ratio > 1e6, "{st:?}");
+        assert_eq!(sft_loss(&capped, 0), g0, "the generator did not move");
         // Without ptx the same update moves nothing and reports no SFT loss.
         let mut plain = server(None);
         let st = zero_update(&mut plain);
