@@ -147,7 +147,8 @@ fn validate_stage_with_row_memo() {
     // `validate` is the synthetic task kernels (the archives' are `validate-archive`, tested in
     // torch_format.rs).
     let pl = p.path("pipelines/default.toml");
-    // Plus three generated families (2 elementwise, 1 row reduction), two kernels each.
+    // Plus three generated families: 2 elementwise with two kernels each, 1 row reduction with
+    // three (naive and two fast layouts).
     let text = std::fs::read_to_string(&pl).unwrap().replace(
         "[stages.synth-tasks]\n",
         "[stages.synth-tasks]\ngenerate = { elementwise = 2, row_reduce = 1, seed = 3 }\n",
@@ -169,7 +170,8 @@ fn validate_stage_with_row_memo() {
         .iter()
         .map(|t| 1 + t.spec.optimized.len())
         .sum::<usize>()
-        + 6;
+        + 2 * 2
+        + 3;
     assert_eq!(
         m["validate"]["outputs"]["validations"]["rows"], kernels,
         "every task's naive and optimized kernels"
