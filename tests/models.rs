@@ -969,3 +969,34 @@ fn a_killed_or_interrupted_rl_run_resumes_from_its_last_saved_step_and_a_longer_
         assert_eq!(digest(&long).len(), 1, "{agent}");
     }
 }
+
+#[test]
+fn an_sft_seed_is_another_draw_of_the_same_data_and_not_a_tokenizer_parameter() {
+    let p = after_sft();
+    let run = |sets: &[&str]| -> (String, String) {
+        let mut args = vec!["run", "sft-train", "--json"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let o = p.run(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+        let m = common::records(&o);
+        (
+            common::status_of(&m, "sft-train"),
+            common::out_hash(&m, "sft-train", "checkpoint"),
+        )
+    };
+    let (status, base) = run(&[]);
+    assert_eq!(status, "cached");
+    let (status, drawn) = run(&["sft-train.seed=7"]);
+    assert_eq!(status, "ran");
+    assert_ne!(drawn, base, "another example order gives other weights");
+    assert_eq!(run(&["sft-train.seed=7"]), ("cached".to_string(), drawn));
+    let o = p.run(&["run", "tokenizer", "--set", "tokenizer.seed=1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(
+        common::stderr(&o).contains("seed is a `pretrain` and `sft-train` parameter"),
+        "{}",
+        common::stderr(&o)
+    );
+}

@@ -100,6 +100,12 @@ pub struct Params {
     /// `pretrain` only: the seed of those documents' expressions.
     #[serde(default = "d_copy_seed", skip_serializing_if = "is_copy_seed")]
     pub copy_seed: u64,
+    /// `pretrain` and `sft-train`: the training seed (example order and libtorch's draws: the
+    /// initialization, dropout), in place of the model file's `seed`; one SFT draw of a
+    /// comparison over draws (`--set pretrain.seed=1 --set sft-train.seed=1 --set
+    /// sft-train-optimizer.seed=1`). Absent: the model file's, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -155,6 +161,9 @@ impl ModelStage {
             && (params.copy_documents > 0 || params.copy_seed != d_copy_seed())
         {
             return Err("copy_documents and copy_seed are `pretrain` parameters".into());
+        }
+        if kind == Kind::Tokenizer && params.seed.is_some() {
+            return Err("seed is a `pretrain` and `sft-train` parameter".into());
         }
         if !["generator", "optimizer"].contains(&params.agent.as_str()) {
             return Err(format!(
@@ -367,8 +376,12 @@ impl Stage for ModelStage {
         let mf: ModelFile =
             toml::from_str(&text).map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
         let section = |name: &str, v: &Value| -> Result<TrainConfig, StageError> {
-            serde_json::from_value(v.clone())
-                .map_err(|e| StageError::bad_input(&rel, Some(name), e.to_string()))
+            let mut c: TrainConfig = serde_json::from_value(v.clone())
+                .map_err(|e| StageError::bad_input(&rel, Some(name), e.to_string()))?;
+            if let Some(s) = self.params.seed {
+                c.seed = s;
+            }
+            Ok(c)
         };
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
