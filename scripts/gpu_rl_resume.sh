@@ -13,6 +13,9 @@
 #   FRESH=1   starts over on an empty store
 #   SETS      extra `--set` values, space-separated (e.g. rl-train.control=true); every
 #             invocation of one run must give the same ones (they are part of the stage's key)
+#   EVAL=1    once the run has finished, `run eval` on it too (same SETS and STEPS) and write
+#             $OUT/draw/ (rl_metrics.jsonl, export/eval.report/ with comparison.json), the layout
+#             scripts/rl_learning.py pools over SFT draws
 #   FROM_STORE a store to start from instead (hard-linked, e.g. the main job's
 #             /tmp/cudarl-main/store): its stages before rl-train are cached, and a run with
 #             more steps continues its shorter rl-train (docs/architecture.md, "Resuming")
@@ -83,5 +86,14 @@ print(json.dumps({"gpu": open(f"{d}/gpu.txt").read().strip(), "steps": steps,
                   "rl_train": {k: ran[-1].get(k) for k in ("seconds", "stats")} if ran else None,
                   "metrics": [json.loads(l) for l in open(f"{d}/metrics.jsonl")]}, indent=1))
 PY
+  if [ "${EVAL:-0}" = 1 ]; then
+    mkdir -p "$OUT/draw"
+    cp "$D/metrics.jsonl" "$OUT/draw/rl_metrics.jsonl"
+    "$B/cudarl-pipe" --root . --store "$D/store" run eval --set "rl-train.steps=$STEPS" "${EXTRA[@]}" \
+      --json > "$D/eval.jsonl" 2> "$D/eval.err"
+    echo "eval rc=$?" >> "$OUT/draw/eval_rc.txt"
+    "$B/cudarl-pipe" --root . --store "$D/store" export eval --output report --to "$OUT/draw/export" \
+      --set "rl-train.steps=$STEPS" "${EXTRA[@]}" > /dev/null 2>&1
+  fi
 fi
 tail -1 "$D/commands.jsonl"

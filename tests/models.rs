@@ -537,6 +537,31 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
             .len()
             > 1000
     );
+    // The pipeline's pre-registered comparison leads, and comes as JSON for pooling draws.
+    assert!(
+        md.contains("## Pre-registered comparison")
+            && md.contains("named in the pipeline before the run: **fast_naive_1_5**")
+            && md.contains("Guardrail pass: "),
+        "{md}"
+    );
+    let c: Value = serde_json::from_str(
+        &std::fs::read_to_string(p.path("exported/eval.report/comparison.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c["primary_metric"], "fast_naive_1_5", "{c}");
+    assert_eq!(c["guardrail_metric"], "pass", "{c}");
+    // Compile-only: nothing passes, so RL and SFT tie on both, pair by pair.
+    assert_eq!(c["holdout_primary"]["rl_minus_sft"], 0.0, "{c}");
+    assert_eq!(c["holdout_primary"]["gained"], 0, "{c}");
+    assert!(c["holdout_primary"]["pairs"].as_u64().unwrap() > 0, "{c}");
+    // A metric the report does not know is named, exit 2.
+    let o = p.run(&["run", "eval", "--set", "eval.primary_metric=\"speed\""]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(
+        common::stderr(&o).contains("primary_metric"),
+        "{}",
+        common::stderr(&o)
+    );
 }
 
 #[test]

@@ -124,9 +124,77 @@ pub struct Params {
     /// Also evaluate on the train families (per-tier rates).
     #[serde(default = "d_true")]
     pub include_train: bool,
+    /// The pre-registered primary metric of RL - SFT on the hold-out families, named before the
+    /// runs (`pipelines/default.toml`): the report leads with it, paired by sampling seed, and
+    /// writes it to `comparison.json` (`scripts/rl_learning.py` pools the draws). Absent: no
+    /// pre-registered comparison, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_metric: Option<Metric>,
+    /// The guardrail beside it (e.g. the pass rate: RL must not fall by more than one standard
+    /// error). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guardrail_metric: Option<Metric>,
     /// Sampling, turns, reward, mode, device (as `rl-train`; the update settings are unused).
     #[serde(flatten)]
     pub rl: crate::rl_params::Params,
+}
+
+/// An episode outcome a comparison counts (of the episode's best turn unless `single_turn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Compiled.
+    Compile,
+    /// Passed every test, no hack flag.
+    Pass,
+    /// The first turn compiled.
+    SingleTurnCompile,
+    /// The first turn passed.
+    SingleTurnPass,
+    /// Passed and faster than torch (fast_1, KernelBench's fast_p at p = 1).
+    #[serde(rename = "fast_1")]
+    Fast1,
+    /// Passed and over 1.5x torch.
+    #[serde(rename = "fast_1_5")]
+    Fast15,
+    /// Passed and over 2x torch.
+    #[serde(rename = "fast_2")]
+    Fast2,
+    /// Passed and at least 1.5x the task's naive kernel: a fast layout, not the naive scan
+    /// (the choice RL's speed term pays for).
+    #[serde(rename = "fast_naive_1_5")]
+    FastNaive15,
+}
+
+impl Metric {
+    fn name(self) -> &'static str {
+        match self {
+            Metric::Compile => "compile",
+            Metric::Pass => "pass",
+            Metric::SingleTurnCompile => "single_turn_compile",
+            Metric::SingleTurnPass => "single_turn_pass",
+            Metric::Fast1 => "fast_1",
+            Metric::Fast15 => "fast_1_5",
+            Metric::Fast2 => "fast_2",
+            Metric::FastNaive15 => "fast_naive_1_5",
+        }
+    }
+
+    /// Whether episode `r` counts.
+    fn hit(self, r: &Row) -> bool {
+        let (best, first) = (r.ep.best_components(), r.ep.first_components());
+        let faster = |p: f64| best.honest_pass() && best.speedup_vs_torch.is_some_and(|s| s > p);
+        match self {
+            Metric::Compile => best.compiled,
+            Metric::Pass => best.honest_pass(),
+            Metric::SingleTurnCompile => first.compiled,
+            Metric::SingleTurnPass => first.honest_pass(),
+            Metric::Fast1 => faster(1.0),
+            Metric::Fast15 => faster(1.5),
+            Metric::Fast2 => faster(2.0),
+            Metric::FastNaive15 => best.honest_pass() && best.speedup.is_some_and(|s| s >= 1.5),
+        }
+    }
 }
 
 /// The `eval` stage.
@@ -356,7 +424,8 @@ impl Stage for Eval {
         // 9: a turn with a hack flag is not a pass (it earns 0); the summary and the report
         // count flagged episodes (`flagged_rate`).
         // 10: a seeded batch samples the same whether the model had a decoder yet or not.
-        10
+        // 11: the pre-registered comparison (`primary_metric`, `comparison.json`).
+        11
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -458,7 +527,8 @@ impl Stage for Eval {
         std::fs::create_dir_all(&rd).map_err(|e| StageError::Failed(e.to_string()))?;
         let metrics =
             Table::read(ctx.input_path("rl_metrics")?, "rl-train.metrics").map_err(data_err)?;
-        report(&rd, &sums, &rows, &metrics, mode, device).map_err(StageError::Failed)?;
+        let pre = p.primary_metric.map(|m| (m, p.guardrail_metric));
+        report(&rd, (&sums, &rows, &metrics), mode, device, pre).map_err(StageError::Failed)?;
         ingest_dir(ctx, &rd, "report")
     }
 }
@@ -560,24 +630,7 @@ fn rl_minus_sft(md: &mut String, sums: &[Value], rows: &[Row], mode: &str) {
                 strat.join(", ")
             ));
         }
-        // Paired by seed: episode i of a task drew the same sampling seeds on both sides.
-        let paired = |f: &dyn Fn(&Row) -> bool| {
-            let side = |ck: &str| -> BTreeMap<&str, Vec<bool>> {
-                let mut m: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
-                for r in rows.iter().filter(|r| r.split == split && r.ck == ck) {
-                    m.entry(r.ep.task_id.as_str()).or_default().push(f(r));
-                }
-                m
-            };
-            let (a, b) = (side("sft"), side("rl"));
-            let mut pairs = Vec::new();
-            for (t, xa) in &a {
-                let xb = b.get(t).filter(|xb| xb.len() == xa.len())?;
-                pairs.extend(xa.iter().zip(xb).map(|(&x, &y)| (*t, x, y)));
-            }
-            (a.len() == b.len()).then_some(())?;
-            paired_diff(&pairs)
-        };
+        let paired = |f: &dyn Fn(&Row) -> bool| paired_by_seed(rows, split, f);
         let pair: Vec<String> = outcomes
             .iter()
             .filter_map(|(name, f)| {
@@ -594,6 +647,117 @@ fn rl_minus_sft(md: &mut String, sums: &[Value], rows: &[Row], mode: &str) {
             ));
         }
     }
+}
+
+/// RL - SFT on `split` paired by seed (episode i of a task drew the same sampling seeds on both
+/// sides) in the share of episodes `f` accepts: (difference, standard error clustered by task,
+/// pairs RL gained, pairs it lost); `None` when the sides' tasks or episodes differ.
+fn paired_by_seed(
+    rows: &[Row],
+    split: &str,
+    f: &dyn Fn(&Row) -> bool,
+) -> Option<(f64, Option<f64>, usize, usize)> {
+    let side = |ck: &str| -> BTreeMap<&str, Vec<bool>> {
+        let mut m: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
+        for r in rows.iter().filter(|r| r.split == split && r.ck == ck) {
+            m.entry(r.ep.task_id.as_str()).or_default().push(f(r));
+        }
+        m
+    };
+    let (a, b) = (side("sft"), side("rl"));
+    let mut pairs = Vec::new();
+    for (t, xa) in &a {
+        let xb = b.get(t).filter(|xb| xb.len() == xa.len())?;
+        pairs.extend(xa.iter().zip(xb).map(|(&x, &y)| (*t, x, y)));
+    }
+    (a.len() == b.len()).then_some(())?;
+    paired_diff(&pairs)
+}
+
+/// The pre-registered comparison (`primary_metric`, `guardrail_metric`): RL - SFT on the
+/// hold-out families paired by seed for each, and RL - control per step from `metrics` (mean
+/// reward and pass rate, steps 2 on: step 1 samples from identical weights). Appends its section
+/// to `md` and returns what `comparison.json` holds.
+fn comparison(
+    md: &mut String,
+    rows: &[Row],
+    metrics: &Table,
+    primary: Metric,
+    guardrail: Option<Metric>,
+) -> Value {
+    let holdout = |m: Metric| {
+        let (d, se, gained, lost) = paired_by_seed(rows, "test", &|r| m.hit(r))?;
+        let pairs = rows
+            .iter()
+            .filter(|r| r.split == "test" && r.ck == "rl")
+            .count();
+        Some(serde_json::json!({
+            "metric": m.name(), "rl_minus_sft": d, "se": se, "gained": gained, "lost": lost,
+            "pairs": pairs,
+        }))
+    };
+    let per_step = |col: &str| -> Option<Value> {
+        let (c, m) = match col {
+            "reward" => (
+                metrics.floats("control_reward"),
+                metrics.floats("mean_reward"),
+            ),
+            _ => (
+                metrics.floats("control_pass_rate"),
+                metrics.floats("pass_rate"),
+            ),
+        };
+        let (c, m) = (c.ok()??, m.ok()??);
+        let d: Vec<f64> = (1..metrics.rows())
+            .filter_map(|i| Some(m.get(i)? - c.get(i)?))
+            .collect();
+        (d.len() >= 2).then(|| {
+            let (mean, sd) = mean_std(&d);
+            serde_json::json!({
+                "rl_minus_control": mean,
+                "se": sd / ((d.len() - 1) as f64).sqrt(),
+                "steps": d.len(),
+            })
+        })
+    };
+    let out = serde_json::json!({
+        "primary_metric": primary.name(),
+        "guardrail_metric": guardrail.map(Metric::name),
+        "holdout_primary": holdout(primary),
+        "holdout_guardrail": guardrail.and_then(holdout),
+        "practised_reward": per_step("reward"),
+        "practised_pass_rate": per_step("pass"),
+    });
+    let show = |v: &Value| match (v["rl_minus_sft"].as_f64(), v["se"].as_f64()) {
+        (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
+        (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
+        _ => "n/a".into(),
+    };
+    md.push_str(&format!(
+        "
+## Pre-registered comparison
+
+Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the hold-out families, paired by sampling seed (+- one standard error clustered by task): {}.",
+        primary.name(),
+        show(&out["holdout_primary"])
+    ));
+    if let Some(g) = guardrail {
+        md.push_str(&format!(
+            " Guardrail {}: {}.",
+            g.name(),
+            show(&out["holdout_guardrail"])
+        ));
+    }
+    if let Some(p) = out["practised_reward"].as_object() {
+        md.push_str(&format!(
+            " On the practised tasks, RL - frozen control per step (steps 2 on): mean reward {:+.3} +- {:.3} over {} steps.",
+            p["rl_minus_control"].as_f64().unwrap_or(f64::NAN),
+            p["se"].as_f64().unwrap_or(f64::NAN),
+            p["steps"]
+        ));
+    }
+    md.push('\n');
+    out
 }
 
 /// The report's learning-curve section from the `metrics` table (its reward curve in `curve`):
@@ -685,11 +849,10 @@ fn learning_curves(md: &mut String, metrics: &Table, curve: &RewardColumns) {
 /// `report.md` and its plots.
 fn report(
     dir: &std::path::Path,
-    sums: &[Value],
-    rows: &[Row],
-    metrics: &Table,
+    (sums, rows, metrics): (&[Value], &[Row], &Table),
     mode: &str,
     device: &str,
+    pre: Option<(Metric, Option<Metric>)>,
 ) -> Result<(), String> {
     use cudarl_data::plot::{Series, histogram, line_chart};
     let curve = RewardColumns::read(metrics)?;
@@ -785,6 +948,11 @@ fn report(
             fmt(&s["mean_reward"]),
             fmt(&s["flagged_rate"]),
         ));
+    }
+    if let Some((primary, guardrail)) = pre {
+        let c = comparison(&mut md, rows, metrics, primary, guardrail);
+        let text = serde_json::to_string_pretty(&c).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("comparison.json"), text + "\n").map_err(|e| e.to_string())?;
     }
     rl_minus_sft(&mut md, sums, rows, mode);
     // What the loop made of each kind of start (full mode: "ended correct" needs tests).
