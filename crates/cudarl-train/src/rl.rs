@@ -30,10 +30,28 @@ pub struct PgStats {
     pub max_log_ratio: f64,
 }
 
+/// [`clipped_pg_loss`]'s result: the clipped surrogate and the weighted KL penalty apart
+/// (scalar tensors; [`capped_gradients`] takes their gradients separately), and the stats.
+pub struct PgLoss {
+    /// `mean_tokens[ -min(rho A, clip(rho, 1-eps, 1+eps) A) ]`.
+    pub pg: Tensor,
+    /// `beta * mean_tokens[KL_k3]` (0 without a reference).
+    pub kl: Tensor,
+    /// Detached scalars.
+    pub stats: PgStats,
+}
+
+impl PgLoss {
+    /// The loss `pg + kl`.
+    pub fn total(&self) -> Tensor {
+        &self.pg + &self.kl
+    }
+}
+
 /// The clipped-ratio policy loss with a KL penalty, averaged over every real token of the batch:
 /// `L = mean_tokens[ -min(rho A, clip(rho, 1-eps, 1+eps) A) + beta * KL_k3 ]` with
 /// `rho = exp(logp - old_logp)` and `KL_k3 = min(exp(d) - d - 1, KL_CLAMP)`,
-/// `d = clamp(ref - logp, -20, 20)` ([`KL_CLAMP`]).
+/// `d = clamp(ref - logp, -20, 20)` ([`KL_CLAMP`]), its two terms apart ([`PgLoss`]).
 ///
 /// Shapes: `logp`, `old_logp`, `ref_logp`, `mask` `[b, T]` (float32; `mask` 1 on the agent's own
 /// tokens), `adv` `[b]` (one advantage per completion, broadcast over its tokens).
@@ -44,21 +62,7 @@ pub fn clipped_pg_loss(
     adv: &Tensor,
     mask: &Tensor,
     cfg: &PgConfig,
-) -> (Tensor, PgStats) {
-    let (pg, kl, stats) = clipped_pg_terms(logp, old_logp, ref_logp, adv, mask, cfg);
-    (pg + kl, stats)
-}
-
-/// [`clipped_pg_loss`]'s two terms apart: the clipped surrogate and the weighted KL penalty
-/// `beta * mean_tokens[KL_k3]` (scalar tensors), for [`capped_gradients`].
-pub fn clipped_pg_terms(
-    logp: &Tensor,
-    old_logp: &Tensor,
-    ref_logp: Option<&Tensor>,
-    adv: &Tensor,
-    mask: &Tensor,
-    cfg: &PgConfig,
-) -> (Tensor, Tensor, PgStats) {
+) -> PgLoss {
     let n = mask.sum(Kind::Float).clamp_min(1.0);
     let a = adv.unsqueeze(-1);
     let ratio = (logp - old_logp).exp();
@@ -94,7 +98,11 @@ pub fn clipped_pg_terms(
         tokens: n.double_value(&[]),
         max_log_ratio,
     };
-    (pg, kl_term, stats)
+    PgLoss {
+        pg,
+        kl: kl_term,
+        stats,
+    }
 }
 
 /// How [`capped_gradients`] combined the two gradients of one minibatch step.
@@ -184,7 +192,8 @@ mod tests {
             kl_coef: 0.0,
             aux_grad_cap: None,
         };
-        let (loss, st) = clipped_pg_loss(&new, &old, None, &adv, &mask, &cfg);
+        let l = clipped_pg_loss(&new, &old, None, &adv, &mask, &cfg);
+        let (loss, st) = (l.total(), l.stats);
         // Row 0 (A = 1): min(1.6487, 1.2) = 1.2; min(1, 1) = 1; min(0.6065, 0.6065) = 0.6065.
         // Row 1 (A = -1): min(-0.6065, -0.8) = -0.8; min(-1, -1) = -1.
         let want = -(1.2 + 1.0 + (-0.5f64).exp() - 0.8 - 1.0) / 5.0;
@@ -199,9 +208,9 @@ mod tests {
             kl_coef: 0.1,
             aux_grad_cap: None,
         };
-        let (_, same) = clipped_pg_loss(&new, &old, Some(&new), &adv, &mask, &cfg);
+        let same = clipped_pg_loss(&new, &old, Some(&new), &adv, &mask, &cfg).stats;
         assert!(same.kl.abs() < 1e-7);
-        let (_, other) = clipped_pg_loss(&new, &old, Some(&old), &adv, &mask, &cfg);
+        let other = clipped_pg_loss(&new, &old, Some(&old), &adv, &mask, &cfg).stats;
         // k3 with d = ref - new: row 0 d = -0.5, 0, 0.5; row 1 d = 0.5, 0.
         let k3 = |d: f64| d.exp() - d - 1.0;
         let kl = (k3(-0.5) + k3(0.5) + k3(0.5)) / 5.0;
@@ -211,7 +220,7 @@ mod tests {
         // A reference 30 nats above the policy on one token: k3 would be e^30, about 1e13;
         // it counts KL_CLAMP, and the largest log-ratio says how far the token went.
         let far = Tensor::from_slice(&[30.0f32, 0.0, 0.0, 0.0, 0.0, 0.0]).view([2, 3]);
-        let (_, clamped) = clipped_pg_loss(&new, &old, Some(&(&new + &far)), &adv, &mask, &cfg);
+        let clamped = clipped_pg_loss(&new, &old, Some(&(&new + &far)), &adv, &mask, &cfg).stats;
         assert!(clamped.kl <= KL_CLAMP / 5.0 + 1e-6, "{clamped:?}");
         assert!((clamped.max_log_ratio - 30.0).abs() < 1e-4, "{clamped:?}");
     }
@@ -222,14 +231,15 @@ mod tests {
         let logp = logits.log_softmax(-1, Kind::Float).narrow(1, 0, 2); // tokens 0 and 1
         let old = logp.detach();
         let mask = Tensor::ones([1, 2], (Kind::Float, tch::Device::Cpu));
-        let (loss, _) = clipped_pg_loss(
+        let loss = clipped_pg_loss(
             &logp,
             &old,
             None,
             &Tensor::from_slice(&[1.0f32]),
             &mask,
             &PgConfig::default(),
-        );
+        )
+        .total();
         loss.backward();
         let g = Vec::<f32>::try_from(logits.grad().view([-1])).unwrap();
         // Descending the loss raises the logits of the sampled tokens and lowers the others.
@@ -245,14 +255,15 @@ mod tests {
         let logp = logits.log_softmax(-1, Kind::Float);
         let mask = Tensor::ones([1, 1], (Kind::Float, tch::Device::Cpu));
         let lp0 = logp.narrow(1, 0, 1);
-        let (pg, _) = clipped_pg_loss(
+        let pg = clipped_pg_loss(
             &lp0,
             &lp0.detach(),
             None,
             &Tensor::from_slice(&[1.0f32]),
             &mask,
             &PgConfig::default(),
-        );
+        )
+        .pg;
         let reference = Tensor::from_slice(&[-6.0f32, -0.01, -6.0, -6.0]).view([1, 4]);
         let kl = (logp.exp() * (&logp - reference)).sum(Kind::Float) * 1000.0;
         (pg, kl)

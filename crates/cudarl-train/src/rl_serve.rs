@@ -39,7 +39,7 @@ use tch::nn::{self, Module};
 
 use crate::adamw::{AdamW, AdamWConfig};
 use crate::agent::{AgentOptim, Completion, Role, TrainableAgent};
-use crate::rl::clipped_pg_terms;
+use crate::rl::clipped_pg_loss;
 use crate::tokenizer::ChatMessage;
 use crate::train::{ComputeKind, Example};
 use crate::{ModelError, Qwen2, SampleParams};
@@ -407,7 +407,8 @@ impl Server {
                 st.skipped_minibatches = passes * batches.len() - k;
                 break;
             }
-            let (pg, kl, s) = clipped_pg_terms(&logp, old, Some(rf), adv, &mask, &self.job.pg);
+            let crate::rl::PgLoss { pg, kl, stats: s } =
+                clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
             // The auxiliary terms: the weighted KL penalty, and PPO-ptx on the next `batch` SFT
             // conversations of this agent, cycled.
             let aux = match &self.job.ptx {
