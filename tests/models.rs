@@ -123,6 +123,17 @@ fn cpu_project() -> Project {
     p
 }
 
+/// `run targets --set set` must fail with exit 2 and say `says` on stderr.
+fn fails_with(p: &Project, targets: &[&str], set: &str, says: &str) {
+    let mut args = vec!["run"];
+    args.extend(targets);
+    args.extend(["--set", set]);
+    let o = p.run(&args);
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{set}: {err}");
+    assert!(err.contains(says), "{set}: {err}");
+}
+
 /// `run` with `--set` overrides, which must succeed.
 fn run_ok(p: &Project, targets: &[&str], sets: &[&str]) {
     let mut args = vec!["run"];
@@ -555,12 +566,11 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
     assert_eq!(c["holdout_primary"]["gained"], 0, "{c}");
     assert!(c["holdout_primary"]["pairs"].as_u64().unwrap() > 0, "{c}");
     // A metric the report does not know is named, exit 2.
-    let o = p.run(&["run", "eval", "--set", "eval.primary_metric=\"speed\""]);
-    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
-    assert!(
-        common::stderr(&o).contains("primary_metric"),
-        "{}",
-        common::stderr(&o)
+    fails_with(
+        &p,
+        &["eval"],
+        "eval.primary_metric=\"speed\"",
+        "primary_metric",
     );
 }
 
@@ -707,13 +717,7 @@ fn bad_rl_train_params_are_named_with_exit_2() {
         ("rl-train.algorithm=\"a2c\"", "expected `grpo` or `ppo`"),
         ("rl-train.target_kl=0.0", "target_kl must be a positive"),
     ] {
-        let o = p.run(&["run", "rl-train", "--set", set]);
-        assert_eq!(o.status.code(), Some(2), "{set}: {}", common::stderr(&o));
-        assert!(
-            common::stderr(&o).contains(says),
-            "{set}: {}",
-            common::stderr(&o)
-        );
+        fails_with(&p, &["rl-train"], set, says);
     }
 }
 
@@ -1017,11 +1021,10 @@ fn an_sft_seed_is_another_draw_of_the_same_data_and_not_a_tokenizer_parameter() 
     assert_eq!(status, "ran");
     assert_ne!(drawn, base, "another example order gives other weights");
     assert_eq!(run(&["sft-train.seed=7"]), ("cached".to_string(), drawn));
-    let o = p.run(&["run", "tokenizer", "--set", "tokenizer.seed=1"]);
-    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
-    assert!(
-        common::stderr(&o).contains("seed is a `pretrain` and `sft-train` parameter"),
-        "{}",
-        common::stderr(&o)
+    fails_with(
+        &p,
+        &["tokenizer"],
+        "tokenizer.seed=1",
+        "seed is a `pretrain` and `sft-train` parameter",
     );
 }

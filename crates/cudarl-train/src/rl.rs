@@ -138,18 +138,20 @@ pub fn capped_gradients(
 ) -> Result<AuxCap, TchError> {
     let gp = Tensor::f_run_backward(&[pg], params, true, false)?;
     let ga = Tensor::f_run_backward(&[aux], params, false, false)?;
+    // One device-to-host read per norm, not one per parameter.
     let norm = |gs: &[Tensor]| -> f64 {
-        let sq: f64 = gs
+        let sq: Vec<Tensor> = gs
             .iter()
             .filter(|g| g.defined())
-            .map(|g| {
-                g.to_kind(Kind::Float)
-                    .square()
-                    .sum(Kind::Float)
-                    .double_value(&[])
-            })
-            .sum();
-        sq.sqrt()
+            .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Float))
+            .collect();
+        if sq.is_empty() {
+            return 0.0;
+        }
+        Tensor::stack(&sq, 0)
+            .sum(Kind::Float)
+            .sqrt()
+            .double_value(&[])
     };
     let (np, na) = (norm(&gp), norm(&ga));
     let ratio = na / np.max(1e-12);
