@@ -9,19 +9,18 @@ paired by sampling seed). Per draw it takes:
 
 - RL - control on the practised tasks: the mean over steps 2 on of the per-step difference in
   mean reward (step 1 samples from identical weights);
-- RL - SFT on the hold-out in the primary metric and in the guardrail, from comparison.json.
+- RL - SFT on the hold-out in the primary metric and in the guardrail, from comparison.json;
+- collab-SFT - SFT likewise, where the draw evaluated the cross-agent fine-tuned checkpoints
+  (`eval.collab = true`).
 
 Over draws it reports the mean of the per-draw differences with the standard error over draws
 (sd / sqrt(n), n >= 2); with one draw, that draw's own standard error (over steps, or clustered by
 task). The acceptance of the RL issue: RL - control above 0 by 3 standard errors, RL - SFT on the
 hold-out above 0 by 2 in the primary metric, the guardrail not lower by more than one.
 
-One draw on a GPU host (binaries from `make carry`; N the draw, the same SETS in every command):
-    S="rl-train.control=true pretrain.seed=N sft-train.seed=N sft-train-optimizer.seed=N
-       sft-data.holdout_generated=0.33"   # about 150 generated hold-out families of 460
-    ACTION=start SETS="$S" bash scripts/gpu_main_job.sh          # SFT and 5 steps, cold store
-    FROM_STORE=/tmp/cudarl-main/store STEPS=50 SETS="$S" EVAL=1 bash scripts/gpu_rl_resume.sh
-(the second line again until it finishes; $OUT/draw/ is the RUN_DIR).
+One draw on a GPU host (binaries from `make carry`), detached, about 25 minutes on an H200:
+    DRAW=N ACTION=start bash scripts/gpu_rl_draw.sh     # then ACTION=wait until it says done
+$OUT/draw.tar.gz unpacks to the RUN_DIR.
 
 Usage: python3 scripts/rl_learning.py RUN_DIR [RUN_DIR ...] [--out FILE] [--gpu NAME]
 Writes the JSON to --out (e.g. benchmarks/results/rl_learning_h200_<date>.json) or stdout.
@@ -69,6 +68,8 @@ def draw(run_dir):
         sys.exit(f"{run_dir}: rl_metrics.jsonl has no control columns (rl-train.control = true)")
     d, se = mean_se(reward)
     prim, guard = comp.get("holdout_primary") or {}, comp.get("holdout_guardrail") or {}
+    cprim = comp.get("holdout_collab_primary") or {}
+    cguard = comp.get("holdout_collab_guardrail") or {}
     return {
         "run": run_dir,
         "primary_metric": comp["primary_metric"],
@@ -82,6 +83,10 @@ def draw(run_dir):
         "holdout_pairs": prim.get("pairs"),
         "guardrail_rl_minus_sft": guard.get("rl_minus_sft"),
         "guardrail_rl_minus_sft_se": guard.get("se"),
+        "collab_minus_sft_holdout": cprim.get("collab_minus_sft"),
+        "collab_minus_sft_holdout_se": cprim.get("se"),
+        "guardrail_collab_minus_sft": cguard.get("collab_minus_sft"),
+        "guardrail_collab_minus_sft_se": cguard.get("se"),
     }
 
 
@@ -118,7 +123,13 @@ def main():
         "steps": [d["steps"] for d in draws],
         "episodes": [d["episodes"] for d in draws],
     }
-    for key in ("rl_minus_control", "rl_minus_sft_holdout", "guardrail_rl_minus_sft"):
+    for key in (
+        "rl_minus_control",
+        "rl_minus_sft_holdout",
+        "guardrail_rl_minus_sft",
+        "collab_minus_sft_holdout",
+        "guardrail_collab_minus_sft",
+    ):
         out[key], out[key + "_se"] = pool(draws, key)
     g, gse = out["guardrail_rl_minus_sft"], out["guardrail_rl_minus_sft_se"]
     out["acceptance"] = {

@@ -1025,6 +1025,138 @@ fn an_sft_seed_is_another_draw_of_the_same_data_and_not_a_tokenizer_parameter() 
         &p,
         &["tokenizer"],
         "tokenizer.seed=1",
-        "seed is a `pretrain` and `sft-train` parameter",
+        "seed, lr and epochs are `pretrain` and `sft-train` parameters",
+    );
+}
+
+#[test]
+fn collab_sft_fine_tunes_both_agents_on_their_verified_turns_beside_replayed_sft_data() {
+    let p = after_rl();
+    let o = p.run(&["run", "collab-sft", "collab-sft-optimizer", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let m = common::records(&o);
+    let rl = rl_families(&p);
+    // Episodes on the families RL practises (the `rl` split), `samples` (4) each.
+    let c = rows(&p, "collab-data", "collected");
+    let agents: Vec<&str> = c.iter().map(|r| r["agent"].as_str().unwrap()).collect();
+    assert_eq!(agents, ["generator", "optimizer"]);
+    for r in &c {
+        assert_eq!(r["episodes"].as_u64(), Some(4 * rl.len() as u64), "{r}");
+        assert_eq!(
+            (r["mode"].as_str(), r["device"].as_str()),
+            (Some("compile-only"), Some("cpu"))
+        );
+        assert!(r["pass_rate"].is_null(), "compile-only: no pass rate {r}");
+        let kinds: i64 = ["correct", "repairs", "speedups"]
+            .iter()
+            .map(|k| r[*k].as_i64().unwrap())
+            .sum();
+        assert_eq!(r["kept"].as_i64(), Some(kinds), "{r}");
+        assert_eq!(r["speedups"], 0, "nothing is timed without a GPU: {r}");
+    }
+    assert_eq!(
+        c[0]["turns"], c[0]["episodes"],
+        "one generator turn per episode"
+    );
+    // Each table: the kept turns (kernel `collab:...`, the rl families, labelled
+    // compile-only), a tenth of sft-data's train rows and all its val rows.
+    for (table, agent) in [("sft_generator", 0), ("sft_optimizer", 1)] {
+        let got = rows(&p, "collab-data", table);
+        let sft = rows(&p, "sft-data", table);
+        let kept: Vec<&Value> = got
+            .iter()
+            .filter(|r| r["kernel_id"].as_str().unwrap().starts_with("collab:"))
+            .collect();
+        assert_eq!(
+            kept.len() as i64,
+            c[agent]["kept"].as_i64().unwrap(),
+            "{table}"
+        );
+        for r in &kept {
+            assert!(rl.contains(r["task_id"].as_str().unwrap()), "{r}");
+            assert_eq!(
+                (r["split"].as_str(), r["validated"].as_str()),
+                (Some("train"), Some("compile-only"))
+            );
+            let msgs: Vec<Value> =
+                serde_json::from_str(r["messages_json"].as_str().unwrap()).unwrap();
+            assert_eq!(msgs.last().unwrap()["role"], "assistant", "{r}");
+        }
+        let count = |rs: &[Value], split: &str| rs.iter().filter(|r| r["split"] == split).count();
+        let train = count(&sft, "train");
+        let replayed = count(&got, "train") - kept.len();
+        assert_eq!(replayed, (0.1 * train as f64).round() as usize, "{table}");
+        assert_eq!(replayed as i64, c[agent]["replayed"].as_i64().unwrap());
+        assert_eq!(count(&got, "val"), count(&sft, "val"), "{table}");
+        // Every replayed row is one of sft-data's, unchanged.
+        let ids: std::collections::BTreeSet<&str> = sft
+            .iter()
+            .map(|r| r["example_id"].as_str().unwrap())
+            .collect();
+        assert!(
+            got.iter()
+                .filter(|r| r["split"] == "train"
+                    && !r["kernel_id"].as_str().unwrap().starts_with("collab:"))
+                .all(|r| ids.contains(r["example_id"].as_str().unwrap())),
+            "{table}"
+        );
+    }
+    // Both agents fine-tuned from their SFT checkpoints into other weights.
+    for (node, base) in [
+        ("collab-sft", "sft-train"),
+        ("collab-sft-optimizer", "sft-train-optimizer"),
+    ] {
+        assert_eq!(common::status_of(&m, node), "ran", "{node}");
+        let o = p.run(&["run", base, "--json"]);
+        let b = common::records(&o);
+        assert_ne!(
+            common::out_hash(&m, node, "checkpoint"),
+            common::out_hash(&b, base, "checkpoint"),
+            "{node}"
+        );
+        assert!(!rows(&p, node, "metrics").is_empty(), "{node}");
+    }
+    // RL starts from them where the pipeline says so.
+    let o = p.run(&[
+        "dag",
+        "--set",
+        "rl-train.inputs.generator=collab-sft.checkpoint",
+        "--set",
+        "rl-train.inputs.optimizer=collab-sft-optimizer.checkpoint",
+    ]);
+    let dag = stdout(&o);
+    assert!(
+        dag.contains(
+            "generator <- collab-sft.checkpoint, optimizer <- collab-sft-optimizer.checkpoint"
+        ),
+        "{dag}"
+    );
+    fails_with(
+        &p,
+        &["collab-data"],
+        "collab-data.replay=2.0",
+        "replay must be a share in [0, 1]",
+    );
+    // eval takes them as a third checkpoint on the same seeds: collab-SFT - SFT beside RL - SFT.
+    let on = ["eval.collab=true"];
+    let md = export_report(&p, "exported_collab", &on);
+    let cks: Vec<String> = rows_with(&p, "eval", "summary", &on)
+        .iter()
+        .map(|r| r["checkpoint"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(cks, ["sft", "collab", "rl"]);
+    assert!(
+        md.contains("collab-SFT - SFT on the same episodes' seeds: "),
+        "{md}"
+    );
+    let c: Value = serde_json::from_str(
+        &std::fs::read_to_string(p.path("exported_collab/eval.report/comparison.json")).unwrap(),
+    )
+    .unwrap();
+    // Compile-only: nothing passes, so collab and SFT tie pair by pair.
+    assert_eq!(c["holdout_collab_primary"]["collab_minus_sft"], 0.0, "{c}");
+    assert!(
+        c["holdout_collab_primary"]["pairs"].as_u64().unwrap() > 0,
+        "{c}"
     );
 }

@@ -195,9 +195,10 @@ fn status_dag_show_and_gc() {
     // testgen, sft-repairs (2 inputs), sft-data (4), tokenizer, pretrain, sft-train (generator),
     // sft-train-optimizer, sft-eval, rl-train (6 inputs: PPO-ptx reads sft-data's optimizer
     // table), eval (8); pretrain reads synth-tasks' tasks for its copy documents (the
-    // expressions they must not show).
-    assert_eq!(dj["nodes"].as_array().unwrap().len(), 18);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 51);
+    // expressions they must not show); collab-data (6), collab-sft and collab-sft-optimizer (2
+    // each).
+    assert_eq!(dj["nodes"].as_array().unwrap().len(), 21);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 61);
 
     let show = stdout(&p.run(&["show", "ingest-kernelbench", "--head", "3"]));
     assert!(show.contains("270 rows"), "{show}");

@@ -151,6 +151,11 @@ pub struct Turn {
     pub credit: f64,
     /// PPO: the critic's value estimate before the turn.
     pub value: Option<f64>,
+    /// The conversation the turn answered (system and user messages): with `text` as the
+    /// assistant's message, an SFT example of the turn (`collab-data`). Not saved with a run's
+    /// progress.
+    #[serde(skip)]
+    pub prompt: Vec<ChatMessage>,
 }
 
 /// One episode's state.
@@ -643,6 +648,7 @@ pub fn run_episodes(
                 reward,
                 credit: 0.0,
                 value: a.value,
+                prompt: convs[k].clone(),
             });
             if stop || turn + 1 >= s.max_turns {
                 e.done = true;

@@ -13,6 +13,7 @@
 //! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`;
 //! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`).
 
+pub mod collab;
 pub mod credit;
 pub mod episode;
 pub mod families;

@@ -7,6 +7,12 @@
 //! frozen control (the same run with learning rate 0) stays near the fine-tuned 0.5. Measured
 //! on a 2-core CPU: 0.38 -> 0.81 -> 0.94 -> 1.00 -> 0.94 in five steps, the control 0.44 over 20;
 //! about 130 s beside other tests.
+//!
+//! Its episodes are one generator turn, so the seeds' credit (`CreditMode::Seed`:
+//! `0.3 r_t + 0.7 * 0.9^(T-1-t) r_{T-1}`) equals returns-to-go here and cannot change the result;
+//! where the two differ, on an optimizer turn that breaks or repairs the kernel it was given,
+//! `credit.rs`'s unit tests say what each does. The k3 clamp (`KL_CLAMP`) has no switch, so no
+//! run here shows RL without it.
 
 use std::path::{Path, PathBuf};
 

@@ -134,6 +134,12 @@ pub struct Params {
     /// error). Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guardrail_metric: Option<Metric>,
+    /// Also evaluate the cross-agent fine-tuned checkpoints (`collab-sft` and
+    /// `collab-sft-optimizer`, checkpoint `collab`) with the same sampling seeds: the summary
+    /// gains its rows, and the pre-registered comparison gives collab-SFT - SFT on the hold-out
+    /// beside RL - SFT. Absent: off, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collab: Option<bool>,
     /// Sampling, turns, reward, mode, device (as `rl-train`; the update settings are unused).
     #[serde(flatten)]
     pub rl: crate::rl_params::Params,
@@ -370,7 +376,17 @@ struct Cost {
 type CostBy = BTreeMap<(&'static str, &'static str), Cost>;
 
 impl Eval {
-    /// Every episode of both checkpoints on `splits`, and what each (checkpoint, split) cost.
+    /// The checkpoints evaluated, in order, with their generator and optimizer inputs.
+    fn checkpoints(&self) -> Vec<(&'static str, &'static str, &'static str)> {
+        let mut v = vec![("sft", "sft_generator", "sft_optimizer")];
+        if self.params.collab == Some(true) {
+            v.push(("collab", "collab_generator", "collab_optimizer"));
+        }
+        v.push(("rl", "rl_generator", "rl_optimizer"));
+        v
+    }
+
+    /// Every episode of every checkpoint on `splits`, and what each (checkpoint, split) cost.
     fn episodes(
         &self,
         ctx: &StageContext<'_>,
@@ -385,11 +401,8 @@ impl Eval {
             public_seeds: h.public_seeds.clone(),
         };
         let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
-        for (ck, gi, oi) in [
-            ("sft", "sft_generator", "sft_optimizer"),
-            ("rl", "rl_generator", "rl_optimizer"),
-        ] {
-            // The same sampling seeds for both checkpoints.
+        for (ck, gi, oi) in self.checkpoints() {
+            // The same sampling seeds for every checkpoint.
             let mut tc = p.rl.start_trainer(ctx, (gi, oi), &dir.join(ck), None)?;
             for (split, tasks) in splits {
                 let many: Vec<&TaskSpec> = tasks
@@ -425,13 +438,14 @@ impl Stage for Eval {
         // count flagged episodes (`flagged_rate`).
         // 10: a seeded batch samples the same whether the model had a decoder yet or not.
         // 11: the pre-registered comparison (`primary_metric`, `comparison.json`).
-        11
+        // 12: the `collab` checkpoints (`collab`).
+        12
     }
     fn params(&self) -> Value {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
+        let mut v = vec![
             InputDecl::external("reward"),
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("kernels", "synth-tasks", "task_kernels"),
@@ -441,7 +455,20 @@ impl Stage for Eval {
             InputDecl::node("rl_generator", "rl-train", "generator"),
             InputDecl::node("rl_optimizer", "rl-train", "optimizer"),
             InputDecl::node("rl_metrics", "rl-train", "metrics"),
-        ]
+        ];
+        if self.params.collab == Some(true) {
+            v.push(InputDecl::node(
+                "collab_generator",
+                "collab-sft",
+                "checkpoint",
+            ));
+            v.push(InputDecl::node(
+                "collab_optimizer",
+                "collab-sft-optimizer",
+                "checkpoint",
+            ));
+        }
+        v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
@@ -477,7 +504,8 @@ impl Stage for Eval {
         }
         let (rows, cost) = self.episodes(ctx, &mut h, &cfg, &splits, dir)?;
         let mut sums = Vec::new();
-        for checkpoint in ["sft", "rl"] {
+        let cks: Vec<&'static str> = self.checkpoints().iter().map(|c| c.0).collect();
+        for &checkpoint in &cks {
             for (split, _) in &splits {
                 let sel: Vec<&Row> = rows
                     .iter()
@@ -528,7 +556,8 @@ impl Stage for Eval {
         let metrics =
             Table::read(ctx.input_path("rl_metrics")?, "rl-train.metrics").map_err(data_err)?;
         let pre = p.primary_metric.map(|m| (m, p.guardrail_metric));
-        report(&rd, (&sums, &rows, &metrics), mode, device, pre).map_err(StageError::Failed)?;
+        report(&rd, (&sums, &rows, &metrics), (mode, device), &cks, pre)
+            .map_err(StageError::Failed)?;
         ingest_dir(ctx, &rd, "report")
     }
 }
@@ -630,7 +659,7 @@ fn rl_minus_sft(md: &mut String, sums: &[Value], rows: &[Row], mode: &str) {
                 strat.join(", ")
             ));
         }
-        let paired = |f: &dyn Fn(&Row) -> bool| paired_by_seed(rows, split, f);
+        let paired = |f: &dyn Fn(&Row) -> bool| paired_by_seed(rows, split, ("sft", "rl"), f);
         let pair: Vec<String> = outcomes
             .iter()
             .filter_map(|(name, f)| {
@@ -649,12 +678,13 @@ fn rl_minus_sft(md: &mut String, sums: &[Value], rows: &[Row], mode: &str) {
     }
 }
 
-/// RL - SFT on `split` paired by seed (episode i of a task drew the same sampling seeds on both
-/// sides) in the share of episodes `f` accepts: (difference, standard error clustered by task,
+/// Checkpoint `other` - checkpoint `base` (e.g. RL - SFT) on `split` paired by seed (episode i
+/// of a task drew the same sampling seeds on both sides) in the share of episodes `f` accepts: (difference, standard error clustered by task,
 /// pairs RL gained, pairs it lost); `None` when the sides' tasks or episodes differ.
 fn paired_by_seed(
     rows: &[Row],
     split: &str,
+    (base, other): (&str, &str),
     f: &dyn Fn(&Row) -> bool,
 ) -> Option<(f64, Option<f64>, usize, usize)> {
     let side = |ck: &str| -> BTreeMap<&str, Vec<bool>> {
@@ -664,7 +694,7 @@ fn paired_by_seed(
         }
         m
     };
-    let (a, b) = (side("sft"), side("rl"));
+    let (a, b) = (side(base), side(other));
     let mut pairs = Vec::new();
     for (t, xa) in &a {
         let xb = b.get(t).filter(|xb| xb.len() == xa.len())?;
@@ -675,9 +705,10 @@ fn paired_by_seed(
 }
 
 /// The pre-registered comparison (`primary_metric`, `guardrail_metric`): RL - SFT on the
-/// hold-out families paired by seed for each, and RL - control per step from `metrics` (mean
-/// reward and pass rate, steps 2 on: step 1 samples from identical weights). Appends its section
-/// to `md` and returns what `comparison.json` holds.
+/// hold-out families paired by seed for each (and collab-SFT - SFT when `collab` was
+/// evaluated), and RL - control per step from `metrics` (mean reward and pass rate, steps 2 on:
+/// step 1 samples from identical weights). Appends its section to `md` and returns what
+/// `comparison.json` holds.
 fn comparison(
     md: &mut String,
     rows: &[Row],
@@ -685,17 +716,18 @@ fn comparison(
     primary: Metric,
     guardrail: Option<Metric>,
 ) -> Value {
-    let holdout = |m: Metric| {
-        let (d, se, gained, lost) = paired_by_seed(rows, "test", &|r| m.hit(r))?;
+    let versus = |m: Metric, other: &str| {
+        let (d, se, gained, lost) = paired_by_seed(rows, "test", ("sft", other), &|r| m.hit(r))?;
         let pairs = rows
             .iter()
-            .filter(|r| r.split == "test" && r.ck == "rl")
+            .filter(|r| r.split == "test" && r.ck == other)
             .count();
         Some(serde_json::json!({
-            "metric": m.name(), "rl_minus_sft": d, "se": se, "gained": gained, "lost": lost,
-            "pairs": pairs,
+            "metric": m.name(), format!("{other}_minus_sft"): d, "se": se, "gained": gained,
+            "lost": lost, "pairs": pairs,
         }))
     };
+    let holdout = |m: Metric| versus(m, "rl");
     let per_step = |col: &str| -> Option<Value> {
         let (c, m) = match col {
             "reward" => (
@@ -720,7 +752,7 @@ fn comparison(
             })
         })
     };
-    let out = serde_json::json!({
+    let mut out = serde_json::json!({
         "primary_metric": primary.name(),
         "guardrail_metric": guardrail.map(Metric::name),
         "holdout_primary": holdout(primary),
@@ -728,25 +760,46 @@ fn comparison(
         "practised_reward": per_step("reward"),
         "practised_pass_rate": per_step("pass"),
     });
-    let show = |v: &Value| match (v["rl_minus_sft"].as_f64(), v["se"].as_f64()) {
-        (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
-        (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
-        _ => "n/a".into(),
-    };
+    let collab = rows.iter().any(|r| r.ck == "collab");
+    if collab {
+        out["holdout_collab_primary"] = versus(primary, "collab").into();
+        out["holdout_collab_guardrail"] = guardrail.and_then(|g| versus(g, "collab")).into();
+    }
+    let show =
+        |v: &Value, other: &str| match (v[format!("{other}_minus_sft")].as_f64(), v["se"].as_f64())
+        {
+            (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
+            (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
+            _ => "n/a".into(),
+        };
     md.push_str(&format!(
         "
 ## Pre-registered comparison
 
 Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the hold-out families, paired by sampling seed (+- one standard error clustered by task): {}.",
         primary.name(),
-        show(&out["holdout_primary"])
+        show(&out["holdout_primary"], "rl")
     ));
     if let Some(g) = guardrail {
         md.push_str(&format!(
             " Guardrail {}: {}.",
             g.name(),
-            show(&out["holdout_guardrail"])
+            show(&out["holdout_guardrail"], "rl")
         ));
+    }
+    if collab {
+        md.push_str(&format!(
+            " Cross-agent fine-tuning (`collab`), collab-SFT - SFT on the same episodes' seeds: {}",
+            show(&out["holdout_collab_primary"], "collab")
+        ));
+        if let Some(g) = guardrail {
+            md.push_str(&format!(
+                ", guardrail {}: {}",
+                g.name(),
+                show(&out["holdout_collab_guardrail"], "collab")
+            ));
+        }
+        md.push('.');
     }
     if let Some(p) = out["practised_reward"].as_object() {
         md.push_str(&format!(
@@ -846,12 +899,12 @@ fn learning_curves(md: &mut String, metrics: &Table, curve: &RewardColumns) {
     }
 }
 
-/// `report.md` and its plots.
+/// `report.md` and its plots, over the checkpoints `cks`.
 fn report(
     dir: &std::path::Path,
     (sums, rows, metrics): (&[Value], &[Row], &Table),
-    mode: &str,
-    device: &str,
+    (mode, device): (&str, &str),
+    cks: &[&str],
     pre: Option<(Metric, Option<Metric>)>,
 ) -> Result<(), String> {
     use cudarl_data::plot::{Series, histogram, line_chart};
@@ -880,7 +933,7 @@ fn report(
     }
     let full = mode == "full";
     let mut series = Vec::new();
-    for ck in ["sft", "rl"] {
+    for &ck in cks {
         let of = |k: usize| -> Vec<(f64, f64)> {
             tiers
                 .iter()
@@ -913,7 +966,7 @@ fn report(
                 .collect(),
         )
     };
-    let groups = [sp("sft"), sp("rl")];
+    let groups: Vec<Series> = cks.iter().map(|ck| sp(ck)).collect();
     let have_speedups = groups.iter().any(|g| !g.points.is_empty());
     if have_speedups {
         histogram(

@@ -1,6 +1,7 @@
 //! cudarl-stages: one module per pipeline stage, and the registry that builds them from
 //! pipeline files.
 
+pub mod collab_data;
 pub mod common;
 pub mod curriculum;
 pub mod eval;
@@ -29,7 +30,10 @@ fn boxed<S: Stage + 'static>(s: Result<S, String>) -> Result<Box<dyn Stage>, Str
 }
 
 /// Every stage kind and its builder, sorted by kind.
-const STAGES: [(&str, Build); 16] = [
+const STAGES: [(&str, Build); 17] = [
+    (collab_data::KIND, |p| {
+        boxed(collab_data::CollabData::from_table(p))
+    }),
     (curriculum::KIND, |p| {
         boxed(curriculum::Curriculum::from_table(p))
     }),

@@ -176,7 +176,9 @@ struct Kern {
     feedback: String,
 }
 
-struct Rows {
+/// The columns of `sft_generator` and `sft_optimizer` as rows are added (the optimizer's
+/// `base`, `speedup` and `kind` unused for the generator's table).
+pub(crate) struct Rows {
     ids: Vec<String>,
     task: Vec<String>,
     tier: Vec<i64>,
@@ -190,7 +192,7 @@ struct Rows {
 }
 
 impl Rows {
-    fn new() -> Rows {
+    pub(crate) fn new() -> Rows {
         Rows {
             ids: vec![],
             task: vec![],
@@ -203,6 +205,38 @@ impl Rows {
             speedup: vec![],
             kind: vec![],
         }
+    }
+
+    /// One example: its id is the blake3 of `messages` as JSON; `base`, `speedup` and `kind`
+    /// are the optimizer table's (pass `""`, `None`, `""` for the generator's).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add(
+        &mut self,
+        (task, tier, split): (&str, i64, &str),
+        kernel: &str,
+        validated: &str,
+        messages: Vec<ChatMessage>,
+        base: &str,
+        speedup: Option<f64>,
+        kind: &str,
+    ) {
+        let json = serde_json::to_string(&messages).expect("json");
+        self.ids
+            .push(blake3::hash(json.as_bytes()).to_hex().to_string());
+        self.task.push(task.to_string());
+        self.tier.push(tier);
+        self.split.push(split.to_string());
+        self.kernel.push(kernel.to_string());
+        self.validated.push(validated.to_string());
+        self.messages.push(messages);
+        self.base.push(base.to_string());
+        self.speedup.push(speedup);
+        self.kind.push(kind.to_string());
+    }
+
+    /// Examples so far.
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
     }
 
     fn columns(&self) -> Vec<ArrayRef> {
@@ -439,7 +473,7 @@ impl TaskExamples<'_> {
 ///
 /// # Errors
 /// A batch does not match its schema, or the store write failed.
-fn write_tables(
+pub(crate) fn write_tables(
     ctx: &mut StageContext<'_>,
     gen_rows: &Rows,
     opt_rows: &Rows,

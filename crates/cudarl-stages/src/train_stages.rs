@@ -106,6 +106,15 @@ pub struct Params {
     /// sft-train-optimizer.seed=1`). Absent: the model file's, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// `pretrain` and `sft-train`: the peak learning rate in place of the model file's (e.g. a
+    /// gentler fine-tune from a trained checkpoint: `collab-sft`). Absent: the file's, and left
+    /// out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// `pretrain` and `sft-train`: passes over the data in place of the model file's `epochs`.
+    /// Absent: the file's, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<usize>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -162,8 +171,16 @@ impl ModelStage {
         {
             return Err("copy_documents and copy_seed are `pretrain` parameters".into());
         }
-        if kind == Kind::Tokenizer && params.seed.is_some() {
-            return Err("seed is a `pretrain` and `sft-train` parameter".into());
+        if kind == Kind::Tokenizer
+            && (params.seed.is_some() || params.lr.is_some() || params.epochs.is_some())
+        {
+            return Err("seed, lr and epochs are `pretrain` and `sft-train` parameters".into());
+        }
+        if params.lr.is_some_and(|l| !(l > 0.0 && l.is_finite())) {
+            return Err("lr must be a positive number".into());
+        }
+        if params.epochs == Some(0) {
+            return Err("epochs must be at least 1".into());
         }
         if !["generator", "optimizer"].contains(&params.agent.as_str()) {
             return Err(format!(
@@ -380,6 +397,12 @@ impl Stage for ModelStage {
                 .map_err(|e| StageError::bad_input(&rel, Some(name), e.to_string()))?;
             if let Some(s) = self.params.seed {
                 c.seed = s;
+            }
+            if let Some(l) = self.params.lr {
+                c.lr = l;
+            }
+            if let Some(e) = self.params.epochs {
+                c.epochs = e;
             }
             Ok(c)
         };
