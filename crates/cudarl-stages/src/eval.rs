@@ -1,4 +1,5 @@
-//! `eval`: the SFT and the RL checkpoints on the same episodes: the hold-out families (the
+//! `eval`: the SFT and the RL checkpoints (and with `collab = true` the cross-agent fine-tuned
+//! ones, `collab-sft`) on the same episodes: the hold-out families (the
 //! `test` split of `sft-data`, never trained on) and, for per-tier rates, the train families;
 //! every candidate is tested on the train and the hold-out shapes (full mode on a GPU).
 //!
@@ -16,7 +17,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `summary` | checkpoint (utf8: sft, rl), split (utf8: test, train), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
+//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
 //! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch (float64, nullable), reward (float64) |
 //! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
