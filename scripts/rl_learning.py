@@ -16,7 +16,9 @@ paired by sampling seed). Per draw it takes:
 Over draws it reports the mean of the per-draw differences with the standard error over draws
 (sd / sqrt(n), n >= 2); with one draw, that draw's own standard error (over steps, or clustered by
 task). The acceptance of the RL issue: RL - control above 0 by 3 standard errors, RL - SFT on the
-hold-out above 0 by 2 in the primary metric, the guardrail not lower by more than one.
+hold-out above 0 by 2 in the primary metric, the guardrail not lower by more than one, RL's
+multi-turn rate above its single-turn rate on the hold-out by 2 (comparison.json's
+`rl_multi_minus_single_turn`, in the guardrail's outcome).
 
 One draw on a GPU host (binaries from `make carry`), detached, about 25 minutes on an H200:
     DRAW=N ACTION=start bash scripts/gpu_rl_draw.sh     # then ACTION=wait until it says done
@@ -68,6 +70,7 @@ def draw(run_dir):
         sys.exit(f"{run_dir}: rl_metrics.jsonl has no control columns (rl-train.control = true)")
     d, se = mean_se(reward)
     prim, guard = comp.get("holdout_primary") or {}, comp.get("holdout_guardrail") or {}
+    ms = comp.get("rl_multi_minus_single_turn") or {}
     cprim = comp.get("holdout_collab_primary") or {}
     cguard = comp.get("holdout_collab_guardrail") or {}
     return {
@@ -83,6 +86,8 @@ def draw(run_dir):
         "holdout_pairs": prim.get("pairs"),
         "guardrail_rl_minus_sft": guard.get("rl_minus_sft"),
         "guardrail_rl_minus_sft_se": guard.get("se"),
+        "rl_multi_minus_single_turn": ms.get("multi_minus_single"),
+        "rl_multi_minus_single_turn_se": ms.get("se"),
         "collab_minus_sft_holdout": cprim.get("collab_minus_sft"),
         "collab_minus_sft_holdout_se": cprim.get("se"),
         "guardrail_collab_minus_sft": cguard.get("collab_minus_sft"),
@@ -127,6 +132,7 @@ def main():
         "rl_minus_control",
         "rl_minus_sft_holdout",
         "guardrail_rl_minus_sft",
+        "rl_multi_minus_single_turn",
         "collab_minus_sft_holdout",
         "guardrail_collab_minus_sft",
     ):
@@ -136,6 +142,9 @@ def main():
         "rl_minus_control_above_3_se": above(out["rl_minus_control"], out["rl_minus_control_se"], 3),
         "rl_minus_sft_holdout_above_2_se": above(out["rl_minus_sft_holdout"], out["rl_minus_sft_holdout_se"], 2),
         "guardrail_within_1_se": g is not None and gse is not None and g >= -gse,
+        "multi_turn_above_single_turn_2_se": above(
+            out["rl_multi_minus_single_turn"], out["rl_multi_minus_single_turn_se"], 2
+        ),
         "at_least_3_draws": len(draws) >= 3,
     }
     out["draws"] = draws

@@ -565,6 +565,18 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
     assert_eq!(c["holdout_primary"]["rl_minus_sft"], 0.0, "{c}");
     assert_eq!(c["holdout_primary"]["gained"], 0, "{c}");
     assert!(c["holdout_primary"]["pairs"].as_u64().unwrap() > 0, "{c}");
+    // Multi-turn against single-turn in the guardrail's outcome: nothing passes either way.
+    let ms = &c["rl_multi_minus_single_turn"];
+    assert_eq!(
+        (ms["metric"].as_str(), ms["multi_minus_single"].as_f64()),
+        (Some("pass"), Some(0.0)),
+        "{c}"
+    );
+    assert!(ms["episodes"].as_u64().unwrap() > 0, "{c}");
+    assert!(
+        md.contains("RL's multi-turn minus single-turn pass on the hold-out"),
+        "{md}"
+    );
     // A metric the report does not know is named, exit 2.
     fails_with(
         &p,

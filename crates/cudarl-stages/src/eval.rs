@@ -440,7 +440,8 @@ impl Stage for Eval {
         // 10: a seeded batch samples the same whether the model had a decoder yet or not.
         // 11: the pre-registered comparison (`primary_metric`, `comparison.json`).
         // 12: the `collab` checkpoints (`collab`).
-        12
+        // 13: the comparison gives RL's multi-turn minus single-turn rate.
+        13
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -707,7 +708,8 @@ fn paired_by_seed(
 
 /// The pre-registered comparison (`primary_metric`, `guardrail_metric`): RL - SFT on the
 /// hold-out families paired by seed for each (and collab-SFT - SFT when `collab` was
-/// evaluated), and RL - control per step from `metrics` (mean reward and pass rate, steps 2 on:
+/// evaluated), RL's multi-turn minus single-turn rate on the hold-out in the guardrail's
+/// outcome (pass unless it is a compile rate), and RL - control per step from `metrics` (mean reward and pass rate, steps 2 on:
 /// step 1 samples from identical weights). Appends its section to `md` and returns what
 /// `comparison.json` holds.
 fn comparison(
@@ -761,6 +763,26 @@ fn comparison(
         "practised_reward": per_step("reward"),
         "practised_pass_rate": per_step("pass"),
     });
+    // Multi-turn above single-turn: each RL hold-out episode's best turn against its first, in
+    // the guardrail metric's outcome (pass when none is named), clustered by task.
+    let g = guardrail.unwrap_or(Metric::Pass);
+    let first = match g {
+        Metric::Compile | Metric::SingleTurnCompile => Metric::SingleTurnCompile,
+        _ => Metric::SingleTurnPass,
+    };
+    let pairs: Vec<(&str, bool, bool)> = rows
+        .iter()
+        .filter(|r| r.split == "test" && r.ck == "rl")
+        .map(|r| (r.ep.task_id.as_str(), first.hit(r), g.hit(r)))
+        .collect();
+    out["rl_multi_minus_single_turn"] = paired_diff(&pairs)
+        .map(|(d, se, gained, _)| {
+            serde_json::json!({
+                "metric": g.name(), "multi_minus_single": d, "se": se, "episodes_gained": gained,
+                "episodes": pairs.len(),
+            })
+        })
+        .into();
     let collab = rows.iter().any(|r| r.ck == "collab");
     if collab {
         out["holdout_collab_primary"] = versus(primary, "collab").into();
@@ -786,6 +808,16 @@ Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the ho
             " Guardrail {}: {}.",
             g.name(),
             show(&out["holdout_guardrail"], "rl")
+        ));
+    }
+    if let Some(m) = out["rl_multi_minus_single_turn"].as_object() {
+        md.push_str(&format!(
+            " RL's multi-turn minus single-turn {} on the hold-out (best turn against first turn, same episodes): {:+.3}{}.",
+            m["metric"].as_str().unwrap_or_default(),
+            m["multi_minus_single"].as_f64().unwrap_or(f64::NAN),
+            m["se"]
+                .as_f64()
+                .map_or(String::new(), |se| format!(" +- {se:.3}"))
         ));
     }
     if collab {
