@@ -83,24 +83,22 @@ fn passed(r: &RewardComponents) -> bool {
     }
 }
 
-/// Why turn `k` of `e` is worth keeping, if it is.
-fn verdict(e: &Episode, k: usize, min_speedup: f64) -> Option<Kind> {
-    let t = &e.turns[k];
+/// Why turn `t` is worth keeping, if it is, with its speedup over the kernel it was `given`
+/// (speed-ups).
+fn verdict(t: &Turn, given: Option<&Turn>, min_speedup: f64) -> Option<(Kind, Option<f64>)> {
     if t.code.is_none() || !passed(&t.reward) {
         return None;
     }
-    if k == 0 {
-        return (t.role == Role::Generator).then_some(Kind::Correct);
-    }
-    // The kernel it was given: the last earlier turn with code (the optimizer's prompt).
-    let given = e.turns[..k].iter().rev().find(|g| g.code.is_some())?;
+    let Some(given) = given else {
+        return (t.role == Role::Generator).then_some((Kind::Correct, None));
+    };
     if !passed(&given.reward) {
-        return Some(Kind::Repair);
+        return Some((Kind::Repair, None));
     }
     let (Some(a), Some(b)) = (t.reward.speedup, given.reward.speedup) else {
         return None;
     };
-    (b > 0.0 && a / b >= min_speedup).then_some(Kind::Speedup)
+    (b > 0.0 && a / b >= min_speedup).then_some((Kind::Speedup, Some(a / b)))
 }
 
 /// The turns of `episodes` worth fine-tuning on, per task and agent at most `per_task`
@@ -108,22 +106,14 @@ fn verdict(e: &Episode, k: usize, min_speedup: f64) -> Option<Kind> {
 pub fn select(episodes: &[Episode], s: &Selection) -> Vec<Kept> {
     let mut by: BTreeMap<(String, u8), Vec<Kept>> = BTreeMap::new();
     for e in episodes {
-        for k in 0..e.turns.len() {
-            let Some(kind) = verdict(e, k, s.min_speedup) else {
+        for (k, t) in e.turns.iter().enumerate() {
+            // The kernel it was given: the last earlier turn with code (the optimizer's prompt).
+            let given = e.turns[..k].iter().rev().find(|g| g.code.is_some());
+            let Some((kind, speedup)) = verdict(t, given, s.min_speedup) else {
                 continue;
             };
-            let t: &Turn = &e.turns[k];
             let code = t.code.clone().expect("a kept turn has code");
-            let given = e.turns[..k].iter().rev().find_map(|g| g.code.clone());
-            let speedup = (kind == Kind::Speedup).then(|| {
-                let b = e.turns[..k]
-                    .iter()
-                    .rev()
-                    .find(|g| g.code.is_some())
-                    .and_then(|g| g.reward.speedup)
-                    .unwrap_or(1.0);
-                t.reward.speedup.unwrap_or(1.0) / b
-            });
+            let given = given.and_then(|g| g.code.clone());
             let mut messages = t.prompt.clone();
             messages.push(ChatMessage::new("assistant", t.text.clone()));
             let agent = u8::from(t.role != Role::Generator);

@@ -518,7 +518,7 @@ pub fn run_episodes(
         } else {
             Role::Optimizer
         };
-        let convs: Vec<Vec<ChatMessage>> = active
+        let mut convs: Vec<Vec<ChatMessage>> = active
             .iter()
             .map(|&i| {
                 if turn == 0 {
@@ -648,7 +648,7 @@ pub fn run_episodes(
                 reward,
                 credit: 0.0,
                 value: a.value,
-                prompt: convs[k].clone(),
+                prompt: std::mem::take(&mut convs[k]),
             });
             if stop || turn + 1 >= s.max_turns {
                 e.done = true;

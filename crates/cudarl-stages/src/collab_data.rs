@@ -27,7 +27,7 @@ use cudarl_curriculum::prompts::ChatMessage;
 use cudarl_curriculum::sample::order;
 use cudarl_data::Table;
 use cudarl_protocol::Role;
-use cudarl_rl::collab::{Kept, Kind, Selection, select};
+use cudarl_rl::collab::{Kind, Selection, select};
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -209,17 +209,18 @@ fn replay(
                 )
             })?;
         rows.add(
+            (task.get(r).unwrap_or_default(), tier.get(r).unwrap_or(0)),
+            |_| split.get(r).unwrap_or_default().to_string(),
             (
-                task.get(r).unwrap_or_default(),
-                tier.get(r).unwrap_or(0),
-                split.get(r).unwrap_or_default(),
+                kernel.get(r).unwrap_or_default(),
+                validated.get(r).unwrap_or_default(),
             ),
-            kernel.get(r).unwrap_or_default(),
-            validated.get(r).unwrap_or_default(),
             m,
-            base.as_ref().and_then(|b| b.get(r)).unwrap_or_default(),
-            speedup.as_ref().and_then(|x| x.get(r)),
-            kind.as_ref().and_then(|k| k.get(r)).unwrap_or_default(),
+            (
+                base.as_ref().and_then(|b| b.get(r)).unwrap_or_default(),
+                speedup.as_ref().and_then(|x| x.get(r)),
+                kind.as_ref().and_then(|k| k.get(r)).unwrap_or_default(),
+            ),
         );
     }
     Ok(n)
@@ -236,15 +237,13 @@ impl Stage for CollabData {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
-            InputDecl::external("reward"),
-            InputDecl::node("tasks", "synth-tasks", "tasks"),
-            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
-            InputDecl::node("data", "sft-data", "sft_generator"),
+        let mut v = crate::rl_params::task_inputs();
+        v.extend([
             InputDecl::node("optimizer_data", "sft-data", "sft_optimizer"),
             InputDecl::node("generator", "sft-train", "checkpoint"),
             InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
-        ]
+        ]);
+        v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
@@ -319,38 +318,18 @@ impl Stage for CollabData {
         };
         let (mut gens, mut opt) = (Rows::new(), Rows::new());
         for k in &kept {
-            let Kept {
-                task_id,
-                tier,
-                role,
-                kind,
-                messages,
-                code,
-                given,
-                speedup,
-                ..
-            } = k;
-            let at = (task_id.as_str(), *tier, "train");
-            match role {
-                Role::Generator => gens.add(
-                    at,
-                    &kernel_id(code),
-                    validated,
-                    messages.clone(),
-                    "",
-                    None,
-                    "",
-                ),
-                Role::Optimizer => opt.add(
-                    at,
-                    &kernel_id(code),
-                    validated,
-                    messages.clone(),
-                    &given.as_deref().map(kernel_id).unwrap_or_default(),
-                    *speedup,
-                    &format!("collab:{}", kind.as_str()),
-                ),
-            }
+            let (rows, kind) = match k.role {
+                Role::Generator => (&mut gens, String::new()),
+                Role::Optimizer => (&mut opt, format!("collab:{}", k.kind.as_str())),
+            };
+            let base = k.given.as_deref().map(kernel_id).unwrap_or_default();
+            rows.add(
+                (&k.task_id, k.tier),
+                |_| "train".to_string(),
+                (&kernel_id(&k.code), validated),
+                k.messages.clone(),
+                (&base, k.speedup, &kind),
+            );
         }
         let (kept_gen, kept_opt) = (gens.len(), opt.len());
         let seed = p.rl.seed ^ 0x00C0_11AB;

@@ -447,17 +447,14 @@ impl Stage for Eval {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        let mut v = vec![
-            InputDecl::external("reward"),
-            InputDecl::node("tasks", "synth-tasks", "tasks"),
-            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
-            InputDecl::node("data", "sft-data", "sft_generator"),
+        let mut v = crate::rl_params::task_inputs();
+        v.extend([
             InputDecl::node("sft_generator", "sft-train", "checkpoint"),
             InputDecl::node("sft_optimizer", "sft-train-optimizer", "checkpoint"),
             InputDecl::node("rl_generator", "rl-train", "generator"),
             InputDecl::node("rl_optimizer", "rl-train", "optimizer"),
             InputDecl::node("rl_metrics", "rl-train", "metrics"),
-        ];
+        ]);
         if self.params.collab == Some(true) {
             v.push(InputDecl::node(
                 "collab_generator",

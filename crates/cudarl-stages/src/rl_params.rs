@@ -474,6 +474,19 @@ pub(crate) fn env_mode(mode: Mode) -> &'static str {
     }
 }
 
+/// The inputs [`Params::reward_config`] and [`load_tasks`] read: `reward` (external),
+/// `tasks` and `kernels` (synth-tasks), `data` (sft-data's `sft_generator`); `rl-train`, `eval`
+/// and `collab-data` declare them first.
+pub(crate) fn task_inputs() -> Vec<cudarl_core::InputDecl> {
+    use cudarl_core::InputDecl;
+    vec![
+        InputDecl::external("reward"),
+        InputDecl::node("tasks", "synth-tasks", "tasks"),
+        InputDecl::node("kernels", "synth-tasks", "task_kernels"),
+        InputDecl::node("data", "sft-data", "sft_generator"),
+    ]
+}
+
 /// The task set of the inputs `tasks`, `kernels` (synth-tasks) and `data` (sft-data's
 /// `sft_generator`, whose splits say which families are held out or reserved for RL).
 pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> {

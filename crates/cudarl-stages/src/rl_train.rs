@@ -442,14 +442,11 @@ impl Stage for RlTrain {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        let mut v = vec![
-            InputDecl::external("reward"),
-            InputDecl::node("tasks", "synth-tasks", "tasks"),
-            InputDecl::node("kernels", "synth-tasks", "task_kernels"),
-            InputDecl::node("data", "sft-data", "sft_generator"),
+        let mut v = crate::rl_params::task_inputs();
+        v.extend([
             InputDecl::node("generator", "sft-train", "checkpoint"),
             InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
-        ];
+        ]);
         if self.params.ptx().is_some() {
             // PPO-ptx's optimizer conversations (the generator's are `data`).
             v.push(InputDecl::node(
@@ -565,7 +562,11 @@ impl Stage for RlTrain {
                     task_id: e.task_id.clone(),
                     tier: e.tier,
                     advantage: up.advantages.get(&(ei, t.turn)).copied().unwrap_or(0.0),
-                    turn: t.clone(),
+                    // The turn without its prompt (the `turns` table does not keep it).
+                    turn: Turn {
+                        prompt: Vec::new(),
+                        ..t.clone()
+                    },
                 }));
             }
             cur.record(step, &eps);

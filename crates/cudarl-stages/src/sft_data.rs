@@ -207,25 +207,23 @@ impl Rows {
         }
     }
 
-    /// One example: its id is the blake3 of `messages` as JSON; `base`, `speedup` and `kind`
-    /// are the optimizer table's (pass `""`, `None`, `""` for the generator's).
-    #[allow(clippy::too_many_arguments)]
+    /// One example of task `task` on `tier`: its id is the blake3 of `messages` as JSON, its
+    /// split `split(id)`; `kernel` and `validated` name the answer; `base`, `speedup` and
+    /// `kind` are the optimizer table's (`""`, `None`, `""` for the generator's).
     pub(crate) fn add(
         &mut self,
-        (task, tier, split): (&str, i64, &str),
-        kernel: &str,
-        validated: &str,
+        (task, tier): (&str, i64),
+        split: impl FnOnce(&str) -> String,
+        (kernel, validated): (&str, &str),
         messages: Vec<ChatMessage>,
-        base: &str,
-        speedup: Option<f64>,
-        kind: &str,
+        (base, speedup, kind): (&str, Option<f64>, &str),
     ) {
         let json = serde_json::to_string(&messages).expect("json");
-        self.ids
-            .push(blake3::hash(json.as_bytes()).to_hex().to_string());
+        let id = blake3::hash(json.as_bytes()).to_hex().to_string();
+        self.split.push(split(&id));
+        self.ids.push(id);
         self.task.push(task.to_string());
         self.tier.push(tier);
-        self.split.push(split.to_string());
         self.kernel.push(kernel.to_string());
         self.validated.push(validated.to_string());
         self.messages.push(messages);
@@ -390,16 +388,15 @@ impl TaskExamples<'_> {
         }
     }
 
-    fn push(&self, rows: &mut Rows, k: &Kern, m: Vec<ChatMessage>) {
-        let json = serde_json::to_string(&m).expect("json");
-        let id = blake3::hash(json.as_bytes()).to_hex().to_string();
-        rows.split.push(self.stage.split_of(&id, self.kept_out));
-        rows.ids.push(id);
-        rows.task.push(self.id.to_string());
-        rows.tier.push(self.tier);
-        rows.kernel.push(k.id.clone());
-        rows.validated.push(k.validated.to_string());
-        rows.messages.push(m);
+    /// An example answered by `k`; `opt`: the optimizer table's base, speedup and kind.
+    fn push(&self, rows: &mut Rows, k: &Kern, m: Vec<ChatMessage>, opt: (&str, Option<f64>, &str)) {
+        rows.add(
+            (self.id, self.tier),
+            |id| self.stage.split_of(id, self.kept_out),
+            (&k.id, k.validated),
+            m,
+            opt,
+        );
     }
 
     /// Generator examples: every (intro, closing, shapes, kernel, lead-in) combination, in an
@@ -431,7 +428,7 @@ impl TaskExamples<'_> {
                 ChatMessage::new("user", prompts::task_prompt(&view, intro, closing)),
                 ChatMessage::new("assistant", answer),
             ];
-            self.push(rows, k, m);
+            self.push(rows, k, m, ("", None, ""));
         }
     }
 
@@ -460,10 +457,7 @@ impl TaskExamples<'_> {
                 ),
                 ChatMessage::new("assistant", prompts::fenced(&target.code)),
             ];
-            self.push(rows, target, m);
-            rows.base.push(base_id.to_string());
-            rows.speedup.push(speedup);
-            rows.kind.push(kind.clone());
+            self.push(rows, target, m, (base_id, speedup, &kind));
         }
     }
 }
