@@ -441,7 +441,8 @@ impl Stage for Eval {
         // 11: the pre-registered comparison (`primary_metric`, `comparison.json`).
         // 12: the `collab` checkpoints (`collab`).
         // 13: the comparison gives RL's multi-turn minus single-turn rate.
-        13
+        // 14: the report says a multi-turn difference without a standard error in words.
+        14
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -785,48 +786,45 @@ fn comparison(
         out["holdout_collab_primary"] = versus(primary, "collab").into();
         out["holdout_collab_guardrail"] = guardrail.and_then(|g| versus(g, "collab")).into();
     }
-    let show =
-        |v: &Value, other: &str| match (v[format!("{other}_minus_sft")].as_f64(), v["se"].as_f64())
-        {
-            (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
-            (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
-            _ => "n/a".into(),
-        };
+    // A difference `v[key]` with its standard error.
+    let show = |v: &Value, key: &str| match (v[key].as_f64(), v["se"].as_f64()) {
+        (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
+        (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
+        _ => "n/a".into(),
+    };
     md.push_str(&format!(
         "
 ## Pre-registered comparison
 
 Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the hold-out families, paired by sampling seed (+- one standard error clustered by task): {}.",
         primary.name(),
-        show(&out["holdout_primary"], "rl")
+        show(&out["holdout_primary"], "rl_minus_sft")
     ));
     if let Some(g) = guardrail {
         md.push_str(&format!(
             " Guardrail {}: {}.",
             g.name(),
-            show(&out["holdout_guardrail"], "rl")
+            show(&out["holdout_guardrail"], "rl_minus_sft")
         ));
     }
-    if let Some(m) = out["rl_multi_minus_single_turn"].as_object() {
+    let m = &out["rl_multi_minus_single_turn"];
+    if m.is_object() {
         md.push_str(&format!(
-            " RL's multi-turn minus single-turn {} on the hold-out (best turn against first turn, same episodes): {:+.3}{}.",
+            " RL's multi-turn minus single-turn {} on the hold-out (best turn against first turn, same episodes): {}.",
             m["metric"].as_str().unwrap_or_default(),
-            m["multi_minus_single"].as_f64().unwrap_or(f64::NAN),
-            m["se"]
-                .as_f64()
-                .map_or(String::new(), |se| format!(" +- {se:.3}"))
+            show(m, "multi_minus_single")
         ));
     }
     if collab {
         md.push_str(&format!(
             " Cross-agent fine-tuning (`collab`), collab-SFT - SFT on the same episodes' seeds: {}",
-            show(&out["holdout_collab_primary"], "collab")
+            show(&out["holdout_collab_primary"], "collab_minus_sft")
         ));
         if let Some(g) = guardrail {
             md.push_str(&format!(
                 ", guardrail {}: {}",
                 g.name(),
-                show(&out["holdout_collab_guardrail"], "collab")
+                show(&out["holdout_collab_guardrail"], "collab_minus_sft")
             ));
         }
         md.push('.');
