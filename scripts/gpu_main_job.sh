@@ -39,11 +39,14 @@
 #   from configs/model/small.toml with group_by_length = true (written here as
 #   small_grouped.toml, not in the repository): sft_grouped.jsonl, length-grouped batching's
 #   SFT seconds beside the main job's on the same machine.
+# CUDARL_HOST_TMP: the folder the job lives in on the host (default /tmp), one per job where
+#   several run on one host (scripts/gpu_rl_draw.sh's DRAWS, one GPU each).
 set -uo pipefail
-D=/tmp/cudarl-main
+H=${CUDARL_HOST_TMP:-/tmp}
+D=$H/cudarl-main
 ACTION=${ACTION:-wait}
 CARRY=${CARRY:-.carry}
-B=/tmp/cudarl-bin
+B=$H/cudarl-bin
 if [ "$ACTION" = start ]; then
   rm -rf "$D"; mkdir -p "$D" "$B"
   echo "${VARIANTS:-}" | tr ';' '\n' | sed '/^$/d' > "$D/variants.txt"
@@ -55,7 +58,7 @@ export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_TRAINER=$B/cudarl-pipe-train
 export LD_LIBRARY_PATH=\$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:\${LD_LIBRARY_PATH:-}
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:\$PATH
 export CUDARL_PYTHON=\$(command -v python3)
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > $D/gpu.txt
+nvidia-smi \${CUDA_VISIBLE_DEVICES:+-i \${CUDA_VISIBLE_DEVICES%%,*}} --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > $D/gpu.txt
 SETS=()
 for kv in ${SETS:-}; do SETS+=(--set "\$kv"); done
 date +%s > $D/start

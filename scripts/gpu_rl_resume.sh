@@ -22,9 +22,12 @@
 # Each invocation appends one line to $D/commands.jsonl (the saved step before and after, its
 # seconds, the exit code: 0 finished, 130 stopped by the SIGTERM after saving, 137 killed) and copies it to $OUT; the invocation that finishes also writes
 # $OUT/rl_resume.json: the commands, rl-train's metrics and the node's stats.
+# CUDARL_HOST_TMP: the folder the run lives in on the host (default /tmp), as in
+# scripts/gpu_main_job.sh.
 set -uo pipefail
-D=/tmp/cudarl-resume
-B=/tmp/cudarl-bin
+H=${CUDARL_HOST_TMP:-/tmp}
+D=$H/cudarl-resume
+B=$H/cudarl-bin
 STEPS=${STEPS:-100}
 BUDGET_S=${BUDGET_S:-540}
 GRACE_S=${GRACE_S:-45}
@@ -34,7 +37,7 @@ mkdir -p "$OUT"
 # sessions (so a candidate cannot escape the harness's kill), out of reach of `timeout`'s.
 # Anchored: a shell whose command line names the binaries (the one that started this script)
 # is not one of them.
-pkill -KILL -f "^/tmp/cudarl-bin/cudarl-pipe" 2>/dev/null && sleep 1
+pkill -KILL -f "^$B/cudarl-pipe" 2>/dev/null && sleep 1
 if [ "${FRESH:-0}" = 1 ] || [ ! -d "$D" ]; then
   rm -rf "$D"; mkdir -p "$D" "$B"
   for z in .carry/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
@@ -46,7 +49,7 @@ export LD_LIBRARY_PATH
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 CUDARL_PYTHON=$(command -v python3)
 export CUDARL_PYTHON
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$D/gpu.txt"
+nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i ${CUDA_VISIBLE_DEVICES%%,*}} --query-gpu=name,driver_version --format=csv,noheader > "$D/gpu.txt"
 # The step of the run's saved progress (0: none).
 saved() {
   find "$D/store/memo/rl-train-progress" -name stage.json 2>/dev/null |

@@ -22,7 +22,9 @@ multi-turn rate above its single-turn rate on the hold-out by 2 (comparison.json
 
 One draw on a GPU host (binaries from `make carry`), detached, about 25 minutes on an H200:
     DRAW=N ACTION=start bash scripts/gpu_rl_draw.sh     # then ACTION=wait until it says done
-$OUT/draw.tar.gz unpacks to the RUN_DIR.
+$OUT/draw.tar.gz unpacks to the RUN_DIR. Several on a host of several GPUs, one GPU each, sharing
+the nodes no draw seed reaches: DRAWS="1 2 3" ACTION=start bash scripts/gpu_rl_draw.sh, then
+$OUT/draw<N>.tar.gz.
 
 Usage: python3 scripts/rl_learning.py RUN_DIR [RUN_DIR ...] [--out FILE] [--gpu NAME]
 Writes the JSON to --out (e.g. benchmarks/results/rl_learning_h200_<date>.json) or stdout.
