@@ -1,5 +1,6 @@
 //! Compiling a native candidate: candidate + generated shim in one translation unit, built by
-//! nvcc with SASS for one architecture, in a fresh temp dir, with a time limit, inside the
+//! nvcc with SASS for one architecture, in a fresh temp dir, with a time limit (CPU time, so a
+//! loaded machine does not turn a slow build into a failed one; see [`Compiler::timeout`]), inside the
 //! compiler sandbox (`cudarl-pipe-runner exec --profile compiler`: Landlock lets nvcc read only
 //! the toolkit, the system headers and libraries, and write only its build directory; seccomp
 //! denies sockets, ptrace and the like), so an `#include` of another file fails to open and no
@@ -8,7 +9,8 @@
 //! object against the *shared* CUDA runtime (the static one imports `open`, `dlopen`, `socket`
 //! and more on its own, and the runner preloads the shared one before its sandbox). Diagnostics
 //! and `-Xptxas -v` resources are parsed into typed fields; results are cached in the store by
-//! BLAKE3(source, shim, flags, nvcc version, arch, rules).
+//! BLAKE3(source, shim, flags, nvcc version, arch, rules); a build that hit a time limit is not
+//! cached (the next compile tries again).
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -23,19 +25,26 @@ use crate::diag::{Diagnostic, KernelResources, parse_diagnostics, parse_resource
 use crate::nvcc::Nvcc;
 use crate::static_check::Rules;
 
-/// Default compile time limit (issue: 30 s).
+/// Default compile time limit: 30 CPU seconds per compiler process ([`Compiler::timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The wall-clock backstop of a compile, as a multiple of its CPU-time limit: it stops a build
+/// that waits without computing; one that computes meets the CPU-time limit first on any machine
+/// with a core for it, however loaded.
+pub const WALL_FACTOR: u32 = 4;
+
 /// Key-derivation context of the compile cache (v2: sandboxed two-step builds with object
-/// inspection and the shared CUDA runtime).
-pub const CACHE_CONTEXT: &str = "cudarl-pipe 2026-11-25 compile cache v2";
+/// inspection and the shared CUDA runtime; v3: CPU-time limits, builds stopped by a limit not
+/// cached).
+pub const CACHE_CONTEXT: &str = "cudarl-pipe 2026-11-27 compile cache v3";
 
 /// Result of one compile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompileOutput {
     /// Whether a shared object was produced.
     pub compiled: bool,
-    /// The compile hit its time limit (and was killed).
+    /// The compile hit its time limit (and was killed): a compiler process used its CPU
+    /// seconds, or the whole build its wall-clock backstop.
     pub timed_out: bool,
     /// Parsed diagnostics (errors and warnings).
     pub diagnostics: Vec<Diagnostic>,
@@ -81,7 +90,10 @@ pub struct Compiler {
     pub nvcc: Nvcc,
     /// Target, e.g. `sm_90`.
     pub arch: String,
-    /// Time limit per compile.
+    /// CPU-time limit of each compiler process of a build (nvcc, cudafe++, cicc, ptxas, the
+    /// host compiler; RLIMIT_CPU, whole seconds, at least 1), so a verdict does not depend on
+    /// how loaded the machine is; the whole build also stops after [`WALL_FACTOR`] times it of
+    /// wall-clock time.
     pub timeout: Duration,
     /// Store for the compile cache and shared objects; `None` disables caching.
     pub store: Option<Store>,
@@ -322,7 +334,8 @@ impl Compiler {
             return Ok(out);
         }
         let mut out = build()?;
-        if let Some(m) = &memo {
+        // A time limit is partly the machine's doing (its load, its speed): try again next time.
+        if let Some(m) = memo.as_ref().filter(|_| !out.timed_out) {
             m.put(&key, &serde_json::to_vec(&out).expect("json"))?;
         }
         out.seconds = t0.elapsed().as_secs_f64();
@@ -409,8 +422,9 @@ impl Compiler {
         })
     }
 
-    /// Runs nvcc with `args` in `dir` inside the compiler sandbox, with `timeout` (the whole
-    /// process group is killed when it passes).
+    /// Runs nvcc with `args` in `dir` inside the compiler sandbox, each of its processes limited
+    /// to `timeout` of CPU time (whole seconds, at least 1), the whole process group killed after
+    /// [`WALL_FACTOR`] times `timeout` of wall-clock time.
     fn run_sandboxed(
         &self,
         dir: &Path,
@@ -427,7 +441,9 @@ impl Compiler {
         }
         let runner = crate::runner::runner_exe();
         let mut cmd = Command::new(&runner);
-        cmd.args(["exec", "--profile", "compiler"]);
+        let cpu_seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
+        cmd.args(["exec", "--profile", "compiler", "--cpu-seconds"])
+            .arg(cpu_seconds.to_string());
         for r in self.nvcc.toolkit_roots() {
             cmd.arg("--read").arg(&r).arg("--exec").arg(&r);
         }
@@ -494,7 +510,7 @@ impl Compiler {
             if let Some(st) = child.try_wait().map_err(io)? {
                 break Some(st);
             }
-            if t0.elapsed() > timeout {
+            if t0.elapsed() > timeout * WALL_FACTOR {
                 timed_out = true;
                 // Kill nvcc and its children (cicc, ptxas, gcc): the whole process group.
                 // SAFETY: signals the process group this function started.
@@ -516,6 +532,7 @@ impl Compiler {
             if st.code() == Some(125) || st.signal() == Some(libc::SIGSYS) {
                 log.push_str("\nharness: the compiler sandbox stopped nvcc (a denied system call or a sandbox set-up failure)\n");
             }
+            timed_out |= !st.success() && cpu_limit_hit(st.signal(), &log);
         }
         Ok(NvccRun {
             ok: status.is_some_and(|s| s.success()),
@@ -548,6 +565,21 @@ impl Compiler {
     }
 }
 
+/// Whether a failed build was stopped by RLIMIT_CPU: nvcc itself killed by SIGXCPU or SIGKILL
+/// (the soft and the hard limit), or nvcc's or gcc's report of a child killed so (`'cicc' died
+/// due to signal 9 (Kill signal)`, `Killed signal terminated program cc1plus`).
+fn cpu_limit_hit(signal: Option<i32>, log: &str) -> bool {
+    matches!(signal, Some(libc::SIGXCPU | libc::SIGKILL))
+        || [
+            "died due to signal 9",
+            "died due to signal 24",
+            "Killed signal terminated program",
+            "CPU time limit exceeded signal terminated program",
+        ]
+        .iter()
+        .any(|m| log.contains(m))
+}
+
 /// One sandboxed nvcc run.
 struct NvccRun {
     ok: bool,
@@ -561,8 +593,9 @@ fn timeout_diagnostic(timeout: Duration) -> Diagnostic {
         line: None,
         severity: "fatal".into(),
         message: format!(
-            "compile exceeded the {:.0} s time limit and was killed",
-            timeout.as_secs_f64()
+            "compile exceeded its time limit ({:.0} CPU seconds a compiler process, {:.0} s of wall-clock time) and was killed",
+            timeout.as_secs_f64().ceil().max(1.0),
+            (timeout * WALL_FACTOR).as_secs_f64()
         ),
         tool: "harness".into(),
     }

@@ -201,6 +201,7 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
     let cases: Vec<(&str, String)> = vec![
         ("process-spawn", body("  system(\"rm -rf /\");")),
         ("process-exit", body("  if (n == 0) exit(0);")),
+        ("exit-reference", body("  void (*volatile stop)(int) = std::exit;")),
         ("file-io", body("  FILE* f = fopen(\"/tmp/ref.bin\", \"rb\");")),
         ("socket-io", body("  int s = socket(2, 1, 0);")),
         ("dynamic-loading", body("  void* h = dlopen(\"libtorch.so\", 1);")),
@@ -439,6 +440,71 @@ fn compile_errors_have_candidate_line_numbers() {
     let v = check_compile_only(va, evil, &Rules::builtin(), &c).unwrap();
     assert_eq!(v.failure.as_deref(), Some("static_reject"));
     assert!(v.diagnostics.is_empty() && !v.compiled);
+}
+
+#[test]
+fn compile_time_limit_is_cpu_time_so_a_build_that_waits_for_a_core_is_not_stopped() {
+    // A stand-in "nvcc" that spends twice its 1 s limit waiting without computing (as a build
+    // does on a loaded machine) and then fails: a compile error, not a timeout. A build that
+    // computes past its limit is killed by RLIMIT_CPU (the real-nvcc test below).
+    let d = tempfile::tempdir().unwrap();
+    let fake = d.path().join("nvcc");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nsleep 2\necho 'kernel.cu(1): error: stand-in'\nexit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = Compiler {
+        nvcc: Nvcc {
+            path: fake,
+            version: "13.0.88".into(),
+            lib_dirs: vec![],
+        },
+        arch: "sm_90".into(),
+        timeout: Duration::from_secs(1),
+        store: None,
+    };
+    let t0 = std::time::Instant::now();
+    let out = c.compile("int x;", "", &Rules::builtin()).unwrap();
+    assert!(t0.elapsed() >= Duration::from_secs(2), "ran to its end");
+    assert!(!out.timed_out && !out.compiled, "{:?}", out.diagnostics);
+}
+
+#[test]
+fn a_build_over_its_cpu_time_limit_is_killed_reported_and_not_cached() {
+    // A preprocessor bomb (10^8 tokens): the host compiler's preprocessor computes until
+    // RLIMIT_CPU stops it.
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(mut c) = compiler(&store) else {
+        return;
+    };
+    c.timeout = Duration::from_secs(1);
+    let bomb = "#define A(x) x x x x x x x x x x\n#define B(x) A(A(A(A(x))))\n\
+                #define C(x) B(B(x))\n__global__ void k(int* o) { int s = 0; C(s += 1;) o[0] = s; }\n";
+    for attempt in 0..2 {
+        let t0 = std::time::Instant::now();
+        let out = c.compile(bomb, "", &Rules::builtin()).unwrap();
+        assert!(out.timed_out && !out.compiled, "{}", out.log);
+        assert!(!out.cache_hit, "attempt {attempt}: a timeout is not cached");
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "stopped by the CPU limit, not the wall backstop"
+        );
+        assert!(
+            out.diagnostics
+                .iter()
+                .any(|d| d.message.contains("1 CPU seconds")),
+            "{:?}",
+            out.diagnostics
+        );
+    }
+    // A kernel that builds is cached as before.
+    let ok = "__global__ void k(int* o) { o[0] = 1; }";
+    assert!(!c.compile(ok, "", &Rules::builtin()).unwrap().cache_hit);
+    assert!(c.compile(ok, "", &Rules::builtin()).unwrap().cache_hit);
 }
 
 #[test]
@@ -725,4 +791,43 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
         .map_err(|e| e.into_caller(|h| h.to_string()))
         .unwrap_err();
     assert!(err.contains("no GPU tester"), "{err}");
+}
+
+#[test]
+fn a_device_helper_function_builds_and_a_pointer_to_exit_does_not() {
+    // nvcc's host code for a non-inline `__device__` function is a stub calling `exit`, so the
+    // object imports it: an honest kernel with such a helper must still pass the inspection.
+    // A candidate that names `exit` itself (here a pointer to it, which no `exit(` pattern sees)
+    // is refused by the source rule on its own lines.
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
+    let va = &tasks
+        .iter()
+        .find(|t| t.spec.id == "vector_add")
+        .unwrap()
+        .spec;
+    let launcher = "extern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, \
+                    cudaStream_t stream) {\n  k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);\n}\n";
+    let honest = format!(
+        "#include <cuda_runtime.h>\n#include <stdint.h>\n__device__ float add(float x, float y) {{ return x + y; }}\n\
+         __global__ void k(const float* a, const float* b, float* o, int64_t n) {{\n\
+         int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;\n  if (i < n) o[i] = add(a[i], b[i]);\n}}\n{launcher}"
+    );
+    let v = check_compile_only(va, &honest, &Rules::builtin(), &c).unwrap();
+    assert!(v.compiled && v.failure.is_none(), "{v:?}");
+    let hostile = honest.replace(
+        "k<<<",
+        "void (*volatile stop)(int) = exit;\n  if (n < 0) stop(0);\n  k<<<",
+    );
+    let v = check_compile_only(va, &hostile, &Rules::builtin(), &c).unwrap();
+    assert_eq!(v.failure.as_deref(), Some("static_reject"), "{v:?}");
+    assert!(
+        v.failure_detail
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("exit-reference"),
+        "{v:?}"
+    );
 }

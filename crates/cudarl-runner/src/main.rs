@@ -94,6 +94,10 @@ enum Cmd {
         /// Largest file the program may write, MiB.
         #[arg(long, default_value_t = 256)]
         file_size_mib: u64,
+        /// CPU seconds each process may use (RLIMIT_CPU, inherited by its children, each
+        /// counting its own).
+        #[arg(long, default_value_t = 3600)]
+        cpu_seconds: u64,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         program: Vec<String>,
@@ -151,6 +155,7 @@ fn main() {
             write,
             device,
             file_size_mib,
+            cpu_seconds,
             defer_filter,
             program,
         } => {
@@ -169,7 +174,13 @@ fn main() {
                 write,
                 devices,
             };
-            exec_confined(&profile, policy, file_size_mib, defer_filter, &program)
+            exec_confined(
+                &profile,
+                policy,
+                (file_size_mib, cpu_seconds),
+                defer_filter,
+                &program,
+            )
         }
         Cmd::Native {
             dir,
@@ -185,7 +196,7 @@ fn main() {
 fn exec_confined(
     profile: &str,
     policy: FsPolicy,
-    file_size_mib: u64,
+    (file_size_mib, cpu_seconds): (u64, u64),
     defer_filter: bool,
     program: &[String],
 ) -> ! {
@@ -196,6 +207,7 @@ fn exec_confined(
     };
     let limits = Limits {
         file_size_bytes: file_size_mib << 20,
+        cpu_seconds,
         ..Limits::default()
     };
     if let Err(e) = cudarl_sandbox::harden(&limits) {

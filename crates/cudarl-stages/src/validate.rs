@@ -31,7 +31,10 @@ pub const KIND: &str = "validate";
 /// 6: half of the timed windows, chosen after they ran, compared with the reference (every
 /// window checked for poison); host<->device copy times from a per-worker copy rate.
 /// 7: references with a number in `maximum` / `minimum` evaluate (they failed as `cuda_error`).
-pub const HARNESS_VERSION: u32 = 7;
+/// 8: builds limited in CPU time per compiler process (a wall-clock backstop beside it); a
+/// build stopped by a limit is not memoized; the object may import `exit` (nvcc's host stubs
+/// of `__device__` functions) and the source may not name it.
+pub const HARNESS_VERSION: u32 = 8;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
@@ -511,9 +514,16 @@ fn write_tables(
         .into_iter()
         .map(|v| v.expect("every row"))
         .collect();
-    let compile_only = verdicts.iter().filter(|v| !v.executed).count();
+    let compile_only = verdicts
+        .iter()
+        .filter(|v| !v.executed && !fails_unrun(v))
+        .count();
     if compile_only > 0 {
-        ctx.warn(format!("{compile_only} of {} verdicts are compile-only (no GPU): correctness and speed not checked", verdicts.len()));
+        ctx.warn(format!("{compile_only} of {} verdicts are compile-only (no GPU, or nothing the harness can run): correctness and speed not checked", verdicts.len()));
+    }
+    let slow = verdicts.iter().filter(|v| timed_out(v)).count();
+    if slow > 0 {
+        ctx.warn(format!("{slow} of {} builds hit their time limit (not memoized: the next run builds them again)", verdicts.len()));
     }
     let mut ids: Vec<RowMeta> = rows
         .iter()
@@ -643,7 +653,7 @@ impl TaskKernels<'_> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push((i, *key));
-        } else {
+        } else if !timed_out(v) {
             self.memo
                 .put(key, &serde_json::to_vec(v).expect("verdict json"))?;
         }
@@ -651,6 +661,21 @@ impl TaskKernels<'_> {
         self.progress.inc(1);
         Ok(())
     }
+}
+
+/// A candidate that cannot work, found without running it: rejected by the static checks, does
+/// not build (error or time limit) or does not load.
+fn fails_unrun(v: &Verdict) -> bool {
+    matches!(
+        v.failure.as_deref(),
+        Some("static_reject" | "compile_error" | "compile_timeout" | "load_error")
+    )
+}
+
+/// A verdict whose build hit its time limit: not memoized, like the compile cache's entry
+/// ([`cudarl_cuda::compile`]), so the next run builds it again.
+fn timed_out(v: &Verdict) -> bool {
+    v.failure.as_deref() == Some("compile_timeout")
 }
 
 type Row = cudarl_rl::tasks::TaskKernel;
@@ -994,10 +1019,12 @@ impl Validate {
                     }
                 }
             }
-            memo.put(
-                &row_key(&items[i]),
-                &serde_json::to_vec(&v).expect("verdict json"),
-            )?;
+            if !timed_out(&v) {
+                memo.put(
+                    &row_key(&items[i]),
+                    &serde_json::to_vec(&v).expect("verdict json"),
+                )?;
+            }
             rows_of.computed();
             out[i] = Some(v);
             progress.inc(1);
@@ -1051,10 +1078,7 @@ fn agreement_batch(
     let ours = |v: &Verdict| {
         if v.executed {
             v.correct
-        } else if matches!(
-            v.failure.as_deref(),
-            Some("static_reject" | "compile_error" | "compile_timeout" | "load_error")
-        ) {
+        } else if fails_unrun(v) {
             Some(false)
         } else {
             None
