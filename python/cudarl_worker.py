@@ -520,8 +520,10 @@ def heartbeat():
 
 
 class Candidate:
-    """A `ModelNew` (its `load_inline` calls served by the prebuilt shared objects), or an
-    extension's `forward` bound to (inputs, parameters, scalars) by argument name."""
+    """A `ModelNew` (its `load_inline` calls served by the prebuilt shared objects), an
+    extension's `forward` bound to (inputs, parameters, scalars) by argument name, or a native
+    launcher (`kind: native`: a KernelBench problem's `launch` from `kb-specs`, called through the
+    shim's `cudarl_entry` with ctypes)."""
 
     def __init__(self, req):
         c = req["candidate"]
@@ -546,12 +548,22 @@ class Candidate:
                 ce.load_inline = real
             if not hasattr(self.mod, "ModelNew"):
                 raise ValueError("the candidate defines no `ModelNew` class")
+        elif self.kind == "native":
+            import ctypes
+
+            self.entry = ctypes.CDLL(c["so"]).cudarl_entry
+            self.entry.restype = ctypes.c_int
+            self.entry.argtypes = [ctypes.c_void_p] * 4
+            self.native = c
         else:
             self.ext = load_so(c["so"], c["module"])
             self.args = c["args"]  # [{"name", "type"}] of the C++ forward
 
-    def make(self, problem, init, params, seed):
-        """A callable running the candidate on `inputs`, for one test."""
+    def make(self, problem, init, params, seed, out_like=()):
+        """A callable running the candidate on `inputs`, for one test; `out_like`: the expected
+        outputs (a native launcher writes into fresh tensors of their shapes and dtypes)."""
+        if self.kind == "native":
+            return self.native_call(problem, params, out_like)
         if self.kind == "modelnew":
             torch.manual_seed(seed)
             m = self.mod.ModelNew(*init).cuda()
@@ -597,6 +609,42 @@ class Candidate:
                     else:
                         raise ValueError(f"cannot bind extension argument `{a['name']}` to an init input or constant")
             return fwd(*args)
+
+        return call
+
+    def native_call(self, problem, params, out_like):
+        """`launch(inputs, parameters, outputs, sizes, stream)` through `cudarl_entry`: tensors by
+        address (contiguous), numbers as float, the sizes the problem's constants at this test's
+        sizes, on the current stream; a non-zero `cudaGetLastError()` raises."""
+        import ctypes
+
+        spec = self.native
+        sizes = [int(getattr(problem, k)) for k in spec["sizes"]]
+        by_name = {k.replace(".", "_"): v for k, v in params.items()}
+        missing = [n for n in spec["params"] if n not in by_name]
+        if missing:
+            raise ValueError(f"the reference has no parameter {missing[0]!r}")
+        shapes = [(tuple(o.shape), o.dtype) for o in out_like]
+
+        def call(inputs):
+            keep, scal = [], []
+            if len(inputs) != len(spec["inputs"]):
+                raise ValueError(f"{len(inputs)} inputs, the launcher takes {len(spec['inputs'])}")
+            for b, x in zip(spec["inputs"], inputs, strict=True):
+                if b.get("scalar") is not None:
+                    scal.append(float(x))
+                else:
+                    keep.append(x.contiguous())
+            keep += [by_name[n].contiguous() for n in spec["params"]]
+            outs = [torch.empty(sh, dtype=dt, device="cuda") for sh, dt in shapes]
+            ptrs = [t.data_ptr() for t in keep + outs]
+            b = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+            z = (ctypes.c_int64 * max(1, len(sizes)))(*sizes)
+            f = (ctypes.c_float * max(1, len(scal)))(*scal)
+            err = self.entry(b, z, f, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            if err:
+                raise RuntimeError(f"CUDA error {err} after launch (cudaGetLastError)")
+            return outs
 
         return call
 
@@ -1721,14 +1769,14 @@ class RunnerState:
 
     def test(self, req):
         poison_cache(int(req["poison_bytes"]), int(req["byte"]))
-        self.fn = self.cand.make(self.problem, self.init, dict(self.params), int(req["seed"]))
+        self.fn = self.cand.make(self.problem, self.init, dict(self.params), int(req["seed"]), self.outputs[0])
         self.run(int(req["set"]))
         torch.cuda.synchronize()
         self.fn = None
         return "done"
 
     def model(self, req):
-        self.fn = self.cand.make(self.problem, self.init, dict(self.params), int(req["seed"]))
+        self.fn = self.cand.make(self.problem, self.init, dict(self.params), int(req["seed"]), self.outputs[0])
         return "ok"
 
     def profile(self, _req):

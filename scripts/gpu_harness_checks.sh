@@ -12,6 +12,13 @@
 #   PART=profile  the Nsight Compute profile pass: `check --json` with and without `--profile`
 #               on naive and optimized kernels of vector_add, row_sum, matmul and softmax; writes
 #               profile_pass.json (timing, the judge's DRAM fraction, the counters, the pass's ms).
+#   PART=kb-native  KernelBench problems as native tasks: `run testgen` on a fresh store (timed),
+#               then `check --json` (timed by default) of every kernel of tests/kernels/kb_native/ (named by
+#               its problem) against its kb/L1 problem; writes kb_native.jsonl (per kernel: the
+#               build's seconds, cache hit, correct, failure, recorded tests, the problem's own
+#               sizes, timing and torch eager's, speedup_vs_torch) and prints a table. Detached
+#               (setsid) into /tmp/cudarl-kb-native; WAIT_S (default 540) bounds one command, and
+#               the next invocation on the same host collects it (ACTION=wait).
 # Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
 # Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
 set -uo pipefail
@@ -96,6 +103,55 @@ for r in rows:
     bad += not ok
     print(f"{'ok ' if ok else 'BAD'} {c:44s} want {want:22s} got {str(r['failure'] or ('correct' if r['correct'] else r['correct'])):22s} {r['ms']:6d} ms  med {r['median_ms']} ovh {r['overhead_ms']} sets {r['sets']} naive {r['speedup_vs_naive']} torch {r['speedup_vs_torch']} {r['failure_detail'][:90]}")
 print(f"{len(rows)} cases, {bad} not as expected")
+PY
+elif [ "$PART" = kb-native ]; then
+  K=/tmp/cudarl-kb-native
+  if [ "${ACTION:-start}" = start ]; then
+    rm -rf "$K"; mkdir -p "$K"
+    cat > "$K/job.sh" <<EOF
+set -uo pipefail
+export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner CUDARL_PYTHON=\$(command -v python3)
+t0=\$(date +%s)
+$NEW/cudarl-pipe --root . --store $K/store run testgen --json > $K/testgen.jsonl 2> $K/testgen.err
+echo "testgen rc=\$? \$(( \$(date +%s) - t0 )) s" > $K/testgen.txt
+for f in tests/kernels/kb_native/*.cu; do
+  n=\$(basename \$f .cu)
+  t1=\$(date +%s%N)
+  timeout 400 $NEW/cudarl-pipe --root . --store $K/store check --task kb/L1/\$n --source \$f --json > $K/\$n.json 2> $K/\$n.err
+  echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/ran.txt
+done
+touch $K/done
+EOF
+    setsid nohup bash "$K/job.sh" > "$K/log" 2>&1 < /dev/null &
+  fi
+  end=$(( $(date +%s) + ${WAIT_S:-540} ))
+  while [ ! -f "$K/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  cat "$K/testgen.txt" 2>/dev/null || tail -c 400 "$K/testgen.err"
+  python3 - "$K" "$OUT" <<'PY'
+import json, pathlib, sys
+k, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+rows = []
+for line in (k / "ran.txt").read_text().splitlines() if (k / "ran.txt").exists() else []:
+    n, rc, ms = line.split()
+    try:
+        v = json.loads((k / f"{n}.json").read_text())
+    except Exception:
+        v = {"failure": "no_verdict", "failure_detail": (k / f"{n}.err").read_text()[-400:]}
+    t, tt = v.get("timing") or {}, v.get("torch_timing") or {}
+    rows.append({"problem": f"kb/L1/{n}", "rc": int(rc), "check_ms": int(ms),
+                 "compile_seconds": v.get("compile_seconds"), "cache_hit": v.get("cache_hit"),
+                 "compiled": v.get("compiled"), "correct": v.get("correct"), "failure": v.get("failure"),
+                 "failure_detail": (v.get("failure_detail") or "")[:300], "hack_flags": v.get("hack_flags"),
+                 "tests": [[x.get("seed"), x.get("passed")] for x in v.get("tests") or []],
+                 "full_size": v.get("full_size"), "median_ms": t.get("median_ms"),
+                 "torch_median_ms": tt.get("median_ms"), "speedup_vs_torch": v.get("speedup_vs_torch"),
+                 "gpu": (v.get("gpu") or {}).get("name")})
+(out / "kb_native.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+print(f"done: {(k / 'done').exists()}")
+for r in rows:
+    print(f"{r['problem']:48s} rc {r['rc']} build {r['compile_seconds'] or 0:5.2f}s correct {r['correct']} "
+          f"{r['failure'] or ''} {r['median_ms'] or 0:.3f} ms vs torch {r['torch_median_ms'] or 0:.3f} ms "
+          f"speedup {r['speedup_vs_torch'] or 0:.2f} {r['failure_detail'][:120]}")
 PY
 elif [ "$PART" = profile ]; then
   export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner

@@ -449,3 +449,72 @@ fn archive_kernels_without_a_gpu_stop_after_static_checks_and_say_so() {
         }
     }
 }
+
+/// KernelBench problems as native tasks on a machine without a GPU: every honest kernel of
+/// `tests/kernels/kb_native/` (named by its level-1 problem) builds against the launcher
+/// `kb-specs` derived for its problem, as a native compile-only verdict with that signature; the
+/// same kernel for a problem whose launcher differs does not build (the shim declares the
+/// problem's `launch`); an unknown problem is refused with exit code 2.
+#[test]
+fn kernelbench_problems_take_native_kernels_built_against_their_kb_specs_launcher() {
+    let p = Project::new();
+    let o = p.run(&["run", "kb-specs"]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    let check = |task: &str, src: &std::path::Path| -> (i32, Value) {
+        let o = p.run(&[
+            "check",
+            "--task",
+            task,
+            "--source",
+            src.to_str().unwrap(),
+            "--mode",
+            "compile",
+            "--json",
+        ]);
+        let v = serde_json::from_str(&stdout(&o)).unwrap_or(Value::Null);
+        (o.status.code().unwrap(), v)
+    };
+    let dir = repo_root().join("tests/kernels/kb_native");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|f| f.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 12, "{files:?}");
+    for f in &files {
+        let task = format!("kb/L1/{}", f.file_stem().unwrap().to_str().unwrap());
+        let (_, v) = check(&task, f);
+        assert_eq!(v["abi"], "native", "{task}: {v}");
+        assert_eq!(v["compiled"], true, "{task}: {v}");
+        assert_eq!(v["mode"], "compile-only", "{task}: {v}");
+        let sig = v["signature"].as_str().unwrap();
+        assert!(
+            sig.starts_with("extern \"C\" void launch(const float* in0")
+                && sig.ends_with("cudaStream_t stream)"),
+            "{task}: {sig}"
+        );
+    }
+    // ReLU's launcher (in0, out, batch_size, dim) is not the sum reduction's (4 sizes).
+    let relu = dir.join("19_ReLU.cu");
+    let (_, v) = check("kb/L1/47_Sum_reduction_over_a_dimension", &relu);
+    assert_eq!(v["compiled"], false, "{v}");
+    assert_eq!(v["failure"], "compile_error", "{v}");
+    let o = p.run(&[
+        "check",
+        "--task",
+        "kb/L1/0_No_such_problem",
+        "--source",
+        relu.to_str().unwrap(),
+        "--mode",
+        "compile",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown KernelBench problem"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -11,7 +11,7 @@
 //! on a GPU, the Python worker (under [`WorkerPool`]: wall-clock limit, crash containment) runs
 //! the candidate on every recorded test and times it against the reference at full size.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -30,7 +30,8 @@ use crate::worker::{RawOutcome, WorkerPool};
 /// takes a few seconds).
 pub const EXTRACT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Time limit of one torch-extension build (torch's headers cost about a minute of CPU).
+/// CPU-time limit of each compiler process of one torch-extension build (torch's headers cost
+/// about a minute of CPU), with the wall-clock backstop of [`crate::compile::WALL_FACTOR`] times it.
 pub const TORCH_BUILD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Absolute tolerance (and relative, the same) of torch-format checks per output dtype:
@@ -517,6 +518,139 @@ pub fn build(
             "args": prep.args.iter().map(|(n, k)| json!({"name": n, "type": k})).collect::<Vec<_>>()}),
     };
     Ok((v, Some(cand)))
+}
+
+/// A buffer of a KernelBench problem's native ABI (`kb_specs.buffers_json`): a tensor (`dtype`)
+/// or, for an input, a number (`scalar`, passed as `float`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KbBuffer {
+    /// The launcher argument's name (`in0`, `weight`, `out`).
+    pub name: String,
+    /// Element type (`f32`, `f16`, `bf16`, `i64`, `i32`, `bool`) of a tensor.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// The problem's value of a number input.
+    #[serde(default)]
+    pub scalar: Option<String>,
+}
+
+/// A KernelBench problem's native ABI, from its `kb-specs` row: `extern "C" void launch(...)`
+/// taking the inputs (`const T*`, or `float` for a number), the `Model`'s parameters (its
+/// state dict, `const T*`), the outputs (`T*`), the named sizes (`int64_t`, the problem's
+/// constants at the test's sizes) and the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KbNative {
+    /// The launcher's declaration (`kb_specs.signature`).
+    pub signature: String,
+    /// Inputs, in `get_inputs()` order.
+    pub inputs: Vec<KbBuffer>,
+    /// Parameters, in state-dict order (names with `.` as `_`).
+    pub params: Vec<KbBuffer>,
+    /// Outputs, in `forward`'s order.
+    pub outputs: Vec<KbBuffer>,
+    /// Size names, in the signature's order.
+    pub sizes: Vec<String>,
+}
+
+impl KbNative {
+    /// From a `kb_specs` row's `signature`, `buffers_json` and `sizes_json`.
+    ///
+    /// # Errors
+    /// A JSON column that does not parse or lacks a list, naming it.
+    pub fn from_row(signature: &str, buffers_json: &str, sizes_json: &str) -> Result<Self, String> {
+        let b: Value = serde_json::from_str(buffers_json)
+            .map_err(|e| format!("kb_specs.buffers_json: {e}"))?;
+        let list = |k: &str| -> Result<Vec<KbBuffer>, String> {
+            serde_json::from_value(b[k].clone())
+                .map_err(|e| format!("kb_specs.buffers_json.{k}: {e}"))
+        };
+        let sizes: serde_json::Map<String, Value> =
+            serde_json::from_str(sizes_json).map_err(|e| format!("kb_specs.sizes_json: {e}"))?;
+        Ok(KbNative {
+            signature: signature.to_string(),
+            inputs: list("inputs")?,
+            params: list("params")?,
+            outputs: list("outputs")?,
+            sizes: sizes.keys().cloned().collect(),
+        })
+    }
+
+    /// The shim appended to a candidate: the launcher's declaration (a candidate whose
+    /// `launch` differs does not compile) and `cudarl_entry(buffers, sizes, scalars, stream)`
+    /// calling it with the tensors (inputs, parameters, outputs) in `buffers`, the numbers in
+    /// `scalars` and the sizes in `sizes`, returning `cudaGetLastError()`.
+    pub fn shim(&self) -> String {
+        let ty = |d: Option<&str>| match d {
+            Some("f16") => "__half",
+            Some("bf16") => "__nv_bfloat16",
+            Some("i64") => "int64_t",
+            Some("i32") => "int32_t",
+            Some("bool") => "bool",
+            _ => "float",
+        };
+        let (mut bi, mut si) = (0, 0);
+        let mut call = Vec::new();
+        for (b, konst) in self
+            .inputs
+            .iter()
+            .chain(&self.params)
+            .map(|b| (b, "const "))
+            .chain(self.outputs.iter().map(|b| (b, "")))
+        {
+            if b.scalar.is_some() {
+                call.push(format!("scalars[{si}]"));
+                si += 1;
+            } else {
+                call.push(format!("({konst}{}*)buffers[{bi}]", ty(b.dtype.as_deref())));
+                bi += 1;
+            }
+        }
+        call.extend((0..self.sizes.len()).map(|i| format!("sizes[{i}]")));
+        call.push("stream".into());
+        format!(
+            "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <cuda_fp16.h>\n\
+             #include <cuda_bf16.h>\n#include <stdint.h>\n{};\nextern \"C\" int cudarl_entry(void* const* buffers, \
+             const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; \
+             (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
+            self.signature,
+            call.join(", ")
+        )
+    }
+
+    /// What the Python judge's runner needs to call the built launcher (`kind: native`).
+    fn candidate(&self, so: &Path) -> Value {
+        json!({"kind": "native", "so": so,
+               "inputs": self.inputs, "params": self.params.iter().map(|b| &b.name).collect::<Vec<_>>(),
+               "sizes": self.sizes})
+    }
+}
+
+/// A native candidate for a KernelBench problem: the source rules, then the build with the
+/// problem's shim ([`KbNative::shim`], about a second of nvcc: no torch headers), as
+/// [`crate::verdict::build_native`]; with a shared object in the store, the candidate for
+/// [`run`], which judges it like a torch-format one (recorded tests, the problem's own sizes,
+/// timing against the reference `Model`).
+///
+/// # Errors
+/// Harness failures only.
+pub fn build_kb_native(
+    task_id: &str,
+    source: &str,
+    native: &KbNative,
+    rules: &Rules,
+    compiler: &Compiler,
+) -> Result<(Verdict, Option<Value>), CompileError> {
+    let mut v = Verdict::blank(task_id, "native", compiler);
+    v.signature = native.signature.clone();
+    v.static_flags = rules.check(source, "native");
+    let v = crate::verdict::build_native(v, source, &native.shim(), rules, compiler)?;
+    let so = compiler
+        .store
+        .as_ref()
+        .zip(v.so_hash.filter(|_| v.compiled))
+        .map(|(s, h)| s.blob_path(&h));
+    let cand = so.map(|so| native.candidate(&so));
+    Ok((v, cand))
 }
 
 /// Settings of a torch-format GPU run.

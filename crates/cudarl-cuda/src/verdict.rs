@@ -221,16 +221,33 @@ pub fn check_compile_only(
     compiler: &Compiler,
 ) -> Result<Verdict, CompileError> {
     let findings = rules.check(source, "native");
-    let mut v = Verdict::new(spec, compiler, findings.clone());
-    if rejected(&findings) {
+    let v = Verdict::new(spec, compiler, findings);
+    build_native(v, source, &spec.shim(), rules, compiler)
+}
+
+/// The static checks' verdict `v` (its `static_flags` are the source rules' findings) completed
+/// by the build of `source` with `shim` appended: a static reject, what was built breaking a
+/// rule, a compile error or timeout, or compiled (`so_hash` set with a store).
+///
+/// # Errors
+/// Harness failures only.
+pub fn build_native(
+    mut v: Verdict,
+    source: &str,
+    shim: &str,
+    rules: &Rules,
+    compiler: &Compiler,
+) -> Result<Verdict, CompileError> {
+    if rejected(&v.static_flags) {
         v.failure = Some("static_reject".into());
-        v.failure_detail = findings
+        v.failure_detail = v
+            .static_flags
             .iter()
             .find(|f| f.action == crate::static_check::Action::Reject)
             .map(|f| format!("{} (line {}): {}", f.rule, f.line, f.message));
         return Ok(v);
     }
-    let out = compiler.compile(source, &spec.shim(), rules)?;
+    let out = compiler.compile(source, shim, rules)?;
     v.compiled = out.compiled;
     v.diagnostics = out.diagnostics;
     v.resources = out.resources;

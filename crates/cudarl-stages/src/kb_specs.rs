@@ -134,6 +134,41 @@ pub fn native_signature(ans: &Value) -> Option<String> {
     Some(format!("extern \"C\" void launch({})", params.join(", ")))
 }
 
+/// The native ABI of KernelBench problem `problem_id` from a `kb_specs` table (`path`):
+/// `Ok(Ok(abi))`, or `Ok(Err(why))` for a problem without a native signature (its
+/// `excluded_reason`) or not in the table.
+///
+/// # Errors
+/// The table cannot be read, lacks a column, or a JSON column does not parse (naming the file
+/// and the column).
+pub fn native_abi(
+    path: &std::path::Path,
+    problem_id: &str,
+) -> Result<Result<cudarl_cuda::torchfmt::KbNative, String>, StageError> {
+    let t = Table::read(path, "kb_specs").map_err(data_err)?;
+    let ids = t.req_strings("problem_id").map_err(data_err)?;
+    let sig = t.req_strings("signature").map_err(data_err)?;
+    let why = t.req_strings("excluded_reason").map_err(data_err)?;
+    let sizes = t.req_strings("sizes_json").map_err(data_err)?;
+    let bufs = t.req_strings("buffers_json").map_err(data_err)?;
+    let Some(i) = (0..t.rows()).find(|&i| ids.get(i) == Some(problem_id)) else {
+        return Ok(Err(format!("`{problem_id}` is not in kb-specs' levels")));
+    };
+    let Some(signature) = sig.get(i) else {
+        return Ok(Err(format!(
+            "`{problem_id}` has no native signature: {}",
+            why.get(i).unwrap_or("no signature")
+        )));
+    };
+    cudarl_cuda::torchfmt::KbNative::from_row(
+        signature,
+        bufs.get(i).unwrap_or("{}"),
+        sizes.get(i).unwrap_or("{}"),
+    )
+    .map(Ok)
+    .map_err(|e| StageError::bad_input(path.display().to_string(), None, e))
+}
+
 impl Stage for KbSpecs {
     fn kind(&self) -> &str {
         KIND

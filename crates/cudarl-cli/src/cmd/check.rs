@@ -21,9 +21,10 @@ pub enum Mode {
     Full,
 }
 
-/// A KernelBench problem (`kb/L1/19_ReLU`) with torch-format candidates (`srcs`, judged in
-/// turn by one worker pool): its recorded tests come from the `testgen` node (built first if
-/// needed).
+/// A KernelBench problem (`kb/L1/19_ReLU`) with torch-format candidates, or native ones
+/// defining the launcher `kb-specs` derived ([`torchfmt::build_kb_native`]), judged in turn by
+/// one worker pool: its recorded tests come from the `testgen` node, the signature from
+/// `kb-specs` (built first if needed).
 #[allow(clippy::too_many_arguments)]
 fn check_kb(
     ctx: &Ctx,
@@ -37,18 +38,20 @@ fn check_kb(
 ) -> Result<Vec<cudarl_cuda::Verdict>, CliError> {
     use cudarl_cuda::torchfmt::{self, Format};
     let formats: Vec<Format> = srcs.iter().map(|s| torchfmt::detect(s, abi)).collect();
-    if formats.contains(&Format::Native) {
+    let native = formats.contains(&Format::Native);
+    if native && formats.iter().any(|f| *f != Format::Native) {
         return Err(CliError::usage(format!(
-            "`{task_id}` is a KernelBench problem: give a torch-format candidate (a `ModelNew` Python file or a `.cu` with PYBIND11_MODULE; `--abi torch`)"
+            "`{task_id}`: give native candidates (`extern \"C\" void launch(...)` as `kb-specs` declares it) or torch-format ones, not both in one check"
         )));
     }
     let reporter = std::sync::Arc::new(crate::report::CliReporter::detect(false));
     let engine = ctx.engine(reporter, 0)?;
-    // Recorded tests only matter on a GPU; a compile-only check needs the problem's code.
-    let target = if gpu.is_some() {
-        "testgen"
-    } else {
-        "ingest-kernelbench"
+    // Recorded tests only matter on a GPU; a compile-only check needs the problem's code (and a
+    // native one its signature).
+    let target = match (gpu.is_some(), native) {
+        (true, _) => "testgen",
+        (false, true) => "kb-specs",
+        (false, false) => "ingest-kernelbench",
     };
     super::build(&engine, target)?;
     let out = |node: &str, name: &str| super::output_blob(&engine, node, name);
@@ -77,19 +80,30 @@ fn check_kb(
             "`{task_id}` has no recorded tests (see `cudarl-pipe show testgen`)"
         )));
     }
-    let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
-    let env = torchfmt::TorchEnv::query(&mut py).map_err(CliError::failed)?;
     let rules = Rules::builtin();
     let mut built = Vec::new();
-    for (src, format) in srcs.iter().zip(formats) {
-        let prep =
-            torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
-        built.push(
-            torchfmt::build(task_id, &prep, compiler, Some(&env))
-                .map_err(|e| CliError::failed(e.to_string()))?,
-        );
+    if native {
+        let abi = cudarl_stages::kb_specs::native_abi(&out("kb-specs", "kb_specs")?, task_id)
+            .map_err(|e| CliError::failed(e.to_string()))?
+            .map_err(CliError::usage)?;
+        for src in srcs {
+            built.push(
+                torchfmt::build_kb_native(task_id, src, &abi, &rules, compiler)
+                    .map_err(|e| CliError::failed(e.to_string()))?,
+            );
+        }
+    } else {
+        let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
+        let env = torchfmt::TorchEnv::query(&mut py).map_err(CliError::failed)?;
+        for (src, format) in srcs.iter().zip(formats) {
+            let prep =
+                torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
+            built.push(
+                torchfmt::build(task_id, &prep, compiler, Some(&env))
+                    .map_err(|e| CliError::failed(e.to_string()))?,
+            );
+        }
     }
-    drop(py);
     let Some(g) = gpu else {
         return Ok(built.into_iter().map(|(v, _)| v).collect());
     };
