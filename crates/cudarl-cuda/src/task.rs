@@ -122,12 +122,29 @@ pub const DEFAULT_INPUT_SCALES: [f64; 3] = [1.0, 100.0, 0.01];
 /// The element types a task may declare.
 pub const DTYPES: [&str; 3] = ["f32", "f16", "bf16"];
 
-fn c_type(dtype: &str) -> &'static str {
-    match dtype {
+/// The C type of an element type: `f32` float, `f16` `__half`, `bf16` `__nv_bfloat16`, `i64`
+/// `int64_t`, `i32` `int32_t`, `bool`; `None` for another.
+pub fn c_type(dtype: &str) -> Option<&'static str> {
+    Some(match dtype {
+        "f32" => "float",
         "f16" => "__half",
         "bf16" => "__nv_bfloat16",
-        _ => "float",
-    }
+        "i64" => "int64_t",
+        "i32" => "int32_t",
+        "bool" => "bool",
+        _ => return None,
+    })
+}
+
+/// The shim appended to a native candidate: `headers` (the half-precision ones its buffers
+/// need), the launcher's declaration `signature` (a candidate whose `launch` differs does not
+/// compile) and `int cudarl_entry(void* const* buffers, const int64_t* sizes, const float*
+/// scalars, cudaStream_t stream)` calling `launch(call...)` and returning `cudaGetLastError()`.
+pub fn entry_shim(headers: &str, signature: &str, call: &[String]) -> String {
+    format!(
+        "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <stdint.h>\n{headers}{signature};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
+        call.join(", ")
+    )
 }
 
 impl TaskSpec {
@@ -255,7 +272,7 @@ impl TaskSpec {
     /// The exact C declaration of the launcher, e.g.
     /// `extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream)`.
     pub fn signature(&self) -> String {
-        let t = c_type(&self.dtype);
+        let t = c_type(&self.dtype).unwrap_or("float");
         let params: Vec<String> = self
             .args
             .iter()
@@ -275,7 +292,7 @@ impl TaskSpec {
     /// that calls `launch` with the declared signature and returns `cudaGetLastError()`.
     /// Buffers are passed in argument order; sizes in `sizes` order; scalars in argument order.
     pub fn shim(&self) -> String {
-        let t = c_type(&self.dtype);
+        let t = c_type(&self.dtype).unwrap_or("float");
         let (mut bi, mut si) = (0, 0);
         let call: Vec<String> = self
             .args
@@ -300,16 +317,12 @@ impl TaskSpec {
             })
             .chain(["stream".to_string()])
             .collect();
-        format!(
-            "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <stdint.h>\n{}{};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
-            match self.dtype.as_str() {
-                "f16" => "#include <cuda_fp16.h>\n",
-                "bf16" => "#include <cuda_bf16.h>\n",
-                _ => "",
-            },
-            self.signature(),
-            call.join(", ")
-        )
+        let headers = match self.dtype.as_str() {
+            "f16" => "#include <cuda_fp16.h>\n",
+            "bf16" => "#include <cuda_bf16.h>\n",
+            _ => "",
+        };
+        entry_shim(headers, &self.signature(), &call)
     }
 
     /// The input range for `seed`: inputs are uniform in `[-v, v)` (see `input_scales`).

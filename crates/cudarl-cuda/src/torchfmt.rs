@@ -575,19 +575,11 @@ impl KbNative {
         })
     }
 
-    /// The shim appended to a candidate: the launcher's declaration (a candidate whose
-    /// `launch` differs does not compile) and `cudarl_entry(buffers, sizes, scalars, stream)`
-    /// calling it with the tensors (inputs, parameters, outputs) in `buffers`, the numbers in
-    /// `scalars` and the sizes in `sizes`, returning `cudaGetLastError()`.
+    /// The shim appended to a candidate ([`crate::task::entry_shim`]): `cudarl_entry` calls the
+    /// launcher with the tensors (inputs, parameters, outputs) in `buffers`, the numbers in
+    /// `scalars` and the sizes in `sizes`.
     pub fn shim(&self) -> String {
-        let ty = |d: Option<&str>| match d {
-            Some("f16") => "__half",
-            Some("bf16") => "__nv_bfloat16",
-            Some("i64") => "int64_t",
-            Some("i32") => "int32_t",
-            Some("bool") => "bool",
-            _ => "float",
-        };
+        let ty = |d: Option<&str>| d.and_then(crate::task::c_type).unwrap_or("float");
         let (mut bi, mut si) = (0, 0);
         let mut call = Vec::new();
         for (b, konst) in self
@@ -615,14 +607,7 @@ impl KbNative {
                 headers.push_str(&format!("#include <{h}>\n"));
             }
         }
-        format!(
-            "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n{headers}#include <stdint.h>\n\
-             {};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, \
-             cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    \
-             return (int)cudaGetLastError();\n}}\n",
-            self.signature,
-            call.join(", ")
-        )
+        crate::task::entry_shim(&headers, &self.signature, &call)
     }
 
     /// Inputs, parameters and outputs, in the launcher's order.

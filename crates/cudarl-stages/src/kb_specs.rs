@@ -94,17 +94,7 @@ impl KbSpecs {
 
 use cudarl_cuda::pyworker::{PyWorker, python_versions};
 
-fn c_type(dtype: &str) -> Option<&'static str> {
-    Some(match dtype {
-        "f32" => "float",
-        "f16" => "__half",
-        "bf16" => "__nv_bfloat16",
-        "i64" => "int64_t",
-        "i32" => "int32_t",
-        "bool" => "bool",
-        _ => return None,
-    })
-}
+use cudarl_cuda::task::c_type;
 
 /// The native signature for a worker answer (inputs, parameters, outputs, then sizes).
 pub fn native_signature(ans: &Value) -> Option<String> {
