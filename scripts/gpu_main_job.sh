@@ -41,6 +41,8 @@
 #   SFT seconds beside the main job's on the same machine.
 # CUDARL_HOST_TMP: the folder the job lives in on the host (default /tmp), one per job where
 #   several run on one host (scripts/gpu_rl_draw.sh's DRAWS, one GPU each).
+# SEED_STORE: a store the job starts from (hard-linked), e.g. one where the nodes no seed reaches
+#   already ran (scripts/gpu_rl_draw.sh's DRAWS); its cached nodes do not run again.
 set -uo pipefail
 H=${CUDARL_HOST_TMP:-/tmp}
 D=$H/cudarl-main
@@ -52,6 +54,9 @@ if [ "$ACTION" = start ]; then
   echo "${VARIANTS:-}" | tr ';' '\n' | sed '/^$/d' > "$D/variants.txt"
   echo "${MAIN_TARGETS:-rl-train eval}" > "$D/targets"
   for z in "$CARRY"/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
+  # A store to start from, hard-linked (the store replaces files by rename, never in place): its
+  # cached nodes do not run again. Its locks belong to the run that made it.
+  if [ -n "${SEED_STORE:-}" ]; then cp -al "$SEED_STORE" "$D/store" && rm -rf "$D/store/locks"; fi
   cat > "$D/job.sh" <<EOF
 set -uo pipefail
 export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_TRAINER=$B/cudarl-pipe-train

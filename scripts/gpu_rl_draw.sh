@@ -23,7 +23,9 @@
 #   SEED_STORE a store the draw starts from (hard-linked; its cached nodes do not run again)
 #   DRAWS      several draws at once on a host of several GPUs, e.g. DRAWS="1 2 3": the nodes no
 #              draw seed reaches (ingest, compile, validate, sft-repairs, tokenizer, sft-data) run
-#              once, on GPU 0 with all the host's cores, then draw k of the list runs on GPU k-1
+#              once, validate in one shard per draw's GPU (`run validate --shard k/N` with a
+#              shared cache, then `--merge`) beside each draw's pretrain on its GPU and
+#              sft-repairs; then draw k of the list runs on GPU k-1
 #              (CUDA_VISIBLE_DEVICES) from that store, in its own copy of the working tree under
 #              /tmp/cudarl-gpu<k-1>/ (CUDARL_HOST_TMP of the scripts it runs); `wait` waits for
 #              all of them and writes $OUT/draw<N>.tar.gz for each finished one (the RUN_DIR plus
@@ -53,17 +55,51 @@ if [ -n "${DRAWS:-}" ]; then
     export CUDARL_PYTHON
     EXTRA=()
     for kv in $COMMON; do EXTRA+=(--set "$kv"); done
+    # `cudarl-pipe` on store $1 with lock file $2 (every process its own: runs at once must not
+    # write one lock file), the rest its arguments.
+    pipe() {
+      local s=$1 l=$2; shift 2
+      "$M/bin/cudarl-pipe" --root . --store "$s" --lock "$l" "$@" "${EXTRA[@]}" --json
+    }
+    # A hard-linked copy of store $1 at $2 (the store replaces files by rename, never in place)
+    # without the locks of the runs that made it.
+    copy() { cp -al "$1" "$2" && rm -rf "$2/locks"; }
     date +%s > "$M/start"
-    CUDA_VISIBLE_DEVICES=0 "$M/bin/cudarl-pipe" --root . --store "$M/store" run sft-data "${EXTRA[@]}" \
-      --lock "$M/cudarl.lock" --json > "$M/run.jsonl" 2> "$M/run.err"
+    set -- $DRAWS
+    G=$#
+    # 1. The inputs every later step shares (synth-tasks, tokenizer: seconds).
+    CUDA_VISIBLE_DEVICES=0 pipe "$M/store" "$M/tokenizer.lock" run tokenizer > "$M/run.jsonl" 2> "$M/run.err"
+    # 2. At once: validate in G shards, shard k on GPU k (the rows pooled in $M/shared), each
+    #    draw's pretrain on its GPU (the same GPU lock as the shard's: timing stays exclusive),
+    #    and sft-repairs (nvcc only) in the shared store.
+    k=0
+    for n in $DRAWS; do
+      copy "$M/store" "$M/v$k"
+      copy "$M/store" "$M/p$k"
+      CUDA_VISIBLE_DEVICES=$k pipe "$M/v$k" "$M/v$k.lock" --shared-cache "$M/shared" run validate --shard "$k/$G" \
+        > "$M/v$k.jsonl" 2> "$M/v$k.err" &
+      CUDA_VISIBLE_DEVICES=$k pipe "$M/p$k" "$M/p$k.lock" run pretrain --set "pretrain.seed=$n" \
+        > "$M/p$k.jsonl" 2> "$M/p$k.err" &
+      k=$((k + 1))
+    done
+    CUDA_VISIBLE_DEVICES=0 pipe "$M/store" "$M/repairs.lock" run sft-repairs >> "$M/run.jsonl" 2>> "$M/run.err" &
+    wait
+    echo "validate shards, pretrain, sft-repairs: $(( $(date +%s) - $(cat "$M/start") )) s" > "$M/times.txt"
+    # 3. The validate table from the shards' rows, then sft-data.
+    CUDA_VISIBLE_DEVICES=0 pipe "$M/store" "$M/cudarl.lock" --shared-cache "$M/shared" run validate --merge \
+      >> "$M/run.jsonl" 2>> "$M/run.err"
+    CUDA_VISIBLE_DEVICES=0 pipe "$M/store" "$M/cudarl.lock" run sft-data >> "$M/run.jsonl" 2>> "$M/run.err"
     rc=$?
-    echo "shared nodes: $(( $(date +%s) - $(cat "$M/start") )) s rc=$rc" > "$M/times.txt"
+    echo "shared nodes: $(( $(date +%s) - $(cat "$M/start") )) s rc=$rc" >> "$M/times.txt"
+    # 4. Each draw from the shared store plus its own pretrain.
     k=0
     for n in $DRAWS; do
       h=/tmp/cudarl-gpu$k
       mkdir -p "$h/repo"
+      copy "$M/store" "$M/seed$k"
+      cp -aln "$M/p$k/." "$M/seed$k/" && rm -rf "$M/seed$k/locks"
       tar --exclude=./.git -cf - . | tar -xf - -C "$h/repo"
-      (cd "$h/repo" && DRAWS='' CUDA_VISIBLE_DEVICES=$k CUDARL_HOST_TMP=$h DRAW=$n SEED_STORE=$M/store \
+      (cd "$h/repo" && DRAWS='' CUDA_VISIBLE_DEVICES=$k CUDARL_HOST_TMP=$h DRAW=$n SEED_STORE=$M/seed$k \
         ACTION=start WAIT_S=0 OUT=$h/out bash scripts/gpu_rl_draw.sh > "$h/start.log" 2>&1)
       k=$((k + 1))
     done
