@@ -132,11 +132,19 @@ if [ -n "${DRAWS:-}" ]; then
     [ -f "$h/cudarl-draw/job.sh" ] || continue
     echo "== draw $n on GPU $((k - 1))"
     (cd "$h/repo" && DRAWS='' CUDARL_HOST_TMP=$h ACTION=wait WAIT_S=0 OUT=$h/out bash scripts/gpu_rl_draw.sh 2>&1 | tail -n 12)
+    # The RL run's latest saved step and its metrics rows (stage.json of its saved progress,
+    # docs/architecture.md "Resuming"; kilobytes, where the entry's trainer state is gigabytes).
+    st=$(ls -t "$h"/cudarl-resume/store/memo/rl-train-progress/*/*/stage.json 2>/dev/null | head -1)
+    [ -n "$st" ] && python3 -c 'import json,sys; print("RL saved step", json.load(open(sys.argv[1]))["step"])' "$st"
     if [ -f "$h/cudarl-draw/done" ] || [ "${FINAL:-0}" = 1 ]; then
       mkdir -p "$h/pack/draw" "$OUT"
       cp -r "$h/cudarl-draw/resume/draw/." "$h/pack/draw/" 2>/dev/null
       [ -f "$h/pack/draw/rl_metrics.jsonl" ] || [ ! -f "$h/cudarl-resume/metrics.jsonl" ] ||
         cp "$h/cudarl-resume/metrics.jsonl" "$h/pack/draw/rl_metrics.jsonl"
+      # An RL run still going: the rows of its last save, marked partial.
+      [ -f "$h/pack/draw/rl_metrics.jsonl" ] || [ -z "$st" ] ||
+        python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); [print(json.dumps(r)) for r in d["rows"]]; print(d["step"], file=open(sys.argv[2], "w"))' \
+          "$st" "$h/pack/draw/partial_step.txt" > "$h/pack/draw/rl_metrics.jsonl"
       cp "$h/cudarl-draw/main/main_job.json" "$h/cudarl-draw/resume/rl_resume.json" "$h/pack/draw/" 2>/dev/null
       tar czf "$OUT/draw$n.tar.gz" -C "$h/pack" draw
     fi

@@ -13,6 +13,9 @@ paired by sampling seed). Per draw it takes:
 - collab-SFT - SFT likewise, where the draw evaluated the cross-agent fine-tuned checkpoints
   (`eval.collab = true`).
 
+A draw whose RL run was cut short (`partial_step.txt` beside its metrics: the rows of the run's
+last save, no eval) counts for RL - control only and not towards the three draws.
+
 Over draws it reports the mean of the per-draw differences with the standard error over draws
 (sd / sqrt(n), n >= 2); with one draw, that draw's own standard error (over steps, or clustered by
 task). The acceptance of the RL issue: RL - control above 0 by 3 standard errors, RL - SFT on the
@@ -65,8 +68,13 @@ def draw(run_dir):
     """One draw's differences and sizes."""
     metrics = read_jsonl(os.path.join(run_dir, "rl_metrics.jsonl"))
     comp_path = os.path.join(run_dir, "export", "eval.report", "comparison.json")
-    with open(comp_path) as f:
-        comp = json.load(f)
+    # A draw whose RL run was cut short (scripts/gpu_rl_draw.sh FINAL=1) has the metrics rows of
+    # its last save and no eval: it counts for RL - control only.
+    comp = {}
+    if os.path.exists(comp_path):
+        with open(comp_path) as f:
+            comp = json.load(f)
+    partial = os.path.join(run_dir, "partial_step.txt")
     reward = per_step(metrics, "mean_reward", "control_reward")
     if not reward:
         sys.exit(f"{run_dir}: rl_metrics.jsonl has no control columns (rl-train.control = true)")
@@ -77,7 +85,8 @@ def draw(run_dir):
     cguard = comp.get("holdout_collab_guardrail") or {}
     return {
         "run": run_dir,
-        "primary_metric": comp["primary_metric"],
+        "partial": os.path.exists(partial),
+        "primary_metric": comp.get("primary_metric"),
         "guardrail_metric": comp.get("guardrail_metric"),
         "steps": len(metrics),
         "episodes": sum(r["episodes"] for r in metrics),
@@ -119,14 +128,16 @@ def main():
     ap.add_argument("--gpu", default="")
     a = ap.parse_args()
     draws = [draw(r) for r in a.runs]
-    names = {(d["primary_metric"], d["guardrail_metric"]) for d in draws}
-    if len(names) != 1:
+    names = {(d["primary_metric"], d["guardrail_metric"]) for d in draws if d["primary_metric"]}
+    if len(names) > 1:
         sys.exit(f"the draws name different metrics: {sorted(names, key=str)}")
+    primary, guardrail = next(iter(names), (None, None))
     out = {
         "gpu": a.gpu,
-        "primary_metric": draws[0]["primary_metric"],
-        "guardrail_metric": draws[0]["guardrail_metric"],
+        "primary_metric": primary,
+        "guardrail_metric": guardrail,
         "sft_draws": len(draws),
+        "partial_draws": sum(d["partial"] for d in draws),
         "steps": [d["steps"] for d in draws],
         "episodes": [d["episodes"] for d in draws],
     }
@@ -147,7 +158,7 @@ def main():
         "multi_turn_above_single_turn_2_se": above(
             out["rl_multi_minus_single_turn"], out["rl_multi_minus_single_turn_se"], 2
         ),
-        "at_least_3_draws": len(draws) >= 3,
+        "at_least_3_draws": sum(not d["partial"] for d in draws) >= 3,
     }
     out["draws"] = draws
     text = json.dumps(out, indent=1)
