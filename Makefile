@@ -26,8 +26,9 @@ build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-runner -p cudarl-train
 
 ## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train eval`, i.e.
-## synth-tasks -> validate (the task kernels; beside it sft-repairs, tokenizer and pretrain) ->
-## sft-data -> SFT of both agents -> multi-turn RL -> eval (SFT vs RL on the hold-out families).
+## ingest + synth-tasks -> validate (the task kernels; beside it sft-repairs, kb-specs, tokenizer
+## and pretrain) -> curriculum (tiers and the families' train / rl / test splits) -> sft-data ->
+## SFT of both agents -> multi-turn RL -> eval (SFT vs RL on the hold-out families).
 ## `model = "auto"`:
 ## configs/model/small.toml with a GPU, tiny.toml without. The compile-only look at the SFT
 ## generator is `cudarl-pipe run sft-eval`; the curriculum with the archives is `make curriculum`.
@@ -36,7 +37,7 @@ build: setup
 ## there), one evaluation sample per task and 2 RL steps of 16 episodes (4 tasks x groups of 4),
 ## not 5 of 64.
 HAVE_GPU := $(shell command -v nvidia-smi 2>/dev/null)
-CPU_DATA := $(if $(HAVE_GPU),,--set synth-tasks.generate.elementwise=48 --set synth-tasks.generate.row_reduce=16 --set sft-data.per_family=150 --set sft-data.holdout_generated=0.15)
+CPU_DATA := $(if $(HAVE_GPU),,--set synth-tasks.generate.elementwise=48 --set synth-tasks.generate.row_reduce=16 --set sft-data.per_family=150 --set curriculum.holdout_generated=0.15)
 CPU_SET := $(if $(HAVE_GPU),,$(CPU_DATA) --set eval.samples=1 --set rl-train.steps=2 --set rl-train.tasks_per_step=4 --set rl-train.group_size=4 --set rl-train.minibatch=8)
 run: setup build
 	$(BIN) run rl-train eval $(CPU_SET)
@@ -45,7 +46,7 @@ run: setup build
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,
 ## and KernelBench native signatures (kb-specs), on the bundled data.
 curriculum: build
-	$(BIN) run curriculum kb-specs $(CPU_DATA)
+	$(BIN) run curriculum kb-specs $(CPU_DATA) --set curriculum.archive=true
 
 ## test: set up, build, lint, and run every test (Rust and Python).
 test: setup lint

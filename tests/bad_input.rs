@@ -24,7 +24,6 @@ fn assert_bad(p: &Project, args: &[&str], needles: &[&str]) {
             "ingest-kernelbench",
             "kb-specs",
             "validate",
-            "validate-archive",
         ] {
             p.run(&["run", n]);
         }

@@ -187,12 +187,17 @@ fn status_dag_show_and_gc() {
 
     let dot = stdout(&p.run(&["dag", "--format", "dot"]));
     assert!(dot.contains("ingest_kernelbench -> curriculum"), "{dot}");
+    // The curriculum feeds training: sft-data takes the families' splits from it, and
+    // rl-train and eval read sft-data's.
+    assert!(dot.contains("curriculum -> sft_data"), "{dot}");
+    assert!(!dot.contains("validate_archive -> curriculum"), "{dot}");
     let mm = stdout(&p.run(&["dag", "--format", "mermaid"]));
     assert!(mm.starts_with("flowchart LR"), "{mm}");
     let dj: serde_json::Value =
         serde_json::from_str(&stdout(&p.run(&["dag", "--format", "json"]))).unwrap();
-    // ingest x3, curriculum, synth-tasks, validate (task kernels), validate-archive, kb-specs,
-    // testgen, sft-repairs (2 inputs), sft-data (4), tokenizer, pretrain, sft-train (generator),
+    // ingest x3, curriculum (6 inputs; the archives' verdicts only with `archive`), synth-tasks,
+    // validate (task kernels), validate-archive, kb-specs, testgen, sft-repairs (2 inputs),
+    // sft-data (5: the curriculum's splits), tokenizer, pretrain, sft-train (generator),
     // sft-train-optimizer, sft-eval, rl-train (6 inputs: PPO-ptx reads sft-data's optimizer
     // table), eval (8); pretrain reads synth-tasks' tasks for its copy documents (the
     // expressions they must not show); collab-data (6), collab-sft and collab-sft-optimizer (2
@@ -270,7 +275,7 @@ fn export_opens_in_pyarrow_and_polars() {
         "--to",
         out.to_str().unwrap(),
         "--set",
-        r#"sft-data.holdout_tasks=["row_sum"]"#,
+        r#"curriculum.holdout_tasks=["row_sum"]"#,
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let listed = stdout(&o);

@@ -42,7 +42,7 @@ fn list_of_str() -> DataType {
 /// | op_features | `list<utf8>` | ops from the reference |
 /// | op_categories | `list<utf8>` | categories of those ops |
 /// | unknown_ops | `list<utf8>` | ops with no category (tiered conservatively) |
-/// | split | utf8 | `train`, `val` or `test` |
+/// | split | utf8 | `train`, `val` or `test`; synthetic families `train`, `rl` (kept out of SFT for `rl-train`) or `test` (the hold-out families) |
 /// | archive_kernels | int64 | kernels for this problem in the ingested archives |
 /// | archive_claimed_correct | int64 | of those, claimed correct by their archive |
 /// | archive_best_claimed_speedup | float64, nullable | best claimed speedup vs PyTorch eager among claimed-correct kernels with a `__global__` kernel (ratio; not yet validated by us) |
@@ -167,6 +167,28 @@ pub struct Params {
     /// Op category file, relative to the project root; its content is an input.
     #[serde(default, skip_serializing)]
     pub op_categories: Option<String>,
+    /// Also read `validate-archive`'s verdicts of the archives' torch-format kernels (about a
+    /// minute of nvcc per kernel): `validated_kernels` and `best_validated_speedup` then count
+    /// them. Off in the main job, whose closure this would put them in; `make curriculum` sets it.
+    #[serde(default)]
+    pub archive: bool,
+    /// Synthetic families kept out of all training: the `test` split (the hold-out families).
+    #[serde(default = "d_holdout")]
+    pub holdout_tasks: Vec<String>,
+    /// Fraction of the generated families (ids `gen_*`, `synth-tasks`' `generate`) also in
+    /// `test`, chosen by the BLAKE3 hash of the id (`cudarl_curriculum::sample::hash_fraction`:
+    /// stable as families are added).
+    #[serde(default)]
+    pub holdout_generated: f64,
+    /// Fraction of the generated families in the `rl` split: kept out of SFT, practised by
+    /// `rl-train` (hash of the id in `[holdout_generated, holdout_generated + rl_generated)`, so
+    /// the hold-out set does not move when this changes).
+    #[serde(default)]
+    pub rl_generated: f64,
+}
+
+fn d_holdout() -> Vec<String> {
+    vec!["scalar_multiply".into(), "row_max".into()]
 }
 
 /// The stage.
@@ -191,7 +213,32 @@ impl Curriculum {
                 "train_fraction ({tr}) and val_fraction ({va}) must be in [0, 1] and sum to at most 1"
             ));
         }
+        if !(0.0..1.0).contains(&params.holdout_generated) {
+            return Err("holdout_generated must be in [0, 1)".into());
+        }
+        if params.rl_generated < 0.0 || params.holdout_generated + params.rl_generated >= 1.0 {
+            return Err(
+                "rl_generated must be >= 0, with holdout_generated + rl_generated < 1".into(),
+            );
+        }
         Ok(Curriculum { params })
+    }
+
+    /// The split of synthetic family `task`: `test` when it is named in `holdout_tasks` or is a
+    /// generated family whose id hashes below `holdout_generated`, `rl` when a generated
+    /// family's hash falls in `[holdout_generated, holdout_generated + rl_generated)`, else
+    /// `train`.
+    pub fn family_split(&self, task: &str) -> &'static str {
+        let p = &self.params;
+        let generated = task.starts_with(cudarl_rl::families::PREFIX);
+        let u = cudarl_curriculum::sample::hash_fraction(task);
+        if p.holdout_tasks.iter().any(|h| h == task) || (generated && u < p.holdout_generated) {
+            "test"
+        } else if generated && u < p.holdout_generated + p.rl_generated {
+            "rl"
+        } else {
+            "train"
+        }
     }
 }
 
@@ -238,22 +285,31 @@ impl Stage for Curriculum {
         KIND
     }
     fn code_version(&self) -> u32 {
-        4
+        // 5: synthetic families split into train / rl / test (the hold-out), read by sft-data;
+        // the archive's verdicts only with `archive`.
+        5
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
+        let mut v = vec![
             InputDecl::node("problems", "ingest-kernelbench", "problems"),
             InputDecl::node("sakana_kernels", "ingest-sakana", "kernels"),
             InputDecl::node("cuda_l1_kernels", "ingest-cuda-l1", "kernels"),
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("validations", "validate", "validations"),
-            InputDecl::node("archive_validations", "validate-archive", "validations"),
-            InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
-            InputDecl::external("op_categories"),
-        ]
+        ];
+        if self.params.archive {
+            v.push(InputDecl::node(
+                "archive_validations",
+                "validate-archive",
+                "validations",
+            ));
+        }
+        v.push(InputDecl::node("kb_specs", "kb-specs", "kb_specs"));
+        v.push(InputDecl::external("op_categories"));
+        v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
@@ -362,7 +418,7 @@ impl Stage for Curriculum {
             b.kernelbench((id, lv, nm), (&feats, &d, split), st, kb_sig.get(id), &mine);
         }
         let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-        b.synthetic(&tt, &validated, &mut counts)?;
+        b.synthetic(&tt, &validated, &mut counts, |t| self.family_split(t))?;
         if !stats.is_empty() {
             ctx.warn(format!(
                 "{} archive problem ids are not in the curriculum (other levels or unknown)",
@@ -565,7 +621,8 @@ impl Columns {
     }
 
     /// Appends the synthetic task families of `tt` (the `tasks` table): tier from the spec,
-    /// hold-out by shapes (all rows train), the best speedup over naive among `validated`.
+    /// split by `split_of` (`train`, `rl` or `test`; `rl` counts as train in `counts`), hold-out
+    /// shapes from the spec, the best speedup over naive among `validated`.
     ///
     /// # Errors
     /// A required column of `tasks` is missing or has the wrong type (named).
@@ -574,6 +631,7 @@ impl Columns {
         tt: &Table,
         validated: &[ValidatedRow],
         counts: &mut [[i64; 3]],
+        split_of: impl Fn(&str) -> &'static str,
     ) -> Result<(), StageError> {
         let (tid, ttier) = (
             tt.req_strings("task_id").map_err(data_err)?,
@@ -589,7 +647,8 @@ impl Columns {
                 continue;
             };
             let tier = tier.clamp(0, MAX_TIER);
-            counts[tier as usize][0] += 1;
+            let split = split_of(id);
+            counts[tier as usize][if split == "test" { 2 } else { 0 }] += 1;
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
             self.id.append_value(format!("synth/{id}"));
             self.src.append_value("synthetic");
@@ -601,7 +660,7 @@ impl Columns {
             self.feats.append(true);
             self.cats.append(true);
             self.unknown.append(true);
-            self.split.append_value("train");
+            self.split.append_value(split);
             self.ak.append_value(0);
             self.acc.append_value(0);
             self.best.append_null();
@@ -664,7 +723,9 @@ struct ValidatedRow {
 fn read_validated(ctx: &StageContext<'_>) -> Result<Vec<ValidatedRow>, StageError> {
     let mut out = Vec::new();
     for input in ["validations", "archive_validations"] {
-        read_validated_table(ctx, input, &mut out)?;
+        if ctx.has_input(input) {
+            read_validated_table(ctx, input, &mut out)?;
+        }
     }
     Ok(out)
 }
@@ -713,4 +774,66 @@ fn read_validated_table(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(extra: &str) -> Result<Curriculum, String> {
+        Curriculum::from_table(toml::from_str(extra).unwrap())
+    }
+
+    #[test]
+    fn families_split_into_train_rl_and_test_by_name_and_id_hash() {
+        let c = stage("holdout_tasks = [\"row_max\"]\nholdout_generated = 0.3\nrl_generated = 0.4")
+            .unwrap();
+        assert_eq!(c.family_split("row_max"), "test");
+        // Hand-written families other than the named ones always train.
+        assert_eq!(c.family_split("row_sum"), "train");
+        let gen_ids: Vec<String> = (0..400)
+            .map(|i| format!("{}{i}", cudarl_rl::families::PREFIX))
+            .collect();
+        let mut n = BTreeMap::new();
+        for id in &gen_ids {
+            let u = cudarl_curriculum::sample::hash_fraction(id);
+            let want = if u < 0.3 {
+                "test"
+            } else if u < 0.7 {
+                "rl"
+            } else {
+                "train"
+            };
+            assert_eq!(c.family_split(id), want, "{id} at {u}");
+            *n.entry(want).or_insert(0) += 1;
+        }
+        assert_eq!(n.len(), 3, "{n:?}");
+        // A larger RL share leaves the hold-out families where they were.
+        let wider = stage("holdout_generated = 0.3\nrl_generated = 0.6").unwrap();
+        for id in &gen_ids {
+            assert_eq!(
+                c.family_split(id) == "test",
+                wider.family_split(id) == "test"
+            );
+        }
+    }
+
+    #[test]
+    fn split_fractions_out_of_range_are_refused() {
+        assert!(stage("holdout_generated = 1.0").is_err());
+        assert!(stage("holdout_generated = 0.5\nrl_generated = 0.5").is_err());
+        assert!(stage("rl_generated = -0.1").is_err());
+        assert!(stage("holdout_generated = 0.5\nrl_generated = 0.4").is_ok());
+    }
+
+    #[test]
+    fn the_archives_verdicts_are_an_input_only_when_asked_for() {
+        let names = |c: &Curriculum| -> Vec<String> {
+            c.inputs().iter().map(|i| i.name.to_string()).collect()
+        };
+        assert!(!names(&stage("").unwrap()).contains(&"archive_validations".to_string()));
+        assert!(
+            names(&stage("archive = true").unwrap()).contains(&"archive_validations".to_string())
+        );
+    }
 }

@@ -9,12 +9,12 @@
 //!   kernel of the same task, for every validated (naive, optimized) pair; `speedup` is the
 //!   measured ratio (null on compile-only machines, `measured = false`).
 //!
-//! Families in `holdout_tasks`, and a `holdout_generated` fraction of the generated families,
-//! are the `test` split (never trained on: the generator's rates on them after SFT are the
-//! baseline RL must beat); a further `rl_generated` fraction of the generated families is the
-//! `rl` split (kept out of SFT too: `rl-train` practises on them, so RL learns to write kernels
-//! for operations the agents have not memorized, the skill the hold-out families measure); of
-//! the rest, `val_fraction` of the examples (by content hash) are `val`.
+//! The families' splits come from the `curriculum` (its `holdout_tasks`, `holdout_generated`,
+//! `rl_generated`; [`crate::curriculum::Curriculum::family_split`]): its `test` families are the
+//! hold-out (never trained on: the generator's rates on them after SFT are the baseline RL must
+//! beat), its `rl` families are kept out of SFT too (`rl-train` practises on them, so RL learns
+//! to write kernels for operations the agents have not memorized, the skill the hold-out
+//! families measure); of the rest, `val_fraction` of the examples (by content hash) are `val`.
 //!
 //! | column | type | meaning |
 //! |---|---|---|
@@ -88,9 +88,6 @@ pub static SFT_OPTIMIZER: LazyLock<SchemaRef> = LazyLock::new(|| {
 fn d_per_family() -> usize {
     1000
 }
-fn d_holdout() -> Vec<String> {
-    vec!["scalar_multiply".into(), "row_max".into()]
-}
 fn d_per_pair() -> usize {
     INTROS.len() * CLOSINGS.len()
 }
@@ -108,18 +105,6 @@ pub struct Params {
     /// Generator examples per task family (at most; fewer when the templates run out).
     #[serde(default = "d_per_family")]
     pub per_family: usize,
-    /// Families kept out of training (the `test` split).
-    #[serde(default = "d_holdout")]
-    pub holdout_tasks: Vec<String>,
-    /// Fraction of the generated families (ids `gen_*`, `synth-tasks`' `generate`) also kept
-    /// out as `test`, chosen by the BLAKE3 hash of the id (stable as families are added).
-    #[serde(default)]
-    pub holdout_generated: f64,
-    /// Fraction of the generated families reserved for RL (the `rl` split: hash of the id in
-    /// `[holdout_generated, holdout_generated + rl_generated)`, so the hold-out set does not
-    /// move when this changes).
-    #[serde(default)]
-    pub rl_generated: f64,
     /// Optimizer examples per (slower, faster) kernel pair: prompt phrasings taken in a seeded
     /// order, at most `INTROS x CLOSINGS` (24, the default).
     #[serde(default = "d_per_pair")]
@@ -152,14 +137,6 @@ impl SftData {
         let params: Params = crate::common::parse_params(t)?;
         if !(0.0..1.0).contains(&params.val_fraction) {
             return Err("val_fraction must be in [0, 1)".into());
-        }
-        if !(0.0..1.0).contains(&params.holdout_generated) {
-            return Err("holdout_generated must be in [0, 1)".into());
-        }
-        if params.rl_generated < 0.0 || params.holdout_generated + params.rl_generated >= 1.0 {
-            return Err(
-                "rl_generated must be >= 0, with holdout_generated + rl_generated < 1".into(),
-            );
         }
         Ok(SftData { params })
     }
@@ -264,7 +241,8 @@ impl Stage for SftData {
     }
     fn code_version(&self) -> u32 {
         // 3: repairs from `sft-repairs` (the breakage rotates over all of a task's kernels).
-        3
+        // 4: the families' splits from the curriculum.
+        4
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -275,6 +253,7 @@ impl Stage for SftData {
             InputDecl::node("kernels", "synth-tasks", "task_kernels"),
             InputDecl::node("validations", "validate", "validations"),
             InputDecl::node("repairs", "sft-repairs", "repairs"),
+            InputDecl::node("curriculum", "curriculum", "curriculum"),
         ]
     }
     fn outputs(&self) -> Vec<OutputDecl> {
@@ -292,6 +271,7 @@ impl Stage for SftData {
         let by_task = validated_kernels(&kt, &val)?;
         let rt = Table::read(ctx.input_path("repairs")?, "repairs").map_err(data_err)?;
         let repairs = self.repairs(ctx.input_path("tasks")?, &rt, &by_task)?;
+        let splits = family_splits(ctx.input_path("curriculum")?)?;
         let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
         let tid = tasks.req_strings("task_id").map_err(data_err)?;
         let tier = tasks.req_ints("tier").map_err(data_err)?;
@@ -320,7 +300,7 @@ impl Stage for SftData {
                 description: d,
                 dtype: dt,
                 signature: sg,
-                kept_out: self.kept_out(t),
+                kept_out: kept_out(&splits, t)?,
                 shapes: serde_json::from_str::<Vec<Value>>(sh)
                     .unwrap_or_default()
                     .iter()
@@ -592,6 +572,51 @@ fn validated_kernels(
     Ok(by_task)
 }
 
+/// The curriculum's split of each synthetic family (`synth/<task>` rows), by task id.
+///
+/// # Errors
+/// The `curriculum` table cannot be read or lacks `problem_id`, `source` or `split` (named).
+fn family_splits(path: &std::path::Path) -> Result<BTreeMap<String, String>, StageError> {
+    let t = Table::read(path, "curriculum").map_err(data_err)?;
+    let (id, src, split) = (
+        t.req_strings("problem_id").map_err(data_err)?,
+        t.req_strings("source").map_err(data_err)?,
+        t.req_strings("split").map_err(data_err)?,
+    );
+    Ok((0..t.rows())
+        .filter(|&i| src.get(i) == Some("synthetic"))
+        .filter_map(|i| {
+            let task = id.get(i)?.strip_prefix("synth/")?;
+            Some((task.to_string(), split.get(i)?.to_string()))
+        })
+        .collect())
+}
+
+/// `test` or `rl` for a task family the curriculum keeps out of SFT, else `None`.
+///
+/// # Errors
+/// The family has no row in the curriculum, or a split other than `train`, `rl` or `test`.
+fn kept_out(
+    splits: &BTreeMap<String, String>,
+    task: &str,
+) -> Result<Option<&'static str>, StageError> {
+    match splits.get(task).map(String::as_str) {
+        Some("test") => Ok(Some("test")),
+        Some("rl") => Ok(Some("rl")),
+        Some("train") => Ok(None),
+        Some(other) => Err(StageError::bad_input(
+            "curriculum",
+            Some("split"),
+            format!("synth/{task}: split `{other}` (expected train, rl or test)"),
+        )),
+        None => Err(StageError::bad_input(
+            "curriculum",
+            Some("problem_id"),
+            format!("no row synth/{task} for task family {task}"),
+        )),
+    }
+}
+
 /// One repair example's base: a broken kernel, the tester's feedback on it, the answer.
 struct Repair {
     base_id: String,
@@ -609,22 +634,6 @@ impl SftData {
             Some(r) => r.into(),
             None if hash_fraction(id) < self.params.val_fraction => "val".into(),
             None => "train".into(),
-        }
-    }
-
-    /// `test` or `rl` for a task family kept out of SFT (named in `holdout_tasks`, or a
-    /// generated family whose hash falls in the hold-out or RL fraction), else `None`.
-    fn kept_out(&self, t: &str) -> Option<&'static str> {
-        let p = &self.params;
-        let generated = t.starts_with(cudarl_rl::families::PREFIX);
-        if p.holdout_tasks.iter().any(|h| h == t)
-            || (generated && hash_fraction(t) < p.holdout_generated)
-        {
-            Some("test")
-        } else if generated && hash_fraction(t) < p.holdout_generated + p.rl_generated {
-            Some("rl")
-        } else {
-            None
         }
     }
 
