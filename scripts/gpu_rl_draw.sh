@@ -32,6 +32,9 @@
 #              main_job.json and rl_resume.json). Compile and validate are nvcc- and CPU-bound:
 #              four cold chains at once on a 64-core, 4-GPU H200 host were still in validate
 #              after 13 minutes, where one alone on 16 cores is through it in 3.5.
+#   PIN        with DRAWS: 1 (default) pins draw k to the k-th equal share of the host's cores
+#              (taskset), 0 leaves them unpinned (four unpinned RL runs on a 64-core host were at
+#              least twice as slow as one alone on a 16-core host; docs/experiments.md)
 #   FINAL=1    with DRAWS: also packs the draws not finished yet (what they have: the RL metrics
 #              of a run that is evaluating), for a host about to go back
 # A draw alone takes about 25 minutes on an H200 (SFT chain 290 s, collab-data and its fine-tunes
@@ -91,16 +94,22 @@ if [ -n "${DRAWS:-}" ]; then
     CUDA_VISIBLE_DEVICES=0 pipe "$M/store" "$M/cudarl.lock" run sft-data >> "$M/run.jsonl" 2>> "$M/run.err"
     rc=$?
     echo "shared nodes: $(( $(date +%s) - $(cat "$M/start") )) s rc=$rc" >> "$M/times.txt"
-    # 4. Each draw from the shared store plus its own pretrain.
+    # 4. Each draw from the shared store plus its own pretrain, pinned to its share of the cores
+    #    (taskset): its nvcc builds, judges and trainer size their thread pools from the cores
+    #    they may use, as on a host of that many cores, instead of each sizing them to the whole
+    #    host (PIN=0: unpinned).
+    C=$(( $(nproc) / G ))
     k=0
     for n in $DRAWS; do
+      PINNED=()
+      [ "${PIN:-1}" = 1 ] && [ "$C" -ge 1 ] && PINNED=(taskset -c "$((k * C))-$((k * C + C - 1))")
       h=/tmp/cudarl-gpu$k
       mkdir -p "$h/repo"
       copy "$M/store" "$M/seed$k"
       cp -aln "$M/p$k/." "$M/seed$k/" && rm -rf "$M/seed$k/locks"
       tar --exclude=./.git -cf - . | tar -xf - -C "$h/repo"
       (cd "$h/repo" && DRAWS='' CUDA_VISIBLE_DEVICES=$k CUDARL_HOST_TMP=$h DRAW=$n SEED_STORE=$M/seed$k \
-        ACTION=start WAIT_S=0 OUT=$h/out bash scripts/gpu_rl_draw.sh > "$h/start.log" 2>&1)
+        ACTION=start WAIT_S=0 OUT=$h/out "${PINNED[@]}" bash scripts/gpu_rl_draw.sh > "$h/start.log" 2>&1)
       k=$((k + 1))
     done
     touch "$M/started"
