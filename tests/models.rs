@@ -307,9 +307,46 @@ fn pretrain_and_sft_losses_fall_and_checkpoints_are_hugging_face_directories() {
             .collect();
         assert_eq!(
             files,
-            ["config.json", "model.safetensors", "tokenizer.json"],
+            [
+                "config.json",
+                "generation_config.json",
+                "model.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json"
+            ],
             "{node}"
         );
+    }
+    // The exported generator opens in transformers with its chat template (the text the
+    // trainer renders, ChatML) and generation settings.
+    let out = p.path("hf");
+    let o = p.run(&["export", "sft-train", "--to", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    if let Some(python) = common::python() {
+        let o = std::process::Command::new(python)
+            .arg(repo_root().join("tests/python/check_chat_template.py"))
+            .arg(out.join("sft-train.checkpoint"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let r: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert_eq!(
+            r["text"],
+            "<|im_start|>system\nYou write CUDA kernels.<|im_end|>\n\
+             <|im_start|>user\nWrite a kernel that adds two vectors.<|im_end|>\n\
+             <|im_start|>assistant\n"
+        );
+        // `<|im_end|>` ends a turn and generation, `<|endoftext|>` pads and stops too.
+        assert_eq!(
+            r["generation_eos_token_id"],
+            serde_json::json!([r["eos_token_id"], r["pad_token_id"]]),
+            "{r}"
+        );
+        assert_ne!(r["eos_token_id"], r["pad_token_id"], "{r}");
+        assert_eq!(r["temperature"], 0.7);
+        assert!(r["generated"].as_i64().unwrap() >= 1, "{r}");
+    } else {
+        eprintln!("SKIPPED: the transformers check (no python)");
     }
     // Cached the second time.
     let o = p.run(&["run", "sft-train", "--json"]);

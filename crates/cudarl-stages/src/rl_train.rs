@@ -436,7 +436,8 @@ impl Stage for RlTrain {
         // advantages out of the update, k3 clamped; metrics gain max_ref_log_ratio per agent.
         // 15: the KL and PPO-ptx gradient capped at the policy gradient's norm
         // (`aux_grad_cap`); metrics gain the aux columns.
-        15
+        // 16: checkpoints carry `tokenizer_config.json` and `generation_config.json`.
+        16
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -328,7 +328,9 @@ impl Stage for ModelStage {
     }
     fn code_version(&self) -> u32 {
         // 3: `copy_documents` are conversations in the prompt format.
-        3
+        // 4: checkpoints carry `tokenizer_config.json` (the chat template) and
+        // `generation_config.json`.
+        4
     }
     fn params(&self) -> Value {
         params_json(&self.params)

@@ -364,7 +364,8 @@ impl TrainableAgent {
         self.opt.load(path)
     }
 
-    /// Saves the model and tokenizer in the Hugging Face layout.
+    /// Saves the model and tokenizer in the Hugging Face layout, with the chat template and
+    /// generation settings ([`ChatTokenizer::write_hf_configs`]).
     ///
     /// # Errors
     /// I/O and libtorch errors.
@@ -374,6 +375,8 @@ impl TrainableAgent {
         self.tokenizer
             .tok
             .save(&p, true)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", p.display())))
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", p.display())))?;
+        self.tokenizer
+            .write_hf_configs(dir, self.model.config.max_position_embeddings)
     }
 }

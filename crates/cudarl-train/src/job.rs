@@ -428,13 +428,16 @@ fn bench(
     }))
 }
 
-/// `out/model/`: the model in the Hugging Face layout with its `tokenizer.json`.
+/// `out/model/`: the model in the Hugging Face layout with its `tokenizer.json`,
+/// `tokenizer_config.json` (the chat template) and `generation_config.json`
+/// ([`ChatTokenizer::write_hf_configs`]).
 fn save(m: &Qwen2, tokenizer: &PathBuf, out: &std::path::Path) -> Result<(), ModelError> {
     let dir = out.join("model");
     m.save(&dir)?;
     std::fs::copy(tokenizer, dir.join("tokenizer.json"))
         .map_err(|e| ModelError::Io(tokenizer.display().to_string(), e))?;
-    Ok(())
+    ChatTokenizer::load(&dir.join("tokenizer.json"))?
+        .write_hf_configs(&dir, m.config.max_position_embeddings)
 }
 
 #[cfg(test)]

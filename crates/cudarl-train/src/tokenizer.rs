@@ -29,6 +29,17 @@ pub const IM_START: &str = "<|im_start|>";
 /// Closes a chat turn (the end-of-sequence token of chat generation).
 pub const IM_END: &str = "<|im_end|>";
 
+/// The chat template of [`ChatTokenizer::render`] in Jinja, as `transformers`'
+/// `apply_chat_template` runs it (`tokenizer_config.json`'s `chat_template`): the same text for
+/// the same messages; `add_generation_prompt` opens the assistant's turn.
+pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Sampling defaults written to `generation_config.json`: the temperature and nucleus mass the
+/// pipeline samples with (`pipelines/default.toml`, `[stages.eval]` and `[stages.rl-train]`).
+pub const GENERATION_TEMPERATURE: f64 = 0.7;
+/// See [`GENERATION_TEMPERATURE`].
+pub const GENERATION_TOP_P: f64 = 0.95;
+
 fn terr(file: &str, e: impl std::fmt::Display) -> ModelError {
     ModelError::Tokenizer(format!("{file}: {e}"))
 }
@@ -96,6 +107,47 @@ impl ChatTokenizer {
         })
     }
 
+    /// Writes `tokenizer_config.json` ([`CHAT_TEMPLATE`], [`IM_END`] as the end-of-sequence
+    /// token, [`EOS`] as padding, `model_max_length` = `max_len` tokens) and
+    /// `generation_config.json` (stop at [`IM_END`] or [`EOS`]; sampling at
+    /// [`GENERATION_TEMPERATURE`] and [`GENERATION_TOP_P`]) into `dir`, beside its
+    /// `tokenizer.json`, so `transformers`' `AutoTokenizer.apply_chat_template` and
+    /// `AutoModelForCausalLM.generate` work on the checkpoint as they do on a Qwen2 chat model.
+    ///
+    /// # Errors
+    /// Write errors (the file named).
+    pub fn write_hf_configs(&self, dir: &Path, max_len: i64) -> Result<(), ModelError> {
+        let pad = if self.eos.is_some() { EOS } else { IM_END };
+        let tokenizer_config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "chat_template": CHAT_TEMPLATE,
+            "bos_token": null,
+            "eos_token": IM_END,
+            "pad_token": pad,
+            "unk_token": null,
+            "additional_special_tokens": [IM_START, IM_END],
+            "model_max_length": max_len,
+            "clean_up_tokenization_spaces": false,
+        });
+        let stop: Vec<i64> = std::iter::once(self.im_end).chain(self.eos).collect();
+        let generation_config = serde_json::json!({
+            "eos_token_id": stop,
+            "pad_token_id": self.eos.unwrap_or(self.im_end),
+            "do_sample": true,
+            "temperature": GENERATION_TEMPERATURE,
+            "top_p": GENERATION_TOP_P,
+        });
+        for (name, v) in [
+            ("tokenizer_config.json", tokenizer_config),
+            ("generation_config.json", generation_config),
+        ] {
+            let p = dir.join(name);
+            let text = serde_json::to_string_pretty(&v).expect("json") + "\n";
+            std::fs::write(&p, text).map_err(|e| ModelError::Io(p.display().to_string(), e))?;
+        }
+        Ok(())
+    }
+
     /// Vocabulary size including special tokens.
     pub fn vocab_size(&self) -> usize {
         self.tok.get_vocab_size(true)
@@ -157,5 +209,60 @@ impl ChatTokenizer {
             push(&self.encode("assistant\n")?, false, &mut ids, &mut mask);
         }
         Ok((ids, mask))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokenizer(dir: &Path) -> ChatTokenizer {
+        let texts: Vec<String> = (0..64)
+            .map(|i| format!("You write CUDA kernels. Write a kernel that adds {i} vectors.\n"))
+            .collect();
+        let p = dir.join("tokenizer.json");
+        train_bpe(&texts, 300, &p).unwrap();
+        ChatTokenizer::load(&p).unwrap()
+    }
+
+    #[test]
+    fn the_written_chat_template_renders_the_trainers_tokens_and_names_the_stop_tokens() {
+        let d = tempfile::tempdir().unwrap();
+        let tok = tokenizer(d.path());
+        tok.write_hf_configs(d.path(), 2048).unwrap();
+        let messages = [
+            ChatMessage::new("system", "You write CUDA kernels."),
+            ChatMessage::new("user", "Write a kernel that adds two vectors."),
+            ChatMessage::new("assistant", "__global__ void k() {}"),
+        ];
+        // The text the template gives (ChatML, as the module docs show), tokenized whole the way
+        // `transformers`' fast tokenizer does (special tokens matched first), is the trainer's
+        // rendering token for token.
+        let text: String = messages
+            .iter()
+            .map(|m| format!("{IM_START}{}\n{}{IM_END}\n", m.role, m.content))
+            .collect::<String>()
+            + &format!("{IM_START}assistant\n");
+        assert_eq!(
+            tok.encode(&text).unwrap(),
+            tok.render(&messages, true).unwrap().0
+        );
+        let cfg: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.path().join("tokenizer_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(cfg["chat_template"], CHAT_TEMPLATE);
+        assert_eq!(cfg["eos_token"], IM_END);
+        assert_eq!(cfg["pad_token"], EOS);
+        assert_eq!(cfg["model_max_length"], 2048);
+        let gen_cfg: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.path().join("generation_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            gen_cfg["eos_token_id"],
+            serde_json::json!([tok.im_end, tok.eos.unwrap()])
+        );
+        assert_eq!(gen_cfg["pad_token_id"], tok.eos.unwrap());
     }
 }
