@@ -27,6 +27,6 @@ if [ "$ACTION" = collect ]; then
   W=$D/work
   cp "$W"/times.txt "$W"/gpu.txt "$W"/rl_metrics.jsonl "$W"/rl_tiers.jsonl "$W"/eval_summary.jsonl "$OUT"/ 2>/dev/null
   cp "$W"/sft_eval.jsonl "$OUT"/ 2>/dev/null
-  [ -f "$W/export/eval.report/report.md" ] && cp "$W/export/eval.report/report.md" "$OUT/eval_report.md"
+  [ -f "$W/export/eval/report/report.md" ] && cp "$W/export/eval/report/report.md" "$OUT/eval_report.md"
   ls -la "$OUT"
 fi

@@ -9,7 +9,7 @@
 #   ACTION=start  starts it, then waits like `wait`
 #   ACTION=wait   waits up to WAIT_S seconds (default 540) printing progress; once it has finished,
 #                 writes $OUT/draw.tar.gz (the RUN_DIR of scripts/rl_learning.py: rl_metrics.jsonl,
-#                 export/eval.report/ with comparison.json), $OUT/rl_resume.json and
+#                 export/eval/report/ with comparison.json), $OUT/rl_resume.json and
 #                 $OUT/main_job.json
 #   DRAW       the draw's seed (pretrain, sft-train and sft-train-optimizer; default 1)
 #   STEPS      RL steps (default 50)
@@ -198,6 +198,6 @@ if [ "$ACTION" = wait ]; then
     cat "$D/resume/draw/eval_rc.txt" 2>/dev/null
     tail -c 800 "$H/cudarl-resume/eval.err" 2>/dev/null
     [ -d "$D/resume/draw" ] && tar czf "$OUT/draw.tar.gz" -C "$D/resume" draw
-    cat "$D/resume/draw/export/eval.report/comparison.json" 2>/dev/null
+    cat "$D/resume/draw/export/eval/report/comparison.json" 2>/dev/null
   fi
 fi

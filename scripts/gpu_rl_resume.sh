@@ -14,7 +14,7 @@
 #   SETS      extra `--set` values, space-separated (e.g. rl-train.control=true); every
 #             invocation of one run must give the same ones (they are part of the stage's key)
 #   EVAL=1    once the run has finished, `run eval` on it too (same SETS and STEPS) and write
-#             $OUT/draw/ (rl_metrics.jsonl, export/eval.report/ with comparison.json), the layout
+#             $OUT/draw/ (rl_metrics.jsonl, export/eval/report/ with comparison.json), the layout
 #             scripts/rl_learning.py pools over SFT draws
 #   FROM_STORE a store to start from instead (hard-linked, e.g. the main job's
 #             /tmp/cudarl-main/store): its stages before rl-train are cached, and a run with

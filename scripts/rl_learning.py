@@ -3,7 +3,8 @@
 
 Each RUN_DIR is one SFT draw's main job as `scripts/gpu_main_job.sh` collects it (with
 `rl-train.control = true`): `rl_metrics.jsonl` (rl-train's `metrics`, with the frozen control's
-columns) and `export/eval.report/comparison.json` (eval's pre-registered comparison: the primary
+columns) and `export/eval/report/comparison.json` (`export/eval.report/` in run directories
+exported before one folder per node; eval's pre-registered comparison: the primary
 metric and the guardrail named in `pipelines/default.toml`, RL - SFT on the hold-out families
 paired by sampling seed). Per draw it takes:
 
@@ -67,7 +68,9 @@ def mean_se(xs):
 def draw(run_dir):
     """One draw's differences and sizes."""
     metrics = read_jsonl(os.path.join(run_dir, "rl_metrics.jsonl"))
-    comp_path = os.path.join(run_dir, "export", "eval.report", "comparison.json")
+    comp_path = os.path.join(run_dir, "export", "eval", "report", "comparison.json")
+    if not os.path.exists(comp_path):
+        comp_path = os.path.join(run_dir, "export", "eval.report", "comparison.json")
     # A draw whose RL run was cut short (scripts/gpu_rl_draw.sh FINAL=1) has the metrics rows of
     # its last save and no eval: it counts for RL - control only.
     comp = {}

@@ -28,7 +28,7 @@ fn export_report(p: &Project, dir: &str, sets: &[&str]) -> String {
     }
     let o = p.run(&args);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    std::fs::read_to_string(out.join("eval.report/report.md")).unwrap()
+    std::fs::read_to_string(out.join("eval/report/report.md")).unwrap()
 }
 
 /// The rows of `node`'s `output` under `--set` overrides.
@@ -325,7 +325,7 @@ fn pretrain_and_sft_losses_fall_and_checkpoints_are_hugging_face_directories() {
     if let Some(python) = common::python() {
         let o = std::process::Command::new(python)
             .arg(repo_root().join("tests/python/check_chat_template.py"))
-            .arg(out.join("sft-train.checkpoint"))
+            .arg(out.join("sft-train/checkpoint"))
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", common::stderr(&o));
@@ -580,7 +580,7 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
         "{md}"
     );
     assert!(
-        std::fs::metadata(p.path("exported/eval.report/reward_curve.png"))
+        std::fs::metadata(p.path("exported/eval/report/reward_curve.png"))
             .unwrap()
             .len()
             > 1000
@@ -593,7 +593,7 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
         "{md}"
     );
     let c: Value = serde_json::from_str(
-        &std::fs::read_to_string(p.path("exported/eval.report/comparison.json")).unwrap(),
+        &std::fs::read_to_string(p.path("exported/eval/report/comparison.json")).unwrap(),
     )
     .unwrap();
     assert_eq!(c["primary_metric"], "fast_naive_1_5", "{c}");
@@ -1199,7 +1199,7 @@ fn collab_sft_fine_tunes_both_agents_on_their_verified_turns_beside_replayed_sft
         "{md}"
     );
     let c: Value = serde_json::from_str(
-        &std::fs::read_to_string(p.path("exported_collab/eval.report/comparison.json")).unwrap(),
+        &std::fs::read_to_string(p.path("exported_collab/eval/report/comparison.json")).unwrap(),
     )
     .unwrap();
     // Compile-only: nothing passes, so collab and SFT tie pair by pair.

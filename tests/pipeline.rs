@@ -264,8 +264,24 @@ fn export_opens_in_pyarrow_and_polars() {
     let out = p.path("out");
     let o = p.run(&["export", "curriculum", "--to", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = p.run(&["export", "ingest-sakana", "--to", out.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lock_before = std::fs::read_to_string(p.path("cudarl.lock")).ok();
+    // Two nodes whose tables are both `kernels.parquet`: each in its own folder.
+    for node in ["ingest-sakana", "ingest-cuda-l1"] {
+        let o = p.run(&["export", node, "--to", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    // Exporting builds what it needs but records no lineage in the checkout.
+    assert_eq!(
+        std::fs::read_to_string(p.path("cudarl.lock")).ok(),
+        lock_before
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for f in ["curriculum/curriculum.parquet", "curriculum/export.json"] {
+            let mode = std::fs::metadata(out.join(f)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o644, "{f}");
+        }
+    }
     // VERL's layouts, with row_sum as the hold-out family (checked by the script below).
     let o = p.run(&[
         "export",
@@ -285,9 +301,24 @@ fn export_opens_in_pyarrow_and_polars() {
     let o = p.run(&["export", "validate", "--format", "verl", "--to", "x"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let side: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("curriculum.export.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(out.join("curriculum/export.json")).unwrap())
             .unwrap();
     assert_eq!(side["outputs"]["curriculum"]["rows"], 252);
+    // The manifest names what is on disk.
+    assert_eq!(
+        side["files"],
+        serde_json::json!([
+            "curriculum.parquet",
+            "gates.parquet",
+            "validated_kernels.parquet"
+        ])
+    );
+    for f in side["files"].as_array().unwrap() {
+        assert!(
+            out.join("curriculum").join(f.as_str().unwrap()).is_file(),
+            "{f}"
+        );
+    }
     let script = repo_root().join("tests/python/check_export.py");
     let o = std::process::Command::new(python)
         .arg(script)

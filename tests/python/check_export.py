@@ -54,15 +54,16 @@ def check(path, expected):
     return pq.read_table(path)
 
 
-cur = check(out / "curriculum.parquet", CURRICULUM)
-gates = check(out / "gates.parquet", GATES)
+# `export NODE --to out`: one folder per node.
+cur = check(out / "curriculum" / "curriculum.parquet", CURRICULUM)
+gates = check(out / "curriculum" / "gates.parquet", GATES)
 # 250 KernelBench problems (levels 1-3) + the test project's 2 synthetic task families.
 assert cur.num_rows == 252, cur.num_rows
 assert set(cur.column("split").to_pylist()) == {"train", "val", "test"}
 assert set(cur.column("tier").to_pylist()) == {0, 1, 2, 3}
 assert sum(gates.column("problems").to_pylist()) == 252
 
-df = pl.read_parquet(out / "curriculum.parquet")
+df = pl.read_parquet(out / "curriculum" / "curriculum.parquet")
 assert df.height == 252
 synth = df.filter(pl.col("source") == "synthetic").sort("problem_id")
 assert synth["problem_id"].to_list() == ["synth/row_sum", "synth/vector_add"], synth
@@ -74,8 +75,10 @@ assert relu["tier"][0] == 0 and relu["op_features"][0].to_list() == ["torch.relu
 per_tier = df.group_by("tier").len().sort("tier")
 assert per_tier["len"].sum() == 252
 
-kernels = pl.read_parquet(out / "kernels.parquet")
+kernels = pl.read_parquet(out / "ingest-sakana" / "kernels.parquet")
 assert kernels.height == 102
+# CUDA-L1's `kernels.parquet`, exported into the same folder, is in its own.
+assert pl.read_parquet(out / "ingest-cuda-l1" / "kernels.parquet").height != 102
 assert kernels["kernel_id"].str.len_chars().unique().to_list() == [64]
 assert kernels.schema["ncu_metrics"] == pl.List(
     pl.Struct({"name": pl.String, "unit": pl.String, "avg_value": pl.Float64, "variance": pl.Float64, "n": pl.Int64})

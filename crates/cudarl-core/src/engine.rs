@@ -220,6 +220,9 @@ pub struct RunOptions {
     /// Which rows the targets compute (`--shard i/N`, `--merge`); their ancestors always run
     /// whole. Only [`crate::Stage::shardable`] targets accept anything but [`RunPart::Whole`].
     pub part: RunPart,
+    /// Leave the lock file as it is (verbs that build a node to read it, such as `export`,
+    /// record no lineage in the checkout).
+    pub keep_lock_file: bool,
 }
 
 /// Errors of the engine itself (not of a stage).
@@ -684,7 +687,7 @@ impl Engine {
 
         let mut map = results.into_inner().unwrap_or_else(|e| e.into_inner());
         let records: Vec<NodeRecord> = order.iter().filter_map(|i| map.remove(i)).collect();
-        if !opts.dry_run {
+        if !opts.dry_run && !opts.keep_lock_file {
             self.update_lock(&records)?;
         }
         Ok(RunSummary { run_id, records })

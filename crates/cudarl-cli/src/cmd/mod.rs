@@ -176,6 +176,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
                 force,
                 dry_run,
                 part,
+                keep_lock_file: false,
             };
             run(&ctx, &targets, jobs.unwrap_or(0), opts, json)
         }
@@ -494,14 +495,19 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
     }
     let m = engine.fresh_manifest(node)?;
     let outs = pick_output(&m, output)?;
+    // One folder per node: nodes whose outputs share a file name never overwrite each other.
+    let dir = to.join(node);
+    let failed = |e: &dyn std::fmt::Display| CliError::failed(e.to_string());
     let mut files = serde_json::Map::new();
+    let mut on_disk: Vec<String> = Vec::new();
     for (name, rec) in outs {
         let src = engine.store().blob_path(&rec.hash);
-        let dst = cudarl_data::export::copy_out(&src, to, &rec.file_name)
-            .map_err(|e| CliError::failed(e.to_string()))?;
+        let dst =
+            cudarl_data::export::copy_out(&src, &dir, &rec.file_name).map_err(|e| failed(&e))?;
         println!("{}", dst.display());
+        on_disk.push(rec.file_name.clone());
         // A table naming store blobs (file, digest, bytes: checkpoints, plots) also gets its
-        // files, under <to>/<node>.<output>/ (a Hugging Face model directory for checkpoints).
+        // files, under <to>/<node>/<output>/ (a Hugging Face model directory for checkpoints).
         if let Ok(t) = cudarl_data::Table::read(&src, name)
             && t.schema
                 .fields()
@@ -509,10 +515,13 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
                 .map(|f| f.name().as_str())
                 .eq(["file", "digest", "bytes"])
         {
-            let dir = to.join(format!("{node}.{name}"));
-            cudarl_stages::common::materialize(engine.store(), &src, &dir)
-                .map_err(|e| CliError::failed(e.to_string()))?;
-            println!("{}", dir.display());
+            let sub = dir.join(name);
+            cudarl_stages::common::materialize(engine.store(), &src, &sub)
+                .map_err(|e| failed(&e))?;
+            for f in cudarl_data::export::make_shareable(&sub).map_err(|e| failed(&e))? {
+                on_disk.push(format!("{name}/{f}"));
+            }
+            println!("{}", sub.display());
         }
         files.insert(
             name.clone(),
@@ -521,14 +530,15 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
     }
     let sidecar = serde_json::json!({
         "node": m.node, "key": m.key, "stage": m.preimage.stage, "code_version": m.preimage.code_version,
-        "params": m.preimage.params, "outputs": files, "git_commit": m.git_commit, "tool_version": m.tool_version,
+        "params": m.preimage.params, "outputs": files, "files": on_disk, "git_commit": m.git_commit,
+        "tool_version": m.tool_version,
     });
-    let side = to.join(format!("{node}.export.json"));
-    std::fs::write(
-        &side,
-        serde_json::to_string_pretty(&sidecar).expect("json") + "\n",
+    cudarl_data::export::write_file(
+        &dir,
+        "export.json",
+        (serde_json::to_string_pretty(&sidecar).expect("json") + "\n").as_bytes(),
     )
-    .map_err(|e| CliError::failed(format!("write {}: {e}", side.display())))?;
+    .map_err(|e| failed(&e))?;
     Ok(0)
 }
 
@@ -546,7 +556,11 @@ pub(crate) fn build(engine: &Engine, target: &str) -> Result<(), CliError> {
 /// Builds `targets` for a verb that then reads their outputs; on failure prints the failed
 /// nodes to stderr and returns the run's exit code (0: all built).
 fn run_or_report(engine: &Engine, targets: &[String]) -> Result<i32, CliError> {
-    let summary = engine.run(targets, &RunOptions::default())?;
+    let opts = RunOptions {
+        keep_lock_file: true,
+        ..RunOptions::default()
+    };
+    let summary = engine.run(targets, &opts)?;
     for r in summary
         .records
         .iter()
