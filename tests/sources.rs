@@ -18,7 +18,11 @@ fn problems_rows(p: &Project) -> Vec<(String, String)> {
         p.path("exp").to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let t = cudarl_data::Table::read(&p.path("exp/ingest-kernelbench/problems.parquet"), "problems").unwrap();
+    let t = cudarl_data::Table::read(
+        &p.path("exp/ingest-kernelbench/problems.parquet"),
+        "problems",
+    )
+    .unwrap();
     let id = t.req_strings("problem_id").unwrap();
     let code = t.req_strings("code").unwrap();
     (0..t.rows())

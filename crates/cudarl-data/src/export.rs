@@ -10,12 +10,13 @@ use crate::error::{DataError, Result};
 /// user's to edit, not everyone's).
 pub const FILE_MODE: u32 = 0o644;
 
-/// Copies `src` to `dir/file_name`, replacing an existing file atomically (temp + rename), with
-/// mode [`FILE_MODE`].
-///
-/// # Errors
-/// [`DataError::Write`] naming the destination.
-pub fn copy_out(src: &Path, dir: &Path, file_name: &str) -> Result<std::path::PathBuf> {
+/// Writes `dir/file_name` through `fill` (given a temporary path beside it), with mode
+/// [`FILE_MODE`], then renames it into place: a reader sees the old file or the whole new one.
+fn publish(
+    dir: &Path,
+    file_name: &str,
+    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<std::path::PathBuf> {
     let werr = |e: std::io::Error| DataError::Write {
         file: dir.join(file_name).display().to_string(),
         message: e.to_string(),
@@ -23,10 +24,19 @@ pub fn copy_out(src: &Path, dir: &Path, file_name: &str) -> Result<std::path::Pa
     std::fs::create_dir_all(dir).map_err(werr)?;
     let dst = dir.join(file_name);
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    std::fs::copy(src, &tmp).map_err(werr)?;
+    fill(&tmp).map_err(werr)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(FILE_MODE)).map_err(werr)?;
     std::fs::rename(&tmp, &dst).map_err(werr)?;
     Ok(dst)
+}
+
+/// Copies `src` to `dir/file_name`, replacing an existing file atomically (temp + rename), with
+/// mode [`FILE_MODE`].
+///
+/// # Errors
+/// [`DataError::Write`] naming the destination.
+pub fn copy_out(src: &Path, dir: &Path, file_name: &str) -> Result<std::path::PathBuf> {
+    publish(dir, file_name, |tmp| std::fs::copy(src, tmp).map(|_| ()))
 }
 
 /// Writes `bytes` to `dir/file_name` atomically (temp + rename) with mode [`FILE_MODE`].
@@ -34,17 +44,7 @@ pub fn copy_out(src: &Path, dir: &Path, file_name: &str) -> Result<std::path::Pa
 /// # Errors
 /// [`DataError::Write`] naming the destination.
 pub fn write_file(dir: &Path, file_name: &str, bytes: &[u8]) -> Result<std::path::PathBuf> {
-    let werr = |e: std::io::Error| DataError::Write {
-        file: dir.join(file_name).display().to_string(),
-        message: e.to_string(),
-    };
-    std::fs::create_dir_all(dir).map_err(werr)?;
-    let dst = dir.join(file_name);
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(werr)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(FILE_MODE)).map_err(werr)?;
-    std::fs::rename(&tmp, &dst).map_err(werr)?;
-    Ok(dst)
+    publish(dir, file_name, |tmp| std::fs::write(tmp, bytes))
 }
 
 /// Gives every file directly in `dir` mode [`FILE_MODE`]; returns their names, sorted.
