@@ -542,9 +542,18 @@ fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32,
     Ok(0)
 }
 
+/// How verbs that build nodes in order to read them (`export`, `check`, `serve`) run them:
+/// like `run`, but recording no lineage in the checkout's lock file (only `run` does).
+fn reading_run() -> RunOptions {
+    RunOptions {
+        keep_lock_file: true,
+        ..RunOptions::default()
+    }
+}
+
 /// Builds `target` (and what it needs); a failure says which command shows why.
 pub(crate) fn build(engine: &Engine, target: &str) -> Result<(), CliError> {
-    let summary = engine.run(&[target.to_string()], &RunOptions::default())?;
+    let summary = engine.run(&[target.to_string()], &reading_run())?;
     if summary.exit_code() != 0 {
         return Err(CliError::failed(format!(
             "building `{target}` failed; see `cudarl-pipe run {target}`"
@@ -556,11 +565,7 @@ pub(crate) fn build(engine: &Engine, target: &str) -> Result<(), CliError> {
 /// Builds `targets` for a verb that then reads their outputs; on failure prints the failed
 /// nodes to stderr and returns the run's exit code (0: all built).
 fn run_or_report(engine: &Engine, targets: &[String]) -> Result<i32, CliError> {
-    let opts = RunOptions {
-        keep_lock_file: true,
-        ..RunOptions::default()
-    };
-    let summary = engine.run(targets, &opts)?;
+    let summary = engine.run(targets, &reading_run())?;
     for r in summary
         .records
         .iter()
