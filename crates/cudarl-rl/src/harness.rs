@@ -317,12 +317,26 @@ impl Tester for Harness {
         let (tx, rx) = std::sync::mpsc::channel();
         let (t, c) = (task.clone(), code.to_string());
         let (rules, compiler) = (self.rules.clone(), self.compiler.clone());
-        rayon::spawn(move || {
+        background().spawn(move || {
             let v = check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string());
             let _ = tx.send(v);
         });
         self.prefetched.insert(key, rx);
     }
+}
+
+/// The pool background builds and disassemblies run on, one thread per core this process may
+/// use. Not the caller's rayon pool: the harness waits for these jobs on a thread that may be
+/// that pool's only one (a stage run with `-j 1`, or pinned to one core), where jobs queued
+/// behind the waiting thread would never run.
+fn background() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::LazyLock<rayon::ThreadPool> = std::sync::LazyLock::new(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("cudarl-build-{i}"))
+            .build()
+            .expect("the background build pool starts")
+    });
+    &POOL
 }
 
 /// The key of [`Harness::judged`].
@@ -385,7 +399,7 @@ impl Harness {
                 sass_cache.clone(),
             );
             let tx = stx.clone();
-            rayon::spawn(move || {
+            background().spawn(move || {
                 let sass = sass_of(exe.as_deref(), store.as_ref(), &cache, so);
                 let _ = tx.send((i, sass, Instant::now()));
             });
@@ -503,10 +517,6 @@ mod tests {
                 format!("{base}\n// variant {i}\n")
             })
             .collect();
-        // Some builds started as prefetches (as while a batch decodes), the rest cold.
-        for c in &codes[..3] {
-            h.prefetch(&task, c);
-        }
         let has_cuobjdump = h.cuobjdump.is_some();
         if !has_cuobjdump {
             eprintln!("SASS not checked: no cuobjdump beside nvcc or on PATH");
@@ -514,20 +524,33 @@ mod tests {
         // A watchdog: a scheduler that deadlocks fails the test instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
         let sent = codes.clone();
+        // Judged from the only thread of a rayon pool, as a stage run with `-j 1` or pinned to
+        // one core judges: the background builds must not queue behind it.
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
         std::thread::spawn(move || {
-            let items: Vec<(&TaskSpec, &str)> = sent.iter().map(|c| (&task, c.as_str())).collect();
-            let first = h.test_many(&items);
-            let (hits, phases) = (h.prefetch_hits, h.phases);
-            // The same candidates again (a later step): answered from the run's verdicts, with
-            // testers that would fail any job and no build prefetched.
-            h.pools = vec![WorkerPool::new("false".into(), vec![])];
-            for c in &sent {
-                h.prefetch(&task, c);
-            }
-            let prefetched = h.prefetched.len();
-            let again = h.test_many(&items);
-            let reuse = (h.reused, h.candidates, prefetched, h.phases == phases);
-            let _ = tx.send((first, again, hits, reuse, h.sass_cache));
+            one.install(|| {
+                // Some builds started as prefetches (as while a batch decodes), the rest cold.
+                for c in &sent[..3] {
+                    h.prefetch(&task, c);
+                }
+                let items: Vec<(&TaskSpec, &str)> =
+                    sent.iter().map(|c| (&task, c.as_str())).collect();
+                let first = h.test_many(&items);
+                let (hits, phases) = (h.prefetch_hits, h.phases);
+                // The same candidates again (a later step): answered from the run's verdicts, with
+                // testers that would fail any job and no build prefetched.
+                h.pools = vec![WorkerPool::new("false".into(), vec![])];
+                for c in &sent {
+                    h.prefetch(&task, c);
+                }
+                let prefetched = h.prefetched.len();
+                let again = h.test_many(&items);
+                let reuse = (h.reused, h.candidates, prefetched, h.phases == phases);
+                let _ = tx.send((first, again, hits, reuse, h.sass_cache));
+            })
         });
         let (out, again, hits, reuse, cache) = rx
             .recv_timeout(Duration::from_secs(300))
