@@ -34,7 +34,8 @@
 #              after 13 minutes, where one alone on 16 cores is through it in 3.5.
 #   PIN        with DRAWS: 1 (default) pins draw k to the k-th equal share of the host's cores
 #              (taskset), 0 leaves them unpinned (four unpinned RL runs on a 64-core host were at
-#              least twice as slow as one alone on a 16-core host; docs/experiments.md)
+#              least twice as slow as one alone on a 16-core host; two pinned ones on a 32-core
+#              host with two H200s ran as fast as one alone: docs/experiments.md)
 #   FINAL=1    with DRAWS: also packs the draws not finished yet (what they have: the RL metrics
 #              of a run that is evaluating), for a host about to go back
 # A draw alone takes about 25 minutes on an H200 (SFT chain 290 s, collab-data and its fine-tunes
