@@ -32,21 +32,17 @@ build: setup
 ## `model = "auto"`:
 ## configs/model/small.toml with a GPU, tiny.toml without. The compile-only look at the SFT
 ## generator is `cudarl-pipe run sft-eval`; the curriculum with the archives is `make curriculum`.
-## Without a GPU (2 cores, the tiny model, compile-only rewards): the earlier, smaller data set
-## (48 + 16 generated families, 150 examples each; 346 families would take nvcc most of an hour
-## there), one evaluation sample per task and 2 RL steps of 16 episodes (4 tasks x groups of 4),
-## not 5 of 64.
-HAVE_GPU := $(shell command -v nvidia-smi 2>/dev/null)
-CPU_DATA := $(if $(HAVE_GPU),,--set synth-tasks.generate.elementwise=48 --set synth-tasks.generate.row_reduce=16 --set sft-data.per_family=150 --set curriculum.holdout_generated=0.15)
-CPU_SET := $(if $(HAVE_GPU),,$(CPU_DATA) --set eval.samples=1 --set rl-train.steps=2 --set rl-train.tasks_per_step=4 --set rl-train.group_size=4 --set rl-train.minibatch=8)
+## Without a GPU the pipeline file's `cpu` profile applies by itself (pipelines/default.toml
+## [profiles.cpu]: 2 cores, the tiny model, compile-only rewards, a smaller data set and RL run),
+## and `status`, `show` and `export` reuse the last run's settings.
 run: setup build
-	$(BIN) run rl-train eval $(CPU_SET)
-	$(BIN) status $(CPU_SET)
+	$(BIN) run rl-train eval
+	$(BIN) status
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,
 ## and KernelBench native signatures (kb-specs), on the bundled data.
 curriculum: build
-	$(BIN) run curriculum kb-specs $(CPU_DATA) --set curriculum.archive=true
+	$(BIN) run curriculum kb-specs --set curriculum.archive=true
 
 ## test: set up, build, lint, and run every test (Rust and Python).
 test: setup lint

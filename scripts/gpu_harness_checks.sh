@@ -9,7 +9,7 @@
 #               load) with the binaries of this checkout and, when $OLD holds another build's
 #               binaries (*.gz) and $OLD_ROOT that build's configs, pipelines and task families,
 #               with those too, in the same run: the cost of the isolation as a ratio.
-#   PART=profile  the Nsight Compute profile pass: `check --json` with and without `--profile`
+#   PART=profile  the Nsight Compute profile pass: `check --json` with and without `--ncu`
 #               on naive and optimized kernels of vector_add, row_sum, matmul and softmax; writes
 #               profile_pass.json (timing, the judge's DRAM fraction, the counters, the pass's ms).
 #   PART=kb-native  KernelBench problems as native tasks: `run testgen` on a fresh store (timed),
@@ -160,7 +160,7 @@ elif [ "$PART" = profile ]; then
   : > "$OUT/profile.tsv"
   for k in vector_add/naive vector_add/vec4 row_sum/warp_shuffle matmul/tiled_4x4 softmax/naive; do
     for mode in plain profile; do
-      flag=; [ $mode = profile ] && flag=--profile
+      flag=; [ $mode = profile ] && flag=--ncu
       timeout 300 "$NEW/cudarl-pipe" --root . --store "$S" check --task "${k%/*}" \
         --source "datasets/tasks/$k.cu" $flag --json > "$OUT/v.json" 2>/dev/null
       echo "$k $mode $(cat "$OUT/v.json" | tr -d '\n')" >> "$OUT/profile.tsv"

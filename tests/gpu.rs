@@ -146,7 +146,7 @@ fn the_profile_pass_measures_counters_inside_the_sandbox() {
     let has_ncu = cudarl_cuda::profile::Ncu::find().is_some();
     for (task, file) in [("vector_add", "naive.cu"), ("matmul", "tiled_4x4.cu")] {
         let f = p.path(&format!("datasets/tasks/{task}/{file}"));
-        let v = check(&p, task, &f, &["--profile"]);
+        let v = check(&p, task, &f, &["--ncu"]);
         assert_eq!(v["correct"], true, "{task}: {v}");
         let status = v["profile"]["status"]
             .as_str()

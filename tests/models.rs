@@ -18,6 +18,7 @@ fn export_report(p: &Project, dir: &str, sets: &[&str]) -> String {
     let mut args = vec![
         "export",
         "eval",
+        "--build",
         "--output",
         "report",
         "--to",
@@ -320,7 +321,13 @@ fn pretrain_and_sft_losses_fall_and_checkpoints_are_hugging_face_directories() {
     // The exported generator opens in transformers with its chat template (the text the
     // trainer renders, ChatML) and generation settings.
     let out = p.path("hf");
-    let o = p.run(&["export", "sft-train", "--to", out.to_str().unwrap()]);
+    let o = p.run(&[
+        "export",
+        "sft-train",
+        "--build",
+        "--to",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     if let Some(python) = common::python() {
         let o = std::process::Command::new(python)

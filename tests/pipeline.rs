@@ -254,6 +254,88 @@ fn status_dag_show_and_gc() {
 }
 
 /// Exported Parquet opens in pyarrow and polars with the documented schema.
+/// `[profiles.NAME]` overrides, the `cpu` profile picked where no GPU is found, and the verbs
+/// that read the store reusing the last `run`'s settings.
+#[test]
+fn profiles_and_the_last_runs_settings() {
+    let p = Project::new();
+    let pl = p.path("pipelines/default.toml");
+    let text = std::fs::read_to_string(&pl).unwrap();
+    let head = &text[..text
+        .find("[profiles.cpu]")
+        .expect("default.toml has [profiles.cpu]")];
+    std::fs::write(
+        &pl,
+        format!("{head}[profiles.cpu]\n\"curriculum.seed\" = 5\n\n[profiles.other.curriculum]\nseed = 6\n"),
+    )
+    .unwrap();
+    // As a user runs it: no CUDARL_PROFILE.
+    let run = |args: &[&str]| p.cmd(args).env_remove("CUDARL_PROFILE").output().unwrap();
+    let gpu = cudarl_cuda::gpu::present();
+    let o = run(&["run", "curriculum"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).contains("no GPU found: profile `cpu`"),
+        !gpu,
+        "{}",
+        stderr(&o)
+    );
+    // The reading verbs take the run's settings (said so), whatever the machine.
+    let o = run(&["status", "curriculum", "--json"]);
+    let e = stderr(&o);
+    let fresh = |o: &std::process::Output| {
+        stdout(o)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["node"] == "curriculum")
+            .map(|v| v["status"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(fresh(&o), "fresh", "{e}");
+    if !gpu {
+        assert!(
+            e.contains("the settings of the last `run`") && e.contains("--profile cpu"),
+            "{e}"
+        );
+    }
+    // Told otherwise: the file's own sizes, another profile (nested tables allowed), or `--set`
+    // on top of the machine's profile. (status without a GPU, status with one)
+    for (other, want) in [
+        (["--profile", "none"], ("stale", "fresh")),
+        (["--profile", "other"], ("stale", "stale")),
+        (["--set", "curriculum.seed=5"], ("fresh", "stale")),
+    ] {
+        let mut args = vec!["status", "curriculum", "--json"];
+        args.extend(other);
+        let o = run(&args);
+        let want = if gpu { want.1 } else { want.0 };
+        assert_eq!(fresh(&o), want, "{other:?}: {}", stderr(&o));
+    }
+    // An explicit profile is remembered like any setting.
+    let o = run(&["run", "curriculum", "--profile", "other"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(&["status", "curriculum", "--json"]);
+    assert_eq!(fresh(&o), "fresh", "{}", stderr(&o));
+    assert!(stderr(&o).contains("--profile other"), "{}", stderr(&o));
+    // A profile the file does not define: named with the ones it does (exit 2).
+    let o = run(&["run", "curriculum", "--profile", "nope"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("profiles.nope") && e.contains("profiles: cpu, other"),
+        "{e}"
+    );
+    // A profile override naming no node.
+    std::fs::write(&pl, format!("{head}[profiles.bad]\n\"nonode.seed\" = 1\n")).unwrap();
+    let o = run(&["status", "--profile", "bad"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("profiles.bad") && stderr(&o).contains("unknown node `nonode`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn export_opens_in_pyarrow_and_polars() {
     let Some(python) = common::python() else {
@@ -262,12 +344,27 @@ fn export_opens_in_pyarrow_and_polars() {
     };
     let p = Project::new();
     let out = p.path("out");
+    // Never built: named, with the command that builds it, and nothing written (exit 2).
     let o = p.run(&["export", "curriculum", "--to", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("`curriculum` is missing") && e.contains("--build"),
+        "{e}"
+    );
+    assert!(!out.exists(), "an export that did not happen wrote {out:?}");
+    let o = p.run(&[
+        "export",
+        "curriculum",
+        "--build",
+        "--to",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let lock_before = std::fs::read_to_string(p.path("cudarl.lock")).ok();
     // Two nodes whose tables are both `kernels.parquet`: each in its own folder.
     for node in ["ingest-sakana", "ingest-cuda-l1"] {
-        let o = p.run(&["export", node, "--to", out.to_str().unwrap()]);
+        let o = p.run(&["export", node, "--build", "--to", out.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     }
     // Exporting builds what it needs but records no lineage in the checkout.
@@ -286,6 +383,25 @@ fn export_opens_in_pyarrow_and_polars() {
     let o = p.run(&[
         "export",
         "curriculum",
+        "--build",
+        "--format",
+        "verl",
+        "--to",
+        out.to_str().unwrap(),
+        "--set",
+        r#"curriculum.holdout_tasks=["row_sum"]"#,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Each node exports its own part: the curriculum its RL files, sft-data its SFT files.
+    let listed = stdout(&o);
+    for f in ["rl_train", "rl_test"] {
+        assert!(listed.contains(&format!("verl/{f}.parquet")), "{listed}");
+    }
+    assert!(!listed.contains("sft_"), "{listed}");
+    let o = p.run(&[
+        "export",
+        "sft-data",
+        "--build",
         "--format",
         "verl",
         "--to",
@@ -295,9 +411,10 @@ fn export_opens_in_pyarrow_and_polars() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let listed = stdout(&o);
-    for f in ["rl_train", "rl_test", "sft_train", "sft_val"] {
+    for f in ["sft_train", "sft_val"] {
         assert!(listed.contains(&format!("verl/{f}.parquet")), "{listed}");
     }
+    assert!(!listed.contains("rl_"), "{listed}");
     let o = p.run(&["export", "validate", "--format", "verl", "--to", "x"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let side: serde_json::Value =

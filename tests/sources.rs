@@ -14,6 +14,7 @@ fn problems_rows(p: &Project) -> Vec<(String, String)> {
     let o = p.run(&[
         "export",
         "ingest-kernelbench",
+        "--build",
         "--to",
         p.path("exp").to_str().unwrap(),
     ]);

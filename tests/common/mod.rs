@@ -118,7 +118,10 @@ impl Project {
             .args(args)
             .env_remove("CUDARL_FAULT")
             .env_remove("CUDARL_ROOT")
-            .env_remove("CUDARL_STORE");
+            .env_remove("CUDARL_STORE")
+            // The pipeline file's sizes as written: no `cpu` profile picked for want of a GPU
+            // (tests of profiles remove this).
+            .env("CUDARL_PROFILE", "none");
         // The copy has no .venv: hand it the repository's nvcc (for `validate`).
         if std::env::var_os("CUDARL_NVCC").is_none()
             && let Ok(n) = cudarl_cuda::Nvcc::discover(&repo_root())

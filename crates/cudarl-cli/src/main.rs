@@ -39,6 +39,12 @@ pub struct Cli {
     /// Lock file (default: <root>/cudarl.lock for the default pipeline, cudarl.<name>.lock otherwise).
     #[arg(long, global = true, value_name = "FILE")]
     lock: Option<PathBuf>,
+    /// Named overrides of the pipeline file (`[profiles.NAME]`), applied before `--set`; `none`:
+    /// no profile. Default: `cpu` where the file defines it and no GPU is found (said on
+    /// stderr). Verbs that read the store (status, explain, show, export, check, serve, gc, dag)
+    /// given neither --profile nor --set use the settings of the last `run` on the store.
+    #[arg(long, global = true, env = "CUDARL_PROFILE", value_name = "NAME")]
+    profile: Option<String>,
     /// Override a stage param: NODE.KEY=VALUE (VALUE is TOML; repeatable).
     #[arg(long = "set", global = true, value_name = "NODE.KEY=VALUE")]
     sets: Vec<String>,
@@ -149,6 +155,10 @@ enum Command {
         /// Only this output.
         #[arg(long)]
         output: Option<String>,
+        /// Build the node (and what it needs) first when it is not fresh; without it, a node
+        /// that is not fresh is named with the reason and nothing is written (exit 2).
+        #[arg(long)]
+        build: bool,
     },
     /// Delete manifests and blobs no longer needed: keeps what the lock file names and the newest
     /// N manifests of each node.
@@ -188,7 +198,7 @@ enum Command {
         /// Compute (`ncu`): achieved occupancy, DRAM throughput and warp execution efficiency in
         /// the verdict's `profile` (its status says `absent` without `ncu`).
         #[arg(long, conflicts_with = "no_bench")]
-        profile: bool,
+        ncu: bool,
         /// Wall-clock limit for running the candidate, seconds.
         #[arg(long, default_value_t = 20)]
         timeout: u64,

@@ -10,6 +10,9 @@
 //! [stages.curriculum]
 //! seed = 0
 //! inputs = { problems = "ingest-kernelbench.problems" }   # optional rewiring
+//!
+//! [profiles.cpu]                  # named overrides: `--profile cpu`, applied before `--set`
+//! "curriculum.seed" = 1           # NODE.KEY = VALUE, as `--set curriculum.seed=1`
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -76,14 +79,66 @@ pub fn parse_set_value(raw: &str) -> toml::Value {
     }
 }
 
-/// Reads a pipeline TOML file into (pipeline name, node tables).
+/// A pipeline file as read: its name, node tables and named profiles.
+#[derive(Debug, Clone)]
+pub struct PipelineFile {
+    /// `pipeline.name`, or the file stem.
+    pub name: String,
+    /// `[stages.NODE]` tables, by node name.
+    pub stages: BTreeMap<String, toml::Table>,
+    /// `[profiles.NAME]`: each profile's overrides as `(NODE.KEY, VALUE)` pairs, in file order
+    /// of their dotted keys (nested tables flattened: `a.b = 1` and `"a.b" = 1` are the same).
+    pub profiles: BTreeMap<String, Vec<(String, toml::Value)>>,
+}
+
+impl PipelineFile {
+    /// Applies profile `name`'s overrides to the node tables.
+    ///
+    /// # Errors
+    /// No such profile (the known ones named), or an override naming an unknown node
+    /// ([`StageError::Config`] naming `file` and `profiles.NAME`).
+    pub fn apply_profile(&mut self, file: &str, name: &str) -> Result<(), StageError> {
+        let Some(sets) = self.profiles.get(name) else {
+            let known = self.profiles.keys().cloned().collect::<Vec<_>>();
+            return Err(config_err(
+                file,
+                format!("profiles.{name}"),
+                if known.is_empty() {
+                    "no such profile: the file defines none".to_string()
+                } else {
+                    format!("no such profile (profiles: {})", known.join(", "))
+                },
+            ));
+        };
+        let source = format!("{file}: profiles.{name}");
+        for (lhs, value) in sets.clone() {
+            apply_override(&mut self.stages, &source, &lhs, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// Flattens a profile table into `(dotted key, leaf value)` pairs.
+fn flatten_profile(prefix: &str, t: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in t {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(sub) => flatten_profile(&key, sub, out),
+            _ => out.push((key, v.clone())),
+        }
+    }
+}
+
+/// Reads a pipeline TOML file: its name, node tables and profiles.
 ///
 /// # Errors
-/// Unreadable file or TOML syntax error ([`StageError::Config`] naming the file).
-pub fn read_pipeline_file(
-    path: &Path,
-    display: &str,
-) -> Result<(String, BTreeMap<String, toml::Table>), StageError> {
+/// Unreadable file, TOML syntax error, or a malformed `[pipeline]`, `[stages]` or `[profiles]`
+/// table ([`StageError::Config`] naming the file and the field).
+pub fn read_pipeline_file(path: &Path, display: &str) -> Result<PipelineFile, StageError> {
     let text = std::fs::read_to_string(path).map_err(|e| StageError::Config {
         file: display.to_string(),
         field: None,
@@ -128,11 +183,37 @@ pub fn read_pipeline_file(
         Some(toml::Value::Table(t)) => t,
         Some(_) => return Err(config_err(display, "stages", "must be a table of tables")),
     };
+    let mut profiles = BTreeMap::new();
+    match doc.remove("profiles") {
+        None => {}
+        Some(toml::Value::Table(t)) => {
+            for (name, v) in t {
+                let toml::Value::Table(p) = v else {
+                    return Err(config_err(
+                        display,
+                        format!("profiles.{name}"),
+                        "must be a table of NODE.KEY = VALUE overrides",
+                    ));
+                };
+                let mut sets = Vec::new();
+                flatten_profile("", &p, &mut sets);
+                if let Some((k, _)) = sets.iter().find(|(k, _)| !k.contains('.')) {
+                    return Err(config_err(
+                        display,
+                        format!("profiles.{name}.{k}"),
+                        "expected NODE.KEY = VALUE",
+                    ));
+                }
+                profiles.insert(name, sets);
+            }
+        }
+        Some(_) => return Err(config_err(display, "profiles", "must be a table of tables")),
+    }
     if let Some(k) = doc.keys().next() {
         return Err(config_err(
             display,
             k.clone(),
-            "unknown top-level key (allowed: pipeline, stages)",
+            "unknown top-level key (allowed: pipeline, stages, profiles)",
         ));
     }
     let mut out = BTreeMap::new();
@@ -150,7 +231,11 @@ pub fn read_pipeline_file(
             }
         }
     }
-    Ok((name, out))
+    Ok(PipelineFile {
+        name,
+        stages: out,
+        profiles,
+    })
 }
 
 /// Applies `NODE.KEY=VALUE` overrides to node tables (`KEY` may be dotted for nested tables).
@@ -165,29 +250,40 @@ pub fn apply_overrides(
         let (lhs, value) = s
             .split_once('=')
             .ok_or_else(|| config_err("--set", s.clone(), "expected NODE.KEY=VALUE"))?;
-        let (node, key) = lhs
-            .split_once('.')
-            .ok_or_else(|| config_err("--set", s.clone(), "expected NODE.KEY=VALUE"))?;
-        let names = tables.keys().cloned().collect::<Vec<_>>().join(", ");
-        let table = tables.get_mut(node).ok_or_else(|| {
-            config_err(
-                "--set",
-                lhs.to_string(),
-                format!("unknown node `{node}` (nodes: {names})"),
-            )
-        })?;
-        let parts: Vec<&str> = key.split('.').collect();
-        let mut t = table;
-        for p in &parts[..parts.len() - 1] {
-            let entry = t
-                .entry(p.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            t = entry.as_table_mut().ok_or_else(|| {
-                config_err("--set", lhs.to_string(), format!("`{p}` is not a table"))
-            })?;
-        }
-        t.insert(parts[parts.len() - 1].to_string(), parse_set_value(value));
+        apply_override(tables, "--set", lhs, parse_set_value(value))?;
     }
+    Ok(())
+}
+
+/// Sets `lhs` (`NODE.KEY`, `KEY` dotted for nested tables) to `value`; errors name `source`.
+fn apply_override(
+    tables: &mut BTreeMap<String, toml::Table>,
+    source: &str,
+    lhs: &str,
+    value: toml::Value,
+) -> Result<(), StageError> {
+    let (node, key) = lhs
+        .split_once('.')
+        .ok_or_else(|| config_err(source, lhs.to_string(), "expected NODE.KEY=VALUE"))?;
+    let names = tables.keys().cloned().collect::<Vec<_>>().join(", ");
+    let table = tables.get_mut(node).ok_or_else(|| {
+        config_err(
+            source,
+            lhs.to_string(),
+            format!("unknown node `{node}` (nodes: {names})"),
+        )
+    })?;
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut t = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry
+            .as_table_mut()
+            .ok_or_else(|| config_err(source, lhs.to_string(), format!("`{p}` is not a table")))?;
+    }
+    t.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
 }
 
@@ -339,19 +435,25 @@ impl Pipeline {
         })
     }
 
-    /// Loads a pipeline file, applies `--set` overrides and builds it.
+    /// Loads a pipeline file, applies profile `profile` (if any), then the `--set` overrides,
+    /// and builds it.
     ///
     /// # Errors
-    /// See [`read_pipeline_file`], [`apply_overrides`] and [`Pipeline::build`].
+    /// See [`read_pipeline_file`], [`PipelineFile::apply_profile`], [`apply_overrides`] and
+    /// [`Pipeline::build`].
     pub fn load(
         path: &Path,
         display: &str,
+        profile: Option<&str>,
         sets: &[String],
         factory: &dyn StageFactory,
     ) -> Result<Pipeline, StageError> {
-        let (name, mut tables) = read_pipeline_file(path, display)?;
-        apply_overrides(&mut tables, sets)?;
-        Pipeline::build(display, name, tables, factory)
+        let mut f = read_pipeline_file(path, display)?;
+        if let Some(p) = profile {
+            f.apply_profile(display, p)?;
+        }
+        apply_overrides(&mut f.stages, sets)?;
+        Pipeline::build(display, f.name, f.stages, factory)
     }
 
     /// All nodes, in a topological order.
@@ -477,4 +579,56 @@ pub fn discover_root(start: &Path) -> Option<PathBuf> {
         cur = d.parent();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Result<PipelineFile, StageError> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("p.toml");
+        std::fs::write(&p, text).unwrap();
+        read_pipeline_file(&p, "p.toml")
+    }
+
+    #[test]
+    fn profiles_flatten_quoted_and_nested_keys_and_apply_before_sets() {
+        let mut f = read(
+            "[stages.a]\nx = 1\n[stages.b]\ny = { z = 1 }\n\
+             [profiles.small]\n\"a.x\" = 2\nb.y.z = 3\n",
+        )
+        .unwrap();
+        assert_eq!(
+            f.profiles["small"],
+            vec![
+                ("a.x".to_string(), toml::Value::Integer(2)),
+                ("b.y.z".to_string(), toml::Value::Integer(3)),
+            ]
+        );
+        f.apply_profile("p.toml", "small").unwrap();
+        apply_overrides(&mut f.stages, &["a.x=4".to_string()]).unwrap();
+        assert_eq!(f.stages["a"]["x"].as_integer(), Some(4));
+        assert_eq!(f.stages["b"]["y"]["z"].as_integer(), Some(3));
+        let e = f.apply_profile("p.toml", "big").unwrap_err().to_string();
+        assert!(
+            e.contains("profiles.big") && e.contains("profiles: small"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn malformed_profiles_name_the_field() {
+        for (text, field) in [
+            ("profiles = 3\n[stages.a]\nx = 1\n", "profiles"),
+            ("[stages.a]\nx = 1\n[profiles]\ncpu = 3\n", "profiles.cpu"),
+            (
+                "[stages.a]\nx = 1\n[profiles.cpu]\nx = 3\n",
+                "profiles.cpu.x",
+            ),
+        ] {
+            let e = read(text).unwrap_err().to_string();
+            assert!(e.contains("p.toml") && e.contains(field), "{text}: {e}");
+        }
+    }
 }

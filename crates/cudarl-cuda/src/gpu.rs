@@ -97,6 +97,15 @@ fn probe_uncached() -> Option<GpuInfo> {
     info(&ctx).ok()
 }
 
+/// Whether libcuda loads and reports at least one device, without creating a context (cheaper
+/// than [`probe`]: no device memory is taken).
+pub fn present() -> bool {
+    // SAFETY: only tries to dlopen libcuda.
+    let lib = unsafe { cudarc::driver::sys::is_culib_present() };
+    lib && cudarc::driver::result::init().is_ok()
+        && CudaContext::device_count().is_ok_and(|n| n > 0)
+}
+
 /// How many CUDA devices this process sees (0 without libcuda or a driver).
 pub fn device_count() -> usize {
     if probe().is_none() {

@@ -17,10 +17,12 @@
 //! multi-turn `messages` column (list<struct<role, content>>) plus task id, tier and split;
 //! the hold-out (`test`) families are not exported for SFT.
 //!
-//! Splits: a family is in `rl_test` when the SFT data holds it out (`sft-data`'s `test`
-//! split), so VERL's validation set is the same hold-out as `eval`'s.
+//! Splits: a family is in `rl_test` when it is held out (the `test` split the curriculum gives
+//! it and `sft-data` follows), so VERL's validation set is the same hold-out as `eval`'s.
+//! `export curriculum --format verl` writes the RL files, `export sft-data --format verl` the SFT
+//! files, `export rl-train --format verl` all four.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -60,26 +62,54 @@ fn write(path: &Path, cols: Vec<(&str, ArrayRef)>) -> Result<(), String> {
     write_parquet(path, &b).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Writes the VERL files into `dir` from the `synth-tasks` node's `tasks` table and the
-/// `sft-data` node's `sft_generator` table; returns the files written.
+/// Writes all four VERL files into `dir` (what `rl-train` trains on: [`export_rl`] with the
+/// hold-out of the `sft-data` node's `sft_generator` table, then [`export_sft`]); returns the
+/// files written.
 ///
 /// # Errors
-/// Unreadable tables (file and field named), a bad task spec, write errors.
+/// As [`export_rl`] and [`export_sft`].
 pub fn export(
     tasks: &Path,
     sft_generator: &Path,
     dir: &Path,
     max_turns: usize,
 ) -> Result<Vec<PathBuf>, String> {
-    let specs = crate::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
     let held = crate::tasks::holdout_ids(sft_generator).map_err(|e| e.to_string())?;
-    let g = Table::read(sft_generator, "sft_generator").map_err(|e| e.to_string())?;
-    let (gt, gs, gm) = (
-        g.req_strings("task_id").map_err(|e| e.to_string())?,
-        g.req_strings("split").map_err(|e| e.to_string())?,
-        g.req_strings("messages_json").map_err(|e| e.to_string())?,
+    let mut written = export_rl(tasks, &held, dir, max_turns)?;
+    written.extend(export_sft(sft_generator, dir)?);
+    Ok(written)
+}
+
+/// The hold-out families (`test` split) of the `curriculum` node's `curriculum` table: the
+/// task ids of its `synthetic` rows (`problem_id` `synth/<task>`) with split `test`.
+///
+/// # Errors
+/// The table cannot be read or lacks `problem_id`, `source` or `split` (file and field named).
+pub fn curriculum_holdout(curriculum: &Path) -> Result<BTreeSet<String>, String> {
+    let t = Table::read(curriculum, "curriculum").map_err(|e| e.to_string())?;
+    let (id, src, split) = (
+        t.req_strings("problem_id").map_err(|e| e.to_string())?,
+        t.req_strings("source").map_err(|e| e.to_string())?,
+        t.req_strings("split").map_err(|e| e.to_string())?,
     );
-    let gtier = g.req_ints("tier").map_err(|e| e.to_string())?;
+    Ok((0..t.rows())
+        .filter(|&i| src.get(i) == Some("synthetic") && split.get(i) == Some("test"))
+        .filter_map(|i| Some(id.get(i)?.strip_prefix("synth/")?.to_string()))
+        .collect())
+}
+
+/// Writes `rl_train.parquet` and `rl_test.parquet` into `dir`, one row per task family of the
+/// `synth-tasks` node's `tasks` table, those in `held` as `test`; returns the files written.
+///
+/// # Errors
+/// An unreadable table or bad task spec (file and field named), write errors.
+pub fn export_rl(
+    tasks: &Path,
+    held: &BTreeSet<String>,
+    dir: &Path,
+    max_turns: usize,
+) -> Result<Vec<PathBuf>, String> {
+    let specs = crate::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut written = Vec::new();
     // RL: one row per family, by split.
@@ -139,6 +169,25 @@ pub fn export(
         )?;
         written.push(path);
     }
+    Ok(written)
+}
+
+/// Writes `sft_train.parquet` and `sft_val.parquet` into `dir` from the `sft-data` node's
+/// `sft_generator` table (the hold-out families are in neither); returns the files written.
+///
+/// # Errors
+/// An unreadable table or a missing column (file and field named), bad `messages_json`, write
+/// errors.
+pub fn export_sft(sft_generator: &Path, dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let g = Table::read(sft_generator, "sft_generator").map_err(|e| e.to_string())?;
+    let (gt, gs, gm) = (
+        g.req_strings("task_id").map_err(|e| e.to_string())?,
+        g.req_strings("split").map_err(|e| e.to_string())?,
+        g.req_strings("messages_json").map_err(|e| e.to_string())?,
+    );
+    let gtier = g.req_ints("tier").map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut written = Vec::new();
     // SFT: the generator's rows with their `messages`, train and val (never the hold-out).
     for split in ["train", "val"] {
         let rows: Vec<usize> = (0..g.rows())

@@ -310,7 +310,14 @@ fn noop(ctx: &Ctx, reps: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
         "--pipeline".to_string(),
         ctx.pipeline_path.display().to_string(),
     ];
-    for s in &ctx.sets {
+    args.push("--profile".into());
+    args.push(
+        ctx.settings
+            .profile
+            .clone()
+            .unwrap_or_else(|| "none".into()),
+    );
+    for s in &ctx.settings.sets {
         args.push("--set".into());
         args.push(s.clone());
     }
@@ -458,7 +465,7 @@ fn ingest_sakana(
     );
     let pfile = tmp.join("bench.toml");
     std::fs::write(&pfile, pipeline_text).map_err(|e| CliError::failed(e.to_string()))?;
-    let pipeline = Pipeline::load(&pfile, "bench.toml", &[], &Registry)?;
+    let pipeline = Pipeline::load(&pfile, "bench.toml", None, &[], &Registry)?;
     let store = Store::open(tmp.join("store")).map_err(|e| CliError::failed(e.to_string()))?;
     let engine = Engine::new(
         store,

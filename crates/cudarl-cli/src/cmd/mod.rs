@@ -68,9 +68,44 @@ pub struct Ctx {
     pub pipeline_display: String,
     pub store: PathBuf,
     pub lock: Option<PathBuf>,
-    pub sets: Vec<String>,
+    /// The settings the pipeline loads with (see [`Settings`]).
+    pub settings: Settings,
     /// `--shared-cache` URL.
     pub shared_cache: Option<String>,
+}
+
+/// What a pipeline is loaded with: a profile of the pipeline file, then `--set` overrides.
+/// `run` records them in the store (`<store>/settings/<pipeline>.json`); the verbs that read the
+/// store reuse them when given neither `--profile` nor `--set`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Settings {
+    /// `[profiles.NAME]` applied first; `None`: no profile.
+    pub profile: Option<String>,
+    /// `NODE.KEY=VALUE` overrides, applied after the profile, in order.
+    pub sets: Vec<String>,
+}
+
+impl Settings {
+    /// The settings as command-line flags, e.g. `--profile cpu --set eval.samples=1`
+    /// (`--profile none` for none).
+    pub fn flags(&self) -> String {
+        let mut f = format!("--profile {}", self.profile.as_deref().unwrap_or("none"));
+        for s in &self.sets {
+            f.push_str(&format!(" --set {s}"));
+        }
+        f
+    }
+}
+
+/// The file in `store` recording the settings of the last `run` of pipeline `name`.
+fn settings_path(store: &Path, name: &str) -> PathBuf {
+    store.join("settings").join(format!("{name}.json"))
+}
+
+/// Whether verb `c` only reads the store (and builds what it reads), so that it reuses the
+/// settings of the last `run`.
+fn reads_store(c: &Command) -> bool {
+    !matches!(c, Command::Run { .. } | Command::Bench { .. })
 }
 
 impl Ctx {
@@ -93,15 +128,82 @@ impl Ctx {
             ),
         };
         let store = cli.store.clone().unwrap_or_else(|| root.join("artifacts"));
+        let settings = Self::resolve_settings(cli, &pipeline_path, &pipeline_display, &store)?;
         Ok(Ctx {
             root,
             pipeline_path,
             pipeline_display,
             store,
             lock: cli.lock.clone(),
-            sets: cli.sets.clone(),
+            settings,
             shared_cache: cli.shared_cache.clone(),
         })
+    }
+
+    /// The settings of this invocation: `--profile` (`none`: no profile) and `--set` as given;
+    /// for a verb that reads the store given neither, the last `run`'s (said on stderr);
+    /// otherwise profile `cpu` where the pipeline file defines it and no GPU is found (said
+    /// on stderr). A pipeline file that cannot be read is left for the verb to report.
+    fn resolve_settings(
+        cli: &Cli,
+        pipeline_path: &Path,
+        display: &str,
+        store: &Path,
+    ) -> Result<Settings, CliError> {
+        let Ok(file) = cudarl_core::pipeline::read_pipeline_file(pipeline_path, display) else {
+            return Ok(Settings {
+                profile: cli.profile.clone().filter(|p| p != "none"),
+                sets: cli.sets.clone(),
+            });
+        };
+        if let Some(p) = &cli.profile {
+            return Ok(Settings {
+                profile: Some(p.clone()).filter(|p| p != "none"),
+                sets: cli.sets.clone(),
+            });
+        }
+        if cli.sets.is_empty() && reads_store(&cli.command) {
+            let path = settings_path(store, &file.name);
+            if let Ok(bytes) = std::fs::read(&path) {
+                let last: Settings = serde_json::from_slice(&bytes).map_err(|e| {
+                    CliError::usage(format!(
+                        "{}: not the settings of a run ({e}); delete it or give --profile/--set",
+                        path.display()
+                    ))
+                })?;
+                if last != Settings::default() {
+                    eprintln!(
+                        "note: the settings of the last `run` on this store: {} (--profile or --set to choose others)",
+                        last.flags()
+                    );
+                }
+                return Ok(last);
+            }
+        }
+        let profile = (file.profiles.contains_key("cpu") && !cudarl_cuda::gpu::present())
+            .then(|| "cpu".to_string());
+        if profile.is_some() {
+            eprintln!(
+                "note: no GPU found: profile `cpu` of {display} (--profile none for the full-size settings)"
+            );
+        }
+        Ok(Settings {
+            profile,
+            sets: cli.sets.clone(),
+        })
+    }
+
+    /// Records these settings as the last `run`'s for the verbs that read the store.
+    ///
+    /// # Errors
+    /// The store cannot be written (exit 1).
+    pub fn remember_settings(&self, pipeline: &Pipeline) -> Result<(), CliError> {
+        let store = self.open_store()?;
+        let path = settings_path(&self.store, &pipeline.name);
+        let bytes = serde_json::to_vec_pretty(&self.settings).expect("settings serialize");
+        store
+            .write_atomic(&path, &bytes)
+            .map_err(|e| CliError::failed(format!("{}: {e}", path.display())))
     }
 
     /// The store, with the `--shared-cache` attached when given.
@@ -124,7 +226,8 @@ impl Ctx {
         Ok(Pipeline::load(
             &self.pipeline_path,
             &self.pipeline_display,
-            &self.sets,
+            self.settings.profile.as_deref(),
+            &self.settings.sets,
             &Registry,
         )?)
     }
@@ -203,11 +306,16 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             node,
             to,
             output,
+            build,
             format: crate::ExportFmt::Verl,
-        } => export_verl(&ctx, &node, &to, output.is_some()),
+        } => export_verl(&ctx, &node, &to, output.is_some(), build),
         Command::Export {
-            node, to, output, ..
-        } => export(&ctx, &node, &to, output.as_deref()),
+            node,
+            to,
+            output,
+            build,
+            ..
+        } => export(&ctx, &node, &to, output.as_deref(), build),
         Command::Gc { keep_last, json } => gc(&ctx, keep_last, json),
         Command::Bench { which } => bench::run(&ctx, which),
         Command::Serve(args) => serve::run(&ctx, args),
@@ -218,7 +326,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             mode,
             arch,
             no_bench,
-            profile,
+            ncu,
             timeout,
             json,
         } => check::run(
@@ -228,7 +336,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             abi.as_deref(),
             mode,
             arch,
-            (!no_bench, profile),
+            (!no_bench, ncu),
             timeout,
             json,
         ),
@@ -281,6 +389,11 @@ fn run(
         eprintln!("warning: no SIGINT/SIGTERM handlers ({e}): an interrupt ends the run at once");
     }
     let summary = engine.run(targets, &opts)?;
+    // What the verbs that read the store build on next; a run stopped by bad input (exit 2)
+    // leaves the store as it was.
+    if !opts.dry_run && summary.exit_code() != 2 {
+        ctx.remember_settings(engine.pipeline())?;
+    }
     for r in &summary.records {
         if json {
             println!("{}", serde_json::to_string(r).expect("record serializes"));
@@ -486,10 +599,16 @@ fn show(
     Ok(0)
 }
 
-fn export(ctx: &Ctx, node: &str, to: &Path, output: Option<&str>) -> Result<i32, CliError> {
+fn export(
+    ctx: &Ctx,
+    node: &str,
+    to: &Path,
+    output: Option<&str>,
+    build: bool,
+) -> Result<i32, CliError> {
     let reporter = Arc::new(CliReporter::detect(false));
     let engine = ctx.engine(reporter, 0)?;
-    let code = run_or_report(&engine, &[node.to_string()])?;
+    let code = ready(ctx, &engine, &[node.to_string()], build)?;
     if code != 0 {
         return Ok(code);
     }
@@ -562,6 +681,40 @@ pub(crate) fn build(engine: &Engine, target: &str) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The nodes a verb reads, `targets`, ready to read: built first with `--build` (the exit code of
+/// that run), else checked fresh.
+///
+/// # Errors
+/// Without `--build`, a target that is not fresh under these settings: each named with its
+/// status and reasons, and the command that builds it (exit 2).
+fn ready(ctx: &Ctx, engine: &Engine, targets: &[String], build: bool) -> Result<i32, CliError> {
+    if build {
+        return run_or_report(engine, targets);
+    }
+    let not_fresh: Vec<String> = engine
+        .status(targets)?
+        .iter()
+        .filter(|r| targets.contains(&r.node) && r.status != NodeStatus::Fresh)
+        .map(|r| {
+            format!(
+                "`{}` is {} ({})",
+                r.node,
+                r.status.as_str(),
+                r.reasons.join("; ")
+            )
+        })
+        .collect();
+    if not_fresh.is_empty() {
+        return Ok(0);
+    }
+    Err(CliError::usage(format!(
+        "nothing exported: {}; build with `cudarl-pipe run {}` ({}), or add --build",
+        not_fresh.join("; "),
+        targets.join(" "),
+        ctx.settings.flags()
+    )))
+}
+
 /// Builds `targets` for a verb that then reads their outputs; on failure prints the failed
 /// nodes to stderr and returns the run's exit code (0: all built).
 fn run_or_report(engine: &Engine, targets: &[String]) -> Result<i32, CliError> {
@@ -586,18 +739,32 @@ pub(crate) fn output_blob(engine: &Engine, node: &str, name: &str) -> Result<Pat
     Ok(engine.store().blob_path(&rec.hash))
 }
 
-/// `export --format verl`: the RL curriculum that `rl-train` trains on (the task families and
-/// the SFT data's hold-out split) in VERL's dataset layouts, under `<to>/verl/`.
-fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, CliError> {
-    if !["curriculum", "sft-data", "rl-train"].contains(&node) || output {
+/// `export NODE --format verl`: the node's part of the RL curriculum in VERL's dataset layouts,
+/// under `<to>/verl/`: `curriculum` the RL files (`rl_train`, `rl_test` by the curriculum's
+/// splits), `sft-data` the SFT files (`sft_train`, `sft_val`), `rl-train` all four (what it
+/// trains on).
+fn export_verl(
+    ctx: &Ctx,
+    node: &str,
+    to: &Path,
+    output: bool,
+    build: bool,
+) -> Result<i32, CliError> {
+    let targets: &[&str] = match node {
+        "curriculum" => &["synth-tasks", "curriculum"],
+        "sft-data" => &["sft-data"],
+        "rl-train" => &["synth-tasks", "sft-data"],
+        _ => &[],
+    };
+    if targets.is_empty() || output {
         return Err(CliError::usage(format!(
-            "--format verl exports the RL curriculum: give node `curriculum` (or `sft-data`, `rl-train`) and no --output, not `{node}`"
+            "--format verl exports the RL curriculum: give node `curriculum` (RL files), `sft-data` (SFT files) or `rl-train` (both) and no --output, not `{node}`"
         )));
     }
+    let targets: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
     let reporter = Arc::new(CliReporter::detect(false));
     let engine = ctx.engine(reporter, 0)?;
-    let targets = ["synth-tasks".to_string(), "sft-data".to_string()];
-    let code = run_or_report(&engine, &targets)?;
+    let code = ready(ctx, &engine, &targets, build)?;
     if code != 0 {
         return Ok(code);
     }
@@ -607,13 +774,30 @@ fn export_verl(ctx: &Ctx, node: &str, to: &Path, output: bool) -> Result<i32, Cl
         .node("rl-train")
         .and_then(|n| n.stage.params()["max_turns"].as_u64())
         .unwrap_or(3) as usize;
-    let files = cudarl_rl::verl::export(
-        &output_blob(&engine, "synth-tasks", "tasks")?,
-        &output_blob(&engine, "sft-data", "sft_generator")?,
-        &to.join("verl"),
-        max_turns,
-    )
+    let dir = to.join("verl");
+    let files = match node {
+        "curriculum" => {
+            let held = cudarl_rl::verl::curriculum_holdout(&output_blob(
+                &engine,
+                "curriculum",
+                "curriculum",
+            )?)
+            .map_err(CliError::failed)?;
+            let tasks = output_blob(&engine, "synth-tasks", "tasks")?;
+            cudarl_rl::verl::export_rl(&tasks, &held, &dir, max_turns)
+        }
+        "sft-data" => {
+            cudarl_rl::verl::export_sft(&output_blob(&engine, "sft-data", "sft_generator")?, &dir)
+        }
+        _ => cudarl_rl::verl::export(
+            &output_blob(&engine, "synth-tasks", "tasks")?,
+            &output_blob(&engine, "sft-data", "sft_generator")?,
+            &dir,
+            max_turns,
+        ),
+    }
     .map_err(CliError::failed)?;
+    cudarl_data::export::make_shareable(&dir).map_err(|e| CliError::failed(e.to_string()))?;
     for f in files {
         println!("{}", f.display());
     }
