@@ -317,3 +317,55 @@ fn kb_specs_stage_derives_native_signatures_with_coverage() {
         stdout(&o)
     );
 }
+
+/// nvcc found from the environment a copy of the project runs in: the wheel of `$VIRTUAL_ENV`
+/// (the original's `scripts/env.sh`) when the copy has no `.venv`; when nothing is found, the
+/// error names every place looked at.
+#[test]
+fn nvcc_is_found_through_virtual_env_and_a_miss_names_every_place_looked_at() {
+    let venv = repo_root().join(".venv");
+    let Ok(n) = cudarl_cuda::Nvcc::discover(&repo_root()) else {
+        eprintln!("SKIPPED nvcc_is_found_through_virtual_env: no nvcc");
+        return;
+    };
+    if !n.path.starts_with(&venv) || std::path::Path::new("/usr/bin/nvcc").exists() {
+        eprintln!("SKIPPED nvcc_is_found_through_virtual_env: nvcc is not the .venv wheel here");
+        return;
+    }
+    let p = Project::new();
+    let src = repo_root().join("datasets/tasks/vector_add/vec4.cu");
+    let args = [
+        "check",
+        "--task",
+        "vector_add",
+        "--source",
+        src.to_str().unwrap(),
+        "--json",
+        "--mode",
+        "compile",
+    ];
+    let bare = || {
+        let mut c = p.cmd(&args);
+        c.env_remove("CUDARL_NVCC")
+            .env_remove("CUDA_HOME")
+            .env_remove("VIRTUAL_ENV")
+            .env("PATH", "/usr/bin:/bin");
+        c
+    };
+    let o = bare().env("VIRTUAL_ENV", &venv).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["compiled"], true, "{v}");
+    let o = bare().output().unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    let e = stderr(&o);
+    for looked in [
+        "$CUDARL_NVCC unset",
+        "$CUDA_HOME unset",
+        "no nvcc on PATH",
+        "no nvidia-cuda-nvcc wheel in",
+    ] {
+        assert!(e.contains(looked), "{looked}: {e}");
+    }
+    assert!(e.contains(p.root().join(".venv").to_str().unwrap()), "{e}");
+}

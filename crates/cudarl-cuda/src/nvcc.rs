@@ -1,7 +1,9 @@
 //! Finding nvcc and its version.
 //!
-//! Search order: `$CUDARL_NVCC`, `$CUDA_HOME/bin/nvcc`, `nvcc` on `PATH`, then the project's
-//! `.venv` wheel (`nvidia-cuda-nvcc`, `.venv/lib/python3*/site-packages/nvidia/cu13/bin/nvcc`).
+//! Search order: `$CUDARL_NVCC`, `$CUDA_HOME/bin/nvcc`, `nvcc` on `PATH`, then the
+//! `nvidia-cuda-nvcc` wheel (`lib/python3*/site-packages/nvidia/cu13/bin/nvcc`) of the project's
+//! `.venv`, then of `$VIRTUAL_ENV` (a copy of the project without a `.venv` of its own, run after
+//! the original's `scripts/env.sh`). When none runs, the error names every place looked at.
 //! The wheel's `nvcc.profile` misses its own `lib` directory, so [`Nvcc::lib_dirs`] adds it
 //! to every link.
 
@@ -34,9 +36,9 @@ fn version_of(path: &Path) -> Option<String> {
         .find_map(|l| l.rsplit_once(", V").map(|(_, v)| v.trim().to_string()))
 }
 
-fn venv_nvcc(root: &Path) -> Option<PathBuf> {
-    let lib = root.join(".venv/lib");
-    let rd = std::fs::read_dir(&lib).ok()?;
+/// The nvcc of the `nvidia-cuda-nvcc` wheel in virtual environment `venv`, if there is one.
+fn venv_nvcc(venv: &Path) -> Option<PathBuf> {
+    let rd = std::fs::read_dir(venv.join("lib")).ok()?;
     let mut pys: Vec<PathBuf> = rd
         .flatten()
         .map(|e| e.path())
@@ -110,26 +112,44 @@ impl Nvcc {
     /// # Errors
     /// [`NvccNotFound`] listing what was tried.
     pub fn discover(root: &Path) -> Result<Nvcc, NvccNotFound> {
+        // (where it came from, the path) of every candidate, and what was found where none is.
+        let mut candidates: Vec<(String, PathBuf)> = Vec::new();
+        let mut absent: Vec<String> = Vec::new();
+        match std::env::var("CUDARL_NVCC") {
+            Ok(p) => candidates.push(("$CUDARL_NVCC".into(), PathBuf::from(p))),
+            Err(_) => absent.push("$CUDARL_NVCC unset".into()),
+        }
+        match std::env::var("CUDA_HOME") {
+            Ok(h) => candidates.push(("$CUDA_HOME".into(), Path::new(&h).join("bin/nvcc"))),
+            Err(_) => absent.push("$CUDA_HOME unset".into()),
+        }
+        let path: Vec<PathBuf> = on_path("nvcc")
+            .into_iter()
+            .filter(|p| p.is_file())
+            .collect();
+        if path.is_empty() {
+            absent.push("no nvcc on PATH".into());
+        }
+        candidates.extend(path.into_iter().map(|p| ("PATH".to_string(), p)));
+        let mut venvs = vec![root.join(".venv")];
+        if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+            venvs.push(PathBuf::from(v));
+        }
+        for v in venvs {
+            match venv_nvcc(&v) {
+                Some(n) => candidates.push((format!("the wheel in {}", v.display()), n)),
+                None => absent.push(format!("no nvidia-cuda-nvcc wheel in {}", v.display())),
+            }
+        }
         let mut tried = Vec::new();
-        let mut candidates: Vec<PathBuf> = Vec::new();
-        if let Ok(p) = std::env::var("CUDARL_NVCC") {
-            candidates.push(PathBuf::from(p));
-        }
-        if let Ok(h) = std::env::var("CUDA_HOME") {
-            candidates.push(Path::new(&h).join("bin/nvcc"));
-        }
-        candidates.extend(on_path("nvcc"));
-        if let Some(v) = venv_nvcc(root) {
-            candidates.push(v);
-        }
-        for c in candidates {
+        for (from, c) in candidates {
             if !c.is_file() {
+                absent.push(format!("{from}: no file {}", c.display()));
                 continue;
             }
             // Absolute: compiles run nvcc from a temporary directory (`--root .` gave a
             // relative venv path that no longer resolved there).
             let c = std::path::absolute(&c).unwrap_or(c);
-            tried.push(c.display().to_string());
             if let Some(version) = version_of(&c) {
                 let mut lib_dirs = Vec::new();
                 if let Some(lib) = c.parent().and_then(|b| b.parent()).map(|d| d.join("lib"))
@@ -143,12 +163,10 @@ impl Nvcc {
                     lib_dirs,
                 });
             }
+            tried.push(format!("{from}: {} does not run", c.display()));
         }
-        Err(NvccNotFound(if tried.is_empty() {
-            "no candidate exists".into()
-        } else {
-            format!("none of {} runs", tried.join(", "))
-        }))
+        tried.extend(absent);
+        Err(NvccNotFound(tried.join("; ")))
     }
 }
 

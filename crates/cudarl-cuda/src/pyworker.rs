@@ -31,14 +31,19 @@ pub fn pool(root: &Path) -> crate::worker::WorkerPool {
     )
 }
 
-/// The Python interpreter for workers: `$CUDARL_PYTHON`, `<root>/.venv/bin/python`, `python3`.
+/// The Python interpreter for workers: `$CUDARL_PYTHON`, `<root>/.venv/bin/python`,
+/// `$VIRTUAL_ENV/bin/python`, else `python3` on `PATH`.
 pub fn python(root: &Path) -> PathBuf {
     if let Some(p) = std::env::var_os("CUDARL_PYTHON") {
         return PathBuf::from(p);
     }
-    let v = root.join(".venv/bin/python");
-    if v.is_file() {
-        return v;
+    let venvs = std::iter::once(root.join(".venv"))
+        .chain(std::env::var_os("VIRTUAL_ENV").map(PathBuf::from));
+    for v in venvs {
+        let p = v.join("bin/python");
+        if p.is_file() {
+            return p;
+        }
     }
     PathBuf::from("python3")
 }
