@@ -240,8 +240,28 @@ fn status_dag_show_and_gc() {
             .count()
     };
     assert_eq!(manifests(&p), 3);
+    // A dry run names what would go and deletes nothing.
+    let dry: serde_json::Value = serde_json::from_str(&stdout(&p.run(&[
+        "gc",
+        "--keep-last",
+        "1",
+        "--dry-run",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    assert_eq!(manifests(&p), 3);
     let g: serde_json::Value =
         serde_json::from_str(&stdout(&p.run(&["gc", "--keep-last", "1", "--json"]))).unwrap();
+    for k in [
+        "manifests_removed",
+        "blobs_removed",
+        "bytes_freed",
+        "manifests",
+    ] {
+        assert_eq!(dry[k], g[k], "{k}: {dry} vs {g}");
+    }
+    assert_eq!(g["manifests"].as_array().unwrap().len(), 1, "{g}");
     // Newest by time is the seed-0 re-run?  No: it was cached, so the newest file is seed 2;
     // the lock file names seed 0. Both stay, seed 1 goes.
     assert_eq!(g["manifests_removed"], 1, "{g}");

@@ -166,6 +166,9 @@ enum Command {
         /// Manifests to keep per node besides the lock file's.
         #[arg(long, default_value_t = 1, value_name = "N")]
         keep_last: usize,
+        /// Say what would be deleted (counts, bytes, the manifests as NODE/KEY) and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,

@@ -144,6 +144,8 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Entries deleted from `tmp/` (left by killed processes).
     pub tmp_removed: usize,
+    /// The manifests deleted, as `node/key`, sorted.
+    pub manifests: Vec<String>,
 }
 
 /// An exclusive advisory lock on one node; released on drop.
@@ -611,8 +613,9 @@ impl Store {
     // ----- gc --------------------------------------------------------------------------
 
     /// Deletes manifests not in `keep_actions` (pairs of node and key), blobs not in
-    /// `keep_blobs`, and everything in `tmp/`. Call it while holding [`Store::gc_guard_exclusive`],
-    /// so no run is writing.
+    /// `keep_blobs`, and everything in `tmp/`; with `dry_run`, deletes nothing and reports what
+    /// it would delete. Call it while holding [`Store::gc_guard_exclusive`], so no run is
+    /// writing.
     ///
     /// # Errors
     /// I/O errors listing or deleting.
@@ -620,31 +623,40 @@ impl Store {
         &self,
         keep_actions: &HashSet<(String, String)>,
         keep_blobs: &HashSet<Digest>,
+        dry_run: bool,
     ) -> Result<GcReport> {
+        let remove = |p: &Path, dir: bool| -> Result<()> {
+            if dry_run {
+                return Ok(());
+            }
+            let r = if dir {
+                fs::remove_dir_all(p)
+            } else {
+                fs::remove_file(p)
+            };
+            r.map_err(io_err("remove", p))
+        };
         let mut report = GcReport::default();
         for a in self.list_actions(None)? {
             if !keep_actions.contains(&(a.node.clone(), a.key.clone())) {
-                fs::remove_file(&a.path).map_err(io_err("remove", &a.path))?;
+                remove(&a.path, false)?;
                 report.actions_removed += 1;
+                report.manifests.push(format!("{}/{}", a.node, a.key));
             }
         }
+        report.manifests.sort();
         for d in self.list_blobs()? {
             if !keep_blobs.contains(&d) {
                 let p = self.blob_path(&d);
                 let len = fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
-                fs::remove_file(&p).map_err(io_err("remove", &p))?;
+                remove(&p, false)?;
                 report.blobs_removed += 1;
                 report.bytes_freed += len;
             }
         }
         let tmp = self.root.join("tmp");
         for e in read_dir_sorted(&tmp)? {
-            let r = if e.is_dir() {
-                fs::remove_dir_all(&e)
-            } else {
-                fs::remove_file(&e)
-            };
-            r.map_err(io_err("remove", &e))?;
+            remove(&e, e.is_dir())?;
             report.tmp_removed += 1;
         }
         Ok(report)
@@ -735,12 +747,15 @@ mod tests {
         let t = s.temp_dir().unwrap().keep();
         fs::write(t.join("junk"), b"x").unwrap();
         let _g = s.gc_guard_exclusive().unwrap();
-        let r = s
-            .gc(
-                &[("n".to_string(), "k1".to_string())].into_iter().collect(),
-                &[keep].into_iter().collect(),
-            )
-            .unwrap();
+        let keep_actions = [("n".to_string(), "k1".to_string())].into_iter().collect();
+        let keep_blobs = [keep].into_iter().collect();
+        // A dry run reports the same and deletes nothing.
+        let dry = s.gc(&keep_actions, &keep_blobs, true).unwrap();
+        assert!(s.has_blob(&drop) && s.read_action("n", "k2").unwrap().is_some());
+        assert!(t.join("junk").exists());
+        let r = s.gc(&keep_actions, &keep_blobs, false).unwrap();
+        assert_eq!(dry, r);
+        assert_eq!(r.manifests, ["n/k2"]);
         assert_eq!(r.actions_removed, 1);
         assert_eq!(r.blobs_removed, 1);
         assert_eq!(r.tmp_removed, 1);

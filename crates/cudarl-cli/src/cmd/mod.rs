@@ -316,7 +316,11 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             build,
             ..
         } => export(&ctx, &node, &to, output.as_deref(), build),
-        Command::Gc { keep_last, json } => gc(&ctx, keep_last, json),
+        Command::Gc {
+            keep_last,
+            dry_run,
+            json,
+        } => gc(&ctx, keep_last, dry_run, json),
         Command::Bench { which } => bench::run(&ctx, which),
         Command::Serve(args) => serve::run(&ctx, args),
         Command::Check {
@@ -804,7 +808,7 @@ fn export_verl(
     Ok(0)
 }
 
-fn gc(ctx: &Ctx, keep_last: usize, json: bool) -> Result<i32, CliError> {
+fn gc(ctx: &Ctx, keep_last: usize, dry_run: bool, json: bool) -> Result<i32, CliError> {
     let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
     let store = engine.store();
     let _g = store
@@ -812,17 +816,22 @@ fn gc(ctx: &Ctx, keep_last: usize, json: bool) -> Result<i32, CliError> {
         .map_err(|e| CliError::failed(e.to_string()))?;
     let (keep, blobs) = engine.gc_roots(keep_last)?;
     let rep = store
-        .gc(&keep, &blobs)
+        .gc(&keep, &blobs, dry_run)
         .map_err(|e| CliError::failed(e.to_string()))?;
     if json {
         println!(
             "{}",
-            serde_json::json!({"manifests_removed": rep.actions_removed, "blobs_removed": rep.blobs_removed,
-                "bytes_freed": rep.bytes_freed, "tmp_removed": rep.tmp_removed, "manifests_kept": keep.len(), "blobs_kept": blobs.len()})
+            serde_json::json!({"dry_run": dry_run, "manifests_removed": rep.actions_removed, "blobs_removed": rep.blobs_removed,
+                "bytes_freed": rep.bytes_freed, "tmp_removed": rep.tmp_removed, "manifests_kept": keep.len(), "blobs_kept": blobs.len(),
+                "manifests": rep.manifests})
         );
     } else {
+        let verb = if dry_run { "would remove" } else { "removed" };
+        for m in &rep.manifests {
+            println!("gc: {verb} {m}");
+        }
         println!(
-            "gc: removed {} manifests, {} blobs ({:.1} MB), {} temp entries; kept {} manifests, {} blobs",
+            "gc: {verb} {} manifests, {} blobs ({:.1} MB), {} temp entries; kept {} manifests, {} blobs",
             rep.actions_removed,
             rep.blobs_removed,
             rep.bytes_freed as f64 / 1e6,
