@@ -369,3 +369,109 @@ fn nvcc_is_found_through_virtual_env_and_a_miss_names_every_place_looked_at() {
     }
     assert!(e.contains(p.root().join(".venv").to_str().unwrap()), "{e}");
 }
+
+/// What `check` says about sources that are not a kernel it can build: a misnamed launcher names
+/// the expected signature and the functions the source defines; an empty or binary file gets one
+/// line (exit 2); `--source -` reads standard input.
+#[test]
+fn check_explains_misnamed_launchers_empty_and_binary_sources_and_reads_stdin() {
+    if !nvcc_available() {
+        return;
+    }
+    let p = Project::new();
+    let good =
+        std::fs::read_to_string(repo_root().join("datasets/tasks/vector_add/vec4.cu")).unwrap();
+    let misnamed = p.path("misnamed.cu");
+    std::fs::write(
+        &misnamed,
+        good.replace("void launch(", "void launch_kernel("),
+    )
+    .unwrap();
+    let (c, v) = check(&p, "vector_add", &misnamed, &[]);
+    assert_eq!(c, 1, "{v}");
+    let detail = v["failure_detail"].as_str().unwrap();
+    assert!(
+        detail.contains("expects `extern \"C\" void launch(const float* a")
+            && detail.contains("launch_kernel")
+            && !detail.contains("cudafe1"),
+        "{detail}"
+    );
+    for (name, bytes, says) in [
+        ("empty.cu", b"  \n".to_vec(), "empty source"),
+        (
+            "blob.cu",
+            vec![0x7f, b'E', b'L', b'F', 0, 0, 0xff],
+            "not a source file",
+        ),
+    ] {
+        std::fs::write(p.path(name), &bytes).unwrap();
+        let o = p
+            .cmd(&[
+                "check",
+                "--task",
+                "vector_add",
+                "--source",
+                p.path(name).to_str().unwrap(),
+                "--mode",
+                "compile",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(name) && e.contains(says), "{name}: {e}");
+        assert_eq!(
+            e.lines().filter(|l| l.starts_with("error")).count(),
+            1,
+            "{e}"
+        );
+    }
+    let mut child = p
+        .cmd(&[
+            "check",
+            "--task",
+            "vector_add",
+            "--source",
+            "-",
+            "--mode",
+            "compile",
+            "--json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(good.as_bytes())
+            .unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["compiled"], true, "{v}");
+    // The text report names kernels as written, not mangled.
+    let src = repo_root().join("datasets/tasks/vector_add/vec4.cu");
+    let o = p
+        .cmd(&[
+            "check",
+            "--task",
+            "vector_add",
+            "--source",
+            src.to_str().unwrap(),
+            "--mode",
+            "compile",
+        ])
+        .output()
+        .unwrap();
+    let out = stdout(&o);
+    assert!(
+        out.contains("vector_add_vec4(float const*") && !out.contains("_Z15"),
+        "{out}"
+    );
+}

@@ -182,7 +182,7 @@ enum Command {
         /// The kernel source: native ABI (`extern "C" void launch(...)`) for synthetic tasks;
         /// for KernelBench problems a `ModelNew` Python file or a SakanaAI-style `.cu` extension
         /// (`PYBIND11_MODULE` + `forward`). Repeat it to judge several candidates in turn,
-        /// with one worker (`--json` then prints an array of verdicts).
+        /// with one worker (`--json` then prints an array of verdicts). `-` reads standard input.
         #[arg(long, value_name = "FILE", required = true)]
         source: Vec<PathBuf>,
         /// The candidate's ABI (default: detected from the source).

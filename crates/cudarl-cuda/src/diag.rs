@@ -68,6 +68,15 @@ static BARRIERS: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"used (?P<b>\d+) barriers").expect("re"));
 static SMEM: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?P<s>\d+) bytes smem").expect("re"));
 
+/// A C++ symbol's readable name from its mangled one (`_Z15vector_add_vec4PKfS0_Pfl` ->
+/// `vector_add_vec4(float const*, float const*, float*, long)`), else the name as given.
+pub fn demangle(name: &str) -> String {
+    cpp_demangle::Symbol::new(name.as_bytes())
+        .ok()
+        .and_then(|s| s.demangle().ok())
+        .unwrap_or_else(|| name.to_string())
+}
+
 /// Parses diagnostics from nvcc's combined output, in order.
 pub fn parse_diagnostics(output: &str) -> Vec<Diagnostic> {
     let mut out = Vec::new();

@@ -84,10 +84,7 @@ pub fn own_kernels(bytes: &[u8]) -> Result<BTreeSet<String>, String> {
             continue;
         };
         let mangled = format!("_{kernel}");
-        let name = cpp_demangle::Symbol::new(mangled.as_bytes())
-            .ok()
-            .and_then(|d| d.demangle().ok())
-            .unwrap_or(mangled);
+        let name = crate::diag::demangle(&mangled);
         names.insert(base_name(&name));
     }
     Ok(names)

@@ -222,7 +222,62 @@ pub fn check_compile_only(
 ) -> Result<Verdict, CompileError> {
     let findings = rules.check(source, "native");
     let v = Verdict::new(spec, compiler, findings);
-    build_native(v, source, &spec.shim(), rules, compiler)
+    let mut v = build_native(v, source, &spec.shim(), rules, compiler)?;
+    explain_missing_launcher(&mut v, spec, source);
+    Ok(v)
+}
+
+/// Function names `source` defines (a name followed by a parameter list and a body), in order,
+/// without duplicates: what a misnamed launcher's message lists.
+pub fn defined_functions(source: &str) -> Vec<String> {
+    static DEF: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?m)\b([A-Za-z_]\w*)\s*\(([^;{}()]|\([^()]*\))*\)\s*(const\s*)?\{")
+            .expect("re")
+    });
+    const NOT_NAMES: [&str; 6] = ["if", "for", "while", "switch", "return", "sizeof"];
+    let mut out: Vec<String> = Vec::new();
+    for c in DEF.captures_iter(source) {
+        let n = c[1].to_string();
+        if !NOT_NAMES.contains(&n.as_str()) && !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// A build that failed for want of the launcher (the linker's `undefined reference to
+/// `launch'`) says what the task expects and what the source defines, in `failure_detail` and
+/// as a diagnostic of tool `cudarl`, instead of the linker's line about a temporary file.
+fn explain_missing_launcher(v: &mut Verdict, spec: &TaskSpec, source: &str) {
+    let missing = v.failure.as_deref() == Some("compile_error")
+        && v.diagnostics
+            .iter()
+            .any(|d| d.message.contains("undefined reference to `launch'"));
+    if !missing {
+        return;
+    }
+    let defined = defined_functions(source);
+    let message = format!(
+        "no launcher: task `{}` expects `{}`; the source defines {}",
+        spec.id,
+        spec.signature(),
+        if defined.is_empty() {
+            "no function".to_string()
+        } else {
+            defined.join(", ")
+        }
+    );
+    v.diagnostics.insert(
+        0,
+        crate::diag::Diagnostic {
+            file: None,
+            line: None,
+            severity: "error".into(),
+            message: message.clone(),
+            tool: "cudarl".into(),
+        },
+    );
+    v.failure_detail = Some(message);
 }
 
 /// The static checks' verdict `v` (its `static_flags` are the source rules' findings) completed
@@ -889,4 +944,16 @@ pub fn time_batch(
     out.into_iter()
         .map(|v| v.expect("every candidate timed"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn defined_functions_are_the_names_with_a_body() {
+        let src = "#include <x>\n__global__ void k(const float* a, float* o, int64_t n) {\n  if (n) { o[0] = a[0]; }\n  for (int i = 0; i < n; ++i) {}\n}\n\
+                   static __device__ inline float sq(float x) { return x * x; }\n\
+                   extern \"C\" void launch2(const float* a, float* o, int64_t n, cudaStream_t s) {\n  k<<<1, 1, 0, s>>>(a, o, n);\n}\n\
+                   void declared_only(int);\n";
+        assert_eq!(super::defined_functions(src), ["k", "sq", "launch2"]);
+    }
 }

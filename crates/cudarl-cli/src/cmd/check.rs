@@ -166,6 +166,41 @@ fn harness(
     ))
 }
 
+/// The text of a candidate source: the file at `path`, or standard input for `-`.
+///
+/// # Errors
+/// Unreadable, empty (only whitespace), or not text (not UTF-8, or NUL bytes): one line naming
+/// the file (exit 2).
+fn read_source(path: &std::path::Path) -> Result<String, CliError> {
+    use std::io::Read;
+    let name = if path.as_os_str() == "-" {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let mut bytes = Vec::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin().read_to_end(&mut bytes).map(|_| ())
+    } else {
+        std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes).map(|_| ()))
+    };
+    read.map_err(|e| CliError::usage(format!("{name}: {e}")))?;
+    let text = String::from_utf8(bytes)
+        .ok()
+        .filter(|t| !t.contains('\0'))
+        .ok_or_else(|| {
+            CliError::usage(format!(
+                "{name}: not a source file (binary: invalid UTF-8 or NUL bytes); give CUDA C++ or Python text"
+            ))
+        })?;
+    if text.trim().is_empty() {
+        return Err(CliError::usage(format!(
+            "{name}: empty source; give the kernel's CUDA C++ (or a `ModelNew` Python file for a KernelBench problem)"
+        )));
+    }
+    Ok(text)
+}
+
 /// Runs `check` on every file of `sources` in turn (one worker pool for all): each verdict is
 /// printed (several: a JSON array with `--json`); the exit code is 0 when all pass, else 1.
 #[allow(clippy::too_many_arguments)]
@@ -182,9 +217,7 @@ pub fn run(
 ) -> Result<i32, CliError> {
     let srcs = sources
         .iter()
-        .map(|p| {
-            std::fs::read_to_string(p).map_err(|e| CliError::usage(format!("{}: {e}", p.display())))
-        })
+        .map(|p| read_source(p))
         .collect::<Result<Vec<_>, _>>()?;
     let verdicts = if task_id.starts_with("kb/") {
         let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
@@ -322,18 +355,21 @@ fn print_verdict(v: &cudarl_cuda::Verdict, json: bool) -> i32 {
             .filter(|d| d.severity != "warning")
             .take(10)
         {
-            println!(
-                "  {} {}:{}: {}",
-                d.severity,
-                d.file.as_deref().unwrap_or("-"),
-                d.line.unwrap_or(0),
-                d.message
-            );
+            let at = match (&d.file, d.line) {
+                (Some(f), Some(l)) => format!(" {f}:{l}"),
+                (Some(f), None) => format!(" {f}"),
+                _ => String::new(),
+            };
+            println!("  {}{at}: {}", d.severity, d.message);
         }
         for r in &v.resources {
             println!(
                 "  {}: {} registers, {} B smem, {} B stack, {} B spill stores",
-                r.kernel, r.registers, r.shared_mem_bytes, r.stack_frame_bytes, r.spill_store_bytes
+                cudarl_cuda::diag::demangle(&r.kernel),
+                r.registers,
+                r.shared_mem_bytes,
+                r.stack_frame_bytes,
+                r.spill_store_bytes
             );
         }
         if !v.executed {

@@ -70,6 +70,10 @@ pub struct Ctx {
     pub lock: Option<PathBuf>,
     /// The settings the pipeline loads with (see [`Settings`]).
     pub settings: Settings,
+    /// Where the settings came from when not from the command line (the last run's, or the
+    /// `cpu` profile for want of a GPU): said on stderr the first time the pipeline loads.
+    settings_note: Option<String>,
+    noted: std::sync::atomic::AtomicBool,
     /// `--shared-cache` URL.
     pub shared_cache: Option<String>,
 }
@@ -128,7 +132,8 @@ impl Ctx {
             ),
         };
         let store = cli.store.clone().unwrap_or_else(|| root.join("artifacts"));
-        let settings = Self::resolve_settings(cli, &pipeline_path, &pipeline_display, &store)?;
+        let (settings, settings_note) =
+            Self::resolve_settings(cli, &pipeline_path, &pipeline_display, &store)?;
         Ok(Ctx {
             root,
             pipeline_path,
@@ -136,6 +141,8 @@ impl Ctx {
             store,
             lock: cli.lock.clone(),
             settings,
+            settings_note,
+            noted: Default::default(),
             shared_cache: cli.shared_cache.clone(),
         })
     }
@@ -149,18 +156,20 @@ impl Ctx {
         pipeline_path: &Path,
         display: &str,
         store: &Path,
-    ) -> Result<Settings, CliError> {
+    ) -> Result<(Settings, Option<String>), CliError> {
         let Ok(file) = cudarl_core::pipeline::read_pipeline_file(pipeline_path, display) else {
-            return Ok(Settings {
+            let s = Settings {
                 profile: cli.profile.clone().filter(|p| p != "none"),
                 sets: cli.sets.clone(),
-            });
+            };
+            return Ok((s, None));
         };
         if let Some(p) = &cli.profile {
-            return Ok(Settings {
+            let s = Settings {
                 profile: Some(p.clone()).filter(|p| p != "none"),
                 sets: cli.sets.clone(),
-            });
+            };
+            return Ok((s, None));
         }
         if cli.sets.is_empty() && reads_store(&cli.command) {
             let path = settings_path(store, &file.name);
@@ -171,26 +180,27 @@ impl Ctx {
                         path.display()
                     ))
                 })?;
-                if last != Settings::default() {
-                    eprintln!(
+                let note = (last != Settings::default()).then(|| {
+                    format!(
                         "note: the settings of the last `run` on this store: {} (--profile or --set to choose others)",
                         last.flags()
-                    );
-                }
-                return Ok(last);
+                    )
+                });
+                return Ok((last, note));
             }
         }
         let profile = (file.profiles.contains_key("cpu") && !cudarl_cuda::gpu::present())
             .then(|| "cpu".to_string());
-        if profile.is_some() {
-            eprintln!(
+        let note = profile.is_some().then(|| {
+            format!(
                 "note: no GPU found: profile `cpu` of {display} (--profile none for the full-size settings)"
-            );
-        }
-        Ok(Settings {
+            )
+        });
+        let s = Settings {
             profile,
             sets: cli.sets.clone(),
-        })
+        };
+        Ok((s, note))
     }
 
     /// Records these settings as the last `run`'s for the verbs that read the store.
@@ -223,6 +233,11 @@ impl Ctx {
     }
 
     pub fn pipeline(&self) -> Result<Pipeline, CliError> {
+        if let Some(n) = &self.settings_note
+            && !self.noted.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            eprintln!("{n}");
+        }
         Ok(Pipeline::load(
             &self.pipeline_path,
             &self.pipeline_display,
