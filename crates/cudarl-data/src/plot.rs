@@ -44,6 +44,8 @@ fn font() {
     });
 }
 
+/// The axis range of values `v`, padded 5% each side; flat data (one value, or all equal) gets
+/// a span of 10% of its magnitude (at least 0.1) around it, so its tick labels differ.
 fn range(v: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = v.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
         (a.min(x), b.max(x))
@@ -51,9 +53,53 @@ fn range(v: impl Iterator<Item = f64>) -> (f64, f64) {
     if !lo.is_finite() {
         return (0.0, 1.0);
     }
-    let pad = ((hi - lo) * 0.05).max(1e-9);
+    if hi - lo < 1e-12 * lo.abs().max(1.0) {
+        let half = (lo.abs() * 0.1).max(0.1);
+        return (lo - half, hi + half);
+    }
+    let pad = (hi - lo) * 0.05;
     (lo - pad, hi + pad)
 }
+
+/// A tick label for `v` on an axis spanning `span`: as many decimals as a tenth of the span
+/// needs (none for a span of 10 or more), `-0` written `0`.
+pub fn tick_label(v: f64, span: f64) -> String {
+    let decimals = if span >= 10.0 {
+        0
+    } else {
+        (-(span / 10.0).log10()).ceil().clamp(0.0, 6.0) as usize
+    };
+    let t = format!("{v:.decimals$}");
+    if t.trim_start_matches('-')
+        .chars()
+        .all(|c| c == '0' || c == '.')
+    {
+        t.trim_start_matches('-').to_string()
+    } else {
+        t
+    }
+}
+
+/// Whether every x is a whole number (steps, epochs): the axis is then labelled with integers
+/// only.
+fn whole_numbers(series: &[Series]) -> bool {
+    series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .all(|p| (p.0 - p.0.round()).abs() < 1e-9)
+}
+
+/// A label of an integer axis at `x`: the integer, or nothing between integers.
+fn integer_label(x: f64) -> String {
+    if (x - x.round()).abs() < 1e-6 {
+        format!("{}", x.round() as i64)
+    } else {
+        String::new()
+    }
+}
+
+/// Width of the strip right of the plot that holds the legend, in pixels.
+const LEGEND_W: u32 = 220;
 
 const COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
@@ -83,10 +129,27 @@ pub fn line_chart(
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
+    let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
     let xs = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let ys = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 26))
+    let integer_x = whole_numbers(series);
+    // Whole-number x: at most one label per integer, the integers only.
+    let x_labels = if integer_x {
+        ((xs.1 - xs.0).floor() as usize + 1).clamp(2, 10)
+    } else {
+        10
+    };
+    let (x_span, y_span) = (xs.1 - xs.0, ys.1 - ys.0);
+    let x_fmt = move |x: &f64| {
+        if integer_x {
+            integer_label(*x)
+        } else {
+            tick_label(*x, x_span)
+        }
+    };
+    let y_fmt = move |y: &f64| tick_label(*y, y_span);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 24))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -96,6 +159,9 @@ pub fn line_chart(
         .configure_mesh()
         .x_desc(x_label)
         .y_desc(y_label)
+        .x_labels(x_labels)
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
         .label_style(("sans-serif", 16))
         .axis_desc_style(("sans-serif", 18))
         .draw()
@@ -104,16 +170,85 @@ pub fn line_chart(
         let c = COLORS[i % COLORS.len()];
         chart
             .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(s.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            .map_err(|e| err(&e))?;
         if s.points.len() < 40 {
             chart
                 .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
                 .map_err(|e| err(&e))?;
         }
     }
-    legend_and_write(&mut chart, &root, path)
+    let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
+    legend_and_write(&legend, &root, &labels, path)
+}
+
+/// Draws `series` as grouped bars over named categories (series point `(i, y)`: the bar of
+/// category `categories[i]`), one colour per series, into the PNG file `path`: for discrete x
+/// such as tiers, where a line between categories would mean nothing.
+///
+/// # Errors
+/// No series with a point, or the PNG cannot be written (the message names the file).
+pub fn bar_chart(
+    path: &Path,
+    title: &str,
+    categories: &[String],
+    y_label: &str,
+    series: &[Series],
+) -> Result<(), String> {
+    if series.iter().all(|s| s.points.is_empty()) || categories.is_empty() {
+        return Err(format!("{}: nothing to plot", path.display()));
+    }
+    font();
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    let top = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max);
+    let ymax = if top > 0.0 { top * 1.1 } else { 1.0 };
+    let n = categories.len();
+    let cats = categories.to_vec();
+    let x_fmt = move |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
+            cats[i as usize].clone()
+        } else {
+            String::new()
+        }
+    };
+    let y_fmt = move |y: &f64| tick_label(*y, ymax);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..ymax)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n + 1)
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
+        .y_desc(y_label)
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let k = series.len().max(1) as f64;
+    let w = 0.8 / k;
+    for (si, s) in series.iter().enumerate() {
+        let c = COLORS[si % COLORS.len()];
+        chart
+            .draw_series(s.points.iter().map(|&(x, y)| {
+                let x0 = x - 0.4 + w * si as f64;
+                Rectangle::new([(x0, 0.0), (x0 + w * 0.9, y)], c.mix(0.85).filled())
+            }))
+            .map_err(|e| err(&e))?;
+    }
+    let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
+    legend_and_write(&legend, &root, &labels, path)
 }
 
 /// Draws a histogram of `values` in `bins` equal-width bins (one colour per group, bars side by
@@ -166,8 +301,12 @@ pub fn histogram(
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 26))
+    let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    let span = hi - lo;
+    let x_fmt = move |x: &f64| tick_label(*x, span);
+    let y_fmt = |y: &f64| integer_label(*y);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 24))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -177,6 +316,8 @@ pub fn histogram(
         .configure_mesh()
         .x_desc(x_label)
         .y_desc("count")
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
         .label_style(("sans-serif", 16))
         .axis_desc_style(("sans-serif", 18))
         .draw()
@@ -190,31 +331,35 @@ pub fn histogram(
                 let x0 = x - w / 2.0 + off;
                 Rectangle::new([(x0, 0.0), (x0 + w / k * 0.9, n)], c.mix(0.8).filled())
             }))
-            .map_err(|e| err(&e))?
-            .label(s.label.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+            .map_err(|e| err(&e))?;
     }
-    legend_and_write(&mut chart, &root, path)
+    let labels: Vec<String> = bars.iter().map(|s| s.label.clone()).collect();
+    legend_and_write(&legend, &root, &labels, path)
 }
 
-/// Draws the series' legend (upper right, on a light box) and writes the PNG file `path`.
-fn legend_and_write<'a, 'b: 'a>(
-    chart: &mut ChartContext<
-        'a,
-        BitMapBackend<'b>,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
-    root: &DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+/// Draws the legend of series `labels` (colours in order) in the strip `legend` right of the
+/// plot, where it never covers the data, and writes the PNG file `path`.
+fn legend_and_write(
+    legend: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    root: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    labels: &[String],
     path: &Path,
 ) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    chart
-        .configure_series_labels()
-        .label_font(("sans-serif", 16))
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
+    for (i, l) in labels.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let y = 70 + 28 * i as i32;
+        legend
+            .draw(&Rectangle::new([(4, y - 6), (24, y + 6)], c.filled()))
+            .map_err(|e| err(&e))?;
+        legend
+            .draw(&Text::new(
+                l.clone(),
+                (32, y - 9),
+                ("sans-serif", 16).into_font().color(&BLACK),
+            ))
+            .map_err(|e| err(&e))?;
+    }
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }
@@ -247,6 +392,53 @@ mod tests {
         // Nothing to plot is an error naming the file.
         let err = line_chart(&p, "t", "x", "y", &[Series::new("a", vec![])]).unwrap_err();
         assert!(err.contains("loss.png"), "{err}");
+    }
+
+    #[test]
+    fn small_and_flat_series_get_readable_axes() {
+        // Flat at 0 (a CPU run's pass rate): distinct labels across the range, no "-0".
+        let (lo, hi) = range([0.0, 0.0, 0.0].into_iter());
+        assert!(hi - lo >= 0.2, "{lo}..{hi}");
+        let ticks: Vec<String> = (0..=4)
+            .map(|i| tick_label(lo + (hi - lo) * i as f64 / 4.0, hi - lo))
+            .collect();
+        let distinct: std::collections::BTreeSet<_> = ticks.iter().collect();
+        assert_eq!(distinct.len(), ticks.len(), "{ticks:?}");
+        let zero = |t: &str| {
+            t.trim_start_matches('-')
+                .chars()
+                .all(|c| c == '0' || c == '.')
+        };
+        assert!(
+            ticks.iter().all(|t| !(t.starts_with('-') && zero(t))),
+            "no negative zero: {ticks:?}"
+        );
+        assert_eq!(tick_label(-0.0001, 0.2), "0.00");
+        assert_eq!(tick_label(0.123, 0.05), "0.123");
+        assert_eq!(tick_label(1234.6, 500.0), "1235");
+        // Flat away from 0 (a reward stuck at 0.35).
+        let (lo, hi) = range([0.35; 5].into_iter());
+        assert!(lo < 0.35 && hi > 0.35 && tick_label(lo, hi - lo) != tick_label(hi, hi - lo));
+        // Two steps: integer labels only, and the chart draws.
+        let s = [Series::new("reward", vec![(1.0, 0.0), (2.0, 0.0)])];
+        assert!(whole_numbers(&s));
+        assert_eq!(integer_label(1.0), "1");
+        assert_eq!(integer_label(1.5), "");
+        let dir = tempfile::tempdir().unwrap();
+        line_chart(&dir.path().join("flat.png"), "flat", "step", "reward", &s).unwrap();
+        // Tiers as categories.
+        let p = dir.path().join("tiers.png");
+        let cats = vec!["tier 0".to_string(), "tier 1".to_string()];
+        bar_chart(
+            &p,
+            "per tier",
+            &cats,
+            "rate",
+            &[Series::new("sft", vec![(0.0, 0.1), (1.0, 0.3)])],
+        )
+        .unwrap();
+        assert_eq!(png_size(&std::fs::read(&p).unwrap()), SIZE);
+        assert!(bar_chart(&p, "t", &[], "y", &s).is_err());
     }
 
     #[test]

@@ -935,7 +935,7 @@ fn report(
     cks: &[&str],
     pre: Option<(Metric, Option<Metric>)>,
 ) -> Result<(), String> {
-    use cudarl_data::plot::{Series, histogram, line_chart};
+    use cudarl_data::plot::{Series, bar_chart, histogram, line_chart};
     let curve = RewardColumns::read(metrics)?;
     let RewardColumns { steps, mr, sd } = &curve;
     let pts: Vec<(f64, f64, f64)> = (0..metrics.rows())
@@ -960,13 +960,23 @@ fn report(
         e.2 += f64::from(u8::from(r.ep.best_components().correct == Some(true)));
     }
     let full = mode == "full";
+    // Tiers as categories (bars), in order: a line between tiers would mean nothing.
+    let tier_ids: Vec<i64> = tiers
+        .keys()
+        .map(|(_, t)| *t)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let mut series = Vec::new();
     for &ck in cks {
         let of = |k: usize| -> Vec<(f64, f64)> {
             tiers
                 .iter()
                 .filter(|((c, _), _)| *c == ck)
-                .map(|((_, t), v)| (*t as f64, if k == 1 { v.1 / v.0 } else { v.2 / v.0 }))
+                .filter_map(|((_, t), v)| {
+                    let i = tier_ids.iter().position(|x| x == t)?;
+                    Some((i as f64, if k == 1 { v.1 / v.0 } else { v.2 / v.0 }))
+                })
                 .collect()
         };
         series.push(Series::new(format!("{ck} compile rate"), of(1)));
@@ -974,11 +984,14 @@ fn report(
             series.push(Series::new(format!("{ck} pass rate"), of(2)));
         }
     }
-    line_chart(
+    bar_chart(
         &dir.join("per_tier.png"),
-        &format!("eval: rates per tier, best turn of each episode ({mode})"),
-        "tier",
-        "rate",
+        &format!("eval: compile and pass rate per tier, best turn of each episode ({mode})"),
+        &tier_ids
+            .iter()
+            .map(|t| format!("tier {t}"))
+            .collect::<Vec<_>>(),
+        "share of episodes",
         &series,
     )?;
     let sp = |ck: &str| -> Series {
