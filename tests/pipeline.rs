@@ -221,6 +221,15 @@ fn status_dag_show_and_gc() {
     assert_eq!(rows[0]["min_pass_rate"], 0.75);
     let total: i64 = rows.iter().map(|r| r["problems"].as_i64().unwrap()).sum();
     assert_eq!(total, 252);
+    // Null fields are written as null, not left out: every row has every column.
+    let sj = stdout(&p.run(&["show", "curriculum", "--json", "--head", "1000"]));
+    let synth = sj
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["source"] == "synthetic")
+        .expect("a synthetic row");
+    assert!(synth["level"].is_null(), "{synth}");
+    assert_eq!(synth.as_object().unwrap().len(), 19, "{synth}");
     // show of a stale node says to run it, exit 1
     let o = p.run(&["show", "curriculum", "--set", "curriculum.seed=9"]);
     assert_eq!(o.status.code(), Some(1));

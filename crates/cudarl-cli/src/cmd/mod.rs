@@ -551,7 +551,10 @@ fn show(
     let n = head.min(t.rows());
     let b = t.batch.slice(0, n);
     if json {
-        let mut w = arrow::json::LineDelimitedWriter::new(std::io::stdout());
+        // Every column in every row, nulls written as `null` (not left out).
+        let mut w = arrow::json::WriterBuilder::new()
+            .with_explicit_nulls(true)
+            .build::<_, arrow::json::writer::LineDelimited>(std::io::stdout());
         w.write(&b).map_err(|e| CliError::failed(e.to_string()))?;
         w.finish().map_err(|e| CliError::failed(e.to_string()))?;
         return Ok(0);
