@@ -396,69 +396,9 @@ fn check_explains_misnamed_launchers_empty_and_binary_sources_and_reads_stdin() 
             && !detail.contains("cudafe1"),
         "{detail}"
     );
-    for (name, bytes, says) in [
-        ("empty.cu", b"  \n".to_vec(), "empty source"),
-        (
-            "blob.cu",
-            vec![0x7f, b'E', b'L', b'F', 0, 0, 0xff],
-            "not a source file",
-        ),
-    ] {
-        std::fs::write(p.path(name), &bytes).unwrap();
-        let o = p
-            .cmd(&[
-                "check",
-                "--task",
-                "vector_add",
-                "--source",
-                p.path(name).to_str().unwrap(),
-                "--mode",
-                "compile",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
-        let e = stderr(&o);
-        assert!(e.contains(name) && e.contains(says), "{name}: {e}");
-        assert_eq!(
-            e.lines().filter(|l| l.starts_with("error")).count(),
-            1,
-            "{e}"
-        );
-    }
-    let mut child = p
-        .cmd(&[
-            "check",
-            "--task",
-            "vector_add",
-            "--source",
-            "-",
-            "--mode",
-            "compile",
-            "--json",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(good.as_bytes())
-            .unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["compiled"], true, "{v}");
-    // The text report names kernels as written, not mangled.
-    let src = repo_root().join("datasets/tasks/vector_add/vec4.cu");
-    let o = p
-        .cmd(&[
+    // `check` of `src` on vector_add, compile-only, its text report.
+    let check_text = |src: &std::path::Path| {
+        p.cmd(&[
             "check",
             "--task",
             "vector_add",
@@ -468,7 +408,45 @@ fn check_explains_misnamed_launchers_empty_and_binary_sources_and_reads_stdin() 
             "compile",
         ])
         .output()
-        .unwrap();
+        .unwrap()
+    };
+    for (name, bytes, says) in [
+        ("empty.cu", b"  \n".to_vec(), "empty source"),
+        (
+            "blob.cu",
+            vec![0x7f, b'E', b'L', b'F', 0, 0, 0xff],
+            "not a source file",
+        ),
+    ] {
+        std::fs::write(p.path(name), &bytes).unwrap();
+        let o = check_text(&p.path(name));
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(name) && e.contains(says), "{name}: {e}");
+        assert_eq!(
+            e.lines().filter(|l| l.starts_with("error")).count(),
+            1,
+            "{e}"
+        );
+    }
+    let o = output_with_stdin(
+        p.cmd(&[
+            "check",
+            "--task",
+            "vector_add",
+            "--source",
+            "-",
+            "--mode",
+            "compile",
+            "--json",
+        ]),
+        &good,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["compiled"], true, "{v}");
+    // The text report names kernels as written, not mangled.
+    let o = check_text(&repo_root().join("datasets/tasks/vector_add/vec4.cu"));
     let out = stdout(&o);
     assert!(
         out.contains("vector_add_vec4(float const*") && !out.contains("_Z15"),

@@ -409,41 +409,29 @@ fn export_opens_in_pyarrow_and_polars() {
         }
     }
     // VERL's layouts, with row_sum as the hold-out family (checked by the script below).
-    let o = p.run(&[
-        "export",
-        "curriculum",
-        "--build",
-        "--format",
-        "verl",
-        "--to",
-        out.to_str().unwrap(),
-        "--set",
-        r#"curriculum.holdout_tasks=["row_sum"]"#,
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // Each node exports its own part: the curriculum its RL files, sft-data its SFT files.
-    let listed = stdout(&o);
-    for f in ["rl_train", "rl_test"] {
-        assert!(listed.contains(&format!("verl/{f}.parquet")), "{listed}");
+    for (node, own, other) in [
+        ("curriculum", ["rl_train", "rl_test"], "sft_"),
+        ("sft-data", ["sft_train", "sft_val"], "rl_"),
+    ] {
+        let o = p.run(&[
+            "export",
+            node,
+            "--build",
+            "--format",
+            "verl",
+            "--to",
+            out.to_str().unwrap(),
+            "--set",
+            r#"curriculum.holdout_tasks=["row_sum"]"#,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{node}: {}", stderr(&o));
+        let listed = stdout(&o);
+        for f in own {
+            assert!(listed.contains(&format!("verl/{f}.parquet")), "{listed}");
+        }
+        assert!(!listed.contains(other), "{node}: {listed}");
     }
-    assert!(!listed.contains("sft_"), "{listed}");
-    let o = p.run(&[
-        "export",
-        "sft-data",
-        "--build",
-        "--format",
-        "verl",
-        "--to",
-        out.to_str().unwrap(),
-        "--set",
-        r#"curriculum.holdout_tasks=["row_sum"]"#,
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let listed = stdout(&o);
-    for f in ["sft_train", "sft_val"] {
-        assert!(listed.contains(&format!("verl/{f}.parquet")), "{listed}");
-    }
-    assert!(!listed.contains("rl_"), "{listed}");
     let o = p.run(&["export", "validate", "--format", "verl", "--to", "x"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let side: serde_json::Value =

@@ -438,27 +438,13 @@ fn verl_agent_loop(s: &Server, naive: &str) {
 /// Runs `python args...` with the repository's `python/` on PYTHONPATH, pointed at `s` (token
 /// `s3cret`, compile mode), `stdin` on its stdin; asserts it exits 0 printing `OK`.
 fn python_against(s: &Server, python: &str, args: &[&str], stdin: &str) {
-    let mut child = std::process::Command::new(python)
-        .args(args)
+    let mut cmd = std::process::Command::new(python);
+    cmd.args(args)
         .env("PYTHONPATH", common::repo_root().join("python"))
         .env("CUDARL_SERVE_URL", &s.base)
         .env("CUDARL_SERVE_TOKEN", "s3cret")
-        .env("CUDARL_SERVE_MODE", "compile")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-    }
-    let o = child.wait_with_output().unwrap();
+        .env("CUDARL_SERVE_MODE", "compile");
+    let o = common::output_with_stdin(cmd, stdin);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success() && out.lines().any(|l| l.starts_with("OK")),

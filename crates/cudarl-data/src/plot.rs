@@ -101,6 +101,43 @@ fn integer_label(x: f64) -> String {
 /// Width of the strip right of the plot that holds the legend, in pixels.
 const LEGEND_W: u32 = 220;
 
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+/// A white [`SIZE`] canvas writing to `path`: (the whole, the plot area, the legend strip).
+fn canvas(path: &Path) -> Result<(Area<'_>, Area<'_>, Area<'_>), String> {
+    font();
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    Ok((root, area, legend))
+}
+
+/// The chart every plot draws in: `title` above, room for tick labels, f64 axes over `x`, `y`
+/// (errors as text, without the file: callers name it).
+#[allow(clippy::type_complexity)]
+fn chart_on<'a, 'b>(
+    area: &'a Area<'b>,
+    title: &str,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> Result<
+    ChartContext<
+        'a,
+        BitMapBackend<'b>,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    String,
+> {
+    ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x, y)
+        .map_err(|e| e.to_string())
+}
+
 const COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -125,11 +162,8 @@ pub fn line_chart(
     if series.iter().all(|s| s.points.is_empty()) {
         return Err(format!("{}: nothing to plot", path.display()));
     }
-    font();
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    let (root, area, legend) = canvas(path)?;
     let xs = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let ys = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
     let integer_x = whole_numbers(series);
@@ -148,13 +182,7 @@ pub fn line_chart(
         }
     };
     let y_fmt = move |y: &f64| tick_label(*y, y_span);
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 24))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(72)
-        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-        .map_err(|e| err(&e))?;
+    let mut chart = chart_on(&area, title, xs.0..xs.1, ys.0..ys.1).map_err(|e| err(&e))?;
     chart
         .configure_mesh()
         .x_desc(x_label)
@@ -197,11 +225,8 @@ pub fn bar_chart(
     if series.iter().all(|s| s.points.is_empty()) || categories.is_empty() {
         return Err(format!("{}: nothing to plot", path.display()));
     }
-    font();
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    let (root, area, legend) = canvas(path)?;
     let top = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
@@ -218,13 +243,8 @@ pub fn bar_chart(
         }
     };
     let y_fmt = move |y: &f64| tick_label(*y, ymax);
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 24))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(72)
-        .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..ymax)
-        .map_err(|e| err(&e))?;
+    let mut chart =
+        chart_on(&area, title, -0.5..(n as f64 - 0.5), 0.0..ymax).map_err(|e| err(&e))?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -297,21 +317,12 @@ pub fn histogram(
             )
         })
         .collect();
-    font();
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
+    let (root, area, legend) = canvas(path)?;
     let span = hi - lo;
     let x_fmt = move |x: &f64| tick_label(*x, span);
     let y_fmt = |y: &f64| integer_label(*y);
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 24))
-        .margin(16)
-        .x_label_area_size(48)
-        .y_label_area_size(72)
-        .build_cartesian_2d(lo..hi, 0.0..ymax)
-        .map_err(|e| err(&e))?;
+    let mut chart = chart_on(&area, title, lo..hi, 0.0..ymax).map_err(|e| err(&e))?;
     chart
         .configure_mesh()
         .x_desc(x_label)
@@ -340,8 +351,8 @@ pub fn histogram(
 /// Draws the legend of series `labels` (colours in order) in the strip `legend` right of the
 /// plot, where it never covers the data, and writes the PNG file `path`.
 fn legend_and_write(
-    legend: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
-    root: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    legend: &Area<'_>,
+    root: &Area<'_>,
     labels: &[String],
     path: &Path,
 ) -> Result<(), String> {
