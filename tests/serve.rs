@@ -116,7 +116,10 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     assert_eq!(h.status, 200);
     let hj = h.json();
     assert_eq!(hj["mode"], "compile-only");
-    assert_eq!(hj["tasks"], 2);
+    // The two task families, and the KernelBench problems kb-specs gave a native launcher.
+    let kb = hj["kernelbench"].as_u64().unwrap();
+    assert!(kb >= 100, "{hj}");
+    assert_eq!(hj["tasks"], 2 + kb);
     assert_eq!(hj["gpus"], 0);
 
     // /v1/* needs the token.
@@ -132,7 +135,9 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
         .iter()
         .map(|t| t["id"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(ids, ["row_sum", "vector_add"]);
+    assert_eq!(ids.len() as u64, 2 + kb);
+    assert_eq!(&ids[..2], ["row_sum", "vector_add"]);
+    assert!(ids.iter().any(|i| i == "kb/L1/19_ReLU"), "{ids:?}");
     let t = s.call("GET", "/v1/tasks/vector_add", tok, None).json();
     assert!(t["signature"].as_str().unwrap().contains("launch("), "{t}");
     let prompt = t["prompt"].as_array().unwrap();
@@ -214,6 +219,79 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
         "{fb}"
     );
 
+    // A KernelBench problem: its prompt shows the PyTorch source and the launcher kb-specs
+    // derived; a native candidate is built like any native kernel (compile-only here) and gets
+    // the verdict `check --task kb/...` gives it.
+    let t = s.call("GET", "/v1/tasks/kb/L1/19_ReLU", tok, None).json();
+    let sig = t["signature"].as_str().unwrap();
+    assert!(
+        sig.starts_with(r#"extern "C" void launch(const float* in0"#),
+        "{t}"
+    );
+    let user = t["prompt"][1]["content"].as_str().unwrap();
+    assert!(
+        user.contains("```python") && user.contains("torch.relu") && user.contains(sig),
+        "{user}"
+    );
+    let relu_path = common::repo_root().join("tests/kernels/kb_native/19_ReLU.cu");
+    let relu = std::fs::read_to_string(&relu_path).unwrap();
+    let r = s.call(
+        "POST",
+        "/v1/evaluate",
+        tok,
+        Some(&evaluate_body("kb/L1/19_ReLU", &relu)),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let o = p.run(&[
+        "check",
+        "--task",
+        "kb/L1/19_ReLU",
+        "--source",
+        relu_path.to_str().unwrap(),
+        "--mode",
+        "compile",
+        "--json",
+    ]);
+    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in [
+        "task_id",
+        "abi",
+        "compiled",
+        "executed",
+        "failure",
+        "signature",
+    ] {
+        assert_eq!(v[k], c[k], "{k}");
+    }
+    assert_eq!(
+        (v["compiled"].as_bool(), v["abi"].as_str()),
+        (Some(true), Some("native"))
+    );
+    assert!(v["reward"].is_object() && v["feedback"].is_string(), "{v}");
+    // A misnamed launcher: not built, and the expected signature named.
+    let r = s.call(
+        "POST",
+        "/v1/evaluate",
+        tok,
+        Some(&evaluate_body(
+            "kb/L1/19_ReLU",
+            &relu.replace("void launch(", "void run("),
+        )),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["compiled"], false, "{}", r.body);
+    // Torch-format candidates are for `check`.
+    let model_new = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n";
+    let r = s.call(
+        "POST",
+        "/v1/evaluate",
+        tok,
+        Some(&evaluate_body("kb/L1/19_ReLU", model_new)),
+    );
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert!(r.body.contains("cudarl-pipe check"), "{}", r.body);
+
     // Bad requests.
     let bad = |body: &str| s.call("POST", "/v1/evaluate", tok, Some(body));
     assert_eq!(bad("{").status, 400);
@@ -228,9 +306,13 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     let r = bad(&evaluate_body("nope", "x"));
     assert_eq!(r.status, 404);
     assert!(r.body.contains("unknown task `nope`"));
-    let r = bad(&evaluate_body("kb/L1/19_ReLU", "x"));
+    let r = bad(&evaluate_body("kb/L9/1_Nothing", "x"));
     assert_eq!(r.status, 404);
-    assert!(r.body.contains("not served"), "{}", r.body);
+    assert!(
+        r.body.contains("native launcher from `kb-specs`"),
+        "{}",
+        r.body
+    );
     let r = bad(r#"{"task_id": "vector_add", "source": "x", "mode": "full"}"#);
     assert_eq!(r.status, 422);
     assert!(r.body.contains("no GPU"), "{}", r.body);
@@ -267,14 +349,14 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     let m = s.call("GET", "/metrics", None, None);
     assert_eq!(m.status, 200);
     for line in [
-        "cudarl_serve_responses_total{code=\"200\"} 3",
+        "cudarl_serve_responses_total{code=\"200\"} 5",
         "cudarl_serve_responses_total{code=\"404\"} 2",
         "cudarl_serve_responses_total{code=\"413\"} 1",
-        "cudarl_serve_verdicts_total{outcome=\"compiled\"} 1",
-        "cudarl_serve_verdicts_total{outcome=\"compile_error\"} 1",
+        "cudarl_serve_verdicts_total{outcome=\"compiled\"} 2",
+        "cudarl_serve_verdicts_total{outcome=\"compile_error\"} 2",
         "cudarl_serve_cache_hits_total 1",
         "cudarl_serve_queue_depth 0",
-        "cudarl_serve_evaluate_seconds_count 3",
+        "cudarl_serve_evaluate_seconds_count 5",
     ] {
         assert!(m.body.lines().any(|l| l == line), "{line} in\n{}", m.body);
     }

@@ -109,12 +109,24 @@ if verl.exists():
             assert r["prompt"][0]["role"] == "system" and r["prompt"][1]["role"] == "user"
             assert r["reward_model"] == {"style": "rule", "ground_truth": r["extra_info"]["task_id"]}
             assert r["extra_info"]["split"] == split and r["extra_info"]["index"] == i
-            assert r["data_source"] == f"cudarl-pipe/tier{r['extra_info']['tier']}"
             assert r["extra_info"]["max_turns"] == 3
+            tid = r["extra_info"]["task_id"]
+            if tid.startswith("kb/"):
+                # A KernelBench problem: its level, its PyTorch source and the launcher kb-specs derived.
+                assert r["data_source"] == f"kernelbench/level{tid.split('/')[1][1:]}", r["data_source"]
+                user = r["prompt"][1]["content"]
+                assert "```python" in user and "class Model" in user and 'extern "C" void launch(' in user, user
+            else:
+                assert r["data_source"] == f"cudarl-pipe/tier{r['extra_info']['tier']}"
         rl_ids[split] = {r["extra_info"]["task_id"] for r in rows}
     # The hold-out families are VERL's validation set, and never in its training set.
-    assert rl_ids["test"] == {"row_sum"}, rl_ids
-    assert rl_ids["train"] == {"vector_add"}, rl_ids
+    families = {k: {i for i in v if not i.startswith("kb/")} for k, v in rl_ids.items()}
+    assert families["test"] == {"row_sum"}, rl_ids
+    assert families["train"] == {"vector_add"}, rl_ids
+    # KernelBench problems with a native signature: the curriculum's train and test splits.
+    kb = {k: {i for i in v if i.startswith("kb/")} for k, v in rl_ids.items()}
+    assert kb["train"] and not kb["train"] & kb["test"], kb
+    print("kernelbench rows:", {k: len(v) for k, v in kb.items()})
     for split in ["train", "val"]:
         t = pq.read_table(verl / f"sft_{split}.parquet")
         assert t.schema.field("messages").type == msg

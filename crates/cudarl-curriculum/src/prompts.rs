@@ -76,6 +76,29 @@ pub fn task_prompt(t: &TaskView<'_>, intro: usize, closing: usize) -> String {
     s
 }
 
+/// What a task prompt says of KernelBench problem `name` of `level`: the problem's PyTorch source
+/// (`Model`, its constants and `get_inputs`), whose `forward` the launcher computes with the
+/// module's parameters (its state dict, in order) passed as inputs after the forward inputs, as
+/// `kb-specs` derives the signature (docs/architecture.md, "Kernel formats").
+pub fn kernelbench_description(level: i64, name: &str, code: &str) -> String {
+    format!(
+        "the forward pass of KernelBench level {level} problem `{name}`, the PyTorch module below. The launcher takes the forward inputs, then the module's parameters (its state dict, in order), then the outputs and the named sizes.\n\n```python\n{}\n```",
+        code.trim_end()
+    )
+}
+
+/// The element type a prompt names for a launcher `signature`: `f16` or `bf16` when one of its
+/// buffers has that type, else `f32`.
+pub fn signature_dtype(signature: &str) -> &'static str {
+    if signature.contains("__nv_bfloat16") {
+        "bf16"
+    } else if signature.contains("__half") {
+        "f16"
+    } else {
+        "f32"
+    }
+}
+
 /// The assistant's answer: the source in a ```` ```cuda ```` fence.
 pub fn fenced(code: &str) -> String {
     format!("```cuda\n{}\n```", code.trim_end())
@@ -133,6 +156,14 @@ mod tests {
             Some("int x;")
         );
         assert_eq!(extract_code("no code"), None);
+        let d = kernelbench_description(1, "19_ReLU", "class Model:\n    pass\n");
+        assert!(
+            d.contains("level 1 problem `19_ReLU`")
+                && d.ends_with("```python\nclass Model:\n    pass\n```")
+        );
+        assert_eq!(signature_dtype(t.signature), "f32");
+        assert_eq!(signature_dtype("launch(const __half* x, __half* y)"), "f16");
+        assert_eq!(signature_dtype("launch(const __nv_bfloat16* x)"), "bf16");
         let o = optimizer_prompt(&t, code, "median 1.0 ms", 0, 0);
         assert!(o.contains("Current kernel:\n```cuda\n__global__") && o.contains("median 1.0 ms"));
     }

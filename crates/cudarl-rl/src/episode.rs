@@ -324,11 +324,11 @@ pub fn validation_feedback(v: &BTreeMap<&str, serde_json::Value>) -> String {
     lines.join("\n")
 }
 
-/// The tester's feedback on one verdict, in words: what failed and where (compile errors with
+/// The tester's feedback on one verdict for a task of `tier`, in words: what failed and where (compile errors with
 /// their lines, the failing test's split, shape and error; hidden seeds are not shown), or the
 /// timing and resource findings (spills, register pressure, shared memory, uncoalesced access).
 pub fn feedback(
-    task: &TaskSpec,
+    tier: i64,
     code: Option<&str>,
     verdict: Option<&Verdict>,
     public_seeds: &[u64],
@@ -450,7 +450,7 @@ pub fn feedback(
             }
         }
         let (_, coalesced) = crate::reward::source_features(code);
-        if !coalesced && task.tier <= 1 {
+        if !coalesced && tier <= 1 {
             out.push("Global accesses may be uncoalesced: index with blockIdx.x * blockDim.x + threadIdx.x so neighbouring threads touch neighbouring addresses.".into());
         }
     }
@@ -609,7 +609,12 @@ pub fn run_episodes(
                     vd.map(|x| &x.0),
                     vd.and_then(|x| x.1.as_deref()),
                 );
-                let fb = feedback(task, code.as_deref(), vd.map(|x| &x.0), &s.public_seeds);
+                let fb = feedback(
+                    task.tier,
+                    code.as_deref(),
+                    vd.map(|x| &x.0),
+                    &s.public_seeds,
+                );
                 let failure = match (&code, vd) {
                     (None, _) => Some("no_code".to_string()),
                     (_, Some((v, _))) => v.failure.clone(),

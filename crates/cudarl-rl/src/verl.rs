@@ -4,7 +4,8 @@
 //!
 //! RL files (`rl_train.parquet`, `rl_test.parquet`), one row per task family, the columns
 //! VERL's RL loader reads:
-//! - `data_source` (utf8): `cudarl-pipe/tier{N}`, what VERL groups validation metrics by;
+//! - `data_source` (utf8): what VERL groups validation metrics by: `cudarl-pipe/tier{N}` for a
+//!   task family, `kernelbench/level{L}` for a KernelBench problem;
 //! - `prompt` (list<struct<role, content>>): the generator's chat messages (system + task);
 //! - `ability` (utf8): `cuda`;
 //! - `reward_model` (struct<style: utf8, ground_truth: utf8>): style `rule`, ground truth the
@@ -19,8 +20,10 @@
 //!
 //! Splits: a family is in `rl_test` when it is held out (the `test` split the curriculum gives
 //! it and `sft-data` follows), so VERL's validation set is the same hold-out as `eval`'s.
-//! `export curriculum --format verl` writes the RL files, `export sft-data --format verl` the SFT
-//! files, `export rl-train --format verl` all four.
+//! `export curriculum --format verl` writes the RL files with the task families and the
+//! KernelBench problems `kb-specs` gave a native signature (the curriculum's `train` and `test`
+//! problems, with their tier; `serve` judges them), `export sft-data --format verl` the SFT
+//! files, `export rl-train --format verl` all four with the families `rl-train` practises.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -30,8 +33,7 @@ use arrow::array::{
     ArrayRef, Int64Array, ListBuilder, StringArray, StringBuilder, StructArray, StructBuilder,
 };
 use arrow::datatypes::{DataType, Field, Fields, Schema};
-use cudarl_cuda::task::TaskSpec;
-use cudarl_curriculum::prompts::ChatMessage;
+use cudarl_curriculum::prompts::{self, ChatMessage};
 use cudarl_data::Table;
 use cudarl_data::parquet_io::{batch, write_parquet};
 
@@ -98,6 +100,117 @@ pub fn curriculum_holdout(curriculum: &Path) -> Result<BTreeSet<String>, String>
         .collect())
 }
 
+/// One row of VERL's RL files: a task its agent loop runs and the kernel-evaluation service
+/// judges (`reward_model.ground_truth` = `task_id`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlTask {
+    /// The task id: a family (`vector_add`) or a KernelBench problem (`kb/L1/19_ReLU`).
+    pub task_id: String,
+    /// Curriculum tier 0..3.
+    pub tier: i64,
+    /// What VERL groups validation metrics by: `cudarl-pipe/tier{N}` for the task families,
+    /// `kernelbench/level{L}` for KernelBench problems (KernelBench reports per level).
+    pub data_source: String,
+    /// The generator's chat messages (system + task).
+    pub prompt: Vec<ChatMessage>,
+}
+
+/// The task families of the `synth-tasks` node's `tasks` table as RL rows: `(split, row)`, split
+/// `test` for those in `held`, else `train`.
+///
+/// # Errors
+/// An unreadable table or bad task spec (file and field named).
+pub fn family_rows(tasks: &Path, held: &BTreeSet<String>) -> Result<Vec<(String, RlTask)>, String> {
+    let specs = crate::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
+    Ok(specs
+        .iter()
+        .map(|spec| {
+            let split = if held.contains(&spec.id) {
+                "test"
+            } else {
+                "train"
+            };
+            let row = RlTask {
+                task_id: spec.id.clone(),
+                tier: spec.tier,
+                data_source: format!("cudarl-pipe/tier{}", spec.tier),
+                prompt: crate::episode::generator_conversation(spec),
+            };
+            (split.to_string(), row)
+        })
+        .collect())
+}
+
+/// The KernelBench problems of the `curriculum` node's `curriculum` table that have a native
+/// signature (`kb-specs` covered them) as RL rows, `(split, row)`: the curriculum's `train`
+/// problems as `train`, its `test` problems as `test`; its `val` problems are in neither (kept
+/// for model selection). The prompt shows the problem's PyTorch source from the
+/// `ingest-kernelbench` node's `problems` table
+/// ([`cudarl_curriculum::prompts::kernelbench_description`]) and the launcher to define.
+///
+/// # Errors
+/// A table cannot be read or lacks a column (file and field named); a covered problem missing
+/// from `problems`.
+pub fn kernelbench_rows(
+    curriculum: &Path,
+    problems: &Path,
+) -> Result<Vec<(String, RlTask)>, String> {
+    let t = Table::read(curriculum, "curriculum").map_err(|e| e.to_string())?;
+    let col = |c: &str| t.req_strings(c).map_err(|e| e.to_string());
+    let (id, src, split, name, sig) = (
+        col("problem_id")?,
+        col("source")?,
+        col("split")?,
+        col("name")?,
+        col("signature")?,
+    );
+    let tier = t.req_ints("tier").map_err(|e| e.to_string())?;
+    let level = t.req_ints("level").map_err(|e| e.to_string())?;
+    let p = Table::read(problems, "problems").map_err(|e| e.to_string())?;
+    let (pid, pcode) = (
+        p.req_strings("problem_id").map_err(|e| e.to_string())?,
+        p.req_strings("code").map_err(|e| e.to_string())?,
+    );
+    let code: BTreeMap<&str, &str> = (0..p.rows())
+        .filter_map(|i| Some((pid.get(i)?, pcode.get(i)?)))
+        .collect();
+    let mut rows = Vec::new();
+    for i in 0..t.rows() {
+        let (Some("kernelbench"), Some(split @ ("train" | "test")), Some(id), Some(sig)) =
+            (src.get(i), split.get(i), id.get(i), sig.get(i))
+        else {
+            continue;
+        };
+        let (tier, level) = (tier.get(i).unwrap_or(0), level.get(i).unwrap_or(0));
+        let src = code.get(id).ok_or_else(|| {
+            format!(
+                "{}: problem_id `{id}` of the curriculum is not in this table",
+                problems.display()
+            )
+        })?;
+        let desc = prompts::kernelbench_description(level, name.get(i).unwrap_or(id), src);
+        let view = prompts::TaskView {
+            tier,
+            description: &desc,
+            dtype: prompts::signature_dtype(sig),
+            signature: sig,
+            shapes: &[],
+        };
+        let prompt = vec![
+            ChatMessage::new("system", prompts::GENERATOR_SYSTEM),
+            ChatMessage::new("user", prompts::task_prompt(&view, 0, 0)),
+        ];
+        let row = RlTask {
+            task_id: id.to_string(),
+            tier,
+            data_source: format!("kernelbench/level{level}"),
+            prompt,
+        };
+        rows.push((split.to_string(), row));
+    }
+    Ok(rows)
+}
+
 /// Writes `rl_train.parquet` and `rl_test.parquet` into `dir`, one row per task family of the
 /// `synth-tasks` node's `tasks` table, those in `held` as `test`; returns the files written.
 ///
@@ -109,38 +222,54 @@ pub fn export_rl(
     dir: &Path,
     max_turns: usize,
 ) -> Result<Vec<PathBuf>, String> {
-    let specs = crate::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
+    write_rl(family_rows(tasks, held)?, dir, max_turns)
+}
+
+/// Writes `rl_train.parquet` and `rl_test.parquet` into `dir` for the whole curriculum: the task
+/// families ([`family_rows`], hold-out by [`curriculum_holdout`]) and the KernelBench problems
+/// with a native signature ([`kernelbench_rows`]), families first; returns the files written.
+///
+/// # Errors
+/// As [`family_rows`], [`kernelbench_rows`] and [`curriculum_holdout`].
+pub fn export_curriculum_rl(
+    tasks: &Path,
+    curriculum: &Path,
+    problems: &Path,
+    dir: &Path,
+    max_turns: usize,
+) -> Result<Vec<PathBuf>, String> {
+    let held = curriculum_holdout(curriculum)?;
+    let mut rows = family_rows(tasks, &held)?;
+    rows.extend(kernelbench_rows(curriculum, problems)?);
+    write_rl(rows, dir, max_turns)
+}
+
+/// Writes `rows` by split into `rl_train.parquet` and `rl_test.parquet` (both always: an empty
+/// test set is still a file VERL can be pointed at).
+fn write_rl(
+    rows: Vec<(String, RlTask)>,
+    dir: &Path,
+    max_turns: usize,
+) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut written = Vec::new();
-    // RL: one row per family, by split.
-    // Both files always (an empty test set is still a file VERL can be pointed at).
-    let mut by_split: BTreeMap<&str, Vec<TaskSpec>> = [("train", vec![]), ("test", vec![])].into();
-    for spec in specs {
-        let split = if held.contains(&spec.id) {
-            "test"
-        } else {
-            "train"
-        };
-        by_split.entry(split).or_default().push(spec);
+    let mut by_split: BTreeMap<String, Vec<RlTask>> =
+        [("train".to_string(), vec![]), ("test".to_string(), vec![])].into();
+    for (split, row) in rows {
+        by_split.entry(split).or_default().push(row);
     }
-    for (split, specs) in &by_split {
-        let n = specs.len();
-        let prompts: Vec<Vec<ChatMessage>> = specs
-            .iter()
-            .map(crate::episode::generator_conversation)
-            .collect();
-        let task_ids: Vec<String> = specs.iter().map(|t| t.id.clone()).collect();
-        let tiers: Vec<i64> = specs.iter().map(|t| t.tier).collect();
+    let mut written = Vec::new();
+    for (split, rows) in &by_split {
+        let n = rows.len();
+        let prompts: Vec<Vec<ChatMessage>> = rows.iter().map(|r| r.prompt.clone()).collect();
+        let task_ids: Vec<String> = rows.iter().map(|r| r.task_id.clone()).collect();
+        let tiers: Vec<i64> = rows.iter().map(|r| r.tier).collect();
         let path = dir.join(format!("rl_{split}.parquet"));
         write(
             &path,
             vec![
                 (
                     "data_source",
-                    s(tiers
-                        .iter()
-                        .map(|t| format!("cudarl-pipe/tier{t}"))
-                        .collect()),
+                    s(rows.iter().map(|r| r.data_source.clone()).collect()),
                 ),
                 ("prompt", messages_array(&prompts)),
                 ("ability", s(vec!["cuda".into(); n])),

@@ -10,6 +10,13 @@
 //!   `feedback`: the tester's words on it, as `rl-train`'s episodes show the optimizer
 //!   (compile errors with lines, the failing shape, resource findings).
 //! - `GET /v1/tasks`, `GET /v1/tasks/{id}` (prompt, signature, shapes).
+//!
+//! Tasks: the pipeline's task families, and KernelBench problems (`kb/L1/19_ReLU`) with the
+//! native launcher `kb-specs` derived: a native candidate is built like any native kernel and,
+//! in full mode, run by the Python worker against `testgen`'s recorded tests and timed against
+//! torch eager on the first GPU ([`cudarl_cuda::torchfmt::run`], as `cudarl-pipe check --task
+//! kb/...`). Torch-format KernelBench candidates (`ModelNew`) are answered 422: their build
+//! takes about a minute of nvcc per source; `cudarl-pipe check` judges them.
 //! - `GET /healthz`, `GET /metrics` (Prometheus text: queue depth, latency histogram, verdict
 //!   and response counts).
 //!
@@ -60,10 +67,63 @@ pub struct ServedTask {
     pub naive: Option<String>,
 }
 
+/// A KernelBench problem the service judges native candidates for.
+#[derive(Debug, Clone)]
+pub struct ServedProblem {
+    /// The problem: id, PyTorch source, recorded tests (empty on a compile-only service),
+    /// tolerance.
+    pub problem: cudarl_cuda::torchfmt::KbProblem,
+    /// Its native launcher and buffers (`kb-specs`).
+    pub native: cudarl_cuda::torchfmt::KbNative,
+    /// KernelBench level.
+    pub level: i64,
+    /// Curriculum tier 0..3 of its ops (`configs/curriculum/op_categories.toml`).
+    pub tier: i64,
+    /// Problem name (`19_ReLU`).
+    pub name: String,
+}
+
+impl ServedProblem {
+    /// The task view of the problem: the generator's prompt
+    /// ([`cudarl_curriculum::prompts::kernelbench_description`]) and the launcher.
+    fn view(&self) -> TaskView {
+        use cudarl_curriculum::prompts;
+        let description =
+            prompts::kernelbench_description(self.level, &self.name, &self.problem.code);
+        let dtype = prompts::signature_dtype(&self.native.signature);
+        let v = prompts::TaskView {
+            tier: self.tier,
+            description: &description,
+            dtype,
+            signature: &self.native.signature,
+            shapes: &[],
+        };
+        let prompt = vec![
+            json!({"role": "system", "content": prompts::GENERATOR_SYSTEM}),
+            json!({"role": "user", "content": prompts::task_prompt(&v, 0, 0)}),
+        ];
+        TaskView {
+            id: self.problem.id.clone(),
+            tier: self.tier,
+            description,
+            dtype: dtype.into(),
+            signature: self.native.signature.clone(),
+            train_shapes: vec![],
+            prompt,
+        }
+    }
+}
+
 /// Settings of the service.
 pub struct Config {
-    /// The tasks, by id.
+    /// The task families, by id.
     pub tasks: Vec<ServedTask>,
+    /// KernelBench problems with a native launcher (may be empty).
+    pub kernelbench: Vec<ServedProblem>,
+    /// The GPU KernelBench candidates run on (the first; none: compile-only for them).
+    pub gpu: Option<cudarl_cuda::gpu::GpuInfo>,
+    /// The project root (the Python worker script and interpreter for KernelBench runs).
+    pub root: std::path::PathBuf,
     /// nvcc, the target architecture, the store's compile cache.
     pub compiler: Compiler,
     /// One worker pool per GPU (empty: compile-only service).
@@ -209,6 +269,11 @@ struct GpuSlot {
 
 struct Inner {
     tasks: BTreeMap<String, ServedTask>,
+    kernelbench: BTreeMap<String, Arc<ServedProblem>>,
+    gpu_info: Option<cudarl_cuda::gpu::GpuInfo>,
+    root: std::path::PathBuf,
+    /// The Python worker pool running KernelBench candidates (started on first use).
+    kb_pool: Mutex<Option<WorkerPool>>,
     compiler: Compiler,
     rules: Rules,
     gpus: Vec<Arc<Mutex<GpuSlot>>>,
@@ -259,6 +324,14 @@ pub fn router(cfg: Config) -> Router {
             .into_iter()
             .map(|t| (t.spec.id.clone(), t))
             .collect(),
+        kernelbench: cfg
+            .kernelbench
+            .into_iter()
+            .map(|p| (p.problem.id.clone(), Arc::new(p)))
+            .collect(),
+        gpu_info: cfg.gpu,
+        root: cfg.root,
+        kb_pool: Mutex::new(None),
         compiler: cfg.compiler,
         rules: Rules::builtin(),
         gpu_free: Arc::new(Semaphore::new(gpus.len())),
@@ -292,7 +365,7 @@ pub fn router(cfg: Config) -> Router {
     Router::new()
         .route("/v1/evaluate", evaluate_route)
         .route("/v1/tasks", get(tasks))
-        .route("/v1/tasks/{id}", get(task))
+        .route("/v1/tasks/{*id}", get(task))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
@@ -411,9 +484,14 @@ async fn evaluate_inner(
         Ok(Json(r)) => r,
         Err(e) => return error(e.status(), e.body_text()),
     };
-    let Some(task) = s.tasks.get(&req.task_id).cloned() else {
+    let task = match (s.tasks.get(&req.task_id), s.kernelbench.get(&req.task_id)) {
+        (Some(t), _) => Some(Served::Family(Box::new(t.clone()))),
+        (None, Some(p)) => Some(Served::Kb(p.clone())),
+        _ => None,
+    };
+    let Some(task) = task else {
         let hint = if req.task_id.starts_with("kb/") {
-            "KernelBench problems (torch-format candidates) are not served; use `cudarl-pipe check`"
+            "served KernelBench problems are those with a native launcher from `kb-specs` (GET /v1/tasks lists them); `cudarl-pipe check` judges the others"
         } else {
             "GET /v1/tasks lists them"
         };
@@ -450,6 +528,17 @@ async fn evaluate_inner(
         return error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "seeds: give 1 to 16 public seeds",
+        );
+    }
+    if let Served::Kb(p) = &task
+        && cudarl_cuda::torchfmt::detect(&req.source, None) != cudarl_cuda::torchfmt::Format::Native
+    {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "`{}`: the service judges native candidates defining `{}`; torch-format ones (`ModelNew`, about a minute of nvcc each) go to `cudarl-pipe check`",
+                p.problem.id, p.native.signature
+            ),
         );
     }
     let key = cache_key(&req.task_id, full, &seeds, &req.source);
@@ -492,7 +581,7 @@ async fn evaluate_inner(
         .filter(|d| d.is_finite() && *d > 0.0)
         .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)));
     let source = req.source.clone();
-    let spec = task.spec.clone();
+    let tier = task.tier();
     let public_seeds = seeds.clone();
     let job = judge(s.clone(), task, req.source, seeds, full, admitted);
     match tokio::time::timeout(deadline, job).await {
@@ -525,7 +614,7 @@ async fn evaluate_inner(
             let r = cudarl_rl::reward::score(&s.reward, Some(&source), Some(&v), None);
             value["reward"] = serde_json::to_value(&r).expect("reward serializes");
             value["feedback"] = json!(cudarl_rl::episode::feedback(
-                &spec,
+                tier,
                 Some(&source),
                 Some(&v),
                 &public_seeds
@@ -564,12 +653,16 @@ fn cache_key(task: &str, full: bool, seeds: &[u64], source: &str) -> [u8; 32] {
 /// timing on a free GPU.
 async fn judge(
     s: Shared,
-    task: ServedTask,
+    task: Served,
     source: String,
     seeds: Vec<u64>,
     full: bool,
     admitted: Arc<Admitted>,
 ) -> Result<Verdict, String> {
+    let task = match task {
+        Served::Family(t) => t,
+        Served::Kb(p) => return judge_kb(s, p, source, full, admitted).await,
+    };
     let v = {
         let c = s
             .compile
@@ -634,6 +727,82 @@ async fn judge(
     .map_err(|e| e.to_string())?
 }
 
+/// A task the service judges.
+#[derive(Clone)]
+enum Served {
+    Family(Box<ServedTask>),
+    Kb(Arc<ServedProblem>),
+}
+
+impl Served {
+    fn tier(&self) -> i64 {
+        match self {
+            Served::Family(t) => t.spec.tier,
+            Served::Kb(p) => p.tier,
+        }
+    }
+}
+
+/// A native KernelBench candidate: built on a compile thread, then (`full`, with a GPU and
+/// recorded tests) run by the Python worker pool on a free GPU slot: the recorded tests at test
+/// sizes, then timing at the problem's own sizes against torch eager.
+async fn judge_kb(
+    s: Shared,
+    p: Arc<ServedProblem>,
+    source: String,
+    full: bool,
+    admitted: Arc<Admitted>,
+) -> Result<Verdict, String> {
+    let c = s
+        .compile
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| e.to_string())?;
+    let (s2, p2, adm) = (s.clone(), p.clone(), admitted.clone());
+    let (v, cand) = tokio::task::spawn_blocking(move || {
+        let _held = (c, adm);
+        cudarl_cuda::torchfmt::build_kb_native(
+            &p2.problem.id,
+            &source,
+            &p2.native,
+            &s2.rules,
+            &s2.compiler,
+        )
+        .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let (Some(cand), Some(gpu_info), true) = (cand, s.gpu_info.clone(), full) else {
+        return Ok(v);
+    };
+    if p.problem.tests.is_empty() {
+        return Err(format!(
+            "`{}` has no recorded tests (see `cudarl-pipe show testgen`)",
+            p.problem.id
+        ));
+    }
+    let gpu = s
+        .gpu_free
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || {
+        let _held = (gpu, admitted);
+        let mut pool = s.kb_pool.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = pool.get_or_insert_with(|| cudarl_cuda::pyworker::pool(&s.root));
+        let opts = cudarl_cuda::torchfmt::TorchRunOptions {
+            wall: s.gpu_wall,
+            bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
+            root: s.root.clone(),
+        };
+        cudarl_cuda::torchfmt::run(v, &cand, &p.problem, pool, &opts, Some(gpu_info))
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
 fn view(t: &TaskSpec) -> TaskView {
     let prompt = cudarl_rl::episode::generator_conversation(t)
         .into_iter()
@@ -658,6 +827,10 @@ async fn tasks(State(s): State<Shared>, headers: HeaderMap) -> Response {
         .tasks
         .values()
         .map(|t| json!({"id": t.spec.id, "tier": t.spec.tier, "description": t.spec.description}))
+        .chain(s.kernelbench.values().map(|p| {
+            json!({"id": p.problem.id, "tier": p.tier,
+                "description": format!("KernelBench level {} problem `{}`", p.level, p.name)})
+        }))
         .collect();
     Json(json!({"tasks": list})).into_response()
 }
@@ -666,15 +839,17 @@ async fn task(State(s): State<Shared>, headers: HeaderMap, Path(id): Path<String
     if !authorized(&s, &headers) {
         return unauthorized();
     }
-    match s.tasks.get(&id) {
-        Some(t) => Json(view(&t.spec)).into_response(),
-        None => error(StatusCode::NOT_FOUND, format!("unknown task `{id}`")),
+    match (s.tasks.get(&id), s.kernelbench.get(&id)) {
+        (Some(t), _) => Json(view(&t.spec)).into_response(),
+        (None, Some(p)) => Json(p.view()).into_response(),
+        _ => error(StatusCode::NOT_FOUND, format!("unknown task `{id}`")),
     }
 }
 
 async fn healthz(State(s): State<Shared>) -> Response {
     Json(
-        json!({"ok": true, "tasks": s.tasks.len(), "gpus": s.gpus.len(),
+        json!({"ok": true, "tasks": s.tasks.len() + s.kernelbench.len(),
+        "kernelbench": s.kernelbench.len(), "gpus": s.gpus.len(),
         "mode": if s.gpus.is_empty() { "compile-only" } else { "full" },
         "nvcc": s.compiler.nvcc.version, "arch": s.compiler.arch}),
     )

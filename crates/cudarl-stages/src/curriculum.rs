@@ -121,6 +121,68 @@ pub static VALIDATED_KERNELS: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+/// A KernelBench problem as the curriculum reads it from the `ingest-kernelbench` node's
+/// `problems` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KbRow {
+    /// `kb/L{level}/{name}`.
+    pub id: String,
+    /// KernelBench level.
+    pub level: i64,
+    /// Problem name.
+    pub name: String,
+    /// Ops of its reference (`op_features`).
+    pub features: Vec<String>,
+}
+
+/// The rows of a `problems` table (`path`), in order.
+///
+/// # Errors
+/// The table cannot be read, a column is missing or mistyped, or a row has a null identity
+/// (the field named).
+pub fn read_problems(path: &std::path::Path) -> Result<Vec<KbRow>, StageError> {
+    let t = Table::read(path, "problems").map_err(data_err)?;
+    let pid = t.req_strings("problem_id").map_err(data_err)?;
+    let level = t.req_ints("level").map_err(data_err)?;
+    let name = t.req_strings("name").map_err(data_err)?;
+    let list_err = || StageError::bad_input("problems", Some("op_features"), "expected list<utf8>");
+    let feats_col = t
+        .batch
+        .column(t.schema.index_of("op_features").map_err(|_| {
+            StageError::bad_input(
+                "problems",
+                Some("op_features"),
+                "required column is missing",
+            )
+        })?);
+    let feats_list = feats_col
+        .as_any()
+        .downcast_ref::<arrow::array::ListArray>()
+        .ok_or_else(list_err)?;
+    (0..t.rows())
+        .map(|i| {
+            let (Some(id), Some(lv), Some(nm)) = (pid.get(i), level.get(i), name.get(i)) else {
+                return Err(StageError::bad_input(
+                    "problems",
+                    Some("problem_id"),
+                    format!("null identity in row {i}"),
+                ));
+            };
+            let fa = feats_list.value(i);
+            let fs = fa
+                .as_any()
+                .downcast_ref::<arrow::array::StringArray>()
+                .ok_or_else(list_err)?;
+            Ok(KbRow {
+                id: id.to_string(),
+                level: lv,
+                name: nm.to_string(),
+                features: fs.iter().flatten().map(str::to_string).collect(),
+            })
+        })
+        .collect()
+}
+
 fn d_seed() -> u64 {
     0
 }
@@ -352,26 +414,6 @@ impl Stage for Curriculum {
             }
         }
 
-        let t = Table::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
-        let pid = t.req_strings("problem_id").map_err(data_err)?;
-        let level = t.req_ints("level").map_err(data_err)?;
-        let name = t.req_strings("name").map_err(data_err)?;
-        let feats_col = t
-            .batch
-            .column(t.schema.index_of("op_features").map_err(|_| {
-                StageError::bad_input(
-                    "problems",
-                    Some("op_features"),
-                    "required column is missing",
-                )
-            })?);
-        let feats_list = feats_col
-            .as_any()
-            .downcast_ref::<arrow::array::ListArray>()
-            .ok_or_else(|| {
-                StageError::bad_input("problems", Some("op_features"), "expected list<utf8>")
-            })?;
-
         let mut b = Columns::new();
         let validated = read_validated(ctx)?;
         // Native signatures of the covered KernelBench problems.
@@ -385,27 +427,20 @@ impl Stage for Curriculum {
                 .filter_map(|i| Some((sid.get(i)?.to_string(), ssig.get(i)?.to_string())))
                 .collect()
         };
+        let problems = read_problems(ctx.input_path("problems")?)?;
         let mut counts = [[0i64; 3]; (MAX_TIER + 1) as usize];
-        for i in 0..t.rows() {
-            let (Some(id), Some(lv), Some(nm)) = (pid.get(i), level.get(i), name.get(i)) else {
-                return Err(StageError::bad_input(
-                    "problems",
-                    Some("problem_id"),
-                    format!("null identity in row {i}"),
-                ));
-            };
+        for KbRow {
+            id,
+            level: lv,
+            name: nm,
+            features: feats,
+        } in &problems
+        {
+            let (id, lv, nm) = (id.as_str(), *lv, nm.as_str());
             if !self.params.levels.contains(&lv) {
                 continue;
             }
-            let fa = feats_list.value(i);
-            let fs = fa
-                .as_any()
-                .downcast_ref::<arrow::array::StringArray>()
-                .ok_or_else(|| {
-                    StageError::bad_input("problems", Some("op_features"), "expected list<utf8>")
-                })?;
-            let feats: Vec<String> = fs.iter().flatten().map(str::to_string).collect();
-            let d = cats.decide(Some(lv), &feats);
+            let d = cats.decide(Some(lv), feats);
             let split = assign(
                 id,
                 self.params.seed,
@@ -415,7 +450,7 @@ impl Stage for Curriculum {
             counts[d.tier as usize][split as usize] += 1;
             let st = stats.remove(id).unwrap_or_default();
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
-            b.kernelbench((id, lv, nm), (&feats, &d, split), st, kb_sig.get(id), &mine);
+            b.kernelbench((id, lv, nm), (feats, &d, split), st, kb_sig.get(id), &mine);
         }
         let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
         b.synthetic(&tt, &validated, &mut counts, |t| self.family_split(t))?;

@@ -129,34 +129,49 @@ pub fn native_signature(ans: &Value) -> Option<String> {
 /// `excluded_reason`) or not in the table.
 ///
 /// # Errors
-/// The table cannot be read, lacks a column, or a JSON column does not parse (naming the file
-/// and the column).
+/// As [`native_abis`].
 pub fn native_abi(
     path: &std::path::Path,
     problem_id: &str,
 ) -> Result<Result<cudarl_cuda::torchfmt::KbNative, String>, StageError> {
+    Ok(native_abis(path)?
+        .remove(problem_id)
+        .unwrap_or_else(|| Err(format!("`{problem_id}` is not in kb-specs' levels"))))
+}
+
+/// Every problem of a `kb_specs` table (`path`): its native ABI, or why it has none (its
+/// `excluded_reason`).
+///
+/// # Errors
+/// The table cannot be read, lacks a column, or a JSON column does not parse (naming the file
+/// and the column).
+pub fn native_abis(
+    path: &std::path::Path,
+) -> Result<BTreeMap<String, Result<cudarl_cuda::torchfmt::KbNative, String>>, StageError> {
     let t = Table::read(path, "kb_specs").map_err(data_err)?;
     let ids = t.req_strings("problem_id").map_err(data_err)?;
     let sig = t.req_strings("signature").map_err(data_err)?;
     let why = t.req_strings("excluded_reason").map_err(data_err)?;
     let sizes = t.req_strings("sizes_json").map_err(data_err)?;
     let bufs = t.req_strings("buffers_json").map_err(data_err)?;
-    let Some(i) = (0..t.rows()).find(|&i| ids.get(i) == Some(problem_id)) else {
-        return Ok(Err(format!("`{problem_id}` is not in kb-specs' levels")));
-    };
-    let Some(signature) = sig.get(i) else {
-        return Ok(Err(format!(
-            "`{problem_id}` has no native signature: {}",
-            why.get(i).unwrap_or("no signature")
-        )));
-    };
-    cudarl_cuda::torchfmt::KbNative::from_row(
-        signature,
-        bufs.get(i).unwrap_or("{}"),
-        sizes.get(i).unwrap_or("{}"),
-    )
-    .map(Ok)
-    .map_err(|e| StageError::bad_input(path.display().to_string(), None, e))
+    let mut out = BTreeMap::new();
+    for i in 0..t.rows() {
+        let Some(id) = ids.get(i) else { continue };
+        let abi = match sig.get(i) {
+            None => Err(format!(
+                "`{id}` has no native signature: {}",
+                why.get(i).unwrap_or("no signature")
+            )),
+            Some(signature) => Ok(cudarl_cuda::torchfmt::KbNative::from_row(
+                signature,
+                bufs.get(i).unwrap_or("{}"),
+                sizes.get(i).unwrap_or("{}"),
+            )
+            .map_err(|e| StageError::bad_input(path.display().to_string(), None, e))?),
+        };
+        out.insert(id.to_string(), abi);
+    }
+    Ok(out)
 }
 
 impl Stage for KbSpecs {

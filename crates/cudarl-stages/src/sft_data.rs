@@ -715,7 +715,7 @@ impl SftData {
                     base_id: format!("{}#no_code", b.id),
                     kind: "no_code",
                     broken: String::new(),
-                    feedback: cudarl_rl::episode::feedback(spec, None, None, &[]),
+                    feedback: cudarl_rl::episode::feedback(spec.tier, None, None, &[]),
                     target: b.clone(),
                 });
             }
@@ -872,7 +872,7 @@ impl Stage for SftRepairs {
             .iter()
             .zip(&verdicts)
             .map(|((t, _, c, _), v)| {
-                cudarl_rl::episode::feedback(&specs[*t], Some(c), Some(v), &[0, 1])
+                cudarl_rl::episode::feedback(specs[*t].tier, Some(c), Some(v), &[0, 1])
             })
             .collect();
         let col = |f: &dyn Fn(usize) -> String| -> ArrayRef {

@@ -763,7 +763,7 @@ pub(crate) fn output_blob(engine: &Engine, node: &str, name: &str) -> Result<Pat
 
 /// `export NODE --format verl`: the node's part of the RL curriculum in VERL's dataset layouts,
 /// under `<to>/verl/`: `curriculum` the RL files (`rl_train`, `rl_test` by the curriculum's
-/// splits), `sft-data` the SFT files (`sft_train`, `sft_val`), `rl-train` all four (what it
+/// splits: the task families and the KernelBench problems with a native signature), `sft-data` the SFT files (`sft_train`, `sft_val`), `rl-train` all four (what it
 /// trains on).
 fn export_verl(
     ctx: &Ctx,
@@ -773,7 +773,7 @@ fn export_verl(
     build: bool,
 ) -> Result<i32, CliError> {
     let targets: &[&str] = match node {
-        "curriculum" => &["synth-tasks", "curriculum"],
+        "curriculum" => &["synth-tasks", "ingest-kernelbench", "curriculum"],
         "sft-data" => &["sft-data"],
         "rl-train" => &["synth-tasks", "sft-data"],
         _ => &[],
@@ -798,16 +798,13 @@ fn export_verl(
         .unwrap_or(3) as usize;
     let dir = to.join("verl");
     let files = match node {
-        "curriculum" => {
-            let held = cudarl_rl::verl::curriculum_holdout(&output_blob(
-                &engine,
-                "curriculum",
-                "curriculum",
-            )?)
-            .map_err(CliError::failed)?;
-            let tasks = output_blob(&engine, "synth-tasks", "tasks")?;
-            cudarl_rl::verl::export_rl(&tasks, &held, &dir, max_turns)
-        }
+        "curriculum" => cudarl_rl::verl::export_curriculum_rl(
+            &output_blob(&engine, "synth-tasks", "tasks")?,
+            &output_blob(&engine, "curriculum", "curriculum")?,
+            &output_blob(&engine, "ingest-kernelbench", "problems")?,
+            &dir,
+            max_turns,
+        ),
         "sft-data" => {
             cudarl_rl::verl::export_sft(&output_blob(&engine, "sft-data", "sft_generator")?, &dir)
         }

@@ -1,5 +1,6 @@
 //! `cudarl-pipe serve`: the kernel-evaluation service ([`cudarl_serve`]) over the pipeline's
-//! task families (the `synth-tasks` node, built first if needed).
+//! task families (the `synth-tasks` node) and the KernelBench problems with a native launcher
+//! (`kb-specs`, and `testgen` with a GPU), built first if needed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,13 +66,19 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
         &super::output_blob(&engine, "synth-tasks", "task_kernels")?,
     )
     .map_err(CliError::failed)?;
+    let gpu = (a.mode != Mode::Compile)
+        .then(cudarl_cuda::gpu::probe)
+        .flatten();
+    // KernelBench problems with a native launcher; without them (no Python with torch for
+    // `kb-specs`), the task families alone, and the reason on stderr.
+    let kernelbench = kernelbench(ctx, &engine, gpu.is_some()).unwrap_or_else(|e| {
+        eprintln!("note: KernelBench problems are not served: {}", e.message);
+        Vec::new()
+    });
     let rel = format!("configs/reward/{}.toml", a.reward);
     let reward = cudarl_rl::reward::RewardConfig::load(&ctx.root.join(&rel), &rel)
         .map_err(CliError::usage)?;
     let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
-    let gpu = (a.mode != Mode::Compile)
-        .then(cudarl_cuda::gpu::probe)
-        .flatten();
     let n_gpus = if gpu.is_some() {
         cudarl_cuda::gpu::device_count()
     } else {
@@ -91,6 +98,9 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cfg = Config {
         tasks,
+        kernelbench,
+        gpu: gpu.clone(),
+        root: ctx.root.clone(),
         compiler: Compiler {
             nvcc,
             arch,
@@ -114,7 +124,7 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
         .enable_all()
         .build()
         .map_err(|e| CliError::failed(format!("tokio runtime: {e}")))?;
-    let n_tasks = cfg.tasks.len();
+    let n_tasks = cfg.tasks.len() + cfg.kernelbench.len();
     rt.block_on(cudarl_serve::serve(a.bind, cfg, |addr| {
         use std::io::Write;
         let mut o = std::io::stdout().lock();
@@ -127,4 +137,45 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
     }))
     .map_err(|e| CliError::usage(format!("serve on {}: {e}", a.bind)))?;
     Ok(0)
+}
+
+/// The KernelBench problems `kb-specs` gave a native launcher, for the service: their source,
+/// launcher, level, tier (`configs/curriculum/op_categories.toml`, as `curriculum` decides it)
+/// and, with a GPU, `testgen`'s recorded tests (the nodes built first if needed).
+fn kernelbench(
+    ctx: &Ctx,
+    engine: &cudarl_core::Engine,
+    gpu: bool,
+) -> Result<Vec<cudarl_serve::ServedProblem>, CliError> {
+    use cudarl_stages::curriculum::{Curriculum, read_problems};
+    super::build(engine, if gpu { "testgen" } else { "kb-specs" })?;
+    let out = |node: &str, name: &str| super::output_blob(engine, node, name);
+    let failed = |e: cudarl_core::StageError| CliError::failed(e.to_string());
+    let problems = out("ingest-kernelbench", "problems")?;
+    let tests = gpu.then(|| out("testgen", "kb_tests")).transpose()?;
+    let mut kb =
+        cudarl_stages::common::load_kb_problems(&problems, tests.as_deref(), engine.store())
+            .map_err(failed)?;
+    let mut abis =
+        cudarl_stages::kb_specs::native_abis(&out("kb-specs", "kb_specs")?).map_err(failed)?;
+    let cat_path = ctx.root.join(Curriculum::OP_CATEGORIES);
+    let text = std::fs::read_to_string(&cat_path)
+        .map_err(|e| CliError::failed(format!("{}: {e}", cat_path.display())))?;
+    let cats = cudarl_curriculum::Categories::parse(&text, Curriculum::OP_CATEGORIES)
+        .map_err(|e| CliError::failed(e.message))?;
+    Ok(read_problems(&problems)
+        .map_err(failed)?
+        .into_iter()
+        .filter_map(|row| {
+            let native = abis.remove(&row.id)?.ok()?;
+            let problem = kb.remove(&row.id)?;
+            Some(cudarl_serve::ServedProblem {
+                tier: cats.decide(Some(row.level), &row.features).tier,
+                problem,
+                native,
+                level: row.level,
+                name: row.name,
+            })
+        })
+        .collect())
 }
