@@ -1216,3 +1216,96 @@ fn collab_sft_fine_tunes_both_agents_on_their_verified_turns_beside_replayed_sft
         "{c}"
     );
 }
+
+/// The processes whose command line mentions `needle` (from /proc).
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(needle))
+        .collect()
+}
+
+#[test]
+fn training_steps_show_as_they_happen_and_an_interrupt_ends_the_trainer_with_exit_130() {
+    use std::io::BufRead;
+    let p = cpu_project();
+    // A pretraining run that would not end by itself.
+    let mc = p.path("configs/model/tiny.toml");
+    let t = std::fs::read_to_string(&mc).unwrap();
+    assert!(t.contains("max_steps = 40"), "{t}");
+    let t = t
+        .replacen("max_steps = 40", "max_steps = 1000000", 1)
+        .replacen("epochs = 1", "epochs = 100000", 1);
+    std::fs::write(&mc, t).unwrap();
+    run_ok(&p, &["tokenizer"], &[]);
+    let mut child = p
+        .cmd(&["run", "pretrain"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A run that shows nothing while training, or does not stop, fails instead of hanging.
+    let pid = child.id() as i32;
+    let reaped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = reaped.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(120));
+        if !r.load(std::sync::atomic::Ordering::SeqCst) {
+            // SAFETY: signals the child this test started, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    });
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    // Plain output (stderr is not a terminal): a progress line with the steps done so far,
+    // printed while the trainer runs.
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let progress = line.contains("progress pretrain steps:");
+        said.push(line);
+        if progress {
+            break;
+        }
+    }
+    let last = said.last().cloned().unwrap_or_default();
+    assert!(
+        last.contains("progress pretrain steps:"),
+        "{}",
+        said.join("\n")
+    );
+    let steps: u64 = last
+        .split("steps: ")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(steps >= 1, "{last}");
+    // The trainer's job file lies in the store's scratch space, under the project's path.
+    let store = p.store().to_string_lossy().to_string();
+    let trainers = || {
+        processes_mentioning(&store)
+            .into_iter()
+            .filter(|c| c.contains("cudarl-pipe-train"))
+            .collect::<Vec<_>>()
+    };
+    assert!(!trainers().is_empty(), "no trainer on a job under {store}");
+    // SAFETY: signals the child this test started.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    said.extend(lines.map_while(Result::ok));
+    let code = child.wait().unwrap().code();
+    reaped.store(true, std::sync::atomic::Ordering::SeqCst);
+    let said = said.join("\n");
+    assert_eq!(code, Some(130), "{said}");
+    assert!(said.contains("the trainer was stopped"), "{said}");
+    // The trainer went with it, and nothing of pretrain was stored.
+    assert!(trainers().is_empty(), "{:?}", trainers());
+    let (_, st) = p.run_json(&["status", "pretrain"]);
+    assert_eq!(common::status_of(&st, "pretrain"), "missing");
+}

@@ -81,17 +81,27 @@ impl Reporter for CliReporter {
     fn progress(&self, node: &str, label: &str, total: Option<u64>) -> Box<dyn ProgressSink> {
         match self {
             CliReporter::Bars(m) => {
-                let pb = match total {
-                    Some(t) => ProgressBar::new(t),
-                    None => ProgressBar::new_spinner(),
+                // A known total: a bar with elapsed time and ETA; an unknown one (a trainer's
+                // steps): a spinner with the count, the rate and the elapsed time, ticking
+                // while no step lands.
+                let (pb, template) = match total {
+                    Some(t) => (
+                        ProgressBar::new(t),
+                        "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} {elapsed} eta {eta} {msg}",
+                    ),
+                    None => (
+                        ProgressBar::new_spinner(),
+                        "{prefix:>12} {spinner} {pos} {msg} {per_sec} {elapsed}",
+                    ),
                 };
                 pb.set_style(
-                    ProgressStyle::with_template(
-                        "{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} eta {eta} {msg}",
-                    )
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .progress_chars("=> "),
+                    ProgressStyle::with_template(template)
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .progress_chars("=> "),
                 );
+                if total.is_none() {
+                    pb.enable_steady_tick(std::time::Duration::from_millis(250));
+                }
                 pb.set_prefix(node.to_string());
                 pb.set_message(label.to_string());
                 Box::new(BarSink(m.add(pb)))

@@ -30,52 +30,120 @@ pub enum JobError {
     /// It could not start, failed otherwise, or printed a line that is not an [`Event`].
     #[error("{0}")]
     Failed(String),
+    /// The run was interrupted ([`cudarl_core::interrupt::requested`]): the trainer was ended.
+    #[error("interrupted: the trainer was stopped")]
+    Interrupted,
+}
+
+/// The trainer on job file `job`: its own process group, so a terminal's Ctrl-C reaches the CLI
+/// alone, which stops the run at a safe point (`cudarl_core::interrupt`) and ends the trainer;
+/// and `PR_SET_PDEATHSIG` (SIGKILL), so a CLI that dies at once (a second Ctrl-C, a kill)
+/// leaves no trainer behind.
+fn trainer_command(exe: &Path, job: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.arg(job).process_group(0);
+    // SAFETY: prctl is async-signal-safe; the child dies with the thread that started it.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }
 
 /// Runs `job` to completion (written to `dir/job.json`); its events in order.
 ///
 /// # Errors
-/// [`JobError::BadInput`] when the trainer exits with 2 (bad data, a bad model file, a field
-/// the job cannot have), [`JobError::Failed`] otherwise, with the tail of its stderr.
+/// As [`run_job_with`].
 pub fn run_job(job: &Job, dir: &Path) -> Result<Vec<Event>, JobError> {
+    run_job_with(job, dir, &mut |_| {})
+}
+
+/// Runs `job` to completion (written to `dir/job.json`, the trainer's stderr to
+/// `dir/trainer.log`), calling `on_event` with each event as the trainer prints it (a step's
+/// metrics as the step ends); its events in order. Checks every 100 ms for an interrupt and
+/// then ends the trainer.
+///
+/// # Errors
+/// [`JobError::BadInput`] when the trainer exits with 2 (bad data, a bad model file, a field
+/// the job cannot have), [`JobError::Interrupted`] after an interrupt, [`JobError::Failed`]
+/// otherwise, with the tail of its stderr.
+pub fn run_job_with(
+    job: &Job,
+    dir: &Path,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Vec<Event>, JobError> {
+    use std::io::BufRead;
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    let failed = |e: String| JobError::Failed(e);
     let jp = dir.join("job.json");
     let text = serde_json::to_string(job).expect("a job serializes");
-    std::fs::write(&jp, text).map_err(|e| JobError::Failed(format!("{}: {e}", jp.display())))?;
+    std::fs::write(&jp, text).map_err(|e| failed(format!("{}: {e}", jp.display())))?;
+    let log = dir.join("trainer.log");
+    let err = std::fs::File::create(&log).map_err(|e| failed(format!("{}: {e}", log.display())))?;
     let exe = trainer_exe();
-    let out = Command::new(&exe)
-        .arg(&jp)
+    let mut child = trainer_command(&exe, &jp)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
         .map_err(|e| {
-            JobError::Failed(format!(
+            failed(format!(
                 "cannot run the trainer `{}` (set CUDARL_TRAINER, or build it: make build): {e}",
                 exe.display()
             ))
         })?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = child.stdout.take().expect("piped");
+    let (tx, rx) = channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(l) = line else { break };
+            if !l.trim().is_empty() && tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let (mut events, mut bad) = (Vec::new(), None);
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+            Ok(l) => match serde_json::from_str::<Event>(&l) {
+                Ok(e) => {
+                    on_event(&e);
+                    events.push(e);
+                }
+                Err(e) => {
+                    bad.get_or_insert(format!("trainer printed `{l}`: {e}"));
+                }
+            },
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if cudarl_core::interrupt::requested() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(JobError::Interrupted);
+        }
+    }
+    let status = child.wait().map_err(|e| failed(e.to_string()))?;
+    let _ = reader.join();
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
     let tail = last_lines(&stderr, 5);
-    match out.status.code() {
+    match status.code() {
         Some(0) => {}
         Some(2) => {
             return Err(JobError::BadInput(
                 tail.replace(&format!("error: {}: ", jp.display()), ""),
             ));
         }
-        _ => {
-            return Err(JobError::Failed(format!(
-                "trainer failed ({}): {tail}",
-                out.status
-            )));
-        }
+        _ => return Err(failed(format!("trainer failed ({status}): {tail}"))),
     }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str(l)
-                .map_err(|e| JobError::Failed(format!("trainer printed `{l}`: {e}")))
-        })
-        .collect()
+    match bad {
+        Some(b) => Err(failed(b)),
+        None => Ok(events),
+    }
 }
 
 fn last_lines(text: &str, n: usize) -> String {
@@ -126,24 +194,8 @@ impl TrainerClient {
         let log = dir.join("trainer.log");
         let err = std::fs::File::create(&log).map_err(|e| RlError::Failed(e.to_string()))?;
         let exe = trainer_exe();
-        let mut cmd = Command::new(&exe);
-        cmd.arg(&jp)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            // Its own process group: a terminal's Ctrl-C reaches the CLI alone, which stops the
-            // run after the step in flight (cudarl_core::interrupt) and then ends the trainer.
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; the child dies with the thread that started it
-        // (SIGKILL), so a CLI that exits at once (a second Ctrl-C) leaves no trainer behind.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        let mut cmd = trainer_command(&exe, &jp);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(err);
         let mut child = cmd
             .spawn()
             .map_err(|e| RlError::Failed(format!("start {}: {e}", exe.display())))?;

@@ -298,17 +298,29 @@ pub fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, S
     Ok(lines.len())
 }
 
-/// Runs `job` in the trainer process; its step metrics. A job the trainer refuses (exit 2)
-/// becomes a [`StageError::BadInput`] naming `config` and its `section`.
+/// Runs `job` in the trainer process; its step metrics. Each step the trainer reports moves
+/// `bar` on as it happens. A job the trainer refuses (exit 2) becomes a
+/// [`StageError::BadInput`] naming `config` and its `section`; an interrupt ends the trainer
+/// and becomes [`StageError::Interrupted`].
 pub fn run_job(
     job: &cudarl_protocol::Job,
     dir: &Path,
     config: &str,
     section: &str,
+    bar: Option<&dyn cudarl_core::ProgressSink>,
 ) -> Result<Vec<cudarl_protocol::StepMetrics>, StageError> {
     use cudarl_protocol::Event;
     use cudarl_rl::trainer::JobError;
-    match cudarl_rl::trainer::run_job(job, dir) {
+    let mut on_event = |e: &Event| {
+        if let (Event::Step(_), Some(b)) = (e, bar) {
+            b.inc(1);
+        }
+    };
+    let events = cudarl_rl::trainer::run_job_with(job, dir, &mut on_event);
+    if let Some(b) = bar {
+        b.finish();
+    }
+    match events {
         Ok(events) => Ok(events
             .into_iter()
             .filter_map(|e| match e {
@@ -317,6 +329,9 @@ pub fn run_job(
             })
             .collect()),
         Err(JobError::BadInput(m)) => Err(StageError::bad_input(config, Some(section), m)),
+        Err(JobError::Interrupted) => Err(StageError::Interrupted(format!(
+            "{section}: the trainer was stopped; nothing of this node is stored"
+        ))),
         Err(JobError::Failed(m)) => Err(StageError::Failed(m)),
     }
 }

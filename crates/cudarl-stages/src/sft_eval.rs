@@ -184,7 +184,7 @@ impl Stage for SftEval {
             },
             out: out.clone(),
         };
-        run_job(&job, dir, "pipelines (stages.sft-eval)", KIND)?;
+        run_job(&job, dir, "pipelines (stages.sft-eval)", KIND, None)?;
         let text = std::fs::read_to_string(&out).map_err(|e| StageError::Failed(e.to_string()))?;
         let compiler = crate::common::store_compiler(ctx)?;
         let rules = Rules::builtin();

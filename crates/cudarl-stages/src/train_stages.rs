@@ -421,7 +421,7 @@ impl Stage for ModelStage {
                     vocab_size: mf.tokenizer.vocab_size,
                     out: out.clone(),
                 };
-                run_job(&job, dir, &rel, "tokenizer")?;
+                run_job(&job, dir, &rel, "tokenizer", None)?;
                 ingest_dir(ctx, &out, "tokenizer")?;
             }
             Kind::Pretrain => {
@@ -449,7 +449,8 @@ impl Stage for ModelStage {
                     device: self.job_device(),
                     out: out.clone(),
                 };
-                let ev = run_job(&job, dir, &rel, "pretrain")?;
+                let bar = ctx.progress("steps", None);
+                let ev = run_job(&job, dir, &rel, "pretrain", Some(bar.as_ref()))?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &ev, device)?;
                 write_loss_plot(ctx, &ev, device, "pretraining", &dir.join("plots"))?;
@@ -476,7 +477,8 @@ impl Stage for ModelStage {
                     device: self.job_device(),
                     out: out.clone(),
                 };
-                let events = run_job(&job, dir, &rel, "sft")?;
+                let bar = ctx.progress("steps", None);
+                let events = run_job(&job, dir, &rel, "sft", Some(bar.as_ref()))?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &events, device)?;
                 let what = format!("SFT of the {}", self.params.agent);
