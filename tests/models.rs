@@ -1013,6 +1013,20 @@ fn a_killed_or_interrupted_rl_run_resumes_from_its_last_saved_step_and_a_longer_
             && said.contains("interrupted"),
         "{said}"
     );
+    // The step it ran is in its live metrics, written as the step ended.
+    let dir = said
+        .lines()
+        .find_map(|l| l.split("metrics as they happen: ").nth(1))
+        .and_then(|r| r.split(" (").next())
+        .unwrap_or_else(|| panic!("no metrics folder named:\n{said}"));
+    let live = std::fs::read_to_string(format!("{dir}/metrics.jsonl")).unwrap();
+    let live: Vec<Value> = live
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(live[0]["step"], 3);
+    assert!(live[0]["mean_reward"].is_number(), "{}", live[0]);
     // Again, saving every step: continues from step 3 and is killed right after saving its
     // last step, before anything is published.
     let long = with(4, 1);
@@ -1229,7 +1243,8 @@ fn processes_mentioning(needle: &str) -> Vec<String> {
 }
 
 #[test]
-fn training_steps_show_as_they_happen_and_an_interrupt_ends_the_trainer_with_exit_130() {
+fn training_steps_show_and_are_logged_as_they_happen_and_an_interrupt_ends_the_trainer_with_exit_130()
+ {
     use std::io::BufRead;
     let p = cpu_project();
     // A pretraining run that would not end by itself.
@@ -1306,6 +1321,40 @@ fn training_steps_show_as_they_happen_and_an_interrupt_ends_the_trainer_with_exi
     assert!(said.contains("the trainer was stopped"), "{said}");
     // The trainer went with it, and nothing of pretrain was stored.
     assert!(trainers().is_empty(), "{:?}", trainers());
+    // The steps were written as they happened: a line of metrics.jsonl and a TensorBoard scalar
+    // per step, in the folder the run named at its start, read back by TensorBoard's own reader.
+    let dir = said
+        .lines()
+        .find_map(|l| l.split("metrics as they happen: ").nth(1))
+        .and_then(|r| r.split(" (").next())
+        .unwrap_or_else(|| panic!("no metrics folder named:\n{said}"));
+    assert!(
+        dir.contains("/runs/") && dir.ends_with("/pretrain"),
+        "{dir}"
+    );
+    let jsonl = std::fs::read_to_string(format!("{dir}/metrics.jsonl")).unwrap();
+    let logged: Vec<Value> = jsonl
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(logged.len() as u64 >= steps, "{} < {steps}", logged.len());
+    assert_eq!(logged[0]["step"], 1);
+    assert!(logged[0]["loss"].as_f64().unwrap() > 0.0);
+    if let Some(py) = common::python() {
+        let o = std::process::Command::new(py)
+            .args([
+                "-c",
+                "import sys\nfrom tensorboard.backend.event_processing.event_accumulator import EventAccumulator as A\na = A(sys.argv[1]); a.Reload()\nprint(len(a.Scalars('loss')), a.Scalars('loss')[0].step)",
+                dir,
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let out = stdout(&o);
+        let mut it = out.split_whitespace().map(|x| x.parse::<usize>().unwrap());
+        assert!(it.next().unwrap() >= logged.len(), "{out}");
+        assert_eq!(it.next(), Some(1), "{out}");
+    }
     let (_, st) = p.run_json(&["status", "pretrain"]);
     assert_eq!(common::status_of(&st, "pretrain"), "missing");
 }

@@ -676,6 +676,7 @@ impl Engine {
             opts,
             log: log.as_ref(),
             targets,
+            run_id: &run_id,
         };
         pool.scope(|s| {
             for &i in &order {
@@ -818,7 +819,7 @@ impl Engine {
         } else {
             RunPart::Whole
         };
-        let mut rec = match self.execute(idx, &key, prep, part) {
+        let mut rec = match self.execute(idx, &key, prep, part, st.run_id) {
             Ok(r) => r,
             Err((e, warnings)) => {
                 let mut r = NodeRecord::new(&node.name, &kind, cv, NodeStatus::Failed);
@@ -843,6 +844,7 @@ impl Engine {
         key: &str,
         prep: Prepared,
         part: RunPart,
+        run_id: &str,
     ) -> Result<NodeRecord, (StageError, Vec<String>)> {
         let node = self.pipeline.node_at(idx);
         let tmp = self.store.temp_dir().map_err(|e| (e.into(), vec![]))?;
@@ -857,7 +859,8 @@ impl Engine {
             &self.root,
         )
         .with_part(part)
-        .with_preimage(prep.preimage.clone());
+        .with_preimage(prep.preimage.clone())
+        .with_run(run_id);
         fault_point(&node.name, "before-run");
         let t0 = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| node.stage.run(&mut ctx)));
@@ -1113,4 +1116,5 @@ struct SchedState<'a> {
     opts: &'a RunOptions,
     log: Option<&'a cudarl_store::RunLog>,
     targets: &'a [String],
+    run_id: &'a str,
 }

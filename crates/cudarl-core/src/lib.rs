@@ -19,6 +19,7 @@ pub mod interrupt;
 pub mod key;
 pub mod lockfile;
 pub mod manifest;
+pub mod metrics_log;
 pub mod pipeline;
 pub mod report;
 pub mod stage;

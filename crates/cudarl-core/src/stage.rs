@@ -311,6 +311,7 @@ pub struct StageContext<'a> {
     pub(crate) part: RunPart,
     pub(crate) stats: BTreeMap<String, serde_json::Value>,
     pub(crate) preimage: Option<crate::key::Preimage>,
+    pub(crate) run_id: Option<String>,
 }
 
 impl<'a> StageContext<'a> {
@@ -337,6 +338,43 @@ impl<'a> StageContext<'a> {
             part: RunPart::Whole,
             stats: BTreeMap::new(),
             preimage: None,
+            run_id: None,
+        }
+    }
+
+    /// This context inside engine run `run_id` (the engine sets it; [`StageContext::metrics_log`]
+    /// writes under it).
+    pub fn with_run(mut self, run_id: &str) -> Self {
+        self.run_id = Some(run_id.to_string());
+        self
+    }
+
+    /// This node's live metrics files for this run, `<store>/runs/<run-id>/<node>/`
+    /// ([`crate::metrics_log::MetricsLog`]), its path said once through the reporter; `None`
+    /// outside an engine run or when the folder cannot be created (said as a warning: live
+    /// metrics are a view, the run goes on without them).
+    pub fn metrics_log(&self) -> Option<crate::metrics_log::MetricsLog> {
+        let run = self.run_id.as_deref()?;
+        let dir = self.store.root().join("runs").join(run).join(self.node);
+        match crate::metrics_log::MetricsLog::create(&dir) {
+            Ok(log) => {
+                self.reporter.node_note(
+                    self.node,
+                    &format!(
+                        "metrics as they happen: {} (metrics.jsonl; tensorboard --logdir {})",
+                        dir.display(),
+                        self.store.root().join("runs").display()
+                    ),
+                );
+                Some(log)
+            }
+            Err(e) => {
+                self.reporter.warning(
+                    self.node,
+                    &format!("no live metrics in {}: {e}", dir.display()),
+                );
+                None
+            }
         }
     }
 

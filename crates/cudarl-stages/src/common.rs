@@ -298,26 +298,35 @@ pub fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, S
     Ok(lines.len())
 }
 
-/// Runs `job` in the trainer process; its step metrics. Each step the trainer reports moves
-/// `bar` on as it happens. A job the trainer refuses (exit 2) becomes a
-/// [`StageError::BadInput`] naming `config` and its `section`; an interrupt ends the trainer
-/// and becomes [`StageError::Interrupted`].
+/// Runs `job` in the trainer process; its step metrics. With `live` (the stage's context),
+/// each step the trainer reports moves a `steps` progress bar and is written to the node's live
+/// metrics files ([`StageContext::metrics_log`]) as it happens. A job the trainer refuses (exit
+/// 2) becomes a [`StageError::BadInput`] naming `config` and its `section`; an interrupt ends
+/// the trainer and becomes [`StageError::Interrupted`].
 pub fn run_job(
     job: &cudarl_protocol::Job,
     dir: &Path,
     config: &str,
     section: &str,
-    bar: Option<&dyn cudarl_core::ProgressSink>,
+    live: Option<&StageContext<'_>>,
 ) -> Result<Vec<cudarl_protocol::StepMetrics>, StageError> {
     use cudarl_protocol::Event;
     use cudarl_rl::trainer::JobError;
+    let bar = live.map(|c| c.progress("steps", None));
+    let mut log = live.and_then(|c| c.metrics_log());
     let mut on_event = |e: &Event| {
-        if let (Event::Step(_), Some(b)) = (e, bar) {
-            b.inc(1);
+        if let Event::Step(m) = e {
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+            if let (Some(l), Ok(row)) = (&mut log, serde_json::to_value(m)) {
+                // A view of the run: a failed write loses lines there, not the run.
+                let _ = l.log(m.step as i64, &row);
+            }
         }
     };
     let events = cudarl_rl::trainer::run_job_with(job, dir, &mut on_event);
-    if let Some(b) = bar {
+    if let Some(b) = &bar {
         b.finish();
     }
     match events {

@@ -402,6 +402,9 @@ impl Eval {
             public_seeds: h.public_seeds.clone(),
         };
         let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
+        // Episodes of every checkpoint and split: one batch of episodes per (checkpoint, split).
+        let per_ck: usize = splits.iter().map(|(_, t)| t.len() * p.samples.max(1)).sum();
+        let bar = ctx.progress("episodes", Some((per_ck * self.checkpoints().len()) as u64));
         for (ck, gi, oi) in self.checkpoints() {
             // The same sampling seeds for every checkpoint.
             let mut tc = p.rl.start_trainer(ctx, (gi, oi), &dir.join(ck), None)?;
@@ -419,10 +422,12 @@ impl Eval {
                     harness: used,
                 };
                 cost.insert((ck, *split), c);
+                bar.inc(eps.len() as u64);
                 rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
             }
             tc.quit();
         }
+        bar.finish();
         Ok((rows, cost))
     }
 }

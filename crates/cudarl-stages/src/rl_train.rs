@@ -530,6 +530,7 @@ impl Stage for RlTrain {
         }
         let bar = ctx.progress("steps", Some(p.steps as u64));
         bar.inc(st.step as u64);
+        let mut live = ctx.metrics_log();
         for step in st.step + 1..=p.steps {
             cudarl_core::fault_point(ctx.node(), "before-step");
             let cur = &mut st.curriculum;
@@ -554,6 +555,10 @@ impl Stage for RlTrain {
             let mut row = MetricsRow::new(&rec, p, mode, device);
             if p.control == Some(true) {
                 control(&mut tc, &mut h, &tasks, seed0, &cfg, &settings, &mut row)?;
+            }
+            if let (Some(l), Ok(v)) = (&mut live, serde_json::to_value(&row)) {
+                // A view of the run: a failed write loses lines there, not the run.
+                let _ = l.log(step as i64, &v);
             }
             st.rows.push(row);
             for (ei, e) in eps.iter().enumerate() {

@@ -449,8 +449,7 @@ impl Stage for ModelStage {
                     device: self.job_device(),
                     out: out.clone(),
                 };
-                let bar = ctx.progress("steps", None);
-                let ev = run_job(&job, dir, &rel, "pretrain", Some(bar.as_ref()))?;
+                let ev = run_job(&job, dir, &rel, "pretrain", Some(ctx))?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &ev, device)?;
                 write_loss_plot(ctx, &ev, device, "pretraining", &dir.join("plots"))?;
@@ -477,8 +476,7 @@ impl Stage for ModelStage {
                     device: self.job_device(),
                     out: out.clone(),
                 };
-                let bar = ctx.progress("steps", None);
-                let events = run_job(&job, dir, &rel, "sft", Some(bar.as_ref()))?;
+                let events = run_job(&job, dir, &rel, "sft", Some(ctx))?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
                 write_metrics(ctx, &events, device)?;
                 let what = format!("SFT of the {}", self.params.agent);

@@ -9,6 +9,7 @@
 //! memo/<namespace>/<aa>/<k>  row-level memo entries (first writer wins)
 //! tmp/                       scratch space; every publish is write-temp, fsync, rename
 //! runs/<run-id>.jsonl        one event per node per run
+//! runs/<run-id>/<node>/      a training stage's live metrics (metrics.jsonl, TensorBoard events)
 //! locks/                     advisory file locks: one per node, plus the gc lock
 //! ```
 //!
