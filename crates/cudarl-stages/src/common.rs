@@ -316,6 +316,15 @@ pub fn run_job(
     let mut log = live.and_then(|c| c.metrics_log());
     let mut on_event = |e: &Event| {
         if let Event::Step(m) = e {
+            tracing::info!(
+                node = live.map_or("", |c| c.node()),
+                step = m.step,
+                epoch = m.epoch,
+                loss = m.loss,
+                lr = m.lr,
+                tokens_per_s = m.tokens_per_s,
+                "{section} step"
+            );
             if let Some(b) = &bar {
                 b.inc(1);
             }

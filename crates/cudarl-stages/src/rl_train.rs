@@ -556,6 +556,15 @@ impl Stage for RlTrain {
             if p.control == Some(true) {
                 control(&mut tc, &mut h, &tasks, seed0, &cfg, &settings, &mut row)?;
             }
+            tracing::info!(
+                node = ctx.node(),
+                step,
+                tier = row.tier,
+                mean_reward = row.mean_reward,
+                pass_rate = ?row.pass_rate,
+                kl = row.kl,
+                "rl step"
+            );
             if let (Some(l), Ok(v)) = (&mut live, serde_json::to_value(&row)) {
                 // A view of the run: a failed write loses lines there, not the run.
                 let _ = l.log(step as i64, &v);
