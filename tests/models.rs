@@ -1257,7 +1257,7 @@ fn training_steps_show_and_are_logged_as_they_happen_and_an_interrupt_ends_the_t
     std::fs::write(&mc, t).unwrap();
     run_ok(&p, &["tokenizer"], &[]);
     let mut child = p
-        .cmd(&["run", "pretrain"])
+        .cmd(&["-v", "run", "pretrain"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -1300,6 +1300,13 @@ fn training_steps_show_and_are_logged_as_they_happen_and_an_interrupt_ends_the_t
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(steps >= 1, "{last}");
+    // `-v`: a line per step through tracing, with its loss.
+    assert!(
+        said.iter()
+            .any(|l| l.contains("pretrain step") && l.contains("step=1 ") && l.contains("loss=")),
+        "{}",
+        said.join("\n")
+    );
     // The trainer's job file lies in the store's scratch space, under the project's path.
     let store = p.store().to_string_lossy().to_string();
     let trainers = || {

@@ -245,6 +245,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: piped logs stay greppable (`step=1`).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .without_time()
         .init();
     match cmd::dispatch(cli) {
