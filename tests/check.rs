@@ -34,8 +34,16 @@ fn check(
         )
         .output()
         .unwrap();
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&o)));
+    // JSON Lines: one verdict per source; several come back as an array.
+    let mut v: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: `{l}` {}", stderr(&o))))
+        .collect();
+    let v = match v.len() {
+        1 => v.remove(0),
+        0 => panic!("no verdict: {}", stderr(&o)),
+        _ => serde_json::Value::Array(v),
+    };
     (o.status.code().unwrap(), v)
 }
 
@@ -108,7 +116,7 @@ fn check_compile_only_verdicts() {
     assert_eq!(v["failure"], "compile_error");
     assert_eq!(v["diagnostics"][0]["line"], 4);
 
-    // Several sources, judged in turn: an array of verdicts in order, exit 1 when any fails.
+    // Several sources, judged in turn: a verdict per line in order, exit 1 when any fails.
     let vec4 = root.join("datasets/tasks/vector_add/vec4.cu");
     let (c, v) = check(
         &p,

@@ -1362,6 +1362,8 @@ fn training_steps_show_and_are_logged_as_they_happen_and_an_interrupt_ends_the_t
         assert!(it.next().unwrap() >= logged.len(), "{out}");
         assert_eq!(it.next(), Some(1), "{out}");
     }
+    // (The shared store may hold other settings' pretraining: not fresh is what says that.)
     let (_, st) = p.run_json(&["status", "pretrain"]);
-    assert_eq!(common::status_of(&st, "pretrain"), "missing");
+    let status = common::status_of(&st, "pretrain");
+    assert!(status == "missing" || status == "stale", "{status}");
 }

@@ -102,7 +102,7 @@ enum Command {
         /// them, if any row is missing (nothing is computed).
         #[arg(long, conflicts_with = "shard")]
         merge: bool,
-        /// One JSON object per node on stdout.
+        /// One JSON object per node on stdout (JSON Lines; docs/json.md).
         #[arg(long)]
         json: bool,
     },
@@ -110,7 +110,7 @@ enum Command {
     Status {
         /// Nodes to report (default: all).
         targets: Vec<String>,
-        /// One JSON object per node on stdout.
+        /// One JSON object per node on stdout (JSON Lines; docs/json.md).
         #[arg(long)]
         json: bool,
     },
@@ -182,7 +182,7 @@ enum Command {
         /// The kernel source: native ABI (`extern "C" void launch(...)`) for synthetic tasks;
         /// for KernelBench problems a `ModelNew` Python file or a SakanaAI-style `.cu` extension
         /// (`PYBIND11_MODULE` + `forward`). Repeat it to judge several candidates in turn,
-        /// with one worker (`--json` then prints an array of verdicts). `-` reads standard input.
+        /// with one worker (`--json` then prints a verdict per line). `-` reads standard input.
         #[arg(long, value_name = "FILE", required = true)]
         source: Vec<PathBuf>,
         /// The candidate's ABI (default: detected from the source).
@@ -205,7 +205,7 @@ enum Command {
         /// Wall-clock limit for running the candidate, seconds.
         #[arg(long, default_value_t = 20)]
         timeout: u64,
-        /// The verdict as JSON on stdout (an array of verdicts for several `--source`s).
+        /// The verdict as one line of JSON on stdout, one per `--source` (docs/json.md).
         #[arg(long)]
         json: bool,
     },

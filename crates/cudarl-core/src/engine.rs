@@ -69,8 +69,7 @@ impl NodeStatus {
 pub struct OutputSummary {
     /// Content hash (hex).
     pub hash: String,
-    /// Rows (tables only).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Rows (tables; null for other outputs).
     pub rows: Option<u64>,
     /// Bytes.
     pub bytes: u64,
@@ -94,21 +93,17 @@ pub struct NodeRecord {
     /// Why it ran / why it is stale, one cause per entry.
     pub reasons: Vec<String>,
     /// Warnings reported by the stage.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// Counters the stage reported ([`StageContext::stat`]), e.g. a shard's rows computed and
     /// rows found in the memo.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub stats: BTreeMap<String, serde_json::Value>,
     /// Error message for `failed`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Whether the failure is bad input or config (exit code 2) rather than a stage failure.
     #[serde(skip)]
     pub bad_input: bool,
     /// Whether the node stopped, or never started, because a stop was requested
-    /// ([`crate::interrupt`]; exit code 130). In JSON only when true.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    /// ([`crate::interrupt`]; exit code 130).
     pub interrupted: bool,
     #[serde(skip)]
     pub(crate) full_outputs: Option<BTreeMap<String, OutputRecord>>,

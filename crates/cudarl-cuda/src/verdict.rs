@@ -96,8 +96,9 @@ pub struct Verdict {
     #[serde(default)]
     pub candidate_output: Option<String>,
     /// The Nsight Compute profile pass ([`crate::profile`]; [`FullOptions::profile`]): counters
-    /// measured inside the candidate's process, reported beside the verdict, never part of it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// measured inside the candidate's process, reported beside the verdict, never part of it
+    /// (null without `--ncu`).
+    #[serde(default)]
     pub profile: Option<crate::profile::ProfileOutcome>,
 }
 

@@ -234,10 +234,7 @@ pub fn run(
         )?
     };
     if json && verdicts.len() > 1 {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&verdicts).expect("verdicts serialize")
-        );
+        verdicts.iter().for_each(super::json_line);
         return Ok(i32::from(!verdicts.iter().all(passed)));
     }
     Ok(verdicts
@@ -329,10 +326,7 @@ fn passed(v: &cudarl_cuda::Verdict) -> bool {
 /// Prints a verdict (text or JSON); returns the exit code (0 pass, 1 fail).
 fn print_verdict(v: &cudarl_cuda::Verdict, json: bool) -> i32 {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(v).expect("verdict serializes")
-        );
+        super::json_line(v);
     } else {
         println!(
             "task {} ({} mode, {} on nvcc {})",

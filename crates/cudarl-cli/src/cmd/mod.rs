@@ -415,7 +415,7 @@ fn run(
     }
     for r in &summary.records {
         if json {
-            println!("{}", serde_json::to_string(r).expect("record serializes"));
+            json_line(r);
         } else {
             println!("{}", human_record(r));
         }
@@ -434,7 +434,7 @@ fn status(ctx: &Ctx, targets: &[String], json: bool) -> Result<i32, CliError> {
     let recs = engine.status(targets)?;
     for r in &recs {
         if json {
-            println!("{}", serde_json::to_string(r).expect("record serializes"));
+            json_line(r);
         } else {
             let cause = match r.status {
                 NodeStatus::Fresh => {
@@ -457,16 +457,12 @@ fn explain(ctx: &Ctx, node: &str, json: bool) -> Result<i32, CliError> {
     let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
     let recs = engine.explain(node)?;
     if json {
-        let v: Vec<serde_json::Value> = recs
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "node": r.node, "status": r.status, "key": r.key, "reasons": r.reasons,
-                    "causes": r.dirty_reasons(),
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        for r in &recs {
+            json_line(&serde_json::json!({
+                "node": r.node, "status": r.status, "key": r.key, "reasons": r.reasons,
+                "causes": r.dirty_reasons(),
+            }));
+        }
         return Ok(0);
     }
     let by_name: std::collections::HashMap<&str, &NodeRecord> =
@@ -752,6 +748,13 @@ fn run_or_report(engine: &Engine, targets: &[String]) -> Result<i32, CliError> {
 }
 
 /// The store path of output `name` of the fresh node `node`.
+/// Prints `v` as one line of JSON on stdout: the one convention of every `--json` output
+/// (JSON Lines, one object per record, every field present, null where there is no value;
+/// docs/json.md).
+pub(crate) fn json_line<T: serde::Serialize + ?Sized>(v: &T) {
+    println!("{}", serde_json::to_string(v).expect("a record serializes"));
+}
+
 pub(crate) fn output_blob(engine: &Engine, node: &str, name: &str) -> Result<PathBuf, CliError> {
     let m = engine.fresh_manifest(node)?;
     let rec = m
@@ -834,11 +837,10 @@ fn gc(ctx: &Ctx, keep_last: usize, dry_run: bool, json: bool) -> Result<i32, Cli
         .gc(&keep, &blobs, dry_run)
         .map_err(|e| CliError::failed(e.to_string()))?;
     if json {
-        println!(
-            "{}",
-            serde_json::json!({"dry_run": dry_run, "manifests_removed": rep.actions_removed, "blobs_removed": rep.blobs_removed,
+        json_line(
+            &serde_json::json!({"dry_run": dry_run, "manifests_removed": rep.actions_removed, "blobs_removed": rep.blobs_removed,
                 "bytes_freed": rep.bytes_freed, "tmp_removed": rep.tmp_removed, "manifests_kept": keep.len(), "blobs_kept": blobs.len(),
-                "manifests": rep.manifests})
+                "manifests": rep.manifests}),
         );
     } else {
         let verb = if dry_run { "would remove" } else { "removed" };
