@@ -21,9 +21,11 @@ $(VENV)/.stamp: requirements-dev.txt
 	touch $@
 
 ## build: the optimized binaries (cudarl-pipe, its GPU worker cudarl-pipe-worker, the sandboxed
-## runner cudarl-pipe-runner, its trainer cudarl-pipe-train).
+## runner cudarl-pipe-runner, its trainer cudarl-pipe-train). FEATURES=sql adds `cudarl-pipe sql`
+## (polars; a longer cold build).
+FEATURES ?=
 build: setup
-	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-runner -p cudarl-train
+	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-runner -p cudarl-train $(if $(FEATURES),--features cudarl-cli/$(FEATURES))
 
 ## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train eval`, i.e.
 ## ingest + synth-tasks -> validate (the task kernels; beside it sft-repairs, kb-specs, tokenizer
@@ -47,15 +49,15 @@ curriculum: build
 ## test: set up, build, lint, and run every test (Rust and Python).
 test: setup lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) nextest run --workspace --no-fail-fast; \
+		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) nextest run --workspace --features cudarl-cli/sql --no-fail-fast; \
 	else \
-		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) test --workspace --no-fail-fast; \
+		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) test --workspace --features cudarl-cli/sql --no-fail-fast; \
 	fi
 
 ## lint: rustfmt and clippy with warnings as errors; ruff (lint and format) on the Python code.
 lint: setup
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features cudarl-cli/sql -- -D warnings
 	$(VENV)/bin/ruff check python scripts tests/python
 	$(VENV)/bin/ruff format --check python scripts tests/python
 

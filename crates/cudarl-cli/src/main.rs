@@ -209,6 +209,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// SQL over the tables of every node built under the current settings, named
+    /// `node.table` (e.g. `SELECT tier, avg(pass) FROM eval.episodes GROUP BY tier`), with
+    /// polars; prints a table, or JSON Lines (`--json`), or writes Parquet (`--parquet`). Needs a
+    /// build with the `sql` feature.
+    Sql {
+        /// The query.
+        query: String,
+        /// The result as JSON Lines (one object per row, nulls kept).
+        #[arg(long, conflicts_with = "parquet")]
+        json: bool,
+        /// Write the result to this Parquet file instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        parquet: Option<PathBuf>,
+    },
     /// The kernel-evaluation HTTP service: POST /v1/evaluate (the verdict JSON of `check`),
     /// GET /v1/tasks, /v1/tasks/{id}, /healthz, /metrics, /openapi.json. Prints
     /// `listening on http://ADDR` when ready; stops on SIGINT/SIGTERM.

@@ -6,6 +6,7 @@ pub mod bench_harness;
 pub mod check;
 pub mod serve;
 pub mod serve_bench;
+pub mod sql;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -338,6 +339,11 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         } => gc(&ctx, keep_last, dry_run, json),
         Command::Bench { which } => bench::run(&ctx, which),
         Command::Serve(args) => serve::run(&ctx, args),
+        Command::Sql {
+            query,
+            json,
+            parquet,
+        } => sql::run(&ctx, &query, json, parquet.as_deref()),
         Command::Check {
             task,
             source,
