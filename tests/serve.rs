@@ -101,6 +101,21 @@ impl Reply {
     }
 }
 
+/// The verdict `check --mode compile --json` gives `source` on `task`.
+fn check_json(p: &Project, task: &str, source: &std::path::Path) -> Value {
+    let o = p.run(&[
+        "check",
+        "--task",
+        task,
+        "--source",
+        source.to_str().unwrap(),
+        "--mode",
+        "compile",
+        "--json",
+    ]);
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", common::stderr(&o)))
+}
+
 fn evaluate_body(task: &str, source: &str) -> String {
     json!({"task_id": task, "source": source}).to_string()
 }
@@ -162,17 +177,7 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.cache.is_none());
     let v = r.json();
-    let o = p.run(&[
-        "check",
-        "--task",
-        "vector_add",
-        "--source",
-        naive_path.to_str().unwrap(),
-        "--mode",
-        "compile",
-        "--json",
-    ]);
-    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = check_json(&p, "vector_add", &naive_path);
     for k in [
         "task_id",
         "abi",
@@ -243,17 +248,7 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
-    let o = p.run(&[
-        "check",
-        "--task",
-        "kb/L1/19_ReLU",
-        "--source",
-        relu_path.to_str().unwrap(),
-        "--mode",
-        "compile",
-        "--json",
-    ]);
-    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = check_json(&p, "kb/L1/19_ReLU", &relu_path);
     for k in [
         "task_id",
         "abi",

@@ -663,37 +663,16 @@ async fn judge(
         Served::Family(t) => t,
         Served::Kb(p) => return judge_kb(s, p, source, full, admitted).await,
     };
-    let v = {
-        let c = s
-            .compile
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| e.to_string())?;
-        let (s2, t, src, adm) = (
-            s.clone(),
-            task.spec.clone(),
-            source.clone(),
-            admitted.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            let _held = (c, adm);
-            check_compile_only(&t, &src, &s2.rules, &s2.compiler).map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| e.to_string())??
-    };
+    let (s2, t, src) = (s.clone(), task.spec.clone(), source.clone());
+    let v = held(&s.compile, admitted.clone(), move || {
+        check_compile_only(&t, &src, &s2.rules, &s2.compiler).map_err(|e| e.to_string())
+    })
+    .await?;
     if !full || !v.compiled {
         return Ok(v);
     }
-    let gpu = s
-        .gpu_free
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::task::spawn_blocking(move || {
-        let _held = (gpu, admitted);
+    let gpus = s.gpu_free.clone();
+    held(&gpus, admitted, move || {
         // A free slot exists (the semaphore counts them): take the first unlocked one,
         // starting round-robin.
         let n = s.gpus.len();
@@ -722,6 +701,26 @@ async fn judge(
             &slot.baselines,
         )
         .map_err(|e| e.to_string())
+    })
+    .await
+}
+
+/// Runs `f` on a blocking thread once a permit of `sem` is free (`compile`: one of the
+/// `compile_workers`; `gpu_free`: a GPU), holding the permit and the request's admission until
+/// `f` returns, so a request past its deadline keeps its place until its work ends.
+async fn held<T: Send + 'static>(
+    sem: &Arc<Semaphore>,
+    admitted: Arc<Admitted>,
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    let permit = sem
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || {
+        let _held = (permit, admitted);
+        f()
     })
     .await
     .map_err(|e| e.to_string())?
@@ -753,15 +752,8 @@ async fn judge_kb(
     full: bool,
     admitted: Arc<Admitted>,
 ) -> Result<Verdict, String> {
-    let c = s
-        .compile
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|e| e.to_string())?;
-    let (s2, p2, adm) = (s.clone(), p.clone(), admitted.clone());
-    let (v, cand) = tokio::task::spawn_blocking(move || {
-        let _held = (c, adm);
+    let (s2, p2) = (s.clone(), p.clone());
+    let (v, cand) = held(&s.compile, admitted.clone(), move || {
         cudarl_cuda::torchfmt::build_kb_native(
             &p2.problem.id,
             &source,
@@ -771,8 +763,7 @@ async fn judge_kb(
         )
         .map_err(|e| e.to_string())
     })
-    .await
-    .map_err(|e| e.to_string())??;
+    .await?;
     let (Some(cand), Some(gpu_info), true) = (cand, s.gpu_info.clone(), full) else {
         return Ok(v);
     };
@@ -782,14 +773,8 @@ async fn judge_kb(
             p.problem.id
         ));
     }
-    let gpu = s
-        .gpu_free
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::task::spawn_blocking(move || {
-        let _held = (gpu, admitted);
+    let gpus = s.gpu_free.clone();
+    held(&gpus, admitted, move || {
         let mut pool = s.kb_pool.lock().unwrap_or_else(|e| e.into_inner());
         let pool = pool.get_or_insert_with(|| cudarl_cuda::pyworker::pool(&s.root));
         let opts = cudarl_cuda::torchfmt::TorchRunOptions {
@@ -797,10 +782,16 @@ async fn judge_kb(
             bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
             root: s.root.clone(),
         };
-        cudarl_cuda::torchfmt::run(v, &cand, &p.problem, pool, &opts, Some(gpu_info))
+        Ok(cudarl_cuda::torchfmt::run(
+            v,
+            &cand,
+            &p.problem,
+            pool,
+            &opts,
+            Some(gpu_info),
+        ))
     })
     .await
-    .map_err(|e| e.to_string())
 }
 
 fn view(t: &TaskSpec) -> TaskView {
