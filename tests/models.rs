@@ -96,6 +96,7 @@ fn cpu_project() -> Project {
         ),
         // sft-eval's and eval's samples.
         ("samples = 8", "samples = 3"),
+        ("kernelbench_samples = 2 ", "kernelbench_samples = 1 "),
         // The copy documents are a test's own, below.
         ("copy_documents = 3000 ", "copy_documents = 0 "),
         ("max_new_tokens = 512", "max_new_tokens = 48"),
@@ -520,19 +521,45 @@ fn eval_summarizes_sft_and_rl_and_keeps_every_turn_of_every_episode() {
     let sum = rows(&p, "eval", "summary");
     let cks: Vec<&str> = sum
         .iter()
+        .filter(|r| r["split"] == "test")
         .map(|r| r["checkpoint"].as_str().unwrap())
         .collect();
     assert_eq!(cks, ["sft", "rl"]);
+    assert!(sum.iter().all(|r| r["pass_rate"].is_null()), "{sum:?}");
+    // KernelBench rows per checkpoint and level: the curriculum's test problems with a native
+    // launcher, `kernelbench_samples` (1 here) episodes each, compile-only here.
+    let cur = rows(&p, "curriculum", "curriculum");
+    let mut want: std::collections::BTreeMap<String, i64> = Default::default();
+    for r in &cur {
+        if r["source"] == "kernelbench" && r["split"] == "test" && !r["signature"].is_null() {
+            *want
+                .entry(format!("kernelbench/level{}", r["level"]))
+                .or_default() += 1;
+        }
+    }
     assert!(
-        sum.iter()
-            .all(|r| r["split"] == "test" && r["pass_rate"].is_null())
+        !want.is_empty(),
+        "no KernelBench test problem with a launcher"
     );
+    for ck in ["sft", "rl"] {
+        let got: std::collections::BTreeMap<String, i64> = sum
+            .iter()
+            .filter(|r| r["checkpoint"] == ck && r["split"] != "test")
+            .map(|r| {
+                let split = r["split"].as_str().unwrap().to_string();
+                (split, r["episodes"].as_i64().unwrap())
+            })
+            .collect();
+        assert_eq!(got, want, "{ck}");
+    }
     // Where eval's time went: at most one candidate per turn (an answer without a code block
     // never reaches the harness), at least one if anything compiled; the harness phases inside
     // the harness seconds; decoding took time.
     let eps = rows(&p, "eval", "episodes");
     for r in &sum {
-        let mine = eps.iter().filter(|e| e["checkpoint"] == r["checkpoint"]);
+        let mine = eps
+            .iter()
+            .filter(|e| e["checkpoint"] == r["checkpoint"] && e["split"] == r["split"]);
         let turns: i64 = mine.clone().map(|e| e["turns"].as_i64().unwrap()).sum();
         let c = r["candidates"].as_i64().unwrap();
         assert!(c <= turns, "{c} candidates in {turns} turns: {r}");
@@ -592,6 +619,15 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
             .len()
             > 1000
     );
+    // KernelBench per level for both checkpoints, compile-only here: no pass rate or fast_p.
+    let kb = md
+        .split("## KernelBench")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no KernelBench section: {md}"));
+    for ck in ["sft", "rl"] {
+        assert!(kb.contains(&format!("| {ck} | level")), "{kb}");
+    }
+    assert!(kb.contains("| n/a | n/a | n/a | n/a | n/a |"), "{kb}");
     // The pipeline's pre-registered comparison leads, and comes as JSON for pooling draws.
     assert!(
         md.contains("## Pre-registered comparison")
@@ -1212,6 +1248,7 @@ fn collab_sft_fine_tunes_both_agents_on_their_verified_turns_beside_replayed_sft
     let md = export_report(&p, "exported_collab", &on);
     let cks: Vec<String> = rows_with(&p, "eval", "summary", &on)
         .iter()
+        .filter(|r| r["split"] == "test")
         .map(|r| r["checkpoint"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(cks, ["sft", "collab", "rl"]);

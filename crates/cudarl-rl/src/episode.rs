@@ -68,13 +68,74 @@ pub trait Policy {
     }
 }
 
-/// Something that judges kernels: the harness.
-pub trait Tester {
+/// A task an episode runs on: its id, its tier, and how the prompts show it. Synthetic task
+/// families ([`TaskSpec`]) and KernelBench problems with a native launcher
+/// ([`crate::kernelbench::KbTask`]) are episode tasks.
+pub trait EpisodeTask {
+    /// The task's id (an episode's `task_id`).
+    fn id(&self) -> &str;
+    /// Its curriculum tier (0..3).
+    fn tier(&self) -> i64;
+    /// What the prompts show: the description, element type, launcher and example shapes.
+    fn text(&self) -> TaskText;
+}
+
+/// A task as the prompts show it (owned; [`TaskText::view`] borrows it as a
+/// [`TaskView`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskText {
+    /// Tier 0..3.
+    pub tier: i64,
+    /// What `launch` computes.
+    pub description: String,
+    /// Element type (`f32`, `f16`, `bf16`).
+    pub dtype: String,
+    /// The exact launcher declaration.
+    pub signature: String,
+    /// Example shapes (JSON objects of sizes), possibly none.
+    pub shapes: Vec<String>,
+}
+
+impl TaskText {
+    /// The prompt view of this text.
+    pub fn view(&self) -> TaskView<'_> {
+        TaskView {
+            tier: self.tier,
+            description: &self.description,
+            dtype: &self.dtype,
+            signature: &self.signature,
+            shapes: &self.shapes,
+        }
+    }
+}
+
+impl EpisodeTask for TaskSpec {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn tier(&self) -> i64 {
+        self.tier
+    }
+    fn text(&self) -> TaskText {
+        let (signature, shapes) = task_messages(self);
+        TaskText {
+            tier: self.tier,
+            description: self.description.clone(),
+            dtype: self.dtype.clone(),
+            signature,
+            shapes,
+        }
+    }
+}
+
+/// Something that judges kernels for tasks of type `T`: the harness (task families), the
+/// KernelBench judge (problems).
+pub trait Tester<T: ?Sized = TaskSpec> {
     /// The verdict on `code` for `task` and, when available, the SASS of its shared object.
     ///
     /// # Errors
     /// Harness failures (not candidate failures), in words.
-    fn test(&mut self, task: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String>;
+    fn test(&mut self, task: &T, code: &str) -> Result<(Verdict, Option<String>), String>;
     /// Judges many (task, code) pairs; the default calls [`Tester::test`] in order. The
     /// harness overrides it to compile on every core while the GPU runs.
     ///
@@ -82,14 +143,14 @@ pub trait Tester {
     /// As [`Tester::test`].
     fn test_many(
         &mut self,
-        items: &[(&TaskSpec, &str)],
+        items: &[(&T, &str)],
     ) -> Result<Vec<(Verdict, Option<String>)>, String> {
         items.iter().map(|(t, c)| self.test(t, c)).collect()
     }
     /// A hint that `code` for `task` will be tested soon: the harness starts compiling it in
     /// the background (the later test waits for that build instead of starting its own). The
     /// default does nothing.
-    fn prefetch(&mut self, _task: &TaskSpec, _code: &str) {}
+    fn prefetch(&mut self, _task: &T, _code: &str) {}
 }
 
 /// Optimization strategies recognized in a kernel's code (comments and strings stripped).
@@ -181,10 +242,10 @@ pub struct Episode {
 }
 
 impl Episode {
-    fn new(task: &TaskSpec) -> Episode {
+    fn new<T: EpisodeTask + ?Sized>(task: &T) -> Episode {
         Episode {
-            task_id: task.id.clone(),
-            tier: task.tier,
+            task_id: task.id().to_string(),
+            tier: task.tier(),
             turns: vec![],
             seen: BTreeMap::new(),
             trajectory: vec![],
@@ -279,12 +340,15 @@ pub fn generator_conversation_phrased(
     closing: usize,
 ) -> Vec<ChatMessage> {
     let (sig, shapes) = task_messages(task);
+    generator_messages(&view(task, &sig, &shapes), intro, closing)
+}
+
+/// The generator's conversation for a task shown as `view`: system prompt, then the task prompt
+/// with phrasing variant `intro` / `closing`.
+pub fn generator_messages(view: &TaskView<'_>, intro: usize, closing: usize) -> Vec<ChatMessage> {
     vec![
         ChatMessage::new("system", prompts::GENERATOR_SYSTEM),
-        ChatMessage::new(
-            "user",
-            prompts::task_prompt(&view(task, &sig, &shapes), intro, closing),
-        ),
+        ChatMessage::new("user", prompts::task_prompt(view, intro, closing)),
     ]
 }
 
@@ -468,8 +532,8 @@ pub struct EpisodeSettings {
 
 /// The optimizer's conversation for the next turn of `e` on `task`: its last kernel and the
 /// tester's feedback, with the strategies already tried and the best speedup so far.
-fn optimizer_conversation(task: &TaskSpec, e: &Episode) -> Vec<ChatMessage> {
-    let (sig, shapes) = task_messages(task);
+fn optimizer_conversation<T: EpisodeTask + ?Sized>(task: &T, e: &Episode) -> Vec<ChatMessage> {
+    let text = task.text();
     let last = e.turns.last().expect("a previous turn");
     let mut fb = last.feedback.clone();
     if !e.tried.is_empty() {
@@ -489,7 +553,7 @@ fn optimizer_conversation(task: &TaskSpec, e: &Episode) -> Vec<ChatMessage> {
         ChatMessage::new("system", prompts::OPTIMIZER_SYSTEM),
         ChatMessage::new(
             "user",
-            prompts::optimizer_prompt(&view(task, &sig, &shapes), current, &fb, 0, 0),
+            prompts::optimizer_prompt(&text.view(), current, &fb, 0, 0),
         ),
     ]
 }
@@ -500,14 +564,14 @@ fn optimizer_conversation(task: &TaskSpec, e: &Episode) -> Vec<ChatMessage> {
 ///
 /// # Errors
 /// Policy or harness failures.
-pub fn run_episodes(
-    tasks: &[&TaskSpec],
+pub fn run_episodes<T: EpisodeTask + ?Sized>(
+    tasks: &[&T],
     policy: &mut dyn Policy,
-    tester: &mut dyn Tester,
+    tester: &mut dyn Tester<T>,
     cfg: &RewardConfig,
     s: &EpisodeSettings,
 ) -> Result<Vec<Episode>, String> {
-    let mut eps: Vec<Episode> = tasks.iter().map(|t| Episode::new(t)).collect();
+    let mut eps: Vec<Episode> = tasks.iter().map(|t| Episode::new(*t)).collect();
     for turn in 0..s.max_turns.max(1) {
         let active: Vec<usize> = (0..eps.len()).filter(|&i| !eps[i].done).collect();
         if active.is_empty() {
@@ -522,7 +586,7 @@ pub fn run_episodes(
             .iter()
             .map(|&i| {
                 if turn == 0 {
-                    generator_conversation(tasks[i])
+                    generator_messages(&tasks[i].text().view(), 0, 0)
                 } else {
                     optimizer_conversation(tasks[i], &eps[i])
                 }
@@ -551,7 +615,7 @@ pub fn run_episodes(
             .map(|a| prompts::extract_code(&a.text))
             .collect();
         // Only code not seen before in its episode goes to the harness.
-        let mut to_test: Vec<(usize, &TaskSpec, &str)> = Vec::new();
+        let mut to_test: Vec<(usize, &T, &str)> = Vec::new();
         let mut repeat: BTreeMap<usize, usize> = BTreeMap::new();
         for (k, &i) in active.iter().enumerate() {
             if let Some(c) = &codes[k] {
@@ -566,12 +630,12 @@ pub fn run_episodes(
         }
         // Identical candidates for the same task (a group's episodes often agree) are judged
         // once and the verdict shared.
-        let mut unique: Vec<(&TaskSpec, &str)> = Vec::new();
+        let mut unique: Vec<(&T, &str)> = Vec::new();
         let mut first: BTreeMap<(&str, [u8; 32]), usize> = BTreeMap::new();
         let slots: Vec<usize> = to_test
             .iter()
             .map(|(_, t, c)| {
-                let key = (t.id.as_str(), *blake3::hash(c.as_bytes()).as_bytes());
+                let key = (t.id(), *blake3::hash(c.as_bytes()).as_bytes());
                 *first.entry(key).or_insert_with(|| {
                     unique.push((*t, *c));
                     unique.len() - 1
@@ -610,7 +674,7 @@ pub fn run_episodes(
                     vd.and_then(|x| x.1.as_deref()),
                 );
                 let fb = feedback(
-                    task.tier,
+                    task.tier(),
                     code.as_deref(),
                     vd.map(|x| &x.0),
                     &s.public_seeds,

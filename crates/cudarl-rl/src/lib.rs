@@ -18,6 +18,7 @@ pub mod credit;
 pub mod episode;
 pub mod families;
 pub mod harness;
+pub mod kernelbench;
 pub mod repair;
 pub mod reward;
 pub mod stats;

@@ -33,7 +33,9 @@ use arrow::array::{
     ArrayRef, Int64Array, ListBuilder, StringArray, StringBuilder, StructArray, StructBuilder,
 };
 use arrow::datatypes::{DataType, Field, Fields, Schema};
-use cudarl_curriculum::prompts::{self, ChatMessage};
+use cudarl_curriculum::prompts::ChatMessage;
+
+use crate::episode::EpisodeTask;
 use cudarl_data::Table;
 use cudarl_data::parquet_io::{batch, write_parquet};
 
@@ -155,60 +157,19 @@ pub fn kernelbench_rows(
     curriculum: &Path,
     problems: &Path,
 ) -> Result<Vec<(String, RlTask)>, String> {
-    let t = Table::read(curriculum, "curriculum").map_err(|e| e.to_string())?;
-    let col = |c: &str| t.req_strings(c).map_err(|e| e.to_string());
-    let (id, src, split, name, sig) = (
-        col("problem_id")?,
-        col("source")?,
-        col("split")?,
-        col("name")?,
-        col("signature")?,
-    );
-    let tier = t.req_ints("tier").map_err(|e| e.to_string())?;
-    let level = t.req_ints("level").map_err(|e| e.to_string())?;
-    let p = Table::read(problems, "problems").map_err(|e| e.to_string())?;
-    let (pid, pcode) = (
-        p.req_strings("problem_id").map_err(|e| e.to_string())?,
-        p.req_strings("code").map_err(|e| e.to_string())?,
-    );
-    let code: BTreeMap<&str, &str> = (0..p.rows())
-        .filter_map(|i| Some((pid.get(i)?, pcode.get(i)?)))
-        .collect();
-    let mut rows = Vec::new();
-    for i in 0..t.rows() {
-        let (Some("kernelbench"), Some(split @ ("train" | "test")), Some(id), Some(sig)) =
-            (src.get(i), split.get(i), id.get(i), sig.get(i))
-        else {
-            continue;
-        };
-        let (tier, level) = (tier.get(i).unwrap_or(0), level.get(i).unwrap_or(0));
-        let src = code.get(id).ok_or_else(|| {
-            format!(
-                "{}: problem_id `{id}` of the curriculum is not in this table",
-                problems.display()
-            )
-        })?;
-        let desc = prompts::kernelbench_description(level, name.get(i).unwrap_or(id), src);
-        let view = prompts::TaskView {
-            tier,
-            description: &desc,
-            dtype: prompts::signature_dtype(sig),
-            signature: sig,
-            shapes: &[],
-        };
-        let prompt = vec![
-            ChatMessage::new("system", prompts::GENERATOR_SYSTEM),
-            ChatMessage::new("user", prompts::task_prompt(&view, 0, 0)),
-        ];
-        let row = RlTask {
-            task_id: id.to_string(),
-            tier,
-            data_source: format!("kernelbench/level{level}"),
-            prompt,
-        };
-        rows.push((split.to_string(), row));
-    }
-    Ok(rows)
+    Ok(crate::kernelbench::curriculum_tasks(curriculum, problems)?
+        .into_iter()
+        .filter(|(split, _)| split == "train" || split == "test")
+        .map(|(split, t)| {
+            let row = RlTask {
+                task_id: t.id.clone(),
+                tier: t.tier,
+                data_source: format!("kernelbench/level{}", t.level),
+                prompt: crate::episode::generator_messages(&t.text().view(), 0, 0),
+            };
+            (split, row)
+        })
+        .collect())
 }
 
 /// Writes `rl_train.parquet` and `rl_test.parquet` into `dir`, one row per task family of the

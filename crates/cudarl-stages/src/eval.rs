@@ -1,7 +1,10 @@
 //! `eval`: the SFT and the RL checkpoints (and with `collab = true` the cross-agent fine-tuned
 //! ones, `collab-sft`) on the same episodes: the hold-out families (the
 //! `test` split of `sft-data`, never trained on) and, for per-tier rates, the train families;
-//! every candidate is tested on the train and the hold-out shapes (full mode on a GPU).
+//! every candidate is tested on the train and the hold-out shapes (full mode on a GPU). With
+//! `kernelbench_samples`, also the curriculum's KernelBench `test` problems that have a native
+//! launcher, per level ([`crate::kb_judge::KbJudge`]: recorded tests and timing against torch
+//! eager on a GPU, compile-only without one).
 //!
 //! Metrics (docs/architecture.md, "Metrics") per checkpoint and split: compile rate and pass rate
 //! of the first turn (single-turn) and of the episode's best verified turn (multi-turn: what the
@@ -17,7 +20,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
+//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train, `kernelbench/level{L}`), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
 //! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch (float64, nullable), reward (float64) |
 //! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
@@ -37,6 +40,10 @@ use cudarl_rl::stats::{
     first_turn_outcome, first_turn_table, geomean, mean_std, paired_diff, pooled, rate_diff,
     stratified_diff,
 };
+
+use crate::kb_judge::KbJudge;
+use cudarl_rl::kernelbench::KbTask;
+use std::time::Duration;
 
 use crate::common::{CHECKPOINT, data_err, ingest_dir, params_json, resolve_device, write_rows};
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness, load_tasks};
@@ -141,6 +148,12 @@ pub struct Params {
     /// beside RL - SFT. Absent: off, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collab: Option<bool>,
+    /// Episodes per problem and checkpoint on the curriculum's KernelBench `test` problems that
+    /// `kb-specs` gave a native launcher (on a GPU: those `testgen` recorded tests for), judged
+    /// by [`crate::kb_judge::KbJudge`]; the summary gains a row per checkpoint and level (split
+    /// `kernelbench/level{L}`). Absent or 0: none, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernelbench_samples: Option<usize>,
     /// Sampling, turns, reward, mode, device (as `rl-train`; the update settings are unused).
     #[serde(flatten)]
     pub rl: crate::rl_params::Params,
@@ -376,7 +389,85 @@ struct Cost {
 /// [`Cost`] by (checkpoint, split).
 type CostBy = BTreeMap<(&'static str, &'static str), Cost>;
 
+/// The KernelBench problems `eval` runs (the curriculum's `test` problems with a native
+/// launcher) by level, and their judge.
+struct KbSet {
+    by_level: Vec<(&'static str, Vec<KbTask>)>,
+    judge: KbJudge,
+}
+
+impl KbSet {
+    /// The summary's splits, one per level.
+    fn splits(&self) -> Vec<&'static str> {
+        self.by_level.iter().map(|l| l.0).collect()
+    }
+}
+
+/// The split name of KernelBench level `level` in `summary` and `episodes`.
+fn kb_split(level: i64) -> &'static str {
+    match level {
+        1 => "kernelbench/level1",
+        2 => "kernelbench/level2",
+        3 => "kernelbench/level3",
+        4 => "kernelbench/level4",
+        _ => "kernelbench",
+    }
+}
+
 impl Eval {
+    /// Episodes per KernelBench problem (0: none).
+    fn kernelbench(&self) -> usize {
+        self.params.kernelbench_samples.unwrap_or(0)
+    }
+
+    /// The KernelBench problems to run and their judge (compiler and mode of `h`), or `None`
+    /// when `kernelbench_samples` is 0. On a GPU, problems without recorded tests are left out.
+    ///
+    /// # Errors
+    /// An input table cannot be read or lacks a column (file and field named).
+    fn kernelbench_set(
+        &self,
+        ctx: &StageContext<'_>,
+        h: &cudarl_rl::harness::Harness,
+    ) -> Result<Option<KbSet>, StageError> {
+        if self.kernelbench() == 0 {
+            return Ok(None);
+        }
+        let gpu = (h.mode() == "full").then(cudarl_cuda::gpu::probe).flatten();
+        let problems = crate::common::load_kb_problems(
+            ctx.input_path("kb_problems")?,
+            gpu.is_some()
+                .then(|| ctx.input_path("kb_tests"))
+                .transpose()?,
+            ctx.store(),
+        )?;
+        let abis: BTreeMap<String, cudarl_cuda::torchfmt::KbNative> =
+            crate::kb_specs::native_abis(ctx.input_path("kb_specs")?)?
+                .into_iter()
+                .filter_map(|(id, a)| Some((id, a.ok()?)))
+                .collect();
+        let tasks = cudarl_rl::kernelbench::curriculum_tasks(
+            ctx.input_path("kb_curriculum")?,
+            ctx.input_path("kb_problems")?,
+        )
+        .map_err(StageError::Failed)?;
+        let mut by_level: BTreeMap<&'static str, Vec<KbTask>> = BTreeMap::new();
+        for (split, t) in tasks {
+            let tested = gpu.is_none() || problems.get(&t.id).is_some_and(|p| !p.tests.is_empty());
+            if split == "test" && abis.contains_key(&t.id) && tested {
+                by_level.entry(kb_split(t.level)).or_default().push(t);
+            }
+        }
+        // A KernelBench run is the recorded tests, the problem's own sizes and timing against
+        // torch eager in one worker step: a minute at least.
+        let wall = Duration::from_secs(self.params.rl.timeout_s.max(60));
+        let judge = KbJudge::new(h.compiler.clone(), abis, problems, gpu, ctx.root(), wall);
+        Ok(Some(KbSet {
+            by_level: by_level.into_iter().collect(),
+            judge,
+        }))
+    }
+
     /// The checkpoints evaluated, in order, with their generator and optimizer inputs.
     fn checkpoints(&self) -> Vec<(&'static str, &'static str, &'static str)> {
         let mut v = vec![("sft", "sft_generator", "sft_optimizer")];
@@ -391,7 +482,7 @@ impl Eval {
     fn episodes(
         &self,
         ctx: &StageContext<'_>,
-        h: &mut cudarl_rl::harness::Harness,
+        (h, mut kb): (&mut cudarl_rl::harness::Harness, Option<&mut KbSet>),
         cfg: &cudarl_rl::reward::RewardConfig,
         splits: &[(&'static str, Vec<&TaskSpec>)],
         dir: &std::path::Path,
@@ -403,7 +494,14 @@ impl Eval {
         };
         let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
         // Episodes of every checkpoint and split: one batch of episodes per (checkpoint, split).
-        let per_ck: usize = splits.iter().map(|(_, t)| t.len() * p.samples.max(1)).sum();
+        let kb_n = kb.as_ref().map_or(0, |k| {
+            k.by_level.iter().map(|l| l.1.len()).sum::<usize>() * self.kernelbench()
+        });
+        let per_ck: usize = splits
+            .iter()
+            .map(|(_, t)| t.len() * p.samples.max(1))
+            .sum::<usize>()
+            + kb_n;
         let bar = ctx.progress("episodes", Some((per_ck * self.checkpoints().len()) as u64));
         for (ck, gi, oi) in self.checkpoints() {
             // The same sampling seeds for every checkpoint.
@@ -424,6 +522,39 @@ impl Eval {
                 cost.insert((ck, *split), c);
                 bar.inc(eps.len() as u64);
                 rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
+            }
+            if let Some(kb) = kb.as_deref_mut() {
+                for (split, tasks) in &kb.by_level {
+                    let many: Vec<&KbTask> = tasks
+                        .iter()
+                        .flat_map(|t| std::iter::repeat_n(t, self.kernelbench()))
+                        .collect();
+                    let (g0, u0) = (tc.gen_seconds, kb.judge.used);
+                    let t0 = std::time::Instant::now();
+                    let eps = run_episodes(&many, &mut tc, &mut kb.judge, cfg, &settings)
+                        .map_err(StageError::Failed)?;
+                    let u = kb.judge.used;
+                    let gen_seconds = tc.gen_seconds - g0;
+                    let harness = cudarl_rl::harness::HarnessUse {
+                        candidates: u.candidates - u0.candidates,
+                        seconds: (t0.elapsed().as_secs_f64() - gen_seconds).max(0.0),
+                        phases: cudarl_rl::harness::HarnessPhases {
+                            compile: u.compile_seconds - u0.compile_seconds,
+                            gpu: u.gpu_seconds - u0.gpu_seconds,
+                            sass: 0.0,
+                        },
+                        ..Default::default()
+                    };
+                    cost.insert(
+                        (ck, *split),
+                        Cost {
+                            gen_seconds,
+                            harness,
+                        },
+                    );
+                    bar.inc(eps.len() as u64);
+                    rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
+                }
             }
             tc.quit();
         }
@@ -447,7 +578,9 @@ impl Stage for Eval {
         // 12: the `collab` checkpoints (`collab`).
         // 13: the comparison gives RL's multi-turn minus single-turn rate.
         // 14: the report says a multi-turn difference without a standard error in words.
-        14
+        // 15: KernelBench rows per level (`kernelbench_samples`); the per-tier plot and the
+        // first-turn table count the task families only.
+        15
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -461,6 +594,14 @@ impl Stage for Eval {
             InputDecl::node("rl_optimizer", "rl-train", "optimizer"),
             InputDecl::node("rl_metrics", "rl-train", "metrics"),
         ]);
+        if self.kernelbench() > 0 {
+            v.extend([
+                InputDecl::node("kb_curriculum", "curriculum", "curriculum"),
+                InputDecl::node("kb_problems", "ingest-kernelbench", "problems"),
+                InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
+                InputDecl::node("kb_tests", "testgen", "kb_tests"),
+            ]);
+        }
         if self.params.collab == Some(true) {
             v.push(InputDecl::node(
                 "collab_generator",
@@ -507,16 +648,19 @@ impl Stage for Eval {
         if p.include_train {
             splits.push(("train", ts.train.iter().collect()));
         }
-        let (rows, cost) = self.episodes(ctx, &mut h, &cfg, &splits, dir)?;
+        let mut kb = self.kernelbench_set(ctx, &h)?;
+        let (rows, cost) = self.episodes(ctx, (&mut h, kb.as_mut()), &cfg, &splits, dir)?;
+        let kb_splits: Vec<&'static str> = kb.as_ref().map_or(vec![], |k| k.splits());
         let mut sums = Vec::new();
         let cks: Vec<&'static str> = self.checkpoints().iter().map(|c| c.0).collect();
         for &checkpoint in &cks {
-            for (split, _) in &splits {
+            let all = splits.iter().map(|s| s.0).chain(kb_splits.iter().copied());
+            for split in all {
                 let sel: Vec<&Row> = rows
                     .iter()
-                    .filter(|r| r.ck == checkpoint && r.split == *split)
+                    .filter(|r| r.ck == checkpoint && r.split == split)
                     .collect();
-                let c = cost.get(&(checkpoint, *split)).copied().unwrap_or_default();
+                let c = cost.get(&(checkpoint, split)).copied().unwrap_or_default();
                 sums.push(SummaryRow {
                     checkpoint,
                     split,
@@ -564,6 +708,47 @@ impl Stage for Eval {
         report(&rd, (&sums, &rows, &metrics), (mode, device), &cks, pre)
             .map_err(StageError::Failed)?;
         ingest_dir(ctx, &rd, "report")
+    }
+}
+
+/// Whether `r` is an episode on a task family (not a KernelBench problem).
+fn is_family(r: &Row) -> bool {
+    !r.split.starts_with("kernelbench")
+}
+
+/// The report's KernelBench section: per checkpoint and level, from the `summary` rows of the
+/// `kernelbench/level{L}` splits (none: nothing).
+fn kernelbench_section(md: &mut String, sums: &[Value]) {
+    let kb: Vec<&Value> = sums
+        .iter()
+        .filter(|s| {
+            s["split"]
+                .as_str()
+                .is_some_and(|x| x.starts_with("kernelbench"))
+        })
+        .collect();
+    if kb.is_empty() {
+        return;
+    }
+    md.push_str("\n## KernelBench\n\nThe curriculum's KernelBench `test` problems with a native launcher (`kb-specs`), each candidate built against it and, on a GPU, run on `testgen`'s recorded tests and at the problem's own sizes, timed against the reference `Model` in torch eager. fast_p: the share of episodes whose best kernel is correct and more than p times faster than torch eager (fast_0 = correct; KernelBench, Ouyang et al. 2025, arXiv:2502.10517); against `torch.compile`: not timed. A level where nothing passed reads 0.000; without a GPU (compile-only) the pass rate and fast_p are n/a.\n\n| checkpoint | level | episodes | compile (1 turn) | pass (1 turn) | compile | fast_0 | fast_1 | fast_1.5 | fast_2 | geomean vs torch eager |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for s in kb {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            s["checkpoint"].as_str().unwrap_or_default(),
+            s["split"]
+                .as_str()
+                .unwrap_or_default()
+                .trim_start_matches("kernelbench/"),
+            s["episodes"],
+            fmt(&s["single_turn_compile_rate"]),
+            fmt(&s["single_turn_pass_rate"]),
+            fmt(&s["compile_rate"]),
+            fmt(&s["fast_0"]),
+            fmt(&s["fast_1"]),
+            fmt(&s["fast_1_5"]),
+            fmt(&s["fast_2"]),
+            fmt(&s["geomean_speedup_vs_torch"]),
+        ));
     }
 }
 
@@ -958,7 +1143,7 @@ fn report(
         ],
     )?;
     let mut tiers: BTreeMap<(&str, i64), (f64, f64, f64)> = BTreeMap::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| is_family(r)) {
         let e = tiers.entry((r.ck, r.ep.tier)).or_default();
         e.0 += 1.0;
         e.1 += f64::from(u8::from(r.ep.best_components().compiled));
@@ -1048,6 +1233,7 @@ fn report(
             fmt(&s["flagged_rate"]),
         ));
     }
+    kernelbench_section(&mut md, sums);
     if let Some((primary, guardrail)) = pre {
         let c = comparison(&mut md, rows, metrics, primary, guardrail);
         let text = serde_json::to_string_pretty(&c).map_err(|e| e.to_string())?;
@@ -1058,6 +1244,7 @@ fn report(
     if mode == "full" {
         let items: Vec<(&str, &str, &str, bool)> = rows
             .iter()
+            .filter(|r| is_family(r))
             .map(|r| {
                 (
                     r.ck,

@@ -8,6 +8,7 @@ pub mod eval;
 pub mod ingest_cuda_l1;
 pub mod ingest_kernelbench;
 pub mod ingest_sakana;
+pub mod kb_judge;
 pub mod kb_specs;
 pub mod rl_params;
 pub mod rl_progress;
