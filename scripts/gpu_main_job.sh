@@ -251,9 +251,11 @@ for m in res["rl_metrics"]:
           f"harness {m['harness_seconds']:.0f}s update {m['update_seconds']:.1f}s")
 def show_eval(rows):
   for e in rows:
+    def r(k):
+        return "n/a" if e.get(k) is None else f"{e[k]:.3f}"
     print(f"  eval {e['checkpoint']:4s} {e['split']:5s} n={e['episodes']} compile {e['compile_rate']:.3f} "
-          f"pass {e.get('pass_rate', 0):.3f} (1-turn {e.get('single_turn_pass_rate', 0):.3f}) "
-          f"fast_1 {e.get('fast_1', 0):.3f} reward {e['mean_reward']:.3f}")
+          f"pass {r('pass_rate')} (1-turn {r('single_turn_pass_rate')}) "
+          f"fast_1 {r('fast_1')} reward {e['mean_reward']:.3f}")
     print(f"       {e.get('candidates')} candidates: gen {e.get('gen_seconds') or 0:.0f}s harness "
           f"{e.get('harness_seconds') or 0:.0f}s (compile {e.get('harness_compile_seconds') or 0:.0f}, "
           f"gpu {e.get('harness_gpu_seconds') or 0:.0f}, sass {e.get('harness_sass_seconds') or 0:.0f})")

@@ -273,11 +273,11 @@ struct SummaryRow {
     harness_sass_seconds: f64,
 }
 
-/// The metrics of one checkpoint and split over its episodes `rows`.
-fn summary(rows: &[&Row]) -> SummaryRow {
+/// The metrics of one checkpoint and split over its episodes `rows`; `full`: tests ran (a GPU),
+/// so the pass rate and fast_p are rates (0 when nothing compiled), not n/a.
+fn summary(rows: &[&Row], full: bool) -> SummaryRow {
     let n = rows.len().max(1) as f64;
     let frac = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count() as f64 / n;
-    let full = rows.iter().any(|r| r.ep.best_components().mode == "full");
     let correct = |r: &Row| r.ep.best_components().honest_pass();
     let fast = |p: f64| {
         full.then(|| {
@@ -579,7 +579,8 @@ impl Stage for Eval {
         // 13: the comparison gives RL's multi-turn minus single-turn rate.
         // 14: the report says a multi-turn difference without a standard error in words.
         // 15: KernelBench rows per level (`kernelbench_samples`); the per-tier plot and the
-        // first-turn table count the task families only.
+        // first-turn table count the task families only; in full mode a split where nothing
+        // compiled has pass rate and fast_p 0, not n/a.
         15
     }
     fn params(&self) -> Value {
@@ -672,7 +673,7 @@ impl Stage for Eval {
                     harness_compile_seconds: c.harness.phases.compile,
                     harness_gpu_seconds: c.harness.phases.gpu,
                     harness_sass_seconds: c.harness.phases.sass,
-                    ..summary(&sel)
+                    ..summary(&sel, mode == "full")
                 });
             }
         }
@@ -1271,4 +1272,43 @@ fn report(
         md.push_str("\n![speedups](speedups.png)\n");
     }
     std::fs::write(dir.join("report.md"), md).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An episode of `task` with no turn (nothing compiled).
+    fn empty(task: &str) -> Row {
+        Row {
+            ck: "sft",
+            split: "kernelbench/level2",
+            ep: Episode {
+                task_id: task.into(),
+                tier: 2,
+                turns: vec![],
+                seen: BTreeMap::new(),
+                trajectory: vec![],
+                failed: vec![],
+                tried: vec![],
+                done: true,
+            },
+        }
+    }
+
+    #[test]
+    fn a_split_where_nothing_compiled_has_zero_rates_on_a_gpu_and_none_without_one() {
+        let rows = [empty("kb/L2/1_a"), empty("kb/L2/2_b")];
+        let sel: Vec<&Row> = rows.iter().collect();
+        let full = summary(&sel, true);
+        assert_eq!(full.episodes, 2);
+        assert_eq!(full.compile_rate, 0.0);
+        assert_eq!(full.pass_rate, Some(0.0));
+        assert_eq!((full.fast_0, full.fast_1), (Some(0.0), Some(0.0)));
+        assert_eq!(full.single_turn_pass_rate, Some(0.0));
+        assert_eq!(full.geomean_speedup_vs_torch, None);
+        let compile_only = summary(&sel, false);
+        assert_eq!(compile_only.pass_rate, None);
+        assert_eq!(compile_only.fast_1, None);
+    }
 }
