@@ -497,6 +497,21 @@ fn kernelbench_problems_take_native_kernels_built_against_their_kb_specs_launche
             "{task}: {sig}"
         );
     }
+    // Progress while it builds (plain lines: stderr is not a terminal here).
+    let o = p.run(&[
+        "check",
+        "--task",
+        "kb/L1/19_ReLU",
+        "--source",
+        dir.join("19_ReLU.cu").to_str().unwrap(),
+        "--mode",
+        "compile",
+    ]);
+    assert!(
+        stderr(&o).contains("progress kb/L1/19_ReLU candidates built (nvcc): done, 1 items in "),
+        "{}",
+        stderr(&o)
+    );
     // ReLU's launcher (in0, out, batch_size, dim) is not the sum reduction's (4 sizes).
     let relu = dir.join("19_ReLU.cu");
     let (_, v) = check("kb/L1/47_Sum_reduction_over_a_dimension", &relu);

@@ -99,9 +99,9 @@ impl Reporter for CliReporter {
                         .unwrap_or_else(|_| ProgressStyle::default_bar())
                         .progress_chars("=> "),
                 );
-                if total.is_none() {
-                    pb.enable_steady_tick(std::time::Duration::from_millis(250));
-                }
+                // Ticking keeps the elapsed time moving while one slow item (a trainer step, a
+                // minute-long build) is under way.
+                pb.enable_steady_tick(std::time::Duration::from_millis(250));
                 pb.set_prefix(node.to_string());
                 pb.set_message(label.to_string());
                 Box::new(BarSink(m.add(pb)))

@@ -45,7 +45,7 @@ fn check_kb(
         )));
     }
     let reporter = std::sync::Arc::new(crate::report::CliReporter::detect(false));
-    let engine = ctx.engine(reporter, 0)?;
+    let engine = ctx.engine(reporter.clone(), 0)?;
     // Recorded tests only matter on a GPU; a compile-only check needs the problem's code (and a
     // native one its signature).
     let target = match (gpu.is_some(), native) {
@@ -82,6 +82,14 @@ fn check_kb(
     }
     let rules = Rules::builtin();
     let mut built = Vec::new();
+    // Builds take about a second each (native) or about a minute (a torch extension), a GPU
+    // run tens of seconds: progress with the elapsed time (lines when stderr is not a terminal).
+    let label = if native {
+        "candidates built (nvcc)"
+    } else {
+        "candidates built (torch extensions, about a minute each)"
+    };
+    let bar = cudarl_core::Reporter::progress(&*reporter, task_id, label, Some(srcs.len() as u64));
     if native {
         let abi = cudarl_stages::kb_specs::native_abi(&out("kb-specs", "kb_specs")?, task_id)
             .map_err(|e| CliError::failed(e.to_string()))?
@@ -91,6 +99,7 @@ fn check_kb(
                 torchfmt::build_kb_native(task_id, src, &abi, &rules, compiler)
                     .map_err(|e| CliError::failed(e.to_string()))?,
             );
+            bar.inc(1);
         }
     } else {
         let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
@@ -102,8 +111,10 @@ fn check_kb(
                 torchfmt::build(task_id, &prep, compiler, Some(&env))
                     .map_err(|e| CliError::failed(e.to_string()))?,
             );
+            bar.inc(1);
         }
     }
+    bar.finish();
     let Some(g) = gpu else {
         return Ok(built.into_iter().map(|(v, _)| v).collect());
     };
@@ -113,13 +124,25 @@ fn check_kb(
         bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
         root: ctx.root.clone(),
     };
-    Ok(built
+    let bar = cudarl_core::Reporter::progress(
+        &*reporter,
+        task_id,
+        "candidates judged (recorded tests, own sizes, timing)",
+        Some(built.len() as u64),
+    );
+    let verdicts = built
         .into_iter()
-        .map(|(v, cand)| match cand {
-            Some(cand) => torchfmt::run(v, &cand, problem, &mut pool, &opts, Some(g.clone())),
-            None => v,
+        .map(|(v, cand)| {
+            let v = match cand {
+                Some(cand) => torchfmt::run(v, &cand, problem, &mut pool, &opts, Some(g.clone())),
+                None => v,
+            };
+            bar.inc(1);
+            v
         })
-        .collect())
+        .collect();
+    bar.finish();
+    Ok(verdicts)
 }
 
 /// The compiler (nvcc, the GPU's arch or `arch`, the store's compile cache), the GPU if `mode`
