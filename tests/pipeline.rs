@@ -199,11 +199,14 @@ fn status_dag_show_and_gc() {
     // validate (task kernels), validate-archive, kb-specs, testgen, sft-repairs (2 inputs),
     // sft-data (5: the curriculum's splits), tokenizer, pretrain, sft-train (generator),
     // sft-train-optimizer, sft-eval, rl-train (6 inputs: PPO-ptx reads sft-data's optimizer
-    // table), eval (8); pretrain reads synth-tasks' tasks for its copy documents (the
-    // expressions they must not show); collab-data (6), collab-sft and collab-sft-optimizer (2
-    // each).
+    // table), eval (12: with `kernelbench_samples`, the curriculum's KernelBench test problems,
+    // their source, launchers and recorded tests); pretrain reads synth-tasks' tasks for its copy
+    // documents (the expressions they must not show); collab-data (6), collab-sft and
+    // collab-sft-optimizer (2 each).
     assert_eq!(dj["nodes"].as_array().unwrap().len(), 21);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 61);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 65);
+    assert!(dot.contains("curriculum -> eval"), "{dot}");
+    assert!(dot.contains("testgen -> eval"), "{dot}");
 
     let show = stdout(&p.run(&["show", "ingest-kernelbench", "--head", "3"]));
     assert!(show.contains("270 rows"), "{show}");
