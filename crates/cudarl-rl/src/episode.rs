@@ -316,16 +316,6 @@ pub fn task_messages(task: &TaskSpec) -> (String, Vec<String>) {
     (task.signature(), shapes)
 }
 
-fn view<'a>(task: &'a TaskSpec, sig: &'a str, shapes: &'a [String]) -> TaskView<'a> {
-    TaskView {
-        tier: task.tier,
-        description: &task.description,
-        dtype: &task.dtype,
-        signature: sig,
-        shapes,
-    }
-}
-
 /// The generator's conversation for `task` (the RL prompt: the first intro and closing).
 pub fn generator_conversation(task: &TaskSpec) -> Vec<ChatMessage> {
     generator_conversation_phrased(task, 0, 0)
@@ -339,8 +329,7 @@ pub fn generator_conversation_phrased(
     intro: usize,
     closing: usize,
 ) -> Vec<ChatMessage> {
-    let (sig, shapes) = task_messages(task);
-    generator_messages(&view(task, &sig, &shapes), intro, closing)
+    generator_messages(&task.text().view(), intro, closing)
 }
 
 /// The generator's conversation for a task shown as `view`: system prompt, then the task prompt

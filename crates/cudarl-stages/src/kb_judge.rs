@@ -71,15 +71,6 @@ impl KbJudge {
             used: KbJudgeUse::default(),
         }
     }
-
-    /// `full` with a GPU, else `compile-only`.
-    pub fn mode(&self) -> &'static str {
-        if self.gpu.is_some() {
-            "full"
-        } else {
-            "compile-only"
-        }
-    }
 }
 
 impl Tester<KbTask> for KbJudge {
