@@ -1604,6 +1604,8 @@ def run_torch(req):
         "tests": [],
         "timing": None,
         "torch_timing": None,
+        "torch_compile_timing": None,
+        "torch_compile_error": None,
         "cuda_error": None,
         "load_error": None,
         "failure": None,
@@ -1720,6 +1722,54 @@ def judge_torch(judge, req, res, t_start):
     with torch.no_grad():
         res["torch_timing"] = time_fn(reference, bench, judge.flush)
     res["worker_ms"]["torch"] = (time.perf_counter() - t_ref) * 1e3
+    if req.get("torch_compile"):
+        t_comp = time.perf_counter()
+        key = (req["problem_id"], req["code"], tuple(tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)))
+        if key not in COMPILED_TIMINGS:
+            COMPILED_TIMINGS[key] = compiled_reference_timing(model, inputs, dst, bench, judge.flush)
+        res["torch_compile_timing"], res["torch_compile_error"] = COMPILED_TIMINGS[key]
+        res["worker_ms"]["torch_compile"] = (time.perf_counter() - t_comp) * 1e3
+
+
+COMPILED_TIMINGS = {}
+"""`torch.compile` timings of references by (problem id, code, input shapes): the reference's
+time does not depend on the candidate, and compiling costs seconds to a minute per problem, so
+each worker compiles and times a problem once."""
+
+
+def compiled_reference_timing(model, inputs, dst, bench, flush):
+    """`(timing, error)` of the reference `Model` under `torch.compile` with its defaults (the
+    Inductor backend, `mode=None`: KernelBench's torch.compile baseline, Ouyang et al. 2025,
+    arXiv:2502.10517), timed like torch eager (`time_fn`, outputs copied into `dst`). Heartbeats
+    go out while it compiles (a compile is one long call); a compile or run error is `error`
+    (`timing` None), never a failure of the candidate."""
+    import threading
+
+    done = threading.Event()
+
+    def beat():
+        while not done.wait(5.0):
+            heartbeat()
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        compiled = torch.compile(model)
+
+        def run():
+            for d, o in zip(dst, as_list(compiled(*inputs)), strict=True):
+                d.copy_(o)
+
+        with torch.no_grad():
+            run()
+            torch.cuda.synchronize()
+    except Exception as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+    finally:
+        done.set()
+        beater.join()
+    with torch.no_grad():
+        return time_fn(run, bench, flush), None
 
 
 class RunnerState:
@@ -1868,7 +1918,23 @@ def gpu_info():
     return {"name": p.name, "arch": f"sm_{p.major}{p.minor}", "sms": p.multi_processor_count}
 
 
-OPS = {"signature": signature, "plan": plan, "testgen": testgen, "build_env": build_env, "run_torch": run_torch}
+def threads(req):
+    """Sets torch's CPU threads for the reference runs that follow (`n` > 0; 0 keeps torch's
+    default, one per core)."""
+    n = int(req.get("n") or 0)
+    if n > 0:
+        torch.set_num_threads(n)
+    return {"threads": torch.get_num_threads()}
+
+
+OPS = {
+    "signature": signature,
+    "plan": plan,
+    "testgen": testgen,
+    "build_env": build_env,
+    "run_torch": run_torch,
+    "threads": threads,
+}
 
 
 def extract_main():

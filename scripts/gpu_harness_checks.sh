@@ -16,9 +16,12 @@
 #               then `check --json` (timed by default) of every kernel of tests/kernels/kb_native/ (named by
 #               its problem) against its kb/L1 problem; writes kb_native.jsonl (per kernel: the
 #               build's seconds, cache hit, correct, failure, recorded tests, the problem's own
-#               sizes, timing and torch eager's, speedup_vs_torch) and prints a table. Detached
+#               sizes, timing, torch eager's and torch.compile's, the speedups, and nvcc's own
+#               phase times for the kernel alone, `nvcc -time`) and prints a table. Detached
 #               (setsid) into /tmp/cudarl-kb-native; WAIT_S (default 540) bounds one command, and
-#               the next invocation on the same host collects it (ACTION=wait).
+#               the next invocation on the same host collects it (ACTION=wait). STORE: a store
+#               where testgen already ran (e.g. the main job's, /tmp/cudarl-main/store) instead
+#               of a fresh one.
 # Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
 # Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
 set -uo pipefail
@@ -108,17 +111,25 @@ elif [ "$PART" = kb-native ]; then
   K=/tmp/cudarl-kb-native
   if [ "${ACTION:-start}" = start ]; then
     rm -rf "$K"; mkdir -p "$K"
+    KS=${STORE:-$K/store}
+    NVCC=$(command -v nvcc)
     cat > "$K/job.sh" <<EOF
 set -uo pipefail
 export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner CUDARL_PYTHON=\$(command -v python3)
 t0=\$(date +%s)
-$NEW/cudarl-pipe --root . --store $K/store run testgen --json > $K/testgen.jsonl 2> $K/testgen.err
+$NEW/cudarl-pipe --root . --store $KS run testgen --json > $K/testgen.jsonl 2> $K/testgen.err
 echo "testgen rc=\$? \$(( \$(date +%s) - t0 )) s" > $K/testgen.txt
 for f in tests/kernels/kb_native/*.cu; do
   n=\$(basename \$f .cu)
   t1=\$(date +%s%N)
-  timeout 400 $NEW/cudarl-pipe --root . --store $K/store check --task kb/L1/\$n --source \$f --json > $K/\$n.json 2> $K/\$n.err
+  timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f --json > $K/\$n.json 2> $K/\$n.err
   echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/ran.txt
+done
+# nvcc's phases for each kernel alone, with the harness's step-1 flags, outside the sandbox.
+mkdir -p $K/nvcc
+for f in tests/kernels/kb_native/*.cu; do
+  n=\$(basename \$f .cu)
+  (cd $K/nvcc && $NVCC -gencode=arch=compute_90,code=sm_90 -std=c++17 -Xcompiler -fPIC -Xptxas -v -lineinfo -c --keep --keep-dir . -o k.o $PWD/\$f -time \$n.csv > /dev/null 2>&1)
 done
 touch $K/done
 EOF
@@ -138,6 +149,13 @@ for line in (k / "ran.txt").read_text().splitlines() if (k / "ran.txt").exists()
     except Exception:
         v = {"failure": "no_verdict", "failure_detail": (k / f"{n}.err").read_text()[-400:]}
     t, tt = v.get("timing") or {}, v.get("torch_timing") or {}
+    tc = v.get("torch_compile_timing") or {}
+    phases = {}
+    csv = k / "nvcc" / f"{n}.csv"
+    for ln in csv.read_text().splitlines()[1:] if csv.exists() else []:
+        c = [x.strip() for x in ln.split(",")]
+        if len(c) >= 8 and c[7] == "ms":
+            phases[c[1]] = phases.get(c[1], 0.0) + float(c[6])
     rows.append({"problem": f"kb/L1/{n}", "rc": int(rc), "check_ms": int(ms),
                  "compile_seconds": v.get("compile_seconds"), "cache_hit": v.get("cache_hit"),
                  "compiled": v.get("compiled"), "correct": v.get("correct"), "failure": v.get("failure"),
@@ -145,13 +163,19 @@ for line in (k / "ran.txt").read_text().splitlines() if (k / "ran.txt").exists()
                  "tests": [[x.get("seed"), x.get("passed")] for x in v.get("tests") or []],
                  "full_size": v.get("full_size"), "median_ms": t.get("median_ms"),
                  "torch_median_ms": tt.get("median_ms"), "speedup_vs_torch": v.get("speedup_vs_torch"),
+                 "torch_compile_median_ms": tc.get("median_ms"),
+                 "speedup_vs_torch_compile": v.get("speedup_vs_torch_compile"),
+                 "torch_compile_error": v.get("torch_compile_error"),
+                 "worker_ms": v.get("worker_ms"), "nvcc_phase_ms": phases,
                  "gpu": (v.get("gpu") or {}).get("name")})
 (out / "kb_native.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 print(f"done: {(k / 'done').exists()}")
 for r in rows:
     print(f"{r['problem']:48s} rc {r['rc']} build {r['compile_seconds'] or 0:5.2f}s correct {r['correct']} "
           f"{r['failure'] or ''} {r['median_ms'] or 0:.3f} ms vs torch {r['torch_median_ms'] or 0:.3f} ms "
-          f"speedup {r['speedup_vs_torch'] or 0:.2f} {r['failure_detail'][:120]}")
+          f"speedup {r['speedup_vs_torch'] or 0:.2f} vs compile {r['torch_compile_median_ms'] or 0:.3f} ms "
+          f"speedup {r['speedup_vs_torch_compile'] or 0:.2f} nvcc {sum(r['nvcc_phase_ms'].values()):.0f} ms "
+          f"{(r['torch_compile_error'] or '')[:80]} {r['failure_detail'][:120]}")
 PY
 elif [ "$PART" = profile ]; then
   export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner

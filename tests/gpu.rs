@@ -11,6 +11,8 @@
 //!   timings that agree with its (timing runs alone);
 //! - every reward hack in `tests/kernels/hacks/` is rejected with the expected reason inside one
 //!   `validate` run, and the run goes on (an honest kernel after them still passes).
+//! - a native KernelBench candidate passes the recorded tests and is timed against torch eager
+//!   and `torch.compile`;
 //! - decoding with CUDA graphs gives the tokens and log-probabilities of the same steps run
 //!   without graphs, log-probabilities of sampled tokens equal to the training path's, and is
 //!   faster than the dynamic-cache decode.
@@ -386,6 +388,30 @@ fn torch_format_modelnew_runs_against_recorded_tests_and_hacks_fail() {
         ["unwritten_output", "wrong_answer"].contains(&v["failure"].as_str().unwrap()),
         "{v}"
     );
+}
+
+/// A native candidate for a KernelBench problem (the launcher `kb-specs` derived) passes the
+/// recorded tests and is timed against the reference in torch eager and under `torch.compile`.
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn kernelbench_native_kernel_is_timed_against_torch_eager_and_torch_compile() {
+    if !gpu_enabled("kernelbench_native_kernel_is_timed_against_torch_eager_and_torch_compile") {
+        return;
+    }
+    let p = Project::new();
+    let src = common::repo_root().join("tests/kernels/kb_native/19_ReLU.cu");
+    let v = check_relu(&p, &[&src]);
+    assert_eq!(
+        (&v["mode"], &v["correct"]),
+        (&"full".into(), &true.into()),
+        "{v}"
+    );
+    assert!(v["speedup_vs_torch"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(
+        v["torch_compile_timing"]["median_ms"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(v["speedup_vs_torch_compile"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 /// `ModelNew` files whose `forward` attacks the judge (run only in the sandboxed runner): a

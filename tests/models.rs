@@ -628,6 +628,13 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
         assert!(kb.contains(&format!("| {ck} | level")), "{kb}");
     }
     assert!(kb.contains("| n/a | n/a | n/a | n/a | n/a |"), "{kb}");
+    // ... and against torch.compile, as KernelBench reports fast_p.
+    assert!(
+        kb.contains(
+            "| fast_1 vs compile | fast_1.5 vs compile | fast_2 vs compile | geomean vs compile |"
+        ) && kb.contains("| n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |"),
+        "{kb}"
+    );
     // The pipeline's pre-registered comparison leads, and comes as JSON for pooling draws.
     assert!(
         md.contains("## Pre-registered comparison")

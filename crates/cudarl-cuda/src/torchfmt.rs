@@ -658,6 +658,10 @@ pub struct TorchRunOptions {
     pub wall: Duration,
     /// Time the candidate and the reference at the problem's full sizes.
     pub bench: Option<crate::gpu::BenchSpec>,
+    /// With `bench`: also time the reference under `torch.compile` (once per problem and
+    /// worker: seconds to a minute of Inductor compile the first time;
+    /// [`Verdict::speedup_vs_torch_compile`]).
+    pub torch_compile: bool,
     /// The project root (the worker script, the interpreter).
     pub root: PathBuf,
 }
@@ -674,6 +678,10 @@ struct TorchAnswer {
     timing: Option<Timing>,
     #[serde(default)]
     torch_timing: Option<Timing>,
+    #[serde(default)]
+    torch_compile_timing: Option<Timing>,
+    #[serde(default)]
+    torch_compile_error: Option<String>,
     #[serde(default)]
     cuda_error: Option<String>,
     #[serde(default)]
@@ -739,7 +747,8 @@ pub fn run(
     let step_s = (opts.wall.as_secs_f64() - 10.0).max(opts.wall.as_secs_f64() * 0.5);
     let req = json!({"op": "run_torch", "problem_id": problem.id, "code": problem.code,
         "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
-        "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s});
+        "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s,
+        "torch_compile": opts.torch_compile});
     match pool.run_line(&req.to_string(), opts.wall) {
         RawOutcome::Timeout => {
             v.ran_and_failed(
@@ -900,8 +909,15 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[Path
     {
         v.speedup_vs_torch = Some(r.median_ms / t.median_ms);
     }
+    if let (Some(t), Some(r)) = (&a.timing, &a.torch_compile_timing)
+        && t.median_ms > 0.0
+    {
+        v.speedup_vs_torch_compile = Some(r.median_ms / t.median_ms);
+    }
     v.timing = a.timing;
     v.torch_timing = a.torch_timing;
+    v.torch_compile_timing = a.torch_compile_timing;
+    v.torch_compile_error = a.torch_compile_error;
     v
 }
 

@@ -61,6 +61,17 @@ pub struct Verdict {
     pub torch_timing: Option<Timing>,
     /// torch reference median / candidate median.
     pub speedup_vs_torch: Option<f64>,
+    /// KernelBench problems: timing of the reference `Model` under `torch.compile` (Inductor,
+    /// default mode) at the problem's own sizes, ms; `None` when not asked for, when the
+    /// candidate did not pass, or when compiling failed ([`Verdict::torch_compile_error`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_compile_timing: Option<Timing>,
+    /// `torch.compile` reference median / candidate median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_vs_torch_compile: Option<f64>,
+    /// Why the `torch.compile` reference has no timing (its compile or run error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_compile_error: Option<String>,
     /// Lower bound on the time: the larger of [`Verdict::roofline_bytes_ms`] and
     /// [`Verdict::roofline_flops_ms`], ms. A median below it is the `beats_roofline` hack flag.
     pub roofline_ms: Option<f64>,
@@ -174,6 +185,9 @@ impl Verdict {
             speedup_vs_naive: None,
             torch_timing: None,
             speedup_vs_torch: None,
+            torch_compile_timing: None,
+            speedup_vs_torch_compile: None,
+            torch_compile_error: None,
             roofline_ms: None,
             dram_fraction_of_peak: None,
             signature: String::new(),

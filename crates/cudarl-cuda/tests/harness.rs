@@ -460,7 +460,8 @@ fn compile_time_limit_is_cpu_time_so_a_build_that_waits_for_a_core_is_not_stoppe
         nvcc: Nvcc {
             path: fake,
             version: "13.0.88".into(),
-            lib_dirs: vec![],
+            // The build links against the shared runtime, looked up before nvcc runs.
+            lib_dirs: vec![fake_cudart(d.path())],
         },
         arch: "sm_90".into(),
         timeout: Duration::from_secs(1),
@@ -507,6 +508,12 @@ fn a_build_over_its_cpu_time_limit_is_killed_reported_and_not_cached() {
     assert!(c.compile(ok, "", &Rules::builtin()).unwrap().cache_hit);
 }
 
+/// A folder holding an empty `libcudart.so` for a stand-in nvcc's build to link against.
+fn fake_cudart(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::write(dir.join("libcudart.so"), b"").unwrap();
+    dir.to_path_buf()
+}
+
 #[test]
 fn compile_time_limit_kills_the_compiler() {
     // A stand-in "nvcc" that hangs, with a real nvcc's version string: the harness must kill
@@ -520,7 +527,8 @@ fn compile_time_limit_kills_the_compiler() {
         nvcc: Nvcc {
             path: fake,
             version: "13.0.88".into(),
-            lib_dirs: vec![],
+            // The build links against the shared runtime, looked up before nvcc runs.
+            lib_dirs: vec![fake_cudart(d.path())],
         },
         arch: "sm_90".into(),
         timeout: Duration::from_millis(500),

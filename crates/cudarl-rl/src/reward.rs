@@ -208,6 +208,10 @@ pub struct RewardComponents {
     pub sass: bool,
     /// Speedup over the PyTorch reference (informational; not in the reward).
     pub speedup_vs_torch: Option<f64>,
+    /// KernelBench problems: speedup over the reference under `torch.compile` (informational;
+    /// not in the reward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_vs_torch_compile: Option<f64>,
     /// Every train-shape test passed (`None` when nothing ran).
     pub train_shapes_passed: Option<bool>,
     /// Every hold-out-shape test passed (`None` when nothing ran).
@@ -310,6 +314,9 @@ pub fn score(
     c.correct = v.correct;
     c.timeout = v.failure.as_deref() == Some("timeout");
     c.speedup_vs_torch = v.speedup_vs_torch.filter(|_| v.correct == Some(true));
+    c.speedup_vs_torch_compile = v
+        .speedup_vs_torch_compile
+        .filter(|_| v.correct == Some(true));
     let split_ok = |split: &str| {
         let t: Vec<bool> = v
             .tests

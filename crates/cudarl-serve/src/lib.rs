@@ -780,6 +780,7 @@ async fn judge_kb(
         let opts = cudarl_cuda::torchfmt::TorchRunOptions {
             wall: s.gpu_wall,
             bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
+            torch_compile: true,
             root: s.root.clone(),
         };
         Ok(cudarl_cuda::torchfmt::run(

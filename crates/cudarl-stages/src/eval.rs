@@ -20,8 +20,8 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train, `kernelbench/level{L}`), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch (nullable), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
-//! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch (float64, nullable), reward (float64) |
+//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train, `kernelbench/level{L}`), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch, fast_1_vs_compile, fast_1_5_vs_compile, fast_2_vs_compile, geomean_speedup_vs_compile (nullable; the `_vs_compile` columns against the reference under `torch.compile`, KernelBench rows only), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
+//! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch, speedup_vs_torch_compile (float64, nullable), reward (float64) |
 //! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
 
@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use cudarl_rl::episode::{Episode, EpisodeSettings, run_episodes};
+use cudarl_rl::reward::RewardComponents;
 use cudarl_rl::stats::{
     first_turn_outcome, first_turn_table, geomean, mean_std, paired_diff, pooled, rate_diff,
     stratified_diff,
@@ -71,6 +72,10 @@ pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("fast_2"),
         f("geomean_speedup_vs_naive"),
         f("geomean_speedup_vs_torch"),
+        f("fast_1_vs_compile"),
+        f("fast_1_5_vs_compile"),
+        f("fast_2_vs_compile"),
+        f("geomean_speedup_vs_compile"),
         f("holdout_regression_rate"),
         f("mean_reward"),
         f("flagged_rate"),
@@ -100,6 +105,7 @@ pub static EPISODES: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("correct", DataType::Boolean, true),
         f("speedup_vs_naive"),
         f("speedup_vs_torch"),
+        f("speedup_vs_torch_compile"),
         Field::new("reward", DataType::Float64, false),
     ]))
 });
@@ -260,6 +266,10 @@ struct SummaryRow {
     fast_2: Option<f64>,
     geomean_speedup_vs_naive: Option<f64>,
     geomean_speedup_vs_torch: Option<f64>,
+    fast_1_vs_compile: Option<f64>,
+    fast_1_5_vs_compile: Option<f64>,
+    fast_2_vs_compile: Option<f64>,
+    geomean_speedup_vs_compile: Option<f64>,
     holdout_regression_rate: Option<f64>,
     mean_reward: f64,
     flagged_rate: f64,
@@ -274,22 +284,20 @@ struct SummaryRow {
 }
 
 /// The metrics of one checkpoint and split over its episodes `rows`; `full`: tests ran (a GPU),
-/// so the pass rate and fast_p are rates (0 when nothing compiled), not n/a.
-fn summary(rows: &[&Row], full: bool) -> SummaryRow {
+/// so the pass rate and fast_p are rates (0 when nothing compiled), not n/a; `vs_compile`: the
+/// split's references were also timed under `torch.compile` (KernelBench problems), so fast_p
+/// against it is a rate too (a correct kernel whose reference did not compile counts as not
+/// faster).
+fn summary(rows: &[&Row], full: bool, vs_compile: bool) -> SummaryRow {
     let n = rows.len().max(1) as f64;
     let frac = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count() as f64 / n;
     let correct = |r: &Row| r.ep.best_components().honest_pass();
-    let fast = |p: f64| {
-        full.then(|| {
-            frac(&|r| {
-                correct(r)
-                    && r.ep
-                        .best_components()
-                        .speedup_vs_torch
-                        .is_some_and(|s| s > p)
-            })
-        })
+    let fast_vs = |p: f64, on: bool, of: fn(&RewardComponents) -> Option<f64>| {
+        (full && on)
+            .then(|| frac(&|r| correct(r) && of(&r.ep.best_components()).is_some_and(|s| s > p)))
     };
+    let fast = |p: f64| fast_vs(p, true, |c| c.speedup_vs_torch);
+    let fast_compile = |p: f64| fast_vs(p, vs_compile, |c| c.speedup_vs_torch_compile);
     let speedups = |f: &dyn Fn(&Row) -> Option<f64>| -> Option<f64> {
         geomean(
             &rows
@@ -323,6 +331,10 @@ fn summary(rows: &[&Row], full: bool) -> SummaryRow {
         fast_2: fast(2.0),
         geomean_speedup_vs_naive: speedups(&|r| r.ep.best_components().speedup),
         geomean_speedup_vs_torch: speedups(&|r| r.ep.best_components().speedup_vs_torch),
+        fast_1_vs_compile: fast_compile(1.0),
+        fast_1_5_vs_compile: fast_compile(1.5),
+        fast_2_vs_compile: fast_compile(2.0),
+        geomean_speedup_vs_compile: speedups(&|r| r.ep.best_components().speedup_vs_torch_compile),
         holdout_regression_rate: regress,
         mean_reward: mean_std(&rewards).0,
         flagged_rate: frac(&|r| r.ep.flagged()),
@@ -345,6 +357,7 @@ struct EpisodeRow<'a> {
     correct: Option<bool>,
     speedup_vs_naive: Option<f64>,
     speedup_vs_torch: Option<f64>,
+    speedup_vs_torch_compile: Option<f64>,
     reward: f64,
 }
 
@@ -364,6 +377,7 @@ impl<'a> EpisodeRow<'a> {
             correct: best.correct,
             speedup_vs_naive: best.speedup,
             speedup_vs_torch: best.speedup_vs_torch,
+            speedup_vs_torch_compile: best.speedup_vs_torch_compile,
             reward: r.ep.final_reward(),
         }
     }
@@ -581,7 +595,8 @@ impl Stage for Eval {
         // 15: KernelBench rows per level (`kernelbench_samples`); the per-tier plot and the
         // first-turn table count the task families only; in full mode a split where nothing
         // compiled has pass rate and fast_p 0, not n/a.
-        15
+        // 16: KernelBench fast_p and speedups against `torch.compile`.
+        16
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -673,7 +688,7 @@ impl Stage for Eval {
                     harness_compile_seconds: c.harness.phases.compile,
                     harness_gpu_seconds: c.harness.phases.gpu,
                     harness_sass_seconds: c.harness.phases.sass,
-                    ..summary(&sel, mode == "full")
+                    ..summary(&sel, mode == "full", split.starts_with("kernelbench"))
                 });
             }
         }
@@ -731,10 +746,10 @@ fn kernelbench_section(md: &mut String, sums: &[Value]) {
     if kb.is_empty() {
         return;
     }
-    md.push_str("\n## KernelBench\n\nThe curriculum's KernelBench `test` problems with a native launcher (`kb-specs`), each candidate built against it and, on a GPU, run on `testgen`'s recorded tests and at the problem's own sizes, timed against the reference `Model` in torch eager. fast_p: the share of episodes whose best kernel is correct and more than p times faster than torch eager (fast_0 = correct; KernelBench, Ouyang et al. 2025, arXiv:2502.10517); against `torch.compile`: not timed. A level where nothing passed reads 0.000; without a GPU (compile-only) the pass rate and fast_p are n/a.\n\n| checkpoint | level | episodes | compile (1 turn) | pass (1 turn) | compile | fast_0 | fast_1 | fast_1.5 | fast_2 | geomean vs torch eager |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n## KernelBench\n\nThe curriculum's KernelBench `test` problems with a native launcher (`kb-specs`), each candidate built against it and, on a GPU, run on `testgen`'s recorded tests and at the problem's own sizes, timed against the reference `Model` in torch eager and under `torch.compile` (Inductor, default mode; compiled once per problem). fast_p: the share of episodes whose best kernel is correct and more than p times faster than the baseline (fast_0 = correct; KernelBench, Ouyang et al. 2025, arXiv:2502.10517). A level where nothing passed reads 0.000; without a GPU (compile-only) the pass rate and fast_p are n/a.\n\n| checkpoint | level | episodes | compile (1 turn) | pass (1 turn) | compile | fast_0 | fast_1 | fast_1.5 | fast_2 | geomean vs torch eager | fast_1 vs compile | fast_1.5 vs compile | fast_2 vs compile | geomean vs compile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for s in kb {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s["checkpoint"].as_str().unwrap_or_default(),
             s["split"]
                 .as_str()
@@ -749,6 +764,10 @@ fn kernelbench_section(md: &mut String, sums: &[Value]) {
             fmt(&s["fast_1_5"]),
             fmt(&s["fast_2"]),
             fmt(&s["geomean_speedup_vs_torch"]),
+            fmt(&s["fast_1_vs_compile"]),
+            fmt(&s["fast_1_5_vs_compile"]),
+            fmt(&s["fast_2_vs_compile"]),
+            fmt(&s["geomean_speedup_vs_compile"]),
         ));
     }
 }
@@ -1300,14 +1319,16 @@ mod tests {
     fn a_split_where_nothing_compiled_has_zero_rates_on_a_gpu_and_none_without_one() {
         let rows = [empty("kb/L2/1_a"), empty("kb/L2/2_b")];
         let sel: Vec<&Row> = rows.iter().collect();
-        let full = summary(&sel, true);
+        let full = summary(&sel, true, true);
         assert_eq!(full.episodes, 2);
         assert_eq!(full.compile_rate, 0.0);
         assert_eq!(full.pass_rate, Some(0.0));
         assert_eq!((full.fast_0, full.fast_1), (Some(0.0), Some(0.0)));
         assert_eq!(full.single_turn_pass_rate, Some(0.0));
         assert_eq!(full.geomean_speedup_vs_torch, None);
-        let compile_only = summary(&sel, false);
+        assert_eq!(full.fast_1_vs_compile, Some(0.0));
+        assert_eq!(summary(&sel, true, false).fast_1_vs_compile, None);
+        let compile_only = summary(&sel, false, true);
         assert_eq!(compile_only.pass_rate, None);
         assert_eq!(compile_only.fast_1, None);
     }

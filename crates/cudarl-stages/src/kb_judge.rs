@@ -65,6 +65,7 @@ impl KbJudge {
             opts: TorchRunOptions {
                 wall,
                 bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
+                torch_compile: true,
                 root: root.to_path_buf(),
             },
             judged: BTreeMap::new(),

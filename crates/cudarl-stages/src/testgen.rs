@@ -136,6 +136,17 @@ pub struct Params {
     /// Only the first N covered problems of each level (quick runs and tests).
     #[serde(default)]
     pub limit: Option<usize>,
+    /// CPU threads of the reference runs (`torch.set_num_threads`); 0: torch's default (one per
+    /// core). One by default: the recorded outputs do not depend on the machine's core count,
+    /// and no OpenMP threads spin on the cores `validate`'s nvcc builds use beside it (with one
+    /// per core on a 16-core H200 host, testgen took 245 s beside validate against 36 s alone,
+    /// and validate 257 s against about 210 s: benchmarks/results/main_job_h200_2026-11-28_kernelbench_eval.json).
+    #[serde(default = "d_threads")]
+    pub threads: usize,
+}
+
+fn d_threads() -> usize {
+    1
 }
 
 impl Params {
@@ -376,7 +387,12 @@ impl Stage for Testgen {
         let selected = selected_specs(&st, p)?;
         let worker_src =
             cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
-        let versions = python_versions(ctx.root()).map_err(StageError::Failed)?;
+        // The memo keys hold the interpreter, torch and the threads the references run with.
+        let versions = format!(
+            "{} threads={}",
+            python_versions(ctx.root()).map_err(StageError::Failed)?,
+            p.threads
+        );
         let salt = if p.hidden_seeds > 0 {
             cudarl_cuda::verdict::hidden_salt(ctx.store())
                 .map_err(|e| StageError::Failed(e.to_string()))?
@@ -389,7 +405,10 @@ impl Stage for Testgen {
         let mut worker: Option<PyWorker> = None;
         let mut call = |req: Value| -> Result<Value, StageError> {
             if worker.is_none() {
-                worker = Some(PyWorker::start(ctx.root()).map_err(StageError::Failed)?);
+                let mut w = PyWorker::start(ctx.root()).map_err(StageError::Failed)?;
+                w.call(&json!({"op": "threads", "n": p.threads}))
+                    .map_err(StageError::Failed)?;
+                worker = Some(w);
             }
             worker
                 .as_mut()

@@ -1001,6 +1001,9 @@ impl Validate {
         let opts = torchfmt::TorchRunOptions {
             wall: Duration::from_secs(self.params.timeout_s.max(60)),
             bench: self.params.bench.then(cudarl_cuda::gpu::BenchSpec::default),
+            // The archive's claims are against torch eager; a compile per problem would add
+            // minutes to a run of every archive kernel.
+            torch_compile: false,
             root: ctx.root().to_path_buf(),
         };
         for (i, b) in built.into_iter().enumerate() {

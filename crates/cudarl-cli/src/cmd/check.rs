@@ -122,6 +122,7 @@ fn check_kb(
     let opts = torchfmt::TorchRunOptions {
         wall: Duration::from_secs(timeout),
         bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
+        torch_compile: bench,
         root: ctx.root.clone(),
     };
     let bar = cudarl_core::Reporter::progress(
@@ -406,6 +407,14 @@ fn print_verdict(v: &cudarl_cuda::Verdict, json: bool) -> i32 {
             }
             if let Some(s) = v.speedup_vs_naive {
                 println!("  speedup vs naive: {s:.2}x");
+            }
+            if let Some(s) = v.speedup_vs_torch {
+                println!("  speedup vs torch eager: {s:.2}x");
+            }
+            if let Some(s) = v.speedup_vs_torch_compile {
+                println!("  speedup vs torch.compile: {s:.2}x");
+            } else if let Some(e) = &v.torch_compile_error {
+                println!("  speedup vs torch.compile: not timed ({e})");
             }
             if let Some(f) = v.dram_fraction_of_peak {
                 println!("  DRAM bandwidth: {:.0}% of peak", f * 100.0);
