@@ -1741,8 +1741,8 @@ def compiled_reference_timing(model, inputs, dst, bench, flush):
     """`(timing, error)` of the reference `Model` under `torch.compile` with its defaults (the
     Inductor backend, `mode=None`: KernelBench's torch.compile baseline, Ouyang et al. 2025,
     arXiv:2502.10517), timed like torch eager (`time_fn`, outputs copied into `dst`). Heartbeats
-    go out while it compiles (a compile is one long call); a compile or run error is `error`
-    (`timing` None), never a failure of the candidate."""
+    go out while it compiles (a compile is one long call); a compile, run or timing error is
+    `error` (`timing` None), never a failure of the candidate."""
     import threading
 
     done = threading.Event()
@@ -1764,12 +1764,21 @@ def compiled_reference_timing(model, inputs, dst, bench, flush):
             run()
             torch.cuda.synchronize()
     except Exception as e:
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+        return None, first_line(e)
     finally:
         done.set()
         beater.join()
-    with torch.no_grad():
-        return time_fn(run, bench, flush), None
+    try:
+        with torch.no_grad():
+            return time_fn(run, bench, flush), None
+    except Exception as e:
+        return None, first_line(e)
+
+
+def first_line(e):
+    """An exception as `Type: first line of its message`, at most 500 characters."""
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {msg}"[:500]
 
 
 class RunnerState:
