@@ -125,7 +125,8 @@ for f in tests/kernels/kb_native/*.cu; do
   timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f --json > $K/\$n.json 2> $K/\$n.err
   echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/ran.txt
 done
-# nvcc's phases for each kernel alone, with the harness's step-1 flags, outside the sandbox.
+# nvcc's phases for each kernel alone, with the harness's compile flags to an object (no link,
+# no shim), outside the sandbox.
 mkdir -p $K/nvcc
 for f in tests/kernels/kb_native/*.cu; do
   n=\$(basename \$f .cu)

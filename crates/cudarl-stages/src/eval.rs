@@ -688,7 +688,7 @@ impl Stage for Eval {
                     harness_compile_seconds: c.harness.phases.compile,
                     harness_gpu_seconds: c.harness.phases.gpu,
                     harness_sass_seconds: c.harness.phases.sass,
-                    ..summary(&sel, mode == "full", split.starts_with("kernelbench"))
+                    ..summary(&sel, mode == "full", is_kernelbench(split))
                 });
             }
         }
@@ -729,7 +729,12 @@ impl Stage for Eval {
 
 /// Whether `r` is an episode on a task family (not a KernelBench problem).
 fn is_family(r: &Row) -> bool {
-    !r.split.starts_with("kernelbench")
+    !is_kernelbench(r.split)
+}
+
+/// Whether `split` holds KernelBench problems (`kernelbench/level{L}`, [`kb_split`]).
+fn is_kernelbench(split: &str) -> bool {
+    split.starts_with("kernelbench")
 }
 
 /// The report's KernelBench section: per checkpoint and level, from the `summary` rows of the
@@ -737,11 +742,7 @@ fn is_family(r: &Row) -> bool {
 fn kernelbench_section(md: &mut String, sums: &[Value]) {
     let kb: Vec<&Value> = sums
         .iter()
-        .filter(|s| {
-            s["split"]
-                .as_str()
-                .is_some_and(|x| x.starts_with("kernelbench"))
-        })
+        .filter(|s| s["split"].as_str().is_some_and(is_kernelbench))
         .collect();
     if kb.is_empty() {
         return;

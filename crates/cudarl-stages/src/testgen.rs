@@ -406,8 +406,17 @@ impl Stage for Testgen {
         let mut call = |req: Value| -> Result<Value, StageError> {
             if worker.is_none() {
                 let mut w = PyWorker::start(ctx.root()).map_err(StageError::Failed)?;
-                w.call(&json!({"op": "threads", "n": p.threads}))
+                // The memo keys name the thread count: a worker that did not take it must not
+                // record under them.
+                let a = w
+                    .call(&json!({"op": "threads", "n": p.threads}))
                     .map_err(StageError::Failed)?;
+                if a["ok"] != Value::Bool(true) {
+                    return Err(StageError::Failed(format!(
+                        "the Python worker did not set {} CPU threads: {}",
+                        p.threads, a["error"]
+                    )));
+                }
                 worker = Some(w);
             }
             worker
