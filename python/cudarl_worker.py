@@ -212,7 +212,7 @@ def signature(req):
             ins.append({"name": f"in{i}", "scalar": repr(x)})
         else:
             excluded = excluded or f"input {i} is a {type(x).__name__}, not a tensor or number"
-    params = [{"name": n.replace(".", "_"), **describe(p)} for n, p in model.state_dict().items()]
+    params = [{"name": n.replace(".", "_"), "state_name": n, **describe(p)} for n, p in model.state_dict().items()]
     outs = as_list(out)
     outputs = []
     for i, o in enumerate(outs):

@@ -21,7 +21,9 @@
 #               (setsid) into /tmp/cudarl-kb-native; WAIT_S (default 540) bounds one command, and
 #               the next invocation on the same host collects it (ACTION=wait). STORE: a store
 #               where testgen already ran (e.g. the main job's, /tmp/cudarl-main/store) instead
-#               of a fresh one.
+#               of a fresh one. TORCH_EQUIV=1: then the same kernels as torch extensions
+#               (scripts/kb_torch_equivalents.py), built side by side and checked one at a
+#               time; writes kb_torch_agreement.jsonl (each verdict beside the native one's).
 # Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
 # Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
 set -uo pipefail
@@ -125,6 +127,20 @@ for f in tests/kernels/kb_native/*.cu; do
   timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f --json > $K/\$n.json 2> $K/\$n.err
   echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/ran.txt
 done
+# TORCH_EQUIV=1: the same kernels as torch extensions (scripts/kb_torch_equivalents.py), built
+# side by side (check --mode compile fills the build cache), then checked one at a time.
+if [ "${TORCH_EQUIV:-0}" = 1 ]; then
+  python3 scripts/kb_torch_equivalents.py $K/torch > $K/torch.txt 2>&1
+  t2=\$(date +%s)
+  ls $K/torch/*.cu | xargs -P 16 -I{} sh -c 'n=\$(basename {} .cu); timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source {} --mode compile --json > $K/torch/\$n.build.json 2> $K/torch/\$n.build.err'
+  echo "torch builds \$(( \$(date +%s) - t2 )) s" >> $K/torch.txt
+  for f in $K/torch/*.cu; do
+    n=\$(basename \$f .cu)
+    t1=\$(date +%s%N)
+    timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f --json > $K/torch/\$n.json 2> $K/torch/\$n.err
+    echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/torch/ran.txt
+  done
+fi
 # nvcc's phases for each kernel alone, with the harness's compile flags to an object (no link,
 # no shim), outside the sandbox.
 mkdir -p $K/nvcc
@@ -170,6 +186,31 @@ for line in (k / "ran.txt").read_text().splitlines() if (k / "ran.txt").exists()
                  "worker_ms": v.get("worker_ms"), "nvcc_phase_ms": phases,
                  "gpu": (v.get("gpu") or {}).get("name")})
 (out / "kb_native.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+# TORCH_EQUIV=1: each torch-format equivalent's verdict beside the native one's.
+tdir, agree = k / "torch", []
+for line in (tdir / "ran.txt").read_text().splitlines() if (tdir / "ran.txt").exists() else []:
+    n, rc, ms = line.split()
+    try:
+        v = json.loads((tdir / f"{n}.json").read_text())
+    except Exception:
+        v = {"failure": "no_verdict", "failure_detail": (tdir / f"{n}.err").read_text()[-400:]}
+    try:
+        b = json.loads((tdir / f"{n}.build.json").read_text())
+    except Exception:
+        b = {}
+    nat = next((r for r in rows if r["problem"] == f"kb/L1/{n}"), {})
+    agree.append({"problem": f"kb/L1/{n}", "rc": int(rc), "check_ms": int(ms),
+                  "build_seconds": b.get("compile_seconds"),
+                  "native": {"correct": nat.get("correct"), "failure": nat.get("failure"),
+                             "speedup_vs_torch": nat.get("speedup_vs_torch")},
+                  "torch": {"correct": v.get("correct"), "failure": v.get("failure"),
+                            "failure_detail": (v.get("failure_detail") or "")[:300],
+                            "speedup_vs_torch": v.get("speedup_vs_torch"),
+                            "speedup_vs_torch_compile": v.get("speedup_vs_torch_compile"),
+                            "median_ms": (v.get("timing") or {}).get("median_ms")},
+                  "same_verdict": (nat.get("correct"), nat.get("failure")) == (v.get("correct"), v.get("failure"))})
+if agree:
+    (out / "kb_torch_agreement.jsonl").write_text("".join(json.dumps(r) + "\n" for r in agree))
 print(f"done: {(k / 'done').exists()}")
 for r in rows:
     print(f"{r['problem']:48s} rc {r['rc']} build {r['compile_seconds'] or 0:5.2f}s correct {r['correct']} "
@@ -177,6 +218,12 @@ for r in rows:
           f"speedup {r['speedup_vs_torch'] or 0:.2f} vs compile {r['torch_compile_median_ms'] or 0:.3f} ms "
           f"speedup {r['speedup_vs_torch_compile'] or 0:.2f} nvcc {sum(r['nvcc_phase_ms'].values()):.0f} ms "
           f"{(r['torch_compile_error'] or '')[:80]} {r['failure_detail'][:120]}")
+for a in agree:
+    print(f"{a['problem']:48s} torch-format: build {a['build_seconds'] or 0:5.1f}s correct {a['torch']['correct']} "
+          f"{a['torch']['failure'] or ''} speedup {a['torch']['speedup_vs_torch'] or 0:.2f} (native "
+          f"{a['native']['speedup_vs_torch'] or 0:.2f}) same verdict {a['same_verdict']} {a['torch']['failure_detail'][:100]}")
+if agree:
+    print(f"torch-format equivalents: {sum(a['same_verdict'] for a in agree)}/{len(agree)} same verdict as native")
 PY
 elif [ "$PART" = profile ]; then
   export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner

@@ -805,6 +805,132 @@ fn ppo_ptx_records_its_sft_loss_and_ptx_coef_zero_turns_it_off() {
 }
 
 #[test]
+fn rl_train_practises_the_curriculums_kernelbench_train_problems_by_tier_with_kernelbench_share() {
+    // Every task a KernelBench problem: each step's group is one `train` problem of the
+    // curriculum with a native launcher, of an open tier, its turns built against the launcher
+    // (compile-only on the CPU).
+    let p = after_rl();
+    let kb = ["rl-train.kernelbench_share=1.0"];
+    run_ok(&p, &["rl-train"], &kb);
+    let cur = rows(&p, "curriculum", "curriculum");
+    let train: std::collections::BTreeMap<String, i64> = cur
+        .iter()
+        .filter(|r| {
+            r["source"] == "kernelbench" && r["split"] == "train" && !r["signature"].is_null()
+        })
+        .map(|r| {
+            (
+                r["problem_id"].as_str().unwrap().to_string(),
+                r["tier"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(!train.is_empty());
+    let turns = rows_with(&p, "rl-train", "turns", &kb);
+    let metrics = rows_with(&p, "rl-train", "metrics", &kb);
+    assert_eq!(metrics.len(), 2);
+    for t in &turns {
+        let id = t["task_id"].as_str().unwrap();
+        let tier = train
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} is no train problem"));
+        assert_eq!(t["tier"].as_i64(), Some(*tier), "{t}");
+        let open = metrics[t["step"].as_i64().unwrap() as usize - 1]["tier"]
+            .as_i64()
+            .unwrap();
+        assert!(*tier <= open, "{t}");
+        assert_eq!(
+            t["components_json"]
+                .as_str()
+                .map(|c| c.contains("compile-only")),
+            Some(true)
+        );
+    }
+    // group_size 2: each step's first turns are two episodes of one problem.
+    let firsts: Vec<&Value> = turns.iter().filter(|t| t["turn"] == 0).collect();
+    assert_eq!(firsts.len(), 4);
+    assert_eq!(firsts[0]["task_id"], firsts[1]["task_id"]);
+    // The share's absence is the run without it: its key and its rows are unchanged.
+    let plain = rows(&p, "rl-train", "metrics");
+    assert_eq!(plain.len(), 2);
+    assert!(
+        rows(&p, "rl-train", "turns")
+            .iter()
+            .all(|t| !t["task_id"].as_str().unwrap().starts_with("kb/"))
+    );
+}
+
+#[test]
+fn optimize_runs_the_rl_agents_on_a_new_problem_and_says_a_cpu_verifies_nothing() {
+    // A KernelBench-format file outside KernelBench: its launcher and tests are derived, the RL
+    // agents write and revise kernels for it, and without a GPU nothing is verified (exit 1).
+    let p = after_rl();
+    let out = p.path("optimized");
+    let src = p.path("examples/optimize/level1/0_swish.py");
+    let optimize = |problem: &str| {
+        p.run(&[
+            "optimize",
+            problem,
+            "--out",
+            out.to_str().unwrap(),
+            "--samples",
+            "2",
+            "--turns",
+            "2",
+            "--json",
+        ])
+    };
+    let o = optimize(src.to_str().unwrap());
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["problem_id"], "kb/L1/0_swish", "{v}");
+    assert_eq!(
+        (v["mode"].as_str(), v["episodes"].as_i64()),
+        (Some("compile-only"), Some(2))
+    );
+    assert_eq!(v["speedup_vs_torch"], Value::Null);
+    match v["status"].as_str() {
+        Some("compiled") => {
+            let dir = out.join("0_swish");
+            let cu = std::fs::read_to_string(dir.join("0_swish.cu")).unwrap();
+            assert!(cu.contains("launch"), "{cu}");
+            let wrapper = std::fs::read_to_string(dir.join("0_swish_model_new.py")).unwrap();
+            assert!(wrapper.contains("NOT verified") && wrapper.contains("class ModelNew"));
+        }
+        Some("none") => assert_eq!(v["dir"], Value::Null),
+        s => panic!("status {s:?}"),
+    }
+    // Its episodes were judged against the launcher kb-specs derived for the file.
+    let code = std::fs::read(&src).unwrap();
+    let dir = p
+        .store()
+        .join("optimize-problems")
+        .join(&blake3::hash(&code).to_hex()[..16]);
+    let set = format!("optimize-problem.path=\"{}\"", dir.display());
+    let sets = [set.as_str(), "optimize.samples=2", "optimize.max_turns=2"];
+    let specs = rows_with(&p, "optimize-specs", "kb_specs", &sets);
+    assert_eq!(specs.len(), 1);
+    assert!(
+        specs[0]["signature"].as_str().unwrap().contains("launch("),
+        "{}",
+        specs[0]
+    );
+    let turns = rows_with(&p, "optimize", "turns", &sets);
+    assert!(!turns.is_empty() && turns.len() <= 4);
+    assert!(turns.iter().all(|t| t["task_id"] == "kb/L1/0_swish"));
+    // A KernelBench problem by id; a file that is not a problem is named (exit 2).
+    let o = optimize("kb/L1/19_ReLU");
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["problem_id"], "kb/L1/19_ReLU");
+    let bad = p.path("not_a_problem.py");
+    std::fs::write(&bad, "print('hello')\n").unwrap();
+    let o = optimize(bad.to_str().unwrap());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("not_a_problem.py: not a KernelBench-format problem"));
+}
+
+#[test]
 fn bad_rl_train_params_are_named_with_exit_2() {
     let p = cpu_project();
     for (set, says) in [
@@ -815,6 +941,10 @@ fn bad_rl_train_params_are_named_with_exit_2() {
         ),
         ("rl-train.algorithm=\"a2c\"", "expected `grpo` or `ppo`"),
         ("rl-train.target_kl=0.0", "target_kl must be a positive"),
+        (
+            "rl-train.kernelbench_share=1.5",
+            "kernelbench_share must be in [0, 1]",
+        ),
     ] {
         fails_with(&p, &["rl-train"], set, says);
     }

@@ -202,9 +202,10 @@ fn status_dag_show_and_gc() {
     // table), eval (12: with `kernelbench_samples`, the curriculum's KernelBench test problems,
     // their source, launchers and recorded tests); pretrain reads synth-tasks' tasks for its copy
     // documents (the expressions they must not show); collab-data (6), collab-sft and
-    // collab-sft-optimizer (2 each).
-    assert_eq!(dj["nodes"].as_array().unwrap().len(), 21);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 65);
+    // collab-sft-optimizer (2 each); `optimize`'s chain: optimize-problem, optimize-specs (1),
+    // optimize-tests (2), optimize (5: the problem, its launcher and tests, the RL agents).
+    assert_eq!(dj["nodes"].as_array().unwrap().len(), 25);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 73);
     assert!(dot.contains("curriculum -> eval"), "{dot}");
     assert!(dot.contains("testgen -> eval"), "{dot}");
 

@@ -533,3 +533,92 @@ fn kernelbench_problems_take_native_kernels_built_against_their_kb_specs_launche
         stderr(&o)
     );
 }
+
+#[test]
+fn a_model_new_wrapper_passes_inputs_parameters_outputs_and_sizes_read_from_shapes_to_launch() {
+    // A launcher with a tensor and a number input, a parameter (`fc.weight` in the reference's
+    // state dict) and one output; the sizes come from the shapes the wrapper is called with,
+    // not from the problem's values.
+    let abi = cudarl_cuda::torchfmt::KbNative::from_row(
+        r#"extern "C" void launch(const float* in0, float in1, const float* fc_weight, float* out, int64_t batch, int64_t dim, int64_t out_f, cudaStream_t stream)"#,
+        &json!({
+            "inputs": [
+                {"name": "in0", "shape": [16, 32], "dims": ["batch", "dim"], "dtype": "f32"},
+                {"name": "in1", "scalar": "0.5"}
+            ],
+            "params": [{"name": "fc_weight", "state_name": "fc.weight", "shape": [8, 32],
+                        "dims": ["out_f", "dim"], "dtype": "f32"}],
+            "outputs": [{"name": "out", "shape": [16, 8], "dims": ["batch", "out_f"], "dtype": "f32"}]
+        })
+        .to_string(),
+        r#"{"batch": 16, "dim": 32, "out_f": 8}"#,
+    )
+    .unwrap();
+    let source = "// the kernel, with \"quotes\" and {kernel} in it\nextern \"C\" void launch();\n";
+    let text = abi.model_new("kb/L1/0_linear_scale", source, "A note.");
+    assert!(text.starts_with("\"\"\"A note."), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model_new.py");
+    std::fs::write(&file, &text).unwrap();
+    // The wrapper's own logic on the CPU, its load_inline build replaced by a recorder.
+    let script = r#"
+import importlib.util, json, sys
+import torch
+spec = importlib.util.spec_from_file_location("m", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+class Recorder:
+    def cudarl_run(self, t, s, z):
+        self.got = (t, s, z)
+        t[-1].fill_(7.0)
+r = Recorder()
+m._EXT.append(r)
+net = m.ModelNew()
+state = {k: list(v.shape) for k, v in net.state_dict().items()}
+y = net(torch.ones(4, 32), 0.5)
+t, s, z = r.got
+print(json.dumps({"state": state, "sizes": z, "scalars": s, "shapes": [list(x.shape) for x in t],
+                  "out": list(y.shape), "value": y[0, 0].item(), "kernel": m.KERNEL, "binding": m.BINDING,
+                  "headers": m.HEADERS}))
+"#;
+    let Some(py) = common::python() else {
+        eprintln!("SKIPPED: no Python with torch");
+        return;
+    };
+    let o = Command::new(py)
+        .args(["-c", script])
+        .arg(&file)
+        .output()
+        .unwrap();
+    if o.status.code() != Some(0) && std::env::var("CUDARL_REQUIRE_PYTHON").is_err() {
+        eprintln!("SKIPPED: no Python with torch: {}", stderr(&o));
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{}\n{text}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["state"], json!({"fc.weight": [8, 32]}));
+    assert_eq!(
+        v["sizes"],
+        json!([4, 32, 8]),
+        "batch from the input, out_f from the parameter"
+    );
+    assert_eq!(v["scalars"], json!([0.5]));
+    assert_eq!(v["shapes"], json!([[4, 32], [8, 32], [4, 8]]));
+    assert_eq!(
+        (v["out"].clone(), v["value"].clone()),
+        (json!([4, 8]), json!(7.0))
+    );
+    assert_eq!(v["kernel"], source, "the kernel verbatim");
+    let binding = v["binding"].as_str().unwrap();
+    assert!(
+        binding.contains("launch((const float*)cudarl_t[0].data_ptr(), (float)cudarl_s[0], (const float*)cudarl_t[1].data_ptr(), (float*)cudarl_t[2].data_ptr(), cudarl_z[0], cudarl_z[1], cudarl_z[2], at::cuda::getCurrentCUDAStream())"),
+        "{binding}"
+    );
+    // Torch's headers come before the kernel, whose macros cannot break them.
+    assert!(
+        v["headers"]
+            .as_str()
+            .unwrap()
+            .contains("#include <torch/extension.h>")
+    );
+}

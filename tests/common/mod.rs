@@ -82,7 +82,7 @@ impl Project {
     pub fn full() -> Project {
         let dir = tempfile::tempdir().unwrap();
         let root = repo_root();
-        for d in ["pipelines", "configs", "datasets", "python"] {
+        for d in ["pipelines", "configs", "datasets", "python", "examples"] {
             copy_dir(&root.join(d), &dir.path().join(d));
         }
         for f in ["default.toml", "verl.toml"] {

@@ -209,6 +209,33 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Optimize one problem with the trained agents: PROBLEM is a KernelBench-format PyTorch
+    /// file (a `Model` with `get_inputs`) or a KernelBench problem id (`kb/L1/19_ReLU`). Its
+    /// native launcher and tests are derived as for KernelBench problems (nodes
+    /// `optimize-problem`, `optimize-specs`, `optimize-tests`), then the RL generator and
+    /// optimizer write and revise kernels with the tester (node `optimize`) and the best verified
+    /// one is written to DIR/<name>/ (`<name>.cu`, `<name>_model_new.py`, `<name>_verdict.json`).
+    /// Exit 0 when a kernel was verified on the GPU, 1 when none was (compile-only without a GPU).
+    Optimize {
+        /// The problem: a file, or a KernelBench problem id.
+        problem: String,
+        /// Where the kept kernel goes (DIR/<name>/).
+        #[arg(long, value_name = "DIR", default_value = "optimized")]
+        out: PathBuf,
+        /// Episodes (default: `optimize.samples` of the pipeline).
+        #[arg(long)]
+        samples: Option<usize>,
+        /// Turns per episode: the generator's kernel, then the optimizer's revisions (default:
+        /// `optimize.max_turns`).
+        #[arg(long)]
+        turns: Option<usize>,
+        /// The KernelBench level a file is filed under (its problem id is `kb/L<level>/<name>`).
+        #[arg(long, default_value_t = 1)]
+        level: i64,
+        /// The result as one line of JSON on stdout (docs/json.md).
+        #[arg(long)]
+        json: bool,
+    },
     /// SQL over the tables of every node built under the current settings, named
     /// `node.table` (e.g. `SELECT tier, avg(pass) FROM eval.episodes GROUP BY tier`), with
     /// polars; prints a table, or JSON Lines (`--json`), or writes Parquet (`--parquet`). Needs a

@@ -532,6 +532,13 @@ pub struct KbBuffer {
     /// The problem's value of a number input.
     #[serde(default)]
     pub scalar: Option<String>,
+    /// A tensor's dimensions: size names (the problem's constants) or literal extents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dims: Vec<Value>,
+    /// A parameter's name in the reference's state dict (`conv.weight`; `name` is it with `.`
+    /// as `_`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_name: Option<String>,
 }
 
 /// A KernelBench problem's native ABI, from its `kb-specs` row: `extern "C" void launch(...)`
@@ -550,6 +557,8 @@ pub struct KbNative {
     pub outputs: Vec<KbBuffer>,
     /// Size names, in the signature's order.
     pub sizes: Vec<String>,
+    /// The sizes' values at the problem's own sizes, in the same order.
+    pub size_values: Vec<i64>,
 }
 
 impl KbNative {
@@ -571,17 +580,131 @@ impl KbNative {
             inputs: list("inputs")?,
             params: list("params")?,
             outputs: list("outputs")?,
+            size_values: sizes.values().map(|v| v.as_i64().unwrap_or(0)).collect(),
             sizes: sizes.keys().cloned().collect(),
         })
+    }
+
+    /// A KernelBench `ModelNew` file running `source` (a native candidate defining this
+    /// launcher) for problem `id`: the source and a binding built by
+    /// `torch.utils.cpp_extension.load_inline` on first use, `forward(*inputs)` allocating the
+    /// outputs and calling `launch` with the sizes read from the inputs' shapes (a size no input
+    /// or parameter carries: the problem's value) on torch's current stream. A reference with
+    /// parameters has them registered under its state-dict names, uninitialized: load them with
+    /// `model_new.load_state_dict(model.state_dict())`. `note` opens the file's docstring.
+    pub fn model_new(&self, id: &str, source: &str, note: &str) -> String {
+        let call = self.launch_args(
+            &|i| format!("(float)cudarl_s[{i}]"),
+            &|i, ptr| format!("({ptr})cudarl_t[{i}].data_ptr()"),
+            &|i| format!("cudarl_z[{i}]"),
+            "at::cuda::getCurrentCUDAStream()",
+        );
+        let mut headers = self.half_headers();
+        // Torch's headers go before the kernel (a kernel's `#define T 32` would break them), the
+        // binding after it, its names prefixed so that the kernel's macros do not reach them.
+        headers.push_str("#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>\n");
+        let binding = format!(
+            "void cudarl_run(std::vector<torch::Tensor> cudarl_t, std::vector<double> cudarl_s, \
+             std::vector<int64_t> cudarl_z) {{\n    launch({});\n}}\n",
+            call.join(", ")
+        );
+        // Where each size is read: ("input", index, dim) or ("param", name, dim), else None.
+        let find = |name: &str| -> String {
+            let at = |bs: &[KbBuffer], param: bool| {
+                bs.iter().enumerate().find_map(|(i, b)| {
+                    let d = b.dims.iter().position(|d| d.as_str() == Some(name))?;
+                    Some(if param {
+                        let n = b.state_name.as_deref().unwrap_or(&b.name);
+                        format!("(\"param\", {}, {d})", py_str(n))
+                    } else {
+                        format!("(\"input\", {i}, {d})")
+                    })
+                })
+            };
+            at(&self.inputs, false)
+                .or_else(|| at(&self.params, true))
+                .unwrap_or_else(|| "None".into())
+        };
+        let sizes: Vec<String> = self
+            .sizes
+            .iter()
+            .zip(&self.size_values)
+            .map(|(n, v)| format!("    ({}, {}, {v}),", py_str(n), find(n)))
+            .collect();
+        let dtype = |d: Option<&str>| match d.unwrap_or("f32") {
+            "f16" => "torch.float16",
+            "bf16" => "torch.bfloat16",
+            "i64" => "torch.int64",
+            "i32" => "torch.int32",
+            "bool" => "torch.bool",
+            _ => "torch.float32",
+        };
+        let dims = |b: &KbBuffer| -> String {
+            let d: Vec<String> = b
+                .dims
+                .iter()
+                .map(|d| d.as_str().map_or_else(|| d.to_string(), py_str))
+                .collect();
+            format!("[{}]", d.join(", "))
+        };
+        let outputs: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|b| format!("    ({}, {}),", dims(b), dtype(b.dtype.as_deref())))
+            .collect();
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .map(|b| {
+                let n = b.state_name.as_deref().unwrap_or(&b.name);
+                format!(
+                    "    ({}, {}, {}),",
+                    py_str(n),
+                    dims(b),
+                    dtype(b.dtype.as_deref())
+                )
+            })
+            .collect();
+        let tag = &blake3::hash(source.as_bytes()).to_hex()[..12];
+        MODEL_NEW
+            .replace("{note}", note)
+            .replace("{id}", id)
+            .replace("{tag}", tag)
+            .replace("{sizes}", &sizes.join("\n"))
+            .replace("{outputs}", &outputs.join("\n"))
+            .replace("{params}", &params.join("\n"))
+            .replace("{headers}", &py_str(&headers))
+            .replace("{binding}", &py_str(&binding))
+            // Last: nothing in the candidate's source is taken for a placeholder.
+            .replace("{kernel}", &py_str(source))
     }
 
     /// The shim appended to a candidate ([`crate::task::entry_shim`]): `cudarl_entry` calls the
     /// launcher with the tensors (inputs, parameters, outputs) in `buffers`, the numbers in
     /// `scalars` and the sizes in `sizes`.
     pub fn shim(&self) -> String {
+        let call = self.launch_args(
+            &|i| format!("scalars[{i}]"),
+            &|i, ptr| format!("({ptr})buffers[{i}]"),
+            &|i| format!("sizes[{i}]"),
+            "stream",
+        );
+        let headers = self.half_headers();
+        crate::task::entry_shim(&headers, &self.signature, &call)
+    }
+
+    /// The launcher's arguments in order: each number input as `scalar(k)` (its k-th), each
+    /// tensor as `tensor(k, "const float*")` (its k-th, with its pointer type), each size as
+    /// `size(k)`, then `stream`.
+    fn launch_args(
+        &self,
+        scalar: &dyn Fn(usize) -> String,
+        tensor: &dyn Fn(usize, &str) -> String,
+        size: &dyn Fn(usize) -> String,
+        stream: &str,
+    ) -> Vec<String> {
         let ty = |d: Option<&str>| d.and_then(crate::task::c_type).unwrap_or("float");
-        let (mut bi, mut si) = (0, 0);
-        let mut call = Vec::new();
+        let (mut bi, mut si, mut call) = (0, 0, Vec::new());
         for (b, konst) in self
             .inputs
             .iter()
@@ -590,24 +713,28 @@ impl KbNative {
             .chain(self.outputs.iter().map(|b| (b, "")))
         {
             if b.scalar.is_some() {
-                call.push(format!("scalars[{si}]"));
+                call.push(scalar(si));
                 si += 1;
             } else {
-                call.push(format!("({konst}{}*)buffers[{bi}]", ty(b.dtype.as_deref())));
+                call.push(tensor(bi, &format!("{konst}{}*", ty(b.dtype.as_deref()))));
                 bi += 1;
             }
         }
-        call.extend((0..self.sizes.len()).map(|i| format!("sizes[{i}]")));
-        call.push("stream".into());
-        // The half-precision headers only where a buffer needs them: together they add about
-        // 0.4 CPU seconds to a build.
+        call.extend((0..self.sizes.len()).map(size));
+        call.push(stream.to_string());
+        call
+    }
+
+    /// The half-precision headers only where a buffer needs them: together they add about 0.4
+    /// CPU seconds to a build.
+    fn half_headers(&self) -> String {
         let mut headers = String::new();
         for (dtype, h) in [("f16", "cuda_fp16.h"), ("bf16", "cuda_bf16.h")] {
             if self.buffers().any(|b| b.dtype.as_deref() == Some(dtype)) {
                 headers.push_str(&format!("#include <{h}>\n"));
             }
         }
-        crate::task::entry_shim(&headers, &self.signature, &call)
+        headers
     }
 
     /// Inputs, parameters and outputs, in the launcher's order.
@@ -622,6 +749,96 @@ impl KbNative {
                "sizes": self.sizes})
     }
 }
+
+/// A Python string literal of `s` (JSON's escapes are Python's for these characters).
+fn py_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// The `ModelNew` file of [`KbNative::model_new`]: `{note}`, `{id}`, `{tag}`, `{sizes}`,
+/// `{outputs}`, `{params}`, `{headers}`, `{binding}` and `{kernel}` are filled in that order (the kernel
+/// last, so nothing in it is taken for a placeholder).
+const MODEL_NEW: &str = r#""""{note}
+
+ModelNew for {id}: the native kernel in KERNEL, built with load_inline on first use and called
+through its launcher `launch`. Sizes come from the inputs' shapes. Parameters are registered
+under the reference's state-dict names, uninitialized: load them with
+model_new.load_state_dict(model.state_dict()).
+"""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+# (size name, where it is read: ("input", index, dim) or ("param", state-dict name, dim), value at
+# the problem's own sizes)
+SIZES = [
+{sizes}
+]
+# (dims: size names or extents, dtype) of each output.
+OUTPUTS = [
+{outputs}
+]
+# (state-dict name, dims, dtype) of each parameter.
+PARAMS = [
+{params}
+]
+_EXT = []
+
+
+def _ext():
+    if not _EXT:
+        _EXT.append(
+            load_inline(
+                name="cudarl_{tag}",
+                cpp_sources="void cudarl_run(std::vector<torch::Tensor> t, std::vector<double> s, std::vector<int64_t> z);",
+                cuda_sources=HEADERS + KERNEL + "\n" + BINDING,
+                functions=["cudarl_run"],
+            )
+        )
+    return _EXT[0]
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *init_inputs):
+        super().__init__()
+        values = {n: v for n, _, v in SIZES}
+        for name, dims, dt in PARAMS:
+            *path, leaf = name.split(".")
+            mod = self
+            for part in path:
+                if not hasattr(mod, part):
+                    mod.add_module(part, nn.Module())
+                mod = getattr(mod, part)
+            shape = [values.get(d, 1) if isinstance(d, str) else d for d in dims]
+            mod.register_parameter(leaf, nn.Parameter(torch.empty(shape, dtype=dt), requires_grad=False))
+
+    def forward(self, *inputs):
+        state = dict(self.state_dict(keep_vars=True))
+        sizes = {}
+        for n, at, v in SIZES:
+            if at is None:
+                sizes[n] = v
+            elif at[0] == "input":
+                sizes[n] = int(inputs[at[1]].shape[at[2]])
+            else:
+                sizes[n] = int(state[at[1]].shape[at[2]])
+        tensors = [x.contiguous() for x in inputs if isinstance(x, torch.Tensor)]
+        tensors += [state[name].detach().contiguous() for name, _, _ in PARAMS]
+        device = tensors[0].device if tensors else torch.device("cuda")
+        outs = [
+            torch.empty([sizes[d] if isinstance(d, str) else d for d in dims], dtype=dt, device=device)
+            for dims, dt in OUTPUTS
+        ]
+        scalars = [float(x) for x in inputs if not isinstance(x, torch.Tensor)]
+        _ext().cudarl_run(tensors + outs, scalars, [sizes[n] for n, _, _ in SIZES])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+HEADERS = {headers}
+KERNEL = {kernel}
+BINDING = {binding}
+"#;
 
 /// A native candidate for a KernelBench problem: the source rules, then the build with the
 /// problem's shim ([`KbNative::shim`], about a second of nvcc: no torch headers), as
@@ -749,7 +966,13 @@ pub fn run(
         "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
         "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s,
         "torch_compile": opts.torch_compile});
-    match pool.run_line(&req.to_string(), opts.wall) {
+    // Only timing needs the GPU alone: a run that tests shares it with other testers.
+    let outcome = if opts.bench.is_some() {
+        pool.run_line(&req.to_string(), opts.wall)
+    } else {
+        pool.run_line_shared(&req.to_string(), opts.wall)
+    };
+    match outcome {
         RawOutcome::Timeout => {
             v.ran_and_failed(
                 "timeout",

@@ -452,6 +452,12 @@ impl WorkerPool {
         self.run_line_locked(line, wall, Hold::Exclusive)
     }
 
+    /// [`WorkerPool::run_line`] for a job that only tests (times nothing): it shares the GPU
+    /// with other testers and waits only for timers ([`GpuLock::acquire_shared`]).
+    pub fn run_line_shared(&mut self, line: &str, wall: Duration) -> RawOutcome {
+        self.run_line_locked(line, wall, Hold::Shared)
+    }
+
     fn run_line_locked(&mut self, line: &str, wall: Duration, hold: Hold) -> RawOutcome {
         // Machine-wide (held until the answer or the kill).
         let id = self.gpu_id();

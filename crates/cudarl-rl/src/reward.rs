@@ -12,7 +12,8 @@
 //! `configs/reward/compile.toml`).
 //!
 //! `norm_speedup = clamp(log2(speedup vs naive) / log2(cap), 0, 1)`: 1 at `cap` x the naive
-//! kernel, 0 at or below it.
+//! kernel, 0 at or below it. A KernelBench problem (`kb/...`) has no naive kernel: there the
+//! speedup is against the reference `Model` in torch eager, KernelBench's baseline.
 //!
 //! Compile-only mode (no GPU: CPU machines): nothing ran, so the gate is "compiles" and the
 //! reward is `compile_only.compiled` plus the same resource and source terms; rows say
@@ -371,7 +372,12 @@ pub fn score(
     if c.gate {
         if full {
             c.speedup = v.speedup_vs_naive;
-            c.norm_speedup = v.speedup_vs_naive.map_or(0.0, |s| {
+            // A KernelBench problem has no naive kernel: its speed term is the speedup against
+            // the reference in torch eager, KernelBench's baseline (Ouyang et al. 2025,
+            // arXiv:2502.10517).
+            let kb = v.task_id.starts_with("kb/");
+            let baseline = v.speedup_vs_naive.or(c.speedup_vs_torch.filter(|_| kb));
+            c.norm_speedup = baseline.map_or(0.0, |s| {
                 (s.max(1e-9).log2() / cfg.speedup.cap.log2()).clamp(0.0, 1.0)
             });
             let measured = v.profile.as_ref().and_then(|p| p.metrics.as_ref());
@@ -445,6 +451,26 @@ pub(crate) mod tests {
 
     const PLAIN: &str = "__global__ void k(const float* a, float* o, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) o[i] = a[i]; }";
     const SHFL: &str = "__global__ void k(const float* a, float* o, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; float v = a[i]; v += __shfl_down_sync(0xffffffff, v, 16); o[i] = v; }";
+
+    #[test]
+    fn a_kernelbench_kernel_is_paid_for_its_speedup_against_torch_eager_only() {
+        let c = cfg();
+        let mut v = verdict("full", true, Some(true));
+        v.tests = tests(4, 4);
+        v.speedup_vs_torch = Some(2.0);
+        // A task family's kernel without a naive timing gets no speed term from torch.
+        let family = score(&c, Some(PLAIN), Some(&v), None);
+        assert_eq!(family.norm_speedup, 0.0);
+        // A KernelBench problem's: log2 2 / log2 8 = 1/3; `speedup` (vs naive) stays empty.
+        v.task_id = "kb/L1/19_ReLU".into();
+        let kb = score(&c, Some(PLAIN), Some(&v), None);
+        assert!((kb.norm_speedup - 1.0 / 3.0).abs() < 1e-12, "{kb:?}");
+        assert_eq!(kb.speedup, None);
+        assert!((kb.reward - family.reward - 0.4 / 3.0).abs() < 1e-12);
+        // Slower than torch eager: no speed term, still the pass term.
+        v.speedup_vs_torch = Some(0.5);
+        assert_eq!(score(&c, Some(PLAIN), Some(&v), None).norm_speedup, 0.0);
+    }
 
     #[test]
     fn the_default_config_by_hand() {

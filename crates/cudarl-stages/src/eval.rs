@@ -447,35 +447,14 @@ impl Eval {
         if self.kernelbench() == 0 {
             return Ok(None);
         }
-        let gpu = (h.mode() == "full").then(cudarl_cuda::gpu::probe).flatten();
-        let problems = crate::common::load_kb_problems(
-            ctx.input_path("kb_problems")?,
-            gpu.is_some()
-                .then(|| ctx.input_path("kb_tests"))
-                .transpose()?,
-            ctx.store(),
-        )?;
-        let abis: BTreeMap<String, cudarl_cuda::torchfmt::KbNative> =
-            crate::kb_specs::native_abis(ctx.input_path("kb_specs")?)?
-                .into_iter()
-                .filter_map(|(id, a)| Some((id, a.ok()?)))
-                .collect();
-        let tasks = cudarl_rl::kernelbench::curriculum_tasks(
-            ctx.input_path("kb_curriculum")?,
-            ctx.input_path("kb_problems")?,
-        )
-        .map_err(StageError::Failed)?;
-        let mut by_level: BTreeMap<&'static str, Vec<KbTask>> = BTreeMap::new();
-        for (split, t) in tasks {
-            let tested = gpu.is_none() || problems.get(&t.id).is_some_and(|p| !p.tests.is_empty());
-            if split == "test" && abis.contains_key(&t.id) && tested {
-                by_level.entry(kb_split(t.level)).or_default().push(t);
-            }
-        }
         // A KernelBench run is the recorded tests, the problem's own sizes and timing against
         // torch eager in one worker step: a minute at least.
         let wall = Duration::from_secs(self.params.rl.timeout_s.max(60));
-        let judge = KbJudge::new(h.compiler.clone(), abis, problems, gpu, ctx.root(), wall);
+        let (tasks, judge) = crate::kb_judge::curriculum_split(ctx, h, "test", wall)?;
+        let mut by_level: BTreeMap<&'static str, Vec<KbTask>> = BTreeMap::new();
+        for t in tasks {
+            by_level.entry(kb_split(t.level)).or_default().push(t);
+        }
         Ok(Some(KbSet {
             by_level: by_level.into_iter().collect(),
             judge,
@@ -596,7 +575,8 @@ impl Stage for Eval {
         // first-turn table count the task families only; in full mode a split where nothing
         // compiled has pass rate and fast_p 0, not n/a.
         // 16: KernelBench fast_p and speedups against `torch.compile`.
-        16
+        // 17: a KernelBench kernel's reward has a speed term against torch eager.
+        17
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -611,12 +591,7 @@ impl Stage for Eval {
             InputDecl::node("rl_metrics", "rl-train", "metrics"),
         ]);
         if self.kernelbench() > 0 {
-            v.extend([
-                InputDecl::node("kb_curriculum", "curriculum", "curriculum"),
-                InputDecl::node("kb_problems", "ingest-kernelbench", "problems"),
-                InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
-                InputDecl::node("kb_tests", "testgen", "kb_tests"),
-            ]);
+            v.extend(crate::kb_judge::kb_inputs());
         }
         if self.params.collab == Some(true) {
             v.push(InputDecl::node(

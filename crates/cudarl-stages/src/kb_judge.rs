@@ -5,10 +5,19 @@
 //! against `testgen`'s recorded tests (public and hidden seeds at test sizes) and at the problem's
 //! own sizes, timed against the reference `Model` in torch eager
 //! ([`cudarl_cuda::torchfmt::run`]): the judge `check --task kb/...` and `serve` use.
+//!
+//! On the GPU a candidate is judged in two passes. The first runs the tests only, on
+//! `gpu_workers` Python workers side by side sharing the GPU ([`cudarl_cuda::worker::GpuLock`],
+//! shared), each build handed to the first free worker as it lands
+//! ([`cudarl_cuda::worker::stream_to`]); most candidates end there, since starting a sandboxed
+//! runner (interpreter, torch, CUDA) costs seconds of CPU each. A candidate that passed is run
+//! again from the start with timing, on one worker holding the GPU alone: its verdict is that
+//! second run's, so a candidate that passes once and fails when timed is not correct.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use cudarl_core::{StageContext, StageError};
 use cudarl_cuda::torchfmt::{KbNative, KbProblem, TorchRunOptions};
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Rules, Verdict};
@@ -22,21 +31,19 @@ use rayon::prelude::*;
 pub struct KbJudgeUse {
     /// Candidates built.
     pub candidates: usize,
-    /// Seconds building (all cores at once).
+    /// Seconds building (all cores at once): wall until the last build of each batch landed.
     pub compile_seconds: f64,
-    /// Seconds of the GPU runs (tests and timing, one candidate at a time).
+    /// Seconds of the GPU runs (tests on every worker, then timing one candidate at a time):
+    /// wall from each batch's first GPU run to its end, overlapping `compile_seconds`.
     pub gpu_seconds: f64,
 }
 
 /// Judges native candidates for KernelBench problems (see the module docs).
 pub struct KbJudge {
-    compiler: Compiler,
-    rules: Rules,
-    abis: BTreeMap<String, KbNative>,
-    problems: BTreeMap<String, KbProblem>,
-    /// The GPU and its worker pool; `None`: compile-only verdicts.
-    gpu: Option<(cudarl_cuda::gpu::GpuInfo, WorkerPool)>,
-    opts: TorchRunOptions,
+    parts: Parts,
+    /// The GPU and its Python worker pools (the first also times, and keeps each problem's
+    /// `torch.compile` timing); `None`: compile-only verdicts.
+    gpu: Option<(cudarl_cuda::gpu::GpuInfo, Vec<WorkerPool>)>,
     /// Verdicts by (problem id, BLAKE3 of the code): a candidate sampled again is answered from
     /// here.
     judged: BTreeMap<(String, [u8; 32]), Verdict>,
@@ -44,33 +51,149 @@ pub struct KbJudge {
     pub used: KbJudgeUse,
 }
 
+/// What judging reads, shared by the build threads and the GPU workers' threads.
+struct Parts {
+    compiler: Compiler,
+    rules: Rules,
+    abis: BTreeMap<String, KbNative>,
+    problems: BTreeMap<String, KbProblem>,
+    opts: TorchRunOptions,
+}
+
+/// A build verdict and, when it compiled, the candidate the Python judge loads, for
+/// `items[index]`.
+type Built = (usize, Verdict, Option<serde_json::Value>);
+
 impl KbJudge {
-    /// A judge for `problems` with launchers `abis` (problem id -> ABI). With `gpu`, the worker
-    /// pool runs candidates against the problems' recorded tests under `wall` per worker step,
-    /// timed against torch eager; without, verdicts are compile-only.
+    /// A judge for `problems` with launchers `abis` (problem id -> ABI). With `gpu`,
+    /// `gpu_workers` Python workers (at least one) run candidates against the problems' recorded
+    /// tests under `wall` per worker step, and the correct ones are timed against torch eager and
+    /// `torch.compile`; without, verdicts are compile-only.
     pub fn new(
         compiler: Compiler,
         abis: BTreeMap<String, KbNative>,
         problems: BTreeMap<String, KbProblem>,
         gpu: Option<cudarl_cuda::gpu::GpuInfo>,
-        root: &std::path::Path,
+        (root, gpu_workers): (&std::path::Path, usize),
         wall: Duration,
     ) -> KbJudge {
         KbJudge {
-            compiler,
-            rules: Rules::builtin(),
-            abis,
-            problems,
-            gpu: gpu.map(|g| (g, cudarl_cuda::pyworker::pool(root))),
-            opts: TorchRunOptions {
-                wall,
-                bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
-                torch_compile: true,
-                root: root.to_path_buf(),
+            parts: Parts {
+                compiler,
+                rules: Rules::builtin(),
+                abis,
+                problems,
+                opts: TorchRunOptions {
+                    wall,
+                    bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
+                    torch_compile: true,
+                    root: root.to_path_buf(),
+                },
             },
+            gpu: gpu.map(|g| {
+                let pools = (0..gpu_workers.max(1))
+                    .map(|_| cudarl_cuda::pyworker::pool(root))
+                    .collect();
+                (g, pools)
+            }),
             judged: BTreeMap::new(),
             used: KbJudgeUse::default(),
         }
+    }
+}
+
+impl Parts {
+    /// Builds `items[i]` against its launcher.
+    fn build(&self, items: &[(&KbTask, &str)], i: usize) -> Result<Built, String> {
+        let (task, code) = items[i];
+        let abi = self
+            .abis
+            .get(&task.id)
+            .ok_or_else(|| format!("`{}` has no native launcher in kb-specs", task.id))?;
+        let (v, cand) = cudarl_cuda::torchfmt::build_kb_native(
+            &task.id,
+            code,
+            abi,
+            &self.rules,
+            &self.compiler,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((i, v, cand))
+    }
+
+    /// The two GPU passes of the module docs over `items[i]`, `i` in `fresh`: builds streamed to
+    /// the first free worker of `pools` for the tests, then the correct ones timed one at a time
+    /// on the first pool. Adds to `used`: `compile_seconds` until the last build landed,
+    /// `gpu_seconds` from the first GPU run to the end (the two overlap).
+    fn judge_on_gpu(
+        &self,
+        items: &[(&KbTask, &str)],
+        fresh: &[usize],
+        (g, pools): (&cudarl_cuda::gpu::GpuInfo, &mut [WorkerPool]),
+        used: &mut KbJudgeUse,
+    ) -> Result<Vec<(usize, Verdict)>, String> {
+        use std::sync::Mutex;
+        let t0 = Instant::now();
+        let (built_at, gpu_from) = (Mutex::new(0.0f64), Mutex::new(None::<f64>));
+        let tests_only = TorchRunOptions {
+            bench: None,
+            ..self.opts.clone()
+        };
+        let first = cudarl_cuda::worker::stream_to(
+            pools,
+            fresh.len(),
+            &[],
+            |k| {
+                let b = self.build(items, fresh[k]);
+                let mut at = built_at.lock().unwrap_or_else(|e| e.into_inner());
+                *at = at.max(t0.elapsed().as_secs_f64());
+                b.map(Some)
+            },
+            |pool, (i, v, cand): Built| {
+                let problem = self.problems.get(&items[i].0.id);
+                let (Some(cand), Some(p)) = (cand, problem.filter(|p| !p.tests.is_empty())) else {
+                    return Ok((i, v, None));
+                };
+                gpu_from
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(t0.elapsed().as_secs_f64());
+                let tested = cudarl_cuda::torchfmt::run(
+                    v.clone(),
+                    &cand,
+                    p,
+                    pool,
+                    &tests_only,
+                    Some(g.clone()),
+                );
+                // A correct candidate is judged again, timed: its build verdict goes with it.
+                Ok::<_, String>(if tested.correct == Some(true) {
+                    (i, v, Some(cand))
+                } else {
+                    (i, tested, None)
+                })
+            },
+        )?;
+        let mut out = Vec::with_capacity(first.len());
+        for (i, v, again) in first {
+            let v = match (again, self.problems.get(&items[i].0.id)) {
+                (Some(cand), Some(p)) => cudarl_cuda::torchfmt::run(
+                    v,
+                    &cand,
+                    p,
+                    &mut pools[0],
+                    &self.opts,
+                    Some(g.clone()),
+                ),
+                _ => v,
+            };
+            out.push((i, v));
+        }
+        used.compile_seconds += *built_at.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(from) = *gpu_from.lock().unwrap_or_else(|e| e.into_inner()) {
+            used.gpu_seconds += t0.elapsed().as_secs_f64() - from;
+        }
+        Ok(out)
     }
 }
 
@@ -87,39 +210,127 @@ impl Tester<KbTask> for KbJudge {
             .iter()
             .map(|(t, c)| (t.id.clone(), *blake3::hash(c.as_bytes()).as_bytes()))
             .collect();
+        // Each code not judged before, once (the same code twice in one batch is judged once).
+        let mut seen = std::collections::BTreeSet::new();
         let fresh: Vec<usize> = (0..items.len())
-            .filter(|&i| !self.judged.contains_key(&keys[i]))
+            .filter(|&i| !self.judged.contains_key(&keys[i]) && seen.insert(keys[i].clone()))
             .collect();
-        let t0 = Instant::now();
-        let (compiler, rules, abis) = (&self.compiler, &self.rules, &self.abis);
-        let built: Vec<Result<(Verdict, Option<serde_json::Value>), String>> = fresh
-            .par_iter()
-            .map(|&i| {
-                let (task, code) = items[i];
-                let abi = abis
-                    .get(&task.id)
-                    .ok_or_else(|| format!("`{}` has no native launcher in kb-specs", task.id))?;
-                cudarl_cuda::torchfmt::build_kb_native(&task.id, code, abi, rules, compiler)
-                    .map_err(|e| e.to_string())
-            })
-            .collect();
-        self.used.compile_seconds += t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        for (&i, b) in fresh.iter().zip(built) {
-            let (v, cand) = b?;
-            self.used.candidates += 1;
-            let v = match (cand, &mut self.gpu, self.problems.get(&items[i].0.id)) {
-                (Some(cand), Some((g, pool)), Some(p)) if !p.tests.is_empty() => {
-                    cudarl_cuda::torchfmt::run(v, &cand, p, pool, &self.opts, Some(g.clone()))
-                }
-                _ => v,
-            };
+        let parts = &self.parts;
+        let judged = match self.gpu.as_mut() {
+            None => {
+                let t0 = Instant::now();
+                let built = fresh
+                    .par_iter()
+                    .map(|&i| parts.build(items, i).map(|(i, v, _)| (i, v)))
+                    .collect::<Result<Vec<_>, String>>();
+                self.used.compile_seconds += t0.elapsed().as_secs_f64();
+                built
+            }
+            Some((g, pools)) => parts.judge_on_gpu(items, &fresh, (g, pools), &mut self.used),
+        }?;
+        self.used.candidates += judged.len();
+        for (i, v) in judged {
             self.judged.insert(keys[i].clone(), v);
         }
-        self.used.gpu_seconds += t1.elapsed().as_secs_f64();
         Ok(keys
             .iter()
             .map(|k| (self.judged[k].clone(), None))
             .collect())
     }
+}
+
+/// The KernelBench judge of the stage's inputs `kb_problems`, `kb_specs` and, on a GPU,
+/// `kb_tests` ([`kb_inputs`]): `h`'s compiler, the GPU when `h` runs full tests, the launchers
+/// `kb-specs` derived, `wall` per worker step.
+///
+/// # Errors
+/// An input table cannot be read or lacks a column (file and field named).
+pub fn from_inputs(
+    ctx: &StageContext<'_>,
+    h: &cudarl_rl::harness::Harness,
+    wall: Duration,
+) -> Result<KbJudge, StageError> {
+    let gpu = (h.mode() == "full").then(cudarl_cuda::gpu::probe).flatten();
+    let problems = crate::common::load_kb_problems(
+        ctx.input_path("kb_problems")?,
+        gpu.is_some()
+            .then(|| ctx.input_path("kb_tests"))
+            .transpose()?,
+        ctx.store(),
+    )?;
+    let abis: BTreeMap<String, KbNative> =
+        crate::kb_specs::native_abis(ctx.input_path("kb_specs")?)?
+            .into_iter()
+            .filter_map(|(id, a)| Some((id, a.ok()?)))
+            .collect();
+    Ok(KbJudge::new(
+        h.compiler.clone(),
+        abis,
+        problems,
+        gpu,
+        (ctx.root(), cudarl_cuda::worker::DEFAULT_GPU_WORKERS),
+        wall,
+    ))
+}
+
+impl KbJudge {
+    /// Whether problem `id` can be judged: it has a native launcher and, on a GPU, recorded
+    /// tests.
+    pub fn judges(&self, id: &str) -> bool {
+        self.parts.abis.contains_key(id)
+            && (self.gpu.is_none()
+                || self
+                    .parts
+                    .problems
+                    .get(id)
+                    .is_some_and(|p| !p.tests.is_empty()))
+    }
+
+    /// The native launcher of problem `id`.
+    pub fn abi(&self, id: &str) -> Option<&KbNative> {
+        self.parts.abis.get(id)
+    }
+
+    /// The verdict on `code` for problem `id`, if it was judged.
+    pub fn verdict(&self, id: &str, code: &str) -> Option<&Verdict> {
+        self.judged
+            .get(&(id.to_string(), *blake3::hash(code.as_bytes()).as_bytes()))
+    }
+}
+
+/// The curriculum's KernelBench problems of `split` (`train`, `val`, `test`) that the judge
+/// [`from_inputs`] makes can judge ([`KbJudge::judges`]), in the curriculum's order, with that
+/// judge; the curriculum is the input `kb_curriculum`.
+///
+/// # Errors
+/// An input table cannot be read or lacks a column (file and field named).
+pub fn curriculum_split(
+    ctx: &StageContext<'_>,
+    h: &cudarl_rl::harness::Harness,
+    split: &str,
+    wall: Duration,
+) -> Result<(Vec<KbTask>, KbJudge), StageError> {
+    let judge = from_inputs(ctx, h, wall)?;
+    let tasks = cudarl_rl::kernelbench::curriculum_tasks(
+        ctx.input_path("kb_curriculum")?,
+        ctx.input_path("kb_problems")?,
+    )
+    .map_err(StageError::Failed)?
+    .into_iter()
+    .filter(|(s, t)| s == split && judge.judges(&t.id))
+    .map(|(_, t)| t)
+    .collect();
+    Ok((tasks, judge))
+}
+
+/// The inputs [`curriculum_split`] reads: the curriculum, the KernelBench problems, their native
+/// launchers and their recorded tests.
+pub fn kb_inputs() -> Vec<cudarl_core::InputDecl> {
+    use cudarl_core::InputDecl;
+    vec![
+        InputDecl::node("kb_curriculum", "curriculum", "curriculum"),
+        InputDecl::node("kb_problems", "ingest-kernelbench", "problems"),
+        InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
+        InputDecl::node("kb_tests", "testgen", "kb_tests"),
+    ]
 }

@@ -10,6 +10,7 @@ pub mod ingest_kernelbench;
 pub mod ingest_sakana;
 pub mod kb_judge;
 pub mod kb_specs;
+pub mod optimize;
 pub mod rl_params;
 pub mod rl_progress;
 pub mod rl_train;
@@ -31,7 +32,7 @@ fn boxed<S: Stage + 'static>(s: Result<S, String>) -> Result<Box<dyn Stage>, Str
 }
 
 /// Every stage kind and its builder, sorted by kind.
-const STAGES: [(&str, Build); 17] = [
+const STAGES: [(&str, Build); 18] = [
     (collab_data::KIND, |p| {
         boxed(collab_data::CollabData::from_table(p))
     }),
@@ -49,6 +50,7 @@ const STAGES: [(&str, Build); 17] = [
         boxed(ingest_sakana::IngestSakana::from_table(p))
     }),
     (kb_specs::KIND, |p| boxed(kb_specs::KbSpecs::from_table(p))),
+    (optimize::KIND, |p| boxed(optimize::Optimize::from_table(p))),
     (train_stages::Kind::Pretrain.as_str(), |p| {
         model(train_stages::Kind::Pretrain, p)
     }),

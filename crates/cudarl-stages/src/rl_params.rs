@@ -275,6 +275,13 @@ pub struct Params {
     /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_batch: Option<usize>,
+    /// `rl-train`: the share of each step's tasks drawn from the curriculum's KernelBench
+    /// `train` problems that have a native launcher (and, on a GPU, recorded tests), among the
+    /// open tiers like the task families; each such task is judged by
+    /// [`crate::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against
+    /// torch eager). Absent or 0: task families only, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernelbench_share: Option<f64>,
 }
 
 impl Params {
@@ -283,7 +290,7 @@ impl Params {
     /// # Errors
     /// `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
     /// `generator_credit = "own"` with PPO, `epochs` 0, a negative `ptx_coef` or `aux_grad_cap`,
-    /// `ptx_batch` 0, a
+    /// `ptx_batch` 0, `kernelbench_share` outside [0, 1], a
     /// `target_kl` or `timing_budget_ms` not above 0.
     pub fn check(&self) -> Result<(), String> {
         let unit = 0.0..=1.0;
@@ -317,6 +324,10 @@ impl Params {
             ),
             (self.ptx_batch == Some(0), "ptx_batch must be at least 1"),
             (
+                self.kernelbench_share.is_some_and(|x| !unit.contains(&x)),
+                "kernelbench_share must be in [0, 1]",
+            ),
+            (
                 self.target_kl.is_some_and(|t| !(t > 0.0 && t.is_finite())),
                 "target_kl must be a positive number of nats per token",
             ),
@@ -340,6 +351,11 @@ impl Params {
     /// PPO-ptx's weight when it is on (`ptx_coef` set and above 0).
     pub(crate) fn ptx(&self) -> Option<f64> {
         self.ptx_coef.filter(|c| *c > 0.0)
+    }
+
+    /// The share of KernelBench tasks when it is on (`kernelbench_share` set and above 0).
+    pub(crate) fn kernelbench_share(&self) -> Option<f64> {
+        self.kernelbench_share.filter(|s| *s > 0.0)
     }
 
     /// `configs/reward/<reward>.toml`, the external input `reward` of `rl-train` and `eval`.

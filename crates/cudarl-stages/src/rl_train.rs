@@ -1,7 +1,11 @@
 //! `rl-train`: multi-turn RL of the generator and the optimizer (docs/architecture.md, "Training"),
 //! starting from the SFT checkpoints, on the task families' train split or (`task_pool`) on the
 //! families sft-data reserved for RL (its `rl` split, `rl_generated`: never in SFT data, so RL
-//! practises operations the agents have not memorized, as the hold-out families ask).
+//! practises operations the agents have not memorized, as the hold-out families ask). With
+//! `kernelbench_share`, that share of each step's tasks are the curriculum's KernelBench `train`
+//! problems that have a native launcher, drawn among the open tiers like the families and judged
+//! by [`crate::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against torch
+//! eager); the hold-out stays the curriculum's `test` split, which `eval` runs.
 //!
 //! Each step draws `tasks_per_step` tasks from the open tiers, runs `group_size` episodes per
 //! task ([`cudarl_rl::episode::run_episodes`]: generator -> tester -> optimizer -> tester ..., up to
@@ -37,6 +41,7 @@ use cudarl_cuda::task::TaskSpec;
 use cudarl_protocol::{Algorithm, Ptx};
 use cudarl_rl::episode::{Episode, EpisodeSettings, Turn, run_episodes};
 use cudarl_rl::harness::{Harness, HarnessUse};
+use cudarl_rl::kernelbench::KbTask;
 use cudarl_rl::reward::RewardConfig;
 use cudarl_rl::step::{Curriculum, EpisodeStats, Gate, StepUpdate, rates, splitmix, update};
 use cudarl_rl::tasks::{TaskPool, fresh_families};
@@ -45,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, write_rows};
+use crate::kb_judge::KbJudge;
 use crate::rl_params::{
     DEFAULT_CHECKPOINT_EVERY, Params, TURN_FIELDS, TurnFields, harness, load_tasks,
 };
@@ -373,43 +379,83 @@ impl RlTrain {
 }
 
 /// The step's tasks: `tasks_per_step` drawn from `pool` (fresh families in order, else a
-/// seeded draw), each repeated `group_size` times.
-fn draw<'a>(
+/// seeded draw), each repeated `group_size` times; with `kb = (share, problems)`, each task is
+/// instead a KernelBench problem from `problems` with probability `share` (a seeded draw; none
+/// when `problems` is empty). Without `kb` the draw consumes `rng` exactly as before KernelBench
+/// tasks existed, so runs without them repeat.
+fn draw<'a, 'k>(
     p: &Params,
     pool: &[&'a TaskSpec],
-    step: usize,
-    fresh: bool,
+    kb: Option<(f64, &[&'k KbTask])>,
+    (step, fresh): (usize, bool),
     rng: &mut u64,
-) -> Vec<&'a TaskSpec> {
+) -> (Vec<&'a TaskSpec>, Vec<&'k KbTask>) {
     let per_step = p.tasks_per_step.max(1);
-    (0..per_step)
-        .map(|k| {
-            if fresh {
-                pool[((step - 1) * per_step + k) % pool.len()]
-            } else {
-                pool[(splitmix(rng) % pool.len() as u64) as usize]
-            }
-        })
-        .flat_map(|t| std::iter::repeat_n(t, p.group_size))
-        .collect()
+    let (mut families, mut problems) = (Vec::new(), Vec::new());
+    for k in 0..per_step {
+        if let Some((share, kbs)) = kb.filter(|(_, kbs)| !kbs.is_empty())
+            && ((splitmix(rng) >> 11) as f64 / (1u64 << 53) as f64) < share
+        {
+            let t = kbs[(splitmix(rng) % kbs.len() as u64) as usize];
+            problems.extend(std::iter::repeat_n(t, p.group_size));
+            continue;
+        }
+        if pool.is_empty() {
+            continue;
+        }
+        let t = if fresh {
+            pool[((step - 1) * per_step + k) % pool.len()]
+        } else {
+            pool[(splitmix(rng) % pool.len() as u64) as usize]
+        };
+        families.extend(std::iter::repeat_n(t, p.group_size));
+    }
+    (families, problems)
+}
+
+/// Episodes of the step's family `tasks` on `h`, then of its KernelBench `problems` on the
+/// KernelBench judge `kb` (the sampling seeds run on across both), and the harness's use by both (the
+/// KernelBench judge's seconds: its wall time less the generation in it).
+fn rollout(
+    tc: &mut TrainerClient,
+    (h, kb): (&mut Harness, Option<&mut KbJudge>),
+    (tasks, problems): (&[&TaskSpec], &[&KbTask]),
+    cfg: &RewardConfig,
+    settings: &EpisodeSettings,
+) -> Result<(Vec<Episode>, HarnessUse), StageError> {
+    let m0 = h.mark();
+    let mut eps = if tasks.is_empty() {
+        Vec::new()
+    } else {
+        run_episodes(tasks, tc, h, cfg, settings).map_err(StageError::Failed)?
+    };
+    let mut used = h.since(&m0);
+    if let (false, Some(kb)) = (problems.is_empty(), kb) {
+        let (u0, g0, t0) = (kb.used, tc.gen_seconds, Instant::now());
+        eps.extend(run_episodes(problems, tc, kb, cfg, settings).map_err(StageError::Failed)?);
+        let u = kb.used;
+        used.candidates += u.candidates - u0.candidates;
+        used.seconds += (t0.elapsed().as_secs_f64() - (tc.gen_seconds - g0)).max(0.0);
+        used.phases.compile += u.compile_seconds - u0.compile_seconds;
+        used.phases.gpu += u.gpu_seconds - u0.gpu_seconds;
+    }
+    Ok((eps, used))
 }
 
 /// The frozen references on the same tasks and sampling seeds (`control`): mean final reward,
 /// compile and pass rates, seconds. The policy's seed sequence goes on as without it.
 fn control(
     tc: &mut TrainerClient,
-    h: &mut Harness,
-    tasks: &[&TaskSpec],
-    seed0: i64,
-    cfg: &RewardConfig,
-    settings: &EpisodeSettings,
+    testers: (&mut Harness, Option<&mut KbJudge>),
+    tasks: (&[&TaskSpec], &[&KbTask]),
+    (seed0, cfg, settings): (i64, &RewardConfig, &EpisodeSettings),
     row: &mut MetricsRow,
 ) -> Result<(), StageError> {
     let (seed1, t0) = (tc.sampling.seed, Instant::now());
     (tc.sampling.seed, tc.reference) = (seed0, true);
-    let ctl = run_episodes(tasks, tc, h, cfg, settings);
+    let ctl = rollout(tc, testers, tasks, cfg, settings);
     (tc.sampling.seed, tc.reference) = (seed1, false);
-    let ctl = ctl.map_err(StageError::Failed)?;
+    let (ctl, _) = ctl?;
     let finals: Vec<f64> = ctl.iter().map(Episode::final_reward).collect();
     let (c, pass) = rates(&ctl.iter().collect::<Vec<_>>());
     row.control_reward = Some(cudarl_rl::stats::mean_std(&finals).0);
@@ -448,6 +494,9 @@ impl Stage for RlTrain {
             InputDecl::node("generator", "sft-train", "checkpoint"),
             InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
         ]);
+        if self.params.kernelbench_share().is_some() {
+            v.extend(crate::kb_judge::kb_inputs());
+        }
         if self.params.ptx().is_some() {
             // PPO-ptx's optimizer conversations (the generator's are `data`).
             v.push(InputDecl::node(
@@ -498,6 +547,24 @@ impl Stage for RlTrain {
         let device = resolve_device(p.device);
         let mut h = harness(ctx, p, ts.naive.clone())?;
         let mode = h.mode();
+        // `kernelbench_share`: the curriculum's KernelBench `train` problems and their judge.
+        let (kb_tasks, mut kb_judge) = match p.kernelbench_share() {
+            Some(_) => {
+                // A KernelBench run is the recorded tests, the problem's own sizes and timing
+                // in one worker step: a minute at least.
+                let wall = std::time::Duration::from_secs(p.timeout_s.max(60));
+                let (tasks, judge) = crate::kb_judge::curriculum_split(ctx, &h, "train", wall)?;
+                if tasks.is_empty() {
+                    return Err(StageError::bad_input(
+                        ctx.input_path("kb_curriculum")?.display().to_string(),
+                        Some("split"),
+                        "kernelbench_share: no KernelBench `train` problem has a native launcher",
+                    ));
+                }
+                (tasks, Some(judge))
+            }
+            None => (Vec::new(), None),
+        };
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let ptx = self.ptx(ctx, dir)?;
@@ -507,7 +574,10 @@ impl Stage for RlTrain {
             public_seeds: h.public_seeds.clone(),
         };
         let upd = p.update_settings(&cfg);
-        let tier_of = families.iter().map(|t| t.tier);
+        let tier_of = families
+            .iter()
+            .map(|t| t.tier)
+            .chain(kb_tasks.iter().map(|t| t.tier));
         let gate = Gate {
             window: p.gate_window,
             min_compile_rate: p.min_compile_rate,
@@ -539,22 +609,35 @@ impl Stage for RlTrain {
                 .copied()
                 .filter(|t| t.tier <= cur.tier)
                 .collect();
-            let tasks = draw(p, &pool, step, fresh.is_some(), &mut st.rng);
-            let (g0, m0, seed0) = (tc.gen_seconds, h.mark(), tc.sampling.seed);
-            let eps = run_episodes(&tasks, &mut tc, &mut h, &cfg, &settings)
-                .map_err(StageError::Failed)?;
+            let kb_pool: Vec<&KbTask> = kb_tasks.iter().filter(|t| t.tier <= cur.tier).collect();
+            let share = p.kernelbench_share().map(|s| (s, kb_pool.as_slice()));
+            let (tasks, problems) = draw(p, &pool, share, (step, fresh.is_some()), &mut st.rng);
+            let (g0, seed0) = (tc.gen_seconds, tc.sampling.seed);
+            let (eps, harness) = rollout(
+                &mut tc,
+                (&mut h, kb_judge.as_mut()),
+                (&tasks, &problems),
+                &cfg,
+                &settings,
+            )?;
             let up = update(&mut tc, &eps, &upd)?;
             let rec = StepRecord {
                 step,
                 tier: cur.tier,
                 episodes: &eps,
                 update: &up,
-                harness: h.since(&m0),
+                harness,
                 gen_seconds: tc.gen_seconds - g0,
             };
             let mut row = MetricsRow::new(&rec, p, mode, device);
             if p.control == Some(true) {
-                control(&mut tc, &mut h, &tasks, seed0, &cfg, &settings, &mut row)?;
+                control(
+                    &mut tc,
+                    (&mut h, kb_judge.as_mut()),
+                    (&tasks, &problems),
+                    (seed0, &cfg, &settings),
+                    &mut row,
+                )?;
             }
             tracing::info!(
                 node = ctx.node(),

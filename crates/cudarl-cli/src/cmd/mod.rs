@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_decode;
 pub mod bench_harness;
 pub mod check;
+pub mod optimize;
 pub mod serve;
 pub mod serve_bench;
 pub mod sql;
@@ -253,7 +254,31 @@ impl Ctx {
         reporter: Arc<dyn cudarl_core::Reporter>,
         jobs: usize,
     ) -> Result<Engine, CliError> {
-        let pipeline = self.pipeline()?;
+        self.engine_with(reporter, jobs, &[])
+    }
+
+    /// [`Ctx::engine`] with `extra` `NODE.KEY=VALUE` overrides after this invocation's (not
+    /// remembered as settings).
+    pub fn engine_with(
+        &self,
+        reporter: Arc<dyn cudarl_core::Reporter>,
+        jobs: usize,
+        extra: &[String],
+    ) -> Result<Engine, CliError> {
+        let pipeline = if extra.is_empty() {
+            self.pipeline()?
+        } else {
+            let _ = self.pipeline()?;
+            let mut sets = self.settings.sets.clone();
+            sets.extend(extra.iter().cloned());
+            Pipeline::load(
+                &self.pipeline_path,
+                &self.pipeline_display,
+                self.settings.profile.as_deref(),
+                &sets,
+                &Registry,
+            )?
+        };
         let lock = self.lock.clone().unwrap_or_else(|| {
             if pipeline.name == "default" {
                 self.root.join("cudarl.lock")
@@ -338,6 +363,14 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             json,
         } => gc(&ctx, keep_last, dry_run, json),
         Command::Bench { which } => bench::run(&ctx, which),
+        Command::Optimize {
+            problem,
+            out,
+            samples,
+            turns,
+            level,
+            json,
+        } => optimize::run(&ctx, &problem, &out, (samples, turns, level), json),
         Command::Serve(args) => serve::run(&ctx, args),
         Command::Sql {
             query,
@@ -741,7 +774,7 @@ fn ready(ctx: &Ctx, engine: &Engine, targets: &[String], build: bool) -> Result<
 
 /// Builds `targets` for a verb that then reads their outputs; on failure prints the failed
 /// nodes to stderr and returns the run's exit code (0: all built).
-fn run_or_report(engine: &Engine, targets: &[String]) -> Result<i32, CliError> {
+pub(crate) fn run_or_report(engine: &Engine, targets: &[String]) -> Result<i32, CliError> {
     let summary = engine.run(targets, &reading_run())?;
     for r in summary
         .records
