@@ -135,6 +135,17 @@ pub struct KbRow {
     pub features: Vec<String>,
 }
 
+/// The op categories of the stage's external input `op_categories`, named `name` (its path in the
+/// project) in errors.
+///
+/// # Errors
+/// The file cannot be read or does not parse (exit 2, the file named).
+pub fn load_categories(ctx: &StageContext<'_>, name: &str) -> Result<Categories, StageError> {
+    let text = std::fs::read_to_string(ctx.input_path("op_categories")?)
+        .map_err(|e| StageError::bad_input(name, None, format!("cannot read: {e}")))?;
+    Categories::parse(&text, name).map_err(|e| StageError::bad_input(name, None, e.message))
+}
+
 /// The rows of a `problems` table (`path`), in order.
 ///
 /// # Errors
@@ -395,16 +406,12 @@ impl Stage for Curriculum {
         )
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let cat_path = ctx.input_path("op_categories")?.to_path_buf();
         let cat_name = self
             .params
             .op_categories
             .clone()
             .unwrap_or_else(|| Self::OP_CATEGORIES.into());
-        let text = std::fs::read_to_string(&cat_path)
-            .map_err(|e| StageError::bad_input(&cat_name, None, format!("cannot read: {e}")))?;
-        let cats = Categories::parse(&text, &cat_name)
-            .map_err(|e| StageError::bad_input(&cat_name, None, e.message))?;
+        let cats = load_categories(ctx, &cat_name)?;
 
         let mut stats = BTreeMap::new();
         for input in ["sakana_kernels", "cuda_l1_kernels"] {

@@ -44,7 +44,6 @@ use cudarl_rl::stats::{
 
 use crate::kb_judge::KbJudge;
 use cudarl_rl::kernelbench::KbTask;
-use std::time::Duration;
 
 use crate::common::{CHECKPOINT, data_err, ingest_dir, params_json, resolve_device, write_rows};
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness, load_tasks};
@@ -447,10 +446,8 @@ impl Eval {
         if self.kernelbench() == 0 {
             return Ok(None);
         }
-        // A KernelBench run is the recorded tests, the problem's own sizes and timing against
-        // torch eager in one worker step: a minute at least.
-        let wall = Duration::from_secs(self.params.rl.timeout_s.max(60));
-        let (tasks, judge) = crate::kb_judge::curriculum_split(ctx, h, "test", wall)?;
+        let (tasks, judge) =
+            crate::kb_judge::curriculum_split(ctx, h, "test", self.params.rl.timeout_s)?;
         let mut by_level: BTreeMap<&'static str, Vec<KbTask>> = BTreeMap::new();
         for t in tasks {
             by_level.entry(kb_split(t.level)).or_default().push(t);

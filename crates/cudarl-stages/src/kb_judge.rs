@@ -241,14 +241,15 @@ impl Tester<KbTask> for KbJudge {
 
 /// The KernelBench judge of the stage's inputs `kb_problems`, `kb_specs` and, on a GPU,
 /// `kb_tests` ([`kb_inputs`]): `h`'s compiler, the GPU when `h` runs full tests, the launchers
-/// `kb-specs` derived, `wall` per worker step.
+/// `kb-specs` derived, and `timeout_s` per worker step but at least a minute (a KernelBench run
+/// is the recorded tests, the problem's own sizes and timing in one step).
 ///
 /// # Errors
 /// An input table cannot be read or lacks a column (file and field named).
 pub fn from_inputs(
     ctx: &StageContext<'_>,
     h: &cudarl_rl::harness::Harness,
-    wall: Duration,
+    timeout_s: u64,
 ) -> Result<KbJudge, StageError> {
     let gpu = (h.mode() == "full").then(cudarl_cuda::gpu::probe).flatten();
     let problems = crate::common::load_kb_problems(
@@ -269,7 +270,7 @@ pub fn from_inputs(
         problems,
         gpu,
         (ctx.root(), cudarl_cuda::worker::DEFAULT_GPU_WORKERS),
-        wall,
+        Duration::from_secs(timeout_s.max(60)),
     ))
 }
 
@@ -291,6 +292,11 @@ impl KbJudge {
         self.parts.abis.get(id)
     }
 
+    /// Problem `id`: its PyTorch source and, on a GPU, its recorded tests.
+    pub fn problem(&self, id: &str) -> Option<&KbProblem> {
+        self.parts.problems.get(id)
+    }
+
     /// The verdict on `code` for problem `id`, if it was judged.
     pub fn verdict(&self, id: &str, code: &str) -> Option<&Verdict> {
         self.judged
@@ -308,9 +314,9 @@ pub fn curriculum_split(
     ctx: &StageContext<'_>,
     h: &cudarl_rl::harness::Harness,
     split: &str,
-    wall: Duration,
+    timeout_s: u64,
 ) -> Result<(Vec<KbTask>, KbJudge), StageError> {
-    let judge = from_inputs(ctx, h, wall)?;
+    let judge = from_inputs(ctx, h, timeout_s)?;
     let tasks = cudarl_rl::kernelbench::curriculum_tasks(
         ctx.input_path("kb_curriculum")?,
         ctx.input_path("kb_problems")?,

@@ -17,17 +17,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
-use cudarl_data::Table;
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use cudarl_rl::kernelbench::KbTask;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{CHECKPOINT, data_err, ingest_dir, params_json, resolve_device, write_rows};
+use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, write_rows};
 use crate::kb_judge::KbJudge;
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness};
 
@@ -138,26 +136,24 @@ fn problems(
     judge: &KbJudge,
     cats: &cudarl_curriculum::tiers::Categories,
 ) -> Result<(Vec<KbTask>, Vec<String>), StageError> {
-    let t = Table::read(path, "problems").map_err(data_err)?;
-    let codes = t.req_strings("code").map_err(data_err)?;
     let (mut tasks, mut left) = (Vec::new(), Vec::new());
-    for (i, r) in crate::curriculum::read_problems(path)?
-        .into_iter()
-        .enumerate()
-    {
-        let Some(code) = codes.get(i) else { continue };
-        match judge.abi(&r.id) {
-            Some(abi) if judge.judges(&r.id) => tasks.push(KbTask {
-                tier: cats.decide(Some(r.level), &r.features).tier,
-                level: r.level,
-                name: r.name,
-                code: code.to_string(),
-                signature: abi.signature.clone(),
-                id: r.id,
-            }),
-            Some(_) => left.push(format!("`{}`: testgen recorded no tests", r.id)),
-            None => left.push(format!("`{}`: kb-specs derived no native launcher", r.id)),
+    for r in crate::curriculum::read_problems(path)? {
+        let (Some(abi), Some(problem)) = (judge.abi(&r.id), judge.problem(&r.id)) else {
+            left.push(format!("`{}`: kb-specs derived no native launcher", r.id));
+            continue;
+        };
+        if !judge.judges(&r.id) {
+            left.push(format!("`{}`: testgen recorded no tests", r.id));
+            continue;
         }
+        tasks.push(KbTask {
+            tier: cats.decide(Some(r.level), &r.features).tier,
+            level: r.level,
+            name: r.name,
+            code: problem.code.clone(),
+            signature: abi.signature.clone(),
+            id: r.id,
+        });
     }
     Ok((tasks, left))
 }
@@ -248,17 +244,10 @@ impl Stage for Optimize {
         let device = resolve_device(p.rl.device);
         let h = harness(ctx, &p.rl, BTreeMap::new())?;
         let mode = h.mode();
-        // A KernelBench run is the recorded tests, the problem's own sizes and timing in one
-        // worker step: a minute at least.
-        let wall = Duration::from_secs(p.rl.timeout_s.max(60));
-        let mut judge = crate::kb_judge::from_inputs(ctx, &h, wall)?;
+        let mut judge = crate::kb_judge::from_inputs(ctx, &h, p.rl.timeout_s)?;
         let path = ctx.input_path("kb_problems")?.to_path_buf();
-        let cat_path = ctx.input_path("op_categories")?.to_path_buf();
-        let name = crate::curriculum::Curriculum::OP_CATEGORIES;
-        let text = std::fs::read_to_string(&cat_path)
-            .map_err(|e| StageError::bad_input(name, None, format!("cannot read: {e}")))?;
-        let cats = cudarl_curriculum::tiers::Categories::parse(&text, name)
-            .map_err(|e| StageError::bad_input(name, None, e.message))?;
+        let cats =
+            crate::curriculum::load_categories(ctx, crate::curriculum::Curriculum::OP_CATEGORIES)?;
         let (tasks, left) = problems(&path, &judge, &cats)?;
         if tasks.is_empty() {
             return Err(StageError::bad_input(

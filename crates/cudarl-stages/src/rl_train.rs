@@ -550,10 +550,8 @@ impl Stage for RlTrain {
         // `kernelbench_share`: the curriculum's KernelBench `train` problems and their judge.
         let (kb_tasks, mut kb_judge) = match p.kernelbench_share() {
             Some(_) => {
-                // A KernelBench run is the recorded tests, the problem's own sizes and timing
-                // in one worker step: a minute at least.
-                let wall = std::time::Duration::from_secs(p.timeout_s.max(60));
-                let (tasks, judge) = crate::kb_judge::curriculum_split(ctx, &h, "train", wall)?;
+                let (tasks, judge) =
+                    crate::kb_judge::curriculum_split(ctx, &h, "train", p.timeout_s)?;
                 if tasks.is_empty() {
                     return Err(StageError::bad_input(
                         ctx.input_path("kb_curriculum")?.display().to_string(),
