@@ -24,6 +24,11 @@
 #               of a fresh one. TORCH_EQUIV=1: then the same kernels as torch extensions
 #               (scripts/kb_torch_equivalents.py), built side by side and checked one at a
 #               time; writes kb_torch_agreement.jsonl (each verdict beside the native one's).
+#               MODEL_NEW=1: each native check also writes the kernel's `ModelNew` wrapper
+#               (`check --model-new`), and the wrappers are built and checked as torch-format
+#               candidates like TORCH_EQUIV's; writes kb_model_new_agreement.jsonl.
+#               KB_ONLY: the kernels to check (names without .cu, space-separated; default all);
+#               CHECK_FLAGS: extra `check` flags for every check (e.g. --no-bench).
 # Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
 # Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
 set -uo pipefail
@@ -123,24 +128,31 @@ $NEW/cudarl-pipe --root . --store $KS run testgen --json > $K/testgen.jsonl 2> $
 echo "testgen rc=\$? \$(( \$(date +%s) - t0 )) s" > $K/testgen.txt
 for f in tests/kernels/kb_native/*.cu; do
   n=\$(basename \$f .cu)
+  [ -n "${KB_ONLY:-}" ] && ! echo " ${KB_ONLY:-} " | grep -q " \$n " && continue
   t1=\$(date +%s%N)
-  timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f --json > $K/\$n.json 2> $K/\$n.err
+  wrap=; [ "${MODEL_NEW:-0}" = 1 ] && mkdir -p $K/wrap && wrap="--model-new $K/wrap/\$n.py"
+  timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f \$wrap ${CHECK_FLAGS:-} --json > $K/\$n.json 2> $K/\$n.err
   echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/ran.txt
 done
-# TORCH_EQUIV=1: the same kernels as torch extensions (scripts/kb_torch_equivalents.py), built
-# side by side (check --mode compile fills the build cache), then checked one at a time.
+# Torch-format candidates of the same problems in a folder (named by problem): built side by
+# side (check --mode compile fills the build cache), then checked one at a time.
+torch_format() { # dir ext
+  t2=\$(date +%s)
+  ls \$1/*.\$2 | xargs -P 16 -I{} sh -c 'n=\$(basename {} .'\$2'); timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source {} --mode compile --json > '\$1'/\$n.build.json 2> '\$1'/\$n.build.err'
+  echo "torch builds \$(( \$(date +%s) - t2 )) s" >> \$1/builds.txt
+  for f in \$1/*.\$2; do
+    n=\$(basename \$f .\$2)
+    t1=\$(date +%s%N)
+    timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f ${CHECK_FLAGS:-} --json > \$1/\$n.json 2> \$1/\$n.err
+    echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> \$1/ran.txt
+  done
+}
+# TORCH_EQUIV=1: the same kernels as torch extensions (scripts/kb_torch_equivalents.py).
 if [ "${TORCH_EQUIV:-0}" = 1 ]; then
   python3 scripts/kb_torch_equivalents.py $K/torch > $K/torch.txt 2>&1
-  t2=\$(date +%s)
-  ls $K/torch/*.cu | xargs -P 16 -I{} sh -c 'n=\$(basename {} .cu); timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source {} --mode compile --json > $K/torch/\$n.build.json 2> $K/torch/\$n.build.err'
-  echo "torch builds \$(( \$(date +%s) - t2 )) s" >> $K/torch.txt
-  for f in $K/torch/*.cu; do
-    n=\$(basename \$f .cu)
-    t1=\$(date +%s%N)
-    timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f --json > $K/torch/\$n.json 2> $K/torch/\$n.err
-    echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/torch/ran.txt
-  done
+  torch_format $K/torch cu
 fi
+[ "${MODEL_NEW:-0}" = 1 ] && torch_format $K/wrap py
 # nvcc's phases for each kernel alone, with the harness's compile flags to an object (no link,
 # no shim), outside the sandbox.
 mkdir -p $K/nvcc
@@ -186,31 +198,36 @@ for line in (k / "ran.txt").read_text().splitlines() if (k / "ran.txt").exists()
                  "worker_ms": v.get("worker_ms"), "nvcc_phase_ms": phases,
                  "gpu": (v.get("gpu") or {}).get("name")})
 (out / "kb_native.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-# TORCH_EQUIV=1: each torch-format equivalent's verdict beside the native one's.
-tdir, agree = k / "torch", []
-for line in (tdir / "ran.txt").read_text().splitlines() if (tdir / "ran.txt").exists() else []:
-    n, rc, ms = line.split()
-    try:
-        v = json.loads((tdir / f"{n}.json").read_text())
-    except Exception:
-        v = {"failure": "no_verdict", "failure_detail": (tdir / f"{n}.err").read_text()[-400:]}
-    try:
-        b = json.loads((tdir / f"{n}.build.json").read_text())
-    except Exception:
-        b = {}
-    nat = next((r for r in rows if r["problem"] == f"kb/L1/{n}"), {})
-    agree.append({"problem": f"kb/L1/{n}", "rc": int(rc), "check_ms": int(ms),
-                  "build_seconds": b.get("compile_seconds"),
-                  "native": {"correct": nat.get("correct"), "failure": nat.get("failure"),
-                             "speedup_vs_torch": nat.get("speedup_vs_torch")},
-                  "torch": {"correct": v.get("correct"), "failure": v.get("failure"),
-                            "failure_detail": (v.get("failure_detail") or "")[:300],
-                            "speedup_vs_torch": v.get("speedup_vs_torch"),
-                            "speedup_vs_torch_compile": v.get("speedup_vs_torch_compile"),
-                            "median_ms": (v.get("timing") or {}).get("median_ms")},
-                  "same_verdict": (nat.get("correct"), nat.get("failure")) == (v.get("correct"), v.get("failure"))})
-if agree:
-    (out / "kb_torch_agreement.jsonl").write_text("".join(json.dumps(r) + "\n" for r in agree))
+# TORCH_EQUIV=1 / MODEL_NEW=1: each torch-format candidate's verdict beside the native one's.
+def agreement(tdir):
+  agree = []
+  for line in (tdir / "ran.txt").read_text().splitlines() if (tdir / "ran.txt").exists() else []:
+      n, rc, ms = line.split()
+      try:
+          v = json.loads((tdir / f"{n}.json").read_text())
+      except Exception:
+          v = {"failure": "no_verdict", "failure_detail": (tdir / f"{n}.err").read_text()[-400:]}
+      try:
+          b = json.loads((tdir / f"{n}.build.json").read_text())
+      except Exception:
+          b = {}
+      nat = next((r for r in rows if r["problem"] == f"kb/L1/{n}"), {})
+      agree.append({"problem": f"kb/L1/{n}", "rc": int(rc), "check_ms": int(ms),
+                    "build_seconds": b.get("compile_seconds"),
+                    "native": {"correct": nat.get("correct"), "failure": nat.get("failure"),
+                               "speedup_vs_torch": nat.get("speedup_vs_torch")},
+                    "torch": {"correct": v.get("correct"), "failure": v.get("failure"),
+                              "failure_detail": (v.get("failure_detail") or "")[:300],
+                              "speedup_vs_torch": v.get("speedup_vs_torch"),
+                              "speedup_vs_torch_compile": v.get("speedup_vs_torch_compile"),
+                              "median_ms": (v.get("timing") or {}).get("median_ms")},
+                    "same_verdict": (nat.get("correct"), nat.get("failure")) == (v.get("correct"), v.get("failure"))})
+  return agree
+agree = agreement(k / "torch")
+wrapped = agreement(k / "wrap")
+for name, a in [("kb_torch_agreement.jsonl", agree), ("kb_model_new_agreement.jsonl", wrapped)]:
+    if a:
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in a))
 print(f"done: {(k / 'done').exists()}")
 for r in rows:
     print(f"{r['problem']:48s} rc {r['rc']} build {r['compile_seconds'] or 0:5.2f}s correct {r['correct']} "
@@ -218,12 +235,13 @@ for r in rows:
           f"speedup {r['speedup_vs_torch'] or 0:.2f} vs compile {r['torch_compile_median_ms'] or 0:.3f} ms "
           f"speedup {r['speedup_vs_torch_compile'] or 0:.2f} nvcc {sum(r['nvcc_phase_ms'].values()):.0f} ms "
           f"{(r['torch_compile_error'] or '')[:80]} {r['failure_detail'][:120]}")
-for a in agree:
+for a in agree + wrapped:
     print(f"{a['problem']:48s} torch-format: build {a['build_seconds'] or 0:5.1f}s correct {a['torch']['correct']} "
           f"{a['torch']['failure'] or ''} speedup {a['torch']['speedup_vs_torch'] or 0:.2f} (native "
           f"{a['native']['speedup_vs_torch'] or 0:.2f}) same verdict {a['same_verdict']} {a['torch']['failure_detail'][:100]}")
-if agree:
-    print(f"torch-format equivalents: {sum(a['same_verdict'] for a in agree)}/{len(agree)} same verdict as native")
+for label, a in [("torch-format equivalents", agree), ("ModelNew wrappers", wrapped)]:
+    if a:
+        print(f"{label}: {sum(x['same_verdict'] for x in a)}/{len(a)} same verdict as native")
 PY
 elif [ "$PART" = profile ]; then
   export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner

@@ -276,7 +276,8 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["compiled"], false, "{}", r.body);
-    // Torch-format candidates are for `check`.
+    // A torch-format candidate is judged too, as `check` judges it: this `ModelNew` builds no
+    // kernel (torch.relu stands in for it), which the static checks reject before any build.
     let model_new = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n";
     let r = s.call(
         "POST",
@@ -284,8 +285,19 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
         tok,
         Some(&evaluate_body("kb/L1/19_ReLU", model_new)),
     );
-    assert_eq!(r.status, 422, "{}", r.body);
-    assert!(r.body.contains("cudarl-pipe check"), "{}", r.body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let mn_path = p.path("model_new.py");
+    std::fs::write(&mn_path, model_new).unwrap();
+    let c = check_json(&p, "kb/L1/19_ReLU", &mn_path);
+    for k in ["abi", "compiled", "failure", "signature"] {
+        assert_eq!(v[k], c[k], "{k}: {v}");
+    }
+    assert_eq!(v["failure"], "static_reject", "{v}");
+    assert!(
+        v["failure_detail"].as_str().unwrap().contains("no-kernel"),
+        "{v}"
+    );
 
     // Bad requests.
     let bad = |body: &str| s.call("POST", "/v1/evaluate", tok, Some(body));
@@ -344,14 +356,15 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     let m = s.call("GET", "/metrics", None, None);
     assert_eq!(m.status, 200);
     for line in [
-        "cudarl_serve_responses_total{code=\"200\"} 5",
+        "cudarl_serve_responses_total{code=\"200\"} 6",
         "cudarl_serve_responses_total{code=\"404\"} 2",
         "cudarl_serve_responses_total{code=\"413\"} 1",
         "cudarl_serve_verdicts_total{outcome=\"compiled\"} 2",
         "cudarl_serve_verdicts_total{outcome=\"compile_error\"} 2",
+        "cudarl_serve_verdicts_total{outcome=\"static_reject\"} 1",
         "cudarl_serve_cache_hits_total 1",
         "cudarl_serve_queue_depth 0",
-        "cudarl_serve_evaluate_seconds_count 5",
+        "cudarl_serve_evaluate_seconds_count 6",
     ] {
         assert!(m.body.lines().any(|l| l == line), "{line} in\n{}", m.body);
     }

@@ -454,7 +454,8 @@ fn archive_kernels_without_a_gpu_stop_after_static_checks_and_say_so() {
 /// `tests/kernels/kb_native/` (named by its level-1 problem) builds against the launcher
 /// `kb-specs` derived for its problem, as a native compile-only verdict with that signature; the
 /// same kernel for a problem whose launcher differs does not build (the shim declares the
-/// problem's `launch`); an unknown problem is refused with exit code 2.
+/// problem's `launch`); an unknown problem is refused with exit code 2. `--model-new` writes a
+/// native kernel's `ModelNew` wrapper, which builds as a torch-format candidate.
 #[test]
 fn kernelbench_problems_take_native_kernels_built_against_their_kb_specs_launcher() {
     let p = Project::new();
@@ -512,8 +513,49 @@ fn kernelbench_problems_take_native_kernels_built_against_their_kb_specs_launche
         "{}",
         stderr(&o)
     );
-    // ReLU's launcher (in0, out, batch_size, dim) is not the sum reduction's (4 sizes).
+    // `--model-new` writes the kernel as a KernelBench `ModelNew` that builds it at import;
+    // the torch-format path records that build and compiles it (split into a `torch/types.h`
+    // unit and a binding unit).
     let relu = dir.join("19_ReLU.cu");
+    let wrapper = p.path("relu_model_new.py");
+    let o = p.run(&[
+        "check",
+        "--task",
+        "kb/L1/19_ReLU",
+        "--source",
+        relu.to_str().unwrap(),
+        "--mode",
+        "compile",
+        "--model-new",
+        wrapper.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&wrapper).unwrap();
+    assert!(
+        text.contains("\n_EXT = load_inline(") && text.contains("class ModelNew(nn.Module)"),
+        "{text}"
+    );
+    let (code, v) = check("kb/L1/19_ReLU", &wrapper);
+    assert_eq!(
+        (code, v["abi"].as_str(), v["compiled"].as_bool()),
+        (0, Some("torch"), Some(true)),
+        "{v}"
+    );
+    // It wraps one native candidate only.
+    let o = p.run(&[
+        "check",
+        "--task",
+        "kb/L1/19_ReLU",
+        "--source",
+        wrapper.to_str().unwrap(),
+        "--mode",
+        "compile",
+        "--model-new",
+        p.path("again.py").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--model-new"), "{}", stderr(&o));
+    // ReLU's launcher (in0, out, batch_size, dim) is not the sum reduction's (4 sizes).
     let (_, v) = check("kb/L1/47_Sum_reduction_over_a_dimension", &relu);
     assert_eq!(v["compiled"], false, "{v}");
     assert_eq!(v["failure"], "compile_error", "{v}");
@@ -560,19 +602,26 @@ fn a_model_new_wrapper_passes_inputs_parameters_outputs_and_sizes_read_from_shap
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("model_new.py");
     std::fs::write(&file, &text).unwrap();
-    // The wrapper's own logic on the CPU, its load_inline build replaced by a recorder.
+    // The wrapper's own logic on the CPU, its load_inline build replaced by a recorder; the
+    // build happens at import (the torch-format judge records import-time load_inline calls).
     let script = r#"
 import importlib.util, json, sys
 import torch
-spec = importlib.util.spec_from_file_location("m", sys.argv[1])
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
+import torch.utils.cpp_extension as ce
 class Recorder:
     def cudarl_run(self, t, s, z):
         self.got = (t, s, z)
         t[-1].fill_(7.0)
 r = Recorder()
-m._EXT.append(r)
+calls = []
+def load_inline(**kw):
+    calls.append({"name": kw["name"], "functions": kw["functions"]})
+    return r
+ce.load_inline = load_inline
+spec = importlib.util.spec_from_file_location("m", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+assert len(calls) == 1 and calls[0]["functions"] == ["cudarl_run"], calls
 net = m.ModelNew()
 state = {k: list(v.shape) for k, v in net.state_dict().items()}
 y = net(torch.ones(4, 32), 0.5)

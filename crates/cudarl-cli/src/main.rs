@@ -208,6 +208,11 @@ enum Command {
         /// The verdict as one line of JSON on stdout, one per `--source` (docs/json.md).
         #[arg(long)]
         json: bool,
+        /// For one native candidate of a KernelBench problem: also write it as a KernelBench
+        /// `ModelNew` file (the kernel built with `load_inline`, sizes read from the inputs'
+        /// shapes, parameters under the reference's state-dict names) to FILE.
+        #[arg(long, value_name = "FILE")]
+        model_new: Option<PathBuf>,
     },
     /// Optimize one problem with the trained agents: PROBLEM is a KernelBench-format PyTorch
     /// file (a `Model` with `get_inputs`) or a KernelBench problem id (`kb/L1/19_ReLU`). Its

@@ -331,7 +331,7 @@ impl Compiler {
         Ok(out)
     }
 
-    /// Compiles a torch extension (one translation unit: a SakanaAI-style `.cu` with
+    /// Compiles a torch extension (`text`, one translation unit: a SakanaAI-style `.cu` with
     /// `PYBIND11_MODULE`, or a `load_inline` call's sources joined by
     /// [`crate::torchfmt`]) into a Python extension module named `module`, with torch's
     /// headers and libraries from `env` and torch's own nvcc defines
@@ -339,11 +339,17 @@ impl Compiler {
     /// `--expt-relaxed-constexpr`). Cached like [`Compiler::compile`]; `timeout` replaces the
     /// compiler's (torch's headers make one build about a minute of CPU).
     ///
+    /// With `split` ([`crate::torchsplit`]) the CUDA unit (`torch/types.h`) and the binding unit
+    /// (`torch/extension.h`) compile in parallel and are linked; when either fails to compile,
+    /// `text` is built as one unit instead, so the result (compiled or not, diagnostics) is
+    /// the one-unit build's whenever the split does not build.
+    ///
     /// # Errors
     /// Harness failures only.
     pub fn compile_torch_ext(
         &self,
         text: &str,
+        split: Option<&crate::torchsplit::TorchSplit>,
         module: &str,
         env: &crate::torchfmt::TorchEnv,
         extra: &[String],
@@ -382,8 +388,8 @@ impl Compiler {
         }
         flags.extend(extra.iter().cloned());
         let v = serde_json::json!({
-            "source": text, "flags": flags, "nvcc": self.nvcc.version, "arch": self.arch,
-            "torch": env.torch,
+            "source": text, "split": split, "flags": flags, "nvcc": self.nvcc.version,
+            "arch": self.arch, "torch": env.torch,
         });
         let key = Digest(blake3::derive_key(
             CACHE_CONTEXT,
@@ -393,22 +399,106 @@ impl Compiler {
         reads.extend(env.library_dirs.iter().map(PathBuf::from));
         self.cached(key, || {
             let io = |e: std::io::Error| CompileError::Io(e.to_string());
+            let t0 = Instant::now();
+            if let Some(s) = split
+                && let Some(out) = self.torch_ext_split(s, &flags, &reads, timeout, t0)?
+            {
+                return Ok(out);
+            }
             let dir = self.build_dir()?;
             std::fs::write(dir.path().join("kernel.cu"), text).map_err(io)?;
-            let t0 = Instant::now();
             let mut args = flags.clone();
             args.extend(["-o".into(), "kernel.so".into(), "kernel.cu".into()]);
             let run = self.run_sandboxed(dir.path(), &args, &reads, timeout)?;
-            let mut out = self.output_of(&run, t0);
-            out.flags = flags.clone();
-            let so = dir.path().join("kernel.so");
-            out.compiled = run.ok && so.is_file();
-            out.so_hash = match (&self.store, out.compiled) {
-                (Some(s), true) => Some(s.ingest_file(&so)?),
-                _ => None,
-            };
-            Ok(out)
+            self.extension_output(&run, t0, &flags, &dir.path().join("kernel.so"))
         })
+    }
+
+    /// The [`CompileOutput`] of a torch-extension build that ended with `run`: compiled when
+    /// it succeeded and left `so`, which then goes into the store.
+    fn extension_output(
+        &self,
+        run: &NvccRun,
+        t0: Instant,
+        flags: &[String],
+        so: &Path,
+    ) -> Result<CompileOutput, CompileError> {
+        let mut out = self.output_of(run, t0);
+        out.flags = flags.to_vec();
+        out.compiled = run.ok && so.is_file();
+        out.so_hash = match (&self.store, out.compiled) {
+            (Some(s), true) => Some(s.ingest_file(so)?),
+            _ => None,
+        };
+        Ok(out)
+    }
+
+    /// The split build of [`Compiler::compile_torch_ext`]: `cuda.cu` and `bind.cpp` compiled to
+    /// objects by two sandboxed nvcc processes at once, then linked with `flags`' libraries.
+    /// `None` when a unit or the link failed other than by its time limit (the caller builds
+    /// one unit); a time limit is the result (the one-unit build costs more).
+    fn torch_ext_split(
+        &self,
+        split: &crate::torchsplit::TorchSplit,
+        flags: &[String],
+        reads: &[PathBuf],
+        timeout: Duration,
+        t0: Instant,
+    ) -> Result<Option<CompileOutput>, CompileError> {
+        let io = |e: std::io::Error| CompileError::Io(e.to_string());
+        let dir = self.build_dir()?;
+        std::fs::write(dir.path().join("cuda.cu"), &split.cuda).map_err(io)?;
+        std::fs::write(dir.path().join("bind.cpp"), &split.bind).map_err(io)?;
+        let is_link = |f: &String| f.starts_with("-l") || f.starts_with("-L") || f == "-shared";
+        let object = |src: &str, obj: &str| {
+            let mut a: Vec<String> = flags.iter().filter(|f| !is_link(f)).cloned().collect();
+            a.extend(["-c".into(), "-o".into(), obj.into(), src.into()]);
+            a
+        };
+        let (cuda, bind) = std::thread::scope(|s| {
+            let c = s.spawn(|| {
+                self.run_sandboxed(dir.path(), &object("cuda.cu", "cuda.o"), reads, timeout)
+            });
+            let b = self.run_sandboxed(dir.path(), &object("bind.cpp", "bind.o"), reads, timeout);
+            (c.join().expect("nvcc thread"), b)
+        });
+        let (cuda, bind) = (cuda?, bind?);
+        let mut runs = vec![cuda, bind];
+        if runs.iter().all(|r| r.ok) {
+            let mut a: Vec<String> = flags
+                .iter()
+                .filter(|f| {
+                    is_link(f)
+                        || f.starts_with("-gencode")
+                        || f.starts_with("-Xcompiler")
+                        || f.as_str() == "-fPIC"
+                })
+                .cloned()
+                .collect();
+            a.extend([
+                "-o".into(),
+                "kernel.so".into(),
+                "cuda.o".into(),
+                "bind.o".into(),
+            ]);
+            runs.push(self.run_sandboxed(dir.path(), &a, reads, timeout)?);
+        }
+        let timed_out = runs.iter().any(|r| r.timed_out);
+        let ok = runs.len() == 3 && runs.iter().all(|r| r.ok);
+        if !ok && !timed_out {
+            return Ok(None);
+        }
+        let run = NvccRun {
+            ok,
+            timed_out,
+            log: runs
+                .iter()
+                .map(|r| r.log.as_str())
+                .collect::<Vec<_>>()
+                .join(""),
+        };
+        self.extension_output(&run, t0, flags, &dir.path().join("kernel.so"))
+            .map(Some)
     }
 
     /// Runs nvcc with `args` in `dir` inside the compiler sandbox, each of its processes limited

@@ -34,6 +34,7 @@ pub mod standin;
 pub mod static_check;
 pub mod task;
 pub mod torchfmt;
+pub mod torchsplit;
 pub mod verdict;
 pub mod worker;
 

@@ -133,6 +133,9 @@ pub struct Unit {
     pub text: String,
     /// Extra nvcc flags the candidate asked for (allow-listed).
     pub extra: Vec<String>,
+    /// The same extension as a CUDA unit and a binding unit where the source allows
+    /// ([`crate::torchsplit`]); `None`: built as `text` only.
+    pub split: Option<crate::torchsplit::TorchSplit>,
 }
 
 /// A candidate after static checks and extraction, ready to build.
@@ -379,11 +382,14 @@ pub fn prepare(
                     ));
                     return Ok(p);
                 }
-                // torch.utils.cpp_extension.load_inline's layout, as one translation unit.
+                // torch.utils.cpp_extension.load_inline's layout: two units where the CUDA
+                // sources allow it, else one.
+                let module_block =
+                    format!("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{bind}}}\n");
                 let text = format!(
-                    "#include <torch/extension.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n{body}\n\
-                     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{bind}}}\n"
+                    "#include <torch/extension.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n{body}\n{module_block}"
                 );
+                let split = crate::torchsplit::split_inline(&cuda, &cpp, &module_block);
                 let mut extra = Vec::new();
                 for fl in strs("extra_cuda_cflags")
                     .iter()
@@ -399,6 +405,7 @@ pub fn prepare(
                     module: module_name(&text),
                     text,
                     extra,
+                    split,
                 });
             }
         }
@@ -442,6 +449,7 @@ fn extension(p: &mut Prepared, source: &str, rules: &Rules) {
         module: module_name(source),
         text: source.to_string(),
         extra: vec![],
+        split: crate::torchsplit::split_extension(source),
     });
 }
 
@@ -489,8 +497,14 @@ pub fn build(
     };
     let mut builds = Vec::new();
     for u in &prep.units {
-        let out =
-            compiler.compile_torch_ext(&u.text, &u.module, env, &u.extra, TORCH_BUILD_TIMEOUT)?;
+        let out = compiler.compile_torch_ext(
+            &u.text,
+            u.split.as_ref(),
+            &u.module,
+            env,
+            &u.extra,
+            TORCH_BUILD_TIMEOUT,
+        )?;
         v.diagnostics.extend(out.diagnostics.clone());
         v.resources.extend(out.resources.clone());
         v.compile_seconds += out.compile_seconds;
@@ -587,7 +601,8 @@ impl KbNative {
 
     /// A KernelBench `ModelNew` file running `source` (a native candidate defining this
     /// launcher) for problem `id`: the source and a binding built by
-    /// `torch.utils.cpp_extension.load_inline` on first use, `forward(*inputs)` allocating the
+    /// `torch.utils.cpp_extension.load_inline` at import (as KernelBench's `ModelNew` files, and
+    /// so the torch-format judge records the build), `forward(*inputs)` allocating the
     /// outputs and calling `launch` with the sizes read from the inputs' shapes (a size no input
     /// or parameter carries: the problem's value) on torch's current stream. A reference with
     /// parameters has them registered under its state-dict names, uninitialized: load them with
@@ -760,7 +775,7 @@ fn py_str(s: &str) -> String {
 /// last, so nothing in it is taken for a placeholder).
 const MODEL_NEW: &str = r#""""{note}
 
-ModelNew for {id}: the native kernel in KERNEL, built with load_inline on first use and called
+ModelNew for {id}: the native kernel in KERNEL, built with load_inline at import and called
 through its launcher `launch`. Sizes come from the inputs' shapes. Parameters are registered
 under the reference's state-dict names, uninitialized: load them with
 model_new.load_state_dict(model.state_dict()).
@@ -783,20 +798,17 @@ OUTPUTS = [
 PARAMS = [
 {params}
 ]
-_EXT = []
+HEADERS = {headers}
+KERNEL = {kernel}
+BINDING = {binding}
 
-
-def _ext():
-    if not _EXT:
-        _EXT.append(
-            load_inline(
-                name="cudarl_{tag}",
-                cpp_sources="void cudarl_run(std::vector<torch::Tensor> t, std::vector<double> s, std::vector<int64_t> z);",
-                cuda_sources=HEADERS + KERNEL + "\n" + BINDING,
-                functions=["cudarl_run"],
-            )
-        )
-    return _EXT[0]
+# Built at import, as KernelBench's ModelNew files are.
+_EXT = load_inline(
+    name="cudarl_{tag}",
+    cpp_sources="void cudarl_run(std::vector<torch::Tensor> t, std::vector<double> s, std::vector<int64_t> z);",
+    cuda_sources=HEADERS + KERNEL + "\n" + BINDING,
+    functions=["cudarl_run"],
+)
 
 
 class ModelNew(nn.Module):
@@ -831,13 +843,8 @@ class ModelNew(nn.Module):
             for dims, dt in OUTPUTS
         ]
         scalars = [float(x) for x in inputs if not isinstance(x, torch.Tensor)]
-        _ext().cudarl_run(tensors + outs, scalars, [sizes[n] for n, _, _ in SIZES])
+        _EXT.cudarl_run(tensors + outs, scalars, [sizes[n] for n, _, _ in SIZES])
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-HEADERS = {headers}
-KERNEL = {kernel}
-BINDING = {binding}
 "#;
 
 /// A native candidate for a KernelBench problem: the source rules, then the build with the

@@ -15,8 +15,10 @@
 //! native launcher `kb-specs` derived: a native candidate is built like any native kernel and,
 //! in full mode, run by the Python worker against `testgen`'s recorded tests and timed against
 //! torch eager on the first GPU ([`cudarl_cuda::torchfmt::run`], as `cudarl-pipe check --task
-//! kb/...`). Torch-format KernelBench candidates (`ModelNew`) are answered 422: their build
-//! takes about a minute of nvcc per source; `cudarl-pipe check` judges them.
+//! kb/...`). Torch-format KernelBench candidates (a `ModelNew` file or a SakanaAI-style
+//! extension) are judged the same way after their torch-extension build
+//! ([`cudarl_cuda::torchfmt::build`], tens of seconds of nvcc each, on a compile thread; a
+//! request whose deadline passes first gets 504 while the build lands in the store's cache).
 //! - `GET /healthz`, `GET /metrics` (Prometheus text: queue depth, latency histogram, verdict
 //!   and response counts).
 //!
@@ -274,6 +276,14 @@ struct Inner {
     root: std::path::PathBuf,
     /// The Python worker pool running KernelBench candidates (started on first use).
     kb_pool: Mutex<Option<WorkerPool>>,
+    /// A Python worker for torch-format candidates (torch's build environment, the `ModelNew`
+    /// extraction) and the environment it reported, started on first use.
+    torch_py: Mutex<
+        Option<(
+            cudarl_cuda::pyworker::PyWorker,
+            cudarl_cuda::torchfmt::TorchEnv,
+        )>,
+    >,
     compiler: Compiler,
     rules: Rules,
     gpus: Vec<Arc<Mutex<GpuSlot>>>,
@@ -332,6 +342,7 @@ pub fn router(cfg: Config) -> Router {
         gpu_info: cfg.gpu,
         root: cfg.root,
         kb_pool: Mutex::new(None),
+        torch_py: Mutex::new(None),
         compiler: cfg.compiler,
         rules: Rules::builtin(),
         gpu_free: Arc::new(Semaphore::new(gpus.len())),
@@ -528,17 +539,6 @@ async fn evaluate_inner(
         return error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "seeds: give 1 to 16 public seeds",
-        );
-    }
-    if let Served::Kb(p) = &task
-        && cudarl_cuda::torchfmt::detect(&req.source, None) != cudarl_cuda::torchfmt::Format::Native
-    {
-        return error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!(
-                "`{}`: the service judges native candidates defining `{}`; torch-format ones (`ModelNew`, about a minute of nvcc each) go to `cudarl-pipe check`",
-                p.problem.id, p.native.signature
-            ),
         );
     }
     let key = cache_key(&req.task_id, full, &seeds, &req.source);
@@ -752,16 +752,33 @@ async fn judge_kb(
     full: bool,
     admitted: Arc<Admitted>,
 ) -> Result<Verdict, String> {
+    use cudarl_cuda::torchfmt::{self, Format};
     let (s2, p2) = (s.clone(), p.clone());
     let (v, cand) = held(&s.compile, admitted.clone(), move || {
-        cudarl_cuda::torchfmt::build_kb_native(
-            &p2.problem.id,
-            &source,
-            &p2.native,
-            &s2.rules,
-            &s2.compiler,
-        )
-        .map_err(|e| e.to_string())
+        let format = torchfmt::detect(&source, None);
+        if format == Format::Native {
+            return torchfmt::build_kb_native(
+                &p2.problem.id,
+                &source,
+                &p2.native,
+                &s2.rules,
+                &s2.compiler,
+            )
+            .map_err(|e| e.to_string());
+        }
+        // Torch format: one Python worker extracts `ModelNew` builds and knows torch's build
+        // environment; the extension builds (tens of seconds each) run on this compile thread.
+        let mut py = s2.torch_py.lock().unwrap_or_else(|e| e.into_inner());
+        if py.is_none() {
+            let mut w = cudarl_cuda::pyworker::PyWorker::start(&s2.root)?;
+            let env = torchfmt::TorchEnv::query(&mut w)?;
+            *py = Some((w, env));
+        }
+        let (w, env) = py.as_mut().expect("started");
+        let env = env.clone();
+        let prep = torchfmt::prepare(&source, format, &s2.rules, Some(w))?;
+        drop(py);
+        torchfmt::build(&p2.problem.id, &prep, &s2.compiler, Some(&env)).map_err(|e| e.to_string())
     })
     .await?;
     let (Some(cand), Some(gpu_info), true) = (cand, s.gpu_info.clone(), full) else {

@@ -9,6 +9,8 @@
 //!   autocast on a GPU) and generation tokens/s of the Qwen2 model of `cudarl-train` against
 //!   the same architecture, batch and recipe in PyTorch eager (`transformers`,
 //!   `python/bench_transformers.py`), in one run on the same device.
+//! - `bench torch-build`: cold torch-extension builds as one unit against the split build
+//!   ([`cudarl_cuda::torchsplit`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,6 +75,20 @@ pub enum BenchCmd {
         /// Pairs of batches (streamed, compile-first).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Also write the result as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Cold torch-extension builds of the archive sample's kernels: one translation unit with
+    /// `torch/extension.h` against the split build (a `torch/types.h` CUDA unit and a binding
+    /// unit compiled in parallel), per-build median seconds and their ratio, in one run.
+    TorchBuild {
+        /// Distinct archive kernels (levels 1, 2 and 3 in turn).
+        #[arg(long, default_value_t = 6)]
+        kernels: usize,
+        /// Builds at a time.
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
         /// Also write the result as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -239,6 +255,9 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
             rounds,
             out,
         } => crate::cmd::bench_harness::run(ctx, kernels, rounds, out),
+        BenchCmd::TorchBuild { kernels, jobs, out } => {
+            crate::cmd::bench_torch_build::run(ctx, kernels, jobs, out)
+        }
         BenchCmd::Serve {
             clients,
             seconds,

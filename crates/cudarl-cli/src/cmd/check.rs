@@ -21,11 +21,18 @@ pub enum Mode {
     Full,
 }
 
+/// How [`check_kb`] judges: timing, the run's wall-clock limit (s), and where to write a
+/// native candidate's `ModelNew` wrapper.
+struct KbCheck<'a> {
+    bench: bool,
+    timeout: u64,
+    model_new: Option<&'a std::path::Path>,
+}
+
 /// A KernelBench problem (`kb/L1/19_ReLU`) with torch-format candidates, or native ones
 /// defining the launcher `kb-specs` derived ([`torchfmt::build_kb_native`]), judged in turn by
 /// one worker pool: its recorded tests come from the `testgen` node, the signature from
 /// `kb-specs` (built first if needed).
-#[allow(clippy::too_many_arguments)]
 fn check_kb(
     ctx: &Ctx,
     task_id: &str,
@@ -33,16 +40,21 @@ fn check_kb(
     abi: Option<&str>,
     compiler: &Compiler,
     gpu: Option<cudarl_cuda::gpu::GpuInfo>,
-    bench: bool,
-    timeout: u64,
+    opts: &KbCheck,
 ) -> Result<Vec<cudarl_cuda::Verdict>, CliError> {
     use cudarl_cuda::torchfmt::{self, Format};
+    let KbCheck { bench, timeout, .. } = *opts;
     let formats: Vec<Format> = srcs.iter().map(|s| torchfmt::detect(s, abi)).collect();
     let native = formats.contains(&Format::Native);
     if native && formats.iter().any(|f| *f != Format::Native) {
         return Err(CliError::usage(format!(
             "`{task_id}`: give native candidates (`extern \"C\" void launch(...)` as `kb-specs` declares it) or torch-format ones, not both in one check"
         )));
+    }
+    if opts.model_new.is_some() && (!native || srcs.len() != 1) {
+        return Err(CliError::usage(
+            "--model-new wraps one native candidate (`extern \"C\" void launch(...)`): give exactly one such --source",
+        ));
     }
     let reporter = std::sync::Arc::new(crate::report::CliReporter::detect(false));
     let engine = ctx.engine(reporter.clone(), 0)?;
@@ -94,6 +106,12 @@ fn check_kb(
         let abi = cudarl_stages::kb_specs::native_abi(&out("kb-specs", "kb_specs")?, task_id)
             .map_err(|e| CliError::failed(e.to_string()))?
             .map_err(CliError::usage)?;
+        if let Some(path) = opts.model_new {
+            let note = "A native kernel checked by `cudarl-pipe check`, as a KernelBench ModelNew.";
+            std::fs::write(path, abi.model_new(task_id, &srcs[0], note)).map_err(|e| {
+                CliError::failed(format!("--model-new: write {}: {e}", path.display()))
+            })?;
+        }
         for src in srcs {
             built.push(
                 torchfmt::build_kb_native(task_id, src, &abi, &rules, compiler)
@@ -237,7 +255,7 @@ pub fn run(
     arch: Option<String>,
     (bench, profile): (bool, bool),
     timeout: u64,
-    json: bool,
+    (json, model_new): (bool, Option<&std::path::Path>),
 ) -> Result<i32, CliError> {
     let srcs = sources
         .iter()
@@ -245,7 +263,16 @@ pub fn run(
         .collect::<Result<Vec<_>, _>>()?;
     let verdicts = if task_id.starts_with("kb/") {
         let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
-        check_kb(ctx, task_id, &srcs, abi, &compiler, gpu, bench, timeout)?
+        let opts = KbCheck {
+            bench,
+            timeout,
+            model_new,
+        };
+        check_kb(ctx, task_id, &srcs, abi, &compiler, gpu, &opts)?
+    } else if model_new.is_some() {
+        return Err(CliError::usage(format!(
+            "--model-new: `{task_id}` is not a KernelBench problem (a `ModelNew` file wraps a kb/... problem's native kernel)"
+        )));
     } else {
         check_native(
             ctx,

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_decode;
 pub mod bench_harness;
+pub mod bench_torch_build;
 pub mod check;
 pub mod optimize;
 pub mod serve;
@@ -387,6 +388,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             ncu,
             timeout,
             json,
+            model_new,
         } => check::run(
             &ctx,
             &task,
@@ -396,7 +398,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             arch,
             (!no_bench, ncu),
             timeout,
-            json,
+            (json, model_new.as_deref()),
         ),
     }
 }

@@ -1,0 +1,154 @@
+//! `bench torch-build`: cold torch-extension builds of the bundled SakanaAI archive sample's
+//! kernels (SakanaAI-style `.cu` extensions, the format `validate-archive` and torch-format
+//! checks build), each built as one translation unit with `torch/extension.h` (the baseline)
+//! and split into a `torch/types.h` CUDA unit and a binding unit compiled in parallel
+//! ([`cudarl_cuda::torchsplit`]), in the same run, with no compile cache. Reports the median
+//! wall seconds per build of each, their ratio, and whether each kernel built (or failed) the
+//! same way both times.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cudarl_cuda::static_check::Rules;
+use cudarl_cuda::torchfmt::{self, Format, TorchEnv};
+use cudarl_cuda::{Compiler, Nvcc};
+use serde_json::json;
+
+use super::{CliError, Ctx};
+use crate::cmd::bench::{finish, machine, median};
+
+/// Runs the benchmark on `kernels` distinct archive kernels (taken from levels 1, 2 and 3 in
+/// turn), `jobs` builds at a time (each split build runs two compiler processes).
+///
+/// # Errors
+/// No nvcc, no Python with torch (the build environment), an unreadable sample, a harness
+/// failure.
+pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
+    let fail = |e: String| CliError::failed(e);
+    let path = ctx
+        .root
+        .join(cudarl_stages::ingest_sakana::IngestSakana::BUNDLED);
+    let t = cudarl_data::Table::read(&path, &path.display().to_string())
+        .map_err(|e| fail(e.to_string()))?;
+    let (code, level) = (
+        t.req_strings("CUDA_Code")
+            .map_err(|e| fail(e.to_string()))?,
+        t.req_ints("Level_ID").map_err(|e| fail(e.to_string()))?,
+    );
+    let mut by_level: std::collections::BTreeMap<i64, Vec<String>> = Default::default();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..t.rows() {
+        if let (Some(c), Some(l)) = (code.get(i), level.get(i))
+            && c.contains("PYBIND11_MODULE")
+            && seen.insert(c.to_string())
+        {
+            by_level.entry(l).or_default().push(c.to_string());
+        }
+    }
+    // Levels in turn; a kernel the static checks reject (nothing to build) is passed over.
+    let rules = Rules::builtin();
+    let mut preps = Vec::new();
+    for k in 0.. {
+        if preps.len() >= kernels || by_level.values().all(|v| v.len() <= k) {
+            break;
+        }
+        for v in by_level.values() {
+            if let Some(c) = v.get(k).filter(|_| preps.len() < kernels) {
+                let p = torchfmt::prepare(c, Format::Extension, &rules, None).map_err(fail)?;
+                if !p.units.is_empty() {
+                    preps.push(p);
+                }
+            }
+        }
+    }
+    let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(fail)?;
+    let env = TorchEnv::query(&mut py).map_err(fail)?;
+    let nvcc = Nvcc::discover(&ctx.root).map_err(|e| fail(e.to_string()))?;
+    let compiler = Compiler {
+        nvcc,
+        arch: cudarl_cuda::gpu::probe()
+            .map(|g| g.arch)
+            .unwrap_or_else(|| "sm_90".into()),
+        timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+        store: None,
+    };
+    // (kernel, split?) -> (wall s, compiled, split used)
+    let build = |i: usize, split: bool| -> Result<(f64, bool, bool), CliError> {
+        let Some(u) = preps[i].units.first() else {
+            return Ok((0.0, false, false));
+        };
+        let s = u.split.as_ref().filter(|_| split);
+        let t0 = Instant::now();
+        let o = compiler
+            .compile_torch_ext(
+                &u.text,
+                s,
+                &u.module,
+                &env,
+                &u.extra,
+                torchfmt::TORCH_BUILD_TIMEOUT,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+        Ok((t0.elapsed().as_secs_f64(), o.compiled, s.is_some()))
+    };
+    let work: Vec<(usize, bool)> = (0..preps.len())
+        .flat_map(|i| [(i, i % 2 == 0), (i, i % 2 != 0)])
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    let t_all = Instant::now();
+    std::thread::scope(|sc| {
+        for _ in 0..jobs.max(1) {
+            sc.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(&(i, split)) = work.get(k) else {
+                        break;
+                    };
+                    let r = build(i, split);
+                    results.lock().expect("lock").push((i, split, r));
+                }
+            });
+        }
+    });
+    let wall = t_all.elapsed().as_secs_f64();
+    let mut rows = Vec::new();
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    let mut agree = 0usize;
+    let mut results = results.into_inner().expect("lock");
+    results.sort_by_key(|(i, s, _)| (*i, *s));
+    let mut it = results.into_iter();
+    while let (Some((i, _, a)), Some((_, _, b))) = (it.next(), it.next()) {
+        let ((sa, ca, _), (sb, cb, used)) = (a?, b?);
+        one.push(sa);
+        two.push(sb);
+        agree += usize::from(ca == cb);
+        rows.push(
+            json!({"kernel": i, "one_unit_s": sa, "split_s": sb, "split_used": used,
+            "compiled_one_unit": ca, "compiled_split": cb}),
+        );
+    }
+    let (m1, m2) = (median(one), median(two));
+    let result = json!({
+        "benchmark": "torch-build",
+        "kernels": rows.len(),
+        "jobs": jobs,
+        "one_unit_median_s": m1,
+        "split_median_s": m2,
+        "speedup": if m2 > 0.0 { m1 / m2 } else { 0.0 },
+        "same_build_result": agree,
+        "split_used": rows.iter().filter(|r| r["split_used"] == true).count(),
+        "wall_s": wall,
+        "nvcc": compiler.nvcc.version,
+        "torch": env.torch,
+        "machine": machine(),
+        "builds": rows,
+    });
+    eprintln!(
+        "torch-extension build, median of {} kernels: one unit {m1:.1} s, split {m2:.1} s ({:.2}x); same result {agree}/{}",
+        result["kernels"],
+        result["speedup"].as_f64().unwrap_or(0.0),
+        result["kernels"]
+    );
+    finish(result, out)
+}
