@@ -918,6 +918,26 @@ fn optimize_runs_the_rl_agents_on_a_new_problem_and_says_a_cpu_verifies_nothing(
     let turns = rows_with(&p, "optimize", "turns", &sets);
     assert!(!turns.is_empty() && turns.len() <= 4);
     assert!(turns.iter().all(|t| t["task_id"] == "kb/L1/0_swish"));
+    // `serve`'s POST /v1/optimize answers the same problem as the CLI did (the node is cached
+    // now), with the kept kernel's files inline and nothing written outside the store.
+    let server = common::server::Server::start(&p, &[]);
+    let body = serde_json::json!({
+        "problem": std::fs::read_to_string(&src).unwrap(),
+        "name": "swish", "samples": 2, "turns": 2,
+    });
+    let r = server.call("POST", "/v1/optimize", None, Some(&body.to_string()));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let a = r.json();
+    for k in ["problem_id", "status", "mode", "episodes", "candidates"] {
+        assert_eq!(a[k], v[k], "{k}: {a}");
+    }
+    assert_eq!(a["dir"], Value::Null);
+    assert_eq!(
+        a["code"].is_string(),
+        v["status"] != "none",
+        "the kept kernel's source, when one was kept: {a}"
+    );
+    drop(server);
     // A KernelBench problem by id; a file that is not a problem is named (exit 2).
     let o = optimize("kb/L1/19_ReLU");
     assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));

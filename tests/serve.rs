@@ -5,101 +5,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::Project;
+use common::server::Server;
 use serde_json::{Value, json};
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(p: &Project, extra: &[&str]) -> Server {
-        let mut args = vec!["serve", "--bind", "127.0.0.1:0", "--mode", "compile"];
-        args.extend_from_slice(extra);
-        let mut child = p
-            .cmd(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(180))
-            .expect("serve prints its address");
-        let base = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in `{line}`"))
-            .to_string();
-        Server { child, base }
-    }
-
-    /// (status, headers we look at, body) of one request.
-    fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> Reply {
-        let mut r = ureq::request(method, &format!("{}{path}", self.base))
-            .timeout(Duration::from_secs(120));
-        if let Some(t) = token {
-            r = r.set("Authorization", &format!("Bearer {t}"));
-        }
-        let res = match body {
-            Some(b) => r.set("Content-Type", "application/json").send_string(b),
-            None => r.call(),
-        };
-        let resp = match res {
-            Ok(r) => r,
-            Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        Reply {
-            status: resp.status(),
-            cache: resp.header("x-cache").map(str::to_string),
-            retry_after: resp.header("retry-after").map(str::to_string),
-            www_auth: resp.header("www-authenticate").map(str::to_string),
-            body: resp.into_string().unwrap_or_default(),
-        }
-    }
-
-    fn stop(mut self) -> Option<i32> {
-        // SAFETY: signalling our own child.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        self.child.wait().unwrap().code()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Reply {
-    status: u16,
-    cache: Option<String>,
-    retry_after: Option<String>,
-    www_auth: Option<String>,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-}
 
 /// The verdict `check --mode compile --json` gives `source` on `task`.
 fn check_json(p: &Project, task: &str, source: &std::path::Path) -> Value {
@@ -380,6 +291,7 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
         .collect();
     let want: BTreeSet<&str> = [
         "/v1/evaluate",
+        "/v1/optimize",
         "/v1/tasks",
         "/v1/tasks/{id}",
         "/healthz",
@@ -388,7 +300,21 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     ]
     .into();
     assert_eq!(paths, want);
-    for path in &want {
+    // `/v1/optimize` runs the trained agents (tests/models.rs); here its bad requests.
+    for (body, says) in [
+        ("{}", "give one of `problem`"),
+        (
+            r#"{"problem": "print(1)"}"#,
+            "not a KernelBench-format problem",
+        ),
+        (r#"{"problem_id": "kb/L1/19_ReLU", "colour": 1}"#, "colour"),
+    ] {
+        let r = s.call("POST", "/v1/optimize", tok, Some(body));
+        assert_eq!(r.status, 422, "{body}: {}", r.body);
+        assert!(r.body.contains(says), "{body}: {}", r.body);
+    }
+    assert_eq!(s.call("POST", "/v1/optimize", None, Some("{}")).status, 401);
+    for path in want.iter().filter(|p| **p != "/v1/optimize") {
         let probe = path.replace("{id}", "vector_add");
         let method = if *path == "/v1/evaluate" {
             "POST"

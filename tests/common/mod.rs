@@ -2,6 +2,8 @@
 //! `cudarl-pipe` binary run as a child process.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -10,6 +10,10 @@
 //!   `feedback`: the tester's words on it, as `rl-train`'s episodes show the optimizer
 //!   (compile errors with lines, the failing shape, resource findings).
 //! - `GET /v1/tasks`, `GET /v1/tasks/{id}` (prompt, signature, shapes).
+//! - `POST /v1/optimize` {problem | problem_id, name?, level?, samples?, turns?} -> what
+//!   `cudarl-pipe optimize --json` prints, with the kept kernel's `code`, `model_new` and
+//!   `verdict` (null when none was kept): the trained agents on one problem, one request at a
+//!   time.
 //!
 //! Tasks: the pipeline's task families, and KernelBench problems (`kb/L1/19_ReLU`) with the
 //! native launcher `kb-specs` derived: a native candidate is built like any native kernel and,
@@ -150,7 +154,39 @@ pub struct Config {
     /// reward under `reward` (the components `rl-train` stores per turn), so a remote trainer
     /// scores exactly as `rl-train` does.
     pub reward: cudarl_rl::reward::RewardConfig,
+    /// What answers `POST /v1/optimize` (the CLI's `optimize` on this store); none: 503.
+    pub optimizer: Option<Optimizer>,
 }
+
+/// `POST /v1/optimize` body: one of `problem` (a KernelBench-format PyTorch source: a `Model`
+/// with `get_inputs`) and `problem_id` (`kb/L1/19_ReLU`), as `cudarl-pipe optimize PROBLEM`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizeRequest {
+    /// A KernelBench-format PyTorch source.
+    #[serde(default)]
+    pub problem: Option<String>,
+    /// A KernelBench problem id.
+    #[serde(default)]
+    pub problem_id: Option<String>,
+    /// The file name a source is filed under (KernelBench's `<N>_<name>`; default `0_problem`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The KernelBench level a source is filed under (default 1).
+    #[serde(default)]
+    pub level: Option<i64>,
+    /// Episodes (default: the pipeline's `optimize.samples`).
+    #[serde(default)]
+    pub samples: Option<usize>,
+    /// Turns per episode (default: the pipeline's `optimize.max_turns`).
+    #[serde(default)]
+    pub turns: Option<usize>,
+}
+
+/// Runs the trained agents on one problem (blocking; minutes): the answer's JSON, or an HTTP
+/// status and message (422 for a problem that is not one).
+pub type Optimizer =
+    Arc<dyn Fn(OptimizeRequest) -> Result<Value, (u16, String)> + Send + Sync + 'static>;
 
 /// `POST /v1/evaluate` body.
 #[derive(Debug, Clone, Deserialize)]
@@ -300,6 +336,9 @@ struct Inner {
     cache_entries: usize,
     reward: cudarl_rl::reward::RewardConfig,
     metrics: Metrics,
+    optimizer: Option<Optimizer>,
+    /// One `optimize` at a time (each builds pipeline nodes and uses the GPU for minutes).
+    optimizing: Arc<Semaphore>,
 }
 
 type Shared = Arc<Inner>;
@@ -359,6 +398,8 @@ pub fn router(cfg: Config) -> Router {
         cache_entries: cfg.cache_entries,
         reward: cfg.reward,
         metrics: Metrics::new(),
+        optimizer: cfg.optimizer,
+        optimizing: Arc::new(Semaphore::new(1)),
     };
     let state: Shared = Arc::new(inner);
     let evaluate_route = post(evaluate)
@@ -375,6 +416,12 @@ pub fn router(cfg: Config) -> Router {
         ));
     Router::new()
         .route("/v1/evaluate", evaluate_route)
+        .route(
+            "/v1/optimize",
+            post(optimize).layer::<_, std::convert::Infallible>(
+                tower_http::limit::RequestBodyLimitLayer::new(max_body),
+            ),
+        )
         .route("/v1/tasks", get(tasks))
         .route("/v1/tasks/{*id}", get(task))
         .route("/healthz", get(healthz))
@@ -412,6 +459,48 @@ async fn shutdown() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
+    }
+}
+
+/// `POST /v1/optimize`: the trained generator and optimizer with the tester on one problem, as
+/// `cudarl-pipe optimize --json` (one at a time; a second request waits).
+async fn optimize(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Result<Json<OptimizeRequest>, JsonRejection>,
+) -> Response {
+    if !authorized(&s, &headers) {
+        return unauthorized();
+    }
+    let req = match body {
+        Ok(Json(r)) => r,
+        Err(e) => return error(e.status(), e.body_text()),
+    };
+    if req.problem.is_some() == req.problem_id.is_some() {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "give one of `problem` (a KernelBench-format PyTorch source) and `problem_id` (kb/L1/19_ReLU)",
+        );
+    }
+    let Some(f) = s.optimizer.clone() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this server does not optimize (started without the pipeline)",
+        );
+    };
+    let Ok(_one) = s.optimizing.clone().acquire_owned().await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    };
+    match tokio::task::spawn_blocking(move || f(req)).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err((code, m))) => error(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            m,
+        ),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("optimize failed: {e}"),
+        ),
     }
 }
 

@@ -116,6 +116,22 @@ fn reads_store(c: &Command) -> bool {
 }
 
 impl Ctx {
+    /// The same context, its settings note already said (for work that outlives the verb's
+    /// borrow, such as `serve`'s `POST /v1/optimize`).
+    pub fn to_owned_quiet(&self) -> Ctx {
+        Ctx {
+            root: self.root.clone(),
+            pipeline_path: self.pipeline_path.clone(),
+            pipeline_display: self.pipeline_display.clone(),
+            store: self.store.clone(),
+            lock: self.lock.clone(),
+            settings: self.settings.clone(),
+            settings_note: self.settings_note.clone(),
+            noted: std::sync::atomic::AtomicBool::new(true),
+            shared_cache: self.shared_cache.clone(),
+        }
+    }
+
     fn from_cli(cli: &Cli) -> Result<Ctx, CliError> {
         let root = match &cli.root {
             Some(r) => r.clone(),

@@ -2,7 +2,8 @@
 //! PyTorch file, or a KernelBench problem id) is written as a one-problem KernelBench checkout
 //! under the store, the pipeline's `optimize` node is built on it (`optimize-problem` ->
 //! `optimize-specs` -> `optimize-tests` -> `optimize`, `crates/cudarl-stages/src/optimize.rs`),
-//! and the kernel it kept is copied out with its `ModelNew` wrapper and verdict.
+//! and the kernel it kept is copied out with its `ModelNew` wrapper and verdict. `serve`'s
+//! `POST /v1/optimize` runs the same ([`answer`]) and returns them inline.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,15 +62,27 @@ fn problem_source(ctx: &Ctx, problem: &str, level: i64) -> Result<(String, i64, 
     let path = Path::new(problem);
     let code = std::fs::read_to_string(path)
         .map_err(|e| CliError::usage(format!("{problem}: cannot read: {e}")))?;
-    if !code.contains("class Model") || !code.contains("def get_inputs") {
-        return Err(CliError::usage(format!(
-            "{problem}: not a KernelBench-format problem: it needs `class Model` (a torch.nn.Module) and `get_inputs()`"
-        )));
-    }
-    let stem: String = path
+    let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
-        .unwrap_or("problem")
+        .unwrap_or("problem");
+    let name = problem_name(&code, problem, stem)?;
+    Ok((code, level, name))
+}
+
+/// The KernelBench file name (`<N>_<name>`) of the source `code` named `stem` (`display` in
+/// errors): characters other than ASCII letters and digits become `_`; a stem without a
+/// leading number is problem number 0.
+///
+/// # Errors
+/// `code` is not a KernelBench-format problem (no `class Model` or `get_inputs`).
+fn problem_name(code: &str, display: &str, stem: &str) -> Result<String, CliError> {
+    if !code.contains("class Model") || !code.contains("def get_inputs") {
+        return Err(CliError::usage(format!(
+            "{display}: not a KernelBench-format problem: it needs `class Model` (a torch.nn.Module) and `get_inputs()`"
+        )));
+    }
+    let stem: String = stem
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
@@ -77,8 +90,46 @@ fn problem_source(ctx: &Ctx, problem: &str, level: i64) -> Result<(String, i64, 
     let numbered = stem.split_once('_').is_some_and(|(n, rest)| {
         !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !rest.is_empty()
     });
-    let name = if numbered { stem } else { format!("0_{stem}") };
-    Ok((code, level, name))
+    Ok(if numbered { stem } else { format!("0_{stem}") })
+}
+
+/// One problem optimized: what `--json` prints, and the kept kernel's source, `ModelNew` wrapper
+/// and verdict (none when nothing was kept).
+struct Outcome {
+    summary: Summary,
+    code: Option<String>,
+    model_new: Option<String>,
+    verdict: Option<serde_json::Value>,
+}
+
+/// `POST /v1/optimize` of `serve` ([`cudarl_serve::OptimizeRequest`]): as `optimize --json`,
+/// with the kept kernel's `code`, `model_new` and `verdict`, and `dir` null (nothing is written
+/// outside the store). A problem that is not one is 422.
+///
+/// # Errors
+/// (HTTP status, message): 422 for bad input, 500 when a stage failed.
+pub fn answer(
+    ctx: &Ctx,
+    req: cudarl_serve::OptimizeRequest,
+) -> Result<serde_json::Value, (u16, String)> {
+    let err = |e: CliError| (if e.code == 2 { 422 } else { 500 }, e.message);
+    let level = req.level.unwrap_or(1);
+    let (code, level, name) = match (&req.problem, &req.problem_id) {
+        (_, Some(id)) => problem_source(ctx, id, level).map_err(err)?,
+        (Some(text), None) => {
+            let stem = req.name.as_deref().unwrap_or("problem");
+            let name = problem_name(text, "problem", stem).map_err(err)?;
+            (text.clone(), level, name)
+        }
+        (None, None) => return Err((422, "no problem given".into())),
+    };
+    let o =
+        optimize_source(ctx, (&code, level, &name), (req.samples, req.turns), None).map_err(err)?;
+    let mut v = serde_json::to_value(&o.summary).expect("json");
+    v["code"] = o.code.into();
+    v["model_new"] = o.model_new.into();
+    v["verdict"] = o.verdict.unwrap_or(serde_json::Value::Null);
+    Ok(v)
 }
 
 /// Runs `optimize` (see the module docs); the exit code is 0 when a kernel was verified.
@@ -90,73 +141,7 @@ pub fn run(
     json: bool,
 ) -> Result<i32, CliError> {
     let (code, level, name) = problem_source(ctx, problem, level)?;
-    if !(1..=4).contains(&level) {
-        return Err(CliError::usage(format!(
-            "--level {level}: KernelBench levels are 1 to 4"
-        )));
-    }
-    let id = format!("kb/L{level}/{name}");
-    // A one-problem KernelBench checkout, named by the problem's content.
-    let dir = ctx
-        .store
-        .join("optimize-problems")
-        .join(&blake3::hash(code.as_bytes()).to_hex()[..16]);
-    let file = dir.join(format!("level{level}")).join(format!("{name}.py"));
-    if std::fs::read_to_string(&file).ok().as_deref() != Some(code.as_str()) {
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(file.parent().expect("has a parent"))
-            .and_then(|_| std::fs::write(&file, &code))
-            .map_err(|e| CliError::failed(format!("{}: {e}", file.display())))?;
-    }
-    let mut extra = vec![format!(
-        "optimize-problem.path={}",
-        toml::Value::String(dir.display().to_string())
-    )];
-    if let Some(n) = samples {
-        extra.push(format!("optimize.samples={n}"));
-    }
-    if let Some(n) = turns {
-        extra.push(format!("optimize.max_turns={n}"));
-    }
-    let engine = ctx.engine_with(Arc::new(CliReporter::detect(false)), 0, &extra)?;
-    let code = super::run_or_report(&engine, &["optimize".to_string()])?;
-    if code != 0 {
-        return Ok(code);
-    }
-    let t = Table::read(&output_blob(&engine, "optimize", "result")?, "result")
-        .map_err(|e| CliError::failed(e.to_string()))?;
-    let col = |c: &str| {
-        t.req_strings(c)
-            .map_err(|e| CliError::failed(e.to_string()))
-    };
-    let (ids, status, mode) = (col("problem_id")?, col("status")?, col("mode")?);
-    let f64s = |c: &str| t.req_floats(c).map_err(|e| CliError::failed(e.to_string()));
-    let (vs_torch, vs_compile) = (f64s("speedup_vs_torch")?, f64s("speedup_vs_torch_compile")?);
-    let ints = |c: &str| t.req_ints(c).map_err(|e| CliError::failed(e.to_string()));
-    let (episodes, candidates) = (ints("episodes")?, ints("candidates")?);
-    let i = (0..t.rows())
-        .find(|&i| ids.get(i) == Some(id.as_str()))
-        .ok_or_else(|| CliError::failed(format!("`optimize` has no result for `{id}`")))?;
-    let status = status.get(i).unwrap_or("none").to_string();
-    let kept = out.join(&name);
-    let written = status != "none";
-    if written {
-        cudarl_stages::common::materialize(
-            engine.store(),
-            &output_blob(&engine, "optimize", "kernel")?,
-            &kept,
-        )?;
-    }
-    let s = Summary {
-        problem_id: id,
-        speedup_vs_torch: vs_torch.get(i),
-        speedup_vs_torch_compile: vs_compile.get(i),
-        episodes: episodes.get(i).unwrap_or(0),
-        candidates: candidates.get(i).unwrap_or(0),
-        mode: mode.get(i).unwrap_or("").to_string(),
-        dir: written.then_some(kept),
-        status,
-    };
+    let s = optimize_source(ctx, (&code, level, &name), (samples, turns), Some(out))?.summary;
     if json {
         super::json_line(&s);
     } else {
@@ -184,4 +169,104 @@ pub fn run(
         }
     }
     Ok(if s.status == "verified" { 0 } else { 1 })
+}
+
+/// Writes the one-problem checkout of (`code`, `level`, `name`) under the store, builds the
+/// `optimize` node on it, and, with `out`, copies the kept kernel's files to `out/<name>/`.
+///
+/// # Errors
+/// A level outside 1 to 4 (usage), a stage that failed, an unreadable result.
+fn optimize_source(
+    ctx: &Ctx,
+    (code, level, name): (&str, i64, &str),
+    (samples, turns): (Option<usize>, Option<usize>),
+    out: Option<&Path>,
+) -> Result<Outcome, CliError> {
+    if !(1..=4).contains(&level) {
+        return Err(CliError::usage(format!(
+            "--level {level}: KernelBench levels are 1 to 4"
+        )));
+    }
+    let id = format!("kb/L{level}/{name}");
+    // A one-problem KernelBench checkout, named by the problem's content.
+    let dir = ctx
+        .store
+        .join("optimize-problems")
+        .join(&blake3::hash(code.as_bytes()).to_hex()[..16]);
+    let file = dir.join(format!("level{level}")).join(format!("{name}.py"));
+    if std::fs::read_to_string(&file).ok().as_deref() != Some(code) {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(file.parent().expect("has a parent"))
+            .and_then(|_| std::fs::write(&file, code))
+            .map_err(|e| CliError::failed(format!("{}: {e}", file.display())))?;
+    }
+    let mut extra = vec![format!(
+        "optimize-problem.path={}",
+        toml::Value::String(dir.display().to_string())
+    )];
+    if let Some(n) = samples {
+        extra.push(format!("optimize.samples={n}"));
+    }
+    if let Some(n) = turns {
+        extra.push(format!("optimize.max_turns={n}"));
+    }
+    let engine = ctx.engine_with(Arc::new(CliReporter::detect(false)), 0, &extra)?;
+    let rc = super::run_or_report(&engine, &["optimize".to_string()])?;
+    if rc != 0 {
+        return Err(CliError {
+            code: rc,
+            message: "the `optimize` node did not build (see above)".into(),
+        });
+    }
+    let t = Table::read(&output_blob(&engine, "optimize", "result")?, "result")
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    let col = |c: &str| {
+        t.req_strings(c)
+            .map_err(|e| CliError::failed(e.to_string()))
+    };
+    let (ids, status, mode) = (col("problem_id")?, col("status")?, col("mode")?);
+    let f64s = |c: &str| t.req_floats(c).map_err(|e| CliError::failed(e.to_string()));
+    let (vs_torch, vs_compile) = (f64s("speedup_vs_torch")?, f64s("speedup_vs_torch_compile")?);
+    let ints = |c: &str| t.req_ints(c).map_err(|e| CliError::failed(e.to_string()));
+    let (episodes, candidates) = (ints("episodes")?, ints("candidates")?);
+    let i = (0..t.rows())
+        .find(|&i| ids.get(i) == Some(id.as_str()))
+        .ok_or_else(|| CliError::failed(format!("`optimize` has no result for `{id}`")))?;
+    let status = status.get(i).unwrap_or("none").to_string();
+    let kept = status != "none";
+    let dir = match out.filter(|_| kept) {
+        Some(out) => {
+            let d = out.join(name);
+            cudarl_stages::common::materialize(
+                engine.store(),
+                &output_blob(&engine, "optimize", "kernel")?,
+                &d,
+            )?;
+            Some(d)
+        }
+        None => None,
+    };
+    let text = |c: &str| -> Result<Option<String>, CliError> {
+        Ok(t.strings(c)
+            .map_err(|e| CliError::failed(e.to_string()))?
+            .and_then(|col| col.get(i).map(String::from))
+            .filter(|_| kept))
+    };
+    let (kernel, model_new) = (text("code")?, text("model_new")?);
+    let verdict = text("verdict_json")?.and_then(|v| serde_json::from_str(&v).ok());
+    Ok(Outcome {
+        summary: Summary {
+            problem_id: id,
+            speedup_vs_torch: vs_torch.get(i),
+            speedup_vs_torch_compile: vs_compile.get(i),
+            episodes: episodes.get(i).unwrap_or(0),
+            candidates: candidates.get(i).unwrap_or(0),
+            mode: mode.get(i).unwrap_or("").to_string(),
+            dir,
+            status,
+        },
+        code: kernel,
+        model_new,
+        verdict,
+    })
 }

@@ -119,6 +119,10 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
         token: a.token,
         cache_entries: a.cache_entries,
         reward,
+        optimizer: Some({
+            let ctx = Arc::new(ctx.to_owned_quiet());
+            Arc::new(move |req| super::optimize::answer(&ctx, req))
+        }),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
