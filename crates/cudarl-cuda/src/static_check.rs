@@ -98,6 +98,26 @@ pub struct RulesError {
     pub message: String,
 }
 
+/// The byte index of the `}` that closes the `{` at byte `open` of `stripped`, or `None` when
+/// it is not closed. Braces in comments and literals count: blank them first
+/// ([`strip_c_comments_and_strings`]) where that matters.
+pub fn matching_brace(stripped: &str, open: usize) -> Option<usize> {
+    let mut depth = 0i64;
+    for (i, c) in stripped[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Blanks out `//` and `/* */` comments and string/char literals (keeping newlines and
 /// offsets), so rules do not match inside them. `#include` lines are kept whole.
 pub fn strip_c_comments_and_strings(src: &str) -> String {

@@ -21,7 +21,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::static_check::strip_c_comments_and_strings;
+use crate::static_check::{matching_brace, strip_c_comments_and_strings};
 
 /// The two units of a split torch-extension build.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,25 +127,6 @@ pub fn split_extension(source: &str) -> Option<TorchSplit> {
         cuda,
         bind: format!("#include <torch/extension.h>\n{decls}\n{block}\n"),
     })
-}
-
-/// The index of the `}` that closes the `{` at `open` in `stripped` (comments and literals
-/// blanked).
-fn matching_brace(stripped: &str, open: usize) -> Option<usize> {
-    let mut depth = 0i64;
-    for (i, c) in stripped[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(open + i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 /// Host functions defined at namespace scope of `src` with external linkage, as (name,

@@ -44,20 +44,7 @@ impl Breakage {
 fn first_kernel_body(code: &str) -> Option<(usize, usize)> {
     let g = code.find("__global__")?;
     let open = g + code[g..].find('{')?;
-    let mut depth = 0usize;
-    for (i, ch) in code[open..].char_indices() {
-        match ch {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some((open, open + i));
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+    cudarl_cuda::static_check::matching_brace(code, open).map(|close| (open, close))
 }
 
 /// `code` broken in the way `Breakage::ALL[variant % 3]` says, choosing among candidate
