@@ -113,6 +113,49 @@ def size_names(constants, shape):
     return out
 
 
+def buffer_shapes(code, pid, sizes):
+    """The shapes of a problem's inputs, state dict and outputs (in `signature`'s order) with
+    constants `sizes` overridden, on the meta device; None where the problem does not run so."""
+    try:
+        mod = load_problem(code, pid, sizes)
+        with on_meta():
+            _, model, inputs = instantiate(mod)
+            with torch.no_grad():
+                out = model(*inputs)
+    except Exception:
+        return None
+    ts = [x for x in inputs if isinstance(x, torch.Tensor)]
+    ts += list(model.state_dict().values())
+    ts += [o for o in as_list(out) if isinstance(o, torch.Tensor)]
+    return [list(t.shape) for t in ts]
+
+
+def tell_apart(req, constants, bufs):
+    """Names the dimensions `size_names` left literal because several constants share their value
+    (`batch_size = dim = 8192`): each such constant is doubled alone, and the dimensions that
+    double with it are its. Without this the launcher would have no size for them, while test
+    sizes that halve one of the constants change the buffers' shapes."""
+    shaped = [b for b in bufs if "shape" in b]
+    by_value = {}
+    for k, v in constants.items():
+        by_value.setdefault(v, []).append(k)
+    for v, names in by_value.items():
+        if len(names) < 2 or v < 2:
+            continue
+        if not any(d == str(v) for b in shaped for d in b["dims"]):
+            continue
+        for k in sorted(names):
+            moved = buffer_shapes(req["code"], req["problem_id"], {k: 2 * v})
+            if moved is None or len(moved) != len(shaped):
+                continue
+            for b, m in zip(shaped, moved, strict=True):
+                if len(m) != len(b["shape"]):
+                    continue
+                for i, d in enumerate(b["dims"]):
+                    if d == str(v) and m[i] == 2 * v:
+                        b["dims"][i] = k
+
+
 def load_problem(code, pid, sizes=None):
     """Executes a problem (or candidate) file as a fresh module; `sizes` override its constants."""
     mod = types.ModuleType("kb_problem")
@@ -220,11 +263,13 @@ def signature(req):
             outputs.append({"name": "out" if len(outs) == 1 else f"out{i}", **describe(o)})
         else:
             excluded = excluded or f"output {i} is a {type(o).__name__}, not a tensor"
-    for b in ins + params + outputs:
+    bufs = ins + params + outputs
+    for b in bufs:
         if "dtype" in b and b["dtype"] not in NATIVE_DTYPES.values():
             excluded = excluded or f"`{b['name']}` has dtype {b['dtype']}"
         if "shape" in b:
             b["dims"] = size_names(constants, b["shape"])
+    tell_apart(req, constants, bufs)
     used = sorted({d for b in ins + params + outputs for d in b.get("dims", []) if d in constants})
     res.update(inputs=ins, params=params, outputs=outputs, sizes={k: constants[k] for k in used}, excluded=excluded)
     return res

@@ -29,6 +29,12 @@
 #               candidates like TORCH_EQUIV's; writes kb_model_new_agreement.jsonl.
 #               KB_ONLY: the kernels to check (names without .cu, space-separated; default all);
 #               CHECK_FLAGS: extra `check` flags for every check (e.g. --no-bench).
+#   PART=serve-kb  `serve` on a store where the main job ran (STORE, default
+#               /tmp/cudarl-main/store; SETS: its `--set` values, space-separated) answering
+#               KernelBench requests on the GPU: POST /v1/evaluate with a native kernel
+#               (tests/kernels/kb_native/19_ReLU.cu) and with its ModelNew wrapper (from
+#               PART=kb-native MODEL_NEW=1 when it ran on this host), and POST /v1/optimize for
+#               kb/L1/19_ReLU (2 samples, 2 turns); writes serve_kb.json and prints a line each.
 # Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
 # Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
 set -uo pipefail
@@ -243,6 +249,47 @@ for label, a in [("torch-format equivalents", agree), ("ModelNew wrappers", wrap
     if a:
         print(f"{label}: {sum(x['same_verdict'] for x in a)}/{len(a)} same verdict as native")
 PY
+elif [ "$PART" = serve-kb ]; then
+  S=${STORE:-/tmp/cudarl-main/store}
+  SF=(); for kv in ${SETS:-}; do SF+=(--set "$kv"); done
+  export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner
+  export CUDARL_TRAINER=$NEW/cudarl-pipe-train CUDARL_PYTHON=$(command -v python3)
+  $NEW/cudarl-pipe --root . --store "$S" serve --bind 127.0.0.1:8765 --deadline-s 500 "${SF[@]}" > "$OUT/serve.log" 2>&1 &
+  SP=$!
+  for _ in $(seq 120); do grep -q listening "$OUT/serve.log" && break; sleep 1; done
+  python3 - "$OUT" <<'PY'
+import json, pathlib, sys, time, urllib.request
+out = pathlib.Path(sys.argv[1])
+def post(path, body, timeout=560):
+    t0 = time.time()
+    req = urllib.request.Request("http://127.0.0.1:8765" + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            code, data = r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        code, data = e.code, json.loads(e.read() or b"{}")
+    except Exception as e:
+        code, data = None, {"error": str(e)}
+    return {"status": code, "seconds": round(time.time() - t0, 1), "body": data}
+res = {}
+relu = pathlib.Path("tests/kernels/kb_native/19_ReLU.cu").read_text()
+res["evaluate_native"] = post("/v1/evaluate", {"task_id": "kb/L1/19_ReLU", "source": relu})
+wrap = pathlib.Path("/tmp/cudarl-kb-native/wrap/19_ReLU.py")
+if wrap.exists():
+    res["evaluate_model_new"] = post("/v1/evaluate", {"task_id": "kb/L1/19_ReLU", "source": wrap.read_text()})
+res["optimize"] = post("/v1/optimize", {"problem_id": "kb/L1/19_ReLU", "samples": 2, "turns": 2})
+(out / "serve_kb.json").write_text(json.dumps(res, indent=1))
+for k, r in res.items():
+    b = r["body"]
+    v = b.get("verdict") or b
+    print(f"{k:20s} HTTP {r['status']} {r['seconds']} s compiled {v.get('compiled')} correct {v.get('correct')} "
+          f"failure {v.get('failure')} speedup {v.get('speedup_vs_torch')} {str(b.get('error') or b.get('detail') or '')[:200]}")
+    if k == "optimize":
+        print("  " + json.dumps({x: b.get(x) for x in b if x not in ("code", "model_new", "verdict")})[:600])
+PY
+  kill $SP 2>/dev/null; wait $SP 2>/dev/null
+  tail -5 "$OUT/serve.log"
 elif [ "$PART" = profile ]; then
   export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner
   "${CUDARL_NCU:-/usr/local/cuda/bin/ncu}" --version | tail -1 > "$OUT/ncu.txt" 2>&1

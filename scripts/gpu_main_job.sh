@@ -39,6 +39,9 @@
 #   from configs/model/small.toml with group_by_length = true (written here as
 #   small_grouped.toml, not in the repository): sft_grouped.jsonl, length-grouped batching's
 #   SFT seconds beside the main job's on the same machine.
+# EXTRA_SHOW: node:output pairs (space-separated) shown after the main job as JSON Lines and
+#   collected into main_job.json's "shown" (e.g. archive-native:summary); the nodes' notes
+#   (stderr) go to its "notes".
 # CUDARL_HOST_TMP: the folder the job lives in on the host (default /tmp), one per job where
 #   several run on one host (scripts/gpu_rl_draw.sh's DRAWS, one GPU each).
 # SEED_STORE: a store the job starts from (hard-linked), e.g. one where the nodes no seed reaches
@@ -86,6 +89,9 @@ outputs() {
     $B/cudarl-pipe --root . --store \$S export eval --output report --to \$O/export "\$@" > /dev/null 2>&1
 }
 outputs $D/store $D "\${SETS[@]}"
+for ns in ${EXTRA_SHOW:-}; do
+  $B/cudarl-pipe --root . --store $D/store show "\${ns%%:*}" --output "\${ns#*:}" --json --head 100000 "\${SETS[@]}" > "$D/show_\${ns%%:*}_\${ns#*:}.jsonl" 2>/dev/null
+done
 $B/cudarl-pipe --root . --store $D/store show sft-eval --output sft_eval --json --head 1000 "\${SETS[@]}" > $D/sft_eval.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show synth-tasks --output tasks --json --head 100000 "\${SETS[@]}" > $D/tasks.jsonl 2>/dev/null
 $B/cudarl-pipe --root . --store $D/store show validate --output validations --json --head 100000 "\${SETS[@]}" > $D/validations.jsonl 2>/dev/null
@@ -235,6 +241,9 @@ for name in ("validate_alone", "validate_unbatched"):
         res.setdefault("validate_runs", {})[name] = {
             "wall_s": int((d / f"{name}.wall").read_text()) if (d / f"{name}.wall").exists() else None,
             "seconds": run[0].get("seconds"), "stats": run[0].get("stats")}
+res["shown"] = {f.stem[len("show_"):]: jl(f.name) for f in sorted(d.glob("show_*.jsonl"))}
+err = (d / "run.err").read_text(errors="replace") if (d / "run.err").exists() else ""
+res["notes"] = [l.strip() for l in err.splitlines() if l.strip().startswith("note ")]
 (out / "main_job.json").write_text(json.dumps(res, indent=1))
 for p in (d / "export").rglob("report.md"):
     (out / "eval_report.md").write_text(p.read_text())
@@ -310,6 +319,11 @@ for name, r in res.get("validate_runs", {}).items():
     print(f"{name}: {r['seconds']} s (wall {r['wall_s']} s) gpu_ms {st.get('gpu_ms')} timer_ms {st.get('timer_ms')} "
           f"tests {st.get('worker_tests_ms')} timing {st.get('worker_timing_ms')} torch {st.get('worker_torch_ms')} "
           f"transfer {st.get('worker_transfer_ms')} compile {st.get('compile_ms_summed')} gpu_wait {st.get('gpu_wait_ms')}")
+for line in res["notes"]:
+    print(line[:300])
+for name, rows in res["shown"].items():
+    if len(rows) <= 12:
+        print(f"{name}: " + "; ".join(json.dumps(r) for r in rows))
 if "gpu_tests" in res:
     print(f"gpu tests rc {res['gpu_tests']['rc']} in {res['gpu_tests']['wall_s']} s")
     print("\n".join(res["gpu_tests"]["results"]))

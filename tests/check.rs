@@ -310,6 +310,16 @@ fn kb_specs_stage_derives_native_signatures_with_coverage() {
         relu["signature"],
         r#"extern "C" void launch(const float* in0, float* out, int64_t batch_size, int64_t dim, cudaStream_t stream)"#
     );
+    // Constants of equal value (`batch_size = dim = 8192`) are told apart: the launcher gets
+    // both sizes, as the recorded tests halve them separately.
+    let gelu = specs
+        .iter()
+        .find(|s| s["problem_id"] == "kb/L1/88_MinGPTNewGelu")
+        .unwrap();
+    assert_eq!(
+        gelu["signature"],
+        r#"extern "C" void launch(const float* in0, float* out, int64_t batch_size, int64_t dim, cudaStream_t stream)"#
+    );
     // Every problem left out says why.
     for s in specs.iter().filter(|s| s["covered"] == false) {
         assert!(

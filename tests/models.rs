@@ -214,6 +214,77 @@ fn sft_data_is_chat_messages_with_the_holdout_and_rl_families_in_their_own_split
 }
 
 #[test]
+fn archive_kernels_in_the_native_abi_become_kernelbench_sft_examples() {
+    let p = cpu_project();
+    let sets = ["archive-native.limit=4", "sft-data.archive=true"];
+    run_ok(&p, &["sft-data"], &sets);
+    run_ok(&p, &["sft-data"], &[]);
+    let a = rows_with(&p, "archive-native", "archive_native", &sets);
+    assert!(!a.is_empty());
+    let mut compiled = 0;
+    for r in &a {
+        // Only the curriculum's train problems: eval's KernelBench test problems stay unseen.
+        assert_eq!(r["split"], "train", "{r}");
+        assert!(r["problem_id"].as_str().unwrap().starts_with("kb/L"));
+        if r["converted"] == Value::Bool(false) {
+            assert!(r["reason"].as_str().is_some_and(|s| !s.is_empty()), "{r}");
+            continue;
+        }
+        let code = r["code"].as_str().unwrap();
+        assert!(code.contains("extern \"C\" void launch("), "{code}");
+        assert!(
+            !code.contains("torch") && !code.contains("PYBIND11"),
+            "{code}"
+        );
+        // Built by nvcc against the problem's launcher; no GPU here, so compile-only.
+        if r["compiled"] == Value::Bool(true) {
+            compiled += 1;
+            assert_eq!(r["validated"], "compile-only", "{r}");
+            assert!(r["correct"].is_null());
+        }
+    }
+    assert!(compiled >= 2, "{a:?}");
+    let g = rows_with(&p, "sft-data", "sft_generator", &sets);
+    let kb: Vec<&Value> = g
+        .iter()
+        .filter(|r| r["task_id"].as_str().unwrap().starts_with("kb/"))
+        .collect();
+    assert!(!kb.is_empty());
+    let kept: std::collections::BTreeMap<&str, &str> = a
+        .iter()
+        .filter(|r| r["validated"] == "compile-only")
+        .map(|r| {
+            (
+                r["kernel_id"].as_str().unwrap(),
+                r["code"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for r in &kb {
+        assert!(["train", "val"].contains(&r["split"].as_str().unwrap()));
+        let m = r["messages"].as_array().unwrap();
+        // The prompt RL shows for a KernelBench problem: its PyTorch source and the launcher.
+        let user = m[1]["content"].as_str().unwrap();
+        assert!(user.contains("class Model") && user.contains("extern \"C\" void launch("));
+        let code = kept[r["kernel_id"].as_str().unwrap()];
+        assert!(m[2]["content"].as_str().unwrap().contains(code.trim_end()));
+    }
+    // Optimizer pairs need measured times: none without a GPU.
+    let o = rows_with(&p, "sft-data", "sft_optimizer", &sets);
+    assert!(
+        o.iter()
+            .all(|r| !r["task_id"].as_str().unwrap().starts_with("kb/"))
+    );
+    // Off by default.
+    let plain = rows(&p, "sft-data", "sft_generator");
+    assert!(
+        plain
+            .iter()
+            .all(|r| !r["task_id"].as_str().unwrap().starts_with("kb/"))
+    );
+}
+
+#[test]
 fn optimizer_repair_examples_are_task_kernels_nvcc_rejected_with_its_diagnostics() {
     let p = after_sft();
     let opt = rows(&p, "sft-data", "sft_optimizer");
@@ -811,7 +882,9 @@ fn rl_train_practises_the_curriculums_kernelbench_train_problems_by_tier_with_ke
     // (compile-only on the CPU).
     let p = after_rl();
     let kb = ["rl-train.kernelbench_share=1.0"];
-    run_ok(&p, &["rl-train"], &kb);
+    let o = p.run(&["run", "rl-train", "--set", kb[0]]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let said = common::stderr(&o);
     let cur = rows(&p, "curriculum", "curriculum");
     let train: std::collections::BTreeMap<String, i64> = cur
         .iter()
@@ -829,6 +902,19 @@ fn rl_train_practises_the_curriculums_kernelbench_train_problems_by_tier_with_ke
     let turns = rows_with(&p, "rl-train", "turns", &kb);
     let metrics = rows_with(&p, "rl-train", "metrics", &kb);
     assert_eq!(metrics.len(), 2);
+    // Plain progress (stderr is not a terminal): under the steps, the episodes and the
+    // candidates judged.
+    let episodes: std::collections::BTreeSet<(i64, i64)> = turns
+        .iter()
+        .map(|t| (t["step"].as_i64().unwrap(), t["episode"].as_i64().unwrap()))
+        .collect();
+    for line in [
+        "progress rl-train steps: done, 2 items".to_string(),
+        format!("progress rl-train episodes: done, {} items", episodes.len()),
+        "progress rl-train candidates judged: done, ".to_string(),
+    ] {
+        assert!(said.contains(&line), "{line}\n{said}");
+    }
     for t in &turns {
         let id = t["task_id"].as_str().unwrap();
         let tier = train

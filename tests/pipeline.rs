@@ -203,9 +203,10 @@ fn status_dag_show_and_gc() {
     // their source, launchers and recorded tests); pretrain reads synth-tasks' tasks for its copy
     // documents (the expressions they must not show); collab-data (6), collab-sft and
     // collab-sft-optimizer (2 each); `optimize`'s chain: optimize-problem, optimize-specs (1),
-    // optimize-tests (2), optimize (5: the problem, its launcher and tests, the RL agents).
-    assert_eq!(dj["nodes"].as_array().unwrap().len(), 25);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 73);
+    // optimize-tests (2), optimize (5: the problem, its launcher and tests, the RL agents);
+    // archive-native (6: both archives and the curriculum's KernelBench inputs).
+    assert_eq!(dj["nodes"].as_array().unwrap().len(), 26);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 79);
     assert!(dot.contains("curriculum -> eval"), "{dot}");
     assert!(dot.contains("testgen -> eval"), "{dot}");
 

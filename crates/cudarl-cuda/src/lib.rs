@@ -25,6 +25,7 @@ pub mod diag;
 pub mod expr;
 pub mod gpu;
 pub mod inspect;
+pub mod native_abi;
 pub mod nvcc;
 pub mod profile;
 pub mod pyworker;

@@ -102,17 +102,24 @@ pub struct RulesError {
 /// it is not closed. Braces in comments and literals count: blank them first
 /// ([`strip_c_comments_and_strings`]) where that matters.
 pub fn matching_brace(stripped: &str, open: usize) -> Option<usize> {
+    matching(stripped, open, ('{', '}'))
+}
+
+/// The byte index of the `)` that closes the `(` at byte `open`, as [`matching_brace`].
+pub fn matching_paren(stripped: &str, open: usize) -> Option<usize> {
+    matching(stripped, open, ('(', ')'))
+}
+
+fn matching(stripped: &str, open: usize, (o, c): (char, char)) -> Option<usize> {
     let mut depth = 0i64;
-    for (i, c) in stripped[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(open + i);
-                }
+    for (i, ch) in stripped[open..].char_indices() {
+        if ch == o {
+            depth += 1;
+        } else if ch == c {
+            depth -= 1;
+            if depth == 0 {
+                return Some(open + i);
             }
-            _ => {}
         }
     }
     None

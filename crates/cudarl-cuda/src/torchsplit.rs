@@ -54,11 +54,6 @@ static EXTENSION_INCLUDE: LazyLock<Regex> = LazyLock::new(|| {
 static MODULE_START: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\bPYBIND11_MODULE\s*\(").expect("re"));
 
-static FUNCTION_HEAD: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?s)^\s*(?P<ret>[A-Za-z_][\w:<>,\s\*&]*?[\s\*&])(?P<name>[A-Za-z_]\w*)\s*\((?P<args>.*)\)\s*(?:const\s*)?$")
-        .expect("re")
-});
-
 static IDENT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\b[A-Za-z_]\w*\b").expect("re"));
 
 /// Whether `cuda` (a CUDA source) uses Python, pybind11 or a C++ frontend module that
@@ -133,56 +128,25 @@ pub fn split_extension(source: &str) -> Option<TorchSplit> {
 /// declaration `ret name(args);`); `__global__`/`__device__`, `static`, `inline` and template
 /// functions are left out (they cannot be declared from another unit).
 fn top_level_functions(src: &str) -> Vec<(String, String)> {
-    let stripped = strip_c_comments_and_strings(src);
-    let bytes = stripped.as_bytes();
-    let mut out = Vec::new();
-    let mut depth = 0i64;
-    let mut head_start = 0usize;
-    let mut i = 0usize;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'{' => {
-                if depth == 0 {
-                    let head_stripped: String = stripped[head_start..i]
-                        .lines()
-                        .filter(|l| !l.trim_start().starts_with('#'))
-                        .collect::<Vec<_>>()
-                        .join("\n");
-                    if let Some(c) = FUNCTION_HEAD.captures(&head_stripped) {
-                        let ret = c["ret"].trim();
-                        let excluded = [
-                            "__global__",
-                            "__device__",
-                            "static",
-                            "inline",
-                            "template",
-                            "constexpr",
-                            "extern",
-                            "__forceinline__",
-                        ];
-                        if !excluded
-                            .iter()
-                            .any(|x| ret.split_whitespace().any(|w| w == *x))
-                        {
-                            let decl = format!("{};", head_stripped.trim());
-                            out.push((c["name"].to_string(), decl));
-                        }
-                    }
-                }
-                depth += 1;
-            }
-            b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    head_start = i + 1;
-                }
-            }
-            b';' if depth == 0 => head_start = i + 1,
-            _ => {}
-        }
-        i += 1;
-    }
-    out
+    let excluded = [
+        "__global__",
+        "__device__",
+        "static",
+        "inline",
+        "template",
+        "constexpr",
+        "extern",
+        "__forceinline__",
+    ];
+    crate::native_abi::top_level_spans(&strip_c_comments_and_strings(src))
+        .into_iter()
+        .filter(|f| {
+            !excluded
+                .iter()
+                .any(|x| f.ret.split_whitespace().any(|w| w == *x))
+        })
+        .map(|f| (f.name, format!("{};", f.head)))
+        .collect()
 }
 
 #[cfg(test)]

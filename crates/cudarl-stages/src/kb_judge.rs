@@ -251,7 +251,20 @@ pub fn from_inputs(
     h: &cudarl_rl::harness::Harness,
     timeout_s: u64,
 ) -> Result<KbJudge, StageError> {
-    let gpu = (h.mode() == "full").then(cudarl_cuda::gpu::probe).flatten();
+    from_compiler(ctx, h.compiler.clone(), h.mode() == "full", timeout_s)
+}
+
+/// [`from_inputs`] with `compiler`, on the GPU when `gpu` (and one is found).
+///
+/// # Errors
+/// As [`from_inputs`].
+pub fn from_compiler(
+    ctx: &StageContext<'_>,
+    compiler: Compiler,
+    gpu: bool,
+    timeout_s: u64,
+) -> Result<KbJudge, StageError> {
+    let gpu = gpu.then(cudarl_cuda::gpu::probe).flatten();
     let problems = crate::common::load_kb_problems(
         ctx.input_path("kb_problems")?,
         gpu.is_some()
@@ -265,7 +278,7 @@ pub fn from_inputs(
             .filter_map(|(id, a)| Some((id, a.ok()?)))
             .collect();
     Ok(KbJudge::new(
-        h.compiler.clone(),
+        compiler,
         abis,
         problems,
         gpu,

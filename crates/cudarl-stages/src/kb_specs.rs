@@ -218,7 +218,7 @@ impl Stage for KbSpecs {
         let codes = t.req_strings("code").map_err(data_err)?;
         let worker_src =
             cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
-        let memo = ctx.memo("kb-specs-v1")?;
+        let memo = ctx.memo("kb-specs-v2")?;
         let mut worker: Option<PyWorker> = None;
         let mut rows: Vec<(String, i64, Value)> = Vec::new();
         let selected: Vec<usize> = (0..t.rows())

@@ -1,6 +1,7 @@
 //! cudarl-stages: one module per pipeline stage, and the registry that builds them from
 //! pipeline files.
 
+pub mod archive_native;
 pub mod collab_data;
 pub mod common;
 pub mod curriculum;
@@ -32,7 +33,10 @@ fn boxed<S: Stage + 'static>(s: Result<S, String>) -> Result<Box<dyn Stage>, Str
 }
 
 /// Every stage kind and its builder, sorted by kind.
-const STAGES: [(&str, Build); 18] = [
+const STAGES: [(&str, Build); 19] = [
+    (archive_native::KIND, |p| {
+        boxed(archive_native::ArchiveNative::from_table(p))
+    }),
     (collab_data::KIND, |p| {
         boxed(collab_data::CollabData::from_table(p))
     }),

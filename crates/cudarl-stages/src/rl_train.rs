@@ -36,9 +36,14 @@ use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{
+    InputDecl, NoProgress, OutputDecl, ProgressSink, ResolveContext, Stage, StageContext,
+    StageError,
+};
+use cudarl_cuda::Verdict;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_protocol::{Algorithm, Ptx};
+use cudarl_rl::episode::Tester;
 use cudarl_rl::episode::{Episode, EpisodeSettings, Turn, run_episodes};
 use cudarl_rl::harness::{Harness, HarnessUse};
 use cudarl_rl::kernelbench::KbTask;
@@ -420,19 +425,30 @@ fn rollout(
     tc: &mut TrainerClient,
     (h, kb): (&mut Harness, Option<&mut KbJudge>),
     (tasks, problems): (&[&TaskSpec], &[&KbTask]),
-    cfg: &RewardConfig,
-    settings: &EpisodeSettings,
+    (cfg, settings): (&RewardConfig, &EpisodeSettings),
+    bars: Bars<'_>,
 ) -> Result<(Vec<Episode>, HarnessUse), StageError> {
     let m0 = h.mark();
     let mut eps = if tasks.is_empty() {
         Vec::new()
     } else {
-        run_episodes(tasks, tc, h, cfg, settings).map_err(StageError::Failed)?
+        let mut t = Counted {
+            inner: &mut *h,
+            bar: bars.candidates,
+        };
+        run_episodes(tasks, tc, &mut t, cfg, settings).map_err(StageError::Failed)?
     };
+    bars.episodes.inc(eps.len() as u64);
     let mut used = h.since(&m0);
     if let (false, Some(kb)) = (problems.is_empty(), kb) {
         let (u0, g0, t0) = (kb.used, tc.gen_seconds, Instant::now());
-        eps.extend(run_episodes(problems, tc, kb, cfg, settings).map_err(StageError::Failed)?);
+        let mut t = Counted {
+            inner: &mut *kb,
+            bar: bars.candidates,
+        };
+        let more = run_episodes(problems, tc, &mut t, cfg, settings).map_err(StageError::Failed)?;
+        bars.episodes.inc(more.len() as u64);
+        eps.extend(more);
         let u = kb.used;
         used.candidates += u.candidates - u0.candidates;
         used.seconds += (t0.elapsed().as_secs_f64() - (tc.gen_seconds - g0)).max(0.0);
@@ -440,6 +456,44 @@ fn rollout(
         used.phases.gpu += u.gpu_seconds - u0.gpu_seconds;
     }
     Ok((eps, used))
+}
+
+/// The progress bars a rollout moves: episodes finished, candidates judged.
+#[derive(Clone, Copy)]
+struct Bars<'a> {
+    episodes: &'a dyn ProgressSink,
+    candidates: &'a dyn ProgressSink,
+}
+
+/// No bars (the frozen control's rollouts).
+const NO_BARS: Bars<'static> = Bars {
+    episodes: &NoProgress,
+    candidates: &NoProgress,
+};
+
+/// A tester that counts the candidates it judges on a progress bar.
+struct Counted<'a, T: ?Sized> {
+    inner: &'a mut dyn Tester<T>,
+    bar: &'a dyn ProgressSink,
+}
+
+impl<T: ?Sized> Tester<T> for Counted<'_, T> {
+    fn test(&mut self, task: &T, code: &str) -> Result<(Verdict, Option<String>), String> {
+        let r = self.inner.test(task, code);
+        self.bar.inc(1);
+        r
+    }
+    fn test_many(
+        &mut self,
+        items: &[(&T, &str)],
+    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+        let r = self.inner.test_many(items);
+        self.bar.inc(items.len() as u64);
+        r
+    }
+    fn prefetch(&mut self, task: &T, code: &str) {
+        self.inner.prefetch(task, code);
+    }
 }
 
 /// The frozen references on the same tasks and sampling seeds (`control`): mean final reward,
@@ -453,7 +507,7 @@ fn control(
 ) -> Result<(), StageError> {
     let (seed1, t0) = (tc.sampling.seed, Instant::now());
     (tc.sampling.seed, tc.reference) = (seed0, true);
-    let ctl = rollout(tc, testers, tasks, cfg, settings);
+    let ctl = rollout(tc, testers, tasks, (cfg, settings), NO_BARS);
     (tc.sampling.seed, tc.reference) = (seed1, false);
     let (ctl, _) = ctl?;
     let finals: Vec<f64> = ctl.iter().map(Episode::final_reward).collect();
@@ -598,6 +652,15 @@ impl Stage for RlTrain {
         }
         let bar = ctx.progress("steps", Some(p.steps as u64));
         bar.inc(st.step as u64);
+        // Nested under the steps: episodes (all steps) and candidates judged (count and rate).
+        let per_step = (p.tasks_per_step * p.group_size) as u64;
+        let ep_bar = ctx.progress("episodes", Some(p.steps as u64 * per_step));
+        ep_bar.inc(st.step as u64 * per_step);
+        let cand_bar = ctx.progress("candidates judged", None);
+        let bars = Bars {
+            episodes: &*ep_bar,
+            candidates: &*cand_bar,
+        };
         let mut live = ctx.metrics_log();
         for step in st.step + 1..=p.steps {
             cudarl_core::fault_point(ctx.node(), "before-step");
@@ -615,8 +678,8 @@ impl Stage for RlTrain {
                 &mut tc,
                 (&mut h, kb_judge.as_mut()),
                 (&tasks, &problems),
-                &cfg,
-                &settings,
+                (&cfg, &settings),
+                bars,
             )?;
             let up = update(&mut tc, &eps, &upd)?;
             let rec = StepRecord {
@@ -669,6 +732,9 @@ impl Stage for RlTrain {
             (st.step, st.seed) = (step, tc.sampling.seed);
             ck.after_step(ctx, &mut tc, (step, p.steps), &st, &turns)?;
             bar.inc(1);
+        }
+        for b in [&ep_bar, &cand_bar, &bar] {
+            b.finish();
         }
         ctx.stat("checkpoint_seconds", ck.seconds);
         let (rows, cur) = (st.rows, st.curriculum);

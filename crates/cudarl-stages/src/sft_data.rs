@@ -37,6 +37,7 @@
 //! task kernel without waiting for `validate` (it needs no verdicts), so its nvcc work runs
 //! beside `validate`'s; `sft-data` keeps the repairs of the kernels that validated.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
@@ -120,6 +121,12 @@ pub struct Params {
     /// Seed of the order in which template variants are taken.
     #[serde(default)]
     pub seed: u64,
+    /// Also learn from the archives' kernels for the curriculum's KernelBench train problems
+    /// that `archive-native` put in the native ABI and judged: generator examples (KernelBench
+    /// prompts, `per_family` per problem) and optimizer examples from each measured kernel to
+    /// the problem's fastest, where that is at least 1.1x faster (GPU only).
+    #[serde(default)]
+    pub archive: bool,
 }
 
 /// The `sft-data` stage.
@@ -255,6 +262,13 @@ impl Stage for SftData {
             InputDecl::node("repairs", "sft-repairs", "repairs"),
             InputDecl::node("curriculum", "curriculum", "curriculum"),
         ]
+        .into_iter()
+        .chain(
+            self.params
+                .archive
+                .then(|| InputDecl::node("archive", "archive-native", "archive_native")),
+        )
+        .collect()
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
@@ -338,7 +352,129 @@ impl Stage for SftData {
                 );
             }
         }
+        if p.archive {
+            let (g, o) = (gen_rows.len(), opt_rows.len());
+            let by_source = self.archive_examples(ctx, &mut gen_rows, &mut opt_rows)?;
+            ctx.note(&format!(
+                "KernelBench examples from the archives: {} generator, {} optimizer ({})",
+                gen_rows.len() - g,
+                opt_rows.len() - o,
+                by_source
+            ));
+        }
         write_tables(ctx, &gen_rows, &opt_rows)
+    }
+}
+
+/// The minimum measured speedup of an archive optimizer pair (timing noise is not a lesson).
+const ARCHIVE_MIN_SPEEDUP: f64 = 1.1;
+
+impl SftData {
+    /// The archive kernels' examples (see [`Params::archive`]) added to `gen` and `opt`; says
+    /// how many kernels of each source they use.
+    ///
+    /// # Errors
+    /// The `archive_native` table cannot be read or lacks a column (file and field named).
+    fn archive_examples(
+        &self,
+        ctx: &StageContext<'_>,
+        gen_rows: &mut Rows,
+        opt_rows: &mut Rows,
+    ) -> Result<String, StageError> {
+        let t = Table::read(ctx.input_path("archive")?, "archive_native").map_err(data_err)?;
+        let col = |c: &str| t.req_strings(c).map_err(data_err);
+        let (kid, src, pid, split, validated, code, desc, sig) = (
+            col("kernel_id")?,
+            col("source")?,
+            col("problem_id")?,
+            col("split")?,
+            col("validated")?,
+            t.strings("code").map_err(data_err)?,
+            col("description")?,
+            col("signature")?,
+        );
+        let fb = t.strings("feedback").map_err(data_err)?;
+        let tier = t.req_ints("tier").map_err(data_err)?;
+        let ms = t.floats("median_ms").map_err(data_err)?;
+        // Problem -> (tier, split, description, signature, kernels).
+        type Problem<'a> = (i64, &'a str, &'a str, &'a str, Vec<Kern>);
+        let mut problems: BTreeMap<&str, Problem<'_>> = BTreeMap::new();
+        let mut used: BTreeMap<&str, usize> = BTreeMap::new();
+        for i in 0..t.rows() {
+            let v = match validated.get(i) {
+                Some("correct") => "correct",
+                Some("compile-only") => "compile-only",
+                _ => continue,
+            };
+            let (Some(p), Some(c)) = (pid.get(i), code.as_ref().and_then(|c| c.get(i))) else {
+                continue;
+            };
+            *used.entry(src.get(i).unwrap_or("")).or_default() += 1;
+            let e = problems.entry(p).or_insert_with(|| {
+                (
+                    tier.get(i).unwrap_or(0),
+                    split.get(i).unwrap_or("train"),
+                    desc.get(i).unwrap_or(""),
+                    sig.get(i).unwrap_or(""),
+                    Vec::new(),
+                )
+            });
+            e.4.push(Kern {
+                id: kid.get(i).unwrap_or("").to_string(),
+                role: "archive".into(),
+                code: c.to_string(),
+                validated: v,
+                median_ms: ms.as_ref().and_then(|m| m.get(i)),
+                feedback: fb.as_ref().and_then(|f| f.get(i)).unwrap_or("").to_string(),
+            });
+        }
+        for (id, (tier, split, description, signature, kerns)) in &problems {
+            let task = TaskExamples {
+                stage: self,
+                id,
+                tier: *tier,
+                description,
+                dtype: prompts::signature_dtype(signature),
+                signature,
+                kept_out: match *split {
+                    "train" => None,
+                    "val" => Some("val"),
+                    _ => Some("test"),
+                },
+                shapes: vec![],
+            };
+            task.generator(gen_rows, kerns);
+            // Each measured kernel -> the fastest one, where that is at least 1.1x faster.
+            let fastest = kerns
+                .iter()
+                .filter(|k| k.median_ms.is_some_and(|m| m > 0.0))
+                .min_by(|a, b| {
+                    a.median_ms
+                        .partial_cmp(&b.median_ms)
+                        .unwrap_or(Ordering::Equal)
+                });
+            for base in kerns {
+                let Some(best) = fastest else { break };
+                let Some(s) = base.median_ms.zip(best.median_ms).map(|(a, b)| a / b) else {
+                    continue;
+                };
+                if s < ARCHIVE_MIN_SPEEDUP || !s.is_finite() {
+                    continue;
+                }
+                task.optimizer(
+                    opt_rows,
+                    (&best.id, self.params.optimizer_per_pair),
+                    (&base.code, &base.feedback),
+                    best,
+                    (&base.id, Some(s), "optimize".into()),
+                );
+            }
+        }
+        Ok(used
+            .iter()
+            .map(|(s, n)| format!("{n} {s} kernels"))
+            .collect::<Vec<_>>()
+            .join(", "))
     }
 }
 
