@@ -24,7 +24,7 @@ use std::sync::LazyLock;
 use regex::{Captures, Regex};
 
 use crate::static_check::{
-    matching_brace, matching_paren, strip_c_comments, strip_c_comments_and_strings,
+    IDENT, matching_brace, matching_paren, strip_c_comments, strip_c_comments_and_strings,
 };
 use crate::task::c_type;
 use crate::torchfmt::{KbBuffer, KbNative};
@@ -53,7 +53,6 @@ static HEAD: LazyLock<Regex> = LazyLock::new(|| {
         r"(?s)^\s*(?P<ret>[A-Za-z_][\w:<>,\s\*&]*?[\s\*&])(?P<name>[A-Za-z_]\w*)\s*\((?P<args>.*)\)\s*$",
     )
 });
-static IDENT: LazyLock<Regex> = LazyLock::new(|| re(r"\b[A-Za-z_]\w*\b"));
 static SCALAR_TYPE: LazyLock<Regex> = LazyLock::new(|| {
     re(
         r"^(?:const\s+)?(?:int|int64_t|int32_t|long|long long|unsigned|size_t|float|double|bool)\s*&?$",
@@ -585,18 +584,13 @@ fn convert(
             m.as_str()
         ));
     }
-    for c in &checks {
-        if Regex::new(&format!(r"\b{c}\b"))
-            .expect("re")
-            .is_match(&rest_code)
-        {
-            return Err(format!("the kernels use the torch macro `{c}`"));
-        }
-    }
     let taken: BTreeSet<String> = IDENT
         .find_iter(&rest_code)
         .map(|m| m.as_str().to_string())
         .collect();
+    if let Some(c) = checks.iter().find(|c| taken.contains(*c)) {
+        return Err(format!("the kernels use the torch macro `{c}`"));
+    }
 
     // The host function's arguments.
     let args = parse_args(&host.args)?;

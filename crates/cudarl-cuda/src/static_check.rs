@@ -98,6 +98,10 @@ pub struct RulesError {
     pub message: String,
 }
 
+/// A C identifier (or keyword), as a whole word.
+pub(crate) static IDENT: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\b[A-Za-z_]\w*\b").expect("static regex"));
+
 /// The byte index of the `}` that closes the `{` at byte `open` of `stripped`, or `None` when
 /// it is not closed. Braces in comments and literals count: blank them first
 /// ([`strip_c_comments_and_strings`]) where that matters.

@@ -21,7 +21,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::static_check::{matching_brace, strip_c_comments_and_strings};
+use crate::static_check::{IDENT, matching_brace, strip_c_comments_and_strings};
 
 /// The two units of a split torch-extension build.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,8 +53,6 @@ static EXTENSION_INCLUDE: LazyLock<Regex> = LazyLock::new(|| {
 
 static MODULE_START: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\bPYBIND11_MODULE\s*\(").expect("re"));
-
-static IDENT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\b[A-Za-z_]\w*\b").expect("re"));
 
 /// Whether `cuda` (a CUDA source) uses Python, pybind11 or a C++ frontend module that
 /// `torch/types.h` does not declare, so it must be built with `torch/extension.h`.

@@ -84,9 +84,6 @@ fn d_splits() -> Vec<String> {
 fn d_timeout() -> u64 {
     60
 }
-fn d_mode() -> Mode {
-    Mode::Auto
-}
 
 /// Params of `archive-native`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,7 +93,7 @@ pub struct Params {
     #[serde(default = "d_splits")]
     pub splits: Vec<String>,
     /// `auto`: full tests on a GPU, compile-only without one; `compile`: compile-only.
-    #[serde(default = "d_mode")]
+    #[serde(default)]
     pub mode: Mode,
     /// Wall-clock limit of one GPU worker step (s; at least 60).
     #[serde(default = "d_timeout")]
