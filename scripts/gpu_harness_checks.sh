@@ -36,6 +36,9 @@
 #               PART=kb-native MODEL_NEW=1 when it ran on this host), and POST /v1/optimize for
 #               kb/L1/19_ReLU (2 samples, 2 turns); writes serve_kb.json and prints a line each.
 # Binaries: `make carry` (.carry/*.gz: cudarl-pipe, cudarl-pipe-worker, cudarl-pipe-runner).
+#   PART=torch-build  `bench torch-build` (cold torch-extension builds of archive kernels, one
+#               unit against the harness's kernel/host build; KERNELS, default 6, JOBS, default
+#               4) into torch_build.json.
 # Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -290,6 +293,10 @@ for k, r in res.items():
 PY
   kill $SP 2>/dev/null; wait $SP 2>/dev/null
   tail -5 "$OUT/serve.log"
+elif [ "$PART" = torch-build ]; then
+  export CUDARL_RUNNER=$NEW/cudarl-pipe-runner CUDARL_PYTHON=$(command -v python3)
+  "$NEW/cudarl-pipe" --root . bench torch-build --kernels "${KERNELS:-6}" --jobs "${JOBS:-4}" \
+    --out "$OUT/torch_build.json" 2>&1 | tail -3
 elif [ "$PART" = profile ]; then
   export CUDARL_WORKER=$NEW/cudarl-pipe-worker CUDARL_RUNNER=$NEW/cudarl-pipe-runner
   "${CUDARL_NCU:-/usr/local/cuda/bin/ncu}" --version | tail -1 > "$OUT/ncu.txt" 2>&1

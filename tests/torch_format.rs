@@ -580,7 +580,8 @@ fn kernelbench_problems_take_native_kernels_built_against_their_kb_specs_launche
 fn a_model_new_wrapper_passes_inputs_parameters_outputs_and_sizes_read_from_shapes_to_launch() {
     // A launcher with a tensor and a number input, a parameter (`fc.weight` in the reference's
     // state dict) and one output; the sizes come from the shapes the wrapper is called with,
-    // not from the problem's values.
+    // not from the problem's values, and literal extents (kb-specs writes them as strings,
+    // "1") stay literal.
     let abi = cudarl_cuda::torchfmt::KbNative::from_row(
         r#"extern "C" void launch(const float* in0, float in1, const float* fc_weight, float* out, int64_t batch, int64_t dim, int64_t out_f, cudaStream_t stream)"#,
         &json!({
@@ -588,9 +589,9 @@ fn a_model_new_wrapper_passes_inputs_parameters_outputs_and_sizes_read_from_shap
                 {"name": "in0", "shape": [16, 32], "dims": ["batch", "dim"], "dtype": "f32"},
                 {"name": "in1", "scalar": "0.5"}
             ],
-            "params": [{"name": "fc_weight", "state_name": "fc.weight", "shape": [8, 32],
-                        "dims": ["out_f", "dim"], "dtype": "f32"}],
-            "outputs": [{"name": "out", "shape": [16, 8], "dims": ["batch", "out_f"], "dtype": "f32"}]
+            "params": [{"name": "fc_weight", "state_name": "fc.weight", "shape": [8, 32, 3],
+                        "dims": ["out_f", "dim", "3"], "dtype": "f32"}],
+            "outputs": [{"name": "out", "shape": [16, 8, 1], "dims": ["batch", "out_f", "1"], "dtype": "f32"}]
         })
         .to_string(),
         r#"{"batch": 16, "dim": 32, "out_f": 8}"#,
@@ -645,17 +646,17 @@ print(json.dumps({"state": state, "sizes": z, "scalars": s, "shapes": [list(x.sh
     }
     assert_eq!(o.status.code(), Some(0), "{}\n{text}", stderr(&o));
     let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
-    assert_eq!(v["state"], json!({"fc.weight": [8, 32]}));
+    assert_eq!(v["state"], json!({"fc.weight": [8, 32, 3]}));
     assert_eq!(
         v["sizes"],
         json!([4, 32, 8]),
         "batch from the input, out_f from the parameter"
     );
     assert_eq!(v["scalars"], json!([0.5]));
-    assert_eq!(v["shapes"], json!([[4, 32], [8, 32], [4, 8]]));
+    assert_eq!(v["shapes"], json!([[4, 32], [8, 32, 3], [4, 8, 1]]));
     assert_eq!(
         (v["out"].clone(), v["value"].clone()),
-        (json!([4, 8]), json!(7.0))
+        (json!([4, 8, 1]), json!(7.0))
     );
     assert_eq!(v["kernel"], source, "the kernel verbatim");
     let binding = v["binding"].as_str().unwrap();
@@ -670,4 +671,124 @@ print(json.dumps({"state": state, "sizes": z, "scalars": s, "shapes": [list(x.sh
             .unwrap()
             .contains("#include <torch/extension.h>")
     );
+}
+
+/// A SakanaAI-style extension builds as a torch-free kernel unit and a host unit with the
+/// precompiled torch header (built once into the store and reused by the next extension); the
+/// module imports in Python with its binding; a source that does not compile ends with the
+/// one-unit build's diagnostics. Real nvcc, GCC, torch's headers and Python.
+#[test]
+fn torch_extensions_build_as_kernel_and_host_units_with_one_precompiled_header() {
+    use cudarl_cuda::torchfmt::{TORCH_BUILD_TIMEOUT, TorchEnv};
+    let root = repo_root();
+    let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
+        return;
+    };
+    let mut py = match PyWorker::start(&root) {
+        Ok(p) => p,
+        Err(e) if std::env::var("CUDARL_REQUIRE_PYTHON").is_err() => {
+            eprintln!("SKIPPED: no Python with torch: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let env = TorchEnv::query(&mut py).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(dir.path().join("store")).unwrap();
+    let compiler = cudarl_cuda::Compiler {
+        nvcc,
+        arch: "sm_90".into(),
+        timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+        store: Some(store.clone()),
+    };
+    let relu = r#"#include <torch/extension.h>
+#define CHECK_INPUT(x) TORCH_CHECK(x.is_cuda(), #x " must be a CUDA tensor")
+__global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+torch::Tensor forward(torch::Tensor x) {
+    CHECK_INPUT(x);
+    auto y = torch::empty_like(x);
+    int64_t n = x.numel();
+    relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "ReLU (CUDA)"); }
+"#;
+    let build = |src: &str, module: &str| {
+        let split = cudarl_cuda::torchsplit::split_extension(src);
+        compiler
+            .compile_torch_ext(src, split.as_ref(), module, &env, &[], TORCH_BUILD_TIMEOUT)
+            .unwrap()
+    };
+    let out = build(relu, "cudarl_test_relu");
+    assert!(out.compiled, "{}", out.log);
+    assert_eq!(out.layout, "kernel-host", "{}", out.log);
+    assert!(
+        out.resources
+            .iter()
+            .any(|r| r.kernel.contains("relu_kernel")),
+        "{:?}",
+        out.resources
+    );
+    let pch: Vec<std::path::PathBuf> = walk(&store.root().join("derived/pch"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "gch"))
+        .collect();
+    assert_eq!(pch.len(), 1, "{pch:?}");
+    let made = std::fs::metadata(&pch[0]).unwrap().modified().unwrap();
+    // The module loads in Python with its binding.
+    let so = dir.path().join("cudarl_test_relu.so");
+    std::fs::copy(store.blob_path(out.so_hash.as_ref().unwrap()), &so).unwrap();
+    let o = Command::new(python())
+        .args([
+            "-c",
+            "import sys, torch; sys.path.insert(0, sys.argv[1]); import cudarl_test_relu as m; print(m.forward.__doc__)",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("forward(arg0: torch.Tensor) -> torch.Tensor")
+            && stdout(&o).contains("ReLU (CUDA)"),
+        "{}",
+        stdout(&o)
+    );
+    // Another extension reuses the header.
+    let out = build(
+        &relu.replace("ReLU (CUDA)", "ReLU, again"),
+        "cudarl_test_relu2",
+    );
+    assert!(out.compiled && out.layout == "kernel-host", "{}", out.log);
+    assert_eq!(
+        std::fs::metadata(&pch[0]).unwrap().modified().unwrap(),
+        made
+    );
+    // A source that does not compile: the one-unit build's error, on the source's own line.
+    let broken = relu.replace("return y;", "return undefined_name;");
+    let out = build(&broken, "cudarl_test_broken");
+    assert!(!out.compiled);
+    assert_eq!(out.layout, "one-unit");
+    assert!(
+        out.diagnostics
+            .iter()
+            .any(|d| d.line == Some(12) && d.message.contains("undefined_name")),
+        "{:?}",
+        out.diagnostics
+    );
+}
+
+fn walk(d: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

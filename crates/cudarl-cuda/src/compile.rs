@@ -75,6 +75,10 @@ pub struct CompileOutput {
     /// object, the PTX. A rejecting finding stops the build before the link (`compiled` false).
     #[serde(default)]
     pub findings: Vec<crate::static_check::Finding>,
+    /// How a torch extension was built: `kernel-host`, `split` or `one-unit`
+    /// ([`Compiler::compile_torch_ext`]); empty for native kernels.
+    #[serde(default)]
+    pub layout: String,
 }
 
 /// Errors of the compiler itself (a candidate that fails to compile is not an error).
@@ -102,6 +106,35 @@ pub struct Compiler {
     pub timeout: Duration,
     /// Store for the compile cache and shared objects; `None` disables caching.
     pub store: Option<Store>,
+}
+
+/// What a torch-extension build reads: torch's include and library folders.
+fn env_reads(env: &crate::torchfmt::TorchEnv) -> Vec<PathBuf> {
+    env.include_dirs
+        .iter()
+        .chain(&env.library_dirs)
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// One translation unit of a split torch-extension build: its file name and text, and the
+/// flags of the build it leaves out or adds.
+struct SplitUnit {
+    file: &'static str,
+    text: String,
+    drop: Vec<String>,
+    add: Vec<String>,
+}
+
+impl SplitUnit {
+    fn new(file: &'static str, text: String) -> SplitUnit {
+        SplitUnit {
+            file,
+            text,
+            drop: vec![],
+            add: vec![],
+        }
+    }
 }
 
 fn truncate(mut s: String, n: usize) -> String {
@@ -331,30 +364,13 @@ impl Compiler {
         Ok(out)
     }
 
-    /// Compiles a torch extension (`text`, one translation unit: a SakanaAI-style `.cu` with
-    /// `PYBIND11_MODULE`, or a `load_inline` call's sources joined by
-    /// [`crate::torchfmt`]) into a Python extension module named `module`, with torch's
-    /// headers and libraries from `env` and torch's own nvcc defines
-    /// (`torch.utils.cpp_extension`: `-D__CUDA_NO_HALF_OPERATORS__` ...,
-    /// `--expt-relaxed-constexpr`). Cached like [`Compiler::compile`]; `timeout` replaces the
-    /// compiler's (torch's headers make one build about a minute of CPU).
-    ///
-    /// With `split` ([`crate::torchsplit`]) the CUDA unit (`torch/types.h`) and the binding unit
-    /// (`torch/extension.h`) compile in parallel and are linked; when either fails to compile,
-    /// `text` is built as one unit instead, so the result (compiled or not, diagnostics) is
-    /// the one-unit build's whenever the split does not build.
-    ///
-    /// # Errors
-    /// Harness failures only.
-    pub fn compile_torch_ext(
+    /// nvcc's flags for a torch extension named `module` (see [`Compiler::compile_torch_ext`]).
+    fn torch_ext_flags(
         &self,
-        text: &str,
-        split: Option<&crate::torchsplit::TorchSplit>,
         module: &str,
         env: &crate::torchfmt::TorchEnv,
         extra: &[String],
-        timeout: Duration,
-    ) -> Result<CompileOutput, CompileError> {
+    ) -> Vec<String> {
         // Python extensions leave Python's symbols undefined: no `--no-undefined` here.
         let mut flags = self.shared_object_flags();
         flags.extend([
@@ -387,6 +403,74 @@ impl Compiler {
             flags.push(format!("-l{l}"));
         }
         flags.extend(extra.iter().cloned());
+        flags
+    }
+
+    /// Builds (once; later calls find it) the precompiled torch header that kernel/host
+    /// builds of extensions with `extra` flags include ([`crate::torchsplit::HOST_PCH_HEADER`]),
+    /// so its cost can be paid and measured apart from the builds. `None` when it cannot be
+    /// precompiled (host units then parse the header).
+    ///
+    /// # Errors
+    /// Harness failures only.
+    pub fn torch_host_pch(
+        &self,
+        env: &crate::torchfmt::TorchEnv,
+        extra: &[String],
+        timeout: Duration,
+    ) -> Result<Option<PathBuf>, CompileError> {
+        let flags = self.host_flags(
+            &self.torch_ext_flags("cudarl_pch", env, extra),
+            "cudarl_pch",
+        );
+        self.host_pch(&flags, &env_reads(env), timeout)
+    }
+
+    /// `flags` of an extension named `module` as the host unit of a kernel/host build takes
+    /// them: no link flags, no `-DTORCH_EXTENSION_NAME` (the unit defines it, so one
+    /// precompiled header serves every module: GCC rejects one made under another value).
+    fn host_flags(&self, flags: &[String], module: &str) -> Vec<String> {
+        let name_flag = format!("-DTORCH_EXTENSION_NAME={module}");
+        flags
+            .iter()
+            .filter(|f| {
+                **f != name_flag
+                    && !f.starts_with("-l")
+                    && !f.starts_with("-L")
+                    && f.as_str() != "-shared"
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Compiles a torch extension (`text`, one translation unit: a SakanaAI-style `.cu` with
+    /// `PYBIND11_MODULE`, or a `load_inline` call's sources joined by
+    /// [`crate::torchfmt`]) into a Python extension module named `module`, with torch's
+    /// headers and libraries from `env` and torch's own nvcc defines
+    /// (`torch.utils.cpp_extension`: `-D__CUDA_NO_HALF_OPERATORS__` ...,
+    /// `--expt-relaxed-constexpr`). Cached like [`Compiler::compile`]; `timeout` replaces the
+    /// compiler's (torch's headers make one build about a minute of CPU).
+    ///
+    /// With `split` ([`crate::torchsplit`]) the extension is built in parallel units and
+    /// linked: its kernel/host layout where it has one (a torch-free CUDA unit and a host unit
+    /// with the precompiled torch header, [`Compiler::torch_host_pch`]), else the CUDA unit
+    /// (`torch/types.h`) and the binding unit (`torch/extension.h`). When a unit fails to
+    /// compile, `text` is built as one unit instead, so the result (compiled or not,
+    /// diagnostics) is the one-unit build's whenever a split does not build. The output's
+    /// `layout` says which build it is.
+    ///
+    /// # Errors
+    /// Harness failures only.
+    pub fn compile_torch_ext(
+        &self,
+        text: &str,
+        split: Option<&crate::torchsplit::TorchSplit>,
+        module: &str,
+        env: &crate::torchfmt::TorchEnv,
+        extra: &[String],
+        timeout: Duration,
+    ) -> Result<CompileOutput, CompileError> {
+        let flags = self.torch_ext_flags(module, env, extra);
         let v = serde_json::json!({
             "source": text, "split": split, "flags": flags, "nvcc": self.nvcc.version,
             "arch": self.arch, "torch": env.torch,
@@ -395,22 +479,42 @@ impl Compiler {
             CACHE_CONTEXT,
             serde_json::to_string(&v).expect("json").as_bytes(),
         ));
-        let mut reads: Vec<PathBuf> = env.include_dirs.iter().map(PathBuf::from).collect();
-        reads.extend(env.library_dirs.iter().map(PathBuf::from));
+        let reads = env_reads(env);
         self.cached(key, || {
             let io = |e: std::io::Error| CompileError::Io(e.to_string());
             let t0 = Instant::now();
-            if let Some(s) = split
-                && let Some(out) = self.torch_ext_split(s, &flags, &reads, timeout, t0)?
-            {
-                return Ok(out);
+            // The kernel/host layout where there is one; a failure there goes to one unit
+            // (most often the candidate itself does not compile, and one unit says where).
+            match split {
+                Some(s) if s.kernel_host.is_some() => {
+                    let kh = s.kernel_host.as_ref().expect("checked");
+                    if let Some(out) =
+                        self.torch_ext_kernel_host(kh, module, &flags, &reads, timeout, t0)?
+                    {
+                        return Ok(out);
+                    }
+                }
+                Some(s) => {
+                    let units = [
+                        SplitUnit::new("cuda.cu", s.cuda.clone()),
+                        SplitUnit::new("bind.cpp", s.bind.clone()),
+                    ];
+                    if let Some(out) =
+                        self.torch_ext_units(&units, &flags, &reads, timeout, t0, "split")?
+                    {
+                        return Ok(out);
+                    }
+                }
+                None => {}
             }
             let dir = self.build_dir()?;
             std::fs::write(dir.path().join("kernel.cu"), text).map_err(io)?;
             let mut args = flags.clone();
             args.extend(["-o".into(), "kernel.so".into(), "kernel.cu".into()]);
             let run = self.run_sandboxed(dir.path(), &args, &reads, timeout)?;
-            self.extension_output(&run, t0, &flags, &dir.path().join("kernel.so"))
+            let mut out = self.extension_output(&run, t0, &flags, &dir.path().join("kernel.so"))?;
+            out.layout = "one-unit".into();
+            Ok(out)
         })
     }
 
@@ -433,37 +537,48 @@ impl Compiler {
         Ok(out)
     }
 
-    /// The split build of [`Compiler::compile_torch_ext`]: `cuda.cu` and `bind.cpp` compiled to
-    /// objects by two sandboxed nvcc processes at once, then linked with `flags`' libraries.
-    /// `None` when a unit or the link failed other than by its time limit (the caller builds
-    /// one unit); a time limit is the result (the one-unit build costs more).
-    fn torch_ext_split(
+    /// The split builds of [`Compiler::compile_torch_ext`]: `units` (file name, text, extra
+    /// flags) compiled to objects by sandboxed nvcc processes at once, then linked with
+    /// `flags`' libraries. `None` when a unit or the link failed other than by its time limit
+    /// (the caller builds one unit); a time limit is the result (the one-unit build costs more).
+    #[allow(clippy::too_many_arguments)]
+    fn torch_ext_units(
         &self,
-        split: &crate::torchsplit::TorchSplit,
+        units: &[SplitUnit],
         flags: &[String],
         reads: &[PathBuf],
         timeout: Duration,
         t0: Instant,
+        layout: &str,
     ) -> Result<Option<CompileOutput>, CompileError> {
         let io = |e: std::io::Error| CompileError::Io(e.to_string());
         let dir = self.build_dir()?;
-        std::fs::write(dir.path().join("cuda.cu"), &split.cuda).map_err(io)?;
-        std::fs::write(dir.path().join("bind.cpp"), &split.bind).map_err(io)?;
         let is_link = |f: &String| f.starts_with("-l") || f.starts_with("-L") || f == "-shared";
-        let object = |src: &str, obj: &str| {
-            let mut a: Vec<String> = flags.iter().filter(|f| !is_link(f)).cloned().collect();
-            a.extend(["-c".into(), "-o".into(), obj.into(), src.into()]);
-            a
-        };
-        let (cuda, bind) = std::thread::scope(|s| {
-            let c = s.spawn(|| {
-                self.run_sandboxed(dir.path(), &object("cuda.cu", "cuda.o"), reads, timeout)
-            });
-            let b = self.run_sandboxed(dir.path(), &object("bind.cpp", "bind.o"), reads, timeout);
-            (c.join().expect("nvcc thread"), b)
-        });
-        let (cuda, bind) = (cuda?, bind?);
-        let mut runs = vec![cuda, bind];
+        let mut objects = Vec::new();
+        let mut jobs = Vec::new();
+        for u in units {
+            std::fs::write(dir.path().join(u.file), &u.text).map_err(io)?;
+            let obj = format!("{}.o", u.file.rsplit_once('.').map_or(u.file, |f| f.0));
+            let mut a: Vec<String> = flags
+                .iter()
+                .filter(|f| !is_link(f) && !u.drop.contains(f))
+                .cloned()
+                .collect();
+            a.extend(u.add.iter().cloned());
+            a.extend(["-c".into(), "-o".into(), obj.clone(), u.file.to_string()]);
+            objects.push(obj);
+            jobs.push(a);
+        }
+        let mut runs = std::thread::scope(|s| {
+            let handles: Vec<_> = jobs
+                .iter()
+                .map(|a| s.spawn(|| self.run_sandboxed(dir.path(), a, reads, timeout)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("nvcc thread"))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
         if runs.iter().all(|r| r.ok) {
             let mut a: Vec<String> = flags
                 .iter()
@@ -475,16 +590,12 @@ impl Compiler {
                 })
                 .cloned()
                 .collect();
-            a.extend([
-                "-o".into(),
-                "kernel.so".into(),
-                "cuda.o".into(),
-                "bind.o".into(),
-            ]);
+            a.extend(["-o".into(), "kernel.so".into()]);
+            a.extend(objects);
             runs.push(self.run_sandboxed(dir.path(), &a, reads, timeout)?);
         }
         let timed_out = runs.iter().any(|r| r.timed_out);
-        let ok = runs.len() == 3 && runs.iter().all(|r| r.ok);
+        let ok = runs.len() == units.len() + 1 && runs.iter().all(|r| r.ok);
         if !ok && !timed_out {
             return Ok(None);
         }
@@ -497,8 +608,148 @@ impl Compiler {
                 .collect::<Vec<_>>()
                 .join(""),
         };
-        self.extension_output(&run, t0, flags, &dir.path().join("kernel.so"))
-            .map(Some)
+        let mut out = self.extension_output(&run, t0, flags, &dir.path().join("kernel.so"))?;
+        out.layout = layout.to_string();
+        Ok(Some(out))
+    }
+
+    /// The kernel/host build of [`Compiler::compile_torch_ext`]
+    /// ([`crate::torchsplit::KernelHostSplit`]): `kernels.cu` without torch's headers and
+    /// `host.cpp` with the precompiled [`crate::torchsplit::HOST_PCH_HEADER`]
+    /// ([`Compiler::host_pch`]; parsed as text when it cannot be precompiled), compiled at once
+    /// and linked.
+    #[allow(clippy::too_many_arguments)]
+    fn torch_ext_kernel_host(
+        &self,
+        kh: &crate::torchsplit::KernelHostSplit,
+        module: &str,
+        flags: &[String],
+        reads: &[PathBuf],
+        timeout: Duration,
+        t0: Instant,
+    ) -> Result<Option<CompileOutput>, CompileError> {
+        let name_flag = format!("-DTORCH_EXTENSION_NAME={module}");
+        let host_flags = self.host_flags(flags, module);
+        let mut reads = reads.to_vec();
+        let mut host_extra = vec![];
+        let mut host = format!("#define TORCH_EXTENSION_NAME {module}\n");
+        match self.host_pch(&host_flags, &reads, timeout)? {
+            Some(header) => {
+                host_extra.extend([
+                    "-Xcompiler".into(),
+                    format!("-include,{},-Winvalid-pch", header.display()),
+                ]);
+                reads.push(header.parent().map(Path::to_path_buf).unwrap_or_default());
+            }
+            None => host.push_str(crate::torchsplit::HOST_PCH_HEADER),
+        }
+        host.push_str(&kh.host);
+        self.torch_ext_units(
+            &[
+                SplitUnit::new("kernels.cu", kh.kernels.clone()),
+                SplitUnit {
+                    drop: vec![name_flag],
+                    add: host_extra,
+                    ..SplitUnit::new("host.cpp", host)
+                },
+            ],
+            flags,
+            &reads,
+            timeout,
+            t0,
+            "kernel-host",
+        )
+    }
+
+    /// The precompiled [`crate::torchsplit::HOST_PCH_HEADER`] for host units compiled with
+    /// `host_flags`: the header's path, with its `.gch` beside it. Built once per (flags,
+    /// nvcc, header) under the store (`derived/pch/<key>/`, or the system temp folder
+    /// without a store), by one build at a time, published by rename; about 600 MB and 30 s
+    /// of one core with torch 2.11 and GCC 12. `None` when it cannot be built (recorded, so
+    /// it is not tried again, unless it ran out of time) or its path cannot be passed to the
+    /// host compiler. GCC checks a precompiled header against the compiler and flags that
+    /// use it and reads the header as text when they differ.
+    fn host_pch(
+        &self,
+        host_flags: &[String],
+        reads: &[PathBuf],
+        timeout: Duration,
+    ) -> Result<Option<PathBuf>, CompileError> {
+        static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let io = |e: std::io::Error| CompileError::Io(e.to_string());
+        let v = serde_json::json!({
+            "header": crate::torchsplit::HOST_PCH_HEADER, "flags": host_flags,
+            "nvcc": self.nvcc.version, "path": self.nvcc.path,
+        });
+        let key = blake3::derive_key(
+            CACHE_CONTEXT,
+            serde_json::to_string(&v).expect("json").as_bytes(),
+        );
+        let key: String = key.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let dir = match &self.store {
+            Some(s) => s.root().join("derived/pch").join(&key),
+            None => std::env::temp_dir().join("cudarl-pch").join(&key),
+        };
+        let header = dir.join("torch_ext_host.h");
+        if header.to_string_lossy().contains(',') {
+            return Ok(None);
+        }
+        let failed = dir.join("failed");
+        let ready = || header.is_file() && dir.join("torch_ext_host.h.gch").is_file();
+        if ready() {
+            return Ok(Some(header));
+        }
+        if failed.is_file() {
+            return Ok(None);
+        }
+        let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+        let _lock = match &self.store {
+            Some(s) => Some(s.lock_named(&format!("pch-{key}"))?),
+            None => None,
+        };
+        if ready() {
+            return Ok(Some(header));
+        }
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let build = self.build_dir()?;
+        std::fs::write(
+            build.path().join("torch_ext_host_h.cpp"),
+            crate::torchsplit::HOST_PCH_HEADER,
+        )
+        .map_err(io)?;
+        let mut args = host_flags.to_vec();
+        args.extend([
+            "-Xcompiler".into(),
+            "-x,c++-header".into(),
+            "-c".into(),
+            "-o".into(),
+            "torch_ext_host.h.gch".into(),
+            "torch_ext_host_h.cpp".into(),
+        ]);
+        let run = self.run_sandboxed_sized(build.path(), &args, reads, timeout, Some(4096))?;
+        let gch = build.path().join("torch_ext_host.h.gch");
+        if !run.ok || !gch.is_file() {
+            tracing::warn!(log = %truncate(run.log, 2048), "the torch host header did not precompile; host units parse it");
+            // A time limit is the machine's load as much as the header's: try again next time.
+            if !run.timed_out {
+                std::fs::write(&failed, b"").map_err(io)?;
+            }
+            return Ok(None);
+        }
+        // Published .gch first: a header without its .gch is read as text, never the reverse.
+        let publish = |from: &Path, to: &Path| -> std::io::Result<()> {
+            if std::fs::rename(from, to).is_err() {
+                let tmp = to.with_extension("partial");
+                std::fs::copy(from, &tmp)?;
+                std::fs::rename(&tmp, to)?;
+            }
+            Ok(())
+        };
+        publish(&gch, &dir.join("torch_ext_host.h.gch")).map_err(io)?;
+        let h = build.path().join("torch_ext_host.h");
+        std::fs::write(&h, crate::torchsplit::HOST_PCH_HEADER).map_err(io)?;
+        publish(&h, &header).map_err(io)?;
+        Ok(Some(header))
     }
 
     /// Runs nvcc with `args` in `dir` inside the compiler sandbox, each of its processes limited
@@ -510,6 +761,19 @@ impl Compiler {
         args: &[String],
         extra_reads: &[PathBuf],
         timeout: Duration,
+    ) -> Result<NvccRun, CompileError> {
+        self.run_sandboxed_sized(dir, args, extra_reads, timeout, None)
+    }
+
+    /// [`Compiler::run_sandboxed`] with the largest file the compiler may write, MiB (the
+    /// sandbox's default without one; the precompiled torch header is about 600 MB).
+    fn run_sandboxed_sized(
+        &self,
+        dir: &Path,
+        args: &[String],
+        extra_reads: &[PathBuf],
+        timeout: Duration,
+        file_size_mib: Option<u64>,
     ) -> Result<NvccRun, CompileError> {
         let io = |e: std::io::Error| CompileError::Io(e.to_string());
         if !self.nvcc.path.is_file() {
@@ -523,6 +787,9 @@ impl Compiler {
         let cpu_seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
         cmd.args(["exec", "--profile", "compiler", "--cpu-seconds"])
             .arg(cpu_seconds.to_string());
+        if let Some(m) = file_size_mib {
+            cmd.arg("--file-size-mib").arg(m.to_string());
+        }
         for r in self.nvcc.toolkit_roots() {
             cmd.arg("--read").arg(&r).arg("--exec").arg(&r);
         }
@@ -640,6 +907,7 @@ impl Compiler {
             arch: self.arch.clone(),
             flags: self.flags(),
             findings: vec![],
+            layout: String::new(),
         }
     }
 }

@@ -654,11 +654,16 @@ impl KbNative {
             "bool" => "torch.bool",
             _ => "torch.float32",
         };
+        // A size name as a string, an extent (kb-specs writes literal extents as "1") as a number.
         let dims = |b: &KbBuffer| -> String {
             let d: Vec<String> = b
                 .dims
                 .iter()
-                .map(|d| d.as_str().map_or_else(|| d.to_string(), py_str))
+                .map(|d| match d.as_str() {
+                    Some(s) if s.parse::<i64>().is_ok() => s.to_string(),
+                    Some(s) => py_str(s),
+                    None => d.to_string(),
+                })
                 .collect();
             format!("[{}]", d.join(", "))
         };

@@ -11,6 +11,7 @@
 //! runs/<run-id>.jsonl        one event per node per run
 //! runs/<run-id>/<node>/      a training stage's live metrics (metrics.jsonl, TensorBoard events)
 //! locks/                     advisory file locks: one per node, plus the gc lock
+//! derived/                   rebuildable derived files of other crates (precompiled headers)
 //! ```
 //!
 //! Crash safety: a blob or manifest is visible only after a complete, fsynced temp file was

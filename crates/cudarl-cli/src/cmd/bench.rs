@@ -9,8 +9,8 @@
 //!   autocast on a GPU) and generation tokens/s of the Qwen2 model of `cudarl-train` against
 //!   the same architecture, batch and recipe in PyTorch eager (`transformers`,
 //!   `python/bench_transformers.py`), in one run on the same device.
-//! - `bench torch-build`: cold torch-extension builds as one unit against the split build
-//!   ([`cudarl_cuda::torchsplit`]).
+//! - `bench torch-build`: cold torch-extension builds as one unit against the harness's
+//!   build (the kernel/host layout with a precompiled torch header, [`cudarl_cuda::torchsplit`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,8 +80,10 @@ pub enum BenchCmd {
         out: Option<PathBuf>,
     },
     /// Cold torch-extension builds of the archive sample's kernels: one translation unit with
-    /// `torch/extension.h` against the split build (a `torch/types.h` CUDA unit and a binding
-    /// unit compiled in parallel), per-build median seconds and their ratio, in one run.
+    /// `torch/extension.h` against the harness's build (a torch-free kernel unit and a host
+    /// unit with the precompiled torch header, compiled in parallel; the `torch/types.h` split
+    /// or one unit where the source needs them), per-build median seconds and their ratio, in
+    /// one run.
     TorchBuild {
         /// Distinct archive kernels (levels 1, 2 and 3 in turn).
         #[arg(long, default_value_t = 6)]

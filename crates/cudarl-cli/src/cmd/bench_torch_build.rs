@@ -1,10 +1,12 @@
 //! `bench torch-build`: cold torch-extension builds of the bundled SakanaAI archive sample's
 //! kernels (SakanaAI-style `.cu` extensions, the format `validate-archive` and torch-format
 //! checks build), each built as one translation unit with `torch/extension.h` (the baseline)
-//! and split into a `torch/types.h` CUDA unit and a binding unit compiled in parallel
-//! ([`cudarl_cuda::torchsplit`]), in the same run, with no compile cache. Reports the median
-//! wall seconds per build of each, their ratio, and whether each kernel built (or failed) the
-//! same way both times.
+//! and as the harness builds it ([`cudarl_cuda::Compiler::compile_torch_ext`]: the
+//! kernel/host layout with the precompiled torch header, else the `torch/types.h` split, else
+//! one unit), in the same run, with no compile cache. The precompiled header is built (or
+//! found) first and its cost reported apart. Reports the median wall seconds per build of
+//! each, their ratio, the layout each build used, and whether each kernel built (or failed)
+//! the same way both times.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -72,10 +74,15 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
         timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
         store: None,
     };
-    // (kernel, split?) -> (wall s, compiled, split used)
-    let build = |i: usize, split: bool| -> Result<(f64, bool, bool), CliError> {
+    let t_pch = Instant::now();
+    let pch = compiler
+        .torch_host_pch(&env, &[], torchfmt::TORCH_BUILD_TIMEOUT)
+        .map_err(|e| fail(e.to_string()))?;
+    let pch_s = t_pch.elapsed().as_secs_f64();
+    // (kernel, split?) -> (wall s, compiled, layout)
+    let build = |i: usize, split: bool| -> Result<(f64, bool, String), CliError> {
         let Some(u) = preps[i].units.first() else {
-            return Ok((0.0, false, false));
+            return Ok((0.0, false, String::new()));
         };
         let s = u.split.as_ref().filter(|_| split);
         let t0 = Instant::now();
@@ -89,7 +96,7 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
                 torchfmt::TORCH_BUILD_TIMEOUT,
             )
             .map_err(|e| fail(e.to_string()))?;
-        Ok((t0.elapsed().as_secs_f64(), o.compiled, s.is_some()))
+        Ok((t0.elapsed().as_secs_f64(), o.compiled, o.layout))
     };
     let work: Vec<(usize, bool)> = (0..preps.len())
         .flat_map(|i| [(i, i % 2 == 0), (i, i % 2 != 0)])
@@ -115,17 +122,19 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
     let mut rows = Vec::new();
     let (mut one, mut two) = (Vec::new(), Vec::new());
     let mut agree = 0usize;
+    let mut layouts = std::collections::BTreeMap::new();
     let mut results = results.into_inner().expect("lock");
     results.sort_by_key(|(i, s, _)| (*i, *s));
     let mut it = results.into_iter();
     while let (Some((i, _, a)), Some((_, _, b))) = (it.next(), it.next()) {
-        let ((sa, ca, _), (sb, cb, used)) = (a?, b?);
+        let ((sa, ca, _), (sb, cb, layout)) = (a?, b?);
         one.push(sa);
         two.push(sb);
         agree += usize::from(ca == cb);
+        *layouts.entry(layout.clone()).or_insert(0usize) += 1;
         rows.push(
-            json!({"kernel": i, "one_unit_s": sa, "split_s": sb, "split_used": used,
-            "compiled_one_unit": ca, "compiled_split": cb}),
+            json!({"kernel": i, "one_unit_s": sa, "harness_s": sb, "layout": layout,
+            "compiled_one_unit": ca, "compiled_harness": cb}),
         );
     }
     let (m1, m2) = (median(one), median(two));
@@ -134,10 +143,12 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
         "kernels": rows.len(),
         "jobs": jobs,
         "one_unit_median_s": m1,
-        "split_median_s": m2,
+        "harness_median_s": m2,
         "speedup": if m2 > 0.0 { m1 / m2 } else { 0.0 },
         "same_build_result": agree,
-        "split_used": rows.iter().filter(|r| r["split_used"] == true).count(),
+        "layouts": layouts,
+        "pch_build_s": pch_s,
+        "pch": pch.map(|p| p.display().to_string()),
         "wall_s": wall,
         "nvcc": compiler.nvcc.version,
         "torch": env.torch,
@@ -145,9 +156,10 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
         "builds": rows,
     });
     eprintln!(
-        "torch-extension build, median of {} kernels: one unit {m1:.1} s, split {m2:.1} s ({:.2}x); same result {agree}/{}",
+        "torch-extension build, median of {} kernels: one unit {m1:.1} s, harness {m2:.1} s ({:.2}x; layouts {}); same result {agree}/{}; precompiled header {pch_s:.1} s",
         result["kernels"],
         result["speedup"].as_f64().unwrap_or(0.0),
+        result["layouts"],
         result["kernels"]
     );
     finish(result, out)
