@@ -108,6 +108,11 @@ pub struct Compiler {
     pub store: Option<Store>,
 }
 
+/// A flag of the link only (libraries, their folders, `-shared`), left out of object builds.
+fn is_link_flag(f: &str) -> bool {
+    f.starts_with("-l") || f.starts_with("-L") || f == "-shared"
+}
+
 /// What a torch-extension build reads: torch's include and library folders.
 fn env_reads(env: &crate::torchfmt::TorchEnv) -> Vec<PathBuf> {
     env.include_dirs
@@ -433,12 +438,7 @@ impl Compiler {
         let name_flag = format!("-DTORCH_EXTENSION_NAME={module}");
         flags
             .iter()
-            .filter(|f| {
-                **f != name_flag
-                    && !f.starts_with("-l")
-                    && !f.starts_with("-L")
-                    && f.as_str() != "-shared"
-            })
+            .filter(|f| **f != name_flag && !is_link_flag(f))
             .cloned()
             .collect()
     }
@@ -553,7 +553,6 @@ impl Compiler {
     ) -> Result<Option<CompileOutput>, CompileError> {
         let io = |e: std::io::Error| CompileError::Io(e.to_string());
         let dir = self.build_dir()?;
-        let is_link = |f: &String| f.starts_with("-l") || f.starts_with("-L") || f == "-shared";
         let mut objects = Vec::new();
         let mut jobs = Vec::new();
         for u in units {
@@ -561,7 +560,7 @@ impl Compiler {
             let obj = format!("{}.o", u.file.rsplit_once('.').map_or(u.file, |f| f.0));
             let mut a: Vec<String> = flags
                 .iter()
-                .filter(|f| !is_link(f) && !u.drop.contains(f))
+                .filter(|f| !is_link_flag(f) && !u.drop.contains(f))
                 .cloned()
                 .collect();
             a.extend(u.add.iter().cloned());
@@ -583,7 +582,7 @@ impl Compiler {
             let mut a: Vec<String> = flags
                 .iter()
                 .filter(|f| {
-                    is_link(f)
+                    is_link_flag(f)
                         || f.starts_with("-gencode")
                         || f.starts_with("-Xcompiler")
                         || f.as_str() == "-fPIC"

@@ -251,11 +251,19 @@ struct Arg {
 }
 
 fn split_top(s: &str, sep: u8) -> Vec<&str> {
+    split_top_level(s, sep, true)
+}
+
+/// `s` split at each `sep` outside parentheses, brackets and braces, and outside angle
+/// brackets when `angles` (template arguments; not for expressions, where `<` compares).
+pub(crate) fn split_top_level(s: &str, sep: u8, angles: bool) -> Vec<&str> {
     let (mut out, mut depth, mut from) = (Vec::new(), 0i32, 0usize);
     for (i, b) in s.bytes().enumerate() {
         match b {
-            b'(' | b'[' | b'{' | b'<' => depth += 1,
-            b')' | b']' | b'}' | b'>' => depth -= 1,
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            b'<' if angles => depth += 1,
+            b'>' if angles => depth -= 1,
             _ if b == sep && depth == 0 => {
                 out.push(&s[from..i]);
                 from = i + 1;

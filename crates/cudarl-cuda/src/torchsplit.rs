@@ -24,6 +24,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
+use crate::native_abi::split_top_level;
 use crate::static_check::{IDENT, matching_brace, matching_paren, strip_c_comments_and_strings};
 
 /// The two units of a split torch-extension build.
@@ -309,25 +310,6 @@ fn fn_name_and_params(head: &str) -> Option<(&str, &str)> {
         .then_some((name, &head[open + 1..close]))
 }
 
-/// Splits `params` (a parameter list) at its top-level commas.
-fn split_top_level(params: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut from) = (0i64, 0usize);
-    for (k, ch) in params.char_indices() {
-        match ch {
-            '(' | '[' | '{' | '<' => depth += 1,
-            ')' | ']' | '}' | '>' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&params[from..k]);
-                from = k + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&params[from..]);
-    out
-}
-
 /// The parameters of a kernel as (declaration without a default value, name); `None` when
 /// one has no name or is an array or function pointer.
 fn kernel_params(params: &str) -> Option<Vec<(String, String)>> {
@@ -335,7 +317,7 @@ fn kernel_params(params: &str) -> Option<Vec<(String, String)>> {
     if params.is_empty() || params == "void" {
         return Some(vec![]);
     }
-    split_top_level(params)
+    split_top_level(params, b',', true)
         .into_iter()
         .map(|p| {
             let p = p.split('=').next().unwrap_or(p).trim();
@@ -567,7 +549,12 @@ fn rewrite_launches(
             return None;
         }
         let gt = lt + 3 + stripped[lt + 3..].find(">>>")?;
-        let config: Vec<&str> = split_top_level_parens(&text[lt + 3..gt]);
+        let config = &text[lt + 3..gt];
+        let config: Vec<&str> = if config.trim().is_empty() {
+            vec![]
+        } else {
+            split_top_level(config, b',', false)
+        };
         if config.is_empty() || config.len() > 4 {
             return None;
         }
@@ -590,27 +577,6 @@ fn rewrite_launches(
     }
     out.push_str(&text[at..]);
     Some(out)
-}
-
-/// Splits a launch configuration at its commas outside parentheses, brackets and braces.
-fn split_top_level_parens(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut from) = (0i64, 0usize);
-    for (k, ch) in s.char_indices() {
-        match ch {
-            '(' | '[' | '{' => depth += 1,
-            ')' | ']' | '}' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[from..k]);
-                from = k + 1;
-            }
-            _ => {}
-        }
-    }
-    if !s.trim().is_empty() {
-        out.push(&s[from..]);
-    }
-    out
 }
 
 #[cfg(test)]
