@@ -361,6 +361,26 @@ fn optimizer_repair_examples_are_task_kernels_nvcc_rejected_with_its_diagnostics
             "{b} is a rejected breakage of sft-repairs"
         );
     }
+    // No repair examples (`repairs_per_base = 0`): sft-data does not read `sft-repairs`, and
+    // the optimizer learns from kernel pairs alone.
+    let o = p.run(&[
+        "run",
+        "sft-data",
+        "--set",
+        "sft-data.repairs_per_base=0",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let m = common::records(&o);
+    assert_eq!(common::status_of(&m, "sft-data"), "ran");
+    assert!(!m.contains_key("sft-repairs"), "{:?}", m.keys());
+    let opt = rows_with(
+        &p,
+        "sft-data",
+        "sft_optimizer",
+        &["sft-data.repairs_per_base=0"],
+    );
+    assert!(!opt.is_empty() && opt.iter().all(|r| r["kind"] == "optimize"));
 }
 
 #[test]
@@ -672,6 +692,8 @@ fn eval_report_exports_markdown_with_the_compile_only_comparison_and_plots() {
     let md = export_report(&p, "exported", &[]);
     assert!(
         md.contains("compile-only")
+            && md.contains("**What a run without a GPU shows.**")
+            && md.contains("KernelBench problems were only compiled.")
             && md.contains("| sft | test |")
             && md.contains("Tier 0: 2 steps, mean reward")
             && md.contains("First 1 steps: mean reward")
@@ -1349,7 +1371,7 @@ fn a_killed_or_interrupted_rl_run_resumes_from_its_last_saved_step_and_a_longer_
 }
 
 #[test]
-fn an_sft_seed_is_another_draw_of_the_same_data_and_not_a_tokenizer_parameter() {
+fn an_sft_seed_or_step_cap_overrides_the_model_file_and_is_not_a_tokenizer_parameter() {
     let p = after_sft();
     let run = |sets: &[&str]| -> (String, String) {
         let mut args = vec!["run", "sft-train", "--json"];
@@ -1370,11 +1392,21 @@ fn an_sft_seed_is_another_draw_of_the_same_data_and_not_a_tokenizer_parameter() 
     assert_eq!(status, "ran");
     assert_ne!(drawn, base, "another example order gives other weights");
     assert_eq!(run(&["sft-train.seed=7"]), ("cached".to_string(), drawn));
+    // A step cap in place of the model file's: a shorter run, other weights.
+    let (status, capped) = run(&["sft-train.max_steps=2"]);
+    assert_eq!(status, "ran");
+    assert_ne!(capped, base, "two steps are not the file's steps");
     fails_with(
         &p,
         &["tokenizer"],
         "tokenizer.seed=1",
-        "seed, lr and epochs are `pretrain` and `sft-train` parameters",
+        "seed, lr, epochs and max_steps are `pretrain` and `sft-train` parameters",
+    );
+    fails_with(
+        &p,
+        &["sft-train"],
+        "sft-train.max_steps=0",
+        "max_steps must be at least 1",
     );
 }
 

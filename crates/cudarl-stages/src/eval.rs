@@ -699,6 +699,24 @@ impl Stage for Eval {
     }
 }
 
+/// The report's paragraph on what a run without a GPU (compile-only) shows and does not: the
+/// compile rates are real nvcc verdicts on the agents' kernels; correctness, speed and learning
+/// from rewards need a GPU; and whether KernelBench problems were in the run (`sums` has their
+/// `kernelbench/level{L}` rows; the `cpu` profile sets `eval.kernelbench_samples = 0`).
+fn without_gpu(sums: &[Value]) -> String {
+    let kb = sums
+        .iter()
+        .any(|s| s["split"].as_str().is_some_and(is_kernelbench));
+    let kb = if kb {
+        "KernelBench problems were only compiled."
+    } else {
+        "No KernelBench problem was in this run (`eval.kernelbench_samples = 0`)."
+    };
+    format!(
+        "**What a run without a GPU shows.** The pipeline end to end on the real data with real nvcc, and how often the trained agents write a kernel that nvcc accepts in the task's ABI: the compile rates below, for the generator's first turn (`compile (1 turn)`) and after the optimizer's revisions (`compile`). It does not show correctness, speed or learning from rewards: no kernel ran, so pass rates, fast_p and speedups are n/a, and RL's rewards were compile-only. {kb} A run on a GPU measures all of them.\n\n"
+    )
+}
+
 /// Whether `r` is an episode on a task family (not a KernelBench problem).
 fn is_family(r: &Row) -> bool {
     !is_kernelbench(r.split)
@@ -1205,6 +1223,9 @@ fn report(
     md.push_str(&format!(
         "# cudarl-pipe eval report\n\nMode: **{mode}** (full = compiled, tested on train and hold-out shapes with public and hidden seeds, and timed on a GPU; compile-only = no GPU: only the static checks and nvcc ran, so pass rates and speedups are n/a). Models on: {device}.\n\n"
     ));
+    if mode != "full" {
+        md.push_str(&without_gpu(sums));
+    }
     md.push_str("| checkpoint | split | episodes | compile (1 turn) | pass (1 turn) | compile | pass | fast_1 | fast_1.5 | fast_2 | geomean vs naive | geomean vs torch | hold-out regressions | mean reward | flagged |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for s in sums {
         md.push_str(&format!(

@@ -112,7 +112,8 @@ pub struct Params {
     pub optimizer_per_pair: usize,
     /// Repair examples per broken kernel (prompt phrasings, seeded order): every validated
     /// task kernel's breakage from `sft-repairs` that nvcc rejected, with its real diagnostics,
-    /// plus one "no code block" case per family. `0`: none.
+    /// plus one "no code block" case per family. `0`: none, and `sft-repairs` is not an input
+    /// (not built for this stage).
     #[serde(default = "d_repairs")]
     pub repairs_per_base: usize,
     /// Fraction of the other examples in `val`.
@@ -259,10 +260,14 @@ impl Stage for SftData {
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("kernels", "synth-tasks", "task_kernels"),
             InputDecl::node("validations", "validate", "validations"),
-            InputDecl::node("repairs", "sft-repairs", "repairs"),
             InputDecl::node("curriculum", "curriculum", "curriculum"),
         ]
         .into_iter()
+        // No repair examples: `sft-repairs` (a compile of every task kernel) is not built.
+        .chain(
+            (self.params.repairs_per_base > 0)
+                .then(|| InputDecl::node("repairs", "sft-repairs", "repairs")),
+        )
         .chain(
             self.params
                 .archive
@@ -283,8 +288,12 @@ impl Stage for SftData {
         let vt = Table::read(ctx.input_path("validations")?, "validations").map_err(data_err)?;
         let val = validation_rows(&vt)?;
         let by_task = validated_kernels(&kt, &val)?;
-        let rt = Table::read(ctx.input_path("repairs")?, "repairs").map_err(data_err)?;
-        let repairs = self.repairs(ctx.input_path("tasks")?, &rt, &by_task)?;
+        let repairs = if p.repairs_per_base > 0 {
+            let rt = Table::read(ctx.input_path("repairs")?, "repairs").map_err(data_err)?;
+            self.repairs(ctx.input_path("tasks")?, &rt, &by_task)?
+        } else {
+            BTreeMap::new()
+        };
         let splits = family_splits(ctx.input_path("curriculum")?)?;
         let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
         let tid = tasks.req_strings("task_id").map_err(data_err)?;

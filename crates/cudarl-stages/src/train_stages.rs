@@ -115,6 +115,11 @@ pub struct Params {
     /// Absent: the file's, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epochs: Option<usize>,
+    /// `pretrain` and `sft-train`: at most this many optimizer steps, in place of the model
+    /// file's `max_steps` (e.g. the CPU profile's shorter optimizer SFT). Absent: the file's,
+    /// and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -172,15 +177,23 @@ impl ModelStage {
             return Err("copy_documents and copy_seed are `pretrain` parameters".into());
         }
         if kind == Kind::Tokenizer
-            && (params.seed.is_some() || params.lr.is_some() || params.epochs.is_some())
+            && (params.seed.is_some()
+                || params.lr.is_some()
+                || params.epochs.is_some()
+                || params.max_steps.is_some())
         {
-            return Err("seed, lr and epochs are `pretrain` and `sft-train` parameters".into());
+            return Err(
+                "seed, lr, epochs and max_steps are `pretrain` and `sft-train` parameters".into(),
+            );
         }
         if params.lr.is_some_and(|l| !(l > 0.0 && l.is_finite())) {
             return Err("lr must be a positive number".into());
         }
         if params.epochs == Some(0) {
             return Err("epochs must be at least 1".into());
+        }
+        if params.max_steps == Some(0) {
+            return Err("max_steps must be at least 1".into());
         }
         if !["generator", "optimizer"].contains(&params.agent.as_str()) {
             return Err(format!(
@@ -405,6 +418,9 @@ impl Stage for ModelStage {
             }
             if let Some(e) = self.params.epochs {
                 c.epochs = e;
+            }
+            if let Some(m) = self.params.max_steps {
+                c.max_steps = Some(m);
             }
             Ok(c)
         };
