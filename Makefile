@@ -35,7 +35,8 @@ build: setup
 ## configs/model/small.toml with a GPU, tiny.toml without. The compile-only look at the SFT
 ## generator is `cudarl-pipe run sft-eval`; the curriculum with the archives is `make curriculum`.
 ## Without a GPU the pipeline file's `cpu` profile applies by itself (pipelines/default.toml
-## [profiles.cpu]: 2 cores, the tiny model, compile-only rewards, a smaller data set and RL run),
+## [profiles.cpu]: 2 cores, configs/model/cpu.toml, compile-only rewards, a smaller data set and
+## RL run),
 ## and `status`, `show` and `export` reuse the last run's settings.
 run: setup build
 	$(BIN) run rl-train eval

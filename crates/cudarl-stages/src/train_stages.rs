@@ -502,3 +502,49 @@ impl Stage for ModelStage {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every model file of the project reads as the stages read it: `[model]` as the trainer's
+    /// architecture, `[pretrain]` and `[sft]` as training settings, a vocabulary.
+    #[test]
+    fn every_model_file_parses_as_the_stages_read_it() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/model");
+        let mut names = Vec::new();
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) != Some("toml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            let mf: ModelFile =
+                toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let spec: cudarl_protocol::ModelSpec = serde_json::from_value(mf.model.clone())
+                .unwrap_or_else(|e| panic!("{}: [model]: {e}", p.display()));
+            assert!(
+                spec.hidden_size % spec.num_attention_heads == 0,
+                "{}",
+                p.display()
+            );
+            assert!(mf.tokenizer.vocab_size >= 256, "{}", p.display());
+            for (name, v) in [("pretrain", &mf.pretrain), ("sft", &mf.sft)] {
+                let c: TrainConfig = serde_json::from_value(v.clone())
+                    .unwrap_or_else(|e| panic!("{}: [{name}]: {e}", p.display()));
+                assert!(c.lr > 0.0 && c.batch_size > 0, "{}: [{name}]", p.display());
+            }
+            names.push(p.file_stem().unwrap().to_string_lossy().to_string());
+        }
+        names.sort();
+        for want in [
+            "cpu",
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-7b",
+            "small",
+            "tiny",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{names:?}");
+        }
+    }
+}
