@@ -250,10 +250,6 @@ struct Arg {
     tensor: bool,
 }
 
-fn split_top(s: &str, sep: u8) -> Vec<&str> {
-    split_top_level(s, sep, true)
-}
-
 /// `s` split at each `sep` outside parentheses, brackets and braces, and outside angle
 /// brackets when `angles` (template arguments; not for expressions, where `<` compares).
 pub(crate) fn split_top_level(s: &str, sep: u8, angles: bool) -> Vec<&str> {
@@ -277,7 +273,7 @@ pub(crate) fn split_top_level(s: &str, sep: u8, angles: bool) -> Vec<&str> {
 
 fn parse_args(args: &str) -> Result<Vec<Arg>, String> {
     let mut out = Vec::new();
-    for a in split_top(args, b',') {
+    for a in split_top_level(args, b',', true) {
         let a = a.split('=').next().unwrap_or("").trim();
         if a.is_empty() || a == "void" {
             continue;
@@ -743,7 +739,10 @@ fn convert(
     b = STREAM.replace_all(&b, "stream").into_owned();
     b = LAUNCH
         .replace_all(&b, |c: &Captures| {
-            let parts: Vec<&str> = split_top(&c[1], b',').into_iter().map(str::trim).collect();
+            let parts: Vec<&str> = split_top_level(&c[1], b',', true)
+                .into_iter()
+                .map(str::trim)
+                .collect();
             let cfg = match parts.len() {
                 2 => format!("{}, {}, 0, stream", parts[0], parts[1]),
                 3 => format!("{}, {}, {}, stream", parts[0], parts[1], parts[2]),

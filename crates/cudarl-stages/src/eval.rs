@@ -1291,6 +1291,23 @@ fn report(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_compile_only_report_says_whether_kernelbench_was_in_the_run() {
+        let fam = serde_json::json!({"split": "test"});
+        let kb = serde_json::json!({"split": "kernelbench/level1"});
+        let without = without_gpu(std::slice::from_ref(&fam));
+        assert!(
+            without.contains("No KernelBench problem was in this run"),
+            "{without}"
+        );
+        let with = without_gpu(&[fam, kb]);
+        assert!(
+            with.contains("KernelBench problems were only compiled.")
+                && !with.contains("No KernelBench"),
+            "{with}"
+        );
+    }
+
     /// An episode of `task` with no turn (nothing compiled).
     fn empty(task: &str) -> Row {
         Row {

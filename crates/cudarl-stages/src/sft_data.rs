@@ -796,9 +796,6 @@ impl SftData {
         by_task: &BTreeMap<String, Vec<Kern>>,
     ) -> Result<BTreeMap<String, Vec<Repair>>, StageError> {
         let mut out: BTreeMap<String, Vec<Repair>> = BTreeMap::new();
-        if self.params.repairs_per_base == 0 {
-            return Ok(out);
-        }
         let specs = cudarl_rl::tasks::specs_by_id(tasks)?;
         // Rejected breakages by kernel id: (kind, broken code, feedback).
         let mut broken: BTreeMap<&str, Vec<(&'static str, &str, &str)>> = BTreeMap::new();
