@@ -41,6 +41,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to(dev)
     model.train()
+    if job.get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     bs, n, steps, warm = job["batch_size"], job["seq_len"], job["steps"], job["warmup_steps"]
     data = torch.randint(job["vocab_size"], (steps + warm, bs, n), device=dev)

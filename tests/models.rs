@@ -1410,6 +1410,145 @@ fn an_sft_seed_or_step_cap_overrides_the_model_file_and_is_not_a_tokenizer_param
     );
 }
 
+/// A Hugging Face checkpoint directory made by `tests/python/make_checkpoint.py` (a tiny random
+/// Qwen2 in sharded safetensors, a ChatML tokenizer, `template`'s chat template) at `rel` in the
+/// project.
+fn hf_checkpoint(p: &Project, python: &str, rel: &str, template: &str) {
+    let o = std::process::Command::new(python)
+        .arg(repo_root().join("tests/python/make_checkpoint.py"))
+        .arg(p.path(rel))
+        .args(["--template", template])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+}
+
+#[test]
+fn sft_train_fine_tunes_a_hugging_face_checkpoint_directory_without_tokenizer_or_pretrain() {
+    let Some(python) = common::python() else {
+        eprintln!("SKIPPED: a checkpoint made by transformers (no python)");
+        return;
+    };
+    let p = cpu_project();
+    hf_checkpoint(&p, &python, "models/qwen-tiny", "system-default");
+    let sets = |dir: &str| -> Vec<String> {
+        vec![
+            format!("sft-train.model={dir}"),
+            "sft-train.settings=tiny".into(),
+            "sft-train.max_steps=3".into(),
+        ]
+    };
+    // `--json` for records; errors are read from a plain run's summary (stdout) and stderr.
+    let run_as = |json: bool, sets: &[String]| -> std::process::Output {
+        let mut args = vec!["run", "sft-train"];
+        if json {
+            args.push("--json");
+        }
+        for s in sets {
+            args.extend(["--set", s.as_str()]);
+        }
+        p.run(&args)
+    };
+    let run = |sets: &[String]| run_as(true, sets);
+    let fails = |sets: &[String], says: &[&str]| {
+        let o = run_as(false, sets);
+        let err = format!("{}{}", stdout(&o), common::stderr(&o));
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(says.iter().all(|s| err.contains(s)), "{says:?}: {err}");
+    };
+    let here = sets("./models/qwen-tiny");
+    let o = run(&here);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let m = common::records(&o);
+    assert_eq!(common::status_of(&m, "sft-train"), "ran");
+    for skipped in ["tokenizer", "pretrain"] {
+        assert!(!m.contains_key(skipped), "{skipped} ran: {:?}", m.keys());
+    }
+    let hash = common::out_hash(&m, "sft-train", "checkpoint");
+    let set_refs: Vec<&str> = here.iter().map(String::as_str).collect();
+    let metrics = rows_with(&p, "sft-train", "metrics", &set_refs);
+    assert_eq!(metrics.len(), 3);
+    assert!(
+        metrics
+            .iter()
+            .all(|r| r["loss"].as_f64().unwrap().is_finite())
+    );
+    // The fine-tuned checkpoint keeps the directory's tokenizer and chat template, and opens in
+    // transformers rendering the pipeline's conversation as the original does.
+    let out = p.path("hf-ft");
+    let mut args = vec!["export", "sft-train", "--to", out.to_str().unwrap()];
+    for s in &set_refs {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let ft = out.join("sft-train/checkpoint");
+    let read = |d: &std::path::Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap();
+    let base = p.path("models/qwen-tiny");
+    assert_eq!(read(&ft, "tokenizer.json"), read(&base, "tokenizer.json"));
+    let cfg = |d: &std::path::Path| -> Value {
+        serde_json::from_str(&read(d, "tokenizer_config.json")).unwrap()
+    };
+    assert_eq!(cfg(&ft), cfg(&base));
+    let render = |d: &std::path::Path| -> Value {
+        let o = std::process::Command::new(&python)
+            .arg(repo_root().join("tests/python/check_chat_template.py"))
+            .arg(d)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        serde_json::from_str(stdout(&o).trim()).unwrap()
+    };
+    let (a, b) = (render(&base), render(&ft));
+    assert_eq!(a["text"], b["text"]);
+    assert!(
+        a["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("<|im_start|>system\nYou write CUDA")
+    );
+    // Where the directory lies is not in the key; what it holds is.
+    std::fs::rename(&base, p.path("models/moved")).unwrap();
+    let o = run(&sets("./models/moved"));
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let m = common::records(&o);
+    assert_eq!(common::status_of(&m, "sft-train"), "cached");
+    assert_eq!(common::out_hash(&m, "sft-train", "checkpoint"), hash);
+    let moved = p.path("models/moved");
+    let text = read(&moved, "generation_config.json").replace('{', "{\n  \"top_k\": 5,");
+    std::fs::write(moved.join("generation_config.json"), text).unwrap();
+    let o = run(&sets("./models/moved"));
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    assert_eq!(common::status_of(&common::records(&o), "sft-train"), "ran");
+    // A template that is not ChatML, a missing directory or file, and no settings are named.
+    hf_checkpoint(&p, &python, "models/inst", "inst");
+    fails(
+        &sets("./models/inst"),
+        &["tokenizer_config.json", "not ChatML", "[INST]"],
+    );
+    fails(
+        &sets("./models/none"),
+        &["models/none", "no such checkpoint directory"],
+    );
+    std::fs::remove_file(p.path("models/inst/tokenizer.json")).unwrap();
+    fails(
+        &sets("./models/inst"),
+        &["models/inst/tokenizer.json", "missing"],
+    );
+    fails_with(
+        &p,
+        &["sft-train"],
+        "sft-train.model=./models/moved",
+        "settings = ",
+    );
+    fails_with(
+        &p,
+        &["pretrain"],
+        "pretrain.model=./models/moved",
+        "a checkpoint directory is a `sft-train` model",
+    );
+}
+
 #[test]
 fn collab_sft_fine_tunes_both_agents_on_their_verified_turns_beside_replayed_sft_data() {
     let p = after_rl();

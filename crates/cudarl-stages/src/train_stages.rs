@@ -81,9 +81,20 @@ fn d_agent() -> String {
 pub struct Params {
     /// `configs/model/<model>.toml`; `auto`: `small` when the stage's device resolves to a GPU
     /// (`device`: `auto` with a GPU, or `cuda`), else `tiny` (the file read is an input of the
-    /// key, so the two never share outputs).
+    /// key, so the two never share outputs). `sft-train` also takes a Hugging Face checkpoint
+    /// directory, named by a path with a `/` (relative to the project root, or absolute; e.g.
+    /// `./models/Qwen2.5-Coder-1.5B-Instruct`): its `config.json`, weights
+    /// (`model.safetensors`, or `model.safetensors.index.json` and the shards it lists),
+    /// `tokenizer.json` and `tokenizer_config.json` (whose chat template must be ChatML) are
+    /// the stage's `base` input in place of `pretrain`'s checkpoint, so neither `tokenizer` nor
+    /// `pretrain` runs; `settings` then names the training settings.
     #[serde(default = "d_model")]
     pub model: String,
+    /// `sft-train` with a checkpoint directory as `model`: the `configs/model/<settings>.toml`
+    /// whose `[sft]` section trains it (e.g. `qwen2.5-coder-1.5b`). Required then, refused
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<String>,
     /// `auto` (the GPU when there is one), `cpu` or `cuda` (pretrain, sft-train).
     #[serde(default)]
     pub device: Device,
@@ -201,16 +212,49 @@ impl ModelStage {
                 params.agent
             ));
         }
-        if params.model.is_empty()
-            || !params
-                .model
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(format!(
-                "model `{}`: a name of configs/model/<name>.toml (letters, digits, - and _)",
-                params.model
-            ));
+        let name_ok = |n: &str| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+                && !n.starts_with('.')
+        };
+        match (is_checkpoint_dir(&params.model), &params.settings) {
+            (true, _) if kind != Kind::SftTrain => {
+                return Err(format!(
+                    "model `{}`: a checkpoint directory is a `sft-train` model; `{}` builds the \
+                     project's own model from configs/model/<name>.toml",
+                    params.model,
+                    kind.as_str()
+                ));
+            }
+            (true, None) => {
+                return Err(format!(
+                    "model `{}` is a checkpoint directory: name its training settings with \
+                     `settings = \"<name>\"` (the `[sft]` section of configs/model/<name>.toml, \
+                     e.g. qwen2.5-coder-1.5b)",
+                    params.model
+                ));
+            }
+            (true, Some(st)) if !name_ok(st) => {
+                return Err(format!(
+                    "settings `{st}`: a name of configs/model/<name>.toml (letters, digits, ., - and _)"
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(
+                    "settings goes with a checkpoint directory as `model`; a configs/model name \
+                     carries its own"
+                        .into(),
+                );
+            }
+            (false, None) if !name_ok(&params.model) => {
+                return Err(format!(
+                    "model `{}`: a name of configs/model/<name>.toml (letters, digits, ., - and _), \
+                     or a checkpoint directory (a path with a `/`)",
+                    params.model
+                ));
+            }
+            _ => {}
         }
         Ok(ModelStage { kind, params })
     }
@@ -219,8 +263,12 @@ impl ModelStage {
         format!("configs/model/{}.toml", self.model_name())
     }
 
-    /// The model config's name, `auto` resolved (see [`Params::model`]).
+    /// The model config's name, `auto` resolved (see [`Params::model`]); `settings` for a
+    /// checkpoint directory.
     fn model_name(&self) -> &str {
+        if let Some(s) = &self.params.settings {
+            return s;
+        }
         match self.params.model.as_str() {
             "auto" if self.resolved_device() == "cuda" => "small",
             "auto" => "tiny",
@@ -240,6 +288,95 @@ impl ModelStage {
             _ => Device::Cpu,
         }
     }
+}
+
+/// Whether a `model` parameter names a checkpoint directory (a path: it has a `/`) rather than
+/// a `configs/model` file.
+fn is_checkpoint_dir(model: &str) -> bool {
+    model.contains('/')
+}
+
+/// The files of a Hugging Face checkpoint directory that `sft-train` reads, by name:
+/// `config.json`, `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` when
+/// present, and the weights: `model.safetensors`, or `model.safetensors.index.json` and every
+/// shard its `weight_map` names. Other files (a README, `.gitattributes`) are not read and do
+/// not enter the key.
+///
+/// # Errors
+/// [`StageError::BadInput`] naming the directory or file: no directory, a required file
+/// missing, an unreadable index.
+pub fn checkpoint_files(root: &Path, dir: &str) -> Result<cudarl_core::ExternalFiles, StageError> {
+    let path = crate::common::rooted(root, dir);
+    if !path.is_dir() {
+        return Err(StageError::bad_input(
+            dir,
+            Some("model"),
+            "no such checkpoint directory",
+        ));
+    }
+    let mut names: Vec<String> = Vec::new();
+    for (f, required) in [
+        ("config.json", true),
+        ("tokenizer.json", true),
+        ("tokenizer_config.json", false),
+        ("generation_config.json", false),
+    ] {
+        if path.join(f).is_file() {
+            names.push(f.into());
+        } else if required {
+            return Err(StageError::bad_input(
+                format!("{dir}/{f}"),
+                None,
+                "missing: a Hugging Face checkpoint has config.json, tokenizer.json and \
+                 safetensors weights",
+            ));
+        }
+    }
+    let index = "model.safetensors.index.json";
+    if path.join(index).is_file() {
+        let rel = format!("{dir}/{index}");
+        let text = std::fs::read_to_string(path.join(index))
+            .map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| StageError::bad_input(&rel, Some("weight_map"), "not an object"))?;
+        let mut shards: Vec<String> = map
+            .values()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect();
+        shards.sort();
+        shards.dedup();
+        for sh in &shards {
+            if sh.contains('/') || !path.join(sh).is_file() {
+                return Err(StageError::bad_input(
+                    &rel,
+                    Some("weight_map"),
+                    format!("shard `{sh}` is not a file of the directory"),
+                ));
+            }
+        }
+        names.push(index.into());
+        names.extend(shards);
+    } else if path.join("model.safetensors").is_file() {
+        names.push("model.safetensors".into());
+    } else {
+        return Err(StageError::bad_input(
+            format!("{dir}/model.safetensors"),
+            None,
+            "missing (and no model.safetensors.index.json): the weights in safetensors",
+        ));
+    }
+    names.sort();
+    Ok(cudarl_core::ExternalFiles {
+        source: "Hugging Face checkpoint directory".into(),
+        files: names
+            .into_iter()
+            .map(|n| (n.clone(), path.join(n)))
+            .collect(),
+    })
 }
 
 /// One row of `metrics` (the columns of [`METRICS`]).
@@ -346,7 +483,12 @@ impl Stage for ModelStage {
         4
     }
     fn params(&self) -> Value {
-        params_json(&self.params)
+        let mut v = params_json(&self.params);
+        if is_checkpoint_dir(&self.params.model) {
+            // Where the directory lies is not part of the key; its files are (`base`).
+            v["model"] = Value::from("checkpoint directory");
+        }
+        v
     }
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = vec![InputDecl::external("config")];
@@ -371,6 +513,10 @@ impl Stage for ModelStage {
                     "problems",
                 ));
             }
+            Kind::SftTrain if is_checkpoint_dir(&self.params.model) => {
+                v.push(InputDecl::external("base"));
+                v.push(InputDecl::node("data", "sft-data", "sft_generator"));
+            }
             Kind::SftTrain => {
                 v.push(InputDecl::node("base", "pretrain", "checkpoint"));
                 v.push(InputDecl::node("data", "sft-data", "sft_generator"));
@@ -390,10 +536,13 @@ impl Stage for ModelStage {
     }
     fn resolve_external(
         &self,
-        _input: &str,
+        input: &str,
         ctx: &ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, &self.config_rel(), "model config")
+        match input {
+            "base" => checkpoint_files(&ctx.root, &self.params.model),
+            _ => crate::common::single_file(&ctx.root, &self.config_rel(), "model config"),
+        }
     }
     fn environment(&self, _ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
         Ok(match self.kind {
@@ -471,8 +620,19 @@ impl Stage for ModelStage {
                 write_loss_plot(ctx, &ev, device, "pretraining", &dir.join("plots"))?;
             }
             Kind::SftTrain => {
-                let base = dir.join("base");
-                materialize(ctx.store(), ctx.input_path("base")?, &base)?;
+                let base = if is_checkpoint_dir(&self.params.model) {
+                    // The directory itself (read only); its files are the key's `base` input.
+                    let files = &ctx.input_files("base")?.files;
+                    files[0]
+                        .1
+                        .parent()
+                        .expect("a file of the directory")
+                        .to_path_buf()
+                } else {
+                    let base = dir.join("base");
+                    materialize(ctx.store(), ctx.input_path("base")?, &base)?;
+                    base
+                };
                 let data = ctx.input_path("data")?.to_path_buf();
                 let (tr, ev) = (dir.join("train.jsonl"), dir.join("eval.jsonl"));
                 let n = write_chats(&data, &["train"], &tr)?;

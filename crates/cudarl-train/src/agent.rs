@@ -75,7 +75,8 @@ pub struct TrainableAgent {
 }
 
 impl TrainableAgent {
-    /// Loads a Hugging Face directory (with `tokenizer.json`) as a trainable agent: float32
+    /// Loads a Hugging Face directory (with `tokenizer.json`, and its `tokenizer_config.json`
+    /// when it has one: [`ChatTokenizer::load_dir`]) as a trainable agent: float32
     /// parameters on `device`, computing in `precision`'s dtype.
     ///
     /// # Errors
@@ -88,7 +89,7 @@ impl TrainableAgent {
         precision: Precision,
         optim: AgentOptim,
     ) -> Result<TrainableAgent, ModelError> {
-        let tokenizer = ChatTokenizer::load(&dir.join("tokenizer.json"))?;
+        let tokenizer = ChatTokenizer::load_dir(dir)?;
         let mut model = Qwen2::load(dir, device, Kind::Float)?;
         model.set_compute_kind(precision.compute_kind(device));
         let cfg = AdamWConfig {
@@ -239,19 +240,20 @@ impl TrainableAgent {
         let mask = Tensor::from_slice(&mask)
             .view([b, tmax as i64])
             .to_device(dev);
-        let (logits, hidden) = model.forward_hidden(&ids_t, None, None, None)?; // [b, width, V] f32
-        let v = logits.size()[2];
+        let hidden = model.hidden(&ids_t, None, None, None)?; // [b, width, h]
         let last: Vec<i64> = items.iter().map(|(p, _)| p.len() as i64 - 1).collect();
         let last = Tensor::from_slice(&last).to_device(dev).view([b, 1, 1]);
         let h = hidden.size()[2];
         let state = hidden
             .gather(1, &last.expand([b, 1, h], false), false)
             .squeeze_dim(1);
-        let at = logits.gather(
+        // The LM head on the completion positions only: logits [b, T, V] (float32), not the
+        // prompts' too.
+        let at = model.head(&hidden.gather(
             1,
-            &pos.unsqueeze(-1).expand([b, tmax as i64, v], false),
+            &pos.unsqueeze(-1).expand([b, tmax as i64, h], false),
             false,
-        );
+        ));
         let at = if temperature > 0.0 {
             at / temperature
         } else {
@@ -291,7 +293,7 @@ impl TrainableAgent {
         let ids = Tensor::from_slice(&ids)
             .view([b, width as i64])
             .to_device(dev);
-        let (_, hidden) = model.forward_hidden(&ids, None, None, None)?;
+        let hidden = model.hidden(&ids, None, None, None)?;
         let h = hidden.size()[2];
         let last: Vec<i64> = prompts.iter().map(|p| p.len().max(1) as i64 - 1).collect();
         let last = Tensor::from_slice(&last).to_device(dev).view([b, 1, 1]);

@@ -138,7 +138,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             let mut m = Qwen2::new(cfg, dev)?;
             m.set_compute_kind(train.precision.compute_kind(dev));
             let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
-            save(&m, tokenizer, out)?;
+            save(&m, (&tok, tokenizer), out)?;
             done(serde_json::json!({"device": format!("{dev:?}"),
                 "compute_dtype": format!("{:?}", m.compute_kind()),
                 "parameters": m.config.num_parameters(), "train_windows": tr.len(),
@@ -156,7 +156,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             out,
         } => {
             let dev = device(*dev)?;
-            let tok = ChatTokenizer::load(&model.join("tokenizer.json"))?;
+            let tok = ChatTokenizer::load_dir(model)?;
             let mut m = Qwen2::load(model, dev, tch::Kind::Float)?;
             m.set_compute_kind(crate::train::Precision::Auto.compute_kind(dev));
             let rows: Vec<Vec<ChatMessage>> = read_lines(prompts)?;
@@ -207,15 +207,14 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             out,
         } => {
             let dev = device(*dev)?;
-            let tp = base.join("tokenizer.json");
-            let tok = ChatTokenizer::load(&tp)?;
+            let tok = ChatTokenizer::load_dir(base)?;
             let mut m = Qwen2::load(base, dev, tch::Kind::Float)?;
             m.set_compute_kind(train.precision.compute_kind(dev));
             let enc = |rows: Vec<Vec<ChatMessage>>| crate::train::chat_examples(&tok, &rows);
             let tr = enc(read_lines(data)?)?;
             let ev = enc(read_lines(eval_data)?)?;
             let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
-            save(&m, &tp, out)?;
+            save(&m, (&tok, &base.join("tokenizer.json")), out)?;
             done(serde_json::json!({"device": format!("{dev:?}"),
                 "compute_dtype": format!("{:?}", m.compute_kind()),
                 "train_examples": tr.len(), "eval_examples": ev.len(), "steps": steps.len()}));
@@ -232,6 +231,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             prompt_len,
             gen_tokens,
             precision,
+            gradient_checkpointing,
             device: dev,
         } => done(bench(
             model,
@@ -239,7 +239,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             (*batch_size, *seq_len, *steps, *warmup_steps),
             gen_batches,
             (*prompt_len, *gen_tokens),
-            *precision,
+            (*precision, *gradient_checkpointing),
             device(*dev)?,
         )?),
         Job::BenchDecode {
@@ -348,7 +348,7 @@ fn bench(
     (bs, len, steps, warm): (usize, usize, usize, usize),
     gen_batches: &[usize],
     (prompt_len, gen_tokens): (usize, usize),
-    precision: crate::train::Precision,
+    (precision, gradient_checkpointing): (crate::train::Precision, bool),
     dev: Device,
 ) -> Result<serde_json::Value, ModelError> {
     tch::manual_seed(0);
@@ -376,6 +376,7 @@ fn bench(
         max_steps: Some(steps + warm),
         warmup: 1.0,
         precision,
+        gradient_checkpointing,
         ..Default::default()
     };
     // Every step ends with a host read of the loss and gradient norm (a device sync), so the
@@ -428,16 +429,20 @@ fn bench(
     }))
 }
 
-/// `out/model/`: the model in the Hugging Face layout with its `tokenizer.json`,
-/// `tokenizer_config.json` (the chat template) and `generation_config.json`
+/// `out/model/`: the model in the Hugging Face layout with its `tokenizer.json` (a copy of
+/// `tokenizer`, `tok`'s file), `tokenizer_config.json` (the chat template) and
+/// `generation_config.json`
 /// ([`ChatTokenizer::write_hf_configs`]).
-fn save(m: &Qwen2, tokenizer: &PathBuf, out: &std::path::Path) -> Result<(), ModelError> {
+fn save(
+    m: &Qwen2,
+    (tok, tokenizer): (&ChatTokenizer, &std::path::Path),
+    out: &std::path::Path,
+) -> Result<(), ModelError> {
     let dir = out.join("model");
     m.save(&dir)?;
     std::fs::copy(tokenizer, dir.join("tokenizer.json"))
         .map_err(|e| ModelError::Io(tokenizer.display().to_string(), e))?;
-    ChatTokenizer::load(&dir.join("tokenizer.json"))?
-        .write_hf_configs(&dir, m.config.max_position_embeddings)
+    tok.write_hf_configs(&dir, m.config.max_position_embeddings)
 }
 
 #[cfg(test)]

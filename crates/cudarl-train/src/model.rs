@@ -428,27 +428,26 @@ impl Qwen2 {
         mask: Option<&Tensor>,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor, ModelError> {
-        Ok(self.forward_hidden(input_ids, positions, mask, cache)?.0)
+        let x = self.hidden(input_ids, positions, mask, cache)?;
+        Ok(self.head(&x))
     }
 
-    /// [`Qwen2::forward`] that also returns the last layer's normed hidden states `[b, t, h]`
-    /// (the compute dtype; what the LM head reads, and what PPO's value head reads).
+    /// The last layer's normed hidden states `[b, t, h]` (the compute dtype): what the LM head
+    /// reads, and what PPO's value head reads; the arguments as [`Qwen2::forward`]'s.
     ///
     /// # Errors
     /// As [`Qwen2::forward`].
-    pub fn forward_hidden(
+    pub fn hidden(
         &self,
         input_ids: &Tensor,
         positions: Option<&Tensor>,
         mask: Option<&Tensor>,
         mut cache: Option<&mut KvCache>,
-    ) -> Result<(Tensor, Tensor), ModelError> {
-        let c = &self.config;
+    ) -> Result<Tensor, ModelError> {
         let dev = self.device();
         let (b, t) = input_ids.size2()?;
         let past = cache.as_ref().map_or(0, |k| k.len());
         let total = past + t;
-        let d = c.head_dim();
         let positions = match positions {
             Some(p) => p.shallow_clone(),
             None => Tensor::arange_start(past, total, (Kind::Int64, dev))
@@ -475,39 +474,108 @@ impl Qwen2 {
             })
         };
         let mut x = at_kind(&self.embed.forward(input_ids), kind);
-        for (li, l) in self.layers.iter().enumerate() {
-            let hx = l.input_norm.forward(&x);
-            let (q, mut k, mut v) = self.qkv(l, &hx, (&cos, &sin))?;
-            if let Some(cache) = cache.as_deref_mut() {
-                if let Some((pk, pv)) = cache.layers.get(li) {
-                    k = Tensor::cat(&[pk, &k], 2);
-                    v = Tensor::cat(&[pv, &v], 2);
-                }
-                let entry = (k.shallow_clone(), v.shallow_clone());
-                if li < cache.layers.len() {
-                    cache.layers[li] = entry;
-                } else {
-                    cache.layers.push(entry);
-                }
-            }
-            let a = Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
+        for li in 0..self.layers.len() {
+            x = self.layer(
+                li,
+                &x,
+                (&cos, &sin),
                 attn_mask.as_ref(),
-                0.0,
-                attn_mask.is_none(),
-                None,
-                c.num_key_value_heads != c.num_attention_heads,
+                cache.as_deref_mut(),
             )?;
-            let a = a
-                .transpose(1, 2)
-                .contiguous()
-                .view([b, t, c.num_attention_heads * d]);
-            x = Self::attention_out_and_mlp(l, &x, &a);
         }
-        let x = self.norm.forward(&x);
-        Ok((self.head(&x), x))
+        Ok(self.norm.forward(&x))
+    }
+
+    /// Decoder layer `li` on `x` `[b, t, h]` (the compute dtype): attention with RoPE's `rope`
+    /// (`[b, 1, t, d]` each) under `attn_mask` (`[b, 1, t, total]`, `None` = causal), the
+    /// layer's keys and values appended to `cache`, then the MLP, both with their residuals.
+    fn layer(
+        &self,
+        li: usize,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        attn_mask: Option<&Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let l = &self.layers[li];
+        let (b, t, _) = x.size3()?;
+        let hx = l.input_norm.forward(x);
+        let (q, mut k, mut v) = self.qkv(l, &hx, rope)?;
+        if let Some(cache) = cache {
+            if let Some((pk, pv)) = cache.layers.get(li) {
+                k = Tensor::cat(&[pk, &k], 2);
+                v = Tensor::cat(&[pv, &v], 2);
+            }
+            let entry = (k.shallow_clone(), v.shallow_clone());
+            if li < cache.layers.len() {
+                cache.layers[li] = entry;
+            } else {
+                cache.layers.push(entry);
+            }
+        }
+        let a = Tensor::f_scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            attn_mask,
+            0.0,
+            attn_mask.is_none(),
+            None,
+            c.num_key_value_heads != c.num_attention_heads,
+        )?;
+        let a = a
+            .transpose(1, 2)
+            .contiguous()
+            .view([b, t, c.num_attention_heads * c.head_dim()]);
+        Ok(Self::attention_out_and_mlp(l, x, &a))
+    }
+
+    /// The gradients of a scalar loss of the final normed hidden states, accumulated into the
+    /// parameters' `.grad` with activation checkpointing (Chen et al., "Training Deep Nets
+    /// with Sublinear Memory Cost", 2016): the layers run forward without a graph, keeping
+    /// only each layer's input `[b, t, h]`; `head_backward` gets the normed hidden states
+    /// (a leaf) and must backpropagate the loss into them; then each layer, last first, runs
+    /// forward again with its graph and backward from the gradient of its output. One more
+    /// forward pass of the layers; the activations of one layer at a time. `input_ids`
+    /// `[b, t]` (int64), causal attention, no cache.
+    ///
+    /// # Errors
+    /// libtorch errors, and `head_backward`'s.
+    pub fn checkpointed_backward(
+        &self,
+        input_ids: &Tensor,
+        head_backward: &mut dyn FnMut(&Tensor) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let (b, t) = input_ids.size2()?;
+        let positions = Tensor::arange(t, (Kind::Int64, self.device()))
+            .unsqueeze(0)
+            .expand([b, t], false);
+        let (cos, sin) = self.rope(&positions);
+        let x0 = at_kind(&self.embed.forward(input_ids), self.compute_kind());
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut x = x0.detach();
+        {
+            let _g = tch::no_grad_guard();
+            for li in 0..self.layers.len() {
+                let y = self.layer(li, &x, (&cos, &sin), None, None)?;
+                inputs.push(std::mem::replace(&mut x, y));
+            }
+        }
+        let last = x.set_requires_grad(true);
+        let normed = self.norm.forward(&last);
+        let leaf = normed.detach().set_requires_grad(true);
+        head_backward(&leaf)?;
+        (normed * leaf.grad()).sum(Kind::Float).f_backward()?;
+        let mut g = last.grad();
+        for (li, xi) in inputs.into_iter().enumerate().rev() {
+            let xi = xi.set_requires_grad(true);
+            let y = self.layer(li, &xi, (&cos, &sin), None, None)?;
+            (y * &g).sum(Kind::Float).f_backward()?;
+            g = xi.grad();
+        }
+        (x0 * g).sum(Kind::Float).f_backward()?;
+        Ok(())
     }
 
     /// RoPE's cos and sin `[b, 1, t, d]` for `positions` `[b, t]` (int64): angles in float32,
@@ -552,8 +620,8 @@ impl Qwen2 {
         &x + mlp
     }
 
-    /// Float32 logits `[b, t, V]` of the final normed hidden states `x` `[b, t, h]`.
-    fn head(&self, x: &Tensor) -> Tensor {
+    /// Float32 logits `[..., V]` of final normed hidden states `x` `[..., h]`.
+    pub fn head(&self, x: &Tensor) -> Tensor {
         let logits = match &self.lm_head {
             Some(h) => lin(h, x),
             None => x.matmul(&at_kind(&self.embed.ws, x.kind()).tr()),

@@ -153,6 +153,10 @@ pub enum BenchCmd {
         /// New tokens per row in the generation measurement (after a 128-token prompt).
         #[arg(long, default_value_t = 128)]
         gen_tokens: usize,
+        /// Activation checkpointing on both sides (ours: `gradient_checkpointing` of the
+        /// `[sft]` settings; transformers: `gradient_checkpointing_enable()`).
+        #[arg(long)]
+        gradient_checkpointing: bool,
         /// `auto`, `cpu` or `cuda`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -288,6 +292,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
             steps,
             gen_batches,
             gen_tokens,
+            gradient_checkpointing,
             device,
             out,
         } => {
@@ -296,7 +301,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
                 &model,
                 (batch_size, seq_len, steps),
                 gen_batches,
-                gen_tokens,
+                (gen_tokens, gradient_checkpointing),
                 &device,
             )?;
             train_throughput(ctx, &job, out)
@@ -766,7 +771,7 @@ fn train_job(
     model: &str,
     (batch_size, seq_len, steps): (usize, usize, usize),
     gen_batches: Vec<usize>,
-    gen_tokens: usize,
+    (gen_tokens, gradient_checkpointing): (usize, bool),
     device: &str,
 ) -> Result<serde_json::Value, CliError> {
     let mf = model_file(ctx, model)?;
@@ -774,7 +779,7 @@ fn train_job(
         "kind": "bench", "model": mf.model, "vocab_size": mf.tokenizer.vocab_size,
         "batch_size": batch_size, "seq_len": seq_len, "steps": steps, "warmup_steps": 5,
         "gen_batches": gen_batches, "prompt_len": 128, "gen_tokens": gen_tokens,
-        "device": device,
+        "gradient_checkpointing": gradient_checkpointing, "device": device,
     }))
 }
 
