@@ -194,8 +194,12 @@ pub fn chunked_loss(
         }
         Ok(total)
     };
+    let one_chunk = pass.chunk_bytes / (model.config.vocab_size * 4).max(1) >= tgt.size()[0];
     let total = match (pass.backward, pass.checkpoint) {
         (false, _) => head_loss(&model.hidden(&inp, None, None, None)?, false)?,
+        // Logits that fit one chunk: one backward pass through the whole graph (the plain
+        // loss), not two.
+        (true, false) if one_chunk => head_loss(&model.hidden(&inp, None, None, None)?, true)?,
         (true, false) => {
             let x = model.hidden(&inp, None, None, None)?;
             let leaf = x.detach().set_requires_grad(true);
@@ -431,12 +435,12 @@ mod tests {
             let (full, n) = loss_of(&m, &refs, 16).unwrap();
             full.backward();
             let want = grads();
-            // 3 positions a chunk: 10 chunks, one of them short, over 29 positions; with and
-            // without activation checkpointing.
-            for checkpoint in [false, true] {
+            // 3 positions a chunk: 10 chunks, one of them short, over 29 positions, with and
+            // without activation checkpointing; and every position in one chunk.
+            for (chunk_bytes, checkpoint) in [(600, false), (600, true), (1 << 20, false)] {
                 zero();
                 let pass = LossPass {
-                    chunk_bytes: 50 * 4 * 3,
+                    chunk_bytes,
                     backward: true,
                     checkpoint,
                 };
