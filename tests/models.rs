@@ -125,13 +125,14 @@ fn cpu_project() -> Project {
     p
 }
 
-/// `run targets --set set` must fail with exit 2 and say `says` on stderr.
+/// `run targets --set set` must fail with exit 2 and say `says` (a stage's error is in the run
+/// summary on stdout, a pipeline error on stderr).
 fn fails_with(p: &Project, targets: &[&str], set: &str, says: &str) {
     let mut args = vec!["run"];
     args.extend(targets);
     args.extend(["--set", set]);
     let o = p.run(&args);
-    let err = common::stderr(&o);
+    let err = format!("{}{}", stdout(&o), common::stderr(&o));
     assert_eq!(o.status.code(), Some(2), "{set}: {err}");
     assert!(err.contains(says), "{set}: {err}");
 }
@@ -1546,6 +1547,121 @@ fn sft_train_fine_tunes_a_hugging_face_checkpoint_directory_without_tokenizer_or
         &["pretrain"],
         "pretrain.model=./models/moved",
         "a checkpoint directory is a `sft-train` model",
+    );
+}
+
+#[test]
+fn rl_train_eval_and_sft_eval_start_from_a_hugging_face_checkpoint_directory() {
+    let Some(python) = common::python() else {
+        eprintln!("SKIPPED: a checkpoint made by transformers (no python)");
+        return;
+    };
+    let p = cpu_project();
+    hf_checkpoint(&p, &python, "models/qwen-tiny", "system-default");
+    let sets = [
+        "rl-train.model=./models/qwen-tiny",
+        "eval.model=./models/qwen-tiny",
+        "eval.kernelbench_samples=0",
+        "sft-eval.model=./models/qwen-tiny",
+    ];
+    let mut args = vec!["run", "rl-train", "eval", "sft-eval", "--json"];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    let said = format!("{}{}", stdout(&o), common::stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "{said}");
+    let m = common::records(&o);
+    for n in ["rl-train", "eval", "sft-eval"] {
+        assert!(
+            ["ran", "cached"].contains(&common::status_of(&m, n).as_str()),
+            "{n}"
+        );
+    }
+    // Nothing of the project's own model is built: the directory is every agent's start.
+    for skipped in ["tokenizer", "pretrain", "sft-train", "sft-train-optimizer"] {
+        assert!(!m.contains_key(skipped), "{skipped} ran: {:?}", m.keys());
+    }
+    let metrics = rows_with(&p, "rl-train", "metrics", &sets);
+    assert_eq!(metrics.len(), 2, "both RL steps: {metrics:?}");
+    // RL's checkpoints keep the directory's tokenizer byte for byte.
+    let out = p.path("rl-export");
+    let mut args = vec!["export", "rl-train", "--to", out.to_str().unwrap()];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let read = |d: &std::path::Path| std::fs::read(d.join("tokenizer.json")).unwrap();
+    let base = p.path("models/qwen-tiny");
+    for agent in ["generator", "optimizer"] {
+        assert_eq!(
+            read(&out.join("rl-train").join(agent)),
+            read(&base),
+            "{agent}"
+        );
+    }
+    // eval compares RL with the checkpoint it started from, on the same hold-out episodes.
+    let summary = rows_with(&p, "eval", "summary", &sets);
+    let cks: std::collections::BTreeSet<&str> = summary
+        .iter()
+        .map(|r| r["checkpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(cks, ["rl", "sft"].into_iter().collect());
+    let samples = rows_with(&p, "sft-eval", "samples", &sets);
+    assert_eq!(samples.len(), 3, "3 samples of the one hold-out family");
+    // A configs/model name is not a directory for these stages.
+    fails_with(
+        &p,
+        &["rl-train"],
+        "rl-train.model=qwen2.5-coder-1.5b",
+        "a Hugging Face checkpoint directory",
+    );
+    fails_with(
+        &p,
+        &["sft-eval"],
+        "sft-eval.model=tiny",
+        "a Hugging Face checkpoint directory",
+    );
+    fails_with(
+        &p,
+        &["rl-train"],
+        "rl-train.model=./models/none",
+        "no such checkpoint directory",
+    );
+}
+
+#[test]
+fn sft_train_with_init_random_starts_from_a_fresh_model_of_the_file_without_pretrain() {
+    let p = cpu_project();
+    let sets = [
+        "sft-train.init=random",
+        "sft-train.max_steps=2",
+        "sft-train.model=tiny",
+    ];
+    let mut args = vec!["run", "sft-train", "--json"];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let m = common::records(&o);
+    assert!(!m.contains_key("pretrain"), "pretrain ran: {:?}", m.keys());
+    assert!(m.contains_key("tokenizer"));
+    let metrics = rows_with(&p, "sft-train", "metrics", &sets);
+    assert_eq!(metrics.len(), 2);
+    // A fresh model's first loss is about ln(vocabulary), far above pretrain's start.
+    let vocab = 2048f64; // configs/model/tiny.toml [tokenizer]
+    let first = metrics[0]["loss"].as_f64().unwrap();
+    assert!(
+        (first - vocab.ln()).abs() < 1.0,
+        "first loss {first} vs ln({vocab})"
+    );
+    fails_with(
+        &p,
+        &["sft-train"],
+        "pretrain.init=random",
+        "init is a `sft-train` parameter",
     );
 }
 

@@ -147,6 +147,18 @@ pub struct ModelSpec {
     pub rope_theta: f64,
 }
 
+/// A fresh model for [`Job::Sft`]: an architecture and its embedding rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomInit {
+    /// Architecture.
+    pub model: ModelSpec,
+    /// Embedding and LM-head rows: at least the tokenizer's vocabulary (a published
+    /// configuration's, e.g. Qwen2.5's 151,936, above a smaller tokenizer's: the rows cost what
+    /// they cost in the published model).
+    pub vocab_size: usize,
+}
+
 fn yes() -> bool {
     true
 }
@@ -225,8 +237,12 @@ pub enum Job {
     /// chat examples (JSON lines of message lists), loss on assistant tokens only:
     /// `out/model/`.
     Sft {
-        /// Base model directory.
+        /// Base model directory; with `init`, a directory holding only the tokenizer.
         base: PathBuf,
+        /// Start from a fresh seeded initialization (`train.seed`) of this architecture in
+        /// place of `base`'s weights. Absent: `base`'s weights.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        init: Option<RandomInit>,
         /// JSON lines of message lists.
         data: PathBuf,
         /// Held-out examples for the evaluation loss (same format).

@@ -157,6 +157,7 @@ fn fine_tuned(dir: &Path, chats: &[Vec<ChatMessage>]) -> PathBuf {
     run_job(
         &Job::Sft {
             base: pre.join("model"),
+            init: None,
             data: data.clone(),
             eval_data: data,
             train: ft,

@@ -238,11 +238,15 @@ impl Stage for CollabData {
     }
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
-        v.extend([
-            InputDecl::node("optimizer_data", "sft-data", "sft_optimizer"),
-            InputDecl::node("generator", "sft-train", "checkpoint"),
-            InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
-        ]);
+        v.push(InputDecl::node(
+            "optimizer_data",
+            "sft-data",
+            "sft_optimizer",
+        ));
+        v.extend(self.params.rl.agent_inputs([
+            ("generator", "sft-train", "checkpoint"),
+            ("optimizer", "sft-train-optimizer", "checkpoint"),
+        ]));
         v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
@@ -254,10 +258,12 @@ impl Stage for CollabData {
     }
     fn resolve_external(
         &self,
-        _input: &str,
+        input: &str,
         ctx: &ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        self.params.rl.reward_external(ctx)
+        self.params
+            .rl
+            .resolve_external(input, ["generator", "optimizer"], ctx)
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
         self.params.rl.environment(ctx)

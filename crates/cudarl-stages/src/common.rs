@@ -128,9 +128,144 @@ pub fn parse_params<P: serde::de::DeserializeOwned>(t: toml::Table) -> Result<P,
         .map_err(|e| e.to_string().trim_end().to_string())
 }
 
-/// Serializes params for the cache key.
+/// Serializes params for the cache key. A `model` that names a checkpoint directory
+/// ([`is_checkpoint_dir`]) is keyed as `"checkpoint directory"`: where the directory lies is not
+/// part of the key, its files are (the stage's external input, [`checkpoint_files`]).
 pub fn params_json<P: Serialize>(p: &P) -> serde_json::Value {
-    serde_json::to_value(p).expect("params serialize")
+    let mut v = serde_json::to_value(p).expect("params serialize");
+    if let Some(m) = v.get_mut("model")
+        && m.as_str().is_some_and(is_checkpoint_dir)
+    {
+        *m = serde_json::Value::from("checkpoint directory");
+    }
+    v
+}
+
+/// Whether a `model` parameter names a Hugging Face checkpoint directory (a path: it has a `/`)
+/// rather than a `configs/model` file.
+pub fn is_checkpoint_dir(model: &str) -> bool {
+    model.contains('/')
+}
+
+/// The files of a Hugging Face checkpoint directory a stage reads, by name: `config.json`,
+/// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` when present, and the
+/// weights: `model.safetensors`, or `model.safetensors.index.json` and every shard its
+/// `weight_map` names. Other files (a README, `.gitattributes`) are not read and do not enter
+/// the key.
+///
+/// # Errors
+/// [`StageError::BadInput`] naming the directory or file: no directory, a required file
+/// missing, an unreadable index.
+pub fn checkpoint_files(root: &Path, dir: &str) -> Result<ExternalFiles, StageError> {
+    let path = rooted(root, dir);
+    if !path.is_dir() {
+        return Err(StageError::bad_input(
+            dir,
+            Some("model"),
+            "no such checkpoint directory",
+        ));
+    }
+    let mut names: Vec<String> = Vec::new();
+    for (f, required) in [
+        ("config.json", true),
+        ("tokenizer.json", true),
+        ("tokenizer_config.json", false),
+        ("generation_config.json", false),
+    ] {
+        if path.join(f).is_file() {
+            names.push(f.into());
+        } else if required {
+            return Err(StageError::bad_input(
+                format!("{dir}/{f}"),
+                None,
+                "missing: a Hugging Face checkpoint has config.json, tokenizer.json and \
+                 safetensors weights",
+            ));
+        }
+    }
+    let index = "model.safetensors.index.json";
+    if path.join(index).is_file() {
+        let rel = format!("{dir}/{index}");
+        let text = std::fs::read_to_string(path.join(index))
+            .map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
+        let map = v
+            .get("weight_map")
+            .and_then(serde_json::Value::as_object)
+            .ok_or_else(|| StageError::bad_input(&rel, Some("weight_map"), "not an object"))?;
+        let mut shards: Vec<String> = map
+            .values()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect();
+        shards.sort();
+        shards.dedup();
+        for sh in &shards {
+            if sh.contains('/') || !path.join(sh).is_file() {
+                return Err(StageError::bad_input(
+                    &rel,
+                    Some("weight_map"),
+                    format!("shard `{sh}` is not a file of the directory"),
+                ));
+            }
+        }
+        names.push(index.into());
+        names.extend(shards);
+    } else if path.join("model.safetensors").is_file() {
+        names.push("model.safetensors".into());
+    } else {
+        return Err(StageError::bad_input(
+            format!("{dir}/model.safetensors"),
+            None,
+            "missing (and no model.safetensors.index.json): the weights in safetensors",
+        ));
+    }
+    names.sort();
+    Ok(ExternalFiles {
+        source: "Hugging Face checkpoint directory".into(),
+        files: names
+            .into_iter()
+            .map(|n| (n.clone(), path.join(n)))
+            .collect(),
+    })
+}
+
+/// A model input as a directory the trainer loads: a Hugging Face checkpoint directory (an
+/// external input, [`checkpoint_files`]) is read where it lies; a `checkpoint` table of the
+/// store is copied into `dest` first ([`materialize`]).
+///
+/// # Errors
+/// An unknown input, a malformed table or a missing blob.
+pub fn checkpoint_dir(
+    ctx: &cudarl_core::StageContext<'_>,
+    input: &str,
+    dest: &Path,
+) -> Result<PathBuf, StageError> {
+    if let Ok(ext) = ctx.input_files(input) {
+        let first = ext.files.first().ok_or_else(|| {
+            StageError::Failed(format!("input `{input}`: an empty checkpoint directory"))
+        })?;
+        return Ok(first
+            .1
+            .parent()
+            .expect("a file of the directory")
+            .to_path_buf());
+    }
+    materialize(ctx.store(), ctx.input_path(input)?, dest)?;
+    Ok(dest.to_path_buf())
+}
+
+/// A model checkpoint input named `name`: the output `output` of node `node`, or, where
+/// `model` names a checkpoint directory, an external input that [`checkpoint_files`] resolves.
+pub fn checkpoint_input(
+    name: &str,
+    (node, output): (&str, &str),
+    model: Option<&str>,
+) -> cudarl_core::InputDecl {
+    match model {
+        Some(m) if is_checkpoint_dir(m) => cudarl_core::InputDecl::external(name),
+        _ => cudarl_core::InputDecl::node(name, node, output),
+    }
 }
 
 /// Writes a batch to the stage's output path, mapping errors.

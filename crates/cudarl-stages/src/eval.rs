@@ -580,9 +580,11 @@ impl Stage for Eval {
     }
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
+        v.extend(self.params.rl.agent_inputs([
+            ("sft_generator", "sft-train", "checkpoint"),
+            ("sft_optimizer", "sft-train-optimizer", "checkpoint"),
+        ]));
         v.extend([
-            InputDecl::node("sft_generator", "sft-train", "checkpoint"),
-            InputDecl::node("sft_optimizer", "sft-train-optimizer", "checkpoint"),
             InputDecl::node("rl_generator", "rl-train", "generator"),
             InputDecl::node("rl_optimizer", "rl-train", "optimizer"),
             InputDecl::node("rl_metrics", "rl-train", "metrics"),
@@ -614,10 +616,12 @@ impl Stage for Eval {
     }
     fn resolve_external(
         &self,
-        _input: &str,
+        input: &str,
         ctx: &ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        self.params.rl.reward_external(ctx)
+        self.params
+            .rl
+            .resolve_external(input, ["sft_generator", "sft_optimizer"], ctx)
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
         self.params.rl.environment(ctx)

@@ -204,15 +204,18 @@ impl Stage for Optimize {
         params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
-        vec![
+        let mut v = vec![
             InputDecl::external("reward"),
             InputDecl::external("op_categories"),
             InputDecl::node("kb_problems", "ingest-kernelbench", "problems"),
             InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
             InputDecl::node("kb_tests", "testgen", "kb_tests"),
-            InputDecl::node("generator", "rl-train", "generator"),
-            InputDecl::node("optimizer", "rl-train", "optimizer"),
-        ]
+        ];
+        v.extend(self.params.rl.agent_inputs([
+            ("generator", "rl-train", "generator"),
+            ("optimizer", "rl-train", "optimizer"),
+        ]));
+        v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
@@ -232,7 +235,10 @@ impl Stage for Optimize {
                 crate::curriculum::Curriculum::OP_CATEGORIES,
                 "op categories",
             ),
-            _ => self.params.rl.reward_external(ctx),
+            _ => self
+                .params
+                .rl
+                .resolve_external(input, ["generator", "optimizer"], ctx),
         }
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {

@@ -96,6 +96,15 @@ pub enum Mode {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
+    /// A Hugging Face checkpoint directory (a path with a `/`, relative to the project root or
+    /// absolute; its files as [`crate::common::checkpoint_files`] lists them) both agents start
+    /// from, in place of the DAG's checkpoints: `rl-train`'s SFT generator and optimizer,
+    /// `eval`'s SFT pair (the baseline RL is compared with, so `eval` then compares RL with the
+    /// checkpoint it started from), `collab-data`'s SFT pair, `optimize`'s RL pair. Its
+    /// tokenizer and chat template are used; its files enter the key, its path does not. The
+    /// stages those checkpoints come from do not run. Absent: the DAG's checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// RL steps.
     #[serde(default = "d_steps")]
     pub steps: usize,
@@ -288,11 +297,19 @@ impl Params {
     /// The checks serde cannot make.
     ///
     /// # Errors
-    /// `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
+    /// A `model` that is not a path, `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
     /// `generator_credit = "own"` with PPO, `epochs` 0, a negative `ptx_coef` or `aux_grad_cap`,
     /// `ptx_batch` 0, `kernelbench_share` outside [0, 1], a
     /// `target_kl` or `timing_budget_ms` not above 0.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(m) = &self.model
+            && !crate::common::is_checkpoint_dir(m)
+        {
+            return Err(format!(
+                "model `{m}`: a Hugging Face checkpoint directory, named by a path with a `/` \
+                 (e.g. ./models/Qwen2.5-Coder-1.5B-Instruct)"
+            ));
+        }
         let unit = 0.0..=1.0;
         let grpo = self.algorithm == Algorithm::Grpo;
         let bad = [
@@ -358,12 +375,30 @@ impl Params {
         self.kernelbench_share.filter(|s| *s > 0.0)
     }
 
-    /// `configs/reward/<reward>.toml`, the external input `reward` of `rl-train` and `eval`.
-    pub(crate) fn reward_external(
+    /// The external inputs of the stages these parameters drive: the agents' checkpoint
+    /// inputs `agents` (the `model` directory, when set) and `reward`
+    /// (`configs/reward/<reward>.toml`).
+    pub(crate) fn resolve_external(
         &self,
+        input: &str,
+        agents: [&str; 2],
         ctx: &ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, &self.reward_rel(), "reward config")
+        match &self.model {
+            Some(m) if agents.contains(&input) => crate::common::checkpoint_files(&ctx.root, m),
+            _ => crate::common::single_file(&ctx.root, &self.reward_rel(), "reward config"),
+        }
+    }
+
+    /// The agents' checkpoint inputs: `(name, node, output)` for the generator and the
+    /// optimizer, or the `model` directory in their place.
+    pub(crate) fn agent_inputs(
+        &self,
+        agents: [(&str, &str, &str); 2],
+    ) -> [cudarl_core::InputDecl; 2] {
+        agents.map(|(name, node, output)| {
+            crate::common::checkpoint_input(name, (node, output), self.model.as_deref())
+        })
     }
 
     fn reward_rel(&self) -> String {
@@ -453,9 +488,10 @@ impl Params {
         dir: &Path,
         ptx: Option<Ptx>,
     ) -> Result<TrainerClient, StageError> {
-        let (g, o) = (dir.join("gen"), dir.join("opt"));
-        crate::common::materialize(ctx.store(), ctx.input_path(gen_input)?, &g)?;
-        crate::common::materialize(ctx.store(), ctx.input_path(opt_input)?, &o)?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StageError::Failed(format!("{}: {e}", dir.display())))?;
+        let g = crate::common::checkpoint_dir(ctx, gen_input, &dir.join("gen"))?;
+        let o = crate::common::checkpoint_dir(ctx, opt_input, &dir.join("opt"))?;
         Ok(TrainerClient::start(
             &self.serve_job(&g, &o, ptx),
             dir,

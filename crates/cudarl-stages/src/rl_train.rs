@@ -544,10 +544,10 @@ impl Stage for RlTrain {
     }
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
-        v.extend([
-            InputDecl::node("generator", "sft-train", "checkpoint"),
-            InputDecl::node("optimizer", "sft-train-optimizer", "checkpoint"),
-        ]);
+        v.extend(self.params.agent_inputs([
+            ("generator", "sft-train", "checkpoint"),
+            ("optimizer", "sft-train-optimizer", "checkpoint"),
+        ]));
         if self.params.kernelbench_share().is_some() {
             v.extend(crate::kb_judge::kb_inputs());
         }
@@ -573,10 +573,11 @@ impl Stage for RlTrain {
     }
     fn resolve_external(
         &self,
-        _input: &str,
+        input: &str,
         ctx: &ResolveContext,
     ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        self.params.reward_external(ctx)
+        self.params
+            .resolve_external(input, ["generator", "optimizer"], ctx)
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
         self.params.environment(ctx)

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::run_job;
-use crate::common::{materialize, params_json, resolve_device, write_rows};
+use crate::common::{params_json, resolve_device, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "sft-eval";
@@ -74,6 +74,11 @@ fn d_top_p() -> f64 {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
+    /// A Hugging Face checkpoint directory (a path with a `/`) sampled in place of
+    /// `sft-train`'s checkpoint, with its own tokenizer and chat template; its files enter the
+    /// key, its path does not. Absent: `sft-train`'s checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Samples per task.
     #[serde(default = "d_samples")]
     pub samples: usize,
@@ -104,11 +109,17 @@ impl SftEval {
     /// From the pipeline's table.
     ///
     /// # Errors
-    /// Unknown keys.
+    /// Unknown keys, a `model` that is not a path.
     pub fn from_table(t: toml::Table) -> Result<Self, String> {
-        Ok(SftEval {
-            params: crate::common::parse_params(t)?,
-        })
+        let params: Params = crate::common::parse_params(t)?;
+        if let Some(m) = &params.model
+            && !crate::common::is_checkpoint_dir(m)
+        {
+            return Err(format!(
+                "model `{m}`: a Hugging Face checkpoint directory, named by a path with a `/`"
+            ));
+        }
+        Ok(SftEval { params })
     }
 
     fn device(&self) -> &'static str {
@@ -130,7 +141,11 @@ impl Stage for SftEval {
     }
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
-            InputDecl::node("model", "sft-train", "checkpoint"),
+            crate::common::checkpoint_input(
+                "model",
+                ("sft-train", "checkpoint"),
+                self.params.model.as_deref(),
+            ),
             InputDecl::node("data", "sft-data", "sft_generator"),
             InputDecl::node("tasks", "synth-tasks", "tasks"),
         ]
@@ -140,6 +155,15 @@ impl Stage for SftEval {
             OutputDecl::table("samples", SAMPLES.clone()),
             OutputDecl::table("sft_eval", SFT_EVAL.clone()),
         ]
+    }
+    fn resolve_external(
+        &self,
+        _input: &str,
+        ctx: &ResolveContext,
+    ) -> Result<cudarl_core::ExternalFiles, StageError> {
+        // The one external input: `model` as a checkpoint directory.
+        let dir = self.params.model.as_deref().unwrap_or_default();
+        crate::common::checkpoint_files(&ctx.root, dir)
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
         let nvcc = Nvcc::discover(&ctx.root).map_err(|e| StageError::Failed(e.to_string()))?;
@@ -158,8 +182,7 @@ impl Stage for SftEval {
             .collect();
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
-        let model = dir.join("model");
-        materialize(ctx.store(), ctx.input_path("model")?, &model)?;
+        let model = crate::common::checkpoint_dir(ctx, "model", &dir.join("model"))?;
         let prompts_path = dir.join("prompts.jsonl");
         let lines: Vec<String> = specs
             .iter()

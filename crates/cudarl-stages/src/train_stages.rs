@@ -21,13 +21,13 @@ use std::sync::{Arc, LazyLock};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_data::Table;
-use cudarl_protocol::{Device, Job, StepMetrics, TrainConfig};
+use cudarl_protocol::{Device, Job, RandomInit, StepMetrics, TrainConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::{
-    CHECKPOINT, data_err, ingest_dir, materialize, params_json, resolve_device, run_job,
-    write_chats, write_rows,
+    CHECKPOINT, checkpoint_files, data_err, ingest_dir, is_checkpoint_dir, materialize,
+    params_json, resolve_device, run_job, write_chats, write_rows,
 };
 
 /// Schema of `metrics`.
@@ -68,6 +68,16 @@ pub struct TokenizerSettings {
     pub vocab_size: usize,
 }
 
+/// Where `sft-train` starts when `model` names a `configs/model` file (see [`Params::init`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Init {
+    /// `pretrain`'s checkpoint.
+    Pretrain,
+    /// A fresh seeded initialization of the file's architecture.
+    Random,
+}
+
 fn d_model() -> String {
     "tiny".into()
 }
@@ -95,6 +105,14 @@ pub struct Params {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings: Option<String>,
+    /// `sft-train` with a `configs/model` name: `random` starts from a fresh seeded
+    /// initialization of that file's `[model]` architecture with its `[tokenizer] vocab_size`
+    /// rows of embedding (at least the tokenizer's), in place of `pretrain`'s checkpoint, so
+    /// `pretrain` does not run; the `tokenizer` stage's tokenizer is used. For measuring what a
+    /// published size costs (`configs/model/qwen2.5-coder-*.toml`): random weights cost what
+    /// trained ones cost. `pretrain` (or absent, left out of the key): `pretrain`'s checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<Init>,
     /// `auto` (the GPU when there is one), `cpu` or `cuda` (pretrain, sft-train).
     #[serde(default)]
     pub device: Device,
@@ -218,6 +236,16 @@ impl ModelStage {
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
                 && !n.starts_with('.')
         };
+        if params.init.is_some() && kind != Kind::SftTrain {
+            return Err("init is a `sft-train` parameter".into());
+        }
+        if params.init == Some(Init::Random) && is_checkpoint_dir(&params.model) {
+            return Err(format!(
+                "init = \"random\" initializes a configs/model architecture; model `{}` is a \
+                 checkpoint directory, which brings its own weights",
+                params.model
+            ));
+        }
         match (is_checkpoint_dir(&params.model), &params.settings) {
             (true, _) if kind != Kind::SftTrain => {
                 return Err(format!(
@@ -288,95 +316,6 @@ impl ModelStage {
             _ => Device::Cpu,
         }
     }
-}
-
-/// Whether a `model` parameter names a checkpoint directory (a path: it has a `/`) rather than
-/// a `configs/model` file.
-fn is_checkpoint_dir(model: &str) -> bool {
-    model.contains('/')
-}
-
-/// The files of a Hugging Face checkpoint directory that `sft-train` reads, by name:
-/// `config.json`, `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` when
-/// present, and the weights: `model.safetensors`, or `model.safetensors.index.json` and every
-/// shard its `weight_map` names. Other files (a README, `.gitattributes`) are not read and do
-/// not enter the key.
-///
-/// # Errors
-/// [`StageError::BadInput`] naming the directory or file: no directory, a required file
-/// missing, an unreadable index.
-pub fn checkpoint_files(root: &Path, dir: &str) -> Result<cudarl_core::ExternalFiles, StageError> {
-    let path = crate::common::rooted(root, dir);
-    if !path.is_dir() {
-        return Err(StageError::bad_input(
-            dir,
-            Some("model"),
-            "no such checkpoint directory",
-        ));
-    }
-    let mut names: Vec<String> = Vec::new();
-    for (f, required) in [
-        ("config.json", true),
-        ("tokenizer.json", true),
-        ("tokenizer_config.json", false),
-        ("generation_config.json", false),
-    ] {
-        if path.join(f).is_file() {
-            names.push(f.into());
-        } else if required {
-            return Err(StageError::bad_input(
-                format!("{dir}/{f}"),
-                None,
-                "missing: a Hugging Face checkpoint has config.json, tokenizer.json and \
-                 safetensors weights",
-            ));
-        }
-    }
-    let index = "model.safetensors.index.json";
-    if path.join(index).is_file() {
-        let rel = format!("{dir}/{index}");
-        let text = std::fs::read_to_string(path.join(index))
-            .map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| StageError::bad_input(&rel, None, e.to_string()))?;
-        let map = v
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .ok_or_else(|| StageError::bad_input(&rel, Some("weight_map"), "not an object"))?;
-        let mut shards: Vec<String> = map
-            .values()
-            .filter_map(|s| s.as_str().map(str::to_string))
-            .collect();
-        shards.sort();
-        shards.dedup();
-        for sh in &shards {
-            if sh.contains('/') || !path.join(sh).is_file() {
-                return Err(StageError::bad_input(
-                    &rel,
-                    Some("weight_map"),
-                    format!("shard `{sh}` is not a file of the directory"),
-                ));
-            }
-        }
-        names.push(index.into());
-        names.extend(shards);
-    } else if path.join("model.safetensors").is_file() {
-        names.push("model.safetensors".into());
-    } else {
-        return Err(StageError::bad_input(
-            format!("{dir}/model.safetensors"),
-            None,
-            "missing (and no model.safetensors.index.json): the weights in safetensors",
-        ));
-    }
-    names.sort();
-    Ok(cudarl_core::ExternalFiles {
-        source: "Hugging Face checkpoint directory".into(),
-        files: names
-            .into_iter()
-            .map(|n| (n.clone(), path.join(n)))
-            .collect(),
-    })
 }
 
 /// One row of `metrics` (the columns of [`METRICS`]).
@@ -483,12 +422,8 @@ impl Stage for ModelStage {
         4
     }
     fn params(&self) -> Value {
-        let mut v = params_json(&self.params);
-        if is_checkpoint_dir(&self.params.model) {
-            // Where the directory lies is not part of the key; its files are (`base`).
-            v["model"] = Value::from("checkpoint directory");
-        }
-        v
+        // A checkpoint directory is keyed by its files (`base`), not where it lies.
+        params_json(&self.params)
     }
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = vec![InputDecl::external("config")];
@@ -515,6 +450,10 @@ impl Stage for ModelStage {
             }
             Kind::SftTrain if is_checkpoint_dir(&self.params.model) => {
                 v.push(InputDecl::external("base"));
+                v.push(InputDecl::node("data", "sft-data", "sft_generator"));
+            }
+            Kind::SftTrain if self.params.init == Some(Init::Random) => {
+                v.push(InputDecl::node("tokenizer", "tokenizer", "tokenizer"));
                 v.push(InputDecl::node("data", "sft-data", "sft_generator"));
             }
             Kind::SftTrain => {
@@ -620,18 +559,23 @@ impl Stage for ModelStage {
                 write_loss_plot(ctx, &ev, device, "pretraining", &dir.join("plots"))?;
             }
             Kind::SftTrain => {
-                let base = if is_checkpoint_dir(&self.params.model) {
-                    // The directory itself (read only); its files are the key's `base` input.
-                    let files = &ctx.input_files("base")?.files;
-                    files[0]
-                        .1
-                        .parent()
-                        .expect("a file of the directory")
-                        .to_path_buf()
+                let random = self.params.init == Some(Init::Random);
+                let base = if random {
+                    let tk = dir.join("tok");
+                    materialize(ctx.store(), ctx.input_path("tokenizer")?, &tk)?;
+                    tk
                 } else {
-                    let base = dir.join("base");
-                    materialize(ctx.store(), ctx.input_path("base")?, &base)?;
-                    base
+                    crate::common::checkpoint_dir(ctx, "base", &dir.join("base"))?
+                };
+                let init = if random {
+                    Some(RandomInit {
+                        model: serde_json::from_value(mf.model.clone()).map_err(|e| {
+                            StageError::bad_input(&rel, Some("model"), e.to_string())
+                        })?,
+                        vocab_size: mf.tokenizer.vocab_size,
+                    })
+                } else {
+                    None
                 };
                 let data = ctx.input_path("data")?.to_path_buf();
                 let (tr, ev) = (dir.join("train.jsonl"), dir.join("eval.jsonl"));
@@ -646,6 +590,7 @@ impl Stage for ModelStage {
                 }
                 let job = Job::Sft {
                     base,
+                    init,
                     data: tr,
                     eval_data: ev,
                     train: section("sft", &mf.sft)?,

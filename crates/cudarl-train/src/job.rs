@@ -200,6 +200,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
         }
         Job::Sft {
             base,
+            init,
             data,
             eval_data,
             train,
@@ -208,7 +209,25 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
         } => {
             let dev = device(*dev)?;
             let tok = ChatTokenizer::load_dir(base)?;
-            let mut m = Qwen2::load(base, dev, tch::Kind::Float)?;
+            let mut m = match init {
+                None => Qwen2::load(base, dev, tch::Kind::Float)?,
+                Some(init) => {
+                    if init.vocab_size < tok.vocab_size() {
+                        return Err(ModelError::Config {
+                            file: base.join("tokenizer.json").display().to_string(),
+                            message: format!(
+                                "the model's vocab_size {} is below this tokenizer's {}",
+                                init.vocab_size,
+                                tok.vocab_size()
+                            ),
+                        });
+                    }
+                    tch::manual_seed(train.seed as i64);
+                    let mut cfg = init.model.config(init.vocab_size as i64);
+                    cfg.eos_token_id = Some(tok.im_end.into());
+                    Qwen2::new(cfg, dev)?
+                }
+            };
             m.set_compute_kind(train.precision.compute_kind(dev));
             let enc = |rows: Vec<Vec<ChatMessage>>| crate::train::chat_examples(&tok, &rows);
             let tr = enc(read_lines(data)?)?;
