@@ -40,6 +40,12 @@ def main() -> None:
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to(dev)
+    # bf16 weights (`weights` other than f32): the model held in bf16, torch's AdamW on it
+    # (bf16 moments, round to nearest), no autocast.
+    narrow = job.get("weights", "f32") != "f32"
+    if narrow:
+        model = model.to(torch.bfloat16)
+        bf16 = False
     model.train()
     if job.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable()
@@ -94,7 +100,8 @@ def main() -> None:
             {
                 "impl": f"transformers {__import__('transformers').__version__} eager (torch {torch.__version__})",
                 "device": dev,
-                "compute_dtype": "bfloat16" if bf16 else "float32",
+                "compute_dtype": "bfloat16" if bf16 or narrow else "float32",
+                "weights": "bf16" if narrow else "f32",
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "batch_size": bs,
                 "seq_len": n,

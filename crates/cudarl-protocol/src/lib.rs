@@ -11,7 +11,7 @@ pub mod rl;
 pub use chat::{ChatMessage, Role};
 pub use job::{
     Device, Document, Event, Finish, Job, ModelSpec, Precision, RandomInit, SampleLine,
-    StepMetrics, TrainConfig,
+    StepMetrics, TrainConfig, Weights,
 };
 pub use rl::{
     Algorithm, Completion, Generated, PgConfig, Ptx, Reply, Request, RlServe, Sample, UpdateStats,

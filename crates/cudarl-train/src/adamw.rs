@@ -11,7 +11,10 @@
 //! ```
 //!
 //! with `t` counted per parameter (a parameter without a gradient is skipped and keeps its
-//! count), no AMSGrad.
+//! count), no AMSGrad. The moments are float32 whatever the parameter's dtype. A bf16
+//! parameter takes the step computed in float32 and rounded back by [`Rounding`]: to nearest
+//! (an update under half a bf16 ulp, 2^-9 relative, is lost), stochastically, or with a Kahan
+//! compensation buffer.
 
 use std::path::Path;
 
@@ -43,12 +46,52 @@ impl Default for AdamWConfig {
     }
 }
 
+/// How a parameter of a dtype narrower than float32 (bf16) takes its float32 update; a
+/// float32 parameter is updated exactly in every mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rounding {
+    /// Round to nearest even (`Tensor::to_kind`).
+    #[default]
+    Nearest,
+    /// Round up with probability equal to the distance from the value below, so the rounded
+    /// weight equals the exact one in expectation (Gupta et al. 2015): add 16 uniformly
+    /// random low bits to the float32 pattern, then truncate to bf16.
+    Stochastic,
+    /// Keep what rounding lost in a compensation buffer of the parameter's dtype and add it to
+    /// the next update (Kahan 1965).
+    Kahan,
+}
+
+impl From<cudarl_protocol::Weights> for Rounding {
+    fn from(w: cudarl_protocol::Weights) -> Rounding {
+        match w {
+            cudarl_protocol::Weights::F32 => Rounding::Nearest,
+            cudarl_protocol::Weights::Bf16Stochastic => Rounding::Stochastic,
+            cudarl_protocol::Weights::Bf16Kahan => Rounding::Kahan,
+        }
+    }
+}
+
+/// `x` (float32) rounded stochastically to bf16: the 16 low bits of each float32 pattern plus a
+/// uniform draw in [0, 2^16), then cut (bf16 is float32's upper 16 bits), from libtorch's
+/// generator (`tch::manual_seed`).
+pub fn stochastic_bf16(x: &Tensor) -> Tensor {
+    let bits = x.to_kind(Kind::Float).contiguous().view_dtype(Kind::Int);
+    let noise = Tensor::randint_low(0, 1 << 16, bits.size(), (Kind::Int, bits.device()));
+    (bits + noise)
+        .bitwise_and(-65536i64)
+        .view_dtype(Kind::Float)
+        .to_kind(Kind::BFloat16)
+}
+
 /// One parameter's state.
 struct Slot {
     name: String,
     param: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
+    /// [`Rounding::Kahan`] on a narrow parameter: the part of past updates rounding lost.
+    comp: Option<Tensor>,
     step: i64,
 }
 
@@ -56,6 +99,7 @@ struct Slot {
 /// moments of each parameter's shape on its device.
 pub struct AdamW {
     cfg: AdamWConfig,
+    rounding: Rounding,
     lr: f64,
     slots: Vec<Slot>,
     /// Calls of [`AdamW::step`].
@@ -63,8 +107,20 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// AdamW at learning rate `lr` over `vs`'s variables that require gradients.
+    /// AdamW at learning rate `lr` over `vs`'s variables that require gradients, rounding
+    /// to nearest.
     pub fn new(vs: &nn::VarStore, cfg: AdamWConfig, lr: f64) -> AdamW {
+        Self::with_rounding(vs, cfg, lr, Rounding::Nearest)
+    }
+
+    /// AdamW whose updates of bf16 parameters round by `rounding` ([`Rounding::Kahan`] holds
+    /// one buffer of the parameter's shape and dtype per narrow parameter).
+    pub fn with_rounding(
+        vs: &nn::VarStore,
+        cfg: AdamWConfig,
+        lr: f64,
+        rounding: Rounding,
+    ) -> AdamW {
         let mut vars: Vec<(String, Tensor)> = vs
             .variables()
             .into_iter()
@@ -76,6 +132,8 @@ impl AdamW {
             .map(|(name, param)| Slot {
                 exp_avg: param.zeros_like().to_kind(Kind::Float),
                 exp_avg_sq: param.zeros_like().to_kind(Kind::Float),
+                comp: (rounding == Rounding::Kahan && param.kind() != Kind::Float)
+                    .then(|| param.zeros_like()),
                 name,
                 param,
                 step: 0,
@@ -83,6 +141,7 @@ impl AdamW {
             .collect();
         AdamW {
             cfg,
+            rounding,
             lr,
             slots,
             calls: 0,
@@ -115,6 +174,7 @@ impl AdamW {
             weight_decay,
         } = self.cfg;
         let lr = self.lr;
+        let rounding = self.rounding;
         self.calls += 1;
         tch::no_grad(|| {
             for s in &mut self.slots {
@@ -124,9 +184,6 @@ impl AdamW {
                 }
                 let g = g.to_kind(Kind::Float);
                 s.step += 1;
-                if weight_decay != 0.0 {
-                    let _ = s.param.g_mul_scalar_(1.0 - lr * weight_decay);
-                }
                 let _ = s.exp_avg.lerp_(&g, 1.0 - beta1);
                 let _ = s.exp_avg_sq.g_mul_scalar_(beta2);
                 let _ = s.exp_avg_sq.addcmul_(&g, &(&g * (1.0 - beta2)));
@@ -134,14 +191,36 @@ impl AdamW {
                 let bc2 = 1.0 - beta2.powi(s.step as i32);
                 let denom = (s.exp_avg_sq.sqrt() / bc2.sqrt()) + eps;
                 let update = (&s.exp_avg / denom) * (lr / bc1);
-                let _ = s.param.g_sub_(&update.to_kind(s.param.kind()));
+                if s.param.kind() == Kind::Float {
+                    if weight_decay != 0.0 {
+                        let _ = s.param.g_mul_scalar_(1.0 - lr * weight_decay);
+                    }
+                    let _ = s.param.g_sub_(&update);
+                    continue;
+                }
+                // A narrow parameter: the exact new value in float32, then rounded.
+                let old = s.param.to_kind(Kind::Float);
+                let exact = &old * (1.0 - lr * weight_decay) - update;
+                let rounded = match (rounding, &mut s.comp) {
+                    (Rounding::Kahan, Some(c)) => {
+                        let wanted = &exact - &old + c.to_kind(Kind::Float);
+                        let r = (&old + &wanted).to_kind(s.param.kind());
+                        c.copy_(&(wanted - (r.to_kind(Kind::Float) - &old)));
+                        r
+                    }
+                    (Rounding::Stochastic, _) if s.param.kind() == Kind::BFloat16 => {
+                        stochastic_bf16(&exact)
+                    }
+                    _ => exact.to_kind(s.param.kind()),
+                };
+                s.param.copy_(&rounded);
             }
         });
     }
 
     /// Writes what continuing the training needs to `path` (safetensors): the parameters it
     /// trains (`param.<name>`, their own dtype), the moments (`exp_avg.<name>`,
-    /// `exp_avg_sq.<name>`), each parameter's step count (`step`, int64 `[n]` in name order)
+    /// `exp_avg_sq.<name>`), the Kahan buffers (`kahan.<name>`, [`Rounding::Kahan`]), each parameter's step count (`step`, int64 `[n]` in name order)
     /// and the steps taken (`calls`, int64 `[1]`).
     ///
     /// # Errors
@@ -155,6 +234,9 @@ impl AdamW {
                 format!("exp_avg_sq.{}", s.name),
                 s.exp_avg_sq.shallow_clone(),
             ));
+            if let Some(c) = &s.comp {
+                named.push((format!("kahan.{}", s.name), c.shallow_clone()));
+            }
         }
         let steps: Vec<i64> = self.slots.iter().map(|s| s.step).collect();
         named.push(("step".into(), Tensor::from_slice(&steps)));
@@ -192,11 +274,15 @@ impl AdamW {
         }
         tch::no_grad(|| -> Result<(), ModelError> {
             for (s, step) in self.slots.iter_mut().zip(steps) {
-                for (which, dst) in [
+                let mut parts = vec![
                     ("param", &mut s.param),
                     ("exp_avg", &mut s.exp_avg),
                     ("exp_avg_sq", &mut s.exp_avg_sq),
-                ] {
+                ];
+                if let Some(c) = &mut s.comp {
+                    parts.push(("kahan", c));
+                }
+                for (which, dst) in parts {
                     let key = format!("{which}.{}", s.name);
                     let src = by
                         .remove(&key)
@@ -289,6 +375,51 @@ mod tests {
         for (p, q) in a.iter().zip(&b) {
             assert!((p - q).abs() < 1e-5, "{p} vs libtorch {q}");
         }
+    }
+
+    #[test]
+    fn bf16_steps_below_half_an_ulp_vanish_rounded_to_nearest_and_add_up_stochastically_or_with_kahan()
+     {
+        // 4096 weights at 1.0 in bf16 with a constant gradient of 1: every AdamW step is
+        // exactly -lr (m / sqrt(v) = 1 after bias correction). 1e-4 is far under half the bf16
+        // ulp below 1.0 (2^-9 = 0.00195), so to nearest each step rounds back to 1.0; in
+        // float32, 400 steps reach 0.96.
+        let cfg = AdamWConfig {
+            weight_decay: 0.0,
+            ..Default::default()
+        };
+        let run = |kind: Kind, rounding: Rounding| -> (f64, f64) {
+            tch::manual_seed(11);
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            let w = vs
+                .root()
+                .var("w", &[4096], nn::Init::Const(1.0))
+                .set_requires_grad(true);
+            let mut vs = vs;
+            vs.set_kind(kind);
+            let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, rounding);
+            for _ in 0..400 {
+                opt.zero_grad();
+                w.sum(Kind::Float).backward();
+                opt.step();
+            }
+            assert_eq!(w.kind(), kind);
+            let w = w.to_kind(Kind::Float);
+            (
+                w.mean(Kind::Float).double_value(&[]),
+                (w - 0.96).abs().max().double_value(&[]),
+            )
+        };
+        let (exact, _) = run(Kind::Float, Rounding::Nearest);
+        assert!((exact - 0.96).abs() < 1e-5, "float32 {exact}");
+        let (nearest, _) = run(Kind::BFloat16, Rounding::Nearest);
+        assert_eq!(nearest, 1.0, "to nearest, no step lands");
+        // Stochastic: each weight's path is random, the mean is the exact one.
+        let (sr, _) = run(Kind::BFloat16, Rounding::Stochastic);
+        assert!((sr - 0.96).abs() < 1e-3, "stochastic mean {sr}");
+        // Kahan: every weight within one bf16 ulp of the exact value (2^-8 below 1.0).
+        let (kahan, worst) = run(Kind::BFloat16, Rounding::Kahan);
+        assert!(worst <= 0.0040, "kahan mean {kahan}, worst {worst}");
     }
 
     #[test]

@@ -251,6 +251,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             gen_tokens,
             precision,
             gradient_checkpointing,
+            weights,
             device: dev,
         } => done(bench(
             model,
@@ -258,7 +259,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             (*batch_size, *seq_len, *steps, *warmup_steps),
             gen_batches,
             (*prompt_len, *gen_tokens),
-            (*precision, *gradient_checkpointing),
+            (*precision, *gradient_checkpointing, *weights),
             device(*dev)?,
         )?),
         Job::BenchDecode {
@@ -367,7 +368,11 @@ fn bench(
     (bs, len, steps, warm): (usize, usize, usize, usize),
     gen_batches: &[usize],
     (prompt_len, gen_tokens): (usize, usize),
-    (precision, gradient_checkpointing): (crate::train::Precision, bool),
+    (precision, gradient_checkpointing, weights): (
+        crate::train::Precision,
+        bool,
+        cudarl_protocol::Weights,
+    ),
     dev: Device,
 ) -> Result<serde_json::Value, ModelError> {
     tch::manual_seed(0);
@@ -396,6 +401,7 @@ fn bench(
         warmup: 1.0,
         precision,
         gradient_checkpointing,
+        weights,
         ..Default::default()
     };
     // Every step ends with a host read of the loss and gradient norm (a device sync), so the
@@ -441,7 +447,7 @@ fn bench(
     }
     Ok(serde_json::json!({
         "impl": "cudarl-train (tch)", "device": format!("{dev:?}"),
-        "compute_dtype": format!("{:?}", m.compute_kind()),
+        "compute_dtype": format!("{:?}", m.compute_kind()), "weights": weights.as_str(),
         "parameters": m.config.num_parameters(), "batch_size": bs, "seq_len": len,
         "timed_steps": timed, "train_seconds": secs, "train_tokens_per_s": train_tps,
         "generate": gens,

@@ -260,14 +260,7 @@ pub fn train_lm(
     let bs = cfg.batch_size.max(1);
     let steps_per_epoch = train.len().div_ceil(bs);
     let total = (steps_per_epoch * cfg.epochs.max(1)).min(cfg.max_steps.unwrap_or(usize::MAX));
-    let mut opt = nn::AdamW {
-        beta1: cfg.betas.0,
-        beta2: cfg.betas.1,
-        wd: cfg.weight_decay,
-        eps: 1e-8,
-        amsgrad: false,
-    }
-    .build(&model.vs, cfg.lr)?;
+    let mut opt = Optimizer::new(model, cfg)?;
     let params = model.vs.trainable_variables();
     let mut out = Vec::new();
     let mut step = 0;
@@ -317,6 +310,62 @@ pub fn train_lm(
         }
     }
     Ok(out)
+}
+
+/// The AdamW of [`train_lm`]: libtorch's over float32 master weights, or, for bf16 weights
+/// ([`TrainConfig::weights`]), [`crate::adamw::AdamW`] rounding each update by
+/// [`crate::adamw::Rounding`] (the model cast to bf16 first, compute in bf16).
+enum Optimizer {
+    Torch(nn::Optimizer),
+    Narrow(crate::adamw::AdamW),
+}
+
+impl Optimizer {
+    fn new(model: &mut Qwen2, cfg: &TrainConfig) -> Result<Optimizer, ModelError> {
+        if cfg.weights == cudarl_protocol::Weights::F32 {
+            let o = nn::AdamW {
+                beta1: cfg.betas.0,
+                beta2: cfg.betas.1,
+                wd: cfg.weight_decay,
+                eps: 1e-8,
+                amsgrad: false,
+            }
+            .build(&model.vs, cfg.lr)?;
+            return Ok(Optimizer::Torch(o));
+        }
+        model.set_kind(Kind::BFloat16);
+        model.set_compute_kind(None);
+        let a = crate::adamw::AdamWConfig {
+            beta1: cfg.betas.0,
+            beta2: cfg.betas.1,
+            eps: 1e-8,
+            weight_decay: cfg.weight_decay,
+        };
+        Ok(Optimizer::Narrow(crate::adamw::AdamW::with_rounding(
+            &model.vs,
+            a,
+            cfg.lr,
+            cfg.weights.into(),
+        )))
+    }
+    fn set_lr(&mut self, lr: f64) {
+        match self {
+            Optimizer::Torch(o) => o.set_lr(lr),
+            Optimizer::Narrow(o) => o.set_lr(lr),
+        }
+    }
+    fn zero_grad(&mut self) {
+        match self {
+            Optimizer::Torch(o) => o.zero_grad(),
+            Optimizer::Narrow(o) => o.zero_grad(),
+        }
+    }
+    fn step(&mut self) {
+        match self {
+            Optimizer::Torch(o) => o.step(),
+            Optimizer::Narrow(o) => o.step(),
+        }
+    }
 }
 
 /// Scales the gradients of `params` so their global L2 norm is at most `max_norm` (as
@@ -463,6 +512,50 @@ mod tests {
             };
             let (nograd, _) = chunked_loss(&m, &refs, 16, pass).unwrap();
             assert!((nograd - full.double_value(&[])).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn bf16_weights_train_the_model_in_bf16_as_far_as_float32_master_weights() {
+        // Four repeated examples, 60 steps of SFT from the same random model: the final loss
+        // with bf16 weights (either rounding) within 15% of float32 master weights' and far
+        // below the start.
+        let ex: Vec<Example> = (0..4)
+            .map(|r| Example {
+                ids: (0..12).map(|i| (i * 5 + r) % 40).collect(),
+                mask: vec![true; 12],
+            })
+            .collect();
+        let run = |weights: cudarl_protocol::Weights| -> (f64, f64, Kind) {
+            tch::manual_seed(5);
+            let cfg = crate::config::Qwen2Config::new(40, 16, 32, 2, 4, 2, 64, true);
+            let mut m = Qwen2::new(cfg, tch::Device::Cpu).unwrap();
+            let tc = TrainConfig {
+                epochs: 60,
+                batch_size: 4,
+                max_len: 12,
+                lr: 1e-2,
+                warmup: 1.0,
+                min_lr_ratio: 1.0,
+                eval_every: 0,
+                precision: Precision::F32,
+                weights,
+                ..Default::default()
+            };
+            let steps = train_lm(&mut m, &ex, &[], &tc, &mut |_| {}).unwrap();
+            (steps[0].loss, steps.last().unwrap().loss, m.kind())
+        };
+        use cudarl_protocol::Weights;
+        let (first, f32_last, k) = run(Weights::F32);
+        assert_eq!(k, Kind::Float);
+        assert!(f32_last < 0.5 * first, "{first} -> {f32_last}");
+        for w in [Weights::Bf16Stochastic, Weights::Bf16Kahan] {
+            let (_, last, k) = run(w);
+            assert_eq!(k, Kind::BFloat16, "{w:?}");
+            assert!(
+                (last - f32_last).abs() < 0.15 * f32_last.max(0.1),
+                "{w:?}: {last} vs float32 {f32_last}"
+            );
         }
     }
 

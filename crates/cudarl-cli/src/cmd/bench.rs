@@ -157,6 +157,12 @@ pub enum BenchCmd {
         /// `[sft]` settings; transformers: `gradient_checkpointing_enable()`).
         #[arg(long)]
         gradient_checkpointing: bool,
+        /// The parameters' dtype and AdamW's rounding: `f32` (float32 master weights),
+        /// `bf16-stochastic` or `bf16-kahan` (`cudarl_protocol::Weights`); transformers'
+        /// side keeps float32 master weights for `f32` and holds the model in bf16 with
+        /// torch's AdamW (bf16 moments, round to nearest) otherwise.
+        #[arg(long, default_value = "f32", value_parser = ["f32", "bf16-stochastic", "bf16-kahan"])]
+        weights: String,
         /// `auto`, `cpu` or `cuda`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -293,6 +299,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
             gen_batches,
             gen_tokens,
             gradient_checkpointing,
+            weights,
             device,
             out,
         } => {
@@ -301,7 +308,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
                 &model,
                 (batch_size, seq_len, steps),
                 gen_batches,
-                (gen_tokens, gradient_checkpointing),
+                (gen_tokens, gradient_checkpointing, &weights),
                 &device,
             )?;
             train_throughput(ctx, &job, out)
@@ -771,7 +778,7 @@ fn train_job(
     model: &str,
     (batch_size, seq_len, steps): (usize, usize, usize),
     gen_batches: Vec<usize>,
-    (gen_tokens, gradient_checkpointing): (usize, bool),
+    (gen_tokens, gradient_checkpointing, weights): (usize, bool, &str),
     device: &str,
 ) -> Result<serde_json::Value, CliError> {
     let mf = model_file(ctx, model)?;
@@ -779,7 +786,7 @@ fn train_job(
         "kind": "bench", "model": mf.model, "vocab_size": mf.tokenizer.vocab_size,
         "batch_size": batch_size, "seq_len": seq_len, "steps": steps, "warmup_steps": 5,
         "gen_batches": gen_batches, "prompt_len": 128, "gen_tokens": gen_tokens,
-        "gradient_checkpointing": gradient_checkpointing, "device": device,
+        "gradient_checkpointing": gradient_checkpointing, "weights": weights, "device": device,
     }))
 }
 
