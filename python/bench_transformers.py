@@ -46,11 +46,23 @@ def main() -> None:
     if narrow:
         model = model.to(torch.bfloat16)
         bf16 = False
+    # LoRA (`lora`): PEFT's adapters on all seven projections of the base held in bf16 (float32
+    # adapters, PEFT's default), under autocast as ours.
+    lora = job.get("lora")
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        if bf16:
+            model = model.to(torch.bfloat16)
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        peft_cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=targets, lora_dropout=0.0)
+        model = get_peft_model(model, peft_cfg)
     model.train()
     if job.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     bs, n, steps, warm = job["batch_size"], job["seq_len"], job["steps"], job["warmup_steps"]
     data = torch.randint(job["vocab_size"], (steps + warm, bs, n), device=dev)
 
@@ -59,7 +71,7 @@ def main() -> None:
             out = model(input_ids=ids, labels=ids)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         return out.loss.item()
 
@@ -69,6 +81,8 @@ def main() -> None:
     for i in range(warm, warm + steps):
         step(data[i])
     secs = time.perf_counter() - t0
+    if lora:
+        model = model.merge_and_unload()
     model.eval()
     gens = {}
     for b in job["gen_batches"]:
@@ -103,6 +117,7 @@ def main() -> None:
                 "compute_dtype": "bfloat16" if bf16 or narrow else "float32",
                 "weights": "bf16" if narrow else "f32",
                 "parameters": sum(p.numel() for p in model.parameters()),
+                "trainable_parameters": sum(p.numel() for p in trainable),
                 "batch_size": bs,
                 "seq_len": n,
                 "timed_steps": steps,

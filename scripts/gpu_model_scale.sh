@@ -5,7 +5,8 @@
 # published Qwen2.5-Coder shapes (configs/model/qwen2.5-coder-*.toml). Peak GPU memory per
 # process (ours: cudarl-pipe-train; the baseline: python3) is sampled by nvidia-smi every 200 ms.
 # A size that does not fit is recorded as such (exit status and the last error line).
-# TRAIN_FLAGS: more `bench train-throughput` flags (e.g. --gradient-checkpointing).
+# TRAIN_FLAGS: more `bench train-throughput` flags (e.g. --gradient-checkpointing, --weights
+# bf16-kahan). SKIP_DECODE=1: training only.
 # Usage: SIZES="0.5b 1.5b 7b" OUT=out bash scripts/gpu_model_scale.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -39,6 +40,7 @@ for s in $SIZES; do
   with_peak "train_$s" timeout ${TRAIN_LIMIT:-240} "$B/cudarl-pipe" --root . --profile none bench train-throughput \
     --model $m --device cuda --batch-size $bs --seq-len $SEQ --steps $STEPS --gen-batches 1,32 --gen-tokens 128 ${TRAIN_FLAGS:-} \
     --out "$OUT/train_$s.json"
+  [ "${SKIP_DECODE:-0}" = 1 ] && continue
   with_peak "decode_$s" timeout ${DECODE_LIMIT:-240} "$B/cudarl-pipe" --root . --profile none bench decode \
     --model $m --device cuda --batches ${DECODE_BATCHES:-1,32,128} --prompt-len 512 --gen-tokens 256 --reps 2 \
     --out "$OUT/decode_$s.json"

@@ -1551,6 +1551,81 @@ fn sft_train_fine_tunes_a_hugging_face_checkpoint_directory_without_tokenizer_or
 }
 
 #[test]
+fn sft_train_with_lora_saves_peft_adapters_that_peft_applies_as_the_merged_checkpoint() {
+    let Some(python) = common::python() else {
+        eprintln!("SKIPPED: a checkpoint made by transformers and PEFT (no python)");
+        return;
+    };
+    let p = cpu_project();
+    hf_checkpoint(&p, &python, "models/qwen-tiny", "system-default");
+    let sets = [
+        "sft-train.model=./models/qwen-tiny",
+        "sft-train.settings=tiny",
+        "sft-train.max_steps=4",
+        "sft-train.lr=0.01",
+        "sft-train.lora.r=4",
+        "sft-train.lora.alpha=8",
+    ];
+    let mut args = vec!["run", "sft-train", "--json"];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    let said = format!("{}{}", stdout(&o), common::stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "{said}");
+    let out = p.path("lora-export");
+    let mut args = vec!["export", "sft-train", "--to", out.to_str().unwrap()];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let (adapter, merged) = (
+        out.join("sft-train/adapter"),
+        out.join("sft-train/checkpoint"),
+    );
+    let o = std::process::Command::new(&python)
+        .arg(repo_root().join("tests/python/check_peft_adapter.py"))
+        .args([&p.path("models/qwen-tiny"), &adapter, &merged])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    // 2 layers x 7 projections x (A, B), as PEFT names them.
+    assert_eq!(v["lora_tensors"], 28, "{v}");
+    assert_eq!(
+        (v["r"].as_u64(), v["lora_alpha"].as_f64()),
+        (Some(4), Some(8.0))
+    );
+    assert!(
+        v["adapter_effect"].as_f64().unwrap() > 1e-3,
+        "untrained: {v}"
+    );
+    assert!(v["peft_vs_merged"].as_f64().unwrap() < 1e-4, "{v}");
+    // A bad adapter config is refused at load, naming the field.
+    let o = p.run(&[
+        "run",
+        "sft-train",
+        "--set",
+        "sft-train.lora.r=0",
+        "--set",
+        "sft-train.lora.alpha=8",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("lora.r must be at least 1"));
+    let o = p.run(&[
+        "run",
+        "pretrain",
+        "--set",
+        "pretrain.lora.r=4",
+        "--set",
+        "pretrain.lora.alpha=8",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("lora is a `sft-train` parameter"));
+}
+
+#[test]
 fn rl_train_eval_and_sft_eval_start_from_a_hugging_face_checkpoint_directory() {
     let Some(python) = common::python() else {
         eprintln!("SKIPPED: a checkpoint made by transformers (no python)");

@@ -184,6 +184,68 @@ pub struct ModelSpec {
     pub rope_theta: f64,
 }
 
+/// LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models",
+/// arXiv:2106.09685) as PEFT applies it: each target projection `W` `[out, in]` gains
+/// `x A^T B^T * alpha / r` with `A` `[r, in]` (uniform in +-1/sqrt(in), PEFT's
+/// `kaiming_uniform_(a=sqrt(5))`) and `B` `[out, r]` (zeros), no dropout, no bias; the base
+/// weights are frozen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    /// Rank `r`.
+    pub r: usize,
+    /// `alpha`: the update is scaled by `alpha / r`.
+    pub alpha: f64,
+    /// The adapted projections by module name (`q_proj`, `k_proj`, `v_proj`, `o_proj`,
+    /// `gate_proj`, `up_proj`, `down_proj`). Absent: all seven.
+    #[serde(default = "all_projections")]
+    pub target_modules: Vec<String>,
+}
+
+/// Every projection of a Qwen2 layer, the default LoRA targets.
+pub const LORA_PROJECTIONS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+fn all_projections() -> Vec<String> {
+    LORA_PROJECTIONS.iter().map(|s| s.to_string()).collect()
+}
+
+impl LoraConfig {
+    /// A rank of 0, a non-positive or non-finite alpha, no targets or an unknown one, named.
+    ///
+    /// # Errors
+    /// The message names the field.
+    pub fn check(&self) -> Result<(), String> {
+        if self.r == 0 {
+            return Err("lora.r must be at least 1".into());
+        }
+        if !(self.alpha > 0.0 && self.alpha.is_finite()) {
+            return Err("lora.alpha must be a positive number".into());
+        }
+        if self.target_modules.is_empty() {
+            return Err("lora.target_modules is empty".into());
+        }
+        if let Some(t) = self
+            .target_modules
+            .iter()
+            .find(|t| !LORA_PROJECTIONS.contains(&t.as_str()))
+        {
+            return Err(format!(
+                "lora.target_modules: `{t}` is not one of {}",
+                LORA_PROJECTIONS.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A fresh model for [`Job::Sft`]: an architecture and its embedding rows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -280,6 +342,11 @@ pub enum Job {
         /// place of `base`'s weights. Absent: `base`'s weights.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         init: Option<RandomInit>,
+        /// Train LoRA adapters of the frozen base instead of every weight: `out/model/` holds
+        /// the base with the adapters merged, `out/adapter/` the adapters in PEFT's layout
+        /// (`adapter_model.safetensors`, `adapter_config.json`). Absent: full fine-tuning.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lora: Option<LoraConfig>,
         /// JSON lines of message lists.
         data: PathBuf,
         /// Held-out examples for the evaluation loss (same format).
@@ -327,6 +394,10 @@ pub enum Job {
         /// The parameters' dtype and rounding ([`TrainConfig::weights`]).
         #[serde(default)]
         weights: Weights,
+        /// Train LoRA adapters of a frozen base in the compute dtype instead of every weight
+        /// (merged before the generation measurement). Absent: full fine-tuning.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lora: Option<LoraConfig>,
         /// Where it runs.
         device: Device,
     },

@@ -10,8 +10,8 @@ pub mod rl;
 
 pub use chat::{ChatMessage, Role};
 pub use job::{
-    Device, Document, Event, Finish, Job, ModelSpec, Precision, RandomInit, SampleLine,
-    StepMetrics, TrainConfig, Weights,
+    Device, Document, Event, Finish, Job, LORA_PROJECTIONS, LoraConfig, ModelSpec, Precision,
+    RandomInit, SampleLine, StepMetrics, TrainConfig, Weights,
 };
 pub use rl::{
     Algorithm, Completion, Generated, PgConfig, Ptx, Reply, Request, RlServe, Sample, UpdateStats,

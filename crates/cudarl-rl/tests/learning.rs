@@ -158,6 +158,7 @@ fn fine_tuned(dir: &Path, chats: &[Vec<ChatMessage>]) -> PathBuf {
         &Job::Sft {
             base: pre.join("model"),
             init: None,
+            lora: None,
             data: data.clone(),
             eval_data: data,
             train: ft,

@@ -11,6 +11,7 @@
 //! | table | columns |
 //! |---|---|
 //! | `checkpoint` (and `tokenizer`) | file (utf8: path in the Hugging Face directory), digest (utf8: blake3 of the bytes, a store blob), bytes (int64) |
+//! | `adapter` (`sft-train` with `lora`) | as `checkpoint`: `adapter_model.safetensors`, `adapter_config.json` (PEFT's layout) |
 //! | `plots` | as `checkpoint`: `loss_curve.png` (training and evaluation loss per step) |
 //! | `metrics` | step, epoch (int64), loss (float64: nats per trained token), lr, grad_norm (float64), tokens (int64: trained tokens), tokens_per_s (float64: all tokens), eval_loss (float64, nullable), device (utf8) |
 
@@ -21,7 +22,7 @@ use std::sync::{Arc, LazyLock};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
 use cudarl_data::Table;
-use cudarl_protocol::{Device, Job, RandomInit, StepMetrics, TrainConfig};
+use cudarl_protocol::{Device, Job, LoraConfig, RandomInit, StepMetrics, TrainConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -113,6 +114,15 @@ pub struct Params {
     /// trained ones cost. `pretrain` (or absent, left out of the key): `pretrain`'s checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<Init>,
+    /// `sft-train`: train LoRA adapters of the frozen base (held in the compute dtype, bf16
+    /// on a GPU) instead of every weight, e.g. `{ r = 16, alpha = 32 }`
+    /// (`cudarl_protocol::LoraConfig`: `r`, `alpha`, `target_modules`, all seven projections
+    /// when absent). The `checkpoint` output is the base with the adapters merged (what later
+    /// stages load); the `adapter` output holds them in PEFT's layout
+    /// (`adapter_model.safetensors`, `adapter_config.json`) for `peft.PeftModel.from_pretrained`
+    /// on the base. Absent: full fine-tuning, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
     /// `auto` (the GPU when there is one), `cpu` or `cuda` (pretrain, sft-train).
     #[serde(default)]
     pub device: Device,
@@ -238,6 +248,13 @@ impl ModelStage {
         };
         if params.init.is_some() && kind != Kind::SftTrain {
             return Err("init is a `sft-train` parameter".into());
+        }
+        match &params.lora {
+            Some(_) if kind != Kind::SftTrain => {
+                return Err("lora is a `sft-train` parameter".into());
+            }
+            Some(l) => l.check()?,
+            None => {}
         }
         if params.init == Some(Init::Random) && is_checkpoint_dir(&params.model) {
             return Err(format!(
@@ -466,11 +483,17 @@ impl Stage for ModelStage {
     fn outputs(&self) -> Vec<OutputDecl> {
         match self.kind {
             Kind::Tokenizer => vec![OutputDecl::table("tokenizer", CHECKPOINT.clone())],
-            _ => vec![
-                OutputDecl::table("checkpoint", CHECKPOINT.clone()),
-                OutputDecl::table("metrics", METRICS.clone()),
-                OutputDecl::table("plots", CHECKPOINT.clone()),
-            ],
+            _ => {
+                let mut v = vec![
+                    OutputDecl::table("checkpoint", CHECKPOINT.clone()),
+                    OutputDecl::table("metrics", METRICS.clone()),
+                    OutputDecl::table("plots", CHECKPOINT.clone()),
+                ];
+                if self.params.lora.is_some() {
+                    v.push(OutputDecl::table("adapter", CHECKPOINT.clone()));
+                }
+                v
+            }
         }
     }
     fn resolve_external(
@@ -591,6 +614,7 @@ impl Stage for ModelStage {
                 let job = Job::Sft {
                     base,
                     init,
+                    lora: self.params.lora.clone(),
                     data: tr,
                     eval_data: ev,
                     train: section("sft", &mf.sft)?,
@@ -599,6 +623,9 @@ impl Stage for ModelStage {
                 };
                 let events = run_job(&job, dir, &rel, "sft", Some(ctx))?;
                 ingest_dir(ctx, &out.join("model"), "checkpoint")?;
+                if self.params.lora.is_some() {
+                    ingest_dir(ctx, &out.join("adapter"), "adapter")?;
+                }
                 write_metrics(ctx, &events, device)?;
                 let what = format!("SFT of the {}", self.params.agent);
                 write_loss_plot(ctx, &events, device, &what, &dir.join("plots"))?;

@@ -201,6 +201,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
         Job::Sft {
             base,
             init,
+            lora,
             data,
             eval_data,
             train,
@@ -228,11 +229,25 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                     Qwen2::new(cfg, dev)?
                 }
             };
-            m.set_compute_kind(train.precision.compute_kind(dev));
+            let compute = train.precision.compute_kind(dev);
+            if let Some(l) = lora {
+                // The frozen base in the compute dtype (bf16 on a GPU); the adapters float32.
+                if let Some(k) = compute {
+                    m.set_kind(k);
+                }
+                m.attach_lora(l)?;
+            }
+            m.set_compute_kind(compute);
             let enc = |rows: Vec<Vec<ChatMessage>>| crate::train::chat_examples(&tok, &rows);
             let tr = enc(read_lines(data)?)?;
             let ev = enc(read_lines(eval_data)?)?;
             let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
+            if let Some(l) = lora {
+                m.save_lora(&out.join("adapter"), l)?;
+                // Merged in float32, saved as full fine-tuning saves.
+                m.set_kind(tch::Kind::Float);
+                m.merge_lora()?;
+            }
             save(&m, (&tok, &base.join("tokenizer.json")), out)?;
             done(serde_json::json!({"device": format!("{dev:?}"),
                 "compute_dtype": format!("{:?}", m.compute_kind()),
@@ -252,6 +267,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             precision,
             gradient_checkpointing,
             weights,
+            lora,
             device: dev,
         } => done(bench(
             model,
@@ -260,6 +276,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             gen_batches,
             (*prompt_len, *gen_tokens),
             (*precision, *gradient_checkpointing, *weights),
+            lora.as_ref(),
             device(*dev)?,
         )?),
         Job::BenchDecode {
@@ -373,11 +390,19 @@ fn bench(
         bool,
         cudarl_protocol::Weights,
     ),
+    lora: Option<&cudarl_protocol::LoraConfig>,
     dev: Device,
 ) -> Result<serde_json::Value, ModelError> {
     tch::manual_seed(0);
     let mut m = Qwen2::new(spec.config(vocab), dev)?;
-    m.set_compute_kind(precision.compute_kind(dev));
+    let compute = precision.compute_kind(dev);
+    if let Some(l) = lora {
+        if let Some(k) = compute {
+            m.set_kind(k);
+        }
+        m.attach_lora(l)?;
+    }
+    m.set_compute_kind(compute);
     let random = |n: usize, len: usize| -> Vec<Example> {
         let t = Tensor::randint(
             vocab,
@@ -414,6 +439,13 @@ fn bench(
             t_start = Some(last);
         }
     })?;
+    let trainable: i64 = m
+        .trainable()
+        .trainable_variables()
+        .iter()
+        .map(Tensor::numel)
+        .sum::<usize>() as i64;
+    m.merge_lora()?;
     let timed = if warm == 0 { steps - 1 } else { steps };
     let secs = t_start.map_or(f64::NAN, |t| last.duration_since(t).as_secs_f64());
     let train_tps = (timed * bs * len) as f64 / secs;
@@ -448,7 +480,8 @@ fn bench(
     Ok(serde_json::json!({
         "impl": "cudarl-train (tch)", "device": format!("{dev:?}"),
         "compute_dtype": format!("{:?}", m.compute_kind()), "weights": weights.as_str(),
-        "parameters": m.config.num_parameters(), "batch_size": bs, "seq_len": len,
+        "parameters": m.config.num_parameters(), "trainable_parameters": trainable,
+        "lora": lora, "batch_size": bs, "seq_len": len,
         "timed_steps": timed, "train_seconds": secs, "train_tokens_per_s": train_tps,
         "generate": gens,
     }))

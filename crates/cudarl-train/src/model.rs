@@ -16,6 +16,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::ModelError;
 use crate::config::Qwen2Config;
+use cudarl_protocol::{LORA_PROJECTIONS, LoraConfig};
 
 /// RMSNorm (Zhang and Sennrich, 2019) as Qwen2 computes it: in float32, then scaled by the
 /// weight in the input's dtype.
@@ -81,6 +82,50 @@ struct Layer {
     down: nn::Linear,
     input_norm: RmsNorm,
     post_norm: RmsNorm,
+    /// LoRA adapters of the projections, in [`LORA_PROJECTIONS`] order.
+    lora: [Option<Lora>; 7],
+}
+
+impl Layer {
+    /// Projection `i` of [`LORA_PROJECTIONS`].
+    fn linear(&self, i: usize) -> &nn::Linear {
+        match i {
+            0 => &self.q,
+            1 => &self.k,
+            2 => &self.v,
+            3 => &self.o,
+            4 => &self.gate,
+            5 => &self.up,
+            _ => &self.down,
+        }
+    }
+
+    /// Projection `i` of `x` in `x`'s dtype, its LoRA adapter's update added.
+    fn proj(&self, i: usize, x: &Tensor) -> Tensor {
+        let y = lin(self.linear(i), x);
+        match &self.lora[i] {
+            None => y,
+            Some(a) => y + a.forward(x),
+        }
+    }
+}
+
+/// One projection's LoRA adapter: `A` `[r, in]`, `B` `[out, r]`, `scale` = alpha / r.
+#[derive(Debug)]
+struct Lora {
+    a: Tensor,
+    b: Tensor,
+    scale: f64,
+}
+
+impl Lora {
+    /// `x A^T B^T * scale` in `x`'s dtype.
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let k = x.kind();
+        x.linear::<Tensor>(&at_kind(&self.a, k), None)
+            .linear::<Tensor>(&at_kind(&self.b, k), None)
+            * self.scale
+    }
 }
 
 /// Keys and values of the tokens seen so far, per layer: `[b, nkv, p, d]` each.
@@ -233,6 +278,9 @@ pub struct Qwen2 {
     lm_head: Option<nn::Linear>,
     inv_freq: Tensor,
     compute: Option<Kind>,
+    /// The LoRA adapters' parameters ([`Qwen2::attach_lora`]), the trainable ones while they
+    /// are attached.
+    lora_vs: Option<nn::VarStore>,
     /// The static-cache decoder of [`crate::generate`], kept between calls (its weights copy,
     /// caches and captured CUDA graphs).
     pub(crate) decoder: std::sync::Mutex<Option<Box<crate::decode::Decoder>>>,
@@ -338,6 +386,7 @@ impl Qwen2 {
                     down: linear(&f / "down_proj", c.intermediate_size, h, false),
                     input_norm: RmsNorm::new(&l / "input_layernorm", h, c.rms_norm_eps),
                     post_norm: RmsNorm::new(&l / "post_attention_layernorm", h, c.rms_norm_eps),
+                    lora: Default::default(),
                 }
             })
             .collect();
@@ -358,6 +407,7 @@ impl Qwen2 {
             lm_head,
             inv_freq,
             compute: None,
+            lora_vs: None,
             decoder: std::sync::Mutex::new(None),
         })
     }
@@ -601,10 +651,10 @@ impl Qwen2 {
         let c = &self.config;
         let d = c.head_dim();
         let (b, t, _) = hx.size3()?;
-        let heads = |lin_: &nn::Linear, n: i64| lin(lin_, hx).view([b, t, n, d]).transpose(1, 2);
-        let q = heads(&l.q, c.num_attention_heads);
-        let k = heads(&l.k, c.num_key_value_heads);
-        let v = heads(&l.v, c.num_key_value_heads);
+        let heads = |i: usize, n: i64| l.proj(i, hx).view([b, t, n, d]).transpose(1, 2);
+        let q = heads(0, c.num_attention_heads);
+        let k = heads(1, c.num_key_value_heads);
+        let v = heads(2, c.num_key_value_heads);
         let q = &q * cos + rotate_half(&q) * sin;
         let k = &k * cos + rotate_half(&k) * sin;
         Ok((q, k, v))
@@ -614,9 +664,9 @@ impl Qwen2 {
     /// (`a` `[b, t, nh * d]`, `x` `[b, t, h]`).
     fn attention_out_and_mlp(l: &Layer, x: &Tensor, a: &Tensor) -> Tensor {
         // Out of place: `x` is saved for backward by the norm before it (no `+=`).
-        let x = x + lin(&l.o, a);
+        let x = x + l.proj(3, a);
         let hx = l.post_norm.forward(&x);
-        let mlp = lin(&l.down, &(lin(&l.gate, &hx).silu() * lin(&l.up, &hx)));
+        let mlp = l.proj(6, &(l.proj(4, &hx).silu() * l.proj(5, &hx)));
         &x + mlp
     }
 
@@ -713,7 +763,15 @@ impl Qwen2 {
     }
 
     /// The fused projection weights [`Qwen2::forward_static`] reads, copied from these.
+    ///
+    /// # Panics
+    /// With LoRA adapters attached: the fused paths read the base weights only
+    /// ([`Qwen2::merge_lora`] first).
     pub fn fused_weights(&self) -> FusedWeights {
+        assert!(
+            self.lora_vs.is_none(),
+            "merge the LoRA adapters before decoding"
+        );
         FusedWeights {
             layers: self.layers.iter().map(FusedLayer::new).collect(),
         }
@@ -792,6 +850,129 @@ impl Qwen2 {
             });
         }
         Ok(model)
+    }
+
+    /// Attaches LoRA adapters ([`LoraConfig`]) to every layer's target projections and freezes
+    /// the base: [`Qwen2::trainable`] is then the adapters' float32 parameters, named as PEFT
+    /// names them (`model.layers.{i}.self_attn.q_proj.lora_A.weight` `[r, in]`,
+    /// `...lora_B.weight` `[out, r]`). The forward adds `x A^T B^T * alpha / r` to each.
+    ///
+    /// # Errors
+    /// An invalid config (named field); adapters already attached.
+    pub fn attach_lora(&mut self, cfg: &LoraConfig) -> Result<(), ModelError> {
+        let bad = |m: String| ModelError::Config {
+            file: "lora".into(),
+            message: m,
+        };
+        cfg.check().map_err(bad)?;
+        if self.lora_vs.is_some() {
+            return Err(bad("LoRA adapters are already attached".into()));
+        }
+        let vs = nn::VarStore::new(self.device());
+        let root = vs.root();
+        let (r, scale) = (cfg.r as i64, cfg.alpha / cfg.r as f64);
+        for (li, layer) in self.layers.iter_mut().enumerate() {
+            for (i, name) in LORA_PROJECTIONS.iter().enumerate() {
+                if !cfg.target_modules.iter().any(|t| t == name) {
+                    continue;
+                }
+                let (out, inp) = layer.linear(i).ws.size2()?;
+                let block = if i < 4 { "self_attn" } else { "mlp" };
+                let p = &root / "model" / "layers" / li as i64 / block / *name;
+                let bound = 1.0 / (inp as f64).sqrt();
+                let a = (&p / "lora_A").var(
+                    "weight",
+                    &[r, inp],
+                    nn::Init::Uniform {
+                        lo: -bound,
+                        up: bound,
+                    },
+                );
+                let b = (&p / "lora_B").var("weight", &[out, r], nn::Init::Const(0.0));
+                layer.lora[i] = Some(Lora { a, b, scale });
+            }
+        }
+        self.vs.freeze();
+        self.lora_vs = Some(vs);
+        Ok(())
+    }
+
+    /// The parameters an optimizer trains: the LoRA adapters' while attached, else every
+    /// parameter.
+    pub fn trainable(&self) -> &nn::VarStore {
+        self.lora_vs.as_ref().unwrap_or(&self.vs)
+    }
+
+    /// Adds each adapter's `B A * alpha / r` (computed in float32) into its base weight, in
+    /// the weight's dtype, drops the adapters and unfreezes the base. Nothing without
+    /// adapters.
+    ///
+    /// # Errors
+    /// libtorch errors.
+    pub fn merge_lora(&mut self) -> Result<(), ModelError> {
+        if self.lora_vs.take().is_none() {
+            return Ok(());
+        }
+        let _g = tch::no_grad_guard();
+        for layer in &mut self.layers {
+            for i in 0..LORA_PROJECTIONS.len() {
+                if let Some(a) = layer.lora[i].take() {
+                    let mut w = layer.linear(i).ws.shallow_clone();
+                    let delta =
+                        a.b.to_kind(Kind::Float).matmul(&a.a.to_kind(Kind::Float)) * a.scale;
+                    let merged = (w.to_kind(Kind::Float) + delta).to_kind(w.kind());
+                    w.f_copy_(&merged)?;
+                }
+            }
+        }
+        self.vs.unfreeze();
+        Ok(())
+    }
+
+    /// Writes the attached adapters in PEFT's layout to `dir`: `adapter_model.safetensors`
+    /// (`base_model.model.<name>`, float32) and `adapter_config.json` (`peft_type` `LORA`,
+    /// `r`, `lora_alpha`, `target_modules`, no dropout or bias), which
+    /// `peft.PeftModel.from_pretrained(base, dir)` loads onto the base checkpoint.
+    ///
+    /// # Errors
+    /// No adapters attached; I/O and libtorch errors.
+    pub fn save_lora(&self, dir: &Path, cfg: &LoraConfig) -> Result<(), ModelError> {
+        let vs = self.lora_vs.as_ref().ok_or_else(|| ModelError::Config {
+            file: dir.display().to_string(),
+            message: "no LoRA adapters attached".into(),
+        })?;
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::Io(dir.display().to_string(), e))?;
+        let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+        let named: Vec<(String, Tensor)> = vars
+            .into_iter()
+            .map(|(n, t)| {
+                (
+                    format!("base_model.model.{n}"),
+                    t.to_device(Device::Cpu).contiguous(),
+                )
+            })
+            .collect();
+        let path = dir.join("adapter_model.safetensors");
+        Tensor::write_safetensors(&named, &path).map_err(|e| ModelError::Weights {
+            file: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let config = serde_json::json!({
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": cfg.r,
+            "lora_alpha": cfg.alpha,
+            "target_modules": cfg.target_modules,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "inference_mode": true,
+            "base_model_name_or_path": null,
+        });
+        let path = dir.join("adapter_config.json");
+        let text = serde_json::to_string_pretty(&config).expect("json");
+        std::fs::write(&path, text + "\n")
+            .map_err(|e| ModelError::Io(path.display().to_string(), e))
     }
 
     /// Saves in the Hugging Face layout: `config.json` (with `dtype`) and one

@@ -261,7 +261,7 @@ pub fn train_lm(
     let steps_per_epoch = train.len().div_ceil(bs);
     let total = (steps_per_epoch * cfg.epochs.max(1)).min(cfg.max_steps.unwrap_or(usize::MAX));
     let mut opt = Optimizer::new(model, cfg)?;
-    let params = model.vs.trainable_variables();
+    let params = model.trainable().trainable_variables();
     let mut out = Vec::new();
     let mut step = 0;
     let lens: Vec<usize> = train.iter().map(|e| e.ids.len().min(cfg.max_len)).collect();
@@ -312,9 +312,10 @@ pub fn train_lm(
     Ok(out)
 }
 
-/// The AdamW of [`train_lm`]: libtorch's over float32 master weights, or, for bf16 weights
-/// ([`TrainConfig::weights`]), [`crate::adamw::AdamW`] rounding each update by
-/// [`crate::adamw::Rounding`] (the model cast to bf16 first, compute in bf16).
+/// The AdamW of [`train_lm`] over [`Qwen2::trainable`] (the LoRA adapters when attached):
+/// libtorch's over float32 master weights, or, for bf16 weights ([`TrainConfig::weights`]),
+/// [`crate::adamw::AdamW`] rounding each update by [`crate::adamw::Rounding`] (the model cast
+/// to bf16 first, compute in bf16).
 enum Optimizer {
     Torch(nn::Optimizer),
     Narrow(crate::adamw::AdamW),
@@ -330,7 +331,7 @@ impl Optimizer {
                 eps: 1e-8,
                 amsgrad: false,
             }
-            .build(&model.vs, cfg.lr)?;
+            .build(model.trainable(), cfg.lr)?;
             return Ok(Optimizer::Torch(o));
         }
         model.set_kind(Kind::BFloat16);
@@ -342,7 +343,7 @@ impl Optimizer {
             weight_decay: cfg.weight_decay,
         };
         Ok(Optimizer::Narrow(crate::adamw::AdamW::with_rounding(
-            &model.vs,
+            model.trainable(),
             a,
             cfg.lr,
             cfg.weights.into(),

@@ -163,6 +163,14 @@ pub enum BenchCmd {
         /// torch's AdamW (bf16 moments, round to nearest) otherwise.
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16-stochastic", "bf16-kahan"])]
         weights: String,
+        /// LoRA of rank R on all seven projections of every layer, the base frozen in the
+        /// compute dtype (ours: `sft-train`'s `lora`; transformers': PEFT's
+        /// `get_peft_model` on the bf16 model). Absent: full fine-tuning.
+        #[arg(long, value_name = "R")]
+        lora_r: Option<usize>,
+        /// LoRA's alpha (the update scaled by alpha / r).
+        #[arg(long, default_value_t = 32.0)]
+        lora_alpha: f64,
         /// `auto`, `cpu` or `cuda`.
         #[arg(long, default_value = "auto")]
         device: String,
@@ -300,15 +308,18 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
             gen_tokens,
             gradient_checkpointing,
             weights,
+            lora_r,
+            lora_alpha,
             device,
             out,
         } => {
+            let lora = lora_r.map(|r| serde_json::json!({"r": r, "alpha": lora_alpha}));
             let job = train_job(
                 ctx,
                 &model,
                 (batch_size, seq_len, steps),
                 gen_batches,
-                (gen_tokens, gradient_checkpointing, &weights),
+                (gen_tokens, gradient_checkpointing, &weights, lora),
                 &device,
             )?;
             train_throughput(ctx, &job, out)
@@ -778,16 +789,25 @@ fn train_job(
     model: &str,
     (batch_size, seq_len, steps): (usize, usize, usize),
     gen_batches: Vec<usize>,
-    (gen_tokens, gradient_checkpointing, weights): (usize, bool, &str),
+    (gen_tokens, gradient_checkpointing, weights, lora): (
+        usize,
+        bool,
+        &str,
+        Option<serde_json::Value>,
+    ),
     device: &str,
 ) -> Result<serde_json::Value, CliError> {
     let mf = model_file(ctx, model)?;
-    Ok(serde_json::json!({
+    let mut job = serde_json::json!({
         "kind": "bench", "model": mf.model, "vocab_size": mf.tokenizer.vocab_size,
         "batch_size": batch_size, "seq_len": seq_len, "steps": steps, "warmup_steps": 5,
         "gen_batches": gen_batches, "prompt_len": 128, "gen_tokens": gen_tokens,
         "gradient_checkpointing": gradient_checkpointing, "weights": weights, "device": device,
-    }))
+    });
+    if let Some(l) = lora {
+        job["lora"] = l;
+    }
+    Ok(job)
 }
 
 /// The last line of `exe args`' stdout that parses as JSON (the result of a trainer job or a
