@@ -39,7 +39,9 @@ def main() -> None:
     )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).to(dev)
+    # Initialized where it runs (a 7B model's random init on the CPU takes minutes).
+    with torch.device(dev):
+        model = Qwen2ForCausalLM(cfg)
     # bf16 weights (`weights` other than f32): the model held in bf16, torch's AdamW on it
     # (bf16 moments, round to nearest), no autocast.
     narrow = job.get("weights", "f32") != "f32"
@@ -85,7 +87,7 @@ def main() -> None:
         model = model.merge_and_unload()
     model.eval()
     gens = {}
-    for b in job["gen_batches"]:
+    for b in (b for b in job["gen_batches"] if b > 0):
         prompts = torch.randint(job["vocab_size"], (b, job["prompt_len"]), device=dev)
         kw = dict(
             do_sample=False,

@@ -6,7 +6,8 @@
 # process (ours: cudarl-pipe-train; the baseline: python3) is sampled by nvidia-smi every 200 ms.
 # A size that does not fit is recorded as such (exit status and the last error line).
 # TRAIN_FLAGS: more `bench train-throughput` flags (e.g. --gradient-checkpointing, --weights
-# bf16-kahan). SKIP_DECODE=1: training only.
+# bf16-kahan, --lora-r 16). SKIP_DECODE=1: training only. GEN_BATCHES, GEN_TOKENS: the
+# training bench's own short generation check (default 1,32 and 128).
 # Usage: SIZES="0.5b 1.5b 7b" OUT=out bash scripts/gpu_model_scale.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -38,7 +39,7 @@ for s in $SIZES; do
   m=qwen2.5-coder-$s
   bs=$TRAIN_BS; [ "$s" = 7b ] && bs=${TRAIN_BS_7B:-1}
   with_peak "train_$s" timeout ${TRAIN_LIMIT:-240} "$B/cudarl-pipe" --root . --profile none bench train-throughput \
-    --model $m --device cuda --batch-size $bs --seq-len $SEQ --steps $STEPS --gen-batches 1,32 --gen-tokens 128 ${TRAIN_FLAGS:-} \
+    --model $m --device cuda --batch-size $bs --seq-len $SEQ --steps $STEPS --gen-batches ${GEN_BATCHES:-1,32} --gen-tokens ${GEN_TOKENS:-128} ${TRAIN_FLAGS:-} \
     --out "$OUT/train_$s.json"
   [ "${SKIP_DECODE:-0}" = 1 ] && continue
   with_peak "decode_$s" timeout ${DECODE_LIMIT:-240} "$B/cudarl-pipe" --root . --profile none bench decode \

@@ -84,6 +84,16 @@ pub fn stochastic_bf16(x: &Tensor) -> Tensor {
         .to_kind(Kind::BFloat16)
 }
 
+/// Writes `x` (float32, overwritten) rounded stochastically into `dst` (bf16): as
+/// [`stochastic_bf16`], in place, with one temporary (the random bits).
+fn round_stochastic_into(x: &Tensor, dst: &mut Tensor) {
+    let mut bits = x.view_dtype(Kind::Int);
+    let noise = Tensor::randint_low(0, 1 << 16, bits.size(), (Kind::Int, bits.device()));
+    let _ = bits.g_add_(&noise).bitwise_and_(-65536i64);
+    // Exact: the low 16 bits are zero.
+    dst.copy_(x);
+}
+
 /// One parameter's state.
 struct Slot {
     name: String,
@@ -189,31 +199,47 @@ impl AdamW {
                 let _ = s.exp_avg_sq.addcmul_(&g, &(&g * (1.0 - beta2)));
                 let bc1 = 1.0 - beta1.powi(s.step as i32);
                 let bc2 = 1.0 - beta2.powi(s.step as i32);
-                let denom = (s.exp_avg_sq.sqrt() / bc2.sqrt()) + eps;
-                let update = (&s.exp_avg / denom) * (lr / bc1);
                 if s.param.kind() == Kind::Float {
+                    let denom = (s.exp_avg_sq.sqrt() / bc2.sqrt()) + eps;
+                    let update = (&s.exp_avg / denom) * (lr / bc1);
                     if weight_decay != 0.0 {
                         let _ = s.param.g_mul_scalar_(1.0 - lr * weight_decay);
                     }
                     let _ = s.param.g_sub_(&update);
                     continue;
                 }
-                // A narrow parameter: the exact new value in float32, then rounded.
-                let old = s.param.to_kind(Kind::Float);
-                let exact = &old * (1.0 - lr * weight_decay) - update;
-                let rounded = match (rounding, &mut s.comp) {
+                // A narrow parameter: the exact new value in float32 (in place, three
+                // temporaries of the parameter's size: the gradient, the denominator, the
+                // value), then rounded. x - lr/bc1 * m / d = x + m / (d * -bc1/lr).
+                let mut denom = s.exp_avg_sq.sqrt();
+                let _ = denom
+                    .g_div_scalar_(bc2.sqrt())
+                    .g_add_scalar_(eps)
+                    .g_mul_scalar_(-bc1 / lr);
+                let mut exact = s.param.to_kind(Kind::Float);
+                if weight_decay != 0.0 {
+                    let _ = exact.g_mul_scalar_(1.0 - lr * weight_decay);
+                }
+                match (rounding, &mut s.comp) {
                     (Rounding::Kahan, Some(c)) => {
-                        let wanted = &exact - &old + c.to_kind(Kind::Float);
+                        // wanted = the step plus what earlier roundings lost.
+                        let old = s.param.to_kind(Kind::Float);
+                        let _ = exact.addcdiv_(&s.exp_avg, &denom);
+                        let _ = exact.g_sub_(&old).g_add_(&c.to_kind(Kind::Float));
+                        let wanted = exact;
                         let r = (&old + &wanted).to_kind(s.param.kind());
                         c.copy_(&(wanted - (r.to_kind(Kind::Float) - &old)));
-                        r
+                        s.param.copy_(&r);
                     }
                     (Rounding::Stochastic, _) if s.param.kind() == Kind::BFloat16 => {
-                        stochastic_bf16(&exact)
+                        let _ = exact.addcdiv_(&s.exp_avg, &denom);
+                        round_stochastic_into(&exact, &mut s.param);
                     }
-                    _ => exact.to_kind(s.param.kind()),
-                };
-                s.param.copy_(&rounded);
+                    _ => {
+                        let _ = exact.addcdiv_(&s.exp_avg, &denom);
+                        s.param.copy_(&exact);
+                    }
+                }
             }
         });
     }

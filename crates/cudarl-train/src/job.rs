@@ -458,7 +458,8 @@ fn bench(
         use_cache: true,
         ..Default::default()
     };
-    for &b in gen_batches {
+    // A batch size of 0: no generation (the peak is training's alone).
+    for &b in gen_batches.iter().filter(|b| **b > 0) {
         let prompts: Vec<Vec<i64>> = random(b, prompt_len).into_iter().map(|e| e.ids).collect();
         // One untimed short run, then the timed one.
         let short = crate::SampleParams {
