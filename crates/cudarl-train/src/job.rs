@@ -275,8 +275,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             (*batch_size, *seq_len, *steps, *warmup_steps),
             gen_batches,
             (*prompt_len, *gen_tokens),
-            (*precision, *gradient_checkpointing, *weights),
-            lora.as_ref(),
+            (*precision, *gradient_checkpointing, *weights, lora.as_ref()),
             device(*dev)?,
         )?),
         Job::BenchDecode {
@@ -385,12 +384,12 @@ fn bench(
     (bs, len, steps, warm): (usize, usize, usize, usize),
     gen_batches: &[usize],
     (prompt_len, gen_tokens): (usize, usize),
-    (precision, gradient_checkpointing, weights): (
+    (precision, gradient_checkpointing, weights, lora): (
         crate::train::Precision,
         bool,
         cudarl_protocol::Weights,
+        Option<&cudarl_protocol::LoraConfig>,
     ),
-    lora: Option<&cudarl_protocol::LoraConfig>,
     dev: Device,
 ) -> Result<serde_json::Value, ModelError> {
     tch::manual_seed(0);
