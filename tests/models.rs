@@ -137,14 +137,20 @@ fn fails_with(p: &Project, targets: &[&str], set: &str, says: &str) {
     assert!(err.contains(says), "{set}: {err}");
 }
 
+/// `cudarl-pipe args` with each of `sets` as a `--set` override.
+fn run_sets(p: &Project, args: &[&str], sets: &[&str]) -> std::process::Output {
+    let mut all = args.to_vec();
+    for s in sets {
+        all.extend(["--set", s]);
+    }
+    p.run(&all)
+}
+
 /// `run` with `--set` overrides, which must succeed.
 fn run_ok(p: &Project, targets: &[&str], sets: &[&str]) {
     let mut args = vec!["run"];
     args.extend(targets);
-    for s in sets {
-        args.extend(["--set", s]);
-    }
-    let o = p.run(&args);
+    let o = run_sets(p, &args, sets);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
 }
 
@@ -1566,19 +1572,15 @@ fn sft_train_with_lora_saves_peft_adapters_that_peft_applies_as_the_merged_check
         "sft-train.lora.r=4",
         "sft-train.lora.alpha=8",
     ];
-    let mut args = vec!["run", "sft-train", "--json"];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let o = p.run(&args);
+    let o = run_sets(&p, &["run", "sft-train", "--json"], &sets);
     let said = format!("{}{}", stdout(&o), common::stderr(&o));
     assert_eq!(o.status.code(), Some(0), "{said}");
     let out = p.path("lora-export");
-    let mut args = vec!["export", "sft-train", "--to", out.to_str().unwrap()];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let o = p.run(&args);
+    let o = run_sets(
+        &p,
+        &["export", "sft-train", "--to", out.to_str().unwrap()],
+        &sets,
+    );
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     let (adapter, merged) = (
         out.join("sft-train/adapter"),
@@ -1603,24 +1605,18 @@ fn sft_train_with_lora_saves_peft_adapters_that_peft_applies_as_the_merged_check
     );
     assert!(v["peft_vs_merged"].as_f64().unwrap() < 1e-4, "{v}");
     // A bad adapter config is refused at load, naming the field.
-    let o = p.run(&[
-        "run",
-        "sft-train",
-        "--set",
-        "sft-train.lora.r=0",
-        "--set",
-        "sft-train.lora.alpha=8",
-    ]);
+    let o = run_sets(
+        &p,
+        &["run", "sft-train"],
+        &["sft-train.lora.r=0", "sft-train.lora.alpha=8"],
+    );
     assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
     assert!(common::stderr(&o).contains("lora.r must be at least 1"));
-    let o = p.run(&[
-        "run",
-        "pretrain",
-        "--set",
-        "pretrain.lora.r=4",
-        "--set",
-        "pretrain.lora.alpha=8",
-    ]);
+    let o = run_sets(
+        &p,
+        &["run", "pretrain"],
+        &["pretrain.lora.r=4", "pretrain.lora.alpha=8"],
+    );
     assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
     assert!(common::stderr(&o).contains("lora is a `sft-train` parameter"));
 }
@@ -1639,11 +1635,11 @@ fn rl_train_eval_and_sft_eval_start_from_a_hugging_face_checkpoint_directory() {
         "eval.kernelbench_samples=0",
         "sft-eval.model=./models/qwen-tiny",
     ];
-    let mut args = vec!["run", "rl-train", "eval", "sft-eval", "--json"];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let o = p.run(&args);
+    let o = run_sets(
+        &p,
+        &["run", "rl-train", "eval", "sft-eval", "--json"],
+        &sets,
+    );
     let said = format!("{}{}", stdout(&o), common::stderr(&o));
     assert_eq!(o.status.code(), Some(0), "{said}");
     let m = common::records(&o);
@@ -1661,11 +1657,11 @@ fn rl_train_eval_and_sft_eval_start_from_a_hugging_face_checkpoint_directory() {
     assert_eq!(metrics.len(), 2, "both RL steps: {metrics:?}");
     // RL's checkpoints keep the directory's tokenizer byte for byte.
     let out = p.path("rl-export");
-    let mut args = vec!["export", "rl-train", "--to", out.to_str().unwrap()];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let o = p.run(&args);
+    let o = run_sets(
+        &p,
+        &["export", "rl-train", "--to", out.to_str().unwrap()],
+        &sets,
+    );
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     let read = |d: &std::path::Path| std::fs::read(d.join("tokenizer.json")).unwrap();
     let base = p.path("models/qwen-tiny");
@@ -1714,11 +1710,7 @@ fn sft_train_with_init_random_starts_from_a_fresh_model_of_the_file_without_pret
         "sft-train.max_steps=2",
         "sft-train.model=tiny",
     ];
-    let mut args = vec!["run", "sft-train", "--json"];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let o = p.run(&args);
+    let o = run_sets(&p, &["run", "sft-train", "--json"], &sets);
     assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
     let m = common::records(&o);
     assert!(!m.contains_key("pretrain"), "pretrain ran: {:?}", m.keys());

@@ -72,25 +72,14 @@ impl From<cudarl_protocol::Weights> for Rounding {
     }
 }
 
-/// `x` (float32) rounded stochastically to bf16: the 16 low bits of each float32 pattern plus a
-/// uniform draw in [0, 2^16), then cut (bf16 is float32's upper 16 bits), from libtorch's
-/// generator (`tch::manual_seed`).
-pub fn stochastic_bf16(x: &Tensor) -> Tensor {
-    let bits = x.to_kind(Kind::Float).contiguous().view_dtype(Kind::Int);
-    let noise = Tensor::randint_low(0, 1 << 16, bits.size(), (Kind::Int, bits.device()));
-    (bits + noise)
-        .bitwise_and(-65536i64)
-        .view_dtype(Kind::Float)
-        .to_kind(Kind::BFloat16)
-}
-
-/// Writes `x` (float32, overwritten) rounded stochastically into `dst` (bf16): as
-/// [`stochastic_bf16`], in place, with one temporary (the random bits).
-fn round_stochastic_into(x: &Tensor, dst: &mut Tensor) {
+/// Writes `x` (float32, overwritten) into `dst` (bf16) rounded stochastically: the 16 low
+/// bits of each float32 pattern plus a uniform draw in [0, 2^16) from libtorch's generator
+/// (`tch::manual_seed`), then cut (bf16 is float32's upper 16 bits, so the copy is exact). One
+/// temporary: the random bits.
+pub fn round_stochastic_into(x: &Tensor, dst: &mut Tensor) {
     let mut bits = x.view_dtype(Kind::Int);
     let noise = Tensor::randint_low(0, 1 << 16, bits.size(), (Kind::Int, bits.device()));
     let _ = bits.g_add_(&noise).bitwise_and_(-65536i64);
-    // Exact: the low 16 bits are zero.
     dst.copy_(x);
 }
 
@@ -208,37 +197,29 @@ impl AdamW {
                     let _ = s.param.g_sub_(&update);
                     continue;
                 }
-                // A narrow parameter: the exact new value in float32 (in place, three
+                // A narrow parameter: the exact new value in float32 (in place, four
                 // temporaries of the parameter's size: the gradient, the denominator, the
-                // value), then rounded. x - lr/bc1 * m / d = x + m / (d * -bc1/lr).
+                // old and the new value), then rounded. x - lr/bc1 * m / d = x + m / (d * -bc1/lr).
                 let mut denom = s.exp_avg_sq.sqrt();
                 let _ = denom
                     .g_div_scalar_(bc2.sqrt())
                     .g_add_scalar_(eps)
                     .g_mul_scalar_(-bc1 / lr);
-                let mut exact = s.param.to_kind(Kind::Float);
-                if weight_decay != 0.0 {
-                    let _ = exact.g_mul_scalar_(1.0 - lr * weight_decay);
-                }
+                let old = s.param.to_kind(Kind::Float);
+                let mut exact = &old * (1.0 - lr * weight_decay);
+                let _ = exact.addcdiv_(&s.exp_avg, &denom);
                 match (rounding, &mut s.comp) {
                     (Rounding::Kahan, Some(c)) => {
                         // wanted = the step plus what earlier roundings lost.
-                        let old = s.param.to_kind(Kind::Float);
-                        let _ = exact.addcdiv_(&s.exp_avg, &denom);
                         let _ = exact.g_sub_(&old).g_add_(&c.to_kind(Kind::Float));
-                        let wanted = exact;
-                        let r = (&old + &wanted).to_kind(s.param.kind());
-                        c.copy_(&(wanted - (r.to_kind(Kind::Float) - &old)));
+                        let r = (&old + &exact).to_kind(s.param.kind());
+                        c.copy_(&(exact - (r.to_kind(Kind::Float) - &old)));
                         s.param.copy_(&r);
                     }
                     (Rounding::Stochastic, _) if s.param.kind() == Kind::BFloat16 => {
-                        let _ = exact.addcdiv_(&s.exp_avg, &denom);
                         round_stochastic_into(&exact, &mut s.param);
                     }
-                    _ => {
-                        let _ = exact.addcdiv_(&s.exp_avg, &denom);
-                        s.param.copy_(&exact);
-                    }
+                    _ => s.param.copy_(&exact),
                 }
             }
         });

@@ -229,15 +229,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
                     Qwen2::new(cfg, dev)?
                 }
             };
-            let compute = train.precision.compute_kind(dev);
-            if let Some(l) = lora {
-                // The frozen base in the compute dtype (bf16 on a GPU); the adapters float32.
-                if let Some(k) = compute {
-                    m.set_kind(k);
-                }
-                m.attach_lora(l)?;
-            }
-            m.set_compute_kind(compute);
+            with_lora(&mut m, train.precision.compute_kind(dev), lora.as_ref())?;
             let enc = |rows: Vec<Vec<ChatMessage>>| crate::train::chat_examples(&tok, &rows);
             let tr = enc(read_lines(data)?)?;
             let ev = enc(read_lines(eval_data)?)?;
@@ -377,6 +369,26 @@ pub(crate) fn sync(dev: Device) {
     }
 }
 
+/// Sets `m`'s compute dtype and, with `lora`, first casts the base (frozen from then on) to
+/// that dtype (bf16 on a GPU) and attaches float32 adapters ([`Qwen2::attach_lora`]).
+///
+/// # Errors
+/// An invalid LoRA config.
+fn with_lora(
+    m: &mut Qwen2,
+    compute: Option<tch::Kind>,
+    lora: Option<&cudarl_protocol::LoraConfig>,
+) -> Result<(), ModelError> {
+    if let Some(l) = lora {
+        if let Some(k) = compute {
+            m.set_kind(k);
+        }
+        m.attach_lora(l)?;
+    }
+    m.set_compute_kind(compute);
+    Ok(())
+}
+
 /// The `bench` job (see [`Job::Bench`]).
 fn bench(
     spec: &ModelSpec,
@@ -394,14 +406,7 @@ fn bench(
 ) -> Result<serde_json::Value, ModelError> {
     tch::manual_seed(0);
     let mut m = Qwen2::new(spec.config(vocab), dev)?;
-    let compute = precision.compute_kind(dev);
-    if let Some(l) = lora {
-        if let Some(k) = compute {
-            m.set_kind(k);
-        }
-        m.attach_lora(l)?;
-    }
-    m.set_compute_kind(compute);
+    with_lora(&mut m, precision.compute_kind(dev), lora)?;
     let random = |n: usize, len: usize| -> Vec<Example> {
         let t = Tensor::randint(
             vocab,
