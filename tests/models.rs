@@ -1703,6 +1703,72 @@ fn rl_train_eval_and_sft_eval_start_from_a_hugging_face_checkpoint_directory() {
 }
 
 #[test]
+fn rl_train_with_lora_saves_merged_agents_and_peft_adapters_of_the_checkpoint() {
+    let Some(python) = common::python() else {
+        eprintln!("SKIPPED: a checkpoint made by transformers and PEFT (no python)");
+        return;
+    };
+    let p = cpu_project();
+    hf_checkpoint(&p, &python, "models/qwen-tiny", "system-default");
+    let sets = [
+        "rl-train.model=./models/qwen-tiny",
+        "rl-train.lora.r=4",
+        "rl-train.lora.alpha=8",
+        // Every completion in the update, and PPO-ptx's gradient uncapped: it moves the
+        // adapters whatever the rewards of the untrained model.
+        "rl-train.signal_only=false",
+        "rl-train.aux_grad_cap=0",
+        "rl-train.lr=0.05",
+    ];
+    let o = run_sets(&p, &["run", "rl-train", "--json"], &sets);
+    let said = format!("{}{}", stdout(&o), common::stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "{said}");
+    let metrics = rows_with(&p, "rl-train", "metrics", &sets);
+    let steps: i64 = metrics
+        .iter()
+        .map(|r| r["update_steps"].as_i64().unwrap())
+        .sum();
+    assert!(steps > 0, "the generator stepped: {metrics:?}");
+    let out = p.path("rl-lora-export");
+    let o = run_sets(
+        &p,
+        &["export", "rl-train", "--to", out.to_str().unwrap()],
+        &sets,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    // The merged generator is what PEFT makes of the checkpoint and the generator's adapters.
+    let o = std::process::Command::new(&python)
+        .arg(repo_root().join("tests/python/check_peft_adapter.py"))
+        .args([
+            &p.path("models/qwen-tiny"),
+            &out.join("rl-train/generator_adapter"),
+            &out.join("rl-train/generator"),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["lora_tensors"], 28, "{v}");
+    assert!(
+        v["adapter_effect"].as_f64().unwrap() > 1e-4,
+        "untrained: {v}"
+    );
+    assert!(v["peft_vs_merged"].as_f64().unwrap() < 1e-4, "{v}");
+    assert!(
+        out.join("rl-train/optimizer_adapter/adapter_config.json")
+            .is_file()
+    );
+    // A bad adapter config is refused at load, naming the field.
+    let o = run_sets(
+        &p,
+        &["run", "rl-train"],
+        &["rl-train.lora.r=0", "rl-train.lora.alpha=8"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("lora.r must be at least 1"));
+}
+
+#[test]
 fn sft_train_with_init_random_starts_from_a_fresh_model_of_the_file_without_pretrain() {
     let p = cpu_project();
     let sets = [

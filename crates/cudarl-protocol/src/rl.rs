@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::chat::{ChatMessage, Role};
-use crate::job::{Device, Finish, Precision};
+use crate::job::{Device, Finish, LoraConfig, Precision};
 
 /// Settings of the clipped policy loss.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -158,6 +158,13 @@ pub struct RlServe {
     /// PPO-ptx (absent: off).
     #[serde(default)]
     pub ptx: Option<Ptx>,
+    /// Train LoRA adapters instead of every weight (absent: full fine-tuning). Each agent's
+    /// base is loaded once in the compute dtype (bf16 on a GPU) and frozen; when `generator`
+    /// and `optimizer` are the same directory both agents share one base. The KL reference is
+    /// the base with the adapters off (no copy). `save` writes each agent merged, and its
+    /// adapters in PEFT's layout to `<agent>_adapter`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 /// A request to the RL trainer (tagged by `op`).
@@ -195,8 +202,9 @@ pub enum Request {
         /// The completions and their advantages.
         samples: Vec<Sample>,
     },
-    /// Write both agents in the Hugging Face layout to `dir/generator` and `dir/optimizer`,
-    /// answered by [`Reply::Saved`].
+    /// Write both agents in the Hugging Face layout to `dir/generator` and `dir/optimizer`
+    /// (with LoRA also their adapters, PEFT's layout, to `dir/generator_adapter` and
+    /// `dir/optimizer_adapter`), answered by [`Reply::Saved`].
     Save {
         /// Output directory.
         dir: PathBuf,

@@ -203,6 +203,7 @@ fn shares(
         target_kl: None,
         epochs: 1,
         ptx: None,
+        lora: None,
     };
     let sampling = Sampling {
         max_new_tokens: MAX_NEW_TOKENS,

@@ -291,17 +291,30 @@ pub struct Params {
     /// torch eager). Absent or 0: task families only, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernelbench_share: Option<f64>,
+    /// Train LoRA adapters of a frozen base instead of every weight, e.g. `{ r = 16, alpha =
+    /// 32 }` (`cudarl_protocol::LoraConfig`: `r`, `alpha`, `target_modules`, all seven
+    /// projections when absent; [`RlServe::lora`]). The base is held once in the compute dtype
+    /// (bf16 on a GPU) and is also the KL reference (adapters off); with `model` both agents
+    /// share it. `rl-train`'s `generator` and `optimizer` outputs are the merged checkpoints,
+    /// and `generator_adapter` / `optimizer_adapter` hold the adapters in PEFT's layout. On
+    /// stages that only sample (`eval`, `collab-data`, `optimize`) it loads the agents the same
+    /// way, adapters at zero. Absent: full fine-tuning, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<cudarl_protocol::LoraConfig>,
 }
 
 impl Params {
     /// The checks serde cannot make.
     ///
     /// # Errors
-    /// A `model` that is not a path, `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
+    /// A bad `lora` (named field), a `model` that is not a path, `gamma` or `gae_lambda` outside [0, 1], `std_floor` outside [0, 1], a GRPO group under 2,
     /// `generator_credit = "own"` with PPO, `epochs` 0, a negative `ptx_coef` or `aux_grad_cap`,
     /// `ptx_batch` 0, `kernelbench_share` outside [0, 1], a
     /// `target_kl` or `timing_budget_ms` not above 0.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(l) = &self.lora {
+            l.check()?;
+        }
         if let Some(m) = &self.model
             && !crate::common::is_checkpoint_dir(m)
         {
@@ -476,6 +489,7 @@ impl Params {
             target_kl: self.target_kl,
             epochs: self.epochs.unwrap_or(1),
             ptx,
+            lora: self.lora.clone(),
         }
     }
 

@@ -28,7 +28,8 @@
 //! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), verdict_reuse (float64: share of the step's candidates answered from a verdict earlier in the run), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal; for optimizer turns under returns-to-go credit, the share whose improvement over the kernel they were given is not 0), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), max_ref_log_ratio, optimizer_max_ref_log_ratio (float64: the largest per-token log-ratio to the reference, nats), aux_scale, optimizer_aux_scale, max_aux_grad_ratio, optimizer_max_aux_grad_ratio (float64, nullable: how `aux_grad_cap` scaled the KL and PPO-ptx gradient, and its largest norm ratio to the policy gradient), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
 //! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
-//! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints |
+//! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints (with `lora`, merged) |
+//! | `generator_adapter`, `optimizer_adapter` (with `lora`) | as `generator`: `adapter_model.safetensors`, `adapter_config.json` (PEFT's layout) |
 //! | `plots` | file, digest, bytes: `reward_curve.png`, `rates.png` |
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -562,14 +563,19 @@ impl Stage for RlTrain {
         v
     }
     fn outputs(&self) -> Vec<OutputDecl> {
-        vec![
+        let mut v = vec![
             OutputDecl::table("metrics", METRICS.clone()),
             OutputDecl::table("turns", TURNS.clone()),
             OutputDecl::table("tiers", TIERS.clone()),
             OutputDecl::table("generator", CHECKPOINT.clone()),
             OutputDecl::table("optimizer", CHECKPOINT.clone()),
             OutputDecl::table("plots", CHECKPOINT.clone()),
-        ]
+        ];
+        if self.params.lora.is_some() {
+            v.push(OutputDecl::table("generator_adapter", CHECKPOINT.clone()));
+            v.push(OutputDecl::table("optimizer_adapter", CHECKPOINT.clone()));
+        }
+        v
     }
     fn resolve_external(
         &self,
@@ -742,8 +748,13 @@ impl Stage for RlTrain {
         let ck = dir.join("rl");
         tc.save(&ck)?;
         tc.quit();
-        ingest_dir(ctx, &ck.join("generator"), "generator")?;
-        ingest_dir(ctx, &ck.join("optimizer"), "optimizer")?;
+        for agent in ["generator", "optimizer"] {
+            ingest_dir(ctx, &ck.join(agent), agent)?;
+            if p.lora.is_some() {
+                let a = format!("{agent}_adapter");
+                ingest_dir(ctx, &ck.join(&a), &a)?;
+            }
+        }
         write_rows(ctx, "metrics", &METRICS, &rows)?;
         let turn_rows: Vec<TurnRow<'_>> = turns
             .iter()

@@ -1,8 +1,9 @@
 //! Trainable agents (the mission's `TrainableAgent`): a generator or optimizer that owns a
-//! Qwen2 model, its tokenizer, an AdamW optimizer over float32 master weights, and its role's
-//! chat template (ChatML with the role's system prompt). It samples completions with per-token
-//! log-probabilities (`generate_with_log_probs`), scores given completions differentiably
-//! (`completion_log_probs`, for policy-gradient losses) and applies updates (`step`).
+//! Qwen2 model, its tokenizer, an AdamW optimizer over its float32 master weights (or its LoRA
+//! adapters'), and its role's chat template (ChatML with the role's system prompt). It samples
+//! completions with per-token log-probabilities (`generate_with_log_probs`), scores given
+//! completions differentiably (`completion_log_probs`, for policy-gradient losses) and applies
+//! updates (`step`).
 
 use std::path::Path;
 
@@ -89,15 +90,31 @@ impl TrainableAgent {
         precision: Precision,
         optim: AgentOptim,
     ) -> Result<TrainableAgent, ModelError> {
-        let tokenizer = ChatTokenizer::load_dir(dir)?;
         let mut model = Qwen2::load(dir, device, Kind::Float)?;
         model.set_compute_kind(precision.compute_kind(device));
+        Self::with_model(dir, role, system, model, optim)
+    }
+
+    /// An agent of `model` (its [`Qwen2::trainable`] parameters are what AdamW trains: the
+    /// LoRA adapters when attached, else every weight) with the tokenizer of the checkpoint
+    /// directory `dir` ([`ChatTokenizer::load_dir`]).
+    ///
+    /// # Errors
+    /// A bad tokenizer (named).
+    pub fn with_model(
+        dir: &Path,
+        role: Role,
+        system: &str,
+        model: Qwen2,
+        optim: AgentOptim,
+    ) -> Result<TrainableAgent, ModelError> {
+        let tokenizer = ChatTokenizer::load_dir(dir)?;
         let cfg = AdamWConfig {
             beta2: 0.95,
             weight_decay: optim.weight_decay,
             ..Default::default()
         };
-        let opt = AdamW::new(&model.vs, cfg, optim.lr);
+        let opt = AdamW::new(model.trainable(), cfg, optim.lr);
         Ok(TrainableAgent {
             role,
             system: system.to_string(),
@@ -312,7 +329,10 @@ impl TrainableAgent {
         self.warm_up();
         self.opt.zero_grad();
         loss.f_backward()?;
-        let norm = clip_grad_norm(&self.model.vs.trainable_variables(), self.optim.grad_clip);
+        let norm = clip_grad_norm(
+            &self.model.trainable().trainable_variables(),
+            self.optim.grad_clip,
+        );
         self.opt.step();
         Ok(norm)
     }
@@ -333,7 +353,7 @@ impl TrainableAgent {
     ) -> Result<(f64, crate::rl::AuxCap), ModelError> {
         self.warm_up();
         self.opt.zero_grad();
-        let params = self.model.vs.trainable_variables();
+        let params = self.model.trainable().trainable_variables();
         let c = crate::rl::capped_gradients(pg, aux, &params, cap)?;
         let norm = clip_grad_norm(&params, self.optim.grad_clip);
         self.opt.step();
@@ -366,8 +386,9 @@ impl TrainableAgent {
         self.opt.load(path)
     }
 
-    /// Saves the model and tokenizer in the Hugging Face layout, with the chat template and
-    /// generation settings ([`ChatTokenizer::write_hf_configs`]).
+    /// Saves the model (LoRA adapters merged: [`Qwen2::save`]) and tokenizer in the Hugging
+    /// Face layout, with the chat template and generation settings
+    /// ([`ChatTokenizer::write_hf_configs`]).
     ///
     /// # Errors
     /// I/O and libtorch errors.

@@ -6,9 +6,9 @@
 //! as a CUDA graph and replayed (one launch instead of about 400 kernel launches for `small`).
 //!
 //! The decoder belongs to its model (`Qwen2::decoder`) and is kept between calls: its own copy
-//! of the weights in the compute dtype and their fused projections (copied again in place when
-//! libtorch's version counters say the model's weights changed, so graphs stay valid after an
-//! optimizer step), one set of buffers per batch size, and the graphs. Batch sizes are
+//! of the weights in the compute dtype (LoRA adapters merged in) and their fused projections
+//! (copied again in place when libtorch's version counters say the model's weights or
+//! adapters changed, so graphs stay valid after an optimizer step), one set of buffers per batch size, and the graphs. Batch sizes are
 //! rounded up to a power of two (extra rows decode a dummy token, ignored) and attention
 //! lengths to a multiple of [`LEN_BUCKET`] (keys past a row's last token are masked), so a run
 //! captures few graphs. Measured: `cudarl-pipe bench decode`
@@ -178,14 +178,14 @@ impl Decoder {
     }
 }
 
-/// A stamp of `model`'s weights that changes whenever one changes: the sum of libtorch's
-/// version counters (each in-place write increases one) and of the storage addresses. `-1`
+/// A stamp of `model`'s weights and LoRA adapters that changes whenever one changes: the sum
+/// of libtorch's version counters (each in-place write increases one) and of the storage addresses. `-1`
 /// first when versions cannot be read (then the weights are always copied).
 fn weights_stamp(model: &Qwen2) -> (i64, usize) {
-    let vars = model.vs.variables();
+    let vars = model.all_variables();
     let mut v = 0i64;
     let mut ptrs = 0usize;
-    for t in vars.values() {
+    for t in &vars {
         let x = cuda_graph::tensor_version(t);
         if x < 0 {
             return (-1, 0);
@@ -216,7 +216,7 @@ pub(crate) fn generate_static(
     let dec = slot.as_mut().expect("set above");
     let stamp = weights_stamp(master);
     if stamp.0 < 0 || dec.stamp != Some(stamp) {
-        dec.model.vs.copy(&master.vs)?;
+        dec.model.copy_merged_from(master)?;
         dec.fused.refresh(&dec.model)?;
         dec.stamp = Some(stamp);
     }

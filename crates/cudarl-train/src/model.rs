@@ -33,6 +33,14 @@ impl RmsNorm {
             eps,
         }
     }
+    /// A second handle on the same weight (no copy).
+    fn share(&self) -> RmsNorm {
+        RmsNorm {
+            weight: self.weight.shallow_clone(),
+            eps: self.eps,
+        }
+    }
+
     fn forward(&self, x: &Tensor) -> Tensor {
         let kind = x.kind();
         let xf = x.to_kind(Kind::Float);
@@ -125,6 +133,37 @@ impl Lora {
         x.linear::<Tensor>(&at_kind(&self.a, k), None)
             .linear::<Tensor>(&at_kind(&self.b, k), None)
             * self.scale
+    }
+
+    /// The weight update `B A * scale` `[out, in]`, computed in float32 (detached).
+    fn delta(&self) -> Tensor {
+        tch::no_grad(|| {
+            self.b
+                .to_kind(Kind::Float)
+                .matmul(&self.a.to_kind(Kind::Float))
+                * self.scale
+        })
+    }
+}
+
+/// The token embedding table `[V, h]` (`model.embed_tokens.weight`).
+#[derive(Debug)]
+struct Embedding {
+    ws: Tensor,
+}
+
+impl Embedding {
+    /// Rows of `ws` for `ids` (int64, any shape) -> `[..., h]` in the table's dtype.
+    fn forward(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.ws, ids, -1, false, false)
+    }
+}
+
+/// A second handle on `l`'s tensors (no copy).
+fn share_linear(l: &nn::Linear) -> nn::Linear {
+    nn::Linear {
+        ws: l.ws.shallow_clone(),
+        bs: l.bs.as_ref().map(Tensor::shallow_clone),
     }
 }
 
@@ -272,7 +311,7 @@ pub struct Qwen2 {
     pub config: Qwen2Config,
     /// The parameters (trainable; `vs.trainable_variables()` for an optimizer).
     pub vs: nn::VarStore,
-    embed: nn::Embedding,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Option<nn::Linear>,
@@ -359,18 +398,16 @@ impl Qwen2 {
         let (h, d) = (c.hidden_size, c.head_dim());
         let root = vs.root();
         let m = &root / "model";
-        let embed = nn::embedding(
-            &m / "embed_tokens",
-            c.vocab_size,
-            h,
-            nn::EmbeddingConfig {
-                ws_init: nn::Init::Randn {
+        let embed = Embedding {
+            ws: (&m / "embed_tokens").var(
+                "weight",
+                &[c.vocab_size, h],
+                nn::Init::Randn {
                     mean: 0.0,
                     stdev: 0.02,
                 },
-                ..Default::default()
-            },
-        );
+            ),
+        };
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
                 let l = &m / "layers" / i;
@@ -427,8 +464,8 @@ impl Qwen2 {
         }
         let _g = tch::no_grad_guard();
         let mut m = Qwen2::new(self.config.clone(), self.device())?;
-        m.vs.copy(&self.vs)?;
         m.set_kind(self.compute_kind());
+        m.copy_merged_from(self)?;
         m.vs.freeze();
         Ok(Some(m))
     }
@@ -903,6 +940,104 @@ impl Qwen2 {
         self.lora_vs.as_ref().unwrap_or(&self.vs)
     }
 
+    /// A second model over the same parameter storage, with no copy: the same
+    /// [`nn::VarStore`] (frozen by this call, for both) and handles on the same tensors, no
+    /// adapters and no compute dtype. What LoRA agents that start from one checkpoint share:
+    /// each attaches its own adapters to a share ([`Qwen2::attach_lora`]), and the base itself,
+    /// adapters off, is their frozen KL reference (7B: one 15.2 GB bf16 base for both agents
+    /// and both references instead of four models).
+    ///
+    /// # Errors
+    /// This model has adapters attached (they are not shared).
+    pub fn share(&self) -> Result<Qwen2, ModelError> {
+        if self.lora_vs.is_some() {
+            return Err(ModelError::Config {
+                file: "lora".into(),
+                message: "a model with LoRA adapters attached cannot be shared".into(),
+            });
+        }
+        let mut vs = nn::VarStore::new(self.device());
+        vs.variables_ = self.vs.variables_.clone();
+        vs.freeze();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| Layer {
+                q: share_linear(&l.q),
+                k: share_linear(&l.k),
+                v: share_linear(&l.v),
+                o: share_linear(&l.o),
+                gate: share_linear(&l.gate),
+                up: share_linear(&l.up),
+                down: share_linear(&l.down),
+                input_norm: l.input_norm.share(),
+                post_norm: l.post_norm.share(),
+                lora: Default::default(),
+            })
+            .collect();
+        Ok(Qwen2 {
+            config: self.config.clone(),
+            vs,
+            embed: Embedding {
+                ws: self.embed.ws.shallow_clone(),
+            },
+            layers,
+            norm: self.norm.share(),
+            lm_head: self.lm_head.as_ref().map(share_linear),
+            inv_freq: self.inv_freq.shallow_clone(),
+            compute: None,
+            lora_vs: None,
+            decoder: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The float32 updates `B A * alpha / r` of the attached adapters by the Hugging Face name
+    /// of the weight each adapts (`model.layers.{i}.self_attn.q_proj.weight`, ...); empty
+    /// without adapters.
+    fn adapter_deltas(&self) -> BTreeMap<String, Tensor> {
+        let mut out = BTreeMap::new();
+        for (li, layer) in self.layers.iter().enumerate() {
+            for (i, name) in LORA_PROJECTIONS.iter().enumerate() {
+                if let Some(a) = &layer.lora[i] {
+                    let block = if i < 4 { "self_attn" } else { "mlp" };
+                    out.insert(
+                        format!("model.layers.{li}.{block}.{name}.weight"),
+                        a.delta(),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// Copies `src`'s weights into this model's (same architecture; converted to this model's
+    /// dtype), each adapted weight with `src`'s adapter merged (`W + B A * alpha / r` in
+    /// float32, then rounded): what a decoder or an inference copy of a LoRA model holds.
+    ///
+    /// # Errors
+    /// Different architectures; libtorch errors.
+    pub fn copy_merged_from(&mut self, src: &Qwen2) -> Result<(), ModelError> {
+        let _g = tch::no_grad_guard();
+        self.vs.copy(&src.vs)?;
+        let mut vars = self.vs.variables();
+        for (name, d) in src.adapter_deltas() {
+            if let Some(w) = vars.get_mut(&name) {
+                let merged = (w.to_kind(Kind::Float) + d).to_kind(w.kind());
+                w.f_copy_(&merged)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tensor the model's outputs depend on: the parameters, then the adapters'.
+    pub(crate) fn all_variables(&self) -> Vec<Tensor> {
+        let mut v: Vec<Tensor> = self.vs.variables().into_values().collect();
+        if let Some(l) = &self.lora_vs {
+            v.extend(l.variables().into_values());
+        }
+        v
+    }
+
     /// Adds each adapter's `B A * alpha / r` (computed in float32) into its base weight, in
     /// the weight's dtype, drops the adapters and unfreezes the base. Nothing without
     /// adapters.
@@ -918,9 +1053,7 @@ impl Qwen2 {
             for i in 0..LORA_PROJECTIONS.len() {
                 if let Some(a) = layer.lora[i].take() {
                     let mut w = layer.linear(i).ws.shallow_clone();
-                    let delta =
-                        a.b.to_kind(Kind::Float).matmul(&a.a.to_kind(Kind::Float)) * a.scale;
-                    let merged = (w.to_kind(Kind::Float) + delta).to_kind(w.kind());
+                    let merged = (w.to_kind(Kind::Float) + a.delta()).to_kind(w.kind());
                     w.f_copy_(&merged)?;
                 }
             }
@@ -977,7 +1110,9 @@ impl Qwen2 {
 
     /// Saves in the Hugging Face layout: `config.json` (with `dtype`) and one
     /// `model.safetensors` holding every parameter under its Hugging Face name, in the
-    /// parameters' dtype.
+    /// parameters' dtype. With adapters attached, each adapted weight is saved merged
+    /// (`W + B A * alpha / r` in float32, rounded to `W`'s dtype, as PEFT's `merge_and_unload`
+    /// does), the model itself unchanged.
     ///
     /// # Errors
     /// I/O and libtorch errors.
@@ -993,9 +1128,16 @@ impl Qwen2 {
         config.extra.insert("torch_dtype".into(), dtype.into());
         config.save(&dir.join("config.json"))?;
         let vars: BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
+        let mut deltas = self.adapter_deltas();
         let named: Vec<(String, Tensor)> = vars
             .into_iter()
-            .map(|(n, t)| (n, t.to_device(Device::Cpu).contiguous()))
+            .map(|(n, t)| {
+                let t = match deltas.remove(&n) {
+                    Some(d) => tch::no_grad(|| (t.to_kind(Kind::Float) + d).to_kind(t.kind())),
+                    None => t,
+                };
+                (n, t.to_device(Device::Cpu).contiguous())
+            })
             .collect();
         let path = dir.join("model.safetensors");
         Tensor::write_safetensors(&named, &path).map_err(|e| ModelError::Weights {

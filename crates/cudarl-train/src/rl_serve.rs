@@ -1,6 +1,6 @@
 //! The trainer side of `rl-train`: a long-lived trainer process holding the generator and the
 //! optimizer as [`TrainableAgent`]s plus frozen copies of their starting checkpoints (the KL
-//! reference). The `rl-train` stage drives it with one JSON request per stdin line and reads
+//! reference; with LoRA ([`RlServe::lora`]) the frozen base itself, shared, adapters off). The `rl-train` stage drives it with one JSON request per stdin line and reads
 //! one JSON response per stdout line, while it runs episodes through the kernel harness itself.
 //!
 //! Requests (`op`):
@@ -22,7 +22,8 @@
 //!   stops early once the policy has moved too far ([`RlServe::target_kl`]). With PPO, the
 //!   value head is fitted to `return` (mean squared error) in the same minibatches. Every kept
 //!   completion of that agent is dropped after.
-//! - `save` {dir} -> writes `dir/generator` and `dir/optimizer` (Hugging Face layout).
+//! - `save` {dir} -> writes `dir/generator` and `dir/optimizer` (Hugging Face layout; with
+//!   LoRA, merged, and the adapters in PEFT's layout in `dir/<agent>_adapter`).
 //! - `quit`.
 //!
 //! A failed request answers `{"ok": false, "error": ...}` and the process goes on.
@@ -127,20 +128,54 @@ impl Server {
     fn new(job: RlServe) -> Result<Server, ModelError> {
         let dev = crate::job::device(job.device)?;
         let [go, oo] = agent_optims(&job);
-        let load = |dir: &PathBuf, role, system: &str, optim| {
-            TrainableAgent::load(dir, role, system, dev, job.precision, optim)
-        };
-        let g = load(&job.generator, Role::Generator, &job.generator_system, go)?;
-        let o = load(&job.optimizer, Role::Optimizer, &job.optimizer_system, oo)?;
-        let frozen = |dir: &PathBuf| -> Result<Qwen2, ModelError> {
-            let mut m = Qwen2::load(dir, dev, Kind::Float)?;
-            m.set_compute_kind(job.precision.compute_kind(dev));
-            for (_, mut v) in m.vs.variables() {
-                let _ = v.requires_grad_(false);
+        let (g, o, refs) = match &job.lora {
+            None => {
+                let load = |dir: &PathBuf, role, system: &str, optim| {
+                    TrainableAgent::load(dir, role, system, dev, job.precision, optim)
+                };
+                let g = load(&job.generator, Role::Generator, &job.generator_system, go)?;
+                let o = load(&job.optimizer, Role::Optimizer, &job.optimizer_system, oo)?;
+                let frozen = |dir: &PathBuf| -> Result<Qwen2, ModelError> {
+                    let mut m = Qwen2::load(dir, dev, Kind::Float)?;
+                    m.set_compute_kind(job.precision.compute_kind(dev));
+                    m.vs.freeze();
+                    Ok(m)
+                };
+                (g, o, [frozen(&job.generator)?, frozen(&job.optimizer)?])
             }
-            Ok(m)
+            Some(cfg) => {
+                // One frozen base per distinct checkpoint, in the compute dtype; the agents
+                // and their references are shares of it.
+                let compute = job.precision.compute_kind(dev);
+                let base_g = Qwen2::load(&job.generator, dev, compute.unwrap_or(Kind::Float))?;
+                let base_o = if job.optimizer == job.generator {
+                    base_g.share()?
+                } else {
+                    Qwen2::load(&job.optimizer, dev, compute.unwrap_or(Kind::Float))?
+                };
+                let agent = |base: &Qwen2, dir: &PathBuf, role, system: &str, optim| {
+                    let mut m = base.share()?;
+                    m.attach_lora(cfg)?;
+                    m.set_compute_kind(compute);
+                    TrainableAgent::with_model(dir, role, system, m, optim)
+                };
+                let g = agent(
+                    &base_g,
+                    &job.generator,
+                    Role::Generator,
+                    &job.generator_system,
+                    go,
+                )?;
+                let o = agent(
+                    &base_o,
+                    &job.optimizer,
+                    Role::Optimizer,
+                    &job.optimizer_system,
+                    oo,
+                )?;
+                (g, o, [base_g.share()?, base_o.share()?])
+            }
         };
-        let refs = [frozen(&job.generator)?, frozen(&job.optimizer)?];
         let critics = match job.algorithm {
             Algorithm::Grpo => None,
             Algorithm::Ppo => Some([
@@ -258,8 +293,14 @@ impl Server {
                 Reply::Updated(st)
             }
             Request::Save { dir } => {
-                self.agents[0].save(&dir.join("generator"))?;
-                self.agents[1].save(&dir.join("optimizer"))?;
+                for a in &self.agents {
+                    let name = a.role.as_str();
+                    a.save(&dir.join(name))?;
+                    if let Some(cfg) = &self.job.lora {
+                        a.model
+                            .save_lora(&dir.join(format!("{name}_adapter")), cfg)?;
+                    }
+                }
                 Reply::Saved {
                     seconds: t0.elapsed().as_secs_f64(),
                 }
@@ -813,10 +854,21 @@ mod tests {
     /// with the same seed (the control of `rl-train.control`). Returns the policy's and the
     /// control's mean reward per step. `sign` -1 pays the opposite of the reward.
     fn digit_grpo(m: &Path, steps: i64, sign: f64) -> (Vec<f64>, Vec<f64>) {
+        digit_grpo_with(m, steps, sign, "", 1e-2)
+    }
+
+    /// [`digit_grpo`] with `extra` job fields and learning rate `lr`.
+    fn digit_grpo_with(
+        m: &Path,
+        steps: i64,
+        sign: f64,
+        extra: &str,
+        lr: f64,
+    ) -> (Vec<f64>, Vec<f64>) {
         let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
-        let mut j = job("");
+        let mut j = job(extra);
         (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
-        (j.lr, j.minibatch, j.warmup) = (1e-2, 16, 0);
+        (j.lr, j.minibatch, j.warmup) = (lr, 16, 0);
         let mut s = Server::new(j).unwrap();
         let (mut policy, mut control) = (Vec::new(), Vec::new());
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -899,6 +951,97 @@ mod tests {
             last(&against) < 0.5 * last(&control),
             "paying the opposite reward lowers it: {against:.3?} vs {control:.3?}"
         );
+    }
+
+    #[test]
+    fn lora_agents_learn_on_one_shared_frozen_base_that_is_their_reference() {
+        let (d, m) = tiny_model();
+        // The tied embedding scaled by 12 so that the logits a unit-RMS hidden state can reach
+        // span several nats: at normal(0, 0.02) they stay within about +-0.6 whatever adapters
+        // of the projections do, the final norm and the head being frozen.
+        {
+            let x = Qwen2::load(&m, tch::Device::Cpu, Kind::Float).unwrap();
+            let mut e = x.vs.variables()["model.embed_tokens.weight"].shallow_clone();
+            let _ = tch::no_grad(|| e.f_mul_scalar_(12.0)).unwrap();
+            x.save(&m).unwrap();
+        }
+        let lora = r#", "lora": {"r": 8, "alpha": 16}"#;
+        let (policy, control) = digit_grpo_with(&m, 40, 1.0, lora, 0.5);
+        eprintln!("policy {policy:.3?}\ncontrol {control:.3?}");
+        let last = |v: &[f64]| v[v.len() - 5..].iter().sum::<f64>() / 5.0;
+        assert!(
+            last(&policy) > last(&control) + 0.5,
+            "LoRA RL above its frozen control over the last 5 steps: {policy:.3?} vs {control:.3?}"
+        );
+        // One base in memory: both agents and both references read the same storage, the
+        // optimizer trains the adapters alone, and an update leaves the base as it was loaded.
+        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let mut j = job(lora);
+        (j.generator, j.optimizer) = (m.clone(), m.clone());
+        (j.lr, j.minibatch, j.warmup) = (5e-2, 1, 0);
+        let mut s = Server::new(j).unwrap();
+        let q = "model.layers.0.self_attn.q_proj.weight";
+        let ptr = |x: &Qwen2| x.vs.variables()[q].data_ptr();
+        let p0 = ptr(&s.agents[0].model);
+        for x in [&s.agents[1].model, &s.refs[0], &s.refs[1]] {
+            assert_eq!(ptr(x), p0, "one shared base");
+        }
+        let trained = s.agents[0].model.trainable().variables();
+        assert_eq!(
+            trained.len(),
+            2 * 7,
+            "A and B of the one layer's 7 projections"
+        );
+        assert!(trained.keys().all(|k| k.contains(".lora_")), "{trained:?}");
+        let r = generate4(&mut s, 12, 1, false);
+        let st = s.update(Role::Generator, &alternating(&r)).unwrap();
+        assert!(st.steps == 4 && st.max_approx_kl > 1e-5, "{st:?}");
+        let loaded = Qwen2::load(&m, tch::Device::Cpu, Kind::Float).unwrap();
+        let base = s.refs[0].vs.variables();
+        for (n, t) in loaded.vs.variables() {
+            assert!(t.equal(&base[&n]), "the base moved at {n}");
+        }
+        // The saved generator is the base with its adapters merged: the same logits as the
+        // adapted policy, not the base's; the decoder samples the adapted policy too.
+        let out = d.path().join("saved");
+        let saved = s.handle(Request::Save { dir: out.clone() }, &mut Vec::new());
+        assert!(matches!(saved, Ok(Some(Reply::Saved { .. }))), "{saved:?}");
+        for a in ["generator_adapter", "optimizer_adapter"] {
+            assert!(
+                out.join(a).join("adapter_model.safetensors").is_file(),
+                "{a}"
+            );
+        }
+        let merged = Qwen2::load(&out.join("generator"), tch::Device::Cpu, Kind::Float).unwrap();
+        let ids = Tensor::from_slice(&[5i64, 9, 17, 33, 2, 41]).view([1, 6]);
+        let logits = |x: &Qwen2| tch::no_grad(|| x.forward(&ids, None, None, None).unwrap());
+        let policy = logits(&s.agents[0].model);
+        let gap = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+        assert!(gap(&policy, &logits(&merged)) < 1e-4);
+        assert!(
+            gap(&policy, &logits(&s.refs[0])) > 1e-3,
+            "the adapters changed nothing"
+        );
+        let greedy = |a: &TrainableAgent| {
+            let p = SampleParams {
+                max_new_tokens: 12,
+                temperature: 0.0,
+                use_cache: true,
+                ..Default::default()
+            };
+            let conv = vec![vec![ChatMessage::new("user", "Write k.")]];
+            a.generate_with_log_probs(&conv, &p).unwrap()[0].ids.clone()
+        };
+        let merged_agent = TrainableAgent::load(
+            &out.join("generator"),
+            Role::Generator,
+            "s",
+            tch::Device::Cpu,
+            Default::default(),
+            Default::default(),
+        )
+        .unwrap();
+        assert_eq!(greedy(&s.agents[0]), greedy(&merged_agent));
     }
 
     #[test]
