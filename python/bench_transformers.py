@@ -17,16 +17,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
-def main() -> None:
-    job = json.load(open(sys.argv[1]))
-    spec = job["model"]
-    dev = job["device"]
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    prec = job.get("precision", "auto")
-    bf16 = prec == "bf16" or (prec == "auto" and dev == "cuda")
-    cfg = Qwen2Config(
-        vocab_size=job["vocab_size"],
+def qwen2_config(spec: dict, vocab_size: int) -> Qwen2Config:
+    """transformers' config of an architecture as `configs/model/*.toml`'s `[model]` gives it."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
         hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"],
         num_hidden_layers=spec["num_hidden_layers"],
@@ -37,6 +31,17 @@ def main() -> None:
         rope_theta=spec.get("rope_theta", 10000.0),
         use_sliding_window=False,
     )
+
+
+def main() -> None:
+    job = json.load(open(sys.argv[1]))
+    spec = job["model"]
+    dev = job["device"]
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    prec = job.get("precision", "auto")
+    bf16 = prec == "bf16" or (prec == "auto" and dev == "cuda")
+    cfg = qwen2_config(spec, job["vocab_size"])
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     # Initialized where it runs (a 7B model's random init on the CPU takes minutes).
