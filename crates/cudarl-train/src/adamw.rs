@@ -324,6 +324,7 @@ mod tests {
 
     /// A small least-squares problem on one weight matrix.
     fn problem(seed: i64) -> (nn::VarStore, nn::Linear, Tensor, Tensor) {
+        let _rng = crate::torch_rng();
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let lin = nn::linear(vs.root() / "lin", 6, 3, Default::default());
@@ -387,6 +388,7 @@ mod tests {
     #[test]
     fn bf16_steps_below_half_an_ulp_vanish_rounded_to_nearest_and_add_up_stochastically_or_with_kahan()
      {
+        let _rng = crate::torch_rng();
         // 4096 weights at 1.0 in bf16 with a constant gradient of 1: every AdamW step is
         // exactly -lr (m / sqrt(v) = 1 after bias correction). 1e-4 is far under half the bf16
         // ulp below 1.0 (2^-9 = 0.00195), so to nearest each step rounds back to 1.0; in

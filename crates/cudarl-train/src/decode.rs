@@ -116,8 +116,11 @@ pub(crate) struct Decoder {
 
 impl Decoder {
     fn new(master: &Qwen2) -> Result<Decoder, ModelError> {
-        let mut model = Qwen2::new(master.config.clone(), master.device())?;
-        model.set_kind(master.compute_kind());
+        let mut model = Qwen2::new_in(
+            master.config.clone(),
+            master.device(),
+            master.compute_kind(),
+        )?;
         model.vs.freeze();
         Ok(Decoder {
             fused: model.fused_weights(),

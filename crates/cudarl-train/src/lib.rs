@@ -99,3 +99,14 @@ pub enum ModelError {
     #[error(transparent)]
     Torch(#[from] tch::TchError),
 }
+
+/// Tests that seed libtorch's global generator and draw from it take turns: `cargo test` runs
+/// tests as threads of one process, and a draw in one thread moves another's seeded sequence.
+#[cfg(test)]
+pub(crate) static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds [`TORCH_RNG`] (also after a test that held it panicked).
+#[cfg(test)]
+pub(crate) fn torch_rng() -> std::sync::MutexGuard<'static, ()> {
+    TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,7 +1,9 @@
 //! The trainer side of `rl-train`: a long-lived trainer process holding the generator and the
-//! optimizer as [`TrainableAgent`]s plus frozen copies of their starting checkpoints (the KL
-//! reference; with LoRA ([`RlServe::lora`]) the frozen base itself, shared, adapters off). The `rl-train` stage drives it with one JSON request per stdin line and reads
-//! one JSON response per stdout line, while it runs episodes through the kernel harness itself.
+//! optimizer as [`TrainableAgent`]s plus frozen copies of their starting checkpoints in the
+//! compute dtype (the KL reference; with LoRA ([`RlServe::lora`]) the frozen base itself,
+//! shared, adapters off). The `rl-train` stage drives it with one JSON request per stdin line
+//! and reads one JSON response per stdout line, while it runs episodes through the kernel
+//! harness itself.
 //!
 //! Requests (`op`):
 //! - `generate` {agent, conversations: [[{role, content}]], max_new_tokens, temperature, top_p,
@@ -135,9 +137,12 @@ impl Server {
                 };
                 let g = load(&job.generator, Role::Generator, &job.generator_system, go)?;
                 let o = load(&job.optimizer, Role::Optimizer, &job.optimizer_system, oo)?;
+                // The references in the compute dtype: a float32 model computing in bf16 casts
+                // each weight to bf16 as it reads it, so the logits are the same, at half the
+                // memory and without the casts.
+                let kind = job.precision.compute_kind(dev).unwrap_or(Kind::Float);
                 let frozen = |dir: &PathBuf| -> Result<Qwen2, ModelError> {
-                    let mut m = Qwen2::load(dir, dev, Kind::Float)?;
-                    m.set_compute_kind(job.precision.compute_kind(dev));
+                    let mut m = Qwen2::load(dir, dev, kind)?;
                     m.vs.freeze();
                     Ok(m)
                 };
@@ -592,7 +597,7 @@ mod tests {
         let vocab = ChatTokenizer::load(&tp).unwrap().vocab_size();
         // Seeding libtorch's global generator while another test samples would change that
         // test's samples (`cargo test` runs tests as threads): take turns. No caller holds it.
-        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let _rng = crate::torch_rng();
         tch::manual_seed(0);
         let cfg = Qwen2Config::new(vocab as i64, 32, 64, 1, 2, 1, 256, true);
         Qwen2::new(cfg, tch::Device::Cpu)
@@ -608,10 +613,6 @@ mod tests {
         tiny_checkpoint(&m);
         (d, m)
     }
-
-    /// Sampling seeds libtorch's global generator: tests that sample and compare take turns
-    /// (`cargo test` runs them as threads of one process; nextest as processes).
-    static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     /// Four completions of the generator for "Write k." (seed `seed`, temperature 1), from the
     /// policy or from its frozen reference.
@@ -648,7 +649,7 @@ mod tests {
     /// generator with advantages +1, -1, +1, -1 at a large learning rate, one completion per
     /// minibatch, `epochs` passes.
     fn update_with(m: &Path, target_kl: Option<f64>, epochs: usize) -> UpdateStats {
-        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let _rng = crate::torch_rng();
         let mut j = job("");
         (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
         (j.lr, j.minibatch, j.warmup, j.target_kl, j.epochs) = (1e-2, 1, 0, target_kl, epochs);
@@ -708,7 +709,7 @@ mod tests {
         let mut j = job("");
         (j.generator, j.optimizer) = (m.clone(), m.clone());
         (j.lr, j.minibatch, j.warmup) = (5e-2, 1, 0);
-        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let _rng = crate::torch_rng();
         let mut s = Server::new(j).unwrap();
         let generate = |s: &mut Server, reference: bool| generate4(s, 16, 7, reference);
         let texts = |v: &Value| -> Vec<String> {
@@ -777,7 +778,7 @@ mod tests {
             p
         };
         let (gp, op) = (write("g.jsonl", "2.5f"), write("o.jsonl", "x[0]"));
-        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let _rng = crate::torch_rng();
         let server_capped = |ptx: Option<Ptx>, cap: Option<f64>| {
             let mut j = job("");
             (j.generator, j.optimizer) = (m.clone(), m.clone());
@@ -865,7 +866,7 @@ mod tests {
         extra: &str,
         lr: f64,
     ) -> (Vec<f64>, Vec<f64>) {
-        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let _rng = crate::torch_rng();
         let mut j = job(extra);
         (j.generator, j.optimizer) = (m.to_path_buf(), m.to_path_buf());
         (j.lr, j.minibatch, j.warmup) = (lr, 16, 0);
@@ -956,6 +957,9 @@ mod tests {
     #[test]
     fn lora_agents_learn_on_one_shared_frozen_base_that_is_their_reference() {
         let (d, m) = tiny_model();
+        // Loading draws from libtorch's global generator (the initialization it overwrites):
+        // taken in turn with the tests that seed it.
+        let rng = crate::torch_rng();
         // The tied embedding scaled by 12 so that the logits a unit-RMS hidden state can reach
         // span several nats: at normal(0, 0.02) they stay within about +-0.6 whatever adapters
         // of the projections do, the final norm and the head being frozen.
@@ -965,6 +969,7 @@ mod tests {
             let _ = tch::no_grad(|| e.f_mul_scalar_(12.0)).unwrap();
             x.save(&m).unwrap();
         }
+        drop(rng);
         let lora = r#", "lora": {"r": 8, "alpha": 16}"#;
         let (policy, control) = digit_grpo_with(&m, 40, 1.0, lora, 0.5);
         eprintln!("policy {policy:.3?}\ncontrol {control:.3?}");
@@ -975,7 +980,7 @@ mod tests {
         );
         // One base in memory: both agents and both references read the same storage, the
         // optimizer trains the adapters alone, and an update leaves the base as it was loaded.
-        let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+        let _rng = crate::torch_rng();
         let mut j = job(lora);
         (j.generator, j.optimizer) = (m.clone(), m.clone());
         (j.lr, j.minibatch, j.warmup) = (5e-2, 1, 0);

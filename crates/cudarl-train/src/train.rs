@@ -461,6 +461,7 @@ mod tests {
 
     #[test]
     fn chunked_cross_entropy_gives_the_full_losses_value_and_gradients() {
+        let _rng = crate::torch_rng();
         for tied in [true, false] {
             tch::manual_seed(3);
             let cfg = crate::config::Qwen2Config::new(50, 16, 32, 2, 4, 2, 64, tied);
@@ -518,6 +519,7 @@ mod tests {
 
     #[test]
     fn bf16_weights_train_the_model_in_bf16_as_far_as_float32_master_weights() {
+        let _rng = crate::torch_rng();
         // Four repeated examples, 60 steps of SFT from the same random model: the final loss
         // with bf16 weights (either rounding) within 15% of float32 master weights' and far
         // below the start.
