@@ -47,6 +47,8 @@ cat "$OUT/times.txt" 2>/dev/null
 python3 - "$OUT" <<'PY'
 import glob, json, os, sys
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "grpo_*.json"))):
+    if f.endswith(".job.json"):
+        continue
     r = json.load(open(f))
     o, t = r["ours"], r["transformers"]
     print(f"{os.path.basename(f):24s} ours {o['update_seconds']:7.2f} s {o['peak_gib']:6.1f} GiB"

@@ -297,6 +297,8 @@ mod tests {
             return;
         }
         assert!(cuda_graph::available(), "built without CUDA graphs");
+        // Seeding and sampling reset the generator CPU tests draw from.
+        let _rng = crate::torch_rng();
         let spec = cudarl_protocol::ModelSpec {
             hidden_size: 64,
             intermediate_size: 128,

@@ -1162,6 +1162,8 @@ mod cudnn_attention_tests {
 
     #[test]
     fn building_a_model_turns_cudnn_attention_off_and_the_switch_reports_the_old_state() {
+        // A model's initialization draws from the generator seeded tests use.
+        let _rng = crate::torch_rng();
         // libtorch's own flag (on by default in torch 2.11.0), read back through its getter.
         set_cudnn_attention(true);
         assert!(set_cudnn_attention(true), "the flag did not stick");
