@@ -984,7 +984,7 @@ mod tests {
         let mut j = job(lora);
         (j.generator, j.optimizer) = (m.clone(), m.clone());
         (j.lr, j.minibatch, j.warmup) = (5e-2, 1, 0);
-        let mut s = Server::new(j).unwrap();
+        let mut s = Server::new(j.clone()).unwrap();
         let q = "model.layers.0.self_attn.q_proj.weight";
         let ptr = |x: &Qwen2| x.vs.variables()[q].data_ptr();
         let p0 = ptr(&s.agents[0].model);
@@ -1047,6 +1047,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(greedy(&s.agents[0]), greedy(&merged_agent));
+        // A run's saved state is the adapters and their moments; a fresh trainer that loads
+        // it computes what the trained one does.
+        let state = d.path().join("state");
+        s.save_state(&state).unwrap();
+        let mut resumed = Server::new(j).unwrap();
+        assert!(gap(&policy, &logits(&resumed.agents[0].model)) > 1e-3);
+        resumed.load_state(&state).unwrap();
+        assert!(gap(&policy, &logits(&resumed.agents[0].model)) < 1e-6);
     }
 
     #[test]
