@@ -6,12 +6,13 @@
 //! as a CUDA graph and replayed (one launch instead of about 400 kernel launches for `small`).
 //!
 //! The decoder belongs to its model (`Qwen2::decoder`) and is kept between calls: its own copy
-//! of the weights in the compute dtype (LoRA adapters merged in) and their fused projections
-//! (copied again in place when libtorch's version counters say the model's weights or
-//! adapters changed, so graphs stay valid after an optimizer step), one set of buffers per batch size, and the graphs. Batch sizes are
-//! rounded up to a power of two (extra rows decode a dummy token, ignored) and attention
-//! lengths to a multiple of [`LEN_BUCKET`] (keys past a row's last token are masked), so a run
-//! captures few graphs. Measured: `cudarl-pipe bench decode`
+//! of the weights in the compute dtype (LoRA adapters merged in), its query/key/value and
+//! gate/up projections held only in fused form ([`Qwen2::fuse_in_place`]), copied again in
+//! place when libtorch's version counters say the model's weights or adapters changed, so
+//! graphs stay valid after an optimizer step; one set of buffers per batch size; and the
+//! graphs. Batch sizes are rounded up to a power of two (extra rows decode a dummy token,
+//! ignored) and attention lengths to a multiple of [`LEN_BUCKET`] (keys past a row's last
+//! token are masked), so a run captures few graphs. Measured: `cudarl-pipe bench decode`
 //! (`benchmarks/results/decode_*.json`).
 
 use std::collections::{BTreeMap, HashMap};
@@ -105,7 +106,7 @@ type GraphKey = (i64, i64, u64, u64);
 /// See the module docs.
 pub(crate) struct Decoder {
     model: Qwen2,
-    /// `model`'s fused projections, refreshed with it.
+    /// `model`'s fused projections ([`Qwen2::fuse_in_place`]: the model's own weights).
     fused: FusedWeights,
     /// The master weights' [`weights_stamp`] when `model` was last refreshed.
     stamp: Option<(i64, usize)>,
@@ -123,7 +124,7 @@ impl Decoder {
         )?;
         model.vs.freeze();
         Ok(Decoder {
-            fused: model.fused_weights(),
+            fused: model.fuse_in_place(),
             model,
             stamp: None,
             sets: BTreeMap::new(),
@@ -220,7 +221,6 @@ pub(crate) fn generate_static(
     let stamp = weights_stamp(master);
     if stamp.0 < 0 || dec.stamp != Some(stamp) {
         dec.model.copy_merged_from(master)?;
-        dec.fused.refresh(&dec.model)?;
         dec.stamp = Some(stamp);
     }
     // Seeded again after the decoder's construction, whose random init draws from the same
