@@ -1556,6 +1556,40 @@ fn sft_train_fine_tunes_a_hugging_face_checkpoint_directory_without_tokenizer_or
     );
 }
 
+/// `cudarl-pipe export <stage> --to <p>/<dir>` with `sets`; the export folder.
+fn export_with(p: &Project, stage: &str, dir: &str, sets: &[&str]) -> std::path::PathBuf {
+    let out = p.path(dir);
+    let o = run_sets(p, &["export", stage, "--to", out.to_str().unwrap()], sets);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    out
+}
+
+/// `tests/python/check_peft_adapter.py` on a base checkpoint, PEFT adapters and the merged
+/// checkpoint: its JSON answer (`peft_vs_merged`, `adapter_effect`, `lora_tensors`, `r`,
+/// `lora_alpha`).
+fn peft_check(
+    python: &str,
+    base: &std::path::Path,
+    adapter: &std::path::Path,
+    merged: &std::path::Path,
+) -> Value {
+    let o = std::process::Command::new(python)
+        .arg(repo_root().join("tests/python/check_peft_adapter.py"))
+        .args([base, adapter, merged])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    serde_json::from_str(stdout(&o).trim()).unwrap()
+}
+
+/// `run <stage>` with `<stage>.lora.r=0` exits 2 naming the field.
+fn lora_rank_zero_is_refused(p: &Project, stage: &str) {
+    let (r, a) = (format!("{stage}.lora.r=0"), format!("{stage}.lora.alpha=8"));
+    let o = run_sets(p, &["run", stage], &[r.as_str(), a.as_str()]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("lora.r must be at least 1"));
+}
+
 #[test]
 fn sft_train_with_lora_saves_peft_adapters_that_peft_applies_as_the_merged_checkpoint() {
     let Some(python) = common::python() else {
@@ -1575,24 +1609,13 @@ fn sft_train_with_lora_saves_peft_adapters_that_peft_applies_as_the_merged_check
     let o = run_sets(&p, &["run", "sft-train", "--json"], &sets);
     let said = format!("{}{}", stdout(&o), common::stderr(&o));
     assert_eq!(o.status.code(), Some(0), "{said}");
-    let out = p.path("lora-export");
-    let o = run_sets(
-        &p,
-        &["export", "sft-train", "--to", out.to_str().unwrap()],
-        &sets,
+    let out = export_with(&p, "sft-train", "lora-export", &sets);
+    let v = peft_check(
+        &python,
+        &p.path("models/qwen-tiny"),
+        &out.join("sft-train/adapter"),
+        &out.join("sft-train/checkpoint"),
     );
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let (adapter, merged) = (
-        out.join("sft-train/adapter"),
-        out.join("sft-train/checkpoint"),
-    );
-    let o = std::process::Command::new(&python)
-        .arg(repo_root().join("tests/python/check_peft_adapter.py"))
-        .args([&p.path("models/qwen-tiny"), &adapter, &merged])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", common::stderr(&o));
-    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     // 2 layers x 7 projections x (A, B), as PEFT names them.
     assert_eq!(v["lora_tensors"], 28, "{v}");
     assert_eq!(
@@ -1605,13 +1628,7 @@ fn sft_train_with_lora_saves_peft_adapters_that_peft_applies_as_the_merged_check
     );
     assert!(v["peft_vs_merged"].as_f64().unwrap() < 1e-4, "{v}");
     // A bad adapter config is refused at load, naming the field.
-    let o = run_sets(
-        &p,
-        &["run", "sft-train"],
-        &["sft-train.lora.r=0", "sft-train.lora.alpha=8"],
-    );
-    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
-    assert!(common::stderr(&o).contains("lora.r must be at least 1"));
+    lora_rank_zero_is_refused(&p, "sft-train");
     let o = run_sets(
         &p,
         &["run", "pretrain"],
@@ -1729,25 +1746,14 @@ fn rl_train_with_lora_saves_merged_agents_and_peft_adapters_of_the_checkpoint() 
         .map(|r| r["update_steps"].as_i64().unwrap())
         .sum();
     assert!(steps > 0, "the generator stepped: {metrics:?}");
-    let out = p.path("rl-lora-export");
-    let o = run_sets(
-        &p,
-        &["export", "rl-train", "--to", out.to_str().unwrap()],
-        &sets,
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    let out = export_with(&p, "rl-train", "rl-lora-export", &sets);
     // The merged generator is what PEFT makes of the checkpoint and the generator's adapters.
-    let o = std::process::Command::new(&python)
-        .arg(repo_root().join("tests/python/check_peft_adapter.py"))
-        .args([
-            &p.path("models/qwen-tiny"),
-            &out.join("rl-train/generator_adapter"),
-            &out.join("rl-train/generator"),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", common::stderr(&o));
-    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let v = peft_check(
+        &python,
+        &p.path("models/qwen-tiny"),
+        &out.join("rl-train/generator_adapter"),
+        &out.join("rl-train/generator"),
+    );
     assert_eq!(v["lora_tensors"], 28, "{v}");
     assert!(
         v["adapter_effect"].as_f64().unwrap() > 1e-4,
@@ -1759,13 +1765,7 @@ fn rl_train_with_lora_saves_merged_agents_and_peft_adapters_of_the_checkpoint() 
             .is_file()
     );
     // A bad adapter config is refused at load, naming the field.
-    let o = run_sets(
-        &p,
-        &["run", "rl-train"],
-        &["rl-train.lora.r=0", "rl-train.lora.alpha=8"],
-    );
-    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
-    assert!(common::stderr(&o).contains("lora.r must be at least 1"));
+    lora_rank_zero_is_refused(&p, "rl-train");
 }
 
 #[test]

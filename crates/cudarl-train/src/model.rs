@@ -172,6 +172,13 @@ impl Embedding {
     }
 }
 
+/// The Hugging Face name of layer `li`'s projection `i` of [`LORA_PROJECTIONS`], without the
+/// `.weight` / `.bias` suffix (`model.layers.3.self_attn.q_proj`).
+fn projection_name(li: usize, i: usize) -> String {
+    let block = if i < 4 { "self_attn" } else { "mlp" };
+    format!("model.layers.{li}.{block}.{}", LORA_PROJECTIONS[i])
+}
+
 /// A second handle on `l`'s tensors (no copy).
 fn share_linear(l: &nn::Linear) -> nn::Linear {
     nn::Linear {
@@ -837,8 +844,7 @@ impl Qwen2 {
                 (5, f.gate_up_w.narrow(0, inter, inter), None),
             ];
             for (i, w, b) in views {
-                let block = if i < 4 { "self_attn" } else { "mlp" };
-                let name = format!("model.layers.{li}.{block}.{}", LORA_PROJECTIONS[i]);
+                let name = projection_name(li, i);
                 vars.named_variables
                     .insert(format!("{name}.weight"), w.shallow_clone());
                 if let Some(b) = &b {
@@ -954,8 +960,9 @@ impl Qwen2 {
                     continue;
                 }
                 let (out, inp) = layer.linear(i).ws.size2()?;
-                let block = if i < 4 { "self_attn" } else { "mlp" };
-                let p = &root / "model" / "layers" / li as i64 / block / *name;
+                let p = projection_name(li, i)
+                    .split('.')
+                    .fold(root.clone(), |p, part| &p / part);
                 let bound = 1.0 / (inp as f64).sqrt();
                 let a = (&p / "lora_A").var(
                     "weight",
@@ -1037,13 +1044,9 @@ impl Qwen2 {
     fn adapter_deltas(&self) -> BTreeMap<String, Tensor> {
         let mut out = BTreeMap::new();
         for (li, layer) in self.layers.iter().enumerate() {
-            for (i, name) in LORA_PROJECTIONS.iter().enumerate() {
+            for i in 0..LORA_PROJECTIONS.len() {
                 if let Some(a) = &layer.lora[i] {
-                    let block = if i < 4 { "self_attn" } else { "mlp" };
-                    out.insert(
-                        format!("model.layers.{li}.{block}.{name}.weight"),
-                        a.delta(),
-                    );
+                    out.insert(format!("{}.weight", projection_name(li, i)), a.delta());
                 }
             }
         }
