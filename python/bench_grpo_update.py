@@ -12,12 +12,14 @@ AdamW state, bf16 compute, the reference a frozen float32 copy; this project's t
 agents (generator and optimizer) and their references, as `rl-train` does, the baseline one agent.
 `lora`: the base in bf16, frozen, float32 adapters on all seven projections, the reference the
 base with the adapters off; this project's two agents share the one base.
+`--gradient-checkpointing`: activation checkpointing on both sides (ours: the job's
+`gradient_checkpointing`; transformers: `gradient_checkpointing_enable()`, non-reentrant).
 
 Usage:
   python bench_grpo_update.py checkpoint --size 7b --tokenizer-from DIR --out DIR
   python bench_grpo_update.py measure --train BIN --checkpoint DIR --mode lora --out JSON
       [--completions 32 --prompt-words 60 --max-new-tokens 512 --minibatch 8 --lora-r 16
-       --lora-alpha 32]
+       --lora-alpha 32 --gradient-checkpointing]
 
 `checkpoint` writes a random bf16 checkpoint of `configs/model/qwen2.5-coder-<size>.toml`'s
 architecture with the tokenizer files of DIR (`tests/python/make_checkpoint.py` makes one);
@@ -126,6 +128,8 @@ def ours(args):
     }
     if lora:
         job["lora"] = lora
+    if args.gradient_checkpointing:
+        job["gradient_checkpointing"] = True
     jp = Path(args.out).with_suffix(".job.json")
     jp.write_text(json.dumps(job))
     log = open(Path(args.out).with_suffix(".trainer.log"), "w")
@@ -170,6 +174,7 @@ def ours(args):
         tokens = [c["tokens"] for c in comps]
         rounds.append(
             {
+                "generate_gpu_memory": g["generated"].get("gpu_memory"),
                 "generate_seconds": g["generated"]["seconds"],
                 "completion_tokens": tokens,
                 "update": u["updated"],
@@ -189,6 +194,9 @@ def ours(args):
         "completion_tokens": last["completion_tokens"],
         "peak_gib": mem.finish(),
         "rounds": [{"update_seconds": r["update"]["seconds"]} for r in rounds],
+        # libtorch's allocator during the timed round's requests (bytes; absent on a CPU).
+        "generate_gpu_memory": last["generate_gpu_memory"],
+        "update_gpu_memory": last["update"].get("gpu_memory"),
     }
 
 
@@ -227,6 +235,10 @@ def baseline(args):
         def reference(fn):
             return fn(ref)
 
+    if args.gradient_checkpointing:
+        # transformers checkpoints only in training mode; the model has no dropout.
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(0)
@@ -298,6 +310,7 @@ def baseline(args):
                 "update_seconds": times[-1],
                 "rounds": [{"update_seconds": t} for t in times],
                 "max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
+                "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if dev.type == "cuda" else None,
             }
         )
     )
@@ -308,8 +321,12 @@ def measure(args):
 
     mine = ours(args)
     cmd = [sys.executable, __file__, "baseline-run"] + [
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("cmd", "lengths")
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k not in ("cmd", "lengths", "gradient_checkpointing")
     ]
+    if args.gradient_checkpointing:
+        cmd.append("--gradient-checkpointing")
     cmd.append("--lengths=" + json.dumps(mine["completion_tokens"]))
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     mem = PeakMemory(p.pid)
@@ -335,6 +352,7 @@ def measure(args):
         "prompt_tokens": len(prompt_ids(args.checkpoint, args.prompt_words)),
         "max_new_tokens": args.max_new_tokens,
         "minibatch": args.minibatch,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "lora": {"r": args.lora_r, "alpha": args.lora_alpha} if args.mode == "lora" else None,
         "ours": {k: v for k, v in mine.items() if k != "completion_tokens"},
         "transformers": theirs,
@@ -361,6 +379,7 @@ def main():
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-alpha", type=float, default=32.0)
     ap.add_argument("--lengths", default="[]")
+    ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     {"checkpoint": make_checkpoint, "measure": measure, "baseline-run": baseline}[args.cmd](args)

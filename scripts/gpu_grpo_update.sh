@@ -3,7 +3,8 @@
 # project's RL trainer (binaries from `make carry`) beside the same update in transformers, and
 # PEFT for LoRA, on the same random bf16 checkpoint. Each size's checkpoint is written once to
 # /tmp and removed after its last run.
-# RUNS: "size:mode ..." (default "0.5b:full 0.5b:lora 1.5b:full 1.5b:lora 7b:lora").
+# RUNS: "size:mode[:ck] ..." (default "0.5b:full 0.5b:lora 1.5b:full 1.5b:lora 7b:lora"); `:ck`
+# adds activation checkpointing on both sides. MINIBATCH: completions per AdamW step (8).
 # ACTION=start runs it detached (log in $OUT/run.log); ACTION=wait waits up to WAIT_S seconds for
 # it and prints the table; default: both, in turn.
 # Usage: OUT=out bash scripts/gpu_grpo_update.sh
@@ -19,13 +20,15 @@ if [ "${ACTION:-all}" != wait ]; then
   export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:${LD_LIBRARY_PATH:-}
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
   rm -f "$W/done"
-  export W OUT RUNS B
+  export W OUT RUNS B MINIBATCH
   setsid bash -c '
     set -u
     python3 tests/python/make_checkpoint.py "$W/tok" > /dev/null 2>&1
     prev=""
     for run in $RUNS; do
-      size=${run%%:*}; mode=${run##*:}
+      IFS=: read -r size mode ck <<< "$run"
+      flags=""; name="${size}_$mode"
+      [ "$ck" = ck ] && flags="--gradient-checkpointing" && name="${name}_ck"
       if [ "$size" != "$prev" ]; then
         [ -n "$prev" ] && rm -rf "$W/$prev"
         python3 python/bench_grpo_update.py checkpoint --size $size --tokenizer-from "$W/tok" --out "$W/$size" > "$OUT/checkpoint_$size.log" 2>&1
@@ -33,7 +36,8 @@ if [ "${ACTION:-all}" != wait ]; then
       fi
       t0=$(date +%s)
       timeout ${LIMIT:-420} python3 python/bench_grpo_update.py measure --train "$B/cudarl-pipe-train" \
-        --checkpoint "$W/$size" --mode $mode --out "$OUT/grpo_${size}_$mode.json" > "$OUT/grpo_${size}_$mode.log" 2>&1
+        --checkpoint "$W/$size" --mode $mode --minibatch ${MINIBATCH:-8} $flags \
+        --out "$OUT/grpo_$name.json" > "$OUT/grpo_$name.log" 2>&1
       echo "$run rc=$? $(( $(date +%s) - t0 ))s" >> "$OUT/times.txt"
     done
     rm -rf "$W/$prev"

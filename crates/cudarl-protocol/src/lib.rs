@@ -14,5 +14,6 @@ pub use job::{
     RandomInit, SampleLine, StepMetrics, TrainConfig, Weights,
 };
 pub use rl::{
-    Algorithm, Completion, Generated, PgConfig, Ptx, Reply, Request, RlServe, Sample, UpdateStats,
+    Algorithm, Completion, Generated, GpuMemory, PgConfig, Ptx, Reply, Request, RlServe, Sample,
+    UpdateStats,
 };

@@ -165,6 +165,14 @@ pub struct RlServe {
     /// adapters in PEFT's layout to `<agent>_adapter`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
+    /// Activation checkpointing in updates (Chen et al. 2016): the policy's forward pass and
+    /// PPO-ptx's keep each layer's input only, and the layers run forward again during
+    /// backward, once per backward pass (two with `pg.aux_grad_cap`). The LM head runs over
+    /// chunks of completion positions either way. A GRPO update at Qwen2.5-Coder 7B with LoRA:
+    /// 22% slower, peak allocation 33.6 instead of 60.2 GiB
+    /// (`benchmarks/results/model_scale_h200_2026-11-30.json`, `grpo_update`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gradient_checkpointing: bool,
 }
 
 /// A request to the RL trainer (tagged by `op`).
@@ -259,6 +267,21 @@ pub struct Completion {
     pub value: Option<f64>,
 }
 
+/// The trainer's GPU memory over one request, from libtorch's caching allocator (bytes; as
+/// `torch.cuda.memory_allocated`, `max_memory_allocated` and `max_memory_reserved` after
+/// `reset_peak_memory_stats` at the request's start). The process's total (nvidia-smi) is the
+/// reserved bytes plus the CUDA context's few hundred MiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuMemory {
+    /// Held by tensors when the request ended.
+    pub allocated: u64,
+    /// The most held by tensors at once during the request.
+    pub peak_allocated: u64,
+    /// The most the allocator held from the driver during the request (tensors and its cache).
+    pub peak_reserved: u64,
+}
+
 /// The answer to a `generate`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -267,6 +290,9 @@ pub struct Generated {
     pub completions: Vec<Completion>,
     /// Wall seconds of the request.
     pub seconds: f64,
+    /// GPU memory during the request (absent on a CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory: Option<GpuMemory>,
 }
 
 /// What one `update` did (means over its minibatch steps; `tokens` summed).
@@ -317,6 +343,9 @@ pub struct UpdateStats {
     pub ptx_loss: f64,
     /// Wall seconds of the request.
     pub seconds: f64,
+    /// GPU memory during the request (absent on a CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory: Option<GpuMemory>,
 }
 
 /// One line the RL trainer prints (externally tagged: `{"generated": {...}}`).
@@ -387,6 +416,11 @@ mod tests {
                 value: None,
             }],
             seconds: 0.5,
+            gpu_memory: Some(GpuMemory {
+                allocated: 1,
+                peak_allocated: 3,
+                peak_reserved: 4,
+            }),
         });
         let line = serde_json::to_string(&g).unwrap();
         assert!(

@@ -204,6 +204,7 @@ fn shares(
         epochs: 1,
         ptx: None,
         lora: None,
+        gradient_checkpointing: false,
     };
     let sampling = Sampling {
         max_new_tokens: MAX_NEW_TOKENS,

@@ -301,6 +301,13 @@ pub struct Params {
     /// way, adapters at zero. Absent: full fine-tuning, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<cudarl_protocol::LoraConfig>,
+    /// Activation checkpointing in the RL update ([`RlServe::gradient_checkpointing`]): the
+    /// policy and PPO-ptx passes keep each layer's input only and run the layers forward again
+    /// during backward: 13-22% slower updates, and at 7B with LoRA minibatches of 4 and a
+    /// PPO-ptx batch of 8 fit (`benchmarks/results/model_scale_h200_2026-11-30.json`). Absent:
+    /// off, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_checkpointing: Option<bool>,
 }
 
 impl Params {
@@ -490,6 +497,7 @@ impl Params {
             epochs: self.epochs.unwrap_or(1),
             ptx,
             lora: self.lora.clone(),
+            gradient_checkpointing: self.gradient_checkpointing.unwrap_or(false),
         }
     }
 

@@ -37,13 +37,23 @@ extern "C" long long cudarl_tensor_version(const void* t) {
     return -1;
   }
 }
+
+// Increases that counter after a write libtorch did not see (the fused AdamW kernel's).
+extern "C" void cudarl_tensor_bump_version(const void* t) {
+  try {
+    static_cast<const at::Tensor*>(t)->unsafeGetTensorImpl()->bump_version();
+  } catch (...) {
+  }
+}
 #else
 extern "C" long long cudarl_tensor_version(const void*) { return -1; }
+extern "C" void cudarl_tensor_bump_version(const void*) {}
 #endif
 
 #ifndef CUDARL_NO_CUDA_GRAPHS
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -119,6 +129,31 @@ int cudarl_graph_replay(void* g, char* err, size_t err_len) {
 
 void cudarl_graph_free(void* g) { delete static_cast<Graph*>(g); }
 
+// libtorch's caching allocator on `device`: `out[0..3]` = bytes allocated to tensors now, their
+// peak, and the peak reserved from the driver, since the last reset (`reset` != 0 resets the
+// peaks after reading).
+int cudarl_cuda_memory(int device, int reset, unsigned long long* out, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    auto dev = static_cast<c10::DeviceIndex>(device);
+    auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(dev);
+    // Index 0: the aggregate over both pools.
+    out[0] = static_cast<unsigned long long>(s.allocated_bytes[0].current);
+    out[1] = static_cast<unsigned long long>(s.allocated_bytes[0].peak);
+    out[2] = static_cast<unsigned long long>(s.reserved_bytes[0].peak);
+    if (reset != 0) c10::cuda::CUDACachingAllocator::resetPeakStats(dev);
+  });
+}
+
+// libtorch's current CUDA stream on `device` (a `cudaStream_t`), where work launched beside
+// libtorch's (the fused AdamW step) must go to stay in order with it.
+void* cudarl_current_stream(int device) {
+  try {
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 }  // extern "C"
 
 #else  // CUDARL_NO_CUDA_GRAPHS
@@ -142,6 +177,10 @@ int cudarl_graph_begin(void*, unsigned long long, unsigned long long, char* err,
 int cudarl_graph_end(void*, char* err, size_t err_len) { return unavailable(err, err_len); }
 int cudarl_graph_replay(void*, char* err, size_t err_len) { return unavailable(err, err_len); }
 void cudarl_graph_free(void*) {}
+void* cudarl_current_stream(int) { return nullptr; }
+int cudarl_cuda_memory(int, int, unsigned long long*, char* err, size_t err_len) {
+  return unavailable(err, err_len);
+}
 }  // extern "C"
 
 #endif  // CUDARL_NO_CUDA_GRAPHS

@@ -103,6 +103,9 @@ pub struct AdamW {
     slots: Vec<Slot>,
     /// Calls of [`AdamW::step`].
     calls: usize,
+    /// Step bf16 parameters with [`Rounding::Stochastic`] with the fused kernel where it runs
+    /// ([`crate::fused_adamw`]).
+    fused: bool,
 }
 
 impl AdamW {
@@ -144,7 +147,16 @@ impl AdamW {
             lr,
             slots,
             calls: 0,
+            fused: true,
         }
+    }
+
+    /// Whether bf16 parameters with [`Rounding::Stochastic`] take the fused kernel's step
+    /// ([`crate::fused_adamw::step_bf16_stochastic`]) where it runs (on by default); off,
+    /// every step is libtorch ops. The moments agree to float32 rounding either way; the
+    /// stochastic rounding's draws differ.
+    pub fn set_fused(&mut self, on: bool) {
+        self.fused = on;
     }
 
     /// Steps taken ([`AdamW::step`] calls, saved and loaded with the state).
@@ -181,13 +193,26 @@ impl AdamW {
                 if !g.defined() {
                     continue;
                 }
-                let g = g.to_kind(Kind::Float);
                 s.step += 1;
+                let bc1 = 1.0 - beta1.powi(s.step as i32);
+                let bc2 = 1.0 - beta2.powi(s.step as i32);
+                if self.fused
+                    && rounding == Rounding::Stochastic
+                    && s.param.kind() == Kind::BFloat16
+                {
+                    // The seed from libtorch's CPU generator: `tch::manual_seed` fixes it.
+                    let seed = Tensor::randint(i64::MAX, [1], (Kind::Int64, tch::Device::Cpu))
+                        .int64_value(&[0]) as u64;
+                    let scalars = crate::fused_adamw::StepScalars::new(&self.cfg, lr, s.step, seed);
+                    let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
+                    if crate::fused_adamw::step_bf16_stochastic(&s.param, &g, m, v, &scalars) {
+                        continue;
+                    }
+                }
+                let g = g.to_kind(Kind::Float);
                 let _ = s.exp_avg.lerp_(&g, 1.0 - beta1);
                 let _ = s.exp_avg_sq.g_mul_scalar_(beta2);
                 let _ = s.exp_avg_sq.addcmul_(&g, &(&g * (1.0 - beta2)));
-                let bc1 = 1.0 - beta1.powi(s.step as i32);
-                let bc2 = 1.0 - beta2.powi(s.step as i32);
                 if s.param.kind() == Kind::Float {
                     let denom = (s.exp_avg_sq.sqrt() / bc2.sqrt()) + eps;
                     let update = (&s.exp_avg / denom) * (lr / bc1);
@@ -429,6 +454,107 @@ mod tests {
         // Kahan: every weight within one bf16 ulp of the exact value (2^-8 below 1.0).
         let (kahan, worst) = run(Kind::BFloat16, Rounding::Kahan);
         assert!(worst <= 0.0040, "kahan mean {kahan}, worst {worst}");
+    }
+
+    /// Gated: `CUDARL_GPU=1` on a GPU machine.
+    #[test]
+    fn the_fused_bf16_step_computes_libtorchs_moments_and_rounds_stochastically() {
+        if std::env::var("CUDARL_GPU").as_deref() != Ok("1") {
+            eprintln!("SKIPPED the_fused_bf16_step...: GPU test (set CUDARL_GPU=1)");
+            return;
+        }
+        assert!(
+            crate::fused_adamw::available(),
+            "this build embeds the kernel"
+        );
+        let _rng = crate::torch_rng();
+        tch::manual_seed(5);
+        let dev = tch::Device::Cuda(0);
+        // 5M elements: more than one pass of the kernel's grid (16,384 blocks of 256).
+        let n = 5_000_011;
+        let p = (Tensor::randn([n], (Kind::Float, dev)) * 0.05).to_kind(Kind::BFloat16);
+        let g = (Tensor::randn([n], (Kind::Float, dev)) * 1e-3).to_kind(Kind::BFloat16);
+        let m = Tensor::randn([n], (Kind::Float, dev)) * 1e-3;
+        let v = Tensor::rand([n], (Kind::Float, dev)) * 1e-6;
+        let (lr, b1, b2, eps, wd, t) = (1e-3f64, 0.9f64, 0.95f64, 1e-8f64, 0.01f64, 3);
+        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        // libtorch's ops, as `AdamW::step` runs them for a narrow parameter.
+        let gf = g.to_kind(Kind::Float);
+        let m_ref = m.lerp(&gf, 1.0 - b1);
+        let v_ref = &v * b2 + &gf * (&gf * (1.0 - b2));
+        let d = (v_ref.sqrt() / bc2.sqrt() + eps) * (-bc1 / lr);
+        let upd = &m_ref / d;
+        let exact = p.to_kind(Kind::Float) * (1.0 - lr * wd) + &upd;
+        // What float32 rounding of the two terms may move the sum by (the kernel fuses the
+        // multiply-add: one rounding where libtorch's ops take two).
+        let slack = (p.to_kind(Kind::Float).abs() + upd.abs()) * 2f64.powi(-22);
+        let version = crate::cuda_graph::tensor_version(&p);
+        let cfg = AdamWConfig {
+            beta1: b1,
+            beta2: b2,
+            eps,
+            weight_decay: wd,
+        };
+        let scalars = crate::fused_adamw::StepScalars::new(&cfg, lr, t as i64, 17);
+        assert!(crate::fused_adamw::step_bf16_stochastic(
+            &p, &g, &m, &v, &scalars
+        ));
+        assert!(
+            crate::cuda_graph::tensor_version(&p) > version,
+            "version bumped"
+        );
+        let rel = |a: &Tensor, b: &Tensor| ((a - b).abs().max() / b.abs().max()).double_value(&[]);
+        assert!(rel(&m, &m_ref) < 1e-6, "exp_avg {}", rel(&m, &m_ref));
+        assert!(rel(&v, &v_ref) < 1e-6, "exp_avg_sq {}", rel(&v, &v_ref));
+        // Each weight is the bf16 value just below or just above the exact one: within one
+        // ulp (2^-7 relative at most) and the float32 rounding of its terms.
+        let pf = p.to_kind(Kind::Float);
+        let off = ((&pf - &exact).abs() - exact.abs() * 2f64.powi(-7) - slack).max();
+        assert!(off.double_value(&[]) <= 1e-12, "off by more than an ulp");
+        // Unbiased: 4M weights at 1.0 stepped by -1e-4 (a twentieth of the ulp below 1.0, which
+        // rounding to nearest loses) land on 1 - 1e-4 on average.
+        let n = 1 << 22;
+        let p = Tensor::ones([n], (Kind::BFloat16, dev));
+        let g = Tensor::ones([n], (Kind::BFloat16, dev));
+        let (m, v) = (
+            Tensor::zeros([n], (Kind::Float, dev)),
+            Tensor::zeros([n], (Kind::Float, dev)),
+        );
+        let no_decay = AdamWConfig {
+            weight_decay: 0.0,
+            ..cfg
+        };
+        let first = crate::fused_adamw::StepScalars::new(&no_decay, 1e-4, 1, 17);
+        assert!(crate::fused_adamw::step_bf16_stochastic(
+            &p, &g, &m, &v, &first
+        ));
+        let mean = p.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        assert!((mean - (1.0 - 1e-4)).abs() < 3e-6, "stochastic mean {mean}");
+        // `AdamW::step` takes the kernel for such a parameter: the same mean over 4M weights.
+        let vs = nn::VarStore::new(dev);
+        let mut w = vs
+            .root()
+            .var("w", &[n], nn::Init::Const(1.0))
+            .set_requires_grad(true);
+        let mut vs = vs;
+        vs.set_kind(Kind::BFloat16);
+        let cfg = AdamWConfig {
+            weight_decay: 0.0,
+            ..Default::default()
+        };
+        for fused in [true, false] {
+            tch::no_grad(|| w.copy_(&Tensor::ones([n], (Kind::BFloat16, dev))));
+            let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, Rounding::Stochastic);
+            opt.set_fused(fused);
+            opt.zero_grad();
+            w.sum(Kind::Float).backward();
+            opt.step();
+            let mean = w.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+            assert!(
+                (mean - (1.0 - 1e-4)).abs() < 3e-6,
+                "fused {fused}: mean {mean}"
+            );
+        }
     }
 
     #[test]

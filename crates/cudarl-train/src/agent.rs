@@ -1,9 +1,8 @@
 //! Trainable agents (the mission's `TrainableAgent`): a generator or optimizer that owns a
 //! Qwen2 model, its tokenizer, an AdamW optimizer over its float32 master weights (or its LoRA
 //! adapters'), and its role's chat template (ChatML with the role's system prompt). It samples
-//! completions with per-token log-probabilities (`generate_with_log_probs`), scores given
-//! completions differentiably (`completion_log_probs`, for policy-gradient losses) and applies
-//! updates (`step`).
+//! completions with per-token log-probabilities (`generate_with_log_probs`) and applies
+//! updates (`begin_step`, `finish_step`; the gradients come from `score::Scored`).
 
 use std::path::Path;
 
@@ -212,85 +211,6 @@ impl TrainableAgent {
         Ok(out)
     }
 
-    /// Log-probabilities `[b, T]` (float32, differentiable) of each completion's tokens given
-    /// its prompt under `model` with logits divided by `temperature` (the distribution the
-    /// tokens were sampled from), and the mask `[b, T]` (1 on real completion tokens); `T` is
-    /// the longest completion. Also returns the per-token entropy `[b, T]` of that
-    /// distribution (detached) and the state `[b, h]`: the last layer's hidden state at each
-    /// prompt's last token (what PPO's value head reads; compute dtype, differentiable).
-    ///
-    /// # Errors
-    /// libtorch errors.
-    pub fn completion_log_probs(
-        model: &Qwen2,
-        items: &[(&[i64], &[i64])],
-        temperature: f64,
-    ) -> Result<(Tensor, Tensor, Tensor, Tensor), ModelError> {
-        let dev = model.device();
-        let width = items
-            .iter()
-            .map(|(p, c)| p.len() + c.len())
-            .max()
-            .unwrap_or(1);
-        let tmax = items.iter().map(|(_, c)| c.len()).max().unwrap_or(1).max(1);
-        let b = items.len() as i64;
-        // Right padding: [prompt, completion, pad..]; causal attention keeps pads out of the
-        // real tokens' logits.
-        let (mut ids, mut gather, mut mask) = (Vec::new(), Vec::new(), Vec::new());
-        for (p, c) in items {
-            let mut row = p.to_vec();
-            row.extend_from_slice(c);
-            row.resize(width, 0);
-            ids.extend(row);
-            // Completion token j is predicted at position len(p) - 1 + j.
-            for j in 0..tmax {
-                gather.push((p.len() - 1 + j.min(c.len().saturating_sub(1))) as i64);
-                mask.push(if j < c.len() { 1.0f32 } else { 0.0 });
-            }
-        }
-        let ids_t = Tensor::from_slice(&ids)
-            .view([b, width as i64])
-            .to_device(dev);
-        let pos = Tensor::from_slice(&gather)
-            .view([b, tmax as i64])
-            .to_device(dev);
-        let mask = Tensor::from_slice(&mask)
-            .view([b, tmax as i64])
-            .to_device(dev);
-        let hidden = model.hidden(&ids_t, None, None, None)?; // [b, width, h]
-        let last: Vec<i64> = items.iter().map(|(p, _)| p.len() as i64 - 1).collect();
-        let last = Tensor::from_slice(&last).to_device(dev).view([b, 1, 1]);
-        let h = hidden.size()[2];
-        let state = hidden
-            .gather(1, &last.expand([b, 1, h], false), false)
-            .squeeze_dim(1);
-        // The LM head on the completion positions only: logits [b, T, V] (float32), not the
-        // prompts' too.
-        let at = model.head(&hidden.gather(
-            1,
-            &pos.unsqueeze(-1).expand([b, tmax as i64, h], false),
-            false,
-        ));
-        let at = if temperature > 0.0 {
-            at / temperature
-        } else {
-            at
-        };
-        let logp_all = at.log_softmax(-1, Kind::Float);
-        let tgt: Vec<i64> = items
-            .iter()
-            .flat_map(|(_, c)| (0..tmax).map(move |j| c.get(j).copied().unwrap_or(0)))
-            .collect();
-        let tgt = Tensor::from_slice(&tgt)
-            .view([b, tmax as i64, 1])
-            .to_device(dev);
-        let logp = logp_all.gather(-1, &tgt, false).squeeze_dim(-1) * &mask;
-        let entropy = tch::no_grad(|| {
-            -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float) * &mask
-        });
-        Ok((logp, mask, entropy, state))
-    }
-
     /// The state `[b, h]` (float32, detached) of each prompt: the last layer's hidden state at
     /// its last token, what PPO's value head reads before the agent answers.
     ///
@@ -320,44 +240,24 @@ impl TrainableAgent {
             .to_kind(Kind::Float))
     }
 
-    /// One optimizer step on `loss`: backward, global-norm clipping, AdamW. Returns the
-    /// gradient norm before clipping.
-    ///
-    /// # Errors
-    /// libtorch errors.
-    pub fn step(&mut self, loss: &Tensor) -> Result<f64, ModelError> {
+    /// Starts an optimizer step: the learning rate from the warmup, the trained parameters'
+    /// gradients zeroed. The caller then accumulates the step's gradients into `.grad`
+    /// ([`crate::score::Scored::backward`], [`crate::train::chunked_loss`]) and calls
+    /// [`TrainableAgent::finish_step`].
+    pub fn begin_step(&mut self) {
         self.warm_up();
         self.opt.zero_grad();
-        loss.f_backward()?;
+    }
+
+    /// Ends an optimizer step: global-norm clipping of the accumulated gradients, then AdamW.
+    /// Returns the gradient norm before clipping.
+    pub fn finish_step(&mut self) -> f64 {
         let norm = clip_grad_norm(
             &self.model.trainable().trainable_variables(),
             self.optim.grad_clip,
         );
         self.opt.step();
-        Ok(norm)
-    }
-
-    /// One optimizer step on the policy-gradient loss `pg` plus the auxiliary terms `aux` (the
-    /// weighted KL penalty and PPO-ptx), the auxiliary gradient scaled to at most `cap` times
-    /// the policy gradient's norm ([`crate::rl::capped_gradients`]); then global-norm clipping
-    /// and AdamW. Returns the summed gradient's norm before clipping and how the two were
-    /// combined.
-    ///
-    /// # Errors
-    /// libtorch errors.
-    pub fn step_capped(
-        &mut self,
-        pg: &Tensor,
-        aux: &Tensor,
-        cap: f64,
-    ) -> Result<(f64, crate::rl::AuxCap), ModelError> {
-        self.warm_up();
-        self.opt.zero_grad();
-        let params = self.model.trainable().trainable_variables();
-        let c = crate::rl::capped_gradients(pg, aux, &params, cap)?;
-        let norm = clip_grad_norm(&params, self.optim.grad_clip);
-        self.opt.step();
-        Ok((norm, c))
+        norm
     }
 
     /// Sets the learning rate of the next step from the linear warmup.

@@ -19,6 +19,33 @@ unsafe extern "C" {
     fn cudarl_graph_end(g: *mut c_void, err: *mut c_char, n: usize) -> i32;
     fn cudarl_graph_replay(g: *mut c_void, err: *mut c_char, n: usize) -> i32;
     fn cudarl_graph_free(g: *mut c_void);
+    fn cudarl_cuda_memory(
+        device: i32,
+        reset: i32,
+        out: *mut u64,
+        err: *mut c_char,
+        n: usize,
+    ) -> i32;
+}
+
+/// libtorch's caching allocator on `dev` since the last [`gpu_memory`] call that reset it
+/// (as `torch.cuda.memory_allocated`, `max_memory_allocated`, `max_memory_reserved`), then,
+/// with `reset`, its peaks reset. `None` on a CPU device or a build without CUDA.
+pub fn gpu_memory(dev: tch::Device, reset: bool) -> Option<cudarl_protocol::GpuMemory> {
+    let tch::Device::Cuda(i) = dev else {
+        return None;
+    };
+    let mut out = [0u64; 3];
+    // SAFETY: `out` has the three slots the shim writes.
+    call("memory", |e, n| unsafe {
+        cudarl_cuda_memory(i as i32, reset as i32, out.as_mut_ptr(), e, n)
+    })
+    .ok()?;
+    Some(cudarl_protocol::GpuMemory {
+        allocated: out[0],
+        peak_allocated: out[1],
+        peak_reserved: out[2],
+    })
 }
 
 /// Calls a shim function with an error buffer; its message as a [`ModelError::Generate`].

@@ -9,11 +9,13 @@ mod bench_decode;
 pub mod config;
 pub mod cuda_graph;
 pub mod decode;
+pub mod fused_adamw;
 pub mod generate;
 pub mod job;
 pub mod model;
 pub mod rl;
 pub mod rl_serve;
+pub mod score;
 pub mod tokenizer;
 pub mod train;
 

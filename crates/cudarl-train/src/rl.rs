@@ -31,7 +31,7 @@ pub struct PgStats {
 }
 
 /// [`clipped_pg_loss`]'s result: the clipped surrogate and the weighted KL penalty apart
-/// (scalar tensors; [`capped_gradients`] takes their gradients separately), and the stats.
+/// (scalar tensors; [`cap_auxiliary`] combines their gradients), and the stats.
 pub struct PgLoss {
     /// `mean_tokens[ -min(rho A, clip(rho, 1-eps, 1+eps) A) ]`.
     pub pg: Tensor,
@@ -105,7 +105,7 @@ pub fn clipped_pg_loss(
     }
 }
 
-/// How [`capped_gradients`] combined the two gradients of one minibatch step.
+/// How [`cap_auxiliary`] combined the two gradients of one minibatch step.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AuxCap {
     /// `||g_aux|| / max(||g_pg||, 1e-12)` before scaling (global L2 norms over every trained
@@ -115,34 +115,43 @@ pub struct AuxCap {
     pub scale: f64,
 }
 
-/// Leaves `g_pg + s * g_aux` in each parameter's gradient (added to what is there), with
-/// `g_pg` the gradient of the policy-gradient loss `pg`, `g_aux` that of the auxiliary terms
-/// `aux` (the KL penalty and PPO-ptx's cross-entropy, already weighted), and
+/// Each of `params`' gradient, copied out (`None` where it has none), with `.grad` zeroed.
+pub fn take_grads(params: &[Tensor]) -> Vec<Option<Tensor>> {
+    tch::no_grad(|| {
+        params
+            .iter()
+            .map(|p| {
+                let mut g = p.grad();
+                g.defined().then(|| {
+                    let out = g.copy();
+                    let _ = g.zero_();
+                    out
+                })
+            })
+            .collect()
+    })
+}
+
+/// Leaves `g_pg + s * g_aux` in each parameter's gradient, with `g_pg` the gradient of the
+/// policy-gradient loss (`gp`, one per parameter of `params`, `None` where the loss does not
+/// reach it: [`take_grads`] after its backward), `g_aux` that of the auxiliary terms (the KL
+/// penalty and PPO-ptx's cross-entropy, already weighted), which `.grad` holds on entry, and
 /// `s = min(1, cap * ||g_pg|| / ||g_aux||)` over the global L2 norms. With `cap <= 1`,
 /// `<g_pg, g_pg + s g_aux> >= (1 - cap) ||g_pg||^2 >= 0`: a step along the sum never lowers
 /// the policy-gradient objective to first order, however large the KL or SFT terms are (the
 /// norm balancing of multi-task training, Chen et al., "GradNorm", arXiv:1711.02257, reduced to a
-/// ceiling). Both backward passes run through the shared graph (`pg` first, keeping it), and
-/// the sum is written with one more backward of `sum_i <p_i, g_i>` (parameters the losses did
-/// not reach keep their gradient).
-///
-/// `pg` and `aux` are scalar tensors; `params` the trained parameters (`requires_grad`).
+/// ceiling).
 ///
 /// # Errors
-/// libtorch errors (a loss that does not reach any parameter, a freed graph).
-pub fn capped_gradients(
-    pg: &Tensor,
-    aux: &Tensor,
+/// libtorch errors.
+pub fn cap_auxiliary(
+    gp: &[Option<Tensor>],
     params: &[Tensor],
     cap: f64,
 ) -> Result<AuxCap, TchError> {
-    let gp = Tensor::f_run_backward(&[pg], params, true, false)?;
-    let ga = Tensor::f_run_backward(&[aux], params, false, false)?;
     // One device-to-host read per norm, not one per parameter.
-    let norm = |gs: &[Tensor]| -> f64 {
+    let norm = |gs: &mut dyn Iterator<Item = Tensor>| -> f64 {
         let sq: Vec<Tensor> = gs
-            .iter()
-            .filter(|g| g.defined())
             .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Float))
             .collect();
         if sq.is_empty() {
@@ -153,22 +162,34 @@ pub fn capped_gradients(
             .sqrt()
             .double_value(&[])
     };
-    let (np, na) = (norm(&gp), norm(&ga));
+    let (np, na) = tch::no_grad(|| {
+        (
+            norm(&mut gp.iter().flatten().map(|g| g.shallow_clone())),
+            norm(&mut params.iter().map(|p| p.grad()).filter(|g| g.defined())),
+        )
+    });
     let ratio = na / np.max(1e-12);
     let scale = if na > cap * np { cap * np / na } else { 1.0 };
+    // A parameter the auxiliary terms did not reach and that has no `.grad` yet gets its
+    // policy gradient through a backward of `<p, g_pg>`.
     let mut surrogate: Option<Tensor> = None;
-    for ((p, a), b) in params.iter().zip(&gp).zip(&ga) {
-        let g = match (a.defined(), b.defined()) {
-            (true, true) => a + b * scale,
-            (true, false) => a.shallow_clone(),
-            (false, true) => b * scale,
-            (false, false) => continue,
-        };
-        let term = (p * g.detach()).sum(Kind::Float);
-        surrogate = Some(match surrogate {
-            Some(s) => s + term,
-            None => term,
-        });
+    for (p, a) in params.iter().zip(gp) {
+        let mut g = p.grad();
+        if g.defined() {
+            tch::no_grad(|| {
+                let _ = g.f_mul_(&Tensor::from(scale))?;
+                if let Some(a) = a {
+                    let _ = g.f_add_(a)?;
+                }
+                Ok::<_, TchError>(())
+            })?;
+        } else if let Some(a) = a {
+            let term = (p * a.detach()).sum(Kind::Float);
+            surrogate = Some(match surrogate {
+                Some(s) => s + term,
+                None => term,
+            });
+        }
     }
     if let Some(s) = surrogate {
         s.f_backward()?;
@@ -275,6 +296,17 @@ mod tests {
         Vec::<f32>::try_from(logits.grad().view([-1])).unwrap()
     }
 
+    /// The gradient of `pg` apart, that of `aux` accumulated, and the two combined by
+    /// [`cap_auxiliary`] with a ceiling of 1.
+    fn capped_step(pg: &Tensor, aux: &Tensor, params: &[Tensor]) -> AuxCap {
+        let gp: Vec<Option<Tensor>> = Tensor::run_backward(&[pg], params, true, false)
+            .into_iter()
+            .map(|g| g.defined().then_some(g))
+            .collect();
+        aux.backward();
+        cap_auxiliary(&gp, params, 1.0).unwrap()
+    }
+
     #[test]
     fn a_capped_auxiliary_gradient_cannot_outweigh_the_policy_gradient() {
         let mut logits =
@@ -295,7 +327,7 @@ mod tests {
         // advantaged token's log-probability.
         logits.zero_grad();
         let (pg, kl) = opposed_losses(&logits);
-        let c = capped_gradients(&pg, &kl, &params, 1.0).unwrap();
+        let c = capped_step(&pg, &kl, &params);
         let capped = grad_of(&logits);
         assert!(c.ratio > 100.0, "{c:?}");
         assert!((c.scale - 1.0 / c.ratio).abs() < 1e-9, "{c:?}");
@@ -306,7 +338,7 @@ mod tests {
         // A weak auxiliary term passes unscaled: the gradient is the plain sum.
         logits.zero_grad();
         let (pg, kl) = opposed_losses(&logits);
-        let c = capped_gradients(&pg, &(kl * 1e-6), &params, 1.0).unwrap();
+        let c = capped_step(&pg, &(kl * 1e-6), &params);
         assert_eq!(c.scale, 1.0);
         assert!(c.ratio < 1.0, "{c:?}");
         let weak = grad_of(&logits);

@@ -43,6 +43,7 @@ use tch::nn::{self, Module};
 use crate::adamw::{AdamW, AdamWConfig};
 use crate::agent::{AgentOptim, Completion, Role, TrainableAgent};
 use crate::rl::clipped_pg_loss;
+use crate::score::{ScorePass, Scored};
 use crate::tokenizer::ChatMessage;
 use crate::train::{ComputeKind, Example};
 use crate::{ModelError, Qwen2, SampleParams};
@@ -289,6 +290,7 @@ impl Server {
                 Reply::Generated(Generated {
                     completions: out,
                     seconds: t0.elapsed().as_secs_f64(),
+                    gpu_memory: None,
                 })
             }
             Request::Update { agent, samples } => {
@@ -422,27 +424,37 @@ impl Server {
             })
             .collect();
         // Old and reference log-probabilities first, for every minibatch, without gradients.
+        let score = |m: &Qwen2, seqs: &[(&[i64], &[i64])], temp: f64, entropy: bool| {
+            let _g = tch::no_grad_guard();
+            let sc = Scored::new(m, seqs, temp, ScorePass::default())?;
+            let (logp, ent, _) = sc.log_probs(m, entropy)?;
+            Ok::<_, ModelError>((logp, ent, sc.mask))
+        };
         let mut fixed = Vec::new();
         for (seqs, temp, _, _) in &batches {
-            let _g = tch::no_grad_guard();
-            let (old, _, ent, _) = TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
-            let (rf, mask, _, _) = TrainableAgent::completion_log_probs(r, seqs, *temp)?;
-            st.entropy +=
-                (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
+            let (old, ent, mask) = score(&a.model, seqs, *temp, true)?;
+            let (rf, _, _) = score(r, seqs, *temp, false)?;
+            if let Some(ent) = ent {
+                st.entropy +=
+                    (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
+            }
             fixed.push((old, rf));
         }
+        let pass = ScorePass {
+            checkpoint: self.job.gradient_checkpointing,
+            ..ScorePass::default()
+        };
         let passes = self.job.epochs.max(1);
         let order = (0..passes).flat_map(|_| 0..batches.len());
         for (k, ci) in order.enumerate() {
             let (seqs, temp, adv, ret) = &batches[ci];
-            let (logp, mask, _, state) =
-                TrainableAgent::completion_log_probs(&a.model, seqs, *temp)?;
+            let scored = Scored::new(&a.model, seqs, *temp, pass)?;
+            let (logp, _, state) = scored.log_probs(&a.model, false)?;
+            let mask = scored.mask.shallow_clone();
             let (old, rf) = &fixed[ci];
             // How far this update has moved the policy on these completions (k1 estimator).
-            let approx_kl = tch::no_grad(|| {
-                ((old - &logp) * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)
-            })
-            .double_value(&[]);
+            let approx_kl = ((old - &logp) * &mask).sum(Kind::Float).double_value(&[])
+                / mask.sum(Kind::Float).double_value(&[]).max(1.0);
             st.max_approx_kl = st.max_approx_kl.max(approx_kl);
             if k > 0
                 && self
@@ -453,11 +465,17 @@ impl Server {
                 st.skipped_minibatches = passes * batches.len() - k;
                 break;
             }
+            // The loss as a function of the log-probabilities, differentiated with respect to
+            // them first; `scored` carries each gradient through the head and the layers.
+            let leaf = logp.detach().set_requires_grad(true);
             let crate::rl::PgLoss { pg, kl, stats: s } =
-                clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg);
-            // The auxiliary terms: the weighted KL penalty, and PPO-ptx on the next `batch` SFT
-            // conversations of this agent, cycled.
-            let aux = match &self.job.ptx {
+                clipped_pg_loss(&leaf, old, Some(rf), adv, &mask, &self.job.pg);
+            let grad = |loss: &Tensor| -> Result<Tensor, ModelError> {
+                Ok(Tensor::f_run_backward(&[loss], &[&leaf], true, false)?.remove(0))
+            };
+            let (d_pg, d_kl) = (grad(&pg)?, grad(&kl)?);
+            // PPO-ptx on the next `batch` SFT conversations of this agent, cycled.
+            let ptx = match &self.job.ptx {
                 Some(p) if p.batch > 0 && !self.ptx[agent.index()].0.is_empty() => {
                     let (rows, next) = &mut self.ptx[agent.index()];
                     let take: Vec<&Vec<ChatMessage>> = (0..p.batch)
@@ -465,12 +483,15 @@ impl Server {
                         .collect();
                     *next = (*next + p.batch) % rows.len();
                     let ex = crate::train::chat_examples(&a.tokenizer, &take)?;
-                    let b: Vec<&Example> = ex.iter().collect();
-                    let (nll, _) = crate::train::loss_of(&a.model, &b, p.max_len)?;
-                    st.ptx_loss += nll.double_value(&[]);
-                    kl + nll * p.coef
+                    let loss = crate::train::LossPass {
+                        chunk_bytes: crate::train::CE_CHUNK_BYTES,
+                        backward: true,
+                        checkpoint: pass.checkpoint,
+                        grad_scale: p.coef,
+                    };
+                    Some((ex, p.max_len, loss))
                 }
-                _ => kl,
+                _ => None,
             };
             if let Some(c) = critic.as_deref_mut() {
                 // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
@@ -480,15 +501,26 @@ impl Server {
                 c.opt.step();
                 st.value_loss += vl.double_value(&[]);
             }
-            st.grad_norm += match self.job.pg.aux_grad_cap {
-                Some(cap) if aux.requires_grad() => {
-                    let (norm, c) = a.step_capped(&pg, &aux, cap)?;
-                    st.aux_scale += c.scale;
-                    st.max_aux_grad_ratio = st.max_aux_grad_ratio.max(c.ratio);
-                    norm
-                }
-                _ => a.step(&(pg + aux))?,
+            a.begin_step();
+            let params = a.model.trainable().trainable_variables();
+            // The policy gradient apart when the auxiliary terms' is capped against it.
+            let g_pg = match self.job.pg.aux_grad_cap {
+                Some(_) => Some(scored.gradients(&a.model, &d_pg, &params)?),
+                None => None,
             };
+            let d_rest = if g_pg.is_some() { d_kl } else { d_pg + d_kl };
+            scored.backward(&a.model, &d_rest)?;
+            if let Some((ex, max_len, loss)) = ptx {
+                let b: Vec<&Example> = ex.iter().collect();
+                let (nll, _) = crate::train::chunked_loss(&a.model, &b, max_len, loss)?;
+                st.ptx_loss += nll;
+            }
+            if let (Some(cap), Some(g)) = (self.job.pg.aux_grad_cap, &g_pg) {
+                let c = crate::rl::cap_auxiliary(g, &params, cap)?;
+                st.aux_scale += c.scale;
+                st.max_aux_grad_ratio = st.max_aux_grad_ratio.max(c.ratio);
+            }
+            st.grad_norm += a.finish_step();
             st.loss += s.loss;
             st.pg_loss += s.pg_loss;
             st.kl += s.kl;
@@ -539,9 +571,19 @@ pub fn serve(job: &RlServe) -> Result<(), ModelError> {
             Err(e) => Reply::Error(format!("bad request: {e}")),
             // The GPU, shared, for the request (generate, update, save): the harness's timing
             // waits between requests.
-            Ok(req) => match crate::GpuShare::hold(server.device())
-                .and_then(|_gpu| server.handle(req, &mut out))
-            {
+            Ok(req) => match crate::GpuShare::hold(server.device()).and_then(|_gpu| {
+                // The request's GPU memory, read before the GPU is shared again.
+                let dev = server.device();
+                crate::cuda_graph::gpu_memory(dev, true);
+                let mut r = server.handle(req, &mut out)?;
+                let m = crate::cuda_graph::gpu_memory(dev, false);
+                match &mut r {
+                    Some(Reply::Generated(g)) => g.gpu_memory = m,
+                    Some(Reply::Updated(u)) => u.gpu_memory = m,
+                    _ => {}
+                }
+                Ok(r)
+            }) {
                 Ok(Some(r)) => r,
                 Ok(None) => break,
                 Err(e) => Reply::Error(e.to_string()),
@@ -658,6 +700,46 @@ mod tests {
         let st = s.update(Role::Generator, &alternating(&r)).unwrap();
         assert_eq!(st.samples, 4, "every completion has tokens");
         st
+    }
+
+    #[test]
+    fn activation_checkpointing_leaves_an_update_as_it_was() {
+        let (_d, m) = tiny_model();
+        let _rng = crate::torch_rng();
+        let run = |lora: &str, checkpoint: bool, cap: Option<f64>| {
+            let mut j = job(lora);
+            (j.generator, j.optimizer) = (m.clone(), m.clone());
+            (j.lr, j.minibatch, j.warmup) = (1e-2, 2, 0);
+            (j.gradient_checkpointing, j.pg.aux_grad_cap) = (checkpoint, cap);
+            let mut s = Server::new(j).unwrap();
+            let r = generate4(&mut s, 12, 1, false);
+            let st = s.update(Role::Generator, &alternating(&r)).unwrap();
+            let trained = s.agents[0].model.trainable().trainable_variables();
+            let flat: Vec<Tensor> = trained.iter().map(|v| v.detach().reshape([-1])).collect();
+            (st, Tensor::cat(&flat, 0))
+        };
+        // Full fine-tuning, and LoRA adapters on a frozen base (whose embedding takes no
+        // gradient); the auxiliary gradient apart (capped) or summed.
+        for lora in ["", r#", "lora": {"r": 4, "alpha": 8}"#] {
+            for cap in [None, Some(1.0)] {
+                let (plain, w0) = run(lora, false, cap);
+                let (ck, w1) = run(lora, true, cap);
+                assert_eq!((plain.steps, ck.steps), (2, 2));
+                let what = format!("lora `{lora}`, cap {cap:?}: {plain:?} vs {ck:?}");
+                for (a, b) in [
+                    (plain.loss, ck.loss),
+                    (plain.kl, ck.kl),
+                    (plain.grad_norm, ck.grad_norm),
+                    (plain.aux_scale, ck.aux_scale),
+                    (plain.max_approx_kl, ck.max_approx_kl),
+                ] {
+                    assert!((a - b).abs() < 1e-5 * (1.0 + a.abs()), "{what}");
+                }
+                assert!(plain.grad_norm > 0.0, "{what}");
+                let moved = (&w0 - &w1).abs().max().double_value(&[]);
+                assert!(moved < 1e-5, "{what}: the weights differ by {moved}");
+            }
+        }
     }
 
     #[test]

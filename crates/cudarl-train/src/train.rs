@@ -144,6 +144,9 @@ pub struct LossPass {
     pub backward: bool,
     /// With `backward`: activation checkpointing ([`Qwen2::checkpointed_backward`]).
     pub checkpoint: bool,
+    /// With `backward`: the factor on the accumulated gradients (PPO-ptx's coefficient; 1.0
+    /// for the loss itself). The returned loss is not scaled.
+    pub grad_scale: f64,
 }
 
 /// [`loss_of`] with the LM head and the cross-entropy run over chunks of at most
@@ -188,7 +191,7 @@ pub fn chunked_loss(
                 .squeeze_dim(-1);
             let part = -(logp * mask.narrow(0, start, len)).sum(Kind::Float) / n;
             if backward {
-                part.f_backward()?;
+                (&part * pass.grad_scale).f_backward()?;
             }
             total += part.double_value(&[]);
         }
@@ -233,6 +236,7 @@ pub fn evaluate(model: &Qwen2, examples: &[Example], cfg: &TrainConfig) -> Resul
             chunk_bytes: CE_CHUNK_BYTES,
             backward: false,
             checkpoint: false,
+            grad_scale: 1.0,
         };
         let (l, n) = chunked_loss(model, &refs, cfg.max_len, pass)?;
         total += l * n as f64;
@@ -284,6 +288,7 @@ pub fn train_lm(
                 chunk_bytes: CE_CHUNK_BYTES,
                 backward: true,
                 checkpoint: cfg.gradient_checkpointing,
+                grad_scale: 1.0,
             };
             let (loss, n) = chunked_loss(model, &refs, cfg.max_len, pass)?;
             let grad_norm = clip_grad_norm(&params, cfg.grad_clip);
@@ -487,19 +492,23 @@ mod tests {
             full.backward();
             let want = grads();
             // 3 positions a chunk: 10 chunks, one of them short, over 29 positions, with and
-            // without activation checkpointing; and every position in one chunk.
-            for (chunk_bytes, checkpoint) in [(600, false), (600, true), (1 << 20, false)] {
+            // without activation checkpointing (there with the gradient scaled by 0.25); and
+            // every position in one chunk.
+            for (chunk_bytes, checkpoint, grad_scale) in
+                [(600, false, 1.0), (600, true, 0.25), (1 << 20, false, 1.0)]
+            {
                 zero();
                 let pass = LossPass {
                     chunk_bytes,
                     backward: true,
                     checkpoint,
+                    grad_scale,
                 };
                 let (part, n2) = chunked_loss(&m, &refs, 16, pass).unwrap();
                 assert_eq!(n, n2);
                 assert!((full.double_value(&[]) - part).abs() < 1e-6, "tied {tied}");
                 for (w, g) in want.iter().zip(grads()) {
-                    let diff = (w - &g).abs().max().double_value(&[]);
+                    let diff = (w * grad_scale - &g).abs().max().double_value(&[]);
                     let what = format!("tied {tied}, checkpoint {checkpoint}: {diff}");
                     assert!(
                         diff < 1e-6 && w.abs().max().double_value(&[]) > 0.0,
@@ -511,6 +520,7 @@ mod tests {
                 chunk_bytes: 1 << 20,
                 backward: false,
                 checkpoint: false,
+                grad_scale: 1.0,
             };
             let (nograd, _) = chunked_loss(&m, &refs, 16, pass).unwrap();
             assert!((nograd - full.double_value(&[])).abs() < 1e-6);

@@ -1,0 +1,47 @@
+// One AdamW step of a bf16 parameter with float32 moments, in one pass over memory: what
+// `adamw.rs`'s libtorch path computes in about fifteen elementwise kernels (about 150 bytes of
+// traffic a parameter), here 22 bytes a parameter (gradient 2, parameter 2 + 2, moments 8 + 8).
+// The arithmetic follows that path operation for operation, in float32:
+//
+//   m  <- m + (1 - b1) (g - m)                      (lerp)
+//   v  <- v b2 + g (g (1 - b2))                     (mul, addcmul)
+//   d  <- (sqrt(v) / sqrt(1 - b2^t) + eps) * (-(1 - b1^t) / lr)
+//   x' <- x (1 - lr wd) + m / d
+//
+// and x' is rounded to bf16 stochastically (Gupta et al. 2015): 16 random low bits added to the
+// float32 pattern, then cut. The bits come from splitmix64 (Steele et al. 2014) of the step's
+// seed and the element's index, so a step is a pure function of its seed.
+//
+// Built by build.rs with nvcc into a fatbin that `fused_adamw.rs` loads with the CUDA driver API.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+extern "C" __global__ void cudarl_adamw_bf16_stochastic(
+    __nv_bfloat16* __restrict__ param, const __nv_bfloat16* __restrict__ grad,
+    float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, long long n, float one_minus_b1,
+    float b2, float one_minus_b2, float bc2_sqrt, float eps, float neg_bc1_over_lr, float decay,
+    unsigned long long seed) {
+  long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float g = __bfloat162float(grad[i]);
+    float m = exp_avg[i];
+    m = m + one_minus_b1 * (g - m);
+    float v = exp_avg_sq[i] * b2 + g * (g * one_minus_b2);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    float d = (sqrtf(v) / bc2_sqrt + eps) * neg_bc1_over_lr;
+    float x = __bfloat162float(param[i]) * decay + m / d;
+    uint32_t bits = __float_as_uint(x);
+    uint32_t noise = (uint32_t)(splitmix64(seed ^ (uint64_t)i) >> 48);
+    bits = (bits + noise) & 0xffff0000u;
+    param[i] = __ushort_as_bfloat16((unsigned short)(bits >> 16));
+  }
+}
