@@ -30,15 +30,17 @@ fn assert_bad(p: &Project, args: &[&str], needles: &[&str]) {
     }
     let before = p.store_snapshot();
     let o = p.run(args);
-    let err = stderr(&o) + &stdout(&o);
+    let err = stderr(&o);
     assert_eq!(
         o.status.code(),
         Some(2),
-        "expected exit 2 for {args:?}, got {:?}:\n{err}",
-        o.status.code()
+        "expected exit 2 for {args:?}, got {:?}:\n{err}\nstdout:\n{}",
+        o.status.code(),
+        stdout(&o)
     );
+    // On stderr: the summary on stdout may be JSON or piped away.
     for n in needles {
-        assert!(err.contains(n), "message should contain {n:?}:\n{err}");
+        assert!(err.contains(n), "stderr should contain {n:?}:\n{err}");
     }
     assert_eq!(
         p.store_snapshot(),

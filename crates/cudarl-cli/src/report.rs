@@ -56,6 +56,16 @@ impl Reporter for CliReporter {
     }
 
     fn node_finished(&self, r: &NodeRecord) {
+        // A failure and why, on stderr whatever else is shown: the summary on stdout may be
+        // JSON or piped away.
+        if r.status == NodeStatus::Failed && !r.interrupted {
+            let why = r.error.as_deref().unwrap_or("no message");
+            self.line(&format!(
+                "{:>10} {} ({:.2}s): {why}",
+                "failed", r.node, r.seconds
+            ));
+            return;
+        }
         if matches!(self, CliReporter::Quiet) {
             return;
         }
@@ -64,7 +74,7 @@ impl Reporter for CliReporter {
             self.line(&format!("{:>10} {}: {why}", "stopped", r.node));
             return;
         }
-        if matches!(r.status, NodeStatus::Ran | NodeStatus::Failed) {
+        if r.status == NodeStatus::Ran {
             self.line(&format!(
                 "{:>10} {} ({:.2}s)",
                 r.status.as_str(),
