@@ -19,7 +19,7 @@ pub struct PgConfig {
     /// arXiv:2402.03300: 0.04).
     pub kl_coef: f64,
     /// The ceiling on the auxiliary terms' gradient (the KL penalty and PPO-ptx) as a multiple
-    /// of the policy gradient's norm, per minibatch step (`cudarl_train::rl::capped_gradients`);
+    /// of the policy gradient's norm, per minibatch step (`cudarl_train::rl::cap_auxiliary`);
     /// absent: the terms are summed into one loss, unscaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aux_grad_cap: Option<f64>,

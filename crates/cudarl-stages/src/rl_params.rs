@@ -275,7 +275,7 @@ pub struct Params {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every: Option<usize>,
     /// The ceiling on the KL and PPO-ptx terms' gradient as a multiple of the policy
-    /// gradient's norm, per minibatch step (`cudarl_train::rl::capped_gradients`): with a
+    /// gradient's norm, per minibatch step (`cudarl_train::rl::cap_auxiliary`): with a
     /// ceiling at most 1 a step never lowers the policy-gradient objective to first order,
     /// however large the k3 KL or the SFT cross-entropy get. Absent: 1.0, and left out of the
     /// key; 0: off (the terms summed into one loss, unscaled).

@@ -17,7 +17,7 @@
 //!   seconds}: the clipped-ratio loss with the KL penalty ([`crate::rl::clipped_pg_loss`]) over
 //!   minibatches, `epochs` passes over them ([`RlServe::epochs`]); with `pg.aux_grad_cap`, the
 //!   gradient of the KL and PPO-ptx terms is scaled to at most that multiple of the policy
-//!   gradient's norm ([`crate::rl::capped_gradients`]; `aux_scale`, `max_aux_grad_ratio`
+//!   gradient's norm ([`crate::rl::cap_auxiliary`]; `aux_scale`, `max_aux_grad_ratio`
 //!   report it); the old log-probabilities
 //!   are recomputed with the training forward pass before the first minibatch (so
 //!   sampling-time numerics do not bias the ratio). With `target_kl`, the update
@@ -27,6 +27,12 @@
 //! - `save` {dir} -> writes `dir/generator` and `dir/optimizer` (Hugging Face layout; with
 //!   LoRA, merged, and the adapters in PEFT's layout in `dir/<agent>_adapter`).
 //! - `quit`.
+//!
+//! On a GPU, `generate` and `update` replies also carry `gpu_memory`: libtorch's allocator
+//! over the request (`cudarl_protocol::GpuMemory`).
+//!
+//! An update scores each minibatch through [`crate::score::Scored`]: the LM head over chunks of
+//! completion positions, and with [`RlServe::gradient_checkpointing`] each layer's input only.
 //!
 //! A failed request answers `{"ok": false, "error": ...}` and the process goes on.
 
