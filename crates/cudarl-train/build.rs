@@ -12,30 +12,17 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// nvcc: `$NVCC`, `$CUDARL_NVCC`, `$CUDA_HOME/bin/nvcc`, the `nvidia-cuda-nvcc` wheel beside the
-/// torch wheel (`site-packages/nvidia/cu13/bin`), then `nvcc` on `PATH`.
-fn nvcc(torch_lib: &Path) -> Option<PathBuf> {
-    let mut c: Vec<PathBuf> = ["NVCC", "CUDARL_NVCC"]
-        .iter()
-        .filter_map(|v| std::env::var(v).ok().map(PathBuf::from))
-        .collect();
-    if let Ok(h) = std::env::var("CUDA_HOME") {
-        c.push(PathBuf::from(h).join("bin/nvcc"));
-    }
-    if let Some(site) = torch_lib.parent().and_then(Path::parent) {
-        c.push(site.join("nvidia/cu13/bin/nvcc"));
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        c.extend(std::env::split_paths(&path).map(|d| d.join("nvcc")));
-    }
-    c.into_iter().find(|p| p.is_file())
-}
-
 /// Compiles `csrc/adamw.cu` into `$OUT_DIR/adamw.fatbin`; whether it did.
-fn fused_adamw(torch_lib: &Path) -> bool {
-    let Some(nvcc) = nvcc(torch_lib) else {
-        println!("cargo:warning=no nvcc: bf16 AdamW steps run as libtorch ops, not fused");
-        return false;
+fn fused_adamw() -> bool {
+    // The harness's search (`$CUDARL_NVCC`, `$CUDA_HOME`, `PATH`, the nvcc wheel of the
+    // repository's `.venv` or of `$VIRTUAL_ENV`).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let nvcc = match cudarl_cuda::Nvcc::discover(&root) {
+        Ok(n) => n.path,
+        Err(e) => {
+            println!("cargo:warning={e}: bf16 AdamW steps run as libtorch ops, not fused");
+            return false;
+        }
     };
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("adamw.fatbin");
     let status = Command::new(&nvcc)
@@ -81,8 +68,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-changed=csrc/cuda_graph.cpp");
     println!("cargo:rerun-if-changed=csrc/adamw.cu");
-    println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDARL_NVCC");
+    println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
     println!("cargo::rustc-check-cfg=cfg(cudarl_fused_adamw)");
     if let Ok(args) = std::env::var("DEP_CUDARL_TORCH_LINK_ARGS") {
         for a in args.split(' ').filter(|a| !a.is_empty()) {
@@ -113,7 +100,7 @@ fn main() {
             for l in ["torch_cuda", "c10_cuda", "torch_cpu", "c10"] {
                 println!("cargo:rustc-link-lib=dylib={l}");
             }
-            if fused_adamw(&lib) {
+            if fused_adamw() {
                 println!("cargo:rustc-cfg=cudarl_fused_adamw");
             }
         }

@@ -157,6 +157,12 @@ impl Lora {
                 * self.scale
         })
     }
+
+    /// `w` `[out, in]` with this adapter merged in: `w + B A * scale` in float32, rounded to
+    /// `w`'s dtype (PEFT's `merge_and_unload`). One float32 copy of `w` at a time.
+    fn merged(&self, w: &Tensor) -> Tensor {
+        tch::no_grad(|| (w.to_kind(Kind::Float) + self.delta()).to_kind(w.kind()))
+    }
 }
 
 /// The token embedding table `[V, h]` (`model.embed_tokens.weight`).
@@ -1111,13 +1117,17 @@ impl Qwen2 {
     /// Different architectures; libtorch errors.
     pub fn copy_merged_from(&mut self, src: &Qwen2) -> Result<(), ModelError> {
         let _g = tch::no_grad_guard();
-        self.vs.copy(&src.vs)?;
-        let mut vars = self.vs.variables();
-        for (name, a) in src.adapters() {
-            if let Some(w) = vars.get_mut(&name) {
-                let merged = (w.to_kind(Kind::Float) + a.delta()).to_kind(w.kind());
-                w.f_copy_(&merged)?;
-            }
+        let from = src.vs.variables();
+        let adapters = src.adapters();
+        // Each weight written once: merged where an adapter adapts it, else copied.
+        for (name, mut w) in self.vs.variables() {
+            let s = from.get(&name).ok_or_else(|| {
+                ModelError::Generate(format!("copy_merged_from: no `{name}` in the source"))
+            })?;
+            match adapters.get(&name) {
+                Some(a) => w.f_copy_(&a.merged(s))?,
+                None => w.f_copy_(s)?,
+            };
         }
         Ok(())
     }
@@ -1146,8 +1156,7 @@ impl Qwen2 {
             for i in 0..LORA_PROJECTIONS.len() {
                 if let Some(a) = layer.lora[i].take() {
                     let mut w = layer.linear(i).ws.shallow_clone();
-                    let merged = (w.to_kind(Kind::Float) + a.delta()).to_kind(w.kind());
-                    w.f_copy_(&merged)?;
+                    w.f_copy_(&a.merged(&w))?;
                 }
             }
         }
@@ -1226,9 +1235,7 @@ impl Qwen2 {
             .into_iter()
             .map(|(n, t)| {
                 let t = match adapters.get(&n) {
-                    Some(a) => {
-                        tch::no_grad(|| (t.to_kind(Kind::Float) + a.delta()).to_kind(t.kind()))
-                    }
+                    Some(a) => a.merged(&t),
                     None => t,
                 };
                 (n, t.to_device(Device::Cpu).contiguous())

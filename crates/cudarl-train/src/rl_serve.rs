@@ -459,8 +459,9 @@ impl Server {
             let mask = scored.mask.shallow_clone();
             let (old, rf) = &fixed[ci];
             // How far this update has moved the policy on these completions (k1 estimator).
-            let approx_kl = ((old - &logp) * &mask).sum(Kind::Float).double_value(&[])
-                / mask.sum(Kind::Float).double_value(&[]).max(1.0);
+            let approx_kl = (((old - &logp) * &mask).sum(Kind::Float)
+                / mask.sum(Kind::Float).clamp_min(1.0))
+            .double_value(&[]);
             st.max_approx_kl = st.max_approx_kl.max(approx_kl);
             if k > 0
                 && self

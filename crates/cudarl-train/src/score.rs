@@ -106,7 +106,6 @@ impl Scored {
         } else {
             Trunk::Graph(model.hidden(&ids, None, None, None)?)
         };
-        let vocab_bytes = (model.config.vocab_size * 4).max(1);
         Ok(Scored {
             trunk,
             rows: on(&rows),
@@ -116,7 +115,7 @@ impl Scored {
                 .view([b, tmax as i64])
                 .to_device(dev),
             temperature,
-            chunk_rows: (pass.chunk_bytes / vocab_bytes).max(1),
+            chunk_rows: crate::train::logit_rows(model, pass.chunk_bytes),
         })
     }
 

@@ -135,6 +135,12 @@ pub fn loss_of(
 /// 152k vocabulary's positions, every position of a batch at the small models' 8k).
 pub const CE_CHUNK_BYTES: i64 = 512 << 20;
 
+/// Positions whose float32 logits fit in `bytes` (at least 1): the rows of one chunk of
+/// [`chunked_loss`] and of [`crate::score::Scored`].
+pub fn logit_rows(model: &Qwen2, bytes: i64) -> i64 {
+    (bytes / (model.config.vocab_size * 4).max(1)).max(1)
+}
+
 /// How [`chunked_loss`] runs.
 #[derive(Debug, Clone, Copy)]
 pub struct LossPass {
@@ -180,7 +186,7 @@ pub fn chunked_loss(
     let head_loss = |x: &Tensor, backward: bool| -> Result<f64, ModelError> {
         let flat = x.reshape([-1, x.size()[2]]);
         let rows = tgt.size()[0];
-        let step = (pass.chunk_bytes / (model.config.vocab_size * 4).max(1)).clamp(1, rows.max(1));
+        let step = logit_rows(model, pass.chunk_bytes).min(rows.max(1));
         let mut total = 0.0;
         for start in (0..rows).step_by(step as usize) {
             let len = step.min(rows - start);
@@ -197,7 +203,7 @@ pub fn chunked_loss(
         }
         Ok(total)
     };
-    let one_chunk = pass.chunk_bytes / (model.config.vocab_size * 4).max(1) >= tgt.size()[0];
+    let one_chunk = logit_rows(model, pass.chunk_bytes) >= tgt.size()[0];
     let total = match (pass.backward, pass.checkpoint) {
         (false, _) => head_loss(&model.hidden(&inp, None, None, None)?, false)?,
         // Logits that fit one chunk: one backward pass through the whole graph (the plain
