@@ -1268,3 +1268,46 @@ mod cudnn_attention_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod lora_merge_tests {
+    use super::*;
+
+    #[test]
+    fn a_merged_copy_computes_what_the_adapted_model_does() {
+        let _rng = crate::torch_rng();
+        tch::manual_seed(9);
+        let cfg = Qwen2Config::new(64, 16, 32, 2, 4, 2, 32, true);
+        let mut m = Qwen2::new(cfg.clone(), Device::Cpu).unwrap();
+        let lora = cudarl_protocol::LoraConfig {
+            r: 4,
+            alpha: 8.0,
+            target_modules: vec!["q_proj".into(), "up_proj".into(), "down_proj".into()],
+        };
+        m.attach_lora(&lora).unwrap();
+        // B starts at zero: give the adapters an effect.
+        tch::no_grad(|| {
+            for (name, mut v) in m.trainable().variables() {
+                if name.contains("lora_B") {
+                    v.copy_(&(Tensor::randn(v.size(), (Kind::Float, Device::Cpu)) * 0.5));
+                }
+            }
+        });
+        let ids = Tensor::from_slice(&[3i64, 9, 27, 17, 51, 5]).view([1, 6]);
+        let logits = |x: &Qwen2| tch::no_grad(|| x.forward(&ids, None, None, None).unwrap());
+        let adapted = logits(&m);
+        let mut copy = Qwen2::new(cfg, Device::Cpu).unwrap();
+        let before = (logits(&copy) - &adapted).abs().max().double_value(&[]);
+        copy.copy_merged_from(&m).unwrap();
+        let after = (logits(&copy) - &adapted).abs().max().double_value(&[]);
+        assert!(before > 1e-2, "a fresh model differs: {before}");
+        assert!(after < 1e-5, "the merged copy differs by {after}");
+        // The base is what it was: the copy took the merge, not the source.
+        m.lora_vs = None;
+        for l in &mut m.layers {
+            l.lora = Default::default();
+        }
+        let base = (logits(&m) - &adapted).abs().max().double_value(&[]);
+        assert!(base > 1e-3, "the adapters had an effect: {base}");
+    }
+}
