@@ -2,7 +2,8 @@
 trainer saved, loaded in bf16) through `transformers`' `generate` with its static KV cache and
 the decode step compiled by `torch.compile(mode="reduce-overhead")` (CUDA graphs), at each batch
 size, timed the way the trainer times its own paths: one untimed generation, then `reps` timed
-runs of one new token (the prompts' forward pass) and of `gen_tokens` new tokens, medians.
+runs of one new token (the prompts' forward pass) and of `gen_tokens` new tokens, medians, and
+the allocator's peaks over them (GiB).
 
 Usage: python bench_decode.py JOB.json  (the `bench-decode` job cudarl-pipe writes for the
 trainer); prints one JSON object with one record per batch size.
@@ -56,6 +57,8 @@ def main() -> None:
             assert out.shape[1] == plen + n
             return time.perf_counter() - t
 
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         run(n_new)
         run(n_new)
         pre = statistics.median(run(1) for _ in range(reps))
@@ -70,6 +73,8 @@ def main() -> None:
                 "decode_seconds": decode,
                 "tokens_per_s": b * (n_new - 1) / decode,
                 "step_ms": decode / (n_new - 1) * 1e3,
+                "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if dev == "cuda" else None,
             }
         )
     import transformers

@@ -7,7 +7,9 @@
 # A size that does not fit is recorded as such (exit status and the last error line).
 # TRAIN_FLAGS: more `bench train-throughput` flags (e.g. --gradient-checkpointing, --weights
 # bf16-kahan, --lora-r 16). SKIP_DECODE=1: training only. GEN_BATCHES, GEN_TOKENS: the
-# training bench's own short generation check (default 1,32 and 128).
+# training bench's own short generation check (default 1,32 and 128). SKIP_TRAIN=1: decode only.
+# DECODE_PATHS: the trainer's decode paths measured (default all; `graphs` alone makes the
+# process's peak that path's).
 # Usage: SIZES="0.5b 1.5b 7b" OUT=out bash scripts/gpu_model_scale.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -38,12 +40,12 @@ with_peak() {
 for s in $SIZES; do
   m=qwen2.5-coder-$s
   bs=$TRAIN_BS; [ "$s" = 7b ] && bs=${TRAIN_BS_7B:-1}
-  with_peak "train_$s" timeout ${TRAIN_LIMIT:-240} "$B/cudarl-pipe" --root . --profile none bench train-throughput \
+  [ "${SKIP_TRAIN:-0}" = 1 ] || with_peak "train_$s" timeout ${TRAIN_LIMIT:-240} "$B/cudarl-pipe" --root . --profile none bench train-throughput \
     --model $m --device cuda --batch-size $bs --seq-len $SEQ --steps $STEPS --gen-batches ${GEN_BATCHES:-1,32} --gen-tokens ${GEN_TOKENS:-128} ${TRAIN_FLAGS:-} \
     --out "$OUT/train_$s.json"
   [ "${SKIP_DECODE:-0}" = 1 ] && continue
   with_peak "decode_$s" timeout ${DECODE_LIMIT:-240} "$B/cudarl-pipe" --root . --profile none bench decode \
-    --model $m --device cuda --batches ${DECODE_BATCHES:-1,32,128} --prompt-len 512 --gen-tokens 256 --reps 2 \
+    --model $m --device cuda --batches ${DECODE_BATCHES:-1,32,128} --prompt-len 512 --gen-tokens 256 --reps 2 ${DECODE_PATHS:+--paths $DECODE_PATHS} \
     --out "$OUT/decode_$s.json"
 done
 python3 - "$OUT" <<'PY'
@@ -76,5 +78,10 @@ for f in sorted(glob.glob(os.path.join(out, "*.log"))):
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 for k, v in summary.items():
     print(k, json.dumps({a: b for a, b in v.items() if a != "rows"})[:400])
+    for r in v.get("rows") or []:
+        print("  b=%s tok/s %s vs %s (%s), peak alloc GiB %s vs %s" % (
+            r["batch"], r.get("tokens_per_s"), r.get("transformers_tokens_per_s"),
+            r.get("speedup_vs_transformers"), r.get("peak_allocated_gib"),
+            r.get("transformers_peak_allocated_gib")))
 PY
 cat "$OUT/times.txt"

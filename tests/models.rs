@@ -1199,25 +1199,32 @@ fn rl_holdout_summary_pools_committed_runs() {
 #[test]
 fn bench_decode_compares_the_paths_in_one_run_and_a_missing_model_config_is_named() {
     let p = Project::new();
-    let o = p.run(&[
-        "bench",
-        "decode",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
+    // `bench decode` of the tiny model on the CPU, without transformers: its JSON.
+    let decode = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "bench",
+            "decode",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--reps",
+            "1",
+            "--no-transformers",
+        ];
+        args.extend_from_slice(extra);
+        let o = p.run(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let v = decode(&[
         "--batches",
         "1,3",
         "--prompt-len",
         "12",
         "--gen-tokens",
         "20",
-        "--reps",
-        "1",
-        "--no-transformers",
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
-    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for r in rows {
@@ -1244,6 +1251,38 @@ fn bench_decode_compares_the_paths_in_one_run_and_a_missing_model_config_is_name
             "{c}"
         );
     }
+    // One path alone: only its records and checks.
+    let v = decode(&[
+        "--batches",
+        "2",
+        "--prompt-len",
+        "8",
+        "--gen-tokens",
+        "4",
+        "--paths",
+        "graphs",
+    ]);
+    let paths: Vec<&str> = v["ours"]["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["graphs"]);
+    assert!(
+        v["rows"][0]["tokens_per_s"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0)
+    );
+    assert!(v["rows"][0]["baseline_tokens_per_s"].is_null());
+    assert!(v["ours"]["checks"][0]["greedy_rows_equal_dynamic"].is_null());
+    let o = p.run(&["bench", "decode", "--model", "tiny", "--paths", "fast"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        common::stderr(&o).contains("`fast`"),
+        "{}",
+        common::stderr(&o)
+    );
     let o = p.run(&["bench", "decode", "--model", "nope", "--device", "cpu"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(

@@ -52,10 +52,38 @@ pub enum Precision {
     Bf16,
 }
 
+/// A decode path of the trainer's generation, as `cudarl-pipe bench decode` names it (what
+/// each does: `cudarl_train::DecodePath`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodePathName {
+    /// A static KV cache with each step replayed as a CUDA graph (the default path).
+    Graphs,
+    /// The static KV cache, one kernel at a time.
+    Static,
+    /// The cache grown by concatenation every step.
+    Dynamic,
+}
+
+impl DecodePathName {
+    /// Every path, the default first.
+    pub const ALL: [DecodePathName; 3] = [Self::Graphs, Self::Static, Self::Dynamic];
+
+    /// Its name in JSON and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Graphs => "graphs",
+            Self::Static => "static",
+            Self::Dynamic => "dynamic",
+        }
+    }
+}
+
 /// The dtype parameters are kept and updated in during pretraining and SFT, with what each
 /// costs in memory per parameter (weights, gradient, AdamW moments, compensation). Measured at
 /// Qwen2.5-Coder 1.5B and 7B on an H200: `benchmarks/results/model_scale_h200_2026-11-29.json`
-/// (`bf16_weights`).
+/// (`bf16_weights`) and, for [`Weights::Bf16`], `model_scale_h200_2026-11-30.json`
+/// (`bf16_moments`: 7B at 1.23x `transformers`' tokens/s and 73.8 GiB against its 75.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Weights {
@@ -72,6 +100,10 @@ pub enum Weights {
     /// carries what each rounded update lost into the next one (Kahan summation, Kahan 1965;
     /// as in Zamirai et al. 2020, "Revisiting BFloat16 Training"): 14 bytes a parameter.
     Bf16Kahan,
+    /// bf16 weights, gradients and AdamW moments, each step computed in float32 and the new
+    /// weights and moments rounded to bf16 stochastically: 8 bytes a parameter, what
+    /// `torch.optim.AdamW` holds for a bf16 model (which rounds its moments to nearest).
+    Bf16,
 }
 
 impl Weights {
@@ -81,6 +113,7 @@ impl Weights {
             Weights::F32 => "f32",
             Weights::Bf16Stochastic => "bf16-stochastic",
             Weights::Bf16Kahan => "bf16-kahan",
+            Weights::Bf16 => "bf16",
         }
     }
 }
@@ -402,9 +435,10 @@ pub enum Job {
         device: Device,
     },
     /// Decode throughput on random weights and tokens (`cudarl-pipe bench decode`): a fresh
-    /// model (float32 master weights, the precision's compute dtype, as the RL agents hold
-    /// them) saved to `save_to` in the Hugging Face layout (so `python/bench_decode.py` decodes
-    /// the same weights), then at each batch size of `batches` and for each decode path,
+    /// model in the precision's compute dtype, sampling from its own weights (as a `sample`
+    /// job holds a checkpoint), saved to `save_to` in the Hugging Face layout (so
+    /// `python/bench_decode.py` decodes the same weights), then at each batch size of
+    /// `batches` and for each decode path of `paths`,
     /// greedy generation of `gen_tokens` tokens after a `prompt_len`-token prompt (no early
     /// stop): one untimed run, then `reps` timed runs of the prompt's forward pass alone
     /// (one new token) and of the whole generation. Prints one `done` event with one record per
@@ -422,6 +456,9 @@ pub enum Job {
         gen_tokens: usize,
         /// Timed repetitions (the median is reported).
         reps: usize,
+        /// The decode paths measured, in order (absent or empty: every path).
+        #[serde(default)]
+        paths: Vec<DecodePathName>,
         /// Compute dtype.
         #[serde(default)]
         precision: Precision,

@@ -10,8 +10,8 @@ pub mod rl;
 
 pub use chat::{ChatMessage, Role};
 pub use job::{
-    Device, Document, Event, Finish, Job, LORA_PROJECTIONS, LoraConfig, ModelSpec, Precision,
-    RandomInit, SampleLine, StepMetrics, TrainConfig, Weights,
+    DecodePathName, Device, Document, Event, Finish, Job, LORA_PROJECTIONS, LoraConfig, ModelSpec,
+    Precision, RandomInit, SampleLine, StepMetrics, TrainConfig, Weights,
 };
 pub use rl::{
     Algorithm, Completion, Generated, GpuMemory, PgConfig, Ptx, Reply, Request, RlServe, Sample,

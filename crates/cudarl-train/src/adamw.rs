@@ -11,10 +11,11 @@
 //! ```
 //!
 //! with `t` counted per parameter (a parameter without a gradient is skipped and keeps its
-//! count), no AMSGrad. The moments are float32 whatever the parameter's dtype. A bf16
-//! parameter takes the step computed in float32 and rounded back by [`Rounding`]: to nearest
-//! (an update under half a bf16 ulp, 2^-9 relative, is lost), stochastically, or with a Kahan
-//! compensation buffer.
+//! count), no AMSGrad. The moments are float32 whatever the parameter's dtype, or bf16
+//! ([`AdamW::with_bf16_moments`]: computed in float32 and stored rounded stochastically). A
+//! bf16 parameter takes the step computed in float32 and rounded back by [`Rounding`]: to
+//! nearest (an update under half a bf16 ulp, 2^-9 relative, is lost), stochastically, or with a
+//! Kahan compensation buffer.
 
 use std::path::Path;
 
@@ -66,7 +67,9 @@ impl From<cudarl_protocol::Weights> for Rounding {
     fn from(w: cudarl_protocol::Weights) -> Rounding {
         match w {
             cudarl_protocol::Weights::F32 => Rounding::Nearest,
-            cudarl_protocol::Weights::Bf16Stochastic => Rounding::Stochastic,
+            cudarl_protocol::Weights::Bf16Stochastic | cudarl_protocol::Weights::Bf16 => {
+                Rounding::Stochastic
+            }
             cudarl_protocol::Weights::Bf16Kahan => Rounding::Kahan,
         }
     }
@@ -151,6 +154,17 @@ impl AdamW {
         }
     }
 
+    /// The moments kept in bf16 (computed in float32 each step, stored rounded
+    /// stochastically: with round-to-nearest, `v <- 0.999 v + ...` would never decay, a change
+    /// of 1e-3 relative being under half a bf16 ulp): 4 bytes a parameter instead of 8.
+    pub fn with_bf16_moments(mut self) -> AdamW {
+        for s in &mut self.slots {
+            s.exp_avg = s.exp_avg.to_kind(Kind::BFloat16);
+            s.exp_avg_sq = s.exp_avg_sq.to_kind(Kind::BFloat16);
+        }
+        self
+    }
+
     /// Whether bf16 parameters with [`Rounding::Stochastic`] take the fused kernel's step
     /// ([`crate::fused_adamw::step_bf16_stochastic`]) where it runs (on by default); off,
     /// every step is libtorch ops. The moments agree to float32 rounding either way; the
@@ -210,29 +224,49 @@ impl AdamW {
                     }
                 }
                 let g = g.to_kind(Kind::Float);
-                let _ = s.exp_avg.lerp_(&g, 1.0 - beta1);
-                let _ = s.exp_avg_sq.g_mul_scalar_(beta2);
-                let _ = s.exp_avg_sq.addcmul_(&g, &(&g * (1.0 - beta2)));
+                // The moments in float32: the state itself, or float32 copies of bf16 state
+                // (rounded back into it after the update has used them).
+                let narrow_moments = s.exp_avg.kind() != Kind::Float;
+                let (mut m, mut v) = if narrow_moments {
+                    (
+                        s.exp_avg.to_kind(Kind::Float),
+                        s.exp_avg_sq.to_kind(Kind::Float),
+                    )
+                } else {
+                    (s.exp_avg.shallow_clone(), s.exp_avg_sq.shallow_clone())
+                };
+                let _ = m.lerp_(&g, 1.0 - beta1);
+                let _ = v.g_mul_scalar_(beta2);
+                let _ = v.addcmul_(&g, &(&g * (1.0 - beta2)));
+                let mut store_moments = |m: Tensor, v: Tensor| {
+                    if narrow_moments {
+                        round_stochastic_into(&m, &mut s.exp_avg);
+                        round_stochastic_into(&v, &mut s.exp_avg_sq);
+                    }
+                };
                 if s.param.kind() == Kind::Float {
-                    let denom = (s.exp_avg_sq.sqrt() / bc2.sqrt()) + eps;
-                    let update = (&s.exp_avg / denom) * (lr / bc1);
+                    let denom = (v.sqrt() / bc2.sqrt()) + eps;
+                    let update = (&m / denom) * (lr / bc1);
                     if weight_decay != 0.0 {
                         let _ = s.param.g_mul_scalar_(1.0 - lr * weight_decay);
                     }
                     let _ = s.param.g_sub_(&update);
+                    store_moments(m, v);
                     continue;
                 }
                 // A narrow parameter: the exact new value in float32 (in place, four
                 // temporaries of the parameter's size: the gradient, the denominator, the
                 // old and the new value), then rounded. x - lr/bc1 * m / d = x + m / (d * -bc1/lr).
-                let mut denom = s.exp_avg_sq.sqrt();
+                let mut denom = v.sqrt();
                 let _ = denom
                     .g_div_scalar_(bc2.sqrt())
                     .g_add_scalar_(eps)
                     .g_mul_scalar_(-bc1 / lr);
                 let old = s.param.to_kind(Kind::Float);
                 let mut exact = &old * (1.0 - lr * weight_decay);
-                let _ = exact.addcdiv_(&s.exp_avg, &denom);
+                let _ = exact.addcdiv_(&m, &denom);
+                drop(denom);
+                store_moments(m, v);
                 match (rounding, &mut s.comp) {
                     (Rounding::Kahan, Some(c)) => {
                         // wanted = the step plus what earlier roundings lost.
@@ -555,6 +589,74 @@ mod tests {
                 "fused {fused}: mean {mean}"
             );
         }
+        // bf16 moments: the kernel takes them (one step of the parameters above), and they
+        // decay in expectation as float32 moments do, fused or not.
+        let (m, v) = (
+            Tensor::zeros([n], (Kind::BFloat16, dev)),
+            Tensor::zeros([n], (Kind::BFloat16, dev)),
+        );
+        let p = Tensor::ones([n], (Kind::BFloat16, dev));
+        assert!(crate::fused_adamw::step_bf16_stochastic(
+            &p, &g, &m, &v, &first
+        ));
+        let mean = p.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        assert!(
+            (mean - (1.0 - 1e-4)).abs() < 3e-6,
+            "bf16 moments: mean {mean}"
+        );
+        let mean_m = m.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        assert!((mean_m - 0.1).abs() < 1e-4, "bf16 exp_avg {mean_m}");
+        for fused in [true, false] {
+            let (mean, want) = bf16_second_moment_after_zero_gradients(dev, fused);
+            assert!(
+                (mean / want - 1.0).abs() < 0.01,
+                "fused {fused}: mean v {mean}, float32 {want}"
+            );
+        }
+    }
+
+    /// bf16 moments after one step of gradient 1 and `zero_steps` of gradient 0 on 2^16 bf16
+    /// weights on `dev` (`fused`: the kernel where it runs): the mean second moment and the
+    /// value float32 arithmetic gives, `(1 - b2) b2^zero_steps`.
+    fn bf16_second_moment_after_zero_gradients(dev: tch::Device, fused: bool) -> (f64, f64) {
+        let n = 1 << 16;
+        let zero_steps = 200;
+        let cfg = AdamWConfig {
+            weight_decay: 0.0,
+            ..Default::default()
+        };
+        let mut vs = nn::VarStore::new(dev);
+        let w = vs
+            .root()
+            .var("w", &[n], nn::Init::Const(1.0))
+            .set_requires_grad(true);
+        vs.set_kind(Kind::BFloat16);
+        let mut opt =
+            AdamW::with_rounding(&vs, cfg, 1e-4, Rounding::Stochastic).with_bf16_moments();
+        opt.set_fused(fused);
+        for k in 0..=zero_steps {
+            opt.zero_grad();
+            (w.sum(Kind::Float) * f64::from(u8::from(k == 0))).backward();
+            opt.step();
+        }
+        let v = opt.slots[0].exp_avg_sq.shallow_clone();
+        assert_eq!(v.kind(), Kind::BFloat16);
+        let mean = v.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        (mean, (1.0 - cfg.beta2) * cfg.beta2.powi(zero_steps))
+    }
+
+    #[test]
+    fn bf16_moments_rounded_stochastically_decay_as_float32_ones_do() {
+        let _rng = crate::torch_rng();
+        tch::manual_seed(2);
+        // Each step multiplies v by 0.999, a change far under half a bf16 ulp (2^-8 relative):
+        // rounded to nearest v would stay at 1e-3; the expected value after 200 steps is
+        // 8.19e-4.
+        let (mean, want) = bf16_second_moment_after_zero_gradients(tch::Device::Cpu, false);
+        assert!(
+            (mean / want - 1.0).abs() < 0.01,
+            "mean v {mean}, float32 {want}"
+        );
     }
 
     #[test]

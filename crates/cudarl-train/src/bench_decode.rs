@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use cudarl_protocol::DecodePathName;
 use tch::{Device, Tensor};
 
 use crate::generate::{DecodePath, SampleParams, generate};
@@ -25,6 +26,16 @@ struct Record {
     tokens_per_s: f64,
     /// One decode step (ms).
     step_ms: f64,
+    /// libtorch's allocator over this path's runs at this batch size, from its state after
+    /// the last (GiB; `torch.cuda.max_memory_allocated` / `max_memory_reserved`; absent on
+    /// a CPU).
+    peak_allocated_gib: Option<f64>,
+    peak_reserved_gib: Option<f64>,
+}
+
+/// Bytes as GiB.
+fn gib(b: u64) -> f64 {
+    b as f64 / f64::from(1u32 << 30)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -49,25 +60,33 @@ fn random_prompts(vocab: i64, b: usize, len: impl Fn(usize) -> usize) -> Vec<Vec
 pub(crate) fn bench_decode(
     spec: &cudarl_protocol::ModelSpec,
     vocab: i64,
-    batches: &[usize],
+    (batches, paths): (&[usize], &[DecodePathName]),
     (prompt_len, gen_tokens, reps): (usize, usize, usize),
     precision: crate::train::Precision,
     dev: Device,
     save_to: &std::path::Path,
 ) -> Result<serde_json::Value, ModelError> {
     tch::manual_seed(0);
-    let mut m = Qwen2::new(spec.config(vocab), dev)?;
+    // In the compute dtype and decoding from its own weights, as `transformers` holds it.
+    let kind = precision.compute_kind(dev).unwrap_or(tch::Kind::Float);
+    let mut m = Qwen2::new_in(spec.config(vocab), dev, kind)?;
     m.save(save_to)?;
-    m.set_compute_kind(precision.compute_kind(dev));
+    m.freeze_for_sampling()?;
     let gen_tokens = gen_tokens.max(2);
     let mut records = Vec::new();
     for &b in batches {
         let prompts = random_prompts(vocab, b, |_| prompt_len.max(1));
-        for (path, name) in [
-            (DecodePath::Graphs, "graphs"),
-            (DecodePath::Static, "static"),
-            (DecodePath::Dynamic, "dynamic"),
-        ] {
+        let paths = if paths.is_empty() {
+            &DecodePathName::ALL[..]
+        } else {
+            paths
+        };
+        for &name in paths {
+            let path = match name {
+                DecodePathName::Graphs => DecodePath::Graphs,
+                DecodePathName::Static => DecodePath::Static,
+                DecodePathName::Dynamic => DecodePath::Dynamic,
+            };
             let run = |n: usize| -> Result<f64, ModelError> {
                 let p = SampleParams {
                     max_new_tokens: n,
@@ -83,6 +102,7 @@ pub(crate) fn bench_decode(
                 debug_assert!(g.tokens.iter().all(|t| t.len() == n));
                 Ok(t0.elapsed().as_secs_f64())
             };
+            crate::cuda_graph::gpu_memory(dev, true);
             run(gen_tokens)?;
             let mut pre = Vec::new();
             let mut all = Vec::new();
@@ -93,9 +113,10 @@ pub(crate) fn bench_decode(
             let (pre, all) = (median(pre), median(all));
             let decode = (all - pre).max(1e-9);
             let steps = (gen_tokens - 1) as f64;
+            let mem = crate::cuda_graph::gpu_memory(dev, false);
             records.push(Record {
                 batch: b,
-                path: name,
+                path: name.as_str(),
                 prompt_len,
                 new_tokens_per_row: gen_tokens,
                 prefill_seconds: pre,
@@ -103,17 +124,20 @@ pub(crate) fn bench_decode(
                 decode_seconds: decode,
                 tokens_per_s: b as f64 * steps / decode,
                 step_ms: decode / steps * 1e3,
+                peak_allocated_gib: mem.map(|m| gib(m.peak_allocated)),
+                peak_reserved_gib: mem.map(|m| gib(m.peak_reserved)),
             });
         }
     }
     let checks = batches
         .iter()
-        .map(|&b| agreement(&m, vocab, b, prompt_len, gen_tokens.min(64)))
+        .map(|&b| agreement(&m, vocab, b, (prompt_len, gen_tokens.min(64)), paths))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(serde_json::json!({
         "impl": "cudarl-train (tch)", "checks": checks, "device": format!("{dev:?}"),
         "compute_dtype": format!("{:?}", m.compute_kind()),
         "parameters": m.config.num_parameters(),
+        "weights_gib": gib(m.all_variables().iter().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum()),
         "cuda_graphs": crate::cuda_graph::available(),
         "records": records,
     }))
@@ -144,14 +168,15 @@ fn training_log_probs(
 /// Whether the paths agree at batch size `b` (`n` new tokens of random prompts of different
 /// lengths): greedy tokens of [`DecodePath::Graphs`] against [`DecodePath::Static`] (the same
 /// kernels: identical) and [`DecodePath::Dynamic`] (other attention kernels: rows may part at a
-/// near tie), and the log-probabilities of tokens sampled by the graphs (temperature 1, top-p
-/// 0.95) against the training path's of the same tokens (first 4 rows).
+/// near tie), each where `paths` has it, and the log-probabilities of tokens sampled by the
+/// graphs (temperature 1, top-p 0.95) against the training path's of the same tokens (first 4
+/// rows).
 fn agreement(
     m: &Qwen2,
     vocab: i64,
     b: usize,
-    prompt_len: usize,
-    n: usize,
+    (prompt_len, n): (usize, usize),
+    paths: &[DecodePathName],
 ) -> Result<serde_json::Value, ModelError> {
     let prompts = random_prompts(vocab, b, |i| (prompt_len.max(2) - i % 7).max(1));
     let run = |path: DecodePath, temperature: f64, top_p: f64| {
@@ -166,14 +191,21 @@ fn agreement(
         generate(m, &prompts, &p, &[], &mut |_, _| false)
     };
     let g = run(DecodePath::Graphs, 0.0, 1.0)?;
-    let s = run(DecodePath::Static, 0.0, 1.0)?;
-    let d = run(DecodePath::Dynamic, 0.0, 1.0)?;
-    let same_rows = |x: &crate::Generation| {
-        g.tokens
-            .iter()
-            .zip(&x.tokens)
-            .filter(|(a, b)| a == b)
-            .count()
+    let measured = |p: DecodePathName| paths.is_empty() || paths.contains(&p);
+    let s = measured(DecodePathName::Static)
+        .then(|| run(DecodePath::Static, 0.0, 1.0))
+        .transpose()?;
+    let d = measured(DecodePathName::Dynamic)
+        .then(|| run(DecodePath::Dynamic, 0.0, 1.0))
+        .transpose()?;
+    let same_rows = |x: &Option<crate::Generation>| {
+        x.as_ref().map(|x| {
+            g.tokens
+                .iter()
+                .zip(&x.tokens)
+                .filter(|(a, b)| a == b)
+                .count()
+        })
     };
     let sampled = run(DecodePath::Graphs, 1.0, 0.95)?;
     let mut err = 0f32;
@@ -186,7 +218,7 @@ fn agreement(
     Ok(serde_json::json!({
         "batch": b, "new_tokens": n,
         "greedy_rows_equal_static": same_rows(&s), "greedy_rows_equal_dynamic": same_rows(&d),
-        "greedy_log_probs_equal_static": g.log_probs == s.log_probs,
+        "greedy_log_probs_equal_static": s.as_ref().map(|s| g.log_probs == s.log_probs),
         "sampled_max_log_prob_error_vs_training": err,
     }))
 }

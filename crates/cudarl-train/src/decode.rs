@@ -10,7 +10,8 @@
 //! gate/up projections held only in fused form ([`Qwen2::fuse_in_place`]), copied again in
 //! place when libtorch's version counters say the model's weights or adapters changed, so
 //! graphs stay valid after an optimizer step; one set of buffers per batch size; and the
-//! graphs. Batch sizes are rounded up to a power of two (extra rows decode a dummy token,
+//! graphs. A model that only samples ([`Qwen2::freeze_for_sampling`]) is its own decoder's
+//! weights: no copy. Batch sizes are rounded up to a power of two (extra rows decode a dummy token,
 //! ignored) and attention lengths to a multiple of [`LEN_BUCKET`] (keys past a row's last
 //! token are masked), so a run captures few graphs. Measured: `cudarl-pipe bench decode`
 //! (`benchmarks/results/decode_*.json`).
@@ -105,8 +106,11 @@ type GraphKey = (i64, i64, u64, u64);
 
 /// See the module docs.
 pub(crate) struct Decoder {
-    model: Qwen2,
-    /// `model`'s fused projections ([`Qwen2::fuse_in_place`]: the model's own weights).
+    /// The weights copy; `None`: the model's own weights, fused in place
+    /// ([`Qwen2::freeze_for_sampling`]).
+    model: Option<Qwen2>,
+    /// The decoding weights' fused projections ([`Qwen2::fuse_in_place`]: views of them are
+    /// the decoding model's own weights).
     fused: FusedWeights,
     /// The master weights' [`weights_stamp`] when `model` was last refreshed.
     stamp: Option<(i64, usize)>,
@@ -123,14 +127,30 @@ impl Decoder {
             master.compute_kind(),
         )?;
         model.vs.freeze();
-        Ok(Decoder {
-            fused: model.fuse_in_place(),
+        Ok(Self::over(model.fuse_in_place(), Some(model)))
+    }
+
+    /// A decoder of the weights behind `fused`: `model`'s, or with `None` its master's.
+    pub(crate) fn over(fused: FusedWeights, model: Option<Qwen2>) -> Decoder {
+        Decoder {
             model,
+            fused,
             stamp: None,
             sets: BTreeMap::new(),
             graphs: HashMap::new(),
             pool: None,
-        })
+        }
+    }
+
+    /// Whether it runs a copy of its master's weights (else the master's own).
+    #[cfg(test)]
+    pub(crate) fn holds_a_copy(&self) -> bool {
+        self.model.is_some()
+    }
+
+    /// The model whose weights this decoder runs: its copy, else `master`.
+    fn weights<'a>(&'a self, master: &'a Qwen2) -> &'a Qwen2 {
+        self.model.as_ref().unwrap_or(master)
     }
 
     /// Buffers for batch size `b` with at least `need` columns (new ones drop that batch
@@ -138,21 +158,28 @@ impl Decoder {
     /// libtorch releases a pool whose last graph is freed, and a capture into its id then fails
     /// (`create_or_incref_pool`'s `use_count > 0` assertion, seen on an H200 when a resumed
     /// `rl-train` with `control` regrew its only batch size's buffers).
-    fn buffers(&mut self, b: i64, need: i64) -> &mut Buffers {
+    fn buffers(&mut self, master: &Qwen2, b: i64, need: i64) -> &mut Buffers {
         if self.sets.get(&b).is_none_or(|s| s.kv.capacity() < need) {
             let cap = round_up(need, LEN_BUCKET);
             self.graphs.retain(|k, _| k.0 != b);
             if self.graphs.is_empty() {
                 self.pool = None;
             }
-            self.sets.insert(b, Buffers::new(&self.model, b, cap));
+            let bufs = Buffers::new(self.weights(master), b, cap);
+            self.sets.insert(b, bufs);
         }
         self.sets.get_mut(&b).expect("inserted above")
     }
 
     /// One decode step of batch size `b` attending to `len` columns: a graph replay when one
     /// was captured, else run directly and, where graphs are on, captured for the next time.
-    fn step(&mut self, b: i64, len: i64, params: &SampleParams) -> Result<(), ModelError> {
+    fn step(
+        &mut self,
+        master: &Qwen2,
+        b: i64,
+        len: i64,
+        params: &SampleParams,
+    ) -> Result<(), ModelError> {
         let key = (b, len, params.temperature.to_bits(), params.top_p.to_bits());
         if let Some(g) = self.graphs.get_mut(&key) {
             return g.replay();
@@ -164,7 +191,8 @@ impl Decoder {
             pool,
             ..
         } = self;
-        let weights = (&*model, &*fused);
+        let model = model.as_ref().unwrap_or(master);
+        let weights = (model, &*fused);
         let bufs = sets.get_mut(&b).expect("buffers before steps");
         // The first step of a shape runs directly: it is real work, and it initializes what
         // must not be created during a capture (cuBLAS workspaces).
@@ -213,15 +241,17 @@ pub(crate) fn generate_static(
     let mut slot = master.decoder.lock().unwrap_or_else(|e| e.into_inner());
     if slot
         .as_ref()
-        .is_none_or(|d| d.model.kind() != master.compute_kind())
+        .is_none_or(|d| d.weights(master).kind() != master.compute_kind())
     {
         *slot = Some(Box::new(Decoder::new(master)?));
     }
     let dec = slot.as_mut().expect("set above");
-    let stamp = weights_stamp(master);
-    if stamp.0 < 0 || dec.stamp != Some(stamp) {
-        dec.model.copy_merged_from(master)?;
-        dec.stamp = Some(stamp);
+    if let Some(copy) = &mut dec.model {
+        let stamp = weights_stamp(master);
+        if stamp.0 < 0 || dec.stamp != Some(stamp) {
+            copy.copy_merged_from(master)?;
+            dec.stamp = Some(stamp);
+        }
     }
     // Seeded again after the decoder's construction, whose random init draws from the same
     // generator: a seeded batch samples the same whether this model had a decoder yet or not
@@ -231,14 +261,14 @@ pub(crate) fn generate_static(
     }
     let b = prompts.len();
     let bb = b.next_power_of_two() as i64;
-    let p = Padded::new(prompts, dec.model.device());
+    let p = Padded::new(prompts, master.device());
     let w = p.ids.size()[1];
     let max_new = params.max_new_tokens as i64;
     let mut cache = KvCache::default();
-    let logits = prefill(&dec.model, &p, params, &mut cache)?.squeeze_dim(1);
+    let logits = prefill(dec.weights(master), &p, params, &mut cache)?.squeeze_dim(1);
     let (t0, lp0) = sample(&logits, params)?;
     drop(logits);
-    let bufs = dec.buffers(bb, w + max_new);
+    let bufs = dec.buffers(master, bb, w + max_new);
     bufs.kv.fill_from(&cache)?;
     drop(cache);
     let rows_of = |t: &Tensor| t.narrow(0, 0, b as i64);
@@ -258,7 +288,7 @@ pub(crate) fn generate_static(
         if s > 0 {
             // Step s writes the cache column of token s-1, w + s - 1, and attends to it.
             let len = round_up(w + s, LEN_BUCKET);
-            dec.step(bb, len, params)?;
+            dec.step(master, bb, len, params)?;
         }
         if (s + 1) % SYNC_EVERY as i64 == 0 || s + 1 == max_new {
             let bufs = dec.sets.get(&bb).expect("buffers");

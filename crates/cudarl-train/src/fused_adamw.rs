@@ -1,8 +1,8 @@
-//! The fused AdamW step of a bf16 parameter with float32 moments and stochastic rounding
-//! (`csrc/adamw.cu`, compiled by build.rs with nvcc into a fatbin this crate embeds): one
-//! kernel reads the gradient, the parameter and both moments once and writes the parameter and
-//! the moments once, 22 bytes of memory traffic a parameter against about 150 for the same
-//! arithmetic as libtorch ops ([`crate::adamw::AdamW`]'s fallback). Launched with the CUDA
+//! The fused AdamW step of a bf16 parameter with float32 or bf16 moments and stochastic
+//! rounding (`csrc/adamw.cu`, compiled by build.rs with nvcc into a fatbin this crate embeds):
+//! one kernel reads the gradient, the parameter and both moments once and writes the parameter
+//! and the moments once, 22 bytes of memory traffic a parameter (14 with bf16 moments) against
+//! about 150 for the same arithmetic as libtorch ops ([`crate::adamw::AdamW`]'s fallback). Launched with the CUDA
 //! driver API (cudarc) on libtorch's current stream, so it stays in order with libtorch's work.
 //! Measured effect: `benchmarks/results/model_scale_h200_2026-11-30.json` (`fused_adamw`).
 
@@ -21,7 +21,11 @@ static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"))
 #[cfg(not(cudarl_fused_adamw))]
 static FATBIN: &[u8] = &[];
 
-const KERNEL: &str = "cudarl_adamw_bf16_stochastic";
+/// The kernels for float32 and for bf16 moments.
+const KERNELS: [&str; 2] = [
+    "cudarl_adamw_bf16_stochastic",
+    "cudarl_adamw_bf16_stochastic_bf16_moments",
+];
 
 /// One step's scalars, as the kernel takes them (float32; `adamw.rs`'s formula).
 #[derive(Debug, Clone, Copy)]
@@ -63,9 +67,9 @@ impl StepScalars {
     }
 }
 
-/// The loaded kernel per device ordinal (`CUfunction` and primary `CUcontext` as addresses),
-/// or why it cannot run there.
-type Loaded = Result<(usize, usize), String>;
+/// The loaded kernels per device ordinal ([`KERNELS`]' `CUfunction`s and the primary
+/// `CUcontext` as addresses), or why they cannot run there.
+type Loaded = Result<([usize; 2], usize), String>;
 static FUNCTIONS: Mutex<Vec<(i32, Loaded)>> = Mutex::new(Vec::new());
 
 /// Whether this build embeds the kernel (nvcc was found at build time, and the CUDA shim
@@ -92,16 +96,19 @@ fn load(ordinal: i32) -> Loaded {
         result::ctx::set_current(ctx).map_err(|e| err("cuCtxSetCurrent", e))?;
         let module = result::module::load_data(image.as_ptr().cast())
             .map_err(|e| err("cuModuleLoadData", e))?;
-        let name = std::ffi::CString::new(KERNEL).expect("no NUL");
-        let f = result::module::get_function(module, name)
-            .map_err(|e| err("cuModuleGetFunction", e))?;
-        Ok((f as usize, ctx as usize))
+        let mut fs = [0usize; 2];
+        for (f, k) in fs.iter_mut().zip(KERNELS) {
+            let name = std::ffi::CString::new(k).expect("no NUL");
+            *f = result::module::get_function(module, name)
+                .map_err(|e| err("cuModuleGetFunction", e))? as usize;
+        }
+        Ok((fs, ctx as usize))
     }
 }
 
 /// Runs one AdamW step of `param` (bf16, contiguous, on a CUDA device) with its gradient
-/// `grad` (bf16, same shape) and float32 moments `exp_avg`, `exp_avg_sq` (contiguous, same
-/// shape), all updated in place, and bumps `param`'s version counter (a decoder's copy sees
+/// `grad` (bf16, same shape) and moments `exp_avg`, `exp_avg_sq` (both float32 or both bf16,
+/// rounded stochastically; contiguous, same shape), all updated in place, and bumps `param`'s version counter (a decoder's copy sees
 /// the change). Returns `false`, having changed nothing, when the tensors do not qualify or
 /// the kernel cannot run on this build or device (the caller then takes the libtorch path);
 /// the first such kernel failure is printed to stderr.
@@ -118,8 +125,8 @@ pub fn step_bf16_stochastic(
     let qualifies = available()
         && param.kind() == Kind::BFloat16
         && grad.kind() == Kind::BFloat16
-        && exp_avg.kind() == Kind::Float
-        && exp_avg_sq.kind() == Kind::Float
+        && matches!(exp_avg.kind(), Kind::Float | Kind::BFloat16)
+        && exp_avg_sq.kind() == exp_avg.kind()
         && [grad, exp_avg, exp_avg_sq]
             .iter()
             .all(|t| t.device() == param.device() && t.size() == param.size())
@@ -130,7 +137,7 @@ pub fn step_bf16_stochastic(
         return false;
     }
     let ordinal = ordinal as i32;
-    let (f, ctx) = {
+    let (fs, ctx) = {
         let mut fns = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner());
         let at = match fns.iter().position(|(o, _)| *o == ordinal) {
             Some(i) => i,
@@ -150,6 +157,7 @@ pub fn step_bf16_stochastic(
             Err(_) => return false,
         }
     };
+    let f = fs[usize::from(exp_avg.kind() == Kind::BFloat16)];
     let n = param.numel() as i64;
     if n == 0 {
         return true;

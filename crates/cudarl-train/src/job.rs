@@ -157,8 +157,11 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
         } => {
             let dev = device(*dev)?;
             let tok = ChatTokenizer::load_dir(model)?;
-            let mut m = Qwen2::load(model, dev, tch::Kind::Float)?;
-            m.set_compute_kind(crate::train::Precision::Auto.compute_kind(dev));
+            // Loaded in the compute dtype and decoded from its own weights (no float32 master,
+            // no decoder copy).
+            let kind = crate::train::Precision::Auto.compute_kind(dev);
+            let mut m = Qwen2::load(model, dev, kind.unwrap_or(tch::Kind::Float))?;
+            m.freeze_for_sampling()?;
             let rows: Vec<Vec<ChatMessage>> = read_lines(prompts)?;
             let mut lines = Vec::new();
             let params = crate::SampleParams {
@@ -277,13 +280,14 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             prompt_len,
             gen_tokens,
             reps,
+            paths,
             precision,
             device: dev,
             save_to,
         } => done(crate::bench_decode::bench_decode(
             model,
             *vocab_size,
-            batches,
+            (batches, paths),
             (*prompt_len, *gen_tokens, *reps),
             *precision,
             device(*dev)?,

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use tch::nn::OptimizerConfig;
 use tch::{Kind, Tensor, nn};
 
+use cudarl_protocol::Weights;
+
 use crate::ModelError;
 use crate::model::Qwen2;
 use crate::tokenizer::{ChatMessage, ChatTokenizer};
@@ -334,7 +336,7 @@ enum Optimizer {
 
 impl Optimizer {
     fn new(model: &mut Qwen2, cfg: &TrainConfig) -> Result<Optimizer, ModelError> {
-        if cfg.weights == cudarl_protocol::Weights::F32 {
+        if cfg.weights == Weights::F32 {
             let o = nn::AdamW {
                 beta1: cfg.betas.0,
                 beta2: cfg.betas.1,
@@ -353,12 +355,13 @@ impl Optimizer {
             eps: 1e-8,
             weight_decay: cfg.weight_decay,
         };
-        Ok(Optimizer::Narrow(crate::adamw::AdamW::with_rounding(
-            model.trainable(),
-            a,
-            cfg.lr,
-            cfg.weights.into(),
-        )))
+        let o =
+            crate::adamw::AdamW::with_rounding(model.trainable(), a, cfg.lr, cfg.weights.into());
+        Ok(Optimizer::Narrow(if cfg.weights == Weights::Bf16 {
+            o.with_bf16_moments()
+        } else {
+            o
+        }))
     }
     fn set_lr(&mut self, lr: f64) {
         match self {
@@ -564,11 +567,10 @@ mod tests {
             let steps = train_lm(&mut m, &ex, &[], &tc, &mut |_| {}).unwrap();
             (steps[0].loss, steps.last().unwrap().loss, m.kind())
         };
-        use cudarl_protocol::Weights;
         let (first, f32_last, k) = run(Weights::F32);
         assert_eq!(k, Kind::Float);
         assert!(f32_last < 0.5 * first, "{first} -> {f32_last}");
-        for w in [Weights::Bf16Stochastic, Weights::Bf16Kahan] {
+        for w in [Weights::Bf16Stochastic, Weights::Bf16Kahan, Weights::Bf16] {
             let (_, last, k) = run(w);
             assert_eq!(k, Kind::BFloat16, "{w:?}");
             assert!(

@@ -158,10 +158,10 @@ pub enum BenchCmd {
         #[arg(long)]
         gradient_checkpointing: bool,
         /// The parameters' dtype and AdamW's rounding: `f32` (float32 master weights),
-        /// `bf16-stochastic` or `bf16-kahan` (`cudarl_protocol::Weights`); transformers'
+        /// `bf16-stochastic`, `bf16-kahan` or `bf16` (`cudarl_protocol::Weights`); transformers'
         /// side keeps float32 master weights for `f32` and holds the model in bf16 with
         /// torch's AdamW (bf16 moments, round to nearest) otherwise.
-        #[arg(long, default_value = "f32", value_parser = ["f32", "bf16-stochastic", "bf16-kahan"])]
+        #[arg(long, default_value = "f32", value_parser = ["f32", "bf16-stochastic", "bf16-kahan", "bf16"])]
         weights: String,
         /// LoRA of rank R on all seven projections of every layer, the base frozen in the
         /// compute dtype (ours: `sft-train`'s `lora`; transformers': PEFT's

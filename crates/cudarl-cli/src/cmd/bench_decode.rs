@@ -3,9 +3,12 @@
 //! cache and `torch.compile(mode="reduce-overhead")` (`python/bench_decode.py`), in one run.
 //! The result has one row per batch size: `tokens_per_s` (CUDA graphs, the default path),
 //! `baseline_tokens_per_s` (the previous dynamic-cache path), `transformers_tokens_per_s`, the
-//! ratios, and the prompts' forward pass (`prefill_tokens_per_s`) of each.
+//! ratios, the prompts' forward pass (`prefill_tokens_per_s`) of each, and the CUDA graphs
+//! path's and `transformers`' peak GPU memory at that batch size (libtorch's allocator, GiB).
 
 use std::path::Path;
+
+use cudarl_protocol::DecodePathName;
 
 use super::bench::{finish_fields, last_json, model_file};
 use super::{CliError, Ctx};
@@ -34,6 +37,10 @@ pub struct Args {
     /// Leave out the `transformers` baseline.
     #[arg(long)]
     pub no_transformers: bool,
+    /// The trainer's decode paths to measure (`graphs`, `static`, `dynamic`; default all). One
+    /// path alone makes the process's peak memory that path's.
+    #[arg(long, value_delimiter = ',')]
+    pub paths: Vec<String>,
 }
 
 /// The record of `batch` and `path` in a job's or script's `records`.
@@ -55,11 +62,25 @@ fn record<'a>(v: &'a serde_json::Value, batch: usize, path: &str) -> &'a serde_j
 /// A bad model name (usage), the trainer or the baseline script failing.
 pub fn run(ctx: &Ctx, a: &Args) -> Result<serde_json::Value, CliError> {
     let mf = model_file(ctx, &a.model)?;
+    let paths = a
+        .paths
+        .iter()
+        .map(|p| {
+            DecodePathName::ALL
+                .into_iter()
+                .find(|n| n.as_str() == p)
+                .ok_or_else(|| {
+                    CliError::usage(format!(
+                        "--paths: unknown decode path `{p}` (graphs, static or dynamic)"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let dir = tempfile::tempdir().map_err(|e| CliError::failed(e.to_string()))?;
     let job = serde_json::json!({
         "kind": "bench-decode", "model": mf.model, "vocab_size": mf.tokenizer.vocab_size,
         "batches": a.batches, "prompt_len": a.prompt_len, "gen_tokens": a.gen_tokens,
-        "reps": a.reps, "device": a.device, "save_to": dir.path().join("model"),
+        "reps": a.reps, "paths": paths, "device": a.device, "save_to": dir.path().join("model"),
     });
     let jp = dir.path().join("job.json");
     std::fs::write(&jp, job.to_string()).map_err(|e| CliError::failed(e.to_string()))?;
@@ -99,6 +120,10 @@ pub fn run(ctx: &Ctx, a: &Args) -> Result<serde_json::Value, CliError> {
                 "prefill_tokens_per_s": g["prefill_tokens_per_s"],
                 "baseline_prefill_tokens_per_s": d["prefill_tokens_per_s"],
                 "transformers_prefill_tokens_per_s": t["prefill_tokens_per_s"],
+                "peak_allocated_gib": g["peak_allocated_gib"],
+                "peak_reserved_gib": g["peak_reserved_gib"],
+                "transformers_peak_allocated_gib": t["peak_allocated_gib"],
+                "transformers_peak_reserved_gib": t["peak_reserved_gib"],
             })
         })
         .collect();
