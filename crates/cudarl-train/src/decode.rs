@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use tch::{Device, Kind, Tensor};
 
 use crate::cuda_graph::{self, CudaGraph, GraphPool};
-use crate::generate::{DecodePath, Padded, Rows, SampleParams, prefill, sample, to_host};
-use crate::model::{FusedWeights, KvCache, StaticKv};
+use crate::generate::{DecodePath, Padded, Rows, SampleParams, prefill_chunks, sample, to_host};
+use crate::model::{FusedWeights, StaticKv};
 use crate::{ModelError, Qwen2};
 
 /// Decode steps between reads of the new tokens to the host (stop checks, `on_finish`). A
@@ -264,13 +264,16 @@ pub(crate) fn generate_static(
     let p = Padded::new(prompts, master.device());
     let w = p.ids.size()[1];
     let max_new = params.max_new_tokens as i64;
-    let mut cache = KvCache::default();
-    let logits = prefill(dec.weights(master), &p, params, &mut cache)?.squeeze_dim(1);
+    dec.buffers(master, bb, w + max_new);
+    // Each prefill chunk's keys and values go straight into the static buffers.
+    let bufs = dec.sets.get_mut(&bb).expect("made above");
+    let m = dec.model.as_ref().unwrap_or(master);
+    let logits = prefill_chunks(m, &p, params, &mut |start, part| {
+        bufs.kv.fill_from(start, &part)
+    })?
+    .squeeze_dim(1);
     let (t0, lp0) = sample(&logits, params)?;
     drop(logits);
-    let bufs = dec.buffers(master, bb, w + max_new);
-    bufs.kv.fill_from(&cache)?;
-    drop(cache);
     let rows_of = |t: &Tensor| t.narrow(0, 0, b as i64);
     let _ = bufs.valid.f_fill_(0i64)?;
     rows_of(&bufs.valid).narrow(1, 0, w).f_copy_(&p.mask)?;

@@ -307,12 +307,32 @@ pub(crate) fn prefill(
     params: &SampleParams,
     cache: &mut KvCache,
 ) -> Result<Tensor, ModelError> {
+    let mut caches = Vec::new();
+    let logits = prefill_chunks(model, p, params, &mut |_, part| {
+        caches.push(part);
+        Ok(())
+    })?;
+    *cache = KvCache::cat(caches)?;
+    Ok(logits)
+}
+
+/// [`prefill`] that hands each chunk's cache to `sink(first_row, cache)` as soon as the chunk
+/// ran, so a caller can copy it into preallocated buffers and the prompts' whole cache never
+/// exists twice.
+///
+/// # Errors
+/// libtorch errors, and `sink`'s.
+pub(crate) fn prefill_chunks(
+    model: &Qwen2,
+    p: &Padded,
+    params: &SampleParams,
+    sink: &mut dyn FnMut(i64, KvCache) -> Result<(), ModelError>,
+) -> Result<Tensor, ModelError> {
     let (b, w) = p.ids.size2()?;
     let c = &model.config;
     // float32 scores; the MLP's gate, up and product in at most 4-byte elements.
     let per_row = w * (w * c.num_attention_heads * 4 + c.intermediate_size * 12) + c.vocab_size * 4;
     let rows = (params.prefill_bytes / per_row.max(1)).clamp(1, b.max(1));
-    let mut caches = Vec::new();
     let mut last = Vec::new();
     for start in (0..b).step_by(rows as usize) {
         let n = rows.min(b - start);
@@ -325,9 +345,8 @@ pub(crate) fn prefill(
             Some(&mut part),
         )?;
         last.push(model.head(&x.narrow(1, w - 1, 1)));
-        caches.push(part);
+        sink(start, part)?;
     }
-    *cache = KvCache::cat(caches)?;
     Ok(Tensor::cat(&last, 0))
 }
 

@@ -280,12 +280,12 @@ impl StaticKv {
         self.layers.first().map_or(0, |(k, _)| k.size()[2])
     }
 
-    /// Copies a prefill's cache (`[b, nkv, w, d]` per layer, `b` and `w` within this cache)
-    /// into rows `0..b`, columns `0..w`.
+    /// Copies a prefill's cache (`[b, nkv, w, d]` per layer, `start + b` and `w` within this
+    /// cache) into rows `start..start + b`, columns `0..w`.
     ///
     /// # Errors
     /// Different layer counts; libtorch errors (shapes).
-    pub fn fill_from(&mut self, cache: &KvCache) -> Result<(), ModelError> {
+    pub fn fill_from(&mut self, start: i64, cache: &KvCache) -> Result<(), ModelError> {
         if cache.layers.len() != self.layers.len() {
             return Err(ModelError::Generate(
                 "a prefill cache with a different layer count".into(),
@@ -293,8 +293,8 @@ impl StaticKv {
         }
         for ((k, v), (pk, pv)) in self.layers.iter_mut().zip(&cache.layers) {
             let (b, w) = (pk.size()[0], pk.size()[2]);
-            k.narrow(0, 0, b).narrow(2, 0, w).f_copy_(pk)?;
-            v.narrow(0, 0, b).narrow(2, 0, w).f_copy_(pv)?;
+            k.narrow(0, start, b).narrow(2, 0, w).f_copy_(pk)?;
+            v.narrow(0, start, b).narrow(2, 0, w).f_copy_(pv)?;
         }
         Ok(())
     }
