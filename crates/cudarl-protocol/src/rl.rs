@@ -173,6 +173,15 @@ pub struct RlServe {
     /// (`benchmarks/results/model_scale_h200_2026-11-30.json`, `grpo_update`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gradient_checkpointing: bool,
+    /// The agents only sample (`eval`, `collab-data`, `optimize`): each checkpoint is loaded
+    /// in the compute dtype, frozen, and decoded from its own weights
+    /// (`cudarl_train::Qwen2::freeze_for_sampling`), with no AdamW state, no separate reference
+    /// (reference samples come from the agent itself, the same weights) and no LoRA adapters
+    /// (`lora` is ignored: the checkpoints are merged); `update` is refused. At Qwen2.5-Coder
+    /// 7B the trainer then holds each agent's 15.2 GB once, where a trainable agent holds 30.5
+    /// GB of float32 weights, 61 GB of AdamW moments and a 15.2 GB decoder copy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sample_only: bool,
 }
 
 /// A request to the RL trainer (tagged by `op`).

@@ -205,6 +205,7 @@ fn shares(
         ptx: None,
         lora: None,
         gradient_checkpointing: false,
+        sample_only: false,
     };
     let sampling = Sampling {
         max_new_tokens: MAX_NEW_TOKENS,

@@ -292,7 +292,7 @@ impl Stage for CollabData {
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let mut tc =
-            p.rl.start_trainer(ctx, ("generator", "optimizer"), dir, None)?;
+            p.rl.start_trainer(ctx, ("generator", "optimizer"), dir, (None, true))?;
         let settings = EpisodeSettings {
             max_turns: p.rl.max_turns,
             public_seeds: h.public_seeds.clone(),

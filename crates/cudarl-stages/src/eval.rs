@@ -495,7 +495,8 @@ impl Eval {
         let bar = ctx.progress("episodes", Some((per_ck * self.checkpoints().len()) as u64));
         for (ck, gi, oi) in self.checkpoints() {
             // The same sampling seeds for every checkpoint.
-            let mut tc = p.rl.start_trainer(ctx, (gi, oi), &dir.join(ck), None)?;
+            let mut tc =
+                p.rl.start_trainer(ctx, (gi, oi), &dir.join(ck), (None, true))?;
             for (split, tasks) in splits {
                 let many: Vec<&TaskSpec> = tasks
                     .iter()

@@ -264,7 +264,7 @@ impl Stage for Optimize {
         }
         let tmp = ctx.store().temp_dir()?;
         let mut tc =
-            p.rl.start_trainer(ctx, ("generator", "optimizer"), tmp.path(), None)?;
+            p.rl.start_trainer(ctx, ("generator", "optimizer"), tmp.path(), (None, true))?;
         let settings = EpisodeSettings {
             max_turns: p.rl.max_turns,
             public_seeds: h.public_seeds.clone(),

@@ -296,9 +296,10 @@ pub struct Params {
     /// projections when absent; [`RlServe::lora`]). The base is held once in the compute dtype
     /// (bf16 on a GPU) and is also the KL reference (adapters off); with `model` both agents
     /// share it. `rl-train`'s `generator` and `optimizer` outputs are the merged checkpoints,
-    /// and `generator_adapter` / `optimizer_adapter` hold the adapters in PEFT's layout. On
-    /// stages that only sample (`eval`, `collab-data`, `optimize`) it loads the agents the same
-    /// way, adapters at zero. Absent: full fine-tuning, and left out of the key.
+    /// and `generator_adapter` / `optimizer_adapter` hold the adapters in PEFT's layout. Stages
+    /// that only sample (`eval`, `collab-data`, `optimize`) load each checkpoint once in the
+    /// compute dtype whatever this says ([`RlServe::sample_only`]). Absent: full fine-tuning,
+    /// and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<cudarl_protocol::LoraConfig>,
     /// Activation checkpointing in the RL update ([`RlServe::gradient_checkpointing`]): the
@@ -498,27 +499,29 @@ impl Params {
             ptx,
             lora: self.lora.clone(),
             gradient_checkpointing: self.gradient_checkpointing.unwrap_or(false),
+            sample_only: false,
         }
     }
 
     /// Materializes the generator and optimizer checkpoint tables `gen_input` and `opt_input`
-    /// under `dir` and starts the RL trainer on them.
+    /// under `dir` and starts the RL trainer on them, to train, or with `sample_only` to
+    /// sample only ([`RlServe::sample_only`]).
     pub(crate) fn start_trainer(
         &self,
         ctx: &StageContext<'_>,
         (gen_input, opt_input): (&str, &str),
         dir: &Path,
-        ptx: Option<Ptx>,
+        (ptx, sample_only): (Option<Ptx>, bool),
     ) -> Result<TrainerClient, StageError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StageError::Failed(format!("{}: {e}", dir.display())))?;
         let g = crate::common::checkpoint_dir(ctx, gen_input, &dir.join("gen"))?;
         let o = crate::common::checkpoint_dir(ctx, opt_input, &dir.join("opt"))?;
-        Ok(TrainerClient::start(
-            &self.serve_job(&g, &o, ptx),
-            dir,
-            self.sampling(),
-        )?)
+        let job = RlServe {
+            sample_only,
+            ..self.serve_job(&g, &o, ptx)
+        };
+        Ok(TrainerClient::start(&job, dir, self.sampling())?)
     }
 }
 

@@ -627,7 +627,7 @@ impl Stage for RlTrain {
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let ptx = self.ptx(ctx, dir)?;
-        let mut tc = p.start_trainer(ctx, ("generator", "optimizer"), dir, ptx)?;
+        let mut tc = p.start_trainer(ctx, ("generator", "optimizer"), dir, (ptx, false))?;
         let settings = EpisodeSettings {
             max_turns: p.max_turns,
             public_seeds: h.public_seeds.clone(),

@@ -138,6 +138,20 @@ impl Server {
         let dev = crate::job::device(job.device)?;
         let [go, oo] = agent_optims(&job);
         let (g, o, refs) = match &job.lora {
+            _ if job.sample_only => {
+                // Each checkpoint once, in the compute dtype, decoding from its own weights;
+                // the "references" are shares of the agents (never sampled: see `handle`).
+                let kind = job.precision.compute_kind(dev).unwrap_or(Kind::Float);
+                let load = |dir: &PathBuf, role, system: &str, optim| {
+                    let mut m = Qwen2::load(dir, dev, kind)?;
+                    m.freeze_for_sampling()?;
+                    TrainableAgent::with_model(dir, role, system, m, optim)
+                };
+                let g = load(&job.generator, Role::Generator, &job.generator_system, go)?;
+                let o = load(&job.optimizer, Role::Optimizer, &job.optimizer_system, oo)?;
+                let refs = [g.model.share()?, o.model.share()?];
+                (g, o, refs)
+            }
             None => {
                 let load = |dir: &PathBuf, role, system: &str, optim| {
                     TrainableAgent::load(dir, role, system, dev, job.precision, optim)
@@ -243,7 +257,9 @@ impl Server {
                     ..Default::default()
                 };
                 let a = &self.agents[agent.index()];
-                let model = if reference {
+                // A sampling-only agent is its own reference (the same weights, and its
+                // decoder needs no copy).
+                let model = if reference && !self.job.sample_only {
                     &self.refs[agent.index()]
                 } else {
                     &a.model
@@ -282,7 +298,8 @@ impl Server {
                             / lp.len().max(1) as f64,
                         value: values.as_ref().map(|v| v[ci]),
                     });
-                    if let Some(id) = id {
+                    // Nothing to keep where no update can come.
+                    if let Some(id) = id.filter(|_| !self.job.sample_only) {
                         self.kept.insert(
                             id,
                             Kept {
@@ -298,6 +315,11 @@ impl Server {
                     seconds: t0.elapsed().as_secs_f64(),
                     gpu_memory: None,
                 })
+            }
+            Request::Update { .. } if self.job.sample_only => {
+                return Err(ModelError::Generate(
+                    "`update` on a trainer started with `sample_only`: it only samples".into(),
+                ));
             }
             Request::Update { agent, samples } => {
                 let mut st = self.update(agent, &samples)?;
@@ -831,6 +853,45 @@ mod tests {
         let after = generate(&mut s, false);
         assert_eq!(s.kept.len(), kept + 4, "policy samples are kept");
         assert_ne!(texts(&after), texts(&before), "the policy itself moved");
+    }
+
+    #[test]
+    fn a_sampling_only_trainer_samples_what_a_training_one_does_holds_no_copy_and_refuses_updates()
+    {
+        let (_d, m) = tiny_model();
+        let mut j = job("");
+        (j.generator, j.optimizer) = (m.clone(), m.clone());
+        let _rng = crate::torch_rng();
+        let mut training = Server::new(j.clone()).unwrap();
+        j.sample_only = true;
+        let mut sampling = Server::new(j).unwrap();
+        let a = generate4(&mut training, 16, 3, false);
+        let b = generate4(&mut sampling, 16, 3, false);
+        assert_eq!(a["completions"], b["completions"]);
+        // Its reference is itself: the same samples.
+        let r = generate4(&mut sampling, 16, 3, true);
+        let texts = |v: &Value| {
+            v["completions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["text"].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(texts(&r), texts(&b));
+        // No decoder copy, no AdamW state, nothing kept for an update that cannot come.
+        for agent in &sampling.agents {
+            let d = agent.model.decoder.lock().unwrap();
+            assert!(!d.as_ref().is_some_and(|d| d.holds_a_copy()));
+            assert!(agent.model.vs.trainable_variables().is_empty());
+        }
+        assert!(sampling.kept.is_empty());
+        let req = Request::Update {
+            agent: Role::Generator,
+            samples: vec![],
+        };
+        let e = sampling.handle(req, &mut Vec::new()).err().unwrap();
+        assert!(e.to_string().contains("sample_only"), "{e}");
     }
 
     /// Four generator completions (seed 1), then an update of the generator with advantage 0
