@@ -12,7 +12,7 @@
 //!
 //! with `t` counted per parameter (a parameter without a gradient is skipped and keeps its
 //! count), no AMSGrad. The moments are float32 whatever the parameter's dtype, or bf16
-//! ([`AdamW::with_bf16_moments`]: computed in float32 and stored rounded stochastically). A
+//! ([`AdamW::with_rounding`]: computed in float32 and stored rounded stochastically). A
 //! bf16 parameter takes the step computed in float32 and rounded back by [`Rounding`]: to
 //! nearest (an update under half a bf16 ulp, 2^-9 relative, is lost), stochastically, or with a
 //! Kahan compensation buffer.
@@ -115,16 +115,20 @@ impl AdamW {
     /// AdamW at learning rate `lr` over `vs`'s variables that require gradients, rounding
     /// to nearest.
     pub fn new(vs: &nn::VarStore, cfg: AdamWConfig, lr: f64) -> AdamW {
-        Self::with_rounding(vs, cfg, lr, Rounding::Nearest)
+        Self::with_rounding(vs, cfg, lr, Rounding::Nearest, Kind::Float)
     }
 
     /// AdamW whose updates of bf16 parameters round by `rounding` ([`Rounding::Kahan`] holds
-    /// one buffer of the parameter's shape and dtype per narrow parameter).
+    /// one buffer of the parameter's shape and dtype per narrow parameter), with moments of
+    /// dtype `moments`: float32 (8 bytes a parameter), or bf16 (4 bytes; computed in float32
+    /// each step and stored rounded stochastically: to nearest, `v <- 0.999 v + ...` would
+    /// never decay, a change of 1e-3 relative being under half a bf16 ulp).
     pub fn with_rounding(
         vs: &nn::VarStore,
         cfg: AdamWConfig,
         lr: f64,
         rounding: Rounding,
+        moments: Kind,
     ) -> AdamW {
         let mut vars: Vec<(String, Tensor)> = vs
             .variables()
@@ -135,8 +139,8 @@ impl AdamW {
         let slots = vars
             .into_iter()
             .map(|(name, param)| Slot {
-                exp_avg: param.zeros_like().to_kind(Kind::Float),
-                exp_avg_sq: param.zeros_like().to_kind(Kind::Float),
+                exp_avg: Tensor::zeros(param.size(), (moments, param.device())),
+                exp_avg_sq: Tensor::zeros(param.size(), (moments, param.device())),
                 comp: (rounding == Rounding::Kahan && param.kind() != Kind::Float)
                     .then(|| param.zeros_like()),
                 name,
@@ -152,17 +156,6 @@ impl AdamW {
             calls: 0,
             fused: true,
         }
-    }
-
-    /// The moments kept in bf16 (computed in float32 each step, stored rounded
-    /// stochastically: with round-to-nearest, `v <- 0.999 v + ...` would never decay, a change
-    /// of 1e-3 relative being under half a bf16 ulp): 4 bytes a parameter instead of 8.
-    pub fn with_bf16_moments(mut self) -> AdamW {
-        for s in &mut self.slots {
-            s.exp_avg = s.exp_avg.to_kind(Kind::BFloat16);
-            s.exp_avg_sq = s.exp_avg_sq.to_kind(Kind::BFloat16);
-        }
-        self
     }
 
     /// Whether bf16 parameters with [`Rounding::Stochastic`] take the fused kernel's step
@@ -465,7 +458,7 @@ mod tests {
                 .set_requires_grad(true);
             let mut vs = vs;
             vs.set_kind(kind);
-            let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, rounding);
+            let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, rounding, Kind::Float);
             for _ in 0..400 {
                 opt.zero_grad();
                 w.sum(Kind::Float).backward();
@@ -578,7 +571,7 @@ mod tests {
         };
         for fused in [true, false] {
             tch::no_grad(|| w.copy_(&Tensor::ones([n], (Kind::BFloat16, dev))));
-            let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, Rounding::Stochastic);
+            let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, Rounding::Stochastic, Kind::Float);
             opt.set_fused(fused);
             opt.zero_grad();
             w.sum(Kind::Float).backward();
@@ -631,8 +624,7 @@ mod tests {
             .var("w", &[n], nn::Init::Const(1.0))
             .set_requires_grad(true);
         vs.set_kind(Kind::BFloat16);
-        let mut opt =
-            AdamW::with_rounding(&vs, cfg, 1e-4, Rounding::Stochastic).with_bf16_moments();
+        let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, Rounding::Stochastic, Kind::BFloat16);
         opt.set_fused(fused);
         for k in 0..=zero_steps {
             opt.zero_grad();

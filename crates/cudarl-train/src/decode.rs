@@ -126,7 +126,6 @@ impl Decoder {
             master.device(),
             master.compute_kind(),
         )?;
-        model.vs.freeze();
         Ok(Self::over(model.fuse_in_place(), Some(model)))
     }
 

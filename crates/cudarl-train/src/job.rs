@@ -160,8 +160,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             // Loaded in the compute dtype and decoded from its own weights (no float32 master,
             // no decoder copy).
             let kind = crate::train::Precision::Auto.compute_kind(dev);
-            let mut m = Qwen2::load(model, dev, kind.unwrap_or(tch::Kind::Float))?;
-            m.freeze_for_sampling()?;
+            let m = Qwen2::load_for_sampling(model, dev, kind.unwrap_or(tch::Kind::Float))?;
             let rows: Vec<Vec<ChatMessage>> = read_lines(prompts)?;
             let mut lines = Vec::new();
             let params = crate::SampleParams {

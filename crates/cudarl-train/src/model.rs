@@ -859,8 +859,10 @@ impl Qwen2 {
     /// re-pointed, in the layers and in the var store, at views into the fused tensors, and
     /// their separate copies are freed, so the model holds each weight once (7B in bf16: 15.2
     /// GB, not 23.7 GB with the fused copies beside it). Writes into those weights
-    /// ([`Qwen2::copy_merged_from`], `vs.copy`) then land in the fused tensors. For frozen
-    /// decode-only copies (the static decoder's): the var store keeps no trainable variables.
+    /// ([`Qwen2::copy_merged_from`], `vs.copy`) then land in the fused tensors. For decoding
+    /// only: the model is frozen first (a fused tensor made from weights that require gradients
+    /// would keep them alive through its autograd node, a leaf's AccumulateGrad holding the
+    /// leaf), and the var store keeps no trainable variables.
     ///
     /// # Panics
     /// With LoRA adapters attached: the fused paths read the base weights only
@@ -870,6 +872,7 @@ impl Qwen2 {
             self.lora_vs.is_none(),
             "merge the LoRA adapters before decoding"
         );
+        self.vs.freeze();
         let mut fused = FusedWeights { layers: Vec::new() };
         let c = &self.config;
         let (nq, nkv) = (
@@ -882,9 +885,7 @@ impl Qwen2 {
         // One layer at a time: each layer's separate copies are freed before the next layer's
         // fused tensors are made, so at most one layer's projections exist twice.
         for (li, l) in self.layers.iter_mut().enumerate() {
-            // Without a graph: a fused tensor made from weights that require gradients would
-            // keep them alive through its autograd node (a leaf's AccumulateGrad holds the leaf).
-            let f = tch::no_grad(|| FusedLayer::new(l));
+            let f = FusedLayer::new(l);
             // (projection index in LORA_PROJECTIONS, its weight rows, its bias rows)
             let views = [
                 (0, f.qkv_w.narrow(0, 0, nq), Some(f.qkv_b.narrow(0, 0, nq))),
@@ -936,11 +937,21 @@ impl Qwen2 {
             self.set_kind(kind);
         }
         self.compute = None;
-        self.vs.freeze();
         let fused = self.fuse_in_place();
         *self.decoder.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Box::new(crate::decode::Decoder::over(fused, None)));
         Ok(())
+    }
+
+    /// [`Qwen2::load`] in `kind` (the compute dtype), then [`Qwen2::freeze_for_sampling`]: a
+    /// checkpoint that is only sampled from, its weights held once.
+    ///
+    /// # Errors
+    /// As [`Qwen2::load`].
+    pub fn load_for_sampling(dir: &Path, device: Device, kind: Kind) -> Result<Qwen2, ModelError> {
+        let mut m = Qwen2::load(dir, device, kind)?;
+        m.freeze_for_sampling()?;
+        Ok(m)
     }
 
     /// Loads a Hugging Face directory: `config.json` and `model.safetensors`, or the shards
@@ -1352,8 +1363,8 @@ mod sampling_only_tests {
         let m = Qwen2::new(cfg, Device::Cpu).unwrap();
         let dir = tempfile::tempdir().unwrap();
         m.save(&dir.path().join("a")).unwrap();
-        let mut frozen = Qwen2::load(&dir.path().join("a"), Device::Cpu, Kind::Float).unwrap();
-        frozen.freeze_for_sampling().unwrap();
+        let frozen =
+            Qwen2::load_for_sampling(&dir.path().join("a"), Device::Cpu, Kind::Float).unwrap();
         let prompts = vec![vec![3i64, 9, 27], vec![17, 51, 5, 8, 2]];
         let p = SampleParams {
             max_new_tokens: 12,

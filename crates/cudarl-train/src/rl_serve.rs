@@ -143,8 +143,7 @@ impl Server {
                 // the "references" are shares of the agents (never sampled: see `handle`).
                 let kind = job.precision.compute_kind(dev).unwrap_or(Kind::Float);
                 let load = |dir: &PathBuf, role, system: &str, optim| {
-                    let mut m = Qwen2::load(dir, dev, kind)?;
-                    m.freeze_for_sampling()?;
+                    let m = Qwen2::load_for_sampling(dir, dev, kind)?;
                     TrainableAgent::with_model(dir, role, system, m, optim)
                 };
                 let g = load(&job.generator, Role::Generator, &job.generator_system, go)?;

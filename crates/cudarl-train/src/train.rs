@@ -355,13 +355,17 @@ impl Optimizer {
             eps: 1e-8,
             weight_decay: cfg.weight_decay,
         };
-        let o =
-            crate::adamw::AdamW::with_rounding(model.trainable(), a, cfg.lr, cfg.weights.into());
-        Ok(Optimizer::Narrow(if cfg.weights == Weights::Bf16 {
-            o.with_bf16_moments()
-        } else {
-            o
-        }))
+        let moments = match cfg.weights {
+            Weights::Bf16 => Kind::BFloat16,
+            _ => Kind::Float,
+        };
+        Ok(Optimizer::Narrow(crate::adamw::AdamW::with_rounding(
+            model.trainable(),
+            a,
+            cfg.lr,
+            cfg.weights.into(),
+            moments,
+        )))
     }
     fn set_lr(&mut self, lr: f64) {
         match self {
