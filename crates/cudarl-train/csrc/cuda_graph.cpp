@@ -4,7 +4,8 @@
 // allocations from a private memory pool (shared by the graphs of one pool handle), and with
 // libtorch's default CUDA generator registered, so random draws advance on every replay.
 //
-// Also the version counter of a tensor, which tells the decoder whether a model's weights changed.
+// Also the version counter of a tensor, which tells the decoder whether a model's weights changed,
+// and the caching allocator's statistics and cache release.
 //
 // Built by build.rs with the `cc` crate against the headers of the torch wheel libtorch comes
 // from. Without CUDA headers it is built with CUDARL_NO_CUDA_GRAPHS and every call reports that
@@ -144,6 +145,12 @@ int cudarl_cuda_memory(int device, int reset, unsigned long long* out, char* err
   });
 }
 
+// Returns the caching allocator's cached, unused blocks to the driver
+// (`torch.cuda.empty_cache()`); graph pools and live tensors keep theirs.
+int cudarl_cuda_empty_cache(char* err, size_t err_len) {
+  return guarded(err, err_len, [&] { c10::cuda::CUDACachingAllocator::emptyCache(); });
+}
+
 // libtorch's current CUDA stream on `device` (a `cudaStream_t`), where work launched beside
 // libtorch's (the fused AdamW step) must go to stay in order with it.
 void* cudarl_current_stream(int device) {
@@ -181,6 +188,7 @@ void* cudarl_current_stream(int) { return nullptr; }
 int cudarl_cuda_memory(int, int, unsigned long long*, char* err, size_t err_len) {
   return unavailable(err, err_len);
 }
+int cudarl_cuda_empty_cache(char* err, size_t err_len) { return unavailable(err, err_len); }
 }  // extern "C"
 
 #endif  // CUDARL_NO_CUDA_GRAPHS

@@ -5,13 +5,15 @@
 //! On a GPU each step is captured once per (batch size, attention length, sampling parameters)
 //! as a CUDA graph and replayed (one launch instead of about 400 kernel launches for `small`).
 //!
-//! The decoder belongs to its model (`Qwen2::decoder`) and is kept between calls: its own copy
-//! of the weights in the compute dtype (LoRA adapters merged in), its query/key/value and
-//! gate/up projections held only in fused form ([`Qwen2::fuse_in_place`]), copied again in
-//! place when libtorch's version counters say the model's weights or adapters changed, so
-//! graphs stay valid after an optimizer step; one set of buffers per batch size; and the
-//! graphs. A model that only samples ([`Qwen2::freeze_for_sampling`]) is its own decoder's
-//! weights: no copy. Batch sizes are rounded up to a power of two (extra rows decode a dummy token,
+//! The decoder belongs to its model (`Qwen2::decoder`) and is kept between calls: the weights
+//! it runs, one set of buffers per batch size, and the graphs. A model whose weights are
+//! fused in place in the compute dtype ([`Qwen2::fuse_in_place`]: one that only samples,
+//! [`Qwen2::freeze_for_sampling`], or LoRA agents on a fused frozen base) is decoded from
+//! those weights, its adapters stacked beside them ([`Qwen2::decoding_weights`]); any other
+//! (a float32 master) from the decoder's own copy in the compute dtype with the adapters
+//! merged in. The copy or the stacked adapters are written again in place when libtorch's
+//! version counters say the model's weights or adapters changed, so graphs stay valid after
+//! an optimizer step. Batch sizes are rounded up to a power of two (extra rows decode a dummy token,
 //! ignored) and attention lengths to a multiple of [`LEN_BUCKET`] (keys past a row's last
 //! token are masked), so a run captures few graphs. Measured: `cudarl-pipe bench decode`
 //! (`benchmarks/results/decode_*.json`).
@@ -106,13 +108,14 @@ type GraphKey = (i64, i64, u64, u64);
 
 /// See the module docs.
 pub(crate) struct Decoder {
-    /// The weights copy; `None`: the model's own weights, fused in place
-    /// ([`Qwen2::freeze_for_sampling`]).
+    /// The weights copy; `None`: the master's own weights, fused in place.
     model: Option<Qwen2>,
     /// The decoding weights' fused projections ([`Qwen2::fuse_in_place`]: views of them are
-    /// the decoding model's own weights).
+    /// the decoding model's own weights) and, decoding a LoRA master's own base, its stacked
+    /// adapters.
     fused: FusedWeights,
-    /// The master weights' [`weights_stamp`] when `model` was last refreshed.
+    /// The master weights' [`weights_stamp`] when `model` or the stacked adapters were last
+    /// written.
     stamp: Option<(i64, usize)>,
     sets: BTreeMap<i64, Buffers>,
     graphs: HashMap<GraphKey, CudaGraph>,
@@ -120,17 +123,26 @@ pub(crate) struct Decoder {
 }
 
 impl Decoder {
+    /// A decoder of `master`'s own fused weights and adapters where it has them
+    /// ([`Qwen2::decoding_weights`]), else of a copy in the compute dtype.
     fn new(master: &Qwen2) -> Result<Decoder, ModelError> {
+        if let Some(fused) = master.decoding_weights() {
+            return Ok(Self::over(fused, None));
+        }
         let mut model = Qwen2::new_in(
             master.config.clone(),
             master.device(),
             master.compute_kind(),
         )?;
-        Ok(Self::over(model.fuse_in_place(), Some(model)))
+        model.fuse_in_place();
+        let fused = model
+            .decoding_weights()
+            .expect("fused in the compute dtype");
+        Ok(Self::over(fused, Some(model)))
     }
 
     /// A decoder of the weights behind `fused`: `model`'s, or with `None` its master's.
-    pub(crate) fn over(fused: FusedWeights, model: Option<Qwen2>) -> Decoder {
+    fn over(fused: FusedWeights, model: Option<Qwen2>) -> Decoder {
         Decoder {
             model,
             fused,
@@ -245,12 +257,13 @@ pub(crate) fn generate_static(
         *slot = Some(Box::new(Decoder::new(master)?));
     }
     let dec = slot.as_mut().expect("set above");
-    if let Some(copy) = &mut dec.model {
-        let stamp = weights_stamp(master);
-        if stamp.0 < 0 || dec.stamp != Some(stamp) {
-            copy.copy_merged_from(master)?;
-            dec.stamp = Some(stamp);
+    let stamp = weights_stamp(master);
+    if stamp.0 < 0 || dec.stamp != Some(stamp) {
+        match &mut dec.model {
+            Some(copy) => copy.copy_merged_from(master)?,
+            None => dec.fused.copy_adapters_from(master)?,
         }
+        dec.stamp = Some(stamp);
     }
     // Seeded again after the decoder's construction, whose random init draws from the same
     // generator: a seeded batch samples the same whether this model had a decoder yet or not
@@ -264,13 +277,12 @@ pub(crate) fn generate_static(
     let w = p.ids.size()[1];
     let max_new = params.max_new_tokens as i64;
     dec.buffers(master, bb, w + max_new);
-    // Each prefill chunk's keys and values go straight into the static buffers.
+    // The prefill writes each layer's keys and values straight into the static buffers.
     let bufs = dec.sets.get_mut(&bb).expect("made above");
     let m = dec.model.as_ref().unwrap_or(master);
-    let logits = prefill_chunks(m, &p, params, &mut |start, part| {
-        bufs.kv.fill_from(start, &part)
-    })?
-    .squeeze_dim(1);
+    let logits = prefill_chunks(m, &p, params, Some(&bufs.kv))?
+        .0
+        .squeeze_dim(1);
     let (t0, lp0) = sample(&logits, params)?;
     drop(logits);
     let rows_of = |t: &Tensor| t.narrow(0, 0, b as i64);

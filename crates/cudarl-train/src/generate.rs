@@ -5,7 +5,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::ModelError;
-use crate::model::{KvCache, Qwen2};
+use crate::model::{KvCache, Qwen2, StaticKv};
 
 /// How to sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -307,36 +307,33 @@ pub(crate) fn prefill(
     params: &SampleParams,
     cache: &mut KvCache,
 ) -> Result<Tensor, ModelError> {
-    let mut caches = Vec::new();
-    let logits = prefill_chunks(model, p, params, &mut |_, part| {
-        caches.push(part);
-        Ok(())
-    })?;
-    *cache = KvCache::cat(caches)?;
+    let (logits, parts) = prefill_chunks(model, p, params, None)?;
+    *cache = KvCache::cat(parts)?;
     Ok(logits)
 }
 
-/// [`prefill`] that hands each chunk's cache to `sink(first_row, cache)` as soon as the chunk
-/// ran, so a caller can copy it into preallocated buffers and the prompts' whole cache never
-/// exists twice.
+/// [`prefill`] returning each chunk's cache, or with `into` writing every layer's keys and
+/// values straight into those buffers ([`StaticKv::prefill_into`]; then no chunk's cache is
+/// returned).
 ///
 /// # Errors
-/// libtorch errors, and `sink`'s.
+/// libtorch errors.
 pub(crate) fn prefill_chunks(
     model: &Qwen2,
     p: &Padded,
     params: &SampleParams,
-    sink: &mut dyn FnMut(i64, KvCache) -> Result<(), ModelError>,
-) -> Result<Tensor, ModelError> {
+    into: Option<&StaticKv>,
+) -> Result<(Tensor, Vec<KvCache>), ModelError> {
     let (b, w) = p.ids.size2()?;
     let c = &model.config;
     // float32 scores; the MLP's gate, up and product in at most 4-byte elements.
     let per_row = w * (w * c.num_attention_heads * 4 + c.intermediate_size * 12) + c.vocab_size * 4;
     let rows = (params.prefill_bytes / per_row.max(1)).clamp(1, b.max(1));
     let mut last = Vec::new();
+    let mut parts = Vec::new();
     for start in (0..b).step_by(rows as usize) {
         let n = rows.min(b - start);
-        let mut part = KvCache::default();
+        let mut part = into.map_or_else(KvCache::default, |kv| kv.prefill_into(start));
         let m = p.mask.narrow(0, start, n);
         let x = model.hidden(
             &p.ids.narrow(0, start, n),
@@ -345,9 +342,11 @@ pub(crate) fn prefill_chunks(
             Some(&mut part),
         )?;
         last.push(model.head(&x.narrow(1, w - 1, 1)));
-        sink(start, part)?;
+        if into.is_none() {
+            parts.push(part);
+        }
     }
-    Ok(Tensor::cat(&last, 0))
+    Ok((Tensor::cat(&last, 0), parts))
 }
 
 /// One token per row of `logits` `[b, V]` (float32) and its log-probability (see

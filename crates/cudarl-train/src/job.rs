@@ -373,7 +373,9 @@ pub(crate) fn sync(dev: Device) {
 }
 
 /// Sets `m`'s compute dtype and, with `lora`, first casts the base (frozen from then on) to
-/// that dtype (bf16 on a GPU) and attaches float32 adapters ([`Qwen2::attach_lora`]).
+/// that dtype (bf16 on a GPU), fuses it in place ([`Qwen2::fuse_in_place`]: sampling then
+/// decodes from it with the adapters beside, no merged copy) and attaches float32 adapters
+/// ([`Qwen2::attach_lora`]).
 ///
 /// # Errors
 /// An invalid LoRA config.
@@ -386,6 +388,7 @@ fn with_lora(
         if let Some(k) = compute {
             m.set_kind(k);
         }
+        m.fuse_in_place();
         m.attach_lora(l)?;
     }
     m.set_compute_kind(compute);

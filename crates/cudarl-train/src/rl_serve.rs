@@ -29,7 +29,8 @@
 //! - `quit`.
 //!
 //! On a GPU, `generate` and `update` replies also carry `gpu_memory`: libtorch's allocator
-//! over the request (`cudarl_protocol::GpuMemory`).
+//! over the request (`cudarl_protocol::GpuMemory`). After each request the allocator's cached,
+//! unused memory goes back to the driver ([`crate::cuda_graph::release_cached_memory`]).
 //!
 //! An update scores each minibatch through [`crate::score::Scored`]: the LM head over chunks of
 //! completion positions, and with [`RlServe::gradient_checkpointing`] each layer's input only.
@@ -169,14 +170,20 @@ impl Server {
                 (g, o, [frozen(&job.generator)?, frozen(&job.optimizer)?])
             }
             Some(cfg) => {
-                // One frozen base per distinct checkpoint, in the compute dtype; the agents
-                // and their references are shares of it.
+                // One frozen base per distinct checkpoint, in the compute dtype and fused in
+                // place; the agents and their references are shares of it, and the agents
+                // decode from it with their adapters beside (no merged copy).
                 let compute = job.precision.compute_kind(dev);
-                let base_g = Qwen2::load(&job.generator, dev, compute.unwrap_or(Kind::Float))?;
+                let base = |dir: &PathBuf| -> Result<Qwen2, ModelError> {
+                    let mut m = Qwen2::load(dir, dev, compute.unwrap_or(Kind::Float))?;
+                    m.fuse_in_place();
+                    Ok(m)
+                };
+                let base_g = base(&job.generator)?;
                 let base_o = if job.optimizer == job.generator {
                     base_g.share()?
                 } else {
-                    Qwen2::load(&job.optimizer, dev, compute.unwrap_or(Kind::Float))?
+                    base(&job.optimizer)?
                 };
                 let agent = |base: &Qwen2, dir: &PathBuf, role, system: &str, optim| {
                     let mut m = base.share()?;
@@ -605,6 +612,7 @@ pub fn serve(job: &RlServe) -> Result<(), ModelError> {
                 crate::cuda_graph::gpu_memory(dev, true);
                 let mut r = server.handle(req, &mut out)?;
                 let m = crate::cuda_graph::gpu_memory(dev, false);
+                crate::cuda_graph::release_cached_memory(dev);
                 match &mut r {
                     Some(Reply::Generated(g)) => g.gpu_memory = m,
                     Some(Reply::Updated(u)) => u.gpu_memory = m,
