@@ -14,12 +14,15 @@ agents (generator and optimizer) and their references, as `rl-train` does, the b
 base with the adapters off; this project's two agents share the one base.
 `--gradient-checkpointing`: activation checkpointing on both sides (ours: the job's
 `gradient_checkpointing`; transformers: `gradient_checkpointing_enable()`, non-reentrant).
+`--baseline-agents 2` (full mode): the baseline also holds a second agent as ours does, a float32
+model with its AdamW state (allocated by a zero-learning-rate step) and its float32 reference,
+idle during the update, so the two processes' memory holds the same agents.
 
 Usage:
   python bench_grpo_update.py checkpoint --size 7b --tokenizer-from DIR --out DIR
   python bench_grpo_update.py measure --train BIN --checkpoint DIR --mode lora --out JSON
       [--completions 32 --prompt-words 60 --max-new-tokens 512 --minibatch 8 --lora-r 16
-       --lora-alpha 32 --gradient-checkpointing]
+       --lora-alpha 32 --gradient-checkpointing --baseline-agents 2]
 
 `checkpoint` writes a random bf16 checkpoint of `configs/model/qwen2.5-coder-<size>.toml`'s
 architecture with the tokenizer files of DIR (`tests/python/make_checkpoint.py` makes one);
@@ -241,6 +244,19 @@ def baseline(args):
         model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+    idle = []
+    if args.baseline_agents == 2:
+        if args.mode != "full":
+            raise SystemExit("--baseline-agents 2 is for full mode")
+        second = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32, **load).to(dev)
+        second_ref = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32, **load)
+        second_ref = second_ref.to(dev).eval().requires_grad_(False)
+        second_opt = torch.optim.AdamW(second.parameters(), lr=0.0, betas=(0.9, 0.95), weight_decay=0.0)
+        for p in second.parameters():
+            p.grad = torch.zeros_like(p)
+        second_opt.step()
+        second_opt.zero_grad(set_to_none=True)
+        idle = [second, second_ref, second_opt]
     g = torch.Generator().manual_seed(0)
     vocab = 300
     seqs = [prompt + torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
@@ -311,6 +327,7 @@ def baseline(args):
                 "rounds": [{"update_seconds": t} for t in times],
                 "max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
                 "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if dev.type == "cuda" else None,
+                "agents": 1 + (len(idle) > 0),
             }
         )
     )
@@ -380,6 +397,7 @@ def main():
     ap.add_argument("--lora-alpha", type=float, default=32.0)
     ap.add_argument("--lengths", default="[]")
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--baseline-agents", type=int, choices=[1, 2], default=1)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     {"checkpoint": make_checkpoint, "measure": measure, "baseline-run": baseline}[args.cmd](args)

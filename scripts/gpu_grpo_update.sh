@@ -5,6 +5,8 @@
 # /tmp and removed after its last run.
 # RUNS: "size:mode[:ck] ..." (default "0.5b:full 0.5b:lora 1.5b:full 1.5b:lora 7b:lora"); `:ck`
 # adds activation checkpointing on both sides. MINIBATCH: completions per AdamW step (8).
+# BASELINE_AGENTS=2: in full mode the baseline also holds a second agent, as ours does (names
+# end in _2agents).
 # ACTION=start runs it detached (log in $OUT/run.log); ACTION=wait waits up to WAIT_S seconds for
 # it and prints the table; default: both, in turn.
 # Usage: OUT=out bash scripts/gpu_grpo_update.sh
@@ -20,7 +22,7 @@ if [ "${ACTION:-all}" != wait ]; then
   export LD_LIBRARY_PATH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib:${LD_LIBRARY_PATH:-}
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
   rm -f "$W/done"
-  export W OUT RUNS B MINIBATCH
+  export W OUT RUNS B MINIBATCH BASELINE_AGENTS
   setsid bash -c '
     set -u
     python3 tests/python/make_checkpoint.py "$W/tok" > /dev/null 2>&1
@@ -29,6 +31,9 @@ if [ "${ACTION:-all}" != wait ]; then
       IFS=: read -r size mode ck <<< "$run"
       flags=""; name="${size}_$mode"
       [ "$ck" = ck ] && flags="--gradient-checkpointing" && name="${name}_ck"
+      if [ "${BASELINE_AGENTS:-1}" = 2 ] && [ "$mode" = full ]; then
+        flags="$flags --baseline-agents 2"; name="${name}_2agents"
+      fi
       if [ "$size" != "$prev" ]; then
         [ -n "$prev" ] && rm -rf "$W/$prev"
         python3 python/bench_grpo_update.py checkpoint --size $size --tokenizer-from "$W/tok" --out "$W/$size" > "$OUT/checkpoint_$size.log" 2>&1

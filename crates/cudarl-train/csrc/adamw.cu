@@ -1,15 +1,16 @@
-// One AdamW step of a bf16 parameter with float32 or bf16 moments, in one pass over memory:
-// what `adamw.rs`'s libtorch path computes in about fifteen elementwise kernels (about 150 bytes
-// of traffic a parameter), here 22 bytes a parameter with float32 moments (gradient 2, parameter
-// 2 + 2, moments 8 + 8) and 14 with bf16 moments (moments 4 + 4). The arithmetic follows that
-// path operation for operation, in float32:
+// One AdamW step of a bf16 parameter with float32 or bf16 moments, or of a float32 parameter
+// with float32 moments, in one pass over memory: what `adamw.rs`'s libtorch path computes in
+// about fifteen elementwise kernels (about 150 bytes of traffic a bf16 parameter, 108 a float32
+// one), here 22 bytes a parameter with float32 moments (gradient 2, parameter 2 + 2, moments
+// 8 + 8), 14 with bf16 moments (moments 4 + 4) and 28 for float32 throughout. The arithmetic
+// follows that path operation for operation, in float32:
 //
 //   m  <- m + (1 - b1) (g - m)                      (lerp)
 //   v  <- v b2 + g (g (1 - b2))                     (mul, addcmul)
 //   d  <- (sqrt(v) / sqrt(1 - b2^t) + eps) * (-(1 - b1^t) / lr)
 //   x' <- x (1 - lr wd) + m / d
 //
-// and x' (and bf16 moments) are rounded to bf16 stochastically (Gupta et al. 2015): 16 random
+// and a bf16 x' (and bf16 moments) are rounded to bf16 stochastically (Gupta et al. 2015): 16 random
 // low bits added to the float32 pattern, then cut. The bits come from splitmix64 (Steele et al.
 // 2014) of the step's seed and the element's index (bits 48-63 for the parameter, 32-47 for m,
 // 16-31 for v), so a step is a pure function of its seed.
@@ -41,15 +42,15 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, long long i, float x, ui
   p[i] = round_stochastic(x, noise);
 }
 
-template <typename M>
+template <typename P, typename M>
 __device__ __forceinline__ void adamw_step(
-    __nv_bfloat16* __restrict__ param, const __nv_bfloat16* __restrict__ grad,
+    P* __restrict__ param, const P* __restrict__ grad,
     M* __restrict__ exp_avg, M* __restrict__ exp_avg_sq, long long n, float one_minus_b1,
     float b2, float one_minus_b2, float bc2_sqrt, float eps, float neg_bc1_over_lr, float decay,
     unsigned long long seed) {
   long long stride = (long long)gridDim.x * blockDim.x;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float g = __bfloat162float(grad[i]);
+    float g = load(grad, i);
     float m = load(exp_avg, i);
     m = m + one_minus_b1 * (g - m);
     float v = load(exp_avg_sq, i) * b2 + g * (g * one_minus_b2);
@@ -57,8 +58,8 @@ __device__ __forceinline__ void adamw_step(
     store(exp_avg, i, m, (uint32_t)(r >> 32) & 0xffffu);
     store(exp_avg_sq, i, v, (uint32_t)(r >> 16) & 0xffffu);
     float d = (sqrtf(v) / bc2_sqrt + eps) * neg_bc1_over_lr;
-    float x = __bfloat162float(param[i]) * decay + m / d;
-    param[i] = round_stochastic(x, (uint32_t)(r >> 48));
+    float x = load(param, i) * decay + m / d;
+    store(param, i, x, (uint32_t)(r >> 48));
   }
 }
 
@@ -76,6 +77,15 @@ extern "C" __global__ void cudarl_adamw_bf16_stochastic_bf16_moments(
     __nv_bfloat16* __restrict__ exp_avg, __nv_bfloat16* __restrict__ exp_avg_sq, long long n,
     float one_minus_b1, float b2, float one_minus_b2, float bc2_sqrt, float eps,
     float neg_bc1_over_lr, float decay, unsigned long long seed) {
+  adamw_step(param, grad, exp_avg, exp_avg_sq, n, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps,
+             neg_bc1_over_lr, decay, seed);
+}
+
+extern "C" __global__ void cudarl_adamw_f32(
+    float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ exp_avg,
+    float* __restrict__ exp_avg_sq, long long n, float one_minus_b1, float b2,
+    float one_minus_b2, float bc2_sqrt, float eps, float neg_bc1_over_lr, float decay,
+    unsigned long long seed) {
   adamw_step(param, grad, exp_avg, exp_avg_sq, n, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps,
              neg_bc1_over_lr, decay, seed);
 }

@@ -106,8 +106,8 @@ pub struct AdamW {
     slots: Vec<Slot>,
     /// Calls of [`AdamW::step`].
     calls: usize,
-    /// Step bf16 parameters with [`Rounding::Stochastic`] with the fused kernel where it runs
-    /// ([`crate::fused_adamw`]).
+    /// Step bf16 parameters with [`Rounding::Stochastic`], and float32 parameters with
+    /// float32 moments, with the fused kernel where it runs ([`crate::fused_adamw`]).
     fused: bool,
 }
 
@@ -158,10 +158,10 @@ impl AdamW {
         }
     }
 
-    /// Whether bf16 parameters with [`Rounding::Stochastic`] take the fused kernel's step
-    /// ([`crate::fused_adamw::step_bf16_stochastic`]) where it runs (on by default); off,
-    /// every step is libtorch ops. The moments agree to float32 rounding either way; the
-    /// stochastic rounding's draws differ.
+    /// Whether bf16 parameters with [`Rounding::Stochastic`], and float32 parameters with
+    /// float32 moments, take the fused kernel's step ([`crate::fused_adamw::step`]) where it
+    /// runs (on by default); off, every step is libtorch ops. The moments and float32 weights
+    /// agree to float32 rounding either way; the stochastic rounding's draws differ.
     pub fn set_fused(&mut self, on: bool) {
         self.fused = on;
     }
@@ -203,16 +203,20 @@ impl AdamW {
                 s.step += 1;
                 let bc1 = 1.0 - beta1.powi(s.step as i32);
                 let bc2 = 1.0 - beta2.powi(s.step as i32);
-                if self.fused
-                    && rounding == Rounding::Stochastic
-                    && s.param.kind() == Kind::BFloat16
-                {
-                    // The seed from libtorch's CPU generator: `tch::manual_seed` fixes it.
-                    let seed = Tensor::randint(i64::MAX, [1], (Kind::Int64, tch::Device::Cpu))
-                        .int64_value(&[0]) as u64;
+                let narrow = s.param.kind() == Kind::BFloat16;
+                let wide = s.param.kind() == Kind::Float && s.exp_avg.kind() == Kind::Float;
+                if self.fused && ((narrow && rounding == Rounding::Stochastic) || wide) {
+                    // The seed from libtorch's CPU generator (`tch::manual_seed` fixes it); a
+                    // float32 step rounds nothing and draws none.
+                    let seed = if narrow {
+                        Tensor::randint(i64::MAX, [1], (Kind::Int64, tch::Device::Cpu))
+                            .int64_value(&[0]) as u64
+                    } else {
+                        0
+                    };
                     let scalars = crate::fused_adamw::StepScalars::new(&self.cfg, lr, s.step, seed);
                     let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
-                    if crate::fused_adamw::step_bf16_stochastic(&s.param, &g, m, v, &scalars) {
+                    if crate::fused_adamw::step(&s.param, &g, m, v, &scalars) {
                         continue;
                     }
                 }
@@ -523,9 +527,7 @@ mod tests {
             weight_decay: wd,
         };
         let scalars = crate::fused_adamw::StepScalars::new(&cfg, lr, t as i64, 17);
-        assert!(crate::fused_adamw::step_bf16_stochastic(
-            &p, &g, &m, &v, &scalars
-        ));
+        assert!(crate::fused_adamw::step(&p, &g, &m, &v, &scalars));
         assert!(
             crate::cuda_graph::tensor_version(&p) > version,
             "version bumped"
@@ -552,9 +554,7 @@ mod tests {
             ..cfg
         };
         let first = crate::fused_adamw::StepScalars::new(&no_decay, 1e-4, 1, 17);
-        assert!(crate::fused_adamw::step_bf16_stochastic(
-            &p, &g, &m, &v, &first
-        ));
+        assert!(crate::fused_adamw::step(&p, &g, &m, &v, &first));
         let mean = p.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         assert!((mean - (1.0 - 1e-4)).abs() < 3e-6, "stochastic mean {mean}");
         // `AdamW::step` takes the kernel for such a parameter: the same mean over 4M weights.
@@ -589,9 +589,7 @@ mod tests {
             Tensor::zeros([n], (Kind::BFloat16, dev)),
         );
         let p = Tensor::ones([n], (Kind::BFloat16, dev));
-        assert!(crate::fused_adamw::step_bf16_stochastic(
-            &p, &g, &m, &v, &first
-        ));
+        assert!(crate::fused_adamw::step(&p, &g, &m, &v, &first));
         let mean = p.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         assert!(
             (mean - (1.0 - 1e-4)).abs() < 3e-6,
@@ -606,6 +604,76 @@ mod tests {
                 "fused {fused}: mean v {mean}, float32 {want}"
             );
         }
+    }
+
+    /// Gated: `CUDARL_GPU=1` on a GPU machine.
+    #[test]
+    fn the_fused_float32_step_computes_what_libtorchs_ops_do() {
+        if std::env::var("CUDARL_GPU").as_deref() != Ok("1") {
+            eprintln!("SKIPPED the_fused_float32_step...: GPU test (set CUDARL_GPU=1)");
+            return;
+        }
+        assert!(
+            crate::fused_adamw::available(),
+            "this build embeds the kernel"
+        );
+        let _rng = crate::torch_rng();
+        tch::manual_seed(6);
+        let dev = tch::Device::Cuda(0);
+        // Two float32 parameters (one more than a pass of the kernel's grid), three steps of
+        // random gradients, fused and as libtorch ops from the same start.
+        let cfg = AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        };
+        let run = |fused: bool| -> Vec<Tensor> {
+            tch::manual_seed(7);
+            let vs = nn::VarStore::new(dev);
+            let a = vs.root().var(
+                "a",
+                &[5_000_011],
+                nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: 0.05,
+                },
+            );
+            let b = vs.root().var(
+                "b",
+                &[64, 33],
+                nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: 0.05,
+                },
+            );
+            let mut opt = AdamW::new(&vs, cfg, 1e-3);
+            opt.set_fused(fused);
+            for k in 0..3 {
+                opt.zero_grad();
+                tch::manual_seed(100 + k);
+                let ga = Tensor::randn(a.size(), (Kind::Float, dev)) * 1e-3;
+                let gb = Tensor::randn(b.size(), (Kind::Float, dev)) * 1e-3;
+                ((&a * ga).sum(Kind::Float) + (&b * gb).sum(Kind::Float)).backward();
+                opt.step();
+            }
+            let mut out = vec![a.detach(), b.detach()];
+            out.extend(
+                opt.slots
+                    .iter()
+                    .flat_map(|s| [s.exp_avg.copy(), s.exp_avg_sq.copy()]),
+            );
+            out
+        };
+        let (fused, ops) = (run(true), run(false));
+        for (i, (x, y)) in fused.iter().zip(&ops).enumerate() {
+            let rel = ((x - y).abs().max() / y.abs().max()).double_value(&[]);
+            assert!(rel < 1e-6, "tensor {i}: relative difference {rel}");
+        }
+        // The kernel did run: a float32 step leaves the weights as libtorch's to float32
+        // rounding, not bit for bit (it fuses the multiply-add).
+        let differs = (&fused[0] - &ops[0]).abs().max().double_value(&[]);
+        assert!(differs > 0.0, "the fused step was not taken");
     }
 
     /// bf16 moments after one step of gradient 1 and `zero_steps` of gradient 0 on 2^16 bf16

@@ -1,10 +1,13 @@
 //! The fused AdamW step of a bf16 parameter with float32 or bf16 moments and stochastic
-//! rounding (`csrc/adamw.cu`, compiled by build.rs with nvcc into a fatbin this crate embeds):
-//! one kernel reads the gradient, the parameter and both moments once and writes the parameter
-//! and the moments once, 22 bytes of memory traffic a parameter (14 with bf16 moments) against
-//! about 150 for the same arithmetic as libtorch ops ([`crate::adamw::AdamW`]'s fallback). Launched with the CUDA
+//! rounding, or of a float32 parameter with float32 moments (`csrc/adamw.cu`, compiled by
+//! build.rs with nvcc into a fatbin this crate embeds): one kernel reads the gradient, the
+//! parameter and both moments once and writes the parameter and the moments once, 22 bytes of
+//! memory traffic a parameter (14 with bf16 moments, 28 in float32) against about 150 (108)
+//! for the same arithmetic as libtorch ops ([`crate::adamw::AdamW`]'s fallback). Launched with the CUDA
 //! driver API (cudarc) on libtorch's current stream, so it stays in order with libtorch's work.
-//! Measured effect: `benchmarks/results/model_scale_h200_2026-11-30.json` (`fused_adamw`).
+//! Measured effect: `benchmarks/results/model_scale_h200_2026-11-30.json` (`fused_adamw`; for
+//! float32, `grpo_update.fused_float32_adamw`: a GRPO update at Qwen2.5-Coder 1.5B, full mode,
+//! 1.24 to 1.12 s).
 
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -21,10 +24,11 @@ static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"))
 #[cfg(not(cudarl_fused_adamw))]
 static FATBIN: &[u8] = &[];
 
-/// The kernels for float32 and for bf16 moments.
-const KERNELS: [&str; 2] = [
+/// The kernels: bf16 parameters with float32 moments, with bf16 moments; float32 throughout.
+const KERNELS: [&str; 3] = [
     "cudarl_adamw_bf16_stochastic",
     "cudarl_adamw_bf16_stochastic_bf16_moments",
+    "cudarl_adamw_f32",
 ];
 
 /// One step's scalars, as the kernel takes them (float32; `adamw.rs`'s formula).
@@ -69,7 +73,7 @@ impl StepScalars {
 
 /// The loaded kernels per device ordinal ([`KERNELS`]' `CUfunction`s and the primary
 /// `CUcontext` as addresses), or why they cannot run there.
-type Loaded = Result<([usize; 2], usize), String>;
+type Loaded = Result<([usize; 3], usize), String>;
 static FUNCTIONS: Mutex<Vec<(i32, Loaded)>> = Mutex::new(Vec::new());
 
 /// Whether this build embeds the kernel (nvcc was found at build time, and the CUDA shim
@@ -96,7 +100,7 @@ fn load(ordinal: i32) -> Loaded {
         result::ctx::set_current(ctx).map_err(|e| err("cuCtxSetCurrent", e))?;
         let module = result::module::load_data(image.as_ptr().cast())
             .map_err(|e| err("cuModuleLoadData", e))?;
-        let mut fs = [0usize; 2];
+        let mut fs = [0usize; 3];
         for (f, k) in fs.iter_mut().zip(KERNELS) {
             let name = std::ffi::CString::new(k).expect("no NUL");
             *f = result::module::get_function(module, name)
@@ -108,11 +112,12 @@ fn load(ordinal: i32) -> Loaded {
 
 /// Runs one AdamW step of `param` (bf16, contiguous, on a CUDA device) with its gradient
 /// `grad` (bf16, same shape) and moments `exp_avg`, `exp_avg_sq` (both float32 or both bf16,
-/// rounded stochastically; contiguous, same shape), all updated in place, and bumps `param`'s version counter (a decoder's copy sees
-/// the change). Returns `false`, having changed nothing, when the tensors do not qualify or
+/// rounded stochastically; contiguous, same shape), or of a float32 `param` with a float32
+/// gradient and moments (no rounding; `s.seed` unused), all updated in place, and bumps
+/// `param`'s version counter (a decoder's copy sees the change). Returns `false`, having changed nothing, when the tensors do not qualify or
 /// the kernel cannot run on this build or device (the caller then takes the libtorch path);
 /// the first such kernel failure is printed to stderr.
-pub fn step_bf16_stochastic(
+pub fn step(
     param: &Tensor,
     grad: &Tensor,
     exp_avg: &Tensor,
@@ -122,10 +127,14 @@ pub fn step_bf16_stochastic(
     let Device::Cuda(ordinal) = param.device() else {
         return false;
     };
+    let kinds = match (param.kind(), grad.kind(), exp_avg.kind()) {
+        (Kind::BFloat16, Kind::BFloat16, Kind::Float) => Some(0),
+        (Kind::BFloat16, Kind::BFloat16, Kind::BFloat16) => Some(1),
+        (Kind::Float, Kind::Float, Kind::Float) => Some(2),
+        _ => None,
+    };
     let qualifies = available()
-        && param.kind() == Kind::BFloat16
-        && grad.kind() == Kind::BFloat16
-        && matches!(exp_avg.kind(), Kind::Float | Kind::BFloat16)
+        && kinds.is_some()
         && exp_avg_sq.kind() == exp_avg.kind()
         && [grad, exp_avg, exp_avg_sq]
             .iter()
@@ -157,7 +166,7 @@ pub fn step_bf16_stochastic(
             Err(_) => return false,
         }
     };
-    let f = fs[usize::from(exp_avg.kind() == Kind::BFloat16)];
+    let f = fs[kinds.expect("checked above")];
     let n = param.numel() as i64;
     if n == 0 {
         return true;
