@@ -13,7 +13,9 @@
 // and a bf16 x' (and bf16 moments) are rounded to bf16 stochastically (Gupta et al. 2015): 16 random
 // low bits added to the float32 pattern, then cut. The bits come from splitmix64 (Steele et al.
 // 2014) of the step's seed and the element's index (bits 48-63 for the parameter, 32-47 for m,
-// 16-31 for v), so a step is a pure function of its seed.
+// 16-31 for v), so a step is a pure function of its seed. The Kahan entry point rounds x' to
+// nearest instead and keeps what the rounding lost in a bf16 buffer c added to the next step
+// (Kahan 1965): w = (x' - x) + c, r = bf16(x + w), c <- bf16(w - (r - x)), x <- r.
 //
 // Built by build.rs with nvcc into a fatbin that `fused_adamw.rs` loads with the CUDA driver API.
 
@@ -88,4 +90,26 @@ extern "C" __global__ void cudarl_adamw_f32(
     unsigned long long seed) {
   adamw_step(param, grad, exp_avg, exp_avg_sq, n, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps,
              neg_bc1_over_lr, decay, seed);
+}
+
+extern "C" __global__ void cudarl_adamw_bf16_kahan(
+    __nv_bfloat16* __restrict__ param, const __nv_bfloat16* __restrict__ grad,
+    float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, long long n, float one_minus_b1,
+    float b2, float one_minus_b2, float bc2_sqrt, float eps, float neg_bc1_over_lr, float decay,
+    unsigned long long, __nv_bfloat16* __restrict__ comp) {
+  long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float g = __bfloat162float(grad[i]);
+    float m = exp_avg[i];
+    m = m + one_minus_b1 * (g - m);
+    float v = exp_avg_sq[i] * b2 + g * (g * one_minus_b2);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    float d = (sqrtf(v) / bc2_sqrt + eps) * neg_bc1_over_lr;
+    float x = __bfloat162float(param[i]);
+    float wanted = (x * decay + m / d - x) + __bfloat162float(comp[i]);
+    __nv_bfloat16 r = __float2bfloat16_rn(x + wanted);
+    comp[i] = __float2bfloat16_rn(wanted - (__bfloat162float(r) - x));
+    param[i] = r;
+  }
 }

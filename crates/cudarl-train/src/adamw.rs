@@ -106,8 +106,9 @@ pub struct AdamW {
     slots: Vec<Slot>,
     /// Calls of [`AdamW::step`].
     calls: usize,
-    /// Step bf16 parameters with [`Rounding::Stochastic`], and float32 parameters with
-    /// float32 moments, with the fused kernel where it runs ([`crate::fused_adamw`]).
+    /// Step bf16 parameters with [`Rounding::Stochastic`] or [`Rounding::Kahan`], and float32
+    /// parameters with float32 moments, with the fused kernel where it runs
+    /// ([`crate::fused_adamw`]).
     fused: bool,
 }
 
@@ -158,8 +159,8 @@ impl AdamW {
         }
     }
 
-    /// Whether bf16 parameters with [`Rounding::Stochastic`], and float32 parameters with
-    /// float32 moments, take the fused kernel's step ([`crate::fused_adamw::step`]) where it
+    /// Whether bf16 parameters with [`Rounding::Stochastic`] or [`Rounding::Kahan`], and
+    /// float32 parameters with float32 moments, take the fused kernel's step ([`crate::fused_adamw::step`]) where it
     /// runs (on by default); off, every step is libtorch ops. The moments and float32 weights
     /// agree to float32 rounding either way; the stochastic rounding's draws differ.
     pub fn set_fused(&mut self, on: bool) {
@@ -205,10 +206,11 @@ impl AdamW {
                 let bc2 = 1.0 - beta2.powi(s.step as i32);
                 let narrow = s.param.kind() == Kind::BFloat16;
                 let wide = s.param.kind() == Kind::Float && s.exp_avg.kind() == Kind::Float;
-                if self.fused && ((narrow && rounding == Rounding::Stochastic) || wide) {
+                let kahan = narrow && rounding == Rounding::Kahan && s.comp.is_some();
+                if self.fused && ((narrow && rounding == Rounding::Stochastic) || wide || kahan) {
                     // The seed from libtorch's CPU generator (`tch::manual_seed` fixes it); a
                     // float32 step rounds nothing and draws none.
-                    let seed = if narrow {
+                    let seed = if narrow && !kahan {
                         Tensor::randint(i64::MAX, [1], (Kind::Int64, tch::Device::Cpu))
                             .int64_value(&[0]) as u64
                     } else {
@@ -216,7 +218,8 @@ impl AdamW {
                     };
                     let scalars = crate::fused_adamw::StepScalars::new(&self.cfg, lr, s.step, seed);
                     let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
-                    if crate::fused_adamw::step(&s.param, &g, m, v, &scalars) {
+                    let c = s.comp.as_ref().filter(|_| kahan);
+                    if crate::fused_adamw::step(&s.param, &g, m, v, c, &scalars) {
                         continue;
                     }
                 }
@@ -487,17 +490,26 @@ mod tests {
         assert!(worst <= 0.0040, "kahan mean {kahan}, worst {worst}");
     }
 
-    /// Gated: `CUDARL_GPU=1` on a GPU machine.
-    #[test]
-    fn the_fused_bf16_step_computes_libtorchs_moments_and_rounds_stochastically() {
+    /// Whether a GPU test of the fused kernel runs (`CUDARL_GPU=1`; the build must embed the
+    /// kernel then); prints the skip otherwise.
+    fn fused_kernel_on_gpu(test: &str) -> bool {
         if std::env::var("CUDARL_GPU").as_deref() != Ok("1") {
-            eprintln!("SKIPPED the_fused_bf16_step...: GPU test (set CUDARL_GPU=1)");
-            return;
+            eprintln!("SKIPPED {test}...: GPU test (set CUDARL_GPU=1)");
+            return false;
         }
         assert!(
             crate::fused_adamw::available(),
             "this build embeds the kernel"
         );
+        true
+    }
+
+    /// Gated: `CUDARL_GPU=1` on a GPU machine.
+    #[test]
+    fn the_fused_bf16_step_computes_libtorchs_moments_and_rounds_stochastically() {
+        if !fused_kernel_on_gpu("the_fused_bf16_step") {
+            return;
+        }
         let _rng = crate::torch_rng();
         tch::manual_seed(5);
         let dev = tch::Device::Cuda(0);
@@ -527,7 +539,7 @@ mod tests {
             weight_decay: wd,
         };
         let scalars = crate::fused_adamw::StepScalars::new(&cfg, lr, t as i64, 17);
-        assert!(crate::fused_adamw::step(&p, &g, &m, &v, &scalars));
+        assert!(crate::fused_adamw::step(&p, &g, &m, &v, None, &scalars));
         assert!(
             crate::cuda_graph::tensor_version(&p) > version,
             "version bumped"
@@ -554,7 +566,7 @@ mod tests {
             ..cfg
         };
         let first = crate::fused_adamw::StepScalars::new(&no_decay, 1e-4, 1, 17);
-        assert!(crate::fused_adamw::step(&p, &g, &m, &v, &first));
+        assert!(crate::fused_adamw::step(&p, &g, &m, &v, None, &first));
         let mean = p.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         assert!((mean - (1.0 - 1e-4)).abs() < 3e-6, "stochastic mean {mean}");
         // `AdamW::step` takes the kernel for such a parameter: the same mean over 4M weights.
@@ -589,7 +601,7 @@ mod tests {
             Tensor::zeros([n], (Kind::BFloat16, dev)),
         );
         let p = Tensor::ones([n], (Kind::BFloat16, dev));
-        assert!(crate::fused_adamw::step(&p, &g, &m, &v, &first));
+        assert!(crate::fused_adamw::step(&p, &g, &m, &v, None, &first));
         let mean = p.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         assert!(
             (mean - (1.0 - 1e-4)).abs() < 3e-6,
@@ -609,14 +621,9 @@ mod tests {
     /// Gated: `CUDARL_GPU=1` on a GPU machine.
     #[test]
     fn the_fused_float32_step_computes_what_libtorchs_ops_do() {
-        if std::env::var("CUDARL_GPU").as_deref() != Ok("1") {
-            eprintln!("SKIPPED the_fused_float32_step...: GPU test (set CUDARL_GPU=1)");
+        if !fused_kernel_on_gpu("the_fused_float32_step") {
             return;
         }
-        assert!(
-            crate::fused_adamw::available(),
-            "this build embeds the kernel"
-        );
         let _rng = crate::torch_rng();
         tch::manual_seed(6);
         let dev = tch::Device::Cuda(0);
@@ -674,6 +681,65 @@ mod tests {
         // rounding, not bit for bit (it fuses the multiply-add).
         let differs = (&fused[0] - &ops[0]).abs().max().double_value(&[]);
         assert!(differs > 0.0, "the fused step was not taken");
+    }
+
+    /// Gated: `CUDARL_GPU=1` on a GPU machine.
+    #[test]
+    fn the_fused_kahan_step_keeps_what_rounding_loses_as_the_ops_do() {
+        if !fused_kernel_on_gpu("the_fused_kahan_step") {
+            return;
+        }
+        let _rng = crate::torch_rng();
+        let dev = tch::Device::Cuda(0);
+        let cfg = AdamWConfig {
+            weight_decay: 0.0,
+            ..Default::default()
+        };
+        // 2^20 bf16 weights at 1.0, gradient 1: every step is exactly -lr, 1e-4 being far
+        // under half an ulp (the CPU test above); `steps` steps, fused or as libtorch ops.
+        let run = |fused: bool, random: bool, steps: usize| -> (Tensor, Tensor) {
+            tch::manual_seed(3);
+            let mut vs = nn::VarStore::new(dev);
+            let w = vs
+                .root()
+                .var("w", &[1 << 20], nn::Init::Const(1.0))
+                .set_requires_grad(true);
+            vs.set_kind(Kind::BFloat16);
+            let mut opt = AdamW::with_rounding(&vs, cfg, 1e-4, Rounding::Kahan, Kind::Float);
+            opt.set_fused(fused);
+            for k in 0..steps {
+                opt.zero_grad();
+                let g = if random {
+                    tch::manual_seed(50 + k as i64);
+                    Tensor::randn([1 << 20], (Kind::Float, dev))
+                } else {
+                    Tensor::ones([1 << 20], (Kind::Float, dev))
+                };
+                (&w * g).sum(Kind::Float).backward();
+                opt.step();
+            }
+            let comp = opt.slots[0].comp.as_ref().expect("a Kahan buffer").copy();
+            (w.detach().to_kind(Kind::Float), comp)
+        };
+        for fused in [true, false] {
+            let (w, _) = run(fused, false, 400);
+            let worst = (w - 0.96).abs().max().double_value(&[]);
+            assert!(worst <= 0.0040, "fused {fused}: worst {worst}");
+        }
+        // Random gradients: the fused step's weights are the ops' but where float32 rounding
+        // put the exact value on the other side of a bf16 rounding boundary (one ulp, rare).
+        let (a, ca) = run(true, true, 5);
+        let (b, cb) = run(false, true, 5);
+        let differ = a.ne_tensor(&b).to_kind(Kind::Float).mean(Kind::Float);
+        let differ = differ.double_value(&[]);
+        assert!(differ < 1e-3, "{differ} of the weights differ");
+        let ulp = b.abs() * 2f64.powi(-7);
+        assert!(((&a - &b).abs() - ulp).max().double_value(&[]) <= 0.0);
+        // Where the weights agree, so do the Kahan buffers, to a bf16 rounding of them.
+        let same = a.eq_tensor(&b);
+        let comp = (ca.to_kind(Kind::Float) - cb.to_kind(Kind::Float)).abs();
+        let comp = comp.masked_select(&same).max().double_value(&[]);
+        assert!(comp < 1e-4, "Kahan buffers differ by {comp}");
     }
 
     /// bf16 moments after one step of gradient 1 and `zero_steps` of gradient 0 on 2^16 bf16

@@ -1,13 +1,14 @@
 //! The fused AdamW step of a bf16 parameter with float32 or bf16 moments and stochastic
-//! rounding, or of a float32 parameter with float32 moments (`csrc/adamw.cu`, compiled by
-//! build.rs with nvcc into a fatbin this crate embeds): one kernel reads the gradient, the
-//! parameter and both moments once and writes the parameter and the moments once, 22 bytes of
-//! memory traffic a parameter (14 with bf16 moments, 28 in float32) against about 150 (108)
-//! for the same arithmetic as libtorch ops ([`crate::adamw::AdamW`]'s fallback). Launched with the CUDA
+//! rounding, of a bf16 parameter with float32 moments and a Kahan buffer, or of a float32
+//! parameter with float32 moments (`csrc/adamw.cu`, compiled by build.rs with nvcc into a
+//! fatbin this crate embeds): one kernel reads the gradient, the parameter and both moments
+//! once and writes the parameter and the moments once, 22 bytes of memory traffic a parameter
+//! (14 with bf16 moments, 26 with the Kahan buffer, 28 in float32) against about 150 (108 in
+//! float32) for the same arithmetic as libtorch ops ([`crate::adamw::AdamW`]'s fallback). Launched with the CUDA
 //! driver API (cudarc) on libtorch's current stream, so it stays in order with libtorch's work.
 //! Measured effect: `benchmarks/results/model_scale_h200_2026-11-30.json` (`fused_adamw`; for
 //! float32, `grpo_update.fused_float32_adamw`: a GRPO update at Qwen2.5-Coder 1.5B, full mode,
-//! 1.24 to 1.12 s).
+//! 1.24 to 1.12 s; for SFT and Kahan, `sft_fused_optimizer`).
 
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -24,11 +25,13 @@ static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/adamw.fatbin"))
 #[cfg(not(cudarl_fused_adamw))]
 static FATBIN: &[u8] = &[];
 
-/// The kernels: bf16 parameters with float32 moments, with bf16 moments; float32 throughout.
-const KERNELS: [&str; 3] = [
+/// The kernels: bf16 parameters with float32 moments, with bf16 moments; float32 throughout;
+/// bf16 parameters with float32 moments and a Kahan buffer.
+const KERNELS: [&str; 4] = [
     "cudarl_adamw_bf16_stochastic",
     "cudarl_adamw_bf16_stochastic_bf16_moments",
     "cudarl_adamw_f32",
+    "cudarl_adamw_bf16_kahan",
 ];
 
 /// One step's scalars, as the kernel takes them (float32; `adamw.rs`'s formula).
@@ -73,7 +76,7 @@ impl StepScalars {
 
 /// The loaded kernels per device ordinal ([`KERNELS`]' `CUfunction`s and the primary
 /// `CUcontext` as addresses), or why they cannot run there.
-type Loaded = Result<([usize; 3], usize), String>;
+type Loaded = Result<([usize; 4], usize), String>;
 static FUNCTIONS: Mutex<Vec<(i32, Loaded)>> = Mutex::new(Vec::new());
 
 /// Whether this build embeds the kernel (nvcc was found at build time, and the CUDA shim
@@ -100,7 +103,7 @@ fn load(ordinal: i32) -> Loaded {
         result::ctx::set_current(ctx).map_err(|e| err("cuCtxSetCurrent", e))?;
         let module = result::module::load_data(image.as_ptr().cast())
             .map_err(|e| err("cuModuleLoadData", e))?;
-        let mut fs = [0usize; 3];
+        let mut fs = [0usize; 4];
         for (f, k) in fs.iter_mut().zip(KERNELS) {
             let name = std::ffi::CString::new(k).expect("no NUL");
             *f = result::module::get_function(module, name)
@@ -113,8 +116,10 @@ fn load(ordinal: i32) -> Loaded {
 /// Runs one AdamW step of `param` (bf16, contiguous, on a CUDA device) with its gradient
 /// `grad` (bf16, same shape) and moments `exp_avg`, `exp_avg_sq` (both float32 or both bf16,
 /// rounded stochastically; contiguous, same shape), or of a float32 `param` with a float32
-/// gradient and moments (no rounding; `s.seed` unused), all updated in place, and bumps
-/// `param`'s version counter (a decoder's copy sees the change). Returns `false`, having changed nothing, when the tensors do not qualify or
+/// gradient and moments (no rounding; `s.seed` unused), or, with `kahan`, of a bf16 `param`
+/// with float32 moments rounded to nearest, what the rounding lost kept in `kahan` (bf16, same
+/// shape; [`crate::adamw::Rounding::Kahan`]), all updated in place, and bumps `param`'s version
+/// counter (a decoder's copy sees the change). Returns `false`, having changed nothing, when the tensors do not qualify or
 /// the kernel cannot run on this build or device (the caller then takes the libtorch path);
 /// the first such kernel failure is printed to stderr.
 pub fn step(
@@ -122,26 +127,34 @@ pub fn step(
     grad: &Tensor,
     exp_avg: &Tensor,
     exp_avg_sq: &Tensor,
+    kahan: Option<&Tensor>,
     s: &StepScalars,
 ) -> bool {
     let Device::Cuda(ordinal) = param.device() else {
         return false;
     };
-    let kinds = match (param.kind(), grad.kind(), exp_avg.kind()) {
-        (Kind::BFloat16, Kind::BFloat16, Kind::Float) => Some(0),
-        (Kind::BFloat16, Kind::BFloat16, Kind::BFloat16) => Some(1),
-        (Kind::Float, Kind::Float, Kind::Float) => Some(2),
+    let kinds = match (
+        param.kind(),
+        grad.kind(),
+        exp_avg.kind(),
+        kahan.map(Tensor::kind),
+    ) {
+        (Kind::BFloat16, Kind::BFloat16, Kind::Float, None) => Some(0),
+        (Kind::BFloat16, Kind::BFloat16, Kind::BFloat16, None) => Some(1),
+        (Kind::Float, Kind::Float, Kind::Float, None) => Some(2),
+        (Kind::BFloat16, Kind::BFloat16, Kind::Float, Some(Kind::BFloat16)) => Some(3),
         _ => None,
     };
+    let mut tensors = vec![grad, exp_avg, exp_avg_sq];
+    tensors.extend(kahan);
     let qualifies = available()
         && kinds.is_some()
         && exp_avg_sq.kind() == exp_avg.kind()
-        && [grad, exp_avg, exp_avg_sq]
+        && tensors
             .iter()
             .all(|t| t.device() == param.device() && t.size() == param.size())
-        && [param, grad, exp_avg, exp_avg_sq]
-            .iter()
-            .all(|t| t.is_contiguous());
+        && param.is_contiguous()
+        && tensors.iter().all(|t| t.is_contiguous());
     if !qualifies {
         return false;
     }
@@ -179,7 +192,8 @@ pub fn step(
     );
     let mut n_arg = n;
     let mut sc = *s;
-    let mut args: [*mut c_void; 13] = [
+    let mut c = kahan.map_or(std::ptr::null_mut(), Tensor::data_ptr);
+    let mut args: Vec<*mut c_void> = vec![
         (&mut p as *mut *mut c_void).cast(),
         (&mut g as *mut *mut c_void).cast(),
         (&mut m as *mut *mut c_void).cast(),
@@ -194,6 +208,9 @@ pub fn step(
         (&mut sc.decay as *mut f32).cast(),
         (&mut sc.seed as *mut u64).cast(),
     ];
+    if kahan.is_some() {
+        args.push((&mut c as *mut *mut c_void).cast());
+    }
     const THREADS: i64 = 256;
     let blocks = ((n + THREADS - 1) / THREADS).min(16_384) as u32;
     // SAFETY: `f` is the kernel loaded above on this device's primary context; the pointers are

@@ -6,8 +6,7 @@
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tch::nn::OptimizerConfig;
-use tch::{Kind, Tensor, nn};
+use tch::{Kind, Tensor};
 
 use cudarl_protocol::Weights;
 
@@ -272,7 +271,7 @@ pub fn train_lm(
     let bs = cfg.batch_size.max(1);
     let steps_per_epoch = train.len().div_ceil(bs);
     let total = (steps_per_epoch * cfg.epochs.max(1)).min(cfg.max_steps.unwrap_or(usize::MAX));
-    let mut opt = Optimizer::new(model, cfg)?;
+    let mut opt = optimizer(model, cfg);
     let params = model.trainable().trainable_variables();
     let mut out = Vec::new();
     let mut step = 0;
@@ -326,65 +325,27 @@ pub fn train_lm(
 }
 
 /// The AdamW of [`train_lm`] over [`Qwen2::trainable`] (the LoRA adapters when attached):
-/// libtorch's over float32 master weights, or, for bf16 weights ([`TrainConfig::weights`]),
-/// [`crate::adamw::AdamW`] rounding each update by [`crate::adamw::Rounding`] (the model cast
-/// to bf16 first, compute in bf16).
-enum Optimizer {
-    Torch(nn::Optimizer),
-    Narrow(crate::adamw::AdamW),
-}
-
-impl Optimizer {
-    fn new(model: &mut Qwen2, cfg: &TrainConfig) -> Result<Optimizer, ModelError> {
-        if cfg.weights == Weights::F32 {
-            let o = nn::AdamW {
-                beta1: cfg.betas.0,
-                beta2: cfg.betas.1,
-                wd: cfg.weight_decay,
-                eps: 1e-8,
-                amsgrad: false,
-            }
-            .build(model.trainable(), cfg.lr)?;
-            return Ok(Optimizer::Torch(o));
-        }
-        model.set_kind(Kind::BFloat16);
-        model.set_compute_kind(None);
-        let a = crate::adamw::AdamWConfig {
-            beta1: cfg.betas.0,
-            beta2: cfg.betas.1,
-            eps: 1e-8,
-            weight_decay: cfg.weight_decay,
-        };
-        let moments = match cfg.weights {
-            Weights::Bf16 => Kind::BFloat16,
-            _ => Kind::Float,
-        };
-        Ok(Optimizer::Narrow(crate::adamw::AdamW::with_rounding(
-            model.trainable(),
-            a,
-            cfg.lr,
-            cfg.weights.into(),
-            moments,
-        )))
+/// [`crate::adamw::AdamW`] over float32 master weights, or, for bf16 weights
+/// ([`TrainConfig::weights`]), rounding each update by [`crate::adamw::Rounding`] (the model
+/// cast to bf16 first, compute in bf16). On a GPU each parameter's step is one fused kernel
+/// ([`crate::fused_adamw`]) where libtorch's own AdamW runs about eleven elementwise kernels.
+fn optimizer(model: &mut Qwen2, cfg: &TrainConfig) -> crate::adamw::AdamW {
+    let a = crate::adamw::AdamWConfig {
+        beta1: cfg.betas.0,
+        beta2: cfg.betas.1,
+        eps: 1e-8,
+        weight_decay: cfg.weight_decay,
+    };
+    if cfg.weights == Weights::F32 {
+        return crate::adamw::AdamW::new(model.trainable(), a, cfg.lr);
     }
-    fn set_lr(&mut self, lr: f64) {
-        match self {
-            Optimizer::Torch(o) => o.set_lr(lr),
-            Optimizer::Narrow(o) => o.set_lr(lr),
-        }
-    }
-    fn zero_grad(&mut self) {
-        match self {
-            Optimizer::Torch(o) => o.zero_grad(),
-            Optimizer::Narrow(o) => o.zero_grad(),
-        }
-    }
-    fn step(&mut self) {
-        match self {
-            Optimizer::Torch(o) => o.step(),
-            Optimizer::Narrow(o) => o.step(),
-        }
-    }
+    model.set_kind(Kind::BFloat16);
+    model.set_compute_kind(None);
+    let moments = match cfg.weights {
+        Weights::Bf16 => Kind::BFloat16,
+        _ => Kind::Float,
+    };
+    crate::adamw::AdamW::with_rounding(model.trainable(), a, cfg.lr, cfg.weights.into(), moments)
 }
 
 /// Scales the gradients of `params` so their global L2 norm is at most `max_norm` (as
