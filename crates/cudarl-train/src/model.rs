@@ -1022,6 +1022,7 @@ impl Qwen2 {
         if self.fused.is_some() {
             return;
         }
+        let _g = tch::no_grad_guard();
         self.vs.freeze();
         let mut fused = FusedWeights { layers: Vec::new() };
         let c = &self.config;

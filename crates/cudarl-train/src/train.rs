@@ -336,15 +336,15 @@ fn optimizer(model: &mut Qwen2, cfg: &TrainConfig) -> crate::adamw::AdamW {
         eps: 1e-8,
         weight_decay: cfg.weight_decay,
     };
-    if cfg.weights == Weights::F32 {
-        return crate::adamw::AdamW::new(model.trainable(), a, cfg.lr);
+    if cfg.weights != Weights::F32 {
+        model.set_kind(Kind::BFloat16);
+        model.set_compute_kind(None);
     }
-    model.set_kind(Kind::BFloat16);
-    model.set_compute_kind(None);
     let moments = match cfg.weights {
         Weights::Bf16 => Kind::BFloat16,
         _ => Kind::Float,
     };
+    // float32 weights round nothing (`Weights::F32` is `Rounding::Nearest`).
     crate::adamw::AdamW::with_rounding(model.trainable(), a, cfg.lr, cfg.weights.into(), moments)
 }
 
