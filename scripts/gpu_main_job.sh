@@ -254,9 +254,12 @@ for n, v in nodes.items():
     print(f"  {n:22s} {v.get('status', ''):8s} {v.get('seconds', 0) or 0:8.1f} s")
     if v.get("error"):
         print(f"    error: {str(v['error'])[:600]}")
+def rate(x):
+    return "n/a" if x is None else f"{x:.2f}"
 for m in res["rl_metrics"]:
+    # A rate is null where nothing was there to count (no candidate compiled: no pass rate).
     print(f"  step {m['step']} tier {m['tier']} reward {m['mean_reward']:.3f}±{m.get('reward_std', 0):.3f} "
-          f"compile {m['compile_rate']:.2f} pass {m['pass_rate']:.2f} gen {m['gen_seconds']:.0f}s "
+          f"compile {rate(m['compile_rate'])} pass {rate(m['pass_rate'])} gen {m['gen_seconds']:.0f}s "
           f"harness {m['harness_seconds']:.0f}s update {m['update_seconds']:.1f}s")
 def show_eval(rows):
   for e in rows:

@@ -5,7 +5,7 @@
 // libtorch's default CUDA generator registered, so random draws advance on every replay.
 //
 // Also the version counter of a tensor, which tells the decoder whether a model's weights changed,
-// and the caching allocator's statistics and cache release.
+// the release of a tensor's gradient, and the caching allocator's statistics and cache release.
 //
 // Built by build.rs with the `cc` crate against the headers of the torch wheel libtorch comes
 // from. Without CUDA headers it is built with CUDARL_NO_CUDA_GRAPHS and every call reports that
@@ -46,9 +46,23 @@ extern "C" void cudarl_tensor_bump_version(const void* t) {
   } catch (...) {
   }
 }
+
+// Drops a tensor's gradient (`t.mutable_grad().reset()`, what PyTorch's
+// `zero_grad(set_to_none=True)` does), so its memory returns to the allocator until the next
+// backward pass makes a new one. Returns 1 when done, 0 when it could not be (the caller then
+// zeroes the gradient in place).
+extern "C" int cudarl_tensor_reset_grad(void* t) {
+  try {
+    static_cast<at::Tensor*>(t)->mutable_grad().reset();
+    return 1;
+  } catch (...) {
+    return 0;
+  }
+}
 #else
 extern "C" long long cudarl_tensor_version(const void*) { return -1; }
 extern "C" void cudarl_tensor_bump_version(const void*) {}
+extern "C" int cudarl_tensor_reset_grad(void*) { return 0; }
 #endif
 
 #ifndef CUDARL_NO_CUDA_GRAPHS

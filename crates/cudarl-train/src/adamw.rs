@@ -177,10 +177,13 @@ impl AdamW {
         self.lr = lr;
     }
 
-    /// Zeroes every parameter's gradient.
+    /// Drops every parameter's gradient ([`crate::cuda_graph::reset_grad`], PyTorch's
+    /// `zero_grad(set_to_none=True)`): the next backward pass allocates it anew, so the
+    /// gradients' memory is free during the forward pass before it, and a parameter that pass
+    /// does not reach takes no step.
     pub fn zero_grad(&mut self) {
         for s in &mut self.slots {
-            s.param.zero_grad();
+            crate::cuda_graph::reset_grad(&mut s.param);
         }
     }
 
@@ -403,6 +406,29 @@ mod tests {
         v.iter()
             .flat_map(|(_, t)| Vec::<f32>::try_from(t.flatten(0, -1)).unwrap())
             .collect()
+    }
+
+    #[test]
+    fn zero_grad_drops_the_gradients_and_a_parameter_no_loss_reaches_keeps_its_value() {
+        let (vs, lin, x, y) = problem(4);
+        let mut opt = AdamW::new(&vs, AdamWConfig::default(), 1e-2);
+        loss(&lin, &x, &y).backward();
+        opt.step();
+        opt.zero_grad();
+        for (name, t) in vs.variables() {
+            assert!(!t.grad().defined(), "{name} still has a gradient");
+        }
+        // A loss of the weight alone: the bias has no gradient, so it takes no step (where a
+        // zeroed gradient would still move it by its first moment and the weight decay).
+        let bias = lin.bs.as_ref().unwrap().copy();
+        let weight = lin.ws.copy();
+        (x.matmul(&lin.ws.tr()) - &y)
+            .square()
+            .mean(Kind::Float)
+            .backward();
+        opt.step();
+        assert!(lin.bs.as_ref().unwrap().equal(&bias), "the bias moved");
+        assert!(!lin.ws.equal(&weight), "the weight did not move");
     }
 
     #[test]

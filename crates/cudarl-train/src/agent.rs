@@ -241,7 +241,7 @@ impl TrainableAgent {
     }
 
     /// Starts an optimizer step: the learning rate from the warmup, the trained parameters'
-    /// gradients zeroed. The caller then accumulates the step's gradients into `.grad`
+    /// gradients dropped. The caller then accumulates the step's gradients into `.grad`
     /// ([`crate::score::Scored::backward`], [`crate::train::chunked_loss`]) and calls
     /// [`TrainableAgent::finish_step`].
     pub fn begin_step(&mut self) {
@@ -249,15 +249,23 @@ impl TrainableAgent {
         self.opt.zero_grad();
     }
 
-    /// Ends an optimizer step: global-norm clipping of the accumulated gradients, then AdamW.
-    /// Returns the gradient norm before clipping.
+    /// Ends an optimizer step: global-norm clipping of the accumulated gradients, then AdamW,
+    /// then the gradients dropped, so they hold no memory while the agent samples. Returns the
+    /// gradient norm before clipping.
     pub fn finish_step(&mut self) -> f64 {
         let norm = clip_grad_norm(
             &self.model.trainable().trainable_variables(),
             self.optim.grad_clip,
         );
         self.opt.step();
+        self.opt.zero_grad();
         norm
+    }
+
+    /// Abandons an optimizer step begun by [`TrainableAgent::begin_step`]: the gradients it
+    /// accumulated are dropped and no parameter moves.
+    pub fn abandon_step(&mut self) {
+        self.opt.zero_grad();
     }
 
     /// Sets the learning rate of the next step from the linear warmup.

@@ -12,6 +12,7 @@ use crate::ModelError;
 
 unsafe extern "C" {
     fn cudarl_tensor_version(t: *const c_void) -> i64;
+    fn cudarl_tensor_reset_grad(t: *mut c_void) -> i32;
     fn cudarl_graph_available() -> i32;
     fn cudarl_graph_pool(id0: *mut u64, id1: *mut u64, err: *mut c_char, n: usize) -> i32;
     fn cudarl_graph_new(device: i32, out: *mut *mut c_void, err: *mut c_char, n: usize) -> i32;
@@ -83,6 +84,18 @@ fn call(what: &str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), Mod
 pub fn tensor_version(t: &tch::Tensor) -> i64 {
     // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `t`; the shim only reads it.
     unsafe { cudarl_tensor_version(t.as_ptr().cast()) }
+}
+
+/// Drops `t`'s gradient, as PyTorch's `zero_grad(set_to_none=True)` does: `t.grad()` is
+/// undefined afterwards and its memory goes back to libtorch's allocator until the next backward
+/// pass makes a new one (6.2 GB of float32 gradients at 1.5B parameters). A build without
+/// libtorch headers zeroes the gradient in place instead.
+pub fn reset_grad(t: &mut tch::Tensor) {
+    // SAFETY: `as_mut_ptr` is a live `at::Tensor*` for as long as `t`, borrowed mutably; the
+    // shim resets the gradient it holds and catches libtorch's exceptions.
+    if unsafe { cudarl_tensor_reset_grad(t.as_mut_ptr().cast()) } == 0 {
+        t.zero_grad();
+    }
 }
 
 /// Whether this build can capture CUDA graphs (built against CUDA headers and a libtorch with

@@ -105,6 +105,54 @@ pub fn clipped_pg_loss(
     }
 }
 
+/// The gradients `[b, T]` (float32) of [`clipped_pg_loss`]'s two terms, `pg` and `kl`, with
+/// respect to `logp`, in closed form: no autograd graph and no device-to-host read. Per real
+/// token, with `n` the number of real tokens:
+/// `d pg / d logp = -A rho / n` where the unclipped surrogate is the smaller one or `rho` lies
+/// inside `[1 - eps, 1 + eps]`, 0 elsewhere; `d kl / d logp = beta (1 - exp(d)) / n` where
+/// neither the clamp of `d = ref - logp` to `[-20, 20]` nor [`KL_CLAMP`] is active, 0
+/// elsewhere (0 without a reference). These are the gradients autograd takes through
+/// `clipped_pg_loss` (ties of its `minimum` split evenly, as libtorch's backward does). A
+/// slot's gradient depends on that slot's log-probability alone, which
+/// [`crate::score::Scored::backward_fused`] relies on. Shapes as in [`clipped_pg_loss`].
+pub fn clipped_pg_grads(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    ref_logp: Option<&Tensor>,
+    adv: &Tensor,
+    mask: &Tensor,
+    cfg: &PgConfig,
+) -> (Tensor, Tensor) {
+    tch::no_grad(|| {
+        let weight = mask / mask.sum(Kind::Float).clamp_min(1.0);
+        let a = adv.unsqueeze(-1);
+        let ratio = (logp - old_logp).exp();
+        let s1 = &ratio * &a;
+        let s2 = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip) * &a;
+        let inside = ratio
+            .ge(1.0 - cfg.clip)
+            .logical_and(&ratio.le(1.0 + cfg.clip));
+        let active = s1.lt_tensor(&s2).logical_or(&inside);
+        let d_pg = -(s1 * active.to_kind(Kind::Float)) * &weight;
+        let d_kl = match ref_logp {
+            Some(r) => {
+                let raw = r - logp;
+                let d = raw.clamp(-20.0, 20.0);
+                let e = d.exp();
+                let k3 = &e - &d - 1.0;
+                let live = raw
+                    .abs()
+                    .le(20.0)
+                    .logical_and(&k3.abs().le(KL_CLAMP))
+                    .to_kind(Kind::Float);
+                (1.0 - e) * live * weight * cfg.kl_coef
+            }
+            None => logp.zeros_like(),
+        };
+        (d_pg, d_kl)
+    })
+}
+
 /// How [`cap_auxiliary`] combined the two gradients of one minibatch step.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AuxCap {
@@ -246,6 +294,59 @@ mod tests {
         let clamped = clipped_pg_loss(&new, &old, Some(&(&new + &far)), &adv, &mask, &cfg).stats;
         assert!(clamped.kl <= KL_CLAMP / 5.0 + 1e-6, "{clamped:?}");
         assert!((clamped.max_log_ratio - 30.0).abs() < 1e-4, "{clamped:?}");
+    }
+
+    #[test]
+    fn the_closed_form_gradients_are_autograds_through_the_loss() {
+        let _rng = crate::torch_rng();
+        tch::manual_seed(11);
+        let cpu = (Kind::Float, tch::Device::Cpu);
+        // Log-ratios to the sampling policy of up to +-0.6 (so that many ratios are clipped),
+        // a reference up to 30 nats away (the clamps of d and of k3), a padded tail.
+        let logp = Tensor::rand([4, 64], cpu) * -5.0;
+        let old = &logp + (Tensor::rand([4, 64], cpu) - 0.5) * 1.2;
+        let refp = &logp + (Tensor::rand([4, 64], cpu) - 0.5) * 8.0;
+        let _ = refp.narrow(1, 0, 3).g_add_scalar_(30.0);
+        let _ = refp.narrow(1, 3, 3).g_add_scalar_(-25.0);
+        let mask = Tensor::ones([4, 64], cpu);
+        let _ = mask.narrow(1, 50, 14).narrow(0, 1, 2).fill_(0.0);
+        let adv = Tensor::from_slice(&[1.5f32, -0.7, 0.0, -2.0]);
+        let cfg = PgConfig {
+            clip: 0.2,
+            kl_coef: 0.3,
+            aux_grad_cap: None,
+        };
+        for reference in [Some(&refp), None] {
+            let leaf = logp.detach().set_requires_grad(true);
+            let l = clipped_pg_loss(&leaf, &old, reference, &adv, &mask, &cfg);
+            let d = |t: &Tensor| Tensor::run_backward(&[t], &[&leaf], true, false).remove(0);
+            // Without a reference the KL term is a constant 0, with no graph.
+            let want_kl = match reference {
+                Some(_) => d(&l.kl),
+                None => logp.zeros_like(),
+            };
+            let want_pg = d(&l.pg);
+            let (got_pg, got_kl) = clipped_pg_grads(&logp, &old, reference, &adv, &mask, &cfg);
+            let err = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+            assert!(
+                err(&got_pg, &want_pg) < 1e-7,
+                "pg: {}",
+                err(&got_pg, &want_pg)
+            );
+            assert!(
+                err(&got_kl, &want_kl) < 1e-7,
+                "kl: {}",
+                err(&got_kl, &want_kl)
+            );
+            assert!(l.stats.clip_frac > 0.1, "{:?}", l.stats);
+            assert!(want_pg.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+            if reference.is_some() {
+                // Both clamps are hit, and not every gradient is cut.
+                let zero = want_kl.eq(0.0).logical_and(&mask.gt(0.0));
+                let cut = zero.sum(Kind::Int64).int64_value(&[]);
+                assert!((6..200).contains(&cut), "{cut} slots without a KL gradient");
+            }
+        }
     }
 
     #[test]

@@ -2,14 +2,15 @@
 //! and its log-softmax run over chunks of completion positions, so the `[b, T, V]` logits of
 //! a minibatch (2.5 GB in float32 for 8 x 512 tokens at a 152k vocabulary, and as much again
 //! for their log-softmax and its gradient) never exist at once, and with activation
-//! checkpointing the layers keep only their inputs. A loss of the per-token log-probabilities
-//! is differentiated with respect to those log-probabilities first (a `[b, T]` tensor), then
-//! backpropagated through the head chunk by chunk and through the layers once: the two-stage
-//! backward of chunked cross-entropy (`train::chunked_loss`) for any loss of the
-//! log-probabilities (the clipped ratio, the k3 KL). One GRPO update of 32 x 512 tokens at
-//! Qwen2.5-Coder 7B with LoRA: 2.93 s at `transformers`' speed, the update's peak allocation
-//! 60.2 GiB (33.6 GiB checkpointed) where whole logits took the process to 74.9 GiB
-//! (`benchmarks/results/model_scale_h200_2026-11-30.json`, `grpo_update`).
+//! checkpointing the layers keep only their inputs. The loss's gradient with respect to the
+//! per-token log-probabilities (a `[b, T]` tensor) is backpropagated through the head chunk by
+//! chunk, then through the layers once: the two-stage backward of chunked cross-entropy
+//! (`train::chunked_loss`) for a loss of the log-probabilities. Where that loss is a sum of
+//! per-token terms (the clipped ratio and the k3 KL, whose gradients
+//! `crate::rl::clipped_pg_grads` gives in closed form), one pass of the head scores and
+//! differentiates each chunk ([`Scored::backward_fused`]); otherwise [`Scored::log_probs`] and
+//! [`Scored::backward`] run the head once each.
+//! Measured in `benchmarks/results/model_scale_h200_2026-11-30.json` (`grpo_update`).
 
 use tch::{Kind, Tensor};
 
@@ -181,6 +182,16 @@ impl Scored {
         Ok((logp, entropy, state))
     }
 
+    /// The hidden state `[b, h]` (float32, no graph) at each prompt's last token: what PPO's
+    /// value head reads (as [`Scored::log_probs`] returns it).
+    pub fn state(&self, model: &Qwen2) -> Tensor {
+        tch::no_grad(|| {
+            self.hidden(model)
+                .index_select(0, &self.last)
+                .to_kind(Kind::Float)
+        })
+    }
+
     /// Backpropagates `sum(logp * dlogp)` through the head, chunk by chunk, into the head's
     /// parameters and `leaf` (the normed hidden states `[b, w, h]`, a leaf).
     fn head_backward(
@@ -203,43 +214,72 @@ impl Scored {
         Ok(())
     }
 
-    /// Accumulates into the parameters' `.grad` the gradient of `sum(logp * dlogp)`, `dlogp`
-    /// `[b, T]` (float32: a loss's gradient with respect to [`Scored::log_probs`]' `logp`).
-    /// Takes `self`: the graph is freed.
-    ///
-    /// # Errors
-    /// libtorch errors; a `Scored` made under `no_grad` without checkpointing has no graph.
-    pub fn backward(self, model: &Qwen2, dlogp: &Tensor) -> Result<(), ModelError> {
-        match &self.trunk {
-            Trunk::Graph(h) => {
-                let leaf = h.detach().set_requires_grad(true);
-                self.head_backward(model, &leaf, dlogp)?;
-                (h * leaf.grad()).sum(Kind::Float).f_backward()?;
-            }
-            Trunk::Checkpointed(ck) => model.backward_from_checkpoints(ck, &mut |leaf| {
-                self.head_backward(model, leaf, dlogp)
-            })?,
-        }
-        Ok(())
-    }
-
-    /// The gradient of `sum(logp * dlogp)` with respect to each of `params` (the trained
-    /// parameters; `None` where it does not reach one), keeping what a later
-    /// [`Scored::backward`] needs. The parameters' `.grad` must be zero on entry, and is zero
-    /// on return.
-    ///
-    /// # Errors
-    /// libtorch errors.
-    pub fn gradients(
+    /// One pass of the head over the chunks that scores and differentiates at once: per chunk
+    /// the log-probabilities with their graph, `grads` of them, and the first gradient's
+    /// backward through the head into its parameters and `leaf` (`[b, w, h]`). Returns the
+    /// log-probabilities and the other gradients.
+    fn head_fused(
         &self,
         model: &Qwen2,
-        dlogp: &Tensor,
-        params: &[Tensor],
-    ) -> Result<Vec<Option<Tensor>>, ModelError> {
-        match &self.trunk {
-            Trunk::Graph(h) => {
+        leaf: &Tensor,
+        grads: &SlotGrads<'_>,
+    ) -> Result<Fused, ModelError> {
+        let flat = leaf.reshape([-1, leaf.size()[2]]);
+        let shape = self.mask.size();
+        let mask = self.mask.reshape([-1]);
+        let logp = mask.zeros_like();
+        let mut rest: Vec<Vec<Tensor>> = Vec::new();
+        for (start, len) in self.chunks() {
+            let lp = self
+                .chunk_log_softmax(model, &flat, start, len)
+                .gather(-1, &self.tgt.narrow(0, start, len), false)
+                .squeeze_dim(-1);
+            let m = mask.narrow(0, start, len);
+            tch::no_grad(|| logp.narrow(0, start, len).f_copy_(&(lp.detach() * &m)))?;
+            let mut gs = grads(&logp.view(shape.as_slice()))?
+                .into_iter()
+                .map(|g| g.reshape([-1]).narrow(0, start, len) * &m);
+            let first = gs.next().ok_or_else(|| {
+                ModelError::Generate("a scoring pass's gradient function returned none".into())
+            })?;
+            (lp * first).sum(Kind::Float).f_backward()?;
+            for (i, g) in gs.enumerate() {
+                match rest.get_mut(i) {
+                    Some(parts) => parts.push(g),
+                    None => rest.push(vec![g]),
+                }
+            }
+        }
+        let rest = rest
+            .iter()
+            .map(|parts| Ok(Tensor::f_cat(parts, 0)?.view(shape.as_slice())))
+            .collect::<Result<_, ModelError>>()?;
+        Ok(Fused {
+            logp: logp.view(shape.as_slice()),
+            rest,
+        })
+    }
+
+    /// Runs `head` (which backpropagates a loss into the leaf it gets: the normed hidden
+    /// states `[b, w, h]`) and then the layers' backward. With `params`, the layers' gradients
+    /// are returned (with the `.grad` they accumulated taken out, [`crate::rl::take_grads`])
+    /// and the graph kept; without, they accumulate into `.grad` and the graph is freed.
+    fn through_layers(
+        &self,
+        model: &Qwen2,
+        params: Option<&[Tensor]>,
+        head: &mut dyn FnMut(&Tensor) -> Result<(), ModelError>,
+    ) -> Result<Option<Vec<Option<Tensor>>>, ModelError> {
+        match (&self.trunk, params) {
+            (Trunk::Graph(h), None) => {
                 let leaf = h.detach().set_requires_grad(true);
-                self.head_backward(model, &leaf, dlogp)?;
+                head(&leaf)?;
+                (h * leaf.grad()).sum(Kind::Float).f_backward()?;
+                Ok(None)
+            }
+            (Trunk::Graph(h), Some(params)) => {
+                let leaf = h.detach().set_requires_grad(true);
+                head(&leaf)?;
                 let through = (h * leaf.grad()).sum(Kind::Float);
                 let layers = Tensor::f_run_backward(&[through], params, true, false)?;
                 let mut out = crate::rl::take_grads(params);
@@ -251,16 +291,86 @@ impl Scored {
                         });
                     }
                 }
-                Ok(out)
+                Ok(Some(out))
             }
-            Trunk::Checkpointed(ck) => {
-                model.backward_from_checkpoints(ck, &mut |leaf| {
-                    self.head_backward(model, leaf, dlogp)
-                })?;
-                Ok(crate::rl::take_grads(params))
+            (Trunk::Checkpointed(ck), params) => {
+                model.backward_from_checkpoints(ck, head)?;
+                Ok(params.map(crate::rl::take_grads))
             }
         }
     }
+
+    /// Accumulates into the parameters' `.grad` the gradient of `sum(logp * dlogp)`, `dlogp`
+    /// `[b, T]` (float32: a loss's gradient with respect to [`Scored::log_probs`]' `logp`).
+    /// Takes `self`: the graph is freed.
+    ///
+    /// # Errors
+    /// libtorch errors; a `Scored` made under `no_grad` without checkpointing has no graph.
+    pub fn backward(self, model: &Qwen2, dlogp: &Tensor) -> Result<(), ModelError> {
+        self.through_layers(model, None, &mut |leaf| {
+            self.head_backward(model, leaf, dlogp)
+        })?;
+        Ok(())
+    }
+
+    /// Scores and differentiates in one pass of the head (where [`Scored::log_probs`] then
+    /// [`Scored::backward`] run it twice): accumulates into the parameters' `.grad` the
+    /// gradient of `sum(logp * g)` for the first gradient `g` `grads` returns, and returns the
+    /// log-probabilities `[b, T]` (float32, 0 on padding, no graph) with the other gradients
+    /// `[b, T]`. Takes `self`: the graph is freed.
+    ///
+    /// # Errors
+    /// libtorch errors; `grads` returns none or errs; no graph (as [`Scored::backward`]).
+    pub fn backward_fused(self, model: &Qwen2, grads: &SlotGrads<'_>) -> Result<Fused, ModelError> {
+        let mut out = None;
+        self.through_layers(model, None, &mut |leaf| {
+            out = Some(self.head_fused(model, leaf, grads)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| ModelError::Generate("the scoring pass ran no head".into()))
+    }
+
+    /// [`Scored::backward_fused`], keeping what a later [`Scored::backward`] needs: the
+    /// gradient of the first loss with respect to each of `params` (the trained parameters;
+    /// `None` where it does not reach one), with the log-probabilities and the other
+    /// gradients. The parameters' `.grad` must be zero or undefined on entry, and is so on
+    /// return.
+    ///
+    /// # Errors
+    /// As [`Scored::backward_fused`].
+    pub fn gradients_fused(
+        &self,
+        model: &Qwen2,
+        grads: &SlotGrads<'_>,
+        params: &[Tensor],
+    ) -> Result<(Vec<Option<Tensor>>, Fused), ModelError> {
+        let mut out = None;
+        let g = self.through_layers(model, Some(params), &mut |leaf| {
+            out = Some(self.head_fused(model, leaf, grads)?);
+            Ok(())
+        })?;
+        match (g, out) {
+            (Some(g), Some(f)) => Ok((g, f)),
+            _ => Err(ModelError::Generate("the scoring pass ran no head".into())),
+        }
+    }
+}
+
+/// The gradients `[b, T]` (float32) of one or more losses with respect to the log-probabilities
+/// `[b, T]` they are given, each loss a sum of per-slot terms: the gradient at a slot depends on
+/// that slot's log-probability alone ([`crate::rl::clipped_pg_grads`]). The fused passes call it
+/// once per chunk of the head, with the slots scored so far filled in and zeros elsewhere, and
+/// read the chunk's own slots of what it returns.
+pub type SlotGrads<'a> = dyn Fn(&Tensor) -> Result<Vec<Tensor>, ModelError> + 'a;
+
+/// What a fused pass ([`Scored::backward_fused`]) returns besides the gradients.
+pub struct Fused {
+    /// `[b, T]` (float32): the log-probability of each completion token, 0 on padding, no
+    /// graph (what [`Scored::log_probs`] returns).
+    pub logp: Tensor,
+    /// The gradients [`SlotGrads`] returned after the first, each `[b, T]` (float32), 0 on
+    /// padding.
+    pub rest: Vec<Tensor>,
 }
 
 #[cfg(test)]
@@ -323,28 +433,46 @@ mod tests {
             let items: Vec<(&[i64], &[i64])> = vec![(&p0, &c0), (&p1, &c1), (&p2, &c2)];
             let temp = 0.7;
             let params = m.vs.trainable_variables();
+            let (lp, ent, mask) = whole(&m, &items, temp);
             // A clipped-ratio loss and a k3 KL of the log-probabilities, against fixed old and
             // reference values around them.
-            let losses = |logp: &Tensor, mask: &Tensor| {
-                let shift = Tensor::from_slice(&[0.3f32, -0.2, 0.1, 0.05, -0.4])
-                    .repeat([3])
-                    .narrow(0, 0, 15)
-                    .view([3, 5]);
-                let fixed = tch::no_grad(|| (logp + &shift) * mask);
-                let refp = tch::no_grad(|| (logp - &shift * 2.0) * mask);
-                let adv = Tensor::from_slice(&[1.0f32, -0.5, 2.0]);
-                let cfg = PgConfig {
-                    clip: 0.1,
-                    kl_coef: 0.5,
-                    aux_grad_cap: None,
-                };
-                let l = clipped_pg_loss(logp, &fixed, Some(&refp), &adv, mask, &cfg);
+            let shift = Tensor::from_slice(&[0.3f32, -0.2, 0.1, 0.05, -0.4])
+                .repeat([3])
+                .narrow(0, 0, 15)
+                .view([3, 5]);
+            let old = tch::no_grad(|| (&lp + &shift) * &mask);
+            let refp = tch::no_grad(|| (&lp - &shift * 2.0) * &mask);
+            let adv = Tensor::from_slice(&[1.0f32, -0.5, 2.0]);
+            let cfg = PgConfig {
+                clip: 0.1,
+                kl_coef: 0.5,
+                aux_grad_cap: None,
+            };
+            let losses = |logp: &Tensor| {
+                let l = clipped_pg_loss(logp, &old, Some(&refp), &adv, &mask, &cfg);
                 (l.pg, l.kl)
             };
-            let (lp, ent, mask) = whole(&m, &items, temp);
-            let (pg, kl) = losses(&lp, &mask);
+            let (pg, kl) = losses(&lp);
             let want_pg = Tensor::run_backward(&[&pg], &params, true, false);
-            let want_kl = Tensor::run_backward(&[&kl], &params, false, false);
+            let want_kl = Tensor::run_backward(&[&kl], &params, true, false);
+            let want_sum = Tensor::run_backward(&[&(pg + kl)], &params, false, false);
+            // The two gradients of the log-probabilities, by autograd through the loss.
+            let slot_grads = |logp: &Tensor| -> Result<Vec<Tensor>, ModelError> {
+                let leaf = logp.detach().set_requires_grad(true);
+                let (pg, kl) = losses(&leaf);
+                let d = |l: &Tensor| Tensor::run_backward(&[l], &[&leaf], true, false).remove(0);
+                Ok(vec![d(&pg), d(&kl)])
+            };
+            let summed = |logp: &Tensor| -> Result<Vec<Tensor>, ModelError> {
+                let g = slot_grads(logp)?;
+                Ok(vec![&g[0] + &g[1]])
+            };
+            let close = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+            let clear = || {
+                for p in &params {
+                    crate::cuda_graph::reset_grad(&mut p.shallow_clone());
+                }
+            };
             // 4 slots a chunk (4 chunks over 15 slots, one short), with and without activation
             // checkpointing; and every slot in one chunk.
             let four = 4 * 50 * 4;
@@ -359,22 +487,16 @@ mod tests {
                 let entropy = entropy.unwrap();
                 assert!(sc.log_probs(&m, false).unwrap().1.is_none());
                 assert_eq!(state.size(), [3, 16]);
-                let close = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+                assert_eq!(close(&sc.state(&m), &state), 0.0, "{what}");
                 assert_eq!(close(&sc.mask, &mask), 0.0, "{what}");
                 assert!(close(&logp, &lp) < 1e-5, "{what}");
                 assert!(close(&entropy, &ent) < 1e-5, "{what}");
                 assert!(entropy.sum(Kind::Float).double_value(&[]) > 1.0, "{what}");
-                let leaf = logp.detach().set_requires_grad(true);
-                let (pg, kl) = losses(&leaf, &sc.mask);
-                let d = |l: &Tensor| Tensor::run_backward(&[l], &[&leaf], true, false).remove(0);
-                let (d_pg, d_kl) = (d(&pg), d(&kl));
-                for p in &params {
-                    let mut g = p.grad();
-                    if g.defined() {
-                        let _ = g.zero_();
-                    }
-                }
-                let got_pg = sc.gradients(&m, &d_pg, &params).unwrap();
+                // The policy gradient apart in the fused pass, then the KL gradient it returned
+                // through `backward`.
+                clear();
+                let (got_pg, fused) = sc.gradients_fused(&m, &slot_grads, &params).unwrap();
+                assert!(close(&fused.logp, &lp) < 1e-5, "{what}");
                 for p in &params {
                     let g = p.grad();
                     assert!(
@@ -382,6 +504,9 @@ mod tests {
                         "{what}"
                     );
                 }
+                let [d_kl] = <[Tensor; 1]>::try_from(fused.rest).unwrap();
+                let want_d_kl = slot_grads(&lp).unwrap().remove(1);
+                assert!(close(&d_kl, &want_d_kl) < 1e-7, "{what}");
                 sc.backward(&m, &d_kl).unwrap();
                 for (i, p) in params.iter().enumerate() {
                     let g = got_pg[i]
@@ -396,6 +521,18 @@ mod tests {
                     assert!(
                         close(&p.grad(), wk) < 1e-5,
                         "{what}: KL gradient of parameter {i}"
+                    );
+                }
+                // Both in one fused pass.
+                clear();
+                let sc = Scored::new(&m, &items, temp, pass).unwrap();
+                let fused = sc.backward_fused(&m, &summed).unwrap();
+                assert!(close(&fused.logp, &lp) < 1e-5, "{what}");
+                assert!(fused.rest.is_empty());
+                for (i, p) in params.iter().enumerate() {
+                    assert!(
+                        close(&p.grad(), &want_sum[i]) < 1e-5,
+                        "{what}: summed gradient of parameter {i}"
                     );
                 }
             }
