@@ -44,9 +44,18 @@ def main() -> None:
     cfg = qwen2_config(spec, job["vocab_size"])
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    # Initialized where it runs (a 7B model's random init on the CPU takes minutes).
-    with torch.device(dev):
-        model = Qwen2ForCausalLM(cfg)
+    lora = job.get("lora")
+    # Initialized where it runs (a 7B model's random init on the CPU takes minutes). A LoRA
+    # base under autocast is created in bf16, as `from_pretrained(torch_dtype=torch.bfloat16)`
+    # loads it, so no float32 copy of the frozen base is in the peak (as on our side).
+    dtype = torch.bfloat16 if lora and bf16 else torch.float32
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(dev):
+            model = Qwen2ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
     # bf16 weights (`weights` other than f32): the model held in bf16, torch's AdamW on it
     # (bf16 moments, round to nearest), no autocast.
     narrow = job.get("weights", "f32") != "f32"
@@ -55,7 +64,6 @@ def main() -> None:
         bf16 = False
     # LoRA (`lora`): PEFT's adapters on all seven projections of the base held in bf16 (float32
     # adapters, PEFT's default), under autocast as ours.
-    lora = job.get("lora")
     if lora:
         from peft import LoraConfig, get_peft_model
 
