@@ -44,6 +44,16 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, long long i, float x, ui
   p[i] = round_stochastic(x, noise);
 }
 
+// The moments' update in place (float32) and the step's divisor d, so that the new weight is
+// x (1 - lr wd) + m / d (the formula above).
+__device__ __forceinline__ float moments(float g, float& m, float& v, float one_minus_b1,
+                                         float b2, float one_minus_b2, float bc2_sqrt, float eps,
+                                         float neg_bc1_over_lr) {
+  m = m + one_minus_b1 * (g - m);
+  v = v * b2 + g * (g * one_minus_b2);
+  return (sqrtf(v) / bc2_sqrt + eps) * neg_bc1_over_lr;
+}
+
 template <typename P, typename M>
 __device__ __forceinline__ void adamw_step(
     P* __restrict__ param, const P* __restrict__ grad,
@@ -52,14 +62,11 @@ __device__ __forceinline__ void adamw_step(
     unsigned long long seed) {
   long long stride = (long long)gridDim.x * blockDim.x;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float g = load(grad, i);
-    float m = load(exp_avg, i);
-    m = m + one_minus_b1 * (g - m);
-    float v = load(exp_avg_sq, i) * b2 + g * (g * one_minus_b2);
+    float g = load(grad, i), m = load(exp_avg, i), v = load(exp_avg_sq, i);
+    float d = moments(g, m, v, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, neg_bc1_over_lr);
     uint64_t r = splitmix64(seed ^ (uint64_t)i);
     store(exp_avg, i, m, (uint32_t)(r >> 32) & 0xffffu);
     store(exp_avg_sq, i, v, (uint32_t)(r >> 16) & 0xffffu);
-    float d = (sqrtf(v) / bc2_sqrt + eps) * neg_bc1_over_lr;
     float x = load(param, i) * decay + m / d;
     store(param, i, x, (uint32_t)(r >> 48));
   }
@@ -99,14 +106,11 @@ extern "C" __global__ void cudarl_adamw_bf16_kahan(
     unsigned long long, __nv_bfloat16* __restrict__ comp) {
   long long stride = (long long)gridDim.x * blockDim.x;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float g = __bfloat162float(grad[i]);
-    float m = exp_avg[i];
-    m = m + one_minus_b1 * (g - m);
-    float v = exp_avg_sq[i] * b2 + g * (g * one_minus_b2);
+    float g = load(grad, i), m = exp_avg[i], v = exp_avg_sq[i];
+    float d = moments(g, m, v, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, neg_bc1_over_lr);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    float d = (sqrtf(v) / bc2_sqrt + eps) * neg_bc1_over_lr;
-    float x = __bfloat162float(param[i]);
+    float x = load(param, i);
     float wanted = (x * decay + m / d - x) + __bfloat162float(comp[i]);
     __nv_bfloat16 r = __float2bfloat16_rn(x + wanted);
     comp[i] = __float2bfloat16_rn(wanted - (__bfloat162float(r) - x));

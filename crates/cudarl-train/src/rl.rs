@@ -48,6 +48,21 @@ impl PgLoss {
     }
 }
 
+/// The ratio `rho = exp(logp - old_logp)` and PPO's two surrogates `rho A` and
+/// `clip(rho, 1 - eps, 1 + eps) A`, each `[b, T]` (`adv` `[b]` broadcast over the tokens).
+fn surrogates(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    adv: &Tensor,
+    clip: f64,
+) -> (Tensor, Tensor, Tensor) {
+    let a = adv.unsqueeze(-1);
+    let ratio = (logp - old_logp).exp();
+    let s1 = &ratio * &a;
+    let s2 = ratio.clamp(1.0 - clip, 1.0 + clip) * &a;
+    (ratio, s1, s2)
+}
+
 /// The clipped-ratio policy loss with a KL penalty, averaged over every real token of the batch:
 /// `L = mean_tokens[ -min(rho A, clip(rho, 1-eps, 1+eps) A) + beta * KL_k3 ]` with
 /// `rho = exp(logp - old_logp)` and `KL_k3 = min(exp(d) - d - 1, KL_CLAMP)`,
@@ -64,10 +79,7 @@ pub fn clipped_pg_loss(
     cfg: &PgConfig,
 ) -> PgLoss {
     let n = mask.sum(Kind::Float).clamp_min(1.0);
-    let a = adv.unsqueeze(-1);
-    let ratio = (logp - old_logp).exp();
-    let s1 = &ratio * &a;
-    let s2 = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip) * &a;
+    let (ratio, s1, s2) = surrogates(logp, old_logp, adv, cfg.clip);
     let pg = -(s1.minimum(&s2) * mask).sum(Kind::Float) / &n;
     let (kl, max_log_ratio) = match ref_logp {
         Some(r) => {
@@ -125,10 +137,7 @@ pub fn clipped_pg_grads(
 ) -> (Tensor, Tensor) {
     tch::no_grad(|| {
         let weight = mask / mask.sum(Kind::Float).clamp_min(1.0);
-        let a = adv.unsqueeze(-1);
-        let ratio = (logp - old_logp).exp();
-        let s1 = &ratio * &a;
-        let s2 = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip) * &a;
+        let (ratio, s1, s2) = surrogates(logp, old_logp, adv, cfg.clip);
         let inside = ratio
             .ge(1.0 - cfg.clip)
             .logical_and(&ratio.le(1.0 + cfg.clip));

@@ -178,18 +178,18 @@ impl Scored {
             true => Some(Tensor::f_cat(&ent, 0)?.view(shape.as_slice()) * &self.mask),
             false => None,
         };
-        let state = flat.index_select(0, &self.last).to_kind(Kind::Float);
-        Ok((logp, entropy, state))
+        Ok((logp, entropy, self.state_of(&flat)))
     }
 
     /// The hidden state `[b, h]` (float32, no graph) at each prompt's last token: what PPO's
     /// value head reads (as [`Scored::log_probs`] returns it).
     pub fn state(&self, model: &Qwen2) -> Tensor {
-        tch::no_grad(|| {
-            self.hidden(model)
-                .index_select(0, &self.last)
-                .to_kind(Kind::Float)
-        })
+        self.state_of(&self.hidden(model))
+    }
+
+    /// [`Scored::state`] read from the flat hidden states `[b * w, h]`.
+    fn state_of(&self, flat: &Tensor) -> Tensor {
+        tch::no_grad(|| flat.index_select(0, &self.last).to_kind(Kind::Float))
     }
 
     /// Backpropagates `sum(logp * dlogp)` through the head, chunk by chunk, into the head's
