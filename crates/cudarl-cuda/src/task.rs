@@ -80,6 +80,18 @@ pub struct TaskSpec {
     pub naive: String,
     /// Optimized kernels' files.
     pub optimized: Vec<String>,
+    /// The task as a KernelBench-style problem: a PyTorch `Model` whose `forward` computes what
+    /// `launch` does, its size constants, `get_inputs` and `get_init_inputs`. Generated families
+    /// carry their own; [`TaskSpec::problem_source`] renders one from `reference` for the rest.
+    /// Prompts show every task through it (docs/architecture.md, "The task language").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// The template instance a generated family was drawn from (its op structure, e.g.
+    /// `ew:leaky_relu>mul_scalar>sigmoid`): families of one group share a split, so no hold-out
+    /// family shares a template instance with a training one. `None` for hand-written tasks
+    /// (each its own group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Errors loading a task.

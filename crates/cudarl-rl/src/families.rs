@@ -312,6 +312,8 @@ fn spec(
         } else {
             "vec4.cu".into()
         }],
+        module: None,
+        group: None,
     }
 }
 
