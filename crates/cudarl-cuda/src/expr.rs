@@ -16,12 +16,16 @@
 //!
 //! | function | meaning (torch) |
 //! |---|---|
-//! | `relu(x)`, `sigmoid(x)`, `tanh(x)`, `exp(x)`, `abs(x)` | elementwise |
+//! | `relu(x)`, `sigmoid(x)`, `tanh(x)`, `exp(x)`, `abs(x)`, `sqrt(x)` | elementwise |
 //! | `gelu(x)` / `gelu_tanh(x)` | `F.gelu(x)` / `F.gelu(x, approximate="tanh")` |
+//! | `leaky_relu(x, a)`, `elu(x, a)`, `hardtanh(x, lo, hi)` | `F.leaky_relu(x, a)`, `F.elu(x, a)`, `F.hardtanh(x, lo, hi)` |
+//! | `selu(x)`, `softplus(x)`, `softsign(x)`, `silu(x)`, `mish(x)`, `hardsigmoid(x)`, `hardswish(x)` | the `torch.nn.functional` activations of those names (softplus: beta 1, threshold 20) |
 //! | `maximum(a, b)`, `minimum(a, b)` | elementwise, broadcasting; either may be a number |
-//! | `sum(x)`, `max(x)`, `min(x)` | full reduction to one element |
-//! | `sum(x, d)`, `max(x, d)`, `min(x, d)`, `mean(x, d)` | reduction over dimension `d` |
-//! | `softmax(x, d)` | softmax over dimension `d` |
+//! | `sum(x)`, `max(x)`, `min(x)`, `mean(x)` | full reduction to one element |
+//! | `sum(x, d)`, `max(x, d)`, `min(x, d)`, `mean(x, d)` | reduction over dimension `d`; a third argument `1` keeps it (`keepdim=True`) |
+//! | `logsumexp(x, d)` | `torch.logsumexp(x, d)`; a third argument `1` keeps the dimension |
+//! | `softmax(x, d)`, `log_softmax(x, d)` | softmax / log-softmax over dimension `d` |
+//! | `cumsum(x, d)` | inclusive prefix sum over dimension `d` |
 //! | `layernorm(x, w, b, eps)` | `F.layer_norm` over the last dimension |
 //! | `matmul(a, b)` | matrix product |
 //! | `transpose(x)` | swaps the last two dimensions |
@@ -32,7 +36,11 @@
 //! values (`|a| + |b|`, `sum |x_i|`, `|A| |B|`), the quantities in the forward error bounds of
 //! summation and dot products (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd
 //! ed., eqs. 3.5 and 4.4). Lipschitz unary functions (relu, gelu, sigmoid, tanh, abs) keep the
-//! operand's magnitude (`max(|f(x)|, m(x))`); `exp` scales it by its value (`|e^x| (1 + m)`);
+//! operand's magnitude (`max(|f(x)|, L m(x))`, `L` the function's Lipschitz constant where it
+//! exceeds 1: hardswish 1.5, selu 1.7581, mish 1.1, elu `max(1, a)`); `sqrt` takes
+//! `max(|y|, m / (2 |y|))` (its derivative); `exp` scales it by its value (`|e^x| (1 + m)`);
+//! `cumsum` sums magnitudes like `sum`; `log_softmax` and `logsumexp` use `|y| + 2 max m` (a
+//! perturbation `e` of the inputs moves them by at most `e`, their float evaluation by `|y| u`);
 //! max/min take the largest operand magnitude; softmax uses `p (1 + 2 max m)` (the derivative of
 //! `p_i` is `p_i (delta_ij - p_j)`, so an input perturbation `e` moves `p_i` by at most
 //! `2 p_i e`); layernorm uses `(|y_hat| + 1) m(w) + m(b)` with `y_hat` the normalized input.
@@ -59,15 +67,29 @@ pub const FUNCTIONS: &[(&str, usize, usize)] = &[
     ("tanh", 1, 1),
     ("exp", 1, 1),
     ("abs", 1, 1),
+    ("sqrt", 1, 1),
     ("gelu", 1, 1),
     ("gelu_tanh", 1, 1),
+    ("leaky_relu", 2, 2),
+    ("elu", 2, 2),
+    ("selu", 1, 1),
+    ("softplus", 1, 1),
+    ("softsign", 1, 1),
+    ("silu", 1, 1),
+    ("mish", 1, 1),
+    ("hardtanh", 3, 3),
+    ("hardsigmoid", 1, 1),
+    ("hardswish", 1, 1),
     ("maximum", 2, 2),
     ("minimum", 2, 2),
-    ("sum", 1, 2),
-    ("max", 1, 2),
-    ("min", 1, 2),
-    ("mean", 2, 2),
+    ("sum", 1, 3),
+    ("max", 1, 3),
+    ("min", 1, 3),
+    ("mean", 1, 3),
+    ("logsumexp", 2, 3),
     ("softmax", 2, 2),
+    ("log_softmax", 2, 2),
+    ("cumsum", 2, 2),
     ("layernorm", 4, 4),
     ("matmul", 2, 2),
     ("transpose", 1, 1),
@@ -211,8 +233,10 @@ impl Parser {
                 "`{t}` takes {} arguments, got {} (offset {off})",
                 if lo == hi {
                     lo.to_string()
-                } else {
+                } else if hi == lo + 1 {
                     format!("{lo} or {hi}")
+                } else {
+                    format!("{lo} to {hi}")
                 },
                 args.len()
             ));
@@ -222,6 +246,94 @@ impl Parser {
 }
 
 impl Expr {
+    /// The expression in PyTorch (`torch.relu(x) + y`, `torch.sum(x, dim=1)`): what a task's
+    /// rendered `Model.forward` returns ([`crate::task::TaskSpec::problem_source`]).
+    pub fn to_torch(&self) -> String {
+        let f = "torch.nn.functional";
+        let num = |e: &Expr| match e {
+            Expr::Num(v) => Some(*v),
+            Expr::Neg(a) => match **a {
+                Expr::Num(v) => Some(-v),
+                _ => None,
+            },
+            _ => None,
+        };
+        let lit = |v: f64| {
+            if v.fract() == 0.0 && v.abs() < 1e15 {
+                format!("{v:.1}")
+            } else {
+                format!("{v}")
+            }
+        };
+        let dim = |e: &Expr| num(e).map(|v| format!("{}", v as i64)).unwrap_or_default();
+        match self {
+            Expr::Num(v) => lit(*v),
+            Expr::Var(n) => n.clone(),
+            Expr::Neg(a) => format!("-({})", a.to_torch()),
+            Expr::Bin(op, a, b) => format!("({} {op} {})", a.to_torch(), b.to_torch()),
+            Expr::Call(name, args) => {
+                let a: Vec<String> = args.iter().map(Expr::to_torch).collect();
+                let keep = |i: usize| {
+                    if args.get(i).and_then(num) == Some(1.0) {
+                        ", keepdim=True"
+                    } else {
+                        ""
+                    }
+                };
+                match name.as_str() {
+                    "relu" | "sigmoid" | "tanh" | "exp" | "abs" | "sqrt" | "selu" => {
+                        format!("torch.{name}({})", a[0])
+                    }
+                    "gelu" | "softplus" | "softsign" | "silu" | "mish" | "hardsigmoid"
+                    | "hardswish" => format!("{f}.{name}({})", a[0]),
+                    "gelu_tanh" => format!("{f}.gelu({}, approximate=\"tanh\")", a[0]),
+                    "leaky_relu" => format!("{f}.leaky_relu({}, negative_slope={})", a[0], a[1]),
+                    "elu" => format!("{f}.elu({}, alpha={})", a[0], a[1]),
+                    "hardtanh" => {
+                        format!("{f}.hardtanh({}, min_val={}, max_val={})", a[0], a[1], a[2])
+                    }
+                    "maximum" | "minimum" => {
+                        let bound = if name == "maximum" { "min" } else { "max" };
+                        match (num(&args[0]), num(&args[1])) {
+                            (_, Some(c)) => format!("torch.clamp({}, {bound}={})", a[0], lit(c)),
+                            (Some(c), _) => format!("torch.clamp({}, {bound}={})", a[1], lit(c)),
+                            _ => format!("torch.{name}({}, {})", a[0], a[1]),
+                        }
+                    }
+                    "sum" | "mean" | "max" | "min" if args.len() == 1 => {
+                        let t = match name.as_str() {
+                            "max" => "amax",
+                            "min" => "amin",
+                            n => n,
+                        };
+                        format!("torch.{t}({}).reshape(1)", a[0])
+                    }
+                    "sum" | "mean" | "max" | "min" | "logsumexp" => {
+                        let t = match name.as_str() {
+                            "max" => "amax",
+                            "min" => "amin",
+                            n => n,
+                        };
+                        format!("torch.{t}({}, dim={}{})", a[0], dim(&args[1]), keep(2))
+                    }
+                    "softmax" | "log_softmax" | "cumsum" => {
+                        format!("torch.{name}({}, dim={})", a[0], dim(&args[1]))
+                    }
+                    "layernorm" => format!(
+                        "{f}.layer_norm({x}, ({x}.shape[-1],), {}, {}, {})",
+                        a[1],
+                        a[2],
+                        a[3],
+                        x = a[0]
+                    ),
+                    "matmul" => format!("torch.matmul({}, {})", a[0], a[1]),
+                    "transpose" => format!("{}.transpose(-2, -1)", a[0]),
+                    other => format!("{other}({})", a.join(", ")),
+                }
+            }
+        }
+    }
+
     /// Names the expression reads.
     pub fn vars(&self) -> Vec<String> {
         let mut v = Vec::new();
@@ -266,7 +378,7 @@ mod tests {
         assert_eq!(parse("1e-5").unwrap(), Expr::Num(1e-5));
         for (bad, want) in [
             ("foo(x)", "unknown function `foo`"),
-            ("sum(x, 1, 2)", "takes 1 or 2 arguments"),
+            ("sum(x, 1, 2, 3)", "takes 1 to 3 arguments"),
             ("(a + b", "expected `)`"),
             ("a b", "unexpected `b`"),
             ("a $ b", "unexpected character `$`"),

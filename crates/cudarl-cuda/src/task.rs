@@ -281,6 +281,81 @@ impl TaskSpec {
         Ok(())
     }
 
+    /// The task as a KernelBench-style problem: [`TaskSpec::module`] when the task has one, else
+    /// a module rendered from the reference: `forward` takes the input buffers and scalars in
+    /// launcher order and returns the first output's reference in PyTorch
+    /// ([`crate::expr::Expr::to_torch`]), the sizes of the first train shape are module
+    /// constants, and `get_inputs` draws each input with `torch.rand` of its shape (a scalar: its
+    /// first value). An unparsable reference is shown as a comment (`validate` refuses it).
+    pub fn problem_source(&self) -> String {
+        if let Some(m) = &self.module {
+            return m.clone();
+        }
+        let ins: Vec<&Arg> = self
+            .args
+            .iter()
+            .filter(|a| matches!(a.kind, ArgKind::Input | ArgKind::Scalar))
+            .collect();
+        let names: Vec<&str> = ins.iter().map(|a| a.name.as_str()).collect();
+        let mut body = String::new();
+        for a in self.args.iter().filter(|a| a.kind == ArgKind::Output) {
+            let src = self
+                .reference
+                .get(&a.name)
+                .map(String::as_str)
+                .unwrap_or("");
+            let e = crate::expr::parse(src)
+                .map(|e| e.to_torch())
+                .unwrap_or_else(|m| format!("None  # {m}"));
+            body.push_str(&format!("        {} = {e}\n", a.name));
+        }
+        let outs: Vec<&str> = self
+            .args
+            .iter()
+            .filter(|a| a.kind == ArgKind::Output)
+            .map(|a| a.name.as_str())
+            .collect();
+        let mut s = format!(
+            "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    \"\"\"\n    {}\n    \"\"\"\n\n    \
+             def __init__(self):\n        super(Model, self).__init__()\n\n    \
+             def forward(self, {}):\n{body}        return {}\n\n\n",
+            self.description,
+            names.join(", "),
+            outs.join(", ")
+        );
+        if let Some(shape) = self.train_shapes.first() {
+            for k in &self.sizes {
+                if let Some(v) = shape.get(k) {
+                    s.push_str(&format!("{k} = {v}\n"));
+                }
+            }
+        }
+        s.push_str("\n\ndef get_inputs():\n");
+        for a in &ins {
+            match a.kind {
+                ArgKind::Scalar => {
+                    let v = self
+                        .scalars
+                        .get(&a.name)
+                        .and_then(|v| v.first())
+                        .copied()
+                        .unwrap_or(1.0);
+                    s.push_str(&format!("    {} = {v:?}\n", a.name));
+                }
+                _ => s.push_str(&format!(
+                    "    {} = torch.rand({})\n",
+                    a.name,
+                    a.shape.join(", ")
+                )),
+            }
+        }
+        s.push_str(&format!(
+            "    return [{}]\n\n\ndef get_init_inputs():\n    return []\n",
+            names.join(", ")
+        ));
+        s
+    }
+
     /// The exact C declaration of the launcher, e.g.
     /// `extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream)`.
     pub fn signature(&self) -> String {

@@ -65,7 +65,11 @@ pub fn task_prompt(t: &TaskView<'_>, intro: usize, closing: usize) -> String {
         t.dtype,
         t.signature
     );
-    if !t.shapes.is_empty() {
+    if t.shapes.is_empty() {
+        s.push_str(
+            "\nIt is tested on the sizes above and on others, including ones that are not multiples of any block size.\n",
+        );
+    } else {
         s.push_str(&format!(
             "\nIt is tested on shapes such as {} and on other sizes, including ones that are not multiples of any block size.\n",
             t.shapes.join(", ")
@@ -76,13 +80,14 @@ pub fn task_prompt(t: &TaskView<'_>, intro: usize, closing: usize) -> String {
     s
 }
 
-/// What a task prompt says of KernelBench problem `name` of `level`: the problem's PyTorch source
-/// (`Model`, its constants and `get_inputs`), whose `forward` the launcher computes with the
-/// module's parameters (its state dict, in order) passed as inputs after the forward inputs, as
-/// `kb-specs` derives the signature (docs/architecture.md, "Kernel formats").
-pub fn kernelbench_description(level: i64, name: &str, code: &str) -> String {
+/// What a task prompt says of a task stated as a KernelBench-style problem (`code`: the PyTorch
+/// `Model`, its constants, `get_inputs` and `get_init_inputs`): its `forward` is what the
+/// launcher computes, with the module's parameters (its state dict, in order) passed as
+/// inputs after the forward inputs, as `kb-specs` derives the signature (docs/architecture.md,
+/// "The task language"). Every task, generated family or KernelBench problem, is shown so.
+pub fn module_description(code: &str) -> String {
     format!(
-        "the forward pass of KernelBench level {level} problem `{name}`, the PyTorch module below. The launcher takes the forward inputs, then the module's parameters (its state dict, in order), then the outputs and the named sizes.\n\n```python\n{}\n```",
+        "the forward pass of the PyTorch module below. The launcher takes the forward inputs, then the module's parameters (its state dict, in order), then the outputs and the named sizes.\n\n```python\n{}\n```",
         code.trim_end()
     )
 }
@@ -156,9 +161,9 @@ mod tests {
             Some("int x;")
         );
         assert_eq!(extract_code("no code"), None);
-        let d = kernelbench_description(1, "19_ReLU", "class Model:\n    pass\n");
+        let d = module_description("class Model:\n    pass\n");
         assert!(
-            d.contains("level 1 problem `19_ReLU`")
+            d.starts_with("the forward pass of the PyTorch module below.")
                 && d.ends_with("```python\nclass Model:\n    pass\n```")
         );
         assert_eq!(signature_dtype(t.signature), "f32");

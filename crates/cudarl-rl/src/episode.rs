@@ -116,14 +116,16 @@ impl EpisodeTask for TaskSpec {
     fn tier(&self) -> i64 {
         self.tier
     }
+    /// The task in the task language: its KernelBench-style module
+    /// ([`TaskSpec::problem_source`]), the launcher, and no example shapes (the module's
+    /// constants are one).
     fn text(&self) -> TaskText {
-        let (signature, shapes) = task_messages(self);
         TaskText {
             tier: self.tier,
-            description: self.description.clone(),
+            description: prompts::module_description(&self.problem_source()),
             dtype: self.dtype.clone(),
-            signature,
-            shapes,
+            signature: self.signature(),
+            shapes: vec![],
         }
     }
 }

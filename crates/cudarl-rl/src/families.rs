@@ -53,6 +53,10 @@ pub struct GenerateParams {
     /// Tier-1 row-reduction families (ids `gen_rr_000`, ...).
     #[serde(default)]
     pub row_reduce: usize,
+    /// Operator families over KernelBench's vocabulary, tiers 0-3, each stated as a
+    /// KernelBench-style module ([`crate::operators`]; ids `gen_op_0000`, ...).
+    #[serde(default)]
+    pub operators: usize,
     /// ChaCha8 seed: the same seed gives the same families, byte for byte.
     #[serde(default)]
     pub seed: u64,
@@ -750,35 +754,51 @@ pub fn generate(p: &GenerateParams, exclude: &BTreeSet<String>) -> Vec<Family> {
         out.push(g);
         i += 1;
     }
+    // Operator families last, so their count changes none of the above.
+    let refs: BTreeSet<String> = exclude
+        .iter()
+        .cloned()
+        .chain(out.iter().flat_map(|f| f.spec.reference.values().cloned()))
+        .collect();
+    out.extend(crate::operators::generate(p.operators, p.seed, &refs));
     out
+}
+
+/// What pretraining's copy documents must never show: the references of every task (the
+/// hold-out's included) and the groups (template instances) of every generated family.
+#[derive(Debug, Clone, Default)]
+pub struct CopyExclusions {
+    /// Reference expressions.
+    pub references: BTreeSet<String>,
+    /// Family groups ([`TaskSpec::group`]).
+    pub groups: BTreeSet<String>,
 }
 
 /// `n` pretraining conversations (system, user, assistant; rendered by the trainer with the
 /// chat template, [`cudarl_curriculum::prompts`]) that each ask, in the generator's prompt
-/// format, for an elementwise expression and answer with a kernel that carries it: the naive
-/// kernel (the same `EXPR` on `x[i]`) for even indices, the float4 kernel (its per-element
-/// function, `EXPR` on plain names) for odd ones; the prompt's phrasing cycles through
+/// format, for an operator family ([`crate::operators`], drawn with `seed`) stated as its
+/// KernelBench-style module, and answer with its naive kernel (even indices) or its fast one
+/// (odd indices); the phrasing cycles through
 /// [`INTROS`](cudarl_curriculum::prompts::INTROS) and
-/// [`CLOSINGS`](cudarl_curriculum::prompts::CLOSINGS) and shows every train shape. The trees are
-/// drawn like [`generate`]'s with `seed`, never one whose reference is in `exclude` (pass every
-/// task's, the hold-out families' included), so the text teaches the copy from a task's
-/// description to its code without showing any task's expression.
+/// [`CLOSINGS`](cudarl_curriculum::prompts::CLOSINGS). Never a family whose reference or group
+/// is in `exclude` (pass every task's, the hold-out's included), so the text teaches the map
+/// from a module to its kernel without showing any task or any template instance of one.
 ///
-/// Thousands of expressions seen once each can only be fitted by copying, where SFT over a
-/// few hundred families, each seen 40 times, teaches recall by family. In the prompt format,
-/// not as a bare `// EXPR` comment over the code: the copy is learnt where the model is later
-/// asked for it. Measured with 3000 of them (H100, 136 hold-out episodes per checkpoint): the SFT
-/// checkpoint's hold-out pass rate 0.132 -> 0.412, single-turn 0.051 -> 0.154, first turns carrying
-/// the asked expression 4 -> 27 of 128
+/// Measured with 3000 elementwise ones before the task language was modules (H100, 136
+/// hold-out episodes per checkpoint): the SFT checkpoint's hold-out pass rate 0.132 -> 0.412
 /// (`benchmarks/results/main_job_h100_2026-11-23_copy_documents.json`).
-pub fn copy_documents(n: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Vec<ChatMessage>> {
-    let p = GenerateParams {
-        elementwise: n,
-        row_reduce: 0,
-        seed,
-    };
-    generate(&p, exclude)
+pub fn copy_documents(n: usize, seed: u64, exclude: &CopyExclusions) -> Vec<Vec<ChatMessage>> {
+    // Draw more than needed: families of an excluded group are dropped.
+    let drawn = crate::operators::generate(4 * n + 64, seed, &exclude.references);
+    drawn
         .into_iter()
+        .filter(|f| {
+            f.spec
+                .group
+                .as_ref()
+                .is_none_or(|g| !exclude.groups.contains(g))
+        })
+        .take(n)
         .enumerate()
         .map(|(i, f)| {
             let code = match (i % 2, f.optimized.first()) {
@@ -804,26 +824,33 @@ mod tests {
         GenerateParams {
             elementwise: e,
             row_reduce: r,
+            operators: 0,
             seed: 7,
         }
     }
 
     #[test]
-    fn copy_documents_ask_for_their_expression_then_carry_it_and_skip_the_excluded() {
-        let tasks = generate(&params(30, 0), &BTreeSet::new());
-        let exclude: BTreeSet<String> = tasks
+    fn copy_documents_state_a_module_answer_with_its_kernel_and_skip_the_excluded() {
+        let tasks = crate::operators::generate(40, 3, &BTreeSet::new());
+        let exclude = CopyExclusions {
+            references: tasks
+                .iter()
+                .map(|f| f.spec.reference["out"].clone())
+                .collect(),
+            groups: tasks.iter().filter_map(|f| f.spec.group.clone()).collect(),
+        };
+        let docs = copy_documents(60, 11, &exclude);
+        assert_eq!(docs.len(), 60);
+        assert_eq!(docs, copy_documents(60, 11, &exclude), "deterministic");
+        let modules: BTreeSet<&str> = tasks
             .iter()
-            .map(|f| f.spec.reference["out"].clone())
+            .map(|f| f.spec.module.as_deref().unwrap())
             .collect();
-        let docs = copy_documents(200, 11, &exclude);
-        assert_eq!(docs.len(), 200);
-        assert_eq!(docs, copy_documents(200, 11, &exclude), "deterministic");
-        let descs: BTreeSet<&str> = tasks.iter().map(|f| f.spec.description.as_str()).collect();
         let mut intros = BTreeSet::new();
-        // The tasks' own seed with their references excluded draws none of them again.
+        // The tasks' own seed with their references and groups excluded draws none of them.
         for (i, d) in docs
             .iter()
-            .chain(&copy_documents(30, 7, &exclude))
+            .chain(&copy_documents(20, 3, &exclude))
             .enumerate()
         {
             let roles: Vec<&str> = d.iter().map(|m| m.role.as_str()).collect();
@@ -831,30 +858,31 @@ mod tests {
             assert_eq!(d[0].content, prompts::GENERATOR_SYSTEM);
             let (user, answer) = (&d[1].content, &d[2].content);
             intros.insert(user.lines().next().unwrap().to_string());
-            // The generator's prompt: tier 0, the launcher, the shapes.
-            let desc = user
-                .lines()
-                .find_map(|l| l.strip_prefix("Task (tier 0): "))
-                .unwrap_or_else(|| panic!("{user}"));
+            assert!(
+                user.contains("the forward pass of the PyTorch module below"),
+                "{user}"
+            );
+            assert!(user.contains("```python\nimport torch"), "{user}");
             assert!(user.contains("extern \"C\" void launch("), "{user}");
-            assert!(user.contains("tested on shapes such as {\"n\":"), "{user}");
-            assert!(!descs.contains(desc), "a task's expression: {desc}");
-            let expr = desc
-                .strip_prefix("out[i] = ")
-                .and_then(|s| s.strip_suffix(" for i in [0, n)"))
-                .unwrap();
-            // Answers alternate: the naive kernel carries it verbatim, the float4 kernel on
-            // plain names.
+            assert!(
+                !modules.iter().any(|m| user.contains(m.trim_end())),
+                "a task's module: {user}"
+            );
+            // The answer defines the launcher the prompt declares.
             let code = prompts::extract_code(answer).unwrap();
-            if i % 2 == 0 && i < 200 {
-                assert!(code.contains(&format!("out[i] = {expr};")), "{code}");
-            } else if i < 200 {
-                assert!(code.contains("float4"), "{code}");
-                let plain = expr.replace("[i]", "");
-                assert!(code.contains(&format!("return {plain};")), "{code}");
+            let sig = user
+                .lines()
+                .find(|l| l.starts_with("extern \"C\" void launch("))
+                .unwrap()
+                .trim_end_matches(';');
+            assert!(code.contains(sig), "{code}");
+            if i % 2 == 0 && i < 60 {
+                assert!(code.starts_with("// naive"), "{code}");
+            } else if i < 60 {
+                assert!(code.starts_with("// fast"), "{code}");
             }
         }
-        assert_eq!(intros.len(), prompts::INTROS.len(), "every phrasing");
+        assert_eq!(intros.len(), prompts::INTROS.len());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! KernelBench problems as episode tasks: a problem of the curriculum with the native launcher
 //! `kb-specs` derived ([`KbTask`]), shown to the agents as its PyTorch source and the launcher to
-//! define ([`cudarl_curriculum::prompts::kernelbench_description`]). `eval` runs the agents on
+//! define ([`cudarl_curriculum::prompts::module_description`]). `eval` runs the agents on
 //! the curriculum's KernelBench `test` problems; `export curriculum --format verl` writes its
 //! `train` and `test` problems as RL rows.
 
@@ -39,7 +39,7 @@ impl EpisodeTask for KbTask {
     fn text(&self) -> TaskText {
         TaskText {
             tier: self.tier,
-            description: prompts::kernelbench_description(self.level, &self.name, &self.code),
+            description: prompts::module_description(&self.code),
             dtype: prompts::signature_dtype(&self.signature).to_string(),
             signature: self.signature.clone(),
             shapes: vec![],

@@ -8,7 +8,7 @@
 //! - [`credit`]: turn credit, group-normalized advantages (GRPO), GAE (PPO);
 //! - [`trainer`]: the trainer process (`cudarl-pipe-train`): one-shot jobs and the RL trainer
 //!   as the episodes' policy; [`harness`]: the kernel harness as their tester;
-//! - [`families`]: generated task families; [`tasks`]: the task tables, read in one place;
+//! - [`families`] and [`operators`]: generated task families; [`tasks`]: the task tables, read in one place;
 //! - [`step`]: one RL step (groups, advantages, updates, the step's metrics);
 //! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`;
 //! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`).
@@ -19,6 +19,7 @@ pub mod episode;
 pub mod families;
 pub mod harness;
 pub mod kernelbench;
+pub mod operators;
 pub mod repair;
 pub mod reward;
 pub mod stats;

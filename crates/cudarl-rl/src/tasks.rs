@@ -221,6 +221,7 @@ pub fn fresh_families(ts: &mut TaskSet, n: usize, seed: u64) -> Vec<TaskSpec> {
     let gp = crate::families::GenerateParams {
         elementwise: n,
         row_reduce: 0,
+        operators: 0,
         seed: seed ^ FRESH_SALT,
     };
     crate::families::generate(&gp, &exclude)
@@ -248,6 +249,7 @@ mod tests {
             &crate::families::GenerateParams {
                 elementwise: 60,
                 row_reduce: 0,
+                operators: 0,
                 seed: FRESH_SALT,
             },
             &Default::default(),

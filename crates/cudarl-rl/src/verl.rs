@@ -148,7 +148,7 @@ pub fn family_rows(tasks: &Path, held: &BTreeSet<String>) -> Result<Vec<(String,
 /// problems as `train`, its `test` problems as `test`; its `val` problems are in neither (kept
 /// for model selection). The prompt shows the problem's PyTorch source from the
 /// `ingest-kernelbench` node's `problems` table
-/// ([`cudarl_curriculum::prompts::kernelbench_description`]) and the launcher to define.
+/// ([`cudarl_curriculum::prompts::module_description`]) and the launcher to define.
 ///
 /// # Errors
 /// A table cannot be read or lacks a column (file and field named); a covered problem missing

@@ -91,11 +91,10 @@ pub struct ServedProblem {
 
 impl ServedProblem {
     /// The task view of the problem: the generator's prompt
-    /// ([`cudarl_curriculum::prompts::kernelbench_description`]) and the launcher.
+    /// ([`cudarl_curriculum::prompts::module_description`]) and the launcher.
     fn view(&self) -> TaskView {
         use cudarl_curriculum::prompts;
-        let description =
-            prompts::kernelbench_description(self.level, &self.name, &self.problem.code);
+        let description = prompts::module_description(&self.problem.code);
         let dtype = prompts::signature_dtype(&self.native.signature);
         let v = prompts::TaskView {
             tier: self.tier,

@@ -273,9 +273,7 @@ impl Stage for ArchiveNative {
                     speedup_vs_torch: None,
                     validated: "failed".into(),
                     feedback: None,
-                    description: cudarl_curriculum::prompts::kernelbench_description(
-                        task.level, &task.name, &task.code,
-                    ),
+                    description: cudarl_curriculum::prompts::module_description(&task.code),
                     signature: task.signature.clone(),
                 });
             }

@@ -250,7 +250,8 @@ impl Stage for SftData {
     fn code_version(&self) -> u32 {
         // 3: repairs from `sft-repairs` (the breakage rotates over all of a task's kernels).
         // 4: the families' splits from the curriculum.
-        4
+        // 5: every task stated as its KernelBench-style module (the task language).
+        5
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -298,21 +299,20 @@ impl Stage for SftData {
         let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
         let tid = tasks.req_strings("task_id").map_err(data_err)?;
         let tier = tasks.req_ints("tier").map_err(data_err)?;
-        let desc = tasks.req_strings("description").map_err(data_err)?;
+        let problem = tasks.req_strings("problem").map_err(data_err)?;
         let dtype = tasks.req_strings("dtype").map_err(data_err)?;
         let sig = tasks.req_strings("signature").map_err(data_err)?;
-        let shapes = tasks.req_strings("train_shapes").map_err(data_err)?;
         for i in 0..tasks.rows() {
-            let (Some(t), Some(tr), Some(d), Some(dt), Some(sg), Some(sh)) = (
+            let (Some(t), Some(tr), Some(pr), Some(dt), Some(sg)) = (
                 tid.get(i),
                 tier.get(i),
-                desc.get(i),
+                problem.get(i),
                 dtype.get(i),
                 sig.get(i),
-                shapes.get(i),
             ) else {
                 continue;
             };
+            let d = prompts::module_description(pr);
             let Some(kerns) = by_task.get(t) else {
                 continue;
             };
@@ -320,15 +320,11 @@ impl Stage for SftData {
                 stage: self,
                 id: t,
                 tier: tr,
-                description: d,
+                description: &d,
                 dtype: dt,
                 signature: sg,
                 kept_out: kept_out(&splits, t)?,
-                shapes: serde_json::from_str::<Vec<Value>>(sh)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(Value::to_string)
-                    .collect(),
+                shapes: vec![],
             };
             task.generator(&mut gen_rows, kerns);
             // Optimizer: each naive -> optimized pair, faster when measured.

@@ -31,6 +31,8 @@ pub const KIND: &str = "synth-tasks";
 /// | atol, rtol | float64 | tolerance (see datasets/tasks/README.md) |
 /// | bytes, flops | utf8 | formulas over the sizes (bytes moved, FLOP) |
 /// | spec_json | utf8 | the full spec (what the harness runs) |
+/// | problem | utf8 | the task as a KernelBench-style problem (a PyTorch `Model`, its constants, `get_inputs`): what every prompt shows ([`cudarl_cuda::task::TaskSpec::problem_source`]) |
+/// | group | utf8 | the template instance of a generated family (its op structure), else the task id; splits are drawn per group |
 pub static TASKS: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(vec![
         Field::new("task_id", DataType::Utf8, false),
@@ -45,6 +47,8 @@ pub static TASKS: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("bytes", DataType::Utf8, false),
         Field::new("flops", DataType::Utf8, false),
         Field::new("spec_json", DataType::Utf8, false),
+        Field::new("problem", DataType::Utf8, false),
+        Field::new("group", DataType::Utf8, false),
     ]))
 });
 
@@ -128,7 +132,8 @@ impl Stage for SynthTasks {
         // Bump when the templates of `cudarl_rl::families` change (they are code, not inputs).
         // 6: row-reduction maps are drawn trees, with two of three optimized kernels each;
         // naive row sums accumulate in double.
-        6
+        // 7: operator families (KernelBench-style modules, tiers 0-3); `problem` and `group`.
+        7
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -234,6 +239,11 @@ impl Stage for SynthTasks {
             .iter()
             .map(|t| serde_json::to_string(&t.spec).expect("json"))
             .collect();
+        let problem: Vec<String> = all.iter().map(|t| t.spec.problem_source()).collect();
+        let group: Vec<String> = all
+            .iter()
+            .map(|t| t.spec.group.clone().unwrap_or_else(|| t.spec.id.clone()))
+            .collect();
         let sa = |v: &Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
         let batch = cudarl_data::parquet_io::batch(
             &TASKS.clone(),
@@ -250,6 +260,8 @@ impl Stage for SynthTasks {
                 sa(&cols[6]),
                 sa(&cols[7]),
                 sa(&spec_json),
+                sa(&problem),
+                sa(&group),
             ],
         )
         .map_err(data_err)?;

@@ -436,7 +436,8 @@ impl Stage for ModelStage {
         // 3: `copy_documents` are conversations in the prompt format.
         // 4: checkpoints carry `tokenizer_config.json` (the chat template) and
         // `generation_config.json`.
-        4
+        // 5: copy documents are operator families stated as modules, none of a task's group.
+        5
     }
     fn params(&self) -> Value {
         // A checkpoint directory is keyed by its files (`base`), not where it lies.
@@ -556,11 +557,15 @@ impl Stage for ModelStage {
                 let extra = match self.params.copy_documents {
                     0 => Vec::new(),
                     n => {
-                        // Every task's expressions, the hold-out families' included.
-                        let exclude = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?)?
-                            .into_iter()
-                            .flat_map(|s| s.reference.into_values())
-                            .collect();
+                        // Every task's expressions and groups, the hold-out's included.
+                        let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?)?;
+                        let exclude = cudarl_rl::families::CopyExclusions {
+                            groups: specs.iter().filter_map(|s| s.group.clone()).collect(),
+                            references: specs
+                                .into_iter()
+                                .flat_map(|s| s.reference.into_values())
+                                .collect(),
+                        };
                         cudarl_rl::families::copy_documents(n, self.params.copy_seed, &exclude)
                     }
                 };

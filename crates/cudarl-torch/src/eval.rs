@@ -191,8 +191,85 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
         };
         Ok(Val::T(v, m))
     };
+    // Lipschitz unary with constant `l` > 1: magnitude max(|f(x)|, l m(x)).
+    let lip_l = |v: Tensor, mx: Option<Tensor>, l: f64| -> R<Val> {
+        match mx {
+            Some(m) => lip(v, Some(m.f_mul_scalar(l)?)),
+            None => lip(v, None),
+        }
+    };
+    let num_arg = |i: usize| -> R<f64> {
+        match eval_val(&args[i], env, false)? {
+            Val::Num(v) => Ok(v),
+            Val::T(..) => Err(err(format!("`{f}`: argument {} must be a number", i + 1))),
+        }
+    };
+    // Reductions keep the dimension when a third argument is 1 (`keepdim=True`).
+    let keep =
+        || -> R<bool> { Ok(args.get(2).map(|k| int_arg(k, f)).transpose()?.unwrap_or(0) == 1) };
     match f {
         "relu" => lip(x.f_relu()?, mx),
+        "leaky_relu" => {
+            let a = num_arg(1)?;
+            // max(x, 0) + a min(x, 0): F.leaky_relu for any slope.
+            let v = x
+                .f_clamp_min(0.0)?
+                .f_add(&x.f_clamp_max(0.0)?.f_mul_scalar(a)?)?;
+            lip_l(v, mx, a.abs().max(1.0))
+        }
+        "elu" => {
+            let a = num_arg(1)?;
+            // max(x, 0) + a (exp(min(x, 0)) - 1): F.elu.
+            let neg = x.f_clamp_max(0.0)?.f_expm1()?.f_mul_scalar(a)?;
+            lip_l(x.f_clamp_min(0.0)?.f_add(&neg)?, mx, a.abs().max(1.0))
+        }
+        "selu" => lip_l(x.f_selu()?, mx, 1.7581),
+        "softplus" => {
+            // F.softplus (beta 1, threshold 20): x above 20, log1p(exp(x)) below.
+            let soft = x.f_clamp_max(20.0)?.f_exp()?.f_log1p()?;
+            lip(x.f_where_self(&x.f_gt(20.0)?, &soft)?, mx)
+        }
+        "softsign" => lip(x.f_div(&x.f_abs()?.f_add_scalar(1.0)?)?, mx),
+        "silu" => lip_l(x.f_silu()?, mx, 1.1),
+        "mish" => lip_l(x.f_mish()?, mx, 1.1),
+        "hardtanh" => lip(x.f_clamp(num_arg(1)?, num_arg(2)?)?, mx),
+        "hardsigmoid" => lip(x.f_hardsigmoid()?, mx),
+        "hardswish" => lip_l(x.f_hardswish()?, mx, 1.5),
+        "sqrt" => {
+            let v = x.f_sqrt()?;
+            let m = match mx {
+                Some(m) => Some(
+                    v.f_abs()?
+                        .f_maximum(&m.f_div(&v.f_abs()?.f_mul_scalar(2.0)?)?)?,
+                ),
+                None => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "cumsum" => {
+            let d = int_arg(&args[1], f)?;
+            let v = x.f_cumsum(d, None::<Kind>)?;
+            let m = mx.map(|m| m.f_cumsum(d, None::<Kind>)).transpose()?;
+            Ok(Val::T(v, m))
+        }
+        "log_softmax" | "logsumexp" => {
+            let d = int_arg(&args[1], f)?;
+            let v = if f == "log_softmax" {
+                x.f_log_softmax(d, None::<Kind>)?
+            } else {
+                x.f_logsumexp([d].as_slice(), keep()?)?
+            };
+            let m = match mx {
+                Some(m) => Some(
+                    v.f_abs()?.f_add(
+                        &m.f_amax([d].as_slice(), f == "log_softmax" || keep()?)?
+                            .f_mul_scalar(2.0)?,
+                    )?,
+                ),
+                None => None,
+            };
+            Ok(Val::T(v, m))
+        }
         "sigmoid" => lip(x.f_sigmoid()?, mx),
         "tanh" => lip(x.f_tanh()?, mx),
         "abs" => lip(x.f_abs()?, mx),
@@ -208,15 +285,17 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
         }
         "sum" | "max" | "min" | "mean" => {
             let dim = args.get(1).map(|d| int_arg(d, f)).transpose()?;
+            let keep = keep()?;
             let reduce = |t: &Tensor, kind: &str| -> R<Tensor> {
                 match (kind, dim) {
                     ("sum", None) => t.f_sum(None::<Kind>)?.f_reshape([1]),
-                    ("sum", Some(d)) => t.f_sum_dim_intlist([d].as_slice(), false, None::<Kind>),
-                    ("mean", Some(d)) => t.f_mean_dim([d].as_slice(), false, None::<Kind>),
+                    ("sum", Some(d)) => t.f_sum_dim_intlist([d].as_slice(), keep, None::<Kind>),
+                    ("mean", None) => t.f_mean(None::<Kind>)?.f_reshape([1]),
+                    ("mean", Some(d)) => t.f_mean_dim([d].as_slice(), keep, None::<Kind>),
                     ("max", None) => t.f_amax([0i64; 0].as_slice(), false)?.f_reshape([1]),
-                    ("max", Some(d)) => t.f_amax([d].as_slice(), false),
+                    ("max", Some(d)) => t.f_amax([d].as_slice(), keep),
                     ("min", None) => t.f_amin([0i64; 0].as_slice(), false)?.f_reshape([1]),
-                    (_, d) => t.f_amin([d.unwrap_or(0)].as_slice(), false),
+                    (_, d) => t.f_amin([d.unwrap_or(0)].as_slice(), keep),
                 }
             };
             let v = reduce(&x, f)?;

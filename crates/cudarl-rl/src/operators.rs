@@ -1,0 +1,2124 @@
+//! Operator families: seeded synthetic tasks over KernelBench's operator vocabulary, each stated
+//! as a KernelBench-style problem (a PyTorch `Model`, its size constants, `get_inputs` and
+//! `get_init_inputs`) with the native launcher `kb-specs` derives for such a module (forward
+//! inputs `in0, in1, ...`, then the state dict's tensors by name, then `out`, then the size
+//! constants the buffers use in name order, then the stream), a naive kernel and a fast one.
+//!
+//! Kinds and tiers (docs/architecture.md, "The task language"):
+//! - tier 0, `ew`: chains of 1-3 elementwise steps over `x` of shape `(batch_size, dim)`: the
+//!   activations of KernelBench level 1 (relu, leaky_relu, gelu and its tanh form, sigmoid, tanh,
+//!   softplus, softsign, selu, elu, hardtanh, hardsigmoid, silu, mish, hardswish), `abs`,
+//!   squaring, clamping, scaling and shifting by constants, a second input (`x + y`, `x * y`)
+//!   and a broadcast parameter over the last dimension (`x + self.bias`, `x * self.weight`).
+//!   Kernels: one thread per element; float4 grid-stride loop with a scalar tail.
+//! - tier 1: reductions (`sum`, `mean`, `max`, `min`) over the last dimension of a matrix or the
+//!   middle one of a 3-D tensor, `softmax` and `log_softmax`, L1 and L2 normalization of rows,
+//!   `cumsum`, each after an optional activation. Kernels: one thread per row (sums in double)
+//!   or per output column; one block per row with warp shuffles, a 32 x 8 block splitting the
+//!   reduced dimension, a chunked block scan with a double carry.
+//! - tier 2: `nn.LayerNorm` and RMS normalization, the matmul family (plain, either operand
+//!   transposed, matrix-vector, batched, `nn.Linear`), and losses reduced to one value (MSE,
+//!   Huber, hinge). Kernels: one thread per output (matmul), per row (norms) or one block
+//!   (losses); 32 x 32 shared-memory tiles with 4 outputs per thread, one block per row, many
+//!   blocks with one atomic each.
+//! - tier 3: fused chains in the style of KernelBench level 2: `nn.Linear`, then 1-3 of the
+//!   elementwise steps (a bias parameter, activations, scaling, clamping); `nn.Linear`, an
+//!   optional activation and a row reduction (`sum`, `mean`, `max`, `logsumexp`, kept
+//!   dimension); `nn.LayerNorm` followed by 1-2 activations. Kernels: the tiled matmul with a
+//!   fused epilogue; one block per row with the input row in shared memory and one warp per
+//!   output column.
+//!
+//! The reference (what the judge evaluates, [`cudarl_cuda::expr`]) is rendered from the same
+//! op list as the module and the kernels; a test evaluates module and reference on the same
+//! inputs (`tests/python/check_task_modules.py`). Every family is float32 with the
+//! tolerances of `datasets/tasks/README.md` for its kind (rtol 1e-5, atol 1e-6; matmuls and
+//! normalizations rtol 1e-4, atol 1e-5). Each family's `group` is its op structure without
+//! constants or shapes, so the hold-out is drawn per template instance.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cudarl_cuda::task::{Arg, ArgKind, TaskSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::families::{Family, PREFIX, canonical};
+
+/// Id prefix of operator families (`gen_op_0000`, ...).
+pub const OP_PREFIX: &str = "gen_op_";
+
+/// An elementwise step `x = f(x)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    Relu,
+    LeakyRelu(&'static str),
+    Sigmoid,
+    Tanh,
+    Gelu,
+    GeluTanh,
+    Silu,
+    Mish,
+    Softplus,
+    Softsign,
+    Selu,
+    Elu(&'static str),
+    Hardtanh(&'static str, &'static str),
+    Hardsigmoid,
+    Hardswish,
+    Abs,
+    Square,
+    Scale(&'static str),
+    Shift(&'static str),
+    Divide(&'static str),
+    Clamp(&'static str, &'static str),
+    /// `x + y` with a second forward input of the same shape.
+    AddInput,
+    /// `x * y`.
+    MulInput,
+    /// `x + self.bias`, a parameter over the last dimension.
+    AddBias,
+    /// `x * self.weight`, a parameter over the last dimension.
+    MulWeight,
+}
+
+/// Activations, with their constants drawn from small lists.
+const ACTS: &[Step] = &[
+    Step::Relu,
+    Step::LeakyRelu("0.01"),
+    Step::LeakyRelu("0.2"),
+    Step::Sigmoid,
+    Step::Tanh,
+    Step::Gelu,
+    Step::GeluTanh,
+    Step::Silu,
+    Step::Mish,
+    Step::Softplus,
+    Step::Softsign,
+    Step::Selu,
+    Step::Elu("1.0"),
+    Step::Elu("0.5"),
+    Step::Hardtanh("-1.0", "1.0"),
+    Step::Hardtanh("-0.5", "2.0"),
+    Step::Hardsigmoid,
+    Step::Hardswish,
+];
+
+/// Arithmetic steps with constants.
+const ARITH: &[Step] = &[
+    Step::Abs,
+    Step::Square,
+    Step::Scale("2.0"),
+    Step::Scale("0.5"),
+    Step::Scale("1.5"),
+    Step::Shift("1.0"),
+    Step::Shift("-0.5"),
+    Step::Divide("2.0"),
+    Step::Divide("3.0"),
+    Step::Clamp("-1.0", "1.0"),
+    Step::Clamp("0.0", "6.0"),
+];
+
+/// C float literal of a Python literal (`"0.2"` -> `0.2f`).
+fn cf(lit: &str) -> String {
+    format!("{lit}f")
+}
+
+impl Step {
+    /// The step's name in group keys and docstrings.
+    fn name(self) -> &'static str {
+        match self {
+            Step::Relu => "relu",
+            Step::LeakyRelu(_) => "leaky_relu",
+            Step::Sigmoid => "sigmoid",
+            Step::Tanh => "tanh",
+            Step::Gelu => "gelu",
+            Step::GeluTanh => "gelu_tanh",
+            Step::Silu => "swish",
+            Step::Mish => "mish",
+            Step::Softplus => "softplus",
+            Step::Softsign => "softsign",
+            Step::Selu => "selu",
+            Step::Elu(_) => "elu",
+            Step::Hardtanh(..) => "hardtanh",
+            Step::Hardsigmoid => "hardsigmoid",
+            Step::Hardswish => "hardswish",
+            Step::Abs => "abs",
+            Step::Square => "square",
+            Step::Scale(_) => "scale",
+            Step::Shift(_) => "shift",
+            Step::Divide(_) => "divide",
+            Step::Clamp(..) => "clamp",
+            Step::AddInput => "add",
+            Step::MulInput => "multiply",
+            Step::AddBias => "bias_add",
+            Step::MulWeight => "weight_multiply",
+        }
+    }
+
+    /// The PyTorch statement (`x = ...`) of the step.
+    fn torch(self) -> String {
+        let f = "torch.nn.functional";
+        match self {
+            Step::Relu => "x = torch.relu(x)".into(),
+            Step::LeakyRelu(a) => format!("x = {f}.leaky_relu(x, negative_slope={a})"),
+            Step::Sigmoid => "x = torch.sigmoid(x)".into(),
+            Step::Tanh => "x = torch.tanh(x)".into(),
+            Step::Gelu => format!("x = {f}.gelu(x)"),
+            Step::GeluTanh => format!("x = {f}.gelu(x, approximate=\"tanh\")"),
+            Step::Silu => "x = x * torch.sigmoid(x)".into(),
+            Step::Mish => format!("x = {f}.mish(x)"),
+            Step::Softplus => format!("x = {f}.softplus(x)"),
+            Step::Softsign => "x = x / (1 + torch.abs(x))".into(),
+            Step::Selu => "x = torch.selu(x)".into(),
+            Step::Elu(a) => format!("x = {f}.elu(x, alpha={a})"),
+            Step::Hardtanh(lo, hi) => format!("x = {f}.hardtanh(x, min_val={lo}, max_val={hi})"),
+            Step::Hardsigmoid => format!("x = {f}.hardsigmoid(x)"),
+            Step::Hardswish => format!("x = {f}.hardswish(x)"),
+            Step::Abs => "x = torch.abs(x)".into(),
+            Step::Square => "x = x ** 2".into(),
+            Step::Scale(c) => format!("x = x * {c}"),
+            Step::Shift(c) if c.starts_with('-') => format!("x = x - {}", &c[1..]),
+            Step::Shift(c) => format!("x = x + {c}"),
+            Step::Divide(c) => format!("x = x / {c}"),
+            Step::Clamp(lo, hi) => format!("x = torch.clamp(x, min={lo}, max={hi})"),
+            Step::AddInput => "x = x + y".into(),
+            Step::MulInput => "x = x * y".into(),
+            Step::AddBias => "x = x + self.bias".into(),
+            Step::MulWeight => "x = x * self.weight".into(),
+        }
+    }
+
+    /// The reference-language expression of the step applied to `e` (`y` is the second
+    /// input's argument name).
+    fn reference(self, e: &str, y: &str) -> String {
+        match self {
+            Step::Relu => format!("relu({e})"),
+            Step::LeakyRelu(a) => format!("leaky_relu({e}, {a})"),
+            Step::Sigmoid => format!("sigmoid({e})"),
+            Step::Tanh => format!("tanh({e})"),
+            Step::Gelu => format!("gelu({e})"),
+            Step::GeluTanh => format!("gelu_tanh({e})"),
+            Step::Silu => format!("silu({e})"),
+            Step::Mish => format!("mish({e})"),
+            Step::Softplus => format!("softplus({e})"),
+            Step::Softsign => format!("softsign({e})"),
+            Step::Selu => format!("selu({e})"),
+            Step::Elu(a) => format!("elu({e}, {a})"),
+            Step::Hardtanh(lo, hi) | Step::Clamp(lo, hi) => format!("hardtanh({e}, {lo}, {hi})"),
+            Step::Hardsigmoid => format!("hardsigmoid({e})"),
+            Step::Hardswish => format!("hardswish({e})"),
+            Step::Abs => format!("abs({e})"),
+            Step::Square => format!("({e}) * ({e})"),
+            Step::Scale(c) => format!("({e}) * {c}"),
+            Step::Shift(c) if c.starts_with('-') => format!("({e}) - {}", &c[1..]),
+            Step::Shift(c) => format!("({e}) + {c}"),
+            Step::Divide(c) => format!("({e}) / {c}"),
+            Step::AddInput => format!("({e}) + {y}"),
+            Step::MulInput => format!("({e}) * {y}"),
+            Step::AddBias => format!("({e}) + bias"),
+            Step::MulWeight => format!("({e}) * weight"),
+        }
+    }
+
+    /// The CUDA statement updating `float v`; `y` is the second input's element, `c` the
+    /// column (index into the last dimension).
+    fn cuda(self, y: &str, c: &str) -> String {
+        let s = match self {
+            Step::Relu => "v = fmaxf(v, 0.0f);".to_string(),
+            Step::LeakyRelu(a) => format!("v = v > 0.0f ? v : {} * v;", cf(a)),
+            Step::Sigmoid => "v = 1.0f / (1.0f + expf(-v));".into(),
+            Step::Tanh => "v = tanhf(v);".into(),
+            Step::Gelu => "v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));".into(),
+            Step::GeluTanh => {
+                "v = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));"
+                    .into()
+            }
+            Step::Silu => "v = v / (1.0f + expf(-v));".into(),
+            Step::Mish => "v = v * tanhf(v > 20.0f ? v : log1pf(expf(v)));".into(),
+            Step::Softplus => "v = v > 20.0f ? v : log1pf(expf(v));".into(),
+            Step::Softsign => "v = v / (1.0f + fabsf(v));".into(),
+            Step::Selu => {
+                "v = 1.0507009873554805f * (v > 0.0f ? v : 1.6732632423543772f * expm1f(v));".into()
+            }
+            Step::Elu(a) => format!("v = v > 0.0f ? v : {} * expm1f(v);", cf(a)),
+            Step::Hardtanh(lo, hi) | Step::Clamp(lo, hi) => {
+                format!("v = fminf(fmaxf(v, {}), {});", cf(lo), cf(hi))
+            }
+            Step::Hardsigmoid => "v = fminf(fmaxf(v / 6.0f + 0.5f, 0.0f), 1.0f);".into(),
+            Step::Hardswish => "v = v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f) / 6.0f;".into(),
+            Step::Abs => "v = fabsf(v);".into(),
+            Step::Square => "v = v * v;".into(),
+            Step::Scale(c0) => format!("v = v * {};", cf(c0)),
+            Step::Shift(c0) => format!("v = v + {};", cf(c0)),
+            Step::Divide(c0) => format!("v = v / {};", cf(c0)),
+            Step::AddInput => format!("v = v + {y};"),
+            Step::MulInput => format!("v = v * {y};"),
+            Step::AddBias => format!("v = v + bias[{c}];"),
+            Step::MulWeight => format!("v = v * weight[{c}];"),
+        };
+        s
+    }
+}
+
+/// Reference of `steps` applied in order to `e`.
+fn ref_chain(steps: &[Step], e: &str, y: &str) -> String {
+    steps
+        .iter()
+        .fold(e.to_string(), |acc, s| s.reference(&acc, y))
+}
+
+/// CUDA statements of `steps`, one per line at `indent`.
+fn cuda_chain(steps: &[Step], y: &str, c: &str, indent: &str) -> String {
+    steps
+        .iter()
+        .map(|s| format!("{indent}{}\n", s.cuda(y, c)))
+        .collect()
+}
+
+fn group_of(kind: &str, steps: &[Step], extra: &str) -> String {
+    let names: Vec<&str> = steps.iter().map(|s| s.name()).collect();
+    format!("{kind}{extra}:{}", names.join(">"))
+}
+
+fn arg(name: &str, kind: ArgKind, shape: &[&str]) -> Arg {
+    Arg {
+        name: name.into(),
+        kind,
+        shape: shape.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn shapes(list: &[&[(&str, i64)]]) -> Vec<BTreeMap<String, i64>> {
+    list.iter()
+        .map(|s| s.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+        .collect()
+}
+
+const HEADER: &str = "#include <cuda_runtime.h>\n#include <stdint.h>\n#include <math.h>\n";
+
+/// The launcher's parameter list without the stream, with `__restrict__` pointers, and the
+/// argument names in order (every kernel takes the launcher's arguments).
+fn params(spec: &TaskSpec) -> (String, String) {
+    let sig = spec.signature();
+    let inner = &sig[sig.find('(').map_or(0, |i| i + 1)..sig.rfind(", cudaStream_t").unwrap_or(0)];
+    let names: Vec<&str> = spec.args.iter().map(|a| a.name.as_str()).collect();
+    (inner.replace("* ", "* __restrict__ "), names.join(", "))
+}
+
+/// What a family's module says, apart from `forward`'s body.
+struct Module<'a> {
+    doc: String,
+    /// `__init__` parameters with defaults (`"dim: int"`), and its body lines.
+    init_params: Vec<String>,
+    init_body: Vec<String>,
+    init_inputs: Vec<String>,
+    forward_args: &'a [&'a str],
+    body: Vec<String>,
+    /// Module constants in order (name, value).
+    constants: Vec<(String, i64)>,
+    /// `get_inputs` lines, then the returned names.
+    inputs: Vec<String>,
+    returned: Vec<String>,
+}
+
+fn render_module(m: &Module<'_>) -> String {
+    let mut s = String::from("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n");
+    s.push_str(&format!("    \"\"\"\n    {}\n    \"\"\"\n\n", m.doc));
+    let ip = if m.init_params.is_empty() {
+        String::new()
+    } else {
+        format!(", {}", m.init_params.join(", "))
+    };
+    s.push_str(&format!(
+        "    def __init__(self{ip}):\n        super(Model, self).__init__()\n"
+    ));
+    for l in &m.init_body {
+        s.push_str(&format!("        {l}\n"));
+    }
+    let fa: Vec<String> = m
+        .forward_args
+        .iter()
+        .map(|a| format!("{a}: torch.Tensor"))
+        .collect();
+    s.push_str(&format!(
+        "\n    def forward(self, {}) -> torch.Tensor:\n",
+        fa.join(", ")
+    ));
+    for l in &m.body {
+        s.push_str(&format!("        {l}\n"));
+    }
+    s.push_str("\n\n");
+    for (k, v) in &m.constants {
+        s.push_str(&format!("{k} = {v}\n"));
+    }
+    s.push_str("\n\ndef get_inputs():\n");
+    for l in &m.inputs {
+        s.push_str(&format!("    {l}\n"));
+    }
+    s.push_str(&format!("    return [{}]\n", m.returned.join(", ")));
+    s.push_str(&format!(
+        "\n\ndef get_init_inputs():\n    return [{}]\n",
+        m.init_inputs.join(", ")
+    ));
+    s
+}
+
+/// Constants of the module: the sizes of the first train shape, in `order`.
+fn constants(order: &[&str], shape: &BTreeMap<String, i64>) -> Vec<(String, i64)> {
+    order.iter().map(|k| (k.to_string(), shape[*k])).collect()
+}
+
+/// The spec of a family with the KernelBench argument order: `inputs` (name, shape), then
+/// `params`, then `out` of `out_shape`, then `sizes` (sorted by name).
+#[allow(clippy::too_many_arguments)]
+fn kb_spec(
+    id: &str,
+    tier: i64,
+    inputs: &[(&str, &[&str])],
+    out_shape: &[&str],
+    sizes: &[&str],
+    reference: String,
+    train: Vec<BTreeMap<String, i64>>,
+    holdout: Vec<BTreeMap<String, i64>>,
+    tol: (f64, f64),
+    cost: (String, String),
+) -> TaskSpec {
+    let mut sorted: Vec<&str> = sizes.to_vec();
+    sorted.sort_unstable();
+    let mut args: Vec<Arg> = inputs
+        .iter()
+        .map(|(n, s)| arg(n, ArgKind::Input, s))
+        .collect();
+    args.push(arg("out", ArgKind::Output, out_shape));
+    args.extend(sorted.iter().map(|s| arg(s, ArgKind::Size, &[])));
+    TaskSpec {
+        id: id.to_string(),
+        tier,
+        description: String::new(),
+        dtype: "f32".into(),
+        input_scales: None,
+        sizes: sorted.iter().map(|s| s.to_string()).collect(),
+        args,
+        train_shapes: train,
+        holdout_shapes: holdout,
+        atol: tol.1,
+        rtol: tol.0,
+        bytes: cost.0,
+        flops: cost.1,
+        reference: BTreeMap::from([("out".to_string(), reference)]),
+        scalars: BTreeMap::new(),
+        naive: "naive.cu".into(),
+        optimized: Vec::new(),
+        module: None,
+        group: None,
+    }
+}
+
+const EW_TOL: (f64, f64) = (1e-5, 1e-6);
+const MM_TOL: (f64, f64) = (1e-4, 1e-5);
+
+fn finish(
+    mut spec: TaskSpec,
+    module: String,
+    group: String,
+    naive: String,
+    fast: (&str, String),
+) -> Family {
+    spec.description = module
+        .lines()
+        .skip_while(|l| !l.contains("\"\"\""))
+        .nth(1)
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    spec.module = Some(module);
+    spec.group = Some(group);
+    spec.optimized = vec![fast.0.to_string()];
+    Family {
+        spec,
+        naive,
+        optimized: vec![(fast.0.to_string(), fast.1)],
+    }
+}
+
+fn doc_of(steps: &[Step]) -> String {
+    let names: Vec<&str> = steps.iter().map(|s| s.name()).collect();
+    names.join(", ")
+}
+
+// ---------------------------------------------------------------------------------------
+// Tier 0: elementwise chains.
+
+fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
+    let has_y = steps
+        .iter()
+        .any(|s| matches!(s, Step::AddInput | Step::MulInput));
+    let bias = steps.contains(&Step::AddBias);
+    let weight = steps.contains(&Step::MulWeight);
+    let train = shapes(&[
+        &[("batch_size", 256), ("dim", 4096)],
+        &[("batch_size", 4096), ("dim", 1024)],
+        &[("batch_size", 64), ("dim", 65536)],
+    ]);
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("dim", 1)],
+        &[("batch_size", 1000), ("dim", 999)],
+        &[("batch_size", 7), ("dim", 32769)],
+    ]);
+    let mut inputs: Vec<(&str, &[&str])> = vec![("in0", &["batch_size", "dim"])];
+    if has_y {
+        inputs.push(("in1", &["batch_size", "dim"]));
+    }
+    // State dict order: the order the parameters are created in `__init__`.
+    let mut init_body = Vec::new();
+    for s in steps {
+        match s {
+            Step::AddBias if !init_body.iter().any(|l: &String| l.contains("bias")) => {
+                init_body.push("self.bias = nn.Parameter(torch.randn(dim))".to_string());
+                inputs.push(("bias", &["dim"]));
+            }
+            Step::MulWeight if !init_body.iter().any(|l: &String| l.contains("weight")) => {
+                init_body.push("self.weight = nn.Parameter(torch.randn(dim))".to_string());
+                inputs.push(("weight", &["dim"]));
+            }
+            _ => {}
+        }
+    }
+    let n_bufs = inputs.len() as i64;
+    let reference = ref_chain(steps, "in0", "in1");
+    let spec = kb_spec(
+        id,
+        0,
+        &inputs,
+        &["batch_size", "dim"],
+        &["batch_size", "dim"],
+        reference,
+        train,
+        holdout,
+        EW_TOL,
+        (
+            format!("{}*batch_size*dim", 4 * (n_bufs.min(2) + 1)),
+            format!("{}*batch_size*dim", steps.len()),
+        ),
+    );
+    let fwd: Vec<&str> = if has_y { vec!["x", "y"] } else { vec!["x"] };
+    let mut body: Vec<String> = steps.iter().map(|s| s.torch()).collect();
+    body.push("return x".into());
+    let params_init = bias || weight;
+    let module = render_module(&Module {
+        doc: format!("Simple model that applies, elementwise: {}.", doc_of(steps)),
+        init_params: if params_init {
+            vec!["dim: int".into()]
+        } else {
+            vec![]
+        },
+        init_body,
+        init_inputs: if params_init {
+            vec!["dim".into()]
+        } else {
+            vec![]
+        },
+        forward_args: &fwd,
+        body,
+        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
+        inputs: fwd
+            .iter()
+            .map(|v| format!("{v} = torch.rand(batch_size, dim)"))
+            .collect(),
+        returned: fwd.iter().map(|v| v.to_string()).collect(),
+    });
+    let sig = spec.signature();
+    let (decl, names) = params(&spec);
+    let naive_body = cuda_chain(steps, "in1[i]", "c", "        ");
+    let naive = format!(
+        "// naive: one thread per element.\n{HEADER}\n\
+         __global__ void ew_naive({decl}) {{\n    \
+         const int64_t n = batch_size * dim;\n    \
+         const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (i < n) {{\n        const int64_t c = i % dim;\n        (void)c;\n        \
+         float v = in0[i];\n{naive_body}        out[i] = v;\n    }}\n}}\n\n\
+         {sig} {{\n    const int64_t n = batch_size * dim;\n    const int block = {block};\n    \
+         const int64_t grid = (n + block - 1) / block;\n    \
+         if (grid > 0) ew_naive<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n"
+    );
+    let lane_body = cuda_chain(steps, "y", "c", "    ");
+    let y_param = if has_y { ", float y" } else { "" };
+    let mut op_params = String::from("float v");
+    op_params.push_str(y_param);
+    let op_fn = format!(
+        "__device__ __forceinline__ float ew_op({op_params}, int64_t c, {decl}) {{\n    \
+         (void)c;\n{lane_body}    return v;\n}}\n"
+    );
+    let call = |v: &str, y: &str, c: &str| {
+        if has_y {
+            format!("ew_op({v}, {y}, {c}, {names})")
+        } else {
+            format!("ew_op({v}, {c}, {names})")
+        }
+    };
+    let mut lanes = String::new();
+    for (k, l) in ["x", "y", "z", "w"].iter().enumerate() {
+        lanes.push_str(&format!(
+            "        r.{l} = {};\n",
+            call(
+                &format!("a.{l}"),
+                &format!("b.{l}"),
+                &format!("(j * 4 + {k}) % dim")
+            )
+        ));
+    }
+    let load_b = if has_y {
+        "        const float4 b = reinterpret_cast<const float4*>(in1)[j];\n"
+    } else {
+        ""
+    };
+    let aligned = if has_y {
+        "reinterpret_cast<uintptr_t>(in0) | reinterpret_cast<uintptr_t>(in1) | reinterpret_cast<uintptr_t>(out)"
+    } else {
+        "reinterpret_cast<uintptr_t>(in0) | reinterpret_cast<uintptr_t>(out)"
+    };
+    let fast = format!(
+        "// fast: float4 (128-bit) loads and stores in a grid-stride loop sized to the SMs;\n\
+         // scalar tail for n % 4 and for unaligned pointers.\n{HEADER}\n{op_fn}\n\
+         __global__ void ew_vec4({decl}) {{\n    \
+         const int64_t n = batch_size * dim;\n    \
+         const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n    \
+         const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         const bool aligned = (({aligned}) & 15) == 0;\n    \
+         const int64_t n4 = aligned ? n / 4 : 0;\n    \
+         for (int64_t j = tid; j < n4; j += stride) {{\n        \
+         const float4 a = reinterpret_cast<const float4*>(in0)[j];\n{load_b}        float4 r;\n{lanes}        \
+         reinterpret_cast<float4*>(out)[j] = r;\n    }}\n    \
+         for (int64_t i = n4 * 4 + tid; i < n; i += stride) {{\n        out[i] = {};\n    }}\n}}\n\n\
+         {sig} {{\n    const int64_t n = batch_size * dim;\n    int device = 0, sms = 132;\n    \
+         cudaGetDevice(&device);\n    \
+         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);\n    \
+         const int block = {block};\n    int64_t want = (n / 4 + block - 1) / block;\n    \
+         int64_t grid = want < (int64_t)sms * 8 ? (want > 0 ? want : 1) : (int64_t)sms * 8;\n    \
+         ew_vec4<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n",
+        call("in0[i]", "in1[i]", "i % dim"),
+    );
+    let group = group_of("ew", steps, "");
+    finish(spec, module, group, naive, ("vec4.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Row kernels: statistics over each row of a (rows x dim) matrix, then one value per row or
+// one per element.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Comb {
+    Sum,
+    Max,
+    Min,
+}
+
+impl Comb {
+    fn init(self) -> &'static str {
+        match self {
+            Comb::Sum => "0.0f",
+            Comb::Max => "-INFINITY",
+            Comb::Min => "INFINITY",
+        }
+    }
+    fn apply(self, a: &str, b: &str) -> String {
+        match self {
+            Comb::Sum => format!("{a} + {b}"),
+            Comb::Max => format!("fmaxf({a}, {b})"),
+            Comb::Min => format!("fminf({a}, {b})"),
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Comb::Sum => "sum",
+            Comb::Max => "max",
+            Comb::Min => "min",
+        }
+    }
+}
+
+/// One statistic of a row: `s{k} = comb over c of term(v)`, where `term` may read the
+/// statistics before it.
+struct Stat {
+    term: String,
+    comb: Comb,
+}
+
+/// What a row kernel writes: one value per row (from the statistics) or one per element.
+enum RowOut {
+    Row(String),
+    Elem(String),
+}
+
+struct RowPlan {
+    /// Steps applied to each element read, before everything else (`v`).
+    pre: Vec<Step>,
+    stats: Vec<Stat>,
+    out: RowOut,
+    /// Steps applied to the written value.
+    post: Vec<Step>,
+}
+
+fn row_naive(decl: &str, p: &RowPlan) -> String {
+    let pre = cuda_chain(&p.pre, "", "c", "            ");
+    let post = cuda_chain(&p.post, "", "c", "        ");
+    let mut s = format!(
+        "__global__ void row_naive({decl}) {{\n    \
+         const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (r >= rows) return;\n    const float* xr = in0 + r * dim;\n"
+    );
+    for (k, st) in p.stats.iter().enumerate() {
+        let (ty, init, upd) = match st.comb {
+            Comb::Sum => (
+                "double",
+                "0.0".to_string(),
+                format!("s{k}_acc += (double)({});", st.term),
+            ),
+            c => (
+                "float",
+                c.init().to_string(),
+                format!(
+                    "s{k}_acc = {};",
+                    c.apply(&format!("s{k}_acc"), &format!("({})", st.term))
+                ),
+            ),
+        };
+        s.push_str(&format!(
+            "    {ty} s{k}_acc = {init};\n    for (int64_t c = 0; c < dim; ++c) {{\n            \
+             float v = xr[c];\n{pre}            {upd}\n    }}\n    const float s{k} = (float)s{k}_acc;\n"
+        ));
+    }
+    match &p.out {
+        RowOut::Row(e) => s.push_str(&format!(
+            "    {{\n        const int64_t c = 0;\n        (void)c;\n        float v = {e};\n{post}        out[r] = v;\n    }}\n"
+        )),
+        RowOut::Elem(e) => s.push_str(&format!(
+            "    for (int64_t c = 0; c < dim; ++c) {{\n            float v = xr[c];\n{pre}            \
+             v = {e};\n{}            out[r * dim + c] = v;\n    }}\n",
+            cuda_chain(&p.post, "", "c", "            ")
+        )),
+    }
+    s.push_str("}\n");
+    s
+}
+
+fn warp_fns(combs: &BTreeSet<&'static str>) -> String {
+    let mut s = String::new();
+    for name in combs {
+        let (op, ident) = match *name {
+            "sum" => ("v + o", "0.0f"),
+            "max" => ("fmaxf(v, o)", "-INFINITY"),
+            _ => ("fminf(v, o)", "INFINITY"),
+        };
+        s.push_str(&format!(
+            "__device__ __forceinline__ float warp_{name}(float v) {{\n    \
+             for (int off = 16; off > 0; off >>= 1) {{\n        \
+             const float o = __shfl_xor_sync(0xffffffffu, v, off);\n        v = {op};\n    }}\n    \
+             return v;\n}}\n\n\
+             // The {name} over the block, returned to every thread; `sh` holds 32 floats.\n\
+             __device__ float block_{name}(float v, float* sh) {{\n    \
+             const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n    \
+             v = warp_{name}(v);\n    __syncthreads();\n    if (lane == 0) sh[w] = v;\n    \
+             __syncthreads();\n    const int nw = (blockDim.x + 31) >> 5;\n    \
+             v = threadIdx.x < nw ? sh[threadIdx.x] : {ident};\n    \
+             if (w == 0) v = warp_{name}(v);\n    if (threadIdx.x == 0) sh[0] = v;\n    \
+             __syncthreads();\n    return sh[0];\n}}\n\n"
+        ));
+    }
+    s
+}
+
+fn row_block(decl: &str, p: &RowPlan) -> String {
+    let pre = cuda_chain(&p.pre, "", "c", "        ");
+    let mut s = format!(
+        "__global__ void row_block({decl}) {{\n    __shared__ float sh[32];\n    \
+         const int64_t r = blockIdx.x;\n    const float* xr = in0 + r * dim;\n"
+    );
+    for (k, st) in p.stats.iter().enumerate() {
+        let c = st.comb;
+        s.push_str(&format!(
+            "    float s{k} = {};\n    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {{\n        \
+             float v = xr[c];\n{pre}        s{k} = {};\n    }}\n    s{k} = block_{}(s{k}, sh);\n",
+            c.init(),
+            c.apply(&format!("s{k}"), &format!("({})", st.term)),
+            c.name()
+        ));
+    }
+    match &p.out {
+        RowOut::Row(e) => s.push_str(&format!(
+            "    if (threadIdx.x == 0) {{\n        const int64_t c = 0;\n        (void)c;\n        \
+             float v = {e};\n{}        out[r] = v;\n    }}\n",
+            cuda_chain(&p.post, "", "c", "        ")
+        )),
+        RowOut::Elem(e) => s.push_str(&format!(
+            "    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {{\n        float v = xr[c];\n{pre}        \
+             v = {e};\n{}        out[r * dim + c] = v;\n    }}\n",
+            cuda_chain(&p.post, "", "c", "        ")
+        )),
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// Naive and block-per-row kernels of a row plan. `rows` is the expression of the row count
+/// over the sizes.
+fn row_kernels(spec: &TaskSpec, p: &RowPlan, rows: &str, block: u32) -> (String, String) {
+    let sig = spec.signature();
+    let (decl, names) = params(spec);
+    let alias = format!("    const int64_t rows = {rows};\n");
+    let naive = format!(
+        "// naive: one thread per row, sums accumulated in double.\n{HEADER}\n{}\n\
+         {sig} {{\n{alias}    const int block = 128;\n    const int64_t grid = (rows + block - 1) / block;\n    \
+         if (grid > 0) row_naive<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n",
+        row_naive(&decl, p).replacen("{\n", &format!("{{\n    const int64_t rows = {rows};\n"), 1)
+    );
+    let combs: BTreeSet<&'static str> = p.stats.iter().map(|s| s.comb.name()).collect();
+    let fast = format!(
+        "// fast: one block per row; warp shuffles, then one value per warp in shared memory.\n\
+         {HEADER}\n{}{}\n\
+         {sig} {{\n{alias}    if (rows > 0) row_block<<<(unsigned)rows, {block}, 0, stream>>>({names});\n}}\n",
+        warp_fns(&combs),
+        row_block(&decl, p)
+    );
+    (naive, fast)
+}
+
+fn row_shapes(long: bool) -> (Vec<BTreeMap<String, i64>>, Vec<BTreeMap<String, i64>>) {
+    let train = if long {
+        shapes(&[
+            &[("batch_size", 512), ("dim", 4096)],
+            &[("batch_size", 4096), ("dim", 1024)],
+            &[("batch_size", 64), ("dim", 65536)],
+        ])
+    } else {
+        shapes(&[
+            &[("batch_size", 512), ("dim", 4096)],
+            &[("batch_size", 4096), ("dim", 1024)],
+            &[("batch_size", 64), ("dim", 16384)],
+        ])
+    };
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("dim", 1)],
+        &[("batch_size", 1000), ("dim", 999)],
+        &[("batch_size", 7), ("dim", if long { 32769 } else { 12289 })],
+    ]);
+    (train, holdout)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RowKind {
+    Reduce(Comb, bool, bool),
+    Softmax,
+    LogSoftmax,
+    L2Norm,
+    L1Norm,
+    LayerNorm,
+    RmsNorm,
+}
+
+/// A row family: `kind` over the last dimension of `(batch_size, dim)` after `pre`, then
+/// `post` on what is written.
+fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) -> Family {
+    let (tier, long) = match kind {
+        RowKind::Reduce(..) => (1, true),
+        RowKind::Softmax | RowKind::LogSoftmax | RowKind::L2Norm | RowKind::L1Norm => (1, false),
+        RowKind::LayerNorm | RowKind::RmsNorm => (if post.is_empty() { 2 } else { 3 }, false),
+    };
+    let (train, holdout) = row_shapes(long);
+    let x = ref_chain(pre, "in0", "");
+    let pre_t: Vec<String> = pre.iter().map(|s| s.torch()).collect();
+    let mut body = pre_t;
+    let mut inputs: Vec<(&str, &[&str])> = vec![("in0", &["batch_size", "dim"])];
+    let mut init_params = vec![];
+    let mut init_body = vec![];
+    let mut init_inputs = vec![];
+    let (out_shape, reference, plan, what): (Vec<&str>, String, RowPlan, String) = match kind {
+        RowKind::Reduce(c, keep, mean) => {
+            let (rf, tf) = match (c, mean) {
+                (_, true) => ("mean", "torch.mean(x, dim=1{k})".to_string()),
+                (Comb::Sum, _) => ("sum", "torch.sum(x, dim=1{k})".to_string()),
+                (Comb::Max, _) => ("max", "torch.max(x, dim=1{k})[0]".to_string()),
+                (Comb::Min, _) => ("min", "torch.min(x, dim=1{k})[0]".to_string()),
+            };
+            let k = if keep { ", keepdim=True" } else { "" };
+            body.push(format!("x = {}", tf.replace("{k}", k)));
+            let out = if keep {
+                vec!["batch_size", "1"]
+            } else {
+                vec!["batch_size"]
+            };
+            let keep_arg = if keep { ", 1" } else { "" };
+            let e = ref_chain(post, &format!("{rf}({x}, 1{keep_arg})"), "");
+            let row = if mean { "s0 / (float)dim" } else { "s0" };
+            (
+                out,
+                e,
+                RowPlan {
+                    pre: pre.to_vec(),
+                    stats: vec![Stat {
+                        term: "v".into(),
+                        comb: c,
+                    }],
+                    out: RowOut::Row(row.into()),
+                    post: post.to_vec(),
+                },
+                format!("a {rf} reduction over the last dimension"),
+            )
+        }
+        RowKind::Softmax | RowKind::LogSoftmax => {
+            let log = kind == RowKind::LogSoftmax;
+            let f = if log { "log_softmax" } else { "softmax" };
+            body.push(format!("x = torch.{f}(x, dim=1)"));
+            (
+                vec!["batch_size", "dim"],
+                ref_chain(post, &format!("{f}({x}, 1)"), ""),
+                RowPlan {
+                    pre: pre.to_vec(),
+                    stats: vec![
+                        Stat {
+                            term: "v".into(),
+                            comb: Comb::Max,
+                        },
+                        Stat {
+                            term: "expf(v - s0)".into(),
+                            comb: Comb::Sum,
+                        },
+                    ],
+                    out: RowOut::Elem(if log {
+                        "v - s0 - logf(s1)".into()
+                    } else {
+                        "expf(v - s0) / s1".into()
+                    }),
+                    post: post.to_vec(),
+                },
+                format!("a {f} over the last dimension"),
+            )
+        }
+        RowKind::L2Norm | RowKind::L1Norm => {
+            let l2 = kind == RowKind::L2Norm;
+            body.push(if l2 {
+                "x = x / torch.norm(x, p=2, dim=1, keepdim=True)".into()
+            } else {
+                "x = x / torch.sum(torch.abs(x), dim=1, keepdim=True)".into()
+            });
+            let e = if l2 {
+                format!("({x}) / sqrt(sum(({x}) * ({x}), 1, 1))")
+            } else {
+                format!("({x}) / sum(abs({x}), 1, 1)")
+            };
+            (
+                vec!["batch_size", "dim"],
+                ref_chain(post, &e, ""),
+                RowPlan {
+                    pre: pre.to_vec(),
+                    stats: vec![Stat {
+                        term: if l2 {
+                            "v * v".into()
+                        } else {
+                            "fabsf(v)".into()
+                        },
+                        comb: Comb::Sum,
+                    }],
+                    out: RowOut::Elem(if l2 {
+                        "v / sqrtf(s0)".into()
+                    } else {
+                        "v / s0".into()
+                    }),
+                    post: post.to_vec(),
+                },
+                format!("{} normalization of each row", if l2 { "L2" } else { "L1" }),
+            )
+        }
+        RowKind::LayerNorm => {
+            init_params.push("normalized_shape: int".to_string());
+            init_body.push("self.ln = nn.LayerNorm(normalized_shape)".to_string());
+            init_inputs.push("dim".to_string());
+            body.push("x = self.ln(x)".into());
+            inputs.push(("ln_weight", &["dim"]));
+            inputs.push(("ln_bias", &["dim"]));
+            (
+                vec!["batch_size", "dim"],
+                ref_chain(post, &format!("layernorm({x}, ln_weight, ln_bias, 1e-5)"), ""),
+                RowPlan {
+                    pre: pre.to_vec(),
+                    stats: vec![
+                        Stat {
+                            term: "v".into(),
+                            comb: Comb::Sum,
+                        },
+                        Stat {
+                            term: "(v - s0 / (float)dim) * (v - s0 / (float)dim)".into(),
+                            comb: Comb::Sum,
+                        },
+                    ],
+                    out: RowOut::Elem(
+                        "(v - s0 / (float)dim) * rsqrtf(s1 / (float)dim + 1e-5f) * ln_weight[c] + ln_bias[c]"
+                            .into(),
+                    ),
+                    post: post.to_vec(),
+                },
+                "layer normalization over the last dimension".into(),
+            )
+        }
+        RowKind::RmsNorm => {
+            init_params.push("eps: float = 1e-5".to_string());
+            init_body.push("self.eps = eps".to_string());
+            body.push(
+                "x = x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + self.eps)".into(),
+            );
+            (
+                vec!["batch_size", "dim"],
+                ref_chain(
+                    post,
+                    &format!("({x}) / sqrt(mean(({x}) * ({x}), 1, 1) + 1e-5)"),
+                    "",
+                ),
+                RowPlan {
+                    pre: pre.to_vec(),
+                    stats: vec![Stat {
+                        term: "v * v".into(),
+                        comb: Comb::Sum,
+                    }],
+                    out: RowOut::Elem("v / sqrtf(s0 / (float)dim + 1e-5f)".into()),
+                    post: post.to_vec(),
+                },
+                "RMS normalization over the last dimension".into(),
+            )
+        }
+    };
+    body.extend(post.iter().map(|s| s.torch()));
+    body.push("return x".into());
+    let tol = match kind {
+        RowKind::LayerNorm | RowKind::RmsNorm => MM_TOL,
+        _ => EW_TOL,
+    };
+    let spec = kb_spec(
+        id,
+        tier,
+        &inputs,
+        &out_shape,
+        &["batch_size", "dim"],
+        reference,
+        train,
+        holdout,
+        tol,
+        (
+            "8*batch_size*dim".into(),
+            format!("{}*batch_size*dim", 2 + pre.len() + post.len()),
+        ),
+    );
+    let mut doc = what;
+    if !pre.is_empty() {
+        doc = format!("{}, then {doc}", doc_of(pre));
+    }
+    if !post.is_empty() {
+        doc = format!("{doc}, then {}", doc_of(post));
+    }
+    let module = render_module(&Module {
+        doc: format!("Simple model that performs {doc}."),
+        init_params,
+        init_body,
+        init_inputs,
+        forward_args: &["x"],
+        body,
+        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
+        inputs: vec!["x = torch.rand(batch_size, dim)".into()],
+        returned: vec!["x".into()],
+    });
+    let (naive, fast) = row_kernels(&spec, &plan, "batch_size", block);
+    let kname = match kind {
+        RowKind::Reduce(c, keep, mean) => format!(
+            "reduce_{}{}",
+            if mean { "mean" } else { c.name() },
+            if keep { "_keep" } else { "" }
+        ),
+        RowKind::Softmax => "softmax".into(),
+        RowKind::LogSoftmax => "log_softmax".into(),
+        RowKind::L2Norm => "l2norm".into(),
+        RowKind::L1Norm => "l1norm".into(),
+        RowKind::LayerNorm => "layernorm".into(),
+        RowKind::RmsNorm => "rmsnorm".into(),
+    };
+    let group = group_of(&format!("row:{kname}"), pre, &format!("|{}", doc_of(post)));
+    finish(spec, module, group, naive, ("block_per_row.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Tier 1: reduction over the middle dimension of (batch_size, dim1, dim2).
+
+fn mid_reduce_family(id: &str, c: Comb, mean: bool, pre: &[Step]) -> Family {
+    let train = shapes(&[
+        &[("batch_size", 16), ("dim1", 256), ("dim2", 512)],
+        &[("batch_size", 128), ("dim1", 64), ("dim2", 1024)],
+        &[("batch_size", 4), ("dim1", 4096), ("dim2", 512)],
+    ]);
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("dim1", 1), ("dim2", 1)],
+        &[("batch_size", 3), ("dim1", 999), ("dim2", 257)],
+        &[("batch_size", 17), ("dim1", 33), ("dim2", 4097)],
+    ]);
+    let rf = if mean { "mean" } else { c.name() };
+    let x = ref_chain(pre, "in0", "");
+    let spec = kb_spec(
+        id,
+        1,
+        &[("in0", &["batch_size", "dim1", "dim2"])],
+        &["batch_size", "dim2"],
+        &["batch_size", "dim1", "dim2"],
+        format!("{rf}({x}, 1)"),
+        train,
+        holdout,
+        EW_TOL,
+        (
+            "4*batch_size*dim1*dim2 + 4*batch_size*dim2".into(),
+            format!("{}*batch_size*dim1*dim2", 1 + pre.len()),
+        ),
+    );
+    let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
+    body.push(match (c, mean) {
+        (_, true) => "return torch.mean(x, dim=1)".into(),
+        (Comb::Sum, _) => "return torch.sum(x, dim=1)".into(),
+        (Comb::Max, _) => "return torch.max(x, dim=1)[0]".into(),
+        (Comb::Min, _) => "return torch.min(x, dim=1)[0]".into(),
+    });
+    let doc = if pre.is_empty() {
+        format!("a {rf} reduction over dimension 1")
+    } else {
+        format!("{}, then a {rf} reduction over dimension 1", doc_of(pre))
+    };
+    let module = render_module(&Module {
+        doc: format!("Simple model that performs {doc}."),
+        init_params: vec![],
+        init_body: vec![],
+        init_inputs: vec![],
+        forward_args: &["x"],
+        body,
+        constants: constants(&["batch_size", "dim1", "dim2"], &spec.train_shapes[0]),
+        inputs: vec!["x = torch.rand(batch_size, dim1, dim2)".into()],
+        returned: vec!["x".into()],
+    });
+    let sig = spec.signature();
+    let (decl, names) = params(&spec);
+    let pre_c = cuda_chain(pre, "", "j", "        ");
+    let fin = if mean {
+        "(float)(acc / (double)dim1)"
+    } else {
+        "(float)acc"
+    };
+    let (ty, init, upd) = match c {
+        Comb::Sum => ("double", "0.0", "acc += (double)v;".to_string()),
+        c => ("float", c.init(), format!("acc = {};", c.apply("acc", "v"))),
+    };
+    let naive = format!(
+        "// naive: one thread per output element, looping over dimension 1 (sums in double).\n{HEADER}\n\
+         __global__ void mid_naive({decl}) {{\n    \
+         const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         const int64_t b = blockIdx.y;\n    if (j >= dim2) return;\n    {ty} acc = {init};\n    \
+         for (int64_t i = 0; i < dim1; ++i) {{\n        float v = in0[(b * dim1 + i) * dim2 + j];\n{pre_c}        {upd}\n    }}\n    \
+         out[b * dim2 + j] = {fin};\n}}\n\n\
+         {sig} {{\n    if (batch_size == 0 || dim2 == 0) return;\n    dim3 grid((unsigned)((dim2 + 255) / 256), (unsigned)batch_size);\n    \
+         mid_naive<<<grid, 256, 0, stream>>>({names});\n}}\n"
+    );
+    let fupd = c.apply("acc", "v");
+    let fin_f = if mean { "acc / (float)dim1" } else { "acc" };
+    let fast = format!(
+        "// fast: a 32 x 8 block; the 8 rows of threads split dimension 1 and combine their\n\
+         // partial results in shared memory; reads stay coalesced along dimension 2.\n{HEADER}\n\
+         __global__ void mid_split({decl}) {{\n    __shared__ float part[8][33];\n    \
+         const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;\n    const int64_t b = blockIdx.y;\n    \
+         float acc = {};\n    if (j < dim2) {{\n        \
+         for (int64_t i = threadIdx.y; i < dim1; i += 8) {{\n            \
+         float v = in0[(b * dim1 + i) * dim2 + j];\n{}            acc = {fupd};\n        }}\n    }}\n    \
+         part[threadIdx.y][threadIdx.x] = acc;\n    __syncthreads();\n    \
+         if (threadIdx.y == 0 && j < dim2) {{\n        \
+         for (int k = 1; k < 8; ++k) {{\n            const float v = part[k][threadIdx.x];\n            acc = {fupd};\n        }}\n        \
+         out[b * dim2 + j] = {fin_f};\n    }}\n}}\n\n\
+         {sig} {{\n    if (batch_size == 0 || dim2 == 0) return;\n    \
+         dim3 grid((unsigned)((dim2 + 31) / 32), (unsigned)batch_size);\n    \
+         mid_split<<<grid, dim3(32, 8), 0, stream>>>({names});\n}}\n",
+        c.init(),
+        cuda_chain(pre, "", "j", "            "),
+    );
+    let group = group_of(&format!("mid:{rf}"), pre, "");
+    finish(spec, module, group, naive, ("split_reduce.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Tier 1: cumsum over the last dimension.
+
+fn cumsum_family(id: &str, pre: &[Step]) -> Family {
+    let train = shapes(&[
+        &[("batch_size", 512), ("dim", 4096)],
+        &[("batch_size", 4096), ("dim", 1024)],
+        &[("batch_size", 64), ("dim", 16384)],
+    ]);
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("dim", 1)],
+        &[("batch_size", 1000), ("dim", 999)],
+        &[("batch_size", 7), ("dim", 12289)],
+    ]);
+    let x = ref_chain(pre, "in0", "");
+    let spec = kb_spec(
+        id,
+        1,
+        &[("in0", &["batch_size", "dim"])],
+        &["batch_size", "dim"],
+        &["batch_size", "dim"],
+        format!("cumsum({x}, 1)"),
+        train,
+        holdout,
+        EW_TOL,
+        ("8*batch_size*dim".into(), "batch_size*dim".into()),
+    );
+    let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
+    body.push("return torch.cumsum(x, dim=1)".into());
+    let doc = if pre.is_empty() {
+        "an inclusive cumulative sum over the last dimension".to_string()
+    } else {
+        format!(
+            "{}, then an inclusive cumulative sum over the last dimension",
+            doc_of(pre)
+        )
+    };
+    let module = render_module(&Module {
+        doc: format!("Simple model that performs {doc}."),
+        init_params: vec![],
+        init_body: vec![],
+        init_inputs: vec![],
+        forward_args: &["x"],
+        body,
+        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
+        inputs: vec!["x = torch.rand(batch_size, dim)".into()],
+        returned: vec!["x".into()],
+    });
+    let sig = spec.signature();
+    let (decl, names) = params(&spec);
+    let naive = format!(
+        "// naive: one thread per row, the running sum in double.\n{HEADER}\n\
+         __global__ void scan_naive({decl}) {{\n    \
+         const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= batch_size) return;\n    \
+         double acc = 0.0;\n    for (int64_t c = 0; c < dim; ++c) {{\n        float v = in0[r * dim + c];\n{}        \
+         acc += (double)v;\n        out[r * dim + c] = (float)acc;\n    }}\n}}\n\n\
+         {sig} {{\n    const int64_t grid = (batch_size + 127) / 128;\n    \
+         if (grid > 0) scan_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n",
+        cuda_chain(pre, "", "c", "        ")
+    );
+    let fast = format!(
+        "// fast: one block per row scanning chunks of blockDim.x elements (warp shuffles, then\n\
+         // the warps' totals); the carry between chunks is kept in double.\n{HEADER}\n\
+         __global__ void scan_block({decl}) {{\n    __shared__ float sh[32];\n    \
+         const int64_t r = blockIdx.x;\n    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n    \
+         const int nw = blockDim.x >> 5;\n    double carry = 0.0;\n    \
+         for (int64_t base = 0; base < dim; base += blockDim.x) {{\n        \
+         const int64_t c = base + threadIdx.x;\n        float v = 0.0f;\n        if (c < dim) {{\n            \
+         v = in0[r * dim + c];\n{}        }}\n        \
+         for (int off = 1; off < 32; off <<= 1) {{\n            \
+         const float t = __shfl_up_sync(0xffffffffu, v, off);\n            if (lane >= off) v += t;\n        }}\n        \
+         if (lane == 31) sh[w] = v;\n        __syncthreads();\n        if (w == 0) {{\n            \
+         float s = lane < nw ? sh[lane] : 0.0f;\n            \
+         for (int off = 1; off < 32; off <<= 1) {{\n                \
+         const float t = __shfl_up_sync(0xffffffffu, s, off);\n                if (lane >= off) s += t;\n            }}\n            \
+         sh[lane] = s;\n        }}\n        __syncthreads();\n        \
+         const float before = w > 0 ? sh[w - 1] : 0.0f;\n        \
+         if (c < dim) out[r * dim + c] = (float)(carry + (double)(v + before));\n        \
+         const float total = sh[nw - 1];\n        __syncthreads();\n        carry += (double)total;\n    }}\n}}\n\n\
+         {sig} {{\n    if (batch_size > 0) scan_block<<<(unsigned)batch_size, 256, 0, stream>>>({names});\n}}\n",
+        cuda_chain(pre, "", "c", "            ")
+    );
+    let group = group_of("scan:cumsum", pre, "");
+    finish(spec, module, group, naive, ("block_scan.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Tier 2 and 3: the matmul family, with an epilogue.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mm {
+    Plain,
+    TransA,
+    TransB,
+    MatVec,
+    Batched,
+    /// `nn.Linear` (with its bias or not) named `gemm`, `linear` or `fc`.
+    Linear(&'static str, bool),
+}
+
+/// Train shapes (M, K, N, batch) of the matmul regimes, in the spirit of KernelBench level 1's
+/// matmul problems: mixed, large K, small K, tall and skinny, irregular.
+const MM_REGIMES: [[(i64, i64, i64, i64); 3]; 5] = [
+    [
+        (512, 1024, 768, 8),
+        (1024, 1024, 1024, 4),
+        (256, 2048, 512, 16),
+    ],
+    [
+        (256, 8192, 128, 4),
+        (128, 16384, 256, 2),
+        (64, 32768, 64, 2),
+    ],
+    [
+        (2048, 32, 1024, 4),
+        (4096, 64, 1024, 2),
+        (1024, 16, 4096, 2),
+    ],
+    [(8192, 256, 64, 2), (16384, 128, 32, 2), (4096, 512, 16, 4)],
+    [
+        (1000, 1537, 777, 3),
+        (511, 1023, 2049, 2),
+        (1999, 333, 1111, 2),
+    ],
+];
+
+fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
+    let linear = matches!(mm, Mm::Linear(..));
+    let tier = if epi.is_empty() { 2 } else { 3 };
+    let (sizes, m, k, n): (Vec<&str>, &str, &str, &str) = match mm {
+        Mm::Linear(..) => (
+            vec!["batch_size", "in_features", "out_features"],
+            "batch_size",
+            "in_features",
+            "out_features",
+        ),
+        Mm::Batched => (vec!["batch_size", "M", "K", "N"], "M", "K", "N"),
+        Mm::MatVec => (vec!["M", "K"], "M", "K", "1"),
+        _ => (vec!["M", "K", "N"], "M", "K", "N"),
+    };
+    let sh = |mk: i64, kk: i64, nk: i64, b: i64| -> Vec<(&str, i64)> {
+        let mut v = vec![(m, mk), (k, kk)];
+        if n != "1" {
+            v.push((n, nk));
+        }
+        if mm == Mm::Batched {
+            v.push(("batch_size", b));
+        }
+        v
+    };
+    let train_l: Vec<Vec<(&str, i64)>> = MM_REGIMES[regime % MM_REGIMES.len()]
+        .iter()
+        .map(|&(a, b, c, d)| sh(a, b, c, d))
+        .collect();
+    let hold_l = [sh(1, 1, 1, 1), sh(33, 65, 17, 3), sh(257, 513, 129, 2)];
+    let to_maps = |l: &[Vec<(&str, i64)>]| -> Vec<BTreeMap<String, i64>> {
+        l.iter()
+            .map(|s| s.iter().map(|(a, v)| (a.to_string(), *v)).collect())
+            .collect()
+    };
+    let (train, holdout) = (to_maps(&train_l), to_maps(&hold_l));
+    let bshape = |a: &'static str, b: &'static str| -> Vec<&'static str> {
+        if mm == Mm::Batched {
+            vec!["batch_size", a, b]
+        } else {
+            vec![a, b]
+        }
+    };
+    // Buffers and reference.
+    let (a_shape, b_shape): (Vec<&str>, Vec<&str>) = match mm {
+        Mm::Plain | Mm::Batched => (bshape("M", "K"), bshape("K", "N")),
+        Mm::TransA => (vec!["K", "M"], vec!["K", "N"]),
+        Mm::TransB => (vec!["M", "K"], vec!["N", "K"]),
+        Mm::MatVec => (vec!["M", "K"], vec!["K", "1"]),
+        Mm::Linear(..) => (vec!["batch_size", "in_features"], vec![]),
+    };
+    let out_shape: Vec<&str> = match mm {
+        Mm::Batched => vec!["batch_size", "M", "N"],
+        Mm::MatVec => vec!["M", "1"],
+        Mm::Linear(..) => vec!["batch_size", "out_features"],
+        _ => vec!["M", "N"],
+    };
+    let mut inputs: Vec<(String, Vec<&str>)> = vec![("in0".into(), a_shape)];
+    let (lname, lbias) = match mm {
+        Mm::Linear(nm, b) => (nm, b),
+        _ => ("", false),
+    };
+    let wname = format!("{lname}_weight");
+    let bname = format!("{lname}_bias");
+    if linear {
+        inputs.push((wname.clone(), vec!["out_features", "in_features"]));
+        if lbias {
+            inputs.push((bname.clone(), vec!["out_features"]));
+        }
+    } else {
+        inputs.push(("in1".into(), b_shape));
+    }
+    let has_bias_param = epi.contains(&Step::AddBias);
+    if has_bias_param {
+        // `named_parameters()` lists a module's own parameters before its children's, so a
+        // `self.bias` comes before the `nn.Linear`'s weight and bias in the launcher.
+        let at = if linear { 1 } else { inputs.len() };
+        inputs.insert(at, ("bias".into(), vec![n]));
+    }
+    let prod = match mm {
+        Mm::Plain | Mm::Batched | Mm::MatVec => "matmul(in0, in1)".to_string(),
+        Mm::TransA => "matmul(transpose(in0), in1)".into(),
+        Mm::TransB => "matmul(in0, transpose(in1))".into(),
+        Mm::Linear(..) => {
+            if lbias {
+                format!("matmul(in0, transpose({wname})) + {bname}")
+            } else {
+                format!("matmul(in0, transpose({wname}))")
+            }
+        }
+    };
+    let reference = ref_chain(epi, &prod, "");
+    let ins: Vec<(&str, &[&str])> = inputs
+        .iter()
+        .map(|(a, s)| (a.as_str(), s.as_slice()))
+        .collect();
+    let flops = match mm {
+        Mm::Batched => "2*batch_size*M*K*N".to_string(),
+        Mm::MatVec => "2*M*K".into(),
+        Mm::Linear(..) => "2*batch_size*in_features*out_features".into(),
+        _ => "2*M*K*N".into(),
+    };
+    let bytes = match mm {
+        Mm::Batched => "4*batch_size*M*K + 4*batch_size*K*N + 4*batch_size*M*N".to_string(),
+        Mm::MatVec => "4*M*K + 4*K + 4*M".into(),
+        Mm::Linear(..) => {
+            "4*batch_size*in_features + 4*in_features*out_features + 4*batch_size*out_features"
+                .into()
+        }
+        _ => "4*M*K + 4*K*N + 4*M*N".into(),
+    };
+    let spec = kb_spec(
+        id,
+        tier,
+        &ins,
+        &out_shape,
+        &sizes,
+        reference,
+        train,
+        holdout,
+        MM_TOL,
+        (bytes, flops),
+    );
+    // Module.
+    let mut init_params = vec![];
+    let mut init_body = vec![];
+    let mut init_inputs = vec![];
+    let mut body = vec![];
+    let (fwd, get): (Vec<&str>, Vec<String>) = match mm {
+        Mm::Linear(..) => {
+            init_params.extend(["in_features: int".to_string(), "out_features: int".into()]);
+            init_body.push(format!(
+                "self.{lname} = nn.Linear(in_features, out_features{})",
+                if lbias { "" } else { ", bias=False" }
+            ));
+            init_inputs.extend(["in_features".to_string(), "out_features".into()]);
+            body.push(format!("x = self.{lname}(x)"));
+            (
+                vec!["x"],
+                vec!["x = torch.rand(batch_size, in_features)".into()],
+            )
+        }
+        Mm::Plain => {
+            body.push("x = torch.matmul(A, B)".into());
+            (
+                vec!["A", "B"],
+                vec!["A = torch.rand(M, K)".into(), "B = torch.rand(K, N)".into()],
+            )
+        }
+        Mm::TransA => {
+            body.push("x = torch.matmul(A.T, B)".into());
+            (
+                vec!["A", "B"],
+                vec!["A = torch.rand(K, M)".into(), "B = torch.rand(K, N)".into()],
+            )
+        }
+        Mm::TransB => {
+            body.push("x = torch.matmul(A, B.T)".into());
+            (
+                vec!["A", "B"],
+                vec!["A = torch.rand(M, K)".into(), "B = torch.rand(N, K)".into()],
+            )
+        }
+        Mm::MatVec => {
+            body.push("x = torch.matmul(A, B)".into());
+            (
+                vec!["A", "B"],
+                vec!["A = torch.rand(M, K)".into(), "B = torch.rand(K, 1)".into()],
+            )
+        }
+        Mm::Batched => {
+            body.push("x = torch.bmm(A, B)".into());
+            (
+                vec!["A", "B"],
+                vec![
+                    "A = torch.rand(batch_size, M, K)".into(),
+                    "B = torch.rand(batch_size, K, N)".into(),
+                ],
+            )
+        }
+    };
+    if has_bias_param {
+        let nn = if linear { "out_features" } else { "N" };
+        if !init_params.iter().any(|p| p.starts_with(nn)) {
+            init_params.push(format!("{nn}: int"));
+            init_inputs.push(nn.to_string());
+        }
+        init_body.push(format!("self.bias = nn.Parameter(torch.randn({nn}))"));
+    }
+    body.extend(epi.iter().map(|s| s.torch()));
+    body.push("return x".into());
+    let what = match mm {
+        Mm::Plain => "a matrix multiplication (C = A * B)",
+        Mm::TransA => "a matrix multiplication with a transposed A (C = A.T * B)",
+        Mm::TransB => "a matrix multiplication with a transposed B (C = A * B.T)",
+        Mm::MatVec => "a matrix-vector multiplication (C = A * B, B a column)",
+        Mm::Batched => "a batched matrix multiplication (C[b] = A[b] * B[b])",
+        Mm::Linear(..) => "a linear layer (x * W.T + b)",
+    };
+    let doc = if epi.is_empty() {
+        what.to_string()
+    } else {
+        format!("{what}, then {}", doc_of(epi))
+    };
+    let corder: Vec<&str> = match mm {
+        Mm::Linear(..) => vec!["batch_size", "in_features", "out_features"],
+        Mm::Batched => vec!["batch_size", "M", "K", "N"],
+        Mm::MatVec => vec!["M", "K"],
+        _ => vec!["M", "K", "N"],
+    };
+    let module = render_module(&Module {
+        doc: format!("Simple model that performs {doc}."),
+        init_params,
+        init_body,
+        init_inputs,
+        forward_args: &fwd,
+        body,
+        constants: constants(&corder, &spec.train_shapes[0]),
+        inputs: get,
+        returned: fwd.iter().map(|v| v.to_string()).collect(),
+    });
+    // Kernels: aliases to M, K, N and the operand pointers, then index expressions.
+    let (decl, names) = params(&spec);
+    let sig = spec.signature();
+    let nn = if n == "1" {
+        "1".to_string()
+    } else {
+        n.to_string()
+    };
+    let sizes_alias: String = [("M", m), ("K", k), ("N", nn.as_str())]
+        .iter()
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| format!("    const int64_t {a} = {b};\n"))
+        .collect();
+    let alias = format!(
+        "{sizes_alias}    const int64_t nb = {};\n    \
+         const float* A = in0;\n    const float* B = {};\n    (void)nb;\n",
+        if mm == Mm::Batched { "batch_size" } else { "1" },
+        if linear { wname.as_str() } else { "in1" }
+    );
+    // Element (b, m, k) of A and (b, k, n) of B.
+    let a_at = |b: &str, mi: &str, ki: &str| match mm {
+        Mm::TransA => format!("A[({ki}) * M + ({mi})]"),
+        Mm::Batched => format!("A[(({b}) * M + ({mi})) * K + ({ki})]"),
+        _ => format!("A[({mi}) * K + ({ki})]"),
+    };
+    let b_at = |b: &str, ki: &str, ni: &str| match mm {
+        Mm::TransB | Mm::Linear(..) => format!("B[({ni}) * K + ({ki})]"),
+        Mm::Batched => format!("B[(({b}) * K + ({ki})) * N + ({ni})]"),
+        _ => format!("B[({ki}) * N + ({ni})]"),
+    };
+    let mut epilogue = String::new();
+    if lbias {
+        epilogue.push_str(&format!("        v = v + {bname}[n];\n"));
+    }
+    epilogue.push_str(&cuda_chain(epi, "", "n", "        "));
+    let launch_sizes = "    if (M == 0 || N == 0 || nb == 0) return;\n".to_string();
+    let naive = format!(
+        "// naive: one thread per output element, a dot product over K.\n{HEADER}\n\
+         __global__ void mm_naive({decl}) {{\n{alias}    \
+         const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         const int64_t m = blockIdx.y;\n    const int64_t b = blockIdx.z;\n    if (n >= N) return;\n    \
+         float acc = 0.0f;\n    for (int64_t k = 0; k < K; ++k) acc += {} * {};\n    \
+         float v = acc;\n{epilogue}    out[(b * M + m) * N + n] = v;\n}}\n\n\
+         {sig} {{\n{alias}{launch_sizes}    \
+         dim3 grid((unsigned)((N + 127) / 128), (unsigned)M, (unsigned)nb);\n    \
+         mm_naive<<<grid, 128, 0, stream>>>({names});\n}}\n",
+        a_at("b", "m", "k"),
+        b_at("b", "k", "n"),
+    );
+    // Tiled: 32 x 32 outputs per block, 32 x 8 threads, 4 outputs each; tiles of A and B in
+    // shared memory, each loaded along its contiguous dimension.
+    let load_a = match mm {
+        Mm::TransA => format!(
+            "            {{ const int64_t k = k0 + r, m = row0 + tx;\n              \
+             As[tx][r] = (m < M && k < K) ? {} : 0.0f; }}\n",
+            a_at("b", "m", "k")
+        ),
+        _ => format!(
+            "            {{ const int64_t m = row0 + r, k = k0 + tx;\n              \
+             As[r][tx] = (m < M && k < K) ? {} : 0.0f; }}\n",
+            a_at("b", "m", "k")
+        ),
+    };
+    let load_b = match mm {
+        Mm::TransB | Mm::Linear(..) => format!(
+            "            {{ const int64_t n = col0 + r, k = k0 + tx;\n              \
+             Bs[tx][r] = (n < N && k < K) ? {} : 0.0f; }}\n",
+            b_at("b", "k", "n")
+        ),
+        _ => format!(
+            "            {{ const int64_t k = k0 + r, n = col0 + tx;\n              \
+             Bs[r][tx] = (n < N && k < K) ? {} : 0.0f; }}\n",
+            b_at("b", "k", "n")
+        ),
+    };
+    let fast = format!(
+        "// fast: 32 x 32 output tiles, 32 x 8 threads computing 4 outputs each; the tiles of A\n\
+         // and B staged in padded shared memory, each read along its contiguous dimension.\n{HEADER}\n\
+         #define TS 32\n\n\
+         __global__ void mm_tiled({decl}) {{\n{alias}    \
+         __shared__ float As[TS][TS + 1];\n    __shared__ float Bs[TS][TS + 1];\n    \
+         const int tx = threadIdx.x, ty = threadIdx.y;\n    const int64_t b = blockIdx.z;\n    \
+         const int64_t row0 = (int64_t)blockIdx.y * TS, col0 = (int64_t)blockIdx.x * TS;\n    \
+         float acc[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};\n    \
+         for (int64_t k0 = 0; k0 < K; k0 += TS) {{\n        for (int i = 0; i < 4; ++i) {{\n            \
+         const int r = ty + 8 * i;\n{load_a}{load_b}        }}\n        __syncthreads();\n        \
+         #pragma unroll 8\n        for (int kk = 0; kk < TS; ++kk) {{\n            const float bv = Bs[kk][tx];\n            \
+         for (int i = 0; i < 4; ++i) acc[i] += As[ty + 8 * i][kk] * bv;\n        }}\n        __syncthreads();\n    }}\n    \
+         for (int i = 0; i < 4; ++i) {{\n        const int64_t m = row0 + ty + 8 * i, n = col0 + tx;\n        \
+         if (m >= M || n >= N) continue;\n        float v = acc[i];\n{}        out[(b * M + m) * N + n] = v;\n    }}\n}}\n\n\
+         {sig} {{\n{alias}{launch_sizes}    \
+         dim3 grid((unsigned)((N + TS - 1) / TS), (unsigned)((M + TS - 1) / TS), (unsigned)nb);\n    \
+         mm_tiled<<<grid, dim3(32, 8), 0, stream>>>({names});\n}}\n",
+        epilogue
+    );
+    let kind = match mm {
+        Mm::Plain => "mm".to_string(),
+        Mm::TransA => "mm_ta".into(),
+        Mm::TransB => "mm_tb".into(),
+        Mm::MatVec => "mv".into(),
+        Mm::Batched => "bmm".into(),
+        Mm::Linear(_, b) => format!("linear{}", if b { "_bias" } else { "" }),
+    };
+    let group = group_of(&format!("mm:{kind}"), epi, "");
+    finish(spec, module, group, naive, ("tiled.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Tier 3: linear layer, activation, row reduction (kept dimension).
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RowRed {
+    Sum,
+    Mean,
+    Max,
+    LogSumExp,
+}
+
+fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) -> Family {
+    let train = shapes(&[
+        &[
+            ("batch_size", 512),
+            ("in_features", 1024),
+            ("out_features", 256),
+        ],
+        &[
+            ("batch_size", 128),
+            ("in_features", 2048),
+            ("out_features", 1024),
+        ],
+        &[
+            ("batch_size", 1024),
+            ("in_features", 256),
+            ("out_features", 256),
+        ],
+    ]);
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("in_features", 1), ("out_features", 1)],
+        &[
+            ("batch_size", 33),
+            ("in_features", 65),
+            ("out_features", 17),
+        ],
+        &[
+            ("batch_size", 257),
+            ("in_features", 513),
+            ("out_features", 129),
+        ],
+    ]);
+    let w = format!("{lname}_weight");
+    let bn = format!("{lname}_bias");
+    let inputs: Vec<(&str, &[&str])> = vec![
+        ("in0", &["batch_size", "in_features"]),
+        (w.as_str(), &["out_features", "in_features"]),
+        (bn.as_str(), &["out_features"]),
+    ];
+    let y = ref_chain(epi, &format!("matmul(in0, transpose({w})) + {bn}"), "");
+    let (rf, tf) = match red {
+        RowRed::Sum => ("sum", "torch.sum(x, dim=1, keepdim=True)"),
+        RowRed::Mean => ("mean", "torch.mean(x, dim=1, keepdim=True)"),
+        RowRed::Max => ("max", "torch.max(x, dim=1, keepdim=True)[0]"),
+        RowRed::LogSumExp => ("logsumexp", "torch.logsumexp(x, dim=1, keepdim=True)"),
+    };
+    let spec = kb_spec(
+        id,
+        3,
+        &inputs,
+        &["batch_size", "1"],
+        &["batch_size", "in_features", "out_features"],
+        format!("{rf}({y}, 1, 1)"),
+        train,
+        holdout,
+        MM_TOL,
+        (
+            "4*batch_size*in_features + 4*in_features*out_features + 4*batch_size".into(),
+            "2*batch_size*in_features*out_features".into(),
+        ),
+    );
+    let mut body = vec![format!("x = self.{lname}(x)")];
+    body.extend(epi.iter().map(|s| s.torch()));
+    body.push(format!("x = {tf}"));
+    body.push("return x".into());
+    let doc = if epi.is_empty() {
+        format!("a linear layer, then a {rf} over the features (kept dimension)")
+    } else {
+        format!(
+            "a linear layer, {}, then a {rf} over the features (kept dimension)",
+            doc_of(epi)
+        )
+    };
+    let module = render_module(&Module {
+        doc: format!("Model that performs {doc}."),
+        init_params: vec!["in_features: int".into(), "out_features: int".into()],
+        init_body: vec![format!(
+            "self.{lname} = nn.Linear(in_features, out_features)"
+        )],
+        init_inputs: vec!["in_features".into(), "out_features".into()],
+        forward_args: &["x"],
+        body,
+        constants: constants(
+            &["batch_size", "in_features", "out_features"],
+            &spec.train_shapes[0],
+        ),
+        inputs: vec!["x = torch.rand(batch_size, in_features)".into()],
+        returned: vec!["x".into()],
+    });
+    let (decl, names) = params(&spec);
+    let sig = spec.signature();
+    let epi_c = cuda_chain(epi, "", "n", "        ");
+    let alias = "    const int64_t M = batch_size, K = in_features, N = out_features;\n";
+    // The value of output column n of row m.
+    let value_fn = format!(
+        "__device__ __forceinline__ float gemm_value(int64_t m, int64_t n, {decl}) {{\n    \
+         const int64_t K = in_features;\n    float acc = 0.0f;\n    \
+         for (int64_t k = 0; k < K; ++k) acc += in0[m * K + k] * {w}[n * K + k];\n    \
+         float v = acc + {bn}[n];\n{}    return v;\n}}\n",
+        epi_c.replace("        ", "    ")
+    );
+    let naive_red = match red {
+        RowRed::Sum | RowRed::Mean => format!(
+            "    double acc = 0.0;\n    for (int64_t n = 0; n < N; ++n) acc += (double)gemm_value(m, n, {names});\n    \
+             out[m] = (float)({});\n",
+            if red == RowRed::Mean {
+                "acc / (double)N"
+            } else {
+                "acc"
+            }
+        ),
+        RowRed::Max => format!(
+            "    float best = -INFINITY;\n    for (int64_t n = 0; n < N; ++n) best = fmaxf(best, gemm_value(m, n, {names}));\n    \
+             out[m] = best;\n"
+        ),
+        RowRed::LogSumExp => format!(
+            "    float best = -INFINITY;\n    for (int64_t n = 0; n < N; ++n) best = fmaxf(best, gemm_value(m, n, {names}));\n    \
+             double s = 0.0;\n    for (int64_t n = 0; n < N; ++n) s += (double)expf(gemm_value(m, n, {names}) - best);\n    \
+             out[m] = best + (float)log(s);\n"
+        ),
+    };
+    let naive = format!(
+        "// naive: one thread per row; every output column's dot product in turn.\n{HEADER}\n\
+         {value_fn}\n__global__ void gr_naive({decl}) {{\n{alias}    \
+         const int64_t m = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    (void)K;\n    if (m >= M) return;\n\
+         {naive_red}}}\n\n\
+         {sig} {{\n    const int64_t grid = (batch_size + 127) / 128;\n    \
+         if (grid > 0) gr_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n"
+    );
+    let combs: BTreeSet<&'static str> = match red {
+        RowRed::Sum | RowRed::Mean => ["sum"].into(),
+        RowRed::Max => ["max"].into(),
+        RowRed::LogSumExp => ["max", "sum"].into(),
+    };
+    let fast_red = match red {
+        RowRed::Sum | RowRed::Mean => format!(
+            "    float s = 0.0f;\n    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) s += vals[n];\n    \
+             s = block_sum(s, sh);\n    if (threadIdx.x == 0) out[m] = {};\n",
+            if red == RowRed::Mean { "s / (float)N" } else { "s" }
+        ),
+        RowRed::Max => "    float s = -INFINITY;\n    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) s = fmaxf(s, vals[n]);\n    \
+             s = block_max(s, sh);\n    if (threadIdx.x == 0) out[m] = s;\n"
+            .into(),
+        RowRed::LogSumExp => "    float mx = -INFINITY;\n    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) mx = fmaxf(mx, vals[n]);\n    \
+             mx = block_max(mx, sh);\n    float s = 0.0f;\n    \
+             for (int64_t n = threadIdx.x; n < N; n += blockDim.x) s += expf(vals[n] - mx);\n    \
+             s = block_sum(s, sh);\n    if (threadIdx.x == 0) out[m] = mx + logf(s);\n"
+            .into(),
+    };
+    let fast = format!(
+        "// fast: one block per row; the input row in shared memory, one warp per output column\n\
+         // (lanes split K, so each weight row is read coalesced), the row's values kept in\n\
+         // shared memory for the reduction.\n{HEADER}\n{}\
+         __global__ void gr_block({decl}) {{\n{alias}    extern __shared__ float smem[];\n    \
+         __shared__ float sh[32];\n    float* xs = smem;\n    float* vals = smem + K;\n    \
+         const int64_t m = blockIdx.x;\n    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n    \
+         const int nw = blockDim.x >> 5;\n    \
+         for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = in0[m * K + k];\n    __syncthreads();\n    \
+         for (int64_t n = w; n < N; n += nw) {{\n        float acc = 0.0f;\n        \
+         for (int64_t k = lane; k < K; k += 32) acc += xs[k] * {w}[n * K + k];\n        \
+         acc = warp_sum(acc);\n        if (lane == 0) {{\n            float v = acc + {bn}[n];\n{}            vals[n] = v;\n        }}\n    }}\n    \
+         __syncthreads();\n{fast_red}}}\n\n\
+         {sig} {{\n    if (batch_size == 0) return;\n    \
+         const size_t bytes = (size_t)(in_features + out_features) * sizeof(float);\n    \
+         if (bytes > 48 * 1024) cudaFuncSetAttribute(gr_block, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);\n    \
+         gr_block<<<(unsigned)batch_size, 256, bytes, stream>>>({names});\n}}\n",
+        warp_fns(&combs.iter().copied().chain(["sum"]).collect()),
+        cuda_chain(epi, "", "n", "            "),
+        w = w,
+    );
+    let group = group_of(&format!("gemm_reduce:{rf}"), epi, "");
+    finish(spec, module, group, naive, ("block_per_row.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Tier 2: losses reduced to one value.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Loss {
+    Mse,
+    Huber,
+    Hinge,
+}
+
+fn loss_family(id: &str, loss: Loss, regime: usize) -> Family {
+    let train = [
+        shapes(&[
+            &[("batch_size", 1024), ("dim", 2048)],
+            &[("batch_size", 4096), ("dim", 4096)],
+            &[("batch_size", 128), ("dim", 8192)],
+        ]),
+        shapes(&[
+            &[("batch_size", 32768), ("dim", 64)],
+            &[("batch_size", 65536), ("dim", 32)],
+            &[("batch_size", 8192), ("dim", 256)],
+        ]),
+        shapes(&[
+            &[("batch_size", 16), ("dim", 262144)],
+            &[("batch_size", 4), ("dim", 1048576)],
+            &[("batch_size", 64), ("dim", 65536)],
+        ]),
+    ][regime % 3]
+        .clone();
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("dim", 1)],
+        &[("batch_size", 1000), ("dim", 999)],
+        &[("batch_size", 7), ("dim", 32769)],
+    ]);
+    let (name, torch_line, reference, term) = match loss {
+        Loss::Mse => (
+            "mean squared error",
+            "return torch.mean((predictions - targets) ** 2)",
+            "mean((in0 - in1) * (in0 - in1))".to_string(),
+            "d * d",
+        ),
+        Loss::Huber => (
+            "Huber (smooth L1) loss",
+            "return torch.nn.functional.smooth_l1_loss(predictions, targets)",
+            "mean(0.5 * minimum(abs(in0 - in1), 1) * minimum(abs(in0 - in1), 1) + abs(in0 - in1) - minimum(abs(in0 - in1), 1))".to_string(),
+            "fabsf(d) < 1.0f ? 0.5f * d * d : fabsf(d) - 0.5f",
+        ),
+        Loss::Hinge => (
+            "hinge loss",
+            "return torch.mean(torch.clamp(1 - predictions * targets, min=0))",
+            "mean(maximum(1 - in0 * in1, 0))".to_string(),
+            "fmaxf(1.0f - a * b, 0.0f)",
+        ),
+    };
+    let spec = kb_spec(
+        id,
+        2,
+        &[
+            ("in0", &["batch_size", "dim"]),
+            ("in1", &["batch_size", "dim"]),
+        ],
+        &["1"],
+        &["batch_size", "dim"],
+        reference,
+        train,
+        holdout,
+        EW_TOL,
+        ("8*batch_size*dim".into(), "3*batch_size*dim".into()),
+    );
+    let module = render_module(&Module {
+        doc: format!("A model that computes the {name}, averaged over every element."),
+        init_params: vec![],
+        init_body: vec![],
+        init_inputs: vec![],
+        forward_args: &["predictions", "targets"],
+        body: vec![torch_line.to_string()],
+        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
+        inputs: vec![
+            "predictions = torch.rand(batch_size, dim)".into(),
+            "targets = torch.rand(batch_size, dim)".into(),
+        ],
+        returned: vec!["predictions".into(), "targets".into()],
+    });
+    let (decl, names) = params(&spec);
+    let sig = spec.signature();
+    let elem = format!(
+        "__device__ __forceinline__ float loss_term(float a, float b) {{\n    \
+         const float d = a - b;\n    (void)d;\n    return {term};\n}}\n"
+    );
+    let naive = format!(
+        "// naive: one block of 1024 threads; each sums a strided share in double, then a\n\
+         // shared-memory tree; thread 0 writes the mean.\n{HEADER}\n{elem}\n\
+         __global__ void loss_naive({decl}) {{\n    __shared__ double part[1024];\n    \
+         const int64_t n = batch_size * dim;\n    double s = 0.0;\n    \
+         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)loss_term(in0[i], in1[i]);\n    \
+         part[threadIdx.x] = s;\n    __syncthreads();\n    \
+         for (int h = blockDim.x / 2; h > 0; h >>= 1) {{\n        \
+         if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];\n        __syncthreads();\n    }}\n    \
+         if (threadIdx.x == 0) out[0] = (float)(part[0] / (double)n);\n}}\n\n\
+         {sig} {{\n    loss_naive<<<1, 1024, 0, stream>>>({names});\n}}\n"
+    );
+    let fast = format!(
+        "// fast: a grid-stride loop over blocks sized to the SMs; each block reduces with warp\n\
+         // shuffles and adds its share of the mean with one atomic (the output zeroed first).\n{HEADER}\n\
+         {elem}\n{}\
+         __global__ void loss_atomic({decl}) {{\n    __shared__ float sh[32];\n    \
+         const int64_t n = batch_size * dim;\n    \
+         const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n    float s = 0.0f;\n    \
+         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)\n        \
+         s += loss_term(in0[i], in1[i]);\n    s = block_sum(s, sh);\n    \
+         if (threadIdx.x == 0) atomicAdd(out, (float)((double)s / (double)n));\n}}\n\n\
+         {sig} {{\n    cudaMemsetAsync(out, 0, sizeof(float), stream);\n    \
+         int device = 0, sms = 132;\n    cudaGetDevice(&device);\n    \
+         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);\n    \
+         const int64_t n = batch_size * dim;\n    int64_t grid = (n + 255) / 256;\n    \
+         if (grid > (int64_t)sms * 4) grid = (int64_t)sms * 4;\n    if (grid < 1) grid = 1;\n    \
+         loss_atomic<<<(unsigned)grid, 256, 0, stream>>>({names});\n}}\n",
+        warp_fns(&["sum"].into())
+    );
+    let group = format!("loss:{}", name.split(' ').next().unwrap_or(name));
+    finish(spec, module, group, naive, ("atomic.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Drawing.
+
+fn pick<T: Copy>(rng: &mut ChaCha8Rng, xs: &[T]) -> T {
+    xs[rng.random_range(0..xs.len())]
+}
+
+/// An elementwise chain of `n` steps, drawn so that activations dominate; operand steps only
+/// when `operands`.
+fn draw_steps(rng: &mut ChaCha8Rng, n: usize, operands: bool) -> Vec<Step> {
+    let mut v: Vec<Step> = Vec::new();
+    while v.len() < n {
+        let s = match rng.random_range(0..10) {
+            0..=5 => pick(rng, ACTS),
+            6..=8 => pick(rng, ARITH),
+            _ if operands => pick(
+                rng,
+                &[
+                    Step::AddInput,
+                    Step::MulInput,
+                    Step::AddBias,
+                    Step::MulWeight,
+                ],
+            ),
+            _ => pick(rng, ACTS),
+        };
+        // No immediate repeats, at most one operand of each kind.
+        if v.last() == Some(&s)
+            || (matches!(
+                s,
+                Step::AddInput | Step::MulInput | Step::AddBias | Step::MulWeight
+            ) && v.contains(&s))
+        {
+            continue;
+        }
+        if matches!(s, Step::AddInput | Step::MulInput)
+            && v.iter()
+                .any(|x| matches!(x, Step::AddInput | Step::MulInput))
+        {
+            continue;
+        }
+        v.push(s);
+    }
+    v
+}
+
+/// Draws `count` operator families with `seed`, skipping any whose reference is in `exclude`
+/// or repeats an earlier one (up to commuted operands, [`canonical`]; at most 50 draws per
+/// family). The mix is about 30% tier 0, 32% tier 1, 20% tier 2, 18% tier 3; ids are
+/// `gen_op_0000`, ... in draw order.
+pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Family> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6f70_735f_6b62);
+    let excluded: BTreeSet<String> = exclude.iter().map(|r| canonical(r)).collect();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut draws = 0;
+    while out.len() < count && draws < 50 * count.max(1) {
+        draws += 1;
+        let id = format!("{OP_PREFIX}{i:04}");
+        let u: u32 = rng.random_range(0..100);
+        let f = match u {
+            0..=29 => {
+                let n = rng.random_range(1..=3);
+                let steps = draw_steps(&mut rng, n, true);
+                ew_family(&id, &steps, pick(&mut rng, &[128, 256, 512]))
+            }
+            30..=43 => {
+                let c = pick(&mut rng, &[Comb::Sum, Comb::Max, Comb::Min, Comb::Sum]);
+                let mean = c == Comb::Sum && rng.random_bool(0.4);
+                let keep = rng.random_bool(0.5);
+                let k = rng.random_range(0..=1);
+                let pre = draw_steps(&mut rng, k, false);
+                let post = if rng.random_bool(0.25) {
+                    draw_steps(&mut rng, 1, false)
+                } else {
+                    vec![]
+                };
+                row_family(
+                    &id,
+                    RowKind::Reduce(c, keep, mean),
+                    &pre,
+                    &post,
+                    pick(&mut rng, &[128, 256, 512]),
+                )
+            }
+            44..=49 => {
+                let c = pick(&mut rng, &[Comb::Sum, Comb::Max, Comb::Min]);
+                let mean = c == Comb::Sum && rng.random_bool(0.4);
+                let k = rng.random_range(0..=1);
+                let pre = draw_steps(&mut rng, k, false);
+                mid_reduce_family(&id, c, mean, &pre)
+            }
+            50..=57 => {
+                let kind = pick(
+                    &mut rng,
+                    &[
+                        RowKind::Softmax,
+                        RowKind::LogSoftmax,
+                        RowKind::L2Norm,
+                        RowKind::L1Norm,
+                    ],
+                );
+                let k = rng.random_range(0..=1);
+                let pre = draw_steps(&mut rng, k, false);
+                row_family(&id, kind, &pre, &[], pick(&mut rng, &[128, 256, 512]))
+            }
+            58..=61 => {
+                let k = rng.random_range(0..=1);
+                let pre = draw_steps(&mut rng, k, false);
+                cumsum_family(&id, &pre)
+            }
+            62..=67 => {
+                let kind = pick(&mut rng, &[RowKind::LayerNorm, RowKind::RmsNorm]);
+                let k = rng.random_range(0..=1);
+                let pre = draw_steps(&mut rng, k, false);
+                row_family(&id, kind, &pre, &[], pick(&mut rng, &[128, 256, 512]))
+            }
+            68..=76 => {
+                let mm = pick(
+                    &mut rng,
+                    &[
+                        Mm::Plain,
+                        Mm::TransA,
+                        Mm::TransB,
+                        Mm::MatVec,
+                        Mm::Batched,
+                        Mm::Linear("linear", true),
+                        Mm::Linear("fc", true),
+                    ],
+                );
+                let regime = rng.random_range(0..MM_REGIMES.len());
+                mm_family(&id, mm, &[], regime)
+            }
+            77..=81 => {
+                let loss = pick(&mut rng, &[Loss::Mse, Loss::Huber, Loss::Hinge]);
+                loss_family(&id, loss, rng.random_range(0..3))
+            }
+            82..=91 => {
+                let name = pick(&mut rng, &["gemm", "linear", "fc"]);
+                let n = rng.random_range(1..=3);
+                let mut epi = draw_steps(&mut rng, n, false);
+                if rng.random_bool(0.3) {
+                    epi.insert(0, Step::AddBias);
+                }
+                let bias = rng.random_bool(0.8);
+                let regime = rng.random_range(0..MM_REGIMES.len());
+                mm_family(&id, Mm::Linear(name, bias), &epi, regime)
+            }
+            92..=95 => {
+                let name = pick(&mut rng, &["gemm", "linear", "fc"]);
+                let k = rng.random_range(0..=1);
+                let epi = draw_steps(&mut rng, k, false);
+                let red = pick(
+                    &mut rng,
+                    &[RowRed::Sum, RowRed::Mean, RowRed::Max, RowRed::LogSumExp],
+                );
+                gemm_reduce_family(&id, name, &epi, red)
+            }
+            _ => {
+                let kind = pick(&mut rng, &[RowKind::LayerNorm, RowKind::RmsNorm]);
+                let n = rng.random_range(1..=2);
+                let post = draw_steps(&mut rng, n, false);
+                row_family(&id, kind, &[], &post, pick(&mut rng, &[128, 256, 512]))
+            }
+        };
+        // One family per reference and train shapes: KernelBench states one operator at
+        // several shapes (square, large K, irregular), each its own problem.
+        let key = format!(
+            "{}|{}",
+            canonical(&f.spec.reference["out"]),
+            serde_json::to_string(&f.spec.train_shapes).expect("json")
+        );
+        if excluded.contains(&canonical(&f.spec.reference["out"])) || !seen.insert(key) {
+            continue;
+        }
+        out.push(f);
+        i += 1;
+    }
+    debug_assert!(out.iter().all(|f| f.spec.id.starts_with(PREFIX)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_valid_deterministic_and_cover_every_tier() {
+        let a = generate(400, 0, &BTreeSet::new());
+        let b = generate(400, 0, &BTreeSet::new());
+        assert_eq!(a.len(), 400);
+        let mut tiers = [0usize; 4];
+        let mut groups = BTreeSet::new();
+        for (f, g) in a.iter().zip(&b) {
+            f.spec
+                .validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", f.spec.id));
+            assert_eq!(f.spec, g.spec);
+            assert_eq!(f.naive, g.naive);
+            tiers[f.spec.tier as usize] += 1;
+            groups.insert(f.spec.group.clone().expect("group"));
+            let m = f.spec.module.as_deref().expect("module");
+            assert!(m.contains("class Model(nn.Module)") && m.contains("def get_inputs()"));
+            // Every kernel defines the launcher the spec declares.
+            for src in std::iter::once(&f.naive).chain(f.optimized.iter().map(|o| &o.1)) {
+                assert!(src.contains(&f.spec.signature()), "{}", f.spec.id);
+            }
+        }
+        assert!(tiers.iter().all(|&t| t >= 40), "{tiers:?}");
+        assert!(groups.len() > 150, "{}", groups.len());
+        // Excluded references are never drawn.
+        let ex: BTreeSet<String> = a[..10]
+            .iter()
+            .map(|f| f.spec.reference["out"].clone())
+            .collect();
+        let c = generate(50, 0, &ex);
+        assert!(c.iter().all(|f| !ex.contains(&f.spec.reference["out"])));
+    }
+}
