@@ -22,6 +22,7 @@ fn assert_bad(p: &Project, args: &[&str], needles: &[&str]) {
             "ingest-sakana",
             "ingest-cuda-l1",
             "ingest-kernelbench",
+            "splits",
             "kb-specs",
             "validate",
         ] {

@@ -57,8 +57,8 @@ fn str_of<'a>(r: &'a Value, col: &str) -> &'a str {
 
 /// BLAKE3 of a text with its surrounding whitespace removed (a fenced block ends without the
 /// source's trailing newline).
-fn digest(text: &str) -> blake3::Hash {
-    blake3::hash(text.trim().as_bytes())
+fn digest(text: &str) -> [u8; 32] {
+    *blake3::hash(text.trim().as_bytes()).as_bytes()
 }
 
 /// The bodies of a text's fenced code blocks (```` ``` ```` or ```` ```cuda ````).
@@ -79,7 +79,7 @@ fn fenced_blocks(text: &str) -> Vec<&str> {
 /// The hold-out, as named texts: what no training text may contain.
 #[derive(Debug, Default)]
 struct HoldOut {
-    texts: BTreeMap<blake3::Hash, String>,
+    texts: BTreeMap<[u8; 32], String>,
     sources: Vec<(String, String)>,
 }
 
