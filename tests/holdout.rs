@@ -12,13 +12,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{Project, stderr, stdout};
 use serde_json::Value;
 
-/// Four generated elementwise families (seed 3: by their id hashes, gen_ew_001 falls in the
-/// hold-out, gen_ew_002 and 003 in `rl`, gen_ew_000 in `train`) beside vector_add and row_sum
-/// (held out by name); small SFT data with repair examples; two pretraining steps with a few
-/// copy documents.
+/// Four generated elementwise families beside vector_add and row_sum, row_sum and gen_ew_001
+/// held out by name (with its group) and the others split by the hash of their group (by id
+/// while they have none: gen_ew_002 and 003 in `rl`, gen_ew_000 in `train`); small SFT data
+/// with repair examples; two pretraining steps with a few copy documents.
 const SETS: [&str; 9] = [
     "synth-tasks.generate={ elementwise = 4, row_reduce = 0, seed = 3 }",
-    r#"splits.holdout_tasks=["row_sum"]"#,
+    r#"splits.holdout_tasks=["row_sum", "gen_ew_001"]"#,
     "splits.holdout_generated=0.45",
     "splits.rl_generated=0.1",
     "sft-data.per_family=6",
@@ -76,11 +76,14 @@ fn fenced_blocks(text: &str) -> Vec<&str> {
     out
 }
 
+/// Named texts: (where it is, the text).
+type Docs = Vec<(String, String)>;
+
 /// The hold-out, as named texts: what no training text may contain.
 #[derive(Debug, Default)]
 struct HoldOut {
     texts: BTreeMap<[u8; 32], String>,
-    sources: Vec<(String, String)>,
+    sources: Docs,
 }
 
 impl HoldOut {
@@ -112,7 +115,7 @@ fn leaks(holdout: &HoldOut, docs: &[(String, String)]) -> Vec<String> {
 }
 
 /// The texts of a corpus row's JSON line: the document (a string) or each message's content.
-fn corpus_texts(node: &str, r: &Value) -> Vec<(String, String)> {
+fn corpus_texts(node: &str, r: &Value) -> Docs {
     let name = format!("{node}.corpus {}", r["item_id"]);
     match serde_json::from_str::<Value>(str_of(r, "line")).unwrap() {
         Value::String(s) => vec![(name, s)],
@@ -124,8 +127,8 @@ fn corpus_texts(node: &str, r: &Value) -> Vec<(String, String)> {
     }
 }
 
-/// Every message of an SFT table's rows outside the `test` split.
-fn sft_texts(p: &Project, table: &str) -> (Vec<(String, String)>, Vec<(String, String)>) {
+/// Every message of an SFT table's rows: those outside the `test` split, and those in it.
+fn sft_texts(p: &Project, table: &str) -> (Docs, Docs) {
     let (mut train, mut test) = (Vec::new(), Vec::new());
     for r in rows(p, "sft-data", table) {
         let name = format!("sft-data.{table} {} ({})", r["task_id"], r["split"]);
@@ -153,11 +156,20 @@ fn no_holdout_item_reaches_the_corpora_or_the_sft_training_rows() {
     ]));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 
-    // The hold-out, from the splits table.
-    let splits: BTreeMap<String, String> = rows(&p, "splits", "splits")
+    // The hold-out, from the splits table, where the families of a group share a split.
+    let table = rows(&p, "splits", "splits");
+    let splits: BTreeMap<String, String> = table
         .iter()
         .map(|r| (str_of(r, "item_id").into(), str_of(r, "split").into()))
         .collect();
+    let mut by_group: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for r in &table {
+        by_group
+            .entry(str_of(r, "group"))
+            .or_default()
+            .insert(str_of(r, "split"));
+    }
+    assert!(by_group.values().all(|s| s.len() == 1), "{by_group:?}");
     let split_of = |id: &str| splits.get(id).map(String::as_str);
     let mut holdout = HoldOut::default();
     let mut held_families = BTreeSet::new();
@@ -190,10 +202,12 @@ fn no_holdout_item_reaches_the_corpora_or_the_sft_training_rows() {
             holdout.add(format!("{id} ({s})"), str_of(&r, "code"));
         }
     }
-    // Non-empty: row_sum by name, a generated family by hash, a quarter of each level's
-    // problems in `test` and a tenth in `val`.
-    assert!(held_families.contains("row_sum"), "{held_families:?}");
-    assert!(held_families.len() >= 2, "{held_families:?}");
+    // Non-empty: row_sum and a generated family by name, a quarter of each level's problems in
+    // `test` and a tenth in `val`.
+    assert!(
+        held_families.contains("row_sum") && held_families.contains("gen_ew_001"),
+        "{held_families:?}"
+    );
     assert_eq!(held_problems.get("test"), Some(&63), "{held_problems:?}");
     assert_eq!(held_problems.get("val"), Some(&25), "{held_problems:?}");
 
