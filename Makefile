@@ -28,8 +28,9 @@ build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-runner -p cudarl-train $(if $(FEATURES),--features cudarl-cli/$(FEATURES))
 
 ## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train eval`, i.e.
-## ingest + synth-tasks -> validate (the task kernels; beside it sft-repairs, kb-specs, tokenizer
-## and pretrain) -> curriculum (tiers and the families' train / rl / test splits) -> sft-data ->
+## ingest + synth-tasks -> splits (what is held out) -> validate (the task kernels; beside it
+## sft-repairs, kb-specs, and tokenizer and pretrain on the train split's kernels) -> curriculum (tiers,
+## with the splits) -> sft-data ->
 ## SFT of both agents -> multi-turn RL -> eval (SFT vs RL on the hold-out families).
 ## `model = "auto"`:
 ## configs/model/small.toml with a GPU, tiny.toml without. The compile-only look at the SFT

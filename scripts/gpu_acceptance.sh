@@ -28,7 +28,7 @@ if [ "$ACTION" = start ]; then
     mkdir -p "$D/main"
     t0=$(date +%s)
     M="--set synth-tasks.generate.elementwise=48 --set synth-tasks.generate.row_reduce=16"
-    M="$M --set sft-data.per_family=150 --set curriculum.holdout_generated=0.15 --set eval.samples=1"
+    M="$M --set sft-data.per_family=150 --set splits.holdout_generated=0.15 --set eval.samples=1"
     M="$M --set rl-train.steps=2 --set rl-train.tasks_per_step=4 --set rl-train.group_size=4"
     M="$M --set rl-train.minibatch=8 --set pretrain.model=tiny --set sft-train.model=tiny"
     M="$M --set sft-train-optimizer.model=tiny"

@@ -17,7 +17,7 @@
 #              their checkpoint in eval (eval.collab=true); 0: SFT and RL alone
 #   SETS       further `--set` values, space-separated, the same in every draw of a comparison;
 #              the comparison's own are always given: rl-train.control=true (the frozen control
-#              on the same task sequence and seeds), curriculum.holdout_generated=0.33 (about 150
+#              on the same task sequence and seeds), splits.holdout_generated=0.33 (about 150
 #              generated hold-out families of 460) and eval.samples=4 (about 640 episodes a
 #              checkpoint, paired by seed)
 #   SEED_STORE a store the draw starts from (hard-linked; its cached nodes do not run again)
@@ -45,7 +45,7 @@ set -uo pipefail
 ACTION=${ACTION:-wait}
 COLLAB=${COLLAB:-1}
 # The comparison's settings without the draw seed.
-COMMON="rl-train.control=true curriculum.holdout_generated=0.33 eval.samples=4 ${SETS:-}"
+COMMON="rl-train.control=true splits.holdout_generated=0.33 eval.samples=4 ${SETS:-}"
 [ "$COLLAB" = 1 ] && COMMON="eval.collab=true $COMMON"
 if [ -n "${DRAWS:-}" ]; then
   M=/tmp/cudarl-draws

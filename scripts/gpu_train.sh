@@ -41,7 +41,7 @@ SMALL=(--set 'tokenizer.model="small"' --set 'pretrain.model="small"' --set 'sft
 # GEN_FAMILIES: that many generated elementwise families (and GEN_ROWS row reductions, 160 by
 # default), 20 SFT rows per family, 4 per optimizer pair, 3% of the generated families held out
 [ -n "${GEN_FAMILIES:-}" ] && SMALL+=(--set "synth-tasks.generate={elementwise=$GEN_FAMILIES,row_reduce=${GEN_ROWS:-160},seed=0}"
-  --set 'sft-data.per_family=20' --set 'sft-data.optimizer_per_pair=4' --set 'curriculum.holdout_generated=0.03')
+  --set 'sft-data.per_family=20' --set 'sft-data.optimizer_per_pair=4' --set 'splits.holdout_generated=0.03')
 for kv in ${RL_SETS:-}; do SMALL+=(--set "$kv"); done
 ts() { date +%s; }
 if [ "$PART" = sft ] || [ "$PART" = all ]; then

@@ -22,6 +22,7 @@ fn assert_bad(p: &Project, args: &[&str], needles: &[&str]) {
             "ingest-sakana",
             "ingest-cuda-l1",
             "ingest-kernelbench",
+            "splits",
             "kb-specs",
             "validate",
         ] {
@@ -176,13 +177,13 @@ fn bad_pipeline_toml_unknown_stage_and_param() {
         &["run"],
         &[
             "pipelines/default.toml",
-            "stages.curriculum",
+            "stages.splits",
             "unknown field `sed`",
         ],
     );
 
     std::fs::write(&f, good.replace("seed = 0", "seed = \"zero\"")).unwrap();
-    assert_bad(&p, &["run"], &["stages.curriculum", "seed"]);
+    assert_bad(&p, &["run"], &["stages.splits", "seed"]);
 
     std::fs::write(&f, &good).unwrap();
     assert_bad(
@@ -202,13 +203,13 @@ fn bad_pipeline_toml_unknown_stage_and_param() {
     );
     assert_bad(
         &p,
-        &["run", "--set", "curriculum.train_fraction=0.95"],
-        &["train_fraction"],
+        &["run", "--set", "splits.test_fraction=0.95"],
+        &["test_fraction"],
     );
     assert_bad(&p, &["frobnicate"], &["unrecognized subcommand"]);
 
     // A pipeline whose input wiring names a missing node.
-    std::fs::write(&f, "[stages.curriculum]\nseed = 0\n").unwrap();
+    std::fs::write(&f, "[stages.curriculum]\nmin_pass_rate = 0.75\n").unwrap();
     assert_bad(
         &p,
         &["run"],

@@ -5,10 +5,11 @@ mod common;
 
 use common::*;
 
-const NODES: [&str; 4] = [
+const NODES: [&str; 5] = [
     "ingest-kernelbench",
     "ingest-sakana",
     "ingest-cuda-l1",
+    "splits",
     "curriculum",
 ];
 
@@ -54,23 +55,25 @@ fn cached_rerun_set_param_and_explain() {
     }
     let base_curr = out_hash(&m, "curriculum", "curriculum");
 
-    // status with --set: only curriculum is stale, and explain says why.
-    let st = p.run(&["status", "--set", "curriculum.seed=7"]);
+    // status with --set: only the splits and the curriculum are stale, and explain says why.
+    let st = p.run(&["status", "--set", "splits.seed=7"]);
     let text = stdout(&st);
     assert!(text.contains("FRESH    ingest-sakana"), "{text}");
+    assert!(text.contains("STALE    splits"), "{text}");
     assert!(text.contains("STALE    curriculum"), "{text}");
-    let ex = p.run(&["explain", "curriculum", "--set", "curriculum.seed=7"]);
+    let ex = p.run(&["explain", "splits", "--set", "splits.seed=7"]);
     let text = stdout(&ex);
-    assert!(text.contains("curriculum is stale"), "{text}");
+    assert!(text.contains("splits is stale"), "{text}");
     assert!(text.contains("params changed: seed 0 -> 7"), "{text}");
 
-    let (c, m) = p.run_json(&["run", "curriculum", "--set", "curriculum.seed=7"]);
+    let (c, m) = p.run_json(&["run", "curriculum", "--set", "splits.seed=7"]);
     assert_eq!(c, 0);
     for n in &NODES[..3] {
         assert_eq!(status_of(&m, n), "cached", "{n}");
     }
+    assert_eq!(status_of(&m, "splits"), "ran");
+    assert_eq!(m["splits"]["reasons"][0], "params changed: seed 0 -> 7");
     assert_eq!(status_of(&m, "curriculum"), "ran");
-    assert_eq!(m["curriculum"]["reasons"][0], "params changed: seed 0 -> 7");
     assert_ne!(
         out_hash(&m, "curriculum", "curriculum"),
         base_curr,
@@ -195,18 +198,23 @@ fn status_dag_show_and_gc() {
     assert!(mm.starts_with("flowchart LR"), "{mm}");
     let dj: serde_json::Value =
         serde_json::from_str(&stdout(&p.run(&["dag", "--format", "json"]))).unwrap();
-    // ingest x3, curriculum (6 inputs; the archives' verdicts only with `archive`), synth-tasks,
-    // validate (task kernels), validate-archive, kb-specs, testgen, sft-repairs (2 inputs),
-    // sft-data (5: the curriculum's splits), tokenizer, pretrain, sft-train (generator),
-    // sft-train-optimizer, sft-eval, rl-train (6 inputs: PPO-ptx reads sft-data's optimizer
-    // table), eval (12: with `kernelbench_samples`, the curriculum's KernelBench test problems,
-    // their source, launchers and recorded tests); pretrain reads synth-tasks' tasks for its copy
-    // documents (the expressions they must not show); collab-data (6), collab-sft and
-    // collab-sft-optimizer (2 each); `optimize`'s chain: optimize-problem, optimize-specs (1),
-    // optimize-tests (2), optimize (5: the problem, its launcher and tests, the RL agents);
-    // archive-native (6: both archives and the curriculum's KernelBench inputs).
-    assert_eq!(dj["nodes"].as_array().unwrap().len(), 26);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 79);
+    // ingest x3, splits (2 inputs: problems, tasks), curriculum (7 inputs, the splits among
+    // them; the archives' verdicts only with `archive`), synth-tasks, validate (task kernels),
+    // validate-archive, kb-specs, testgen, sft-repairs (2 inputs), sft-data (5: the curriculum's
+    // splits), tokenizer (3: the splits keep the hold-out out of its corpus), pretrain (5),
+    // sft-train (generator), sft-train-optimizer, sft-eval, rl-train (7 inputs: PPO-ptx reads
+    // sft-data's optimizer table; the splits), eval (13: with `kernelbench_samples`, the
+    // curriculum's KernelBench test problems, their source, launchers and recorded tests; the
+    // splits); pretrain reads synth-tasks' tasks for its copy documents (the expressions they
+    // must not show); collab-data (7), collab-sft and collab-sft-optimizer (2 each);
+    // `optimize`'s chain: optimize-problem, optimize-specs (1), optimize-tests (2), optimize (5:
+    // the problem, its launcher and tests, the RL agents); archive-native (6: both archives and
+    // the curriculum's KernelBench inputs).
+    assert_eq!(dj["nodes"].as_array().unwrap().len(), 27);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 87);
+    assert!(dot.contains("splits -> curriculum"), "{dot}");
+    assert!(dot.contains("splits -> tokenizer"), "{dot}");
+    assert!(dot.contains("splits -> pretrain"), "{dot}");
     assert!(dot.contains("curriculum -> eval"), "{dot}");
     assert!(dot.contains("testgen -> eval"), "{dot}");
 
@@ -236,7 +244,7 @@ fn status_dag_show_and_gc() {
     assert!(synth["level"].is_null(), "{synth}");
     assert_eq!(synth.as_object().unwrap().len(), 19, "{synth}");
     // show of a stale node says to run it, exit 1
-    let o = p.run(&["show", "curriculum", "--set", "curriculum.seed=9"]);
+    let o = p.run(&["show", "curriculum", "--set", "splits.seed=9"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("run `cudarl-pipe run curriculum` first"),
@@ -245,8 +253,8 @@ fn status_dag_show_and_gc() {
     );
 
     // Make two more curriculum versions, then gc keeps only the lock file's and the newest.
-    p.run_json(&["run", "curriculum", "--set", "curriculum.seed=1"]);
-    p.run_json(&["run", "curriculum", "--set", "curriculum.seed=2"]);
+    p.run_json(&["run", "curriculum", "--set", "splits.seed=1"]);
+    p.run_json(&["run", "curriculum", "--set", "splits.seed=2"]);
     p.run_json(&["run", "curriculum"]);
     let manifests = |p: &Project| {
         std::fs::read_dir(p.store().join("ac/curriculum"))
@@ -275,13 +283,20 @@ fn status_dag_show_and_gc() {
     ] {
         assert_eq!(dry[k], g[k], "{k}: {dry} vs {g}");
     }
-    assert_eq!(g["manifests"].as_array().unwrap().len(), 1, "{g}");
     // Newest by time is the seed-0 re-run?  No: it was cached, so the newest file is seed 2;
-    // the lock file names seed 0. Both stay, seed 1 goes.
-    assert_eq!(g["manifests_removed"], 1, "{g}");
-    // curriculum, gates and validated_kernels of seed 1, and the compiled shared objects of the
-    // compile cache (no manifest names them: gc reclaims them, a later compile rebuilds them).
-    assert!(g["blobs_removed"].as_u64().unwrap() >= 3, "{g}");
+    // the lock file names seed 0. Both stay, seed 1 goes, of the splits and the curriculum.
+    let gone: Vec<&str> = g["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().split('/').next().unwrap())
+        .collect();
+    assert_eq!(gone, ["curriculum", "splits"], "{g}");
+    assert_eq!(g["manifests_removed"], 2, "{g}");
+    // splits, curriculum, gates and validated_kernels of seed 1, and the compiled shared objects
+    // of the compile cache (no manifest names them: gc reclaims them, a later compile rebuilds
+    // them).
+    assert!(g["blobs_removed"].as_u64().unwrap() >= 4, "{g}");
     assert_eq!(manifests(&p), 2);
     let (_, sj) = p.run_json(&["status", "curriculum"]);
     assert_eq!(status_of(&sj, "curriculum"), "fresh");
@@ -300,7 +315,7 @@ fn profiles_and_the_last_runs_settings() {
         .expect("default.toml has [profiles.cpu]")];
     std::fs::write(
         &pl,
-        format!("{head}[profiles.cpu]\n\"curriculum.seed\" = 5\n\n[profiles.other.curriculum]\nseed = 6\n"),
+        format!("{head}[profiles.cpu]\n\"splits.seed\" = 5\n\n[profiles.other.splits]\nseed = 6\n"),
     )
     .unwrap();
     // As a user runs it: no CUDARL_PROFILE.
@@ -337,7 +352,7 @@ fn profiles_and_the_last_runs_settings() {
     for (other, want) in [
         (["--profile", "none"], ("stale", "fresh")),
         (["--profile", "other"], ("stale", "stale")),
-        (["--set", "curriculum.seed=5"], ("fresh", "stale")),
+        (["--set", "splits.seed=5"], ("fresh", "stale")),
     ] {
         let mut args = vec!["status", "curriculum", "--json"];
         args.extend(other);
@@ -428,7 +443,7 @@ fn export_opens_in_pyarrow_and_polars() {
             "--to",
             out.to_str().unwrap(),
             "--set",
-            r#"curriculum.holdout_tasks=["row_sum"]"#,
+            r#"splits.holdout_tasks=["row_sum"]"#,
         ]);
         assert_eq!(o.status.code(), Some(0), "{node}: {}", stderr(&o));
         let listed = stdout(&o);

@@ -8,7 +8,7 @@ pub mod split;
 pub mod tiers;
 
 pub use ops::extract_op_features;
-pub use split::{Split, assign, unit_hash};
+pub use split::{Split, assign, stratified, unit_hash};
 pub use tiers::{Categories, CategoryError, MAX_TIER, TierDecision};
 
 /// Gate thresholds to open the next tier: compile rate and pass rate on the current tier must

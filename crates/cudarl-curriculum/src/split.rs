@@ -52,9 +52,100 @@ pub fn assign(id: &str, seed: u64, train: f64, val: f64) -> Split {
     }
 }
 
+/// Splits of items drawn at random by `seed`, stratified: within each stratum (a KernelBench
+/// level), the items ordered by [`unit_hash`] (ties by id) are `test` for the first
+/// `round(n * test)`, `val` for the next `round(n * val)`, `train` for the rest, `n` the
+/// stratum's size. `items` are (id, stratum) pairs; the answer is in their order.
+///
+/// Every stratum gets its share of the hold-out whatever the others' sizes, and no item is
+/// picked by hand. Unlike [`assign`], an item's split depends on its stratum's other items:
+/// adding one moves at most the items next to the boundaries between splits.
+pub fn stratified(items: &[(&str, i64)], seed: u64, test: f64, val: f64) -> Vec<Split> {
+    let mut by_stratum: std::collections::BTreeMap<i64, Vec<(f64, &str, usize)>> =
+        std::collections::BTreeMap::new();
+    for (i, (id, stratum)) in items.iter().enumerate() {
+        by_stratum
+            .entry(*stratum)
+            .or_default()
+            .push((unit_hash(id, seed), id, i));
+    }
+    let mut out = vec![Split::Train; items.len()];
+    for ranked in by_stratum.values_mut() {
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(b.1)));
+        let n = ranked.len();
+        let n_test = ((n as f64 * test).round() as usize).min(n);
+        let n_val = ((n as f64 * val).round() as usize).min(n - n_test);
+        for (rank, (_, _, i)) in ranked.iter().enumerate() {
+            out[*i] = if rank < n_test {
+                Split::Test
+            } else if rank < n_test + n_val {
+                Split::Val
+            } else {
+                Split::Train
+            };
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stratified_gives_each_stratum_its_rounded_share_in_hash_order() {
+        let ids: Vec<String> = (0..100)
+            .map(|i| format!("kb/L1/{i}_x"))
+            .chain((0..50).map(|i| format!("kb/L3/{i}_y")))
+            .collect();
+        let items: Vec<(&str, i64)> = ids
+            .iter()
+            .map(|id| (id.as_str(), if id.starts_with("kb/L1") { 1 } else { 3 }))
+            .collect();
+        let s = stratified(&items, 0, 0.25, 0.1);
+        let count = |lv: i64, want: Split| {
+            items
+                .iter()
+                .zip(&s)
+                .filter(|((_, l), sp)| *l == lv && **sp == want)
+                .count()
+        };
+        // 100 -> 25 / 10 / 65; 50 -> round(12.5) = 13 / 5 / 32.
+        assert_eq!((count(1, Split::Test), count(1, Split::Val)), (25, 10));
+        assert_eq!((count(3, Split::Test), count(3, Split::Val)), (13, 5));
+        // Every test item of a stratum hashes below every val item, every val below every train.
+        for lv in [1, 3] {
+            let max_of = |want: Split| {
+                items
+                    .iter()
+                    .zip(&s)
+                    .filter(|((_, l), sp)| *l == lv && **sp == want)
+                    .map(|((id, _), _)| unit_hash(id, 0))
+                    .fold(f64::MIN, f64::max)
+            };
+            let min_of = |want: Split| {
+                items
+                    .iter()
+                    .zip(&s)
+                    .filter(|((_, l), sp)| *l == lv && **sp == want)
+                    .map(|((id, _), _)| unit_hash(id, 0))
+                    .fold(f64::MAX, f64::min)
+            };
+            assert!(max_of(Split::Test) < min_of(Split::Val));
+            assert!(max_of(Split::Val) < min_of(Split::Train));
+        }
+        // Another seed draws another test set; the answer does not depend on the input order.
+        assert_ne!(s, stratified(&items, 7, 0.25, 0.1));
+        let rev: Vec<(&str, i64)> = items.iter().rev().copied().collect();
+        let sr = stratified(&rev, 0, 0.25, 0.1);
+        assert!(s.iter().eq(sr.iter().rev()));
+        // Fractions that round past the stratum's size are capped.
+        assert!(
+            stratified(&items[..3], 0, 0.9, 0.9)
+                .iter()
+                .all(|x| *x != Split::Train)
+        );
+    }
 
     #[test]
     fn stable_and_roughly_proportional() {

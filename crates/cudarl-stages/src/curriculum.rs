@@ -1,7 +1,8 @@
-//! `curriculum`: tiers 0-3, deterministic splits and tier gates over KernelBench problems and
-//! the synthetic task families, with archive-kernel statistics, the task families' signatures,
-//! train and hold-out shapes, and the kernels our harness validated (`validated_kernels`: correct
-//! on every seed and shape, with measured speedups; empty without a GPU).
+//! `curriculum`: tiers 0-3 and tier gates over KernelBench problems and the synthetic task
+//! families, with their splits (drawn by the `splits` stage, [`crate::splits`]), archive-kernel
+//! statistics, the task families' signatures, train and hold-out shapes, and the kernels our
+//! harness validated (`validated_kernels`: correct on every seed and shape, with measured
+//! speedups; empty without a GPU).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -15,7 +16,6 @@ use cudarl_core::{
 };
 use cudarl_curriculum::{
     Categories, DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, Split, TierDecision,
-    assign,
 };
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
@@ -42,7 +42,7 @@ fn list_of_str() -> DataType {
 /// | op_features | `list<utf8>` | ops from the reference |
 /// | op_categories | `list<utf8>` | categories of those ops |
 /// | unknown_ops | `list<utf8>` | ops with no category (tiered conservatively) |
-/// | split | utf8 | `train`, `val` or `test`; synthetic families `train`, `rl` (kept out of SFT for `rl-train`) or `test` (the hold-out families) |
+/// | split | utf8 | the `splits` table's: `train`, `val` or `test`; synthetic families `train`, `rl` (kept out of SFT and pretraining for `rl-train`) or `test` (the hold-out families) |
 /// | archive_kernels | int64 | kernels for this problem in the ingested archives |
 /// | archive_claimed_correct | int64 | of those, claimed correct by their archive |
 /// | archive_best_claimed_speedup | float64, nullable | best claimed speedup vs PyTorch eager among claimed-correct kernels with a `__global__` kernel (ratio; not yet validated by us) |
@@ -194,38 +194,17 @@ pub fn read_problems(path: &std::path::Path) -> Result<Vec<KbRow>, StageError> {
         .collect()
 }
 
-fn d_seed() -> u64 {
-    0
-}
-fn d_train() -> f64 {
-    0.8
-}
-fn d_val() -> f64 {
-    0.1
-}
 fn d_compile() -> f64 {
     DEFAULT_MIN_COMPILE_RATE
 }
 fn d_pass() -> f64 {
     DEFAULT_MIN_PASS_RATE
 }
-fn d_levels() -> Vec<i64> {
-    vec![1, 2, 3]
-}
 
-/// Params of `curriculum`.
+/// Params of `curriculum`. The splits (and the KernelBench levels) are the `splits` stage's.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
-    /// Split seed.
-    #[serde(default = "d_seed")]
-    pub seed: u64,
-    /// Fraction of problems in train (by hash of problem_id and seed).
-    #[serde(default = "d_train")]
-    pub train_fraction: f64,
-    /// Fraction in val; the rest is test.
-    #[serde(default = "d_val")]
-    pub val_fraction: f64,
     /// Gate: compile rate on a tier must exceed this to open the next (docs/architecture.md, "Tiers
     /// and gates": 0.9).
     #[serde(default = "d_compile")]
@@ -234,9 +213,6 @@ pub struct Params {
     /// and gates": 0.75).
     #[serde(default = "d_pass")]
     pub min_pass_rate: f64,
-    /// KernelBench levels in the curriculum (level 4 needs `transformers` and model downloads).
-    #[serde(default = "d_levels")]
-    pub levels: Vec<i64>,
     /// Op category file, relative to the project root; its content is an input.
     #[serde(default, skip_serializing)]
     pub op_categories: Option<String>,
@@ -245,23 +221,6 @@ pub struct Params {
     /// them. Off in the main job, whose closure this would put them in; `make curriculum` sets it.
     #[serde(default)]
     pub archive: bool,
-    /// Synthetic families kept out of all training: the `test` split (the hold-out families).
-    #[serde(default = "d_holdout")]
-    pub holdout_tasks: Vec<String>,
-    /// Fraction of the generated families (ids `gen_*`, `synth-tasks`' `generate`) also in
-    /// `test`, chosen by the BLAKE3 hash of the id (`cudarl_curriculum::sample::hash_fraction`:
-    /// stable as families are added).
-    #[serde(default)]
-    pub holdout_generated: f64,
-    /// Fraction of the generated families in the `rl` split: kept out of SFT, practised by
-    /// `rl-train` (hash of the id in `[holdout_generated, holdout_generated + rl_generated)`, so
-    /// the hold-out set does not move when this changes).
-    #[serde(default)]
-    pub rl_generated: f64,
-}
-
-fn d_holdout() -> Vec<String> {
-    vec!["scalar_multiply".into(), "row_max".into()]
 }
 
 /// The stage.
@@ -277,41 +236,12 @@ impl Curriculum {
     /// Builds the stage from its params table.
     ///
     /// # Errors
-    /// Unknown or mistyped params, fractions out of range.
+    /// Unknown or mistyped params (the split params, `seed`, `train_fraction`, `val_fraction`,
+    /// `levels`, `holdout_tasks`, `holdout_generated` and `rl_generated`, are `splits`').
     pub fn from_table(t: toml::Table) -> Result<Self, String> {
-        let params: Params = crate::common::parse_params(t)?;
-        let (tr, va) = (params.train_fraction, params.val_fraction);
-        if !(0.0..=1.0).contains(&tr) || !(0.0..=1.0).contains(&va) || tr + va > 1.0 {
-            return Err(format!(
-                "train_fraction ({tr}) and val_fraction ({va}) must be in [0, 1] and sum to at most 1"
-            ));
-        }
-        if !(0.0..1.0).contains(&params.holdout_generated) {
-            return Err("holdout_generated must be in [0, 1)".into());
-        }
-        if params.rl_generated < 0.0 || params.holdout_generated + params.rl_generated >= 1.0 {
-            return Err(
-                "rl_generated must be >= 0, with holdout_generated + rl_generated < 1".into(),
-            );
-        }
-        Ok(Curriculum { params })
-    }
-
-    /// The split of synthetic family `task`: `test` when it is named in `holdout_tasks` or is a
-    /// generated family whose id hashes below `holdout_generated`, `rl` when a generated
-    /// family's hash falls in `[holdout_generated, holdout_generated + rl_generated)`, else
-    /// `train`.
-    pub fn family_split(&self, task: &str) -> &'static str {
-        let p = &self.params;
-        let generated = task.starts_with(cudarl_rl::families::PREFIX);
-        let u = cudarl_curriculum::sample::hash_fraction(task);
-        if p.holdout_tasks.iter().any(|h| h == task) || (generated && u < p.holdout_generated) {
-            "test"
-        } else if generated && u < p.holdout_generated + p.rl_generated {
-            "rl"
-        } else {
-            "train"
-        }
+        Ok(Curriculum {
+            params: crate::common::parse_params(t)?,
+        })
     }
 }
 
@@ -360,7 +290,9 @@ impl Stage for Curriculum {
     fn code_version(&self) -> u32 {
         // 5: synthetic families split into train / rl / test (the hold-out), read by sft-data;
         // the archive's verdicts only with `archive`.
-        5
+        // 6: the splits are the `splits` stage's (KernelBench stratified by level, families by
+        // group).
+        6
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -368,6 +300,7 @@ impl Stage for Curriculum {
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = vec![
             InputDecl::node("problems", "ingest-kernelbench", "problems"),
+            InputDecl::node("splits", "splits", "splits"),
             InputDecl::node("sakana_kernels", "ingest-sakana", "kernels"),
             InputDecl::node("cuda_l1_kernels", "ingest-cuda-l1", "kernels"),
             InputDecl::node("tasks", "synth-tasks", "tasks"),
@@ -435,6 +368,7 @@ impl Stage for Curriculum {
                 .collect()
         };
         let problems = read_problems(ctx.input_path("problems")?)?;
+        let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
         let mut counts = [[0i64; 3]; (MAX_TIER + 1) as usize];
         for KbRow {
             id,
@@ -444,23 +378,18 @@ impl Stage for Curriculum {
         } in &problems
         {
             let (id, lv, nm) = (id.as_str(), *lv, nm.as_str());
-            if !self.params.levels.contains(&lv) {
+            // Problems of the levels `splits` leaves out have no row.
+            let Some(&split) = splits.kernelbench.get(id) else {
                 continue;
-            }
+            };
             let d = cats.decide(Some(lv), feats);
-            let split = assign(
-                id,
-                self.params.seed,
-                self.params.train_fraction,
-                self.params.val_fraction,
-            );
             counts[d.tier as usize][split as usize] += 1;
             let st = stats.remove(id).unwrap_or_default();
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
             b.kernelbench((id, lv, nm), (feats, &d, split), st, kb_sig.get(id), &mine);
         }
         let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-        b.synthetic(&tt, &validated, &mut counts, |t| self.family_split(t))?;
+        b.synthetic(&tt, &validated, &mut counts, &splits)?;
         if !stats.is_empty() {
             ctx.warn(format!(
                 "{} archive problem ids are not in the curriculum (other levels or unknown)",
@@ -663,17 +592,18 @@ impl Columns {
     }
 
     /// Appends the synthetic task families of `tt` (the `tasks` table): tier from the spec,
-    /// split by `split_of` (`train`, `rl` or `test`; `rl` counts as train in `counts`), hold-out
+    /// split from `splits` (`train`, `rl` or `test`; `rl` counts as train in `counts`), hold-out
     /// shapes from the spec, the best speedup over naive among `validated`.
     ///
     /// # Errors
-    /// A required column of `tasks` is missing or has the wrong type (named).
+    /// A required column of `tasks` is missing or has the wrong type, or a family has no row in
+    /// `splits` (named).
     fn synthetic(
         &mut self,
         tt: &Table,
         validated: &[ValidatedRow],
         counts: &mut [[i64; 3]],
-        split_of: impl Fn(&str) -> &'static str,
+        splits: &crate::splits::SplitMap,
     ) -> Result<(), StageError> {
         let (tid, ttier) = (
             tt.req_strings("task_id").map_err(data_err)?,
@@ -689,7 +619,7 @@ impl Columns {
                 continue;
             };
             let tier = tier.clamp(0, MAX_TIER);
-            let split = split_of(id);
+            let split = splits.family(id)?;
             counts[tier as usize][if split == "test" { 2 } else { 0 }] += 1;
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
             self.id.append_value(format!("synth/{id}"));
@@ -827,45 +757,15 @@ mod tests {
     }
 
     #[test]
-    fn families_split_into_train_rl_and_test_by_name_and_id_hash() {
-        let c = stage("holdout_tasks = [\"row_max\"]\nholdout_generated = 0.3\nrl_generated = 0.4")
-            .unwrap();
-        assert_eq!(c.family_split("row_max"), "test");
-        // Hand-written families other than the named ones always train.
-        assert_eq!(c.family_split("row_sum"), "train");
-        let gen_ids: Vec<String> = (0..400)
-            .map(|i| format!("{}{i}", cudarl_rl::families::PREFIX))
-            .collect();
-        let mut n = BTreeMap::new();
-        for id in &gen_ids {
-            let u = cudarl_curriculum::sample::hash_fraction(id);
-            let want = if u < 0.3 {
-                "test"
-            } else if u < 0.7 {
-                "rl"
-            } else {
-                "train"
-            };
-            assert_eq!(c.family_split(id), want, "{id} at {u}");
-            *n.entry(want).or_insert(0) += 1;
+    fn the_split_params_are_the_splits_stages() {
+        for key in [
+            "seed = 7",
+            "train_fraction = 0.8",
+            "holdout_generated = 0.1",
+        ] {
+            let e = stage(key).unwrap_err();
+            assert!(e.contains("unknown field"), "{key}: {e}");
         }
-        assert_eq!(n.len(), 3, "{n:?}");
-        // A larger RL share leaves the hold-out families where they were.
-        let wider = stage("holdout_generated = 0.3\nrl_generated = 0.6").unwrap();
-        for id in &gen_ids {
-            assert_eq!(
-                c.family_split(id) == "test",
-                wider.family_split(id) == "test"
-            );
-        }
-    }
-
-    #[test]
-    fn split_fractions_out_of_range_are_refused() {
-        assert!(stage("holdout_generated = 1.0").is_err());
-        assert!(stage("holdout_generated = 0.5\nrl_generated = 0.5").is_err());
-        assert!(stage("rl_generated = -0.1").is_err());
-        assert!(stage("holdout_generated = 0.5\nrl_generated = 0.4").is_ok());
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod rl_progress;
 pub mod rl_train;
 pub mod sft_data;
 pub mod sft_eval;
+pub mod splits;
 pub mod synth_tasks;
 pub mod testgen;
 pub mod train_stages;
@@ -33,7 +34,7 @@ fn boxed<S: Stage + 'static>(s: Result<S, String>) -> Result<Box<dyn Stage>, Str
 }
 
 /// Every stage kind and its builder, sorted by kind.
-const STAGES: [(&str, Build); 19] = [
+const STAGES: [(&str, Build); 20] = [
     (archive_native::KIND, |p| {
         boxed(archive_native::ArchiveNative::from_table(p))
     }),
@@ -67,6 +68,7 @@ const STAGES: [(&str, Build); 19] = [
     (train_stages::Kind::SftTrain.as_str(), |p| {
         model(train_stages::Kind::SftTrain, p)
     }),
+    (splits::KIND, |p| boxed(splits::Splits::from_table(p))),
     (synth_tasks::KIND, |p| {
         boxed(synth_tasks::SynthTasks::from_table(p))
     }),

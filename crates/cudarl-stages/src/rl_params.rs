@@ -552,8 +552,8 @@ pub(crate) fn env_mode(mode: Mode) -> &'static str {
 }
 
 /// The inputs [`Params::reward_config`] and [`load_tasks`] read: `reward` (external),
-/// `tasks` and `kernels` (synth-tasks), `data` (sft-data's `sft_generator`); `rl-train`, `eval`
-/// and `collab-data` declare them first.
+/// `tasks` and `kernels` (synth-tasks), `data` (sft-data's `sft_generator`), `splits`
+/// (the `splits` table); `rl-train`, `eval` and `collab-data` declare them first.
 pub(crate) fn task_inputs() -> Vec<cudarl_core::InputDecl> {
     use cudarl_core::InputDecl;
     vec![
@@ -561,17 +561,48 @@ pub(crate) fn task_inputs() -> Vec<cudarl_core::InputDecl> {
         InputDecl::node("tasks", "synth-tasks", "tasks"),
         InputDecl::node("kernels", "synth-tasks", "task_kernels"),
         InputDecl::node("data", "sft-data", "sft_generator"),
+        InputDecl::node("splits", "splits", "splits"),
     ]
 }
 
 /// The task set of the inputs `tasks`, `kernels` (synth-tasks) and `data` (sft-data's
-/// `sft_generator`, whose splits say which families are held out or reserved for RL).
+/// `sft_generator`), each family in the split the `splits` table gives it
+/// ([`follow_splits`]).
+///
+/// # Errors
+/// A table cannot be read, or a family has no row in `splits` (file and field named).
 pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> {
-    Ok(TaskSet::load(
+    let ts = TaskSet::load(
         ctx.input_path("tasks")?,
         ctx.input_path("kernels")?,
         ctx.input_path("data")?,
-    )?)
+    )?;
+    let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
+    follow_splits(ts, &splits)
+}
+
+/// `ts` with each family in its `splits` split. `sft_generator` names only the families it has
+/// rows for, so a family none of whose kernels validated would otherwise count as `train`: a
+/// hold-out family among the families RL practises. Each split keeps the order of `ts`.
+///
+/// # Errors
+/// A family has no row in `splits` (exit 2).
+pub(crate) fn follow_splits(
+    ts: TaskSet,
+    splits: &crate::splits::SplitMap,
+) -> Result<TaskSet, StageError> {
+    let mut out = TaskSet {
+        naive: ts.naive,
+        ..TaskSet::default()
+    };
+    for s in ts.train.into_iter().chain(ts.rl).chain(ts.test) {
+        match splits.family(&s.id)? {
+            "test" => out.test.push(s),
+            "rl" => out.rl.push(s),
+            _ => out.train.push(s),
+        }
+    }
+    Ok(out)
 }
 
 fn f64s(name: &str, nullable: bool) -> Field {

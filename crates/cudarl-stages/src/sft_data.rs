@@ -9,8 +9,8 @@
 //!   kernel of the same task, for every validated (naive, optimized) pair; `speedup` is the
 //!   measured ratio (null on compile-only machines, `measured = false`).
 //!
-//! The families' splits come from the `curriculum` (its `holdout_tasks`, `holdout_generated`,
-//! `rl_generated`; [`crate::curriculum::Curriculum::family_split`]): its `test` families are the
+//! The families' splits come from the `curriculum`, which copies the `splits` stage's (its
+//! `holdout_tasks`, `holdout_generated`, `rl_generated`; [`crate::splits`]): `test` families are the
 //! hold-out (never trained on: the generator's rates on them after SFT are the baseline RL must
 //! beat), its `rl` families are kept out of SFT too (`rl-train` practises on them, so RL learns
 //! to write kernels for operations the agents have not memorized, the skill the hold-out

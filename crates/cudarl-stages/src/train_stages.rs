@@ -14,6 +14,13 @@
 //! | `adapter` (`sft-train` with `lora`) | as `checkpoint`: `adapter_model.safetensors`, `adapter_config.json` (PEFT's layout) |
 //! | `plots` | as `checkpoint`: `loss_curve.png` (training and evaluation loss per step) |
 //! | `metrics` | step, epoch (int64), loss (float64: nats per trained token), lr, grad_norm (float64), tokens (int64: trained tokens), tokens_per_s (float64: all tokens), eval_loss (float64, nullable), device (utf8) |
+//! | `corpus` (`tokenizer`, `pretrain`) | kind (utf8: `task_kernel`, `kernelbench` or `copy_document`), item_id (utf8, nullable: `synth/<task_id>` or the problem id; null for copy documents), line (utf8: the JSON line the trainer reads, a string or a list of chat messages) |
+//!
+//! The corpus holds the `train` split alone (the `splits` table, [`crate::splits`]): the task
+//! kernels of the `train` families and the reference code of the KernelBench `train` problems.
+//! The hold-out (`test` families and problems) and the KernelBench `val` problems never reach
+//! it, nor do the `rl` families, which RL is to practise as operations the agents have not
+//! memorized.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -30,6 +37,23 @@ use crate::common::{
     CHECKPOINT, checkpoint_files, data_err, ingest_dir, is_checkpoint_dir, materialize,
     params_json, resolve_device, run_job, write_chats, write_rows,
 };
+
+/// Schema of `corpus`: one row per document the trainer reads (see the module's table).
+pub static CORPUS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("item_id", DataType::Utf8, true),
+        Field::new("line", DataType::Utf8, false),
+    ]))
+});
+
+/// One row of `corpus`.
+#[derive(Debug, Serialize)]
+struct CorpusRow {
+    kind: &'static str,
+    item_id: Option<String>,
+    line: String,
+}
 
 /// Schema of `metrics`.
 pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
@@ -402,30 +426,65 @@ fn write_loss_plot(
     ingest_dir(ctx, dir, "plots")
 }
 
-/// The corpus: every task kernel and every KernelBench reference (strings), then `extra`
-/// conversations (lists of messages), as JSON lines (the trainer's `Document`).
+/// The corpus: the task kernels of the `train` families and the reference code of the
+/// KernelBench `train` problems (strings; the `splits` input says which), then `extra`
+/// conversations (lists of messages), as JSON lines (the trainer's `Document`) in `path`, and
+/// the same documents as the `corpus` output. Returns the number of documents.
+///
+/// # Errors
+/// A table cannot be read or lacks a column, a task kernel's family has no row in `splits`
+/// (file and field named), or the file cannot be written.
 fn write_corpus(
     ctx: &StageContext<'_>,
     path: &Path,
     extra: &[Vec<cudarl_curriculum::prompts::ChatMessage>],
 ) -> Result<usize, StageError> {
-    let mut lines = Vec::new();
-    for (input, name) in [("kernels", "task_kernels"), ("problems", "problems")] {
-        let t = Table::read(ctx.input_path(input)?, name).map_err(data_err)?;
-        let code = t.req_strings("code").map_err(data_err)?;
-        for r in 0..t.rows() {
-            if let Some(c) = code.get(r) {
-                lines.push(serde_json::to_string(c).expect("json"));
-            }
+    let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
+    let mut rows = Vec::new();
+    let kernels = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
+    let (task, code) = (
+        kernels.req_strings("task_id").map_err(data_err)?,
+        kernels.req_strings("code").map_err(data_err)?,
+    );
+    for r in 0..kernels.rows() {
+        let (Some(t), Some(c)) = (task.get(r), code.get(r)) else {
+            continue;
+        };
+        if splits.family(t)? == "train" {
+            rows.push(CorpusRow {
+                kind: "task_kernel",
+                item_id: Some(format!("synth/{t}")),
+                line: serde_json::to_string(c).expect("json"),
+            });
         }
     }
-    lines.extend(
-        extra
-            .iter()
-            .map(|d| serde_json::to_string(d).expect("json")),
+    let problems = Table::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
+    let (pid, code) = (
+        problems.req_strings("problem_id").map_err(data_err)?,
+        problems.req_strings("code").map_err(data_err)?,
     );
-    std::fs::write(path, lines.join("\n") + "\n").map_err(|e| StageError::Failed(e.to_string()))?;
-    Ok(lines.len())
+    for r in 0..problems.rows() {
+        let (Some(p), Some(c)) = (pid.get(r), code.get(r)) else {
+            continue;
+        };
+        // `test` and `val` problems, and those of levels `splits` leaves out, stay out.
+        if splits.kernelbench.get(p) == Some(&cudarl_curriculum::Split::Train) {
+            rows.push(CorpusRow {
+                kind: "kernelbench",
+                item_id: Some(p.to_string()),
+                line: serde_json::to_string(c).expect("json"),
+            });
+        }
+    }
+    rows.extend(extra.iter().map(|d| CorpusRow {
+        kind: "copy_document",
+        item_id: None,
+        line: serde_json::to_string(d).expect("json"),
+    }));
+    let text: String = rows.iter().map(|r| format!("{}\n", r.line)).collect();
+    std::fs::write(path, text).map_err(|e| StageError::Failed(e.to_string()))?;
+    write_rows(ctx, "corpus", &CORPUS, &rows)?;
+    Ok(rows.len())
 }
 
 impl Stage for ModelStage {
@@ -436,8 +495,15 @@ impl Stage for ModelStage {
         // 3: `copy_documents` are conversations in the prompt format.
         // 4: checkpoints carry `tokenizer_config.json` (the chat template) and
         // `generation_config.json`.
-        // 5: copy documents are operator families stated as modules, none of a task's group.
-        5
+        // 5 (`tokenizer`, `pretrain`): the corpus is the `train` split's alone (the hold-out,
+        // the KernelBench `val` problems and the `rl` families left out), and an output.
+        // 6 (`pretrain`): copy documents are operator families stated as modules, none of a
+        // task's group.
+        match self.kind {
+            Kind::Tokenizer => 5,
+            Kind::Pretrain => 6,
+            Kind::SftTrain => 4,
+        }
     }
     fn params(&self) -> Value {
         // A checkpoint directory is keyed by its files (`base`), not where it lies.
@@ -453,6 +519,7 @@ impl Stage for ModelStage {
                     "ingest-kernelbench",
                     "problems",
                 ));
+                v.push(InputDecl::node("splits", "splits", "splits"));
             }
             Kind::Pretrain => {
                 v.push(InputDecl::node("tokenizer", "tokenizer", "tokenizer"));
@@ -465,6 +532,7 @@ impl Stage for ModelStage {
                     "ingest-kernelbench",
                     "problems",
                 ));
+                v.push(InputDecl::node("splits", "splits", "splits"));
             }
             Kind::SftTrain if is_checkpoint_dir(&self.params.model) => {
                 v.push(InputDecl::external("base"));
@@ -483,13 +551,19 @@ impl Stage for ModelStage {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         match self.kind {
-            Kind::Tokenizer => vec![OutputDecl::table("tokenizer", CHECKPOINT.clone())],
+            Kind::Tokenizer => vec![
+                OutputDecl::table("tokenizer", CHECKPOINT.clone()),
+                OutputDecl::table("corpus", CORPUS.clone()),
+            ],
             _ => {
                 let mut v = vec![
                     OutputDecl::table("checkpoint", CHECKPOINT.clone()),
                     OutputDecl::table("metrics", METRICS.clone()),
                     OutputDecl::table("plots", CHECKPOINT.clone()),
                 ];
+                if self.kind == Kind::Pretrain {
+                    v.push(OutputDecl::table("corpus", CORPUS.clone()));
+                }
                 if self.params.lora.is_some() {
                     v.push(OutputDecl::table("adapter", CHECKPOINT.clone()));
                 }

@@ -294,7 +294,9 @@ impl Stage for VerlLaunch {
         crate::rl_train::KIND
     }
     fn code_version(&self) -> u32 {
-        1
+        // 2: the hold-out of `rl_test` is also the `splits` table's (a family sft-data wrote no
+        // row for is no longer in `rl_train`).
+        2
     }
     fn params(&self) -> serde_json::Value {
         params_json(&self.params)
@@ -303,6 +305,7 @@ impl Stage for VerlLaunch {
         vec![
             InputDecl::node("tasks", "synth-tasks", "tasks"),
             InputDecl::node("sft", "sft-data", "sft_generator"),
+            InputDecl::node("splits", "splits", "splits"),
             InputDecl::external("agent"),
         ]
     }
@@ -365,15 +368,27 @@ impl Stage for VerlLaunch {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default();
-        // VERL's RL Parquet, as `export --format verl` writes it.
+        // VERL's RL Parquet, as `export --format verl` writes it, the hold-out the `splits`
+        // table's `test` families (sft-data's `test` rows name only families it has rows for).
         let scratch = out_dir.join("export");
-        cudarl_rl::verl::export(
+        let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
+        let mut held = cudarl_rl::tasks::holdout_ids(ctx.input_path("sft")?)?;
+        held.extend(
+            splits
+                .families
+                .iter()
+                .filter(|(_, s)| *s == "test")
+                .map(|(t, _)| t.clone()),
+        );
+        cudarl_rl::verl::export_rl(
             ctx.input_path("tasks")?,
-            ctx.input_path("sft")?,
+            &held,
             &scratch,
             self.params.max_turns,
         )
         .map_err(StageError::Failed)?;
+        cudarl_rl::verl::export_sft(ctx.input_path("sft")?, &scratch)
+            .map_err(StageError::Failed)?;
         let overrides = self.overrides();
         let overrides_text = overrides.join("\n") + "\n";
         let agent = ctx.input_files("agent")?.clone();
