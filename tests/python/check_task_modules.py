@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-import cudarl_worker  # noqa: E402
+import cudarl_worker
 
 C_TYPES = {"float32": "float", "f32": "float"}
 

@@ -73,7 +73,8 @@ pub struct Family {
     pub optimized: Vec<(String, String)>,
 }
 
-/// Prefix of every generated family id (`sft-data`'s `holdout_generated` draws from these).
+/// Prefix of every generated family id (the `splits` stage draws `holdout_generated` and
+/// `rl_generated` from their groups).
 pub const PREFIX: &str = "gen_";
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -20,7 +20,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train, `kernelbench/level{L}`), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch, fast_1_vs_compile, fast_1_5_vs_compile, fast_2_vs_compile, geomean_speedup_vs_compile (nullable; the `_vs_compile` columns against the reference under `torch.compile`, KernelBench rows only), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
+//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train, `test/tier{T}` and `train/tier{T}` (the families of tier T, 0-3), `kernelbench/level{L}`), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch, fast_1_vs_compile, fast_1_5_vs_compile, fast_2_vs_compile, geomean_speedup_vs_compile (nullable; the `_vs_compile` columns against the reference under `torch.compile`, KernelBench rows only), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
 //! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch, speedup_vs_torch_compile (float64, nullable), reward (float64) |
 //! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
@@ -574,7 +574,8 @@ impl Stage for Eval {
         // compiled has pass rate and fast_p 0, not n/a.
         // 16: KernelBench fast_p and speedups against `torch.compile`.
         // 17: a KernelBench kernel's reward has a speed term against torch eager.
-        17
+        // 18: `summary` rows per tier of the task families (`test/tier{T}`).
+        18
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -668,6 +669,27 @@ impl Stage for Eval {
                     ..summary(&sel, mode == "full", is_kernelbench(split))
                 });
             }
+            // The task-family splits again per tier (`test/tier{t}`), episodes only (their
+            // generation and harness seconds are in the split's row).
+            for &(split, _) in &splits {
+                for tier in 0..TIER_SPLITS.len() {
+                    let sel: Vec<&Row> = rows
+                        .iter()
+                        .filter(|r| r.ck == checkpoint && r.split == split)
+                        .filter(|r| r.ep.tier == tier as i64)
+                        .collect();
+                    if sel.is_empty() {
+                        continue;
+                    }
+                    sums.push(SummaryRow {
+                        checkpoint,
+                        split: tier_split(split, tier),
+                        mode,
+                        device,
+                        ..summary(&sel, mode == "full", false)
+                    });
+                }
+            }
         }
         write_rows(ctx, "summary", &SUMMARY, &sums)?;
         let episodes: Vec<EpisodeRow<'_>> = rows
@@ -725,6 +747,19 @@ fn without_gpu(sums: &[Value]) -> String {
 /// Whether `r` is an episode on a task family (not a KernelBench problem).
 fn is_family(r: &Row) -> bool {
     !is_kernelbench(r.split)
+}
+
+/// The per-tier summary splits of the hold-out and train families, tiers 0-3.
+const TIER_SPLITS: [[&str; 2]; 4] = [
+    ["test/tier0", "train/tier0"],
+    ["test/tier1", "train/tier1"],
+    ["test/tier2", "train/tier2"],
+    ["test/tier3", "train/tier3"],
+];
+
+/// The summary split of `split`'s (`test` or `train`) families of tier `tier` (0-3).
+fn tier_split(split: &str, tier: usize) -> &'static str {
+    TIER_SPLITS[tier][usize::from(split != "test")]
 }
 
 /// Whether `split` holds KernelBench problems (`kernelbench/level{L}`, [`kb_split`]).
