@@ -222,7 +222,7 @@ impl Step {
     /// The CUDA statement updating `float v`; `y` is the second input's element, `c` the
     /// column (index into the last dimension).
     fn cuda(self, y: &str, c: &str) -> String {
-        let s = match self {
+        match self {
             Step::Relu => "v = fmaxf(v, 0.0f);".to_string(),
             Step::LeakyRelu(a) => format!("v = v > 0.0f ? v : {} * v;", cf(a)),
             Step::Sigmoid => "v = 1.0f / (1.0f + expf(-v));".into(),
@@ -254,8 +254,7 @@ impl Step {
             Step::MulInput => format!("v = v * {y};"),
             Step::AddBias => format!("v = v + bias[{c}];"),
             Step::MulWeight => format!("v = v * weight[{c}];"),
-        };
-        s
+        }
     }
 }
 
@@ -782,7 +781,10 @@ fn row_kernels(spec: &TaskSpec, p: &RowPlan, rows: &str, block: u32) -> (String,
     (naive, fast)
 }
 
-fn row_shapes(long: bool) -> (Vec<BTreeMap<String, i64>>, Vec<BTreeMap<String, i64>>) {
+/// Shapes of a task: each a map from size name to value.
+type Shapes = Vec<BTreeMap<String, i64>>;
+
+fn row_shapes(long: bool) -> (Shapes, Shapes) {
     let train = if long {
         shapes(&[
             &[("batch_size", 512), ("dim", 4096)],
