@@ -659,11 +659,13 @@ fn eval_summarizes_sft_and_rl_and_keeps_every_turn_of_every_episode() {
         if let Some((split, _)) = r["split"].as_str().unwrap().split_once("/tier") {
             // A per-tier row counts its split's episodes of that tier; its seconds are the
             // split row's.
-            let tier = &r["split"].as_str().unwrap()[split.len() + 5..];
+            let tier: i64 = r["split"].as_str().unwrap()[split.len() + 5..]
+                .parse()
+                .unwrap();
             let n = eps
                 .iter()
                 .filter(|e| e["checkpoint"] == r["checkpoint"] && e["split"] == split)
-                .filter(|e| e["tier"].to_string() == tier)
+                .filter(|e| e["tier"].as_i64() == Some(tier))
                 .count() as i64;
             assert_eq!(r["episodes"].as_i64(), Some(n), "{r}");
             continue;
