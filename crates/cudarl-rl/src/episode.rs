@@ -308,16 +308,6 @@ impl Episode {
     }
 }
 
-/// The task as the prompts show it.
-pub fn task_messages(task: &TaskSpec) -> (String, Vec<String>) {
-    let shapes: Vec<String> = task
-        .train_shapes
-        .iter()
-        .map(|m| serde_json::to_string(m).expect("json"))
-        .collect();
-    (task.signature(), shapes)
-}
-
 /// The generator's conversation for `task` (the RL prompt: the first intro and closing).
 pub fn generator_conversation(task: &TaskSpec) -> Vec<ChatMessage> {
     generator_conversation_phrased(task, 0, 0)
@@ -325,7 +315,7 @@ pub fn generator_conversation(task: &TaskSpec) -> Vec<ChatMessage> {
 
 /// The generator's conversation for `task` with phrasing variant `intro` / `closing` (indices
 /// modulo [`prompts::INTROS`] / [`prompts::CLOSINGS`]): system prompt, then the task prompt
-/// with every train shape.
+/// (the task's module and its launcher, [`EpisodeTask::text`]).
 pub fn generator_conversation_phrased(
     task: &TaskSpec,
     intro: usize,

@@ -242,7 +242,8 @@ fn tree(rng: &mut ChaCha8Rng, depth: u32, leaves: &[(&'static str, u32)]) -> E {
     }
 }
 
-fn arg(name: &str, kind: ArgKind, shape: &[&str]) -> Arg {
+/// A launcher argument `name` of `kind` with shape formulas `shape`.
+pub(crate) fn arg(name: &str, kind: ArgKind, shape: &[&str]) -> Arg {
     Arg {
         name: name.into(),
         kind,
@@ -250,7 +251,11 @@ fn arg(name: &str, kind: ArgKind, shape: &[&str]) -> Arg {
     }
 }
 
-fn shapes(list: &[&[(&str, i64)]]) -> Vec<BTreeMap<String, i64>> {
+/// Shapes of a task: each a map from size name to value.
+pub(crate) type Shapes = Vec<BTreeMap<String, i64>>;
+
+/// `list`'s shapes as size maps.
+pub(crate) fn shapes(list: &[&[(&str, i64)]]) -> Shapes {
     list.iter()
         .map(|s| s.iter().map(|(k, v)| (k.to_string(), *v)).collect())
         .collect()
@@ -784,6 +789,8 @@ pub struct CopyExclusions {
 /// [`CLOSINGS`](cudarl_curriculum::prompts::CLOSINGS). Never a family whose reference or group
 /// is in `exclude` (pass every task's, the hold-out's included), so the text teaches the map
 /// from a module to its kernel without showing any task or any template instance of one.
+/// It draws `4n + 64` families, so fewer than `n` come back only where the exclusions take
+/// most groups (the default pipeline's 450 families leave 3000 of 3000; 1.8 s).
 ///
 /// Measured with 3000 elementwise ones before the task language was modules (H100, 136
 /// hold-out episodes per checkpoint): the SFT checkpoint's hold-out pass rate 0.132 -> 0.412

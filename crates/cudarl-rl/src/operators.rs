@@ -41,7 +41,7 @@ use cudarl_cuda::task::{Arg, ArgKind, TaskSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::families::{Family, PREFIX, canonical};
+use crate::families::{Family, PREFIX, Shapes, arg, canonical, shapes};
 
 /// Id prefix of operator families (`gen_op_0000`, ...).
 pub const OP_PREFIX: &str = "gen_op_";
@@ -276,20 +276,6 @@ fn cuda_chain(steps: &[Step], y: &str, c: &str, indent: &str) -> String {
 fn group_of(kind: &str, steps: &[Step], extra: &str) -> String {
     let names: Vec<&str> = steps.iter().map(|s| s.name()).collect();
     format!("{kind}{extra}:{}", names.join(">"))
-}
-
-fn arg(name: &str, kind: ArgKind, shape: &[&str]) -> Arg {
-    Arg {
-        name: name.into(),
-        kind,
-        shape: shape.iter().map(|s| s.to_string()).collect(),
-    }
-}
-
-fn shapes(list: &[&[(&str, i64)]]) -> Vec<BTreeMap<String, i64>> {
-    list.iter()
-        .map(|s| s.iter().map(|(k, v)| (k.to_string(), *v)).collect())
-        .collect()
 }
 
 const HEADER: &str = "#include <cuda_runtime.h>\n#include <stdint.h>\n#include <math.h>\n";
@@ -780,9 +766,6 @@ fn row_kernels(spec: &TaskSpec, p: &RowPlan, rows: &str, block: u32) -> (String,
     );
     (naive, fast)
 }
-
-/// Shapes of a task: each a map from size name to value.
-type Shapes = Vec<BTreeMap<String, i64>>;
 
 fn row_shapes(long: bool) -> (Shapes, Shapes) {
     let train = if long {
@@ -1304,11 +1287,7 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
         .map(|&(a, b, c, d)| sh(a, b, c, d))
         .collect();
     let hold_l = [sh(1, 1, 1, 1), sh(33, 65, 17, 3), sh(257, 513, 129, 2)];
-    let to_maps = |l: &[Vec<(&str, i64)>]| -> Vec<BTreeMap<String, i64>> {
-        l.iter()
-            .map(|s| s.iter().map(|(a, v)| (a.to_string(), *v)).collect())
-            .collect()
-    };
+    let to_maps = |l: &[Vec<(&str, i64)>]| shapes(&l.iter().map(Vec::as_slice).collect::<Vec<_>>());
     let (train, holdout) = (to_maps(&train_l), to_maps(&hold_l));
     let bshape = |a: &'static str, b: &'static str| -> Vec<&'static str> {
         if mm == Mm::Batched {
@@ -1416,42 +1395,20 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
                 vec!["x = torch.rand(batch_size, in_features)".into()],
             )
         }
-        Mm::Plain => {
-            body.push("x = torch.matmul(A, B)".into());
+        _ => {
+            let op = match mm {
+                Mm::TransA => "torch.matmul(A.T, B)",
+                Mm::TransB => "torch.matmul(A, B.T)",
+                Mm::Batched => "torch.bmm(A, B)",
+                _ => "torch.matmul(A, B)",
+            };
+            body.push(format!("x = {op}"));
+            // The operands as the launcher declares them (`in0`, `in1`).
+            let rand =
+                |name: &str, dims: &[&str]| format!("{name} = torch.rand({})", dims.join(", "));
             (
                 vec!["A", "B"],
-                vec!["A = torch.rand(M, K)".into(), "B = torch.rand(K, N)".into()],
-            )
-        }
-        Mm::TransA => {
-            body.push("x = torch.matmul(A.T, B)".into());
-            (
-                vec!["A", "B"],
-                vec!["A = torch.rand(K, M)".into(), "B = torch.rand(K, N)".into()],
-            )
-        }
-        Mm::TransB => {
-            body.push("x = torch.matmul(A, B.T)".into());
-            (
-                vec!["A", "B"],
-                vec!["A = torch.rand(M, K)".into(), "B = torch.rand(N, K)".into()],
-            )
-        }
-        Mm::MatVec => {
-            body.push("x = torch.matmul(A, B)".into());
-            (
-                vec!["A", "B"],
-                vec!["A = torch.rand(M, K)".into(), "B = torch.rand(K, 1)".into()],
-            )
-        }
-        Mm::Batched => {
-            body.push("x = torch.bmm(A, B)".into());
-            (
-                vec!["A", "B"],
-                vec![
-                    "A = torch.rand(batch_size, M, K)".into(),
-                    "B = torch.rand(batch_size, K, N)".into(),
-                ],
+                vec![rand("A", &inputs[0].1), rand("B", &inputs[1].1)],
             )
         }
     };
