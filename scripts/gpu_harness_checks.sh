@@ -28,7 +28,9 @@
 #               (`check --model-new`), and the wrappers are built and checked as torch-format
 #               candidates like TORCH_EQUIV's; writes kb_model_new_agreement.jsonl.
 #               KB_ONLY: the kernels to check (names without .cu, space-separated; default all);
-#               CHECK_FLAGS: extra `check` flags for every check (e.g. --no-bench).
+#               CHECK_FLAGS: extra `check` flags for every check (e.g. --no-bench). REPEAT=N: each
+#               kernel checked as N distinct sources (a comment appended) in one `check`, so
+#               the 2nd..Nth show a candidate's cost after its problem's first ("repeats").
 #   PART=serve-kb  `serve` on a store where the main job ran (STORE, default
 #               /tmp/cudarl-main/store; SETS: its `--set` values, space-separated) answering
 #               KernelBench requests on the GPU: POST /v1/evaluate with a native kernel
@@ -140,7 +142,11 @@ for f in tests/kernels/kb_native/*.cu; do
   [ -n "${KB_ONLY:-}" ] && ! echo " ${KB_ONLY:-} " | grep -q " \$n " && continue
   t1=\$(date +%s%N)
   wrap=; [ "${MODEL_NEW:-0}" = 1 ] && mkdir -p $K/wrap && wrap="--model-new $K/wrap/\$n.py"
-  timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n --source \$f \$wrap ${CHECK_FLAGS:-} --json > $K/\$n.json 2> $K/\$n.err
+  srcs="--source \$f"
+  for r in \$(seq 2 ${REPEAT:-1}); do
+    mkdir -p $K/rep; { cat \$f; echo "// candidate \$r"; } > $K/rep/\$n.\$r.cu; srcs="\$srcs --source $K/rep/\$n.\$r.cu"
+  done
+  timeout 400 $NEW/cudarl-pipe --root . --store $KS check --task kb/L1/\$n \$srcs \$wrap ${CHECK_FLAGS:-} --json > $K/\$n.json 2> $K/\$n.err
   echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> $K/ran.txt
 done
 # Torch-format candidates of the same problems in a folder (named by problem): built side by
@@ -183,9 +189,10 @@ rows = []
 for line in (k / "ran.txt").read_text().splitlines() if (k / "ran.txt").exists() else []:
     n, rc, ms = line.split()
     try:
-        v = json.loads((k / f"{n}.json").read_text())
+        vs = [json.loads(x) for x in (k / f"{n}.json").read_text().splitlines() if x.strip()]
+        v = vs[0]
     except Exception:
-        v = {"failure": "no_verdict", "failure_detail": (k / f"{n}.err").read_text()[-400:]}
+        vs, v = [], {"failure": "no_verdict", "failure_detail": (k / f"{n}.err").read_text()[-400:]}
     t, tt = v.get("timing") or {}, v.get("torch_timing") or {}
     tc = v.get("torch_compile_timing") or {}
     phases = {}
@@ -205,6 +212,9 @@ for line in (k / "ran.txt").read_text().splitlines() if (k / "ran.txt").exists()
                  "speedup_vs_torch_compile": v.get("speedup_vs_torch_compile"),
                  "torch_compile_error": v.get("torch_compile_error"),
                  "worker_ms": v.get("worker_ms"), "nvcc_phase_ms": phases,
+                 "repeats": [{"compile_seconds": x.get("compile_seconds"), "correct": x.get("correct"),
+                              "failure": x.get("failure"), "worker_ms": x.get("worker_ms"),
+                              "speedup_vs_torch": x.get("speedup_vs_torch")} for x in vs[1:]],
                  "gpu": (v.get("gpu") or {}).get("name")})
 (out / "kb_native.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 # TORCH_EQUIV=1 / MODEL_NEW=1: each torch-format candidate's verdict beside the native one's.
@@ -244,6 +254,9 @@ for r in rows:
           f"speedup {r['speedup_vs_torch'] or 0:.2f} vs compile {r['torch_compile_median_ms'] or 0:.3f} ms "
           f"speedup {r['speedup_vs_torch_compile'] or 0:.2f} nvcc {sum(r['nvcc_phase_ms'].values()):.0f} ms "
           f"{(r['torch_compile_error'] or '')[:80]} {r['failure_detail'][:120]}")
+    for x in r["repeats"]:
+        print(f"  again: build {x['compile_seconds'] or 0:5.2f}s correct {x['correct']} {x['failure'] or ''} "
+              f"judge {(x['worker_ms'] or {}).get('total', 0):.0f} ms {x['worker_ms']}")
 for a in agree + wrapped:
     print(f"{a['problem']:48s} torch-format: build {a['build_seconds'] or 0:5.1f}s correct {a['torch']['correct']} "
           f"{a['torch']['failure'] or ''} speedup {a['torch']['speedup_vs_torch'] or 0:.2f} (native "

@@ -345,13 +345,33 @@ pub struct WorkerMs {
     #[serde(default)]
     pub transfer: f64,
     /// Waiting for a sandboxed runner to be ready (CUDA initialized; usually started ahead of
-    /// time) and loading the candidate in it.
+    /// time) and, for a native run, loading the candidate in it (a torch-format run reports
+    /// `load` apart).
     #[serde(default)]
     pub runner: f64,
     /// The profile pass ([`RunJob::profile`]): starting `ncu` and its runner, the profiled
-    /// launch (`ncu` replays each kernel once per group of counters) and reading its CSV.
+    /// launch (`ncu` replays each kernel once per group of counters) and reading its CSV. A
+    /// torch-format run: the kernels one forward ran, the candidate's (and the reference's
+    /// unless stored).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub profile: f64,
+    /// A torch-format run: measuring the GPU's switch between the judge's and the runner's
+    /// contexts before timing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub switch: f64,
+    /// A torch-format run: loading the candidate in its runner.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub load: f64,
+    /// A torch-format run: the problem's own sizes (fresh inputs, the reference, the candidate).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_size: f64,
+    /// A torch-format run: the reference under `torch.compile` (compiling and timing it the
+    /// first time on a worker, unless stored).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub torch_compile: f64,
+    /// A torch-format run: the whole run in the worker, from the request to the answer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub total: f64,
 }
 
 fn is_zero(x: &f64) -> bool {

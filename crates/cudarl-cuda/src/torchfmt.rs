@@ -893,6 +893,180 @@ pub struct TorchRunOptions {
     pub torch_compile: bool,
     /// The project root (the worker script, the interpreter).
     pub root: PathBuf,
+    /// The store whose memo keeps what the reference did (its torch eager and `torch.compile`
+    /// timings and the kernels it ran), keyed by problem, timing settings, GPU and torch
+    /// version ([`reference_key`]): measured by a problem's first timed candidate, then read by
+    /// the rest (`None`: measured for every candidate, `torch.compile` once per worker).
+    pub store: Option<cudarl_store::Store>,
+    /// Profile the kernels one forward of a passing candidate ran (`torch_op_stands_in`,
+    /// [`crate::standin`]). A run that only decides which candidates are run again with timing
+    /// leaves it out: its runner starts without the profiler, 3.6-5.5 s sooner on the H200 host.
+    pub profile: bool,
+}
+
+/// A scratch directory for a torch-format runner (under `store`'s `tmp/` when given), with a
+/// `cand/` folder for the candidate's extensions ([`relocate`]), and the spec of the sandboxed
+/// runner that writes only there and reads nothing else of the candidate's
+/// ([`crate::pyworker::sandboxed_python`]); without `profile`, a runner that does not start the
+/// profiler ([`TorchRunOptions::profile`]).
+fn runner_scratch(
+    root: &Path,
+    profile: bool,
+    store: Option<&cudarl_store::Store>,
+) -> Result<(tempfile::TempDir, Value), String> {
+    // Under the store's `tmp/` where there is one (the system's temporary folder may be mounted
+    // without exec, and the candidate's extensions load from here).
+    let d = match store {
+        Some(s) => s.temp_dir().map_err(|e| e.to_string())?,
+        None => tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?,
+    };
+    std::fs::create_dir(d.path().join("cand"))
+        .map_err(|e| format!("{}: {e}", d.path().display()))?;
+    let mut spec = crate::pyworker::sandboxed_python(root, d.path(), true, &[], "--torch-runner")?;
+    if !profile {
+        spec.env
+            .push(("CUDARL_RUNNER_PROFILER".to_string(), "0".to_string()));
+    }
+    let spec = serde_json::to_value(spec).map_err(|e| e.to_string())?;
+    Ok((d, spec))
+}
+
+/// `cand` with its built extensions (`so`, or each of `builds[].so`) copied into `scratch/cand/`
+/// (named by their position and file name) and their paths there. The runner may rewrite these
+/// copies; the candidate's own kernels are read from the originals ([`apply_answer`]).
+///
+/// # Errors
+/// An extension cannot be copied (path and error named).
+fn relocate(cand: &Value, scratch: &Path) -> Result<Value, String> {
+    let mut out = cand.clone();
+    let mut n = 0usize;
+    let mut copy = |so: &mut Value| -> Result<(), String> {
+        let Some(src) = so.as_str().map(PathBuf::from) else {
+            return Ok(());
+        };
+        let name = src.file_name().map_or_else(
+            || "ext.so".to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
+        let dst = scratch.join("cand").join(format!("{n}-{name}"));
+        n += 1;
+        std::fs::copy(&src, &dst).map_err(|e| format!("copy {}: {e}", src.display()))?;
+        *so = Value::String(dst.display().to_string());
+        Ok(())
+    };
+    match out.get_mut("builds").and_then(Value::as_array_mut) {
+        Some(builds) => {
+            for b in builds {
+                if let Some(so) = b.get_mut("so") {
+                    copy(so)?;
+                }
+            }
+        }
+        None => {
+            if let Some(so) = out.get_mut("so") {
+                copy(so)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Memo namespace of the reference's measurements ([`TorchRunOptions::store`]).
+pub const REFERENCE_MEMO: &str = "kb-reference-v1";
+
+/// The key of `problem`'s reference measurements of `kind` (`eager`: torch eager timing and the
+/// kernels one forward ran; `compile`: the `torch.compile` timing or its error) under `bench`,
+/// on `gpu` (name, SMs, clocks, driver) with torch `torch`: BLAKE3 of all of them as JSON.
+pub fn reference_key(
+    problem: &KbProblem,
+    bench: &Value,
+    gpu: Option<&crate::gpu::GpuInfo>,
+    torch: &str,
+    kind: &str,
+) -> cudarl_store::Digest {
+    let k = json!({"kind": kind, "problem": problem.id, "code": problem.code, "bench": bench,
+        "gpu": gpu, "torch": torch});
+    cudarl_store::Digest::of_bytes(k.to_string().as_bytes())
+}
+
+/// The worker interpreter's torch version (asked once per process through `pool`'s worker;
+/// `None` when it does not answer).
+fn torch_version(pool: &mut WorkerPool) -> Option<String> {
+    static TORCH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(t) = TORCH.get() {
+        return Some(t.clone());
+    }
+    let RawOutcome::Done(line) =
+        pool.run_line_shared(r#"{"op": "build_env"}"#, Duration::from_secs(120))
+    else {
+        return None;
+    };
+    let t = serde_json::from_str::<Value>(&line).ok()?["torch"]
+        .as_str()?
+        .to_string();
+    Some(TORCH.get_or_init(|| t).clone())
+}
+
+/// What the store's memo holds of `problem`'s reference ([`TorchRunOptions::store`]): the
+/// request's `reference` object (absent parts are measured), and the keys to store the rest
+/// under, (`eager`, `compile`), for [`store_reference`].
+fn stored_reference(
+    problem: &KbProblem,
+    opts: &TorchRunOptions,
+    bench: &Value,
+    gpu: Option<&crate::gpu::GpuInfo>,
+    pool: &mut WorkerPool,
+) -> (Value, Option<(cudarl_store::Digest, cudarl_store::Digest)>) {
+    let (Some(store), true) = (&opts.store, opts.bench.is_some()) else {
+        return (Value::Null, None);
+    };
+    let (Some(torch), Ok(memo)) = (torch_version(pool), store.memo(REFERENCE_MEMO)) else {
+        return (Value::Null, None);
+    };
+    // The worker script is the timing method: a changed one measures again.
+    let script = std::fs::read(opts.root.join(crate::pyworker::SCRIPT))
+        .map(|b| cudarl_store::Digest::of_bytes(&b).to_hex())
+        .unwrap_or_default();
+    let bench = &json!({"bench": bench, "script": script});
+    let keys = (
+        reference_key(problem, bench, gpu, &torch, "eager"),
+        reference_key(problem, bench, gpu, &torch, "compile"),
+    );
+    let read = |k| {
+        memo.get(k)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<serde_json::Map<String, Value>>(&b).ok())
+            .unwrap_or_default()
+    };
+    let mut r = read(&keys.0);
+    if opts.torch_compile {
+        r.extend(read(&keys.1));
+    }
+    (Value::Object(r), Some(keys))
+}
+
+/// Stores what a run measured of the reference under `keys` ([`stored_reference`]): the eager
+/// timing with the reference's kernels, and the `torch.compile` timing (an error compiling is
+/// not stored: it may be the machine's, out of memory or disk, and is met again next time). The
+/// memo keeps the first value of a key; a failure to write is only a later re-measurement.
+fn store_reference(
+    store: &cudarl_store::Store,
+    keys: &(cudarl_store::Digest, cudarl_store::Digest),
+    (eager, kernels): (Option<Timing>, Option<crate::standin::KernelsRan>),
+    compiled: Option<Timing>,
+) {
+    let Ok(memo) = store.memo(REFERENCE_MEMO) else {
+        return;
+    };
+    if let (Some(t), Some(k)) = (eager, kernels) {
+        let v = json!({"torch_timing": t, "reference_kernels": k.reference});
+        let _ = memo.put(&keys.0, v.to_string().as_bytes());
+    }
+    if let Some(t) = compiled {
+        let v = json!({"torch_compile_timing": t, "torch_compile_error": null});
+        let _ = memo.put(&keys.1, v.to_string().as_bytes());
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -958,13 +1132,17 @@ pub fn run(
         .into_iter()
         .filter_map(|p| p.as_str().map(PathBuf::from))
         .collect();
-    let runner = tempfile::tempdir()
-        .map_err(|e| format!("temp dir: {e}"))
-        .and_then(|d| {
-            crate::pyworker::sandboxed_python(&opts.root, d.path(), true, &sos, "--torch-runner")
-                .map(|s| (d, s))
-        });
-    let (_scratch, runner) = match runner {
+    // The runner the worker started ahead for this pool (its spec names the scratch directory
+    // the candidate's extensions go into), else a new one; and the next run's.
+    let scratch_in = opts.store.as_ref();
+    let runner = match pool.next_runner.take() {
+        // A runner started without the profiler never serves a run that profiles (nor the
+        // reverse: its spec differs, and the worker ends it).
+        Some((d, spec, profile)) if profile == opts.profile => Ok((d, spec)),
+        _ => runner_scratch(&opts.root, opts.profile, scratch_in),
+    }
+    .and_then(|(d, spec)| Ok((relocate(cand, d.path())?, d, spec)));
+    let (cand, _scratch, runner) = match runner {
         Ok(r) => r,
         Err(e) => {
             v.failure = Some("harness_error".into());
@@ -972,12 +1150,17 @@ pub fn run(
             return v;
         }
     };
+    let cand = &cand;
+    let next = runner_scratch(&opts.root, opts.profile, scratch_in).ok();
     // The judge's own limit per runner step stays under the pool's limit between two lines.
     let step_s = (opts.wall.as_secs_f64() - 10.0).max(opts.wall.as_secs_f64() * 0.5);
+    let bench_key = bench.clone().unwrap_or(Value::Null);
+    let (reference, keys) = stored_reference(problem, opts, &bench_key, v.gpu.as_ref(), pool);
     let req = json!({"op": "run_torch", "problem_id": problem.id, "code": problem.code,
         "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
         "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s,
-        "torch_compile": opts.torch_compile});
+        "torch_compile": opts.torch_compile, "reference": reference,
+        "next_runner": next.as_ref().map(|n| &n.1), "profile": opts.profile});
     // Only timing needs the GPU alone: a run that tests shares it with other testers.
     let outcome = if opts.bench.is_some() {
         pool.run_line(&req.to_string(), opts.wall)
@@ -1012,8 +1195,20 @@ pub fn run(
                 // The worker exits after this answer: replaced now, so the next candidate is
                 // not sent to a worker on its way out (and judged `crash`).
                 pool.restart();
+            } else {
+                pool.next_runner = next.map(|(d, spec)| (d, spec, opts.profile));
             }
-            apply_answer(v, a, problem, &sos)
+            let reference = (a.torch_timing.clone(), a.kernels.clone());
+            let compiled = a.torch_compile_timing.clone();
+            let v = apply_answer(v, a, problem, &sos);
+            // Only a run that ended correct and unflagged is trusted with the reference's values
+            // for every later candidate.
+            if let (Some(store), Some(keys), Some(true), true) =
+                (&opts.store, &keys, v.correct, v.hack_flags.is_empty())
+            {
+                store_reference(store, keys, reference, compiled);
+            }
+            v
         }
     }
 }
@@ -1159,6 +1354,63 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[Path
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reference_key_names_problem_settings_gpu_and_torch() {
+        let p = KbProblem {
+            id: "kb/L1/19_ReLU".into(),
+            code: "class Model: ...".into(),
+            tests: vec![],
+            tol: 1e-2,
+        };
+        let bench = json!({"warmup": 3, "budget_ms": 100.0});
+        let gpu = crate::gpu::GpuInfo {
+            name: "NVIDIA H200".into(),
+            arch: "sm_90".into(),
+            sms: 132,
+            sm_clock_khz: 1_980_000,
+            mem_clock_khz: 3_201_000,
+            l2_bytes: 52_428_800,
+            driver_version: 13000,
+            total_mem_bytes: 150_000_000_000,
+            mem_bus_bits: 6144,
+        };
+        let k = |p: &KbProblem, b: &Value, g: Option<&crate::gpu::GpuInfo>, t: &str, kind: &str| {
+            reference_key(p, b, g, t, kind)
+        };
+        let base = k(&p, &bench, Some(&gpu), "2.11.0", "eager");
+        assert_eq!(base, k(&p, &bench, Some(&gpu), "2.11.0", "eager"));
+        // Recorded tests and tolerance do not change what the reference does at its own sizes.
+        let with_tests = KbProblem {
+            tol: 1e-4,
+            ..p.clone()
+        };
+        assert_eq!(base, k(&with_tests, &bench, Some(&gpu), "2.11.0", "eager"));
+        let other_code = KbProblem {
+            code: "class Model: pass".into(),
+            ..p.clone()
+        };
+        let other_gpu = crate::gpu::GpuInfo {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            ..gpu.clone()
+        };
+        for other in [
+            k(&other_code, &bench, Some(&gpu), "2.11.0", "eager"),
+            k(
+                &p,
+                &json!({"warmup": 3, "budget_ms": 30.0}),
+                Some(&gpu),
+                "2.11.0",
+                "eager",
+            ),
+            k(&p, &bench, Some(&other_gpu), "2.11.0", "eager"),
+            k(&p, &bench, None, "2.11.0", "eager"),
+            k(&p, &bench, Some(&gpu), "2.10.0", "eager"),
+            k(&p, &bench, Some(&gpu), "2.11.0", "compile"),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
 
     #[test]
     fn kernelbench_shim_calls_the_launcher_in_the_signatures_order() {

@@ -276,6 +276,10 @@ pub struct WorkerPool {
     worker: Option<Worker>,
     /// Workers started so far (replacements included).
     pub spawned: usize,
+    /// The sandboxed runner this pool's worker starts ahead for its next torch-format run
+    /// ([`crate::torchfmt::run`]): its scratch directory (removed when dropped), its spec, and
+    /// whether it starts the profiler.
+    pub next_runner: Option<(tempfile::TempDir, serde_json::Value, bool)>,
 }
 
 impl WorkerPool {
@@ -287,6 +291,7 @@ impl WorkerPool {
             env: Vec::new(),
             worker: None,
             spawned: 0,
+            next_runner: None,
         }
     }
 

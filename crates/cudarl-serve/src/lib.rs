@@ -887,6 +887,8 @@ async fn judge_kb(
             bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
             torch_compile: true,
             root: s.root.clone(),
+            store: s.compiler.store.clone(),
+            profile: true,
         };
         Ok(cudarl_cuda::torchfmt::run(
             v,

@@ -213,8 +213,11 @@ impl Stage for ArchiveNative {
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let compiler = crate::common::store_compiler(ctx)?;
+        // sft-data orders a problem's kernels by their time: torch eager is the only baseline
+        // asked for (no Inductor compile per problem).
         let mut judge =
-            crate::kb_judge::from_compiler(ctx, compiler, self.gpu(), self.params.timeout_s)?;
+            crate::kb_judge::from_compiler(ctx, compiler, self.gpu(), self.params.timeout_s)?
+                .without_torch_compile();
         let tasks: BTreeMap<String, (String, KbTask)> = cudarl_rl::kernelbench::curriculum_tasks(
             ctx.input_path("kb_curriculum")?,
             ctx.input_path("kb_problems")?,

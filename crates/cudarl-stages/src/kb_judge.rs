@@ -77,6 +77,7 @@ impl KbJudge {
         (root, gpu_workers): (&std::path::Path, usize),
         wall: Duration,
     ) -> KbJudge {
+        let store = compiler.store.clone();
         KbJudge {
             parts: Parts {
                 compiler,
@@ -88,6 +89,8 @@ impl KbJudge {
                     bench: Some(cudarl_cuda::gpu::BenchSpec::default()),
                     torch_compile: true,
                     root: root.to_path_buf(),
+                    store,
+                    profile: true,
                 },
             },
             gpu: gpu.map(|g| {
@@ -137,6 +140,7 @@ impl Parts {
         let (built_at, gpu_from) = (Mutex::new(0.0f64), Mutex::new(None::<f64>));
         let tests_only = TorchRunOptions {
             bench: None,
+            profile: false,
             ..self.opts.clone()
         };
         let first = cudarl_cuda::worker::stream_to(
@@ -288,6 +292,14 @@ pub fn from_compiler(
 }
 
 impl KbJudge {
+    /// This judge without the `torch.compile` baseline (speed only against torch eager): no
+    /// Inductor compile per problem, which costs seconds to a minute the first time a problem is
+    /// timed on a GPU and torch (`rl-train`'s reward uses the eager speedup alone).
+    pub fn without_torch_compile(mut self) -> KbJudge {
+        self.parts.opts.torch_compile = false;
+        self
+    }
+
     /// Whether problem `id` can be judged: it has a native launcher and, on a GPU, recorded
     /// tests.
     pub fn judges(&self, id: &str) -> bool {

@@ -620,7 +620,8 @@ impl Stage for RlTrain {
                         "kernelbench_share: no KernelBench `train` problem has a native launcher",
                     ));
                 }
-                (tasks, Some(judge))
+                // The reward's speed term is against torch eager.
+                (tasks, Some(judge.without_torch_compile()))
             }
             None => (Vec::new(), None),
         };

@@ -1006,6 +1006,8 @@ impl Validate {
             // minutes to a run of every archive kernel.
             torch_compile: false,
             root: ctx.root().to_path_buf(),
+            store: Some(ctx.store().clone()),
+            profile: true,
         };
         for (i, b) in built.into_iter().enumerate() {
             let Some((mut v, cand)) = b else { continue };

@@ -142,6 +142,8 @@ fn check_kb(
         bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
         torch_compile: bench,
         root: ctx.root.clone(),
+        store: compiler.store.clone(),
+        profile: true,
     };
     let bar = cudarl_core::Reporter::progress(
         &*reporter,
