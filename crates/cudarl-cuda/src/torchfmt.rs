@@ -1023,10 +1023,14 @@ fn stored_reference(
     let (Some(torch), Ok(memo)) = (torch_version(pool), store.memo(REFERENCE_MEMO)) else {
         return (Value::Null, None);
     };
-    // The worker script is the timing method: a changed one measures again.
-    let script = std::fs::read(opts.root.join(crate::pyworker::SCRIPT))
-        .map(|b| cudarl_store::Digest::of_bytes(&b).to_hex())
-        .unwrap_or_default();
+    // The worker script is the timing method: a changed one measures again. Read once per
+    // process, as the worker that runs it is started once.
+    static SCRIPT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let script = SCRIPT.get_or_init(|| {
+        std::fs::read(opts.root.join(crate::pyworker::SCRIPT))
+            .map(|b| cudarl_store::Digest::of_bytes(&b).to_hex())
+            .unwrap_or_default()
+    });
     let bench = &json!({"bench": bench, "script": script});
     let keys = (
         reference_key(problem, bench, gpu, &torch, "eager"),
@@ -1046,24 +1050,25 @@ fn stored_reference(
     (Value::Object(r), Some(keys))
 }
 
-/// Stores what a run measured of the reference under `keys` ([`stored_reference`]): the eager
-/// timing with the reference's kernels, and the `torch.compile` timing (an error compiling is
-/// not stored: it may be the machine's, out of memory or disk, and is met again next time). The
-/// memo keeps the first value of a key; a failure to write is only a later re-measurement.
+/// Stores what the run of verdict `v` measured of the reference under `keys`
+/// ([`stored_reference`]): the eager timing with the reference's `kernels`, and the
+/// `torch.compile` timing (an error compiling is not stored: it may be the machine's, out of
+/// memory or disk, and is met again next time). The memo keeps the first value of a key; a
+/// failure to write is only a later re-measurement.
 fn store_reference(
     store: &cudarl_store::Store,
     keys: &(cudarl_store::Digest, cudarl_store::Digest),
-    (eager, kernels): (Option<Timing>, Option<crate::standin::KernelsRan>),
-    compiled: Option<Timing>,
+    v: &Verdict,
+    kernels: Option<crate::standin::KernelsRan>,
 ) {
     let Ok(memo) = store.memo(REFERENCE_MEMO) else {
         return;
     };
-    if let (Some(t), Some(k)) = (eager, kernels) {
+    if let (Some(t), Some(k)) = (&v.torch_timing, kernels) {
         let v = json!({"torch_timing": t, "reference_kernels": k.reference});
         let _ = memo.put(&keys.0, v.to_string().as_bytes());
     }
-    if let Some(t) = compiled {
+    if let Some(t) = &v.torch_compile_timing {
         let v = json!({"torch_compile_timing": t, "torch_compile_error": null});
         let _ = memo.put(&keys.1, v.to_string().as_bytes());
     }
@@ -1198,15 +1203,14 @@ pub fn run(
             } else {
                 pool.next_runner = next.map(|(d, spec)| (d, spec, opts.profile));
             }
-            let reference = (a.torch_timing.clone(), a.kernels.clone());
-            let compiled = a.torch_compile_timing.clone();
+            let kernels = a.kernels.clone();
             let v = apply_answer(v, a, problem, &sos);
             // Only a run that ended correct and unflagged is trusted with the reference's values
             // for every later candidate.
             if let (Some(store), Some(keys), Some(true), true) =
                 (&opts.store, &keys, v.correct, v.hack_flags.is_empty())
             {
-                store_reference(store, keys, reference, compiled);
+                store_reference(store, keys, &v, kernels);
             }
             v
         }

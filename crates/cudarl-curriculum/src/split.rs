@@ -115,24 +115,17 @@ mod tests {
         assert_eq!((count(3, Split::Test), count(3, Split::Val)), (13, 5));
         // Every test item of a stratum hashes below every val item, every val below every train.
         for lv in [1, 3] {
-            let max_of = |want: Split| {
+            // (least, greatest) hash of the stratum's items in `want`.
+            let range = |want: Split| {
                 items
                     .iter()
                     .zip(&s)
                     .filter(|((_, l), sp)| *l == lv && **sp == want)
                     .map(|((id, _), _)| unit_hash(id, 0))
-                    .fold(f64::MIN, f64::max)
+                    .fold((f64::MAX, f64::MIN), |(lo, hi), h| (lo.min(h), hi.max(h)))
             };
-            let min_of = |want: Split| {
-                items
-                    .iter()
-                    .zip(&s)
-                    .filter(|((_, l), sp)| *l == lv && **sp == want)
-                    .map(|((id, _), _)| unit_hash(id, 0))
-                    .fold(f64::MAX, f64::min)
-            };
-            assert!(max_of(Split::Test) < min_of(Split::Val));
-            assert!(max_of(Split::Val) < min_of(Split::Train));
+            let (test, val, train) = (range(Split::Test), range(Split::Val), range(Split::Train));
+            assert!(test.1 < val.0 && val.1 < train.0);
         }
         // Another seed draws another test set; the answer does not depend on the input order.
         assert_ne!(s, stratified(&items, 7, 0.25, 0.1));

@@ -432,6 +432,26 @@ fn write_loss_plot(
 /// the same documents as the `corpus` output. Returns the number of documents.
 ///
 /// # Errors
+/// The (`id_col`, `code`) pairs of input `input`'s table `table`, rows with both set.
+///
+/// # Errors
+/// The table cannot be read or lacks a column (file and field named).
+fn id_code(
+    ctx: &StageContext<'_>,
+    input: &str,
+    table: &str,
+    id_col: &str,
+) -> Result<Vec<(String, String)>, StageError> {
+    let t = Table::read(ctx.input_path(input)?, table).map_err(data_err)?;
+    let (id, code) = (
+        t.req_strings(id_col).map_err(data_err)?,
+        t.req_strings("code").map_err(data_err)?,
+    );
+    Ok((0..t.rows())
+        .filter_map(|r| Some((id.get(r)?.to_string(), code.get(r)?.to_string())))
+        .collect())
+}
+
 /// A table cannot be read or lacks a column, a task kernel's family has no row in `splits`
 /// (file and field named), or the file cannot be written.
 fn write_corpus(
@@ -441,38 +461,22 @@ fn write_corpus(
 ) -> Result<usize, StageError> {
     let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
     let mut rows = Vec::new();
-    let kernels = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
-    let (task, code) = (
-        kernels.req_strings("task_id").map_err(data_err)?,
-        kernels.req_strings("code").map_err(data_err)?,
-    );
-    for r in 0..kernels.rows() {
-        let (Some(t), Some(c)) = (task.get(r), code.get(r)) else {
-            continue;
-        };
-        if splits.family(t)? == "train" {
+    for (t, c) in id_code(ctx, "kernels", "task_kernels", "task_id")? {
+        if splits.family(&t)? == "train" {
             rows.push(CorpusRow {
                 kind: "task_kernel",
                 item_id: Some(format!("synth/{t}")),
-                line: serde_json::to_string(c).expect("json"),
+                line: serde_json::to_string(&c).expect("json"),
             });
         }
     }
-    let problems = Table::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
-    let (pid, code) = (
-        problems.req_strings("problem_id").map_err(data_err)?,
-        problems.req_strings("code").map_err(data_err)?,
-    );
-    for r in 0..problems.rows() {
-        let (Some(p), Some(c)) = (pid.get(r), code.get(r)) else {
-            continue;
-        };
+    for (p, c) in id_code(ctx, "problems", "problems", "problem_id")? {
         // `test` and `val` problems, and those of levels `splits` leaves out, stay out.
-        if splits.kernelbench.get(p) == Some(&cudarl_curriculum::Split::Train) {
+        if splits.kernelbench.get(&p) == Some(&cudarl_curriculum::Split::Train) {
             rows.push(CorpusRow {
                 kind: "kernelbench",
-                item_id: Some(p.to_string()),
-                line: serde_json::to_string(c).expect("json"),
+                item_id: Some(p),
+                line: serde_json::to_string(&c).expect("json"),
             });
         }
     }
