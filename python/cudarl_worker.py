@@ -899,10 +899,11 @@ def timing_stats(times, synced_median, work_after_stop):
 #
 # The judge owns the inputs and their pristine copies, the reference `Model`, the expected outputs,
 # the comparisons and the clock. The candidate's code (its `ModelNew` file and the extensions built
-# for it) runs only in a runner process (`--torch-runner`, started inside the interpreter sandbox
-# with the GPU's device files: `cudarl-pipe-runner exec --profile interpreter --gpu
-# --defer-filter`), which sees one raw allocation of the judge's (the arena: inputs, parameters,
-# output buffers and two control words), opened through CUDA IPC. Whatever the runner says is
+# for it) runs only in a runner process (forked by the worker's zygote, `--torch-zygote`, started
+# inside the interpreter sandbox with the GPU's device files: `cudarl-pipe-runner exec --profile
+# interpreter --gpu --defer-filter`; each runner adds a Landlock layer of its own), which sees one
+# raw allocation of the judge's (the arena: inputs, parameters, output buffers and two control
+# words), opened through CUDA IPC. Whatever the runner says is
 # only "ok", "ready" or "synced"; every number of a verdict is the judge's.
 
 ARENA_ALIGN = 256  # bytes between buffers of an arena; the two control words take the first slot
@@ -916,40 +917,157 @@ ANSWER_CHARS = 32000  # longest runner answer line read (a profiled forward's ke
 PROFILED_KERNELS = 64  # kernel names kept per profiled forward, longest GPU time first
 
 
-def kernels_ran(fn):
-    """The GPU work of `fn()` under torch's profiler (Kineto over CUPTI): `[[name, ns], ...]`,
-    GPU time summed per kernel name (demangled; memory copies and sets named `Memcpy ...`,
-    `Memset ...`), longest first, at most PROFILED_KERNELS. Read by `cudarl_cuda::standin`."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+class Cupti:
+    """CUPTI's activity API (`libcupti`, the copy torch loaded) through ctypes: the kernels,
+    memory copies and memory sets one call runs on the GPU, each with its GPU time. Raw CUPTI
+    instead of torch's profiler (Kineto over CUPTI): Kineto's first use in a process takes
+    3.2-4.1 s, this one's first enable and flush 0.03 s (H200 host, CUPTI 13.0,
+    benchmarks/results/kb_judge_h200_2026-12-04.json, `profiler_first_use_s`).
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        fn()
-        torch.cuda.synchronize()
+    Records are read at the offsets of CUPTI 13.0's `cupti_activity.h` (`CUpti_ActivityKernel10`:
+    `start` at byte 16, `end` at 24, `name` at 104; `CUpti_ActivityMemcpy6`: `copyKind` at 4;
+    memcpy and memset records: `start` at 16, `end` at 24); a CUPTI whose API version is below
+    13.0's is refused (`OSError`), and a run then reports no kernels. Raises `OSError` when the
+    library is missing or a call fails."""
+
+    KERNEL, MEMCPY, MEMSET = 10, 1, 2  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, _MEMCPY, _MEMSET
+    COPIES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 9: "HtoH", 10: "PtoP"}  # CUpti_ActivityMemcpyKind
+    BUFFER = 1 << 21  # bytes per activity buffer handed to CUPTI
+
+    def __init__(self):
+        import ctypes as c
+        import threading
+
+        self.c, self.lock = c, threading.Lock()
+        self.lib = c.CDLL(cupti_library())
+        version = c.c_uint32()
+        self.check(self.lib.cuptiGetVersion(c.byref(version)), "cuptiGetVersion")
+        if version.value < 130000:
+            raise OSError(f"CUPTI API version {version.value}: the records are read as CUPTI 13.0 lays them out")
+        self.lib.cuptiActivityGetNextRecord.argtypes = [c.c_void_p, c.c_size_t, c.POINTER(c.c_void_p)]
+        self.buffers, self.ran = {}, []
+        requested = c.CFUNCTYPE(None, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t), c.POINTER(c.c_size_t))
+        completed = c.CFUNCTYPE(None, c.c_void_p, c.c_uint32, c.c_void_p, c.c_size_t, c.c_size_t)
+        self.on_request, self.on_complete = requested(self.request), completed(self.complete)
+        self.check(self.lib.cuptiActivityRegisterCallbacks(self.on_request, self.on_complete), "register callbacks")
+
+    @staticmethod
+    def check(rc, what):
+        if rc != 0:
+            raise OSError(f"CUPTI {what}: error {rc}")
+
+    def request(self, buf, size, max_records):
+        b = self.c.create_string_buffer(self.BUFFER + 8)
+        at = (self.c.addressof(b) + 7) & ~7  # records are 8-byte aligned
+        with self.lock:
+            self.buffers[at] = b
+        buf[0], size[0], max_records[0] = at, self.BUFFER, 0
+
+    def complete(self, _ctx, _stream, buf, _size, valid):
+        c, rec = self.c, self.c.c_void_p()
+        got = []
+        while self.lib.cuptiActivityGetNextRecord(buf, valid, c.byref(rec)) == 0:
+            at = rec.value
+            kind = c.c_uint32.from_address(at).value
+            if kind not in (self.KERNEL, self.MEMCPY, self.MEMSET):
+                continue
+            ns = max(0, c.c_uint64.from_address(at + 24).value - c.c_uint64.from_address(at + 16).value)
+            if kind == self.KERNEL:
+                name = (c.c_char_p.from_address(at + 104).value or b"?").decode("utf-8", "replace")
+            elif kind == self.MEMCPY:
+                name = "Memcpy " + self.COPIES.get(c.c_uint8.from_address(at + 4).value, "other")
+            else:
+                name = "Memset"
+            got.append((name, ns))
+        with self.lock:
+            self.ran.extend(got)
+            self.buffers.pop(buf, None)
+
+    def run(self, fn):
+        """The GPU work of `fn()`: `[(name, ns), ...]` in completion order; kernel names as
+        CUPTI gives them (mangled: `_Z11relu_kernelPKfPfi`), copies `Memcpy HtoD|DtoH|DtoD|...`,
+        sets `Memset`."""
+        with self.lock:
+            self.ran = []
+        kinds = (self.KERNEL, self.MEMCPY, self.MEMSET)
+        try:
+            for k in kinds:
+                self.check(self.lib.cuptiActivityEnable(k), f"enable kind {k}")
+            fn()
+            torch.cuda.synchronize()
+        finally:
+            for k in kinds:
+                self.lib.cuptiActivityDisable(k)
+            self.check(self.lib.cuptiActivityFlushAll(1), "flush")  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+        with self.lock:
+            ran, self.ran = self.ran, []
+        return ran
+
+
+def cupti_library():
+    """The path of the CUPTI library this process loaded (with torch), else the one in the
+    `nvidia` wheels beside torch, else the loader's `libcupti.so`. Raises `OSError` when none
+    is found."""
+    import ctypes.util
+    import glob
+
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "/libcupti.so" in path:
+                return path
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    found = sorted(glob.glob(f"{site}/nvidia/**/libcupti.so*", recursive=True))
+    if found:
+        return found[0]
+    name = ctypes.util.find_library("cupti")
+    if name is None:
+        raise OSError("no CUPTI library (libcupti.so) found")
+    return name
+
+
+CUPTI = None
+"""This process's `Cupti`, made on the first `kernels_ran` (CUPTI's callbacks are per process)."""
+
+
+def kernels_ran(fn):
+    """The GPU work of `fn()` (`Cupti.run`): `[[name, ns], ...]`, GPU time summed per name
+    (kernel names mangled as CUPTI gives them, demangled by the reader,
+    `cudarl_cuda::standin`), longest first, at most PROFILED_KERNELS. Raises `OSError` when
+    CUPTI cannot start here."""
+    global CUPTI
+    if CUPTI is None:
+        CUPTI = Cupti()
     ns = {}
-    for e in p.profiler.kineto_results.events():
-        if e.device_type() == DeviceType.CUDA:
-            n = " ".join(e.name().split())[:400]
-            ns[n] = ns.get(n, 0) + int(e.duration_ns())
+    for n, t in CUPTI.run(fn):
+        n = n[:400]  # 64 names of 400 characters fit a runner's answer (ANSWER_CHARS)
+        ns[n] = ns.get(n, 0) + int(t)
     return sorted(([n, t] for n, t in ns.items()), key=lambda x: -x[1])[:PROFILED_KERNELS]
 
 
-def install_handed_filters():
-    """Installs the seccomp filters handed over by `cudarl-pipe-runner exec --defer-filter` (the
-    read end of a pipe, its number in `CUDARL_SECCOMP_FD`; format: `syscalls::to_bytes` in
-    cudarl-sandbox) on every thread of this process, in order (`seccomp(2)`,
-    `SECCOMP_SET_MODE_FILTER` with `SECCOMP_FILTER_FLAG_TSYNC`). Called once CUDA is up and
-    before any candidate code runs. Without the variable nothing is handed over and nothing is
-    done (the filters were installed before the program started). Raises `OSError` when the
-    kernel refuses a filter or the bytes are cut short; the runner then never runs a candidate."""
+def handed_filters():
+    """The seccomp filters handed over by `cudarl-pipe-runner exec --defer-filter` (the read end
+    of a pipe, its number in `CUDARL_SECCOMP_FD`; format: `syscalls::to_bytes` in
+    cudarl-sandbox), read once; None without the variable (the filters were installed before
+    the program started)."""
+    fd = os.environ.pop("CUDARL_SECCOMP_FD", None)
+    if fd is None:
+        return None
+    with os.fdopen(int(fd), "rb") as f:
+        return f.read()
+
+
+def install_handed_filters(data):
+    """Installs the seccomp filters `data` (`handed_filters`) on every thread of this process,
+    in order (`seccomp(2)`, `SECCOMP_SET_MODE_FILTER` with `SECCOMP_FILTER_FLAG_TSYNC`). Called
+    once CUDA is up and before any candidate code runs; with `data` None nothing is done.
+    Returns the number of filters. Raises `OSError` when the kernel refuses a filter or the
+    bytes are cut short; the runner then never runs a candidate."""
     import ctypes as c
     import struct
 
-    fd = os.environ.pop("CUDARL_SECCOMP_FD", None)
-    if fd is None:
+    if data is None:
         return 0
-    with os.fdopen(int(fd), "rb") as f:
-        data = f.read()
 
     class Fprog(c.Structure):
         _fields_ = [("len", c.c_ushort), ("filter", c.c_void_p)]
@@ -974,6 +1092,125 @@ def install_handed_filters():
         at += 4 + 8 * n
         n_filters += 1
     return n_filters
+
+
+def signal_filter(pid):
+    """A seccomp filter (bytes in `handed_filters`' format) for a forked runner of process id
+    `pid`: signals only to itself (`kill` to `pid`, its own group `-pid` or `0`; `tgkill`,
+    `rt_sigqueueinfo` and `rt_tgsigqueueinfo` to thread group `pid`), never `tkill` or
+    `pidfd_send_signal`, and no `prctl(PR_SET_PDEATHSIG)`; `EPERM` otherwise. The handed filters
+    were compiled for the zygote's process id, so they cannot say this; without it a candidate
+    could stop or kill its zygote, the judge or another runner, or outlive its run. x86-64
+    system call numbers (<asm/unistd_64.h>); arguments compared on their low 32 bits (`pid_t`)."""
+    import struct
+
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    nr, arch, arg0 = 0, 4, 16  # offsets in struct seccomp_data
+    own, group = pid & 0xFFFFFFFF, -pid & 0xFFFFFFFF
+    # (code, jump-if-true label, jump-if-false label, k); labels resolved below.
+    prog = [
+        ("start", ld, None, None, arch),
+        (None, jeq, "nr", "allow", 0xC000003E),  # AUDIT_ARCH_X86_64; others: the handed filters
+        ("nr", ld, None, None, nr),
+        (None, jeq, "kill", None, 62),  # kill
+        (None, jeq, "tgid", None, 234),  # tgkill
+        (None, jeq, "tgid", None, 129),  # rt_sigqueueinfo
+        (None, jeq, "tgid", None, 297),  # rt_tgsigqueueinfo
+        (None, jeq, "deny", None, 200),  # tkill
+        (None, jeq, "deny", None, 424),  # pidfd_send_signal
+        (None, jeq, "prctl", "allow", 157),  # prctl
+        ("kill", ld, None, None, arg0),
+        (None, jeq, "allow", None, own),
+        (None, jeq, "allow", None, group),
+        (None, jeq, "allow", "deny", 0),
+        ("tgid", ld, None, None, arg0),
+        (None, jeq, "allow", "deny", own),
+        ("prctl", ld, None, None, arg0),
+        (None, jeq, "deny", "allow", 1),  # PR_SET_PDEATHSIG
+        ("allow", ret, None, None, allow),
+        ("deny", ret, None, None, eperm),
+    ]
+    at = {label: i for i, (label, *_rest) in enumerate(prog) if label}
+    body = b""
+    for i, (_label, code, t, f, k) in enumerate(prog):
+        jt = at[t] - i - 1 if t else 0
+        jf = at[f] - i - 1 if f else 0
+        body += struct.pack("<HBBI", code, jt, jf, k)
+    return struct.pack("<I", len(prog)) + body
+
+
+def landlock_beside(outside, own):
+    """Adds a Landlock layer to this process (`landlock_create_ruleset`, `landlock_add_rule`
+    with `LANDLOCK_RULE_PATH_BENEATH`, `landlock_restrict_self`; Linux's
+    Documentation/userspace-api/landlock.rst) that allows every file-system access it handles
+    beneath the paths `outside` (file rights only on a path that is not a directory) and beneath
+    `own`, and nothing else, except that `/proc` is only read and this process's own
+    `/proc/self/task` also written (the CUDA driver names its threads there; the zygote's layer
+    allows writing `/proc` so that each runner can be given its own). With `outside` the entries
+    of each directory above the runners' folder except the one leading to it, a forked runner
+    keeps what its zygote's layers allow, except the other runners' scratch directories and
+    other processes' `/proc` files. Entries of `outside` that are symbolic links, or other names
+    for the folder or a directory above it, are left out. Handles the rights of Landlock ABI 1
+    (reading, writing, executing, making and removing files), plus `REFER` (ABI 2) and
+    `TRUNCATE` (ABI 3) where the kernel has them. Raises `OSError` when Landlock is missing or a
+    call fails (unless `CUDARL_ALLOW_UNCONFINED=1`, as for the sandbox wrapper)."""
+    import ctypes as c
+    import stat
+    import struct
+
+    libc = c.CDLL(None, use_errno=True)
+    libc.syscall.restype = c.c_long
+    create, add_rule, restrict = 444, 445, 446  # x86-64 <asm/unistd_64.h>
+    abi = libc.syscall(c.c_long(create), None, c.c_size_t(0), c.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        if os.environ.get("CUDARL_ALLOW_UNCONFINED") == "1":
+            return
+        raise OSError(c.get_errno(), "Landlock is not available")
+    handled = (1 << 13) - 1  # EXECUTE .. MAKE_SYM (ABI 1)
+    handled |= (1 << 13) if abi >= 2 else 0  # REFER
+    handled |= (1 << 14) if abi >= 3 else 0  # TRUNCATE
+    file_rights = handled & ((1 << 0) | (1 << 1) | (1 << 2) | (1 << 14))  # EXECUTE, WRITE_FILE, READ_FILE, TRUNCATE
+    attr = c.create_string_buffer(struct.pack("<Q", handled), 8)
+    rs = libc.syscall(c.c_long(create), attr, c.c_size_t(8), c.c_uint32(0))
+    if rs < 0:
+        raise OSError(c.get_errno(), "landlock_create_ruleset")
+    reading = (1 << 2) | (1 << 3)  # READ_FILE, READ_DIR
+    # The runners' folder and every directory above it, by inode: an entry that is another name
+    # for one of them (a bind mount) would open the other runners' directories again.
+    above, at = set(), os.path.dirname(own)
+    while True:
+        st = os.stat(at)
+        above.add((st.st_dev, st.st_ino))
+        if at == "/":
+            break
+        at = os.path.dirname(at)
+    try:
+        for path in [*outside, own, "/proc/self/task"]:
+            try:
+                # Not followed: a symbolic link among the entries may lead above the folder (the
+                # files it leads to are reached through their real path's rule).
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if path in outside else 0))
+            except OSError:
+                continue  # gone since it was listed: nothing to allow
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISLNK(st.st_mode) or (st.st_dev, st.st_ino) in above:
+                    continue
+                rights = handled if stat.S_ISDIR(st.st_mode) else file_rights
+                if path == "/proc":
+                    rights = reading
+                elif path == "/proc/self/task":
+                    rights = reading | ((1 << 1) | (1 << 14)) & handled  # WRITE_FILE, TRUNCATE
+                rule = c.create_string_buffer(struct.pack("<Qi", rights, fd), 12)
+                if libc.syscall(c.c_long(add_rule), c.c_int(rs), c.c_int(1), rule, c.c_uint32(0)) != 0:
+                    raise OSError(c.get_errno(), f"landlock_add_rule {path}")
+            finally:
+                os.close(fd)
+        if libc.syscall(c.c_long(restrict), c.c_int(rs), c.c_uint32(0)) != 0:
+            raise OSError(c.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(rs)
 
 
 class Driver:
@@ -1149,40 +1386,201 @@ class RunnerGone(Exception):
         self.failure, self.detail = failure, detail
 
 
-class TorchRunner:
-    """One sandboxed runner process for one candidate. `spec` (from the Rust side): `argv` (the
-    sandbox wrapper, the interpreter, this script and `--torch-runner`) and `env`; requests go on
-    a pipe, answers come on another (one line each, at most ANSWER_CHARS characters read); the runner's
-    stdout is discarded and its stderr kept in a file for crash reports."""
+class Zygote:
+    """The judge's side of the runners' zygote (`zygote_main`): one per worker, started inside
+    the interpreter sandbox from `spec` (from the Rust side: `argv`, the sandbox wrapper, the
+    interpreter, this script and `--torch-zygote`, and `env`), spoken to on a Unix socket pair
+    (requests with file descriptors; `forked`/`exit` lines back). Exit codes of its runners are
+    kept by pid."""
 
-    def __init__(self, spec, step_s):
+    def __init__(self, spec):
+        import socket
         import subprocess
         import tempfile
 
-        r_req, self.w = os.pipe()
-        self.r, w_ans = os.pipe()
+        self.spec = spec
+        self.sock, theirs = socket.socketpair()
         env = dict(spec["env"])
         if "CUDA_VISIBLE_DEVICES" in os.environ:
             env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
         self.err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [*spec["argv"], str(r_req), str(w_ans)],
+            [*spec["argv"], str(theirs.fileno())],
             env=env,
-            pass_fds=(r_req, w_ans),
+            pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.err,
             process_group=0,
         )
-        os.close(r_req)
-        os.close(w_ans)
+        theirs.close()
+        self.buf, self.exits, self.asked = b"", {}, 0
+        deadline = time.monotonic() + START_S
+        while (left := deadline - time.monotonic()) > 0:
+            heartbeat()
+            line = self.line(min(5.0, left))
+            if line == "up":
+                return
+            if line is not None:
+                break
+        self.close()
+        raise RunnerGone("harness", f"the runners' zygote did not start: {self.tail()}")
+
+    def tail(self):
+        self.err.seek(0, 2)
+        self.err.seek(max(0, self.err.tell() - 2048))
+        return " | ".join(self.err.read().decode("utf-8", "replace").strip().splitlines()[-3:])
+
+    def line(self, timeout):
+        """The zygote's next line other than an `exit` (kept in `exits`); None when `timeout` (s)
+        passes first. Raises RunnerGone("harness") when the zygote has ended."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self.buf:
+                line, _, self.buf = self.buf.partition(b"\n")
+                word, _, rest = line.decode().partition(" ")
+                if word == "exit":
+                    pid, _, code = rest.partition(" ")
+                    self.exits[int(pid)] = int(code)
+                    continue
+                return line.decode()
+            if self.sock.fileno() < 0:
+                raise RunnerGone("harness", "the runners' zygote was closed")
+            if not select.select([self.sock], [], [], max(deadline - time.monotonic(), 0.0))[0]:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RunnerGone("harness", f"the runners' zygote ended: {self.tail()}")
+            self.buf += chunk
+
+    def fork(self, req, fds):
+        """Forks one runner for `req` (`dir`, `profile`, `outside`), handing it `fds` (request
+        pipe, answer pipe, stderr file): its pid. Each request carries an id the answer echoes,
+        so a late answer to an earlier request is never taken for this one (that runner reads
+        the end of its request pipe, which the judge closed, and leaves)."""
+        import socket
+
+        self.asked += 1
+        ask = str(self.asked)
+        try:
+            socket.send_fds(self.sock, [(json.dumps({**req, "id": ask}) + "\n").encode()], fds)
+        except OSError as e:
+            raise RunnerGone("harness", f"the runners' zygote is gone: {e}") from e
+        deadline = time.monotonic() + START_S
+        why = "no answer"
+        while (left := deadline - time.monotonic()) > 0:
+            line = self.line(left)
+            if line is None:
+                break
+            f = line.split(" ")
+            if f[0] == "forked" and len(f) == 3 and f[2] == ask:
+                self.exits.pop(int(f[1]), None)  # a reused pid's old exit
+                return int(f[1])
+            if f[0] == "error" and len(f) > 1 and f[1] == ask:
+                why = " ".join(f[2:])
+                break
+        raise RunnerGone("harness", f"the runners' zygote did not fork: {why} {self.tail()}")
+
+    def exit_code(self, pid, timeout=0.0):
+        """Runner `pid`'s exit code once the zygote reaped it, waiting up to `timeout` s; None
+        while it runs."""
+        deadline = time.monotonic() + timeout
+        while pid not in self.exits:
+            try:
+                self.line(min(max(deadline - time.monotonic(), 0.0), 1.0))
+            except RunnerGone:
+                break
+            if time.monotonic() >= deadline:
+                break
+        return self.exits.get(pid)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def close(self):
+        import signal
+
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.sock.close()
+        self.err.close()
+
+
+ZYGOTE = None
+"""This worker's `Zygote`, started with the first runner and again when its spec changes or it
+has ended."""
+
+
+def zygote_for(spec):
+    global ZYGOTE
+    if ZYGOTE is not None and (ZYGOTE.spec != spec or not ZYGOTE.alive()):
+        ZYGOTE.close()
+        ZYGOTE = None
+    if ZYGOTE is None:
+        ZYGOTE = Zygote(spec)
+    return ZYGOTE
+
+
+class Forked:
+    """A runner forked by the zygote, as far as the judge needs a process: `pid` (also its
+    process group), `returncode` (None until the zygote reported it reaped the runner),
+    `poll()` and `wait(timeout)` (raises `subprocess.TimeoutExpired`). No exit code is assumed
+    for a runner nobody reaped (the zygote gone): its process group is still killed."""
+
+    def __init__(self, zygote, pid):
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import subprocess
+
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid, START_S if timeout is None else timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"runner {self.pid}", timeout)
+        return self.returncode
+
+
+class TorchRunner:
+    """One sandboxed runner process for one candidate, forked by the worker's zygote. `spec`
+    (from the Rust side): `zygote` (the zygote's spec, `Zygote`), `dir` (the runner's scratch
+    directory), `profile` (start CUPTI) and `outside` (`landlock_beside`); requests go on a pipe,
+    answers come on another (one line each, at most ANSWER_CHARS characters read); the runner's
+    stdout is discarded and its stderr kept in a file for crash reports."""
+
+    def __init__(self, spec, step_s):
+        import tempfile
+
+        zygote = zygote_for(spec["zygote"])
+        r_req, self.w = os.pipe()
+        self.r, w_ans = os.pipe()
+        self.err = tempfile.TemporaryFile()
+        try:
+            req = {k: spec[k] for k in ("dir", "profile", "outside")}
+            self.proc = Forked(zygote, zygote.fork(req, [r_req, w_ans, self.err.fileno()]))
+        except BaseException:
+            os.close(self.w)
+            os.close(self.r)
+            self.err.close()
+            raise
+        finally:
+            os.close(r_req)
+            os.close(w_ans)
         os.set_blocking(self.r, False)
         self.buf, self.step_s = b"", step_s
 
     def wait_up(self):
-        """Waits for the runner's `up` (the interpreter, torch, CUDA, the profiler's first use
-        and the filters: seconds, more on a cold page cache), at most START_S s, with heartbeats
-        so the caller's limit between two lines holds; the step limit starts after it."""
+        """Waits for the runner's `up` (CUDA, CUPTI's first use and the filters, after the
+        fork: under a second), at most START_S s, with heartbeats so the caller's limit between
+        two lines holds; the step limit starts after it."""
         deadline = time.monotonic() + START_S
         while (left := deadline - time.monotonic()) > 0:
             heartbeat()
@@ -1256,14 +1654,16 @@ class TorchRunner:
         return RunnerGone("crash", f"the runner exited ({rc}): {tail}")
 
     def kill(self):
-        """Ends the runner's process group and reaps the runner (once: a reaped runner's process
-        group id may be reused)."""
+        """Ends the runner's process group and waits up to 10 s for the zygote to report it
+        reaped (once reaped, its process group id may be reused: not killed again)."""
         import signal
+        import subprocess
 
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
 
     def close(self):
         self.kill()
@@ -1275,8 +1675,9 @@ class TorchRunner:
 
 SPARE = None
 """The runner started ahead for the next torch-format run (`req["next_runner"]`): `(spec, TorchRunner)`.
-Its start (the interpreter, torch, CUDA, the profiler's first use: 7-10 s on the H200 host,
-benchmarks/results/kb_judge_h200_2026-12-04.json) overlaps what the judge does between runs."""
+Its start (a fork of the zygote, CUDA, CUPTI: 0.19-0.24 s on the H200 host,
+benchmarks/results/kb_judge_h200_2026-12-04.json, `forked_runners_cupti`) overlaps what the judge
+does between runs."""
 
 
 def take_spare(spec, step_s):
@@ -1899,7 +2300,7 @@ def first_line(e):
 
 
 class RunnerState:
-    """The runner's side (`--torch-runner`): the candidate, loaded once, and the arena it is
+    """The runner's side (`torch_runner_main`): the candidate, loaded once, and the arena it is
     bound to. Trusted only until the candidate's code runs; the judge checks everything it
     produces."""
 
@@ -1996,10 +2397,11 @@ class RunnerState:
         return "synced"
 
 
-def torch_runner_main(rfd, wfd):
-    """`--torch-runner R W`: the runner's loop; requests on file descriptor R, one answer line
+def torch_runner_main(rfd, wfd, filters):
+    """A forked runner's loop (`zygote_main`); requests on file descriptor R, one answer line
     each on W (`ok`, `done`, `ready`, `synced`, `error <text>`, `cuda_error <text>`), after `up`
-    once it is ready for the first."""
+    once it is ready for the first; `filters`: the seccomp filters to install once CUDA and
+    CUPTI are up (`handed_filters`)."""
     out = os.fdopen(wfd, "w")
 
     def say(word, text=""):
@@ -2007,10 +2409,10 @@ def torch_runner_main(rfd, wfd):
         out.flush()
 
     st = RunnerState(Driver())
-    # CUPTI's first use (files, threads: 3.6-5.5 s on the H200 host) happens before the filters
-    # and the candidate, unless the run will not profile (CUDARL_RUNNER_PROFILER=0: a run that
-    # only tests). Where the profiler cannot start at all, `profile` answers "none" and the
-    # judge reports no kernels.
+    # CUPTI's first use (it opens files and starts threads; 0.03 s on the H200 host) happens
+    # before the filters and the candidate, unless the run will not profile
+    # (CUDARL_RUNNER_PROFILER=0: a run that only tests). Where CUPTI cannot start at all,
+    # `profile` answers "none" and the judge reports no kernels.
     if os.environ.get("CUDARL_RUNNER_PROFILER") == "0":
         st.no_profiler = "not started: this run does not profile"
     else:
@@ -2019,7 +2421,7 @@ def torch_runner_main(rfd, wfd):
         except Exception as e:
             st.no_profiler = f"{type(e).__name__}: {e}"
             print(f"profiler unavailable: {st.no_profiler}", file=sys.stderr, flush=True)
-    install_handed_filters()
+    install_handed_filters(filters)
     say("up")
     ops = {
         "load": st.load,
@@ -2040,6 +2442,130 @@ def torch_runner_main(rfd, wfd):
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             say("cuda_error" if is_cuda_error(e) else "error", msg)
+
+
+def zygote_main(sock_fd):
+    """`--torch-zygote S`: the runners' zygote, started once per worker inside the interpreter
+    sandbox (`cudarl-pipe-runner exec --profile interpreter --gpu --defer-filter`) with torch
+    imported and CUDA not initialized. It reads the handed seccomp filters once, then serves
+    the judge on the Unix socket S: a request `{"dir", "profile", "outside"}` with three file
+    descriptors (the runner's request pipe, answer pipe and stderr file) forks one runner
+    (`runner_child`) and answers `forked <pid>`; each runner that ends is reaped and reported
+    as `exit <pid> <code>` (`os.waitstatus_to_exitcode`: negative for a signal). A runner
+    says `up` 0.19-0.24 s after the request this way, where a fresh interpreter took 6-10 s
+    (H200 host, benchmarks/results/kb_judge_h200_2026-12-04.json, `forked_runners_cupti`). The
+    zygote runs no candidate code and ends with the judge (the wrapper's death signal)."""
+    import select
+    import signal
+    import socket
+
+    filters, me = handed_filters(), os.getpid()
+    sock = socket.socket(fileno=sock_fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def say(line):
+        sock.sendall((line + "\n").encode())
+
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
+
+    say("up")
+    buf, pending = b"", []
+    while True:
+        ready = select.select([sock, wake_r], [], [])[0]
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            reap()
+        if sock not in ready:
+            continue
+        msg, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, 3)
+        if not msg:
+            return  # the judge is gone
+        buf += msg
+        pending += got
+        while b"\n" in buf:
+            line, _, buf = buf.partition(b"\n")
+            req = json.loads(line)
+            fds, pending = pending[:3], pending[3:]
+            if len(fds) != 3:
+                for fd in fds:
+                    os.close(fd)
+                say(f"error {req.get('id')} a fork request carries three file descriptors")
+                continue
+            try:
+                pid = os.fork()
+            except OSError as e:
+                for fd in fds:
+                    os.close(fd)
+                say(f"error {req.get('id')} fork: {e}")
+                continue
+            if pid == 0:
+                runner_child(req, fds, filters, me)
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid)  # also done by the child: whichever runs first
+            for fd in fds:
+                os.close(fd)
+            say(f"forked {pid} {req.get('id')}")
+        reap()
+
+
+def runner_child(req, fds, filters, zygote):
+    """A forked runner's set-up, then its loop (`torch_runner_main`): its own process group,
+    death with the zygote, file descriptors 0 and 1 on /dev/null and 2 on the judge's stderr
+    file, every other inherited descriptor closed, a Landlock layer that hides the other
+    runners' scratch directories (`landlock_beside`), `HOME` and `TMPDIR` its own scratch
+    directory."""
+    import ctypes as c
+    import signal
+    import tempfile
+
+    try:
+        os.setpgid(0, 0)
+        c.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != zygote:
+            os._exit(125)  # the zygote ended before the signal was set
+        r_req, w_ans, err = fds
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(err, 2)
+        for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+            if fd > 2 and fd not in (r_req, w_ans):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        landlock_beside(req["outside"], req["dir"])
+        c.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (the wrapper set it already)
+        install_handed_filters(signal_filter(os.getpid()))
+        os.chdir(req["dir"])
+        tempfile.tempdir = None
+        os.environ["HOME"] = os.environ["TMPDIR"] = req["dir"]
+        if not req.get("profile", True):
+            os.environ["CUDARL_RUNNER_PROFILER"] = "0"
+    except BaseException as e:  # the runner's confinement failed: exit code 125, as the wrapper's
+        with contextlib.suppress(Exception):
+            print(f"runner set-up: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(125)
+    code = 0
+    try:
+        torch_runner_main(r_req, w_ans, filters)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def gpu_info():
@@ -2085,9 +2611,8 @@ def main():
     if "--extract" in sys.argv:
         extract_main()
         return
-    if "--torch-runner" in sys.argv:
-        i = sys.argv.index("--torch-runner")
-        torch_runner_main(int(sys.argv[i + 1]), int(sys.argv[i + 2]))
+    if "--torch-zygote" in sys.argv:
+        zygote_main(int(sys.argv[sys.argv.index("--torch-zygote") + 1]))
         return
     limits = "--limits" in sys.argv
     if limits:

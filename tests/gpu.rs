@@ -45,8 +45,24 @@ fn check(p: &Project, task: &str, src: &std::path::Path, extra: &[&str]) -> Valu
     ];
     args.extend_from_slice(extra);
     let o = p.run(&args);
-    serde_json::from_str(&stdout(&o))
-        .unwrap_or_else(|e| panic!("{task} {}: {e}\n{}", src.display(), common::stderr(&o)))
+    // One JSON line per verdict: one verdict as it is, several as an array.
+    let mut v: Vec<Value> = stdout(&o)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{task} {}: {e}\n{}", src.display(), common::stderr(&o)))
+        })
+        .collect();
+    match v.len() {
+        0 => panic!(
+            "{task} {}: no verdict\n{}",
+            src.display(),
+            common::stderr(&o)
+        ),
+        1 => v.remove(0),
+        _ => Value::Array(v),
+    }
 }
 
 /// `check` of torch-format `srcs` for `kb/L1/19_ReLU`, judged in turn by one worker, with the

@@ -68,13 +68,25 @@ static BARRIERS: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"used (?P<b>\d+) barriers").expect("re"));
 static SMEM: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?P<s>\d+) bytes smem").expect("re"));
 
+/// Longest mangled name [`demangle`] reads, bytes (names come from candidates' objects and from
+/// kernel lists a runner reports).
+const DEMANGLE_MAX: usize = 4096;
+
 /// A C++ symbol's readable name from its mangled one (`_Z15vector_add_vec4PKfS0_Pfl` ->
-/// `vector_add_vec4(float const*, float const*, float*, long)`), else the name as given.
+/// `vector_add_vec4(float const*, float const*, float*, long)`), else the name as given: also
+/// for a name longer than `DEMANGLE_MAX` bytes and where the demangler panics.
 pub fn demangle(name: &str) -> String {
-    cpp_demangle::Symbol::new(name.as_bytes())
-        .ok()
-        .and_then(|s| s.demangle().ok())
-        .unwrap_or_else(|| name.to_string())
+    if name.len() > DEMANGLE_MAX {
+        return name.to_string();
+    }
+    std::panic::catch_unwind(|| {
+        cpp_demangle::Symbol::new(name.as_bytes())
+            .ok()
+            .and_then(|s| s.demangle().ok())
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| name.to_string())
 }
 
 /// Parses diagnostics from nvcc's combined output, in order.

@@ -214,7 +214,7 @@ pub struct SandboxedPython {
     pub env: Vec<(String, String)>,
 }
 
-/// The worker script in `mode` (`--extract`, `--torch-runner`) inside the interpreter sandbox:
+/// The worker script in `mode` (`--extract`, `--torch-zygote`) inside the interpreter sandbox:
 /// it reads only the interpreter's own files, the worker script, `/proc`, `/sys` and `reads`
 /// (with `gpu`, also what the driver reads and the GPU's device files); it writes only to
 /// `scratch`; it starts no process and opens no socket. With `gpu` the system-call filters are

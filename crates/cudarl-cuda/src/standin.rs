@@ -3,8 +3,9 @@
 //! in").
 //!
 //! The judge profiles one forward of the candidate (in its runner) and one of the reference
-//! `Model` (in the judge) at the problem's own sizes with torch's profiler (Kineto over CUPTI),
-//! and answers each as kernel names with their summed GPU time. The candidate's own kernels are
+//! `Model` (in the judge) at the problem's own sizes with CUPTI's activity API (`Cupti` in the
+//! worker script), and answers each as kernel names with their summed GPU time; names come
+//! mangled and are demangled here, with the library that reads the candidate's own kernels. The candidate's own kernels are
 //! read from the shared objects it was built into ([`own_kernels`]): nvcc's host stub for each
 //! `__global__` function carries the kernel's mangled name, so macros, templates and namespaces
 //! are resolved by the compiler, not guessed from the source.
@@ -23,17 +24,29 @@ const PLUMBING: [&str; 2] = ["FillFunctor", "copy_kernel"];
 const TRANSFERS: [&str; 2] = ["Memcpy", "Memset"];
 
 /// The GPU work of one profiled forward: `(kernel name, summed GPU time in ns)`, longest first.
-/// Names are demangled as the profiler gives them (`void ns::k<float>(float const*, int)`).
+/// Names are demangled ([`crate::diag::demangle`]: `ns::k<float>(float const*, int)`); copies
+/// and sets are `Memcpy HtoD`, `Memcpy DtoD`, ..., `Memset`.
 pub type KernelTimes = Vec<(String, u64)>;
 
 /// What the judge profiled at the problem's own sizes: the candidate's forward (in its runner)
-/// and the reference's (in the judge).
+/// and the reference's (in the judge). Deserialized from the worker's `[[name, ns], ...]` lists,
+/// mangled names demangled (a name that does not demangle is kept as given, so reading a list
+/// again changes nothing).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct KernelsRan {
     /// The candidate's forward.
+    #[serde(deserialize_with = "demangled")]
     pub candidate: KernelTimes,
     /// The reference `Model`'s forward.
+    #[serde(deserialize_with = "demangled")]
     pub reference: KernelTimes,
+}
+
+fn demangled<'de, D: serde::Deserializer<'de>>(d: D) -> Result<KernelTimes, D::Error> {
+    let v = KernelTimes::deserialize(d)?;
+    Ok(v.into_iter()
+        .map(|(n, t)| (crate::diag::demangle(&n), t))
+        .collect())
 }
 
 /// The qualified name of a demangled function without its return type, template arguments or
@@ -186,6 +199,22 @@ mod tests {
         let why = stands_in(&r, &own).expect("flagged");
         assert!(why.contains("replaced none"), "{why}");
         assert!(why.contains("vectorized_elementwise_kernel"), "{why}");
+    }
+
+    #[test]
+    fn lists_read_from_the_worker_are_demangled_once() {
+        let k: KernelsRan = serde_json::from_str(
+            r#"{"candidate": [["_Z11relu_kernelPKfPfi", 7], ["Memcpy DtoD", 2]],
+                "reference": [["relu_kernel(float const*, float*, int)", 5], ["_Z4tanhPf", 1]]}"#,
+        )
+        .unwrap();
+        assert_eq!(k.candidate[0].0, "relu_kernel(float const*, float*, int)");
+        assert_eq!(k.candidate[1].0, "Memcpy DtoD");
+        // A name read before (demangled) is kept as it is.
+        assert_eq!(k.reference[0].0, k.candidate[0].0);
+        assert_eq!(k.reference[1].0, "tanh(float*)");
+        let own = BTreeSet::from(["relu_kernel".to_string()]);
+        assert_eq!(stands_in(&k, &own), None);
     }
 
     #[test]

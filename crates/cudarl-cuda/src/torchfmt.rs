@@ -900,34 +900,89 @@ pub struct TorchRunOptions {
     pub store: Option<cudarl_store::Store>,
     /// Profile the kernels one forward of a passing candidate ran (`torch_op_stands_in`,
     /// [`crate::standin`]). A run that only decides which candidates are run again with timing
-    /// leaves it out: its runner starts without the profiler, 3.6-5.5 s sooner on the H200 host.
+    /// leaves it out: its runner does not start CUPTI (0.03 s on the H200 host).
     pub profile: bool,
 }
 
-/// A scratch directory for a torch-format runner (under `store`'s `tmp/` when given), with a
-/// `cand/` folder for the candidate's extensions ([`relocate`]), and the spec of the sandboxed
-/// runner that writes only there and reads nothing else of the candidate's
-/// ([`crate::pyworker::sandboxed_python`]); without `profile`, a runner that does not start the
-/// profiler ([`TorchRunOptions::profile`]).
+/// Where one pool's torch-format runners live: a folder (under `store`'s `tmp/` when given)
+/// holding each runner's scratch directory, the spec of the zygote that forks the runners
+/// (`--torch-zygote` in the worker script, inside the interpreter sandbox with the GPU, writing
+/// only this folder: [`crate::pyworker::sandboxed_python`]), and the paths beside the folder
+/// (`outside`: the entries of every directory above it except the one leading to it), from
+/// which a forked runner's own Landlock layer is made so that it sees its own scratch directory
+/// and none of the others'.
+pub struct RunnerRoot {
+    dir: tempfile::TempDir,
+    zygote: Value,
+    outside: Vec<String>,
+}
+
+impl RunnerRoot {
+    /// # Errors
+    /// The folder cannot be made or listed, or the interpreter's paths cannot be read.
+    fn new(root: &Path, store: Option<&cudarl_store::Store>) -> Result<RunnerRoot, String> {
+        // Under the store's `tmp/` where there is one (the system's temporary folder may be
+        // mounted without exec, and the candidate's extensions load from here).
+        let dir = match store {
+            Some(s) => s.temp_dir().map_err(|e| e.to_string())?,
+            None => tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?,
+        };
+        let at = dir
+            .path()
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", dir.path().display()))?;
+        let mut outside = Vec::new();
+        for (up, next) in at.ancestors().skip(1).zip(at.ancestors()) {
+            let rd = std::fs::read_dir(up).map_err(|e| format!("{}: {e}", up.display()))?;
+            for e in rd.flatten() {
+                if Some(e.file_name().as_os_str()) != next.file_name() {
+                    outside.push(e.path().display().to_string());
+                }
+            }
+        }
+        let mut zygote = crate::pyworker::sandboxed_python(root, &at, true, &[], "--torch-zygote")?;
+        // Each runner writes its own `/proc/self/task` (the driver names its threads there),
+        // which the wrapper would resolve to the zygote's: the zygote may write `/proc`, and
+        // every runner narrows that to its own task directory (`landlock_beside`).
+        let end = zygote
+            .argv
+            .iter()
+            .position(|a| a == "--")
+            .unwrap_or(zygote.argv.len());
+        zygote
+            .argv
+            .splice(end..end, ["--write".to_string(), "/proc".to_string()]);
+        let zygote = serde_json::to_value(zygote).map_err(|e| e.to_string())?;
+        Ok(RunnerRoot {
+            dir,
+            zygote,
+            outside,
+        })
+    }
+}
+
+/// A scratch directory for a torch-format runner in `pool`'s [`RunnerRoot`] (made on first use),
+/// with a `cand/` folder for the candidate's extensions ([`relocate`]), and the runner's spec
+/// for the worker's zygote: `zygote`, `dir`, `profile` (without it the runner does not start
+/// CUPTI, [`TorchRunOptions::profile`]) and `outside`.
 fn runner_scratch(
+    pool: &mut crate::worker::WorkerPool,
     root: &Path,
     profile: bool,
     store: Option<&cudarl_store::Store>,
 ) -> Result<(tempfile::TempDir, Value), String> {
-    // Under the store's `tmp/` where there is one (the system's temporary folder may be mounted
-    // without exec, and the candidate's extensions load from here).
-    let d = match store {
-        Some(s) => s.temp_dir().map_err(|e| e.to_string())?,
-        None => tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?,
-    };
+    if pool.runner_root.is_none() {
+        pool.runner_root = Some(RunnerRoot::new(root, store)?);
+    }
+    let r = pool.runner_root.as_ref().expect("made above");
+    let d = tempfile::Builder::new()
+        .prefix("run-")
+        .tempdir_in(r.dir.path())
+        .map_err(|e| format!("{}: {e}", r.dir.path().display()))?;
     std::fs::create_dir(d.path().join("cand"))
         .map_err(|e| format!("{}: {e}", d.path().display()))?;
-    let mut spec = crate::pyworker::sandboxed_python(root, d.path(), true, &[], "--torch-runner")?;
-    if !profile {
-        spec.env
-            .push(("CUDARL_RUNNER_PROFILER".to_string(), "0".to_string()));
-    }
-    let spec = serde_json::to_value(spec).map_err(|e| e.to_string())?;
+    let spec = json!({"zygote": r.zygote, "dir": d.path().canonicalize().map_err(|e| e.to_string())?,
+        "profile": profile, "outside": r.outside});
     Ok((d, spec))
 }
 
@@ -1113,9 +1168,9 @@ struct TorchAnswer {
 }
 
 /// Runs a built candidate on the GPU and completes `v`: the Python worker (from `pool`) is the
-/// judge, and starts the candidate's runner inside the interpreter sandbox with the GPU
-/// ([`crate::pyworker::sandboxed_python`], `--torch-runner`), which may read the candidate's
-/// built extensions and write only a scratch directory removed afterwards.
+/// judge, and has the candidate's runner forked by its zygote, inside the interpreter sandbox
+/// with the GPU ([`RunnerRoot`]), which may read the candidate's built extensions and write only
+/// a scratch directory removed afterwards.
 pub fn run(
     mut v: Verdict,
     cand: &Value,
@@ -1144,7 +1199,7 @@ pub fn run(
         // A runner started without the profiler never serves a run that profiles (nor the
         // reverse: its spec differs, and the worker ends it).
         Some((d, spec, profile)) if profile == opts.profile => Ok((d, spec)),
-        _ => runner_scratch(&opts.root, opts.profile, scratch_in),
+        _ => runner_scratch(pool, &opts.root, opts.profile, scratch_in),
     }
     .and_then(|(d, spec)| Ok((relocate(cand, d.path())?, d, spec)));
     let (cand, _scratch, runner) = match runner {
@@ -1156,7 +1211,7 @@ pub fn run(
         }
     };
     let cand = &cand;
-    let next = runner_scratch(&opts.root, opts.profile, scratch_in).ok();
+    let next = runner_scratch(pool, &opts.root, opts.profile, scratch_in).ok();
     // The judge's own limit per runner step stays under the pool's limit between two lines.
     let step_s = (opts.wall.as_secs_f64() - 10.0).max(opts.wall.as_secs_f64() * 0.5);
     let bench_key = bench.clone().unwrap_or(Value::Null);
@@ -1441,6 +1496,108 @@ mod tests {
             KbNative::from_row("x", "{", "{}")
                 .unwrap_err()
                 .contains("buffers_json")
+        );
+    }
+
+    /// A forked runner's own Landlock layer (`landlock_beside` in the worker script, with a
+    /// [`RunnerRoot`]'s `outside` paths) lets it read its scratch directory and the system's
+    /// files and name its threads, and not read another runner's scratch directory (also not
+    /// through a symbolic link among the `outside` entries) nor the runners' folder's listing,
+    /// nor write other `/proc` files; its signal filter (`signal_filter`) lets it signal itself
+    /// and not its parent, nor clear its death signal.
+    #[test]
+    fn a_runner_sees_its_own_scratch_directory_and_no_other() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut pool = crate::worker::WorkerPool::new("unused".into(), vec![]);
+        let (mine, spec) = runner_scratch(&mut pool, &root, false, None).unwrap();
+        let (theirs, _) = runner_scratch(&mut pool, &root, false, None).unwrap();
+        std::fs::write(mine.path().join("cand/mine.so"), "mine").unwrap();
+        std::fs::write(theirs.path().join("cand/theirs.so"), "theirs").unwrap();
+        assert_eq!(spec["dir"], json!(mine.path().canonicalize().unwrap()));
+        let rr = pool.runner_root.as_ref().unwrap();
+        let folder = rr.dir.path().canonicalize().unwrap();
+        assert!(
+            rr.outside
+                .iter()
+                .all(|p| !Path::new(p).starts_with(&folder))
+        );
+        // Another name for the runners' folder among the entries beside it.
+        let alias = folder.with_file_name(format!(
+            "{}-alias",
+            folder.file_name().unwrap().to_string_lossy()
+        ));
+        std::os::unix::fs::symlink(&folder, &alias).unwrap();
+        let mut spec = spec;
+        spec["outside"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!(alias.display().to_string()));
+        let theirs_by_alias = alias
+            .join(theirs.path().strip_prefix(&folder).unwrap())
+            .join("cand/theirs.so");
+        let probe = format!(
+            r#"
+import ctypes, json, os, sys
+sys.path.insert(0, {script:?})
+import cudarl_worker as w
+spec = json.loads(sys.argv[1])
+w.landlock_beside(spec["outside"], spec["dir"])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(38, 1, 0, 0, 0)
+w.install_handed_filters(w.signal_filter(os.getpid()))
+def can(f):
+    try:
+        f()
+        return True
+    except PermissionError:
+        return False
+def comm():
+    with open(f"/proc/self/task/{{os.getpid()}}/comm", "w") as f:
+        f.write("runner")
+def oom():
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("0")
+def no_death_signal():
+    if libc.prctl(1, 0, 0, 0, 0) != 0:
+        raise PermissionError(ctypes.get_errno(), "prctl")
+print(json.dumps([
+    can(lambda: open(os.path.join(spec["dir"], "cand/mine.so")).read()),
+    can(lambda: open({script_file:?}).read()),
+    can(comm),
+    can(lambda: os.kill(os.getpid(), 0)),
+    can(lambda: open({theirs:?}).read()),
+    can(lambda: open({theirs_by_alias:?}).read()),
+    can(lambda: os.listdir({folder:?})),
+    can(oom),
+    can(lambda: os.kill(os.getppid(), 0)),
+    can(no_death_signal),
+]))
+"#,
+            script = root.join("python").display().to_string(),
+            script_file = root.join("python/cudarl_worker.py").display().to_string(),
+            theirs = theirs.path().join("cand/theirs.so").display().to_string(),
+            theirs_by_alias = theirs_by_alias.display().to_string(),
+            folder = folder.display().to_string(),
+        );
+        let out = std::process::Command::new(crate::pyworker::python(&root))
+            .args(["-c", &probe, &spec.to_string()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _ = std::fs::remove_file(&alias);
+        let seen: Vec<bool> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            seen,
+            [
+                true, true, true, true, false, false, false, false, false, false
+            ],
+            "own files, system files, own thread names, signals to itself; another's files \
+             (directly and through a link), the listing, other /proc writes, signals to its \
+             parent, clearing its death signal"
         );
     }
 }

@@ -280,6 +280,9 @@ pub struct WorkerPool {
     /// ([`crate::torchfmt::run`]): its scratch directory (removed when dropped), its spec, and
     /// whether it starts the profiler.
     pub next_runner: Option<(tempfile::TempDir, serde_json::Value, bool)>,
+    /// The folder this pool's torch-format runners' scratch directories live in and the spec of
+    /// the zygote that forks them ([`crate::torchfmt::RunnerRoot`]), made with the first run.
+    pub runner_root: Option<crate::torchfmt::RunnerRoot>,
 }
 
 impl WorkerPool {
@@ -292,6 +295,7 @@ impl WorkerPool {
             worker: None,
             spawned: 0,
             next_runner: None,
+            runner_root: None,
         }
     }
 

@@ -195,7 +195,8 @@ fn exec_mode_confines_the_program_it_runs() {
 }
 
 /// `exec --defer-filter`: the program runs unfiltered until it installs the handed filters
-/// (`install_handed_filters` in the worker script, as the torch runner does once CUDA is up),
+/// (`handed_filters` and `install_handed_filters` in the worker script, as the torch runner does
+/// once CUDA is up),
 /// and from then on a socket is trapped (SIGSYS) on every thread, including threads started
 /// before the installation.
 #[test]
@@ -228,7 +229,7 @@ def late():
     print("socket on an older thread survived", flush=True)
 t = threading.Thread(target=late)
 t.start()
-print("filters", w.install_handed_filters(), "fd left", "CUDARL_SECCOMP_FD" in os.environ, flush=True)
+print("filters", w.install_handed_filters(w.handed_filters()), "fd left", "CUDARL_SECCOMP_FD" in os.environ, flush=True)
 go.set()
 t.join()
 print("survived", flush=True)

@@ -246,7 +246,7 @@ fn read_source(path: &std::path::Path) -> Result<String, CliError> {
 }
 
 /// Runs `check` on every file of `sources` in turn (one worker pool for all): each verdict is
-/// printed (several: a JSON array with `--json`); the exit code is 0 when all pass, else 1.
+/// printed (with `--json`, one JSON line per verdict); the exit code is 0 when all pass, else 1.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     ctx: &Ctx,
