@@ -649,13 +649,36 @@ fn eval_summarizes_sft_and_rl_and_keeps_every_turn_of_every_episode() {
                 (split, r["episodes"].as_i64().unwrap())
             })
             .collect();
-        assert_eq!(got, want, "{ck}");
+        // Each level again by op coverage: its problems with an op no training task uses
+        // (`novel_ops`) and the rest (`seen_ops`), the level's episodes between them; RL
+        // practised no KernelBench problem, so there is no `kernelbench/practised` row.
+        let level = |s: &str| !s.ends_with("_ops");
+        let levels: std::collections::BTreeMap<String, i64> = got
+            .iter()
+            .filter(|(s, _)| level(s))
+            .map(|(s, n)| (s.clone(), *n))
+            .collect();
+        assert_eq!(levels, want, "{ck}");
+        for (split, n) in &want {
+            let side = |k: &str| got.get(&format!("{split}/{k}_ops")).copied().unwrap_or(0);
+            assert_eq!(side("novel") + side("seen"), *n, "{ck} {split}: {got:?}");
+        }
     }
+    assert!(
+        sum.iter()
+            .all(|r| r["split"] != "kernelbench/practised" && r["pairs"].is_null()),
+        "{sum:?}"
+    );
     // Where eval's time went: at most one candidate per turn (an answer without a code block
     // never reaches the harness), at least one if anything compiled; the harness phases inside
     // the harness seconds; decoding took time.
     let eps = rows(&p, "eval", "episodes");
     for r in &sum {
+        if r["split"].as_str().unwrap().ends_with("_ops") {
+            // An op-coverage row: its seconds are the level row's.
+            assert_eq!(r["gen_seconds"].as_f64(), Some(0.0), "{r}");
+            continue;
+        }
         if let Some((split, _)) = r["split"].as_str().unwrap().split_once("/tier") {
             // A per-tier row counts its split's episodes of that tier; its seconds are the
             // split row's.
@@ -980,6 +1003,42 @@ fn rl_train_practises_the_curriculums_kernelbench_train_problems_by_tier_with_ke
     let firsts: Vec<&Value> = turns.iter().filter(|t| t["turn"] == 0).collect();
     assert_eq!(firsts.len(), 4);
     assert_eq!(firsts[0]["task_id"], firsts[1]["task_id"]);
+    // eval runs both checkpoints on the problems RL practised (`kernelbench_samples`, 1 here,
+    // episodes each) and gives RL minus the frozen control paired by problem.
+    let practised: std::collections::BTreeSet<&str> = turns
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap())
+        .collect();
+    let md = export_report(&p, "exported_kb_share", &kb);
+    let sum = rows_with(&p, "eval", "summary", &kb);
+    let at = |ck: &str| {
+        sum.iter()
+            .find(|r| r["checkpoint"] == ck && r["split"] == "kernelbench/practised")
+            .unwrap_or_else(|| panic!("no {ck} row on the practised problems: {sum:?}"))
+    };
+    for ck in ["sft", "rl"] {
+        assert_eq!(at(ck)["episodes"].as_u64(), Some(practised.len() as u64));
+    }
+    let d = at("rl_minus_sft");
+    assert_eq!(d["pairs"].as_u64(), Some(practised.len() as u64), "{d}");
+    let reward = |ck: &str| at(ck)["mean_reward"].as_f64().unwrap();
+    // One episode per problem: the mean per-problem difference is the difference of means.
+    assert!(
+        (d["mean_reward"].as_f64().unwrap() - (reward("rl") - reward("sft"))).abs() < 1e-9,
+        "{d}"
+    );
+    // Compile-only: no pass rate.
+    assert!(
+        d["pass_rate"].is_null() && d["pass_rate_se"].is_null(),
+        "{d}"
+    );
+    let n = practised.len();
+    assert!(
+        md.contains(&format!(
+            "On the KernelBench `train` problems RL practised (`rl-train.kernelbench_share`; {n} problems"
+        )) && md.contains(&format!("n = {n}, df = {}", n - 1)),
+        "{md}"
+    );
     // The share's absence is the run without it: its key and its rows are unchanged.
     let plain = rows(&p, "rl-train", "metrics");
     assert_eq!(plain.len(), 2);

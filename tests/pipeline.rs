@@ -203,15 +203,15 @@ fn status_dag_show_and_gc() {
     // validate-archive, kb-specs, testgen, sft-repairs (2 inputs), sft-data (5: the curriculum's
     // splits), tokenizer (3: the splits keep the hold-out out of its corpus), pretrain (5),
     // sft-train (generator), sft-train-optimizer, sft-eval, rl-train (7 inputs: PPO-ptx reads
-    // sft-data's optimizer table; the splits), eval (13: with `kernelbench_samples`, the
+    // sft-data's optimizer table; the splits), eval (14: with `kernelbench_samples`, the
     // curriculum's KernelBench test problems, their source, launchers and recorded tests; the
-    // splits); pretrain reads synth-tasks' tasks for its copy documents (the expressions they
+    // splits; rl-train's turns, the KernelBench problems RL practised); pretrain reads synth-tasks' tasks for its copy documents (the expressions they
     // must not show); collab-data (7), collab-sft and collab-sft-optimizer (2 each);
     // `optimize`'s chain: optimize-problem, optimize-specs (1), optimize-tests (2), optimize (5:
     // the problem, its launcher and tests, the RL agents); archive-native (6: both archives and
     // the curriculum's KernelBench inputs).
     assert_eq!(dj["nodes"].as_array().unwrap().len(), 27);
-    assert_eq!(dj["edges"].as_array().unwrap().len(), 87);
+    assert_eq!(dj["edges"].as_array().unwrap().len(), 88);
     assert!(dot.contains("splits -> curriculum"), "{dot}");
     assert!(dot.contains("splits -> tokenizer"), "{dot}");
     assert!(dot.contains("splits -> pretrain"), "{dot}");

@@ -14,7 +14,9 @@
 //! | `op.<name>` | binary operators in `forward`: add, sub, mul, div, matmul, pow |
 //!
 //! This is static and approximate (no type inference); it is the input of tier assignment,
-//! which is rule-based data (`configs/curriculum/op_categories.toml`).
+//! which is rule-based data (`configs/curriculum/op_categories.toml`), and, one name per op
+//! ([`op_names`]), of the op coverage `eval` splits KernelBench hold-out problems by
+//! ([`OpCoverage`]).
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
@@ -338,6 +340,89 @@ pub fn base_name(feature: &str) -> String {
         .collect()
 }
 
+/// Other PyTorch names of one operation, as [`base_name`]s, and the name [`op_names`] gives
+/// them: PyTorch's documented aliases (`torch.clip` for `torch.clamp`, `torch.absolute` for
+/// `torch.abs`, `torch.multiply`, `torch.divide`, `torch.true_divide`, `torch.subtract`,
+/// `torch.negative`), and `mm` and `bmm`, the 2-D and batched products `torch.matmul`
+/// dispatches to by rank.
+const ALIASES: &[(&str, &str)] = &[
+    ("clip", "clamp"),
+    ("absolute", "abs"),
+    ("multiply", "mul"),
+    ("divide", "div"),
+    ("truedivide", "div"),
+    ("subtract", "sub"),
+    ("negative", "neg"),
+    ("mm", "matmul"),
+    ("bmm", "matmul"),
+];
+
+/// Ops that only re-describe a tensor's shape (views and reshapes, and `contiguous`), as
+/// [`base_name`]s: a kernel does them with index arithmetic, so [`op_names`] leaves them out.
+/// Ops that move data (`transpose`, `permute`, `cat`, ...) stay.
+const SHAPE_ONLY: &[&str] = &[
+    "view",
+    "viewas",
+    "reshape",
+    "flatten",
+    "squeeze",
+    "unsqueeze",
+    "expand",
+    "expandas",
+    "contiguous",
+];
+
+/// The ops of a KernelBench-style module (a PyTorch `Model` and its `forward`) in one
+/// vocabulary for KernelBench problems and task families alike: the [`base_name`]s of
+/// [`extract_op_features`] (`nn.ReLU`, `F.relu`, `torch.relu` and `x.relu()` are all `relu`;
+/// `x + y` and `torch.add` are `add`), aliases folded into one name (`ALIASES`: `clip` is
+/// `clamp`, `mm` and `bmm` are `matmul`), shape-only ops left out (`SHAPE_ONLY`: `view`,
+/// `reshape`, `flatten`, ...). Sorted, unique; empty when nothing is recognized.
+pub fn op_names(code: &str) -> BTreeSet<String> {
+    extract_op_features(code)
+        .iter()
+        .map(|f| {
+            let b = base_name(f);
+            ALIASES
+                .iter()
+                .find(|a| a.0 == b)
+                .map_or(b, |a| a.1.to_string())
+        })
+        .filter(|b| !SHAPE_ONLY.contains(&b.as_str()))
+        .collect()
+}
+
+/// The ops a set of training tasks covers, in the vocabulary of [`op_names`]: a problem is
+/// covered when every op of it appears among the ops of some training task (op by op: a
+/// covered problem may still combine its ops in a way no training task does), novel when at
+/// least one op appears in none. A problem with no recognized op is covered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpCoverage {
+    seen: BTreeSet<String>,
+}
+
+impl OpCoverage {
+    /// The union of [`op_names`] over `modules`, the training tasks' KernelBench-style sources.
+    pub fn of<'a>(modules: impl IntoIterator<Item = &'a str>) -> OpCoverage {
+        OpCoverage {
+            seen: modules.into_iter().flat_map(op_names).collect(),
+        }
+    }
+
+    /// The ops of `code` that no training task uses (sorted; empty: covered).
+    pub fn novel(&self, code: &str) -> Vec<String> {
+        op_names(code)
+            .into_iter()
+            .filter(|o| !self.seen.contains(o))
+            .collect()
+    }
+
+    /// The ops the training tasks use (sorted).
+    pub fn seen(&self) -> &BTreeSet<String> {
+        &self.seen
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,5 +504,25 @@ def get_inputs():
     fn signature_star_args_are_not_mul() {
         let code = "class Model(nn.Module):\n    def forward(self, *args, **kwargs):\n        return torch.cat(args, dim=-1)\n";
         assert_eq!(extract_op_features(code), vec!["torch.cat"]);
+    }
+
+    #[test]
+    fn op_names_are_one_vocabulary_for_every_spelling() {
+        assert_eq!(
+            op_names(FUSED).into_iter().collect::<Vec<_>>(),
+            ["add", "conv2d", "gelu", "mul", "relu", "sum"]
+        );
+        // Module, functional and method spellings, aliases and batched products are one op;
+        // views are none.
+        let code = "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.act = nn.ReLU()\n    def forward(self, a, b):\n        x = torch.bmm(a, b).view(-1)\n        x = F.relu(x.clip(0.0, 1.0)).reshape(4, -1)\n        return torch.clamp(x, max=2.0)\n";
+        assert_eq!(
+            op_names(code).into_iter().collect::<Vec<_>>(),
+            ["clamp", "matmul", "relu"]
+        );
+        let seen = OpCoverage::of([RELU, code]);
+        assert_eq!(seen.novel(FUSED), ["add", "conv2d", "gelu", "mul", "sum"]);
+        assert!(seen.novel(RELU).is_empty());
+        // Nothing recognized: covered.
+        assert!(seen.novel("x = 1\n").is_empty());
     }
 }

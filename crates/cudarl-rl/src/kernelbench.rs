@@ -59,6 +59,29 @@ pub fn curriculum_tasks(
     curriculum: &Path,
     problems: &Path,
 ) -> Result<Vec<(String, KbTask)>, String> {
+    curriculum_rows(curriculum, problems, true)
+}
+
+/// Every KernelBench problem of the curriculum, with a native signature or not (`signature`
+/// empty where `kb-specs` gave none), as [`curriculum_tasks`]: the references the splits put
+/// a problem's ops on either side of (`eval`'s op coverage).
+///
+/// # Errors
+/// As [`curriculum_tasks`], for every problem.
+pub fn curriculum_problems(
+    curriculum: &Path,
+    problems: &Path,
+) -> Result<Vec<(String, KbTask)>, String> {
+    curriculum_rows(curriculum, problems, false)
+}
+
+/// The rows of [`curriculum_tasks`] (`covered`: those with a signature) or of
+/// [`curriculum_problems`].
+fn curriculum_rows(
+    curriculum: &Path,
+    problems: &Path,
+    covered: bool,
+) -> Result<Vec<(String, KbTask)>, String> {
     let t = Table::read(curriculum, "curriculum").map_err(|e| e.to_string())?;
     let col = |c: &str| t.req_strings(c).map_err(|e| e.to_string());
     let (id, src, split, name, sig) = (
@@ -80,11 +103,14 @@ pub fn curriculum_tasks(
         .collect();
     let mut out = Vec::new();
     for i in 0..t.rows() {
-        let (Some("kernelbench"), Some(split), Some(id), Some(sig)) =
-            (src.get(i), split.get(i), id.get(i), sig.get(i))
+        let (Some("kernelbench"), Some(split), Some(id)) = (src.get(i), split.get(i), id.get(i))
         else {
             continue;
         };
+        let sig = sig.get(i);
+        if covered && sig.is_none() {
+            continue;
+        }
         let src = code.get(id).ok_or_else(|| {
             format!(
                 "{}: problem_id `{id}` of the curriculum is not in this table",
@@ -97,7 +123,7 @@ pub fn curriculum_tasks(
             level: level.get(i).unwrap_or(0),
             name: name.get(i).unwrap_or(id).to_string(),
             code: src.to_string(),
-            signature: sig.to_string(),
+            signature: sig.unwrap_or_default().to_string(),
         };
         out.push((split.to_string(), task));
     }

@@ -107,6 +107,41 @@ pub fn paired_diff(pairs: &[(&str, bool, bool)]) -> Option<(f64, Option<f64>, us
     Some((d, se, gained, lost))
 }
 
+/// The mean of paired differences with its standard error: one difference per unit (e.g. per
+/// KernelBench problem, checkpoint B's pass rate on it minus checkpoint A's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeanDiff {
+    /// `mean_i d_i`.
+    pub mean: f64,
+    /// `s / sqrt(n)`, `s` the sample standard deviation of the `d_i` (`n - 1` in its
+    /// denominator): the denominator of the paired t statistic, with `n - 1` degrees of freedom
+    /// (Student, "The probable error of a mean", Biometrika 6(1), 1908). `None` with one unit.
+    pub se: Option<f64>,
+    /// The units `n`.
+    pub n: usize,
+}
+
+impl MeanDiff {
+    /// Of the per-unit differences `d`; `None` when `d` is empty.
+    pub fn of(d: &[f64]) -> Option<MeanDiff> {
+        let n = d.len();
+        if n == 0 {
+            return None;
+        }
+        let mean = d.iter().sum::<f64>() / n as f64;
+        let se = (n >= 2).then(|| {
+            let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+            (var / n as f64).sqrt()
+        });
+        Some(MeanDiff { mean, se, n })
+    }
+
+    /// The degrees of freedom of the paired t statistic, `n - 1`.
+    pub fn df(&self) -> usize {
+        self.n.saturating_sub(1)
+    }
+}
+
 /// What an episode's first turn (the generator's answer) came to.
 pub fn first_turn_outcome(c: &RewardComponents) -> &'static str {
     if c.correct == Some(true) {
@@ -229,6 +264,32 @@ mod tests {
         // One task: the difference and the counts, no spread between tasks to measure.
         assert_eq!(paired_diff(&p[..4]), Some((0.25, None, 2, 1)));
         assert_eq!(paired_diff(&[]), None);
+    }
+
+    #[test]
+    fn mean_of_paired_differences_by_hand() {
+        // d = 1, 0, 0.5, 0.5: mean 0.5, squared deviations 0.25 + 0.25, s^2 = 0.5 / 3,
+        // se = sqrt(s^2 / 4) = sqrt(1 / 24), df 3.
+        let m = MeanDiff::of(&[1.0, 0.0, 0.5, 0.5]).unwrap();
+        assert_eq!((m.mean, m.n, m.df()), (0.5, 4, 3));
+        assert!(
+            (m.se.unwrap() - (1.0f64 / 24.0).sqrt()).abs() < 1e-12,
+            "{m:?}"
+        );
+        // The per-task means of `paired_difference_by_hand` (0.25 and 0.5, four episodes
+        // each): the same standard error as the clustered one, 0.125.
+        let t = MeanDiff::of(&[0.25, 0.5]).unwrap();
+        assert!((t.se.unwrap() - 0.125).abs() < 1e-12, "{t:?}");
+        // One unit: no spread to measure; none: nothing.
+        assert_eq!(
+            MeanDiff::of(&[-0.25]),
+            Some(MeanDiff {
+                mean: -0.25,
+                se: None,
+                n: 1
+            })
+        );
+        assert_eq!(MeanDiff::of(&[]), None);
     }
 
     #[test]

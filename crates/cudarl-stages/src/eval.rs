@@ -6,6 +6,23 @@
 //! launcher, per level ([`crate::kb_judge::KbJudge`]: recorded tests and timing against torch
 //! eager on a GPU, compile-only without one).
 //!
+//! Transfer to new operators: each level's hold-out problems are also summarized apart by op
+//! coverage. A problem's ops are the torch ops of its PyTorch source as
+//! [`cudarl_curriculum::ops::op_names`] reads them (the recognizer `ingest-kernelbench` tiers
+//! problems with, each feature by its base name: `nn.ReLU`, `F.relu`, `torch.relu` and
+//! `x.relu()` are one op; aliases folded; views and reshapes left out); a task family's ops are
+//! read the same way from its KernelBench-style module ([`TaskSpec::problem_source`]). The
+//! training tasks are the families of the `train` and `rl` splits and the curriculum's
+//! KernelBench `train` problems (`training_ops`); a problem with an op none of them uses is
+//! `novel_ops`, the others `seen_ops`.
+//!
+//! When `rl-train` practised KernelBench `train` problems (`kernelbench_share`; read from its
+//! `turns`), every checkpoint also runs on those it practised (split `kernelbench/practised`,
+//! `kernelbench_samples` episodes each), and the summary gains RL minus SFT there, the SFT
+//! checkpoint being the frozen control (the policy RL started from): per problem, RL's pass
+//! rate (mean reward) minus SFT's, their mean with standard error `sd / sqrt(n)` over the `n`
+//! problems (`n - 1` degrees of freedom; [`cudarl_rl::stats::MeanDiff`]).
+//!
 //! Metrics (docs/architecture.md, "Metrics") per checkpoint and split: compile rate and pass rate
 //! of the first turn (single-turn) and of the episode's best verified turn (multi-turn: what the
 //! generator-tester-optimizer loop hands back); fast_p for p in {0, 1, 1.5, 2}
@@ -20,7 +37,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `summary` | checkpoint (utf8: sft, collab, rl), split (utf8: test, train, `test/tier{T}` and `train/tier{T}` (the families of tier T, 0-3), `kernelbench/level{L}`), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch, fast_1_vs_compile, fast_1_5_vs_compile, fast_2_vs_compile, geomean_speedup_vs_compile (nullable; the `_vs_compile` columns against the reference under `torch.compile`, KernelBench rows only), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8) |
+//! | `summary` | checkpoint (utf8: sft, collab, rl; `rl_minus_sft`: a difference row, below), split (utf8: test, train, `test/tier{T}` and `train/tier{T}` (the families of tier T, 0-3), `kernelbench/level{L}`, `kernelbench/level{L}/novel_ops` and `kernelbench/level{L}/seen_ops` (that level's problems with an op no training task uses, and the rest; a side without problems has no row), `kernelbench/practised` (the KernelBench `train` problems `rl-train` practised; only with its `kernelbench_share`)), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch, fast_1_vs_compile, fast_1_5_vs_compile, fast_2_vs_compile, geomean_speedup_vs_compile (nullable; the `_vs_compile` columns against the reference under `torch.compile`, KernelBench rows only), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8), candidates (int64), gen_seconds, harness_seconds, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64: what the split cost; 0 on the per-tier and op-coverage rows, whose episodes are their split's), pass_rate_se, mean_reward_se (float64, nullable), pairs (int64, nullable). The `rl_minus_sft` row (split `kernelbench/practised`): RL minus SFT paired by problem, episodes RL's, pass_rate, compile_rate, single_turn_compile_rate, flagged_rate and mean_reward the mean per-problem differences, pass_rate_se and mean_reward_se their standard errors, pairs the problems `n` (df `n - 1`); its other rates null |
 //! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch, speedup_vs_torch_compile (float64, nullable), reward (float64) |
 //! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
@@ -38,8 +55,8 @@ use serde_json::Value;
 use cudarl_rl::episode::{Episode, EpisodeSettings, run_episodes};
 use cudarl_rl::reward::RewardComponents;
 use cudarl_rl::stats::{
-    first_turn_outcome, first_turn_table, geomean, mean_std, paired_diff, pooled, rate_diff,
-    stratified_diff,
+    MeanDiff, first_turn_outcome, first_turn_table, geomean, mean_std, paired_diff, pooled,
+    rate_diff, stratified_diff,
 };
 
 use crate::kb_judge::KbJudge;
@@ -86,6 +103,9 @@ pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("harness_compile_seconds"),
         f("harness_gpu_seconds"),
         f("harness_sass_seconds"),
+        f("pass_rate_se"),
+        f("mean_reward_se"),
+        Field::new("pairs", DataType::Int64, true),
     ]))
 });
 
@@ -156,7 +176,9 @@ pub struct Params {
     /// Episodes per problem and checkpoint on the curriculum's KernelBench `test` problems that
     /// `kb-specs` gave a native launcher (on a GPU: those `testgen` recorded tests for), judged
     /// by [`crate::kb_judge::KbJudge`]; the summary gains a row per checkpoint and level (split
-    /// `kernelbench/level{L}`). Absent or 0: none, and left out of the key.
+    /// `kernelbench/level{L}`) and per level and op coverage (`.../novel_ops`, `.../seen_ops`).
+    /// Also the episodes per problem on the KernelBench `train` problems `rl-train` practised
+    /// (`kernelbench/practised`). Absent or 0: none, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernelbench_samples: Option<usize>,
     /// Sampling, turns, reward, mode, device (as `rl-train`; the update settings are unused).
@@ -280,6 +302,12 @@ struct SummaryRow {
     harness_compile_seconds: f64,
     harness_gpu_seconds: f64,
     harness_sass_seconds: f64,
+    /// A difference row ([`RL_MINUS_SFT`]): the standard errors of its pass rate and mean
+    /// reward ([`MeanDiff`]); `None` elsewhere.
+    pass_rate_se: Option<f64>,
+    mean_reward_se: Option<f64>,
+    /// A difference row: the problems paired, `n` (`n - 1` degrees of freedom).
+    pairs: Option<i64>,
 }
 
 /// The metrics of one checkpoint and split over its episodes `rows`; `full`: tests ran (a GPU),
@@ -402,18 +430,131 @@ struct Cost {
 /// [`Cost`] by (checkpoint, split).
 type CostBy = BTreeMap<(&'static str, &'static str), Cost>;
 
-/// The KernelBench problems `eval` runs (the curriculum's `test` problems with a native
-/// launcher) by level, and their judge.
+/// The KernelBench problems `eval` runs by split, their judge, and the ops of the hold-out
+/// problems that no training task uses.
 struct KbSet {
-    by_level: Vec<(&'static str, Vec<KbTask>)>,
+    /// `kernelbench/level{L}` ([`kb_split`]): the curriculum's `test` problems with a native
+    /// launcher, per level; then, when `rl-train` practised any, [`PRACTISED`]: the `train`
+    /// problems it practised.
+    by_split: Vec<(&'static str, Vec<KbTask>)>,
     judge: KbJudge,
+    /// Per hold-out problem id, its ops that no training task uses
+    /// ([`cudarl_curriculum::ops::OpCoverage::novel`] over [`training_ops`]; empty: covered).
+    novel: BTreeMap<String, Vec<String>>,
 }
 
 impl KbSet {
-    /// The summary's splits, one per level.
+    /// The summary's splits: one per level, then [`PRACTISED`] when it has problems.
     fn splits(&self) -> Vec<&'static str> {
-        self.by_level.iter().map(|l| l.0).collect()
+        self.by_split.iter().map(|l| l.0).collect()
     }
+
+    /// Whether hold-out problem `id` uses an op no training task uses.
+    fn is_novel(&self, id: &str) -> bool {
+        self.novel.get(id).is_some_and(|o| !o.is_empty())
+    }
+
+    /// Per level, its problems against the training tasks' ops (the report's sentence on them).
+    fn level_ops(&self) -> Vec<LevelOps<'_>> {
+        self.by_split
+            .iter()
+            .filter(|(split, _)| *split != PRACTISED)
+            .map(|(split, tasks)| LevelOps {
+                split,
+                problems: tasks.len(),
+                novel: tasks
+                    .iter()
+                    .filter_map(|t| {
+                        let ops = self.novel.get(&t.id)?;
+                        (!ops.is_empty()).then_some((t.id.as_str(), ops.as_slice()))
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// A level's hold-out problems against the training tasks' ops.
+struct LevelOps<'a> {
+    /// `kernelbench/level{L}`.
+    split: &'static str,
+    /// Its problems `eval` ran.
+    problems: usize,
+    /// Those with an op no training task uses, and those ops.
+    novel: Vec<(&'a str, &'a [String])>,
+}
+
+/// The summary split of the KernelBench `train` problems `rl-train` practised
+/// (`kernelbench_share`), run by every checkpoint; its `rl_minus_sft` row is RL minus the frozen
+/// control, paired by problem ([`practised_minus_control`]).
+const PRACTISED: &str = "kernelbench/practised";
+
+/// The `checkpoint` of a `summary` row that is RL minus SFT paired by problem.
+const RL_MINUS_SFT: &str = "rl_minus_sft";
+
+/// The ops the training tasks cover, in [`cudarl_curriculum::ops::op_names`]' vocabulary: the
+/// task families not held out (the `train` and `rl` splits of `ts`, each through its
+/// KernelBench-style source, [`TaskSpec::problem_source`]) and the curriculum's KernelBench
+/// `train` problems of `kb` (`(split, problem)`, launcher or not: the pretraining corpus holds
+/// their references, SFT and `rl-train` draw on those with one).
+fn training_ops(
+    ts: &cudarl_rl::tasks::TaskSet,
+    kb: &[(String, KbTask)],
+) -> cudarl_curriculum::ops::OpCoverage {
+    let families: Vec<String> = ts
+        .train
+        .iter()
+        .chain(&ts.rl)
+        .map(TaskSpec::problem_source)
+        .collect();
+    let problems = kb
+        .iter()
+        .filter(|(split, _)| split == "train")
+        .map(|(_, t)| t.code.as_str());
+    cudarl_curriculum::ops::OpCoverage::of(families.iter().map(String::as_str).chain(problems))
+}
+
+/// The summary splits of a level's hold-out problems by op coverage: `[novel, seen]`, those
+/// with an op no training task uses and those whose every op some training task uses.
+const OPS_SPLITS: [(&str, [&str; 2]); 4] = [
+    (
+        "kernelbench/level1",
+        [
+            "kernelbench/level1/novel_ops",
+            "kernelbench/level1/seen_ops",
+        ],
+    ),
+    (
+        "kernelbench/level2",
+        [
+            "kernelbench/level2/novel_ops",
+            "kernelbench/level2/seen_ops",
+        ],
+    ),
+    (
+        "kernelbench/level3",
+        [
+            "kernelbench/level3/novel_ops",
+            "kernelbench/level3/seen_ops",
+        ],
+    ),
+    (
+        "kernelbench/level4",
+        [
+            "kernelbench/level4/novel_ops",
+            "kernelbench/level4/seen_ops",
+        ],
+    ),
+];
+
+/// The summary split of level split `split`'s problems with an op no training task uses
+/// (`novel`) or without (`kernelbench/level{L}/novel_ops`, `.../seen_ops`).
+fn ops_split(split: &str, novel: bool) -> &'static str {
+    let pair = OPS_SPLITS
+        .iter()
+        .find(|(s, _)| *s == split)
+        .map_or(["kernelbench/novel_ops", "kernelbench/seen_ops"], |p| p.1);
+    pair[usize::from(!novel)]
 }
 
 /// The split name of KernelBench level `level` in `summary` and `episodes`.
@@ -434,7 +575,10 @@ impl Eval {
     }
 
     /// The KernelBench problems to run and their judge (compiler and mode of `h`), or `None`
-    /// when `kernelbench_samples` is 0. On a GPU, problems without recorded tests are left out.
+    /// when `kernelbench_samples` is 0: the curriculum's `test` problems with a native launcher
+    /// per level, each with its ops no training task uses ([`training_ops`] of `ts` and the
+    /// curriculum), and the `train` problems among `practised`. On a GPU, problems without
+    /// recorded tests are left out.
     ///
     /// # Errors
     /// An input table cannot be read or lacks a column (file and field named).
@@ -442,19 +586,44 @@ impl Eval {
         &self,
         ctx: &StageContext<'_>,
         h: &cudarl_rl::harness::Harness,
+        ts: &cudarl_rl::tasks::TaskSet,
+        practised: &std::collections::BTreeSet<String>,
     ) -> Result<Option<KbSet>, StageError> {
         if self.kernelbench() == 0 {
             return Ok(None);
         }
-        let (tasks, judge) =
-            crate::kb_judge::curriculum_split(ctx, h, "test", self.params.rl.timeout_s)?;
-        let mut by_level: BTreeMap<&'static str, Vec<KbTask>> = BTreeMap::new();
-        for t in tasks {
-            by_level.entry(kb_split(t.level)).or_default().push(t);
+        let judge = crate::kb_judge::from_inputs(ctx, h, self.params.rl.timeout_s)?;
+        let all = cudarl_rl::kernelbench::curriculum_problems(
+            ctx.input_path("kb_curriculum")?,
+            ctx.input_path("kb_problems")?,
+        )
+        .map_err(StageError::Failed)?;
+        let coverage = training_ops(ts, &all);
+        let (mut by_level, mut trained, mut novel) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
+        for (split, t) in all {
+            if t.signature.is_empty() || !judge.judges(&t.id) {
+                continue;
+            }
+            match split.as_str() {
+                "test" => {
+                    novel.insert(t.id.clone(), coverage.novel(&t.code));
+                    by_level
+                        .entry(kb_split(t.level))
+                        .or_insert_with(Vec::new)
+                        .push(t);
+                }
+                "train" if practised.contains(&t.id) => trained.push(t),
+                _ => {}
+            }
+        }
+        let mut by_split: Vec<(&'static str, Vec<KbTask>)> = by_level.into_iter().collect();
+        if !trained.is_empty() {
+            by_split.push((PRACTISED, trained));
         }
         Ok(Some(KbSet {
-            by_level: by_level.into_iter().collect(),
+            by_split,
             judge,
+            novel,
         }))
     }
 
@@ -485,7 +654,7 @@ impl Eval {
         let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
         // Episodes of every checkpoint and split: one batch of episodes per (checkpoint, split).
         let kb_n = kb.as_ref().map_or(0, |k| {
-            k.by_level.iter().map(|l| l.1.len()).sum::<usize>() * self.kernelbench()
+            k.by_split.iter().map(|l| l.1.len()).sum::<usize>() * self.kernelbench()
         });
         let per_ck: usize = splits
             .iter()
@@ -515,7 +684,7 @@ impl Eval {
                 rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
             }
             if let Some(kb) = kb.as_deref_mut() {
-                for (split, tasks) in &kb.by_level {
+                for (split, tasks) in &kb.by_split {
                     let many: Vec<&KbTask> = tasks
                         .iter()
                         .flat_map(|t| std::iter::repeat_n(t, self.kernelbench()))
@@ -575,7 +744,10 @@ impl Stage for Eval {
         // 16: KernelBench fast_p and speedups against `torch.compile`.
         // 17: a KernelBench kernel's reward has a speed term against torch eager.
         // 18: `summary` rows per tier of the task families (`test/tier{T}`).
-        18
+        // 19: KernelBench rows by op coverage (`kernelbench/level{L}/novel_ops`, `seen_ops`);
+        // the problems `rl-train` practised (`kernelbench/practised`) and RL minus SFT there
+        // (`rl_minus_sft`, `pass_rate_se`, `mean_reward_se`, `pairs`).
+        19
     }
     fn params(&self) -> Value {
         params_json(&self.params)
@@ -590,6 +762,7 @@ impl Stage for Eval {
             InputDecl::node("rl_generator", "rl-train", "generator"),
             InputDecl::node("rl_optimizer", "rl-train", "optimizer"),
             InputDecl::node("rl_metrics", "rl-train", "metrics"),
+            InputDecl::node("rl_turns", "rl-train", "turns"),
         ]);
         if self.kernelbench() > 0 {
             v.extend(crate::kb_judge::kb_inputs());
@@ -642,7 +815,14 @@ impl Stage for Eval {
         if p.include_train {
             splits.push(("train", ts.train.iter().collect()));
         }
-        let mut kb = self.kernelbench_set(ctx, &h)?;
+        let practised = practised_problems(ctx)?;
+        if !practised.is_empty() && self.kernelbench() == 0 {
+            ctx.warn(format!(
+                "rl-train practised {} KernelBench problems; with eval.kernelbench_samples = 0 they are not evaluated",
+                practised.len()
+            ));
+        }
+        let mut kb = self.kernelbench_set(ctx, &h, &ts, &practised)?;
         let (rows, cost) = self.episodes(ctx, (&mut h, kb.as_mut()), &cfg, &splits, dir)?;
         let kb_splits: Vec<&'static str> = kb.as_ref().map_or(vec![], |k| k.splits());
         let mut sums = Vec::new();
@@ -690,6 +870,32 @@ impl Stage for Eval {
                     });
                 }
             }
+            // Each level's hold-out problems again by op coverage (`kernelbench/level{L}/
+            // novel_ops` and `seen_ops`), episodes only; a side without problems has no row.
+            let Some(k) = &kb else { continue };
+            for (split, _) in k.by_split.iter().filter(|l| l.0 != PRACTISED) {
+                for novel in [true, false] {
+                    let sel: Vec<&Row> = rows
+                        .iter()
+                        .filter(|r| r.ck == checkpoint && r.split == *split)
+                        .filter(|r| k.is_novel(&r.ep.task_id) == novel)
+                        .collect();
+                    if sel.is_empty() {
+                        continue;
+                    }
+                    sums.push(SummaryRow {
+                        checkpoint,
+                        split: ops_split(split, novel),
+                        mode,
+                        device,
+                        ..summary(&sel, mode == "full", true)
+                    });
+                }
+            }
+        }
+        // RL minus the frozen control on the KernelBench problems RL practised.
+        if let Some(d) = practised_minus_control(&rows, mode == "full") {
+            sums.push(SummaryRow { mode, device, ..d });
         }
         write_rows(ctx, "summary", &SUMMARY, &sums)?;
         let episodes: Vec<EpisodeRow<'_>> = rows
@@ -720,8 +926,16 @@ impl Stage for Eval {
         let metrics =
             Table::read(ctx.input_path("rl_metrics")?, "rl-train.metrics").map_err(data_err)?;
         let pre = p.primary_metric.map(|m| (m, p.guardrail_metric));
-        report(&rd, (&sums, &rows, &metrics), (mode, device), &cks, pre)
-            .map_err(StageError::Failed)?;
+        let kb_ops = kb.as_ref().map_or(vec![], KbSet::level_ops);
+        report(
+            &rd,
+            (&sums, &rows, &metrics),
+            (mode, device),
+            &cks,
+            &kb_ops,
+            pre,
+        )
+        .map_err(StageError::Failed)?;
         ingest_dir(ctx, &rd, "report")
     }
 }
@@ -742,6 +956,86 @@ fn without_gpu(sums: &[Value]) -> String {
     format!(
         "**What a run without a GPU shows.** The pipeline end to end on the real data with real nvcc, and how often the trained agents write a kernel that nvcc accepts in the task's ABI: the compile rates below, for the generator's first turn (`compile (1 turn)`) and after the optimizer's revisions (`compile`). It does not show correctness, speed or learning from rewards: no kernel ran, so pass rates, fast_p and speedups are n/a, and RL's rewards were compile-only. {kb} A run on a GPU measures all of them.\n\n"
     )
+}
+
+/// The KernelBench problems `rl-train` practised (with `kernelbench_share`): the `kb/` task ids
+/// of its `turns` (input `rl_turns`); empty when it practised none.
+///
+/// # Errors
+/// The table cannot be read or lacks `task_id` (file and field named).
+fn practised_problems(
+    ctx: &StageContext<'_>,
+) -> Result<std::collections::BTreeSet<String>, StageError> {
+    let t = Table::read(ctx.input_path("rl_turns")?, "rl-train.turns").map_err(data_err)?;
+    let ids = t.req_strings("task_id").map_err(data_err)?;
+    Ok((0..t.rows())
+        .filter_map(|i| ids.get(i))
+        .filter(|id| id.starts_with("kb/"))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Per problem of `split`, checkpoint `other`'s mean of `x` over its episodes minus `base`'s
+/// (problems `other` ran, in id order), and their mean with its standard error
+/// ([`MeanDiff`]: paired by problem, `n` problems, `n - 1` degrees of freedom); `None` when
+/// no problem has episodes on both sides.
+fn per_problem_diff(
+    rows: &[Row],
+    split: &str,
+    (base, other): (&str, &str),
+    x: &dyn Fn(&Row) -> f64,
+) -> Option<MeanDiff> {
+    let side = |ck: &str| -> BTreeMap<&str, (f64, f64)> {
+        let mut m: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+        for r in rows.iter().filter(|r| r.split == split && r.ck == ck) {
+            let e = m.entry(r.ep.task_id.as_str()).or_default();
+            (e.0, e.1) = (e.0 + 1.0, e.1 + x(r));
+        }
+        m
+    };
+    let (a, b) = (side(base), side(other));
+    let d: Vec<f64> = b
+        .iter()
+        .filter_map(|(t, (nb, sb))| {
+            let (na, sa) = a.get(t)?;
+            Some(sb / nb - sa / na)
+        })
+        .collect();
+    MeanDiff::of(&d)
+}
+
+/// The `summary` row of RL minus SFT (the frozen control: the policy `rl-train` started from)
+/// on [`PRACTISED`], paired by problem ([`per_problem_diff`]): `pass_rate` (with `full`: tests
+/// ran) and `mean_reward` are the mean per-problem differences with `pass_rate_se` and
+/// `mean_reward_se`; `compile_rate`, `single_turn_compile_rate` and `flagged_rate` the same
+/// differences without a standard error; `episodes` RL's, `pairs` the problems. `None` when
+/// RL ran no practised problem.
+fn practised_minus_control(rows: &[Row], full: bool) -> Option<SummaryRow> {
+    let cks = ("sft", "rl");
+    let diff = |x: &dyn Fn(&Row) -> f64| per_problem_diff(rows, PRACTISED, cks, x);
+    let hit = |b: bool| f64::from(u8::from(b));
+    let reward = diff(&|r| r.ep.final_reward())?;
+    let pass = full
+        .then(|| diff(&|r| hit(r.ep.best_components().honest_pass())))
+        .flatten();
+    let mean = |d: Option<MeanDiff>| d.map_or(0.0, |d| d.mean);
+    Some(SummaryRow {
+        checkpoint: RL_MINUS_SFT,
+        split: PRACTISED,
+        episodes: rows
+            .iter()
+            .filter(|r| r.split == PRACTISED && r.ck == "rl")
+            .count() as i64,
+        single_turn_compile_rate: mean(diff(&|r| hit(r.ep.first_components().compiled))),
+        compile_rate: mean(diff(&|r| hit(r.ep.best_components().compiled))),
+        pass_rate: pass.map(|d| d.mean),
+        pass_rate_se: pass.and_then(|d| d.se),
+        mean_reward: reward.mean,
+        mean_reward_se: reward.se,
+        flagged_rate: mean(diff(&|r| hit(r.ep.flagged()))),
+        pairs: Some(reward.n as i64),
+        ..Default::default()
+    })
 }
 
 /// Whether `r` is an episode on a task family (not a KernelBench problem).
@@ -767,17 +1061,20 @@ fn is_kernelbench(split: &str) -> bool {
     split.starts_with("kernelbench")
 }
 
-/// The report's KernelBench section: per checkpoint and level, from the `summary` rows of the
-/// `kernelbench/level{L}` splits (none: nothing).
-fn kernelbench_section(md: &mut String, sums: &[Value]) {
+/// The report's KernelBench section: per checkpoint and split, from the `summary` rows of the
+/// `kernelbench/...` splits (none: nothing), then which hold-out problems of each level use an
+/// op no training task uses (`kb_ops`), and RL minus the frozen control on the problems RL
+/// practised (the [`RL_MINUS_SFT`] row, when there is one).
+fn kernelbench_section(md: &mut String, sums: &[Value], kb_ops: &[LevelOps<'_>]) {
     let kb: Vec<&Value> = sums
         .iter()
         .filter(|s| s["split"].as_str().is_some_and(is_kernelbench))
+        .filter(|s| s["checkpoint"] != RL_MINUS_SFT)
         .collect();
     if kb.is_empty() {
         return;
     }
-    md.push_str("\n## KernelBench\n\nThe curriculum's KernelBench `test` problems with a native launcher (`kb-specs`), each candidate built against it and, on a GPU, run on `testgen`'s recorded tests and at the problem's own sizes, timed against the reference `Model` in torch eager and under `torch.compile` (Inductor, default mode; compiled once per problem). fast_p: the share of episodes whose best kernel is correct and more than p times faster than the baseline (fast_0 = correct; KernelBench, Ouyang et al. 2025, arXiv:2502.10517). A level where nothing passed reads 0.000; without a GPU (compile-only) the pass rate and fast_p are n/a.\n\n| checkpoint | level | episodes | compile (1 turn) | pass (1 turn) | compile | fast_0 | fast_1 | fast_1.5 | fast_2 | geomean vs torch eager | fast_1 vs compile | fast_1.5 vs compile | fast_2 vs compile | geomean vs compile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n## KernelBench\n\nThe curriculum's KernelBench `test` problems with a native launcher (`kb-specs`), each candidate built against it and, on a GPU, run on `testgen`'s recorded tests and at the problem's own sizes, timed against the reference `Model` in torch eager and under `torch.compile` (Inductor, default mode; compiled once per problem). fast_p: the share of episodes whose best kernel is correct and more than p times faster than the baseline (fast_0 = correct; KernelBench, Ouyang et al. 2025, arXiv:2502.10517). A level where nothing passed reads 0.000; without a GPU (compile-only) the pass rate and fast_p are n/a. `level{L}/novel_ops` and `level{L}/seen_ops`: the level's problems with an op no training task uses, and the rest (below); `practised`: the `train` problems RL practised.\n\n| checkpoint | level | episodes | compile (1 turn) | pass (1 turn) | compile | fast_0 | fast_1 | fast_1.5 | fast_2 | geomean vs torch eager | fast_1 vs compile | fast_1.5 vs compile | fast_2 vs compile | geomean vs compile |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for s in kb {
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -801,6 +1098,64 @@ fn kernelbench_section(md: &mut String, sums: &[Value]) {
             fmt(&s["geomean_speedup_vs_compile"]),
         ));
     }
+    md.push_str(&novel_ops_paragraph(kb_ops));
+    if let Some(d) = sums.iter().find(|s| s["checkpoint"] == RL_MINUS_SFT) {
+        md.push_str(&practised_line(d));
+    }
+}
+
+/// The report's paragraph on transfer to new operators: per level, how many hold-out problems
+/// use an op no training task uses, which, and with what op; a level without any says so (it
+/// has no `novel_ops` row).
+fn novel_ops_paragraph(kb_ops: &[LevelOps<'_>]) -> String {
+    if kb_ops.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\nTransfer to new operators: a hold-out problem is `novel_ops` when one of its torch ops appears in no training task, `seen_ops` when each of its ops appears in some training task (a combination may still be new). Ops are read from the PyTorch source the same way for both sides (`cudarl_curriculum::ops::op_names`: `nn.ReLU`, `F.relu` and `torch.relu` are one op, `x + y` and `torch.add` another; views and reshapes are left out); the training tasks are the task families of the `train` and `rl` splits, through their KernelBench-style modules, and the curriculum's KernelBench `train` problems.",
+    );
+    for l in kb_ops {
+        let level = l.split.trim_start_matches("kernelbench/");
+        if l.novel.is_empty() {
+            md.push_str(&format!(
+                " {level}: none of the {} problems uses a new op (no `{}` row).",
+                l.problems,
+                ops_split(l.split, true)
+            ));
+        } else {
+            let which: Vec<String> = l
+                .novel
+                .iter()
+                .map(|(id, ops)| format!("`{id}` ({})", ops.join(", ")))
+                .collect();
+            md.push_str(&format!(
+                " {level}: {} of {} problems use a new op: {}.",
+                l.novel.len(),
+                l.problems,
+                which.join(", ")
+            ));
+        }
+    }
+    md.push('\n');
+    md
+}
+
+/// The report's line on RL minus the frozen control on the KernelBench problems RL practised,
+/// from the [`RL_MINUS_SFT`] row `d` of `summary`.
+fn practised_line(d: &Value) -> String {
+    let n = d["pairs"].as_i64().unwrap_or(0);
+    let show = |k: &str| match (d[k].as_f64(), d[format!("{k}_se")].as_f64()) {
+        (Some(x), Some(se)) => format!("{x:+.3} +- {se:.3}"),
+        (Some(x), None) => format!("{x:+.3} (one problem: no standard error)"),
+        _ => "n/a (no tests ran)".into(),
+    };
+    format!(
+        "\nOn the KernelBench `train` problems RL practised (`rl-train.kernelbench_share`; {n} problems, {} episodes per checkpoint), RL - SFT (the frozen control: the policy RL started from), paired by problem: pass rate {}, mean reward {} (mean of the per-problem differences +- their standard deviation / sqrt(n), n = {n}, df = {}). RL trained on these problems: a gain here is practice, not transfer.\n",
+        d["episodes"],
+        show("pass_rate"),
+        show("mean_reward"),
+        (n - 1).max(0)
+    )
 }
 
 fn fmt(v: &Value) -> String {
@@ -1168,12 +1523,14 @@ fn learning_curves(md: &mut String, metrics: &Table, curve: &RewardColumns) {
     }
 }
 
-/// `report.md` and its plots, over the checkpoints `cks`.
+/// `report.md` and its plots, over the checkpoints `cks`; `kb_ops`: the KernelBench levels'
+/// hold-out problems against the training tasks' ops (empty without KernelBench problems).
 fn report(
     dir: &std::path::Path,
     (sums, rows, metrics): (&[Value], &[Row], &Table),
     (mode, device): (&str, &str),
     cks: &[&str],
+    kb_ops: &[LevelOps<'_>],
     pre: Option<(Metric, Option<Metric>)>,
 ) -> Result<(), String> {
     use cudarl_data::plot::{Series, bar_chart, histogram, line_chart};
@@ -1267,7 +1624,7 @@ fn report(
         md.push_str(&without_gpu(sums));
     }
     md.push_str("| checkpoint | split | episodes | compile (1 turn) | pass (1 turn) | compile | pass | fast_1 | fast_1.5 | fast_2 | geomean vs naive | geomean vs torch | hold-out regressions | mean reward | flagged |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for s in sums {
+    for s in sums.iter().filter(|s| s["checkpoint"] != RL_MINUS_SFT) {
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s["checkpoint"].as_str().unwrap_or_default(),
@@ -1287,7 +1644,7 @@ fn report(
             fmt(&s["flagged_rate"]),
         ));
     }
-    kernelbench_section(&mut md, sums);
+    kernelbench_section(&mut md, sums, kb_ops);
     if let Some((primary, guardrail)) = pre {
         let c = comparison(&mut md, rows, metrics, primary, guardrail);
         let text = serde_json::to_string_pretty(&c).map_err(|e| e.to_string())?;
@@ -1382,5 +1739,229 @@ mod tests {
         let compile_only = summary(&sel, false, true);
         assert_eq!(compile_only.pass_rate, None);
         assert_eq!(compile_only.fast_1, None);
+    }
+
+    /// An episode of `task` on `split` by checkpoint `ck` with one turn: compiled, correct as
+    /// `pass`, reward `reward`.
+    fn episode(ck: &'static str, split: &'static str, task: &str, pass: bool, reward: f64) -> Row {
+        let mut r = empty(task);
+        (r.ck, r.split) = (ck, split);
+        r.ep.turns.push(cudarl_rl::episode::Turn {
+            turn: 0,
+            role: cudarl_protocol::Role::Generator,
+            completion: None,
+            tokens: 1,
+            text: String::new(),
+            code: Some("__global__ void k() {}".into()),
+            failure: None,
+            feedback: String::new(),
+            reward: RewardComponents {
+                has_code: true,
+                compiled: true,
+                correct: Some(pass),
+                reward,
+                ..Default::default()
+            },
+            credit: 0.0,
+            value: None,
+            prompt: vec![],
+        });
+        r
+    }
+
+    #[test]
+    fn rl_minus_the_frozen_control_on_the_practised_problems_is_paired_by_problem() {
+        // Two episodes per problem and checkpoint. Problem a: SFT passes 0 of 2, RL 2 of 2
+        // (+1); b: 1 of 2 and 1 of 2 (0); c: 2 of 2 and 1 of 2 (-0.5). Mean 1/6; the sample
+        // variance ((5/6)^2 + (1/6)^2 + (2/3)^2) / 2 = 7/12, se = sqrt(7/12 / 3) = sqrt(7/36).
+        // Rewards: pass 1.0, else 0.25, so each problem's reward difference is 0.75 times its
+        // pass difference.
+        let (s, r) = (PRACTISED, "rl");
+        let ep = |ck, t, pass| episode(ck, s, t, pass, if pass { 1.0 } else { 0.25 });
+        let mut rows = vec![
+            ep("sft", "kb/L1/a", false),
+            ep("sft", "kb/L1/a", false),
+            ep("sft", "kb/L1/b", true),
+            ep("sft", "kb/L1/b", false),
+            ep("sft", "kb/L1/c", true),
+            ep("sft", "kb/L1/c", true),
+            ep(r, "kb/L1/a", true),
+            ep(r, "kb/L1/a", true),
+            ep(r, "kb/L1/b", false),
+            ep(r, "kb/L1/b", true),
+            ep(r, "kb/L1/c", true),
+            ep(r, "kb/L1/c", false),
+        ];
+        // Episodes on other splits do not enter.
+        rows.push(ep(r, "kb/L1/d", true));
+        rows.last_mut().expect("a row").split = "kernelbench/level1";
+        let d = practised_minus_control(&rows, true).expect("a difference row");
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert_eq!((d.checkpoint, d.split), (RL_MINUS_SFT, PRACTISED));
+        assert_eq!((d.episodes, d.pairs), (6, Some(3)));
+        let se = (7.0f64 / 36.0).sqrt();
+        assert!(close(d.pass_rate.unwrap(), 1.0 / 6.0), "{d:?}");
+        assert!(close(d.pass_rate_se.unwrap(), se), "{d:?}");
+        assert!(close(d.mean_reward, 0.75 / 6.0), "{d:?}");
+        assert!(close(d.mean_reward_se.unwrap(), 0.75 * se), "{d:?}");
+        // Every episode compiled on both sides.
+        assert_eq!((d.compile_rate, d.single_turn_compile_rate), (0.0, 0.0));
+        // Compile-only: no pass rate, the reward difference still.
+        let c = practised_minus_control(&rows, false).unwrap();
+        assert_eq!((c.pass_rate, c.pass_rate_se), (None, None));
+        assert!(close(c.mean_reward, 0.75 / 6.0));
+        // RL practised nothing: no row.
+        let families: Vec<Row> = rows.into_iter().filter(|r| r.split != PRACTISED).collect();
+        assert!(practised_minus_control(&families, true).is_none());
+        // The report's line names n and df.
+        let v = serde_json::to_value(&d).unwrap();
+        let line = practised_line(&v);
+        assert!(
+            line.contains("pass rate +0.167 +- 0.441") && line.contains("n = 3, df = 2"),
+            "{line}"
+        );
+    }
+
+    /// The bundled task families (`datasets/tasks` and the generated families of
+    /// `pipelines/default.toml`) and KernelBench problems (`datasets/kernelbench`), split as
+    /// that pipeline's `splits` stage splits them: the task set and the KernelBench problems
+    /// `(split, problem)`.
+    fn bundled() -> (cudarl_rl::tasks::TaskSet, Vec<(String, KbTask)>) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let pipeline: toml::Table =
+            toml::from_str(&std::fs::read_to_string(root.join("pipelines/default.toml")).unwrap())
+                .unwrap();
+        let stage = |name: &str| pipeline["stages"][name].as_table().unwrap().clone();
+        let tasks = cudarl_cuda::task::load_tasks(&root.join("datasets/tasks")).unwrap();
+        let mut specs: Vec<TaskSpec> = tasks.iter().map(|t| t.spec.clone()).collect();
+        let exclude = specs
+            .iter()
+            .flat_map(|s| s.reference.values().cloned())
+            .collect();
+        let generate: cudarl_rl::families::GenerateParams =
+            stage("synth-tasks")["generate"].clone().try_into().unwrap();
+        let generated = cudarl_rl::families::generate(&generate, &exclude);
+        specs.extend(generated.into_iter().map(|f| f.spec));
+        let splits = crate::splits::Splits::from_table(stage("splits")).unwrap();
+        let mut ts = cudarl_rl::tasks::TaskSet::default();
+        for (row, spec) in splits.families(&specs).into_iter().zip(specs) {
+            match row.split.as_str() {
+                "test" => ts.test.push(spec),
+                "rl" => ts.rl.push(spec),
+                _ => ts.train.push(spec),
+            }
+        }
+        let kb = Table::read(
+            &root.join("datasets/kernelbench/problems.parquet"),
+            "problems",
+        )
+        .unwrap();
+        let (level, name, code) = (
+            kb.req_ints("level").unwrap(),
+            kb.req_strings("name").unwrap(),
+            kb.req_strings("code").unwrap(),
+        );
+        let problems: Vec<KbTask> = (0..kb.rows())
+            .map(|i| KbTask {
+                id: format!("kb/L{}/{}", level.get(i).unwrap(), name.get(i).unwrap()),
+                tier: 0,
+                level: level.get(i).unwrap(),
+                name: name.get(i).unwrap().into(),
+                code: code.get(i).unwrap().into(),
+                signature: String::new(),
+            })
+            .collect();
+        let ids: Vec<(String, i64)> = problems.iter().map(|p| (p.id.clone(), p.level)).collect();
+        let drawn: BTreeMap<String, String> = splits
+            .kernelbench(&ids)
+            .into_iter()
+            .map(|r| (r.item_id, r.split))
+            .collect();
+        let kb = problems
+            .into_iter()
+            .filter_map(|p| Some((drawn.get(&p.id)?.clone(), p)))
+            .collect();
+        (ts, kb)
+    }
+
+    #[test]
+    fn hold_out_problems_with_an_op_no_training_task_uses_are_novel_on_the_bundled_data() {
+        let (ts, kb) = bundled();
+        let cov = training_ops(&ts, &kb);
+        let test = |id: &str| -> &KbTask {
+            kb.iter()
+                .find(|(s, t)| s == "test" && t.id == id)
+                .map(|(_, t)| t)
+                .unwrap_or_else(|| panic!("{id} is no hold-out problem"))
+        };
+        let novel = |id: &str| cov.novel(&test(id).code);
+        // Ops no family and no KernelBench `train` problem uses.
+        assert_eq!(novel("kb/L1/51_Argmax_over_a_dimension"), ["argmax"]);
+        assert_eq!(novel("kb/L1/90_cumprod"), ["cumprod"]);
+        assert_eq!(
+            novel("kb/L2/8_Conv3d_Divide_Max_GlobalAvgPool_BiasAdd_Sum"),
+            ["adaptiveavgpool3d"]
+        );
+        // One vocabulary for both sides: the families' modules cover a problem that writes
+        // its ops otherwise (`nn.Linear`, `torch.sigmoid`, `torch.sum`, `x - y`, ...).
+        let families_only = training_ops(&ts, &[]);
+        for id in [
+            "kb/L1/20_LeakyReLU",
+            "kb/L1/40_LayerNorm",
+            "kb/L2/9_Matmul_Subtract_Multiply_ReLU",
+            "kb/L2/56_Matmul_Sigmoid_Sum",
+        ] {
+            assert_eq!(
+                families_only.novel(&test(id).code),
+                Vec::<String>::new(),
+                "{id}"
+            );
+        }
+        // A convolution is in no family: the KernelBench `train` problems cover it.
+        let conv = &test("kb/L1/63_conv_standard_2D__square_input__square_kernel").code;
+        assert_eq!(families_only.novel(conv), ["conv2d"]);
+        assert_eq!(cov.novel(conv), Vec::<String>::new());
+        // Hold-out families and `val` and `test` problems are not training tasks: with them
+        // counted, fewer hold-out problems would be novel, never more.
+        let mut all = ts.clone();
+        all.train.append(&mut all.test.clone());
+        let everything: Vec<(String, KbTask)> = kb
+            .iter()
+            .map(|(_, t)| ("train".to_string(), t.clone()))
+            .collect();
+        let wide = training_ops(&all, &everything);
+        assert!(cov.seen().is_subset(wide.seen()));
+        assert!(
+            wide.novel(&test("kb/L1/51_Argmax_over_a_dimension").code)
+                .is_empty()
+        );
+        // The levels `kb-specs` gives launchers (1 and 2) have novel and seen problems: 5 of
+        // level 1's 25, 2 of level 2's 25 (docs/architecture.md says so).
+        for (level, want) in [(1, 5), (2, 2)] {
+            let held: Vec<&KbTask> = kb
+                .iter()
+                .filter(|(s, t)| s == "test" && t.level == level)
+                .map(|(_, t)| t)
+                .collect();
+            let n = held
+                .iter()
+                .filter(|t| !cov.novel(&t.code).is_empty())
+                .count();
+            assert_eq!((n, held.len()), (want, 25), "level {level}");
+        }
+    }
+
+    #[test]
+    fn each_level_has_its_op_coverage_splits() {
+        assert_eq!(
+            ops_split("kernelbench/level1", true),
+            "kernelbench/level1/novel_ops"
+        );
+        assert_eq!(
+            ops_split("kernelbench/level2", false),
+            "kernelbench/level2/seen_ops"
+        );
+        assert!(is_kernelbench(ops_split("kernelbench", true)));
+        assert!(is_kernelbench(PRACTISED));
     }
 }
