@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 import cudarl_worker
 
-C_TYPES = {"float32": "float", "f32": "float"}
+C_TYPES = {"float32": "float", "f32": "float", "f16": "__half", "bf16": "__nv_bfloat16"}
 
 
 def native_signature(ans):

@@ -10,30 +10,45 @@
 //!   softplus, softsign, selu, elu, hardtanh, hardsigmoid, silu, mish, hardswish), `abs`,
 //!   squaring, clamping, scaling and shifting by constants, a second input (`x + y`, `x * y`)
 //!   and a broadcast parameter over the last dimension (`x + self.bias`, `x * self.weight`).
-//!   Kernels: one thread per element; float4 grid-stride loop with a scalar tail.
+//!   Kernels: one thread per element; float4 grid-stride loop with a scalar tail. Chains of
+//!   1-2 steps without operands also come as f16 and bf16 twins (math in float, rounded once;
+//!   8 elements per 128-bit access), in the group of the float32 chain.
 //! - tier 1: reductions (`sum`, `mean`, `max`, `min`) over the last dimension of a matrix or the
 //!   middle one of a 3-D tensor, `softmax` and `log_softmax`, L1 and L2 normalization of rows,
 //!   `cumsum`, each after an optional activation. Kernels: one thread per row (sums in double)
 //!   or per output column; one block per row with warp shuffles, a 32 x 8 block splitting the
 //!   reduced dimension, a chunked block scan with a double carry.
-//! - tier 2: `nn.LayerNorm` and RMS normalization, the matmul family (plain, either operand
-//!   transposed, matrix-vector, batched, `nn.Linear`), and losses reduced to one value (MSE,
-//!   Huber, hinge). Kernels: one thread per output (matmul), per row (norms) or one block
-//!   (losses); 32 x 32 shared-memory tiles with 4 outputs per thread, one block per row, many
-//!   blocks with one atomic each.
+//! - tier 2: normalizations after an optional activation: `nn.LayerNorm`, RMS normalization,
+//!   batch normalization in inference mode over `(batch_size, num_features)` (`F.batch_norm`
+//!   with `training=False`, running statistics as parameters) and `nn.InstanceNorm2d` over
+//!   `(batch_size, num_features, height, width)`; the matmul family (plain, either operand
+//!   transposed, matrix-vector, batched, `nn.Linear`); losses reduced to one value (MSE, Huber,
+//!   hinge, `F.kl_div` with log-probability targets and `batchmean`, `F.cross_entropy` with
+//!   class-probability targets, `1 - F.cosine_similarity` averaged over rows). Kernels: one
+//!   thread per output (matmul, batch norm), per row or plane (layer, RMS and instance norms,
+//!   row losses) or one block (elementwise losses); 32 x 32 shared-memory tiles with 4
+//!   outputs per thread, one block per row or plane, one thread per feature walking the rows
+//!   (batch norm), many blocks with one atomic each.
 //! - tier 3: fused chains in the style of KernelBench level 2: `nn.Linear`, then 1-3 of the
 //!   elementwise steps (a bias parameter, activations, scaling, clamping); `nn.Linear`, an
 //!   optional activation and a row reduction (`sum`, `mean`, `max`, `logsumexp`, kept
-//!   dimension); `nn.LayerNorm` followed by 1-2 activations. Kernels: the tiled matmul with a
-//!   fused epilogue; one block per row with the input row in shared memory and one warp per
-//!   output column.
+//!   dimension); a layer, RMS, batch or instance normalization followed by 1-2 activations.
+//!   Kernels: the tiled matmul with a fused epilogue; one block per row with the input row in
+//!   shared memory and one warp per output column; the normalizations' kernels with the
+//!   activations fused.
 //!
 //! The reference (what the judge evaluates, [`cudarl_cuda::expr`]) is rendered from the same
 //! op list as the module and the kernels; a test evaluates module and reference on the same
-//! inputs (`tests/python/check_task_modules.py`). Every family is float32 with the
-//! tolerances of `datasets/tasks/README.md` for its kind (rtol 1e-5, atol 1e-6; matmuls and
-//! normalizations rtol 1e-4, atol 1e-5). Each family's `group` is its op structure without
-//! constants or shapes, so the hold-out is drawn per template instance.
+//! inputs (`tests/python/check_task_modules.py`). Every family but the tier-0 half-precision
+//! twins is float32, with the tolerances of `datasets/tasks/README.md` for its kind (rtol 1e-5,
+//! atol 1e-6; matmuls and normalizations rtol 1e-4, atol 1e-5; f16 rtol 1e-3 and bf16 rtol
+//! 4e-3, atol 1e-6). Each family's `group` is its op structure without constants, shapes or
+//! dtype, so the hold-out is drawn per template instance.
+//!
+//! The judge draws every buffer, parameters included, uniform in `[-s, s)`
+//! ([`TaskSpec::input_scales`]): batch normalization reads its running variance's magnitude,
+//! and the KL divergence draws its log-probabilities with `s` at most 10 (`exp` of 100
+//! overflows float32).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -433,12 +448,8 @@ fn doc_of(steps: &[Step]) -> String {
 // ---------------------------------------------------------------------------------------
 // Tier 0: elementwise chains.
 
-fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
-    let has_y = steps
-        .iter()
-        .any(|s| matches!(s, Step::AddInput | Step::MulInput));
-    let bias = steps.contains(&Step::AddBias);
-    let weight = steps.contains(&Step::MulWeight);
+/// Train and hold-out shapes of the elementwise chains.
+fn ew_shapes() -> (Shapes, Shapes) {
     let train = shapes(&[
         &[("batch_size", 256), ("dim", 4096)],
         &[("batch_size", 4096), ("dim", 1024)],
@@ -449,6 +460,16 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
         &[("batch_size", 1000), ("dim", 999)],
         &[("batch_size", 7), ("dim", 32769)],
     ]);
+    (train, holdout)
+}
+
+fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
+    let has_y = steps
+        .iter()
+        .any(|s| matches!(s, Step::AddInput | Step::MulInput));
+    let bias = steps.contains(&Step::AddBias);
+    let weight = steps.contains(&Step::MulWeight);
+    let (train, holdout) = ew_shapes();
     let mut inputs: Vec<(&str, &[&str])> = vec![("in0", &["batch_size", "dim"])];
     if has_y {
         inputs.push(("in1", &["batch_size", "dim"]));
@@ -584,6 +605,166 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
     );
     let group = group_of("ew", steps, "");
     finish(spec, module, group, naive, ("vec4.cu", fast))
+}
+
+/// A half-precision element type of the tier-0 twins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Half {
+    /// IEEE binary16, `__half`.
+    F16,
+    /// bfloat16, `__nv_bfloat16`.
+    Bf16,
+}
+
+impl Half {
+    /// The task dtype (`f16`, `bf16`).
+    fn dtype(self) -> &'static str {
+        match self {
+            Half::F16 => "f16",
+            Half::Bf16 => "bf16",
+        }
+    }
+    /// The torch dtype of the module's inputs.
+    fn torch(self) -> &'static str {
+        match self {
+            Half::F16 => "torch.float16",
+            Half::Bf16 => "torch.bfloat16",
+        }
+    }
+    /// (header, element type, pair type, element to float, float to element (round to
+    /// nearest), pair to float2, two floats to pair).
+    #[allow(clippy::type_complexity)]
+    fn cuda(
+        self,
+    ) -> (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+    ) {
+        match self {
+            Half::F16 => (
+                "cuda_fp16.h",
+                "__half",
+                "__half2",
+                "__half2float",
+                "__float2half_rn",
+                "__half22float2",
+                "__floats2half2_rn",
+            ),
+            Half::Bf16 => (
+                "cuda_bf16.h",
+                "__nv_bfloat16",
+                "__nv_bfloat162",
+                "__bfloat162float",
+                "__float2bfloat16_rn",
+                "__bfloat1622float2",
+                "__floats2bfloat162_rn",
+            ),
+        }
+    }
+    /// (rtol, atol): one rounding of the exact result to the element type (half an ulp,
+    /// 2^-12 of the value for f16 and 2^-9 for bf16) plus float math, with margin: f16 rtol
+    /// 1e-3 as `matmul_f16`, bf16 4e-3 as `gelu_bf16` (`datasets/tasks/README.md`); atol 1e-6
+    /// covers f16's subnormal outputs (spacing 6e-8).
+    fn tol(self) -> (f64, f64) {
+        match self {
+            Half::F16 => (1e-3, 1e-6),
+            Half::Bf16 => (4e-3, 1e-6),
+        }
+    }
+}
+
+/// The half-precision twin of a tier-0 chain without operands: `steps` over `x` of shape
+/// `(batch_size, dim)` in f16 or bf16, computed in float and rounded once. Chains are 1-2
+/// steps, so outputs stay within f16's range (max 65504) for inputs in `[-100, 100)`.
+/// Kernels: one thread per element; 8 elements per 128-bit access in a grid-stride loop with a
+/// scalar tail.
+fn ew_half_family(id: &str, steps: &[Step], block: u32, half: Half) -> Family {
+    let (train, holdout) = ew_shapes();
+    let mut spec = kb_spec(
+        id,
+        0,
+        &[("in0", &["batch_size", "dim"])],
+        &["batch_size", "dim"],
+        &["batch_size", "dim"],
+        ref_chain(steps, "in0", ""),
+        train,
+        holdout,
+        half.tol(),
+        (
+            "4*batch_size*dim".into(),
+            format!("{}*batch_size*dim", steps.len()),
+        ),
+    );
+    spec.dtype = half.dtype().into();
+    let mut body: Vec<String> = steps.iter().map(|s| s.torch()).collect();
+    body.push("return x".into());
+    let module = render_module(&Module {
+        doc: format!(
+            "Simple model that applies, elementwise, in {}: {}.",
+            half.torch().trim_start_matches("torch."),
+            doc_of(steps)
+        ),
+        init_params: vec![],
+        init_body: vec![],
+        init_inputs: vec![],
+        forward_args: &["x"],
+        body,
+        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
+        inputs: vec![format!(
+            "x = torch.rand(batch_size, dim, dtype={})",
+            half.torch()
+        )],
+        returned: vec!["x".into()],
+    });
+    let (header, t, t2, to_f, from_f, to_f2, from_f2) = half.cuda();
+    let head = format!("{HEADER}#include <{header}>\n");
+    let sig = spec.signature();
+    let (decl, names) = params(&spec);
+    let op_fn = format!(
+        "__device__ __forceinline__ float ew_op(float v) {{\n{}    return v;\n}}\n",
+        cuda_chain(steps, "", "0", "    ")
+    );
+    let naive = format!(
+        "// naive: one thread per element, math in float, rounded once to {t}.\n{head}\n{op_fn}\n\
+         __global__ void ew_naive({decl}) {{\n    \
+         const int64_t n = batch_size * dim;\n    \
+         const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (i < n) out[i] = {from_f}(ew_op({to_f}(in0[i])));\n}}\n\n\
+         {sig} {{\n    const int64_t n = batch_size * dim;\n    const int block = {block};\n    \
+         const int64_t grid = (n + block - 1) / block;\n    \
+         if (grid > 0) ew_naive<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n"
+    );
+    let fast = format!(
+        "// fast: 128-bit loads and stores (8 x {t}, as 4 pairs) in a grid-stride loop sized to\n\
+         // the SMs, math in float; scalar tail for n % 8 and for unaligned pointers.\n{head}\n{op_fn}\n\
+         __global__ void ew_vec8({decl}) {{\n    \
+         const int64_t n = batch_size * dim;\n    \
+         const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n    \
+         const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         const bool aligned = ((reinterpret_cast<uintptr_t>(in0) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;\n    \
+         const int64_t n8 = aligned ? n / 8 : 0;\n    \
+         for (int64_t j = tid; j < n8; j += stride) {{\n        \
+         uint4 q = reinterpret_cast<const uint4*>(in0)[j];\n        \
+         {t2}* h = reinterpret_cast<{t2}*>(&q);\n\
+         #pragma unroll\n        for (int p = 0; p < 4; ++p) {{\n            \
+         const float2 f = {to_f2}(h[p]);\n            h[p] = {from_f2}(ew_op(f.x), ew_op(f.y));\n        }}\n        \
+         reinterpret_cast<uint4*>(out)[j] = q;\n    }}\n    \
+         for (int64_t i = n8 * 8 + tid; i < n; i += stride) out[i] = {from_f}(ew_op({to_f}(in0[i])));\n}}\n\n\
+         {sig} {{\n    const int64_t n = batch_size * dim;\n    int device = 0, sms = 132;\n    \
+         cudaGetDevice(&device);\n    \
+         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);\n    \
+         const int block = {block};\n    int64_t want = (n / 8 + block - 1) / block;\n    \
+         int64_t grid = want < (int64_t)sms * 8 ? (want > 0 ? want : 1) : (int64_t)sms * 8;\n    \
+         ew_vec8<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n"
+    );
+    // The f32 chain's group: a twin in another dtype is the same template instance.
+    let group = group_of("ew", steps, "");
+    finish(spec, module, group, naive, ("vec8.cu", fast))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -744,17 +925,29 @@ fn row_block(decl: &str, p: &RowPlan) -> String {
     s
 }
 
-/// Naive and block-per-row kernels of a row plan. `rows` is the expression of the row count
-/// over the sizes.
-fn row_kernels(spec: &TaskSpec, p: &RowPlan, rows: &str, block: u32) -> (String, String) {
+/// Naive and block-per-row kernels of a row plan over a contiguous `rows x dim` view of `in0`:
+/// `rows` and `len` are the expressions of the row count and the row length over the sizes
+/// (`len` is `dim` where the task has that size; the kernels alias it otherwise).
+fn row_kernels(
+    spec: &TaskSpec,
+    p: &RowPlan,
+    rows: &str,
+    len: &str,
+    block: u32,
+) -> (String, String) {
     let sig = spec.signature();
     let (decl, names) = params(spec);
     let alias = format!("    const int64_t rows = {rows};\n");
+    let dim_alias = if len == "dim" {
+        String::new()
+    } else {
+        format!("    const int64_t dim = {len};\n")
+    };
     let naive = format!(
         "// naive: one thread per row, sums accumulated in double.\n{HEADER}\n{}\n\
          {sig} {{\n{alias}    const int block = 128;\n    const int64_t grid = (rows + block - 1) / block;\n    \
          if (grid > 0) row_naive<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n",
-        row_naive(&decl, p).replacen("{\n", &format!("{{\n    const int64_t rows = {rows};\n"), 1)
+        row_naive(&decl, p).replacen("{\n", &format!("{{\n{alias}{dim_alias}"), 1)
     );
     let combs: BTreeSet<&'static str> = p.stats.iter().map(|s| s.comb.name()).collect();
     let fast = format!(
@@ -762,7 +955,7 @@ fn row_kernels(spec: &TaskSpec, p: &RowPlan, rows: &str, block: u32) -> (String,
          {HEADER}\n{}{}\n\
          {sig} {{\n{alias}    if (rows > 0) row_block<<<(unsigned)rows, {block}, 0, stream>>>({names});\n}}\n",
         warp_fns(&combs),
-        row_block(&decl, p)
+        row_block(&decl, p).replacen("{\n", &format!("{{\n{dim_alias}"), 1)
     );
     (naive, fast)
 }
@@ -996,15 +1189,11 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
             format!("{}*batch_size*dim", 2 + pre.len() + post.len()),
         ),
     );
-    let mut doc = what;
-    if !pre.is_empty() {
-        doc = format!("{}, then {doc}", doc_of(pre));
-    }
-    if !post.is_empty() {
-        doc = format!("{doc}, then {}", doc_of(post));
-    }
     let module = render_module(&Module {
-        doc: format!("Simple model that performs {doc}."),
+        doc: format!(
+            "Simple model that performs {}.",
+            chain_doc(&what, pre, post)
+        ),
         init_params,
         init_body,
         init_inputs,
@@ -1014,7 +1203,7 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
         inputs: vec!["x = torch.rand(batch_size, dim)".into()],
         returned: vec!["x".into()],
     });
-    let (naive, fast) = row_kernels(&spec, &plan, "batch_size", block);
+    let (naive, fast) = row_kernels(&spec, &plan, "batch_size", "dim", block);
     let kname = match kind {
         RowKind::Reduce(c, keep, mean) => format!(
             "reduce_{}{}",
@@ -1216,6 +1405,270 @@ fn cumsum_family(id: &str, pre: &[Step]) -> Family {
     );
     let group = group_of("scan:cumsum", pre, "");
     finish(spec, module, group, naive, ("block_scan.cu", fast))
+}
+
+// ---------------------------------------------------------------------------------------
+// Tier 2 and 3: batch normalization in inference mode and instance normalization, each after
+// an optional activation, then optional activations.
+
+/// Batch normalization in inference mode over `x` of shape `(batch_size, num_features)`, as
+/// `nn.BatchNorm1d` computes it in eval mode (PyTorch docs, `torch.nn.BatchNorm1d`):
+/// `y = (x - running_mean) / sqrt(running_var + eps) * weight + bias`, eps 1e-5, the four
+/// per-feature buffers parameters of the module (launcher order `weight, bias, running_mean,
+/// running_var`). The judge draws every buffer uniform in `[-s, s)`, so the module passes the
+/// running variance's magnitude (`torch.abs`) and the reference reads `abs(running_var)`.
+fn batch_norm_family(id: &str, pre: &[Step], post: &[Step], block: u32) -> Family {
+    let train = shapes(&[
+        &[("batch_size", 512), ("num_features", 4096)],
+        &[("batch_size", 4096), ("num_features", 1024)],
+        &[("batch_size", 64), ("num_features", 16384)],
+    ]);
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("num_features", 1)],
+        &[("batch_size", 1000), ("num_features", 999)],
+        &[("batch_size", 7), ("num_features", 12289)],
+    ]);
+    let feat: &[&str] = &["num_features"];
+    let inputs: Vec<(&str, &[&str])> = vec![
+        ("in0", &["batch_size", "num_features"]),
+        ("weight", feat),
+        ("bias", feat),
+        ("running_mean", feat),
+        ("running_var", feat),
+    ];
+    let x = ref_chain(pre, "in0", "");
+    let bn = format!("(({x}) - running_mean) / sqrt(abs(running_var) + 1e-5) * weight + bias");
+    let spec = kb_spec(
+        id,
+        if post.is_empty() { 2 } else { 3 },
+        &inputs,
+        &["batch_size", "num_features"],
+        &["batch_size", "num_features"],
+        ref_chain(post, &bn, ""),
+        train,
+        holdout,
+        MM_TOL,
+        (
+            "8*batch_size*num_features + 16*num_features".into(),
+            format!("{}*batch_size*num_features", 4 + pre.len() + post.len()),
+        ),
+    );
+    let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
+    body.push("var = torch.abs(self.running_var)".into());
+    body.push(
+        "x = torch.nn.functional.batch_norm(x, self.running_mean, var, self.weight, self.bias, \
+         training=False, eps=self.eps)"
+            .into(),
+    );
+    body.extend(post.iter().map(|s| s.torch()));
+    body.push("return x".into());
+    let module = render_module(&Module {
+        doc: format!(
+            "Simple model that performs {}.",
+            chain_doc("batch normalization in inference mode", pre, post)
+        ),
+        init_params: vec!["num_features: int".into(), "eps: float = 1e-5".into()],
+        init_body: vec![
+            "self.weight = nn.Parameter(torch.randn(num_features))".into(),
+            "self.bias = nn.Parameter(torch.randn(num_features))".into(),
+            "self.running_mean = nn.Parameter(torch.randn(num_features), requires_grad=False)"
+                .into(),
+            "self.running_var = nn.Parameter(torch.rand(num_features), requires_grad=False)".into(),
+            "self.eps = eps".into(),
+        ],
+        init_inputs: vec!["num_features".into()],
+        forward_args: &["x"],
+        body,
+        constants: constants(&["batch_size", "num_features"], &spec.train_shapes[0]),
+        inputs: vec!["x = torch.rand(batch_size, num_features)".into()],
+        returned: vec!["x".into()],
+    });
+    let sig = spec.signature();
+    let (decl, names) = params(&spec);
+    let naive = format!(
+        "// naive: one thread per element, reading its feature's statistics.\n{HEADER}\n\
+         __global__ void bn_naive({decl}) {{\n    \
+         const int64_t n = batch_size * num_features;\n    \
+         const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (i < n) {{\n        const int64_t c = i % num_features;\n        float v = in0[i];\n{}        \
+         v = (v - running_mean[c]) / sqrtf(fabsf(running_var[c]) + 1e-5f) * weight[c] + bias[c];\n{}        \
+         out[i] = v;\n    }}\n}}\n\n\
+         {sig} {{\n    const int64_t n = batch_size * num_features;\n    \
+         const int64_t grid = (n + 255) / 256;\n    \
+         if (grid > 0) bn_naive<<<(unsigned)grid, 256, 0, stream>>>({names});\n}}\n",
+        cuda_chain(pre, "", "c", "        "),
+        cuda_chain(post, "", "c", "        "),
+    );
+    let fast = format!(
+        "// fast: one thread per feature folds the feature's statistics into one scale, then\n\
+         // walks down the rows (a warp reads and writes 32 consecutive features); blockIdx.y\n\
+         // splits the rows so that about 8 blocks run per SM.\n{HEADER}\n\
+         __global__ void bn_columns({decl}) {{\n    \
+         const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (c >= num_features) return;\n    const float mean = running_mean[c];\n    \
+         const float scale = weight[c] * rsqrtf(fabsf(running_var[c]) + 1e-5f);\n    \
+         const float shift = bias[c];\n    \
+         for (int64_t r = blockIdx.y; r < batch_size; r += gridDim.y) {{\n        \
+         float v = in0[r * num_features + c];\n{}        v = (v - mean) * scale + shift;\n{}        \
+         out[r * num_features + c] = v;\n    }}\n}}\n\n\
+         {sig} {{\n    if (batch_size == 0 || num_features == 0) return;\n    \
+         int device = 0, sms = 132;\n    cudaGetDevice(&device);\n    \
+         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);\n    \
+         const int block = {block};\n    const int64_t gx = (num_features + block - 1) / block;\n    \
+         int64_t gy = ((int64_t)sms * 8 + gx - 1) / gx;\n    \
+         if (gy > batch_size) gy = batch_size;\n    if (gy > 65535) gy = 65535;\n    \
+         bn_columns<<<dim3((unsigned)gx, (unsigned)gy), block, 0, stream>>>({names});\n}}\n",
+        cuda_chain(pre, "", "c", "        "),
+        cuda_chain(post, "", "c", "        "),
+    );
+    let group = group_of("norm:batch", pre, &format!("|{}", doc_of(post)));
+    finish(spec, module, group, naive, ("feature_columns.cu", fast))
+}
+
+/// Instance normalization over `x` of shape `(batch_size, num_features, height, width)`, as
+/// `nn.InstanceNorm2d` computes it with its defaults (no affine parameters, no running
+/// statistics; PyTorch docs, `torch.nn.InstanceNorm2d`): each `(n, c)` plane normalized by its
+/// own mean and biased variance, `y = (x - mean) / sqrt(var + 1e-5)`. Kernels: the row
+/// kernels over the `(batch_size * num_features) x (height * width)` view.
+fn instance_norm_family(id: &str, pre: &[Step], post: &[Step], block: u32) -> Family {
+    let train = shapes(&[
+        &[
+            ("batch_size", 16),
+            ("num_features", 32),
+            ("height", 128),
+            ("width", 96),
+        ],
+        &[
+            ("batch_size", 8),
+            ("num_features", 64),
+            ("height", 64),
+            ("width", 128),
+        ],
+        &[
+            ("batch_size", 32),
+            ("num_features", 128),
+            ("height", 32),
+            ("width", 32),
+        ],
+    ]);
+    let holdout = shapes(&[
+        &[
+            ("batch_size", 1),
+            ("num_features", 1),
+            ("height", 1),
+            ("width", 1),
+        ],
+        &[
+            ("batch_size", 3),
+            ("num_features", 5),
+            ("height", 17),
+            ("width", 33),
+        ],
+        &[
+            ("batch_size", 2),
+            ("num_features", 3),
+            ("height", 127),
+            ("width", 129),
+        ],
+    ]);
+    let dims = ["batch_size", "num_features", "height", "width"];
+    let x = ref_chain(pre, "in0", "");
+    let mu = format!("mean(mean({x}, 3, 1), 2, 1)");
+    let d = format!("(({x}) - {mu})");
+    let norm = format!("{d} / sqrt(mean(mean({d} * {d}, 3, 1), 2, 1) + 1e-5)");
+    let spec = kb_spec(
+        id,
+        if post.is_empty() { 2 } else { 3 },
+        &[("in0", &dims)],
+        &dims,
+        &dims,
+        ref_chain(post, &norm, ""),
+        train,
+        holdout,
+        MM_TOL,
+        (
+            "8*batch_size*num_features*height*width".into(),
+            format!(
+                "{}*batch_size*num_features*height*width",
+                4 + pre.len() + post.len()
+            ),
+        ),
+    );
+    let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
+    body.push("x = self.inorm(x)".into());
+    body.extend(post.iter().map(|s| s.torch()));
+    body.push("return x".into());
+    let module = render_module(&Module {
+        doc: format!(
+            "Simple model that performs {}.",
+            chain_doc("instance normalization", pre, post)
+        ),
+        init_params: vec!["num_features: int".into()],
+        init_body: vec!["self.inorm = nn.InstanceNorm2d(num_features)".into()],
+        init_inputs: vec!["num_features".into()],
+        forward_args: &["x"],
+        body,
+        constants: constants(&dims, &spec.train_shapes[0]),
+        inputs: vec!["x = torch.rand(batch_size, num_features, height, width)".into()],
+        returned: vec!["x".into()],
+    });
+    let plan = RowPlan {
+        pre: pre.to_vec(),
+        stats: vec![
+            Stat {
+                term: "v".into(),
+                comb: Comb::Sum,
+            },
+            Stat {
+                term: "(v - s0 / (float)dim) * (v - s0 / (float)dim)".into(),
+                comb: Comb::Sum,
+            },
+        ],
+        out: RowOut::Elem("(v - s0 / (float)dim) * rsqrtf(s1 / (float)dim + 1e-5f)".into()),
+        post: post.to_vec(),
+    };
+    let (naive, fast) = row_kernels(
+        &spec,
+        &plan,
+        "batch_size * num_features",
+        "height * width",
+        block,
+    );
+    let group = group_of("norm:instance", pre, &format!("|{}", doc_of(post)));
+    finish(spec, module, group, naive, ("block_per_plane.cu", fast))
+}
+
+/// `what`, after the steps `pre` and followed by `post`, for a module's docstring.
+fn chain_doc(what: &str, pre: &[Step], post: &[Step]) -> String {
+    let mut doc = what.to_string();
+    if !pre.is_empty() {
+        doc = format!("{}, then {doc}", doc_of(pre));
+    }
+    if !post.is_empty() {
+        doc = format!("{doc}, then {}", doc_of(post));
+    }
+    doc
+}
+
+/// The normalizations of tiers 2 and 3.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Norm {
+    Layer,
+    Rms,
+    Batch,
+    Instance,
+}
+
+const NORMS: &[Norm] = &[Norm::Layer, Norm::Rms, Norm::Batch, Norm::Instance];
+
+/// A normalization family: `pre`, the normalization, then `post`.
+fn norm_family(id: &str, norm: Norm, pre: &[Step], post: &[Step], block: u32) -> Family {
+    match norm {
+        Norm::Layer => row_family(id, RowKind::LayerNorm, pre, post, block),
+        Norm::Rms => row_family(id, RowKind::RmsNorm, pre, post, block),
+        Norm::Batch => batch_norm_family(id, pre, post, block),
+        Norm::Instance => instance_norm_family(id, pre, post, block),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1746,14 +2199,24 @@ fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) 
 // ---------------------------------------------------------------------------------------
 // Tier 2: losses reduced to one value.
 
+/// Losses whose terms are elementwise in `(predictions, targets)`, summed over every element.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Loss {
+    /// `mean((p - t)^2)`.
     Mse,
+    /// `F.smooth_l1_loss` (beta 1), averaged over every element.
     Huber,
+    /// `mean(max(1 - p t, 0))`.
     Hinge,
+    /// `F.kl_div(p, t, reduction="batchmean", log_target=True)`: both arguments
+    /// log-probabilities, `sum(exp(t) (t - p)) / batch_size` (PyTorch docs,
+    /// `torch.nn.KLDivLoss`).
+    KlDiv,
 }
 
-fn loss_family(id: &str, loss: Loss, regime: usize) -> Family {
+/// Train shapes of the loss regimes over `(batch_size, dim)`: balanced, many short rows, few
+/// long rows; and the hold-out shapes.
+fn loss_shapes(regime: usize) -> (Shapes, Shapes) {
     let train = [
         shapes(&[
             &[("batch_size", 1024), ("dim", 2048)],
@@ -1777,27 +2240,18 @@ fn loss_family(id: &str, loss: Loss, regime: usize) -> Family {
         &[("batch_size", 1000), ("dim", 999)],
         &[("batch_size", 7), ("dim", 32769)],
     ]);
-    let (name, torch_line, reference, term) = match loss {
-        Loss::Mse => (
-            "mean squared error",
-            "return torch.mean((predictions - targets) ** 2)",
-            "mean((in0 - in1) * (in0 - in1))".to_string(),
-            "d * d",
-        ),
-        Loss::Huber => (
-            "Huber (smooth L1) loss",
-            "return torch.nn.functional.smooth_l1_loss(predictions, targets)",
-            "mean(0.5 * minimum(abs(in0 - in1), 1) * minimum(abs(in0 - in1), 1) + abs(in0 - in1) - minimum(abs(in0 - in1), 1))".to_string(),
-            "fabsf(d) < 1.0f ? 0.5f * d * d : fabsf(d) - 0.5f",
-        ),
-        Loss::Hinge => (
-            "hinge loss",
-            "return torch.mean(torch.clamp(1 - predictions * targets, min=0))",
-            "mean(maximum(1 - in0 * in1, 0))".to_string(),
-            "fmaxf(1.0f - a * b, 0.0f)",
-        ),
-    };
-    let spec = kb_spec(
+    (train, holdout)
+}
+
+/// The spec of a loss over `in0` (predictions) and `in1` (targets), both `(batch_size, dim)`,
+/// with one scalar output; `flops` per element pair (the bytes are 8 per pair: two floats read).
+fn pair_loss_spec(
+    id: &str,
+    reference: &str,
+    (train, holdout): (Shapes, Shapes),
+    flops: u32,
+) -> TaskSpec {
+    kb_spec(
         id,
         2,
         &[
@@ -1806,14 +2260,24 @@ fn loss_family(id: &str, loss: Loss, regime: usize) -> Family {
         ],
         &["1"],
         &["batch_size", "dim"],
-        reference,
+        reference.to_string(),
         train,
         holdout,
         EW_TOL,
-        ("8*batch_size*dim".into(), "3*batch_size*dim".into()),
-    );
-    let module = render_module(&Module {
-        doc: format!("A model that computes the {name}, averaged over every element."),
+        ("8*batch_size*dim".into(), format!("{flops}*batch_size*dim")),
+    )
+}
+
+/// The KernelBench-style module of a loss (`pair_loss_spec`): `forward(predictions, targets)`
+/// returning `torch_line`, its inputs drawn as `predictions` and `targets` say.
+fn pair_loss_module(
+    name: &str,
+    torch_line: &str,
+    spec: &TaskSpec,
+    (predictions, targets): (&str, &str),
+) -> String {
+    render_module(&Module {
+        doc: format!("A model that computes the {name}."),
         init_params: vec![],
         init_body: vec![],
         init_inputs: vec![],
@@ -1821,39 +2285,96 @@ fn loss_family(id: &str, loss: Loss, regime: usize) -> Family {
         body: vec![torch_line.to_string()],
         constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
         inputs: vec![
-            "predictions = torch.rand(batch_size, dim)".into(),
-            "targets = torch.rand(batch_size, dim)".into(),
+            format!("predictions = {predictions}"),
+            format!("targets = {targets}"),
         ],
         returned: vec!["predictions".into(), "targets".into()],
-    });
+    })
+}
+
+fn loss_family(id: &str, loss: Loss, regime: usize) -> Family {
+    let (train, holdout) = loss_shapes(regime);
+    // The loss's name, its group, the module's return line, the reference, the CUDA term of
+    // one element pair (`a` the prediction, `b` the target, `d = a - b`) and what the sum is
+    // divided by.
+    let (name, group, torch_line, reference, term, div) = match loss {
+        Loss::Mse => (
+            "mean squared error, averaged over every element",
+            "mean",
+            "return torch.mean((predictions - targets) ** 2)",
+            "mean((in0 - in1) * (in0 - in1))",
+            "d * d",
+            "n",
+        ),
+        Loss::Huber => (
+            "Huber (smooth L1) loss, averaged over every element",
+            "Huber",
+            "return torch.nn.functional.smooth_l1_loss(predictions, targets)",
+            "mean(0.5 * minimum(abs(in0 - in1), 1) * minimum(abs(in0 - in1), 1) + abs(in0 - in1) - minimum(abs(in0 - in1), 1))",
+            "fabsf(d) < 1.0f ? 0.5f * d * d : fabsf(d) - 0.5f",
+            "n",
+        ),
+        Loss::Hinge => (
+            "hinge loss, averaged over every element",
+            "hinge",
+            "return torch.mean(torch.clamp(1 - predictions * targets, min=0))",
+            "mean(maximum(1 - in0 * in1, 0))",
+            "fmaxf(1.0f - a * b, 0.0f)",
+            "n",
+        ),
+        Loss::KlDiv => (
+            "KL divergence of two distributions given as log-probabilities, summed and \
+             divided by the batch size",
+            "KL",
+            "return torch.nn.functional.kl_div(predictions, targets, reduction=\"batchmean\", \
+             log_target=True)",
+            "mean(sum(exp(in1) * (in1 - in0), 1))",
+            "expf(b) * (b - a)",
+            "batch_size",
+        ),
+    };
+    let mut spec = pair_loss_spec(id, reference, (train, holdout), 3);
+    let draw = if loss == Loss::KlDiv {
+        // exp(100) overflows float32: log-probabilities stay within [-10, 10).
+        spec.input_scales = Some(vec![1.0, 10.0, 0.01]);
+        "torch.log_softmax(torch.rand(batch_size, dim), dim=1)"
+    } else {
+        "torch.rand(batch_size, dim)"
+    };
+    let module = pair_loss_module(name, torch_line, &spec, (draw, draw));
     let (decl, names) = params(&spec);
     let sig = spec.signature();
+    let what = if div == "n" {
+        "mean".to_string()
+    } else {
+        format!("sum divided by {div}")
+    };
     let elem = format!(
         "__device__ __forceinline__ float loss_term(float a, float b) {{\n    \
          const float d = a - b;\n    (void)d;\n    return {term};\n}}\n"
     );
     let naive = format!(
         "// naive: one block of 1024 threads; each sums a strided share in double, then a\n\
-         // shared-memory tree; thread 0 writes the mean.\n{HEADER}\n{elem}\n\
+         // shared-memory tree; thread 0 writes the {what}.\n{HEADER}\n{elem}\n\
          __global__ void loss_naive({decl}) {{\n    __shared__ double part[1024];\n    \
          const int64_t n = batch_size * dim;\n    double s = 0.0;\n    \
          for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)loss_term(in0[i], in1[i]);\n    \
          part[threadIdx.x] = s;\n    __syncthreads();\n    \
          for (int h = blockDim.x / 2; h > 0; h >>= 1) {{\n        \
          if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];\n        __syncthreads();\n    }}\n    \
-         if (threadIdx.x == 0) out[0] = (float)(part[0] / (double)n);\n}}\n\n\
+         if (threadIdx.x == 0) out[0] = (float)(part[0] / (double){div});\n}}\n\n\
          {sig} {{\n    loss_naive<<<1, 1024, 0, stream>>>({names});\n}}\n"
     );
     let fast = format!(
         "// fast: a grid-stride loop over blocks sized to the SMs; each block reduces with warp\n\
-         // shuffles and adds its share of the mean with one atomic (the output zeroed first).\n{HEADER}\n\
+         // shuffles and adds its share of the {what} with one atomic (the output zeroed first).\n{HEADER}\n\
          {elem}\n{}\
          __global__ void loss_atomic({decl}) {{\n    __shared__ float sh[32];\n    \
          const int64_t n = batch_size * dim;\n    \
          const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n    float s = 0.0f;\n    \
          for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)\n        \
          s += loss_term(in0[i], in1[i]);\n    s = block_sum(s, sh);\n    \
-         if (threadIdx.x == 0) atomicAdd(out, (float)((double)s / (double)n));\n}}\n\n\
+         if (threadIdx.x == 0) atomicAdd(out, (float)((double)s / (double){div}));\n}}\n\n\
          {sig} {{\n    cudaMemsetAsync(out, 0, sizeof(float), stream);\n    \
          int device = 0, sms = 132;\n    cudaGetDevice(&device);\n    \
          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);\n    \
@@ -1862,8 +2383,122 @@ fn loss_family(id: &str, loss: Loss, regime: usize) -> Family {
          loss_atomic<<<(unsigned)grid, 256, 0, stream>>>({names});\n}}\n",
         warp_fns(&["sum"].into())
     );
-    let group = format!("loss:{}", name.split(' ').next().unwrap_or(name));
-    finish(spec, module, group, naive, ("atomic.cu", fast))
+    finish(
+        spec,
+        module,
+        format!("loss:{group}"),
+        naive,
+        ("atomic.cu", fast),
+    )
+}
+
+/// Losses with a statistic per row of `(batch_size, dim)`, averaged over the rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RowLoss {
+    /// `F.cross_entropy(x, t)` with class-probability targets `t` of `x`'s shape:
+    /// `-mean_r sum_c t[r, c] log_softmax(x[r])[c]` (PyTorch docs, `torch.nn.CrossEntropyLoss`,
+    /// probabilities for each class).
+    CrossEntropy,
+    /// `mean(1 - F.cosine_similarity(x, y, dim=1))`: per row `1 - x.y / (max(|x|, 1e-8)
+    /// max(|y|, 1e-8))`, each norm clamped as ATen's `cosine_similarity` clamps it.
+    Cosine,
+}
+
+fn row_loss_family(id: &str, loss: RowLoss, regime: usize) -> Family {
+    let (train, holdout) = loss_shapes(regime);
+    let (name, group, torch_line, reference, targets) = match loss {
+        RowLoss::CrossEntropy => (
+            "cross-entropy loss of logits against class probabilities, averaged over the batch",
+            "cross_entropy",
+            "return torch.nn.functional.cross_entropy(predictions, targets)",
+            "-mean(sum(in1 * log_softmax(in0, 1), 1))",
+            "torch.softmax(torch.rand(batch_size, dim), dim=1)",
+        ),
+        RowLoss::Cosine => (
+            "cosine similarity loss (1 - cosine similarity of each row pair), averaged over the \
+             batch",
+            "cosine",
+            "return torch.mean(1 - torch.nn.functional.cosine_similarity(predictions, targets, \
+             dim=1))",
+            "mean(1 - sum(in0 * in1, 1) / (maximum(sqrt(sum(in0 * in0, 1)), 1e-8) * \
+             maximum(sqrt(sum(in1 * in1, 1)), 1e-8)))",
+            "torch.rand(batch_size, dim)",
+        ),
+    };
+    let spec = pair_loss_spec(id, reference, (train, holdout), 6);
+    let module = pair_loss_module(
+        name,
+        torch_line,
+        &spec,
+        ("torch.rand(batch_size, dim)", targets),
+    );
+    let (decl, names) = params(&spec);
+    let sig = spec.signature();
+    // One row's loss: `a` and `b` the row of predictions and targets. The naive form loops
+    // serially in double; the block form strides by blockDim.x and reduces over the block.
+    let (naive_row, block_row, combs) = match loss {
+        RowLoss::CrossEntropy => (
+            "    float m = -INFINITY;\n    for (int64_t c = 0; c < dim; ++c) m = fmaxf(m, a[c]);\n    \
+             double se = 0.0;\n    for (int64_t c = 0; c < dim; ++c) se += exp((double)a[c] - (double)m);\n    \
+             const double lse = (double)m + log(se);\n    double loss = 0.0;\n    \
+             for (int64_t c = 0; c < dim; ++c) loss += (double)b[c] * (lse - (double)a[c]);\n",
+            "        float m = -INFINITY;\n        \
+             for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) m = fmaxf(m, a[c]);\n        \
+             m = block_max(m, sh);\n        float se = 0.0f;\n        \
+             for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) se += expf(a[c] - m);\n        \
+             const float lse = m + logf(block_sum(se, sh));\n        float l = 0.0f;\n        \
+             for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) l += b[c] * (lse - a[c]);\n        \
+             acc += block_sum(l, sh);\n",
+            BTreeSet::from(["max", "sum"]),
+        ),
+        RowLoss::Cosine => (
+            "    double dot = 0.0, na = 0.0, nb = 0.0;\n    for (int64_t c = 0; c < dim; ++c) {\n        \
+             const double x = a[c], y = b[c];\n        dot += x * y;\n        na += x * x;\n        nb += y * y;\n    }\n    \
+             const double loss = 1.0 - dot / (fmax(sqrt(na), 1e-8) * fmax(sqrt(nb), 1e-8));\n",
+            "        float dot = 0.0f, na = 0.0f, nb = 0.0f;\n        \
+             for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {\n            \
+             const float x = a[c], y = b[c];\n            dot += x * y;\n            na += x * x;\n            nb += y * y;\n        }\n        \
+             dot = block_sum(dot, sh);\n        na = block_sum(na, sh);\n        nb = block_sum(nb, sh);\n        \
+             acc += 1.0f - dot / (fmaxf(sqrtf(na), 1e-8f) * fmaxf(sqrtf(nb), 1e-8f));\n",
+            BTreeSet::from(["sum"]),
+        ),
+    };
+    let naive = format!(
+        "// naive: one thread per row, accumulating in double; each adds its row's share of the\n\
+         // mean with one atomic (the output zeroed first).\n{HEADER}\n\
+         __global__ void rowloss_naive({decl}) {{\n    \
+         const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (r >= batch_size) return;\n    const float* a = in0 + r * dim;\n    \
+         const float* b = in1 + r * dim;\n{naive_row}    \
+         atomicAdd(out, (float)(loss / (double)batch_size));\n}}\n\n\
+         {sig} {{\n    cudaMemsetAsync(out, 0, sizeof(float), stream);\n    \
+         const int64_t grid = (batch_size + 127) / 128;\n    \
+         if (grid > 0) rowloss_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n"
+    );
+    let fast = format!(
+        "// fast: one block per row, blocks striding over the rows (about 8 per SM); block\n\
+         // reductions with warp shuffles; thread 0 keeps its rows' total and adds it, divided by\n\
+         // the batch size, with one atomic per block (the output zeroed first). Short rows get\n\
+         // a block of as few warps as cover them.\n{HEADER}\n{}\
+         __global__ void rowloss_block({decl}) {{\n    __shared__ float sh[32];\n    float acc = 0.0f;\n    \
+         for (int64_t r = blockIdx.x; r < batch_size; r += gridDim.x) {{\n        \
+         const float* a = in0 + r * dim;\n        const float* b = in1 + r * dim;\n{block_row}    }}\n    \
+         if (threadIdx.x == 0) atomicAdd(out, acc / (float)batch_size);\n}}\n\n\
+         {sig} {{\n    cudaMemsetAsync(out, 0, sizeof(float), stream);\n    \
+         if (batch_size == 0) return;\n    int device = 0, sms = 132;\n    cudaGetDevice(&device);\n    \
+         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);\n    \
+         int block = 256;\n    if (dim < 256) block = dim > 32 ? (int)((dim + 31) / 32) * 32 : 32;\n    \
+         int64_t grid = (int64_t)sms * 8;\n    if (grid > batch_size) grid = batch_size;\n    \
+         rowloss_block<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n",
+        warp_fns(&combs),
+    );
+    finish(
+        spec,
+        module,
+        format!("loss:{group}"),
+        naive,
+        ("block_per_row.cu", fast),
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1913,9 +2548,10 @@ fn draw_steps(rng: &mut ChaCha8Rng, n: usize, operands: bool) -> Vec<Step> {
 }
 
 /// Draws `count` operator families with `seed`, skipping any whose reference is in `exclude`
-/// or repeats an earlier one (up to commuted operands, [`canonical`]; at most 50 draws per
-/// family). The mix is about 30% tier 0, 32% tier 1, 20% tier 2, 18% tier 3; ids are
-/// `gen_op_0000`, ... in draw order.
+/// or repeats an earlier one at the same train shapes and dtype (up to commuted operands,
+/// [`canonical`]; at most 50 draws per family). The mix is about 28% tier 0 (about 15% of it
+/// f16 or bf16 twins), 31% tier 1, 24% tier 2, 17% tier 3; ids are `gen_op_0000`, ... in draw
+/// order.
 pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Family> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6f70_735f_6b62);
     let excluded: BTreeSet<String> = exclude.iter().map(|r| canonical(r)).collect();
@@ -1928,12 +2564,18 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
         let id = format!("{OP_PREFIX}{i:04}");
         let u: u32 = rng.random_range(0..100);
         let f = match u {
-            0..=29 => {
+            0..=27 if rng.random_bool(0.15) => {
+                let half = pick(&mut rng, &[Half::F16, Half::Bf16]);
+                let n = rng.random_range(1..=2);
+                let steps = draw_steps(&mut rng, n, false);
+                ew_half_family(&id, &steps, pick(&mut rng, &[128, 256, 512]), half)
+            }
+            0..=27 => {
                 let n = rng.random_range(1..=3);
                 let steps = draw_steps(&mut rng, n, true);
                 ew_family(&id, &steps, pick(&mut rng, &[128, 256, 512]))
             }
-            30..=43 => {
+            28..=40 => {
                 let c = pick(&mut rng, &[Comb::Sum, Comb::Max, Comb::Min, Comb::Sum]);
                 let mean = c == Comb::Sum && rng.random_bool(0.4);
                 let keep = rng.random_bool(0.5);
@@ -1952,14 +2594,14 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
                     pick(&mut rng, &[128, 256, 512]),
                 )
             }
-            44..=49 => {
+            41..=46 => {
                 let c = pick(&mut rng, &[Comb::Sum, Comb::Max, Comb::Min]);
                 let mean = c == Comb::Sum && rng.random_bool(0.4);
                 let k = rng.random_range(0..=1);
                 let pre = draw_steps(&mut rng, k, false);
                 mid_reduce_family(&id, c, mean, &pre)
             }
-            50..=57 => {
+            47..=54 => {
                 let kind = pick(
                     &mut rng,
                     &[
@@ -1973,18 +2615,18 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
                 let pre = draw_steps(&mut rng, k, false);
                 row_family(&id, kind, &pre, &[], pick(&mut rng, &[128, 256, 512]))
             }
-            58..=61 => {
+            55..=58 => {
                 let k = rng.random_range(0..=1);
                 let pre = draw_steps(&mut rng, k, false);
                 cumsum_family(&id, &pre)
             }
-            62..=67 => {
-                let kind = pick(&mut rng, &[RowKind::LayerNorm, RowKind::RmsNorm]);
+            59..=67 => {
+                let norm = pick(&mut rng, NORMS);
                 let k = rng.random_range(0..=1);
                 let pre = draw_steps(&mut rng, k, false);
-                row_family(&id, kind, &pre, &[], pick(&mut rng, &[128, 256, 512]))
+                norm_family(&id, norm, &pre, &[], pick(&mut rng, &[128, 256, 512]))
             }
-            68..=76 => {
+            68..=75 => {
                 let mm = pick(
                     &mut rng,
                     &[
@@ -2000,11 +2642,18 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
                 let regime = rng.random_range(0..MM_REGIMES.len());
                 mm_family(&id, mm, &[], regime)
             }
-            77..=81 => {
-                let loss = pick(&mut rng, &[Loss::Mse, Loss::Huber, Loss::Hinge]);
-                loss_family(&id, loss, rng.random_range(0..3))
+            76..=82 => {
+                let regime = rng.random_range(0..3);
+                match rng.random_range(0..6) {
+                    0 => loss_family(&id, Loss::Mse, regime),
+                    1 => loss_family(&id, Loss::Huber, regime),
+                    2 => loss_family(&id, Loss::Hinge, regime),
+                    3 => loss_family(&id, Loss::KlDiv, regime),
+                    4 => row_loss_family(&id, RowLoss::CrossEntropy, regime),
+                    _ => row_loss_family(&id, RowLoss::Cosine, regime),
+                }
             }
-            82..=91 => {
+            83..=91 => {
                 let name = pick(&mut rng, &["gemm", "linear", "fc"]);
                 let n = rng.random_range(1..=3);
                 let mut epi = draw_steps(&mut rng, n, false);
@@ -2026,18 +2675,19 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
                 gemm_reduce_family(&id, name, &epi, red)
             }
             _ => {
-                let kind = pick(&mut rng, &[RowKind::LayerNorm, RowKind::RmsNorm]);
+                let norm = pick(&mut rng, NORMS);
                 let n = rng.random_range(1..=2);
                 let post = draw_steps(&mut rng, n, false);
-                row_family(&id, kind, &[], &post, pick(&mut rng, &[128, 256, 512]))
+                norm_family(&id, norm, &[], &post, pick(&mut rng, &[128, 256, 512]))
             }
         };
-        // One family per reference and train shapes: KernelBench states one operator at
-        // several shapes (square, large K, irregular), each its own problem.
+        // One family per reference, train shapes and dtype: KernelBench states one operator
+        // at several shapes (square, large K, irregular), each its own problem.
         let key = format!(
-            "{}|{}",
+            "{}|{}|{}",
             canonical(&f.spec.reference["out"]),
-            serde_json::to_string(&f.spec.train_shapes).expect("json")
+            serde_json::to_string(&f.spec.train_shapes).expect("json"),
+            f.spec.dtype
         );
         if excluded.contains(&canonical(&f.spec.reference["out"])) || !seen.insert(key) {
             continue;
@@ -2084,5 +2734,75 @@ mod tests {
             .collect();
         let c = generate(50, 0, &ex);
         assert!(c.iter().all(|f| !ex.contains(&f.spec.reference["out"])));
+    }
+
+    #[test]
+    fn every_template_draws_and_compiles_with_nvcc() {
+        // One family of each op kind and fast template (the group's kind, the fast kernel's
+        // file) of the default draw; every kind is drawn.
+        let mut by_template: BTreeMap<(String, String), Family> = BTreeMap::new();
+        for f in generate(450, 0, &BTreeSet::new()) {
+            let group = f.spec.group.clone().expect("group");
+            let kind = group.split(':').next().unwrap_or_default().to_string();
+            let key = (kind, f.spec.optimized[0].clone());
+            by_template.entry(key).or_insert(f);
+        }
+        let keys: Vec<String> = by_template
+            .keys()
+            .map(|(k, file)| format!("{k}/{file}"))
+            .collect();
+        for want in [
+            "ew/vec4.cu",
+            "ew/vec8.cu",
+            "row/block_per_row.cu",
+            "mid/split_reduce.cu",
+            "scan/block_scan.cu",
+            "mm/tiled.cu",
+            "gemm_reduce/block_per_row.cu",
+            "loss/atomic.cu",
+            "loss/block_per_row.cu",
+            "norm/feature_columns.cu",
+            "norm/block_per_plane.cu",
+        ] {
+            assert!(keys.iter().any(|k| k == want), "{want} not in {keys:?}");
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut files = Vec::new();
+        for f in by_template.values() {
+            let sources = std::iter::once(("naive.cu".to_string(), f.naive.clone()))
+                .chain(f.optimized.iter().cloned());
+            for (name, src) in sources {
+                let path = dir.path().join(format!("{}_{name}", f.spec.id));
+                std::fs::write(&path, format!("{src}{}", f.spec.shim())).expect("write");
+                files.push(path);
+            }
+        }
+        // Two compilers at a time.
+        let half = files.len().div_ceil(2);
+        std::thread::scope(|s| {
+            for (i, chunk) in files.chunks(half).enumerate() {
+                let (nvcc, dir) = (&nvcc, dir.path());
+                s.spawn(move || {
+                    for f in chunk {
+                        let out = std::process::Command::new(&nvcc.path)
+                            .args(["-arch=sm_90", "-c", "-o"])
+                            .arg(dir.join(format!("k{i}.o")))
+                            .arg(f)
+                            .output()
+                            .expect("nvcc runs");
+                        assert!(
+                            out.status.success(),
+                            "{}: {}",
+                            f.display(),
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                    }
+                });
+            }
+        });
     }
 }
