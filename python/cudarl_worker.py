@@ -945,7 +945,7 @@ class Cupti:
         if version.value < 130000:
             raise OSError(f"CUPTI API version {version.value}: the records are read as CUPTI 13.0 lays them out")
         self.lib.cuptiActivityGetNextRecord.argtypes = [c.c_void_p, c.c_size_t, c.POINTER(c.c_void_p)]
-        self.buffers, self.ran = {}, []
+        self.buffers, self.ran, self.failed = {}, [], None
         requested = c.CFUNCTYPE(None, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t), c.POINTER(c.c_size_t))
         completed = c.CFUNCTYPE(None, c.c_void_p, c.c_uint32, c.c_void_p, c.c_size_t, c.c_size_t)
         self.on_request, self.on_complete = requested(self.request), completed(self.complete)
@@ -964,6 +964,14 @@ class Cupti:
         buf[0], size[0], max_records[0] = at, self.BUFFER, 0
 
     def complete(self, _ctx, _stream, buf, _size, valid):
+        try:
+            self.read(buf, valid)
+        except Exception as e:  # on CUPTI's thread: `run` raises it
+            with self.lock:
+                self.failed = self.failed or f"{type(e).__name__}: {e}"
+                self.buffers.pop(buf, None)
+
+    def read(self, buf, valid):
         c, rec = self.c, self.c.c_void_p()
         got = []
         while self.lib.cuptiActivityGetNextRecord(buf, valid, c.byref(rec)) == 0:
@@ -986,9 +994,10 @@ class Cupti:
     def run(self, fn):
         """The GPU work of `fn()`: `[(name, ns), ...]` in completion order; kernel names as
         CUPTI gives them (mangled: `_Z11relu_kernelPKfPfi`), copies `Memcpy HtoD|DtoH|DtoD|...`,
-        sets `Memset`."""
+        sets `Memset`. Raises `OSError` when a buffer's records could not be read (a list with
+        records missing is never returned)."""
         with self.lock:
-            self.ran = []
+            self.ran, self.failed = [], None
         kinds = (self.KERNEL, self.MEMCPY, self.MEMSET)
         try:
             for k in kinds:
@@ -1000,7 +1009,9 @@ class Cupti:
                 self.lib.cuptiActivityDisable(k)
             self.check(self.lib.cuptiActivityFlushAll(1), "flush")  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
         with self.lock:
-            ran, self.ran = self.ran, []
+            ran, self.ran, failed = self.ran, [], self.failed
+        if failed:
+            raise OSError(f"CUPTI records unreadable: {failed}")
         return ran
 
 
