@@ -1056,6 +1056,21 @@ def kernels_ran(fn):
     return sorted(([n, t] for n, t in ns.items()), key=lambda x: -x[1])[:PROFILED_KERNELS]
 
 
+def libc_calls():
+    """The C library through ctypes, `errno` kept (`ctypes.get_errno`), `syscall` returning a
+    `long`: for the system calls Python has no wrapper for (seccomp, Landlock, prctl)."""
+    import ctypes as c
+
+    global LIBC
+    if LIBC is None:
+        LIBC = c.CDLL(None, use_errno=True)
+        LIBC.syscall.restype = c.c_long
+    return LIBC
+
+
+LIBC = None
+
+
 def handed_filters():
     """The seccomp filters handed over by `cudarl-pipe-runner exec --defer-filter` (the read end
     of a pipe, its number in `CUDARL_SECCOMP_FD`; format: `syscalls::to_bytes` in
@@ -1083,8 +1098,7 @@ def install_handed_filters(data):
     class Fprog(c.Structure):
         _fields_ = [("len", c.c_ushort), ("filter", c.c_void_p)]
 
-    libc = c.CDLL(None, use_errno=True)
-    libc.syscall.restype = c.c_long
+    libc = libc_calls()
     sys_seccomp, set_mode_filter, tsync = 317, 1, 1  # x86-64 <asm/unistd_64.h>, <linux/seccomp.h>
     at, n_filters = 0, 0
     while at < len(data):
@@ -1170,8 +1184,7 @@ def landlock_beside(outside, own):
     import stat
     import struct
 
-    libc = c.CDLL(None, use_errno=True)
-    libc.syscall.restype = c.c_long
+    libc = libc_calls()
     create, add_rule, restrict = 444, 445, 446  # x86-64 <asm/unistd_64.h>
     abi = libc.syscall(c.c_long(create), None, c.c_size_t(0), c.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
     if abi < 1:
@@ -1397,6 +1410,13 @@ class RunnerGone(Exception):
         self.failure, self.detail = failure, detail
 
 
+def err_tail(f):
+    """The last three lines of a process's stderr file `f` (its last 2 KiB), joined by ` | `."""
+    f.seek(0, 2)
+    f.seek(max(0, f.tell() - 2048))
+    return " | ".join(f.read().decode("utf-8", "replace").strip().splitlines()[-3:])
+
+
 class Zygote:
     """The judge's side of the runners' zygote (`zygote_main`): one per worker, started inside
     the interpreter sandbox from `spec` (from the Rust side: `argv`, the sandbox wrapper, the
@@ -1438,9 +1458,7 @@ class Zygote:
         raise RunnerGone("harness", f"the runners' zygote did not start: {self.tail()}")
 
     def tail(self):
-        self.err.seek(0, 2)
-        self.err.seek(max(0, self.err.tell() - 2048))
-        return " | ".join(self.err.read().decode("utf-8", "replace").strip().splitlines()[-3:])
+        return err_tail(self.err)
 
     def line(self, timeout):
         """The zygote's next line other than an `exit` (kept in `exits`); None when `timeout` (s)
@@ -1657,9 +1675,7 @@ class TorchRunner:
             return RunnerGone(
                 "sandbox_violation", "the candidate made a system call the sandbox forbids (the runner was killed)"
             )
-        self.err.seek(0, 2)
-        self.err.seek(max(0, self.err.tell() - 2048))
-        tail = " | ".join(self.err.read().decode("utf-8", "replace").strip().splitlines()[-3:])
+        tail = err_tail(self.err)
         if rc == 125:
             return RunnerGone("harness", f"the runner's sandbox could not be set up: {tail}")
         return RunnerGone("crash", f"the runner exited ({rc}): {tail}")
@@ -2408,11 +2424,11 @@ class RunnerState:
         return "synced"
 
 
-def torch_runner_main(rfd, wfd, filters):
+def torch_runner_main(rfd, wfd, filters, profile):
     """A forked runner's loop (`zygote_main`); requests on file descriptor R, one answer line
     each on W (`ok`, `done`, `ready`, `synced`, `error <text>`, `cuda_error <text>`), after `up`
     once it is ready for the first; `filters`: the seccomp filters to install once CUDA and
-    CUPTI are up (`handed_filters`)."""
+    CUPTI are up (`handed_filters`); `profile`: start CUPTI (False for a run that only tests)."""
     out = os.fdopen(wfd, "w")
 
     def say(word, text=""):
@@ -2421,10 +2437,9 @@ def torch_runner_main(rfd, wfd, filters):
 
     st = RunnerState(Driver())
     # CUPTI's first use (it opens files and starts threads; 0.03 s on the H200 host) happens
-    # before the filters and the candidate, unless the run will not profile
-    # (CUDARL_RUNNER_PROFILER=0: a run that only tests). Where CUPTI cannot start at all,
-    # `profile` answers "none" and the judge reports no kernels.
-    if os.environ.get("CUDARL_RUNNER_PROFILER") == "0":
+    # before the filters and the candidate, unless the run will not profile. Where CUPTI cannot
+    # start at all, `profile` answers "none" and the judge reports no kernels.
+    if not profile:
         st.no_profiler = "not started: this run does not profile"
     else:
         try:
@@ -2536,13 +2551,12 @@ def runner_child(req, fds, filters, zygote):
     file, every other inherited descriptor closed, a Landlock layer that hides the other
     runners' scratch directories (`landlock_beside`), `HOME` and `TMPDIR` its own scratch
     directory."""
-    import ctypes as c
     import signal
     import tempfile
 
     try:
         os.setpgid(0, 0)
-        c.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc_calls().prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != zygote:
             os._exit(125)  # the zygote ended before the signal was set
         r_req, w_ans, err = fds
@@ -2557,20 +2571,18 @@ def runner_child(req, fds, filters, zygote):
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         landlock_beside(req["outside"], req["dir"])
-        c.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (the wrapper set it already)
+        libc_calls().prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (the wrapper set it already)
         install_handed_filters(signal_filter(os.getpid()))
         os.chdir(req["dir"])
         tempfile.tempdir = None
         os.environ["HOME"] = os.environ["TMPDIR"] = req["dir"]
-        if not req.get("profile", True):
-            os.environ["CUDARL_RUNNER_PROFILER"] = "0"
     except BaseException as e:  # the runner's confinement failed: exit code 125, as the wrapper's
         with contextlib.suppress(Exception):
             print(f"runner set-up: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(125)
     code = 0
     try:
-        torch_runner_main(r_req, w_ans, filters)
+        torch_runner_main(r_req, w_ans, filters, req.get("profile", True))
     except BaseException:
         traceback.print_exc()
         code = 1

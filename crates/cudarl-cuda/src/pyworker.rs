@@ -215,19 +215,21 @@ pub struct SandboxedPython {
 }
 
 /// The worker script in `mode` (`--extract`, `--torch-zygote`) inside the interpreter sandbox:
-/// it reads only the interpreter's own files, the worker script, `/proc`, `/sys` and `reads`
-/// (with `gpu`, also what the driver reads and the GPU's device files); it writes only to
-/// `scratch`; it starts no process and opens no socket. With `gpu` the system-call filters are
-/// handed to the script (`--defer-filter`), which installs them once CUDA is up and before the
-/// candidate loads; Landlock and the limits hold from the start.
+/// it reads only the interpreter's own files, the worker script, `/proc` and `/sys` (with
+/// `gpu`, also what the driver reads and the GPU's device files); it writes only to `scratch`
+/// (its `HOME` and `TMPDIR`) and `writes`; once filtered, it starts no process and opens no
+/// socket. With `gpu` the system-call filters are handed to the script (`--defer-filter`),
+/// which installs them once CUDA is up and before the candidate loads (the zygote forks its
+/// runners unfiltered, and each runner installs them); Landlock and the limits hold from the
+/// start.
 ///
 /// # Errors
 /// The interpreter's paths cannot be read (it does not run).
 pub fn sandboxed_python(
     root: &Path,
     scratch: &Path,
+    writes: &[PathBuf],
     gpu: bool,
-    reads: &[PathBuf],
     mode: &str,
 ) -> Result<SandboxedPython, String> {
     let paths = python_paths(root)?;
@@ -254,7 +256,6 @@ pub fn sandboxed_python(
         PathBuf::from("/etc/localtime"),
     ];
     all.extend(paths.site.iter().cloned());
-    all.extend(reads.iter().cloned());
     for r in all {
         argv.extend(["--read".into(), s(&r)]);
     }
@@ -262,7 +263,10 @@ pub fn sandboxed_python(
     for d in ["/dev/null", "/dev/urandom"] {
         argv.extend(["--device".into(), d.into()]);
     }
-    argv.extend(["--write".into(), s(scratch), "--".into()]);
+    for w in std::iter::once(scratch).chain(writes.iter().map(PathBuf::as_path)) {
+        argv.extend(["--write".into(), s(w)]);
+    }
+    argv.push("--".into());
     argv.extend([s(&paths.invoked), s(&root.join(SCRIPT)), mode.into()]);
     let mut env = vec![
         ("HOME".to_string(), s(scratch)),
@@ -306,7 +310,7 @@ pub fn extract_inline(
     // A private, empty scratch directory is the only writable place (torch's import asks for a
     // usable temp dir); it is removed with this function's return.
     let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let sb = sandboxed_python(root, scratch.path(), false, &[], "--extract")?;
+    let sb = sandboxed_python(root, scratch.path(), &[], false, "--extract")?;
     let mut cmd = Command::new(&sb.argv[0]);
     cmd.args(&sb.argv[1..]);
     cmd.env_clear().envs(sb.env.iter().map(|(k, v)| (k, v)));

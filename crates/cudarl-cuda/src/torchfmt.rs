@@ -940,18 +940,11 @@ impl RunnerRoot {
                 }
             }
         }
-        let mut zygote = crate::pyworker::sandboxed_python(root, &at, true, &[], "--torch-zygote")?;
         // Each runner writes its own `/proc/self/task` (the driver names its threads there),
         // which the wrapper would resolve to the zygote's: the zygote may write `/proc`, and
         // every runner narrows that to its own task directory (`landlock_beside`).
-        let end = zygote
-            .argv
-            .iter()
-            .position(|a| a == "--")
-            .unwrap_or(zygote.argv.len());
-        zygote
-            .argv
-            .splice(end..end, ["--write".to_string(), "/proc".to_string()]);
+        let proc = [PathBuf::from("/proc")];
+        let zygote = crate::pyworker::sandboxed_python(root, &at, &proc, true, "--torch-zygote")?;
         let zygote = serde_json::to_value(zygote).map_err(|e| e.to_string())?;
         Ok(RunnerRoot {
             dir,
@@ -1198,7 +1191,7 @@ pub fn run(
     let runner = match pool.next_runner.take() {
         // A runner started without the profiler never serves a run that profiles (nor the
         // reverse: its spec differs, and the worker ends it).
-        Some((d, spec, profile)) if profile == opts.profile => Ok((d, spec)),
+        Some((d, spec)) if spec["profile"] == opts.profile => Ok((d, spec)),
         _ => runner_scratch(pool, &opts.root, opts.profile, scratch_in),
     }
     .and_then(|(d, spec)| Ok((relocate(cand, d.path())?, d, spec)));
@@ -1256,7 +1249,7 @@ pub fn run(
                 // not sent to a worker on its way out (and judged `crash`).
                 pool.restart();
             } else {
-                pool.next_runner = next.map(|(d, spec)| (d, spec, opts.profile));
+                pool.next_runner = next;
             }
             let kernels = a.kernels.clone();
             let v = apply_answer(v, a, problem, &sos);

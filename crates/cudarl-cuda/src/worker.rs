@@ -277,9 +277,9 @@ pub struct WorkerPool {
     /// Workers started so far (replacements included).
     pub spawned: usize,
     /// The sandboxed runner this pool's worker starts ahead for its next torch-format run
-    /// ([`crate::torchfmt::run`]): its scratch directory (removed when dropped), its spec, and
-    /// whether it starts the profiler.
-    pub next_runner: Option<(tempfile::TempDir, serde_json::Value, bool)>,
+    /// ([`crate::torchfmt::run`]): its scratch directory (removed when dropped) and its spec
+    /// (which says whether it starts CUPTI, `profile`).
+    pub next_runner: Option<(tempfile::TempDir, serde_json::Value)>,
     /// The folder this pool's torch-format runners' scratch directories live in and the spec of
     /// the zygote that forks them ([`crate::torchfmt::RunnerRoot`]), made with the first run.
     pub runner_root: Option<crate::torchfmt::RunnerRoot>,

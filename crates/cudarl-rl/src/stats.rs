@@ -128,11 +128,9 @@ impl MeanDiff {
         if n == 0 {
             return None;
         }
-        let mean = d.iter().sum::<f64>() / n as f64;
-        let se = (n >= 2).then(|| {
-            let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-            (var / n as f64).sqrt()
-        });
+        // The population deviation over sqrt(n - 1) is the sample deviation over sqrt(n).
+        let (mean, sd) = mean_std(d);
+        let se = (n >= 2).then(|| sd / ((n - 1) as f64).sqrt());
         Some(MeanDiff { mean, se, n })
     }
 

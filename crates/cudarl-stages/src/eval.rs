@@ -849,46 +849,38 @@ impl Stage for Eval {
                     ..summary(&sel, mode == "full", is_kernelbench(split))
                 });
             }
-            // The task-family splits again per tier (`test/tier{t}`), episodes only (their
-            // generation and harness seconds are in the split's row).
-            for &(split, _) in &splits {
-                for tier in 0..TIER_SPLITS.len() {
-                    let sel: Vec<&Row> = rows
-                        .iter()
-                        .filter(|r| r.ck == checkpoint && r.split == split)
-                        .filter(|r| r.ep.tier == tier as i64)
-                        .collect();
-                    if sel.is_empty() {
-                        continue;
-                    }
+            // A split's episodes again in parts, episodes only (their generation and harness
+            // seconds are in the split's row); a part without episodes has no row.
+            let mut part = |split: &str, name: &'static str, keep: &dyn Fn(&Row) -> bool| {
+                let sel: Vec<&Row> = rows
+                    .iter()
+                    .filter(|r| r.ck == checkpoint && r.split == split && keep(r))
+                    .collect();
+                if !sel.is_empty() {
                     sums.push(SummaryRow {
                         checkpoint,
-                        split: tier_split(split, tier),
+                        split: name,
                         mode,
                         device,
-                        ..summary(&sel, mode == "full", false)
+                        ..summary(&sel, mode == "full", is_kernelbench(split))
+                    });
+                }
+            };
+            // The task-family splits per tier (`test/tier{t}`).
+            for &(split, _) in &splits {
+                for tier in 0..TIER_SPLITS.len() {
+                    part(split, tier_split(split, tier), &|r| {
+                        r.ep.tier == tier as i64
                     });
                 }
             }
-            // Each level's hold-out problems again by op coverage (`kernelbench/level{L}/
-            // novel_ops` and `seen_ops`), episodes only; a side without problems has no row.
+            // Each level's hold-out problems by op coverage (`kernelbench/level{L}/novel_ops`
+            // and `seen_ops`).
             let Some(k) = &kb else { continue };
             for (split, _) in k.by_split.iter().filter(|l| l.0 != PRACTISED) {
                 for novel in [true, false] {
-                    let sel: Vec<&Row> = rows
-                        .iter()
-                        .filter(|r| r.ck == checkpoint && r.split == *split)
-                        .filter(|r| k.is_novel(&r.ep.task_id) == novel)
-                        .collect();
-                    if sel.is_empty() {
-                        continue;
-                    }
-                    sums.push(SummaryRow {
-                        checkpoint,
-                        split: ops_split(split, novel),
-                        mode,
-                        device,
-                        ..summary(&sel, mode == "full", true)
+                    part(split, ops_split(split, novel), &|r| {
+                        k.is_novel(&r.ep.task_id) == novel
                     });
                 }
             }
