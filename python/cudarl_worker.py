@@ -1748,10 +1748,12 @@ class TorchJudge:
         self.profiler = False
 
     def close(self):
+        """Ends the runner and frees the arenas (again: nothing)."""
         self.runner.close()
         for a in (self.arena, self.switch_arena):
             if a is not None:
                 a.free()
+        self.arena = self.switch_arena = None
 
     def measure_switch(self, pairs=5):
         """The GPU's switch to the runner's context and back, ms, into `switch_ms`: windows on a
@@ -2197,6 +2199,39 @@ def judge_torch(judge, req, res, t_start):
         heartbeat()
         res["tests"].append(judge.test(t))
     res["worker_ms"]["tests"] = (time.perf_counter() - t_tests) * 1e3
+    # The problem's own sizes (KernelBench's take up to tens of GB with the reference's outputs):
+    # one worker of the machine at a time (`full_size_lock`), and what it allocated is given
+    # back before the next one starts, so testers beside each other and the trainers' generation
+    # on the same GPU do not run out of memory.
+    t_wait = time.perf_counter()
+    with full_size_lock(req.get("full_size_lock")):
+        ms["full_size_wait"] = (time.perf_counter() - t_wait) * 1e3
+        try:
+            judge_full_size(judge, req, res)
+        finally:
+            judge.close()
+            torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def full_size_lock(path):
+    """An exclusive flock(2) on `path` while the block runs (none without a path)."""
+    if not path:
+        yield
+        return
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def judge_full_size(judge, req, res):
+    """`judge_torch`'s steps at the problem's own sizes: the check against the reference, the
+    kernels one forward ran, timing."""
     # Always run (also after a recorded test failed: a kernel that is right only at the
     # problem's sizes is told apart from a wrong one).
     heartbeat()

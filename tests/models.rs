@@ -282,7 +282,7 @@ fn archive_kernels_in_the_native_abi_become_kernelbench_sft_examples() {
         o.iter()
             .all(|r| !r["task_id"].as_str().unwrap().starts_with("kb/"))
     );
-    // Off by default.
+    // Off without the setting (these projects turn it off, as the `cpu` profile does).
     let plain = rows(&p, "sft-data", "sft_generator");
     assert!(
         plain

@@ -95,7 +95,11 @@ impl Project {
                 .replace(
                     "[stages.validate-archive]\n",
                     "[stages.validate-archive]\narchive_limit = 3\n",
-                );
+                )
+                // What the `cpu` profile turns off (these copies run without it): the archives'
+                // kernels in SFT and KernelBench problems in RL (tests that want them set them).
+                .replace("\narchive = true ", "\narchive = false ")
+                .replace("\nkernelbench_share = 0.25 ", "\nkernelbench_share = 0.0 ");
             std::fs::write(&pl, text).unwrap();
         }
         Project { dir }

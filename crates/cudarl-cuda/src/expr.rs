@@ -29,6 +29,11 @@
 //! | `layernorm(x, w, b, eps)` | `F.layer_norm` over the last dimension |
 //! | `matmul(a, b)` | matrix product |
 //! | `transpose(x)` | swaps the last two dimensions |
+//! | `prod(x, d)` | product over dimension `d`; a third argument `1` keeps it |
+//! | `cumprod(x, d)` | inclusive prefix product over dimension `d` |
+//! | `conv1d(x, w, s, p, g)`, `conv2d(x, w, s, p, g)` | `F.conv1d` / `F.conv2d` with stride `s`, padding `p`, `g` groups (integer literals); a bias `b` after `w` (`conv2d(x, w, b, s, p, g)`) |
+//! | `max_pool1d(x, k, s)`, `avg_pool1d(x, k, s)`, `max_pool2d(x, k, s)`, `avg_pool2d(x, k, s)` | `F.max_pool1d` ... with window `k` and stride `s` (integer literals), no padding |
+//! | `group_norm(x, w, b, g, eps)` | `F.group_norm(x, g, w, b, eps)` |
 //!
 //! Besides the value, evaluation can produce a **magnitude** per element, the `m` of the
 //! tolerance test `|out - ref| <= atol + rtol * m`. It bounds how large rounding in any correct
@@ -43,7 +48,11 @@
 //! perturbation `e` of the inputs moves them by at most `e`, their float evaluation by `|y| u`);
 //! max/min take the largest operand magnitude; softmax uses `p (1 + 2 max m)` (the derivative of
 //! `p_i` is `p_i (delta_ij - p_j)`, so an input perturbation `e` moves `p_i` by at most
-//! `2 p_i e`); layernorm uses `(|y_hat| + 1) m(w) + m(b)` with `y_hat` the normalized input.
+//! `2 p_i e`); layernorm and group_norm use `(|y_hat| + 1) m(w) + m(b)` with `y_hat` the
+//! normalized input. A convolution is a sum of products, so its magnitude is the convolution of
+//! the magnitudes (`conv(m(x), m(w)) + m(b)`); max pooling takes the window's largest magnitude,
+//! average pooling averages them; `prod` and `cumprod` take `n |y|` for `n` factors (the
+//! relative error bound of a product of `n` floats, Higham eq. 3.4, to first order).
 
 /// A parsed reference expression.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,6 +102,15 @@ pub const FUNCTIONS: &[(&str, usize, usize)] = &[
     ("layernorm", 4, 4),
     ("matmul", 2, 2),
     ("transpose", 1, 1),
+    ("prod", 2, 3),
+    ("cumprod", 2, 2),
+    ("conv1d", 5, 6),
+    ("conv2d", 5, 6),
+    ("max_pool1d", 3, 3),
+    ("avg_pool1d", 3, 3),
+    ("max_pool2d", 3, 3),
+    ("avg_pool2d", 3, 3),
+    ("group_norm", 5, 5),
 ];
 
 /// Parses an expression.
@@ -308,7 +326,7 @@ impl Expr {
                         };
                         format!("torch.{t}({}).reshape(1)", a[0])
                     }
-                    "sum" | "mean" | "max" | "min" | "logsumexp" => {
+                    "sum" | "mean" | "max" | "min" | "logsumexp" | "prod" => {
                         let t = match name.as_str() {
                             "max" => "amax",
                             "min" => "amin",
@@ -316,7 +334,7 @@ impl Expr {
                         };
                         format!("torch.{t}({}, dim={}{})", a[0], dim(&args[1]), keep(2))
                     }
-                    "softmax" | "log_softmax" | "cumsum" => {
+                    "softmax" | "log_softmax" | "cumsum" | "cumprod" => {
                         format!("torch.{name}({}, dim={})", a[0], dim(&args[1]))
                     }
                     "layernorm" => format!(
@@ -328,6 +346,32 @@ impl Expr {
                     ),
                     "matmul" => format!("torch.matmul({}, {})", a[0], a[1]),
                     "transpose" => format!("{}.transpose(-2, -1)", a[0]),
+                    "conv1d" | "conv2d" => {
+                        let n = args.len();
+                        let bias = if n == 6 { a[2].as_str() } else { "None" };
+                        format!(
+                            "{f}.{name}({}, {}, {bias}, stride={}, padding={}, groups={})",
+                            a[0],
+                            a[1],
+                            dim(&args[n - 3]),
+                            dim(&args[n - 2]),
+                            dim(&args[n - 1])
+                        )
+                    }
+                    "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" => format!(
+                        "{f}.{name}({}, kernel_size={}, stride={})",
+                        a[0],
+                        dim(&args[1]),
+                        dim(&args[2])
+                    ),
+                    "group_norm" => format!(
+                        "{f}.group_norm({}, {}, {}, {}, {})",
+                        a[0],
+                        dim(&args[3]),
+                        a[1],
+                        a[2],
+                        a[4]
+                    ),
                     other => format!("{other}({})", a.join(", ")),
                 }
             }

@@ -365,6 +365,10 @@ pub struct WorkerMs {
     /// A torch-format run: the problem's own sizes (fresh inputs, the reference, the candidate).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub full_size: f64,
+    /// A torch-format run: waiting for the machine's full-size lock before `full_size` (one
+    /// worker at a time checks a problem at its own sizes).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_size_wait: f64,
     /// A torch-format run: the reference under `torch.compile` (compiling and timing it the
     /// first time on a worker, unless stored).
     #[serde(default, skip_serializing_if = "is_zero")]

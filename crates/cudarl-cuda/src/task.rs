@@ -104,28 +104,111 @@ pub struct TaskError {
     pub message: String,
 }
 
-/// Evaluates a sum of products of integers and size names (`12*n`, `4*rows*cols + 4*rows`).
+/// Evaluates an integer formula over size names: `+ - * /` (`/` divides integers, rounding
+/// toward zero, as C does for the non-negative sizes a shape holds) with the usual precedence
+/// and parentheses, e.g. `12*n`, `4*rows*cols + 4*rows`, `(height - kernel_size)/2 + 1`.
 ///
 /// # Errors
-/// Unknown name or bad token.
+/// Unknown name, bad token, division by zero, overflow.
 pub fn eval_formula(f: &str, sizes: &BTreeMap<String, i64>) -> Result<i64, String> {
-    let mut total: i64 = 0;
-    for term in f.split('+') {
-        let mut prod: i64 = 1;
-        for factor in term.split('*') {
-            let t = factor.trim();
-            let v = if let Ok(n) = t.parse::<i64>() {
-                n
-            } else {
-                *sizes
-                    .get(t)
-                    .ok_or_else(|| format!("unknown size `{t}` in `{f}`"))?
-            };
-            prod = prod.checked_mul(v).ok_or("overflow")?;
-        }
-        total = total.checked_add(prod).ok_or("overflow")?;
+    let toks: Vec<&str> = formula_tokens(f);
+    let mut pos = 0;
+    let v = formula_sum(&toks, &mut pos, sizes, f)?;
+    if pos != toks.len() {
+        return Err(format!("unexpected `{}` in `{f}`", toks[pos]));
     }
-    Ok(total)
+    Ok(v)
+}
+
+fn formula_tokens(f: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in f.char_indices() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            start.get_or_insert(i);
+            continue;
+        }
+        if let Some(s) = start.take() {
+            out.push(&f[s..i]);
+        }
+        if !c.is_whitespace() {
+            out.push(&f[i..i + c.len_utf8()]);
+        }
+    }
+    if let Some(s) = start {
+        out.push(&f[s..]);
+    }
+    out
+}
+
+fn formula_sum(
+    t: &[&str],
+    pos: &mut usize,
+    sizes: &BTreeMap<String, i64>,
+    f: &str,
+) -> Result<i64, String> {
+    let mut v = formula_product(t, pos, sizes, f)?;
+    while let Some(&op @ ("+" | "-")) = t.get(*pos) {
+        *pos += 1;
+        let r = formula_product(t, pos, sizes, f)?;
+        v = if op == "+" {
+            v.checked_add(r)
+        } else {
+            v.checked_sub(r)
+        }
+        .ok_or("overflow")?;
+    }
+    Ok(v)
+}
+
+fn formula_product(
+    t: &[&str],
+    pos: &mut usize,
+    sizes: &BTreeMap<String, i64>,
+    f: &str,
+) -> Result<i64, String> {
+    let mut v = formula_atom(t, pos, sizes, f)?;
+    while let Some(&op @ ("*" | "/")) = t.get(*pos) {
+        *pos += 1;
+        let r = formula_atom(t, pos, sizes, f)?;
+        v = if op == "*" {
+            v.checked_mul(r).ok_or("overflow")?
+        } else {
+            v.checked_div(r)
+                .ok_or_else(|| format!("division by zero in `{f}`"))?
+        };
+    }
+    Ok(v)
+}
+
+fn formula_atom(
+    t: &[&str],
+    pos: &mut usize,
+    sizes: &BTreeMap<String, i64>,
+    f: &str,
+) -> Result<i64, String> {
+    let Some(&tok) = t.get(*pos) else {
+        return Err(format!("`{f}` ends early"));
+    };
+    *pos += 1;
+    match tok {
+        "(" => {
+            let v = formula_sum(t, pos, sizes, f)?;
+            if t.get(*pos) != Some(&")") {
+                return Err(format!("unclosed `(` in `{f}`"));
+            }
+            *pos += 1;
+            Ok(v)
+        }
+        "-" => Ok(-formula_atom(t, pos, sizes, f)?),
+        _ => match tok.parse::<i64>() {
+            Ok(n) => Ok(n),
+            Err(_) => sizes
+                .get(tok)
+                .copied()
+                .ok_or_else(|| format!("unknown size `{tok}` in `{f}`")),
+        },
+    }
 }
 
 /// The default input ranges per seed (1, 100, 0.01): a kernel cannot lean on one range or sign.
@@ -269,9 +352,17 @@ impl TaskSpec {
                     }
                 }
                 for a in &self.args {
-                    if !a.shape.is_empty() {
-                        eval_formula(&a.shape.join("*"), s)
-                            .map_err(|e| format!("arg `{}`: {e}", a.name))?;
+                    for d in &a.shape {
+                        match eval_formula(d, s) {
+                            Ok(v) if v > 0 => {}
+                            Ok(v) => {
+                                return Err(format!(
+                                    "{split}: arg `{}`: dimension `{d}` is {v}",
+                                    a.name
+                                ));
+                            }
+                            Err(e) => return Err(format!("arg `{}`: {e}", a.name)),
+                        }
                     }
                 }
                 eval_formula(&self.bytes, s).map_err(|e| format!("bytes: {e}"))?;
@@ -507,4 +598,35 @@ pub fn load_tasks(root: &Path) -> Result<Vec<Task>, TaskError> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formulas_follow_precedence_and_name_bad_input() {
+        let sizes = BTreeMap::from([("h".to_string(), 33), ("k".to_string(), 4)]);
+        for (f, want) in [
+            ("12*h", 396),
+            ("4*h*k + 4*h", 660),
+            ("h-k+1", 30),
+            ("(h - k)/2 + 1", 15),
+            ("(h+2*1-k)/2+1", 16),
+            ("-k + h", 29),
+            ("7", 7),
+        ] {
+            assert_eq!(eval_formula(f, &sizes), Ok(want), "{f}");
+        }
+        for (f, want) in [
+            ("h*w", "unknown size `w`"),
+            ("h/(k-4)", "division by zero"),
+            ("(h-k", "unclosed `(`"),
+            ("h k", "unexpected `k`"),
+            ("h-", "ends early"),
+        ] {
+            let e = eval_formula(f, &sizes).unwrap_err();
+            assert!(e.contains(want), "{f}: {e}");
+        }
+    }
 }

@@ -1213,7 +1213,8 @@ pub fn run(
         "candidate": cand, "tests": problem.tests, "atol": problem.tol, "rtol": problem.tol,
         "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s,
         "torch_compile": opts.torch_compile, "reference": reference,
-        "next_runner": next.as_ref().map(|n| &n.1), "profile": opts.profile});
+        "next_runner": next.as_ref().map(|n| &n.1), "profile": opts.profile,
+        "full_size_lock": crate::worker::GpuLock::full_size_path(&pool.gpu_id())});
     // Only timing needs the GPU alone: a run that tests shares it with other testers.
     let outcome = if opts.bench.is_some() {
         pool.run_line(&req.to_string(), opts.wall)
@@ -1592,5 +1593,49 @@ print(json.dumps([
              (directly and through a link), the listing, other /proc writes, signals to its \
              parent, clearing its death signal"
         );
+    }
+
+    /// Two worker processes checking at their problems' own sizes take turns
+    /// (`full_size_lock` on [`crate::worker::GpuLock::full_size_path`]): their holds of the
+    /// lock never overlap in time, whichever comes first.
+    #[test]
+    fn full_size_checks_take_turns_across_processes() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = tempfile::tempdir().unwrap();
+        let id = format!("turns-{}", std::process::id());
+        let lock = crate::worker::GpuLock::full_size_path(&id);
+        let probe = format!(
+            r#"
+import sys, time
+sys.path.insert(0, {script:?})
+import cudarl_worker as w
+with w.full_size_lock(sys.argv[1]):
+    t0 = time.time()
+    time.sleep(0.7)
+    print(t0, time.time())
+"#,
+            script = root.join("python").display().to_string(),
+        );
+        let spawn = || {
+            std::process::Command::new(crate::pyworker::python(&root))
+                .args(["-c", &probe, &lock.display().to_string()])
+                .current_dir(dir.path())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        let span = |c: std::process::Child| -> (f64, f64) {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success());
+            let t: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect();
+            (t[0], t[1])
+        };
+        let (x, y) = (span(a), span(b));
+        let _ = std::fs::remove_file(&lock);
+        assert!(x.1 <= y.0 || y.1 <= x.0, "held at once: {x:?} and {y:?}");
     }
 }

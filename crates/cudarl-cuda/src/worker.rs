@@ -92,6 +92,13 @@ impl GpuLock {
         dir.join(format!("cudarl-gpu-{id}.lock"))
     }
 
+    /// The file of the machine-wide lock under which one worker at a time checks a torch-format
+    /// candidate at its problem's own sizes (`full_size_lock` in the worker script): beside the
+    /// GPU `id`'s lock, `cudarl-gpu-<id>-full-size.lock`.
+    pub fn full_size_path(id: &str) -> PathBuf {
+        Self::path(&format!("{id}-full-size"))
+    }
+
     fn open(id: &str) -> std::io::Result<std::fs::File> {
         std::fs::OpenOptions::new()
             .create(true)
@@ -308,7 +315,7 @@ impl WorkerPool {
     }
 
     /// The GPU this pool's jobs run on, as the lock id of [`GpuLock`].
-    fn gpu_id(&self) -> String {
+    pub(crate) fn gpu_id(&self) -> String {
         self.env
             .iter()
             .rev()

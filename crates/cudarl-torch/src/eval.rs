@@ -368,8 +368,100 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
                 .transpose()?;
             Ok(Val::T(v, m))
         }
+        "prod" | "cumprod" => {
+            let d = int_arg(&args[1], f)?;
+            let sizes = x.size();
+            let at = if d < 0 { d + sizes.len() as i64 } else { d };
+            let n = usize::try_from(at)
+                .ok()
+                .and_then(|i| sizes.get(i))
+                .ok_or_else(|| err(format!("`{f}`: no dimension {d}")))?;
+            let n = *n as f64;
+            let op = |t: &Tensor| -> R<Tensor> {
+                if f == "prod" {
+                    t.f_prod_dim_int(d, keep()?, None::<Kind>)
+                } else {
+                    t.f_cumprod(d, None::<Kind>)
+                }
+            };
+            let v = op(&x)?;
+            // n factors: relative error at most about n u of the product of magnitudes.
+            let m = mx.map(|m| op(&m)?.f_mul_scalar(n.max(1.0))).transpose()?;
+            Ok(Val::T(v, m))
+        }
+        "conv1d" | "conv2d" => {
+            let (w, mw) = tensor_arg(&args[1], env, mag, f)?;
+            let n = args.len();
+            let (b, mb) = if n == 6 {
+                let (b, mb) = tensor_arg(&args[2], env, mag, f)?;
+                (Some(b), mb)
+            } else {
+                (None, None)
+            };
+            let (st, pad, groups) = (
+                int_arg(&args[n - 3], f)?,
+                int_arg(&args[n - 2], f)?,
+                int_arg(&args[n - 1], f)?,
+            );
+            let conv = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| -> R<Tensor> {
+                if f == "conv1d" {
+                    x.f_conv1d(w, b, [st], [pad], [1], groups)
+                } else {
+                    x.f_conv2d(w, b, [st, st], [pad, pad], [1, 1], groups)
+                }
+            };
+            let v = conv(&x, &w, b.as_ref())?;
+            let m = match (mx, mw) {
+                (Some(mx), Some(mw)) => Some(conv(&mx, &mw, mb.as_ref())?),
+                _ => None,
+            };
+            Ok(Val::T(v, m))
+        }
+        "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" => {
+            let (k, st) = (int_arg(&args[1], f)?, int_arg(&args[2], f)?);
+            let pool = |t: &Tensor| -> R<Tensor> {
+                match f {
+                    "max_pool1d" => t.f_max_pool1d([k], [st], [0], [1], false),
+                    "avg_pool1d" => t.f_avg_pool1d([k], [st], [0], false, true),
+                    "max_pool2d" => t.f_max_pool2d([k, k], [st, st], [0, 0], [1, 1], false),
+                    _ => t.f_avg_pool2d([k, k], [st, st], [0, 0], false, true, None::<i64>),
+                }
+            };
+            let v = pool(&x)?;
+            let m = mx.map(|m| pool(&m)).transpose()?;
+            Ok(Val::T(v, m))
+        }
+        "group_norm" => {
+            let (w, mw) = tensor_arg(&args[1], env, mag, f)?;
+            let (b, mb) = tensor_arg(&args[2], env, mag, f)?;
+            let groups = int_arg(&args[3], f)?;
+            let eps = num_arg(4)?;
+            let v = x.f_group_norm(groups, Some(&w), Some(&b), eps, false)?;
+            let m = match (mw, mb) {
+                (Some(mw), Some(mb)) => {
+                    // (|y_hat| + 1) m(w) + m(b), the per-channel affine of the normalized input.
+                    let yhat =
+                        x.f_group_norm(groups, None::<Tensor>, None::<Tensor>, eps, false)?;
+                    let z = yhat.f_abs()?.f_add_scalar(1.0)?;
+                    Some(affine(&z, &mw, &mb)?)
+                }
+                _ => None,
+            };
+            Ok(Val::T(v, m))
+        }
         _ => Err(err(format!("unknown function `{f}`"))),
     }
+}
+
+/// `z * w + b` with the per-channel `w` and `b` (shape `(C,)`) over dimension 1 of `z`.
+fn affine(z: &Tensor, w: &Tensor, b: &Tensor) -> R<Tensor> {
+    let mut shape = vec![1i64; z.dim()];
+    if shape.len() < 2 {
+        return Err(err("`group_norm` needs a (N, C, ...) input"));
+    }
+    shape[1] = -1;
+    z.f_mul(&w.f_reshape(shape.as_slice())?)?
+        .f_add(&b.f_reshape(shape.as_slice())?)
 }
 
 #[cfg(test)]
@@ -461,6 +553,55 @@ mod tests {
         );
         assert_eq!(v, vec![-1.0, 1.0]);
         assert_eq!(m, vec![2.0, 2.0]);
+    }
+
+    #[test]
+    fn windows_products_and_groups_by_hand() {
+        // conv1d of [1, 2, -3, 4] with [1, -1] (no padding, stride 1): [-1, 5, -7]; magnitude
+        // the convolution of magnitudes.
+        let x = t(&[1.0, 2.0, -3.0, 4.0], &[1, 1, 4]);
+        let w = t(&[1.0, -1.0], &[1, 1, 2]);
+        let (v, m) = run("conv1d(x, w, 1, 0, 1)", &[("x", &x), ("w", &w)], &[]);
+        assert_eq!(v, vec![-1.0, 5.0, -7.0]);
+        assert_eq!(m, vec![3.0, 5.0, 7.0]);
+        // With a bias, stride 2, padding 1: windows [0, 1], [2, -3], [4, 0].
+        let b = t(&[0.5], &[1]);
+        let (v, m) = run(
+            "conv1d(x, w, b, 2, 1, 1)",
+            &[("x", &x), ("w", &w), ("b", &b)],
+            &[],
+        );
+        assert_eq!(v, vec![-0.5, 5.5, 4.5]);
+        assert_eq!(m, vec![1.5, 5.5, 4.5]);
+        // 2 x 2 windows of a 2 x 4 plane, stride 2.
+        let p = t(&[1.0, -5.0, 2.0, 3.0, 0.0, 4.0, -1.0, 7.0], &[1, 1, 2, 4]);
+        let (v, m) = run("max_pool2d(p, 2, 2)", &[("p", &p)], &[]);
+        assert_eq!((v, m), (vec![4.0, 7.0], vec![5.0, 7.0]));
+        let (v, _) = run("avg_pool2d(p, 2, 2)", &[("p", &p)], &[]);
+        assert_eq!(v, vec![0.0, 2.75]);
+        let (v, _) = run("max_pool1d(x, 2, 1)", &[("x", &x)], &[]);
+        assert_eq!(v, vec![2.0, 2.0, 4.0]);
+        let (v, _) = run("avg_pool1d(x, 3, 1)", &[("x", &x)], &[]);
+        assert_eq!(v, vec![0.0, 1.0]);
+        // Products: n |y| for n factors.
+        let q = t(&[1.0, 2.0, -3.0, 0.5, 4.0, 2.0], &[2, 3]);
+        let (v, m) = run("prod(q, 1)", &[("q", &q)], &[]);
+        assert_eq!((v, m), (vec![-6.0, 4.0], vec![18.0, 12.0]));
+        let (v, _) = run("prod(q, 0, 1)", &[("q", &q)], &[]);
+        assert_eq!(v, vec![0.5, 8.0, -6.0]);
+        let (v, _) = run("cumprod(q, 1)", &[("q", &q)], &[]);
+        assert_eq!(v, vec![1.0, 2.0, -6.0, 0.5, 2.0, 4.0]);
+        // group_norm with one group of [1, 3] over two channels, w = [2, 1], b = [0, 1],
+        // eps 0: y_hat [-1, 1] -> [-2, 2]; magnitude (|y_hat| + 1) |w| + |b| = [4, 3].
+        let g = t(&[1.0, 3.0], &[1, 2, 1]);
+        let gw = t(&[2.0, 1.0], &[2]);
+        let gb = t(&[0.0, 1.0], &[2]);
+        let (v, m) = run(
+            "group_norm(g, w, b, 1, 0)",
+            &[("g", &g), ("w", &gw), ("b", &gb)],
+            &[],
+        );
+        assert_eq!((v, m), (vec![-2.0, 2.0], vec![4.0, 3.0]));
     }
 
     #[test]

@@ -1,0 +1,911 @@
+//! Convolution families: KernelBench's convolutions (level 1 `conv_standard_1D`,
+//! `conv_standard_2D__square_input__square_kernel`, `conv_depthwise_2D_square_input_square_kernel`,
+//! `conv_pointwise_2D`; level 2 `Conv2d_ReLU_BiasAdd` and its kin) as seeded families.
+//!
+//! Kinds and tiers:
+//! - tier 2, `conv:conv1d`: `nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)` over
+//!   `x` of shape `(batch_size, in_channels, length)`, stride 1, no padding; the output is
+//!   `(batch_size, out_channels, length - kernel_size + 1)`.
+//! - tier 2, `conv:conv2d`: `nn.Conv2d(in_channels, out_channels, kernel_size, bias=False)` over
+//!   `(batch_size, in_channels, height, width)` with a square kernel; some families stride 2
+//!   (`|stride2`) or pad by `kernel_size // 2` (`|pad`), both literals of the module's call.
+//! - tier 2, `conv:depthwise2d`: `nn.Conv2d(in_channels, in_channels, kernel_size,
+//!   groups=in_channels, bias=False)`. The reference language takes the group count as a
+//!   literal, so a depthwise family keeps `in_channels` fixed across its shapes (8, 16 or 32).
+//! - tier 2, `conv:pointwise2d`: the 1x1 convolution `nn.Conv2d(in_channels, out_channels,
+//!   kernel_size=1, bias=False)`.
+//! - tier 3, `conv:fused2d`: `nn.Conv2d(in_channels, out_channels, kernel_size)` with its bias,
+//!   then 1-3 elementwise steps (activations, scaling, clamping) and optionally a parameter
+//!   `self.bias` of shape `(out_channels, 1, 1)` added (broadcast over the batch and the
+//!   pixels).
+//!
+//! PyTorch docs, `torch.nn.Conv1d` and `torch.nn.Conv2d`: output channel `co` of image `n` is
+//! `sum_ci sum_kh sum_kw w[co, ci, kh, kw] x[n, g * Cin/groups + ci, oh * s - p + kh, ow * s - p
+//! + kw]` (zero outside the input) plus the bias, `g` the group of `co`; the output size is
+//! `(H + 2 p - K) / s + 1` per spatial dimension.
+//!
+//! Kernels: the naive one is one thread per output element looping over the input channels of
+//! its group and the window. The fast ones: a block per output tile (32 x 8 pixels in 2D, 128
+//! positions in 1D) and 4 or 8 output channels, the input tile with its halo and the filter taps
+//! staged in shared memory a few input channels at a time, each thread accumulating its pixel's
+//! output channels in registers (`tile_2d.cu`, `tile_1d.cu`); a block per 32 x 32 tile of one
+//! depthwise plane, input tile and filter in shared memory, 4 rows per thread
+//! (`depthwise_tile.cu`); the pointwise convolution as a batched matmul `W (Cout x Cin) X_n
+//! (Cin x H W)` with 32 x 32 shared-memory tiles (`pointwise_gemm.cu`). Kernel sizes 3 and 5
+//! get unrolled window loops; any other size runs the same code with runtime bounds.
+
+use std::collections::BTreeMap;
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use super::{
+    HEADER, MM_TOL, Module, Step, chain_doc, constants, cuda_chain, draw_steps, finish, group_of,
+    kb_spec, params, pick, ref_chain, render_module,
+};
+use crate::families::{Family, Shapes};
+
+/// A convolution kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// `nn.Conv1d`, no bias, stride 1, no padding.
+    Conv1d,
+    /// `nn.Conv2d`, no bias, square `stride` and `pad`.
+    Conv2d { stride: i64, pad: i64 },
+    /// Depthwise `nn.Conv2d` over `channels` channels (fixed across the shapes).
+    Depthwise { channels: i64 },
+    /// The 1x1 `nn.Conv2d`.
+    Pointwise,
+    /// `nn.Conv2d` with its bias, then elementwise steps.
+    Fused,
+}
+
+/// `(batch_size, in_channels, out_channels, height, width)` of one shape; a 1D shape's length
+/// is its width, a depthwise shape's `out_channels` is unused.
+type Dims = (i64, i64, i64, i64, i64);
+
+/// Train shapes of the 1D regimes: balanced, wide channels, long and irregular.
+const CONV1D_REGIMES: [[Dims; 3]; 3] = [
+    [
+        (16, 32, 64, 0, 4096),
+        (8, 64, 128, 0, 2048),
+        (32, 16, 32, 0, 8192),
+    ],
+    [
+        (8, 128, 256, 0, 1024),
+        (4, 256, 512, 0, 512),
+        (64, 32, 64, 0, 1024),
+    ],
+    [
+        (32, 6, 24, 0, 8192),
+        (10, 12, 36, 0, 6000),
+        (7, 40, 72, 0, 3333),
+    ],
+];
+
+/// Train shapes of the 2D regimes (standard and fused convolutions): large images with few
+/// channels, small images with many channels, irregular sizes.
+const CONV2D_REGIMES: [[Dims; 3]; 3] = [
+    [
+        (8, 16, 48, 128, 128),
+        (16, 32, 64, 64, 64),
+        (4, 8, 32, 224, 224),
+    ],
+    [
+        (20, 64, 128, 32, 48),
+        (32, 32, 64, 56, 56),
+        (8, 128, 256, 28, 28),
+    ],
+    [
+        (12, 6, 40, 100, 150),
+        (6, 20, 36, 90, 130),
+        (2, 48, 80, 75, 125),
+    ],
+];
+
+/// Train shapes `(batch_size, height, width)` of the depthwise regimes.
+const DEPTHWISE_REGIMES: [[(i64, i64, i64); 3]; 3] = [
+    [(12, 128, 128), (4, 256, 256), (20, 64, 96)],
+    [(6, 112, 112), (10, 160, 96), (2, 224, 224)],
+    [(7, 150, 100), (9, 99, 141), (3, 127, 129)],
+];
+
+/// Train shapes of the pointwise regimes.
+const POINTWISE_REGIMES: [[Dims; 3]; 3] = [
+    [
+        (16, 64, 128, 56, 72),
+        (8, 3, 64, 128, 128),
+        (32, 256, 64, 32, 32),
+    ],
+    [
+        (4, 512, 256, 28, 36),
+        (64, 128, 32, 24, 24),
+        (2, 32, 256, 64, 64),
+    ],
+    [
+        (6, 40, 72, 100, 75),
+        (10, 13, 129, 61, 67),
+        (3, 200, 100, 50, 50),
+    ],
+];
+
+impl Kind {
+    /// The module constants, in the module's order.
+    fn names(self) -> Vec<&'static str> {
+        match self {
+            Kind::Conv1d => vec![
+                "batch_size",
+                "in_channels",
+                "out_channels",
+                "kernel_size",
+                "length",
+            ],
+            Kind::Conv2d { .. } | Kind::Fused => vec![
+                "batch_size",
+                "in_channels",
+                "out_channels",
+                "kernel_size",
+                "height",
+                "width",
+            ],
+            Kind::Depthwise { .. } => {
+                vec![
+                    "batch_size",
+                    "in_channels",
+                    "kernel_size",
+                    "height",
+                    "width",
+                ]
+            }
+            Kind::Pointwise => vec![
+                "batch_size",
+                "in_channels",
+                "out_channels",
+                "height",
+                "width",
+            ],
+        }
+    }
+
+    /// The sizes of `d` with kernel size `k`, named as the module names them.
+    fn sizes(self, k: i64, (n, cin, cout, h, w): Dims) -> BTreeMap<String, i64> {
+        let mut m = BTreeMap::from([
+            ("batch_size".to_string(), n),
+            ("in_channels".to_string(), cin),
+        ]);
+        if !matches!(self, Kind::Depthwise { .. }) {
+            m.insert("out_channels".into(), cout);
+        }
+        if self != Kind::Pointwise {
+            m.insert("kernel_size".into(), k);
+        }
+        if self == Kind::Conv1d {
+            m.insert("length".into(), w);
+        } else {
+            m.insert("height".into(), h);
+            m.insert("width".into(), w);
+        }
+        m
+    }
+
+    /// Train and hold-out shapes of regime `regime` with kernel size `k`. The hold-out shapes
+    /// are a degenerate one (one image, one channel where the kind allows it, the input as
+    /// large as the window) and two with odd sizes; the second stays valid with every size
+    /// capped at 33.
+    fn shapes(self, k: i64, regime: usize) -> (Shapes, Shapes) {
+        let r = regime % 3;
+        let (train, holdout): (Vec<Dims>, Vec<Dims>) = match self {
+            Kind::Conv1d => (
+                CONV1D_REGIMES[r].to_vec(),
+                vec![(1, 1, 1, 0, k), (3, 7, 33, 0, 1001), (5, 17, 65, 0, 3001)],
+            ),
+            Kind::Conv2d { .. } | Kind::Fused => (
+                CONV2D_REGIMES[r].to_vec(),
+                vec![(1, 1, 1, k, k), (3, 5, 33, 47, 45), (2, 7, 65, 67, 129)],
+            ),
+            Kind::Depthwise { channels: c } => (
+                DEPTHWISE_REGIMES[r]
+                    .iter()
+                    .map(|&(n, h, w)| (n, c, c, h, w))
+                    .collect(),
+                vec![(1, c, c, k, k), (3, c, c, 45, 47), (2, c, c, 131, 129)],
+            ),
+            Kind::Pointwise => (
+                POINTWISE_REGIMES[r].to_vec(),
+                vec![(1, 1, 1, 1, 1), (3, 17, 33, 9, 45), (2, 129, 65, 31, 63)],
+            ),
+        };
+        let maps = |v: Vec<Dims>| v.into_iter().map(|d| self.sizes(k, d)).collect();
+        (maps(train), maps(holdout))
+    }
+
+    /// `(stride, padding)`, the same along both spatial dimensions.
+    fn stride_pad(self) -> (i64, i64) {
+        match self {
+            Kind::Conv2d { stride, pad } => (stride, pad),
+            _ => (1, 0),
+        }
+    }
+}
+
+/// The output size along a dimension of input size `dim` for window `kernel_size`, stride `s`
+/// and padding `p`, as a shape formula.
+fn out_dim(dim: &str, s: i64, p: i64) -> String {
+    match (s, p) {
+        (1, 0) => format!("{dim}-kernel_size+1"),
+        (1, p) => format!("{dim}+{}-kernel_size+1", 2 * p),
+        (s, 0) => format!("({dim}-kernel_size)/{s}+1"),
+        (s, p) => format!("({dim}+{}-kernel_size)/{s}+1", 2 * p),
+    }
+}
+
+/// The kernels' C prelude: stride and padding macros, then the sizes as `N, C, CO, H, W, KH,
+/// KW, G` (a 1D convolution is a 2D one of height 1) and the output size `HO x WO`.
+fn prelude(kind: Kind) -> (String, String) {
+    let (s, p) = kind.stride_pad();
+    let (sh, ph) = if kind == Kind::Conv1d { (1, 0) } else { (s, p) };
+    let macros = format!(
+        "#define STRIDE_H {sh}\n#define STRIDE_W {s}\n#define PAD_H {ph}\n#define PAD_W {p}\n"
+    );
+    let (co, hw, kk, g) = match kind {
+        Kind::Conv1d => ("out_channels", "1, W = length", "1, KW = kernel_size", "1"),
+        Kind::Conv2d { .. } | Kind::Fused => (
+            "out_channels",
+            "height, W = width",
+            "kernel_size, KW = kernel_size",
+            "1",
+        ),
+        Kind::Depthwise { .. } => (
+            "in_channels",
+            "height, W = width",
+            "kernel_size, KW = kernel_size",
+            "in_channels",
+        ),
+        Kind::Pointwise => ("out_channels", "height, W = width", "1, KW = 1", "1"),
+    };
+    let alias = format!(
+        "    const int64_t N = batch_size, C = in_channels, CO = {co}, G = {g};\n    \
+         const int64_t H = {hw}, KH = {kk};\n    \
+         const int64_t HO = H + 2 * PAD_H >= KH ? (H + 2 * PAD_H - KH) / STRIDE_H + 1 : 0;\n    \
+         const int64_t WO = W + 2 * PAD_W >= KW ? (W + 2 * PAD_W - KW) / STRIDE_W + 1 : 0;\n    \
+         (void)N; (void)C; (void)CO; (void)G; (void)H; (void)W; (void)KH; (void)KW; (void)HO; (void)WO;\n"
+    );
+    (macros, alias)
+}
+
+/// The naive kernel: one thread per output element, a direct loop over the input channels of
+/// its group and the window; `epilogue` updates `float v` of output channel `co`.
+fn naive_kernel(
+    kind: Kind,
+    decl: &str,
+    names: &str,
+    sig: &str,
+    w: &str,
+    epilogue: &str,
+    block: u32,
+) -> String {
+    let (macros, alias) = prelude(kind);
+    format!(
+        "// naive: one thread per output element; a direct loop over the input channels of its\n\
+         // group and the kernel window (taps outside the input are the zero padding).\n\
+         {HEADER}\n{macros}\n\
+         __global__ void conv_naive({decl}) {{\n{alias}    \
+         const float* WT = {w};\n    \
+         const int64_t CPG = C / G, OPG = CO / G;\n    \
+         const int64_t total = N * CO * HO * WO;\n    \
+         const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (i >= total) return;\n    \
+         const int64_t ow = i % WO;\n    \
+         const int64_t oh = (i / WO) % HO;\n    \
+         const int64_t co = (i / (WO * HO)) % CO;\n    \
+         const int64_t n = i / (WO * HO * CO);\n    \
+         const int64_t g = co / OPG;\n    \
+         float acc = 0.0f;\n    \
+         for (int64_t ci = 0; ci < CPG; ++ci) {{\n        \
+         const float* xp = in0 + (n * C + g * CPG + ci) * H * W;\n        \
+         const float* wp = WT + (co * CPG + ci) * KH * KW;\n        \
+         for (int64_t kh = 0; kh < KH; ++kh) {{\n            \
+         const int64_t ih = oh * STRIDE_H - PAD_H + kh;\n            \
+         if (ih < 0 || ih >= H) continue;\n            \
+         for (int64_t kw = 0; kw < KW; ++kw) {{\n                \
+         const int64_t iw = ow * STRIDE_W - PAD_W + kw;\n                \
+         if (iw < 0 || iw >= W) continue;\n                \
+         acc += xp[ih * W + iw] * wp[kh * KW + kw];\n            }}\n        }}\n    }}\n    \
+         float v = acc;\n{epilogue}    out[i] = v;\n}}\n\n\
+         {sig} {{\n{alias}    \
+         const int64_t total = N * CO * HO * WO;\n    \
+         const int block = {block};\n    \
+         const int64_t grid = (total + block - 1) / block;\n    \
+         if (grid > 0) conv_naive<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n"
+    )
+}
+
+/// The tiled kernel of a dense (one group) convolution: a block of `tw x th` threads computes
+/// a `th x tw` tile of output pixels for `cob` output channels of one image; `cib` input
+/// channels at a time, the input tile with its halo and the taps of the `cob` filters are
+/// staged in shared memory (taps innermost by output channel, read as broadcasts), and each
+/// thread accumulates its pixel's `cob` outputs in registers. blockIdx.x walks the tiles,
+/// blockIdx.y the (image, channel block) pairs (striding past 65535).
+#[allow(clippy::too_many_arguments)]
+fn tile_kernel(
+    kind: Kind,
+    decl: &str,
+    names: &str,
+    sig: &str,
+    w: &str,
+    epilogue: &str,
+    cob: u32,
+) -> String {
+    let (macros, alias) = prelude(kind);
+    let (tw, th, cib, what) = if kind == Kind::Conv1d {
+        (128, 1, 8, "128 output positions")
+    } else {
+        (32, 8, 4, "8 x 32 output pixels")
+    };
+    // The template arguments (KHC, KWC) for kernel sizes 3, 5 and any other.
+    let kh = |k: u32| if kind == Kind::Conv1d { 1 } else { k };
+    format!(
+        "// fast: each block computes a tile of {what} for {cob} output channels of one image.\n\
+         // {cib} input channels at a time, the input tile with its halo and the filters' taps\n\
+         // are staged in shared memory (the taps ordered by output channel innermost, read as\n\
+         // broadcasts); each thread accumulates its position's {cob} outputs in registers.\n\
+         // Kernel sizes 3 and 5 are compiled with unrolled window loops.\n\
+         {HEADER}\n{macros}#define TW {tw}\n#define TH {th}\n#define COB {cob}\n#define CIB {cib}\n\n\
+         template <int KHC, int KWC>\n\
+         __global__ void __launch_bounds__(TW * TH) conv_tile({decl}) {{\n{alias}    \
+         const float* WT = {w};\n    \
+         const int kh_n = KHC > 0 ? KHC : (int)KH;\n    \
+         const int kw_n = KWC > 0 ? KWC : (int)KW;\n    \
+         const int taps = kh_n * kw_n;\n    \
+         const int ih_t = (TH - 1) * STRIDE_H + kh_n;\n    \
+         const int iw_t = (TW - 1) * STRIDE_W + kw_n;\n    \
+         extern __shared__ float smem[];\n    \
+         float* s_in = smem;\n    \
+         float* s_w = smem + CIB * ih_t * iw_t;\n    \
+         const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TW + tx;\n    \
+         const int64_t tiles_w = (WO + TW - 1) / TW;\n    \
+         const int64_t oh0 = ((int64_t)blockIdx.x / tiles_w) * TH;\n    \
+         const int64_t ow0 = ((int64_t)blockIdx.x % tiles_w) * TW;\n    \
+         const int64_t ih0 = oh0 * STRIDE_H - PAD_H, iw0 = ow0 * STRIDE_W - PAD_W;\n    \
+         const int64_t cob_n = (CO + COB - 1) / COB;\n    \
+         for (int64_t job = blockIdx.y; job < N * cob_n; job += gridDim.y) {{\n        \
+         const int64_t n = job / cob_n, co0 = (job % cob_n) * COB;\n        \
+         float acc[COB];\n\
+         #pragma unroll\n        \
+         for (int j = 0; j < COB; ++j) acc[j] = 0.0f;\n        \
+         for (int64_t c0 = 0; c0 < C; c0 += CIB) {{\n            \
+         for (int e = tid; e < CIB * ih_t * iw_t; e += TW * TH) {{\n                \
+         const int c = e / (ih_t * iw_t), r = (e / iw_t) % ih_t, q = e % iw_t;\n                \
+         const int64_t ci = c0 + c, ih = ih0 + r, iw = iw0 + q;\n                \
+         s_in[e] = (ci < C && ih >= 0 && ih < H && iw >= 0 && iw < W)\n                    \
+         ? in0[((n * C + ci) * H + ih) * W + iw] : 0.0f;\n            }}\n            \
+         for (int e = tid; e < CIB * taps * COB; e += TW * TH) {{\n                \
+         const int j = e % COB, t = (e / COB) % taps, c = e / (COB * taps);\n                \
+         const int64_t co = co0 + j, ci = c0 + c;\n                \
+         s_w[e] = (co < CO && ci < C) ? WT[(co * C + ci) * taps + t] : 0.0f;\n            }}\n            \
+         __syncthreads();\n            \
+         for (int c = 0; c < CIB; ++c) {{\n                \
+         const float* si = s_in + (c * ih_t + ty * STRIDE_H) * iw_t + tx * STRIDE_W;\n                \
+         const float* sw = s_w + c * taps * COB;\n\
+         #pragma unroll\n                \
+         for (int kh = 0; kh < kh_n; ++kh) {{\n\
+         #pragma unroll\n                    \
+         for (int kw = 0; kw < kw_n; ++kw) {{\n                        \
+         const float xv = si[kh * iw_t + kw];\n                        \
+         const float* wk = sw + (kh * kw_n + kw) * COB;\n\
+         #pragma unroll\n                        \
+         for (int j = 0; j < COB; ++j) acc[j] += xv * wk[j];\n                    }}\n                }}\n            }}\n            \
+         __syncthreads();\n        }}\n        \
+         const int64_t oh = oh0 + ty, ow = ow0 + tx;\n        \
+         if (oh < HO && ow < WO) {{\n\
+         #pragma unroll\n            \
+         for (int j = 0; j < COB; ++j) {{\n                \
+         const int64_t co = co0 + j;\n                \
+         if (co < CO) {{\n                    \
+         float v = acc[j];\n{epilogue}                    \
+         out[((n * CO + co) * HO + oh) * WO + ow] = v;\n                }}\n            }}\n        }}\n    }}\n}}\n\n\
+         template <int KHC, int KWC>\n\
+         static void run_tile(dim3 grid, size_t bytes, cudaStream_t stream, {decl}) {{\n    \
+         if (bytes > 48 * 1024)\n        \
+         cudaFuncSetAttribute(conv_tile<KHC, KWC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);\n    \
+         conv_tile<KHC, KWC><<<grid, dim3(TW, TH), bytes, stream>>>({names});\n}}\n\n\
+         {sig} {{\n{alias}    \
+         if (N * CO * HO * WO == 0) return;\n    \
+         const int64_t tiles = ((HO + TH - 1) / TH) * ((WO + TW - 1) / TW);\n    \
+         int64_t jobs = N * ((CO + COB - 1) / COB);\n    \
+         if (jobs > 65535) jobs = 65535;\n    \
+         const int64_t ih_t = (TH - 1) * STRIDE_H + KH, iw_t = (TW - 1) * STRIDE_W + KW;\n    \
+         const size_t bytes = (size_t)(CIB * ih_t * iw_t + CIB * KH * KW * COB) * sizeof(float);\n    \
+         const dim3 grid((unsigned)tiles, (unsigned)jobs);\n    \
+         if (kernel_size == 3) run_tile<{}, 3>(grid, bytes, stream, {names});\n    \
+         else if (kernel_size == 5) run_tile<{}, 5>(grid, bytes, stream, {names});\n    \
+         else run_tile<{}, 0>(grid, bytes, stream, {names});\n}}\n",
+        kh(3),
+        kh(5),
+        kh(0),
+    )
+}
+
+/// The depthwise kernel: a block of 32 x 8 threads computes a 32 x 32 output tile of one
+/// `(image, channel)` plane, 4 rows per thread, from the input tile with its halo and the
+/// channel's filter in shared memory. blockIdx.x walks the tiles, blockIdx.y the planes
+/// (striding past 65535).
+fn depthwise_kernel(kind: Kind, decl: &str, names: &str, sig: &str, w: &str) -> String {
+    let (macros, alias) = prelude(kind);
+    format!(
+        "// fast: one block per 32 x 32 output tile of one (image, channel) plane, 32 x 8 threads\n\
+         // computing 4 rows each; the input tile with its halo and the channel's filter are\n\
+         // staged in shared memory. Kernel sizes 3 and 5 are compiled with unrolled window loops.\n\
+         {HEADER}\n{macros}#define TW 32\n#define TH 8\n#define RPT 4\n\n\
+         template <int KC>\n\
+         __global__ void __launch_bounds__(TW * TH) dw_tile({decl}) {{\n{alias}    \
+         const float* WT = {w};\n    \
+         const int k_n = KC > 0 ? KC : (int)KH;\n    \
+         const int oth = TH * RPT;\n    \
+         const int ih_t = (oth - 1) * STRIDE_H + k_n;\n    \
+         const int iw_t = (TW - 1) * STRIDE_W + k_n;\n    \
+         extern __shared__ float smem[];\n    \
+         float* s_in = smem;\n    \
+         float* s_w = smem + ih_t * iw_t;\n    \
+         const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TW + tx;\n    \
+         const int64_t tiles_w = (WO + TW - 1) / TW;\n    \
+         const int64_t oh0 = ((int64_t)blockIdx.x / tiles_w) * oth;\n    \
+         const int64_t ow0 = ((int64_t)blockIdx.x % tiles_w) * TW;\n    \
+         const int64_t ih0 = oh0 * STRIDE_H - PAD_H, iw0 = ow0 * STRIDE_W - PAD_W;\n    \
+         for (int64_t plane = blockIdx.y; plane < N * C; plane += gridDim.y) {{\n        \
+         const int64_t c = plane % C;\n        \
+         const float* xp = in0 + plane * H * W;\n        \
+         for (int e = tid; e < k_n * k_n; e += TW * TH) s_w[e] = WT[c * k_n * k_n + e];\n        \
+         for (int e = tid; e < ih_t * iw_t; e += TW * TH) {{\n            \
+         const int64_t ih = ih0 + e / iw_t, iw = iw0 + e % iw_t;\n            \
+         s_in[e] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xp[ih * W + iw] : 0.0f;\n        }}\n        \
+         __syncthreads();\n        \
+         const int64_t ow = ow0 + tx;\n\
+         #pragma unroll\n        \
+         for (int r = 0; r < RPT; ++r) {{\n            \
+         const int oy = ty + r * TH;\n            \
+         const float* si = s_in + oy * STRIDE_H * iw_t + tx * STRIDE_W;\n            \
+         float acc = 0.0f;\n\
+         #pragma unroll\n            \
+         for (int kh = 0; kh < k_n; ++kh) {{\n\
+         #pragma unroll\n                \
+         for (int kw = 0; kw < k_n; ++kw) acc += si[kh * iw_t + kw] * s_w[kh * k_n + kw];\n            }}\n            \
+         const int64_t oh = oh0 + oy;\n            \
+         if (oh < HO && ow < WO) out[(plane * HO + oh) * WO + ow] = acc;\n        }}\n        \
+         __syncthreads();\n    }}\n}}\n\n\
+         template <int KC>\n\
+         static void run_dw(dim3 grid, size_t bytes, cudaStream_t stream, {decl}) {{\n    \
+         if (bytes > 48 * 1024)\n        \
+         cudaFuncSetAttribute(dw_tile<KC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);\n    \
+         dw_tile<KC><<<grid, dim3(TW, TH), bytes, stream>>>({names});\n}}\n\n\
+         {sig} {{\n{alias}    \
+         if (N * C * HO * WO == 0) return;\n    \
+         const int64_t tiles = ((HO + TH * RPT - 1) / (TH * RPT)) * ((WO + TW - 1) / TW);\n    \
+         int64_t planes = N * C;\n    \
+         if (planes > 65535) planes = 65535;\n    \
+         const int64_t ih_t = (TH * RPT - 1) * STRIDE_H + KH, iw_t = (TW - 1) * STRIDE_W + KW;\n    \
+         const size_t bytes = (size_t)(ih_t * iw_t + KH * KW) * sizeof(float);\n    \
+         const dim3 grid((unsigned)tiles, (unsigned)planes);\n    \
+         if (kernel_size == 3) run_dw<3>(grid, bytes, stream, {names});\n    \
+         else if (kernel_size == 5) run_dw<5>(grid, bytes, stream, {names});\n    \
+         else run_dw<0>(grid, bytes, stream, {names});\n}}\n"
+    )
+}
+
+/// The pointwise kernel: per image, `out_n (Cout x P) = W (Cout x Cin) x_n (Cin x P)` with
+/// `P = height * width`, as a matmul of 32 x 32 output tiles, 32 x 8 threads computing 4
+/// outputs each, the tiles of `W` and `x_n` in padded shared memory. blockIdx.z walks the
+/// images (striding past 65535).
+fn pointwise_kernel(kind: Kind, decl: &str, names: &str, sig: &str, w: &str) -> String {
+    let (macros, alias) = prelude(kind);
+    format!(
+        "// fast: a 1x1 convolution is a matmul per image, out_n (Cout x HW) = W (Cout x Cin)\n\
+         // x_n (Cin x HW): 32 x 32 output tiles, 32 x 8 threads computing 4 outputs each, the\n\
+         // tiles of W and x_n staged in padded shared memory (both read along their rows).\n\
+         {HEADER}\n{macros}#define TS 32\n\n\
+         __global__ void __launch_bounds__(256) pw_gemm({decl}) {{\n{alias}    \
+         const float* WT = {w};\n    \
+         const int64_t P = H * W;\n    \
+         __shared__ float Ws[TS][TS + 1];\n    \
+         __shared__ float Xs[TS][TS + 1];\n    \
+         const int tx = threadIdx.x, ty = threadIdx.y;\n    \
+         const int64_t p0 = (int64_t)blockIdx.x * TS, co0 = (int64_t)blockIdx.y * TS;\n    \
+         for (int64_t n = blockIdx.z; n < N; n += gridDim.z) {{\n        \
+         const float* xn = in0 + n * C * P;\n        \
+         float acc[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};\n        \
+         for (int64_t k0 = 0; k0 < C; k0 += TS) {{\n\
+         #pragma unroll\n            \
+         for (int i = 0; i < 4; ++i) {{\n                \
+         const int r = ty + 8 * i;\n                \
+         const int64_t co = co0 + r, ci = k0 + r, kx = k0 + tx, p = p0 + tx;\n                \
+         Ws[r][tx] = (co < CO && kx < C) ? WT[co * C + kx] : 0.0f;\n                \
+         Xs[r][tx] = (ci < C && p < P) ? xn[ci * P + p] : 0.0f;\n            }}\n            \
+         __syncthreads();\n\
+         #pragma unroll 8\n            \
+         for (int kk = 0; kk < TS; ++kk) {{\n                \
+         const float xv = Xs[kk][tx];\n\
+         #pragma unroll\n                \
+         for (int i = 0; i < 4; ++i) acc[i] += Ws[ty + 8 * i][kk] * xv;\n            }}\n            \
+         __syncthreads();\n        }}\n\
+         #pragma unroll\n        \
+         for (int i = 0; i < 4; ++i) {{\n            \
+         const int64_t co = co0 + ty + 8 * i, p = p0 + tx;\n            \
+         if (co < CO && p < P) out[(n * CO + co) * P + p] = acc[i];\n        }}\n    }}\n}}\n\n\
+         {sig} {{\n{alias}    \
+         const int64_t P = H * W;\n    \
+         if (N * CO * P == 0) return;\n    \
+         int64_t gz = N;\n    \
+         if (gz > 65535) gz = 65535;\n    \
+         dim3 grid((unsigned)((P + TS - 1) / TS), (unsigned)((CO + TS - 1) / TS), (unsigned)gz);\n    \
+         pw_gemm<<<grid, dim3(32, 8), 0, stream>>>({names});\n}}\n"
+    )
+}
+
+/// A convolution family of `kind` with kernel size `k` (ignored by the pointwise kind), the
+/// train shapes of `regime`, and for the fused kind the elementwise `steps` after the
+/// convolution's bias (a `Step::AddBias` among them adds a parameter of shape
+/// `(out_channels, 1, 1)`). `block` is the naive kernel's block size, `cob` the output channels
+/// per thread of the tiled kernel.
+fn conv_family(
+    id: &str,
+    kind: Kind,
+    k: i64,
+    regime: usize,
+    steps: &[Step],
+    (block, cob): (u32, u32),
+) -> Family {
+    let (s, p) = kind.stride_pad();
+    let (train, holdout) = kind.shapes(k, regime);
+    let one_d = kind == Kind::Conv1d;
+    let fused = kind == Kind::Fused;
+    let extra_bias = fused && steps.contains(&Step::AddBias);
+    let (cout, cpg) = match kind {
+        Kind::Depthwise { .. } => ("in_channels", "1"),
+        _ => ("out_channels", "in_channels"),
+    };
+    let kk: &[&str] = match kind {
+        Kind::Conv1d => &["kernel_size"],
+        Kind::Pointwise => &["1", "1"],
+        _ => &["kernel_size", "kernel_size"],
+    };
+    let spatial: &[&str] = if one_d {
+        &["length"]
+    } else {
+        &["height", "width"]
+    };
+    let out_spatial: Vec<String> = match kind {
+        Kind::Pointwise => vec!["height".into(), "width".into()],
+        _ => spatial.iter().map(|d| out_dim(d, s, p)).collect(),
+    };
+    let layer = match kind {
+        Kind::Conv1d => "conv1d",
+        Kind::Fused => "conv",
+        _ => "conv2d",
+    };
+    let wname = format!("{layer}_weight");
+    let bname = format!("{layer}_bias");
+    // Buffers in the launcher's order: the input, the module's own parameter, the layer's.
+    let x_shape: Vec<&str> = ["batch_size", "in_channels"]
+        .into_iter()
+        .chain(spatial.iter().copied())
+        .collect();
+    let w_shape: Vec<&str> = [cout, cpg].into_iter().chain(kk.iter().copied()).collect();
+    let mut inputs: Vec<(&str, Vec<&str>)> = vec![("in0", x_shape)];
+    if extra_bias {
+        inputs.push(("bias", vec!["out_channels", "1", "1"]));
+    }
+    inputs.push((wname.as_str(), w_shape));
+    if fused {
+        inputs.push((bname.as_str(), vec!["out_channels"]));
+    }
+    let out_shape: Vec<&str> = ["batch_size", cout]
+        .into_iter()
+        .chain(out_spatial.iter().map(String::as_str))
+        .collect();
+    let groups = match kind {
+        Kind::Depthwise { channels } => channels,
+        _ => 1,
+    };
+    let f = if one_d { "conv1d" } else { "conv2d" };
+    let conv = if fused {
+        format!("{f}(in0, {wname}, {bname}, {s}, {p}, {groups})")
+    } else {
+        format!("{f}(in0, {wname}, {s}, {p}, {groups})")
+    };
+    let reference = ref_chain(steps, &conv, "");
+    // Cost: every buffer read or written once; two flops per multiply-add, one per step.
+    let par = |d: &str| {
+        if d.contains(['+', '-', '/']) {
+            format!("({d})")
+        } else {
+            d.to_string()
+        }
+    };
+    let x_elems = format!("batch_size*in_channels*{}", spatial.join("*"));
+    let o_elems = format!(
+        "batch_size*{cout}*{}",
+        out_spatial
+            .iter()
+            .map(|d| par(d))
+            .collect::<Vec<_>>()
+            .join("*")
+    );
+    // The filter's elements per output channel (`in_channels*kernel_size*kernel_size`).
+    let per_filter: Vec<&str> = std::iter::once(cpg)
+        .chain(kk.iter().copied())
+        .filter(|d| *d != "1")
+        .collect();
+    let per_filter = if per_filter.is_empty() {
+        "1".to_string()
+    } else {
+        per_filter.join("*")
+    };
+    let mut bytes = format!("4*{x_elems} + 4*{cout}*{per_filter} + 4*{o_elems}");
+    if fused {
+        bytes.push_str(" + 4*out_channels");
+    }
+    if extra_bias {
+        bytes.push_str(" + 4*out_channels");
+    }
+    let mut flops = format!("2*{o_elems}*{per_filter}");
+    let epi_ops = steps.len() + usize::from(fused);
+    if epi_ops > 0 {
+        flops.push_str(&format!(" + {epi_ops}*{o_elems}"));
+    }
+    let ins: Vec<(&str, &[&str])> = inputs.iter().map(|(a, s)| (*a, s.as_slice())).collect();
+    let names = kind.names();
+    let spec = kb_spec(
+        id,
+        if fused { 3 } else { 2 },
+        &ins,
+        &out_shape,
+        &names,
+        reference,
+        train,
+        holdout,
+        MM_TOL,
+        (bytes, flops),
+    );
+    // Module.
+    let (init_params, init_inputs, layer_call, what): (Vec<&str>, Vec<&str>, String, String) =
+        match kind {
+            Kind::Conv1d => (
+                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                vec!["in_channels", "out_channels", "kernel_size"],
+                "nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)".into(),
+                "Performs a standard 1D convolution (no bias, stride 1, no padding)".into(),
+            ),
+            Kind::Conv2d { stride, pad } => {
+                let mut opts = String::new();
+                let mut how = vec![];
+                if stride != 1 {
+                    opts.push_str(&format!(", stride={stride}"));
+                    how.push(format!("stride {stride}"));
+                }
+                if pad != 0 {
+                    opts.push_str(&format!(", padding={pad}"));
+                    how.push(format!("padding {pad}"));
+                }
+                let how = if how.is_empty() {
+                    "stride 1, no padding".to_string()
+                } else {
+                    how.join(", ")
+                };
+                (
+                    vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                    vec!["in_channels", "out_channels", "kernel_size"],
+                    format!("nn.Conv2d(in_channels, out_channels, kernel_size{opts}, bias=False)"),
+                    format!(
+                        "Performs a standard 2D convolution with a square kernel (no bias, {how})"
+                    ),
+                )
+            }
+            Kind::Depthwise { .. } => (
+                vec!["in_channels: int", "kernel_size: int"],
+                vec!["in_channels", "kernel_size"],
+                "nn.Conv2d(in_channels, in_channels, kernel_size, groups=in_channels, bias=False)"
+                    .into(),
+                "Performs a depthwise 2D convolution with a square kernel (one filter per \
+                 channel, no bias, stride 1, no padding)"
+                    .into(),
+            ),
+            Kind::Pointwise => (
+                vec!["in_channels: int", "out_channels: int"],
+                vec!["in_channels", "out_channels"],
+                "nn.Conv2d(in_channels, out_channels, kernel_size=1, bias=False)".into(),
+                "Performs a pointwise (1x1) 2D convolution (no bias)".into(),
+            ),
+            Kind::Fused => (
+                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                vec!["in_channels", "out_channels", "kernel_size"],
+                "nn.Conv2d(in_channels, out_channels, kernel_size)".into(),
+                format!(
+                    "Model that performs {}",
+                    chain_doc("a 2D convolution (with its bias)", &[], steps)
+                ),
+            ),
+        };
+    let mut init_body = vec![];
+    if extra_bias {
+        init_body.push("self.bias = nn.Parameter(torch.randn(out_channels, 1, 1))".to_string());
+    }
+    init_body.push(format!("self.{layer} = {layer_call}"));
+    let body: Vec<String> = if fused {
+        std::iter::once(format!("x = self.{layer}(x)"))
+            .chain(steps.iter().map(|s| s.torch()))
+            .chain(["return x".to_string()])
+            .collect()
+    } else {
+        vec![format!("return self.{layer}(x)")]
+    };
+    let module = render_module(&Module {
+        doc: format!("{what}."),
+        init_params: init_params.iter().map(|s| s.to_string()).collect(),
+        init_body,
+        init_inputs: init_inputs.iter().map(|s| s.to_string()).collect(),
+        forward_args: &["x"],
+        body,
+        constants: constants(&names, &spec.train_shapes[0]),
+        inputs: vec![format!("x = torch.rand({})", inputs[0].1.join(", "))],
+        returned: vec!["x".into()],
+    });
+    // Kernels.
+    let sig = spec.signature();
+    let (decl, arg_names) = params(&spec);
+    let epilogue = |indent: &str| {
+        let mut e = String::new();
+        if fused {
+            e.push_str(&format!("{indent}v = v + {bname}[co];\n"));
+        }
+        e.push_str(&cuda_chain(steps, "", "co", indent));
+        e
+    };
+    let naive = naive_kernel(
+        kind,
+        &decl,
+        &arg_names,
+        &sig,
+        &wname,
+        &epilogue("    "),
+        block,
+    );
+    let (file, fast) = match kind {
+        Kind::Depthwise { .. } => (
+            "depthwise_tile.cu",
+            depthwise_kernel(kind, &decl, &arg_names, &sig, &wname),
+        ),
+        Kind::Pointwise => (
+            "pointwise_gemm.cu",
+            pointwise_kernel(kind, &decl, &arg_names, &sig, &wname),
+        ),
+        _ => (
+            if one_d { "tile_1d.cu" } else { "tile_2d.cu" },
+            tile_kernel(
+                kind,
+                &decl,
+                &arg_names,
+                &sig,
+                &wname,
+                &epilogue("                    "),
+                cob,
+            ),
+        ),
+    };
+    let group = match kind {
+        Kind::Conv1d => group_of("conv:conv1d", &[], ""),
+        Kind::Conv2d { stride, pad } => {
+            let mut extra = String::new();
+            if stride != 1 {
+                extra.push_str(&format!("|stride{stride}"));
+            }
+            if pad != 0 {
+                extra.push_str("|pad");
+            }
+            group_of("conv:conv2d", &[], &extra)
+        }
+        Kind::Depthwise { .. } => group_of("conv:depthwise2d", &[], ""),
+        Kind::Pointwise => group_of("conv:pointwise2d", &[], ""),
+        Kind::Fused => group_of("conv:fused2d", steps, ""),
+    };
+    finish(spec, module, group, naive, (file, fast))
+}
+
+/// Draws one convolution family: a 1D convolution (15%), a standard 2D one (25%; half of them
+/// with stride 2, padding `kernel_size // 2` or both), a depthwise one (15%), a pointwise one
+/// (15%) or a 2D convolution with its bias and 1-3 elementwise steps (30%; a third of them
+/// with a `(out_channels, 1, 1)` bias parameter among the steps); kernel size 3 or 5, one of
+/// three shape regimes.
+pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
+    let k = pick(rng, &[3, 5]);
+    let regime = rng.random_range(0..3);
+    let launch = (pick(rng, &[128, 256, 512]), pick(rng, &[4, 8]));
+    match rng.random_range(0..20) {
+        0..=2 => conv_family(id, Kind::Conv1d, k, regime, &[], launch),
+        3..=7 => {
+            let (stride, pad) = match rng.random_range(0..10) {
+                0..=4 => (1, 0),
+                5..=6 => (2, 0),
+                7..=8 => (1, k / 2),
+                _ => (2, k / 2),
+            };
+            conv_family(id, Kind::Conv2d { stride, pad }, k, regime, &[], launch)
+        }
+        8..=10 => {
+            let channels = pick(rng, &[8, 16, 32]);
+            conv_family(id, Kind::Depthwise { channels }, k, regime, &[], launch)
+        }
+        11..=13 => conv_family(id, Kind::Pointwise, 1, regime, &[], launch),
+        _ => {
+            let n = rng.random_range(1..=3);
+            let mut steps = draw_steps(rng, n, false);
+            if rng.random_bool(0.3) {
+                let at = rng.random_range(0..=steps.len());
+                steps.insert(at, Step::AddBias);
+            }
+            conv_family(id, Kind::Fused, k, regime, &steps, launch)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use rand::SeedableRng;
+
+    use super::*;
+
+    /// The template key of a family: its group without the steps (`conv:conv2d|stride2`).
+    fn template(f: &Family) -> String {
+        let g = f.spec.group.clone().expect("group");
+        g.rsplit_once(':').map(|(a, _)| a.to_string()).unwrap_or(g)
+    }
+
+    #[test]
+    fn every_kind_draws_validates_and_compiles_with_nvcc() {
+        let mut by_template: BTreeMap<String, Family> = BTreeMap::new();
+        for seed in 0..300u64 {
+            let id = format!("gen_op_{seed:04}");
+            let f = draw(&mut ChaCha8Rng::seed_from_u64(seed), &id);
+            let g = draw(&mut ChaCha8Rng::seed_from_u64(seed), &id);
+            f.spec
+                .validate()
+                .unwrap_or_else(|e| panic!("{id} {:?}: {e}", f.spec.group));
+            assert_eq!(f.spec, g.spec);
+            assert_eq!(f.naive, g.naive);
+            assert_eq!(f.optimized, g.optimized);
+            for src in std::iter::once(&f.naive).chain(f.optimized.iter().map(|o| &o.1)) {
+                assert!(src.contains(&f.spec.signature()), "{id}");
+            }
+            let m = f.spec.module.as_deref().expect("module");
+            assert!(m.contains("class Model(nn.Module)") && m.contains("def get_init_inputs()"));
+            // kb-specs names a dimension by the module constant of its value when exactly one
+            // has it: the constants of the first train shape differ (height and width aside,
+            // which kb-specs tells apart by doubling each).
+            let first = &f.spec.train_shapes[0];
+            let mut seen: BTreeMap<i64, &str> = BTreeMap::new();
+            for (name, v) in first {
+                if let Some(other) = seen.insert(*v, name)
+                    && !matches!((other, name.as_str()), ("height", "width"))
+                {
+                    panic!("{id}: {other} and {name} are both {v}");
+                }
+            }
+            by_template.entry(template(&f)).or_insert(f);
+        }
+        let got: BTreeSet<&str> = by_template.keys().map(String::as_str).collect();
+        for want in [
+            "conv:conv1d",
+            "conv:conv2d",
+            "conv:conv2d|stride2",
+            "conv:conv2d|pad",
+            "conv:conv2d|stride2|pad",
+            "conv:depthwise2d",
+            "conv:pointwise2d",
+            "conv:fused2d",
+        ] {
+            assert!(got.contains(want), "{want} not in {got:?}");
+        }
+        super::super::tests::compile_with_nvcc(by_template.values());
+    }
+}
