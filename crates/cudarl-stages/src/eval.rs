@@ -935,7 +935,7 @@ impl Stage for Eval {
 /// The report's paragraph on what a run without a GPU (compile-only) shows and does not: the
 /// compile rates are real nvcc verdicts on the agents' kernels; correctness, speed and learning
 /// from rewards need a GPU; and whether KernelBench problems were in the run (`sums` has their
-/// `kernelbench/level{L}` rows; the `cpu` profile sets `eval.kernelbench_samples = 0`).
+/// `kernelbench/level{L}` rows; the `cpu` profile runs one episode per problem).
 fn without_gpu(sums: &[Value]) -> String {
     let kb = sums
         .iter()
