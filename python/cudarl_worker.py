@@ -49,6 +49,7 @@ A request that fails answers {"ok": false, "error": "<type>: <message>"}; the wo
 
 import ast
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -2219,8 +2220,6 @@ def full_size_lock(path):
     if not path:
         yield
         return
-    import fcntl
-
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -786,6 +786,9 @@ enum Comb {
     Sum,
     Max,
     Min,
+    /// Products: reductions and scans over short rows only (float32 overflows past about 40
+    /// factors of magnitude 10).
+    Prod,
 }
 
 impl Comb {
@@ -794,6 +797,7 @@ impl Comb {
             Comb::Sum => "0.0f",
             Comb::Max => "-INFINITY",
             Comb::Min => "INFINITY",
+            Comb::Prod => "1.0f",
         }
     }
     fn apply(self, a: &str, b: &str) -> String {
@@ -801,6 +805,7 @@ impl Comb {
             Comb::Sum => format!("{a} + {b}"),
             Comb::Max => format!("fmaxf({a}, {b})"),
             Comb::Min => format!("fminf({a}, {b})"),
+            Comb::Prod => format!("{a} * {b}"),
         }
     }
     fn name(self) -> &'static str {
@@ -808,7 +813,14 @@ impl Comb {
             Comb::Sum => "sum",
             Comb::Max => "max",
             Comb::Min => "min",
+            Comb::Prod => "prod",
         }
+    }
+    /// The combination named `name` ([`Comb::name`]).
+    fn named(name: &str) -> Option<Comb> {
+        [Comb::Sum, Comb::Max, Comb::Min, Comb::Prod]
+            .into_iter()
+            .find(|c| c.name() == name)
     }
 }
 
@@ -880,11 +892,8 @@ fn row_naive(decl: &str, p: &RowPlan) -> String {
 fn warp_fns(combs: &BTreeSet<&'static str>) -> String {
     let mut s = String::new();
     for name in combs {
-        let (op, ident) = match *name {
-            "sum" => ("v + o", "0.0f"),
-            "max" => ("fmaxf(v, o)", "-INFINITY"),
-            _ => ("fminf(v, o)", "INFINITY"),
-        };
+        let c = Comb::named(name).expect("a combination's name");
+        let (op, ident) = (c.apply("v", "o"), c.init());
         s.push_str(&format!(
             "__device__ __forceinline__ float warp_{name}(float v) {{\n    \
              for (int off = 16; off > 0; off >>= 1) {{\n        \
@@ -1031,6 +1040,7 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
                 (Comb::Sum, _) => ("sum", "torch.sum(x, dim=1{k})".to_string()),
                 (Comb::Max, _) => ("max", "torch.max(x, dim=1{k})[0]".to_string()),
                 (Comb::Min, _) => ("min", "torch.min(x, dim=1{k})[0]".to_string()),
+                (Comb::Prod, _) => ("prod", "torch.prod(x, dim=1{k})".to_string()),
             };
             let k = if keep { ", keepdim=True" } else { "" };
             body.push(format!("x = {}", tf.replace("{k}", k)));
@@ -1234,26 +1244,54 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
 // ---------------------------------------------------------------------------------------
 // Tier 1: reduction over the middle dimension of (batch_size, dim1, dim2).
 
-fn mid_reduce_family(id: &str, c: Comb, mean: bool, pre: &[Step]) -> Family {
-    let train = shapes(&[
-        &[("batch_size", 16), ("dim1", 256), ("dim2", 512)],
-        &[("batch_size", 128), ("dim1", 64), ("dim2", 1024)],
-        &[("batch_size", 4), ("dim1", 4096), ("dim2", 512)],
-    ]);
-    let holdout = shapes(&[
-        &[("batch_size", 1), ("dim1", 1), ("dim2", 1)],
-        &[("batch_size", 3), ("dim1", 999), ("dim2", 257)],
-        &[("batch_size", 17), ("dim1", 33), ("dim2", 4097)],
-    ]);
+/// `torch.sum`, `mean`, `max`, `min` or `prod` over dimension 1 of `x` of shape `(batch_size,
+/// dim1, dim2)` after `pre`; `keep` keeps the dimension (`keepdim=True`). A product reduces a
+/// short dimension (at most 64; 33 in the hold-out) of inputs drawn in `[-s, s)` with `s` 2.5,
+/// 2 or 3, so that no product overflows float32. Kernels: one thread per output walking
+/// dimension 1; a 32 x 8 block whose rows of threads split dimension 1 (reads coalesced along
+/// dimension 2) and combine in shared memory.
+fn mid_reduce_family(id: &str, c: Comb, mean: bool, keep: bool, pre: &[Step]) -> Family {
+    let (train, holdout) = if c == Comb::Prod {
+        (
+            shapes(&[
+                &[("batch_size", 16), ("dim1", 32), ("dim2", 4096)],
+                &[("batch_size", 128), ("dim1", 16), ("dim2", 1024)],
+                &[("batch_size", 4), ("dim1", 64), ("dim2", 8192)],
+            ]),
+            shapes(&[
+                &[("batch_size", 1), ("dim1", 1), ("dim2", 1)],
+                &[("batch_size", 3), ("dim1", 33), ("dim2", 257)],
+                &[("batch_size", 17), ("dim1", 9), ("dim2", 4097)],
+            ]),
+        )
+    } else {
+        (
+            shapes(&[
+                &[("batch_size", 16), ("dim1", 256), ("dim2", 512)],
+                &[("batch_size", 128), ("dim1", 64), ("dim2", 1024)],
+                &[("batch_size", 4), ("dim1", 4096), ("dim2", 512)],
+            ]),
+            shapes(&[
+                &[("batch_size", 1), ("dim1", 1), ("dim2", 1)],
+                &[("batch_size", 3), ("dim1", 999), ("dim2", 257)],
+                &[("batch_size", 17), ("dim1", 33), ("dim2", 4097)],
+            ]),
+        )
+    };
     let rf = if mean { "mean" } else { c.name() };
     let x = ref_chain(pre, "in0", "");
-    let spec = kb_spec(
+    let (out_shape, keep_ref, keep_torch): (&[&str], _, _) = if keep {
+        (&["batch_size", "1", "dim2"], ", 1", ", keepdim=True")
+    } else {
+        (&["batch_size", "dim2"], "", "")
+    };
+    let mut spec = kb_spec(
         id,
         1,
         &[("in0", &["batch_size", "dim1", "dim2"])],
-        &["batch_size", "dim2"],
+        out_shape,
         &["batch_size", "dim1", "dim2"],
-        format!("{rf}({x}, 1)"),
+        format!("{rf}({x}, 1{keep_ref})"),
         train,
         holdout,
         EW_TOL,
@@ -1262,17 +1300,23 @@ fn mid_reduce_family(id: &str, c: Comb, mean: bool, pre: &[Step]) -> Family {
             format!("{}*batch_size*dim1*dim2", 1 + pre.len()),
         ),
     );
+    if c == Comb::Prod {
+        spec.input_scales = Some(vec![2.5, 2.0, 3.0]);
+    }
     let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
     body.push(match (c, mean) {
-        (_, true) => "return torch.mean(x, dim=1)".into(),
-        (Comb::Sum, _) => "return torch.sum(x, dim=1)".into(),
-        (Comb::Max, _) => "return torch.max(x, dim=1)[0]".into(),
-        (Comb::Min, _) => "return torch.min(x, dim=1)[0]".into(),
+        (_, true) => format!("return torch.mean(x, dim=1{keep_torch})"),
+        (Comb::Max | Comb::Min, _) => format!("return torch.{rf}(x, dim=1{keep_torch})[0]"),
+        _ => format!("return torch.{rf}(x, dim=1{keep_torch})"),
     });
+    let kept = if keep { " (kept dimension)" } else { "" };
     let doc = if pre.is_empty() {
-        format!("a {rf} reduction over dimension 1")
+        format!("a {rf} reduction over dimension 1{kept}")
     } else {
-        format!("{}, then a {rf} reduction over dimension 1", doc_of(pre))
+        format!(
+            "{}, then a {rf} reduction over dimension 1{kept}",
+            doc_of(pre)
+        )
     };
     let module = render_module(&Module {
         doc: format!("Simple model that performs {doc}."),
@@ -1327,14 +1371,33 @@ fn mid_reduce_family(id: &str, c: Comb, mean: bool, pre: &[Step]) -> Family {
         c.init(),
         cuda_chain(pre, "", "j", "            "),
     );
-    let group = group_of(&format!("mid:{rf}"), pre, "");
+    let group = group_of(&format!("mid:{rf}"), pre, if keep { "|keep" } else { "" });
     finish(spec, module, group, naive, ("split_reduce.cu", fast))
 }
 
 // ---------------------------------------------------------------------------------------
-// Tier 1: cumsum over the last dimension.
+// Tier 1: cumulative sums and products over the last dimension.
 
-fn cumsum_family(id: &str, pre: &[Step]) -> Family {
+/// The inclusive scan over the last dimension of `x` of shape `(batch_size, dim)` after `pre`:
+/// `torch.cumsum(x, dim=1)` (`c` [`Comb::Sum`]) or `torch.cumprod(x, dim=1)` ([`Comb::Prod`];
+/// PyTorch docs: `y[i] = x[0] op ... op x[i]`). A product's inputs are drawn in `[-s, s)` with
+/// `s` 2, 1 or 1.5, so the running product drifts toward zero instead of overflowing.
+///
+/// Kernels: one thread per row (the running value in double); one block per row scanning
+/// chunks of `blockDim.x` elements with warp shuffles, then over the warps' totals, the carry
+/// between chunks kept in double.
+fn scan_family(id: &str, c: Comb, pre: &[Step]) -> Family {
+    let (f, word, op, one, one_d, flops) = match c {
+        Comb::Prod => (
+            "cumprod",
+            "product",
+            '*',
+            "1.0f",
+            "1.0",
+            format!("{}*batch_size*dim", 1 + pre.len()),
+        ),
+        _ => ("cumsum", "sum", '+', "0.0f", "0.0", "batch_size*dim".into()),
+    };
     let train = shapes(&[
         &[("batch_size", 512), ("dim", 4096)],
         &[("batch_size", 4096), ("dim", 1024)],
@@ -1346,30 +1409,26 @@ fn cumsum_family(id: &str, pre: &[Step]) -> Family {
         &[("batch_size", 7), ("dim", 12289)],
     ]);
     let x = ref_chain(pre, "in0", "");
-    let spec = kb_spec(
+    let mut spec = kb_spec(
         id,
         1,
         &[("in0", &["batch_size", "dim"])],
         &["batch_size", "dim"],
         &["batch_size", "dim"],
-        format!("cumsum({x}, 1)"),
+        format!("{f}({x}, 1)"),
         train,
         holdout,
         EW_TOL,
-        ("8*batch_size*dim".into(), "batch_size*dim".into()),
+        ("8*batch_size*dim".into(), flops),
     );
+    if c == Comb::Prod {
+        spec.input_scales = Some(vec![2.0, 1.0, 1.5]);
+    }
     let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
-    body.push("return torch.cumsum(x, dim=1)".into());
-    let doc = if pre.is_empty() {
-        "an inclusive cumulative sum over the last dimension".to_string()
-    } else {
-        format!(
-            "{}, then an inclusive cumulative sum over the last dimension",
-            doc_of(pre)
-        )
-    };
+    body.push(format!("return torch.{f}(x, dim=1)"));
+    let what = format!("an inclusive cumulative {word} over the last dimension");
     let module = render_module(&Module {
-        doc: format!("Simple model that performs {doc}."),
+        doc: format!("Simple model that performs {}.", chain_doc(&what, pre, &[])),
         init_params: vec![],
         init_body: vec![],
         init_inputs: vec![],
@@ -1382,38 +1441,43 @@ fn cumsum_family(id: &str, pre: &[Step]) -> Family {
     let sig = spec.signature();
     let (decl, names) = params(&spec);
     let naive = format!(
-        "// naive: one thread per row, the running sum in double.\n{HEADER}\n\
+        "// naive: one thread per row, the running {word} in double.\n{HEADER}\n\
          __global__ void scan_naive({decl}) {{\n    \
          const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= batch_size) return;\n    \
-         double acc = 0.0;\n    for (int64_t c = 0; c < dim; ++c) {{\n        float v = in0[r * dim + c];\n{}        \
-         acc += (double)v;\n        out[r * dim + c] = (float)acc;\n    }}\n}}\n\n\
+         double acc = {one_d};\n    for (int64_t c = 0; c < dim; ++c) {{\n        float v = in0[r * dim + c];\n{}        \
+         acc {op}= (double)v;\n        out[r * dim + c] = (float)acc;\n    }}\n}}\n\n\
          {sig} {{\n    const int64_t grid = (batch_size + 127) / 128;\n    \
          if (grid > 0) scan_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n",
         cuda_chain(pre, "", "c", "        ")
     );
+    // The value written: the carry, then the warp's and the earlier warps' part of the chunk.
+    let written = match c {
+        Comb::Prod => "carry * ((double)v * (double)before)",
+        _ => "carry + (double)(v + before)",
+    };
     let fast = format!(
         "// fast: one block per row scanning chunks of blockDim.x elements (warp shuffles, then\n\
          // the warps' totals); the carry between chunks is kept in double.\n{HEADER}\n\
          __global__ void scan_block({decl}) {{\n    __shared__ float sh[32];\n    \
          const int64_t r = blockIdx.x;\n    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n    \
-         const int nw = blockDim.x >> 5;\n    double carry = 0.0;\n    \
+         const int nw = blockDim.x >> 5;\n    double carry = {one_d};\n    \
          for (int64_t base = 0; base < dim; base += blockDim.x) {{\n        \
-         const int64_t c = base + threadIdx.x;\n        float v = 0.0f;\n        if (c < dim) {{\n            \
+         const int64_t c = base + threadIdx.x;\n        float v = {one};\n        if (c < dim) {{\n            \
          v = in0[r * dim + c];\n{}        }}\n        \
          for (int off = 1; off < 32; off <<= 1) {{\n            \
-         const float t = __shfl_up_sync(0xffffffffu, v, off);\n            if (lane >= off) v += t;\n        }}\n        \
+         const float t = __shfl_up_sync(0xffffffffu, v, off);\n            if (lane >= off) v {op}= t;\n        }}\n        \
          if (lane == 31) sh[w] = v;\n        __syncthreads();\n        if (w == 0) {{\n            \
-         float s = lane < nw ? sh[lane] : 0.0f;\n            \
+         float s = lane < nw ? sh[lane] : {one};\n            \
          for (int off = 1; off < 32; off <<= 1) {{\n                \
-         const float t = __shfl_up_sync(0xffffffffu, s, off);\n                if (lane >= off) s += t;\n            }}\n            \
+         const float t = __shfl_up_sync(0xffffffffu, s, off);\n                if (lane >= off) s {op}= t;\n            }}\n            \
          sh[lane] = s;\n        }}\n        __syncthreads();\n        \
-         const float before = w > 0 ? sh[w - 1] : 0.0f;\n        \
-         if (c < dim) out[r * dim + c] = (float)(carry + (double)(v + before));\n        \
-         const float total = sh[nw - 1];\n        __syncthreads();\n        carry += (double)total;\n    }}\n}}\n\n\
+         const float before = w > 0 ? sh[w - 1] : {one};\n        \
+         if (c < dim) out[r * dim + c] = (float)({written});\n        \
+         const float total = sh[nw - 1];\n        __syncthreads();\n        carry {op}= (double)total;\n    }}\n}}\n\n\
          {sig} {{\n    if (batch_size > 0) scan_block<<<(unsigned)batch_size, 256, 0, stream>>>({names});\n}}\n",
         cuda_chain(pre, "", "c", "            ")
     );
-    let group = group_of("scan:cumsum", pre, "");
+    let group = group_of(&format!("scan:{f}"), pre, "");
     finish(spec, module, group, naive, ("block_scan.cu", fast))
 }
 
@@ -2610,7 +2674,7 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
                 let mean = c == Comb::Sum && rng.random_bool(0.4);
                 let k = rng.random_range(0..=1);
                 let pre = draw_steps(&mut rng, k, false);
-                mid_reduce_family(&id, c, mean, &pre)
+                mid_reduce_family(&id, c, mean, false, &pre)
             }
             47..=54 => {
                 let kind = pick(
@@ -2629,7 +2693,7 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
             55..=58 => {
                 let k = rng.random_range(0..=1);
                 let pre = draw_steps(&mut rng, k, false);
-                cumsum_family(&id, &pre)
+                scan_family(&id, Comb::Sum, &pre)
             }
             59..=67 => {
                 let norm = pick(&mut rng, NORMS);

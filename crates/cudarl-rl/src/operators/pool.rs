@@ -12,7 +12,7 @@
 //! - tier 2 (tier 3 with 1-2 activations after it), `norm:group`: `nn.GroupNorm(num_groups,
 //!   num_features)` with its affine weight and bias, eps 1e-5, over `(batch_size,
 //!   num_features, height, width)`, after an optional activation.
-//! - tier 1, `reduce:prod` / `reduce:prod_mid` (`_keep` with the kept dimension):
+//! - tier 1, `reduce:prod` (`_keep` with the kept dimension) and `mid:prod` (`|keep`):
 //!   `torch.prod` over the last dimension of `(batch_size, dim)` or the middle one of
 //!   `(batch_size, dim1, dim2)`, after an optional activation; the reduced dimension is short
 //!   (at most 64).
@@ -90,11 +90,15 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
             let mid = rng.random_bool(0.4);
             let keep = rng.random_bool(0.5);
             let pre = product_pre(rng);
-            prod_family(id, mid, keep, &pre)
+            if mid {
+                super::mid_reduce_family(id, Comb::Prod, false, keep, &pre)
+            } else {
+                prod_family(id, keep, &pre)
+            }
         }
         _ => {
             let pre = product_pre(rng);
-            cumprod_family(id, &pre)
+            super::scan_family(id, Comb::Prod, &pre)
         }
     }
 }
@@ -584,60 +588,33 @@ fn group_norm_family(id: &str, groups: i64, pre: &[Step], post: &[Step], block: 
 // ---------------------------------------------------------------------------------------
 // Tier 1: products.
 
-/// `torch.prod` over dimension 1 of `x`, after `pre`: of shape `(batch_size, dim)` (the last
-/// dimension) or, when `mid`, `(batch_size, dim1, dim2)` (the middle one); `keep` keeps the
-/// reduced dimension (PyTorch docs, `torch.prod`). The reduced dimension has at most 64
-/// elements (33 in the hold-out shapes), and the judge draws inputs in `[-s, s)` with `s` 2.5,
-/// 2 or 3 (the module docs).
+/// `torch.prod` over the last dimension of `x` of shape `(batch_size, dim)` after `pre`;
+/// `keep` keeps it (PyTorch docs, `torch.prod`). The dimension has at most 64 elements (33 in
+/// the hold-out shapes), and the judge draws inputs in `[-s, s)` with `s` 2.5, 2 or 3 (the
+/// module docs). The middle dimension's product is `mid_reduce_family`'s.
 ///
-/// Kernels, last dimension: one thread per row (the product in double); one warp per row,
-/// lanes multiplying strided elements, then a shuffle tree. Middle dimension: one thread per
-/// output; a 32 x 8 block whose 8 thread rows split the reduced dimension (reads coalesced
-/// along `dim2`) and combine in shared memory.
-fn prod_family(id: &str, mid: bool, keep: bool, pre: &[Step]) -> Family {
-    let (train, holdout, dims, out_shape): (_, _, Vec<&str>, Vec<&str>) = if mid {
-        (
-            shapes(&[
-                &[("batch_size", 16), ("dim1", 32), ("dim2", 4096)],
-                &[("batch_size", 128), ("dim1", 16), ("dim2", 1024)],
-                &[("batch_size", 4), ("dim1", 64), ("dim2", 8192)],
-            ]),
-            shapes(&[
-                &[("batch_size", 1), ("dim1", 1), ("dim2", 1)],
-                &[("batch_size", 3), ("dim1", 33), ("dim2", 257)],
-                &[("batch_size", 17), ("dim1", 9), ("dim2", 4097)],
-            ]),
-            vec!["batch_size", "dim1", "dim2"],
-            if keep {
-                vec!["batch_size", "1", "dim2"]
-            } else {
-                vec!["batch_size", "dim2"]
-            },
-        )
+/// Kernels: one thread per row (the product in double); one warp per row (rows are short),
+/// lanes multiplying strided elements, then a shuffle tree.
+fn prod_family(id: &str, keep: bool, pre: &[Step]) -> Family {
+    let train = shapes(&[
+        &[("batch_size", 32768), ("dim", 32)],
+        &[("batch_size", 8192), ("dim", 64)],
+        &[("batch_size", 131072), ("dim", 16)],
+    ]);
+    let holdout = shapes(&[
+        &[("batch_size", 1), ("dim", 1)],
+        &[("batch_size", 1000), ("dim", 33)],
+        &[("batch_size", 4099), ("dim", 9)],
+    ]);
+    let dims = vec!["batch_size", "dim"];
+    let out_shape = if keep {
+        vec!["batch_size", "1"]
     } else {
-        (
-            shapes(&[
-                &[("batch_size", 32768), ("dim", 32)],
-                &[("batch_size", 8192), ("dim", 64)],
-                &[("batch_size", 131072), ("dim", 16)],
-            ]),
-            shapes(&[
-                &[("batch_size", 1), ("dim", 1)],
-                &[("batch_size", 1000), ("dim", 33)],
-                &[("batch_size", 4099), ("dim", 9)],
-            ]),
-            vec!["batch_size", "dim"],
-            if keep {
-                vec!["batch_size", "1"]
-            } else {
-                vec!["batch_size"]
-            },
-        )
+        vec!["batch_size"]
     };
     let x = ref_chain(pre, "in0", "");
     let keep_ref = if keep { ", 1" } else { "" };
     let n_in = dims.join("*");
-    let n_out = if mid { "batch_size*dim2" } else { "batch_size" };
     let mut spec = kb_spec(
         id,
         1,
@@ -649,7 +626,7 @@ fn prod_family(id: &str, mid: bool, keep: bool, pre: &[Step]) -> Family {
         holdout,
         EW_TOL,
         (
-            format!("4*{n_in} + 4*{n_out}"),
+            format!("4*{n_in} + 4*batch_size"),
             format!("{}*{n_in}", 1 + pre.len()),
         ),
     );
@@ -660,12 +637,7 @@ fn prod_family(id: &str, mid: bool, keep: bool, pre: &[Step]) -> Family {
         if keep { ", keepdim=True" } else { "" }
     ));
     let what = format!(
-        "a product reduction over {}{}",
-        if mid {
-            "dimension 1"
-        } else {
-            "the last dimension"
-        },
+        "a product reduction over the last dimension{}",
         if keep { " (kept dimension)" } else { "" }
     );
     let module = render_module(&Module {
@@ -681,43 +653,8 @@ fn prod_family(id: &str, mid: bool, keep: bool, pre: &[Step]) -> Family {
     });
     let sig = spec.signature();
     let (decl, names) = params(&spec);
-    let (naive, fast, file) = if mid {
-        let naive = format!(
-            "// naive: one thread per output element, multiplying down dimension 1 (in double).\n\
-             {HEADER}\n__global__ void prod_naive({decl}) {{\n    \
-             const int64_t n = batch_size * dim2;\n    \
-             const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
-             if (i >= n) return;\n    const int64_t b = i / dim2, j = i % dim2;\n    \
-             double acc = 1.0;\n    for (int64_t k = 0; k < dim1; ++k) {{\n        \
-             float v = in0[(b * dim1 + k) * dim2 + j];\n{}        acc *= (double)v;\n    }}\n    \
-             out[i] = (float)acc;\n}}\n\n\
-             {sig} {{\n    const int64_t grid = (batch_size * dim2 + 255) / 256;\n    \
-             if (grid > 0) prod_naive<<<(unsigned)grid, 256, 0, stream>>>({names});\n}}\n",
-            cuda_chain(pre, "", "0", "        "),
-        );
-        let fast = format!(
-            "// fast: a 32 x 8 block covers 32 outputs; its 8 rows of threads split dimension 1\n\
-             // (each warp reads 32 consecutive floats of a row), then multiply their partial\n\
-             // products in shared memory; blockIdx.y walks the batch.\n{HEADER}\n\
-             __global__ void prod_split({decl}) {{\n    __shared__ float part[8][33];\n    \
-             const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;\n    \
-             for (int64_t b = blockIdx.y; b < batch_size; b += gridDim.y) {{\n        \
-             float acc = 1.0f;\n        if (j < dim2) {{\n            \
-             for (int64_t k = threadIdx.y; k < dim1; k += 8) {{\n                \
-             float v = in0[(b * dim1 + k) * dim2 + j];\n{}                acc *= v;\n            }}\n        }}\n        \
-             __syncthreads();\n        part[threadIdx.y][threadIdx.x] = acc;\n        __syncthreads();\n        \
-             if (threadIdx.y == 0 && j < dim2) {{\n            \
-             for (int k = 1; k < 8; ++k) acc *= part[k][threadIdx.x];\n            \
-             out[b * dim2 + j] = acc;\n        }}\n    }}\n}}\n\n\
-             {sig} {{\n    if (batch_size <= 0 || dim2 <= 0) return;\n    \
-             const int64_t gy = batch_size < 65535 ? batch_size : 65535;\n    \
-             prod_split<<<dim3((unsigned)((dim2 + 31) / 32), (unsigned)gy), dim3(32, 8), 0, stream>>>({names});\n}}\n",
-            cuda_chain(pre, "", "0", "                "),
-        );
-        (naive, fast, "split_reduce.cu")
-    } else {
-        let naive = format!(
-            "// naive: one thread per row, the product in double.\n{HEADER}\n\
+    let naive = format!(
+        "// naive: one thread per row, the product in double.\n{HEADER}\n\
              __global__ void prod_naive({decl}) {{\n    \
              const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
              if (r >= batch_size) return;\n    double acc = 1.0;\n    \
@@ -725,10 +662,10 @@ fn prod_family(id: &str, mid: bool, keep: bool, pre: &[Step]) -> Family {
              acc *= (double)v;\n    }}\n    out[r] = (float)acc;\n}}\n\n\
              {sig} {{\n    const int64_t grid = (batch_size + 127) / 128;\n    \
              if (grid > 0) prod_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n",
-            cuda_chain(pre, "", "0", "        "),
-        );
-        let fast = format!(
-            "// fast: one warp per row (rows are short): lanes multiply strided elements (a warp\n\
+        cuda_chain(pre, "", "0", "        "),
+    );
+    let fast = format!(
+        "// fast: one warp per row (rows are short): lanes multiply strided elements (a warp\n\
              // reads 32 consecutive floats), then a shuffle tree; warps stride over the rows.\n\
              {HEADER}\n__global__ void prod_warp({decl}) {{\n    \
              const int lane = threadIdx.x & 31;\n    \
@@ -746,113 +683,10 @@ fn prod_family(id: &str, mid: bool, keep: bool, pre: &[Step]) -> Family {
              const int64_t want = (batch_size + 7) / 8;\n    \
              const int64_t grid = want < (int64_t)sms * 32 ? want : (int64_t)sms * 32;\n    \
              prod_warp<<<(unsigned)grid, 256, 0, stream>>>({names});\n}}\n",
-            cuda_chain(pre, "", "0", "            "),
-        );
-        (naive, fast, "warp_per_row.cu")
-    };
-    let extra = format!(
-        "{}{}",
-        if mid { "_mid" } else { "" },
-        if keep { "_keep" } else { "" }
-    );
-    let group = group_of("reduce:prod", pre, &extra);
-    finish(spec, module, group, naive, (file, fast))
-}
-
-/// The inclusive cumulative product over the last dimension of `x` of shape `(batch_size,
-/// dim)` after `pre`, as `torch.cumprod(x, dim=1)` computes it (PyTorch docs,
-/// `torch.cumprod`: `y[i] = x[0] * ... * x[i]`). The judge draws inputs in `[-s, s)` with `s`
-/// 2, 1 or 1.5 (the module docs): the running product drifts toward zero.
-///
-/// Kernels: one thread per row (the running product in double); one block per row scanning
-/// chunks of `blockDim.x` elements with warp shuffles (multiplying), then the warps' totals,
-/// the carry between chunks kept in double.
-fn cumprod_family(id: &str, pre: &[Step]) -> Family {
-    let train = shapes(&[
-        &[("batch_size", 512), ("dim", 4096)],
-        &[("batch_size", 4096), ("dim", 1024)],
-        &[("batch_size", 64), ("dim", 16384)],
-    ]);
-    let holdout = shapes(&[
-        &[("batch_size", 1), ("dim", 1)],
-        &[("batch_size", 1000), ("dim", 999)],
-        &[("batch_size", 7), ("dim", 12289)],
-    ]);
-    let x = ref_chain(pre, "in0", "");
-    let mut spec = kb_spec(
-        id,
-        1,
-        &[("in0", &["batch_size", "dim"])],
-        &["batch_size", "dim"],
-        &["batch_size", "dim"],
-        format!("cumprod({x}, 1)"),
-        train,
-        holdout,
-        EW_TOL,
-        (
-            "8*batch_size*dim".into(),
-            format!("{}*batch_size*dim", 1 + pre.len()),
-        ),
-    );
-    spec.input_scales = Some(vec![2.0, 1.0, 1.5]);
-    let mut body: Vec<String> = pre.iter().map(|st| st.torch()).collect();
-    body.push("return torch.cumprod(x, dim=1)".into());
-    let module = render_module(&Module {
-        doc: format!(
-            "Simple model that performs {}.",
-            chain_doc(
-                "an inclusive cumulative product over the last dimension",
-                pre,
-                &[]
-            )
-        ),
-        init_params: vec![],
-        init_body: vec![],
-        init_inputs: vec![],
-        forward_args: &["x"],
-        body,
-        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
-        inputs: vec!["x = torch.rand(batch_size, dim)".into()],
-        returned: vec!["x".into()],
-    });
-    let sig = spec.signature();
-    let (decl, names) = params(&spec);
-    let naive = format!(
-        "// naive: one thread per row, the running product in double.\n{HEADER}\n\
-         __global__ void scan_naive({decl}) {{\n    \
-         const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
-         if (r >= batch_size) return;\n    double acc = 1.0;\n    \
-         for (int64_t c = 0; c < dim; ++c) {{\n        float v = in0[r * dim + c];\n{}        \
-         acc *= (double)v;\n        out[r * dim + c] = (float)acc;\n    }}\n}}\n\n\
-         {sig} {{\n    const int64_t grid = (batch_size + 127) / 128;\n    \
-         if (grid > 0) scan_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n",
-        cuda_chain(pre, "", "0", "        "),
-    );
-    let fast = format!(
-        "// fast: one block per row scanning chunks of blockDim.x elements: an inclusive product\n\
-         // scan within each warp (shuffles), then over the warps' totals; the carry between\n\
-         // chunks (the product of the chunks before) is kept in double.\n{HEADER}\n\
-         __global__ void scan_block({decl}) {{\n    __shared__ float sh[32];\n    \
-         const int64_t r = blockIdx.x;\n    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n    \
-         const int nw = blockDim.x >> 5;\n    double carry = 1.0;\n    \
-         for (int64_t base = 0; base < dim; base += blockDim.x) {{\n        \
-         const int64_t c = base + threadIdx.x;\n        float v = 1.0f;\n        if (c < dim) {{\n            \
-         v = in0[r * dim + c];\n{}        }}\n        \
-         for (int off = 1; off < 32; off <<= 1) {{\n            \
-         const float t = __shfl_up_sync(0xffffffffu, v, off);\n            if (lane >= off) v *= t;\n        }}\n        \
-         if (lane == 31) sh[w] = v;\n        __syncthreads();\n        if (w == 0) {{\n            \
-         float s = lane < nw ? sh[lane] : 1.0f;\n            \
-         for (int off = 1; off < 32; off <<= 1) {{\n                \
-         const float t = __shfl_up_sync(0xffffffffu, s, off);\n                if (lane >= off) s *= t;\n            }}\n            \
-         sh[lane] = s;\n        }}\n        __syncthreads();\n        \
-         const float before = w > 0 ? sh[w - 1] : 1.0f;\n        \
-         if (c < dim) out[r * dim + c] = (float)(carry * ((double)v * (double)before));\n        \
-         const float total = sh[nw - 1];\n        __syncthreads();\n        carry *= (double)total;\n    }}\n}}\n\n\
-         {sig} {{\n    if (batch_size > 0) scan_block<<<(unsigned)batch_size, 256, 0, stream>>>({names});\n}}\n",
         cuda_chain(pre, "", "0", "            "),
     );
-    let group = group_of("scan:cumprod", pre, "");
-    finish(spec, module, group, naive, ("block_scan.cu", fast))
+    let group = group_of("reduce:prod", pre, if keep { "_keep" } else { "" });
+    finish(spec, module, group, naive, ("warp_per_row.cu", fast))
 }
 
 #[cfg(test)]
@@ -970,8 +804,7 @@ mod tests {
             "norm:group/block_per_group.cu",
             "reduce:prod/warp_per_row.cu",
             "reduce:prod_keep/warp_per_row.cu",
-            "reduce:prod_mid/split_reduce.cu",
-            "reduce:prod_mid_keep/split_reduce.cu",
+            "mid:prod/split_reduce.cu",
             "scan:cumprod/block_scan.cu",
         ] {
             assert!(keys.iter().any(|k| k == want), "{want} not in {keys:?}");
