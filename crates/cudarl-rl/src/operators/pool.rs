@@ -149,6 +149,37 @@ fn pool_names(max: bool, dims: u32) -> (&'static str, &'static str, String) {
     (cls, attr, format!("{dims}D {what} pooling"))
 }
 
+/// The module of a pooling over `x` of `dims` after `pre`: `self.{attr} = nn.{cls}(kernel_size,
+/// stride)` with the window `k` and stride `s` as module constants, `what` its docstring.
+fn pool_module(
+    spec: &cudarl_cuda::task::TaskSpec,
+    dims: &[&str],
+    (attr, cls): (&str, &str),
+    what: &str,
+    (k, s): (i64, i64),
+    pre: &[Step],
+) -> String {
+    let mut body: Vec<String> = pre.iter().map(|st| st.torch()).collect();
+    body.push(format!("x = self.{attr}(x)"));
+    body.push("return x".into());
+    let mut consts = constants(dims, &spec.train_shapes[0]);
+    consts.push(("kernel_size".into(), k));
+    consts.push(("stride".into(), s));
+    render_module(&Module {
+        doc: format!("Simple model that performs {}.", chain_doc(what, pre, &[])),
+        init_params: vec!["kernel_size: int".into(), "stride: int".into()],
+        init_body: vec![format!(
+            "self.{attr} = nn.{cls}(kernel_size=kernel_size, stride=stride)"
+        )],
+        init_inputs: vec!["kernel_size".into(), "stride".into()],
+        forward_args: &["x"],
+        body,
+        constants: consts,
+        inputs: vec![format!("x = torch.rand({})", dims.join(", "))],
+        returned: vec!["x".into()],
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // Tier 2: 1D pooling.
 
@@ -201,32 +232,14 @@ fn pool1d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
             flops,
         ),
     );
-    let mut body: Vec<String> = pre.iter().map(|st| st.torch()).collect();
-    body.push(format!("x = self.{attr}(x)"));
-    body.push("return x".into());
-    let mut consts = constants(&dims, &spec.train_shapes[0]);
-    consts.push(("kernel_size".into(), k));
-    consts.push(("stride".into(), s));
-    let module = render_module(&Module {
-        doc: format!(
-            "Simple model that performs {}.",
-            chain_doc(
-                &format!("{what} (kernel size {k}, stride {s}, no padding)"),
-                pre,
-                &[]
-            )
-        ),
-        init_params: vec!["kernel_size: int".into(), "stride: int".into()],
-        init_body: vec![format!(
-            "self.{attr} = nn.{cls}1d(kernel_size=kernel_size, stride=stride)"
-        )],
-        init_inputs: vec!["kernel_size".into(), "stride".into()],
-        forward_args: &["x"],
-        body,
-        constants: consts,
-        inputs: vec![format!("x = torch.rand(batch_size, {c}, {l})")],
-        returned: vec!["x".into()],
-    });
+    let module = pool_module(
+        &spec,
+        &dims,
+        (attr, &format!("{cls}1d")),
+        &format!("{what} (kernel size {k}, stride {s}, no padding)"),
+        (k, s),
+        pre,
+    );
     let sig = spec.signature();
     let (decl, names) = params(&spec);
     let (init, upd, fin) = pool_ops(max, k);
@@ -364,32 +377,14 @@ fn pool2d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
             flops,
         ),
     );
-    let mut body: Vec<String> = pre.iter().map(|st| st.torch()).collect();
-    body.push(format!("x = self.{attr}(x)"));
-    body.push("return x".into());
-    let mut consts = constants(&dims, &spec.train_shapes[0]);
-    consts.push(("kernel_size".into(), k));
-    consts.push(("stride".into(), s));
-    let module = render_module(&Module {
-        doc: format!(
-            "Simple model that performs {}.",
-            chain_doc(
-                &format!("{what} (square kernel of size {k}, stride {s}, no padding)"),
-                pre,
-                &[]
-            )
-        ),
-        init_params: vec!["kernel_size: int".into(), "stride: int".into()],
-        init_body: vec![format!(
-            "self.{attr} = nn.{cls}2d(kernel_size=kernel_size, stride=stride)"
-        )],
-        init_inputs: vec!["kernel_size".into(), "stride".into()],
-        forward_args: &["x"],
-        body,
-        constants: consts,
-        inputs: vec!["x = torch.rand(batch_size, channels, height, width)".into()],
-        returned: vec!["x".into()],
-    });
+    let module = pool_module(
+        &spec,
+        &dims,
+        (attr, &format!("{cls}2d")),
+        &format!("{what} (square kernel of size {k}, stride {s}, no padding)"),
+        (k, s),
+        pre,
+    );
     let sig = spec.signature();
     let (decl, names) = params(&spec);
     let (init, upd, fin) = pool_ops(max, k * k);
