@@ -99,13 +99,12 @@ fn cpu_project() -> Project {
         ("kernelbench_samples = 2 ", "kernelbench_samples = 1 "),
         // The copy documents are a test's own, below.
         ("copy_documents = 3000 ", "copy_documents = 0 "),
-        ("max_new_tokens = 512", "max_new_tokens = 48"),
         ("\nsteps = 5 ", "\nsteps = 2 "),
         ("tasks_per_step = 8", "tasks_per_step = 1"),
         ("group_size = 8 ", "group_size = 2 "),
         // One pass per update here; the `own` run takes two.
         ("\nepochs = 4 ", "\nepochs = 1 "),
-        ("max_new_tokens = 768", "max_new_tokens = 32"),
+        ("max_new_tokens = 2560", "max_new_tokens = 32"),
         // The tiny model earns no reward on the CPU, so signal-only updates would train on
         // nothing; these tests check the update path (one test checks signal-only itself).
         ("\nkl_coef = 0.04", "\nsignal_only = false\nkl_coef = 0.04"),
