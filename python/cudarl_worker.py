@@ -1179,8 +1179,10 @@ def landlock_beside(outside, own):
     other processes' `/proc` files. Entries of `outside` that are symbolic links, or other names
     for the folder or a directory above it, are left out. Handles the rights of Landlock ABI 1
     (reading, writing, executing, making and removing files), plus `REFER` (ABI 2) and
-    `TRUNCATE` (ABI 3) where the kernel has them. Raises `OSError` when Landlock is missing or a
-    call fails (unless `CUDARL_ALLOW_UNCONFINED=1`, as for the sandbox wrapper)."""
+    `TRUNCATE` (ABI 3) where the kernel has them, and scopes signals to the layer (ABI 6): the
+    process may signal none outside it (its zygote, the judge, another runner). Raises
+    `OSError` when Landlock is missing or a call fails (unless `CUDARL_ALLOW_UNCONFINED=1`, as
+    for the sandbox wrapper)."""
     import ctypes as c
     import stat
     import struct
@@ -1196,8 +1198,13 @@ def landlock_beside(outside, own):
     handled |= (1 << 13) if abi >= 2 else 0  # REFER
     handled |= (1 << 14) if abi >= 3 else 0  # TRUNCATE
     file_rights = handled & ((1 << 0) | (1 << 1) | (1 << 2) | (1 << 14))  # EXECUTE, WRITE_FILE, READ_FILE, TRUNCATE
-    attr = c.create_string_buffer(struct.pack("<Q", handled), 8)
-    rs = libc.syscall(c.c_long(create), attr, c.c_size_t(8), c.c_uint32(0))
+    if abi >= 6:
+        # LANDLOCK_SCOPE_SIGNAL (ABI 6, Linux 6.12): no signal to a process outside this layer.
+        attr = c.create_string_buffer(struct.pack("<QQQ", handled, 0, 1 << 1), 24)
+        size = 24
+    else:
+        attr, size = c.create_string_buffer(struct.pack("<Q", handled), 8), 8
+    rs = libc.syscall(c.c_long(create), attr, c.c_size_t(size), c.c_uint32(0))
     if rs < 0:
         raise OSError(c.get_errno(), "landlock_create_ruleset")
     reading = (1 << 2) | (1 << 3)  # READ_FILE, READ_DIR
@@ -1950,13 +1957,15 @@ class TorchJudge:
         """The kernels one forward ran at the problem's own sizes (`kernels_ran`): the
         candidate's in its runner (on the inputs it is bound to, the same values as `inputs`),
         the reference's here (or `reference`, stored from an earlier profile of the same problem
-        on the same GPU and torch); None when the runner's profiler could not start. Raises
+        on the same GPU and torch); None when the runner's profiler could not start (why in
+        `self.unlisted`). Raises
         RunnerGone when the candidate's profiled forward fails, or when the profiler worked
         before the candidate loaded (`profiler`) and no longer does."""
         word, text = self.runner.ask({"op": "profile"})
         if word == "none":
             if self.profiler:
                 raise RunnerGone("crash", "the runner's profiler stopped working after the candidate loaded")
+            self.unlisted = text or "the runner's profiler did not start"
             return None
         try:
             cand = json.loads(text) if word == "ok" else None
@@ -2267,6 +2276,8 @@ def judge_full_size(judge, req, res):
     if req.get("profile", True):
         t_prof = time.perf_counter()
         res["kernels"] = judge.kernels(model, inputs, ref.get("reference_kernels"))
+        if res["kernels"] is None:
+            res["kernels_unlisted"] = judge.unlisted
         res["worker_ms"]["profile"] = (time.perf_counter() - t_prof) * 1e3
     bench = req.get("bench")
     if not bench:

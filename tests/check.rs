@@ -327,6 +327,43 @@ fn kb_specs_stage_derives_native_signatures_with_coverage() {
             "{s}"
         );
     }
+    // The `ModelNew` wrapper of every covered problem (`check --model-new`) passes the
+    // ModelNew allow-list, whatever its parameters' state-dict names.
+    let dir = tempfile::tempdir().unwrap();
+    let mut wrappers = 0;
+    for s in specs.iter().filter(|s| s["covered"] == true) {
+        let abi = cudarl_cuda::torchfmt::KbNative::from_row(
+            s["signature"].as_str().unwrap(),
+            s["buffers_json"].as_str().unwrap(),
+            s["sizes_json"].as_str().unwrap(),
+        )
+        .unwrap();
+        let id = s["problem_id"].as_str().unwrap();
+        let text = abi.model_new(id, "extern \"C\" void launch();\n", "A wrapper.");
+        std::fs::write(dir.path().join(format!("w{wrappers}.py")), text).unwrap();
+        wrappers += 1;
+    }
+    assert!(wrappers >= 150, "{wrappers}");
+    let root = common::repo_root();
+    let o = std::process::Command::new(cudarl_cuda::pyworker::python(&root))
+        .args([
+            "-c",
+            "import glob, json, sys; sys.path.insert(0, sys.argv[1]); import cudarl_screen as s; \
+             print(json.dumps({f: s.screen(open(f).read()) for f in sorted(glob.glob(sys.argv[2] + '/*.py'))}))",
+        ])
+        .arg(root.join("python"))
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let found: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(found.len(), wrappers);
+    let refused: Vec<_> = found
+        .iter()
+        .filter(|(_, f)| f.as_array().is_some_and(|a| !a.is_empty()))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
     // Re-running is a cache hit; a new store run reuses nothing but gives the same bytes.
     let o = p.run(&["run", "kb-specs", "--json"]);
     assert!(
@@ -469,5 +506,309 @@ fn check_explains_misnamed_launchers_empty_and_binary_sources_and_reads_stdin() 
     assert!(
         out.contains("vector_add_vec4(float const*") && !out.contains("_Z15"),
         "{out}"
+    );
+}
+
+/// The launcher's shim for a kernel of `tests/kernels/kb_native/`, from the kernel's own
+/// `launch` declaration (the one `kb-specs` derives for its problem): pointers from `buffers`,
+/// floats from `scalars`, integers from `sizes`, then the stream.
+fn shim_from_launcher(src: &str) -> String {
+    let start = src.find("extern \"C\" void launch(").expect("a launcher");
+    let sig = &src[start..=start + src[start..].find(')').unwrap()];
+    let params = &sig[sig.find('(').unwrap() + 1..sig.len() - 1];
+    let (mut b, mut s, mut f) = (0, 0, 0);
+    let call: Vec<String> = params
+        .split(',')
+        .map(|p| {
+            let p = p.split_whitespace().collect::<Vec<_>>().join(" ");
+            let ty = p[..p.rfind(' ').unwrap()].to_string();
+            if ty.contains("cudaStream_t") {
+                "stream".to_string()
+            } else if ty.contains('*') {
+                b += 1;
+                format!("({ty})buffers[{}]", b - 1)
+            } else if ty.contains("float") || ty.contains("double") {
+                f += 1;
+                format!("scalars[{}]", f - 1)
+            } else {
+                s += 1;
+                format!("sizes[{}]", s - 1)
+            }
+        })
+        .collect();
+    cudarl_cuda::task::entry_shim("", sig, &call)
+}
+
+/// Measures the object checks (`crates/cudarl-cuda/src/inspect.rs`) on honest code: every kernel
+/// of `tests/kernels/honest/` and `tests/kernels/kb_native/`, every task kernel of
+/// `datasets/tasks/`, and the naive and fast kernels of every 4th of the 450 operator families
+/// the default pipeline generates (seed 0), each built the way the harness builds a native
+/// candidate (source + shim in one file, [`cudarl_cuda::Compiler::flags`], the shared runtime,
+/// the kept host object). Writes `object_byte_scan_false_positives_cpu_<date>.json` (every
+/// system-call or clock-read encoding at any byte offset of the code, and which a linear
+/// disassembly decodes; the same scan over the linked library's code for comparison) and `object_exports_honest_cpu_<date>.json` (every symbol the objects
+/// define, and which the export rule refuses) to `$CUDARL_MEASURE_DIR`. By hand:
+/// `CUDARL_MEASURE_DIR=benchmarks/results cargo nextest run -p cudarl-cli --test check
+/// --run-ignored only object_checks_on_honest_kernels` (about 10 minutes on 2 cores).
+#[test]
+#[ignore]
+fn object_checks_on_honest_kernels() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let out_dir = std::path::PathBuf::from(
+        std::env::var("CUDARL_MEASURE_DIR").expect("set CUDARL_MEASURE_DIR to the results folder"),
+    );
+    let root = repo_root();
+    let nvcc = cudarl_cuda::Nvcc::discover(&root).unwrap();
+    let cudart = nvcc.cudart().unwrap();
+    let compiler = cudarl_cuda::Compiler {
+        nvcc: nvcc.clone(),
+        arch: "sm_90".into(),
+        timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
+        store: None,
+    };
+    let rules = cudarl_cuda::Rules::builtin();
+    // (set, name, source, shim)
+    let mut units: Vec<(String, String, String, String)> = Vec::new();
+    let tasks = cudarl_cuda::load_tasks(&root.join("datasets/tasks")).unwrap();
+    for dir in ["honest", "kb_native"] {
+        let mut files: Vec<_> = std::fs::read_dir(root.join("tests/kernels").join(dir))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+            .collect();
+        files.sort();
+        for p in files {
+            let src = std::fs::read_to_string(&p).unwrap();
+            let name = p.file_stem().unwrap().to_str().unwrap().to_string();
+            let shim = if dir == "honest" {
+                let task = name.split("__").next().unwrap();
+                tasks
+                    .iter()
+                    .find(|t| t.spec.id == task)
+                    .unwrap()
+                    .spec
+                    .shim()
+            } else {
+                shim_from_launcher(&src)
+            };
+            units.push((dir.into(), name, src, shim));
+        }
+    }
+    for t in &tasks {
+        let shim = t.spec.shim();
+        units.push((
+            "task_kernels".into(),
+            format!("{}/{}", t.spec.id, t.spec.naive),
+            t.naive_source().unwrap(),
+            shim.clone(),
+        ));
+        for (f, src) in t.optimized_sources().unwrap() {
+            units.push((
+                "task_kernels".into(),
+                format!("{}/{f}", t.spec.id),
+                src,
+                shim.clone(),
+            ));
+        }
+    }
+    let families = cudarl_rl::operators::generate(450, 0, &BTreeSet::new());
+    let drawn = families.len();
+    for fam in families.iter().step_by(4) {
+        let shim = fam.spec.shim();
+        units.push((
+            "generated_operators".into(),
+            format!("{}/naive", fam.spec.id),
+            fam.naive.clone(),
+            shim.clone(),
+        ));
+        for (f, src) in &fam.optimized {
+            units.push((
+                "generated_operators".into(),
+                format!("{}/{f}", fam.spec.id),
+                src.clone(),
+                shim.clone(),
+            ));
+        }
+    }
+    // (the host object, the linked library when the link succeeded)
+    type Built = Result<(Vec<u8>, Option<Vec<u8>>), String>;
+    let build = |src: &str, shim: &str| -> Built {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join(cudarl_cuda::inspect::SOURCE_NAME),
+            format!("{src}\n{shim}"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(d.path().join("keep")).unwrap();
+        let mut args = compiler.flags();
+        args.extend([
+            "-Xlinker".into(),
+            cudart.display().to_string(),
+            "-o".into(),
+            "kernel.so".into(),
+            cudarl_cuda::inspect::SOURCE_NAME.into(),
+        ]);
+        let o = std::process::Command::new(&nvcc.path)
+            .args(&args)
+            .current_dir(d.path())
+            .output()
+            .unwrap();
+        let obj = std::fs::read(d.path().join("keep/kernel.o"))
+            .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&o.stderr)))?;
+        Ok((obj, std::fs::read(d.path().join("kernel.so")).ok()))
+    };
+    let results: Vec<(usize, Built)> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let units = &units;
+                let build = &build;
+                sc.spawn(move || {
+                    (w..units.len())
+                        .step_by(2)
+                        .map(|i| (i, build(&units[i].2, &units[i].3)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<_> = workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect();
+        all.sort_by_key(|(i, _)| *i);
+        all
+    });
+    let mut files = Vec::new();
+    let mut sets: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let (mut objects, mut with_hits, mut with_hidden, mut refused) = (0, 0, 0, 0);
+    let (mut libraries, mut libraries_with_hits, mut libraries_with_hidden) = (0, 0, 0);
+    let mut export_names: BTreeMap<String, (usize, bool, &'static str, &'static str)> =
+        BTreeMap::new();
+    let mut export_rows = Vec::new();
+    let mut failed = Vec::new();
+    for (i, o) in results {
+        let (set, name, _, _) = &units[i];
+        let e = sets
+            .entry(set.clone())
+            .or_insert_with(|| serde_json::json!({"objects": 0, "with_hits": 0, "with_hidden_hits": 0, "refused_by_object_checks": 0}));
+        let (bytes, library) = match o {
+            Ok(b) => b,
+            Err(err) => {
+                failed.push(serde_json::json!({"set": set, "name": name, "error": err.chars().take(400).collect::<String>()}));
+                continue;
+            }
+        };
+        objects += 1;
+        let hits = cudarl_cuda::inspect::code_hits(&bytes).unwrap();
+        let findings = cudarl_cuda::inspect::object(&bytes, rules.object_rules()).unwrap();
+        let exports = cudarl_cuda::inspect::exports(&bytes, rules.object_rules()).unwrap();
+        let hidden = hits.iter().filter(|h| !h.decoded).count();
+        // The same scan over the linked library's code (its PLT, the C runtime's start files and
+        // the link-time values of the object's relocation fields), for comparison.
+        let library_hits = library
+            .as_deref()
+            .map(|l| cudarl_cuda::inspect::code_hits(l).unwrap())
+            .unwrap_or_default();
+        if library.is_some() {
+            libraries += 1;
+            libraries_with_hits += usize::from(!library_hits.is_empty());
+            libraries_with_hidden += usize::from(library_hits.iter().any(|h| !h.decoded));
+        }
+        e["objects"] = (e["objects"].as_u64().unwrap() + 1).into();
+        if !hits.is_empty() {
+            with_hits += 1;
+            e["with_hits"] = (e["with_hits"].as_u64().unwrap() + 1).into();
+        }
+        if hidden > 0 {
+            with_hidden += 1;
+            e["with_hidden_hits"] = (e["with_hidden_hits"].as_u64().unwrap() + 1).into();
+        }
+        if !findings.is_empty() {
+            refused += 1;
+            e["refused_by_object_checks"] =
+                (e["refused_by_object_checks"].as_u64().unwrap() + 1).into();
+        }
+        for x in &exports {
+            let row = export_names.entry(x.name.clone()).or_insert((
+                0,
+                x.allowed,
+                x.binding,
+                x.visibility,
+            ));
+            row.0 += 1;
+        }
+        export_rows.push(serde_json::json!({
+            "set": set, "name": name,
+            "exports": exports.iter().map(|x| &x.name).collect::<Vec<_>>(),
+            "refused": exports.iter().filter(|x| !x.allowed).map(|x| &x.name).collect::<Vec<_>>(),
+        }));
+        files.push(serde_json::json!({
+            "set": set, "name": name, "hits": hits, "linked_library_hits": library_hits,
+            "object_findings": findings.iter().map(|f| serde_json::json!({"rule": f.rule, "matched": f.matched})).collect::<Vec<_>>(),
+        }));
+    }
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .unwrap();
+    let date = String::from_utf8_lossy(&date.stdout).trim().to_string();
+    let host_cc = std::process::Command::new("g++")
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default();
+    let setup = serde_json::json!({
+        "nvcc": nvcc.version, "host_compiler": host_cc, "arch": compiler.arch,
+        "flags": compiler.flags(),
+        "sources": "tests/kernels/honest/*.cu, tests/kernels/kb_native/*.cu (shim from the kernel's launcher), datasets/tasks/*/ naive and optimized kernels, and the naive and fast kernels of every 4th operator family of cudarl_rl::operators::generate(450, seed 0) (the default pipeline's synth-tasks)",
+        "operator_families_drawn": drawn,
+        "build": "source + the task's shim in one kernel.cu, nvcc with Compiler::flags() and the shared runtime, the kept keep/kernel.o (the harness's native build outside its sandbox)",
+    });
+    let scan = serde_json::json!({
+        "benchmark": "object-byte-scan-false-positives",
+        "what": "every byte offset of every code section of honest host objects scanned for the encodings of syscall (0f 05), sysenter (0f 34), int 0x80 (cd 80), rdtsc (0f 31) and rdtscp (0f 01 f9); `decoded`: a linear disassembly from the section's start decodes that instruction there; a hit that is not decoded is one a check of the linear disassembly misses; the byte scan refuses every hit",
+        "setup": setup,
+        "objects": objects,
+        "objects_with_any_hit": with_hits,
+        "objects_with_hidden_hits": with_hidden,
+        "false_positive_rate": if objects > 0 { with_hits as f64 / objects as f64 } else { 0.0 },
+        "objects_refused_by_any_object_check": refused,
+        "linked_libraries_scanned": libraries,
+        "linked_libraries_with_any_hit": libraries_with_hits,
+        "linked_libraries_with_hidden_hits": libraries_with_hidden,
+        "by_set": sets,
+        "build_failures": failed,
+        "files": files,
+    });
+    let exports = serde_json::json!({
+        "benchmark": "object-exports-honest",
+        "what": "every defined non-local symbol of honest host objects (nm --defined-only -g), how many objects define it, its binding and visibility, and whether the export rule (object-export) allows it",
+        "setup": setup,
+        "objects": objects,
+        "objects_with_refused_exports": export_rows.iter().filter(|r| !r["refused"].as_array().unwrap().is_empty()).count(),
+        "names": export_names.iter().map(|(n, (c, a, b, v))| serde_json::json!({"name": n, "objects": c, "allowed": a, "binding": b, "visibility": v})).collect::<Vec<_>>(),
+        "files": export_rows,
+    });
+    std::fs::create_dir_all(&out_dir).unwrap();
+    for (name, v) in [
+        ("object_byte_scan_false_positives", &scan),
+        ("object_exports_honest", &exports),
+    ] {
+        std::fs::write(
+            out_dir.join(format!("{name}_cpu_{date}.json")),
+            serde_json::to_string_pretty(v).unwrap() + "\n",
+        )
+        .unwrap();
+    }
+    println!(
+        "{objects} objects, {with_hits} with a hit, {with_hidden} with a hidden hit, {refused} refused, {} build failures",
+        failed.len()
     );
 }

@@ -75,6 +75,17 @@ fn check_relu(p: &Project, srcs: &[&std::path::Path]) -> Value {
     check(p, "kb/L1/19_ReLU", srcs[0], &extra)
 }
 
+/// [`check_relu`] with `--without-allowlist`: for `ModelNew` files the allow-list refuses, to
+/// test what stands behind it (the runner's sandbox, the judge in another process, the
+/// kernels-ran check).
+fn check_relu_behind_allowlist(p: &Project, srcs: &[&std::path::Path]) -> Value {
+    let mut extra: Vec<&str> = vec!["--set", "testgen.limit=19", "--without-allowlist"];
+    for s in &srcs[1..] {
+        extra.extend(["--source", s.to_str().unwrap()]);
+    }
+    check(p, "kb/L1/19_ReLU", srcs[0], &extra)
+}
+
 fn median(v: &Value) -> f64 {
     v["timing"]["median_ms"].as_f64().expect("timed")
 }
@@ -430,7 +441,8 @@ fn kernelbench_native_kernel_is_timed_against_torch_eager_and_torch_compile() {
     assert!(v["speedup_vs_torch_compile"].as_f64().unwrap() > 0.0, "{v}");
 }
 
-/// `ModelNew` files whose `forward` attacks the judge (run only in the sandboxed runner): a
+/// `ModelNew` files whose `forward` attacks the judge, judged without the allow-list that refuses
+/// them all (`tests/torch_format.rs`), so they run in the sandboxed runner: a
 /// shell command through `torch.ctypes`, a file written through `torch.os`, the expected outputs
 /// sought among the interpreter's objects, a forged answer on stdout, the comparison replaced in
 /// the runner's interpreter. Each gets the judge's verdict, and no marker file appears.
@@ -450,7 +462,7 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
     ] {
         let marker = std::path::PathBuf::from(format!("/tmp/cudarl-forward-{case}"));
         let _ = std::fs::remove_file(&marker);
-        let v = check_relu(&p, &[&common::forward_candidate(&p, case)]);
+        let v = check_relu_behind_allowlist(&p, &[&common::forward_candidate(&p, case)]);
         assert_eq!(v["mode"], "full", "{case}: {v}");
         assert_eq!(v["correct"], false, "{case}: {v}");
         assert_eq!(v["failure"], failure, "{case}: {v}");
@@ -458,7 +470,8 @@ fn torch_format_forward_attacks_meet_the_judge_in_another_process() {
     }
 }
 
-/// Torch ops standing in for the kernel, found from the kernels one forward ran: a token launch
+/// Torch ops standing in for the kernel, found from the kernels one forward ran (judged without
+/// the allow-list, which refuses both attacks first): a token launch
 /// of the honest extension beside plain `torch.relu`, and one beside
 /// `getattr(torch.ops.aten, "relu")` (`forward_candidate`), are correct but
 /// flagged `torch_op_stands_in`; the honest ReLU `ModelNew` is not flagged.
@@ -480,7 +493,7 @@ fn torch_ops_standing_in_are_found_from_the_kernels_that_ran() {
         } else {
             kb.join(format!("{file}.py"))
         };
-        let v = check_relu(&p, &[&src]);
+        let v = check_relu_behind_allowlist(&p, &[&src]);
         assert_eq!(v["correct"], true, "{file}: {v}");
         let flags: Vec<&str> = v["hack_flags"]
             .as_array()
@@ -509,7 +522,7 @@ fn a_fault_in_one_runner_leaves_the_next_candidate_to_the_same_judge() {
     let p = Project::new();
     let honest = common::repo_root().join("tests/kernels/kb/relu_model_new.py");
     let faulting = common::forward_candidate(&p, "device_assert");
-    let v = check_relu(&p, &[&faulting, &honest]);
+    let v = check_relu_behind_allowlist(&p, &[&faulting, &honest]);
     let v = v.as_array().unwrap_or_else(|| panic!("two verdicts: {v}"));
     assert_eq!(v.len(), 2);
     assert_eq!(v[0]["failure"], "cuda_error", "{}", v[0]);

@@ -214,6 +214,31 @@ fn python_worker_protocol_and_error_paths() {
     assert_eq!(a["ok"], true, "{a}");
 }
 
+/// The import-time escapes (`tests/kernels/kb/escape_<case>.py`) and the failure each gets from
+/// the interpreter sandbox when the allow-list is off.
+const ESCAPES: [(&str, &str); 8] = [
+    ("torch_os", "sandbox_violation"),
+    ("torch_ctypes", "sandbox_violation"),
+    ("cpp_extension_subprocess", "sandbox_violation"),
+    ("import_math_os", "sandbox_violation"),
+    ("builtins_import", "sandbox_violation"),
+    ("posix", "sandbox_violation"),
+    ("socket", "sandbox_violation"),
+    ("write_file", "load_error"),
+];
+
+/// The `forward` attacks (`tests/kernels/kb/forward_<case>.py`).
+const FORWARD_CASES: [&str; 8] = [
+    "torch_ctypes",
+    "write_file",
+    "gc_expected",
+    "forged_answer",
+    "patch_compare",
+    "token_relu",
+    "getattr_aten",
+    "device_assert",
+];
+
 fn check_kb(p: &Project, source: &str) -> (i32, Value) {
     check_kb_file(p, &repo_root().join("tests/kernels/kb").join(source))
 }
@@ -234,19 +259,41 @@ fn escape_candidate(p: &Project, case: &str) -> std::path::PathBuf {
 }
 
 fn check_kb_file(p: &Project, src: &std::path::Path) -> (i32, Value) {
-    let o = p.run(&[
+    check_kb_files(p, &[src], &[]).remove(0)
+}
+
+/// [`check_kb_file`] with `--without-allowlist`: what stands behind the `ModelNew` allow-list.
+fn check_behind_allowlist(p: &Project, src: &std::path::Path) -> (i32, Value) {
+    check_kb_files(p, &[src], &["--without-allowlist"]).remove(0)
+}
+
+/// One compile-only `check` of kb/L1/19_ReLU with every file of `srcs` (one worker for all):
+/// each verdict, with the run's exit code.
+fn check_kb_files(p: &Project, srcs: &[&std::path::Path], extra: &[&str]) -> Vec<(i32, Value)> {
+    let mut args = vec![
         "check",
         "--task",
         "kb/L1/19_ReLU",
-        "--source",
-        src.to_str().unwrap(),
         "--mode",
         "compile",
         "--json",
-    ]);
-    let v = serde_json::from_str(&stdout(&o))
-        .unwrap_or_else(|e| panic!("{e}: {} {}", stdout(&o), stderr(&o)));
-    (o.status.code().unwrap(), v)
+    ];
+    for s in srcs {
+        args.extend(["--source", s.to_str().unwrap()]);
+    }
+    args.extend_from_slice(extra);
+    let o = p.run(&args);
+    let v: Vec<(i32, Value)> = stdout(&o)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{e}: {} {}", stdout(&o), stderr(&o)));
+            (o.status.code().unwrap(), v)
+        })
+        .collect();
+    assert_eq!(v.len(), srcs.len(), "{} {}", stdout(&o), stderr(&o));
+    v
 }
 
 /// Whether a static rule rejected the candidate of verdict `v`.
@@ -283,9 +330,10 @@ fn torch_format_static_rejects() {
 }
 
 /// `ModelNew` files that reach the host at import (the payload runs while the file is executed
-/// to record its `load_inline` calls, on a machine without a GPU too): every one slips past the
-/// Python source rules, and every one is stopped by the interpreter sandbox. None of the marker
-/// files its payload would create ever appears.
+/// to record its `load_inline` calls, on a machine without a GPU too), judged without the
+/// allow-list that refuses them all (`modelnew_allowlist_refuses_attacks_and_admits_honest_files`):
+/// every one slips past the Python source rules, and every one is stopped by the interpreter
+/// sandbox. None of the marker files its payload would create ever appears.
 #[test]
 fn modelnew_files_that_escape_at_import_are_stopped_by_the_sandbox() {
     let p = Project::new();
@@ -293,19 +341,10 @@ fn modelnew_files_that_escape_at_import_are_stopped_by_the_sandbox() {
     if !have_python(&p, &o) {
         return;
     }
-    for (case, failure) in [
-        ("torch_os", "sandbox_violation"),
-        ("torch_ctypes", "sandbox_violation"),
-        ("cpp_extension_subprocess", "sandbox_violation"),
-        ("import_math_os", "sandbox_violation"),
-        ("builtins_import", "sandbox_violation"),
-        ("posix", "sandbox_violation"),
-        ("socket", "sandbox_violation"),
-        ("write_file", "load_error"),
-    ] {
+    for (case, failure) in ESCAPES {
         let marker = std::path::PathBuf::from(format!("/tmp/cudarl-escape-{case}"));
         let _ = std::fs::remove_file(&marker);
-        let (code, v) = check_kb_file(&p, &escape_candidate(&p, case));
+        let (code, v) = check_behind_allowlist(&p, &escape_candidate(&p, case));
         assert_eq!(code, 1, "{case}: {v}");
         assert_eq!(v["failure"], failure, "{case}: {v}");
         assert!(
@@ -321,9 +360,9 @@ fn modelnew_files_that_escape_at_import_are_stopped_by_the_sandbox() {
 
 /// The `forward` cases (`tests/kernels/kb/forward_<case>.py`, put in place of
 /// `relu_model_new.py`'s forward): attacks on the judge and torch ops standing in for the kernel,
-/// all of which act only when `forward` runs. Every one passes the source rules, the sandboxed
-/// extraction and the build, so only the runner's sandbox and the judge can stop it (the gated
-/// GPU tests); no payload runs here.
+/// all of which act only when `forward` runs. Judged without the allow-list (which refuses every
+/// one), each passes the source rules, the sandboxed extraction and the build, so only the
+/// runner's sandbox and the judge can stop it (the gated GPU tests); no payload runs here.
 #[test]
 fn forward_cases_pass_the_source_rules_extraction_and_build() {
     let p = Project::new();
@@ -331,19 +370,10 @@ fn forward_cases_pass_the_source_rules_extraction_and_build() {
     if !have_python(&p, &o) {
         return;
     }
-    for case in [
-        "torch_ctypes",
-        "write_file",
-        "gc_expected",
-        "forged_answer",
-        "patch_compare",
-        "token_relu",
-        "getattr_aten",
-        "device_assert",
-    ] {
+    for case in FORWARD_CASES {
         let marker = std::path::PathBuf::from(format!("/tmp/cudarl-forward-{case}"));
         let _ = std::fs::remove_file(&marker);
-        let (code, v) = check_kb_file(&p, &common::forward_candidate(&p, case));
+        let (code, v) = check_behind_allowlist(&p, &common::forward_candidate(&p, case));
         assert_eq!(code, 0, "{case}: {v}");
         assert_eq!(v["compiled"], true, "{case}: {v}");
         assert_eq!(v["failure"], Value::Null, "{case}: {v}");
@@ -352,10 +382,136 @@ fn forward_cases_pass_the_source_rules_extraction_and_build() {
     }
 }
 
+/// The `ModelNew` allow-list (`python/cudarl_screen.py`), before any of a file runs: every case
+/// of `tests/kernels/kb/allowlist/` (`refused_*.py`, and the variants of the ReLU `ModelNew` in
+/// `relu_variants.toml`), every import-time escape and every `forward` attack is refused
+/// statically, by the allow-list on its own too (nothing is extracted or built), and the
+/// honest files (`allowlist/honest_*.py`, the ReLU `ModelNew` and the files whose fault only a
+/// run shows) are admitted: the screen, run as its own process, finds nothing in them.
+#[test]
+fn modelnew_allowlist_refuses_attacks_and_admits_honest_files() {
+    let p = Project::new();
+    let o = p.run(&["run", "kb-specs"]);
+    if !have_python(&p, &o) {
+        return;
+    }
+    let dir = repo_root().join("tests/kernels/kb/allowlist");
+    let files = walk(&dir);
+    let mut refused: Vec<std::path::PathBuf> = files
+        .iter()
+        .filter(|f| {
+            f.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("refused_")
+        })
+        .cloned()
+        .collect();
+    let variants: toml::Table =
+        toml::from_str(&std::fs::read_to_string(dir.join("relu_variants.toml")).unwrap()).unwrap();
+    for (case, v) in &variants {
+        refused.push(relu_variant(&p, case, v.as_table().unwrap()));
+    }
+    assert!(refused.len() >= 45, "{refused:?}");
+    for (case, _) in ESCAPES {
+        refused.push(escape_candidate(&p, case));
+    }
+    for case in FORWARD_CASES {
+        refused.push(common::forward_candidate(&p, case));
+    }
+    let srcs: Vec<&std::path::Path> = refused.iter().map(|f| f.as_path()).collect();
+    for (f, (code, v)) in refused.iter().zip(check_kb_files(&p, &srcs, &[])) {
+        assert_eq!(code, 1, "{}: {v}", f.display());
+        assert_eq!(v["failure"], "static_reject", "{}: {v}", f.display());
+        assert_eq!(v["compiled"], false, "{}: {v}", f.display());
+        // A deny-list rule may name it first; the allow-list refuses it on its own too.
+        let by = v["failure_detail"].as_str().unwrap();
+        assert!(by.starts_with("py-"), "{}: {v}", f.display());
+        assert_ne!(screen(f), "[]", "{}", f.display());
+    }
+    let kb = repo_root().join("tests/kernels/kb");
+    let honest: Vec<std::path::PathBuf> = files
+        .iter()
+        .filter(|f| {
+            f.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("honest_")
+        })
+        .cloned()
+        .chain(["relu_model_new.py", "inplace_relu.py", "half_written.py"].map(|f| kb.join(f)))
+        .collect();
+    assert!(honest.len() >= 6, "{honest:?}");
+    for f in &honest {
+        assert_eq!(screen(f), "[]", "{}", f.display());
+    }
+}
+
+/// A variant of `relu_model_new.py` from `tests/kernels/kb/allowlist/relu_variants.toml` (its
+/// header says what each key changes), written into the project.
+fn relu_variant(p: &Project, case: &str, v: &toml::Table) -> std::path::PathBuf {
+    const CALL: &str = "        return relu_ext.relu_forward(x)\n";
+    const INIT: &str = "        super().__init__()\n";
+    const IMPORTS: &str = "from torch.utils.cpp_extension import load_inline\n";
+    const CLASS: &str = "\n\nclass ModelNew";
+    let honest =
+        std::fs::read_to_string(repo_root().join("tests/kernels/kb/relu_model_new.py")).unwrap();
+    let mut src = honest.split_once('\n').map_or("", |(_, r)| r).to_string();
+    let indented = |text: &str| -> String {
+        text.lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| format!("        {l}\n"))
+            .collect()
+    };
+    let mut put = |at: &str, with: String| {
+        assert!(src.contains(at), "{case}: relu_model_new.py has no `{at}`");
+        src = src.replacen(at, &with, 1);
+    };
+    let get = |k: &str| v.get(k).and_then(toml::Value::as_str);
+    if let Some(body) = get("forward") {
+        put(CALL, indented(body));
+    }
+    if let Some(init) = get("init") {
+        put(INIT, format!("{INIT}{}", indented(init)));
+    }
+    if let Some(imports) = get("imports") {
+        put(IMPORTS, format!("{IMPORTS}{imports}\n"));
+    }
+    if let Some(module) = get("module") {
+        put(CLASS, format!("\n{module}\n{CLASS}"));
+    }
+    if let Some(r) = v.get("replace").and_then(toml::Value::as_array) {
+        let (old, new) = (r[0].as_str().unwrap(), r[1].as_str().unwrap());
+        put(old, new.to_string());
+    }
+    let what = get("what").unwrap_or(case);
+    let path = p.path(&format!("relu_variant_{case}.py"));
+    std::fs::write(
+        &path,
+        format!("# KernelBench kb/L1/19_ReLU: relu_model_new.py with {what}.\n{src}"),
+    )
+    .unwrap();
+    path
+}
+
+/// The allow-list's findings on `file` as the screen prints them (JSON), from its own process.
+fn screen(file: &std::path::Path) -> String {
+    let o = Command::new(python())
+        .arg(repo_root().join("python/cudarl_screen.py"))
+        .stdin(std::fs::File::open(file).unwrap())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}: {}", file.display(), stderr(&o));
+    stdout(&o).trim().to_string()
+}
+
 #[test]
 fn torch_format_candidates_build_with_nvcc() {
-    // One extension that does not build (the error names its line) and one ModelNew that does
-    // (about a minute of CPU each: torch's headers).
+    // One extension that does not build (the error names its line), one ModelNew that does, and
+    // one extension whose torch imports are refused (about a minute of CPU each: torch's
+    // headers).
     let p = Project::new();
     let o = p.run(&["run", "kb-specs"]);
     if !have_python(&p, &o) {
@@ -381,6 +537,15 @@ fn torch_format_candidates_build_with_nvcc() {
     // Built once: the second check is a cache hit.
     let (_, v) = check_kb(&p, "relu_model_new.py");
     assert_eq!(v["cache_hit"], true, "{v}");
+    // An extension whose ATen op does the work is refused from what it imports.
+    let (code, v) = check_kb(&p, "extension_torch_op.cu");
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["failure"], "static_reject", "{v}");
+    let d = v["failure_detail"].as_str().unwrap();
+    assert!(
+        d.starts_with("extension-symbol") && d.contains("`at::_ops::relu::call`"),
+        "{d}"
+    );
 }
 
 const ARCHIVE_COMPILE: &str = "validate-archive.mode=\"compile\"";
@@ -603,6 +768,8 @@ fn a_model_new_wrapper_passes_inputs_parameters_outputs_and_sizes_read_from_shap
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("model_new.py");
     std::fs::write(&file, &text).unwrap();
+    // It passes the ModelNew allow-list, as `check` screens it.
+    assert_eq!(screen(&file), "[]", "{text}");
     // The wrapper's own logic on the CPU, its load_inline build replaced by a recorder; the
     // build happens at import (the torch-format judge records import-time load_inline calls).
     let script = r#"

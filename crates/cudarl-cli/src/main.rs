@@ -213,6 +213,11 @@ enum Command {
         /// shapes, parameters under the reference's state-dict names) to FILE.
         #[arg(long, value_name = "FILE")]
         model_new: Option<PathBuf>,
+        /// Judge `ModelNew` files without the allow-list that screens them before any of their
+        /// code runs (`[python] allowlist` of configs/harness/static_rules.toml), to test what
+        /// stands behind it: the interpreter sandbox, the runner and the kernels-ran check.
+        #[arg(long)]
+        without_allowlist: bool,
     },
     /// Optimize one problem with the trained agents: PROBLEM is a KernelBench-format PyTorch
     /// file (a `Model` with `get_inputs`) or a KernelBench problem id (`kb/L1/19_ReLU`). Its

@@ -37,8 +37,9 @@ pub const WALL_FACTOR: u32 = 4;
 
 /// Key-derivation context of the compile cache (v2: sandboxed two-step builds with object
 /// inspection and the shared CUDA runtime; v3: CPU-time limits, builds stopped by a limit not
-/// cached; v4: one nvcc run to the shared object).
-pub const CACHE_CONTEXT: &str = "cudarl-pipe 2026-11-28 compile cache v4";
+/// cached; v4: one nvcc run to the shared object; v5: object checks by section prefix and byte,
+/// exported names, tensor-core precision in the PTX).
+pub const CACHE_CONTEXT: &str = "cudarl-pipe compile cache v5";
 
 /// The object nvcc keeps beside the other intermediate files of a native build.
 const OBJECT: &str = "keep/kernel.o";

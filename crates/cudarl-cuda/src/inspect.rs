@@ -1,27 +1,70 @@
 //! Checks on what was built, not only on what was written: the candidate's preprocessed text,
-//! its host object and its PTX, read after nvcc ran (`-c --keep`), before the shared object is
-//! linked. Macros, token pasting, line splices, digraphs and `__has_include` are resolved by the
-//! preprocessor itself, and what the object imports or registers is read from the ELF file, so
-//! spelling tricks that fool a regex over the source do not fool these checks.
+//! its host object and its PTX, kept by nvcc (`--keep`) and read before anything loads the
+//! shared object (a rejecting finding discards it). Macros, token pasting, line splices,
+//! digraphs and `__has_include` are resolved by the preprocessor itself, and what the object
+//! imports, defines or registers is read from the ELF file, so spelling tricks that fool a regex
+//! over the source do not fool these checks.
 //!
 //! - [`preprocessed`]: the source rules ([`crate::Rules`]) on the lines of the preprocessed
 //!   host and device texts that come from the candidate's own file (linemarkers say which), and
 //!   every header the candidate's file includes, resolved to its path, against the include
 //!   allow-list.
-//! - [`object()`]: the host object's undefined symbols against the allow-list
-//!   (`[objects] native_symbols` in `configs/harness/static_rules.toml`), no constructors or
-//!   destructors beyond nvcc's own registration (`.init_array` entries,
-//!   `.preinit_array`/`.fini_array`/`.ctors`/`.dtors`/`.init`/`.fini` sections), no `IFUNC`
-//!   symbols (resolvers run at load time), and no `syscall`, `sysenter`, `int 0x80`, `rdtsc` or
-//!   `rdtscp` in the host code (decoded with `iced-x86`).
+//! - [`object()`]: the host object (an ELF relocatable file), below.
 //! - [`ptx`]: no reads of the `%globaltimer`/`%clock`/`%clock64` special registers.
 //!
+//! What the object may hold (`[objects]` in `configs/harness/static_rules.toml`):
+//!
+//! - `object-symbol`: every undefined symbol is on the import allow-list (`native_symbols`).
+//! - `object-ifunc`: no `IFUNC` symbols (their resolvers run at load time).
+//! - `object-constructor`: no section whose name is or starts with `.preinit_array`,
+//!   `.init_array`, `.fini_array`, `.ctors`, `.dtors`, `.init` or `.fini`, or whose type is a
+//!   constructor or destructor array, except `.init_array` itself. The linker folds all of them
+//!   into the load-time arrays: `__attribute__((constructor(101)))` is `.init_array.00101`,
+//!   `destructor(101)` `.fini_array.00101`, a function-pointer array the candidate places in
+//!   `.ctors.00100` or `.dtors` runs as well. `.init_array` holds at most one entry in all, nvcc's
+//!   registration constructor (`constructor`).
+//! - `object-wx`: no section both writable and executable, and no writable section the linker
+//!   puts into `.text` by its name. `object-section`: no executable section outside `.text` and
+//!   `.text.*`, where the compiler puts all host code (a function placed in `.data.x` is
+//!   executable code the linker puts among the writable data).
+//! - `object-instruction`: the encodings of `syscall` (`0f 05`), `sysenter` (`0f 34`),
+//!   `int 0x80` (`cd 80`), `rdtsc` (`0f 31`) and `rdtscp` (`0f 01 f9`) at no byte offset of any
+//!   code section (executable, or named so that the linker makes it code), not only where a linear
+//!   disassembly puts instructions: a computed jump one byte into `mov edx, 0x9090050f` runs the
+//!   `syscall` in its immediate, and the candidate chooses immediates and displacements (a
+//!   constant, inline assembly), so no offset is exempt and any occurrence refuses. Measured on
+//!   285 honest objects (the kernels of `tests/kernels/honest/` and `tests/kernels/kb_native/`,
+//!   the 38 task kernels of `datasets/tasks/`, the naive and fast kernels of 113 of the 450
+//!   operator families the default pipeline generates), built as the harness builds them: no
+//!   occurrence at any offset, decoded or not, so a false-positive rate of 0 of 285 (at most about
+//!   1% at 95% confidence), and none in their linked libraries either
+//!   (`benchmarks/results/object_byte_scan_false_positives_cpu_2026-12-04.json`). An honest
+//!   launcher whose constant or jump happens to hold one of these byte pairs (a comparison with
+//!   1295, `0x050f`) is refused; the finding names the bytes. The object's relocation fields hold
+//!   zeros until the link: a value the linker writes there (a displacement the layout decides) is
+//!   not seen here.
+//! - `object-export`: every symbol the object defines (global, weak or unique, any visibility) is
+//!   the launcher `launch`, the shim's `cudarl_entry`, a C++ name (`_Z...`: kernels and their
+//!   device stubs, the host stubs of `__device__` functions, the candidate's helpers, the inline
+//!   functions and variables of the headers it includes; no C++ name is a C name of libc or the
+//!   CUDA runtime), the host compiler's `DW.ref.__gxx_personality_v0`, or an `extern "C"` kernel
+//!   (a name nvcc made a device stub `__device_stub__Z<length><name>` for), and none is a name the
+//!   object may import (`malloc`, `cudaLaunchKernel`, `__cudaRegisterFatBinary`, `_Znwm`, ...);
+//!   an `extern "C"` kernel's name is none of `reserved_exports` either (the CUDA runtime's,
+//!   driver's and libraries' prefixes, the harness's `cudarl_*`, libc's process, file, socket,
+//!   loader, thread, signal and clock functions). A candidate that defines `cudaGetLastError`
+//!   answers the shim's check of its launches; one that defines `malloc` or `cudaLaunchKernel`
+//!   takes the runtime's names. The same 285 objects define 214 distinct names, all allowed
+//!   (`benchmarks/results/object_exports_honest_cpu_2026-12-04.json`). An object without the
+//!   launcher is left to the link, which fails naming the launcher it expects.
+//!
 //! The findings use the rule ids `include`, the source rules' ids, `object-symbol`,
-//! `object-constructor`, `object-ifunc`, `object-instruction` and `device-timer`; all reject.
+//! `object-ifunc`, `object-constructor`, `object-wx`, `object-section`, `object-instruction`,
+//! `object-export` and `device-timer`; all reject.
 
 use std::sync::LazyLock;
 
-use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget, SectionKind};
+use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
 use regex::Regex;
 
 use crate::static_check::{Action, Finding, Rules};
@@ -153,7 +196,21 @@ pub fn ptx(text: &str) -> Vec<Finding> {
     static TIMER: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(r"%(globaltimer(?:_lo|_hi)?|clock64|clock(?:_hi)?)\b").expect("re")
     });
-    TIMER
+    // The opcode of a tensor-core instruction (`mma.sync`, `mma.sp`, `wmma.mma.sync`,
+    // `wgmma.mma_async`, `tcgen05.mma`) or of a conversion to TF32, wherever it stands in a
+    // statement (inline assembly puts several on a line, in braces), and the reduced-precision
+    // types its opcode names.
+    static MMA: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?:^|[\s{;])((?:w?gmma\.mma_async|wmma\.mma|mma\.sync|mma\.sp|tcgen05\.mma|cvt(?:\.\w+)*\.tf32)[\w.:]*)")
+            .expect("re")
+    });
+    static LOW: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(
+            r"[.:](tf32|f16|bf16|e4m3|e5m2|e2m1|e3m2|e2m3|f8f6f4|mxf\w+|s8|u8|s4|u4|b1|i8)\b",
+        )
+        .expect("re")
+    });
+    let mut out: Vec<Finding> = TIMER
         .find(text)
         .map(|m| {
             reject(
@@ -167,28 +224,61 @@ pub fn ptx(text: &str) -> Vec<Finding> {
             )
         })
         .into_iter()
-        .collect()
+        .collect();
+    let mut types: Vec<&str> = MMA
+        .captures_iter(text)
+        .flat_map(|c| {
+            LOW.captures_iter(c.get(1).expect("group").as_str())
+                .map(|t| t.get(1).expect("group").as_str())
+        })
+        .collect();
+    types.sort_unstable();
+    types.dedup();
+    if !types.is_empty() {
+        let mut f = reject(
+            TENSOR_CORE_PRECISION,
+            0,
+            types.join(" "),
+            format!(
+                "the kernel does tensor-core math on {} operands or converts to TF32 (mma/wmma/wgmma/tcgen05/cvt in its PTX), which rounds f32 inputs",
+                types.join("/")
+            ),
+        );
+        f.action = Action::Flag;
+        out.push(f);
+    }
+    out
 }
 
-/// What an object may import and which constructor it may have.
+/// The rule id of tensor-core math on reduced-precision operands in the PTX ([`ptx`]): a flag,
+/// which rejects the kernel of an `f32` task that does not declare `allow_tf32`
+/// ([`crate::verdict::build_native`]).
+pub const TENSOR_CORE_PRECISION: &str = "tensor-core-precision";
+
+/// What an object may import, which names it may not define, and which constructor it may have.
 #[derive(Debug, Clone)]
 pub struct ObjectRules {
     symbols: Vec<Regex>,
+    reserved: Vec<Regex>,
     constructor: String,
 }
 
 impl ObjectRules {
-    /// From anchored symbol patterns and the name of nvcc's registration constructor.
+    /// From anchored patterns of the symbols an object may import, anchored patterns of the C
+    /// names it may not define (besides those it may import), and the name of nvcc's
+    /// registration constructor.
     ///
     /// # Errors
     /// A pattern is not a valid regex.
-    pub fn new(patterns: &[String], constructor: &str) -> Result<ObjectRules, String> {
-        let symbols = patterns
-            .iter()
-            .map(|p| Regex::new(&format!("^(?:{p})$")).map_err(|e| format!("`{p}`: {e}")))
-            .collect::<Result<_, _>>()?;
+    pub fn new(
+        patterns: &[String],
+        reserved: &[String],
+        constructor: &str,
+    ) -> Result<ObjectRules, String> {
+        let anchored = crate::static_check::anchored;
         Ok(ObjectRules {
-            symbols,
+            symbols: anchored(patterns)?,
+            reserved: anchored(reserved)?,
             constructor: constructor.into(),
         })
     }
@@ -196,13 +286,27 @@ impl ObjectRules {
     fn allows(&self, sym: &str) -> bool {
         self.symbols.iter().any(|r| r.is_match(sym))
     }
+
+    fn reserves(&self, sym: &str) -> bool {
+        self.reserved.iter().any(|r| r.is_match(sym))
+    }
 }
 
 /// The launcher the generated shim calls: undefined when the candidate does not define it,
 /// which the link reports as a missing launcher (not a forbidden import).
 pub const LAUNCHER: &str = "launch";
 
-/// Checks a compiled host object (an ELF relocatable file; see the module docs).
+/// The entry point the generated shim defines and the runner calls
+/// ([`crate::task::entry_shim`]).
+pub const ENTRY: &str = "cudarl_entry";
+
+/// The one symbol of the host compiler's own an object defines: the hidden, weak pointer to
+/// the C++ personality routine its unwind tables name.
+const PERSONALITY_REF: &str = "DW.ref.__gxx_personality_v0";
+
+/// Checks a compiled host object (an ELF relocatable file; see the module docs). Findings come
+/// in this order: imports, IFUNC symbols, load-time sections, code sections, instructions,
+/// exports.
 ///
 /// # Errors
 /// The bytes are not an object file `object` can read.
@@ -241,38 +345,226 @@ pub fn object(bytes: &[u8], rules: &ObjectRules) -> Result<Vec<Finding>, String>
             break;
         }
     }
-    for sec in file.sections() {
-        let name = sec.name().unwrap_or("");
-        match name {
-            ".preinit_array" | ".fini_array" | ".ctors" | ".dtors" | ".init" | ".fini" => {
-                out.push(reject(
-                    "object-constructor",
-                    0,
-                    name.into(),
-                    format!("has a `{name}` section: code that runs at load or unload"),
-                ));
-            }
-            ".init_array" => {
-                let targets = init_targets(&file, &sec);
-                if targets.iter().any(|t| t != &rules.constructor) || targets.len() > 1 {
-                    out.push(reject(
-                        "object-constructor",
-                        0,
-                        targets.join(" "),
-                        "has constructors beyond nvcc's registration (`__attribute__((constructor))`, a global with a dynamic initializer): code that runs at load".into(),
-                    ));
-                }
-            }
-            _ => {}
-        }
-        if sec.kind() == SectionKind::Text
-            && let Ok(data) = sec.data()
-            && let Some(f) = host_instructions(data, sec.address())
-        {
-            out.push(f);
-        }
+    out.extend(load_time_sections(&file, rules));
+    out.extend(code_sections(&file));
+    if let Some(h) = code_hits_of(&file).into_iter().next() {
+        let how = if h.decoded {
+            String::new()
+        } else {
+            format!(
+                ", hidden inside `{}`, the instruction a linear disassembly decodes at {:#x} (a jump into its middle runs it)",
+                h.within_bytes, h.within
+            )
+        };
+        out.push(reject(
+            "object-instruction",
+            0,
+            format!("{} at {}+{:#x}", h.what, h.section, h.offset),
+            format!(
+                "the host code contains the encoding of `{}` (a raw system call or clock read) at `{}`+{:#x}{how}",
+                h.what, h.section, h.offset
+            ),
+        ));
+    }
+    // Without the launcher the link fails and says which launcher it expects: a misnamed one
+    // (`launch_kernel`) is explained there, not as a name the object may not define.
+    let has_launcher = file
+        .symbols()
+        .any(|s| !s.is_undefined() && s.name() == Ok(LAUNCHER));
+    let exported = refused_exports(&file, rules);
+    if has_launcher && !exported.is_empty() {
+        out.push(reject(
+            "object-export",
+            0,
+            exported.join(" "),
+            format!(
+                "the object defines {}: with C linkage it may define only the launcher `{LAUNCHER}`, the shim's `{ENTRY}` and `extern \"C\"` kernels, and no name of the CUDA runtime, libc, the C++ runtime or the harness (make a helper function or host variable `static`, or give it C++ linkage)",
+                exported.iter().map(|b| format!("`{b}`")).collect::<Vec<_>>().join(", ")
+            ),
+        ));
     }
     Ok(out)
+}
+
+/// The defined, non-local symbols of `file` that an object may not define (sorted): a name it
+/// may import (`[objects] native_symbols`), and any C (unmangled) name other than the ABI's
+/// ([`LAUNCHER`], [`ENTRY`]), the host compiler's [`PERSONALITY_REF`] and an `extern "C"`
+/// kernel (a name nvcc made a device stub for) outside `[objects] reserved_exports`. C++
+/// (`_Z`-mangled) names are the candidate's kernels, device functions' host stubs, helpers and
+/// the inline functions of the headers it includes; none of them can be a C name of libc or the
+/// CUDA runtime.
+fn refused_exports(file: &object::File<'_>, rules: &ObjectRules) -> Vec<String> {
+    let defined: Vec<(String, bool)> = file
+        .symbols()
+        .filter(|s| {
+            !s.is_undefined()
+                && !matches!(
+                    s.kind(),
+                    object::SymbolKind::Section | object::SymbolKind::File
+                )
+        })
+        .filter_map(|s| Some((s.name().ok()?.to_string(), s.is_local())))
+        .filter(|(n, _)| !n.is_empty())
+        .collect();
+    let stubs: Vec<&str> = defined
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| n.contains("__device_stub__"))
+        .collect();
+    let mut bad: Vec<String> = defined
+        .iter()
+        .filter(|(_, local)| !local)
+        .map(|(n, _)| n)
+        .filter(|n| !export_allowed(n, &stubs, rules))
+        .cloned()
+        .collect();
+    bad.sort();
+    bad.dedup();
+    bad
+}
+
+/// One non-local symbol an object defines.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Export {
+    /// Its name.
+    pub name: String,
+    /// `GLOBAL`, `WEAK` or `UNIQUE`.
+    pub binding: &'static str,
+    /// `DEFAULT`, `PROTECTED`, `HIDDEN` or `INTERNAL`.
+    pub visibility: &'static str,
+    /// The object check lets the object define it (`object-export`).
+    pub allowed: bool,
+}
+
+/// Every defined, non-local symbol of an object, with whether `rules` allow it (sorted by name).
+///
+/// # Errors
+/// The bytes are not an object file `object` can read.
+pub fn exports(bytes: &[u8], rules: &ObjectRules) -> Result<Vec<Export>, String> {
+    let file = object::File::parse(bytes).map_err(|e| format!("object file: {e}"))?;
+    let refused = refused_exports(&file, rules);
+    let mut out: Vec<Export> = file
+        .symbols()
+        .filter(|s| !s.is_undefined() && !s.is_local())
+        .filter_map(|s| {
+            let name = s.name().ok()?.to_string();
+            let (binding, visibility) = match s.flags() {
+                object::SymbolFlags::Elf { st_info, st_other } => (
+                    match st_info.st_bind() {
+                        object::elf::STB_GLOBAL => "GLOBAL",
+                        object::elf::STB_WEAK => "WEAK",
+                        object::elf::STB_GNU_UNIQUE => "UNIQUE",
+                        _ => "OTHER",
+                    },
+                    match st_other.visibility() {
+                        object::elf::STV_DEFAULT => "DEFAULT",
+                        object::elf::STV_PROTECTED => "PROTECTED",
+                        object::elf::STV_HIDDEN => "HIDDEN",
+                        _ => "INTERNAL",
+                    },
+                ),
+                _ => ("OTHER", "OTHER"),
+            };
+            Some(Export {
+                allowed: !refused.contains(&name),
+                name,
+                binding,
+                visibility,
+            })
+        })
+        .filter(|e| !e.name.is_empty())
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Whether an object may define the non-local symbol `name` (see [`refused_exports`]); `stubs`
+/// are the names of the object's defined symbols that contain `__device_stub__`.
+fn export_allowed(name: &str, stubs: &[&str], rules: &ObjectRules) -> bool {
+    if name == LAUNCHER || name == ENTRY {
+        return true;
+    }
+    if rules.allows(name) {
+        return false;
+    }
+    if name.starts_with("_Z") || name == PERSONALITY_REF {
+        return true;
+    }
+    // nvcc names the device stub of `extern "C" __global__ void k(...)` after the kernel's C++
+    // mangling: `_Z<n>__device_stub__Z1k<parameters>`.
+    let key = format!("__device_stub__Z{}{name}", name.len());
+    stubs.iter().any(|s| s.contains(&key)) && !rules.reserves(name)
+}
+
+/// Section names that run code when the library is loaded or unloaded (prefixes: the linker
+/// folds `.init_array.NNNNN`, `.ctors`, `.ctors.NNNNN` into `.init_array` and the `.fini`/
+/// `.dtors` ones into `.fini_array`).
+const LOAD_TIME_PREFIXES: [&str; 7] = [
+    ".preinit_array",
+    ".init_array",
+    ".fini_array",
+    ".ctors",
+    ".dtors",
+    ".init",
+    ".fini",
+];
+
+/// Whether a section of this name and type holds code or pointers run at load or unload time.
+fn load_time_section(name: &str, sh_type: object::elf::SectionType) -> bool {
+    LOAD_TIME_PREFIXES.iter().any(|p| name.starts_with(p))
+        || [
+            object::elf::SHT_INIT_ARRAY,
+            object::elf::SHT_FINI_ARRAY,
+            object::elf::SHT_PREINIT_ARRAY,
+        ]
+        .contains(&sh_type)
+}
+
+fn elf_section_flags(sec: &object::Section<'_, '_>) -> (object::elf::SectionType, u64) {
+    match sec.flags() {
+        object::SectionFlags::Elf { sh_type, sh_flags } => (sh_type, sh_flags.0),
+        _ => (object::elf::SHT_NULL, 0),
+    }
+}
+
+/// `object-constructor`: every load-time section ([`load_time_section`]) but `.init_array`
+/// itself, and more than one `.init_array` entry in all, or one that is not nvcc's
+/// registration constructor.
+fn load_time_sections(file: &object::File<'_>, rules: &ObjectRules) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let mut entries: Vec<String> = Vec::new();
+    for sec in file.sections() {
+        let name = sec.name().unwrap_or("");
+        let (sh_type, _) = elf_section_flags(&sec);
+        if !load_time_section(name, sh_type) {
+            continue;
+        }
+        if name == ".init_array" && sh_type == object::elf::SHT_INIT_ARRAY {
+            let mut targets = init_targets(file, &sec);
+            // A slot without a relocation is an entry too (an absolute address).
+            let slots = sec.size().div_ceil(8) as usize;
+            targets.resize(targets.len().max(slots), "?".into());
+            entries.extend(targets);
+        } else if !out.iter().any(|f: &Finding| f.matched == name) {
+            out.push(reject(
+                "object-constructor",
+                0,
+                name.into(),
+                format!(
+                    "has a `{name}` section: code that runs at load or unload (constructors and destructors with a priority, `.ctors`/`.dtors` arrays and the like)"
+                ),
+            ));
+        }
+    }
+    if entries.len() > 1 || entries.iter().any(|t| t != &rules.constructor) {
+        out.push(reject(
+            "object-constructor",
+            0,
+            entries.join(" "),
+            "has constructors beyond nvcc's registration (`__attribute__((constructor))`, a global with a dynamic initializer): code that runs at load".into(),
+        ));
+    }
+    out
 }
 
 /// The function names `.init_array`'s relocations point at (section-relative targets resolved
@@ -304,29 +596,158 @@ fn init_targets<'d>(file: &object::File<'d>, sec: &object::Section<'d, '_>) -> V
     out
 }
 
-/// The first system-call or timer instruction in x86-64 code, as a finding.
-fn host_instructions(code: &[u8], ip: u64) -> Option<Finding> {
+/// Whether the linker puts an input section of this name into an executable output section
+/// whatever its flags (GNU ld's default script: `.text`, `.text.*`, `.stub`,
+/// `.gnu.linkonce.t.*`, `.gnu.warning`, the PLTs, `.init`, `.fini`).
+fn linker_code_name(name: &str) -> bool {
+    name == ".text"
+        || name.starts_with(".text.")
+        || name == ".stub"
+        || name.starts_with(".gnu.linkonce.t.")
+        || name == ".gnu.warning"
+        || [".plt", ".iplt", ".plt.got", ".plt.sec", ".init", ".fini"].contains(&name)
+}
+
+/// Whether a section ends up executable after the link: `SHF_EXECINSTR`, or a name the linker
+/// puts into executable code ([`linker_code_name`]).
+fn is_code(name: &str, sh_flags: u64) -> bool {
+    sh_flags & object::elf::SHF_EXECINSTR.0 != 0 || linker_code_name(name)
+}
+
+/// `object-wx` and `object-section`: a section both writable and executable (a writable one the
+/// linker makes code counts, and so does code the linker puts among writable data), and code
+/// outside `.text`/`.text.*` (where the compiler puts all of it; elsewhere the linker's
+/// placement decides what else shares its pages).
+fn code_sections(file: &object::File<'_>) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for sec in file.sections() {
+        let name = sec.name().unwrap_or("");
+        let (sh_type, sh_flags) = elf_section_flags(&sec);
+        if !is_code(name, sh_flags) || load_time_section(name, sh_type) {
+            continue;
+        }
+        let text = name == ".text" || name.starts_with(".text.");
+        if sh_flags & object::elf::SHF_WRITE.0 != 0 {
+            if !out.iter().any(|f: &Finding| f.rule == "object-wx") {
+                out.push(reject(
+                    "object-wx",
+                    0,
+                    name.into(),
+                    format!(
+                        "the section `{name}` is both writable and executable: code that can be rewritten at run time escapes every check on the object"
+                    ),
+                ));
+            }
+        } else if !text && !out.iter().any(|f: &Finding| f.rule == "object-section") {
+            out.push(reject(
+                "object-section",
+                0,
+                name.into(),
+                format!(
+                    "executable code in the section `{name}`: the compiler puts host code only in `.text` and `.text.*`"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// The system-call and clock-read instructions refused in host code, by encoding.
+pub const REFUSED_ENCODINGS: [(&[u8], &str); 5] = [
+    (&[0x0f, 0x05], "syscall"),
+    (&[0x0f, 0x34], "sysenter"),
+    (&[0xcd, 0x80], "int 0x80"),
+    (&[0x0f, 0x31], "rdtsc"),
+    (&[0x0f, 0x01, 0xf9], "rdtscp"),
+];
+
+/// One refused encoding in an object's code.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CodeHit {
+    /// The section.
+    pub section: String,
+    /// Its offset in the section.
+    pub offset: u64,
+    /// The instruction it encodes (`syscall`, `rdtsc`, ...).
+    pub what: &'static str,
+    /// A linear disassembly of the section (from its start) decodes that instruction there.
+    pub decoded: bool,
+    /// The offset of the linearly decoded instruction the encoding starts in.
+    pub within: u64,
+    /// That instruction's bytes, hex.
+    pub within_bytes: String,
+}
+
+/// Every refused encoding ([`REFUSED_ENCODINGS`]) at every byte offset of every code section
+/// ([`is_code`]) of an object, in section order.
+///
+/// # Errors
+/// The bytes are not an object file `object` can read.
+pub fn code_hits(bytes: &[u8]) -> Result<Vec<CodeHit>, String> {
+    let file = object::File::parse(bytes).map_err(|e| format!("object file: {e}"))?;
+    Ok(code_hits_of(&file))
+}
+
+fn code_hits_of(file: &object::File<'_>) -> Vec<CodeHit> {
+    let mut out = Vec::new();
+    for sec in file.sections() {
+        let name = sec.name().unwrap_or("");
+        let (_, sh_flags) = elf_section_flags(&sec);
+        if !is_code(name, sh_flags) {
+            continue;
+        }
+        let Ok(data) = sec.data() else { continue };
+        out.extend(scan_code(data).into_iter().map(|mut h| {
+            h.section = name.to_string();
+            h
+        }));
+    }
+    out
+}
+
+/// [`REFUSED_ENCODINGS`] at every byte offset of `code`, each with the linearly decoded
+/// instruction it starts in (section names left empty).
+fn scan_code(code: &[u8]) -> Vec<CodeHit> {
     use iced_x86::{Decoder, DecoderOptions, Mnemonic};
-    let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    // (start, length, what) of every linearly decoded instruction.
+    let mut linear: Vec<(usize, usize, Option<&'static str>)> = Vec::new();
+    let mut d = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     for ins in &mut d {
         let what = match ins.mnemonic() {
-            Mnemonic::Syscall => "syscall",
-            Mnemonic::Sysenter => "sysenter",
-            Mnemonic::Int if ins.immediate8() == 0x80 => "int 0x80",
-            Mnemonic::Rdtsc => "rdtsc",
-            Mnemonic::Rdtscp => "rdtscp",
-            _ => continue,
+            Mnemonic::Syscall => Some("syscall"),
+            Mnemonic::Sysenter => Some("sysenter"),
+            Mnemonic::Int if ins.immediate8() == 0x80 => Some("int 0x80"),
+            Mnemonic::Rdtsc => Some("rdtsc"),
+            Mnemonic::Rdtscp => Some("rdtscp"),
+            _ => None,
         };
-        return Some(reject(
-            "object-instruction",
-            0,
-            what.into(),
-            format!(
-                "the host code contains a `{what}` instruction (a raw system call or clock read)"
-            ),
-        ));
+        linear.push((ins.ip() as usize, ins.len(), what));
     }
-    None
+    let mut out = Vec::new();
+    for at in 0..code.len() {
+        for (enc, what) in REFUSED_ENCODINGS {
+            if !code[at..].starts_with(enc) {
+                continue;
+            }
+            let i = linear.partition_point(|(s, _, _)| *s <= at);
+            let (start, len, decoded) = match i.checked_sub(1).map(|i| linear[i]) {
+                Some((s, l, w)) if at < s + l => (s, l, w == Some(what)),
+                _ => (at, 0, false),
+            };
+            out.push(CodeHit {
+                section: String::new(),
+                offset: at as u64,
+                what,
+                decoded,
+                within: start as u64,
+                within_bytes: code[start..(start + len).min(code.len())]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect(),
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -355,25 +776,191 @@ mod tests {
         );
     }
 
+    /// (offset, what, decoded) of every hit.
+    fn hits(code: &[u8]) -> Vec<(u64, &'static str, bool)> {
+        scan_code(code)
+            .into_iter()
+            .map(|h| (h.offset, h.what, h.decoded))
+            .collect()
+    }
+
     #[test]
-    fn host_instruction_decoding_finds_raw_syscalls_and_rdtsc() {
-        // mov eax, 59; syscall
+    fn the_byte_scan_finds_decoded_and_hidden_encodings() {
+        // mov eax, 59; syscall: decoded where it stands.
         assert_eq!(
-            host_instructions(&[0xb8, 0x3b, 0, 0, 0, 0x0f, 0x05], 0)
-                .unwrap()
+            hits(&[0xb8, 0x3b, 0, 0, 0, 0x0f, 0x05]),
+            vec![(5, "syscall", true)]
+        );
+        // rdtsc; rdtscp; int 0x80; sysenter, each decoded.
+        assert_eq!(
+            hits(&[0x0f, 0x31, 0x0f, 0x01, 0xf9, 0xcd, 0x80, 0x0f, 0x34]),
+            vec![
+                (0, "rdtsc", true),
+                (2, "rdtscp", true),
+                (5, "int 0x80", true),
+                (7, "sysenter", true)
+            ]
+        );
+        // mov edx, 0x9090050f: a syscall inside the immediate, one byte into the instruction
+        // (what `hidden_syscall_immediate.cu` jumps to).
+        let h = scan_code(&[0xba, 0x0f, 0x05, 0x90, 0x90]);
+        assert_eq!(
+            (h.len(), h[0].offset, h[0].what, h[0].decoded, h[0].within),
+            (1, 1, "syscall", false, 0)
+        );
+        assert_eq!(h[0].within_bytes, "ba0f059090");
+        // movabs rax, imm64 holding `rdtsc; ret` (what `hidden_rdtsc_immediate.cu` calls).
+        assert_eq!(
+            hits(&[0x48, 0xb8, 0x0f, 0x31, 0xc3, 0x90, 0x90, 0, 0, 0]),
+            vec![(2, "rdtsc", false)]
+        );
+        // shr eax, 15; add eax, 0x10: `0f 05` across two instructions.
+        assert_eq!(
+            hits(&[0xc1, 0xe8, 0x0f, 0x05, 0x10, 0, 0, 0]),
+            vec![(2, "syscall", false)]
+        );
+        // int 0x80 inside a jump's displacement.
+        assert_eq!(
+            hits(&[0xe9, 0xcd, 0x80, 0, 0]),
+            vec![(1, "int 0x80", false)]
+        );
+        // push rbp; mov rbp, rsp; mov eax, 0x0f; pop rbp; ret: no encoding, and none cut off
+        // at the end.
+        assert!(hits(&[0x55, 0x48, 0x89, 0xe5, 0xb8, 0x0f, 0, 0, 0, 0x5d, 0xc3]).is_empty());
+        assert!(hits(&[0x90, 0x0f]).is_empty());
+        assert!(hits(&[0x90, 0x0f, 0x01]).is_empty());
+    }
+
+    #[test]
+    fn load_time_sections_are_matched_by_prefix_and_type() {
+        let prog = object::elf::SHT_PROGBITS;
+        for name in [
+            ".init_array",
+            ".init_array.00101",
+            ".fini_array",
+            ".fini_array.00101",
+            ".preinit_array",
+            ".ctors",
+            ".ctors.00100",
+            ".dtors",
+            ".dtors.65535",
+            ".init",
+            ".fini",
+        ] {
+            assert!(load_time_section(name, prog), "{name}");
+        }
+        for name in [
+            ".text",
+            ".data",
+            ".rodata",
+            ".rela.init_array",
+            ".nv_fatbin",
+            "",
+        ] {
+            assert!(!load_time_section(name, prog), "{name}");
+        }
+        // Named like data, typed as a constructor array.
+        assert!(load_time_section(".mydata", object::elf::SHT_INIT_ARRAY));
+        assert!(load_time_section(".mydata", object::elf::SHT_PREINIT_ARRAY));
+        assert!(load_time_section(".mydata", object::elf::SHT_FINI_ARRAY));
+    }
+
+    #[test]
+    fn code_is_what_is_executable_or_what_the_linker_puts_in_text() {
+        let x = object::elf::SHF_EXECINSTR.0;
+        assert!(is_code(".text", x) && is_code(".text._ZN4dim3C2Ejjj", x));
+        assert!(is_code(".wxbuf", x) && is_code(".data.fast", x));
+        // Not marked executable, but placed in `.text` by the linker's script.
+        assert!(is_code(".text.hidden", 0) && is_code(".gnu.linkonce.t.x", 0));
+        assert!(!is_code(".rodata", 0) && !is_code(".textual", 0) && !is_code(".data", 0));
+    }
+
+    #[test]
+    fn exports_are_the_abi_kernels_and_cxx_names_never_runtime_names() {
+        let rules = crate::Rules::builtin();
+        let r = rules.object_rules();
+        let stubs = [
+            "_Z21__device_stub__Z2ckPfPf",
+            "_Z27__device_stub__Z11cudarl_noopv",
+            "_Z22__device_stub__Z6mallocm",
+        ];
+        for ok in [
+            LAUNCHER,
+            ENTRY,
+            PERSONALITY_REF,
+            "ck",
+            "_Z15vector_add_vec4PKfS0_Pfl",
+            "_Z42__device_stub__Z15vector_add_vec4PKfS0_PflPKfS0_Pfl",
+            "_Z4geluf",
+            "_ZN4dim3C1Ejjj",
+            "_ZSt3minIlERKT_S2_S2_",
+        ] {
+            assert!(export_allowed(ok, &stubs, r), "{ok}");
+        }
+        for bad in [
+            "malloc",
+            "cudaLaunchKernel",
+            "cudaGetLastError",
+            "cudaStreamSynchronize",
+            "__cudaRegisterFatBinary",
+            "cudarl_noop",
+            "cudarl_entry_shim",
+            "global_host_var",
+            "ck2",
+            "_Znwm",
+            "_ZdlPv",
+            "_ZSt17__throw_bad_allocv",
+        ] {
+            assert!(!export_allowed(bad, &stubs, r), "{bad}");
+        }
+        // The pairing is by the length-prefixed name: `c` is not `ck`'s kernel.
+        assert!(!export_allowed("c", &stubs, r));
+    }
+
+    #[test]
+    fn the_shim_defines_the_entry_the_export_rule_allows() {
+        let shim = crate::task::entry_shim("", "extern \"C\" void launch()", &[]);
+        assert!(
+            shim.contains(&format!("extern \"C\" int {ENTRY}(")),
+            "{shim}"
+        );
+    }
+
+    #[test]
+    fn ptx_tensor_core_math_on_reduced_precision_is_flagged() {
+        let tf32 = "\tmma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1, %f2, %f3, %f4}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%f5, %f6, %f7, %f8};";
+        let f = ptx(tf32);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(
+            (f[0].rule.as_str(), f[0].action, f[0].matched.as_str()),
+            (TENSOR_CORE_PRECISION, Action::Flag, "tf32")
+        );
+        let wmma = "\twmma.mma.sync.aligned.row.col.m16n16k16.f32.f16.f16.f32 {%f1}, {%r1}, {%r2}, {%f2};\n@%p1 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};";
+        assert_eq!(ptx(wmma)[0].matched, "bf16 f16");
+        // Inline assembly: in braces and after another instruction on one line; int8 operands;
+        // a conversion to TF32 alone.
+        assert_eq!(
+            ptx("{ mov.b32 %r1, %r2; mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1}, {%r1}, {%r2}, {%f2}; }")[0].matched,
+            "tf32"
+        );
+        assert_eq!(
+            ptx("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%r1}, {%r2}, {%r3}, {%r4};")[0]
                 .matched,
-            "syscall"
+            "s8"
         );
+        assert_eq!(ptx("\tcvt.rna.tf32.f32 %r1, %f1;")[0].matched, "tf32");
         assert_eq!(
-            host_instructions(&[0x0f, 0x31], 0).unwrap().matched,
-            "rdtsc"
+            ptx("tcgen05.mma.cta_group::1.kind::tf32 [%r1], %rd1, %rd2, %r3, p;")[0].matched,
+            "tf32"
         );
-        assert_eq!(
-            host_instructions(&[0xcd, 0x80], 0).unwrap().matched,
-            "int 0x80"
+        // f32 math, and half types outside tensor-core instructions, are not flagged.
+        assert!(ptx("\tfma.rn.f32 %f3, %f1, %f2, %f3;\n\tcvt.rn.f16.f32 %rs1, %f3;\n\tld.global.b16 %rs2, [%rd1];").is_empty());
+        assert!(
+            ptx(
+                "\tmma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%fd1}, {%fd2}, {%fd3}, {%fd4};"
+            )
+            .is_empty()
         );
-        // push rbp; mov rbp, rsp; ret
-        assert!(host_instructions(&[0x55, 0x48, 0x89, 0xe5, 0xc3], 0).is_none());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //!   diagnostics, resources, compile cache.
 //! - [`static_check`]: data-driven safety rules run before compiling.
 //! - [`inspect`]: checks on what was built (preprocessed text, host object, PTX).
+//! - [`extension_object`]: what a built torch extension imports from torch.
 //! - [`profile`]: the optional Nsight Compute profile pass.
 //! - [`standin`]: torch ops standing in for a torch-format kernel, from the kernels that ran.
 //! - [`runner`]: the sandboxed runner process a candidate runs in, and its protocol.
@@ -23,6 +24,7 @@
 pub mod compile;
 pub mod diag;
 pub mod expr;
+pub mod extension_object;
 pub mod gpu;
 pub mod inspect;
 pub mod native_abi;

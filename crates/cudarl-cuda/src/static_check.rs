@@ -36,6 +36,34 @@ struct RawRules {
     rule: Vec<RawRule>,
     includes: std::collections::BTreeMap<String, Vec<String>>,
     objects: RawObjects,
+    #[serde(default)]
+    python: RawPython,
+    extension_objects: RawExtensionObjects,
+}
+
+/// `[extension_objects]`: what a built torch extension may import from torch
+/// ([`crate::extension_object`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExtensionObjects {
+    /// Qualified torch names allowed (anchored regexes).
+    torch_symbols: Vec<String>,
+    /// Names refused wherever they live (anchored regexes, raw or qualified).
+    refused_symbols: Vec<String>,
+}
+
+/// `[python]`: how KernelBench `ModelNew` files are screened before any of their code runs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPython {
+    /// Screen every `ModelNew` file with the allow-list (`python/cudarl_screen.py`).
+    allowlist: bool,
+}
+
+impl Default for RawPython {
+    fn default() -> Self {
+        RawPython { allowlist: true }
+    }
 }
 
 /// `[objects]`: what a native candidate's compiled host object may import and register.
@@ -44,6 +72,9 @@ struct RawRules {
 struct RawObjects {
     /// Undefined symbols allowed (anchored regexes).
     native_symbols: Vec<String>,
+    /// C names an object may not define besides those it may import (anchored regexes).
+    #[serde(default)]
+    reserved_exports: Vec<String>,
     /// The one `.init_array` entry allowed: nvcc's fat-binary registration.
     constructor: String,
 }
@@ -84,6 +115,11 @@ pub struct Rules {
     rules: Vec<Rule>,
     includes: std::collections::BTreeMap<String, Vec<String>>,
     objects: crate::inspect::ObjectRules,
+    /// Whether `ModelNew` files must pass the allow-list (`[python] allowlist`, default on): a
+    /// construct it does not name is the reject `py-allowlist`. Off only to test what stands
+    /// behind it (the interpreter sandbox, the runner, the kernels-ran check).
+    pub python_allowlist: bool,
+    extension: crate::extension_object::ExtensionRules,
     /// BLAKE3 of the rules file's text (part of the compile cache key: findings depend on it).
     pub digest: String,
 }
@@ -96,6 +132,17 @@ pub struct RulesError {
     pub file: String,
     /// What is wrong (rule id and regex error, or TOML error with line).
     pub message: String,
+}
+
+/// Compiles each pattern anchored at both ends (`^(?:p)$`).
+///
+/// # Errors
+/// A pattern that does not compile, named with the regex error.
+pub fn anchored(patterns: &[String]) -> Result<Vec<Regex>, String> {
+    patterns
+        .iter()
+        .map(|p| Regex::new(&format!("^(?:{p})$")).map_err(|e| format!("`{p}`: {e}")))
+        .collect()
 }
 
 /// A C identifier (or keyword), as a whole word.
@@ -268,18 +315,35 @@ impl Rules {
                 strings: r.strings,
             });
         }
-        let objects =
-            crate::inspect::ObjectRules::new(&raw.objects.native_symbols, &raw.objects.constructor)
-                .map_err(|m| RulesError {
-                    file: file.into(),
-                    message: format!("objects.native_symbols: bad pattern {m}"),
-                })?;
+        let objects = crate::inspect::ObjectRules::new(
+            &raw.objects.native_symbols,
+            &raw.objects.reserved_exports,
+            &raw.objects.constructor,
+        )
+        .map_err(|m| RulesError {
+            file: file.into(),
+            message: format!("objects: bad pattern {m}"),
+        })?;
         Ok(Rules {
             rules,
             includes: raw.includes,
             objects,
+            python_allowlist: raw.python.allowlist,
+            extension: crate::extension_object::ExtensionRules::new(
+                &raw.extension_objects.torch_symbols,
+                &raw.extension_objects.refused_symbols,
+            )
+            .map_err(|m| RulesError {
+                file: file.into(),
+                message: format!("extension_objects: bad pattern {m}"),
+            })?,
             digest: blake3::hash(text.as_bytes()).to_hex().to_string(),
         })
+    }
+
+    /// What a built torch extension may import from torch.
+    pub fn extension_rules(&self) -> &crate::extension_object::ExtensionRules {
+        &self.extension
     }
 
     /// What a native candidate's host object may import and register.

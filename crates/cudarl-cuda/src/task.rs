@@ -47,6 +47,11 @@ pub struct TaskSpec {
     /// Element type of every buffer: `f32`, `f16` (IEEE binary16, `__half`) or `bf16`
     /// (bfloat16, `__nv_bfloat16`). Scalars are always `float`.
     pub dtype: String,
+    /// Whether an `f32` task admits tensor-core math on reduced-precision operands (TF32, f16,
+    /// bf16, fp8 `mma`/`wmma`/`wgmma` in the kernel's PTX). Off by default: such a kernel is
+    /// rejected (`tensor-core-precision`), since TF32 keeps 10 of f32's 23 mantissa bits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_tf32: bool,
     /// Input value ranges, one per seed in turn: seed `s` draws inputs uniform in
     /// `[-v, v)` with `v = input_scales[s % len]`. Default [`DEFAULT_INPUT_SCALES`]; f16 tasks
     /// whose outputs grow with the inputs (matmul) use smaller ones so the exact result stays
@@ -235,10 +240,20 @@ pub fn c_type(dtype: &str) -> Option<&'static str> {
 /// need), the launcher's declaration `signature` (a candidate whose `launch` differs does not
 /// compile) and `int cudarl_entry(void* const* buffers, const int64_t* sizes, const float*
 /// scalars, cudaStream_t stream)` calling `launch(call...)` and returning `cudaGetLastError()`.
+/// The shim's code comes after an `#undef` of every name it uses, so no macro of the
+/// candidate's (`#define cudaGetLastError() cudaSuccess`, a renamed `cudarl_entry`) reaches it.
 pub fn entry_shim(headers: &str, signature: &str, call: &[String]) -> String {
-    format!(
-        "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <stdint.h>\n{headers}{signature};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
+    let code = format!(
+        "{signature};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
         call.join(", ")
+    );
+    let names: std::collections::BTreeSet<&str> = crate::static_check::IDENT
+        .find_iter(&code)
+        .map(|m| m.as_str())
+        .collect();
+    let undefs: String = names.iter().map(|n| format!("#undef {n}\n")).collect();
+    format!(
+        "\n// ---- cudarl-pipe shim (generated) ----\n#include <cuda_runtime.h>\n#include <stdint.h>\n{headers}{undefs}{code}"
     )
 }
 

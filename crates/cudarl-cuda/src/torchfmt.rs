@@ -57,13 +57,19 @@ pub enum Format {
 }
 
 /// The format of `source`: `abi` `native` or `torch` if given (torch then picks `ModelNew` or
-/// extension from the text), else detected: `class ModelNew` → ModelNew, `PYBIND11_MODULE` →
-/// extension, else native.
+/// extension from the text), else detected: `ModelNew` bound at a line's start (`class`, `def`,
+/// `=`) → ModelNew, `PYBIND11_MODULE` → extension, else native.
 pub fn detect(source: &str, abi: Option<&str>) -> Format {
     if abi == Some("native") {
         return Format::Native;
     }
-    if source.contains("class ModelNew") {
+    // `ModelNew` bound at a line's start as Python binds it (a class, and also a function or an
+    // assignment, which the allow-list then refuses).
+    static MODEL_NEW: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?m)^[ \t]*(?:class[ \t]+ModelNew\b|def[ \t]+ModelNew\b|ModelNew[ \t]*=)")
+            .expect("re")
+    });
+    if MODEL_NEW.is_match(source) {
         Format::ModelNew
     } else if source.contains("PYBIND11_MODULE") || abi == Some("torch") {
         Format::Extension
@@ -271,6 +277,91 @@ fn reject_of(findings: &[Finding]) -> Option<(String, String)> {
         })
 }
 
+/// How long the allow-list may take on one file (a 100 KB file takes about 0.1 s).
+pub const SCREEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A reject of the `ModelNew` allow-list (rule `py-allowlist`).
+fn allowlist_reject(line: u32, message: String) -> Finding {
+    Finding {
+        rule: "py-allowlist".into(),
+        action: Action::Reject,
+        line,
+        matched: String::new(),
+        message,
+    }
+}
+
+/// The `ModelNew` allow-list's findings on `source` (rule `py-allowlist`, each a reject):
+/// `python/cudarl_screen.py` under `root`, in a process of its own (the file is parsed, never
+/// executed). A screen that does not end within [`SCREEN_TIMEOUT`], crashes or answers
+/// something else is itself a reject: the candidate gets a verdict, the judge is not held up.
+///
+/// # Errors
+/// The interpreter cannot be started.
+pub fn screen(root: &Path, source: &str) -> Result<Vec<Finding>, String> {
+    use std::io::{Read, Write};
+    let py = crate::pyworker::python(root);
+    let mut child = std::process::Command::new(&py)
+        .arg(root.join("python/cudarl_screen.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start the ModelNew allow-list ({}): {e}", py.display()))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let text = source.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(text.as_bytes());
+    });
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        out
+    });
+    let deadline = std::time::Instant::now() + SCREEN_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let _ = writer.join();
+    let out = reader.join().unwrap_or_default();
+    let Some(status) = status else {
+        return Ok(vec![allowlist_reject(
+            0,
+            format!(
+                "the allow-list did not finish screening the file in {} s",
+                SCREEN_TIMEOUT.as_secs()
+            ),
+        )]);
+    };
+    let found: Option<Vec<Value>> = serde_json::from_str(out.trim()).ok();
+    match (status.success(), found) {
+        (true, Some(found)) => Ok(found
+            .iter()
+            .map(|f| {
+                allowlist_reject(
+                    f["line"].as_u64().unwrap_or(0) as u32,
+                    f["message"].as_str().unwrap_or("?").to_string(),
+                )
+            })
+            .collect()),
+        _ => Ok(vec![allowlist_reject(
+            0,
+            format!("the allow-list could not screen the file ({status})"),
+        )]),
+    }
+}
+
 /// Static checks and extraction of a torch-format candidate. `py` is needed for `ModelNew`
 /// files (it executes the file with `load_inline` recorded; only after the Python rules pass).
 ///
@@ -308,6 +399,13 @@ pub fn prepare(
                 return Ok(p);
             }
             let py = py.ok_or("extracting a ModelNew needs the Python worker")?;
+            if rules.python_allowlist {
+                p.findings.extend(screen(&py.root, source)?);
+                p.reject = reject_of(&p.findings);
+                if p.reject.is_some() {
+                    return Ok(p);
+                }
+            }
             let a = match crate::pyworker::extract_inline(&py.root, source, EXTRACT_TIMEOUT)? {
                 crate::pyworker::Extracted::Answer(a) => a,
                 crate::pyworker::Extracted::Violation(m) => {
@@ -456,13 +554,16 @@ fn extension(p: &mut Prepared, source: &str, rules: &Rules) {
 /// A torch-format verdict before running: static checks and builds. Returns the verdict and
 /// the candidate description for the worker's `run_torch` (when everything built). Without
 /// `env` (no torch build environment asked for: a machine without a GPU where builds are
-/// skipped) a candidate that passed its static checks gets `build_skipped`.
+/// skipped) a candidate that passed its static checks gets `build_skipped`. Each built
+/// extension's torch imports are checked against `rules`' allow-list
+/// ([`crate::extension_object`]): one outside it is a `static_reject` (`extension-symbol`).
 ///
 /// # Errors
 /// Harness failures (temp dir, store, spawning nvcc).
 pub fn build(
     task_id: &str,
     prep: &Prepared,
+    rules: &Rules,
     compiler: &Compiler,
     env: Option<&TorchEnv>,
 ) -> Result<(Verdict, Option<Value>), CompileError> {
@@ -519,6 +620,34 @@ pub fn build(
             .zip(out.so_hash)
             .map(|(s, h)| s.blob_path(&h));
         v.so_hash = out.so_hash;
+        // What the extension imports from torch, read from what was built (a macro, a
+        // template or a `using` cannot hide it there); an unreadable object is a finding.
+        if let Some(path) = &so {
+            let findings = std::fs::read(path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| {
+                    crate::extension_object::check(
+                        &b,
+                        rules.extension_rules(),
+                        crate::extension_object::torch_exports(&env.library_dirs),
+                    )
+                })
+                .unwrap_or_else(|e| {
+                    vec![Finding {
+                        rule: crate::extension_object::RULE.into(),
+                        action: Action::Reject,
+                        line: 0,
+                        matched: String::new(),
+                        message: format!("the built extension could not be read: {e}"),
+                    }]
+                });
+            if let Some(f) = findings.first() {
+                v.failure = Some("static_reject".into());
+                v.failure_detail = Some(format!("{} ({}): {}", f.rule, u.name, f.message));
+                v.static_flags.extend(findings);
+                return Ok((v, None));
+            }
+        }
         builds.push((u, so));
     }
     v.compiled = true;
@@ -623,29 +752,6 @@ impl KbNative {
              std::vector<int64_t> cudarl_z) {{\n    launch({});\n}}\n",
             call.join(", ")
         );
-        // Where each size is read: ("input", index, dim) or ("param", name, dim), else None.
-        let find = |name: &str| -> String {
-            let at = |bs: &[KbBuffer], param: bool| {
-                bs.iter().enumerate().find_map(|(i, b)| {
-                    let d = b.dims.iter().position(|d| d.as_str() == Some(name))?;
-                    Some(if param {
-                        let n = b.state_name.as_deref().unwrap_or(&b.name);
-                        format!("(\"param\", {}, {d})", py_str(n))
-                    } else {
-                        format!("(\"input\", {i}, {d})")
-                    })
-                })
-            };
-            at(&self.inputs, false)
-                .or_else(|| at(&self.params, true))
-                .unwrap_or_else(|| "None".into())
-        };
-        let sizes: Vec<String> = self
-            .sizes
-            .iter()
-            .zip(&self.size_values)
-            .map(|(n, v)| format!("    ({}, {}, {v}),", py_str(n), find(n)))
-            .collect();
         let dtype = |d: Option<&str>| match d.unwrap_or("f32") {
             "f16" => "torch.float16",
             "bf16" => "torch.bfloat16",
@@ -654,45 +760,142 @@ impl KbNative {
             "bool" => "torch.bool",
             _ => "torch.float32",
         };
-        // A size name as a string, an extent (kb-specs writes literal extents as "1") as a number.
-        let dims = |b: &KbBuffer| -> String {
-            let d: Vec<String> = b
-                .dims
+        let state = |b: &KbBuffer| b.state_name.clone().unwrap_or_else(|| b.name.clone());
+        // Python names: each input is an argument of `forward` (`x_<name>`), each parameter a
+        // local (`p_<name>`), each size a local (`n_<name>`), so no name of the problem's can
+        // shadow another.
+        let input_var = |b: &KbBuffer| format!("x_{}", b.name);
+        let size_var = |n: &str| format!("n_{n}");
+        let value_of = |n: &str| {
+            self.sizes
                 .iter()
-                .map(|d| match d.as_str() {
-                    Some(s) if s.parse::<i64>().is_ok() => s.to_string(),
-                    Some(s) => py_str(s),
-                    None => d.to_string(),
-                })
-                .collect();
+                .position(|s| s == n)
+                .map_or(1, |i| self.size_values[i])
+        };
+        // A dimension: a size name (its local in forward, its value in __init__) or a literal
+        // extent (kb-specs writes literal extents as strings, "1").
+        let dim = |d: &Value, at_init: bool| -> String {
+            match d.as_str() {
+                Some(s) if s.parse::<i64>().is_ok() => s.to_string(),
+                Some(s) if at_init => value_of(s).to_string(),
+                Some(s) => size_var(s),
+                None => d.to_string(),
+            }
+        };
+        let shape = |b: &KbBuffer, at_init: bool| -> String {
+            let d: Vec<String> = b.dims.iter().map(|d| dim(d, at_init)).collect();
             format!("[{}]", d.join(", "))
         };
-        let outputs: Vec<String> = self
-            .outputs
+        // __init__: the parameters, uninitialized, under the reference's state-dict names.
+        let mut init = Vec::new();
+        let mut holders = std::collections::BTreeSet::new();
+        for b in &self.params {
+            let path = state(b);
+            let parts: Vec<&str> = path.split('.').collect();
+            let owner = |k: usize| {
+                if k == 0 {
+                    "self".to_string()
+                } else {
+                    format!("self.get_submodule({})", py_str(&parts[..k].join(".")))
+                }
+            };
+            for k in 1..parts.len() {
+                if holders.insert(parts[..k].join(".")) {
+                    init.push(format!(
+                        "        {}.add_module({}, nn.Module())",
+                        owner(k - 1),
+                        py_str(parts[k - 1])
+                    ));
+                }
+            }
+            init.push(format!(
+                "        {}.register_parameter(\n            {}, nn.Parameter(torch.empty({}, dtype={}), requires_grad=False)\n        )",
+                owner(parts.len() - 1),
+                py_str(parts[parts.len() - 1]),
+                shape(b, true),
+                dtype(b.dtype.as_deref())
+            ));
+        }
+        // forward: the parameters, each size read from the first input or parameter that
+        // carries it (else the problem's value), the outputs allocated, one launch.
+        let mut fwd = Vec::new();
+        for b in &self.params {
+            fwd.push(format!(
+                "        p_{} = self.get_parameter({}).detach()",
+                b.name,
+                py_str(&state(b))
+            ));
+        }
+        let tensor_inputs: Vec<KbBuffer> = self
+            .inputs
             .iter()
-            .map(|b| format!("    ({}, {}),", dims(b), dtype(b.dtype.as_deref())))
+            .filter(|b| b.scalar.is_none())
+            .cloned()
             .collect();
-        let params: Vec<String> = self
-            .params
+        for (n, v) in self.sizes.iter().zip(&self.size_values) {
+            let carried = |bs: &[KbBuffer], var: &dyn Fn(&KbBuffer) -> String| {
+                bs.iter().find_map(|b| {
+                    let d = b.dims.iter().position(|d| d.as_str() == Some(n))?;
+                    Some(format!("{}.shape[{d}]", var(b)))
+                })
+            };
+            let read = carried(&tensor_inputs, &input_var)
+                .or_else(|| carried(&self.params, &|b| format!("p_{}", b.name)))
+                .unwrap_or_else(|| v.to_string());
+            fwd.push(format!("        {} = {read}", size_var(n)));
+        }
+        let device = tensor_inputs
+            .first()
+            .map(|b| format!("{}.device", input_var(b)))
+            .unwrap_or_else(|| "\"cuda\"".into());
+        let mut tensors: Vec<String> = tensor_inputs
             .iter()
-            .map(|b| {
-                let n = b.state_name.as_deref().unwrap_or(&b.name);
-                format!(
-                    "    ({}, {}, {}),",
-                    py_str(n),
-                    dims(b),
-                    dtype(b.dtype.as_deref())
-                )
-            })
+            .map(|b| format!("{}.contiguous()", input_var(b)))
             .collect();
+        tensors.extend(
+            self.params
+                .iter()
+                .map(|b| format!("p_{}.contiguous()", b.name)),
+        );
+        let outs: Vec<String> = (0..self.outputs.len()).map(|i| format!("out{i}")).collect();
+        for (o, b) in outs.iter().zip(&self.outputs) {
+            fwd.push(format!(
+                "        {o} = torch.empty({}, dtype={}, device={device})",
+                shape(b, false),
+                dtype(b.dtype.as_deref())
+            ));
+        }
+        tensors.extend(outs.iter().cloned());
+        let scalars: Vec<String> = self
+            .inputs
+            .iter()
+            .filter(|b| b.scalar.is_some())
+            .map(&input_var)
+            .collect();
+        let sizes: Vec<String> = self.sizes.iter().map(|n| size_var(n)).collect();
+        fwd.push(format!(
+            "        _EXT.cudarl_run(\n            [{}],\n            [{}],\n            [{}],\n        )",
+            tensors.join(", "),
+            scalars.join(", "),
+            sizes.join(", ")
+        ));
+        fwd.push(format!(
+            "        return {}",
+            if outs.len() == 1 {
+                outs[0].clone()
+            } else {
+                outs.join(", ")
+            }
+        ));
+        let args: Vec<String> = self.inputs.iter().map(&input_var).collect();
         let tag = &blake3::hash(source.as_bytes()).to_hex()[..12];
         MODEL_NEW
             .replace("{note}", note)
             .replace("{id}", id)
             .replace("{tag}", tag)
-            .replace("{sizes}", &sizes.join("\n"))
-            .replace("{outputs}", &outputs.join("\n"))
-            .replace("{params}", &params.join("\n"))
+            .replace("{init}", &init.join("\n"))
+            .replace("{args}", &args.join(", "))
+            .replace("{forward}", &fwd.join("\n"))
             .replace("{headers}", &py_str(&headers))
             .replace("{binding}", &py_str(&binding))
             // Last: nothing in the candidate's source is taken for a placeholder.
@@ -775,9 +978,11 @@ fn py_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// The `ModelNew` file of [`KbNative::model_new`]: `{note}`, `{id}`, `{tag}`, `{sizes}`,
-/// `{outputs}`, `{params}`, `{headers}`, `{binding}` and `{kernel}` are filled in that order (the kernel
-/// last, so nothing in it is taken for a placeholder).
+/// The `ModelNew` file of [`KbNative::model_new`]: `{note}`, `{id}`, `{tag}`, `{init}`,
+/// `{args}`, `{forward}`, `{headers}`, `{binding}` and `{kernel}` are filled in that order (the
+/// kernel last, so nothing in it is taken for a placeholder). It passes the `ModelNew`
+/// allow-list (`python/cudarl_screen.py`): straight-line code, parameters registered and read by
+/// name, sizes from shapes, outputs from `torch.empty`.
 const MODEL_NEW: &str = r#""""{note}
 
 ModelNew for {id}: the native kernel in KERNEL, built with load_inline at import and called
@@ -790,19 +995,6 @@ import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-# (size name, where it is read: ("input", index, dim) or ("param", state-dict name, dim), value at
-# the problem's own sizes)
-SIZES = [
-{sizes}
-]
-# (dims: size names or extents, dtype) of each output.
-OUTPUTS = [
-{outputs}
-]
-# (state-dict name, dims, dtype) of each parameter.
-PARAMS = [
-{params}
-]
 HEADERS = {headers}
 KERNEL = {kernel}
 BINDING = {binding}
@@ -819,37 +1011,10 @@ _EXT = load_inline(
 class ModelNew(nn.Module):
     def __init__(self, *init_inputs):
         super().__init__()
-        values = {n: v for n, _, v in SIZES}
-        for name, dims, dt in PARAMS:
-            *path, leaf = name.split(".")
-            mod = self
-            for part in path:
-                if not hasattr(mod, part):
-                    mod.add_module(part, nn.Module())
-                mod = getattr(mod, part)
-            shape = [values.get(d, 1) if isinstance(d, str) else d for d in dims]
-            mod.register_parameter(leaf, nn.Parameter(torch.empty(shape, dtype=dt), requires_grad=False))
+{init}
 
-    def forward(self, *inputs):
-        state = dict(self.state_dict(keep_vars=True))
-        sizes = {}
-        for n, at, v in SIZES:
-            if at is None:
-                sizes[n] = v
-            elif at[0] == "input":
-                sizes[n] = int(inputs[at[1]].shape[at[2]])
-            else:
-                sizes[n] = int(state[at[1]].shape[at[2]])
-        tensors = [x.contiguous() for x in inputs if isinstance(x, torch.Tensor)]
-        tensors += [state[name].detach().contiguous() for name, _, _ in PARAMS]
-        device = tensors[0].device if tensors else torch.device("cuda")
-        outs = [
-            torch.empty([sizes[d] if isinstance(d, str) else d for d in dims], dtype=dt, device=device)
-            for dims, dt in OUTPUTS
-        ]
-        scalars = [float(x) for x in inputs if not isinstance(x, torch.Tensor)]
-        _EXT.cudarl_run(tensors + outs, scalars, [sizes[n] for n, _, _ in SIZES])
-        return outs[0] if len(outs) == 1 else tuple(outs)
+    def forward(self, {args}):
+{forward}
 "#;
 
 /// A native candidate for a KernelBench problem: the source rules, then the build with the
@@ -870,7 +1035,11 @@ pub fn build_kb_native(
     let mut v = Verdict::blank(task_id, "native", compiler);
     v.signature = native.signature.clone();
     v.static_flags = rules.check(source, "native");
-    let v = crate::verdict::build_native(v, source, &native.shim(), rules, compiler)?;
+    // f32 math unless a buffer is half precision (KernelBench problems declare no TF32).
+    let f32_math = !native
+        .buffers()
+        .any(|b| matches!(b.dtype.as_deref(), Some("f16" | "bf16")));
+    let v = crate::verdict::build_native(v, source, &native.shim(), rules, compiler, f32_math)?;
     let so = compiler
         .store
         .as_ref()
@@ -1158,6 +1327,10 @@ struct TorchAnswer {
     /// reference's (absent when the candidate did not pass).
     #[serde(default)]
     kernels: Option<crate::standin::KernelsRan>,
+    /// Why the kernels one forward ran could not be listed though the run profiled (the
+    /// runner's CUPTI did not start): torch ops standing in cannot be ruled out.
+    #[serde(default)]
+    kernels_unlisted: Option<String>,
 }
 
 /// Runs a built candidate on the GPU and completes `v`: the Python worker (from `pool`) is the
@@ -1387,6 +1560,13 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[Path
         v.hack_flags.push("torch_op_stands_in".into());
         v.failure_detail = Some(why);
     }
+    // The check fails closed: a run that was to list the kernels and could not is not paid.
+    if let Some(why) = a.kernels_unlisted {
+        v.hack_flags.push("kernels_unlisted".into());
+        v.failure_detail = Some(format!(
+            "the kernels one forward ran could not be listed, so torch ops standing in for the kernel cannot be ruled out: {why}"
+        ));
+    }
     if let (Some(t), Some(r)) = (&a.timing, &a.torch_timing)
         && t.median_ms > 0.0
     {
@@ -1407,6 +1587,57 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[Path
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A correct run whose kernels could not be listed (the runner's CUPTI did not start) is
+    /// flagged, not paid; the same run with its kernels listed is not.
+    #[test]
+    fn a_run_that_could_not_list_its_kernels_is_flagged() {
+        let compiler = Compiler {
+            nvcc: crate::Nvcc {
+                path: "nvcc".into(),
+                version: "13.0.88".into(),
+                lib_dirs: vec![],
+            },
+            arch: "sm_90".into(),
+            timeout: Duration::from_secs(1),
+            store: None,
+        };
+        let problem = KbProblem {
+            id: "kb/L1/19_ReLU".into(),
+            code: String::new(),
+            tests: vec![],
+            tol: 1e-2,
+        };
+        let answer = |unlisted: Option<&str>| -> TorchAnswer {
+            let test = json!({"split": "public", "sizes": {}, "seed": 1, "passed": true,
+                "max_abs_err": 0.0, "max_rel_err": 0.0, "unwritten": 0, "non_finite": 0,
+                "input_mutated": false, "out_of_bounds_write": false, "message": null});
+            serde_json::from_value(json!({"ok": true, "tests": [test],
+                "full_size": {"passed": true}, "kernels_unlisted": unlisted}))
+            .unwrap()
+        };
+        let v = apply_answer(
+            Verdict::blank("kb/L1/19_ReLU", "torch", &compiler),
+            answer(Some("CUPTI_ERROR_NOT_INITIALIZED")),
+            &problem,
+            &[],
+        );
+        assert_eq!(v.correct, Some(true), "{v:?}");
+        assert_eq!(v.hack_flags, vec!["kernels_unlisted".to_string()]);
+        assert!(
+            v.failure_detail
+                .as_deref()
+                .unwrap()
+                .contains("CUPTI_ERROR_NOT_INITIALIZED")
+        );
+        let v = apply_answer(
+            Verdict::blank("kb/L1/19_ReLU", "torch", &compiler),
+            answer(None),
+            &problem,
+            &[],
+        );
+        assert_eq!((v.correct, v.hack_flags.len()), (Some(true), 0), "{v:?}");
+    }
 
     #[test]
     fn reference_key_names_problem_settings_gpu_and_torch() {
@@ -1537,14 +1768,17 @@ import cudarl_worker as w
 spec = json.loads(sys.argv[1])
 w.landlock_beside(spec["outside"], spec["dir"])
 libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(38, 1, 0, 0, 0)
-w.install_handed_filters(w.signal_filter(os.getpid()))
 def can(f):
     try:
         f()
         return True
     except PermissionError:
         return False
+# The layer alone (before the signal filter): signals to the parent where Landlock scopes them.
+abi = libc.syscall(444, None, 0, 1)
+landlock_only = [abi >= 6, can(lambda: os.kill(os.getppid(), 0))]
+libc.prctl(38, 1, 0, 0, 0)
+w.install_handed_filters(w.signal_filter(os.getpid()))
 def comm():
     with open(f"/proc/self/task/{{os.getpid()}}/comm", "w") as f:
         f.write("runner")
@@ -1554,7 +1788,7 @@ def oom():
 def no_death_signal():
     if libc.prctl(1, 0, 0, 0, 0) != 0:
         raise PermissionError(ctypes.get_errno(), "prctl")
-print(json.dumps([
+print(json.dumps([[
     can(lambda: open(os.path.join(spec["dir"], "cand/mine.so")).read()),
     can(lambda: open({script_file:?}).read()),
     can(comm),
@@ -1565,7 +1799,7 @@ print(json.dumps([
     can(oom),
     can(lambda: os.kill(os.getppid(), 0)),
     can(no_death_signal),
-]))
+], landlock_only]))
 "#,
             script = root.join("python").display().to_string(),
             script_file = root.join("python/cudarl_worker.py").display().to_string(),
@@ -1583,7 +1817,18 @@ print(json.dumps([
             String::from_utf8_lossy(&out.stderr)
         );
         let _ = std::fs::remove_file(&alias);
-        let seen: Vec<bool> = serde_json::from_slice(&out.stdout).unwrap();
+        let (seen, landlock_only): (Vec<bool>, [bool; 2]) =
+            serde_json::from_slice(&out.stdout).unwrap();
+        // Where Landlock scopes signals (ABI 6, Linux 6.12), its layer alone keeps the parent
+        // from being signalled.
+        if landlock_only[0] {
+            assert!(
+                !landlock_only[1],
+                "the parent was signalled through the layer"
+            );
+        } else {
+            eprintln!("SKIPPED (in part): Landlock before ABI 6 does not scope signals");
+        }
         assert_eq!(
             seen,
             [

@@ -221,6 +221,9 @@ pub fn hack_flag_reason(flag: &str) -> &'static str {
         }
         "work_before_start" => "outputs were written before the timing window started",
         "torch_op_stands_in" => "torch operations did the work instead of the custom kernel",
+        "kernels_unlisted" => {
+            "the kernels that ran could not be listed (no profiler), so torch operations standing in were not ruled out"
+        }
         _ => "the harness flagged the kernel as a reward hack",
     }
 }
@@ -237,7 +240,8 @@ pub fn check_compile_only(
 ) -> Result<Verdict, CompileError> {
     let findings = rules.check(source, "native");
     let v = Verdict::new(spec, compiler, findings);
-    let mut v = build_native(v, source, &spec.shim(), rules, compiler)?;
+    let f32_math = spec.dtype == "f32" && !spec.allow_tf32;
+    let mut v = build_native(v, source, &spec.shim(), rules, compiler, f32_math)?;
     explain_missing_launcher(&mut v, spec, source);
     Ok(v)
 }
@@ -297,7 +301,9 @@ fn explain_missing_launcher(v: &mut Verdict, spec: &TaskSpec, source: &str) {
 
 /// The static checks' verdict `v` (its `static_flags` are the source rules' findings) completed
 /// by the build of `source` with `shim` appended: a static reject, what was built breaking a
-/// rule, a compile error or timeout, or compiled (`so_hash` set with a store).
+/// rule, a compile error or timeout, or compiled (`so_hash` set with a store). With `f32_math`
+/// (an `f32` task that does not declare `allow_tf32`), tensor-core math on reduced-precision
+/// operands in the PTX (the flag `tensor-core-precision`) rejects the kernel.
 ///
 /// # Errors
 /// Harness failures only.
@@ -307,6 +313,7 @@ pub fn build_native(
     shim: &str,
     rules: &Rules,
     compiler: &Compiler,
+    f32_math: bool,
 ) -> Result<Verdict, CompileError> {
     if rejected(&v.static_flags) {
         v.failure = Some("static_reject".into());
@@ -324,7 +331,11 @@ pub fn build_native(
     v.cache_hit = out.cache_hit;
     v.compile_seconds = out.compile_seconds;
     v.so_hash = out.so_hash;
-    for f in out.findings {
+    for mut f in out.findings {
+        if f32_math && f.rule == crate::inspect::TENSOR_CORE_PRECISION {
+            f.action = crate::static_check::Action::Reject;
+            f.message = format!("an f32 task: {}", f.message);
+        }
         if !v.static_flags.iter().any(|g| g.rule == f.rule) {
             v.static_flags.push(f);
         }

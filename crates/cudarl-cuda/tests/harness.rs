@@ -17,6 +17,16 @@ fn nvcc() -> Option<Nvcc> {
     Nvcc::discover_or_skip(&repo_root())
 }
 
+/// The `vector_add` task's spec, from the bundled tasks.
+fn vector_add() -> cudarl_cuda::TaskSpec {
+    load_tasks(&repo_root().join("datasets/tasks"))
+        .unwrap()
+        .into_iter()
+        .find(|t| t.spec.id == "vector_add")
+        .unwrap()
+        .spec
+}
+
 fn compiler(store: &cudarl_store::Store) -> Option<Compiler> {
     Some(Compiler {
         nvcc: nvcc()?,
@@ -393,12 +403,7 @@ fn compile_errors_have_candidate_line_numbers() {
     let d = tempfile::tempdir().unwrap();
     let store = cudarl_store::Store::open(d.path()).unwrap();
     let Some(c) = compiler(&store) else { return };
-    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
-    let va = &tasks
-        .iter()
-        .find(|t| t.spec.id == "vector_add")
-        .unwrap()
-        .spec;
+    let va = &vector_add();
     let src = "#include <cuda_runtime.h>\n#include <stdint.h>\n\n__global__ void k(float* o) {\n    o[0] = undefined_thing;\n}\n";
     let v = check_compile_only(va, src, &Rules::builtin(), &c).unwrap();
     assert!(!v.compiled);
@@ -810,12 +815,7 @@ fn a_device_helper_function_builds_and_a_pointer_to_exit_does_not() {
     let d = tempfile::tempdir().unwrap();
     let store = cudarl_store::Store::open(d.path()).unwrap();
     let Some(c) = compiler(&store) else { return };
-    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
-    let va = &tasks
-        .iter()
-        .find(|t| t.spec.id == "vector_add")
-        .unwrap()
-        .spec;
+    let va = &vector_add();
     let launcher = "extern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, \
                     cudaStream_t stream) {\n  k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);\n}\n";
     let honest = format!(
@@ -837,5 +837,55 @@ fn a_device_helper_function_builds_and_a_pointer_to_exit_does_not() {
             .unwrap_or("")
             .starts_with("exit-reference"),
         "{v:?}"
+    );
+}
+
+/// The shim appended to a candidate is out of reach of the candidate's macros: with
+/// `cudaGetLastError()` defined away and `cudarl_entry` renamed by `#define`, the built object
+/// still defines `cudarl_entry` and calls the runtime's `cudaGetLastError`.
+#[test]
+fn the_shim_is_out_of_reach_of_the_candidates_macros() {
+    use object::{Object, ObjectSymbol};
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let va = &vector_add();
+    let hijack = std::fs::read_to_string(
+        repo_root().join("tests/kernels/hacks/shim_macro_hijack.cu"),
+    )
+    .unwrap()
+    .replace(
+        "#define cudaGetLastError() cudaSuccess",
+        "#define cudaGetLastError() cudaSuccess\n#define cudarl_entry cudarl_entry_elsewhere",
+    );
+    assert!(hijack.contains("#define cudarl_entry"));
+    let v = check_compile_only(va, &hijack, &Rules::builtin(), &c).unwrap();
+    assert!(v.compiled && v.failure.is_none(), "{v:?}");
+    let so = std::fs::read(store.blob_path(&v.so_hash.expect("built"))).unwrap();
+    let file = object::File::parse(&*so).unwrap();
+    let names = |undefined: bool| -> Vec<String> {
+        file.dynamic_symbols()
+            .filter(|s| s.is_undefined() == undefined)
+            .filter_map(|s| {
+                s.name()
+                    .ok()
+                    .map(|n| n.split('@').next().unwrap().to_string())
+            })
+            .collect()
+    };
+    assert!(
+        names(false).iter().any(|n| n == "cudarl_entry"),
+        "{:?}",
+        names(false)
+    );
+    assert!(
+        !names(false).iter().any(|n| n == "cudarl_entry_elsewhere"),
+        "{:?}",
+        names(false)
+    );
+    assert!(
+        names(true).iter().any(|n| n == "cudaGetLastError"),
+        "{:?}",
+        names(true)
     );
 }

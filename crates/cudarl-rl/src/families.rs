@@ -303,6 +303,7 @@ fn spec(
         tier,
         description,
         dtype: "f32".into(),
+        allow_tf32: false,
         input_scales: None,
         sizes,
         args,

@@ -405,6 +405,7 @@ fn kb_spec(
         tier,
         description: String::new(),
         dtype: "f32".into(),
+        allow_tf32: false,
         input_scales: None,
         sizes: sorted.iter().map(|s| s.to_string()).collect(),
         args,

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 use cudarl_cuda::runner::{Reply, Request, from_hex};
-use cudarl_sandbox::{FilterOptions, FsPolicy, Limits, Profile};
+use cudarl_sandbox::{ConfineOptions, FilterOptions, FsPolicy, Limits, Profile, Scopes};
 
 #[derive(Parser)]
 #[command(
@@ -84,11 +84,13 @@ enum Cmd {
         device: Vec<PathBuf>,
         /// Hand the system-call filters to the program instead of installing them: the read end
         /// of a pipe holding them ([`cudarl_sandbox::syscalls::to_bytes`]) stays open in the
-        /// program, its number in `CUDARL_SECCOMP_FD`, and the program installs them on all its
-        /// threads before it runs anything untrusted. For the project's torch runner, which
-        /// initializes CUDA first: `cuInit` opens a Unix socket, a call the filters trap (as the
-        /// native runner, which installs its filter once CUDA is up). Limits and Landlock hold
-        /// from the start either way.
+        /// program, its number in `CUDARL_SECCOMP_FD`, and the processes the program forks
+        /// install them on all their threads before they run anything untrusted (the filters
+        /// then leave the pid-bound signal rules to them:
+        /// `cudarl_sandbox::FilterOptions::installed_in_forks`). For the project's torch
+        /// runner, which initializes CUDA first: `cuInit` opens a Unix socket, a call the
+        /// filters trap (as the native runner, which installs its filter once CUDA is up).
+        /// Limits and Landlock hold from the start either way.
         #[arg(long)]
         defer_filter: bool,
         /// Largest file the program may write, MiB.
@@ -135,6 +137,16 @@ fn gpu_writes() -> Vec<PathBuf> {
     vec![PathBuf::from("/proc/self/task")]
 }
 
+/// The Landlock scopes of a sandboxed process: signals always; abstract Unix sockets unless it
+/// starts CUDA (`gpu`), whose initialization (the driver, an MPS client, a profiler's collector)
+/// connects to sockets before the seccomp filter is in, which then denies sockets anyway.
+fn scopes(gpu: bool) -> Scopes {
+    Scopes {
+        signals: true,
+        abstract_unix_sockets: !gpu,
+    }
+}
+
 fn env_flag(k: &str) -> bool {
     std::env::var(k).is_ok_and(|v| v == "1")
 }
@@ -173,6 +185,7 @@ fn main() {
                 exec,
                 write,
                 devices,
+                scopes: scopes(gpu),
             };
             exec_confined(
                 &profile,
@@ -210,24 +223,19 @@ fn exec_confined(
         cpu_seconds,
         ..Limits::default()
     };
-    if let Err(e) = cudarl_sandbox::harden(&limits) {
-        fail(125, &e.to_string());
-    }
-    if let Err(e) = policy.restrict(env_flag("CUDARL_ALLOW_UNCONFINED")) {
-        fail(125, &e.to_string());
-    }
-    let opts = FilterOptions {
-        // SAFETY: no preconditions.
-        self_pid: unsafe { libc::getpid() },
-        log_only: env_flag("CUDARL_SANDBOX_LOG"),
-        ..Default::default()
-    };
-    let filters = cudarl_sandbox::syscalls::filters(profile, &opts)
-        .unwrap_or_else(|e| fail(125, &e.to_string()));
+    let confined = cudarl_sandbox::confine(
+        profile,
+        &policy,
+        &limits,
+        ConfineOptions {
+            allow_unenforced: env_flag("CUDARL_ALLOW_UNCONFINED"),
+            log_only: env_flag("CUDARL_SANDBOX_LOG"),
+            hand_over: defer_filter,
+        },
+    )
+    .unwrap_or_else(|e| fail(125, &e.to_string()));
     if defer_filter {
-        hand_over(&filters);
-    } else if let Err(e) = cudarl_sandbox::syscalls::install(&filters, false) {
-        fail(125, &e.to_string());
+        hand_over(&confined.handed);
     }
     let args: Vec<CString> = program
         .iter()
@@ -534,6 +542,7 @@ mod native {
             read: base_reads(&dir, cudart.as_ref(), read),
             devices: if gpu { FsPolicy::gpu_devices() } else { vec![] },
             write,
+            scopes: scopes(gpu),
             ..Default::default()
         };
         let confined = match policy.restrict(env_flag("CUDARL_ALLOW_UNCONFINED")) {
@@ -594,6 +603,7 @@ mod native {
             log_only: env_flag("CUDARL_SANDBOX_LOG"),
             write_opens: profiled,
             profiler_fds,
+            ..Default::default()
         };
         let installed = cudarl_sandbox::syscalls::filters(Profile::Runner, &opts)
             .and_then(|f| cudarl_sandbox::syscalls::install(&f, true));

@@ -261,7 +261,7 @@ print("survived", flush=True)
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.contains("socket before") && out.contains("filters 2 fd left False"),
+        out.contains("socket before") && out.contains("filters 3 fd left False"),
         "{out} {}",
         String::from_utf8_lossy(&o.stderr)
     );

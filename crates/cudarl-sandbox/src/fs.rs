@@ -1,16 +1,27 @@
-//! File-system confinement with Landlock (Linux 5.13+; `landlock` crate).
+//! File-system confinement and IPC scoping with Landlock (Linux 5.13+; `landlock` crate).
 //!
 //! Every access right Landlock knows on the running kernel is handled (denied unless a rule
 //! grants it), up to ABI 5 (which adds `ioctl` on device files): a sandboxed process reads,
 //! writes and executes only what its [`FsPolicy`] lists. Rules apply to the calling thread and
-//! to threads and processes it starts afterwards, so confinement comes first, before CUDA starts
-//! its helper threads or a wrapper `exec`s a toolchain.
+//! to threads and processes it starts afterwards (across `exec` too), so confinement comes
+//! first, before CUDA starts its helper threads or a wrapper `exec`s a toolchain.
+//!
+//! The same domain is scoped ([`Scopes`], Landlock ABI 6, Linux 6.12+): a confined process may
+//! signal only processes of its own domain (itself, its threads, the processes it started and
+//! their children, and processes confined inside them), never the judge, the pipeline or a
+//! sibling sandbox of the same user; and, where [`Scopes::abstract_unix_sockets`] is set, it
+//! connects to no abstract Unix socket bound outside the domain. The kernel enforces this in
+//! the `kill`, `tgkill`, `tkill`, `rt_*sigqueueinfo` and `pidfd_send_signal` paths alike and for
+//! `SIGIO`/`SIGURG` owners (`fcntl(F_SETOWN)`); signals the kernel sends itself (`SIGCHLD` to
+//! the parent, the death signal) are not affected. Older kernels enforce the file rules without
+//! the scopes (best effort, as for file rights newer than the kernel): [`FsStatus`] says which
+//! held, and the seccomp filters ([`crate::syscalls`]) are the second line there.
 
 use std::path::PathBuf;
 
 use landlock::{
-    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, path_beneath_rules,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, LandlockStatus, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +29,44 @@ use crate::SandboxError;
 
 /// The highest Landlock ABI whose access rights are handled (5: Linux 6.10, `ioctl` on devices).
 const TARGET_ABI: ABI = ABI::V5;
+
+/// The Landlock ABI that scopes signals and abstract Unix sockets (6: Linux 6.12).
+const SCOPE_ABI: ABI = ABI::V6;
+
+/// What a confined process may not reach outside its Landlock domain (Landlock ABI 6, Linux
+/// 6.12+; nothing on older kernels, which [`FsStatus`] reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scopes {
+    /// Signals only to processes of the domain (`LANDLOCK_SCOPE_SIGNAL`).
+    pub signals: bool,
+    /// No connecting or sending to abstract Unix sockets bound outside the domain
+    /// (`LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET`). Pathname sockets and socket pairs are not
+    /// affected.
+    pub abstract_unix_sockets: bool,
+}
+
+impl Default for Scopes {
+    /// Both scopes.
+    fn default() -> Self {
+        Scopes {
+            signals: true,
+            abstract_unix_sockets: true,
+        }
+    }
+}
+
+impl Scopes {
+    fn flags(self) -> BitFlags<Scope> {
+        let mut f = BitFlags::EMPTY;
+        if self.signals {
+            f |= Scope::Signal;
+        }
+        if self.abstract_unix_sockets {
+            f |= Scope::AbstractUnixSocket;
+        }
+        f
+    }
+}
 
 /// What a confined process may reach on the file system. Paths that do not exist are skipped;
 /// a directory grants its whole subtree, a file only itself.
@@ -31,6 +80,9 @@ pub struct FsPolicy {
     pub write: Vec<PathBuf>,
     /// Device files: read, write and `ioctl` (the GPU's `/dev/nvidia*`).
     pub devices: Vec<PathBuf>,
+    /// IPC scopes of the domain (default: signals and abstract Unix sockets).
+    #[serde(default)]
+    pub scopes: Scopes,
 }
 
 /// How far the kernel enforced a policy.
@@ -38,8 +90,37 @@ pub struct FsPolicy {
 pub struct FsStatus {
     /// Landlock restricted the process (fully, or with the rights of an older ABI).
     pub enforced: bool,
-    /// Every requested right is enforced.
+    /// Every requested right and scope is enforced.
     pub fully: bool,
+    /// The Landlock ABI used (the kernel's, up to the newest the `landlock` crate knows; 0:
+    /// none).
+    #[serde(default)]
+    pub abi: u32,
+    /// Signals are scoped to the domain (requested, and Landlock ABI 6: Linux 6.12+). When
+    /// false, the seccomp filters alone limit whom the process may signal.
+    #[serde(default)]
+    pub signals_scoped: bool,
+    /// Abstract Unix sockets are scoped to the domain (requested, and Landlock ABI 6).
+    #[serde(default)]
+    pub abstract_unix_sockets_scoped: bool,
+}
+
+impl FsStatus {
+    /// One line for a log: `landlock abi 6: files, signals, abstract unix sockets`, or
+    /// `landlock not enforced`.
+    pub fn summary(&self) -> String {
+        if !self.enforced {
+            return "landlock not enforced".into();
+        }
+        let mut parts = vec!["files"];
+        if self.signals_scoped {
+            parts.push("signals");
+        }
+        if self.abstract_unix_sockets_scoped {
+            parts.push("abstract unix sockets");
+        }
+        format!("landlock abi {}: {}", self.abi, parts.join(", "))
+    }
 }
 
 impl FsPolicy {
@@ -100,8 +181,9 @@ impl FsPolicy {
         v
     }
 
-    /// Applies the policy to the calling thread and everything it starts afterwards (and sets
-    /// `no_new_privs`, which Landlock requires).
+    /// Applies the policy and its [`Scopes`] to the calling thread and everything it starts
+    /// afterwards (and sets `no_new_privs`, which Landlock requires). Call it while the process
+    /// has one thread: threads started before stay outside the domain.
     ///
     /// # Errors
     /// [`SandboxError::LandlockUnavailable`] when the kernel enforces nothing and
@@ -113,10 +195,16 @@ impl FsPolicy {
         let exec = read | AccessFs::Execute;
         let write = AccessFs::from_all(TARGET_ABI) & !AccessFs::Execute;
         let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
-        let status = Ruleset::default()
+        let mut ruleset = Ruleset::default()
             .set_compatibility(CompatLevel::BestEffort)
             .handle_access(all)
-            .map_err(e)?
+            .map_err(e)?;
+        let scopes = self.scopes.flags();
+        if !scopes.is_empty() {
+            // Best effort: dropped on kernels without ABI 6 (the status says so).
+            ruleset = ruleset.scope(scopes).map_err(e)?;
+        }
+        let status = ruleset
             .create()
             .map_err(e)?
             .add_rules(path_beneath_rules(&self.read, read))
@@ -129,9 +217,18 @@ impl FsPolicy {
             .map_err(e)?
             .restrict_self()
             .map_err(e)?;
+        let abi = match status.landlock {
+            LandlockStatus::Available { effective_abi, .. } => effective_abi,
+            _ => ABI::Unsupported,
+        };
+        let enforced = status.ruleset != RulesetStatus::NotEnforced;
+        let scoped = enforced && abi >= SCOPE_ABI;
         let s = FsStatus {
-            enforced: status.ruleset != RulesetStatus::NotEnforced,
+            enforced,
             fully: status.ruleset == RulesetStatus::FullyEnforced,
+            abi: if enforced { abi as u32 } else { 0 },
+            signals_scoped: scoped && self.scopes.signals,
+            abstract_unix_sockets_scoped: scoped && self.scopes.abstract_unix_sockets,
         };
         if !s.enforced && !allow_unenforced {
             return Err(SandboxError::LandlockUnavailable(format!(

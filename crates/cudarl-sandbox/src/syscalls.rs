@@ -16,6 +16,30 @@
 //!   setting). Processes are allowed: nvcc runs cicc, ptxas and gcc.
 //! - [`Profile::Interpreter`] (Python reading or running a candidate file): the compiler's
 //!   deny-list plus no new processes (`fork`, `vfork`, `clone` without `CLONE_THREAD`).
+//!
+//! **Signals.** Landlock's signal scope ([`crate::fs::Scopes`], Linux 6.12+) keeps every
+//! sandboxed process from signalling anything outside its own domain; these filters are the
+//! second line, for older kernels, and bound what a process may signal inside its domain too:
+//!
+//! - Runner: `kill` and `tgkill` to its own pid only (abort, `raise`, thread cancellation), and
+//!   with [`FilterOptions::write_opens`] (a profile pass) also `kill` with signal 0 to any pid
+//!   (a liveness probe: no signal is sent). `tkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo` and
+//!   `pidfd_send_signal` trap.
+//! - Interpreter: `kill`, `tgkill`, `rt_sigqueueinfo` and `rt_tgsigqueueinfo` to its own pid
+//!   only; other targets fail with `EPERM` (the kernel's own answer for a process one may not
+//!   signal, so a program's fallbacks work). `tkill` and `pidfd_send_signal` trap (glibc raises
+//!   with `tgkill`; nothing here holds a pidfd).
+//! - Compiler: as the interpreter, and `kill` also to its own process group (0 or `-pid`) when
+//!   it leads one ([`FilterOptions::own_group`]; the judge starts nvcc with `setpgid` at spawn,
+//!   and the group holds only nvcc and its descendants, which cannot leave it: `setpgid` and
+//!   `setsid` trap). nvcc's children (cicc, ptxas, gcc) inherit the filter, whose pid is nvcc's:
+//!   a child signals the group, not itself by pid (its `abort` then ends it by the
+//!   `hlt` fallback, a `SIGSEGV`, instead of `SIGABRT`), and whom it may signal by pid inside
+//!   the group is left to Landlock.
+//! - With [`FilterOptions::installed_in_forks`] (the filters are handed to the torch runners'
+//!   zygote, whose forked runners install them) the pid-bound rules are left out: the pids are
+//!   not known here, and each runner installs its own (`signal_filter` in
+//!   python/cudarl_worker.py). `tkill` and `pidfd_send_signal` still trap.
 
 use std::collections::BTreeMap;
 
@@ -43,8 +67,17 @@ pub enum Profile {
 /// Settings of a filter set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FilterOptions {
-    /// The sandboxed process's pid: `kill`/`tgkill` may target it alone.
+    /// The sandboxed process's pid: the signal calls may target it alone.
     pub self_pid: i32,
+    /// The process leads its own process group (its pgid is `self_pid`: started with `setpgid`
+    /// at spawn). [`Profile::Compiler`] then may also `kill` the group (0 or `-self_pid`), which
+    /// holds only it and its descendants.
+    pub own_group: bool,
+    /// The filters are installed by processes the program forks, not by `self_pid`
+    /// ([`Profile::Compiler`] and [`Profile::Interpreter`]: the torch runners' zygote hands them
+    /// to each runner it forks): the pid-bound signal rules are left out, and each such process
+    /// limits its signals itself (`signal_filter` in python/cudarl_worker.py).
+    pub installed_in_forks: bool,
     /// Log denied calls to the kernel's audit log and let them run, instead of trapping
     /// (`SECCOMP_RET_LOG`; for finding what a toolkit needs: `dmesg | grep type=1326`).
     pub log_only: bool,
@@ -252,7 +285,8 @@ const OUTSIDE: &[(i64, &str)] = &[
     (libc::SYS_open_tree, "open_tree"),
 ];
 
-/// Calls that start processes or programs (named for reports; the runner allows none of them).
+/// Calls that start processes or programs, or signal other processes (named for reports; the
+/// runner allows none of them, or only towards itself).
 const PROCESSES: &[(i64, &str)] = &[
     (libc::SYS_execve, "execve"),
     (libc::SYS_execveat, "execveat"),
@@ -262,6 +296,9 @@ const PROCESSES: &[(i64, &str)] = &[
     (libc::SYS_kill, "kill"),
     (libc::SYS_tgkill, "tgkill"),
     (libc::SYS_tkill, "tkill"),
+    (libc::SYS_rt_sigqueueinfo, "rt_sigqueueinfo"),
+    (libc::SYS_rt_tgsigqueueinfo, "rt_tgsigqueueinfo"),
+    (libc::SYS_pidfd_send_signal, "pidfd_send_signal"),
     (libc::SYS_prctl, "prctl"),
     (libc::SYS_prlimit64, "prlimit64"),
 ];
@@ -332,11 +369,14 @@ fn errno_filters(write_opens: bool) -> Result<Vec<BpfProgram>, SandboxError> {
     };
     let mut clone3 = BTreeMap::new();
     clone3.insert(libc::SYS_clone3, vec![]);
-    let mut out = vec![compile(
-        clone3,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-    )?];
+    let mut out = vec![
+        compile(
+            clone3,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::ENOSYS as u32),
+        )?,
+        owner_filter()?,
+    ];
     if !write_opens {
         let mut open = BTreeMap::new();
         open.insert(libc::SYS_openat, write_rules(2)?);
@@ -349,6 +389,63 @@ fn errno_filters(write_opens: bool) -> Result<Vec<BpfProgram>, SandboxError> {
         )?);
     }
     Ok(out)
+}
+
+/// `fcntl` commands (`F_SETOWN`, `F_SETSIG`, `F_SETOWN_EX`) and `ioctl` requests (`FIOSETOWN`,
+/// `SIOCSPGRP`) that name a process the kernel signals when a descriptor is ready: a signal to
+/// any process, past every pid rule. They get `EPERM` in every profile (Landlock's signal scope,
+/// Linux 6.12, covers them too).
+fn owner_filter() -> Result<BpfProgram, SandboxError> {
+    let arg1 = |v: u64| -> Result<SeccompRule, SandboxError> {
+        rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?])
+    };
+    let mut rules = BTreeMap::new();
+    rules.insert(
+        libc::SYS_fcntl,
+        // F_SETOWN, F_SETSIG, F_SETOWN_EX (<asm-generic/fcntl.h>)
+        vec![arg1(8)?, arg1(10)?, arg1(15)?],
+    );
+    // FIOSETOWN, SIOCSPGRP (<asm-generic/sockios.h>)
+    rules.insert(libc::SYS_ioctl, vec![arg1(0x8901)?, arg1(0x8902)?]);
+    compile(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+    )
+}
+
+/// Signal calls the deny-list profiles trap: `tkill` names a thread by its id alone (glibc
+/// raises with `tgkill`), `pidfd_send_signal` a process by a pidfd or a `/proc/<pid>` directory
+/// (no sandboxed program here signals itself that way).
+const SIGNALS_DENIED: &[i64] = &[libc::SYS_tkill, libc::SYS_pidfd_send_signal];
+
+/// The pid-bound signal rules of [`Profile::Compiler`] and [`Profile::Interpreter`]: `kill`,
+/// `tgkill`, `rt_sigqueueinfo` and `rt_tgsigqueueinfo` to a process other than `self_pid` (for
+/// the compiler with `own_group`, also other than its group: 0 or `-self_pid`) get `EPERM`, or
+/// are logged with `log_only`.
+fn signal_filter(profile: Profile, opts: &FilterOptions) -> Result<BpfProgram, SandboxError> {
+    let pid = |v: i32| v as u32 as u64;
+    let not = |v: i32| cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, pid(v));
+    let mut kill_others = vec![not(opts.self_pid)?];
+    if profile == Profile::Compiler && opts.own_group {
+        kill_others.push(not(0)?);
+        kill_others.push(not(-opts.self_pid)?);
+    }
+    let mut rules = BTreeMap::new();
+    rules.insert(libc::SYS_kill, vec![rule(kill_others)?]);
+    for nr in [
+        libc::SYS_tgkill,
+        libc::SYS_rt_sigqueueinfo,
+        libc::SYS_rt_tgsigqueueinfo,
+    ] {
+        rules.insert(nr, vec![rule(vec![not(opts.self_pid)?])?]);
+    }
+    let denied = if opts.log_only {
+        SeccompAction::Log
+    } else {
+        SeccompAction::Errno(libc::EPERM as u32)
+    };
+    compile(rules, SeccompAction::Allow, denied)
 }
 
 /// The filters of `profile`, in the order they must be installed ([`install`]): the one that
@@ -438,6 +535,7 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
         Profile::Compiler | Profile::Interpreter => {
             let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
                 OUTSIDE.iter().map(|(n, _)| (*n, vec![])).collect();
+            deny.extend(SIGNALS_DENIED.iter().map(|n| (*n, vec![])));
             if profile == Profile::Interpreter {
                 deny.insert(libc::SYS_fork, vec![]);
                 deny.insert(libc::SYS_vfork, vec![]);
@@ -460,6 +558,10 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
                     SeccompAction::Allow,
                     SeccompAction::Errno(libc::ENOSYS as u32),
                 )?);
+            }
+            out.push(owner_filter()?);
+            if !opts.installed_in_forks {
+                out.push(signal_filter(profile, opts)?);
             }
             out.push(compile(deny, SeccompAction::Allow, denied)?);
             Ok(out)
@@ -695,6 +797,59 @@ mod tests {
             31
         });
         assert_eq!((code, sig), (-1, libc::SIGSYS));
+    }
+
+    static GOT_USR1: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    extern "C" fn on_usr1(_: libc::c_int) {
+        GOT_USR1.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Filters handed to the torch zygote carry the zygote's pid; the runners it forks install
+    /// them: their signals to themselves must still work (the pid-bound rules are each
+    /// runner's own), and `tkill` still traps.
+    #[test]
+    fn filters_installed_in_forks_leave_the_pid_bound_signal_rules_out() {
+        let handed = |installed_in_forks| FilterOptions {
+            // SAFETY: getpid has no preconditions; this is the pid of the test process, not of
+            // the child that installs the filters.
+            self_pid: unsafe { libc::getpid() },
+            installed_in_forks,
+            ..Default::default()
+        };
+        assert_eq!(
+            filters(Profile::Interpreter, &handed(true)).unwrap().len(),
+            3
+        );
+        assert_eq!(
+            filters(Profile::Interpreter, &handed(false)).unwrap().len(),
+            4
+        );
+        for (installed_in_forks, expected) in [(true, 0), (false, libc::EPERM)] {
+            let o = handed(installed_in_forks);
+            let (code, sig) = in_child(move || {
+                // SAFETY: a handler that only stores to an atomic.
+                unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+                install(&filters(Profile::Interpreter, &o).unwrap(), false).unwrap();
+                // SAFETY: a caught signal to this process.
+                if unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) } == 0 {
+                    return 0;
+                }
+                std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+            });
+            assert_eq!((code, sig), (expected, 0), "{installed_in_forks}");
+        }
+        let (_, sig) = in_child(|| {
+            install(
+                &filters(Profile::Interpreter, &handed(true)).unwrap(),
+                false,
+            )
+            .unwrap();
+            // SAFETY: tkill to this thread; trapped.
+            unsafe { libc::syscall(libc::SYS_tkill, libc::gettid(), libc::SIGUSR1) };
+            40
+        });
+        assert_eq!(sig, libc::SIGSYS);
     }
 
     #[test]

@@ -866,7 +866,8 @@ async fn judge_kb(
         let env = env.clone();
         let prep = torchfmt::prepare(&source, format, &s2.rules, Some(w))?;
         drop(py);
-        torchfmt::build(&p2.problem.id, &prep, &s2.compiler, Some(&env)).map_err(|e| e.to_string())
+        torchfmt::build(&p2.problem.id, &prep, &s2.rules, &s2.compiler, Some(&env))
+            .map_err(|e| e.to_string())
     })
     .await?;
     let (Some(cand), Some(gpu_info), true) = (cand, s.gpu_info.clone(), full) else {

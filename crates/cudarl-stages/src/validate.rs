@@ -990,7 +990,7 @@ impl Validate {
             .enumerate()
             .map(|(i, p)| -> Result<_, String> {
                 let Some(p) = p else { return Ok(None) };
-                torchfmt::build(&items[i].task, p, compiler, env.as_ref())
+                torchfmt::build(&items[i].task, p, &rules, compiler, env.as_ref())
                     .map(Some)
                     .map_err(|e| e.to_string())
             })

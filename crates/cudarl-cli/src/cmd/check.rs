@@ -27,6 +27,8 @@ struct KbCheck<'a> {
     bench: bool,
     timeout: u64,
     model_new: Option<&'a std::path::Path>,
+    /// Screen `ModelNew` files with the allow-list (`check --without-allowlist` turns it off).
+    allowlist: bool,
 }
 
 /// A KernelBench problem (`kb/L1/19_ReLU`) with torch-format candidates, or native ones
@@ -92,7 +94,8 @@ fn check_kb(
             "`{task_id}` has no recorded tests (see `cudarl-pipe show testgen`)"
         )));
     }
-    let rules = Rules::builtin();
+    let mut rules = Rules::builtin();
+    rules.python_allowlist &= opts.allowlist;
     let mut built = Vec::new();
     // Builds take about a second each (native) or about a minute (a torch extension), a GPU
     // run tens of seconds: progress with the elapsed time (lines when stderr is not a terminal).
@@ -126,7 +129,7 @@ fn check_kb(
             let prep =
                 torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
             built.push(
-                torchfmt::build(task_id, &prep, compiler, Some(&env))
+                torchfmt::build(task_id, &prep, &rules, compiler, Some(&env))
                     .map_err(|e| CliError::failed(e.to_string()))?,
             );
             bar.inc(1);
@@ -257,7 +260,7 @@ pub fn run(
     arch: Option<String>,
     (bench, profile): (bool, bool),
     timeout: u64,
-    (json, model_new): (bool, Option<&std::path::Path>),
+    (json, model_new, allowlist): (bool, Option<&std::path::Path>, bool),
 ) -> Result<i32, CliError> {
     let srcs = sources
         .iter()
@@ -269,6 +272,7 @@ pub fn run(
             bench,
             timeout,
             model_new,
+            allowlist,
         };
         check_kb(ctx, task_id, &srcs, abi, &compiler, gpu, &opts)?
     } else if model_new.is_some() {

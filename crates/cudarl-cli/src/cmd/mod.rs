@@ -405,6 +405,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             timeout,
             json,
             model_new,
+            without_allowlist,
         } => check::run(
             &ctx,
             &task,
@@ -414,7 +415,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             arch,
             (!no_bench, ncu),
             timeout,
-            (json, model_new.as_deref()),
+            (json, model_new.as_deref(), !without_allowlist),
         ),
     }
 }

@@ -1,0 +1,17 @@
+# KernelBench kb/L1/19_ReLU: a name whose kind changes on a branch that never runs (written for cudarl-pipe's tests; the ModelNew
+# allow-list must refuse it before any of it runs).
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+relu_ext = load_inline(name="relu_ext", cpp_sources="torch::Tensor relu_forward(torch::Tensor x);", cuda_sources="", functions=["relu_forward"])
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        y = x
+        if False:
+            y = 0
+        return y * (y > 0)

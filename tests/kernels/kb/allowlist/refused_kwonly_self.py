@@ -1,0 +1,20 @@
+# KernelBench kb/L1/19_ReLU: a keyword-only first parameter taken for self (written for cudarl-pipe's tests; the ModelNew
+# allow-list must refuse it before any of it runs).
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+relu_ext = load_inline(name="relu_ext", cpp_sources="torch::Tensor relu_forward(torch::Tensor x);", cuda_sources="", functions=["relu_forward"])
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def relu(self):
+        pass
+
+    def act(*rest, me, v):
+        return me.relu(v)
+
+    def forward(self, x):
+        return self.act(me=torch, v=x)
