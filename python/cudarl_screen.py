@@ -71,13 +71,14 @@ DTYPES = {
     "float32", "float", "float16", "half", "bfloat16", "float64", "double", "int8", "uint8", "int16", "short",
     "int32", "int", "int64", "long", "bool", "float8_e4m3fn", "float8_e5m2",
 }  # fmt: skip
+MEMORY_FORMATS = {"contiguous_format", "channels_last", "channels_last_3d", "preserve_format"}
 # Tensor creation: a fresh buffer, its contents independent of any input; `_like` ones take a
 # tensor first. Keywords: CREATION_KEYWORDS only (no `out=`).
 CREATION = {
     "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
     "randn", "rand", "randint", "tensor", "Tensor",
 }  # fmt: skip
-CREATION_KEYWORDS = {"dtype", "device", "requires_grad"}
+CREATION_KEYWORDS = {"dtype", "device", "requires_grad", "memory_format"}
 # Shape and view methods of a tensor, with what they give (None: a shape without an argument,
 # a number with one).
 TENSOR_METHODS = {
@@ -460,10 +461,9 @@ class Screen:
                 raise Refused(s, "an annotation without a value is not allowed")
             self.assign(s.target, self.expr(s.value, ctx), ctx)
         elif isinstance(s, ast.AugAssign):
-            if not isinstance(s.target, ast.Name):
-                raise Refused(s, "augmented assignment is to names")
-            self.arith(s, [self.expr(s.target, ctx), self.expr(s.value, ctx)], ctx)
-            self.assign(s.target, NUM, ctx)
+            kinds = [self.expr(s.target, ctx), self.expr(s.value, ctx)] if isinstance(s.target, ast.Name) else []
+            if kinds != [NUM, NUM]:
+                raise Refused(s, "augmented assignment is of numbers to names (on lists and tensors it mutates)")
         elif isinstance(s, ast.Return):
             if s.value is not None:
                 self.value(s.value, ctx, "return values")
@@ -638,8 +638,8 @@ class Screen:
         if isinstance(e, ast.IfExp):
             self.condition(e.test, ctx)
             a, b = self.value(e.body, ctx, "branches"), self.value(e.orelse, ctx, "branches")
-            if a == b or a in INT_LIKE and b in INT_LIKE:
-                return a if a == b else NUM
+            if a == b:
+                return a
             raise Refused(e, f"the branches give a {a} and a {b}")
         if isinstance(e, ast.Subscript):
             return self.subscript(e, ctx)
@@ -661,12 +661,18 @@ class Screen:
         return NUM
 
     def arith(self, e, kinds, ctx):
-        """Arithmetic: on sizes only, and in a constructor on its tensors too (it sees no input)."""
-        if ctx["init"] and all(k in (*INT_LIKE, TENSOR) for k in kinds):
+        """Arithmetic: on numbers; on shapes only `+` of two and `*` by a number (a shape); in a
+        constructor on its tensors too (it sees no input). `and`/`or` take numbers only."""
+        if ctx["init"] and all(k in (NUM, TENSOR) for k in kinds) and not isinstance(e, ast.BoolOp):
             return TENSOR if TENSOR in kinds else NUM  # a constructor's parameters, no input
-        if any(k not in INT_LIKE for k in kinds):
-            raise Refused(e, "arithmetic is on sizes only (on tensors it runs torch ops)")
-        return NUM
+        if all(k == NUM for k in kinds):
+            return NUM
+        if isinstance(e, ast.BinOp) and all(k in INT_LIKE for k in kinds):
+            if isinstance(e.op, ast.Add) and kinds == [SHAPE, SHAPE]:
+                return SHAPE
+            if isinstance(e.op, ast.Mult) and sorted(kinds) == sorted([SHAPE, NUM]):
+                return SHAPE
+        raise Refused(e, "arithmetic is on numbers (on tensors it runs torch ops; shapes only join and repeat)")
 
     def name(self, e, ctx):
         """The kind a name has here: a local, a module-level name, a builtin of the short list."""
@@ -688,8 +694,8 @@ class Screen:
             raise Refused(e, f"`.{a}`: underscore names are not allowed")
         base = self.expr(e.value, ctx)
         if base == MOD_TORCH:
-            if a in DTYPES:
-                return DTYPE
+            if a in DTYPES or a in MEMORY_FORMATS:
+                return DTYPE  # a dtype or a memory format: a setting, never a value
             if a in CREATION:
                 return TORCHFN + a
             if a == "nn":
@@ -711,7 +717,11 @@ class Screen:
             return self.member(e, base[len(OWN) :], a, ctx, own=False)
         if base == SUBMOD:
             path = self.self_path(e, ctx)
-            if path is not None and path in self.attrs(ctx):
+            if path is None:
+                if ctx["init"] and a in REGISTER:
+                    return REGISTRY + a
+                raise Refused(e, f"`.{a}` of a torch module is read through `self`'s attributes only")
+            if path in self.attrs(ctx):
                 return self.attrs(ctx)[path]
             if a in SUBMOD_TENSORS:
                 return TENSOR
@@ -782,8 +792,11 @@ class Screen:
         if f.startswith(NNCLASS) or f == INITFN:
             if not ctx["init"]:
                 raise Refused(e, "parameter holders are made in `__init__` only")
-            self.args(e, ctx, values, keywords=self.any_keyword(e))
-            return TENSOR if f in (INITFN, NNCLASS + "Parameter") else SUBMOD
+            holder = f in (INITFN, NNCLASS + "Parameter", NNCLASS + "Buffer")
+            # A module is built from sizes (a tensor among its settings would be read as one).
+            allowed = values if holder else INT_LIKE | {DTYPE, DEVICE}
+            self.args(e, ctx, allowed, keywords=self.any_keyword(e))
+            return TENSOR if holder else SUBMOD
         if f.startswith(CLASS):
             if not ctx["init"]:
                 raise Refused(e, "modules are made in `__init__` only")

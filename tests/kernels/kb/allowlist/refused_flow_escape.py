@@ -1,5 +1,5 @@
-# KernelBench kb/L1/19_ReLU: a name rebound across branches to reach torch.os (written for cudarl-pipe's tests; the ModelNew
-# allow-list must refuse it before any of it runs).
+# KernelBench kb/L1/19_ReLU: a name rebound across branches to reach torch.os (written for cudarl-
+# pipe's tests; the ModelNew allow-list must refuse it before any of it runs).
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
