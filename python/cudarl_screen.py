@@ -264,23 +264,25 @@ class Screen:
             raise Refused(v, "module-level values are constants, their arithmetic or `load_inline(...)`")
         return kind
 
+    def module_path(self, e):
+        """The dotted path an attribute chain names from an imported module (`nn.Module` is
+        `torch.nn.Module`), or None when it starts elsewhere."""
+        parts = []
+        while isinstance(e, ast.Attribute):
+            parts.append(e.attr)
+            e = e.value
+        roots = {
+            MOD_TORCH: "torch",
+            MOD_NN: "torch.nn",
+            MOD_CPPEXT: "torch.utils.cpp_extension",
+            LOADER: "torch.utils.cpp_extension.load_inline",
+        }
+        root = roots.get(self.globals.get(e.id)) if isinstance(e, ast.Name) else None
+        return ".".join([root, *reversed(parts)]) if root else None
+
     def loader(self, f):
         """Whether `f` names `load_inline` (imported, or through `torch.utils.cpp_extension`)."""
-        if isinstance(f, ast.Name):
-            return self.globals.get(f.id) == LOADER
-        if isinstance(f, ast.Attribute) and f.attr == "load_inline":
-            v = f.value
-            if isinstance(v, ast.Name):
-                return self.globals.get(v.id) == MOD_CPPEXT
-            return (
-                isinstance(v, ast.Attribute)
-                and v.attr == "cpp_extension"
-                and isinstance(v.value, ast.Attribute)
-                and v.value.attr == "utils"
-                and isinstance(v.value.value, ast.Name)
-                and self.globals.get(v.value.value.id) == MOD_TORCH
-            )
-        return False
+        return self.module_path(f) == "torch.utils.cpp_extension.load_inline"
 
     def const_kind(self, v):
         """The kind of a constant expression, or None when `v` is not one: a number (numbers,
@@ -401,17 +403,7 @@ class Screen:
 
     def is_nn_module(self, b):
         """Whether `b` is `nn.Module` (or `torch.nn.Module`)."""
-        if not (isinstance(b, ast.Attribute) and b.attr == "Module"):
-            return False
-        v = b.value
-        if isinstance(v, ast.Name):
-            return self.globals.get(v.id) == MOD_NN
-        return (
-            isinstance(v, ast.Attribute)
-            and v.attr == "nn"
-            and isinstance(v.value, ast.Name)
-            and self.globals.get(v.value.id) == MOD_TORCH
-        )
+        return self.module_path(b) == "torch.nn.Module"
 
     # ---- functions
     def function(self, f, cls):
