@@ -518,8 +518,7 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
         ),
     );
     let fwd: Vec<&str> = if has_y { vec!["x", "y"] } else { vec!["x"] };
-    let mut body: Vec<String> = steps.iter().map(|s| s.torch()).collect();
-    body.push("return x".into());
+    let body = chain_body(steps, &[], &[]);
     let params_init = bias || weight;
     let module = render_module(&Module {
         doc: format!("Simple model that applies, elementwise: {}.", doc_of(steps)),
@@ -712,8 +711,7 @@ fn ew_half_family(id: &str, steps: &[Step], block: u32, half: Half) -> Family {
         ),
     );
     spec.dtype = half.dtype().into();
-    let mut body: Vec<String> = steps.iter().map(|s| s.torch()).collect();
-    body.push("return x".into());
+    let body = chain_body(steps, &[], &[]);
     let module = render_module(&Module {
         doc: format!(
             "Simple model that applies, elementwise, in {}: {}.",
@@ -1669,10 +1667,7 @@ fn instance_norm_family(id: &str, pre: &[Step], post: &[Step], block: u32) -> Fa
             ),
         ),
     );
-    let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
-    body.push("x = self.inorm(x)".into());
-    body.extend(post.iter().map(|s| s.torch()));
-    body.push("return x".into());
+    let body = chain_body(pre, &["x = self.inorm(x)".into()], post);
     let module = render_module(&Module {
         doc: format!(
             "Simple model that performs {}.",
@@ -1711,6 +1706,16 @@ fn instance_norm_family(id: &str, pre: &[Step], post: &[Step], block: u32) -> Fa
     );
     let group = group_of("norm:instance", pre, &format!("|{}", doc_of(post)));
     finish(spec, module, group, naive, ("block_per_plane.cu", fast))
+}
+
+/// A module's `forward` body: the steps `pre`, the lines `mid`, the steps `post`, then
+/// `return x`.
+fn chain_body(pre: &[Step], mid: &[String], post: &[Step]) -> Vec<String> {
+    let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
+    body.extend(mid.iter().cloned());
+    body.extend(post.iter().map(|s| s.torch()));
+    body.push("return x".into());
+    body
 }
 
 /// `what`, after the steps `pre` and followed by `post`, for a module's docstring.

@@ -37,8 +37,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{
-    ACTS, Comb, EW_TOL, HEADER, MM_TOL, Module, RowOut, RowPlan, Stat, Step, chain_doc, constants,
-    cuda_chain, doc_of, draw_steps, finish, group_of, kb_spec, params, pick, ref_chain,
+    ACTS, Comb, EW_TOL, HEADER, MM_TOL, Module, RowOut, RowPlan, Stat, Step, chain_body, chain_doc,
+    constants, cuda_chain, doc_of, draw_steps, finish, group_of, kb_spec, params, pick, ref_chain,
     render_module, row_kernels,
 };
 use crate::families::{Family, shapes};
@@ -159,9 +159,7 @@ fn pool_module(
     (k, s): (i64, i64),
     pre: &[Step],
 ) -> String {
-    let mut body: Vec<String> = pre.iter().map(|st| st.torch()).collect();
-    body.push(format!("x = self.{attr}(x)"));
-    body.push("return x".into());
+    let body = chain_body(pre, &[format!("x = self.{attr}(x)")], &[]);
     let mut consts = constants(dims, &spec.train_shapes[0]);
     consts.push(("kernel_size".into(), k));
     consts.push(("stride".into(), s));
@@ -529,10 +527,7 @@ fn group_norm_family(id: &str, groups: i64, pre: &[Step], post: &[Step], block: 
             ),
         ),
     );
-    let mut body: Vec<String> = pre.iter().map(|st| st.torch()).collect();
-    body.push("x = self.gn(x)".into());
-    body.extend(post.iter().map(|st| st.torch()));
-    body.push("return x".into());
+    let body = chain_body(pre, &["x = self.gn(x)".into()], post);
     let mut consts = constants(&dims, &spec.train_shapes[0]);
     consts.push(("num_groups".into(), groups));
     let module = render_module(&Module {
