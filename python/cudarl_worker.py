@@ -2038,8 +2038,8 @@ class TorchJudge:
 
     def time_candidate(self, problem, model, dist, bench):
         """Windows of one launch each on fresh inputs (drawn by the judge with a seed the runner
-        never sees), outputs poisoned before each; the first timed window and then half of them,
-        chosen after each ran, are compared with the reference; output samples that change after
+        never sees), outputs poisoned before each; every timed window (after the warm-up ones) is
+        compared with the reference; output samples that change after
         the stop event are work after stop. The candidate's time includes the runner's copy of
         its outputs into the arena: the reference is timed with the same copy (`judge_torch`).
 
@@ -2085,18 +2085,17 @@ class TorchJudge:
                 return None, ("timed_output_mismatch", "a timed launch left output elements unwritten")
             if w <= first_timed:
                 continue
-            if not times or (verified < 8 and rng.random() < 0.5):
-                verified += 1
-                with torch.no_grad():
-                    exp = as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in fresh]))
-                ok, _, _, _, msg = compare(outs, exp, self.atol, self.rtol, scaled=dist != "native")
-                if not ok:
-                    return None, ("timed_output_mismatch", f"a timed launch on fresh inputs: {msg}")
-                if any(
-                    isinstance(x, torch.Tensor) and not same_bits(self.arena.views[f"in.{i}"], x)
-                    for i, x in enumerate(fresh)
-                ):
-                    return None, ("timed_output_mismatch", "a timed launch changed its inputs")
+            verified += 1
+            with torch.no_grad():
+                exp = as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in fresh]))
+            ok, _, _, _, msg = compare(outs, exp, self.atol, self.rtol, scaled=dist != "native")
+            if not ok:
+                return None, ("timed_output_mismatch", f"a timed launch on fresh inputs: {msg}")
+            if any(
+                isinstance(x, torch.Tensor) and not same_bits(self.arena.views[f"in.{i}"], x)
+                for i, x in enumerate(fresh)
+            ):
+                return None, ("timed_output_mismatch", "a timed launch changed its inputs")
             raw.append(ms)
             times.append(max(ms - base, 1e-4))
             spent += ms

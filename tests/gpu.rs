@@ -10,7 +10,10 @@
 //! - `validate` with four GPU workers testing at once gives the verdicts one worker gives, and
 //!   timings that agree with its (timing runs alone);
 //! - every reward hack in `tests/kernels/hacks/` is rejected with the expected reason inside one
-//!   `validate` run, and the run goes on (an honest kernel after them still passes).
+//!   `validate` run, and the run goes on (an honest kernel after them still passes);
+//! - every unusual honest kernel of `tests/kernels/honest/` (clusters, cooperative groups,
+//!   programmatic dependent launch, `cp.async`, inline PTX, static host state) is correct and
+//!   unflagged.
 //! - a native KernelBench candidate passes the recorded tests and is timed against torch eager
 //!   and `torch.compile`;
 //! - decoding with CUDA graphs gives the tokens and log-probabilities of the same steps run
@@ -388,6 +391,37 @@ fn every_hack_is_rejected_with_its_reason_and_the_run_goes_on() {
         rows.len(),
         files.len()
     );
+}
+
+#[test]
+#[ignore = "GPU test: CUDARL_GPU=1 ... --include-ignored on a GPU machine"]
+fn unusual_honest_kernels_are_correct_and_unflagged() {
+    if !gpu_enabled("unusual_honest_kernels_are_correct_and_unflagged") {
+        return;
+    }
+    let p = Project::full();
+    let dir = common::repo_root().join("tests/kernels/honest");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|f| f.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 13, "{files:?}");
+    let mut wrong = Vec::new();
+    for f in &files {
+        let stem = f.file_stem().unwrap().to_str().unwrap();
+        let task = stem.split("__").next().unwrap();
+        let v = check(&p, task, f, &[]);
+        let flags = v["hack_flags"].as_array().map_or(0, Vec::len);
+        if v["correct"] != Value::Bool(true) || flags > 0 {
+            wrong.push(format!(
+                "{stem}: correct {} failure {} flags {} {}",
+                v["correct"], v["failure"], v["hack_flags"], v["failure_detail"]
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 #[test]

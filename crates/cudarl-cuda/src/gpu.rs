@@ -323,9 +323,10 @@ pub struct Timing {
     /// runs in the judge's own context).
     #[serde(default)]
     pub overhead_ms: f64,
-    /// Timed buffer sets whose outputs were compared with the reference: one set, chosen by the
-    /// judge, in each window verified (half of them, chosen at random after each window ran);
-    /// every window's outputs are checked for poison left.
+    /// Timed buffer sets whose outputs were compared with the reference: up to eight sets,
+    /// drawn by the judge, in every timed window (all of a window's sets when it has fewer);
+    /// every window's outputs are checked for poison left. Torch-format timing: one per timed
+    /// window.
     #[serde(default)]
     pub verified_sets: usize,
 }

@@ -2,10 +2,11 @@
 //! code runs. The judge (the GPU worker, `cudarl-pipe-worker`) owns inputs, their pristine copies,
 //! the reference, the comparisons and the clock; the runner gets one candidate shared object and
 //! one device arena (a CUDA IPC memory handle), and can only launch the candidate on buffers
-//! inside the arena when told to. Timing windows are ordered on the GPU by two words at the start
-//! of the arena ([`GO_OFFSET`], [`DONE_OFFSET`]) that the streams wait on and write
-//! (`cuStreamWaitValue32`/`cuStreamWriteValue32`). Everything it says is "done"; every
-//! number in a verdict comes from the judge (docs/architecture.md, "The judge and the runner").
+//! inside the arena when told to. Windows (tests and timing alike) are ordered on the GPU by two
+//! interprocess events the judge created ([`Arena::go`], [`Arena::done`]): the runner's stream
+//! waits on `go` before its launches and records `done` after them. No word the judge reads or
+//! waits on lies in memory the runner maps. Everything it says is "done"; every number in a
+//! verdict comes from the judge (docs/architecture.md, "The judge and the runner").
 //!
 //! Protocol: JSON lines on a socket the runner has as file descriptor 3, requests from the judge
 //! ([`Request`]), replies from the runner ([`Reply`]). The runner's stdout and stderr are the
@@ -48,13 +49,13 @@ pub const OUTPUT_KEEP: usize = 4096;
 pub enum Request {
     /// Load the candidate.
     Load(Load),
-    /// Enqueue one timing window on the legacy default stream: wait until the `go` word reaches
-    /// the window's number, call the candidate once per rep, write the number to the `done`
-    /// word; answered with [`Reply::Armed`] as soon as everything is enqueued (nothing waits on
-    /// the GPU).
+    /// Enqueue one window on the legacy default stream (tests and timing alike): the poison
+    /// kernel ([`Run::poison`]), a wait on the `go` event, the candidate once per rep, a record
+    /// of the `done` event; answered with [`Reply::Armed`] as soon as everything is enqueued
+    /// (nothing waits on the GPU).
     Run(Run),
     /// Call the candidate once per rep on the legacy default stream, synchronize the whole
-    /// context and answer [`Reply::Launched`] (the tests: no timing, no events).
+    /// context and answer [`Reply::Launched`] (the profile pass: no events).
     Launch(Run),
     /// Synchronize the whole context (work the candidate left on any stream) and answer
     /// [`Reply::Synced`].
@@ -74,18 +75,19 @@ pub struct Load {
     pub arena: Option<Arena>,
 }
 
-/// Bytes at the start of the arena reserved for the window words; buffers start after them.
-pub const CONTROL_BYTES: u64 = 512;
-/// Arena offset of the `go` word (u32): the judge's stream writes a window's number to it when
-/// the window starts.
-pub const GO_OFFSET: u64 = 0;
-/// Arena offset of the `done` word (u32): the runner's stream writes the window's number to it
-/// after the window's launches.
-pub const DONE_OFFSET: u64 = 256;
-
 /// Name of the runner's own empty kernel: what calibration windows run, and what a profile
 /// pass leaves out of a candidate's counters.
 pub const NOOP_KERNEL: &str = "cudarl_noop";
+
+/// Name of the runner's shared-memory poison kernel: before every window it fills the dynamic
+/// shared memory of every SM (one block per SM at the device's opt-in maximum, 227 KiB on an
+/// H200) with the window's 32-bit pattern, so nothing an earlier launch left there reaches a
+/// later one.
+pub const POISON_KERNEL: &str = "cudarl_poison";
+
+/// [`Reply::Armed`]'s `rc` when the poison kernel failed to launch (the runner's fault, not the
+/// candidate's return value).
+pub const POISON_FAILED: i32 = -4;
 
 /// A device allocation shared with the runner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,17 +97,27 @@ pub struct Arena {
     pub handle: String,
     /// Size, bytes.
     pub bytes: u64,
+    /// `cuIpcGetEventHandle` of the window's `go` event (hex, 64 bytes): the judge records it
+    /// when a window starts; the runner's stream waits on it before the window's launches.
+    pub go: String,
+    /// `cuIpcGetEventHandle` of the `done` event (hex, 64 bytes): the runner's stream records it
+    /// after the window's launches; the judge's stream waits on it before its stop event.
+    pub done: String,
 }
 
 /// [`Request::Run`] and [`Request::Launch`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Run {
-    /// The window's number (the value of the `go` and `done` words; 0 for [`Request::Launch`]).
+    /// The window's number (a label for logs; 0 for [`Request::Launch`]).
     pub window: u32,
     /// The launches, in order. A window without launches runs the runner's own empty kernel
     /// instead (calibration: the GPU switches to the runner's context as for a candidate).
     pub reps: Vec<Rep>,
+    /// The 32-bit pattern the poison kernel ([`POISON_KERNEL`]) writes into every SM's shared
+    /// memory before the window's wait on `go`; `None`: no poison.
+    #[serde(default)]
+    pub poison: Option<u32>,
 }
 
 /// One call of the candidate's entry point.
@@ -536,6 +548,7 @@ mod tests {
                 sizes: vec![1024],
                 scalars: vec![0.5],
             }],
+            poison: Some(0xdead_beef),
         });
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);

@@ -331,41 +331,108 @@ mod native {
         read
     }
 
+    /// The arena and the window events, opened from the judge's IPC handles.
     struct Gpu {
         arena: sys::CUdeviceptr,
+        go: sys::CUevent,
+        done: sys::CUevent,
     }
 
-    /// The runner's own empty kernel ([`cudarl_cuda::runner::NOOP_KERNEL`]), as PTX (compiled by
-    /// the driver at start-up): what a window
-    /// without launches runs, so the judge's calibration windows make the GPU switch to this
-    /// context the way a candidate's launch does.
-    fn noop_ptx() -> std::ffi::CString {
-        let k = cudarl_cuda::runner::NOOP_KERNEL;
+    /// The runner's own kernels, as PTX (compiled by the driver at start-up): the empty kernel
+    /// ([`cudarl_cuda::runner::NOOP_KERNEL`]), what a window without launches runs, so the
+    /// judge's calibration windows make the GPU switch to this context the way a candidate's
+    /// launch does; and the shared-memory poison ([`cudarl_cuda::runner::POISON_KERNEL`]:
+    /// `pattern` (u32) into the first `words` 32-bit words of its dynamic shared memory, every
+    /// thread of the block striding by the block size; volatile stores, so none is elided).
+    fn kernels_ptx() -> std::ffi::CString {
+        let (noop, poison) = (
+            cudarl_cuda::runner::NOOP_KERNEL,
+            cudarl_cuda::runner::POISON_KERNEL,
+        );
         CString::new(format!(
-            ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry {k}()\n{{\n\tret;\n}}\n"
+            ".version 7.0\n.target sm_70\n.address_size 64\n\
+             .extern .shared .align 16 .b8 cudarl_smem[];\n\
+             .visible .entry {noop}()\n{{\n\tret;\n}}\n\
+             .visible .entry {poison}(.param .u32 pattern, .param .u32 words)\n{{\n\
+             \t.reg .pred %p<2>;\n\t.reg .b32 %r<8>;\n\
+             \tld.param.u32 %r1, [pattern];\n\tld.param.u32 %r2, [words];\n\
+             \tmov.u32 %r3, %tid.x;\n\tmov.u32 %r4, %ntid.x;\n\tmov.u32 %r5, cudarl_smem;\n\
+             FILL:\n\tsetp.ge.u32 %p1, %r3, %r2;\n\t@%p1 bra END;\n\
+             \tshl.b32 %r6, %r3, 2;\n\tadd.s32 %r7, %r5, %r6;\n\
+             \tst.volatile.shared.u32 [%r7], %r1;\n\tadd.s32 %r3, %r3, %r4;\n\tbra.uni FILL;\n\
+             END:\n\tret;\n}}\n"
         ))
         .expect("no NUL in the PTX")
     }
 
-    /// Loads [`noop_ptx`] in the current context.
-    fn load_noop() -> Result<sys::CUfunction, String> {
-        let (ptx, name) = (
-            noop_ptx(),
-            CString::new(cudarl_cuda::runner::NOOP_KERNEL).expect("no NUL in the name"),
+    /// The runner's kernels in the current context ([`kernels_ptx`]).
+    #[derive(Clone, Copy)]
+    struct Own {
+        noop: sys::CUfunction,
+        poison: sys::CUfunction,
+        /// The poison's grid (one block per SM) and dynamic shared memory per block, bytes
+        /// (the device's opt-in maximum).
+        sms: u32,
+        smem: u32,
+    }
+
+    /// Loads [`kernels_ptx`] in the current context and sizes the poison: one block per SM at
+    /// the opt-in maximum of dynamic shared memory.
+    fn load_own() -> Result<Own, String> {
+        let ptx = kernels_ptx();
+        let name = |n: &str| CString::new(n).expect("no NUL in the name");
+        let (noop_name, poison_name) = (
+            name(cudarl_cuda::runner::NOOP_KERNEL),
+            name(cudarl_cuda::runner::POISON_KERNEL),
         );
-        // SAFETY: a NUL-terminated PTX image, a NUL-terminated name and valid out-pointers.
+        // SAFETY: a NUL-terminated PTX image, NUL-terminated names and valid out-pointers.
         unsafe {
             let mut m = std::ptr::null_mut();
             cu(
                 sys::cuModuleLoadData(&mut m, ptx.as_ptr().cast()),
-                "cuModuleLoadData(noop)",
+                "cuModuleLoadData(own kernels)",
             )?;
-            let mut f = std::ptr::null_mut();
+            let mut noop = std::ptr::null_mut();
             cu(
-                sys::cuModuleGetFunction(&mut f, m, name.as_ptr()),
+                sys::cuModuleGetFunction(&mut noop, m, noop_name.as_ptr()),
                 "cuModuleGetFunction(noop)",
             )?;
-            Ok(f)
+            let mut poison = std::ptr::null_mut();
+            cu(
+                sys::cuModuleGetFunction(&mut poison, m, poison_name.as_ptr()),
+                "cuModuleGetFunction(poison)",
+            )?;
+            let (mut sms, mut smem) = (0, 0);
+            cu(
+                sys::cuDeviceGetAttribute(
+                    &mut sms,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                    0,
+                ),
+                "cuDeviceGetAttribute(SMs)",
+            )?;
+            cu(
+                sys::cuDeviceGetAttribute(
+                    &mut smem,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                    0,
+                ),
+                "cuDeviceGetAttribute(shared memory opt-in)",
+            )?;
+            cu(
+                sys::cuFuncSetAttribute(
+                    poison,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem,
+                ),
+                "cuFuncSetAttribute(poison)",
+            )?;
+            Ok(Own {
+                noop,
+                poison,
+                sms: sms.max(1) as u32,
+                smem: smem.max(0) as u32,
+            })
         }
     }
 
@@ -384,6 +451,32 @@ mod native {
                 0,
                 stream,
                 std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+    }
+
+    /// Launches the poison kernel on `stream`: `pattern` into all of every SM's shared memory.
+    fn launch_poison(own: &Own, pattern: u32, stream: sys::CUstream) -> sys::CUresult {
+        let (mut pattern, mut words) = (pattern, own.smem / 4);
+        let mut params = [
+            (&raw mut pattern).cast::<std::ffi::c_void>(),
+            (&raw mut words).cast::<std::ffi::c_void>(),
+        ];
+        // SAFETY: the kernel's two u32 parameters, one block of 1024 threads per SM, the dynamic
+        // shared memory its attribute allows.
+        unsafe {
+            sys::cuLaunchKernel(
+                own.poison,
+                own.sms,
+                1,
+                1,
+                1024,
+                1,
+                1,
+                own.smem,
+                stream,
+                params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         }
@@ -440,17 +533,20 @@ mod native {
         Ok(fds)
     }
 
+    /// A 64-byte IPC handle from its hex form.
+    fn handle64(hex: &str, what: &str) -> Result<[u8; 64], String> {
+        let v = from_hex(hex).ok_or(format!("{what} handle: not hex"))?;
+        <[u8; 64]>::try_from(v.as_slice())
+            .map_err(|_| format!("{what} handle: {} bytes, not 64", v.len()))
+    }
+
     fn open_gpu(load: &cudarl_cuda::runner::Load) -> Result<Option<Gpu>, String> {
         let Some(arena) = &load.arena else {
             return Ok(None);
         };
-        let v = from_hex(&arena.handle).ok_or("arena handle: not hex")?;
-        if v.len() != 64 {
-            return Err(format!("arena handle: {} bytes, not 64", v.len()));
-        }
-        let mut mh = [0u8; 64];
-        mh.copy_from_slice(&v);
-        // SAFETY: an IPC memory handle from the judge, opened in the current (primary) context.
+        let mh = handle64(&arena.handle, "arena")?;
+        let (go, done) = (handle64(&arena.go, "go")?, handle64(&arena.done, "done")?);
+        // SAFETY: IPC handles from the judge, opened in the current (primary) context.
         unsafe {
             let mut ptr = 0;
             let handle = sys::CUipcMemHandle {
@@ -464,7 +560,19 @@ mod native {
                 ),
                 "cuIpcOpenMemHandle",
             )?;
-            Ok(Some(Gpu { arena: ptr }))
+            let event = |h: [u8; 64], what: &str| -> Result<sys::CUevent, String> {
+                let mut e = std::ptr::null_mut();
+                let h = sys::CUipcEventHandle {
+                    reserved: h.map(|b| b as std::ffi::c_char),
+                };
+                cu(sys::cuIpcOpenEventHandle(&mut e, h), what)?;
+                Ok(e)
+            };
+            Ok(Some(Gpu {
+                arena: ptr,
+                go: event(go, "cuIpcOpenEventHandle(go)")?,
+                done: event(done, "cuIpcOpenEventHandle(done)")?,
+            }))
         }
     }
 
@@ -537,6 +645,10 @@ mod native {
         }
         if gpu {
             write.extend(gpu_writes());
+            // The window events: the driver maps each interprocess event the judge created from
+            // a file there, opened for reading and writing (before the seccomp filter, which
+            // then refuses every open for writing).
+            write.push(PathBuf::from("/dev/shm"));
         }
         let policy = FsPolicy {
             read: base_reads(&dir, cudart.as_ref(), read),
@@ -569,9 +681,9 @@ mod native {
         if gpu && let Err(e) = init_gpu(rt.as_ref()) {
             init_error(&mut out, e);
         }
-        let noop = if gpu {
-            match load_noop() {
-                Ok(f) => Some(f),
+        let own = if gpu {
+            match load_own() {
+                Ok(k) => Some(k),
                 Err(e) => init_error(&mut out, e),
             }
         } else {
@@ -590,8 +702,8 @@ mod native {
                 unsafe { libc::_exit(0) }
             }
         };
-        let profiler_fds = match (profiled, noop) {
-            (true, Some(f)) => match connect_profiler(f) {
+        let profiler_fds = match (profiled, own) {
+            (true, Some(k)) => match connect_profiler(k.noop) {
                 Ok(fds) => fds,
                 Err(e) => init_error(&mut out, e),
             },
@@ -623,8 +735,19 @@ mod native {
             Ok(s) => *s,
             Err(e) => load_error(&mut out, e.to_string()),
         };
+        // The candidate's code is mapped: no executable memory from here on (except under a
+        // profiler, whose collector lives in this process and maps code as it goes).
+        let exec = if profiled {
+            Ok(())
+        } else {
+            cudarl_sandbox::syscalls::exec_filter(&opts)
+                .and_then(|f| cudarl_sandbox::syscalls::install(&[f], true))
+        };
+        if let Err(e) = exec {
+            load_error(&mut out, format!("the exec filter: {e}"));
+        }
         reply(&mut out, &Reply::Loaded);
-        serve(inp, out, g.as_ref(), entry, noop)
+        serve(inp, out, g.as_ref(), entry, own)
     }
 
     /// Answers the judge's requests for the loaded candidate until [`Request::Exit`] or the end
@@ -634,7 +757,7 @@ mod native {
         mut out: std::fs::File,
         g: Option<&Gpu>,
         entry: Entry,
-        noop: Option<sys::CUfunction>,
+        own: Option<Own>,
     ) -> ! {
         loop {
             match request(&mut inp) {
@@ -644,20 +767,21 @@ mod native {
                         continue;
                     };
                     let stream: sys::CUstream = std::ptr::null_mut();
-                    let (go, done) = (
-                        g.arena + cudarl_cuda::runner::GO_OFFSET,
-                        g.arena + cudarl_cuda::runner::DONE_OFFSET,
-                    );
-                    // SAFETY: stream memory operations on words of the arena, on the legacy
-                    // stream: wait until the judge starts the window, then, after the launches,
-                    // say the window is done (ordered after them on the stream).
-                    let r = unsafe { sys::cuStreamWaitValue32_v2(stream, go, run.window, 0) };
-                    let rc = if r != sys::CUresult::CUDA_SUCCESS {
+                    let own = own.expect("GPU mode loads the runner's kernels");
+                    // SAFETY: the poison kernel and a wait on the judge's `go` event, on the
+                    // legacy stream, before the launches; after them, the `done` event (ordered
+                    // after them on the stream).
+                    let poisoned = run.poison.is_none_or(|p| {
+                        launch_poison(&own, p, stream) == sys::CUresult::CUDA_SUCCESS
+                    });
+                    let r = unsafe { sys::cuStreamWaitEvent(stream, g.go, 0) };
+                    let rc = if !poisoned {
+                        cudarl_cuda::runner::POISON_FAILED
+                    } else if r != sys::CUresult::CUDA_SUCCESS {
                         -2
                     } else if run.reps.is_empty() {
                         // A calibration window: the runner's own empty kernel.
-                        let f = noop.expect("GPU mode loads the empty kernel");
-                        if launch_noop(f, stream) == sys::CUresult::CUDA_SUCCESS {
+                        if launch_noop(own.noop, stream) == sys::CUresult::CUDA_SUCCESS {
                             0
                         } else {
                             -3
@@ -666,7 +790,7 @@ mod native {
                         call(entry, g.arena, &run.reps)
                     };
                     // SAFETY: as above.
-                    unsafe { sys::cuStreamWriteValue32_v2(stream, done, run.window, 0) };
+                    unsafe { sys::cuEventRecord(g.done, stream) };
                     reply(&mut out, &Reply::Armed { rc });
                 }
                 Some(Request::Launch(run)) => {

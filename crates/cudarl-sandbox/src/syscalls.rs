@@ -483,8 +483,19 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
                     pr(libc::PR_SET_NAME as u64)?,
                     pr(libc::PR_GET_NAME as u64)?,
                     pr(libc::PR_GET_DUMPABLE as u64)?,
+                    pr(libc::PR_SET_NO_NEW_PRIVS as u64)?,
                     pr(0x5356_4d41)?, // PR_SET_VMA (glibc names anonymous mappings)
                 ],
+            );
+            // More filters ([`exec_filter`], once the candidate is loaded): they only restrict.
+            allow.insert(
+                libc::SYS_seccomp,
+                vec![rule(vec![cond(
+                    0,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    1, // SECCOMP_SET_MODE_FILTER
+                )?])?],
             );
             // Reading limits, not setting them.
             allow.insert(
@@ -567,6 +578,27 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
             Ok(out)
         }
     }
+}
+
+/// The runner's last filter, installed once the candidate is loaded (its code mapped): no new
+/// executable memory, i.e. `mmap`, `mprotect` and `pkey_mprotect` with `PROT_EXEC` in their
+/// protection argument are denied (`SIGSYS`, reported like every denied call; logged with
+/// `log_only`). Code a candidate writes at run time, or a library it maps later, cannot run.
+///
+/// # Errors
+/// [`SandboxError::Seccomp`] if the filter does not compile (a bug, not an input error).
+pub fn exec_filter(opts: &FilterOptions) -> Result<BpfProgram, SandboxError> {
+    let denied = if opts.log_only {
+        SeccompAction::Log
+    } else {
+        SeccompAction::Trap
+    };
+    let exec = || rule(vec![has_bit(2, libc::PROT_EXEC as u64)?]);
+    let mut rules = BTreeMap::new();
+    for nr in [libc::SYS_mmap, libc::SYS_mprotect, libc::SYS_pkey_mprotect] {
+        rules.insert(nr, vec![exec()?]);
+    }
+    compile(rules, SeccompAction::Allow, denied)
 }
 
 /// `filters` as bytes, for a program that installs them itself (`seccomp(2)` with
@@ -673,6 +705,38 @@ mod tests {
             }
         });
         assert_eq!((code, sig), (0, 0));
+    }
+
+    #[test]
+    fn after_the_runner_profile_the_exec_filter_can_be_added_and_denies_executable_memory() {
+        // Installed behind the runner's allow-list, as the runner does once the candidate is
+        // loaded; writable memory still maps, executable memory traps.
+        let (code, sig) = in_child(|| {
+            install(&filters(Profile::Runner, &opts()).unwrap(), false).unwrap();
+            if install(&[exec_filter(&opts()).unwrap()], false).is_err() {
+                return 5;
+            }
+            let (rw, len) = (libc::PROT_READ | libc::PROT_WRITE, 4096);
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            // SAFETY: an anonymous private page.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, rw, flags, -1, 0) };
+            if p == libc::MAP_FAILED {
+                return 6;
+            }
+            // SAFETY: the page mapped above; trapped.
+            unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC) };
+            7
+        });
+        assert_eq!((code, sig), (-1, libc::SIGSYS));
+        let (code, sig) = in_child(|| {
+            install(&[exec_filter(&opts()).unwrap()], false).unwrap();
+            let prot = libc::PROT_READ | libc::PROT_EXEC;
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            // SAFETY: an anonymous private page; trapped.
+            unsafe { libc::mmap(std::ptr::null_mut(), 4096, prot, flags, -1, 0) };
+            8
+        });
+        assert_eq!((code, sig), (-1, libc::SIGSYS));
     }
 
     #[test]

@@ -34,7 +34,11 @@ pub const KIND: &str = "validate";
 /// 8: builds limited in CPU time per compiler process (a wall-clock backstop beside it); a
 /// build stopped by a limit is not memoized; the object may import `exit` (nvcc's host stubs
 /// of `__device__` functions) and the source may not name it.
-pub const HARNESS_VERSION: u32 = 8;
+/// 9: tests run in the windows that time (blocks at drawn places, drawn call orders, shared
+/// memory poisoned before every window) with two cache probes per shape; up to eight sets of
+/// every timed window compared with the reference; windows ordered by interprocess events; no
+/// new executable memory in the runner once the candidate is loaded.
+pub const HARNESS_VERSION: u32 = 9;
 
 fn list_str() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))

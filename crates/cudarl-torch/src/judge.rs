@@ -5,30 +5,29 @@
 //! candidate on buffers inside the arena when told to (docs/architecture.md, "The judge and
 //! the runner").
 //!
-//! **Tests** (every train and hold-out shape, public and hidden seeds): the judge draws fresh
-//! inputs into the arena (a pristine copy stays in its own memory), poisons the outputs and the
-//! guard region after every buffer, synchronizes, asks the runner to launch and synchronize its
-//! context, then checks guards, input mutation, unwritten and non-finite outputs, and the
-//! reference (evaluated in float64 on the GPU from the pristine copies, after the candidate ran).
-//! A fault, a hang, a crash or a denied system call in the runner ends the test with
-//! `cuda_error`, `timeout`, `crash` or `sandbox_violation`; the judge itself goes on.
+//! **Windows** are the same for tests and timing: a block of `k` sets at a drawn place of the
+//! arena ([`PLACE_UNIT`]), called in a drawn order; the runner's stream poisons every SM's shared
+//! memory with a drawn pattern, waits on the judge's `go` event, launches, and records `done`.
 //!
-//! **Timing** happens in windows, with the judge's CUDA events on the judge's stream:
-//! `[wait gate] [k fresh input sets, poisoned outputs] [L2 flush] [outputs still poisoned?]
-//! [start] [go := w] [wait done >= w] [stop]`, the runner's stream `[wait go >= w] [k launches]
-//! [done := w]` (`go` and `done` are words at the start of the arena, see
-//! [`cudarl_cuda::runner::GO_OFFSET`]). The gate (a host word the judge's stream waits on) holds
-//! the judge's stream until the runner has enqueued its launches, so no host latency falls
-//! inside the window. Each window's time, less the window's
-//! fixed cost (the GPU switching to the runner's context and back: the least of five empty
-//! windows in the same run), divided by `k`, is one sample. After each window the runner synchronizes
-//! its whole context; sampled output chunks copied right at the stop event must equal the same
-//! chunks after that (outputs still changing after the stop: `work_after_stop`), every set's
-//! outputs are checked for the poison, and one set chosen by the judge is compared with the reference
-//! (`timed_output_mismatch`); outputs written before the window started are `work_before_start`.
-//! Inputs are fresh in every window, so results cached by pointer or fingerprint, or work done
-//! ahead, are wrong; the candidate sees neither the repetition count nor which launches are
-//! warm-up or verified.
+//! **Tests** (every train and hold-out shape): one window of a set per public and hidden seed,
+//! then one of the two cache probes at the same place ([`Judge::test_shape`]). Every set is
+//! checked: guards, input mutation, unwritten and non-finite outputs, and the reference
+//! (evaluated in float64 on the GPU from the pristine copies, after the candidate ran). A fault,
+//! a hang, a crash or a denied system call in the runner ends the tests with `cuda_error`,
+//! `timeout`, `crash` or `sandbox_violation`; the judge itself goes on.
+//!
+//! **Timing**: `[wait gate >= a] [L2 flush] [samples] [start] [record go] [wait gate >= b]`,
+//! then, once the runner has enqueued its side and answered, `[wait done] [stop] [samples]` on
+//! the judge's stream ([`Judge::window`]; the gate is a host word of the judge's). Each window's
+//! time, less the window's fixed cost (the GPU switching to the runner's context and back: the
+//! least of five empty windows in the same run), divided by `k`, is one sample. After each
+//! window the runner synchronizes its whole context; sampled output chunks copied right at the
+//! stop event must equal the same chunks after that (`work_after_stop`), every set's outputs are
+//! checked for the poison, and up to [`VERIFY_SETS`] sets drawn by the judge are compared with the
+//! reference in every window (`timed_output_mismatch`); outputs written before the window started
+//! are `work_before_start`. Inputs are fresh in every window, so results cached by pointer or
+//! fingerprint, or work done ahead, are wrong; the candidate sees neither the repetition count
+//! nor which launches are warm-up, tests or verified.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -40,9 +39,10 @@ use cudarl_cuda::expr::Expr;
 use cudarl_cuda::gpu::{BenchSpec, GpuInfo, RunJob, RunResult, ShapeCase, TestResult, Timing};
 use cudarl_cuda::profile::{Ncu, ProfileOutcome, parse_raw_csv};
 use cudarl_cuda::runner::{
-    Answer, CONTROL_BYTES, Load, Rep, Reply, Request, Run, RunnerProcess, to_hex,
+    Answer, Load, POISON_FAILED, Rep, Reply, Request, Run, RunnerProcess, to_hex,
 };
 use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula};
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
@@ -50,8 +50,19 @@ use crate::eval;
 use crate::inputs::{Elem, gen_input, mix64, scalar_values, terr};
 
 const GUARD_ELEMS: i64 = 4096;
-/// Alignment of buffers in the arena, bytes.
+/// Alignment of buffers inside a set, bytes.
 const ALIGN: u64 = 512;
+/// Unit of a block's drawn place in the arena, bytes (the CUDA allocation alignment): every
+/// buffer is at least this aligned, and its address modulo larger powers of two is drawn.
+const PLACE_UNIT: u64 = 256;
+/// Sets of a timed window compared with the reference (all of them when the window has fewer),
+/// drawn by the judge after the window ran: a candidate that skips the work of a share `g` of a
+/// window's launches escapes that window's comparison with probability `(1 - g)^8` (under 0.004
+/// for `g` = 1/2), and every window is compared.
+const VERIFY_SETS: usize = 8;
+/// Share of the elements of each input a cache probe redraws (at least one): the probe's inputs
+/// equal an earlier test's everywhere else, at that test's pointer.
+const PROBE_SHARE: f64 = 1.0 / 64.0;
 /// Runners kept started ahead of time (CUDA initialization takes about 0.4 s): at least this
 /// many, and as many as a job says will follow it ([`RunJob::upcoming`]), up to [`MAX_WARM`].
 const WARM_RUNNERS: usize = 2;
@@ -69,10 +80,6 @@ const EARLY_CHUNK_BYTES: u64 = 4096;
 const ARM_WAIT: Duration = Duration::from_secs(2);
 /// Empty windows measured to calibrate the window's fixed cost (their least time is taken).
 const CALIBRATION_WINDOWS: usize = 5;
-/// The share of timed windows whose outputs are compared with the reference (one set, chosen by
-/// the judge, in windows chosen at random after they ran); every window is checked for poison
-/// left and writes before the start.
-const VERIFY_SHARE: f64 = 0.5;
 /// The buffer the pageable copy rate is measured on, bytes (see [`Judge::transfer_ms`]).
 const TRANSFER_PROBE_BYTES: u64 = 64 << 20;
 
@@ -126,22 +133,24 @@ impl Fail {
     }
 }
 
-/// Bytes of a job's arena: the control words, then the largest tested set or the timing sets
-/// on `bench_shape`, whichever is larger.
+/// Bytes of a job's arena: the largest block of tested sets (the seeds of a shape, at least the
+/// two of the cache probes) or the timing sets on `bench_shape`, whichever is larger, plus as
+/// much again, the room a block's place is drawn in.
 ///
 /// # Errors
 /// A shape the task spec cannot lay out.
 fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, String> {
     let mut bytes = 0u64;
+    let tested = job.seeds.len().max(2) as u64;
     for s in &job.shapes {
-        bytes = bytes.max(set_layout(&job.task, &s.sizes)?.1);
+        bytes = bytes.max(tested * set_layout(&job.task, &s.sizes)?.1);
     }
     if let (Some(b), Some(shape)) = (&job.bench, bench_shape)
         && let Ok((_, set)) = set_layout(&job.task, &shape.sizes)
     {
         bytes = bytes.max(set * max_sets(b, set) as u64);
     }
-    Ok(CONTROL_BYTES + bytes)
+    Ok(2 * bytes)
 }
 
 /// The words of a [`Fail`] for a profile pass's status.
@@ -332,6 +341,41 @@ fn reference_outputs(
 /// One drawn input set of the torch baseline: the inputs (named, shaped) and the scalars.
 type DrawnSet = (Vec<(String, Tensor)>, Vec<(String, f64)>);
 
+/// How [`Judge::fill`] draws a set's inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inputs {
+    /// From the test's seed ([`gen_input`]).
+    Seed,
+    /// A cache probe: the seed's inputs with a share ([`PROBE_SHARE`], at least one element) of
+    /// each input redrawn at places drawn from the seed.
+    Probe,
+}
+
+/// `x` (the `n` elements of input `ai` drawn from `seed`) with a share [`PROBE_SHARE`] of its
+/// elements, at least one, replaced by fresh draws of the same distribution.
+fn probe_of(
+    x: &Tensor,
+    n: i64,
+    seed: u64,
+    ai: usize,
+    scale: f64,
+    kind: Kind,
+    dev: Device,
+) -> Result<Tensor, String> {
+    let other = mix64(seed ^ 0x70f1_5eed_cace_0b5e);
+    let fresh = gen_input(n, other, ai, scale, kind, dev)?;
+    // gen_input seeded torch's generator from (other, ai): the places come from it too.
+    let redraw = Tensor::f_rand([n], (Kind::Float, dev))
+        .and_then(|u| u.f_lt(PROBE_SHARE))
+        .map_err(terr)?;
+    let one = (mix64(other ^ ai as u64) % n.max(1) as u64) as i64;
+    let _ = redraw
+        .f_narrow(0, one, 1)
+        .and_then(|mut t| t.f_fill_(1))
+        .map_err(terr)?;
+    fresh.f_where_self(&redraw, x).map_err(terr)
+}
+
 /// The cross-process machinery: two arenas (window words, then buffers) used by turns, and the
 /// gate. A job's runner is killed without waiting when the job ends and reaped when its arena's
 /// turn comes again, so the driver's teardown of its context (about 0.1-0.2 s on an H200)
@@ -344,6 +388,8 @@ struct Ipc {
     gate_host: *mut u32,
     gate_dev: sys::CUdeviceptr,
     gate: u32,
+    /// Windows numbered for the logs.
+    window: u32,
 }
 
 /// One device allocation shared with runners.
@@ -355,11 +401,78 @@ struct ArenaSlot {
     handle: String,
     /// The runner of the last job on this arena, killed and not reaped yet.
     retired: Option<RunnerProcess>,
+    /// The current job's window events (`go`, `done`), fresh for every job.
+    events: Option<WindowEvents>,
+}
+
+/// The two interprocess events of one job's windows (`CU_EVENT_INTERPROCESS`, no timing): the
+/// judge records `go` when a window starts; the runner's stream waits on it, launches, and
+/// records `done`, which the judge's stream waits on before its stop event. Destroyed with the
+/// job's arena turn, after its runner is reaped.
+struct WindowEvents {
+    go: sys::CUevent,
+    done: sys::CUevent,
+    /// `cuIpcGetEventHandle` of each, hex.
+    handles: (String, String),
+}
+
+impl WindowEvents {
+    fn new() -> Result<WindowEvents, String> {
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+            | sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32;
+        // SAFETY: event creation in the current context and handles of the events created.
+        unsafe {
+            let one = || -> Result<(sys::CUevent, String), String> {
+                let mut e = std::ptr::null_mut();
+                cu(
+                    sys::cuEventCreate(&mut e, flags),
+                    "cuEventCreate(interprocess)",
+                )?;
+                let mut h: sys::CUipcEventHandle = std::mem::zeroed();
+                if let Err(m) = cu(sys::cuIpcGetEventHandle(&mut h, e), "cuIpcGetEventHandle") {
+                    sys::cuEventDestroy_v2(e);
+                    return Err(m);
+                }
+                Ok((e, to_hex(&h.reserved.map(|c| c as u8))))
+            };
+            let (go, hg) = one()?;
+            let (done, hd) = match one() {
+                Ok(d) => d,
+                Err(m) => {
+                    sys::cuEventDestroy_v2(go);
+                    return Err(m);
+                }
+            };
+            Ok(WindowEvents {
+                go,
+                done,
+                handles: (hg, hd),
+            })
+        }
+    }
+}
+
+impl Drop for WindowEvents {
+    fn drop(&mut self) {
+        // SAFETY: events this judge created; destruction is deferred past pending work.
+        unsafe {
+            sys::cuEventDestroy_v2(self.go);
+            sys::cuEventDestroy_v2(self.done);
+        }
+    }
 }
 
 impl Ipc {
     fn arena(&self) -> &ArenaSlot {
         &self.arenas[self.cur]
+    }
+}
+
+impl ArenaSlot {
+    fn events(&self) -> Result<&WindowEvents, String> {
+        self.events
+            .as_ref()
+            .ok_or_else(|| "no window events".into())
     }
 }
 
@@ -481,6 +594,7 @@ impl Judge {
                     gate_host,
                     gate_dev: d,
                     gate: 0,
+                    window: 0,
                 });
             }
         }
@@ -490,6 +604,7 @@ impl Judge {
         // Waits until the process is gone, and with it its context and everything it ran.
         let t = Instant::now();
         drop(slot.retired.take());
+        drop(slot.events.take());
         tracing::debug!(reaped_ms = t.elapsed().as_secs_f64() * 1e3, "arena turned");
         // SAFETY: no runner maps this arena any more (reaped above); allocations in the current
         // context; the memset is ordered before the job's fills on the legacy stream.
@@ -516,6 +631,7 @@ impl Judge {
                 "cuMemsetD8Async (arena)",
             )?;
         }
+        slot.events = Some(WindowEvents::new()?);
         Ok(ipc)
     }
 
@@ -583,6 +699,8 @@ impl Judge {
             arena: Some(cudarl_cuda::runner::Arena {
                 handle: ipc.arena().handle.clone(),
                 bytes: ipc.arena().bytes,
+                go: ipc.arena().events()?.handles.0.clone(),
+                done: ipc.arena().events()?.handles.1.clone(),
             }),
         };
         tracing::debug!("runner ready; arena and load");
@@ -613,15 +731,15 @@ impl Judge {
     }
 
     /// Fills one buffer set at arena offset `base` for `sizes` and `seed`: inputs drawn fresh
-    /// (and copied aside when `keep_pristine`), outputs poisoned, guards filled. Only enqueues
-    /// GPU work (no host synchronization).
+    /// (a pristine copy kept in the judge's memory; [`Inputs::Probe`] redraws a share of them),
+    /// outputs poisoned, guards filled. Only enqueues GPU work (no host synchronization).
     fn fill(
         &self,
         task: &TaskSpec,
         sizes: &BTreeMap<String, i64>,
         seed: u64,
         base: u64,
-        keep_pristine: bool,
+        inputs: Inputs,
     ) -> Result<Bufs, String> {
         let elem = Elem::of(&task.dtype)?;
         let mut args = Vec::new();
@@ -638,10 +756,14 @@ impl Judge {
             let mut guard = whole.f_narrow(0, n, GUARD_ELEMS).map_err(terr)?;
             let _ = guard.f_fill_(elem.guard).map_err(terr)?;
             let pristine = if a.kind == ArgKind::Input {
-                let x = gen_input(n, seed, ai, task.input_scale(seed), elem.float, self.dev)?;
+                let scale = task.input_scale(seed);
+                let mut x = gen_input(n, seed, ai, scale, elem.float, self.dev)?;
+                if inputs == Inputs::Probe {
+                    x = probe_of(&x, n, seed, ai, scale, elem.float, self.dev)?;
+                }
                 data.f_copy_(&x.f_view_dtype(elem.bits).map_err(terr)?)
                     .map_err(terr)?;
-                keep_pristine.then_some(x)
+                Some(x)
             } else {
                 let _ = data.f_fill_(elem.poison).map_err(terr)?;
                 None
@@ -694,15 +816,15 @@ impl Judge {
     /// Fills the `k` buffer sets of a timing window (`set_bytes` apart from arena offset
     /// `base`) from one fresh seed drawn by the judge: each input argument drawn for all sets
     /// at once (uniform in `[-s, s)`, `s` the task's input scale), every output poisoned and
-    /// every guard filled, a handful of GPU operations whatever `k` is; set `verify` keeps a
-    /// copy of its inputs for the comparison. Only enqueues GPU work.
+    /// every guard filled, a handful of GPU operations whatever `k` is; the sets in `verify`
+    /// keep a copy of their inputs for the comparison. Only enqueues GPU work.
     fn fill_sets(
         &mut self,
         task: &TaskSpec,
         sizes: &BTreeMap<String, i64>,
         (k, set_bytes): (usize, u64),
         base: u64,
-        verify: usize,
+        verify: &[usize],
     ) -> Result<Vec<Bufs>, String> {
         let elem = Elem::of(&task.dtype)?;
         let seed: u64 = self.rng.random();
@@ -736,7 +858,7 @@ impl Judge {
             for (j, set) in sets.iter_mut().enumerate() {
                 let at = offset + j as u64 * set_bytes;
                 let whole = self.view(at, n + GUARD_ELEMS, elem.bits)?;
-                let pristine = if a.kind == ArgKind::Input && j == verify {
+                let pristine = if a.kind == ArgKind::Input && verify.contains(&j) {
                     let src = whole
                         .f_narrow(0, 0, n)
                         .and_then(|x| x.f_view_dtype(elem.float))
@@ -847,15 +969,13 @@ impl Judge {
             w.runner = ms(t_load);
         }
         let t_tests = Instant::now();
-        'tests: for shape in &job.shapes {
-            for &seed in &job.seeds {
-                heartbeat();
-                match self.test_one(&mut r, &job.task, shape, seed, job_wall(job)) {
-                    Ok(t) => res.tests.push(t),
-                    Err(f) => {
-                        fail(&mut res, f);
-                        break 'tests;
-                    }
+        for shape in &job.shapes {
+            heartbeat();
+            match self.test_shape(&mut r, &job.task, shape, &job.seeds, job_wall(job)) {
+                Ok(t) => res.tests.extend(t),
+                Err(f) => {
+                    fail(&mut res, f);
+                    break;
                 }
             }
         }
@@ -924,7 +1044,7 @@ impl Judge {
             );
         };
         let failed = |why: String| ProfileOutcome::without(format!("failed: {why}"));
-        let Ok(bytes) = set_layout(&job.task, &shape.sizes).map(|(_, b)| CONTROL_BYTES + b) else {
+        let Ok(bytes) = set_layout(&job.task, &shape.sizes).map(|(_, b)| b) else {
             return failed("task spec".into());
         };
         let dir = match tempfile::Builder::new().prefix("cudarl-profile-").tempdir() {
@@ -944,7 +1064,7 @@ impl Judge {
             .fold(0x9e37_79b9_7f4a_7c15u64, |a, s| a ^ s.rotate_left(17));
         let launch = self
             .load_in(&mut r, so, bytes)
-            .and_then(|()| self.test_one(&mut r, &job.task, shape, seed, PROFILE_WALL));
+            .and_then(|()| self.launch_one(&mut r, &job.task, shape, seed, PROFILE_WALL));
         drop(r.send(&Request::Exit));
         let exited = r.wait_exit(PROFILE_WALL);
         let output = r.output();
@@ -984,8 +1104,9 @@ impl Judge {
         }
     }
 
-    /// One (shape, seed) test through the runner (see the module docs).
-    fn test_one(
+    /// One (shape, seed) launch through [`Request::Launch`], checked like a test: the profile
+    /// pass's (a runner under `ncu`, no window events).
+    fn launch_one(
         &mut self,
         r: &mut RunnerProcess,
         task: &TaskSpec,
@@ -993,13 +1114,14 @@ impl Judge {
         seed: u64,
         wall: Duration,
     ) -> Result<TestResult, Fail> {
-        let b = self.fill(task, &shape.sizes, seed, CONTROL_BYTES, true)?;
+        let b = self.fill(task, &shape.sizes, seed, 0, Inputs::Seed)?;
         // The runner's context sees the inputs once the judge's stream is done with them.
         self.sync()?;
         match r.call(
             &Request::Launch(Run {
                 window: 0,
                 reps: vec![b.rep()],
+                poison: None,
             }),
             wall,
         ) {
@@ -1010,125 +1132,251 @@ impl Judge {
             Answer::Reply(Reply::Launched { .. }) => {}
             a => return Err(answer_fail(a)),
         }
-        Ok(self.check(task, &b, shape, seed)?)
+        Ok(self.check_sets(task, &[(&b, seed)], shape)?.remove(0))
     }
 
-    /// Guards, input mutation, unwritten and non-finite outputs and the reference for one set
-    /// of `shape` drawn from `seed` (its pristine inputs are in the judge's memory), reduced on
-    /// the GPU.
-    fn check(
-        &self,
+    /// The tests of one shape (see the module docs): a block of one set per seed at a drawn
+    /// place of the arena, called in a drawn order in one window; then the cache probes, a
+    /// block of two sets at the same place: the first seed's inputs with a share
+    /// ([`PROBE_SHARE`]) of their elements redrawn, at the first seed's pointer (a result cached
+    /// by pointer or by a cheap fingerprint of the inputs is wrong), and the first seed's inputs
+    /// unchanged at a new pointer. Every set is checked like a test.
+    fn test_shape(
+        &mut self,
+        r: &mut RunnerProcess,
         task: &TaskSpec,
-        b: &Bufs,
         shape: &ShapeCase,
-        seed: u64,
-    ) -> Result<TestResult, String> {
-        let mut t = TestResult {
-            split: shape.split.clone(),
-            sizes: shape.sizes.clone(),
-            seed,
-            passed: false,
-            max_abs_err: 0.0,
-            max_rel_err: 0.0,
-            unwritten: 0,
-            non_finite: 0,
-            input_mutated: false,
-            out_of_bounds_write: false,
-            message: None,
+        seeds: &[u64],
+        wall: Duration,
+    ) -> Result<Vec<TestResult>, Fail> {
+        let Some(&first) = seeds.first() else {
+            return Ok(Vec::new());
         };
-        let e = |r: Result<Tensor, tch::TchError>| r.map_err(terr);
-        let mut stats: Vec<Tensor> = Vec::new();
-        for a in &b.args {
-            let guard = e(a.whole.f_narrow(0, a.n, GUARD_ELEMS))?;
-            stats.push(
-                e(e(guard.f_ne(a.elem.guard))?.f_any())?
-                    .f_to_kind(Kind::Double)
-                    .map_err(terr)?,
-            );
-            if let Some(p) = &a.pristine {
-                let now = e(a.whole.f_narrow(0, 0, a.n))?;
-                let orig = e(p.f_view_dtype(a.elem.bits))?;
-                stats.push(e(
-                    e(e(now.f_ne_tensor(&orig))?.f_any())?.f_to_kind(Kind::Double)
-                )?);
-            }
+        let (_, set_bytes) = set_layout(task, &shape.sizes)?;
+        let base = self.place(seeds.len().max(2), set_bytes)?;
+        let sets = seeds
+            .iter()
+            .enumerate()
+            .map(|(j, &seed)| {
+                self.fill(
+                    task,
+                    &shape.sizes,
+                    seed,
+                    base + j as u64 * set_bytes,
+                    Inputs::Seed,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.test_window(r, &sets, wall)?;
+        let with: Vec<(&Bufs, u64)> = sets.iter().zip(seeds.iter().copied()).collect();
+        let mut out = self.check_sets(task, &with, shape)?;
+        drop(sets);
+        let probes = [
+            self.fill(task, &shape.sizes, first, base, Inputs::Probe)?,
+            self.fill(task, &shape.sizes, first, base + set_bytes, Inputs::Seed)?,
+        ];
+        self.test_window(r, &probes, wall)?;
+        let checked = self.check_sets(task, &[(&probes[0], first), (&probes[1], first)], shape)?;
+        let how = [
+            "inputs equal to an earlier test's but for a few elements, at that test's pointer",
+            "an earlier test's inputs at a new pointer",
+        ];
+        for (mut t, how) in checked.into_iter().zip(how) {
+            t.message = t.message.map(|m| format!("{m} ({how})"));
+            out.push(t);
         }
-        let env = b.env_tensors(Kind::Double)?;
-        let refs = reference_outputs(&parse_references(task)?, &env, &b.scalars, true)?;
-        let outs: Vec<&Buf> = b.outputs().collect();
-        for (a, (r, m)) in outs.iter().zip(&refs) {
-            let r = e(r.f_reshape([-1]))?;
-            if r.size()[0] != a.n {
-                return Err(format!(
-                    "task spec error: the reference for `{}` has {} elements, the buffer {}",
-                    a.name,
-                    r.size()[0],
-                    a.n
+        Ok(out)
+    }
+
+    /// One test window: the judge records `go` on its stream after the sets' fills (no gate: the
+    /// time of a test window is not kept), the runner poisons shared memory with a drawn
+    /// pattern, waits on `go`, calls the candidate on `sets` in a drawn order and records `done`
+    /// exactly as in a timed window; then the runner synchronizes its whole context.
+    fn test_window(
+        &mut self,
+        r: &mut RunnerProcess,
+        sets: &[Bufs],
+        wall: Duration,
+    ) -> Result<(), Fail> {
+        let (go, w) = {
+            let ipc = self
+                .ipc
+                .as_mut()
+                .ok_or_else(|| Fail::Judge("no arena".into()))?;
+            ipc.window = ipc.window.wrapping_add(1);
+            (ipc.arena().events()?.go, ipc.window)
+        };
+        // SAFETY: an event of this context, recorded on the legacy stream after the fills.
+        unsafe {
+            cu(
+                sys::cuEventRecord(go, std::ptr::null_mut()),
+                "cuEventRecord(go)",
+            )?
+        };
+        let order = self.order(sets.len());
+        let run = Run {
+            window: w,
+            reps: order.iter().map(|&j| sets[j].rep()).collect(),
+            poison: Some(self.rng.random()),
+        };
+        match r.call(&Request::Run(run), wall) {
+            Answer::Reply(Reply::Armed { rc: POISON_FAILED }) => {
+                return Err(Fail::Judge(
+                    "the runner's shared-memory poison did not launch".into(),
                 ));
             }
-            let m = e(m.as_ref().ok_or("no magnitude")?.f_reshape([-1]))?;
-            let got = a.data()?;
-            let unwritten =
-                e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(a.elem.poison))?.f_sum(Kind::Double))?;
-            let finite = e(got.f_isfinite())?;
-            let non_finite =
-                e(e(e(finite.f_logical_not())?.f_sum(Kind::Double))?.f_sub(&unwritten))?;
-            let d = e(e(e(got.f_to_kind(Kind::Double))?.f_sub(&r))?.f_abs())?;
-            let d = e(d.f_nan_to_num(0.0, 0.0, 0.0))?;
-            let d = e(d.f_mul(&finite))?;
-            let tol = e(e(m.f_mul_scalar(task.rtol))?.f_add_scalar(task.atol))?;
-            let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
-            let rel = e(d.f_div(&e(e(r.f_abs())?.f_clamp_min(1e-12))?))?;
-            stats.push(unwritten);
-            stats.push(non_finite);
-            stats.push(bad);
-            stats.push(e(d.f_max())?);
-            stats.push(e(rel.f_max())?);
+            Answer::Reply(Reply::Armed { rc }) if rc != 0 => {
+                return Err(Fail::Cuda(format!("launch returned cudaError {rc}")));
+            }
+            Answer::Reply(Reply::Armed { .. }) => {}
+            a => return Err(answer_fail(a)),
+        }
+        match r.call(&Request::Sync, wall) {
+            Answer::Reply(Reply::Synced { error: None }) => Ok(()),
+            Answer::Reply(Reply::Synced { error: Some(e) }) => Err(Fail::Cuda(e)),
+            a => Err(answer_fail(a)),
+        }
+    }
+
+    /// A drawn place for a block of `k` sets `set_bytes` apart in the current arena: a byte
+    /// offset, a multiple of [`PLACE_UNIT`], uniform over the places where the block fits.
+    fn place(&mut self, k: usize, set_bytes: u64) -> Result<u64, String> {
+        let cap = self.ipc.as_ref().ok_or("no arena")?.arena().bytes;
+        let need = k as u64 * set_bytes;
+        if need > cap {
+            return Err(format!("a block of {need} bytes in an arena of {cap}"));
+        }
+        Ok(self.rng.random_range(0..=(cap - need) / PLACE_UNIT) * PLACE_UNIT)
+    }
+
+    /// A drawn order of `k` calls.
+    fn order(&mut self, k: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..k).collect();
+        v.shuffle(&mut self.rng);
+        v
+    }
+
+    /// Guards, input mutation, unwritten and non-finite outputs and the reference for each of
+    /// `sets` (a set of `shape` and the seed its inputs were drawn from; their pristine inputs
+    /// are in the judge's memory), reduced on the GPU and read back with one copy.
+    fn check_sets(
+        &self,
+        task: &TaskSpec,
+        sets: &[(&Bufs, u64)],
+        shape: &ShapeCase,
+    ) -> Result<Vec<TestResult>, String> {
+        let e = |r: Result<Tensor, tch::TchError>| r.map_err(terr);
+        let refs = parse_references(task)?;
+        let mut stats: Vec<Tensor> = Vec::new();
+        for (b, _) in sets {
+            for a in &b.args {
+                let guard = e(a.whole.f_narrow(0, a.n, GUARD_ELEMS))?;
+                stats.push(
+                    e(e(guard.f_ne(a.elem.guard))?.f_any())?
+                        .f_to_kind(Kind::Double)
+                        .map_err(terr)?,
+                );
+                if let Some(p) = &a.pristine {
+                    let now = e(a.whole.f_narrow(0, 0, a.n))?;
+                    let orig = e(p.f_view_dtype(a.elem.bits))?;
+                    stats.push(e(
+                        e(e(now.f_ne_tensor(&orig))?.f_any())?.f_to_kind(Kind::Double)
+                    )?);
+                }
+            }
+            let env = b.env_tensors(Kind::Double)?;
+            let want = reference_outputs(&refs, &env, &b.scalars, true)?;
+            for (a, (r, m)) in b.outputs().zip(&want) {
+                let r = e(r.f_reshape([-1]))?;
+                if r.size()[0] != a.n {
+                    return Err(format!(
+                        "task spec error: the reference for `{}` has {} elements, the buffer {}",
+                        a.name,
+                        r.size()[0],
+                        a.n
+                    ));
+                }
+                let m = e(m.as_ref().ok_or("no magnitude")?.f_reshape([-1]))?;
+                let got = a.data()?;
+                let unwritten =
+                    e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(a.elem.poison))?.f_sum(Kind::Double))?;
+                let finite = e(got.f_isfinite())?;
+                let non_finite =
+                    e(e(e(finite.f_logical_not())?.f_sum(Kind::Double))?.f_sub(&unwritten))?;
+                let d = e(e(e(got.f_to_kind(Kind::Double))?.f_sub(&r))?.f_abs())?;
+                let d = e(d.f_nan_to_num(0.0, 0.0, 0.0))?;
+                let d = e(d.f_mul(&finite))?;
+                let tol = e(e(m.f_mul_scalar(task.rtol))?.f_add_scalar(task.atol))?;
+                let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
+                let rel = e(d.f_div(&e(e(r.f_abs())?.f_clamp_min(1e-12))?))?;
+                stats.push(unwritten);
+                stats.push(non_finite);
+                stats.push(bad);
+                stats.push(e(d.f_max())?);
+                stats.push(e(rel.f_max())?);
+            }
         }
         let flat: Vec<f64> =
             Vec::<f64>::try_from(e(e(Tensor::f_stack(&stats, 0))?.f_to_device(Device::Cpu))?)
                 .map_err(terr)?;
         let mut it = flat.into_iter();
-        let mut bad = 0u64;
-        for a in &b.args {
-            if it.next().unwrap_or(0.0) != 0.0 {
-                t.out_of_bounds_write = true;
+        let mut out = Vec::new();
+        for (b, seed) in sets {
+            let mut t = TestResult {
+                split: shape.split.clone(),
+                sizes: shape.sizes.clone(),
+                seed: *seed,
+                passed: false,
+                max_abs_err: 0.0,
+                max_rel_err: 0.0,
+                unwritten: 0,
+                non_finite: 0,
+                input_mutated: false,
+                out_of_bounds_write: false,
+                message: None,
+            };
+            let mut bad = 0u64;
+            for a in &b.args {
+                if it.next().unwrap_or(0.0) != 0.0 {
+                    t.out_of_bounds_write = true;
+                }
+                if a.pristine.is_some() && it.next().unwrap_or(0.0) != 0.0 {
+                    t.input_mutated = true;
+                }
             }
-            if a.pristine.is_some() && it.next().unwrap_or(0.0) != 0.0 {
-                t.input_mutated = true;
+            for _ in b.outputs() {
+                t.unwritten += it.next().unwrap_or(0.0) as u64;
+                t.non_finite += it.next().unwrap_or(0.0) as u64;
+                bad += it.next().unwrap_or(0.0) as u64;
+                t.max_abs_err = t.max_abs_err.max(it.next().unwrap_or(0.0));
+                t.max_rel_err = t.max_rel_err.max(it.next().unwrap_or(0.0));
             }
+            t.message = if t.out_of_bounds_write {
+                Some("wrote past the end of a buffer".into())
+            } else if t.input_mutated {
+                Some("modified an input buffer".into())
+            } else if t.unwritten > 0 {
+                Some(format!(
+                    "{} output elements were never written",
+                    t.unwritten
+                ))
+            } else if t.non_finite > 0 {
+                Some(format!(
+                    "{} output elements are NaN or infinite",
+                    t.non_finite
+                ))
+            } else if bad > 0 {
+                Some(format!(
+                    "{bad} elements outside tolerance (max abs err {:.3e})",
+                    t.max_abs_err
+                ))
+            } else {
+                None
+            };
+            t.passed = t.message.is_none();
+            out.push(t);
         }
-        for _ in &outs {
-            t.unwritten += it.next().unwrap_or(0.0) as u64;
-            t.non_finite += it.next().unwrap_or(0.0) as u64;
-            bad += it.next().unwrap_or(0.0) as u64;
-            t.max_abs_err = t.max_abs_err.max(it.next().unwrap_or(0.0));
-            t.max_rel_err = t.max_rel_err.max(it.next().unwrap_or(0.0));
-        }
-        t.message = if t.out_of_bounds_write {
-            Some("wrote past the end of a buffer".into())
-        } else if t.input_mutated {
-            Some("modified an input buffer".into())
-        } else if t.unwritten > 0 {
-            Some(format!(
-                "{} output elements were never written",
-                t.unwritten
-            ))
-        } else if t.non_finite > 0 {
-            Some(format!(
-                "{} output elements are NaN or infinite",
-                t.non_finite
-            ))
-        } else if bad > 0 {
-            Some(format!(
-                "{bad} elements outside tolerance (max abs err {:.3e})",
-                t.max_abs_err
-            ))
-        } else {
-            None
-        };
-        t.passed = t.message.is_none();
-        Ok(t)
+        Ok(out)
     }
 
     fn ensure_scratch(&mut self, b: &BenchSpec) -> Result<(), String> {
@@ -1167,20 +1415,8 @@ impl Judge {
         self.ensure_scratch(b)?;
         let (_, set_bytes) = set_layout(task, &shape.sizes)?;
         let (start, stop, after) = (self.event()?, self.event()?, self.event()?);
-        // One launch outside any window first: the candidate's module and the runtime's first-use
-        // work (which may synchronize the context) happen here, not behind the gate.
-        heartbeat();
-        let seed = self.rng.random();
-        let first = self.test_one(r, task, shape, seed, wall)?;
-        if !first.passed {
-            return Err(Fail::Timing(
-                "timed_output_mismatch".into(),
-                format!(
-                    "the first launch of the timing run (fresh inputs) was wrong: {}",
-                    first.message.unwrap_or_default()
-                ),
-            ));
-        }
+        // The tests ran in this runner: the candidate's module and the runtime's first-use work
+        // (which may synchronize the context) happened there, not behind a gate.
         let events = (&start, &stop, &after);
         // The window's fixed cost: empty windows (no launch) in the same runner. Nothing of the
         // candidate's runs meanwhile: its code runs only inside its launches (the object checks
@@ -1189,7 +1425,7 @@ impl Judge {
         let mut empty = Vec::new();
         for _ in 0..CALIBRATION_WINDOWS {
             heartbeat();
-            let w = self.window(r, task, shape, (0, set_bytes), events, wall, 0.0)?;
+            let w = self.window(r, task, shape, (0, set_bytes), events, wall)?;
             empty.push(w.ms);
         }
         // The least: other contexts on the GPU (runners starting or ending) only lengthen a
@@ -1198,10 +1434,10 @@ impl Judge {
         // `benchmarks/results/judge_calibration_h200_2026-11-26.json`).
         let overhead = empty.iter().copied().fold(f64::INFINITY, f64::min);
         tracing::debug!(?empty, "calibration");
-        // Warm-up with one set, which also estimates a launch. Warm-up windows are checked for
-        // poison and unwritten outputs, not against the reference.
+        // Warm-up with one set, which also estimates a launch. Warm-up windows are checked like
+        // every other.
         heartbeat();
-        let w = self.window(r, task, shape, (1, set_bytes), events, wall, 0.0)?;
+        let w = self.window(r, task, shape, (1, set_bytes), events, wall)?;
         let mut late = w.late;
         let est = (w.ms - overhead).max(1e-3);
         tracing::debug!(window = w.ms, est, "warm-up");
@@ -1209,14 +1445,14 @@ impl Judge {
         for _ in 0..b.warmup.saturating_sub(1).min(2) {
             heartbeat();
             late |= self
-                .window(r, task, shape, (k, set_bytes), events, wall, 0.0)?
+                .window(r, task, shape, (k, set_bytes), events, wall)?
                 .late;
         }
         let mut verified = 0;
         let (times, synced) = sample_windows(b, k, heartbeat, || {
-            let w = self.window(r, task, shape, (k, set_bytes), events, wall, VERIFY_SHARE)?;
+            let w = self.window(r, task, shape, (k, set_bytes), events, wall)?;
             late |= w.late;
-            verified += usize::from(w.verified);
+            verified += w.verified;
             Ok::<_, Fail>((
                 ((w.ms - overhead) / k as f64).max(0.0),
                 ((w.synced_ms - overhead) / k as f64).max(0.0),
@@ -1232,17 +1468,21 @@ impl Judge {
         Ok(t)
     }
 
-    /// One gated window of `k` launches on sets `set_bytes` apart (`k` = 0: an empty calibration
-    /// window). Every window's outputs are checked for poison left and for writes before the
-    /// start; with probability `verify_p`, decided after the window ran (the candidate cannot
-    /// tell), one set chosen by the judge is also compared with the reference
-    /// ([`Judge::check_window`]). Returns its time and synchronized time, and whether sampled
-    /// outputs changed after the stop event (work the candidate left running:
-    /// `work_after_stop`). The sampled chunks ([`Samples`]) are copied right after the stop
-    /// event on the judge's stream and compared with the same chunks once the runner has
-    /// synchronized its whole context: a comparison of contents, not of clocks, so a host thread
-    /// delayed by other load never looks like hidden work.
-    #[allow(clippy::too_many_arguments)]
+    /// One gated window of `k` launches on sets `set_bytes` apart in a block at a drawn place,
+    /// called in a drawn order (`k` = 0: an empty calibration window). Every window's outputs
+    /// are checked for poison left and for writes before the start, and up to [`VERIFY_SETS`]
+    /// sets, drawn by the judge, are compared with the reference ([`Judge::check_window`]).
+    /// Returns its time and synchronized time, and whether sampled outputs changed after the
+    /// stop event (work the candidate left running: `work_after_stop`). The sampled chunks
+    /// ([`Samples`]) are copied right after the stop event on the judge's stream and compared
+    /// with the same chunks once the runner has synchronized its whole context: a comparison
+    /// of contents, not of clocks, so a host thread delayed by other load never looks like
+    /// hidden work.
+    ///
+    /// The judge's stream: `[wait gate >= a] [L2 flush] [samples] [start] [record go]
+    /// [wait gate >= b]`, then, once the runner has enqueued `[poison] [wait go] [k launches]
+    /// [record done]` and answered, `[wait done] [stop] [samples]`, and the gate opens to `b`.
+    /// The gate is a host word of the judge's (mapped into no other process).
     fn window(
         &mut self,
         r: &mut RunnerProcess,
@@ -1251,112 +1491,128 @@ impl Judge {
         (k, set_bytes): (usize, u64),
         (start, stop, after): (&CudaEvent, &CudaEvent, &CudaEvent),
         wall: Duration,
-        verify_p: f64,
     ) -> Result<Window, Fail> {
-        let (gate_dev, w, arena, gate_host) = {
+        let (gate_dev, (a, b), w, gate_host, (go, done)) = {
             let ipc = self
                 .ipc
                 .as_mut()
                 .ok_or_else(|| Fail::Judge("no arena".into()))?;
-            ipc.gate = ipc.gate.wrapping_add(1);
-            (ipc.gate_dev, ipc.gate, ipc.arena().ptr, ipc.gate_host)
+            ipc.gate = ipc.gate.wrapping_add(2);
+            ipc.window = ipc.window.wrapping_add(1);
+            let ev = ipc.arena().events()?;
+            (
+                ipc.gate_dev,
+                (ipc.gate.wrapping_sub(1), ipc.gate),
+                ipc.window,
+                ipc.gate_host,
+                (ev.go, ev.done),
+            )
         };
+        let arena = self.ipc.as_ref().map_or(0, |i| i.arena().ptr);
         let null: sys::CUstream = std::ptr::null_mut();
         // Fresh inputs for every set, drawn before the gate (libtorch may synchronize in places
-        // and must never wait on the held stream); one set, chosen by the judge, keeps its
-        // pristine inputs for the comparison. Sampled chunks of every output are copied aside
-        // after the gate, just before `start`: they must still hold the poison then.
+        // and must never wait on the held stream); the sets to compare keep their pristine
+        // inputs. Sampled chunks of every output are copied aside after the gate, just before
+        // `start`: they must still hold the poison then.
         let mut lap = Lap::new();
-        let verify = self.rng.random_range(0..k.max(1));
+        let verify = {
+            let mut all = self.order(k);
+            all.truncate(VERIFY_SETS);
+            all
+        };
         let sets = if k > 0 {
-            self.fill_sets(task, &shape.sizes, (k, set_bytes), CONTROL_BYTES, verify)?
+            let base = self.place(k, set_bytes)?;
+            self.fill_sets(task, &shape.sizes, (k, set_bytes), base, &verify)?
         } else {
             Vec::new()
         };
+        let order = self.order(k);
         let samples = Samples::draw(&mut self.rng, &sets, arena, self.dev)?;
         self.steps.fill += lap.ms();
-        // SAFETY: the gate is device-mapped host memory of this context; legacy stream.
-        unsafe {
-            cu(
-                sys::cuStreamWaitValue32_v2(null, gate_dev, w, 0 /* GEQ */),
-                "cuStreamWaitValue32",
-            )?
-        };
-        let release = |w: u32| {
+        let release = |g: u32| {
             // SAFETY: the gate word is pinned host memory owned by this judge.
-            unsafe { std::ptr::write_volatile(gate_host, w) };
+            unsafe { std::ptr::write_volatile(gate_host, g) };
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         };
         let held = (|| -> Result<(), String> {
-            self.flush()?;
-            samples.copy(0)
-        })();
-        if let Err(e) = held {
-            release(w);
-            return Err(Fail::Judge(e));
-        }
-        let (go, done) = (
-            arena + cudarl_cuda::runner::GO_OFFSET,
-            arena + cudarl_cuda::runner::DONE_OFFSET,
-        );
-        let enqueued = (|| -> Result<(), String> {
-            start.record(&self.stream).map_err(derr)?;
-            // SAFETY: stream memory operations on the arena's window words, legacy stream.
+            // SAFETY: the gate is device-mapped host memory of this context; legacy stream.
             unsafe {
                 cu(
-                    sys::cuStreamWriteValue32_v2(null, go, w, 0),
-                    "cuStreamWriteValue32(go)",
-                )?;
+                    sys::cuStreamWaitValue32_v2(null, gate_dev, a, 0 /* GEQ */),
+                    "cuStreamWaitValue32",
+                )?
+            };
+            self.flush()?;
+            samples.copy(0)?;
+            start.record(&self.stream).map_err(derr)?;
+            // SAFETY: events of this context and the gate word, on the legacy stream.
+            unsafe {
+                cu(sys::cuEventRecord(go, null), "cuEventRecord(go)")?;
                 cu(
-                    sys::cuStreamWaitValue32_v2(null, done, w, 0 /* GEQ */),
-                    "cuStreamWaitValue32(done)",
+                    sys::cuStreamWaitValue32_v2(null, gate_dev, b, 0 /* GEQ */),
+                    "cuStreamWaitValue32",
                 )?;
             }
-            stop.record(&self.stream).map_err(derr)?;
-            samples.copy(1)
+            Ok(())
         })();
-        if let Err(e) = enqueued {
-            release(w);
+        if let Err(e) = held {
+            release(b);
             return Err(Fail::Judge(e));
         }
-        let reps = sets.iter().map(Bufs::rep).collect();
+        let reps = order.iter().map(|&j| sets[j].rep()).collect();
         self.steps.enqueue += lap.ms();
         tracing::debug!(w, k, "window: enqueued, asking the runner");
-        if r.send(&Request::Run(Run { window: w, reps })).is_err() {
-            release(w);
-            self.unblock(done, w, stop);
+        let run = Run {
+            window: w,
+            reps,
+            poison: Some(self.rng.random()),
+        };
+        if r.send(&Request::Run(run)).is_err() {
+            release(b);
             return Err(answer_fail(r.recv(Duration::from_secs(1))));
         }
         // A launcher that waits on its own stream (it is held behind `go`) would wait for good:
-        // after a short while the gate opens anyway, and that window counts the launcher's
+        // after a short while the window starts anyway, and that window counts the launcher's
         // host time.
         let answer = match r.try_recv(ARM_WAIT) {
-            Some(a) => a,
+            Some(x) => x,
             None => {
-                release(w);
+                release(a);
                 r.recv(wall)
             }
         };
         tracing::debug!(?answer, "window: runner answered");
         match answer {
             Answer::Reply(Reply::Armed { .. }) => {
-                release(w);
+                let closed = (|| -> Result<(), String> {
+                    // SAFETY: the runner recorded `done` (it answered): the wait is on that
+                    // record; legacy stream.
+                    unsafe {
+                        cu(
+                            sys::cuStreamWaitEvent(null, done, 0),
+                            "cuStreamWaitEvent(done)",
+                        )?
+                    };
+                    stop.record(&self.stream).map_err(derr)?;
+                    samples.copy(1)
+                })();
+                release(b);
+                closed.map_err(Fail::Judge)?;
                 self.steps.arm += lap.ms();
             }
-            a => {
-                release(w);
-                self.unblock(done, w, stop);
-                return Err(answer_fail(a));
+            x => {
+                release(b);
+                return Err(answer_fail(x));
             }
         }
-        self.wait_for_stop(r, (done, w), stop, wall)?;
+        self.wait_for_stop(r, done, stop, wall)?;
         self.steps.run += lap.ms();
         tracing::debug!(w, "window: stop reached");
         // Everything the candidate started, on any stream, is finished before the checks.
         match r.call(&Request::Sync, wall) {
             Answer::Reply(Reply::Synced { error: None }) => {}
             Answer::Reply(Reply::Synced { error: Some(e) }) => return Err(Fail::Cuda(e)),
-            a => return Err(answer_fail(a)),
+            x => return Err(answer_fail(x)),
         }
         after.record(&self.stream).map_err(derr)?;
         after.synchronize().map_err(derr)?;
@@ -1364,20 +1620,20 @@ impl Judge {
         let s = start.elapsed_ms(after).map_err(derr)? as f64;
         self.steps.sync += lap.ms();
         self.steps.windows += 1;
-        let mut w = Window {
+        let mut win = Window {
             ms: t,
             synced_ms: s,
             late: false,
-            verified: false,
+            verified: 0,
         };
         if k == 0 {
-            return Ok(w);
+            return Ok(win);
         }
         samples.copy(2).map_err(Fail::Judge)?;
-        (w.late, w.verified) =
-            self.check_window(task, shape, (&sets, verify), &samples, set_bytes, verify_p)?;
+        (win.late, win.verified) =
+            self.check_window(task, shape, (&sets, &verify), &samples, set_bytes)?;
         self.steps.check += lap.ms();
-        Ok(w)
+        Ok(win)
     }
 
     /// Waits until the GPU reached `stop` of window `w`, with a deadline: a candidate that
@@ -1387,7 +1643,7 @@ impl Judge {
     fn wait_for_stop(
         &mut self,
         r: &mut RunnerProcess,
-        (done, w): (sys::CUdeviceptr, u32),
+        done: sys::CUevent,
         stop: &CudaEvent,
         wall: Duration,
     ) -> Result<(), Fail> {
@@ -1404,7 +1660,7 @@ impl Judge {
                     _ => Fail::Timeout,
                 };
                 r.kill();
-                self.unblock(done, w, stop);
+                self.unblock(done, stop);
                 return Err(f);
             }
             std::thread::sleep(Duration::from_micros(20));
@@ -1414,17 +1670,16 @@ impl Judge {
     /// The checks of a window of `sets` once the runner synchronized: with one host
     /// synchronization, the sampled chunks still held the poison at the start
     /// (`work_before_start`) and no output element still holds it (`timed_output_mismatch`);
-    /// then, with probability `verify_p`, set `verify` against the reference. Returns (sampled
-    /// outputs changed after the stop, set compared with the reference).
+    /// then the sets in `verify` against the reference. Returns (sampled outputs changed after
+    /// the stop, sets compared with the reference).
     fn check_window(
         &mut self,
         task: &TaskSpec,
         shape: &ShapeCase,
-        (sets, verify): (&[Bufs], usize),
+        (sets, verify): (&[Bufs], &[usize]),
         samples: &Samples,
         set_bytes: u64,
-        verify_p: f64,
-    ) -> Result<(bool, bool), Fail> {
+    ) -> Result<(bool, usize), Fail> {
         let k = sets.len();
         let elem = Elem::of(&task.dtype).map_err(Fail::Judge)?;
         let snap = |i: i64| {
@@ -1443,6 +1698,7 @@ impl Judge {
                 .and_then(|x| x.f_sum(Kind::Int64))
                 .map_err(terr)?,
         ];
+        // The sets are `set_bytes` apart from the block's first, whatever order they ran in.
         for o in sets[0].outputs() {
             counts.push(
                 self.strided(o.offset, k, o.n, set_bytes, &elem, elem.bits)?
@@ -1471,36 +1727,35 @@ impl Judge {
                 format!("the timed launches left {left} output elements unwritten"),
             ));
         }
-        if !self.rng.random_bool(verify_p.clamp(0.0, 1.0)) {
-            return Ok((late, false));
+        let with: Vec<(&Bufs, u64)> = verify.iter().map(|&j| (&sets[j], 0)).collect();
+        for tr in self.check_sets(task, &with, shape)? {
+            if !tr.passed {
+                return Err(Fail::Timing(
+                    "timed_output_mismatch".into(),
+                    format!(
+                        "a timed launch (fresh inputs) gave wrong outputs: {}",
+                        tr.message.unwrap_or_default()
+                    ),
+                ));
+            }
         }
-        let tr = self.check(task, &sets[verify], shape, 0)?;
-        if !tr.passed {
-            return Err(Fail::Timing(
-                "timed_output_mismatch".into(),
-                format!(
-                    "a timed launch (fresh inputs) gave wrong outputs: {}",
-                    tr.message.unwrap_or_default()
-                ),
-            ));
-        }
-        Ok((late, true))
+        Ok((late, with.len()))
     }
 
     /// Lets the judge's stream past a window the runner will never finish (it died, hung or
-    /// faulted): writes the `done` word itself from a stream of its own that the legacy stream
-    /// does not wait for, then waits for `stop`. If even that fails, the judge is
-    /// [`Judge::stuck`].
-    fn unblock(&mut self, done: sys::CUdeviceptr, w: u32, stop: &CudaEvent) {
+    /// faulted after recording `done`): records `done` itself on a stream of its own that the
+    /// legacy stream does not wait for, then waits for `stop`. If the stream does not move on,
+    /// the judge is [`Judge::stuck`] (its worker exits after answering).
+    fn unblock(&mut self, done: sys::CUevent, stop: &CudaEvent) {
         let ok = (|| -> Result<(), String> {
             let s = self.ctx.new_stream().map_err(derr)?;
-            // SAFETY: a memory operation on the judge's own arena word, on a non-default stream.
+            // SAFETY: an event of this context, recorded on a non-default stream of its own.
             unsafe {
                 cu(
-                    sys::cuStreamWriteValue32_v2(s.cu_stream(), done, w, 0),
-                    "cuStreamWriteValue32(done)",
-                )?;
-            }
+                    sys::cuEventRecord(done, s.cu_stream()),
+                    "cuEventRecord(done)",
+                )?
+            };
             s.synchronize().map_err(derr)?;
             let t0 = Instant::now();
             while !stop.try_is_complete().map_err(derr)? {
@@ -1700,8 +1955,8 @@ struct Window {
     synced_ms: f64,
     /// Sampled output chunks changed after the stop event.
     late: bool,
-    /// One set of the window was compared with the reference.
-    verified: bool,
+    /// Sets of the window compared with the reference.
+    verified: usize,
 }
 
 /// Milliseconds between successive calls of [`Lap::ms`].
