@@ -75,6 +75,16 @@ pub struct Load {
     pub arena: Option<Arena>,
 }
 
+/// Bytes at the start of the arena reserved for the fallback window words; buffers start after
+/// them.
+pub const CONTROL_BYTES: u64 = 512;
+/// Arena offset of the fallback `go` word (u32): the judge's stream writes a window's number to
+/// it when the window starts (only where the window events could not be opened).
+pub const GO_OFFSET: u64 = 0;
+/// Arena offset of the fallback `done` word (u32): the runner's stream writes the window's
+/// number to it after the window's launches.
+pub const DONE_OFFSET: u64 = 256;
+
 /// Name of the runner's own empty kernel: what calibration windows run, and what a profile
 /// pass leaves out of a candidate's counters.
 pub const NOOP_KERNEL: &str = "cudarl_noop";
@@ -109,7 +119,7 @@ pub struct Arena {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Run {
-    /// The window's number (a label for logs; 0 for [`Request::Launch`]).
+    /// The window's number (the value of the fallback words; 0 for [`Request::Launch`]).
     pub window: u32,
     /// The launches, in order. A window without launches runs the runner's own empty kernel
     /// instead (calibration: the GPU switches to the runner's context as for a candidate).
@@ -149,7 +159,12 @@ pub enum Reply {
         message: String,
     },
     /// The candidate is loaded (inside the seccomp sandbox).
-    Loaded,
+    Loaded {
+        /// The window events are open. `false`: the driver could not map them in this sandbox,
+        /// and windows are ordered by the two words at the start of the arena instead
+        /// ([`GO_OFFSET`], [`DONE_OFFSET`]), which the candidate can reach.
+        events: bool,
+    },
     /// `dlopen`/`dlsym` or the IPC handles failed.
     LoadError {
         /// Why.

@@ -331,11 +331,11 @@ mod native {
         read
     }
 
-    /// The arena and the window events, opened from the judge's IPC handles.
+    /// The arena and the window events (`go`, `done`), opened from the judge's IPC handles;
+    /// `None` where the driver could not map the events here (the fallback words).
     struct Gpu {
         arena: sys::CUdeviceptr,
-        go: sys::CUevent,
-        done: sys::CUevent,
+        events: Option<(sys::CUevent, sys::CUevent)>,
     }
 
     /// The runner's own kernels, as PTX (compiled by the driver at start-up): the empty kernel
@@ -568,11 +568,11 @@ mod native {
                 cu(sys::cuIpcOpenEventHandle(&mut e, h), what)?;
                 Ok(e)
             };
-            Ok(Some(Gpu {
-                arena: ptr,
-                go: event(go, "cuIpcOpenEventHandle(go)")?,
-                done: event(done, "cuIpcOpenEventHandle(done)")?,
-            }))
+            let events = match (event(go, "go"), event(done, "done")) {
+                (Ok(g), Ok(d)) => Some((g, d)),
+                _ => None,
+            };
+            Ok(Some(Gpu { arena: ptr, events }))
         }
     }
 
@@ -746,7 +746,8 @@ mod native {
         if let Err(e) = exec {
             load_error(&mut out, format!("the exec filter: {e}"));
         }
-        reply(&mut out, &Reply::Loaded);
+        let events = g.as_ref().is_some_and(|g| g.events.is_some());
+        reply(&mut out, &Reply::Loaded { events });
         serve(inp, out, g.as_ref(), entry, own)
     }
 
@@ -774,7 +775,15 @@ mod native {
                     let poisoned = run.poison.is_none_or(|p| {
                         launch_poison(&own, p, stream) == sys::CUresult::CUDA_SUCCESS
                     });
-                    let r = unsafe { sys::cuStreamWaitEvent(stream, g.go, 0) };
+                    let r = match g.events {
+                        // SAFETY: the judge's `go` event, opened at load.
+                        Some((go, _)) => unsafe { sys::cuStreamWaitEvent(stream, go, 0) },
+                        // SAFETY: the fallback `go` word of the arena.
+                        None => unsafe {
+                            let go = g.arena + cudarl_cuda::runner::GO_OFFSET;
+                            sys::cuStreamWaitValue32_v2(stream, go, run.window, 0)
+                        },
+                    };
                     let rc = if !poisoned {
                         cudarl_cuda::runner::POISON_FAILED
                     } else if r != sys::CUresult::CUDA_SUCCESS {
@@ -789,8 +798,15 @@ mod native {
                     } else {
                         call(entry, g.arena, &run.reps)
                     };
-                    // SAFETY: as above.
-                    unsafe { sys::cuEventRecord(g.done, stream) };
+                    let _ = match g.events {
+                        // SAFETY: the judge's `done` event, opened at load.
+                        Some((_, done)) => unsafe { sys::cuEventRecord(done, stream) },
+                        // SAFETY: the fallback `done` word of the arena.
+                        None => unsafe {
+                            let done = g.arena + cudarl_cuda::runner::DONE_OFFSET;
+                            sys::cuStreamWriteValue32_v2(stream, done, run.window, 0)
+                        },
+                    };
                     reply(&mut out, &Reply::Armed { rc });
                 }
                 Some(Request::Launch(run)) => {

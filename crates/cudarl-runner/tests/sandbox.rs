@@ -116,7 +116,7 @@ fn a_constructor_reads_nothing_outside_the_staging_directory_and_writes_nothing(
     );
     let so = build(&n, d.path(), "probe", &src);
     let (a, out) = load(&n, &so);
-    assert_eq!(a, Answer::Reply(Reply::Loaded), "{out}");
+    assert_eq!(a, Answer::Reply(Reply::Loaded { events: false }), "{out}");
     assert!(out.contains("secret:denied"), "{out}");
     assert!(out.contains("etc:denied"), "{out}");
     assert!(out.contains("write:denied"), "{out}");
@@ -129,7 +129,7 @@ fn an_honest_library_loads_and_a_raw_syscall_is_reported_by_name() {
     let d = tempfile::tempdir().unwrap();
     let so = build(&n, d.path(), "honest", "");
     let (a, out) = load(&n, &so);
-    assert_eq!(a, Answer::Reply(Reply::Loaded), "{out}");
+    assert_eq!(a, Answer::Reply(Reply::Loaded { events: false }), "{out}");
     // socket(2) through a raw `syscall` instruction, bypassing libc: trapped and named.
     let src = "__attribute__((constructor)) static void raw() { long r; asm volatile(\"syscall\" : \"=a\"(r) : \"a\"(41L), \"D\"(2L), \"S\"(1L), \"d\"(0L) : \"rcx\", \"r11\", \"memory\"); }\n";
     let so = build(&n, d.path(), "raw", src);

@@ -39,7 +39,8 @@ use cudarl_cuda::expr::Expr;
 use cudarl_cuda::gpu::{BenchSpec, GpuInfo, RunJob, RunResult, ShapeCase, TestResult, Timing};
 use cudarl_cuda::profile::{Ncu, ProfileOutcome, parse_raw_csv};
 use cudarl_cuda::runner::{
-    Answer, Load, POISON_FAILED, Rep, Reply, Request, Run, RunnerProcess, to_hex,
+    Answer, CONTROL_BYTES, DONE_OFFSET, GO_OFFSET, Load, POISON_FAILED, Rep, Reply, Request, Run,
+    RunnerProcess, to_hex,
 };
 use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula};
 use rand::seq::SliceRandom;
@@ -150,7 +151,7 @@ fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, Str
     {
         bytes = bytes.max(set * max_sets(b, set) as u64);
     }
-    Ok(2 * bytes)
+    Ok(CONTROL_BYTES + 2 * bytes)
 }
 
 /// The words of a [`Fail`] for a profile pass's status.
@@ -388,8 +389,11 @@ struct Ipc {
     gate_host: *mut u32,
     gate_dev: sys::CUdeviceptr,
     gate: u32,
-    /// Windows numbered for the logs.
+    /// Windows numbered (the fallback words' values).
     window: u32,
+    /// The current job's runner could not open the window events: windows are ordered by the
+    /// words at [`GO_OFFSET`] and [`DONE_OFFSET`] of the arena.
+    words: bool,
 }
 
 /// One device allocation shared with runners.
@@ -595,6 +599,7 @@ impl Judge {
                     gate_dev: d,
                     gate: 0,
                     window: 0,
+                    words: false,
                 });
             }
         }
@@ -705,8 +710,17 @@ impl Judge {
         };
         tracing::debug!("runner ready; arena and load");
         match r.call(&Request::Load(load), Duration::from_secs(60)) {
-            Answer::Reply(Reply::Loaded) => {
-                tracing::debug!("runner loaded");
+            Answer::Reply(Reply::Loaded { events }) => {
+                tracing::debug!(events, "runner loaded");
+                if !events {
+                    tracing::warn!(
+                        "the runner could not map the window events; windows are ordered by the \
+                         arena's fallback words"
+                    );
+                }
+                if let Some(ipc) = self.ipc.as_mut() {
+                    ipc.words = !events;
+                }
                 Ok(())
             }
             a => Err(answer_fail(a)),
@@ -1044,7 +1058,7 @@ impl Judge {
             );
         };
         let failed = |why: String| ProfileOutcome::without(format!("failed: {why}"));
-        let Ok(bytes) = set_layout(&job.task, &shape.sizes).map(|(_, b)| b) else {
+        let Ok(bytes) = set_layout(&job.task, &shape.sizes).map(|(_, b)| CONTROL_BYTES + b) else {
             return failed("task spec".into());
         };
         let dir = match tempfile::Builder::new().prefix("cudarl-profile-").tempdir() {
@@ -1114,7 +1128,7 @@ impl Judge {
         seed: u64,
         wall: Duration,
     ) -> Result<TestResult, Fail> {
-        let b = self.fill(task, &shape.sizes, seed, 0, Inputs::Seed)?;
+        let b = self.fill(task, &shape.sizes, seed, CONTROL_BYTES, Inputs::Seed)?;
         // The runner's context sees the inputs once the judge's stream is done with them.
         self.sync()?;
         match r.call(
@@ -1198,21 +1212,15 @@ impl Judge {
         sets: &[Bufs],
         wall: Duration,
     ) -> Result<(), Fail> {
-        let (go, w) = {
+        let w = {
             let ipc = self
                 .ipc
                 .as_mut()
                 .ok_or_else(|| Fail::Judge("no arena".into()))?;
             ipc.window = ipc.window.wrapping_add(1);
-            (ipc.arena().events()?.go, ipc.window)
+            ipc.window
         };
-        // SAFETY: an event of this context, recorded on the legacy stream after the fills.
-        unsafe {
-            cu(
-                sys::cuEventRecord(go, std::ptr::null_mut()),
-                "cuEventRecord(go)",
-            )?
-        };
+        self.signal_go(w)?;
         let order = self.order(sets.len());
         let run = Run {
             window: w,
@@ -1239,14 +1247,15 @@ impl Judge {
     }
 
     /// A drawn place for a block of `k` sets `set_bytes` apart in the current arena: a byte
-    /// offset, a multiple of [`PLACE_UNIT`], uniform over the places where the block fits.
+    /// offset past [`CONTROL_BYTES`], a multiple of [`PLACE_UNIT`], uniform over the places
+    /// where the block fits.
     fn place(&mut self, k: usize, set_bytes: u64) -> Result<u64, String> {
         let cap = self.ipc.as_ref().ok_or("no arena")?.arena().bytes;
-        let need = k as u64 * set_bytes;
+        let need = CONTROL_BYTES + k as u64 * set_bytes;
         if need > cap {
             return Err(format!("a block of {need} bytes in an arena of {cap}"));
         }
-        Ok(self.rng.random_range(0..=(cap - need) / PLACE_UNIT) * PLACE_UNIT)
+        Ok(CONTROL_BYTES + self.rng.random_range(0..=(cap - need) / PLACE_UNIT) * PLACE_UNIT)
     }
 
     /// A drawn order of `k` calls.
@@ -1492,20 +1501,18 @@ impl Judge {
         (start, stop, after): (&CudaEvent, &CudaEvent, &CudaEvent),
         wall: Duration,
     ) -> Result<Window, Fail> {
-        let (gate_dev, (a, b), w, gate_host, (go, done)) = {
+        let (gate_dev, (a, b), w, gate_host) = {
             let ipc = self
                 .ipc
                 .as_mut()
                 .ok_or_else(|| Fail::Judge("no arena".into()))?;
             ipc.gate = ipc.gate.wrapping_add(2);
             ipc.window = ipc.window.wrapping_add(1);
-            let ev = ipc.arena().events()?;
             (
                 ipc.gate_dev,
                 (ipc.gate.wrapping_sub(1), ipc.gate),
                 ipc.window,
                 ipc.gate_host,
-                (ev.go, ev.done),
             )
         };
         let arena = self.ipc.as_ref().map_or(0, |i| i.arena().ptr);
@@ -1545,9 +1552,9 @@ impl Judge {
             self.flush()?;
             samples.copy(0)?;
             start.record(&self.stream).map_err(derr)?;
-            // SAFETY: events of this context and the gate word, on the legacy stream.
+            self.signal_go(w)?;
+            // SAFETY: the gate word, on the legacy stream.
             unsafe {
-                cu(sys::cuEventRecord(go, null), "cuEventRecord(go)")?;
                 cu(
                     sys::cuStreamWaitValue32_v2(null, gate_dev, b, 0 /* GEQ */),
                     "cuStreamWaitValue32",
@@ -1585,14 +1592,8 @@ impl Judge {
         match answer {
             Answer::Reply(Reply::Armed { .. }) => {
                 let closed = (|| -> Result<(), String> {
-                    // SAFETY: the runner recorded `done` (it answered): the wait is on that
-                    // record; legacy stream.
-                    unsafe {
-                        cu(
-                            sys::cuStreamWaitEvent(null, done, 0),
-                            "cuStreamWaitEvent(done)",
-                        )?
-                    };
+                    // The runner recorded `done` before it answered: the wait is on that record.
+                    self.wait_done(w)?;
                     stop.record(&self.stream).map_err(derr)?;
                     samples.copy(1)
                 })();
@@ -1605,7 +1606,7 @@ impl Judge {
                 return Err(answer_fail(x));
             }
         }
-        self.wait_for_stop(r, done, stop, wall)?;
+        self.wait_for_stop(r, w, stop, wall)?;
         self.steps.run += lap.ms();
         tracing::debug!(w, "window: stop reached");
         // Everything the candidate started, on any stream, is finished before the checks.
@@ -1643,7 +1644,7 @@ impl Judge {
     fn wait_for_stop(
         &mut self,
         r: &mut RunnerProcess,
-        done: sys::CUevent,
+        w: u32,
         stop: &CudaEvent,
         wall: Duration,
     ) -> Result<(), Fail> {
@@ -1660,7 +1661,7 @@ impl Judge {
                     _ => Fail::Timeout,
                 };
                 r.kill();
-                self.unblock(done, stop);
+                self.unblock(w, stop);
                 return Err(f);
             }
             std::thread::sleep(Duration::from_micros(20));
@@ -1742,20 +1743,75 @@ impl Judge {
         Ok((late, with.len()))
     }
 
-    /// Lets the judge's stream past a window the runner will never finish (it died, hung or
-    /// faulted after recording `done`): records `done` itself on a stream of its own that the
-    /// legacy stream does not wait for, then waits for `stop`. If the stream does not move on,
-    /// the judge is [`Judge::stuck`] (its worker exits after answering).
-    fn unblock(&mut self, done: sys::CUevent, stop: &CudaEvent) {
-        let ok = (|| -> Result<(), String> {
-            let s = self.ctx.new_stream().map_err(derr)?;
-            // SAFETY: an event of this context, recorded on a non-default stream of its own.
-            unsafe {
+    /// Enqueues the start of window `w` for the runner on the legacy stream: a record of the
+    /// `go` event, or `go := w` in the fallback words.
+    fn signal_go(&self, w: u32) -> Result<(), String> {
+        let ipc = self.ipc.as_ref().ok_or("no arena")?;
+        let null: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: an event of this context, or a word of its arena, on the legacy stream.
+        unsafe {
+            if ipc.words {
+                let go = ipc.arena().ptr + GO_OFFSET;
                 cu(
-                    sys::cuEventRecord(done, s.cu_stream()),
-                    "cuEventRecord(done)",
-                )?
-            };
+                    sys::cuStreamWriteValue32_v2(null, go, w, 0),
+                    "cuStreamWriteValue32(go)",
+                )
+            } else {
+                let go = ipc.arena().events()?.go;
+                cu(sys::cuEventRecord(go, null), "cuEventRecord(go)")
+            }
+        }
+    }
+
+    /// Enqueues the legacy stream's wait for the runner's end of window `w`: on the `done`
+    /// event (recorded by the runner before it answered), or on `done >= w` in the fallback
+    /// words.
+    fn wait_done(&self, w: u32) -> Result<(), String> {
+        let ipc = self.ipc.as_ref().ok_or("no arena")?;
+        let null: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: an event of this context, or a word of its arena, on the legacy stream.
+        unsafe {
+            if ipc.words {
+                let done = ipc.arena().ptr + DONE_OFFSET;
+                cu(
+                    sys::cuStreamWaitValue32_v2(null, done, w, 0 /* GEQ */),
+                    "cuStreamWaitValue32(done)",
+                )
+            } else {
+                let done = ipc.arena().events()?.done;
+                cu(
+                    sys::cuStreamWaitEvent(null, done, 0),
+                    "cuStreamWaitEvent(done)",
+                )
+            }
+        }
+    }
+
+    /// Lets the judge's stream past window `w`, which the runner will never finish (it died,
+    /// hung or faulted after recording `done`): records `done` (or writes `done := w`) itself
+    /// on a stream of its own that the legacy stream does not wait for, then waits for `stop`.
+    /// If the stream does not move on, the judge is [`Judge::stuck`] (its worker exits after
+    /// answering).
+    fn unblock(&mut self, w: u32, stop: &CudaEvent) {
+        let ok = (|| -> Result<(), String> {
+            let ipc = self.ipc.as_ref().ok_or("no arena")?;
+            let s = self.ctx.new_stream().map_err(derr)?;
+            // SAFETY: an event of this context or a word of its arena, on a stream of its own.
+            unsafe {
+                if ipc.words {
+                    let done = ipc.arena().ptr + DONE_OFFSET;
+                    cu(
+                        sys::cuStreamWriteValue32_v2(s.cu_stream(), done, w, 0),
+                        "cuStreamWriteValue32(done)",
+                    )?;
+                } else {
+                    let done = ipc.arena().events()?.done;
+                    cu(
+                        sys::cuEventRecord(done, s.cu_stream()),
+                        "cuEventRecord(done)",
+                    )?;
+                }
+            }
             s.synchronize().map_err(derr)?;
             let t0 = Instant::now();
             while !stop.try_is_complete().map_err(derr)? {
