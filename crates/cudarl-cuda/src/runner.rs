@@ -95,9 +95,21 @@ pub const NOOP_KERNEL: &str = "cudarl_noop";
 /// later one.
 pub const POISON_KERNEL: &str = "cudarl_poison";
 
-/// [`Reply::Armed`]'s `rc` when the poison kernel failed to launch (the runner's fault, not the
-/// candidate's return value).
+/// [`Reply::Armed`]'s `rc` when the window's wait on `go` could not be enqueued (the runner's
+/// own failures are negative; a candidate's return value is a `cudaError_t`).
+pub const GO_FAILED: i32 = -2;
+/// [`Reply::Armed`]'s `rc` when a calibration window's empty kernel failed to launch.
+pub const NOOP_FAILED: i32 = -3;
+/// [`Reply::Armed`]'s `rc` when the poison kernel failed to launch.
 pub const POISON_FAILED: i32 = -4;
+/// [`Reply::Armed`]'s `rc` when the record of `done` (or the write of the fallback word)
+/// failed: the judge's wait would see an earlier window's.
+pub const DONE_FAILED: i32 = -5;
+
+/// Whether an `rc` of [`Reply::Armed`] is one of the runner's own failures.
+pub fn runner_failed(rc: i32) -> bool {
+    [GO_FAILED, NOOP_FAILED, POISON_FAILED, DONE_FAILED].contains(&rc)
+}
 
 /// A device allocation shared with the runner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +121,7 @@ pub struct Arena {
     pub bytes: u64,
     /// `cuIpcGetEventHandle` of the window's `go` event (hex, 64 bytes): the judge records it
     /// when a window starts; the runner's stream waits on it before the window's launches.
+    /// Empty (with `done`) when the judge could not create the events: the fallback words.
     pub go: String,
     /// `cuIpcGetEventHandle` of the `done` event (hex, 64 bytes): the runner's stream records it
     /// after the window's launches; the judge's stream waits on it before its stop event.

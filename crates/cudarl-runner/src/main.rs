@@ -545,7 +545,12 @@ mod native {
             return Ok(None);
         };
         let mh = handle64(&arena.handle, "arena")?;
-        let (go, done) = (handle64(&arena.go, "go")?, handle64(&arena.done, "done")?);
+        // Empty handles: the judge could not create the events (the fallback words).
+        let handles = if arena.go.is_empty() || arena.done.is_empty() {
+            None
+        } else {
+            Some((handle64(&arena.go, "go")?, handle64(&arena.done, "done")?))
+        };
         // SAFETY: IPC handles from the judge, opened in the current (primary) context.
         unsafe {
             let mut ptr = 0;
@@ -568,10 +573,11 @@ mod native {
                 cu(sys::cuIpcOpenEventHandle(&mut e, h), what)?;
                 Ok(e)
             };
-            let events = match (event(go, "go"), event(done, "done")) {
-                (Ok(g), Ok(d)) => Some((g, d)),
-                _ => None,
-            };
+            let events =
+                handles.and_then(|(go, done)| match (event(go, "go"), event(done, "done")) {
+                    (Ok(g), Ok(d)) => Some((g, d)),
+                    _ => None,
+                });
             Ok(Some(Gpu { arena: ptr, events }))
         }
     }
@@ -787,18 +793,18 @@ mod native {
                     let rc = if !poisoned {
                         cudarl_cuda::runner::POISON_FAILED
                     } else if r != sys::CUresult::CUDA_SUCCESS {
-                        -2
+                        cudarl_cuda::runner::GO_FAILED
                     } else if run.reps.is_empty() {
                         // A calibration window: the runner's own empty kernel.
                         if launch_noop(own.noop, stream) == sys::CUresult::CUDA_SUCCESS {
                             0
                         } else {
-                            -3
+                            cudarl_cuda::runner::NOOP_FAILED
                         }
                     } else {
                         call(entry, g.arena, &run.reps)
                     };
-                    let _ = match g.events {
+                    let recorded = match g.events {
                         // SAFETY: the judge's `done` event, opened at load.
                         Some((_, done)) => unsafe { sys::cuEventRecord(done, stream) },
                         // SAFETY: the fallback `done` word of the arena.
@@ -806,6 +812,11 @@ mod native {
                             let done = g.arena + cudarl_cuda::runner::DONE_OFFSET;
                             sys::cuStreamWriteValue32_v2(stream, done, run.window, 0)
                         },
+                    };
+                    let rc = if recorded == sys::CUresult::CUDA_SUCCESS {
+                        rc
+                    } else {
+                        cudarl_cuda::runner::DONE_FAILED
                     };
                     reply(&mut out, &Reply::Armed { rc });
                 }

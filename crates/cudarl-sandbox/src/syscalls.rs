@@ -583,7 +583,8 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
 /// The runner's last filter, installed once the candidate is loaded (its code mapped): no new
 /// executable memory, i.e. `mmap`, `mprotect` and `pkey_mprotect` with `PROT_EXEC` in their
 /// protection argument are denied (`SIGSYS`, reported like every denied call; logged with
-/// `log_only`). Code a candidate writes at run time, or a library it maps later, cannot run.
+/// `log_only`), and so is `seccomp` (no filter after this one). Code a candidate writes at run
+/// time, or a library it maps later, cannot run.
 ///
 /// # Errors
 /// [`SandboxError::Seccomp`] if the filter does not compile (a bug, not an input error).
@@ -598,6 +599,9 @@ pub fn exec_filter(opts: &FilterOptions) -> Result<BpfProgram, SandboxError> {
     for nr in [libc::SYS_mmap, libc::SYS_mprotect, libc::SYS_pkey_mprotect] {
         rules.insert(nr, vec![exec()?]);
     }
+    // The last filter: nothing may add one after it (a filter answering chosen calls with
+    // success would fake them).
+    rules.insert(libc::SYS_seccomp, vec![]);
     compile(rules, SeccompAction::Allow, denied)
 }
 

@@ -39,8 +39,8 @@ use cudarl_cuda::expr::Expr;
 use cudarl_cuda::gpu::{BenchSpec, GpuInfo, RunJob, RunResult, ShapeCase, TestResult, Timing};
 use cudarl_cuda::profile::{Ncu, ProfileOutcome, parse_raw_csv};
 use cudarl_cuda::runner::{
-    Answer, CONTROL_BYTES, DONE_OFFSET, GO_OFFSET, Load, POISON_FAILED, Rep, Reply, Request, Run,
-    RunnerProcess, to_hex,
+    Answer, CONTROL_BYTES, DONE_OFFSET, GO_OFFSET, Load, Rep, Reply, Request, Run, RunnerProcess,
+    runner_failed, to_hex,
 };
 use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula};
 use rand::seq::SliceRandom;
@@ -57,7 +57,7 @@ const ALIGN: u64 = 512;
 /// buffer is at least this aligned, and its address modulo larger powers of two is drawn.
 const PLACE_UNIT: u64 = 256;
 /// Sets of a timed window compared with the reference (all of them when the window has fewer),
-/// drawn by the judge after the window ran: a candidate that skips the work of a share `g` of a
+/// drawn by the judge (nothing in a call tells the candidate which): a candidate that skips the work of a share `g` of a
 /// window's launches escapes that window's comparison with probability `(1 - g)^8` (under 0.004
 /// for `g` = 1/2), and every window is compared.
 const VERIFY_SETS: usize = 8;
@@ -152,6 +152,16 @@ fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, Str
         bytes = bytes.max(set * max_sets(b, set) as u64);
     }
     Ok(CONTROL_BYTES + 2 * bytes)
+}
+
+/// The failure an [`Reply::Armed`] with a nonzero `rc` stands for: the runner's own (it could not
+/// order or poison the window: the judge's side) or the candidate's launch error.
+fn armed_fail(rc: i32) -> Fail {
+    if runner_failed(rc) {
+        Fail::Judge(format!("the runner could not order the window (rc {rc})"))
+    } else {
+        Fail::Cuda(format!("launch returned cudaError {rc}"))
+    }
 }
 
 /// The words of a [`Fail`] for a profile pass's status.
@@ -363,6 +373,9 @@ fn probe_of(
     kind: Kind,
     dev: Device,
 ) -> Result<Tensor, String> {
+    if n == 0 {
+        return Ok(x.shallow_clone());
+    }
     let other = mix64(seed ^ 0x70f1_5eed_cace_0b5e);
     let fresh = gen_input(n, other, ai, scale, kind, dev)?;
     // gen_input seeded torch's generator from (other, ai): the places come from it too.
@@ -636,7 +649,13 @@ impl Judge {
                 "cuMemsetD8Async (arena)",
             )?;
         }
-        slot.events = Some(WindowEvents::new()?);
+        slot.events = match WindowEvents::new() {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "no window events; windows use the fallback words");
+                None
+            }
+        };
         Ok(ipc)
     }
 
@@ -704,8 +723,16 @@ impl Judge {
             arena: Some(cudarl_cuda::runner::Arena {
                 handle: ipc.arena().handle.clone(),
                 bytes: ipc.arena().bytes,
-                go: ipc.arena().events()?.handles.0.clone(),
-                done: ipc.arena().events()?.handles.1.clone(),
+                go: ipc
+                    .arena()
+                    .events
+                    .as_ref()
+                    .map_or_else(String::new, |e| e.handles.0.clone()),
+                done: ipc
+                    .arena()
+                    .events
+                    .as_ref()
+                    .map_or_else(String::new, |e| e.handles.1.clone()),
             }),
         };
         tracing::debug!("runner ready; arena and load");
@@ -1228,14 +1255,7 @@ impl Judge {
             poison: Some(self.rng.random()),
         };
         match r.call(&Request::Run(run), wall) {
-            Answer::Reply(Reply::Armed { rc: POISON_FAILED }) => {
-                return Err(Fail::Judge(
-                    "the runner's shared-memory poison did not launch".into(),
-                ));
-            }
-            Answer::Reply(Reply::Armed { rc }) if rc != 0 => {
-                return Err(Fail::Cuda(format!("launch returned cudaError {rc}")));
-            }
+            Answer::Reply(Reply::Armed { rc }) if rc != 0 => return Err(armed_fail(rc)),
             Answer::Reply(Reply::Armed { .. }) => {}
             a => return Err(answer_fail(a)),
         }
@@ -1590,6 +1610,10 @@ impl Judge {
         };
         tracing::debug!(?answer, "window: runner answered");
         match answer {
+            Answer::Reply(Reply::Armed { rc }) if rc != 0 => {
+                release(b);
+                return Err(armed_fail(rc));
+            }
             Answer::Reply(Reply::Armed { .. }) => {
                 let closed = (|| -> Result<(), String> {
                     // The runner recorded `done` before it answered: the wait is on that record.
