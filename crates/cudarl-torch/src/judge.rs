@@ -1239,21 +1239,8 @@ impl Judge {
         sets: &[Bufs],
         wall: Duration,
     ) -> Result<(), Fail> {
-        let w = {
-            let ipc = self
-                .ipc
-                .as_mut()
-                .ok_or_else(|| Fail::Judge("no arena".into()))?;
-            ipc.window = ipc.window.wrapping_add(1);
-            ipc.window
-        };
-        self.signal_go(w)?;
-        let order = self.order(sets.len());
-        let run = Run {
-            window: w,
-            reps: order.iter().map(|&j| sets[j].rep()).collect(),
-            poison: Some(self.rng.random()),
-        };
+        let run = self.next_run(sets)?;
+        self.signal_go(run.window)?;
         match r.call(&Request::Run(run), wall) {
             Answer::Reply(Reply::Armed { rc }) if rc != 0 => return Err(armed_fail(rc)),
             Answer::Reply(Reply::Armed { .. }) => {}
@@ -1276,6 +1263,24 @@ impl Judge {
             return Err(format!("a block of {need} bytes in an arena of {cap}"));
         }
         Ok(CONTROL_BYTES + self.rng.random_range(0..=(cap - need) / PLACE_UNIT) * PLACE_UNIT)
+    }
+
+    /// The next window's request for `sets`: the next window number, the sets in a drawn order
+    /// and a drawn poison pattern. Tests and timed windows both take theirs from here, so they
+    /// are drawn alike.
+    fn next_run(&mut self, sets: &[Bufs]) -> Result<Run, Fail> {
+        let ipc = self
+            .ipc
+            .as_mut()
+            .ok_or_else(|| Fail::Judge("no arena".into()))?;
+        ipc.window = ipc.window.wrapping_add(1);
+        let window = ipc.window;
+        let order = self.order(sets.len());
+        Ok(Run {
+            window,
+            reps: order.iter().map(|&j| sets[j].rep()).collect(),
+            poison: Some(self.rng.random()),
+        })
     }
 
     /// A drawn order of `k` calls.
@@ -1521,17 +1526,15 @@ impl Judge {
         (start, stop, after): (&CudaEvent, &CudaEvent, &CudaEvent),
         wall: Duration,
     ) -> Result<Window, Fail> {
-        let (gate_dev, (a, b), w, gate_host) = {
+        let (gate_dev, (a, b), gate_host) = {
             let ipc = self
                 .ipc
                 .as_mut()
                 .ok_or_else(|| Fail::Judge("no arena".into()))?;
             ipc.gate = ipc.gate.wrapping_add(2);
-            ipc.window = ipc.window.wrapping_add(1);
             (
                 ipc.gate_dev,
                 (ipc.gate.wrapping_sub(1), ipc.gate),
-                ipc.window,
                 ipc.gate_host,
             )
         };
@@ -1553,7 +1556,8 @@ impl Judge {
         } else {
             Vec::new()
         };
-        let order = self.order(k);
+        let run = self.next_run(&sets)?;
+        let w = run.window;
         let samples = Samples::draw(&mut self.rng, &sets, arena, self.dev)?;
         self.steps.fill += lap.ms();
         let release = |g: u32| {
@@ -1586,14 +1590,8 @@ impl Judge {
             release(b);
             return Err(Fail::Judge(e));
         }
-        let reps = order.iter().map(|&j| sets[j].rep()).collect();
         self.steps.enqueue += lap.ms();
         tracing::debug!(w, k, "window: enqueued, asking the runner");
-        let run = Run {
-            window: w,
-            reps,
-            poison: Some(self.rng.random()),
-        };
         if r.send(&Request::Run(run)).is_err() {
             release(b);
             return Err(answer_fail(r.recv(Duration::from_secs(1))));
@@ -1767,22 +1765,30 @@ impl Judge {
         Ok((late, with.len()))
     }
 
-    /// Enqueues the start of window `w` for the runner on the legacy stream: a record of the
-    /// `go` event, or `go := w` in the fallback words.
+    /// Enqueues the start of window `w` for the runner on the legacy stream (see
+    /// [`Judge::signal`]).
     fn signal_go(&self, w: u32) -> Result<(), String> {
+        self.signal(std::ptr::null_mut(), false, w)
+    }
+
+    /// Enqueues on `stream` a record of the `go` event (`done`: of the `done` event), or, in the
+    /// fallback words, the write of `w` to that word.
+    fn signal(&self, stream: sys::CUstream, done: bool, w: u32) -> Result<(), String> {
         let ipc = self.ipc.as_ref().ok_or("no arena")?;
-        let null: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: an event of this context, or a word of its arena, on the legacy stream.
+        // SAFETY: an event of this context, or a word of its arena, on a stream of this context.
         unsafe {
             if ipc.words {
-                let go = ipc.arena().ptr + GO_OFFSET;
+                let at = ipc.arena().ptr + if done { DONE_OFFSET } else { GO_OFFSET };
                 cu(
-                    sys::cuStreamWriteValue32_v2(null, go, w, 0),
-                    "cuStreamWriteValue32(go)",
+                    sys::cuStreamWriteValue32_v2(stream, at, w, 0),
+                    "cuStreamWriteValue32",
                 )
             } else {
-                let go = ipc.arena().events()?.go;
-                cu(sys::cuEventRecord(go, null), "cuEventRecord(go)")
+                let ev = ipc.arena().events()?;
+                cu(
+                    sys::cuEventRecord(if done { ev.done } else { ev.go }, stream),
+                    "cuEventRecord",
+                )
             }
         }
     }
@@ -1818,24 +1824,8 @@ impl Judge {
     /// answering).
     fn unblock(&mut self, w: u32, stop: &CudaEvent) {
         let ok = (|| -> Result<(), String> {
-            let ipc = self.ipc.as_ref().ok_or("no arena")?;
             let s = self.ctx.new_stream().map_err(derr)?;
-            // SAFETY: an event of this context or a word of its arena, on a stream of its own.
-            unsafe {
-                if ipc.words {
-                    let done = ipc.arena().ptr + DONE_OFFSET;
-                    cu(
-                        sys::cuStreamWriteValue32_v2(s.cu_stream(), done, w, 0),
-                        "cuStreamWriteValue32(done)",
-                    )?;
-                } else {
-                    let done = ipc.arena().events()?.done;
-                    cu(
-                        sys::cuEventRecord(done, s.cu_stream()),
-                        "cuEventRecord(done)",
-                    )?;
-                }
-            }
+            self.signal(s.cu_stream(), true, w)?;
             s.synchronize().map_err(derr)?;
             let t0 = Instant::now();
             while !stop.try_is_complete().map_err(derr)? {
