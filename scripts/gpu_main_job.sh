@@ -33,8 +33,9 @@
 #   VALIDATE_UNBATCHED=1 as well: then once more on another fresh store with
 #   validate.timing_batch=1 (one exclusive hold of the GPU per timed candidate):
 #   validate_unbatched, its seconds and stats beside validate_alone's.
-# GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs); GPU_TESTS_SKIP: a
-#   test name filter to leave out (e.g. torch_format, which needs more than 500 s alone).
+# GPU_TESTS=1: then the gated GPU tests (.carry/gpu-tests.gz, tests/gpu.rs); GPU_TESTS_SKIP:
+#   test name filters to leave out, space-separated (e.g. torch_format, which needs more than
+#   500 s alone).
 # SFT_GROUPED=1: after the main job (before the variants), both SFT stages again on its store
 #   from configs/model/small.toml with group_by_length = true (written here as
 #   small_grouped.toml, not in the repository): sft_grouped.jsonl, length-grouped batching's
@@ -135,7 +136,7 @@ if [ "${VALIDATE_ALONE:-0}" = 1 ]; then
 fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   t0=\$(date +%s)
-  CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 ${GPU_TESTS_SKIP:+--skip $GPU_TESTS_SKIP} > $D/gpu_tests.log 2>&1
+  CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 $(for s in ${GPU_TESTS_SKIP:-}; do printf -- '--skip %s ' "$s"; done) > $D/gpu_tests.log 2>&1
   echo \$? > $D/gpu_tests.rc; echo \$(( \$(date +%s) - t0 )) > $D/gpu_tests.wall
 fi
 touch $D/done

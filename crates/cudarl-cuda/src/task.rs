@@ -68,7 +68,9 @@ pub struct TaskSpec {
     pub holdout_shapes: Vec<BTreeMap<String, i64>>,
     /// Absolute tolerance.
     pub atol: f64,
-    /// Relative tolerance.
+    /// Relative tolerance: an element passes when `|out - ref| <= atol + rtol * m`, `m` the
+    /// reference's magnitude ([`crate::expr`]); an f32 task with a contraction is judged with
+    /// at most f32's rounding bound instead ([`TaskSpec::rtol_for`]).
     pub rtol: f64,
     /// Bytes moved by an ideal kernel, as a sum of products, e.g. `12*n`.
     pub bytes: String,
@@ -257,7 +259,36 @@ pub fn entry_shim(headers: &str, signature: &str, call: &[String]) -> String {
     )
 }
 
+/// Unit roundoff of IEEE binary32, `2^-24`.
+pub const F32_UNIT_ROUNDOFF: f64 = 5.960_464_477_539_063e-8;
+
+/// The constant `λ` of an f32 task's derived tolerance `λ sqrt(K) u` ([`TaskSpec::rtol_for`]).
+/// A K-term sum of products rounded in f32, in any order, is within `λ sqrt(K) u` times the sum
+/// of the terms' magnitudes with probability at least `1 - 2 exp(-λ^2 / 2)` when the roundings
+/// are independent and of mean zero (Higham and Mary, "A New Approach to Probabilistic Rounding
+/// Error Analysis", SIAM J. Sci. Comput. 41(5), 2019); `λ = 8` misses about one output in
+/// 10^13. TF32 operands (10 mantissa bits, `u = 2^-11`) move a product by up to `2^-10` of
+/// itself, a K-term sum by about `2^-11 sqrt(K)` of the terms' root-mean-square when the inputs
+/// have either sign, which exceeds the bound for `K` up to a few thousand.
+pub const F32_CONTRACTION_LAMBDA: f64 = 8.0;
+
 impl TaskSpec {
+    /// The relative tolerance the judge applies when the reference's longest contraction (a
+    /// matmul's inner dimension, a convolution's `C_in / groups` times its kernel elements) has
+    /// `contraction` terms: for an `f32` task that does not allow TF32, the smaller of
+    /// [`TaskSpec::rtol`] and `F32_CONTRACTION_LAMBDA * sqrt(K) * 2^-24`, so math on reduced-precision
+    /// operands (TF32, bf16) fails where it changes results beyond f32's own rounding; otherwise
+    /// (no contraction, other dtypes, `allow_tf32`) `rtol` itself. The tolerance test is
+    /// `|out - ref| <= atol + rtol * m` with `m` the reference's magnitude
+    /// (`crate::expr`, "magnitude").
+    pub fn rtol_for(&self, contraction: i64) -> f64 {
+        if self.dtype != "f32" || self.allow_tf32 || contraction <= 0 {
+            return self.rtol;
+        }
+        let derived = F32_CONTRACTION_LAMBDA * (contraction as f64).sqrt() * F32_UNIT_ROUNDOFF;
+        self.rtol.min(derived)
+    }
+
     /// Loads `dir/task.toml`.
     ///
     /// # Errors

@@ -1,17 +1,43 @@
 //! Evaluation of reference expressions ([`cudarl_cuda::expr`]) with tch (libtorch), with the
 //! tolerance magnitude described there.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use cudarl_cuda::expr::Expr;
 use tch::{Kind, Tensor};
 
-/// Values bound to names during evaluation.
+/// Values bound to names during evaluation, and the longest contraction evaluated with them.
 pub struct Env<'a> {
     /// Buffer arguments, shaped.
     pub tensors: BTreeMap<String, &'a Tensor>,
     /// Scalar arguments.
     pub scalars: BTreeMap<String, f64>,
+    contraction: Cell<i64>,
+}
+
+impl<'a> Env<'a> {
+    /// An environment of `tensors` and `scalars`.
+    pub fn new(tensors: BTreeMap<String, &'a Tensor>, scalars: BTreeMap<String, f64>) -> Self {
+        Env {
+            tensors,
+            scalars,
+            contraction: Cell::new(0),
+        }
+    }
+
+    /// The longest contraction (terms of one output element's sum of products) of any `matmul`,
+    /// `conv1d` or `conv2d` evaluated in this environment so far: the `K` of a matmul's inner
+    /// dimension, `C_in / groups` times the kernel's elements for a convolution; 0 when none ran.
+    /// The judge derives an f32 task's tolerance from it
+    /// ([`cudarl_cuda::task::TaskSpec::rtol_for`]).
+    pub fn contraction(&self) -> i64 {
+        self.contraction.get()
+    }
+
+    fn contracted(&self, k: i64) {
+        self.contraction.set(self.contraction.get().max(k));
+    }
 }
 
 /// A value and (optionally) its magnitude; numbers stay scalars until combined with a tensor.
@@ -354,6 +380,7 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
         }
         "matmul" => {
             let (y, my) = tensor_arg(&args[1], env, mag, f)?;
+            env.contracted(*x.size().last().unwrap_or(&0));
             let v = x.f_matmul(&y)?;
             let m = match (mx, my) {
                 (Some(a), Some(b)) => Some(a.f_matmul(&b)?),
@@ -410,6 +437,7 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
                     x.f_conv2d(w, b, [st, st], [pad, pad], [1, 1], groups)
                 }
             };
+            env.contracted(w.size().iter().skip(1).product());
             let v = conv(&x, &w, b.as_ref())?;
             let m = match (mx, mw) {
                 (Some(mx), Some(mw)) => Some(conv(&mx, &mw, mb.as_ref())?),
@@ -480,10 +508,10 @@ mod tests {
         tensors: &[(&str, &Tensor)],
         scalars: &[(&str, f64)],
     ) -> (Vec<f64>, Vec<f64>) {
-        let env = Env {
-            tensors: tensors.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
-            scalars: scalars.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
-        };
+        let env = Env::new(
+            tensors.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
+            scalars.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+        );
         let (v, m) = eval(&parse(src).unwrap(), &env, true).unwrap();
         (vals(&v), vals(&m.unwrap()))
     }
@@ -607,10 +635,7 @@ mod tests {
     #[test]
     fn unknown_names_are_errors() {
         let a = t(&[1.0], &[1]);
-        let env = Env {
-            tensors: BTreeMap::from([("a".to_string(), &a)]),
-            scalars: BTreeMap::new(),
-        };
+        let env = Env::new(BTreeMap::from([("a".to_string(), &a)]), BTreeMap::new());
         let e = eval(&parse("a + q").unwrap(), &env, false).unwrap_err();
         assert!(e.to_string().contains("unknown name `q`"), "{e}");
     }

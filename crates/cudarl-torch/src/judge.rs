@@ -334,19 +334,25 @@ fn parse_references(task: &TaskSpec) -> Result<Vec<Expr>, String> {
         .collect()
 }
 
+/// Each output's reference value and (with `with_magnitude`) magnitude, and the longest
+/// contraction the references evaluated ([`eval::Env::contraction`]).
+type References = (Vec<(Tensor, Option<Tensor>)>, i64);
+
 fn reference_outputs(
     refs: &[Expr],
     tensors: &[(String, Tensor)],
     scalars: &[(String, f64)],
     with_magnitude: bool,
-) -> Result<Vec<(Tensor, Option<Tensor>)>, String> {
-    let env = eval::Env {
-        tensors: tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
-        scalars: scalars.iter().cloned().collect(),
-    };
-    refs.iter()
+) -> Result<References, String> {
+    let env = eval::Env::new(
+        tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
+        scalars.iter().cloned().collect(),
+    );
+    let outs = refs
+        .iter()
         .map(|e| eval::eval(e, &env, with_magnitude).map_err(terr))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((outs, env.contraction()))
 }
 
 /// One drawn input set of the torch baseline: the inputs (named, shaped) and the scalars.
@@ -1319,7 +1325,8 @@ impl Judge {
                 }
             }
             let env = b.env_tensors(Kind::Double)?;
-            let want = reference_outputs(&refs, &env, &b.scalars, true)?;
+            let (want, contraction) = reference_outputs(&refs, &env, &b.scalars, true)?;
+            let rtol = task.rtol_for(contraction);
             for (a, (r, m)) in b.outputs().zip(&want) {
                 let r = e(r.f_reshape([-1]))?;
                 if r.size()[0] != a.n {
@@ -1340,7 +1347,7 @@ impl Judge {
                 let d = e(e(e(got.f_to_kind(Kind::Double))?.f_sub(&r))?.f_abs())?;
                 let d = e(d.f_nan_to_num(0.0, 0.0, 0.0))?;
                 let d = e(d.f_mul(&finite))?;
-                let tol = e(e(m.f_mul_scalar(task.rtol))?.f_add_scalar(task.atol))?;
+                let tol = e(e(m.f_mul_scalar(rtol))?.f_add_scalar(task.atol))?;
                 let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
                 let rel = e(d.f_div(&e(e(r.f_abs())?.f_clamp_min(1e-12))?))?;
                 stats.push(unwritten);

@@ -82,10 +82,10 @@ fn case(spec: &TaskSpec, seed: i64) -> Value {
         .find(|a| a.kind == ArgKind::Output)
         .expect("output");
     let e = cudarl_cuda::expr::parse(&spec.reference[&out.name]).expect("reference parses");
-    let env = Env {
-        tensors: tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
+    let env = Env::new(
+        tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
         scalars,
-    };
+    );
     let (v, _) = eval(&e, &env, false).unwrap_or_else(|err| panic!("{}: {err}", spec.id));
     let expected = Vec::<f64>::try_from(v.reshape([-1])).expect("expected");
     json!({

@@ -648,7 +648,7 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
     // needs the same values to find the run).
     let sets = |workers: Option<usize>, batched: bool| -> Vec<String> {
         let mut a = Vec::new();
-        for k in ["elementwise", "row_reduce"] {
+        for k in ["elementwise", "row_reduce", "operators"] {
             a.extend(["--set".into(), format!("synth-tasks.generate.{k}=0")]);
         }
         if let Some(n) = workers {
