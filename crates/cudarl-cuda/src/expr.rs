@@ -53,6 +53,8 @@
 //! the magnitudes (`conv(m(x), m(w)) + m(b)`); max pooling takes the window's largest magnitude,
 //! average pooling averages them; `prod` and `cumprod` take `n |y|` for `n` factors (the
 //! relative error bound of a product of `n` floats, Higham eq. 3.4, to first order).
+//! For an f32 output with a matmul or convolution, the judge's `rtol` is at most f32's rounding
+//! bound for the longest contraction (`TaskSpec::rtol_for`).
 
 /// A parsed reference expression.
 #[derive(Debug, Clone, PartialEq)]

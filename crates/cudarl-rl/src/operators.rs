@@ -49,7 +49,8 @@
 //! inputs (`tests/python/check_task_modules.py`). Every family but the tier-0 half-precision
 //! twins is float32, with the tolerances of `datasets/tasks/README.md` for its kind (rtol 1e-5,
 //! atol 1e-6; matmuls and normalizations rtol 1e-4, atol 1e-5; f16 rtol 1e-3 and bf16 rtol
-//! 4e-3, atol 1e-6). Each family's `group` is its op structure without constants, shapes or
+//! 4e-3, atol 1e-6); the judge narrows an f32 contraction's to f32's rounding bound
+//! (`TaskSpec::rtol_for`). Each family's `group` is its op structure without constants, shapes or
 //! dtype, so the hold-out is drawn per template instance.
 //!
 //! The judge draws every buffer, parameters included, uniform in `[-s, s)`

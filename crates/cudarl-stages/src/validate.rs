@@ -38,8 +38,8 @@ pub const KIND: &str = "validate";
 /// memory poisoned before every window) with two cache probes per shape; up to eight sets of
 /// every timed window compared with the reference; windows ordered by interprocess events; no
 /// new executable memory in the runner once the candidate is loaded.
-/// 10: an f32 task with a contraction is compared with `rtol` at most f32's rounding bound
-/// `8 sqrt(K) 2^-24` (`TaskSpec::rtol_for`).
+/// 10: an f32 output with a contraction is compared with `rtol` at most f32's rounding bound
+/// `(8 sqrt(K) + 256) 2^-24` (`TaskSpec::rtol_for`).
 pub const HARNESS_VERSION: u32 = 10;
 
 fn list_str() -> DataType {

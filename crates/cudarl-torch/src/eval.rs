@@ -633,6 +633,42 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_contraction_is_counted() {
+        let k = |src: &str, tensors: &[(&str, &Tensor)]| {
+            let env = Env::new(
+                tensors.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
+                BTreeMap::new(),
+            );
+            let _ = eval(&parse(src).unwrap(), &env, true).unwrap();
+            env.contraction()
+        };
+        let z = |d: &[i64]| Tensor::zeros(d, (Kind::Double, tch::Device::Cpu));
+        let (a, b, v) = (z(&[2, 3]), z(&[3, 5]), z(&[3]));
+        assert_eq!(k("relu(a) + 1", &[("a", &a)]), 0);
+        assert_eq!(k("matmul(a, b)", &[("a", &a), ("b", &b)]), 3);
+        // Matrix-vector, and a batched product whose inner dimension is 7.
+        assert_eq!(k("matmul(a, v)", &[("a", &a), ("v", &v)]), 3);
+        let (p, q) = (z(&[4, 2, 7]), z(&[4, 7, 2]));
+        assert_eq!(k("matmul(p, q)", &[("p", &p), ("q", &q)]), 7);
+        // The longest of several: inner size 3, then the (2 x 5) result times its transpose.
+        assert_eq!(
+            k(
+                "matmul(matmul(a, b), transpose(matmul(a, b)))",
+                &[("a", &a), ("b", &b)]
+            ),
+            5
+        );
+        // Convolutions: C_in / groups times the kernel's elements.
+        let (x, w) = (z(&[1, 4, 8]), z(&[6, 2, 3]));
+        assert_eq!(k("conv1d(x, w, 1, 0, 2)", &[("x", &x), ("w", &w)]), 6);
+        let (x2, w2) = (z(&[1, 3, 8, 8]), z(&[5, 3, 3, 3]));
+        assert_eq!(
+            k("conv2d(x2, w2, 1, 1, 1)", &[("x2", &x2), ("w2", &w2)]),
+            27
+        );
+    }
+
+    #[test]
     fn unknown_names_are_errors() {
         let a = t(&[1.0], &[1]);
         let env = Env::new(BTreeMap::from([("a".to_string(), &a)]), BTreeMap::new());

@@ -334,9 +334,9 @@ fn parse_references(task: &TaskSpec) -> Result<Vec<Expr>, String> {
         .collect()
 }
 
-/// Each output's reference value and (with `with_magnitude`) magnitude, and the longest
-/// contraction the references evaluated ([`eval::Env::contraction`]).
-type References = (Vec<(Tensor, Option<Tensor>)>, i64);
+/// Each output's reference value, (with `with_magnitude`) magnitude, and longest contraction
+/// ([`eval::Env::contraction`]).
+type References = Vec<(Tensor, Option<Tensor>, i64)>;
 
 fn reference_outputs(
     refs: &[Expr],
@@ -344,15 +344,16 @@ fn reference_outputs(
     scalars: &[(String, f64)],
     with_magnitude: bool,
 ) -> Result<References, String> {
-    let env = eval::Env::new(
-        tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
-        scalars.iter().cloned().collect(),
-    );
-    let outs = refs
-        .iter()
-        .map(|e| eval::eval(e, &env, with_magnitude).map_err(terr))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((outs, env.contraction()))
+    refs.iter()
+        .map(|e| {
+            let env = eval::Env::new(
+                tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
+                scalars.iter().cloned().collect(),
+            );
+            let (v, m) = eval::eval(e, &env, with_magnitude).map_err(terr)?;
+            Ok((v, m, env.contraction()))
+        })
+        .collect()
 }
 
 /// One drawn input set of the torch baseline: the inputs (named, shaped) and the scalars.
@@ -1325,9 +1326,9 @@ impl Judge {
                 }
             }
             let env = b.env_tensors(Kind::Double)?;
-            let (want, contraction) = reference_outputs(&refs, &env, &b.scalars, true)?;
-            let rtol = task.rtol_for(contraction);
-            for (a, (r, m)) in b.outputs().zip(&want) {
+            let want = reference_outputs(&refs, &env, &b.scalars, true)?;
+            for (a, (r, m, contraction)) in b.outputs().zip(&want) {
+                let rtol = task.rtol_for(*contraction);
                 let r = e(r.f_reshape([-1]))?;
                 if r.size()[0] != a.n {
                     return Err(format!(
