@@ -70,7 +70,7 @@ bench: build
 
 ## carry: stripped, gzip-compressed binaries for a GPU host without a Rust toolchain, in .carry/ (cudarl-pipe, the
 ## worker, the gated GPU test binary, and the trainer library's tests, whose decoder tests are gated);
-## scripts/gpu_checks.sh runs them there.
+## scripts/gpu/checks.sh runs them there.
 carry: build
 	$(CARGO) test --release --no-run -p cudarl-cli --test gpu
 	$(CARGO) test --release --no-run -p cudarl-train --lib

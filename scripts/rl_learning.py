@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The pre-registered RL comparison pooled over SFT draws.
 
-Each RUN_DIR is one SFT draw's main job as `scripts/gpu_main_job.sh` collects it (with
+Each RUN_DIR is one SFT draw's main job as `scripts/gpu/main_job.sh` collects it (with
 `rl-train.control = true`): `rl_metrics.jsonl` (rl-train's `metrics`, with the frozen control's
 columns) and `export/eval/report/comparison.json` (`export/eval.report/` in run directories
 exported before one folder per node; eval's pre-registered comparison: the primary
@@ -25,9 +25,9 @@ multi-turn rate above its single-turn rate on the hold-out by 2 (comparison.json
 `rl_multi_minus_single_turn`, in the guardrail's outcome).
 
 One draw on a GPU host (binaries from `make carry`), detached, about 25 minutes on an H200:
-    DRAW=N ACTION=start bash scripts/gpu_rl_draw.sh     # then ACTION=wait until it says done
+    DRAW=N ACTION=start bash scripts/gpu/rl_draw.sh     # then ACTION=wait until it says done
 $OUT/draw.tar.gz unpacks to the RUN_DIR. Several on a host of several GPUs, one GPU each, sharing
-the nodes no draw seed reaches: DRAWS="1 2 3" ACTION=start bash scripts/gpu_rl_draw.sh, then
+the nodes no draw seed reaches: DRAWS="1 2 3" ACTION=start bash scripts/gpu/rl_draw.sh, then
 $OUT/draw<N>.tar.gz.
 
 Usage: python3 scripts/rl_learning.py RUN_DIR [RUN_DIR ...] [--out FILE] [--gpu NAME]
@@ -71,7 +71,7 @@ def draw(run_dir):
     comp_path = os.path.join(run_dir, "export", "eval", "report", "comparison.json")
     if not os.path.exists(comp_path):
         comp_path = os.path.join(run_dir, "export", "eval.report", "comparison.json")
-    # A draw whose RL run was cut short (scripts/gpu_rl_draw.sh FINAL=1) has the metrics rows of
+    # A draw whose RL run was cut short (scripts/gpu/rl_draw.sh FINAL=1) has the metrics rows of
     # its last save and no eval: it counts for RL - control only.
     comp = {}
     if os.path.exists(comp_path):

@@ -103,7 +103,7 @@ fn check_compile_only_verdicts() {
                 );
             }
         } else {
-            // Everything else compiles; the GPU run decides (scripts/gpu_harness_checks.sh).
+            // Everything else compiles; the GPU run decides (scripts/gpu/harness_checks.sh).
             assert_eq!((c, v["compiled"].as_bool()), (0, Some(true)), "{name}: {v}");
         }
     }

@@ -1,6 +1,6 @@
 //! GPU tests of the harness, gated: `#[ignore]`d, so CPU CI lists them as skipped; on a machine
 //! with a GPU run them with `CUDARL_GPU=1 cargo test --test gpu -- --include-ignored` (the GPU
-//! machine runs the carried test binary, see scripts/gpu_checks.sh).
+//! machine runs the carried test binary, see scripts/gpu/checks.sh).
 //!
 //! - every task's naive and optimized kernels pass on every train and hold-out shape and every
 //!   public and hidden seed; optimized beats naive; torch baselines are measured;

@@ -22,7 +22,7 @@
 #               the next invocation on the same host collects it (ACTION=wait). STORE: a store
 #               where testgen already ran (e.g. the main job's, /tmp/cudarl-main/store) instead
 #               of a fresh one. TORCH_EQUIV=1: then the same kernels as torch extensions
-#               (scripts/kb_torch_equivalents.py), built side by side and checked one at a
+#               (scripts/gpu/kb_torch_equivalents.py), built side by side and checked one at a
 #               time; writes kb_torch_agreement.jsonl (each verdict beside the native one's).
 #               MODEL_NEW=1: each native check also writes the kernel's `ModelNew` wrapper
 #               (`check --model-new`), and the wrappers are built and checked as torch-format
@@ -41,7 +41,7 @@
 #   PART=torch-build  `bench torch-build` (cold torch-extension builds of archive kernels, one
 #               unit against the harness's kernel/host build; KERNELS, default 6, JOBS, default
 #               4) into torch_build.json.
-# Usage: PART=hacks OUT=out bash scripts/gpu_harness_checks.sh
+# Usage: PART=hacks OUT=out bash scripts/gpu/harness_checks.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
 OUT=${OUT:-out}
@@ -162,9 +162,9 @@ torch_format() { # dir ext
     echo "\$n \$? \$(( (\$(date +%s%N) - t1) / 1000000 ))" >> \$1/ran.txt
   done
 }
-# TORCH_EQUIV=1: the same kernels as torch extensions (scripts/kb_torch_equivalents.py).
+# TORCH_EQUIV=1: the same kernels as torch extensions (scripts/gpu/kb_torch_equivalents.py).
 if [ "${TORCH_EQUIV:-0}" = 1 ]; then
-  python3 scripts/kb_torch_equivalents.py $K/torch > $K/torch.txt 2>&1
+  python3 scripts/gpu/kb_torch_equivalents.py $K/torch > $K/torch.txt 2>&1
   torch_format $K/torch cu
 fi
 [ "${MODEL_NEW:-0}" = 1 ] && torch_format $K/wrap py

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs scripts/gpu_train.sh PART=all detached (setsid) on a GPU host, so one experiment
+# Runs scripts/gpu/train.sh PART=all detached (setsid) on a GPU host, so one experiment
 # outlasts the shell that started it; later shells on the same host wait for it and collect
 # it. Results go to /tmp/cudarl-run/work.
-#   ACTION=start  starts it (same environment knobs as gpu_train.sh), then waits like `wait`
+#   ACTION=start  starts it (same environment knobs as train.sh), then waits like `wait`
 #   ACTION=wait   waits up to WAIT_S seconds (default 560) for it to finish, printing progress
 #   ACTION=collect copies the results (small files) to $OUT
 set -uo pipefail
@@ -11,7 +11,7 @@ ACTION=${ACTION:-wait}
 if [ "$ACTION" = start ]; then
   rm -rf "$D"; mkdir -p "$D"
   setsid nohup env OUT="$D" PART=all SKIP_BENCH=1 SFT_LIMIT=${SFT_LIMIT:-1200} RL_LIMIT=${RL_LIMIT:-1500} \
-    bash -c 'bash scripts/gpu_train.sh; touch /tmp/cudarl-run/done' > "$D/log" 2>&1 < /dev/null &
+    bash -c 'bash scripts/gpu/train.sh; touch /tmp/cudarl-run/done' > "$D/log" 2>&1 < /dev/null &
   ACTION=wait
 fi
 if [ "$ACTION" = wait ]; then

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU acceptance of the harness and the pipeline on a GPU host (binaries from `make carry`),
 # detached with setsid so it outlasts the shell that started it; results under /tmp/cudarl-acc:
-#   tests/    the gated GPU tests (scripts/gpu_checks.sh PART=tests)
-#   hacks/    every adversarial and honest kernel with its verdict (scripts/gpu_harness_checks.sh
+#   tests/    the gated GPU tests (scripts/gpu/checks.sh PART=tests)
+#   hacks/    every adversarial and honest kernel with its verdict (scripts/gpu/harness_checks.sh
 #             PART=hacks)
 #   bench/    `bench validate` and `bench serve` with this build and, when $OLD holds another
 #             build's binaries and $OLD_ROOT its tree, with that one too (PART=bench): the cost of
@@ -18,10 +18,10 @@ if [ "$ACTION" = start ]; then
   rm -rf "$D"; mkdir -p "$D"
   setsid nohup bash -c '
     D=/tmp/cudarl-acc
-    OUT=$D/tests PART=tests bash scripts/gpu_checks.sh > "$D/tests.log" 2>&1
-    OUT=$D/hacks PART=hacks bash scripts/gpu_harness_checks.sh > "$D/hacks.log" 2>&1
+    OUT=$D/tests PART=tests bash scripts/gpu/checks.sh > "$D/tests.log" 2>&1
+    OUT=$D/hacks PART=hacks bash scripts/gpu/harness_checks.sh > "$D/hacks.log" 2>&1
     OUT=$D/bench PART=bench KERNELS=${KERNELS:-32} BENCH_LIMIT=${BENCH_LIMIT:-200} SERVE_SECONDS=15 \
-      SERVE_LIMIT=90 bash scripts/gpu_harness_checks.sh > "$D/bench.log" 2>&1
+      SERVE_LIMIT=90 bash scripts/gpu/harness_checks.sh > "$D/bench.log" 2>&1
     B=$(mktemp -d)
     for z in .carry/*.gz; do gzip -dc "$z" > "$B/$(basename "$z" .gz)"; chmod +x "$B/$(basename "$z" .gz)"; done
     export LD_LIBRARY_PATH=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")/lib:${LD_LIBRARY_PATH:-}

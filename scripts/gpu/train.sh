@@ -3,16 +3,16 @@
 # ten minutes:
 #   PART=sft    `bench train-throughput` (tch model vs transformers eager, same batch), then the
 #               pipeline up to sft-eval with the `small` model (validation compile-only to fit
-#               ten minutes: the synthetic kernels' GPU correctness is checked by scripts/gpu_checks.sh)
+#               ten minutes: the synthetic kernels' GPU correctness is checked by scripts/gpu/checks.sh)
 #   PART=rl     rl-train and eval with `small` on the same store (same host, same store);
 #               a run cut by RL_LIMIT keeps what finished (cached): run again for the rest
 # Carry (built by `make carry`, plus Python wheels of transformers in .carry/wheels for the
 # baseline when the host's python lacks it).
-#   PART=all    both, one after the other (what scripts/gpu_bg.sh runs in the background, to
+#   PART=all    both, one after the other (what scripts/gpu/bg.sh runs in the background, to
 #               outlast the shell that started it)
 # RL_SETS: extra `--set` values for every stage, space-separated (e.g. "rl-train.lr=1e-5
 #   rl-train.warmup=6"); every invocation of one experiment must give the same value.
-# Usage: PART=sft OUT=out bash scripts/gpu_train.sh
+# Usage: PART=sft OUT=out bash scripts/gpu/train.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
 OUT=${OUT:-out}

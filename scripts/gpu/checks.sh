@@ -12,7 +12,7 @@
 #   PART=bench  cold compiles and a cache hit, `run validate` over every task kernel (speedups vs
 #               naive and vs torch), `bench validate` (kernels/hour), load_inline for comparison.
 # Carry (built on the CPU machine by `make carry`): .carry/{cudarl-pipe,cudarl-pipe-worker,gpu-tests}.gz
-# Usage: PART=tests OUT=out bash scripts/gpu_checks.sh
+# Usage: PART=tests OUT=out bash scripts/gpu/checks.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
 OUT=${OUT:-out}
@@ -140,6 +140,6 @@ else
   # Throughput on many distinct kernels.
   "$BIN" --root . bench validate --kernels ${BENCH_KERNELS:-480} --out "$W/bench_validate.json" > /dev/null 2> "$W/bench_validate.err"
   # torch.utils.cpp_extension.load_inline on the same vector_add kernel, cold, for comparison.
-  timeout 150 python3 scripts/load_inline_timing.py > "$W/load_inline.json" 2> "$W/load_inline.err"
+  timeout 150 python3 scripts/gpu/load_inline_timing.py > "$W/load_inline.json" 2> "$W/load_inline.err"
 fi
-python3 scripts/gpu_summary.py "$W" "$OUT"
+python3 scripts/gpu/summary.py "$W" "$OUT"

@@ -23,7 +23,7 @@
 # seconds, the exit code: 0 finished, 130 stopped by the SIGTERM after saving, 137 killed) and copies it to $OUT; the invocation that finishes also writes
 # $OUT/rl_resume.json: the commands, rl-train's metrics and the node's stats.
 # CUDARL_HOST_TMP: the folder the run lives in on the host (default /tmp), as in
-# scripts/gpu_main_job.sh.
+# scripts/gpu/main_job.sh.
 set -uo pipefail
 H=${CUDARL_HOST_TMP:-/tmp}
 D=$H/cudarl-resume

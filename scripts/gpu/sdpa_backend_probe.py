@@ -3,7 +3,7 @@ the `small` model (8 layers, width 512, GQA 8/2, bf16 compute over float32 weigh
 that grows by one key per step, timed and profiled in PyTorch. With torch 2.11.0 the cuDNN SDPA
 backend is picked and builds a cuDNN graph for every new key length (about 12 ms of CPU per call,
 `aten::_cudnn_attention_forward` in the profile): 65 ms per step. `cudarl-train` turns that backend
-off (`set_cudnn_attention`). Run on a GPU host: `python3 scripts/sdpa_backend_probe.py`
+off (`set_cudnn_attention`). Run on a GPU host: `python3 scripts/gpu/sdpa_backend_probe.py`
 (pass `--no-cudnn` to see the step without it).
 """
 

@@ -3,8 +3,8 @@
 # a Rust toolchain (binaries from `make carry`), detached with setsid so it outlasts the command
 # that started it; later commands on the same host follow it and collect it:
 #   1. the chain up to both SFT checkpoints (and their cross-agent fine-tunes with COLLAB=1) on a
-#      cold store, or on SEED_STORE's copy (scripts/gpu_main_job.sh),
-#   2. STEPS RL steps with the frozen control, then eval (scripts/gpu_rl_resume.sh with EVAL=1 from
+#      cold store, or on SEED_STORE's copy (scripts/gpu/main_job.sh),
+#   2. STEPS RL steps with the frozen control, then eval (scripts/gpu/rl_resume.sh with EVAL=1 from
 #      that store, as one command without a time cut).
 #   ACTION=start  starts it, then waits like `wait`
 #   ACTION=wait   waits up to WAIT_S seconds (default 540) printing progress; once it has finished,
@@ -110,7 +110,7 @@ if [ -n "${DRAWS:-}" ]; then
       cp -aln "$M/p$k/." "$M/seed$k/" && rm -rf "$M/seed$k/locks"
       tar --exclude=./.git -cf - . | tar -xf - -C "$h/repo"
       (cd "$h/repo" && DRAWS='' CUDA_VISIBLE_DEVICES=$k CUDARL_HOST_TMP=$h DRAW=$n SEED_STORE=$M/seed$k \
-        ACTION=start WAIT_S=0 OUT=$h/out "${PINNED[@]}" bash scripts/gpu_rl_draw.sh > "$h/start.log" 2>&1)
+        ACTION=start WAIT_S=0 OUT=$h/out "${PINNED[@]}" bash scripts/gpu/rl_draw.sh > "$h/start.log" 2>&1)
       k=$((k + 1))
     done
     touch "$M/started"
@@ -119,7 +119,7 @@ if [ -n "${DRAWS:-}" ]; then
   if [ "$ACTION" = start ]; then
     rm -rf "$M" /tmp/cudarl-gpu[0-9]*; mkdir -p "$M/bin"
     for z in .carry/*.gz; do gzip -dc "$z" > "$M/bin/$(basename "$z" .gz)"; chmod +x "$M/bin/$(basename "$z" .gz)"; done
-    ACTION=shared setsid nohup bash scripts/gpu_rl_draw.sh > "$M/log" 2>&1 < /dev/null &
+    ACTION=shared setsid nohup bash scripts/gpu/rl_draw.sh > "$M/log" 2>&1 < /dev/null &
     sleep 1
   fi
   [ -d "$M" ] || { echo "no draws on this host: start them (ACTION=start)"; exit 3; }
@@ -141,7 +141,7 @@ if [ -n "${DRAWS:-}" ]; then
     k=$((k + 1))
     [ -f "$h/cudarl-draw/job.sh" ] || continue
     echo "== draw $n on GPU $((k - 1))"
-    (cd "$h/repo" && DRAWS='' CUDARL_HOST_TMP=$h ACTION=wait WAIT_S=0 OUT=$h/out bash scripts/gpu_rl_draw.sh 2>&1 | tail -n 12)
+    (cd "$h/repo" && DRAWS='' CUDARL_HOST_TMP=$h ACTION=wait WAIT_S=0 OUT=$h/out bash scripts/gpu/rl_draw.sh 2>&1 | tail -n 12)
     # The RL run's latest saved step and its metrics rows (stage.json of its saved progress,
     # docs/architecture.md "Resuming"; kilobytes, where the entry's trainer state is gigabytes).
     st=$(ls -t "$h"/cudarl-resume/store/memo/rl-train-progress/*/*/stage.json 2>/dev/null | head -1)
@@ -173,12 +173,12 @@ if [ "$ACTION" = start ]; then
   cat > "$D/job.sh" <<EOF
 set -uo pipefail
 date +%s > $D/start
-OUT=$D/main ACTION=start WAIT_S=100000 MAIN_TARGETS="$TARGETS" SEED_STORE="${SEED_STORE:-}" SETS="$S" bash scripts/gpu_main_job.sh > $D/main.log 2>&1
-OUT=$D/resume FROM_STORE=$H/cudarl-main/store STEPS=${STEPS:-50} BUDGET_S=100000 SETS="$S" EVAL=1 bash scripts/gpu_rl_resume.sh > $D/resume.log 2>&1
+OUT=$D/main ACTION=start WAIT_S=100000 MAIN_TARGETS="$TARGETS" SEED_STORE="${SEED_STORE:-}" SETS="$S" bash scripts/gpu/main_job.sh > $D/main.log 2>&1
+OUT=$D/resume FROM_STORE=$H/cudarl-main/store STEPS=${STEPS:-50} BUDGET_S=100000 SETS="$S" EVAL=1 bash scripts/gpu/rl_resume.sh > $D/resume.log 2>&1
 date +%s > $D/end
 touch $D/done
 EOF
-  bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu_rl_draw.sh"; exit 2; }
+  bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu/rl_draw.sh"; exit 2; }
   setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
   ACTION=wait
 fi

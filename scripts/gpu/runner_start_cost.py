@@ -6,7 +6,7 @@ waits until it is reaped. Measures one runner at a time, then N started at once,
 driver's default number of hardware queues per context and with CUDA_DEVICE_MAX_CONNECTIONS=1.
 Prints one JSON object.
 
-Usage: python3 scripts/runner_start_cost.py RUNNER LIBCUDART
+Usage: python3 scripts/gpu/runner_start_cost.py RUNNER LIBCUDART
 """
 
 import json

@@ -1,4 +1,4 @@
-"""Collects what scripts/gpu_checks.sh left in WORK into OUT/gpu_checks.json and prints a table."""
+"""Collects what scripts/gpu/checks.sh left in WORK into OUT/gpu_checks.json and prints a table."""
 
 import json
 import sys

@@ -7,7 +7,7 @@ current stream to the same `launch`, and `PYBIND11_MODULE`. The two files run th
 code, so `check` must give both the same verdict (correct or the same failure), and their
 speedups against torch eager differ only by the harness's two call paths.
 
-Usage: python3 scripts/kb_torch_equivalents.py OUT_DIR   (writes OUT_DIR/<problem>.cu)
+Usage: python3 scripts/gpu/kb_torch_equivalents.py OUT_DIR   (writes OUT_DIR/<problem>.cu)
 """
 
 import pathlib
@@ -60,7 +60,7 @@ def extension(native: str, n_in: int, alloc: str, sizes: list[str]) -> str:
     return (
         "#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>\n\n"
         + native.rstrip()
-        + "\n\n// The torch-format entry point of the same kernel (scripts/kb_torch_equivalents.py).\n"
+        + "\n\n// The torch-format entry point of the same kernel (scripts/gpu/kb_torch_equivalents.py).\n"
         + f"torch::Tensor forward({params}) {{\n"
         + f"    auto out = {alloc};\n"
         + f"    launch({ptrs}, {', '.join(sizes)}, at::cuda::getCurrentCUDAStream());\n"
@@ -75,7 +75,7 @@ def main() -> None:
     names = sorted(p.stem for p in NATIVE.glob("*.cu"))
     missing = [n for n in names if n not in SPECS]
     if missing:
-        sys.exit(f"no torch-format wrapper spec for {missing} (scripts/kb_torch_equivalents.py SPECS)")
+        sys.exit(f"no torch-format wrapper spec for {missing} (scripts/gpu/kb_torch_equivalents.py SPECS)")
     for n in names:
         n_in, alloc, sizes = SPECS[n]
         (out / f"{n}.cu").write_text(extension((NATIVE / f"{n}.cu").read_text(), n_in, alloc, sizes))

@@ -9,7 +9,7 @@
 # end in _2agents).
 # ACTION=start runs it detached (log in $OUT/run.log); ACTION=wait waits up to WAIT_S seconds for
 # it and prints the table; default: both, in turn.
-# Usage: OUT=out bash scripts/gpu_grpo_update.sh
+# Usage: OUT=out bash scripts/gpu/grpo_update.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
 OUT=${OUT:-out}

@@ -10,7 +10,7 @@
 # training bench's own short generation check (default 1,32 and 128). SKIP_TRAIN=1: decode only.
 # DECODE_PATHS: the trainer's decode paths measured (default all; `graphs` alone makes the
 # process's peak that path's).
-# Usage: SIZES="0.5b 1.5b 7b" OUT=out bash scripts/gpu_model_scale.sh
+# Usage: SIZES="0.5b 1.5b 7b" OUT=out bash scripts/gpu/model_scale.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
 OUT=${OUT:-out}

@@ -44,9 +44,9 @@
 #   collected into main_job.json's "shown" (e.g. archive-native:summary); the nodes' notes
 #   (stderr) go to its "notes".
 # CUDARL_HOST_TMP: the folder the job lives in on the host (default /tmp), one per job where
-#   several run on one host (scripts/gpu_rl_draw.sh's DRAWS, one GPU each).
+#   several run on one host (scripts/gpu/rl_draw.sh's DRAWS, one GPU each).
 # SEED_STORE: a store the job starts from (hard-linked), e.g. one where the nodes no seed reaches
-#   already ran (scripts/gpu_rl_draw.sh's DRAWS); its cached nodes do not run again.
+#   already ran (scripts/gpu/rl_draw.sh's DRAWS); its cached nodes do not run again.
 set -uo pipefail
 H=${CUDARL_HOST_TMP:-/tmp}
 D=$H/cudarl-main
@@ -143,7 +143,7 @@ touch $D/done
 EOF
   # The heredoc above expands \$ and backquotes when it is written: a backquoted word in one of
   # its comments would run as a command and could leave job.sh unparsable.
-  bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu_main_job.sh"; exit 2; }
+  bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu/main_job.sh"; exit 2; }
   setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
   ACTION=wait
 fi
