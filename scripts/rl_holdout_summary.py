@@ -144,6 +144,8 @@ def main():
     ]
     # Multi-turn (best turn) against single-turn pass rate of the RL checkpoint.
     gaps = [x["rl_pass_rate"] - x["rl_single_turn_pass_rate"] for x in big if x["rl_single_turn_pass_rate"] is not None]
+    # Runs older than the single-turn rates have none.
+    single = [x["rl_single_turn_pass_rate"] for x in big if x["rl_single_turn_pass_rate"] is not None]
     ctl = [c["rl_minus_control"] for c in controls]
     summary = {
         "control_runs": controls,
@@ -154,12 +156,7 @@ def main():
         else None,
         "runs_above_sft_in_pass_and_compile": both,
         "rl_pass_range": [min(x["rl_pass_rate"] for x in big), max(x["rl_pass_rate"] for x in big)] if big else None,
-        "rl_single_turn_pass_range": [
-            min(x["rl_single_turn_pass_rate"] for x in big),
-            max(x["rl_single_turn_pass_rate"] for x in big),
-        ]
-        if big
-        else None,
+        "rl_single_turn_pass_range": [min(single), max(single)] if single else None,
         "multi_minus_single_turn_pass_min": min(gaps) if gaps else None,
     }
     if a.json:

@@ -6,18 +6,17 @@
 //! and compares, and for the operator families also derives the launcher from the module as
 //! `kb-specs` does and compares it with the declared one.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+mod common;
+
+use std::collections::BTreeMap;
 use std::process::Command;
 
-use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula, load_tasks};
+use common::repo;
+
+use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula};
 use cudarl_torch::eval::{Env, eval};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn python() -> Option<String> {
     let p = std::env::var("CUDARL_PYTHON").ok().or_else(|| {
@@ -106,13 +105,7 @@ fn every_task_module_agrees_with_the_judges_reference() {
         eprintln!("SKIPPED: no python with torch (set CUDARL_PYTHON)");
         return;
     };
-    let families = cudarl_rl::operators::generate(450, 0, &BTreeSet::new());
-    let hand = load_tasks(&repo().join("datasets/tasks")).expect("tasks");
-    let specs: Vec<TaskSpec> = families
-        .into_iter()
-        .map(|f| f.spec)
-        .chain(hand.into_iter().map(|t| t.spec))
-        .collect();
+    let specs = common::default_task_specs();
     assert!(specs.len() > 460);
     let cases: Vec<Value> = specs
         .iter()
