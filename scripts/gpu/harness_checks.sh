@@ -43,6 +43,7 @@
 #               4) into torch_build.json.
 # Usage: PART=hacks OUT=out bash scripts/gpu/harness_checks.sh
 set -uo pipefail
+. "$(dirname "$0")/detach.sh"
 CARRY=${CARRY:-.carry}
 OUT=${OUT:-out}
 PART=${PART:-hacks}
@@ -177,10 +178,9 @@ for f in tests/kernels/kb_native/*.cu; do
 done
 touch $K/done
 EOF
-    setsid nohup bash "$K/job.sh" > "$K/log" 2>&1 < /dev/null &
+    start_detached "$K"
   fi
-  end=$(( $(date +%s) + ${WAIT_S:-540} ))
-  while [ ! -f "$K/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  wait_done "$K" "${WAIT_S:-540}"
   cat "$K/testgen.txt" 2>/dev/null || tail -c 400 "$K/testgen.err"
   python3 - "$K" "$OUT" <<'PY'
 import json, pathlib, sys

@@ -48,6 +48,7 @@
 # SEED_STORE: a store the job starts from (hard-linked), e.g. one where the nodes no seed reaches
 #   already ran (scripts/gpu/rl_draw.sh's DRAWS); its cached nodes do not run again.
 set -uo pipefail
+. "$(dirname "$0")/detach.sh"
 H=${CUDARL_HOST_TMP:-/tmp}
 D=$H/cudarl-main
 ACTION=${ACTION:-wait}
@@ -143,15 +144,11 @@ touch $D/done
 EOF
   # The heredoc above expands \$ and backquotes when it is written: a backquoted word in one of
   # its comments would run as a command and could leave job.sh unparsable.
-  bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu/main_job.sh"; exit 2; }
-  setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
+  start_detached "$D"
   ACTION=wait
 fi
 if [ "$ACTION" = wait ]; then
-  # A fresh host has no job to wait for.
-  [ -f "$D/job.sh" ] || { echo "no job on this host: start one (ACTION=start)"; exit 3; }
-  end=$(( $(date +%s) + ${WAIT_S:-560} ))
-  while [ ! -f "$D/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  wait_done "$D" "${WAIT_S:-560}"
   echo "done: $([ -f "$D/done" ] && echo yes || echo no); elapsed $(( $(date +%s) - $(cat $D/start 2>/dev/null || date +%s) )) s"
   cat "$D/times.txt" 2>/dev/null
   for v in "$D"/variants/*/; do [ -d "$v" ] && echo "variant $(basename "$v"): rc $(cat "$v/rc" 2>/dev/null || echo running) $(cat "$v/wall" 2>/dev/null)s"; done

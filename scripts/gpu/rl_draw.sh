@@ -42,6 +42,7 @@
 # 140 s, 50 steps with the control 670 s, eval of three checkpoints on the hold-out 260 s); with
 # COLLAB=0 about 20. Everything lives under /tmp on the host: collect it there before it goes.
 set -uo pipefail
+. "$(dirname "$0")/detach.sh"
 ACTION=${ACTION:-wait}
 COLLAB=${COLLAB:-1}
 # The comparison's settings without the draw seed.
@@ -178,14 +179,11 @@ OUT=$D/resume FROM_STORE=$H/cudarl-main/store STEPS=${STEPS:-50} BUDGET_S=100000
 date +%s > $D/end
 touch $D/done
 EOF
-  bash -n "$D/job.sh" || { echo "$D/job.sh does not parse: fix scripts/gpu/rl_draw.sh"; exit 2; }
-  setsid nohup bash "$D/job.sh" > "$D/log" 2>&1 < /dev/null &
+  start_detached "$D"
   ACTION=wait
 fi
 if [ "$ACTION" = wait ]; then
-  [ -f "$D/job.sh" ] || { echo "no draw on this host: start one (ACTION=start)"; exit 3; }
-  end=$(( $(date +%s) + ${WAIT_S:-540} ))
-  while [ ! -f "$D/done" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  wait_done "$D" "${WAIT_S:-540}"
   echo "sets: $(cat "$D/sets.txt")"
   echo "done: $([ -f "$D/done" ] && echo yes || echo no); elapsed $(( $(date +%s) - $(cat "$D/start") )) s"
   cat "$H/cudarl-main/times.txt" 2>/dev/null
