@@ -62,6 +62,18 @@ fn int_arg(e: &Expr, f: &str) -> R<i64> {
     }
 }
 
+/// The largest error `|out - ref|` each element of `task`'s output may have: `atol + rtol * m`,
+/// `m` the reference's magnitude (as [`eval`] returns it) and `rtol` the one
+/// [`cudarl_cuda::task::TaskSpec::rtol_for`] gives for the output's longest contraction
+/// (`contraction`, [`Env::contraction`]). Same shape and dtype as `m`.
+///
+/// # Errors
+/// libtorch errors.
+pub fn tolerance(task: &cudarl_cuda::task::TaskSpec, m: &Tensor, contraction: i64) -> R<Tensor> {
+    m.f_mul_scalar(task.rtol_for(contraction))?
+        .f_add_scalar(task.atol)
+}
+
 /// Evaluates `e`. With `with_magnitude`, also returns the tolerance magnitude (see the module
 /// docs); tensors keep the dtype of the inputs (callers pass float64 for references and the
 /// task's dtype to time torch's own kernels).

@@ -1328,7 +1328,6 @@ impl Judge {
             let env = b.env_tensors(Kind::Double)?;
             let want = reference_outputs(&refs, &env, &b.scalars, true)?;
             for (a, (r, m, contraction)) in b.outputs().zip(&want) {
-                let rtol = task.rtol_for(*contraction);
                 let r = e(r.f_reshape([-1]))?;
                 if r.size()[0] != a.n {
                     return Err(format!(
@@ -1348,7 +1347,7 @@ impl Judge {
                 let d = e(e(e(got.f_to_kind(Kind::Double))?.f_sub(&r))?.f_abs())?;
                 let d = e(d.f_nan_to_num(0.0, 0.0, 0.0))?;
                 let d = e(d.f_mul(&finite))?;
-                let tol = e(e(m.f_mul_scalar(rtol))?.f_add_scalar(task.atol))?;
+                let tol = e(eval::tolerance(task, &m, *contraction))?;
                 let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
                 let rel = e(d.f_div(&e(e(r.f_abs())?.f_clamp_min(1e-12))?))?;
                 stats.push(unwritten);

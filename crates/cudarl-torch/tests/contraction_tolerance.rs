@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cudarl_cuda::expr::{Expr, parse};
 use cudarl_cuda::task::{ArgKind, DEFAULT_INPUT_SCALES, TaskSpec, eval_formula};
-use cudarl_torch::eval::{Env, eval};
+use cudarl_torch::eval::{Env, eval, tolerance};
 use tch::{Kind, Tensor};
 
 const CONTRACTIONS: [&str; 3] = ["matmul", "conv1d", "conv2d"];
@@ -65,10 +65,11 @@ fn linear(e: &Expr) -> bool {
     }
 }
 
-/// The largest `|got - ref| / (atol + rtol * m)`: at most 1 is within tolerance.
-fn worst(got: &Tensor, want: &Tensor, m: &Tensor, atol: f64, rtol: f64) -> f64 {
-    let d = (got.to_kind(Kind::Double) - want).abs();
-    (d / (m * rtol + atol)).max().double_value(&[])
+/// The largest `|got - ref|` over the judge's tolerance ([`tolerance`]): at most 1 is within.
+fn worst(got: &Tensor, want: &Tensor, tol: &Tensor) -> f64 {
+    ((got.to_kind(Kind::Double) - want).abs() / tol)
+        .max()
+        .double_value(&[])
 }
 
 #[derive(Debug)]
@@ -132,16 +133,20 @@ fn outcome(spec: &TaskSpec, sizes: &BTreeMap<String, i64>, scale: f64) -> Option
     if k == 0 || !bool::try_from(want.isfinite().all()).expect("bool") {
         return None;
     }
-    let rtol = spec.rtol_for(k);
+    // The judge's tolerance, and the task's own (the tolerance of an output with no contraction).
+    let (tol, own) = (
+        tolerance(spec, &m, k).expect("tolerance"),
+        tolerance(spec, &m, 0).expect("tolerance"),
+    );
     let (honest, _, _) = run(Kind::Float, false);
     let (tf, _, _) = run(Kind::Float, true);
     Some(Outcome {
         id: spec.id.clone(),
         k,
         linear: linear(&e),
-        honest: worst(&honest, &want, &m, spec.atol, rtol),
-        tf32: worst(&tf, &want, &m, spec.atol, rtol),
-        tf32_task_rtol: worst(&tf, &want, &m, spec.atol, spec.rtol),
+        honest: worst(&honest, &want, &tol),
+        tf32: worst(&tf, &want, &tol),
+        tf32_task_rtol: worst(&tf, &want, &own),
     })
 }
 
