@@ -91,20 +91,3 @@ impl From<cudarl_data::DataError> for RlError {
         }
     }
 }
-
-impl From<RlError> for cudarl_core::StageError {
-    fn from(e: RlError) -> Self {
-        match e {
-            RlError::BadInput {
-                file,
-                field,
-                message,
-            } => cudarl_core::StageError::BadInput {
-                file,
-                field,
-                message,
-            },
-            RlError::Failed(m) => cudarl_core::StageError::Failed(m),
-        }
-    }
-}

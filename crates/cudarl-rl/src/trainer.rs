@@ -30,13 +30,13 @@ pub enum JobError {
     /// It could not start, failed otherwise, or printed a line that is not an [`Event`].
     #[error("{0}")]
     Failed(String),
-    /// The run was interrupted ([`cudarl_core::interrupt::requested`]): the trainer was ended.
+    /// The caller asked to stop (its `stop` answered true): the trainer was ended.
     #[error("interrupted: the trainer was stopped")]
     Interrupted,
 }
 
 /// The trainer on job file `job`: its own process group, so a terminal's Ctrl-C reaches the CLI
-/// alone, which stops the run at a safe point (`cudarl_core::interrupt`) and ends the trainer;
+/// alone, which stops the run at a safe point (the `stop` of [`run_job_with`]) and ends the trainer;
 /// and `PR_SET_PDEATHSIG` (SIGKILL), so a CLI that dies at once (a second Ctrl-C, a kill)
 /// leaves no trainer behind.
 fn trainer_command(exe: &Path, job: &Path) -> Command {
@@ -59,22 +59,23 @@ fn trainer_command(exe: &Path, job: &Path) -> Command {
 /// # Errors
 /// As [`run_job_with`].
 pub fn run_job(job: &Job, dir: &Path) -> Result<Vec<Event>, JobError> {
-    run_job_with(job, dir, &mut |_| {})
+    run_job_with(job, dir, &mut |_| {}, &|| false)
 }
 
 /// Runs `job` to completion (written to `dir/job.json`, the trainer's stderr to
 /// `dir/trainer.log`), calling `on_event` with each event as the trainer prints it (a step's
-/// metrics as the step ends); its events in order. Checks every 100 ms for an interrupt and
-/// then ends the trainer.
+/// metrics as the step ends); its events in order. Asks `stop` every 100 ms (the CLI passes
+/// its interrupt flag) and ends the trainer when it answers true.
 ///
 /// # Errors
 /// [`JobError::BadInput`] when the trainer exits with 2 (bad data, a bad model file, a field
-/// the job cannot have), [`JobError::Interrupted`] after an interrupt, [`JobError::Failed`]
+/// the job cannot have), [`JobError::Interrupted`] after `stop`, [`JobError::Failed`]
 /// otherwise, with the tail of its stderr.
 pub fn run_job_with(
     job: &Job,
     dir: &Path,
     on_event: &mut dyn FnMut(&Event),
+    stop: &dyn Fn() -> bool,
 ) -> Result<Vec<Event>, JobError> {
     use std::io::BufRead;
     use std::sync::mpsc::{RecvTimeoutError, channel};
@@ -121,7 +122,7 @@ pub fn run_job_with(
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        if cudarl_core::interrupt::requested() {
+        if stop() {
             let _ = child.kill();
             let _ = child.wait();
             return Err(JobError::Interrupted);

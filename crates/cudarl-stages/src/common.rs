@@ -439,6 +439,23 @@ pub fn write_chats(table: &Path, split: &[&str], path: &Path) -> Result<usize, S
     Ok(lines.len())
 }
 
+/// An RL-domain error as a stage error: bad input stays bad input (exit 2, naming its file
+/// and field), the rest fails the node.
+pub(crate) fn rl_err(e: cudarl_rl::RlError) -> StageError {
+    match e {
+        cudarl_rl::RlError::BadInput {
+            file,
+            field,
+            message,
+        } => StageError::BadInput {
+            file,
+            field,
+            message,
+        },
+        cudarl_rl::RlError::Failed(m) => StageError::Failed(m),
+    }
+}
+
 /// Runs `job` in the trainer process; its step metrics. With `live` (the stage's context),
 /// each step the trainer reports moves a `steps` progress bar and is written to the node's live
 /// metrics files ([`StageContext::metrics_log`]) as it happens. A job the trainer refuses (exit
@@ -475,7 +492,12 @@ pub fn run_job(
             }
         }
     };
-    let events = cudarl_rl::trainer::run_job_with(job, dir, &mut on_event);
+    let events = cudarl_rl::trainer::run_job_with(
+        job,
+        dir,
+        &mut on_event,
+        &cudarl_core::interrupt::requested,
+    );
     if let Some(b) = &bar {
         b.finish();
     }

@@ -20,6 +20,8 @@ use cudarl_rl::tasks::{TaskPool, TaskSet};
 use cudarl_rl::trainer::{Sampling, TrainerClient};
 use serde::{Deserialize, Serialize};
 
+use crate::common::rl_err;
+
 fn d_steps() -> usize {
     20
 }
@@ -521,7 +523,7 @@ impl Params {
             sample_only,
             ..self.serve_job(&g, &o, ptx)
         };
-        Ok(TrainerClient::start(&job, dir, self.sampling())?)
+        Ok(TrainerClient::start(&job, dir, self.sampling()).map_err(rl_err)?)
     }
 }
 
@@ -576,7 +578,8 @@ pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> 
         ctx.input_path("tasks")?,
         ctx.input_path("kernels")?,
         ctx.input_path("data")?,
-    )?;
+    )
+    .map_err(rl_err)?;
     let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
     follow_splits(ts, &splits)
 }

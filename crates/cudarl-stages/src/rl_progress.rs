@@ -21,6 +21,8 @@ use cudarl_rl::trainer::TrainerClient;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::common::rl_err;
+
 /// The memo namespace of the entries.
 pub const NAMESPACE: &str = "rl-train-progress";
 
@@ -204,7 +206,7 @@ impl Checkpoints {
         let Some(saved) = self.progress.as_ref().and_then(|p| p.latest(steps)) else {
             return Ok(None);
         };
-        tc.load_state(&saved.dir.join("trainer"))?;
+        tc.load_state(&saved.dir.join("trainer")).map_err(rl_err)?;
         let (stage, turns): (S, Vec<T>) = (saved.stage()?, saved.turns()?);
         ctx.stat("resumed_from_step", saved.step);
         ctx.note(&format!(
@@ -265,7 +267,7 @@ impl Checkpoints {
             None => (0, None, 0),
         };
         let tmp = ctx.store().temp_dir()?;
-        tc.save_state(&tmp.path().join("trainer"))?;
+        tc.save_state(&tmp.path().join("trainer")).map_err(rl_err)?;
         let dir = pr.save(
             step,
             tmp.path(),

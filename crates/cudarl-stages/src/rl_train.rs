@@ -55,7 +55,7 @@ use cudarl_rl::trainer::TrainerClient;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, write_rows};
+use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, rl_err, write_rows};
 use crate::kb_judge::KbJudge;
 use crate::rl_params::{
     DEFAULT_CHECKPOINT_EVERY, Params, TURN_FIELDS, TurnFields, harness, load_tasks,
@@ -689,7 +689,7 @@ impl Stage for RlTrain {
                 (&cfg, &settings),
                 bars,
             )?;
-            let up = update(&mut tc, &eps, &upd)?;
+            let up = update(&mut tc, &eps, &upd).map_err(rl_err)?;
             let rec = StepRecord {
                 step,
                 tier: cur.tier,
@@ -747,7 +747,7 @@ impl Stage for RlTrain {
         ctx.stat("checkpoint_seconds", ck.seconds);
         let (rows, cur) = (st.rows, st.curriculum);
         let ck = dir.join("rl");
-        tc.save(&ck)?;
+        tc.save(&ck).map_err(rl_err)?;
         tc.quit();
         for agent in ["generator", "optimizer"] {
             ingest_dir(ctx, &ck.join(agent), agent)?;

@@ -52,7 +52,7 @@ use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{data_err, params_json, write_output};
+use crate::common::{data_err, params_json, rl_err, write_output};
 
 /// The stage kind of [`SftData`], as pipeline files name it.
 pub const KIND: &str = "sft-data";
@@ -792,7 +792,7 @@ impl SftData {
         by_task: &BTreeMap<String, Vec<Kern>>,
     ) -> Result<BTreeMap<String, Vec<Repair>>, StageError> {
         let mut out: BTreeMap<String, Vec<Repair>> = BTreeMap::new();
-        let specs = cudarl_rl::tasks::specs_by_id(tasks)?;
+        let specs = cudarl_rl::tasks::specs_by_id(tasks).map_err(rl_err)?;
         // Rejected breakages by kernel id: (kind, broken code, feedback).
         let mut broken: BTreeMap<&str, Vec<(&'static str, &str, &str)>> = BTreeMap::new();
         let (kid, kind) = (
@@ -960,7 +960,7 @@ impl Stage for SftRepairs {
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         use rayon::prelude::*;
         let kt = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
-        let specs = cudarl_rl::tasks::specs_by_id(ctx.input_path("tasks")?)?;
+        let specs = cudarl_rl::tasks::specs_by_id(ctx.input_path("tasks")?).map_err(rl_err)?;
         let compiler = crate::common::store_compiler(ctx)?;
         let rules = cudarl_cuda::Rules::builtin();
         let kid = kt.req_strings("kernel_id").map_err(data_err)?;

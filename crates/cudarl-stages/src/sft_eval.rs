@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::run_job;
-use crate::common::{params_json, resolve_device, write_rows};
+use crate::common::{params_json, resolve_device, rl_err, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "sft-eval";
@@ -175,8 +175,9 @@ impl Stage for SftEval {
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
         // The hold-out families: the `test` split of the SFT data.
-        let held = tasks::holdout_ids(ctx.input_path("data")?)?;
-        let specs: Vec<TaskSpec> = tasks::read_specs(ctx.input_path("tasks")?)?
+        let held = tasks::holdout_ids(ctx.input_path("data")?).map_err(rl_err)?;
+        let specs: Vec<TaskSpec> = tasks::read_specs(ctx.input_path("tasks")?)
+            .map_err(rl_err)?
             .into_iter()
             .filter(|s| held.contains(&s.id))
             .collect();

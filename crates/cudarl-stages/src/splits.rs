@@ -37,7 +37,7 @@ use cudarl_curriculum::Split;
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{data_err, params_json, write_rows};
+use crate::common::{data_err, params_json, rl_err, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "splits";
@@ -225,7 +225,7 @@ impl Stage for Splits {
                 .into_iter()
                 .map(|r| (r.id, r.level))
                 .collect();
-        let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?)?;
+        let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?).map_err(rl_err)?;
         let unknown: Vec<&str> = self
             .params
             .holdout_tasks

@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use crate::common::{
     CHECKPOINT, checkpoint_files, data_err, ingest_dir, is_checkpoint_dir, materialize,
-    params_json, resolve_device, run_job, write_chats, write_rows,
+    params_json, resolve_device, rl_err, run_job, write_chats, write_rows,
 };
 
 /// Schema of `corpus`: one row per document the trainer reads (see the module's table).
@@ -636,7 +636,8 @@ impl Stage for ModelStage {
                     0 => Vec::new(),
                     n => {
                         // Every task's expressions and groups, the hold-out's included.
-                        let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?)?;
+                        let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?)
+                            .map_err(rl_err)?;
                         let exclude = cudarl_rl::families::CopyExclusions {
                             groups: specs.iter().filter_map(|s| s.group.clone()).collect(),
                             references: specs

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{data_err, params_json, write_output};
+use crate::common::{data_err, params_json, rl_err, write_output};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "validate";
@@ -696,8 +696,8 @@ type Row = cudarl_rl::tasks::TaskKernel;
 fn read_task_rows(
     ctx: &StageContext<'_>,
 ) -> Result<(std::collections::BTreeMap<String, TaskSpec>, Vec<Row>), StageError> {
-    let specs = cudarl_rl::tasks::specs_by_id(ctx.input_path("tasks")?)?;
-    let rows = cudarl_rl::tasks::read_kernels(ctx.input_path("kernels")?)?;
+    let specs = cudarl_rl::tasks::specs_by_id(ctx.input_path("tasks")?).map_err(rl_err)?;
+    let rows = cudarl_rl::tasks::read_kernels(ctx.input_path("kernels")?).map_err(rl_err)?;
     Ok((specs, rows))
 }
 

@@ -23,7 +23,7 @@ use cudarl_core::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::common::params_json;
+use crate::common::{params_json, rl_err};
 
 /// The verl version the agent loop and the generated overrides are written against.
 pub const VERL_VERSION: &str = "0.9.1";
@@ -372,7 +372,7 @@ impl Stage for VerlLaunch {
         // table's `test` families (sft-data's `test` rows name only families it has rows for).
         let scratch = out_dir.join("export");
         let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
-        let mut held = cudarl_rl::tasks::holdout_ids(ctx.input_path("sft")?)?;
+        let mut held = cudarl_rl::tasks::holdout_ids(ctx.input_path("sft")?).map_err(rl_err)?;
         held.extend(
             splits
                 .families
