@@ -23,11 +23,9 @@ use std::sync::LazyLock;
 
 use regex::{Captures, Regex};
 
-use crate::static_check::{
-    IDENT, matching_brace, matching_paren, strip_c_comments, strip_c_comments_and_strings,
-};
 use crate::task::c_type;
 use crate::torchfmt::{KbBuffer, KbNative};
+use cudarl_lex::c::{self, IDENT, matching_brace, matching_paren};
 
 /// The conversion's version: stages that store conversions key on it (raise it when a source
 /// converts differently).
@@ -500,7 +498,7 @@ fn convert(
     if abi.outputs.len() != 1 {
         return Err(format!("the launcher has {} outputs", abi.outputs.len()));
     }
-    let stripped = strip_c_comments_and_strings(cuda);
+    let stripped = c::strip_comments_and_strings(cuda);
     // The module block and the names it binds.
     let mut names: Vec<String> = bound.to_vec();
     let mut cut: Vec<(usize, usize)> = Vec::new();
@@ -514,7 +512,7 @@ fn convert(
                 .find('{')
                 .ok_or("a module block without a body")?;
         let close = matching_brace(&stripped, open).ok_or("an unclosed module block")?;
-        let block = strip_c_comments(&cuda[m.start()..=close]);
+        let block = c::strip_comments(&cuda[m.start()..=close]);
         if names.is_empty() {
             names = DEF
                 .captures_iter(&block)
@@ -581,7 +579,7 @@ fn convert(
         })
         .into_owned();
     let rest = TORCH_INCLUDE.replace_all(&rest, "").into_owned();
-    let rest_code = strip_c_comments_and_strings(&rest);
+    let rest_code = c::strip_comments_and_strings(&rest);
     if let Some(m) = TORCHY.find(&rest_code) {
         return Err(format!(
             "code outside the bound function uses `{}`",
@@ -600,7 +598,7 @@ fn convert(
     let args = parse_args(&host.args)?;
     let tensors: Vec<&Arg> = args.iter().filter(|a| a.tensor).collect();
     let slots = match_buffers(abi, &tensors)?;
-    let body = strip_c_comments(&cuda[host.open + 1..host.close]);
+    let body = c::strip_comments(&cuda[host.open + 1..host.close]);
     let body = unwrap_dispatch(&body)?;
     let mut scan = Scan::default();
     let tensor_names: BTreeSet<String> = tensors.iter().map(|a| a.name.clone()).collect();

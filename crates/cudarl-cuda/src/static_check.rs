@@ -145,132 +145,6 @@ pub fn anchored(patterns: &[String]) -> Result<Vec<Regex>, String> {
         .collect()
 }
 
-/// A C identifier (or keyword), as a whole word.
-pub(crate) static IDENT: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"\b[A-Za-z_]\w*\b").expect("static regex"));
-
-/// The byte index of the `}` that closes the `{` at byte `open` of `stripped`, or `None` when
-/// it is not closed. Braces in comments and literals count: blank them first
-/// ([`strip_c_comments_and_strings`]) where that matters.
-pub fn matching_brace(stripped: &str, open: usize) -> Option<usize> {
-    matching(stripped, open, ('{', '}'))
-}
-
-/// The byte index of the `)` that closes the `(` at byte `open`, as [`matching_brace`].
-pub fn matching_paren(stripped: &str, open: usize) -> Option<usize> {
-    matching(stripped, open, ('(', ')'))
-}
-
-fn matching(stripped: &str, open: usize, (o, c): (char, char)) -> Option<usize> {
-    let mut depth = 0i64;
-    for (i, ch) in stripped[open..].char_indices() {
-        if ch == o {
-            depth += 1;
-        } else if ch == c {
-            depth -= 1;
-            if depth == 0 {
-                return Some(open + i);
-            }
-        }
-    }
-    None
-}
-
-/// Blanks out `//` and `/* */` comments and string/char literals (keeping newlines and
-/// offsets), so rules do not match inside them. `#include` lines are kept whole.
-pub fn strip_c_comments_and_strings(src: &str) -> String {
-    strip(src, true)
-}
-
-/// Blanks out comments only (string literals kept).
-pub fn strip_c_comments(src: &str) -> String {
-    strip(src, false)
-}
-
-fn strip(src: &str, strings: bool) -> String {
-    let b = src.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    let mut line_start = true;
-    while i < b.len() {
-        let c = b[i];
-        if line_start && c == b'#' {
-            // preprocessor line: copy verbatim (include names are quoted)
-            while i < b.len() && b[i] != b'\n' {
-                out.push(b[i]);
-                i += 1;
-            }
-            continue;
-        }
-        if !c.is_ascii_whitespace() {
-            line_start = false;
-        }
-        if c == b'\n' {
-            line_start = true;
-            out.push(c);
-            i += 1;
-        } else if c == b'/' && i + 1 < b.len() && b[i + 1] == b'/' {
-            while i < b.len() && b[i] != b'\n' {
-                out.push(b' ');
-                i += 1;
-            }
-        } else if c == b'/' && i + 1 < b.len() && b[i + 1] == b'*' {
-            out.extend([b' ', b' ']);
-            i += 2;
-            while i < b.len() && !(b[i] == b'*' && i + 1 < b.len() && b[i + 1] == b'/') {
-                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
-                i += 1;
-            }
-            if i < b.len() {
-                out.extend([b' ', b' ']);
-                i += 2;
-            }
-        } else if c == b'\'' && digit_separator(b, i) {
-            // C++14 digit separator (`1'000`, `0xFF'FF`): part of a number, not a literal.
-            out.push(c);
-            i += 1;
-        } else if strings && (c == b'"' || c == b'\'') {
-            out.push(b' ');
-            i += 1;
-            while i < b.len() && b[i] != c && b[i] != b'\n' {
-                if b[i] == b'\\' && i + 1 < b.len() {
-                    out.push(b' ');
-                    i += 1;
-                }
-                out.push(b' ');
-                i += 1;
-            }
-            if i < b.len() && b[i] == c {
-                out.push(b' ');
-                i += 1;
-            }
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Whether the `'` at `i` separates digits of a number (C++14): the token it follows is a
-/// pp-number (starts with a digit, or `.` and a digit) and a hex digit follows. `u8'a'` and
-/// `L'a'` are character literals (their token starts with a letter).
-fn digit_separator(b: &[u8], i: usize) -> bool {
-    if i == 0 || i + 1 >= b.len() || !b[i + 1].is_ascii_hexdigit() {
-        return false;
-    }
-    let mut j = i;
-    while j > 0
-        && (b[j - 1].is_ascii_alphanumeric()
-            || b[j - 1] == b'_'
-            || b[j - 1] == b'.'
-            || b[j - 1] == b'\'')
-    {
-        j -= 1;
-    }
-    j < i && (b[j].is_ascii_digit() || (b[j] == b'.' && j + 1 < i && b[j + 1].is_ascii_digit()))
-}
-
 static INCLUDE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"(?m)^\s*#\s*include\s*[<"]([^>"]+)[>"]"#).expect("re"));
 
@@ -374,7 +248,7 @@ impl Rules {
     /// Checks `source` of `format` (`native` or `torch`). Findings are in rule order; the
     /// include check comes first.
     pub fn check(&self, source: &str, format: &str) -> Vec<Finding> {
-        let clean = strip_c_comments_and_strings(source);
+        let clean = cudarl_lex::c::strip_comments_and_strings(source);
         let mut out = Vec::new();
         let allowed = self.allowed_includes(format);
         for c in INCLUDE.captures_iter(&clean) {
@@ -396,8 +270,8 @@ impl Rules {
     /// The rules of `format` (not the include allow-list) on `text`: a source file, or the
     /// candidate's lines of a preprocessed text ([`crate::inspect::preprocessed`]).
     pub fn check_text(&self, text: &str, format: &str) -> Vec<Finding> {
-        let clean = strip_c_comments_and_strings(text);
-        let with_strings = strip_c_comments(text);
+        let clean = cudarl_lex::c::strip_comments_and_strings(text);
+        let with_strings = cudarl_lex::c::strip_comments(text);
         let mut out = Vec::new();
         for r in &self.rules {
             if !r.formats.iter().any(|f| f == format) {
@@ -430,7 +304,7 @@ impl Rules {
     /// Checks a Python (`ModelNew`) file with the rules of format `python`, on the source with
     /// comments and string literals blanked out ([`crate::torchfmt::strip_python`]).
     pub fn check_python(&self, source: &str) -> Vec<Finding> {
-        let clean = crate::torchfmt::strip_python(source);
+        let clean = cudarl_lex::python::strip_comments_and_strings(source);
         self.rules
             .iter()
             .filter(|r| r.formats.iter().any(|f| f == "python"))

@@ -249,7 +249,7 @@ pub fn entry_shim(headers: &str, signature: &str, call: &[String]) -> String {
         "{signature};\nextern \"C\" int cudarl_entry(void* const* buffers, const int64_t* sizes, const float* scalars, cudaStream_t stream) {{\n    (void)buffers; (void)sizes; (void)scalars;\n    launch({});\n    return (int)cudaGetLastError();\n}}\n",
         call.join(", ")
     );
-    let names: std::collections::BTreeSet<&str> = crate::static_check::IDENT
+    let names: std::collections::BTreeSet<&str> = cudarl_lex::c::IDENT
         .find_iter(&code)
         .map(|m| m.as_str())
         .collect();

@@ -161,13 +161,6 @@ pub struct Prepared {
     pub source: String,
 }
 
-/// Blanks out Python comments and string literals (keeping newlines and offsets), so rules do
-/// not match inside them (the CUDA source of a `ModelNew` is a string literal). The same
-/// stripper the curriculum's op extraction uses.
-pub fn strip_python(src: &str) -> String {
-    cudarl_curriculum::ops::strip_comments_and_strings(src)
-}
-
 static FWD_NAME: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"\.def\s*\(\s*"forward"\s*,\s*&?\s*(?:torch::wrap_pybind_function\s*\(\s*)?([A-Za-z_]\w*)"#)
         .expect("re")
@@ -184,7 +177,7 @@ static GLOBAL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"__global__").expe
 /// No `forward` binding, no definition, or an argument type the harness cannot bind (e.g. a
 /// `std::vector<torch::Tensor>`).
 pub fn forward_args(cpp: &str) -> Result<Vec<(String, String)>, String> {
-    let clean = crate::static_check::strip_c_comments(cpp);
+    let clean = cudarl_lex::c::strip_comments(cpp);
     let name = FWD_NAME
         .captures(&clean)
         .map(|c| c[1].to_string())
@@ -390,7 +383,7 @@ pub fn prepare(
             if p.reject.is_some() {
                 return Ok(p);
             }
-            let clean = strip_python(source);
+            let clean = cudarl_lex::python::strip_comments_and_strings(source);
             if !clean.contains("load_inline") {
                 p.reject = Some((
                     "static_reject".into(),
@@ -470,7 +463,7 @@ pub fn prepare(
                     p.reject = Some(r);
                     return Ok(p);
                 }
-                if !GLOBAL.is_match(&crate::static_check::strip_c_comments_and_strings(&cuda)) {
+                if !GLOBAL.is_match(&cudarl_lex::c::strip_comments_and_strings(&cuda)) {
                     p.reject = Some((
                         "static_reject".into(),
                         format!(
@@ -519,7 +512,7 @@ fn extension(p: &mut Prepared, source: &str, rules: &Rules) {
     if p.reject.is_some() {
         return;
     }
-    if !GLOBAL.is_match(&crate::static_check::strip_c_comments_and_strings(source)) {
+    if !GLOBAL.is_match(&cudarl_lex::c::strip_comments_and_strings(source)) {
         p.reject = Some((
             "static_reject".into(),
             "no-kernel: the extension defines no __global__ kernel (torch ops stand in for it)"

@@ -25,7 +25,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use crate::native_abi::split_top_level;
-use crate::static_check::{IDENT, matching_brace, matching_paren, strip_c_comments_and_strings};
+use cudarl_lex::c::{self, IDENT, matching_brace, matching_paren};
 
 /// The two units of a split torch-extension build.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,7 +90,7 @@ static MODULE_START: LazyLock<Regex> =
 /// Whether `cuda` (a CUDA source) uses Python, pybind11 or a C++ frontend module that
 /// `torch/types.h` does not declare, so it must be built with `torch/extension.h`.
 pub fn needs_full_headers(cuda: &str) -> bool {
-    NEEDS_FULL.is_match(&strip_c_comments_and_strings(cuda))
+    NEEDS_FULL.is_match(&c::strip_comments_and_strings(cuda))
 }
 
 /// The CUDA unit of `cuda`: torch's `load_inline` prologue (`torch/types.h`, `cuda.h`,
@@ -123,7 +123,7 @@ pub fn split_inline(cuda: &str, cpp: &str, module_block: &str) -> Option<TorchSp
 /// block, the rest needs the full headers, or a bound function is not found at top level with
 /// external linkage (then the extension is built as one unit).
 pub fn split_extension(source: &str) -> Option<TorchSplit> {
-    let stripped = strip_c_comments_and_strings(source);
+    let stripped = c::strip_comments_and_strings(source);
     let mut starts = MODULE_START.find_iter(&stripped);
     let m = starts.next()?;
     if starts.next().is_some() {
@@ -171,7 +171,7 @@ fn top_level_functions(src: &str) -> Vec<(String, String)> {
         "extern",
         "__forceinline__",
     ];
-    crate::native_abi::top_level_spans(&strip_c_comments_and_strings(src))
+    crate::native_abi::top_level_spans(&c::strip_comments_and_strings(src))
         .into_iter()
         .filter(|f| {
             !excluded
@@ -370,7 +370,7 @@ pub fn kernel_host_split(src: &str, cpp: &str, module_block: &str) -> Option<Ker
     if needs_full_headers(src) || needs_full_headers(cpp) {
         return None;
     }
-    let stripped = strip_c_comments_and_strings(src);
+    let stripped = c::strip_comments_and_strings(src);
     let items = top_level_items(&stripped)?;
     #[derive(PartialEq)]
     enum Side {
@@ -509,7 +509,7 @@ pub fn kernel_host_split(src: &str, cpp: &str, module_block: &str) -> Option<Ker
             }
         }
     }
-    let host_stripped = strip_c_comments_and_strings(&host);
+    let host_stripped = c::strip_comments_and_strings(&host);
     let host_words = words(&host_stripped);
     if kernels.keys().any(|k| host_words.contains(k.as_str()))
         || device_vars.iter().any(|v| host_words.contains(v.as_str()))

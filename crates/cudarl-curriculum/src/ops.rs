@@ -167,51 +167,6 @@ static BINOP: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"[A-Za-z0-9_\)\]]\s*(\*\*|[+\-*/@])=?\s*[A-Za-z0-9_\(\-\.]").expect("regex")
 });
 
-/// Replaces comments and string literals (including triple-quoted docstrings) by spaces,
-/// keeping line structure and byte offsets.
-pub fn strip_comments_and_strings(src: &str) -> String {
-    let b = src.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        if c == b'#' {
-            while i < b.len() && b[i] != b'\n' {
-                out.push(b' ');
-                i += 1;
-            }
-        } else if c == b'\'' || c == b'"' {
-            let triple = i + 2 < b.len() && b[i + 1] == c && b[i + 2] == c;
-            let qlen = if triple { 3 } else { 1 };
-            out.extend(std::iter::repeat_n(b' ', qlen));
-            i += qlen;
-            while i < b.len() {
-                if b[i] == b'\\' && i + 1 < b.len() {
-                    out.extend([b' ', if b[i + 1] == b'\n' { b'\n' } else { b' ' }]);
-                    i += 2;
-                    continue;
-                }
-                if triple && i + 2 < b.len() && b[i] == c && b[i + 1] == c && b[i + 2] == c {
-                    out.extend([b' ', b' ', b' ']);
-                    i += 3;
-                    break;
-                }
-                if !triple && (b[i] == c || b[i] == b'\n') {
-                    out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
-                    i += 1;
-                    break;
-                }
-                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
-                i += 1;
-            }
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Splits cleaned source into (model part, forward bodies): the model part is everything
 /// inside top-level `class` blocks; forward bodies are the `def forward` blocks in them.
 fn model_parts(clean: &str) -> (String, String) {
@@ -289,7 +244,7 @@ fn classify_chain(chain: &str, preceded_by_dot: bool) -> Option<String> {
 
 /// Extracts op features from a KernelBench reference module (sorted, unique).
 pub fn extract_op_features(code: &str) -> Vec<String> {
-    let clean = strip_comments_and_strings(code);
+    let clean = cudarl_lex::python::strip_comments_and_strings(code);
     let (model, forward) = model_parts(&clean);
     let mut feats = BTreeSet::new();
     for m in CALL.captures_iter(&model) {

@@ -14,9 +14,9 @@
 use std::collections::BTreeMap;
 
 use cudarl_cuda::Verdict;
-use cudarl_cuda::static_check::strip_c_comments_and_strings;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_curriculum::prompts::{self, ChatMessage, TaskView};
+use cudarl_lex::c::strip_comments_and_strings as strip_c;
 use cudarl_protocol::Role;
 use serde::{Deserialize, Serialize};
 
@@ -157,7 +157,7 @@ pub trait Tester<T: ?Sized = TaskSpec> {
 
 /// Optimization strategies recognized in a kernel's code (comments and strings stripped).
 pub fn strategies(code: &str) -> Vec<&'static str> {
-    let s = strip_c_comments_and_strings(code);
+    let s = strip_c(code);
     let c: String = s.chars().filter(|c| !c.is_whitespace()).collect();
     let mut v = Vec::new();
     let has = |p: &str| c.contains(p);

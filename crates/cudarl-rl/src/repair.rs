@@ -44,7 +44,7 @@ impl Breakage {
 fn first_kernel_body(code: &str) -> Option<(usize, usize)> {
     let g = code.find("__global__")?;
     let open = g + code[g..].find('{')?;
-    cudarl_cuda::static_check::matching_brace(code, open).map(|close| (open, close))
+    cudarl_lex::c::matching_brace(code, open).map(|close| (open, close))
 }
 
 /// `code` broken in the way `Breakage::ALL[variant % 3]` says, choosing among candidate

@@ -31,7 +31,7 @@
 use std::path::Path;
 
 use cudarl_cuda::Verdict;
-use cudarl_cuda::static_check::strip_c_comments_and_strings;
+use cudarl_lex::c::strip_comments_and_strings as strip_c;
 use serde::{Deserialize, Serialize};
 
 /// `configs/reward/<name>.toml`.
@@ -240,7 +240,7 @@ impl RewardComponents {
 
 /// Source-level evidence of warp shuffles and coalesced access: `(shuffle, coalesced)`.
 pub fn source_features(code: &str) -> (bool, bool) {
-    let s = strip_c_comments_and_strings(code);
+    let s = strip_c(code);
     let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
     let shfl = compact.contains("__shfl_sync(")
         || compact.contains("__shfl_down_sync(")
@@ -406,7 +406,7 @@ pub fn score(
 }
 
 fn s_coal_not_strided(code: &str) -> bool {
-    let s = strip_c_comments_and_strings(code);
+    let s = strip_c(code);
     let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
     !compact.contains("threadIdx.x*") || compact.contains("threadIdx.x*sizeof")
 }
