@@ -332,7 +332,7 @@ fn kb_specs_stage_derives_native_signatures_with_coverage() {
     let dir = tempfile::tempdir().unwrap();
     let mut wrappers = 0;
     for s in specs.iter().filter(|s| s["covered"] == true) {
-        let abi = cudarl_cuda::torchfmt::KbNative::from_row(
+        let abi = cudarl_cuda::native_abi::KbNative::from_row(
             s["signature"].as_str().unwrap(),
             s["buffers_json"].as_str().unwrap(),
             s["sizes_json"].as_str().unwrap(),

@@ -747,7 +747,7 @@ fn a_model_new_wrapper_passes_inputs_parameters_outputs_and_sizes_read_from_shap
     // state dict) and one output; the sizes come from the shapes the wrapper is called with,
     // not from the problem's values, and literal extents (kb-specs writes them as strings,
     // "1") stay literal.
-    let abi = cudarl_cuda::torchfmt::KbNative::from_row(
+    let abi = cudarl_cuda::native_abi::KbNative::from_row(
         r#"extern "C" void launch(const float* in0, float in1, const float* fc_weight, float* out, int64_t batch, int64_t dim, int64_t out_f, cudaStream_t stream)"#,
         &json!({
             "inputs": [
@@ -846,7 +846,8 @@ print(json.dumps({"state": state, "sizes": z, "scalars": s, "shapes": [list(x.sh
 /// one-unit build's diagnostics. Real nvcc, GCC, torch's headers and Python.
 #[test]
 fn torch_extensions_build_as_kernel_and_host_units_with_one_precompiled_header() {
-    use cudarl_cuda::torchfmt::{TORCH_BUILD_TIMEOUT, TorchEnv};
+    use cudarl_cuda::pyworker::TorchEnv;
+    use cudarl_cuda::torchfmt::TORCH_BUILD_TIMEOUT;
     let root = repo_root();
     let Some(nvcc) = cudarl_cuda::Nvcc::discover_or_skip(&root) else {
         return;

@@ -115,7 +115,7 @@ fn is_link_flag(f: &str) -> bool {
 }
 
 /// What a torch-extension build reads: torch's include and library folders.
-fn env_reads(env: &crate::torchfmt::TorchEnv) -> Vec<PathBuf> {
+fn env_reads(env: &crate::pyworker::TorchEnv) -> Vec<PathBuf> {
     env.include_dirs
         .iter()
         .chain(&env.library_dirs)
@@ -374,7 +374,7 @@ impl Compiler {
     fn torch_ext_flags(
         &self,
         module: &str,
-        env: &crate::torchfmt::TorchEnv,
+        env: &crate::pyworker::TorchEnv,
         extra: &[String],
     ) -> Vec<String> {
         // Python extensions leave Python's symbols undefined: no `--no-undefined` here.
@@ -421,7 +421,7 @@ impl Compiler {
     /// Harness failures only.
     pub fn torch_host_pch(
         &self,
-        env: &crate::torchfmt::TorchEnv,
+        env: &crate::pyworker::TorchEnv,
         extra: &[String],
         timeout: Duration,
     ) -> Result<Option<PathBuf>, CompileError> {
@@ -467,7 +467,7 @@ impl Compiler {
         text: &str,
         split: Option<&crate::torchsplit::TorchSplit>,
         module: &str,
-        env: &crate::torchfmt::TorchEnv,
+        env: &crate::pyworker::TorchEnv,
         extra: &[String],
         timeout: Duration,
     ) -> Result<CompileOutput, CompileError> {

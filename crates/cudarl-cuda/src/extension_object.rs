@@ -37,31 +37,10 @@ use std::sync::OnceLock;
 use object::{Object, ObjectSymbol};
 use regex::Regex;
 
-use crate::static_check::{Action, Finding};
+use crate::static_check::{Action, ExtensionRules, Finding};
 
 /// The rule id of an extension importing a torch name outside the allow-list.
 pub const RULE: &str = "extension-symbol";
-
-/// What a built extension may import from torch, and what it may never import.
-#[derive(Debug, Clone)]
-pub struct ExtensionRules {
-    torch: Vec<Regex>,
-    refused: Vec<Regex>,
-}
-
-impl ExtensionRules {
-    /// From anchored patterns over qualified names (`at::_ops::zeros::call`) of the torch
-    /// names allowed, and over raw or qualified names of those always refused.
-    ///
-    /// # Errors
-    /// A pattern that does not compile (the message names it).
-    pub fn new(torch: &[String], refused: &[String]) -> Result<Self, String> {
-        Ok(ExtensionRules {
-            torch: crate::static_check::anchored(torch)?,
-            refused: crate::static_check::anchored(refused)?,
-        })
-    }
-}
 
 /// The qualified name of an Itanium-mangled symbol (`_ZN3c104cuda20getCurrentCUDAStreamEa` is
 /// `c10::cuda::getCurrentCUDAStream`), from its leading nested or unscoped name; `None` for a

@@ -67,7 +67,7 @@ use std::sync::LazyLock;
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
 use regex::Regex;
 
-use crate::static_check::{Action, Finding, Rules};
+use crate::static_check::{Action, Finding, ObjectRules, Rules};
 
 /// The candidate's file name inside the build directory (linemarkers name it).
 pub const SOURCE_NAME: &str = "kernel.cu";
@@ -254,43 +254,6 @@ pub fn ptx(text: &str) -> Vec<Finding> {
 /// which rejects the kernel of an `f32` task that does not declare `allow_tf32`
 /// ([`crate::verdict::build_native`]).
 pub const TENSOR_CORE_PRECISION: &str = "tensor-core-precision";
-
-/// What an object may import, which names it may not define, and which constructor it may have.
-#[derive(Debug, Clone)]
-pub struct ObjectRules {
-    symbols: Vec<Regex>,
-    reserved: Vec<Regex>,
-    constructor: String,
-}
-
-impl ObjectRules {
-    /// From anchored patterns of the symbols an object may import, anchored patterns of the C
-    /// names it may not define (besides those it may import), and the name of nvcc's
-    /// registration constructor.
-    ///
-    /// # Errors
-    /// A pattern is not a valid regex.
-    pub fn new(
-        patterns: &[String],
-        reserved: &[String],
-        constructor: &str,
-    ) -> Result<ObjectRules, String> {
-        let anchored = crate::static_check::anchored;
-        Ok(ObjectRules {
-            symbols: anchored(patterns)?,
-            reserved: anchored(reserved)?,
-            constructor: constructor.into(),
-        })
-    }
-
-    fn allows(&self, sym: &str) -> bool {
-        self.symbols.iter().any(|r| r.is_match(sym))
-    }
-
-    fn reserves(&self, sym: &str) -> bool {
-        self.reserved.iter().any(|r| r.is_match(sym))
-    }
-}
 
 /// The launcher the generated shim calls: undefined when the candidate does not define it,
 /// which the link reports as a missing launcher (not a forbidden import).

@@ -46,3 +46,21 @@ pub use nvcc::Nvcc;
 pub use static_check::Rules;
 pub use task::{Task, TaskSpec, load_tasks};
 pub use verdict::{Verdict, check_compile_only};
+
+/// A companion binary of `cudarl-pipe`: `$env` if set, else `name` beside the running
+/// executable (or one level up, for test binaries in `target/<profile>/deps/`), else `name`
+/// on `PATH`.
+pub fn sibling_exe(env: &str, name: &str) -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return std::path::PathBuf::from(p);
+    }
+    if let Ok(me) = std::env::current_exe() {
+        for dir in me.ancestors().skip(1).take(2) {
+            let p = dir.join(name);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    std::path::PathBuf::from(name)
+}

@@ -19,13 +19,369 @@
 //! A conversion is not a verdict: the result is judged like any native candidate.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::LazyLock;
 
 use regex::{Captures, Regex};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 use crate::task::c_type;
-use crate::torchfmt::{KbBuffer, KbNative};
 use cudarl_lex::c::{self, IDENT, matching_brace, matching_paren};
+
+/// A buffer of a KernelBench problem's native ABI (`kb_specs.buffers_json`): a tensor (`dtype`)
+/// or, for an input, a number (`scalar`, passed as `float`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KbBuffer {
+    /// The launcher argument's name (`in0`, `weight`, `out`).
+    pub name: String,
+    /// Element type (`f32`, `f16`, `bf16`, `i64`, `i32`, `bool`) of a tensor.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// The problem's value of a number input.
+    #[serde(default)]
+    pub scalar: Option<String>,
+    /// A tensor's dimensions: size names (the problem's constants) or literal extents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dims: Vec<Value>,
+    /// A parameter's name in the reference's state dict (`conv.weight`; `name` is it with `.`
+    /// as `_`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_name: Option<String>,
+}
+
+/// A KernelBench problem's native ABI, from its `kb-specs` row: `extern "C" void launch(...)`
+/// taking the inputs (`const T*`, or `float` for a number), the `Model`'s parameters (its
+/// state dict, `const T*`), the outputs (`T*`), the named sizes (`int64_t`, the problem's
+/// constants at the test's sizes) and the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KbNative {
+    /// The launcher's declaration (`kb_specs.signature`).
+    pub signature: String,
+    /// Inputs, in `get_inputs()` order.
+    pub inputs: Vec<KbBuffer>,
+    /// Parameters, in state-dict order (names with `.` as `_`).
+    pub params: Vec<KbBuffer>,
+    /// Outputs, in `forward`'s order.
+    pub outputs: Vec<KbBuffer>,
+    /// Size names, in the signature's order.
+    pub sizes: Vec<String>,
+    /// The sizes' values at the problem's own sizes, in the same order.
+    pub size_values: Vec<i64>,
+}
+
+impl KbNative {
+    /// From a `kb_specs` row's `signature`, `buffers_json` and `sizes_json`.
+    ///
+    /// # Errors
+    /// A JSON column that does not parse or lacks a list, naming it.
+    pub fn from_row(signature: &str, buffers_json: &str, sizes_json: &str) -> Result<Self, String> {
+        let b: Value = serde_json::from_str(buffers_json)
+            .map_err(|e| format!("kb_specs.buffers_json: {e}"))?;
+        let list = |k: &str| -> Result<Vec<KbBuffer>, String> {
+            serde_json::from_value(b[k].clone())
+                .map_err(|e| format!("kb_specs.buffers_json.{k}: {e}"))
+        };
+        let sizes: serde_json::Map<String, Value> =
+            serde_json::from_str(sizes_json).map_err(|e| format!("kb_specs.sizes_json: {e}"))?;
+        Ok(KbNative {
+            signature: signature.to_string(),
+            inputs: list("inputs")?,
+            params: list("params")?,
+            outputs: list("outputs")?,
+            size_values: sizes.values().map(|v| v.as_i64().unwrap_or(0)).collect(),
+            sizes: sizes.keys().cloned().collect(),
+        })
+    }
+
+    /// A KernelBench `ModelNew` file running `source` (a native candidate defining this
+    /// launcher) for problem `id`: the source and a binding built by
+    /// `torch.utils.cpp_extension.load_inline` at import (as KernelBench's `ModelNew` files, and
+    /// so the torch-format judge records the build), `forward(*inputs)` allocating the
+    /// outputs and calling `launch` with the sizes read from the inputs' shapes (a size no input
+    /// or parameter carries: the problem's value) on torch's current stream. A reference with
+    /// parameters has them registered under its state-dict names, uninitialized: load them with
+    /// `model_new.load_state_dict(model.state_dict())`. `note` opens the file's docstring.
+    pub fn model_new(&self, id: &str, source: &str, note: &str) -> String {
+        let call = self.launch_args(
+            &|i| format!("(float)cudarl_s[{i}]"),
+            &|i, ptr| format!("({ptr})cudarl_t[{i}].data_ptr()"),
+            &|i| format!("cudarl_z[{i}]"),
+            "at::cuda::getCurrentCUDAStream()",
+        );
+        let mut headers = self.half_headers();
+        // Torch's headers go before the kernel (a kernel's `#define T 32` would break them), the
+        // binding after it, its names prefixed so that the kernel's macros do not reach them.
+        headers.push_str("#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>\n");
+        let binding = format!(
+            "void cudarl_run(std::vector<torch::Tensor> cudarl_t, std::vector<double> cudarl_s, \
+             std::vector<int64_t> cudarl_z) {{\n    launch({});\n}}\n",
+            call.join(", ")
+        );
+        let dtype = |d: Option<&str>| match d.unwrap_or("f32") {
+            "f16" => "torch.float16",
+            "bf16" => "torch.bfloat16",
+            "i64" => "torch.int64",
+            "i32" => "torch.int32",
+            "bool" => "torch.bool",
+            _ => "torch.float32",
+        };
+        let state = |b: &KbBuffer| b.state_name.clone().unwrap_or_else(|| b.name.clone());
+        // Python names: each input is an argument of `forward` (`x_<name>`), each parameter a
+        // local (`p_<name>`), each size a local (`n_<name>`), so no name of the problem's can
+        // shadow another.
+        let input_var = |b: &KbBuffer| format!("x_{}", b.name);
+        let size_var = |n: &str| format!("n_{n}");
+        let value_of = |n: &str| {
+            self.sizes
+                .iter()
+                .position(|s| s == n)
+                .map_or(1, |i| self.size_values[i])
+        };
+        // A dimension: a size name (its local in forward, its value in __init__) or a literal
+        // extent (kb-specs writes literal extents as strings, "1").
+        let dim = |d: &Value, at_init: bool| -> String {
+            match d.as_str() {
+                Some(s) if s.parse::<i64>().is_ok() => s.to_string(),
+                Some(s) if at_init => value_of(s).to_string(),
+                Some(s) => size_var(s),
+                None => d.to_string(),
+            }
+        };
+        let shape = |b: &KbBuffer, at_init: bool| -> String {
+            let d: Vec<String> = b.dims.iter().map(|d| dim(d, at_init)).collect();
+            format!("[{}]", d.join(", "))
+        };
+        // __init__: the parameters, uninitialized, under the reference's state-dict names.
+        let mut init = Vec::new();
+        let mut holders = std::collections::BTreeSet::new();
+        for b in &self.params {
+            let path = state(b);
+            let parts: Vec<&str> = path.split('.').collect();
+            let owner = |k: usize| {
+                if k == 0 {
+                    "self".to_string()
+                } else {
+                    format!("self.get_submodule({})", py_str(&parts[..k].join(".")))
+                }
+            };
+            for k in 1..parts.len() {
+                if holders.insert(parts[..k].join(".")) {
+                    init.push(format!(
+                        "        {}.add_module({}, nn.Module())",
+                        owner(k - 1),
+                        py_str(parts[k - 1])
+                    ));
+                }
+            }
+            init.push(format!(
+                "        {}.register_parameter(\n            {}, nn.Parameter(torch.empty({}, dtype={}), requires_grad=False)\n        )",
+                owner(parts.len() - 1),
+                py_str(parts[parts.len() - 1]),
+                shape(b, true),
+                dtype(b.dtype.as_deref())
+            ));
+        }
+        // forward: the parameters, each size read from the first input or parameter that
+        // carries it (else the problem's value), the outputs allocated, one launch.
+        let mut fwd = Vec::new();
+        for b in &self.params {
+            fwd.push(format!(
+                "        p_{} = self.get_parameter({}).detach()",
+                b.name,
+                py_str(&state(b))
+            ));
+        }
+        let tensor_inputs: Vec<KbBuffer> = self
+            .inputs
+            .iter()
+            .filter(|b| b.scalar.is_none())
+            .cloned()
+            .collect();
+        for (n, v) in self.sizes.iter().zip(&self.size_values) {
+            let carried = |bs: &[KbBuffer], var: &dyn Fn(&KbBuffer) -> String| {
+                bs.iter().find_map(|b| {
+                    let d = b.dims.iter().position(|d| d.as_str() == Some(n))?;
+                    Some(format!("{}.shape[{d}]", var(b)))
+                })
+            };
+            let read = carried(&tensor_inputs, &input_var)
+                .or_else(|| carried(&self.params, &|b| format!("p_{}", b.name)))
+                .unwrap_or_else(|| v.to_string());
+            fwd.push(format!("        {} = {read}", size_var(n)));
+        }
+        let device = tensor_inputs
+            .first()
+            .map(|b| format!("{}.device", input_var(b)))
+            .unwrap_or_else(|| "\"cuda\"".into());
+        let mut tensors: Vec<String> = tensor_inputs
+            .iter()
+            .map(|b| format!("{}.contiguous()", input_var(b)))
+            .collect();
+        tensors.extend(
+            self.params
+                .iter()
+                .map(|b| format!("p_{}.contiguous()", b.name)),
+        );
+        let outs: Vec<String> = (0..self.outputs.len()).map(|i| format!("out{i}")).collect();
+        for (o, b) in outs.iter().zip(&self.outputs) {
+            fwd.push(format!(
+                "        {o} = torch.empty({}, dtype={}, device={device})",
+                shape(b, false),
+                dtype(b.dtype.as_deref())
+            ));
+        }
+        tensors.extend(outs.iter().cloned());
+        let scalars: Vec<String> = self
+            .inputs
+            .iter()
+            .filter(|b| b.scalar.is_some())
+            .map(&input_var)
+            .collect();
+        let sizes: Vec<String> = self.sizes.iter().map(|n| size_var(n)).collect();
+        fwd.push(format!(
+            "        _EXT.cudarl_run(\n            [{}],\n            [{}],\n            [{}],\n        )",
+            tensors.join(", "),
+            scalars.join(", "),
+            sizes.join(", ")
+        ));
+        fwd.push(format!(
+            "        return {}",
+            if outs.len() == 1 {
+                outs[0].clone()
+            } else {
+                outs.join(", ")
+            }
+        ));
+        let args: Vec<String> = self.inputs.iter().map(&input_var).collect();
+        let tag = &blake3::hash(source.as_bytes()).to_hex()[..12];
+        MODEL_NEW
+            .replace("{note}", note)
+            .replace("{id}", id)
+            .replace("{tag}", tag)
+            .replace("{init}", &init.join("\n"))
+            .replace("{args}", &args.join(", "))
+            .replace("{forward}", &fwd.join("\n"))
+            .replace("{headers}", &py_str(&headers))
+            .replace("{binding}", &py_str(&binding))
+            // Last: nothing in the candidate's source is taken for a placeholder.
+            .replace("{kernel}", &py_str(source))
+    }
+
+    /// The shim appended to a candidate ([`crate::task::entry_shim`]): `cudarl_entry` calls the
+    /// launcher with the tensors (inputs, parameters, outputs) in `buffers`, the numbers in
+    /// `scalars` and the sizes in `sizes`.
+    pub fn shim(&self) -> String {
+        let call = self.launch_args(
+            &|i| format!("scalars[{i}]"),
+            &|i, ptr| format!("({ptr})buffers[{i}]"),
+            &|i| format!("sizes[{i}]"),
+            "stream",
+        );
+        let headers = self.half_headers();
+        crate::task::entry_shim(&headers, &self.signature, &call)
+    }
+
+    /// The launcher's arguments in order: each number input as `scalar(k)` (its k-th), each
+    /// tensor as `tensor(k, "const float*")` (its k-th, with its pointer type), each size as
+    /// `size(k)`, then `stream`.
+    fn launch_args(
+        &self,
+        scalar: &dyn Fn(usize) -> String,
+        tensor: &dyn Fn(usize, &str) -> String,
+        size: &dyn Fn(usize) -> String,
+        stream: &str,
+    ) -> Vec<String> {
+        let ty = |d: Option<&str>| d.and_then(crate::task::c_type).unwrap_or("float");
+        let (mut bi, mut si, mut call) = (0, 0, Vec::new());
+        for (b, konst) in self
+            .inputs
+            .iter()
+            .chain(&self.params)
+            .map(|b| (b, "const "))
+            .chain(self.outputs.iter().map(|b| (b, "")))
+        {
+            if b.scalar.is_some() {
+                call.push(scalar(si));
+                si += 1;
+            } else {
+                call.push(tensor(bi, &format!("{konst}{}*", ty(b.dtype.as_deref()))));
+                bi += 1;
+            }
+        }
+        call.extend((0..self.sizes.len()).map(size));
+        call.push(stream.to_string());
+        call
+    }
+
+    /// The half-precision headers only where a buffer needs them: together they add about 0.4
+    /// CPU seconds to a build.
+    fn half_headers(&self) -> String {
+        let mut headers = String::new();
+        for (dtype, h) in [("f16", "cuda_fp16.h"), ("bf16", "cuda_bf16.h")] {
+            if self.buffers().any(|b| b.dtype.as_deref() == Some(dtype)) {
+                headers.push_str(&format!("#include <{h}>\n"));
+            }
+        }
+        headers
+    }
+
+    /// Inputs, parameters and outputs, in the launcher's order.
+    pub(crate) fn buffers(&self) -> impl Iterator<Item = &KbBuffer> {
+        self.inputs.iter().chain(&self.params).chain(&self.outputs)
+    }
+
+    /// What the Python judge's runner needs to call the built launcher (`kind: native`).
+    pub(crate) fn candidate(&self, so: &Path) -> Value {
+        json!({"kind": "native", "so": so,
+               "inputs": self.inputs, "params": self.params.iter().map(|b| &b.name).collect::<Vec<_>>(),
+               "sizes": self.sizes})
+    }
+}
+
+/// A Python string literal of `s` (JSON's escapes are Python's for these characters).
+fn py_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// The `ModelNew` file of [`KbNative::model_new`]: `{note}`, `{id}`, `{tag}`, `{init}`,
+/// `{args}`, `{forward}`, `{headers}`, `{binding}` and `{kernel}` are filled in that order (the
+/// kernel last, so nothing in it is taken for a placeholder). It passes the `ModelNew`
+/// allow-list (`python/cudarl_screen.py`): straight-line code, parameters registered and read by
+/// name, sizes from shapes, outputs from `torch.empty`.
+const MODEL_NEW: &str = r#""""{note}
+
+ModelNew for {id}: the native kernel in KERNEL, built with load_inline at import and called
+through its launcher `launch`. Sizes come from the inputs' shapes. Parameters are registered
+under the reference's state-dict names, uninitialized: load them with
+model_new.load_state_dict(model.state_dict()).
+"""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+HEADERS = {headers}
+KERNEL = {kernel}
+BINDING = {binding}
+
+# Built at import, as KernelBench's ModelNew files are.
+_EXT = load_inline(
+    name="cudarl_{tag}",
+    cpp_sources="void cudarl_run(std::vector<torch::Tensor> t, std::vector<double> s, std::vector<int64_t> z);",
+    cuda_sources=HEADERS + KERNEL + "\n" + BINDING,
+    functions=["cudarl_run"],
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *init_inputs):
+        super().__init__()
+{init}
+
+    def forward(self, {args}):
+{forward}
+"#;
 
 /// The conversion's version: stages that store conversions key on it (raise it when a source
 /// converts differently).

@@ -19,6 +19,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// Name of the runner's own empty kernel: what calibration windows run, and what a profile
+/// pass leaves out of a candidate's counters.
+pub const NOOP_KERNEL: &str = "cudarl_noop";
+
 /// Nsight Compute metrics read per kernel (names as in `ncu --query-metrics`, Nsight Compute
 /// 2025.x).
 pub const METRICS: &[&str] = &[
@@ -157,7 +161,7 @@ pub fn parse_raw_csv(text: &str) -> Result<KernelProfile, String> {
         let rec = rec.map_err(|e| format!("ncu CSV: {e}"))?;
         let name = rec.get(name_col).unwrap_or("");
         // The units row, and the runner's own kernel.
-        if name.is_empty() || name.starts_with(crate::runner::NOOP_KERNEL) {
+        if name.is_empty() || name.starts_with(NOOP_KERNEL) {
             continue;
         }
         let get = |c: usize| {

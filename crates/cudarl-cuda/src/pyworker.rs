@@ -1,15 +1,16 @@
 //! The Python worker (`python/cudarl_worker.py`): a real `python3` process with torch, spoken
 //! to in JSON lines. Used for KernelBench signatures and tests (`kb-specs`, `testgen`) and for
 //! extracting and building torch-format candidates; the GPU runs of torch-format candidates go
-//! through [`crate::worker::WorkerPool`] with the same script (`--limits`), so a hang or crash
-//! there is contained like the native worker's.
+//! through a [`crate::worker::WorkerPool`] of the same script (`--limits`,
+//! [`crate::torchfmt::pool`]), so a hang or crash there is contained like the native worker's.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 /// The worker script, relative to the project root.
 pub const SCRIPT: &str = "python/cudarl_worker.py";
@@ -22,13 +23,28 @@ pub fn script_source(root: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(root.join(SCRIPT)).map_err(|e| format!("{SCRIPT}: {e}"))
 }
 
-/// A [`crate::worker::WorkerPool`] of sandboxed Python workers (`--limits`) for GPU jobs
-/// (`run_torch`): the same wall-clock limit, hang and crash handling as native candidates.
-pub fn pool(root: &Path) -> crate::worker::WorkerPool {
-    crate::worker::WorkerPool::new(
-        python(root),
-        vec![root.join(SCRIPT).display().to_string(), "--limits".into()],
-    )
+/// Torch's build environment, from the Python worker's `build_env`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchEnv {
+    /// `-isystem` directories (torch's and Python's headers).
+    pub include_dirs: Vec<String>,
+    /// `-L` directories (torch's libraries).
+    pub library_dirs: Vec<String>,
+    /// `_GLIBCXX_USE_CXX11_ABI` of the torch build.
+    pub cxx11_abi: bool,
+    /// torch version.
+    pub torch: String,
+}
+
+impl TorchEnv {
+    /// Asks the worker.
+    ///
+    /// # Errors
+    /// The worker failed or answered something else.
+    pub fn query(py: &mut PyWorker) -> Result<TorchEnv, String> {
+        let a = py.call(&json!({"op": "build_env"}))?;
+        serde_json::from_value(a.clone()).map_err(|e| format!("build_env answer {a}: {e}"))
+    }
 }
 
 /// The Python interpreter for workers: `$CUDARL_PYTHON`, `<root>/.venv/bin/python`,

@@ -85,9 +85,7 @@ pub const GO_OFFSET: u64 = 0;
 /// number to it after the window's launches.
 pub const DONE_OFFSET: u64 = 256;
 
-/// Name of the runner's own empty kernel: what calibration windows run, and what a profile
-/// pass leaves out of a candidate's counters.
-pub const NOOP_KERNEL: &str = "cudarl_noop";
+pub use crate::profile::NOOP_KERNEL;
 
 /// Name of the runner's shared-memory poison kernel: before every window it fills the dynamic
 /// shared memory of every SM (one block per SM at the device's opt-in maximum, 227 KiB on an
@@ -251,9 +249,9 @@ fn keep_tail(buf: &Arc<Mutex<Vec<u8>>>, mut r: impl Read + Send + 'static) {
 }
 
 /// The runner binary: `$CUDARL_RUNNER`, else `cudarl-pipe-runner` beside the running executable
-/// (see [`crate::worker::sibling_exe`]), else on `PATH`.
+/// (see [`crate::sibling_exe`]), else on `PATH`.
 pub fn runner_exe() -> PathBuf {
-    crate::worker::sibling_exe("CUDARL_RUNNER", "cudarl-pipe-runner")
+    crate::sibling_exe("CUDARL_RUNNER", "cudarl-pipe-runner")
 }
 
 impl RunnerProcess {

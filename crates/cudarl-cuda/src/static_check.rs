@@ -114,12 +114,12 @@ pub struct Finding {
 pub struct Rules {
     rules: Vec<Rule>,
     includes: std::collections::BTreeMap<String, Vec<String>>,
-    objects: crate::inspect::ObjectRules,
+    objects: ObjectRules,
     /// Whether `ModelNew` files must pass the allow-list (`[python] allowlist`, default on): a
     /// construct it does not name is the reject `py-allowlist`. Off only to test what stands
     /// behind it (the interpreter sandbox, the runner, the kernels-ran check).
     pub python_allowlist: bool,
-    extension: crate::extension_object::ExtensionRules,
+    extension: ExtensionRules,
     /// BLAKE3 of the rules file's text (part of the compile cache key: findings depend on it).
     pub digest: String,
 }
@@ -189,7 +189,7 @@ impl Rules {
                 strings: r.strings,
             });
         }
-        let objects = crate::inspect::ObjectRules::new(
+        let objects = ObjectRules::new(
             &raw.objects.native_symbols,
             &raw.objects.reserved_exports,
             &raw.objects.constructor,
@@ -203,7 +203,7 @@ impl Rules {
             includes: raw.includes,
             objects,
             python_allowlist: raw.python.allowlist,
-            extension: crate::extension_object::ExtensionRules::new(
+            extension: ExtensionRules::new(
                 &raw.extension_objects.torch_symbols,
                 &raw.extension_objects.refused_symbols,
             )
@@ -216,12 +216,12 @@ impl Rules {
     }
 
     /// What a built torch extension may import from torch.
-    pub fn extension_rules(&self) -> &crate::extension_object::ExtensionRules {
+    pub fn extension_rules(&self) -> &ExtensionRules {
         &self.extension
     }
 
     /// What a native candidate's host object may import and register.
-    pub fn object_rules(&self) -> &crate::inspect::ObjectRules {
+    pub fn object_rules(&self) -> &ObjectRules {
         &self.objects
     }
 
@@ -302,7 +302,7 @@ impl Rule {
 
 impl Rules {
     /// Checks a Python (`ModelNew`) file with the rules of format `python`, on the source with
-    /// comments and string literals blanked out ([`crate::torchfmt::strip_python`]).
+    /// comments and string literals blanked out ([`cudarl_lex::python::strip_comments_and_strings`]).
     pub fn check_python(&self, source: &str) -> Vec<Finding> {
         let clean = cudarl_lex::python::strip_comments_and_strings(source);
         self.rules
@@ -316,4 +316,62 @@ impl Rules {
 /// Whether any finding rejects the candidate.
 pub fn rejected(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.action == Action::Reject)
+}
+/// What an object may import, which names it may not define, and which constructor it may have
+/// (applied by [`crate::inspect`]).
+#[derive(Debug, Clone)]
+pub struct ObjectRules {
+    symbols: Vec<Regex>,
+    reserved: Vec<Regex>,
+    pub(crate) constructor: String,
+}
+
+impl ObjectRules {
+    /// From anchored patterns of the symbols an object may import, anchored patterns of the C
+    /// names it may not define (besides those it may import), and the name of nvcc's
+    /// registration constructor.
+    ///
+    /// # Errors
+    /// A pattern is not a valid regex.
+    pub fn new(
+        patterns: &[String],
+        reserved: &[String],
+        constructor: &str,
+    ) -> Result<ObjectRules, String> {
+        Ok(ObjectRules {
+            symbols: anchored(patterns)?,
+            reserved: anchored(reserved)?,
+            constructor: constructor.into(),
+        })
+    }
+
+    pub(crate) fn allows(&self, sym: &str) -> bool {
+        self.symbols.iter().any(|r| r.is_match(sym))
+    }
+
+    pub(crate) fn reserves(&self, sym: &str) -> bool {
+        self.reserved.iter().any(|r| r.is_match(sym))
+    }
+}
+
+/// What a built extension may import from torch, and what it may never import (applied by
+/// [`crate::extension_object::check`]).
+#[derive(Debug, Clone)]
+pub struct ExtensionRules {
+    pub(crate) torch: Vec<Regex>,
+    pub(crate) refused: Vec<Regex>,
+}
+
+impl ExtensionRules {
+    /// From anchored patterns over qualified names (`at::_ops::zeros::call`) of the torch
+    /// names allowed, and over raw or qualified names of those always refused.
+    ///
+    /// # Errors
+    /// A pattern that does not compile (the message names it).
+    pub fn new(torch: &[String], refused: &[String]) -> Result<Self, String> {
+        Ok(ExtensionRules {
+            torch: anchored(torch)?,
+            refused: anchored(refused)?,
+        })
+    }
 }

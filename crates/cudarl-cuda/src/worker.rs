@@ -213,25 +213,60 @@ pub use cudarl_sandbox::process::apply_limits;
 /// The worker binary: `$CUDARL_WORKER`, else `cudarl-pipe-worker` beside the running
 /// executable (cargo puts both in `target/<profile>/`), else `cudarl-pipe-worker` on `PATH`.
 pub fn worker_exe() -> PathBuf {
-    sibling_exe("CUDARL_WORKER", "cudarl-pipe-worker")
+    crate::sibling_exe("CUDARL_WORKER", "cudarl-pipe-worker")
 }
 
-/// A companion binary of `cudarl-pipe`: `$env` if set, else `name` beside the running
-/// executable (or one level up, for test binaries in `target/<profile>/deps/`), else `name`
-/// on `PATH`.
-pub fn sibling_exe(env: &str, name: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os(env) {
-        return PathBuf::from(p);
-    }
-    if let Ok(me) = std::env::current_exe() {
-        for dir in me.ancestors().skip(1).take(2) {
-            let p = dir.join(name);
-            if p.is_file() {
-                return p;
+/// Where one pool's torch-format runners live: a folder (under `store`'s `tmp/` when given)
+/// holding each runner's scratch directory, the spec of the zygote that forks the runners
+/// (`--torch-zygote` in the worker script, inside the interpreter sandbox with the GPU, writing
+/// only this folder: [`crate::pyworker::sandboxed_python`]), and the paths beside the folder
+/// (`outside`: the entries of every directory above it except the one leading to it), from
+/// which a forked runner's own Landlock layer is made so that it sees its own scratch directory
+/// and none of the others'.
+pub struct RunnerRoot {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) zygote: serde_json::Value,
+    pub(crate) outside: Vec<String>,
+}
+
+impl RunnerRoot {
+    /// # Errors
+    /// The folder cannot be made or listed, or the interpreter's paths cannot be read.
+    pub(crate) fn new(
+        root: &std::path::Path,
+        store: Option<&cudarl_store::Store>,
+    ) -> Result<RunnerRoot, String> {
+        // Under the store's `tmp/` where there is one (the system's temporary folder may be
+        // mounted without exec, and the candidate's extensions load from here).
+        let dir = match store {
+            Some(s) => s.temp_dir().map_err(|e| e.to_string())?,
+            None => tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?,
+        };
+        let at = dir
+            .path()
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", dir.path().display()))?;
+        let mut outside = Vec::new();
+        for (up, next) in at.ancestors().skip(1).zip(at.ancestors()) {
+            let rd = std::fs::read_dir(up).map_err(|e| format!("{}: {e}", up.display()))?;
+            for e in rd.flatten() {
+                if Some(e.file_name().as_os_str()) != next.file_name() {
+                    outside.push(e.path().display().to_string());
+                }
             }
         }
+        // Each runner writes its own `/proc/self/task` (the driver names its threads there),
+        // which the wrapper would resolve to the zygote's: the zygote may write `/proc`, and
+        // every runner narrows that to its own task directory (`landlock_beside`).
+        let proc = [PathBuf::from("/proc")];
+        let zygote = crate::pyworker::sandboxed_python(root, &at, &proc, true, "--torch-zygote")?;
+        let zygote = serde_json::to_value(zygote).map_err(|e| e.to_string())?;
+        Ok(RunnerRoot {
+            dir,
+            zygote,
+            outside,
+        })
     }
-    PathBuf::from(name)
 }
 
 /// How a job ended, seen from the parent.
@@ -289,7 +324,7 @@ pub struct WorkerPool {
     pub next_runner: Option<(tempfile::TempDir, serde_json::Value)>,
     /// The folder this pool's torch-format runners' scratch directories live in and the spec of
     /// the zygote that forks them ([`crate::torchfmt::RunnerRoot`]), made with the first run.
-    pub runner_root: Option<crate::torchfmt::RunnerRoot>,
+    pub runner_root: Option<RunnerRoot>,
 }
 
 impl WorkerPool {

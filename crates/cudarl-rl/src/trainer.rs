@@ -17,7 +17,7 @@ use crate::episode::{Answer, Policy};
 
 /// The trainer binary: `$CUDARL_TRAINER`, else `cudarl-pipe-train` beside the running binary.
 pub fn trainer_exe() -> PathBuf {
-    cudarl_cuda::worker::sibling_exe("CUDARL_TRAINER", "cudarl-pipe-train")
+    cudarl_cuda::sibling_exe("CUDARL_TRAINER", "cudarl-pipe-train")
 }
 
 /// How a one-shot job failed.

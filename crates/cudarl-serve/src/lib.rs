@@ -80,7 +80,7 @@ pub struct ServedProblem {
     /// tolerance.
     pub problem: cudarl_cuda::torchfmt::KbProblem,
     /// Its native launcher and buffers (`kb-specs`).
-    pub native: cudarl_cuda::torchfmt::KbNative,
+    pub native: cudarl_cuda::native_abi::KbNative,
     /// KernelBench level.
     pub level: i64,
     /// Curriculum tier 0..3 of its ops (`configs/curriculum/op_categories.toml`).
@@ -316,7 +316,7 @@ struct Inner {
     torch_py: Mutex<
         Option<(
             cudarl_cuda::pyworker::PyWorker,
-            cudarl_cuda::torchfmt::TorchEnv,
+            cudarl_cuda::pyworker::TorchEnv,
         )>,
     >,
     compiler: Compiler,
@@ -859,7 +859,7 @@ async fn judge_kb(
         let mut py = s2.torch_py.lock().unwrap_or_else(|e| e.into_inner());
         if py.is_none() {
             let mut w = cudarl_cuda::pyworker::PyWorker::start(&s2.root)?;
-            let env = torchfmt::TorchEnv::query(&mut w)?;
+            let env = cudarl_cuda::pyworker::TorchEnv::query(&mut w)?;
             *py = Some((w, env));
         }
         let (w, env) = py.as_mut().expect("started");
@@ -882,7 +882,7 @@ async fn judge_kb(
     let gpus = s.gpu_free.clone();
     held(&gpus, admitted, move || {
         let mut pool = s.kb_pool.lock().unwrap_or_else(|e| e.into_inner());
-        let pool = pool.get_or_insert_with(|| cudarl_cuda::pyworker::pool(&s.root));
+        let pool = pool.get_or_insert_with(|| cudarl_cuda::torchfmt::pool(&s.root));
         let opts = cudarl_cuda::torchfmt::TorchRunOptions {
             wall: s.gpu_wall,
             bench: Some(cudarl_cuda::gpu::BenchSpec::default()),

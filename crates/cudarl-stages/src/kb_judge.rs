@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cudarl_core::{StageContext, StageError};
-use cudarl_cuda::torchfmt::{KbNative, KbProblem, TorchRunOptions};
+use cudarl_cuda::native_abi::KbNative;
+use cudarl_cuda::torchfmt::{KbProblem, TorchRunOptions};
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Rules, Verdict};
 use cudarl_rl::episode::Tester;
@@ -95,7 +96,7 @@ impl KbJudge {
             },
             gpu: gpu.map(|g| {
                 let pools = (0..gpu_workers.max(1))
-                    .map(|_| cudarl_cuda::pyworker::pool(root))
+                    .map(|_| cudarl_cuda::torchfmt::pool(root))
                     .collect();
                 (g, pools)
             }),

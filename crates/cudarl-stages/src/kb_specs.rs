@@ -133,7 +133,7 @@ pub fn native_signature(ans: &Value) -> Option<String> {
 pub fn native_abi(
     path: &std::path::Path,
     problem_id: &str,
-) -> Result<Result<cudarl_cuda::torchfmt::KbNative, String>, StageError> {
+) -> Result<Result<cudarl_cuda::native_abi::KbNative, String>, StageError> {
     Ok(native_abis(path)?
         .remove(problem_id)
         .unwrap_or_else(|| Err(format!("`{problem_id}` is not in kb-specs' levels"))))
@@ -147,7 +147,7 @@ pub fn native_abi(
 /// and the column).
 pub fn native_abis(
     path: &std::path::Path,
-) -> Result<BTreeMap<String, Result<cudarl_cuda::torchfmt::KbNative, String>>, StageError> {
+) -> Result<BTreeMap<String, Result<cudarl_cuda::native_abi::KbNative, String>>, StageError> {
     let t = Table::read(path, "kb_specs").map_err(data_err)?;
     let ids = t.req_strings("problem_id").map_err(data_err)?;
     let sig = t.req_strings("signature").map_err(data_err)?;
@@ -162,7 +162,7 @@ pub fn native_abis(
                 "`{id}` has no native signature: {}",
                 why.get(i).unwrap_or("no signature")
             )),
-            Some(signature) => Ok(cudarl_cuda::torchfmt::KbNative::from_row(
+            Some(signature) => Ok(cudarl_cuda::native_abi::KbNative::from_row(
                 signature,
                 bufs.get(i).unwrap_or("{}"),
                 sizes.get(i).unwrap_or("{}"),

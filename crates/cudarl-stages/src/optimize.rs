@@ -11,7 +11,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `result` | problem_id, status (utf8: `verified` (correct on the GPU), `compiled` (built, not run or not correct), `none`), episode, turn (int64, nullable: where the kept kernel came from), code, model_new (utf8, nullable: the kernel and a KernelBench `ModelNew` wrapper, [`cudarl_cuda::torchfmt::KbNative::model_new`]), speedup_vs_torch, speedup_vs_torch_compile (float64, nullable), verdict_json (utf8, nullable), episodes, candidates (int64: turns with code), mode, device (utf8) |
+//! | `result` | problem_id, status (utf8: `verified` (correct on the GPU), `compiled` (built, not run or not correct), `none`), episode, turn (int64, nullable: where the kept kernel came from), code, model_new (utf8, nullable: the kernel and a KernelBench `ModelNew` wrapper, [`cudarl_cuda::native_abi::KbNative::model_new`]), speedup_vs_torch, speedup_vs_torch_compile (float64, nullable), verdict_json (utf8, nullable), episodes, candidates (int64: turns with code), mode, device (utf8) |
 //! | `turns` | problem_id (utf8), episode (int64), then the turn columns of `rl-train`'s `turns` |
 //! | `kernel` | file, digest, bytes: `<name>.cu`, `<name>_model_new.py`, `<name>_verdict.json` of each problem with a kept kernel |
 

@@ -983,7 +983,7 @@ impl Validate {
                 );
             }
             Some(
-                torchfmt::TorchEnv::query(py.as_mut().expect("started"))
+                cudarl_cuda::pyworker::TorchEnv::query(py.as_mut().expect("started"))
                     .map_err(StageError::Failed)?,
             )
         } else {
@@ -1004,7 +1004,7 @@ impl Validate {
             .map_err(|e| StageError::Failed(format!("harness failure while building: {e}")))?;
         let mut pool = gpu
             .as_ref()
-            .map(|_| cudarl_cuda::pyworker::pool(ctx.root()));
+            .map(|_| cudarl_cuda::torchfmt::pool(ctx.root()));
         let opts = torchfmt::TorchRunOptions {
             wall: Duration::from_secs(self.params.timeout_s.max(60)),
             bench: self.params.bench.then(cudarl_cuda::gpu::BenchSpec::default),

@@ -11,8 +11,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use cudarl_cuda::pyworker::TorchEnv;
 use cudarl_cuda::static_check::Rules;
-use cudarl_cuda::torchfmt::{self, Format, TorchEnv};
+use cudarl_cuda::torchfmt::{self, Format};
 use cudarl_cuda::{Compiler, Nvcc};
 use serde_json::json;
 

@@ -124,7 +124,7 @@ fn check_kb(
         }
     } else {
         let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
-        let env = torchfmt::TorchEnv::query(&mut py).map_err(CliError::failed)?;
+        let env = cudarl_cuda::pyworker::TorchEnv::query(&mut py).map_err(CliError::failed)?;
         for (src, format) in srcs.iter().zip(formats) {
             let prep =
                 torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
@@ -139,7 +139,7 @@ fn check_kb(
     let Some(g) = gpu else {
         return Ok(built.into_iter().map(|(v, _)| v).collect());
     };
-    let mut pool = cudarl_cuda::pyworker::pool(&ctx.root);
+    let mut pool = cudarl_cuda::torchfmt::pool(&ctx.root);
     let opts = torchfmt::TorchRunOptions {
         wall: Duration::from_secs(timeout),
         bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
