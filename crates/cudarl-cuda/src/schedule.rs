@@ -123,8 +123,9 @@ pub struct Scheduler<'a> {
     pub compiler: &'a Compiler,
     /// Baseline timings per task, measured once and shared by every candidate of a task.
     pub baselines: &'a Mutex<Baselines>,
-    /// Where candidates whose tests passed are timed; [`TimingMode::Batched`] needs a timing
-    /// pool ([`Scheduler::run`]'s `timer`) and takes `batch` candidates per exclusive hold.
+    /// Where candidates whose tests passed are timed: in their tester, or with
+    /// [`TimingMode::Batched`] in a timing pool [`Scheduler::run`] starts, `batch` candidates
+    /// per exclusive hold. The stages set it from their params and read it nowhere else.
     pub timing: TimingMode,
     /// Candidates per exclusive hold with [`TimingMode::Batched`] (at least 1).
     pub batch: usize,
@@ -156,7 +157,7 @@ impl<'a> Scheduler<'a> {
     /// build already running (started while their batch still decoded), on a thread each
     /// outside the rayon pool, in the order their builds land ([`stream_to`]). Compiled ones go
     /// to the first free tester (one thread per pool in `testers`) as soon as they are built, and are timed in the tester or, with
-    /// [`TimingMode::Batched`] and a `timer` pool, in batches there. `done(i, verdict)` is
+    /// [`TimingMode::Batched`], in batches in a worker pool the scheduler starts for the run. `done(i, verdict)` is
     /// called for every verdict the GPU produced, on the thread that finished it, before
     /// `run` returns. Returns every verdict, [`Step::Done`] ones included, as `(i, verdict)` in
     /// completion order. Without testers every step must be [`Step::Done`] or [`Step::Skip`].
@@ -167,7 +168,6 @@ impl<'a> Scheduler<'a> {
     pub fn run<'j, E, C, D>(
         &self,
         testers: &mut [WorkerPool],
-        timer: Option<&mut WorkerPool>,
         n: usize,
         waits: &[usize],
         compile: C,
@@ -208,7 +208,11 @@ impl<'a> Scheduler<'a> {
             })?;
             return Ok(finals.into_inner().unwrap_or_else(|e| e.into_inner()));
         }
-        let timer = timer.filter(|_| self.timing == TimingMode::Batched);
+        // The one place the timing mode is read: with `Batched` the scheduler times in a worker
+        // pool of its own, which lives as long as this run.
+        let mut own_timer = (self.timing == TimingMode::Batched)
+            .then(|| WorkerPool::new(crate::worker::worker_exe(), vec![]));
+        let timer = own_timer.as_mut();
         let batched = timer.is_some();
         let (ttx, trx) = channel::<Pending>();
         let mut slots: Vec<(&mut WorkerPool, Instant)> =

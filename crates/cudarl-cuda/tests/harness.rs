@@ -743,7 +743,7 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
         })
         .collect();
     let verdicts = sched
-        .run(&mut testers, None, sources.len(), &[], compile, |_, v| {
+        .run(&mut testers, sources.len(), &[], compile, |_, v| {
             assert_eq!(v.mode, "full", "{v:?}");
             done.fetch_add(1, Ordering::Relaxed);
             Ok(())
@@ -770,7 +770,6 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
     let none = sched
         .run(
             &mut [],
-            None,
             2,
             &[],
             |i| -> Result<Step<'_>, String> {
@@ -788,7 +787,6 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
     let err = sched
         .run(
             &mut [],
-            None,
             1,
             &[],
             |_| -> Result<Step<'_>, String> {

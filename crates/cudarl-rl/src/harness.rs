@@ -435,7 +435,7 @@ impl Harness {
             }))
         };
         let judged = sched
-            .run(pools, None, items.len(), &waits, compile, |i, v| {
+            .run(pools, items.len(), &waits, compile, |i, v| {
                 disassemble(i, v);
                 Ok(())
             })

@@ -13,7 +13,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
 use cudarl_cuda::schedule::{GpuJob, ScheduleTimes, Scheduler, Step};
 use cudarl_cuda::verdict::{Baselines, FullOptions, Verdict, hidden_salt, hidden_seeds, speedups};
-use cudarl_cuda::worker::{WorkerPool, worker_exe};
+use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use rayon::prelude::*;
@@ -388,21 +388,15 @@ impl Stage for Validate {
             gpu: gpu.is_some(),
             unrated: std::sync::Mutex::new(Vec::new()),
         };
-        // `gpu_workers` testers test concurrently (timing runs alone); none without a GPU. The
-        // timing pool of `timing = "batched"` times batches of rows whose tests passed.
+        // `gpu_workers` testers test concurrently (timing runs alone); none without a GPU.
         let mut testers = match gpu {
             Some(_) => WorkerPool::testers(self.params.gpu_workers),
             None => Vec::new(),
         };
-        let mut timer_pool = gpu
-            .as_ref()
-            .filter(|_| self.params.timing == TimingMode::Batched)
-            .map(|_| WorkerPool::new(worker_exe(), vec![]));
         let mut verdicts: Vec<Option<Verdict>> = vec![None; rows.len()];
         let judged = sched
             .run(
                 &mut testers,
-                timer_pool.as_mut(),
                 rows.len(),
                 &[],
                 |i| phase.compile(i),
