@@ -34,6 +34,9 @@ struct RawFile {
     ops: BTreeMap<String, Vec<String>>,
 }
 
+/// The op category file of the default pipeline, relative to the project root.
+pub const OP_CATEGORIES: &str = "configs/curriculum/op_categories.toml";
+
 /// Parsed category table.
 #[derive(Debug, Clone)]
 pub struct Categories {

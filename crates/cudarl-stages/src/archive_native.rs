@@ -39,8 +39,8 @@ use cudarl_rl::episode::Tester;
 use cudarl_rl::kernelbench::KbTask;
 use serde::{Deserialize, Serialize};
 
+use crate::common::Mode;
 use crate::common::{data_err, params_json, write_rows};
-use crate::validate::Mode;
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "archive-native";

@@ -32,9 +32,10 @@ use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{data_err, params_json, resolve_device, write_rows};
+use cudarl_tables::TableRow;
+
+use crate::common::{SftRows, data_err, params_json, resolve_device, write_rows, write_sft_tables};
 use crate::rl_params::{harness, load_tasks};
-use crate::sft_data::{Rows, write_tables};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "collab-data";
@@ -162,7 +163,7 @@ fn kernel_id(code: &str) -> String {
 /// `train` rows; returns how many `train` rows. The optimizer's table (`optimizer`) carries its
 /// base kernel, speedup and kind.
 fn replay(
-    rows: &mut Rows,
+    rows: &mut SftRows,
     path: &std::path::Path,
     optimizer: bool,
     share: f64,
@@ -251,8 +252,14 @@ impl Stage for CollabData {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("sft_generator", crate::sft_data::SFT_GENERATOR.clone()),
-            OutputDecl::table("sft_optimizer", crate::sft_data::SFT_OPTIMIZER.clone()),
+            OutputDecl::table(
+                "sft_generator",
+                cudarl_tables::sft::SftGeneratorRow::schema(),
+            ),
+            OutputDecl::table(
+                "sft_optimizer",
+                cudarl_tables::sft::SftOptimizerRow::schema(),
+            ),
             OutputDecl::table("collected", COLLECTED.clone()),
         ]
     }
@@ -322,7 +329,7 @@ impl Stage for CollabData {
         } else {
             "compile-only"
         };
-        let (mut gens, mut opt) = (Rows::new(), Rows::new());
+        let (mut gens, mut opt) = (SftRows::default(), SftRows::default());
         for k in &kept {
             let (rows, kind) = match k.role {
                 Role::Generator => (&mut gens, String::new()),
@@ -360,7 +367,7 @@ impl Stage for CollabData {
                 ));
             }
         }
-        write_tables(ctx, &gens, &opt)?;
+        write_sft_tables(ctx, &gens, &opt)?;
         let eps: Vec<&cudarl_rl::episode::Episode> = episodes.iter().collect();
         let (compile_rate, pass_rate) = cudarl_rl::step::rates(&eps);
         let count = |role: Role, kind: Kind| {

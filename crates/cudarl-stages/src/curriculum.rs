@@ -15,7 +15,7 @@ use cudarl_core::{
     ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
 };
 use cudarl_curriculum::{
-    Categories, DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, Split, TierDecision,
+    DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, Split, TierDecision,
 };
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
@@ -121,79 +121,6 @@ pub static VALIDATED_KERNELS: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// A KernelBench problem as the curriculum reads it from the `ingest-kernelbench` node's
-/// `problems` table.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KbRow {
-    /// `kb/L{level}/{name}`.
-    pub id: String,
-    /// KernelBench level.
-    pub level: i64,
-    /// Problem name.
-    pub name: String,
-    /// Ops of its reference (`op_features`).
-    pub features: Vec<String>,
-}
-
-/// The op categories of the stage's external input `op_categories`, named `name` (its path in the
-/// project) in errors.
-///
-/// # Errors
-/// The file cannot be read or does not parse (exit 2, the file named).
-pub fn load_categories(ctx: &StageContext<'_>, name: &str) -> Result<Categories, StageError> {
-    let text = std::fs::read_to_string(ctx.input_path("op_categories")?)
-        .map_err(|e| StageError::bad_input(name, None, format!("cannot read: {e}")))?;
-    Categories::parse(&text, name).map_err(|e| StageError::bad_input(name, None, e.message))
-}
-
-/// The rows of a `problems` table (`path`), in order.
-///
-/// # Errors
-/// The table cannot be read, a column is missing or mistyped, or a row has a null identity
-/// (the field named).
-pub fn read_problems(path: &std::path::Path) -> Result<Vec<KbRow>, StageError> {
-    let t = Table::read(path, "problems").map_err(data_err)?;
-    let pid = t.req_strings("problem_id").map_err(data_err)?;
-    let level = t.req_ints("level").map_err(data_err)?;
-    let name = t.req_strings("name").map_err(data_err)?;
-    let list_err = || StageError::bad_input("problems", Some("op_features"), "expected list<utf8>");
-    let feats_col = t
-        .batch
-        .column(t.schema.index_of("op_features").map_err(|_| {
-            StageError::bad_input(
-                "problems",
-                Some("op_features"),
-                "required column is missing",
-            )
-        })?);
-    let feats_list = feats_col
-        .as_any()
-        .downcast_ref::<arrow::array::ListArray>()
-        .ok_or_else(list_err)?;
-    (0..t.rows())
-        .map(|i| {
-            let (Some(id), Some(lv), Some(nm)) = (pid.get(i), level.get(i), name.get(i)) else {
-                return Err(StageError::bad_input(
-                    "problems",
-                    Some("problem_id"),
-                    format!("null identity in row {i}"),
-                ));
-            };
-            let fa = feats_list.value(i);
-            let fs = fa
-                .as_any()
-                .downcast_ref::<arrow::array::StringArray>()
-                .ok_or_else(list_err)?;
-            Ok(KbRow {
-                id: id.to_string(),
-                level: lv,
-                name: nm.to_string(),
-                features: fs.iter().flatten().map(str::to_string).collect(),
-            })
-        })
-        .collect()
-}
-
 fn d_compile() -> f64 {
     DEFAULT_MIN_COMPILE_RATE
 }
@@ -231,7 +158,7 @@ pub struct Curriculum {
 
 impl Curriculum {
     /// Default op category file.
-    pub const OP_CATEGORIES: &'static str = "configs/curriculum/op_categories.toml";
+    pub const OP_CATEGORIES: &'static str = cudarl_curriculum::tiers::OP_CATEGORIES;
 
     /// Builds the stage from its params table.
     ///
@@ -344,7 +271,7 @@ impl Stage for Curriculum {
             .op_categories
             .clone()
             .unwrap_or_else(|| Self::OP_CATEGORIES.into());
-        let cats = load_categories(ctx, &cat_name)?;
+        let cats = crate::common::load_categories(ctx, &cat_name)?;
 
         let mut stats = BTreeMap::new();
         for input in ["sakana_kernels", "cuda_l1_kernels"] {
@@ -367,14 +294,20 @@ impl Stage for Curriculum {
                 .filter_map(|i| Some((sid.get(i)?.to_string(), ssig.get(i)?.to_string())))
                 .collect()
         };
-        let problems = read_problems(ctx.input_path("problems")?)?;
-        let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
+        let problems = cudarl_tables::read::<cudarl_tables::problems::ProblemRow>(
+            ctx.input_path("problems")?,
+            "problems",
+        )
+        .map_err(data_err)?;
+        let splits = cudarl_tables::splits::SplitMap::read(ctx.input_path("splits")?, "splits")
+            .map_err(crate::common::data_err)?;
         let mut counts = [[0i64; 3]; (MAX_TIER + 1) as usize];
-        for KbRow {
-            id,
+        for cudarl_tables::problems::ProblemRow {
+            problem_id: id,
             level: lv,
             name: nm,
-            features: feats,
+            op_features: feats,
+            ..
         } in &problems
         {
             let (id, lv, nm) = (id.as_str(), *lv, nm.as_str());
@@ -603,7 +536,7 @@ impl Columns {
         tt: &Table,
         validated: &[ValidatedRow],
         counts: &mut [[i64; 3]],
-        splits: &crate::splits::SplitMap,
+        splits: &cudarl_tables::splits::SplitMap,
     ) -> Result<(), StageError> {
         let (tid, ttier) = (
             tt.req_strings("task_id").map_err(data_err)?,
@@ -619,7 +552,7 @@ impl Columns {
                 continue;
             };
             let tier = tier.clamp(0, MAX_TIER);
-            let split = splits.family(id)?;
+            let split = splits.family(id).map_err(data_err)?;
             counts[tier as usize][if split == "test" { 2 } else { 0 }] += 1;
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
             self.id.append_value(format!("synth/{id}"));

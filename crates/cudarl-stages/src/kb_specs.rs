@@ -6,16 +6,19 @@
 //! The worker is a real `python3` process with torch, found as `$CUDARL_PYTHON`, else
 //! `<root>/.venv/bin/python`, else `python3` on `PATH`. Each problem's answer is memoized by
 //! (code, python and torch versions), so a re-run after data growth runs only new problems.
+//!
+//! Its tables are [`cudarl_tables::kb_specs::KbSpecRow`] and
+//! [`cudarl_tables::kb_specs::CoverageRow`]; readers take the native ABIs through
+//! [`crate::kb_judge::native_abis`].
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
 
-use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use cudarl_core::Digest;
 use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
 use cudarl_data::Table;
+use cudarl_tables::TableRow;
+use cudarl_tables::kb_specs::{CoverageRow, KbSpecRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -23,43 +26,6 @@ use crate::common::{data_err, params_json, write_output};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "kb-specs";
-
-/// `kb_specs`: one row per KernelBench problem of the selected levels.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | problem_id | utf8 | e.g. `kb/L1/19_ReLU` |
-/// | level | int64 | 1..4 |
-/// | covered | bool | a native signature exists |
-/// | excluded_reason | utf8, nullable | why not (non-tensor inputs or outputs, dtype, the problem fails on the meta device, a missing module) |
-/// | signature | utf8, nullable | `extern "C" void launch(...)`: inputs, parameters (state dict), outputs, sizes, stream |
-/// | sizes_json | utf8 | named integer sizes used by the buffers (module constants), e.g. `{"batch_size":16}` |
-/// | buffers_json | utf8 | inputs, params, outputs: name, shape, dims (size names or literals), dtype |
-/// | constants_json | utf8 | every module-level integer constant |
-pub static KB_SPECS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("problem_id", DataType::Utf8, false),
-        Field::new("level", DataType::Int64, false),
-        Field::new("covered", DataType::Boolean, false),
-        Field::new("excluded_reason", DataType::Utf8, true),
-        Field::new("signature", DataType::Utf8, true),
-        Field::new("sizes_json", DataType::Utf8, false),
-        Field::new("buffers_json", DataType::Utf8, false),
-        Field::new("constants_json", DataType::Utf8, false),
-    ]))
-});
-
-/// `coverage`: per level, problems, covered, fraction and the goal (80% of level 1, 60% of level
-/// 2).
-pub static COVERAGE: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("level", DataType::Int64, false),
-        Field::new("problems", DataType::Int64, false),
-        Field::new("covered", DataType::Int64, false),
-        Field::new("fraction", DataType::Float64, false),
-        Field::new("goal", DataType::Float64, true),
-    ]))
-});
 
 fn d_levels() -> Vec<i64> {
     vec![1, 2]
@@ -124,56 +90,6 @@ pub fn native_signature(ans: &Value) -> Option<String> {
     Some(format!("extern \"C\" void launch({})", params.join(", ")))
 }
 
-/// The native ABI of KernelBench problem `problem_id` from a `kb_specs` table (`path`):
-/// `Ok(Ok(abi))`, or `Ok(Err(why))` for a problem without a native signature (its
-/// `excluded_reason`) or not in the table.
-///
-/// # Errors
-/// As [`native_abis`].
-pub fn native_abi(
-    path: &std::path::Path,
-    problem_id: &str,
-) -> Result<Result<cudarl_cuda::native_abi::KbNative, String>, StageError> {
-    Ok(native_abis(path)?
-        .remove(problem_id)
-        .unwrap_or_else(|| Err(format!("`{problem_id}` is not in kb-specs' levels"))))
-}
-
-/// Every problem of a `kb_specs` table (`path`): its native ABI, or why it has none (its
-/// `excluded_reason`).
-///
-/// # Errors
-/// The table cannot be read, lacks a column, or a JSON column does not parse (naming the file
-/// and the column).
-pub fn native_abis(
-    path: &std::path::Path,
-) -> Result<BTreeMap<String, Result<cudarl_cuda::native_abi::KbNative, String>>, StageError> {
-    let t = Table::read(path, "kb_specs").map_err(data_err)?;
-    let ids = t.req_strings("problem_id").map_err(data_err)?;
-    let sig = t.req_strings("signature").map_err(data_err)?;
-    let why = t.req_strings("excluded_reason").map_err(data_err)?;
-    let sizes = t.req_strings("sizes_json").map_err(data_err)?;
-    let bufs = t.req_strings("buffers_json").map_err(data_err)?;
-    let mut out = BTreeMap::new();
-    for i in 0..t.rows() {
-        let Some(id) = ids.get(i) else { continue };
-        let abi = match sig.get(i) {
-            None => Err(format!(
-                "`{id}` has no native signature: {}",
-                why.get(i).unwrap_or("no signature")
-            )),
-            Some(signature) => Ok(cudarl_cuda::native_abi::KbNative::from_row(
-                signature,
-                bufs.get(i).unwrap_or("{}"),
-                sizes.get(i).unwrap_or("{}"),
-            )
-            .map_err(|e| StageError::bad_input(path.display().to_string(), None, e))?),
-        };
-        out.insert(id.to_string(), abi);
-    }
-    Ok(out)
-}
-
 impl Stage for KbSpecs {
     fn kind(&self) -> &str {
         KIND
@@ -192,8 +108,8 @@ impl Stage for KbSpecs {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("kb_specs", KB_SPECS.clone()),
-            OutputDecl::table("coverage", COVERAGE.clone()),
+            OutputDecl::table("kb_specs", KbSpecRow::schema()),
+            OutputDecl::table("coverage", CoverageRow::schema()),
         ]
     }
     fn resolve_external(
@@ -295,85 +211,58 @@ fn coverage_goal(level: i64) -> Option<f64> {
 /// coverage per level.
 ///
 /// # Errors
-/// The columns do not match the schema.
+/// The rows do not fit the schema.
 fn specs_batch(rows: &[(String, i64, Value)]) -> Result<(RecordBatch, Coverage), StageError> {
     let mut cov = Coverage::new();
-    let mut cols: [Vec<Option<String>>; 5] = Default::default();
-    let (mut pid, mut lvl, mut covered) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = Vec::with_capacity(rows.len());
     for (id, level, a) in rows {
         let sig = if a["ok"] == Value::Bool(true) && a["excluded"].is_null() {
             native_signature(a)
         } else {
             None
         };
-        let reason = if sig.is_some() {
-            None
-        } else {
-            Some(
+        let reason = match sig {
+            Some(_) => None,
+            None => Some(
                 a["excluded"]
                     .as_str()
                     .or(a["error"].as_str())
                     .unwrap_or("no signature")
                     .to_string(),
-            )
+            ),
         };
         let c = cov.entry(*level).or_default();
         c.0 += 1;
         c.1 += sig.is_some() as i64;
-        pid.push(id.clone());
-        lvl.push(*level);
-        covered.push(sig.is_some());
-        cols[0].push(reason);
-        cols[1].push(sig);
-        cols[2].push(Some(a["sizes"].to_string()));
-        cols[3].push(Some(
-            serde_json::json!({"inputs": a["inputs"], "params": a["params"], "outputs": a["outputs"]})
+        out.push(KbSpecRow {
+            problem_id: id.clone(),
+            level: *level,
+            covered: sig.is_some(),
+            excluded_reason: reason,
+            signature: sig,
+            sizes_json: a["sizes"].to_string(),
+            buffers_json: serde_json::json!({"inputs": a["inputs"], "params": a["params"], "outputs": a["outputs"]})
                 .to_string(),
-        ));
-        cols[4].push(Some(a["constants"].to_string()));
+            constants_json: a["constants"].to_string(),
+        });
     }
-    let s = |v: &Vec<Option<String>>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
-    let batch = cudarl_data::parquet_io::batch(
-        &KB_SPECS.clone(),
-        vec![
-            Arc::new(StringArray::from(pid)),
-            Arc::new(Int64Array::from(lvl)),
-            Arc::new(BooleanArray::from(covered)),
-            s(&cols[0]),
-            s(&cols[1]),
-            s(&cols[2]),
-            s(&cols[3]),
-            s(&cols[4]),
-        ],
-    )
-    .map_err(data_err)?;
-    Ok((batch, cov))
+    Ok((cudarl_tables::to_batch(&out).map_err(data_err)?, cov))
 }
 
 /// The `coverage` table: per level, problems, covered problems, their share and the goal.
 ///
 /// # Errors
-/// The columns do not match the schema.
+/// The rows do not fit the schema.
 fn coverage_batch(cov: &Coverage) -> Result<RecordBatch, StageError> {
-    cudarl_data::parquet_io::batch(
-        &COVERAGE.clone(),
-        vec![
-            Arc::new(Int64Array::from(cov.keys().copied().collect::<Vec<_>>())),
-            Arc::new(Int64Array::from(
-                cov.values().map(|v| v.0).collect::<Vec<_>>(),
-            )),
-            Arc::new(Int64Array::from(
-                cov.values().map(|v| v.1).collect::<Vec<_>>(),
-            )),
-            Arc::new(Float64Array::from(
-                cov.values()
-                    .map(|v| v.1 as f64 / v.0.max(1) as f64)
-                    .collect::<Vec<_>>(),
-            )),
-            Arc::new(Float64Array::from(
-                cov.keys().map(|l| coverage_goal(*l)).collect::<Vec<_>>(),
-            )),
-        ],
-    )
-    .map_err(data_err)
+    let rows: Vec<CoverageRow> = cov
+        .iter()
+        .map(|(&level, &(problems, covered))| CoverageRow {
+            level,
+            problems,
+            covered,
+            fraction: covered as f64 / problems.max(1) as f64,
+            goal: coverage_goal(level),
+        })
+        .collect();
+    cudarl_tables::to_batch(&rows).map_err(data_err)
 }

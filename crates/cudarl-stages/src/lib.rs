@@ -134,5 +134,12 @@ mod tests {
         for k in train_stages::Kind::ALL {
             assert!(STAGES.iter().any(|s| s.0 == k.as_str()), "{}", k.as_str());
         }
+        let verl: toml::Table = toml::from_str("backend = \"verl\"").unwrap();
+        let stage = rl_train_backend(verl).unwrap();
+        assert_eq!(
+            stage.kind(),
+            rl_train::KIND,
+            "the VERL launcher stands in for rl-train"
+        );
     }
 }

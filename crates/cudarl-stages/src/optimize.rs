@@ -137,22 +137,28 @@ fn problems(
     cats: &cudarl_curriculum::tiers::Categories,
 ) -> Result<(Vec<KbTask>, Vec<String>), StageError> {
     let (mut tasks, mut left) = (Vec::new(), Vec::new());
-    for r in crate::curriculum::read_problems(path)? {
-        let (Some(abi), Some(problem)) = (judge.abi(&r.id), judge.problem(&r.id)) else {
-            left.push(format!("`{}`: kb-specs derived no native launcher", r.id));
+    let rows = cudarl_tables::read::<cudarl_tables::problems::ProblemRow>(path, "problems")
+        .map_err(crate::common::data_err)?;
+    for r in rows {
+        let (Some(abi), Some(problem)) = (judge.abi(&r.problem_id), judge.problem(&r.problem_id))
+        else {
+            left.push(format!(
+                "`{}`: kb-specs derived no native launcher",
+                r.problem_id
+            ));
             continue;
         };
-        if !judge.judges(&r.id) {
-            left.push(format!("`{}`: testgen recorded no tests", r.id));
+        if !judge.judges(&r.problem_id) {
+            left.push(format!("`{}`: testgen recorded no tests", r.problem_id));
             continue;
         }
         tasks.push(KbTask {
-            tier: cats.decide(Some(r.level), &r.features).tier,
+            tier: cats.decide(Some(r.level), &r.op_features).tier,
             level: r.level,
             name: r.name,
             code: problem.code.clone(),
             signature: abi.signature.clone(),
-            id: r.id,
+            id: r.problem_id,
         });
     }
     Ok((tasks, left))
@@ -232,7 +238,7 @@ impl Stage for Optimize {
         match input {
             "op_categories" => crate::common::single_file(
                 &ctx.root,
-                crate::curriculum::Curriculum::OP_CATEGORIES,
+                cudarl_curriculum::tiers::OP_CATEGORIES,
                 "op categories",
             ),
             _ => self
@@ -252,8 +258,7 @@ impl Stage for Optimize {
         let mode = h.mode();
         let mut judge = crate::kb_judge::from_inputs(ctx, &h, p.rl.timeout_s)?;
         let path = ctx.input_path("kb_problems")?.to_path_buf();
-        let cats =
-            crate::curriculum::load_categories(ctx, crate::curriculum::Curriculum::OP_CATEGORIES)?;
+        let cats = crate::common::load_categories(ctx, cudarl_curriculum::tiers::OP_CATEGORIES)?;
         let (tasks, left) = problems(&path, &judge, &cats)?;
         if tasks.is_empty() {
             return Err(StageError::bad_input(

@@ -523,7 +523,7 @@ impl Params {
             sample_only,
             ..self.serve_job(&g, &o, ptx)
         };
-        Ok(TrainerClient::start(&job, dir, self.sampling()).map_err(rl_err)?)
+        TrainerClient::start(&job, dir, self.sampling()).map_err(rl_err)
     }
 }
 
@@ -580,7 +580,8 @@ pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> 
         ctx.input_path("data")?,
     )
     .map_err(rl_err)?;
-    let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
+    let splits = cudarl_tables::splits::SplitMap::read(ctx.input_path("splits")?, "splits")
+        .map_err(crate::common::data_err)?;
     follow_splits(ts, &splits)
 }
 
@@ -592,14 +593,14 @@ pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> 
 /// A family has no row in `splits` (exit 2).
 pub(crate) fn follow_splits(
     ts: TaskSet,
-    splits: &crate::splits::SplitMap,
+    splits: &cudarl_tables::splits::SplitMap,
 ) -> Result<TaskSet, StageError> {
     let mut out = TaskSet {
         naive: ts.naive,
         ..TaskSet::default()
     };
     for s in ts.train.into_iter().chain(ts.rl).chain(ts.test) {
-        match splits.family(&s.id)? {
+        match splits.family(&s.id).map_err(crate::common::data_err)? {
             "test" => out.test.push(s),
             "rl" => out.rl.push(s),
             _ => out.train.push(s),

@@ -16,18 +16,8 @@
 //! to write kernels for operations the agents have not memorized, the skill the hold-out
 //! families measure); of the rest, `val_fraction` of the examples (by content hash) are `val`.
 //!
-//! | column | type | meaning |
-//! |---|---|---|
-//! | example_id | utf8 | blake3 of `messages_json` |
-//! | task_id, tier | utf8, int64 | the family |
-//! | split | utf8 | `train`, `val`, `test`, `rl` (SFT trains on `train` only) |
-//! | kernel_id | utf8 | the answer's kernel |
-//! | validated | utf8 | `correct` (ran on a GPU) or `compile-only` |
-//! | messages | list<struct<role: utf8, content: utf8>> | VERL's / `datasets`' chat `messages` column |
-//! | messages_json | utf8 | the same as a JSON array |
-//!
-//! `sft_optimizer` adds `base_kernel_id` (the slower kernel), `speedup` (float64, nullable:
-//! base median / answer median), `measured` (bool) and `kind` (utf8): `optimize`, or for a
+//! The tables' columns are [`cudarl_tables::sft::SftGeneratorRow`] and
+//! [`cudarl_tables::sft::SftOptimizerRow`]. An optimizer row's `kind` is `optimize`, or for a
 //! repair example (`repairs_per_base`; [`cudarl_rl::repair`]) `repair:<breakage>`: a task kernel
 //! broken on purpose (`missing_semicolon`, `undeclared_identifier`, `missing_brace`) with
 //! nvcc's real diagnostics as the tester's feedback, or `repair:no_code` (the answer had no
@@ -41,7 +31,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+use arrow::array::{ArrayRef, BooleanArray, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
 use cudarl_curriculum::prompts::{
@@ -49,42 +39,17 @@ use cudarl_curriculum::prompts::{
 };
 use cudarl_curriculum::sample::{hash_fraction, order, shape_variants};
 use cudarl_data::Table;
+use cudarl_tables::TableRow;
+use cudarl_tables::sft::{SftGeneratorRow, SftOptimizerRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{data_err, params_json, rl_err, write_output};
+use crate::common::{SftRows, data_err, params_json, rl_err, write_output, write_sft_tables};
 
 /// The stage kind of [`SftData`], as pipeline files name it.
 pub const KIND: &str = "sft-data";
 /// The stage kind of [`SftRepairs`].
 pub const REPAIRS_KIND: &str = "sft-repairs";
-
-fn base_fields() -> Vec<Field> {
-    vec![
-        Field::new("example_id", DataType::Utf8, false),
-        Field::new("task_id", DataType::Utf8, false),
-        Field::new("tier", DataType::Int64, false),
-        Field::new("split", DataType::Utf8, false),
-        Field::new("kernel_id", DataType::Utf8, false),
-        Field::new("validated", DataType::Utf8, false),
-        Field::new("messages", cudarl_rl::verl::messages_type(), false),
-        Field::new("messages_json", DataType::Utf8, false),
-    ]
-}
-
-/// Schema of `sft_generator`.
-pub static SFT_GENERATOR: LazyLock<SchemaRef> =
-    LazyLock::new(|| Arc::new(Schema::new(base_fields())));
-
-/// Schema of `sft_optimizer`.
-pub static SFT_OPTIMIZER: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let mut f = base_fields();
-    f.push(Field::new("base_kernel_id", DataType::Utf8, false));
-    f.push(Field::new("speedup", DataType::Float64, true));
-    f.push(Field::new("measured", DataType::Boolean, false));
-    f.push(Field::new("kind", DataType::Utf8, false));
-    Arc::new(Schema::new(f))
-});
 
 fn d_per_family() -> usize {
     1000
@@ -161,88 +126,6 @@ struct Kern {
     feedback: String,
 }
 
-/// The columns of `sft_generator` and `sft_optimizer` as rows are added (the optimizer's
-/// `base`, `speedup` and `kind` unused for the generator's table).
-pub(crate) struct Rows {
-    ids: Vec<String>,
-    task: Vec<String>,
-    tier: Vec<i64>,
-    split: Vec<String>,
-    kernel: Vec<String>,
-    validated: Vec<String>,
-    messages: Vec<Vec<ChatMessage>>,
-    base: Vec<String>,
-    speedup: Vec<Option<f64>>,
-    kind: Vec<String>,
-}
-
-impl Rows {
-    pub(crate) fn new() -> Rows {
-        Rows {
-            ids: vec![],
-            task: vec![],
-            tier: vec![],
-            split: vec![],
-            kernel: vec![],
-            validated: vec![],
-            messages: vec![],
-            base: vec![],
-            speedup: vec![],
-            kind: vec![],
-        }
-    }
-
-    /// One example of task `task` on `tier`: its id is the blake3 of `messages` as JSON, its
-    /// split `split(id)`; `kernel` and `validated` name the answer; `base`, `speedup` and
-    /// `kind` are the optimizer table's (`""`, `None`, `""` for the generator's).
-    pub(crate) fn add(
-        &mut self,
-        (task, tier): (&str, i64),
-        split: impl FnOnce(&str) -> String,
-        (kernel, validated): (&str, &str),
-        messages: Vec<ChatMessage>,
-        (base, speedup, kind): (&str, Option<f64>, &str),
-    ) {
-        let json = serde_json::to_string(&messages).expect("json");
-        let id = blake3::hash(json.as_bytes()).to_hex().to_string();
-        self.split.push(split(&id));
-        self.ids.push(id);
-        self.task.push(task.to_string());
-        self.tier.push(tier);
-        self.kernel.push(kernel.to_string());
-        self.validated.push(validated.to_string());
-        self.messages.push(messages);
-        self.base.push(base.to_string());
-        self.speedup.push(speedup);
-        self.kind.push(kind.to_string());
-    }
-
-    /// Examples so far.
-    pub(crate) fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    fn columns(&self) -> Vec<ArrayRef> {
-        let s = |v: &Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
-        let lb = cudarl_rl::verl::messages_array(&self.messages);
-        let json: Vec<String> = self
-            .messages
-            .iter()
-            .map(|m| serde_json::to_string(m).expect("json"))
-            .collect();
-        vec![
-            s(&self.ids),
-            s(&self.task),
-            Arc::new(Int64Array::from(self.tier.clone())),
-            s(&self.split),
-            s(&self.kernel),
-            s(&self.validated),
-            lb,
-            Arc::new(StringArray::from(json)),
-        ]
-    }
-}
-
 impl Stage for SftData {
     fn kind(&self) -> &str {
         KIND
@@ -278,8 +161,8 @@ impl Stage for SftData {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("sft_generator", SFT_GENERATOR.clone()),
-            OutputDecl::table("sft_optimizer", SFT_OPTIMIZER.clone()),
+            OutputDecl::table("sft_generator", SftGeneratorRow::schema()),
+            OutputDecl::table("sft_optimizer", SftOptimizerRow::schema()),
         ]
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
@@ -296,7 +179,7 @@ impl Stage for SftData {
             BTreeMap::new()
         };
         let splits = family_splits(ctx.input_path("curriculum")?)?;
-        let (mut gen_rows, mut opt_rows) = (Rows::new(), Rows::new());
+        let (mut gen_rows, mut opt_rows) = (SftRows::default(), SftRows::default());
         let tid = tasks.req_strings("task_id").map_err(data_err)?;
         let tier = tasks.req_ints("tier").map_err(data_err)?;
         let problem = tasks.req_strings("problem").map_err(data_err)?;
@@ -367,7 +250,7 @@ impl Stage for SftData {
                 by_source
             ));
         }
-        write_tables(ctx, &gen_rows, &opt_rows)
+        write_sft_tables(ctx, &gen_rows, &opt_rows)
     }
 }
 
@@ -383,8 +266,8 @@ impl SftData {
     fn archive_examples(
         &self,
         ctx: &StageContext<'_>,
-        gen_rows: &mut Rows,
-        opt_rows: &mut Rows,
+        gen_rows: &mut SftRows,
+        opt_rows: &mut SftRows,
     ) -> Result<String, StageError> {
         let t = Table::read(ctx.input_path("archive")?, "archive_native").map_err(data_err)?;
         let col = |c: &str| t.req_strings(c).map_err(data_err);
@@ -510,7 +393,13 @@ impl TaskExamples<'_> {
     }
 
     /// An example answered by `k`; `opt`: the optimizer table's base, speedup and kind.
-    fn push(&self, rows: &mut Rows, k: &Kern, m: Vec<ChatMessage>, opt: (&str, Option<f64>, &str)) {
+    fn push(
+        &self,
+        rows: &mut SftRows,
+        k: &Kern,
+        m: Vec<ChatMessage>,
+        opt: (&str, Option<f64>, &str),
+    ) {
         rows.add(
             (self.id, self.tier),
             |id| self.stage.split_of(id, self.kept_out),
@@ -522,7 +411,7 @@ impl TaskExamples<'_> {
 
     /// Generator examples: every (intro, closing, shapes, kernel, lead-in) combination, in an
     /// order seeded by the task, `per_family` of them.
-    fn generator(&self, rows: &mut Rows, kerns: &[Kern]) {
+    fn generator(&self, rows: &mut SftRows, kerns: &[Kern]) {
         let p = &self.stage.params;
         let variants = shape_variants(&self.shapes);
         let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2;
@@ -557,7 +446,7 @@ impl TaskExamples<'_> {
     /// -> `target`, in `n` prompt phrasings taken in an order seeded by `seed_key`.
     fn optimizer(
         &self,
-        rows: &mut Rows,
+        rows: &mut SftRows,
         (seed_key, n): (&str, usize),
         (current, fb): (&str, &str),
         target: &Kern,
@@ -581,34 +470,6 @@ impl TaskExamples<'_> {
             self.push(rows, target, m, (base_id, speedup, &kind));
         }
     }
-}
-
-/// Writes `sft_generator` and `sft_optimizer` (the optimizer's rows with their base kernel,
-/// speedup, whether it was measured, and kind).
-///
-/// # Errors
-/// A batch does not match its schema, or the store write failed.
-pub(crate) fn write_tables(
-    ctx: &mut StageContext<'_>,
-    gen_rows: &Rows,
-    opt_rows: &Rows,
-) -> Result<(), StageError> {
-    let b = cudarl_data::parquet_io::batch(&SFT_GENERATOR.clone(), gen_rows.columns())
-        .map_err(data_err)?;
-    write_output(ctx, "sft_generator", &b)?;
-    let mut cols = opt_rows.columns();
-    cols.push(Arc::new(StringArray::from(opt_rows.base.clone())));
-    cols.push(Arc::new(Float64Array::from(opt_rows.speedup.clone())));
-    cols.push(Arc::new(BooleanArray::from(
-        opt_rows
-            .speedup
-            .iter()
-            .map(Option::is_some)
-            .collect::<Vec<_>>(),
-    )));
-    cols.push(Arc::new(StringArray::from(opt_rows.kind.clone())));
-    let b = cudarl_data::parquet_io::batch(&SFT_OPTIMIZER.clone(), cols).map_err(data_err)?;
-    write_output(ctx, "sft_optimizer", &b)
 }
 
 /// Validation rows by kernel id, as JSON values of the columns the examples use.

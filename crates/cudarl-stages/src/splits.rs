@@ -16,57 +16,22 @@
 //!   `gen_*`) is `test` when `hash_fraction(group) < holdout_generated`, `rl` when it is below
 //!   `holdout_generated + rl_generated`, else `train`; other families are `train`.
 //!
-//! `splits`, one row per item:
-//!
-//! | column | type | meaning |
-//! |---|---|---|
-//! | item_id | utf8 | `kb/L{level}/{name}` (a KernelBench problem, as `problems.problem_id`) or `synth/<task_id>` |
-//! | source | utf8 | `kernelbench` or `synthetic` |
-//! | level | int64, nullable | KernelBench level; null for families |
-//! | group | utf8 | the unit that shares a split: the problem id itself, or the family's template group (its task id when it has none) |
-//! | split | utf8 | `train`, `val` or `test` (KernelBench); `train`, `rl` or `test` (families) |
+//! Its table, `splits`, is [`cudarl_tables::splits::SplitRow`]; readers use
+//! [`cudarl_tables::splits::SplitMap`].
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::sync::{Arc, LazyLock};
+use std::collections::BTreeSet;
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
 use cudarl_cuda::task::TaskSpec;
-use cudarl_curriculum::Split;
-use cudarl_data::Table;
+use cudarl_tables::TableRow;
+use cudarl_tables::problems::ProblemRow;
+use cudarl_tables::splits::SplitRow;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, rl_err, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "splits";
-
-/// Schema of `splits` (see the module's table).
-pub static SPLITS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("item_id", DataType::Utf8, false),
-        Field::new("source", DataType::Utf8, false),
-        Field::new("level", DataType::Int64, true),
-        Field::new("group", DataType::Utf8, false),
-        Field::new("split", DataType::Utf8, false),
-    ]))
-});
-
-/// One row of `splits`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SplitRow {
-    /// `kb/L{level}/{name}` or `synth/<task_id>`.
-    pub item_id: String,
-    /// `kernelbench` or `synthetic`.
-    pub source: String,
-    /// KernelBench level (`None` for families).
-    pub level: Option<i64>,
-    /// The unit that shares a split.
-    pub group: String,
-    /// `train`, `val`, `rl` or `test`.
-    pub split: String,
-}
 
 fn d_test() -> f64 {
     0.25
@@ -217,13 +182,14 @@ impl Stage for Splits {
         ]
     }
     fn outputs(&self) -> Vec<OutputDecl> {
-        vec![OutputDecl::table("splits", SPLITS.clone())]
+        vec![OutputDecl::table("splits", SplitRow::schema())]
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let problems: Vec<(String, i64)> =
-            crate::curriculum::read_problems(ctx.input_path("problems")?)?
+            cudarl_tables::read::<ProblemRow>(ctx.input_path("problems")?, "problems")
+                .map_err(data_err)?
                 .into_iter()
-                .map(|r| (r.id, r.level))
+                .map(|r| (r.problem_id, r.level))
                 .collect();
         let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?).map_err(rl_err)?;
         let unknown: Vec<&str> = self
@@ -255,100 +221,17 @@ impl Stage for Splits {
             count("synthetic", "rl"),
             count("synthetic", "test"),
         ));
-        write_rows(ctx, "splits", &SPLITS, &rows)
-    }
-}
-
-/// A `splits` table as its readers use it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SplitMap {
-    /// KernelBench problem id -> its split.
-    pub kernelbench: BTreeMap<String, Split>,
-    /// Task id (without `synth/`) -> `train`, `rl` or `test`.
-    pub families: BTreeMap<String, String>,
-}
-
-impl SplitMap {
-    /// Reads a `splits` table (`path`, named `name` in errors).
-    ///
-    /// # Errors
-    /// The table cannot be read, a column is missing or mistyped, a row has a null field, an
-    /// unknown source, an item id without its source's prefix, or a split its source does not
-    /// have (file and field named; exit 2).
-    pub fn read(path: &Path, name: &str) -> Result<SplitMap, StageError> {
-        let t = Table::read(path, name).map_err(data_err)?;
-        let (id, src, split) = (
-            t.req_strings("item_id").map_err(data_err)?,
-            t.req_strings("source").map_err(data_err)?,
-            t.req_strings("split").map_err(data_err)?,
-        );
-        let bad = |field: &str, msg: String| StageError::bad_input(name, Some(field), msg);
-        let mut out = SplitMap::default();
-        for i in 0..t.rows() {
-            let (Some(id), Some(src), Some(sp)) = (id.get(i), src.get(i), split.get(i)) else {
-                return Err(bad(
-                    "item_id",
-                    format!("null item_id, source or split in row {i}"),
-                ));
-            };
-            match src {
-                "kernelbench" => {
-                    let s = match sp {
-                        "train" => Split::Train,
-                        "val" => Split::Val,
-                        "test" => Split::Test,
-                        _ => {
-                            return Err(bad(
-                                "split",
-                                format!("{id}: split `{sp}` (expected train, val or test)"),
-                            ));
-                        }
-                    };
-                    out.kernelbench.insert(id.to_string(), s);
-                }
-                "synthetic" => {
-                    let Some(task) = id.strip_prefix("synth/") else {
-                        return Err(bad(
-                            "item_id",
-                            format!("`{id}`: a synthetic item is `synth/<task_id>`"),
-                        ));
-                    };
-                    if !["train", "rl", "test"].contains(&sp) {
-                        return Err(bad(
-                            "split",
-                            format!("{id}: split `{sp}` (expected train, rl or test)"),
-                        ));
-                    }
-                    out.families.insert(task.to_string(), sp.to_string());
-                }
-                _ => {
-                    return Err(bad(
-                        "source",
-                        format!("{id}: source `{src}` (expected kernelbench or synthetic)"),
-                    ));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The split of task family `task`.
-    ///
-    /// # Errors
-    /// The family has no row (the `splits` table was drawn from other tasks; exit 2).
-    pub fn family(&self, task: &str) -> Result<&str, StageError> {
-        self.families.get(task).map(String::as_str).ok_or_else(|| {
-            StageError::bad_input(
-                "splits",
-                Some("item_id"),
-                format!("no row synth/{task} for task family {task}"),
-            )
-        })
+        write_rows(ctx, "splits", &SplitRow::schema(), &rows)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use cudarl_data::Table;
+
     use super::*;
 
     fn stage(extra: &str) -> Result<Splits, String> {
@@ -603,7 +486,7 @@ optimized = []
             test: vec![spec("row_max", None)],
             naive: BTreeMap::new(),
         };
-        let mut map = SplitMap::default();
+        let mut map = cudarl_tables::splits::SplitMap::default();
         for (t, s) in [
             ("row_sum", "test"),
             ("gen_ew_000", "rl"),
@@ -622,24 +505,5 @@ optimized = []
             e.is_bad_input() && e.to_string().contains("synth/row_max"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn a_splits_table_with_a_wrong_split_is_refused_naming_the_field() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("splits.parquet");
-        let rows = vec![SplitRow {
-            item_id: "synth/row_sum".into(),
-            source: "synthetic".into(),
-            level: None,
-            group: "row_sum".into(),
-            split: "val".into(),
-        }];
-        let b = cudarl_data::parquet_io::rows_batch(&SPLITS, &rows).unwrap();
-        cudarl_data::write_parquet(&path, &b).unwrap();
-        let e = SplitMap::read(&path, "splits").unwrap_err();
-        assert!(e.is_bad_input(), "{e}");
-        let m = e.to_string();
-        assert!(m.contains("split") && m.contains("synth/row_sum"), "{m}");
     }
 }

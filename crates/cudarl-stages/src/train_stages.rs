@@ -459,10 +459,11 @@ fn write_corpus(
     path: &Path,
     extra: &[Vec<cudarl_curriculum::prompts::ChatMessage>],
 ) -> Result<usize, StageError> {
-    let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
+    let splits = cudarl_tables::splits::SplitMap::read(ctx.input_path("splits")?, "splits")
+        .map_err(crate::common::data_err)?;
     let mut rows = Vec::new();
     for (t, c) in id_code(ctx, "kernels", "task_kernels", "task_id")? {
-        if splits.family(&t)? == "train" {
+        if splits.family(&t).map_err(crate::common::data_err)? == "train" {
             rows.push(CorpusRow {
                 kind: "task_kernel",
                 item_id: Some(format!("synth/{t}")),

@@ -134,16 +134,7 @@ pub static AGREEMENT: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// How to validate.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Full on a GPU, compile-only without one.
-    #[default]
-    Auto,
-    /// Compile-only everywhere.
-    Compile,
-}
+pub use crate::common::Mode;
 
 pub use cudarl_cuda::schedule::TimingMode;
 

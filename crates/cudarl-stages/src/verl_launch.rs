@@ -291,7 +291,9 @@ fn io(p: &Path) -> impl Fn(std::io::Error) -> StageError + '_ {
 
 impl Stage for VerlLaunch {
     fn kind(&self) -> &str {
-        crate::rl_train::KIND
+        // It stands in for `rl-train` (`pipelines/verl.toml`): the same kind, so the nodes
+        // downstream of `rl-train` take its checkpoints.
+        "rl-train"
     }
     fn code_version(&self) -> u32 {
         // 2: the hold-out of `rl_test` is also the `splits` table's (a family sft-data wrote no
@@ -371,7 +373,8 @@ impl Stage for VerlLaunch {
         // VERL's RL Parquet, as `export --format verl` writes it, the hold-out the `splits`
         // table's `test` families (sft-data's `test` rows name only families it has rows for).
         let scratch = out_dir.join("export");
-        let splits = crate::splits::SplitMap::read(ctx.input_path("splits")?, "splits")?;
+        let splits = cudarl_tables::splits::SplitMap::read(ctx.input_path("splits")?, "splits")
+            .map_err(crate::common::data_err)?;
         let mut held = cudarl_rl::tasks::holdout_ids(ctx.input_path("sft")?).map_err(rl_err)?;
         held.extend(
             splits

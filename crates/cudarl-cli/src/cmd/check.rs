@@ -106,7 +106,7 @@ fn check_kb(
     };
     let bar = cudarl_core::Reporter::progress(&*reporter, task_id, label, Some(srcs.len() as u64));
     if native {
-        let abi = cudarl_stages::kb_specs::native_abi(&out("kb-specs", "kb_specs")?, task_id)
+        let abi = cudarl_stages::kb_judge::native_abi(&out("kb-specs", "kb_specs")?, task_id)
             .map_err(|e| CliError::failed(e.to_string()))?
             .map_err(CliError::usage)?;
         if let Some(path) = opts.model_new {

@@ -151,7 +151,7 @@ fn kernelbench(
     engine: &cudarl_core::Engine,
     gpu: bool,
 ) -> Result<Vec<cudarl_serve::ServedProblem>, CliError> {
-    use cudarl_stages::curriculum::{Curriculum, read_problems};
+    use cudarl_curriculum::tiers::OP_CATEGORIES;
     super::build(engine, if gpu { "testgen" } else { "kb-specs" })?;
     let out = |node: &str, name: &str| super::output_blob(engine, node, name);
     let failed = |e: cudarl_core::StageError| CliError::failed(e.to_string());
@@ -161,25 +161,27 @@ fn kernelbench(
         cudarl_stages::common::load_kb_problems(&problems, tests.as_deref(), engine.store())
             .map_err(failed)?;
     let mut abis =
-        cudarl_stages::kb_specs::native_abis(&out("kb-specs", "kb_specs")?).map_err(failed)?;
-    let cat_path = ctx.root.join(Curriculum::OP_CATEGORIES);
+        cudarl_stages::kb_judge::native_abis(&out("kb-specs", "kb_specs")?).map_err(failed)?;
+    let cat_path = ctx.root.join(OP_CATEGORIES);
     let text = std::fs::read_to_string(&cat_path)
         .map_err(|e| CliError::failed(format!("{}: {e}", cat_path.display())))?;
-    let cats = cudarl_curriculum::Categories::parse(&text, Curriculum::OP_CATEGORIES)
+    let cats = cudarl_curriculum::Categories::parse(&text, OP_CATEGORIES)
         .map_err(|e| CliError::failed(e.message))?;
-    Ok(read_problems(&problems)
-        .map_err(failed)?
-        .into_iter()
-        .filter_map(|row| {
-            let native = abis.remove(&row.id)?.ok()?;
-            let problem = kb.remove(&row.id)?;
-            Some(cudarl_serve::ServedProblem {
-                tier: cats.decide(Some(row.level), &row.features).tier,
-                problem,
-                native,
-                level: row.level,
-                name: row.name,
+    Ok(
+        cudarl_tables::read::<cudarl_tables::problems::ProblemRow>(&problems, "problems")
+            .map_err(|e| CliError::failed(e.to_string()))?
+            .into_iter()
+            .filter_map(|row| {
+                let native = abis.remove(&row.problem_id)?.ok()?;
+                let problem = kb.remove(&row.problem_id)?;
+                Some(cudarl_serve::ServedProblem {
+                    tier: cats.decide(Some(row.level), &row.op_features).tier,
+                    problem,
+                    native,
+                    level: row.level,
+                    name: row.name,
+                })
             })
-        })
-        .collect())
+            .collect(),
+    )
 }

@@ -1,8 +1,10 @@
-//! The modules of `cudarl-cuda` import each other without a circle: each module can be read
-//! with only the modules below it in mind (docs/architecture.md, "Crates"). The graph is read
-//! from the source as the compiler would resolve it: every `crate::module` path outside
-//! comments, in `use` lines and inline, and the root's `pub use module::{...}` re-exports
-//! counted as their module; a module's `#[cfg(test)] mod tests` is left out.
+//! The module graphs the design holds to (docs/architecture.md, "Crates"): the modules of
+//! `cudarl-cuda` import each other without a circle, so each can be read with only the modules
+//! below it in mind; no stage module of `cudarl-stages` imports another stage's module (what
+//! stages share is in `cudarl-tables` and the crate's helper modules). A graph is read from the
+//! source as the compiler resolves it: every `crate::module` path outside comments, in `use`
+//! lines and inline, and the root's `pub use module::{...}` re-exports counted as their
+//! module; a module's `#[cfg(test)] mod tests` is left out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -144,9 +146,16 @@ fn circle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     None
 }
 
+fn crate_src(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(name)
+        .join("src")
+}
+
 #[test]
 fn the_harness_modules_import_each_other_without_a_circle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = crate_src("cudarl-cuda");
     let g = graph(&src);
     assert!(
         g.len() >= 15,
@@ -191,4 +200,30 @@ fn a_circle_is_found_and_named() {
     assert_eq!(circle(&g).unwrap(), ["a", "c", "a"]);
     std::fs::write(src.join("c.rs"), "pub struct Cee;\n").unwrap();
     assert_eq!(circle(&graph(src)), None);
+}
+
+#[test]
+fn no_stage_module_imports_another_stages_module() {
+    let src = crate_src("cudarl-stages");
+    let mods = modules(&src);
+    let stages: BTreeSet<&String> = mods
+        .iter()
+        .filter(|(_, text)| text.contains("impl Stage for"))
+        .map(|(m, _)| m)
+        .collect();
+    assert!(stages.len() >= 18, "every stage module is seen: {stages:?}");
+    let g = graph(&src);
+    let mut crossing = Vec::new();
+    for s in &stages {
+        for t in &g[*s] {
+            if stages.contains(t) {
+                crossing.push(format!("{s} -> {t}"));
+            }
+        }
+    }
+    assert!(
+        crossing.is_empty(),
+        "stage modules importing another stage's: {crossing:?}"
+    );
+    assert!(circle(&g).is_none(), "{:?}", circle(&g));
 }

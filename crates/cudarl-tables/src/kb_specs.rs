@@ -1,0 +1,82 @@
+//! `kb_specs` and `coverage` (stage `kb-specs`): each KernelBench problem's native launcher,
+//! derived by the Python worker from the problem's own module on torch's meta device, and the
+//! share of each level that has one.
+
+use std::sync::LazyLock;
+
+use arrow::datatypes::SchemaRef;
+use serde::{Deserialize, Serialize};
+
+use crate::TableRow;
+
+/// One row of `kb_specs`: one KernelBench problem of the selected levels.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | problem_id | utf8 | e.g. `kb/L1/19_ReLU` |
+/// | level | int64 | 1..4 |
+/// | covered | bool | a native signature exists |
+/// | excluded_reason | utf8, nullable | why not (non-tensor inputs or outputs, dtype, the problem fails on the meta device, a missing module) |
+/// | signature | utf8, nullable | `extern "C" void launch(...)`: inputs, parameters (state dict), outputs, sizes, stream |
+/// | sizes_json | utf8 | named integer sizes used by the buffers (module constants), e.g. `{"batch_size":16}` |
+/// | buffers_json | utf8 | inputs, params, outputs: name, shape, dims (size names or literals), dtype |
+/// | constants_json | utf8 | every module-level integer constant |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KbSpecRow {
+    /// Problem id.
+    pub problem_id: String,
+    /// KernelBench level.
+    pub level: i64,
+    /// Whether a native signature exists.
+    pub covered: bool,
+    /// Why there is none.
+    pub excluded_reason: Option<String>,
+    /// The launcher's declaration.
+    pub signature: Option<String>,
+    /// Named sizes (JSON object of integers).
+    pub sizes_json: String,
+    /// Inputs, params and outputs (JSON).
+    pub buffers_json: String,
+    /// Module-level integer constants (JSON object).
+    pub constants_json: String,
+}
+
+impl TableRow for KbSpecRow {
+    const NAME: &'static str = "kb_specs";
+    fn schema() -> SchemaRef {
+        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<KbSpecRow>);
+        S.clone()
+    }
+}
+
+/// One row of `coverage`: per level, the problems, those with a native signature, their share
+/// and the goal (80% of level 1, 60% of level 2; none for other levels).
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | level | int64 | KernelBench level |
+/// | problems | int64 | problems of the level |
+/// | covered | int64 | of them with a native signature |
+/// | fraction | float64 | covered / problems |
+/// | goal | float64, nullable | the share `kb-specs` warns below |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CoverageRow {
+    /// KernelBench level.
+    pub level: i64,
+    /// Problems.
+    pub problems: i64,
+    /// Problems with a native signature.
+    pub covered: i64,
+    /// `covered / problems`.
+    pub fraction: f64,
+    /// The goal.
+    pub goal: Option<f64>,
+}
+
+impl TableRow for CoverageRow {
+    const NAME: &'static str = "coverage";
+    fn schema() -> SchemaRef {
+        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<CoverageRow>);
+        S.clone()
+    }
+}

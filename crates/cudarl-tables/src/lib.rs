@@ -1,0 +1,333 @@
+//! cudarl-tables: the tables more than one part of cudarl-pipe reads, each as one documented
+//! row struct whose fields are its columns (an `Option` for a nullable one), its Arrow schema
+//! traced from the type with `serde_arrow`, and typed reads and writes
+//! (docs/architecture.md, "Tables"). A stage that writes such a table and every reader of it
+//! (other stages, the CLI, `serve`) go through this crate, so no reader imports the writer's
+//! module.
+//!
+//! - [`splits`]: what is held out (`splits`).
+//! - [`problems`]: KernelBench problems (`ingest-kernelbench`'s `problems`).
+//! - [`kb_specs`]: KernelBench native signatures and their coverage (`kb-specs`).
+//! - [`sft`]: SFT examples (`sft-data`, `collab-data`).
+
+pub mod kb_specs;
+pub mod problems;
+pub mod sft;
+pub mod splits;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use cudarl_data::{DataError, Table};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_arrow::schema::{SchemaLike, TracingOptions};
+
+/// One row of a pipeline table.
+pub trait TableRow: Serialize + DeserializeOwned {
+    /// The table's name, as its stage's output names it (and as errors name a file without a
+    /// path).
+    const NAME: &'static str;
+
+    /// The table's Arrow schema, traced from the type ([`traced`]); implementations keep it
+    /// in a `LazyLock`.
+    fn schema() -> SchemaRef;
+}
+
+/// The Arrow schema of row type `T`, traced from its serde form: `String` as `utf8`, `i64`
+/// as `int64`, `f64` as `float64`, `bool` as `boolean`, `Vec<T>` as `list<T>` with a nullable
+/// `item` field (Arrow's default, as the hand-written schemas of `cudarl-data` have it),
+/// `Option<T>` as a nullable column, fields in declaration order.
+///
+/// # Panics
+/// `T` is not a struct of those types (a programming error, caught by each table's test).
+pub fn traced<T: Serialize + DeserializeOwned>() -> SchemaRef {
+    let opts = TracingOptions::default()
+        .strings_as_large_utf8(false)
+        .sequence_as_large_list(false);
+    let fields = Vec::<FieldRef>::from_type::<T>(opts).expect("a table row type traces");
+    Arc::new(Schema::new(
+        fields
+            .into_iter()
+            .map(|f| item_named(&f))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// `f` with every list's item field named `item` (serde_arrow names it `element`).
+fn item_named(f: &Field) -> Field {
+    let dt = match f.data_type() {
+        DataType::List(item) => {
+            let inner = item_named(item);
+            DataType::List(Arc::new(Field::new(
+                "item",
+                inner.data_type().clone(),
+                true,
+            )))
+        }
+        DataType::Struct(fields) => DataType::Struct(
+            fields
+                .iter()
+                .map(|c| Arc::new(item_named(c)))
+                .collect::<Vec<_>>()
+                .into(),
+        ),
+        other => other.clone(),
+    };
+    Field::new(f.name(), dt, f.is_nullable())
+}
+
+/// Whether a column of type `found` can be read as `expected` (list item names aside).
+fn fits(expected: &DataType, found: &DataType) -> bool {
+    match (expected, found) {
+        (DataType::List(e), DataType::List(f) | DataType::LargeList(f)) => {
+            fits(e.data_type(), f.data_type())
+        }
+        (DataType::Utf8, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => true,
+        (DataType::Struct(e), DataType::Struct(f)) => e.iter().all(|ef| {
+            f.iter()
+                .find(|ff| ff.name() == ef.name())
+                .is_some_and(|ff| fits(ef.data_type(), ff.data_type()))
+        }),
+        _ => expected == found,
+    }
+}
+
+/// The rows of table `T` in the Parquet file `path` (`display` in errors), in file order.
+/// Columns the type does not name are left out.
+///
+/// # Errors
+/// [`DataError::BadInput`] naming `display` and the column: the file cannot be read, a column
+/// of `T` is missing or of another type, or a non-nullable column holds a null.
+pub fn read<T: TableRow>(path: &Path, display: &str) -> Result<Vec<T>, DataError> {
+    let t = Table::read(path, display)?;
+    from_batch(&t.batch, display)
+}
+
+/// The rows of table `T` in `batch` (named `display` in errors), checked as [`read`] does.
+///
+/// # Errors
+/// As [`read`].
+pub fn from_batch<T: TableRow>(batch: &RecordBatch, display: &str) -> Result<Vec<T>, DataError> {
+    let want = T::schema();
+    let have = batch.schema();
+    let mut columns = Vec::with_capacity(want.fields().len());
+    for f in want.fields() {
+        let Ok(i) = have.index_of(f.name()) else {
+            return Err(DataError::bad(
+                display,
+                Some(f.name()),
+                "required column is missing",
+            ));
+        };
+        let found = have.field(i).data_type();
+        if !fits(f.data_type(), found) {
+            return Err(DataError::bad(
+                display,
+                Some(f.name()),
+                format!("expected {}, found {found}", f.data_type()),
+            ));
+        }
+        let col = batch.column(i);
+        if !f.is_nullable() && col.null_count() > 0 {
+            let row = (0..col.len()).find(|&r| col.is_null(r)).unwrap_or(0);
+            return Err(DataError::bad(
+                display,
+                Some(f.name()),
+                format!("null in row {row} (the column is required)"),
+            ));
+        }
+        columns.push(col.clone());
+    }
+    let fields: Vec<FieldRef> = have
+        .fields()
+        .iter()
+        .filter(|f| want.field_with_name(f.name()).is_ok())
+        .cloned()
+        .collect();
+    let ordered: Vec<FieldRef> = want
+        .fields()
+        .iter()
+        .map(|f| {
+            fields
+                .iter()
+                .find(|g| g.name() == f.name())
+                .cloned()
+                .expect("checked above")
+        })
+        .collect();
+    serde_arrow::from_arrow(&ordered, &columns)
+        .map_err(|e| DataError::bad(display, None, format!("cannot read rows: {e}")))
+}
+
+/// A batch of table `T` holding `rows`, with `T`'s schema.
+///
+/// # Errors
+/// [`DataError::Write`] when a value does not fit its column (a programming error).
+pub fn to_batch<T: TableRow>(rows: &[T]) -> Result<RecordBatch, DataError> {
+    cudarl_data::parquet_io::rows_batch(&T::schema(), rows)
+}
+
+/// Writes `rows` as the Parquet file `path` (deterministic bytes, `cudarl_data::write_parquet`).
+///
+/// # Errors
+/// As [`to_batch`], or the file cannot be written.
+pub fn write<T: TableRow>(path: &Path, rows: &[T]) -> Result<(), DataError> {
+    cudarl_data::write_parquet(path, &to_batch(rows)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+
+    use super::*;
+    use crate::kb_specs::{CoverageRow, KbSpecRow};
+    use crate::problems::ProblemRow;
+    use crate::splits::SplitRow;
+
+    fn f(name: &str, t: DataType, nullable: bool) -> Field {
+        Field::new(name, t, nullable)
+    }
+
+    /// The traced schemas are the tables' documented ones, column for column: the Parquet
+    /// files (and so their hashes) are the bytes the hand-written schemas gave.
+    #[test]
+    fn traced_schemas_are_the_documented_ones() {
+        use DataType::{Boolean, Float64, Int64, Utf8};
+        assert_eq!(
+            *SplitRow::schema(),
+            Schema::new(vec![
+                f("item_id", Utf8, false),
+                f("source", Utf8, false),
+                f("level", Int64, true),
+                f("group", Utf8, false),
+                f("split", Utf8, false),
+            ])
+        );
+        assert_eq!(
+            *KbSpecRow::schema(),
+            Schema::new(vec![
+                f("problem_id", Utf8, false),
+                f("level", Int64, false),
+                f("covered", Boolean, false),
+                f("excluded_reason", Utf8, true),
+                f("signature", Utf8, true),
+                f("sizes_json", Utf8, false),
+                f("buffers_json", Utf8, false),
+                f("constants_json", Utf8, false),
+            ])
+        );
+        assert_eq!(
+            *CoverageRow::schema(),
+            Schema::new(vec![
+                f("level", Int64, false),
+                f("problems", Int64, false),
+                f("covered", Int64, false),
+                f("fraction", Float64, false),
+                f("goal", Float64, true),
+            ])
+        );
+        assert_eq!(ProblemRow::schema(), cudarl_data::schemas::PROBLEMS.clone());
+    }
+
+    #[test]
+    fn rows_written_are_the_rows_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("splits.parquet");
+        let rows = vec![
+            SplitRow {
+                item_id: "kb/L1/19_ReLU".into(),
+                source: "kernelbench".into(),
+                level: Some(1),
+                group: "kb/L1/19_ReLU".into(),
+                split: "test".into(),
+            },
+            SplitRow {
+                item_id: "synth/vector_add".into(),
+                source: "synthetic".into(),
+                level: None,
+                group: "vector_add".into(),
+                split: "train".into(),
+            },
+        ];
+        write(&p, &rows).unwrap();
+        assert_eq!(read::<SplitRow>(&p, "splits").unwrap(), rows);
+        let problems = vec![ProblemRow {
+            problem_id: "kb/L1/1_x".into(),
+            level: 1,
+            number: 1,
+            name: "1_x".into(),
+            code: "class Model: ...".into(),
+            code_hash: "00".into(),
+            op_features: vec!["matmul".into(), "relu".into()],
+            source_kind: "bundled".into(),
+            source_repo: None,
+            source_commit: Some("abc".into()),
+            source_path: None,
+        }];
+        let pp = dir.path().join("problems.parquet");
+        write(&pp, &problems).unwrap();
+        assert_eq!(read::<ProblemRow>(&pp, "problems").unwrap(), problems);
+    }
+
+    #[test]
+    fn a_missing_mistyped_or_null_column_is_named_with_its_file() {
+        let batch = |cols: Vec<(&str, ArrayRef)>| {
+            let schema = Schema::new(
+                cols.iter()
+                    .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+                    .collect::<Vec<_>>(),
+            );
+            RecordBatch::try_new(Arc::new(schema), cols.into_iter().map(|c| c.1).collect()).unwrap()
+        };
+        let s = |v: Vec<Option<&str>>| -> ArrayRef { Arc::new(StringArray::from(v)) };
+        let good = || {
+            vec![
+                ("item_id", s(vec![Some("synth/a")])),
+                ("source", s(vec![Some("synthetic")])),
+                (
+                    "level",
+                    Arc::new(Int64Array::from(vec![None::<i64>])) as ArrayRef,
+                ),
+                ("group", s(vec![Some("a")])),
+                ("split", s(vec![Some("rl")])),
+                ("extra", s(vec![Some("left out")])),
+            ]
+        };
+        assert_eq!(
+            from_batch::<SplitRow>(&batch(good()), "x.parquet")
+                .unwrap()
+                .len(),
+            1
+        );
+        let msg = |cols| {
+            from_batch::<SplitRow>(&batch(cols), "x.parquet")
+                .unwrap_err()
+                .to_string()
+        };
+        let mut missing = good();
+        missing.remove(3);
+        assert_eq!(
+            msg(missing),
+            "x.parquet: column `group`: required column is missing"
+        );
+        let mut typed = good();
+        typed[2].1 = s(vec![Some("1")]);
+        assert_eq!(
+            msg(typed),
+            "x.parquet: column `level`: expected Int64, found Utf8"
+        );
+        let mut null = good();
+        null[4].1 = s(vec![None]);
+        assert_eq!(
+            msg(null),
+            "x.parquet: column `split`: null in row 0 (the column is required)"
+        );
+    }
+}
