@@ -21,6 +21,7 @@ pub mod harness;
 pub mod kernelbench;
 pub mod operators;
 pub mod repair;
+pub mod report;
 pub mod reward;
 pub mod stats;
 pub mod step;
