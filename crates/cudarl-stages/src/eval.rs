@@ -3,7 +3,7 @@
 //! `test` split of `sft-data`, never trained on) and, for per-tier rates, the train families;
 //! every candidate is tested on the train and the hold-out shapes (full mode on a GPU). With
 //! `kernelbench_samples`, also the curriculum's KernelBench `test` problems that have a native
-//! launcher, per level ([`crate::kb_judge::KbJudge`]: recorded tests and timing against torch
+//! launcher, per level ([`cudarl_rl::kb_judge::KbJudge`]: recorded tests and timing against torch
 //! eager on a GPU, compile-only without one).
 //!
 //! Transfer to new operators: each level's hold-out problems are also summarized apart by op
@@ -58,7 +58,7 @@ use cudarl_rl::report::{
     practised_minus_control, report, summary, tier_split,
 };
 
-use crate::kb_judge::KbJudge;
+use cudarl_rl::kb_judge::KbJudge;
 use cudarl_rl::kernelbench::KbTask;
 
 use crate::common::{CHECKPOINT, data_err, ingest_dir, params_json, resolve_device, write_rows};
@@ -175,7 +175,7 @@ pub struct Params {
     pub collab: Option<bool>,
     /// Episodes per problem and checkpoint on the curriculum's KernelBench `test` problems that
     /// `kb-specs` gave a native launcher (on a GPU: those `testgen` recorded tests for), judged
-    /// by [`crate::kb_judge::KbJudge`]; the summary gains a row per checkpoint and level (split
+    /// by [`cudarl_rl::kb_judge::KbJudge`]; the summary gains a row per checkpoint and level (split
     /// `kernelbench/level{L}`) and per level and op coverage (`.../novel_ops`, `.../seen_ops`).
     /// Also the episodes per problem on the KernelBench `train` problems `rl-train` practised
     /// (`kernelbench/practised`). Absent or 0: none, and left out of the key.
@@ -330,8 +330,6 @@ fn training_ops(
         .map(|(_, t)| t.code.as_str());
     cudarl_curriculum::ops::OpCoverage::of(families.iter().map(String::as_str).chain(problems))
 }
-
-
 
 /// The split name of KernelBench level `level` in `summary` and `episodes`.
 fn kb_split(level: i64) -> &'static str {

@@ -3,7 +3,7 @@
 //! optimize PROBLEM` wrote: a PyTorch `Model` with `get_inputs`, or a KernelBench problem by id),
 //! with the native launcher `kb-specs` derived and, on a GPU, the tests `testgen` recorded, it
 //! runs the RL generator and optimizer with the rule-based tester for `samples` episodes of up to
-//! `max_turns` turns ([`cudarl_rl::episode::run_episodes`] with [`crate::kb_judge::KbJudge`]: the
+//! `max_turns` turns ([`cudarl_rl::episode::run_episodes`] with [`cudarl_rl::kb_judge::KbJudge`]: the
 //! recorded tests, the problem's own sizes, timing against torch eager and `torch.compile`) and
 //! keeps the best verified kernel: correct, no hack flag, the fastest against torch eager.
 //! Without a GPU nothing runs: the best candidate that compiled is kept as `compiled`, never as
@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, write_rows};
-use crate::kb_judge::KbJudge;
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness};
+use cudarl_rl::kb_judge::KbJudge;
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "optimize";

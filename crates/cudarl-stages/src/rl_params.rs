@@ -289,7 +289,7 @@ pub struct Params {
     /// `rl-train`: the share of each step's tasks drawn from the curriculum's KernelBench
     /// `train` problems that have a native launcher (and, on a GPU, recorded tests), among the
     /// open tiers like the task families; each such task is judged by
-    /// [`crate::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against
+    /// [`cudarl_rl::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against
     /// torch eager). Absent or 0: task families only, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernelbench_share: Option<f64>,

@@ -4,7 +4,7 @@
 //! practises operations the agents have not memorized, as the hold-out families ask). With
 //! `kernelbench_share`, that share of each step's tasks are the curriculum's KernelBench `train`
 //! problems that have a native launcher, drawn among the open tiers like the families and judged
-//! by [`crate::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against torch
+//! by [`cudarl_rl::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against torch
 //! eager); the hold-out stays the curriculum's `test` split, which `eval` runs.
 //!
 //! Each step draws `tasks_per_step` tasks from the open tiers, runs `group_size` episodes per
@@ -56,11 +56,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, rl_err, write_rows};
-use crate::kb_judge::KbJudge;
 use crate::rl_params::{
     DEFAULT_CHECKPOINT_EVERY, Params, TURN_FIELDS, TurnFields, harness, load_tasks,
 };
 use crate::rl_progress::Checkpoints;
+use cudarl_rl::kb_judge::KbJudge;
 
 /// The stage kind, as pipeline files name it (also `verl_launch`'s, its other backend).
 pub const KIND: &str = "rl-train";
