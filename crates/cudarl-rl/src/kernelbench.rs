@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use cudarl_curriculum::prompts;
-use cudarl_data::Table;
 
 use crate::episode::{EpisodeTask, TaskText};
 
@@ -82,35 +81,22 @@ fn curriculum_rows(
     problems: &Path,
     covered: bool,
 ) -> Result<Vec<(String, KbTask)>, String> {
-    let t = Table::read(curriculum, "curriculum").map_err(|e| e.to_string())?;
-    let col = |c: &str| t.req_strings(c).map_err(|e| e.to_string());
-    let (id, src, split, name, sig) = (
-        col("problem_id")?,
-        col("source")?,
-        col("split")?,
-        col("name")?,
-        col("signature")?,
-    );
-    let tier = t.req_ints("tier").map_err(|e| e.to_string())?;
-    let level = t.req_ints("level").map_err(|e| e.to_string())?;
-    let p = Table::read(problems, "problems").map_err(|e| e.to_string())?;
-    let (pid, pcode) = (
-        p.req_strings("problem_id").map_err(|e| e.to_string())?,
-        p.req_strings("code").map_err(|e| e.to_string())?,
-    );
-    let code: BTreeMap<&str, &str> = (0..p.rows())
-        .filter_map(|i| Some((pid.get(i)?, pcode.get(i)?)))
+    use cudarl_tables::curriculum::CurriculumRow;
+    use cudarl_tables::problems::ProblemRow;
+    let rows = cudarl_tables::read::<CurriculumRow>(curriculum, "curriculum")
+        .map_err(|e| e.to_string())?;
+    let problems_rows =
+        cudarl_tables::read::<ProblemRow>(problems, "problems").map_err(|e| e.to_string())?;
+    let code: BTreeMap<&str, &str> = problems_rows
+        .iter()
+        .map(|p| (p.problem_id.as_str(), p.code.as_str()))
         .collect();
     let mut out = Vec::new();
-    for i in 0..t.rows() {
-        let (Some("kernelbench"), Some(split), Some(id)) = (src.get(i), split.get(i), id.get(i))
-        else {
-            continue;
-        };
-        let sig = sig.get(i);
-        if covered && sig.is_none() {
+    for r in rows {
+        if r.source != "kernelbench" || (covered && r.signature.is_none()) {
             continue;
         }
+        let id = r.problem_id.as_str();
         let src = code.get(id).ok_or_else(|| {
             format!(
                 "{}: problem_id `{id}` of the curriculum is not in this table",
@@ -119,13 +105,13 @@ fn curriculum_rows(
         })?;
         let task = KbTask {
             id: id.to_string(),
-            tier: tier.get(i).unwrap_or(0),
-            level: level.get(i).unwrap_or(0),
-            name: name.get(i).unwrap_or(id).to_string(),
+            tier: r.tier,
+            level: r.level.unwrap_or(0),
+            name: r.name.clone(),
             code: src.to_string(),
-            signature: sig.unwrap_or_default().to_string(),
+            signature: r.signature.clone().unwrap_or_default(),
         };
-        out.push((split.to_string(), task));
+        out.push((r.split, task));
     }
     Ok(out)
 }

@@ -90,15 +90,13 @@ pub fn export(
 /// # Errors
 /// The table cannot be read or lacks `problem_id`, `source` or `split` (file and field named).
 pub fn curriculum_holdout(curriculum: &Path) -> Result<BTreeSet<String>, String> {
-    let t = Table::read(curriculum, "curriculum").map_err(|e| e.to_string())?;
-    let (id, src, split) = (
-        t.req_strings("problem_id").map_err(|e| e.to_string())?,
-        t.req_strings("source").map_err(|e| e.to_string())?,
-        t.req_strings("split").map_err(|e| e.to_string())?,
-    );
-    Ok((0..t.rows())
-        .filter(|&i| src.get(i) == Some("synthetic") && split.get(i) == Some("test"))
-        .filter_map(|i| Some(id.get(i)?.strip_prefix("synth/")?.to_string()))
+    let rows =
+        cudarl_tables::read::<cudarl_tables::curriculum::CurriculumRow>(curriculum, "curriculum")
+            .map_err(|e| e.to_string())?;
+    Ok(rows
+        .into_iter()
+        .filter(|r| r.source == "synthetic" && r.split == "test")
+        .filter_map(|r| Some(r.problem_id.strip_prefix("synth/")?.to_string()))
         .collect())
 }
 

@@ -5,12 +5,7 @@
 //! speedups; empty without a GPU).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
 
-use arrow::array::{
-    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
-};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
     ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
 };
@@ -18,108 +13,14 @@ use cudarl_curriculum::{
     DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, Split, TierDecision,
 };
 use cudarl_data::Table;
+use cudarl_tables::TableRow;
+use cudarl_tables::curriculum::{CurriculumRow, GateRow, ValidatedKernelRow};
 use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, single_file, write_output};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "curriculum";
-
-fn list_of_str() -> DataType {
-    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
-}
-
-/// `curriculum`: one row per problem.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | problem_id | utf8 | `kb/L{level}/{name}` |
-/// | source | utf8 | `kernelbench` or `synthetic` (`problem_id` = `synth/<task>`) |
-/// | level | int64, nullable | KernelBench level |
-/// | name | utf8 | problem name |
-/// | tier | int64 | 0 elementwise, 1 reduction/data movement, 2 tiled/normalizing, 3 fused |
-/// | tier_reason | utf8 | why this tier |
-/// | op_features | `list<utf8>` | ops from the reference |
-/// | op_categories | `list<utf8>` | categories of those ops |
-/// | unknown_ops | `list<utf8>` | ops with no category (tiered conservatively) |
-/// | split | utf8 | the `splits` table's: `train`, `val` or `test`; synthetic families `train`, `rl` (kept out of SFT and pretraining for `rl-train`) or `test` (the hold-out families) |
-/// | archive_kernels | int64 | kernels for this problem in the ingested archives |
-/// | archive_claimed_correct | int64 | of those, claimed correct by their archive |
-/// | archive_best_claimed_speedup | float64, nullable | best claimed speedup vs PyTorch eager among claimed-correct kernels with a `__global__` kernel (ratio; not yet validated by us) |
-/// | archive_reference_drift | bool | some archive kernel was written against a different reference than `problems.code` |
-/// | signature | utf8, nullable | the native launcher of a synthetic task, or of a KernelBench problem covered by `kb-specs` |
-/// | train_shapes, holdout_shapes | utf8, nullable | JSON lists of size maps (synthetic tasks: hold-out shapes are never shown in prompts) |
-/// | validated_kernels | int64 | kernels of this problem our harness ran and found correct on every seed and shape |
-/// | best_validated_speedup | float64, nullable | best measured speedup among them: vs the naive kernel (synthetic tasks), vs torch eager (KernelBench problems) |
-pub static CURRICULUM: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("problem_id", DataType::Utf8, false),
-        Field::new("source", DataType::Utf8, false),
-        Field::new("level", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, false),
-        Field::new("tier", DataType::Int64, false),
-        Field::new("tier_reason", DataType::Utf8, false),
-        Field::new("op_features", list_of_str(), false),
-        Field::new("op_categories", list_of_str(), false),
-        Field::new("unknown_ops", list_of_str(), false),
-        Field::new("split", DataType::Utf8, false),
-        Field::new("archive_kernels", DataType::Int64, false),
-        Field::new("archive_claimed_correct", DataType::Int64, false),
-        Field::new("archive_best_claimed_speedup", DataType::Float64, true),
-        Field::new("archive_reference_drift", DataType::Boolean, false),
-        Field::new("signature", DataType::Utf8, true),
-        Field::new("train_shapes", DataType::Utf8, true),
-        Field::new("holdout_shapes", DataType::Utf8, true),
-        Field::new("validated_kernels", DataType::Int64, false),
-        Field::new("best_validated_speedup", DataType::Float64, true),
-    ]))
-});
-
-/// `gates`: one row per tier: the thresholds that open the next tier, and problem counts.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | tier | int64 | 0..3 |
-/// | min_compile_rate | float64 | compile rate on this tier must exceed this to open tier+1 |
-/// | min_pass_rate | float64 | pass rate on this tier must exceed this to open tier+1 |
-/// | problems, train, val, test | int64 | problem counts |
-pub static GATES: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("tier", DataType::Int64, false),
-        Field::new("min_compile_rate", DataType::Float64, false),
-        Field::new("min_pass_rate", DataType::Float64, false),
-        Field::new("problems", DataType::Int64, false),
-        Field::new("train", DataType::Int64, false),
-        Field::new("val", DataType::Int64, false),
-        Field::new("test", DataType::Int64, false),
-    ]))
-});
-
-/// `validated_kernels`: one row per kernel the harness ran and found correct on every train and
-/// hold-out shape and every public and hidden seed (empty without a GPU: compile-only verdicts
-/// validate nothing).
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | kernel_id | utf8 | BLAKE3 of the code |
-/// | problem_id | utf8 | curriculum row (`synth/<task>`) |
-/// | role | utf8 | `naive` or `optimized` |
-/// | tests | int64 | shapes x seeds run (all passed) |
-/// | median_ms | float64 | candidate median |
-/// | speedup_vs_naive, speedup_vs_torch | float64, nullable | measured ratios |
-/// | gpu | utf8 | the GPU |
-pub static VALIDATED_KERNELS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("kernel_id", DataType::Utf8, false),
-        Field::new("problem_id", DataType::Utf8, false),
-        Field::new("role", DataType::Utf8, false),
-        Field::new("tests", DataType::Int64, false),
-        Field::new("median_ms", DataType::Float64, false),
-        Field::new("speedup_vs_naive", DataType::Float64, true),
-        Field::new("speedup_vs_torch", DataType::Float64, true),
-        Field::new("gpu", DataType::Utf8, false),
-    ]))
-});
 
 fn d_compile() -> f64 {
     DEFAULT_MIN_COMPILE_RATE
@@ -246,9 +147,9 @@ impl Stage for Curriculum {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("curriculum", CURRICULUM.clone()),
-            OutputDecl::table("gates", GATES.clone()),
-            OutputDecl::table("validated_kernels", VALIDATED_KERNELS.clone()),
+            OutputDecl::table("curriculum", CurriculumRow::schema()),
+            OutputDecl::table("gates", GateRow::schema()),
+            OutputDecl::table("validated_kernels", ValidatedKernelRow::schema()),
         ]
     }
     fn resolve_external(
@@ -281,7 +182,7 @@ impl Stage for Curriculum {
             }
         }
 
-        let mut b = Columns::new();
+        let mut b: Vec<CurriculumRow> = Vec::new();
         let validated = read_validated(ctx)?;
         // Native signatures of the covered KernelBench problems.
         let kb_sig: BTreeMap<String, String> = {
@@ -319,20 +220,27 @@ impl Stage for Curriculum {
             counts[d.tier as usize][split as usize] += 1;
             let st = stats.remove(id).unwrap_or_default();
             let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
-            b.kernelbench((id, lv, nm), (feats, &d, split), st, kb_sig.get(id), &mine);
+            b.push(kernelbench_row(
+                (id, lv, nm),
+                (feats, &d, split),
+                st,
+                kb_sig.get(id),
+                &mine,
+            ));
         }
         let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-        b.synthetic(&tt, &validated, &mut counts, &splits)?;
+        b.extend(synthetic_rows(&tt, &validated, &mut counts, &splits)?);
         if !stats.is_empty() {
             ctx.warn(format!(
                 "{} archive problem ids are not in the curriculum (other levels or unknown)",
                 stats.len()
             ));
         }
-        let schema = CURRICULUM.clone();
-        let cols = b.finish(&schema);
-        let batch = cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)?;
-        write_output(ctx, "curriculum", &batch)?;
+        write_output(
+            ctx,
+            "curriculum",
+            &cudarl_tables::to_batch(&b).map_err(data_err)?,
+        )?;
 
         let gates = self.gates(&counts)?;
         write_output(ctx, "gates", &gates)?;
@@ -354,33 +262,19 @@ impl Curriculum {
     /// # Errors
     /// The batch does not match the schema (a bug).
     fn gates(&self, counts: &[[i64; 3]]) -> Result<arrow::record_batch::RecordBatch, StageError> {
-        let tiers: Vec<i64> = (0..=MAX_TIER).collect();
-        let gcols: Vec<ArrayRef> = vec![
-            Arc::new(arrow::array::Int64Array::from(tiers.clone())),
-            Arc::new(arrow::array::Float64Array::from(vec![
-                self.params
-                    .min_compile_rate;
-                tiers.len()
-            ])),
-            Arc::new(arrow::array::Float64Array::from(vec![
-                self.params
-                    .min_pass_rate;
-                tiers.len()
-            ])),
-            Arc::new(arrow::array::Int64Array::from(
-                counts.iter().map(|c| c.iter().sum()).collect::<Vec<i64>>(),
-            )),
-            Arc::new(arrow::array::Int64Array::from(
-                counts.iter().map(|c| c[0]).collect::<Vec<i64>>(),
-            )),
-            Arc::new(arrow::array::Int64Array::from(
-                counts.iter().map(|c| c[1]).collect::<Vec<i64>>(),
-            )),
-            Arc::new(arrow::array::Int64Array::from(
-                counts.iter().map(|c| c[2]).collect::<Vec<i64>>(),
-            )),
-        ];
-        cudarl_data::parquet_io::batch(&GATES.clone(), gcols).map_err(data_err)
+        let rows: Vec<GateRow> = (0..=MAX_TIER)
+            .zip(counts)
+            .map(|(tier, c)| GateRow {
+                tier,
+                min_compile_rate: self.params.min_compile_rate,
+                min_pass_rate: self.params.min_pass_rate,
+                problems: c.iter().sum(),
+                train: c[0],
+                val: c[1],
+                test: c[2],
+            })
+            .collect();
+        cudarl_tables::to_batch(&rows).map_err(data_err)
     }
 }
 
@@ -391,225 +285,116 @@ impl Curriculum {
 fn validated_batch(
     validated: &[ValidatedRow],
 ) -> Result<arrow::record_batch::RecordBatch, StageError> {
-    use arrow::array::{Float64Array, Int64Array, StringArray};
-    cudarl_data::parquet_io::batch(
-        &VALIDATED_KERNELS.clone(),
-        vec![
-            Arc::new(StringArray::from_iter_values(
-                validated.iter().map(|v| v.kernel_id.clone()),
-            )),
-            Arc::new(StringArray::from_iter_values(
-                validated.iter().map(|v| format!("synth/{}", v.task_id)),
-            )),
-            Arc::new(StringArray::from_iter_values(
-                validated.iter().map(|v| v.role.clone()),
-            )),
-            Arc::new(Int64Array::from_iter_values(
-                validated.iter().map(|v| v.tests),
-            )),
-            Arc::new(Float64Array::from_iter_values(
-                validated.iter().map(|v| v.median_ms),
-            )),
-            Arc::new(Float64Array::from(
-                validated
-                    .iter()
-                    .map(|v| v.speedup_vs_naive)
-                    .collect::<Vec<_>>(),
-            )),
-            Arc::new(Float64Array::from(
-                validated
-                    .iter()
-                    .map(|v| v.speedup_vs_torch)
-                    .collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from_iter_values(
-                validated.iter().map(|v| v.gpu.clone()),
-            )),
-        ],
-    )
-    .map_err(data_err)
+    let rows: Vec<ValidatedKernelRow> = validated
+        .iter()
+        .map(|v| ValidatedKernelRow {
+            kernel_id: v.kernel_id.clone(),
+            problem_id: format!("synth/{}", v.task_id),
+            role: v.role.clone(),
+            tests: v.tests,
+            median_ms: v.median_ms,
+            speedup_vs_naive: v.speedup_vs_naive,
+            speedup_vs_torch: v.speedup_vs_torch,
+            gpu: v.gpu.clone(),
+        })
+        .collect();
+    cudarl_tables::to_batch(&rows).map_err(data_err)
 }
 
-/// The `curriculum` table's columns, one builder per column in schema order.
-struct Columns {
-    id: StringBuilder,
-    src: StringBuilder,
-    level: Int64Builder,
-    name: StringBuilder,
-    tier: Int64Builder,
-    reason: StringBuilder,
-    feats: ListBuilder<StringBuilder>,
-    cats: ListBuilder<StringBuilder>,
-    unknown: ListBuilder<StringBuilder>,
-    split: StringBuilder,
-    ak: Int64Builder,
-    acc: Int64Builder,
-    best: Float64Builder,
-    drift: BooleanBuilder,
-    sig: StringBuilder,
-    train: StringBuilder,
-    hold: StringBuilder,
-    nval: Int64Builder,
-    bestv: Float64Builder,
+/// The `curriculum` row of one KernelBench problem: (id, level, name), its op features with
+/// the tier decided from them and its split, what the archives say of it (`st`), its native
+/// signature (covered problems only) and its kernels validated on a GPU (`mine`; the best
+/// `speedup_vs_torch` among them).
+fn kernelbench_row(
+    (id, lv, nm): (&str, i64, &str),
+    (feats, d, split): (&[String], &TierDecision, Split),
+    st: ArchiveStats,
+    sig: Option<&String>,
+    mine: &[&ValidatedRow],
+) -> CurriculumRow {
+    CurriculumRow {
+        problem_id: id.to_string(),
+        source: "kernelbench".into(),
+        level: Some(lv),
+        name: nm.to_string(),
+        tier: d.tier,
+        tier_reason: d.reason.clone(),
+        op_features: feats.to_vec(),
+        op_categories: d.categories.clone(),
+        unknown_ops: d.unknown_ops.clone(),
+        split: split.as_str().to_string(),
+        archive_kernels: st.kernels,
+        archive_claimed_correct: st.claimed_correct,
+        archive_best_claimed_speedup: st.best,
+        archive_reference_drift: st.drift,
+        signature: sig.cloned(),
+        train_shapes: None,
+        holdout_shapes: None,
+        validated_kernels: mine.len() as i64,
+        best_validated_speedup: mine
+            .iter()
+            .filter_map(|v| v.speedup_vs_torch)
+            .reduce(f64::max),
+    }
 }
 
-impl Columns {
-    fn new() -> Columns {
-        Columns {
-            id: StringBuilder::new(),
-            src: StringBuilder::new(),
-            level: Int64Builder::new(),
-            name: StringBuilder::new(),
-            tier: Int64Builder::new(),
-            reason: StringBuilder::new(),
-            feats: ListBuilder::new(StringBuilder::new()),
-            cats: ListBuilder::new(StringBuilder::new()),
-            unknown: ListBuilder::new(StringBuilder::new()),
-            split: StringBuilder::new(),
-            ak: Int64Builder::new(),
-            acc: Int64Builder::new(),
-            best: Float64Builder::new(),
-            drift: BooleanBuilder::new(),
-            sig: StringBuilder::new(),
-            train: StringBuilder::new(),
-            hold: StringBuilder::new(),
-            nval: Int64Builder::new(),
-            bestv: Float64Builder::new(),
-        }
-    }
-
-    /// Appends one KernelBench problem: (id, level, name), its op features with the tier
-    /// decided from them and its split, what the archives say of it (`st`), its native
-    /// signature (covered problems only) and its kernels validated on a GPU (`mine`; the best
-    /// `speedup_vs_torch` among them).
-    fn kernelbench(
-        &mut self,
-        (id, lv, nm): (&str, i64, &str),
-        (feats, d, split): (&[String], &TierDecision, Split),
-        st: ArchiveStats,
-        sig: Option<&String>,
-        mine: &[&ValidatedRow],
-    ) {
-        self.id.append_value(id);
-        self.src.append_value("kernelbench");
-        self.level.append_value(lv);
-        self.name.append_value(nm);
-        self.tier.append_value(d.tier);
-        self.reason.append_value(&d.reason);
-        for f in feats {
-            self.feats.values().append_value(f);
-        }
-        self.feats.append(true);
-        for c in &d.categories {
-            self.cats.values().append_value(c);
-        }
-        self.cats.append(true);
-        for u in &d.unknown_ops {
-            self.unknown.values().append_value(u);
-        }
-        self.unknown.append(true);
-        self.split.append_value(split.as_str());
-        self.ak.append_value(st.kernels);
-        self.acc.append_value(st.claimed_correct);
-        self.best.append_option(st.best);
-        self.drift.append_value(st.drift);
-        self.sig.append_option(sig);
-        self.train.append_null();
-        self.hold.append_null();
-        self.nval.append_value(mine.len() as i64);
-        self.bestv.append_option(
-            mine.iter()
-                .filter_map(|v| v.speedup_vs_torch)
-                .reduce(f64::max),
-        );
-    }
-
-    /// Appends the synthetic task families of `tt` (the `tasks` table): tier from the spec,
-    /// split from `splits` (`train`, `rl` or `test`; `rl` counts as train in `counts`), hold-out
-    /// shapes from the spec, the best speedup over naive among `validated`.
-    ///
-    /// # Errors
-    /// A required column of `tasks` is missing or has the wrong type, or a family has no row in
-    /// `splits` (named).
-    fn synthetic(
-        &mut self,
-        tt: &Table,
-        validated: &[ValidatedRow],
-        counts: &mut [[i64; 3]],
-        splits: &cudarl_tables::splits::SplitMap,
-    ) -> Result<(), StageError> {
-        let (tid, ttier) = (
-            tt.req_strings("task_id").map_err(data_err)?,
-            tt.req_ints("tier").map_err(data_err)?,
-        );
-        let (tsig, ttrain, thold) = (
-            tt.req_strings("signature").map_err(data_err)?,
-            tt.req_strings("train_shapes").map_err(data_err)?,
-            tt.req_strings("holdout_shapes").map_err(data_err)?,
-        );
-        for i in 0..tt.rows() {
-            let (Some(id), Some(tier)) = (tid.get(i), ttier.get(i)) else {
-                continue;
-            };
-            let tier = tier.clamp(0, MAX_TIER);
-            let split = splits.family(id).map_err(data_err)?;
-            counts[tier as usize][if split == "test" { 2 } else { 0 }] += 1;
-            let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
-            self.id.append_value(format!("synth/{id}"));
-            self.src.append_value("synthetic");
-            self.level.append_null();
-            self.name.append_value(id);
-            self.tier.append_value(tier);
-            self.reason
-                .append_value(format!("task family tier (datasets/tasks/{id}/task.toml)"));
-            self.feats.append(true);
-            self.cats.append(true);
-            self.unknown.append(true);
-            self.split.append_value(split);
-            self.ak.append_value(0);
-            self.acc.append_value(0);
-            self.best.append_null();
-            self.drift.append_value(false);
-            self.sig.append_option(tsig.get(i));
-            self.train.append_option(ttrain.get(i));
-            self.hold.append_option(thold.get(i));
-            self.nval.append_value(mine.len() as i64);
-            self.bestv.append_option(
-                mine.iter()
-                    .filter_map(|v| v.speedup_vs_naive)
-                    .reduce(f64::max),
-            );
-        }
-        Ok(())
-    }
-
-    /// The finished columns, list columns cast to `schema`'s types.
-    fn finish(mut self, schema: &arrow::datatypes::Schema) -> Vec<ArrayRef> {
-        let cast_list = |a: ArrayRef, i: usize| {
-            arrow::compute::cast(&a, schema.field(i).data_type()).expect("list cast")
+/// The `curriculum` rows of the synthetic task families of `tt` (the `tasks` table): tier from
+/// the spec, split from `splits` (`train`, `rl` or `test`; `rl` counts as train in `counts`),
+/// hold-out shapes from the spec, the best speedup over naive among `validated`.
+///
+/// # Errors
+/// A required column of `tasks` is missing or has the wrong type, or a family has no row in
+/// `splits` (named).
+fn synthetic_rows(
+    tt: &Table,
+    validated: &[ValidatedRow],
+    counts: &mut [[i64; 3]],
+    splits: &cudarl_tables::splits::SplitMap,
+) -> Result<Vec<CurriculumRow>, StageError> {
+    let (tid, ttier) = (
+        tt.req_strings("task_id").map_err(data_err)?,
+        tt.req_ints("tier").map_err(data_err)?,
+    );
+    let (tsig, ttrain, thold) = (
+        tt.req_strings("signature").map_err(data_err)?,
+        tt.req_strings("train_shapes").map_err(data_err)?,
+        tt.req_strings("holdout_shapes").map_err(data_err)?,
+    );
+    let mut out = Vec::new();
+    for i in 0..tt.rows() {
+        let (Some(id), Some(tier)) = (tid.get(i), ttier.get(i)) else {
+            continue;
         };
-        vec![
-            Arc::new(self.id.finish()),
-            Arc::new(self.src.finish()),
-            Arc::new(self.level.finish()),
-            Arc::new(self.name.finish()),
-            Arc::new(self.tier.finish()),
-            Arc::new(self.reason.finish()),
-            cast_list(Arc::new(self.feats.finish()), 6),
-            cast_list(Arc::new(self.cats.finish()), 7),
-            cast_list(Arc::new(self.unknown.finish()), 8),
-            Arc::new(self.split.finish()),
-            Arc::new(self.ak.finish()),
-            Arc::new(self.acc.finish()),
-            Arc::new(self.best.finish()),
-            Arc::new(self.drift.finish()),
-            Arc::new(self.sig.finish()),
-            Arc::new(self.train.finish()),
-            Arc::new(self.hold.finish()),
-            Arc::new(self.nval.finish()),
-            Arc::new(self.bestv.finish()),
-        ]
+        let tier = tier.clamp(0, MAX_TIER);
+        let split = splits.family(id).map_err(data_err)?;
+        counts[tier as usize][if split == "test" { 2 } else { 0 }] += 1;
+        let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
+        out.push(CurriculumRow {
+            problem_id: format!("synth/{id}"),
+            source: "synthetic".into(),
+            level: None,
+            name: id.to_string(),
+            tier,
+            tier_reason: format!("task family tier (datasets/tasks/{id}/task.toml)"),
+            op_features: Vec::new(),
+            op_categories: Vec::new(),
+            unknown_ops: Vec::new(),
+            split: split.to_string(),
+            archive_kernels: 0,
+            archive_claimed_correct: 0,
+            archive_best_claimed_speedup: None,
+            archive_reference_drift: false,
+            signature: tsig.get(i).map(str::to_string),
+            train_shapes: ttrain.get(i).map(str::to_string),
+            holdout_shapes: thold.get(i).map(str::to_string),
+            validated_kernels: mine.len() as i64,
+            best_validated_speedup: mine
+                .iter()
+                .filter_map(|v| v.speedup_vs_naive)
+                .reduce(f64::max),
+        });
     }
+    Ok(out)
 }
 
 /// A validation that counts: executed, correct, every test passed, timed.

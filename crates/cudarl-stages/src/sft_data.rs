@@ -579,18 +579,12 @@ fn validated_kernels(
 /// # Errors
 /// The `curriculum` table cannot be read or lacks `problem_id`, `source` or `split` (named).
 fn family_splits(path: &std::path::Path) -> Result<BTreeMap<String, String>, StageError> {
-    let t = Table::read(path, "curriculum").map_err(data_err)?;
-    let (id, src, split) = (
-        t.req_strings("problem_id").map_err(data_err)?,
-        t.req_strings("source").map_err(data_err)?,
-        t.req_strings("split").map_err(data_err)?,
-    );
-    Ok((0..t.rows())
-        .filter(|&i| src.get(i) == Some("synthetic"))
-        .filter_map(|i| {
-            let task = id.get(i)?.strip_prefix("synth/")?;
-            Some((task.to_string(), split.get(i)?.to_string()))
-        })
+    let rows = cudarl_tables::read::<cudarl_tables::curriculum::CurriculumRow>(path, "curriculum")
+        .map_err(data_err)?;
+    Ok(rows
+        .into_iter()
+        .filter(|r| r.source == "synthetic")
+        .filter_map(|r| Some((r.problem_id.strip_prefix("synth/")?.to_string(), r.split)))
         .collect())
 }
 

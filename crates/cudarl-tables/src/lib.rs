@@ -6,10 +6,12 @@
 //! module.
 //!
 //! - [`splits`]: what is held out (`splits`).
+//! - [`curriculum`]: tiers, splits and gates (`curriculum`, `gates`, `validated_kernels`).
 //! - [`problems`]: KernelBench problems (`ingest-kernelbench`'s `problems`).
 //! - [`kb_specs`]: KernelBench native signatures and their coverage (`kb-specs`).
 //! - [`sft`]: SFT examples (`sft-data`, `collab-data`).
 
+pub mod curriculum;
 pub mod kb_specs;
 pub mod problems;
 pub mod sft;
@@ -187,6 +189,7 @@ mod tests {
     use arrow::record_batch::RecordBatch;
 
     use super::*;
+    use crate::curriculum::{CurriculumRow, GateRow, ValidatedKernelRow};
     use crate::kb_specs::{CoverageRow, KbSpecRow};
     use crate::problems::ProblemRow;
     use crate::splits::SplitRow;
@@ -234,6 +237,52 @@ mod tests {
             ])
         );
         assert_eq!(ProblemRow::schema(), cudarl_data::schemas::PROBLEMS.clone());
+        let list = || DataType::List(Arc::new(f("item", Utf8, true)));
+        assert_eq!(
+            *CurriculumRow::schema(),
+            Schema::new(vec![
+                f("problem_id", Utf8, false),
+                f("source", Utf8, false),
+                f("level", Int64, true),
+                f("name", Utf8, false),
+                f("tier", Int64, false),
+                f("tier_reason", Utf8, false),
+                f("op_features", list(), false),
+                f("op_categories", list(), false),
+                f("unknown_ops", list(), false),
+                f("split", Utf8, false),
+                f("archive_kernels", Int64, false),
+                f("archive_claimed_correct", Int64, false),
+                f("archive_best_claimed_speedup", Float64, true),
+                f("archive_reference_drift", Boolean, false),
+                f("signature", Utf8, true),
+                f("train_shapes", Utf8, true),
+                f("holdout_shapes", Utf8, true),
+                f("validated_kernels", Int64, false),
+                f("best_validated_speedup", Float64, true),
+            ])
+        );
+        let ints = |names: &[&str]| names.iter().map(|n| f(n, Int64, false)).collect::<Vec<_>>();
+        let mut gates = ints(&["tier"]);
+        gates.extend([
+            f("min_compile_rate", Float64, false),
+            f("min_pass_rate", Float64, false),
+        ]);
+        gates.extend(ints(&["problems", "train", "val", "test"]));
+        assert_eq!(*GateRow::schema(), Schema::new(gates));
+        assert_eq!(
+            *ValidatedKernelRow::schema(),
+            Schema::new(vec![
+                f("kernel_id", Utf8, false),
+                f("problem_id", Utf8, false),
+                f("role", Utf8, false),
+                f("tests", Int64, false),
+                f("median_ms", Float64, false),
+                f("speedup_vs_naive", Float64, true),
+                f("speedup_vs_torch", Float64, true),
+                f("gpu", Utf8, false),
+            ])
+        );
     }
 
     #[test]
