@@ -17,17 +17,14 @@ use crate::RlError;
 /// An unreadable table, a missing column, or a spec that does not parse (the file, the field
 /// and the task named).
 pub fn read_specs(path: &Path) -> Result<Vec<TaskSpec>, RlError> {
-    let t = Table::read(path, "tasks")?;
-    let ids = t.req_strings("task_id")?;
-    let js = t.req_strings("spec_json")?;
-    (0..t.rows())
-        .filter_map(|i| Some((ids.get(i)?, js.get(i)?)))
-        .map(|(id, j)| {
-            serde_json::from_str(j).map_err(|e| {
+    cudarl_tables::read::<cudarl_tables::tasks::TaskRow>(path, "tasks")?
+        .into_iter()
+        .map(|r| {
+            serde_json::from_str(&r.spec_json).map_err(|e| {
                 RlError::bad_input(
                     path.display().to_string(),
                     Some("spec_json"),
-                    format!("task `{id}`: {e}"),
+                    format!("task `{}`: {e}", r.task_id),
                 )
             })
         })
@@ -63,23 +60,17 @@ pub struct TaskKernel {
 /// # Errors
 /// An unreadable table or a missing column (file and field named).
 pub fn read_kernels(path: &Path) -> Result<Vec<TaskKernel>, RlError> {
-    let t = Table::read(path, "task_kernels")?;
-    let (id, task, role, code) = (
-        t.req_strings("kernel_id")?,
-        t.req_strings("task_id")?,
-        t.req_strings("role")?,
-        t.req_strings("code")?,
-    );
-    Ok((0..t.rows())
-        .filter_map(|i| {
-            Some(TaskKernel {
-                kernel_id: id.get(i)?.to_string(),
-                task_id: task.get(i)?.to_string(),
-                role: role.get(i)?.to_string(),
-                code: code.get(i)?.to_string(),
+    Ok(
+        cudarl_tables::read::<cudarl_tables::tasks::TaskKernelRow>(path, "task_kernels")?
+            .into_iter()
+            .map(|r| TaskKernel {
+                kernel_id: r.kernel_id,
+                task_id: r.task_id,
+                role: r.role,
+                code: r.code,
             })
-        })
-        .collect())
+            .collect(),
+    )
 }
 
 /// The naive kernel's source per task id (the speedup baseline), from a `task_kernels` table.

@@ -228,8 +228,10 @@ impl Stage for Curriculum {
                 &mine,
             ));
         }
-        let tt = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
-        b.extend(synthetic_rows(&tt, &validated, &mut counts, &splits)?);
+        let tasks =
+            cudarl_tables::read::<cudarl_tables::tasks::TaskRow>(ctx.input_path("tasks")?, "tasks")
+                .map_err(data_err)?;
+        b.extend(synthetic_rows(&tasks, &validated, &mut counts, &splits)?);
         if !stats.is_empty() {
             ctx.warn(format!(
                 "{} archive problem ids are not in the curriculum (other levels or unknown)",
@@ -338,34 +340,22 @@ fn kernelbench_row(
     }
 }
 
-/// The `curriculum` rows of the synthetic task families of `tt` (the `tasks` table): tier from
+/// The `curriculum` rows of the synthetic task families `tasks` (the `tasks` table): tier from
 /// the spec, split from `splits` (`train`, `rl` or `test`; `rl` counts as train in `counts`),
 /// hold-out shapes from the spec, the best speedup over naive among `validated`.
 ///
 /// # Errors
-/// A required column of `tasks` is missing or has the wrong type, or a family has no row in
-/// `splits` (named).
+/// A family has no row in `splits` (named).
 fn synthetic_rows(
-    tt: &Table,
+    tasks: &[cudarl_tables::tasks::TaskRow],
     validated: &[ValidatedRow],
     counts: &mut [[i64; 3]],
     splits: &cudarl_tables::splits::SplitMap,
 ) -> Result<Vec<CurriculumRow>, StageError> {
-    let (tid, ttier) = (
-        tt.req_strings("task_id").map_err(data_err)?,
-        tt.req_ints("tier").map_err(data_err)?,
-    );
-    let (tsig, ttrain, thold) = (
-        tt.req_strings("signature").map_err(data_err)?,
-        tt.req_strings("train_shapes").map_err(data_err)?,
-        tt.req_strings("holdout_shapes").map_err(data_err)?,
-    );
     let mut out = Vec::new();
-    for i in 0..tt.rows() {
-        let (Some(id), Some(tier)) = (tid.get(i), ttier.get(i)) else {
-            continue;
-        };
-        let tier = tier.clamp(0, MAX_TIER);
+    for t in tasks {
+        let id = t.task_id.as_str();
+        let tier = t.tier.clamp(0, MAX_TIER);
         let split = splits.family(id).map_err(data_err)?;
         counts[tier as usize][if split == "test" { 2 } else { 0 }] += 1;
         let mine: Vec<&ValidatedRow> = validated.iter().filter(|v| v.task_id == id).collect();
@@ -384,9 +374,9 @@ fn synthetic_rows(
             archive_claimed_correct: 0,
             archive_best_claimed_speedup: None,
             archive_reference_drift: false,
-            signature: tsig.get(i).map(str::to_string),
-            train_shapes: ttrain.get(i).map(str::to_string),
-            holdout_shapes: thold.get(i).map(str::to_string),
+            signature: Some(t.signature.clone()),
+            train_shapes: Some(t.train_shapes.clone()),
+            holdout_shapes: Some(t.holdout_shapes.clone()),
             validated_kernels: mine.len() as i64,
             best_validated_speedup: mine
                 .iter()

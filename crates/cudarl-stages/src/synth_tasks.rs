@@ -2,14 +2,12 @@
 //! project), plus the generated families of `generate` ([`cudarl_rl::families`]), into the `tasks`
 //! and `task_kernels` tables.
 
-use std::sync::{Arc, LazyLock};
-
-use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
     ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
 };
 use cudarl_cuda::task::load_tasks;
+use cudarl_tables::TableRow;
+use cudarl_tables::tasks::{TaskKernelRow, TaskRow};
 use serde::{Deserialize, Serialize};
 
 use crate::common::{data_err, params_json, rooted, write_output};
@@ -17,59 +15,6 @@ use cudarl_rl::families::GenerateParams;
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "synth-tasks";
-
-/// `tasks`: one row per task.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | task_id | utf8 | e.g. `vector_add` |
-/// | tier | int64 | 0..3 |
-/// | description | utf8 | what `launch` computes |
-/// | dtype | utf8 | `f32` |
-/// | signature | utf8 | the exact `extern "C"` launcher declaration |
-/// | train_shapes, holdout_shapes | utf8 | JSON lists of size maps |
-/// | atol, rtol | float64 | tolerance (see datasets/tasks/README.md) |
-/// | bytes, flops | utf8 | formulas over the sizes (bytes moved, FLOP) |
-/// | spec_json | utf8 | the full spec (what the harness runs) |
-/// | problem | utf8 | the task as a KernelBench-style problem (a PyTorch `Model`, its constants, `get_inputs`): what every prompt shows ([`cudarl_cuda::task::TaskSpec::problem_source`]) |
-/// | group | utf8 | the template instance of a generated family (its op structure), else the task id; splits are drawn per group |
-pub static TASKS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("task_id", DataType::Utf8, false),
-        Field::new("tier", DataType::Int64, false),
-        Field::new("description", DataType::Utf8, false),
-        Field::new("dtype", DataType::Utf8, false),
-        Field::new("signature", DataType::Utf8, false),
-        Field::new("train_shapes", DataType::Utf8, false),
-        Field::new("holdout_shapes", DataType::Utf8, false),
-        Field::new("atol", DataType::Float64, false),
-        Field::new("rtol", DataType::Float64, false),
-        Field::new("bytes", DataType::Utf8, false),
-        Field::new("flops", DataType::Utf8, false),
-        Field::new("spec_json", DataType::Utf8, false),
-        Field::new("problem", DataType::Utf8, false),
-        Field::new("group", DataType::Utf8, false),
-    ]))
-});
-
-/// `task_kernels`: the project's reference kernels, one row per kernel.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | kernel_id | utf8 | BLAKE3 hex of `code` |
-/// | task_id | utf8 | task |
-/// | role | utf8 | `naive` or `optimized` |
-/// | file | utf8 | file in the task folder |
-/// | code | utf8 | source (native ABI) |
-pub static TASK_KERNELS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("kernel_id", DataType::Utf8, false),
-        Field::new("task_id", DataType::Utf8, false),
-        Field::new("role", DataType::Utf8, false),
-        Field::new("file", DataType::Utf8, false),
-        Field::new("code", DataType::Utf8, false),
-    ]))
-});
 
 /// Params of `synth-tasks`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -143,8 +88,8 @@ impl Stage for SynthTasks {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("tasks", TASKS.clone()),
-            OutputDecl::table("task_kernels", TASK_KERNELS.clone()),
+            OutputDecl::table("tasks", TaskRow::schema()),
+            OutputDecl::table("task_kernels", TaskKernelRow::schema()),
         ]
     }
     fn resolve_external(
@@ -202,77 +147,47 @@ impl Stage for SynthTasks {
             &self.params.generate,
             &exclude,
         ));
-        let mut cols: Vec<Vec<String>> = vec![Vec::new(); 8];
-        let (mut tier, mut atol, mut rtol) = (Vec::new(), Vec::new(), Vec::new());
-        let mut krows: Vec<[String; 5]> = Vec::new();
+        let mut rows = Vec::with_capacity(all.len());
+        let mut krows = Vec::new();
         for t in &all {
             let s = &t.spec;
-            cols[0].push(s.id.clone());
-            cols[1].push(s.description.clone());
-            cols[2].push(s.dtype.clone());
-            cols[3].push(s.signature());
-            cols[4].push(serde_json::to_string(&s.train_shapes).expect("json"));
-            cols[5].push(serde_json::to_string(&s.holdout_shapes).expect("json"));
-            cols[6].push(s.bytes.clone());
-            cols[7].push(s.flops.clone());
-            tier.push(s.tier);
-            atol.push(s.atol);
-            rtol.push(s.rtol);
-            krows.push([
-                blake3::hash(t.naive.as_bytes()).to_hex().to_string(),
-                s.id.clone(),
-                "naive".into(),
-                s.naive.clone(),
-                t.naive.clone(),
-            ]);
+            rows.push(TaskRow {
+                task_id: s.id.clone(),
+                tier: s.tier,
+                description: s.description.clone(),
+                dtype: s.dtype.clone(),
+                signature: s.signature(),
+                train_shapes: serde_json::to_string(&s.train_shapes).expect("json"),
+                holdout_shapes: serde_json::to_string(&s.holdout_shapes).expect("json"),
+                atol: s.atol,
+                rtol: s.rtol,
+                bytes: s.bytes.clone(),
+                flops: s.flops.clone(),
+                spec_json: serde_json::to_string(s).expect("json"),
+                problem: s.problem_source(),
+                group: s.group.clone().unwrap_or_else(|| s.id.clone()),
+            });
+            let kernel = |role: &str, file: &str, code: &str| TaskKernelRow {
+                kernel_id: blake3::hash(code.as_bytes()).to_hex().to_string(),
+                task_id: s.id.clone(),
+                role: role.into(),
+                file: file.into(),
+                code: code.into(),
+            };
+            krows.push(kernel("naive", &s.naive, &t.naive));
             for (f, code) in &t.optimized {
-                krows.push([
-                    blake3::hash(code.as_bytes()).to_hex().to_string(),
-                    s.id.clone(),
-                    "optimized".into(),
-                    f.clone(),
-                    code.clone(),
-                ]);
+                krows.push(kernel("optimized", f, code));
             }
         }
-        let spec_json: Vec<String> = all
-            .iter()
-            .map(|t| serde_json::to_string(&t.spec).expect("json"))
-            .collect();
-        let problem: Vec<String> = all.iter().map(|t| t.spec.problem_source()).collect();
-        let group: Vec<String> = all
-            .iter()
-            .map(|t| t.spec.group.clone().unwrap_or_else(|| t.spec.id.clone()))
-            .collect();
-        let sa = |v: &Vec<String>| -> ArrayRef { Arc::new(StringArray::from(v.clone())) };
-        let batch = cudarl_data::parquet_io::batch(
-            &TASKS.clone(),
-            vec![
-                sa(&cols[0]),
-                Arc::new(Int64Array::from(tier)),
-                sa(&cols[1]),
-                sa(&cols[2]),
-                sa(&cols[3]),
-                sa(&cols[4]),
-                sa(&cols[5]),
-                Arc::new(Float64Array::from(atol)),
-                Arc::new(Float64Array::from(rtol)),
-                sa(&cols[6]),
-                sa(&cols[7]),
-                sa(&spec_json),
-                sa(&problem),
-                sa(&group),
-            ],
+        write_output(
+            ctx,
+            "tasks",
+            &cudarl_tables::to_batch(&rows).map_err(data_err)?,
+        )?;
+        write_output(
+            ctx,
+            "task_kernels",
+            &cudarl_tables::to_batch(&krows).map_err(data_err)?,
         )
-        .map_err(data_err)?;
-        write_output(ctx, "tasks", &batch)?;
-        let kc = |i: usize| -> ArrayRef {
-            Arc::new(StringArray::from(
-                krows.iter().map(|r| r[i].clone()).collect::<Vec<_>>(),
-            ))
-        };
-        let kb = cudarl_data::parquet_io::batch(&TASK_KERNELS.clone(), (0..5).map(kc).collect())
-            .map_err(data_err)?;
-        write_output(ctx, "task_kernels", &kb)
     }
 }

@@ -10,12 +10,14 @@
 //! - [`problems`]: KernelBench problems (`ingest-kernelbench`'s `problems`).
 //! - [`kb_specs`]: KernelBench native signatures and their coverage (`kb-specs`).
 //! - [`sft`]: SFT examples (`sft-data`, `collab-data`).
+//! - [`tasks`]: task families and their reference kernels (`synth-tasks`).
 
 pub mod curriculum;
 pub mod kb_specs;
 pub mod problems;
 pub mod sft;
 pub mod splits;
+pub mod tasks;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -237,6 +239,18 @@ mod tests {
             ])
         );
         assert_eq!(ProblemRow::schema(), cudarl_data::schemas::PROBLEMS.clone());
+        let strs = |names: &[&str]| names.iter().map(|n| f(n, Utf8, false)).collect::<Vec<_>>();
+        let mut tasks = strs(&["task_id"]);
+        tasks.push(f("tier", Int64, false));
+        tasks.extend(strs(&["description", "dtype", "signature", "train_shapes"]));
+        tasks.extend(strs(&["holdout_shapes"]));
+        tasks.extend([f("atol", Float64, false), f("rtol", Float64, false)]);
+        tasks.extend(strs(&["bytes", "flops", "spec_json", "problem", "group"]));
+        assert_eq!(*crate::tasks::TaskRow::schema(), Schema::new(tasks));
+        assert_eq!(
+            *crate::tasks::TaskKernelRow::schema(),
+            Schema::new(strs(&["kernel_id", "task_id", "role", "file", "code"]))
+        );
         let list = || DataType::List(Arc::new(f("item", Utf8, true)));
         assert_eq!(
             *CurriculumRow::schema(),
