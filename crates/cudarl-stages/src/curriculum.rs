@@ -185,16 +185,13 @@ impl Stage for Curriculum {
         let mut b: Vec<CurriculumRow> = Vec::new();
         let validated = read_validated(ctx)?;
         // Native signatures of the covered KernelBench problems.
-        let kb_sig: BTreeMap<String, String> = {
-            let st = Table::read(ctx.input_path("kb_specs")?, "kb_specs").map_err(data_err)?;
-            let (sid, ssig) = (
-                st.req_strings("problem_id").map_err(data_err)?,
-                st.req_strings("signature").map_err(data_err)?,
-            );
-            (0..st.rows())
-                .filter_map(|i| Some((sid.get(i)?.to_string(), ssig.get(i)?.to_string())))
-                .collect()
-        };
+        let kb_sig: BTreeMap<String, String> = cudarl_tables::read::<
+            cudarl_tables::kb_specs::KbSpecRow,
+        >(ctx.input_path("kb_specs")?, "kb_specs")
+        .map_err(data_err)?
+        .into_iter()
+        .filter_map(|r| Some((r.problem_id, r.signature?)))
+        .collect();
         let problems = cudarl_tables::read::<cudarl_tables::problems::ProblemRow>(
             ctx.input_path("problems")?,
             "problems",
@@ -415,42 +412,25 @@ fn read_validated_table(
     input: &str,
     out: &mut Vec<ValidatedRow>,
 ) -> Result<(), StageError> {
-    let t = Table::read(ctx.input_path(input)?, input).map_err(data_err)?;
-    let s = |c: &str| t.req_strings(c).map_err(data_err);
-    let (kid, task, role, gpu) = (s("kernel_id")?, s("task_id")?, s("role")?, s("gpu")?);
-    let b = |c: &str| t.req_bools(c).map_err(data_err);
-    let (executed, correct) = (b("executed")?, b("correct")?);
-    let i = |c: &str| t.req_ints(c).map_err(data_err);
-    let (tests, passed) = (i("tests")?, i("tests_passed")?);
-    let f = |c: &str| t.req_floats(c).map_err(data_err);
-    let (median, sn, st) = (
-        f("median_ms")?,
-        f("speedup_vs_naive")?,
-        f("speedup_vs_torch")?,
-    );
-    for r in 0..t.rows() {
-        let n = tests.get(r).unwrap_or(0);
-        if executed.get(r) != Some(true)
-            || correct.get(r) != Some(true)
-            || n == 0
-            || passed.get(r) != Some(n)
-        {
-            continue;
-        }
-        let (Some(k), Some(tk), Some(ro), Some(m)) =
-            (kid.get(r), task.get(r), role.get(r), median.get(r))
-        else {
+    let rows = cudarl_tables::read::<cudarl_tables::validate::ValidationRow>(
+        ctx.input_path(input)?,
+        input,
+    )
+    .map_err(data_err)?;
+    for r in rows {
+        let counts = r.executed && r.correct == Some(true) && r.tests > 0;
+        let (true, Some(median_ms)) = (counts && r.tests_passed == r.tests, r.median_ms) else {
             continue;
         };
         out.push(ValidatedRow {
-            kernel_id: k.to_string(),
-            task_id: tk.to_string(),
-            role: ro.to_string(),
-            tests: n,
-            median_ms: m,
-            speedup_vs_naive: sn.get(r),
-            speedup_vs_torch: st.get(r),
-            gpu: gpu.get(r).unwrap_or("").to_string(),
+            kernel_id: r.kernel_id,
+            task_id: r.task_id,
+            role: r.role,
+            tests: r.tests,
+            median_ms,
+            speedup_vs_naive: r.speedup_vs_naive,
+            speedup_vs_torch: r.speedup_vs_torch,
+            gpu: r.gpu.unwrap_or_default(),
         });
     }
     Ok(())

@@ -8,7 +8,7 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, ListBuilder, StringBuilder};
+use arrow::array::ArrayRef;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
 use cudarl_cuda::schedule::{GpuJob, ScheduleTimes, Scheduler, Step};
@@ -16,6 +16,8 @@ use cudarl_cuda::verdict::{Baselines, FullOptions, Verdict, hidden_salt, hidden_
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
+use cudarl_tables::TableRow;
+use cudarl_tables::validate::ValidationRow;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -41,70 +43,6 @@ pub const KIND: &str = "validate";
 /// 10: an f32 output with a contraction is compared with `rtol` at most f32's rounding bound
 /// `(8 sqrt(K) + 256) 2^-24` (`TaskSpec::rtol_for`).
 pub const HARNESS_VERSION: u32 = 10;
-
-fn list_str() -> DataType {
-    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
-}
-
-/// `validations`: one row per kernel.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | kernel_id, task_id, role | utf8 | the kernel (from the input table) |
-/// | mode | utf8 | `compile-only` or `full` |
-/// | compiled, executed | bool | |
-/// | correct | bool, nullable | null when not executed |
-/// | failure, failure_detail | utf8, nullable | see `Verdict::failure` |
-/// | static_flags, hack_flags | `list<utf8>` | rule ids / run-time hack indicators |
-/// | registers | int64, nullable | max registers per thread over the kernels |
-/// | shared_mem_bytes, spill_bytes | int64, nullable | max static smem per block; spill stores + loads, bytes |
-/// | tests, tests_passed | int64 | shapes × seeds run / passed |
-/// | max_abs_err, max_rel_err | float64, nullable | over all tests |
-/// | median_ms, p10_ms, p90_ms, cv | float64, nullable | timing of the candidate |
-/// | speedup_vs_naive | float64, nullable | naive median / candidate median |
-/// | torch_median_ms | float64, nullable | the task's reference in libtorch (f32), same shape |
-/// | speedup_vs_torch | float64, nullable | torch median / candidate median |
-/// | dram_fraction_of_peak | float64, nullable | roofline bound / median |
-/// | gpu, nvcc, arch | utf8 | environment (gpu null without one) |
-/// | verdict_json | utf8 | the full verdict, less what describes this run rather than the kernel (nvcc wall time, compile cache hit, the .so digest), so compile-only validations are identical across clean stores (GPU timings are measurements and differ) |
-pub static VALIDATIONS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
-    Arc::new(Schema::new(vec![
-        f("kernel_id", DataType::Utf8, false),
-        f("task_id", DataType::Utf8, false),
-        f("role", DataType::Utf8, false),
-        f("mode", DataType::Utf8, false),
-        f("compiled", DataType::Boolean, false),
-        f("executed", DataType::Boolean, false),
-        f("correct", DataType::Boolean, true),
-        f("failure", DataType::Utf8, true),
-        f("failure_detail", DataType::Utf8, true),
-        f("static_flags", list_str(), false),
-        f("hack_flags", list_str(), false),
-        f("registers", DataType::Int64, true),
-        f("shared_mem_bytes", DataType::Int64, true),
-        f("spill_bytes", DataType::Int64, true),
-        f("tests", DataType::Int64, false),
-        f("tests_passed", DataType::Int64, false),
-        f("max_abs_err", DataType::Float64, true),
-        f("max_rel_err", DataType::Float64, true),
-        f("median_ms", DataType::Float64, true),
-        f("p10_ms", DataType::Float64, true),
-        f("p90_ms", DataType::Float64, true),
-        f("cv", DataType::Float64, true),
-        f("speedup_vs_naive", DataType::Float64, true),
-        f("torch_median_ms", DataType::Float64, true),
-        f("speedup_vs_torch", DataType::Float64, true),
-        f("dram_fraction_of_peak", DataType::Float64, true),
-        f("gpu", DataType::Utf8, true),
-        f("nvcc", DataType::Utf8, false),
-        f("arch", DataType::Utf8, false),
-        f("verdict_json", DataType::Utf8, false),
-        f("source", DataType::Utf8, false),
-        f("claimed_correct", DataType::Boolean, true),
-        f("claimed_speedup", DataType::Float64, true),
-    ]))
-});
 
 /// `agreement`: one row per archive kernel (SakanaAI sample, CUDA-L1): our verdict beside the
 /// archive's claim.
@@ -296,7 +234,7 @@ impl Stage for Validate {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("validations", VALIDATIONS.clone()),
+            OutputDecl::table("validations", ValidationRow::schema()),
             OutputDecl::table("agreement", AGREEMENT.clone()),
         ]
     }
@@ -1132,85 +1070,47 @@ fn validations_batch(
             v
         })
         .collect();
-    let vs = &vs[..];
-    use arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
-    let strs = |f: &dyn Fn(&Verdict) -> Option<&str>| -> ArrayRef {
-        Arc::new(StringArray::from_iter(vs.iter().map(f)))
-    };
-    let floats = |f: &dyn Fn(&Verdict) -> Option<f64>| -> ArrayRef {
-        Arc::new(Float64Array::from_iter(vs.iter().map(f)))
-    };
-    let ints = |f: &dyn Fn(&Verdict) -> Option<i64>| -> ArrayRef {
-        Arc::new(Int64Array::from_iter(vs.iter().map(f)))
-    };
-    let bools = |f: &dyn Fn(&Verdict) -> Option<bool>| -> ArrayRef {
-        Arc::new(BooleanArray::from_iter(vs.iter().map(f)))
-    };
-    let schema = VALIDATIONS.clone();
-    let list = |f: &dyn Fn(&Verdict) -> Vec<String>, i: usize| -> ArrayRef {
-        let mut b = ListBuilder::new(StringBuilder::new());
-        for v in vs {
-            for x in f(v) {
-                b.values().append_value(x);
-            }
-            b.append(true);
-        }
-        let a: ArrayRef = Arc::new(b.finish());
-        arrow::compute::cast(&a, schema.field(i).data_type()).expect("list item field")
-    };
     let max_res = |v: &Verdict, f: fn(&cudarl_cuda::diag::KernelResources) -> u32| {
         v.resources.iter().map(f).max().map(i64::from)
     };
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(
-            ids.iter().map(|m| m.kernel_id.as_str()),
-        )),
-        strs(&|v| Some(&v.task_id)),
-        Arc::new(StringArray::from_iter_values(
-            ids.iter().map(|m| m.role.as_str()),
-        )),
-        strs(&|v| Some(&v.mode)),
-        bools(&|v| Some(v.compiled)),
-        bools(&|v| Some(v.executed)),
-        bools(&|v| v.correct),
-        strs(&|v| v.failure.as_deref()),
-        strs(&|v| v.failure_detail.as_deref()),
-        list(
-            &|v| v.static_flags.iter().map(|f| f.rule.clone()).collect(),
-            9,
-        ),
-        list(&|v| v.hack_flags.clone(), 10),
-        ints(&|v| max_res(v, |r| r.registers)),
-        ints(&|v| max_res(v, |r| r.shared_mem_bytes)),
-        ints(&|v| max_res(v, |r| r.spill_store_bytes + r.spill_load_bytes)),
-        ints(&|v| Some(v.tests.len() as i64)),
-        ints(&|v| Some(v.tests.iter().filter(|t| t.passed).count() as i64)),
-        floats(&|v| v.max_abs_err),
-        floats(&|v| v.max_rel_err),
-        floats(&|v| v.timing.as_ref().map(|t| t.median_ms)),
-        floats(&|v| v.timing.as_ref().map(|t| t.p10_ms)),
-        floats(&|v| v.timing.as_ref().map(|t| t.p90_ms)),
-        floats(&|v| v.timing.as_ref().map(|t| t.cv)),
-        floats(&|v| v.speedup_vs_naive),
-        floats(&|v| v.torch_timing.as_ref().map(|t| t.median_ms)),
-        floats(&|v| v.speedup_vs_torch),
-        floats(&|v| v.dram_fraction_of_peak),
-        strs(&|v| v.gpu.as_ref().map(|g| g.name.as_str())),
-        strs(&|v| Some(&v.nvcc_version)),
-        strs(&|v| Some(&v.arch)),
-        Arc::new(StringArray::from_iter_values(
-            vs.iter()
-                .map(|v| serde_json::to_string(v).expect("verdict json")),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            ids.iter().map(|m| m.source.as_str()),
-        )),
-        Arc::new(BooleanArray::from_iter(
-            ids.iter().map(|m| m.claimed_correct),
-        )),
-        Arc::new(Float64Array::from_iter(
-            ids.iter().map(|m| m.claimed_speedup),
-        )),
-    ];
-    cudarl_data::parquet_io::batch(&schema, cols).map_err(data_err)
+    let rows: Vec<ValidationRow> = ids
+        .iter()
+        .zip(&vs)
+        .map(|(m, v)| ValidationRow {
+            kernel_id: m.kernel_id.clone(),
+            task_id: v.task_id.clone(),
+            role: m.role.clone(),
+            mode: v.mode.clone(),
+            compiled: v.compiled,
+            executed: v.executed,
+            correct: v.correct,
+            failure: v.failure.clone(),
+            failure_detail: v.failure_detail.clone(),
+            static_flags: v.static_flags.iter().map(|f| f.rule.clone()).collect(),
+            hack_flags: v.hack_flags.clone(),
+            registers: max_res(v, |r| r.registers),
+            shared_mem_bytes: max_res(v, |r| r.shared_mem_bytes),
+            spill_bytes: max_res(v, |r| r.spill_store_bytes + r.spill_load_bytes),
+            tests: v.tests.len() as i64,
+            tests_passed: v.tests.iter().filter(|t| t.passed).count() as i64,
+            max_abs_err: v.max_abs_err,
+            max_rel_err: v.max_rel_err,
+            median_ms: v.timing.as_ref().map(|t| t.median_ms),
+            p10_ms: v.timing.as_ref().map(|t| t.p10_ms),
+            p90_ms: v.timing.as_ref().map(|t| t.p90_ms),
+            cv: v.timing.as_ref().map(|t| t.cv),
+            speedup_vs_naive: v.speedup_vs_naive,
+            torch_median_ms: v.torch_timing.as_ref().map(|t| t.median_ms),
+            speedup_vs_torch: v.speedup_vs_torch,
+            dram_fraction_of_peak: v.dram_fraction_of_peak,
+            gpu: v.gpu.as_ref().map(|g| g.name.clone()),
+            nvcc: v.nvcc_version.clone(),
+            arch: v.arch.clone(),
+            verdict_json: serde_json::to_string(v).expect("verdict json"),
+            source: m.source.clone(),
+            claimed_correct: m.claimed_correct,
+            claimed_speedup: m.claimed_speedup,
+        })
+        .collect();
+    cudarl_tables::to_batch(&rows).map_err(data_err)
 }

@@ -11,6 +11,7 @@
 //! - [`kb_specs`]: KernelBench native signatures and their coverage (`kb-specs`).
 //! - [`sft`]: SFT examples (`sft-data`, `collab-data`).
 //! - [`tasks`]: task families and their reference kernels (`synth-tasks`).
+//! - [`validate`]: verdicts on the task and archive kernels (`validate`).
 
 pub mod curriculum;
 pub mod kb_specs;
@@ -18,6 +19,7 @@ pub mod problems;
 pub mod sft;
 pub mod splits;
 pub mod tasks;
+pub mod validate;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -239,6 +241,7 @@ mod tests {
             ])
         );
         assert_eq!(ProblemRow::schema(), cudarl_data::schemas::PROBLEMS.clone());
+        let list = || DataType::List(Arc::new(f("item", Utf8, true)));
         let strs = |names: &[&str]| names.iter().map(|n| f(n, Utf8, false)).collect::<Vec<_>>();
         let mut tasks = strs(&["task_id"]);
         tasks.push(f("tier", Int64, false));
@@ -247,11 +250,53 @@ mod tests {
         tasks.extend([f("atol", Float64, false), f("rtol", Float64, false)]);
         tasks.extend(strs(&["bytes", "flops", "spec_json", "problem", "group"]));
         assert_eq!(*crate::tasks::TaskRow::schema(), Schema::new(tasks));
+        let (b, i, fl) = (Boolean, Int64, Float64);
+        let mut v = strs(&["kernel_id", "task_id", "role", "mode"]);
+        v.extend([
+            f("compiled", b.clone(), false),
+            f("executed", b.clone(), false),
+        ]);
+        v.extend([f("correct", b.clone(), true), f("failure", Utf8, true)]);
+        v.extend([
+            f("failure_detail", Utf8, true),
+            f("static_flags", list(), false),
+        ]);
+        v.extend([
+            f("hack_flags", list(), false),
+            f("registers", i.clone(), true),
+        ]);
+        v.extend([
+            f("shared_mem_bytes", i.clone(), true),
+            f("spill_bytes", i.clone(), true),
+        ]);
+        v.extend([f("tests", i.clone(), false), f("tests_passed", i, false)]);
+        for n in [
+            "max_abs_err",
+            "max_rel_err",
+            "median_ms",
+            "p10_ms",
+            "p90_ms",
+            "cv",
+        ] {
+            v.push(f(n, fl.clone(), true));
+        }
+        for n in ["speedup_vs_naive", "torch_median_ms", "speedup_vs_torch"] {
+            v.push(f(n, fl.clone(), true));
+        }
+        v.extend([
+            f("dram_fraction_of_peak", fl.clone(), true),
+            f("gpu", Utf8, true),
+        ]);
+        v.extend(strs(&["nvcc", "arch", "verdict_json", "source"]));
+        v.extend([
+            f("claimed_correct", b, true),
+            f("claimed_speedup", fl, true),
+        ]);
+        assert_eq!(*crate::validate::ValidationRow::schema(), Schema::new(v));
         assert_eq!(
             *crate::tasks::TaskKernelRow::schema(),
             Schema::new(strs(&["kernel_id", "task_id", "role", "file", "code"]))
         );
-        let list = || DataType::List(Arc::new(f("item", Utf8, true)));
         assert_eq!(
             *CurriculumRow::schema(),
             Schema::new(vec![
