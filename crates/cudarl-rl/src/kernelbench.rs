@@ -7,8 +7,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use cudarl_cuda::native_abi::KbNative;
+use cudarl_cuda::torchfmt::{KbProblem, RecordedTest, tolerance};
 use cudarl_curriculum::prompts;
 
+use crate::RlError;
 use crate::episode::{EpisodeTask, TaskText};
 
 /// One KernelBench problem as an episode task.
@@ -114,4 +117,104 @@ fn curriculum_rows(
         out.push((r.split, task));
     }
     Ok(out)
+}
+
+/// KernelBench problems with their recorded tests, from a `problems` table
+/// (`ingest-kernelbench`) and, if given, a `kb_tests` table (`testgen`; test files are store
+/// blobs). Without it the problems have no tests (compile-only checks need none). Tolerance per
+/// problem from the dtype of its first output ([`cudarl_cuda::torchfmt::tolerance`]).
+///
+/// # Errors
+/// Unreadable tables, missing columns or a `blob` that is not a digest (bad input naming the
+/// file and column).
+pub fn load_kb_problems(
+    problems: &Path,
+    kb_tests: Option<&Path>,
+    store: &cudarl_store::Store,
+) -> Result<BTreeMap<String, KbProblem>, RlError> {
+    let mut out: BTreeMap<String, KbProblem> =
+        cudarl_tables::read::<cudarl_tables::problems::ProblemRow>(problems, "problems")?
+            .into_iter()
+            .map(|r| {
+                let p = KbProblem {
+                    id: r.problem_id.clone(),
+                    code: r.code,
+                    tests: vec![],
+                    tol: tolerance("f32"),
+                };
+                (r.problem_id, p)
+            })
+            .collect();
+    let Some(kb_tests) = kb_tests else {
+        return Ok(out);
+    };
+    for t in cudarl_tables::read::<cudarl_tables::kb_specs::KbTestRow>(kb_tests, "kb_tests")? {
+        let d: cudarl_store::Digest = t.blob.parse().map_err(|_| {
+            RlError::bad_input(
+                "kb_tests",
+                Some("blob"),
+                format!("`{}` is not a digest", t.blob),
+            )
+        })?;
+        let Some(prob) = out.get_mut(&t.problem_id) else {
+            continue;
+        };
+        if prob.tests.is_empty()
+            && let Some(dt) = serde_json::from_str::<serde_json::Value>(&t.tensors_json)
+                .ok()
+                .and_then(|v| {
+                    v.as_array()?
+                        .iter()
+                        .find(|x| x["name"].as_str().is_some_and(|n| n.starts_with("output.")))
+                        .and_then(|x| x["dtype"].as_str().map(str::to_string))
+                })
+        {
+            prob.tol = tolerance(&dt);
+        }
+        prob.tests.push(RecordedTest {
+            path: store.blob_path(&d),
+            seed: t.seed as u64,
+            split: t.split,
+            dist: t.dist,
+        });
+    }
+    Ok(out)
+}
+
+/// Every problem of a `kb_specs` table (`path`, [`cudarl_tables::kb_specs::KbSpecRow`]): its
+/// native ABI, or why it has none (its `excluded_reason`).
+///
+/// # Errors
+/// The table cannot be read, lacks a column, or a JSON column does not parse (naming the file
+/// and the column).
+pub fn native_abis(path: &Path) -> Result<BTreeMap<String, Result<KbNative, String>>, RlError> {
+    let rows = cudarl_tables::read::<cudarl_tables::kb_specs::KbSpecRow>(path, "kb_specs")?;
+    let mut out = BTreeMap::new();
+    for r in rows {
+        let abi = match &r.signature {
+            None => Err(format!(
+                "`{}` has no native signature: {}",
+                r.problem_id,
+                r.excluded_reason.as_deref().unwrap_or("no signature")
+            )),
+            Some(signature) => Ok(
+                KbNative::from_row(signature, &r.buffers_json, &r.sizes_json)
+                    .map_err(|e| RlError::bad_input(path.display().to_string(), None, e))?,
+            ),
+        };
+        out.insert(r.problem_id, abi);
+    }
+    Ok(out)
+}
+
+/// The native ABI of KernelBench problem `problem_id` from a `kb_specs` table (`path`):
+/// `Ok(Ok(abi))`, or `Ok(Err(why))` for a problem without a native signature (its
+/// `excluded_reason`) or not in the table.
+///
+/// # Errors
+/// As [`native_abis`].
+pub fn native_abi(path: &Path, problem_id: &str) -> Result<Result<KbNative, String>, RlError> {
+    Ok(native_abis(path)?
+        .remove(problem_id)
+        .unwrap_or_else(|| Err(format!("`{problem_id}` is not in kb-specs' levels"))))
 }

@@ -1,6 +1,5 @@
 //! The stages' side of the KernelBench judge ([`cudarl_rl::kb_judge::KbJudge`]): built from a
-//! stage's inputs (`kb_problems`, `kb_specs`, `kb_tests`, `kb_curriculum`), and the native
-//! launchers of a `kb_specs` table.
+//! stage's inputs (`kb_problems`, `kb_specs`, `kb_tests`, `kb_curriculum`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -37,17 +36,20 @@ pub fn from_compiler(
     timeout_s: u64,
 ) -> Result<KbJudge, StageError> {
     let gpu = gpu.then(cudarl_cuda::gpu::probe).flatten();
-    let problems = crate::common::load_kb_problems(
+    let problems = cudarl_rl::kernelbench::load_kb_problems(
         ctx.input_path("kb_problems")?,
         gpu.is_some()
             .then(|| ctx.input_path("kb_tests"))
             .transpose()?,
         ctx.store(),
-    )?;
-    let abis: BTreeMap<String, KbNative> = native_abis(ctx.input_path("kb_specs")?)?
-        .into_iter()
-        .filter_map(|(id, a)| Some((id, a.ok()?)))
-        .collect();
+    )
+    .map_err(crate::common::rl_err)?;
+    let abis: BTreeMap<String, KbNative> =
+        cudarl_rl::kernelbench::native_abis(ctx.input_path("kb_specs")?)
+            .map_err(crate::common::rl_err)?
+            .into_iter()
+            .filter_map(|(id, a)| Some((id, a.ok()?)))
+            .collect();
     Ok(KbJudge::new(
         compiler,
         abis,
@@ -93,48 +95,4 @@ pub fn kb_inputs() -> Vec<cudarl_core::InputDecl> {
         InputDecl::node("kb_specs", "kb-specs", "kb_specs"),
         InputDecl::node("kb_tests", "testgen", "kb_tests"),
     ]
-}
-
-/// The native ABI of KernelBench problem `problem_id` from a `kb_specs` table (`path`):
-/// `Ok(Ok(abi))`, or `Ok(Err(why))` for a problem without a native signature (its
-/// `excluded_reason`) or not in the table.
-///
-/// # Errors
-/// As [`native_abis`].
-pub fn native_abi(
-    path: &std::path::Path,
-    problem_id: &str,
-) -> Result<Result<KbNative, String>, StageError> {
-    Ok(native_abis(path)?
-        .remove(problem_id)
-        .unwrap_or_else(|| Err(format!("`{problem_id}` is not in kb-specs' levels"))))
-}
-
-/// Every problem of a `kb_specs` table (`path`, [`cudarl_tables::kb_specs::KbSpecRow`]): its
-/// native ABI, or why it has none (its `excluded_reason`).
-///
-/// # Errors
-/// The table cannot be read, lacks a column, or a JSON column does not parse (naming the file
-/// and the column; exit 2).
-pub fn native_abis(
-    path: &std::path::Path,
-) -> Result<BTreeMap<String, Result<KbNative, String>>, StageError> {
-    let rows = cudarl_tables::read::<cudarl_tables::kb_specs::KbSpecRow>(path, "kb_specs")
-        .map_err(crate::common::data_err)?;
-    let mut out = BTreeMap::new();
-    for r in rows {
-        let abi = match &r.signature {
-            None => Err(format!(
-                "`{}` has no native signature: {}",
-                r.problem_id,
-                r.excluded_reason.as_deref().unwrap_or("no signature")
-            )),
-            Some(signature) => Ok(
-                KbNative::from_row(signature, &r.buffers_json, &r.sizes_json)
-                    .map_err(|e| StageError::bad_input(path.display().to_string(), None, e))?,
-            ),
-        };
-        out.insert(r.problem_id, abi);
-    }
-    Ok(out)
 }

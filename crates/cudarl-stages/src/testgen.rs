@@ -27,6 +27,8 @@ use arrow::array::{ArrayRef, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, Stage, StageContext, StageError};
 use cudarl_data::Table;
+use cudarl_tables::TableRow;
+use cudarl_tables::kb_specs::KbTestRow;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -38,33 +40,6 @@ pub const KIND: &str = "testgen";
 
 /// Version of the recorded-test semantics (row memo key and code version).
 pub const TESTGEN_VERSION: u32 = 1;
-
-/// `kb_tests`: one row per recorded test.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | problem_id | utf8 | e.g. `kb/L1/19_ReLU` |
-/// | seed | int64 | the seed of `get_init_inputs`, `Model` and `get_inputs` (hidden seeds are BLAKE3 of the store's secret salt, as u63) |
-/// | split | utf8 | `public` or `hidden` |
-/// | dist | utf8 | input distribution: `native`, `signed`, `scaled`, `special` |
-/// | sizes_json | utf8 | the size constants overridden for this test (`{}`: the problem's own) |
-/// | blob | utf8 | BLAKE3 hex of the safetensors file in the store (`input.<i>`, `param.<name>`, `output.<i>`; metadata: scalars, init inputs) |
-/// | tensors_json | utf8 | `[{"name", "shape", "dtype"}]` of the file |
-/// | bytes | int64 | size of the safetensors file, bytes |
-/// | device | utf8 | where the reference ran (`cpu` or `cuda`) |
-pub static KB_TESTS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("problem_id", DataType::Utf8, false),
-        Field::new("seed", DataType::Int64, false),
-        Field::new("split", DataType::Utf8, false),
-        Field::new("dist", DataType::Utf8, false),
-        Field::new("sizes_json", DataType::Utf8, false),
-        Field::new("blob", DataType::Utf8, false),
-        Field::new("tensors_json", DataType::Utf8, false),
-        Field::new("bytes", DataType::Int64, false),
-        Field::new("device", DataType::Utf8, false),
-    ]))
-});
 
 /// `kb_testgen`: one row per covered problem.
 ///
@@ -343,7 +318,7 @@ impl Stage for Testgen {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("kb_tests", KB_TESTS.clone()),
+            OutputDecl::table("kb_tests", KbTestRow::schema()),
             OutputDecl::table("kb_testgen", KB_TESTGEN.clone()),
         ]
     }
@@ -629,29 +604,25 @@ fn write_tables(
             problems.len()
         ));
     }
-    let s = |f: &dyn Fn(&TestRow) -> String| -> ArrayRef {
-        Arc::new(StringArray::from_iter_values(tests.iter().map(f)))
-    };
-    let batch = cudarl_data::parquet_io::batch(
-        &KB_TESTS.clone(),
-        vec![
-            s(&|t| t.0.clone()),
-            Arc::new(Int64Array::from_iter_values(
-                tests.iter().map(|t| t.1 as i64),
-            )),
-            s(&|t| t.2.to_string()),
-            s(&|t| t.3.clone()),
-            s(&|t| t.4.clone()),
-            s(&|t| t.5.blob.map(|d| d.to_string()).unwrap_or_default()),
-            s(&|t| t.5.tensors.to_string()),
-            Arc::new(Int64Array::from_iter_values(
-                tests.iter().map(|t| t.5.bytes as i64),
-            )),
-            s(&|_| device.to_string()),
-        ],
-    )
-    .map_err(data_err)?;
-    write_output(ctx, "kb_tests", &batch)?;
+    let rows: Vec<KbTestRow> = tests
+        .iter()
+        .map(|t| KbTestRow {
+            problem_id: t.0.clone(),
+            seed: t.1 as i64,
+            split: t.2.to_string(),
+            dist: t.3.clone(),
+            sizes_json: t.4.clone(),
+            blob: t.5.blob.map(|d| d.to_string()).unwrap_or_default(),
+            tensors_json: t.5.tensors.to_string(),
+            bytes: t.5.bytes as i64,
+            device: device.to_string(),
+        })
+        .collect();
+    write_output(
+        ctx,
+        "kb_tests",
+        &cudarl_tables::to_batch(&rows).map_err(data_err)?,
+    )?;
     let col_s = |j: usize| -> ArrayRef {
         Arc::new(StringArray::from_iter(
             problems.iter().map(|r| r[j].as_str().map(str::to_string)),

@@ -832,11 +832,12 @@ impl Validate {
         rows_of: &PartRows,
     ) -> Result<(Vec<RowMeta>, Vec<Option<Verdict>>), StageError> {
         use cudarl_cuda::torchfmt::{self, Format};
-        let problems = crate::common::load_kb_problems(
+        let problems = cudarl_rl::kernelbench::load_kb_problems(
             ctx.input_path("problems")?,
             Some(ctx.input_path("kb_tests")?),
             ctx.store(),
-        )?;
+        )
+        .map_err(rl_err)?;
         let items = self.archive_items(ctx)?;
         let worker_src =
             cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;

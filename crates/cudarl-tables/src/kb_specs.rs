@@ -1,6 +1,6 @@
 //! `kb_specs` and `coverage` (stage `kb-specs`): each KernelBench problem's native launcher,
 //! derived by the Python worker from the problem's own module on torch's meta device, and the
-//! share of each level that has one.
+//! share of each level that has one; `kb_tests` (stage `testgen`): the problems' recorded tests.
 
 use std::sync::LazyLock;
 
@@ -77,6 +77,50 @@ impl TableRow for CoverageRow {
     const NAME: &'static str = "coverage";
     fn schema() -> SchemaRef {
         static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<CoverageRow>);
+        S.clone()
+    }
+}
+
+/// One row of `kb_tests` (stage `testgen`): a recorded test of a KernelBench problem, its
+/// tensors a safetensors blob in the store.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | problem_id | utf8 | e.g. `kb/L1/19_ReLU` |
+/// | seed | int64 | the seed of `get_init_inputs`, `Model` and `get_inputs` (hidden seeds are BLAKE3 of the store's secret salt, as u63) |
+/// | split | utf8 | `public` or `hidden` |
+/// | dist | utf8 | input distribution: `native`, `signed`, `scaled`, `special` |
+/// | sizes_json | utf8 | the size constants overridden for this test (`{}`: the problem's own) |
+/// | blob | utf8 | BLAKE3 hex of the safetensors file in the store (`input.<i>`, `param.<name>`, `output.<i>`; metadata: scalars, init inputs) |
+/// | tensors_json | utf8 | `[{"name", "shape", "dtype"}]` of the file |
+/// | bytes | int64 | size of the safetensors file, bytes |
+/// | device | utf8 | where the reference ran (`cpu` or `cuda`) |
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KbTestRow {
+    /// Problem id.
+    pub problem_id: String,
+    /// The seed.
+    pub seed: i64,
+    /// `public` or `hidden`.
+    pub split: String,
+    /// Input distribution.
+    pub dist: String,
+    /// Size constants overridden (JSON object).
+    pub sizes_json: String,
+    /// BLAKE3 hex of the safetensors blob.
+    pub blob: String,
+    /// The file's tensors (JSON).
+    pub tensors_json: String,
+    /// The file's size, bytes.
+    pub bytes: i64,
+    /// `cpu` or `cuda`.
+    pub device: String,
+}
+
+impl TableRow for KbTestRow {
+    const NAME: &'static str = "kb_tests";
+    fn schema() -> SchemaRef {
+        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<KbTestRow>);
         S.clone()
     }
 }

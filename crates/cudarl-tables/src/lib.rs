@@ -8,7 +8,8 @@
 //! - [`splits`]: what is held out (`splits`).
 //! - [`curriculum`]: tiers, splits and gates (`curriculum`, `gates`, `validated_kernels`).
 //! - [`problems`]: KernelBench problems (`ingest-kernelbench`'s `problems`).
-//! - [`kb_specs`]: KernelBench native signatures and their coverage (`kb-specs`).
+//! - [`kb_specs`]: KernelBench native signatures and their coverage (`kb-specs`), recorded
+//!   tests (`testgen`).
 //! - [`sft`]: SFT examples (`sft-data`, `collab-data`).
 //! - [`tasks`]: task families and their reference kernels (`synth-tasks`).
 //! - [`validate`]: verdicts on the task and archive kernels (`validate`).
@@ -293,6 +294,18 @@ mod tests {
             f("claimed_speedup", fl, true),
         ]);
         assert_eq!(*crate::validate::ValidationRow::schema(), Schema::new(v));
+        let mut kt = strs(&["problem_id"]);
+        kt.push(f("seed", Int64, false));
+        kt.extend(strs(&[
+            "split",
+            "dist",
+            "sizes_json",
+            "blob",
+            "tensors_json",
+        ]));
+        kt.push(f("bytes", Int64, false));
+        kt.extend(strs(&["device"]));
+        assert_eq!(*crate::kb_specs::KbTestRow::schema(), Schema::new(kt));
         assert_eq!(
             *crate::tasks::TaskKernelRow::schema(),
             Schema::new(strs(&["kernel_id", "task_id", "role", "file", "code"]))

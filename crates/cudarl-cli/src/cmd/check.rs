@@ -69,7 +69,7 @@ fn check_kb(
     };
     super::build(&engine, target)?;
     let out = |node: &str, name: &str| super::output_blob(&engine, node, name);
-    let problems = cudarl_stages::common::load_kb_problems(
+    let problems = cudarl_rl::kernelbench::load_kb_problems(
         &out("ingest-kernelbench", "problems")?,
         gpu.is_some()
             .then(|| out("testgen", "kb_tests"))
@@ -106,7 +106,7 @@ fn check_kb(
     };
     let bar = cudarl_core::Reporter::progress(&*reporter, task_id, label, Some(srcs.len() as u64));
     if native {
-        let abi = cudarl_stages::kb_judge::native_abi(&out("kb-specs", "kb_specs")?, task_id)
+        let abi = cudarl_rl::kernelbench::native_abi(&out("kb-specs", "kb_specs")?, task_id)
             .map_err(|e| CliError::failed(e.to_string()))?
             .map_err(CliError::usage)?;
         if let Some(path) = opts.model_new {

@@ -64,6 +64,19 @@ impl From<StageError> for CliError {
     }
 }
 
+impl From<cudarl_rl::RlError> for CliError {
+    fn from(e: cudarl_rl::RlError) -> Self {
+        CliError {
+            code: if matches!(e, cudarl_rl::RlError::BadInput { .. }) {
+                2
+            } else {
+                1
+            },
+            message: e.to_string(),
+        }
+    }
+}
+
 /// Paths resolved from the global options.
 pub struct Ctx {
     pub root: PathBuf,

@@ -48,7 +48,7 @@ fn problem_source(ctx: &Ctx, problem: &str, level: i64) -> Result<(String, i64, 
             .map_err(|_| CliError::usage(format!("`{problem}`: level `{l}` is not a number")))?;
         let engine = ctx.engine(Arc::new(CliReporter::detect(false)), 0)?;
         super::build(&engine, "ingest-kernelbench")?;
-        let problems = cudarl_stages::common::load_kb_problems(
+        let problems = cudarl_rl::kernelbench::load_kb_problems(
             &output_blob(&engine, "ingest-kernelbench", "problems")?,
             None,
             engine.store(),

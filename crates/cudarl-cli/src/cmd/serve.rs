@@ -154,14 +154,11 @@ fn kernelbench(
     use cudarl_curriculum::tiers::OP_CATEGORIES;
     super::build(engine, if gpu { "testgen" } else { "kb-specs" })?;
     let out = |node: &str, name: &str| super::output_blob(engine, node, name);
-    let failed = |e: cudarl_core::StageError| CliError::failed(e.to_string());
     let problems = out("ingest-kernelbench", "problems")?;
     let tests = gpu.then(|| out("testgen", "kb_tests")).transpose()?;
     let mut kb =
-        cudarl_stages::common::load_kb_problems(&problems, tests.as_deref(), engine.store())
-            .map_err(failed)?;
-    let mut abis =
-        cudarl_stages::kb_judge::native_abis(&out("kb-specs", "kb_specs")?).map_err(failed)?;
+        cudarl_rl::kernelbench::load_kb_problems(&problems, tests.as_deref(), engine.store())?;
+    let mut abis = cudarl_rl::kernelbench::native_abis(&out("kb-specs", "kb_specs")?)?;
     let cat_path = ctx.root.join(OP_CATEGORIES);
     let text = std::fs::read_to_string(&cat_path)
         .map_err(|e| CliError::failed(format!("{}: {e}", cat_path.display())))?;
