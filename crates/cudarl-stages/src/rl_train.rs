@@ -384,6 +384,92 @@ impl RlTrain {
     }
 }
 
+impl StageState {
+    /// A run before its first step: the draw seeded from `p.seed`, sampling from `seed`, the
+    /// curriculum gate of `p` over the tiers of the tasks it draws from (`tiers`).
+    fn new(p: &Params, tiers: impl Iterator<Item = i64> + Clone, seed: i64) -> StageState {
+        let gate = Gate {
+            window: p.gate_window,
+            min_compile_rate: p.min_compile_rate,
+            min_pass_rate: p.min_pass_rate,
+        };
+        let (lo, hi) = (tiers.clone().min(), tiers.max());
+        StageState {
+            step: 0,
+            rng: p.seed ^ 0x005E_ED0F_C0DA,
+            seed,
+            curriculum: Curriculum::new(gate, lo.unwrap_or(0), hi.unwrap_or(0)),
+            rows: Vec::new(),
+        }
+    }
+}
+
+/// The `turns` rows of step `step`'s episodes `eps`, each turn with its advantage in `up` and
+/// without its prompt (the `turns` table does not keep it).
+fn step_turns(step: usize, eps: &[Episode], up: &cudarl_rl::step::StepUpdate) -> Vec<StepTurn> {
+    let mut out = Vec::new();
+    for (ei, e) in eps.iter().enumerate() {
+        out.extend(e.turns.iter().map(|t| StepTurn {
+            step,
+            episode: ei,
+            task_id: e.task_id.clone(),
+            tier: e.tier,
+            advantage: up.advantages.get(&(ei, t.turn)).copied().unwrap_or(0.0),
+            turn: Turn {
+                prompt: Vec::new(),
+                ..t.clone()
+            },
+        }));
+    }
+    out
+}
+
+/// A step's metrics `row` to the log (tracing) and to the node's live metrics file `live`.
+fn report_step(
+    node: &str,
+    live: &mut Option<cudarl_core::metrics_log::MetricsLog>,
+    row: &MetricsRow,
+) {
+    tracing::info!(
+        node,
+        step = row.step,
+        tier = row.tier,
+        mean_reward = row.mean_reward,
+        pass_rate = ?row.pass_rate,
+        kl = row.kl,
+        "rl step"
+    );
+    if let (Some(l), Ok(v)) = (live, serde_json::to_value(row)) {
+        // A view of the run: a failed write loses lines there, not the run.
+        let _ = l.log(row.step, &v);
+    }
+}
+
+/// With `kernelbench_share`, the curriculum's KernelBench `train` problems that have a native
+/// launcher and their judge (speed against torch eager alone: the reward's speed term); else
+/// none.
+///
+/// # Errors
+/// No such problem (bad input naming the curriculum's `split`), or an input table is unreadable.
+fn kernelbench_tasks(
+    ctx: &StageContext<'_>,
+    p: &Params,
+    h: &Harness,
+) -> Result<(Vec<KbTask>, Option<KbJudge>), StageError> {
+    if p.kernelbench_share().is_none() {
+        return Ok((Vec::new(), None));
+    }
+    let (tasks, judge) = crate::kb_judge::curriculum_split(ctx, h, "train", p.timeout_s)?;
+    if tasks.is_empty() {
+        return Err(StageError::bad_input(
+            ctx.input_path("kb_curriculum")?.display().to_string(),
+            Some("split"),
+            "kernelbench_share: no KernelBench `train` problem has a native launcher",
+        ));
+    }
+    Ok((tasks, Some(judge.without_torch_compile())))
+}
+
 /// The step's tasks: `tasks_per_step` drawn from `pool` (fresh families in order, else a
 /// seeded draw), each repeated `group_size` times; with `kb = (share, problems)`, each task is
 /// instead a KernelBench problem from `problems` with probability `share` (a seeded draw; none
@@ -608,23 +694,7 @@ impl Stage for RlTrain {
         let device = resolve_device(p.device);
         let mut h = harness(ctx, p, ts.naive.clone())?;
         let mode = h.mode();
-        // `kernelbench_share`: the curriculum's KernelBench `train` problems and their judge.
-        let (kb_tasks, mut kb_judge) = match p.kernelbench_share() {
-            Some(_) => {
-                let (tasks, judge) =
-                    crate::kb_judge::curriculum_split(ctx, &h, "train", p.timeout_s)?;
-                if tasks.is_empty() {
-                    return Err(StageError::bad_input(
-                        ctx.input_path("kb_curriculum")?.display().to_string(),
-                        Some("split"),
-                        "kernelbench_share: no KernelBench `train` problem has a native launcher",
-                    ));
-                }
-                // The reward's speed term is against torch eager.
-                (tasks, Some(judge.without_torch_compile()))
-            }
-            None => (Vec::new(), None),
-        };
+        let (kb_tasks, mut kb_judge) = kernelbench_tasks(ctx, p, &h)?;
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let ptx = self.ptx(ctx, dir)?;
@@ -634,23 +704,11 @@ impl Stage for RlTrain {
             public_seeds: h.public_seeds.clone(),
         };
         let upd = p.update_settings(&cfg);
-        let tier_of = families
+        let tiers = families
             .iter()
             .map(|t| t.tier)
             .chain(kb_tasks.iter().map(|t| t.tier));
-        let gate = Gate {
-            window: p.gate_window,
-            min_compile_rate: p.min_compile_rate,
-            min_pass_rate: p.min_pass_rate,
-        };
-        let (lo, hi) = (tier_of.clone().min(), tier_of.max());
-        let mut st = StageState {
-            step: 0,
-            rng: p.seed ^ 0x005E_ED0F_C0DA,
-            seed: tc.sampling.seed,
-            curriculum: Curriculum::new(gate, lo.unwrap_or(0), hi.unwrap_or(0)),
-            rows: Vec::new(),
-        };
+        let mut st = StageState::new(p, tiers, tc.sampling.seed);
         let mut turns: Vec<StepTurn> = Vec::new();
         let every = p.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
         let mut ck = Checkpoints::open(ctx, every)?;
@@ -708,34 +766,9 @@ impl Stage for RlTrain {
                     &mut row,
                 )?;
             }
-            tracing::info!(
-                node = ctx.node(),
-                step,
-                tier = row.tier,
-                mean_reward = row.mean_reward,
-                pass_rate = ?row.pass_rate,
-                kl = row.kl,
-                "rl step"
-            );
-            if let (Some(l), Ok(v)) = (&mut live, serde_json::to_value(&row)) {
-                // A view of the run: a failed write loses lines there, not the run.
-                let _ = l.log(step as i64, &v);
-            }
+            report_step(ctx.node(), &mut live, &row);
             st.rows.push(row);
-            for (ei, e) in eps.iter().enumerate() {
-                turns.extend(e.turns.iter().map(|t| StepTurn {
-                    step,
-                    episode: ei,
-                    task_id: e.task_id.clone(),
-                    tier: e.tier,
-                    advantage: up.advantages.get(&(ei, t.turn)).copied().unwrap_or(0.0),
-                    // The turn without its prompt (the `turns` table does not keep it).
-                    turn: Turn {
-                        prompt: Vec::new(),
-                        ..t.clone()
-                    },
-                }));
-            }
+            turns.extend(step_turns(step, &eps, &up));
             cur.record(step, &eps);
             (st.step, st.seed) = (step, tc.sampling.seed);
             ck.after_step(ctx, &mut tc, (step, p.steps), &st, &turns)?;
@@ -745,43 +778,60 @@ impl Stage for RlTrain {
             b.finish();
         }
         ctx.stat("checkpoint_seconds", ck.seconds);
-        let (rows, cur) = (st.rows, st.curriculum);
         let ck = dir.join("rl");
         tc.save(&ck).map_err(rl_err)?;
         tc.quit();
-        for agent in ["generator", "optimizer"] {
-            ingest_dir(ctx, &ck.join(agent), agent)?;
-            if p.lora.is_some() {
-                let a = format!("{agent}_adapter");
-                ingest_dir(ctx, &ck.join(&a), &a)?;
-            }
-        }
-        write_rows(ctx, "metrics", &METRICS, &rows)?;
-        let turn_rows: Vec<TurnRow<'_>> = turns
-            .iter()
-            .map(|t| TurnRow {
-                step: t.step as i64,
-                episode: t.episode as i64,
-                turn: TurnFields::of(&t.turn, &t.task_id, t.tier, t.advantage),
-            })
-            .collect();
-        write_rows(ctx, "turns", &TURNS, &turn_rows)?;
-        let tiers: Vec<TierRow> = cur
-            .opened
-            .iter()
-            .map(|o| TierRow {
-                tier: o.0,
-                opened_at_step: o.1,
-                compile_rate: o.2,
-                pass_rate: o.3,
-            })
-            .collect();
-        write_rows(ctx, "tiers", &TIERS, &tiers)?;
-        let pd = dir.join("plots");
-        std::fs::create_dir_all(&pd).map_err(|e| StageError::Failed(e.to_string()))?;
-        plots(&rows, &turns, mode, device, &pd).map_err(StageError::Failed)?;
-        ingest_dir(ctx, &pd, "plots")
+        write_outputs(ctx, p, (dir, &ck), st, &turns, (mode, device))
     }
+}
+
+/// The node's outputs after the last step: both agents' checkpoints from `ck` (and their LoRA
+/// adapters), `metrics`, `turns`, `tiers` (when each tier opened, from `st`'s curriculum) and the
+/// plots, drawn under `dir`.
+///
+/// # Errors
+/// A table does not fit its schema, the plots cannot be drawn, or the store write failed.
+fn write_outputs(
+    ctx: &mut StageContext<'_>,
+    p: &Params,
+    (dir, ck): (&std::path::Path, &std::path::Path),
+    st: StageState,
+    turns: &[StepTurn],
+    (mode, device): (&str, &str),
+) -> Result<(), StageError> {
+    let (rows, cur) = (st.rows, st.curriculum);
+    for agent in ["generator", "optimizer"] {
+        ingest_dir(ctx, &ck.join(agent), agent)?;
+        if p.lora.is_some() {
+            let a = format!("{agent}_adapter");
+            ingest_dir(ctx, &ck.join(&a), &a)?;
+        }
+    }
+    write_rows(ctx, "metrics", &METRICS, &rows)?;
+    let turn_rows: Vec<TurnRow<'_>> = turns
+        .iter()
+        .map(|t| TurnRow {
+            step: t.step as i64,
+            episode: t.episode as i64,
+            turn: TurnFields::of(&t.turn, &t.task_id, t.tier, t.advantage),
+        })
+        .collect();
+    write_rows(ctx, "turns", &TURNS, &turn_rows)?;
+    let tiers: Vec<TierRow> = cur
+        .opened
+        .iter()
+        .map(|o| TierRow {
+            tier: o.0,
+            opened_at_step: o.1,
+            compile_rate: o.2,
+            pass_rate: o.3,
+        })
+        .collect();
+    write_rows(ctx, "tiers", &TIERS, &tiers)?;
+    let pd = dir.join("plots");
+    std::fs::create_dir_all(&pd).map_err(|e| StageError::Failed(e.to_string()))?;
+    plots(&rows, turns, mode, device, &pd).map_err(StageError::Failed)?;
+    ingest_dir(ctx, &pd, "plots")
 }
 
 /// `reward_curve.png` (mean final reward per step with a +-1 std band as two lines) and
