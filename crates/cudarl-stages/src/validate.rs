@@ -843,22 +843,13 @@ impl Validate {
             cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
         let memo = ctx.memo("validate-torch-v1")?;
         let verdict_params = self.verdict_params();
-        let row_key = |a: &Arch| -> Digest {
-            let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate torch row v1");
-            let tests = problems.get(&a.task).map(test_digests).unwrap_or_default();
-            let pcode = problems.get(&a.task).map(|p| p.code.as_str()).unwrap_or("");
-            for part in [
-                env_key.as_bytes(),
-                &worker_src,
-                pcode.as_bytes(),
-                tests.as_bytes(),
-                a.code.as_bytes(),
-                verdict_params.as_bytes(),
-            ] {
-                h.update(&(part.len() as u64).to_le_bytes());
-                h.update(part);
-            }
-            Digest(*h.finalize().as_bytes())
+        let row_key = |a: &Arch| {
+            let p = problems.get(&a.task);
+            archive_row_key(
+                a,
+                p,
+                [env_key.as_bytes(), &worker_src, verdict_params.as_bytes()],
+            )
         };
         let rules = Rules::builtin();
         let mut out: Vec<Option<Verdict>> = vec![None; items.len()];
@@ -895,37 +886,12 @@ impl Validate {
             preps[i] = Some(p);
         }
         let build_all = gpu.is_some() || self.params.torch_builds_without_gpu;
-        let env = if build_all
+        let needed = build_all
             && preps
                 .iter()
-                .any(|p| p.as_ref().is_some_and(|p| p.reject.is_none()))
-        {
-            if py.is_none() {
-                py = Some(
-                    cudarl_cuda::pyworker::PyWorker::start(ctx.root())
-                        .map_err(StageError::Failed)?,
-                );
-            }
-            Some(
-                cudarl_cuda::pyworker::TorchEnv::query(py.as_mut().expect("started"))
-                    .map_err(StageError::Failed)?,
-            )
-        } else {
-            None
-        };
-        drop(py);
-        // Builds on every core; the GPU runs below, one job at a time.
-        let built: Vec<Option<(Verdict, Option<Value>)>> = preps
-            .par_iter()
-            .enumerate()
-            .map(|(i, p)| -> Result<_, String> {
-                let Some(p) = p else { return Ok(None) };
-                torchfmt::build(&items[i].task, p, &rules, compiler, env.as_ref())
-                    .map(Some)
-                    .map_err(|e| e.to_string())
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| StageError::Failed(format!("harness failure while building: {e}")))?;
+                .any(|p| p.as_ref().is_some_and(|p| p.reject.is_none()));
+        let env = torch_env(ctx.root(), py, needed)?;
+        let built = build_archive(&items, &preps, (&rules, compiler), env.as_ref())?;
         let mut pool = gpu
             .as_ref()
             .map(|_| cudarl_cuda::torchfmt::pool(ctx.root()));
@@ -973,6 +939,76 @@ impl Validate {
         }
         Ok((items.into_iter().map(|a| a.meta).collect(), out))
     }
+}
+
+/// The row-memo key of archive kernel `a` against its problem `p` (its code and recorded
+/// tests), under `[environment key, worker script, verdict params]`.
+fn archive_row_key(
+    a: &Arch,
+    p: Option<&cudarl_cuda::torchfmt::KbProblem>,
+    [env_key, worker_src, verdict_params]: [&[u8]; 3],
+) -> Digest {
+    let mut h = blake3::Hasher::new_derive_key("cudarl-pipe validate torch row v1");
+    let tests = p.map(test_digests).unwrap_or_default();
+    let pcode = p.map(|p| p.code.as_str()).unwrap_or("");
+    for part in [
+        env_key,
+        worker_src,
+        pcode.as_bytes(),
+        tests.as_bytes(),
+        a.code.as_bytes(),
+        verdict_params,
+    ] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    Digest(*h.finalize().as_bytes())
+}
+
+/// Torch's build environment for the archives' extensions when `needed`, asked of the Python
+/// worker `py` (started in `root` when there is none yet), which ends here.
+///
+/// # Errors
+/// The worker cannot start or answers something else.
+fn torch_env(
+    root: &std::path::Path,
+    py: Option<cudarl_cuda::pyworker::PyWorker>,
+    needed: bool,
+) -> Result<Option<cudarl_cuda::pyworker::TorchEnv>, StageError> {
+    if !needed {
+        return Ok(None);
+    }
+    let mut py = match py {
+        Some(py) => py,
+        None => cudarl_cuda::pyworker::PyWorker::start(root).map_err(StageError::Failed)?,
+    };
+    cudarl_cuda::pyworker::TorchEnv::query(&mut py)
+        .map(Some)
+        .map_err(StageError::Failed)
+}
+
+/// The archive kernels prepared in `preps` (`None`: skipped), built on every core against
+/// `env`; each a verdict and, for one that built, the candidate the GPU runs.
+///
+/// # Errors
+/// The harness failed (not a kernel's build: that is its verdict).
+fn build_archive(
+    items: &[Arch],
+    preps: &[Option<cudarl_cuda::torchfmt::Prepared>],
+    (rules, compiler): (&Rules, &Compiler),
+    env: Option<&cudarl_cuda::pyworker::TorchEnv>,
+) -> Result<Vec<Option<(Verdict, Option<Value>)>>, StageError> {
+    preps
+        .par_iter()
+        .enumerate()
+        .map(|(i, p)| -> Result<_, String> {
+            let Some(p) = p else { return Ok(None) };
+            cudarl_cuda::torchfmt::build(&items[i].task, p, rules, compiler, env)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| StageError::Failed(format!("harness failure while building: {e}")))
 }
 
 /// An archive kernel to validate: its row's identity and claims, its problem, its code.
