@@ -27,7 +27,7 @@ use cudarl_curriculum::prompts::ChatMessage;
 use cudarl_curriculum::sample::order;
 use cudarl_data::Table;
 use cudarl_protocol::Role;
-use cudarl_rl::collab::{Kind, Selection, select};
+use cudarl_rl::collab::{Kept, Kind, Selection, select};
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -368,44 +368,61 @@ impl Stage for CollabData {
             }
         }
         write_sft_tables(ctx, &gens, &opt)?;
-        let eps: Vec<&cudarl_rl::episode::Episode> = episodes.iter().collect();
-        let (compile_rate, pass_rate) = cudarl_rl::step::rates(&eps);
-        let count = |role: Role, kind: Kind| {
-            kept.iter()
-                .filter(|k| k.role == role && k.kind == kind)
-                .count() as i64
-        };
-        let turns = |role: Role| {
-            episodes
-                .iter()
-                .flat_map(|e| &e.turns)
-                .filter(|t| t.role == role)
-                .count() as i64
-        };
-        let rows: Vec<CollectedRow> = [
-            (Role::Generator, "generator", kept_gen, rg),
-            (Role::Optimizer, "optimizer", kept_opt, ro),
-        ]
-        .into_iter()
-        .map(|(role, agent, n, r)| CollectedRow {
-            agent,
-            episodes: episodes.len() as i64,
-            turns: turns(role),
-            kept: n as i64,
-            correct: count(role, Kind::Correct),
-            repairs: count(role, Kind::Repair),
-            speedups: count(role, Kind::Speedup),
-            replayed: r as i64,
-            pass_rate,
-            compile_rate,
-            mode,
-            device,
-        })
-        .collect();
+        let rows = collected_rows(
+            &episodes,
+            &kept,
+            [(kept_gen, rg), (kept_opt, ro)],
+            (mode, device),
+        );
         ctx.stat("kept_generator", kept_gen as u64);
         ctx.stat("kept_optimizer", kept_opt as u64);
         write_rows(ctx, "collected", &COLLECTED, &rows)
     }
+}
+
+/// The `collected` rows, one per agent: the episodes and turns collected, the turns kept
+/// (`kept`; per agent `[(kept, replayed)]` for the generator then the optimizer) by kind, the
+/// sft-data rows replayed beside them, and the episodes' rates.
+fn collected_rows(
+    episodes: &[cudarl_rl::episode::Episode],
+    kept: &[Kept],
+    [(kept_gen, rg), (kept_opt, ro)]: [(usize, usize); 2],
+    (mode, device): (&'static str, &'static str),
+) -> Vec<CollectedRow> {
+    let eps: Vec<&cudarl_rl::episode::Episode> = episodes.iter().collect();
+    let (compile_rate, pass_rate) = cudarl_rl::step::rates(&eps);
+    let count = |role: Role, kind: Kind| {
+        kept.iter()
+            .filter(|k| k.role == role && k.kind == kind)
+            .count() as i64
+    };
+    let turns = |role: Role| {
+        episodes
+            .iter()
+            .flat_map(|e| &e.turns)
+            .filter(|t| t.role == role)
+            .count() as i64
+    };
+    [
+        (Role::Generator, "generator", kept_gen, rg),
+        (Role::Optimizer, "optimizer", kept_opt, ro),
+    ]
+    .into_iter()
+    .map(|(role, agent, n, r)| CollectedRow {
+        agent,
+        episodes: episodes.len() as i64,
+        turns: turns(role),
+        kept: n as i64,
+        correct: count(role, Kind::Correct),
+        repairs: count(role, Kind::Repair),
+        speedups: count(role, Kind::Speedup),
+        replayed: r as i64,
+        pass_rate,
+        compile_rate,
+        mode,
+        device,
+    })
+    .collect()
 }
 
 #[cfg(test)]
