@@ -287,30 +287,7 @@ impl Stage for ArchiveNative {
             .collect();
         let verdicts = judge.test_many(&batch).map_err(StageError::Failed)?;
         for ((r, code), (v, _)) in items.iter().zip(verdicts) {
-            let row = &mut rows[*r];
-            row.feedback = Some(cudarl_rl::episode::feedback(
-                row.tier,
-                Some(code),
-                Some(&v),
-                &[0, 1],
-            ));
-            row.compiled = v.compiled;
-            row.correct = v.correct;
-            row.median_ms = v.timing.as_ref().map(|t| t.median_ms);
-            row.speedup_vs_torch = v.speedup_vs_torch;
-            row.validated = match (v.compiled, v.correct) {
-                (true, Some(true)) => "correct",
-                (true, None) => "compile-only",
-                _ => "failed",
-            }
-            .into();
-            if row.validated == "failed" {
-                row.reason = Some(
-                    v.failure
-                        .clone()
-                        .unwrap_or_else(|| "did not compile".to_string()),
-                );
-            }
+            rows[*r].judged(code, &v);
         }
         let mut sums: BTreeMap<&str, SummaryRow> = BTreeMap::new();
         for r in &rows {
@@ -339,5 +316,36 @@ impl Stage for ArchiveNative {
             &SUMMARY,
             &sums.into_values().collect::<Vec<_>>(),
         )
+    }
+}
+
+impl Row {
+    /// This row with the judge's verdict `v` on its converted kernel `code`: the tester's
+    /// feedback, compiled, correct, timing, and `validated` (`correct`, `compile-only` or
+    /// `failed`, with the failure as the reason).
+    fn judged(&mut self, code: &str, v: &cudarl_cuda::Verdict) {
+        self.feedback = Some(cudarl_rl::episode::feedback(
+            self.tier,
+            Some(code),
+            Some(v),
+            &[0, 1],
+        ));
+        self.compiled = v.compiled;
+        self.correct = v.correct;
+        self.median_ms = v.timing.as_ref().map(|t| t.median_ms);
+        self.speedup_vs_torch = v.speedup_vs_torch;
+        self.validated = match (v.compiled, v.correct) {
+            (true, Some(true)) => "correct",
+            (true, None) => "compile-only",
+            _ => "failed",
+        }
+        .into();
+        if self.validated == "failed" {
+            self.reason = Some(
+                v.failure
+                    .clone()
+                    .unwrap_or_else(|| "did not compile".to_string()),
+            );
+        }
     }
 }

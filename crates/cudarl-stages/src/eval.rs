@@ -664,25 +664,7 @@ impl Stage for Eval {
             sums.push(SummaryRow { mode, device, ..d });
         }
         write_rows(ctx, "summary", &SUMMARY, &sums)?;
-        let episodes: Vec<EpisodeRow<'_>> = rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| EpisodeRow::of(i, r))
-            .collect();
-        write_rows(ctx, "episodes", &EPISODES, &episodes)?;
-        let turns: Vec<TurnRow<'_>> = rows
-            .iter()
-            .enumerate()
-            .flat_map(|(i, r)| {
-                r.ep.turns.iter().map(move |t| TurnRow {
-                    checkpoint: r.ck,
-                    split: r.split,
-                    episode: i as i64,
-                    turn: TurnFields::of(t, &r.ep.task_id, r.ep.tier, 0.0),
-                })
-            })
-            .collect();
-        write_rows(ctx, "turns", &TURNS, &turns)?;
+        write_episodes(ctx, &rows)?;
         let sums: Vec<Value> = sums
             .iter()
             .map(|s| serde_json::to_value(s).expect("a summary row serializes"))
@@ -704,6 +686,32 @@ impl Stage for Eval {
         .map_err(StageError::Failed)?;
         ingest_dir(ctx, &rd, "report")
     }
+}
+
+/// The `episodes` and `turns` tables of `rows` (every checkpoint's episodes, in order).
+///
+/// # Errors
+/// A row does not fit its schema, or the store write failed.
+fn write_episodes(ctx: &StageContext<'_>, rows: &[Row]) -> Result<(), StageError> {
+    let episodes: Vec<EpisodeRow<'_>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| EpisodeRow::of(i, r))
+        .collect();
+    write_rows(ctx, "episodes", &EPISODES, &episodes)?;
+    let turns: Vec<TurnRow<'_>> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| {
+            r.ep.turns.iter().map(move |t| TurnRow {
+                checkpoint: r.ck,
+                split: r.split,
+                episode: i as i64,
+                turn: TurnFields::of(t, &r.ep.task_id, r.ep.tier, 0.0),
+            })
+        })
+        .collect();
+    write_rows(ctx, "turns", &TURNS, &turns)
 }
 
 /// The KernelBench problems `rl-train` practised (with `kernelbench_share`): the `kb/` task ids
