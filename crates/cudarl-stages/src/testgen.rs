@@ -350,13 +350,14 @@ impl Stage for Testgen {
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
-        let pt = Table::read(ctx.input_path("problems")?, "problems").map_err(data_err)?;
-        let (pids, pcodes) = (
-            pt.req_strings("problem_id").map_err(data_err)?,
-            pt.req_strings("code").map_err(data_err)?,
-        );
-        let code_of: BTreeMap<&str, &str> = (0..pt.rows())
-            .filter_map(|i| Some((pids.get(i)?, pcodes.get(i)?)))
+        let problem_rows = cudarl_tables::read::<cudarl_tables::problems::ProblemRow>(
+            ctx.input_path("problems")?,
+            "problems",
+        )
+        .map_err(data_err)?;
+        let code_of: BTreeMap<&str, &str> = problem_rows
+            .iter()
+            .map(|r| (r.problem_id.as_str(), r.code.as_str()))
             .collect();
         let st = Table::read(ctx.input_path("specs")?, "kb_specs").map_err(data_err)?;
         let selected = selected_specs(&st, p)?;
@@ -380,19 +381,7 @@ impl Stage for Testgen {
         let mut worker: Option<PyWorker> = None;
         let mut call = |req: Value| -> Result<Value, StageError> {
             if worker.is_none() {
-                let mut w = PyWorker::start(ctx.root()).map_err(StageError::Failed)?;
-                // The memo keys name the thread count: a worker that did not take it must not
-                // record under them.
-                let a = w
-                    .call(&json!({"op": "threads", "n": p.threads}))
-                    .map_err(StageError::Failed)?;
-                if a["ok"] != Value::Bool(true) {
-                    return Err(StageError::Failed(format!(
-                        "the Python worker did not set {} CPU threads: {}",
-                        p.threads, a["error"]
-                    )));
-                }
-                worker = Some(w);
+                worker = Some(start_worker(ctx.root(), p.threads)?);
             }
             worker
                 .as_mut()
@@ -475,6 +464,25 @@ impl Stage for Testgen {
         }
         write_tables(ctx, &tests, &problems, &p.device)
     }
+}
+
+/// A Python worker in `root` whose reference runs use `threads` CPU threads. The memo keys name
+/// the thread count: a worker that did not take it must not record under them.
+///
+/// # Errors
+/// The worker cannot start or did not set the threads.
+fn start_worker(root: &std::path::Path, threads: usize) -> Result<PyWorker, StageError> {
+    let mut w = PyWorker::start(root).map_err(StageError::Failed)?;
+    let a = w
+        .call(&json!({"op": "threads", "n": threads}))
+        .map_err(StageError::Failed)?;
+    if a["ok"] != Value::Bool(true) {
+        return Err(StageError::Failed(format!(
+            "the Python worker did not set {threads} CPU threads: {}",
+            a["error"]
+        )));
+    }
+    Ok(w)
 }
 
 /// One planned problem's tests, one per seed (`record_seeds`).
