@@ -633,22 +633,7 @@ impl Stage for ModelStage {
             }
             Kind::Pretrain => {
                 let corpus = dir.join("corpus.jsonl");
-                let extra = match self.params.copy_documents {
-                    0 => Vec::new(),
-                    n => {
-                        // Every task's expressions and groups, the hold-out's included.
-                        let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?)
-                            .map_err(rl_err)?;
-                        let exclude = cudarl_rl::families::CopyExclusions {
-                            groups: specs.iter().filter_map(|s| s.group.clone()).collect(),
-                            references: specs
-                                .into_iter()
-                                .flat_map(|s| s.reference.into_values())
-                                .collect(),
-                        };
-                        cudarl_rl::families::copy_documents(n, self.params.copy_seed, &exclude)
-                    }
-                };
+                let extra = copy_corpus(ctx, self.params.copy_documents, self.params.copy_seed)?;
                 write_corpus(ctx, &corpus, &extra)?;
                 let tk = dir.join("tok");
                 materialize(ctx.store(), ctx.input_path("tokenizer")?, &tk)?;
@@ -718,6 +703,30 @@ impl Stage for ModelStage {
         }
         Ok(())
     }
+}
+
+/// `n` synthetic copy documents for pretraining, drawn by `seed` from operator families outside
+/// every task's expressions and groups, the hold-out's included (the input `tasks`).
+///
+/// # Errors
+/// The `tasks` table cannot be read.
+fn copy_corpus(
+    ctx: &StageContext<'_>,
+    n: usize,
+    seed: u64,
+) -> Result<Vec<Vec<cudarl_curriculum::prompts::ChatMessage>>, StageError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let specs = cudarl_rl::tasks::read_specs(ctx.input_path("tasks")?).map_err(rl_err)?;
+    let exclude = cudarl_rl::families::CopyExclusions {
+        groups: specs.iter().filter_map(|s| s.group.clone()).collect(),
+        references: specs
+            .into_iter()
+            .flat_map(|s| s.reference.into_values())
+            .collect(),
+    };
+    Ok(cudarl_rl::families::copy_documents(n, seed, &exclude))
 }
 
 #[cfg(test)]
