@@ -66,6 +66,12 @@ pub trait Policy {
         }
         Ok(a)
     }
+
+    /// Seconds spent generating so far, by the generator's own clock (0 for a policy that
+    /// does not keep one): what a rollout subtracts from its wall time to get the judges'.
+    fn generation_seconds(&self) -> f64 {
+        0.0
+    }
 }
 
 /// A task an episode runs on: its id, its tier, and how the prompts show it. Synthetic task

@@ -24,6 +24,7 @@ pub mod operators;
 pub mod repair;
 pub mod report;
 pub mod reward;
+pub mod run;
 pub mod stats;
 pub mod step;
 pub mod tasks;

@@ -177,9 +177,6 @@ pub struct TrainerClient {
     pub sampling: Sampling,
     /// Seconds spent generating (sum of the trainer's own timings).
     pub gen_seconds: f64,
-    /// Sample from the frozen references instead of the policies (`rl-train`'s `control`):
-    /// such answers have no id and cannot be trained on.
-    pub reference: bool,
 }
 
 impl TrainerClient {
@@ -209,7 +206,6 @@ impl TrainerClient {
             log,
             sampling,
             gen_seconds: 0.0,
-            reference: false,
         };
         match c.read()? {
             Reply::Ready => Ok(c),
@@ -275,6 +271,18 @@ impl TrainerClient {
     ) -> Result<Generated, RlError> {
         let s = self.sampling.clone();
         self.sampling.seed += 1;
+        self.sample(agent, conversations, (&s, false), on_finish)
+    }
+
+    /// One completion per conversation from `agent`'s policy, or with `reference` from its
+    /// frozen reference, with sampling `s`.
+    fn sample(
+        &mut self,
+        agent: Role,
+        conversations: &[Vec<ChatMessage>],
+        (s, reference): (&Sampling, bool),
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Generated, RlError> {
         let req = Request::Generate {
             agent,
             conversations: conversations.to_vec(),
@@ -283,7 +291,7 @@ impl TrainerClient {
             top_p: s.top_p,
             seed: s.seed,
             stream: true,
-            reference: self.reference,
+            reference,
         };
         match self.send(&req, on_finish)? {
             Reply::Generated(g) => {
@@ -291,6 +299,17 @@ impl TrainerClient {
                 Ok(g)
             }
             other => Err(unexpected("generated", &other)),
+        }
+    }
+
+    /// The frozen references of both agents as a [`Policy`] with its own sampling state
+    /// `sampling` (its seed advancing per generation as the policy's does): `rl-train`'s frozen
+    /// control, which answers the same tasks with the same seeds as the policy without moving
+    /// the policy's sampling. Its answers have no id and cannot be trained on.
+    pub fn frozen(&mut self, sampling: Sampling) -> FrozenReference<'_> {
+        FrozenReference {
+            trainer: self,
+            sampling,
         }
     }
 
@@ -385,14 +404,59 @@ impl Policy for TrainerClient {
         let g = self
             .generate(role, conversations, on_finish)
             .map_err(|e| e.to_string())?;
-        Ok(g.completions
-            .into_iter()
-            .map(|c| Answer {
-                id: c.id,
-                text: c.text,
-                tokens: c.tokens,
-                value: c.value,
-            })
-            .collect())
+        Ok(answers(g))
     }
+
+    fn generation_seconds(&self) -> f64 {
+        self.gen_seconds
+    }
+}
+
+/// The frozen references of a trainer's agents with their own sampling state
+/// ([`TrainerClient::frozen`]).
+pub struct FrozenReference<'a> {
+    trainer: &'a mut TrainerClient,
+    /// Its sampling state: the next seed is `sampling.seed`.
+    pub sampling: Sampling,
+}
+
+impl Policy for FrozenReference<'_> {
+    fn answer(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+    ) -> Result<Vec<Answer>, String> {
+        self.answer_streaming(role, conversations, &mut |_, _| {})
+    }
+
+    fn answer_streaming(
+        &mut self,
+        role: Role,
+        conversations: &[Vec<ChatMessage>],
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Vec<Answer>, String> {
+        let s = self.sampling.clone();
+        self.sampling.seed += 1;
+        let g = self
+            .trainer
+            .sample(role, conversations, (&s, true), on_finish)
+            .map_err(|e| e.to_string())?;
+        Ok(answers(g))
+    }
+
+    fn generation_seconds(&self) -> f64 {
+        self.trainer.gen_seconds
+    }
+}
+
+fn answers(g: Generated) -> Vec<Answer> {
+    g.completions
+        .into_iter()
+        .map(|c| Answer {
+            id: c.id,
+            text: c.text,
+            tokens: c.tokens,
+            value: c.value,
+        })
+        .collect()
 }

@@ -34,24 +34,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock};
-use std::time::Instant;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
-    InputDecl, NoProgress, OutputDecl, ProgressSink, ResolveContext, Stage, StageContext,
-    StageError,
+    InputDecl, OutputDecl, ProgressSink, ResolveContext, Stage, StageContext, StageError,
 };
-use cudarl_cuda::Verdict;
 use cudarl_cuda::task::TaskSpec;
 use cudarl_protocol::{Algorithm, Ptx};
-use cudarl_rl::episode::Tester;
-use cudarl_rl::episode::{Episode, EpisodeSettings, Turn, run_episodes};
+use cudarl_rl::episode::{Episode, EpisodeSettings, Turn};
 use cudarl_rl::harness::{Harness, HarnessUse};
 use cudarl_rl::kernelbench::KbTask;
-use cudarl_rl::reward::RewardConfig;
-use cudarl_rl::step::{Curriculum, EpisodeStats, Gate, StepUpdate, rates, splitmix, update};
+use cudarl_rl::run::{Bars, Counter, DrawSettings, control, draw, rollout};
+use cudarl_rl::step::{Curriculum, EpisodeStats, Gate, StepUpdate, update};
 use cudarl_rl::tasks::{TaskPool, fresh_families};
-use cudarl_rl::trainer::TrainerClient;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -445,6 +440,15 @@ fn report_step(
     }
 }
 
+/// A progress bar as the counter a rollout moves.
+struct Sink<'a>(&'a dyn ProgressSink);
+
+impl Counter for Sink<'_> {
+    fn inc(&self, n: u64) {
+        self.0.inc(n);
+    }
+}
+
 /// With `kernelbench_share`, the curriculum's KernelBench `train` problems that have a native
 /// launcher and their judge (speed against torch eager alone: the reward's speed term); else
 /// none.
@@ -468,142 +472,6 @@ fn kernelbench_tasks(
         ));
     }
     Ok((tasks, Some(judge.without_torch_compile())))
-}
-
-/// The step's tasks: `tasks_per_step` drawn from `pool` (fresh families in order, else a
-/// seeded draw), each repeated `group_size` times; with `kb = (share, problems)`, each task is
-/// instead a KernelBench problem from `problems` with probability `share` (a seeded draw; none
-/// when `problems` is empty). Without `kb` the draw consumes `rng` exactly as before KernelBench
-/// tasks existed, so runs without them repeat.
-fn draw<'a, 'k>(
-    p: &Params,
-    pool: &[&'a TaskSpec],
-    kb: Option<(f64, &[&'k KbTask])>,
-    (step, fresh): (usize, bool),
-    rng: &mut u64,
-) -> (Vec<&'a TaskSpec>, Vec<&'k KbTask>) {
-    let per_step = p.tasks_per_step.max(1);
-    let (mut families, mut problems) = (Vec::new(), Vec::new());
-    for k in 0..per_step {
-        if let Some((share, kbs)) = kb.filter(|(_, kbs)| !kbs.is_empty())
-            && ((splitmix(rng) >> 11) as f64 / (1u64 << 53) as f64) < share
-        {
-            let t = kbs[(splitmix(rng) % kbs.len() as u64) as usize];
-            problems.extend(std::iter::repeat_n(t, p.group_size));
-            continue;
-        }
-        if pool.is_empty() {
-            continue;
-        }
-        let t = if fresh {
-            pool[((step - 1) * per_step + k) % pool.len()]
-        } else {
-            pool[(splitmix(rng) % pool.len() as u64) as usize]
-        };
-        families.extend(std::iter::repeat_n(t, p.group_size));
-    }
-    (families, problems)
-}
-
-/// Episodes of the step's family `tasks` on `h`, then of its KernelBench `problems` on the
-/// KernelBench judge `kb` (the sampling seeds run on across both), and the harness's use by both (the
-/// KernelBench judge's seconds: its wall time less the generation in it).
-fn rollout(
-    tc: &mut TrainerClient,
-    (h, kb): (&mut Harness, Option<&mut KbJudge>),
-    (tasks, problems): (&[&TaskSpec], &[&KbTask]),
-    (cfg, settings): (&RewardConfig, &EpisodeSettings),
-    bars: Bars<'_>,
-) -> Result<(Vec<Episode>, HarnessUse), StageError> {
-    let m0 = h.mark();
-    let mut eps = if tasks.is_empty() {
-        Vec::new()
-    } else {
-        let mut t = Counted {
-            inner: &mut *h,
-            bar: bars.candidates,
-        };
-        run_episodes(tasks, tc, &mut t, cfg, settings).map_err(StageError::Failed)?
-    };
-    bars.episodes.inc(eps.len() as u64);
-    let mut used = h.since(&m0);
-    if let (false, Some(kb)) = (problems.is_empty(), kb) {
-        let (u0, g0, t0) = (kb.used, tc.gen_seconds, Instant::now());
-        let mut t = Counted {
-            inner: &mut *kb,
-            bar: bars.candidates,
-        };
-        let more = run_episodes(problems, tc, &mut t, cfg, settings).map_err(StageError::Failed)?;
-        bars.episodes.inc(more.len() as u64);
-        eps.extend(more);
-        let u = kb.used;
-        used.candidates += u.candidates - u0.candidates;
-        used.seconds += (t0.elapsed().as_secs_f64() - (tc.gen_seconds - g0)).max(0.0);
-        used.phases.compile += u.compile_seconds - u0.compile_seconds;
-        used.phases.gpu += u.gpu_seconds - u0.gpu_seconds;
-    }
-    Ok((eps, used))
-}
-
-/// The progress bars a rollout moves: episodes finished, candidates judged.
-#[derive(Clone, Copy)]
-struct Bars<'a> {
-    episodes: &'a dyn ProgressSink,
-    candidates: &'a dyn ProgressSink,
-}
-
-/// No bars (the frozen control's rollouts).
-const NO_BARS: Bars<'static> = Bars {
-    episodes: &NoProgress,
-    candidates: &NoProgress,
-};
-
-/// A tester that counts the candidates it judges on a progress bar.
-struct Counted<'a, T: ?Sized> {
-    inner: &'a mut dyn Tester<T>,
-    bar: &'a dyn ProgressSink,
-}
-
-impl<T: ?Sized> Tester<T> for Counted<'_, T> {
-    fn test(&mut self, task: &T, code: &str) -> Result<(Verdict, Option<String>), String> {
-        let r = self.inner.test(task, code);
-        self.bar.inc(1);
-        r
-    }
-    fn test_many(
-        &mut self,
-        items: &[(&T, &str)],
-    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
-        let r = self.inner.test_many(items);
-        self.bar.inc(items.len() as u64);
-        r
-    }
-    fn prefetch(&mut self, task: &T, code: &str) {
-        self.inner.prefetch(task, code);
-    }
-}
-
-/// The frozen references on the same tasks and sampling seeds (`control`): mean final reward,
-/// compile and pass rates, seconds. The policy's seed sequence goes on as without it.
-fn control(
-    tc: &mut TrainerClient,
-    testers: (&mut Harness, Option<&mut KbJudge>),
-    tasks: (&[&TaskSpec], &[&KbTask]),
-    (seed0, cfg, settings): (i64, &RewardConfig, &EpisodeSettings),
-    row: &mut MetricsRow,
-) -> Result<(), StageError> {
-    let (seed1, t0) = (tc.sampling.seed, Instant::now());
-    (tc.sampling.seed, tc.reference) = (seed0, true);
-    let ctl = rollout(tc, testers, tasks, (cfg, settings), NO_BARS);
-    (tc.sampling.seed, tc.reference) = (seed1, false);
-    let (ctl, _) = ctl?;
-    let finals: Vec<f64> = ctl.iter().map(Episode::final_reward).collect();
-    let (c, pass) = rates(&ctl.iter().collect::<Vec<_>>());
-    row.control_reward = Some(cudarl_rl::stats::mean_std(&finals).0);
-    row.control_compile_rate = Some(c);
-    row.control_pass_rate = pass;
-    row.control_seconds = Some(t0.elapsed().as_secs_f64());
-    Ok(())
 }
 
 impl Stage for RlTrain {
@@ -723,9 +591,10 @@ impl Stage for RlTrain {
         let ep_bar = ctx.progress("episodes", Some(p.steps as u64 * per_step));
         ep_bar.inc(st.step as u64 * per_step);
         let cand_bar = ctx.progress("candidates judged", None);
+        let (ep_count, cand_count) = (Sink(&*ep_bar), Sink(&*cand_bar));
         let bars = Bars {
-            episodes: &*ep_bar,
-            candidates: &*cand_bar,
+            episodes: &ep_count,
+            candidates: &cand_count,
         };
         let mut live = ctx.metrics_log();
         for step in st.step + 1..=p.steps {
@@ -738,15 +607,20 @@ impl Stage for RlTrain {
                 .collect();
             let kb_pool: Vec<&KbTask> = kb_tasks.iter().filter(|t| t.tier <= cur.tier).collect();
             let share = p.kernelbench_share().map(|s| (s, kb_pool.as_slice()));
-            let (tasks, problems) = draw(p, &pool, share, (step, fresh.is_some()), &mut st.rng);
-            let (g0, seed0) = (tc.gen_seconds, tc.sampling.seed);
+            let ds = DrawSettings {
+                tasks_per_step: p.tasks_per_step,
+                group_size: p.group_size,
+            };
+            let (tasks, problems) = draw(ds, &pool, share, (step, fresh.is_some()), &mut st.rng);
+            let (g0, sampling0) = (tc.gen_seconds, tc.sampling.clone());
             let (eps, harness) = rollout(
                 &mut tc,
                 (&mut h, kb_judge.as_mut()),
                 (&tasks, &problems),
                 (&cfg, &settings),
                 bars,
-            )?;
+            )
+            .map_err(rl_err)?;
             let up = update(&mut tc, &eps, &upd).map_err(rl_err)?;
             let rec = StepRecord {
                 step,
@@ -758,13 +632,18 @@ impl Stage for RlTrain {
             };
             let mut row = MetricsRow::new(&rec, p, mode, device);
             if p.control == Some(true) {
-                control(
+                let c = control(
                     &mut tc,
+                    sampling0,
                     (&mut h, kb_judge.as_mut()),
                     (&tasks, &problems),
-                    (seed0, &cfg, &settings),
-                    &mut row,
-                )?;
+                    (&cfg, &settings),
+                )
+                .map_err(rl_err)?;
+                row.control_reward = Some(c.reward);
+                row.control_compile_rate = Some(c.compile_rate);
+                row.control_pass_rate = c.pass_rate;
+                row.control_seconds = Some(c.seconds);
             }
             report_step(ctx.node(), &mut live, &row);
             st.rows.push(row);

@@ -987,6 +987,9 @@ fn torch_env(
         .map_err(StageError::Failed)
 }
 
+/// A built archive kernel: its verdict so far and, when it built, the candidate the GPU runs.
+type Built = (Verdict, Option<Value>);
+
 /// The archive kernels prepared in `preps` (`None`: skipped), built on every core against
 /// `env`; each a verdict and, for one that built, the candidate the GPU runs.
 ///
@@ -997,7 +1000,7 @@ fn build_archive(
     preps: &[Option<cudarl_cuda::torchfmt::Prepared>],
     (rules, compiler): (&Rules, &Compiler),
     env: Option<&cudarl_cuda::pyworker::TorchEnv>,
-) -> Result<Vec<Option<(Verdict, Option<Value>)>>, StageError> {
+) -> Result<Vec<Option<Built>>, StageError> {
     preps
         .par_iter()
         .enumerate()
