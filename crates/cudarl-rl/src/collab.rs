@@ -162,7 +162,7 @@ mod tests {
             &mut self,
             _role: Role,
             c: &[Vec<ChatMessage>],
-        ) -> Result<Vec<crate::episode::Answer>, String> {
+        ) -> Result<Vec<crate::episode::Answer>, crate::RlError> {
             Ok(c.iter()
                 .map(|_| crate::episode::Answer {
                     id: None,
@@ -179,7 +179,11 @@ mod tests {
     struct Marked;
 
     impl Tester for Marked {
-        fn test(&mut self, _t: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String> {
+        fn test(
+            &mut self,
+            _t: &TaskSpec,
+            code: &str,
+        ) -> Result<(Verdict, Option<String>), crate::RlError> {
             let ok = !code.contains("// wrong");
             let mut v = crate::reward::tests::verdict("full", true, Some(ok));
             v.tests = crate::reward::tests::tests(4, if ok { 4 } else { 0 });

@@ -20,6 +20,7 @@ use cudarl_lex::c::strip_comments_and_strings as strip_c;
 use cudarl_protocol::Role;
 use serde::{Deserialize, Serialize};
 
+use crate::RlError;
 use crate::credit::turn_credits;
 use crate::reward::{RewardComponents, RewardConfig, score};
 
@@ -46,7 +47,7 @@ pub trait Policy {
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
-    ) -> Result<Vec<Answer>, String>;
+    ) -> Result<Vec<Answer>, RlError>;
 
     /// [`Policy::answer`] that calls `on_finish(i, text)` as soon as answer `i` is known (a
     /// streaming policy: while the others are still being generated). The default answers
@@ -59,7 +60,7 @@ pub trait Policy {
         role: Role,
         conversations: &[Vec<ChatMessage>],
         on_finish: &mut dyn FnMut(usize, &str),
-    ) -> Result<Vec<Answer>, String> {
+    ) -> Result<Vec<Answer>, RlError> {
         let a = self.answer(role, conversations)?;
         for (i, x) in a.iter().enumerate() {
             on_finish(i, &x.text);
@@ -143,7 +144,7 @@ pub trait Tester<T: ?Sized = TaskSpec> {
     ///
     /// # Errors
     /// Harness failures (not candidate failures), in words.
-    fn test(&mut self, task: &T, code: &str) -> Result<(Verdict, Option<String>), String>;
+    fn test(&mut self, task: &T, code: &str) -> Result<(Verdict, Option<String>), RlError>;
     /// Judges many (task, code) pairs; the default calls [`Tester::test`] in order. The
     /// harness overrides it to compile on every core while the GPU runs.
     ///
@@ -152,7 +153,7 @@ pub trait Tester<T: ?Sized = TaskSpec> {
     fn test_many(
         &mut self,
         items: &[(&T, &str)],
-    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+    ) -> Result<Vec<(Verdict, Option<String>)>, RlError> {
         items.iter().map(|(t, c)| self.test(t, c)).collect()
     }
     /// A hint that `code` for `task` will be tested soon: the harness starts compiling it in
@@ -557,7 +558,7 @@ pub fn run_episodes<T: EpisodeTask + ?Sized>(
     tester: &mut dyn Tester<T>,
     cfg: &RewardConfig,
     s: &EpisodeSettings,
-) -> Result<Vec<Episode>, String> {
+) -> Result<Vec<Episode>, RlError> {
     let mut eps: Vec<Episode> = tasks.iter().map(|t| Episode::new(*t)).collect();
     for turn in 0..s.max_turns.max(1) {
         let active: Vec<usize> = (0..eps.len()).filter(|&i| !eps[i].done).collect();
@@ -591,11 +592,11 @@ pub fn run_episodes<T: EpisodeTask + ?Sized>(
             }
         })?;
         if answers.len() != active.len() {
-            return Err(format!(
+            return Err(RlError::Failed(format!(
                 "policy answered {} of {} conversations",
                 answers.len(),
                 active.len()
-            ));
+            )));
         }
         let codes: Vec<Option<String>> = answers
             .iter()
@@ -734,7 +735,7 @@ pub(crate) mod tests {
     }
 
     impl Policy for Scripted {
-        fn answer(&mut self, role: Role, c: &[Vec<ChatMessage>]) -> Result<Vec<Answer>, String> {
+        fn answer(&mut self, role: Role, c: &[Vec<ChatMessage>]) -> Result<Vec<Answer>, RlError> {
             self.seen.extend(c.iter().map(|m| (role, m.clone())));
             Ok(c.iter()
                 .map(|_| Answer {
@@ -754,7 +755,11 @@ pub(crate) mod tests {
     }
 
     impl Tester for Counting {
-        fn test(&mut self, _t: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String> {
+        fn test(
+            &mut self,
+            _t: &TaskSpec,
+            code: &str,
+        ) -> Result<(Verdict, Option<String>), RlError> {
             self.judged.push(code.to_string());
             let x: f64 = code
                 .split("// speedup ")

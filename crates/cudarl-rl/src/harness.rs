@@ -17,6 +17,7 @@ use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Rules, Verdict, check_compile_only};
 use cudarl_store::{Digest, Store};
 
+use crate::RlError;
 use crate::episode::Tester;
 
 /// The harness as a tester.
@@ -266,14 +267,14 @@ fn built(v: &Verdict) -> Option<Digest> {
 }
 
 impl Tester for Harness {
-    fn test(&mut self, task: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String> {
+    fn test(&mut self, task: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), RlError> {
         Ok(self.test_many(&[(task, code)])?.remove(0))
     }
 
     fn test_many(
         &mut self,
         items: &[(&TaskSpec, &str)],
-    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+    ) -> Result<Vec<(Verdict, Option<String>)>, RlError> {
         let t0 = Instant::now();
         let keys: Vec<(String, [u8; 32])> = items.iter().map(|(t, c)| judged_key(t, c)).collect();
         let fresh: Vec<usize> = (0..items.len())
@@ -351,7 +352,7 @@ impl Harness {
     fn judge(
         &mut self,
         items: &[(&TaskSpec, &str)],
-    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+    ) -> Result<Vec<(Verdict, Option<String>)>, RlError> {
         let t0 = Instant::now();
         // Builds a prefetch started are taken as they land: their compile steps wait on threads
         // of their own (a rayon thread blocked on a build queued behind it could deadlock the
@@ -457,17 +458,19 @@ impl Harness {
             .map_or(0.0, |f| end.duration_since(f).as_secs_f64());
         phases.sass += sass_s;
         let mut verdicts: Vec<Option<Verdict>> = vec![None; items.len()];
-        for (i, v) in judged? {
+        for (i, v) in judged.map_err(RlError::Failed)? {
             verdicts[i] = Some(v);
         }
         let out = verdicts
             .into_iter()
             .enumerate()
             .map(|(i, v)| {
-                let v = v.ok_or_else(|| format!("the harness gave candidate {i} no verdict"))?;
+                let v = v.ok_or_else(|| {
+                    RlError::Failed(format!("the harness gave candidate {i} no verdict"))
+                })?;
                 Ok((v, sass.get(&i).cloned().flatten()))
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, RlError>>()?;
         Ok(out)
     }
 }

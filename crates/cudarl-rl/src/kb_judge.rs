@@ -24,6 +24,7 @@ use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Rules, Verdict};
 use rayon::prelude::*;
 
+use crate::RlError;
 use crate::episode::Tester;
 use crate::kernelbench::KbTask;
 
@@ -204,14 +205,14 @@ impl Parts {
 }
 
 impl Tester<KbTask> for KbJudge {
-    fn test(&mut self, task: &KbTask, code: &str) -> Result<(Verdict, Option<String>), String> {
+    fn test(&mut self, task: &KbTask, code: &str) -> Result<(Verdict, Option<String>), RlError> {
         Ok(self.test_many(&[(task, code)])?.remove(0))
     }
 
     fn test_many(
         &mut self,
         items: &[(&KbTask, &str)],
-    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+    ) -> Result<Vec<(Verdict, Option<String>)>, RlError> {
         let keys: Vec<(String, [u8; 32])> = items
             .iter()
             .map(|(t, c)| (t.id.clone(), *blake3::hash(c.as_bytes()).as_bytes()))
@@ -233,7 +234,8 @@ impl Tester<KbTask> for KbJudge {
                 built
             }
             Some((g, pools)) => parts.judge_on_gpu(items, &fresh, (g, pools), &mut self.used),
-        }?;
+        }
+        .map_err(RlError::Failed)?;
         self.used.candidates += judged.len();
         for (i, v) in judged {
             self.judged.insert(keys[i].clone(), v);

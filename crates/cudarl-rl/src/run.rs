@@ -52,7 +52,7 @@ struct Counted<'a, T: ?Sized> {
 }
 
 impl<T: ?Sized> Tester<T> for Counted<'_, T> {
-    fn test(&mut self, task: &T, code: &str) -> Result<(Verdict, Option<String>), String> {
+    fn test(&mut self, task: &T, code: &str) -> Result<(Verdict, Option<String>), RlError> {
         let r = self.inner.test(task, code);
         self.bar.inc(1);
         r
@@ -60,7 +60,7 @@ impl<T: ?Sized> Tester<T> for Counted<'_, T> {
     fn test_many(
         &mut self,
         items: &[(&T, &str)],
-    ) -> Result<Vec<(Verdict, Option<String>)>, String> {
+    ) -> Result<Vec<(Verdict, Option<String>)>, RlError> {
         let r = self.inner.test_many(items);
         self.bar.inc(items.len() as u64);
         r
@@ -136,7 +136,7 @@ pub fn rollout(
             inner: &mut *h,
             bar: bars.candidates,
         };
-        run_episodes(tasks, policy, &mut t, cfg, settings).map_err(RlError::Failed)?
+        run_episodes(tasks, policy, &mut t, cfg, settings)?
     };
     bars.episodes.inc(eps.len() as u64);
     let mut used = h.since(&m0);
@@ -146,8 +146,7 @@ pub fn rollout(
             inner: &mut *kb,
             bar: bars.candidates,
         };
-        let more =
-            run_episodes(problems, policy, &mut t, cfg, settings).map_err(RlError::Failed)?;
+        let more = run_episodes(problems, policy, &mut t, cfg, settings)?;
         bars.episodes.inc(more.len() as u64);
         eps.extend(more);
         let u = kb.used;

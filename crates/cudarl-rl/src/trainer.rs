@@ -391,7 +391,7 @@ impl Policy for TrainerClient {
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
-    ) -> Result<Vec<Answer>, String> {
+    ) -> Result<Vec<Answer>, RlError> {
         self.answer_streaming(role, conversations, &mut |_, _| {})
     }
 
@@ -400,10 +400,8 @@ impl Policy for TrainerClient {
         role: Role,
         conversations: &[Vec<ChatMessage>],
         on_finish: &mut dyn FnMut(usize, &str),
-    ) -> Result<Vec<Answer>, String> {
-        let g = self
-            .generate(role, conversations, on_finish)
-            .map_err(|e| e.to_string())?;
+    ) -> Result<Vec<Answer>, RlError> {
+        let g = self.generate(role, conversations, on_finish)?;
         Ok(answers(g))
     }
 
@@ -425,7 +423,7 @@ impl Policy for FrozenReference<'_> {
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
-    ) -> Result<Vec<Answer>, String> {
+    ) -> Result<Vec<Answer>, RlError> {
         self.answer_streaming(role, conversations, &mut |_, _| {})
     }
 
@@ -434,13 +432,12 @@ impl Policy for FrozenReference<'_> {
         role: Role,
         conversations: &[Vec<ChatMessage>],
         on_finish: &mut dyn FnMut(usize, &str),
-    ) -> Result<Vec<Answer>, String> {
+    ) -> Result<Vec<Answer>, RlError> {
         let s = self.sampling.clone();
         self.sampling.seed += 1;
         let g = self
             .trainer
-            .sample(role, conversations, (&s, true), on_finish)
-            .map_err(|e| e.to_string())?;
+            .sample(role, conversations, (&s, true), on_finish)?;
         Ok(answers(g))
     }
 

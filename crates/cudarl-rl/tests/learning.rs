@@ -80,7 +80,11 @@ impl Scripted {
 }
 
 impl Tester for Scripted {
-    fn test(&mut self, task: &TaskSpec, code: &str) -> Result<(Verdict, Option<String>), String> {
+    fn test(
+        &mut self,
+        task: &TaskSpec,
+        code: &str,
+    ) -> Result<(Verdict, Option<String>), cudarl_rl::RlError> {
         let speedup = self.speedup(code);
         let v: Verdict = serde_json::from_value(serde_json::json!({
             "task_id": task.id, "abi": "native", "mode": "full", "compiled": speedup.is_some(),
@@ -93,7 +97,7 @@ impl Tester for Scripted {
             "dram_fraction_of_peak": null, "signature": "", "cache_hit": false,
             "compile_seconds": 0.0, "nvcc_version": "", "arch": "sm_90", "gpu": null
         }))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| cudarl_rl::RlError::Failed(e.to_string()))?;
         Ok((v, None))
     }
 }

@@ -285,7 +285,7 @@ impl Stage for ArchiveNative {
             .iter()
             .map(|(r, c)| (&tasks[&rows[*r].problem_id].1, c.as_str()))
             .collect();
-        let verdicts = judge.test_many(&batch).map_err(StageError::Failed)?;
+        let verdicts = judge.test_many(&batch).map_err(crate::common::rl_err)?;
         for ((r, code), (v, _)) in items.iter().zip(verdicts) {
             rows[*r].judged(code, &v);
         }

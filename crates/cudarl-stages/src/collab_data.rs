@@ -312,7 +312,7 @@ impl Stage for CollabData {
         let mut episodes = Vec::with_capacity(all.len());
         for chunk in all.chunks(p.batch) {
             let eps = run_episodes(chunk, &mut tc, &mut h, &cfg, &settings)
-                .map_err(StageError::Failed)?;
+                .map_err(crate::common::rl_err)?;
             bar.inc(chunk.len() as u64);
             episodes.extend(eps);
         }

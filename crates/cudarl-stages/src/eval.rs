@@ -446,8 +446,8 @@ impl Eval {
                     .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
                     .collect();
                 let (g0, m0) = (tc.gen_seconds, h.mark());
-                let eps =
-                    run_episodes(&many, &mut tc, h, cfg, &settings).map_err(StageError::Failed)?;
+                let eps = run_episodes(&many, &mut tc, h, cfg, &settings)
+                    .map_err(crate::common::rl_err)?;
                 let used = h.since(&m0);
                 let c = Cost {
                     gen_seconds: tc.gen_seconds - g0,
@@ -466,7 +466,7 @@ impl Eval {
                     let (g0, u0) = (tc.gen_seconds, kb.judge.used);
                     let t0 = std::time::Instant::now();
                     let eps = run_episodes(&many, &mut tc, &mut kb.judge, cfg, &settings)
-                        .map_err(StageError::Failed)?;
+                        .map_err(crate::common::rl_err)?;
                     let u = kb.judge.used;
                     let gen_seconds = tc.gen_seconds - g0;
                     let harness = cudarl_rl::harness::HarnessUse {

@@ -280,7 +280,7 @@ impl Stage for Optimize {
             .collect();
         let bar = ctx.progress("episodes", Some(many.len() as u64));
         let eps = run_episodes(&many, &mut tc, &mut judge, &cfg, &settings)
-            .map_err(StageError::Failed)?;
+            .map_err(crate::common::rl_err)?;
         bar.inc(eps.len() as u64);
         bar.finish();
         tc.quit();

@@ -32,7 +32,7 @@ fn one_batch(
             h.prefetch(t, c);
         }
     }
-    let verdicts = h.test_many(&refs).map_err(CliError::failed)?;
+    let verdicts = h.test_many(&refs)?;
     let wall = t0.elapsed().as_secs_f64();
     let used = h.since(&mark);
     let correct = verdicts
