@@ -60,7 +60,7 @@ impl EpisodeTask for KbTask {
 pub fn curriculum_tasks(
     curriculum: &Path,
     problems: &Path,
-) -> Result<Vec<(String, KbTask)>, String> {
+) -> Result<Vec<(String, KbTask)>, RlError> {
     curriculum_rows(curriculum, problems, true)
 }
 
@@ -73,7 +73,7 @@ pub fn curriculum_tasks(
 pub fn curriculum_problems(
     curriculum: &Path,
     problems: &Path,
-) -> Result<Vec<(String, KbTask)>, String> {
+) -> Result<Vec<(String, KbTask)>, RlError> {
     curriculum_rows(curriculum, problems, false)
 }
 
@@ -83,13 +83,11 @@ fn curriculum_rows(
     curriculum: &Path,
     problems: &Path,
     covered: bool,
-) -> Result<Vec<(String, KbTask)>, String> {
+) -> Result<Vec<(String, KbTask)>, RlError> {
     use cudarl_tables::curriculum::CurriculumRow;
     use cudarl_tables::problems::ProblemRow;
-    let rows = cudarl_tables::read::<CurriculumRow>(curriculum, "curriculum")
-        .map_err(|e| e.to_string())?;
-    let problems_rows =
-        cudarl_tables::read::<ProblemRow>(problems, "problems").map_err(|e| e.to_string())?;
+    let rows = cudarl_tables::read::<CurriculumRow>(curriculum, "curriculum")?;
+    let problems_rows = cudarl_tables::read::<ProblemRow>(problems, "problems")?;
     let code: BTreeMap<&str, &str> = problems_rows
         .iter()
         .map(|p| (p.problem_id.as_str(), p.code.as_str()))
@@ -101,9 +99,10 @@ fn curriculum_rows(
         }
         let id = r.problem_id.as_str();
         let src = code.get(id).ok_or_else(|| {
-            format!(
-                "{}: problem_id `{id}` of the curriculum is not in this table",
-                problems.display()
+            RlError::bad_input(
+                problems.display().to_string(),
+                Some("problem_id"),
+                format!("`{id}` of the curriculum is not in this table"),
             )
         })?;
         let task = KbTask {

@@ -28,6 +28,7 @@
 //! (`LDG.E.64`/`LDG.E.128`), and no global index scaled by a stride on `threadIdx.x`.
 //! Never from the prompt.
 
+use crate::RlError;
 use std::path::Path;
 
 use cudarl_cuda::Verdict;
@@ -138,21 +139,23 @@ impl RewardConfig {
     ///
     /// # Errors
     /// Unreadable file, bad TOML, unknown or missing keys, non-finite numbers, `cap <= 1`.
-    pub fn load(path: &Path, display: &str) -> Result<RewardConfig, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: {e}"))?;
-        let c: RewardConfig = toml::from_str(&text).map_err(|e| format!("{display}: {e}"))?;
+    pub fn load(path: &Path, display: &str) -> Result<RewardConfig, RlError> {
+        let bad = |field: Option<&str>, m: String| RlError::bad_input(display, field, m);
+        let text = std::fs::read_to_string(path).map_err(|e| bad(None, e.to_string()))?;
+        let c: RewardConfig = toml::from_str(&text).map_err(|e| bad(None, e.to_string()))?;
         if c.speedup.cap.is_nan() || c.speedup.cap <= 1.0 {
-            return Err(format!("{display}: field `speedup.cap` must be > 1"));
+            return Err(bad(Some("speedup.cap"), "must be > 1".into()));
         }
         if let Some(x) = c.stop_speedup
             && !(x.is_finite() && x > 0.0)
         {
-            return Err(format!("{display}: field `stop_speedup` must be > 0"));
+            return Err(bad(Some("stop_speedup"), "must be > 0".into()));
         }
         let r = c.limits.registers_per_thread;
         if r.is_nan() || r <= 0.0 || r >= 255.0 {
-            return Err(format!(
-                "{display}: field `limits.registers_per_thread` must be in (0, 255)"
+            return Err(bad(
+                Some("limits.registers_per_thread"),
+                "must be in (0, 255)".into(),
             ));
         }
         Ok(c)
@@ -692,12 +695,18 @@ pub(crate) mod tests {
         .unwrap();
         std::fs::write(&p, good.replace("cap = 8.0", "cap = 1.0")).unwrap();
         let e = RewardConfig::load(&p, "configs/reward/x.toml").unwrap_err();
-        assert!(
-            e.contains("configs/reward/x.toml") && e.contains("speedup.cap"),
+        let RlError::BadInput { file, field, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(
+            (file.as_str(), field.as_deref()),
+            ("configs/reward/x.toml", Some("speedup.cap")),
             "{e}"
         );
         std::fs::write(&p, good.replace("[weights]", "[weights]\nbogus = 1")).unwrap();
-        let e = RewardConfig::load(&p, "configs/reward/x.toml").unwrap_err();
+        let e = RewardConfig::load(&p, "configs/reward/x.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bogus"), "{e}");
     }
 }

@@ -35,6 +35,7 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Fields, Schema};
 use cudarl_curriculum::prompts::ChatMessage;
 
+use crate::RlError;
 use crate::episode::EpisodeTask;
 use cudarl_data::Table;
 use cudarl_data::parquet_io::{batch, write_parquet};
@@ -55,15 +56,14 @@ fn st(fields: Vec<(&str, ArrayRef)>) -> ArrayRef {
     ))
 }
 
-fn write(path: &Path, cols: Vec<(&str, ArrayRef)>) -> Result<(), String> {
+fn write(path: &Path, cols: Vec<(&str, ArrayRef)>) -> Result<(), RlError> {
     let schema = Arc::new(Schema::new(
         cols.iter()
             .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
             .collect::<Vec<_>>(),
     ));
-    let b =
-        batch(&schema, cols.into_iter().map(|(_, a)| a).collect()).map_err(|e| e.to_string())?;
-    write_parquet(path, &b).map_err(|e| format!("{}: {e}", path.display()))
+    let b = batch(&schema, cols.into_iter().map(|(_, a)| a).collect())?;
+    write_parquet(path, &b).map_err(|e| RlError::Failed(format!("{}: {e}", path.display())))
 }
 
 /// Writes all four VERL files into `dir` (what `rl-train` trains on: [`export_rl`] with the
@@ -77,8 +77,8 @@ pub fn export(
     sft_generator: &Path,
     dir: &Path,
     max_turns: usize,
-) -> Result<Vec<PathBuf>, String> {
-    let held = crate::tasks::holdout_ids(sft_generator).map_err(|e| e.to_string())?;
+) -> Result<Vec<PathBuf>, RlError> {
+    let held = crate::tasks::holdout_ids(sft_generator)?;
     let mut written = export_rl(tasks, &held, dir, max_turns)?;
     written.extend(export_sft(sft_generator, dir)?);
     Ok(written)
@@ -89,10 +89,9 @@ pub fn export(
 ///
 /// # Errors
 /// The table cannot be read or lacks `problem_id`, `source` or `split` (file and field named).
-pub fn curriculum_holdout(curriculum: &Path) -> Result<BTreeSet<String>, String> {
+pub fn curriculum_holdout(curriculum: &Path) -> Result<BTreeSet<String>, RlError> {
     let rows =
-        cudarl_tables::read::<cudarl_tables::curriculum::CurriculumRow>(curriculum, "curriculum")
-            .map_err(|e| e.to_string())?;
+        cudarl_tables::read::<cudarl_tables::curriculum::CurriculumRow>(curriculum, "curriculum")?;
     Ok(rows
         .into_iter()
         .filter(|r| r.source == "synthetic" && r.split == "test")
@@ -120,8 +119,11 @@ pub struct RlTask {
 ///
 /// # Errors
 /// An unreadable table or bad task spec (file and field named).
-pub fn family_rows(tasks: &Path, held: &BTreeSet<String>) -> Result<Vec<(String, RlTask)>, String> {
-    let specs = crate::tasks::read_specs(tasks).map_err(|e| e.to_string())?;
+pub fn family_rows(
+    tasks: &Path,
+    held: &BTreeSet<String>,
+) -> Result<Vec<(String, RlTask)>, RlError> {
+    let specs = crate::tasks::read_specs(tasks)?;
     Ok(specs
         .iter()
         .map(|spec| {
@@ -154,7 +156,7 @@ pub fn family_rows(tasks: &Path, held: &BTreeSet<String>) -> Result<Vec<(String,
 pub fn kernelbench_rows(
     curriculum: &Path,
     problems: &Path,
-) -> Result<Vec<(String, RlTask)>, String> {
+) -> Result<Vec<(String, RlTask)>, RlError> {
     Ok(crate::kernelbench::curriculum_tasks(curriculum, problems)?
         .into_iter()
         .filter(|(split, _)| split == "train" || split == "test")
@@ -180,7 +182,7 @@ pub fn export_rl(
     held: &BTreeSet<String>,
     dir: &Path,
     max_turns: usize,
-) -> Result<Vec<PathBuf>, String> {
+) -> Result<Vec<PathBuf>, RlError> {
     write_rl(family_rows(tasks, held)?, dir, max_turns)
 }
 
@@ -196,7 +198,7 @@ pub fn export_curriculum_rl(
     problems: &Path,
     dir: &Path,
     max_turns: usize,
-) -> Result<Vec<PathBuf>, String> {
+) -> Result<Vec<PathBuf>, RlError> {
     let held = curriculum_holdout(curriculum)?;
     let mut rows = family_rows(tasks, &held)?;
     rows.extend(kernelbench_rows(curriculum, problems)?);
@@ -209,8 +211,8 @@ fn write_rl(
     rows: Vec<(String, RlTask)>,
     dir: &Path,
     max_turns: usize,
-) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+) -> Result<Vec<PathBuf>, RlError> {
+    std::fs::create_dir_all(dir).map_err(|e| RlError::Failed(format!("{}: {e}", dir.display())))?;
     let mut by_split: BTreeMap<String, Vec<RlTask>> =
         [("train".to_string(), vec![]), ("test".to_string(), vec![])].into();
     for (split, row) in rows {
@@ -266,15 +268,15 @@ fn write_rl(
 /// # Errors
 /// An unreadable table or a missing column (file and field named), bad `messages_json`, write
 /// errors.
-pub fn export_sft(sft_generator: &Path, dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let g = Table::read(sft_generator, "sft_generator").map_err(|e| e.to_string())?;
+pub fn export_sft(sft_generator: &Path, dir: &Path) -> Result<Vec<PathBuf>, RlError> {
+    let g = Table::read(sft_generator, "sft_generator")?;
     let (gt, gs, gm) = (
-        g.req_strings("task_id").map_err(|e| e.to_string())?,
-        g.req_strings("split").map_err(|e| e.to_string())?,
-        g.req_strings("messages_json").map_err(|e| e.to_string())?,
+        g.req_strings("task_id")?,
+        g.req_strings("split")?,
+        g.req_strings("messages_json")?,
     );
-    let gtier = g.req_ints("tier").map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let gtier = g.req_ints("tier")?;
+    std::fs::create_dir_all(dir).map_err(|e| RlError::Failed(format!("{}: {e}", dir.display())))?;
     let mut written = Vec::new();
     // SFT: the generator's rows with their `messages`, train and val (never the hold-out).
     for split in ["train", "val"] {
@@ -285,9 +287,10 @@ pub fn export_sft(sft_generator: &Path, dir: &Path) -> Result<Vec<PathBuf>, Stri
             .iter()
             .map(|&i| {
                 serde_json::from_str(gm.get(i).unwrap_or("[]")).map_err(|e| {
-                    format!(
-                        "{}: field messages_json, row {i}: {e}",
-                        sft_generator.display()
+                    RlError::bad_input(
+                        sft_generator.display().to_string(),
+                        Some("messages_json"),
+                        format!("row {i}: {e}"),
                     )
                 })
             })

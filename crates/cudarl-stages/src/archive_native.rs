@@ -222,7 +222,7 @@ impl Stage for ArchiveNative {
             ctx.input_path("kb_curriculum")?,
             ctx.input_path("kb_problems")?,
         )
-        .map_err(StageError::Failed)?
+        .map_err(crate::common::rl_err)?
         .into_iter()
         .filter(|(s, t)| self.params.splits.contains(s) && judge.judges(&t.id))
         .map(|(s, t)| (t.id.clone(), (s, t)))

@@ -371,7 +371,7 @@ impl Eval {
             ctx.input_path("kb_curriculum")?,
             ctx.input_path("kb_problems")?,
         )
-        .map_err(StageError::Failed)?;
+        .map_err(crate::common::rl_err)?;
         let coverage = training_ops(ts, &all);
         let (mut by_level, mut trained, mut novel) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
         for (split, t) in all {

@@ -77,7 +77,7 @@ pub fn curriculum_split(
         ctx.input_path("kb_curriculum")?,
         ctx.input_path("kb_problems")?,
     )
-    .map_err(StageError::Failed)?
+    .map_err(crate::common::rl_err)?
     .into_iter()
     .filter(|(s, t)| s == split && judge.judges(&t.id))
     .map(|(_, t)| t)

@@ -431,8 +431,7 @@ impl Params {
     /// The reward config (a bad one is named, exit 2).
     pub(crate) fn reward_config(&self, ctx: &StageContext<'_>) -> Result<RewardConfig, StageError> {
         let rel = self.reward_rel();
-        RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel)
-            .map_err(|m| StageError::bad_input(&rel, None, m))
+        RewardConfig::load(&ctx.input_files("reward")?.files[0].1, &rel).map_err(rl_err)
     }
 
     /// What the results of `rl-train` and `eval` depend on beyond their inputs: nvcc, the

@@ -389,9 +389,9 @@ impl Stage for VerlLaunch {
             &scratch,
             self.params.max_turns,
         )
-        .map_err(StageError::Failed)?;
+        .map_err(crate::common::rl_err)?;
         cudarl_rl::verl::export_sft(ctx.input_path("sft")?, &scratch)
-            .map_err(StageError::Failed)?;
+            .map_err(crate::common::rl_err)?;
         let overrides = self.overrides();
         let overrides_text = overrides.join("\n") + "\n";
         let agent = ctx.input_files("agent")?.clone();

@@ -888,8 +888,7 @@ fn export_verl(
             &dir,
             max_turns,
         ),
-    }
-    .map_err(CliError::failed)?;
+    }?;
     cudarl_data::export::make_shareable(&dir).map_err(|e| CliError::failed(e.to_string()))?;
     for f in files {
         println!("{}", f.display());

@@ -77,7 +77,7 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
     });
     let rel = format!("configs/reward/{}.toml", a.reward);
     let reward = cudarl_rl::reward::RewardConfig::load(&ctx.root.join(&rel), &rel)
-        .map_err(CliError::usage)?;
+        .map_err(|e| CliError::usage(e.to_string()))?;
     let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
     let n_gpus = if gpu.is_some() {
         cudarl_cuda::gpu::device_count()
