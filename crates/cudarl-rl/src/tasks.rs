@@ -280,22 +280,26 @@ mod tests {
 
     #[test]
     fn a_spec_that_does_not_parse_is_named_with_its_task() {
-        use arrow::array::StringArray;
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("tasks.parquet");
-        let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
-            arrow::datatypes::Field::new("task_id", arrow::datatypes::DataType::Utf8, false),
-            arrow::datatypes::Field::new("spec_json", arrow::datatypes::DataType::Utf8, false),
-        ]));
-        let b = cudarl_data::parquet_io::batch(
-            &schema,
-            vec![
-                std::sync::Arc::new(StringArray::from(vec!["row_sum"])),
-                std::sync::Arc::new(StringArray::from(vec!["{\"id\": 3}"])),
-            ],
-        )
-        .unwrap();
-        cudarl_data::write_parquet(&p, &b).unwrap();
+        let s = |x: &str| x.to_string();
+        let row = cudarl_tables::tasks::TaskRow {
+            task_id: s("row_sum"),
+            tier: 1,
+            description: s("row sums"),
+            dtype: s("f32"),
+            signature: s("extern \"C\" void launch(cudaStream_t stream)"),
+            train_shapes: s("[]"),
+            holdout_shapes: s("[]"),
+            atol: 1e-5,
+            rtol: 1e-4,
+            bytes: s("0"),
+            flops: s("0"),
+            spec_json: s("{\"id\": 3}"),
+            problem: s(""),
+            group: s("row_sum"),
+        };
+        cudarl_tables::write(&p, &[row]).unwrap();
         let e = read_specs(&p).unwrap_err().to_string();
         assert!(
             e.contains("tasks.parquet: field `spec_json`: task `row_sum`"),
