@@ -32,7 +32,7 @@ pub use engine::{
 };
 pub use key::{InputFingerprint, InputOrigin, Preimage};
 pub use manifest::{Manifest, OutputRecord};
-pub use pipeline::{Pipeline, StageFactory};
+pub use pipeline::{ParamsError, Pipeline, StageFactory};
 pub use report::{NoProgress, NullReporter, ProgressSink, Reporter};
 pub use stage::{
     ExternalFiles, InputDecl, InputSource, OutputDecl, OutputKind, ResolveContext, ResolvedInput,

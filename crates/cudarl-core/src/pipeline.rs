@@ -24,6 +24,25 @@ use petgraph::visit::EdgeRef;
 
 use crate::stage::{InputDecl, InputSource, OutputDecl, Stage, StageError};
 
+/// A stage's params table refused by the stage: an unknown param, a wrong type, a value out of
+/// its range (the message names the param). The pipeline names the file and the stage's section
+/// around it, and the run exits with 2.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParamsError(pub String);
+
+impl From<String> for ParamsError {
+    fn from(m: String) -> Self {
+        ParamsError(m)
+    }
+}
+
+impl From<&str> for ParamsError {
+    fn from(m: &str) -> Self {
+        ParamsError(m.to_string())
+    }
+}
+
 /// Builds stages from their kind and params. `cudarl-stages` implements it for every stage.
 pub trait StageFactory: Send + Sync {
     /// Every stage kind this factory knows, sorted.
@@ -31,8 +50,13 @@ pub trait StageFactory: Send + Sync {
     /// Builds a stage of `kind` for node `node` from its params table.
     ///
     /// # Errors
-    /// A message (unknown param, wrong type...) that the caller wraps with file and field.
-    fn build(&self, kind: &str, node: &str, params: toml::Table) -> Result<Box<dyn Stage>, String>;
+    /// The params are refused; the caller wraps the message with file and field.
+    fn build(
+        &self,
+        kind: &str,
+        node: &str,
+        params: toml::Table,
+    ) -> Result<Box<dyn Stage>, ParamsError>;
 }
 
 /// One node of a pipeline: a name, a stage, and its (possibly rewired) inputs.
@@ -357,7 +381,7 @@ impl Pipeline {
             }
             let stage = factory
                 .build(&kind, &node_name, table)
-                .map_err(|m| config_err(file, format!("stages.{node_name}"), m))?;
+                .map_err(|m| config_err(file, format!("stages.{node_name}"), m.0))?;
             let mut inputs = stage.inputs();
             for (k, (n, o)) in &overrides {
                 let decl = inputs.iter_mut().find(|d| &d.name == k).ok_or_else(|| {

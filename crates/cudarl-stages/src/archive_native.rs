@@ -33,7 +33,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{
+    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
+};
 use cudarl_data::Table;
 use cudarl_rl::episode::Tester;
 use cudarl_rl::kernelbench::KbTask;
@@ -114,7 +116,7 @@ impl ArchiveNative {
     ///
     /// # Errors
     /// Unknown or mistyped params.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         Ok(ArchiveNative {
             params: crate::common::parse_params(t)?,
         })

@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{
+    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
+};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_curriculum::prompts::ChatMessage;
 use cudarl_curriculum::sample::order;
@@ -115,7 +117,7 @@ impl CollabData {
     /// # Errors
     /// Unknown keys, `samples`, `per_task` or `batch` 0, `min_speedup` not above 0, `replay`
     /// outside [0, 1].
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         let bad = [
             (params.samples == 0, "samples must be at least 1"),
@@ -131,7 +133,7 @@ impl CollabData {
             ),
         ];
         if let Some((_, m)) = bad.iter().find(|(b, _)| *b) {
-            return Err((*m).to_string());
+            return Err((*m).into());
         }
         Ok(CollabData { params })
     }
@@ -439,7 +441,7 @@ mod tests {
             ("replay = 1.5", "replay must be a share in [0, 1]"),
             ("sample = 2", "unknown field `sample`"),
         ] {
-            let e = CollabData::from_table(t(bad)).unwrap_err();
+            let e = CollabData::from_table(t(bad)).unwrap_err().0;
             assert!(e.contains(says), "{bad}: {e}");
         }
         let p = CollabData::from_table(t("max_turns = 3")).unwrap().params;

@@ -122,10 +122,12 @@ impl HubParams {
 ///
 /// # Errors
 /// The deserializer's message (names the unknown or mistyped field).
-pub fn parse_params<P: serde::de::DeserializeOwned>(t: toml::Table) -> Result<P, String> {
+pub fn parse_params<P: serde::de::DeserializeOwned>(
+    t: toml::Table,
+) -> Result<P, cudarl_core::ParamsError> {
     toml::Value::Table(t)
         .try_into::<P>()
-        .map_err(|e| e.to_string().trim_end().to_string())
+        .map_err(|e| cudarl_core::ParamsError(e.to_string().trim_end().to_string()))
 }
 
 /// Serializes params for the cache key. A `model` that names a checkpoint directory

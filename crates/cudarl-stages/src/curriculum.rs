@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use cudarl_core::{
-    ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
+    ExternalFiles, InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext,
+    StageError,
 };
 use cudarl_curriculum::{
     DEFAULT_MIN_COMPILE_RATE, DEFAULT_MIN_PASS_RATE, MAX_TIER, Split, TierDecision,
@@ -66,7 +67,7 @@ impl Curriculum {
     /// # Errors
     /// Unknown or mistyped params (the split params, `seed`, `train_fraction`, `val_fraction`,
     /// `levels`, `holdout_tasks`, `holdout_generated` and `rl_generated`, are `splits`').
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         Ok(Curriculum {
             params: crate::common::parse_params(t)?,
         })
@@ -441,7 +442,7 @@ mod tests {
     use super::*;
 
     fn stage(extra: &str) -> Result<Curriculum, String> {
-        Curriculum::from_table(toml::from_str(extra).unwrap())
+        Curriculum::from_table(toml::from_str(extra).unwrap()).map_err(|e| e.0)
     }
 
     #[test]

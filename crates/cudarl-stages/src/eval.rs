@@ -46,7 +46,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{
+    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
+};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
@@ -197,7 +199,7 @@ impl Eval {
     ///
     /// # Errors
     /// Unknown keys.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         Ok(Eval {
             params: crate::common::parse_params(t)?,
         })

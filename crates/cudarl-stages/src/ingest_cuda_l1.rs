@@ -1,7 +1,8 @@
 //! `ingest-cuda-l1`: the bundled CUDA-L1 snapshot into `kernels`.
 
 use cudarl_core::{
-    ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
+    ExternalFiles, InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext,
+    StageError,
 };
 use cudarl_data::kernelbench::ProblemIndex;
 use cudarl_data::kernels::kernels_batch;
@@ -38,7 +39,7 @@ impl IngestCudaL1 {
     ///
     /// # Errors
     /// Unknown or mistyped params.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         Ok(IngestCudaL1 {
             params: crate::common::parse_params(t)?,
         })

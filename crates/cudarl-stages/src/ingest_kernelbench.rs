@@ -2,7 +2,8 @@
 //! pipeline").
 
 use cudarl_core::{
-    ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
+    ExternalFiles, InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext,
+    StageError,
 };
 use cudarl_curriculum::extract_op_features;
 use cudarl_data::kernelbench::{
@@ -83,7 +84,7 @@ impl IngestKernelBench {
     ///
     /// # Errors
     /// Unknown or mistyped params.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         if params.source == KbSource::Checkout && params.path.is_none() {
             return Err(

@@ -1,7 +1,8 @@
 //! `ingest-sakana`: the SakanaAI AI-CUDA-Engineer-Archive into `kernels`.
 
 use cudarl_core::{
-    ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
+    ExternalFiles, InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext,
+    StageError,
 };
 use cudarl_data::kernelbench::ProblemIndex;
 use cudarl_data::kernels::kernels_batch;
@@ -73,7 +74,7 @@ impl IngestSakana {
     ///
     /// # Errors
     /// Unknown or mistyped params.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         if params.source == SakanaSource::Files && params.path.is_none() {
             return Err(

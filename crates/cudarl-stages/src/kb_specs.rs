@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use arrow::record_batch::RecordBatch;
 use cudarl_core::Digest;
-use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_data::Table;
 use cudarl_tables::TableRow;
 use cudarl_tables::kb_specs::{CoverageRow, KbSpecRow};
@@ -51,7 +51,7 @@ impl KbSpecs {
     ///
     /// # Errors
     /// Unknown or mistyped params.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         Ok(KbSpecs {
             params: crate::common::parse_params(t)?,
         })

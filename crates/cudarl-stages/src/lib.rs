@@ -24,12 +24,12 @@ pub mod train_stages;
 pub mod validate;
 pub mod verl_launch;
 
-use cudarl_core::{Stage, StageFactory};
+use cudarl_core::{ParamsError, Stage, StageFactory};
 
 /// Builds one stage from its pipeline table.
-type Build = fn(toml::Table) -> Result<Box<dyn Stage>, String>;
+type Build = fn(toml::Table) -> Result<Box<dyn Stage>, ParamsError>;
 
-fn boxed<S: Stage + 'static>(s: Result<S, String>) -> Result<Box<dyn Stage>, String> {
+fn boxed<S: Stage + 'static>(s: Result<S, ParamsError>) -> Result<Box<dyn Stage>, ParamsError> {
     Ok(Box::new(s?))
 }
 
@@ -79,19 +79,19 @@ const STAGES: [(&str, Build); 20] = [
     (validate::KIND, |p| boxed(validate::Validate::from_table(p))),
 ];
 
-fn model(kind: train_stages::Kind, p: toml::Table) -> Result<Box<dyn Stage>, String> {
+fn model(kind: train_stages::Kind, p: toml::Table) -> Result<Box<dyn Stage>, ParamsError> {
     boxed(train_stages::ModelStage::from_table(kind, p))
 }
 
 /// `rl-train` on its `backend`: `tch` (absent; this process trains) or `verl` (a VERL job).
-fn rl_train_backend(mut p: toml::Table) -> Result<Box<dyn Stage>, String> {
+fn rl_train_backend(mut p: toml::Table) -> Result<Box<dyn Stage>, ParamsError> {
     match p.get("backend").and_then(|b| b.as_str()) {
         Some("verl") => boxed(verl_launch::VerlLaunch::from_table(p)),
         Some("tch") | None => {
             p.remove("backend");
             boxed(rl_train::RlTrain::from_table(p))
         }
-        Some(b) => Err(format!("backend `{b}`: expected `tch` or `verl`")),
+        Some(b) => Err(format!("backend `{b}`: expected `tch` or `verl`").into()),
     }
 }
 
@@ -109,10 +109,10 @@ impl StageFactory for Registry {
         kind: &str,
         _node: &str,
         params: toml::Table,
-    ) -> Result<Box<dyn Stage>, String> {
+    ) -> Result<Box<dyn Stage>, ParamsError> {
         match STAGES.iter().find(|s| s.0 == kind) {
             Some((_, build)) => build(params),
-            None => Err(format!("unknown stage `{kind}`")),
+            None => Err(format!("unknown stage `{kind}`").into()),
         }
     }
 }

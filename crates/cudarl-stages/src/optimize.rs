@@ -19,7 +19,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{
+    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
+};
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use cudarl_rl::kernelbench::KbTask;
 use serde::{Deserialize, Serialize};
@@ -118,7 +120,7 @@ impl Optimize {
     ///
     /// # Errors
     /// Unknown keys or values, and what `rl-train`'s checks refuse.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         params.rl.check()?;
         if params.samples == 0 {

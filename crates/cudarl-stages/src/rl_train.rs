@@ -37,7 +37,8 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
-    InputDecl, OutputDecl, ProgressSink, ResolveContext, Stage, StageContext, StageError,
+    InputDecl, OutputDecl, ParamsError, ProgressSink, ResolveContext, Stage, StageContext,
+    StageError,
 };
 use cudarl_cuda::task::TaskSpec;
 use cudarl_protocol::{Algorithm, Ptx};
@@ -336,7 +337,7 @@ impl RlTrain {
     /// Unknown keys or values (an algorithm other than `grpo` or `ppo`, a `generator_credit`
     /// other than `episode` or `own`, an unknown `task_pool`, `mode` or `device`) and what
     /// [`Params::check`] refuses.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         params.check()?;
         Ok(RlTrain { params })
@@ -809,7 +810,7 @@ mod tests {
             assert_eq!(job(&on)["lr"].as_f64(), Some(2e-5), "{key} leaves lr alone");
         }
         for bad in ["target_kl = 0.0", "target_kl = -0.1"] {
-            let e = RlTrain::from_table(t(bad)).unwrap_err();
+            let e = RlTrain::from_table(t(bad)).unwrap_err().0;
             assert!(e.contains("target_kl must be a positive"), "{bad}: {e}");
         }
         // PPO-ptx: on above 0 (and then rl-train reads sft-data's optimizer table too).
@@ -824,7 +825,7 @@ mod tests {
             ("ptx_coef = -1.0", "ptx_coef must be a number >= 0"),
             ("ptx_batch = 0", "ptx_batch must be at least 1"),
         ] {
-            let e = RlTrain::from_table(t(bad)).unwrap_err();
+            let e = RlTrain::from_table(t(bad)).unwrap_err().0;
             assert!(e.contains(msg), "{bad}: {e}");
         }
     }
@@ -864,7 +865,7 @@ mod tests {
                 "generator_credit `own` is for GRPO",
             ),
         ] {
-            let e = RlTrain::from_table(t(bad)).unwrap_err();
+            let e = RlTrain::from_table(t(bad)).unwrap_err().0;
             assert!(e.contains(says), "{bad}: {e}");
         }
     }

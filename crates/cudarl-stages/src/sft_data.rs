@@ -33,7 +33,7 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{ArrayRef, BooleanArray, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_curriculum::prompts::{
     self, CLOSINGS, ChatMessage, GENERATOR_SYSTEM, INTROS, OPTIMIZER_SYSTEM, TaskView,
 };
@@ -106,7 +106,7 @@ impl SftData {
     ///
     /// # Errors
     /// Unknown or mistyped keys.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         if !(0.0..1.0).contains(&params.val_fraction) {
             return Err("val_fraction must be in [0, 1)".into());
@@ -777,7 +777,7 @@ impl SftRepairs {
     ///
     /// # Errors
     /// Unknown keys.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         Ok(SftRepairs {
             params: crate::common::parse_params(t)?,
         })

@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{
+    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
+};
 use cudarl_cuda::{Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_curriculum::prompts;
 use cudarl_protocol::{Device, Job, SampleLine};
@@ -110,14 +112,15 @@ impl SftEval {
     ///
     /// # Errors
     /// Unknown keys, a `model` that is not a path.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         if let Some(m) = &params.model
             && !crate::common::is_checkpoint_dir(m)
         {
             return Err(format!(
                 "model `{m}`: a Hugging Face checkpoint directory, named by a path with a `/`"
-            ));
+            )
+            .into());
         }
         Ok(SftEval { params })
     }

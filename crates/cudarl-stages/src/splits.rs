@@ -21,7 +21,7 @@
 
 use std::collections::BTreeSet;
 
-use cudarl_core::{InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_tables::TableRow;
 use cudarl_tables::problems::ProblemRow;
@@ -89,13 +89,13 @@ impl Splits {
     ///
     /// # Errors
     /// Unknown or mistyped params, fractions out of range.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         let (te, va) = (params.test_fraction, params.val_fraction);
         if !(0.0..=1.0).contains(&te) || !(0.0..=1.0).contains(&va) || te + va > 1.0 {
             return Err(format!(
                 "test_fraction ({te}) and val_fraction ({va}) must be in [0, 1] and sum to at most 1"
-            ));
+            ).into());
         }
         if !(0.0..1.0).contains(&params.holdout_generated) {
             return Err("holdout_generated must be in [0, 1)".into());
@@ -235,7 +235,7 @@ mod tests {
     use super::*;
 
     fn stage(extra: &str) -> Result<Splits, String> {
-        Splits::from_table(toml::from_str(extra).unwrap())
+        Splits::from_table(toml::from_str(extra).unwrap()).map_err(|e| e.0)
     }
 
     fn spec(id: &str, group: Option<&str>) -> TaskSpec {

@@ -3,7 +3,8 @@
 //! and `task_kernels` tables.
 
 use cudarl_core::{
-    ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
+    ExternalFiles, InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext,
+    StageError,
 };
 use cudarl_cuda::task::load_tasks;
 use cudarl_tables::TableRow;
@@ -46,7 +47,7 @@ impl SynthTasks {
     ///
     /// # Errors
     /// Unknown or mistyped params.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         Ok(SynthTasks {
             params: crate::common::parse_params(t)?,
         })

@@ -25,7 +25,7 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{ArrayRef, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{Digest, InputDecl, OutputDecl, Stage, StageContext, StageError};
+use cudarl_core::{Digest, InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_data::Table;
 use cudarl_tables::TableRow;
 use cudarl_tables::kb_specs::KbTestRow;
@@ -151,20 +151,21 @@ impl Testgen {
     ///
     /// # Errors
     /// Unknown or mistyped params, an unknown distribution or device.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         for d in &params.distributions {
             if !["native", "signed", "scaled", "special"].contains(&d.as_str()) {
                 return Err(format!(
                     "distributions: unknown `{d}` (native, signed, scaled, special)"
-                ));
+                )
+                .into());
             }
         }
         if params.distributions.is_empty() {
             return Err("distributions: empty".into());
         }
         if !["cpu", "cuda"].contains(&params.device.as_str()) {
-            return Err(format!("device: `{}` is not cpu or cuda", params.device));
+            return Err(format!("device: `{}` is not cpu or cuda", params.device).into());
         }
         Ok(Testgen { params })
     }

@@ -27,7 +27,9 @@ use std::path::Path;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError};
+use cudarl_core::{
+    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
+};
 use cudarl_data::Table;
 use cudarl_protocol::{Device, Job, LoraConfig, RandomInit, StepMetrics, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -232,7 +234,7 @@ impl ModelStage {
     ///
     /// # Errors
     /// Unknown keys, a bad device or agent name.
-    pub fn from_table(kind: Kind, t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(kind: Kind, t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         if kind != Kind::Pretrain
             && (params.copy_documents > 0 || params.copy_seed != d_copy_seed())
@@ -259,10 +261,7 @@ impl ModelStage {
             return Err("max_steps must be at least 1".into());
         }
         if !["generator", "optimizer"].contains(&params.agent.as_str()) {
-            return Err(format!(
-                "agent `{}`: use generator or optimizer",
-                params.agent
-            ));
+            return Err(format!("agent `{}`: use generator or optimizer", params.agent).into());
         }
         let name_ok = |n: &str| {
             !n.is_empty()
@@ -285,7 +284,8 @@ impl ModelStage {
                 "init = \"random\" initializes a configs/model architecture; model `{}` is a \
                  checkpoint directory, which brings its own weights",
                 params.model
-            ));
+            )
+            .into());
         }
         match (is_checkpoint_dir(&params.model), &params.settings) {
             (true, _) if kind != Kind::SftTrain => {
@@ -294,7 +294,8 @@ impl ModelStage {
                      project's own model from configs/model/<name>.toml",
                     params.model,
                     kind.as_str()
-                ));
+                )
+                .into());
             }
             (true, None) => {
                 return Err(format!(
@@ -302,12 +303,13 @@ impl ModelStage {
                      `settings = \"<name>\"` (the `[sft]` section of configs/model/<name>.toml, \
                      e.g. qwen2.5-coder-1.5b)",
                     params.model
-                ));
+                )
+                .into());
             }
             (true, Some(st)) if !name_ok(st) => {
                 return Err(format!(
                     "settings `{st}`: a name of configs/model/<name>.toml (letters, digits, ., - and _)"
-                ));
+                ).into());
             }
             (false, Some(_)) => {
                 return Err(
@@ -321,7 +323,7 @@ impl ModelStage {
                     "model `{}`: a name of configs/model/<name>.toml (letters, digits, ., - and _), \
                      or a checkpoint directory (a path with a `/`)",
                     params.model
-                ));
+                ).into());
             }
             _ => {}
         }

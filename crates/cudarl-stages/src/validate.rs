@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use arrow::array::ArrayRef;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{Digest, InputDecl, OutputDecl, RunPart, Stage, StageContext, StageError};
+use cudarl_core::{
+    Digest, InputDecl, OutputDecl, ParamsError, RunPart, Stage, StageContext, StageError,
+};
 use cudarl_cuda::schedule::{GpuJob, ScheduleTimes, Scheduler, Step};
 use cudarl_cuda::verdict::{Baselines, FullOptions, Verdict, hidden_salt, hidden_seeds, speedups};
 use cudarl_cuda::worker::WorkerPool;
@@ -174,7 +176,7 @@ impl Validate {
     ///
     /// # Errors
     /// Unknown or mistyped params.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t)?;
         if !params.tasks && !params.archive {
             return Err("`tasks` and `archive` are both false: nothing to validate".into());

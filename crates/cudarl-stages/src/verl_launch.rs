@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cudarl_core::{
-    ExternalFiles, InputDecl, OutputDecl, ResolveContext, Stage, StageContext, StageError,
+    ExternalFiles, InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext,
+    StageError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -149,14 +150,14 @@ impl VerlLaunch {
     ///
     /// # Errors
     /// Unknown or mistyped params, zero sizes.
-    pub fn from_table(t: toml::Table) -> Result<Self, String> {
+    pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
         let params: Params = crate::common::parse_params(t).map_err(|e| {
             format!(
                 "{e} (the VERL backend has its own params and no local checkpoints for `eval`: use pipelines/verl.toml, `cudarl-pipe run rl-train --pipeline pipelines/verl.toml`)"
             )
         })?;
         if params.backend != "verl" {
-            return Err(format!("backend `{}`: expected `verl`", params.backend));
+            return Err(format!("backend `{}`: expected `verl`", params.backend).into());
         }
         for (name, v) in [
             ("steps", params.steps),
@@ -167,7 +168,7 @@ impl VerlLaunch {
             ("nodes", params.nodes),
         ] {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(format!("{name} must be at least 1").into());
             }
         }
         Ok(VerlLaunch { params })
