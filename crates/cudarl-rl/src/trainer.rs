@@ -269,8 +269,7 @@ impl TrainerClient {
         conversations: &[Vec<ChatMessage>],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Generated, RlError> {
-        let s = self.sampling.clone();
-        self.sampling.seed += 1;
+        let s = next_seed(&mut self.sampling);
         self.sample(agent, conversations, (&s, false), on_finish)
     }
 
@@ -401,8 +400,7 @@ impl Policy for TrainerClient {
         conversations: &[Vec<ChatMessage>],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
-        let g = self.generate(role, conversations, on_finish)?;
-        Ok(answers(g))
+        Ok(answers(self.generate(role, conversations, on_finish)?))
     }
 
     fn generation_seconds(&self) -> f64 {
@@ -433,8 +431,7 @@ impl Policy for FrozenReference<'_> {
         conversations: &[Vec<ChatMessage>],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
-        let s = self.sampling.clone();
-        self.sampling.seed += 1;
+        let s = next_seed(&mut self.sampling);
         let g = self
             .trainer
             .sample(role, conversations, (&s, true), on_finish)?;
@@ -444,6 +441,13 @@ impl Policy for FrozenReference<'_> {
     fn generation_seconds(&self) -> f64 {
         self.trainer.gen_seconds
     }
+}
+
+/// The sampling settings of the next generation from state `s`, whose seed moves on by one.
+fn next_seed(s: &mut Sampling) -> Sampling {
+    let now = s.clone();
+    s.seed += 1;
+    now
 }
 
 fn answers(g: Generated) -> Vec<Answer> {

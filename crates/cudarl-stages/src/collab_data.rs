@@ -369,7 +369,7 @@ impl Stage for CollabData {
                 ));
             }
         }
-        write_sft_tables(ctx, &gens, &opt)?;
+        write_sft_tables(ctx, gens, &opt)?;
         let rows = collected_rows(
             &episodes,
             &kept,

@@ -589,11 +589,11 @@ impl SftRows {
 /// A row does not fit its schema, or the store write failed.
 pub fn write_sft_tables(
     ctx: &mut StageContext<'_>,
-    gen_rows: &SftRows,
+    gen_rows: SftRows,
     opt_rows: &SftRows,
 ) -> Result<(), StageError> {
     let gens: Vec<cudarl_tables::sft::SftGeneratorRow> =
-        gen_rows.rows.iter().cloned().map(Into::into).collect();
+        gen_rows.rows.into_iter().map(Into::into).collect();
     write_output(
         ctx,
         "sft_generator",

@@ -250,7 +250,7 @@ impl Stage for SftData {
                 by_source
             ));
         }
-        write_sft_tables(ctx, &gen_rows, &opt_rows)
+        write_sft_tables(ctx, gen_rows, &opt_rows)
     }
 }
 

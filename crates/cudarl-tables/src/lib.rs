@@ -120,6 +120,7 @@ pub fn read<T: TableRow>(path: &Path, display: &str) -> Result<Vec<T>, DataError
 pub fn from_batch<T: TableRow>(batch: &RecordBatch, display: &str) -> Result<Vec<T>, DataError> {
     let want = T::schema();
     let have = batch.schema();
+    let mut fields = Vec::with_capacity(want.fields().len());
     let mut columns = Vec::with_capacity(want.fields().len());
     for f in want.fields() {
         let Ok(i) = have.index_of(f.name()) else {
@@ -146,26 +147,10 @@ pub fn from_batch<T: TableRow>(batch: &RecordBatch, display: &str) -> Result<Vec
                 format!("null in row {row} (the column is required)"),
             ));
         }
+        fields.push(have.fields()[i].clone());
         columns.push(col.clone());
     }
-    let fields: Vec<FieldRef> = have
-        .fields()
-        .iter()
-        .filter(|f| want.field_with_name(f.name()).is_ok())
-        .cloned()
-        .collect();
-    let ordered: Vec<FieldRef> = want
-        .fields()
-        .iter()
-        .map(|f| {
-            fields
-                .iter()
-                .find(|g| g.name() == f.name())
-                .cloned()
-                .expect("checked above")
-        })
-        .collect();
-    serde_arrow::from_arrow(&ordered, &columns)
+    serde_arrow::from_arrow(&fields, &columns)
         .map_err(|e| DataError::bad(display, None, format!("cannot read rows: {e}")))
 }
 
