@@ -2208,6 +2208,10 @@ def judge_torch(judge, req, res, t_start):
         heartbeat()
         res["tests"].append(judge.test(t))
     res["worker_ms"]["tests"] = (time.perf_counter() - t_tests) * 1e3
+    if not req.get("full_size_after_failure", True) and not all(t["passed"] for t in res["tests"]):
+        # Wrong at the recorded tests: the own-sizes run would only tell `shape_specialized`
+        # from `wrong_answer`, both unpaid (the judges of rl-train and eval leave it out).
+        return
     # The problem's own sizes (KernelBench's take up to tens of GB with the reference's outputs):
     # one worker of the machine at a time (`full_size_lock`), and what it allocated is given
     # back before the next one starts, so testers beside each other and the trainers' generation

@@ -202,6 +202,38 @@ fn sft_data_is_chat_messages_with_the_holdout_and_rl_families_in_their_own_split
         assert_eq!(reserved, r["split"] == "rl", "{}", r["task_id"]);
     }
     assert_eq!(rl_families(&p).len(), 2);
+    // `rename_sizes`: some examples name the sizes otherwise than the task does, and their
+    // kernel uses the names their prompt declares, never the task's.
+    let tasks = rows(&p, "synth-tasks", "tasks");
+    let declared = |prompt: &str| -> String {
+        let at = prompt
+            .find("extern \"C\" void launch(")
+            .expect("a declaration");
+        prompt[at..at + prompt[at..].find(';').expect("ends")].to_string()
+    };
+    let sizes = |sig: &str| -> Vec<String> {
+        sig.split(['(', ',', ')'])
+            .filter_map(|p| p.trim().strip_prefix("int64_t ").map(str::to_string))
+            .collect()
+    };
+    let mut renamed = 0;
+    for r in &g {
+        let task = tasks.iter().find(|t| t["task_id"] == r["task_id"]).unwrap();
+        let own = task["signature"].as_str().unwrap();
+        let shown = declared(r["messages"][1]["content"].as_str().unwrap());
+        if shown == own {
+            continue;
+        }
+        renamed += 1;
+        let answer = r["messages"][2]["content"].as_str().unwrap();
+        assert!(answer.contains(&shown), "{shown}\n{answer}");
+        for (old, new) in sizes(own).iter().zip(sizes(&shown)) {
+            assert_ne!(old, &new);
+            let word = regex::Regex::new(&format!(r"\b{old}\b")).unwrap();
+            assert!(!word.is_match(&shown), "{old} left in {shown}");
+        }
+    }
+    assert!(renamed > g.len() / 5, "{renamed} of {} renamed", g.len());
     let opt = rows(&p, "sft-data", "sft_optimizer");
     assert!(
         !opt.is_empty()

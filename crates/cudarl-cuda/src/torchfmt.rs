@@ -699,6 +699,11 @@ pub struct TorchRunOptions {
     /// [`crate::standin`]). A run that only decides which candidates are run again with timing
     /// leaves it out: its runner does not start CUPTI (0.03 s on the H200 host).
     pub profile: bool,
+    /// Run the problem's own sizes also after a recorded test failed, so a kernel right only
+    /// there is told apart (`shape_specialized`) from a wrong one (`wrong_answer`); both are
+    /// incorrect. Off, a candidate wrong at its recorded tests skips the own-sizes run and its
+    /// machine-wide lock ([`crate::worker::GpuLock::full_size_path`]).
+    pub full_size_after_failure: bool,
 }
 
 /// A scratch directory for a torch-format runner in `pool`'s [`RunnerRoot`] (made on first use),
@@ -965,7 +970,8 @@ pub fn run(
         "bench": bench, "bench_seed": 0, "runner": runner, "step_s": step_s,
         "torch_compile": opts.torch_compile, "reference": reference,
         "next_runner": next.as_ref().map(|n| &n.1), "profile": opts.profile,
-        "full_size_lock": crate::worker::GpuLock::full_size_path(&pool.gpu_id())});
+        "full_size_lock": crate::worker::GpuLock::full_size_path(&pool.gpu_id()),
+        "full_size_after_failure": opts.full_size_after_failure});
     // Only timing needs the GPU alone: a run that tests shares it with other testers.
     let outcome = if opts.bench.is_some() {
         pool.run_line(&req.to_string(), opts.wall)

@@ -3,6 +3,7 @@
 
 pub mod ops;
 pub mod prompts;
+pub mod rename;
 pub mod sample;
 pub mod split;
 pub mod tiers;

@@ -11,7 +11,9 @@
 //! `gpu_workers` Python workers side by side sharing the GPU ([`cudarl_cuda::worker::GpuLock`],
 //! shared), each build handed to the first free worker as it lands
 //! ([`cudarl_cuda::worker::stream_to`]); most candidates end there, since starting a sandboxed
-//! runner (interpreter, torch, CUDA) costs seconds of CPU each. A candidate that passed is run
+//! runner (interpreter, torch, CUDA) costs seconds of CPU each, and one wrong at its recorded tests
+//! skips the problem's own sizes (`TorchRunOptions::full_size_after_failure`, so its failure is
+//! `wrong_answer`, never `shape_specialized`). A candidate that passed is run
 //! again from the start with timing, on one worker holding the GPU alone: its verdict is that
 //! second run's, so a candidate that passes once and fails when timed is not correct.
 
@@ -94,6 +96,7 @@ impl KbJudge {
                     root: root.to_path_buf(),
                     store,
                     profile: true,
+                    full_size_after_failure: true,
                 },
             },
             gpu: gpu.map(|g| {
@@ -144,6 +147,8 @@ impl Parts {
         let tests_only = TorchRunOptions {
             bench: None,
             profile: false,
+            // A candidate wrong at its recorded tests is not run at its own sizes.
+            full_size_after_failure: false,
             ..self.opts.clone()
         };
         let first = cudarl_cuda::worker::stream_to(

@@ -890,6 +890,7 @@ async fn judge_kb(
             root: s.root.clone(),
             store: s.compiler.store.clone(),
             profile: true,
+            full_size_after_failure: true,
         };
         Ok(cudarl_cuda::torchfmt::run(
             v,

@@ -183,6 +183,12 @@ pub struct Params {
     /// (`kernelbench/practised`). Absent or 0: none, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernelbench_samples: Option<usize>,
+    /// The sampling temperature of the KernelBench episodes (every turn); `0` decodes greedily,
+    /// as KernelBench's single-sample script does (`scripts/generate_and_eval_single_sample.py`,
+    /// `temperature = 0.0`), so one episode per problem says what the model writes. Absent:
+    /// the task families' `temperature`, and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernelbench_temperature: Option<f64>,
     /// Sampling, turns, reward, mode, device (as `rl-train`; the update settings are unused).
     #[serde(flatten)]
     pub rl: crate::rl_params::Params,
@@ -198,11 +204,17 @@ impl Eval {
     /// From the pipeline's table.
     ///
     /// # Errors
-    /// Unknown keys.
+    /// Unknown keys; a `kernelbench_temperature` below 0 or not finite.
     pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
-        Ok(Eval {
-            params: crate::common::parse_params(t)?,
-        })
+        let params: Params = crate::common::parse_params(t)?;
+        if let Some(t) = params.kernelbench_temperature
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(ParamsError(format!(
+                "kernelbench_temperature must be a number >= 0 (0: greedy), not {t}"
+            )));
+        }
+        Ok(Eval { params })
     }
 }
 
@@ -414,22 +426,21 @@ impl Eval {
     }
 
     /// Every episode of every checkpoint on `splits`, and what each (checkpoint, split) cost.
+    /// The checkpoints run at once, each with its own trainer, harness and KernelBench judge
+    /// (`sets`, one per checkpoint in [`Self::checkpoints`] order): one's harness works while
+    /// another generates. Timing stays alone on the GPU (the judges' exclusive hold against the
+    /// trainers' shared one, [`cudarl_cuda::worker::GpuLock`]), and each checkpoint samples with
+    /// the same seeds as it would alone.
     fn episodes(
         &self,
         ctx: &StageContext<'_>,
-        (h, mut kb): (&mut cudarl_rl::harness::Harness, Option<&mut KbSet>),
+        sets: &mut [(cudarl_rl::harness::Harness, Option<KbSet>)],
         cfg: &cudarl_rl::reward::RewardConfig,
         splits: &[(&'static str, Vec<&TaskSpec>)],
         dir: &std::path::Path,
     ) -> Result<(Vec<Row>, CostBy), StageError> {
         let p = &self.params;
-        let settings = EpisodeSettings {
-            max_turns: p.rl.max_turns,
-            public_seeds: h.public_seeds.clone(),
-        };
-        let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
-        // Episodes of every checkpoint and split: one batch of episodes per (checkpoint, split).
-        let kb_n = kb.as_ref().map_or(0, |k| {
+        let kb_n = sets[0].1.as_ref().map_or(0, |k| {
             k.by_split.iter().map(|l| l.1.len()).sum::<usize>() * self.kernelbench()
         });
         let per_ck: usize = splits
@@ -437,64 +448,118 @@ impl Eval {
             .map(|(_, t)| t.len() * p.samples.max(1))
             .sum::<usize>()
             + kb_n;
-        let bar = ctx.progress("episodes", Some((per_ck * self.checkpoints().len()) as u64));
-        for (ck, gi, oi) in self.checkpoints() {
-            // The same sampling seeds for every checkpoint.
-            let mut tc =
-                p.rl.start_trainer(ctx, (gi, oi), &dir.join(ck), (None, true))?;
-            for (split, tasks) in splits {
-                let many: Vec<&TaskSpec> = tasks
+        let cks = self.checkpoints();
+        let bar = ctx.progress("episodes", Some((per_ck * cks.len()) as u64));
+        let bar = &*bar;
+        let done: Vec<Result<(Vec<Row>, CostBy), StageError>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = cks
+                .iter()
+                .zip(sets.iter_mut())
+                .map(|(&ck, (h, kb))| {
+                    sc.spawn(move || {
+                        self.checkpoint_episodes(ctx, ck, (h, kb.as_mut()), (cfg, splits), dir, bar)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|t| {
+                    t.join().unwrap_or_else(|_| {
+                        Err(StageError::Failed(
+                            "an eval checkpoint's thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        bar.finish();
+        let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
+        for d in done {
+            let (r, c) = d?;
+            rows.extend(r);
+            cost.extend(c);
+        }
+        Ok((rows, cost))
+    }
+
+    /// One checkpoint's episodes (`ck`: name, generator and optimizer inputs) on `splits` and
+    /// then on the KernelBench problems of `kb`, one batch of episodes per split, and what each
+    /// split cost.
+    fn checkpoint_episodes(
+        &self,
+        ctx: &StageContext<'_>,
+        (ck, gi, oi): (&'static str, &'static str, &'static str),
+        (h, kb): (&mut cudarl_rl::harness::Harness, Option<&mut KbSet>),
+        (cfg, splits): (
+            &cudarl_rl::reward::RewardConfig,
+            &[(&'static str, Vec<&TaskSpec>)],
+        ),
+        dir: &std::path::Path,
+        bar: &dyn cudarl_core::report::ProgressSink,
+    ) -> Result<(Vec<Row>, CostBy), StageError> {
+        let p = &self.params;
+        let settings = EpisodeSettings {
+            max_turns: p.rl.max_turns,
+            public_seeds: h.public_seeds.clone(),
+        };
+        let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
+        // The same sampling seeds for every checkpoint.
+        let mut tc =
+            p.rl.start_trainer(ctx, (gi, oi), &dir.join(ck), (None, true))?;
+        for (split, tasks) in splits {
+            let many: Vec<&TaskSpec> = tasks
+                .iter()
+                .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
+                .collect();
+            let (g0, m0) = (tc.gen_seconds, h.mark());
+            let eps =
+                run_episodes(&many, &mut tc, h, cfg, &settings).map_err(crate::common::rl_err)?;
+            let used = h.since(&m0);
+            let c = Cost {
+                gen_seconds: tc.gen_seconds - g0,
+                harness: used,
+            };
+            cost.insert((ck, *split), c);
+            bar.inc(eps.len() as u64);
+            rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
+        }
+        if let Some(kb) = kb {
+            if let Some(t) = p.kernelbench_temperature {
+                tc.sampling.temperature = t;
+            }
+            for (split, tasks) in &kb.by_split {
+                let many: Vec<&KbTask> = tasks
                     .iter()
-                    .flat_map(|t| std::iter::repeat_n(*t, p.samples.max(1)))
+                    .flat_map(|t| std::iter::repeat_n(t, self.kernelbench()))
                     .collect();
-                let (g0, m0) = (tc.gen_seconds, h.mark());
-                let eps = run_episodes(&many, &mut tc, h, cfg, &settings)
+                let (g0, u0) = (tc.gen_seconds, kb.judge.used);
+                let t0 = std::time::Instant::now();
+                let eps = run_episodes(&many, &mut tc, &mut kb.judge, cfg, &settings)
                     .map_err(crate::common::rl_err)?;
-                let used = h.since(&m0);
-                let c = Cost {
-                    gen_seconds: tc.gen_seconds - g0,
-                    harness: used,
+                let u = kb.judge.used;
+                let gen_seconds = tc.gen_seconds - g0;
+                let harness = cudarl_rl::harness::HarnessUse {
+                    candidates: u.candidates - u0.candidates,
+                    seconds: (t0.elapsed().as_secs_f64() - gen_seconds).max(0.0),
+                    phases: cudarl_rl::harness::HarnessPhases {
+                        compile: u.compile_seconds - u0.compile_seconds,
+                        gpu: u.gpu_seconds - u0.gpu_seconds,
+                        sass: 0.0,
+                    },
+                    ..Default::default()
                 };
-                cost.insert((ck, *split), c);
+                cost.insert(
+                    (ck, *split),
+                    Cost {
+                        gen_seconds,
+                        harness,
+                    },
+                );
                 bar.inc(eps.len() as u64);
                 rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
             }
-            if let Some(kb) = kb.as_deref_mut() {
-                for (split, tasks) in &kb.by_split {
-                    let many: Vec<&KbTask> = tasks
-                        .iter()
-                        .flat_map(|t| std::iter::repeat_n(t, self.kernelbench()))
-                        .collect();
-                    let (g0, u0) = (tc.gen_seconds, kb.judge.used);
-                    let t0 = std::time::Instant::now();
-                    let eps = run_episodes(&many, &mut tc, &mut kb.judge, cfg, &settings)
-                        .map_err(crate::common::rl_err)?;
-                    let u = kb.judge.used;
-                    let gen_seconds = tc.gen_seconds - g0;
-                    let harness = cudarl_rl::harness::HarnessUse {
-                        candidates: u.candidates - u0.candidates,
-                        seconds: (t0.elapsed().as_secs_f64() - gen_seconds).max(0.0),
-                        phases: cudarl_rl::harness::HarnessPhases {
-                            compile: u.compile_seconds - u0.compile_seconds,
-                            gpu: u.gpu_seconds - u0.gpu_seconds,
-                            sass: 0.0,
-                        },
-                        ..Default::default()
-                    };
-                    cost.insert(
-                        (ck, *split),
-                        Cost {
-                            gen_seconds,
-                            harness,
-                        },
-                    );
-                    bar.inc(eps.len() as u64);
-                    rows.extend(eps.into_iter().map(|ep| Row { ck, split, ep }));
-                }
-            }
-            tc.quit();
         }
-        bar.finish();
+        tc.quit();
         Ok((rows, cost))
     }
 }
@@ -582,8 +647,17 @@ impl Stage for Eval {
         let cfg = p.rl.reward_config(ctx)?;
         let ts = load_tasks(ctx)?;
         let device = resolve_device(p.rl.device);
-        let mut h = harness(ctx, &p.rl, ts.naive.clone())?;
-        let mode = h.mode();
+        // One harness and KernelBench judge per checkpoint: they run at once (`episodes`).
+        let mut sets: Vec<cudarl_rl::harness::Harness> = Vec::new();
+        for _ in self.checkpoints() {
+            let mut h = harness(ctx, &p.rl, ts.naive.clone())?;
+            // A kernel both checkpoints wrote is disassembled once.
+            if let Some(first) = sets.first() {
+                h.sass_cache = first.sass_cache.clone();
+            }
+            sets.push(h);
+        }
+        let mode = sets[0].mode();
         let tmp = ctx.store().temp_dir()?;
         let dir = tmp.path();
         let mut splits: Vec<(&'static str, Vec<&TaskSpec>)> =
@@ -598,8 +672,13 @@ impl Stage for Eval {
                 practised.len()
             ));
         }
-        let mut kb = self.kernelbench_set(ctx, &h, &ts, &practised)?;
-        let (rows, cost) = self.episodes(ctx, (&mut h, kb.as_mut()), &cfg, &splits, dir)?;
+        let mut sets = sets
+            .into_iter()
+            .map(|h| Ok((self.kernelbench_set(ctx, &h, &ts, &practised)?, h)))
+            .map(|r: Result<_, StageError>| r.map(|(kb, h)| (h, kb)))
+            .collect::<Result<Vec<_>, StageError>>()?;
+        let (rows, cost) = self.episodes(ctx, &mut sets, &cfg, &splits, dir)?;
+        let kb = sets.swap_remove(0).1;
         let kb_splits: Vec<&'static str> = kb.as_ref().map_or(vec![], |k| k.splits());
         let mut sums = Vec::new();
         let cks: Vec<&'static str> = self.checkpoints().iter().map(|c| c.0).collect();

@@ -37,6 +37,7 @@ use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, Stage
 use cudarl_curriculum::prompts::{
     self, CLOSINGS, ChatMessage, GENERATOR_SYSTEM, INTROS, OPTIMIZER_SYSTEM, TaskView,
 };
+use cudarl_curriculum::rename::Renaming;
 use cudarl_curriculum::sample::{hash_fraction, order, shape_variants};
 use cudarl_data::Table;
 use cudarl_tables::TableRow;
@@ -93,6 +94,13 @@ pub struct Params {
     /// the problem's fastest, where that is at least 1.1x faster (GPU only).
     #[serde(default)]
     pub archive: bool,
+    /// Half of each task's generator examples with the launcher's sizes renamed
+    /// ([`cudarl_curriculum::rename`]: the same new names in the module, the declaration, the
+    /// example shapes and the kernel), so the model copies the sizes the prompt names instead of
+    /// recalling a memorized kernel's. The task kernels only, not the archives'. Absent: off,
+    /// and left out of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename_sizes: Option<bool>,
 }
 
 /// The `sft-data` stage.
@@ -208,6 +216,7 @@ impl Stage for SftData {
                 signature: sg,
                 kept_out: kept_out(&splits, t)?,
                 shapes: vec![],
+                renamable: p.rename_sizes == Some(true),
             };
             task.generator(&mut gen_rows, kerns);
             // Optimizer: each naive -> optimized pair, faster when measured.
@@ -330,6 +339,7 @@ impl SftData {
                     _ => Some("test"),
                 },
                 shapes: vec![],
+                renamable: false,
             };
             task.generator(gen_rows, kerns);
             // Each measured kernel -> the fastest one, where that is at least 1.1x faster.
@@ -378,6 +388,8 @@ struct TaskExamples<'a> {
     kept_out: Option<&'static str>,
     /// Its training shapes (JSON objects of sizes).
     shapes: Vec<String>,
+    /// Its generator examples may have their sizes renamed ([`Params::rename_sizes`]).
+    renamable: bool,
 }
 
 impl TaskExamples<'_> {
@@ -409,29 +421,51 @@ impl TaskExamples<'_> {
         );
     }
 
-    /// Generator examples: every (intro, closing, shapes, kernel, lead-in) combination, in an
-    /// order seeded by the task, `per_family` of them.
+    /// Generator examples: every (intro, closing, shapes, kernel, lead-in, names) combination,
+    /// in an order seeded by the task, `per_family` of them; `names` 1 renames the sizes (when
+    /// the task is [`TaskExamples::renamable`]).
     fn generator(&self, rows: &mut SftRows, kerns: &[Kern]) {
         let p = &self.stage.params;
         let variants = shape_variants(&self.shapes);
-        let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2;
-        for c in order(
-            n,
-            p.seed ^ blake3::hash(self.id.as_bytes()).as_bytes()[0] as u64,
-        )
-        .into_iter()
-        .take(p.per_family)
-        {
+        let names = if self.renamable { 2 } else { 1 };
+        let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2 * names;
+        let seed = p.seed ^ blake3::hash(self.id.as_bytes()).as_bytes()[0] as u64;
+        let texts: Vec<&str> = std::iter::once(self.description)
+            .chain(kerns.iter().map(|k| k.code.as_str()))
+            .collect();
+        for c in order(n, seed).into_iter().take(p.per_family) {
             let (intro, r) = (c % INTROS.len(), c / INTROS.len());
             let (closing, r) = (r % CLOSINGS.len(), r / CLOSINGS.len());
             let (sv, r) = (r % variants.len(), r / variants.len());
-            let (ki, lead) = (r % kerns.len(), r / kerns.len());
-            let view = self.view(&variants[sv]);
+            let (ki, r) = (r % kerns.len(), r / kerns.len());
+            let (lead, renamed) = (r % 2, r / 2);
             let k = &kerns[ki];
+            let rename = (renamed == 1)
+                .then(|| Renaming::draw(self.signature, &texts, seed ^ c as u64))
+                .flatten();
+            let (description, signature, shapes, code) = match &rename {
+                Some(r) => (
+                    r.python(self.description),
+                    r.c(self.signature),
+                    variants[sv].iter().map(|s| r.shapes_json(s)).collect(),
+                    r.c(&k.code),
+                ),
+                None => (
+                    self.description.to_string(),
+                    self.signature.to_string(),
+                    variants[sv].clone(),
+                    k.code.clone(),
+                ),
+            };
+            let view = TaskView {
+                description: &description,
+                signature: &signature,
+                ..self.view(&shapes)
+            };
             let answer = if lead == 1 {
-                format!("Here is the kernel:\n\n{}", prompts::fenced(&k.code))
+                format!("Here is the kernel:\n\n{}", prompts::fenced(&code))
             } else {
-                prompts::fenced(&k.code)
+                prompts::fenced(&code)
             };
             let m = vec![
                 ChatMessage::new("system", GENERATOR_SYSTEM),

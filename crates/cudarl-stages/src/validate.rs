@@ -151,6 +151,12 @@ pub struct Params {
     /// verdict's memo key.
     #[serde(default = "d_timing_batch")]
     pub timing_batch: usize,
+    /// Milliseconds of timing per task kernel ([`cudarl_cuda::gpu::BenchSpec::budget_ms`]: the
+    /// timing stops at the budget or at the target spread, with at least 5 repetitions);
+    /// `rl-train` times its candidates with 30.
+    /// Absent: the harness's 100, and left out of the key and of the verdicts' memo keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing_budget_ms: Option<f64>,
 }
 
 fn d_gpu_workers() -> usize {
@@ -181,6 +187,14 @@ impl Validate {
         if !params.tasks && !params.archive {
             return Err("`tasks` and `archive` are both false: nothing to validate".into());
         }
+        if let Some(ms) = params.timing_budget_ms
+            && !(ms.is_finite() && ms > 0.0)
+        {
+            return Err(format!(
+                "timing_budget_ms must be a positive number of milliseconds, not {ms}"
+            )
+            .into());
+        }
         Ok(Validate { params })
     }
 
@@ -189,12 +203,15 @@ impl Validate {
     /// limiting the kernel set reuses every verdict already computed.
     fn verdict_params(&self) -> String {
         let p = &self.params;
-        serde_json::json!({
+        let mut key = serde_json::json!({
             "mode": p.mode, "timeout_s": p.timeout_s, "public_seeds": p.public_seeds,
             "hidden_seeds": p.hidden_seeds, "bench": p.bench,
             "torch_builds_without_gpu": p.torch_builds_without_gpu,
-        })
-        .to_string()
+        });
+        if let Some(ms) = p.timing_budget_ms {
+            key["timing_budget_ms"] = ms.into();
+        }
+        key.to_string()
     }
 
     fn gpu(&self) -> Option<cudarl_cuda::gpu::GpuInfo> {
@@ -566,7 +583,13 @@ impl TaskKernels<'_> {
                 ),
                 wall: Duration::from_secs(self.params.timeout_s),
                 bench: self.params.bench,
-                timing: cudarl_cuda::gpu::BenchSpec::default(),
+                timing: cudarl_cuda::gpu::BenchSpec {
+                    budget_ms: self
+                        .params
+                        .timing_budget_ms
+                        .unwrap_or(cudarl_cuda::gpu::BenchSpec::default().budget_ms),
+                    ..Default::default()
+                },
                 // The naive kernels are rows here: their own timings give the speedups.
                 time_naive: false,
                 profile: false,
@@ -906,6 +929,7 @@ impl Validate {
             root: ctx.root().to_path_buf(),
             store: Some(ctx.store().clone()),
             profile: true,
+            full_size_after_failure: true,
         };
         for (i, b) in built.into_iter().enumerate() {
             let Some((mut v, cand)) = b else { continue };

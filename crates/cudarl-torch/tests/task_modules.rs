@@ -14,6 +14,7 @@ use std::process::Command;
 use common::repo;
 
 use cudarl_cuda::task::{ArgKind, TaskSpec, eval_formula};
+use cudarl_curriculum::rename::Renaming;
 use cudarl_torch::eval::{Env, eval};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
@@ -107,11 +108,39 @@ fn every_task_module_agrees_with_the_judges_reference() {
     };
     let specs = common::default_task_specs();
     assert!(specs.len() > 460);
-    let cases: Vec<Value> = specs
+    let mut cases: Vec<Value> = specs
         .iter()
         .enumerate()
         .map(|(i, s)| case(s, i as i64))
         .collect();
+    // And each task with its sizes renamed as `sft-data` renames them
+    // (`cudarl_curriculum::rename`): the renamed module computes the same outputs, and an
+    // operator family's derives the renamed launcher.
+    let renamed: Vec<Value> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (code, sig) = (
+                c["code"].as_str().unwrap(),
+                c["signature"].as_str().unwrap(),
+            );
+            let r = Renaming::draw(sig, &[code], i as u64)
+                .unwrap_or_else(|| panic!("{}: no renaming of {sig}", c["id"]));
+            let mut c = c.clone();
+            c["id"] = format!("{} (renamed)", c["id"].as_str().unwrap()).into();
+            c["code"] = r.python(code).into();
+            c["signature"] = r.c(sig).into();
+            c["sizes"] = c["sizes"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (r.name(k).to_string(), v.clone()))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+            c
+        })
+        .collect();
+    cases.extend(renamed);
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("cases.json");
     std::fs::write(&file, serde_json::to_string(&cases).expect("json")).expect("write");
@@ -124,8 +153,8 @@ fn every_task_module_agrees_with_the_judges_reference() {
     assert!(o.status.success(), "{text}");
     assert!(
         text.contains(&format!(
-            "checked {} modules (450 signatures), 0 disagree",
-            specs.len()
+            "checked {} modules (900 signatures), 0 disagree",
+            2 * specs.len()
         )),
         "{text}"
     );

@@ -147,6 +147,7 @@ fn check_kb(
         root: ctx.root.clone(),
         store: compiler.store.clone(),
         profile: true,
+        full_size_after_failure: true,
     };
     let bar = cudarl_core::Reporter::progress(
         &*reporter,
