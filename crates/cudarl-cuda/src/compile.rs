@@ -38,8 +38,8 @@ pub const WALL_FACTOR: u32 = 4;
 /// Key-derivation context of the compile cache (v2: sandboxed two-step builds with object
 /// inspection and the shared CUDA runtime; v3: CPU-time limits, builds stopped by a limit not
 /// cached; v4: one nvcc run to the shared object; v5: object checks by section prefix and byte,
-/// exported names, tensor-core precision in the PTX).
-pub const CACHE_CONTEXT: &str = "cudarl-pipe compile cache v5";
+/// exported names, tensor-core precision in the PTX; v6: the linked library scanned).
+pub const CACHE_CONTEXT: &str = "cudarl-pipe compile cache v6";
 
 /// The object nvcc keeps beside the other intermediate files of a native build.
 const OBJECT: &str = "keep/kernel.o";
@@ -275,6 +275,21 @@ impl Compiler {
         }
         let so = dir.path().join("kernel.so");
         out.compiled = run.ok && so.is_file();
+        if out.compiled {
+            // The link wrote the relocation fields: the library's code is scanned as the
+            // object's was.
+            match std::fs::read(&so)
+                .map_err(|e| e.to_string())
+                .and_then(|b| crate::inspect::linked(&b))
+            {
+                Ok(v) => out.findings.extend(v),
+                Err(e) => out.findings.push(unreadable("linked library", e)),
+            }
+            if crate::static_check::rejected(&out.findings) {
+                out.compiled = false;
+                return Ok(out);
+            }
+        }
         out.so_hash = match (&self.store, out.compiled) {
             (Some(s), true) => Some(s.ingest_file(&so)?),
             _ => None,

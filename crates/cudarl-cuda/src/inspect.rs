@@ -41,8 +41,9 @@
 //!   (`benchmarks/results/object_byte_scan_false_positives_cpu_2026-12-04.json`). An honest
 //!   launcher whose constant or jump happens to hold one of these byte pairs (a comparison with
 //!   1295, `0x050f`) is refused; the finding names the bytes. The object's relocation fields hold
-//!   zeros until the link: a value the linker writes there (a displacement the layout decides) is
-//!   not seen here.
+//!   zeros until the link, so the linked library is scanned the same way before anything loads it
+//!   ([`linked`]): a displacement the candidate steers through the layout (the size of a static
+//!   array between its code and the data it addresses) is seen there.
 //! - `object-export`: every symbol the object defines (global, weak or unique, any visibility) is
 //!   the launcher `launch`, the shim's `cudarl_entry`, a C++ name (`_Z...`: kernels and their
 //!   device stubs, the host stubs of `__device__` functions, the candidate's helpers, the inline
@@ -310,25 +311,12 @@ pub fn object(bytes: &[u8], rules: &ObjectRules) -> Result<Vec<Finding>, String>
     }
     out.extend(load_time_sections(&file, rules));
     out.extend(code_sections(&file));
-    if let Some(h) = code_hits_of(&file).into_iter().next() {
-        let how = if h.decoded {
-            String::new()
-        } else {
-            format!(
-                ", hidden inside `{}`, the instruction a linear disassembly decodes at {:#x} (a jump into its middle runs it)",
-                h.within_bytes, h.within
-            )
-        };
-        out.push(reject(
-            "object-instruction",
-            0,
-            format!("{} at {}+{:#x}", h.what, h.section, h.offset),
-            format!(
-                "the host code contains the encoding of `{}` (a raw system call or clock read) at `{}`+{:#x}{how}",
-                h.what, h.section, h.offset
-            ),
-        ));
-    }
+    out.extend(
+        code_hits_of(&file)
+            .into_iter()
+            .next()
+            .map(|h| instruction_finding(&h, "host code")),
+    );
     // Without the launcher the link fails and says which launcher it expects: a misnamed one
     // (`launch_kernel`) is explained there, not as a name the object may not define.
     let has_launcher = file
@@ -613,6 +601,45 @@ fn code_sections(file: &object::File<'_>) -> Vec<Finding> {
         }
     }
     out
+}
+
+/// The `object-instruction` finding for hit `h` in `what` (the host code, the linked library).
+fn instruction_finding(h: &CodeHit, what: &str) -> Finding {
+    let how = if h.decoded {
+        String::new()
+    } else {
+        format!(
+            ", hidden inside `{}`, the instruction a linear disassembly decodes at {:#x} (a jump into its middle runs it)",
+            h.within_bytes, h.within
+        )
+    };
+    reject(
+        "object-instruction",
+        0,
+        format!("{} at {}+{:#x}", h.what, h.section, h.offset),
+        format!(
+            "the {what} contains the encoding of `{}` (a raw system call or clock read) at `{}`+{:#x}{how}",
+            h.what, h.section, h.offset
+        ),
+    )
+}
+
+/// `object-instruction` on the linked shared object (`bytes`): the same scan as [`object()`]'s
+/// over every code section of the library (its PLT, the C runtime's start files, and the
+/// object's code with the values the linker wrote into its relocation fields, which the object
+/// holds as zeros). On the 285 honest builds of
+/// `benchmarks/results/object_byte_scan_false_positives_cpu_2026-12-04.json` no linked library
+/// has a hit.
+///
+/// # Errors
+/// The bytes are not an ELF file `object` can read.
+pub fn linked(bytes: &[u8]) -> Result<Vec<Finding>, String> {
+    Ok(code_hits(bytes)?
+        .into_iter()
+        .next()
+        .map(|h| instruction_finding(&h, "linked library"))
+        .into_iter()
+        .collect())
 }
 
 /// The system-call and clock-read instructions refused in host code, by encoding.

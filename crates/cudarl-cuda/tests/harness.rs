@@ -887,3 +887,67 @@ fn the_shim_is_out_of_reach_of_the_candidates_macros() {
         names(true)
     );
 }
+
+/// The bytes of a `syscall` that only the link writes: a `lea` to a label in another `.text.*`
+/// section holds zeros in the object (its relocation field), and its displacement after the
+/// link is the layout's, which the candidate steers with padding before the label. A first
+/// build reads where the link put the label; a second, padded so the displacement's low bytes
+/// are `0f 05`, is refused by the scan of the linked library (`object-instruction`), while the
+/// object alone shows nothing.
+#[test]
+fn a_syscall_encoding_the_link_writes_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let Some(c) = compiler(&store) else { return };
+    let va = vector_add();
+    let rules = Rules::builtin();
+    let source = |pad: u32| {
+        format!(
+            r#"#include <cuda_runtime.h>
+#include <stdint.h>
+__global__ void add(const float* a, const float* b, float* out, int64_t n) {{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}}
+asm(".section .text.far,\"ax\",@progbits\n.skip {pad}\nfar_label:\n\tret\n.text\n");
+extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {{
+    long r;
+    asm volatile("movabsq $0x1122334455667788, %%rdx\n\tleaq far_label(%%rip), %%rax" : "=a"(r) : : "rdx");
+    (void)r;
+    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
+}}
+"#
+        )
+    };
+    // The displacement of the `lea` after the marker, in the linked library of `pad`.
+    let displacement = |pad: u32| -> u32 {
+        let v = check_compile_only(&va, &source(pad), &rules, &c).unwrap();
+        assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
+        let so = store.blob_path(&v.so_hash.clone().expect("a stored library"));
+        let bytes = std::fs::read(so).unwrap();
+        let marker = [0x48, 0xba, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11];
+        let at = bytes
+            .windows(marker.len())
+            .position(|w| w == marker)
+            .expect("the marker")
+            + marker.len();
+        assert_eq!(
+            &bytes[at..at + 3],
+            &[0x48, 0x8d, 0x05],
+            "lea rax, [rip + disp32]"
+        );
+        u32::from_le_bytes(bytes[at + 3..at + 7].try_into().unwrap())
+    };
+    let d0 = displacement(0);
+    let pad = 0x050fu32.wrapping_sub(d0) & 0xffff;
+    let src = source(pad);
+    let v = check_compile_only(&va, &src, &rules, &c).unwrap();
+    let flag = v
+        .static_flags
+        .iter()
+        .find(|f| f.rule == "object-instruction")
+        .unwrap_or_else(|| panic!("not refused: {:?} {:?}", v.failure, v.static_flags));
+    assert!(flag.message.contains("linked library"), "{}", flag.message);
+    assert!(!v.compiled);
+    assert_eq!(v.failure.as_deref(), Some("static_reject"));
+}

@@ -44,7 +44,9 @@ pub const KIND: &str = "validate";
 /// new executable memory in the runner once the candidate is loaded.
 /// 10: an f32 output with a contraction is compared with `rtol` at most f32's rounding bound
 /// `(8 sqrt(K) + 256) 2^-24` (`TaskSpec::rtol_for`).
-pub const HARNESS_VERSION: u32 = 10;
+/// 11: the linked library's code scanned for system-call and clock-read encodings
+/// (`inspect::linked`).
+pub const HARNESS_VERSION: u32 = 11;
 
 /// `agreement`: one row per archive kernel (SakanaAI sample, CUDA-L1): our verdict beside the
 /// archive's claim.
