@@ -192,7 +192,9 @@ pub fn preprocessed(rules: &Rules, texts: &[&str], format: &str, roots: &[String
     out
 }
 
-/// Reads `%globaltimer`, `%clock` or `%clock64` in PTX (timer reads inside the kernel).
+/// Reads `%globaltimer`, `%clock` or `%clock64` in PTX (timer reads inside the kernel), and two
+/// flags on precision: tensor-core math on reduced-precision operands
+/// ([`TENSOR_CORE_PRECISION`]) and half-precision arithmetic ([`HALF_PRECISION_MATH`]).
 pub fn ptx(text: &str) -> Vec<Finding> {
     static TIMER: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(r"%(globaltimer(?:_lo|_hi)?|clock64|clock(?:_hi)?)\b").expect("re")
@@ -204,6 +206,15 @@ pub fn ptx(text: &str) -> Vec<Finding> {
     static MMA: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(r"(?:^|[\s{;])((?:w?gmma\.mma_async|wmma\.mma|mma\.sync|mma\.sp|tcgen05\.mma|cvt(?:\.\w+)*\.tf32)[\w.:]*)")
             .expect("re")
+    });
+    // Arithmetic that rounds to a half type (scalar or packed: `add.f16`, `fma.rn.bf16x2`,
+    // `ex2.approx.f16`) and conversions of f32 to one (`cvt.rn.f16.f32`, `cvt.rn.bf16x2.f32`).
+    // Moves, comparisons, min/max and conversions from a half type lose nothing.
+    static HALF: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(
+            r"(?:^|[\s{;])((?:(?:add|sub|mul|fma|mad|div|ex2|tanh|sqrt|rsqrt|rcp|lg2|sin|cos)(?:\.(?:rn|rz|rm|rp|ftz|sat|approx|full|relu|oob))*\.(?:f16x2|bf16x2|f16|bf16)|cvt(?:\.(?:rn|rz|rm|rp|rna|rs|sat|relu|satfinite|ftz))*\.(?:f16x2|bf16x2|f16|bf16)\.f32)\b)",
+        )
+        .expect("re")
     });
     static LOW: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(
@@ -235,6 +246,24 @@ pub fn ptx(text: &str) -> Vec<Finding> {
         .collect();
     types.sort_unstable();
     types.dedup();
+    let half: Vec<&str> = HALF
+        .captures_iter(text)
+        .map(|c| c.get(1).expect("group").as_str())
+        .collect();
+    if let Some(first) = half.first() {
+        let mut f = reject(
+            HALF_PRECISION_MATH,
+            0,
+            (*first).into(),
+            format!(
+                "the kernel computes in half precision ({} in its PTX, {} such instructions): f16/bf16 arithmetic or a rounding of f32 values to f16/bf16",
+                first,
+                half.len()
+            ),
+        );
+        f.action = Action::Flag;
+        out.push(f);
+    }
     if !types.is_empty() {
         let mut f = reject(
             TENSOR_CORE_PRECISION,
@@ -255,6 +284,10 @@ pub fn ptx(text: &str) -> Vec<Finding> {
 /// which rejects the kernel of an `f32` task that does not declare `allow_tf32`
 /// ([`crate::verdict::build_native`]).
 pub const TENSOR_CORE_PRECISION: &str = "tensor-core-precision";
+
+/// The rule id of half-precision arithmetic in the PTX ([`ptx`]): a flag, which rejects the
+/// kernel of an `f32` task as [`TENSOR_CORE_PRECISION`] does.
+pub const HALF_PRECISION_MATH: &str = "half-precision-math";
 
 /// The launcher the generated shim calls: undefined when the candidate does not define it,
 /// which the link reports as a missing launcher (not a forbidden import).
@@ -939,12 +972,46 @@ mod tests {
             "s8"
         );
         assert_eq!(ptx("\tcvt.rna.tf32.f32 %r1, %f1;")[0].matched, "tf32");
+        // Half-precision arithmetic, scalar and packed, and f32 rounded to a half type.
+        for (line, op) in [
+            ("\tadd.rn.f16x2 %r3, %r1, %r2;", "add.rn.f16x2"),
+            ("{ fma.rn.bf16x2 %r4, %r1, %r2, %r3; }", "fma.rn.bf16x2"),
+            ("\tmul.f16 %rs3, %rs1, %rs2;", "mul.f16"),
+            ("\tex2.approx.f16 %rs2, %rs1;", "ex2.approx.f16"),
+            ("\tcvt.rn.bf16x2.f32 %r1, %f2, %f1;", "cvt.rn.bf16x2.f32"),
+            ("\tcvt.rn.f16.f32 %rs1, %f1;", "cvt.rn.f16.f32"),
+        ] {
+            let f = ptx(line);
+            assert_eq!(f.len(), 1, "{line}");
+            assert_eq!(
+                (f[0].rule.as_str(), f[0].action, f[0].matched.as_str()),
+                (HALF_PRECISION_MATH, Action::Flag, op),
+                "{line}"
+            );
+        }
+        // Reading half inputs into f32, moving and comparing halves lose nothing.
+        for line in [
+            "\tcvt.f32.f16 %f1, %rs1;",
+            "\tcvt.f32.bf16 %f1, %rs1;",
+            "\tmov.b32 {%rs1, %rs2}, %r1;",
+            "\tmax.f16x2 %r3, %r1, %r2;",
+            "\tsetp.lt.f16 %p1, %rs1, %rs2;",
+            "\tadd.f32 %f3, %f1, %f2;",
+            "\tld.global.nc.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];",
+        ] {
+            assert!(ptx(line).is_empty(), "{line}");
+        }
         assert_eq!(
             ptx("tcgen05.mma.cta_group::1.kind::tf32 [%r1], %rd1, %rd2, %r3, p;")[0].matched,
             "tf32"
         );
-        // f32 math, and half types outside tensor-core instructions, are not flagged.
-        assert!(ptx("\tfma.rn.f32 %f3, %f1, %f2, %f3;\n\tcvt.rn.f16.f32 %rs1, %f3;\n\tld.global.b16 %rs2, [%rd1];").is_empty());
+        // f32 math, and half types outside tensor-core instructions, are not tensor-core math
+        // (the rounding to f16 is half-precision math).
+        assert!(
+            ptx("\tfma.rn.f32 %f3, %f1, %f2, %f3;\n\tcvt.rn.f16.f32 %rs1, %f3;\n\tld.global.b16 %rs2, [%rd1];")
+                .iter()
+                .all(|f| f.rule == HALF_PRECISION_MATH)
+        );
         assert!(
             ptx(
                 "\tmma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%fd1}, {%fd2}, {%fd3}, {%fd4};"

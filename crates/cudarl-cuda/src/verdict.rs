@@ -303,7 +303,8 @@ fn explain_missing_launcher(v: &mut Verdict, spec: &TaskSpec, source: &str) {
 /// by the build of `source` with `shim` appended: a static reject, what was built breaking a
 /// rule, a compile error or timeout, or compiled (`so_hash` set with a store). With `f32_math`
 /// (an `f32` task that does not declare `allow_tf32`), tensor-core math on reduced-precision
-/// operands in the PTX (the flag `tensor-core-precision`) rejects the kernel.
+/// operands (the flag `tensor-core-precision`) or half-precision arithmetic
+/// (`half-precision-math`) in the PTX rejects the kernel.
 ///
 /// # Errors
 /// Harness failures only.
@@ -332,7 +333,14 @@ pub fn build_native(
     v.compile_seconds = out.compile_seconds;
     v.so_hash = out.so_hash;
     for mut f in out.findings {
-        if f32_math && f.rule == crate::inspect::TENSOR_CORE_PRECISION {
+        if !f32_math && f.rule == crate::inspect::HALF_PRECISION_MATH {
+            // A half-precision task computes in half precision.
+            continue;
+        }
+        if f32_math
+            && (f.rule == crate::inspect::TENSOR_CORE_PRECISION
+                || f.rule == crate::inspect::HALF_PRECISION_MATH)
+        {
             f.action = crate::static_check::Action::Reject;
             f.message = format!("an f32 task: {}", f.message);
         }

@@ -45,7 +45,8 @@ pub const KIND: &str = "validate";
 /// 10: an f32 output with a contraction is compared with `rtol` at most f32's rounding bound
 /// `(8 sqrt(K) + 256) 2^-24` (`TaskSpec::rtol_for`).
 /// 11: the linked library's code scanned for system-call and clock-read encodings
-/// (`inspect::linked`).
+/// (`inspect::linked`); half-precision arithmetic in an f32 task's PTX rejects it
+/// (`half-precision-math`).
 pub const HARNESS_VERSION: u32 = 11;
 
 /// `agreement`: one row per archive kernel (SakanaAI sample, CUDA-L1): our verdict beside the
