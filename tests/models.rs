@@ -96,7 +96,6 @@ fn cpu_project() -> Project {
         ),
         // sft-eval's and eval's samples.
         ("samples = 8", "samples = 3"),
-        ("kernelbench_samples = 2 ", "kernelbench_samples = 1 "),
         // The copy documents are a test's own, below.
         ("copy_documents = 3000 ", "copy_documents = 0 "),
         ("\nsteps = 5 ", "\nsteps = 2 "),

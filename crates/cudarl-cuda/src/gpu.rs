@@ -424,4 +424,9 @@ pub struct RunResult {
     /// The profile pass, when [`RunJob::profile`] asked for it and the candidate was timed.
     #[serde(default)]
     pub profile: Option<crate::profile::ProfileOutcome>,
+    /// The candidate's runner could not map the window events, so its windows were ordered by
+    /// the arena's fallback words, which lie in memory the candidate's context maps
+    /// ([`Verdict::window_words`](crate::Verdict::window_words)).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub window_words: bool,
 }

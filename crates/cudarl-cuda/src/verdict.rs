@@ -111,6 +111,11 @@ pub struct Verdict {
     /// (null without `--ncu`).
     #[serde(default)]
     pub profile: Option<crate::profile::ProfileOutcome>,
+    /// The windows that tested and timed this candidate were ordered by the fallback words in
+    /// the arena (the runner could not map the judge's window events), which the candidate's
+    /// context can reach: its timing is not the events' evidence.
+    #[serde(default)]
+    pub window_words: bool,
 }
 
 impl Verdict {
@@ -202,6 +207,7 @@ impl Verdict {
             roofline_flops_ms: None,
             candidate_output: None,
             profile: None,
+            window_words: false,
         }
     }
 }
@@ -833,6 +839,7 @@ pub fn speedups(v: &mut Verdict, base: &TaskBaselines) {
 /// What the judge reported about the candidate's runner: its failure (a hack flag too when it
 /// is one, see [`crate::gpu::HACK_FAILURES`]) and what the candidate printed.
 fn runner_report(v: &mut Verdict, r: &crate::gpu::RunResult) {
+    v.window_words |= r.window_words;
     if let Some(o) = &r.candidate_output {
         v.candidate_output = Some(o.clone());
     }

@@ -944,8 +944,25 @@ impl Judge {
     /// with [`Judge::stuck`], the worker exits. `heartbeat` is called before each GPU step;
     /// `exclusive` is called once, between the tests and the timing of a job with
     /// [`RunJob::exclusive_timing`], and returns once the GPU is held alone (`false`: the parent
-    /// refused, and the job answers without timing).
+    /// refused, and the job answers without timing). A job whose runner could not map the window
+    /// events says so ([`RunResult::window_words`]).
     pub fn run_with_heartbeat(
+        &mut self,
+        job: &RunJob,
+        heartbeat: &mut dyn FnMut(),
+        exclusive: &mut dyn FnMut() -> bool,
+    ) -> RunResult {
+        if let Some(ipc) = self.ipc.as_mut() {
+            // Set again by this job's load.
+            ipc.words = false;
+        }
+        let mut res = self.run_job(job, heartbeat, exclusive);
+        res.window_words = self.ipc.as_ref().is_some_and(|i| i.words);
+        res
+    }
+
+    /// [`Judge::run_with_heartbeat`] without the window-words report.
+    fn run_job(
         &mut self,
         job: &RunJob,
         heartbeat: &mut dyn FnMut(),
@@ -962,6 +979,7 @@ impl Judge {
             failure: None,
             candidate_output: None,
             profile: None,
+            window_words: false,
         };
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let bench_shape = job

@@ -48,6 +48,7 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 failure: None,
                 candidate_output: None,
                 profile: None,
+                window_words: false,
             };
             println!("{}", serde_json::to_string(&r).expect("json"));
             return 3;

@@ -466,6 +466,11 @@ fn print_verdict(v: &cudarl_cuda::Verdict, json: bool) -> i32 {
         for h in &v.hack_flags {
             println!("  hack flag: {h}");
         }
+        if v.window_words {
+            println!(
+                "  windows: ordered by the arena's fallback words (the runner could not map the window events)"
+            );
+        }
     }
     i32::from(!passed(v))
 }
