@@ -1,13 +1,5 @@
 //! `splits` (stage `splits`): what is held out, one row per KernelBench problem and per task
 //! family (docs/architecture.md, "Splits").
-//!
-//! | column | type | meaning |
-//! |---|---|---|
-//! | item_id | utf8 | `kb/L{level}/{name}` (a KernelBench problem, as `problems.problem_id`) or `synth/<task_id>` |
-//! | source | utf8 | `kernelbench` or `synthetic` |
-//! | level | int64, nullable | KernelBench level; null for families |
-//! | group | utf8 | the unit that shares a split: the problem id itself, or the family's template group (its task id when it has none) |
-//! | split | utf8 | `train`, `val` or `test` (KernelBench); `train`, `rl` or `test` (families) |
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,6 +13,14 @@ use serde::{Deserialize, Serialize};
 use crate::TableRow;
 
 /// One row of `splits`.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | item_id | utf8 | `kb/L{level}/{name}` (a KernelBench problem, as `problems.problem_id`) or `synth/<task_id>` |
+/// | source | utf8 | `kernelbench` or `synthetic` |
+/// | level | int64, nullable | KernelBench level; null for families |
+/// | group | utf8 | the unit that shares a split: the problem id itself, or the family's template group (its task id when it has none) |
+/// | split | utf8 | `train`, `val` or `test` (KernelBench); `train`, `rl` or `test` (families) |
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SplitRow {
     /// `kb/L{level}/{name}` or `synth/<task_id>`.
