@@ -426,15 +426,17 @@ impl Eval {
     }
 
     /// Every episode of every checkpoint on `splits`, and what each (checkpoint, split) cost.
-    /// The checkpoints run at once, each with its own trainer, harness and KernelBench judge
-    /// (`sets`, one per checkpoint in [`Self::checkpoints`] order): one's harness works while
-    /// another generates. Timing stays alone on the GPU (the judges' exclusive hold against the
-    /// trainers' shared one, [`cudarl_cuda::worker::GpuLock`]), and each checkpoint samples with
-    /// the same seeds as it would alone.
+    /// On a GPU (`at_once`) the checkpoints run at once, each with its own trainer, harness and
+    /// KernelBench judge (`sets`, one per checkpoint in [`Self::checkpoints`] order): one's
+    /// harness works while another generates. Timing stays alone on the GPU (the judges'
+    /// exclusive hold against the trainers' shared one, [`cudarl_cuda::worker::GpuLock`]), and
+    /// each checkpoint samples with the same seeds as it would alone. On the CPU they run one
+    /// after another: two trainers' thread pools on the same cores slow each other down many
+    /// times over.
     fn episodes(
         &self,
         ctx: &StageContext<'_>,
-        sets: &mut [(cudarl_rl::harness::Harness, Option<KbSet>)],
+        (sets, at_once): (&mut [(cudarl_rl::harness::Harness, Option<KbSet>)], bool),
         cfg: &cudarl_rl::reward::RewardConfig,
         splits: &[(&'static str, Vec<&TaskSpec>)],
         dir: &std::path::Path,
@@ -451,27 +453,43 @@ impl Eval {
         let cks = self.checkpoints();
         let bar = ctx.progress("episodes", Some((per_ck * cks.len()) as u64));
         let bar = &*bar;
-        let done: Vec<Result<(Vec<Row>, CostBy), StageError>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = cks
-                .iter()
+        let done: Vec<Result<(Vec<Row>, CostBy), StageError>> = if !at_once {
+            cks.iter()
                 .zip(sets.iter_mut())
                 .map(|(&ck, (h, kb))| {
-                    sc.spawn(move || {
-                        self.checkpoint_episodes(ctx, ck, (h, kb.as_mut()), (cfg, splits), dir, bar)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|t| {
-                    t.join().unwrap_or_else(|_| {
-                        Err(StageError::Failed(
-                            "an eval checkpoint's thread panicked".into(),
-                        ))
-                    })
+                    self.checkpoint_episodes(ctx, ck, (h, kb.as_mut()), (cfg, splits), dir, bar)
                 })
                 .collect()
-        });
+        } else {
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = cks
+                    .iter()
+                    .zip(sets.iter_mut())
+                    .map(|(&ck, (h, kb))| {
+                        sc.spawn(move || {
+                            self.checkpoint_episodes(
+                                ctx,
+                                ck,
+                                (h, kb.as_mut()),
+                                (cfg, splits),
+                                dir,
+                                bar,
+                            )
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|t| {
+                        t.join().unwrap_or_else(|_| {
+                            Err(StageError::Failed(
+                                "an eval checkpoint's thread panicked".into(),
+                            ))
+                        })
+                    })
+                    .collect()
+            })
+        };
         bar.finish();
         let (mut rows, mut cost) = (Vec::new(), BTreeMap::new());
         for d in done {
@@ -677,7 +695,7 @@ impl Stage for Eval {
             .map(|h| Ok((self.kernelbench_set(ctx, &h, &ts, &practised)?, h)))
             .map(|r: Result<_, StageError>| r.map(|(kb, h)| (h, kb)))
             .collect::<Result<Vec<_>, StageError>>()?;
-        let (rows, cost) = self.episodes(ctx, &mut sets, &cfg, &splits, dir)?;
+        let (rows, cost) = self.episodes(ctx, (&mut sets, device == "cuda"), &cfg, &splits, dir)?;
         let kb = sets.swap_remove(0).1;
         let kb_splits: Vec<&'static str> = kb.as_ref().map_or(vec![], |k| k.splits());
         let mut sums = Vec::new();
