@@ -923,7 +923,7 @@ extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cu
     let displacement = |pad: u32| -> u32 {
         let v = check_compile_only(&va, &source(pad), &rules, &c).unwrap();
         assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
-        let so = store.blob_path(&v.so_hash.clone().expect("a stored library"));
+        let so = store.blob_path(&v.so_hash.expect("a stored library"));
         let bytes = std::fs::read(so).unwrap();
         let marker = [0x48, 0xba, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11];
         let at = bytes
