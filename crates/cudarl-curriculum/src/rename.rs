@@ -50,13 +50,54 @@ pub fn size_names(signature: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `name` is used in `text` where a renaming would leave a use and change its
+/// declaration: in C, as a member or qualified name (`.name`, `->name`, `::name`) or pasted by
+/// the preprocessor (`name##`, `##name`); in Python (a text that imports torch, where an
+/// attribute other than `self.name` is torch's), as a keyword argument (`name=` inside
+/// parentheses) while it is also a parameter of the module's own function.
+fn unsafe_use(text: &str, name: &str) -> bool {
+    let word = Regex::new(&format!(r"\b{}\b", regex::escape(name))).expect("escaped");
+    let python = text.contains("import torch");
+    let mut keyword = false;
+    for m in word.find_iter(text) {
+        let (before, after) = (&text[..m.start()], &text[m.end()..]);
+        if !python
+            && (before.ends_with('.')
+                || before.ends_with("->")
+                || before.ends_with("::")
+                || before.trim_end().ends_with("##")
+                || after.trim_start().starts_with("##"))
+        {
+            return true;
+        }
+        let rest = after.trim_start_matches([' ', '\t']);
+        let open = before
+            .rfind('(')
+            .filter(|&o| before[o..].matches(')').count() == 0);
+        keyword |= open.is_some_and(|o| !DEF.is_match(&before[..o]))
+            && rest.starts_with('=')
+            && !rest.starts_with("==");
+    }
+    // A parameter of the module's own function (not `__init__` or `forward`, which the
+    // harness calls by position).
+    let param = Regex::new(&format!(
+        r"\bdef\s+(\w+)\s*\([^)]*\b{}\b",
+        regex::escape(name)
+    ))
+    .expect("escaped");
+    keyword
+        && param
+            .captures_iter(text)
+            .any(|c| !["__init__", "forward"].contains(&&c[1]))
+}
+
 impl Renaming {
     /// A renaming of every size of `signature` to a name of [`NAMES`] drawn by `seed`, none of
     /// them a word of any of `texts` (the example's module, kernels and declaration); `None`
     /// when the launcher has no sizes or the names run out.
     pub fn draw(signature: &str, texts: &[&str], seed: u64) -> Option<Renaming> {
         let sizes = size_names(signature);
-        if sizes.is_empty() {
+        if sizes.is_empty() || sizes.iter().any(|s| texts.iter().any(|t| unsafe_use(t, s))) {
             return None;
         }
         let taken: std::collections::BTreeSet<&str> = texts
@@ -201,6 +242,25 @@ mod tests {
             })
             .collect();
         assert!(drawn.len() > 3, "{drawn:?}");
+    }
+
+    #[test]
+    fn no_renaming_where_a_use_would_keep_the_old_name() {
+        for text in [
+            "struct P { int64_t dim; }; int64_t f(P p) { return p.dim; }",
+            "int64_t g(const S* s) { return s->dim; }",
+            "auto v = cfg::dim;",
+            "#define CAT(a) a##dim",
+            "import torch\ndef helper(x, dim):\n    return x\n\ny = helper(x, dim=dim)\n",
+        ] {
+            assert_eq!(Renaming::draw(SIG, &[text], 0), None, "{text}");
+        }
+        // A keyword of a torch call, with `dim` a parameter of `__init__`: renamed.
+        let module = "import torch\nclass Model(nn.Module):\n    def __init__(self, dim):\n        self.dim = dim\n    def forward(self, x):\n        return torch.sum(x, dim=self.dim)\n";
+        assert!(Renaming::draw(SIG, &[module], 0).is_some());
+        // torch's attribute named like a size: renamed around it.
+        let module = "import torch\nx = torch.rand(batch_size, dim)\nk = x.dim()\n";
+        assert!(Renaming::draw(SIG, &[module], 0).is_some());
     }
 
     #[test]

@@ -39,8 +39,9 @@ pub struct Harness {
     pub wall: Duration,
     /// Naive kernel per task id (the speedup baseline).
     pub naive: std::collections::BTreeMap<String, String>,
-    /// Baseline timings per task.
-    pub baselines: std::sync::Mutex<Baselines>,
+    /// Baseline timings per task (shared by harnesses that judge against the same baselines,
+    /// e.g. `eval`'s checkpoints).
+    pub baselines: std::sync::Arc<std::sync::Mutex<Baselines>>,
     /// `cuobjdump` for SASS, when found.
     pub cuobjdump: Option<PathBuf>,
     /// `cuobjdump -sass` output by shared-object digest (`None`: it failed), filled by
@@ -382,7 +383,7 @@ impl Harness {
             ..
         } = self;
         let gpu = !pools.is_empty();
-        let sched = Scheduler::new(rules, compiler, baselines);
+        let sched = Scheduler::new(rules, compiler, baselines.as_ref());
         // SASS for the reward's bonuses, only of builds whose SASS can change the reward
         // ([`crate::reward::sass_decides`]: the gate passed and the source leaves the bonus
         // open), once their verdict is known: a rayon job per such build, on every core while

@@ -669,9 +669,11 @@ impl Stage for Eval {
         let mut sets: Vec<cudarl_rl::harness::Harness> = Vec::new();
         for _ in self.checkpoints() {
             let mut h = harness(ctx, &p.rl, ts.naive.clone())?;
-            // A kernel both checkpoints wrote is disassembled once.
+            // A kernel both checkpoints wrote is disassembled once, and both are timed against
+            // the same naive and torch baselines.
             if let Some(first) = sets.first() {
                 h.sass_cache = first.sass_cache.clone();
+                h.baselines = first.baselines.clone();
             }
             sets.push(h);
         }

@@ -427,12 +427,18 @@ impl TaskExamples<'_> {
     fn generator(&self, rows: &mut SftRows, kerns: &[Kern]) {
         let p = &self.stage.params;
         let variants = shape_variants(&self.shapes);
-        let names = if self.renamable { 2 } else { 1 };
-        let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2 * names;
         let seed = p.seed ^ blake3::hash(self.id.as_bytes()).as_bytes()[0] as u64;
         let texts: Vec<&str> = std::iter::once(self.description)
             .chain(kerns.iter().map(|k| k.code.as_str()))
             .collect();
+        // Whether a renaming exists does not depend on its seed: without one, no variant
+        // repeats the plain examples.
+        let names = if self.renamable && Renaming::draw(self.signature, &texts, 0).is_some() {
+            2
+        } else {
+            1
+        };
+        let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2 * names;
         for c in order(n, seed).into_iter().take(p.per_family) {
             let (intro, r) = (c % INTROS.len(), c / INTROS.len());
             let (closing, r) = (r % CLOSINGS.len(), r / CLOSINGS.len());
