@@ -91,11 +91,19 @@ fn unsafe_use(text: &str, name: &str) -> bool {
             .any(|c| !["__init__", "forward"].contains(&&c[1]))
 }
 
-impl Renaming {
-    /// A renaming of every size of `signature` to a name of [`NAMES`] drawn by `seed`, none of
-    /// them a word of any of `texts` (the example's module, kernels and declaration); `None`
-    /// when the launcher has no sizes or the names run out.
-    pub fn draw(signature: &str, texts: &[&str], seed: u64) -> Option<Renaming> {
+/// What every renaming of one example draws from: its sizes and the names no text of it uses,
+/// read once ([`Namer::new`]), then drawn per seed ([`Namer::draw`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Namer {
+    sizes: Vec<String>,
+    free: Vec<&'static str>,
+}
+
+impl Namer {
+    /// The sizes of `signature` and the names of [`NAMES`] that no text of `texts` (and not
+    /// the declaration) uses; `None` when the launcher has no sizes, a size has a use a
+    /// renaming would miss ([`unsafe_use`]), or the names run out.
+    pub fn new(signature: &str, texts: &[&str]) -> Option<Namer> {
         let sizes = size_names(signature);
         if sizes.is_empty() || sizes.iter().any(|s| texts.iter().any(|t| unsafe_use(t, s))) {
             return None;
@@ -105,15 +113,18 @@ impl Renaming {
             .chain(std::iter::once(&signature))
             .flat_map(|t| IDENT.find_iter(t).map(|m| m.as_str()))
             .collect();
-        let mut free: Vec<&str> = NAMES
+        let free: Vec<&'static str> = NAMES
             .iter()
             .copied()
             .filter(|n| !taken.contains(n))
             .collect();
-        if free.len() < sizes.len() {
-            return None;
-        }
-        let mut picked: Vec<&str> = (0..sizes.len())
+        (free.len() >= sizes.len()).then_some(Namer { sizes, free })
+    }
+
+    /// The renaming of seed `seed`.
+    pub fn draw(&self, seed: u64) -> Renaming {
+        let mut free = self.free.clone();
+        let mut picked: Vec<&str> = (0..self.sizes.len())
             .map(|i| {
                 let h = blake3::hash(format!("{seed}/{i}").as_bytes());
                 let k = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"));
@@ -123,12 +134,23 @@ impl Renaming {
         // In the sizes' order: `kb-specs` lists a module's sizes sorted by name, so a launcher
         // it derived stays the one it derives after the renaming.
         picked.sort_unstable();
-        let map = sizes
-            .into_iter()
+        let map = self
+            .sizes
+            .iter()
+            .cloned()
             .zip(picked)
             .map(|(s, n)| (s, n.to_string()))
             .collect();
-        Some(Renaming { map })
+        Renaming { map }
+    }
+}
+
+impl Renaming {
+    /// A renaming of every size of `signature` to a name of [`NAMES`] drawn by `seed`, none of
+    /// them a word of any of `texts` (the example's module, kernels and declaration); `None`
+    /// where [`Namer::new`] has none. Several draws of one example: [`Namer`].
+    pub fn draw(signature: &str, texts: &[&str], seed: u64) -> Option<Renaming> {
+        Namer::new(signature, texts).map(|n| n.draw(seed))
     }
 
     /// Old name -> new name, in the order of the old names.

@@ -431,8 +431,8 @@ impl Eval {
     /// harness works while another generates. Timing stays alone on the GPU (the judges'
     /// exclusive hold against the trainers' shared one, [`cudarl_cuda::worker::GpuLock`]), and
     /// each checkpoint samples with the same seeds as it would alone. On the CPU they run one
-    /// after another: two trainers' thread pools on the same cores slow each other down many
-    /// times over.
+    /// after another on the one set in `sets`: two trainers' thread pools on the same cores slow
+    /// each other down many times over.
     fn episodes(
         &self,
         ctx: &StageContext<'_>,
@@ -454,9 +454,9 @@ impl Eval {
         let bar = ctx.progress("episodes", Some((per_ck * cks.len()) as u64));
         let bar = &*bar;
         let done: Vec<Result<(Vec<Row>, CostBy), StageError>> = if !at_once {
+            let (h, kb) = &mut sets[0];
             cks.iter()
-                .zip(sets.iter_mut())
-                .map(|(&ck, (h, kb))| {
+                .map(|&ck| {
                     self.checkpoint_episodes(ctx, ck, (h, kb.as_mut()), (cfg, splits), dir, bar)
                 })
                 .collect()
@@ -666,8 +666,11 @@ impl Stage for Eval {
         let ts = load_tasks(ctx)?;
         let device = resolve_device(p.rl.device);
         // One harness and KernelBench judge per checkpoint: they run at once (`episodes`).
+        // One harness and KernelBench judge per checkpoint where they run at once (a GPU), else
+        // one for all: a candidate both checkpoints wrote is then judged once.
+        let at_once = device == "cuda";
         let mut sets: Vec<cudarl_rl::harness::Harness> = Vec::new();
-        for _ in self.checkpoints() {
+        for _ in 0..if at_once { self.checkpoints().len() } else { 1 } {
             let mut h = harness(ctx, &p.rl, ts.naive.clone())?;
             // A kernel both checkpoints wrote is disassembled once, and both are timed against
             // the same naive and torch baselines.
@@ -697,7 +700,7 @@ impl Stage for Eval {
             .map(|h| Ok((self.kernelbench_set(ctx, &h, &ts, &practised)?, h)))
             .map(|r: Result<_, StageError>| r.map(|(kb, h)| (h, kb)))
             .collect::<Result<Vec<_>, StageError>>()?;
-        let (rows, cost) = self.episodes(ctx, (&mut sets, device == "cuda"), &cfg, &splits, dir)?;
+        let (rows, cost) = self.episodes(ctx, (&mut sets, at_once), &cfg, &splits, dir)?;
         let kb = sets.swap_remove(0).1;
         let kb_splits: Vec<&'static str> = kb.as_ref().map_or(vec![], |k| k.splits());
         let mut sums = Vec::new();

@@ -37,7 +37,7 @@ use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, Stage
 use cudarl_curriculum::prompts::{
     self, CLOSINGS, ChatMessage, GENERATOR_SYSTEM, INTROS, OPTIMIZER_SYSTEM, TaskView,
 };
-use cudarl_curriculum::rename::Renaming;
+use cudarl_curriculum::rename::Namer;
 use cudarl_curriculum::sample::{hash_fraction, order, shape_variants};
 use cudarl_data::Table;
 use cudarl_tables::TableRow;
@@ -431,13 +431,13 @@ impl TaskExamples<'_> {
         let texts: Vec<&str> = std::iter::once(self.description)
             .chain(kerns.iter().map(|k| k.code.as_str()))
             .collect();
-        // Whether a renaming exists does not depend on its seed: without one, no variant
-        // repeats the plain examples.
-        let names = if self.renamable && Renaming::draw(self.signature, &texts, 0).is_some() {
-            2
+        // Read once per task; without a renaming, no variant repeats the plain examples.
+        let namer = if self.renamable {
+            Namer::new(self.signature, &texts)
         } else {
-            1
+            None
         };
+        let names = if namer.is_some() { 2 } else { 1 };
         let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2 * names;
         for c in order(n, seed).into_iter().take(p.per_family) {
             let (intro, r) = (c % INTROS.len(), c / INTROS.len());
@@ -446,9 +446,10 @@ impl TaskExamples<'_> {
             let (ki, r) = (r % kerns.len(), r / kerns.len());
             let (lead, renamed) = (r % 2, r / 2);
             let k = &kerns[ki];
-            let rename = (renamed == 1)
-                .then(|| Renaming::draw(self.signature, &texts, seed ^ c as u64))
-                .flatten();
+            let rename = namer
+                .as_ref()
+                .filter(|_| renamed == 1)
+                .map(|n| n.draw(seed ^ c as u64));
             let (description, signature, shapes, code) = match &rename {
                 Some(r) => (
                     r.python(self.description),
