@@ -172,6 +172,12 @@ impl StageError {
         }
     }
 
+    /// [`StageError::Failed`] with `e`'s message: a component's error (the judge's, the Python
+    /// worker's, a parse error) that is neither bad input nor an interrupt.
+    pub fn failed(e: impl std::fmt::Display) -> Self {
+        StageError::Failed(e.to_string())
+    }
+
     /// Whether this is the user's input or configuration (exit code 2) rather than a failure.
     pub fn is_bad_input(&self) -> bool {
         matches!(

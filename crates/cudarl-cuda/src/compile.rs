@@ -280,7 +280,7 @@ impl Compiler {
             // object's was.
             match std::fs::read(&so)
                 .map_err(|e| e.to_string())
-                .and_then(|b| crate::inspect::linked(&b))
+                .and_then(|b| crate::inspect::linked(&b).map_err(String::from))
             {
                 Ok(v) => out.findings.extend(v),
                 Err(e) => out.findings.push(unreadable("linked library", e)),
@@ -315,7 +315,7 @@ impl Compiler {
             Err(e) => f.push(unreadable("object", e.to_string())),
         }
         if host.is_empty() || device.is_empty() {
-            f.push(unreadable("preprocessed text", "nvcc kept none".into()));
+            f.push(unreadable("preprocessed text", "nvcc kept none"));
         }
         match std::fs::read_to_string(keep.join("kernel.ptx")) {
             Ok(p) => f.extend(crate::inspect::ptx(&p)),
@@ -963,7 +963,7 @@ fn timeout_diagnostic(timeout: Duration) -> Diagnostic {
     }
 }
 
-fn unreadable(what: &str, why: String) -> crate::static_check::Finding {
+fn unreadable(what: &str, why: impl std::fmt::Display) -> crate::static_check::Finding {
     crate::static_check::Finding {
         rule: "object-unreadable".into(),
         action: crate::static_check::Action::Reject,

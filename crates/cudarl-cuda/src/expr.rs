@@ -115,25 +115,33 @@ pub const FUNCTIONS: &[(&str, usize, usize)] = &[
     ("group_norm", 5, 5),
 ];
 
+/// Why a reference expression does not parse ([`parse`]): the offending token or character
+/// and its byte offset, or an unknown function, or wrong arity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub String);
+
+message_into_string!(ParseError);
+
 /// Parses an expression.
 ///
 /// # Errors
 /// A message with the byte offset of the first problem: unknown function, wrong argument
 /// count, unbalanced parentheses, trailing input.
-pub fn parse(src: &str) -> Result<Expr, String> {
+pub fn parse(src: &str) -> Result<Expr, ParseError> {
     let toks = lex(src)?;
     let mut p = Parser { toks, pos: 0 };
     let e = p.expr()?;
     if p.pos < p.toks.len() {
-        return Err(format!(
+        return Err(ParseError(format!(
             "unexpected `{}` at offset {}",
             p.toks[p.pos].1, p.toks[p.pos].0
-        ));
+        )));
     }
     Ok(e)
 }
 
-fn lex(s: &str) -> Result<Vec<(usize, String)>, String> {
+fn lex(s: &str) -> Result<Vec<(usize, String)>, ParseError> {
     let b = s.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -161,7 +169,9 @@ fn lex(s: &str) -> Result<Vec<(usize, String)>, String> {
             out.push((i, c.to_string()));
             i += 1;
         } else {
-            return Err(format!("unexpected character `{c}` at offset {i}"));
+            return Err(ParseError(format!(
+                "unexpected character `{c}` at offset {i}"
+            )));
         }
     }
     Ok(out)
@@ -179,18 +189,18 @@ impl Parser {
     fn offset(&self) -> usize {
         self.toks.get(self.pos).map(|t| t.0).unwrap_or(usize::MAX)
     }
-    fn expect(&mut self, t: &str) -> Result<(), String> {
+    fn expect(&mut self, t: &str) -> Result<(), ParseError> {
         if self.peek() == Some(t) {
             self.pos += 1;
             Ok(())
         } else {
-            Err(match self.peek() {
+            Err(ParseError(match self.peek() {
                 Some(x) => format!("expected `{t}`, found `{x}` at offset {}", self.offset()),
                 None => format!("expected `{t}` at the end"),
-            })
+            }))
         }
     }
-    fn expr(&mut self) -> Result<Expr, String> {
+    fn expr(&mut self) -> Result<Expr, ParseError> {
         let mut l = self.term()?;
         while let Some(op @ ("+" | "-")) = self.peek() {
             let op = op.chars().next().expect("one char");
@@ -199,7 +209,7 @@ impl Parser {
         }
         Ok(l)
     }
-    fn term(&mut self) -> Result<Expr, String> {
+    fn term(&mut self) -> Result<Expr, ParseError> {
         let mut l = self.unary()?;
         while let Some(op @ ("*" | "/")) = self.peek() {
             let op = op.chars().next().expect("one char");
@@ -208,17 +218,17 @@ impl Parser {
         }
         Ok(l)
     }
-    fn unary(&mut self) -> Result<Expr, String> {
+    fn unary(&mut self) -> Result<Expr, ParseError> {
         if self.peek() == Some("-") {
             self.pos += 1;
             return Ok(Expr::Neg(Box::new(self.unary()?)));
         }
         self.atom()
     }
-    fn atom(&mut self) -> Result<Expr, String> {
+    fn atom(&mut self) -> Result<Expr, ParseError> {
         let off = self.offset();
         let Some(t) = self.peek().map(str::to_string) else {
-            return Err("unexpected end of expression".into());
+            return Err(ParseError("unexpected end of expression".into()));
         };
         self.pos += 1;
         if t == "(" {
@@ -230,10 +240,10 @@ impl Parser {
             return t
                 .parse::<f64>()
                 .map(Expr::Num)
-                .map_err(|_| format!("bad number `{t}` at offset {off}"));
+                .map_err(|_| ParseError(format!("bad number `{t}` at offset {off}")));
         }
         if !t.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-            return Err(format!("unexpected `{t}` at offset {off}"));
+            return Err(ParseError(format!("unexpected `{t}` at offset {off}")));
         }
         if self.peek() != Some("(") {
             return Ok(Expr::Var(t));
@@ -246,10 +256,12 @@ impl Parser {
         }
         self.expect(")")?;
         let Some(&(_, lo, hi)) = FUNCTIONS.iter().find(|f| f.0 == t) else {
-            return Err(format!("unknown function `{t}` at offset {off}"));
+            return Err(ParseError(format!(
+                "unknown function `{t}` at offset {off}"
+            )));
         };
         if args.len() < lo || args.len() > hi {
-            return Err(format!(
+            return Err(ParseError(format!(
                 "`{t}` takes {} arguments, got {} (offset {off})",
                 if lo == hi {
                     lo.to_string()
@@ -259,7 +271,7 @@ impl Parser {
                     format!("{lo} to {hi}")
                 },
                 args.len()
-            ));
+            )));
         }
         Ok(Expr::Call(t, args))
     }
@@ -430,7 +442,7 @@ mod tests {
             ("a $ b", "unexpected character `$`"),
         ] {
             let e = parse(bad).unwrap_err();
-            assert!(e.contains(want), "{bad}: {e}");
+            assert!(e.0.contains(want), "{bad}: {e}");
         }
     }
 }

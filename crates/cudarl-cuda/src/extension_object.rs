@@ -142,8 +142,8 @@ pub fn check(
     bytes: &[u8],
     rules: &ExtensionRules,
     exports: &HashSet<String>,
-) -> Result<Vec<Finding>, String> {
-    let file = object::File::parse(bytes).map_err(|e| format!("shared object: {e}"))?;
+) -> Result<Vec<Finding>, crate::inspect::ObjectError> {
+    let file = object::File::parse(bytes)?;
     let mut bad: Vec<String> = Vec::new();
     for s in file.dynamic_symbols().filter(|s| s.is_undefined()) {
         let Ok(raw) = s.name() else {

@@ -301,14 +301,21 @@ pub const ENTRY: &str = "cudarl_entry";
 /// the C++ personality routine its unwind tables name.
 const PERSONALITY_REF: &str = "DW.ref.__gxx_personality_v0";
 
+/// Bytes that are not an ELF file `object` can read (a truncated or hostile build output).
+#[derive(Debug, thiserror::Error)]
+#[error("object file: {0}")]
+pub struct ObjectError(#[from] pub object::Error);
+
+message_into_string!(ObjectError);
+
 /// Checks a compiled host object (an ELF relocatable file; see the module docs). Findings come
 /// in this order: imports, IFUNC symbols, load-time sections, code sections, instructions,
 /// exports.
 ///
 /// # Errors
 /// The bytes are not an object file `object` can read.
-pub fn object(bytes: &[u8], rules: &ObjectRules) -> Result<Vec<Finding>, String> {
-    let file = object::File::parse(bytes).map_err(|e| format!("object file: {e}"))?;
+pub fn object(bytes: &[u8], rules: &ObjectRules) -> Result<Vec<Finding>, ObjectError> {
+    let file = object::File::parse(bytes)?;
     let mut out = Vec::new();
     let mut bad: Vec<String> = file
         .symbols()
@@ -424,8 +431,8 @@ pub struct Export {
 ///
 /// # Errors
 /// The bytes are not an object file `object` can read.
-pub fn exports(bytes: &[u8], rules: &ObjectRules) -> Result<Vec<Export>, String> {
-    let file = object::File::parse(bytes).map_err(|e| format!("object file: {e}"))?;
+pub fn exports(bytes: &[u8], rules: &ObjectRules) -> Result<Vec<Export>, ObjectError> {
+    let file = object::File::parse(bytes)?;
     let refused = refused_exports(&file, rules);
     let mut out: Vec<Export> = file
         .symbols()
@@ -666,7 +673,7 @@ fn instruction_finding(h: &CodeHit, what: &str) -> Finding {
 ///
 /// # Errors
 /// The bytes are not an ELF file `object` can read.
-pub fn linked(bytes: &[u8]) -> Result<Vec<Finding>, String> {
+pub fn linked(bytes: &[u8]) -> Result<Vec<Finding>, ObjectError> {
     Ok(code_hits(bytes)?
         .into_iter()
         .next()
@@ -706,8 +713,8 @@ pub struct CodeHit {
 ///
 /// # Errors
 /// The bytes are not an object file `object` can read.
-pub fn code_hits(bytes: &[u8]) -> Result<Vec<CodeHit>, String> {
-    let file = object::File::parse(bytes).map_err(|e| format!("object file: {e}"))?;
+pub fn code_hits(bytes: &[u8]) -> Result<Vec<CodeHit>, ObjectError> {
+    let file = object::File::parse(bytes)?;
     Ok(code_hits_of(&file))
 }
 

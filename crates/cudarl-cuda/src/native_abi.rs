@@ -29,6 +29,22 @@ use serde_json::{Value, json};
 use crate::task::c_type;
 use cudarl_lex::c::{self, IDENT, matching_brace, matching_paren};
 
+/// Why a KernelBench problem's kernel has no native form: a `kb_specs` column that does not
+/// parse, or a conversion that is not mechanical (no CUDA source, several bound functions, a
+/// temporary tensor, an argument that matches no launcher buffer, torch left in the code), in
+/// one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AbiError(pub String);
+
+message_into_string!(AbiError);
+
+impl From<&str> for AbiError {
+    fn from(m: &str) -> AbiError {
+        AbiError(m.into())
+    }
+}
+
 /// A buffer of a KernelBench problem's native ABI (`kb_specs.buffers_json`): a tensor (`dtype`)
 /// or, for an input, a number (`scalar`, passed as `float`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,15 +91,19 @@ impl KbNative {
     ///
     /// # Errors
     /// A JSON column that does not parse or lacks a list, naming it.
-    pub fn from_row(signature: &str, buffers_json: &str, sizes_json: &str) -> Result<Self, String> {
+    pub fn from_row(
+        signature: &str,
+        buffers_json: &str,
+        sizes_json: &str,
+    ) -> Result<Self, AbiError> {
         let b: Value = serde_json::from_str(buffers_json)
-            .map_err(|e| format!("kb_specs.buffers_json: {e}"))?;
-        let list = |k: &str| -> Result<Vec<KbBuffer>, String> {
+            .map_err(|e| AbiError(format!("kb_specs.buffers_json: {e}")))?;
+        let list = |k: &str| -> Result<Vec<KbBuffer>, AbiError> {
             serde_json::from_value(b[k].clone())
-                .map_err(|e| format!("kb_specs.buffers_json.{k}: {e}"))
+                .map_err(|e| AbiError(format!("kb_specs.buffers_json.{k}: {e}")))
         };
-        let sizes: serde_json::Map<String, Value> =
-            serde_json::from_str(sizes_json).map_err(|e| format!("kb_specs.sizes_json: {e}"))?;
+        let sizes: serde_json::Map<String, Value> = serde_json::from_str(sizes_json)
+            .map_err(|e| AbiError(format!("kb_specs.sizes_json: {e}")))?;
         Ok(KbNative {
             signature: signature.to_string(),
             inputs: list("inputs")?,
@@ -486,7 +506,7 @@ pub fn to_native(
     code: &str,
     abi: &KbNative,
     constants: &BTreeMap<String, String>,
-) -> Result<String, String> {
+) -> Result<String, AbiError> {
     let (cuda, bound) = if code.contains("load_inline") || code.contains("cpp_extension") {
         from_python(code)?
     } else {
@@ -498,17 +518,17 @@ pub fn to_native(
 /// The CUDA source of a Python file with a `load_inline` call (the triple-quoted string that
 /// defines a `__global__` function) and the functions the call binds (`functions=[...]`; empty
 /// when the CUDA source has its own `PYBIND11_MODULE` block).
-fn from_python(code: &str) -> Result<(String, Vec<String>), String> {
+fn from_python(code: &str) -> Result<(String, Vec<String>), AbiError> {
     let strings: Vec<String> = PY_STRING
         .captures_iter(code)
         .map(|c| c.get(1).or(c.get(2)).map_or("", |m| m.as_str()).to_string())
         .collect();
     let mut cuda = strings.iter().filter(|s| s.contains("__global__"));
-    let src = cuda
-        .next()
-        .ok_or("no triple-quoted CUDA source with a __global__ kernel")?;
+    let src = cuda.next().ok_or(AbiError::from(
+        "no triple-quoted CUDA source with a __global__ kernel",
+    ))?;
     if cuda.next().is_some() {
-        return Err("several CUDA sources".into());
+        return Err(AbiError("several CUDA sources".into()));
     }
     let bound = PY_FUNCTIONS
         .captures(code)
@@ -625,7 +645,7 @@ pub(crate) fn split_top_level(s: &str, sep: u8, angles: bool) -> Vec<&str> {
     out
 }
 
-fn parse_args(args: &str) -> Result<Vec<Arg>, String> {
+fn parse_args(args: &str) -> Result<Vec<Arg>, AbiError> {
     let mut out = Vec::new();
     for a in split_top_level(args, b',', true) {
         let a = a.split('=').next().unwrap_or("").trim();
@@ -634,11 +654,11 @@ fn parse_args(args: &str) -> Result<Vec<Arg>, String> {
         }
         let cut = a
             .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .ok_or_else(|| format!("argument `{a}` has no type"))?;
+            .ok_or_else(|| AbiError(format!("argument `{a}` has no type")))?;
         let (ty, name) = (a[..=cut].trim().to_string(), a[cut + 1..].to_string());
         let tensor = ty.contains("Tensor");
         if !tensor && !SCALAR_TYPE.is_match(&ty) {
-            return Err(format!("argument `{name}` has type `{ty}`"));
+            return Err(AbiError(format!("argument `{name}` has type `{ty}`")));
         }
         out.push(Arg { ty, name, tensor });
     }
@@ -653,15 +673,15 @@ struct Slot<'a> {
 
 /// Host tensor arguments matched to the launcher's inputs (by position) and parameters (by
 /// name: equal, or the parameter's name ending in `_<argument>`; the rest by position).
-fn match_buffers<'a>(abi: &'a KbNative, tensors: &[&Arg]) -> Result<Vec<Slot<'a>>, String> {
+fn match_buffers<'a>(abi: &'a KbNative, tensors: &[&Arg]) -> Result<Vec<Slot<'a>>, AbiError> {
     let tensor_inputs: Vec<&KbBuffer> = abi.inputs.iter().filter(|b| b.scalar.is_none()).collect();
     let want = tensor_inputs.len() + abi.params.len();
     if tensors.len() != want {
-        return Err(format!(
+        return Err(AbiError(format!(
             "the host function takes {} tensors, the launcher {} (inputs and parameters)",
             tensors.len(),
             want
-        ));
+        )));
     }
     let mut param_of: Vec<Option<usize>> = vec![None; abi.params.len()];
     let mut used = BTreeSet::new();
@@ -687,11 +707,16 @@ fn match_buffers<'a>(abi: &'a KbNative, tensors: &[&Arg]) -> Result<Vec<Slot<'a>
     let mut slots = Vec::new();
     let mut input_slot = BTreeMap::new();
     for b in &tensor_inputs {
-        let ti = free.next().ok_or("more inputs than tensor arguments")?;
+        let ti = free
+            .next()
+            .ok_or(AbiError::from("more inputs than tensor arguments"))?;
         input_slot.insert(b.name.clone(), ti);
     }
     for p in param_of.iter_mut().filter(|p| p.is_none()) {
-        *p = Some(free.next().ok_or("a parameter matches no argument")?);
+        *p = Some(
+            free.next()
+                .ok_or(AbiError::from("a parameter matches no argument"))?,
+        );
     }
     for b in &abi.inputs {
         let name = match input_slot.get(&b.name) {
@@ -701,7 +726,7 @@ fn match_buffers<'a>(abi: &'a KbNative, tensors: &[&Arg]) -> Result<Vec<Slot<'a>
         slots.push(Slot { buf: b, name });
     }
     for (pi, b) in abi.params.iter().enumerate() {
-        let ti = param_of[pi].ok_or("a parameter matches no argument")?;
+        let ti = param_of[pi].ok_or(AbiError::from("a parameter matches no argument"))?;
         slots.push(Slot {
             buf: b,
             name: tensors[ti].name.clone(),
@@ -711,18 +736,18 @@ fn match_buffers<'a>(abi: &'a KbNative, tensors: &[&Arg]) -> Result<Vec<Slot<'a>
 }
 
 /// The C expression of a buffer's dimension `d` (a literal or a size name, renamed by `size`).
-fn dim_expr(d: &serde_json::Value, size: &BTreeMap<String, String>) -> Result<String, String> {
+fn dim_expr(d: &serde_json::Value, size: &BTreeMap<String, String>) -> Result<String, AbiError> {
     let s = match d {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Number(n) => n.to_string(),
-        _ => return Err(format!("dimension {d} is not a size")),
+        _ => return Err(AbiError(format!("dimension {d} is not a size"))),
     };
     if s.parse::<i64>().is_ok() {
         return Ok(s);
     }
     size.get(&s)
         .cloned()
-        .ok_or_else(|| format!("dimension `{s}` is not a launcher size"))
+        .ok_or_else(|| AbiError(format!("dimension `{s}` is not a launcher size")))
 }
 
 fn product(dims: &[String]) -> String {
@@ -740,7 +765,7 @@ fn product(dims: &[String]) -> String {
 }
 
 /// `AT_DISPATCH_*(type, "name", [&] { body })` -> `{ using scalar_t = float; body }`.
-fn unwrap_dispatch(body: &str) -> Result<String, String> {
+fn unwrap_dispatch(body: &str) -> Result<String, AbiError> {
     let mut s = body.to_string();
     while let Some(m) = DISPATCH.find(&s) {
         let open = m.end() - 1;
@@ -850,9 +875,12 @@ fn convert(
     bound: &[String],
     abi: &KbNative,
     constants: &BTreeMap<String, String>,
-) -> Result<String, String> {
+) -> Result<String, AbiError> {
     if abi.outputs.len() != 1 {
-        return Err(format!("the launcher has {} outputs", abi.outputs.len()));
+        return Err(AbiError(format!(
+            "the launcher has {} outputs",
+            abi.outputs.len()
+        )));
     }
     let stripped = c::strip_comments_and_strings(cuda);
     // The module block and the names it binds.
@@ -860,14 +888,15 @@ fn convert(
     let mut cut: Vec<(usize, usize)> = Vec::new();
     let blocks: Vec<_> = MODULE.find_iter(&stripped).collect();
     if blocks.len() > 1 {
-        return Err("several PYBIND11_MODULE blocks".into());
+        return Err(AbiError("several PYBIND11_MODULE blocks".into()));
     }
     if let Some(m) = blocks.first() {
         let open = m.start()
             + stripped[m.start()..]
                 .find('{')
-                .ok_or("a module block without a body")?;
-        let close = matching_brace(&stripped, open).ok_or("an unclosed module block")?;
+                .ok_or(AbiError::from("a module block without a body"))?;
+        let close =
+            matching_brace(&stripped, open).ok_or(AbiError::from("an unclosed module block"))?;
         let block = c::strip_comments(&cuda[m.start()..=close]);
         if names.is_empty() {
             names = DEF
@@ -880,23 +909,25 @@ fn convert(
     names.dedup();
     let spans = top_level_spans(&stripped);
     let host_name = match &names[..] {
-        [] => return Err("binds no function".into()),
+        [] => return Err(AbiError("binds no function".into())),
         [one] => one.clone(),
         many => many
             .iter()
             .find(|n| n.as_str() == "forward")
             .cloned()
-            .ok_or_else(|| format!("binds {} functions", many.len()))?,
+            .ok_or_else(|| AbiError(format!("binds {} functions", many.len())))?,
     };
     let mut found = spans.iter().filter(|f| f.name == host_name);
-    let host = found
-        .next()
-        .ok_or_else(|| format!("the bound function `{host_name}` is not defined at top level"))?;
+    let host = found.next().ok_or_else(|| {
+        AbiError(format!(
+            "the bound function `{host_name}` is not defined at top level"
+        ))
+    })?;
     if found.next().is_some() {
-        return Err(format!("`{host_name}` is overloaded"));
+        return Err(AbiError(format!("`{host_name}` is overloaded")));
     }
     if !host.ret.contains("Tensor") || host.ret.contains('<') {
-        return Err(format!("`{host_name}` returns `{}`", host.ret));
+        return Err(AbiError(format!("`{host_name}` returns `{}`", host.ret)));
     }
     cut.push((host.start, host.close + 1));
     cut.sort();
@@ -937,17 +968,17 @@ fn convert(
     let rest = TORCH_INCLUDE.replace_all(&rest, "").into_owned();
     let rest_code = c::strip_comments_and_strings(&rest);
     if let Some(m) = TORCHY.find(&rest_code) {
-        return Err(format!(
+        return Err(AbiError(format!(
             "code outside the bound function uses `{}`",
             m.as_str()
-        ));
+        )));
     }
     let taken: BTreeSet<String> = IDENT
         .find_iter(&rest_code)
         .map(|m| m.as_str().to_string())
         .collect();
     if let Some(c) = checks.iter().find(|c| taken.contains(*c)) {
-        return Err(format!("the kernels use the torch macro `{c}`"));
+        return Err(AbiError(format!("the kernels use the torch macro `{c}`")));
     }
 
     // The host function's arguments.
@@ -961,16 +992,16 @@ fn convert(
     let body = drop_statements(&body, &checks, &tensor_names, &mut scan);
     let out_name = match scan.returned.iter().collect::<Vec<_>>()[..] {
         [one] => scan.alias.get(one).unwrap_or(one).clone(),
-        [] => return Err("returns no tensor it names".into()),
-        _ => return Err("returns different tensors".into()),
+        [] => return Err(AbiError("returns no tensor it names".into())),
+        _ => return Err(AbiError("returns different tensors".into())),
     };
     let out_kind = scan
         .allocs
         .get(&out_name)
         .cloned()
-        .ok_or_else(|| format!("returns `{out_name}`, which it does not allocate"))?;
+        .ok_or_else(|| AbiError(format!("returns `{out_name}`, which it does not allocate")))?;
     if let Some(t) = scan.allocs.keys().find(|k| **k != out_name) {
-        return Err(format!("allocates a temporary tensor `{t}`"));
+        return Err(AbiError(format!("allocates a temporary tensor `{t}`")));
     }
     let body_decls: BTreeSet<String> =
         Regex::new(r"\b(?:int|int64_t|int32_t|long|auto|size_t|unsigned|float|double|const)\s+([A-Za-z_]\w*)\s*[=;\[(]")
@@ -1020,16 +1051,18 @@ fn convert(
             .collect::<Result<_, _>>()?;
         let rank = dims.len() as i64;
         let n = regex::escape(name);
-        let dim_at = |i: &str| -> Result<String, String> {
-            let i: i64 = i.parse().map_err(|_| format!("`{name}` dimension {i}"))?;
+        let dim_at = |i: &str| -> Result<String, AbiError> {
+            let i: i64 = i
+                .parse()
+                .map_err(|_| AbiError(format!("`{name}` dimension {i}")))?;
             let k = if i < 0 { rank + i } else { i };
             dims.get(k as usize)
                 .cloned()
                 .filter(|_| k >= 0)
-                .ok_or_else(|| format!("`{name}` has no dimension {i}"))
+                .ok_or_else(|| AbiError(format!("`{name}` has no dimension {i}")))
         };
         let mut err = None;
-        let mut sub = |pat: &str, f: &dyn Fn(&Captures) -> Result<String, String>| {
+        let mut sub = |pat: &str, f: &dyn Fn(&Captures) -> Result<String, AbiError>| {
             let r = Regex::new(&format!(r"\b{n}\s*\.\s*{pat}")).expect("re");
             b = r
                 .replace_all(&b, |c: &Captures| match f(c) {
@@ -1048,7 +1081,7 @@ fn convert(
         sub(r"size\s*\(\s*(-?\d+)\s*\)", &|c| dim_at(&c[1]));
         sub(r"sizes\s*\(\s*\)\s*\[\s*(-?\d+)\s*\]", &|c| dim_at(&c[1]));
         sub(r"stride\s*\(\s*(-?\d+)\s*\)", &|c| {
-            let i: i64 = c[1].parse().map_err(|_| "a stride".to_string())?;
+            let i: i64 = c[1].parse().map_err(|_| AbiError("a stride".to_string()))?;
             let k = if i < 0 { rank + i } else { i };
             Ok(product(
                 &dims[(k.clamp(0, rank) as usize + 1).min(dims.len())..],
@@ -1074,7 +1107,7 @@ fn convert(
             b = r.replace_all(&b, "${1}const ${2}").into_owned();
         }
     }
-    let out_ty = ctype(out_buf).ok_or("the output's dtype has no C type")?;
+    let out_ty = ctype(out_buf).ok_or(AbiError::from("the output's dtype has no C type"))?;
     let out_dims: Vec<String> = out_buf
         .dims
         .iter()
@@ -1109,18 +1142,18 @@ fn convert(
         })
         .into_owned();
     if let Some(m) = TORCHY.find(&b) {
-        return Err(format!("the host code uses `{}`", m.as_str()));
+        return Err(AbiError(format!("the host code uses `{}`", m.as_str())));
     }
     for name in pointer.keys() {
         if let Some(m) = Regex::new(&format!(r"\b{}\s*\.\s*\w+", regex::escape(name)))
             .expect("re")
             .find(&b)
         {
-            return Err(format!("the host code uses `{}`", m.as_str()));
+            return Err(AbiError(format!("the host code uses `{}`", m.as_str())));
         }
     }
     if b.contains("cudaStreamCreate") {
-        return Err("the host code creates its own streams".into());
+        return Err(AbiError("the host code creates its own streams".into()));
     }
 
     // Scalar arguments: sizes or module constants.
@@ -1142,10 +1175,12 @@ fn convert(
             Some(p) if *p == a.name => continue,
             Some(p) => p.clone(),
             None => constants.get(&a.name).cloned().ok_or_else(|| {
-                format!(
-                    "argument `{}` is neither a launcher size nor a module constant",
-                    a.name
-                )
+                AbiError({
+                    format!(
+                        "argument `{}` is neither a launcher size nor a module constant",
+                        a.name
+                    )
+                })
             })?,
         };
         prelude.push_str(&format!("    const {ty} {} = {value};\n", a.name));
@@ -1157,7 +1192,7 @@ fn convert(
         if s.buf.scalar.is_some() {
             params.push(format!("float {}", s.name));
         } else {
-            let t = ctype(s.buf).ok_or("a buffer's dtype has no C type")?;
+            let t = ctype(s.buf).ok_or(AbiError::from("a buffer's dtype has no C type"))?;
             params.push(format!("const {t}* {}", s.name));
         }
     }
@@ -1326,7 +1361,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &module_fn, "f"); }
         assert!(n.contains("(batch_size * 256)"), "{n}");
         // A missing constant is a reason, not a guess.
         let e = to_native(src, &a, &BTreeMap::new()).unwrap_err();
-        assert!(e.contains("scaling_factor"), "{e}");
+        assert!(e.0.contains("scaling_factor"), "{e}");
     }
 
     #[test]
@@ -1339,6 +1374,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &module_fn, "f"); }
         assert!(
             to_native(&tmp, &a, &BTreeMap::new())
                 .unwrap_err()
+                .0
                 .contains("temporary tensor `T`")
         );
         let aten = MATMUL.replace("return C;", "return torch::relu(C);");
@@ -1347,6 +1383,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &module_fn, "f"); }
         assert!(
             to_native(&three, &a, &BTreeMap::new())
                 .unwrap_err()
+                .0
                 .contains("3 tensors")
         );
     }

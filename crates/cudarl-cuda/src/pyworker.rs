@@ -12,6 +12,15 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+/// Why the Python side could not do its part: the interpreter would not start, is not the
+/// one the pipeline needs, a pipe failed, or the worker answered outside its protocol. The
+/// message names the interpreter or the answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PythonError(pub String);
+
+message_into_string!(PythonError);
+
 /// The worker script, relative to the project root.
 pub const SCRIPT: &str = "python/cudarl_worker.py";
 
@@ -41,9 +50,10 @@ impl TorchEnv {
     ///
     /// # Errors
     /// The worker failed or answered something else.
-    pub fn query(py: &mut PyWorker) -> Result<TorchEnv, String> {
+    pub fn query(py: &mut PyWorker) -> Result<TorchEnv, PythonError> {
         let a = py.call(&json!({"op": "build_env"}))?;
-        serde_json::from_value(a.clone()).map_err(|e| format!("build_env answer {a}: {e}"))
+        serde_json::from_value(a.clone())
+            .map_err(|e| PythonError(format!("build_env answer {a}: {e}")))
     }
 }
 
@@ -70,8 +80,8 @@ pub fn python(root: &Path) -> PathBuf {
 ///
 /// # Errors
 /// The interpreter does not run or has no torch (the message says `make setup`).
-pub fn python_versions(root: &Path) -> Result<String, String> {
-    static VERSIONS: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+pub fn python_versions(root: &Path) -> Result<String, PythonError> {
+    static VERSIONS: std::sync::OnceLock<Result<String, PythonError>> = std::sync::OnceLock::new();
     let py = python(root);
     VERSIONS
         .get_or_init(|| {
@@ -81,16 +91,16 @@ pub fn python_versions(root: &Path) -> Result<String, String> {
                     "import sys, importlib.metadata as m; print(sys.version.split()[0], m.version('torch'))",
                 ])
                 .output()
-                .map_err(|e| format!("{}: {e}", py.display()))?;
+                .map_err(|e| PythonError(format!("{}: {e}", py.display())))?;
             if !o.status.success() {
-                return Err(format!(
+                return Err(PythonError(format!(
                     "{} has no torch (run `make setup`): {}",
                     py.display(),
                     String::from_utf8_lossy(&o.stderr)
                         .lines()
                         .last()
                         .unwrap_or("")
-                ));
+                )));
             }
             Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
         })
@@ -114,7 +124,7 @@ impl PyWorker {
     /// # Errors
     /// The interpreter or torch is missing, or the hello is not JSON (the message carries the
     /// worker's stderr).
-    pub fn start(root: &Path) -> Result<PyWorker, String> {
+    pub fn start(root: &Path) -> Result<PyWorker, PythonError> {
         let py = python(root);
         let script = root.join(SCRIPT);
         let mut child = Command::new(&py)
@@ -123,7 +133,9 @@ impl PyWorker {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("start {} {}: {e}", py.display(), script.display()))?;
+            .map_err(|e| {
+                PythonError(format!("start {} {}: {e}", py.display(), script.display()))
+            })?;
         let stdin = child.stdin.take().expect("piped");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
         // stderr is drained in the background (warnings from problems), kept for errors.
@@ -136,18 +148,17 @@ impl PyWorker {
             *t2.lock().unwrap_or_else(|e| e.into_inner()) = s;
         });
         let hello = match stdout.next() {
-            Some(Ok(l)) => {
-                serde_json::from_str::<Value>(&l).map_err(|e| format!("worker hello: {e}: {l}"))?
-            }
+            Some(Ok(l)) => serde_json::from_str::<Value>(&l)
+                .map_err(|e| PythonError(format!("worker hello: {e}: {l}")))?,
             _ => {
                 let _ = child.wait();
                 std::thread::sleep(std::time::Duration::from_millis(50));
                 let t = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                return Err(format!(
+                return Err(PythonError(format!(
                     "the Python worker ({}) did not start: {}",
                     py.display(),
                     t.lines().last().unwrap_or("no output")
-                ));
+                )));
             }
         };
         Ok(PyWorker {
@@ -163,14 +174,17 @@ impl PyWorker {
     ///
     /// # Errors
     /// The worker died (its answer is missing) or answered something that is not JSON.
-    pub fn call(&mut self, req: &Value) -> Result<Value, String> {
-        writeln!(self.stdin, "{req}").map_err(|e| format!("worker stdin: {e}"))?;
+    pub fn call(&mut self, req: &Value) -> Result<Value, PythonError> {
+        writeln!(self.stdin, "{req}").map_err(|e| PythonError(format!("worker stdin: {e}")))?;
         self.stdin
             .flush()
-            .map_err(|e| format!("worker stdin: {e}"))?;
+            .map_err(|e| PythonError(format!("worker stdin: {e}")))?;
         match self.stdout.next() {
-            Some(Ok(l)) => serde_json::from_str(&l).map_err(|e| format!("worker answer: {e}: {l}")),
-            _ => Err("the Python worker exited without answering".into()),
+            Some(Ok(l)) => serde_json::from_str(&l)
+                .map_err(|e| PythonError(format!("worker answer: {e}: {l}"))),
+            _ => Err(PythonError(
+                "the Python worker exited without answering".into(),
+            )),
         }
     }
 }
@@ -190,8 +204,9 @@ struct PythonPaths {
     site: Vec<PathBuf>,
 }
 
-fn python_paths(root: &Path) -> Result<PythonPaths, String> {
-    static PATHS: std::sync::OnceLock<Result<PythonPaths, String>> = std::sync::OnceLock::new();
+fn python_paths(root: &Path) -> Result<PythonPaths, PythonError> {
+    static PATHS: std::sync::OnceLock<Result<PythonPaths, PythonError>> =
+        std::sync::OnceLock::new();
     let py = python(root);
     PATHS
         .get_or_init(|| {
@@ -201,9 +216,9 @@ fn python_paths(root: &Path) -> Result<PythonPaths, String> {
                     "import sys, os, site, json; print(json.dumps({'prefix': sys.prefix, 'base': sys.base_prefix, 'exec_prefix': sys.exec_prefix, 'base_exec': sys.base_exec_prefix, 'exe': os.path.realpath(sys.executable), 'invoked': sys.executable, 'site': site.getsitepackages()}))",
                 ])
                 .output()
-                .map_err(|e| format!("{}: {e}", py.display()))?;
+                .map_err(|e| PythonError(format!("{}: {e}", py.display())))?;
             serde_json::from_slice(&o.stdout)
-                .map_err(|e| format!("{}: its paths: {e}", py.display()))
+                .map_err(|e| PythonError(format!("{}: its paths: {e}", py.display())))
         })
         .clone()
 }
@@ -247,7 +262,7 @@ pub fn sandboxed_python(
     writes: &[PathBuf],
     gpu: bool,
     mode: &str,
-) -> Result<SandboxedPython, String> {
+) -> Result<SandboxedPython, PythonError> {
     let paths = python_paths(root)?;
     let s = |p: &Path| p.display().to_string();
     let mut argv = vec![
@@ -319,13 +334,13 @@ pub fn extract_inline(
     root: &Path,
     code: &str,
     timeout: std::time::Duration,
-) -> Result<Extracted, String> {
+) -> Result<Extracted, PythonError> {
     use std::io::Read;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::process::{CommandExt, ExitStatusExt};
     // A private, empty scratch directory is the only writable place (torch's import asks for a
     // usable temp dir); it is removed with this function's return.
-    let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let scratch = tempfile::tempdir().map_err(|e| PythonError(format!("temp dir: {e}")))?;
     let sb = sandboxed_python(root, scratch.path(), &[], false, "--extract")?;
     let mut cmd = Command::new(&sb.argv[0]);
     cmd.args(&sb.argv[1..]);
@@ -333,7 +348,10 @@ pub fn extract_inline(
     let mut fds = [0i32; 2];
     // SAFETY: a pipe for the answer; both ends owned below.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+        return Err(PythonError(format!(
+            "pipe: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     // SAFETY: the descriptors were just created and are owned here.
     let (read_end, write_end) =
@@ -354,7 +372,7 @@ pub fn extract_inline(
         .process_group(0);
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("start the interpreter sandbox: {e}"))?;
+        .map_err(|e| PythonError(format!("start the interpreter sandbox: {e}")))?;
     drop(write_end);
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(code.as_bytes());
@@ -373,7 +391,7 @@ pub fn extract_inline(
     });
     let t0 = std::time::Instant::now();
     let status = loop {
-        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+        if let Some(st) = child.try_wait().map_err(|e| PythonError(e.to_string()))? {
             break Some(st);
         }
         if t0.elapsed() > timeout {
@@ -395,15 +413,15 @@ pub fn extract_inline(
         ));
     }
     if status.code() == Some(125) {
-        return Err(format!(
+        return Err(PythonError(format!(
             "the interpreter sandbox could not be set up: {}",
             err.lines().last().unwrap_or("")
-        ));
+        )));
     }
     match answer.lines().rev().find(|l| !l.trim().is_empty()) {
         Some(l) => serde_json::from_str(l)
             .map(Extracted::Answer)
-            .map_err(|e| format!("extraction answer: {e}")),
+            .map_err(|e| PythonError(format!("extraction answer: {e}"))),
         None => Ok(Extracted::Answer(serde_json::json!({
             "ok": false,
             "error": format!(

@@ -74,9 +74,9 @@ pub fn base_name(demangled: &str) -> String {
 ///
 /// # Errors
 /// The bytes are not an object file `object` can parse.
-pub fn own_kernels(bytes: &[u8]) -> Result<BTreeSet<String>, String> {
+pub fn own_kernels(bytes: &[u8]) -> Result<BTreeSet<String>, crate::inspect::ObjectError> {
     const STUB: &str = "__device_stub__";
-    let file = object::File::parse(bytes).map_err(|e| format!("object file: {e}"))?;
+    let file = object::File::parse(bytes)?;
     let mut names = BTreeSet::new();
     for s in file.symbols() {
         let Ok(sym) = s.name() else { continue };

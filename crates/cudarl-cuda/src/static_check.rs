@@ -134,14 +134,31 @@ pub struct RulesError {
     pub message: String,
 }
 
+/// A rule pattern that is not a valid regex.
+#[derive(Debug, thiserror::Error)]
+#[error("`{pattern}`: {source}")]
+pub struct PatternError {
+    /// The pattern as written.
+    pub pattern: String,
+    /// The regex crate's error.
+    pub source: regex::Error,
+}
+
+message_into_string!(PatternError);
+
 /// Compiles each pattern anchored at both ends (`^(?:p)$`).
 ///
 /// # Errors
 /// A pattern that does not compile, named with the regex error.
-pub fn anchored(patterns: &[String]) -> Result<Vec<Regex>, String> {
+pub fn anchored(patterns: &[String]) -> Result<Vec<Regex>, PatternError> {
     patterns
         .iter()
-        .map(|p| Regex::new(&format!("^(?:{p})$")).map_err(|e| format!("`{p}`: {e}")))
+        .map(|p| {
+            Regex::new(&format!("^(?:{p})$")).map_err(|source| PatternError {
+                pattern: p.clone(),
+                source,
+            })
+        })
         .collect()
 }
 
@@ -337,7 +354,7 @@ impl ObjectRules {
         patterns: &[String],
         reserved: &[String],
         constructor: &str,
-    ) -> Result<ObjectRules, String> {
+    ) -> Result<ObjectRules, PatternError> {
         Ok(ObjectRules {
             symbols: anchored(patterns)?,
             reserved: anchored(reserved)?,
@@ -368,7 +385,7 @@ impl ExtensionRules {
     ///
     /// # Errors
     /// A pattern that does not compile (the message names it).
-    pub fn new(torch: &[String], refused: &[String]) -> Result<Self, String> {
+    pub fn new(torch: &[String], refused: &[String]) -> Result<Self, PatternError> {
         Ok(ExtensionRules {
             torch: anchored(torch)?,
             refused: anchored(refused)?,

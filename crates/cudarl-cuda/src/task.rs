@@ -111,18 +111,61 @@ pub struct TaskError {
     pub message: String,
 }
 
+/// Why an integer formula over size names ([`eval_formula`]) has no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormulaError {
+    /// A name that is neither a number nor one of the sizes.
+    #[error("unknown size `{name}` in `{formula}`")]
+    UnknownSize {
+        /// The name.
+        name: String,
+        /// The whole formula.
+        formula: String,
+    },
+    /// A formula that stops mid-term.
+    #[error("`{0}` ends early")]
+    EndsEarly(String),
+    /// A token where none fits or a `(` never closed.
+    #[error("{what} in `{formula}`")]
+    Syntax {
+        /// What is wrong (``unexpected `)` ``, ``an unclosed `(` ``).
+        what: String,
+        /// The whole formula.
+        formula: String,
+    },
+    /// Division by zero.
+    #[error("division by zero in `{0}`")]
+    DivisionByZero(String),
+    /// A value outside `i64`.
+    #[error("overflow in `{0}`")]
+    Overflow(String),
+}
+
+message_into_string!(FormulaError);
+
+/// An inconsistent task spec ([`TaskSpec::validate`]): a message naming the first
+/// inconsistency (`reference.y: ...`, `test is empty`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SpecError(pub String);
+
+message_into_string!(SpecError);
+
 /// Evaluates an integer formula over size names: `+ - * /` (`/` divides integers, rounding
 /// toward zero, as C does for the non-negative sizes a shape holds) with the usual precedence
 /// and parentheses, e.g. `12*n`, `4*rows*cols + 4*rows`, `(height - kernel_size)/2 + 1`.
 ///
 /// # Errors
 /// Unknown name, bad token, division by zero, overflow.
-pub fn eval_formula(f: &str, sizes: &BTreeMap<String, i64>) -> Result<i64, String> {
+pub fn eval_formula(f: &str, sizes: &BTreeMap<String, i64>) -> Result<i64, FormulaError> {
     let toks: Vec<&str> = formula_tokens(f);
     let mut pos = 0;
     let v = formula_sum(&toks, &mut pos, sizes, f)?;
     if pos != toks.len() {
-        return Err(format!("unexpected `{}` in `{f}`", toks[pos]));
+        return Err(FormulaError::Syntax {
+            what: format!("unexpected `{}`", toks[pos]),
+            formula: f.into(),
+        });
     }
     Ok(v)
 }
@@ -153,7 +196,7 @@ fn formula_sum(
     pos: &mut usize,
     sizes: &BTreeMap<String, i64>,
     f: &str,
-) -> Result<i64, String> {
+) -> Result<i64, FormulaError> {
     let mut v = formula_product(t, pos, sizes, f)?;
     while let Some(&op @ ("+" | "-")) = t.get(*pos) {
         *pos += 1;
@@ -163,7 +206,7 @@ fn formula_sum(
         } else {
             v.checked_sub(r)
         }
-        .ok_or("overflow")?;
+        .ok_or_else(|| FormulaError::Overflow(f.into()))?;
     }
     Ok(v)
 }
@@ -173,16 +216,17 @@ fn formula_product(
     pos: &mut usize,
     sizes: &BTreeMap<String, i64>,
     f: &str,
-) -> Result<i64, String> {
+) -> Result<i64, FormulaError> {
     let mut v = formula_atom(t, pos, sizes, f)?;
     while let Some(&op @ ("*" | "/")) = t.get(*pos) {
         *pos += 1;
         let r = formula_atom(t, pos, sizes, f)?;
         v = if op == "*" {
-            v.checked_mul(r).ok_or("overflow")?
+            v.checked_mul(r)
+                .ok_or_else(|| FormulaError::Overflow(f.into()))?
         } else {
             v.checked_div(r)
-                .ok_or_else(|| format!("division by zero in `{f}`"))?
+                .ok_or_else(|| FormulaError::DivisionByZero(f.into()))?
         };
     }
     Ok(v)
@@ -193,16 +237,19 @@ fn formula_atom(
     pos: &mut usize,
     sizes: &BTreeMap<String, i64>,
     f: &str,
-) -> Result<i64, String> {
+) -> Result<i64, FormulaError> {
     let Some(&tok) = t.get(*pos) else {
-        return Err(format!("`{f}` ends early"));
+        return Err(FormulaError::EndsEarly(f.into()));
     };
     *pos += 1;
     match tok {
         "(" => {
             let v = formula_sum(t, pos, sizes, f)?;
             if t.get(*pos) != Some(&")") {
-                return Err(format!("unclosed `(` in `{f}`"));
+                return Err(FormulaError::Syntax {
+                    what: "an unclosed `(`".into(),
+                    formula: f.into(),
+                });
             }
             *pos += 1;
             Ok(v)
@@ -213,7 +260,10 @@ fn formula_atom(
             Err(_) => sizes
                 .get(tok)
                 .copied()
-                .ok_or_else(|| format!("unknown size `{tok}` in `{f}`")),
+                .ok_or_else(|| FormulaError::UnknownSize {
+                    name: tok.into(),
+                    formula: f.into(),
+                }),
         },
     }
 }
@@ -318,7 +368,7 @@ impl TaskSpec {
         })?;
         t.validate().map_err(|m| TaskError {
             file: fname,
-            message: m,
+            message: m.0,
         })?;
         Ok(t)
     }
@@ -328,62 +378,66 @@ impl TaskSpec {
     ///
     /// # Errors
     /// A message naming the first inconsistency.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         if !(0..=3).contains(&self.tier) {
-            return Err(format!("tier {} is not in 0..3", self.tier));
+            return Err(SpecError(format!("tier {} is not in 0..3", self.tier)));
         }
         if !DTYPES.contains(&self.dtype.as_str()) {
-            return Err(format!(
+            return Err(SpecError(format!(
                 "dtype `{}` is not one of {}",
                 self.dtype,
                 DTYPES.join(", ")
-            ));
+            )));
         }
         if let Some(v) = &self.input_scales
             && (v.is_empty() || v.iter().any(|x| !(x.is_finite() && *x > 0.0)))
         {
-            return Err("input_scales: give one or more positive, finite values".into());
+            return Err(SpecError(
+                "input_scales: give one or more positive, finite values".into(),
+            ));
         }
         for a in &self.args {
             match a.kind {
                 ArgKind::Size if !self.sizes.contains(&a.name) => {
-                    return Err(format!("size argument `{}` is not in sizes", a.name));
+                    return Err(SpecError(format!(
+                        "size argument `{}` is not in sizes",
+                        a.name
+                    )));
                 }
                 ArgKind::Input | ArgKind::Output if a.shape.is_empty() => {
-                    return Err(format!("buffer `{}` has no shape", a.name));
+                    return Err(SpecError(format!("buffer `{}` has no shape", a.name)));
                 }
                 _ => {}
             }
         }
         if !self.args.iter().any(|a| a.kind == ArgKind::Output) {
-            return Err("no output buffer".into());
+            return Err(SpecError("no output buffer".into()));
         }
         for a in &self.args {
             if a.kind == ArgKind::Output {
-                let src = self
-                    .reference
-                    .get(&a.name)
-                    .ok_or_else(|| format!("reference: no expression for output `{}`", a.name))?;
-                let e =
-                    crate::expr::parse(src).map_err(|m| format!("reference.{}: {m}", a.name))?;
+                let src = self.reference.get(&a.name).ok_or_else(|| {
+                    SpecError(format!("reference: no expression for output `{}`", a.name))
+                })?;
+                let e = crate::expr::parse(src)
+                    .map_err(|m| SpecError(format!("reference.{}: {m}", a.name)))?;
                 for v in e.vars() {
                     if !self
                         .args
                         .iter()
                         .any(|x| x.name == v && matches!(x.kind, ArgKind::Input | ArgKind::Scalar))
                     {
-                        return Err(format!(
+                        return Err(SpecError(format!(
                             "reference.{}: `{v}` is not an input or scalar argument",
                             a.name
-                        ));
+                        )));
                     }
                 }
             }
             if a.kind == ArgKind::Scalar && self.scalars.get(&a.name).is_none_or(Vec::is_empty) {
-                return Err(format!(
+                return Err(SpecError(format!(
                     "scalars: no values for scalar argument `{}`",
                     a.name
-                ));
+                )));
             }
         }
         for k in self.reference.keys() {
@@ -392,7 +446,7 @@ impl TaskSpec {
                 .iter()
                 .any(|a| &a.name == k && a.kind == ArgKind::Output)
             {
-                return Err(format!("reference.{k}: not an output argument"));
+                return Err(SpecError(format!("reference.{k}: not an output argument")));
             }
         }
         for (split, shapes) in [
@@ -400,13 +454,17 @@ impl TaskSpec {
             ("holdout_shapes", &self.holdout_shapes),
         ] {
             if shapes.is_empty() {
-                return Err(format!("{split} is empty"));
+                return Err(SpecError(format!("{split} is empty")));
             }
             for s in shapes {
                 for n in &self.sizes {
                     match s.get(n) {
                         Some(v) if *v > 0 => {}
-                        _ => return Err(format!("{split}: shape {s:?} lacks a positive `{n}`")),
+                        _ => {
+                            return Err(SpecError(format!(
+                                "{split}: shape {s:?} lacks a positive `{n}`"
+                            )));
+                        }
                     }
                 }
                 for a in &self.args {
@@ -414,17 +472,17 @@ impl TaskSpec {
                         match eval_formula(d, s) {
                             Ok(v) if v > 0 => {}
                             Ok(v) => {
-                                return Err(format!(
+                                return Err(SpecError(format!(
                                     "{split}: arg `{}`: dimension `{d}` is {v}",
                                     a.name
-                                ));
+                                )));
                             }
-                            Err(e) => return Err(format!("arg `{}`: {e}", a.name)),
+                            Err(e) => return Err(SpecError(format!("arg `{}`: {e}", a.name))),
                         }
                     }
                 }
-                eval_formula(&self.bytes, s).map_err(|e| format!("bytes: {e}"))?;
-                eval_formula(&self.flops, s).map_err(|e| format!("flops: {e}"))?;
+                eval_formula(&self.bytes, s).map_err(|e| SpecError(format!("bytes: {e}")))?;
+                eval_formula(&self.flops, s).map_err(|e| SpecError(format!("flops: {e}")))?;
             }
         }
         Ok(())
@@ -574,7 +632,7 @@ impl TaskSpec {
     ///
     /// # Errors
     /// A size is missing from `shape`.
-    pub fn bytes_for(&self, shape: &BTreeMap<String, i64>) -> Result<i64, String> {
+    pub fn bytes_for(&self, shape: &BTreeMap<String, i64>) -> Result<i64, FormulaError> {
         eval_formula(&self.bytes, shape)
     }
 
@@ -582,7 +640,7 @@ impl TaskSpec {
     ///
     /// # Errors
     /// A size is missing from `shape`.
-    pub fn flops_for(&self, shape: &BTreeMap<String, i64>) -> Result<i64, String> {
+    pub fn flops_for(&self, shape: &BTreeMap<String, i64>) -> Result<i64, FormulaError> {
         eval_formula(&self.flops, shape)
     }
 }
@@ -698,15 +756,32 @@ mod tests {
         ] {
             assert_eq!(eval_formula(f, &sizes), Ok(want), "{f}");
         }
+        let syntax = |what: &str, f: &str| FormulaError::Syntax {
+            what: what.into(),
+            formula: f.into(),
+        };
         for (f, want) in [
-            ("h*w", "unknown size `w`"),
-            ("h/(k-4)", "division by zero"),
-            ("(h-k", "unclosed `(`"),
-            ("h k", "unexpected `k`"),
-            ("h-", "ends early"),
+            (
+                "h*w",
+                FormulaError::UnknownSize {
+                    name: "w".into(),
+                    formula: "h*w".into(),
+                },
+            ),
+            ("h/(k-4)", FormulaError::DivisionByZero("h/(k-4)".into())),
+            ("(h-k", syntax("an unclosed `(`", "(h-k")),
+            ("h k", syntax("unexpected `k`", "h k")),
+            ("h-", FormulaError::EndsEarly("h-".into())),
+            (
+                "9223372036854775807+h",
+                FormulaError::Overflow("9223372036854775807+h".into()),
+            ),
         ] {
-            let e = eval_formula(f, &sizes).unwrap_err();
-            assert!(e.contains(want), "{f}: {e}");
+            assert_eq!(eval_formula(f, &sizes), Err(want), "{f}");
         }
+        assert_eq!(
+            eval_formula("h k", &sizes).unwrap_err().to_string(),
+            "unexpected `k` in `h k`"
+        );
     }
 }

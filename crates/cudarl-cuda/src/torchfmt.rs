@@ -11,6 +11,8 @@
 //! on a GPU, the Python worker (under [`WorkerPool`]: wall-clock limit, crash containment) runs
 //! the candidate on every recorded test and times it against the reference at full size.
 
+use crate::native_abi::AbiError;
+use crate::pyworker::PythonError;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -165,29 +167,31 @@ static GLOBAL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"__global__").expe
 /// # Errors
 /// No `forward` binding, no definition, or an argument type the harness cannot bind (e.g. a
 /// `std::vector<torch::Tensor>`).
-pub fn forward_args(cpp: &str) -> Result<Vec<(String, String)>, String> {
+pub fn forward_args(cpp: &str) -> Result<Vec<(String, String)>, AbiError> {
     let clean = cudarl_lex::c::strip_comments(cpp);
     let name = FWD_NAME
         .captures(&clean)
         .map(|c| c[1].to_string())
-        .ok_or("no `m.def(\"forward\", ...)` in PYBIND11_MODULE")?;
+        .ok_or(AbiError::from(
+            "no `m.def(\"forward\", ...)` in PYBIND11_MODULE",
+        ))?;
     let def = FN_DEF
         .captures_iter(&clean)
         .find(|c| c[2] == *name && !c[1].trim().ends_with("return"))
-        .ok_or_else(|| format!("no definition of `{name}`"))?;
+        .ok_or_else(|| AbiError(format!("no definition of `{name}`")))?;
     let mut out = Vec::new();
     for p in def[3].split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let p = p.split('=').next().unwrap_or(p).trim();
         let (ty, arg) = p
             .rsplit_once(|c: char| c.is_whitespace() || c == '&' || c == '*')
-            .ok_or_else(|| format!("cannot read argument `{p}` of `{name}`"))?;
+            .ok_or_else(|| AbiError(format!("cannot read argument `{p}` of `{name}`")))?;
         let ty = ty.replace(' ', "");
         let kind = if (ty.contains("vector") || ty.contains("List")) && ty.contains("Tensor") {
             "tensor_list"
         } else if ty.contains("vector") || ty.contains("optional") || ty.contains("List") {
-            return Err(format!(
+            return Err(AbiError(format!(
                 "argument `{arg}` of `{name}` has type `{ty}`, which the harness does not bind"
-            ));
+            )));
         } else if ty.contains("Tensor") {
             "tensor"
         } else if [
@@ -198,7 +202,9 @@ pub fn forward_args(cpp: &str) -> Result<Vec<(String, String)>, String> {
         {
             "scalar"
         } else {
-            return Err(format!("argument `{arg}` of `{name}` has type `{ty}`"));
+            return Err(AbiError(format!(
+                "argument `{arg}` of `{name}` has type `{ty}`"
+            )));
         };
         out.push((arg.trim().to_string(), kind.to_string()));
     }
@@ -280,7 +286,7 @@ fn allowlist_reject(line: u32, message: String) -> Finding {
 ///
 /// # Errors
 /// The interpreter cannot be started.
-pub fn screen(root: &Path, source: &str) -> Result<Vec<Finding>, String> {
+pub fn screen(root: &Path, source: &str) -> Result<Vec<Finding>, PythonError> {
     use std::io::{Read, Write};
     let py = crate::pyworker::python(root);
     let mut child = std::process::Command::new(&py)
@@ -289,7 +295,12 @@ pub fn screen(root: &Path, source: &str) -> Result<Vec<Finding>, String> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .map_err(|e| format!("start the ModelNew allow-list ({}): {e}", py.display()))?;
+        .map_err(|e| {
+            PythonError(format!(
+                "start the ModelNew allow-list ({}): {e}",
+                py.display()
+            ))
+        })?;
     let mut stdin = child.stdin.take().expect("piped");
     let text = source.to_string();
     let writer = std::thread::spawn(move || {
@@ -354,7 +365,7 @@ pub fn prepare(
     format: Format,
     rules: &Rules,
     py: Option<&mut PyWorker>,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, PythonError> {
     let mut p = Prepared {
         format,
         findings: vec![],
@@ -364,7 +375,7 @@ pub fn prepare(
         source: source.to_string(),
     };
     match format {
-        Format::Native => return Err("a native candidate is not torch-format".into()),
+        Format::Native => return Err(PythonError("a native candidate is not torch-format".into())),
         Format::Extension => extension(&mut p, source, rules),
         Format::ModelNew => {
             p.findings = rules.check_python(source);
@@ -380,7 +391,9 @@ pub fn prepare(
                 ));
                 return Ok(p);
             }
-            let py = py.ok_or("extracting a ModelNew needs the Python worker")?;
+            let py = py.ok_or(PythonError(
+                "extracting a ModelNew needs the Python worker".into(),
+            ))?;
             if rules.python_allowlist {
                 p.findings.extend(screen(&py.root, source)?);
                 p.reject = reject_of(&p.findings);
@@ -520,7 +533,7 @@ fn extension(p: &mut Prepared, source: &str, rules: &Rules) {
     match forward_args(source) {
         Ok(a) => p.args = a,
         Err(e) => {
-            p.reject = Some(("bind_error".into(), e));
+            p.reject = Some(("bind_error".into(), e.0));
             return;
         }
     }
@@ -613,6 +626,7 @@ pub fn build(
                         rules.extension_rules(),
                         crate::extension_object::torch_exports(&env.library_dirs),
                     )
+                    .map_err(String::from)
                 })
                 .unwrap_or_else(|e| {
                     vec![Finding {
@@ -715,7 +729,7 @@ fn runner_scratch(
     root: &Path,
     profile: bool,
     store: Option<&cudarl_store::Store>,
-) -> Result<(tempfile::TempDir, Value), String> {
+) -> Result<(tempfile::TempDir, Value), crate::worker::SetupError> {
     if pool.runner_root.is_none() {
         pool.runner_root = Some(crate::worker::RunnerRoot::new(root, store)?);
     }
@@ -723,10 +737,10 @@ fn runner_scratch(
     let d = tempfile::Builder::new()
         .prefix("run-")
         .tempdir_in(r.dir.path())
-        .map_err(|e| format!("{}: {e}", r.dir.path().display()))?;
+        .map_err(|e| crate::worker::SetupError(format!("{}: {e}", r.dir.path().display())))?;
     std::fs::create_dir(d.path().join("cand"))
-        .map_err(|e| format!("{}: {e}", d.path().display()))?;
-    let spec = json!({"zygote": r.zygote, "dir": d.path().canonicalize().map_err(|e| e.to_string())?,
+        .map_err(|e| crate::worker::SetupError(format!("{}: {e}", d.path().display())))?;
+    let spec = json!({"zygote": r.zygote, "dir": d.path().canonicalize().map_err(|e| crate::worker::SetupError(e.to_string()))?,
         "profile": profile, "outside": r.outside});
     Ok((d, spec))
 }
@@ -737,10 +751,10 @@ fn runner_scratch(
 ///
 /// # Errors
 /// An extension cannot be copied (path and error named).
-fn relocate(cand: &Value, scratch: &Path) -> Result<Value, String> {
+fn relocate(cand: &Value, scratch: &Path) -> Result<Value, crate::worker::SetupError> {
     let mut out = cand.clone();
     let mut n = 0usize;
-    let mut copy = |so: &mut Value| -> Result<(), String> {
+    let mut copy = |so: &mut Value| -> Result<(), crate::worker::SetupError> {
         let Some(src) = so.as_str().map(PathBuf::from) else {
             return Ok(());
         };
@@ -750,7 +764,8 @@ fn relocate(cand: &Value, scratch: &Path) -> Result<Value, String> {
         );
         let dst = scratch.join("cand").join(format!("{n}-{name}"));
         n += 1;
-        std::fs::copy(&src, &dst).map_err(|e| format!("copy {}: {e}", src.display()))?;
+        std::fs::copy(&src, &dst)
+            .map_err(|e| crate::worker::SetupError(format!("copy {}: {e}", src.display())))?;
         *so = Value::String(dst.display().to_string());
         Ok(())
     };
@@ -955,7 +970,7 @@ pub fn run(
         Ok(r) => r,
         Err(e) => {
             v.failure = Some("harness_error".into());
-            v.failure_detail = Some(e);
+            v.failure_detail = Some(e.0);
             return v;
         }
     };
@@ -1304,6 +1319,7 @@ mod tests {
         assert!(
             KbNative::from_row("x", "{", "{}")
                 .unwrap_err()
+                .0
                 .contains("buffers_json")
         );
     }

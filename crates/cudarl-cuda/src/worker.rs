@@ -216,6 +216,20 @@ pub fn worker_exe() -> PathBuf {
     crate::sibling_exe("CUDARL_WORKER", "cudarl-pipe-worker")
 }
 
+/// Why a worker or a runner's place could not be set up: a scratch folder, a copy or a process
+/// that could not be made (path and OS error named), or the Python zygote that would not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SetupError(pub String);
+
+message_into_string!(SetupError);
+
+impl From<crate::pyworker::PythonError> for SetupError {
+    fn from(e: crate::pyworker::PythonError) -> SetupError {
+        SetupError(e.0)
+    }
+}
+
 /// Where one pool's torch-format runners live: a folder (under `store`'s `tmp/` when given)
 /// holding each runner's scratch directory, the spec of the zygote that forks the runners
 /// (`--torch-zygote` in the worker script, inside the interpreter sandbox with the GPU, writing
@@ -235,20 +249,21 @@ impl RunnerRoot {
     pub(crate) fn new(
         root: &std::path::Path,
         store: Option<&cudarl_store::Store>,
-    ) -> Result<RunnerRoot, String> {
+    ) -> Result<RunnerRoot, SetupError> {
         // Under the store's `tmp/` where there is one (the system's temporary folder may be
         // mounted without exec, and the candidate's extensions load from here).
         let dir = match store {
-            Some(s) => s.temp_dir().map_err(|e| e.to_string())?,
-            None => tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?,
+            Some(s) => s.temp_dir().map_err(|e| SetupError(e.to_string()))?,
+            None => tempfile::tempdir().map_err(|e| SetupError(format!("temp dir: {e}")))?,
         };
         let at = dir
             .path()
             .canonicalize()
-            .map_err(|e| format!("{}: {e}", dir.path().display()))?;
+            .map_err(|e| SetupError(format!("{}: {e}", dir.path().display())))?;
         let mut outside = Vec::new();
         for (up, next) in at.ancestors().skip(1).zip(at.ancestors()) {
-            let rd = std::fs::read_dir(up).map_err(|e| format!("{}: {e}", up.display()))?;
+            let rd =
+                std::fs::read_dir(up).map_err(|e| SetupError(format!("{}: {e}", up.display())))?;
             for e in rd.flatten() {
                 if Some(e.file_name().as_os_str()) != next.file_name() {
                     outside.push(e.path().display().to_string());
@@ -260,7 +275,7 @@ impl RunnerRoot {
         // every runner narrows that to its own task directory (`landlock_beside`).
         let proc = [PathBuf::from("/proc")];
         let zygote = crate::pyworker::sandboxed_python(root, &at, &proc, true, "--torch-zygote")?;
-        let zygote = serde_json::to_value(zygote).map_err(|e| e.to_string())?;
+        let zygote = serde_json::to_value(zygote).map_err(|e| SetupError(e.to_string()))?;
         Ok(RunnerRoot {
             dir,
             zygote,
@@ -368,7 +383,7 @@ impl WorkerPool {
         self
     }
 
-    fn spawn(&mut self) -> Result<Worker, String> {
+    fn spawn(&mut self) -> Result<Worker, SetupError> {
         let mut child = Command::new(&self.exe)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -377,7 +392,7 @@ impl WorkerPool {
             .stderr(Stdio::piped())
             .process_group(0)
             .spawn()
-            .map_err(|e| format!("spawn worker: {e}"))?;
+            .map_err(|e| SetupError(format!("spawn worker: {e}")))?;
         self.spawned += 1;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
@@ -524,7 +539,7 @@ impl WorkerPool {
         if self.worker.is_none() {
             match self.spawn() {
                 Ok(w) => self.worker = Some(w),
-                Err(e) => return RawOutcome::Crash(e),
+                Err(e) => return RawOutcome::Crash(e.0),
             }
         }
         if let Err(o) = self.send(line) {

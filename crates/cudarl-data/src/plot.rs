@@ -98,23 +98,52 @@ fn integer_label(x: f64) -> String {
     }
 }
 
+/// Why a chart was not written (the message names the PNG file).
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// No series (or no bar, or no value) has a point.
+    #[error("{0}: nothing to plot")]
+    Empty(String),
+    /// plotters could not draw or write the file.
+    #[error("{path}: {message}")]
+    Draw {
+        /// The PNG file.
+        path: String,
+        /// plotters' message.
+        message: String,
+    },
+}
+
+impl From<PlotError> for String {
+    fn from(e: PlotError) -> String {
+        e.to_string()
+    }
+}
+
+/// The [`PlotError::Draw`] of `path` with plotters' error `e`.
+fn draw_error(path: &Path, e: &dyn std::fmt::Display) -> PlotError {
+    PlotError::Draw {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
 /// Width of the strip right of the plot that holds the legend, in pixels.
 const LEGEND_W: u32 = 220;
 
 type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
 /// A white [`SIZE`] canvas writing to `path`: (the whole, the plot area, the legend strip).
-fn canvas(path: &Path) -> Result<(Area<'_>, Area<'_>, Area<'_>), String> {
+fn canvas(path: &Path) -> Result<(Area<'_>, Area<'_>, Area<'_>), PlotError> {
     font();
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    root.fill(&WHITE).map_err(|e| draw_error(path, &e))?;
     let (area, legend) = root.split_horizontally(SIZE.0 - LEGEND_W);
     Ok((root, area, legend))
 }
 
 /// The chart every plot draws in: `title` above, room for tick labels, f64 axes over `x`, `y`
-/// (errors as text, without the file: callers name it).
+/// (plotters' error text, without the file: callers name it).
 #[allow(clippy::type_complexity)]
 fn chart_on<'a, 'b>(
     area: &'a Area<'b>,
@@ -127,7 +156,7 @@ fn chart_on<'a, 'b>(
         BitMapBackend<'b>,
         Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
     >,
-    String,
+    DrawingAreaErrorKind<<BitMapBackend<'b> as DrawingBackend>::ErrorType>,
 > {
     ChartBuilder::on(area)
         .caption(title, ("sans-serif", 24))
@@ -135,7 +164,6 @@ fn chart_on<'a, 'b>(
         .x_label_area_size(48)
         .y_label_area_size(72)
         .build_cartesian_2d(x, y)
-        .map_err(|e| e.to_string())
 }
 
 const COLORS: [RGBColor; 6] = [
@@ -158,11 +186,11 @@ pub fn line_chart(
     x_label: &str,
     y_label: &str,
     series: &[Series],
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     if series.iter().all(|s| s.points.is_empty()) {
-        return Err(format!("{}: nothing to plot", path.display()));
+        return Err(PlotError::Empty(path.display().to_string()));
     }
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| draw_error(path, e);
     let (root, area, legend) = canvas(path)?;
     let xs = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let ys = range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
@@ -221,11 +249,11 @@ pub fn bar_chart(
     categories: &[String],
     y_label: &str,
     series: &[Series],
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     if series.iter().all(|s| s.points.is_empty()) || categories.is_empty() {
-        return Err(format!("{}: nothing to plot", path.display()));
+        return Err(PlotError::Empty(path.display().to_string()));
     }
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| draw_error(path, e);
     let (root, area, legend) = canvas(path)?;
     let top = series
         .iter()
@@ -282,13 +310,13 @@ pub fn histogram(
     x_label: &str,
     groups: &[Series],
     bins: usize,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let all: Vec<f64> = groups
         .iter()
         .flat_map(|g| g.points.iter().map(|p| p.1))
         .collect();
     if all.is_empty() {
-        return Err(format!("{}: nothing to plot", path.display()));
+        return Err(PlotError::Empty(path.display().to_string()));
     }
     let bins = bins.max(1);
     let (lo, hi) = range(all.iter().copied());
@@ -317,7 +345,7 @@ pub fn histogram(
             )
         })
         .collect();
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| draw_error(path, e);
     let (root, area, legend) = canvas(path)?;
     let span = hi - lo;
     let x_fmt = move |x: &f64| tick_label(*x, span);
@@ -355,8 +383,8 @@ fn legend_and_write(
     root: &Area<'_>,
     labels: &[String],
     path: &Path,
-) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+) -> Result<(), PlotError> {
+    let err = |e: &dyn std::fmt::Display| draw_error(path, e);
     for (i, l) in labels.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         let y = 70 + 28 * i as i32;
@@ -402,7 +430,10 @@ mod tests {
         assert!(bytes.len() > 8_000, "{} bytes", bytes.len());
         // Nothing to plot is an error naming the file.
         let err = line_chart(&p, "t", "x", "y", &[Series::new("a", vec![])]).unwrap_err();
-        assert!(err.contains("loss.png"), "{err}");
+        assert!(
+            matches!(&err, PlotError::Empty(f) if f.ends_with("loss.png")),
+            "{err}"
+        );
     }
 
     #[test]

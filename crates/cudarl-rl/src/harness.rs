@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
+use cudarl_cuda::compile::CompileError;
 use cudarl_cuda::gpu::BenchSpec;
 use cudarl_cuda::schedule::{GpuJob, Scheduler, Step};
 use cudarl_cuda::task::TaskSpec;
@@ -77,7 +78,7 @@ pub struct Harness {
 }
 
 /// A build a prefetch started: its compile-only verdict arrives on the channel.
-pub type Build = Receiver<Result<Verdict, String>>;
+pub type Build = Receiver<Result<Verdict, CompileError>>;
 
 /// SASS text by shared-object digest, shared with the disassembly jobs.
 pub type SassCache = std::sync::Arc<std::sync::Mutex<BTreeMap<Digest, Option<String>>>>;
@@ -147,14 +148,19 @@ impl Harness {
         gpu: bool,
         wall: Duration,
         naive: BTreeMap<String, String>,
-    ) -> Result<Harness, String> {
+    ) -> Result<Harness, RlError> {
         let cuobjdump = find_cuobjdump(&compiler.nvcc.path);
         let (pools, salt) = match (gpu, &compiler.store) {
             (true, Some(store)) => (
                 WorkerPool::testers(cudarl_cuda::worker::DEFAULT_GPU_WORKERS),
-                cudarl_cuda::verdict::hidden_salt(store).map_err(|e| e.to_string())?,
+                cudarl_cuda::verdict::hidden_salt(store)
+                    .map_err(|e| RlError::Failed(e.to_string()))?,
             ),
-            (true, None) => return Err("a GPU harness needs a store (the hidden-test salt)".into()),
+            (true, None) => {
+                return Err(RlError::Failed(
+                    "a GPU harness needs a store (the hidden-test salt)".into(),
+                ));
+            }
             (false, _) => (Vec::new(), Vec::new()),
         };
         Ok(Harness {
@@ -320,7 +326,7 @@ impl Tester for Harness {
         let (t, c) = (task.clone(), code.to_string());
         let (rules, compiler) = (self.rules.clone(), self.compiler.clone());
         background().spawn(move || {
-            let v = check_compile_only(&t, &c, &rules, &compiler).map_err(|e| e.to_string());
+            let v = check_compile_only(&t, &c, &rules, &compiler);
             let _ = tx.send(v);
         });
         self.prefetched.insert(key, rx);
@@ -406,7 +412,7 @@ impl Harness {
                 let _ = tx.send((i, sass, Instant::now()));
             });
         };
-        let compile = |i: usize| -> Result<Step<'_>, String> {
+        let compile = |i: usize| -> Result<Step<'_>, CompileError> {
             let (t, c) = items[i];
             let landed = waiting[i]
                 .lock()
@@ -415,7 +421,7 @@ impl Harness {
                 .and_then(|rx| rx.recv().ok());
             let v = match landed {
                 Some(v) => v?,
-                None => check_compile_only(t, c, rules, compiler).map_err(|e| e.to_string())?,
+                None => check_compile_only(t, c, rules, compiler)?,
             };
             if !(v.compiled && gpu) {
                 disassemble(i, &v);
@@ -441,7 +447,7 @@ impl Harness {
                 disassemble(i, v);
                 Ok(())
             })
-            .map_err(|e| e.into_caller(|h| h.to_string()));
+            .map_err(|e| e.into_caller(|h| h));
         drop(stx);
         // Every job holds a sender until it has answered: the channel ends with the last one.
         let (mut sass, mut sass_s) = (BTreeMap::new(), 0.0f64);
@@ -459,7 +465,7 @@ impl Harness {
             .map_or(0.0, |f| end.duration_since(f).as_secs_f64());
         phases.sass += sass_s;
         let mut verdicts: Vec<Option<Verdict>> = vec![None; items.len()];
-        for (i, v) in judged.map_err(RlError::Failed)? {
+        for (i, v) in judged.map_err(|e| RlError::Failed(e.to_string()))? {
             verdicts[i] = Some(v);
         }
         let out = verdicts

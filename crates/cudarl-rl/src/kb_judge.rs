@@ -113,12 +113,11 @@ impl KbJudge {
 
 impl Parts {
     /// Builds `items[i]` against its launcher.
-    fn build(&self, items: &[(&KbTask, &str)], i: usize) -> Result<Built, String> {
+    fn build(&self, items: &[(&KbTask, &str)], i: usize) -> Result<Built, RlError> {
         let (task, code) = items[i];
-        let abi = self
-            .abis
-            .get(&task.id)
-            .ok_or_else(|| format!("`{}` has no native launcher in kb-specs", task.id))?;
+        let abi = self.abis.get(&task.id).ok_or_else(|| {
+            RlError::Failed(format!("`{}` has no native launcher in kb-specs", task.id))
+        })?;
         let (v, cand) = cudarl_cuda::torchfmt::build_kb_native(
             &task.id,
             code,
@@ -126,7 +125,7 @@ impl Parts {
             &self.rules,
             &self.compiler,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| RlError::Failed(e.to_string()))?;
         Ok((i, v, cand))
     }
 
@@ -140,7 +139,7 @@ impl Parts {
         fresh: &[usize],
         (g, pools): (&cudarl_cuda::gpu::GpuInfo, &mut [WorkerPool]),
         used: &mut KbJudgeUse,
-    ) -> Result<Vec<(usize, Verdict)>, String> {
+    ) -> Result<Vec<(usize, Verdict)>, RlError> {
         use std::sync::Mutex;
         let t0 = Instant::now();
         let (built_at, gpu_from) = (Mutex::new(0.0f64), Mutex::new(None::<f64>));
@@ -179,7 +178,7 @@ impl Parts {
                     Some(g.clone()),
                 );
                 // A correct candidate is judged again, timed: its build verdict goes with it.
-                Ok::<_, String>(if tested.correct == Some(true) {
+                Ok::<_, RlError>(if tested.correct == Some(true) {
                     (i, v, Some(cand))
                 } else {
                     (i, tested, None)
@@ -234,13 +233,12 @@ impl Tester<KbTask> for KbJudge {
                 let built = fresh
                     .par_iter()
                     .map(|&i| parts.build(items, i).map(|(i, v, _)| (i, v)))
-                    .collect::<Result<Vec<_>, String>>();
+                    .collect::<Result<Vec<_>, RlError>>();
                 self.used.compile_seconds += t0.elapsed().as_secs_f64();
                 built
             }
             Some((g, pools)) => parts.judge_on_gpu(items, &fresh, (g, pools), &mut self.used),
-        }
-        .map_err(RlError::Failed)?;
+        }?;
         self.used.candidates += judged.len();
         for (i, v) in judged {
             self.judged.insert(keys[i].clone(), v);

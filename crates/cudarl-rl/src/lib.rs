@@ -55,6 +55,12 @@ pub enum RlError {
     Failed(String),
 }
 
+impl From<cudarl_data::plot::PlotError> for RlError {
+    fn from(e: cudarl_data::plot::PlotError) -> RlError {
+        RlError::Failed(e.to_string())
+    }
+}
+
 impl RlError {
     /// Shorthand for [`RlError::BadInput`].
     pub fn bad_input(

@@ -10,6 +10,7 @@ use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::RlError;
 use crate::episode::Episode;
 use crate::reward::RewardComponents;
 use crate::stats::{
@@ -420,8 +421,9 @@ impl RewardColumns {
     ///
     /// # Errors
     /// `metrics` lacks `step`, `mean_reward` or `reward_std`.
-    fn read(metrics: &Table) -> Result<RewardColumns, String> {
-        let e = |e: cudarl_data::DataError| e.to_string();
+    fn read(metrics: &Table) -> Result<RewardColumns, RlError> {
+        let e =
+            |e: cudarl_data::DataError| RlError::bad_input("rl-train.metrics", None, e.to_string());
         Ok(RewardColumns {
             steps: metrics.req_ints("step").map_err(e)?,
             mr: metrics.req_floats("mean_reward").map_err(e)?,
@@ -775,7 +777,7 @@ pub fn report(
     cks: &[&str],
     kb_ops: &[LevelOps<'_>],
     pre: Option<(Metric, Option<Metric>)>,
-) -> Result<(), String> {
+) -> Result<(), RlError> {
     use cudarl_data::plot::{Series, bar_chart, histogram, line_chart};
     let curve = RewardColumns::read(metrics)?;
     let RewardColumns { steps, mr, sd } = &curve;
@@ -890,8 +892,10 @@ pub fn report(
     kernelbench_section(&mut md, sums, kb_ops);
     if let Some((primary, guardrail)) = pre {
         let c = comparison(&mut md, rows, metrics, primary, guardrail);
-        let text = serde_json::to_string_pretty(&c).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("comparison.json"), text + "\n").map_err(|e| e.to_string())?;
+        let text = serde_json::to_string_pretty(&c).map_err(|e| RlError::Failed(e.to_string()))?;
+        let to = dir.join("comparison.json");
+        std::fs::write(&to, text + "\n")
+            .map_err(|e| RlError::Failed(format!("{}: {e}", to.display())))?;
     }
     rl_minus_sft(&mut md, sums, rows, mode);
     // What the loop made of each kind of start (full mode: "ended correct" needs tests).
@@ -924,7 +928,8 @@ pub fn report(
     if have_speedups {
         md.push_str("\n![speedups](speedups.png)\n");
     }
-    std::fs::write(dir.join("report.md"), md).map_err(|e| e.to_string())
+    let to = dir.join("report.md");
+    std::fs::write(&to, md).map_err(|e| RlError::Failed(format!("{}: {e}", to.display())))
 }
 
 /// The summary splits of a level's hold-out problems by op coverage: `[novel, seen]`, those

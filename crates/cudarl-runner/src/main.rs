@@ -303,6 +303,13 @@ mod native {
     use super::*;
     use cudarc::driver::sys;
 
+    /// Why the runner's own set-up failed (never the candidate's doing): a driver call, the CUDA
+    /// runtime's first call, the runner's poison kernels, or an IPC handle from the judge that
+    /// does not decode. Its message becomes the `InitError` reply.
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    pub(crate) struct SetupError(pub(crate) String);
+
     type Entry = unsafe extern "C" fn(
         *const *mut std::ffi::c_void,
         *const i64,
@@ -310,11 +317,11 @@ mod native {
         sys::CUstream,
     ) -> i32;
 
-    fn cu(r: sys::CUresult, what: &str) -> Result<(), String> {
+    fn cu(r: sys::CUresult, what: &str) -> Result<(), SetupError> {
         if r == sys::CUresult::CUDA_SUCCESS {
             Ok(())
         } else {
-            Err(format!("{what}: {r:?}"))
+            Err(SetupError(format!("{what}: {r:?}")))
         }
     }
 
@@ -378,7 +385,7 @@ mod native {
 
     /// Loads [`kernels_ptx`] in the current context and sizes the poison: one block per SM at
     /// the opt-in maximum of dynamic shared memory.
-    fn load_own() -> Result<Own, String> {
+    fn load_own() -> Result<Own, SetupError> {
         let ptx = kernels_ptx();
         let name = |n: &str| CString::new(n).expect("no NUL in the name");
         let (noop_name, poison_name) = (
@@ -482,11 +489,13 @@ mod native {
         }
     }
 
-    fn init_gpu(cudart: Option<&libloading::Library>) -> Result<(), String> {
+    fn init_gpu(cudart: Option<&libloading::Library>) -> Result<(), SetupError> {
         // SAFETY: driver initialization and the primary context of device 0, in order.
         unsafe {
             if !sys::is_culib_present() {
-                return Err("libcuda not found: no GPU driver on this machine".into());
+                return Err(SetupError(
+                    "libcuda not found: no GPU driver on this machine".into(),
+                ));
             }
             cu(sys::cuInit(0), "cuInit")?;
             let mut dev = 0;
@@ -500,10 +509,11 @@ mod native {
             if let Some(rt) = cudart {
                 // The runtime binds to the current primary context: cudaFree(NULL).
                 let free: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void) -> i32> =
-                    rt.get(b"cudaFree").map_err(|e| format!("cudaFree: {e}"))?;
+                    rt.get(b"cudaFree")
+                        .map_err(|e| SetupError(format!("cudaFree: {e}")))?;
                 let rc = free(std::ptr::null_mut());
                 if rc != 0 {
-                    return Err(format!("cudaFree(0) returned cudaError {rc}"));
+                    return Err(SetupError(format!("cudaFree(0) returned cudaError {rc}")));
                 }
             }
         }
@@ -513,14 +523,15 @@ mod native {
     /// Runs the empty kernel once and waits for it, so a profiler injected at CUDA
     /// initialization has connected to its front end; returns the sockets now open other than
     /// the control socket (fd 3): the profiler's.
-    fn connect_profiler(noop: sys::CUfunction) -> Result<Vec<i32>, String> {
+    fn connect_profiler(noop: sys::CUfunction) -> Result<Vec<i32>, SetupError> {
         cu(
             launch_noop(noop, std::ptr::null_mut()),
             "cuLaunchKernel(noop)",
         )?;
         // SAFETY: a context-wide synchronize.
         cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
-        let dir = std::fs::read_dir("/proc/self/fd").map_err(|e| format!("/proc/self/fd: {e}"))?;
+        let dir = std::fs::read_dir("/proc/self/fd")
+            .map_err(|e| SetupError(format!("/proc/self/fd: {e}")))?;
         let mut fds: Vec<i32> = dir
             .filter_map(|e| e.ok())
             .filter_map(|e| {
@@ -534,13 +545,13 @@ mod native {
     }
 
     /// A 64-byte IPC handle from its hex form.
-    fn handle64(hex: &str, what: &str) -> Result<[u8; 64], String> {
-        let v = from_hex(hex).ok_or(format!("{what} handle: not hex"))?;
+    fn handle64(hex: &str, what: &str) -> Result<[u8; 64], SetupError> {
+        let v = from_hex(hex).ok_or(SetupError(format!("{what} handle: not hex")))?;
         <[u8; 64]>::try_from(v.as_slice())
-            .map_err(|_| format!("{what} handle: {} bytes, not 64", v.len()))
+            .map_err(|_| SetupError(format!("{what} handle: {} bytes, not 64", v.len())))
     }
 
-    fn open_gpu(load: &cudarl_cuda::runner::Load) -> Result<Option<Gpu>, String> {
+    fn open_gpu(load: &cudarl_cuda::runner::Load) -> Result<Option<Gpu>, SetupError> {
         let Some(arena) = &load.arena else {
             return Ok(None);
         };
@@ -565,7 +576,7 @@ mod native {
                 ),
                 "cuIpcOpenMemHandle",
             )?;
-            let event = |h: [u8; 64], what: &str| -> Result<sys::CUevent, String> {
+            let event = |h: [u8; 64], what: &str| -> Result<sys::CUevent, SetupError> {
                 let mut e = std::ptr::null_mut();
                 let h = sys::CUipcEventHandle {
                     reserved: h.map(|b| b as std::ffi::c_char),
@@ -685,12 +696,12 @@ mod native {
             None => None,
         };
         if gpu && let Err(e) = init_gpu(rt.as_ref()) {
-            init_error(&mut out, e);
+            init_error(&mut out, e.0);
         }
         let own = if gpu {
             match load_own() {
                 Ok(k) => Some(k),
-                Err(e) => init_error(&mut out, e),
+                Err(e) => init_error(&mut out, e.0),
             }
         } else {
             None
@@ -703,7 +714,7 @@ mod native {
         let g = match open_gpu(&load) {
             Ok(g) => g,
             Err(e) => {
-                reply(&mut out, &Reply::LoadError { message: e });
+                reply(&mut out, &Reply::LoadError { message: e.0 });
                 // SAFETY: as above.
                 unsafe { libc::_exit(0) }
             }
@@ -711,7 +722,7 @@ mod native {
         let profiler_fds = match (profiled, own) {
             (true, Some(k)) => match connect_profiler(k.noop) {
                 Ok(fds) => fds,
-                Err(e) => init_error(&mut out, e),
+                Err(e) => init_error(&mut out, e.0),
             },
             _ => vec![],
         };

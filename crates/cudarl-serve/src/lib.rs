@@ -680,7 +680,7 @@ async fn evaluate_inner(
                 deadline.as_secs_f64()
             ),
         ),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.0),
         Ok(Ok(v)) => {
             // `pass` (ran and correct), `compiled` (compile-only, no failure) or the failure.
             let outcome = v
@@ -739,6 +739,25 @@ fn cache_key(task: &str, full: bool, seeds: &[u64], source: &str) -> [u8; 32] {
 
 /// Compile on a blocking thread (one of `compile_workers`), then, for `full`, the tests and
 /// timing on a free GPU.
+/// Why the service could not judge a candidate: its own failure (a compile or GPU thread that
+/// did not run, the Python worker, a problem without recorded tests), answered 500. What the
+/// candidate did wrong is a verdict, never this.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct JudgeFailure(String);
+
+impl JudgeFailure {
+    fn of(e: impl std::fmt::Display) -> JudgeFailure {
+        JudgeFailure(e.to_string())
+    }
+}
+
+impl From<cudarl_cuda::pyworker::PythonError> for JudgeFailure {
+    fn from(e: cudarl_cuda::pyworker::PythonError) -> JudgeFailure {
+        JudgeFailure(e.0)
+    }
+}
+
 async fn judge(
     s: Shared,
     task: Served,
@@ -746,14 +765,14 @@ async fn judge(
     seeds: Vec<u64>,
     full: bool,
     admitted: Arc<Admitted>,
-) -> Result<Verdict, String> {
+) -> Result<Verdict, JudgeFailure> {
     let task = match task {
         Served::Family(t) => t,
         Served::Kb(p) => return judge_kb(s, p, source, full, admitted).await,
     };
     let (s2, t, src) = (s.clone(), task.spec.clone(), source.clone());
     let v = held(&s.compile, admitted.clone(), move || {
-        check_compile_only(&t, &src, &s2.rules, &s2.compiler).map_err(|e| e.to_string())
+        check_compile_only(&t, &src, &s2.rules, &s2.compiler).map_err(JudgeFailure::of)
     })
     .await?;
     if !full || !v.compiled {
@@ -788,7 +807,7 @@ async fn judge(
             &opts,
             &slot.baselines,
         )
-        .map_err(|e| e.to_string())
+        .map_err(JudgeFailure::of)
     })
     .await
 }
@@ -799,19 +818,19 @@ async fn judge(
 async fn held<T: Send + 'static>(
     sem: &Arc<Semaphore>,
     admitted: Arc<Admitted>,
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    f: impl FnOnce() -> Result<T, JudgeFailure> + Send + 'static,
+) -> Result<T, JudgeFailure> {
     let permit = sem
         .clone()
         .acquire_owned()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(JudgeFailure::of)?;
     tokio::task::spawn_blocking(move || {
         let _held = (permit, admitted);
         f()
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(JudgeFailure::of)?
 }
 
 /// A task the service judges.
@@ -839,7 +858,7 @@ async fn judge_kb(
     source: String,
     full: bool,
     admitted: Arc<Admitted>,
-) -> Result<Verdict, String> {
+) -> Result<Verdict, JudgeFailure> {
     use cudarl_cuda::torchfmt::{self, Format};
     let (s2, p2) = (s.clone(), p.clone());
     let (v, cand) = held(&s.compile, admitted.clone(), move || {
@@ -852,7 +871,7 @@ async fn judge_kb(
                 &s2.rules,
                 &s2.compiler,
             )
-            .map_err(|e| e.to_string());
+            .map_err(JudgeFailure::of);
         }
         // Torch format: one Python worker extracts `ModelNew` builds and knows torch's build
         // environment; the extension builds (tens of seconds each) run on this compile thread.
@@ -867,17 +886,17 @@ async fn judge_kb(
         let prep = torchfmt::prepare(&source, format, &s2.rules, Some(w))?;
         drop(py);
         torchfmt::build(&p2.problem.id, &prep, &s2.rules, &s2.compiler, Some(&env))
-            .map_err(|e| e.to_string())
+            .map_err(JudgeFailure::of)
     })
     .await?;
     let (Some(cand), Some(gpu_info), true) = (cand, s.gpu_info.clone(), full) else {
         return Ok(v);
     };
     if p.problem.tests.is_empty() {
-        return Err(format!(
+        return Err(JudgeFailure(format!(
             "`{}` has no recorded tests (see `cudarl-pipe show testgen`)",
             p.problem.id
-        ));
+        )));
     }
     let gpus = s.gpu_free.clone();
     held(&gpus, admitted, move || {
@@ -985,10 +1004,9 @@ async fn openapi() -> Response {
 pub fn load_served_tasks(
     tasks: &std::path::Path,
     kernels: &std::path::Path,
-) -> Result<Vec<ServedTask>, String> {
-    let mut naive = cudarl_rl::tasks::read_naive(kernels).map_err(|e| e.to_string())?;
-    Ok(cudarl_rl::tasks::read_specs(tasks)
-        .map_err(|e| e.to_string())?
+) -> Result<Vec<ServedTask>, cudarl_rl::RlError> {
+    let mut naive = cudarl_rl::tasks::read_naive(kernels)?;
+    Ok(cudarl_rl::tasks::read_specs(tasks)?
         .into_iter()
         .map(|spec| ServedTask {
             naive: naive.remove(&spec.id),

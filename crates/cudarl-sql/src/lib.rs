@@ -55,26 +55,57 @@ pub fn quote_names(sql: &str, names: &[&str]) -> String {
     out
 }
 
+/// Why a query or a write of its result failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    /// A table's file is not Parquet polars can scan.
+    #[error("{name} ({path}): {source}")]
+    Table {
+        /// The table's name in the query.
+        name: String,
+        /// Its file.
+        path: String,
+        /// polars' error.
+        source: PolarsError,
+    },
+    /// polars cannot parse or run the query (an unknown table or column is named there).
+    #[error(transparent)]
+    Query(PolarsError),
+    /// The result could not be written (the file, when there is one, is named).
+    #[error("{0}")]
+    Write(String),
+}
+
+impl From<SqlError> for String {
+    fn from(e: SqlError) -> String {
+        e.to_string()
+    }
+}
+
 /// Runs `sql` over `tables` and collects the result.
 ///
 /// # Errors
 /// A file that is not Parquet, or polars' own message for a query it cannot parse or run (an
 /// unknown table or column is named there).
-pub fn query(tables: &[Table], sql: &str) -> Result<DataFrame, String> {
+pub fn query(tables: &[Table], sql: &str) -> Result<DataFrame, SqlError> {
     let ctx = SQLContext::new();
     for t in tables {
         let lf = LazyFrame::scan_parquet(
             PlRefPath::from(t.path.to_string_lossy().as_ref()),
             ScanArgsParquet::default(),
         )
-        .map_err(|e| format!("{} ({}): {e}", t.name, t.path.display()))?;
+        .map_err(|source| SqlError::Table {
+            name: t.name.clone(),
+            path: t.path.display().to_string(),
+            source,
+        })?;
         ctx.register(&t.name, lf);
     }
     let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
     let mut ctx = ctx;
     ctx.execute(&quote_names(sql, &names))
         .and_then(|lf| lf.collect())
-        .map_err(|e| e.to_string())
+        .map_err(SqlError::Query)
 }
 
 /// Writes `df` as JSON Lines to `w`: one object per row, every column present, nulls as
@@ -85,34 +116,33 @@ pub fn query(tables: &[Table], sql: &str) -> Result<DataFrame, String> {
 ///
 /// # Errors
 /// The frame cannot be written as Parquet, or a write fails.
-pub fn write_json_lines(df: &mut DataFrame, w: impl std::io::Write) -> Result<(), String> {
-    let mut f = tempfile::tempfile().map_err(|e| e.to_string())?;
-    ParquetWriter::new(&mut f)
-        .finish(df)
-        .map_err(|e| e.to_string())?;
+pub fn write_json_lines(df: &mut DataFrame, w: impl std::io::Write) -> Result<(), SqlError> {
+    let e = |e: &dyn std::fmt::Display| SqlError::Write(e.to_string());
+    let mut f = tempfile::tempfile().map_err(|x| e(&x))?;
+    ParquetWriter::new(&mut f).finish(df).map_err(|x| e(&x))?;
     let batches = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
         .and_then(|b| b.build())
-        .map_err(|e| e.to_string())?;
+        .map_err(|x| e(&x))?;
     let mut jw = arrow::json::WriterBuilder::new()
         .with_explicit_nulls(true)
         .build::<_, arrow::json::writer::LineDelimited>(w);
     for b in batches {
-        jw.write(&b.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
+        jw.write(&b.map_err(|x| e(&x))?).map_err(|x| e(&x))?;
     }
-    jw.finish().map_err(|e| e.to_string())
+    jw.finish().map_err(|x| e(&x))
 }
 
 /// Writes `df` as a Parquet file at `path`.
 ///
 /// # Errors
 /// The file cannot be created or written.
-pub fn write_parquet(df: &mut DataFrame, path: &std::path::Path) -> Result<(), String> {
-    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn write_parquet(df: &mut DataFrame, path: &std::path::Path) -> Result<(), SqlError> {
+    let e = |e: &dyn std::fmt::Display| SqlError::Write(format!("{}: {e}", path.display()));
+    let f = std::fs::File::create(path).map_err(|x| e(&x))?;
     ParquetWriter::new(f)
         .finish(df)
         .map(|_| ())
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|x| e(&x))
 }
 
 #[cfg(test)]
@@ -167,6 +197,9 @@ mod tests {
         assert_eq!(rows[0], r#"{"tier":0,"pass":0.5,"n":2}"#);
         assert_eq!(rows[1], r#"{"tier":1,"pass":1.0,"n":3}"#);
         let e = query(&tables, "SELECT * FROM eval.nope").unwrap_err();
-        assert!(e.contains("eval"), "{e}");
+        assert!(
+            matches!(&e, SqlError::Query(_)) && e.to_string().contains("eval"),
+            "{e}"
+        );
     }
 }

@@ -8,37 +8,20 @@
 //! Only problems of the curriculum's `splits` (default: `train`) are converted, so the
 //! KernelBench test problems `eval` measures are never trained on.
 //!
-//! `archive_native`, one row per archive kernel of those problems:
-//!
-//! | column | type | meaning |
-//! |---|---|---|
-//! | kernel_id | utf8 | the archive row's kernel id |
-//! | source | utf8 | `sakana` or `cuda-l1` |
-//! | problem_id, split | utf8 | the KernelBench problem and its curriculum split |
-//! | tier | int64 | its curriculum tier |
-//! | converted | bool | the native ABI was derived mechanically |
-//! | reason | utf8, nullable | why not, or why the judge failed it |
-//! | code | utf8, nullable | the native candidate |
-//! | compiled | bool | it built against the launcher |
-//! | correct | bool, nullable | it passed the recorded tests (null: compile-only) |
-//! | median_ms | float64, nullable | its median time at the problem's own sizes (ms) |
-//! | speedup_vs_torch | float64, nullable | torch eager median / its median |
-//! | validated | utf8 | `correct`, `compile-only` (built; no GPU) or `failed` |
-//! | feedback | utf8, nullable | the tester's words on it, as RL's optimizer reads them ([`cudarl_rl::episode::feedback`]) |
-//! | description, signature | utf8 | the problem as the agents' prompts show it ([`KbTask`]'s text) |
-//!
-//! `summary`: per source, the rows, converted, compiled and correct counts.
+//! Outputs: `archive_native`, one row per archive kernel of those problems
+//! ([`cudarl_tables::archive::ArchiveNativeRow`]), and `summary`, the counts per source
+//! ([`cudarl_tables::archive::ArchiveSummaryRow`]).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
     InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
 };
 use cudarl_data::Table;
 use cudarl_rl::episode::Tester;
 use cudarl_rl::kernelbench::KbTask;
+use cudarl_tables::TableRow;
+use cudarl_tables::archive::{ArchiveNativeRow, ArchiveSummaryRow};
 use serde::{Deserialize, Serialize};
 
 use crate::common::Mode;
@@ -46,39 +29,6 @@ use crate::common::{data_err, params_json, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "archive-native";
-
-/// Schema of `archive_native`.
-pub static ARCHIVE_NATIVE: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("kernel_id", DataType::Utf8, false),
-        Field::new("source", DataType::Utf8, false),
-        Field::new("problem_id", DataType::Utf8, false),
-        Field::new("split", DataType::Utf8, false),
-        Field::new("tier", DataType::Int64, false),
-        Field::new("converted", DataType::Boolean, false),
-        Field::new("reason", DataType::Utf8, true),
-        Field::new("code", DataType::Utf8, true),
-        Field::new("compiled", DataType::Boolean, false),
-        Field::new("correct", DataType::Boolean, true),
-        Field::new("median_ms", DataType::Float64, true),
-        Field::new("speedup_vs_torch", DataType::Float64, true),
-        Field::new("validated", DataType::Utf8, false),
-        Field::new("feedback", DataType::Utf8, true),
-        Field::new("description", DataType::Utf8, false),
-        Field::new("signature", DataType::Utf8, false),
-    ]))
-});
-
-/// Schema of `summary`.
-pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("source", DataType::Utf8, false),
-        Field::new("rows", DataType::Int64, false),
-        Field::new("converted", DataType::Int64, false),
-        Field::new("compiled", DataType::Int64, false),
-        Field::new("correct", DataType::Int64, false),
-    ]))
-});
 
 fn d_splits() -> Vec<String> {
     vec!["train".into()]
@@ -127,52 +77,6 @@ impl ArchiveNative {
     }
 }
 
-/// One row of `archive_native`.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    /// See the module table.
-    pub kernel_id: String,
-    /// See the module table.
-    pub source: String,
-    /// See the module table.
-    pub problem_id: String,
-    /// See the module table.
-    pub split: String,
-    /// See the module table.
-    pub tier: i64,
-    /// See the module table.
-    pub converted: bool,
-    /// See the module table.
-    pub reason: Option<String>,
-    /// See the module table.
-    pub code: Option<String>,
-    /// See the module table.
-    pub compiled: bool,
-    /// See the module table.
-    pub correct: Option<bool>,
-    /// See the module table.
-    pub median_ms: Option<f64>,
-    /// See the module table.
-    pub speedup_vs_torch: Option<f64>,
-    /// See the module table.
-    pub validated: String,
-    /// See the module table.
-    pub feedback: Option<String>,
-    /// See the module table.
-    pub description: String,
-    /// See the module table.
-    pub signature: String,
-}
-
-#[derive(Serialize)]
-struct SummaryRow {
-    source: String,
-    rows: i64,
-    converted: i64,
-    compiled: i64,
-    correct: i64,
-}
-
 impl Stage for ArchiveNative {
     fn kind(&self) -> &str {
         KIND
@@ -193,8 +97,8 @@ impl Stage for ArchiveNative {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("archive_native", ARCHIVE_NATIVE.clone()),
-            OutputDecl::table("summary", SUMMARY.clone()),
+            OutputDecl::table(ArchiveNativeRow::NAME, ArchiveNativeRow::schema()),
+            OutputDecl::table(ArchiveSummaryRow::NAME, ArchiveSummaryRow::schema()),
         ]
     }
     fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
@@ -229,7 +133,7 @@ impl Stage for ArchiveNative {
         .filter(|(s, t)| self.params.splits.contains(s) && judge.judges(&t.id))
         .map(|(s, t)| (t.id.clone(), (s, t)))
         .collect();
-        let mut rows: Vec<Row> = Vec::new();
+        let mut rows: Vec<ArchiveNativeRow> = Vec::new();
         let mut items: Vec<(usize, String)> = Vec::new();
         for (input, source) in [("sakana", "sakana"), ("cuda_l1", "cuda-l1")] {
             let path = ctx.input_path(input)?;
@@ -263,14 +167,14 @@ impl Stage for ArchiveNative {
                 if let Ok(c) = &got {
                     items.push((rows.len(), c.clone()));
                 }
-                rows.push(Row {
+                rows.push(ArchiveNativeRow {
                     kernel_id: kid.get(i).unwrap_or("").to_string(),
                     source: source.to_string(),
                     problem_id: task.id.clone(),
                     split: split.clone(),
                     tier: task.tier,
                     converted: got.is_ok(),
-                    reason: got.as_ref().err().cloned(),
+                    reason: got.as_ref().err().map(ToString::to_string),
                     code: got.ok(),
                     compiled: false,
                     correct: None,
@@ -289,17 +193,19 @@ impl Stage for ArchiveNative {
             .collect();
         let verdicts = judge.test_many(&batch).map_err(crate::common::rl_err)?;
         for ((r, code), (v, _)) in items.iter().zip(verdicts) {
-            rows[*r].judged(code, &v);
+            judged(&mut rows[*r], code, &v);
         }
-        let mut sums: BTreeMap<&str, SummaryRow> = BTreeMap::new();
+        let mut sums: BTreeMap<&str, ArchiveSummaryRow> = BTreeMap::new();
         for r in &rows {
-            let s = sums.entry(r.source.as_str()).or_insert_with(|| SummaryRow {
-                source: r.source.clone(),
-                rows: 0,
-                converted: 0,
-                compiled: 0,
-                correct: 0,
-            });
+            let s = sums
+                .entry(r.source.as_str())
+                .or_insert_with(|| ArchiveSummaryRow {
+                    source: r.source.clone(),
+                    rows: 0,
+                    converted: 0,
+                    compiled: 0,
+                    correct: 0,
+                });
             s.rows += 1;
             s.converted += i64::from(r.converted);
             s.compiled += i64::from(r.compiled);
@@ -311,43 +217,46 @@ impl Stage for ArchiveNative {
                 s.source, s.rows, s.converted, s.compiled, s.correct
             ));
         }
-        write_rows(ctx, "archive_native", &ARCHIVE_NATIVE, &rows)?;
         write_rows(
             ctx,
-            "summary",
-            &SUMMARY,
+            ArchiveNativeRow::NAME,
+            &ArchiveNativeRow::schema(),
+            &rows,
+        )?;
+        write_rows(
+            ctx,
+            ArchiveSummaryRow::NAME,
+            &ArchiveSummaryRow::schema(),
             &sums.into_values().collect::<Vec<_>>(),
         )
     }
 }
 
-impl Row {
-    /// This row with the judge's verdict `v` on its converted kernel `code`: the tester's
-    /// feedback, compiled, correct, timing, and `validated` (`correct`, `compile-only` or
-    /// `failed`, with the failure as the reason).
-    fn judged(&mut self, code: &str, v: &cudarl_cuda::Verdict) {
-        self.feedback = Some(cudarl_rl::episode::feedback(
-            self.tier,
-            Some(code),
-            Some(v),
-            &[0, 1],
-        ));
-        self.compiled = v.compiled;
-        self.correct = v.correct;
-        self.median_ms = v.timing.as_ref().map(|t| t.median_ms);
-        self.speedup_vs_torch = v.speedup_vs_torch;
-        self.validated = match (v.compiled, v.correct) {
-            (true, Some(true)) => "correct",
-            (true, None) => "compile-only",
-            _ => "failed",
-        }
-        .into();
-        if self.validated == "failed" {
-            self.reason = Some(
-                v.failure
-                    .clone()
-                    .unwrap_or_else(|| "did not compile".to_string()),
-            );
-        }
+/// This row with the judge's verdict `v` on its converted kernel `code`: the tester's
+/// feedback, compiled, correct, timing, and `validated` (`correct`, `compile-only` or
+/// `failed`, with the failure as the reason).
+fn judged(row: &mut ArchiveNativeRow, code: &str, v: &cudarl_cuda::Verdict) {
+    row.feedback = Some(cudarl_rl::episode::feedback(
+        row.tier,
+        Some(code),
+        Some(v),
+        &[0, 1],
+    ));
+    row.compiled = v.compiled;
+    row.correct = v.correct;
+    row.median_ms = v.timing.as_ref().map(|t| t.median_ms);
+    row.speedup_vs_torch = v.speedup_vs_torch;
+    row.validated = match (v.compiled, v.correct) {
+        (true, Some(true)) => "correct",
+        (true, None) => "compile-only",
+        _ => "failed",
+    }
+    .into();
+    if row.validated == "failed" {
+        row.reason = Some(
+            v.failure
+                .clone()
+                .unwrap_or_else(|| "did not compile".to_string()),
+        );
     }
 }

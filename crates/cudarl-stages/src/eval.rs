@@ -38,7 +38,7 @@
 //! | table | columns |
 //! |---|---|
 //! | `summary` | checkpoint (utf8: sft, collab, rl; `rl_minus_sft`: a difference row, below), split (utf8: test, train, `test/tier{T}` and `train/tier{T}` (the families of tier T, 0-3), `kernelbench/level{L}`, `kernelbench/level{L}/novel_ops` and `kernelbench/level{L}/seen_ops` (that level's problems with an op no training task uses, and the rest; a side without problems has no row), `kernelbench/practised` (the KernelBench `train` problems `rl-train` practised; only with its `kernelbench_share`)), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch, fast_1_vs_compile, fast_1_5_vs_compile, fast_2_vs_compile, geomean_speedup_vs_compile (nullable; the `_vs_compile` columns against the reference under `torch.compile`, KernelBench rows only), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8), candidates (int64), gen_seconds, harness_seconds, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64: what the split cost; 0 on the per-tier and op-coverage rows, whose episodes are their split's), pass_rate_se, mean_reward_se (float64, nullable), pairs (int64, nullable). The `rl_minus_sft` row (split `kernelbench/practised`): RL minus SFT paired by problem, episodes RL's, pass_rate, compile_rate, single_turn_compile_rate, flagged_rate and mean_reward the mean per-problem differences, pass_rate_se and mean_reward_se their standard errors, pairs the problems `n` (df `n - 1`); its other rates null |
-//! | `episodes` | checkpoint, split, task_id (utf8), tier, episode, turns (int64), first_compiled (bool), first_correct (bool, nullable), compiled (bool), correct (bool, nullable), speedup_vs_naive, speedup_vs_torch, speedup_vs_torch_compile (float64, nullable), reward (float64) |
+//! | `episodes` | one row per episode: [`cudarl_tables::eval::EvalEpisodeRow`] |
 //! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
 
@@ -62,9 +62,17 @@ use cudarl_rl::report::{
 
 use cudarl_rl::kb_judge::KbJudge;
 use cudarl_rl::kernelbench::KbTask;
+use cudarl_tables::TableRow;
+use cudarl_tables::eval::EvalEpisodeRow;
 
 use crate::common::{CHECKPOINT, data_err, ingest_dir, params_json, resolve_device, write_rows};
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness, load_tasks};
+
+/// Device memory, bytes, from which eval's checkpoints run at once on a GPU. Two at once, each
+/// with its trainer, four GPU testers and their runners, took the whole 79 GiB of an H100 80GB
+/// and a trainer ran out of memory
+/// (`benchmarks/results/main_job_h100_2026-12-05_eval_out_of_memory.json`); an H200 has 141 GiB.
+pub const AT_ONCE_MIN_GPU_BYTES: usize = 120 << 30;
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "eval";
@@ -107,26 +115,6 @@ pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("pass_rate_se"),
         f("mean_reward_se"),
         Field::new("pairs", DataType::Int64, true),
-    ]))
-});
-
-/// Schema of `episodes`.
-pub static EPISODES: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("checkpoint", DataType::Utf8, false),
-        Field::new("split", DataType::Utf8, false),
-        Field::new("task_id", DataType::Utf8, false),
-        Field::new("tier", DataType::Int64, false),
-        Field::new("episode", DataType::Int64, false),
-        Field::new("turns", DataType::Int64, false),
-        Field::new("first_compiled", DataType::Boolean, false),
-        Field::new("first_correct", DataType::Boolean, true),
-        Field::new("compiled", DataType::Boolean, false),
-        Field::new("correct", DataType::Boolean, true),
-        f("speedup_vs_naive"),
-        f("speedup_vs_torch"),
-        f("speedup_vs_torch_compile"),
-        Field::new("reward", DataType::Float64, false),
     ]))
 });
 
@@ -218,44 +206,24 @@ impl Eval {
     }
 }
 
-/// One row of `episodes`.
-#[derive(Debug, Serialize)]
-struct EpisodeRow<'a> {
-    checkpoint: &'static str,
-    split: &'static str,
-    task_id: &'a str,
-    tier: i64,
-    episode: i64,
-    turns: i64,
-    first_compiled: bool,
-    first_correct: Option<bool>,
-    compiled: bool,
-    correct: Option<bool>,
-    speedup_vs_naive: Option<f64>,
-    speedup_vs_torch: Option<f64>,
-    speedup_vs_torch_compile: Option<f64>,
-    reward: f64,
-}
-
-impl<'a> EpisodeRow<'a> {
-    fn of(i: usize, r: &'a Row) -> Self {
-        let (first, best) = (r.ep.first_components(), r.ep.best_components());
-        EpisodeRow {
-            checkpoint: r.ck,
-            split: r.split,
-            task_id: &r.ep.task_id,
-            tier: r.ep.tier,
-            episode: i as i64,
-            turns: r.ep.turns.len() as i64,
-            first_compiled: first.compiled,
-            first_correct: first.correct,
-            compiled: best.compiled,
-            correct: best.correct,
-            speedup_vs_naive: best.speedup,
-            speedup_vs_torch: best.speedup_vs_torch,
-            speedup_vs_torch_compile: best.speedup_vs_torch_compile,
-            reward: r.ep.final_reward(),
-        }
+/// The `episodes` row of the `i`-th episode `r`.
+fn episode_row(i: usize, r: &Row) -> EvalEpisodeRow {
+    let (first, best) = (r.ep.first_components(), r.ep.best_components());
+    EvalEpisodeRow {
+        checkpoint: r.ck.into(),
+        split: r.split.into(),
+        task_id: r.ep.task_id.clone(),
+        tier: r.ep.tier,
+        episode: i as i64,
+        turns: r.ep.turns.len() as i64,
+        first_compiled: first.compiled,
+        first_correct: first.correct,
+        compiled: best.compiled,
+        correct: best.correct,
+        speedup_vs_naive: best.speedup,
+        speedup_vs_torch: best.speedup_vs_torch,
+        speedup_vs_torch_compile: best.speedup_vs_torch_compile,
+        reward: r.ep.final_reward(),
     }
 }
 
@@ -426,13 +394,13 @@ impl Eval {
     }
 
     /// Every episode of every checkpoint on `splits`, and what each (checkpoint, split) cost.
-    /// On a GPU (`at_once`) the checkpoints run at once, each with its own trainer, harness and
-    /// KernelBench judge (`sets`, one per checkpoint in [`Self::checkpoints`] order): one's
-    /// harness works while another generates. Timing stays alone on the GPU (the judges'
-    /// exclusive hold against the trainers' shared one, [`cudarl_cuda::worker::GpuLock`]), and
-    /// each checkpoint samples with the same seeds as it would alone. On the CPU they run one
-    /// after another on the one set in `sets`: two trainers' thread pools on the same cores slow
-    /// each other down many times over.
+    /// On a GPU of at least [`AT_ONCE_MIN_GPU_BYTES`] (`at_once`) the checkpoints run at once,
+    /// each with its own trainer, harness and KernelBench judge (`sets`, one per checkpoint in
+    /// [`Self::checkpoints`] order): one's harness works while another generates. Timing stays
+    /// alone on the GPU (the judges' exclusive hold against the trainers' shared one,
+    /// [`cudarl_cuda::worker::GpuLock`]), and each checkpoint samples with the same seeds as it
+    /// would alone. Elsewhere they run one after another on the one set in `sets`: on the CPU,
+    /// two trainers' thread pools on the same cores slow each other down many times over.
     fn episodes(
         &self,
         ctx: &StageContext<'_>,
@@ -643,7 +611,7 @@ impl Stage for Eval {
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
             OutputDecl::table("summary", SUMMARY.clone()),
-            OutputDecl::table("episodes", EPISODES.clone()),
+            OutputDecl::table(EvalEpisodeRow::NAME, EvalEpisodeRow::schema()),
             OutputDecl::table("turns", TURNS.clone()),
             OutputDecl::table("report", CHECKPOINT.clone()),
         ]
@@ -665,10 +633,12 @@ impl Stage for Eval {
         let cfg = p.rl.reward_config(ctx)?;
         let ts = load_tasks(ctx)?;
         let device = resolve_device(p.rl.device);
-        // One harness and KernelBench judge per checkpoint: they run at once (`episodes`).
-        // One harness and KernelBench judge per checkpoint where they run at once (a GPU), else
-        // one for all: a candidate both checkpoints wrote is then judged once.
-        let at_once = device == "cuda";
+        // One harness and KernelBench judge per checkpoint where they run at once (a GPU with
+        // room for them), else one for all: a candidate both checkpoints wrote is then judged
+        // once.
+        let at_once = device == "cuda"
+            && cudarl_cuda::gpu::probe()
+                .is_some_and(|g| g.total_mem_bytes >= AT_ONCE_MIN_GPU_BYTES);
         let mut sets: Vec<cudarl_rl::harness::Harness> = Vec::new();
         for _ in 0..if at_once { self.checkpoints().len() } else { 1 } {
             let mut h = harness(ctx, &p.rl, ts.naive.clone())?;
@@ -787,7 +757,7 @@ impl Stage for Eval {
             &kb_ops,
             pre,
         )
-        .map_err(StageError::Failed)?;
+        .map_err(crate::common::rl_err)?;
         ingest_dir(ctx, &rd, "report")
     }
 }
@@ -797,12 +767,17 @@ impl Stage for Eval {
 /// # Errors
 /// A row does not fit its schema, or the store write failed.
 fn write_episodes(ctx: &StageContext<'_>, rows: &[Row]) -> Result<(), StageError> {
-    let episodes: Vec<EpisodeRow<'_>> = rows
+    let episodes: Vec<EvalEpisodeRow> = rows
         .iter()
         .enumerate()
-        .map(|(i, r)| EpisodeRow::of(i, r))
+        .map(|(i, r)| episode_row(i, r))
         .collect();
-    write_rows(ctx, "episodes", &EPISODES, &episodes)?;
+    write_rows(
+        ctx,
+        EvalEpisodeRow::NAME,
+        &EvalEpisodeRow::schema(),
+        &episodes,
+    )?;
     let turns: Vec<TurnRow<'_>> = rows
         .iter()
         .enumerate()

@@ -124,7 +124,7 @@ impl Stage for KbSpecs {
         ctx: &cudarl_core::ResolveContext,
     ) -> Result<BTreeMap<String, String>, StageError> {
         // The torch version decides what runs on the meta device.
-        let v = python_versions(&ctx.root).map_err(StageError::Failed)?;
+        let v = python_versions(&ctx.root).map_err(StageError::failed)?;
         Ok(BTreeMap::from([("python torch".to_string(), v)]))
     }
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
@@ -133,7 +133,7 @@ impl Stage for KbSpecs {
         let levels = t.req_ints("level").map_err(data_err)?;
         let codes = t.req_strings("code").map_err(data_err)?;
         let worker_src =
-            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
+            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::failed)?;
         let memo = ctx.memo("kb-specs-v2")?;
         let mut worker: Option<PyWorker> = None;
         let mut rows: Vec<(String, i64, Value)> = Vec::new();
@@ -160,14 +160,14 @@ impl Stage for KbSpecs {
                 Some(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
                 None => {
                     if worker.is_none() {
-                        worker = Some(PyWorker::start(ctx.root()).map_err(StageError::Failed)?);
+                        worker = Some(PyWorker::start(ctx.root()).map_err(StageError::failed)?);
                     }
                     let w = worker.as_mut().expect("started");
                     let a = w
                         .call(
                             &serde_json::json!({"op": "signature", "problem_id": id, "code": code}),
                         )
-                        .map_err(StageError::Failed)?;
+                        .map_err(StageError::failed)?;
                     memo.put(&key, a.to_string().as_bytes())?;
                     a
                 }

@@ -535,7 +535,7 @@ pub(crate) fn harness(
     let compiler = crate::common::store_compiler(ctx)?;
     let gpu = p.mode != Mode::Compile && cudarl_cuda::gpu::probe().is_some();
     let mut h = Harness::new(compiler, gpu, Duration::from_secs(p.timeout_s), naive)
-        .map_err(StageError::Failed)?;
+        .map_err(StageError::failed)?;
     h.profile = p.profile;
     if let Some(ms) = p.timing_budget_ms {
         h.timing.budget_ms = ms;

@@ -25,9 +25,9 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `metrics` | step, tier (int64: highest open), episodes (int64), mean_reward, reward_std (float64: final reward per episode), compile_rate, pass_rate (float64, pass rate null in compile-only mode; of each episode's best turn), first_turn_compile_rate (float64), speedup (float64, nullable: geometric mean vs naive of correct finals), turns_used (float64), kl, entropy (float64: generator), optimizer_kl (float64), gen_seconds, harness_seconds, update_seconds (float64), harness_ms_per_candidate, compile_overlap, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64), verdict_reuse (float64: share of the step's candidates answered from a verdict earlier in the run), signal_groups, optimizer_signal_groups (float64: share of the agent's GRPO groups whose turn credits, or with `generator_credit = "own"` the generator's own turn rewards, are not all equal; for optimizer turns under returns-to-go credit, the share whose improvement over the kernel they were given is not 0), value_loss, optimizer_value_loss (float64, PPO only), max_approx_kl, optimizer_max_approx_kl (float64: nats per token), max_ref_log_ratio, optimizer_max_ref_log_ratio (float64: the largest per-token log-ratio to the reference, nats), aux_scale, optimizer_aux_scale, max_aux_grad_ratio, optimizer_max_aux_grad_ratio (float64, nullable: how `aux_grad_cap` scaled the KL and PPO-ptx gradient, and its largest norm ratio to the policy gradient), skipped_minibatches, optimizer_skipped_minibatches (int64: left by `target_kl`), update_steps, optimizer_update_steps (int64: AdamW steps of the update), ptx_loss, optimizer_ptx_loss (float64, nullable: PPO-ptx's SFT cross-entropy, nats per token, `ptx_coef`), algorithm (utf8), control_reward, control_compile_rate, control_pass_rate, control_seconds (float64, nullable: the frozen references on the step's tasks and seeds, `control = true`), reward_by_tier_json, mode, device (utf8) |
+//! | `metrics` | one row per step: [`cudarl_tables::rl::RlMetricsRow`] |
 //! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
-//! | `tiers` | tier (int64), opened_at_step (int64: 0 = from the start), compile_rate, pass_rate (float64, nullable: the rates that opened it) |
+//! | `tiers` | one row per tier opened: [`cudarl_tables::rl::RlTierRow`] |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints (with `lora`, merged) |
 //! | `generator_adapter`, `optimizer_adapter` (with `lora`) | as `generator`: `adapter_model.safetensors`, `adapter_config.json` (PEFT's layout) |
 //! | `plots` | file, digest, bytes: `reward_curve.png`, `rates.png` |
@@ -48,6 +48,8 @@ use cudarl_rl::kernelbench::KbTask;
 use cudarl_rl::run::{Bars, Counter, DrawSettings, control, draw, rollout};
 use cudarl_rl::step::{Curriculum, EpisodeStats, Gate, StepUpdate, update};
 use cudarl_rl::tasks::{TaskPool, fresh_families};
+use cudarl_tables::TableRow;
+use cudarl_tables::rl::{RlMetricsRow, RlTierRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -61,85 +63,6 @@ use cudarl_rl::kb_judge::KbJudge;
 /// The stage kind, as pipeline files name it (also `verl_launch`'s, its other backend).
 pub const KIND: &str = "rl-train";
 
-fn f64s(name: &str, nullable: bool) -> Field {
-    Field::new(name, DataType::Float64, nullable)
-}
-
-/// Schema of `metrics`.
-pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("step", DataType::Int64, false),
-        Field::new("tier", DataType::Int64, false),
-        Field::new("episodes", DataType::Int64, false),
-        f64s("mean_reward", false),
-        f64s("reward_std", false),
-        f64s("compile_rate", false),
-        f64s("pass_rate", true),
-        f64s("first_turn_compile_rate", false),
-        f64s("speedup", true),
-        f64s("turns_used", false),
-        f64s("kl", false),
-        f64s("entropy", false),
-        f64s("optimizer_kl", false),
-        f64s("gen_seconds", false),
-        f64s("harness_seconds", false),
-        f64s("update_seconds", false),
-        f64s("harness_ms_per_candidate", false),
-        f64s("compile_overlap", false),
-        // The harness seconds by phase (cudarl_rl::harness::HarnessPhases).
-        f64s("harness_compile_seconds", false),
-        f64s("harness_gpu_seconds", false),
-        f64s("harness_sass_seconds", false),
-        // Share of the step's candidates answered from a verdict earlier in the run
-        // (cudarl_rl::harness::Harness::judged).
-        f64s("verdict_reuse", false),
-        // Share of GRPO groups whose values (turn credits; the generator's own rewards with
-        // `generator_credit = "own"`) differ at all (the rest give no gradient).
-        f64s("signal_groups", false),
-        f64s("optimizer_signal_groups", false),
-        f64s("value_loss", true),
-        f64s("optimizer_value_loss", true),
-        // The update's largest approximate KL from the generating policy (nats per token) and
-        // the minibatches `target_kl` left unstepped, per agent.
-        f64s("max_approx_kl", false),
-        f64s("optimizer_max_approx_kl", false),
-        // The largest per-token |log pi_ref - log pi| of each agent's update (nats; the k3
-        // term counts at most cudarl_protocol::rl::KL_CLAMP per token).
-        f64s("max_ref_log_ratio", false),
-        f64s("optimizer_max_ref_log_ratio", false),
-        // `aux_grad_cap`: the mean factor each agent's KL and PPO-ptx gradient was scaled by
-        // (1: never capped) and its largest norm ratio to the policy gradient before scaling;
-        // null with the cap off.
-        f64s("aux_scale", true),
-        f64s("optimizer_aux_scale", true),
-        f64s("max_aux_grad_ratio", true),
-        f64s("optimizer_max_aux_grad_ratio", true),
-        Field::new("skipped_minibatches", DataType::Int64, false),
-        Field::new("optimizer_skipped_minibatches", DataType::Int64, false),
-        // AdamW steps each agent's update took (`epochs` x minibatches, less those skipped).
-        Field::new("update_steps", DataType::Int64, false),
-        Field::new("optimizer_update_steps", DataType::Int64, false),
-        // PPO-ptx (`ptx_coef`): each agent's mean SFT cross-entropy (nats per assistant token)
-        // over the update's minibatch steps; null without it.
-        f64s("ptx_loss", true),
-        f64s("optimizer_ptx_loss", true),
-        Field::new("algorithm", DataType::Utf8, false),
-        // `control`: the frozen reference policy's episodes on this step's tasks with this
-        // step's sampling seeds (mean final reward; compile and pass rates of each episode's
-        // best turn); null without `control`.
-        f64s("control_reward", true),
-        f64s("control_compile_rate", true),
-        f64s("control_pass_rate", true),
-        // Wall seconds of the control's rollout (generation and harness; not in the others).
-        f64s("control_seconds", true),
-        // {"<tier>": mean final reward of this step's episodes of that tier}: the reward curve
-        // per tier, not confounded by the mix shifting when a tier opens.
-        Field::new("reward_by_tier_json", DataType::Utf8, false),
-        Field::new("mode", DataType::Utf8, false),
-        Field::new("device", DataType::Utf8, false),
-    ]))
-});
-
 /// Schema of `turns`: step, episode, then [`TURN_FIELDS`].
 pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
     let mut f = vec![
@@ -150,70 +73,7 @@ pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(f))
 });
 
-/// Schema of `tiers`.
-pub static TIERS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("tier", DataType::Int64, false),
-        Field::new("opened_at_step", DataType::Int64, false),
-        f64s("compile_rate", true),
-        f64s("pass_rate", true),
-    ]))
-});
-
-/// One row of `metrics` (the columns of [`METRICS`]).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct MetricsRow {
-    step: i64,
-    tier: i64,
-    episodes: i64,
-    mean_reward: f64,
-    reward_std: f64,
-    compile_rate: f64,
-    pass_rate: Option<f64>,
-    first_turn_compile_rate: f64,
-    speedup: Option<f64>,
-    turns_used: f64,
-    kl: f64,
-    entropy: f64,
-    optimizer_kl: f64,
-    gen_seconds: f64,
-    harness_seconds: f64,
-    update_seconds: f64,
-    harness_ms_per_candidate: f64,
-    compile_overlap: f64,
-    harness_compile_seconds: f64,
-    harness_gpu_seconds: f64,
-    harness_sass_seconds: f64,
-    verdict_reuse: f64,
-    signal_groups: f64,
-    optimizer_signal_groups: f64,
-    value_loss: Option<f64>,
-    optimizer_value_loss: Option<f64>,
-    max_approx_kl: f64,
-    optimizer_max_approx_kl: f64,
-    max_ref_log_ratio: f64,
-    optimizer_max_ref_log_ratio: f64,
-    aux_scale: Option<f64>,
-    optimizer_aux_scale: Option<f64>,
-    max_aux_grad_ratio: Option<f64>,
-    optimizer_max_aux_grad_ratio: Option<f64>,
-    skipped_minibatches: i64,
-    optimizer_skipped_minibatches: i64,
-    update_steps: i64,
-    optimizer_update_steps: i64,
-    ptx_loss: Option<f64>,
-    optimizer_ptx_loss: Option<f64>,
-    algorithm: String,
-    control_reward: Option<f64>,
-    control_compile_rate: Option<f64>,
-    control_pass_rate: Option<f64>,
-    control_seconds: Option<f64>,
-    reward_by_tier_json: String,
-    mode: String,
-    device: String,
-}
-
-/// What a step measured, for its [`MetricsRow`].
+/// What a step measured, for its [`RlMetricsRow`] ([`metrics_row`]).
 struct StepRecord<'a> {
     step: usize,
     tier: i64,
@@ -223,61 +83,65 @@ struct StepRecord<'a> {
     gen_seconds: f64,
 }
 
-impl MetricsRow {
-    fn new(r: &StepRecord<'_>, p: &Params, mode: &'static str, device: &'static str) -> Self {
-        let e = EpisodeStats::of(r.episodes);
-        let (g, o) = (&r.update.generator, &r.update.optimizer);
-        let cands = r.harness.candidates.max(1) as f64;
-        let ppo = p.algorithm == Algorithm::Ppo;
-        let ptx = p.ptx().is_some();
-        let cap = p.aux_grad_cap().is_some();
-        MetricsRow {
-            step: r.step as i64,
-            tier: r.tier,
-            episodes: r.episodes.len() as i64,
-            mean_reward: e.mean_reward,
-            reward_std: e.reward_std,
-            compile_rate: e.compile_rate,
-            pass_rate: e.pass_rate,
-            first_turn_compile_rate: e.first_turn_compile_rate,
-            speedup: e.speedup,
-            turns_used: e.turns_used,
-            kl: g.kl,
-            entropy: g.entropy,
-            optimizer_kl: o.kl,
-            gen_seconds: r.gen_seconds,
-            harness_seconds: r.harness.seconds,
-            update_seconds: r.update.seconds,
-            harness_ms_per_candidate: 1000.0 * r.harness.seconds / cands,
-            compile_overlap: r.harness.prefetch_hits as f64 / cands,
-            harness_compile_seconds: r.harness.phases.compile,
-            harness_gpu_seconds: r.harness.phases.gpu,
-            harness_sass_seconds: r.harness.phases.sass,
-            verdict_reuse: r.harness.reused as f64 / cands,
-            signal_groups: r.update.signal_groups,
-            optimizer_signal_groups: r.update.optimizer_signal_groups,
-            value_loss: ppo.then_some(g.value_loss),
-            optimizer_value_loss: ppo.then_some(o.value_loss),
-            max_approx_kl: g.max_approx_kl,
-            optimizer_max_approx_kl: o.max_approx_kl,
-            max_ref_log_ratio: g.max_ref_log_ratio,
-            optimizer_max_ref_log_ratio: o.max_ref_log_ratio,
-            aux_scale: cap.then_some(g.aux_scale),
-            optimizer_aux_scale: cap.then_some(o.aux_scale),
-            max_aux_grad_ratio: cap.then_some(g.max_aux_grad_ratio),
-            optimizer_max_aux_grad_ratio: cap.then_some(o.max_aux_grad_ratio),
-            skipped_minibatches: g.skipped_minibatches as i64,
-            optimizer_skipped_minibatches: o.skipped_minibatches as i64,
-            update_steps: g.steps as i64,
-            optimizer_update_steps: o.steps as i64,
-            ptx_loss: ptx.then_some(g.ptx_loss),
-            optimizer_ptx_loss: ptx.then_some(o.ptx_loss),
-            algorithm: p.algorithm.as_str().to_string(),
-            reward_by_tier_json: e.reward_by_tier_json,
-            mode: mode.to_string(),
-            device: device.to_string(),
-            ..Default::default()
-        }
+/// The `metrics` row of step record `r` under `p`.
+fn metrics_row(
+    r: &StepRecord<'_>,
+    p: &Params,
+    mode: &'static str,
+    device: &'static str,
+) -> RlMetricsRow {
+    let e = EpisodeStats::of(r.episodes);
+    let (g, o) = (&r.update.generator, &r.update.optimizer);
+    let cands = r.harness.candidates.max(1) as f64;
+    let ppo = p.algorithm == Algorithm::Ppo;
+    let ptx = p.ptx().is_some();
+    let cap = p.aux_grad_cap().is_some();
+    RlMetricsRow {
+        step: r.step as i64,
+        tier: r.tier,
+        episodes: r.episodes.len() as i64,
+        mean_reward: e.mean_reward,
+        reward_std: e.reward_std,
+        compile_rate: e.compile_rate,
+        pass_rate: e.pass_rate,
+        first_turn_compile_rate: e.first_turn_compile_rate,
+        speedup: e.speedup,
+        turns_used: e.turns_used,
+        kl: g.kl,
+        entropy: g.entropy,
+        optimizer_kl: o.kl,
+        gen_seconds: r.gen_seconds,
+        harness_seconds: r.harness.seconds,
+        update_seconds: r.update.seconds,
+        harness_ms_per_candidate: 1000.0 * r.harness.seconds / cands,
+        compile_overlap: r.harness.prefetch_hits as f64 / cands,
+        harness_compile_seconds: r.harness.phases.compile,
+        harness_gpu_seconds: r.harness.phases.gpu,
+        harness_sass_seconds: r.harness.phases.sass,
+        verdict_reuse: r.harness.reused as f64 / cands,
+        signal_groups: r.update.signal_groups,
+        optimizer_signal_groups: r.update.optimizer_signal_groups,
+        value_loss: ppo.then_some(g.value_loss),
+        optimizer_value_loss: ppo.then_some(o.value_loss),
+        max_approx_kl: g.max_approx_kl,
+        optimizer_max_approx_kl: o.max_approx_kl,
+        max_ref_log_ratio: g.max_ref_log_ratio,
+        optimizer_max_ref_log_ratio: o.max_ref_log_ratio,
+        aux_scale: cap.then_some(g.aux_scale),
+        optimizer_aux_scale: cap.then_some(o.aux_scale),
+        max_aux_grad_ratio: cap.then_some(g.max_aux_grad_ratio),
+        optimizer_max_aux_grad_ratio: cap.then_some(o.max_aux_grad_ratio),
+        skipped_minibatches: g.skipped_minibatches as i64,
+        optimizer_skipped_minibatches: o.skipped_minibatches as i64,
+        update_steps: g.steps as i64,
+        optimizer_update_steps: o.steps as i64,
+        ptx_loss: ptx.then_some(g.ptx_loss),
+        optimizer_ptx_loss: ptx.then_some(o.ptx_loss),
+        algorithm: p.algorithm.as_str().to_string(),
+        reward_by_tier_json: e.reward_by_tier_json,
+        mode: mode.to_string(),
+        device: device.to_string(),
+        ..Default::default()
     }
 }
 
@@ -301,15 +165,6 @@ struct StepTurn {
     turn: Turn,
 }
 
-/// One row of `tiers`.
-#[derive(Debug, Serialize)]
-struct TierRow {
-    tier: i64,
-    opened_at_step: i64,
-    compile_rate: Option<f64>,
-    pass_rate: Option<f64>,
-}
-
 /// What `rl-train` saves of itself with the trainer's state ([`crate::rl_progress`]): enough
 /// for step `step + 1` to run as it would have in the straight run.
 #[derive(Debug, Serialize, Deserialize)]
@@ -321,7 +176,7 @@ struct StageState {
     /// The next sampling seed.
     seed: i64,
     curriculum: Curriculum,
-    rows: Vec<MetricsRow>,
+    rows: Vec<RlMetricsRow>,
 }
 
 /// The `rl-train` stage.
@@ -424,7 +279,7 @@ fn step_turns(step: usize, eps: &[Episode], up: &cudarl_rl::step::StepUpdate) ->
 fn report_step(
     node: &str,
     live: &mut Option<cudarl_core::metrics_log::MetricsLog>,
-    row: &MetricsRow,
+    row: &RlMetricsRow,
 ) {
     tracing::info!(
         node,
@@ -519,9 +374,9 @@ impl Stage for RlTrain {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         let mut v = vec![
-            OutputDecl::table("metrics", METRICS.clone()),
+            OutputDecl::table(RlMetricsRow::NAME, RlMetricsRow::schema()),
             OutputDecl::table("turns", TURNS.clone()),
-            OutputDecl::table("tiers", TIERS.clone()),
+            OutputDecl::table(RlTierRow::NAME, RlTierRow::schema()),
             OutputDecl::table("generator", CHECKPOINT.clone()),
             OutputDecl::table("optimizer", CHECKPOINT.clone()),
             OutputDecl::table("plots", CHECKPOINT.clone()),
@@ -631,7 +486,7 @@ impl Stage for RlTrain {
                 harness,
                 gen_seconds: tc.gen_seconds - g0,
             };
-            let mut row = MetricsRow::new(&rec, p, mode, device);
+            let mut row = metrics_row(&rec, p, mode, device);
             if p.control == Some(true) {
                 let c = control(
                     &mut tc,
@@ -687,7 +542,7 @@ fn write_outputs(
             ingest_dir(ctx, &ck.join(&a), &a)?;
         }
     }
-    write_rows(ctx, "metrics", &METRICS, &rows)?;
+    write_rows(ctx, RlMetricsRow::NAME, &RlMetricsRow::schema(), &rows)?;
     let turn_rows: Vec<TurnRow<'_>> = turns
         .iter()
         .map(|t| TurnRow {
@@ -697,34 +552,34 @@ fn write_outputs(
         })
         .collect();
     write_rows(ctx, "turns", &TURNS, &turn_rows)?;
-    let tiers: Vec<TierRow> = cur
+    let tiers: Vec<RlTierRow> = cur
         .opened
         .iter()
-        .map(|o| TierRow {
+        .map(|o| RlTierRow {
             tier: o.0,
             opened_at_step: o.1,
             compile_rate: o.2,
             pass_rate: o.3,
         })
         .collect();
-    write_rows(ctx, "tiers", &TIERS, &tiers)?;
+    write_rows(ctx, RlTierRow::NAME, &RlTierRow::schema(), &tiers)?;
     let pd = dir.join("plots");
     std::fs::create_dir_all(&pd).map_err(|e| StageError::Failed(e.to_string()))?;
-    plots(&rows, turns, mode, device, &pd).map_err(StageError::Failed)?;
+    plots(&rows, turns, mode, device, &pd).map_err(StageError::failed)?;
     ingest_dir(ctx, &pd, "plots")
 }
 
 /// `reward_curve.png` (mean final reward per step with a +-1 std band as two lines) and
 /// `rates.png` (best-turn compile and pass rates per step and tier).
 fn plots(
-    rows: &[MetricsRow],
+    rows: &[RlMetricsRow],
     turns: &[StepTurn],
     mode: &str,
     device: &str,
     dir: &std::path::Path,
-) -> Result<(), String> {
+) -> Result<(), cudarl_data::plot::PlotError> {
     use cudarl_data::plot::{Series, line_chart};
-    let pts = |f: &dyn Fn(&MetricsRow) -> f64| -> Vec<(f64, f64)> {
+    let pts = |f: &dyn Fn(&RlMetricsRow) -> f64| -> Vec<(f64, f64)> {
         rows.iter().map(|r| (r.step as f64, f(r))).collect()
     };
     line_chart(

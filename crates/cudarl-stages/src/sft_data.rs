@@ -41,6 +41,7 @@ use cudarl_curriculum::rename::Namer;
 use cudarl_curriculum::sample::{hash_fraction, order, shape_variants};
 use cudarl_data::Table;
 use cudarl_tables::TableRow;
+use cudarl_tables::archive::ArchiveNativeRow;
 use cudarl_tables::sft::{SftGeneratorRow, SftOptimizerRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -278,51 +279,33 @@ impl SftData {
         gen_rows: &mut SftRows,
         opt_rows: &mut SftRows,
     ) -> Result<String, StageError> {
-        let t = Table::read(ctx.input_path("archive")?, "archive_native").map_err(data_err)?;
-        let col = |c: &str| t.req_strings(c).map_err(data_err);
-        let (kid, src, pid, split, validated, code, desc, sig) = (
-            col("kernel_id")?,
-            col("source")?,
-            col("problem_id")?,
-            col("split")?,
-            col("validated")?,
-            t.strings("code").map_err(data_err)?,
-            col("description")?,
-            col("signature")?,
-        );
-        let fb = t.strings("feedback").map_err(data_err)?;
-        let tier = t.req_ints("tier").map_err(data_err)?;
-        let ms = t.floats("median_ms").map_err(data_err)?;
+        let rows: Vec<ArchiveNativeRow> =
+            cudarl_tables::read(ctx.input_path("archive")?, ArchiveNativeRow::NAME)
+                .map_err(data_err)?;
         // Problem -> (tier, split, description, signature, kernels).
         type Problem<'a> = (i64, &'a str, &'a str, &'a str, Vec<Kern>);
         let mut problems: BTreeMap<&str, Problem<'_>> = BTreeMap::new();
         let mut used: BTreeMap<&str, usize> = BTreeMap::new();
-        for i in 0..t.rows() {
-            let v = match validated.get(i) {
-                Some("correct") => "correct",
-                Some("compile-only") => "compile-only",
+        for r in &rows {
+            let v = match r.validated.as_str() {
+                "correct" => "correct",
+                "compile-only" => "compile-only",
                 _ => continue,
             };
-            let (Some(p), Some(c)) = (pid.get(i), code.as_ref().and_then(|c| c.get(i))) else {
+            let Some(c) = &r.code else {
                 continue;
             };
-            *used.entry(src.get(i).unwrap_or("")).or_default() += 1;
-            let e = problems.entry(p).or_insert_with(|| {
-                (
-                    tier.get(i).unwrap_or(0),
-                    split.get(i).unwrap_or("train"),
-                    desc.get(i).unwrap_or(""),
-                    sig.get(i).unwrap_or(""),
-                    Vec::new(),
-                )
-            });
+            *used.entry(r.source.as_str()).or_default() += 1;
+            let e = problems
+                .entry(&r.problem_id)
+                .or_insert_with(|| (r.tier, &r.split, &r.description, &r.signature, Vec::new()));
             e.4.push(Kern {
-                id: kid.get(i).unwrap_or("").to_string(),
+                id: r.kernel_id.clone(),
                 role: "archive".into(),
-                code: c.to_string(),
+                code: c.clone(),
                 validated: v,
-                median_ms: ms.as_ref().and_then(|m| m.get(i)),
-                feedback: fb.as_ref().and_then(|f| f.get(i)).unwrap_or("").to_string(),
+                median_ms: r.median_ms,
+                feedback: r.feedback.clone().unwrap_or_default(),
             });
         }
         for (id, (tier, split, description, signature, kerns)) in &problems {

@@ -4,15 +4,11 @@
 //! through the harness's static rules and nvcc. The compile rate is the baseline RL must beat.
 //! Compile-only on every machine for now (`mode` says so); pass rates come with `eval`.
 //!
-//! | table | columns |
-//! |---|---|
-//! | `samples` | task_id (utf8), sample (int64), text (utf8: the completion), code (utf8, nullable: the extracted block), tokens (int64), finish (utf8: Eos, Length), compiled (bool), failure (utf8, nullable: `no_code`, `static_reject`, `compile_error`, ...), detail (utf8, nullable) |
-//! | `sft_eval` | task_id (utf8), tier (int64), samples, with_code, compiled (int64), compile_rate (float64), mode (utf8), device (utf8) |
+//! Outputs: `samples` ([`cudarl_tables::sft_eval::SftSampleRow`]), one row per completion, and
+//! `sft_eval` ([`cudarl_tables::sft_eval::SftEvalRow`]), the compile rate per task.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
     InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
 };
@@ -21,6 +17,8 @@ use cudarl_curriculum::prompts;
 use cudarl_protocol::{Device, Job, SampleLine};
 use cudarl_rl::episode::generator_conversation;
 use cudarl_rl::tasks;
+use cudarl_tables::TableRow;
+use cudarl_tables::sft_eval::{SftEvalRow, SftSampleRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -29,35 +27,6 @@ use crate::common::{params_json, resolve_device, rl_err, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "sft-eval";
-
-/// Schema of `samples`.
-pub static SAMPLES: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("task_id", DataType::Utf8, false),
-        Field::new("sample", DataType::Int64, false),
-        Field::new("text", DataType::Utf8, false),
-        Field::new("code", DataType::Utf8, true),
-        Field::new("tokens", DataType::Int64, false),
-        Field::new("finish", DataType::Utf8, false),
-        Field::new("compiled", DataType::Boolean, false),
-        Field::new("failure", DataType::Utf8, true),
-        Field::new("detail", DataType::Utf8, true),
-    ]))
-});
-
-/// Schema of `sft_eval`.
-pub static SFT_EVAL: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("task_id", DataType::Utf8, false),
-        Field::new("tier", DataType::Int64, false),
-        Field::new("samples", DataType::Int64, false),
-        Field::new("with_code", DataType::Int64, false),
-        Field::new("compiled", DataType::Int64, false),
-        Field::new("compile_rate", DataType::Float64, false),
-        Field::new("mode", DataType::Utf8, false),
-        Field::new("device", DataType::Utf8, false),
-    ]))
-});
 
 fn d_samples() -> usize {
     8
@@ -155,8 +124,8 @@ impl Stage for SftEval {
     }
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
-            OutputDecl::table("samples", SAMPLES.clone()),
-            OutputDecl::table("sft_eval", SFT_EVAL.clone()),
+            OutputDecl::table(SftSampleRow::NAME, SftSampleRow::schema()),
+            OutputDecl::table(SftEvalRow::NAME, SftEvalRow::schema()),
         ]
     }
     fn resolve_external(
@@ -216,7 +185,7 @@ impl Stage for SftEval {
         let compiler = crate::common::store_compiler(ctx)?;
         let rules = Rules::builtin();
         let mut samples = Vec::new();
-        let mut per: BTreeMap<String, TaskRow> = BTreeMap::new();
+        let mut per: BTreeMap<String, SftEvalRow> = BTreeMap::new();
         for l in text.lines().filter(|l| !l.trim().is_empty()) {
             let v: SampleLine = serde_json::from_str(l)
                 .map_err(|e| StageError::Failed(format!("trainer sample `{l}`: {e}")))?;
@@ -236,58 +205,31 @@ impl Stage for SftEval {
                     (vd.compiled, vd.failure, vd.failure_detail)
                 }
             };
-            let e = per.entry(spec.id.clone()).or_insert(TaskRow {
+            let e = per.entry(spec.id.clone()).or_insert(SftEvalRow {
                 task_id: spec.id.clone(),
                 tier: spec.tier,
-                device,
-                mode: "compile-only",
+                device: device.into(),
+                mode: "compile-only".into(),
                 ..Default::default()
             });
             e.samples += 1;
             e.with_code += i64::from(code.is_some());
             e.compiled += i64::from(ok);
             e.compile_rate = e.compiled as f64 / e.samples as f64;
-            samples.push(SampleRow {
+            samples.push(SftSampleRow {
                 task_id: spec.id.clone(),
                 sample: v.sample as i64,
                 text: v.text,
                 code,
                 tokens: v.tokens as i64,
-                finish: v.finish.as_str(),
+                finish: v.finish.as_str().into(),
                 compiled: ok,
                 failure,
                 detail: detail.map(|d| d.chars().take(2000).collect::<String>()),
             });
         }
-        write_rows(ctx, "samples", &SAMPLES, &samples)?;
-        let rows: Vec<TaskRow> = per.into_values().collect();
-        write_rows(ctx, "sft_eval", &SFT_EVAL, &rows)
+        write_rows(ctx, SftSampleRow::NAME, &SftSampleRow::schema(), &samples)?;
+        let rows: Vec<SftEvalRow> = per.into_values().collect();
+        write_rows(ctx, SftEvalRow::NAME, &SftEvalRow::schema(), &rows)
     }
-}
-
-/// One row of `samples`.
-#[derive(Debug, Serialize)]
-struct SampleRow {
-    task_id: String,
-    sample: i64,
-    text: String,
-    code: Option<String>,
-    tokens: i64,
-    finish: &'static str,
-    compiled: bool,
-    failure: Option<String>,
-    detail: Option<String>,
-}
-
-/// One row of `sft_eval`.
-#[derive(Debug, Default, Serialize)]
-struct TaskRow {
-    task_id: String,
-    tier: i64,
-    samples: i64,
-    with_code: i64,
-    compiled: i64,
-    compile_rate: f64,
-    mode: &'static str,
-    device: &'static str,
 }

@@ -21,14 +21,11 @@
 //! after data growth runs only new rows.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
 
-use arrow::array::{ArrayRef, Int64Array, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{Digest, InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_data::Table;
 use cudarl_tables::TableRow;
-use cudarl_tables::kb_specs::KbTestRow;
+use cudarl_tables::kb_specs::{KbTestRow, KbTestgenRow};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -40,32 +37,6 @@ pub const KIND: &str = "testgen";
 
 /// Version of the recorded-test semantics (row memo key and code version).
 pub const TESTGEN_VERSION: u32 = 1;
-
-/// `kb_testgen`: one row per covered problem.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | problem_id | utf8 | |
-/// | level | int64 | |
-/// | status | utf8 | `recorded` or `excluded` |
-/// | reason | utf8, nullable | why excluded (over budget, the reference raised, non-finite reference) |
-/// | test_sizes_json | utf8 | size constants of the tests (halved from the problem's) |
-/// | test_bytes, full_bytes | int64 | bytes of one test's tensors at test sizes / at the problem's sizes |
-/// | rand_mix_note | utf8, nullable | why some or all seeds keep the native distribution |
-/// | tests | int64 | recorded tests |
-pub static KB_TESTGEN: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("problem_id", DataType::Utf8, false),
-        Field::new("level", DataType::Int64, false),
-        Field::new("status", DataType::Utf8, false),
-        Field::new("reason", DataType::Utf8, true),
-        Field::new("test_sizes_json", DataType::Utf8, false),
-        Field::new("test_bytes", DataType::Int64, false),
-        Field::new("full_bytes", DataType::Int64, false),
-        Field::new("rand_mix_note", DataType::Utf8, true),
-        Field::new("tests", DataType::Int64, false),
-    ]))
-});
 
 fn d_levels() -> Vec<i64> {
     vec![1, 2]
@@ -320,7 +291,7 @@ impl Stage for Testgen {
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
             OutputDecl::table("kb_tests", KbTestRow::schema()),
-            OutputDecl::table("kb_testgen", KB_TESTGEN.clone()),
+            OutputDecl::table(KbTestgenRow::NAME, KbTestgenRow::schema()),
         ]
     }
     fn resolve_external(
@@ -336,7 +307,7 @@ impl Stage for Testgen {
     ) -> Result<BTreeMap<String, String>, StageError> {
         let mut env = BTreeMap::from([(
             "python torch".to_string(),
-            python_versions(&ctx.root).map_err(StageError::Failed)?,
+            python_versions(&ctx.root).map_err(StageError::failed)?,
         )]);
         if self.params.hidden_seeds > 0 {
             // Hidden seeds come from the store's secret salt: another salt, other tests.
@@ -363,11 +334,11 @@ impl Stage for Testgen {
         let st = Table::read(ctx.input_path("specs")?, "kb_specs").map_err(data_err)?;
         let selected = selected_specs(&st, p)?;
         let worker_src =
-            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
+            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::failed)?;
         // The memo keys hold the interpreter, torch and the threads the references run with.
         let versions = format!(
             "{} threads={}",
-            python_versions(ctx.root()).map_err(StageError::Failed)?,
+            python_versions(ctx.root()).map_err(StageError::failed)?,
             p.threads
         );
         let salt = if p.hidden_seeds > 0 {
@@ -388,11 +359,11 @@ impl Stage for Testgen {
                 .as_mut()
                 .expect("started")
                 .call(&req)
-                .map_err(StageError::Failed)
+                .map_err(StageError::failed)
         };
         let progress = ctx.progress("problems", Some(selected.len() as u64));
         let mut tests: Vec<TestRow> = Vec::new();
-        let mut problems: Vec<[Value; 9]> = Vec::new();
+        let mut problems: Vec<KbTestgenRow> = Vec::new();
         let mut referenced = Vec::new();
         for (pid, level, dims) in &selected {
             let Some(code) = code_of.get(pid.as_str()) else {
@@ -418,17 +389,17 @@ impl Stage for Testgen {
             let test_bytes = plan["bytes"].as_i64().unwrap_or(0);
             let full_bytes = plan["full_bytes"].as_i64().unwrap_or(0);
             let row = |status: &str, reason: Option<String>, note: Option<String>, n: usize| {
-                [
-                    json!(pid),
-                    json!(level),
-                    json!(status),
-                    json!(reason),
-                    json!(sizes_s),
-                    json!(test_bytes),
-                    json!(full_bytes),
-                    json!(note),
-                    json!(n),
-                ]
+                KbTestgenRow {
+                    problem_id: pid.to_string(),
+                    level: *level,
+                    status: status.into(),
+                    reason,
+                    test_sizes_json: sizes_s.clone(),
+                    test_bytes,
+                    full_bytes,
+                    rand_mix_note: note,
+                    tests: n as i64,
+                }
             };
             if let Some(why) = excluded_by_plan(&plan, p.budget_bytes) {
                 problems.push(row("excluded", Some(why), None, 0));
@@ -473,10 +444,10 @@ impl Stage for Testgen {
 /// # Errors
 /// The worker cannot start or did not set the threads.
 fn start_worker(root: &std::path::Path, threads: usize) -> Result<PyWorker, StageError> {
-    let mut w = PyWorker::start(root).map_err(StageError::Failed)?;
+    let mut w = PyWorker::start(root).map_err(StageError::failed)?;
     let a = w
         .call(&json!({"op": "threads", "n": threads}))
-        .map_err(StageError::Failed)?;
+        .map_err(StageError::failed)?;
     if a["ok"] != Value::Bool(true) {
         return Err(StageError::Failed(format!(
             "the Python worker did not set {threads} CPU threads: {}",
@@ -603,10 +574,10 @@ fn selected_specs(st: &Table, p: &Params) -> Result<Vec<(String, i64, Vec<String
 fn write_tables(
     ctx: &mut StageContext<'_>,
     tests: &[TestRow],
-    problems: &[[Value; 9]],
+    problems: &[KbTestgenRow],
     device: &str,
 ) -> Result<(), StageError> {
-    let excluded = problems.iter().filter(|r| r[2] == "excluded").count();
+    let excluded = problems.iter().filter(|r| r.status == "excluded").count();
     if excluded > 0 {
         ctx.warn(format!(
             "{excluded} of {} covered problems have no recorded tests (see kb_testgen.reason)",
@@ -632,30 +603,9 @@ fn write_tables(
         "kb_tests",
         &cudarl_tables::to_batch(&rows).map_err(data_err)?,
     )?;
-    let col_s = |j: usize| -> ArrayRef {
-        Arc::new(StringArray::from_iter(
-            problems.iter().map(|r| r[j].as_str().map(str::to_string)),
-        ))
-    };
-    let col_i = |j: usize| -> ArrayRef {
-        Arc::new(Int64Array::from_iter_values(
-            problems.iter().map(|r| r[j].as_i64().unwrap_or(0)),
-        ))
-    };
-    let batch = cudarl_data::parquet_io::batch(
-        &KB_TESTGEN.clone(),
-        vec![
-            col_s(0),
-            col_i(1),
-            col_s(2),
-            col_s(3),
-            col_s(4),
-            col_i(5),
-            col_i(6),
-            col_s(7),
-            col_i(8),
-        ],
+    write_output(
+        ctx,
+        KbTestgenRow::NAME,
+        &cudarl_tables::to_batch(problems).map_err(data_err)?,
     )
-    .map_err(data_err)?;
-    write_output(ctx, "kb_testgen", &batch)
 }

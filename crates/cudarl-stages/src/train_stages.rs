@@ -13,8 +13,8 @@
 //! | `checkpoint` (and `tokenizer`) | file (utf8: path in the Hugging Face directory), digest (utf8: blake3 of the bytes, a store blob), bytes (int64) |
 //! | `adapter` (`sft-train` with `lora`) | as `checkpoint`: `adapter_model.safetensors`, `adapter_config.json` (PEFT's layout) |
 //! | `plots` | as `checkpoint`: `loss_curve.png` (training and evaluation loss per step) |
-//! | `metrics` | step, epoch (int64), loss (float64: nats per trained token), lr, grad_norm (float64), tokens (int64: trained tokens), tokens_per_s (float64: all tokens), eval_loss (float64, nullable), device (utf8) |
-//! | `corpus` (`tokenizer`, `pretrain`) | kind (utf8: `task_kernel`, `kernelbench` or `copy_document`), item_id (utf8, nullable: `synth/<task_id>` or the problem id; null for copy documents), line (utf8: the JSON line the trainer reads, a string or a list of chat messages) |
+//! | `metrics` | one row per optimizer step: [`cudarl_tables::train::TrainMetricsRow`] |
+//! | `corpus` (`tokenizer`, `pretrain`) | one row per document: [`cudarl_tables::train::CorpusRow`] |
 //!
 //! The corpus holds the `train` split alone (the `splits` table, [`crate::splits`]): the task
 //! kernels of the `train` families and the reference code of the KernelBench `train` problems.
@@ -24,14 +24,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, LazyLock};
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
     InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
 };
 use cudarl_data::Table;
 use cudarl_protocol::{Device, Job, LoraConfig, RandomInit, StepMetrics, TrainConfig};
+use cudarl_tables::TableRow;
+use cudarl_tables::train::{CorpusRow, TrainMetricsRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -39,38 +39,6 @@ use crate::common::{
     CHECKPOINT, checkpoint_files, data_err, ingest_dir, is_checkpoint_dir, materialize,
     params_json, resolve_device, rl_err, run_job, write_chats, write_rows,
 };
-
-/// Schema of `corpus`: one row per document the trainer reads (see the module's table).
-pub static CORPUS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("kind", DataType::Utf8, false),
-        Field::new("item_id", DataType::Utf8, true),
-        Field::new("line", DataType::Utf8, false),
-    ]))
-});
-
-/// One row of `corpus`.
-#[derive(Debug, Serialize)]
-struct CorpusRow {
-    kind: &'static str,
-    item_id: Option<String>,
-    line: String,
-}
-
-/// Schema of `metrics`.
-pub static METRICS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("step", DataType::Int64, false),
-        Field::new("epoch", DataType::Int64, false),
-        Field::new("loss", DataType::Float64, false),
-        Field::new("lr", DataType::Float64, false),
-        Field::new("grad_norm", DataType::Float64, false),
-        Field::new("tokens", DataType::Int64, false),
-        Field::new("tokens_per_s", DataType::Float64, false),
-        Field::new("eval_loss", DataType::Float64, true),
-        Field::new("device", DataType::Utf8, false),
-    ]))
-});
 
 /// `configs/model/<name>.toml`: `[model]` (architecture, `cudarl_protocol::ModelSpec`),
 /// `[tokenizer] vocab_size`, `[pretrain]` and `[sft]` (`cudarl_protocol::TrainConfig`).
@@ -361,28 +329,14 @@ impl ModelStage {
     }
 }
 
-/// One row of `metrics` (the columns of [`METRICS`]).
-#[derive(Debug, Serialize)]
-struct MetricsRow<'a> {
-    step: i64,
-    epoch: i64,
-    loss: f64,
-    lr: f64,
-    grad_norm: f64,
-    tokens: i64,
-    tokens_per_s: f64,
-    eval_loss: Option<f64>,
-    device: &'a str,
-}
-
 fn write_metrics(
     ctx: &StageContext<'_>,
     steps: &[StepMetrics],
     device: &str,
 ) -> Result<(), StageError> {
-    let rows: Vec<MetricsRow<'_>> = steps
+    let rows: Vec<TrainMetricsRow> = steps
         .iter()
-        .map(|s| MetricsRow {
+        .map(|s| TrainMetricsRow {
             step: s.step as i64,
             epoch: s.epoch as i64,
             loss: s.loss,
@@ -391,10 +345,15 @@ fn write_metrics(
             tokens: s.tokens as i64,
             tokens_per_s: s.tokens_per_s,
             eval_loss: s.eval_loss,
-            device,
+            device: device.into(),
         })
         .collect();
-    write_rows(ctx, "metrics", &METRICS, &rows)
+    write_rows(
+        ctx,
+        TrainMetricsRow::NAME,
+        &TrainMetricsRow::schema(),
+        &rows,
+    )
 }
 
 fn write_loss_plot(
@@ -424,7 +383,7 @@ fn write_loss_plot(
         "cross-entropy (nats / token)",
         &series,
     )
-    .map_err(StageError::Failed)?;
+    .map_err(StageError::failed)?;
     ingest_dir(ctx, dir, "plots")
 }
 
@@ -467,7 +426,7 @@ fn write_corpus(
     for (t, c) in id_code(ctx, "kernels", "task_kernels", "task_id")? {
         if splits.family(&t).map_err(crate::common::data_err)? == "train" {
             rows.push(CorpusRow {
-                kind: "task_kernel",
+                kind: "task_kernel".into(),
                 item_id: Some(format!("synth/{t}")),
                 line: serde_json::to_string(&c).expect("json"),
             });
@@ -477,20 +436,20 @@ fn write_corpus(
         // `test` and `val` problems, and those of levels `splits` leaves out, stay out.
         if splits.kernelbench.get(&p) == Some(&cudarl_curriculum::Split::Train) {
             rows.push(CorpusRow {
-                kind: "kernelbench",
+                kind: "kernelbench".into(),
                 item_id: Some(p),
                 line: serde_json::to_string(&c).expect("json"),
             });
         }
     }
     rows.extend(extra.iter().map(|d| CorpusRow {
-        kind: "copy_document",
+        kind: "copy_document".into(),
         item_id: None,
         line: serde_json::to_string(d).expect("json"),
     }));
     let text: String = rows.iter().map(|r| format!("{}\n", r.line)).collect();
     std::fs::write(path, text).map_err(|e| StageError::Failed(e.to_string()))?;
-    write_rows(ctx, "corpus", &CORPUS, &rows)?;
+    write_rows(ctx, CorpusRow::NAME, &CorpusRow::schema(), &rows)?;
     Ok(rows.len())
 }
 
@@ -560,16 +519,16 @@ impl Stage for ModelStage {
         match self.kind {
             Kind::Tokenizer => vec![
                 OutputDecl::table("tokenizer", CHECKPOINT.clone()),
-                OutputDecl::table("corpus", CORPUS.clone()),
+                OutputDecl::table(CorpusRow::NAME, CorpusRow::schema()),
             ],
             _ => {
                 let mut v = vec![
                     OutputDecl::table("checkpoint", CHECKPOINT.clone()),
-                    OutputDecl::table("metrics", METRICS.clone()),
+                    OutputDecl::table(TrainMetricsRow::NAME, TrainMetricsRow::schema()),
                     OutputDecl::table("plots", CHECKPOINT.clone()),
                 ];
                 if self.kind == Kind::Pretrain {
-                    v.push(OutputDecl::table("corpus", CORPUS.clone()));
+                    v.push(OutputDecl::table(CorpusRow::NAME, CorpusRow::schema()));
                 }
                 if self.params.lora.is_some() {
                     v.push(OutputDecl::table("adapter", CHECKPOINT.clone()));

@@ -289,7 +289,7 @@ impl Stage for Validate {
         if self.params.archive {
             env.insert(
                 "python torch".into(),
-                cudarl_cuda::pyworker::python_versions(&ctx.root).map_err(StageError::Failed)?,
+                cudarl_cuda::pyworker::python_versions(&ctx.root).map_err(StageError::failed)?,
             );
         }
         Ok(env)
@@ -868,7 +868,7 @@ impl Validate {
         .map_err(rl_err)?;
         let items = self.archive_items(ctx)?;
         let worker_src =
-            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::Failed)?;
+            cudarl_cuda::pyworker::script_source(ctx.root()).map_err(StageError::failed)?;
         let memo = ctx.memo("validate-torch-v1")?;
         let verdict_params = self.verdict_params();
         let row_key = |a: &Arch| {
@@ -906,11 +906,11 @@ impl Validate {
             if format == Format::ModelNew && py.is_none() {
                 py = Some(
                     cudarl_cuda::pyworker::PyWorker::start(ctx.root())
-                        .map_err(StageError::Failed)?,
+                        .map_err(StageError::failed)?,
                 );
             }
             let p = torchfmt::prepare(&a.code, format, &rules, py.as_mut())
-                .map_err(StageError::Failed)?;
+                .map_err(StageError::failed)?;
             preps[i] = Some(p);
         }
         let build_all = gpu.is_some() || self.params.torch_builds_without_gpu;
@@ -1009,11 +1009,11 @@ fn torch_env(
     }
     let mut py = match py {
         Some(py) => py,
-        None => cudarl_cuda::pyworker::PyWorker::start(root).map_err(StageError::Failed)?,
+        None => cudarl_cuda::pyworker::PyWorker::start(root).map_err(StageError::failed)?,
     };
     cudarl_cuda::pyworker::TorchEnv::query(&mut py)
         .map(Some)
-        .map_err(StageError::Failed)
+        .map_err(StageError::failed)
 }
 
 /// A built archive kernel: its verdict so far and, when it built, the candidate the GPU runs.

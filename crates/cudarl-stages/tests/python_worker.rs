@@ -152,7 +152,7 @@ fn a_missing_interpreter_is_a_clear_error() {
         Ok(_) => panic!("started without a script"),
         Err(e) => e,
     };
-    assert!(e.contains("did not start"), "{e}");
+    assert!(e.0.contains("did not start"), "{e}");
 }
 
 /// KernelBench's HingeLoss shape: `predictions` is `(batch_size, *input_shape)` and `targets`

@@ -2,12 +2,7 @@
 //! family with its tier, split and what the archives and the harness say of it; the thresholds
 //! that open each tier; and every kernel the harness ran and found correct.
 
-use std::sync::LazyLock;
-
-use arrow::datatypes::SchemaRef;
 use serde::{Deserialize, Serialize};
-
-use crate::TableRow;
 
 /// One row of `curriculum`: a KernelBench problem or a synthetic task family.
 ///
@@ -73,13 +68,7 @@ pub struct CurriculumRow {
     pub best_validated_speedup: Option<f64>,
 }
 
-impl TableRow for CurriculumRow {
-    const NAME: &'static str = "curriculum";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<CurriculumRow>);
-        S.clone()
-    }
-}
+crate::table_row!(CurriculumRow, "curriculum");
 
 /// One row of `gates`: a tier, the thresholds that open the next one, and its problem counts.
 ///
@@ -107,13 +96,7 @@ pub struct GateRow {
     pub test: i64,
 }
 
-impl TableRow for GateRow {
-    const NAME: &'static str = "gates";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<GateRow>);
-        S.clone()
-    }
-}
+crate::table_row!(GateRow, "gates");
 
 /// One row of `validated_kernels`: a kernel the harness ran and found correct on every train
 /// and hold-out shape and every public and hidden seed (none without a GPU: compile-only
@@ -148,10 +131,4 @@ pub struct ValidatedKernelRow {
     pub gpu: String,
 }
 
-impl TableRow for ValidatedKernelRow {
-    const NAME: &'static str = "validated_kernels";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<ValidatedKernelRow>);
-        S.clone()
-    }
-}
+crate::table_row!(ValidatedKernelRow, "validated_kernels");

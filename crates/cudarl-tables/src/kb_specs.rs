@@ -2,12 +2,7 @@
 //! derived by the Python worker from the problem's own module on torch's meta device, and the
 //! share of each level that has one; `kb_tests` (stage `testgen`): the problems' recorded tests.
 
-use std::sync::LazyLock;
-
-use arrow::datatypes::SchemaRef;
 use serde::{Deserialize, Serialize};
-
-use crate::TableRow;
 
 /// One row of `kb_specs`: one KernelBench problem of the selected levels.
 ///
@@ -41,13 +36,7 @@ pub struct KbSpecRow {
     pub constants_json: String,
 }
 
-impl TableRow for KbSpecRow {
-    const NAME: &'static str = "kb_specs";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<KbSpecRow>);
-        S.clone()
-    }
-}
+crate::table_row!(KbSpecRow, "kb_specs");
 
 /// One row of `coverage`: per level, the problems, those with a native signature, their share
 /// and the goal (80% of level 1, 60% of level 2; none for other levels).
@@ -73,13 +62,7 @@ pub struct CoverageRow {
     pub goal: Option<f64>,
 }
 
-impl TableRow for CoverageRow {
-    const NAME: &'static str = "coverage";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<CoverageRow>);
-        S.clone()
-    }
-}
+crate::table_row!(CoverageRow, "coverage");
 
 /// One row of `kb_tests` (stage `testgen`): a recorded test of a KernelBench problem, its
 /// tensors a safetensors blob in the store.
@@ -117,10 +100,40 @@ pub struct KbTestRow {
     pub device: String,
 }
 
-impl TableRow for KbTestRow {
-    const NAME: &'static str = "kb_tests";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<KbTestRow>);
-        S.clone()
-    }
+crate::table_row!(KbTestRow, "kb_tests");
+
+/// One row of `kb_testgen`: a covered problem and what `testgen` recorded for it.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | problem_id | utf8 | the KernelBench problem |
+/// | level | int64 | its level |
+/// | status | utf8 | `recorded` or `excluded` |
+/// | reason | utf8, nullable | why excluded (over budget, the reference raised, non-finite reference) |
+/// | test_sizes_json | utf8 | size constants of the tests (halved from the problem's) |
+/// | test_bytes, full_bytes | int64 | bytes of one test's tensors at test sizes / at the problem's sizes |
+/// | rand_mix_note | utf8, nullable | why some or all seeds keep the native distribution |
+/// | tests | int64 | recorded tests |
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KbTestgenRow {
+    /// The problem.
+    pub problem_id: String,
+    /// Its level.
+    pub level: i64,
+    /// `recorded` or `excluded`.
+    pub status: String,
+    /// Why excluded.
+    pub reason: Option<String>,
+    /// Size constants of the tests, JSON.
+    pub test_sizes_json: String,
+    /// Bytes of one test's tensors at test sizes.
+    pub test_bytes: i64,
+    /// Bytes at the problem's own sizes.
+    pub full_bytes: i64,
+    /// Why some seeds keep the native distribution.
+    pub rand_mix_note: Option<String>,
+    /// Recorded tests.
+    pub tests: i64,
 }
+
+crate::table_row!(KbTestgenRow, "kb_testgen");

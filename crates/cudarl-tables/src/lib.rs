@@ -5,21 +5,31 @@
 //! (other stages, the CLI, `serve`) go through this crate, so no reader imports the writer's
 //! module.
 //!
+//! - [`archive`]: the archives' kernels in the native ABI (`archive-native`).
 //! - [`splits`]: what is held out (`splits`).
 //! - [`curriculum`]: tiers, splits and gates (`curriculum`, `gates`, `validated_kernels`).
 //! - [`problems`]: KernelBench problems (`ingest-kernelbench`'s `problems`).
+//! - [`eval`]: the hold-out evaluation's episodes (`eval`'s `episodes`).
 //! - [`kb_specs`]: KernelBench native signatures and their coverage (`kb-specs`), recorded
 //!   tests (`testgen`).
+//! - [`rl`]: RL's steps and tiers (`rl-train`'s `metrics` and `tiers`).
 //! - [`sft`]: SFT examples (`sft-data`, `collab-data`).
+//! - [`sft_eval`]: the generator after SFT on the hold-out (`sft-eval`).
 //! - [`tasks`]: task families and their reference kernels (`synth-tasks`).
+//! - [`train`]: the model stages' step metrics and corpus (`pretrain`, SFT, `tokenizer`).
 //! - [`validate`]: verdicts on the task and archive kernels (`validate`).
 
+pub mod archive;
 pub mod curriculum;
+pub mod eval;
 pub mod kb_specs;
 pub mod problems;
+pub mod rl;
 pub mod sft;
+pub mod sft_eval;
 pub mod splits;
 pub mod tasks;
+pub mod train;
 pub mod validate;
 
 use std::path::Path;
@@ -41,6 +51,22 @@ pub trait TableRow: Serialize + DeserializeOwned {
     /// The table's Arrow schema, traced from the type ([`traced`]); implementations keep it
     /// in a `LazyLock`.
     fn schema() -> SchemaRef;
+}
+
+/// Implements [`TableRow`] for the row type `$row` of the table named `$name`, its schema traced
+/// once ([`traced`]).
+#[macro_export]
+macro_rules! table_row {
+    ($row:ty, $name:literal) => {
+        impl $crate::TableRow for $row {
+            const NAME: &'static str = $name;
+            fn schema() -> ::arrow::datatypes::SchemaRef {
+                static S: ::std::sync::LazyLock<::arrow::datatypes::SchemaRef> =
+                    ::std::sync::LazyLock::new($crate::traced::<$row>);
+                S.clone()
+            }
+        }
+    };
 }
 
 /// The Arrow schema of row type `T`, traced from its serde form: `String` as `utf8`, `i64`
@@ -170,6 +196,17 @@ pub fn write<T: TableRow>(path: &Path, rows: &[T]) -> Result<(), DataError> {
     cudarl_data::write_parquet(path, &to_batch(rows)?)
 }
 
+/// The schema of columns `(name, type, nullable)`, in order: what a table's test holds its traced
+/// schema to.
+#[cfg(test)]
+pub(crate) fn schema_of(cols: &[(&str, DataType, bool)]) -> Schema {
+    Schema::new(
+        cols.iter()
+            .map(|(n, t, null)| Field::new(*n, t.clone(), *null))
+            .collect::<Vec<_>>(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -291,6 +328,20 @@ mod tests {
         kt.push(f("bytes", Int64, false));
         kt.extend(strs(&["device"]));
         assert_eq!(*crate::kb_specs::KbTestRow::schema(), Schema::new(kt));
+        assert_eq!(
+            *crate::kb_specs::KbTestgenRow::schema(),
+            Schema::new(vec![
+                f("problem_id", Utf8, false),
+                f("level", Int64, false),
+                f("status", Utf8, false),
+                f("reason", Utf8, true),
+                f("test_sizes_json", Utf8, false),
+                f("test_bytes", Int64, false),
+                f("full_bytes", Int64, false),
+                f("rand_mix_note", Utf8, true),
+                f("tests", Int64, false),
+            ])
+        );
         assert_eq!(
             *crate::tasks::TaskKernelRow::schema(),
             Schema::new(strs(&["kernel_id", "task_id", "role", "file", "code"]))

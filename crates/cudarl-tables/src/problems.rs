@@ -2,12 +2,7 @@
 //! `cudarl_data::schemas::PROBLEMS`, which ingestion writes column by column; [`ProblemRow`]
 //! traces to the same schema (its test holds them together).
 
-use std::sync::LazyLock;
-
-use arrow::datatypes::SchemaRef;
 use serde::{Deserialize, Serialize};
-
-use crate::TableRow;
 
 /// One row of `problems`.
 ///
@@ -48,10 +43,4 @@ pub struct ProblemRow {
     pub source_path: Option<String>,
 }
 
-impl TableRow for ProblemRow {
-    const NAME: &'static str = "problems";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<ProblemRow>);
-        S.clone()
-    }
-}
+crate::table_row!(ProblemRow, "problems");

@@ -2,13 +2,8 @@
 //! chat conversations, in the `messages` layout Hugging Face chat datasets and VERL's SFT
 //! loader read.
 
-use std::sync::LazyLock;
-
-use arrow::datatypes::SchemaRef;
 use cudarl_protocol::ChatMessage;
 use serde::{Deserialize, Serialize};
-
-use crate::TableRow;
 
 /// One row of `sft_generator`: a task prompt answered by a kernel.
 ///
@@ -41,13 +36,7 @@ pub struct SftGeneratorRow {
     pub messages_json: String,
 }
 
-impl TableRow for SftGeneratorRow {
-    const NAME: &'static str = "sft_generator";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<SftGeneratorRow>);
-        S.clone()
-    }
-}
+crate::table_row!(SftGeneratorRow, "sft_generator");
 
 /// One row of `sft_optimizer`: a kernel and its feedback answered by a faster or repaired one.
 /// The columns of [`SftGeneratorRow`], then:
@@ -86,13 +75,7 @@ pub struct SftOptimizerRow {
     pub kind: String,
 }
 
-impl TableRow for SftOptimizerRow {
-    const NAME: &'static str = "sft_optimizer";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<SftOptimizerRow>);
-        S.clone()
-    }
-}
+crate::table_row!(SftOptimizerRow, "sft_optimizer");
 
 impl From<SftOptimizerRow> for SftGeneratorRow {
     /// The example without the optimizer's columns.
@@ -121,6 +104,7 @@ mod tests {
     use arrow::record_batch::RecordBatch;
 
     use super::*;
+    use crate::TableRow;
 
     fn message_fields() -> Fields {
         Fields::from(vec![

@@ -1,16 +1,11 @@
 //! `splits` (stage `splits`): what is held out, one row per KernelBench problem and per task
 //! family (docs/architecture.md, "Splits").
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::LazyLock;
-
-use arrow::datatypes::SchemaRef;
 use cudarl_curriculum::Split;
 use cudarl_data::DataError;
 use serde::{Deserialize, Serialize};
-
-use crate::TableRow;
+use std::collections::BTreeMap;
+use std::path::Path;
 
 /// One row of `splits`.
 ///
@@ -35,13 +30,7 @@ pub struct SplitRow {
     pub split: String,
 }
 
-impl TableRow for SplitRow {
-    const NAME: &'static str = "splits";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<SplitRow>);
-        S.clone()
-    }
-}
+crate::table_row!(SplitRow, "splits");
 
 /// A `splits` table as its readers use it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

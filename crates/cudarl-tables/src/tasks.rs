@@ -1,12 +1,7 @@
 //! `tasks` and `task_kernels` (stage `synth-tasks`): the task families, hand-written and
 //! generated, and their reference kernels.
 
-use std::sync::LazyLock;
-
-use arrow::datatypes::SchemaRef;
 use serde::{Deserialize, Serialize};
-
-use crate::TableRow;
 
 /// One row of `tasks`: a task family.
 ///
@@ -55,13 +50,7 @@ pub struct TaskRow {
     pub group: String,
 }
 
-impl TableRow for TaskRow {
-    const NAME: &'static str = "tasks";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<TaskRow>);
-        S.clone()
-    }
-}
+crate::table_row!(TaskRow, "tasks");
 
 /// One row of `task_kernels`: a reference kernel of a task family.
 ///
@@ -86,10 +75,4 @@ pub struct TaskKernelRow {
     pub code: String,
 }
 
-impl TableRow for TaskKernelRow {
-    const NAME: &'static str = "task_kernels";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<TaskKernelRow>);
-        S.clone()
-    }
-}
+crate::table_row!(TaskKernelRow, "task_kernels");

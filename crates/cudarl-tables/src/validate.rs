@@ -1,12 +1,7 @@
 //! `validations` (stage `validate`): one row per kernel judged, the task kernels' or the
 //! archives'.
 
-use std::sync::LazyLock;
-
-use arrow::datatypes::SchemaRef;
 use serde::{Deserialize, Serialize};
-
-use crate::TableRow;
 
 /// One row of `validations`.
 ///
@@ -102,10 +97,4 @@ pub struct ValidationRow {
     pub claimed_speedup: Option<f64>,
 }
 
-impl TableRow for ValidationRow {
-    const NAME: &'static str = "validations";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(crate::traced::<ValidationRow>);
-        S.clone()
-    }
-}
+crate::table_row!(ValidationRow, "validations");

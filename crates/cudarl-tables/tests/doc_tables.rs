@@ -2,7 +2,10 @@
 //! sees in the docs is the schema the crate writes.
 
 use cudarl_tables::TableRow;
-use cudarl_tables::{curriculum, kb_specs, problems, sft, splits, tasks, validate};
+use cudarl_tables::{
+    archive, curriculum, eval, kb_specs, problems, rl, sft, sft_eval, splits, tasks, train,
+    validate,
+};
 
 /// The columns the doc table above `pub struct {ty}` in `src` lists (a cell may name several,
 /// `a, b`), in order, after those of the row struct a "The columns of [`Other`], then:" line
@@ -51,6 +54,19 @@ fn check<T: TableRow>(src: &str, ty: &str) {
 
 #[test]
 fn every_doc_table_lists_its_schemas_columns_in_order() {
+    check::<eval::EvalEpisodeRow>(include_str!("../src/eval.rs"), "EvalEpisodeRow");
+    let train = include_str!("../src/train.rs");
+    check::<train::TrainMetricsRow>(train, "TrainMetricsRow");
+    check::<train::CorpusRow>(train, "CorpusRow");
+    let rl = include_str!("../src/rl.rs");
+    check::<rl::RlMetricsRow>(rl, "RlMetricsRow");
+    check::<rl::RlTierRow>(rl, "RlTierRow");
+    let sft_eval = include_str!("../src/sft_eval.rs");
+    check::<sft_eval::SftSampleRow>(sft_eval, "SftSampleRow");
+    check::<sft_eval::SftEvalRow>(sft_eval, "SftEvalRow");
+    let archive = include_str!("../src/archive.rs");
+    check::<archive::ArchiveNativeRow>(archive, "ArchiveNativeRow");
+    check::<archive::ArchiveSummaryRow>(archive, "ArchiveSummaryRow");
     let curriculum = include_str!("../src/curriculum.rs");
     check::<curriculum::CurriculumRow>(curriculum, "CurriculumRow");
     check::<curriculum::GateRow>(curriculum, "GateRow");
@@ -58,6 +74,7 @@ fn every_doc_table_lists_its_schemas_columns_in_order() {
     let kb = include_str!("../src/kb_specs.rs");
     check::<kb_specs::KbSpecRow>(kb, "KbSpecRow");
     check::<kb_specs::CoverageRow>(kb, "CoverageRow");
+    check::<kb_specs::KbTestgenRow>(kb, "KbTestgenRow");
     check::<kb_specs::KbTestRow>(kb, "KbTestRow");
     check::<problems::ProblemRow>(include_str!("../src/problems.rs"), "ProblemRow");
     let sft = include_str!("../src/sft.rs");

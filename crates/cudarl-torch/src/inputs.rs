@@ -4,6 +4,8 @@
 use cudarl_cuda::task::{ArgKind, TaskSpec};
 use tch::{Device, Kind, Tensor};
 
+use crate::error::JudgeError;
+
 /// How a task's element type is stored: its libtorch float kind and the same-width integer
 /// kind the harness uses to fill and compare bit patterns.
 #[derive(Clone, Copy)]
@@ -26,7 +28,7 @@ impl Elem {
     ///
     /// # Errors
     /// A dtype the native runner does not support.
-    pub fn of(dtype: &str) -> Result<Elem, String> {
+    pub fn of(dtype: &str) -> Result<Elem, JudgeError> {
         Ok(match dtype {
             "f32" => Elem {
                 float: Kind::Float,
@@ -46,7 +48,11 @@ impl Elem {
                 guard: 0x7FCE,
                 size: 2,
             },
-            d => return Err(format!("dtype `{d}` is not supported by the native runner")),
+            d => {
+                return Err(JudgeError::Task(format!(
+                    "dtype `{d}` is not supported by the native runner"
+                )));
+            }
         })
     }
 }
@@ -74,13 +80,12 @@ pub fn gen_input(
     scale: f64,
     kind: Kind,
     dev: Device,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, JudgeError> {
     tch::manual_seed(mix64(seed ^ mix64(arg_index as u64 + 1)) as i64);
     let r = Tensor::f_rand([len], (Kind::Float, dev))
         .and_then(|t| t.f_mul_scalar(2.0 * scale))
         .and_then(|t| t.f_sub_scalar(scale))
-        .and_then(|t| t.f_to_kind(kind))
-        .map_err(terr)?;
+        .and_then(|t| t.f_to_kind(kind))?;
     Ok(r)
 }
 
@@ -100,9 +105,4 @@ pub fn scalar_values(task: &TaskSpec, seed: u64) -> Vec<(String, f64)> {
             (a.name.clone(), v)
         })
         .collect()
-}
-
-/// A libtorch error as text.
-pub fn terr(e: tch::TchError) -> String {
-    e.to_string()
 }

@@ -47,8 +47,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
+use crate::error::{JudgeError, cu};
 use crate::eval;
-use crate::inputs::{Elem, gen_input, mix64, scalar_values, terr};
+use crate::inputs::{Elem, gen_input, mix64, scalar_values};
 
 const GUARD_ELEMS: i64 = 4096;
 /// Alignment of buffers inside a set, bytes.
@@ -83,18 +84,6 @@ const ARM_WAIT: Duration = Duration::from_secs(2);
 const CALIBRATION_WINDOWS: usize = 5;
 /// The buffer the pageable copy rate is measured on, bytes (see [`Judge::transfer_ms`]).
 const TRANSFER_PROBE_BYTES: u64 = 64 << 20;
-
-fn derr(e: cudarc::driver::DriverError) -> String {
-    e.to_string()
-}
-
-fn cu(r: sys::CUresult, what: &str) -> Result<(), String> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("{what}: {r:?}"))
-    }
-}
 
 /// Why a job stopped early.
 #[derive(Debug)]
@@ -140,7 +129,7 @@ impl Fail {
 ///
 /// # Errors
 /// A shape the task spec cannot lay out.
-fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, String> {
+fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, JudgeError> {
     let mut bytes = 0u64;
     let tested = job.seeds.len().max(2) as u64;
     for s in &job.shapes {
@@ -190,6 +179,24 @@ impl From<String> for Fail {
     }
 }
 
+impl From<JudgeError> for Fail {
+    fn from(e: JudgeError) -> Fail {
+        Fail::Judge(e.to_string())
+    }
+}
+
+impl From<tch::TchError> for Fail {
+    fn from(e: tch::TchError) -> Fail {
+        Fail::from(JudgeError::from(e))
+    }
+}
+
+impl From<cudarc::driver::DriverError> for Fail {
+    fn from(e: cudarc::driver::DriverError) -> Fail {
+        Fail::from(JudgeError::from(e))
+    }
+}
+
 fn answer_fail(a: Answer) -> Fail {
     match a {
         Answer::Timeout => Fail::Timeout,
@@ -217,11 +224,11 @@ struct Buf {
 }
 
 impl Buf {
-    fn data(&self) -> Result<Tensor, String> {
+    fn data(&self) -> Result<Tensor, JudgeError> {
         self.whole
             .f_narrow(0, 0, self.n)
             .and_then(|t| t.f_view_dtype(self.elem.float))
-            .map_err(terr)
+            .map_err(JudgeError::from)
     }
 }
 
@@ -233,7 +240,7 @@ struct Bufs {
 }
 
 impl Bufs {
-    fn env_tensors(&self, kind: Kind) -> Result<Vec<(String, Tensor)>, String> {
+    fn env_tensors(&self, kind: Kind) -> Result<Vec<(String, Tensor)>, JudgeError> {
         self.args
             .iter()
             .filter_map(|b| Some((b, b.pristine.as_ref()?)))
@@ -241,8 +248,7 @@ impl Bufs {
                 Ok((
                     b.name.clone(),
                     p.f_to_kind(kind)
-                        .and_then(|t| t.f_reshape(b.dims.as_slice()))
-                        .map_err(terr)?,
+                        .and_then(|t| t.f_reshape(b.dims.as_slice()))?,
                 ))
             })
             .collect()
@@ -276,7 +282,7 @@ fn buffer_args<'t>(
     task: &'t TaskSpec,
     sizes: &BTreeMap<String, i64>,
     base: u64,
-) -> Result<Vec<BufArg<'t>>, String> {
+) -> Result<Vec<BufArg<'t>>, JudgeError> {
     let (offs, _) = set_layout(task, sizes)?;
     let mut out = Vec::new();
     for (index, arg) in task.args.iter().enumerate() {
@@ -300,7 +306,10 @@ fn buffer_args<'t>(
 }
 
 /// Byte sizes of one set's buffers (data and guard), aligned, for `sizes`.
-fn set_layout(task: &TaskSpec, sizes: &BTreeMap<String, i64>) -> Result<(Vec<u64>, u64), String> {
+fn set_layout(
+    task: &TaskSpec,
+    sizes: &BTreeMap<String, i64>,
+) -> Result<(Vec<u64>, u64), JudgeError> {
     let elem = Elem::of(&task.dtype)?;
     let mut offs = Vec::new();
     let mut at = 0u64;
@@ -320,7 +329,7 @@ fn set_layout(task: &TaskSpec, sizes: &BTreeMap<String, i64>) -> Result<(Vec<u64
     Ok((offs, at))
 }
 
-fn parse_references(task: &TaskSpec) -> Result<Vec<Expr>, String> {
+fn parse_references(task: &TaskSpec) -> Result<Vec<Expr>, JudgeError> {
     task.args
         .iter()
         .filter(|a| a.kind == ArgKind::Output)
@@ -328,8 +337,9 @@ fn parse_references(task: &TaskSpec) -> Result<Vec<Expr>, String> {
             let src = task
                 .reference
                 .get(&a.name)
-                .ok_or_else(|| format!("no reference for output `{}`", a.name))?;
-            cudarl_cuda::expr::parse(src).map_err(|m| format!("reference `{}`: {m}", a.name))
+                .ok_or_else(|| JudgeError::Task(format!("no reference for output `{}`", a.name)))?;
+            cudarl_cuda::expr::parse(src)
+                .map_err(|m| JudgeError::Task(format!("reference `{}`: {m}", a.name)))
         })
         .collect()
 }
@@ -343,14 +353,14 @@ fn reference_outputs(
     tensors: &[(String, Tensor)],
     scalars: &[(String, f64)],
     with_magnitude: bool,
-) -> Result<References, String> {
+) -> Result<References, JudgeError> {
     refs.iter()
         .map(|e| {
             let env = eval::Env::new(
                 tensors.iter().map(|(n, t)| (n.clone(), t)).collect(),
                 scalars.iter().cloned().collect(),
             );
-            let (v, m) = eval::eval(e, &env, with_magnitude).map_err(terr)?;
+            let (v, m) = eval::eval(e, &env, with_magnitude)?;
             Ok((v, m, env.contraction()))
         })
         .collect()
@@ -379,22 +389,17 @@ fn probe_of(
     scale: f64,
     kind: Kind,
     dev: Device,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, JudgeError> {
     if n == 0 {
         return Ok(x.shallow_clone());
     }
     let other = mix64(seed ^ 0x70f1_5eed_cace_0b5e);
     let fresh = gen_input(n, other, ai, scale, kind, dev)?;
     // gen_input seeded torch's generator from (other, ai): the places come from it too.
-    let redraw = Tensor::f_rand([n], (Kind::Float, dev))
-        .and_then(|u| u.f_lt(PROBE_SHARE))
-        .map_err(terr)?;
+    let redraw = Tensor::f_rand([n], (Kind::Float, dev)).and_then(|u| u.f_lt(PROBE_SHARE))?;
     let one = (mix64(other ^ ai as u64) % n.max(1) as u64) as i64;
-    let _ = redraw
-        .f_narrow(0, one, 1)
-        .and_then(|mut t| t.f_fill_(1))
-        .map_err(terr)?;
-    fresh.f_where_self(&redraw, x).map_err(terr)
+    let _ = redraw.f_narrow(0, one, 1).and_then(|mut t| t.f_fill_(1))?;
+    fresh.f_where_self(&redraw, x).map_err(JudgeError::from)
 }
 
 /// The cross-process machinery: two arenas (window words, then buffers) used by turns, and the
@@ -441,12 +446,12 @@ struct WindowEvents {
 }
 
 impl WindowEvents {
-    fn new() -> Result<WindowEvents, String> {
+    fn new() -> Result<WindowEvents, JudgeError> {
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
             | sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32;
         // SAFETY: event creation in the current context and handles of the events created.
         unsafe {
-            let one = || -> Result<(sys::CUevent, String), String> {
+            let one = || -> Result<(sys::CUevent, String), JudgeError> {
                 let mut e = std::ptr::null_mut();
                 cu(
                     sys::cuEventCreate(&mut e, flags),
@@ -493,10 +498,10 @@ impl Ipc {
 }
 
 impl ArenaSlot {
-    fn events(&self) -> Result<&WindowEvents, String> {
+    fn events(&self) -> Result<&WindowEvents, JudgeError> {
         self.events
             .as_ref()
-            .ok_or_else(|| "no window events".into())
+            .ok_or_else(|| JudgeError::Machine("no window events".into()))
     }
 }
 
@@ -550,21 +555,23 @@ impl Judge {
     ///
     /// # Errors
     /// No GPU or driver failure.
-    pub fn new() -> Result<Judge, String> {
+    pub fn new() -> Result<Judge, JudgeError> {
         // SAFETY: dlopen probe.
         if !unsafe { sys::is_culib_present() } {
-            return Err("libcuda not found: no GPU driver on this machine".into());
+            return Err(JudgeError::Machine(
+                "libcuda not found: no GPU driver on this machine".into(),
+            ));
         }
         if !tch::Cuda::is_available() {
-            return Err(
+            return Err(JudgeError::Machine(
                 "libtorch sees no CUDA device (CPU-only torch, or libtorch_cuda not linked)".into(),
-            );
+            ));
         }
-        let ctx = CudaContext::new(0).map_err(derr)?;
+        let ctx = CudaContext::new(0)?;
         // SAFETY: the judge synchronizes explicitly; no implicit event tracking on raw pointers.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let info = cudarl_cuda::gpu::info(&ctx)?;
+        let info = cudarl_cuda::gpu::info(&ctx).map_err(JudgeError::Machine)?;
         Ok(Judge {
             ctx,
             stream,
@@ -587,16 +594,16 @@ impl Judge {
         &self.info
     }
 
-    fn sync(&self) -> Result<(), String> {
-        self.ctx.synchronize().map_err(derr)
+    fn sync(&self) -> Result<(), JudgeError> {
+        self.ctx.synchronize().map_err(JudgeError::from)
     }
 
     /// Turns to the other arena for a new job: reaps the runner of the job that used it last,
     /// makes it hold at least `bytes` (a fresh allocation when it must grow) and zeroes it
     /// (nothing of an earlier candidate's survives into this job's arena). Returns the
     /// cross-process machinery.
-    fn ipc(&mut self, bytes: u64) -> Result<&mut Ipc, String> {
-        self.ctx.bind_to_thread().map_err(derr)?;
+    fn ipc(&mut self, bytes: u64) -> Result<&mut Ipc, JudgeError> {
+        self.ctx.bind_to_thread()?;
         if self.ipc.is_none() {
             // SAFETY: driver calls on the current (primary) context with valid out-pointers.
             unsafe {
@@ -762,8 +769,11 @@ impl Judge {
     }
 
     /// A view of the arena as `n` elements of `kind` at byte `offset`.
-    fn view(&self, offset: u64, n: i64, kind: Kind) -> Result<Tensor, String> {
-        let ipc = self.ipc.as_ref().ok_or("no arena")?;
+    fn view(&self, offset: u64, n: i64, kind: Kind) -> Result<Tensor, JudgeError> {
+        let ipc = self
+            .ipc
+            .as_ref()
+            .ok_or_else(|| JudgeError::Machine("no arena".into()))?;
         // SAFETY: the arena is a device allocation of `ipc.bytes` in this context, and every
         // layout stays inside it (checked by the caller).
         unsafe {
@@ -775,7 +785,7 @@ impl Judge {
                 self.dev,
             )
         }
-        .map_err(terr)
+        .map_err(JudgeError::from)
     }
 
     /// Fills one buffer set at arena offset `base` for `sizes` and `seed`: inputs drawn fresh
@@ -788,7 +798,7 @@ impl Judge {
         seed: u64,
         base: u64,
         inputs: Inputs,
-    ) -> Result<Bufs, String> {
+    ) -> Result<Bufs, JudgeError> {
         let elem = Elem::of(&task.dtype)?;
         let mut args = Vec::new();
         for BufArg {
@@ -800,20 +810,19 @@ impl Judge {
         } in buffer_args(task, sizes, base)?
         {
             let whole = self.view(offset, n + GUARD_ELEMS, elem.bits)?;
-            let mut data = whole.f_narrow(0, 0, n).map_err(terr)?;
-            let mut guard = whole.f_narrow(0, n, GUARD_ELEMS).map_err(terr)?;
-            let _ = guard.f_fill_(elem.guard).map_err(terr)?;
+            let mut data = whole.f_narrow(0, 0, n)?;
+            let mut guard = whole.f_narrow(0, n, GUARD_ELEMS)?;
+            let _ = guard.f_fill_(elem.guard)?;
             let pristine = if a.kind == ArgKind::Input {
                 let scale = task.input_scale(seed);
                 let mut x = gen_input(n, seed, ai, scale, elem.float, self.dev)?;
                 if inputs == Inputs::Probe {
                     x = probe_of(&x, n, seed, ai, scale, elem.float, self.dev)?;
                 }
-                data.f_copy_(&x.f_view_dtype(elem.bits).map_err(terr)?)
-                    .map_err(terr)?;
+                data.f_copy_(&x.f_view_dtype(elem.bits)?)?;
                 Some(x)
             } else {
-                let _ = data.f_fill_(elem.poison).map_err(terr)?;
+                let _ = data.f_fill_(elem.poison)?;
                 None
             };
             args.push(Buf {
@@ -844,8 +853,11 @@ impl Judge {
         row_bytes: u64,
         elem: &Elem,
         kind: Kind,
-    ) -> Result<Tensor, String> {
-        let ipc = self.ipc.as_ref().ok_or("no arena")?;
+    ) -> Result<Tensor, JudgeError> {
+        let ipc = self
+            .ipc
+            .as_ref()
+            .ok_or_else(|| JudgeError::Machine("no arena".into()))?;
         // SAFETY: the arena is a device allocation of `ipc.bytes` in this context, and every
         // layout stays inside it (checked by the caller); rows are whole elements apart (sets
         // are ALIGN-aligned).
@@ -858,7 +870,7 @@ impl Judge {
                 self.dev,
             )
         }
-        .map_err(terr)
+        .map_err(JudgeError::from)
     }
 
     /// Fills the `k` buffer sets of a timing window (`set_bytes` apart from arena offset
@@ -873,7 +885,7 @@ impl Judge {
         (k, set_bytes): (usize, u64),
         base: u64,
         verify: &[usize],
-    ) -> Result<Vec<Bufs>, String> {
+    ) -> Result<Vec<Bufs>, JudgeError> {
         let elem = Elem::of(&task.dtype)?;
         let seed: u64 = self.rng.random();
         let mut sets: Vec<Vec<Buf>> = (0..k).map(|_| Vec::new()).collect();
@@ -888,20 +900,17 @@ impl Judge {
             let guard_at = offset + (n * elem.size) as u64;
             let _ = self
                 .strided(guard_at, k, GUARD_ELEMS, set_bytes, &elem, elem.bits)?
-                .f_fill_(elem.guard)
-                .map_err(terr)?;
+                .f_fill_(elem.guard)?;
             if a.kind == ArgKind::Input {
                 tch::manual_seed(mix64(seed ^ mix64(ai as u64 + 1)) as i64);
                 let scale = task.input_scale(seed);
                 let _ = self
                     .strided(offset, k, n, set_bytes, &elem, elem.float)?
-                    .f_uniform_(-scale, scale)
-                    .map_err(terr)?;
+                    .f_uniform_(-scale, scale)?;
             } else {
                 let _ = self
                     .strided(offset, k, n, set_bytes, &elem, elem.bits)?
-                    .f_fill_(elem.poison)
-                    .map_err(terr)?;
+                    .f_fill_(elem.poison)?;
             }
             for (j, set) in sets.iter_mut().enumerate() {
                 let at = offset + j as u64 * set_bytes;
@@ -909,10 +918,9 @@ impl Judge {
                 let pristine = if a.kind == ArgKind::Input && verify.contains(&j) {
                     let src = whole
                         .f_narrow(0, 0, n)
-                        .and_then(|x| x.f_view_dtype(elem.float))
-                        .map_err(terr)?;
-                    let mut x = src.f_empty_like().map_err(terr)?;
-                    x.f_copy_(&src).map_err(terr)?;
+                        .and_then(|x| x.f_view_dtype(elem.float))?;
+                    let mut x = src.f_empty_like()?;
+                    x.f_copy_(&src)?;
                     Some(x)
                 } else {
                     None
@@ -1281,11 +1289,18 @@ impl Judge {
     /// A drawn place for a block of `k` sets `set_bytes` apart in the current arena: a byte
     /// offset past [`CONTROL_BYTES`], a multiple of [`PLACE_UNIT`], uniform over the places
     /// where the block fits.
-    fn place(&mut self, k: usize, set_bytes: u64) -> Result<u64, String> {
-        let cap = self.ipc.as_ref().ok_or("no arena")?.arena().bytes;
+    fn place(&mut self, k: usize, set_bytes: u64) -> Result<u64, JudgeError> {
+        let cap = self
+            .ipc
+            .as_ref()
+            .ok_or_else(|| JudgeError::Machine("no arena".into()))?
+            .arena()
+            .bytes;
         let need = CONTROL_BYTES + k as u64 * set_bytes;
         if need > cap {
-            return Err(format!("a block of {need} bytes in an arena of {cap}"));
+            return Err(JudgeError::Task(format!(
+                "a block of {need} bytes in an arena of {cap}"
+            )));
         }
         Ok(CONTROL_BYTES + self.rng.random_range(0..=(cap - need) / PLACE_UNIT) * PLACE_UNIT)
     }
@@ -1323,18 +1338,14 @@ impl Judge {
         task: &TaskSpec,
         sets: &[(&Bufs, u64)],
         shape: &ShapeCase,
-    ) -> Result<Vec<TestResult>, String> {
-        let e = |r: Result<Tensor, tch::TchError>| r.map_err(terr);
+    ) -> Result<Vec<TestResult>, JudgeError> {
+        let e = |r: Result<Tensor, tch::TchError>| r.map_err(JudgeError::from);
         let refs = parse_references(task)?;
         let mut stats: Vec<Tensor> = Vec::new();
         for (b, _) in sets {
             for a in &b.args {
                 let guard = e(a.whole.f_narrow(0, a.n, GUARD_ELEMS))?;
-                stats.push(
-                    e(e(guard.f_ne(a.elem.guard))?.f_any())?
-                        .f_to_kind(Kind::Double)
-                        .map_err(terr)?,
-                );
+                stats.push(e(e(guard.f_ne(a.elem.guard))?.f_any())?.f_to_kind(Kind::Double)?);
                 if let Some(p) = &a.pristine {
                     let now = e(a.whole.f_narrow(0, 0, a.n))?;
                     let orig = e(p.f_view_dtype(a.elem.bits))?;
@@ -1348,14 +1359,17 @@ impl Judge {
             for (a, (r, m, contraction)) in b.outputs().zip(&want) {
                 let r = e(r.f_reshape([-1]))?;
                 if r.size()[0] != a.n {
-                    return Err(format!(
+                    return Err(JudgeError::Task(format!(
                         "task spec error: the reference for `{}` has {} elements, the buffer {}",
                         a.name,
                         r.size()[0],
                         a.n
-                    ));
+                    )));
                 }
-                let m = e(m.as_ref().ok_or("no magnitude")?.f_reshape([-1]))?;
+                let m = e(m
+                    .as_ref()
+                    .ok_or_else(|| JudgeError::Machine("no magnitude".into()))?
+                    .f_reshape([-1]))?;
                 let got = a.data()?;
                 let unwritten =
                     e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(a.elem.poison))?.f_sum(Kind::Double))?;
@@ -1376,8 +1390,7 @@ impl Judge {
             }
         }
         let flat: Vec<f64> =
-            Vec::<f64>::try_from(e(e(Tensor::f_stack(&stats, 0))?.f_to_device(Device::Cpu))?)
-                .map_err(terr)?;
+            Vec::<f64>::try_from(e(e(Tensor::f_stack(&stats, 0))?.f_to_device(Device::Cpu))?)?;
         let mut it = flat.into_iter();
         let mut out = Vec::new();
         for (b, seed) in sets {
@@ -1438,27 +1451,27 @@ impl Judge {
         Ok(out)
     }
 
-    fn ensure_scratch(&mut self, b: &BenchSpec) -> Result<(), String> {
+    fn ensure_scratch(&mut self, b: &BenchSpec) -> Result<(), JudgeError> {
         if b.flush_l2 && self.l2_scratch.is_none() {
             let n = (self.info.l2_bytes.max(1 << 20) as i64) * 2 / 4; // int32 elements
-            self.l2_scratch = Some(Tensor::f_zeros([n], (Kind::Int, self.dev)).map_err(terr)?);
+            self.l2_scratch = Some(Tensor::f_zeros([n], (Kind::Int, self.dev))?);
         }
         Ok(())
     }
 
     /// Evicts L2 by reading twice its size (a read, not a memset: a memset would leave dirty
     /// lines whose write-back the timed kernel would pay for).
-    fn flush(&self) -> Result<(), String> {
+    fn flush(&self) -> Result<(), JudgeError> {
         if let Some(s) = &self.l2_scratch {
-            let _ = s.f_sum(Kind::Int64).map_err(terr)?;
+            let _ = s.f_sum(Kind::Int64)?;
         }
         Ok(())
     }
 
-    fn event(&self) -> Result<CudaEvent, String> {
+    fn event(&self) -> Result<CudaEvent, JudgeError> {
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(derr)
+            .map_err(JudgeError::from)
     }
 
     /// Times the candidate in `r` on `shape` (see the module docs).
@@ -1590,7 +1603,7 @@ impl Judge {
             unsafe { std::ptr::write_volatile(gate_host, g) };
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         };
-        let held = (|| -> Result<(), String> {
+        let held = (|| -> Result<(), JudgeError> {
             // SAFETY: the gate is device-mapped host memory of this context; legacy stream.
             unsafe {
                 cu(
@@ -1600,7 +1613,7 @@ impl Judge {
             };
             self.flush()?;
             samples.copy(0)?;
-            start.record(&self.stream).map_err(derr)?;
+            start.record(&self.stream)?;
             self.signal_go(w)?;
             // SAFETY: the gate word, on the legacy stream.
             unsafe {
@@ -1613,7 +1626,7 @@ impl Judge {
         })();
         if let Err(e) = held {
             release(b);
-            return Err(Fail::Judge(e));
+            return Err(Fail::from(e));
         }
         self.steps.enqueue += lap.ms();
         tracing::debug!(w, k, "window: enqueued, asking the runner");
@@ -1638,14 +1651,14 @@ impl Judge {
                 return Err(armed_fail(rc));
             }
             Answer::Reply(Reply::Armed { .. }) => {
-                let closed = (|| -> Result<(), String> {
+                let closed = (|| -> Result<(), JudgeError> {
                     // The runner recorded `done` before it answered: the wait is on that record.
                     self.wait_done(w)?;
-                    stop.record(&self.stream).map_err(derr)?;
+                    stop.record(&self.stream)?;
                     samples.copy(1)
                 })();
                 release(b);
-                closed.map_err(Fail::Judge)?;
+                closed.map_err(Fail::from)?;
                 self.steps.arm += lap.ms();
             }
             x => {
@@ -1662,10 +1675,10 @@ impl Judge {
             Answer::Reply(Reply::Synced { error: Some(e) }) => return Err(Fail::Cuda(e)),
             x => return Err(answer_fail(x)),
         }
-        after.record(&self.stream).map_err(derr)?;
-        after.synchronize().map_err(derr)?;
-        let t = start.elapsed_ms(stop).map_err(derr)? as f64;
-        let s = start.elapsed_ms(after).map_err(derr)? as f64;
+        after.record(&self.stream)?;
+        after.synchronize()?;
+        let t = start.elapsed_ms(stop)? as f64;
+        let s = start.elapsed_ms(after)? as f64;
         self.steps.sync += lap.ms();
         self.steps.windows += 1;
         let mut win = Window {
@@ -1677,7 +1690,7 @@ impl Judge {
         if k == 0 {
             return Ok(win);
         }
-        samples.copy(2).map_err(Fail::Judge)?;
+        samples.copy(2).map_err(Fail::from)?;
         (win.late, win.verified) =
             self.check_window(task, shape, (&sets, &verify), &samples, set_bytes)?;
         self.steps.check += lap.ms();
@@ -1700,7 +1713,7 @@ impl Judge {
             match stop.try_is_complete() {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
-                Err(e) => return Err(Fail::Judge(derr(e))),
+                Err(e) => return Err(Fail::from(JudgeError::from(e))),
             }
             if t0.elapsed() > wall {
                 let f = match r.call(&Request::Sync, Duration::from_secs(5)) {
@@ -1729,7 +1742,7 @@ impl Judge {
         set_bytes: u64,
     ) -> Result<(bool, usize), Fail> {
         let k = sets.len();
-        let elem = Elem::of(&task.dtype).map_err(Fail::Judge)?;
+        let elem = Elem::of(&task.dtype).map_err(Fail::from)?;
         let snap = |i: i64| {
             samples
                 .snaps
@@ -1739,28 +1752,21 @@ impl Judge {
         let mut counts = vec![
             snap(0)
                 .and_then(|x| x.f_ne(elem.poison))
-                .and_then(|x| x.f_sum(Kind::Int64))
-                .map_err(terr)?,
+                .and_then(|x| x.f_sum(Kind::Int64))?,
             snap(1)
                 .and_then(|x| x.f_ne_tensor(&snap(2)?))
-                .and_then(|x| x.f_sum(Kind::Int64))
-                .map_err(terr)?,
+                .and_then(|x| x.f_sum(Kind::Int64))?,
         ];
         // The sets are `set_bytes` apart from the block's first, whatever order they ran in.
         for o in sets[0].outputs() {
             counts.push(
                 self.strided(o.offset, k, o.n, set_bytes, &elem, elem.bits)?
                     .f_eq(elem.poison)
-                    .and_then(|x| x.f_sum(Kind::Int64))
-                    .map_err(terr)?,
+                    .and_then(|x| x.f_sum(Kind::Int64))?,
             );
         }
-        let counts = Vec::<i64>::try_from(
-            Tensor::f_stack(&counts, 0)
-                .and_then(|x| x.f_to(Device::Cpu))
-                .map_err(terr)?,
-        )
-        .map_err(terr)?;
+        let counts =
+            Vec::<i64>::try_from(Tensor::f_stack(&counts, 0).and_then(|x| x.f_to(Device::Cpu))?)?;
         if counts[0] > 0 {
             return Err(Fail::Timing(
                 "work_before_start".into(),
@@ -1792,14 +1798,17 @@ impl Judge {
 
     /// Enqueues the start of window `w` for the runner on the legacy stream (see
     /// [`Judge::signal`]).
-    fn signal_go(&self, w: u32) -> Result<(), String> {
+    fn signal_go(&self, w: u32) -> Result<(), JudgeError> {
         self.signal(std::ptr::null_mut(), false, w)
     }
 
     /// Enqueues on `stream` a record of the `go` event (`done`: of the `done` event), or, in the
     /// fallback words, the write of `w` to that word.
-    fn signal(&self, stream: sys::CUstream, done: bool, w: u32) -> Result<(), String> {
-        let ipc = self.ipc.as_ref().ok_or("no arena")?;
+    fn signal(&self, stream: sys::CUstream, done: bool, w: u32) -> Result<(), JudgeError> {
+        let ipc = self
+            .ipc
+            .as_ref()
+            .ok_or_else(|| JudgeError::Machine("no arena".into()))?;
         // SAFETY: an event of this context, or a word of its arena, on a stream of this context.
         unsafe {
             if ipc.words {
@@ -1821,8 +1830,11 @@ impl Judge {
     /// Enqueues the legacy stream's wait for the runner's end of window `w`: on the `done`
     /// event (recorded by the runner before it answered), or on `done >= w` in the fallback
     /// words.
-    fn wait_done(&self, w: u32) -> Result<(), String> {
-        let ipc = self.ipc.as_ref().ok_or("no arena")?;
+    fn wait_done(&self, w: u32) -> Result<(), JudgeError> {
+        let ipc = self
+            .ipc
+            .as_ref()
+            .ok_or_else(|| JudgeError::Machine("no arena".into()))?;
         let null: sys::CUstream = std::ptr::null_mut();
         // SAFETY: an event of this context, or a word of its arena, on the legacy stream.
         unsafe {
@@ -1848,14 +1860,16 @@ impl Judge {
     /// If the stream does not move on, the judge is [`Judge::stuck`] (its worker exits after
     /// answering).
     fn unblock(&mut self, w: u32, stop: &CudaEvent) {
-        let ok = (|| -> Result<(), String> {
-            let s = self.ctx.new_stream().map_err(derr)?;
+        let ok = (|| -> Result<(), JudgeError> {
+            let s = self.ctx.new_stream()?;
             self.signal(s.cu_stream(), true, w)?;
-            s.synchronize().map_err(derr)?;
+            s.synchronize()?;
             let t0 = Instant::now();
-            while !stop.try_is_complete().map_err(derr)? {
+            while !stop.try_is_complete()? {
                 if t0.elapsed() > Duration::from_secs(10) {
-                    return Err("the judge's stream did not resume".into());
+                    return Err(JudgeError::Machine(
+                        "the judge's stream did not resume".into(),
+                    ));
                 }
                 std::thread::sleep(Duration::from_micros(50));
             }
@@ -1870,20 +1884,20 @@ impl Judge {
     /// d2h), from the copy rate this process measured once on a [`TRANSFER_PROBE_BYTES`] buffer
     /// (a fresh pageable host allocation each way, as a caller's `tensor.cpu()` and back would
     /// do). Sets `transfer_spent_ms` (0 once the rate is known).
-    fn transfer_ms(&mut self, bytes: u64) -> Result<(f64, f64), String> {
+    fn transfer_ms(&mut self, bytes: u64) -> Result<(f64, f64), JudgeError> {
         self.transfer_spent_ms = 0.0;
         let (h2d, d2h) = match self.transfer_rate {
             Some(r) => r,
             None => {
                 let spent = Instant::now();
-                let probe = Tensor::f_zeros([TRANSFER_PROBE_BYTES as i64], (Kind::Uint8, self.dev))
-                    .map_err(terr)?;
+                let probe =
+                    Tensor::f_zeros([TRANSFER_PROBE_BYTES as i64], (Kind::Uint8, self.dev))?;
                 self.sync()?;
                 let t0 = Instant::now();
-                let host = probe.f_to_device(Device::Cpu).map_err(terr)?;
+                let host = probe.f_to_device(Device::Cpu)?;
                 let d2h = t0.elapsed().as_secs_f64() * 1e3;
                 let t1 = Instant::now();
-                let _back = host.f_to_device(self.dev).map_err(terr)?;
+                let _back = host.f_to_device(self.dev)?;
                 self.sync()?;
                 let h2d = t1.elapsed().as_secs_f64() * 1e3;
                 let r = (
@@ -1908,12 +1922,12 @@ impl Judge {
         shape: &ShapeCase,
         b: &BenchSpec,
         heartbeat: &mut dyn FnMut(),
-    ) -> Result<Timing, String> {
+    ) -> Result<Timing, JudgeError> {
         self.ensure_scratch(b)?;
         let elem = Elem::of(&task.dtype)?;
         let refs = parse_references(task)?;
         let (_, set_bytes) = set_layout(task, &shape.sizes)?;
-        let draw = |me: &mut Judge| -> Result<DrawnSet, String> {
+        let draw = |me: &mut Judge| -> Result<DrawnSet, JudgeError> {
             let seed: u64 = me.rng.random();
             let mut env = Vec::new();
             for (ai, a) in task.args.iter().enumerate() {
@@ -1927,7 +1941,7 @@ impl Judge {
                     .collect::<Result<Vec<i64>, _>>()?;
                 let n: i64 = dims.iter().product();
                 let x = gen_input(n, seed, ai, task.input_scale(seed), elem.float, me.dev)?;
-                env.push((a.name.clone(), x.f_reshape(dims.as_slice()).map_err(terr)?));
+                env.push((a.name.clone(), x.f_reshape(dims.as_slice())?));
             }
             Ok((env, scalar_values(task, seed)))
         };
@@ -1939,20 +1953,20 @@ impl Judge {
         let (h2d_ms, d2h_ms) = self.transfer_ms(bytes)?;
         let spent_ms = self.transfer_spent_ms;
         let (start, stop, after) = (self.event()?, self.event()?, self.event()?);
-        let run = |me: &mut Judge, k: usize| -> Result<(f64, f64), String> {
+        let run = |me: &mut Judge, k: usize| -> Result<(f64, f64), JudgeError> {
             let sets: Vec<_> = (0..k).map(|_| draw(me)).collect::<Result<_, _>>()?;
             me.flush()?;
-            start.record(&me.stream).map_err(derr)?;
+            start.record(&me.stream)?;
             for (env, scalars) in &sets {
                 reference_outputs(&refs, env, scalars, false)?;
             }
-            stop.record(&me.stream).map_err(derr)?;
+            stop.record(&me.stream)?;
             me.sync()?;
-            after.record(&me.stream).map_err(derr)?;
-            after.synchronize().map_err(derr)?;
+            after.record(&me.stream)?;
+            after.synchronize()?;
             Ok((
-                start.elapsed_ms(&stop).map_err(derr)? as f64,
-                start.elapsed_ms(&after).map_err(derr)? as f64,
+                start.elapsed_ms(&stop)? as f64,
+                start.elapsed_ms(&after)? as f64,
             ))
         };
         heartbeat();
@@ -1964,7 +1978,7 @@ impl Judge {
         }
         let (times, synced) = sample_windows(b, k, heartbeat, || {
             let (t, s) = run(self, k)?;
-            Ok::<_, String>((t / k as f64, s / k as f64))
+            Ok::<_, JudgeError>((t / k as f64, s / k as f64))
         })?;
         self.transfer_spent_ms = spent_ms;
         let mut t = stats((times, synced), false, (h2d_ms, d2h_ms), shape);
@@ -1999,7 +2013,7 @@ impl Samples {
         sets: &[Bufs],
         arena: sys::CUdeviceptr,
         dev: Device,
-    ) -> Result<Samples, String> {
+    ) -> Result<Samples, JudgeError> {
         let mut chunks = Vec::new();
         if let Some(first) = sets.first() {
             for (i, o) in first.outputs().enumerate() {
@@ -2017,7 +2031,7 @@ impl Samples {
             }
         }
         let bytes = chunks.iter().map(|c| c.1).sum::<usize>().max(1);
-        let snaps = Tensor::f_zeros([3, bytes as i64], (Kind::Uint8, dev)).map_err(terr)?;
+        let snaps = Tensor::f_zeros([3, bytes as i64], (Kind::Uint8, dev))?;
         Ok(Samples {
             chunks,
             bytes,
@@ -2026,7 +2040,7 @@ impl Samples {
     }
 
     /// Enqueues copy `i` (0, 1 or 2) of every chunk on the legacy stream.
-    fn copy(&self, i: usize) -> Result<(), String> {
+    fn copy(&self, i: usize) -> Result<(), JudgeError> {
         let mut at = self.snaps.data_ptr() as sys::CUdeviceptr + (i * self.bytes) as u64;
         for &(src, len) in &self.chunks {
             // SAFETY: device-to-device copies inside the arena and the snapshot buffer.

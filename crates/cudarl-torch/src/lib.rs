@@ -3,11 +3,13 @@
 //!
 //! - [`eval`]: reference expressions ([`cudarl_cuda::expr`]) evaluated with libtorch, with
 //!   tolerance magnitudes.
+//! - [`error`]: the judge's own errors ([`error::JudgeError`]).
 //! - [`inputs`]: fresh seeded inputs, element types and poison patterns.
 //! - [`judge`]: the judge of a compiled candidate that runs in a sandboxed runner process
 //!   (tests, checks, timing windows, the torch baseline).
 //! - [`worker`]: the sandboxed worker's loop (binary `cudarl-pipe-worker`).
 
+pub mod error;
 pub mod eval;
 pub mod inputs;
 pub mod judge;

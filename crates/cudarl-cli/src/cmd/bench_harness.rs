@@ -91,8 +91,7 @@ pub fn run(
         timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
         store: Some(store),
     };
-    let mut h =
-        Harness::new(compiler, gpu.is_some(), Duration::from_secs(60), naive).map_err(fail)?;
+    let mut h = Harness::new(compiler, gpu.is_some(), Duration::from_secs(60), naive)?;
     one_batch(&mut h, &batch("warm-up", pool.len().min(kernels)), false)?;
     let (mut streamed, mut first) = (Vec::new(), Vec::new());
     let mut runs = Vec::new();

@@ -27,7 +27,9 @@ use crate::cmd::bench::{finish, machine, median};
 /// No nvcc, no Python with torch (the build environment), an unreadable sample, a harness
 /// failure.
 pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
-    let fail = |e: String| CliError::failed(e);
+    fn fail(e: impl std::fmt::Display) -> CliError {
+        CliError::failed(e.to_string())
+    }
     let path = ctx
         .root
         .join(cudarl_stages::ingest_sakana::IngestSakana::BUNDLED);

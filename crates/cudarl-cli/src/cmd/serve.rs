@@ -64,8 +64,7 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
     let tasks = cudarl_serve::load_served_tasks(
         &super::output_blob(&engine, "synth-tasks", "tasks")?,
         &super::output_blob(&engine, "synth-tasks", "task_kernels")?,
-    )
-    .map_err(CliError::failed)?;
+    )?;
     let gpu = (a.mode != Mode::Compile)
         .then(cudarl_cuda::gpu::probe)
         .flatten();
