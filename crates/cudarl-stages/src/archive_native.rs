@@ -25,7 +25,7 @@ use cudarl_tables::archive::{ArchiveNativeRow, ArchiveSummaryRow};
 use serde::{Deserialize, Serialize};
 
 use crate::common::Mode;
-use crate::common::{data_err, params_json, write_rows};
+use crate::common::{data_err, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "archive-native";
@@ -78,15 +78,7 @@ impl ArchiveNative {
 }
 
 impl Stage for ArchiveNative {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> serde_json::Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, 1);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = vec![
             InputDecl::node("sakana", "ingest-sakana", "kernels"),

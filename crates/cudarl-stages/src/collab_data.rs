@@ -17,13 +17,10 @@
 //! | `sft_generator`, `sft_optimizer` | sft-data's schemas; kept turns have `kernel_id` `collab:<blake3 of the code, 16 hex>`, `validated` `correct` or `compile-only`, `split` `train`; the optimizer's `base_kernel_id` names the kernel it was given the same way, `kind` `collab:repair` or `collab:speedup`, `speedup` the measured ratio to the given kernel (speed-ups) |
 //! | `collected` | agent (utf8), episodes, turns, kept, correct, repairs, speedups, replayed (int64), pass_rate (float64, nullable: episodes whose best turn passed; null in compile-only mode), compile_rate (float64), mode, device (utf8) |
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{
-    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
-};
+use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_curriculum::prompts::ChatMessage;
 use cudarl_curriculum::sample::order;
@@ -32,11 +29,10 @@ use cudarl_protocol::Role;
 use cudarl_rl::collab::{Kept, Kind, Selection, select};
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use cudarl_tables::TableRow;
 
-use crate::common::{SftRows, data_err, params_json, resolve_device, write_rows, write_sft_tables};
+use crate::common::{SftRows, data_err, resolve_device, write_rows, write_sft_tables};
 use crate::rl_params::{harness, load_tasks};
 
 /// The stage kind, as pipeline files name it.
@@ -230,15 +226,7 @@ fn replay(
 }
 
 impl Stage for CollabData {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, 1);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
         v.push(InputDecl::node(
@@ -265,18 +253,7 @@ impl Stage for CollabData {
             OutputDecl::table("collected", COLLECTED.clone()),
         ]
     }
-    fn resolve_external(
-        &self,
-        input: &str,
-        ctx: &ResolveContext,
-    ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        self.params
-            .rl
-            .resolve_external(input, ["generator", "optimizer"], ctx)
-    }
-    fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
-        self.params.rl.environment(ctx)
-    }
+    rl_checkpoints_external!("generator", "optimizer");
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
         let cfg = p.rl.reward_config(ctx)?;
@@ -430,6 +407,7 @@ fn collected_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::params_json;
 
     #[test]
     fn bad_params_are_named() {

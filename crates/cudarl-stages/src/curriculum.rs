@@ -18,7 +18,7 @@ use cudarl_tables::TableRow;
 use cudarl_tables::curriculum::{CurriculumRow, GateRow, ValidatedKernelRow};
 use serde::{Deserialize, Serialize};
 
-use crate::common::{data_err, params_json, single_file, write_output};
+use crate::common::{data_err, single_file, write_output};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "curriculum";
@@ -113,19 +113,12 @@ fn add_kernels(
 }
 
 impl Stage for Curriculum {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        // 5: synthetic families split into train / rl / test (the hold-out), read by sft-data;
-        // the archive's verdicts only with `archive`.
-        // 6: the splits are the `splits` stage's (KernelBench stratified by level, families by
-        // group).
-        6
-    }
-    fn params(&self) -> serde_json::Value {
-        params_json(&self.params)
-    }
+    // Code versions:
+    // 5: synthetic families split into train / rl / test (the hold-out), read by sft-data;
+    // the archive's verdicts only with `archive`.
+    // 6: the splits are the `splits` stage's (KernelBench stratified by level, families by
+    // group).
+    stage_identity!(KIND, 6);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = vec![
             InputDecl::node("problems", "ingest-kernelbench", "problems"),

@@ -46,9 +46,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use cudarl_core::{
-    InputDecl, OutputDecl, ParamsError, ResolveContext, Stage, StageContext, StageError,
-};
+use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_data::Table;
 use serde::{Deserialize, Serialize};
@@ -65,7 +63,7 @@ use cudarl_rl::kernelbench::KbTask;
 use cudarl_tables::TableRow;
 use cudarl_tables::eval::EvalEpisodeRow;
 
-use crate::common::{CHECKPOINT, data_err, ingest_dir, params_json, resolve_device, write_rows};
+use crate::common::{CHECKPOINT, data_err, ingest_dir, resolve_device, write_rows};
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness, load_tasks};
 
 /// Device memory, bytes, from which eval's checkpoints run at once on a GPU. Two at once, each
@@ -551,34 +549,27 @@ impl Eval {
 }
 
 impl Stage for Eval {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
-        // 8: the report adds RL - SFT paired by sampling seed, and single-turn compile to the
-        // stratified comparison.
-        // 9: a turn with a hack flag is not a pass (it earns 0); the summary and the report
-        // count flagged episodes (`flagged_rate`).
-        // 10: a seeded batch samples the same whether the model had a decoder yet or not.
-        // 11: the pre-registered comparison (`primary_metric`, `comparison.json`).
-        // 12: the `collab` checkpoints (`collab`).
-        // 13: the comparison gives RL's multi-turn minus single-turn rate.
-        // 14: the report says a multi-turn difference without a standard error in words.
-        // 15: KernelBench rows per level (`kernelbench_samples`); the per-tier plot and the
-        // first-turn table count the task families only; in full mode a split where nothing
-        // compiled has pass rate and fast_p 0, not n/a.
-        // 16: KernelBench fast_p and speedups against `torch.compile`.
-        // 17: a KernelBench kernel's reward has a speed term against torch eager.
-        // 18: `summary` rows per tier of the task families (`test/tier{T}`).
-        // 19: KernelBench rows by op coverage (`kernelbench/level{L}/novel_ops`, `seen_ops`);
-        // the problems `rl-train` practised (`kernelbench/practised`) and RL minus SFT there
-        // (`rl_minus_sft`, `pass_rate_se`, `mean_reward_se`, `pairs`).
-        19
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    // Code versions:
+    // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
+    // 8: the report adds RL - SFT paired by sampling seed, and single-turn compile to the
+    // stratified comparison.
+    // 9: a turn with a hack flag is not a pass (it earns 0); the summary and the report
+    // count flagged episodes (`flagged_rate`).
+    // 10: a seeded batch samples the same whether the model had a decoder yet or not.
+    // 11: the pre-registered comparison (`primary_metric`, `comparison.json`).
+    // 12: the `collab` checkpoints (`collab`).
+    // 13: the comparison gives RL's multi-turn minus single-turn rate.
+    // 14: the report says a multi-turn difference without a standard error in words.
+    // 15: KernelBench rows per level (`kernelbench_samples`); the per-tier plot and the
+    // first-turn table count the task families only; in full mode a split where nothing
+    // compiled has pass rate and fast_p 0, not n/a.
+    // 16: KernelBench fast_p and speedups against `torch.compile`.
+    // 17: a KernelBench kernel's reward has a speed term against torch eager.
+    // 18: `summary` rows per tier of the task families (`test/tier{T}`).
+    // 19: KernelBench rows by op coverage (`kernelbench/level{L}/novel_ops`, `seen_ops`);
+    // the problems `rl-train` practised (`kernelbench/practised`) and RL minus SFT there
+    // (`rl_minus_sft`, `pass_rate_se`, `mean_reward_se`, `pairs`).
+    stage_identity!(KIND, 19);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
         v.extend(self.params.rl.agent_inputs([
@@ -616,18 +607,7 @@ impl Stage for Eval {
             OutputDecl::table("report", CHECKPOINT.clone()),
         ]
     }
-    fn resolve_external(
-        &self,
-        input: &str,
-        ctx: &ResolveContext,
-    ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        self.params
-            .rl
-            .resolve_external(input, ["sft_generator", "sft_optimizer"], ctx)
-    }
-    fn environment(&self, ctx: &ResolveContext) -> Result<BTreeMap<String, String>, StageError> {
-        self.params.rl.environment(ctx)
-    }
+    rl_checkpoints_external!("sft_generator", "sft_optimizer");
     fn run(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let p = &self.params;
         let cfg = p.rl.reward_config(ctx)?;

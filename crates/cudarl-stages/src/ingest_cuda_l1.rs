@@ -8,7 +8,7 @@ use cudarl_data::kernelbench::ProblemIndex;
 use cudarl_data::kernels::kernels_batch;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{data_err, params_json, single_file, write_output};
+use crate::common::{data_err, single_file, write_output};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "ingest-cuda-l1";
@@ -47,15 +47,7 @@ impl IngestCudaL1 {
 }
 
 impl Stage for IngestCudaL1 {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> serde_json::Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, 1);
     fn inputs(&self) -> Vec<InputDecl> {
         crate::common::kernel_ingest_inputs()
     }

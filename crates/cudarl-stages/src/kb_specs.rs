@@ -22,7 +22,7 @@ use cudarl_tables::kb_specs::{CoverageRow, KbSpecRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{data_err, params_json, write_output};
+use crate::common::{data_err, write_output};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "kb-specs";
@@ -91,15 +91,7 @@ pub fn native_signature(ans: &Value) -> Option<String> {
 }
 
 impl Stage for KbSpecs {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, 1);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
             InputDecl::node("problems", "ingest-kernelbench", "problems"),
@@ -112,13 +104,7 @@ impl Stage for KbSpecs {
             OutputDecl::table("coverage", CoverageRow::schema()),
         ]
     }
-    fn resolve_external(
-        &self,
-        _input: &str,
-        ctx: &cudarl_core::ResolveContext,
-    ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, cudarl_cuda::pyworker::SCRIPT, "worker")
-    }
+    worker_script_external!();
     fn environment(
         &self,
         ctx: &cudarl_core::ResolveContext,

@@ -1,6 +1,60 @@
 //! cudarl-stages: one module per pipeline stage, and the registry that builds them from
 //! pipeline files.
 
+/// A stage's identity in its `impl Stage`: `kind` (`$kind`), `code_version` (`$version`, moved
+/// on every change of the outputs' meaning) and `params` (the stage's `params` field as the
+/// cache key reads it, [`common::params_json`]).
+macro_rules! stage_identity {
+    ($kind:expr, $version:expr) => {
+        fn kind(&self) -> &str {
+            $kind
+        }
+        fn code_version(&self) -> u32 {
+            $version
+        }
+        fn params(&self) -> serde_json::Value {
+            crate::common::params_json(&self.params)
+        }
+    };
+}
+
+/// `resolve_external` of a stage whose one external input is the Python worker script
+/// ([`cudarl_cuda::pyworker::SCRIPT`], keyed by its bytes).
+macro_rules! worker_script_external {
+    () => {
+        fn resolve_external(
+            &self,
+            _input: &str,
+            ctx: &cudarl_core::ResolveContext,
+        ) -> Result<cudarl_core::ExternalFiles, cudarl_core::StageError> {
+            crate::common::single_file(&ctx.root, cudarl_cuda::pyworker::SCRIPT, "worker")
+        }
+    };
+}
+
+/// `resolve_external` and `environment` of a stage that samples the checkpoints named
+/// `$generator` and `$optimizer` with the RL settings in its `params.rl`
+/// ([`rl_params::Params::resolve_external`], [`rl_params::Params::environment`]).
+macro_rules! rl_checkpoints_external {
+    ($generator:literal, $optimizer:literal) => {
+        fn resolve_external(
+            &self,
+            input: &str,
+            ctx: &cudarl_core::ResolveContext,
+        ) -> Result<cudarl_core::ExternalFiles, cudarl_core::StageError> {
+            self.params
+                .rl
+                .resolve_external(input, [$generator, $optimizer], ctx)
+        }
+        fn environment(
+            &self,
+            ctx: &cudarl_core::ResolveContext,
+        ) -> Result<std::collections::BTreeMap<String, String>, cudarl_core::StageError> {
+            self.params.rl.environment(ctx)
+        }
+    };
+}
+
 pub mod archive_native;
 pub mod collab_data;
 pub mod common;

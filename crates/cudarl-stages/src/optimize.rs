@@ -25,9 +25,8 @@ use cudarl_core::{
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use cudarl_rl::kernelbench::KbTask;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, write_rows};
+use crate::common::{CHECKPOINT, ingest_dir, resolve_device, write_rows};
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness};
 use cudarl_rl::kb_judge::KbJudge;
 
@@ -202,15 +201,7 @@ fn keep(
 }
 
 impl Stage for Optimize {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, 1);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = vec![
             InputDecl::external("reward"),

@@ -51,9 +51,8 @@ use cudarl_rl::tasks::{TaskPool, fresh_families};
 use cudarl_tables::TableRow;
 use cudarl_tables::rl::{RlMetricsRow, RlTierRow};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::common::{CHECKPOINT, ingest_dir, params_json, resolve_device, rl_err, write_rows};
+use crate::common::{CHECKPOINT, ingest_dir, resolve_device, rl_err, write_rows};
 use crate::rl_params::{
     DEFAULT_CHECKPOINT_EVERY, Params, TURN_FIELDS, TurnFields, harness, load_tasks,
 };
@@ -331,28 +330,21 @@ fn kernelbench_tasks(
 }
 
 impl Stage for RlTrain {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
-        // 8: metrics gain max_approx_kl and skipped_minibatches per agent.
-        // 9: metrics gain the control columns.
-        // 10: metrics gain control_seconds, update_steps, optimizer_update_steps.
-        // 11: metrics gain ptx_loss, optimizer_ptx_loss.
-        // 12: a verdict with a hack flag earns reward 0 (`on_hack_flag`), and the tester's
-        // feedback names the flag.
-        // 13: the agents' AdamW is `cudarl_train::adamw` (saveable state); runs resume.
-        // 14: returns-to-go credit, optimizer turns against the kernel they revise, zero
-        // advantages out of the update, k3 clamped; metrics gain max_ref_log_ratio per agent.
-        // 15: the KL and PPO-ptx gradient capped at the policy gradient's norm
-        // (`aux_grad_cap`); metrics gain the aux columns.
-        // 16: checkpoints carry `tokenizer_config.json` and `generation_config.json`.
-        16
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    // Code versions:
+    // 7: an episode's best turn breaks reward ties by correct, compiled, has code.
+    // 8: metrics gain max_approx_kl and skipped_minibatches per agent.
+    // 9: metrics gain the control columns.
+    // 10: metrics gain control_seconds, update_steps, optimizer_update_steps.
+    // 11: metrics gain ptx_loss, optimizer_ptx_loss.
+    // 12: a verdict with a hack flag earns reward 0 (`on_hack_flag`), and the tester's
+    // feedback names the flag.
+    // 13: the agents' AdamW is `cudarl_train::adamw` (saveable state); runs resume.
+    // 14: returns-to-go credit, optimizer turns against the kernel they revise, zero
+    // advantages out of the update, k3 clamped; metrics gain max_ref_log_ratio per agent.
+    // 15: the KL and PPO-ptx gradient capped at the policy gradient's norm
+    // (`aux_grad_cap`); metrics gain the aux columns.
+    // 16: checkpoints carry `tokenizer_config.json` and `generation_config.json`.
+    stage_identity!(KIND, 16);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
         v.extend(self.params.agent_inputs([
@@ -636,6 +628,7 @@ fn plots(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::params_json;
     use cudarl_protocol::Device;
 
     #[test]
@@ -656,7 +649,7 @@ mod tests {
                 params_json(&base).get(key).is_none(),
                 "{key}: key unchanged"
             );
-            assert_eq!(job(&base)[key], Value::Null, "{key}");
+            assert_eq!(job(&base)[key], serde_json::Value::Null, "{key}");
             let on = RlTrain::from_table(t(&format!("lr = 2e-5\n{set}")))
                 .unwrap()
                 .params;

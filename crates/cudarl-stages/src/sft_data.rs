@@ -46,7 +46,7 @@ use cudarl_tables::sft::{SftGeneratorRow, SftOptimizerRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{SftRows, data_err, params_json, rl_err, write_output, write_sft_tables};
+use crate::common::{SftRows, data_err, rl_err, write_output, write_sft_tables};
 
 /// The stage kind of [`SftData`], as pipeline files name it.
 pub const KIND: &str = "sft-data";
@@ -136,18 +136,11 @@ struct Kern {
 }
 
 impl Stage for SftData {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        // 3: repairs from `sft-repairs` (the breakage rotates over all of a task's kernels).
-        // 4: the families' splits from the curriculum.
-        // 5: every task stated as its KernelBench-style module (the task language).
-        5
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    // Code versions:
+    // 3: repairs from `sft-repairs` (the breakage rotates over all of a task's kernels).
+    // 4: the families' splits from the curriculum.
+    // 5: every task stated as its KernelBench-style module (the task language).
+    stage_identity!(KIND, 5);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
             InputDecl::node("tasks", "synth-tasks", "tasks"),
@@ -809,15 +802,7 @@ impl SftRepairs {
 }
 
 impl Stage for SftRepairs {
-    fn kind(&self) -> &str {
-        REPAIRS_KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    stage_identity!(REPAIRS_KIND, 1);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
             InputDecl::node("tasks", "synth-tasks", "tasks"),

@@ -20,10 +20,9 @@ use cudarl_rl::tasks;
 use cudarl_tables::TableRow;
 use cudarl_tables::sft_eval::{SftEvalRow, SftSampleRow};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::common::run_job;
-use crate::common::{params_json, resolve_device, rl_err, write_rows};
+use crate::common::{resolve_device, rl_err, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "sft-eval";
@@ -100,17 +99,10 @@ impl SftEval {
 }
 
 impl Stage for SftEval {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        // 3: builds are inspected after compiling (preprocessed text, object, PTX).
-        // 4: a seeded batch samples the same whether the model had a decoder yet or not.
-        4
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    // Code versions:
+    // 3: builds are inspected after compiling (preprocessed text, object, PTX).
+    // 4: a seeded batch samples the same whether the model had a decoder yet or not.
+    stage_identity!(KIND, 4);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
             crate::common::checkpoint_input(

@@ -28,7 +28,7 @@ use cudarl_tables::problems::ProblemRow;
 use cudarl_tables::splits::SplitRow;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{data_err, params_json, rl_err, write_rows};
+use crate::common::{data_err, rl_err, write_rows};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "splits";
@@ -166,15 +166,7 @@ impl Splits {
 }
 
 impl Stage for Splits {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> serde_json::Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, 1);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
             InputDecl::node("problems", "ingest-kernelbench", "problems"),

@@ -11,7 +11,7 @@ use cudarl_tables::TableRow;
 use cudarl_tables::tasks::{TaskKernelRow, TaskRow};
 use serde::{Deserialize, Serialize};
 
-use crate::common::{data_err, params_json, rooted, write_output};
+use crate::common::{data_err, rooted, write_output};
 use cudarl_rl::families::GenerateParams;
 
 /// The stage kind, as pipeline files name it.
@@ -71,19 +71,12 @@ fn walk(base: &std::path::Path, d: &std::path::Path, out: &mut Vec<(String, std:
 }
 
 impl Stage for SynthTasks {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        // Bump when the templates of `cudarl_rl::families` change (they are code, not inputs).
-        // 6: row-reduction maps are drawn trees, with two of three optimized kernels each;
-        // naive row sums accumulate in double.
-        // 7: operator families (KernelBench-style modules, tiers 0-3); `problem` and `group`.
-        7
-    }
-    fn params(&self) -> serde_json::Value {
-        params_json(&self.params)
-    }
+    // Code versions:
+    // Bump when the templates of `cudarl_rl::families` change (they are code, not inputs).
+    // 6: row-reduction maps are drawn trees, with two of three optimized kernels each;
+    // naive row sums accumulate in double.
+    // 7: operator families (KernelBench-style modules, tiers 0-3); `problem` and `group`.
+    stage_identity!(KIND, 7);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }

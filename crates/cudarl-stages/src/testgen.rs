@@ -29,7 +29,7 @@ use cudarl_tables::kb_specs::{KbTestRow, KbTestgenRow};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::common::{data_err, params_json, write_output};
+use crate::common::{data_err, write_output};
 use cudarl_cuda::pyworker::{PyWorker, python_versions};
 
 /// The stage kind, as pipeline files name it.
@@ -272,15 +272,7 @@ fn record_test(
 }
 
 impl Stage for Testgen {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        TESTGEN_VERSION
-    }
-    fn params(&self) -> Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, TESTGEN_VERSION);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
             InputDecl::node("problems", "ingest-kernelbench", "problems"),
@@ -294,13 +286,7 @@ impl Stage for Testgen {
             OutputDecl::table(KbTestgenRow::NAME, KbTestgenRow::schema()),
         ]
     }
-    fn resolve_external(
-        &self,
-        _input: &str,
-        ctx: &cudarl_core::ResolveContext,
-    ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, cudarl_cuda::pyworker::SCRIPT, "worker")
-    }
+    worker_script_external!();
     fn environment(
         &self,
         ctx: &cudarl_core::ResolveContext,

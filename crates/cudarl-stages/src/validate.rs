@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::common::{data_err, params_json, rl_err, write_output};
+use crate::common::{data_err, rl_err, write_output};
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "validate";
@@ -226,15 +226,7 @@ impl Validate {
 }
 
 impl Stage for Validate {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        HARNESS_VERSION
-    }
-    fn params(&self) -> serde_json::Value {
-        params_json(&self.params)
-    }
+    stage_identity!(KIND, HARNESS_VERSION);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = Vec::new();
         if self.params.tasks {
@@ -260,13 +252,7 @@ impl Stage for Validate {
             OutputDecl::table("agreement", AGREEMENT.clone()),
         ]
     }
-    fn resolve_external(
-        &self,
-        _input: &str,
-        ctx: &cudarl_core::ResolveContext,
-    ) -> Result<cudarl_core::ExternalFiles, StageError> {
-        crate::common::single_file(&ctx.root, cudarl_cuda::pyworker::SCRIPT, "worker")
-    }
+    worker_script_external!();
     fn environment(
         &self,
         ctx: &cudarl_core::ResolveContext,
