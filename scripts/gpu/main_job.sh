@@ -137,7 +137,7 @@ if [ "${VALIDATE_ALONE:-0}" = 1 ]; then
 fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   t0=\$(date +%s)
-  CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 $(for s in ${GPU_TESTS_SKIP:-}; do printf -- '--skip %s ' "$s"; done) > $D/gpu_tests.log 2>&1
+  CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe CUDARL_TEST_REPO=\$PWD timeout 900 $B/gpu-tests --include-ignored --test-threads 1 --nocapture $(for s in ${GPU_TESTS_SKIP:-}; do printf -- '--skip %s ' "$s"; done) > $D/gpu_tests.log 2>&1
   echo \$? > $D/gpu_tests.rc; echo \$(( \$(date +%s) - t0 )) > $D/gpu_tests.wall
 fi
 touch $D/done
@@ -202,10 +202,14 @@ su = [r for r in jl("sft_grouped.jsonl") if r.get("node") in ("sft-train", "sft-
 if su:
     res["sft_grouped"] = {r["node"]: {"status": r.get("status"), "seconds": r.get("seconds"),
                                       "main_job_seconds": nodes.get(r["node"], {}).get("seconds")} for r in su}
-if (d / "gpu_tests.rc").exists():
+if (d / "gpu_tests.log").exists():
+    # Still running: what has finished so far (--nocapture prints a failure's panic as it happens).
     log = (d / "gpu_tests.log").read_text()
-    res["gpu_tests"] = {"rc": int((d / "gpu_tests.rc").read_text()), "wall_s": int((d / "gpu_tests.wall").read_text()),
-                        "results": [l for l in log.splitlines() if l.startswith("test ") or "test result" in l]}
+    done = (d / "gpu_tests.rc").exists()
+    res["gpu_tests"] = {"rc": int((d / "gpu_tests.rc").read_text()) if done else None,
+                        "wall_s": int((d / "gpu_tests.wall").read_text()) if done else None,
+                        "results": [l for l in log.splitlines() if l.startswith("test ") or "test result" in l],
+                        "panics": [l for l in log.splitlines() if "panicked at" in l or l.startswith("assertion")][:20]}
     (out / "gpu_tests.log").write_text(log)
 def vsum(rows):
     flags = {}
@@ -217,6 +221,10 @@ def vsum(rows):
 v1, v2 = jl("validations.jsonl"), jl("validations_alone.jsonl")
 if v1:
     res["validations"] = vsum(v1)
+    res["validations_not_correct"] = [
+        {k: (str(r.get(k))[:300] if k == "failure_detail" else r.get(k))
+         for k in ("kernel_id", "task_id", "role", "compiled", "correct", "failure", "failure_detail")}
+        for r in v1 if not r.get("correct")][:100]
 if v2:
     import math, statistics
     a = {r["kernel_id"]: r for r in v1 if r.get("median_ms")}
@@ -311,6 +319,8 @@ for name, path in [("main", d / "eval_turns.jsonl")] + [
         print(f"expression copied ({name} eval): " + ", ".join(f"{k} {a}/{n}" for k, (a, n) in sorted(rates.items())))
 if "validations" in res:
     print(f"validations (main job): {res['validations']}")
+    for r in res.get("validations_not_correct", [])[:25]:
+        print(f"  not correct: {r['kernel_id']} {r['task_id']} {r['failure']}: {(r['failure_detail'] or '')[:120]}")
 if "sft_grouped" in res:
     print(f"sft grouped vs the main job's (seconds): {json.dumps(res['sft_grouped'])}")
 if "validate_alone" in res:
@@ -327,7 +337,7 @@ for name, rows in res["shown"].items():
         print(f"{name}: " + "; ".join(json.dumps(r) for r in rows))
 if "gpu_tests" in res:
     print(f"gpu tests rc {res['gpu_tests']['rc']} in {res['gpu_tests']['wall_s']} s")
-    print("\n".join(res["gpu_tests"]["results"]))
+    print("\n".join(res["gpu_tests"]["results"] + res["gpu_tests"]["panics"]))
 PY
   # The device returns at most 8 files: the turns and task tables travel as one archive.
   if ls "$OUT"/*.jsonl >/dev/null 2>&1; then
