@@ -143,7 +143,10 @@ pub fn check(
     rules: &ExtensionRules,
     exports: &HashSet<String>,
 ) -> Result<Vec<Finding>, crate::inspect::ObjectError> {
-    let file = object::File::parse(bytes)?;
+    let file = object::File::parse(bytes).map_err(|source| crate::inspect::ObjectError {
+        what: "shared object",
+        source,
+    })?;
     let mut bad: Vec<String> = Vec::new();
     for s in file.dynamic_symbols().filter(|s| s.is_undefined()) {
         let Ok(raw) = s.name() else {

@@ -303,8 +303,23 @@ const PERSONALITY_REF: &str = "DW.ref.__gxx_personality_v0";
 
 /// Bytes that are not an ELF file `object` can read (a truncated or hostile build output).
 #[derive(Debug, thiserror::Error)]
-#[error("object file: {0}")]
-pub struct ObjectError(#[from] pub object::Error);
+#[error("{what}: {source}")]
+pub struct ObjectError {
+    /// What the bytes were to be: `object file` (a candidate's object) or `shared object` (a
+    /// built extension).
+    pub what: &'static str,
+    /// `object`'s error.
+    pub source: object::Error,
+}
+
+impl From<object::Error> for ObjectError {
+    fn from(source: object::Error) -> ObjectError {
+        ObjectError {
+            what: "object file",
+            source,
+        }
+    }
+}
 
 message_into_string!(ObjectError);
 

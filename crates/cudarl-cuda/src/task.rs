@@ -128,7 +128,7 @@ pub enum FormulaError {
     /// A token where none fits or a `(` never closed.
     #[error("{what} in `{formula}`")]
     Syntax {
-        /// What is wrong (``unexpected `)` ``, ``an unclosed `(` ``).
+        /// What is wrong (``unexpected `)` ``, ``unclosed `(` ``).
         what: String,
         /// The whole formula.
         formula: String,
@@ -247,7 +247,7 @@ fn formula_atom(
             let v = formula_sum(t, pos, sizes, f)?;
             if t.get(*pos) != Some(&")") {
                 return Err(FormulaError::Syntax {
-                    what: "an unclosed `(`".into(),
+                    what: "unclosed `(`".into(),
                     formula: f.into(),
                 });
             }
@@ -769,7 +769,7 @@ mod tests {
                 },
             ),
             ("h/(k-4)", FormulaError::DivisionByZero("h/(k-4)".into())),
-            ("(h-k", syntax("an unclosed `(`", "(h-k")),
+            ("(h-k", syntax("unclosed `(`", "(h-k")),
             ("h k", syntax("unexpected `k`", "h k")),
             ("h-", FormulaError::EndsEarly("h-".into())),
             (

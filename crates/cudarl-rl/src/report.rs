@@ -422,8 +422,7 @@ impl RewardColumns {
     /// # Errors
     /// `metrics` lacks `step`, `mean_reward` or `reward_std`.
     fn read(metrics: &Table) -> Result<RewardColumns, RlError> {
-        let e =
-            |e: cudarl_data::DataError| RlError::bad_input("rl-train.metrics", None, e.to_string());
+        let e = RlError::from;
         Ok(RewardColumns {
             steps: metrics.req_ints("step").map_err(e)?,
             mr: metrics.req_floats("mean_reward").map_err(e)?,

@@ -305,7 +305,8 @@ mod native {
 
     /// Why the runner's own set-up failed (never the candidate's doing): a driver call, the CUDA
     /// runtime's first call, the runner's poison kernels, or an IPC handle from the judge that
-    /// does not decode. Its message becomes the `InitError` reply.
+    /// does not decode. Its message becomes the `InitError` reply, or for the arena's and the
+    /// window events' IPC handles the `LoadError` reply.
     #[derive(Debug, thiserror::Error)]
     #[error("{0}")]
     pub(crate) struct SetupError(pub(crate) String);

@@ -737,8 +737,6 @@ fn cache_key(task: &str, full: bool, seeds: &[u64], source: &str) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
-/// Compile on a blocking thread (one of `compile_workers`), then, for `full`, the tests and
-/// timing on a free GPU.
 /// Why the service could not judge a candidate: its own failure (a compile or GPU thread that
 /// did not run, the Python worker, a problem without recorded tests), answered 500. What the
 /// candidate did wrong is a verdict, never this.
@@ -758,6 +756,8 @@ impl From<cudarl_cuda::pyworker::PythonError> for JudgeFailure {
     }
 }
 
+/// Compile on a blocking thread (one of `compile_workers`), then, for `full`, the tests and
+/// timing on a free GPU.
 async fn judge(
     s: Shared,
     task: Served,

@@ -66,11 +66,12 @@ use cudarl_tables::eval::EvalEpisodeRow;
 use crate::common::{CHECKPOINT, data_err, ingest_dir, resolve_device, write_rows};
 use crate::rl_params::{TURN_FIELDS, TurnFields, harness, load_tasks};
 
-/// Device memory, bytes, from which eval's checkpoints run at once on a GPU. Two at once, each
-/// with its trainer, four GPU testers and their runners, took the whole 79 GiB of an H100 80GB
-/// and a trainer ran out of memory
-/// (`benchmarks/results/main_job_h100_2026-12-05_eval_out_of_memory.json`); an H200 has 141 GiB.
-pub const AT_ONCE_MIN_GPU_BYTES: usize = 120 << 30;
+/// Device memory, bytes, a checkpoint needs for eval's checkpoints to run at once on a GPU (two
+/// need twice this, three with `collab` three times). Two at once, each with its trainer, four
+/// GPU testers and their runners, took the whole 79 GiB of an H100 80GB and a trainer ran out of
+/// memory (`benchmarks/results/main_job_h100_2026-12-05_eval_out_of_memory.json`): about 40 GiB
+/// each, so two fit an H200 (141 GB).
+pub const AT_ONCE_GPU_BYTES_PER_CHECKPOINT: usize = 60 << 30;
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "eval";
@@ -392,13 +393,14 @@ impl Eval {
     }
 
     /// Every episode of every checkpoint on `splits`, and what each (checkpoint, split) cost.
-    /// On a GPU of at least [`AT_ONCE_MIN_GPU_BYTES`] (`at_once`) the checkpoints run at once,
-    /// each with its own trainer, harness and KernelBench judge (`sets`, one per checkpoint in
-    /// [`Self::checkpoints`] order): one's harness works while another generates. Timing stays
-    /// alone on the GPU (the judges' exclusive hold against the trainers' shared one,
-    /// [`cudarl_cuda::worker::GpuLock`]), and each checkpoint samples with the same seeds as it
-    /// would alone. Elsewhere they run one after another on the one set in `sets`: on the CPU,
-    /// two trainers' thread pools on the same cores slow each other down many times over.
+    /// On a GPU with [`AT_ONCE_GPU_BYTES_PER_CHECKPOINT`] per checkpoint (`at_once`) the
+    /// checkpoints run at once, each with its own trainer, harness and KernelBench judge (`sets`,
+    /// one per checkpoint in [`Self::checkpoints`] order): one's harness works while another
+    /// generates. Timing stays alone on the GPU (the judges' exclusive hold against the trainers'
+    /// shared one, [`cudarl_cuda::worker::GpuLock`]), and each checkpoint samples with the same
+    /// seeds as it would alone. Elsewhere they run one after another on the one set in `sets`, up
+    /// to the first that fails: on the CPU, two trainers' thread pools on the same cores slow each
+    /// other down many times over; on a smaller GPU two sets do not fit.
     fn episodes(
         &self,
         ctx: &StageContext<'_>,
@@ -420,12 +422,19 @@ impl Eval {
         let bar = ctx.progress("episodes", Some((per_ck * cks.len()) as u64));
         let bar = &*bar;
         let done: Vec<Result<(Vec<Row>, CostBy), StageError>> = if !at_once {
+            // One after another, up to the first that fails (the next trainer does not start).
             let (h, kb) = &mut sets[0];
-            cks.iter()
-                .map(|&ck| {
-                    self.checkpoint_episodes(ctx, ck, (h, kb.as_mut()), (cfg, splits), dir, bar)
-                })
-                .collect()
+            let mut done = Vec::new();
+            for &ck in &cks {
+                let r =
+                    self.checkpoint_episodes(ctx, ck, (h, kb.as_mut()), (cfg, splits), dir, bar);
+                let failed = r.is_err();
+                done.push(r);
+                if failed {
+                    break;
+                }
+            }
+            done
         } else {
             std::thread::scope(|sc| {
                 let handles: Vec<_> = cks
@@ -616,9 +625,9 @@ impl Stage for Eval {
         // One harness and KernelBench judge per checkpoint where they run at once (a GPU with
         // room for them), else one for all: a candidate both checkpoints wrote is then judged
         // once.
+        let need = AT_ONCE_GPU_BYTES_PER_CHECKPOINT * self.checkpoints().len();
         let at_once = device == "cuda"
-            && cudarl_cuda::gpu::probe()
-                .is_some_and(|g| g.total_mem_bytes >= AT_ONCE_MIN_GPU_BYTES);
+            && cudarl_cuda::gpu::probe().is_some_and(|g| g.total_mem_bytes >= need);
         let mut sets: Vec<cudarl_rl::harness::Harness> = Vec::new();
         for _ in 0..if at_once { self.checkpoints().len() } else { 1 } {
             let mut h = harness(ctx, &p.rl, ts.naive.clone())?;
@@ -652,71 +661,8 @@ impl Stage for Eval {
             .collect::<Result<Vec<_>, StageError>>()?;
         let (rows, cost) = self.episodes(ctx, (&mut sets, at_once), &cfg, &splits, dir)?;
         let kb = sets.swap_remove(0).1;
-        let kb_splits: Vec<&'static str> = kb.as_ref().map_or(vec![], |k| k.splits());
-        let mut sums = Vec::new();
         let cks: Vec<&'static str> = self.checkpoints().iter().map(|c| c.0).collect();
-        for &checkpoint in &cks {
-            let all = splits.iter().map(|s| s.0).chain(kb_splits.iter().copied());
-            for split in all {
-                let sel: Vec<&Row> = rows
-                    .iter()
-                    .filter(|r| r.ck == checkpoint && r.split == split)
-                    .collect();
-                let c = cost.get(&(checkpoint, split)).copied().unwrap_or_default();
-                sums.push(SummaryRow {
-                    checkpoint,
-                    split,
-                    mode,
-                    device,
-                    candidates: c.harness.candidates as i64,
-                    gen_seconds: c.gen_seconds,
-                    harness_seconds: c.harness.seconds,
-                    harness_compile_seconds: c.harness.phases.compile,
-                    harness_gpu_seconds: c.harness.phases.gpu,
-                    harness_sass_seconds: c.harness.phases.sass,
-                    ..summary(&sel, mode == "full", is_kernelbench(split))
-                });
-            }
-            // A split's episodes again in parts, episodes only (their generation and harness
-            // seconds are in the split's row); a part without episodes has no row.
-            let mut part = |split: &str, name: &'static str, keep: &dyn Fn(&Row) -> bool| {
-                let sel: Vec<&Row> = rows
-                    .iter()
-                    .filter(|r| r.ck == checkpoint && r.split == split && keep(r))
-                    .collect();
-                if !sel.is_empty() {
-                    sums.push(SummaryRow {
-                        checkpoint,
-                        split: name,
-                        mode,
-                        device,
-                        ..summary(&sel, mode == "full", is_kernelbench(split))
-                    });
-                }
-            };
-            // The task-family splits per tier (`test/tier{t}`).
-            for &(split, _) in &splits {
-                for tier in 0..TIER_SPLITS.len() {
-                    part(split, tier_split(split, tier), &|r| {
-                        r.ep.tier == tier as i64
-                    });
-                }
-            }
-            // Each level's hold-out problems by op coverage (`kernelbench/level{L}/novel_ops`
-            // and `seen_ops`).
-            let Some(k) = &kb else { continue };
-            for (split, _) in k.by_split.iter().filter(|l| l.0 != PRACTISED) {
-                for novel in [true, false] {
-                    part(split, ops_split(split, novel), &|r| {
-                        k.is_novel(&r.ep.task_id) == novel
-                    });
-                }
-            }
-        }
-        // RL minus the frozen control on the KernelBench problems RL practised.
-        if let Some(d) = practised_minus_control(&rows, mode == "full") {
-            sums.push(SummaryRow { mode, device, ..d });
-        }
+        let sums = summaries(&rows, &cost, &cks, &splits, kb.as_ref(), mode, device);
         write_rows(ctx, "summary", &SUMMARY, &sums)?;
         write_episodes(ctx, &rows)?;
         let sums: Vec<Value> = sums
@@ -740,6 +686,86 @@ impl Stage for Eval {
         .map_err(crate::common::rl_err)?;
         ingest_dir(ctx, &rd, "report")
     }
+}
+
+/// The `summary` rows: per checkpoint (`cks`) and split (the task-family `splits`, then the
+/// KernelBench splits of `kb`), its metrics over its episodes `rows` and what it cost; the
+/// task-family splits again per tier and each KernelBench level by op coverage (episodes only);
+/// and RL minus its frozen control on the problems RL practised.
+fn summaries(
+    rows: &[Row],
+    cost: &CostBy,
+    cks: &[&'static str],
+    splits: &[(&'static str, Vec<&TaskSpec>)],
+    kb: Option<&KbSet>,
+    mode: &'static str,
+    device: &'static str,
+) -> Vec<SummaryRow> {
+    let kb_splits: Vec<&'static str> = kb.map_or(vec![], |k| k.splits());
+    let mut sums = Vec::new();
+    for &checkpoint in cks {
+        let all = splits.iter().map(|s| s.0).chain(kb_splits.iter().copied());
+        for split in all {
+            let sel: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.ck == checkpoint && r.split == split)
+                .collect();
+            let c = cost.get(&(checkpoint, split)).copied().unwrap_or_default();
+            sums.push(SummaryRow {
+                checkpoint,
+                split,
+                mode,
+                device,
+                candidates: c.harness.candidates as i64,
+                gen_seconds: c.gen_seconds,
+                harness_seconds: c.harness.seconds,
+                harness_compile_seconds: c.harness.phases.compile,
+                harness_gpu_seconds: c.harness.phases.gpu,
+                harness_sass_seconds: c.harness.phases.sass,
+                ..summary(&sel, mode == "full", is_kernelbench(split))
+            });
+        }
+        // A split's episodes again in parts, episodes only (their generation and harness
+        // seconds are in the split's row); a part without episodes has no row.
+        let mut part = |split: &str, name: &'static str, keep: &dyn Fn(&Row) -> bool| {
+            let sel: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.ck == checkpoint && r.split == split && keep(r))
+                .collect();
+            if !sel.is_empty() {
+                sums.push(SummaryRow {
+                    checkpoint,
+                    split: name,
+                    mode,
+                    device,
+                    ..summary(&sel, mode == "full", is_kernelbench(split))
+                });
+            }
+        };
+        // The task-family splits per tier (`test/tier{t}`).
+        for &(split, _) in splits {
+            for tier in 0..TIER_SPLITS.len() {
+                part(split, tier_split(split, tier), &|r| {
+                    r.ep.tier == tier as i64
+                });
+            }
+        }
+        // Each level's hold-out problems by op coverage (`kernelbench/level{L}/novel_ops`
+        // and `seen_ops`).
+        let Some(k) = kb else { continue };
+        for (split, _) in k.by_split.iter().filter(|l| l.0 != PRACTISED) {
+            for novel in [true, false] {
+                part(split, ops_split(split, novel), &|r| {
+                    k.is_novel(&r.ep.task_id) == novel
+                });
+            }
+        }
+    }
+    // RL minus the frozen control on the KernelBench problems RL practised.
+    if let Some(d) = practised_minus_control(rows, mode == "full") {
+        sums.push(SummaryRow { mode, device, ..d });
+    }
+    sums
 }
 
 /// The `episodes` and `turns` tables of `rows` (every checkpoint's episodes, in order).

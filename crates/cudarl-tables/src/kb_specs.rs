@@ -1,6 +1,7 @@
 //! `kb_specs` and `coverage` (stage `kb-specs`): each KernelBench problem's native launcher,
 //! derived by the Python worker from the problem's own module on torch's meta device, and the
-//! share of each level that has one; `kb_tests` (stage `testgen`): the problems' recorded tests.
+//! share of each level that has one; `kb_tests` (stage `testgen`): the problems' recorded tests,
+//! and `kb_testgen`: what `testgen` recorded per problem.
 
 use serde::{Deserialize, Serialize};
 

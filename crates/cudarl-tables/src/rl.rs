@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 /// | kl, entropy | float64 | the generator update's KL to the reference and entropy (nats per token) |
 /// | optimizer_kl | float64 | the optimizer update's KL to the reference |
 /// | gen_seconds, harness_seconds, update_seconds | float64 | wall seconds of generation, the harness and the update |
-/// | harness_ms_per_candidate, compile_overlap | float64 | harness ms per candidate; share of the compile time that overlapped generation |
+/// | harness_ms_per_candidate, compile_overlap | float64 | harness ms per candidate; share of the candidates whose build a prefetch started while the batch still decoded |
 /// | harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds | float64 | the harness seconds by phase |
 /// | verdict_reuse | float64 | share of the step's candidates answered from a verdict earlier in the run |
 /// | signal_groups, optimizer_signal_groups | float64 | share of each agent's GRPO groups whose values differ at all |
