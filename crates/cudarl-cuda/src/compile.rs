@@ -280,7 +280,7 @@ impl Compiler {
             // object's was.
             match std::fs::read(&so)
                 .map_err(|e| e.to_string())
-                .and_then(|b| crate::inspect::linked(&b).map_err(String::from))
+                .and_then(|b| crate::inspect::linked(&b).map_err(|e| e.to_string()))
             {
                 Ok(v) => out.findings.extend(v),
                 Err(e) => out.findings.push(unreadable("linked library", e)),

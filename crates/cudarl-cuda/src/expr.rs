@@ -121,8 +121,6 @@ pub const FUNCTIONS: &[(&str, usize, usize)] = &[
 #[error("{0}")]
 pub struct ParseError(pub String);
 
-message_into_string!(ParseError);
-
 /// Parses an expression.
 ///
 /// # Errors

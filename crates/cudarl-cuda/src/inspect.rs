@@ -321,8 +321,6 @@ impl From<object::Error> for ObjectError {
     }
 }
 
-message_into_string!(ObjectError);
-
 /// Checks a compiled host object (an ELF relocatable file; see the module docs). Findings come
 /// in this order: imports, IFUNC symbols, load-time sections, code sections, instructions,
 /// exports.

@@ -21,18 +21,6 @@
 //! - [`torchfmt`]: torch-format candidates (KernelBench `ModelNew`, SakanaAI extensions).
 //! - [`pyworker`]: the Python worker process (`python/cudarl_worker.py`).
 
-/// `impl From<$err> for String` (the error's message): callers that still carry errors as text
-/// take this crate's typed errors with `?`.
-macro_rules! message_into_string {
-    ($($err:ty),+ $(,)?) => {
-        $(impl From<$err> for String {
-            fn from(e: $err) -> String {
-                e.to_string()
-            }
-        })+
-    };
-}
-
 pub mod compile;
 pub mod diag;
 pub mod expr;

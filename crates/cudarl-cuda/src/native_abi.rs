@@ -37,8 +37,6 @@ use cudarl_lex::c::{self, IDENT, matching_brace, matching_paren};
 #[error("{0}")]
 pub struct AbiError(pub String);
 
-message_into_string!(AbiError);
-
 impl From<&str> for AbiError {
     fn from(m: &str) -> AbiError {
         AbiError(m.into())

@@ -19,8 +19,6 @@ use serde_json::{Value, json};
 #[error("{0}")]
 pub struct PythonError(pub String);
 
-message_into_string!(PythonError);
-
 /// The worker script, relative to the project root.
 pub const SCRIPT: &str = "python/cudarl_worker.py";
 

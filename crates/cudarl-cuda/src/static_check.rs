@@ -144,8 +144,6 @@ pub struct PatternError {
     pub source: regex::Error,
 }
 
-message_into_string!(PatternError);
-
 /// Compiles each pattern anchored at both ends (`^(?:p)$`).
 ///
 /// # Errors

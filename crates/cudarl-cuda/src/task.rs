@@ -141,15 +141,11 @@ pub enum FormulaError {
     Overflow(String),
 }
 
-message_into_string!(FormulaError);
-
 /// An inconsistent task spec ([`TaskSpec::validate`]): a message naming the first
 /// inconsistency (`reference.y: ...`, `test is empty`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct SpecError(pub String);
-
-message_into_string!(SpecError);
 
 /// Evaluates an integer formula over size names: `+ - * /` (`/` divides integers, rounding
 /// toward zero, as C does for the non-negative sizes a shape holds) with the usual precedence

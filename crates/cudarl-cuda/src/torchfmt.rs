@@ -626,7 +626,7 @@ pub fn build(
                         rules.extension_rules(),
                         crate::extension_object::torch_exports(&env.library_dirs),
                     )
-                    .map_err(String::from)
+                    .map_err(|e| e.to_string())
                 })
                 .unwrap_or_else(|e| {
                     vec![Finding {

@@ -222,8 +222,6 @@ pub fn worker_exe() -> PathBuf {
 #[error("{0}")]
 pub struct SetupError(pub String);
 
-message_into_string!(SetupError);
-
 impl From<crate::pyworker::PythonError> for SetupError {
     fn from(e: crate::pyworker::PythonError) -> SetupError {
         SetupError(e.0)

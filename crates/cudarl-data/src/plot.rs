@@ -114,12 +114,6 @@ pub enum PlotError {
     },
 }
 
-impl From<PlotError> for String {
-    fn from(e: PlotError) -> String {
-        e.to_string()
-    }
-}
-
 /// The [`PlotError::Draw`] of `path` with plotters' error `e`.
 fn draw_error(path: &Path, e: &dyn std::fmt::Display) -> PlotError {
     PlotError::Draw {

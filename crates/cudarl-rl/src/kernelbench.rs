@@ -198,7 +198,7 @@ pub fn native_abis(path: &Path) -> Result<BTreeMap<String, Result<KbNative, Stri
             )),
             Some(signature) => Ok(
                 KbNative::from_row(signature, &r.buffers_json, &r.sizes_json)
-                    .map_err(|e| RlError::bad_input(path.display().to_string(), None, e))?,
+                    .map_err(|e| RlError::bad_input(path.display().to_string(), None, e.0))?,
             ),
         };
         out.insert(r.problem_id, abi);

@@ -76,12 +76,6 @@ pub enum SqlError {
     Write(String),
 }
 
-impl From<SqlError> for String {
-    fn from(e: SqlError) -> String {
-        e.to_string()
-    }
-}
-
 /// Runs `sql` over `tables` and collects the result.
 ///
 /// # Errors

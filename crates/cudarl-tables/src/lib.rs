@@ -330,16 +330,16 @@ mod tests {
         assert_eq!(*crate::kb_specs::KbTestRow::schema(), Schema::new(kt));
         assert_eq!(
             *crate::kb_specs::KbTestgenRow::schema(),
-            Schema::new(vec![
-                f("problem_id", Utf8, false),
-                f("level", Int64, false),
-                f("status", Utf8, false),
-                f("reason", Utf8, true),
-                f("test_sizes_json", Utf8, false),
-                f("test_bytes", Int64, false),
-                f("full_bytes", Int64, false),
-                f("rand_mix_note", Utf8, true),
-                f("tests", Int64, false),
+            schema_of(&[
+                ("problem_id", Utf8, false),
+                ("level", Int64, false),
+                ("status", Utf8, false),
+                ("reason", Utf8, true),
+                ("test_sizes_json", Utf8, false),
+                ("test_bytes", Int64, false),
+                ("full_bytes", Int64, false),
+                ("rand_mix_note", Utf8, true),
+                ("tests", Int64, false),
             ])
         );
         assert_eq!(

@@ -173,12 +173,6 @@ fn boundary_at(s: &str, i: usize) -> usize {
 /// of counters).
 const PROFILE_WALL: Duration = Duration::from_secs(180);
 
-impl From<String> for Fail {
-    fn from(s: String) -> Fail {
-        Fail::Judge(s)
-    }
-}
-
 impl From<JudgeError> for Fail {
     fn from(e: JudgeError) -> Fail {
         Fail::Judge(e.to_string())

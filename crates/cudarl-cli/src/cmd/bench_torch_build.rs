@@ -27,18 +27,14 @@ use crate::cmd::bench::{finish, machine, median};
 /// No nvcc, no Python with torch (the build environment), an unreadable sample, a harness
 /// failure.
 pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
-    fn fail(e: impl std::fmt::Display) -> CliError {
-        CliError::failed(e.to_string())
-    }
     let path = ctx
         .root
         .join(cudarl_stages::ingest_sakana::IngestSakana::BUNDLED);
-    let t = cudarl_data::Table::read(&path, &path.display().to_string())
-        .map_err(|e| fail(e.to_string()))?;
+    let t =
+        cudarl_data::Table::read(&path, &path.display().to_string()).map_err(CliError::failed)?;
     let (code, level) = (
-        t.req_strings("CUDA_Code")
-            .map_err(|e| fail(e.to_string()))?,
-        t.req_ints("Level_ID").map_err(|e| fail(e.to_string()))?,
+        t.req_strings("CUDA_Code").map_err(CliError::failed)?,
+        t.req_ints("Level_ID").map_err(CliError::failed)?,
     );
     let mut by_level: std::collections::BTreeMap<i64, Vec<String>> = Default::default();
     let mut seen = std::collections::HashSet::new();
@@ -59,16 +55,17 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
         }
         for v in by_level.values() {
             if let Some(c) = v.get(k).filter(|_| preps.len() < kernels) {
-                let p = torchfmt::prepare(c, Format::Extension, &rules, None).map_err(fail)?;
+                let p = torchfmt::prepare(c, Format::Extension, &rules, None)
+                    .map_err(CliError::failed)?;
                 if !p.units.is_empty() {
                     preps.push(p);
                 }
             }
         }
     }
-    let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(fail)?;
-    let env = TorchEnv::query(&mut py).map_err(fail)?;
-    let nvcc = Nvcc::discover(&ctx.root).map_err(|e| fail(e.to_string()))?;
+    let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
+    let env = TorchEnv::query(&mut py).map_err(CliError::failed)?;
+    let nvcc = Nvcc::discover(&ctx.root).map_err(CliError::failed)?;
     let compiler = Compiler {
         nvcc,
         arch: cudarl_cuda::gpu::probe()
@@ -80,7 +77,7 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
     let t_pch = Instant::now();
     let pch = compiler
         .torch_host_pch(&env, &[], torchfmt::TORCH_BUILD_TIMEOUT)
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(CliError::failed)?;
     let pch_s = t_pch.elapsed().as_secs_f64();
     // (kernel, split?) -> (wall s, compiled, layout)
     let build = |i: usize, split: bool| -> Result<(f64, bool, String), CliError> {
@@ -98,7 +95,7 @@ pub fn run(ctx: &Ctx, kernels: usize, jobs: usize, out: Option<PathBuf>) -> Resu
                 &u.extra,
                 torchfmt::TORCH_BUILD_TIMEOUT,
             )
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(CliError::failed)?;
         Ok((t0.elapsed().as_secs_f64(), o.compiled, o.layout))
     };
     let work: Vec<(usize, bool)> = (0..preps.len())

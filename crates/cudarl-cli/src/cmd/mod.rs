@@ -38,10 +38,11 @@ impl CliError {
             message: m.into(),
         }
     }
-    pub fn failed(m: impl Into<String>) -> Self {
+    /// Exit code 1 with `m`'s message (a component's typed error or text).
+    pub fn failed(m: impl std::fmt::Display) -> Self {
         CliError {
             code: 1,
-            message: m.into(),
+            message: m.to_string(),
         }
     }
 }
