@@ -405,6 +405,13 @@ pub struct RunResult {
     pub cuda_error: Option<String>,
     /// Loading the shared object failed.
     pub load_error: Option<String>,
+    /// The judge itself failed on this job: libtorch or the CUDA driver on the judge's side
+    /// (out of GPU memory included, e.g. when other processes hold the GPU's memory), or the
+    /// task's libtorch reference timing. Nothing is known about the candidate; the worker exits
+    /// after answering, and [`crate::worker::WorkerPool::run`] runs the job once more on a
+    /// fresh worker with the GPU alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge_error: Option<String>,
     /// The GPU.
     pub gpu: Option<GpuInfo>,
     /// Time by phase.

@@ -34,7 +34,9 @@ pub struct Verdict {
     pub correct: Option<bool>,
     /// Why it failed, when it did: `static_reject`, `compile_error`, `compile_timeout`,
     /// `wrong_answer`, `unwritten_output`, `input_mutation`, `out_of_bounds_write`,
-    /// `timeout`, `crash`, `cuda_error`, `load_error`; torch-format kernels also
+    /// `timeout`, `crash`, `cuda_error`, `load_error`, `judge_error` (the judge failed on its
+    /// side twice, e.g. out of GPU memory while other processes held it: `correct` stays
+    /// `None`, and `validate` does not memoize the verdict); torch-format kernels also
     /// `shape_specialized` (right at the problem's own sizes, wrong at the recorded test sizes),
     /// `out_of_memory` (recorded tests passed, the problem's own sizes did not fit on the GPU
     /// beside the reference: `correct` stays `None`), `no_tests`, `build_skipped`.
@@ -132,6 +134,17 @@ impl Verdict {
         self.executed = true;
         self.correct = Some(false);
         self.failure = Some(failure.into());
+        self.failure_detail = Some(detail);
+    }
+
+    /// Marks a candidate the judge could not finish judging (its own failure, twice:
+    /// [`crate::gpu::RunResult::judge_error`]): executed, `judge_error` with the judge's
+    /// message, correctness not known (`None`), no timing.
+    pub fn judge_failed(&mut self, detail: String) {
+        self.executed = true;
+        self.correct = None;
+        self.timing = None;
+        self.failure = Some("judge_error".into());
         self.failure_detail = Some(detail);
     }
 
@@ -744,6 +757,9 @@ fn read_tests(v: &mut Verdict, out: &Outcome, wall: Duration) {
         } else if let Some(e) = &r.load_error {
             v.failure = Some("load_error".into());
             v.failure_detail = Some(e.clone());
+        } else if let Some(e) = &r.judge_error {
+            v.judge_failed(e.clone());
+            return;
         } else if let Some(e) = &r.cuda_error {
             v.failure = Some("cuda_error".into());
             v.failure_detail = Some(e.clone());
@@ -945,15 +961,12 @@ pub fn time_batch(
             }
             runner_report(&mut v, r);
             if v.failure.is_some() {
-            } else if let Some(e) = r.load_error.as_ref().or(r.cuda_error.as_ref()) {
-                v.ran_and_failed(
-                    if r.load_error.is_some() {
-                        "load_error"
-                    } else {
-                        "cuda_error"
-                    },
-                    e.clone(),
-                );
+            } else if let Some(e) = &r.load_error {
+                v.ran_and_failed("load_error", e.clone());
+            } else if let Some(e) = &r.judge_error {
+                v.judge_failed(e.clone());
+            } else if let Some(e) = &r.cuda_error {
+                v.ran_and_failed("cuda_error", e.clone());
             }
         }
         read_timing(&mut v, &o, &p.spec, baselines);

@@ -2,7 +2,9 @@
 //! binary installed beside `cudarl-pipe`, see [`worker_exe`]) that hold the CUDA context. The parent enforces a wall-clock limit per
 //! job; a worker that hangs is killed, one that crashes or hits a CUDA error (which poisons its
 //! context) is replaced, and the job gets `timeout` / `crash` / `cuda_error` while the run goes
-//! on. Workers run with rlimits: no core dumps, bounded CPU time, no file writes beyond 1 MiB,
+//! on. A job the judge could not finish through no fault of the candidate's (its worker died,
+//! or the judge ran out of GPU memory) runs once more on a fresh worker before that outcome
+//! stands (`WorkerPool::run`). Workers run with rlimits: no core dumps, bounded CPU time, no file writes beyond 1 MiB,
 //! bounded open files, and a (large) address-space bound.
 //!
 //! Protocol: one JSON [`crate::gpu::RunJob`] per line on the worker's stdin; on its stdout,
@@ -293,6 +295,18 @@ pub enum Outcome {
     Crash(String),
 }
 
+/// Why a job's outcome says nothing about its candidate, if it does not: the judge reported a
+/// failure of its own ([`RunResult::judge_error`]) or the worker (the judge's process; the
+/// candidate runs in a runner of its own) died or answered something unreadable. `None` for
+/// an answer, a timeout, and a GPU lock that could not be taken (retrying cannot help it).
+fn judge_side(o: &Outcome) -> Option<&str> {
+    match o {
+        Outcome::Done(r) => r.judge_error.as_deref(),
+        Outcome::Crash(m) if !m.starts_with("GPU lock") => Some(m),
+        Outcome::Crash(_) | Outcome::Timeout => None,
+    }
+}
+
 /// How a raw job line ended (see [`WorkerPool::run_line`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RawOutcome {
@@ -443,7 +457,10 @@ impl WorkerPool {
 
     /// Runs one job with a wall-clock limit per step (between heartbeats). Never fails: a broken
     /// worker is an [`Outcome`]. A job that times (`bench` or `torch_baseline`) has the GPU to
-    /// itself; one that only tests shares it with other testers ([`GpuLock`]).
+    /// itself; one that only tests shares it with other testers ([`GpuLock`]). A job that
+    /// failed on the judge's side (the judge's own error, e.g. out of GPU memory, or the worker
+    /// died) runs once more on a fresh worker with the GPU alone, and that second outcome is
+    /// returned.
     pub fn run(&mut self, job: &RunJob, wall: Duration) -> Outcome {
         let exclusive = (job.bench.is_some() || job.torch_baseline) && !job.exclusive_timing;
         self.run_job(
@@ -486,12 +503,31 @@ impl WorkerPool {
         self.run_job(job, wall, Hold::Held)
     }
 
+    /// One job, and once more when the first try failed on the judge's side
+    /// ([`judge_side`]): on a fresh worker (the failed one exited or is killed, and with it
+    /// whatever GPU memory it held) with the GPU alone (testers in flight drain first). Another
+    /// process holding the GPU's memory (a trainer, another stage's workers) then fails a job
+    /// only when the pressure lasts; a failure that repeats is the job's outcome.
     fn run_job(&mut self, job: &RunJob, wall: Duration, hold: Hold) -> Outcome {
+        let first = self.run_job_once(job, wall, hold);
+        let Some(why) = judge_side(&first) else {
+            return first;
+        };
+        tracing::warn!(task = %job.task.id, why, "the judge failed on its side; running the job again on a fresh worker with the GPU alone");
+        self.kill();
+        let hold = match hold {
+            Hold::Held => Hold::Held,
+            Hold::Shared | Hold::Exclusive => Hold::Exclusive,
+        };
+        self.run_job_once(job, wall, hold)
+    }
+
+    fn run_job_once(&mut self, job: &RunJob, wall: Duration, hold: Hold) -> Outcome {
         let line = serde_json::to_string(job).expect("job serializes");
         match self.run_line_locked(&line, wall, hold) {
             RawOutcome::Done(l) => match serde_json::from_str::<RunResult>(&l) {
                 Ok(r) => {
-                    if r.cuda_error.is_some() {
+                    if r.cuda_error.is_some() || r.judge_error.is_some() {
                         // The context is poisoned; the worker exits by itself. Reap it.
                         self.kill();
                     }

@@ -18,6 +18,7 @@ use cudarl_cuda::task::TaskSpec;
 use cudarl_curriculum::prompts::{self, ChatMessage, TaskView};
 use cudarl_lex::c::strip_comments_and_strings as strip_c;
 use cudarl_protocol::Role;
+use cudarl_tables::turns::TurnColumns;
 use serde::{Deserialize, Serialize};
 
 use crate::RlError;
@@ -226,6 +227,29 @@ pub struct Turn {
     /// progress.
     #[serde(skip)]
     pub prompt: Vec<ChatMessage>,
+}
+
+impl Turn {
+    /// This turn as the columns of a `turns` table, for a task `task_id` on `tier`, trained
+    /// with `advantage` (0 where nothing trains).
+    pub fn columns(&self, task_id: &str, tier: i64, advantage: f64) -> TurnColumns {
+        TurnColumns {
+            turn: self.turn as i64,
+            task_id: task_id.to_string(),
+            tier,
+            role: self.role.as_str().to_string(),
+            tokens: self.tokens as i64,
+            text: self.text.clone(),
+            code: self.code.clone(),
+            failure: self.failure.clone(),
+            feedback: self.feedback.clone(),
+            reward: self.reward.reward,
+            credit: self.credit,
+            advantage,
+            value: self.value,
+            components_json: serde_json::to_string(&self.reward).expect("components serialize"),
+        }
+    }
 }
 
 /// One episode's state.

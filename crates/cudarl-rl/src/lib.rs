@@ -21,6 +21,7 @@ pub mod harness;
 pub mod kb_judge;
 pub mod kernelbench;
 pub mod operators;
+pub mod params;
 pub mod repair;
 pub mod report;
 pub mod reward;

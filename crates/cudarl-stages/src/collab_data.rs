@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use cudarl_tables::TableRow;
 
 use crate::common::{SftRows, data_err, resolve_device, write_rows, write_sft_tables};
+use crate::rl_params::StageParams;
 use crate::rl_params::{harness, load_tasks};
 
 /// The stage kind, as pipeline files name it.

@@ -143,11 +143,7 @@ pub fn params_json<P: Serialize>(p: &P) -> serde_json::Value {
     v
 }
 
-/// Whether a `model` parameter names a Hugging Face checkpoint directory (a path: it has a `/`)
-/// rather than a `configs/model` file.
-pub fn is_checkpoint_dir(model: &str) -> bool {
-    model.contains('/')
-}
+pub use cudarl_rl::params::is_checkpoint_dir;
 
 /// The files of a Hugging Face checkpoint directory a stage reads, by name: `config.json`,
 /// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` when present, and the

@@ -39,7 +39,7 @@
 //! |---|---|
 //! | `summary` | checkpoint (utf8: sft, collab, rl; `rl_minus_sft`: a difference row, below), split (utf8: test, train, `test/tier{T}` and `train/tier{T}` (the families of tier T, 0-3), `kernelbench/level{L}`, `kernelbench/level{L}/novel_ops` and `kernelbench/level{L}/seen_ops` (that level's problems with an op no training task uses, and the rest; a side without problems has no row), `kernelbench/practised` (the KernelBench `train` problems `rl-train` practised; only with its `kernelbench_share`)), episodes (int64), single_turn_compile_rate, single_turn_pass_rate (float64, pass nullable), compile_rate, pass_rate (nullable), fast_0, fast_1, fast_1_5, fast_2 (nullable), geomean_speedup_vs_naive, geomean_speedup_vs_torch, fast_1_vs_compile, fast_1_5_vs_compile, fast_2_vs_compile, geomean_speedup_vs_compile (nullable; the `_vs_compile` columns against the reference under `torch.compile`, KernelBench rows only), holdout_regression_rate (nullable), mean_reward (float64), flagged_rate (float64: episodes with a hack-flagged turn; flagged kernels are not passes), mode, device (utf8), candidates (int64), gen_seconds, harness_seconds, harness_compile_seconds, harness_gpu_seconds, harness_sass_seconds (float64: what the split cost; 0 on the per-tier and op-coverage rows, whose episodes are their split's), pass_rate_se, mean_reward_se (float64, nullable), pairs (int64, nullable). The `rl_minus_sft` row (split `kernelbench/practised`): RL minus SFT paired by problem, episodes RL's, pass_rate, compile_rate, single_turn_compile_rate, flagged_rate and mean_reward the mean per-problem differences, pass_rate_se and mean_reward_se their standard errors, pairs the problems `n` (df `n - 1`); its other rates null |
 //! | `episodes` | one row per episode: [`cudarl_tables::eval::EvalEpisodeRow`] |
-//! | `turns` | checkpoint, split (utf8), episode (int64: the `episodes` row), then the columns of `rl-train`'s `turns` from `turn` on (turn, task_id, tier, role, tokens, text, code, failure, feedback, reward, credit, advantage (0: eval does not train), value, components_json): what each agent wrote and what the tester said |
+//! | `turns` | one row per turn: [`cudarl_tables::turns::EvalTurnRow`] (what each agent wrote and what the tester said) |
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
 
 use std::collections::BTreeMap;
@@ -62,9 +62,11 @@ use cudarl_rl::kb_judge::KbJudge;
 use cudarl_rl::kernelbench::KbTask;
 use cudarl_tables::TableRow;
 use cudarl_tables::eval::EvalEpisodeRow;
+use cudarl_tables::turns::EvalTurnRow;
 
 use crate::common::{CHECKPOINT, data_err, ingest_dir, resolve_device, write_rows};
-use crate::rl_params::{TURN_FIELDS, TurnFields, harness, load_tasks};
+use crate::rl_params::StageParams;
+use crate::rl_params::{harness, load_tasks};
 
 /// Device memory, bytes, a checkpoint needs for eval's checkpoints to run at once on a GPU (two
 /// need twice this, three with `collab` three times). Two at once, each with its trainer, four
@@ -115,17 +117,6 @@ pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
         f("mean_reward_se"),
         Field::new("pairs", DataType::Int64, true),
     ]))
-});
-
-/// Schema of `turns`: checkpoint, split, episode, then [`TURN_FIELDS`].
-pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let mut f = vec![
-        Arc::new(Field::new("checkpoint", DataType::Utf8, false)),
-        Arc::new(Field::new("split", DataType::Utf8, false)),
-        Arc::new(Field::new("episode", DataType::Int64, false)),
-    ];
-    f.extend(TURN_FIELDS.iter().cloned());
-    Arc::new(Schema::new(f))
 });
 
 fn d_samples() -> usize {
@@ -224,16 +215,6 @@ fn episode_row(i: usize, r: &Row) -> EvalEpisodeRow {
         speedup_vs_torch_compile: best.speedup_vs_torch_compile,
         reward: r.ep.final_reward(),
     }
-}
-
-/// One row of `turns`.
-#[derive(Debug, Serialize)]
-struct TurnRow<'a> {
-    checkpoint: &'static str,
-    split: &'static str,
-    episode: i64,
-    #[serde(flatten)]
-    turn: TurnFields<'a>,
 }
 
 /// What generating and judging one checkpoint's episodes on one split cost.
@@ -612,7 +593,7 @@ impl Stage for Eval {
         vec![
             OutputDecl::table("summary", SUMMARY.clone()),
             OutputDecl::table(EvalEpisodeRow::NAME, EvalEpisodeRow::schema()),
-            OutputDecl::table("turns", TURNS.clone()),
+            OutputDecl::table(EvalTurnRow::NAME, EvalTurnRow::schema()),
             OutputDecl::table("report", CHECKPOINT.clone()),
         ]
     }
@@ -784,19 +765,19 @@ fn write_episodes(ctx: &StageContext<'_>, rows: &[Row]) -> Result<(), StageError
         &EvalEpisodeRow::schema(),
         &episodes,
     )?;
-    let turns: Vec<TurnRow<'_>> = rows
+    let turns: Vec<EvalTurnRow> = rows
         .iter()
         .enumerate()
         .flat_map(|(i, r)| {
-            r.ep.turns.iter().map(move |t| TurnRow {
-                checkpoint: r.ck,
-                split: r.split,
+            r.ep.turns.iter().map(move |t| EvalTurnRow {
+                checkpoint: r.ck.to_string(),
+                split: r.split.to_string(),
                 episode: i as i64,
-                turn: TurnFields::of(t, &r.ep.task_id, r.ep.tier, 0.0),
+                turn: t.columns(&r.ep.task_id, r.ep.tier, 0.0),
             })
         })
         .collect();
-    write_rows(ctx, "turns", &TURNS, &turns)
+    write_rows(ctx, EvalTurnRow::NAME, &EvalTurnRow::schema(), &turns)
 }
 
 /// The KernelBench problems `rl-train` practised (with `kernelbench_share`): the `kb/` task ids

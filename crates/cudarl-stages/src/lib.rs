@@ -34,7 +34,7 @@ macro_rules! worker_script_external {
 
 /// `resolve_external` and `environment` of a stage that samples the checkpoints named
 /// `$generator` and `$optimizer` with the RL settings in its `params.rl`
-/// ([`rl_params::Params::resolve_external`], [`rl_params::Params::environment`]).
+/// ([`rl_params::StageParams::resolve_external`], [`rl_params::StageParams::environment`]).
 macro_rules! rl_checkpoints_external {
     ($generator:literal, $optimizer:literal) => {
         fn resolve_external(
@@ -42,15 +42,18 @@ macro_rules! rl_checkpoints_external {
             input: &str,
             ctx: &cudarl_core::ResolveContext,
         ) -> Result<cudarl_core::ExternalFiles, cudarl_core::StageError> {
-            self.params
-                .rl
-                .resolve_external(input, [$generator, $optimizer], ctx)
+            $crate::rl_params::StageParams::resolve_external(
+                &self.params.rl,
+                input,
+                [$generator, $optimizer],
+                ctx,
+            )
         }
         fn environment(
             &self,
             ctx: &cudarl_core::ResolveContext,
         ) -> Result<std::collections::BTreeMap<String, String>, cudarl_core::StageError> {
-            self.params.rl.environment(ctx)
+            $crate::rl_params::StageParams::environment(&self.params.rl, ctx)
         }
     };
 }

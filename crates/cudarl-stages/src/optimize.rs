@@ -12,7 +12,7 @@
 //! | table | columns |
 //! |---|---|
 //! | `result` | problem_id, status (utf8: `verified` (correct on the GPU), `compiled` (built, not run or not correct), `none`), episode, turn (int64, nullable: where the kept kernel came from), code, model_new (utf8, nullable: the kernel and a KernelBench `ModelNew` wrapper, [`cudarl_cuda::native_abi::KbNative::model_new`]), speedup_vs_torch, speedup_vs_torch_compile (float64, nullable), verdict_json (utf8, nullable), episodes, candidates (int64: turns with code), mode, device (utf8) |
-//! | `turns` | problem_id (utf8), episode (int64), then the turn columns of `rl-train`'s `turns` |
+//! | `turns` | one row per turn: [`cudarl_tables::turns::OptimizeTurnRow`] |
 //! | `kernel` | file, digest, bytes: `<name>.cu`, `<name>_model_new.py`, `<name>_verdict.json` of each problem with a kept kernel |
 
 use std::collections::BTreeMap;
@@ -24,10 +24,13 @@ use cudarl_core::{
 };
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use cudarl_rl::kernelbench::KbTask;
+use cudarl_tables::TableRow;
+use cudarl_tables::turns::OptimizeTurnRow;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{CHECKPOINT, ingest_dir, resolve_device, write_rows};
-use crate::rl_params::{TURN_FIELDS, TurnFields, harness};
+use crate::rl_params::StageParams;
+use crate::rl_params::harness;
 use cudarl_rl::kb_judge::KbJudge;
 
 /// The stage kind, as pipeline files name it.
@@ -71,16 +74,6 @@ pub static RESULT: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// Schema of `turns`: problem_id, episode, then `rl-train`'s turn columns.
-pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let mut f = vec![
-        Arc::new(Field::new("problem_id", DataType::Utf8, false)),
-        Arc::new(Field::new("episode", DataType::Int64, false)),
-    ];
-    f.extend(TURN_FIELDS.iter().cloned());
-    Arc::new(Schema::new(f))
-});
-
 /// One row of `result`.
 #[derive(Debug, Serialize)]
 struct ResultRow {
@@ -97,15 +90,6 @@ struct ResultRow {
     candidates: i64,
     mode: &'static str,
     device: &'static str,
-}
-
-/// One row of `turns`.
-#[derive(Debug, Serialize)]
-struct TurnRow<'a> {
-    problem_id: &'a str,
-    episode: i64,
-    #[serde(flatten)]
-    turn: TurnFields<'a>,
 }
 
 /// The `optimize` stage.
@@ -219,7 +203,7 @@ impl Stage for Optimize {
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
             OutputDecl::table("result", RESULT.clone()),
-            OutputDecl::table("turns", TURNS.clone()),
+            OutputDecl::table(OptimizeTurnRow::NAME, OptimizeTurnRow::schema()),
             OutputDecl::table("kernel", CHECKPOINT.clone()),
         ]
     }
@@ -283,10 +267,10 @@ impl Stage for Optimize {
         for (k, task) in tasks.iter().enumerate() {
             let mine = &eps[k * p.samples..(k + 1) * p.samples];
             for (e, ep) in mine.iter().enumerate() {
-                turns.extend(ep.turns.iter().map(|t| TurnRow {
-                    problem_id: &task.id,
+                turns.extend(ep.turns.iter().map(|t| OptimizeTurnRow {
+                    problem_id: task.id.clone(),
                     episode: e as i64,
-                    turn: TurnFields::of(t, &ep.task_id, ep.tier, 0.0),
+                    turn: t.columns(&ep.task_id, ep.tier, 0.0),
                 }));
             }
             let candidates = mine
@@ -350,7 +334,12 @@ impl Stage for Optimize {
             results.push(row);
         }
         write_rows(ctx, "result", &RESULT, &results)?;
-        write_rows(ctx, "turns", &TURNS, &turns)?;
+        write_rows(
+            ctx,
+            OptimizeTurnRow::NAME,
+            &OptimizeTurnRow::schema(),
+            &turns,
+        )?;
         ingest_dir(ctx, &files, "kernel")
     }
 }

@@ -26,16 +26,14 @@
 //! | table | columns |
 //! |---|---|
 //! | `metrics` | one row per step: [`cudarl_tables::rl::RlMetricsRow`] |
-//! | `turns` | step, episode, turn (int64), task_id (utf8), tier (int64), role (utf8), tokens (int64), text (utf8: the answer), code (utf8, nullable), failure (utf8, nullable), feedback (utf8), reward, credit, advantage (float64), components_json (utf8: every reward component) |
+//! | `turns` | one row per turn: [`cudarl_tables::turns::RlTurnRow`] |
 //! | `tiers` | one row per tier opened: [`cudarl_tables::rl::RlTierRow`] |
 //! | `generator`, `optimizer` | file, digest, bytes: the RL checkpoints (with `lora`, merged) |
 //! | `generator_adapter`, `optimizer_adapter` (with `lora`) | as `generator`: `adapter_model.safetensors`, `adapter_config.json` (PEFT's layout) |
 //! | `plots` | file, digest, bytes: `reward_curve.png`, `rates.png` |
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, LazyLock};
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
     InputDecl, OutputDecl, ParamsError, ProgressSink, ResolveContext, Stage, StageContext,
     StageError,
@@ -50,27 +48,17 @@ use cudarl_rl::step::{Curriculum, EpisodeStats, Gate, StepUpdate, update};
 use cudarl_rl::tasks::{TaskPool, fresh_families};
 use cudarl_tables::TableRow;
 use cudarl_tables::rl::{RlMetricsRow, RlTierRow};
+use cudarl_tables::turns::RlTurnRow;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{CHECKPOINT, ingest_dir, resolve_device, rl_err, write_rows};
-use crate::rl_params::{
-    DEFAULT_CHECKPOINT_EVERY, Params, TURN_FIELDS, TurnFields, harness, load_tasks,
-};
+use crate::rl_params::StageParams;
+use crate::rl_params::{DEFAULT_CHECKPOINT_EVERY, Params, harness, load_tasks};
 use crate::rl_progress::Checkpoints;
 use cudarl_rl::kb_judge::KbJudge;
 
 /// The stage kind, as pipeline files name it (also `verl_launch`'s, its other backend).
 pub const KIND: &str = "rl-train";
-
-/// Schema of `turns`: step, episode, then [`TURN_FIELDS`].
-pub static TURNS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let mut f = vec![
-        Arc::new(Field::new("step", DataType::Int64, false)),
-        Arc::new(Field::new("episode", DataType::Int64, false)),
-    ];
-    f.extend(TURN_FIELDS.iter().cloned());
-    Arc::new(Schema::new(f))
-});
 
 /// What a step measured, for its [`RlMetricsRow`] ([`metrics_row`]).
 struct StepRecord<'a> {
@@ -142,15 +130,6 @@ fn metrics_row(
         device: device.to_string(),
         ..Default::default()
     }
-}
-
-/// One row of `turns`.
-#[derive(Debug, Serialize)]
-struct TurnRow<'a> {
-    step: i64,
-    episode: i64,
-    #[serde(flatten)]
-    turn: TurnFields<'a>,
 }
 
 /// A turn of a step, kept for the `turns` table and the plots.
@@ -367,7 +346,7 @@ impl Stage for RlTrain {
     fn outputs(&self) -> Vec<OutputDecl> {
         let mut v = vec![
             OutputDecl::table(RlMetricsRow::NAME, RlMetricsRow::schema()),
-            OutputDecl::table("turns", TURNS.clone()),
+            OutputDecl::table(RlTurnRow::NAME, RlTurnRow::schema()),
             OutputDecl::table(RlTierRow::NAME, RlTierRow::schema()),
             OutputDecl::table("generator", CHECKPOINT.clone()),
             OutputDecl::table("optimizer", CHECKPOINT.clone()),
@@ -535,15 +514,15 @@ fn write_outputs(
         }
     }
     write_rows(ctx, RlMetricsRow::NAME, &RlMetricsRow::schema(), &rows)?;
-    let turn_rows: Vec<TurnRow<'_>> = turns
+    let turn_rows: Vec<RlTurnRow> = turns
         .iter()
-        .map(|t| TurnRow {
+        .map(|t| RlTurnRow {
             step: t.step as i64,
             episode: t.episode as i64,
-            turn: TurnFields::of(&t.turn, &t.task_id, t.tier, t.advantage),
+            turn: t.turn.columns(&t.task_id, t.tier, t.advantage),
         })
         .collect();
-    write_rows(ctx, "turns", &TURNS, &turn_rows)?;
+    write_rows(ctx, RlTurnRow::NAME, &RlTurnRow::schema(), &turn_rows)?;
     let tiers: Vec<RlTierRow> = cur
         .opened
         .iter()

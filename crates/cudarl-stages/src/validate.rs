@@ -5,11 +5,8 @@
 //! On a machine without a GPU the verdicts are compile-only (`executed = false`) and the
 //! environment in the key says so, so a GPU run later never reuses them.
 
-use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use arrow::array::ArrayRef;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{
     Digest, InputDecl, OutputDecl, ParamsError, RunPart, Stage, StageContext, StageError,
 };
@@ -19,7 +16,7 @@ use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
 use cudarl_tables::TableRow;
-use cudarl_tables::validate::ValidationRow;
+use cudarl_tables::validate::{AgreementRow, ValidationRow};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -47,35 +44,10 @@ pub const KIND: &str = "validate";
 /// 11: the linked library's code scanned for system-call and clock-read encodings
 /// (`inspect::linked`); half-precision arithmetic in an f32 task's PTX rejects it
 /// (`half-precision-math`).
-pub const HARNESS_VERSION: u32 = 11;
-
-/// `agreement`: one row per archive kernel (SakanaAI sample, CUDA-L1): our verdict beside the
-/// archive's claim.
-///
-/// | column | type | meaning |
-/// |---|---|---|
-/// | kernel_id, task_id, source | utf8 | the kernel, its KernelBench problem, `sakana` or `cuda-l1` |
-/// | claimed_correct | bool, nullable | the archive's verdict (SakanaAI `Correct`; CUDA-L1: a score exists) |
-/// | our_correct | bool, nullable | ours (null: not executed, e.g. no GPU or the build was skipped) |
-/// | agree | bool, nullable | both verdicts known and equal |
-/// | our_reason | utf8, nullable | our failure and its detail |
-/// | their_reason | utf8, nullable | the archive's error text (first line that says what failed) |
-/// | claimed_speedup, our_speedup_vs_torch | float64, nullable | their speedup over torch eager / ours (same problem, full sizes, our GPU) |
-pub static AGREEMENT: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
-    Arc::new(Schema::new(vec![
-        f("kernel_id", DataType::Utf8, false),
-        f("task_id", DataType::Utf8, false),
-        f("source", DataType::Utf8, false),
-        f("claimed_correct", DataType::Boolean, true),
-        f("our_correct", DataType::Boolean, true),
-        f("agree", DataType::Boolean, true),
-        f("our_reason", DataType::Utf8, true),
-        f("their_reason", DataType::Utf8, true),
-        f("claimed_speedup", DataType::Float64, true),
-        f("our_speedup_vs_torch", DataType::Float64, true),
-    ]))
-});
+/// 12: a failure on the judge's side (its own driver or libtorch error, out of GPU memory
+/// included, or its worker died) runs the job again on a fresh worker; one that repeats is
+/// `judge_error` (correctness not known, not memoized) instead of `cuda_error` or `crash`.
+pub const HARNESS_VERSION: u32 = 12;
 
 pub use crate::common::Mode;
 
@@ -249,7 +221,7 @@ impl Stage for Validate {
     fn outputs(&self) -> Vec<OutputDecl> {
         vec![
             OutputDecl::table("validations", ValidationRow::schema()),
-            OutputDecl::table("agreement", AGREEMENT.clone()),
+            OutputDecl::table(AgreementRow::NAME, AgreementRow::schema()),
         ]
     }
     worker_script_external!();
@@ -463,6 +435,10 @@ fn write_tables(
     if slow > 0 {
         ctx.warn(format!("{slow} of {} builds hit their time limit (not memoized: the next run builds them again)", verdicts.len()));
     }
+    let unjudged = verdicts.iter().filter(|v| judge_failed(v)).count();
+    if unjudged > 0 {
+        ctx.warn(format!("{unjudged} of {} kernels were not judged: the judge failed on its side twice (`judge_error`, e.g. out of GPU memory beside other processes; not memoized: the next run judges them again)", verdicts.len()));
+    }
     let mut ids: Vec<RowMeta> = rows
         .iter()
         .map(|r| RowMeta {
@@ -597,7 +573,7 @@ impl TaskKernels<'_> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push((i, *key));
-        } else if !timed_out(v) {
+        } else if !timed_out(v) && !judge_failed(v) {
             self.memo
                 .put(key, &serde_json::to_vec(v).expect("verdict json"))?;
         }
@@ -620,6 +596,12 @@ fn fails_unrun(v: &Verdict) -> bool {
 /// ([`cudarl_cuda::compile`]), so the next run builds it again.
 fn timed_out(v: &Verdict) -> bool {
     v.failure.as_deref() == Some("compile_timeout")
+}
+
+/// A verdict the judge could not finish (`judge_error`): not memoized, so the next run judges
+/// the kernel again.
+fn judge_failed(v: &Verdict) -> bool {
+    v.failure.as_deref() == Some("judge_error")
 }
 
 type Row = cudarl_rl::tasks::TaskKernel;
@@ -1052,16 +1034,11 @@ fn test_digests(p: &cudarl_cuda::torchfmt::KbProblem) -> String {
         .join(",")
 }
 
+/// `agreement`'s rows ([`AgreementRow`]): the archive kernels of `ids` beside their verdicts.
 fn agreement_batch(
     ids: &[RowMeta],
     vs: &[Verdict],
 ) -> Result<arrow::array::RecordBatch, StageError> {
-    use arrow::array::{BooleanArray, Float64Array, StringArray};
-    let rows: Vec<(&RowMeta, &Verdict)> = ids
-        .iter()
-        .zip(vs)
-        .filter(|(m, _)| m.source != "synth")
-        .collect();
     // Our verdict: executed ones as run; candidates that cannot work (rejected, do not build,
     // do not load) are incorrect; those the harness could not run (no GPU, no tests, an
     // argument it cannot bind) are unknown.
@@ -1074,41 +1051,31 @@ fn agreement_batch(
             None
         }
     };
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(
-            rows.iter().map(|(m, _)| m.kernel_id.as_str()),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            rows.iter().map(|(_, v)| v.task_id.as_str()),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            rows.iter().map(|(m, _)| m.source.as_str()),
-        )),
-        Arc::new(BooleanArray::from_iter(
-            rows.iter().map(|(m, _)| m.claimed_correct),
-        )),
-        Arc::new(BooleanArray::from_iter(rows.iter().map(|(_, v)| ours(v)))),
-        Arc::new(BooleanArray::from_iter(rows.iter().map(|(m, v)| {
-            m.claimed_correct.zip(ours(v)).map(|(a, b)| a == b)
-        }))),
-        Arc::new(StringArray::from_iter(rows.iter().map(|(_, v)| {
-            v.failure.as_ref().map(|f| {
-                let mut s = format!("{f}: {}", v.failure_detail.as_deref().unwrap_or(""));
-                s.truncate(300);
-                s
-            })
-        }))),
-        Arc::new(StringArray::from_iter(
-            rows.iter().map(|(m, _)| m.their_error.clone()),
-        )),
-        Arc::new(Float64Array::from_iter(
-            rows.iter().map(|(m, _)| m.claimed_speedup),
-        )),
-        Arc::new(Float64Array::from_iter(
-            rows.iter().map(|(_, v)| v.speedup_vs_torch),
-        )),
-    ];
-    cudarl_data::parquet_io::batch(&AGREEMENT.clone(), cols).map_err(data_err)
+    let rows: Vec<AgreementRow> = ids
+        .iter()
+        .zip(vs)
+        .filter(|(m, _)| m.source != "synth")
+        .map(|(m, v)| AgreementRow {
+            kernel_id: m.kernel_id.clone(),
+            task_id: v.task_id.clone(),
+            source: m.source.clone(),
+            claimed_correct: m.claimed_correct,
+            our_correct: ours(v),
+            agree: m.claimed_correct.zip(ours(v)).map(|(a, b)| a == b),
+            our_reason: v.failure.as_ref().map(|f| {
+                let s = format!("{f}: {}", v.failure_detail.as_deref().unwrap_or(""));
+                let end = (0..=s.len().min(300))
+                    .rev()
+                    .find(|&i| s.is_char_boundary(i))
+                    .unwrap_or(0);
+                s[..end].to_string()
+            }),
+            their_reason: m.their_error.clone(),
+            claimed_speedup: m.claimed_speedup,
+            our_speedup_vs_torch: v.speedup_vs_torch,
+        })
+        .collect();
+    cudarl_tables::to_batch(&rows).map_err(data_err)
 }
 
 fn validations_batch(

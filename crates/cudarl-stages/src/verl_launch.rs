@@ -86,10 +86,10 @@ pub struct Params {
     #[serde(default = "d_steps")]
     pub steps: usize,
     /// Tasks per step (`data.train_batch_size`).
-    #[serde(default = "crate::rl_params::d_tasks")]
+    #[serde(default = "cudarl_rl::params::d_tasks")]
     pub tasks_per_step: usize,
     /// Episodes per task: the GRPO group (`actor_rollout_ref.rollout.n`).
-    #[serde(default = "crate::rl_params::d_group")]
+    #[serde(default = "cudarl_rl::params::d_group")]
     pub group_size: usize,
     /// Policy turns per episode (`extra_info.max_turns` and
     /// `actor_rollout_ref.rollout.multi_turn.max_assistant_turns`).
@@ -103,17 +103,17 @@ pub struct Params {
     #[serde(default = "d_prompt_tokens")]
     pub max_prompt_tokens: usize,
     /// Sampling temperature (`actor_rollout_ref.rollout.temperature`).
-    #[serde(default = "crate::rl_params::d_one")]
+    #[serde(default = "cudarl_rl::params::d_one")]
     pub temperature: f64,
     /// Actor learning rate (`actor_rollout_ref.actor.optim.lr`).
     #[serde(default = "d_lr")]
     pub lr: f64,
     /// KL coefficient to the reference policy (`actor_rollout_ref.actor.kl_loss_coef`, with
     /// `use_kl_loss`, as GRPO in DeepSeekMath, arXiv:2402.03300).
-    #[serde(default = "crate::rl_params::d_kl")]
+    #[serde(default = "cudarl_rl::params::d_kl")]
     pub kl_coef: f64,
     /// PPO clip ratio (`actor_rollout_ref.actor.clip_ratio`).
-    #[serde(default = "crate::rl_params::d_clip")]
+    #[serde(default = "cudarl_rl::params::d_clip")]
     pub clip: f64,
     /// GPUs per node (`trainer.n_gpus_per_node`).
     #[serde(default = "d_gpus")]

@@ -17,6 +17,7 @@
 //! - [`sft_eval`]: the generator after SFT on the hold-out (`sft-eval`).
 //! - [`tasks`]: task families and their reference kernels (`synth-tasks`).
 //! - [`train`]: the model stages' step metrics and corpus (`pretrain`, SFT, `tokenizer`).
+//! - [`turns`]: every turn of RL and the evaluation (`rl-train`'s and `eval`'s `turns`).
 //! - [`validate`]: verdicts on the task and archive kernels (`validate`).
 
 pub mod archive;
@@ -30,6 +31,7 @@ pub mod sft_eval;
 pub mod splits;
 pub mod tasks;
 pub mod train;
+pub mod turns;
 pub mod validate;
 
 use std::path::Path;

@@ -98,3 +98,70 @@ pub struct ValidationRow {
 }
 
 crate::table_row!(ValidationRow, "validations");
+
+/// One row of `agreement`: an archive kernel (SakanaAI sample, CUDA-L1), our verdict beside the
+/// archive's claim.
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | kernel_id, task_id, source | utf8 | the kernel, its KernelBench problem, `sakana` or `cuda-l1` |
+/// | claimed_correct | bool, nullable | the archive's verdict (SakanaAI `Correct`; CUDA-L1: a score exists) |
+/// | our_correct | bool, nullable | ours (null: not executed, e.g. no GPU or the build was skipped) |
+/// | agree | bool, nullable | both verdicts known and equal |
+/// | our_reason | utf8, nullable | our failure and its detail (at most 300 bytes) |
+/// | their_reason | utf8, nullable | the archive's error text (first line that says what failed) |
+/// | claimed_speedup, our_speedup_vs_torch | float64, nullable | their speedup over torch eager / ours (same problem, full sizes, our GPU) |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgreementRow {
+    /// The kernel.
+    pub kernel_id: String,
+    /// Its KernelBench problem.
+    pub task_id: String,
+    /// `sakana` or `cuda-l1`.
+    pub source: String,
+    /// The archive's verdict.
+    pub claimed_correct: Option<bool>,
+    /// Ours.
+    pub our_correct: Option<bool>,
+    /// Both known and equal.
+    pub agree: Option<bool>,
+    /// Our failure and its detail.
+    pub our_reason: Option<String>,
+    /// The archive's error text.
+    pub their_reason: Option<String>,
+    /// Their speedup over torch eager.
+    pub claimed_speedup: Option<f64>,
+    /// Ours over torch eager.
+    pub our_speedup_vs_torch: Option<f64>,
+}
+
+crate::table_row!(AgreementRow, "agreement");
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::DataType;
+
+    use super::*;
+    use crate::{TableRow, schema_of};
+
+    /// `agreement`'s traced schema is the one the stage wrote column by column before.
+    #[test]
+    fn agreement_schema_is_the_stages_own() {
+        let (s, b, f) = (DataType::Utf8, DataType::Boolean, DataType::Float64);
+        assert_eq!(
+            *AgreementRow::schema(),
+            schema_of(&[
+                ("kernel_id", s.clone(), false),
+                ("task_id", s.clone(), false),
+                ("source", s.clone(), false),
+                ("claimed_correct", b.clone(), true),
+                ("our_correct", b.clone(), true),
+                ("agree", b, true),
+                ("our_reason", s.clone(), true),
+                ("their_reason", s, true),
+                ("claimed_speedup", f.clone(), true),
+                ("our_speedup_vs_torch", f, true),
+            ])
+        );
+    }
+}

@@ -3,7 +3,7 @@
 
 use cudarl_tables::TableRow;
 use cudarl_tables::{
-    archive, curriculum, eval, kb_specs, problems, rl, sft, sft_eval, splits, tasks, train,
+    archive, curriculum, eval, kb_specs, problems, rl, sft, sft_eval, splits, tasks, train, turns,
     validate,
 };
 
@@ -26,6 +26,11 @@ fn documented(src: &str, ty: &str) -> Vec<String> {
         Some(rest.split('`').next()?.to_string())
     });
     let mut cols = base.map_or_else(Vec::new, |b| documented(src, &b));
+    // A row whose own columns come first, then another type's: "then [`Base`]".
+    let after = doc.iter().find_map(|l| {
+        let rest = l.split("then [`").nth(1)?;
+        Some(rest.split('`').next()?.to_string())
+    });
     cols.extend(
         doc.into_iter()
             .rev()
@@ -40,6 +45,7 @@ fn documented(src: &str, ty: &str) -> Vec<String> {
                     .collect::<Vec<_>>()
             }),
     );
+    cols.extend(after.map_or_else(Vec::new, |a| documented(src, &a)));
     cols
 }
 
@@ -84,7 +90,13 @@ fn every_doc_table_lists_its_schemas_columns_in_order() {
     let tasks = include_str!("../src/tasks.rs");
     check::<tasks::TaskRow>(tasks, "TaskRow");
     check::<tasks::TaskKernelRow>(tasks, "TaskKernelRow");
-    check::<validate::ValidationRow>(include_str!("../src/validate.rs"), "ValidationRow");
+    let validate = include_str!("../src/validate.rs");
+    check::<validate::ValidationRow>(validate, "ValidationRow");
+    check::<validate::AgreementRow>(validate, "AgreementRow");
+    let turns = include_str!("../src/turns.rs");
+    check::<turns::RlTurnRow>(turns, "RlTurnRow");
+    check::<turns::EvalTurnRow>(turns, "EvalTurnRow");
+    check::<turns::OptimizeTurnRow>(turns, "OptimizeTurnRow");
 }
 
 #[test]

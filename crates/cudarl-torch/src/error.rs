@@ -1,5 +1,5 @@
 //! The judge's own errors: what failed on the judge's side of a verdict (never the candidate's
-//! fault; a verdict shows one as `cuda_error = "judge: <message>"`).
+//! fault; a job's answer carries one as `judge_error`, see `cudarl_cuda::gpu::RunResult`).
 
 use cudarc::driver::sys;
 

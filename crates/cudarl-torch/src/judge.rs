@@ -117,7 +117,7 @@ impl Fail {
             Fail::Died(m) => res.failure = Some(("crash".into(), m)),
             Fail::Violation(m) => res.failure = Some(("sandbox_violation".into(), m)),
             Fail::Load(m) => res.load_error = Some(m),
-            Fail::Judge(m) => res.cuda_error = Some(format!("judge: {m}")),
+            Fail::Judge(m) => res.judge_error = Some(m),
             Fail::Timing(flag, detail) => res.failure = Some((flag, detail)),
         }
     }
@@ -976,6 +976,7 @@ impl Judge {
             torch_timing: None,
             cuda_error: None,
             load_error: None,
+            judge_error: None,
             gpu: Some(self.info.clone()),
             worker_ms: Some(Default::default()),
             failure: None,
@@ -1004,9 +1005,9 @@ impl Judge {
             }
             match r {
                 Ok(t) => res.torch_timing = Some(t),
-                Err(e) => res.cuda_error = Some(format!("torch baseline: {e}")),
+                Err(e) => res.judge_error = Some(format!("torch baseline: {e}")),
             }
-            res.cuda_error.is_none()
+            res.judge_error.is_none()
         };
         if job.torch_baseline && !job.exclusive_timing && !torch(self, &mut res, heartbeat) {
             return res;
@@ -1050,7 +1051,10 @@ impl Judge {
         if let Some(w) = res.worker_ms.as_mut() {
             w.tests = ms(t_tests);
         }
-        let failed = res.cuda_error.is_some() || res.load_error.is_some() || res.failure.is_some();
+        let failed = res.cuda_error.is_some()
+            || res.judge_error.is_some()
+            || res.load_error.is_some()
+            || res.failure.is_some();
         let mut held = |me: &mut Judge, res: &mut RunResult, heartbeat: &mut dyn FnMut()| -> bool {
             if !job.exclusive_timing {
                 return true;

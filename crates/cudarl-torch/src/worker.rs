@@ -41,8 +41,9 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 tests: vec![],
                 timing: None,
                 torch_timing: None,
-                cuda_error: Some(format!("worker cannot start: {e}")),
+                cuda_error: None,
                 load_error: None,
+                judge_error: Some(format!("worker cannot start: {e}")),
                 gpu: None,
                 worker_ms: None,
                 failure: None,
@@ -96,13 +97,9 @@ pub fn worker_main(limits: &Limits) -> i32 {
                 "job: done"
             );
         }
-        // A CUDA error in the judge's own context, or a stream waiting for a runner that died
-        // mid-window, leaves this process unusable; the candidate's own errors do not.
-        let poisoned = judge.stuck
-            || res
-                .cuda_error
-                .as_deref()
-                .is_some_and(|e| e.starts_with("judge:") || e.starts_with("torch baseline:"));
+        // The judge's own failure (its context, its memory), or a stream waiting for a runner
+        // that died mid-window, leaves this process unusable; the candidate's own errors do not.
+        let poisoned = judge.stuck || res.judge_error.is_some();
         let _ = writeln!(out, "{}", serde_json::to_string(&res).expect("json"));
         let _ = out.flush();
         if poisoned {

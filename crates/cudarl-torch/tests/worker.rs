@@ -22,13 +22,15 @@ fn worker_without_gpu_reports_and_exits() {
         .unwrap()
         .to_string();
     let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    // The judge's own failure, not the candidate's.
     assert!(
-        v["cuda_error"]
+        v["judge_error"]
             .as_str()
             .unwrap()
             .contains("worker cannot start"),
         "{v}"
     );
+    assert!(v["cuda_error"].is_null(), "{v}");
 }
 
 #[test]
