@@ -37,6 +37,20 @@ fn job(so: &str) -> RunJob {
     }
 }
 
+/// A pool whose workers run the stand-in `script` with `mark` as `$1`, on (lock id) GPU `gpu`.
+fn stand_in(script: &str, mark: &std::path::Path, gpu: usize) -> WorkerPool {
+    WorkerPool::new(
+        "sh".into(),
+        vec![
+            "-c".into(),
+            script.into(),
+            "sh".into(),
+            mark.display().to_string(),
+        ],
+    )
+    .on_gpu(gpu)
+}
+
 fn pid_of(o: &Outcome) -> String {
     match o {
         Outcome::Done(r) => {
@@ -108,16 +122,7 @@ fn a_job_the_judge_failed_on_its_side_runs_once_more_on_a_fresh_worker_with_the_
     let mark = dir.path().join("job");
     let gpu = 80_000 + (std::process::id() % 10_000) as usize;
     let id = gpu.to_string();
-    let mut pool = WorkerPool::new(
-        "sh".into(),
-        vec![
-            "-c".into(),
-            JUDGE.into(),
-            "sh".into(),
-            mark.display().to_string(),
-        ],
-    )
-    .on_gpu(gpu);
+    let mut pool = stand_in(JUDGE, &mark, gpu);
     let wall = Duration::from_secs(10);
     // A tests-only job (the GPU shared) whose judge ran out of memory the first time.
     let run = std::thread::spawn(move || {
@@ -180,16 +185,7 @@ fn a_tester_holds_the_gpu_shared_for_tests_and_alone_for_its_timing() {
     let mark = dir.path().join("job");
     let gpu = 90_000 + (std::process::id() % 10_000) as usize;
     let id = gpu.to_string();
-    let mut pool = WorkerPool::new(
-        "sh".into(),
-        vec![
-            "-c".into(),
-            UPGRADE.into(),
-            "sh".into(),
-            mark.display().to_string(),
-        ],
-    )
-    .on_gpu(gpu);
+    let mut pool = stand_in(UPGRADE, &mark, gpu);
     let mut j = job("ok");
     j.bench = Some(cudarl_cuda::gpu::BenchSpec::default());
     j.exclusive_timing = true;

@@ -32,24 +32,24 @@
 //! | `generator_adapter`, `optimizer_adapter` (with `lora`) | as `generator`: `adapter_model.safetensors`, `adapter_config.json` (PEFT's layout) |
 //! | `plots` | file, digest, bytes: `reward_curve.png`, `rates.png` |
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use cudarl_core::{
     InputDecl, OutputDecl, ParamsError, ProgressSink, ResolveContext, Stage, StageContext,
     StageError,
 };
 use cudarl_cuda::task::TaskSpec;
-use cudarl_protocol::{Algorithm, Ptx};
-use cudarl_rl::episode::{Episode, EpisodeSettings, Turn};
-use cudarl_rl::harness::{Harness, HarnessUse};
+use cudarl_protocol::Ptx;
+use cudarl_rl::episode::EpisodeSettings;
+use cudarl_rl::harness::Harness;
 use cudarl_rl::kernelbench::KbTask;
+use cudarl_rl::record::{RunState, StepRecord, StepTurn, metrics_row, step_turns, training_plots};
 use cudarl_rl::run::{Bars, Counter, DrawSettings, control, draw, rollout};
-use cudarl_rl::step::{Curriculum, EpisodeStats, Gate, StepUpdate, update};
+use cudarl_rl::step::update;
 use cudarl_rl::tasks::{TaskPool, fresh_families};
 use cudarl_tables::TableRow;
 use cudarl_tables::rl::{RlMetricsRow, RlTierRow};
 use cudarl_tables::turns::RlTurnRow;
-use serde::{Deserialize, Serialize};
 
 use crate::common::{CHECKPOINT, ingest_dir, resolve_device, rl_err, write_rows};
 use crate::rl_params::StageParams;
@@ -59,103 +59,6 @@ use cudarl_rl::kb_judge::KbJudge;
 
 /// The stage kind, as pipeline files name it (also `verl_launch`'s, its other backend).
 pub const KIND: &str = "rl-train";
-
-/// What a step measured, for its [`RlMetricsRow`] ([`metrics_row`]).
-struct StepRecord<'a> {
-    step: usize,
-    tier: i64,
-    episodes: &'a [Episode],
-    update: &'a StepUpdate,
-    harness: HarnessUse,
-    gen_seconds: f64,
-}
-
-/// The `metrics` row of step record `r` under `p`.
-fn metrics_row(
-    r: &StepRecord<'_>,
-    p: &Params,
-    mode: &'static str,
-    device: &'static str,
-) -> RlMetricsRow {
-    let e = EpisodeStats::of(r.episodes);
-    let (g, o) = (&r.update.generator, &r.update.optimizer);
-    let cands = r.harness.candidates.max(1) as f64;
-    let ppo = p.algorithm == Algorithm::Ppo;
-    let ptx = p.ptx().is_some();
-    let cap = p.aux_grad_cap().is_some();
-    RlMetricsRow {
-        step: r.step as i64,
-        tier: r.tier,
-        episodes: r.episodes.len() as i64,
-        mean_reward: e.mean_reward,
-        reward_std: e.reward_std,
-        compile_rate: e.compile_rate,
-        pass_rate: e.pass_rate,
-        first_turn_compile_rate: e.first_turn_compile_rate,
-        speedup: e.speedup,
-        turns_used: e.turns_used,
-        kl: g.kl,
-        entropy: g.entropy,
-        optimizer_kl: o.kl,
-        gen_seconds: r.gen_seconds,
-        harness_seconds: r.harness.seconds,
-        update_seconds: r.update.seconds,
-        harness_ms_per_candidate: 1000.0 * r.harness.seconds / cands,
-        compile_overlap: r.harness.prefetch_hits as f64 / cands,
-        harness_compile_seconds: r.harness.phases.compile,
-        harness_gpu_seconds: r.harness.phases.gpu,
-        harness_sass_seconds: r.harness.phases.sass,
-        verdict_reuse: r.harness.reused as f64 / cands,
-        signal_groups: r.update.signal_groups,
-        optimizer_signal_groups: r.update.optimizer_signal_groups,
-        value_loss: ppo.then_some(g.value_loss),
-        optimizer_value_loss: ppo.then_some(o.value_loss),
-        max_approx_kl: g.max_approx_kl,
-        optimizer_max_approx_kl: o.max_approx_kl,
-        max_ref_log_ratio: g.max_ref_log_ratio,
-        optimizer_max_ref_log_ratio: o.max_ref_log_ratio,
-        aux_scale: cap.then_some(g.aux_scale),
-        optimizer_aux_scale: cap.then_some(o.aux_scale),
-        max_aux_grad_ratio: cap.then_some(g.max_aux_grad_ratio),
-        optimizer_max_aux_grad_ratio: cap.then_some(o.max_aux_grad_ratio),
-        skipped_minibatches: g.skipped_minibatches as i64,
-        optimizer_skipped_minibatches: o.skipped_minibatches as i64,
-        update_steps: g.steps as i64,
-        optimizer_update_steps: o.steps as i64,
-        ptx_loss: ptx.then_some(g.ptx_loss),
-        optimizer_ptx_loss: ptx.then_some(o.ptx_loss),
-        algorithm: p.algorithm.as_str().to_string(),
-        reward_by_tier_json: e.reward_by_tier_json,
-        mode: mode.to_string(),
-        device: device.to_string(),
-        ..Default::default()
-    }
-}
-
-/// A turn of a step, kept for the `turns` table and the plots.
-#[derive(Debug, Serialize, Deserialize)]
-struct StepTurn {
-    step: usize,
-    episode: usize,
-    task_id: String,
-    tier: i64,
-    advantage: f64,
-    turn: Turn,
-}
-
-/// What `rl-train` saves of itself with the trainer's state ([`crate::rl_progress`]): enough
-/// for step `step + 1` to run as it would have in the straight run.
-#[derive(Debug, Serialize, Deserialize)]
-struct StageState {
-    /// The last step done.
-    step: usize,
-    /// The task draw's SplitMix64 state.
-    rng: u64,
-    /// The next sampling seed.
-    seed: i64,
-    curriculum: Curriculum,
-    rows: Vec<RlMetricsRow>,
-}
 
 /// The `rl-train` stage.
 #[derive(Debug)]
@@ -211,46 +114,6 @@ impl RlTrain {
             seed: p.seed,
         }))
     }
-}
-
-impl StageState {
-    /// A run before its first step: the draw seeded from `p.seed`, sampling from `seed`, the
-    /// curriculum gate of `p` over the tiers of the tasks it draws from (`tiers`).
-    fn new(p: &Params, tiers: impl Iterator<Item = i64> + Clone, seed: i64) -> StageState {
-        let gate = Gate {
-            window: p.gate_window,
-            min_compile_rate: p.min_compile_rate,
-            min_pass_rate: p.min_pass_rate,
-        };
-        let (lo, hi) = (tiers.clone().min(), tiers.max());
-        StageState {
-            step: 0,
-            rng: p.seed ^ 0x005E_ED0F_C0DA,
-            seed,
-            curriculum: Curriculum::new(gate, lo.unwrap_or(0), hi.unwrap_or(0)),
-            rows: Vec::new(),
-        }
-    }
-}
-
-/// The `turns` rows of step `step`'s episodes `eps`, each turn with its advantage in `up` and
-/// without its prompt (the `turns` table does not keep it).
-fn step_turns(step: usize, eps: &[Episode], up: &cudarl_rl::step::StepUpdate) -> Vec<StepTurn> {
-    let mut out = Vec::new();
-    for (ei, e) in eps.iter().enumerate() {
-        out.extend(e.turns.iter().map(|t| StepTurn {
-            step,
-            episode: ei,
-            task_id: e.task_id.clone(),
-            tier: e.tier,
-            advantage: up.advantages.get(&(ei, t.turn)).copied().unwrap_or(0.0),
-            turn: Turn {
-                prompt: Vec::new(),
-                ..t.clone()
-            },
-        }));
-    }
-    out
 }
 
 /// A step's metrics `row` to the log (tracing) and to the node's live metrics file `live`.
@@ -403,7 +266,7 @@ impl Stage for RlTrain {
             .iter()
             .map(|t| t.tier)
             .chain(kb_tasks.iter().map(|t| t.tier));
-        let mut st = StageState::new(p, tiers, tc.sampling.seed);
+        let mut st = RunState::new(p, tiers, tc.sampling.seed);
         let mut turns: Vec<StepTurn> = Vec::new();
         let every = p.checkpoint_every.unwrap_or(DEFAULT_CHECKPOINT_EVERY);
         let mut ck = Checkpoints::open(ctx, every)?;
@@ -501,7 +364,7 @@ fn write_outputs(
     ctx: &mut StageContext<'_>,
     p: &Params,
     (dir, ck): (&std::path::Path, &std::path::Path),
-    st: StageState,
+    st: RunState,
     turns: &[StepTurn],
     (mode, device): (&str, &str),
 ) -> Result<(), StageError> {
@@ -514,14 +377,7 @@ fn write_outputs(
         }
     }
     write_rows(ctx, RlMetricsRow::NAME, &RlMetricsRow::schema(), &rows)?;
-    let turn_rows: Vec<RlTurnRow> = turns
-        .iter()
-        .map(|t| RlTurnRow {
-            step: t.step as i64,
-            episode: t.episode as i64,
-            turn: t.turn.columns(&t.task_id, t.tier, t.advantage),
-        })
-        .collect();
+    let turn_rows: Vec<RlTurnRow> = turns.iter().map(StepTurn::row).collect();
     write_rows(ctx, RlTurnRow::NAME, &RlTurnRow::schema(), &turn_rows)?;
     let tiers: Vec<RlTierRow> = cur
         .opened
@@ -536,72 +392,8 @@ fn write_outputs(
     write_rows(ctx, RlTierRow::NAME, &RlTierRow::schema(), &tiers)?;
     let pd = dir.join("plots");
     std::fs::create_dir_all(&pd).map_err(|e| StageError::Failed(e.to_string()))?;
-    plots(&rows, turns, mode, device, &pd).map_err(StageError::failed)?;
+    training_plots(&rows, turns, mode, device, &pd).map_err(StageError::failed)?;
     ingest_dir(ctx, &pd, "plots")
-}
-
-/// `reward_curve.png` (mean final reward per step with a +-1 std band as two lines) and
-/// `rates.png` (best-turn compile and pass rates per step and tier).
-fn plots(
-    rows: &[RlMetricsRow],
-    turns: &[StepTurn],
-    mode: &str,
-    device: &str,
-    dir: &std::path::Path,
-) -> Result<(), cudarl_data::plot::PlotError> {
-    use cudarl_data::plot::{Series, line_chart};
-    let pts = |f: &dyn Fn(&RlMetricsRow) -> f64| -> Vec<(f64, f64)> {
-        rows.iter().map(|r| (r.step as f64, f(r))).collect()
-    };
-    line_chart(
-        &dir.join("reward_curve.png"),
-        &format!("rl-train: mean episode reward per step ({mode}, {device})"),
-        "RL step",
-        "final reward",
-        &[
-            Series::new("mean", pts(&|r| r.mean_reward)),
-            Series::new("mean + std", pts(&|r| r.mean_reward + r.reward_std)),
-            Series::new("mean - std", pts(&|r| r.mean_reward - r.reward_std)),
-        ],
-    )?;
-    // Per tier: best-turn compile and pass rates of that tier's episodes per step.
-    let mut per: BTreeMap<(i64, usize), (f64, f64, f64, bool)> = BTreeMap::new();
-    let mut best: BTreeMap<(usize, usize), &StepTurn> = BTreeMap::new();
-    for r in turns {
-        let e = best.entry((r.step, r.episode)).or_insert(r);
-        if r.turn.reward.reward > e.turn.reward.reward {
-            *e = r;
-        }
-    }
-    for r in best.values() {
-        let e = per.entry((r.tier, r.step)).or_default();
-        e.0 += 1.0;
-        e.1 += f64::from(u8::from(r.turn.reward.compiled));
-        e.2 += f64::from(u8::from(r.turn.reward.correct == Some(true)));
-        e.3 |= r.turn.reward.mode == "full";
-    }
-    let tiers: BTreeSet<i64> = per.keys().map(|k| k.0).collect();
-    let mut series = Vec::new();
-    for tier in tiers {
-        let of = |k: usize| -> Vec<(f64, f64)> {
-            per.iter()
-                .filter(|((t, _), v)| *t == tier && (k == 1 || v.3))
-                .map(|((_, s), v)| (*s as f64, if k == 1 { v.1 / v.0 } else { v.2 / v.0 }))
-                .collect()
-        };
-        series.push(Series::new(format!("tier {tier} compile rate"), of(1)));
-        let pass = of(2);
-        if !pass.is_empty() {
-            series.push(Series::new(format!("tier {tier} pass rate"), pass));
-        }
-    }
-    line_chart(
-        &dir.join("rates.png"),
-        &format!("rl-train: compile and pass rates per tier, best turn ({mode})"),
-        "RL step",
-        "rate",
-        &series,
-    )
 }
 
 #[cfg(test)]
