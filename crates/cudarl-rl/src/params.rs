@@ -101,7 +101,7 @@ pub enum Mode {
 #[serde(deny_unknown_fields)]
 pub struct Params {
     /// A Hugging Face checkpoint directory (a path with a `/`, relative to the project root or
-    /// absolute; its files as [`crate::common::checkpoint_files`] lists them) both agents start
+    /// absolute; its files as `cudarl_stages::common::checkpoint_files` lists them) both agents start
     /// from, in place of the DAG's checkpoints: `rl-train`'s SFT generator and optimizer,
     /// `eval`'s SFT pair (the baseline RL is compared with, so `eval` then compares RL with the
     /// checkpoint it started from), `collab-data`'s SFT pair, `optimize`'s RL pair. Its
@@ -235,12 +235,12 @@ pub struct Params {
     #[serde(default)]
     pub seed: u64,
     /// GRPO: the floor under a group's reward std when normalizing advantages
-    /// ([`cudarl_rl::credit::group_advantages`]; 0 = plain GRPO).
+    /// ([`crate::credit::group_advantages`]; 0 = plain GRPO).
     #[serde(default = "d_std_floor")]
     pub std_floor: f64,
     /// The families RL draws from ([`TaskPool`]): `auto` (sft-data's `rl` split when it
     /// reserved one, else `train`), `train`, `rl`, `both`, or `fresh`: elementwise families
-    /// generated for this run ([`cudarl_rl::tasks::fresh_families`]), `tasks_per_step` new ones
+    /// generated for this run ([`crate::tasks::fresh_families`]), `tasks_per_step` new ones
     /// every step, none of them a task of `synth-tasks` (hold-out included). Measured (H100):
     /// `fresh` +0.005 and -0.014 against the frozen control, hold-out pass -0.118 and -0.074
     /// against SFT (`benchmarks/results/rl_fresh_warmup_h100_2026-11-24.json`), so not the
@@ -273,7 +273,7 @@ pub struct Params {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal_only: Option<bool>,
     /// Save the run's state every this many steps and at its last step, and continue from the
-    /// latest saved step ([`crate::rl_progress`]; docs/architecture.md, "Resuming"). 0: save
+    /// latest saved step (`cudarl_stages::rl_progress`; docs/architecture.md, "Resuming"). 0: save
     /// nothing and start from step 1. Absent: [`DEFAULT_CHECKPOINT_EVERY`], and left out of
     /// the key; never part of the progress key, like `steps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -291,7 +291,7 @@ pub struct Params {
     /// `rl-train`: the share of each step's tasks drawn from the curriculum's KernelBench
     /// `train` problems that have a native launcher (and, on a GPU, recorded tests), among the
     /// open tiers like the task families; each such task is judged by
-    /// [`cudarl_rl::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against
+    /// [`crate::kb_judge::KbJudge`] (recorded tests, the problem's own sizes, speed against
     /// torch eager). Absent or 0: task families only, and left out of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernelbench_share: Option<f64>,
