@@ -752,40 +752,51 @@ fn read_tests(v: &mut Verdict, out: &Outcome, wall: Duration) {
         v.tests = r.tests.clone();
         v.max_abs_err = r.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
         v.max_rel_err = r.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
-        runner_report(v, r);
-        if v.failure.is_some() {
-        } else if let Some(e) = &r.load_error {
-            v.failure = Some("load_error".into());
-            v.failure_detail = Some(e.clone());
-        } else if let Some(e) = &r.judge_error {
-            v.judge_failed(e.clone());
-            return;
-        } else if let Some(e) = &r.cuda_error {
-            v.failure = Some("cuda_error".into());
-            v.failure_detail = Some(e.clone());
-        } else if let Some(t) = r.tests.iter().find(|t| !t.passed) {
-            v.failure = Some(
-                if t.out_of_bounds_write {
-                    "out_of_bounds_write"
-                } else if t.input_mutated {
-                    "input_mutation"
-                } else if t.unwritten > 0 {
-                    "unwritten_output"
-                } else {
-                    "wrong_answer"
-                }
-                .into(),
-            );
-            v.failure_detail = Some(format!(
+        if !answer_failure(v, r)
+            && let Some(t) = r.tests.iter().find(|t| !t.passed)
+        {
+            let kind = if t.out_of_bounds_write {
+                "out_of_bounds_write"
+            } else if t.input_mutated {
+                "input_mutation"
+            } else if t.unwritten > 0 {
+                "unwritten_output"
+            } else {
+                "wrong_answer"
+            };
+            let detail = format!(
                 "{} shape {:?} seed {}: {}",
                 t.split,
                 t.sizes,
                 t.seed,
                 t.message.clone().unwrap_or_default()
-            ));
+            );
+            v.ran_and_failed(kind, detail);
         }
-        v.correct = Some(v.failure.is_none());
+        if v.failure.is_none() {
+            v.correct = Some(true);
+        }
     }
+}
+
+/// The failure a job's answer `r` reports, into `v`, in order: the runner's (with its hack
+/// flag, [`runner_report`]), a load error, the judge's own failure (`judge_error`: correctness
+/// not known), a CUDA error in the candidate's context. Returns whether there was one.
+fn answer_failure(v: &mut Verdict, r: &crate::gpu::RunResult) -> bool {
+    runner_report(v, r);
+    if v.failure.is_some() {
+        return true;
+    }
+    if let Some(e) = &r.load_error {
+        v.ran_and_failed("load_error", e.clone());
+    } else if let Some(e) = &r.judge_error {
+        v.judge_failed(e.clone());
+    } else if let Some(e) = &r.cuda_error {
+        v.ran_and_failed("cuda_error", e.clone());
+    } else {
+        return false;
+    }
+    true
 }
 
 /// The timing of a correct candidate from its job's answer: the timing, its roofline (bytes and,
@@ -959,15 +970,7 @@ pub fn time_batch(
                 w.torch = t.torch;
                 w.transfer = t.transfer;
             }
-            runner_report(&mut v, r);
-            if v.failure.is_some() {
-            } else if let Some(e) = &r.load_error {
-                v.ran_and_failed("load_error", e.clone());
-            } else if let Some(e) = &r.judge_error {
-                v.judge_failed(e.clone());
-            } else if let Some(e) = &r.cuda_error {
-                v.ran_and_failed("cuda_error", e.clone());
-            }
+            answer_failure(&mut v, r);
         }
         read_timing(&mut v, &o, &p.spec, baselines);
         if v.correct == Some(true) && v.timing.is_some() {

@@ -147,29 +147,24 @@ struct OptimizeKeys {
     episode: i64,
 }
 
-impl TableRow for OptimizeTurnRow {
-    const NAME: &'static str = "turns";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(keyed::<OptimizeKeys>);
-        S.clone()
-    }
+/// [`TableRow`] for a `turns` row type `$row` whose key columns are the fields of `$keys` (the
+/// flattened [`TurnColumns`] cannot be traced through the row type itself: `serde_arrow` traces
+/// a flattened struct as a map).
+macro_rules! turns_table {
+    ($row:ty, $keys:ty) => {
+        impl TableRow for $row {
+            const NAME: &'static str = "turns";
+            fn schema() -> SchemaRef {
+                static S: LazyLock<SchemaRef> = LazyLock::new(keyed::<$keys>);
+                S.clone()
+            }
+        }
+    };
 }
 
-impl TableRow for RlTurnRow {
-    const NAME: &'static str = "turns";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(keyed::<RlKeys>);
-        S.clone()
-    }
-}
-
-impl TableRow for EvalTurnRow {
-    const NAME: &'static str = "turns";
-    fn schema() -> SchemaRef {
-        static S: LazyLock<SchemaRef> = LazyLock::new(keyed::<EvalKeys>);
-        S.clone()
-    }
-}
+turns_table!(RlTurnRow, RlKeys);
+turns_table!(EvalTurnRow, EvalKeys);
+turns_table!(OptimizeTurnRow, OptimizeKeys);
 
 #[cfg(test)]
 mod tests {
