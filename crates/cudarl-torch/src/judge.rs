@@ -123,9 +123,23 @@ impl Fail {
     }
 }
 
+/// Room a block's place is drawn in beyond the largest block, bytes: as much again as the
+/// block, at most this. 2^20 places of [`PLACE_UNIT`] bytes for any block of 256 MiB or more.
+const PLACE_ROOM: u64 = 256 << 20;
+/// Granule an arena's size is rounded up to, bytes. An arena is allocated again only when a job
+/// needs more, or when it holds more than [`SHRINK_FACTOR`] times what the job needs and over
+/// [`SHRINK_ABOVE`] bytes, so a worker holds about what its current jobs need: each judge keeps
+/// two arenas, and `vector_add` at 2^26 elements (four tested sets of 768 MiB) takes 3.3 GiB
+/// where a power-of-two size with the room doubled took 8 GiB.
+const ARENA_GRANULE: u64 = 64 << 20;
+/// An arena holding more than this many times a job's need is allocated again at the job's size.
+const SHRINK_FACTOR: u64 = 4;
+/// Arenas at most this large are kept whatever the job (reallocating costs more than it frees).
+const SHRINK_ABOVE: u64 = 1 << 30;
+
 /// Bytes of a job's arena: the largest block of tested sets (the seeds of a shape, at least the
-/// two of the cache probes) or the timing sets on `bench_shape`, whichever is larger, plus as
-/// much again, the room a block's place is drawn in.
+/// two of the cache probes) or the timing sets on `bench_shape`, whichever is larger, plus the
+/// room a block's place is drawn in (as much again, at most [`PLACE_ROOM`]).
 ///
 /// # Errors
 /// A shape the task spec cannot lay out.
@@ -140,7 +154,15 @@ fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, Jud
     {
         bytes = bytes.max(set * max_sets(b, set) as u64);
     }
-    Ok(CONTROL_BYTES + 2 * bytes)
+    Ok(CONTROL_BYTES + bytes + bytes.min(PLACE_ROOM))
+}
+
+/// The size to allocate for an arena that must hold `need` bytes and holds `held` now: `None`
+/// keeps the one held (it is large enough and not [`SHRINK_FACTOR`] times too large above
+/// [`SHRINK_ABOVE`]), else `need` rounded up to [`ARENA_GRANULE`].
+fn arena_size(held: u64, need: u64) -> Option<u64> {
+    let oversized = held > SHRINK_ABOVE && held > SHRINK_FACTOR.saturating_mul(need);
+    (held < need || oversized).then(|| need.div_ceil(ARENA_GRANULE).max(1) * ARENA_GRANULE)
 }
 
 /// The failure an [`Reply::Armed`] with a nonzero `rc` stands for: the runner's own (it could not
@@ -593,7 +615,8 @@ impl Judge {
     }
 
     /// Turns to the other arena for a new job: reaps the runner of the job that used it last,
-    /// makes it hold at least `bytes` (a fresh allocation when it must grow) and zeroes it
+    /// makes it hold at least `bytes` (a fresh allocation when it must grow or is far too large,
+    /// see [`arena_size`]) and zeroes it
     /// (nothing of an earlier candidate's survives into this job's arena). Returns the
     /// cross-process machinery.
     fn ipc(&mut self, bytes: u64) -> Result<&mut Ipc, JudgeError> {
@@ -635,12 +658,11 @@ impl Judge {
         // SAFETY: no runner maps this arena any more (reaped above); allocations in the current
         // context; the memset is ordered before the job's fills on the legacy stream.
         unsafe {
-            if slot.bytes < bytes {
+            if let Some(want) = arena_size(slot.bytes, bytes) {
                 if slot.ptr != 0 {
                     sys::cuMemFree_v2(slot.ptr);
                     *slot = ArenaSlot::default();
                 }
-                let want = bytes.next_power_of_two().max(64 << 20);
                 let mut ptr = 0;
                 cu(
                     sys::cuMemAlloc_v2(&mut ptr, want as usize),
@@ -2187,6 +2209,22 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_arena_grows_to_the_granule_and_shrinks_only_when_far_too_large() {
+        const MIB: u64 = 1 << 20;
+        // Grows: rounded up to the granule, never zero.
+        assert_eq!(arena_size(0, 1), Some(ARENA_GRANULE));
+        assert_eq!(arena_size(0, 65 * MIB), Some(128 * MIB));
+        assert_eq!(arena_size(64 * MIB, 3300 * MIB), Some(3328 * MIB));
+        // Kept: large enough, or small, or not four times too large.
+        assert_eq!(arena_size(3328 * MIB, 3300 * MIB), None);
+        assert_eq!(arena_size(1024 * MIB, MIB), None);
+        assert_eq!(arena_size(3328 * MIB, 900 * MIB), None);
+        // Shrunk: over 1 GiB and more than four times the need.
+        assert_eq!(arena_size(3328 * MIB, 800 * MIB), Some(832 * MIB));
+        assert_eq!(arena_size(3328 * MIB, MIB), Some(ARENA_GRANULE));
+    }
 
     #[test]
     fn late_outputs_make_the_synchronized_times_the_timing() {
