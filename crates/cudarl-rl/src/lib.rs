@@ -22,6 +22,7 @@ pub mod kb_judge;
 pub mod kernelbench;
 pub mod operators;
 pub mod params;
+pub mod progress;
 pub mod record;
 pub mod repair;
 pub mod report;

@@ -25,6 +25,8 @@
 //! problems, with their tier; `serve` judges them), `export sft-data --format verl` the SFT
 //! files, `export rl-train --format verl` all four with the families `rl-train` practises.
 
+pub mod job;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
