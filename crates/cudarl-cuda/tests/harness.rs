@@ -439,6 +439,25 @@ fn compile_errors_have_candidate_line_numbers() {
         !v.compiled,
         "a launcher with another signature must not compile"
     );
+    // ...and the error is the candidate's: at its `launch`, with the declaration the task
+    // expects, once (not nvcc's errors on the lines of the shim the file does not show).
+    let errors: Vec<_> = v
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == "error")
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(
+        (errors[0].file.as_deref(), errors[0].line),
+        (Some("kernel.cu"), Some(2)),
+        "{errors:?}"
+    );
+    assert!(
+        errors[0]
+            .message
+            .contains(&format!("declare it exactly as `{}`", va.signature())),
+        "{errors:?}"
+    );
 
     // Static rejects never reach nvcc.
     let evil = "#include <cstdlib>\nextern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) { system(\"id\"); }\n";

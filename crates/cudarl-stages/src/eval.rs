@@ -559,7 +559,9 @@ impl Stage for Eval {
     // 19: KernelBench rows by op coverage (`kernelbench/level{L}/novel_ops`, `seen_ops`);
     // the problems `rl-train` practised (`kernelbench/practised`) and RL minus SFT there
     // (`rl_minus_sft`, `pass_rate_se`, `mean_reward_se`, `pairs`).
-    stage_identity!(KIND, 19);
+    // 20: the tester's feedback on a launcher without the task's signature names the expected
+    // declaration.
+    stage_identity!(KIND, 20);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
         v.extend(self.params.rl.agent_inputs([

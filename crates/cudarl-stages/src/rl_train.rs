@@ -186,7 +186,9 @@ impl Stage for RlTrain {
     // 15: the KL and PPO-ptx gradient capped at the policy gradient's norm
     // (`aux_grad_cap`); metrics gain the aux columns.
     // 16: checkpoints carry `tokenizer_config.json` and `generation_config.json`.
-    stage_identity!(KIND, 16);
+    // 17: the tester's feedback on a launcher without the task's signature names the expected
+    // declaration.
+    stage_identity!(KIND, 17);
     fn inputs(&self) -> Vec<InputDecl> {
         let mut v = crate::rl_params::task_inputs();
         v.extend(self.params.agent_inputs([

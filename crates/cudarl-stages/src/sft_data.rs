@@ -802,7 +802,9 @@ impl SftRepairs {
 }
 
 impl Stage for SftRepairs {
-    stage_identity!(REPAIRS_KIND, 1);
+    // 2: a launcher without the task's signature is diagnosed at the kernel's `launch` with the
+    // expected declaration.
+    stage_identity!(REPAIRS_KIND, 2);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![
             InputDecl::node("tasks", "synth-tasks", "tasks"),

@@ -47,7 +47,9 @@ pub const KIND: &str = "validate";
 /// 12: a failure on the judge's side (its own driver or libtorch error, out of GPU memory
 /// included, or its worker died) runs the job again on a fresh worker; one that repeats is
 /// `judge_error` (correctness not known, not memoized) instead of `cuda_error` or `crash`.
-pub const HARNESS_VERSION: u32 = 12;
+/// 13: a launcher without the task's signature is one error at the candidate's `launch` naming
+/// the declaration the task expects (nvcc's errors on the shim's lines before).
+pub const HARNESS_VERSION: u32 = 13;
 
 pub use crate::common::Mode;
 
