@@ -977,17 +977,20 @@ fn unreadable(what: &str, why: impl std::fmt::Display) -> crate::static_check::F
 }
 
 /// Rewrites the errors nvcc reports inside the shim's lines that declare or call `launch` (the
-/// candidate's launcher does not have the task's signature: "more than one instance of
-/// overloaded function "launch" has "C" linkage", "too many arguments in function call", ...)
-/// as one error in the candidate's terms: the declaration the task expects, at the line of the
-/// candidate's own `launch` (none when it has none). Other diagnostics are kept as they are.
-/// `source` and `shim` are what [`Compiler::compile`] joined (`{source}\n{shim}`).
+/// candidate's launcher does not have the task's signature, [`MISMATCH`]: "more than one
+/// instance of overloaded function "launch" has "C" linkage", "too many arguments in function
+/// call", ...) as one error in the candidate's terms: the declaration the task expects, at the
+/// line of the candidate's own `launch`. Nothing changes when the candidate declares no
+/// `launch`, or for other errors on those lines (a truncated candidate leaves the shim inside
+/// its last function). `source` and `shim` are what [`Compiler::compile`] joined
+/// (`{source}\n{shim}`).
 fn explain_launcher_errors(diags: &mut Vec<Diagnostic>, source: &str, shim: &str) {
     // The shim's first line is line `offset + 1` of the built file.
     let offset = source.matches('\n').count() as u32 + 1;
     let shim_lines: Vec<&str> = shim.split('\n').collect();
     let on_launch = |d: &Diagnostic| {
         d.severity == "error"
+            && MISMATCH.is_match(&d.message)
             && d.file.as_deref() == Some(crate::inspect::SOURCE_NAME)
             && d.line
                 .and_then(|l| l.checked_sub(offset + 1))
@@ -1007,12 +1010,15 @@ fn explain_launcher_errors(diags: &mut Vec<Diagnostic>, source: &str, shim: &str
         return;
     };
     let stripped = cudarl_lex::c::strip_comments_and_strings(source);
-    let own = LAUNCH_CALL
+    let Some(own) = LAUNCH_CALL
         .find(&stripped)
-        .map(|m| stripped[..m.start()].matches('\n').count() as u32 + 1);
+        .map(|m| stripped[..m.start()].matches('\n').count() as u32 + 1)
+    else {
+        return;
+    };
     diags[first] = Diagnostic {
         file: Some(crate::inspect::SOURCE_NAME.into()),
-        line: own,
+        line: Some(own),
         severity: "error".into(),
         message: format!(
             "`launch` does not have the task's launcher signature; declare it exactly as `{}`",
@@ -1026,6 +1032,16 @@ fn explain_launcher_errors(diags: &mut Vec<Diagnostic>, source: &str, shim: &str
         i - 1 == first || !on_launch(d)
     });
 }
+
+/// What nvcc says of a call or declaration of `launch` that does not match the candidate's
+/// (the front end's words for a second C-linkage overload, a linkage clash, a wrong argument
+/// count or type).
+static MISMATCH: LazyLock<regex::Regex> = LazyLock::new(|| {
+    regex::Regex::new(
+        r#"has "C" linkage|linkage specification is incompatible|arguments in function call|is incompatible with parameter|declaration is incompatible|no suitable conversion"#,
+    )
+    .expect("re")
+});
 
 /// A declaration or definition of `launch`, in source with comments and strings blanked.
 static LAUNCH_CALL: LazyLock<regex::Regex> =

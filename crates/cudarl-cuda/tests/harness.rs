@@ -459,6 +459,19 @@ fn compile_errors_have_candidate_line_numbers() {
         "{errors:?}"
     );
 
+    // A truncated candidate (its last function never closed) leaves the shim inside that
+    // function: nvcc's errors there are not a signature mismatch and stay as nvcc said them.
+    let truncated = "#include <cuda_runtime.h>\n#include <stdint.h>\nextern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {\n    (void)a;\n";
+    let v = check_compile_only(va, truncated, &Rules::builtin(), &c).unwrap();
+    assert!(!v.compiled);
+    assert!(
+        v.diagnostics
+            .iter()
+            .all(|d| !d.message.contains("launcher signature")),
+        "{:?}",
+        v.diagnostics
+    );
+
     // Static rejects never reach nvcc.
     let evil = "#include <cstdlib>\nextern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) { system(\"id\"); }\n";
     let v = check_compile_only(va, evil, &Rules::builtin(), &c).unwrap();

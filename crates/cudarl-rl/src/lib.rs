@@ -56,6 +56,9 @@ pub enum RlError {
     /// The trainer, the harness or the file system failed.
     #[error("{0}")]
     Failed(String),
+    /// A store operation failed (the memo a run's progress is saved in).
+    #[error(transparent)]
+    Store(#[from] cudarl_store::StoreError),
 }
 
 impl From<cudarl_data::plot::PlotError> for RlError {

@@ -46,10 +46,6 @@ fn failed(what: &str, path: &Path, e: impl std::fmt::Display) -> RlError {
     RlError::Failed(format!("{what} {}: {e}", path.display()))
 }
 
-fn store(e: cudarl_store::StoreError) -> RlError {
-    RlError::Failed(e.to_string())
-}
-
 impl Progress {
     /// The saved progress of the run `run` (the node's cache key without [`LENGTH_PARAMS`]) in
     /// `memo` (the store's [`NAMESPACE`] namespace).
@@ -101,9 +97,9 @@ impl Progress {
             )?;
         }
         let key = self.key(step);
-        self.memo.put_dir(&key, dir).map_err(store)?;
+        self.memo.put_dir(&key, dir)?;
         for s in 1..step {
-            self.memo.remove(&self.key(s)).map_err(store)?;
+            self.memo.remove(&self.key(s))?;
         }
         self.memo
             .dir_entry(&key)

@@ -451,6 +451,7 @@ pub(crate) fn rl_err(e: cudarl_rl::RlError) -> StageError {
             message,
         },
         cudarl_rl::RlError::Failed(m) => StageError::Failed(m),
+        cudarl_rl::RlError::Store(e) => StageError::Store(e),
     }
 }
 

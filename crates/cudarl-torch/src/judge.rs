@@ -124,37 +124,46 @@ impl Fail {
 }
 
 /// Room a block's place is drawn in beyond the largest block, bytes: as much again as the
-/// block, at most this. 2^20 places of [`PLACE_UNIT`] bytes for any block of 256 MiB or more.
+/// block, at most this, and never less than the job's largest set (see [`arena_bytes`]).
+/// 2^20 places of [`PLACE_UNIT`] bytes for any block of 256 MiB or more.
 const PLACE_ROOM: u64 = 256 << 20;
 /// Granule an arena's size is rounded up to, bytes. An arena is allocated again only when a job
 /// needs more, or when it holds more than [`SHRINK_FACTOR`] times what the job needs and over
 /// [`SHRINK_ABOVE`] bytes, so a worker holds about what its current jobs need: each judge keeps
-/// two arenas, and `vector_add` at 2^26 elements (four tested sets of 768 MiB) takes 3.3 GiB
-/// where a power-of-two size with the room doubled took 8 GiB.
+/// two arenas, and `vector_add` at 2^26 elements (four tested sets of 768 MiB and a room of one
+/// set) comes to about 3.8 GiB, computed, where a power-of-two size with the room doubled held
+/// 8 GiB (judge trace of `benchmarks/results/main_job_h100_2026-12-05_judge_arenas_out_of_memory.json`).
 const ARENA_GRANULE: u64 = 64 << 20;
 /// An arena holding more than this many times a job's need is allocated again at the job's size.
 const SHRINK_FACTOR: u64 = 4;
-/// Arenas at most this large are kept whatever the job (reallocating costs more than it frees).
+/// Arenas at most this large are never shrunk (reallocating costs more than it frees); they
+/// still grow when a job needs more.
 const SHRINK_ABOVE: u64 = 1 << 30;
 
 /// Bytes of a job's arena: the largest block of tested sets (the seeds of a shape, at least the
 /// two of the cache probes) or the timing sets on `bench_shape`, whichever is larger, plus the
-/// room a block's place is drawn in (as much again, at most [`PLACE_ROOM`]).
+/// room a block's place is drawn in: as much again, at most [`PLACE_ROOM`], and at least the
+/// largest set. With that room the places a set of any window can take form one range (set `j`
+/// of a block lies in `[j s, j s + room]`, and these meet when `room >= s`), so where a set sits
+/// does not tell a test window from a timed one.
 ///
 /// # Errors
 /// A shape the task spec cannot lay out.
 fn arena_bytes(job: &RunJob, bench_shape: Option<&ShapeCase>) -> Result<u64, JudgeError> {
-    let mut bytes = 0u64;
+    let (mut bytes, mut largest_set) = (0u64, 0u64);
     let tested = job.seeds.len().max(2) as u64;
     for s in &job.shapes {
-        bytes = bytes.max(tested * set_layout(&job.task, &s.sizes)?.1);
+        let set = set_layout(&job.task, &s.sizes)?.1;
+        largest_set = largest_set.max(set);
+        bytes = bytes.max(tested * set);
     }
     if let (Some(b), Some(shape)) = (&job.bench, bench_shape)
         && let Ok((_, set)) = set_layout(&job.task, &shape.sizes)
     {
+        largest_set = largest_set.max(set);
         bytes = bytes.max(set * max_sets(b, set) as u64);
     }
-    Ok(CONTROL_BYTES + bytes + bytes.min(PLACE_ROOM))
+    Ok(CONTROL_BYTES + bytes + bytes.min(PLACE_ROOM).max(largest_set))
 }
 
 /// The size to allocate for an arena that must hold `need` bytes and holds `held` now: `None`
