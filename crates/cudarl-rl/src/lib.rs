@@ -18,6 +18,7 @@ pub mod credit;
 pub mod episode;
 pub mod families;
 pub mod harness;
+pub mod kb_eval;
 pub mod kb_judge;
 pub mod kernelbench;
 pub mod operators;

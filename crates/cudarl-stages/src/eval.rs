@@ -54,11 +54,11 @@ use serde_json::Value;
 
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
 use cudarl_rl::report::{
-    LevelOps, Metric, PRACTISED, Row, SummaryRow, TIER_SPLITS, is_kernelbench, ops_split,
+    Metric, PRACTISED, Row, SummaryRow, TIER_SPLITS, is_kernelbench, ops_split,
     practised_minus_control, report, summary, tier_split,
 };
 
-use cudarl_rl::kb_judge::KbJudge;
+use cudarl_rl::kb_eval::KbSet;
 use cudarl_rl::kernelbench::KbTask;
 use cudarl_tables::TableRow;
 use cudarl_tables::eval::EvalEpisodeRow;
@@ -227,83 +227,6 @@ struct Cost {
 /// [`Cost`] by (checkpoint, split).
 type CostBy = BTreeMap<(&'static str, &'static str), Cost>;
 
-/// The KernelBench problems `eval` runs by split, their judge, and the ops of the hold-out
-/// problems that no training task uses.
-struct KbSet {
-    /// `kernelbench/level{L}` ([`kb_split`]): the curriculum's `test` problems with a native
-    /// launcher, per level; then, when `rl-train` practised any, [`PRACTISED`]: the `train`
-    /// problems it practised.
-    by_split: Vec<(&'static str, Vec<KbTask>)>,
-    judge: KbJudge,
-    /// Per hold-out problem id, its ops that no training task uses
-    /// ([`cudarl_curriculum::ops::OpCoverage::novel`] over [`training_ops`]; empty: covered).
-    novel: BTreeMap<String, Vec<String>>,
-}
-
-impl KbSet {
-    /// The summary's splits: one per level, then [`PRACTISED`] when it has problems.
-    fn splits(&self) -> Vec<&'static str> {
-        self.by_split.iter().map(|l| l.0).collect()
-    }
-
-    /// Whether hold-out problem `id` uses an op no training task uses.
-    fn is_novel(&self, id: &str) -> bool {
-        self.novel.get(id).is_some_and(|o| !o.is_empty())
-    }
-
-    /// Per level, its problems against the training tasks' ops (the report's sentence on them).
-    fn level_ops(&self) -> Vec<LevelOps<'_>> {
-        self.by_split
-            .iter()
-            .filter(|(split, _)| *split != PRACTISED)
-            .map(|(split, tasks)| LevelOps {
-                split,
-                problems: tasks.len(),
-                novel: tasks
-                    .iter()
-                    .filter_map(|t| {
-                        let ops = self.novel.get(&t.id)?;
-                        (!ops.is_empty()).then_some((t.id.as_str(), ops.as_slice()))
-                    })
-                    .collect(),
-            })
-            .collect()
-    }
-}
-
-/// The ops the training tasks cover, in [`cudarl_curriculum::ops::op_names`]' vocabulary: the
-/// task families not held out (the `train` and `rl` splits of `ts`, each through its
-/// KernelBench-style source, [`TaskSpec::problem_source`]) and the curriculum's KernelBench
-/// `train` problems of `kb` (`(split, problem)`, launcher or not: the pretraining corpus holds
-/// their references, SFT and `rl-train` draw on those with one).
-fn training_ops(
-    ts: &cudarl_rl::tasks::TaskSet,
-    kb: &[(String, KbTask)],
-) -> cudarl_curriculum::ops::OpCoverage {
-    let families: Vec<String> = ts
-        .train
-        .iter()
-        .chain(&ts.rl)
-        .map(TaskSpec::problem_source)
-        .collect();
-    let problems = kb
-        .iter()
-        .filter(|(split, _)| split == "train")
-        .map(|(_, t)| t.code.as_str());
-    cudarl_curriculum::ops::OpCoverage::of(families.iter().map(String::as_str).chain(problems))
-}
-
-/// The split name of KernelBench level `level` in `summary` and `episodes`.
-fn kb_split(level: i64) -> &'static str {
-    match level {
-        1 => "kernelbench/level1",
-        2 => "kernelbench/level2",
-        3 => "kernelbench/level3",
-        4 => "kernelbench/level4",
-        _ => "kernelbench",
-    }
-}
-
 impl Eval {
     /// Episodes per KernelBench problem (0: none).
     fn kernelbench(&self) -> usize {
@@ -334,33 +257,7 @@ impl Eval {
             ctx.input_path("kb_problems")?,
         )
         .map_err(crate::common::rl_err)?;
-        let coverage = training_ops(ts, &all);
-        let (mut by_level, mut trained, mut novel) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
-        for (split, t) in all {
-            if t.signature.is_empty() || !judge.judges(&t.id) {
-                continue;
-            }
-            match split.as_str() {
-                "test" => {
-                    novel.insert(t.id.clone(), coverage.novel(&t.code));
-                    by_level
-                        .entry(kb_split(t.level))
-                        .or_insert_with(Vec::new)
-                        .push(t);
-                }
-                "train" if practised.contains(&t.id) => trained.push(t),
-                _ => {}
-            }
-        }
-        let mut by_split: Vec<(&'static str, Vec<KbTask>)> = by_level.into_iter().collect();
-        if !trained.is_empty() {
-            by_split.push((PRACTISED, trained));
-        }
-        Ok(Some(KbSet {
-            by_split,
-            judge,
-            novel,
-        }))
+        Ok(Some(KbSet::new(all, judge, ts, practised)))
     }
 
     /// The checkpoints evaluated, in order, with their generator and optimizer inputs.
@@ -802,6 +699,7 @@ fn practised_problems(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudarl_rl::kb_eval::training_ops;
 
     /// The bundled task families (`datasets/tasks` and the generated families of
     /// `pipelines/default.toml`) and KernelBench problems (`datasets/kernelbench`), split as
