@@ -1010,7 +1010,7 @@ fn explain_launcher_errors(diags: &mut Vec<Diagnostic>, source: &str, shim: &str
         return;
     };
     let stripped = cudarl_lex::c::strip_comments_and_strings(source);
-    let Some(own) = LAUNCH_CALL
+    let Some(own) = LAUNCH_DECL
         .find(&stripped)
         .map(|m| stripped[..m.start()].matches('\n').count() as u32 + 1)
     else {
@@ -1044,5 +1044,5 @@ static MISMATCH: LazyLock<regex::Regex> = LazyLock::new(|| {
 });
 
 /// A declaration or definition of `launch`, in source with comments and strings blanked.
-static LAUNCH_CALL: LazyLock<regex::Regex> =
+static LAUNCH_DECL: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"\bvoid\s+launch\s*\(").expect("re"));
