@@ -18,7 +18,6 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use cudarl_store::{Digest, Store};
@@ -241,7 +240,7 @@ impl Compiler {
         let mut out = self.cached(self.cache_key(source, shim, rules), || {
             self.build_native(&format!("{source}\n{shim}"), rules)
         })?;
-        explain_launcher_errors(&mut out.diagnostics, source, shim);
+        crate::task::explain_launcher_errors(&mut out.diagnostics, source, shim);
         Ok(out)
     }
 
@@ -975,74 +974,3 @@ fn unreadable(what: &str, why: impl std::fmt::Display) -> crate::static_check::F
         message: format!("the build's {what} could not be inspected: {why}"),
     }
 }
-
-/// Rewrites the errors nvcc reports inside the shim's lines that declare or call `launch` (the
-/// candidate's launcher does not have the task's signature, [`MISMATCH`]: "more than one
-/// instance of overloaded function "launch" has "C" linkage", "too many arguments in function
-/// call", ...) as one error in the candidate's terms: the declaration the task expects, at the
-/// line of the candidate's own `launch`. Nothing changes when the candidate declares no
-/// `launch`, or for other errors on those lines (a truncated candidate leaves the shim inside
-/// its last function). `source` and `shim` are what [`Compiler::compile`] joined
-/// (`{source}\n{shim}`).
-fn explain_launcher_errors(diags: &mut Vec<Diagnostic>, source: &str, shim: &str) {
-    // The shim's first line is line `offset + 1` of the built file.
-    let offset = source.matches('\n').count() as u32 + 1;
-    let shim_lines: Vec<&str> = shim.split('\n').collect();
-    let on_launch = |d: &Diagnostic| {
-        d.severity == "error"
-            && MISMATCH.is_match(&d.message)
-            && d.file.as_deref() == Some(crate::inspect::SOURCE_NAME)
-            && d.line
-                .and_then(|l| l.checked_sub(offset + 1))
-                .is_some_and(|i| {
-                    shim_lines
-                        .get(i as usize)
-                        .is_some_and(|t| t.contains("launch("))
-                })
-    };
-    let Some(first) = diags.iter().position(on_launch) else {
-        return;
-    };
-    let Some(signature) = shim_lines
-        .iter()
-        .find(|l| l.starts_with("extern \"C\" void launch("))
-    else {
-        return;
-    };
-    let stripped = cudarl_lex::c::strip_comments_and_strings(source);
-    let Some(own) = LAUNCH_DECL
-        .find(&stripped)
-        .map(|m| stripped[..m.start()].matches('\n').count() as u32 + 1)
-    else {
-        return;
-    };
-    diags[first] = Diagnostic {
-        file: Some(crate::inspect::SOURCE_NAME.into()),
-        line: Some(own),
-        severity: "error".into(),
-        message: format!(
-            "`launch` does not have the task's launcher signature; declare it exactly as `{}`",
-            signature.trim_end_matches(';')
-        ),
-        tool: "cudafe".into(),
-    };
-    let mut i = 0;
-    diags.retain(|d| {
-        i += 1;
-        i - 1 == first || !on_launch(d)
-    });
-}
-
-/// What nvcc says of a call or declaration of `launch` that does not match the candidate's
-/// (the front end's words for a second C-linkage overload, a linkage clash, a wrong argument
-/// count or type).
-static MISMATCH: LazyLock<regex::Regex> = LazyLock::new(|| {
-    regex::Regex::new(
-        r#"has "C" linkage|linkage specification is incompatible|arguments in function call|is incompatible with parameter|declaration is incompatible|no suitable conversion"#,
-    )
-    .expect("re")
-});
-
-/// A declaration or definition of `launch`, in source with comments and strings blanked.
-static LAUNCH_DECL: LazyLock<regex::Regex> =
-    LazyLock::new(|| regex::Regex::new(r"\bvoid\s+launch\s*\(").expect("re"));
