@@ -201,6 +201,17 @@ fn bad_pipeline_toml_unknown_stage_and_param() {
         &["run", "nosuchtarget"],
         &["unknown node `nosuchtarget`"],
     );
+    // A typo gets the nearest name.
+    assert_bad(
+        &p,
+        &["run", "curriculm"],
+        &["unknown node `curriculm`; did you mean `curriculum`?"],
+    );
+    assert_bad(
+        &p,
+        &["run", "--set", "valdiate.x=1"],
+        &["unknown node `valdiate`; did you mean `validate`?"],
+    );
     assert_bad(
         &p,
         &["run", "--set", "splits.test_fraction=0.95"],

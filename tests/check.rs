@@ -139,6 +139,19 @@ fn check_compile_only_verdicts() {
     let o = p.run(&[
         "check",
         "--task",
+        "vectr_add",
+        "--source",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown task `vectr_add`; did you mean `vector_add`?"),
+        "{}",
+        stderr(&o)
+    );
+    let o = p.run(&[
+        "check",
+        "--task",
         "vector_add",
         "--source",
         "/no/such/file.cu",

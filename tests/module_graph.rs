@@ -4,7 +4,8 @@
 //! stages share is in `cudarl-tables` and the crate's helper modules). A graph is read from the
 //! source as the compiler resolves it: every `crate::module` path outside comments, in `use`
 //! lines and inline, and the root's `pub use module::{...}` re-exports counted as their
-//! module; a module's `#[cfg(test)] mod tests` is left out.
+//! module; a module's `#[cfg(test)] mod tests` is left out. And no production function of any
+//! crate is longer than [`FUNCTION_LINES`], counted from its `fn` line to its closing brace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -226,4 +227,142 @@ fn no_stage_module_imports_another_stages_module() {
         "stage modules importing another stage's: {crossing:?}"
     );
     assert!(circle(&g).is_none(), "{:?}", circle(&g));
+}
+
+/// `src` with the text of comments, string literals (raw ones included) and character literals
+/// blanked out, newlines kept: what is left of braces is code.
+fn code_only(src: &str) -> String {
+    let b = src.as_bytes();
+    let mut out = String::with_capacity(src.len());
+    let blank = |s: &str, out: &mut String| {
+        out.extend(s.chars().map(|c| if c == '\n' { '\n' } else { ' ' }));
+    };
+    let raw = Regex::new(r#"^b?r(#*)""#).unwrap();
+    let chr = Regex::new(r"^'(\\.|\\u\{[0-9a-fA-F]+\}|[^'\\])'").unwrap();
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &src[i..];
+        let ident_before = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        let end = if rest.starts_with("//") {
+            rest.find('\n').unwrap_or(rest.len())
+        } else if let Some(body) = rest.strip_prefix("/*") {
+            body.find("*/").map_or(rest.len(), |j| j + 4)
+        } else if let Some(m) = raw.captures(rest).filter(|_| !ident_before) {
+            let close = format!("\"{}", &m[1]);
+            let open = m[0].len();
+            rest[open..]
+                .find(&close)
+                .map_or(rest.len(), |j| open + j + close.len())
+        } else if rest.starts_with('"') {
+            let mut j = 1;
+            while j < rest.len() && b[i + j] != b'"' {
+                j += if b[i + j] == b'\\' { 2 } else { 1 };
+            }
+            (j + 1).min(rest.len())
+        } else if let Some(m) = chr.find(rest) {
+            m.end()
+        } else {
+            let c = rest.chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+            continue;
+        };
+        blank(&rest[..end], &mut out);
+        i += end;
+    }
+    out
+}
+
+/// The functions of `src` (file text) longer than `limit` lines, from the line of `fn` to the
+/// closing brace, outside the file's `#[cfg(test)] mod tests`: (name, first line, lines).
+fn long_functions(src: &str, limit: usize) -> Vec<(String, usize, usize)> {
+    let tests = Regex::new(r"#\[cfg\(test\)\]\n(?:pub(?:\([^)]*\))?\s+)?mod tests\b").unwrap();
+    let src = tests.split(src).next().unwrap_or_default();
+    let code = code_only(src);
+    let lines: Vec<&str> = code.lines().collect();
+    let head =
+        Regex::new(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:(?:async|const|unsafe|extern)\s+)*fn\s+(\w+)")
+            .unwrap();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(c) = head.captures(l) else { continue };
+        let (mut depth, mut opened) = (0i64, false);
+        let mut end = None;
+        'scan: for (j, l) in lines.iter().enumerate().skip(i) {
+            for ch in l.chars() {
+                match ch {
+                    '{' => (depth, opened) = (depth + 1, true),
+                    '}' => depth -= 1,
+                    // A declaration without a body (a trait's, an extern block's).
+                    ';' if !opened => break 'scan,
+                    _ => {}
+                }
+                if opened && depth == 0 {
+                    end = Some(j);
+                    break 'scan;
+                }
+            }
+        }
+        if let Some(j) = end
+            && j - i + 1 > limit
+        {
+            out.push((c[1].to_string(), i + 1, j - i + 1));
+        }
+    }
+    out
+}
+
+/// The `.rs` files under `dir`, skipping `tests/` and `benches/` folders.
+fn production_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).expect("dir").flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        if p.is_dir() {
+            if name != "tests" && name != "benches" && name != "target" {
+                v.extend(production_files(&p));
+            }
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// Longest a production function may be, lines (docs/architecture.md, "Crates").
+const FUNCTION_LINES: usize = 120;
+
+#[test]
+fn no_production_function_is_longer_than_the_house_limit() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let files = production_files(&crates);
+    assert!(files.len() > 100, "{} files read", files.len());
+    let mut long = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (name, line, n) in long_functions(&text, FUNCTION_LINES) {
+            long.push(format!("{}:{line} {name} ({n} lines)", f.display()));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "production functions over {FUNCTION_LINES} lines (split them):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn function_lengths_see_through_strings_comments_and_raw_templates() {
+    let src = "fn short() {\n    let s = \"}}}\";\n    let c = '}';\n}\n\
+               /// doc { \n\
+               pub(crate) fn templated() -> &'static str {\n    r#\"\n}\n}\n}\n\"#\n}\n\
+               fn long() {\n    // {\n    /* } */\n    x();\n    y();\n}\n\
+               trait T {\n    fn declared(&self);\n}\n\
+               #[cfg(test)]\nmod tests {\n    fn ignored() {\n\n\n\n\n\n\n\n\n\n\n\n}\n}\n";
+    let got = long_functions(src, 4);
+    assert_eq!(
+        got,
+        vec![("templated".to_string(), 6, 7), ("long".to_string(), 13, 6)]
+    );
+    assert!(long_functions(src, 7).is_empty());
 }

@@ -176,9 +176,25 @@ fn editing_op_categories_reruns_only_curriculum() {
 #[test]
 fn status_dag_show_and_gc() {
     let p = Project::new();
-    let st = stdout(&p.run(&["status", "curriculum"]));
-    assert!(st.contains("MISSING  ingest-kernelbench"), "{st}");
+    p.run_json(&["run", "ingest-kernelbench"]);
+    let o = p.run(&["status", "curriculum", "--exit-code"]);
+    let st = stdout(&o);
+    assert!(st.contains("FRESH    ingest-kernelbench"), "{st}");
     assert!(st.contains("MISSING  curriculum"), "{st}");
+    // A last line counts them; `--exit-code` is 1 while anything reported is not fresh.
+    let n = |w: &str| st.lines().filter(|l| l.starts_with(w)).count();
+    assert_eq!(n("FRESH"), 1, "{st}");
+    assert_eq!(
+        st.lines().last().unwrap_or_default(),
+        format!(
+            "1 of {} nodes fresh, 0 stale, {} missing",
+            1 + n("MISSING"),
+            n("MISSING")
+        ),
+        "{st}"
+    );
+    assert_eq!(o.status.code(), Some(1), "{st}");
+    assert_eq!(p.run(&["status", "curriculum"]).status.code(), Some(0));
     let (_, sj) = p.run_json(&["status", "curriculum"]);
     assert_eq!(status_of(&sj, "curriculum"), "missing");
     p.run_json(&["run", "curriculum"]);
@@ -187,6 +203,8 @@ fn status_dag_show_and_gc() {
         assert_eq!(status_of(&sj, n), "fresh");
         assert_eq!(sj[n]["key"].as_str().unwrap().len(), 64);
     }
+    let o = p.run(&["status", "curriculum", "--exit-code"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 
     let dot = stdout(&p.run(&["dag", "--format", "dot"]));
     assert!(dot.contains("ingest_kernelbench -> curriculum"), "{dot}");
@@ -302,6 +320,130 @@ fn status_dag_show_and_gc() {
     assert_eq!(status_of(&sj, "curriculum"), "fresh");
 }
 
+/// Every file and folder under `dir` (relative path -> size and modification time), for
+/// "nothing created or changed" checks.
+fn tree(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u64, std::time::SystemTime)> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let m = e.metadata().unwrap();
+            let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
+            out.insert(rel, (m.len(), m.modified().unwrap()));
+            if m.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// The verbs that read the store create and change nothing: on a path with no store they stop
+/// with exit 2 naming it (and make no store there); on a built store they leave every file of
+/// the store and the project's lock file as they were. A run on another store keeps its lock
+/// file in that store, not in the project.
+#[test]
+fn read_verbs_create_and_change_nothing() {
+    let p = Project::new();
+    let out = p.path("out");
+    let o = out.to_str().unwrap();
+    let reads: [&[&str]; 8] = [
+        &["status"],
+        &["status", "curriculum", "--json"],
+        &["explain", "curriculum"],
+        &["show", "curriculum", "--head", "2"],
+        &["export", "curriculum", "--to", o],
+        &["export", "curriculum", "--format", "verl", "--to", o],
+        &["run", "curriculum", "--dry-run"],
+        &["gc", "--dry-run"],
+    ];
+    for args in reads {
+        let r = p.run(args);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {}", stderr(&r));
+        assert!(
+            stderr(&r).contains(&format!("no store at {}", p.store().display())),
+            "{args:?}: {}",
+            stderr(&r)
+        );
+        assert!(!p.store().exists(), "{args:?} made a store");
+    }
+    assert!(!out.exists());
+    // `dag` needs no store.
+    assert_eq!(p.run(&["dag"]).status.code(), Some(0));
+    assert!(!p.store().exists());
+
+    let r = p.run(&["run", "curriculum"]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    let lock = p.path("cudarl.lock");
+    let (store, lock_before) = (tree(&p.store()), std::fs::read(&lock).unwrap());
+    let lock_time = std::fs::metadata(&lock).unwrap().modified().unwrap();
+    for args in reads {
+        let r = p.run(args);
+        assert_eq!(r.status.code(), Some(0), "{args:?}: {}", stderr(&r));
+        let after = tree(&p.store());
+        let changed: Vec<&String> = (store.keys().chain(after.keys()))
+            .filter(|k| store.get(*k) != after.get(*k))
+            .collect();
+        assert!(
+            changed.is_empty(),
+            "{args:?} changed the store: {changed:?}"
+        );
+        assert_eq!(std::fs::read(&lock).unwrap(), lock_before, "{args:?}");
+        assert_eq!(
+            std::fs::metadata(&lock).unwrap().modified().unwrap(),
+            lock_time,
+            "{args:?}"
+        );
+    }
+    assert!(out.join("curriculum").is_dir(), "the export wrote nothing");
+
+    // A run on a scratch store writes its lock there; the project's stays as it was.
+    let scratch = p.path("scratch");
+    let s = scratch.to_str().unwrap();
+    let r = p.run(&["--store", s, "run", "curriculum", "--set", "splits.seed=3"]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    assert!(scratch.join("cudarl.lock").is_file());
+    assert_eq!(std::fs::read(&lock).unwrap(), lock_before);
+}
+
+/// `status --verify` re-hashes the stored files of fresh nodes: none changed after a run
+/// (exit 0); a blob edited in place (they are read-only on disk, so it takes a chmod) is named
+/// with its node, output and path (exit 1).
+#[test]
+fn status_verify_names_a_stored_file_that_changed() {
+    let p = Project::new();
+    let r = p.run(&["run", "splits"]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    let o = p.run(&["status", "splits", "--verify"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("verify: 0 stored file(s) changed"),
+        "{}",
+        stderr(&o)
+    );
+    let (_, sj) = p.run_json(&["status", "splits"]);
+    let hash = sj["splits"]["outputs"]["splits"]["hash"].as_str().unwrap();
+    let blob = p.store().join("cas").join(&hash[..2]).join(hash);
+    let perm = std::fs::metadata(&blob).unwrap().permissions();
+    assert!(perm.readonly(), "a store blob is writable: {blob:?}");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&blob, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes.push(b'\n');
+    std::fs::write(&blob, bytes).unwrap();
+    let o = p.run(&["status", "splits", "--verify"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("CHANGED  splits splits {}", blob.display()))
+            && stderr(&o).contains("verify: 1 stored file(s) changed"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// Exported Parquet opens in pyarrow and polars with the documented schema.
 /// `[profiles.NAME]` overrides, the `cpu` profile picked where no GPU is found, and the verbs
 /// that read the store reusing the last `run`'s settings.
@@ -393,6 +535,7 @@ fn export_opens_in_pyarrow_and_polars() {
     };
     let p = Project::new();
     let out = p.path("out");
+    p.run_json(&["run", "ingest-kernelbench"]);
     // Never built: named, with the command that builds it, and nothing written (exit 2).
     let o = p.run(&["export", "curriculum", "--to", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

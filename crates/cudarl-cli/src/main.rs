@@ -113,6 +113,14 @@ enum Command {
         /// One JSON object per node on stdout (JSON Lines; docs/json.md).
         #[arg(long)]
         json: bool,
+        /// Exit 1 when a reported node is not fresh (as `git diff --exit-code`), else 0.
+        #[arg(long)]
+        exit_code: bool,
+        /// Re-hash the stored files of every fresh node reported (its outputs, and the files
+        /// a table of them names by digest, e.g. a checkpoint's) and name any whose bytes no
+        /// longer match their hash (exit 1 then).
+        #[arg(long)]
+        verify: bool,
     },
     /// Why NODE is stale: one line per cause (params, inputs, code version, environment).
     Explain {

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::key::{InputFingerprint, InputOrigin, KEY_FORMAT, Preimage};
 use crate::lockfile::{LockFile, LockNode, LockOutput};
 use crate::manifest::{MANIFEST_FORMAT, Manifest, OutputRecord};
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Node, Pipeline};
 use crate::report::Reporter;
 use crate::stage::{
     InputSource, OutputKind, ResolveContext, ResolvedInput, RunPart, StageContext, StageError,
@@ -254,6 +254,8 @@ pub struct Engine {
     reporter: Arc<dyn Reporter>,
     jobs: usize,
     git_commit: OnceLock<Option<String>>,
+    /// Set by [`Engine::reading`]: stages' environments read store state and draw none.
+    read_only: bool,
 }
 
 /// Environment variable for fault injection in crash-safety tests: `NODE:POINT` makes the
@@ -335,7 +337,16 @@ impl Engine {
             reporter,
             jobs,
             git_commit: OnceLock::new(),
+            read_only: false,
         }
+    }
+
+    /// This engine for a verb that only reads the store (`status`, `explain`, `show`, ...):
+    /// the stages' environments see [`ResolveContext::read_only`] and create nothing in the
+    /// store (a key that needs state not drawn yet says so, and its node is not fresh).
+    pub fn reading(mut self) -> Engine {
+        self.read_only = true;
+        self
     }
 
     /// The pipeline.
@@ -362,6 +373,7 @@ impl Engine {
         let ctx = ResolveContext {
             root: self.root.clone(),
             store: self.store.clone(),
+            read_only: self.read_only,
         };
         let mut inputs = BTreeMap::new();
         let mut fps = BTreeMap::new();
@@ -612,9 +624,11 @@ impl Engine {
             }
             for t in targets {
                 let idx = self.pipeline.index_of(t).ok_or_else(|| {
+                    let names = self.pipeline.node_names();
                     config(format!(
-                        "unknown node `{t}` (nodes: {})",
-                        self.pipeline.node_names().join(", ")
+                        "unknown node `{t}`{} (nodes: {})",
+                        crate::suggest::did_you_mean(t, names.iter().map(String::as_str)),
+                        names.join(", ")
                     ))
                 })?;
                 let node = self.pipeline.node_at(idx);
@@ -716,37 +730,10 @@ impl Engine {
         let kind = node.stage.kind().to_string();
         let cv = node.stage.code_version();
         // Upstream outputs (all upstream nodes are finished when this runs).
-        let mut upstream = HashMap::new();
-        {
-            let res = st.results.lock().unwrap_or_else(|e| e.into_inner());
-            for u in self.pipeline.upstream(idx) {
-                let un = &self.pipeline.node_at(u).name;
-                match res.get(&u).and_then(|r| r.full_outputs.clone()) {
-                    Some(o) => {
-                        upstream.insert(un.clone(), o);
-                    }
-                    None => {
-                        let status = if st.opts.dry_run {
-                            NodeStatus::WouldRun
-                        } else {
-                            NodeStatus::Skipped
-                        };
-                        let mut r = NodeRecord::new(&node.name, &kind, cv, status)
-                            .with_dirty(vec![DirtyReason::UpstreamStale { node: un.clone() }]);
-                        if !st.opts.dry_run {
-                            // After a stop request an upstream node did not run for it.
-                            r.interrupted = crate::interrupt::requested();
-                            r.error = Some(if r.interrupted {
-                                "not started: interrupted".into()
-                            } else {
-                                format!("upstream `{un}` did not complete")
-                            });
-                        }
-                        return r;
-                    }
-                }
-            }
-        }
+        let upstream = match self.upstream_outputs(idx, st) {
+            Ok(u) => u,
+            Err(un) => return upstream_incomplete(&node.name, (&kind, cv), &un, st.opts),
+        };
         let prep = match self.prepare(idx, &upstream) {
             Ok(p) => p,
             Err(e) => {
@@ -816,21 +803,32 @@ impl Engine {
         };
         let mut rec = match self.execute(idx, &key, prep, part, st.run_id) {
             Ok(r) => r,
-            Err((e, warnings)) => {
-                let mut r = NodeRecord::new(&node.name, &kind, cv, NodeStatus::Failed);
-                r.bad_input = e.is_bad_input();
-                // A stage that failed after a stop was requested most likely failed of it
-                // (a terminal's Ctrl-C also reaches the processes it started).
-                r.interrupted =
-                    matches!(e, StageError::Interrupted(_)) || crate::interrupt::requested();
-                r.error = Some(e.to_string());
-                r.warnings = warnings;
-                r
-            }
+            Err((e, warnings)) => execute_failed(&node.name, (&kind, cv), e, warnings),
         };
         rec = rec.with_dirty(dirty);
         rec.key = Some(key);
         rec
+    }
+
+    /// The full outputs of node `idx`'s upstream nodes by name, from the finished records; the
+    /// name of the first upstream node without outputs (not run, failed or skipped) instead.
+    fn upstream_outputs(
+        &self,
+        idx: usize,
+        st: &SchedState<'_>,
+    ) -> Result<HashMap<String, BTreeMap<String, OutputRecord>>, String> {
+        let mut upstream = HashMap::new();
+        let res = st.results.lock().unwrap_or_else(|e| e.into_inner());
+        for u in self.pipeline.upstream(idx) {
+            let un = &self.pipeline.node_at(u).name;
+            match res.get(&u).and_then(|r| r.full_outputs.clone()) {
+                Some(o) => {
+                    upstream.insert(un.clone(), o);
+                }
+                None => return Err(un.clone()),
+            }
+        }
+        Ok(upstream)
     }
 
     fn execute(
@@ -859,9 +857,11 @@ impl Engine {
         fault_point(&node.name, "before-run");
         let t0 = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| node.stage.run(&mut ctx)));
-        let seconds = t0.elapsed().as_secs_f64();
-        let warnings = ctx.warnings.clone();
-        let stats = ctx.stats.clone();
+        let ran = StageRun {
+            seconds: t0.elapsed().as_secs_f64(),
+            warnings: ctx.warnings.clone(),
+            stats: ctx.stats.clone(),
+        };
         let referenced_blobs: Vec<Digest> = ctx.referenced.iter().copied().collect();
         match result {
             Err(panic) => {
@@ -872,67 +872,92 @@ impl Engine {
                     .unwrap_or_else(|| "unknown panic".into());
                 return Err((
                     StageError::Failed(format!("stage panicked: {msg}")),
-                    warnings,
+                    ran.warnings,
                 ));
             }
-            Ok(Err(e)) => return Err((e, warnings)),
+            Ok(Err(e)) => return Err((e, ran.warnings)),
             Ok(Ok(())) => {}
         }
         if let RunPart::Shard { .. } = part {
-            // The shard's rows are in the memo; the record says this shard finished this key
-            // (written once: a re-run of a finished shard leaves the first record).
-            if let Some(shared) = self.store.shared() {
-                let record = serde_json::json!({
-                    "node": node.name,
-                    "key": key,
-                    "shard": part.label(),
-                    "seconds": seconds,
-                    "finished_unix_ms": now_ms(),
-                    "host": std::env::var("HOSTNAME").unwrap_or_default(),
-                    "stats": stats,
-                });
-                let rel = format!("shards/{}/{key}/{}.json", node.name, part.label());
-                shared
-                    .put_new(&rel, &serde_json::to_vec_pretty(&record).expect("json"))
-                    .map_err(|e| (e.into(), warnings.clone()))?;
-            }
-            let mut r = NodeRecord::new(
-                &node.name,
-                node.stage.kind(),
-                node.stage.code_version(),
-                NodeStatus::Shard,
-            );
-            r.seconds = seconds;
-            r.warnings = warnings;
-            r.stats = stats;
-            return Ok(r);
+            return self.finish_shard(node, key, part, ran);
         }
         fault_point(&node.name, "after-run");
+        let outputs = self.ingest_outputs(node, tmp.path(), &ran.warnings)?;
+        fault_point(&node.name, "before-manifest");
+        let manifest = Manifest {
+            format: MANIFEST_FORMAT,
+            node: node.name.clone(),
+            key: key.to_string(),
+            preimage: prep.preimage,
+            outputs: outputs.clone(),
+            warnings: ran.warnings.clone(),
+            referenced_blobs,
+            seconds: ran.seconds,
+            finished_unix_ms: now_ms(),
+            git_commit: self
+                .git_commit
+                .get_or_init(|| read_git_commit(&self.root))
+                .clone(),
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+        self.store
+            .write_action(&node.name, key, &bytes)
+            .map_err(|e| (e.into(), ran.warnings.clone()))?;
+        Ok(ran.record(node, NodeStatus::Ran).with_outputs(outputs))
+    }
+
+    /// The record of a shard of `node` that ran (`part`, its rows in the memo), after writing
+    /// the shared store's record that this shard finished `key` (once: a re-run of a finished
+    /// shard leaves the first record).
+    fn finish_shard(
+        &self,
+        node: &Node,
+        key: &str,
+        part: RunPart,
+        ran: StageRun,
+    ) -> Result<NodeRecord, (StageError, Vec<String>)> {
+        if let Some(shared) = self.store.shared() {
+            let record = serde_json::json!({
+                "node": node.name,
+                "key": key,
+                "shard": part.label(),
+                "seconds": ran.seconds,
+                "finished_unix_ms": now_ms(),
+                "host": std::env::var("HOSTNAME").unwrap_or_default(),
+                "stats": ran.stats,
+            });
+            let rel = format!("shards/{}/{key}/{}.json", node.name, part.label());
+            shared
+                .put_new(&rel, &serde_json::to_vec_pretty(&record).expect("json"))
+                .map_err(|e| (e.into(), ran.warnings.clone()))?;
+        }
+        Ok(ran.record(node, NodeStatus::Shard))
+    }
+
+    /// Checks the outputs `node` wrote into `dir` against its declarations and ingests them
+    /// into the store; errors carry the stage's `warnings`.
+    fn ingest_outputs(
+        &self,
+        node: &Node,
+        dir: &Path,
+        warnings: &[String],
+    ) -> Result<BTreeMap<String, OutputRecord>, (StageError, Vec<String>)> {
+        let failed = |m: String| (StageError::Failed(m), warnings.to_vec());
         let mut outputs = BTreeMap::new();
         for decl in &node.outputs {
-            let path = tmp.path().join(decl.file_name());
-            let meta = std::fs::metadata(&path).map_err(|_| {
-                (
-                    StageError::Failed(format!("stage did not write its output `{}`", decl.name)),
-                    warnings.clone(),
-                )
-            })?;
+            let path = dir.join(decl.file_name());
+            let meta = std::fs::metadata(&path)
+                .map_err(|_| failed(format!("stage did not write its output `{}`", decl.name)))?;
             let (rows, sh) = match &decl.kind {
                 OutputKind::Table(expected) => {
-                    let (rows, actual) = inspect_parquet(&path).map_err(|m| {
-                        (
-                            StageError::Failed(format!("output `{}`: {m}", decl.name)),
-                            warnings.clone(),
-                        )
-                    })?;
+                    let (rows, actual) = inspect_parquet(&path)
+                        .map_err(|m| failed(format!("output `{}`: {m}", decl.name)))?;
                     if let Some(d) = schema_mismatch(expected, &actual) {
-                        return Err((
-                            StageError::Failed(format!(
-                                "output `{}` does not match its declared schema: {d}",
-                                decl.name
-                            )),
-                            warnings,
-                        ));
+                        return Err(failed(format!(
+                            "output `{}` does not match its declared schema: {d}",
+                            decl.name
+                        )));
                     }
                     (Some(rows), Some(schema_hash(expected)))
                 }
@@ -941,7 +966,7 @@ impl Engine {
             let hash = self
                 .store
                 .ingest_file(&path)
-                .map_err(|e| (e.into(), warnings.clone()))?;
+                .map_err(|e| (e.into(), warnings.to_vec()))?;
             outputs.insert(
                 decl.name.clone(),
                 OutputRecord {
@@ -953,38 +978,7 @@ impl Engine {
                 },
             );
         }
-        fault_point(&node.name, "before-manifest");
-        let manifest = Manifest {
-            format: MANIFEST_FORMAT,
-            node: node.name.clone(),
-            key: key.to_string(),
-            preimage: prep.preimage,
-            outputs: outputs.clone(),
-            warnings: warnings.clone(),
-            referenced_blobs,
-            seconds,
-            finished_unix_ms: now_ms(),
-            git_commit: self
-                .git_commit
-                .get_or_init(|| read_git_commit(&self.root))
-                .clone(),
-            tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        };
-        let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
-        self.store
-            .write_action(&node.name, key, &bytes)
-            .map_err(|e| (e.into(), warnings.clone()))?;
-        let mut r = NodeRecord::new(
-            &node.name,
-            node.stage.kind(),
-            node.stage.code_version(),
-            NodeStatus::Ran,
-        )
-        .with_outputs(outputs);
-        r.seconds = seconds;
-        r.warnings = warnings;
-        r.stats = stats;
-        Ok(r)
+        Ok(outputs)
     }
 
     fn update_lock(&self, records: &[NodeRecord]) -> Result<(), EngineError> {
@@ -1102,6 +1096,77 @@ pub type GcRoots = (
     std::collections::HashSet<(String, String)>,
     std::collections::HashSet<Digest>,
 );
+
+/// What a stage's run left for its node's record: its wall time (seconds), its warnings and
+/// its counters.
+struct StageRun {
+    seconds: f64,
+    warnings: Vec<String>,
+    stats: BTreeMap<String, serde_json::Value>,
+}
+
+impl StageRun {
+    /// The record of `node` with `status` and this run's time, warnings and counters.
+    fn record(self, node: &Node, status: NodeStatus) -> NodeRecord {
+        let mut r = NodeRecord::new(
+            &node.name,
+            node.stage.kind(),
+            node.stage.code_version(),
+            status,
+        );
+        r.seconds = self.seconds;
+        r.warnings = self.warnings;
+        r.stats = self.stats;
+        r
+    }
+}
+
+/// The record of node `name` (stage `kind`, code version `cv`) whose upstream node `un` did
+/// not complete: `would-run` on a dry run, else `skipped` (interrupted after a stop request).
+fn upstream_incomplete(
+    name: &str,
+    (kind, cv): (&str, u32),
+    un: &str,
+    opts: &RunOptions,
+) -> NodeRecord {
+    let status = if opts.dry_run {
+        NodeStatus::WouldRun
+    } else {
+        NodeStatus::Skipped
+    };
+    let mut r =
+        NodeRecord::new(name, kind, cv, status).with_dirty(vec![DirtyReason::UpstreamStale {
+            node: un.to_string(),
+        }]);
+    if !opts.dry_run {
+        // After a stop request an upstream node did not run for it.
+        r.interrupted = crate::interrupt::requested();
+        r.error = Some(if r.interrupted {
+            "not started: interrupted".into()
+        } else {
+            format!("upstream `{un}` did not complete")
+        });
+    }
+    r
+}
+
+/// The `failed` record of node `name` (stage `kind`, code version `cv`) whose stage failed
+/// with `e`, after `warnings`.
+fn execute_failed(
+    name: &str,
+    (kind, cv): (&str, u32),
+    e: StageError,
+    warnings: Vec<String>,
+) -> NodeRecord {
+    let mut r = NodeRecord::new(name, kind, cv, NodeStatus::Failed);
+    r.bad_input = e.is_bad_input();
+    // A stage that failed after a stop was requested most likely failed of it
+    // (a terminal's Ctrl-C also reaches the processes it started).
+    r.interrupted = matches!(e, StageError::Interrupted(_)) || crate::interrupt::requested();
+    r.error = Some(e.to_string());
+    r.warnings = warnings;
+    r
+}
 
 struct SchedState<'a> {
     pending: &'a [AtomicUsize],

@@ -24,6 +24,7 @@ pub mod pipeline;
 pub mod report;
 pub mod stage;
 pub mod stale;
+pub mod suggest;
 pub mod table;
 
 pub use cudarl_store::{Digest, GcGuard, Memo, SharedCache, Store, StoreError};

@@ -290,11 +290,12 @@ fn apply_override(
         .split_once('.')
         .ok_or_else(|| config_err(source, lhs.to_string(), "expected NODE.KEY=VALUE"))?;
     let names = tables.keys().cloned().collect::<Vec<_>>().join(", ");
+    let hint = crate::suggest::did_you_mean(node, tables.keys().map(String::as_str));
     let table = tables.get_mut(node).ok_or_else(|| {
         config_err(
             source,
             lhs.to_string(),
-            format!("unknown node `{node}` (nodes: {names})"),
+            format!("unknown node `{node}`{hint} (nodes: {names})"),
         )
     })?;
     let parts: Vec<&str> = key.split('.').collect();
@@ -311,6 +312,146 @@ fn apply_override(
     Ok(())
 }
 
+/// Node `node_name` of pipeline file `file` from its table: the stage `factory` builds of its
+/// `stage` kind (the node's name by default) and the rest of the table, with its `inputs`
+/// overrides applied.
+///
+/// # Errors
+/// Bad node name, `stage` or `inputs`, unknown stage kind, bad params, an override of an input
+/// the stage does not have ([`StageError::Config`] naming `file` and the field).
+fn build_node(
+    file: &str,
+    node_name: String,
+    mut table: toml::Table,
+    factory: &dyn StageFactory,
+) -> Result<Node, StageError> {
+    cudarl_store::validate_name("node", &node_name)
+        .map_err(|e| config_err(file, format!("stages.{node_name}"), e.to_string()))?;
+    let kind = match table.remove("stage") {
+        None => node_name.clone(),
+        Some(toml::Value::String(s)) => s,
+        Some(_) => {
+            return Err(config_err(
+                file,
+                format!("stages.{node_name}.stage"),
+                "must be a string",
+            ));
+        }
+    };
+    let overrides = input_overrides(file, &node_name, table.remove("inputs"))?;
+    if !factory.kinds().contains(&kind.as_str()) {
+        return Err(config_err(
+            file,
+            format!("stages.{node_name}"),
+            format!(
+                "unknown stage `{kind}` (known stages: {})",
+                factory.kinds().join(", ")
+            ),
+        ));
+    }
+    let stage = factory
+        .build(&kind, &node_name, table)
+        .map_err(|m| config_err(file, format!("stages.{node_name}"), m.0))?;
+    let mut inputs = stage.inputs();
+    for (k, (n, o)) in &overrides {
+        let decl = inputs.iter_mut().find(|d| &d.name == k).ok_or_else(|| {
+            config_err(
+                file,
+                format!("stages.{node_name}.inputs.{k}"),
+                format!("stage `{kind}` has no input `{k}`"),
+            )
+        })?;
+        decl.source = InputSource::Node {
+            node: n.clone(),
+            output: o.clone(),
+        };
+    }
+    let outputs = stage.outputs();
+    Ok(Node {
+        name: node_name,
+        stage,
+        inputs,
+        outputs,
+    })
+}
+
+/// A node's `inputs = { INPUT = "NODE.OUTPUT" }` table (`value`; absent: none) as input name
+/// to (node, output).
+///
+/// # Errors
+/// Not a table, or an entry not of the form `"NODE.OUTPUT"` ([`StageError::Config`] naming
+/// `file` and the field).
+fn input_overrides(
+    file: &str,
+    node_name: &str,
+    value: Option<toml::Value>,
+) -> Result<BTreeMap<String, (String, String)>, StageError> {
+    match value {
+        None => Ok(BTreeMap::new()),
+        Some(toml::Value::Table(t)) => {
+            let mut m = BTreeMap::new();
+            for (k, v) in t {
+                let bad = || {
+                    config_err(
+                        file,
+                        format!("stages.{node_name}.inputs.{k}"),
+                        "must be \"NODE.OUTPUT\"",
+                    )
+                };
+                let s = v.as_str().ok_or_else(bad)?;
+                let (n, o) = s.split_once('.').ok_or_else(bad)?;
+                m.insert(k, (n.to_string(), o.to_string()));
+            }
+            Ok(m)
+        }
+        Some(_) => Err(config_err(
+            file,
+            format!("stages.{node_name}.inputs"),
+            "must be a table",
+        )),
+    }
+}
+
+/// The dependency graph of `nodes` (weights: node indices; edges: upstream to downstream,
+/// weighted by the input's name); `index` maps node names to indices.
+///
+/// # Errors
+/// An input naming a node not in the pipeline, or an output that node does not have
+/// ([`StageError::Config`] naming `file` and the input).
+fn link(
+    file: &str,
+    nodes: &[Node],
+    index: &HashMap<String, usize>,
+) -> Result<DiGraph<usize, String>, StageError> {
+    let mut graph = DiGraph::new();
+    let gi: Vec<NodeIndex> = (0..nodes.len()).map(|i| graph.add_node(i)).collect();
+    for (i, n) in nodes.iter().enumerate() {
+        for inp in &n.inputs {
+            if let InputSource::Node { node, output } = &inp.source {
+                let Some(&j) = index.get(node) else {
+                    return Err(config_err(
+                        file,
+                        format!("stages.{}.inputs.{}", n.name, inp.name),
+                        format!(
+                            "input `{}` needs node `{node}`, which is not in this pipeline (add a [stages.{node}] table)",
+                            inp.name
+                        ),
+                    ));
+                };
+                if !nodes[j].outputs.iter().any(|o| &o.name == output) {
+                    return Err(config_err(
+                        file,
+                        format!("stages.{}.inputs.{}", n.name, inp.name),
+                        format!("node `{node}` has no output `{output}`"),
+                    ));
+                }
+                graph.add_edge(gi[j], gi[i], inp.name.clone());
+            }
+        }
+    }
+    Ok(graph)
+}
+
 impl Pipeline {
     /// Builds and validates a pipeline from node tables.
     ///
@@ -324,117 +465,15 @@ impl Pipeline {
         factory: &dyn StageFactory,
     ) -> Result<Pipeline, StageError> {
         let mut nodes = Vec::new();
-        for (node_name, mut table) in tables {
-            cudarl_store::validate_name("node", &node_name)
-                .map_err(|e| config_err(file, format!("stages.{node_name}"), e.to_string()))?;
-            let kind = match table.remove("stage") {
-                None => node_name.clone(),
-                Some(toml::Value::String(s)) => s,
-                Some(_) => {
-                    return Err(config_err(
-                        file,
-                        format!("stages.{node_name}.stage"),
-                        "must be a string",
-                    ));
-                }
-            };
-            let overrides = match table.remove("inputs") {
-                None => BTreeMap::new(),
-                Some(toml::Value::Table(t)) => {
-                    let mut m = BTreeMap::new();
-                    for (k, v) in t {
-                        let s = v.as_str().ok_or_else(|| {
-                            config_err(
-                                file,
-                                format!("stages.{node_name}.inputs.{k}"),
-                                "must be \"NODE.OUTPUT\"",
-                            )
-                        })?;
-                        let (n, o) = s.split_once('.').ok_or_else(|| {
-                            config_err(
-                                file,
-                                format!("stages.{node_name}.inputs.{k}"),
-                                "must be \"NODE.OUTPUT\"",
-                            )
-                        })?;
-                        m.insert(k, (n.to_string(), o.to_string()));
-                    }
-                    m
-                }
-                Some(_) => {
-                    return Err(config_err(
-                        file,
-                        format!("stages.{node_name}.inputs"),
-                        "must be a table",
-                    ));
-                }
-            };
-            if !factory.kinds().contains(&kind.as_str()) {
-                return Err(config_err(
-                    file,
-                    format!("stages.{node_name}"),
-                    format!(
-                        "unknown stage `{kind}` (known stages: {})",
-                        factory.kinds().join(", ")
-                    ),
-                ));
-            }
-            let stage = factory
-                .build(&kind, &node_name, table)
-                .map_err(|m| config_err(file, format!("stages.{node_name}"), m.0))?;
-            let mut inputs = stage.inputs();
-            for (k, (n, o)) in &overrides {
-                let decl = inputs.iter_mut().find(|d| &d.name == k).ok_or_else(|| {
-                    config_err(
-                        file,
-                        format!("stages.{node_name}.inputs.{k}"),
-                        format!("stage `{kind}` has no input `{k}`"),
-                    )
-                })?;
-                decl.source = InputSource::Node {
-                    node: n.clone(),
-                    output: o.clone(),
-                };
-            }
-            let outputs = stage.outputs();
-            nodes.push(Node {
-                name: node_name,
-                stage,
-                inputs,
-                outputs,
-            });
+        for (node_name, table) in tables {
+            nodes.push(build_node(file, node_name, table, factory)?);
         }
         let index: HashMap<String, usize> = nodes
             .iter()
             .enumerate()
             .map(|(i, n)| (n.name.clone(), i))
             .collect();
-        let mut graph = DiGraph::new();
-        let gi: Vec<NodeIndex> = (0..nodes.len()).map(|i| graph.add_node(i)).collect();
-        for (i, n) in nodes.iter().enumerate() {
-            for inp in &n.inputs {
-                if let InputSource::Node { node, output } = &inp.source {
-                    let Some(&j) = index.get(node) else {
-                        return Err(config_err(
-                            file,
-                            format!("stages.{}.inputs.{}", n.name, inp.name),
-                            format!(
-                                "input `{}` needs node `{node}`, which is not in this pipeline (add a [stages.{node}] table)",
-                                inp.name
-                            ),
-                        ));
-                    };
-                    if !nodes[j].outputs.iter().any(|o| &o.name == output) {
-                        return Err(config_err(
-                            file,
-                            format!("stages.{}.inputs.{}", n.name, inp.name),
-                            format!("node `{node}` has no output `{output}`"),
-                        ));
-                    }
-                    graph.add_edge(gi[j], gi[i], inp.name.clone());
-                }
-            }
-        }
+        let graph = link(file, &nodes, &index)?;
         let topo = toposort(&graph, None)
             .map_err(|c| {
                 config_err(
@@ -554,13 +593,17 @@ impl Pipeline {
         let mut keep = vec![false; self.nodes.len()];
         let mut stack = Vec::new();
         for t in targets {
-            let i = self.index_of(t).ok_or_else(|| StageError::Config {
-                file: self.file.clone(),
-                field: None,
-                message: format!(
-                    "unknown node `{t}` (nodes: {})",
-                    self.node_names().join(", ")
-                ),
+            let i = self.index_of(t).ok_or_else(|| {
+                let names = self.node_names();
+                StageError::Config {
+                    file: self.file.clone(),
+                    field: None,
+                    message: format!(
+                        "unknown node `{t}`{} (nodes: {})",
+                        crate::suggest::did_you_mean(t, names.iter().map(String::as_str)),
+                        names.join(", ")
+                    ),
+                }
             })?;
             stack.push(i);
         }

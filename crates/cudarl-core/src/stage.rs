@@ -119,6 +119,9 @@ pub struct ResolveContext {
     pub root: PathBuf,
     /// The store (for store-scoped environment such as the hidden-seed salt).
     pub store: Store,
+    /// The verb only reads the store ([`crate::Engine::reading`]): read its state, draw none
+    /// (no new salt; what is not drawn yet goes into the key as such).
+    pub read_only: bool,
 }
 
 /// Errors a stage (or its configuration) reports. The CLI maps [`StageError::BadInput`] and

@@ -136,45 +136,30 @@ impl KbNative {
              std::vector<int64_t> cudarl_z) {{\n    launch({});\n}}\n",
             call.join(", ")
         );
-        let dtype = |d: Option<&str>| match d.unwrap_or("f32") {
-            "f16" => "torch.float16",
-            "bf16" => "torch.bfloat16",
-            "i64" => "torch.int64",
-            "i32" => "torch.int32",
-            "bool" => "torch.bool",
-            _ => "torch.float32",
-        };
-        let state = |b: &KbBuffer| b.state_name.clone().unwrap_or_else(|| b.name.clone());
-        // Python names: each input is an argument of `forward` (`x_<name>`), each parameter a
-        // local (`p_<name>`), each size a local (`n_<name>`), so no name of the problem's can
-        // shadow another.
-        let input_var = |b: &KbBuffer| format!("x_{}", b.name);
-        let size_var = |n: &str| format!("n_{n}");
-        let value_of = |n: &str| {
-            self.sizes
-                .iter()
-                .position(|s| s == n)
-                .map_or(1, |i| self.size_values[i])
-        };
-        // A dimension: a size name (its local in forward, its value in __init__) or a literal
-        // extent (kb-specs writes literal extents as strings, "1").
-        let dim = |d: &Value, at_init: bool| -> String {
-            match d.as_str() {
-                Some(s) if s.parse::<i64>().is_ok() => s.to_string(),
-                Some(s) if at_init => value_of(s).to_string(),
-                Some(s) => size_var(s),
-                None => d.to_string(),
-            }
-        };
-        let shape = |b: &KbBuffer, at_init: bool| -> String {
-            let d: Vec<String> = b.dims.iter().map(|d| dim(d, at_init)).collect();
-            format!("[{}]", d.join(", "))
-        };
-        // __init__: the parameters, uninitialized, under the reference's state-dict names.
+        let init = self.model_new_init();
+        let fwd = self.model_new_forward();
+        let args: Vec<String> = self.inputs.iter().map(py_input_var).collect();
+        let tag = &blake3::hash(source.as_bytes()).to_hex()[..12];
+        MODEL_NEW
+            .replace("{note}", note)
+            .replace("{id}", id)
+            .replace("{tag}", tag)
+            .replace("{init}", &init.join("\n"))
+            .replace("{args}", &args.join(", "))
+            .replace("{forward}", &fwd.join("\n"))
+            .replace("{headers}", &py_str(&headers))
+            .replace("{binding}", &py_str(&binding))
+            // Last: nothing in the candidate's source is taken for a placeholder.
+            .replace("{kernel}", &py_str(source))
+    }
+
+    /// The `ModelNew` `__init__` lines: the parameters, uninitialized, registered under the
+    /// reference's state-dict names (with an empty `nn.Module` for each holder on the way).
+    fn model_new_init(&self) -> Vec<String> {
         let mut init = Vec::new();
         let mut holders = std::collections::BTreeSet::new();
         for b in &self.params {
-            let path = state(b);
+            let path = py_state_name(b);
             let parts: Vec<&str> = path.split('.').collect();
             let owner = |k: usize| {
                 if k == 0 {
@@ -196,18 +181,22 @@ impl KbNative {
                 "        {}.register_parameter(\n            {}, nn.Parameter(torch.empty({}, dtype={}), requires_grad=False)\n        )",
                 owner(parts.len() - 1),
                 py_str(parts[parts.len() - 1]),
-                shape(b, true),
-                dtype(b.dtype.as_deref())
+                self.py_shape(b, true),
+                py_dtype(b.dtype.as_deref())
             ));
         }
-        // forward: the parameters, each size read from the first input or parameter that
-        // carries it (else the problem's value), the outputs allocated, one launch.
+        init
+    }
+
+    /// The `ModelNew` `forward` lines: the parameters, each size read from the first input or
+    /// parameter that carries it (else the problem's value), the outputs allocated, one launch.
+    fn model_new_forward(&self) -> Vec<String> {
         let mut fwd = Vec::new();
         for b in &self.params {
             fwd.push(format!(
                 "        p_{} = self.get_parameter({}).detach()",
                 b.name,
-                py_str(&state(b))
+                py_str(&py_state_name(b))
             ));
         }
         let tensor_inputs: Vec<KbBuffer> = self
@@ -223,18 +212,18 @@ impl KbNative {
                     Some(format!("{}.shape[{d}]", var(b)))
                 })
             };
-            let read = carried(&tensor_inputs, &input_var)
+            let read = carried(&tensor_inputs, &py_input_var)
                 .or_else(|| carried(&self.params, &|b| format!("p_{}", b.name)))
                 .unwrap_or_else(|| v.to_string());
-            fwd.push(format!("        {} = {read}", size_var(n)));
+            fwd.push(format!("        {} = {read}", py_size_var(n)));
         }
         let device = tensor_inputs
             .first()
-            .map(|b| format!("{}.device", input_var(b)))
+            .map(|b| format!("{}.device", py_input_var(b)))
             .unwrap_or_else(|| "\"cuda\"".into());
         let mut tensors: Vec<String> = tensor_inputs
             .iter()
-            .map(|b| format!("{}.contiguous()", input_var(b)))
+            .map(|b| format!("{}.contiguous()", py_input_var(b)))
             .collect();
         tensors.extend(
             self.params
@@ -245,8 +234,8 @@ impl KbNative {
         for (o, b) in outs.iter().zip(&self.outputs) {
             fwd.push(format!(
                 "        {o} = torch.empty({}, dtype={}, device={device})",
-                shape(b, false),
-                dtype(b.dtype.as_deref())
+                self.py_shape(b, false),
+                py_dtype(b.dtype.as_deref())
             ));
         }
         tensors.extend(outs.iter().cloned());
@@ -254,9 +243,9 @@ impl KbNative {
             .inputs
             .iter()
             .filter(|b| b.scalar.is_some())
-            .map(&input_var)
+            .map(py_input_var)
             .collect();
-        let sizes: Vec<String> = self.sizes.iter().map(|n| size_var(n)).collect();
+        let sizes: Vec<String> = self.sizes.iter().map(|n| py_size_var(n)).collect();
         fwd.push(format!(
             "        _EXT.cudarl_run(\n            [{}],\n            [{}],\n            [{}],\n        )",
             tensors.join(", "),
@@ -271,19 +260,28 @@ impl KbNative {
                 outs.join(", ")
             }
         ));
-        let args: Vec<String> = self.inputs.iter().map(&input_var).collect();
-        let tag = &blake3::hash(source.as_bytes()).to_hex()[..12];
-        MODEL_NEW
-            .replace("{note}", note)
-            .replace("{id}", id)
-            .replace("{tag}", tag)
-            .replace("{init}", &init.join("\n"))
-            .replace("{args}", &args.join(", "))
-            .replace("{forward}", &fwd.join("\n"))
-            .replace("{headers}", &py_str(&headers))
-            .replace("{binding}", &py_str(&binding))
-            // Last: nothing in the candidate's source is taken for a placeholder.
-            .replace("{kernel}", &py_str(source))
+        fwd
+    }
+
+    /// A buffer's shape as a Python list: each dimension a size name (its local `n_<name>` in
+    /// `forward`, its value when `at_init`) or a literal extent (kb-specs writes literal extents
+    /// as strings, "1").
+    fn py_shape(&self, b: &KbBuffer, at_init: bool) -> String {
+        let dim = |d: &Value| -> String {
+            match d.as_str() {
+                Some(s) if s.parse::<i64>().is_ok() => s.to_string(),
+                Some(s) if at_init => self
+                    .sizes
+                    .iter()
+                    .position(|x| x == s)
+                    .map_or(1, |i| self.size_values[i])
+                    .to_string(),
+                Some(s) => py_size_var(s),
+                None => d.to_string(),
+            }
+        };
+        let d: Vec<String> = b.dims.iter().map(dim).collect();
+        format!("[{}]", d.join(", "))
     }
 
     /// The shim appended to a candidate ([`crate::task::entry_shim`]): `cudarl_entry` calls the
@@ -360,6 +358,35 @@ impl KbNative {
 /// A Python string literal of `s` (JSON's escapes are Python's for these characters).
 fn py_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// The torch dtype (`torch.float16`...) of a buffer's element type (`f16`...; `f32` when absent
+/// or unknown).
+fn py_dtype(d: Option<&str>) -> &'static str {
+    match d.unwrap_or("f32") {
+        "f16" => "torch.float16",
+        "bf16" => "torch.bfloat16",
+        "i64" => "torch.int64",
+        "i32" => "torch.int32",
+        "bool" => "torch.bool",
+        _ => "torch.float32",
+    }
+}
+
+/// A buffer's name in the reference's state dict (`conv.weight`; its launcher name without one).
+fn py_state_name(b: &KbBuffer) -> String {
+    b.state_name.clone().unwrap_or_else(|| b.name.clone())
+}
+
+/// The `ModelNew` `forward` argument of an input (`x_<name>`, so that no name of the problem's
+/// shadows another).
+fn py_input_var(b: &KbBuffer) -> String {
+    format!("x_{}", b.name)
+}
+
+/// The `ModelNew` `forward` local of a size (`n_<name>`).
+fn py_size_var(n: &str) -> String {
+    format!("n_{n}")
 }
 
 /// The `ModelNew` file of [`KbNative::model_new`]: `{note}`, `{id}`, `{tag}`, `{init}`,
@@ -748,6 +775,11 @@ fn dim_expr(d: &serde_json::Value, size: &BTreeMap<String, String>) -> Result<St
         .ok_or_else(|| AbiError(format!("dimension `{s}` is not a launcher size")))
 }
 
+/// The C expressions of a buffer's dimensions ([`dim_expr`]), outermost first.
+fn dim_exprs(buf: &KbBuffer, size: &BTreeMap<String, String>) -> Result<Vec<String>, AbiError> {
+    buf.dims.iter().map(|d| dim_expr(d, size)).collect()
+}
+
 fn product(dims: &[String]) -> String {
     if dims.is_empty() {
         return "1".into();
@@ -868,6 +900,8 @@ fn drop_statements(
     s
 }
 
+/// `cuda` (a torch extension's CUDA source; `bound`, the functions a `load_inline` call binds)
+/// as a native candidate for `abi`, as [`to_native`] describes.
 fn convert(
     cuda: &str,
     bound: &[String],
@@ -881,10 +915,65 @@ fn convert(
         )));
     }
     let stripped = c::strip_comments_and_strings(cuda);
+    let (host, cut) = bound_host(cuda, &stripped, bound)?;
+    let rest = kernel_code(cuda, &cut)?;
+
+    // The host function's arguments.
+    let args = parse_args(&host.args)?;
+    let tensors: Vec<&Arg> = args.iter().filter(|a| a.tensor).collect();
+    let slots = match_buffers(abi, &tensors)?;
+    let HostBody {
+        code: body,
+        scan,
+        out_name,
+        out_kind,
+    } = host_body(cuda, &host, &rest.checks, &tensors)?;
+    let size = launcher_sizes(abi, &rest.taken, &body, &args);
+    let out_buf = &abi.outputs[0];
+    let mut pointer: BTreeMap<String, (&KbBuffer, bool)> = BTreeMap::new();
+    for s in &slots {
+        pointer.insert(s.name.clone(), (s.buf, true));
+    }
+    pointer.insert(out_name.clone(), (out_buf, false));
+
+    // Tensor expressions.
+    let mut b = rewrite_tensors(body, &scan.alias, &pointer, &size)?;
+    let out_ty = ctype(out_buf).ok_or(AbiError::from("the output's dtype has no C type"))?;
+    let alloc = output_alloc(out_buf, out_ty, &out_name, &out_kind, &size)?;
+    b = b.replace(&format!("/*alloc:{out_name}*/"), &alloc);
+    let b = on_stream(b, &pointer)?;
+    let prelude = scalar_prelude(&args, abi, &size, constants)?;
+
+    // The launcher.
+    let params = launcher_params(&slots, out_ty, &out_name, abi, &size)?;
+    let body = tidy(&b);
+    let launcher = format!(
+        "extern \"C\" void launch({}) {{\n{prelude}{body}}}\n",
+        params.join(", ")
+    );
+    let mut rest = tidy_file(&rest.code);
+    if !rest.contains("cuda_runtime.h") {
+        rest = format!("#include <cuda_runtime.h>\n{rest}");
+    }
+    if !rest.contains("stdint.h") && !rest.contains("cstdint") {
+        rest = format!("#include <stdint.h>\n{rest}");
+    }
+    Ok(format!("{}\n\n{launcher}", rest.trim_end()))
+}
+
+/// The bound host function of `cuda` (`stripped`: the same bytes with comments and literals
+/// blanked): the one function `bound` names or the `PYBIND11_MODULE` block binds (`forward`
+/// among several), and the byte ranges to cut from the file (the module block, the host
+/// function), in order.
+fn bound_host(
+    cuda: &str,
+    stripped: &str,
+    bound: &[String],
+) -> Result<(FnSpan, Vec<(usize, usize)>), AbiError> {
     // The module block and the names it binds.
     let mut names: Vec<String> = bound.to_vec();
     let mut cut: Vec<(usize, usize)> = Vec::new();
-    let blocks: Vec<_> = MODULE.find_iter(&stripped).collect();
+    let blocks: Vec<_> = MODULE.find_iter(stripped).collect();
     if blocks.len() > 1 {
         return Err(AbiError("several PYBIND11_MODULE blocks".into()));
     }
@@ -894,7 +983,7 @@ fn convert(
                 .find('{')
                 .ok_or(AbiError::from("a module block without a body"))?;
         let close =
-            matching_brace(&stripped, open).ok_or(AbiError::from("an unclosed module block"))?;
+            matching_brace(stripped, open).ok_or(AbiError::from("an unclosed module block"))?;
         let block = c::strip_comments(&cuda[m.start()..=close]);
         if names.is_empty() {
             names = DEF
@@ -905,7 +994,7 @@ fn convert(
         cut.push((m.start(), close + 1));
     }
     names.dedup();
-    let spans = top_level_spans(&stripped);
+    let spans = top_level_spans(stripped);
     let host_name = match &names[..] {
         [] => return Err(AbiError("binds no function".into())),
         [one] => one.clone(),
@@ -929,16 +1018,30 @@ fn convert(
     }
     cut.push((host.start, host.close + 1));
     cut.sort();
-    // The rest of the file: kernels, device code, other helpers, without torch includes and
-    // check macros.
+    Ok((host.clone(), cut))
+}
+
+/// The file outside the bound function and the module block, as [`kernel_code`] leaves it.
+struct KernelCode {
+    /// Kernels, device code and other helpers, without torch includes and torch macros.
+    code: String,
+    /// The macros that use torch (or such a macro), removed.
+    checks: BTreeSet<String>,
+    /// Every identifier the remaining code uses.
+    taken: BTreeSet<String>,
+}
+
+/// The rest of `cuda` once the `cut` byte ranges go: kernels, device code, other helpers,
+/// without torch includes and the macros that use torch (`CHECK_INPUT(x)` -> `CHECK_CUDA(x)`
+/// go too); fails where the remaining code still uses torch or one of those macros.
+fn kernel_code(cuda: &str, cut: &[(usize, usize)]) -> Result<KernelCode, AbiError> {
     let mut rest = String::new();
     let mut at = 0;
-    for (a, b) in &cut {
+    for (a, b) in cut {
         rest.push_str(&cuda[at..*a]);
         at = *b;
     }
     rest.push_str(&cuda[at..]);
-    // Macros that use torch, or such a macro (`CHECK_INPUT(x)` -> `CHECK_CUDA(x)`), go.
     let mut checks: BTreeSet<String> = BTreeSet::new();
     loop {
         let before = checks.len();
@@ -978,16 +1081,40 @@ fn convert(
     if let Some(c) = checks.iter().find(|c| taken.contains(*c)) {
         return Err(AbiError(format!("the kernels use the torch macro `{c}`")));
     }
+    Ok(KernelCode {
+        code: rest,
+        checks,
+        taken,
+    })
+}
 
-    // The host function's arguments.
-    let args = parse_args(&host.args)?;
-    let tensors: Vec<&Arg> = args.iter().filter(|a| a.tensor).collect();
-    let slots = match_buffers(abi, &tensors)?;
+/// The bound function's body as [`host_body`] rewrites it.
+struct HostBody {
+    /// The body, dispatches unwrapped, checks, aliases and returns removed, the output's
+    /// allocation left as a `/*alloc:<name>*/` marker.
+    code: String,
+    /// What the rewrite learned.
+    scan: Scan,
+    /// The returned tensor (through its aliases).
+    out_name: String,
+    /// How it is allocated (`empty`, `zeros`, `empty_like`, `zeros_like`).
+    out_kind: String,
+}
+
+/// The body of `host` (a function of `cuda`) with its `AT_DISPATCH_*` unwrapped and the
+/// statements [`drop_statements`] takes out gone; fails unless it returns the one tensor it
+/// allocates.
+fn host_body(
+    cuda: &str,
+    host: &FnSpan,
+    checks: &BTreeSet<String>,
+    tensors: &[&Arg],
+) -> Result<HostBody, AbiError> {
     let body = c::strip_comments(&cuda[host.open + 1..host.close]);
     let body = unwrap_dispatch(&body)?;
     let mut scan = Scan::default();
     let tensor_names: BTreeSet<String> = tensors.iter().map(|a| a.name.clone()).collect();
-    let body = drop_statements(&body, &checks, &tensor_names, &mut scan);
+    let body = drop_statements(&body, checks, &tensor_names, &mut scan);
     let out_name = match scan.returned.iter().collect::<Vec<_>>()[..] {
         [one] => scan.alias.get(one).unwrap_or(one).clone(),
         [] => return Err(AbiError("returns no tensor it names".into())),
@@ -1001,15 +1128,29 @@ fn convert(
     if let Some(t) = scan.allocs.keys().find(|k| **k != out_name) {
         return Err(AbiError(format!("allocates a temporary tensor `{t}`")));
     }
+    Ok(HostBody {
+        code: body,
+        scan,
+        out_name,
+        out_kind,
+    })
+}
+
+/// The launcher's name for each of `abi`'s sizes: its own, or `<size>_size` where the kernels
+/// (`taken`), a declaration in `body` or an argument other than a scalar of that name uses it.
+fn launcher_sizes(
+    abi: &KbNative,
+    taken: &BTreeSet<String>,
+    body: &str,
+    args: &[Arg],
+) -> BTreeMap<String, String> {
     let body_decls: BTreeSet<String> =
         Regex::new(r"\b(?:int|int64_t|int32_t|long|auto|size_t|unsigned|float|double|const)\s+([A-Za-z_]\w*)\s*[=;\[(]")
             .expect("re")
-            .captures_iter(&body)
+            .captures_iter(body)
             .map(|c| c[1].to_string())
             .collect();
     let arg_names: BTreeSet<&str> = args.iter().map(|a| a.name.as_str()).collect();
-
-    // Launcher names: sizes renamed where the code already uses the name.
     let mut size: BTreeMap<String, String> = BTreeMap::new();
     for s in &abi.sizes {
         let clash = taken.contains(s)
@@ -1024,16 +1165,19 @@ fn convert(
             },
         );
     }
-    let out_buf = &abi.outputs[0];
-    let mut pointer: BTreeMap<String, (&KbBuffer, bool)> = BTreeMap::new();
-    for s in &slots {
-        pointer.insert(s.name.clone(), (s.buf, true));
-    }
-    pointer.insert(out_name.clone(), (out_buf, false));
+    size
+}
 
-    // Tensor expressions.
-    let mut b = body;
-    for (a, t) in &scan.alias {
+/// `b` with each alias of a launcher pointer replaced by its target, then every tensor
+/// expression of each pointer (`pointer`: name -> buffer, and whether it is an input)
+/// rewritten ([`rewrite_buffer`]).
+fn rewrite_tensors(
+    mut b: String,
+    alias: &BTreeMap<String, String>,
+    pointer: &BTreeMap<String, (&KbBuffer, bool)>,
+    size: &BTreeMap<String, String>,
+) -> Result<String, AbiError> {
+    for (a, t) in alias {
         if pointer.contains_key(t) {
             b = Regex::new(&format!(r"\b{a}\b"))
                 .expect("re")
@@ -1041,88 +1185,110 @@ fn convert(
                 .into_owned();
         }
     }
-    for (name, (buf, is_input)) in &pointer {
-        let dims: Vec<String> = buf
-            .dims
-            .iter()
-            .map(|d| dim_expr(d, &size))
-            .collect::<Result<_, _>>()?;
-        let rank = dims.len() as i64;
-        let n = regex::escape(name);
-        let dim_at = |i: &str| -> Result<String, AbiError> {
-            let i: i64 = i
-                .parse()
-                .map_err(|_| AbiError(format!("`{name}` dimension {i}")))?;
-            let k = if i < 0 { rank + i } else { i };
-            dims.get(k as usize)
-                .cloned()
-                .filter(|_| k >= 0)
-                .ok_or_else(|| AbiError(format!("`{name}` has no dimension {i}")))
-        };
-        let mut err = None;
-        let mut sub = |pat: &str, f: &dyn Fn(&Captures) -> Result<String, AbiError>| {
-            let r = Regex::new(&format!(r"\b{n}\s*\.\s*{pat}")).expect("re");
-            b = r
-                .replace_all(&b, |c: &Captures| match f(c) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        err.get_or_insert(e);
-                        String::new()
-                    }
-                })
-                .into_owned();
-        };
-        sub(r"contiguous\s*\(\s*\)", &|_| Ok(name.clone()));
-        sub(r"(?:data_ptr|data)\s*(?:<[^<>()]*>)?\s*\(\s*\)", &|_| {
-            Ok(name.clone())
-        });
-        sub(r"size\s*\(\s*(-?\d+)\s*\)", &|c| dim_at(&c[1]));
-        sub(r"sizes\s*\(\s*\)\s*\[\s*(-?\d+)\s*\]", &|c| dim_at(&c[1]));
-        sub(r"stride\s*\(\s*(-?\d+)\s*\)", &|c| {
-            let i: i64 = c[1].parse().map_err(|_| AbiError("a stride".to_string()))?;
-            let k = if i < 0 { rank + i } else { i };
-            Ok(product(
-                &dims[(k.clamp(0, rank) as usize + 1).min(dims.len())..],
-            ))
-        });
-        sub(r"numel\s*\(\s*\)", &|_| Ok(product(&dims)));
-        sub(r"(?:dim|ndimension)\s*\(\s*\)", &|_| Ok(rank.to_string()));
-        sub(r"(?:is_cuda|is_contiguous)\s*\(\s*\)", &|_| {
-            Ok("true".into())
-        });
-        sub(r"element_size\s*\(\s*\)", &|_| {
-            Ok(format!("sizeof({})", ctype(buf).unwrap_or("float")))
-        });
-        if let Some(e) = err {
-            return Err(e);
-        }
-        if *is_input {
-            // `float* p = x;` for a const input pointer: `const float* p = x;`.
-            let r = Regex::new(&format!(
-                r"(^|[;{{}}]\s*)((?:float|double|scalar_t|int|int64_t|__half|half)\s*\*\s*(?:__restrict__\s*)?[A-Za-z_]\w*\s*=\s*{n}\s*;)"
-            ))
-            .expect("re");
-            b = r.replace_all(&b, "${1}const ${2}").into_owned();
-        }
+    for (name, (buf, is_input)) in pointer {
+        b = rewrite_buffer(b, name, buf, *is_input, size)?;
     }
-    let out_ty = ctype(out_buf).ok_or(AbiError::from("the output's dtype has no C type"))?;
-    let out_dims: Vec<String> = out_buf
-        .dims
-        .iter()
-        .map(|d| dim_expr(d, &size))
-        .collect::<Result<_, _>>()?;
-    let alloc_marker = format!("/*alloc:{out_name}*/");
-    let alloc = if out_kind.starts_with("zeros") {
+    Ok(b)
+}
+
+/// `b` with the tensor `name`'s (launcher buffer `buf`) expressions as C: `.contiguous()` and
+/// `.data_ptr<T>()` the pointer, `.size(i)`, `.stride(i)`, `.numel()`, `.dim()` and
+/// `.element_size()` the buffer's dimensions (sizes renamed by `size`) or literals, and, for
+/// an input, `float* p = name;` as `const float* p = name;`.
+fn rewrite_buffer(
+    mut b: String,
+    name: &str,
+    buf: &KbBuffer,
+    is_input: bool,
+    size: &BTreeMap<String, String>,
+) -> Result<String, AbiError> {
+    let dims = dim_exprs(buf, size)?;
+    let rank = dims.len() as i64;
+    let n = regex::escape(name);
+    let dim_at = |i: &str| -> Result<String, AbiError> {
+        let i: i64 = i
+            .parse()
+            .map_err(|_| AbiError(format!("`{name}` dimension {i}")))?;
+        let k = if i < 0 { rank + i } else { i };
+        dims.get(k as usize)
+            .cloned()
+            .filter(|_| k >= 0)
+            .ok_or_else(|| AbiError(format!("`{name}` has no dimension {i}")))
+    };
+    let mut err = None;
+    let mut sub = |pat: &str, f: &dyn Fn(&Captures) -> Result<String, AbiError>| {
+        let r = Regex::new(&format!(r"\b{n}\s*\.\s*{pat}")).expect("re");
+        b = r
+            .replace_all(&b, |c: &Captures| match f(c) {
+                Ok(s) => s,
+                Err(e) => {
+                    err.get_or_insert(e);
+                    String::new()
+                }
+            })
+            .into_owned();
+    };
+    sub(r"contiguous\s*\(\s*\)", &|_| Ok(name.to_string()));
+    sub(r"(?:data_ptr|data)\s*(?:<[^<>()]*>)?\s*\(\s*\)", &|_| {
+        Ok(name.to_string())
+    });
+    sub(r"size\s*\(\s*(-?\d+)\s*\)", &|c| dim_at(&c[1]));
+    sub(r"sizes\s*\(\s*\)\s*\[\s*(-?\d+)\s*\]", &|c| dim_at(&c[1]));
+    sub(r"stride\s*\(\s*(-?\d+)\s*\)", &|c| {
+        let i: i64 = c[1].parse().map_err(|_| AbiError("a stride".to_string()))?;
+        let k = if i < 0 { rank + i } else { i };
+        Ok(product(
+            &dims[(k.clamp(0, rank) as usize + 1).min(dims.len())..],
+        ))
+    });
+    sub(r"numel\s*\(\s*\)", &|_| Ok(product(&dims)));
+    sub(r"(?:dim|ndimension)\s*\(\s*\)", &|_| Ok(rank.to_string()));
+    sub(r"(?:is_cuda|is_contiguous)\s*\(\s*\)", &|_| {
+        Ok("true".into())
+    });
+    sub(r"element_size\s*\(\s*\)", &|_| {
+        Ok(format!("sizeof({})", ctype(buf).unwrap_or("float")))
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    if is_input {
+        // `float* p = x;` for a const input pointer: `const float* p = x;`.
+        let r = Regex::new(&format!(
+            r"(^|[;{{}}]\s*)((?:float|double|scalar_t|int|int64_t|__half|half)\s*\*\s*(?:__restrict__\s*)?[A-Za-z_]\w*\s*=\s*{n}\s*;)"
+        ))
+        .expect("re");
+        b = r.replace_all(&b, "${1}const ${2}").into_owned();
+    }
+    Ok(b)
+}
+
+/// What stands for the output's allocation in the launcher: a `cudaMemsetAsync` of its
+/// `product(dims)` elements of `out_ty` for a `zeros` kind (`out_kind`), else nothing.
+fn output_alloc(
+    out_buf: &KbBuffer,
+    out_ty: &str,
+    out_name: &str,
+    out_kind: &str,
+    size: &BTreeMap<String, String>,
+) -> Result<String, AbiError> {
+    let out_dims = dim_exprs(out_buf, size)?;
+    Ok(if out_kind.starts_with("zeros") {
         format!(
             "cudaMemsetAsync({out_name}, 0, sizeof({out_ty}) * {}, stream);",
             product(&out_dims)
         )
     } else {
         String::new()
-    };
-    b = b.replace(&alloc_marker, &alloc);
-    b = STREAM.replace_all(&b, "stream").into_owned();
-    b = LAUNCH
+    })
+}
+
+/// `b` with torch's stream as the launcher's `stream` and every `<<<...>>>` launch on it;
+/// fails where the code still uses torch or a method of a tensor in `pointer`, or creates its
+/// own streams.
+fn on_stream(b: String, pointer: &BTreeMap<String, (&KbBuffer, bool)>) -> Result<String, AbiError> {
+    let b = STREAM.replace_all(&b, "stream").into_owned();
+    let b = LAUNCH
         .replace_all(&b, |c: &Captures| {
             let parts: Vec<&str> = split_top_level(&c[1], b',', true)
                 .into_iter()
@@ -1153,8 +1319,17 @@ fn convert(
     if b.contains("cudaStreamCreate") {
         return Err(AbiError("the host code creates its own streams".into()));
     }
+    Ok(b)
+}
 
-    // Scalar arguments: sizes or module constants.
+/// The launcher's declarations of the host function's scalar arguments that are not its own:
+/// each a launcher size (renamed by `size`) or one of the problem's module `constants`.
+fn scalar_prelude(
+    args: &[Arg],
+    abi: &KbNative,
+    size: &BTreeMap<String, String>,
+    constants: &BTreeMap<String, String>,
+) -> Result<String, AbiError> {
     let mut prelude = String::new();
     for a in args.iter().filter(|a| !a.tensor) {
         let ty =
@@ -1183,10 +1358,20 @@ fn convert(
         };
         prelude.push_str(&format!("    const {ty} {} = {value};\n", a.name));
     }
+    Ok(prelude)
+}
 
-    // The launcher.
+/// The launcher's parameters: the inputs and parameters (`slots`, `float` for a number), the
+/// output `out_ty* out_name`, the sizes (`int64_t`, renamed by `size`) and the stream.
+fn launcher_params(
+    slots: &[Slot<'_>],
+    out_ty: &str,
+    out_name: &str,
+    abi: &KbNative,
+    size: &BTreeMap<String, String>,
+) -> Result<Vec<String>, AbiError> {
     let mut params = Vec::new();
-    for s in &slots {
+    for s in slots {
         if s.buf.scalar.is_some() {
             params.push(format!("float {}", s.name));
         } else {
@@ -1199,19 +1384,7 @@ fn convert(
         params.push(format!("int64_t {}", size[s]));
     }
     params.push("cudaStream_t stream".into());
-    let body = tidy(&b);
-    let launcher = format!(
-        "extern \"C\" void launch({}) {{\n{prelude}{body}}}\n",
-        params.join(", ")
-    );
-    let mut rest = tidy_file(&rest);
-    if !rest.contains("cuda_runtime.h") {
-        rest = format!("#include <cuda_runtime.h>\n{rest}");
-    }
-    if !rest.contains("stdint.h") && !rest.contains("cstdint") {
-        rest = format!("#include <stdint.h>\n{rest}");
-    }
-    Ok(format!("{}\n\n{launcher}", rest.trim_end()))
+    Ok(params)
 }
 
 fn ctype(b: &KbBuffer) -> Option<&'static str> {

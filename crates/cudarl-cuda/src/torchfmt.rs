@@ -377,133 +377,174 @@ pub fn prepare(
     match format {
         Format::Native => return Err(PythonError("a native candidate is not torch-format".into())),
         Format::Extension => extension(&mut p, source, rules),
-        Format::ModelNew => {
-            p.findings = rules.check_python(source);
-            p.reject = reject_of(&p.findings);
-            if p.reject.is_some() {
-                return Ok(p);
-            }
-            let clean = cudarl_lex::python::strip_comments_and_strings(source);
-            if !clean.contains("load_inline") {
-                p.reject = Some((
-                    "static_reject".into(),
-                    "no-kernel: ModelNew builds no CUDA extension (load_inline); torch ops stand in for the kernel".into(),
-                ));
-                return Ok(p);
-            }
-            let py = py.ok_or(PythonError(
-                "extracting a ModelNew needs the Python worker".into(),
-            ))?;
-            if rules.python_allowlist {
-                p.findings.extend(screen(&py.root, source)?);
-                p.reject = reject_of(&p.findings);
-                if p.reject.is_some() {
-                    return Ok(p);
-                }
-            }
-            let a = match crate::pyworker::extract_inline(&py.root, source, EXTRACT_TIMEOUT)? {
-                crate::pyworker::Extracted::Answer(a) => a,
-                crate::pyworker::Extracted::Violation(m) => {
-                    p.reject = Some(("sandbox_violation".into(), m));
-                    return Ok(p);
-                }
-                crate::pyworker::Extracted::Timeout => {
-                    p.reject = Some((
-                        "timeout".into(),
-                        format!(
-                            "executing the ModelNew file took longer than {} s",
-                            EXTRACT_TIMEOUT.as_secs()
-                        ),
-                    ));
-                    return Ok(p);
-                }
-            };
-            if a["ok"] != Value::Bool(true) {
-                p.reject = Some((
-                    "load_error".into(),
-                    format!(
-                        "executing the ModelNew file: {}",
-                        a["error"].as_str().unwrap_or("failed")
-                    ),
-                ));
-                return Ok(p);
-            }
-            let calls = a["calls"].as_array().cloned().unwrap_or_default();
-            if calls.is_empty() {
-                p.reject = Some((
-                    "static_reject".into(),
-                    "no-kernel: the ModelNew file calls load_inline nowhere at import".into(),
-                ));
-                return Ok(p);
-            }
-            for c in calls {
-                let strs = |k: &str| -> Vec<String> {
-                    c[k].as_array()
-                        .map(|v| {
-                            v.iter()
-                                .filter_map(|x| x.as_str().map(String::from))
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                };
-                let cuda = strs("cuda_sources").join("\n");
-                let cpp = strs("cpp_sources").join("\n");
-                let mut bind = String::new();
-                if let Some(fns) = c["functions"].as_object() {
-                    for (f, doc) in fns {
-                        bind.push_str(&format!(
-                            "  m.def(\"{f}\", torch::wrap_pybind_function({f}), \"{}\");\n",
-                            doc.as_str().unwrap_or(f).replace('"', "'")
-                        ));
-                    }
-                }
-                let body = format!("{cuda}\n{cpp}");
-                let mut f = rules.check(&body, "torch");
-                f.retain(|x| !p.findings.iter().any(|y| y.rule == x.rule));
-                p.findings.extend(f);
-                if let Some(r) = reject_of(&p.findings) {
-                    p.reject = Some(r);
-                    return Ok(p);
-                }
-                if !GLOBAL.is_match(&cudarl_lex::c::strip_comments_and_strings(&cuda)) {
-                    p.reject = Some((
-                        "static_reject".into(),
-                        format!(
-                            "no-kernel: load_inline(`{}`) defines no __global__ kernel",
-                            c["name"].as_str().unwrap_or("?")
-                        ),
-                    ));
-                    return Ok(p);
-                }
-                // torch.utils.cpp_extension.load_inline's layout: two units where the CUDA
-                // sources allow it, else one.
-                let module_block =
-                    format!("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{bind}}}\n");
-                let text = format!(
-                    "#include <torch/extension.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n{body}\n{module_block}"
-                );
-                let split = crate::torchsplit::split_inline(&cuda, &cpp, &module_block);
-                let mut extra = Vec::new();
-                for fl in strs("extra_cuda_cflags")
-                    .iter()
-                    .chain(strs("extra_cflags").iter())
-                    .chain(strs("extra_ldflags").iter())
-                {
-                    if let Some(a) = allowed_flag(fl) {
-                        extra.push(a);
-                    }
-                }
-                p.units.push(Unit {
-                    name: c["name"].as_str().unwrap_or("inline").to_string(),
-                    module: module_name(&text),
-                    text,
-                    extra,
-                    split,
-                });
-            }
-        }
+        Format::ModelNew => model_new(&mut p, source, rules, py)?,
     }
     Ok(p)
+}
+
+/// [`prepare`] of a `ModelNew` file: its Python rules, a `load_inline` call, the allow-list
+/// (with `rules.python_allowlist`), then one unit per `load_inline` call executing the file
+/// made; the first failure is `p.reject`.
+///
+/// # Errors
+/// No Python worker, or the worker failed.
+fn model_new(
+    p: &mut Prepared,
+    source: &str,
+    rules: &Rules,
+    py: Option<&mut PyWorker>,
+) -> Result<(), PythonError> {
+    p.findings = rules.check_python(source);
+    p.reject = reject_of(&p.findings);
+    if p.reject.is_some() {
+        return Ok(());
+    }
+    let clean = cudarl_lex::python::strip_comments_and_strings(source);
+    if !clean.contains("load_inline") {
+        p.reject = Some((
+            "static_reject".into(),
+            "no-kernel: ModelNew builds no CUDA extension (load_inline); torch ops stand in for the kernel".into(),
+        ));
+        return Ok(());
+    }
+    let py = py.ok_or(PythonError(
+        "extracting a ModelNew needs the Python worker".into(),
+    ))?;
+    if rules.python_allowlist {
+        p.findings.extend(screen(&py.root, source)?);
+        p.reject = reject_of(&p.findings);
+        if p.reject.is_some() {
+            return Ok(());
+        }
+    }
+    let Some(calls) = inline_calls(p, py, source)? else {
+        return Ok(());
+    };
+    for c in calls {
+        if !inline_unit(p, &c, rules) {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// The `load_inline` calls executing the `ModelNew` file (`source`) made at import, as the
+/// worker recorded them; `None`, with `p.reject` set, where the file broke the sandbox, took
+/// longer than [`EXTRACT_TIMEOUT`], raised or called `load_inline` nowhere.
+///
+/// # Errors
+/// The worker failed.
+fn inline_calls(
+    p: &mut Prepared,
+    py: &PyWorker,
+    source: &str,
+) -> Result<Option<Vec<Value>>, PythonError> {
+    let a = match crate::pyworker::extract_inline(&py.root, source, EXTRACT_TIMEOUT)? {
+        crate::pyworker::Extracted::Answer(a) => a,
+        crate::pyworker::Extracted::Violation(m) => {
+            p.reject = Some(("sandbox_violation".into(), m));
+            return Ok(None);
+        }
+        crate::pyworker::Extracted::Timeout => {
+            p.reject = Some((
+                "timeout".into(),
+                format!(
+                    "executing the ModelNew file took longer than {} s",
+                    EXTRACT_TIMEOUT.as_secs()
+                ),
+            ));
+            return Ok(None);
+        }
+    };
+    if a["ok"] != Value::Bool(true) {
+        p.reject = Some((
+            "load_error".into(),
+            format!(
+                "executing the ModelNew file: {}",
+                a["error"].as_str().unwrap_or("failed")
+            ),
+        ));
+        return Ok(None);
+    }
+    let calls = a["calls"].as_array().cloned().unwrap_or_default();
+    if calls.is_empty() {
+        p.reject = Some((
+            "static_reject".into(),
+            "no-kernel: the ModelNew file calls load_inline nowhere at import".into(),
+        ));
+        return Ok(None);
+    }
+    Ok(Some(calls))
+}
+
+/// Adds to `p` the unit of one recorded `load_inline` call `c` (its CUDA and C++ sources, a
+/// module binding its `functions`, the allowed extra flags), after `rules`' C++ checks of its
+/// sources; `false`, with `p.reject` set, where a rule rejects them or they define no
+/// `__global__` kernel.
+fn inline_unit(p: &mut Prepared, c: &Value, rules: &Rules) -> bool {
+    let strs = |k: &str| -> Vec<String> {
+        c[k].as_array()
+            .map(|v| {
+                v.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cuda = strs("cuda_sources").join("\n");
+    let cpp = strs("cpp_sources").join("\n");
+    let mut bind = String::new();
+    if let Some(fns) = c["functions"].as_object() {
+        for (f, doc) in fns {
+            bind.push_str(&format!(
+                "  m.def(\"{f}\", torch::wrap_pybind_function({f}), \"{}\");\n",
+                doc.as_str().unwrap_or(f).replace('"', "'")
+            ));
+        }
+    }
+    let body = format!("{cuda}\n{cpp}");
+    let mut f = rules.check(&body, "torch");
+    f.retain(|x| !p.findings.iter().any(|y| y.rule == x.rule));
+    p.findings.extend(f);
+    if let Some(r) = reject_of(&p.findings) {
+        p.reject = Some(r);
+        return false;
+    }
+    if !GLOBAL.is_match(&cudarl_lex::c::strip_comments_and_strings(&cuda)) {
+        p.reject = Some((
+            "static_reject".into(),
+            format!(
+                "no-kernel: load_inline(`{}`) defines no __global__ kernel",
+                c["name"].as_str().unwrap_or("?")
+            ),
+        ));
+        return false;
+    }
+    // torch.utils.cpp_extension.load_inline's layout: two units where the CUDA
+    // sources allow it, else one.
+    let module_block = format!("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{bind}}}\n");
+    let text = format!(
+        "#include <torch/extension.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n{body}\n{module_block}"
+    );
+    let split = crate::torchsplit::split_inline(&cuda, &cpp, &module_block);
+    let mut extra = Vec::new();
+    for fl in strs("extra_cuda_cflags")
+        .iter()
+        .chain(strs("extra_cflags").iter())
+        .chain(strs("extra_ldflags").iter())
+    {
+        if let Some(a) = allowed_flag(fl) {
+            extra.push(a);
+        }
+    }
+    p.units.push(Unit {
+        name: c["name"].as_str().unwrap_or("inline").to_string(),
+        module: module_name(&text),
+        text,
+        extra,
+        split,
+    });
+    true
 }
 
 /// [`prepare`] of a SakanaAI-style extension: its rules, a `__global__` kernel, a Python module,
@@ -1043,15 +1084,20 @@ pub fn run(
 /// timings and `speedup_vs_torch` of a correct candidate, and `torch_op_stands_in`
 /// ([`crate::standin::stands_in`] of the profiled kernels; the candidate's own kernels read from
 /// `sos`, what it was built into, only then).
-fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[PathBuf]) -> Verdict {
+fn apply_answer(
+    mut v: Verdict,
+    mut a: TorchAnswer,
+    problem: &KbProblem,
+    sos: &[PathBuf],
+) -> Verdict {
     if !a.ok {
         v.failure = Some("harness_error".into());
         v.failure_detail = a.error;
         return v;
     }
     v.executed = true;
-    v.worker_ms = a.worker_ms;
-    v.tests = a.tests;
+    v.worker_ms = a.worker_ms.take();
+    v.tests = std::mem::take(&mut a.tests);
     v.max_abs_err = v.tests.iter().map(|t| t.max_abs_err).reduce(f64::max);
     v.max_rel_err = v.tests.iter().map(|t| t.max_rel_err).reduce(f64::max);
     if let Some(e) = a.load_error {
@@ -1079,40 +1125,7 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[Path
         .and_then(|f| f["message"].as_str().map(str::to_string));
     let first_bad = v.tests.iter().find(|t| !t.passed).cloned();
     if let Some(t) = first_bad {
-        v.correct = Some(false);
-        // Right at the problem's own sizes on this very seed (and distribution), wrong
-        // at the recorded test sizes: a kernel specialized to the problem's shapes.
-        let same_seed_full = a.full_size.as_ref().is_some_and(|f| {
-            f["seeds"]
-                .as_array()
-                .is_some_and(|s| s.iter().any(|x| x.as_u64() == Some(t.seed)))
-        });
-        let specialized =
-            full_ok == Some(true) && same_seed_full && !t.input_mutated && t.unwritten == 0;
-        v.failure = Some(
-            if t.input_mutated {
-                "input_mutation"
-            } else if t.unwritten > 0 {
-                "unwritten_output"
-            } else if specialized {
-                "shape_specialized"
-            } else {
-                "wrong_answer"
-            }
-            .into(),
-        );
-        v.failure_detail = Some(format!(
-            "{}seed {} ({}, test sizes {:?}): {}",
-            if specialized {
-                "right at the problem's own sizes, wrong at the recorded test sizes: "
-            } else {
-                ""
-            },
-            t.seed,
-            t.split,
-            t.sizes,
-            t.message.unwrap_or_default()
-        ));
+        failed_test(&mut v, t, a.full_size.as_ref(), full_ok);
         return v;
     }
     if v.tests.is_empty() {
@@ -1121,25 +1134,80 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[Path
         return v;
     }
     if full_ok == Some(false) {
-        let msg = full_msg.clone().unwrap_or_default();
-        if msg.contains("OutOfMemoryError") {
-            // The problem's own sizes did not fit beside the reference: no verdict on
-            // correctness there (the recorded tests passed), and not timed.
-            v.failure = Some("out_of_memory".into());
-            v.failure_detail = Some(format!(
-                "at the problem's own sizes (live reference on the GPU): {msg}"
-            ));
-            return v;
-        }
-        v.correct = Some(false);
-        v.failure = Some("wrong_answer".into());
-        v.failure_detail = Some(format!(
-            "at the problem's own sizes (live reference on the GPU): {}",
-            full_msg.unwrap_or_else(|| "mismatch".into())
-        ));
+        failed_full_size(&mut v, full_msg);
         return v;
     }
     v.correct = Some(true);
+    apply_correct(&mut v, a, sos);
+    v
+}
+
+/// Marks `v` wrong for the first failed recorded test `t`: `input_mutation`,
+/// `unwritten_output`, `shape_specialized` (right at the problem's own sizes, `full_size` with
+/// `full_ok`, on the same seed) or `wrong_answer`, with the test's seed, split and sizes.
+fn failed_test(v: &mut Verdict, t: TestResult, full_size: Option<&Value>, full_ok: Option<bool>) {
+    v.correct = Some(false);
+    // Right at the problem's own sizes on this very seed (and distribution), wrong
+    // at the recorded test sizes: a kernel specialized to the problem's shapes.
+    let same_seed_full = full_size.is_some_and(|f| {
+        f["seeds"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x.as_u64() == Some(t.seed)))
+    });
+    let specialized =
+        full_ok == Some(true) && same_seed_full && !t.input_mutated && t.unwritten == 0;
+    v.failure = Some(
+        if t.input_mutated {
+            "input_mutation"
+        } else if t.unwritten > 0 {
+            "unwritten_output"
+        } else if specialized {
+            "shape_specialized"
+        } else {
+            "wrong_answer"
+        }
+        .into(),
+    );
+    v.failure_detail = Some(format!(
+        "{}seed {} ({}, test sizes {:?}): {}",
+        if specialized {
+            "right at the problem's own sizes, wrong at the recorded test sizes: "
+        } else {
+            ""
+        },
+        t.seed,
+        t.split,
+        t.sizes,
+        t.message.unwrap_or_default()
+    ));
+}
+
+/// Marks `v` for a run that passed its recorded tests and failed at the problem's own sizes
+/// (`full_msg`, the check's message): `out_of_memory` (no verdict on correctness), else
+/// `wrong_answer`.
+fn failed_full_size(v: &mut Verdict, full_msg: Option<String>) {
+    let msg = full_msg.clone().unwrap_or_default();
+    if msg.contains("OutOfMemoryError") {
+        // The problem's own sizes did not fit beside the reference: no verdict on
+        // correctness there (the recorded tests passed), and not timed.
+        v.failure = Some("out_of_memory".into());
+        v.failure_detail = Some(format!(
+            "at the problem's own sizes (live reference on the GPU): {msg}"
+        ));
+        return;
+    }
+    v.correct = Some(false);
+    v.failure = Some("wrong_answer".into());
+    v.failure_detail = Some(format!(
+        "at the problem's own sizes (live reference on the GPU): {}",
+        full_msg.unwrap_or_else(|| "mismatch".into())
+    ));
+}
+
+/// Completes the verdict `v` of a correct run from `a`: the `work_after_stop`,
+/// `torch_op_stands_in` (own kernels read from `sos`) and `kernels_unlisted` flags, the
+/// timings, and the speedups over torch and `torch.compile`.
+fn apply_correct(v: &mut Verdict, a: TorchAnswer, sos: &[PathBuf]) {
     if let Some(t) = &a.timing
         && t.work_after_stop
     {
@@ -1180,7 +1248,6 @@ fn apply_answer(mut v: Verdict, a: TorchAnswer, problem: &KbProblem, sos: &[Path
     v.torch_timing = a.torch_timing;
     v.torch_compile_timing = a.torch_compile_timing;
     v.torch_compile_error = a.torch_compile_error;
-    v
 }
 
 #[cfg(test)]

@@ -372,82 +372,12 @@ pub fn kernel_host_split(src: &str, cpp: &str, module_block: &str) -> Option<Ker
     }
     let stripped = c::strip_comments_and_strings(src);
     let items = top_level_items(&stripped)?;
-    #[derive(PartialEq)]
-    enum Side {
-        Both,
-        Kernels,
-        Host,
-    }
-    let mut sides = Vec::with_capacity(items.len());
-    // kernel name -> (parameters as declared, parameter names)
-    let mut kernels: std::collections::BTreeMap<String, (String, Vec<String>)> = Default::default();
-    let mut device_vars = Vec::new();
-    let mut host_fns = Vec::new();
-    for (k, it) in items.iter().enumerate() {
-        let text = &stripped[it.start..it.end];
-        let side = match it.kind {
-            ItemKind::Pre if TORCH_INCLUDE.is_match(text) => Side::Host,
-            ItemKind::Pre => Side::Both,
-            ItemKind::Function { open } => {
-                let head = &stripped[it.start..open];
-                let w = words(head);
-                let (name, params) = fn_name_and_params(head)?;
-                if w.contains("__global__") {
-                    if w.contains("template") {
-                        return None;
-                    }
-                    let ps = kernel_params(params)?;
-                    let decl = ps
-                        .iter()
-                        .map(|p| p.0.clone())
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    kernels.insert(
-                        name.to_string(),
-                        (decl, ps.into_iter().map(|p| p.1).collect()),
-                    );
-                    Side::Kernels
-                } else if w.contains("__device__") && w.contains("__host__") {
-                    if ![
-                        "inline",
-                        "static",
-                        "__forceinline__",
-                        "template",
-                        "constexpr",
-                    ]
-                    .iter()
-                    .any(|q| w.contains(q))
-                    {
-                        return None;
-                    }
-                    Side::Both
-                } else if w.contains("__device__") {
-                    Side::Kernels
-                } else {
-                    host_fns.push((k, name.to_string()));
-                    Side::Host
-                }
-            }
-            ItemKind::Other => {
-                let w = words(text);
-                if w.contains("__global__") {
-                    if w.contains("template") {
-                        return None;
-                    }
-                    Side::Kernels
-                } else if DEVICE_VAR.is_match(text) {
-                    let decl = text.split(['=', '[', ';']).next().unwrap_or(text);
-                    device_vars.push(IDENT.find_iter(decl).last()?.as_str().to_string());
-                    Side::Kernels
-                } else if TORCH_NAMES.is_match(text) {
-                    Side::Host
-                } else {
-                    Side::Both
-                }
-            }
-        };
-        sides.push(side);
-    }
+    let Sides {
+        sides,
+        kernels,
+        device_vars,
+        host_fns,
+    } = classify_items(&stripped, &items)?;
     if kernels.is_empty() {
         return None;
     }
@@ -463,10 +393,157 @@ pub fn kernel_host_split(src: &str, cpp: &str, module_block: &str) -> Option<Ker
     {
         return None;
     }
+    let (kern, mut host) = emit_units(src, &stripped, &items, &sides, &kernels)?;
+    let host_stripped = c::strip_comments_and_strings(&host);
+    let host_words = words(&host_stripped);
+    if kernels.keys().any(|k| host_words.contains(k.as_str()))
+        || device_vars.iter().any(|v| host_words.contains(v.as_str()))
+    {
+        return None;
+    }
+    host.push_str(&EXTENSION_INCLUDE.replace_all(cpp, ""));
+    host.push('\n');
+    host.push_str(module_block);
+    host.push('\n');
+    Some(KernelHostSplit {
+        kernels: kern,
+        host,
+    })
+}
+
+/// The unit a top-level item goes to in a [`kernel_host_split`].
+#[derive(PartialEq)]
+enum Side {
+    Both,
+    Kernels,
+    Host,
+}
+
+/// Kernel name -> (its parameters as declared, the parameters' names).
+type KernelDecls = std::collections::BTreeMap<String, (String, Vec<String>)>;
+
+/// The top-level items of an extension sorted by unit ([`classify_items`]).
+struct Sides {
+    /// Each item's unit, in the items' order.
+    sides: Vec<Side>,
+    /// The kernels defined.
+    kernels: KernelDecls,
+    /// The device variables declared.
+    device_vars: Vec<String>,
+    /// The host functions defined: (item index, name).
+    host_fns: Vec<(usize, String)>,
+}
+
+/// The unit of each of `items` (of `stripped`, comments and literals blanked), with the
+/// kernels, device variables and host functions found; `None` where the split is not certain
+/// (see [`kernel_host_split`]).
+fn classify_items(stripped: &str, items: &[Item]) -> Option<Sides> {
+    let mut s = Sides {
+        sides: Vec::with_capacity(items.len()),
+        kernels: Default::default(),
+        device_vars: Vec::new(),
+        host_fns: Vec::new(),
+    };
+    for (k, it) in items.iter().enumerate() {
+        let text = &stripped[it.start..it.end];
+        let side = match it.kind {
+            ItemKind::Pre if TORCH_INCLUDE.is_match(text) => Side::Host,
+            ItemKind::Pre => Side::Both,
+            ItemKind::Function { open } => function_side(
+                &stripped[it.start..open],
+                k,
+                &mut s.kernels,
+                &mut s.host_fns,
+            )?,
+            ItemKind::Other => {
+                let w = words(text);
+                if w.contains("__global__") {
+                    if w.contains("template") {
+                        return None;
+                    }
+                    Side::Kernels
+                } else if DEVICE_VAR.is_match(text) {
+                    let decl = text.split(['=', '[', ';']).next().unwrap_or(text);
+                    s.device_vars
+                        .push(IDENT.find_iter(decl).last()?.as_str().to_string());
+                    Side::Kernels
+                } else if TORCH_NAMES.is_match(text) {
+                    Side::Host
+                } else {
+                    Side::Both
+                }
+            }
+        };
+        s.sides.push(side);
+    }
+    Some(s)
+}
+
+/// The unit of function `k` with head `head`: a kernel (recorded in `kernels`), device code, a
+/// host function (recorded in `host_fns`) or an inline `__host__ __device__` function for
+/// both; `None` for a template kernel, a non-inline `__host__ __device__` function or a head
+/// that does not parse.
+fn function_side(
+    head: &str,
+    k: usize,
+    kernels: &mut KernelDecls,
+    host_fns: &mut Vec<(usize, String)>,
+) -> Option<Side> {
+    let w = words(head);
+    let (name, params) = fn_name_and_params(head)?;
+    Some(if w.contains("__global__") {
+        if w.contains("template") {
+            return None;
+        }
+        let ps = kernel_params(params)?;
+        let decl = ps
+            .iter()
+            .map(|p| p.0.clone())
+            .collect::<Vec<_>>()
+            .join(", ");
+        kernels.insert(
+            name.to_string(),
+            (decl, ps.into_iter().map(|p| p.1).collect()),
+        );
+        Side::Kernels
+    } else if w.contains("__device__") && w.contains("__host__") {
+        if ![
+            "inline",
+            "static",
+            "__forceinline__",
+            "template",
+            "constexpr",
+        ]
+        .iter()
+        .any(|q| w.contains(q))
+        {
+            return None;
+        }
+        Side::Both
+    } else if w.contains("__device__") {
+        Side::Kernels
+    } else {
+        host_fns.push((k, name.to_string()));
+        Side::Host
+    })
+}
+
+/// The kernel unit and the host unit (without the C++ sources and the module block) of `src`
+/// (`stripped`: comments and literals blanked) with its `items` on their `sides`: each kernel
+/// followed by its `cudarl_launch_<kernel>` trampoline, declared on the host where the kernel
+/// is first declared or defined, and the host's launches rewritten to call it; `None` for a
+/// launch [`rewrite_launches`] cannot rewrite.
+fn emit_units(
+    src: &str,
+    stripped: &str,
+    items: &[Item],
+    sides: &[Side],
+    kernels: &KernelDecls,
+) -> Option<(String, String)> {
     let mut kern = String::from("#include <cuda.h>\n#include <cuda_runtime.h>\n");
     let mut host = String::from("#include <cuda_runtime.h>\n");
     let mut declared = std::collections::BTreeSet::new();
-    for (it, side) in items.iter().zip(&sides) {
+    for (it, side) in items.iter().zip(sides) {
         let text = &src[it.start..it.end];
         if *side != Side::Host {
             kern.push_str(text);
@@ -477,7 +554,7 @@ pub fn kernel_host_split(src: &str, cpp: &str, module_block: &str) -> Option<Ker
                 continue;
             }
             let body = if matches!(it.kind, ItemKind::Function { .. }) {
-                rewrite_launches(text, &stripped[it.start..it.end], &kernels)?
+                rewrite_launches(text, &stripped[it.start..it.end], kernels)?
             } else {
                 text.to_string()
             };
@@ -509,21 +586,7 @@ pub fn kernel_host_split(src: &str, cpp: &str, module_block: &str) -> Option<Ker
             }
         }
     }
-    let host_stripped = c::strip_comments_and_strings(&host);
-    let host_words = words(&host_stripped);
-    if kernels.keys().any(|k| host_words.contains(k.as_str()))
-        || device_vars.iter().any(|v| host_words.contains(v.as_str()))
-    {
-        return None;
-    }
-    host.push_str(&EXTENSION_INCLUDE.replace_all(cpp, ""));
-    host.push('\n');
-    host.push_str(module_block);
-    host.push('\n');
-    Some(KernelHostSplit {
-        kernels: kern,
-        host,
-    })
+    Some((kern, host))
 }
 
 /// `text` (a host function; `stripped` the same bytes with comments and literals blanked)

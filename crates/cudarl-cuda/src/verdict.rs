@@ -411,6 +411,24 @@ pub struct FullOptions {
     pub profile: bool,
 }
 
+/// The store's hidden-seed salt if one was drawn ([`hidden_salt`] draws it): from
+/// `CUDARL_HIDDEN_SALT`, the shared cache or `<store>/hidden-salt`; `None` when none was,
+/// and nothing is created.
+///
+/// # Errors
+/// The shared cache cannot be read.
+pub fn drawn_hidden_salt(store: &cudarl_store::Store) -> Result<Option<Vec<u8>>, CompileError> {
+    if let Ok(s) = std::env::var("CUDARL_HIDDEN_SALT") {
+        return Ok(Some(s.into_bytes()));
+    }
+    if let Some(shared) = store.shared()
+        && let Some(b) = shared.get("hidden-salt")?
+    {
+        return Ok(Some(b));
+    }
+    Ok(std::fs::read(store.root().join("hidden-salt")).ok())
+}
+
 /// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else, with a shared cache attached
 /// to the store, the cache's `hidden-salt` (the first machine publishes its own; every machine of
 /// a sharded job then draws the same hidden tests), else `<store>/hidden-salt`, 32 bytes from

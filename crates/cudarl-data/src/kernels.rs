@@ -297,7 +297,28 @@ pub fn kernels_batch(rows: &[KernelRow]) -> Result<RecordBatch> {
                 .and_then(|p| p.typed.get(i).copied().flatten())
         }));
     }
-    // ncu_metrics
+    cols.push(ncu_metrics_column(rows));
+    cols.push(ncu_rules_column(rows));
+    cols.push(s(&|r| Some(&r.provenance)));
+    // The list builders use a default item field; align with the declared schema's fields.
+    let schema = KERNELS.clone();
+    let cols = cols
+        .into_iter()
+        .zip(schema.fields().iter())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                c
+            } else {
+                arrow::compute::cast(&c, f.data_type()).expect("list item field cast")
+            }
+        })
+        .collect();
+    batch(&schema, cols)
+}
+
+/// The `ncu_metrics` column: per row, its NCU profile's metrics (name, unit, average,
+/// variance, count), null without a profile.
+fn ncu_metrics_column(rows: &[KernelRow]) -> ArrayRef {
     let mfields = struct_fields(&ncu_metric_struct());
     let mut mb = ListBuilder::new(StructBuilder::from_fields(mfields, 0));
     for r in rows {
@@ -327,7 +348,12 @@ pub fn kernels_batch(rows: &[KernelRow]) -> Result<RecordBatch> {
             }
         }
     }
-    cols.push(std::sync::Arc::new(mb.finish()));
+    std::sync::Arc::new(mb.finish())
+}
+
+/// The `ncu_rules` column: per row, its NCU profile's rule results (name, type, description),
+/// null without a profile.
+fn ncu_rules_column(rows: &[KernelRow]) -> ArrayRef {
     let rfields = struct_fields(&ncu_rule_struct());
     let mut rb = ListBuilder::new(StructBuilder::from_fields(rfields, 0));
     for r in rows {
@@ -351,22 +377,7 @@ pub fn kernels_batch(rows: &[KernelRow]) -> Result<RecordBatch> {
             }
         }
     }
-    cols.push(std::sync::Arc::new(rb.finish()));
-    cols.push(s(&|r| Some(&r.provenance)));
-    // The list builders use a default item field; align with the declared schema's fields.
-    let schema = KERNELS.clone();
-    let cols = cols
-        .into_iter()
-        .zip(schema.fields().iter())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                c
-            } else {
-                arrow::compute::cast(&c, f.data_type()).expect("list item field cast")
-            }
-        })
-        .collect();
-    batch(&schema, cols)
+    std::sync::Arc::new(rb.finish())
 }
 
 #[cfg(test)]

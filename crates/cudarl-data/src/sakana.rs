@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::error::{DataError, Result};
 use crate::kernelbench::{ProblemIndex, problem_id};
 use crate::kernels::{KernelRow, blake3_hex, clang_tidy_warnings, detect_format, parse_ncu};
-use crate::parquet_io::Table;
+use crate::parquet_io::{BoolCol, F64Col, I64Col, StrCol, Table};
 
 /// Logical type of an archive column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,129 +156,180 @@ pub fn ingest(files: &[SakanaFile], problems: &ProblemIndex, strict: bool) -> Re
                 ColType::Bool => t.bools(c.name).map(|_| ())?,
             }
         }
-        let op = t.req_strings("Op_Name")?;
-        let level = t.req_ints("Level_ID")?;
-        let task = t.req_ints("Task_ID")?;
-        let kname = t.req_strings("Kernel_Name")?;
-        let rt = t.req_floats("CUDA_Runtime")?;
-        let nat = t.req_floats("PyTorch_Native_Runtime")?;
-        let comp = t.req_floats("PyTorch_Compile_Runtime")?;
-        let sp_n = t.req_floats("CUDA_Speedup_Native")?;
-        let sp_c = t.req_floats("CUDA_Speedup_Compile")?;
-        let code = t.req_strings("CUDA_Code")?;
-        let refc = t.req_strings("PyTorch_Code_Module")?;
-        let correct = t.req_bools("Correct")?;
-        let maxd = t.floats("Max_Diff")?;
-        let err = t.strings("Error")?;
-        let ncu = t.strings("NCU_Profile")?;
-        let tidy = t.strings("Clang_Tidy")?;
-        let idx = t.ints("__index_level_0__")?;
-
-        type RowResult = std::result::Result<Option<(KernelRow, Option<String>, bool)>, DataError>;
+        let cols = Columns::read(&t)?;
         let rows: Vec<RowResult> = (0..t.rows())
             .into_par_iter()
-            .map(|i| -> RowResult {
-                let null = |field: &str| {
-                    DataError::bad(&f.display, Some(field), format!("null in row {i}"))
-                };
-                let Some(code) = code.get(i) else {
-                    return Ok(None);
-                };
-                let op_name = op.get(i).ok_or_else(|| null("Op_Name"))?;
-                let level = level.get(i).ok_or_else(|| null("Level_ID"))?;
-                let task_id = task.get(i).ok_or_else(|| null("Task_ID"))?;
-                let pid = problem_id(level, op_name);
-                let reference = refc.get(i);
-                let known = problems.contains(&pid);
-                let source_row = idx.as_ref().and_then(|c| c.get(i)).unwrap_or(i as i64);
-                let mut ncu_err = None;
-                let profile = match ncu.as_ref().and_then(|c| c.get(i)) {
-                    None => None,
-                    Some(text) => match parse_ncu(text) {
-                        Ok(p) => Some(p),
-                        Err(e) => {
-                            if strict {
-                                return Err(DataError::bad(
-                                    &f.display,
-                                    Some("NCU_Profile"),
-                                    format!("row {i}: {e}"),
-                                ));
-                            }
-                            ncu_err = Some(format!("row {i}: {e}"));
-                            None
-                        }
-                    },
-                };
-                let row = KernelRow {
-                    kernel_id: blake3_hex(code),
-                    row_id: format!("sakana/{}/{}", f.split, i),
-                    source: "sakana".into(),
-                    problem_id: known.then(|| pid.clone()),
-                    level,
-                    task_id,
-                    op_name: Some(op_name.to_string()),
-                    kernel_name: kname.get(i).map(str::to_string),
-                    abi: "torch".into(),
-                    format: detect_format(code).into(),
-                    has_cuda_kernel: code.contains("__global__"),
-                    code: code.to_string(),
-                    reference_code: reference.map(str::to_string),
-                    reference_matches_problem: reference
-                        .and_then(|r| problems.reference_matches(&pid, r)),
-                    claimed_correct: correct.get(i),
-                    claimed_speedup_native: sp_n.get(i),
-                    claimed_speedup_compile: sp_c.get(i),
-                    claimed_runtime_ms: rt.get(i),
-                    torch_native_ms: nat.get(i),
-                    torch_compile_ms: comp.get(i),
-                    claimed_max_diff: maxd.as_ref().and_then(|c| c.get(i)),
-                    error: err.as_ref().and_then(|c| c.get(i)).map(str::to_string),
-                    gpu: None,
-                    clang_tidy_warnings: tidy
-                        .as_ref()
-                        .and_then(|c| c.get(i))
-                        .and_then(clang_tidy_warnings),
-                    ncu: profile,
-                    provenance: format!("{} {} row {}", f.provenance, f.name, source_row),
-                };
-                Ok(Some((row, ncu_err, known)))
-            })
+            .map(|i| cols.row(i, f, problems, strict))
             .collect();
-        let (mut skipped, mut bad_ncu, mut unknown) = (0usize, Vec::new(), 0usize);
-        for r in rows {
-            match r? {
-                None => skipped += 1,
-                Some((row, e, known)) => {
-                    if let Some(e) = e {
-                        bad_ncu.push(e);
-                    }
-                    if !known {
-                        unknown += 1;
-                    }
-                    out.rows.push(row);
-                }
-            }
-        }
-        if skipped > 0 {
-            out.warnings.push(format!(
-                "{}: {skipped} rows with null CUDA_Code skipped",
-                f.display
-            ));
-        }
-        if !bad_ncu.is_empty() {
-            out.warnings.push(format!(
-                "{}: {} rows have an unparseable NCU_Profile (kept with null NCU columns; first: {})",
-                f.display,
-                bad_ncu.len(),
-                bad_ncu[0]
-            ));
-        }
-        if unknown > 0 {
-            out.warnings.push(format!(
-                "{}: {unknown} rows name a problem not in `problems` (problem_id left null)",
-                f.display
-            ));
-        }
+        collect_rows(rows, f, &mut out)?;
     }
     Ok(out)
+}
+
+/// One archive row's outcome: `None` for a row with null `CUDA_Code` (skipped), else the row,
+/// the NCU profile's parse error (kept with a null profile) and whether its problem is known.
+type RowResult = std::result::Result<Option<(KernelRow, Option<String>, bool)>, DataError>;
+
+/// The archive columns a `kernels` row is made of, read from one file (optional ones `None`
+/// when absent).
+struct Columns {
+    op: StrCol,
+    level: I64Col,
+    task: I64Col,
+    kname: StrCol,
+    rt: F64Col,
+    nat: F64Col,
+    comp: F64Col,
+    sp_n: F64Col,
+    sp_c: F64Col,
+    code: StrCol,
+    refc: StrCol,
+    correct: BoolCol,
+    maxd: Option<F64Col>,
+    err: Option<StrCol>,
+    ncu: Option<StrCol>,
+    tidy: Option<StrCol>,
+    idx: Option<I64Col>,
+}
+
+impl Columns {
+    /// The columns of `t`.
+    ///
+    /// # Errors
+    /// A required column missing, a column of the wrong type.
+    fn read(t: &Table) -> Result<Columns> {
+        Ok(Columns {
+            op: t.req_strings("Op_Name")?,
+            level: t.req_ints("Level_ID")?,
+            task: t.req_ints("Task_ID")?,
+            kname: t.req_strings("Kernel_Name")?,
+            rt: t.req_floats("CUDA_Runtime")?,
+            nat: t.req_floats("PyTorch_Native_Runtime")?,
+            comp: t.req_floats("PyTorch_Compile_Runtime")?,
+            sp_n: t.req_floats("CUDA_Speedup_Native")?,
+            sp_c: t.req_floats("CUDA_Speedup_Compile")?,
+            code: t.req_strings("CUDA_Code")?,
+            refc: t.req_strings("PyTorch_Code_Module")?,
+            correct: t.req_bools("Correct")?,
+            maxd: t.floats("Max_Diff")?,
+            err: t.strings("Error")?,
+            ncu: t.strings("NCU_Profile")?,
+            tidy: t.strings("Clang_Tidy")?,
+            idx: t.ints("__index_level_0__")?,
+        })
+    }
+
+    /// Row `i` of file `f` as a `kernels` row (see [`RowResult`]).
+    ///
+    /// # Errors
+    /// A null identity field; with `strict`, an unparseable `NCU_Profile`.
+    fn row(&self, i: usize, f: &SakanaFile, problems: &ProblemIndex, strict: bool) -> RowResult {
+        let null =
+            |field: &str| DataError::bad(&f.display, Some(field), format!("null in row {i}"));
+        let Some(code) = self.code.get(i) else {
+            return Ok(None);
+        };
+        let op_name = self.op.get(i).ok_or_else(|| null("Op_Name"))?;
+        let level = self.level.get(i).ok_or_else(|| null("Level_ID"))?;
+        let task_id = self.task.get(i).ok_or_else(|| null("Task_ID"))?;
+        let pid = problem_id(level, op_name);
+        let reference = self.refc.get(i);
+        let known = problems.contains(&pid);
+        let source_row = self.idx.as_ref().and_then(|c| c.get(i)).unwrap_or(i as i64);
+        let mut ncu_err = None;
+        let profile = match self.ncu.as_ref().and_then(|c| c.get(i)) {
+            None => None,
+            Some(text) => match parse_ncu(text) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    if strict {
+                        return Err(DataError::bad(
+                            &f.display,
+                            Some("NCU_Profile"),
+                            format!("row {i}: {e}"),
+                        ));
+                    }
+                    ncu_err = Some(format!("row {i}: {e}"));
+                    None
+                }
+            },
+        };
+        let row = KernelRow {
+            kernel_id: blake3_hex(code),
+            row_id: format!("sakana/{}/{}", f.split, i),
+            source: "sakana".into(),
+            problem_id: known.then(|| pid.clone()),
+            level,
+            task_id,
+            op_name: Some(op_name.to_string()),
+            kernel_name: self.kname.get(i).map(str::to_string),
+            abi: "torch".into(),
+            format: detect_format(code).into(),
+            has_cuda_kernel: code.contains("__global__"),
+            code: code.to_string(),
+            reference_code: reference.map(str::to_string),
+            reference_matches_problem: reference.and_then(|r| problems.reference_matches(&pid, r)),
+            claimed_correct: self.correct.get(i),
+            claimed_speedup_native: self.sp_n.get(i),
+            claimed_speedup_compile: self.sp_c.get(i),
+            claimed_runtime_ms: self.rt.get(i),
+            torch_native_ms: self.nat.get(i),
+            torch_compile_ms: self.comp.get(i),
+            claimed_max_diff: self.maxd.as_ref().and_then(|c| c.get(i)),
+            error: self.err.as_ref().and_then(|c| c.get(i)).map(str::to_string),
+            gpu: None,
+            clang_tidy_warnings: self
+                .tidy
+                .as_ref()
+                .and_then(|c| c.get(i))
+                .and_then(clang_tidy_warnings),
+            ncu: profile,
+            provenance: format!("{} {} row {}", f.provenance, f.name, source_row),
+        };
+        Ok(Some((row, ncu_err, known)))
+    }
+}
+
+/// Appends file `f`'s rows to `out.rows` in file order, with a warning each for the rows
+/// skipped, the unparseable NCU profiles and the unknown problems.
+///
+/// # Errors
+/// The first row that failed.
+fn collect_rows(rows: Vec<RowResult>, f: &SakanaFile, out: &mut Ingested) -> Result<()> {
+    let (mut skipped, mut bad_ncu, mut unknown) = (0usize, Vec::new(), 0usize);
+    for r in rows {
+        match r? {
+            None => skipped += 1,
+            Some((row, e, known)) => {
+                if let Some(e) = e {
+                    bad_ncu.push(e);
+                }
+                if !known {
+                    unknown += 1;
+                }
+                out.rows.push(row);
+            }
+        }
+    }
+    if skipped > 0 {
+        out.warnings.push(format!(
+            "{}: {skipped} rows with null CUDA_Code skipped",
+            f.display
+        ));
+    }
+    if !bad_ncu.is_empty() {
+        out.warnings.push(format!(
+            "{}: {} rows have an unparseable NCU_Profile (kept with null NCU columns; first: {})",
+            f.display,
+            bad_ncu.len(),
+            bad_ncu[0]
+        ));
+    }
+    if unknown > 0 {
+        out.warnings.push(format!(
+            "{}: {unknown} rows name a problem not in `problems` (problem_id left null)",
+            f.display
+        ));
+    }
+    Ok(())
 }

@@ -412,90 +412,7 @@ pub fn feedback(
     let (Some(code), Some(v)) = (code, verdict) else {
         return "No code block found. Answer with one ```cuda code block holding the whole .cu file (kernels and the extern \"C\" launcher).".into();
     };
-    let mut out = Vec::new();
-    match v.failure.as_deref() {
-        Some("static_reject") => out.push(format!(
-            "Rejected before compiling: {}.",
-            v.failure_detail.clone().unwrap_or_default()
-        )),
-        Some("compile_error") | Some("compile_timeout") => {
-            out.push("Compilation failed:".to_string());
-            let errs: Vec<String> = v
-                .diagnostics
-                .iter()
-                .filter(|d| d.severity.contains("error"))
-                .take(5)
-                .map(|d| match d.line {
-                    Some(l) => format!("  line {l}: error: {}", d.message),
-                    None => format!("  error: {}", d.message),
-                })
-                .collect();
-            if errs.is_empty() {
-                out.push(format!(
-                    "  {}",
-                    v.failure_detail
-                        .clone()
-                        .unwrap_or_default()
-                        .lines()
-                        .take(5)
-                        .collect::<Vec<_>>()
-                        .join("\n  ")
-                ));
-            } else {
-                out.extend(errs);
-            }
-        }
-        Some(f) => {
-            let t = v.tests.iter().find(|t| !t.passed);
-            let which = t.map(|t| {
-                let seed = if public_seeds.contains(&t.seed) {
-                    format!("seed {}", t.seed)
-                } else {
-                    "a hidden seed".into()
-                };
-                format!(
-                    " on the {} shape {} ({seed}): {}",
-                    t.split,
-                    serde_json::to_string(&t.sizes).unwrap_or_default(),
-                    t.message.clone().unwrap_or_default()
-                )
-            });
-            let n_fail = v.tests.iter().filter(|t| !t.passed).count();
-            out.push(match which {
-                Some(w) => format!(
-                    "Compiled, but {n_fail} of {} tests failed ({f}){w}.",
-                    v.tests.len()
-                ),
-                None => format!(
-                    "Compiled, but it failed: {f}: {}.",
-                    v.failure_detail.clone().unwrap_or_default()
-                ),
-            });
-        }
-        None if v.mode == "full" => {
-            let mut s = format!(
-                "All {} tests passed (train and hold-out shapes, public and hidden seeds).",
-                v.tests.len()
-            );
-            if let Some(t) = &v.timing {
-                s.push_str(&format!(" Median time {:.4} ms", t.median_ms));
-                if let Some(x) = v.speedup_vs_naive {
-                    s.push_str(&format!(", {x:.2}x the naive kernel"));
-                }
-                if let Some(x) = v.speedup_vs_torch {
-                    s.push_str(&format!(", {x:.2}x PyTorch"));
-                }
-                if let Some(f) = v.dram_fraction_of_peak {
-                    s.push_str(&format!(", {:.0}% of peak DRAM bandwidth", 100.0 * f));
-                }
-                s.push('.');
-            }
-            out.push(s);
-        }
-        None => out.push(
-            "Compiled (compile-only: no GPU on this machine, so the tests did not run).".into(),
-        ),
-    }
+    let mut out = outcome_lines(v, public_seeds);
     for f in &v.hack_flags {
         out.push(format!(
             "Flagged as a reward hack ({f}): {}. A flagged kernel earns no reward.",
@@ -503,34 +420,145 @@ pub fn feedback(
         ));
     }
     if v.compiled {
-        for r in &v.resources {
-            let name = r.kernel.as_str();
-            if r.spill_store_bytes > 0 || r.spill_load_bytes > 0 {
-                out.push(format!(
-                    "Kernel {name} spills registers ({} bytes stores, {} bytes loads): reduce live values.",
-                    r.spill_store_bytes, r.spill_load_bytes
-                ));
-            }
-            if r.registers > 128 {
-                out.push(format!(
-                    "Kernel {name} uses {} registers per thread: occupancy is limited to {} warps per SM.",
-                    r.registers,
-                    (65536 / (r.registers.max(1) * 32)).min(64)
-                ));
-            }
-            if r.shared_mem_bytes > 49152 {
-                out.push(format!(
-                    "Kernel {name} uses {} bytes of static shared memory per block (over 48 KiB).",
-                    r.shared_mem_bytes
-                ));
-            }
-        }
-        let (_, coalesced) = crate::reward::source_features(code);
-        if !coalesced && tier <= 1 {
-            out.push("Global accesses may be uncoalesced: index with blockIdx.x * blockDim.x + threadIdx.x so neighbouring threads touch neighbouring addresses.".into());
-        }
+        out.extend(resource_lines(tier, code, v));
     }
     out.join("\n")
+}
+
+/// The feedback lines on the verdict's outcome: the static reject, the compile errors, the
+/// failing test, or that every test passed with the timing (public seeds in `public_seeds`).
+fn outcome_lines(v: &Verdict, public_seeds: &[u64]) -> Vec<String> {
+    match v.failure.as_deref() {
+        Some("static_reject") => vec![format!(
+            "Rejected before compiling: {}.",
+            v.failure_detail.clone().unwrap_or_default()
+        )],
+        Some("compile_error") | Some("compile_timeout") => compile_error_lines(v),
+        Some(f) => vec![test_failure_line(v, f, public_seeds)],
+        None if v.mode == "full" => vec![passed_line(v)],
+        None => vec![
+            "Compiled (compile-only: no GPU on this machine, so the tests did not run).".into(),
+        ],
+    }
+}
+
+/// The feedback lines on a failed build: the first five compiler errors with their lines, else
+/// the first five lines of the failure's detail.
+fn compile_error_lines(v: &Verdict) -> Vec<String> {
+    let mut out = vec!["Compilation failed:".to_string()];
+    let errs: Vec<String> = v
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity.contains("error"))
+        .take(5)
+        .map(|d| match d.line {
+            Some(l) => format!("  line {l}: error: {}", d.message),
+            None => format!("  error: {}", d.message),
+        })
+        .collect();
+    if errs.is_empty() {
+        out.push(format!(
+            "  {}",
+            v.failure_detail
+                .clone()
+                .unwrap_or_default()
+                .lines()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        ));
+    } else {
+        out.extend(errs);
+    }
+    out
+}
+
+/// The feedback line on a kernel that compiled but failed with `failure`: how many tests
+/// failed and the first failing test's split, shape and error (its seed only when it is one of
+/// `public_seeds`), else the failure's detail.
+fn test_failure_line(v: &Verdict, failure: &str, public_seeds: &[u64]) -> String {
+    let t = v.tests.iter().find(|t| !t.passed);
+    let which = t.map(|t| {
+        let seed = if public_seeds.contains(&t.seed) {
+            format!("seed {}", t.seed)
+        } else {
+            "a hidden seed".into()
+        };
+        format!(
+            " on the {} shape {} ({seed}): {}",
+            t.split,
+            serde_json::to_string(&t.sizes).unwrap_or_default(),
+            t.message.clone().unwrap_or_default()
+        )
+    });
+    let n_fail = v.tests.iter().filter(|t| !t.passed).count();
+    match which {
+        Some(w) => format!(
+            "Compiled, but {n_fail} of {} tests failed ({failure}){w}.",
+            v.tests.len()
+        ),
+        None => format!(
+            "Compiled, but it failed: {failure}: {}.",
+            v.failure_detail.clone().unwrap_or_default()
+        ),
+    }
+}
+
+/// The feedback line on a kernel that passed every test: the median time (ms) and the speedups
+/// over the naive kernel and PyTorch and the fraction of peak DRAM bandwidth, where measured.
+fn passed_line(v: &Verdict) -> String {
+    let mut s = format!(
+        "All {} tests passed (train and hold-out shapes, public and hidden seeds).",
+        v.tests.len()
+    );
+    if let Some(t) = &v.timing {
+        s.push_str(&format!(" Median time {:.4} ms", t.median_ms));
+        if let Some(x) = v.speedup_vs_naive {
+            s.push_str(&format!(", {x:.2}x the naive kernel"));
+        }
+        if let Some(x) = v.speedup_vs_torch {
+            s.push_str(&format!(", {x:.2}x PyTorch"));
+        }
+        if let Some(f) = v.dram_fraction_of_peak {
+            s.push_str(&format!(", {:.0}% of peak DRAM bandwidth", 100.0 * f));
+        }
+        s.push('.');
+    }
+    s
+}
+
+/// The feedback lines on a compiled kernel's resources: register spills, register pressure
+/// (over 128 per thread), static shared memory over 48 KiB per block, and for tiers 0 and 1
+/// global accesses in `code` that may be uncoalesced.
+fn resource_lines(tier: i64, code: &str, v: &Verdict) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in &v.resources {
+        let name = r.kernel.as_str();
+        if r.spill_store_bytes > 0 || r.spill_load_bytes > 0 {
+            out.push(format!(
+                "Kernel {name} spills registers ({} bytes stores, {} bytes loads): reduce live values.",
+                r.spill_store_bytes, r.spill_load_bytes
+            ));
+        }
+        if r.registers > 128 {
+            out.push(format!(
+                "Kernel {name} uses {} registers per thread: occupancy is limited to {} warps per SM.",
+                r.registers,
+                (65536 / (r.registers.max(1) * 32)).min(64)
+            ));
+        }
+        if r.shared_mem_bytes > 49152 {
+            out.push(format!(
+                "Kernel {name} uses {} bytes of static shared memory per block (over 48 KiB).",
+                r.shared_mem_bytes
+            ));
+        }
+    }
+    let (_, coalesced) = crate::reward::source_features(code);
+    if !coalesced && tier <= 1 {
+        out.push("Global accesses may be uncoalesced: index with blockIdx.x * blockDim.x + threadIdx.x so neighbouring threads touch neighbouring addresses.".into());
+    }
+    out
 }
 
 /// Settings of a batch of episodes.
@@ -594,23 +622,115 @@ pub fn run_episodes<T: EpisodeTask + ?Sized>(
         } else {
             Role::Optimizer
         };
-        let mut convs: Vec<Vec<ChatMessage>> = active
+        let round = Round {
+            tasks,
+            active: &active,
+            turn,
+            role,
+            cfg,
+            s,
+        };
+        round.run(policy, tester, &mut eps)?;
+    }
+    assign_credits(&mut eps, cfg);
+    Ok(eps)
+}
+
+/// One turn of a batch of episodes: the tasks, the indices of the episodes still running, the
+/// turn (0-based), who answers it, the reward config and the settings.
+struct Round<'a, T: ?Sized> {
+    /// The task of each episode.
+    tasks: &'a [&'a T],
+    /// Indices of the episodes not done, in order.
+    active: &'a [usize],
+    /// The turn, 0-based.
+    turn: usize,
+    /// Who answers: the generator on turn 0, the optimizer after.
+    role: Role,
+    /// The reward config (scores, stop condition).
+    cfg: &'a RewardConfig,
+    /// The batch's settings.
+    s: &'a EpisodeSettings,
+}
+
+/// What the tester made of one turn's candidates, by position among the active episodes.
+struct Judged {
+    /// Position -> the earlier turn of its episode that submitted the same code.
+    repeat: BTreeMap<usize, usize>,
+    /// Position -> the verdict and SASS of its candidate, where it was tested.
+    verdicts: BTreeMap<usize, (Verdict, Option<String>)>,
+}
+
+/// A turn's answer as scored: its reward components, the tester's feedback and the failure class.
+struct Assessed {
+    /// Every reward component.
+    reward: RewardComponents,
+    /// The tester's feedback.
+    feedback: String,
+    /// The failure class (`no_code` without code).
+    failure: Option<String>,
+}
+
+/// BLAKE3 of a kernel's code (the key of [`Episode::seen`]).
+fn code_hash(code: &str) -> [u8; 32] {
+    *blake3::hash(code.as_bytes()).as_bytes()
+}
+
+impl<T: EpisodeTask + ?Sized> Round<'_, T> {
+    /// Runs the turn on `eps`: the active episodes' conversations to the policy, their new
+    /// kernels to the tester, and each answer scored and recorded in its episode.
+    fn run(
+        &self,
+        policy: &mut dyn Policy,
+        tester: &mut dyn Tester<T>,
+        eps: &mut [Episode],
+    ) -> Result<(), RlError> {
+        let mut convs = self.conversations(eps);
+        let answers = self.answer(policy, tester, eps, &convs)?;
+        let codes: Vec<Option<String>> = answers
+            .iter()
+            .map(|a| prompts::extract_code(&a.text))
+            .collect();
+        let judged = self.judge(tester, eps, &codes)?;
+        for (k, &i) in self.active.iter().enumerate() {
+            let code = codes[k].clone();
+            let e = &mut eps[i];
+            let x = self.assess(self.tasks[i], e, code.as_deref(), &judged, k);
+            self.record(e, &answers[k], code, std::mem::take(&mut convs[k]), x);
+        }
+        Ok(())
+    }
+
+    /// The conversation of each active episode: the generator's on the first turn, the
+    /// optimizer's after.
+    fn conversations(&self, eps: &[Episode]) -> Vec<Vec<ChatMessage>> {
+        self.active
             .iter()
             .map(|&i| {
-                if turn == 0 {
-                    generator_messages(&tasks[i].text().view(), 0, 0)
+                if self.turn == 0 {
+                    generator_messages(&self.tasks[i].text().view(), 0, 0)
                 } else {
-                    optimizer_conversation(tasks[i], &eps[i])
+                    optimizer_conversation(self.tasks[i], &eps[i])
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// The policy's answers to `convs`, one per active episode; each new kernel goes to the
+    /// tester's compiler as soon as its answer is finished.
+    fn answer(
+        &self,
+        policy: &mut dyn Policy,
+        tester: &mut dyn Tester<T>,
+        eps: &[Episode],
+        convs: &[Vec<ChatMessage>],
+    ) -> Result<Vec<Answer>, RlError> {
+        let (tasks, active) = (self.tasks, self.active);
         // Kernels go to the harness's compiler as soon as each answer is finished.
         // (Not code the episode already submitted: that is answered from its earlier turn.)
-        let answers = policy.answer_streaming(role, &convs, &mut |k, text| {
+        let answers = policy.answer_streaming(self.role, convs, &mut |k, text| {
             if let (Some(&i), Some(c)) = (active.get(k), prompts::extract_code(text))
-                && !eps[i]
-                    .seen
-                    .contains_key(blake3::hash(c.as_bytes()).as_bytes())
+                && !eps[i].seen.contains_key(&code_hash(&c))
             {
                 tester.prefetch(tasks[i], &c);
             }
@@ -622,129 +742,172 @@ pub fn run_episodes<T: EpisodeTask + ?Sized>(
                 active.len()
             )));
         }
-        let codes: Vec<Option<String>> = answers
-            .iter()
-            .map(|a| prompts::extract_code(&a.text))
-            .collect();
+        Ok(answers)
+    }
+
+    /// Tests the code of `codes` (one per active episode) that its episode has not submitted
+    /// before; the rest are repeats of an earlier turn.
+    fn judge(
+        &self,
+        tester: &mut dyn Tester<T>,
+        eps: &[Episode],
+        codes: &[Option<String>],
+    ) -> Result<Judged, RlError> {
         // Only code not seen before in its episode goes to the harness.
         let mut to_test: Vec<(usize, &T, &str)> = Vec::new();
         let mut repeat: BTreeMap<usize, usize> = BTreeMap::new();
-        for (k, &i) in active.iter().enumerate() {
+        for (k, &i) in self.active.iter().enumerate() {
             if let Some(c) = &codes[k] {
-                let h = *blake3::hash(c.as_bytes()).as_bytes();
-                match eps[i].seen.get(&h) {
+                match eps[i].seen.get(&code_hash(c)) {
                     Some(&prev) => {
                         repeat.insert(k, prev);
                     }
-                    None => to_test.push((k, tasks[i], c.as_str())),
+                    None => to_test.push((k, self.tasks[i], c.as_str())),
                 }
             }
         }
-        // Identical candidates for the same task (a group's episodes often agree) are judged
-        // once and the verdict shared.
-        let mut unique: Vec<(&T, &str)> = Vec::new();
-        let mut first: BTreeMap<(&str, [u8; 32]), usize> = BTreeMap::new();
-        let slots: Vec<usize> = to_test
-            .iter()
-            .map(|(_, t, c)| {
-                let key = (t.id(), *blake3::hash(c.as_bytes()).as_bytes());
-                *first.entry(key).or_insert_with(|| {
-                    unique.push((*t, *c));
-                    unique.len() - 1
-                })
-            })
-            .collect();
-        let results = tester.test_many(&unique)?;
-        let mut verdicts: BTreeMap<usize, (Verdict, Option<String>)> = BTreeMap::new();
-        for ((k, _, _), slot) in to_test.iter().zip(&slots) {
-            if let Some(r) = results.get(*slot) {
-                verdicts.insert(*k, r.clone());
-            }
-        }
-        for (k, &i) in active.iter().enumerate() {
-            let task = tasks[i];
-            let a = &answers[k];
-            let code = codes[k].clone();
-            let e = &mut eps[i];
-            let (reward, fb, failure) = if let Some(&prev) = repeat.get(&k) {
-                let p = &e.turns[prev];
-                (
-                    p.reward.clone(),
-                    format!(
-                        "This kernel is identical to your attempt in turn {} (not rebuilt). {}",
-                        prev + 1,
-                        p.feedback
-                    ),
-                    p.failure.clone(),
-                )
-            } else {
-                let vd = verdicts.get(&k);
-                let r = score(
-                    cfg,
-                    code.as_deref(),
-                    vd.map(|x| &x.0),
-                    vd.and_then(|x| x.1.as_deref()),
-                );
-                let fb = feedback(
-                    task.tier(),
-                    code.as_deref(),
-                    vd.map(|x| &x.0),
-                    &s.public_seeds,
-                );
-                let failure = match (&code, vd) {
-                    (None, _) => Some("no_code".to_string()),
-                    (_, Some((v, _))) => v.failure.clone(),
-                    _ => None,
-                };
-                if let Some(c) = &code {
-                    e.seen.insert(*blake3::hash(c.as_bytes()).as_bytes(), turn);
-                }
-                (r, fb, failure)
+        let verdicts = test_once(tester, &to_test)?;
+        Ok(Judged { repeat, verdicts })
+    }
+
+    /// Scores the answer of position `k` (episode `e` on `task`, its code `code`): a repeat
+    /// takes its earlier turn's reward and feedback, a new kernel is scored from its verdict
+    /// and entered in the episode's compilation cache.
+    fn assess(
+        &self,
+        task: &T,
+        e: &mut Episode,
+        code: Option<&str>,
+        judged: &Judged,
+        k: usize,
+    ) -> Assessed {
+        if let Some(&prev) = judged.repeat.get(&k) {
+            let p = &e.turns[prev];
+            return Assessed {
+                reward: p.reward.clone(),
+                feedback: format!(
+                    "This kernel is identical to your attempt in turn {} (not rebuilt). {}",
+                    prev + 1,
+                    p.feedback
+                ),
+                failure: p.failure.clone(),
             };
-            if let Some(f) = &failure {
-                e.failed.push((turn, f.clone()));
-            }
-            if reward.gate
-                && let Some(x) = reward.speedup
-            {
-                e.trajectory.push((turn, x));
-            }
-            if let Some(c) = &code {
-                for st in strategies(c) {
-                    if !e.tried.iter().any(|t| t == st) {
-                        e.tried.push(st.to_string());
-                    }
-                }
-            }
-            let stop = cfg.stops(&reward);
-            e.turns.push(Turn {
-                turn,
-                role,
-                completion: a.id,
-                tokens: a.tokens,
-                text: a.text.clone(),
-                code,
-                failure,
-                feedback: fb,
-                reward,
-                credit: 0.0,
-                value: a.value,
-                prompt: std::mem::take(&mut convs[k]),
-            });
-            if stop || turn + 1 >= s.max_turns {
-                e.done = true;
-            }
+        }
+        let vd = judged.verdicts.get(&k);
+        let reward = score(
+            self.cfg,
+            code,
+            vd.map(|x| &x.0),
+            vd.and_then(|x| x.1.as_deref()),
+        );
+        let fb = feedback(task.tier(), code, vd.map(|x| &x.0), &self.s.public_seeds);
+        let failure = match (code, vd) {
+            (None, _) => Some("no_code".to_string()),
+            (_, Some((v, _))) => v.failure.clone(),
+            _ => None,
+        };
+        if let Some(c) = code {
+            e.seen.insert(code_hash(c), self.turn);
+        }
+        Assessed {
+            reward,
+            feedback: fb,
+            failure,
         }
     }
+
+    /// Records answer `a` (its code `code`, the conversation `prompt` it answered, scored as
+    /// `scored`) as the turn of `e`: its failure, speedup and strategies, and whether the episode is
+    /// done.
+    fn record(
+        &self,
+        e: &mut Episode,
+        a: &Answer,
+        code: Option<String>,
+        prompt: Vec<ChatMessage>,
+        scored: Assessed,
+    ) {
+        let turn = self.turn;
+        let Assessed {
+            reward,
+            feedback: fb,
+            failure,
+        } = scored;
+        if let Some(f) = &failure {
+            e.failed.push((turn, f.clone()));
+        }
+        if reward.gate
+            && let Some(x) = reward.speedup
+        {
+            e.trajectory.push((turn, x));
+        }
+        if let Some(c) = &code {
+            for st in strategies(c) {
+                if !e.tried.iter().any(|t| t == st) {
+                    e.tried.push(st.to_string());
+                }
+            }
+        }
+        let stop = self.cfg.stops(&reward);
+        e.turns.push(Turn {
+            turn,
+            role: self.role,
+            completion: a.id,
+            tokens: a.tokens,
+            text: a.text.clone(),
+            code,
+            failure,
+            feedback: fb,
+            reward,
+            credit: 0.0,
+            value: a.value,
+            prompt,
+        });
+        if stop || turn + 1 >= self.s.max_turns {
+            e.done = true;
+        }
+    }
+}
+
+/// Judges `to_test` (position, task, code): identical candidates for the same task (a group's
+/// episodes often agree) are judged once and the verdict shared; the verdicts by position.
+fn test_once<T: EpisodeTask + ?Sized>(
+    tester: &mut dyn Tester<T>,
+    to_test: &[(usize, &T, &str)],
+) -> Result<BTreeMap<usize, (Verdict, Option<String>)>, RlError> {
+    let mut unique: Vec<(&T, &str)> = Vec::new();
+    let mut first: BTreeMap<(&str, [u8; 32]), usize> = BTreeMap::new();
+    let slots: Vec<usize> = to_test
+        .iter()
+        .map(|(_, t, c)| {
+            let key = (t.id(), code_hash(c));
+            *first.entry(key).or_insert_with(|| {
+                unique.push((*t, *c));
+                unique.len() - 1
+            })
+        })
+        .collect();
+    let results = tester.test_many(&unique)?;
+    let mut verdicts: BTreeMap<usize, (Verdict, Option<String>)> = BTreeMap::new();
+    for ((k, _, _), slot) in to_test.iter().zip(&slots) {
+        if let Some(r) = results.get(*slot) {
+            verdicts.insert(*k, r.clone());
+        }
+    }
+    Ok(verdicts)
+}
+
+/// Ends every episode and fills in each turn's credit from the episode's immediate rewards
+/// (the config's turn credit).
+fn assign_credits(eps: &mut [Episode], cfg: &RewardConfig) {
     let w = cfg.credit;
-    for e in &mut eps {
+    for e in eps {
         e.done = true;
         let imm: Vec<f64> = e.turns.iter().map(|t| t.reward.reward).collect();
         for (t, c) in e.turns.iter_mut().zip(turn_credits(&imm, &w)) {
             t.credit = c;
         }
     }
-    Ok(eps)
 }
 
 #[cfg(test)]

@@ -490,6 +490,51 @@ fn row_reduce(
     kernels: &[RowKernel],
     block: u32,
 ) -> Family {
+    let mut spec = row_reduce_spec(id, r, e, scalar);
+    let elem = render(e, Lang::C(&*leaf_as("v")));
+    let naive = row_reduce_naive(&spec, r, &elem);
+    let src = RowReduceSource::new(&spec, r, &elem);
+    let optimized = kernels
+        .iter()
+        .map(|k| (k.file().to_string(), src.kernel(*k, block)))
+        .collect::<Vec<_>>();
+    spec.optimized = optimized.iter().map(|(f, _)| f.clone()).collect();
+    Family {
+        spec,
+        naive,
+        optimized,
+    }
+}
+
+impl Red {
+    /// The reduction's name, its identity, and the C expression combining `a` and `b`.
+    fn ops(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Red::Sum => ("sum", "0.0f", "a + b"),
+            Red::Mean => ("mean", "0.0f", "a + b"),
+            Red::Max => ("max", "-INFINITY", "fmaxf(a, b)"),
+            Red::Min => ("min", "INFINITY", "fminf(a, b)"),
+        }
+    }
+
+    /// The row's result from the combined value `acc` (divided by `cols` for a mean).
+    fn result(self, acc: &str) -> String {
+        if self == Red::Mean {
+            format!("{acc} / (float)cols")
+        } else {
+            acc.to_string()
+        }
+    }
+}
+
+/// A leaf renderer that writes `x` and `y` as `name` and the scalar as `s`.
+fn leaf_as(name: &str) -> Box<dyn Fn(&str) -> String> {
+    let name = name.to_string();
+    Box::new(move |v: &str| if v == "s" { "s".into() } else { name.clone() })
+}
+
+/// The spec of the row reduction `r` of `e` over `x` of shape `(rows, cols)`.
+fn row_reduce_spec(id: &str, r: Red, e: &E, scalar: Option<usize>) -> TaskSpec {
     let mut args = vec![
         arg("x", ArgKind::Input, &["rows", "cols"]),
         arg("out", ArgKind::Output, &["rows"]),
@@ -499,23 +544,14 @@ fn row_reduce(
     }
     args.push(arg("rows", ArgKind::Size, &[]));
     args.push(arg("cols", ArgKind::Size, &[]));
-    let (rname, init, comb) = match r {
-        Red::Sum => ("sum", "0.0f", "a + b"),
-        Red::Mean => ("mean", "0.0f", "a + b"),
-        Red::Max => ("max", "-INFINITY", "fmaxf(a, b)"),
-        Red::Min => ("min", "INFINITY", "fminf(a, b)"),
-    };
-    let at = |name: &str| -> Box<dyn Fn(&str) -> String> {
-        let name = name.to_string();
-        Box::new(move |v: &str| if v == "s" { "s".into() } else { name.clone() })
-    };
-    let desc_elem = render(e, Lang::C(&*at("x[r*cols + c]")));
+    let (rname, _, _) = r.ops();
+    let desc_elem = render(e, Lang::C(&*leaf_as("x[r*cols + c]")));
     let description = if r == Red::Mean {
         format!("out[r] = mean over c of {desc_elem} (the sum divided by cols), for r in [0, rows)")
     } else {
         format!("out[r] = {rname} over c of {desc_elem}, for r in [0, rows)")
     };
-    let spec = spec(
+    spec(
         id.to_string(),
         1,
         description,
@@ -523,18 +559,14 @@ fn row_reduce(
         format!("{rname}({}, 1)", render(e, Lang::Ref)),
         scalar,
         true,
-    );
+    )
+}
+
+/// The naive row-reduction kernel: one thread per row, `elem` the C expression of element `v`.
+fn row_reduce_naive(spec: &TaskSpec, r: Red, elem: &str) -> String {
     let sig = spec.signature();
-    let (decl, names) = params(&spec, false);
-    let (rdecl, _) = params(&spec, true);
-    let elem = render(e, Lang::C(&*at("v")));
-    let fin = |acc: &str| {
-        if r == Red::Mean {
-            format!("{acc} / (float)cols")
-        } else {
-            acc.to_string()
-        }
-    };
+    let (decl, names) = params(spec, false);
+    let (_, init, _) = r.ops();
     let comb_of = |a: &str, b: &str| match r {
         Red::Sum | Red::Mean => format!("{a} + {b}"),
         Red::Max => format!("fmaxf({a}, {b})"),
@@ -555,9 +587,13 @@ fn row_reduce(
             },
         )
     } else {
-        ("float", comb_of("acc", &format!("({elem})")), fin("acc"))
+        (
+            "float",
+            comb_of("acc", &format!("({elem})")),
+            r.result("acc"),
+        )
     };
-    let naive = format!(
+    format!(
         "// naive: one thread per row, a sequential scan (neighbouring threads read different rows).\n\
          {HEADER}\n__global__ void row_naive({decl}) {{\n    \
          int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
@@ -566,79 +602,118 @@ fn row_reduce(
          acc = {naive_step};\n    }}\n    out[r] = {naive_out};\n}}\n\n\
          {sig} {{\n    const int block = 128;\n    \
          row_naive<<<(unsigned)((rows + block - 1) / block), block, 0, stream>>>({names});\n}}\n",
-    );
-    let head = format!(
-        "{HEADER}\n__device__ __forceinline__ float row_combine(float a, float b) {{\n    \
-         return {comb};\n}}\n\n"
-    );
-    // The block's partial results: warp shuffles, then one warp over the warps' results.
-    let epilogue = format!(
-        "    for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n    \
-         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n    \
-         if (lane == 0) part[warp] = acc;\n    __syncthreads();\n    \
-         if (warp == 0) {{\n        acc = lane < (int)(blockDim.x >> 5) ? part[lane] : {init};\n        \
-         for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n        \
-         if (lane == 0) out[r] = {};\n    }}\n}}\n\n",
-        fin("acc"),
-    );
-    let step = format!("acc = row_combine(acc, {elem});");
-    let optimized = kernels
-        .iter()
-        .map(|k| {
-            let src = match k {
-                RowKernel::Block => format!(
-                    "// optimized: one block per row, coalesced loads, warp-shuffle then shared-memory {rname}.\n\
-                     {head}__global__ void row_block({rdecl}) {{\n    __shared__ float part[32];\n    \
-                     const int64_t r = blockIdx.x;\n    const float* row = x + r * cols;\n    \
-                     float acc = {init};\n    \
-                     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {{\n        float v = row[c];\n        \
-                     {step}\n    }}\n{epilogue}\
-                     {sig} {{\n    const int block = cols >= 4096 ? {block} : (cols >= 512 ? {} : 64);\n    \
-                     row_block<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
-                    block / 2,
-                ),
-                RowKernel::Warp => format!(
-                    "// optimized: one warp per row (eight rows per block), coalesced loads, warp-shuffle {rname}.\n\
-                     {head}__global__ void row_warp({rdecl}) {{\n    \
-                     const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n    \
-                     const int lane = threadIdx.x & 31;\n    if (r >= rows) return;\n    \
-                     const float* row = x + r * cols;\n    float acc = {init};\n    \
-                     for (int64_t c = lane; c < cols; c += 32) {{\n        float v = row[c];\n        \
-                     {step}\n    }}\n    \
-                     for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n    \
-                     if (lane == 0) out[r] = {};\n}}\n\n\
-                     {sig} {{\n    const int warps = 8;\n    \
-                     row_warp<<<(unsigned)((rows + warps - 1) / warps), warps * 32, 0, stream>>>({names});\n}}\n",
-                    fin("acc"),
-                ),
-                RowKernel::Vec4 => format!(
-                    "// optimized: one block per row, float4 (128-bit) loads unrolled by two where the row is\n\
-                     // 16-byte aligned (a scalar loop for the rest), warp-shuffle then shared-memory {rname}.\n\
-                     {head}__global__ void row_vec4({rdecl}) {{\n    __shared__ float part[32];\n    \
-                     const int64_t r = blockIdx.x;\n    const float* row = x + r * cols;\n    \
-                     float acc = {init};\n    \
-                     const int64_t n4 = (reinterpret_cast<uintptr_t>(row) & 15) == 0 ? cols / 4 : 0;\n    \
-                     const float4* row4 = reinterpret_cast<const float4*>(row);\n    \
-                     #pragma unroll 2\n    \
-                     for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {{\n        \
-                     const float4 q = row4[j];\n        float v = q.x;\n        {step}\n        \
-                     v = q.y;\n        {step}\n        v = q.z;\n        {step}\n        \
-                     v = q.w;\n        {step}\n    }}\n    \
-                     for (int64_t c = n4 * 4 + threadIdx.x; c < cols; c += blockDim.x) {{\n        \
-                     float v = row[c];\n        {step}\n    }}\n{epilogue}\
-                     {sig} {{\n    const int block = cols >= 4096 ? 256 : 128;\n    \
-                     row_vec4<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
-                ),
-            };
-            (k.file().to_string(), src)
-        })
-        .collect::<Vec<_>>();
-    let mut spec = spec;
-    spec.optimized = optimized.iter().map(|(f, _)| f.clone()).collect();
-    Family {
-        spec,
-        naive,
-        optimized,
+    )
+}
+
+/// What the optimized row-reduction kernels share.
+struct RowReduceSource {
+    /// The reduction's name and identity.
+    rname: &'static str,
+    init: &'static str,
+    /// The launcher's signature, its parameter list with `__restrict__`, its argument names.
+    sig: String,
+    rdecl: String,
+    names: String,
+    /// The headers and `row_combine`.
+    head: String,
+    /// The update of `acc` by the element `v`.
+    step: String,
+    /// The block's combination of its threads' results, and the store of row `r`'s result.
+    epilogue: String,
+    /// The row's result from `acc`.
+    result: String,
+}
+
+impl RowReduceSource {
+    /// The shared pieces of the reduction `r` of `elem` (the C expression of element `v`).
+    fn new(spec: &TaskSpec, r: Red, elem: &str) -> RowReduceSource {
+        let (rname, init, comb) = r.ops();
+        let (_, names) = params(spec, false);
+        let (rdecl, _) = params(spec, true);
+        let head = format!(
+            "{HEADER}\n__device__ __forceinline__ float row_combine(float a, float b) {{\n    \
+             return {comb};\n}}\n\n"
+        );
+        // The block's partial results: warp shuffles, then one warp over the warps' results.
+        let epilogue = format!(
+            "    for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n    \
+             const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n    \
+             if (lane == 0) part[warp] = acc;\n    __syncthreads();\n    \
+             if (warp == 0) {{\n        acc = lane < (int)(blockDim.x >> 5) ? part[lane] : {init};\n        \
+             for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n        \
+             if (lane == 0) out[r] = {};\n    }}\n}}\n\n",
+            r.result("acc"),
+        );
+        RowReduceSource {
+            rname,
+            init,
+            sig: spec.signature(),
+            rdecl,
+            names,
+            head,
+            step: format!("acc = row_combine(acc, {elem});"),
+            epilogue,
+            result: r.result("acc"),
+        }
+    }
+
+    /// The source of the optimized kernel `k`; `block` is [`RowKernel::Block`]'s block size.
+    fn kernel(&self, k: RowKernel, block: u32) -> String {
+        let RowReduceSource {
+            rname,
+            init,
+            sig,
+            rdecl,
+            names,
+            head,
+            step,
+            epilogue,
+            result,
+        } = self;
+        match k {
+            RowKernel::Block => format!(
+                "// optimized: one block per row, coalesced loads, warp-shuffle then shared-memory {rname}.\n\
+                 {head}__global__ void row_block({rdecl}) {{\n    __shared__ float part[32];\n    \
+                 const int64_t r = blockIdx.x;\n    const float* row = x + r * cols;\n    \
+                 float acc = {init};\n    \
+                 for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {{\n        float v = row[c];\n        \
+                 {step}\n    }}\n{epilogue}\
+                 {sig} {{\n    const int block = cols >= 4096 ? {block} : (cols >= 512 ? {} : 64);\n    \
+                 row_block<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
+                block / 2,
+            ),
+            RowKernel::Warp => format!(
+                "// optimized: one warp per row (eight rows per block), coalesced loads, warp-shuffle {rname}.\n\
+                 {head}__global__ void row_warp({rdecl}) {{\n    \
+                 const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);\n    \
+                 const int lane = threadIdx.x & 31;\n    if (r >= rows) return;\n    \
+                 const float* row = x + r * cols;\n    float acc = {init};\n    \
+                 for (int64_t c = lane; c < cols; c += 32) {{\n        float v = row[c];\n        \
+                 {step}\n    }}\n    \
+                 for (int off = 16; off > 0; off >>= 1) acc = row_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off));\n    \
+                 if (lane == 0) out[r] = {result};\n}}\n\n\
+                 {sig} {{\n    const int warps = 8;\n    \
+                 row_warp<<<(unsigned)((rows + warps - 1) / warps), warps * 32, 0, stream>>>({names});\n}}\n",
+            ),
+            RowKernel::Vec4 => format!(
+                "// optimized: one block per row, float4 (128-bit) loads unrolled by two where the row is\n\
+                 // 16-byte aligned (a scalar loop for the rest), warp-shuffle then shared-memory {rname}.\n\
+                 {head}__global__ void row_vec4({rdecl}) {{\n    __shared__ float part[32];\n    \
+                 const int64_t r = blockIdx.x;\n    const float* row = x + r * cols;\n    \
+                 float acc = {init};\n    \
+                 const int64_t n4 = (reinterpret_cast<uintptr_t>(row) & 15) == 0 ? cols / 4 : 0;\n    \
+                 const float4* row4 = reinterpret_cast<const float4*>(row);\n    \
+                 #pragma unroll 2\n    \
+                 for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {{\n        \
+                 const float4 q = row4[j];\n        float v = q.x;\n        {step}\n        \
+                 v = q.y;\n        {step}\n        v = q.z;\n        {step}\n        \
+                 v = q.w;\n        {step}\n    }}\n    \
+                 for (int64_t c = n4 * 4 + threadIdx.x; c < cols; c += blockDim.x) {{\n        \
+                 float v = row[c];\n        {step}\n    }}\n{epilogue}\
+                 {sig} {{\n    const int block = cols >= 4096 ? 256 : 128;\n    \
+                 row_vec4<<<(unsigned)rows, block, 0, stream>>>({names});\n}}\n",
+            ),
+        }
     }
 }
 

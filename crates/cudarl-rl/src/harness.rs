@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cudarl_cuda::compile::CompileError;
 use cudarl_cuda::gpu::BenchSpec;
-use cudarl_cuda::schedule::{GpuJob, Scheduler, Step};
+use cudarl_cuda::schedule::{GpuJob, Marks, Scheduler, Step};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_cuda::verdict::{Baselines, FullOptions, hidden_seeds};
 use cudarl_cuda::worker::WorkerPool;
@@ -364,13 +364,7 @@ impl Harness {
         // Builds a prefetch started are taken as they land: their compile steps wait on threads
         // of their own (a rayon thread blocked on a build queued behind it could deadlock the
         // pool), so the GPU testers start on the first build done, not the last.
-        let builds: Vec<Option<Build>> = items
-            .iter()
-            .map(|(t, c)| self.prefetched.remove(&(t.id.clone(), c.to_string())))
-            .collect();
-        let waits: Vec<usize> = (0..items.len()).filter(|&i| builds[i].is_some()).collect();
-        let waiting: Vec<Mutex<Option<Build>>> = builds.into_iter().map(Mutex::new).collect();
-        self.prefetch_hits += waits.len();
+        let (waits, waiting) = self.take_prefetched(items);
         let Harness {
             pools,
             public_seeds,
@@ -449,37 +443,85 @@ impl Harness {
             })
             .map_err(|e| e.into_caller(|h| h));
         drop(stx);
-        // Every job holds a sender until it has answered: the channel ends with the last one.
-        let (mut sass, mut sass_s) = (BTreeMap::new(), 0.0f64);
-        for (i, text, at) in srx {
-            sass.insert(i, text);
-            sass_s = sass_s.max(at.duration_since(t0).as_secs_f64());
-        }
+        let (sass, sass_s) = gather_sass(srx, t0);
         let end = Instant::now();
         let marks = sched.times.snapshot();
-        phases.compile += marks
+        phases.add(&marks, t0, end, sass_s);
+        let judged = judged.map_err(|e| RlError::Failed(e.to_string()))?;
+        in_item_order(judged, &sass, items.len())
+    }
+
+    /// Takes the builds a prefetch started for `items` out of [`Harness::prefetched`] and
+    /// counts them in [`Harness::prefetch_hits`]: the indices of the items that have one, and
+    /// each item's build (if any) for its compile step to take.
+    fn take_prefetched(
+        &mut self,
+        items: &[(&TaskSpec, &str)],
+    ) -> (Vec<usize>, Vec<Mutex<Option<Build>>>) {
+        let builds: Vec<Option<Build>> = items
+            .iter()
+            .map(|(t, c)| self.prefetched.remove(&(t.id.clone(), c.to_string())))
+            .collect();
+        let waits: Vec<usize> = (0..items.len()).filter(|&i| builds[i].is_some()).collect();
+        let waiting: Vec<Mutex<Option<Build>>> = builds.into_iter().map(Mutex::new).collect();
+        self.prefetch_hits += waits.len();
+        (waits, waiting)
+    }
+}
+
+impl HarnessPhases {
+    /// Adds one batch that started at `t0` and ended at `end`: compile until the last build
+    /// was done and gpu from the first GPU job (both from `marks`), and `sass_s` seconds.
+    fn add(&mut self, marks: &Marks, t0: Instant, end: Instant, sass_s: f64) {
+        self.compile += marks
             .compiled
             .map_or(0.0, |m| m.duration_since(t0).as_secs_f64());
-        phases.gpu += marks
+        self.gpu += marks
             .first_gpu
             .map_or(0.0, |f| end.duration_since(f).as_secs_f64());
-        phases.sass += sass_s;
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; items.len()];
-        for (i, v) in judged.map_err(|e| RlError::Failed(e.to_string()))? {
-            verdicts[i] = Some(v);
-        }
-        let out = verdicts
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let v = v.ok_or_else(|| {
-                    RlError::Failed(format!("the harness gave candidate {i} no verdict"))
-                })?;
-                Ok((v, sass.get(&i).cloned().flatten()))
-            })
-            .collect::<Result<Vec<_>, RlError>>()?;
-        Ok(out)
+        self.sass += sass_s;
     }
+}
+
+/// The disassembly jobs' answers on `srx` (item, SASS, when it answered): the SASS by item,
+/// and the seconds from `t0` until the last answer (0 without any).
+fn gather_sass(
+    srx: Receiver<(usize, Option<String>, Instant)>,
+    t0: Instant,
+) -> (BTreeMap<usize, Option<String>>, f64) {
+    // Every job holds a sender until it has answered: the channel ends with the last one.
+    let (mut sass, mut sass_s) = (BTreeMap::new(), 0.0f64);
+    for (i, text, at) in srx {
+        sass.insert(i, text);
+        sass_s = sass_s.max(at.duration_since(t0).as_secs_f64());
+    }
+    (sass, sass_s)
+}
+
+/// The verdicts of `judged` (item index, verdict) for `n` items in item order, each with its
+/// SASS from `sass`.
+///
+/// # Errors
+/// An item without a verdict.
+fn in_item_order(
+    judged: Vec<(usize, Verdict)>,
+    sass: &BTreeMap<usize, Option<String>>,
+    n: usize,
+) -> Result<Vec<(Verdict, Option<String>)>, RlError> {
+    let mut verdicts: Vec<Option<Verdict>> = vec![None; n];
+    for (i, v) in judged {
+        verdicts[i] = Some(v);
+    }
+    verdicts
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let v = v.ok_or_else(|| {
+                RlError::Failed(format!("the harness gave candidate {i} no verdict"))
+            })?;
+            Ok((v, sass.get(&i).cloned().flatten()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -479,28 +479,12 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
     let has_y = steps
         .iter()
         .any(|s| matches!(s, Step::AddInput | Step::MulInput));
-    let bias = steps.contains(&Step::AddBias);
-    let weight = steps.contains(&Step::MulWeight);
     let (train, holdout) = ew_shapes();
     let mut inputs: Vec<(&str, &[&str])> = vec![("in0", &["batch_size", "dim"])];
     if has_y {
         inputs.push(("in1", &["batch_size", "dim"]));
     }
-    // State dict order: the order the parameters are created in `__init__`.
-    let mut init_body = Vec::new();
-    for s in steps {
-        match s {
-            Step::AddBias if !init_body.iter().any(|l: &String| l.contains("bias")) => {
-                init_body.push("self.bias = nn.Parameter(torch.randn(dim))".to_string());
-                inputs.push(("bias", &["dim"]));
-            }
-            Step::MulWeight if !init_body.iter().any(|l: &String| l.contains("weight")) => {
-                init_body.push("self.weight = nn.Parameter(torch.randn(dim))".to_string());
-                inputs.push(("weight", &["dim"]));
-            }
-            _ => {}
-        }
-    }
+    let init_body = ew_params(steps, &mut inputs);
     let n_bufs = inputs.len() as i64;
     let reference = ref_chain(steps, "in0", "in1");
     let spec = kb_spec(
@@ -518,10 +502,38 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
             format!("{}*batch_size*dim", steps.len()),
         ),
     );
+    let module = ew_module(steps, &spec, has_y, init_body);
+    let naive = ew_naive(&spec, steps, block);
+    let fast = ew_vec4(&spec, steps, block, has_y);
+    let group = group_of("ew", steps, "");
+    finish(spec, module, group, naive, ("vec4.cu", fast))
+}
+
+/// `__init__` lines of the `(dim,)` parameters `steps` use, each appended to `inputs` in order.
+fn ew_params(steps: &[Step], inputs: &mut Vec<(&str, &[&str])>) -> Vec<String> {
+    let mut init_body = Vec::new();
+    for s in steps {
+        match s {
+            Step::AddBias if !init_body.iter().any(|l: &String| l.contains("bias")) => {
+                init_body.push("self.bias = nn.Parameter(torch.randn(dim))".to_string());
+                inputs.push(("bias", &["dim"]));
+            }
+            Step::MulWeight if !init_body.iter().any(|l: &String| l.contains("weight")) => {
+                init_body.push("self.weight = nn.Parameter(torch.randn(dim))".to_string());
+                inputs.push(("weight", &["dim"]));
+            }
+            _ => {}
+        }
+    }
+    init_body
+}
+
+/// The module of `steps` over `x` (and `y` when `has_y`), both `(batch_size, dim)`.
+fn ew_module(steps: &[Step], spec: &TaskSpec, has_y: bool, init_body: Vec<String>) -> String {
     let fwd: Vec<&str> = if has_y { vec!["x", "y"] } else { vec!["x"] };
     let body = chain_body(steps, &[], &[]);
-    let params_init = bias || weight;
-    let module = render_module(&Module {
+    let params_init = !init_body.is_empty();
+    render_module(&Module {
         doc: format!("Simple model that applies, elementwise: {}.", doc_of(steps)),
         init_params: if params_init {
             vec!["dim: int".into()]
@@ -542,11 +554,15 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
             .map(|v| format!("{v} = torch.rand(batch_size, dim)"))
             .collect(),
         returned: fwd.iter().map(|v| v.to_string()).collect(),
-    });
+    })
+}
+
+/// The naive kernel of an elementwise chain: one thread per element, `block` per block.
+fn ew_naive(spec: &TaskSpec, steps: &[Step], block: u32) -> String {
     let sig = spec.signature();
-    let (decl, names) = params(&spec);
+    let (decl, names) = params(spec);
     let naive_body = cuda_chain(steps, "in1[i]", "c", "        ");
-    let naive = format!(
+    format!(
         "// naive: one thread per element.\n{HEADER}\n\
          __global__ void ew_naive({decl}) {{\n    \
          const int64_t n = batch_size * dim;\n    \
@@ -556,7 +572,13 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
          {sig} {{\n    const int64_t n = batch_size * dim;\n    const int block = {block};\n    \
          const int64_t grid = (n + block - 1) / block;\n    \
          if (grid > 0) ew_naive<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n"
-    );
+    )
+}
+
+/// The fast kernel of an elementwise chain: float4 grid-stride loop, scalar tail.
+fn ew_vec4(spec: &TaskSpec, steps: &[Step], block: u32, has_y: bool) -> String {
+    let sig = spec.signature();
+    let (decl, names) = params(spec);
     let lane_body = cuda_chain(steps, "y", "c", "    ");
     let y_param = if has_y { ", float y" } else { "" };
     let mut op_params = String::from("float v");
@@ -593,7 +615,7 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
     } else {
         "reinterpret_cast<uintptr_t>(in0) | reinterpret_cast<uintptr_t>(out)"
     };
-    let fast = format!(
+    format!(
         "// fast: float4 (128-bit) loads and stores in a grid-stride loop sized to the SMs;\n\
          // scalar tail for n % 4 and for unaligned pointers.\n{HEADER}\n{op_fn}\n\
          __global__ void ew_vec4({decl}) {{\n    \
@@ -613,9 +635,7 @@ fn ew_family(id: &str, steps: &[Step], block: u32) -> Family {
          int64_t grid = want < (int64_t)sms * 8 ? (want > 0 ? want : 1) : (int64_t)sms * 8;\n    \
          ew_vec4<<<(unsigned)grid, block, 0, stream>>>({names});\n}}\n",
         call("in0[i]", "in1[i]", "i % dim"),
-    );
-    let group = group_of("ew", steps, "");
-    finish(spec, module, group, naive, ("vec4.cu", fast))
+    )
 }
 
 /// A half-precision element type of the tier-0 twins.
@@ -1027,169 +1047,18 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
         holdout[0] = shapes(&[&[("batch_size", 1), ("dim", 65)]]).remove(0);
     }
     let x = ref_chain(pre, "in0", "");
-    let pre_t: Vec<String> = pre.iter().map(|s| s.torch()).collect();
-    let mut body = pre_t;
-    let mut inputs: Vec<(&str, &[&str])> = vec![("in0", &["batch_size", "dim"])];
-    let mut init_params = vec![];
-    let mut init_body = vec![];
-    let mut init_inputs = vec![];
-    let (out_shape, reference, plan, what): (Vec<&str>, String, RowPlan, String) = match kind {
-        RowKind::Reduce(c, keep, mean) => {
-            let (rf, tf) = match (c, mean) {
-                (_, true) => ("mean", "torch.mean(x, dim=1{k})".to_string()),
-                (Comb::Sum, _) => ("sum", "torch.sum(x, dim=1{k})".to_string()),
-                (Comb::Max, _) => ("max", "torch.max(x, dim=1{k})[0]".to_string()),
-                (Comb::Min, _) => ("min", "torch.min(x, dim=1{k})[0]".to_string()),
-                (Comb::Prod, _) => ("prod", "torch.prod(x, dim=1{k})".to_string()),
-            };
-            let k = if keep { ", keepdim=True" } else { "" };
-            body.push(format!("x = {}", tf.replace("{k}", k)));
-            let out = if keep {
-                vec!["batch_size", "1"]
-            } else {
-                vec!["batch_size"]
-            };
-            let keep_arg = if keep { ", 1" } else { "" };
-            let e = ref_chain(post, &format!("{rf}({x}, 1{keep_arg})"), "");
-            let row = if mean { "s0 / (float)dim" } else { "s0" };
-            (
-                out,
-                e,
-                RowPlan {
-                    pre: pre.to_vec(),
-                    stats: vec![Stat {
-                        term: "v".into(),
-                        comb: c,
-                    }],
-                    out: RowOut::Row(row.into()),
-                    post: post.to_vec(),
-                },
-                format!("a {rf} reduction over the last dimension"),
-            )
-        }
+    let op = match kind {
+        RowKind::Reduce(c, keep, mean) => row_reduce_op(c, keep, mean, &x, pre, post),
         RowKind::Softmax | RowKind::LogSoftmax => {
-            let log = kind == RowKind::LogSoftmax;
-            let f = if log { "log_softmax" } else { "softmax" };
-            body.push(format!("x = torch.{f}(x, dim=1)"));
-            (
-                vec!["batch_size", "dim"],
-                ref_chain(post, &format!("{f}({x}, 1)"), ""),
-                RowPlan {
-                    pre: pre.to_vec(),
-                    stats: vec![
-                        Stat {
-                            term: "v".into(),
-                            comb: Comb::Max,
-                        },
-                        Stat {
-                            term: "expf(v - s0)".into(),
-                            comb: Comb::Sum,
-                        },
-                    ],
-                    out: RowOut::Elem(if log {
-                        "v - s0 - logf(s1)".into()
-                    } else {
-                        "expf(v - s0) / s1".into()
-                    }),
-                    post: post.to_vec(),
-                },
-                format!("a {f} over the last dimension"),
-            )
+            row_softmax_op(kind == RowKind::LogSoftmax, &x, pre, post)
         }
-        RowKind::L2Norm | RowKind::L1Norm => {
-            let l2 = kind == RowKind::L2Norm;
-            body.push(if l2 {
-                "x = x / torch.norm(x, p=2, dim=1, keepdim=True)".into()
-            } else {
-                "x = x / torch.sum(torch.abs(x), dim=1, keepdim=True)".into()
-            });
-            let e = if l2 {
-                format!("({x}) / sqrt(sum(({x}) * ({x}), 1, 1))")
-            } else {
-                format!("({x}) / sum(abs({x}), 1, 1)")
-            };
-            (
-                vec!["batch_size", "dim"],
-                ref_chain(post, &e, ""),
-                RowPlan {
-                    pre: pre.to_vec(),
-                    stats: vec![Stat {
-                        term: if l2 {
-                            "v * v".into()
-                        } else {
-                            "fabsf(v)".into()
-                        },
-                        comb: Comb::Sum,
-                    }],
-                    out: RowOut::Elem(if l2 {
-                        "v / sqrtf(s0)".into()
-                    } else {
-                        "v / s0".into()
-                    }),
-                    post: post.to_vec(),
-                },
-                format!("{} normalization of each row", if l2 { "L2" } else { "L1" }),
-            )
-        }
-        RowKind::LayerNorm => {
-            init_params.push("normalized_shape: int".to_string());
-            init_body.push("self.ln = nn.LayerNorm(normalized_shape)".to_string());
-            init_inputs.push("dim".to_string());
-            body.push("x = self.ln(x)".into());
-            inputs.push(("ln_weight", &["dim"]));
-            inputs.push(("ln_bias", &["dim"]));
-            (
-                vec!["batch_size", "dim"],
-                ref_chain(post, &format!("layernorm({x}, ln_weight, ln_bias, 1e-5)"), ""),
-                RowPlan {
-                    pre: pre.to_vec(),
-                    stats: vec![
-                        Stat {
-                            term: "v".into(),
-                            comb: Comb::Sum,
-                        },
-                        Stat {
-                            term: "(v - s0 / (float)dim) * (v - s0 / (float)dim)".into(),
-                            comb: Comb::Sum,
-                        },
-                    ],
-                    out: RowOut::Elem(
-                        "(v - s0 / (float)dim) * rsqrtf(s1 / (float)dim + 1e-5f) * ln_weight[c] + ln_bias[c]"
-                            .into(),
-                    ),
-                    post: post.to_vec(),
-                },
-                "layer normalization over the last dimension".into(),
-            )
-        }
-        RowKind::RmsNorm => {
-            init_params.push("eps: float = 1e-5".to_string());
-            init_body.push("self.eps = eps".to_string());
-            body.push(
-                "x = x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + self.eps)".into(),
-            );
-            (
-                vec!["batch_size", "dim"],
-                ref_chain(
-                    post,
-                    &format!("({x}) / sqrt(mean(({x}) * ({x}), 1, 1) + 1e-5)"),
-                    "",
-                ),
-                RowPlan {
-                    pre: pre.to_vec(),
-                    stats: vec![Stat {
-                        term: "v * v".into(),
-                        comb: Comb::Sum,
-                    }],
-                    out: RowOut::Elem("v / sqrtf(s0 / (float)dim + 1e-5f)".into()),
-                    post: post.to_vec(),
-                },
-                "RMS normalization over the last dimension".into(),
-            )
-        }
+        RowKind::L2Norm | RowKind::L1Norm => row_lp_norm_op(kind == RowKind::L2Norm, &x, pre, post),
+        RowKind::LayerNorm => layer_norm_op(&x, pre, post),
+        RowKind::RmsNorm => rms_norm_op(&x, pre, post),
     };
-    body.extend(post.iter().map(|s| s.torch()));
-    body.push("return x".into());
+    let mut inputs: Vec<(&str, &[&str])> = vec![("in0", &["batch_size", "dim"])];
+    inputs.extend(op.params.iter().copied());
+    let body = chain_body(pre, &[op.line], post);
     let tol = match kind {
         RowKind::LayerNorm | RowKind::RmsNorm => MM_TOL,
         _ => EW_TOL,
@@ -1198,9 +1067,9 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
         id,
         tier,
         &inputs,
-        &out_shape,
+        &op.out_shape,
         &["batch_size", "dim"],
-        reference,
+        op.reference,
         train,
         holdout,
         tol,
@@ -1212,33 +1081,237 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
     let module = render_module(&Module {
         doc: format!(
             "Simple model that performs {}.",
-            chain_doc(&what, pre, post)
+            chain_doc(&op.what, pre, post)
         ),
-        init_params,
-        init_body,
-        init_inputs,
+        init_params: op.init_params,
+        init_body: op.init_body,
+        init_inputs: op.init_inputs,
         forward_args: &["x"],
         body,
         constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
         inputs: vec!["x = torch.rand(batch_size, dim)".into()],
         returned: vec!["x".into()],
     });
-    let (naive, fast) = row_kernels(&spec, &plan, "batch_size", "dim", block);
-    let kname = match kind {
-        RowKind::Reduce(c, keep, mean) => format!(
-            "reduce_{}{}",
-            if mean { "mean" } else { c.name() },
-            if keep { "_keep" } else { "" }
-        ),
-        RowKind::Softmax => "softmax".into(),
-        RowKind::LogSoftmax => "log_softmax".into(),
-        RowKind::L2Norm => "l2norm".into(),
-        RowKind::L1Norm => "l1norm".into(),
-        RowKind::LayerNorm => "layernorm".into(),
-        RowKind::RmsNorm => "rmsnorm".into(),
-    };
-    let group = group_of(&format!("row:{kname}"), pre, &format!("|{}", doc_of(post)));
+    let (naive, fast) = row_kernels(&spec, &op.plan, "batch_size", "dim", block);
+    let group = group_of(
+        &format!("row:{}", kind.name()),
+        pre,
+        &format!("|{}", doc_of(post)),
+    );
     finish(spec, module, group, naive, ("block_per_row.cu", fast))
+}
+
+impl RowKind {
+    /// The kind's name in group keys (`reduce_mean_keep`, `softmax`, `layernorm`, ...).
+    fn name(self) -> String {
+        match self {
+            RowKind::Reduce(c, keep, mean) => format!(
+                "reduce_{}{}",
+                if mean { "mean" } else { c.name() },
+                if keep { "_keep" } else { "" }
+            ),
+            RowKind::Softmax => "softmax".into(),
+            RowKind::LogSoftmax => "log_softmax".into(),
+            RowKind::L2Norm => "l2norm".into(),
+            RowKind::L1Norm => "l1norm".into(),
+            RowKind::LayerNorm => "layernorm".into(),
+            RowKind::RmsNorm => "rmsnorm".into(),
+        }
+    }
+}
+
+/// What a row kind puts in its family over `(batch_size, dim)`.
+struct RowOp {
+    /// The output's shape and the reference of the output.
+    out_shape: Vec<&'static str>,
+    reference: String,
+    /// The kernels' plan.
+    plan: RowPlan,
+    /// The operation in the module's docstring, and its `forward` line.
+    what: String,
+    line: String,
+    /// The module's parameters as (launcher input, shape), after `in0`.
+    params: Vec<(&'static str, &'static [&'static str])>,
+    /// `__init__`'s parameters, body lines, and `get_init_inputs`.
+    init_params: Vec<String>,
+    init_body: Vec<String>,
+    init_inputs: Vec<String>,
+}
+
+impl RowOp {
+    /// A row operation without parameters or `__init__` lines.
+    fn new(
+        out_shape: Vec<&'static str>,
+        reference: String,
+        plan: RowPlan,
+        what: String,
+        line: String,
+    ) -> RowOp {
+        RowOp {
+            out_shape,
+            reference,
+            plan,
+            what,
+            line,
+            params: vec![],
+            init_params: vec![],
+            init_body: vec![],
+            init_inputs: vec![],
+        }
+    }
+}
+
+/// The statistic `comb` over the row of `term`.
+fn stat(term: &str, comb: Comb) -> Stat {
+    Stat {
+        term: term.into(),
+        comb,
+    }
+}
+
+/// A row plan of `stats` and `out`, `pre` applied to each element read, `post` to each written.
+fn row_plan(pre: &[Step], post: &[Step], stats: Vec<Stat>, out: RowOut) -> RowPlan {
+    RowPlan {
+        pre: pre.to_vec(),
+        stats,
+        out,
+        post: post.to_vec(),
+    }
+}
+
+/// A row's sum (`s0`) and its sum of squared deviations from the mean (`s1`) over `dim`.
+fn mean_var_stats() -> Vec<Stat> {
+    vec![
+        stat("v", Comb::Sum),
+        stat("(v - s0 / (float)dim) * (v - s0 / (float)dim)", Comb::Sum),
+    ]
+}
+
+/// The `c` reduction (the mean when `mean`) of each row of `x`, its dimension kept when `keep`.
+fn row_reduce_op(c: Comb, keep: bool, mean: bool, x: &str, pre: &[Step], post: &[Step]) -> RowOp {
+    let (rf, tf) = match (c, mean) {
+        (_, true) => ("mean", "torch.mean(x, dim=1{k})".to_string()),
+        (Comb::Sum, _) => ("sum", "torch.sum(x, dim=1{k})".to_string()),
+        (Comb::Max, _) => ("max", "torch.max(x, dim=1{k})[0]".to_string()),
+        (Comb::Min, _) => ("min", "torch.min(x, dim=1{k})[0]".to_string()),
+        (Comb::Prod, _) => ("prod", "torch.prod(x, dim=1{k})".to_string()),
+    };
+    let k = if keep { ", keepdim=True" } else { "" };
+    let out = if keep {
+        vec!["batch_size", "1"]
+    } else {
+        vec!["batch_size"]
+    };
+    let keep_arg = if keep { ", 1" } else { "" };
+    let e = ref_chain(post, &format!("{rf}({x}, 1{keep_arg})"), "");
+    let row = if mean { "s0 / (float)dim" } else { "s0" };
+    RowOp::new(
+        out,
+        e,
+        row_plan(pre, post, vec![stat("v", c)], RowOut::Row(row.into())),
+        format!("a {rf} reduction over the last dimension"),
+        format!("x = {}", tf.replace("{k}", k)),
+    )
+}
+
+/// The softmax (log-softmax when `log`) of each row of `x`.
+fn row_softmax_op(log: bool, x: &str, pre: &[Step], post: &[Step]) -> RowOp {
+    let f = if log { "log_softmax" } else { "softmax" };
+    let out = if log {
+        "v - s0 - logf(s1)"
+    } else {
+        "expf(v - s0) / s1"
+    };
+    RowOp::new(
+        vec!["batch_size", "dim"],
+        ref_chain(post, &format!("{f}({x}, 1)"), ""),
+        row_plan(
+            pre,
+            post,
+            vec![stat("v", Comb::Max), stat("expf(v - s0)", Comb::Sum)],
+            RowOut::Elem(out.into()),
+        ),
+        format!("a {f} over the last dimension"),
+        format!("x = torch.{f}(x, dim=1)"),
+    )
+}
+
+/// Each row of `x` divided by its L2 norm (`l2`) or its L1 norm.
+fn row_lp_norm_op(l2: bool, x: &str, pre: &[Step], post: &[Step]) -> RowOp {
+    let line = if l2 {
+        "x = x / torch.norm(x, p=2, dim=1, keepdim=True)"
+    } else {
+        "x = x / torch.sum(torch.abs(x), dim=1, keepdim=True)"
+    };
+    let e = if l2 {
+        format!("({x}) / sqrt(sum(({x}) * ({x}), 1, 1))")
+    } else {
+        format!("({x}) / sum(abs({x}), 1, 1)")
+    };
+    let (term, out) = if l2 {
+        ("v * v", "v / sqrtf(s0)")
+    } else {
+        ("fabsf(v)", "v / s0")
+    };
+    RowOp::new(
+        vec!["batch_size", "dim"],
+        ref_chain(post, &e, ""),
+        row_plan(
+            pre,
+            post,
+            vec![stat(term, Comb::Sum)],
+            RowOut::Elem(out.into()),
+        ),
+        format!("{} normalization of each row", if l2 { "L2" } else { "L1" }),
+        line.into(),
+    )
+}
+
+/// `nn.LayerNorm(dim)` over the rows of `x`, its weight and bias parameters of the module.
+fn layer_norm_op(x: &str, pre: &[Step], post: &[Step]) -> RowOp {
+    let mut op = RowOp::new(
+        vec!["batch_size", "dim"],
+        ref_chain(post, &format!("layernorm({x}, ln_weight, ln_bias, 1e-5)"), ""),
+        row_plan(
+            pre,
+            post,
+            mean_var_stats(),
+            RowOut::Elem(
+                "(v - s0 / (float)dim) * rsqrtf(s1 / (float)dim + 1e-5f) * ln_weight[c] + ln_bias[c]"
+                    .into(),
+            ),
+        ),
+        "layer normalization over the last dimension".into(),
+        "x = self.ln(x)".into(),
+    );
+    op.params = vec![("ln_weight", &["dim"]), ("ln_bias", &["dim"])];
+    op.init_params = vec!["normalized_shape: int".to_string()];
+    op.init_body = vec!["self.ln = nn.LayerNorm(normalized_shape)".to_string()];
+    op.init_inputs = vec!["dim".to_string()];
+    op
+}
+
+/// RMS normalization of the rows of `x` (eps 1e-5, an `__init__` parameter).
+fn rms_norm_op(x: &str, pre: &[Step], post: &[Step]) -> RowOp {
+    let mut op = RowOp::new(
+        vec!["batch_size", "dim"],
+        ref_chain(
+            post,
+            &format!("({x}) / sqrt(mean(({x}) * ({x}), 1, 1) + 1e-5)"),
+            "",
+        ),
+        row_plan(
+            pre,
+            post,
+            vec![stat("v * v", Comb::Sum)],
+            RowOut::Elem("v / sqrtf(s0 / (float)dim + 1e-5f)".into()),
+        ),
+        "RMS normalization over the last dimension".into(),
+        "x = x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + self.eps)".into(),
+    );
+    op.init_params = vec!["eps: float = 1e-5".to_string()];
+    op.init_body = vec!["self.eps = eps".to_string()];
+    op
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1251,33 +1324,7 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
 /// dimension 1; a 32 x 8 block whose rows of threads split dimension 1 (reads coalesced along
 /// dimension 2) and combine in shared memory.
 fn mid_reduce_family(id: &str, c: Comb, mean: bool, keep: bool, pre: &[Step]) -> Family {
-    let (train, holdout) = if c == Comb::Prod {
-        (
-            shapes(&[
-                &[("batch_size", 16), ("dim1", 32), ("dim2", 4096)],
-                &[("batch_size", 128), ("dim1", 16), ("dim2", 1024)],
-                &[("batch_size", 4), ("dim1", 64), ("dim2", 8192)],
-            ]),
-            shapes(&[
-                &[("batch_size", 1), ("dim1", 1), ("dim2", 1)],
-                &[("batch_size", 3), ("dim1", 33), ("dim2", 257)],
-                &[("batch_size", 17), ("dim1", 9), ("dim2", 4097)],
-            ]),
-        )
-    } else {
-        (
-            shapes(&[
-                &[("batch_size", 16), ("dim1", 256), ("dim2", 512)],
-                &[("batch_size", 128), ("dim1", 64), ("dim2", 1024)],
-                &[("batch_size", 4), ("dim1", 4096), ("dim2", 512)],
-            ]),
-            shapes(&[
-                &[("batch_size", 1), ("dim1", 1), ("dim2", 1)],
-                &[("batch_size", 3), ("dim1", 999), ("dim2", 257)],
-                &[("batch_size", 17), ("dim1", 33), ("dim2", 4097)],
-            ]),
-        )
-    };
+    let (train, holdout) = mid_shapes(c == Comb::Prod);
     let rf = if mean { "mean" } else { c.name() };
     let x = ref_chain(pre, "in0", "");
     let (out_shape, keep_ref, keep_torch): (&[&str], _, _) = if keep {
@@ -1329,8 +1376,37 @@ fn mid_reduce_family(id: &str, c: Comb, mean: bool, keep: bool, pre: &[Step]) ->
         inputs: vec!["x = torch.rand(batch_size, dim1, dim2)".into()],
         returned: vec!["x".into()],
     });
+    let naive = mid_naive(&spec, c, mean, pre);
+    let fast = mid_split(&spec, c, mean, pre);
+    let group = group_of(&format!("mid:{rf}"), pre, if keep { "|keep" } else { "" });
+    finish(spec, module, group, naive, ("split_reduce.cu", fast))
+}
+
+/// Train and hold-out shapes `(batch_size, dim1, dim2)`; a product's `dim1` is at most 64.
+fn mid_shapes(prod: bool) -> (Shapes, Shapes) {
+    type Dims = [(i64, i64, i64); 3];
+    let (train, holdout): (Dims, Dims) = if prod {
+        (
+            [(16, 32, 4096), (128, 16, 1024), (4, 64, 8192)],
+            [(1, 1, 1), (3, 33, 257), (17, 9, 4097)],
+        )
+    } else {
+        (
+            [(16, 256, 512), (128, 64, 1024), (4, 4096, 512)],
+            [(1, 1, 1), (3, 999, 257), (17, 33, 4097)],
+        )
+    };
+    let maps = |d: Dims| -> Shapes {
+        let named = d.map(|(b, d1, d2)| [("batch_size", b), ("dim1", d1), ("dim2", d2)]);
+        shapes(&named.each_ref().map(|s| s.as_slice()))
+    };
+    (maps(train), maps(holdout))
+}
+
+/// The naive kernel of a middle-dimension reduction: one thread per output, sums in double.
+fn mid_naive(spec: &TaskSpec, c: Comb, mean: bool, pre: &[Step]) -> String {
     let sig = spec.signature();
-    let (decl, names) = params(&spec);
+    let (decl, names) = params(spec);
     let pre_c = cuda_chain(pre, "", "j", "        ");
     let fin = if mean {
         "(float)(acc / (double)dim1)"
@@ -1341,7 +1417,7 @@ fn mid_reduce_family(id: &str, c: Comb, mean: bool, keep: bool, pre: &[Step]) ->
         Comb::Sum => ("double", "0.0", "acc += (double)v;".to_string()),
         c => ("float", c.init(), format!("acc = {};", c.apply("acc", "v"))),
     };
-    let naive = format!(
+    format!(
         "// naive: one thread per output element, looping over dimension 1 (sums in double).\n{HEADER}\n\
          __global__ void mid_naive({decl}) {{\n    \
          const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
@@ -1350,10 +1426,16 @@ fn mid_reduce_family(id: &str, c: Comb, mean: bool, keep: bool, pre: &[Step]) ->
          out[b * dim2 + j] = {fin};\n}}\n\n\
          {sig} {{\n    if (batch_size == 0 || dim2 == 0) return;\n    dim3 grid((unsigned)((dim2 + 255) / 256), (unsigned)batch_size);\n    \
          mid_naive<<<grid, 256, 0, stream>>>({names});\n}}\n"
-    );
+    )
+}
+
+/// The fast kernel of a middle-dimension reduction: 32 x 8 blocks splitting dimension 1.
+fn mid_split(spec: &TaskSpec, c: Comb, mean: bool, pre: &[Step]) -> String {
+    let sig = spec.signature();
+    let (decl, names) = params(spec);
     let fupd = c.apply("acc", "v");
     let fin_f = if mean { "acc / (float)dim1" } else { "acc" };
-    let fast = format!(
+    format!(
         "// fast: a 32 x 8 block; the 8 rows of threads split dimension 1 and combine their\n\
          // partial results in shared memory; reads stay coalesced along dimension 2.\n{HEADER}\n\
          __global__ void mid_split({decl}) {{\n    __shared__ float part[8][33];\n    \
@@ -1370,9 +1452,7 @@ fn mid_reduce_family(id: &str, c: Comb, mean: bool, keep: bool, pre: &[Step]) ->
          mid_split<<<grid, dim3(32, 8), 0, stream>>>({names});\n}}\n",
         c.init(),
         cuda_chain(pre, "", "j", "            "),
-    );
-    let group = group_of(&format!("mid:{rf}"), pre, if keep { "|keep" } else { "" });
-    finish(spec, module, group, naive, ("split_reduce.cu", fast))
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1683,21 +1763,12 @@ fn instance_norm_family(id: &str, pre: &[Step], post: &[Step], block: u32) -> Fa
         inputs: vec!["x = torch.rand(batch_size, num_features, height, width)".into()],
         returned: vec!["x".into()],
     });
-    let plan = RowPlan {
-        pre: pre.to_vec(),
-        stats: vec![
-            Stat {
-                term: "v".into(),
-                comb: Comb::Sum,
-            },
-            Stat {
-                term: "(v - s0 / (float)dim) * (v - s0 / (float)dim)".into(),
-                comb: Comb::Sum,
-            },
-        ],
-        out: RowOut::Elem("(v - s0 / (float)dim) * rsqrtf(s1 / (float)dim + 1e-5f)".into()),
-        post: post.to_vec(),
-    };
+    let plan = row_plan(
+        pre,
+        post,
+        mean_var_stats(),
+        RowOut::Elem("(v - s0 / (float)dim) * rsqrtf(s1 / (float)dim + 1e-5f)".into()),
+    );
     let (naive, fast) = row_kernels(
         &spec,
         &plan,
@@ -1792,20 +1863,125 @@ const MM_REGIMES: [[(i64, i64, i64, i64); 3]; 5] = [
     ],
 ];
 
+/// A matmul family: `mm`, then the steps `epi`, at the train shapes of `regime`.
 fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
-    let linear = matches!(mm, Mm::Linear(..));
     let tier = if epi.is_empty() { 2 } else { 3 };
-    let (sizes, m, k, n): (Vec<&str>, &str, &str, &str) = match mm {
-        Mm::Linear(..) => (
-            vec!["batch_size", "in_features", "out_features"],
-            "batch_size",
-            "in_features",
-            "out_features",
-        ),
-        Mm::Batched => (vec!["batch_size", "M", "K", "N"], "M", "K", "N"),
-        Mm::MatVec => (vec!["M", "K"], "M", "K", "1"),
-        _ => (vec!["M", "K", "N"], "M", "K", "N"),
-    };
+    let (sizes, m, k, n) = mm.dims();
+    let (train, holdout) = mm_shapes(mm, regime, (m, k, n));
+    let (lname, _) = mm.layer();
+    let wname = format!("{lname}_weight");
+    let bname = format!("{lname}_bias");
+    let inputs = mm_inputs(mm, epi, n, &wname, &bname);
+    let reference = ref_chain(epi, &mm_product(mm, &wname, &bname), "");
+    let ins: Vec<(&str, &[&str])> = inputs
+        .iter()
+        .map(|(a, s)| (a.as_str(), s.as_slice()))
+        .collect();
+    let spec = kb_spec(
+        id,
+        tier,
+        &ins,
+        &mm.out_shape(),
+        &sizes,
+        reference,
+        train,
+        holdout,
+        MM_TOL,
+        mm.cost(),
+    );
+    let module = mm_module(mm, epi, &spec, &sizes, &inputs);
+    let mut epilogue = String::new();
+    if mm.layer().1 {
+        epilogue.push_str(&format!("        v = v + {bname}[n];\n"));
+    }
+    epilogue.push_str(&cuda_chain(epi, "", "n", "        "));
+    let alias = mm_alias(mm, (m, k, n), &wname);
+    let (naive, fast) = mm_kernels(mm, &spec, &alias, &epilogue);
+    let group = group_of(&format!("mm:{}", mm.kind()), epi, "");
+    finish(spec, module, group, naive, ("tiled.cu", fast))
+}
+
+impl Mm {
+    /// The module's sizes in order, and the names of M, K and N (N `1` for a matrix-vector one).
+    fn dims(self) -> (Vec<&'static str>, &'static str, &'static str, &'static str) {
+        match self {
+            Mm::Linear(..) => (
+                vec!["batch_size", "in_features", "out_features"],
+                "batch_size",
+                "in_features",
+                "out_features",
+            ),
+            Mm::Batched => (vec!["batch_size", "M", "K", "N"], "M", "K", "N"),
+            Mm::MatVec => (vec!["M", "K"], "M", "K", "1"),
+            _ => (vec!["M", "K", "N"], "M", "K", "N"),
+        }
+    }
+
+    /// The `nn.Linear`'s attribute name and whether it has a bias (`("", false)` otherwise).
+    fn layer(self) -> (&'static str, bool) {
+        match self {
+            Mm::Linear(nm, b) => (nm, b),
+            _ => ("", false),
+        }
+    }
+
+    /// The output's shape.
+    fn out_shape(self) -> Vec<&'static str> {
+        match self {
+            Mm::Batched => vec!["batch_size", "M", "N"],
+            Mm::MatVec => vec!["M", "1"],
+            Mm::Linear(..) => vec!["batch_size", "out_features"],
+            _ => vec!["M", "N"],
+        }
+    }
+
+    /// (bytes, flops): every buffer read or written once, two flops per multiply-add.
+    fn cost(self) -> (String, String) {
+        let flops = match self {
+            Mm::Batched => "2*batch_size*M*K*N".to_string(),
+            Mm::MatVec => "2*M*K".into(),
+            Mm::Linear(..) => "2*batch_size*in_features*out_features".into(),
+            _ => "2*M*K*N".into(),
+        };
+        let bytes = match self {
+            Mm::Batched => "4*batch_size*M*K + 4*batch_size*K*N + 4*batch_size*M*N".to_string(),
+            Mm::MatVec => "4*M*K + 4*K + 4*M".into(),
+            Mm::Linear(..) => {
+                "4*batch_size*in_features + 4*in_features*out_features + 4*batch_size*out_features"
+                    .into()
+            }
+            _ => "4*M*K + 4*K*N + 4*M*N".into(),
+        };
+        (bytes, flops)
+    }
+
+    /// The operation in the module's docstring.
+    fn what(self) -> &'static str {
+        match self {
+            Mm::Plain => "a matrix multiplication (C = A * B)",
+            Mm::TransA => "a matrix multiplication with a transposed A (C = A.T * B)",
+            Mm::TransB => "a matrix multiplication with a transposed B (C = A * B.T)",
+            Mm::MatVec => "a matrix-vector multiplication (C = A * B, B a column)",
+            Mm::Batched => "a batched matrix multiplication (C[b] = A[b] * B[b])",
+            Mm::Linear(..) => "a linear layer (x * W.T + b)",
+        }
+    }
+
+    /// The kind in group keys (`mm`, `mm_ta`, `bmm`, `linear_bias`, ...).
+    fn kind(self) -> String {
+        match self {
+            Mm::Plain => "mm".to_string(),
+            Mm::TransA => "mm_ta".into(),
+            Mm::TransB => "mm_tb".into(),
+            Mm::MatVec => "mv".into(),
+            Mm::Batched => "bmm".into(),
+            Mm::Linear(_, b) => format!("linear{}", if b { "_bias" } else { "" }),
+        }
+    }
+}
+
+/// Train shapes of `regime` and the hold-out shapes of `mm`, its sizes named `m`, `k` and `n`.
+fn mm_shapes(mm: Mm, regime: usize, (m, k, n): (&str, &str, &str)) -> (Shapes, Shapes) {
     let sh = |mk: i64, kk: i64, nk: i64, b: i64| -> Vec<(&str, i64)> {
         let mut v = vec![(m, mk), (k, kk)];
         if n != "1" {
@@ -1822,7 +1998,18 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
         .collect();
     let hold_l = [sh(1, 1, 1, 1), sh(33, 65, 17, 3), sh(257, 513, 129, 2)];
     let to_maps = |l: &[Vec<(&str, i64)>]| shapes(&l.iter().map(Vec::as_slice).collect::<Vec<_>>());
-    let (train, holdout) = (to_maps(&train_l), to_maps(&hold_l));
+    (to_maps(&train_l), to_maps(&hold_l))
+}
+
+/// The launcher's buffers before `out` as (name, shape), a `self.bias` among them if `epi` adds.
+fn mm_inputs(
+    mm: Mm,
+    epi: &[Step],
+    n: &'static str,
+    wname: &str,
+    bname: &str,
+) -> Vec<(String, Vec<&'static str>)> {
+    let linear = matches!(mm, Mm::Linear(..));
     let bshape = |a: &'static str, b: &'static str| -> Vec<&'static str> {
         if mm == Mm::Batched {
             vec!["batch_size", a, b]
@@ -1830,7 +2017,6 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
             vec![a, b]
         }
     };
-    // Buffers and reference.
     let (a_shape, b_shape): (Vec<&str>, Vec<&str>) = match mm {
         Mm::Plain | Mm::Batched => (bshape("M", "K"), bshape("K", "N")),
         Mm::TransA => (vec!["K", "M"], vec!["K", "N"]),
@@ -1838,79 +2024,50 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
         Mm::MatVec => (vec!["M", "K"], vec!["K", "1"]),
         Mm::Linear(..) => (vec!["batch_size", "in_features"], vec![]),
     };
-    let out_shape: Vec<&str> = match mm {
-        Mm::Batched => vec!["batch_size", "M", "N"],
-        Mm::MatVec => vec!["M", "1"],
-        Mm::Linear(..) => vec!["batch_size", "out_features"],
-        _ => vec!["M", "N"],
-    };
     let mut inputs: Vec<(String, Vec<&str>)> = vec![("in0".into(), a_shape)];
-    let (lname, lbias) = match mm {
-        Mm::Linear(nm, b) => (nm, b),
-        _ => ("", false),
-    };
-    let wname = format!("{lname}_weight");
-    let bname = format!("{lname}_bias");
     if linear {
-        inputs.push((wname.clone(), vec!["out_features", "in_features"]));
-        if lbias {
-            inputs.push((bname.clone(), vec!["out_features"]));
+        inputs.push((wname.to_string(), vec!["out_features", "in_features"]));
+        if mm.layer().1 {
+            inputs.push((bname.to_string(), vec!["out_features"]));
         }
     } else {
         inputs.push(("in1".into(), b_shape));
     }
-    let has_bias_param = epi.contains(&Step::AddBias);
-    if has_bias_param {
+    if epi.contains(&Step::AddBias) {
         // `named_parameters()` lists a module's own parameters before its children's, so a
         // `self.bias` comes before the `nn.Linear`'s weight and bias in the launcher.
         let at = if linear { 1 } else { inputs.len() };
         inputs.insert(at, ("bias".into(), vec![n]));
     }
-    let prod = match mm {
+    inputs
+}
+
+/// The reference of the product (with the `nn.Linear`'s bias `bname` where it has one).
+fn mm_product(mm: Mm, wname: &str, bname: &str) -> String {
+    match mm {
         Mm::Plain | Mm::Batched | Mm::MatVec => "matmul(in0, in1)".to_string(),
         Mm::TransA => "matmul(transpose(in0), in1)".into(),
         Mm::TransB => "matmul(in0, transpose(in1))".into(),
-        Mm::Linear(..) => {
+        Mm::Linear(_, lbias) => {
             if lbias {
                 format!("matmul(in0, transpose({wname})) + {bname}")
             } else {
                 format!("matmul(in0, transpose({wname}))")
             }
         }
-    };
-    let reference = ref_chain(epi, &prod, "");
-    let ins: Vec<(&str, &[&str])> = inputs
-        .iter()
-        .map(|(a, s)| (a.as_str(), s.as_slice()))
-        .collect();
-    let flops = match mm {
-        Mm::Batched => "2*batch_size*M*K*N".to_string(),
-        Mm::MatVec => "2*M*K".into(),
-        Mm::Linear(..) => "2*batch_size*in_features*out_features".into(),
-        _ => "2*M*K*N".into(),
-    };
-    let bytes = match mm {
-        Mm::Batched => "4*batch_size*M*K + 4*batch_size*K*N + 4*batch_size*M*N".to_string(),
-        Mm::MatVec => "4*M*K + 4*K + 4*M".into(),
-        Mm::Linear(..) => {
-            "4*batch_size*in_features + 4*in_features*out_features + 4*batch_size*out_features"
-                .into()
-        }
-        _ => "4*M*K + 4*K*N + 4*M*N".into(),
-    };
-    let spec = kb_spec(
-        id,
-        tier,
-        &ins,
-        &out_shape,
-        &sizes,
-        reference,
-        train,
-        holdout,
-        MM_TOL,
-        (bytes, flops),
-    );
-    // Module.
+    }
+}
+
+/// The module of `mm` then `epi`, its constants `corder`; `inputs` are the launcher's buffers.
+fn mm_module(
+    mm: Mm,
+    epi: &[Step],
+    spec: &TaskSpec,
+    corder: &[&str],
+    inputs: &[(String, Vec<&str>)],
+) -> String {
+    let linear = matches!(mm, Mm::Linear(..));
+    let (lname, lbias) = mm.layer();
     let mut init_params = vec![];
     let mut init_body = vec![];
     let mut init_inputs = vec![];
@@ -1946,7 +2103,7 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
             )
         }
     };
-    if has_bias_param {
+    if epi.contains(&Step::AddBias) {
         let nn = if linear { "out_features" } else { "N" };
         if !init_params.iter().any(|p| p.starts_with(nn)) {
             init_params.push(format!("{nn}: int"));
@@ -1956,72 +2113,69 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
     }
     body.extend(epi.iter().map(|s| s.torch()));
     body.push("return x".into());
-    let what = match mm {
-        Mm::Plain => "a matrix multiplication (C = A * B)",
-        Mm::TransA => "a matrix multiplication with a transposed A (C = A.T * B)",
-        Mm::TransB => "a matrix multiplication with a transposed B (C = A * B.T)",
-        Mm::MatVec => "a matrix-vector multiplication (C = A * B, B a column)",
-        Mm::Batched => "a batched matrix multiplication (C[b] = A[b] * B[b])",
-        Mm::Linear(..) => "a linear layer (x * W.T + b)",
-    };
+    let what = mm.what();
     let doc = if epi.is_empty() {
         what.to_string()
     } else {
         format!("{what}, then {}", doc_of(epi))
     };
-    let corder: Vec<&str> = match mm {
-        Mm::Linear(..) => vec!["batch_size", "in_features", "out_features"],
-        Mm::Batched => vec!["batch_size", "M", "K", "N"],
-        Mm::MatVec => vec!["M", "K"],
-        _ => vec!["M", "K", "N"],
-    };
-    let module = render_module(&Module {
+    render_module(&Module {
         doc: format!("Simple model that performs {doc}."),
         init_params,
         init_body,
         init_inputs,
         forward_args: &fwd,
         body,
-        constants: constants(&corder, &spec.train_shapes[0]),
+        constants: constants(corder, &spec.train_shapes[0]),
         inputs: get,
         returned: fwd.iter().map(|v| v.to_string()).collect(),
-    });
-    // Kernels: aliases to M, K, N and the operand pointers, then index expressions.
-    let (decl, names) = params(&spec);
-    let sig = spec.signature();
-    let nn = if n == "1" {
-        "1".to_string()
-    } else {
-        n.to_string()
-    };
-    let sizes_alias: String = [("M", m), ("K", k), ("N", nn.as_str())]
+    })
+}
+
+impl Mm {
+    /// Element `(b, m, k)` of A, over the kernels' aliases `A`, `M` and `K`.
+    fn a_at(self, b: &str, mi: &str, ki: &str) -> String {
+        match self {
+            Mm::TransA => format!("A[({ki}) * M + ({mi})]"),
+            Mm::Batched => format!("A[(({b}) * M + ({mi})) * K + ({ki})]"),
+            _ => format!("A[({mi}) * K + ({ki})]"),
+        }
+    }
+
+    /// Element `(b, k, n)` of B, over the kernels' aliases `B`, `K` and `N`.
+    fn b_at(self, b: &str, ki: &str, ni: &str) -> String {
+        match self {
+            Mm::TransB | Mm::Linear(..) => format!("B[({ni}) * K + ({ki})]"),
+            Mm::Batched => format!("B[(({b}) * K + ({ki})) * N + ({ni})]"),
+            _ => format!("B[({ki}) * N + ({ni})]"),
+        }
+    }
+}
+
+/// The kernels' aliases `M`, `K`, `N` (sizes `m`, `k`, `n`), batch count `nb`, operands `A`, `B`.
+fn mm_alias(mm: Mm, (m, k, n): (&str, &str, &str), wname: &str) -> String {
+    let sizes_alias: String = [("M", m), ("K", k), ("N", n)]
         .iter()
         .filter(|(a, b)| a != b)
         .map(|(a, b)| format!("    const int64_t {a} = {b};\n"))
         .collect();
-    let alias = format!(
+    format!(
         "{sizes_alias}    const int64_t nb = {};\n    \
          const float* A = in0;\n    const float* B = {};\n    (void)nb;\n",
         if mm == Mm::Batched { "batch_size" } else { "1" },
-        if linear { wname.as_str() } else { "in1" }
-    );
-    // Element (b, m, k) of A and (b, k, n) of B.
-    let a_at = |b: &str, mi: &str, ki: &str| match mm {
-        Mm::TransA => format!("A[({ki}) * M + ({mi})]"),
-        Mm::Batched => format!("A[(({b}) * M + ({mi})) * K + ({ki})]"),
-        _ => format!("A[({mi}) * K + ({ki})]"),
-    };
-    let b_at = |b: &str, ki: &str, ni: &str| match mm {
-        Mm::TransB | Mm::Linear(..) => format!("B[({ni}) * K + ({ki})]"),
-        Mm::Batched => format!("B[(({b}) * K + ({ki})) * N + ({ni})]"),
-        _ => format!("B[({ki}) * N + ({ni})]"),
-    };
-    let mut epilogue = String::new();
-    if lbias {
-        epilogue.push_str(&format!("        v = v + {bname}[n];\n"));
-    }
-    epilogue.push_str(&cuda_chain(epi, "", "n", "        "));
-    let launch_sizes = "    if (M == 0 || N == 0 || nb == 0) return;\n".to_string();
+        if matches!(mm, Mm::Linear(..)) {
+            wname
+        } else {
+            "in1"
+        }
+    )
+}
+
+/// The naive (one thread per output) and tiled (32 x 32 shared-memory tiles) matmul kernels.
+fn mm_kernels(mm: Mm, spec: &TaskSpec, alias: &str, epilogue: &str) -> (String, String) {
+    let (decl, names) = params(spec);
+    let sig = spec.signature();
+    let launch_sizes = "    if (M == 0 || N == 0 || nb == 0) return;\n";
     let naive = format!(
         "// naive: one thread per output element, a dot product over K.\n{HEADER}\n\
          __global__ void mm_naive({decl}) {{\n{alias}    \
@@ -2032,35 +2186,10 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
          {sig} {{\n{alias}{launch_sizes}    \
          dim3 grid((unsigned)((N + 127) / 128), (unsigned)M, (unsigned)nb);\n    \
          mm_naive<<<grid, 128, 0, stream>>>({names});\n}}\n",
-        a_at("b", "m", "k"),
-        b_at("b", "k", "n"),
+        mm.a_at("b", "m", "k"),
+        mm.b_at("b", "k", "n"),
     );
-    // Tiled: 32 x 32 outputs per block, 32 x 8 threads, 4 outputs each; tiles of A and B in
-    // shared memory, each loaded along its contiguous dimension.
-    let load_a = match mm {
-        Mm::TransA => format!(
-            "            {{ const int64_t k = k0 + r, m = row0 + tx;\n              \
-             As[tx][r] = (m < M && k < K) ? {} : 0.0f; }}\n",
-            a_at("b", "m", "k")
-        ),
-        _ => format!(
-            "            {{ const int64_t m = row0 + r, k = k0 + tx;\n              \
-             As[r][tx] = (m < M && k < K) ? {} : 0.0f; }}\n",
-            a_at("b", "m", "k")
-        ),
-    };
-    let load_b = match mm {
-        Mm::TransB | Mm::Linear(..) => format!(
-            "            {{ const int64_t n = col0 + r, k = k0 + tx;\n              \
-             Bs[tx][r] = (n < N && k < K) ? {} : 0.0f; }}\n",
-            b_at("b", "k", "n")
-        ),
-        _ => format!(
-            "            {{ const int64_t k = k0 + r, n = col0 + tx;\n              \
-             Bs[r][tx] = (n < N && k < K) ? {} : 0.0f; }}\n",
-            b_at("b", "k", "n")
-        ),
-    };
+    let (load_a, load_b) = mm_tile_loads(mm);
     let fast = format!(
         "// fast: 32 x 32 output tiles, 32 x 8 threads computing 4 outputs each; the tiles of A\n\
          // and B staged in padded shared memory, each read along its contiguous dimension.\n{HEADER}\n\
@@ -2081,16 +2210,29 @@ fn mm_family(id: &str, mm: Mm, epi: &[Step], regime: usize) -> Family {
          mm_tiled<<<grid, dim3(32, 8), 0, stream>>>({names});\n}}\n",
         epilogue
     );
-    let kind = match mm {
-        Mm::Plain => "mm".to_string(),
-        Mm::TransA => "mm_ta".into(),
-        Mm::TransB => "mm_tb".into(),
-        Mm::MatVec => "mv".into(),
-        Mm::Batched => "bmm".into(),
-        Mm::Linear(_, b) => format!("linear{}", if b { "_bias" } else { "" }),
+    (naive, fast)
+}
+
+/// The tiled kernel's loads of row `r` of its A and B tiles, coalesced along each operand.
+fn mm_tile_loads(mm: Mm) -> (String, String) {
+    let load = |(first, second): (&str, &str), store: &str, bound: &str, elem: String| {
+        format!(
+            "            {{ const int64_t {first}, {second};\n              {store} = ({bound} && k < K) ? {elem} : 0.0f; }}\n"
+        )
     };
-    let group = group_of(&format!("mm:{kind}"), epi, "");
-    finish(spec, module, group, naive, ("tiled.cu", fast))
+    let a = mm.a_at("b", "m", "k");
+    let load_a = if mm == Mm::TransA {
+        load(("k = k0 + r", "m = row0 + tx"), "As[tx][r]", "m < M", a)
+    } else {
+        load(("m = row0 + r", "k = k0 + tx"), "As[r][tx]", "m < M", a)
+    };
+    let b = mm.b_at("b", "k", "n");
+    let load_b = if matches!(mm, Mm::TransB | Mm::Linear(..)) {
+        load(("n = col0 + r", "k = k0 + tx"), "Bs[tx][r]", "n < N", b)
+    } else {
+        load(("k = k0 + r", "n = col0 + tx"), "Bs[r][tx]", "n < N", b)
+    };
+    (load_a, load_b)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2104,7 +2246,47 @@ enum RowRed {
     LogSumExp,
 }
 
+/// `nn.Linear` `lname`, the steps `epi`, then the row reduction `red` with the dimension kept.
 fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) -> Family {
+    let (train, holdout) = gemm_reduce_shapes();
+    let w = format!("{lname}_weight");
+    let bn = format!("{lname}_bias");
+    let inputs: Vec<(&str, &[&str])> = vec![
+        ("in0", &["batch_size", "in_features"]),
+        (w.as_str(), &["out_features", "in_features"]),
+        (bn.as_str(), &["out_features"]),
+    ];
+    let y = ref_chain(epi, &format!("matmul(in0, transpose({w})) + {bn}"), "");
+    let (rf, tf) = match red {
+        RowRed::Sum => ("sum", "torch.sum(x, dim=1, keepdim=True)"),
+        RowRed::Mean => ("mean", "torch.mean(x, dim=1, keepdim=True)"),
+        RowRed::Max => ("max", "torch.max(x, dim=1, keepdim=True)[0]"),
+        RowRed::LogSumExp => ("logsumexp", "torch.logsumexp(x, dim=1, keepdim=True)"),
+    };
+    let spec = kb_spec(
+        id,
+        3,
+        &inputs,
+        &["batch_size", "1"],
+        &["batch_size", "in_features", "out_features"],
+        format!("{rf}({y}, 1, 1)"),
+        train,
+        holdout,
+        MM_TOL,
+        (
+            "4*batch_size*in_features + 4*in_features*out_features + 4*batch_size".into(),
+            "2*batch_size*in_features*out_features".into(),
+        ),
+    );
+    let module = gemm_reduce_module(&spec, lname, epi, (rf, tf));
+    let naive = gemm_reduce_naive(&spec, (&w, &bn), epi, red);
+    let fast = gemm_reduce_fast(&spec, (&w, &bn), epi, red);
+    let group = group_of(&format!("gemm_reduce:{rf}"), epi, "");
+    finish(spec, module, group, naive, ("block_per_row.cu", fast))
+}
+
+/// Train and hold-out shapes `(batch_size, in_features, out_features)` of the linear reductions.
+fn gemm_reduce_shapes() -> (Shapes, Shapes) {
     let train = shapes(&[
         &[
             ("batch_size", 512),
@@ -2135,35 +2317,16 @@ fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) 
             ("out_features", 129),
         ],
     ]);
-    let w = format!("{lname}_weight");
-    let bn = format!("{lname}_bias");
-    let inputs: Vec<(&str, &[&str])> = vec![
-        ("in0", &["batch_size", "in_features"]),
-        (w.as_str(), &["out_features", "in_features"]),
-        (bn.as_str(), &["out_features"]),
-    ];
-    let y = ref_chain(epi, &format!("matmul(in0, transpose({w})) + {bn}"), "");
-    let (rf, tf) = match red {
-        RowRed::Sum => ("sum", "torch.sum(x, dim=1, keepdim=True)"),
-        RowRed::Mean => ("mean", "torch.mean(x, dim=1, keepdim=True)"),
-        RowRed::Max => ("max", "torch.max(x, dim=1, keepdim=True)[0]"),
-        RowRed::LogSumExp => ("logsumexp", "torch.logsumexp(x, dim=1, keepdim=True)"),
-    };
-    let spec = kb_spec(
-        id,
-        3,
-        &inputs,
-        &["batch_size", "1"],
-        &["batch_size", "in_features", "out_features"],
-        format!("{rf}({y}, 1, 1)"),
-        train,
-        holdout,
-        MM_TOL,
-        (
-            "4*batch_size*in_features + 4*in_features*out_features + 4*batch_size".into(),
-            "2*batch_size*in_features*out_features".into(),
-        ),
-    );
+    (train, holdout)
+}
+
+/// The module of `nn.Linear` `lname`, the steps `epi`, then the reduction `rf` (torch `tf`).
+fn gemm_reduce_module(
+    spec: &TaskSpec,
+    lname: &str,
+    epi: &[Step],
+    (rf, tf): (&str, &str),
+) -> String {
     let mut body = vec![format!("x = self.{lname}(x)")];
     body.extend(epi.iter().map(|s| s.torch()));
     body.push(format!("x = {tf}"));
@@ -2176,7 +2339,7 @@ fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) 
             doc_of(epi)
         )
     };
-    let module = render_module(&Module {
+    render_module(&Module {
         doc: format!("Model that performs {doc}."),
         init_params: vec!["in_features: int".into(), "out_features: int".into()],
         init_body: vec![format!(
@@ -2191,11 +2354,19 @@ fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) 
         ),
         inputs: vec!["x = torch.rand(batch_size, in_features)".into()],
         returned: vec!["x".into()],
-    });
-    let (decl, names) = params(&spec);
+    })
+}
+
+/// Aliases of the linear reductions' kernels to the matmul's sizes.
+const GEMM_REDUCE_ALIAS: &str =
+    "    const int64_t M = batch_size, K = in_features, N = out_features;\n";
+
+/// The naive linear-reduction kernel: one thread per row; `w`, `bn` the layer's weight and bias.
+fn gemm_reduce_naive(spec: &TaskSpec, (w, bn): (&str, &str), epi: &[Step], red: RowRed) -> String {
+    let (decl, names) = params(spec);
     let sig = spec.signature();
     let epi_c = cuda_chain(epi, "", "n", "        ");
-    let alias = "    const int64_t M = batch_size, K = in_features, N = out_features;\n";
+    let alias = GEMM_REDUCE_ALIAS;
     // The value of output column n of row m.
     let value_fn = format!(
         "__device__ __forceinline__ float gemm_value(int64_t m, int64_t n, {decl}) {{\n    \
@@ -2224,14 +2395,21 @@ fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) 
              out[m] = best + (float)log(s);\n"
         ),
     };
-    let naive = format!(
+    format!(
         "// naive: one thread per row; every output column's dot product in turn.\n{HEADER}\n\
          {value_fn}\n__global__ void gr_naive({decl}) {{\n{alias}    \
          const int64_t m = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    (void)K;\n    if (m >= M) return;\n\
          {naive_red}}}\n\n\
          {sig} {{\n    const int64_t grid = (batch_size + 127) / 128;\n    \
          if (grid > 0) gr_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n"
-    );
+    )
+}
+
+/// The fast linear-reduction kernel: a block per row, a warp per output column, a block reduce.
+fn gemm_reduce_fast(spec: &TaskSpec, (w, bn): (&str, &str), epi: &[Step], red: RowRed) -> String {
+    let (decl, names) = params(spec);
+    let sig = spec.signature();
+    let alias = GEMM_REDUCE_ALIAS;
     let combs: BTreeSet<&'static str> = match red {
         RowRed::Sum | RowRed::Mean => ["sum"].into(),
         RowRed::Max => ["max"].into(),
@@ -2252,7 +2430,7 @@ fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) 
              s = block_sum(s, sh);\n    if (threadIdx.x == 0) out[m] = mx + logf(s);\n"
             .into(),
     };
-    let fast = format!(
+    format!(
         "// fast: one block per row; the input row in shared memory, one warp per output column\n\
          // (lanes split K, so each weight row is read coalesced), the row's values kept in\n\
          // shared memory for the reduction.\n{HEADER}\n{}\
@@ -2272,9 +2450,7 @@ fn gemm_reduce_family(id: &str, lname: &'static str, epi: &[Step], red: RowRed) 
         warp_fns(&combs.iter().copied().chain(["sum"]).collect()),
         cuda_chain(epi, "", "n", "            "),
         w = w,
-    );
-    let group = group_of(&format!("gemm_reduce:{rf}"), epi, "");
-    finish(spec, module, group, naive, ("block_per_row.cu", fast))
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2644,127 +2820,7 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
     while out.len() < count && draws < 50 * count.max(1) {
         draws += 1;
         let id = format!("{OP_PREFIX}{i:04}");
-        let u: u32 = rng.random_range(0..124);
-        let f = match u {
-            0..=27 if rng.random_bool(0.15) => {
-                let half = pick(&mut rng, &[Half::F16, Half::Bf16]);
-                let n = rng.random_range(1..=2);
-                let steps = draw_steps(&mut rng, n, false);
-                ew_half_family(&id, &steps, pick(&mut rng, &[128, 256, 512]), half)
-            }
-            0..=27 => {
-                let n = rng.random_range(1..=3);
-                let steps = draw_steps(&mut rng, n, true);
-                ew_family(&id, &steps, pick(&mut rng, &[128, 256, 512]))
-            }
-            28..=40 => {
-                let c = pick(&mut rng, &[Comb::Sum, Comb::Max, Comb::Min, Comb::Sum]);
-                let mean = c == Comb::Sum && rng.random_bool(0.4);
-                let keep = rng.random_bool(0.5);
-                let k = rng.random_range(0..=1);
-                let pre = draw_steps(&mut rng, k, false);
-                let post = if rng.random_bool(0.25) {
-                    draw_steps(&mut rng, 1, false)
-                } else {
-                    vec![]
-                };
-                row_family(
-                    &id,
-                    RowKind::Reduce(c, keep, mean),
-                    &pre,
-                    &post,
-                    pick(&mut rng, &[128, 256, 512]),
-                )
-            }
-            41..=46 => {
-                let c = pick(&mut rng, &[Comb::Sum, Comb::Max, Comb::Min]);
-                let mean = c == Comb::Sum && rng.random_bool(0.4);
-                let k = rng.random_range(0..=1);
-                let pre = draw_steps(&mut rng, k, false);
-                mid_reduce_family(&id, c, mean, false, &pre)
-            }
-            47..=54 => {
-                let kind = pick(
-                    &mut rng,
-                    &[
-                        RowKind::Softmax,
-                        RowKind::LogSoftmax,
-                        RowKind::L2Norm,
-                        RowKind::L1Norm,
-                    ],
-                );
-                let k = rng.random_range(0..=1);
-                let pre = draw_steps(&mut rng, k, false);
-                row_family(&id, kind, &pre, &[], pick(&mut rng, &[128, 256, 512]))
-            }
-            55..=58 => {
-                let k = rng.random_range(0..=1);
-                let pre = draw_steps(&mut rng, k, false);
-                scan_family(&id, Comb::Sum, &pre)
-            }
-            59..=67 => {
-                let norm = pick(&mut rng, NORMS);
-                let k = rng.random_range(0..=1);
-                let pre = draw_steps(&mut rng, k, false);
-                norm_family(&id, norm, &pre, &[], pick(&mut rng, &[128, 256, 512]))
-            }
-            68..=75 => {
-                let mm = pick(
-                    &mut rng,
-                    &[
-                        Mm::Plain,
-                        Mm::TransA,
-                        Mm::TransB,
-                        Mm::MatVec,
-                        Mm::Batched,
-                        Mm::Linear("linear", true),
-                        Mm::Linear("fc", true),
-                    ],
-                );
-                let regime = rng.random_range(0..MM_REGIMES.len());
-                mm_family(&id, mm, &[], regime)
-            }
-            76..=82 => {
-                let regime = rng.random_range(0..3);
-                match rng.random_range(0..6) {
-                    0 => loss_family(&id, Loss::Mse, regime),
-                    1 => loss_family(&id, Loss::Huber, regime),
-                    2 => loss_family(&id, Loss::Hinge, regime),
-                    3 => loss_family(&id, Loss::KlDiv, regime),
-                    4 => row_loss_family(&id, RowLoss::CrossEntropy, regime),
-                    _ => row_loss_family(&id, RowLoss::Cosine, regime),
-                }
-            }
-            83..=91 => {
-                let name = pick(&mut rng, &["gemm", "linear", "fc"]);
-                let n = rng.random_range(1..=3);
-                let mut epi = draw_steps(&mut rng, n, false);
-                if rng.random_bool(0.3) {
-                    epi.insert(0, Step::AddBias);
-                }
-                let bias = rng.random_bool(0.8);
-                let regime = rng.random_range(0..MM_REGIMES.len());
-                mm_family(&id, Mm::Linear(name, bias), &epi, regime)
-            }
-            92..=95 => {
-                let name = pick(&mut rng, &["gemm", "linear", "fc"]);
-                let k = rng.random_range(0..=1);
-                let epi = draw_steps(&mut rng, k, false);
-                let red = pick(
-                    &mut rng,
-                    &[RowRed::Sum, RowRed::Mean, RowRed::Max, RowRed::LogSumExp],
-                );
-                gemm_reduce_family(&id, name, &epi, red)
-            }
-            100..=113 => conv::draw(&mut rng, &id),
-            114..=123 => pool::draw(&mut rng, &id),
-            _ => {
-                let norm = pick(&mut rng, NORMS);
-                let n = rng.random_range(1..=2);
-                let post = draw_steps(&mut rng, n, false);
-                norm_family(&id, norm, &[], &post, pick(&mut rng, &[128, 256, 512]))
-            }
-        };
+        let f = draw_family(&mut rng, &id);
         // One family per reference, train shapes and dtype: KernelBench states one operator
         // at several shapes (square, large K, irregular), each its own problem.
         let key = format!(
@@ -2781,6 +2837,147 @@ pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Fami
     }
     debug_assert!(out.iter().all(|f| f.spec.id.starts_with(PREFIX)));
     out
+}
+
+/// Draws one operator family with id `id`, its kind in the proportions [`generate`] states.
+fn draw_family(rng: &mut ChaCha8Rng, id: &str) -> Family {
+    let u: u32 = rng.random_range(0..124);
+    match u {
+        0..=27 => draw_elementwise(rng, id),
+        28..=40 => draw_row_reduction(rng, id),
+        41..=46 => {
+            let c = pick(rng, &[Comb::Sum, Comb::Max, Comb::Min]);
+            let mean = c == Comb::Sum && rng.random_bool(0.4);
+            let k = rng.random_range(0..=1);
+            let pre = draw_steps(rng, k, false);
+            mid_reduce_family(id, c, mean, false, &pre)
+        }
+        47..=54 => {
+            let kind = pick(
+                rng,
+                &[
+                    RowKind::Softmax,
+                    RowKind::LogSoftmax,
+                    RowKind::L2Norm,
+                    RowKind::L1Norm,
+                ],
+            );
+            let k = rng.random_range(0..=1);
+            let pre = draw_steps(rng, k, false);
+            row_family(id, kind, &pre, &[], pick(rng, &[128, 256, 512]))
+        }
+        55..=58 => {
+            let k = rng.random_range(0..=1);
+            let pre = draw_steps(rng, k, false);
+            scan_family(id, Comb::Sum, &pre)
+        }
+        59..=67 => {
+            let norm = pick(rng, NORMS);
+            let k = rng.random_range(0..=1);
+            let pre = draw_steps(rng, k, false);
+            norm_family(id, norm, &pre, &[], pick(rng, &[128, 256, 512]))
+        }
+        68..=75 => draw_matmul(rng, id),
+        76..=82 => draw_loss(rng, id),
+        83..=91 => draw_linear_chain(rng, id),
+        92..=95 => {
+            let name = pick(rng, &["gemm", "linear", "fc"]);
+            let k = rng.random_range(0..=1);
+            let epi = draw_steps(rng, k, false);
+            let red = pick(
+                rng,
+                &[RowRed::Sum, RowRed::Mean, RowRed::Max, RowRed::LogSumExp],
+            );
+            gemm_reduce_family(id, name, &epi, red)
+        }
+        100..=113 => conv::draw(rng, id),
+        114..=123 => pool::draw(rng, id),
+        _ => {
+            let norm = pick(rng, NORMS);
+            let n = rng.random_range(1..=2);
+            let post = draw_steps(rng, n, false);
+            norm_family(id, norm, &[], &post, pick(rng, &[128, 256, 512]))
+        }
+    }
+}
+
+/// An elementwise chain of 1-3 steps, or (15%) the f16 or bf16 twin of one of 1-2 steps.
+fn draw_elementwise(rng: &mut ChaCha8Rng, id: &str) -> Family {
+    if rng.random_bool(0.15) {
+        let half = pick(rng, &[Half::F16, Half::Bf16]);
+        let n = rng.random_range(1..=2);
+        let steps = draw_steps(rng, n, false);
+        ew_half_family(id, &steps, pick(rng, &[128, 256, 512]), half)
+    } else {
+        let n = rng.random_range(1..=3);
+        let steps = draw_steps(rng, n, true);
+        ew_family(id, &steps, pick(rng, &[128, 256, 512]))
+    }
+}
+
+/// A reduction over the last dimension with an optional activation before and after.
+fn draw_row_reduction(rng: &mut ChaCha8Rng, id: &str) -> Family {
+    let c = pick(rng, &[Comb::Sum, Comb::Max, Comb::Min, Comb::Sum]);
+    let mean = c == Comb::Sum && rng.random_bool(0.4);
+    let keep = rng.random_bool(0.5);
+    let k = rng.random_range(0..=1);
+    let pre = draw_steps(rng, k, false);
+    let post = if rng.random_bool(0.25) {
+        draw_steps(rng, 1, false)
+    } else {
+        vec![]
+    };
+    row_family(
+        id,
+        RowKind::Reduce(c, keep, mean),
+        &pre,
+        &post,
+        pick(rng, &[128, 256, 512]),
+    )
+}
+
+/// A matmul of any kind without an epilogue, at one of the [`MM_REGIMES`].
+fn draw_matmul(rng: &mut ChaCha8Rng, id: &str) -> Family {
+    let mm = pick(
+        rng,
+        &[
+            Mm::Plain,
+            Mm::TransA,
+            Mm::TransB,
+            Mm::MatVec,
+            Mm::Batched,
+            Mm::Linear("linear", true),
+            Mm::Linear("fc", true),
+        ],
+    );
+    let regime = rng.random_range(0..MM_REGIMES.len());
+    mm_family(id, mm, &[], regime)
+}
+
+/// A loss reduced to one value, at one of three shape regimes.
+fn draw_loss(rng: &mut ChaCha8Rng, id: &str) -> Family {
+    let regime = rng.random_range(0..3);
+    match rng.random_range(0..6) {
+        0 => loss_family(id, Loss::Mse, regime),
+        1 => loss_family(id, Loss::Huber, regime),
+        2 => loss_family(id, Loss::Hinge, regime),
+        3 => loss_family(id, Loss::KlDiv, regime),
+        4 => row_loss_family(id, RowLoss::CrossEntropy, regime),
+        _ => row_loss_family(id, RowLoss::Cosine, regime),
+    }
+}
+
+/// `nn.Linear` (80% with its bias) then 1-3 elementwise steps, 30% of them after a bias add.
+fn draw_linear_chain(rng: &mut ChaCha8Rng, id: &str) -> Family {
+    let name = pick(rng, &["gemm", "linear", "fc"]);
+    let n = rng.random_range(1..=3);
+    let mut epi = draw_steps(rng, n, false);
+    if rng.random_bool(0.3) {
+        epi.insert(0, Step::AddBias);
+    }
+    let bias = rng.random_bool(0.8);
+    let regime = rng.random_range(0..MM_REGIMES.len());
+    mm_family(id, Mm::Linear(name, bias), &epi, regime)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use cudarl_data::Table;
+use cudarl_data::plot::{Series, bar_chart, histogram, line_chart};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -557,52 +558,74 @@ pub fn comparison(
     primary: Metric,
     guardrail: Option<Metric>,
 ) -> Value {
-    let versus = |m: Metric, other: &str| {
-        let (d, se, gained, lost) = paired_by_seed(rows, "test", ("sft", other), &|r| m.hit(r))?;
-        let pairs = rows
-            .iter()
-            .filter(|r| r.split == "test" && r.ck == other)
-            .count();
-        Some(serde_json::json!({
-            "metric": m.name(), format!("{other}_minus_sft"): d, "se": se, "gained": gained,
-            "lost": lost, "pairs": pairs,
-        }))
-    };
-    let holdout = |m: Metric| versus(m, "rl");
-    let per_step = |col: &str| -> Option<Value> {
-        let (c, m) = match col {
-            "reward" => (
-                metrics.floats("control_reward"),
-                metrics.floats("mean_reward"),
-            ),
-            _ => (
-                metrics.floats("control_pass_rate"),
-                metrics.floats("pass_rate"),
-            ),
-        };
-        let (c, m) = (c.ok()??, m.ok()??);
-        let d: Vec<f64> = (1..metrics.rows())
-            .filter_map(|i| Some(m.get(i)? - c.get(i)?))
-            .collect();
-        (d.len() >= 2).then(|| {
-            let (mean, sd) = mean_std(&d);
-            serde_json::json!({
-                "rl_minus_control": mean,
-                "se": sd / ((d.len() - 1) as f64).sqrt(),
-                "steps": d.len(),
-            })
-        })
-    };
+    let holdout = |m: Metric| holdout_versus(rows, m, "rl");
     let mut out = serde_json::json!({
         "primary_metric": primary.name(),
         "guardrail_metric": guardrail.map(Metric::name),
         "holdout_primary": holdout(primary),
         "holdout_guardrail": guardrail.and_then(holdout),
-        "practised_reward": per_step("reward"),
-        "practised_pass_rate": per_step("pass"),
+        "practised_reward": practised_per_step(metrics, "reward"),
+        "practised_pass_rate": practised_per_step(metrics, "pass"),
     });
-    // Multi-turn above single-turn: each RL hold-out episode's best turn against its first, in
-    // the guardrail metric's outcome (pass when none is named), clustered by task.
+    out["rl_multi_minus_single_turn"] = multi_minus_single_turn(rows, guardrail);
+    let collab = rows.iter().any(|r| r.ck == "collab");
+    if collab {
+        out["holdout_collab_primary"] = holdout_versus(rows, primary, "collab").into();
+        out["holdout_collab_guardrail"] = guardrail
+            .and_then(|g| holdout_versus(rows, g, "collab"))
+            .into();
+    }
+    comparison_text(md, &out, primary, guardrail, collab);
+    out
+}
+
+/// Checkpoint `other` - SFT on the hold-out families (`test`) in metric `m`, paired by seed
+/// ([`paired_by_seed`]): the metric, the difference (key `{other}_minus_sft`), its standard
+/// error, the pairs gained and lost, and `other`'s episodes; `None` when the sides differ.
+fn holdout_versus(rows: &[Row], m: Metric, other: &str) -> Option<Value> {
+    let (d, se, gained, lost) = paired_by_seed(rows, "test", ("sft", other), &|r| m.hit(r))?;
+    let pairs = rows
+        .iter()
+        .filter(|r| r.split == "test" && r.ck == other)
+        .count();
+    Some(serde_json::json!({
+        "metric": m.name(), format!("{other}_minus_sft"): d, "se": se, "gained": gained,
+        "lost": lost, "pairs": pairs,
+    }))
+}
+
+/// RL - the frozen control per step from `metrics` in `col` (`reward`: the mean reward, else
+/// the pass rate), steps 2 on: the mean difference, its standard error and the steps; `None`
+/// without the control's column or with fewer than two steps.
+fn practised_per_step(metrics: &Table, col: &str) -> Option<Value> {
+    let (c, m) = match col {
+        "reward" => (
+            metrics.floats("control_reward"),
+            metrics.floats("mean_reward"),
+        ),
+        _ => (
+            metrics.floats("control_pass_rate"),
+            metrics.floats("pass_rate"),
+        ),
+    };
+    let (c, m) = (c.ok()??, m.ok()??);
+    let d: Vec<f64> = (1..metrics.rows())
+        .filter_map(|i| Some(m.get(i)? - c.get(i)?))
+        .collect();
+    (d.len() >= 2).then(|| {
+        let (mean, sd) = mean_std(&d);
+        serde_json::json!({
+            "rl_minus_control": mean,
+            "se": sd / ((d.len() - 1) as f64).sqrt(),
+            "steps": d.len(),
+        })
+    })
+}
+
+/// Multi-turn above single-turn: each RL hold-out episode's best turn against its first, in
+/// the `guardrail` metric's outcome (pass when none is named), clustered by task (`null` when
+/// there is no difference to take).
+fn multi_minus_single_turn(rows: &[Row], guardrail: Option<Metric>) -> Value {
     let g = guardrail.unwrap_or(Metric::Pass);
     let first = match g {
         Metric::Compile | Metric::SingleTurnCompile => Metric::SingleTurnCompile,
@@ -613,38 +636,47 @@ pub fn comparison(
         .filter(|r| r.split == "test" && r.ck == "rl")
         .map(|r| (r.ep.task_id.as_str(), first.hit(r), g.hit(r)))
         .collect();
-    out["rl_multi_minus_single_turn"] = paired_diff(&pairs)
+    paired_diff(&pairs)
         .map(|(d, se, gained, _)| {
             serde_json::json!({
                 "metric": g.name(), "multi_minus_single": d, "se": se, "episodes_gained": gained,
                 "episodes": pairs.len(),
             })
         })
-        .into();
-    let collab = rows.iter().any(|r| r.ck == "collab");
-    if collab {
-        out["holdout_collab_primary"] = versus(primary, "collab").into();
-        out["holdout_collab_guardrail"] = guardrail.and_then(|g| versus(g, "collab")).into();
-    }
-    // A difference `v[key]` with its standard error.
-    let show = |v: &Value, key: &str| match (v[key].as_f64(), v["se"].as_f64()) {
+        .into()
+}
+
+/// A difference `v[key]` with its standard error `v["se"]`, as the report shows it.
+fn show_diff(v: &Value, key: &str) -> String {
+    match (v[key].as_f64(), v["se"].as_f64()) {
         (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
         (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
         _ => "n/a".into(),
-    };
+    }
+}
+
+/// Appends the pre-registered comparison's section to `md` from `out` (what
+/// [`comparison`] returns); `collab`: collab-SFT was evaluated.
+fn comparison_text(
+    md: &mut String,
+    out: &Value,
+    primary: Metric,
+    guardrail: Option<Metric>,
+    collab: bool,
+) {
     md.push_str(&format!(
         "
 ## Pre-registered comparison
 
 Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the hold-out families, paired by sampling seed (+- one standard error clustered by task): {}.",
         primary.name(),
-        show(&out["holdout_primary"], "rl_minus_sft")
+        show_diff(&out["holdout_primary"], "rl_minus_sft")
     ));
     if let Some(g) = guardrail {
         md.push_str(&format!(
             " Guardrail {}: {}.",
             g.name(),
-            show(&out["holdout_guardrail"], "rl_minus_sft")
+            show_diff(&out["holdout_guardrail"], "rl_minus_sft")
         ));
     }
     let m = &out["rl_multi_minus_single_turn"];
@@ -652,19 +684,19 @@ Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the ho
         md.push_str(&format!(
             " RL's multi-turn minus single-turn {} on the hold-out (best turn against first turn, same episodes): {}.",
             m["metric"].as_str().unwrap_or_default(),
-            show(m, "multi_minus_single")
+            show_diff(m, "multi_minus_single")
         ));
     }
     if collab {
         md.push_str(&format!(
             " Cross-agent fine-tuning (`collab`), collab-SFT - SFT on the same episodes' seeds: {}",
-            show(&out["holdout_collab_primary"], "collab_minus_sft")
+            show_diff(&out["holdout_collab_primary"], "collab_minus_sft")
         ));
         if let Some(g) = guardrail {
             md.push_str(&format!(
                 ", guardrail {}: {}",
                 g.name(),
-                show(&out["holdout_collab_guardrail"], "collab_minus_sft")
+                show_diff(&out["holdout_collab_guardrail"], "collab_minus_sft")
             ));
         }
         md.push('.');
@@ -678,7 +710,6 @@ Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the ho
         ));
     }
     md.push('\n');
-    out
 }
 
 /// The report's learning-curve section from the `metrics` table (its reward curve in `curve`):
@@ -777,9 +808,57 @@ pub fn report(
     kb_ops: &[LevelOps<'_>],
     pre: Option<(Metric, Option<Metric>)>,
 ) -> Result<(), RlError> {
-    use cudarl_data::plot::{Series, bar_chart, histogram, line_chart};
     let curve = RewardColumns::read(metrics)?;
-    let RewardColumns { steps, mr, sd } = &curve;
+    let pts = reward_curve_plot(dir, metrics, &curve, (mode, device))?;
+    per_tier_plot(dir, rows, cks, mode)?;
+    let have_speedups = speedups_plot(dir, rows, cks)?;
+    let mut md = summary_section(sums, mode, device);
+    kernelbench_section(&mut md, sums, kb_ops);
+    if let Some((primary, guardrail)) = pre {
+        let c = comparison(&mut md, rows, metrics, primary, guardrail);
+        let text = serde_json::to_string_pretty(&c).map_err(|e| RlError::Failed(e.to_string()))?;
+        write_file(&dir.join("comparison.json"), text + "\n")?;
+    }
+    rl_minus_sft(&mut md, sums, rows, mode);
+    // What the loop made of each kind of start (full mode: "ended correct" needs tests).
+    if mode == "full" {
+        first_turn_section(&mut md, rows);
+    }
+    if let (Some(a), Some(b)) = (pts.first(), pts.last()) {
+        md.push_str(&format!(
+            "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
+            a.0, a.1, a.2, b.0, b.1, b.2
+        ));
+    }
+    learning_curves(&mut md, metrics, &curve);
+    md.push_str("\n![reward curve](reward_curve.png)\n\n![per-tier rates](per_tier.png)\n");
+    if have_speedups {
+        md.push_str("\n![speedups](speedups.png)\n");
+    }
+    write_file(&dir.join("report.md"), md)
+}
+
+/// Writes `text` to `to`; the error names the file.
+///
+/// # Errors
+/// The file cannot be written.
+fn write_file(to: &std::path::Path, text: String) -> Result<(), RlError> {
+    std::fs::write(to, text).map_err(|e| RlError::Failed(format!("{}: {e}", to.display())))
+}
+
+/// Plots `reward_curve.png` in `dir`: the mean episode reward per RL step with one standard
+/// deviation either side, from `curve` (the columns of `metrics`); returns its points
+/// (step, mean, standard deviation).
+///
+/// # Errors
+/// The plot cannot be drawn or written.
+fn reward_curve_plot(
+    dir: &std::path::Path,
+    metrics: &Table,
+    curve: &RewardColumns,
+    (mode, device): (&str, &str),
+) -> Result<Vec<(f64, f64, f64)>, RlError> {
+    let RewardColumns { steps, mr, sd } = curve;
     let pts: Vec<(f64, f64, f64)> = (0..metrics.rows())
         .filter_map(|i| Some((steps.get(i)? as f64, mr.get(i)?, sd.get(i)?)))
         .collect();
@@ -794,6 +873,20 @@ pub fn report(
             Series::new("mean - std", pts.iter().map(|p| (p.0, p.1 - p.2)).collect()),
         ],
     )?;
+    Ok(pts)
+}
+
+/// Plots `per_tier.png` in `dir`: per checkpoint of `cks`, the share of family episodes whose
+/// best turn compiled (and, in `full` mode, passed) per tier, as bars.
+///
+/// # Errors
+/// The plot cannot be drawn or written.
+fn per_tier_plot(
+    dir: &std::path::Path,
+    rows: &[Row],
+    cks: &[&str],
+    mode: &str,
+) -> Result<(), RlError> {
     let mut tiers: BTreeMap<(&str, i64), (f64, f64, f64)> = BTreeMap::new();
     for r in rows.iter().filter(|r| is_family(r)) {
         let e = tiers.entry((r.ck, r.ep.tier)).or_default();
@@ -836,6 +929,15 @@ pub fn report(
         "share of episodes",
         &series,
     )?;
+    Ok(())
+}
+
+/// Plots `speedups.png` in `dir`, the histogram of log2 speedup vs naive of each checkpoint's
+/// correct best kernels, when there is any; returns whether there was.
+///
+/// # Errors
+/// The plot cannot be drawn or written.
+fn speedups_plot(dir: &std::path::Path, rows: &[Row], cks: &[&str]) -> Result<bool, RlError> {
     let sp = |ck: &str| -> Series {
         Series::new(
             ck,
@@ -860,6 +962,12 @@ pub fn report(
             12,
         )?;
     }
+    Ok(have_speedups)
+}
+
+/// The report's title, what `mode` measured (with what a run without a GPU shows), and the
+/// table of the `summary` rows `sums` per checkpoint and split (difference rows left out).
+fn summary_section(sums: &[Value], mode: &str, device: &str) -> String {
     let mut md = String::new();
     md.push_str(&format!(
         "# cudarl-pipe eval report\n\nMode: **{mode}** (full = compiled, tested on train and hold-out shapes with public and hidden seeds, and timed on a GPU; compile-only = no GPU: only the static checks and nvcc ran, so pass rates and speedups are n/a). Models on: {device}.\n\n"
@@ -888,47 +996,28 @@ pub fn report(
             fmt(&s["flagged_rate"]),
         ));
     }
-    kernelbench_section(&mut md, sums, kb_ops);
-    if let Some((primary, guardrail)) = pre {
-        let c = comparison(&mut md, rows, metrics, primary, guardrail);
-        let text = serde_json::to_string_pretty(&c).map_err(|e| RlError::Failed(e.to_string()))?;
-        let to = dir.join("comparison.json");
-        std::fs::write(&to, text + "\n")
-            .map_err(|e| RlError::Failed(format!("{}: {e}", to.display())))?;
-    }
-    rl_minus_sft(&mut md, sums, rows, mode);
-    // What the loop made of each kind of start (full mode: "ended correct" needs tests).
-    if mode == "full" {
-        let items: Vec<(&str, &str, &str, bool)> = rows
-            .iter()
-            .filter(|r| is_family(r))
-            .map(|r| {
-                (
-                    r.ck,
-                    r.split,
-                    first_turn_outcome(&r.ep.first_components()),
-                    r.ep.best_components().correct == Some(true),
-                )
-            })
-            .collect();
-        md.push_str(&format!(
-            "\nEpisodes by their first turn (the generator's answer): how many, and in brackets the fraction that ended correct after the optimizer's turns.\n\n{}",
-            first_turn_table(&items)
-        ));
-    }
-    if let (Some(a), Some(b)) = (pts.first(), pts.last()) {
-        md.push_str(&format!(
-            "\nRL reward: step {} mean {:.3} (std {:.3}) -> step {} mean {:.3} (std {:.3}).\n",
-            a.0, a.1, a.2, b.0, b.1, b.2
-        ));
-    }
-    learning_curves(&mut md, metrics, &curve);
-    md.push_str("\n![reward curve](reward_curve.png)\n\n![per-tier rates](per_tier.png)\n");
-    if have_speedups {
-        md.push_str("\n![speedups](speedups.png)\n");
-    }
-    let to = dir.join("report.md");
-    std::fs::write(&to, md).map_err(|e| RlError::Failed(format!("{}: {e}", to.display())))
+    md
+}
+
+/// Appends the table of family episodes by their first turn's outcome to `md`: per checkpoint
+/// and split, how many, and the fraction that ended correct.
+fn first_turn_section(md: &mut String, rows: &[Row]) {
+    let items: Vec<(&str, &str, &str, bool)> = rows
+        .iter()
+        .filter(|r| is_family(r))
+        .map(|r| {
+            (
+                r.ck,
+                r.split,
+                first_turn_outcome(&r.ep.first_components()),
+                r.ep.best_components().correct == Some(true),
+            )
+        })
+        .collect();
+    md.push_str(&format!(
+        "\nEpisodes by their first turn (the generator's answer): how many, and in brackets the fraction that ended correct after the optimizer's turns.\n\n{}",
+        first_turn_table(&items)
+    ));
 }
 
 /// The summary splits of a level's hold-out problems by op coverage: `[novel, seen]`, those

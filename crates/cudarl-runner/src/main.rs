@@ -635,23 +635,84 @@ mod native {
             .try_clone()
             .unwrap_or_else(|e| fail(125, &format!("fd 3: {e}")));
         let mut inp = BufReader::new(ctl);
+        harden_runner(&mut out);
+        let confined = confine(
+            &mut out,
+            (&dir, cudart.as_ref()),
+            (read, write),
+            gpu,
+            profiled,
+        );
+        let (_keep, rt) = preload(&mut out, cudart.as_ref());
+        let own = start_gpu(&mut out, gpu, rt.as_ref());
+        reply(&mut out, &Reply::Ready { gpu, confined });
+        let Some(Request::Load(load)) = request(&mut inp) else {
+            // SAFETY: nothing to clean up.
+            unsafe { libc::_exit(0) }
+        };
+        let g = match open_gpu(&load) {
+            Ok(g) => g,
+            Err(e) => {
+                reply(&mut out, &Reply::LoadError { message: e.0 });
+                // SAFETY: as above.
+                unsafe { libc::_exit(0) }
+            }
+        };
+        let opts = install_filters(&mut out, profiled, own);
+        // From here on the candidate's code may run.
+        let (_lib, entry) = load_candidate(&mut out, &load.so);
+        // The candidate's code is mapped: no executable memory from here on (except under a
+        // profiler, whose collector lives in this process and maps code as it goes).
+        let exec = if profiled {
+            Ok(())
+        } else {
+            cudarl_sandbox::syscalls::exec_filter(&opts)
+                .and_then(|f| cudarl_sandbox::syscalls::install(&[f], true))
+        };
+        if let Err(e) = exec {
+            load_error(&mut out, format!("the exec filter: {e}"));
+        }
+        let events = g.as_ref().is_some_and(|g| g.events.is_some());
+        reply(&mut out, &Reply::Loaded { events });
+        serve(inp, out, g.as_ref(), entry, own)
+    }
+
+    /// Answers that the runner's own set-up failed (`message`) and leaves at once (exit code
+    /// 125).
+    fn init_error(out: &mut std::fs::File, message: String) -> ! {
+        reply(out, &Reply::InitError { message });
+        // SAFETY: leaves without running anything else.
+        unsafe { libc::_exit(125) }
+    }
+
+    /// The runner's resource limits and hardening ([`cudarl_sandbox::harden`]), then the
+    /// reporter of denied system calls on the control socket (fd 3).
+    fn harden_runner(out: &mut std::fs::File) {
         let limits = Limits {
             cpu_seconds: 600,
             address_space_gib: 4096,
             file_size_bytes: 0,
             open_files: 256,
         };
-        let init_error = |out: &mut std::fs::File, m: String| -> ! {
-            reply(out, &Reply::InitError { message: m });
-            // SAFETY: leaves without running anything else.
-            unsafe { libc::_exit(125) }
-        };
         if let Err(e) = cudarl_sandbox::harden(&limits) {
-            init_error(&mut out, e.to_string());
+            init_error(out, e.to_string());
         }
         if let Err(e) = cudarl_sandbox::report::install_reporter(3) {
-            init_error(&mut out, e.to_string());
+            init_error(out, e.to_string());
         }
+    }
+
+    /// Confines the runner's file access (Landlock): reading [`base_reads`] of the staging
+    /// directory `dir`, the CUDA runtime `cudart` and `read`; writing `write`, with `profiled`
+    /// Nsight Compute's lock directory and with `gpu` the GPU's files and `/dev/shm`. Whether
+    /// the confinement is enforced.
+    fn confine(
+        out: &mut std::fs::File,
+        (dir, cudart): (&Path, Option<&PathBuf>),
+        (read, write): (Vec<PathBuf>, Vec<PathBuf>),
+        gpu: bool,
+        profiled: bool,
+    ) -> bool {
         let mut write = write;
         if profiled {
             // Nsight Compute's interprocess lock (`$TMPDIR/nvidia/nsight_compute/lock`), opened
@@ -669,17 +730,27 @@ mod native {
             write.push(PathBuf::from("/dev/shm"));
         }
         let policy = FsPolicy {
-            read: base_reads(&dir, cudart.as_ref(), read),
+            read: base_reads(dir, cudart, read),
             devices: if gpu { FsPolicy::gpu_devices() } else { vec![] },
             write,
             scopes: scopes(gpu),
             ..Default::default()
         };
-        let confined = match policy.restrict(env_flag("CUDARL_ALLOW_UNCONFINED")) {
+        match policy.restrict(env_flag("CUDARL_ALLOW_UNCONFINED")) {
             Ok(s) => s.enforced,
-            Err(e) => init_error(&mut out, e.to_string()),
-        };
-        // Libraries a candidate links, loaded now (their files are not read after the sandbox).
+            Err(e) => init_error(out, e.to_string()),
+        }
+    }
+
+    /// Libraries a candidate links, loaded now (their files are not read after the sandbox),
+    /// and the CUDA runtime `cudart`; both to be kept loaded.
+    fn preload(
+        out: &mut std::fs::File,
+        cudart: Option<&PathBuf>,
+    ) -> (
+        Vec<libloading::os::unix::Library>,
+        Option<libloading::Library>,
+    ) {
         let flags = libc::RTLD_NOW | libc::RTLD_GLOBAL;
         let mut keep = Vec::new();
         for name in ["libstdc++.so.6", "libgcc_s.so.1", "libm.so.6"] {
@@ -688,42 +759,45 @@ mod native {
                 keep.push(l);
             }
         }
-        let rt = match &cudart {
+        let rt = match cudart {
             // SAFETY: the CUDA runtime the harness linked candidates against.
             Some(p) => match unsafe { libloading::os::unix::Library::open(Some(p), flags) } {
                 Ok(l) => Some(libloading::Library::from(l)),
-                Err(e) => init_error(&mut out, format!("{}: {e}", p.display())),
+                Err(e) => init_error(out, format!("{}: {e}", p.display())),
             },
             None => None,
         };
-        if gpu && let Err(e) = init_gpu(rt.as_ref()) {
-            init_error(&mut out, e.0);
+        (keep, rt)
+    }
+
+    /// With `gpu`: CUDA initialized ([`init_gpu`], with the CUDA runtime `rt`) and the
+    /// runner's kernels loaded ([`load_own`]); `None` without.
+    fn start_gpu(
+        out: &mut std::fs::File,
+        gpu: bool,
+        rt: Option<&libloading::Library>,
+    ) -> Option<Own> {
+        if gpu && let Err(e) = init_gpu(rt) {
+            init_error(out, e.0);
         }
-        let own = if gpu {
+        if gpu {
             match load_own() {
                 Ok(k) => Some(k),
-                Err(e) => init_error(&mut out, e.0),
+                Err(e) => init_error(out, e.0),
             }
         } else {
             None
-        };
-        reply(&mut out, &Reply::Ready { gpu, confined });
-        let Some(Request::Load(load)) = request(&mut inp) else {
-            // SAFETY: nothing to clean up.
-            unsafe { libc::_exit(0) }
-        };
-        let g = match open_gpu(&load) {
-            Ok(g) => g,
-            Err(e) => {
-                reply(&mut out, &Reply::LoadError { message: e.0 });
-                // SAFETY: as above.
-                unsafe { libc::_exit(0) }
-            }
-        };
+        }
+    }
+
+    /// Installs the runner's seccomp filters ([`Profile::Runner`]; with `profiled`, the
+    /// profiler's own sockets allowed, found by connecting it with the runner's kernels
+    /// `own`), and returns their options.
+    fn install_filters(out: &mut std::fs::File, profiled: bool, own: Option<Own>) -> FilterOptions {
         let profiler_fds = match (profiled, own) {
             (true, Some(k)) => match connect_profiler(k.noop) {
                 Ok(fds) => fds,
-                Err(e) => init_error(&mut out, e.0),
+                Err(e) => init_error(out, e.0),
             },
             _ => vec![],
         };
@@ -738,35 +812,30 @@ mod native {
         let installed = cudarl_sandbox::syscalls::filters(Profile::Runner, &opts)
             .and_then(|f| cudarl_sandbox::syscalls::install(&f, true));
         if let Err(e) = installed {
-            init_error(&mut out, e.to_string());
+            init_error(out, e.to_string());
         }
-        // From here on the candidate's code may run.
+        opts
+    }
+
+    /// The candidate library `so`, loaded, and its entry point; the library must stay loaded
+    /// while the entry point is called.
+    fn load_candidate(
+        out: &mut std::fs::File,
+        so: &Path,
+    ) -> (libloading::os::unix::Library, Entry) {
         // SAFETY: loading the candidate inside the sandbox; its constructors run now.
         let lib = match unsafe {
-            libloading::os::unix::Library::open(Some(&load.so), libc::RTLD_NOW | libc::RTLD_LOCAL)
+            libloading::os::unix::Library::open(Some(so), libc::RTLD_NOW | libc::RTLD_LOCAL)
         } {
             Ok(l) => l,
-            Err(e) => load_error(&mut out, e.to_string()),
+            Err(e) => load_error(out, e.to_string()),
         };
         // SAFETY: the shim's entry point has this signature.
         let entry: Entry = match unsafe { lib.get::<Entry>(b"cudarl_entry") } {
             Ok(s) => *s,
-            Err(e) => load_error(&mut out, e.to_string()),
+            Err(e) => load_error(out, e.to_string()),
         };
-        // The candidate's code is mapped: no executable memory from here on (except under a
-        // profiler, whose collector lives in this process and maps code as it goes).
-        let exec = if profiled {
-            Ok(())
-        } else {
-            cudarl_sandbox::syscalls::exec_filter(&opts)
-                .and_then(|f| cudarl_sandbox::syscalls::install(&[f], true))
-        };
-        if let Err(e) = exec {
-            load_error(&mut out, format!("the exec filter: {e}"));
-        }
-        let events = g.as_ref().is_some_and(|g| g.events.is_some());
-        reply(&mut out, &Reply::Loaded { events });
-        serve(inp, out, g.as_ref(), entry, own)
+        (lib, entry)
     }
 
     /// Answers the judge's requests for the loaded candidate until [`Request::Exit`] or the end

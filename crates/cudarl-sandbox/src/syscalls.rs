@@ -367,16 +367,7 @@ fn errno_filters(write_opens: bool) -> Result<Vec<BpfProgram>, SandboxError> {
             .map(|&b| rule(vec![has_bit(arg, b as u64)?]))
             .collect()
     };
-    let mut clone3 = BTreeMap::new();
-    clone3.insert(libc::SYS_clone3, vec![]);
-    let mut out = vec![
-        compile(
-            clone3,
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::ENOSYS as u32),
-        )?,
-        owner_filter()?,
-    ];
+    let mut out = vec![clone3_filter()?, owner_filter()?];
     if !write_opens {
         let mut open = BTreeMap::new();
         open.insert(libc::SYS_openat, write_rules(2)?);
@@ -389,6 +380,18 @@ fn errno_filters(write_opens: bool) -> Result<Vec<BpfProgram>, SandboxError> {
         )?);
     }
     Ok(out)
+}
+
+/// `clone3` fails with `ENOSYS` (its flags sit in memory a filter cannot read; glibc then
+/// falls back to `clone`).
+fn clone3_filter() -> Result<BpfProgram, SandboxError> {
+    let mut clone3 = BTreeMap::new();
+    clone3.insert(libc::SYS_clone3, vec![]);
+    compile(
+        clone3,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+    )
 }
 
 /// `fcntl` commands (`F_SETOWN`, `F_SETSIG`, `F_SETOWN_EX`) and `ioctl` requests (`FIOSETOWN`,
@@ -459,125 +462,136 @@ pub fn filters(profile: Profile, opts: &FilterOptions) -> Result<Vec<BpfProgram>
     } else {
         SeccompAction::Trap
     };
-    let me = opts.self_pid as u64;
     match profile {
         Profile::Runner => {
-            let mut allow: BTreeMap<i64, Vec<SeccompRule>> =
-                RUNNER_ALLOWED.iter().map(|(n, _)| (*n, vec![])).collect();
-            // Threads, not processes.
-            allow.insert(
-                libc::SYS_clone,
-                vec![rule(vec![has_bit(0, libc::CLONE_THREAD as u64)?])?],
-            );
-            // Signals to itself only (abort, thread cancellation).
-            let to_me = |arg: u8| cond(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, me);
-            allow.insert(libc::SYS_kill, vec![rule(vec![to_me(0)?])?]);
-            allow.insert(libc::SYS_tgkill, vec![rule(vec![to_me(0)?])?]);
-            // Thread names and the loader's mapping names, nothing else of prctl.
-            let pr = |v: u64| -> Result<SeccompRule, SandboxError> {
-                rule(vec![cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?])
-            };
-            allow.insert(
-                libc::SYS_prctl,
-                vec![
-                    pr(libc::PR_SET_NAME as u64)?,
-                    pr(libc::PR_GET_NAME as u64)?,
-                    pr(libc::PR_GET_DUMPABLE as u64)?,
-                    pr(libc::PR_SET_NO_NEW_PRIVS as u64)?,
-                    pr(0x5356_4d41)?, // PR_SET_VMA (glibc names anonymous mappings)
-                ],
-            );
-            // More filters ([`exec_filter`], once the candidate is loaded): they only restrict.
-            allow.insert(
-                libc::SYS_seccomp,
-                vec![rule(vec![cond(
-                    0,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::Eq,
-                    1, // SECCOMP_SET_MODE_FILTER
-                )?])?],
-            );
-            // Reading limits, not setting them.
-            allow.insert(
-                libc::SYS_prlimit64,
-                vec![rule(vec![cond(
-                    2,
-                    SeccompCmpArgLen::Qword,
-                    SeccompCmpOp::Eq,
-                    0,
-                )?])?],
-            );
-            if opts.write_opens {
-                allow.extend(PROFILER_CALLS.iter().map(|(n, _)| (*n, vec![])));
-                // Whether a lock's holder still lives: signal 0 to any process (no signal is
-                // sent).
-                allow.insert(
-                    libc::SYS_kill,
-                    vec![
-                        rule(vec![to_me(0)?])?,
-                        rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0)?])?,
-                    ],
-                );
-            }
-            // A profiler's own sockets, by descriptor.
-            if !opts.profiler_fds.is_empty() {
-                let on_fd = |fd: i32| -> Result<SeccompRule, SandboxError> {
-                    rule(vec![cond(
-                        0,
-                        SeccompCmpArgLen::Dword,
-                        SeccompCmpOp::Eq,
-                        fd as u32 as u64,
-                    )?])
-                };
-                for (nr, _) in PROFILER_SOCKET_CALLS {
-                    let rules = opts
-                        .profiler_fds
-                        .iter()
-                        .map(|&fd| on_fd(fd))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    allow.insert(*nr, rules);
-                }
-            }
+            let allow = runner_allowed(opts)?;
             // The allow-list goes last: installing a filter takes prctl and seccomp calls it denies.
             let mut out = errno_filters(opts.write_opens)?;
             out.push(compile(allow, denied, SeccompAction::Allow)?);
             Ok(out)
         }
-        Profile::Compiler | Profile::Interpreter => {
-            let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
-                OUTSIDE.iter().map(|(n, _)| (*n, vec![])).collect();
-            deny.extend(SIGNALS_DENIED.iter().map(|n| (*n, vec![])));
-            if profile == Profile::Interpreter {
-                deny.insert(libc::SYS_fork, vec![]);
-                deny.insert(libc::SYS_vfork, vec![]);
-                deny.insert(
-                    libc::SYS_clone,
-                    vec![rule(vec![cond(
-                        0,
-                        SeccompCmpArgLen::Qword,
-                        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
-                        0,
-                    )?])?],
-                );
-            }
-            let mut out = Vec::new();
-            if profile == Profile::Interpreter {
-                let mut clone3 = BTreeMap::new();
-                clone3.insert(libc::SYS_clone3, vec![]);
-                out.push(compile(
-                    clone3,
-                    SeccompAction::Allow,
-                    SeccompAction::Errno(libc::ENOSYS as u32),
-                )?);
-            }
-            out.push(owner_filter()?);
-            if !opts.installed_in_forks {
-                out.push(signal_filter(profile, opts)?);
-            }
-            out.push(compile(deny, SeccompAction::Allow, denied)?);
-            Ok(out)
+        Profile::Compiler | Profile::Interpreter => deny_list_filters(profile, opts, denied),
+    }
+}
+
+/// The rules of [`Profile::Runner`]'s allow-list: [`RUNNER_ALLOWED`], and with arguments
+/// `clone` of threads, signals to itself, some `prctl` options, `seccomp` adding a filter and
+/// `prlimit64` reading; with `write_opens`, [`PROFILER_CALLS`] and signal 0 to any process;
+/// [`PROFILER_SOCKET_CALLS`] on the profiler's own sockets.
+fn runner_allowed(opts: &FilterOptions) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SandboxError> {
+    let me = opts.self_pid as u64;
+    let mut allow: BTreeMap<i64, Vec<SeccompRule>> =
+        RUNNER_ALLOWED.iter().map(|(n, _)| (*n, vec![])).collect();
+    // Threads, not processes.
+    allow.insert(
+        libc::SYS_clone,
+        vec![rule(vec![has_bit(0, libc::CLONE_THREAD as u64)?])?],
+    );
+    // Signals to itself only (abort, thread cancellation).
+    let to_me = |arg: u8| cond(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, me);
+    allow.insert(libc::SYS_kill, vec![rule(vec![to_me(0)?])?]);
+    allow.insert(libc::SYS_tgkill, vec![rule(vec![to_me(0)?])?]);
+    // Thread names and the loader's mapping names, nothing else of prctl.
+    let pr = |v: u64| -> Result<SeccompRule, SandboxError> {
+        rule(vec![cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)?])
+    };
+    allow.insert(
+        libc::SYS_prctl,
+        vec![
+            pr(libc::PR_SET_NAME as u64)?,
+            pr(libc::PR_GET_NAME as u64)?,
+            pr(libc::PR_GET_DUMPABLE as u64)?,
+            pr(libc::PR_SET_NO_NEW_PRIVS as u64)?,
+            pr(0x5356_4d41)?, // PR_SET_VMA (glibc names anonymous mappings)
+        ],
+    );
+    // More filters ([`exec_filter`], once the candidate is loaded): they only restrict.
+    allow.insert(
+        libc::SYS_seccomp,
+        vec![rule(vec![cond(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            1, // SECCOMP_SET_MODE_FILTER
+        )?])?],
+    );
+    // Reading limits, not setting them.
+    allow.insert(
+        libc::SYS_prlimit64,
+        vec![rule(vec![cond(
+            2,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::Eq,
+            0,
+        )?])?],
+    );
+    if opts.write_opens {
+        allow.extend(PROFILER_CALLS.iter().map(|(n, _)| (*n, vec![])));
+        // Whether a lock's holder still lives: signal 0 to any process (no signal is
+        // sent).
+        allow.insert(
+            libc::SYS_kill,
+            vec![
+                rule(vec![to_me(0)?])?,
+                rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0)?])?,
+            ],
+        );
+    }
+    // A profiler's own sockets, by descriptor.
+    if !opts.profiler_fds.is_empty() {
+        let on_fd = |fd: i32| -> Result<SeccompRule, SandboxError> {
+            rule(vec![cond(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                fd as u32 as u64,
+            )?])
+        };
+        for (nr, _) in PROFILER_SOCKET_CALLS {
+            let rules = opts
+                .profiler_fds
+                .iter()
+                .map(|&fd| on_fd(fd))
+                .collect::<Result<Vec<_>, _>>()?;
+            allow.insert(*nr, rules);
         }
     }
+    Ok(allow)
+}
+
+/// The filters of the deny-list profiles ([`Profile::Compiler`], [`Profile::Interpreter`]) in
+/// install order, the deny-list (calls to `denied`) last.
+fn deny_list_filters(
+    profile: Profile,
+    opts: &FilterOptions,
+    denied: SeccompAction,
+) -> Result<Vec<BpfProgram>, SandboxError> {
+    let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
+        OUTSIDE.iter().map(|(n, _)| (*n, vec![])).collect();
+    deny.extend(SIGNALS_DENIED.iter().map(|n| (*n, vec![])));
+    if profile == Profile::Interpreter {
+        deny.insert(libc::SYS_fork, vec![]);
+        deny.insert(libc::SYS_vfork, vec![]);
+        deny.insert(
+            libc::SYS_clone,
+            vec![rule(vec![cond(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+                0,
+            )?])?],
+        );
+    }
+    let mut out = Vec::new();
+    if profile == Profile::Interpreter {
+        out.push(clone3_filter()?);
+    }
+    out.push(owner_filter()?);
+    if !opts.installed_in_forks {
+        out.push(signal_filter(profile, opts)?);
+    }
+    out.push(compile(deny, SeccompAction::Allow, denied)?);
+    Ok(out)
 }
 
 /// The runner's last filter, installed once the candidate is loaded (its code mapped): no new

@@ -583,67 +583,15 @@ async fn evaluate_inner(
         Ok(Json(r)) => r,
         Err(e) => return error(e.status(), e.body_text()),
     };
-    let task = match (s.tasks.get(&req.task_id), s.kernelbench.get(&req.task_id)) {
-        (Some(t), _) => Some(Served::Family(Box::new(t.clone()))),
-        (None, Some(p)) => Some(Served::Kb(p.clone())),
-        _ => None,
+    let (task, full, seeds) = match check_request(s, &req) {
+        Ok(c) => c,
+        Err((status, message)) => return error(status, message),
     };
-    let Some(task) = task else {
-        let hint = if req.task_id.starts_with("kb/") {
-            "served KernelBench problems are those with a native launcher from `kb-specs` (GET /v1/tasks lists them); `cudarl-pipe check` judges the others"
-        } else {
-            "GET /v1/tasks lists them"
-        };
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("unknown task `{}` ({hint})", req.task_id),
-        );
-    };
-    if let Some(abi) = req.abi.as_deref().filter(|a| *a != "native") {
-        return error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("abi `{abi}`: this service's tasks take native-ABI kernels (`native`)"),
-        );
-    }
-    let full = match req.mode.as_deref() {
-        None => !s.gpus.is_empty(),
-        Some("compile") => false,
-        Some("full") if s.gpus.is_empty() => {
-            return error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "mode `full`: this server has no GPU (mode `compile` only)",
-            );
-        }
-        Some("full") => true,
-        Some(m) => {
-            return error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("mode `{m}`: expected `compile` or `full`"),
-            );
-        }
-    };
-    let seeds = req.seeds.clone().unwrap_or_else(|| vec![0, 1]);
-    if seeds.is_empty() || seeds.len() > 16 {
-        return error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "seeds: give 1 to 16 public seeds",
-        );
-    }
     let key = cache_key(&req.task_id, full, &seeds, &req.source);
-    if let Some(v) = s
-        .cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .0
-        .get(&key)
-    {
-        s.metrics.cache_hits.inc();
-        let mut r = Json(v.clone()).into_response();
-        r.headers_mut()
-            .insert("x-cache", HeaderValue::from_static("hit"));
+    if let Some(r) = cached(s, &key) {
         return r;
     }
-    let Ok(permit) = s.admission.clone().try_acquire_owned() else {
+    let Some(admitted) = admit(s) else {
         let mut r = error(
             StatusCode::TOO_MANY_REQUESTS,
             format!(
@@ -655,15 +603,6 @@ async fn evaluate_inner(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return r;
     };
-    s.metrics
-        .queue_depth
-        .set((s.queue - s.admission.available_permits()) as i64);
-    // Held by the blocking jobs too: a request whose deadline passed keeps its slot until its
-    // build ends (the queue counts work, not connections).
-    let admitted = Arc::new(Admitted {
-        _permit: permit,
-        state: s.clone(),
-    });
     let deadline = req
         .deadline_s
         .filter(|d| d.is_finite() && *d > 0.0)
@@ -681,44 +620,131 @@ async fn evaluate_inner(
             ),
         ),
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.0),
-        Ok(Ok(v)) => {
-            // `pass` (ran and correct), `compiled` (compile-only, no failure) or the failure.
-            let outcome = v
-                .failure
-                .clone()
-                .unwrap_or_else(|| if v.executed { "pass" } else { "compiled" }.into());
-            s.metrics
-                .verdicts
-                .get_or_create(&OutcomeLabel { outcome })
-                .inc();
-            for flag in &v.hack_flags {
-                s.metrics
-                    .flagged
-                    .get_or_create(&FlagLabel { flag: flag.clone() })
-                    .inc();
+        Ok(Ok(v)) => answer(s, &v, key, (&source, tier, &public_seeds)),
+    }
+}
+
+/// What an evaluate request asks for: its task, whether to run the full tests (else compile
+/// only) and its public seeds.
+///
+/// # Errors
+/// The status and message of the answer: an unknown task (404), an ABI other than `native`, an
+/// unknown mode, `full` without a GPU, or not 1 to 16 seeds (422).
+fn check_request(
+    s: &Inner,
+    req: &EvaluateRequest,
+) -> Result<(Served, bool, Vec<u64>), (StatusCode, String)> {
+    let task = match (s.tasks.get(&req.task_id), s.kernelbench.get(&req.task_id)) {
+        (Some(t), _) => Some(Served::Family(Box::new(t.clone()))),
+        (None, Some(p)) => Some(Served::Kb(p.clone())),
+        _ => None,
+    };
+    let Some(task) = task else {
+        let hint = if req.task_id.starts_with("kb/") {
+            "served KernelBench problems are those with a native launcher from `kb-specs` (GET /v1/tasks lists them); `cudarl-pipe check` judges the others"
+        } else {
+            "GET /v1/tasks lists them"
+        };
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!("unknown task `{}` ({hint})", req.task_id),
+        ));
+    };
+    let unprocessable = |m: String| Err((StatusCode::UNPROCESSABLE_ENTITY, m));
+    if let Some(abi) = req.abi.as_deref().filter(|a| *a != "native") {
+        return unprocessable(format!(
+            "abi `{abi}`: this service's tasks take native-ABI kernels (`native`)"
+        ));
+    }
+    let full = match req.mode.as_deref() {
+        None => !s.gpus.is_empty(),
+        Some("compile") => false,
+        Some("full") if s.gpus.is_empty() => {
+            return unprocessable(
+                "mode `full`: this server has no GPU (mode `compile` only)".into(),
+            );
+        }
+        Some("full") => true,
+        Some(m) => return unprocessable(format!("mode `{m}`: expected `compile` or `full`")),
+    };
+    let seeds = req.seeds.clone().unwrap_or_else(|| vec![0, 1]);
+    if seeds.is_empty() || seeds.len() > 16 {
+        return unprocessable("seeds: give 1 to 16 public seeds".into());
+    }
+    Ok((task, full, seeds))
+}
+
+/// The cached verdict of request `key` as a response marked `x-cache: hit`, counted; `None`
+/// when not cached.
+fn cached(s: &Inner, key: &[u8; 32]) -> Option<Response> {
+    let cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+    let v = cache.0.get(key)?;
+    s.metrics.cache_hits.inc();
+    let mut r = Json(v.clone()).into_response();
+    r.headers_mut()
+        .insert("x-cache", HeaderValue::from_static("hit"));
+    Some(r)
+}
+
+/// An admission slot for one request, the queue-depth gauge updated; `None` when the queue is
+/// full.
+fn admit(s: &Shared) -> Option<Arc<Admitted>> {
+    let permit = s.admission.clone().try_acquire_owned().ok()?;
+    s.metrics
+        .queue_depth
+        .set((s.queue - s.admission.available_permits()) as i64);
+    // Held by the blocking jobs too: a request whose deadline passed keeps its slot until its
+    // build ends (the queue counts work, not connections).
+    Some(Arc::new(Admitted {
+        _permit: permit,
+        state: s.clone(),
+    }))
+}
+
+/// The answer to a judged request: verdict `v` with the shaped `reward` and the tester's
+/// `feedback` on `source` (a task of `tier`, `public_seeds`), counted in the metrics and
+/// cached under `key` (the oldest entries evicted past `cache_entries`).
+fn answer(
+    s: &Inner,
+    v: &Verdict,
+    key: [u8; 32],
+    (source, tier, public_seeds): (&str, i64, &[u64]),
+) -> Response {
+    // `pass` (ran and correct), `compiled` (compile-only, no failure) or the failure.
+    let outcome = v
+        .failure
+        .clone()
+        .unwrap_or_else(|| if v.executed { "pass" } else { "compiled" }.into());
+    s.metrics
+        .verdicts
+        .get_or_create(&OutcomeLabel { outcome })
+        .inc();
+    for flag in &v.hack_flags {
+        s.metrics
+            .flagged
+            .get_or_create(&FlagLabel { flag: flag.clone() })
+            .inc();
+    }
+    let mut value = serde_json::to_value(v).expect("verdict serializes");
+    // SASS is not disassembled here: SASS-based bonuses read the source alone.
+    let r = cudarl_rl::reward::score(&s.reward, Some(source), Some(v), None);
+    value["reward"] = serde_json::to_value(&r).expect("reward serializes");
+    value["feedback"] = json!(cudarl_rl::episode::feedback(
+        tier,
+        Some(source),
+        Some(v),
+        public_seeds
+    ));
+    let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+    if c.0.insert(key, value.clone()).is_none() {
+        c.1.push_back(key);
+        while c.1.len() > s.cache_entries {
+            if let Some(old) = c.1.pop_front() {
+                c.0.remove(&old);
             }
-            let mut value = serde_json::to_value(&v).expect("verdict serializes");
-            // SASS is not disassembled here: SASS-based bonuses read the source alone.
-            let r = cudarl_rl::reward::score(&s.reward, Some(&source), Some(&v), None);
-            value["reward"] = serde_json::to_value(&r).expect("reward serializes");
-            value["feedback"] = json!(cudarl_rl::episode::feedback(
-                tier,
-                Some(&source),
-                Some(&v),
-                &public_seeds
-            ));
-            let mut c = s.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if c.0.insert(key, value.clone()).is_none() {
-                c.1.push_back(key);
-                while c.1.len() > s.cache_entries {
-                    if let Some(old) = c.1.pop_front() {
-                        c.0.remove(&old);
-                    }
-                }
-            }
-            Json(value).into_response()
         }
     }
+    Json(value).into_response()
 }
 
 /// BLAKE3 of the fields a verdict depends on (the service's compiler and GPU are fixed for

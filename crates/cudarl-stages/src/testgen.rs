@@ -296,12 +296,19 @@ impl Stage for Testgen {
             python_versions(&ctx.root).map_err(StageError::failed)?,
         )]);
         if self.params.hidden_seeds > 0 {
-            // Hidden seeds come from the store's secret salt: another salt, other tests.
-            let salt = cudarl_cuda::verdict::hidden_salt(&ctx.store)
-                .map_err(|e| StageError::Failed(e.to_string()))?;
+            // Hidden seeds come from the store's secret salt: another salt, other tests. A
+            // verb that only reads the store draws none.
+            let salt = if ctx.read_only {
+                cudarl_cuda::verdict::drawn_hidden_salt(&ctx.store)
+            } else {
+                cudarl_cuda::verdict::hidden_salt(&ctx.store).map(Some)
+            }
+            .map_err(|e| StageError::Failed(e.to_string()))?;
             env.insert(
                 "hidden salt".into(),
-                blake3::hash(&salt).to_hex()[..12].to_string(),
+                salt.map_or("not drawn yet".into(), |s| {
+                    blake3::hash(&s).to_hex()[..12].to_string()
+                }),
             );
         }
         Ok(env)

@@ -221,58 +221,106 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
         return extremum(f, args, env, mag);
     }
     let (x, mx) = tensor_arg(&args[0], env, mag, f)?;
-    // Lipschitz unary: value f(x), magnitude max(|f(x)|, m(x)).
-    let lip = |v: Tensor, mx: Option<Tensor>| -> R<Val> {
-        let m = match mx {
-            Some(m) => Some(v.f_abs()?.f_maximum(&m)?),
-            None => None,
-        };
-        Ok(Val::T(v, m))
-    };
-    // Lipschitz unary with constant `l` > 1: magnitude max(|f(x)|, l m(x)).
-    let lip_l = |v: Tensor, mx: Option<Tensor>, l: f64| -> R<Val> {
-        match mx {
-            Some(m) => lip(v, Some(m.f_mul_scalar(l)?)),
-            None => lip(v, None),
+    let c = Call { f, args, env, mag };
+    let families: [Family; 5] = [pointwise, reduction, softmax, linear, normalization];
+    for family in families {
+        if let Some(v) = family(&c, &x, mx.as_ref())? {
+            return Ok(v);
         }
-    };
-    let num_arg = |i: usize| -> R<f64> {
-        match eval_val(&args[i], env, false)? {
+    }
+    Err(err(format!("unknown function `{f}`")))
+}
+
+/// One call of a named function: its name, its argument expressions, the environment they
+/// are evaluated in and whether magnitudes are wanted.
+struct Call<'a, 'e> {
+    f: &'a str,
+    args: &'a [Expr],
+    env: &'a Env<'e>,
+    mag: bool,
+}
+
+impl Call<'_, '_> {
+    /// Argument `i` (0-based), which must evaluate to a number.
+    fn num_arg(&self, i: usize) -> R<f64> {
+        match eval_val(&self.args[i], self.env, false)? {
             Val::Num(v) => Ok(v),
-            Val::T(..) => Err(err(format!("`{f}`: argument {} must be a number", i + 1))),
+            Val::T(..) => Err(err(format!(
+                "`{}`: argument {} must be a number",
+                self.f,
+                i + 1
+            ))),
         }
+    }
+
+    /// Argument `i` (0-based) as a tensor with its magnitude.
+    fn tensor_arg(&self, i: usize) -> R<(Tensor, Option<Tensor>)> {
+        tensor_arg(&self.args[i], self.env, self.mag, self.f)
+    }
+
+    /// Whether a reduction keeps the dimension: a third argument of 1 (`keepdim=True`).
+    fn keep(&self) -> R<bool> {
+        Ok(self
+            .args
+            .get(2)
+            .map(|k| int_arg(k, self.f))
+            .transpose()?
+            .unwrap_or(0)
+            == 1)
+    }
+}
+
+/// A group of functions: the value (and magnitude) of a call of one of them on the first
+/// argument `x` (magnitude `mx`), `None` for a function outside the group.
+type Family = fn(&Call<'_, '_>, &Tensor, Option<&Tensor>) -> R<Option<Val>>;
+
+/// A Lipschitz unary's result: value `v`, magnitude `max(|v|, m(x))`.
+fn lip(v: Tensor, mx: Option<&Tensor>) -> R<Val> {
+    let m = match mx {
+        Some(m) => Some(v.f_abs()?.f_maximum(m)?),
+        None => None,
     };
-    // Reductions keep the dimension when a third argument is 1 (`keepdim=True`).
-    let keep =
-        || -> R<bool> { Ok(args.get(2).map(|k| int_arg(k, f)).transpose()?.unwrap_or(0) == 1) };
-    match f {
-        "relu" => lip(x.f_relu()?, mx),
+    Ok(Val::T(v, m))
+}
+
+/// A Lipschitz unary's result with constant `l` > 1: value `v`, magnitude `max(|v|, l m(x))`.
+fn lip_l(v: Tensor, mx: Option<&Tensor>, l: f64) -> R<Val> {
+    match mx {
+        Some(m) => lip(v, Some(&m.f_mul_scalar(l)?)),
+        None => lip(v, None),
+    }
+}
+
+/// Elementwise functions of `x`: activations, `abs`, `sqrt` and `exp`.
+fn pointwise(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
+    Ok(Some(match c.f {
+        "relu" => lip(x.f_relu()?, mx)?,
         "leaky_relu" => {
-            let a = num_arg(1)?;
+            let a = c.num_arg(1)?;
             // max(x, 0) + a min(x, 0): F.leaky_relu for any slope.
             let v = x
                 .f_clamp_min(0.0)?
                 .f_add(&x.f_clamp_max(0.0)?.f_mul_scalar(a)?)?;
-            lip_l(v, mx, a.abs().max(1.0))
+            lip_l(v, mx, a.abs().max(1.0))?
         }
         "elu" => {
-            let a = num_arg(1)?;
+            let a = c.num_arg(1)?;
             // max(x, 0) + a (exp(min(x, 0)) - 1): F.elu.
             let neg = x.f_clamp_max(0.0)?.f_expm1()?.f_mul_scalar(a)?;
-            lip_l(x.f_clamp_min(0.0)?.f_add(&neg)?, mx, a.abs().max(1.0))
+            lip_l(x.f_clamp_min(0.0)?.f_add(&neg)?, mx, a.abs().max(1.0))?
         }
-        "selu" => lip_l(x.f_selu()?, mx, 1.7581),
+        "selu" => lip_l(x.f_selu()?, mx, 1.7581)?,
         "softplus" => {
             // F.softplus (beta 1, threshold 20): x above 20, log1p(exp(x)) below.
             let soft = x.f_clamp_max(20.0)?.f_exp()?.f_log1p()?;
-            lip(x.f_where_self(&x.f_gt(20.0)?, &soft)?, mx)
+            lip(x.f_where_self(&x.f_gt(20.0)?, &soft)?, mx)?
         }
-        "softsign" => lip(x.f_div(&x.f_abs()?.f_add_scalar(1.0)?)?, mx),
-        "silu" => lip_l(x.f_silu()?, mx, 1.1),
-        "mish" => lip_l(x.f_mish()?, mx, 1.1),
-        "hardtanh" => lip(x.f_clamp(num_arg(1)?, num_arg(2)?)?, mx),
-        "hardsigmoid" => lip(x.f_hardsigmoid()?, mx),
-        "hardswish" => lip_l(x.f_hardswish()?, mx, 1.5),
+        "softsign" => lip(x.f_div(&x.f_abs()?.f_add_scalar(1.0)?)?, mx)?,
+        "silu" => lip_l(x.f_silu()?, mx, 1.1)?,
+        "mish" => lip_l(x.f_mish()?, mx, 1.1)?,
+        "hardtanh" => lip(x.f_clamp(c.num_arg(1)?, c.num_arg(2)?)?, mx)?,
+        "hardsigmoid" => lip(x.f_hardsigmoid()?, mx)?,
+        "hardswish" => lip_l(x.f_hardswish()?, mx, 1.5)?,
         "sqrt" => {
             let v = x.f_sqrt()?;
             let m = match mx {
@@ -282,48 +330,39 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
                 ),
                 None => None,
             };
-            Ok(Val::T(v, m))
+            Val::T(v, m)
         }
-        "cumsum" => {
-            let d = int_arg(&args[1], f)?;
-            let v = x.f_cumsum(d, None::<Kind>)?;
-            let m = mx.map(|m| m.f_cumsum(d, None::<Kind>)).transpose()?;
-            Ok(Val::T(v, m))
-        }
-        "log_softmax" | "logsumexp" => {
-            let d = int_arg(&args[1], f)?;
-            let v = if f == "log_softmax" {
-                x.f_log_softmax(d, None::<Kind>)?
-            } else {
-                x.f_logsumexp([d].as_slice(), keep()?)?
-            };
-            let m = match mx {
-                Some(m) => Some(
-                    v.f_abs()?.f_add(
-                        &m.f_amax([d].as_slice(), f == "log_softmax" || keep()?)?
-                            .f_mul_scalar(2.0)?,
-                    )?,
-                ),
-                None => None,
-            };
-            Ok(Val::T(v, m))
-        }
-        "sigmoid" => lip(x.f_sigmoid()?, mx),
-        "tanh" => lip(x.f_tanh()?, mx),
-        "abs" => lip(x.f_abs()?, mx),
-        "gelu" => lip(x.f_gelu("none")?, mx),
-        "gelu_tanh" => lip(x.f_gelu("tanh")?, mx),
+        "sigmoid" => lip(x.f_sigmoid()?, mx)?,
+        "tanh" => lip(x.f_tanh()?, mx)?,
+        "abs" => lip(x.f_abs()?, mx)?,
+        "gelu" => lip(x.f_gelu("none")?, mx)?,
+        "gelu_tanh" => lip(x.f_gelu("tanh")?, mx)?,
         "exp" => {
             let v = x.f_exp()?;
             let m = match mx {
                 Some(m) => Some(v.f_abs()?.f_mul(&m.f_add_scalar(1.0)?)?),
                 None => None,
             };
-            Ok(Val::T(v, m))
+            Val::T(v, m)
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// Reductions and scans of `x`: `sum`, `max`, `min`, `mean` (over all of `x` or one
+/// dimension), `cumsum`, `prod` and `cumprod`.
+fn reduction(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
+    let (f, args) = (c.f, c.args);
+    Ok(Some(match f {
+        "cumsum" => {
+            let d = int_arg(&args[1], f)?;
+            let v = x.f_cumsum(d, None::<Kind>)?;
+            let m = mx.map(|m| m.f_cumsum(d, None::<Kind>)).transpose()?;
+            Val::T(v, m)
         }
         "sum" | "max" | "min" | "mean" => {
             let dim = args.get(1).map(|d| int_arg(d, f)).transpose()?;
-            let keep = keep()?;
+            let keep = c.keep()?;
             let reduce = |t: &Tensor, kind: &str| -> R<Tensor> {
                 match (kind, dim) {
                     ("sum", None) => t.f_sum(None::<Kind>)?.f_reshape([1]),
@@ -336,17 +375,64 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
                     (_, d) => t.f_amin([d.unwrap_or(0)].as_slice(), keep),
                 }
             };
-            let v = reduce(&x, f)?;
+            let v = reduce(x, f)?;
             let m = match mx {
                 // Sums: sum of |terms|; max/min: the largest operand magnitude.
                 Some(m) => Some(if f == "sum" || f == "mean" {
-                    reduce(&m, f)?
+                    reduce(m, f)?
                 } else {
-                    reduce(&m, "max")?
+                    reduce(m, "max")?
                 }),
                 None => None,
             };
-            Ok(Val::T(v, m))
+            Val::T(v, m)
+        }
+        "prod" | "cumprod" => {
+            let d = int_arg(&args[1], f)?;
+            let sizes = x.size();
+            let at = if d < 0 { d + sizes.len() as i64 } else { d };
+            let n = usize::try_from(at)
+                .ok()
+                .and_then(|i| sizes.get(i))
+                .ok_or_else(|| err(format!("`{f}`: no dimension {d}")))?;
+            let n = *n as f64;
+            let op = |t: &Tensor| -> R<Tensor> {
+                if f == "prod" {
+                    t.f_prod_dim_int(d, c.keep()?, None::<Kind>)
+                } else {
+                    t.f_cumprod(d, None::<Kind>)
+                }
+            };
+            let v = op(x)?;
+            // n factors: relative error at most about n u of the product of magnitudes.
+            let m = mx.map(|m| op(m)?.f_mul_scalar(n.max(1.0))).transpose()?;
+            Val::T(v, m)
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// `softmax`, `log_softmax` and `logsumexp` of `x` over one dimension.
+fn softmax(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
+    let (f, args) = (c.f, c.args);
+    Ok(Some(match f {
+        "log_softmax" | "logsumexp" => {
+            let d = int_arg(&args[1], f)?;
+            let v = if f == "log_softmax" {
+                x.f_log_softmax(d, None::<Kind>)?
+            } else {
+                x.f_logsumexp([d].as_slice(), c.keep()?)?
+            };
+            let m = match mx {
+                Some(m) => Some(
+                    v.f_abs()?.f_add(
+                        &m.f_amax([d].as_slice(), f == "log_softmax" || c.keep()?)?
+                            .f_mul_scalar(2.0)?,
+                    )?,
+                ),
+                None => None,
+            };
+            Val::T(v, m)
         }
         "softmax" => {
             let d = int_arg(&args[1], f)?;
@@ -361,11 +447,88 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
                 ),
                 None => None,
             };
-            Ok(Val::T(v, m))
+            Val::T(v, m)
         }
+        _ => return Ok(None),
+    }))
+}
+
+/// Linear and windowed operations on `x`: `matmul`, `transpose`, `conv1d`, `conv2d` and the
+/// 1-d and 2-d max and average pools.
+fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
+    let (f, args, env) = (c.f, c.args, c.env);
+    Ok(Some(match f {
+        "matmul" => {
+            let (y, my) = c.tensor_arg(1)?;
+            env.contracted(*x.size().last().unwrap_or(&0));
+            let v = x.f_matmul(&y)?;
+            let m = match (mx, my) {
+                (Some(a), Some(b)) => Some(a.f_matmul(&b)?),
+                _ => None,
+            };
+            Val::T(v, m)
+        }
+        "transpose" => {
+            let v = x.f_transpose(-2, -1)?.f_contiguous()?;
+            let m = mx
+                .map(|m| -> R<Tensor> { m.f_transpose(-2, -1)?.f_contiguous() })
+                .transpose()?;
+            Val::T(v, m)
+        }
+        "conv1d" | "conv2d" => {
+            let (w, mw) = c.tensor_arg(1)?;
+            let n = args.len();
+            let (b, mb) = if n == 6 {
+                let (b, mb) = c.tensor_arg(2)?;
+                (Some(b), mb)
+            } else {
+                (None, None)
+            };
+            let (st, pad, groups) = (
+                int_arg(&args[n - 3], f)?,
+                int_arg(&args[n - 2], f)?,
+                int_arg(&args[n - 1], f)?,
+            );
+            let conv = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| -> R<Tensor> {
+                if f == "conv1d" {
+                    x.f_conv1d(w, b, [st], [pad], [1], groups)
+                } else {
+                    x.f_conv2d(w, b, [st, st], [pad, pad], [1, 1], groups)
+                }
+            };
+            env.contracted(w.size().iter().skip(1).product());
+            let v = conv(x, &w, b.as_ref())?;
+            let m = match (mx, mw) {
+                (Some(mx), Some(mw)) => Some(conv(mx, &mw, mb.as_ref())?),
+                _ => None,
+            };
+            Val::T(v, m)
+        }
+        "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" => {
+            let (k, st) = (int_arg(&args[1], f)?, int_arg(&args[2], f)?);
+            let pool = |t: &Tensor| -> R<Tensor> {
+                match f {
+                    "max_pool1d" => t.f_max_pool1d([k], [st], [0], [1], false),
+                    "avg_pool1d" => t.f_avg_pool1d([k], [st], [0], false, true),
+                    "max_pool2d" => t.f_max_pool2d([k, k], [st, st], [0, 0], [1, 1], false),
+                    _ => t.f_avg_pool2d([k, k], [st, st], [0, 0], false, true, None::<i64>),
+                }
+            };
+            let v = pool(x)?;
+            let m = mx.map(pool).transpose()?;
+            Val::T(v, m)
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// `layernorm` (over the last dimension) and `group_norm` of `x`, with a weight and a bias.
+fn normalization(c: &Call<'_, '_>, x: &Tensor, _mx: Option<&Tensor>) -> R<Option<Val>> {
+    let (f, args, env) = (c.f, c.args, c.env);
+    Ok(Some(match f {
         "layernorm" => {
-            let (w, mw) = tensor_arg(&args[1], env, mag, f)?;
-            let (b, mb) = tensor_arg(&args[2], env, mag, f)?;
+            let (w, mw) = c.tensor_arg(1)?;
+            let (b, mb) = c.tensor_arg(2)?;
             let eps = match eval_val(&args[3], env, false)? {
                 Val::Num(e) => e,
                 Val::T(..) => return Err(err("`layernorm`: eps must be a number")),
@@ -388,94 +551,13 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
                 }
                 _ => None,
             };
-            Ok(Val::T(v, m))
-        }
-        "matmul" => {
-            let (y, my) = tensor_arg(&args[1], env, mag, f)?;
-            env.contracted(*x.size().last().unwrap_or(&0));
-            let v = x.f_matmul(&y)?;
-            let m = match (mx, my) {
-                (Some(a), Some(b)) => Some(a.f_matmul(&b)?),
-                _ => None,
-            };
-            Ok(Val::T(v, m))
-        }
-        "transpose" => {
-            let v = x.f_transpose(-2, -1)?.f_contiguous()?;
-            let m = mx
-                .map(|m| -> R<Tensor> { m.f_transpose(-2, -1)?.f_contiguous() })
-                .transpose()?;
-            Ok(Val::T(v, m))
-        }
-        "prod" | "cumprod" => {
-            let d = int_arg(&args[1], f)?;
-            let sizes = x.size();
-            let at = if d < 0 { d + sizes.len() as i64 } else { d };
-            let n = usize::try_from(at)
-                .ok()
-                .and_then(|i| sizes.get(i))
-                .ok_or_else(|| err(format!("`{f}`: no dimension {d}")))?;
-            let n = *n as f64;
-            let op = |t: &Tensor| -> R<Tensor> {
-                if f == "prod" {
-                    t.f_prod_dim_int(d, keep()?, None::<Kind>)
-                } else {
-                    t.f_cumprod(d, None::<Kind>)
-                }
-            };
-            let v = op(&x)?;
-            // n factors: relative error at most about n u of the product of magnitudes.
-            let m = mx.map(|m| op(&m)?.f_mul_scalar(n.max(1.0))).transpose()?;
-            Ok(Val::T(v, m))
-        }
-        "conv1d" | "conv2d" => {
-            let (w, mw) = tensor_arg(&args[1], env, mag, f)?;
-            let n = args.len();
-            let (b, mb) = if n == 6 {
-                let (b, mb) = tensor_arg(&args[2], env, mag, f)?;
-                (Some(b), mb)
-            } else {
-                (None, None)
-            };
-            let (st, pad, groups) = (
-                int_arg(&args[n - 3], f)?,
-                int_arg(&args[n - 2], f)?,
-                int_arg(&args[n - 1], f)?,
-            );
-            let conv = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| -> R<Tensor> {
-                if f == "conv1d" {
-                    x.f_conv1d(w, b, [st], [pad], [1], groups)
-                } else {
-                    x.f_conv2d(w, b, [st, st], [pad, pad], [1, 1], groups)
-                }
-            };
-            env.contracted(w.size().iter().skip(1).product());
-            let v = conv(&x, &w, b.as_ref())?;
-            let m = match (mx, mw) {
-                (Some(mx), Some(mw)) => Some(conv(&mx, &mw, mb.as_ref())?),
-                _ => None,
-            };
-            Ok(Val::T(v, m))
-        }
-        "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" => {
-            let (k, st) = (int_arg(&args[1], f)?, int_arg(&args[2], f)?);
-            let pool = |t: &Tensor| -> R<Tensor> {
-                match f {
-                    "max_pool1d" => t.f_max_pool1d([k], [st], [0], [1], false),
-                    "avg_pool1d" => t.f_avg_pool1d([k], [st], [0], false, true),
-                    "max_pool2d" => t.f_max_pool2d([k, k], [st, st], [0, 0], [1, 1], false),
-                    _ => t.f_avg_pool2d([k, k], [st, st], [0, 0], false, true, None::<i64>),
-                }
-            };
-            let v = pool(&x)?;
-            let m = mx.map(|m| pool(&m)).transpose()?;
-            Ok(Val::T(v, m))
+            Val::T(v, m)
         }
         "group_norm" => {
-            let (w, mw) = tensor_arg(&args[1], env, mag, f)?;
-            let (b, mb) = tensor_arg(&args[2], env, mag, f)?;
+            let (w, mw) = c.tensor_arg(1)?;
+            let (b, mb) = c.tensor_arg(2)?;
             let groups = int_arg(&args[3], f)?;
-            let eps = num_arg(4)?;
+            let eps = c.num_arg(4)?;
             let v = x.f_group_norm(groups, Some(&w), Some(&b), eps, false)?;
             let m = match (mw, mb) {
                 (Some(mw), Some(mb)) => {
@@ -487,10 +569,10 @@ fn call(f: &str, args: &[Expr], env: &Env<'_>, mag: bool) -> R<Val> {
                 }
                 _ => None,
             };
-            Ok(Val::T(v, m))
+            Val::T(v, m)
         }
-        _ => Err(err(format!("unknown function `{f}`"))),
-    }
+        _ => return Ok(None),
+    }))
 }
 
 /// `z * w + b` with the per-channel `w` and `b` (shape `(C,)`) over dimension 1 of `z`.

@@ -1015,43 +1015,91 @@ impl Judge {
             profile: None,
             window_words: false,
         };
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let bench_shape = job
             .bench
             .as_ref()
             .map(|b| job.shapes[b.shape_index.min(job.shapes.len().saturating_sub(1))].clone());
         // The torch baseline, timed with the GPU held alone: first, or after the tests once the
         // parent gave the GPU to this job alone (`exclusive_timing`).
-        let torch = |me: &mut Judge, res: &mut RunResult, heartbeat: &mut dyn FnMut()| -> bool {
-            let (Some(b), Some(shape)) = (&job.bench, &bench_shape) else {
-                return true;
-            };
-            heartbeat();
-            let t0 = Instant::now();
-            me.transfer_spent_ms = 0.0;
-            let r = me.time_torch(&job.task, shape, b, heartbeat);
-            if let Some(w) = res.worker_ms.as_mut() {
-                w.torch = ms(t0);
-                w.transfer = me.transfer_spent_ms;
-            }
-            match r {
-                Ok(t) => res.torch_timing = Some(t),
-                Err(e) => res.judge_error = Some(format!("torch baseline: {e}")),
-            }
-            res.judge_error.is_none()
-        };
-        if job.torch_baseline && !job.exclusive_timing && !torch(self, &mut res, heartbeat) {
+        if job.torch_baseline
+            && !job.exclusive_timing
+            && !self.torch_baseline(job, bench_shape.as_ref(), &mut res, heartbeat)
+        {
             return res;
         }
         let Some(so_path) = &job.so_path else {
             return res;
         };
-        let fail = |res: &mut RunResult, f: Fail| f.record(res);
-        let bytes = match arena_bytes(job, bench_shape.as_ref()) {
+        let Some(mut r) =
+            self.load_and_test(job, so_path, bench_shape.as_ref(), &mut res, heartbeat)
+        else {
+            return res;
+        };
+        self.time_job(
+            &mut r,
+            job,
+            bench_shape.as_ref(),
+            &mut res,
+            heartbeat,
+            exclusive,
+        );
+        let profile = job.profile && res.timing.is_some();
+        self.retire(r, &mut res);
+        if profile && let Some(shape) = &bench_shape {
+            heartbeat();
+            let t0 = Instant::now();
+            res.profile = Some(self.profile(job, so_path, shape));
+            if let Some(w) = res.worker_ms.as_mut() {
+                w.profile = ms_since(t0);
+            }
+        }
+        res
+    }
+
+    /// Times the torch baseline of `job` on `bench_shape` into `res`, with its worker time and
+    /// the time spent on transfers (ms); `false` when that failed (`res.judge_error`), `true`
+    /// when it did not or the job has no bench.
+    fn torch_baseline(
+        &mut self,
+        job: &RunJob,
+        bench_shape: Option<&ShapeCase>,
+        res: &mut RunResult,
+        heartbeat: &mut dyn FnMut(),
+    ) -> bool {
+        let (Some(b), Some(shape)) = (&job.bench, bench_shape) else {
+            return true;
+        };
+        heartbeat();
+        let t0 = Instant::now();
+        self.transfer_spent_ms = 0.0;
+        let r = self.time_torch(&job.task, shape, b, heartbeat);
+        if let Some(w) = res.worker_ms.as_mut() {
+            w.torch = ms_since(t0);
+            w.transfer = self.transfer_spent_ms;
+        }
+        match r {
+            Ok(t) => res.torch_timing = Some(t),
+            Err(e) => res.judge_error = Some(format!("torch baseline: {e}")),
+        }
+        res.judge_error.is_none()
+    }
+
+    /// Loads `job`'s candidate `so_path` in a runner, on an arena sized for the job's tests and
+    /// `bench_shape`, and runs the tests of every shape into `res` until one fails (with the
+    /// load and test times, ms); `None` when the arena or the load failed (recorded in `res`).
+    fn load_and_test(
+        &mut self,
+        job: &RunJob,
+        so_path: &str,
+        bench_shape: Option<&ShapeCase>,
+        res: &mut RunResult,
+        heartbeat: &mut dyn FnMut(),
+    ) -> Option<RunnerProcess> {
+        let bytes = match arena_bytes(job, bench_shape) {
             Ok(b) => b,
             Err(e) => {
                 res.cuda_error = Some(format!("task spec: {e}"));
-                return res;
+                return None;
             }
         };
         let t_load = Instant::now();
@@ -1061,12 +1109,12 @@ impl Judge {
         let mut r = match self.load(so_path, cudart, bytes, job.upcoming) {
             Ok(r) => r,
             Err(f) => {
-                fail(&mut res, f);
-                return res;
+                f.record(res);
+                return None;
             }
         };
         if let Some(w) = res.worker_ms.as_mut() {
-            w.runner = ms(t_load);
+            w.runner = ms_since(t_load);
         }
         let t_tests = Instant::now();
         for shape in &job.shapes {
@@ -1074,45 +1122,75 @@ impl Judge {
             match self.test_shape(&mut r, &job.task, shape, &job.seeds, job_wall(job)) {
                 Ok(t) => res.tests.extend(t),
                 Err(f) => {
-                    fail(&mut res, f);
+                    f.record(res);
                     break;
                 }
             }
         }
         if let Some(w) = res.worker_ms.as_mut() {
-            w.tests = ms(t_tests);
+            w.tests = ms_since(t_tests);
         }
+        Some(r)
+    }
+
+    /// Times `job`'s candidate in runner `r` on `bench_shape` into `res` (with the timing's
+    /// worker time, ms) when nothing failed and every test passed, once the GPU is held alone
+    /// where the job asks for it ([`Judge::hold_gpu`]).
+    fn time_job(
+        &mut self,
+        r: &mut RunnerProcess,
+        job: &RunJob,
+        bench_shape: Option<&ShapeCase>,
+        res: &mut RunResult,
+        heartbeat: &mut dyn FnMut(),
+        exclusive: &mut dyn FnMut() -> bool,
+    ) {
         let failed = res.cuda_error.is_some()
             || res.judge_error.is_some()
             || res.load_error.is_some()
             || res.failure.is_some();
-        let mut held = |me: &mut Judge, res: &mut RunResult, heartbeat: &mut dyn FnMut()| -> bool {
-            if !job.exclusive_timing {
-                return true;
-            }
-            tracing::debug!("job: tests passed, asking for the GPU alone");
-            if !exclusive() {
-                return false;
-            }
-            tracing::debug!("job: GPU held alone");
-            !job.torch_baseline || torch(me, res, heartbeat)
-        };
         if !failed
-            && let (Some(b), Some(shape)) = (&job.bench, &bench_shape)
+            && let (Some(b), Some(shape)) = (&job.bench, bench_shape)
             && res.tests.iter().all(|t| t.passed)
-            && held(self, &mut res, heartbeat)
+            && self.hold_gpu(job, bench_shape, res, heartbeat, exclusive)
         {
             heartbeat();
             let t0 = Instant::now();
-            match self.time_remote(&mut r, &job.task, shape, b, job_wall(job), heartbeat) {
+            match self.time_remote(r, &job.task, shape, b, job_wall(job), heartbeat) {
                 Ok(t) => res.timing = Some(t),
-                Err(f) => fail(&mut res, f),
+                Err(f) => f.record(res),
             }
             if let Some(w) = res.worker_ms.as_mut() {
-                w.timing = ms(t0);
+                w.timing = ms_since(t0);
             }
         }
-        let profile = job.profile && res.timing.is_some();
+    }
+
+    /// With [`RunJob::exclusive_timing`], asks the parent for the GPU alone (`exclusive`), then
+    /// times the torch baseline ([`Judge::torch_baseline`]) if the job wants one; `false` when
+    /// the parent refused or the baseline failed, `true` otherwise.
+    fn hold_gpu(
+        &mut self,
+        job: &RunJob,
+        bench_shape: Option<&ShapeCase>,
+        res: &mut RunResult,
+        heartbeat: &mut dyn FnMut(),
+        exclusive: &mut dyn FnMut() -> bool,
+    ) -> bool {
+        if !job.exclusive_timing {
+            return true;
+        }
+        tracing::debug!("job: tests passed, asking for the GPU alone");
+        if !exclusive() {
+            return false;
+        }
+        tracing::debug!("job: GPU held alone");
+        !job.torch_baseline || self.torch_baseline(job, bench_shape, res, heartbeat)
+    }
+
+    /// Ends the runner `r` of a finished job: asks it to exit, keeps what it printed in `res`,
+    /// and kills it without waiting.
+    fn retire(&mut self, mut r: RunnerProcess, res: &mut RunResult) {
         drop(r.send(&Request::Exit));
         // Give the runner's output readers a moment, then keep what it printed.
         std::thread::sleep(Duration::from_millis(2));
@@ -1126,15 +1204,6 @@ impl Judge {
             Some(ipc) => ipc.arenas[ipc.cur].retired = Some(r),
             None => drop(r),
         }
-        if profile && let Some(shape) = &bench_shape {
-            heartbeat();
-            let t0 = Instant::now();
-            res.profile = Some(self.profile(job, so_path, shape));
-            if let Some(w) = res.worker_ms.as_mut() {
-                w.profile = ms(t0);
-            }
-        }
-        res
     }
 
     /// The profile pass ([`cudarl_cuda::profile`]): `so` loaded in a runner started under `ncu`,
@@ -1593,20 +1662,8 @@ impl Judge {
         (start, stop, after): (&CudaEvent, &CudaEvent, &CudaEvent),
         wall: Duration,
     ) -> Result<Window, Fail> {
-        let (gate_dev, (a, b), gate_host) = {
-            let ipc = self
-                .ipc
-                .as_mut()
-                .ok_or_else(|| Fail::Judge("no arena".into()))?;
-            ipc.gate = ipc.gate.wrapping_add(2);
-            (
-                ipc.gate_dev,
-                (ipc.gate.wrapping_sub(1), ipc.gate),
-                ipc.gate_host,
-            )
-        };
+        let gate = self.next_gate()?;
         let arena = self.ipc.as_ref().map_or(0, |i| i.arena().ptr);
-        let null: sys::CUstream = std::ptr::null_mut();
         // Fresh inputs for every set, drawn before the gate (libtorch may synchronize in places
         // and must never wait on the held stream); the sets to compare keep their pristine
         // inputs. Sampled chunks of every output are copied aside after the gate, just before
@@ -1627,40 +1684,92 @@ impl Judge {
         let w = run.window;
         let samples = Samples::draw(&mut self.rng, &sets, arena, self.dev)?;
         self.steps.fill += lap.ms();
-        let release = |g: u32| {
-            // SAFETY: the gate word is pinned host memory owned by this judge.
-            unsafe { std::ptr::write_volatile(gate_host, g) };
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        };
-        let held = (|| -> Result<(), JudgeError> {
-            // SAFETY: the gate is device-mapped host memory of this context; legacy stream.
-            unsafe {
-                cu(
-                    sys::cuStreamWaitValue32_v2(null, gate_dev, a, 0 /* GEQ */),
-                    "cuStreamWaitValue32",
-                )?
-            };
-            self.flush()?;
-            samples.copy(0)?;
-            start.record(&self.stream)?;
-            self.signal_go(w)?;
-            // SAFETY: the gate word, on the legacy stream.
-            unsafe {
-                cu(
-                    sys::cuStreamWaitValue32_v2(null, gate_dev, b, 0 /* GEQ */),
-                    "cuStreamWaitValue32",
-                )?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = held {
-            release(b);
+        if let Err(e) = self.enqueue_window(&gate, &samples, start, w) {
+            gate.release(gate.b);
             return Err(Fail::from(e));
         }
         self.steps.enqueue += lap.ms();
         tracing::debug!(w, k, "window: enqueued, asking the runner");
+        self.arm_window(r, run, &gate, &samples, stop, wall)?;
+        self.steps.arm += lap.ms();
+        self.wait_for_stop(r, w, stop, wall)?;
+        self.steps.run += lap.ms();
+        tracing::debug!(w, "window: stop reached");
+        let mut win = self.sync_window(r, (start, stop, after), wall)?;
+        self.steps.sync += lap.ms();
+        self.steps.windows += 1;
+        if k == 0 {
+            return Ok(win);
+        }
+        samples.copy(2).map_err(Fail::from)?;
+        (win.late, win.verified) =
+            self.check_window(task, shape, (&sets, &verify), &samples, set_bytes)?;
+        self.steps.check += lap.ms();
+        Ok(win)
+    }
+
+    /// The gate of the next window: the judge's gate value advanced by 2, the window's stream
+    /// waiting for the value before it (`a`) and then for the new one (`b`).
+    fn next_gate(&mut self) -> Result<Gate, Fail> {
+        let ipc = self
+            .ipc
+            .as_mut()
+            .ok_or_else(|| Fail::Judge("no arena".into()))?;
+        ipc.gate = ipc.gate.wrapping_add(2);
+        Ok(Gate {
+            dev: ipc.gate_dev,
+            host: ipc.gate_host,
+            a: ipc.gate.wrapping_sub(1),
+            b: ipc.gate,
+        })
+    }
+
+    /// Enqueues the judge's side of window `w` up to the gate it is held at: `[wait gate >= a]
+    /// [L2 flush] [samples] [start] [record go] [wait gate >= b]`.
+    fn enqueue_window(
+        &self,
+        gate: &Gate,
+        samples: &Samples,
+        start: &CudaEvent,
+        w: u32,
+    ) -> Result<(), JudgeError> {
+        let null: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the gate is device-mapped host memory of this context; legacy stream.
+        unsafe {
+            cu(
+                sys::cuStreamWaitValue32_v2(null, gate.dev, gate.a, 0 /* GEQ */),
+                "cuStreamWaitValue32",
+            )?
+        };
+        self.flush()?;
+        samples.copy(0)?;
+        start.record(&self.stream)?;
+        self.signal_go(w)?;
+        // SAFETY: the gate word, on the legacy stream.
+        unsafe {
+            cu(
+                sys::cuStreamWaitValue32_v2(null, gate.dev, gate.b, 0 /* GEQ */),
+                "cuStreamWaitValue32",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Sends the window `run` to the runner and waits until it armed it, then enqueues `[wait
+    /// done] [stop] [samples]`; the gate opens to `b` in every case (to `a` first when the runner
+    /// does not answer within [`ARM_WAIT`]).
+    fn arm_window(
+        &self,
+        r: &mut RunnerProcess,
+        run: Run,
+        gate: &Gate,
+        samples: &Samples,
+        stop: &CudaEvent,
+        wall: Duration,
+    ) -> Result<(), Fail> {
+        let w = run.window;
         if r.send(&Request::Run(run)).is_err() {
-            release(b);
+            gate.release(gate.b);
             return Err(answer_fail(r.recv(Duration::from_secs(1))));
         }
         // A launcher that waits on its own stream (it is held behind `go`) would wait for good:
@@ -1669,15 +1778,15 @@ impl Judge {
         let answer = match r.try_recv(ARM_WAIT) {
             Some(x) => x,
             None => {
-                release(a);
+                gate.release(gate.a);
                 r.recv(wall)
             }
         };
         tracing::debug!(?answer, "window: runner answered");
         match answer {
             Answer::Reply(Reply::Armed { rc }) if rc != 0 => {
-                release(b);
-                return Err(armed_fail(rc));
+                gate.release(gate.b);
+                Err(armed_fail(rc))
             }
             Answer::Reply(Reply::Armed { .. }) => {
                 let closed = (|| -> Result<(), JudgeError> {
@@ -1686,18 +1795,25 @@ impl Judge {
                     stop.record(&self.stream)?;
                     samples.copy(1)
                 })();
-                release(b);
-                closed.map_err(Fail::from)?;
-                self.steps.arm += lap.ms();
+                gate.release(gate.b);
+                closed.map_err(Fail::from)
             }
             x => {
-                release(b);
-                return Err(answer_fail(x));
+                gate.release(gate.b);
+                Err(answer_fail(x))
             }
         }
-        self.wait_for_stop(r, w, stop, wall)?;
-        self.steps.run += lap.ms();
-        tracing::debug!(w, "window: stop reached");
+    }
+
+    /// Once a window's stop is reached: the runner synchronizes its whole context, then the
+    /// judge records `after`; the window's time (start to stop) and synchronized time (start to
+    /// after), ms.
+    fn sync_window(
+        &self,
+        r: &mut RunnerProcess,
+        (start, stop, after): (&CudaEvent, &CudaEvent, &CudaEvent),
+        wall: Duration,
+    ) -> Result<Window, Fail> {
         // Everything the candidate started, on any stream, is finished before the checks.
         match r.call(&Request::Sync, wall) {
             Answer::Reply(Reply::Synced { error: None }) => {}
@@ -1708,22 +1824,12 @@ impl Judge {
         after.synchronize()?;
         let t = start.elapsed_ms(stop)? as f64;
         let s = start.elapsed_ms(after)? as f64;
-        self.steps.sync += lap.ms();
-        self.steps.windows += 1;
-        let mut win = Window {
+        Ok(Window {
             ms: t,
             synced_ms: s,
             late: false,
             verified: 0,
-        };
-        if k == 0 {
-            return Ok(win);
-        }
-        samples.copy(2).map_err(Fail::from)?;
-        (win.late, win.verified) =
-            self.check_window(task, shape, (&sets, &verify), &samples, set_bytes)?;
-        self.steps.check += lap.ms();
-        Ok(win)
+        })
     }
 
     /// Waits until the GPU reached `stop` of window `w`, with a deadline: a candidate that
@@ -2097,6 +2203,24 @@ struct Window {
     verified: usize,
 }
 
+/// One window's gate: the judge's host word (`host`, mapped for the device at `dev`) and the
+/// values the judge's stream waits for, `a` before the window starts and `b` past it.
+struct Gate {
+    dev: sys::CUdeviceptr,
+    host: *mut u32,
+    a: u32,
+    b: u32,
+}
+
+impl Gate {
+    /// Opens the gate to `g`: a volatile write of the host word, then a full fence.
+    fn release(&self, g: u32) {
+        // SAFETY: the gate word is pinned host memory owned by this judge.
+        unsafe { std::ptr::write_volatile(self.host, g) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Milliseconds between successive calls of [`Lap::ms`].
 struct Lap(Instant);
 
@@ -2111,6 +2235,11 @@ impl Lap {
         self.0 = now;
         ms
     }
+}
+
+/// Milliseconds since `t`.
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 fn job_wall(job: &RunJob) -> Duration {

@@ -133,6 +133,56 @@ pub fn step(
     let Device::Cuda(ordinal) = param.device() else {
         return false;
     };
+    let Some(kernel) = kernel_for(param, grad, exp_avg, exp_avg_sq, kahan) else {
+        return false;
+    };
+    let ordinal = ordinal as i32;
+    let Some((fs, ctx)) = functions(ordinal) else {
+        return false;
+    };
+    let f = fs[kernel];
+    let n = param.numel() as i64;
+    if n == 0 {
+        return true;
+    }
+    // SAFETY: `f` and `ctx` are `functions`' for this device, `f` the kernel `kernel_for`
+    // picked for these tensors, which qualified.
+    let launched = unsafe {
+        launch(
+            (f, ctx, ordinal),
+            [param, grad, exp_avg, exp_avg_sq],
+            kahan,
+            n,
+            s,
+        )
+    };
+    match launched {
+        Ok(()) => {
+            // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `param`.
+            unsafe { cudarl_tensor_bump_version(param.as_ptr().cast()) };
+            true
+        }
+        Err(e) => {
+            eprintln!("fused AdamW launch failed on cuda:{ordinal}: {e:?}; libtorch ops instead");
+            let mut fns = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = fns.iter_mut().find(|(o, _)| *o == ordinal) {
+                slot.1 = Err(format!("{e:?}"));
+            }
+            false
+        }
+    }
+}
+
+/// The index in [`KERNELS`] of the kernel for these tensors' dtypes, or `None` when they do
+/// not qualify (other dtypes, devices, shapes or strides than [`step`] takes, or no kernel in
+/// this build).
+fn kernel_for(
+    param: &Tensor,
+    grad: &Tensor,
+    exp_avg: &Tensor,
+    exp_avg_sq: &Tensor,
+    kahan: Option<&Tensor>,
+) -> Option<usize> {
     let kinds = match (
         param.kind(),
         grad.kind(),
@@ -156,34 +206,46 @@ pub fn step(
         && param.is_contiguous()
         && tensors.iter().all(|t| t.is_contiguous());
     if !qualifies {
-        return false;
+        return None;
     }
-    let ordinal = ordinal as i32;
-    let (fs, ctx) = {
-        let mut fns = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner());
-        let at = match fns.iter().position(|(o, _)| *o == ordinal) {
-            Some(i) => i,
-            None => {
-                let loaded = load(ordinal);
-                if let Err(e) = &loaded {
-                    eprintln!(
-                        "fused AdamW unavailable on cuda:{ordinal}: {e}; libtorch ops instead"
-                    );
-                }
-                fns.push((ordinal, loaded));
-                fns.len() - 1
+    kinds
+}
+
+/// The kernels and the context loaded on device `ordinal` (loaded on first use, the failure
+/// printed to stderr once), or `None` when they cannot run there.
+fn functions(ordinal: i32) -> Option<([usize; 4], usize)> {
+    let mut fns = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let at = match fns.iter().position(|(o, _)| *o == ordinal) {
+        Some(i) => i,
+        None => {
+            let loaded = load(ordinal);
+            if let Err(e) = &loaded {
+                eprintln!("fused AdamW unavailable on cuda:{ordinal}: {e}; libtorch ops instead");
             }
-        };
-        match &fns[at].1 {
-            Ok(x) => *x,
-            Err(_) => return false,
+            fns.push((ordinal, loaded));
+            fns.len() - 1
         }
     };
-    let f = fs[kinds.expect("checked above")];
-    let n = param.numel() as i64;
-    if n == 0 {
-        return true;
+    match &fns[at].1 {
+        Ok(x) => Some(*x),
+        Err(_) => None,
     }
+}
+
+/// Launches kernel `f` (a `CUfunction` address, loaded in context `ctx` of device `ordinal`)
+/// on the `n` elements of `[param, grad, exp_avg, exp_avg_sq]` and `kahan`, with step scalars
+/// `s`, on libtorch's current stream.
+///
+/// # Safety
+/// `f` and `ctx` come from [`functions`] for `ordinal`, `f` is the kernel [`kernel_for`]
+/// picked for these tensors, and they qualified there.
+unsafe fn launch(
+    (f, ctx, ordinal): (usize, usize, i32),
+    [param, grad, exp_avg, exp_avg_sq]: [&Tensor; 4],
+    kahan: Option<&Tensor>,
+    n: i64,
+    s: &StepScalars,
+) -> Result<(), cudarc::driver::result::DriverError> {
     let (mut p, mut g, mut m, mut v) = (
         param.data_ptr(),
         grad.data_ptr(),
@@ -213,11 +275,11 @@ pub fn step(
     }
     const THREADS: i64 = 256;
     let blocks = ((n + THREADS - 1) / THREADS).min(16_384) as u32;
-    // SAFETY: `f` is the kernel loaded above on this device's primary context; the pointers are
-    // live CUDA tensors of `n` elements of the kernel's dtypes (checked above), the arguments
+    // SAFETY: `f` is a kernel loaded on this device's primary context; the pointers are live
+    // CUDA tensors of `n` elements of the kernel's dtypes (the caller's contract), the arguments
     // match its signature in order and type, and it runs on libtorch's current stream, after the
     // work that produced the gradient and before any later reader.
-    let launched = unsafe {
+    unsafe {
         let stream = cudarl_current_stream(ordinal);
         cudarc::driver::result::ctx::set_current(ctx as cudarc::driver::sys::CUcontext).and_then(
             |()| {
@@ -231,20 +293,5 @@ pub fn step(
                 )
             },
         )
-    };
-    match launched {
-        Ok(()) => {
-            // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `param`.
-            unsafe { cudarl_tensor_bump_version(param.as_ptr().cast()) };
-            true
-        }
-        Err(e) => {
-            eprintln!("fused AdamW launch failed on cuda:{ordinal}: {e:?}; libtorch ops instead");
-            let mut fns = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(slot) = fns.iter_mut().find(|(o, _)| *o == ordinal) {
-                slot.1 = Err(format!("{e:?}"));
-            }
-            false
-        }
     }
 }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tch::{Device, Tensor};
 
@@ -40,6 +40,7 @@ impl ModelConfig for ModelSpec {
 }
 
 pub use cudarl_protocol::{Document, Event, Job, ModelSpec};
+use cudarl_protocol::{LoraConfig, RandomInit};
 
 /// Most rows of one `sample` job's generate call (prompts x samples); bounds the KV cache
 /// (`small`, 2k tokens a row: 256 rows hold about 2 GiB of bf16 keys and values).
@@ -109,14 +110,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             corpus,
             vocab_size,
             out,
-        } => {
-            let texts: Vec<String> = read_lines(corpus)?;
-            std::fs::create_dir_all(out)
-                .map_err(|e| ModelError::Io(out.display().to_string(), e))?;
-            train_bpe(&texts, *vocab_size, &out.join("tokenizer.json"))?;
-            let t = ChatTokenizer::load(&out.join("tokenizer.json"))?;
-            done(serde_json::json!({"vocab_size": t.vocab_size(), "texts": texts.len()}));
-        }
+        } => train_tokenizer(corpus, *vocab_size, out)?,
         Job::Pretrain {
             tokenizer,
             model,
@@ -124,26 +118,7 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             train,
             device: dev,
             out,
-        } => {
-            let dev = device(*dev)?;
-            let tok = ChatTokenizer::load(tokenizer)?;
-            let eos = tok.eos.ok_or_else(|| {
-                ModelError::Tokenizer(format!("{}: no <|endoftext|> token", tokenizer.display()))
-            })?;
-            let docs: Vec<Document> = read_lines(corpus)?;
-            let (tr, ev) = lm_windows(&tok, &docs, eos, train.max_len)?;
-            tch::manual_seed(train.seed as i64);
-            let mut cfg = model.config(tok.vocab_size() as i64);
-            cfg.eos_token_id = Some(tok.im_end.into());
-            let mut m = Qwen2::new(cfg, dev)?;
-            m.set_compute_kind(train.precision.compute_kind(dev));
-            let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
-            save(&m, (&tok, tokenizer), out)?;
-            done(serde_json::json!({"device": format!("{dev:?}"),
-                "compute_dtype": format!("{:?}", m.compute_kind()),
-                "parameters": m.config.num_parameters(), "train_windows": tr.len(),
-                "eval_windows": ev.len(), "steps": steps.len()}));
-        }
+        } => pretrain((tokenizer, model), corpus, train, device(*dev)?, out)?,
         Job::Sample {
             model,
             prompts,
@@ -155,50 +130,8 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             device: dev,
             out,
         } => {
-            let dev = device(*dev)?;
-            let tok = ChatTokenizer::load_dir(model)?;
-            // Loaded in the compute dtype and decoded from its own weights (no float32 master,
-            // no decoder copy).
-            let kind = crate::train::Precision::Auto.compute_kind(dev);
-            let m = Qwen2::load_for_sampling(model, dev, kind.unwrap_or(tch::Kind::Float))?;
-            let rows: Vec<Vec<ChatMessage>> = read_lines(prompts)?;
-            let mut lines = Vec::new();
-            let params = crate::SampleParams {
-                max_new_tokens: *max_new_tokens,
-                temperature: *temperature,
-                top_p: *top_p,
-                seed: Some(*seed),
-                use_cache: true,
-                ..Default::default()
-            };
-            let mut eos = vec![tok.im_end];
-            eos.extend(tok.eos);
-            let t0 = std::time::Instant::now();
-            let mut new_tokens = 0usize;
-            // Every prompt's `n` samples in as few batches as fit (`SAMPLE_BATCH` rows): decoding
-            // costs per step, nearly whatever the batch, so one batch of 16 x 8 rows takes about
-            // the time of one prompt's 8 (16 per-prompt batches took 140 s of sft-eval's 141 s
-            // on the H100, 2026-11-23).
-            let mut all: Vec<(usize, usize, Vec<i64>)> = Vec::new();
-            for (pi, msgs) in rows.iter().enumerate() {
-                let (ids, _) = tok.render(msgs, true)?;
-                for si in 0..(*n).max(1) {
-                    all.push((pi, si, ids.clone()));
-                }
-            }
-            for (ci, chunk) in all.chunks(SAMPLE_BATCH).enumerate() {
-                let params = crate::SampleParams {
-                    seed: Some(*seed + ci as i64),
-                    ..params.clone()
-                };
-                new_tokens += sample_batch((&m, dev), &tok, chunk, (&params, &eos), &mut lines)?;
-            }
-            std::fs::write(out, lines.join("\n") + "\n")
-                .map_err(|e| ModelError::Io(out.display().to_string(), e))?;
-            let secs = t0.elapsed().as_secs_f64();
-            done(serde_json::json!({"device": format!("{dev:?}"),
-                "samples": lines.len(), "new_tokens": new_tokens,
-                "tokens_per_s": new_tokens as f64 / secs.max(1e-9)}));
+            let params = sample_params(*max_new_tokens, *temperature, *top_p, *seed);
+            sample(model, (prompts, *n), &params, device(*dev)?, out)?
         }
         Job::Sft {
             base,
@@ -209,44 +142,14 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
             train,
             device: dev,
             out,
-        } => {
-            let dev = device(*dev)?;
-            let tok = ChatTokenizer::load_dir(base)?;
-            let mut m = match init {
-                None => Qwen2::load(base, dev, tch::Kind::Float)?,
-                Some(init) => {
-                    if init.vocab_size < tok.vocab_size() {
-                        return Err(ModelError::Config {
-                            file: base.join("tokenizer.json").display().to_string(),
-                            message: format!(
-                                "the model's vocab_size {} is below this tokenizer's {}",
-                                init.vocab_size,
-                                tok.vocab_size()
-                            ),
-                        });
-                    }
-                    tch::manual_seed(train.seed as i64);
-                    let mut cfg = init.model.config(init.vocab_size as i64);
-                    cfg.eos_token_id = Some(tok.im_end.into());
-                    Qwen2::new(cfg, dev)?
-                }
-            };
-            with_lora(&mut m, train.precision.compute_kind(dev), lora.as_ref())?;
-            let enc = |rows: Vec<Vec<ChatMessage>>| crate::train::chat_examples(&tok, &rows);
-            let tr = enc(read_lines(data)?)?;
-            let ev = enc(read_lines(eval_data)?)?;
-            let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
-            if let Some(l) = lora {
-                m.save_lora(&out.join("adapter"), l)?;
-                // Merged in float32, saved as full fine-tuning saves.
-                m.set_kind(tch::Kind::Float);
-                m.merge_lora()?;
-            }
-            save(&m, (&tok, &base.join("tokenizer.json")), out)?;
-            done(serde_json::json!({"device": format!("{dev:?}"),
-                "compute_dtype": format!("{:?}", m.compute_kind()),
-                "train_examples": tr.len(), "eval_examples": ev.len(), "steps": steps.len()}));
-        }
+        } => sft(
+            (base, init.as_ref()),
+            lora.as_ref(),
+            (data, eval_data),
+            train,
+            device(*dev)?,
+            out,
+        )?,
         Job::RlServe(j) => crate::rl_serve::serve(j)?,
         Job::Bench {
             model,
@@ -294,6 +197,188 @@ pub fn run(job: &Job) -> Result<(), ModelError> {
         )?),
     }
     Ok(())
+}
+
+/// The `tokenizer` job (see [`Job::Tokenizer`]): a BPE of `vocab_size` tokens trained on
+/// `corpus`, written to `out/tokenizer.json`.
+///
+/// # Errors
+/// Unreadable corpus, I/O, tokenizer training.
+fn train_tokenizer(corpus: &PathBuf, vocab_size: usize, out: &Path) -> Result<(), ModelError> {
+    let texts: Vec<String> = read_lines(corpus)?;
+    std::fs::create_dir_all(out).map_err(|e| ModelError::Io(out.display().to_string(), e))?;
+    train_bpe(&texts, vocab_size, &out.join("tokenizer.json"))?;
+    let t = ChatTokenizer::load(&out.join("tokenizer.json"))?;
+    done(serde_json::json!({"vocab_size": t.vocab_size(), "texts": texts.len()}));
+    Ok(())
+}
+
+/// The `pretrain` job (see [`Job::Pretrain`]): a fresh `model` with the `tokenizer` file's
+/// vocabulary trained on `corpus` on `dev`, saved under `out`.
+///
+/// # Errors
+/// Bad inputs (named), libtorch errors.
+fn pretrain(
+    (tokenizer, model): (&PathBuf, &ModelSpec),
+    corpus: &PathBuf,
+    train: &TrainConfig,
+    dev: Device,
+    out: &Path,
+) -> Result<(), ModelError> {
+    let tok = ChatTokenizer::load(tokenizer)?;
+    let eos = tok.eos.ok_or_else(|| {
+        ModelError::Tokenizer(format!("{}: no <|endoftext|> token", tokenizer.display()))
+    })?;
+    let docs: Vec<Document> = read_lines(corpus)?;
+    let (tr, ev) = lm_windows(&tok, &docs, eos, train.max_len)?;
+    tch::manual_seed(train.seed as i64);
+    let mut cfg = model.config(tok.vocab_size() as i64);
+    cfg.eos_token_id = Some(tok.im_end.into());
+    let mut m = Qwen2::new(cfg, dev)?;
+    m.set_compute_kind(train.precision.compute_kind(dev));
+    let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
+    save(&m, (&tok, tokenizer), out)?;
+    done(serde_json::json!({"device": format!("{dev:?}"),
+        "compute_dtype": format!("{:?}", m.compute_kind()),
+        "parameters": m.config.num_parameters(), "train_windows": tr.len(),
+        "eval_windows": ev.len(), "steps": steps.len()}));
+    Ok(())
+}
+
+/// The `sample` job (see [`Job::Sample`]): `n` completions of each prompt of the `prompts`
+/// file from the model directory `model` with `params` (the seed of the first batch; each
+/// later batch of [`SAMPLE_BATCH`] rows adds its index), written to `out` as JSON lines.
+///
+/// # Errors
+/// Bad inputs (named), libtorch errors, I/O.
+fn sample(
+    model: &Path,
+    (prompts, n): (&PathBuf, usize),
+    params: &crate::SampleParams,
+    dev: Device,
+    out: &Path,
+) -> Result<(), ModelError> {
+    let tok = ChatTokenizer::load_dir(model)?;
+    // Loaded in the compute dtype and decoded from its own weights (no float32 master,
+    // no decoder copy).
+    let kind = crate::train::Precision::Auto.compute_kind(dev);
+    let m = Qwen2::load_for_sampling(model, dev, kind.unwrap_or(tch::Kind::Float))?;
+    let rows: Vec<Vec<ChatMessage>> = read_lines(prompts)?;
+    let mut lines = Vec::new();
+    let mut eos = vec![tok.im_end];
+    eos.extend(tok.eos);
+    let t0 = std::time::Instant::now();
+    let mut new_tokens = 0usize;
+    // Every prompt's `n` samples in as few batches as fit (`SAMPLE_BATCH` rows): decoding
+    // costs per step, nearly whatever the batch, so one batch of 16 x 8 rows takes about
+    // the time of one prompt's 8 (16 per-prompt batches took 140 s of sft-eval's 141 s
+    // on the H100, 2026-11-23).
+    let mut all: Vec<(usize, usize, Vec<i64>)> = Vec::new();
+    for (pi, msgs) in rows.iter().enumerate() {
+        let (ids, _) = tok.render(msgs, true)?;
+        for si in 0..n.max(1) {
+            all.push((pi, si, ids.clone()));
+        }
+    }
+    for (ci, chunk) in all.chunks(SAMPLE_BATCH).enumerate() {
+        let params = crate::SampleParams {
+            seed: params.seed.map(|s| s + ci as i64),
+            ..params.clone()
+        };
+        new_tokens += sample_batch((&m, dev), &tok, chunk, (&params, &eos), &mut lines)?;
+    }
+    std::fs::write(out, lines.join("\n") + "\n")
+        .map_err(|e| ModelError::Io(out.display().to_string(), e))?;
+    let secs = t0.elapsed().as_secs_f64();
+    done(serde_json::json!({"device": format!("{dev:?}"),
+        "samples": lines.len(), "new_tokens": new_tokens,
+        "tokens_per_s": new_tokens as f64 / secs.max(1e-9)}));
+    Ok(())
+}
+
+/// Sampling settings with the KV cache: at most `max_new_tokens` new tokens a row at
+/// `temperature` and nucleus mass `top_p`, seeded with `seed` (a `sample` job's first batch, a
+/// trainer's `generate` request).
+pub(crate) fn sample_params(
+    max_new_tokens: usize,
+    temperature: f64,
+    top_p: f64,
+    seed: i64,
+) -> crate::SampleParams {
+    crate::SampleParams {
+        max_new_tokens,
+        temperature,
+        top_p,
+        seed: Some(seed),
+        use_cache: true,
+        ..Default::default()
+    }
+}
+
+/// The `sft-train` job (see [`Job::Sft`]): `base` (or a fresh `init` of it) fine-tuned on the
+/// `data` conversations, fully or with `lora` adapters, saved under `out`.
+///
+/// # Errors
+/// Bad inputs (named), libtorch errors.
+fn sft(
+    (base, init): (&PathBuf, Option<&RandomInit>),
+    lora: Option<&LoraConfig>,
+    (data, eval_data): (&PathBuf, &PathBuf),
+    train: &TrainConfig,
+    dev: Device,
+    out: &Path,
+) -> Result<(), ModelError> {
+    let tok = ChatTokenizer::load_dir(base)?;
+    let mut m = sft_model(base, init, &tok, train, dev)?;
+    with_lora(&mut m, train.precision.compute_kind(dev), lora)?;
+    let enc = |rows: Vec<Vec<ChatMessage>>| crate::train::chat_examples(&tok, &rows);
+    let tr = enc(read_lines(data)?)?;
+    let ev = enc(read_lines(eval_data)?)?;
+    let steps = train_lm(&mut m, &tr, &ev, train, &mut step_event)?;
+    if let Some(l) = lora {
+        m.save_lora(&out.join("adapter"), l)?;
+        // Merged in float32, saved as full fine-tuning saves.
+        m.set_kind(tch::Kind::Float);
+        m.merge_lora()?;
+    }
+    save(&m, (&tok, &base.join("tokenizer.json")), out)?;
+    done(serde_json::json!({"device": format!("{dev:?}"),
+        "compute_dtype": format!("{:?}", m.compute_kind()),
+        "train_examples": tr.len(), "eval_examples": ev.len(), "steps": steps.len()}));
+    Ok(())
+}
+
+/// The model an `sft-train` job starts from: `base`'s weights in float32, or with `init` a
+/// fresh initialization of that architecture seeded with `train.seed`.
+///
+/// # Errors
+/// `init`'s vocabulary is smaller than `tok`'s; loading failed.
+fn sft_model(
+    base: &Path,
+    init: Option<&RandomInit>,
+    tok: &ChatTokenizer,
+    train: &TrainConfig,
+    dev: Device,
+) -> Result<Qwen2, ModelError> {
+    Ok(match init {
+        None => Qwen2::load(base, dev, tch::Kind::Float)?,
+        Some(init) => {
+            if init.vocab_size < tok.vocab_size() {
+                return Err(ModelError::Config {
+                    file: base.join("tokenizer.json").display().to_string(),
+                    message: format!(
+                        "the model's vocab_size {} is below this tokenizer's {}",
+                        init.vocab_size,
+                        tok.vocab_size()
+                    ),
+                });
+            }
+            tch::manual_seed(train.seed as i64);
+            let mut cfg = init.model.config(init.vocab_size as i64);
+            cfg.eos_token_id = Some(tok.im_end.into());
+            Qwen2::new(cfg, dev)?
+        }
+    })
 }
 
 /// Documents joined with `<|endoftext|>` (`eos`) and cut into windows of `max_len` tokens (at

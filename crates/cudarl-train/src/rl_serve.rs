@@ -57,7 +57,7 @@ use crate::rl::clipped_pg_loss;
 use crate::score::{ScorePass, Scored};
 use crate::tokenizer::ChatMessage;
 use crate::train::{ComputeKind, Example};
-use crate::{ModelError, Qwen2, SampleParams};
+use crate::{ModelError, Qwen2};
 
 pub use cudarl_protocol::rl::TARGET_KL_MARGIN;
 pub use cudarl_protocol::{Algorithm, Ptx, RlServe};
@@ -258,14 +258,7 @@ impl Server {
                 stream,
                 reference,
             } => {
-                let p = SampleParams {
-                    max_new_tokens,
-                    temperature,
-                    top_p,
-                    seed: Some(seed),
-                    use_cache: true,
-                    ..Default::default()
-                };
+                let p = crate::job::sample_params(max_new_tokens, temperature, top_p, seed);
                 let a = &self.agents[agent.index()];
                 // A sampling-only agent is its own reference (the same weights, and its
                 // decoder needs no copy).
@@ -413,6 +406,64 @@ impl Server {
     }
 
     fn update(&mut self, agent: Role, samples: &[Sample]) -> Result<UpdateStats, ModelError> {
+        let items = self.update_items(agent, samples)?;
+        let mut st = UpdateStats::default();
+        if items.is_empty() {
+            return Ok(st);
+        }
+        let mb = self.job.minibatch.max(1);
+        let (a, r) = (&mut self.agents[agent.index()], &self.refs[agent.index()]);
+        let critic = self.critics.as_mut().map(|c| &mut c[agent.index()]);
+        let mut n_mb = 0.0;
+        let batches = minibatches(&self.kept, &items, mb, a.model.device());
+        let fixed = fixed_log_probs(&a.model, r, &batches, &mut st)?;
+        let mut step = UpdateStep {
+            a,
+            critic,
+            ptx: &mut self.ptx[agent.index()],
+            job: &self.job,
+            pass: ScorePass {
+                checkpoint: self.job.gradient_checkpointing,
+                ..ScorePass::default()
+            },
+        };
+        let passes = self.job.epochs.max(1);
+        let order = (0..passes).flat_map(|_| 0..batches.len());
+        for (k, ci) in order.enumerate() {
+            if !step.minibatch(k, &batches[ci], &fixed[ci], &mut st)? {
+                st.skipped_minibatches = passes * batches.len() - k;
+                break;
+            }
+            n_mb += 1.0;
+        }
+        // Entropy was measured on every minibatch, the rest on those that stepped.
+        st.entropy /= batches.len() as f64;
+        for x in [
+            &mut st.loss,
+            &mut st.pg_loss,
+            &mut st.kl,
+            &mut st.clip_frac,
+            &mut st.grad_norm,
+            &mut st.value_loss,
+            &mut st.ptx_loss,
+            &mut st.aux_scale,
+        ] {
+            *x /= n_mb;
+        }
+        st.samples = items.len();
+        Ok(st)
+    }
+
+    /// The kept completions `samples` name for an update of `agent`, as (id, advantage,
+    /// return; 0 without one), those with no tokens left out.
+    ///
+    /// # Errors
+    /// An id not kept, kept for the other agent, or without a return under PPO.
+    fn update_items(
+        &self,
+        agent: Role,
+        samples: &[Sample],
+    ) -> Result<Vec<(u64, f64, f64)>, ModelError> {
         let mut items = Vec::new();
         for s in samples {
             let k = self.kept.get(&s.id).ok_or_else(|| {
@@ -434,170 +485,230 @@ impl Server {
                 items.push((s.id, s.advantage, s.ret.unwrap_or(0.0)));
             }
         }
-        let mut st = UpdateStats::default();
-        if items.is_empty() {
-            return Ok(st);
-        }
-        let mb = self.job.minibatch.max(1);
-        let (a, r) = (&mut self.agents[agent.index()], &self.refs[agent.index()]);
-        let mut critic = self.critics.as_mut().map(|c| &mut c[agent.index()]);
-        let mut n_mb = 0.0;
-        // The minibatches once: (prompt, completion) pairs, sampling temperature, advantages.
-        let kept = &self.kept;
-        let batches: Vec<Minibatch<'_>> = items
-            .chunks(mb)
-            .map(|chunk| {
-                let seqs = chunk
-                    .iter()
-                    .map(|(id, _, _)| {
-                        let c = &kept[id].completion;
-                        (c.prompt_ids.as_slice(), c.ids.as_slice())
-                    })
-                    .collect();
-                let adv: Vec<f32> = chunk.iter().map(|(_, a, _)| *a as f32).collect();
-                let adv = Tensor::from_slice(&adv).to_device(a.model.device());
-                let ret: Vec<f32> = chunk.iter().map(|(_, _, r)| *r as f32).collect();
-                let ret = Tensor::from_slice(&ret).to_device(a.model.device());
-                (seqs, kept[&chunk[0].0].temperature, adv, ret)
-            })
-            .collect();
-        // Old and reference log-probabilities first, for every minibatch, without gradients.
-        let score = |m: &Qwen2, seqs: &[(&[i64], &[i64])], temp: f64, entropy: bool| {
-            let _g = tch::no_grad_guard();
-            let sc = Scored::new(m, seqs, temp, ScorePass::default())?;
-            let (logp, ent, _) = sc.log_probs(m, entropy)?;
-            Ok::<_, ModelError>((logp, ent, sc.mask))
-        };
-        let mut fixed = Vec::new();
-        for (seqs, temp, _, _) in &batches {
-            let (old, ent, mask) = score(&a.model, seqs, *temp, true)?;
-            let (rf, _, _) = score(r, seqs, *temp, false)?;
-            if let Some(ent) = ent {
-                st.entropy +=
-                    (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
-            }
-            fixed.push((old, rf));
-        }
-        let pass = ScorePass {
-            checkpoint: self.job.gradient_checkpointing,
-            ..ScorePass::default()
-        };
-        let passes = self.job.epochs.max(1);
-        let order = (0..passes).flat_map(|_| 0..batches.len());
-        for (k, ci) in order.enumerate() {
-            let (seqs, temp, adv, ret) = &batches[ci];
-            let scored = Scored::new(&a.model, seqs, *temp, pass)?;
-            let mask = scored.mask.shallow_clone();
-            let (old, rf) = &fixed[ci];
-            a.begin_step();
-            let params = a.model.trainable().trainable_variables();
-            // The loss's gradients with respect to the log-probabilities in closed form, taken
-            // chunk by chunk in the head's one pass; the policy gradient apart when the
-            // auxiliary terms' is capped against it.
-            let pg_cfg = self.job.pg;
-            let capped = pg_cfg.aux_grad_cap.is_some();
-            let grads = |logp: &Tensor| -> Result<Vec<Tensor>, ModelError> {
-                let (d_pg, d_kl) =
-                    crate::rl::clipped_pg_grads(logp, old, Some(rf), adv, &mask, &pg_cfg);
-                Ok(if capped {
-                    vec![d_pg, d_kl]
-                } else {
-                    vec![d_pg + d_kl]
+        Ok(items)
+    }
+}
+
+/// The minibatches of an update once: `items` (id, advantage, return) in chunks of `mb`, each
+/// with its kept (prompt, completion) pairs, sampling temperature, and advantages and returns
+/// `[b]` on `device`.
+fn minibatches<'k>(
+    kept: &'k BTreeMap<u64, Kept>,
+    items: &[(u64, f64, f64)],
+    mb: usize,
+    device: tch::Device,
+) -> Vec<Minibatch<'k>> {
+    items
+        .chunks(mb)
+        .map(|chunk| {
+            let seqs = chunk
+                .iter()
+                .map(|(id, _, _)| {
+                    let c = &kept[id].completion;
+                    (c.prompt_ids.as_slice(), c.ids.as_slice())
                 })
-            };
-            let state = critic.is_some().then(|| scored.state(&a.model));
-            let (g_pg, fused, scored) = if capped {
-                let (g, f) = scored.gradients_fused(&a.model, &grads, &params)?;
-                (Some(g), f, Some(scored))
+                .collect();
+            let adv: Vec<f32> = chunk.iter().map(|(_, a, _)| *a as f32).collect();
+            let adv = Tensor::from_slice(&adv).to_device(device);
+            let ret: Vec<f32> = chunk.iter().map(|(_, _, r)| *r as f32).collect();
+            let ret = Tensor::from_slice(&ret).to_device(device);
+            (seqs, kept[&chunk[0].0].temperature, adv, ret)
+        })
+        .collect()
+}
+
+/// The old (`model`'s) and reference (`r`'s) log-probabilities `[b, T]` of every minibatch,
+/// without gradients, adding each minibatch's mean entropy per token to `st.entropy`.
+///
+/// # Errors
+/// libtorch errors.
+fn fixed_log_probs(
+    model: &Qwen2,
+    r: &Qwen2,
+    batches: &[Minibatch<'_>],
+    st: &mut UpdateStats,
+) -> Result<Vec<(Tensor, Tensor)>, ModelError> {
+    let score = |m: &Qwen2, seqs: &[(&[i64], &[i64])], temp: f64, entropy: bool| {
+        let _g = tch::no_grad_guard();
+        let sc = Scored::new(m, seqs, temp, ScorePass::default())?;
+        let (logp, ent, _) = sc.log_probs(m, entropy)?;
+        Ok::<_, ModelError>((logp, ent, sc.mask))
+    };
+    let mut fixed = Vec::new();
+    for (seqs, temp, _, _) in batches {
+        let (old, ent, mask) = score(model, seqs, *temp, true)?;
+        let (rf, _, _) = score(r, seqs, *temp, false)?;
+        if let Some(ent) = ent {
+            st.entropy +=
+                (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
+        }
+        fixed.push((old, rf));
+    }
+    Ok(fixed)
+}
+
+/// What the minibatch steps of one update share: the agent trained, its critic (PPO), its
+/// PPO-ptx conversations with the next to use, the job and the scoring pass.
+struct UpdateStep<'s> {
+    a: &'s mut TrainableAgent,
+    critic: Option<&'s mut ValueHead>,
+    ptx: &'s mut (Vec<Vec<ChatMessage>>, usize),
+    job: &'s RlServe,
+    pass: ScorePass,
+}
+
+/// One minibatch's scoring pass with the policy gradient taken: the mask `[b, T]`, the
+/// trained parameters, the prompts' last states `[b, h]` (PPO), the policy gradient per
+/// parameter and the scoring kept for the KL's own pass (with `pg.aux_grad_cap`), and the
+/// log-probabilities `[b, T]` with the other gradients.
+struct FusedStep {
+    mask: Tensor,
+    params: Vec<Tensor>,
+    state: Option<Tensor>,
+    g_pg: Option<Vec<Option<Tensor>>>,
+    scored: Option<Scored>,
+    fused: crate::score::Fused,
+}
+
+impl UpdateStep<'_> {
+    /// The `k`th step of the update, on minibatch `mb` with its old and reference
+    /// log-probabilities `fixed`, its stats added to `st`; `false`, with nothing stepped, when
+    /// the policy has moved past `target_kl` (not on the first step).
+    ///
+    /// # Errors
+    /// libtorch errors; a PPO-ptx conversation that does not render.
+    fn minibatch(
+        &mut self,
+        k: usize,
+        mb: &Minibatch<'_>,
+        (old, rf): &(Tensor, Tensor),
+        st: &mut UpdateStats,
+    ) -> Result<bool, ModelError> {
+        let (_, _, adv, ret) = mb;
+        let fp = self.fused_pass(mb, old, rf)?;
+        let (logp, mask) = (fp.fused.logp, &fp.mask);
+        // How far this update has moved the policy on these completions (k1 estimator).
+        let approx_kl = (((old - &logp) * mask).sum(Kind::Float)
+            / mask.sum(Kind::Float).clamp_min(1.0))
+        .double_value(&[]);
+        st.max_approx_kl = st.max_approx_kl.max(approx_kl);
+        if k > 0
+            && self
+                .job
+                .target_kl
+                .is_some_and(|t| approx_kl > TARGET_KL_MARGIN * t)
+        {
+            // The gradients this minibatch took are dropped, not stepped.
+            self.a.abandon_step();
+            return Ok(false);
+        }
+        if let (Some(scored), Some(d_kl)) = (fp.scored, fp.fused.rest.first()) {
+            scored.backward(&self.a.model, d_kl)?;
+        }
+        let s =
+            tch::no_grad(|| clipped_pg_loss(&logp, old, Some(rf), adv, mask, &self.job.pg).stats);
+        let ptx = self.ptx_batch()?;
+        if let (Some(c), Some(state)) = (self.critic.as_deref_mut(), fp.state) {
+            // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
+            let vl = (c.values(&state) - ret).square().mean(Kind::Float) * 0.5;
+            c.opt.zero_grad();
+            vl.f_backward()?;
+            c.opt.step();
+            st.value_loss += vl.double_value(&[]);
+        }
+        if let Some((ex, max_len, loss)) = ptx {
+            let b: Vec<&Example> = ex.iter().collect();
+            let (nll, _) = crate::train::chunked_loss(&self.a.model, &b, max_len, loss)?;
+            st.ptx_loss += nll;
+        }
+        if let (Some(cap), Some(g)) = (self.job.pg.aux_grad_cap, &fp.g_pg) {
+            let c = crate::rl::cap_auxiliary(g, &fp.params, cap)?;
+            st.aux_scale += c.scale;
+            st.max_aux_grad_ratio = st.max_aux_grad_ratio.max(c.ratio);
+        }
+        st.grad_norm += self.a.finish_step();
+        st.loss += s.loss;
+        st.pg_loss += s.pg_loss;
+        st.kl += s.kl;
+        st.max_ref_log_ratio = st.max_ref_log_ratio.max(s.max_log_ratio);
+        st.clip_frac += s.clip_frac;
+        st.tokens += s.tokens;
+        st.steps += 1;
+        Ok(true)
+    }
+
+    /// Scores minibatch `mb` with gradients and starts the agent's step: the loss's gradients
+    /// with respect to the log-probabilities in closed form, taken chunk by chunk in the
+    /// head's one pass; the policy gradient apart when the auxiliary terms' is capped against
+    /// it.
+    ///
+    /// # Errors
+    /// libtorch errors.
+    fn fused_pass(
+        &mut self,
+        (seqs, temp, adv, _): &Minibatch<'_>,
+        old: &Tensor,
+        rf: &Tensor,
+    ) -> Result<FusedStep, ModelError> {
+        let a = &mut *self.a;
+        let scored = Scored::new(&a.model, seqs, *temp, self.pass)?;
+        let mask = scored.mask.shallow_clone();
+        a.begin_step();
+        let params = a.model.trainable().trainable_variables();
+        let pg_cfg = self.job.pg;
+        let capped = pg_cfg.aux_grad_cap.is_some();
+        let grads = |logp: &Tensor| -> Result<Vec<Tensor>, ModelError> {
+            let (d_pg, d_kl) =
+                crate::rl::clipped_pg_grads(logp, old, Some(rf), adv, &mask, &pg_cfg);
+            Ok(if capped {
+                vec![d_pg, d_kl]
             } else {
-                (None, scored.backward_fused(&a.model, &grads)?, None)
-            };
-            let logp = fused.logp;
-            // How far this update has moved the policy on these completions (k1 estimator).
-            let approx_kl = (((old - &logp) * &mask).sum(Kind::Float)
-                / mask.sum(Kind::Float).clamp_min(1.0))
-            .double_value(&[]);
-            st.max_approx_kl = st.max_approx_kl.max(approx_kl);
-            if k > 0
-                && self
-                    .job
-                    .target_kl
-                    .is_some_and(|t| approx_kl > TARGET_KL_MARGIN * t)
-            {
-                // The gradients this minibatch took are dropped, not stepped.
-                a.abandon_step();
-                st.skipped_minibatches = passes * batches.len() - k;
-                break;
+                vec![d_pg + d_kl]
+            })
+        };
+        let state = self.critic.is_some().then(|| scored.state(&a.model));
+        let (g_pg, fused, scored) = if capped {
+            let (g, f) = scored.gradients_fused(&a.model, &grads, &params)?;
+            (Some(g), f, Some(scored))
+        } else {
+            (None, scored.backward_fused(&a.model, &grads)?, None)
+        };
+        Ok(FusedStep {
+            mask,
+            params,
+            state,
+            g_pg,
+            scored,
+            fused,
+        })
+    }
+
+    /// PPO-ptx on the next `batch` SFT conversations of this agent, cycled: the examples, their
+    /// most tokens and the loss pass; `None` when off.
+    ///
+    /// # Errors
+    /// A conversation that does not render.
+    fn ptx_batch(
+        &mut self,
+    ) -> Result<Option<(Vec<Example>, usize, crate::train::LossPass)>, ModelError> {
+        Ok(match &self.job.ptx {
+            Some(p) if p.batch > 0 && !self.ptx.0.is_empty() => {
+                let (rows, next) = &mut *self.ptx;
+                let take: Vec<&Vec<ChatMessage>> = (0..p.batch)
+                    .map(|j| &rows[(*next + j) % rows.len()])
+                    .collect();
+                *next = (*next + p.batch) % rows.len();
+                let ex = crate::train::chat_examples(&self.a.tokenizer, &take)?;
+                let loss = crate::train::LossPass {
+                    chunk_bytes: crate::train::CE_CHUNK_BYTES,
+                    backward: true,
+                    checkpoint: self.pass.checkpoint,
+                    grad_scale: p.coef,
+                };
+                Some((ex, p.max_len, loss))
             }
-            if let (Some(scored), Some(d_kl)) = (scored, fused.rest.first()) {
-                scored.backward(&a.model, d_kl)?;
-            }
-            let s = tch::no_grad(|| {
-                clipped_pg_loss(&logp, old, Some(rf), adv, &mask, &self.job.pg).stats
-            });
-            // PPO-ptx on the next `batch` SFT conversations of this agent, cycled.
-            let ptx = match &self.job.ptx {
-                Some(p) if p.batch > 0 && !self.ptx[agent.index()].0.is_empty() => {
-                    let (rows, next) = &mut self.ptx[agent.index()];
-                    let take: Vec<&Vec<ChatMessage>> = (0..p.batch)
-                        .map(|j| &rows[(*next + j) % rows.len()])
-                        .collect();
-                    *next = (*next + p.batch) % rows.len();
-                    let ex = crate::train::chat_examples(&a.tokenizer, &take)?;
-                    let loss = crate::train::LossPass {
-                        chunk_bytes: crate::train::CE_CHUNK_BYTES,
-                        backward: true,
-                        checkpoint: pass.checkpoint,
-                        grad_scale: p.coef,
-                    };
-                    Some((ex, p.max_len, loss))
-                }
-                _ => None,
-            };
-            if let (Some(c), Some(state)) = (critic.as_deref_mut(), state) {
-                // Value loss: 0.5 * mean (V(s) - return)^2, on the critic's own parameters.
-                let vl = (c.values(&state) - ret).square().mean(Kind::Float) * 0.5;
-                c.opt.zero_grad();
-                vl.f_backward()?;
-                c.opt.step();
-                st.value_loss += vl.double_value(&[]);
-            }
-            if let Some((ex, max_len, loss)) = ptx {
-                let b: Vec<&Example> = ex.iter().collect();
-                let (nll, _) = crate::train::chunked_loss(&a.model, &b, max_len, loss)?;
-                st.ptx_loss += nll;
-            }
-            if let (Some(cap), Some(g)) = (self.job.pg.aux_grad_cap, &g_pg) {
-                let c = crate::rl::cap_auxiliary(g, &params, cap)?;
-                st.aux_scale += c.scale;
-                st.max_aux_grad_ratio = st.max_aux_grad_ratio.max(c.ratio);
-            }
-            st.grad_norm += a.finish_step();
-            st.loss += s.loss;
-            st.pg_loss += s.pg_loss;
-            st.kl += s.kl;
-            st.max_ref_log_ratio = st.max_ref_log_ratio.max(s.max_log_ratio);
-            st.clip_frac += s.clip_frac;
-            st.tokens += s.tokens;
-            st.steps += 1;
-            n_mb += 1.0;
-        }
-        // Entropy was measured on every minibatch, the rest on those that stepped.
-        st.entropy /= batches.len() as f64;
-        for x in [
-            &mut st.loss,
-            &mut st.pg_loss,
-            &mut st.kl,
-            &mut st.clip_frac,
-            &mut st.grad_norm,
-            &mut st.value_loss,
-            &mut st.ptx_loss,
-            &mut st.aux_scale,
-        ] {
-            *x /= n_mb;
-        }
-        st.samples = items.len();
-        Ok(st)
+            _ => None,
+        })
     }
 }
 
@@ -660,6 +771,7 @@ fn write_reply(out: &mut dyn Write, r: &Reply) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SampleParams;
     use serde_json::Value;
     use std::path::Path;
 

@@ -629,6 +629,82 @@ fn variant_project(ctx: &Ctx, dir: &Path, per_task: usize) -> Result<usize, CliE
     Ok(total)
 }
 
+/// What `show validate --json` printed of a store's `validations`, counted.
+#[derive(Default)]
+struct ValidationSummary {
+    /// Rows that ran on a GPU.
+    executed: usize,
+    /// Rows judged correct.
+    correct: usize,
+    /// Rows whose candidate compiled.
+    compiled: usize,
+    /// Worker time by phase (`runner`, `tests`, `timing`, `torch`), seconds summed over rows.
+    phase: std::collections::BTreeMap<&'static str, f64>,
+    /// Rows not judged correct, by failure and detail (first 100 characters).
+    failures: std::collections::BTreeMap<String, usize>,
+}
+
+impl ValidationSummary {
+    /// Counts the JSON lines of `rows` (one `validations` row each).
+    fn of(rows: &str) -> Self {
+        let mut s = Self::default();
+        for l in rows.lines() {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
+            s.executed += v["executed"].as_bool().unwrap_or(false) as usize;
+            s.correct += v["correct"].as_bool().unwrap_or(false) as usize;
+            s.compiled += v["compiled"].as_bool().unwrap_or(false) as usize;
+            let verdict: serde_json::Value =
+                serde_json::from_str(v["verdict_json"].as_str().unwrap_or("{}"))
+                    .unwrap_or_default();
+            if v["correct"].as_bool() != Some(true) {
+                let why = format!(
+                    "{}: {}",
+                    verdict["failure"].as_str().unwrap_or("wrong output"),
+                    verdict["failure_detail"].as_str().unwrap_or_default()
+                );
+                *s.failures
+                    .entry(why.chars().take(100).collect())
+                    .or_default() += 1;
+            }
+            for k in ["runner", "tests", "timing", "torch"] {
+                *s.phase.entry(k).or_default() +=
+                    verdict["worker_ms"][k].as_f64().unwrap_or(0.0) / 1e3;
+            }
+        }
+        s
+    }
+}
+
+/// The `validations` rows of the project at `root` (its store `root/store`, run with `sets`),
+/// as `show validate --json` prints them.
+///
+/// # Errors
+/// `show` failed to start or exited non-zero (its stderr in the message).
+fn show_validations(exe: &Path, root: &Path, sets: &[String]) -> Result<String, CliError> {
+    let rows = Command::new(exe)
+        .args(["--root", &root.display().to_string(), "--store"])
+        .arg(root.join("store"))
+        .args([
+            "show",
+            "validate",
+            "--output",
+            "validations",
+            "--json",
+            "--head",
+            "100000",
+        ])
+        .args(sets)
+        .output()
+        .map_err(|e| CliError::failed(e.to_string()))?;
+    if !rows.status.success() {
+        return Err(CliError::failed(format!(
+            "show validate: {}",
+            String::from_utf8_lossy(&rows.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&rows.stdout).into_owned())
+}
+
 fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliError> {
     let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
     // The copies live outside the project: hand them the project's nvcc (e.g. the .venv wheel).
@@ -684,51 +760,14 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
     // Timed in batches by a timing worker (cold store): what timing in the testers buys.
     let batched_s = run_with(&big, &big.join("store-batched"), Some(workers), true)?;
     let big_s = run_with(&big, &big.join("store"), Some(workers), false)?;
-    let rows = Command::new(&exe)
-        .args(["--root", &big.display().to_string(), "--store"])
-        .arg(big.join("store"))
-        .args([
-            "show",
-            "validate",
-            "--output",
-            "validations",
-            "--json",
-            "--head",
-            "100000",
-        ])
-        .args(sets(Some(workers), false))
-        .output()
-        .map_err(|e| CliError::failed(e.to_string()))?;
-    if !rows.status.success() {
-        return Err(CliError::failed(format!(
-            "show validate: {}",
-            String::from_utf8_lossy(&rows.stderr)
-        )));
-    }
-    let (mut executed, mut correct, mut compiled) = (0, 0, 0);
-    // Worker time by phase (seconds, summed over kernels) and nvcc time.
-    let mut phase = std::collections::BTreeMap::<&str, f64>::new();
-    // Kernels not judged correct, by failure (or error) text.
-    let mut failures = std::collections::BTreeMap::<String, usize>::new();
-    for l in String::from_utf8_lossy(&rows.stdout).lines() {
-        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
-        executed += v["executed"].as_bool().unwrap_or(false) as usize;
-        correct += v["correct"].as_bool().unwrap_or(false) as usize;
-        compiled += v["compiled"].as_bool().unwrap_or(false) as usize;
-        let verdict: serde_json::Value =
-            serde_json::from_str(v["verdict_json"].as_str().unwrap_or("{}")).unwrap_or_default();
-        if v["correct"].as_bool() != Some(true) {
-            let why = format!(
-                "{}: {}",
-                verdict["failure"].as_str().unwrap_or("wrong output"),
-                verdict["failure_detail"].as_str().unwrap_or_default()
-            );
-            *failures.entry(why.chars().take(100).collect()).or_default() += 1;
-        }
-        for k in ["runner", "tests", "timing", "torch"] {
-            *phase.entry(k).or_default() += verdict["worker_ms"][k].as_f64().unwrap_or(0.0) / 1e3;
-        }
-    }
+    let rows = show_validations(&exe, &big, &sets(Some(workers), false))?;
+    let ValidationSummary {
+        executed,
+        correct,
+        compiled,
+        phase,
+        failures,
+    } = ValidationSummary::of(&rows);
     let gpu = cudarl_cuda::gpu::probe();
     let per_h = n_big as f64 / big_s * 3600.0;
     finish(
@@ -770,7 +809,6 @@ fn validate(ctx: &Ctx, kernels: usize, out: Option<PathBuf>) -> Result<i32, CliE
 }
 
 /// The trainer's `bench` job for `configs/model/<model>.toml`.
-/// `configs/model/<model>.toml`.
 ///
 /// # Errors
 /// A missing or malformed file (named), as a usage error.

@@ -45,7 +45,6 @@ fn check_kb(
     opts: &KbCheck,
 ) -> Result<Vec<cudarl_cuda::Verdict>, CliError> {
     use cudarl_cuda::torchfmt::{self, Format};
-    let KbCheck { bench, timeout, .. } = *opts;
     let formats: Vec<Format> = srcs.iter().map(|s| torchfmt::detect(s, abi)).collect();
     let native = formats.contains(&Format::Native);
     if native && formats.iter().any(|f| *f != Format::Native) {
@@ -60,114 +59,186 @@ fn check_kb(
     }
     let reporter = std::sync::Arc::new(crate::report::CliReporter::detect(false));
     let engine = ctx.engine(reporter.clone(), 0)?;
-    // Recorded tests only matter on a GPU; a compile-only check needs the problem's code (and a
-    // native one its signature).
-    let target = match (gpu.is_some(), native) {
+    let problem = kb_problem(&engine, task_id, gpu.is_some(), native)?;
+    let kb = KbRun {
+        ctx,
+        engine: &engine,
+        reporter: &reporter,
+        task_id,
+        compiler,
+    };
+    let built = kb.build(srcs, &formats, opts)?;
+    let Some(g) = gpu else {
+        return Ok(built.into_iter().map(|(v, _)| v).collect());
+    };
+    Ok(kb.judge(built, &problem, g, opts))
+}
+
+/// The KernelBench problem `task_id` with what a check needs of it, its recorded tests when
+/// `on_gpu` (the `testgen` node, built first if needed); a compile-only check needs only the
+/// problem's code (and a native one the `kb-specs` signature, built too).
+///
+/// # Errors
+/// An unknown problem id (usage), a problem without recorded tests on a GPU, a failed build.
+fn kb_problem(
+    engine: &cudarl_core::Engine,
+    task_id: &str,
+    on_gpu: bool,
+    native: bool,
+) -> Result<cudarl_cuda::torchfmt::KbProblem, CliError> {
+    let target = match (on_gpu, native) {
         (true, _) => "testgen",
         (false, true) => "kb-specs",
         (false, false) => "ingest-kernelbench",
     };
-    super::build(&engine, target)?;
-    let out = |node: &str, name: &str| super::output_blob(&engine, node, name);
-    let problems = cudarl_rl::kernelbench::load_kb_problems(
+    super::build(engine, target)?;
+    let out = |node: &str, name: &str| super::output_blob(engine, node, name);
+    let mut problems = cudarl_rl::kernelbench::load_kb_problems(
         &out("ingest-kernelbench", "problems")?,
-        gpu.is_some()
+        on_gpu
             .then(|| out("testgen", "kb_tests"))
             .transpose()?
             .as_deref(),
         engine.store(),
     )
     .map_err(|e| CliError::failed(e.to_string()))?;
-    let problem = problems.get(task_id).ok_or_else(|| {
-        CliError::usage(format!(
-            "unknown KernelBench problem `{task_id}` (e.g. {})",
+    let Some(problem) = problems.remove(task_id) else {
+        return Err(CliError::usage(format!(
+            "unknown KernelBench problem `{task_id}`{} (e.g. {})",
+            cudarl_core::suggest::did_you_mean(task_id, problems.keys().map(String::as_str)),
             problems
                 .keys()
                 .take(3)
                 .cloned()
                 .collect::<Vec<_>>()
                 .join(", ")
-        ))
-    })?;
-    if gpu.is_some() && problem.tests.is_empty() {
+        )));
+    };
+    if on_gpu && problem.tests.is_empty() {
         return Err(CliError::failed(format!(
             "`{task_id}` has no recorded tests (see `cudarl-pipe show testgen`)"
         )));
     }
-    let mut rules = Rules::builtin();
-    rules.python_allowlist &= opts.allowlist;
-    let mut built = Vec::new();
-    // Builds take about a second each (native) or about a minute (a torch extension), a GPU
-    // run tens of seconds: progress with the elapsed time (lines when stderr is not a terminal).
-    let label = if native {
-        "candidates built (nvcc)"
-    } else {
-        "candidates built (torch extensions, about a minute each)"
-    };
-    let bar = cudarl_core::Reporter::progress(&*reporter, task_id, label, Some(srcs.len() as u64));
-    if native {
-        let abi = cudarl_rl::kernelbench::native_abi(&out("kb-specs", "kb_specs")?, task_id)
-            .map_err(|e| CliError::failed(e.to_string()))?
-            .map_err(CliError::usage)?;
-        if let Some(path) = opts.model_new {
-            let note = "A native kernel checked by `cudarl-pipe check`, as a KernelBench ModelNew.";
-            std::fs::write(path, abi.model_new(task_id, &srcs[0], note)).map_err(|e| {
-                CliError::failed(format!("--model-new: write {}: {e}", path.display()))
-            })?;
+    Ok(problem)
+}
+
+/// One KernelBench check's context: the engine whose store holds the problem's tables, the
+/// progress reporter, the problem id and the compiler.
+struct KbRun<'a> {
+    ctx: &'a Ctx,
+    engine: &'a cudarl_core::Engine,
+    reporter: &'a crate::report::CliReporter,
+    task_id: &'a str,
+    compiler: &'a Compiler,
+}
+
+/// A built candidate: its verdict so far, and what a GPU run needs when the build passed.
+type KbBuilt = (cudarl_cuda::Verdict, Option<serde_json::Value>);
+
+impl KbRun<'_> {
+    /// Builds every candidate of `srcs` (of `formats`, all native or all torch-format), writing
+    /// a native one's `ModelNew` wrapper where `opts.model_new` asks.
+    fn build(
+        &self,
+        srcs: &[String],
+        formats: &[cudarl_cuda::torchfmt::Format],
+        opts: &KbCheck,
+    ) -> Result<Vec<KbBuilt>, CliError> {
+        use cudarl_cuda::torchfmt::{self, Format};
+        let task_id = self.task_id;
+        let native = formats.contains(&Format::Native);
+        let mut rules = Rules::builtin();
+        rules.python_allowlist &= opts.allowlist;
+        let mut built = Vec::new();
+        // Builds take about a second each (native) or about a minute (a torch extension), a GPU
+        // run tens of seconds: progress with the elapsed time (lines when stderr is not a
+        // terminal).
+        let label = if native {
+            "candidates built (nvcc)"
+        } else {
+            "candidates built (torch extensions, about a minute each)"
+        };
+        let bar =
+            cudarl_core::Reporter::progress(self.reporter, task_id, label, Some(srcs.len() as u64));
+        if native {
+            let specs = super::output_blob(self.engine, "kb-specs", "kb_specs")?;
+            let abi = cudarl_rl::kernelbench::native_abi(&specs, task_id)
+                .map_err(|e| CliError::failed(e.to_string()))?
+                .map_err(CliError::usage)?;
+            if let Some(path) = opts.model_new {
+                let note =
+                    "A native kernel checked by `cudarl-pipe check`, as a KernelBench ModelNew.";
+                std::fs::write(path, abi.model_new(task_id, &srcs[0], note)).map_err(|e| {
+                    CliError::failed(format!("--model-new: write {}: {e}", path.display()))
+                })?;
+            }
+            for src in srcs {
+                built.push(
+                    torchfmt::build_kb_native(task_id, src, &abi, &rules, self.compiler)
+                        .map_err(|e| CliError::failed(e.to_string()))?,
+                );
+                bar.inc(1);
+            }
+        } else {
+            let mut py =
+                cudarl_cuda::pyworker::PyWorker::start(&self.ctx.root).map_err(CliError::failed)?;
+            let env = cudarl_cuda::pyworker::TorchEnv::query(&mut py).map_err(CliError::failed)?;
+            for (src, format) in srcs.iter().zip(formats) {
+                let prep = torchfmt::prepare(src, *format, &rules, Some(&mut py))
+                    .map_err(CliError::failed)?;
+                built.push(
+                    torchfmt::build(task_id, &prep, &rules, self.compiler, Some(&env))
+                        .map_err(|e| CliError::failed(e.to_string()))?,
+                );
+                bar.inc(1);
+            }
         }
-        for src in srcs {
-            built.push(
-                torchfmt::build_kb_native(task_id, src, &abi, &rules, compiler)
-                    .map_err(|e| CliError::failed(e.to_string()))?,
-            );
-            bar.inc(1);
-        }
-    } else {
-        let mut py = cudarl_cuda::pyworker::PyWorker::start(&ctx.root).map_err(CliError::failed)?;
-        let env = cudarl_cuda::pyworker::TorchEnv::query(&mut py).map_err(CliError::failed)?;
-        for (src, format) in srcs.iter().zip(formats) {
-            let prep =
-                torchfmt::prepare(src, format, &rules, Some(&mut py)).map_err(CliError::failed)?;
-            built.push(
-                torchfmt::build(task_id, &prep, &rules, compiler, Some(&env))
-                    .map_err(|e| CliError::failed(e.to_string()))?,
-            );
-            bar.inc(1);
-        }
+        bar.finish();
+        Ok(built)
     }
-    bar.finish();
-    let Some(g) = gpu else {
-        return Ok(built.into_iter().map(|(v, _)| v).collect());
-    };
-    let mut pool = cudarl_cuda::torchfmt::pool(&ctx.root);
-    let opts = torchfmt::TorchRunOptions {
-        wall: Duration::from_secs(timeout),
-        bench: bench.then(cudarl_cuda::gpu::BenchSpec::default),
-        torch_compile: bench,
-        root: ctx.root.clone(),
-        store: compiler.store.clone(),
-        profile: true,
-        full_size_after_failure: true,
-    };
-    let bar = cudarl_core::Reporter::progress(
-        &*reporter,
-        task_id,
-        "candidates judged (recorded tests, own sizes, timing)",
-        Some(built.len() as u64),
-    );
-    let verdicts = built
-        .into_iter()
-        .map(|(v, cand)| {
-            let v = match cand {
-                Some(cand) => torchfmt::run(v, &cand, problem, &mut pool, &opts, Some(g.clone())),
-                None => v,
-            };
-            bar.inc(1);
-            v
-        })
-        .collect();
-    bar.finish();
-    Ok(verdicts)
+
+    /// Runs every built candidate on the GPU `g` against `problem`'s recorded tests, its own
+    /// sizes and (with `opts.bench`) its timing against torch eager and `torch.compile`.
+    fn judge(
+        &self,
+        built: Vec<KbBuilt>,
+        problem: &cudarl_cuda::torchfmt::KbProblem,
+        g: cudarl_cuda::gpu::GpuInfo,
+        opts: &KbCheck,
+    ) -> Vec<cudarl_cuda::Verdict> {
+        use cudarl_cuda::torchfmt;
+        let mut pool = torchfmt::pool(&self.ctx.root);
+        let run = torchfmt::TorchRunOptions {
+            wall: Duration::from_secs(opts.timeout),
+            bench: opts.bench.then(cudarl_cuda::gpu::BenchSpec::default),
+            torch_compile: opts.bench,
+            root: self.ctx.root.clone(),
+            store: self.compiler.store.clone(),
+            profile: true,
+            full_size_after_failure: true,
+        };
+        let bar = cudarl_core::Reporter::progress(
+            self.reporter,
+            self.task_id,
+            "candidates judged (recorded tests, own sizes, timing)",
+            Some(built.len() as u64),
+        );
+        let verdicts = built
+            .into_iter()
+            .map(|(v, cand)| {
+                let v = match cand {
+                    Some(cand) => {
+                        torchfmt::run(v, &cand, problem, &mut pool, &run, Some(g.clone()))
+                    }
+                    None => v,
+                };
+                bar.inc(1);
+                v
+            })
+            .collect();
+        bar.finish();
+        verdicts
+    }
 }
 
 /// The compiler (nvcc, the GPU's arch or `arch`, the store's compile cache), the GPU if `mode`
@@ -322,7 +393,8 @@ fn check_native(
         load_tasks(&ctx.root.join("datasets/tasks")).map_err(|e| CliError::usage(e.to_string()))?;
     let task = tasks.iter().find(|t| t.spec.id == task_id).ok_or_else(|| {
         CliError::usage(format!(
-            "unknown task `{task_id}` (tasks: {})",
+            "unknown task `{task_id}`{} (tasks: {})",
+            cudarl_core::suggest::did_you_mean(task_id, tasks.iter().map(|t| t.spec.id.as_str())),
             tasks
                 .iter()
                 .map(|t| t.spec.id.clone())

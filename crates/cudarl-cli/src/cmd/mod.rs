@@ -249,12 +249,32 @@ impl Ctx {
             .map_err(|e| CliError::failed(format!("{}: {e}", path.display())))
     }
 
-    /// The store, with the `--shared-cache` attached when given.
+    /// The store, created if missing, with the `--shared-cache` attached when given.
     ///
     /// # Errors
     /// The store cannot be created (exit 1); the shared cache URL is unusable (exit 2).
     pub fn open_store(&self) -> Result<Store, CliError> {
         let store = Store::open(&self.store).map_err(|e| CliError::failed(e.to_string()))?;
+        self.with_shared_cache(store)
+    }
+
+    /// The store for a verb that only reads it (`status`, `explain`, `show`, `export` without
+    /// `--build`, `run --dry-run`, `sql`) or only removes from it (`gc`): nothing is created.
+    ///
+    /// # Errors
+    /// No store at the path (exit 2, the path named); the shared cache URL is unusable (exit 2).
+    pub fn open_store_to_read(&self) -> Result<Store, CliError> {
+        let store = Store::open_existing(&self.store).ok_or_else(|| {
+            CliError::usage(format!(
+                "no store at {}: `cudarl-pipe run` makes one there, or give the store with --store",
+                self.store.display()
+            ))
+        })?;
+        self.with_shared_cache(store)
+    }
+
+    /// `store` with the `--shared-cache` attached when given.
+    fn with_shared_cache(&self, store: Store) -> Result<Store, CliError> {
         match &self.shared_cache {
             Some(url) => {
                 let cache = cudarl_core::SharedCache::open(url)
@@ -288,6 +308,54 @@ impl Ctx {
         self.engine_with(reporter, jobs, &[])
     }
 
+    /// [`Ctx::engine`] for a verb that only reads the store ([`Ctx::open_store_to_read`]).
+    ///
+    /// # Errors
+    /// As [`Ctx::open_store_to_read`]; a pipeline file that does not load.
+    pub fn engine_to_read(
+        &self,
+        reporter: Arc<dyn cudarl_core::Reporter>,
+        jobs: usize,
+    ) -> Result<Engine, CliError> {
+        let pipeline = self.pipeline()?;
+        let store = self.open_store_to_read()?;
+        Ok(self.engine_on(store, pipeline, reporter, jobs).reading())
+    }
+
+    /// The lock file of `pipeline` on this invocation's store: `--lock` when given; else, for
+    /// the project's own store (`<root>/artifacts`), the project's tracked `cudarl.lock`
+    /// (`cudarl.<name>.lock` for another pipeline file); for any other store, the same name
+    /// inside that store, so a run on a scratch store leaves the project's lock alone.
+    fn lock_path(&self, pipeline: &Pipeline) -> PathBuf {
+        if let Some(l) = &self.lock {
+            return l.clone();
+        }
+        let name = if pipeline.name == "default" {
+            "cudarl.lock".to_string()
+        } else {
+            format!("cudarl.{}.lock", pipeline.name)
+        };
+        let own = self.root.join("artifacts");
+        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        if absolute(&self.store) == absolute(&own) {
+            self.root.join(name)
+        } else {
+            self.store.join(name)
+        }
+    }
+
+    /// An engine of `pipeline` on `store`.
+    fn engine_on(
+        &self,
+        store: Store,
+        pipeline: Pipeline,
+        reporter: Arc<dyn cudarl_core::Reporter>,
+        jobs: usize,
+    ) -> Engine {
+        let lock = self.lock_path(&pipeline);
+        Engine::new(store, pipeline, self.root.clone(), lock, reporter, jobs)
+    }
+
     /// [`Ctx::engine`] with `extra` `NODE.KEY=VALUE` overrides after this invocation's (not
     /// remembered as settings).
     pub fn engine_with(
@@ -310,22 +378,8 @@ impl Ctx {
                 &Registry,
             )?
         };
-        let lock = self.lock.clone().unwrap_or_else(|| {
-            if pipeline.name == "default" {
-                self.root.join("cudarl.lock")
-            } else {
-                self.root.join(format!("cudarl.{}.lock", pipeline.name))
-            }
-        });
         let store = self.open_store()?;
-        Ok(Engine::new(
-            store,
-            pipeline,
-            self.root.clone(),
-            lock,
-            reporter,
-            jobs,
-        ))
+        Ok(self.engine_on(store, pipeline, reporter, jobs))
     }
 }
 
@@ -355,7 +409,12 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             };
             run(&ctx, &targets, jobs.unwrap_or(0), opts, json)
         }
-        Command::Status { targets, json } => status(&ctx, &targets, json),
+        Command::Status {
+            targets,
+            json,
+            exit_code,
+            verify,
+        } => status(&ctx, &targets, json, (exit_code, verify)),
         Command::Explain { node, json } => explain(&ctx, &node, json),
         Command::Dag { format } => {
             let p = ctx.pipeline()?;
@@ -471,7 +530,11 @@ fn run(
     json: bool,
 ) -> Result<i32, CliError> {
     let reporter = Arc::new(CliReporter::detect(json));
-    let engine = ctx.engine(reporter, jobs)?;
+    let engine = if opts.dry_run {
+        ctx.engine_to_read(reporter, jobs)?
+    } else {
+        ctx.engine(reporter, jobs)?
+    };
     // SIGINT/SIGTERM: no further node starts, rl-train saves after its step in flight; a
     // second signal ends the process at once (exit 130).
     if !opts.dry_run
@@ -501,8 +564,16 @@ fn run(
     Ok(code)
 }
 
-fn status(ctx: &Ctx, targets: &[String], json: bool) -> Result<i32, CliError> {
-    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+/// `status`: a line per node (FRESH with its key, else why), then a one-line count; with
+/// `exit_code`, exit 1 when a reported node is not fresh; with `verify`, the fresh nodes'
+/// stored files re-hashed ([`changed_blobs`]), each that changed named, and exit 1 if any did.
+fn status(
+    ctx: &Ctx,
+    targets: &[String],
+    json: bool,
+    (exit_code, verify): (bool, bool),
+) -> Result<i32, CliError> {
+    let engine = ctx.engine_to_read(Arc::new(cudarl_core::NullReporter), 1)?;
     let recs = engine.status(targets)?;
     for r in &recs {
         if json {
@@ -522,11 +593,78 @@ fn status(ctx: &Ctx, targets: &[String], json: bool) -> Result<i32, CliError> {
             );
         }
     }
-    Ok(0)
+    let count = |s: NodeStatus| recs.iter().filter(|r| r.status == s).count();
+    let fresh = count(NodeStatus::Fresh);
+    if !json {
+        println!(
+            "{fresh} of {} nodes fresh, {} stale, {} missing",
+            recs.len(),
+            count(NodeStatus::Stale),
+            count(NodeStatus::Missing)
+        );
+    }
+    let changed = if verify {
+        changed_blobs(engine.store(), &recs)
+    } else {
+        vec![]
+    };
+    for c in &changed {
+        eprintln!("CHANGED  {c}");
+    }
+    if verify {
+        eprintln!(
+            "verify: {} stored file(s) changed since they were written{}",
+            changed.len(),
+            if changed.is_empty() {
+                ""
+            } else {
+                "; `cudarl-pipe run --force NODE` rebuilds a node"
+            }
+        );
+    }
+    Ok(i32::from(
+        (exit_code && fresh < recs.len()) || !changed.is_empty(),
+    ))
+}
+
+/// The stored files of the fresh nodes of `recs` whose bytes no longer hash to their address:
+/// every output, and every file a table output names in a `digest` column (a checkpoint's
+/// weights and configs); one `node output path` line each.
+fn changed_blobs(store: &Store, recs: &[NodeRecord]) -> Vec<String> {
+    let mut changed = Vec::new();
+    let mut check = |node: &str, what: &str, hex: &str| {
+        let Ok(d) = cudarl_core::Digest::from_hex(hex) else {
+            return;
+        };
+        let path = store.blob_path(&d);
+        if cudarl_core::Digest::of_file(&path).ok() != Some(d) {
+            changed.push(format!("{node} {what} {}", path.display()));
+        }
+    };
+    for r in recs.iter().filter(|r| r.status == NodeStatus::Fresh) {
+        for (name, out) in &r.outputs {
+            check(&r.node, name, &out.hash);
+            let Ok(d) = cudarl_core::Digest::from_hex(&out.hash) else {
+                continue;
+            };
+            let Ok(t) = cudarl_data::Table::read(&store.blob_path(&d), name) else {
+                continue;
+            };
+            let (Ok(files), Ok(digests)) = (t.req_strings("file"), t.req_strings("digest")) else {
+                continue;
+            };
+            for i in 0..t.rows() {
+                if let (Some(f), Some(h)) = (files.get(i), digests.get(i)) {
+                    check(&r.node, &format!("{name}/{f}"), h);
+                }
+            }
+        }
+    }
+    changed
 }
 
 fn explain(ctx: &Ctx, node: &str, json: bool) -> Result<i32, CliError> {
-    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+    let engine = ctx.engine_to_read(Arc::new(cudarl_core::NullReporter), 1)?;
     let recs = engine.explain(node)?;
     if json {
         for r in &recs {
@@ -597,7 +735,7 @@ fn show(
     head: usize,
     json: bool,
 ) -> Result<i32, CliError> {
-    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+    let engine = ctx.engine_to_read(Arc::new(cudarl_core::NullReporter), 1)?;
     let m = engine.fresh_manifest(node)?;
     let outs = pick_output(&m, output)?;
     let (name, rec) = outs[0];
@@ -697,7 +835,11 @@ fn export(
     build: bool,
 ) -> Result<i32, CliError> {
     let reporter = Arc::new(CliReporter::detect(false));
-    let engine = ctx.engine(reporter, 0)?;
+    let engine = if build {
+        ctx.engine(reporter, 0)?
+    } else {
+        ctx.engine_to_read(reporter, 0)?
+    };
     let code = ready(ctx, &engine, &[node.to_string()], build)?;
     if code != 0 {
         return Ok(code);
@@ -860,7 +1002,11 @@ fn export_verl(
     }
     let targets: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
     let reporter = Arc::new(CliReporter::detect(false));
-    let engine = ctx.engine(reporter, 0)?;
+    let engine = if build {
+        ctx.engine(reporter, 0)?
+    } else {
+        ctx.engine_to_read(reporter, 0)?
+    };
     let code = ready(ctx, &engine, &targets, build)?;
     if code != 0 {
         return Ok(code);
@@ -898,7 +1044,7 @@ fn export_verl(
 }
 
 fn gc(ctx: &Ctx, keep_last: usize, dry_run: bool, json: bool) -> Result<i32, CliError> {
-    let engine = ctx.engine(Arc::new(cudarl_core::NullReporter), 1)?;
+    let engine = ctx.engine_to_read(Arc::new(cudarl_core::NullReporter), 1)?;
     let store = engine.store();
     let _g = store
         .gc_guard_exclusive()

@@ -10,7 +10,7 @@ use super::{CliError, Ctx};
 /// beside its message).
 #[cfg(feature = "sql")]
 pub fn run(ctx: &Ctx, query: &str, json: bool, parquet: Option<&Path>) -> Result<i32, CliError> {
-    let engine = ctx.engine(std::sync::Arc::new(cudarl_core::NullReporter), 1)?;
+    let engine = ctx.engine_to_read(std::sync::Arc::new(cudarl_core::NullReporter), 1)?;
     let (mut tables, mut missing) = (Vec::new(), Vec::new());
     for node in ctx.pipeline()?.node_names() {
         match engine.fresh_manifest(&node) {

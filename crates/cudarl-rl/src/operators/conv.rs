@@ -36,6 +36,7 @@
 
 use std::collections::BTreeMap;
 
+use cudarl_cuda::task::TaskSpec;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -554,42 +555,21 @@ fn conv_family(
     steps: &[Step],
     (block, cob): (u32, u32),
 ) -> Family {
-    let (s, p) = kind.stride_pad();
     let (train, holdout) = kind.shapes(k, regime);
-    let one_d = kind == Kind::Conv1d;
     let fused = kind == Kind::Fused;
     let extra_bias = fused && steps.contains(&Step::AddBias);
-    let (cout, cpg) = match kind {
-        Kind::Depthwise { .. } => ("in_channels", "1"),
-        _ => ("out_channels", "in_channels"),
-    };
-    let kk: &[&str] = match kind {
-        Kind::Conv1d => &["kernel_size"],
-        Kind::Pointwise => &["1", "1"],
-        _ => &["kernel_size", "kernel_size"],
-    };
-    let spatial: &[&str] = if one_d {
-        &["length"]
-    } else {
-        &["height", "width"]
-    };
-    let out_spatial: Vec<String> = match kind {
-        Kind::Pointwise => vec!["height".into(), "width".into()],
-        _ => spatial.iter().map(|d| out_dim(d, s, p)).collect(),
-    };
-    let layer = match kind {
-        Kind::Conv1d => "conv1d",
-        Kind::Fused => "conv",
-        _ => "conv2d",
-    };
-    let wname = format!("{layer}_weight");
-    let bname = format!("{layer}_bias");
+    let l = kind.layout();
+    let wname = format!("{}_weight", l.layer);
+    let bname = format!("{}_bias", l.layer);
     // Buffers in the launcher's order: the input, the module's own parameter, the layer's.
     let x_shape: Vec<&str> = ["batch_size", "in_channels"]
         .into_iter()
-        .chain(spatial.iter().copied())
+        .chain(l.spatial.iter().copied())
         .collect();
-    let w_shape: Vec<&str> = [cout, cpg].into_iter().chain(kk.iter().copied()).collect();
+    let w_shape: Vec<&str> = [l.cout, l.cpg]
+        .into_iter()
+        .chain(l.kk.iter().copied())
+        .collect();
     let mut inputs: Vec<(&str, Vec<&str>)> = vec![("in0", x_shape)];
     if extra_bias {
         inputs.push(("bias", vec!["out_channels", "1", "1"]));
@@ -598,60 +578,11 @@ fn conv_family(
     if fused {
         inputs.push((bname.as_str(), vec!["out_channels"]));
     }
-    let out_shape: Vec<&str> = ["batch_size", cout]
+    let out_shape: Vec<&str> = ["batch_size", l.cout]
         .into_iter()
-        .chain(out_spatial.iter().map(String::as_str))
+        .chain(l.out_spatial.iter().map(String::as_str))
         .collect();
-    let groups = match kind {
-        Kind::Depthwise { channels } => channels,
-        _ => 1,
-    };
-    let f = if one_d { "conv1d" } else { "conv2d" };
-    let conv = if fused {
-        format!("{f}(in0, {wname}, {bname}, {s}, {p}, {groups})")
-    } else {
-        format!("{f}(in0, {wname}, {s}, {p}, {groups})")
-    };
-    let reference = ref_chain(steps, &conv, "");
-    // Cost: every buffer read or written once; two flops per multiply-add, one per step.
-    let par = |d: &str| {
-        if d.contains(['+', '-', '/']) {
-            format!("({d})")
-        } else {
-            d.to_string()
-        }
-    };
-    let x_elems = format!("batch_size*in_channels*{}", spatial.join("*"));
-    let o_elems = format!(
-        "batch_size*{cout}*{}",
-        out_spatial
-            .iter()
-            .map(|d| par(d))
-            .collect::<Vec<_>>()
-            .join("*")
-    );
-    // The filter's elements per output channel (`in_channels*kernel_size*kernel_size`).
-    let per_filter: Vec<&str> = std::iter::once(cpg)
-        .chain(kk.iter().copied())
-        .filter(|d| *d != "1")
-        .collect();
-    let per_filter = if per_filter.is_empty() {
-        "1".to_string()
-    } else {
-        per_filter.join("*")
-    };
-    let mut bytes = format!("4*{x_elems} + 4*{cout}*{per_filter} + 4*{o_elems}");
-    if fused {
-        bytes.push_str(" + 4*out_channels");
-    }
-    if extra_bias {
-        bytes.push_str(" + 4*out_channels");
-    }
-    let mut flops = format!("2*{o_elems}*{per_filter}");
-    let epi_ops = steps.len() + usize::from(fused);
-    if epi_ops > 0 {
-        flops.push_str(&format!(" + {epi_ops}*{o_elems}"));
-    }
+    let reference = ref_chain(steps, &conv_reference(kind, (&wname, &bname)), "");
     let ins: Vec<(&str, &[&str])> = inputs.iter().map(|(a, s)| (*a, s.as_slice())).collect();
     let names = kind.names();
     let spec = kb_spec(
@@ -664,69 +595,204 @@ fn conv_family(
         train,
         holdout,
         MM_TOL,
-        (bytes, flops),
+        conv_cost(kind, &l, steps),
     );
-    // Module.
-    let (init_params, init_inputs, layer_call, what): (Vec<&str>, Vec<&str>, String, String) =
-        match kind {
-            Kind::Conv1d => (
-                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
-                vec!["in_channels", "out_channels", "kernel_size"],
-                "nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)".into(),
-                "Performs a standard 1D convolution (no bias, stride 1, no padding)".into(),
-            ),
-            Kind::Conv2d { stride, pad } => {
-                let mut opts = String::new();
-                let mut how = vec![];
-                if stride != 1 {
-                    opts.push_str(&format!(", stride={stride}"));
-                    how.push(format!("stride {stride}"));
-                }
-                if pad != 0 {
-                    opts.push_str(&format!(", padding={pad}"));
-                    how.push(format!("padding {pad}"));
-                }
-                let how = if how.is_empty() {
-                    "stride 1, no padding".to_string()
-                } else {
-                    how.join(", ")
-                };
-                (
-                    vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
-                    vec!["in_channels", "out_channels", "kernel_size"],
-                    format!("nn.Conv2d(in_channels, out_channels, kernel_size{opts}, bias=False)"),
-                    format!(
-                        "Performs a standard 2D convolution with a square kernel (no bias, {how})"
-                    ),
-                )
-            }
-            Kind::Depthwise { .. } => (
-                vec!["in_channels: int", "kernel_size: int"],
-                vec!["in_channels", "kernel_size"],
-                "nn.Conv2d(in_channels, in_channels, kernel_size, groups=in_channels, bias=False)"
-                    .into(),
-                "Performs a depthwise 2D convolution with a square kernel (one filter per \
-                 channel, no bias, stride 1, no padding)"
-                    .into(),
-            ),
-            Kind::Pointwise => (
-                vec!["in_channels: int", "out_channels: int"],
-                vec!["in_channels", "out_channels"],
-                "nn.Conv2d(in_channels, out_channels, kernel_size=1, bias=False)".into(),
-                "Performs a pointwise (1x1) 2D convolution (no bias)".into(),
-            ),
-            Kind::Fused => (
-                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
-                vec!["in_channels", "out_channels", "kernel_size"],
-                "nn.Conv2d(in_channels, out_channels, kernel_size)".into(),
-                format!(
-                    "Model that performs {}",
-                    chain_doc("a 2D convolution (with its bias)", &[], steps)
-                ),
-            ),
+    let module = conv_module(kind, l.layer, steps, &spec, &inputs[0].1);
+    let (file, naive, fast) = conv_kernels(kind, &spec, (&wname, &bname), steps, (block, cob));
+    finish(spec, module, conv_group(kind, steps), naive, (file, fast))
+}
+
+/// How a convolution kind names the dimensions of its buffers.
+struct Layout {
+    /// The output channels (`in_channels` for a depthwise one).
+    cout: &'static str,
+    /// The input channels each filter reads (`1` for a depthwise one).
+    cpg: &'static str,
+    /// The window's dimensions.
+    kk: &'static [&'static str],
+    /// The input's spatial dimensions, and the output's as shape formulas.
+    spatial: &'static [&'static str],
+    out_spatial: Vec<String>,
+    /// The layer's attribute name (`conv1d`, `conv2d`, `conv`).
+    layer: &'static str,
+}
+
+impl Kind {
+    /// The names of the dimensions of the kind's buffers.
+    fn layout(self) -> Layout {
+        let (s, p) = self.stride_pad();
+        let (cout, cpg) = match self {
+            Kind::Depthwise { .. } => ("in_channels", "1"),
+            _ => ("out_channels", "in_channels"),
         };
+        let kk: &[&str] = match self {
+            Kind::Conv1d => &["kernel_size"],
+            Kind::Pointwise => &["1", "1"],
+            _ => &["kernel_size", "kernel_size"],
+        };
+        let spatial: &[&str] = if self == Kind::Conv1d {
+            &["length"]
+        } else {
+            &["height", "width"]
+        };
+        let out_spatial: Vec<String> = match self {
+            Kind::Pointwise => vec!["height".into(), "width".into()],
+            _ => spatial.iter().map(|d| out_dim(d, s, p)).collect(),
+        };
+        let layer = match self {
+            Kind::Conv1d => "conv1d",
+            Kind::Fused => "conv",
+            _ => "conv2d",
+        };
+        Layout {
+            cout,
+            cpg,
+            kk,
+            spatial,
+            out_spatial,
+            layer,
+        }
+    }
+}
+
+/// The convolution's reference (the fused kind's with its bias), weight `wname`, bias `bname`.
+fn conv_reference(kind: Kind, (wname, bname): (&str, &str)) -> String {
+    let (s, p) = kind.stride_pad();
+    let groups = match kind {
+        Kind::Depthwise { channels } => channels,
+        _ => 1,
+    };
+    let f = if kind == Kind::Conv1d {
+        "conv1d"
+    } else {
+        "conv2d"
+    };
+    if kind == Kind::Fused {
+        format!("{f}(in0, {wname}, {bname}, {s}, {p}, {groups})")
+    } else {
+        format!("{f}(in0, {wname}, {s}, {p}, {groups})")
+    }
+}
+
+/// (bytes, flops): every buffer read or written once; two flops per multiply-add, one per step.
+fn conv_cost(kind: Kind, l: &Layout, steps: &[Step]) -> (String, String) {
+    let fused = kind == Kind::Fused;
+    let cout = l.cout;
+    let par = |d: &str| {
+        if d.contains(['+', '-', '/']) {
+            format!("({d})")
+        } else {
+            d.to_string()
+        }
+    };
+    let x_elems = format!("batch_size*in_channels*{}", l.spatial.join("*"));
+    let o_elems = format!(
+        "batch_size*{cout}*{}",
+        l.out_spatial
+            .iter()
+            .map(|d| par(d))
+            .collect::<Vec<_>>()
+            .join("*")
+    );
+    // The filter's elements per output channel (`in_channels*kernel_size*kernel_size`).
+    let per_filter: Vec<&str> = std::iter::once(l.cpg)
+        .chain(l.kk.iter().copied())
+        .filter(|d| *d != "1")
+        .collect();
+    let per_filter = if per_filter.is_empty() {
+        "1".to_string()
+    } else {
+        per_filter.join("*")
+    };
+    let mut bytes = format!("4*{x_elems} + 4*{cout}*{per_filter} + 4*{o_elems}");
+    if fused {
+        bytes.push_str(" + 4*out_channels");
+    }
+    if fused && steps.contains(&Step::AddBias) {
+        bytes.push_str(" + 4*out_channels");
+    }
+    let mut flops = format!("2*{o_elems}*{per_filter}");
+    let epi_ops = steps.len() + usize::from(fused);
+    if epi_ops > 0 {
+        flops.push_str(&format!(" + {epi_ops}*{o_elems}"));
+    }
+    (bytes, flops)
+}
+
+/// The module's `__init__` parameters, `get_init_inputs`, layer constructor, docstring sentence.
+fn conv_layer(
+    kind: Kind,
+    steps: &[Step],
+) -> (Vec<&'static str>, Vec<&'static str>, String, String) {
+    match kind {
+        Kind::Conv1d => (
+            vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+            vec!["in_channels", "out_channels", "kernel_size"],
+            "nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)".into(),
+            "Performs a standard 1D convolution (no bias, stride 1, no padding)".into(),
+        ),
+        Kind::Conv2d { stride, pad } => {
+            let mut opts = String::new();
+            let mut how = vec![];
+            if stride != 1 {
+                opts.push_str(&format!(", stride={stride}"));
+                how.push(format!("stride {stride}"));
+            }
+            if pad != 0 {
+                opts.push_str(&format!(", padding={pad}"));
+                how.push(format!("padding {pad}"));
+            }
+            let how = if how.is_empty() {
+                "stride 1, no padding".to_string()
+            } else {
+                how.join(", ")
+            };
+            (
+                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                vec!["in_channels", "out_channels", "kernel_size"],
+                format!("nn.Conv2d(in_channels, out_channels, kernel_size{opts}, bias=False)"),
+                format!("Performs a standard 2D convolution with a square kernel (no bias, {how})"),
+            )
+        }
+        Kind::Depthwise { .. } => (
+            vec!["in_channels: int", "kernel_size: int"],
+            vec!["in_channels", "kernel_size"],
+            "nn.Conv2d(in_channels, in_channels, kernel_size, groups=in_channels, bias=False)"
+                .into(),
+            "Performs a depthwise 2D convolution with a square kernel (one filter per \
+             channel, no bias, stride 1, no padding)"
+                .into(),
+        ),
+        Kind::Pointwise => (
+            vec!["in_channels: int", "out_channels: int"],
+            vec!["in_channels", "out_channels"],
+            "nn.Conv2d(in_channels, out_channels, kernel_size=1, bias=False)".into(),
+            "Performs a pointwise (1x1) 2D convolution (no bias)".into(),
+        ),
+        Kind::Fused => (
+            vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+            vec!["in_channels", "out_channels", "kernel_size"],
+            "nn.Conv2d(in_channels, out_channels, kernel_size)".into(),
+            format!(
+                "Model that performs {}",
+                chain_doc("a 2D convolution (with its bias)", &[], steps)
+            ),
+        ),
+    }
+}
+
+/// The module of the convolution `kind` in attribute `layer` (then `steps`) over `x_shape`.
+fn conv_module(
+    kind: Kind,
+    layer: &str,
+    steps: &[Step],
+    spec: &TaskSpec,
+    x_shape: &[&str],
+) -> String {
+    let fused = kind == Kind::Fused;
+    let (init_params, init_inputs, layer_call, what) = conv_layer(kind, steps);
     let mut init_body = vec![];
-    if extra_bias {
+    if fused && steps.contains(&Step::AddBias) {
         init_body.push("self.bias = nn.Parameter(torch.randn(out_channels, 1, 1))".to_string());
     }
     init_body.push(format!("self.{layer} = {layer_call}"));
@@ -738,23 +804,32 @@ fn conv_family(
     } else {
         vec![format!("return self.{layer}(x)")]
     };
-    let module = render_module(&Module {
+    render_module(&Module {
         doc: format!("{what}."),
         init_params: init_params.iter().map(|s| s.to_string()).collect(),
         init_body,
         init_inputs: init_inputs.iter().map(|s| s.to_string()).collect(),
         forward_args: &["x"],
         body,
-        constants: constants(&names, &spec.train_shapes[0]),
-        inputs: vec![format!("x = torch.rand({})", inputs[0].1.join(", "))],
+        constants: constants(&kind.names(), &spec.train_shapes[0]),
+        inputs: vec![format!("x = torch.rand({})", x_shape.join(", "))],
         returned: vec!["x".into()],
-    });
-    // Kernels.
+    })
+}
+
+/// The fast kernel's file, the naive kernel and the fast one (`block`, `cob` as [`conv_family`]).
+fn conv_kernels(
+    kind: Kind,
+    spec: &TaskSpec,
+    (wname, bname): (&str, &str),
+    steps: &[Step],
+    (block, cob): (u32, u32),
+) -> (&'static str, String, String) {
     let sig = spec.signature();
-    let (decl, arg_names) = params(&spec);
+    let (decl, arg_names) = params(spec);
     let epilogue = |indent: &str| {
         let mut e = String::new();
-        if fused {
+        if kind == Kind::Fused {
             e.push_str(&format!("{indent}v = v + {bname}[co];\n"));
         }
         e.push_str(&cuda_chain(steps, "", "co", indent));
@@ -765,33 +840,42 @@ fn conv_family(
         &decl,
         &arg_names,
         &sig,
-        &wname,
+        wname,
         &epilogue("    "),
         block,
     );
     let (file, fast) = match kind {
         Kind::Depthwise { .. } => (
             "depthwise_tile.cu",
-            depthwise_kernel(kind, &decl, &arg_names, &sig, &wname),
+            depthwise_kernel(kind, &decl, &arg_names, &sig, wname),
         ),
         Kind::Pointwise => (
             "pointwise_gemm.cu",
-            pointwise_kernel(kind, &decl, &arg_names, &sig, &wname),
+            pointwise_kernel(kind, &decl, &arg_names, &sig, wname),
         ),
         _ => (
-            if one_d { "tile_1d.cu" } else { "tile_2d.cu" },
+            if kind == Kind::Conv1d {
+                "tile_1d.cu"
+            } else {
+                "tile_2d.cu"
+            },
             tile_kernel(
                 kind,
                 &decl,
                 &arg_names,
                 &sig,
-                &wname,
+                wname,
                 &epilogue("                    "),
                 cob,
             ),
         ),
     };
-    let group = match kind {
+    (file, naive, fast)
+}
+
+/// The family's group: the kind, its stride and padding variants, and the fused kind's steps.
+fn conv_group(kind: Kind, steps: &[Step]) -> String {
+    match kind {
         Kind::Conv1d => group_of("conv:conv1d", &[], ""),
         Kind::Conv2d { stride, pad } => {
             let mut extra = String::new();
@@ -806,8 +890,7 @@ fn conv_family(
         Kind::Depthwise { .. } => group_of("conv:depthwise2d", &[], ""),
         Kind::Pointwise => group_of("conv:pointwise2d", &[], ""),
         Kind::Fused => group_of("conv:fused2d", steps, ""),
-    };
-    finish(spec, module, group, naive, (file, fast))
+    }
 }
 
 /// Draws one convolution family: a 1D convolution (15%), a standard 2D one (25%; half of them

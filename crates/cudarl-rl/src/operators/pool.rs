@@ -33,15 +33,16 @@
 //! factor's relative error on unchanged) and those that zero or shrink most factors (relu,
 //! leaky relu).
 
+use cudarl_cuda::task::TaskSpec;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{
-    ACTS, Comb, EW_TOL, HEADER, MM_TOL, Module, RowOut, RowPlan, Stat, Step, chain_body, chain_doc,
-    constants, cuda_chain, doc_of, draw_steps, finish, group_of, kb_spec, params, pick, ref_chain,
-    render_module, row_kernels,
+    ACTS, Comb, EW_TOL, HEADER, MM_TOL, Module, RowOut, Step, chain_body, chain_doc, constants,
+    cuda_chain, doc_of, draw_steps, finish, group_of, kb_spec, mean_var_stats, params, pick,
+    ref_chain, render_module, row_kernels, row_plan,
 };
-use crate::families::{Family, shapes};
+use crate::families::{Family, Shapes, shapes};
 
 /// Activations applied before a product or a cumulative product: accurate to a few ulps
 /// relative to their value, and `|f(x)| <= 1.06 |x| + 1.76`.
@@ -152,7 +153,7 @@ fn pool_names(max: bool, dims: u32) -> (&'static str, &'static str, String) {
 /// The module of a pooling over `x` of `dims` after `pre`: `self.{attr} = nn.{cls}(kernel_size,
 /// stride)` with the window `k` and stride `s` as module constants, `what` its docstring.
 fn pool_module(
-    spec: &cudarl_cuda::task::TaskSpec,
+    spec: &TaskSpec,
     dims: &[&str],
     (attr, cls): (&str, &str),
     what: &str,
@@ -176,6 +177,74 @@ fn pool_module(
         inputs: vec![format!("x = torch.rand({})", dims.join(", "))],
         returned: vec!["x".into()],
     })
+}
+
+/// A max or average pooling family of `in0` of shape `dims` (1D or 2D by their count) after `pre`.
+fn pool_family(
+    id: &str,
+    max: bool,
+    (k, s): (i64, i64),
+    pre: &[Step],
+    dims: &[&str],
+    (train, holdout): (Shapes, Shapes),
+) -> Family {
+    let n = dims.len() - 2;
+    let kind = if max { "max" } else { "avg" };
+    let out: Vec<String> = dims[2..]
+        .iter()
+        .map(|d| format!("({d}-{k})/{s}+1"))
+        .collect();
+    let out_shape: Vec<&str> = dims[..2]
+        .iter()
+        .copied()
+        .chain(out.iter().map(String::as_str))
+        .collect();
+    let x = ref_chain(pre, "in0", "");
+    let in_elems = dims.join("*");
+    let out_elems = dims[..2]
+        .iter()
+        .map(|d| d.to_string())
+        .chain(out.iter().map(|d| format!("({d})")))
+        .collect::<Vec<_>>()
+        .join("*");
+    let mut flops = format!("{}*{out_elems}", k.pow(n as u32));
+    if !pre.is_empty() {
+        flops.push_str(&format!(" + {}*{in_elems}", pre.len()));
+    }
+    let spec = kb_spec(
+        id,
+        2,
+        &[("in0", dims)],
+        &out_shape,
+        dims,
+        format!("{kind}_pool{n}d({x}, {k}, {s})"),
+        train,
+        holdout,
+        EW_TOL,
+        (format!("4*{in_elems} + 4*{out_elems}"), flops),
+    );
+    let (cls, attr, what) = pool_names(max, n as u32);
+    let window = if n == 1 {
+        format!("kernel size {k}")
+    } else {
+        format!("square kernel of size {k}")
+    };
+    let module = pool_module(
+        &spec,
+        dims,
+        (attr, &format!("{cls}{n}d")),
+        &format!("{what} ({window}, stride {s}, no padding)"),
+        (k, s),
+        pre,
+    );
+    let (file, (naive, fast)) = if n == 1 {
+        let cl = (dims[1], dims[2]);
+        ("row_tiles.cu", pool1d_kernels(&spec, max, (k, s), pre, cl))
+    } else {
+        ("plane_tiles.cu", pool2d_kernels(&spec, max, (k, s), pre))
+    };
+    let group = group_of(&format!("pool:{kind}{n}d"), pre, "");
+    finish(spec, module, group, naive, (file, fast))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -206,42 +275,28 @@ fn pool1d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
         &[("batch_size", 3), (c, 5), (l, 999)],
         &[("batch_size", 7), (c, 17), (l, 32771)],
     ]);
-    let lo = format!("({l}-{k})/{s}+1");
-    let dims = ["batch_size", c, l];
-    let fname = if max { "max_pool1d" } else { "avg_pool1d" };
-    let (cls, attr, what) = pool_names(max, 1);
-    let x = ref_chain(pre, "in0", "");
-    let mut flops = format!("{k}*batch_size*{c}*({lo})");
-    if !pre.is_empty() {
-        flops.push_str(&format!(" + {}*batch_size*{c}*{l}", pre.len()));
-    }
-    let spec = kb_spec(
+    pool_family(
         id,
-        2,
-        &[("in0", &dims)],
-        &["batch_size", c, lo.as_str()],
-        &dims,
-        format!("{fname}({x}, {k}, {s})"),
-        train,
-        holdout,
-        EW_TOL,
-        (
-            format!("4*batch_size*{c}*{l} + 4*batch_size*{c}*({lo})"),
-            flops,
-        ),
-    );
-    let module = pool_module(
-        &spec,
-        &dims,
-        (attr, &format!("{cls}1d")),
-        &format!("{what} (kernel size {k}, stride {s}, no padding)"),
+        max,
         (k, s),
         pre,
-    );
+        &["batch_size", c, l],
+        (train, holdout),
+    )
+}
+
+/// The naive and fast 1D pooling kernels over rows of `l` inputs, `c` rows per sample.
+fn pool1d_kernels(
+    spec: &TaskSpec,
+    max: bool,
+    (k, s): (i64, i64),
+    pre: &[Step],
+    (c, l): (&str, &str),
+) -> (String, String) {
     let sig = spec.signature();
-    let (decl, names) = params(&spec);
+    let (decl, names) = params(spec);
     let (init, upd, fin) = pool_ops(max, k);
-    let consts_c = format!("constexpr int POOL_K = {k};\nconstexpr int POOL_S = {s};\n");
+    let consts_c = pool_consts(k, s);
     let alias = format!(
         "    const int64_t C = {c}, L = {l};\n    const int64_t lo = (L - POOL_K) / POOL_S + 1;\n"
     );
@@ -289,8 +344,7 @@ fn pool1d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
          pool_tiled<<<dim3((unsigned)gx, (unsigned)gy), THREADS, 0, stream>>>({names});\n}}\n",
         cuda_chain(pre, "", "0", "            "),
     );
-    let group = group_of(if max { "pool:max1d" } else { "pool:avg1d" }, pre, "");
-    finish(spec, module, group, naive, ("row_tiles.cu", fast))
+    (naive, fast)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -307,6 +361,12 @@ fn pool1d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
 /// Kernels: one thread per output, reading its window; 32 x 8 output tiles per block (walking
 /// the planes and tile rows), the input patch they cover staged in shared memory once.
 fn pool2d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
+    let dims = ["batch_size", "channels", "height", "width"];
+    pool_family(id, max, (k, s), pre, &dims, pool2d_shapes(k))
+}
+
+/// Train and hold-out shapes `(batch_size, channels, height, width)` for a window of `k`.
+fn pool2d_shapes(k: i64) -> (Shapes, Shapes) {
     let train = shapes(&[
         &[
             ("batch_size", 16),
@@ -347,49 +407,31 @@ fn pool2d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
             ("width", 129),
         ],
     ]);
-    let ho = format!("(height-{k})/{s}+1");
-    let wo = format!("(width-{k})/{s}+1");
-    let dims = ["batch_size", "channels", "height", "width"];
-    let fname = if max { "max_pool2d" } else { "avg_pool2d" };
-    let (cls, attr, what) = pool_names(max, 2);
-    let x = ref_chain(pre, "in0", "");
-    let mut flops = format!("{}*batch_size*channels*({ho})*({wo})", k * k);
-    if !pre.is_empty() {
-        flops.push_str(&format!(
-            " + {}*batch_size*channels*height*width",
-            pre.len()
-        ));
-    }
-    let spec = kb_spec(
-        id,
-        2,
-        &[("in0", &dims)],
-        &["batch_size", "channels", ho.as_str(), wo.as_str()],
-        &dims,
-        format!("{fname}({x}, {k}, {s})"),
-        train,
-        holdout,
-        EW_TOL,
-        (
-            format!("4*batch_size*channels*height*width + 4*batch_size*channels*({ho})*({wo})"),
-            flops,
-        ),
-    );
-    let module = pool_module(
-        &spec,
-        &dims,
-        (attr, &format!("{cls}2d")),
-        &format!("{what} (square kernel of size {k}, stride {s}, no padding)"),
-        (k, s),
-        pre,
-    );
+    (train, holdout)
+}
+
+/// The C++ constants of a pooling window of `k` elements per dimension at stride `s`.
+fn pool_consts(k: i64, s: i64) -> String {
+    format!("constexpr int POOL_K = {k};\nconstexpr int POOL_S = {s};\n")
+}
+
+/// Aliases of the 2D pooling kernels: input and output sizes, and the plane count.
+const POOL2D_ALIAS: &str = "    const int64_t H = height, W = width;\n    \
+                            const int64_t ho = (H - POOL_K) / POOL_S + 1, wo = (W - POOL_K) / POOL_S + 1;\n    \
+                            const int64_t planes = batch_size * channels;\n";
+
+/// The naive and fast 2D pooling kernels: one thread per output; 32 x 8 output tiles per block.
+fn pool2d_kernels(
+    spec: &TaskSpec,
+    max: bool,
+    (k, s): (i64, i64),
+    pre: &[Step],
+) -> (String, String) {
+    let (decl, names) = params(spec);
     let sig = spec.signature();
-    let (decl, names) = params(&spec);
     let (init, upd, fin) = pool_ops(max, k * k);
-    let consts_c = format!("constexpr int POOL_K = {k};\nconstexpr int POOL_S = {s};\n");
-    let alias = "    const int64_t H = height, W = width;\n    \
-                 const int64_t ho = (H - POOL_K) / POOL_S + 1, wo = (W - POOL_K) / POOL_S + 1;\n    \
-                 const int64_t planes = batch_size * channels;\n";
+    let consts_c = pool_consts(k, s);
+    let alias = POOL2D_ALIAS;
     let naive = format!(
         "// naive: one thread per output element, reading its POOL_K x POOL_K window.\n{HEADER}\n\
          {consts_c}\n\
@@ -442,8 +484,7 @@ fn pool2d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
          pool_tiled<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)gz), dim3(TX, TY), 0, stream>>>({names});\n}}\n",
         cuda_chain(pre, "", "0", "                    "),
     );
-    let group = group_of(if max { "pool:max2d" } else { "pool:avg2d" }, pre, "");
-    finish(spec, module, group, naive, ("plane_tiles.cu", fast))
+    (naive, fast)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -547,23 +588,14 @@ fn group_norm_family(id: &str, groups: i64, pre: &[Step], post: &[Step], block: 
         returned: vec!["x".into()],
     });
     let ch = format!("(r % {groups}) * (num_features / {groups}) + c / (height * width)");
-    let plan = RowPlan {
-        pre: pre.to_vec(),
-        stats: vec![
-            Stat {
-                term: "v".into(),
-                comb: Comb::Sum,
-            },
-            Stat {
-                term: "(v - s0 / (float)dim) * (v - s0 / (float)dim)".into(),
-                comb: Comb::Sum,
-            },
-        ],
-        out: RowOut::Elem(format!(
+    let plan = row_plan(
+        pre,
+        post,
+        mean_var_stats(),
+        RowOut::Elem(format!(
             "(v - s0 / (float)dim) * rsqrtf(s1 / (float)dim + 1e-5f) * gn_weight[{ch}] + gn_bias[{ch}]"
         )),
-        post: post.to_vec(),
-    };
+    );
     let (naive, fast) = row_kernels(
         &spec,
         &plan,
