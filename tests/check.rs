@@ -825,3 +825,60 @@ fn object_checks_on_honest_kernels() {
         failed.len()
     );
 }
+
+/// `check --signature` prints the launcher a candidate must define and the task's sizes, for a
+/// hand-written task (its train shapes) and a KernelBench problem (its own sizes from
+/// `kb-specs`); an unknown task gets the nearest name (exit 2); neither `--source` nor
+/// `--signature` is a usage error (exit 2).
+#[test]
+fn check_prints_a_tasks_launcher_and_its_sizes() {
+    let p = Project::new();
+    let o = p.run(&["check", "--task", "vector_add", "--signature"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some(
+            "extern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);"
+        ),
+        "{out}"
+    );
+    assert!(
+        lines
+            .next()
+            .is_some_and(|l| l.starts_with("// sizes: {\"n\":")),
+        "{out}"
+    );
+    let o = p.run(&["check", "--task", "vector_add", "--signature", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["task_id"], "vector_add", "{v}");
+    assert!(v["sizes"][0]["n"].as_i64().is_some_and(|n| n > 0), "{v}");
+
+    let o = p.run(&["check", "--task", "vectr_add", "--signature"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("did you mean `vector_add`?"),
+        "{}",
+        stderr(&o)
+    );
+    let o = p.run(&["check", "--task", "vector_add"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    if python().is_none() {
+        eprintln!("SKIPPED the KernelBench half: no .venv (run `make setup`)");
+        return;
+    }
+    let o = p.run(&["check", "--task", "kb/L1/19_ReLU", "--signature", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["signature"],
+        "extern \"C\" void launch(const float* in0, float* out, int64_t batch_size, int64_t dim, cudaStream_t stream)",
+        "{v}"
+    );
+    assert!(
+        v["sizes"][0]["batch_size"].as_i64().is_some_and(|n| n > 0),
+        "{v}"
+    );
+}

@@ -191,8 +191,13 @@ enum Command {
         /// for KernelBench problems a `ModelNew` Python file or a SakanaAI-style `.cu` extension
         /// (`PYBIND11_MODULE` + `forward`). Repeat it to judge several candidates in turn,
         /// with one worker (`--json` then prints a verdict per line). `-` reads standard input.
-        #[arg(long, value_name = "FILE", required = true)]
+        #[arg(long, value_name = "FILE", required_unless_present = "signature")]
         source: Vec<PathBuf>,
+        /// Print the launcher a candidate of the task must define and the task's sizes (a
+        /// hand-written task's train shapes; a KernelBench problem's own sizes, from `kb-specs`)
+        /// instead of checking a source.
+        #[arg(long, conflicts_with = "source")]
+        signature: bool,
         /// The candidate's ABI (default: detected from the source).
         #[arg(long, value_parser = ["native", "torch"])]
         abi: Option<String>,

@@ -262,7 +262,7 @@ fn harness(
         cudarl_cuda::gpu::probe()
     };
     if mode == Mode::Full && gpu.is_none() {
-        return Err(CliError::failed(
+        return Err(CliError::usage(
             "--mode full needs a GPU; none is usable here (use --mode compile)",
         ));
     }
@@ -318,6 +318,57 @@ fn read_source(path: &std::path::Path) -> Result<String, CliError> {
         )));
     }
     Ok(text)
+}
+
+/// `check --task T --signature`: the launcher declaration a candidate of `task_id` must define,
+/// then the task's sizes: a hand-written task's train shapes, or a KernelBench problem's own
+/// sizes from `kb-specs` (built first if needed). With `json`, one object `{task_id,
+/// signature, sizes}` (`sizes`: a list of name -> value objects).
+///
+/// # Errors
+/// An unknown task (exit 2, with the nearest name), a KernelBench problem without a native
+/// launcher (exit 2, with the reason), a failed `kb-specs` build.
+pub fn signature(ctx: &Ctx, task_id: &str, json: bool) -> Result<i32, CliError> {
+    let (signature, sizes) = if task_id.starts_with("kb/") {
+        let engine = ctx.engine(std::sync::Arc::new(cudarl_core::NullReporter), 0)?;
+        super::build(&engine, "kb-specs")?;
+        let specs = super::output_blob(&engine, "kb-specs", "kb_specs")?;
+        let abi = cudarl_rl::kernelbench::native_abi(&specs, task_id)
+            .map_err(|e| CliError::failed(e.to_string()))?
+            .map_err(CliError::usage)?;
+        let own: serde_json::Map<String, serde_json::Value> = (abi.sizes.iter())
+            .zip(&abi.size_values)
+            .map(|(n, v)| (n.clone(), (*v).into()))
+            .collect();
+        (abi.signature, vec![serde_json::Value::Object(own)])
+    } else {
+        let tasks = load_tasks(&ctx.root.join("datasets/tasks"))
+            .map_err(|e| CliError::usage(e.to_string()))?;
+        let task = tasks.iter().find(|t| t.spec.id == task_id).ok_or_else(|| {
+            CliError::usage(format!(
+                "unknown task `{task_id}`{}",
+                cudarl_core::suggest::did_you_mean(
+                    task_id,
+                    tasks.iter().map(|t| t.spec.id.as_str())
+                )
+            ))
+        })?;
+        let shapes = (task.spec.train_shapes.iter())
+            .map(|s| serde_json::to_value(s).expect("sizes serialize"))
+            .collect();
+        (task.spec.signature(), shapes)
+    };
+    if json {
+        super::json_line(&serde_json::json!({
+            "task_id": task_id, "signature": signature, "sizes": sizes,
+        }));
+    } else {
+        println!("{signature};");
+        for s in &sizes {
+            println!("// sizes: {s}");
+        }
+    }
+    Ok(0)
 }
 
 /// Runs `check` on every file of `sources` in turn (one worker pool for all): each verdict is

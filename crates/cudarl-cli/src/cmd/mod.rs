@@ -469,6 +469,12 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
         } => sql::run(&ctx, &query, json, parquet.as_deref()),
         Command::Check {
             task,
+            json,
+            signature: true,
+            ..
+        } => check::signature(&ctx, &task, json),
+        Command::Check {
+            task,
             source,
             abi,
             mode,
@@ -479,6 +485,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, CliError> {
             json,
             model_new,
             without_allowlist,
+            signature: false,
         } => check::run(
             &ctx,
             &task,
