@@ -1657,6 +1657,26 @@ fn sft_train_fine_tunes_a_hugging_face_checkpoint_directory_without_tokenizer_or
             .unwrap()
             .starts_with("<|im_start|>system\nYou write CUDA")
     );
+    // The export is copies: editing every exported file (as `save_pretrained` over it does)
+    // leaves the store as it was.
+    use std::os::unix::fs::MetadataExt;
+    for e in std::fs::read_dir(&ft).unwrap().flatten() {
+        assert_eq!(e.metadata().unwrap().nlink(), 1, "{:?} is a link", e.path());
+        let mut bytes = std::fs::read(e.path()).unwrap();
+        bytes.extend_from_slice(b"\n");
+        std::fs::write(e.path(), bytes).unwrap();
+    }
+    let mut args = vec!["status", "sft-train", "--verify", "--exit-code"];
+    for s in &set_refs {
+        args.extend(["--set", s]);
+    }
+    let o = p.run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    assert!(
+        common::stderr(&o).contains("verify: 0 stored file(s) changed"),
+        "{}",
+        common::stderr(&o)
+    );
     // Where the directory lies is not in the key; what it holds is.
     std::fs::rename(&base, p.path("models/moved")).unwrap();
     let o = run(&sets("./models/moved"));

@@ -286,15 +286,20 @@ fn long_functions(src: &str, limit: usize) -> Vec<(String, usize, usize)> {
     let mut out = Vec::new();
     for (i, l) in lines.iter().enumerate() {
         let Some(c) = head.captures(l) else { continue };
-        let (mut depth, mut opened) = (0i64, false);
+        // Before the body: parentheses and brackets nest (`[u8; 32]`, a destructured
+        // parameter's braces); the body opens at the first `{` outside them.
+        let (mut depth, mut nest, mut opened) = (0i64, 0i64, false);
         let mut end = None;
         'scan: for (j, l) in lines.iter().enumerate().skip(i) {
             for ch in l.chars() {
-                match ch {
-                    '{' => (depth, opened) = (depth + 1, true),
-                    '}' => depth -= 1,
+                match (opened, ch) {
+                    (false, '(' | '[') => nest += 1,
+                    (false, ')' | ']') => nest -= 1,
+                    (false, '{') if nest == 0 => (depth, opened) = (1, true),
                     // A declaration without a body (a trait's, an extern block's).
-                    ';' if !opened => break 'scan,
+                    (false, ';') if nest == 0 => break 'scan,
+                    (true, '{') => depth += 1,
+                    (true, '}') => depth -= 1,
                     _ => {}
                 }
                 if opened && depth == 0 {
@@ -358,11 +363,16 @@ fn function_lengths_see_through_strings_comments_and_raw_templates() {
                pub(crate) fn templated() -> &'static str {\n    r#\"\n}\n}\n}\n\"#\n}\n\
                fn long() {\n    // {\n    /* } */\n    x();\n    y();\n}\n\
                trait T {\n    fn declared(&self);\n}\n\
+               fn array(k: [u8; 32], P { x }: P) {\n    a();\n    b();\n    c();\n}\n\
                #[cfg(test)]\nmod tests {\n    fn ignored() {\n\n\n\n\n\n\n\n\n\n\n\n}\n}\n";
     let got = long_functions(src, 4);
     assert_eq!(
         got,
-        vec![("templated".to_string(), 6, 7), ("long".to_string(), 13, 6)]
+        vec![
+            ("templated".to_string(), 6, 7),
+            ("long".to_string(), 13, 6),
+            ("array".to_string(), 22, 5)
+        ]
     );
     assert!(long_functions(src, 7).is_empty());
 }

@@ -320,9 +320,13 @@ fn status_dag_show_and_gc() {
     assert_eq!(status_of(&sj, "curriculum"), "fresh");
 }
 
-/// Every file and folder under `dir` (relative path -> size and modification time), for
-/// "nothing created or changed" checks.
-fn tree(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u64, std::time::SystemTime)> {
+/// A file's size, modification time, mode and link count.
+type Entry = (u64, std::time::SystemTime, u32, u64);
+
+/// Every file and folder under `dir` (relative path -> [`Entry`]), for "nothing created or
+/// changed" checks.
+fn tree(dir: &std::path::Path) -> std::collections::BTreeMap<String, Entry> {
+    use std::os::unix::fs::MetadataExt;
     let mut out = std::collections::BTreeMap::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
@@ -332,7 +336,7 @@ fn tree(dir: &std::path::Path) -> std::collections::BTreeMap<String, (u64, std::
         for e in rd.flatten() {
             let m = e.metadata().unwrap();
             let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
-            out.insert(rel, (m.len(), m.modified().unwrap()));
+            out.insert(rel, (m.len(), m.modified().unwrap(), m.mode(), m.nlink()));
             if m.is_dir() {
                 todo.push(e.path());
             }

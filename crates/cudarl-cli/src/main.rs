@@ -36,7 +36,8 @@ pub struct Cli {
     /// a build with `--features cudarl-store/cloud`.
     #[arg(long, global = true, env = "CUDARL_SHARED_CACHE", value_name = "URL")]
     shared_cache: Option<String>,
-    /// Lock file (default: <root>/cudarl.lock for the default pipeline, cudarl.<name>.lock otherwise).
+    /// Lock file (default: cudarl.lock for the default pipeline, cudarl.<name>.lock otherwise,
+    /// in <root> for the project's own store <root>/artifacts, inside the store for any other).
     #[arg(long, global = true, value_name = "FILE")]
     lock: Option<PathBuf>,
     /// Named overrides of the pipeline file (`[profiles.NAME]`), applied before `--set`; `none`:

@@ -5,13 +5,20 @@
 /// Least Jaro-Winkler similarity (0..1) of a suggestion to the name given; clap's threshold.
 const LEAST_SIMILARITY: f64 = 0.7;
 
+/// Least normalized Levenshtein similarity (0..1) besides: names that share only a long prefix
+/// (`kb/L1/...`) are not typos of each other.
+const LEAST_EDIT_SIMILARITY: f64 = 0.6;
+
 /// The name of `known` most similar to `name`, if any is at least [`LEAST_SIMILARITY`]
-/// similar (ties: the first).
+/// similar and within [`LEAST_EDIT_SIMILARITY`] by edits (ties: the first).
 pub fn nearest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let mut best: Option<(f64, &str)> = None;
     for k in known {
         let s = strsim::jaro_winkler(name, k);
-        if s >= LEAST_SIMILARITY && best.is_none_or(|(b, _)| s > b) {
+        if s >= LEAST_SIMILARITY
+            && strsim::normalized_levenshtein(name, k) >= LEAST_EDIT_SIMILARITY
+            && best.is_none_or(|(b, _)| s > b)
+        {
             best = Some((s, k));
         }
     }
@@ -34,6 +41,9 @@ mod tests {
         assert_eq!(nearest("rl_train", nodes), Some("rl-train"));
         assert_eq!(nearest("valdiate", nodes), Some("validate"));
         assert_eq!(nearest("xyzzy", nodes), None);
+        let problems = ["kb/L1/19_ReLU", "kb/L1/20_LeakyReLU"];
+        assert_eq!(nearest("kb/L1/19_Relu", problems), Some("kb/L1/19_ReLU"));
+        assert_eq!(nearest("kb/L1/zzzz", problems), None);
         assert_eq!(did_you_mean("evl", nodes), "; did you mean `eval`?");
         assert_eq!(did_you_mean("qqqq", nodes), "");
     }

@@ -416,7 +416,7 @@ pub struct FullOptions {
 /// and nothing is created.
 ///
 /// # Errors
-/// The shared cache cannot be read.
+/// The shared cache or the salt file cannot be read (a missing file is `None`).
 pub fn drawn_hidden_salt(store: &cudarl_store::Store) -> Result<Option<Vec<u8>>, CompileError> {
     if let Ok(s) = std::env::var("CUDARL_HIDDEN_SALT") {
         return Ok(Some(s.into_bytes()));
@@ -426,7 +426,12 @@ pub fn drawn_hidden_salt(store: &cudarl_store::Store) -> Result<Option<Vec<u8>>,
     {
         return Ok(Some(b));
     }
-    Ok(std::fs::read(store.root().join("hidden-salt")).ok())
+    let p = store.root().join("hidden-salt");
+    match std::fs::read(&p) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CompileError::Io(format!("{}: {e}", p.display()))),
+    }
 }
 
 /// The secret salt of hidden seeds: `$CUDARL_HIDDEN_SALT`, else, with a shared cache attached

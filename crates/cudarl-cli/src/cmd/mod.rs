@@ -335,9 +335,7 @@ impl Ctx {
         } else {
             format!("cudarl.{}.lock", pipeline.name)
         };
-        let own = self.root.join("artifacts");
-        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        if absolute(&self.store) == absolute(&own) {
+        if same_place(&self.store, &self.root.join("artifacts")) {
             self.root.join(name)
         } else {
             self.store.join(name)
@@ -381,6 +379,29 @@ impl Ctx {
         let store = self.open_store()?;
         Ok(self.engine_on(store, pipeline, reporter, jobs))
     }
+}
+
+/// Whether paths `a` and `b` name one place: compared with symbolic links and `..` resolved
+/// (for a path not created yet, its nearest existing ancestor resolved, the rest appended).
+fn same_place(a: &Path, b: &Path) -> bool {
+    fn resolved(p: &Path) -> PathBuf {
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let mut rest = Vec::new();
+        let mut at = p.as_path();
+        loop {
+            if let Ok(c) = std::fs::canonicalize(at) {
+                return rest.iter().rev().fold(c, |acc: PathBuf, r| acc.join(r));
+            }
+            match (at.parent(), at.file_name()) {
+                (Some(up), Some(name)) => {
+                    rest.push(name.to_os_string());
+                    at = up;
+                }
+                _ => return p,
+            }
+        }
+    }
+    resolved(a) == resolved(b)
 }
 
 /// Runs a verb; returns the exit code.
@@ -634,37 +655,36 @@ fn status(
     ))
 }
 
-/// The stored files of the fresh nodes of `recs` whose bytes no longer hash to their address:
-/// every output, and every file a table output names in a `digest` column (a checkpoint's
-/// weights and configs); one `node output path` line each.
+/// The stored files of the fresh nodes of `recs` whose bytes no longer hash to their address
+/// (or that are gone): every output and every blob the node's manifest references (a
+/// checkpoint's weights and configs, recorded test tensors, compiled objects), each hashed once;
+/// one `node what path` line each.
 fn changed_blobs(store: &Store, recs: &[NodeRecord]) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
     let mut changed = Vec::new();
-    let mut check = |node: &str, what: &str, hex: &str| {
-        let Ok(d) = cudarl_core::Digest::from_hex(hex) else {
+    let mut check = |node: &str, what: &str, d: cudarl_core::Digest| {
+        if !seen.insert(d.to_hex()) {
             return;
-        };
+        }
         let path = store.blob_path(&d);
-        if cudarl_core::Digest::of_file(&path).ok() != Some(d) {
-            changed.push(format!("{node} {what} {}", path.display()));
+        match cudarl_core::Digest::of_file(&path) {
+            Ok(got) if got == d => {}
+            Ok(_) => changed.push(format!("{node} {what} {}", path.display())),
+            Err(e) => changed.push(format!("{node} {what} {} ({e})", path.display())),
         }
     };
     for r in recs.iter().filter(|r| r.status == NodeStatus::Fresh) {
         for (name, out) in &r.outputs {
-            check(&r.node, name, &out.hash);
-            let Ok(d) = cudarl_core::Digest::from_hex(&out.hash) else {
-                continue;
-            };
-            let Ok(t) = cudarl_data::Table::read(&store.blob_path(&d), name) else {
-                continue;
-            };
-            let (Ok(files), Ok(digests)) = (t.req_strings("file"), t.req_strings("digest")) else {
-                continue;
-            };
-            for i in 0..t.rows() {
-                if let (Some(f), Some(h)) = (files.get(i), digests.get(i)) {
-                    check(&r.node, &format!("{name}/{f}"), h);
-                }
+            if let Ok(d) = cudarl_core::Digest::from_hex(&out.hash) {
+                check(&r.node, name, d);
             }
+        }
+        let manifest = (r.key.as_deref())
+            .and_then(|k| store.read_action(&r.node, k).ok().flatten())
+            .and_then(|b| serde_json::from_slice::<cudarl_core::manifest::Manifest>(&b).ok());
+        for d in manifest.map(|m| m.referenced_blobs).unwrap_or_default() {
+            let what = format!("referenced blob {}", d.short(12));
+            check(&r.node, &what, d);
         }
     }
     changed
@@ -873,10 +893,20 @@ fn export(
                 .map(|f| f.name().as_str())
                 .eq(["file", "digest", "bytes"])
         {
+            // Copies, never links: an edit of an exported file (a `save_pretrained` over a
+            // checkpoint) must not reach the store's blob.
             let sub = dir.join(name);
-            cudarl_stages::common::materialize(engine.store(), &src, &sub)
-                .map_err(|e| failed(&e))?;
-            for f in cudarl_data::export::make_shareable(&sub).map_err(|e| failed(&e))? {
+            let (files, digests) = (
+                t.req_strings("file").map_err(|e| failed(&e))?,
+                t.req_strings("digest").map_err(|e| failed(&e))?,
+            );
+            for i in 0..t.rows() {
+                let (Some(f), Some(d)) = (files.get(i), digests.get(i)) else {
+                    continue;
+                };
+                let d = cudarl_core::Digest::from_hex(d).map_err(|e| failed(&e))?;
+                cudarl_data::export::copy_out(&engine.store().blob_path(&d), &sub, f)
+                    .map_err(|e| failed(&e))?;
                 on_disk.push(format!("{name}/{f}"));
             }
             println!("{}", sub.display());
