@@ -249,7 +249,7 @@ pub fn checkpoint_dir(
             .expect("a file of the directory")
             .to_path_buf());
     }
-    materialize(ctx.store(), ctx.input_path(input)?, dest)?;
+    materialize(ctx.store(), ctx.input_path(input)?, dest, Placement::Linked)?;
     Ok(dest.to_path_buf())
 }
 
@@ -392,31 +392,56 @@ pub fn ingest_dir(ctx: &mut StageContext<'_>, dir: &Path, name: &str) -> Result<
     write_output(ctx, name, &batch)
 }
 
-/// Puts the files a `checkpoint` table names from the store into `dir` (hard links, else
-/// copies); the caller must not write to them.
+/// How [`materialize`] places a stored file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// A hard link where the store's file system allows, else a copy: for readers inside the
+    /// pipeline that never write (a 1.5B checkpoint's 6 GB is not copied).
+    Linked,
+    /// A copy, mode `rw-r--r--` ([`cudarl_data::export::copy_out`]): for files handed to the
+    /// user (`export`, `optimize --out`), whose edits must not reach the store's blob.
+    Copied,
+}
+
+/// Puts the files a table naming store blobs (`file`, `digest`: a checkpoint, a tokenizer, a
+/// kernel) names into `dir`, placed as `how` says; returns their names, in table order.
 ///
 /// # Errors
 /// A malformed table or a missing blob.
-pub fn materialize(store: &cudarl_core::Store, table: &Path, dir: &Path) -> Result<(), StageError> {
+pub fn materialize(
+    store: &cudarl_core::Store,
+    table: &Path,
+    dir: &Path,
+    how: Placement,
+) -> Result<Vec<String>, StageError> {
     let t = Table::read(table, "checkpoint").map_err(data_err)?;
     let files = t.req_strings("file").map_err(data_err)?;
     let digests = t.req_strings("digest").map_err(data_err)?;
     std::fs::create_dir_all(dir).map_err(|e| StageError::Failed(e.to_string()))?;
+    let mut placed = Vec::new();
     for i in 0..t.rows() {
         let (Some(f), Some(d)) = (files.get(i), digests.get(i)) else {
             continue;
         };
         let digest = Digest::from_hex(d)
             .map_err(|e| StageError::bad_input(table.display().to_string(), Some("digest"), e))?;
-        // A hard link where the store's file system allows (blobs are never written in
-        // place, and the readers do not write here): a 1.5B checkpoint's 6 GB is not copied.
         let (src, dst) = (store.blob_path(&digest), dir.join(f));
-        if std::fs::hard_link(&src, &dst).is_err() {
-            std::fs::copy(&src, &dst)
-                .map_err(|e| StageError::Failed(format!("checkpoint file `{f}` ({d}): {e}")))?;
+        let failed = |e: &dyn std::fmt::Display| {
+            StageError::Failed(format!("checkpoint file `{f}` ({d}): {e}"))
+        };
+        match how {
+            Placement::Copied => {
+                cudarl_data::export::copy_out(&src, dir, f).map_err(|e| failed(&e))?;
+            }
+            Placement::Linked => {
+                if std::fs::hard_link(&src, &dst).is_err() {
+                    std::fs::copy(&src, &dst).map_err(|e| failed(&e))?;
+                }
+            }
         }
+        placed.push(f.to_string());
     }
-    Ok(())
+    Ok(placed)
 }
 
 /// Chat examples of an SFT table (`messages_json`) for `split`, as JSON lines; returns how

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::common::{
-    CHECKPOINT, checkpoint_files, data_err, ingest_dir, is_checkpoint_dir, materialize,
+    CHECKPOINT, Placement, checkpoint_files, data_err, ingest_dir, is_checkpoint_dir, materialize,
     params_json, resolve_device, rl_err, run_job, write_chats, write_rows,
 };
 
@@ -597,7 +597,12 @@ impl Stage for ModelStage {
                 let extra = copy_corpus(ctx, self.params.copy_documents, self.params.copy_seed)?;
                 write_corpus(ctx, &corpus, &extra)?;
                 let tk = dir.join("tok");
-                materialize(ctx.store(), ctx.input_path("tokenizer")?, &tk)?;
+                materialize(
+                    ctx.store(),
+                    ctx.input_path("tokenizer")?,
+                    &tk,
+                    Placement::Linked,
+                )?;
                 let job = Job::Pretrain {
                     tokenizer: tk.join("tokenizer.json"),
                     model: serde_json::from_value(mf.model.clone())
@@ -616,7 +621,12 @@ impl Stage for ModelStage {
                 let random = self.params.init == Some(Init::Random);
                 let base = if random {
                     let tk = dir.join("tok");
-                    materialize(ctx.store(), ctx.input_path("tokenizer")?, &tk)?;
+                    materialize(
+                        ctx.store(),
+                        ctx.input_path("tokenizer")?,
+                        &tk,
+                        Placement::Linked,
+                    )?;
                     tk
                 } else {
                     crate::common::checkpoint_dir(ctx, "base", &dir.join("base"))?

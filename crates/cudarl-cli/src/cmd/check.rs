@@ -161,10 +161,7 @@ impl KbRun<'_> {
         let bar =
             cudarl_core::Reporter::progress(self.reporter, task_id, label, Some(srcs.len() as u64));
         if native {
-            let specs = super::output_blob(self.engine, "kb-specs", "kb_specs")?;
-            let abi = cudarl_rl::kernelbench::native_abi(&specs, task_id)
-                .map_err(|e| CliError::failed(e.to_string()))?
-                .map_err(CliError::usage)?;
+            let abi = kb_native(self.engine, task_id)?;
             if let Some(path) = opts.model_new {
                 let note =
                     "A native kernel checked by `cudarl-pipe check`, as a KernelBench ModelNew.";
@@ -320,6 +317,41 @@ fn read_source(path: &std::path::Path) -> Result<String, CliError> {
     Ok(text)
 }
 
+/// The hand-written task `task_id` (a folder of `datasets/tasks/`).
+///
+/// # Errors
+/// The folder does not load, or no task has that id (exit 2, naming the nearest and all).
+fn hand_written_task(ctx: &Ctx, task_id: &str) -> Result<cudarl_cuda::Task, CliError> {
+    let tasks =
+        load_tasks(&ctx.root.join("datasets/tasks")).map_err(|e| CliError::usage(e.to_string()))?;
+    let ids: Vec<&str> = tasks.iter().map(|t| t.spec.id.as_str()).collect();
+    let unknown = CliError::usage(format!(
+        "unknown task `{task_id}`{} (tasks: {})",
+        cudarl_core::suggest::did_you_mean(task_id, ids.iter().copied()),
+        ids.join(", ")
+    ));
+    tasks
+        .into_iter()
+        .find(|t| t.spec.id == task_id)
+        .ok_or(unknown)
+}
+
+/// The native launcher `kb-specs` derived for KernelBench problem `task_id` (the node must be
+/// built).
+///
+/// # Errors
+/// The table cannot be read (exit 1); the problem has no native launcher or is not in it
+/// (exit 2, with the reason).
+fn kb_native(
+    engine: &cudarl_core::Engine,
+    task_id: &str,
+) -> Result<cudarl_cuda::native_abi::KbNative, CliError> {
+    let specs = super::output_blob(engine, "kb-specs", "kb_specs")?;
+    cudarl_rl::kernelbench::native_abi(&specs, task_id)
+        .map_err(|e| CliError::failed(e.to_string()))?
+        .map_err(CliError::usage)
+}
+
 /// `check --task T --signature`: the launcher declaration a candidate of `task_id` must define,
 /// then the task's sizes: a hand-written task's train shapes, or a KernelBench problem's own
 /// sizes from `kb-specs` (built first if needed). With `json`, one object `{task_id,
@@ -332,27 +364,14 @@ pub fn signature(ctx: &Ctx, task_id: &str, json: bool) -> Result<i32, CliError> 
     let (signature, sizes) = if task_id.starts_with("kb/") {
         let engine = ctx.engine(std::sync::Arc::new(cudarl_core::NullReporter), 0)?;
         super::build(&engine, "kb-specs")?;
-        let specs = super::output_blob(&engine, "kb-specs", "kb_specs")?;
-        let abi = cudarl_rl::kernelbench::native_abi(&specs, task_id)
-            .map_err(|e| CliError::failed(e.to_string()))?
-            .map_err(CliError::usage)?;
+        let abi = kb_native(&engine, task_id)?;
         let own: serde_json::Map<String, serde_json::Value> = (abi.sizes.iter())
             .zip(&abi.size_values)
             .map(|(n, v)| (n.clone(), (*v).into()))
             .collect();
         (abi.signature, vec![serde_json::Value::Object(own)])
     } else {
-        let tasks = load_tasks(&ctx.root.join("datasets/tasks"))
-            .map_err(|e| CliError::usage(e.to_string()))?;
-        let task = tasks.iter().find(|t| t.spec.id == task_id).ok_or_else(|| {
-            CliError::usage(format!(
-                "unknown task `{task_id}`{}",
-                cudarl_core::suggest::did_you_mean(
-                    task_id,
-                    tasks.iter().map(|t| t.spec.id.as_str())
-                )
-            ))
-        })?;
+        let task = hand_written_task(ctx, task_id)?;
         let shapes = (task.spec.train_shapes.iter())
             .map(|s| serde_json::to_value(s).expect("sizes serialize"))
             .collect();
@@ -440,19 +459,7 @@ fn check_native(
             "`{task_id}` is a synthetic task: its candidates use the native ABI (`extern \"C\" void launch(...)`)"
         )));
     }
-    let tasks =
-        load_tasks(&ctx.root.join("datasets/tasks")).map_err(|e| CliError::usage(e.to_string()))?;
-    let task = tasks.iter().find(|t| t.spec.id == task_id).ok_or_else(|| {
-        CliError::usage(format!(
-            "unknown task `{task_id}`{} (tasks: {})",
-            cudarl_core::suggest::did_you_mean(task_id, tasks.iter().map(|t| t.spec.id.as_str())),
-            tasks
-                .iter()
-                .map(|t| t.spec.id.clone())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-    })?;
+    let task = hand_written_task(ctx, task_id)?;
     let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
     let rules = Rules::builtin();
     if gpu.is_none() {

@@ -896,19 +896,14 @@ fn export(
             // Copies, never links: an edit of an exported file (a `save_pretrained` over a
             // checkpoint) must not reach the store's blob.
             let sub = dir.join(name);
-            let (files, digests) = (
-                t.req_strings("file").map_err(|e| failed(&e))?,
-                t.req_strings("digest").map_err(|e| failed(&e))?,
-            );
-            for i in 0..t.rows() {
-                let (Some(f), Some(d)) = (files.get(i), digests.get(i)) else {
-                    continue;
-                };
-                let d = cudarl_core::Digest::from_hex(d).map_err(|e| failed(&e))?;
-                cudarl_data::export::copy_out(&engine.store().blob_path(&d), &sub, f)
-                    .map_err(|e| failed(&e))?;
-                on_disk.push(format!("{name}/{f}"));
-            }
+            let placed = cudarl_stages::common::materialize(
+                engine.store(),
+                &src,
+                &sub,
+                cudarl_stages::common::Placement::Copied,
+            )
+            .map_err(|e| failed(&e))?;
+            on_disk.extend(placed.into_iter().map(|f| format!("{name}/{f}")));
             println!("{}", sub.display());
         }
         files.insert(

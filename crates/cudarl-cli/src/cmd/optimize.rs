@@ -241,6 +241,7 @@ fn optimize_source(
                 engine.store(),
                 &output_blob(&engine, "optimize", "kernel")?,
                 &d,
+                cudarl_stages::common::Placement::Copied,
             )?;
             Some(d)
         }
