@@ -596,13 +596,7 @@ impl Stage for ModelStage {
                 let corpus = dir.join("corpus.jsonl");
                 let extra = copy_corpus(ctx, self.params.copy_documents, self.params.copy_seed)?;
                 write_corpus(ctx, &corpus, &extra)?;
-                let tk = dir.join("tok");
-                materialize(
-                    ctx.store(),
-                    ctx.input_path("tokenizer")?,
-                    &tk,
-                    Placement::Linked,
-                )?;
+                let tk = tokenizer_dir(ctx, dir)?;
                 let job = Job::Pretrain {
                     tokenizer: tk.join("tokenizer.json"),
                     model: serde_json::from_value(mf.model.clone())
@@ -620,14 +614,7 @@ impl Stage for ModelStage {
             Kind::SftTrain => {
                 let random = self.params.init == Some(Init::Random);
                 let base = if random {
-                    let tk = dir.join("tok");
-                    materialize(
-                        ctx.store(),
-                        ctx.input_path("tokenizer")?,
-                        &tk,
-                        Placement::Linked,
-                    )?;
-                    tk
+                    tokenizer_dir(ctx, dir)?
                 } else {
                     crate::common::checkpoint_dir(ctx, "base", &dir.join("base"))?
                 };
@@ -674,6 +661,22 @@ impl Stage for ModelStage {
         }
         Ok(())
     }
+}
+
+/// The `tokenizer` input's files linked into `dir/tok` (for the trainer, which only reads
+/// them); returns that folder.
+///
+/// # Errors
+/// A malformed table or a missing blob.
+fn tokenizer_dir(ctx: &StageContext<'_>, dir: &Path) -> Result<std::path::PathBuf, StageError> {
+    let tk = dir.join("tok");
+    materialize(
+        ctx.store(),
+        ctx.input_path("tokenizer")?,
+        &tk,
+        Placement::Linked,
+    )?;
+    Ok(tk)
 }
 
 /// `n` synthetic copy documents for pretraining, drawn by `seed` from operator families outside
