@@ -10,7 +10,7 @@ export LIBTORCH_USE_PYTORCH := 1
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
 
-.PHONY: setup build run curriculum test lint bench carry clean
+.PHONY: setup build install run curriculum test lint bench carry clean
 
 ## setup: Python virtualenv: test tools (pyarrow, polars), nvcc 13.0 wheels, torch 2.11.0 for tch.
 setup: $(VENV)/.stamp
@@ -27,7 +27,16 @@ FEATURES ?=
 build: setup
 	$(CARGO) build --release -p cudarl-cli -p cudarl-torch -p cudarl-runner -p cudarl-train $(if $(FEATURES),--features cudarl-cli/$(FEATURES))
 
-## run: set up, build, then the main job on the bundled data: `cudarl-pipe run rl-train eval`, i.e.
+## install: the built binaries into $(PREFIX)/bin (default ~/.local/bin; put it on PATH). They
+## find one another side by side, and libtorch in this checkout's .venv.
+PREFIX ?= $(HOME)/.local
+install: build
+	install -d $(PREFIX)/bin
+	install -m 755 target/release/cudarl-pipe target/release/cudarl-pipe-worker target/release/cudarl-pipe-runner target/release/cudarl-pipe-train $(PREFIX)/bin/
+	@echo "installed cudarl-pipe and its sibling binaries in $(PREFIX)/bin"
+
+## run: set up, build, then the main job on the bundled data: the pipeline's default targets
+## (`cudarl-pipe run`, i.e. `run rl-train eval`):
 ## ingest + synth-tasks -> splits (what is held out) -> validate (the task kernels; beside it
 ## sft-repairs, kb-specs, and tokenizer and pretrain on the train split's kernels) -> curriculum (tiers,
 ## with the splits) -> sft-data ->
@@ -40,7 +49,7 @@ build: setup
 ## RL run),
 ## and `status`, `show` and `export` reuse the last run's settings.
 run: setup build
-	$(BIN) run rl-train eval
+	$(BIN) run
 	$(BIN) status
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,
@@ -48,7 +57,9 @@ run: setup build
 curriculum: build
 	$(BIN) run curriculum kb-specs --set curriculum.archive=true
 
-## test: set up, build, lint, and run every test (Rust and Python).
+## test: set up, build, lint, and run every test (Rust and Python). A one-off build: no
+## incremental compilation state (it would double the target folder's size).
+test lint: export CARGO_INCREMENTAL := 0
 test: setup lint
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		CUDARL_REQUIRE_NVCC=1 CUDARL_REQUIRE_PYTHON=1 CUDARL_PYTHON=$(abspath $(PY)) $(CARGO) nextest run --workspace --features cudarl-cli/sql --no-fail-fast; \

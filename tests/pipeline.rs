@@ -205,6 +205,19 @@ fn status_dag_show_and_gc() {
     }
     let o = p.run(&["status", "curriculum", "--exit-code"]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    // Given no target, every node is listed and `--exit-code` is about what the pipeline's
+    // default targets need (the main job has not run).
+    let o = p.run(&["status", "--exit-code"]);
+    let st = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{st}");
+    assert!(
+        st.lines()
+            .last()
+            .unwrap_or_default()
+            .contains("; the default targets (rl-train, eval) need ")
+            && st.contains("MISSING  sft-eval"),
+        "{st}"
+    );
 
     let dot = stdout(&p.run(&["dag", "--format", "dot"]));
     assert!(dot.contains("ingest_kernelbench -> curriculum"), "{dot}");
@@ -448,17 +461,23 @@ fn status_verify_names_a_stored_file_that_changed() {
     );
 }
 
-/// Exported Parquet opens in pyarrow and polars with the documented schema.
-/// `[profiles.NAME]` overrides, the `cpu` profile picked where no GPU is found, and the verbs
-/// that read the store reusing the last `run`'s settings.
+/// `[profiles.NAME]` overrides, the `cpu` profile picked where no GPU is found, a bare `run`
+/// building the default targets, and the verbs that read the store reusing the settings of the
+/// last run that built them, or of a run named with `--run`, never of a one-off run.
 #[test]
-fn profiles_and_the_last_runs_settings() {
+fn profiles_default_targets_and_remembered_runs() {
     let p = Project::new();
     let pl = p.path("pipelines/default.toml");
     let text = std::fs::read_to_string(&pl).unwrap();
     let head = &text[..text
         .find("[profiles.cpu]")
         .expect("default.toml has [profiles.cpu]")];
+    let targets = "targets = [\"rl-train\", \"eval\"]";
+    assert!(
+        head.contains(targets),
+        "default.toml names its default targets"
+    );
+    let head = head.replace(targets, "targets = [\"curriculum\"]");
     std::fs::write(
         &pl,
         format!("{head}[profiles.cpu]\n\"splits.seed\" = 5\n\n[profiles.other.splits]\nseed = 6\n"),
@@ -467,7 +486,7 @@ fn profiles_and_the_last_runs_settings() {
     // As a user runs it: no CUDARL_PROFILE.
     let run = |args: &[&str]| p.cmd(args).env_remove("CUDARL_PROFILE").output().unwrap();
     let gpu = cudarl_cuda::gpu::present();
-    let o = run(&["run", "curriculum"]);
+    let o = run(&["run", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(
         stderr(&o).contains("no GPU found: profile `cpu`"),
@@ -475,23 +494,34 @@ fn profiles_and_the_last_runs_settings() {
         "{}",
         stderr(&o)
     );
-    // The reading verbs take the run's settings (said so), whatever the machine.
-    let o = run(&["status", "curriculum", "--json"]);
-    let e = stderr(&o);
-    let fresh = |o: &std::process::Output| {
+    let ran: Vec<String> = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["node"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        ran.contains(&"curriculum".to_string()) && !ran.contains(&"sft-data".to_string()),
+        "a bare run builds the default targets and what they need: {ran:?}"
+    );
+    let state = |o: &std::process::Output, node: &str| {
         stdout(o)
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["node"] == "curriculum")
+            .find(|v| v["node"] == node)
             .map(|v| v["status"].as_str().unwrap().to_string())
             .unwrap()
     };
-    assert_eq!(fresh(&o), "fresh", "{e}");
+    // The reading verbs take that run's settings (said so, with the run's name), whatever
+    // the machine.
+    let o = run(&["status", "curriculum", "--json"]);
+    let e = stderr(&o);
+    assert_eq!(state(&o, "curriculum"), "fresh", "{e}");
+    assert!(
+        e.contains("the settings of run `curriculum`, the last that built the default targets"),
+        "{e}"
+    );
     if !gpu {
-        assert!(
-            e.contains("the settings of the last `run`") && e.contains("--profile cpu"),
-            "{e}"
-        );
+        assert!(e.contains("--profile cpu"), "{e}");
     }
     // Told otherwise: the file's own sizes, another profile (nested tables allowed), or `--set`
     // on top of the machine's profile. (status without a GPU, status with one)
@@ -504,14 +534,45 @@ fn profiles_and_the_last_runs_settings() {
         args.extend(other);
         let o = run(&args);
         let want = if gpu { want.1 } else { want.0 };
-        assert_eq!(fresh(&o), want, "{other:?}: {}", stderr(&o));
+        assert_eq!(state(&o, "curriculum"), want, "{other:?}: {}", stderr(&o));
     }
-    // An explicit profile is remembered like any setting.
-    let o = run(&["run", "curriculum", "--profile", "other"]);
+    // A one-off run of another target is remembered under its own name and switches nothing.
+    let o = run(&["run", "splits", "--set", "splits.seed=9"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = run(&["status", "curriculum", "--json"]);
-    assert_eq!(fresh(&o), "fresh", "{}", stderr(&o));
-    assert!(stderr(&o).contains("--profile other"), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert_eq!(state(&o, "curriculum"), "fresh", "{e}");
+    assert!(
+        !e.contains("splits.seed=9") && e.contains("other runs: splits (--run NAME)"),
+        "{e}"
+    );
+    let o = run(&["status", "splits", "--json", "--run", "splits"]);
+    let e = stderr(&o);
+    assert_eq!(state(&o, "splits"), "fresh", "{e}");
+    assert!(e.contains("--set splits.seed=9"), "{e}");
+    // An unknown run: named with the ones there are (exit 2); `--run` with `--set` on a
+    // reading verb is a usage error.
+    let o = run(&["status", "--run", "split"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("did you mean `splits`?")
+            && stderr(&o).contains("runs: splits, curriculum"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["status", "--run", "splits", "--set", "splits.seed=1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // A run that builds the default targets under another profile and a chosen name becomes
+    // what the reading verbs use.
+    let o = run(&["run", "curriculum", "--profile", "other", "--run", "seed6"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(&["status", "curriculum", "--json"]);
+    assert_eq!(state(&o, "curriculum"), "fresh", "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("run `seed6`") && stderr(&o).contains("--profile other"),
+        "{}",
+        stderr(&o)
+    );
     // A profile the file does not define: named with the ones it does (exit 2).
     let o = run(&["run", "curriculum", "--profile", "nope"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -520,7 +581,7 @@ fn profiles_and_the_last_runs_settings() {
         e.contains("profiles.nope") && e.contains("profiles: cpu, other"),
         "{e}"
     );
-    // A profile override naming no node.
+    // A profile override naming no node; default targets naming no node.
     std::fs::write(&pl, format!("{head}[profiles.bad]\n\"nonode.seed\" = 1\n")).unwrap();
     let o = run(&["status", "--profile", "bad"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -529,8 +590,71 @@ fn profiles_and_the_last_runs_settings() {
         "{}",
         stderr(&o)
     );
+    std::fs::write(&pl, head.replace("[\"curriculum\"]", "[\"curriculm\"]")).unwrap();
+    let o = run(&["run", "--profile", "none"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("pipeline.targets")
+            && stderr(&o).contains("did you mean `curriculum`?"),
+        "{}",
+        stderr(&o)
+    );
 }
 
+/// `run --dry-run` gives each node it would run the seconds of its previous run, `n/a` for one
+/// that never ran, and a total.
+#[test]
+fn dry_run_estimates_seconds_from_previous_runs() {
+    let p = Project::new();
+    p.run_json(&["run", "ingest-kernelbench"]);
+    let o = p.run(&[
+        "run",
+        "ingest-kernelbench",
+        "splits",
+        "--force",
+        "ingest-kernelbench",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let recs: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let rec = |n: &str| recs.iter().find(|r| r["node"] == n).unwrap().clone();
+    let ingest = rec("ingest-kernelbench");
+    assert_eq!(ingest["status"], "would_run", "{ingest}");
+    assert!(
+        ingest["estimated_seconds"].as_f64().unwrap() > 0.0,
+        "{ingest}"
+    );
+    let splits = rec("splits");
+    assert_eq!(splits["status"], "would_run", "{splits}");
+    assert!(splits["estimated_seconds"].is_null(), "{splits}");
+    let o = p.run(&[
+        "run",
+        "ingest-kernelbench",
+        "splits",
+        "--force",
+        "ingest-kernelbench",
+        "--dry-run",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.contains("splits") && l.contains("n/a")),
+        "{out}"
+    );
+    let last = out.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("would run ")
+            && last.contains("by their previous runs (")
+            && last.contains("never ran: not counted)"),
+        "{out}"
+    );
+}
+
+/// Exported Parquet opens in pyarrow and polars with the documented schema.
 #[test]
 fn export_opens_in_pyarrow_and_polars() {
     let Some(python) = common::python() else {

@@ -43,9 +43,15 @@ pub struct Cli {
     /// Named overrides of the pipeline file (`[profiles.NAME]`), applied before `--set`; `none`:
     /// no profile. Default: `cpu` where the file defines it and no GPU is found (said on
     /// stderr). Verbs that read the store (status, explain, show, export, check, serve, gc, dag)
-    /// given neither --profile nor --set use the settings of the last `run` on the store.
+    /// given neither --profile nor --set use the settings of the last `run` that built the
+    /// pipeline's default targets, or of the run named by --run.
     #[arg(long, global = true, env = "CUDARL_PROFILE", value_name = "NAME")]
     profile: Option<String>,
+    /// A remembered run: on `run`, the name its settings are remembered under (default: its
+    /// targets joined by `+`, e.g. `rl-train+eval`); on the verbs that read the store, the run
+    /// whose settings they use (default: the last run that built the pipeline's default targets).
+    #[arg(long = "run", global = true, value_name = "NAME")]
+    run_name: Option<String>,
     /// Override a stage param: NODE.KEY=VALUE (VALUE is TOML; repeatable).
     #[arg(long = "set", global = true, value_name = "NODE.KEY=VALUE")]
     sets: Vec<String>,
@@ -82,7 +88,8 @@ pub enum ExportFmt {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Build TARGETs (default: every node) and everything they need; cached nodes are reused.
+    /// Build TARGETs (default: the pipeline's default targets, `[pipeline] targets`, else every
+    /// node) and everything they need; cached nodes are reused.
     Run {
         /// Nodes to build.
         targets: Vec<String>,
@@ -114,7 +121,8 @@ enum Command {
         /// One JSON object per node on stdout (JSON Lines; docs/json.md).
         #[arg(long)]
         json: bool,
-        /// Exit 1 when a reported node is not fresh (as `git diff --exit-code`), else 0.
+        /// Exit 1 when a node the targets need is not fresh (given no target: the pipeline's
+        /// default targets), as `git diff --exit-code`; else 0.
         #[arg(long)]
         exit_code: bool,
         /// Re-hash the stored files of every fresh node reported (its outputs, and the files

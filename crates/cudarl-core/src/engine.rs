@@ -88,6 +88,9 @@ pub struct NodeRecord {
     pub status: NodeStatus,
     /// Seconds spent (stage run time for `ran`, lookup time otherwise).
     pub seconds: f64,
+    /// For `would_run` (`run --dry-run`): the stage run time of the node's previous run (the
+    /// lock file's record of it, else any stored), seconds; `None` when it never ran.
+    pub estimated_seconds: Option<f64>,
     /// Outputs (for `ran`, `cached`, `fresh`).
     pub outputs: BTreeMap<String, OutputSummary>,
     /// Why it ran / why it is stale, one cause per entry.
@@ -121,6 +124,7 @@ impl NodeRecord {
             key: None,
             status,
             seconds: 0.0,
+            estimated_seconds: None,
             outputs: BTreeMap::new(),
             reasons: Vec::new(),
             warnings: Vec::new(),
@@ -769,6 +773,9 @@ impl Engine {
             let mut r =
                 NodeRecord::new(&node.name, &kind, cv, NodeStatus::WouldRun).with_dirty(dirty);
             r.key = Some(key);
+            r.estimated_seconds = self
+                .previous_manifest(&node.name, st.lock)
+                .map(|m| m.seconds);
             return r;
         }
         if crate::interrupt::requested() {

@@ -77,6 +77,9 @@ pub struct Pipeline {
     pub file: String,
     /// `pipeline.name`, or the file stem.
     pub name: String,
+    /// The default targets (`pipeline.targets`): what a `run` with no target builds and what
+    /// `status --exit-code` checks; empty: every node.
+    pub targets: Vec<String>,
     nodes: Vec<Node>,
     index: HashMap<String, usize>,
     graph: DiGraph<usize, String>,
@@ -108,6 +111,8 @@ pub fn parse_set_value(raw: &str) -> toml::Value {
 pub struct PipelineFile {
     /// `pipeline.name`, or the file stem.
     pub name: String,
+    /// `pipeline.targets`: the nodes a `run` with no target builds (empty: every node).
+    pub targets: Vec<String>,
     /// `[stages.NODE]` tables, by node name.
     pub stages: BTreeMap<String, toml::Table>,
     /// `[profiles.NAME]`: each profile's overrides as `(NODE.KEY, VALUE)` pairs, in file order
@@ -178,6 +183,7 @@ pub fn read_pipeline_file(path: &Path, display: &str) -> Result<PipelineFile, St
         .and_then(|s| s.to_str())
         .unwrap_or("pipeline")
         .to_string();
+    let mut targets = Vec::new();
     if let Some(p) = doc.remove("pipeline") {
         let t = p
             .as_table()
@@ -186,11 +192,20 @@ pub fn read_pipeline_file(path: &Path, display: &str) -> Result<PipelineFile, St
             match (k.as_str(), v) {
                 ("name", toml::Value::String(s)) => name = s.clone(),
                 ("description", toml::Value::String(_)) => {}
+                ("targets", toml::Value::Array(a)) => {
+                    targets = a
+                        .iter()
+                        .map(|v| v.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| {
+                            config_err(display, "pipeline.targets", "must be a list of node names")
+                        })?;
+                }
                 _ => {
                     return Err(config_err(
                         display,
                         format!("pipeline.{k}"),
-                        "unknown key (allowed: name, description)",
+                        "unknown key or type (allowed: name and description, strings; targets, a list of node names)",
                     ));
                 }
             }
@@ -257,6 +272,7 @@ pub fn read_pipeline_file(path: &Path, display: &str) -> Result<PipelineFile, St
     }
     Ok(PipelineFile {
         name,
+        targets,
         stages: out,
         profiles,
     })
@@ -491,6 +507,7 @@ impl Pipeline {
         Ok(Pipeline {
             file: file.to_string(),
             name,
+            targets: Vec::new(),
             nodes,
             index,
             graph,
@@ -516,7 +533,22 @@ impl Pipeline {
             f.apply_profile(display, p)?;
         }
         apply_overrides(&mut f.stages, sets)?;
-        Pipeline::build(display, f.name, f.stages, factory)
+        let mut p = Pipeline::build(display, f.name, f.stages, factory)?;
+        p.closure(&f.targets).map_err(|e| match e {
+            StageError::Config { message, .. } => config_err(display, "pipeline.targets", message),
+            e => e,
+        })?;
+        p.targets = f.targets;
+        Ok(p)
+    }
+
+    /// `targets`, or the default targets when `targets` is empty.
+    pub fn targets_or_default<'a>(&'a self, targets: &'a [String]) -> &'a [String] {
+        if targets.is_empty() {
+            &self.targets
+        } else {
+            targets
+        }
     }
 
     /// All nodes, in a topological order.

@@ -60,6 +60,11 @@ impl Metric {
         }
     }
 
+    /// Whether the metric is measured without a GPU (a compile rate).
+    pub fn compile_only(self) -> bool {
+        matches!(self, Metric::Compile | Metric::SingleTurnCompile)
+    }
+
     /// Whether episode `r` counts.
     pub fn hit(self, r: &Row) -> bool {
         let (best, first) = (r.ep.best_components(), r.ep.first_components());
@@ -550,30 +555,39 @@ pub fn paired_by_seed(
 /// evaluated), RL's multi-turn minus single-turn rate on the hold-out in the guardrail's
 /// outcome (pass unless it is a compile rate), and RL - control per step from `metrics` (mean reward and pass rate, steps 2 on:
 /// step 1 samples from identical weights). Appends its section to `md` and returns what
-/// `comparison.json` holds.
+/// `comparison.json` holds. Without `full` (compile-only: no kernel ran) only compile rates
+/// are measured: every comparison in another metric is null, and "n/a" in the text.
 pub fn comparison(
     md: &mut String,
     rows: &[Row],
     metrics: &Table,
-    primary: Metric,
-    guardrail: Option<Metric>,
+    (primary, guardrail): (Metric, Option<Metric>),
+    full: bool,
 ) -> Value {
-    let holdout = |m: Metric| holdout_versus(rows, m, "rl");
+    let measured = |m: &Metric| full || m.compile_only();
+    let versus = |m: Metric, other: &str| {
+        measured(&m)
+            .then(|| holdout_versus(rows, m, other))
+            .flatten()
+    };
     let mut out = serde_json::json!({
         "primary_metric": primary.name(),
         "guardrail_metric": guardrail.map(Metric::name),
-        "holdout_primary": holdout(primary),
-        "holdout_guardrail": guardrail.and_then(holdout),
+        "holdout_primary": versus(primary, "rl"),
+        "holdout_guardrail": guardrail.and_then(|g| versus(g, "rl")),
         "practised_reward": practised_per_step(metrics, "reward"),
-        "practised_pass_rate": practised_per_step(metrics, "pass"),
+        "practised_pass_rate": full.then(|| practised_per_step(metrics, "pass")).flatten(),
     });
-    out["rl_multi_minus_single_turn"] = multi_minus_single_turn(rows, guardrail);
+    out["rl_multi_minus_single_turn"] = if guardrail.unwrap_or(Metric::Pass).compile_only() || full
+    {
+        multi_minus_single_turn(rows, guardrail)
+    } else {
+        Value::Null
+    };
     let collab = rows.iter().any(|r| r.ck == "collab");
     if collab {
-        out["holdout_collab_primary"] = holdout_versus(rows, primary, "collab").into();
-        out["holdout_collab_guardrail"] = guardrail
-            .and_then(|g| holdout_versus(rows, g, "collab"))
-            .into();
+        out["holdout_collab_primary"] = versus(primary, "collab").into();
+        out["holdout_collab_guardrail"] = guardrail.and_then(|g| versus(g, "collab")).into();
     }
     comparison_text(md, &out, primary, guardrail, collab);
     out
@@ -651,7 +665,7 @@ fn show_diff(v: &Value, key: &str) -> String {
     match (v[key].as_f64(), v["se"].as_f64()) {
         (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
         (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
-        _ => "n/a".into(),
+        _ => "n/a (not measured)".into(),
     }
 }
 
@@ -815,7 +829,7 @@ pub fn report(
     let mut md = summary_section(sums, mode, device);
     kernelbench_section(&mut md, sums, kb_ops);
     if let Some((primary, guardrail)) = pre {
-        let c = comparison(&mut md, rows, metrics, primary, guardrail);
+        let c = comparison(&mut md, rows, metrics, (primary, guardrail), mode == "full");
         let text = serde_json::to_string_pretty(&c).map_err(|e| RlError::Failed(e.to_string()))?;
         write_file(&dir.join("comparison.json"), text + "\n")?;
     }
@@ -1146,6 +1160,53 @@ mod tests {
             prompt: vec![],
         });
         r
+    }
+
+    /// Without a GPU only compile rates are measured: a comparison in pass or a fast_p is
+    /// null in `comparison.json` and "n/a" in the report, never a measured-looking zero.
+    #[test]
+    fn a_compile_only_comparison_leaves_unmeasured_metrics_null() {
+        let ep = |ck, t, pass| episode(ck, "test", t, pass, 0.5);
+        let rows = vec![
+            ep("sft", "a", false),
+            ep("sft", "a", true),
+            ep("sft", "b", false),
+            ep("sft", "b", false),
+            ep("rl", "a", true),
+            ep("rl", "a", true),
+            ep("rl", "b", true),
+            ep("rl", "b", false),
+        ];
+        let schema = std::sync::Arc::new(arrow::datatypes::Schema::empty());
+        let metrics = Table {
+            file: "metrics".into(),
+            batch: arrow::record_batch::RecordBatch::new_empty(schema.clone()),
+            schema,
+        };
+        let pre = (Metric::FastNaive15, Some(Metric::Pass));
+        let mut md = String::new();
+        let c = comparison(&mut md, &rows, &metrics, pre, false);
+        for k in [
+            "holdout_primary",
+            "holdout_guardrail",
+            "practised_pass_rate",
+        ] {
+            assert!(c[k].is_null(), "{k}: {c}");
+        }
+        assert!(c["rl_multi_minus_single_turn"].is_null(), "{c}");
+        assert!(
+            md.contains("fast_naive_1_5**. RL - SFT on the hold-out families, paired by sampling seed (+- one standard error clustered by task): n/a (not measured)")
+                && !md.contains("+0.000"),
+            "{md}"
+        );
+        // A compile rate is measured without a GPU; on a GPU every metric is.
+        let mut md = String::new();
+        let c = comparison(&mut md, &rows, &metrics, (Metric::Compile, None), false);
+        assert_eq!(c["holdout_primary"]["pairs"], 4, "{c}");
+        let mut md = String::new();
+        let c = comparison(&mut md, &rows, &metrics, pre, true);
+        assert_eq!(c["holdout_guardrail"]["rl_minus_sft"], 0.5, "{c}");
+        assert_eq!(c["holdout_primary"]["rl_minus_sft"], 0.0, "{c}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod bench_harness;
 pub mod bench_torch_build;
 pub mod check;
 pub mod optimize;
+pub mod runs;
 pub mod serve;
 pub mod serve_bench;
 pub mod sql;
@@ -93,34 +94,32 @@ pub struct Ctx {
     noted: std::sync::atomic::AtomicBool,
     /// `--shared-cache` URL.
     pub shared_cache: Option<String>,
+    /// `--run NAME`: the name `run` remembers its settings under, or the remembered run whose
+    /// settings a verb that reads the store uses.
+    pub run_name: Option<String>,
 }
 
-/// What a pipeline is loaded with: a profile of the pipeline file, then `--set` overrides.
-/// `run` records them in the store (`<store>/settings/<pipeline>.json`); the verbs that read the
-/// store reuse them when given neither `--profile` nor `--set`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Settings {
-    /// `[profiles.NAME]` applied first; `None`: no profile.
-    pub profile: Option<String>,
-    /// `NODE.KEY=VALUE` overrides, applied after the profile, in order.
-    pub sets: Vec<String>,
-}
+pub use runs::Settings;
 
-impl Settings {
-    /// The settings as command-line flags, e.g. `--profile cpu --set eval.samples=1`
-    /// (`--profile none` for none).
-    pub fn flags(&self) -> String {
-        let mut f = format!("--profile {}", self.profile.as_deref().unwrap_or("none"));
-        for s in &self.sets {
-            f.push_str(&format!(" --set {s}"));
-        }
-        f
+/// Whether run `r` built every default target `defaults` of the pipeline file at `path`: each
+/// is one of its targets or upstream of one (the graph as the file draws it); with no default
+/// targets, whether it built every node.
+fn covers(path: &Path, display: &str, r: &runs::RunRecord, defaults: &[String]) -> bool {
+    if defaults.is_empty() {
+        return r.targets.is_empty();
     }
-}
-
-/// The file in `store` recording the settings of the last `run` of pipeline `name`.
-fn settings_path(store: &Path, name: &str) -> PathBuf {
-    store.join("settings").join(format!("{name}.json"))
+    if defaults.iter().all(|d| r.targets.contains(d)) {
+        return true;
+    }
+    let Ok(p) = Pipeline::load(path, display, None, &[], &Registry) else {
+        return false;
+    };
+    let Ok(built) = p.closure(&r.targets) else {
+        return false;
+    };
+    defaults
+        .iter()
+        .all(|d| p.index_of(d).is_some_and(|i| built.contains(&i)))
 }
 
 /// Whether verb `c` only reads the store (and builds what it reads), so that it reuses the
@@ -143,6 +142,7 @@ impl Ctx {
             settings_note: self.settings_note.clone(),
             noted: std::sync::atomic::AtomicBool::new(true),
             shared_cache: self.shared_cache.clone(),
+            run_name: self.run_name.clone(),
         }
     }
 
@@ -177,76 +177,123 @@ impl Ctx {
             settings_note,
             noted: Default::default(),
             shared_cache: cli.shared_cache.clone(),
+            run_name: cli.run_name.clone(),
         })
     }
 
     /// The settings of this invocation: `--profile` (`none`: no profile) and `--set` as given;
-    /// for a verb that reads the store given neither, the last `run`'s (said on stderr);
-    /// otherwise profile `cpu` where the pipeline file defines it and no GPU is found (said
-    /// on stderr). A pipeline file that cannot be read is left for the verb to report.
+    /// for a verb that reads the store given neither, those of the remembered run `--run NAME`,
+    /// else of the last run that built the pipeline's default targets (said on stderr, with the
+    /// other remembered runs); otherwise profile `cpu` where the pipeline file defines it and no
+    /// GPU is found (said on stderr). A pipeline file that cannot be read is left for the verb
+    /// to report.
+    ///
+    /// # Errors
+    /// `--run` with `--profile` or `--set` on a verb that reads the store, an unknown run, a
+    /// run record that does not parse (exit 2).
     fn resolve_settings(
         cli: &Cli,
         pipeline_path: &Path,
         display: &str,
         store: &Path,
     ) -> Result<(Settings, Option<String>), CliError> {
-        let Ok(file) = cudarl_core::pipeline::read_pipeline_file(pipeline_path, display) else {
-            let s = Settings {
-                profile: cli.profile.clone().filter(|p| p != "none"),
-                sets: cli.sets.clone(),
-            };
-            return Ok((s, None));
-        };
-        if let Some(p) = &cli.profile {
-            let s = Settings {
-                profile: Some(p.clone()).filter(|p| p != "none"),
-                sets: cli.sets.clone(),
-            };
-            return Ok((s, None));
+        if let Some(n) = &cli.run_name {
+            runs::check_name(n)?;
         }
-        if cli.sets.is_empty() && reads_store(&cli.command) {
-            let path = settings_path(store, &file.name);
-            if let Ok(bytes) = std::fs::read(&path) {
-                let last: Settings = serde_json::from_slice(&bytes).map_err(|e| {
-                    CliError::usage(format!(
-                        "{}: not the settings of a run ({e}); delete it or give --profile/--set",
-                        path.display()
-                    ))
-                })?;
-                let note = (last != Settings::default()).then(|| {
-                    format!(
-                        "note: the settings of the last `run` on this store: {} (--profile or --set to choose others)",
-                        last.flags()
-                    )
-                });
-                return Ok((last, note));
+        let given = Settings {
+            profile: cli.profile.clone().filter(|p| p != "none"),
+            sets: cli.sets.clone(),
+        };
+        let Ok(file) = cudarl_core::pipeline::read_pipeline_file(pipeline_path, display) else {
+            return Ok((given, None));
+        };
+        let reads = reads_store(&cli.command);
+        if cli.profile.is_some() || !cli.sets.is_empty() {
+            if reads && cli.run_name.is_some() {
+                return Err(CliError::usage(
+                    "--run NAME reads with that run's settings: give it without --profile and --set",
+                ));
+            }
+            return Ok((given, None));
+        }
+        let mut other_runs = String::new();
+        if reads {
+            let runs = runs::list(store, &file.name)?;
+            if let Some(n) = &cli.run_name {
+                let r = runs::find(&runs, n, &file.name, store)?;
+                let note = format!(
+                    "note: the settings of run `{n}` ({}): {}",
+                    r.targets.join(", "),
+                    r.settings.flags()
+                );
+                return Ok((r.settings.clone(), Some(note)));
+            }
+            let main = runs
+                .iter()
+                .find(|r| covers(pipeline_path, display, r, &file.targets));
+            let others: Vec<&runs::RunRecord> = runs
+                .iter()
+                .filter(|r| main.is_none_or(|m| m.name != r.name))
+                .collect();
+            if let Some(m) = main {
+                let rest = runs::named(&others);
+                let note = format!(
+                    "note: the settings of run `{}`, the last that built the default targets: {}{}",
+                    m.name,
+                    m.settings.flags(),
+                    if rest.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; other runs: {rest}")
+                    }
+                );
+                return Ok((m.settings.clone(), Some(note)));
+            }
+            if !others.is_empty() {
+                other_runs = format!(
+                    "no run of the default targets on this store yet; other runs: {}; ",
+                    runs::named(&others)
+                );
             }
         }
         let profile = (file.profiles.contains_key("cpu") && !cudarl_cuda::gpu::present())
             .then(|| "cpu".to_string());
-        let note = profile.is_some().then(|| {
-            format!(
-                "note: no GPU found: profile `cpu` of {display} (--profile none for the full-size settings)"
-            )
-        });
-        let s = Settings {
-            profile,
-            sets: cli.sets.clone(),
+        let note = if profile.is_some() {
+            Some(format!(
+                "note: {other_runs}no GPU found: profile `cpu` of {display} (--profile none for the full-size settings)"
+            ))
+        } else {
+            (!other_runs.is_empty()).then(|| format!("note: {other_runs}the file's own settings"))
         };
-        Ok((s, note))
+        Ok((
+            Settings {
+                profile,
+                sets: cli.sets.clone(),
+            },
+            note,
+        ))
     }
 
-    /// Records these settings as the last `run`'s for the verbs that read the store.
+    /// Remembers this `run` of `targets` (empty: the pipeline's default targets) under `--run
+    /// NAME` or [`runs::default_name`], for the verbs that read the store.
     ///
     /// # Errors
     /// The store cannot be written (exit 1).
-    pub fn remember_settings(&self, pipeline: &Pipeline) -> Result<(), CliError> {
+    pub fn remember_run(&self, pipeline: &Pipeline, targets: &[String]) -> Result<(), CliError> {
         let store = self.open_store()?;
-        let path = settings_path(&self.store, &pipeline.name);
-        let bytes = serde_json::to_vec_pretty(&self.settings).expect("settings serialize");
-        store
-            .write_atomic(&path, &bytes)
-            .map_err(|e| CliError::failed(format!("{}: {e}", path.display())))
+        let built = pipeline.targets_or_default(targets).to_vec();
+        let record = runs::RunRecord {
+            name: self
+                .run_name
+                .clone()
+                .unwrap_or_else(|| runs::default_name(&built)),
+            targets: built,
+            settings: self.settings.clone(),
+            finished_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        runs::remember(&store, &pipeline.name, &record)
     }
 
     /// The store, created if missing, with the `--shared-cache` attached when given.
@@ -530,11 +577,15 @@ fn human_record(r: &NodeRecord) -> String {
             None => format!("{n}: {} bytes {}", o.bytes, &o.hash[..12]),
         })
         .collect();
+    let seconds = match (r.status, r.estimated_seconds) {
+        (NodeStatus::WouldRun, Some(e)) => format!("~{e:.0}s"),
+        (NodeStatus::WouldRun, None) => "n/a".to_string(),
+        _ => format!("{:.2}s", r.seconds),
+    };
     let mut s = format!(
-        "{:>9}  {:<22} {:>7.2}s  {}",
+        "{:>9}  {:<22} {seconds:>8}  {}",
         r.status.as_str(),
         r.node,
-        r.seconds,
         outs.join(", ")
     );
     if matches!(r.status, NodeStatus::Ran | NodeStatus::WouldRun) && !r.reasons.is_empty() {
@@ -570,11 +621,11 @@ fn run(
     {
         eprintln!("warning: no SIGINT/SIGTERM handlers ({e}): an interrupt ends the run at once");
     }
-    let summary = engine.run(targets, &opts)?;
+    let summary = engine.run(engine.pipeline().targets_or_default(targets), &opts)?;
     // What the verbs that read the store build on next; a run stopped by bad input (exit 2)
     // leaves the store as it was.
     if !opts.dry_run && summary.exit_code() != 2 {
-        ctx.remember_settings(engine.pipeline())?;
+        ctx.remember_run(engine.pipeline(), targets)?;
     }
     for r in &summary.records {
         if json {
@@ -582,6 +633,9 @@ fn run(
         } else {
             println!("{}", human_record(r));
         }
+    }
+    if opts.dry_run && !json {
+        println!("{}", dry_run_summary(&summary.records));
     }
     let code = summary.exit_code();
     if code == cudarl_core::interrupt::EXIT_CODE {
@@ -592,8 +646,33 @@ fn run(
     Ok(code)
 }
 
+/// The last line of `run --dry-run`: how many nodes would run and their seconds by their
+/// previous runs, e.g. `would run 3 of 12 nodes: about 420 s by their previous runs (1 never
+/// ran: not counted)`.
+fn dry_run_summary(records: &[NodeRecord]) -> String {
+    let would: Vec<&NodeRecord> = records
+        .iter()
+        .filter(|r| r.status == NodeStatus::WouldRun)
+        .collect();
+    let known: f64 = would.iter().filter_map(|r| r.estimated_seconds).sum();
+    let never = would
+        .iter()
+        .filter(|r| r.estimated_seconds.is_none())
+        .count();
+    let mut s = format!(
+        "would run {} of {} nodes: about {known:.0} s by their previous runs",
+        would.len(),
+        records.len()
+    );
+    if never > 0 {
+        s.push_str(&format!(" ({never} never ran: not counted)"));
+    }
+    s
+}
+
 /// `status`: a line per node (FRESH with its key, else why), then a one-line count; with
-/// `exit_code`, exit 1 when a reported node is not fresh; with `verify`, the fresh nodes'
+/// `exit_code`, exit 1 when a node the targets need (given none: the pipeline's default
+/// targets, every node listed) is not fresh; with `verify`, the fresh nodes'
 /// stored files re-hashed ([`changed_blobs`]), each that changed named, and exit 1 if any did.
 fn status(
     ctx: &Ctx,
@@ -623,13 +702,36 @@ fn status(
     }
     let count = |s: NodeStatus| recs.iter().filter(|r| r.status == s).count();
     let fresh = count(NodeStatus::Fresh);
+    // Given no target, every node is listed and the exit code is about what the default
+    // targets need.
+    let pipeline = engine.pipeline();
+    let needed: Vec<String> = pipeline
+        .closure(pipeline.targets_or_default(targets))?
+        .into_iter()
+        .map(|i| pipeline.node_at(i).name.clone())
+        .collect();
+    let not_fresh = recs
+        .iter()
+        .filter(|r| r.status != NodeStatus::Fresh && needed.contains(&r.node))
+        .count();
     if !json {
-        println!(
+        let mut line = format!(
             "{fresh} of {} nodes fresh, {} stale, {} missing",
             recs.len(),
             count(NodeStatus::Stale),
             count(NodeStatus::Missing)
         );
+        if targets.is_empty() && !pipeline.targets.is_empty() {
+            line.push_str(&format!(
+                "; the default targets ({}) {}",
+                pipeline.targets.join(", "),
+                match not_fresh {
+                    0 => "are fresh".to_string(),
+                    n => format!("need {n} node(s) built: `cudarl-pipe run`"),
+                }
+            ));
+        }
+        println!("{line}");
     }
     let changed = if verify {
         changed_blobs(engine.store(), &recs)
@@ -651,7 +753,7 @@ fn status(
         );
     }
     Ok(i32::from(
-        (exit_code && fresh < recs.len()) || !changed.is_empty(),
+        (exit_code && not_fresh > 0) || !changed.is_empty(),
     ))
 }
 
