@@ -47,6 +47,119 @@ fn check(
     (o.status.code().unwrap(), v)
 }
 
+/// `check` knows every task `serve` knows: a generated family of `synth-tasks` takes its own
+/// naive kernel and prints its launcher; a wrong launcher is named in the user's file and line
+/// with the declaration expected.
+#[test]
+fn check_knows_the_generated_families_and_names_the_users_file() {
+    if !nvcc_available() {
+        return;
+    }
+    let p = Project::new();
+    let o = p.run(&[
+        "show",
+        "synth-tasks",
+        "--output",
+        "task_kernels",
+        "--json",
+        "--head",
+        "1000",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "not built yet: {}", stderr(&o));
+    // Two generated families, remembered as run `gen` for the verbs that read them.
+    let o = p.run(&[
+        "run",
+        "synth-tasks",
+        "--set",
+        "synth-tasks.generate={ elementwise = 2, row_reduce = 0, seed = 3 }",
+        "--run",
+        "gen",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = p.run(&[
+        "show",
+        "synth-tasks",
+        "--output",
+        "task_kernels",
+        "--json",
+        "--head",
+        "1000",
+        "--run",
+        "gen",
+    ]);
+    let (id, code) = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| {
+            r["role"] == "naive"
+                && r["task_id"]
+                    .as_str()
+                    .is_some_and(|t| !["vector_add", "row_sum"].contains(&t))
+        })
+        .map(|r| {
+            (
+                r["task_id"].as_str().unwrap().to_string(),
+                r["code"].as_str().unwrap().to_string(),
+            )
+        })
+        .unwrap_or_else(|| panic!("no generated family: {} {}", stdout(&o), stderr(&o)));
+    let src = p.path("naive.cu");
+    std::fs::write(&src, &code).unwrap();
+    let (c, v) = check(&p, &id, &src, &["--run", "gen"]);
+    assert_eq!((c, &v["compiled"]), (0, &serde_json::json!(true)), "{v}");
+    assert_eq!(v["task_id"], id.as_str(), "{v}");
+    let o = p.run(&["check", "--task", &id, "--signature", "--run", "gen"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let decl = stdout(&o).lines().next().unwrap_or_default().to_string();
+    assert!(
+        decl.starts_with("extern \"C\" void launch(") && decl.ends_with(";"),
+        "{decl}"
+    );
+    // The family's launcher with its size parameters' type changed.
+    let wrong: String = code
+        .lines()
+        .map(|l| {
+            if l.starts_with("extern \"C\" void launch(") {
+                l.replace("int64_t", "int")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        wrong.contains("launch(") && wrong != code.trim_end(),
+        "the launcher has an int64_t to change: {code}"
+    );
+    std::fs::write(&src, &wrong).unwrap();
+    let (c, v) = check(&p, &id, &src, &["--run", "gen"]);
+    assert_eq!(c, 1, "{v}");
+    let diag = v["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| {
+            d["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("launcher signature"))
+        })
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(diag["file"], src.to_str().unwrap(), "{v}");
+    assert!(diag["line"].as_u64().is_some_and(|l| l > 0), "{v}");
+    assert!(
+        diag["message"]
+            .as_str()
+            .unwrap()
+            .contains(decl.trim_end_matches(';')),
+        "{v}"
+    );
+    // An id no task has: the nearest one named (exit 2).
+    let near = &id[..id.len() - 1];
+    let o = p.run(&["check", "--task", near, "--signature", "--run", "gen"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("did you mean `"), "{}", stderr(&o));
+}
+
 #[test]
 fn check_compile_only_verdicts() {
     if !nvcc_available() {

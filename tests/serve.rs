@@ -242,6 +242,12 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
         bad(r#"{"task_id": "vector_add", "source": "x", "seeds": []}"#).status,
         422
     );
+    // An empty source or one that is not text: refused before nvcc, as `check` refuses it.
+    for source in [" \n", "__global__ void k() {}\u{0}"] {
+        let r = bad(&serde_json::json!({"task_id": "vector_add", "source": source}).to_string());
+        assert_eq!(r.status, 422, "{source:?}: {}", r.body);
+        assert!(r.body.contains("empty or not text"), "{}", r.body);
+    }
     // Over the body limit: refused from the Content-Length alone, before any body is read
     // (raw HTTP/1.1, so the client does not trip over the early answer).
     {

@@ -50,8 +50,12 @@ pub struct Cli {
     /// A remembered run: on `run`, the name its settings are remembered under (default: its
     /// targets joined by `+`, e.g. `rl-train+eval`); on the verbs that read the store, the run
     /// whose settings they use (default: the last run that built the pipeline's default targets).
+    /// `--run` wins over a profile from `CUDARL_PROFILE` on those verbs.
     #[arg(long = "run", global = true, value_name = "NAME")]
     run_name: Option<String>,
+    /// Whether `profile` came from `CUDARL_PROFILE` rather than `--profile`.
+    #[arg(skip)]
+    profile_from_env: bool,
     /// Override a stage param: NODE.KEY=VALUE (VALUE is TOML; repeatable).
     #[arg(long = "set", global = true, value_name = "NODE.KEY=VALUE")]
     sets: Vec<String>,
@@ -192,8 +196,9 @@ enum Command {
     },
     /// Compile, statically check, test and time one kernel for a task.
     Check {
-        /// Task id: a synthetic task (a folder of `datasets/tasks/`, e.g. `vector_add`) or a
-        /// KernelBench problem (`kb/L1/19_ReLU`).
+        /// Task id: any task `serve` knows: a hand-written task (a folder of `datasets/tasks/`,
+        /// e.g. `vector_add`), a generated family of `synth-tasks`, or a KernelBench problem
+        /// (`kb/L1/19_ReLU`).
         #[arg(long)]
         task: String,
         /// The kernel source: native ABI (`extern "C" void launch(...)`) for synthetic tasks;
@@ -299,8 +304,16 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
+    use clap::{CommandFactory, FromArgMatches};
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
+    let cli = match parsed {
+        Ok((mut c, m)) => {
+            c.profile_from_env =
+                m.value_source("profile") == Some(clap::parser::ValueSource::EnvVariable);
+            c
+        }
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
             let _ = e.print();

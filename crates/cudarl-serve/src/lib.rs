@@ -628,8 +628,9 @@ async fn evaluate_inner(
 /// only) and its public seeds.
 ///
 /// # Errors
-/// The status and message of the answer: an unknown task (404), an ABI other than `native`, an
-/// unknown mode, `full` without a GPU, or not 1 to 16 seeds (422).
+/// The status and message of the answer: an unknown task (404), an empty source or one with NUL
+/// bytes, an ABI other than `native`, an unknown mode, `full` without a GPU, or not 1 to 16
+/// seeds (422).
 fn check_request(
     s: &Inner,
     req: &EvaluateRequest,
@@ -651,6 +652,12 @@ fn check_request(
         ));
     };
     let unprocessable = |m: String| Err((StatusCode::UNPROCESSABLE_ENTITY, m));
+    // As `cudarl-pipe check` refuses such a file (exit 2), before any compile.
+    if req.source.trim().is_empty() || req.source.contains('\0') {
+        return unprocessable(
+            "source: empty or not text (NUL bytes); give the kernel's CUDA C++".into(),
+        );
+    }
     if let Some(abi) = req.abi.as_deref().filter(|a| *a != "native") {
         return unprocessable(format!(
             "abi `{abi}`: this service's tasks take native-ABI kernels (`native`)"

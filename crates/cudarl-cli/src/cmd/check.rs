@@ -317,22 +317,48 @@ fn read_source(path: &std::path::Path) -> Result<String, CliError> {
     Ok(text)
 }
 
-/// The hand-written task `task_id` (a folder of `datasets/tasks/`).
+/// A native-ABI task as `serve` knows it: its spec and its naive kernel's source (the timing
+/// baseline), when known.
+struct NativeTask {
+    spec: cudarl_cuda::TaskSpec,
+    naive: Option<String>,
+}
+
+/// The task `task_id` of the native ABI: a hand-written task (a folder of `datasets/tasks/`,
+/// read as is), else a generated family of the `synth-tasks` node (built first if needed), as
+/// `serve` knows them.
 ///
 /// # Errors
-/// The folder does not load, or no task has that id (exit 2, naming the nearest and all).
-fn hand_written_task(ctx: &Ctx, task_id: &str) -> Result<cudarl_cuda::Task, CliError> {
+/// No task has that id (exit 2, with the nearest id and how many there are); the task folders
+/// or the node's tables do not load.
+fn native_task(ctx: &Ctx, task_id: &str) -> Result<NativeTask, CliError> {
     let tasks =
         load_tasks(&ctx.root.join("datasets/tasks")).map_err(|e| CliError::usage(e.to_string()))?;
-    let ids: Vec<&str> = tasks.iter().map(|t| t.spec.id.as_str()).collect();
+    if let Some(t) = tasks.iter().find(|t| t.spec.id == task_id) {
+        return Ok(NativeTask {
+            naive: t.naive_source().ok(),
+            spec: t.spec.clone(),
+        });
+    }
+    let engine = ctx.engine(std::sync::Arc::new(cudarl_core::NullReporter), 0)?;
+    super::build(&engine, "synth-tasks")?;
+    let served = cudarl_serve::load_served_tasks(
+        &super::output_blob(&engine, "synth-tasks", "tasks")?,
+        &super::output_blob(&engine, "synth-tasks", "task_kernels")?,
+    )?;
+    let ids: Vec<&str> = served.iter().map(|t| t.spec.id.as_str()).collect();
     let unknown = CliError::usage(format!(
-        "unknown task `{task_id}`{} (tasks: {})",
+        "unknown task `{task_id}`{} ({} tasks: the folders of datasets/tasks/ and the generated families, `cudarl-pipe show synth-tasks --output tasks` lists them; KernelBench problems are kb/L<level>/<name>)",
         cudarl_core::suggest::did_you_mean(task_id, ids.iter().copied()),
-        ids.join(", ")
+        ids.len()
     ));
-    tasks
+    served
         .into_iter()
         .find(|t| t.spec.id == task_id)
+        .map(|t| NativeTask {
+            spec: t.spec,
+            naive: t.naive,
+        })
         .ok_or(unknown)
 }
 
@@ -371,7 +397,7 @@ pub fn signature(ctx: &Ctx, task_id: &str, json: bool) -> Result<i32, CliError> 
             .collect();
         (abi.signature, vec![serde_json::Value::Object(own)])
     } else {
-        let task = hand_written_task(ctx, task_id)?;
+        let task = native_task(ctx, task_id)?;
         let shapes = (task.spec.train_shapes.iter())
             .map(|s| serde_json::to_value(s).expect("sizes serialize"))
             .collect();
@@ -432,6 +458,22 @@ pub fn run(
             timeout,
         )?
     };
+    // The harness compiles a copy named `kernel.cu`: diagnostics name the user's file.
+    let verdicts: Vec<cudarl_cuda::Verdict> = verdicts
+        .into_iter()
+        .zip(sources)
+        .map(|(mut v, path)| {
+            for d in &mut v.diagnostics {
+                if d.file.as_deref() == Some(cudarl_cuda::inspect::SOURCE_NAME) {
+                    d.file = Some(match path.to_str() {
+                        Some("-") => "<stdin>".to_string(),
+                        _ => path.display().to_string(),
+                    });
+                }
+            }
+            v
+        })
+        .collect();
     if json && verdicts.len() > 1 {
         verdicts.iter().for_each(super::json_line);
         return Ok(i32::from(!verdicts.iter().all(passed)));
@@ -459,7 +501,7 @@ fn check_native(
             "`{task_id}` is a synthetic task: its candidates use the native ABI (`extern \"C\" void launch(...)`)"
         )));
     }
-    let task = hand_written_task(ctx, task_id)?;
+    let task = native_task(ctx, task_id)?;
     let (compiler, gpu, _gc) = harness(ctx, mode, arch)?;
     let rules = Rules::builtin();
     if gpu.is_none() {
@@ -479,7 +521,7 @@ fn check_native(
         .transpose()
         .map_err(|e| CliError::failed(e.to_string()))?
         .unwrap_or_default();
-    let naive = task.naive_source().ok();
+    let naive = task.naive;
     srcs.iter()
         .map(|src| {
             let opts = FullOptions {

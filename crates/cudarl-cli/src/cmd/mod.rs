@@ -200,15 +200,20 @@ impl Ctx {
         if let Some(n) = &cli.run_name {
             runs::check_name(n)?;
         }
+        let reads = reads_store(&cli.command);
+        // A reading verb told `--run NAME` takes that run's profile over `CUDARL_PROFILE`'s.
+        let profile = cli
+            .profile
+            .clone()
+            .filter(|_| !(reads && cli.run_name.is_some() && cli.profile_from_env));
         let given = Settings {
-            profile: cli.profile.clone().filter(|p| p != "none"),
+            profile: profile.clone().filter(|p| p != "none"),
             sets: cli.sets.clone(),
         };
         let Ok(file) = cudarl_core::pipeline::read_pipeline_file(pipeline_path, display) else {
             return Ok((given, None));
         };
-        let reads = reads_store(&cli.command);
-        if cli.profile.is_some() || !cli.sets.is_empty() {
+        if profile.is_some() || !cli.sets.is_empty() {
             if reads && cli.run_name.is_some() {
                 return Err(CliError::usage(
                     "--run NAME reads with that run's settings: give it without --profile and --set",
