@@ -1657,11 +1657,20 @@ fn sft_train_fine_tunes_a_hugging_face_checkpoint_directory_without_tokenizer_or
             .unwrap()
             .starts_with("<|im_start|>system\nYou write CUDA")
     );
-    // The export is copies: editing every exported file (as `save_pretrained` over it does)
-    // leaves the store as it was.
+    // The export is copies: transformers' `save_pretrained` over it, then editing every
+    // exported file, leaves the store as it was.
     use std::os::unix::fs::MetadataExt;
     for e in std::fs::read_dir(&ft).unwrap().flatten() {
         assert_eq!(e.metadata().unwrap().nlink(), 1, "{:?} is a link", e.path());
+    }
+    let o = std::process::Command::new(&python)
+        .arg(repo_root().join("tests/python/save_pretrained_over.py"))
+        .arg(&ft)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(read(&ft, "generation_config.json").contains("\"top_k\": 7"));
+    for e in std::fs::read_dir(&ft).unwrap().flatten() {
         let mut bytes = std::fs::read(e.path()).unwrap();
         bytes.extend_from_slice(b"\n");
         std::fs::write(e.path(), bytes).unwrap();
