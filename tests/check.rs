@@ -56,15 +56,13 @@ fn check_knows_the_generated_families_and_names_the_users_file() {
         return;
     }
     let p = Project::new();
-    let o = p.run(&[
-        "show",
-        "synth-tasks",
-        "--output",
-        "task_kernels",
-        "--json",
-        "--head",
-        "1000",
-    ]);
+    let kernels = |extra: &[&str]| {
+        let mut args = vec!["show", "synth-tasks", "--output", "task_kernels", "--json"];
+        args.extend(["--head", "1000"]);
+        args.extend(extra);
+        p.run(&args)
+    };
+    let o = kernels(&[]);
     assert_eq!(o.status.code(), Some(2), "not built yet: {}", stderr(&o));
     // Two generated families, remembered as run `gen` for the verbs that read them.
     let o = p.run(&[
@@ -76,17 +74,7 @@ fn check_knows_the_generated_families_and_names_the_users_file() {
         "gen",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = p.run(&[
-        "show",
-        "synth-tasks",
-        "--output",
-        "task_kernels",
-        "--json",
-        "--head",
-        "1000",
-        "--run",
-        "gen",
-    ]);
+    let o = kernels(&["--run", "gen"]);
     let (id, code) = stdout(&o)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
