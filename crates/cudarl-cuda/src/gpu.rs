@@ -252,6 +252,27 @@ pub struct RunJob {
     pub profile: bool,
 }
 
+impl RunJob {
+    /// A job for `task` that asks for nothing yet: no shared object, shapes, seeds or timing,
+    /// no wall-clock limit, nothing upcoming and every option off; callers set what they need
+    /// (`RunJob { seeds: vec![0], ..RunJob::for_task(task) }`).
+    pub fn for_task(task: TaskSpec) -> RunJob {
+        RunJob {
+            so_path: None,
+            task,
+            shapes: vec![],
+            seeds: vec![],
+            bench: None,
+            torch_baseline: false,
+            cudart: None,
+            wall_s: None,
+            upcoming: 0,
+            exclusive_timing: false,
+            profile: false,
+        }
+    }
+}
+
 /// Result of one (shape, seed) test.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestResult {

@@ -606,19 +606,14 @@ fn naive_job(
 ) -> RunJob {
     RunJob {
         so_path: Some(so),
-        task: spec.clone(),
         shapes: vec![shape],
-        seeds: vec![],
         bench: Some(BenchSpec {
             shape_index: 0,
             ..timing.clone()
         }),
-        torch_baseline: false,
         cudart: compiler.nvcc.cudart().map(|p| p.display().to_string()),
         wall_s: Some(wall.as_secs_f64()),
-        upcoming: 0,
-        exclusive_timing: false,
-        profile: false,
+        ..RunJob::for_task(spec.clone())
     }
 }
 

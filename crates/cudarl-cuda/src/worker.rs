@@ -1039,17 +1039,8 @@ mod tests {
             .unwrap()
             .spec;
         let job = RunJob {
-            so_path: None,
-            task,
-            shapes: vec![],
-            seeds: vec![],
             bench: Some(Default::default()),
-            torch_baseline: false,
-            cudart: None,
-            wall_s: None,
-            upcoming: 0,
-            exclusive_timing: false,
-            profile: false,
+            ..RunJob::for_task(task)
         };
         let wall = Duration::from_secs(10);
         let id = gpu.to_string();

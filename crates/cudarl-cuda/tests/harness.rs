@@ -17,14 +17,17 @@ fn nvcc() -> Option<Nvcc> {
     Nvcc::discover_or_skip(&repo_root())
 }
 
+/// The bundled task `id` of `datasets/tasks`.
+fn bundled_task(id: &str) -> cudarl_cuda::Task {
+    bundled_tasks()
+        .into_iter()
+        .find(|t| t.spec.id == id)
+        .unwrap()
+}
+
 /// The `vector_add` task's spec, from the bundled tasks.
 fn vector_add() -> cudarl_cuda::TaskSpec {
-    load_tasks(&repo_root().join("datasets/tasks"))
-        .unwrap()
-        .into_iter()
-        .find(|t| t.spec.id == "vector_add")
-        .unwrap()
-        .spec
+    bundled_task("vector_add").spec
 }
 
 fn compiler(store: &cudarl_store::Store) -> Option<Compiler> {
@@ -36,9 +39,57 @@ fn compiler(store: &cudarl_store::Store) -> Option<Compiler> {
     })
 }
 
+/// A store in a fresh temporary folder and the real-nvcc compiler caching into it; `None`
+/// (the test skips) where no nvcc is found. The folder lives as long as the returned guard.
+fn compiler_with_store() -> Option<(tempfile::TempDir, cudarl_store::Store, Compiler)> {
+    let d = tempfile::tempdir().unwrap();
+    let store = cudarl_store::Store::open(d.path()).unwrap();
+    let c = compiler(&store)?;
+    Some((d, store, c))
+}
+
+/// The bundled tasks of `datasets/tasks`.
+fn bundled_tasks() -> Vec<cudarl_cuda::Task> {
+    load_tasks(&repo_root().join("datasets/tasks")).unwrap()
+}
+
+/// A compiler whose "nvcc" is the shell `script` written into `dir` (with a real nvcc's version
+/// string and an empty shared runtime to link against), limited to `timeout`, caching nothing.
+fn stand_in_compiler(dir: &Path, script: &str, timeout: Duration) -> Compiler {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = dir.join("nvcc");
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    Compiler {
+        nvcc: Nvcc {
+            path: fake,
+            version: "13.0.88".into(),
+            // The build links against the shared runtime, looked up before nvcc runs.
+            lib_dirs: vec![fake_cudart(dir)],
+        },
+        arch: "sm_90".into(),
+        timeout,
+        store: None,
+    }
+}
+
+/// Asserts that every `(rule id, source)` case trips its rule in `check`'s findings.
+fn assert_each_trips(
+    cases: &[(&str, String)],
+    check: impl Fn(&str) -> Vec<cudarl_cuda::static_check::Finding>,
+) {
+    for (id, src) in cases {
+        let f = check(src);
+        assert!(
+            f.iter().any(|x| &x.rule == id),
+            "`{id}` did not trip on:\n{src}\nfindings: {f:?}"
+        );
+    }
+}
+
 #[test]
 fn task_specs_load_and_are_consistent() {
-    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
+    let tasks = bundled_tasks();
     let ids: Vec<&str> = tasks.iter().map(|t| t.spec.id.as_str()).collect();
     for want in [
         "vector_add",
@@ -136,63 +187,54 @@ fn bad_task_specs_are_named() {
     let d = tempfile::tempdir().unwrap();
     let src =
         std::fs::read_to_string(repo_root().join("datasets/tasks/vector_add/task.toml")).unwrap();
-    std::fs::write(
-        d.path().join("task.toml"),
-        src.replace("bytes = \"12*n\"", "bytes = \"12*m\""),
-    )
-    .unwrap();
-    let e = cudarl_cuda::TaskSpec::load(d.path())
-        .unwrap_err()
-        .to_string();
+    // The error loading the spec with `bad` replaced by `worse`.
+    let load_error = |bad: &str, worse: &str| {
+        std::fs::write(d.path().join("task.toml"), src.replace(bad, worse)).unwrap();
+        cudarl_cuda::TaskSpec::load(d.path())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = load_error("bytes = \"12*n\"", "bytes = \"12*m\"");
     assert!(
         e.contains("task.toml") && e.contains("unknown size `m`"),
         "{e}"
     );
-    std::fs::write(
-        d.path().join("task.toml"),
-        src.replace("tier = 0", "tier = 0\ncolour = 1"),
-    )
-    .unwrap();
-    let e = cudarl_cuda::TaskSpec::load(d.path())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("unknown field `colour`"), "{e}");
-    for (bad, want) in [
-        ("dtype = \"f32\"", "dtype = \"f64\""),
-        ("dtype = \"f32\"", "dtype = \"f32\"\ninput_scales = []"),
+    // Unknown fields, dtypes, input scales and references (syntax, names, one per output) are
+    // checked when the spec loads.
+    for (bad, worse, want) in [
+        ("tier = 0", "tier = 0\ncolour = 1", "unknown field `colour`"),
+        (
+            "dtype = \"f32\"",
+            "dtype = \"f64\"",
+            "dtype `f64` is not one of f32, f16, bf16",
+        ),
+        (
+            "dtype = \"f32\"",
+            "dtype = \"f32\"\ninput_scales = []",
+            "input_scales: give one or more positive, finite values",
+        ),
         (
             "dtype = \"f32\"",
             "dtype = \"f32\"\ninput_scales = [1.0, -2.0]",
+            "input_scales: give one or more positive, finite values",
         ),
-    ]
-    .iter()
-    .zip([
-        "dtype `f64` is not one of f32, f16, bf16",
-        "input_scales: give one or more positive, finite values",
-        "input_scales: give one or more positive, finite values",
-    ]) {
-        std::fs::write(d.path().join("task.toml"), src.replace(bad.0, bad.1)).unwrap();
-        let e = cudarl_cuda::TaskSpec::load(d.path())
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains(want), "{e}");
-    }
-    // References are checked when the spec loads: syntax, names, one per output.
-    for (bad, want) in [
-        ("out = \"a + b\"", "out = \"a + c\""),
-        ("out = \"a + b\"", "out = \"a +\""),
-        ("out = \"a + b\"", "other = \"a\""),
-    ]
-    .iter()
-    .zip([
-        "reference.out: `c` is not an input or scalar argument",
-        "reference.out: unexpected end of expression",
-        "reference: no expression for output `out`",
-    ]) {
-        std::fs::write(d.path().join("task.toml"), src.replace(bad.0, bad.1)).unwrap();
-        let e = cudarl_cuda::TaskSpec::load(d.path())
-            .unwrap_err()
-            .to_string();
+        (
+            "out = \"a + b\"",
+            "out = \"a + c\"",
+            "reference.out: `c` is not an input or scalar argument",
+        ),
+        (
+            "out = \"a + b\"",
+            "out = \"a +\"",
+            "reference.out: unexpected end of expression",
+        ),
+        (
+            "out = \"a + b\"",
+            "other = \"a\"",
+            "reference: no expression for output `out`",
+        ),
+    ] {
+        let e = load_error(bad, worse);
         assert!(e.contains(want), "{e}");
     }
 }
@@ -273,20 +315,8 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
             "#include <torch/extension.h>\ntorch::Tensor forward(torch::Tensor a) { torch::autograd::profiler::disableProfiler(); return a; }\n".to_string(),
         ),
     ];
-    for (id, src) in &py_cases {
-        let f = rules.check_python(src);
-        assert!(
-            f.iter().any(|x| &x.rule == id),
-            "`{id}` did not trip on:\n{src}\nfindings: {f:?}"
-        );
-    }
-    for (id, src) in &torch_cases {
-        let f = rules.check(src, "torch");
-        assert!(
-            f.iter().any(|x| &x.rule == id),
-            "`{id}` did not trip on:\n{src}\nfindings: {f:?}"
-        );
-    }
+    assert_each_trips(&py_cases, |src| rules.check_python(src));
+    assert_each_trips(&torch_cases, |src| rules.check(src, "torch"));
     // Python: mentions in comments and strings (the CUDA source) trip nothing, and neither does
     // a method named `compile` (`re.compile`).
     let quiet = py(
@@ -309,13 +339,7 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
             "rule `{id}` has no tripping kernel in this test"
         );
     }
-    for (id, src) in &cases {
-        let f = rules.check(src, "native");
-        assert!(
-            f.iter().any(|x| &x.rule == id),
-            "`{id}` did not trip on:\n{src}\nfindings: {f:?}"
-        );
-    }
+    assert_each_trips(&cases, |src| rules.check(src, "native"));
     // Mentions in comments and strings do not trip anything.
     let quiet = body(
         "  // system(\"x\"); fopen(...)\n  /* exit(1); clock64() */\n  const char* msg = \"socket( dlopen( getenv(\";",
@@ -334,7 +358,7 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
         rules.check(&quiet, "native")
     );
     // Honest kernels: no findings at all.
-    for t in load_tasks(&repo_root().join("datasets/tasks")).unwrap() {
+    for t in bundled_tasks() {
         let mut srcs = vec![("naive".to_string(), t.naive_source().unwrap())];
         srcs.extend(t.optimized_sources().unwrap());
         for (name, s) in srcs {
@@ -349,11 +373,10 @@ fn every_static_rule_trips_and_honest_kernels_pass() {
 
 #[test]
 fn compile_success_resources_and_cache_hit_without_nvcc() {
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
-    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
-    let rs = tasks.iter().find(|t| t.spec.id == "row_sum").unwrap();
+    let Some((_d, _store, c)) = compiler_with_store() else {
+        return;
+    };
+    let rs = &bundled_task("row_sum");
     let src = rs.optimized_sources().unwrap()[0].1.clone();
     let v = check_compile_only(&rs.spec, &src, &Rules::builtin(), &c).unwrap();
     assert!(v.compiled, "{v:?}");
@@ -400,9 +423,9 @@ fn compile_success_resources_and_cache_hit_without_nvcc() {
 
 #[test]
 fn compile_errors_have_candidate_line_numbers() {
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
+    let Some((_d, _store, c)) = compiler_with_store() else {
+        return;
+    };
     let va = &vector_add();
     let src = "#include <cuda_runtime.h>\n#include <stdint.h>\n\n__global__ void k(float* o) {\n    o[0] = undefined_thing;\n}\n";
     let v = check_compile_only(va, src, &Rules::builtin(), &c).unwrap();
@@ -485,25 +508,11 @@ fn compile_time_limit_is_cpu_time_so_a_build_that_waits_for_a_core_is_not_stoppe
     // does on a loaded machine) and then fails: a compile error, not a timeout. A build that
     // computes past its limit is killed by RLIMIT_CPU (the real-nvcc test below).
     let d = tempfile::tempdir().unwrap();
-    let fake = d.path().join("nvcc");
-    std::fs::write(
-        &fake,
+    let c = stand_in_compiler(
+        d.path(),
         "#!/bin/sh\nsleep 2\necho 'kernel.cu(1): error: stand-in'\nexit 1\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let c = Compiler {
-        nvcc: Nvcc {
-            path: fake,
-            version: "13.0.88".into(),
-            // The build links against the shared runtime, looked up before nvcc runs.
-            lib_dirs: vec![fake_cudart(d.path())],
-        },
-        arch: "sm_90".into(),
-        timeout: Duration::from_secs(1),
-        store: None,
-    };
+        Duration::from_secs(1),
+    );
     let t0 = std::time::Instant::now();
     let out = c.compile("int x;", "", &Rules::builtin()).unwrap();
     assert!(t0.elapsed() >= Duration::from_secs(2), "ran to its end");
@@ -514,9 +523,7 @@ fn compile_time_limit_is_cpu_time_so_a_build_that_waits_for_a_core_is_not_stoppe
 fn a_build_over_its_cpu_time_limit_is_killed_reported_and_not_cached() {
     // A preprocessor bomb (10^8 tokens): the host compiler's preprocessor computes until
     // RLIMIT_CPU stops it.
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(mut c) = compiler(&store) else {
+    let Some((_d, _store, mut c)) = compiler_with_store() else {
         return;
     };
     c.timeout = Duration::from_secs(1);
@@ -556,21 +563,11 @@ fn compile_time_limit_kills_the_compiler() {
     // A stand-in "nvcc" that hangs, with a real nvcc's version string: the harness must kill
     // it (and its process group) at the limit and report a timeout.
     let d = tempfile::tempdir().unwrap();
-    let fake = d.path().join("nvcc");
-    std::fs::write(&fake, "#!/bin/sh\nsleep 30 &\nsleep 30\n").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let c = Compiler {
-        nvcc: Nvcc {
-            path: fake,
-            version: "13.0.88".into(),
-            // The build links against the shared runtime, looked up before nvcc runs.
-            lib_dirs: vec![fake_cudart(d.path())],
-        },
-        arch: "sm_90".into(),
-        timeout: Duration::from_millis(500),
-        store: None,
-    };
+    let c = stand_in_compiler(
+        d.path(),
+        "#!/bin/sh\nsleep 30 &\nsleep 30\n",
+        Duration::from_millis(500),
+    );
     let t0 = std::time::Instant::now();
     let out = c.compile("int x;", "", &Rules::builtin()).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(5), "killed promptly");
@@ -590,11 +587,10 @@ fn compile_time_limit_kills_the_compiler() {
 /// cases that call `system` or `execl` would create files if they ran.
 #[test]
 fn hacks_decidable_on_the_cpu_get_their_verdicts() {
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
-    let root = repo_root();
-    let hacks = root.join("tests/kernels/hacks");
+    let Some((_d, _store, c)) = compiler_with_store() else {
+        return;
+    };
+    let hacks = repo_root().join("tests/kernels/hacks");
     let expected: toml::Table =
         toml::from_str(&std::fs::read_to_string(hacks.join("expected.toml")).unwrap()).unwrap();
     let files: Vec<String> = std::fs::read_dir(&hacks)
@@ -611,12 +607,7 @@ fn hacks_decidable_on_the_cpu_get_their_verdicts() {
         assert!(expected.contains_key(f), "{f}.cu has no expected verdict");
     }
     assert!(expected.len() >= 40, "{} cases", expected.len());
-    let tasks = load_tasks(&root.join("datasets/tasks")).unwrap();
-    let va = &tasks
-        .iter()
-        .find(|t| t.spec.id == "vector_add")
-        .unwrap()
-        .spec;
+    let va = &vector_add();
     let rules = Rules::builtin();
     let mut checked = 0;
     let mut wrong = Vec::new();
@@ -658,12 +649,11 @@ fn hacks_decidable_on_the_cpu_get_their_verdicts() {
 /// in sequence on the stream, C++14 digit separators, printf in the launcher.
 #[test]
 fn unusual_honest_kernels_pass_the_checks() {
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
-    let root = repo_root();
-    let dir = root.join("tests/kernels/honest");
-    let tasks = load_tasks(&root.join("datasets/tasks")).unwrap();
+    let Some((_d, _store, c)) = compiler_with_store() else {
+        return;
+    };
+    let dir = repo_root().join("tests/kernels/honest");
+    let tasks = bundled_tasks();
     let mut n = 0;
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let p = e.path();
@@ -691,11 +681,10 @@ fn unusual_honest_kernels_pass_the_checks() {
 
 #[test]
 fn own_kernels_are_read_from_the_built_object() {
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
-    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
-    let rs = tasks.iter().find(|t| t.spec.id == "row_sum").unwrap();
+    let Some((_d, store, c)) = compiler_with_store() else {
+        return;
+    };
+    let rs = &bundled_task("row_sum");
     // A templated kernel in a namespace and one named by a macro, launched from host code so
     // their stubs are emitted.
     let extra = r#"
@@ -733,11 +722,10 @@ fn the_scheduler_tests_each_build_while_later_ones_still_compile() {
     use cudarl_cuda::worker::WorkerPool;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
-    let tasks = load_tasks(&repo_root().join("datasets/tasks")).unwrap();
-    let va = tasks.iter().find(|t| t.spec.id == "vector_add").unwrap();
+    let Some((_d, _store, c)) = compiler_with_store() else {
+        return;
+    };
+    let va = &bundled_task("vector_add");
     let naive = va.naive_source().unwrap();
     let sources: Vec<String> = (0..4)
         .map(|i| format!("{naive}\n// variant {i}\n"))
@@ -842,9 +830,9 @@ fn a_device_helper_function_builds_and_a_pointer_to_exit_does_not() {
     // object imports it: an honest kernel with such a helper must still pass the inspection.
     // A candidate that names `exit` itself (here a pointer to it, which no `exit(` pattern sees)
     // is refused by the source rule on its own lines.
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
+    let Some((_d, _store, c)) = compiler_with_store() else {
+        return;
+    };
     let va = &vector_add();
     let launcher = "extern \"C\" void launch(const float* a, const float* b, float* out, int64_t n, \
                     cudaStream_t stream) {\n  k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);\n}\n";
@@ -876,9 +864,9 @@ fn a_device_helper_function_builds_and_a_pointer_to_exit_does_not() {
 #[test]
 fn the_shim_is_out_of_reach_of_the_candidates_macros() {
     use object::{Object, ObjectSymbol};
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
+    let Some((_d, store, c)) = compiler_with_store() else {
+        return;
+    };
     let va = &vector_add();
     let hijack = std::fs::read_to_string(
         repo_root().join("tests/kernels/hacks/shim_macro_hijack.cu"),
@@ -928,9 +916,9 @@ fn the_shim_is_out_of_reach_of_the_candidates_macros() {
 /// object alone shows nothing.
 #[test]
 fn a_syscall_encoding_the_link_writes_is_refused() {
-    let d = tempfile::tempdir().unwrap();
-    let store = cudarl_store::Store::open(d.path()).unwrap();
-    let Some(c) = compiler(&store) else { return };
+    let Some((_d, store, c)) = compiler_with_store() else {
+        return;
+    };
     let va = vector_add();
     let rules = Rules::builtin();
     let source = |pad: u32| {

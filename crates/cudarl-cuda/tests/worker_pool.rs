@@ -24,16 +24,8 @@ fn job(so: &str) -> RunJob {
     .unwrap();
     RunJob {
         so_path: Some(so.into()),
-        task: spec,
-        shapes: vec![],
         seeds: vec![0],
-        bench: None,
-        torch_baseline: false,
-        cudart: None,
-        wall_s: None,
-        upcoming: 0,
-        exclusive_timing: false,
-        profile: false,
+        ..RunJob::for_task(spec)
     }
 }
 

@@ -319,65 +319,74 @@ pub fn kernels_batch(rows: &[KernelRow]) -> Result<RecordBatch> {
 /// The `ncu_metrics` column: per row, its NCU profile's metrics (name, unit, average,
 /// variance, count), null without a profile.
 fn ncu_metrics_column(rows: &[KernelRow]) -> ArrayRef {
-    let mfields = struct_fields(&ncu_metric_struct());
-    let mut mb = ListBuilder::new(StructBuilder::from_fields(mfields, 0));
-    for r in rows {
-        match &r.ncu {
-            None => mb.append(false),
-            Some(p) => {
-                let sb = mb.values();
-                for m in &p.metrics {
-                    sb.field_builder::<StringBuilder>(0)
-                        .expect("name")
-                        .append_value(&m.name);
-                    sb.field_builder::<StringBuilder>(1)
-                        .expect("unit")
-                        .append_option(m.unit.as_deref());
-                    sb.field_builder::<Float64Builder>(2)
-                        .expect("avg")
-                        .append_option(m.avg_value);
-                    sb.field_builder::<Float64Builder>(3)
-                        .expect("var")
-                        .append_option(m.variance);
-                    sb.field_builder::<Int64Builder>(4)
-                        .expect("n")
-                        .append_option(m.n);
-                    sb.append(true);
-                }
-                mb.append(true);
-            }
-        }
-    }
-    std::sync::Arc::new(mb.finish())
+    ncu_list_column(
+        rows,
+        &ncu_metric_struct(),
+        |p| &p.metrics,
+        |sb, m| {
+            sb.field_builder::<StringBuilder>(0)
+                .expect("name")
+                .append_value(&m.name);
+            sb.field_builder::<StringBuilder>(1)
+                .expect("unit")
+                .append_option(m.unit.as_deref());
+            sb.field_builder::<Float64Builder>(2)
+                .expect("avg")
+                .append_option(m.avg_value);
+            sb.field_builder::<Float64Builder>(3)
+                .expect("var")
+                .append_option(m.variance);
+            sb.field_builder::<Int64Builder>(4)
+                .expect("n")
+                .append_option(m.n);
+        },
+    )
 }
 
 /// The `ncu_rules` column: per row, its NCU profile's rule results (name, type, description),
 /// null without a profile.
 fn ncu_rules_column(rows: &[KernelRow]) -> ArrayRef {
-    let rfields = struct_fields(&ncu_rule_struct());
-    let mut rb = ListBuilder::new(StructBuilder::from_fields(rfields, 0));
+    ncu_list_column(
+        rows,
+        &ncu_rule_struct(),
+        |p| &p.rules,
+        |sb, x| {
+            sb.field_builder::<StringBuilder>(0)
+                .expect("name")
+                .append_value(&x.name);
+            sb.field_builder::<StringBuilder>(1)
+                .expect("type")
+                .append_option(x.kind.as_deref());
+            sb.field_builder::<StringBuilder>(2)
+                .expect("desc")
+                .append_option(x.description.as_deref());
+        },
+    )
+}
+
+/// A list column of structs of type `item` (a `DataType::Struct`): per row, one struct per
+/// element of `items` of its NCU profile, its fields filled by `fill`; null without a profile.
+fn ncu_list_column<T>(
+    rows: &[KernelRow],
+    item: &DataType,
+    items: impl Fn(&NcuProfile) -> &[T],
+    fill: impl Fn(&mut StructBuilder, &T),
+) -> ArrayRef {
+    let mut lb = ListBuilder::new(StructBuilder::from_fields(struct_fields(item), 0));
     for r in rows {
         match &r.ncu {
-            None => rb.append(false),
+            None => lb.append(false),
             Some(p) => {
-                let sb = rb.values();
-                for x in &p.rules {
-                    sb.field_builder::<StringBuilder>(0)
-                        .expect("name")
-                        .append_value(&x.name);
-                    sb.field_builder::<StringBuilder>(1)
-                        .expect("type")
-                        .append_option(x.kind.as_deref());
-                    sb.field_builder::<StringBuilder>(2)
-                        .expect("desc")
-                        .append_option(x.description.as_deref());
+                let sb = lb.values();
+                for x in items(p) {
+                    fill(sb, x);
                     sb.append(true);
                 }
-                rb.append(true);
+                lb.append(true);
             }
         }
     }
-    std::sync::Arc::new(rb.finish())
+    std::sync::Arc::new(lb.finish())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
@@ -145,11 +146,7 @@ fn chart_on<'a, 'b>(
     x: std::ops::Range<f64>,
     y: std::ops::Range<f64>,
 ) -> Result<
-    ChartContext<
-        'a,
-        BitMapBackend<'b>,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
     DrawingAreaErrorKind<<BitMapBackend<'b> as DrawingBackend>::ErrorType>,
 > {
     ChartBuilder::on(area)
@@ -158,6 +155,24 @@ fn chart_on<'a, 'b>(
         .x_label_area_size(48)
         .y_label_area_size(72)
         .build_cartesian_2d(x, y)
+}
+
+/// Draws the mesh `mesh` (its labels and axis descriptions set by the caller) in the charts'
+/// fonts; a drawing error names the PNG file `path`.
+fn draw_mesh(
+    mesh: &mut plotters::chart::MeshStyle<
+        '_,
+        '_,
+        RangedCoordf64,
+        RangedCoordf64,
+        BitMapBackend<'_>,
+    >,
+    path: &Path,
+) -> Result<(), PlotError> {
+    mesh.label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(|e| draw_error(path, &e))
 }
 
 const COLORS: [RGBColor; 6] = [
@@ -205,17 +220,16 @@ pub fn line_chart(
     };
     let y_fmt = move |y: &f64| tick_label(*y, y_span);
     let mut chart = chart_on(&area, title, xs.0..xs.1, ys.0..ys.1).map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .x_labels(x_labels)
-        .x_label_formatter(&x_fmt)
-        .y_label_formatter(&y_fmt)
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .draw()
-        .map_err(|e| err(&e))?;
+    draw_mesh(
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .x_labels(x_labels)
+            .x_label_formatter(&x_fmt)
+            .y_label_formatter(&y_fmt),
+        path,
+    )?;
     for (i, s) in series.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         chart
@@ -227,8 +241,7 @@ pub fn line_chart(
                 .map_err(|e| err(&e))?;
         }
     }
-    let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
-    legend_and_write(&legend, &root, &labels, path)
+    legend_and_write(&legend, &root, series, path)
 }
 
 /// Draws `series` as grouped bars over named categories (series point `(i, y)`: the bar of
@@ -267,17 +280,16 @@ pub fn bar_chart(
     let y_fmt = move |y: &f64| tick_label(*y, ymax);
     let mut chart =
         chart_on(&area, title, -0.5..(n as f64 - 0.5), 0.0..ymax).map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n + 1)
-        .x_label_formatter(&x_fmt)
-        .y_label_formatter(&y_fmt)
-        .y_desc(y_label)
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .draw()
-        .map_err(|e| err(&e))?;
+    draw_mesh(
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n + 1)
+            .x_label_formatter(&x_fmt)
+            .y_label_formatter(&y_fmt)
+            .y_desc(y_label),
+        path,
+    )?;
     let k = series.len().max(1) as f64;
     let w = 0.8 / k;
     for (si, s) in series.iter().enumerate() {
@@ -289,8 +301,7 @@ pub fn bar_chart(
             }))
             .map_err(|e| err(&e))?;
     }
-    let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
-    legend_and_write(&legend, &root, &labels, path)
+    legend_and_write(&legend, &root, series, path)
 }
 
 /// Draws a histogram of `values` in `bins` equal-width bins (one colour per group, bars side by
@@ -345,16 +356,15 @@ pub fn histogram(
     let x_fmt = move |x: &f64| tick_label(*x, span);
     let y_fmt = |y: &f64| integer_label(*y);
     let mut chart = chart_on(&area, title, lo..hi, 0.0..ymax).map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc("count")
-        .x_label_formatter(&x_fmt)
-        .y_label_formatter(&y_fmt)
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .draw()
-        .map_err(|e| err(&e))?;
+    draw_mesh(
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc("count")
+            .x_label_formatter(&x_fmt)
+            .y_label_formatter(&y_fmt),
+        path,
+    )?;
     let k = bars.len().max(1) as f64;
     for (gi, s) in bars.iter().enumerate() {
         let c = COLORS[gi % COLORS.len()];
@@ -366,20 +376,19 @@ pub fn histogram(
             }))
             .map_err(|e| err(&e))?;
     }
-    let labels: Vec<String> = bars.iter().map(|s| s.label.clone()).collect();
-    legend_and_write(&legend, &root, &labels, path)
+    legend_and_write(&legend, &root, &bars, path)
 }
 
-/// Draws the legend of series `labels` (colours in order) in the strip `legend` right of the
+/// Draws the legend of `series`' labels (colours in order) in the strip `legend` right of the
 /// plot, where it never covers the data, and writes the PNG file `path`.
 fn legend_and_write(
     legend: &Area<'_>,
     root: &Area<'_>,
-    labels: &[String],
+    series: &[Series],
     path: &Path,
 ) -> Result<(), PlotError> {
     let err = |e: &dyn std::fmt::Display| draw_error(path, e);
-    for (i, l) in labels.iter().enumerate() {
+    for (i, l) in series.iter().map(|s| &s.label).enumerate() {
         let c = COLORS[i % COLORS.len()];
         let y = 70 + 28 * i as i32;
         legend

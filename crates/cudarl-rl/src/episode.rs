@@ -105,6 +105,19 @@ pub struct TaskText {
 }
 
 impl TaskText {
+    /// The text of a task given as a KernelBench-style PyTorch module `source` (its `Model`,
+    /// constants and `get_inputs`): the description read from the module, and no example
+    /// shapes (the module's constants are one).
+    pub fn of_module(tier: i64, source: &str, dtype: String, signature: String) -> TaskText {
+        TaskText {
+            tier,
+            description: prompts::module_description(source),
+            dtype,
+            signature,
+            shapes: vec![],
+        }
+    }
+
     /// The prompt view of this text.
     pub fn view(&self) -> TaskView<'_> {
         TaskView {
@@ -128,13 +141,12 @@ impl EpisodeTask for TaskSpec {
     /// ([`TaskSpec::problem_source`]), the launcher, and no example shapes (the module's
     /// constants are one).
     fn text(&self) -> TaskText {
-        TaskText {
-            tier: self.tier,
-            description: prompts::module_description(&self.problem_source()),
-            dtype: self.dtype.clone(),
-            signature: self.signature(),
-            shapes: vec![],
-        }
+        TaskText::of_module(
+            self.tier,
+            &self.problem_source(),
+            self.dtype.clone(),
+            self.signature(),
+        )
     }
 }
 

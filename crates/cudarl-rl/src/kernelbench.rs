@@ -39,13 +39,12 @@ impl EpisodeTask for KbTask {
         self.tier
     }
     fn text(&self) -> TaskText {
-        TaskText {
-            tier: self.tier,
-            description: prompts::module_description(&self.code),
-            dtype: prompts::signature_dtype(&self.signature).to_string(),
-            signature: self.signature.clone(),
-            shapes: vec![],
-        }
+        TaskText::of_module(
+            self.tier,
+            &self.code,
+            prompts::signature_dtype(&self.signature).to_string(),
+            self.signature.clone(),
+        )
     }
 }
 

@@ -331,6 +331,25 @@ struct Module<'a> {
     returned: Vec<String>,
 }
 
+impl Module<'static> {
+    /// A module without `__init__` parameters or state whose `forward(x)` runs `body` on its
+    /// one input `x`, made in `get_inputs` by the line `input`, and returns `x`; `doc` is its
+    /// docstring, `constants` its module constants in order.
+    fn of_x(doc: String, body: Vec<String>, constants: Vec<(String, i64)>, input: String) -> Self {
+        Module {
+            doc,
+            init_params: vec![],
+            init_body: vec![],
+            init_inputs: vec![],
+            forward_args: &["x"],
+            body,
+            constants,
+            inputs: vec![input],
+            returned: vec!["x".into()],
+        }
+    }
+}
+
 fn render_module(m: &Module<'_>) -> String {
     let mut s = String::from("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n");
     s.push_str(&format!("    \"\"\"\n    {}\n    \"\"\"\n\n", m.doc));
@@ -733,24 +752,16 @@ fn ew_half_family(id: &str, steps: &[Step], block: u32, half: Half) -> Family {
     );
     spec.dtype = half.dtype().into();
     let body = chain_body(steps, &[], &[]);
-    let module = render_module(&Module {
-        doc: format!(
+    let module = render_module(&Module::of_x(
+        format!(
             "Simple model that applies, elementwise, in {}: {}.",
             half.torch().trim_start_matches("torch."),
             doc_of(steps)
         ),
-        init_params: vec![],
-        init_body: vec![],
-        init_inputs: vec![],
-        forward_args: &["x"],
         body,
-        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
-        inputs: vec![format!(
-            "x = torch.rand(batch_size, dim, dtype={})",
-            half.torch()
-        )],
-        returned: vec!["x".into()],
-    });
+        constants(&["batch_size", "dim"], &spec.train_shapes[0]),
+        format!("x = torch.rand(batch_size, dim, dtype={})", half.torch()),
+    ));
     let (header, t, t2, to_f, from_f, to_f2, from_f2) = half.cuda();
     let head = format!("{HEADER}#include <{header}>\n");
     let sig = spec.signature();
@@ -999,24 +1010,19 @@ fn row_kernels(
     (naive, fast)
 }
 
-fn row_shapes(long: bool) -> (Shapes, Shapes) {
-    let train = if long {
-        shapes(&[
-            &[("batch_size", 512), ("dim", 4096)],
-            &[("batch_size", 4096), ("dim", 1024)],
-            &[("batch_size", 64), ("dim", 65536)],
-        ])
-    } else {
-        shapes(&[
-            &[("batch_size", 512), ("dim", 4096)],
-            &[("batch_size", 4096), ("dim", 1024)],
-            &[("batch_size", 64), ("dim", 16384)],
-        ])
-    };
+/// Train and hold-out shapes `(batch_size, dim)` of a row operator, the row dimension named
+/// `dim`; `long` rows reach 65536 elements (16384 otherwise).
+fn row_shapes(dim: &str, long: bool) -> (Shapes, Shapes) {
+    let longest = if long { 65536 } else { 16384 };
+    let train = shapes(&[
+        &[("batch_size", 512), (dim, 4096)],
+        &[("batch_size", 4096), (dim, 1024)],
+        &[("batch_size", 64), (dim, longest)],
+    ]);
     let holdout = shapes(&[
-        &[("batch_size", 1), ("dim", 1)],
-        &[("batch_size", 1000), ("dim", 999)],
-        &[("batch_size", 7), ("dim", if long { 32769 } else { 12289 })],
+        &[("batch_size", 1), (dim, 1)],
+        &[("batch_size", 1000), (dim, 999)],
+        &[("batch_size", 7), (dim, if long { 32769 } else { 12289 })],
     ]);
     (train, holdout)
 }
@@ -1040,7 +1046,7 @@ fn row_family(id: &str, kind: RowKind, pre: &[Step], post: &[Step], block: u32) 
         RowKind::Softmax | RowKind::LogSoftmax | RowKind::L2Norm | RowKind::L1Norm => (1, false),
         RowKind::LayerNorm | RowKind::RmsNorm => (if post.is_empty() { 2 } else { 3 }, false),
     };
-    let (train, mut holdout) = row_shapes(long);
+    let (train, mut holdout) = row_shapes("dim", long);
     if matches!(kind, RowKind::L2Norm | RowKind::L1Norm) {
         // A one-element row that the activation zeroes (clamp, hardswish, ...) has no norm: the
         // reference is 0 / 0. 65 elements, all zeroed, do not happen on uniform inputs.
@@ -1365,17 +1371,12 @@ fn mid_reduce_family(id: &str, c: Comb, mean: bool, keep: bool, pre: &[Step]) ->
             doc_of(pre)
         )
     };
-    let module = render_module(&Module {
-        doc: format!("Simple model that performs {doc}."),
-        init_params: vec![],
-        init_body: vec![],
-        init_inputs: vec![],
-        forward_args: &["x"],
+    let module = render_module(&Module::of_x(
+        format!("Simple model that performs {doc}."),
         body,
-        constants: constants(&["batch_size", "dim1", "dim2"], &spec.train_shapes[0]),
-        inputs: vec!["x = torch.rand(batch_size, dim1, dim2)".into()],
-        returned: vec!["x".into()],
-    });
+        constants(&["batch_size", "dim1", "dim2"], &spec.train_shapes[0]),
+        "x = torch.rand(batch_size, dim1, dim2)".into(),
+    ));
     let naive = mid_naive(&spec, c, mean, pre);
     let fast = mid_split(&spec, c, mean, pre);
     let group = group_of(&format!("mid:{rf}"), pre, if keep { "|keep" } else { "" });
@@ -1478,16 +1479,7 @@ fn scan_family(id: &str, c: Comb, pre: &[Step]) -> Family {
         ),
         _ => ("cumsum", "sum", '+', "0.0f", "0.0", "batch_size*dim".into()),
     };
-    let train = shapes(&[
-        &[("batch_size", 512), ("dim", 4096)],
-        &[("batch_size", 4096), ("dim", 1024)],
-        &[("batch_size", 64), ("dim", 16384)],
-    ]);
-    let holdout = shapes(&[
-        &[("batch_size", 1), ("dim", 1)],
-        &[("batch_size", 1000), ("dim", 999)],
-        &[("batch_size", 7), ("dim", 12289)],
-    ]);
+    let (train, holdout) = row_shapes("dim", false);
     let x = ref_chain(pre, "in0", "");
     let mut spec = kb_spec(
         id,
@@ -1507,17 +1499,12 @@ fn scan_family(id: &str, c: Comb, pre: &[Step]) -> Family {
     let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
     body.push(format!("return torch.{f}(x, dim=1)"));
     let what = format!("an inclusive cumulative {word} over the last dimension");
-    let module = render_module(&Module {
-        doc: format!("Simple model that performs {}.", chain_doc(&what, pre, &[])),
-        init_params: vec![],
-        init_body: vec![],
-        init_inputs: vec![],
-        forward_args: &["x"],
+    let module = render_module(&Module::of_x(
+        format!("Simple model that performs {}.", chain_doc(&what, pre, &[])),
         body,
-        constants: constants(&["batch_size", "dim"], &spec.train_shapes[0]),
-        inputs: vec!["x = torch.rand(batch_size, dim)".into()],
-        returned: vec!["x".into()],
-    });
+        constants(&["batch_size", "dim"], &spec.train_shapes[0]),
+        "x = torch.rand(batch_size, dim)".into(),
+    ));
     let sig = spec.signature();
     let (decl, names) = params(&spec);
     let naive = format!(
@@ -1572,16 +1559,7 @@ fn scan_family(id: &str, c: Comb, pre: &[Step]) -> Family {
 /// running_var`). The judge draws every buffer uniform in `[-s, s)`, so the module passes the
 /// running variance's magnitude (`torch.abs`) and the reference reads `abs(running_var)`.
 fn batch_norm_family(id: &str, pre: &[Step], post: &[Step], block: u32) -> Family {
-    let train = shapes(&[
-        &[("batch_size", 512), ("num_features", 4096)],
-        &[("batch_size", 4096), ("num_features", 1024)],
-        &[("batch_size", 64), ("num_features", 16384)],
-    ]);
-    let holdout = shapes(&[
-        &[("batch_size", 1), ("num_features", 1)],
-        &[("batch_size", 1000), ("num_features", 999)],
-        &[("batch_size", 7), ("num_features", 12289)],
-    ]);
+    let (train, holdout) = row_shapes("num_features", false);
     let feat: &[&str] = &["num_features"];
     let inputs: Vec<(&str, &[&str])> = vec![
         ("in0", &["batch_size", "num_features"]),

@@ -243,23 +243,7 @@ impl FsPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Runs `f` in a forked child (Landlock restricts the process for good) and returns its
-    /// exit status.
-    fn in_child(f: impl FnOnce() -> i32) -> i32 {
-        // SAFETY: the child only runs `f` (file operations) and exits without returning.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let code = f();
-            // SAFETY: leaves the forked child at once.
-            unsafe { libc::_exit(code) };
-        }
-        let mut st = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
-        libc::WEXITSTATUS(st)
-    }
+    use crate::child::in_child;
 
     #[test]
     fn a_confined_process_reads_only_what_it_was_given() {
@@ -276,7 +260,7 @@ mod tests {
             write: vec![build.clone()],
             ..Default::default()
         };
-        let code = in_child(move || {
+        let (code, _) = in_child(move || {
             if policy.restrict(false).is_err() {
                 return 10;
             }

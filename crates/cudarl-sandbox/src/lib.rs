@@ -24,6 +24,8 @@
 //! zygote). A denied system call raises `SIGSYS`; [`report`] turns it into one line on the
 //! report descriptor naming the call, then the process exits with [`VIOLATION_EXIT`].
 
+#[cfg(test)]
+mod child;
 pub mod fs;
 pub mod process;
 pub mod report;

@@ -659,25 +659,7 @@ pub fn install(filters: &[BpfProgram], all_threads: bool) -> Result<(), SandboxE
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn in_child(f: impl FnOnce() -> i32) -> (i32, i32) {
-        // SAFETY: the child runs `f` and exits without returning.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let c = f();
-            // SAFETY: leaves the forked child.
-            unsafe { libc::_exit(c) };
-        }
-        let mut st = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut st, 0) };
-        if libc::WIFSIGNALED(st) {
-            (-1, libc::WTERMSIG(st))
-        } else {
-            (libc::WEXITSTATUS(st), 0)
-        }
-    }
+    use crate::child::in_child;
 
     fn opts() -> FilterOptions {
         FilterOptions {

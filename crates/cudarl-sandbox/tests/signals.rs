@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 
 use cudarl_sandbox::{ConfineOptions, FilterOptions, FsPolicy, Limits, Profile, Scopes, syscalls};
 
+#[path = "../src/child.rs"]
+mod child;
+use child::{in_child, wait};
+
 /// A signal call aimed at one process.
 #[derive(Debug, Clone, Copy)]
 enum Call {
@@ -208,21 +212,6 @@ impl Seen {
             }),
             _ => None,
         }
-    }
-}
-
-fn wait(pid: i32) -> i32 {
-    let mut st = 0;
-    loop {
-        // SAFETY: waits for a child of this process.
-        let r = unsafe { libc::waitpid(pid, &mut st, 0) };
-        if r == pid {
-            return st;
-        }
-        assert_eq!(
-            std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::EINTR)
-        );
     }
 }
 
@@ -450,24 +439,6 @@ fn the_runner_signals_only_itself_and_a_profile_pass_only_probes() {
     });
     assert_eq!(code, 0);
     assert!(sib.alive());
-}
-
-/// Runs `f` in a forked child: its exit status, or -1 and the signal that killed it.
-fn in_child(f: impl FnOnce() -> i32) -> (i32, i32) {
-    // SAFETY: the child runs `f` and `_exit`s.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
-        let c = f();
-        // SAFETY: leaves the forked child.
-        unsafe { libc::_exit(c) };
-    }
-    let st = wait(pid);
-    if libc::WIFSIGNALED(st) {
-        (-1, libc::WTERMSIG(st))
-    } else {
-        (libc::WEXITSTATUS(st), 0)
-    }
 }
 
 static GOT_USR1: AtomicBool = AtomicBool::new(false);

@@ -89,43 +89,36 @@ mod tests {
     use arrow::datatypes::DataType;
 
     use super::*;
-    use crate::TableRow;
 
     /// The traced schemas are the ones the stage wrote column by column before: the same
     /// Parquet bytes.
     #[test]
     fn traced_schemas_are_the_stages_own() {
         use DataType::{Boolean, Float64, Int64, Utf8};
-        assert_eq!(
-            *ArchiveNativeRow::schema(),
-            crate::schema_of(&[
-                ("kernel_id", Utf8, false),
-                ("source", Utf8, false),
-                ("problem_id", Utf8, false),
-                ("split", Utf8, false),
-                ("tier", Int64, false),
-                ("converted", Boolean, false),
-                ("reason", Utf8, true),
-                ("code", Utf8, true),
-                ("compiled", Boolean, false),
-                ("correct", Boolean, true),
-                ("median_ms", Float64, true),
-                ("speedup_vs_torch", Float64, true),
-                ("validated", Utf8, false),
-                ("feedback", Utf8, true),
-                ("description", Utf8, false),
-                ("signature", Utf8, false),
-            ])
-        );
-        assert_eq!(
-            *ArchiveSummaryRow::schema(),
-            crate::schema_of(&[
-                ("source", Utf8, false),
-                ("rows", Int64, false),
-                ("converted", Int64, false),
-                ("compiled", Int64, false),
-                ("correct", Int64, false),
-            ])
-        );
+        crate::assert_columns::<ArchiveNativeRow>(&[
+            ("kernel_id", Utf8, false),
+            ("source", Utf8, false),
+            ("problem_id", Utf8, false),
+            ("split", Utf8, false),
+            ("tier", Int64, false),
+            ("converted", Boolean, false),
+            ("reason", Utf8, true),
+            ("code", Utf8, true),
+            ("compiled", Boolean, false),
+            ("correct", Boolean, true),
+            ("median_ms", Float64, true),
+            ("speedup_vs_torch", Float64, true),
+            ("validated", Utf8, false),
+            ("feedback", Utf8, true),
+            ("description", Utf8, false),
+            ("signature", Utf8, false),
+        ]);
+        crate::assert_columns::<ArchiveSummaryRow>(&[
+            ("source", Utf8, false),
+            ("rows", Int64, false),
+            ("converted", Int64, false),
+            ("compiled", Int64, false),
+            ("correct", Int64, false),
+        ]);
     }
 }

@@ -55,30 +55,26 @@ mod tests {
     use arrow::datatypes::DataType;
 
     use super::*;
-    use crate::TableRow;
 
     /// The traced schema is the one the stage wrote column by column before: the same bytes.
     #[test]
     fn traced_schema_is_the_stages_own() {
         use DataType::{Boolean, Float64, Int64, Utf8};
-        assert_eq!(
-            *EvalEpisodeRow::schema(),
-            crate::schema_of(&[
-                ("checkpoint", Utf8, false),
-                ("split", Utf8, false),
-                ("task_id", Utf8, false),
-                ("tier", Int64, false),
-                ("episode", Int64, false),
-                ("turns", Int64, false),
-                ("first_compiled", Boolean, false),
-                ("first_correct", Boolean, true),
-                ("compiled", Boolean, false),
-                ("correct", Boolean, true),
-                ("speedup_vs_naive", Float64, true),
-                ("speedup_vs_torch", Float64, true),
-                ("speedup_vs_torch_compile", Float64, true),
-                ("reward", Float64, false),
-            ])
-        );
+        crate::assert_columns::<EvalEpisodeRow>(&[
+            ("checkpoint", Utf8, false),
+            ("split", Utf8, false),
+            ("task_id", Utf8, false),
+            ("tier", Int64, false),
+            ("episode", Int64, false),
+            ("turns", Int64, false),
+            ("first_compiled", Boolean, false),
+            ("first_correct", Boolean, true),
+            ("compiled", Boolean, false),
+            ("correct", Boolean, true),
+            ("speedup_vs_naive", Float64, true),
+            ("speedup_vs_torch", Float64, true),
+            ("speedup_vs_torch_compile", Float64, true),
+            ("reward", Float64, false),
+        ]);
     }
 }

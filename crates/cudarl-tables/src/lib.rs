@@ -198,15 +198,21 @@ pub fn write<T: TableRow>(path: &Path, rows: &[T]) -> Result<(), DataError> {
     cudarl_data::write_parquet(path, &to_batch(rows)?)
 }
 
-/// The schema of columns `(name, type, nullable)`, in order: what a table's test holds its traced
-/// schema to.
+/// The schema of columns `(name, type, nullable)`, in order.
 #[cfg(test)]
-pub(crate) fn schema_of(cols: &[(&str, DataType, bool)]) -> Schema {
+fn schema_of(cols: &[(&str, DataType, bool)]) -> Schema {
     Schema::new(
         cols.iter()
             .map(|(n, t, null)| Field::new(*n, t.clone(), *null))
             .collect::<Vec<_>>(),
     )
+}
+
+/// Asserts that row type `T`'s traced schema is the columns `(name, type, nullable)`, in
+/// order: what each table's test holds its schema (and so its Parquet bytes) to.
+#[cfg(test)]
+pub(crate) fn assert_columns<T: TableRow>(cols: &[(&str, DataType, bool)]) {
+    assert_eq!(*T::schema(), schema_of(cols), "table `{}`", T::NAME);
 }
 
 #[cfg(test)]
@@ -330,20 +336,17 @@ mod tests {
         kt.push(f("bytes", Int64, false));
         kt.extend(strs(&["device"]));
         assert_eq!(*crate::kb_specs::KbTestRow::schema(), Schema::new(kt));
-        assert_eq!(
-            *crate::kb_specs::KbTestgenRow::schema(),
-            schema_of(&[
-                ("problem_id", Utf8, false),
-                ("level", Int64, false),
-                ("status", Utf8, false),
-                ("reason", Utf8, true),
-                ("test_sizes_json", Utf8, false),
-                ("test_bytes", Int64, false),
-                ("full_bytes", Int64, false),
-                ("rand_mix_note", Utf8, true),
-                ("tests", Int64, false),
-            ])
-        );
+        crate::assert_columns::<kb_specs::KbTestgenRow>(&[
+            ("problem_id", Utf8, false),
+            ("level", Int64, false),
+            ("status", Utf8, false),
+            ("reason", Utf8, true),
+            ("test_sizes_json", Utf8, false),
+            ("test_bytes", Int64, false),
+            ("full_bytes", Int64, false),
+            ("rand_mix_note", Utf8, true),
+            ("tests", Int64, false),
+        ]);
         assert_eq!(
             *crate::tasks::TaskKernelRow::schema(),
             Schema::new(strs(&["kernel_id", "task_id", "role", "file", "code"]))

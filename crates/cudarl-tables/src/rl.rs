@@ -208,14 +208,11 @@ mod tests {
             assert_eq!(f.data_type(), &want, "{n}");
             assert_eq!(f.is_nullable(), nullable.contains(&n), "{n}");
         }
-        assert_eq!(
-            *RlTierRow::schema(),
-            crate::schema_of(&[
-                ("tier", DataType::Int64, false),
-                ("opened_at_step", DataType::Int64, false),
-                ("compile_rate", DataType::Float64, true),
-                ("pass_rate", DataType::Float64, true),
-            ])
-        );
+        crate::assert_columns::<RlTierRow>(&[
+            ("tier", DataType::Int64, false),
+            ("opened_at_step", DataType::Int64, false),
+            ("compile_rate", DataType::Float64, true),
+            ("pass_rate", DataType::Float64, true),
+        ]);
     }
 }

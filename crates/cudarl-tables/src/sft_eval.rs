@@ -78,39 +78,32 @@ mod tests {
     use arrow::datatypes::DataType;
 
     use super::*;
-    use crate::TableRow;
 
     /// The traced schemas are the ones the stage wrote column by column before: the same
     /// Parquet bytes.
     #[test]
     fn traced_schemas_are_the_stages_own() {
         use DataType::{Boolean, Float64, Int64, Utf8};
-        assert_eq!(
-            *SftSampleRow::schema(),
-            crate::schema_of(&[
-                ("task_id", Utf8, false),
-                ("sample", Int64, false),
-                ("text", Utf8, false),
-                ("code", Utf8, true),
-                ("tokens", Int64, false),
-                ("finish", Utf8, false),
-                ("compiled", Boolean, false),
-                ("failure", Utf8, true),
-                ("detail", Utf8, true),
-            ])
-        );
-        assert_eq!(
-            *SftEvalRow::schema(),
-            crate::schema_of(&[
-                ("task_id", Utf8, false),
-                ("tier", Int64, false),
-                ("samples", Int64, false),
-                ("with_code", Int64, false),
-                ("compiled", Int64, false),
-                ("compile_rate", Float64, false),
-                ("mode", Utf8, false),
-                ("device", Utf8, false),
-            ])
-        );
+        crate::assert_columns::<SftSampleRow>(&[
+            ("task_id", Utf8, false),
+            ("sample", Int64, false),
+            ("text", Utf8, false),
+            ("code", Utf8, true),
+            ("tokens", Int64, false),
+            ("finish", Utf8, false),
+            ("compiled", Boolean, false),
+            ("failure", Utf8, true),
+            ("detail", Utf8, true),
+        ]);
+        crate::assert_columns::<SftEvalRow>(&[
+            ("task_id", Utf8, false),
+            ("tier", Int64, false),
+            ("samples", Int64, false),
+            ("with_code", Int64, false),
+            ("compiled", Int64, false),
+            ("compile_rate", Float64, false),
+            ("mode", Utf8, false),
+            ("device", Utf8, false),
+        ]);
     }
 }

@@ -63,34 +63,27 @@ mod tests {
     use arrow::datatypes::DataType;
 
     use super::*;
-    use crate::TableRow;
 
     /// The traced schemas are the ones the stages wrote column by column before: the same
     /// Parquet bytes.
     #[test]
     fn traced_schemas_are_the_stages_own() {
         use DataType::{Float64, Int64, Utf8};
-        assert_eq!(
-            *TrainMetricsRow::schema(),
-            crate::schema_of(&[
-                ("step", Int64, false),
-                ("epoch", Int64, false),
-                ("loss", Float64, false),
-                ("lr", Float64, false),
-                ("grad_norm", Float64, false),
-                ("tokens", Int64, false),
-                ("tokens_per_s", Float64, false),
-                ("eval_loss", Float64, true),
-                ("device", Utf8, false),
-            ])
-        );
-        assert_eq!(
-            *CorpusRow::schema(),
-            crate::schema_of(&[
-                ("kind", Utf8, false),
-                ("item_id", Utf8, true),
-                ("line", Utf8, false),
-            ])
-        );
+        crate::assert_columns::<TrainMetricsRow>(&[
+            ("step", Int64, false),
+            ("epoch", Int64, false),
+            ("loss", Float64, false),
+            ("lr", Float64, false),
+            ("grad_norm", Float64, false),
+            ("tokens", Int64, false),
+            ("tokens_per_s", Float64, false),
+            ("eval_loss", Float64, true),
+            ("device", Utf8, false),
+        ]);
+        crate::assert_columns::<CorpusRow>(&[
+            ("kind", Utf8, false),
+            ("item_id", Utf8, true),
+            ("line", Utf8, false),
+        ]);
     }
 }

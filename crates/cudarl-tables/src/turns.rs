@@ -171,7 +171,6 @@ mod tests {
     use arrow::datatypes::DataType;
 
     use super::*;
-    use crate::schema_of;
 
     /// The traced schemas are the ones the stages wrote column by column before (the same
     /// Parquet bytes).
@@ -202,22 +201,13 @@ mod tests {
             ("split", DataType::Utf8, false),
             ("episode", DataType::Int64, false),
         ];
-        assert_eq!(
-            *RlTurnRow::schema(),
-            schema_of(&[&rl[..], &turn[..]].concat())
-        );
-        assert_eq!(
-            *EvalTurnRow::schema(),
-            schema_of(&[&eval[..], &turn[..]].concat())
-        );
+        crate::assert_columns::<RlTurnRow>(&[&rl[..], &turn[..]].concat());
+        crate::assert_columns::<EvalTurnRow>(&[&eval[..], &turn[..]].concat());
         let optimize = [
             ("problem_id", DataType::Utf8, false),
             ("episode", DataType::Int64, false),
         ];
-        assert_eq!(
-            *OptimizeTurnRow::schema(),
-            schema_of(&[&optimize[..], &turn[..]].concat())
-        );
+        crate::assert_columns::<OptimizeTurnRow>(&[&optimize[..], &turn[..]].concat());
     }
 
     /// A row written through its schema reads back equal (the flattened turn columns included).

@@ -142,26 +142,22 @@ mod tests {
     use arrow::datatypes::DataType;
 
     use super::*;
-    use crate::{TableRow, schema_of};
 
     /// `agreement`'s traced schema is the one the stage wrote column by column before.
     #[test]
     fn agreement_schema_is_the_stages_own() {
         let (s, b, f) = (DataType::Utf8, DataType::Boolean, DataType::Float64);
-        assert_eq!(
-            *AgreementRow::schema(),
-            schema_of(&[
-                ("kernel_id", s.clone(), false),
-                ("task_id", s.clone(), false),
-                ("source", s.clone(), false),
-                ("claimed_correct", b.clone(), true),
-                ("our_correct", b.clone(), true),
-                ("agree", b, true),
-                ("our_reason", s.clone(), true),
-                ("their_reason", s, true),
-                ("claimed_speedup", f.clone(), true),
-                ("our_speedup_vs_torch", f, true),
-            ])
-        );
+        crate::assert_columns::<AgreementRow>(&[
+            ("kernel_id", s.clone(), false),
+            ("task_id", s.clone(), false),
+            ("source", s.clone(), false),
+            ("claimed_correct", b.clone(), true),
+            ("our_correct", b.clone(), true),
+            ("agree", b, true),
+            ("our_reason", s.clone(), true),
+            ("their_reason", s, true),
+            ("claimed_speedup", f.clone(), true),
+            ("our_speedup_vs_torch", f, true),
+        ]);
     }
 }

@@ -795,6 +795,18 @@ impl Judge {
 
     /// A view of the arena as `n` elements of `kind` at byte `offset`.
     fn view(&self, offset: u64, n: i64, kind: Kind) -> Result<Tensor, JudgeError> {
+        self.arena_view(offset, &[n], &[1], kind)
+    }
+
+    /// A view of the arena at byte `offset` of elements of `kind` with `shape` and `strides`
+    /// (in elements); the caller checks that the layout stays inside the arena.
+    fn arena_view(
+        &self,
+        offset: u64,
+        shape: &[i64],
+        strides: &[i64],
+        kind: Kind,
+    ) -> Result<Tensor, JudgeError> {
         let ipc = self
             .ipc
             .as_ref()
@@ -804,8 +816,8 @@ impl Judge {
         unsafe {
             Tensor::f_from_blob(
                 (ipc.arena().ptr + offset) as *const u8,
-                &[n],
-                &[1],
+                shape,
+                strides,
                 kind,
                 self.dev,
             )
@@ -879,23 +891,9 @@ impl Judge {
         elem: &Elem,
         kind: Kind,
     ) -> Result<Tensor, JudgeError> {
-        let ipc = self
-            .ipc
-            .as_ref()
-            .ok_or_else(|| JudgeError::Machine("no arena".into()))?;
-        // SAFETY: the arena is a device allocation of `ipc.bytes` in this context, and every
-        // layout stays inside it (checked by the caller); rows are whole elements apart (sets
-        // are ALIGN-aligned).
-        unsafe {
-            Tensor::f_from_blob(
-                (ipc.arena().ptr + offset) as *const u8,
-                &[k as i64, n],
-                &[(row_bytes / elem.size as u64) as i64, 1],
-                kind,
-                self.dev,
-            )
-        }
-        .map_err(JudgeError::from)
+        // Rows are whole elements apart (sets are ALIGN-aligned).
+        let row_stride = (row_bytes / elem.size as u64) as i64;
+        self.arena_view(offset, &[k as i64, n], &[row_stride, 1], kind)
     }
 
     /// Fills the `k` buffer sets of a timing window (`set_bytes` apart from arena offset

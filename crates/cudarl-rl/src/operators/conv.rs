@@ -274,17 +274,22 @@ fn prelude(kind: Kind) -> (String, String) {
     (macros, alias)
 }
 
+/// What every kernel of a convolution family is written against: the family's kind, the
+/// kernel's parameter list `decl` and argument names `names` ([`params`]), the launcher's
+/// declaration `sig`, and `w`, the name of the weight argument.
+#[derive(Debug, Clone, Copy)]
+struct KernelParts<'a> {
+    kind: Kind,
+    decl: &'a str,
+    names: &'a str,
+    sig: &'a str,
+    w: &'a str,
+}
+
 /// The naive kernel: one thread per output element, a direct loop over the input channels of
 /// its group and the window; `epilogue` updates `float v` of output channel `co`.
-fn naive_kernel(
-    kind: Kind,
-    decl: &str,
-    names: &str,
-    sig: &str,
-    w: &str,
-    epilogue: &str,
-    block: u32,
-) -> String {
+fn naive_kernel(parts: KernelParts<'_>, epilogue: &str, block: u32) -> String {
+    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
     let (macros, alias) = prelude(kind);
     format!(
         "// naive: one thread per output element; a direct loop over the input channels of its\n\
@@ -327,16 +332,8 @@ fn naive_kernel(
 /// staged in shared memory (taps innermost by output channel, read as broadcasts), and each
 /// thread accumulates its pixel's `cob` outputs in registers. blockIdx.x walks the tiles,
 /// blockIdx.y the (image, channel block) pairs (striding past 65535).
-#[allow(clippy::too_many_arguments)]
-fn tile_kernel(
-    kind: Kind,
-    decl: &str,
-    names: &str,
-    sig: &str,
-    w: &str,
-    epilogue: &str,
-    cob: u32,
-) -> String {
+fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
+    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
     let (macros, alias) = prelude(kind);
     let (tw, th, cib, what) = if kind == Kind::Conv1d {
         (128, 1, 8, "128 output positions")
@@ -431,7 +428,8 @@ fn tile_kernel(
 /// `(image, channel)` plane, 4 rows per thread, from the input tile with its halo and the
 /// channel's filter in shared memory. blockIdx.x walks the tiles, blockIdx.y the planes
 /// (striding past 65535).
-fn depthwise_kernel(kind: Kind, decl: &str, names: &str, sig: &str, w: &str) -> String {
+fn depthwise_kernel(parts: KernelParts<'_>) -> String {
+    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
     let (macros, alias) = prelude(kind);
     format!(
         "// fast: one block per 32 x 32 output tile of one (image, channel) plane, 32 x 8 threads\n\
@@ -497,7 +495,8 @@ fn depthwise_kernel(kind: Kind, decl: &str, names: &str, sig: &str, w: &str) -> 
 /// `P = height * width`, as a matmul of 32 x 32 output tiles, 32 x 8 threads computing 4
 /// outputs each, the tiles of `W` and `x_n` in padded shared memory. blockIdx.z walks the
 /// images (striding past 65535).
-fn pointwise_kernel(kind: Kind, decl: &str, names: &str, sig: &str, w: &str) -> String {
+fn pointwise_kernel(parts: KernelParts<'_>) -> String {
+    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
     let (macros, alias) = prelude(kind);
     format!(
         "// fast: a 1x1 convolution is a matmul per image, out_n (Cout x HW) = W (Cout x Cin)\n\
@@ -835,39 +834,24 @@ fn conv_kernels(
         e.push_str(&cuda_chain(steps, "", "co", indent));
         e
     };
-    let naive = naive_kernel(
+    let parts = KernelParts {
         kind,
-        &decl,
-        &arg_names,
-        &sig,
-        wname,
-        &epilogue("    "),
-        block,
-    );
+        decl: &decl,
+        names: &arg_names,
+        sig: &sig,
+        w: wname,
+    };
+    let naive = naive_kernel(parts, &epilogue("    "), block);
     let (file, fast) = match kind {
-        Kind::Depthwise { .. } => (
-            "depthwise_tile.cu",
-            depthwise_kernel(kind, &decl, &arg_names, &sig, wname),
-        ),
-        Kind::Pointwise => (
-            "pointwise_gemm.cu",
-            pointwise_kernel(kind, &decl, &arg_names, &sig, wname),
-        ),
+        Kind::Depthwise { .. } => ("depthwise_tile.cu", depthwise_kernel(parts)),
+        Kind::Pointwise => ("pointwise_gemm.cu", pointwise_kernel(parts)),
         _ => (
             if kind == Kind::Conv1d {
                 "tile_1d.cu"
             } else {
                 "tile_2d.cu"
             },
-            tile_kernel(
-                kind,
-                &decl,
-                &arg_names,
-                &sig,
-                wname,
-                &epilogue("                    "),
-                cob,
-            ),
+            tile_kernel(parts, &epilogue("                    "), cob),
         ),
     };
     (file, naive, fast)

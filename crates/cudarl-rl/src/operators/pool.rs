@@ -662,17 +662,12 @@ fn prod_family(id: &str, keep: bool, pre: &[Step]) -> Family {
         "a product reduction over the last dimension{}",
         if keep { " (kept dimension)" } else { "" }
     );
-    let module = render_module(&Module {
-        doc: format!("Simple model that performs {}.", chain_doc(&what, pre, &[])),
-        init_params: vec![],
-        init_body: vec![],
-        init_inputs: vec![],
-        forward_args: &["x"],
+    let module = render_module(&Module::of_x(
+        format!("Simple model that performs {}.", chain_doc(&what, pre, &[])),
         body,
-        constants: constants(&dims, &spec.train_shapes[0]),
-        inputs: vec![format!("x = torch.rand({})", dims.join(", "))],
-        returned: vec!["x".into()],
-    });
+        constants(&dims, &spec.train_shapes[0]),
+        format!("x = torch.rand({})", dims.join(", ")),
+    ));
     let sig = spec.signature();
     let (decl, names) = params(&spec);
     let naive = format!(
