@@ -10,12 +10,14 @@
 //!   as the episodes' policy; [`harness`]: the kernel harness as their tester;
 //! - [`families`] and [`operators`]: generated task families; [`tasks`]: the task tables, read in one place;
 //! - [`step`]: one RL step (groups, advantages, updates, the step's metrics);
-//! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`;
+//! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`; [`report`]: its
+//!   report; [`eval_tables`]: its `summary`, `episodes` and `turns` rows;
 //! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`).
 
 pub mod collab;
 pub mod credit;
 pub mod episode;
+pub mod eval_tables;
 pub mod families;
 pub mod harness;
 pub mod kb_eval;
