@@ -4,7 +4,7 @@
 //!
 //! - [`episode`]: one episode (generator -> tester -> optimizer -> tester ...) and the
 //!   tester's feedback; [`reward`]: the gated, shaped reward of a turn; [`repair`]: broken
-//!   kernels for the optimizer's repair examples;
+//!   kernels for the optimizer's repair examples; [`sft`]: the agents' SFT examples;
 //! - [`credit`]: turn credit, group-normalized advantages (GRPO), GAE (PPO);
 //! - [`trainer`]: the trainer process (`cudarl-pipe-train`): one-shot jobs and the RL trainer
 //!   as the episodes' policy; [`harness`]: the kernel harness as their tester;
@@ -31,6 +31,7 @@ pub mod repair;
 pub mod report;
 pub mod reward;
 pub mod run;
+pub mod sft;
 pub mod stats;
 pub mod step;
 pub mod tasks;
