@@ -12,7 +12,8 @@
 //! - [`step`]: one RL step (groups, advantages, updates, the step's metrics);
 //! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`; [`report`]: its
 //!   report; [`eval_tables`]: its `summary`, `episodes` and `turns` rows;
-//! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`).
+//! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`);
+//! - [`verdict_rows`]: a kernel's verdict as `validate`'s `validations` and `agreement` rows.
 
 pub mod collab;
 pub mod credit;
@@ -36,6 +37,7 @@ pub mod stats;
 pub mod step;
 pub mod tasks;
 pub mod trainer;
+pub mod verdict_rows;
 pub mod verl;
 
 pub use cudarl_protocol::{ChatMessage, Role};
