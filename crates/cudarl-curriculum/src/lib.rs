@@ -1,6 +1,7 @@
-//! cudarl-curriculum: op features of reference code, tiers 0-3, deterministic splits and the
-//! gates that open the next tier (docs/architecture.md, "Tiers and gates").
+//! cudarl-curriculum: op features of reference code, tiers 0-3, deterministic splits, the
+//! hold-out draw and the gates that open the next tier (docs/architecture.md, "Tiers and gates").
 
+pub mod holdout;
 pub mod ops;
 pub mod prompts;
 pub mod rename;

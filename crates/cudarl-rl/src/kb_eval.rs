@@ -127,3 +127,153 @@ impl KbSet {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use cudarl_cuda::task::TaskSpec;
+    use cudarl_curriculum::holdout::{Family, FamilySplit, HoldOut};
+    use cudarl_data::Table;
+
+    use super::*;
+
+    /// The bundled task families (`datasets/tasks` and the generated families of
+    /// `pipelines/default.toml`) and KernelBench problems (`datasets/kernelbench`), split as
+    /// that pipeline's `splits` stage splits them: the task set and the KernelBench problems
+    /// `(split, problem)`.
+    fn bundled() -> (crate::tasks::TaskSet, Vec<(String, KbTask)>) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let pipeline: toml::Table =
+            toml::from_str(&std::fs::read_to_string(root.join("pipelines/default.toml")).unwrap())
+                .unwrap();
+        let stage = |name: &str| pipeline["stages"][name].as_table().unwrap().clone();
+        let tasks = cudarl_cuda::task::load_tasks(&root.join("datasets/tasks")).unwrap();
+        let mut specs: Vec<TaskSpec> = tasks.iter().map(|t| t.spec.clone()).collect();
+        let exclude = specs
+            .iter()
+            .flat_map(|s| s.reference.values().cloned())
+            .collect();
+        let generate: crate::families::GenerateParams =
+            stage("synth-tasks")["generate"].clone().try_into().unwrap();
+        let generated = crate::families::generate(&generate, &exclude);
+        specs.extend(generated.into_iter().map(|f| f.spec));
+        let holdout: HoldOut = stage("splits").try_into().unwrap();
+        let families: Vec<Family<'_>> = specs
+            .iter()
+            .map(|s| Family {
+                id: &s.id,
+                group: s.group.as_deref(),
+                generated: s.id.starts_with(crate::families::PREFIX),
+            })
+            .collect();
+        let drawn = holdout.families(&families);
+        let mut ts = crate::tasks::TaskSet::default();
+        for ((_, split), spec) in drawn.into_iter().zip(specs) {
+            match split {
+                FamilySplit::Test => ts.test.push(spec),
+                FamilySplit::Rl => ts.rl.push(spec),
+                FamilySplit::Train => ts.train.push(spec),
+            }
+        }
+        let kb = Table::read(
+            &root.join("datasets/kernelbench/problems.parquet"),
+            "problems",
+        )
+        .unwrap();
+        let (level, name, code) = (
+            kb.req_ints("level").unwrap(),
+            kb.req_strings("name").unwrap(),
+            kb.req_strings("code").unwrap(),
+        );
+        let problems: Vec<KbTask> = (0..kb.rows())
+            .map(|i| KbTask {
+                id: format!("kb/L{}/{}", level.get(i).unwrap(), name.get(i).unwrap()),
+                tier: 0,
+                level: level.get(i).unwrap(),
+                name: name.get(i).unwrap().into(),
+                code: code.get(i).unwrap().into(),
+                signature: String::new(),
+            })
+            .collect();
+        let ids: Vec<(String, i64)> = problems.iter().map(|p| (p.id.clone(), p.level)).collect();
+        let drawn: BTreeMap<String, String> = holdout
+            .kernelbench(&ids)
+            .into_iter()
+            .map(|(id, _, split)| (id.to_string(), split.as_str().to_string()))
+            .collect();
+        let kb = problems
+            .into_iter()
+            .filter_map(|p| Some((drawn.get(&p.id)?.clone(), p)))
+            .collect();
+        (ts, kb)
+    }
+
+    #[test]
+    fn hold_out_problems_with_an_op_no_training_task_uses_are_novel_on_the_bundled_data() {
+        let (ts, kb) = bundled();
+        let cov = training_ops(&ts, &kb);
+        let test = |id: &str| -> &KbTask {
+            kb.iter()
+                .find(|(s, t)| s == "test" && t.id == id)
+                .map(|(_, t)| t)
+                .unwrap_or_else(|| panic!("{id} is no hold-out problem"))
+        };
+        let novel = |id: &str| cov.novel(&test(id).code);
+        // Ops no family and no KernelBench `train` problem uses.
+        assert_eq!(novel("kb/L1/51_Argmax_over_a_dimension"), ["argmax"]);
+        // Covered since the families have a cumprod.
+        assert_eq!(novel("kb/L1/90_cumprod"), Vec::<String>::new());
+        assert_eq!(
+            novel("kb/L2/8_Conv3d_Divide_Max_GlobalAvgPool_BiasAdd_Sum"),
+            ["adaptiveavgpool3d"]
+        );
+        // One vocabulary for both sides: the families' modules cover a problem that writes
+        // its ops otherwise (`nn.Linear`, `torch.sigmoid`, `torch.sum`, `x - y`, ...).
+        let families_only = training_ops(&ts, &[]);
+        for id in [
+            "kb/L1/20_LeakyReLU",
+            "kb/L1/40_LayerNorm",
+            "kb/L2/9_Matmul_Subtract_Multiply_ReLU",
+            "kb/L2/56_Matmul_Sigmoid_Sum",
+        ] {
+            assert_eq!(
+                families_only.novel(&test(id).code),
+                Vec::<String>::new(),
+                "{id}"
+            );
+        }
+        // Families and KernelBench `train` problems both cover 2-D convolutions.
+        let conv = &test("kb/L1/63_conv_standard_2D__square_input__square_kernel").code;
+        assert_eq!(families_only.novel(conv), Vec::<String>::new());
+        assert_eq!(cov.novel(conv), Vec::<String>::new());
+        // Hold-out families and `val` and `test` problems are not training tasks: with them
+        // counted, fewer hold-out problems would be novel, never more.
+        let mut all = ts.clone();
+        all.train.append(&mut all.test.clone());
+        let everything: Vec<(String, KbTask)> = kb
+            .iter()
+            .map(|(_, t)| ("train".to_string(), t.clone()))
+            .collect();
+        let wide = training_ops(&all, &everything);
+        assert!(cov.seen().is_subset(wide.seen()));
+        assert!(
+            wide.novel(&test("kb/L1/51_Argmax_over_a_dimension").code)
+                .is_empty()
+        );
+        // The levels `kb-specs` gives launchers (1 and 2) have novel and seen problems: 3 of
+        // level 1's 25 (triu, argmax, narrow), 2 of level 2's 25 (docs/architecture.md says so).
+        for (level, want) in [(1, 3), (2, 2)] {
+            let held: Vec<&KbTask> = kb
+                .iter()
+                .filter(|(s, t)| s == "test" && t.level == level)
+                .map(|(_, t)| t)
+                .collect();
+            let n = held
+                .iter()
+                .filter(|t| !cov.novel(&t.code).is_empty())
+                .count();
+            assert_eq!((n, held.len()), (want, 25), "level {level}");
+        }
+    }
+}

@@ -4,18 +4,21 @@
 //!
 //! - [`episode`]: one episode (generator -> tester -> optimizer -> tester ...) and the
 //!   tester's feedback; [`reward`]: the gated, shaped reward of a turn; [`repair`]: broken
-//!   kernels for the optimizer's repair examples;
+//!   kernels for the optimizer's repair examples; [`sft`]: the agents' SFT examples;
 //! - [`credit`]: turn credit, group-normalized advantages (GRPO), GAE (PPO);
 //! - [`trainer`]: the trainer process (`cudarl-pipe-train`): one-shot jobs and the RL trainer
 //!   as the episodes' policy; [`harness`]: the kernel harness as their tester;
 //! - [`families`] and [`operators`]: generated task families; [`tasks`]: the task tables, read in one place;
 //! - [`step`]: one RL step (groups, advantages, updates, the step's metrics);
-//! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`;
-//! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`).
+//! - [`stats`]: means, standard errors and the RL - SFT comparisons of `eval`; [`report`]: its
+//!   report; [`eval_tables`]: its `summary`, `episodes` and `turns` rows;
+//! - [`verl`]: the curriculum in VERL's dataset layouts (`export --format verl`, `verl-launch`);
+//! - [`verdict_rows`]: a kernel's verdict as `validate`'s `validations` and `agreement` rows.
 
 pub mod collab;
 pub mod credit;
 pub mod episode;
+pub mod eval_tables;
 pub mod families;
 pub mod harness;
 pub mod kb_eval;
@@ -29,10 +32,12 @@ pub mod repair;
 pub mod report;
 pub mod reward;
 pub mod run;
+pub mod sft;
 pub mod stats;
 pub mod step;
 pub mod tasks;
 pub mod trainer;
+pub mod verdict_rows;
 pub mod verl;
 
 pub use cudarl_protocol::{ChatMessage, Role};

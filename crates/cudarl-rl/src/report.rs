@@ -1261,4 +1261,18 @@ mod tests {
             "{line}"
         );
     }
+
+    #[test]
+    fn each_level_has_its_op_coverage_splits() {
+        assert_eq!(
+            ops_split("kernelbench/level1", true),
+            "kernelbench/level1/novel_ops"
+        );
+        assert_eq!(
+            ops_split("kernelbench/level2", false),
+            "kernelbench/level2/seen_ops"
+        );
+        assert!(is_kernelbench(ops_split("kernelbench", true)));
+        assert!(is_kernelbench(PRACTISED));
+    }
 }

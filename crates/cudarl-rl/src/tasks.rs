@@ -179,6 +179,33 @@ impl TaskSet {
         Ok(ts)
     }
 
+    /// The task set with each family in its `splits` split (`test`, `rl`, else `train`).
+    /// `sft_generator` names only the families it has rows for, so a family none of whose
+    /// kernels validated would otherwise count as `train` in [`TaskSet::load`]: a hold-out family
+    /// among the families RL practises. Each split keeps the order of `self` (its `train`, then
+    /// `rl`, then `test` families).
+    ///
+    /// # Errors
+    /// A family has no row in `splits` ([`cudarl_data::DataError::BadInput`], as
+    /// [`cudarl_tables::splits::SplitMap::family`]).
+    pub fn follow_splits(
+        self,
+        splits: &cudarl_tables::splits::SplitMap,
+    ) -> Result<TaskSet, cudarl_data::DataError> {
+        let mut out = TaskSet {
+            naive: self.naive,
+            ..TaskSet::default()
+        };
+        for s in self.train.into_iter().chain(self.rl).chain(self.test) {
+            match splits.family(&s.id)? {
+                "test" => out.test.push(s),
+                "rl" => out.rl.push(s),
+                _ => out.train.push(s),
+            }
+        }
+        Ok(out)
+    }
+
     /// The families `pool` names (`fresh`: none here, see [`fresh_families`]).
     pub fn pool(&self, pool: TaskPool) -> Vec<&TaskSpec> {
         match pool {
@@ -230,6 +257,59 @@ pub fn fresh_families(ts: &mut TaskSet, n: usize, seed: u64) -> Vec<TaskSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec(id: &str) -> TaskSpec {
+        toml::from_str(&format!(
+            r#"id = "{id}"
+tier = 0
+description = "y = x"
+dtype = "f32"
+sizes = ["n"]
+args = [{{ name = "x", kind = "input", shape = ["n"] }}, {{ name = "y", kind = "output", shape = ["n"] }}, {{ name = "n", kind = "size" }}]
+train_shapes = [{{ n = 4 }}]
+holdout_shapes = [{{ n = 5 }}]
+atol = 0.0
+rtol = 0.0
+bytes = "8*n"
+flops = "n"
+reference = {{ y = "x" }}
+naive = "naive.cu"
+optimized = []
+"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn task_sets_follow_the_splits_table_for_families_without_sft_rows() {
+        // row_sum had no validated kernel, so sft_generator (and TaskSet::load) knew it not.
+        let ts = TaskSet {
+            train: vec![spec("row_sum"), spec("gen_ew_000")],
+            rl: vec![],
+            test: vec![spec("row_max")],
+            naive: BTreeMap::new(),
+        };
+        let mut map = cudarl_tables::splits::SplitMap::default();
+        for (t, s) in [
+            ("row_sum", "test"),
+            ("gen_ew_000", "rl"),
+            ("row_max", "test"),
+        ] {
+            map.families.insert(t.into(), s.into());
+        }
+        let out = ts.clone().follow_splits(&map).unwrap();
+        let ids = |v: &[TaskSpec]| v.iter().map(|s| s.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&out.test), ["row_sum", "row_max"]);
+        assert_eq!(ids(&out.rl), ["gen_ew_000"]);
+        assert!(out.train.is_empty());
+        map.families.remove("row_max");
+        let e = ts.follow_splits(&map).unwrap_err();
+        assert!(
+            matches!(e, cudarl_data::DataError::BadInput { .. })
+                && e.to_string().contains("synth/row_max"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn fresh_families_are_new_distinct_and_reproducible() {

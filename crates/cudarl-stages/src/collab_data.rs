@@ -28,11 +28,12 @@ use cudarl_data::Table;
 use cudarl_protocol::Role;
 use cudarl_rl::collab::{Kept, Kind, Selection, select};
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
+use cudarl_rl::sft::SftRows;
 use serde::{Deserialize, Serialize};
 
 use cudarl_tables::TableRow;
 
-use crate::common::{SftRows, data_err, resolve_device, write_rows, write_sft_tables};
+use crate::common::{data_err, resolve_device, write_rows, write_sft_tables};
 use crate::rl_params::StageParams;
 use crate::rl_params::{harness, load_tasks};
 

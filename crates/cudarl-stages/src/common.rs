@@ -556,54 +556,6 @@ pub fn load_categories(
         .map_err(|e| StageError::bad_input(name, None, e.message))
 }
 
-/// SFT examples as a stage adds them, for `sft_generator` and `sft_optimizer`
-/// ([`cudarl_tables::sft`]); the optimizer's columns are unused in the generator's table.
-#[derive(Debug, Default)]
-pub struct SftRows {
-    rows: Vec<cudarl_tables::sft::SftOptimizerRow>,
-}
-
-impl SftRows {
-    /// One example of task `task` on `tier`: its id is the blake3 of `messages` as JSON, its
-    /// split `split(id)`; `kernel` and `validated` name the answer; `base`, `speedup` and
-    /// `kind` are the optimizer table's (`""`, `None`, `""` for the generator's).
-    pub fn add(
-        &mut self,
-        (task, tier): (&str, i64),
-        split: impl FnOnce(&str) -> String,
-        (kernel, validated): (&str, &str),
-        messages: Vec<cudarl_curriculum::prompts::ChatMessage>,
-        (base, speedup, kind): (&str, Option<f64>, &str),
-    ) {
-        let json = serde_json::to_string(&messages).expect("json");
-        let id = blake3::hash(json.as_bytes()).to_hex().to_string();
-        self.rows.push(cudarl_tables::sft::SftOptimizerRow {
-            split: split(&id),
-            example_id: id,
-            task_id: task.to_string(),
-            tier,
-            kernel_id: kernel.to_string(),
-            validated: validated.to_string(),
-            messages,
-            messages_json: json,
-            base_kernel_id: base.to_string(),
-            speedup,
-            measured: speedup.is_some(),
-            kind: kind.to_string(),
-        });
-    }
-
-    /// Examples so far.
-    pub fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-}
-
 /// Writes `sft_generator` (`gen_rows`) and `sft_optimizer` (`opt_rows`, with their base kernel,
 /// speedup, whether it was measured, and kind).
 ///
@@ -611,11 +563,10 @@ impl SftRows {
 /// A row does not fit its schema, or the store write failed.
 pub fn write_sft_tables(
     ctx: &mut StageContext<'_>,
-    gen_rows: SftRows,
-    opt_rows: &SftRows,
+    gen_rows: cudarl_rl::sft::SftRows,
+    opt_rows: &cudarl_rl::sft::SftRows,
 ) -> Result<(), StageError> {
-    let gens: Vec<cudarl_tables::sft::SftGeneratorRow> =
-        gen_rows.rows.into_iter().map(Into::into).collect();
+    let gens = gen_rows.into_generator_rows();
     write_output(
         ctx,
         "sft_generator",
@@ -624,7 +575,7 @@ pub fn write_sft_tables(
     write_output(
         ctx,
         "sft_optimizer",
-        &cudarl_tables::to_batch(&opt_rows.rows).map_err(data_err)?,
+        &cudarl_tables::to_batch(opt_rows.rows()).map_err(data_err)?,
     )
 }
 

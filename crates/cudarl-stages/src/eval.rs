@@ -43,9 +43,7 @@
 //! | `report` | file, digest, bytes: `report.md`, `reward_curve.png`, `per_tier.png`, `speedups.png` |
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock};
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
 use cudarl_cuda::task::TaskSpec;
 use cudarl_data::Table;
@@ -53,10 +51,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use cudarl_rl::episode::{EpisodeSettings, run_episodes};
-use cudarl_rl::report::{
-    Metric, PRACTISED, Row, SummaryRow, TIER_SPLITS, is_kernelbench, ops_split,
-    practised_minus_control, report, summary, tier_split,
-};
+use cudarl_rl::eval_tables::{Cost, CostBy, SUMMARY, summaries};
+use cudarl_rl::report::{Metric, Row, report};
 
 use cudarl_rl::kb_eval::KbSet;
 use cudarl_rl::kernelbench::KbTask;
@@ -77,47 +73,6 @@ pub const AT_ONCE_GPU_BYTES_PER_CHECKPOINT: usize = 60 << 30;
 
 /// The stage kind, as pipeline files name it.
 pub const KIND: &str = "eval";
-
-fn f(name: &str) -> Field {
-    Field::new(name, DataType::Float64, true)
-}
-
-/// Schema of `summary`.
-pub static SUMMARY: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("checkpoint", DataType::Utf8, false),
-        Field::new("split", DataType::Utf8, false),
-        Field::new("episodes", DataType::Int64, false),
-        f("single_turn_compile_rate"),
-        f("single_turn_pass_rate"),
-        f("compile_rate"),
-        f("pass_rate"),
-        f("fast_0"),
-        f("fast_1"),
-        f("fast_1_5"),
-        f("fast_2"),
-        f("geomean_speedup_vs_naive"),
-        f("geomean_speedup_vs_torch"),
-        f("fast_1_vs_compile"),
-        f("fast_1_5_vs_compile"),
-        f("fast_2_vs_compile"),
-        f("geomean_speedup_vs_compile"),
-        f("holdout_regression_rate"),
-        f("mean_reward"),
-        f("flagged_rate"),
-        Field::new("mode", DataType::Utf8, false),
-        Field::new("device", DataType::Utf8, false),
-        Field::new("candidates", DataType::Int64, false),
-        f("gen_seconds"),
-        f("harness_seconds"),
-        f("harness_compile_seconds"),
-        f("harness_gpu_seconds"),
-        f("harness_sass_seconds"),
-        f("pass_rate_se"),
-        f("mean_reward_se"),
-        Field::new("pairs", DataType::Int64, true),
-    ]))
-});
 
 fn d_samples() -> usize {
     8
@@ -195,37 +150,6 @@ impl Eval {
         Ok(Eval { params })
     }
 }
-
-/// The `episodes` row of the `i`-th episode `r`.
-fn episode_row(i: usize, r: &Row) -> EvalEpisodeRow {
-    let (first, best) = (r.ep.first_components(), r.ep.best_components());
-    EvalEpisodeRow {
-        checkpoint: r.ck.into(),
-        split: r.split.into(),
-        task_id: r.ep.task_id.clone(),
-        tier: r.ep.tier,
-        episode: i as i64,
-        turns: r.ep.turns.len() as i64,
-        first_compiled: first.compiled,
-        first_correct: first.correct,
-        compiled: best.compiled,
-        correct: best.correct,
-        speedup_vs_naive: best.speedup,
-        speedup_vs_torch: best.speedup_vs_torch,
-        speedup_vs_torch_compile: best.speedup_vs_torch_compile,
-        reward: r.ep.final_reward(),
-    }
-}
-
-/// What generating and judging one checkpoint's episodes on one split cost.
-#[derive(Debug, Clone, Copy, Default)]
-struct Cost {
-    gen_seconds: f64,
-    harness: cudarl_rl::harness::HarnessUse,
-}
-
-/// [`Cost`] by (checkpoint, split).
-type CostBy = BTreeMap<(&'static str, &'static str), Cost>;
 
 impl Eval {
     /// Episodes per KernelBench problem (0: none).
@@ -542,7 +466,8 @@ impl Stage for Eval {
         let (rows, cost) = self.episodes(ctx, (&mut sets, at_once), &cfg, &splits, dir)?;
         let kb = sets.swap_remove(0).1;
         let cks: Vec<&'static str> = self.checkpoints().iter().map(|c| c.0).collect();
-        let sums = summaries(&rows, &cost, &cks, &splits, kb.as_ref(), mode, device);
+        let names: Vec<&'static str> = splits.iter().map(|s| s.0).collect();
+        let sums = summaries(&rows, &cost, &cks, &names, kb.as_ref(), mode, device);
         write_rows(ctx, "summary", &SUMMARY, &sums)?;
         write_episodes(ctx, &rows)?;
         let sums: Vec<Value> = sums
@@ -568,86 +493,6 @@ impl Stage for Eval {
     }
 }
 
-/// The `summary` rows: per checkpoint (`cks`) and split (the task-family `splits`, then the
-/// KernelBench splits of `kb`), its metrics over its episodes `rows` and what it cost; the
-/// task-family splits again per tier and each KernelBench level by op coverage (episodes only);
-/// and RL minus its frozen control on the problems RL practised.
-fn summaries(
-    rows: &[Row],
-    cost: &CostBy,
-    cks: &[&'static str],
-    splits: &[(&'static str, Vec<&TaskSpec>)],
-    kb: Option<&KbSet>,
-    mode: &'static str,
-    device: &'static str,
-) -> Vec<SummaryRow> {
-    let kb_splits: Vec<&'static str> = kb.map_or(vec![], |k| k.splits());
-    let mut sums = Vec::new();
-    for &checkpoint in cks {
-        let all = splits.iter().map(|s| s.0).chain(kb_splits.iter().copied());
-        for split in all {
-            let sel: Vec<&Row> = rows
-                .iter()
-                .filter(|r| r.ck == checkpoint && r.split == split)
-                .collect();
-            let c = cost.get(&(checkpoint, split)).copied().unwrap_or_default();
-            sums.push(SummaryRow {
-                checkpoint,
-                split,
-                mode,
-                device,
-                candidates: c.harness.candidates as i64,
-                gen_seconds: c.gen_seconds,
-                harness_seconds: c.harness.seconds,
-                harness_compile_seconds: c.harness.phases.compile,
-                harness_gpu_seconds: c.harness.phases.gpu,
-                harness_sass_seconds: c.harness.phases.sass,
-                ..summary(&sel, mode == "full", is_kernelbench(split))
-            });
-        }
-        // A split's episodes again in parts, episodes only (their generation and harness
-        // seconds are in the split's row); a part without episodes has no row.
-        let mut part = |split: &str, name: &'static str, keep: &dyn Fn(&Row) -> bool| {
-            let sel: Vec<&Row> = rows
-                .iter()
-                .filter(|r| r.ck == checkpoint && r.split == split && keep(r))
-                .collect();
-            if !sel.is_empty() {
-                sums.push(SummaryRow {
-                    checkpoint,
-                    split: name,
-                    mode,
-                    device,
-                    ..summary(&sel, mode == "full", is_kernelbench(split))
-                });
-            }
-        };
-        // The task-family splits per tier (`test/tier{t}`).
-        for &(split, _) in splits {
-            for tier in 0..TIER_SPLITS.len() {
-                part(split, tier_split(split, tier), &|r| {
-                    r.ep.tier == tier as i64
-                });
-            }
-        }
-        // Each level's hold-out problems by op coverage (`kernelbench/level{L}/novel_ops`
-        // and `seen_ops`).
-        let Some(k) = kb else { continue };
-        for (split, _) in k.by_split.iter().filter(|l| l.0 != PRACTISED) {
-            for novel in [true, false] {
-                part(split, ops_split(split, novel), &|r| {
-                    k.is_novel(&r.ep.task_id) == novel
-                });
-            }
-        }
-    }
-    // RL minus the frozen control on the KernelBench problems RL practised.
-    if let Some(d) = practised_minus_control(rows, mode == "full") {
-        sums.push(SummaryRow { mode, device, ..d });
-    }
-    sums
-}
-
 /// The `episodes` and `turns` tables of `rows` (every checkpoint's episodes, in order).
 ///
 /// # Errors
@@ -656,7 +501,7 @@ fn write_episodes(ctx: &StageContext<'_>, rows: &[Row]) -> Result<(), StageError
     let episodes: Vec<EvalEpisodeRow> = rows
         .iter()
         .enumerate()
-        .map(|(i, r)| episode_row(i, r))
+        .map(|(i, r)| r.episode_row(i))
         .collect();
     write_rows(
         ctx,
@@ -667,14 +512,7 @@ fn write_episodes(ctx: &StageContext<'_>, rows: &[Row]) -> Result<(), StageError
     let turns: Vec<EvalTurnRow> = rows
         .iter()
         .enumerate()
-        .flat_map(|(i, r)| {
-            r.ep.turns.iter().map(move |t| EvalTurnRow {
-                checkpoint: r.ck.to_string(),
-                split: r.split.to_string(),
-                episode: i as i64,
-                turn: t.columns(&r.ep.task_id, r.ep.tier, 0.0),
-            })
-        })
+        .flat_map(|(i, r)| r.turn_rows(i))
         .collect();
     write_rows(ctx, EvalTurnRow::NAME, &EvalTurnRow::schema(), &turns)
 }
@@ -694,154 +532,4 @@ fn practised_problems(
         .filter(|id| id.starts_with("kb/"))
         .map(str::to_string)
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cudarl_rl::kb_eval::training_ops;
-
-    /// The bundled task families (`datasets/tasks` and the generated families of
-    /// `pipelines/default.toml`) and KernelBench problems (`datasets/kernelbench`), split as
-    /// that pipeline's `splits` stage splits them: the task set and the KernelBench problems
-    /// `(split, problem)`.
-    fn bundled() -> (cudarl_rl::tasks::TaskSet, Vec<(String, KbTask)>) {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let pipeline: toml::Table =
-            toml::from_str(&std::fs::read_to_string(root.join("pipelines/default.toml")).unwrap())
-                .unwrap();
-        let stage = |name: &str| pipeline["stages"][name].as_table().unwrap().clone();
-        let tasks = cudarl_cuda::task::load_tasks(&root.join("datasets/tasks")).unwrap();
-        let mut specs: Vec<TaskSpec> = tasks.iter().map(|t| t.spec.clone()).collect();
-        let exclude = specs
-            .iter()
-            .flat_map(|s| s.reference.values().cloned())
-            .collect();
-        let generate: cudarl_rl::families::GenerateParams =
-            stage("synth-tasks")["generate"].clone().try_into().unwrap();
-        let generated = cudarl_rl::families::generate(&generate, &exclude);
-        specs.extend(generated.into_iter().map(|f| f.spec));
-        let splits = crate::splits::Splits::from_table(stage("splits")).unwrap();
-        let mut ts = cudarl_rl::tasks::TaskSet::default();
-        for (row, spec) in splits.families(&specs).into_iter().zip(specs) {
-            match row.split.as_str() {
-                "test" => ts.test.push(spec),
-                "rl" => ts.rl.push(spec),
-                _ => ts.train.push(spec),
-            }
-        }
-        let kb = Table::read(
-            &root.join("datasets/kernelbench/problems.parquet"),
-            "problems",
-        )
-        .unwrap();
-        let (level, name, code) = (
-            kb.req_ints("level").unwrap(),
-            kb.req_strings("name").unwrap(),
-            kb.req_strings("code").unwrap(),
-        );
-        let problems: Vec<KbTask> = (0..kb.rows())
-            .map(|i| KbTask {
-                id: format!("kb/L{}/{}", level.get(i).unwrap(), name.get(i).unwrap()),
-                tier: 0,
-                level: level.get(i).unwrap(),
-                name: name.get(i).unwrap().into(),
-                code: code.get(i).unwrap().into(),
-                signature: String::new(),
-            })
-            .collect();
-        let ids: Vec<(String, i64)> = problems.iter().map(|p| (p.id.clone(), p.level)).collect();
-        let drawn: BTreeMap<String, String> = splits
-            .kernelbench(&ids)
-            .into_iter()
-            .map(|r| (r.item_id, r.split))
-            .collect();
-        let kb = problems
-            .into_iter()
-            .filter_map(|p| Some((drawn.get(&p.id)?.clone(), p)))
-            .collect();
-        (ts, kb)
-    }
-
-    #[test]
-    fn hold_out_problems_with_an_op_no_training_task_uses_are_novel_on_the_bundled_data() {
-        let (ts, kb) = bundled();
-        let cov = training_ops(&ts, &kb);
-        let test = |id: &str| -> &KbTask {
-            kb.iter()
-                .find(|(s, t)| s == "test" && t.id == id)
-                .map(|(_, t)| t)
-                .unwrap_or_else(|| panic!("{id} is no hold-out problem"))
-        };
-        let novel = |id: &str| cov.novel(&test(id).code);
-        // Ops no family and no KernelBench `train` problem uses.
-        assert_eq!(novel("kb/L1/51_Argmax_over_a_dimension"), ["argmax"]);
-        // Covered since the families have a cumprod.
-        assert_eq!(novel("kb/L1/90_cumprod"), Vec::<String>::new());
-        assert_eq!(
-            novel("kb/L2/8_Conv3d_Divide_Max_GlobalAvgPool_BiasAdd_Sum"),
-            ["adaptiveavgpool3d"]
-        );
-        // One vocabulary for both sides: the families' modules cover a problem that writes
-        // its ops otherwise (`nn.Linear`, `torch.sigmoid`, `torch.sum`, `x - y`, ...).
-        let families_only = training_ops(&ts, &[]);
-        for id in [
-            "kb/L1/20_LeakyReLU",
-            "kb/L1/40_LayerNorm",
-            "kb/L2/9_Matmul_Subtract_Multiply_ReLU",
-            "kb/L2/56_Matmul_Sigmoid_Sum",
-        ] {
-            assert_eq!(
-                families_only.novel(&test(id).code),
-                Vec::<String>::new(),
-                "{id}"
-            );
-        }
-        // Families and KernelBench `train` problems both cover 2-D convolutions.
-        let conv = &test("kb/L1/63_conv_standard_2D__square_input__square_kernel").code;
-        assert_eq!(families_only.novel(conv), Vec::<String>::new());
-        assert_eq!(cov.novel(conv), Vec::<String>::new());
-        // Hold-out families and `val` and `test` problems are not training tasks: with them
-        // counted, fewer hold-out problems would be novel, never more.
-        let mut all = ts.clone();
-        all.train.append(&mut all.test.clone());
-        let everything: Vec<(String, KbTask)> = kb
-            .iter()
-            .map(|(_, t)| ("train".to_string(), t.clone()))
-            .collect();
-        let wide = training_ops(&all, &everything);
-        assert!(cov.seen().is_subset(wide.seen()));
-        assert!(
-            wide.novel(&test("kb/L1/51_Argmax_over_a_dimension").code)
-                .is_empty()
-        );
-        // The levels `kb-specs` gives launchers (1 and 2) have novel and seen problems: 3 of
-        // level 1's 25 (triu, argmax, narrow), 2 of level 2's 25 (docs/architecture.md says so).
-        for (level, want) in [(1, 3), (2, 2)] {
-            let held: Vec<&KbTask> = kb
-                .iter()
-                .filter(|(s, t)| s == "test" && t.level == level)
-                .map(|(_, t)| t)
-                .collect();
-            let n = held
-                .iter()
-                .filter(|t| !cov.novel(&t.code).is_empty())
-                .count();
-            assert_eq!((n, held.len()), (want, 25), "level {level}");
-        }
-    }
-
-    #[test]
-    fn each_level_has_its_op_coverage_splits() {
-        assert_eq!(
-            ops_split("kernelbench/level1", true),
-            "kernelbench/level1/novel_ops"
-        );
-        assert_eq!(
-            ops_split("kernelbench/level2", false),
-            "kernelbench/level2/seen_ops"
-        );
-        assert!(is_kernelbench(ops_split("kernelbench", true)));
-        assert!(is_kernelbench(PRACTISED));
-    }
 }

@@ -152,7 +152,7 @@ pub(crate) fn task_inputs() -> Vec<cudarl_core::InputDecl> {
 
 /// The task set of the inputs `tasks`, `kernels` (synth-tasks) and `data` (sft-data's
 /// `sft_generator`), each family in the split the `splits` table gives it
-/// ([`follow_splits`]).
+/// ([`TaskSet::follow_splits`]).
 ///
 /// # Errors
 /// A table cannot be read, or a family has no row in `splits` (file and field named).
@@ -165,29 +165,5 @@ pub(crate) fn load_tasks(ctx: &StageContext<'_>) -> Result<TaskSet, StageError> 
     .map_err(rl_err)?;
     let splits = cudarl_tables::splits::SplitMap::read(ctx.input_path("splits")?, "splits")
         .map_err(crate::common::data_err)?;
-    follow_splits(ts, &splits)
-}
-
-/// `ts` with each family in its `splits` split. `sft_generator` names only the families it has
-/// rows for, so a family none of whose kernels validated would otherwise count as `train`: a
-/// hold-out family among the families RL practises. Each split keeps the order of `ts`.
-///
-/// # Errors
-/// A family has no row in `splits` (exit 2).
-pub(crate) fn follow_splits(
-    ts: TaskSet,
-    splits: &cudarl_tables::splits::SplitMap,
-) -> Result<TaskSet, StageError> {
-    let mut out = TaskSet {
-        naive: ts.naive,
-        ..TaskSet::default()
-    };
-    for s in ts.train.into_iter().chain(ts.rl).chain(ts.test) {
-        match splits.family(&s.id).map_err(crate::common::data_err)? {
-            "test" => out.test.push(s),
-            "rl" => out.rl.push(s),
-            _ => out.train.push(s),
-        }
-    }
-    Ok(out)
+    ts.follow_splits(&splits).map_err(crate::common::data_err)
 }

@@ -25,114 +25,50 @@
 //!
 //! The broken kernels come from `sft-repairs` ([`SftRepairs`]), which breaks and compiles every
 //! task kernel without waiting for `validate` (it needs no verdicts), so its nvcc work runs
-//! beside `validate`'s; `sft-data` keeps the repairs of the kernels that validated.
+//! beside `validate`'s; `sft-data` keeps the repairs of the kernels that validated. The examples
+//! themselves are built by [`cudarl_rl::sft`]; this stage reads and writes the tables.
 
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 
 use arrow::array::{ArrayRef, BooleanArray, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cudarl_core::{InputDecl, OutputDecl, ParamsError, Stage, StageContext, StageError};
-use cudarl_curriculum::prompts::{
-    self, CLOSINGS, ChatMessage, GENERATOR_SYSTEM, INTROS, OPTIMIZER_SYSTEM, TaskView,
-};
-use cudarl_curriculum::rename::Namer;
-use cudarl_curriculum::sample::{hash_fraction, order, shape_variants};
+use cudarl_curriculum::prompts;
 use cudarl_data::Table;
+use cudarl_rl::sft::{
+    Settings, SftRows, TaskExamples, archive_examples, kept_out, repairs, validated_kernels,
+    validation_rows,
+};
 use cudarl_tables::TableRow;
 use cudarl_tables::archive::ArchiveNativeRow;
 use cudarl_tables::sft::{SftGeneratorRow, SftOptimizerRow};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::common::{SftRows, data_err, rl_err, write_output, write_sft_tables};
+use crate::common::{data_err, rl_err, write_output, write_sft_tables};
 
 /// The stage kind of [`SftData`], as pipeline files name it.
 pub const KIND: &str = "sft-data";
 /// The stage kind of [`SftRepairs`].
 pub const REPAIRS_KIND: &str = "sft-repairs";
 
-fn d_per_family() -> usize {
-    1000
-}
-fn d_per_pair() -> usize {
-    INTROS.len() * CLOSINGS.len()
-}
-fn d_val() -> f64 {
-    0.05
-}
-fn d_repairs() -> usize {
-    8
-}
-
-/// Parameters (`[stages.sft-data]`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Params {
-    /// Generator examples per task family (at most; fewer when the templates run out).
-    #[serde(default = "d_per_family")]
-    pub per_family: usize,
-    /// Optimizer examples per (slower, faster) kernel pair: prompt phrasings taken in a seeded
-    /// order, at most `INTROS x CLOSINGS` (24, the default).
-    #[serde(default = "d_per_pair")]
-    pub optimizer_per_pair: usize,
-    /// Repair examples per broken kernel (prompt phrasings, seeded order): every validated
-    /// task kernel's breakage from `sft-repairs` that nvcc rejected, with its real diagnostics,
-    /// plus one "no code block" case per family. `0`: none, and `sft-repairs` is not an input
-    /// (not built for this stage).
-    #[serde(default = "d_repairs")]
-    pub repairs_per_base: usize,
-    /// Fraction of the other examples in `val`.
-    #[serde(default = "d_val")]
-    pub val_fraction: f64,
-    /// Seed of the order in which template variants are taken.
-    #[serde(default)]
-    pub seed: u64,
-    /// Also learn from the archives' kernels for the curriculum's KernelBench train problems
-    /// that `archive-native` put in the native ABI and judged: generator examples (KernelBench
-    /// prompts, `per_family` per problem) and optimizer examples from each measured kernel to
-    /// the problem's fastest, where that is at least 1.1x faster (GPU only).
-    #[serde(default)]
-    pub archive: bool,
-    /// Half of each task's generator examples with the launcher's sizes renamed
-    /// ([`cudarl_curriculum::rename`]: the same new names in the module, the declaration, the
-    /// example shapes and the kernel), so the model copies the sizes the prompt names instead of
-    /// recalling a memorized kernel's. The task kernels only, not the archives'. Absent: off,
-    /// and left out of the key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rename_sizes: Option<bool>,
-}
-
 /// The `sft-data` stage.
 #[derive(Debug)]
 pub struct SftData {
-    params: Params,
+    params: Settings,
 }
 
 impl SftData {
     /// From the pipeline's table.
     ///
     /// # Errors
-    /// Unknown or mistyped keys.
+    /// Unknown or mistyped keys ([`Settings`]), `val_fraction` out of range
+    /// ([`Settings::check`]).
     pub fn from_table(t: toml::Table) -> Result<Self, ParamsError> {
-        let params: Params = crate::common::parse_params(t)?;
-        if !(0.0..1.0).contains(&params.val_fraction) {
-            return Err("val_fraction must be in [0, 1)".into());
-        }
+        let params: Settings = crate::common::parse_params(t)?;
+        params.check()?;
         Ok(SftData { params })
     }
-}
-
-/// A validated kernel of a task.
-#[derive(Debug, Clone)]
-struct Kern {
-    id: String,
-    role: String,
-    code: String,
-    validated: &'static str,
-    median_ms: Option<f64>,
-    feedback: String,
 }
 
 impl Stage for SftData {
@@ -172,11 +108,12 @@ impl Stage for SftData {
         let tasks = Table::read(ctx.input_path("tasks")?, "tasks").map_err(data_err)?;
         let kt = Table::read(ctx.input_path("kernels")?, "task_kernels").map_err(data_err)?;
         let vt = Table::read(ctx.input_path("validations")?, "validations").map_err(data_err)?;
-        let val = validation_rows(&vt)?;
-        let by_task = validated_kernels(&kt, &val)?;
+        let val = validation_rows(&vt).map_err(data_err)?;
+        let by_task = validated_kernels(&kt, &val).map_err(data_err)?;
         let repairs = if p.repairs_per_base > 0 {
             let rt = Table::read(ctx.input_path("repairs")?, "repairs").map_err(data_err)?;
-            self.repairs(ctx.input_path("tasks")?, &rt, &by_task)?
+            let specs = cudarl_rl::tasks::specs_by_id(ctx.input_path("tasks")?).map_err(rl_err)?;
+            repairs(&specs, &rt, &by_task).map_err(data_err)?
         } else {
             BTreeMap::new()
         };
@@ -202,50 +139,25 @@ impl Stage for SftData {
                 continue;
             };
             let task = TaskExamples {
-                stage: self,
+                settings: p,
                 id: t,
                 tier: tr,
                 description: &d,
                 dtype: dt,
                 signature: sg,
-                kept_out: kept_out(&splits, t)?,
+                kept_out: kept_out(&splits, t).map_err(data_err)?,
                 shapes: vec![],
                 renamable: p.rename_sizes == Some(true),
             };
-            task.generator(&mut gen_rows, kerns);
-            // Optimizer: each naive -> optimized pair, faster when measured.
-            for base in kerns.iter().filter(|k| k.role == "naive") {
-                for better in kerns.iter().filter(|k| k.role != "naive") {
-                    let speedup = match (base.median_ms, better.median_ms) {
-                        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-                        _ => None,
-                    };
-                    if speedup.is_some_and(|s| s <= 1.0) {
-                        continue;
-                    }
-                    task.optimizer(
-                        &mut opt_rows,
-                        (&better.id, p.optimizer_per_pair),
-                        (&base.code, &base.feedback),
-                        better,
-                        (&base.id, speedup, "optimize".into()),
-                    );
-                }
-            }
-            // Optimizer repairs: a broken kernel and the tester's words on it -> the correct one.
-            for r in repairs.get(t).into_iter().flatten() {
-                task.optimizer(
-                    &mut opt_rows,
-                    (&r.base_id, p.repairs_per_base),
-                    (&r.broken, &r.feedback),
-                    &r.target,
-                    (&r.base_id, None, format!("repair:{}", r.kind)),
-                );
-            }
+            let repairs = repairs.get(t).map_or(&[][..], Vec::as_slice);
+            task.examples((&mut gen_rows, &mut opt_rows), kerns, repairs);
         }
         if p.archive {
             let (g, o) = (gen_rows.len(), opt_rows.len());
-            let by_source = self.archive_examples(ctx, &mut gen_rows, &mut opt_rows)?;
+            let rows: Vec<ArchiveNativeRow> =
+                cudarl_tables::read(ctx.input_path("archive")?, ArchiveNativeRow::NAME)
+                    .map_err(data_err)?;
+            let by_source = archive_examples(p, &rows, &mut gen_rows, &mut opt_rows);
             ctx.note(&format!(
                 "KernelBench examples from the archives: {} generator, {} optimizer ({})",
                 gen_rows.len() - g,
@@ -255,340 +167,6 @@ impl Stage for SftData {
         }
         write_sft_tables(ctx, gen_rows, &opt_rows)
     }
-}
-
-/// The minimum measured speedup of an archive optimizer pair (timing noise is not a lesson).
-const ARCHIVE_MIN_SPEEDUP: f64 = 1.1;
-
-impl SftData {
-    /// The archive kernels' examples (see [`Params::archive`]) added to `gen` and `opt`; says
-    /// how many kernels of each source they use.
-    ///
-    /// # Errors
-    /// The `archive_native` table cannot be read or lacks a column (file and field named).
-    fn archive_examples(
-        &self,
-        ctx: &StageContext<'_>,
-        gen_rows: &mut SftRows,
-        opt_rows: &mut SftRows,
-    ) -> Result<String, StageError> {
-        let rows: Vec<ArchiveNativeRow> =
-            cudarl_tables::read(ctx.input_path("archive")?, ArchiveNativeRow::NAME)
-                .map_err(data_err)?;
-        // Problem -> (tier, split, description, signature, kernels).
-        type Problem<'a> = (i64, &'a str, &'a str, &'a str, Vec<Kern>);
-        let mut problems: BTreeMap<&str, Problem<'_>> = BTreeMap::new();
-        let mut used: BTreeMap<&str, usize> = BTreeMap::new();
-        for r in &rows {
-            let v = match r.validated.as_str() {
-                "correct" => "correct",
-                "compile-only" => "compile-only",
-                _ => continue,
-            };
-            let Some(c) = &r.code else {
-                continue;
-            };
-            *used.entry(r.source.as_str()).or_default() += 1;
-            let e = problems
-                .entry(&r.problem_id)
-                .or_insert_with(|| (r.tier, &r.split, &r.description, &r.signature, Vec::new()));
-            e.4.push(Kern {
-                id: r.kernel_id.clone(),
-                role: "archive".into(),
-                code: c.clone(),
-                validated: v,
-                median_ms: r.median_ms,
-                feedback: r.feedback.clone().unwrap_or_default(),
-            });
-        }
-        for (id, (tier, split, description, signature, kerns)) in &problems {
-            let task = TaskExamples {
-                stage: self,
-                id,
-                tier: *tier,
-                description,
-                dtype: prompts::signature_dtype(signature),
-                signature,
-                kept_out: match *split {
-                    "train" => None,
-                    "val" => Some("val"),
-                    _ => Some("test"),
-                },
-                shapes: vec![],
-                renamable: false,
-            };
-            task.generator(gen_rows, kerns);
-            // Each measured kernel -> the fastest one, where that is at least 1.1x faster.
-            let fastest = kerns
-                .iter()
-                .filter(|k| k.median_ms.is_some_and(|m| m > 0.0))
-                .min_by(|a, b| {
-                    a.median_ms
-                        .partial_cmp(&b.median_ms)
-                        .unwrap_or(Ordering::Equal)
-                });
-            for base in kerns {
-                let Some(best) = fastest else { break };
-                let Some(s) = base.median_ms.zip(best.median_ms).map(|(a, b)| a / b) else {
-                    continue;
-                };
-                if s < ARCHIVE_MIN_SPEEDUP || !s.is_finite() {
-                    continue;
-                }
-                task.optimizer(
-                    opt_rows,
-                    (&best.id, self.params.optimizer_per_pair),
-                    (&base.code, &base.feedback),
-                    best,
-                    (&base.id, Some(s), "optimize".into()),
-                );
-            }
-        }
-        Ok(used
-            .iter()
-            .map(|(s, n)| format!("{n} {s} kernels"))
-            .collect::<Vec<_>>()
-            .join(", "))
-    }
-}
-
-/// One task's SFT examples: its row of the `tasks` table and the stage's parameters.
-struct TaskExamples<'a> {
-    stage: &'a SftData,
-    id: &'a str,
-    tier: i64,
-    description: &'a str,
-    dtype: &'a str,
-    signature: &'a str,
-    /// The hold-out split this task is kept for, if any.
-    kept_out: Option<&'static str>,
-    /// Its training shapes (JSON objects of sizes).
-    shapes: Vec<String>,
-    /// Its generator examples may have their sizes renamed ([`Params::rename_sizes`]).
-    renamable: bool,
-}
-
-impl TaskExamples<'_> {
-    /// The task as prompts show it, with `shapes`.
-    fn view<'s>(&'s self, shapes: &'s [String]) -> TaskView<'s> {
-        TaskView {
-            tier: self.tier,
-            description: self.description,
-            dtype: self.dtype,
-            signature: self.signature,
-            shapes,
-        }
-    }
-
-    /// An example answered by `k`; `opt`: the optimizer table's base, speedup and kind.
-    fn push(
-        &self,
-        rows: &mut SftRows,
-        k: &Kern,
-        m: Vec<ChatMessage>,
-        opt: (&str, Option<f64>, &str),
-    ) {
-        rows.add(
-            (self.id, self.tier),
-            |id| self.stage.split_of(id, self.kept_out),
-            (&k.id, k.validated),
-            m,
-            opt,
-        );
-    }
-
-    /// Generator examples: every (intro, closing, shapes, kernel, lead-in, names) combination,
-    /// in an order seeded by the task, `per_family` of them; `names` 1 renames the sizes (when
-    /// the task is [`TaskExamples::renamable`]).
-    fn generator(&self, rows: &mut SftRows, kerns: &[Kern]) {
-        let p = &self.stage.params;
-        let variants = shape_variants(&self.shapes);
-        let seed = p.seed ^ blake3::hash(self.id.as_bytes()).as_bytes()[0] as u64;
-        let texts: Vec<&str> = std::iter::once(self.description)
-            .chain(kerns.iter().map(|k| k.code.as_str()))
-            .collect();
-        // Read once per task; without a renaming, no variant repeats the plain examples.
-        let namer = if self.renamable {
-            Namer::new(self.signature, &texts)
-        } else {
-            None
-        };
-        let names = if namer.is_some() { 2 } else { 1 };
-        let n = INTROS.len() * CLOSINGS.len() * variants.len() * kerns.len() * 2 * names;
-        for c in order(n, seed).into_iter().take(p.per_family) {
-            let (intro, r) = (c % INTROS.len(), c / INTROS.len());
-            let (closing, r) = (r % CLOSINGS.len(), r / CLOSINGS.len());
-            let (sv, r) = (r % variants.len(), r / variants.len());
-            let (ki, r) = (r % kerns.len(), r / kerns.len());
-            let (lead, renamed) = (r % 2, r / 2);
-            let k = &kerns[ki];
-            let rename = namer
-                .as_ref()
-                .filter(|_| renamed == 1)
-                .map(|n| n.draw(seed ^ c as u64));
-            let (description, signature, shapes, code) = match &rename {
-                Some(r) => (
-                    r.python(self.description),
-                    r.c(self.signature),
-                    variants[sv].iter().map(|s| r.shapes_json(s)).collect(),
-                    r.c(&k.code),
-                ),
-                None => (
-                    self.description.to_string(),
-                    self.signature.to_string(),
-                    variants[sv].clone(),
-                    k.code.clone(),
-                ),
-            };
-            let view = TaskView {
-                description: &description,
-                signature: &signature,
-                ..self.view(&shapes)
-            };
-            let answer = if lead == 1 {
-                format!("Here is the kernel:\n\n{}", prompts::fenced(&code))
-            } else {
-                prompts::fenced(&code)
-            };
-            let m = vec![
-                ChatMessage::new("system", GENERATOR_SYSTEM),
-                ChatMessage::new("user", prompts::task_prompt(&view, intro, closing)),
-                ChatMessage::new("assistant", answer),
-            ];
-            self.push(rows, k, m, ("", None, ""));
-        }
-    }
-
-    /// Optimizer examples: the task, a kernel (`current`) and the tester's words on it (`fb`)
-    /// -> `target`, in `n` prompt phrasings taken in an order seeded by `seed_key`.
-    fn optimizer(
-        &self,
-        rows: &mut SftRows,
-        (seed_key, n): (&str, usize),
-        (current, fb): (&str, &str),
-        target: &Kern,
-        (base_id, speedup, kind): (&str, Option<f64>, String),
-    ) {
-        let view = self.view(&self.shapes);
-        let seed = self.stage.params.seed ^ blake3::hash(seed_key.as_bytes()).as_bytes()[0] as u64;
-        for c in order(INTROS.len() * CLOSINGS.len(), seed)
-            .into_iter()
-            .take(n)
-        {
-            let (intro, closing) = (c % INTROS.len(), c / INTROS.len());
-            let m = vec![
-                ChatMessage::new("system", OPTIMIZER_SYSTEM),
-                ChatMessage::new(
-                    "user",
-                    prompts::optimizer_prompt(&view, current, fb, intro, closing),
-                ),
-                ChatMessage::new("assistant", prompts::fenced(&target.code)),
-            ];
-            self.push(rows, target, m, (base_id, speedup, &kind));
-        }
-    }
-}
-
-/// Validation rows by kernel id, as JSON values of the columns the examples use.
-///
-/// # Errors
-/// A required column of `validations` is missing or has the wrong type (named).
-fn validation_rows(
-    vt: &Table,
-) -> Result<BTreeMap<String, BTreeMap<&'static str, Value>>, StageError> {
-    let mut val: BTreeMap<String, BTreeMap<&'static str, Value>> = BTreeMap::new();
-    let kid = vt.req_strings("kernel_id").map_err(data_err)?;
-    let compiled = vt.req_bools("compiled").map_err(data_err)?;
-    let executed = vt.req_bools("executed").map_err(data_err)?;
-    let correct = vt.bools("correct").map_err(data_err)?;
-    let fcols = [
-        "median_ms",
-        "speedup_vs_torch",
-        "dram_fraction_of_peak",
-        "speedup_vs_naive",
-    ];
-    let icols = [
-        "tests",
-        "tests_passed",
-        "registers",
-        "shared_mem_bytes",
-        "spill_bytes",
-    ];
-    let fs: Vec<_> = fcols
-        .iter()
-        .map(|c| vt.floats(c).map_err(data_err))
-        .collect::<Result<_, _>>()?;
-    let is: Vec<_> = icols
-        .iter()
-        .map(|c| vt.ints(c).map_err(data_err))
-        .collect::<Result<_, _>>()?;
-    for i in 0..vt.rows() {
-        let Some(k) = kid.get(i) else { continue };
-        let mut m: BTreeMap<&str, Value> = BTreeMap::new();
-        m.insert("compiled", compiled.get(i).unwrap_or(false).into());
-        m.insert("executed", executed.get(i).unwrap_or(false).into());
-        m.insert(
-            "correct",
-            correct
-                .as_ref()
-                .and_then(|c| c.get(i))
-                .map_or(Value::Null, Value::from),
-        );
-        for (c, col) in fcols.iter().zip(&fs) {
-            if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
-                m.insert(c, v.into());
-            }
-        }
-        for (c, col) in icols.iter().zip(&is) {
-            if let Some(v) = col.as_ref().and_then(|c| c.get(i)) {
-                m.insert(c, v.into());
-            }
-        }
-        val.insert(k.to_string(), m);
-    }
-    Ok(val)
-}
-
-/// Kernels per task that validated (correct on a GPU, or compiled compile-only), with their
-/// validation in `val`.
-///
-/// # Errors
-/// A required column of `task_kernels` is missing or has the wrong type (named).
-fn validated_kernels(
-    kt: &Table,
-    val: &BTreeMap<String, BTreeMap<&'static str, Value>>,
-) -> Result<BTreeMap<String, Vec<Kern>>, StageError> {
-    let mut by_task: BTreeMap<String, Vec<Kern>> = BTreeMap::new();
-    let kid = kt.req_strings("kernel_id").map_err(data_err)?;
-    let task = kt.req_strings("task_id").map_err(data_err)?;
-    let role = kt.req_strings("role").map_err(data_err)?;
-    let code = kt.req_strings("code").map_err(data_err)?;
-    for i in 0..kt.rows() {
-        let (Some(k), Some(t), Some(r), Some(c)) =
-            (kid.get(i), task.get(i), role.get(i), code.get(i))
-        else {
-            continue;
-        };
-        let Some(v) = val.get(k) else { continue };
-        let validated = match (
-            v["compiled"].as_bool(),
-            v["executed"].as_bool(),
-            v["correct"].as_bool(),
-        ) {
-            (_, Some(true), Some(true)) => "correct",
-            (Some(true), Some(false), _) => "compile-only",
-            _ => continue,
-        };
-        by_task.entry(t.to_string()).or_default().push(Kern {
-            id: k.to_string(),
-            role: r.to_string(),
-            code: c.to_string(),
-            validated,
-            median_ms: v.get("median_ms").and_then(Value::as_f64),
-            feedback: cudarl_rl::episode::validation_feedback(v),
-        });
-    }
-    Ok(by_task)
 }
 
 /// The curriculum's split of each synthetic family (`synth/<task>` rows), by task id.
@@ -603,135 +181,6 @@ fn family_splits(path: &std::path::Path) -> Result<BTreeMap<String, String>, Sta
         .filter(|r| r.source == "synthetic")
         .filter_map(|r| Some((r.problem_id.strip_prefix("synth/")?.to_string(), r.split)))
         .collect())
-}
-
-/// `test` or `rl` for a task family the curriculum keeps out of SFT, else `None`.
-///
-/// # Errors
-/// The family has no row in the curriculum, or a split other than `train`, `rl` or `test`.
-fn kept_out(
-    splits: &BTreeMap<String, String>,
-    task: &str,
-) -> Result<Option<&'static str>, StageError> {
-    match splits.get(task).map(String::as_str) {
-        Some("test") => Ok(Some("test")),
-        Some("rl") => Ok(Some("rl")),
-        Some("train") => Ok(None),
-        Some(other) => Err(StageError::bad_input(
-            "curriculum",
-            Some("split"),
-            format!("synth/{task}: split `{other}` (expected train, rl or test)"),
-        )),
-        None => Err(StageError::bad_input(
-            "curriculum",
-            Some("problem_id"),
-            format!("no row synth/{task} for task family {task}"),
-        )),
-    }
-}
-
-/// One repair example's base: a broken kernel, the tester's feedback on it, the answer.
-struct Repair {
-    base_id: String,
-    kind: &'static str,
-    broken: String,
-    feedback: String,
-    target: Kern,
-}
-
-impl SftData {
-    /// The split of example `id`: `reserved` when given (a family kept out), else `val` for a
-    /// `val_fraction` of ids by hash, else `train`.
-    fn split_of(&self, id: &str, reserved: Option<&'static str>) -> String {
-        match reserved {
-            Some(r) => r.into(),
-            None if hash_fraction(id) < self.params.val_fraction => "val".into(),
-            None => "train".into(),
-        }
-    }
-
-    /// The repair bases of every task (see [`Params::repairs_per_base`]): each validated
-    /// kernel's breakage from `sft-repairs` that nvcc really rejected, with its diagnostics;
-    /// plus one "no code block" base per task whose answer is its fastest kernel.
-    ///
-    /// # Errors
-    /// A task without a readable `spec_json`, a `repairs` table without its columns (file and
-    /// field named).
-    fn repairs(
-        &self,
-        tasks: &std::path::Path,
-        rt: &Table,
-        by_task: &BTreeMap<String, Vec<Kern>>,
-    ) -> Result<BTreeMap<String, Vec<Repair>>, StageError> {
-        let mut out: BTreeMap<String, Vec<Repair>> = BTreeMap::new();
-        let specs = cudarl_rl::tasks::specs_by_id(tasks).map_err(rl_err)?;
-        // Rejected breakages by kernel id: (kind, broken code, feedback).
-        let mut broken: BTreeMap<&str, Vec<(&'static str, &str, &str)>> = BTreeMap::new();
-        let (kid, kind) = (
-            rt.req_strings("kernel_id").map_err(data_err)?,
-            rt.req_strings("kind").map_err(data_err)?,
-        );
-        let (code, fb) = (
-            rt.req_strings("broken").map_err(data_err)?,
-            rt.req_strings("feedback").map_err(data_err)?,
-        );
-        let compiled = rt.req_bools("compiled").map_err(data_err)?;
-        for i in 0..rt.rows() {
-            // A breakage nvcc accepts teaches nothing about repairs.
-            if compiled.get(i) != Some(false) {
-                continue;
-            }
-            let (Some(k), Some(n), Some(c), Some(f)) =
-                (kid.get(i), kind.get(i), code.get(i), fb.get(i))
-            else {
-                continue;
-            };
-            let Some(n) = cudarl_rl::repair::Breakage::ALL
-                .iter()
-                .map(|b| b.name())
-                .find(|b| *b == n)
-            else {
-                return Err(StageError::bad_input(
-                    "repairs",
-                    Some("kind"),
-                    format!("kernel `{k}`: unknown breakage `{n}`"),
-                ));
-            };
-            broken.entry(k).or_default().push((n, c, f));
-        }
-        for (t, kerns) in by_task {
-            let Some(spec) = specs.get(t) else { continue };
-            for k in kerns {
-                for (n, c, f) in broken.get(k.id.as_str()).into_iter().flatten() {
-                    out.entry(t.clone()).or_default().push(Repair {
-                        base_id: format!("{}#{n}", k.id),
-                        kind: n,
-                        feedback: f.to_string(),
-                        broken: c.to_string(),
-                        target: k.clone(),
-                    });
-                }
-            }
-            // No code block: the answer is the task's fastest kernel.
-            let best = kerns
-                .iter()
-                .filter_map(|k| k.median_ms.map(|m| (m, k)))
-                .min_by(|a, b| a.0.total_cmp(&b.0))
-                .map(|(_, k)| k)
-                .or_else(|| kerns.iter().find(|k| k.role != "naive"))
-                .or(kerns.first());
-            if let Some(b) = best {
-                out.entry(t.clone()).or_default().push(Repair {
-                    base_id: format!("{}#no_code", b.id),
-                    kind: "no_code",
-                    broken: String::new(),
-                    feedback: cudarl_rl::episode::feedback(spec.tier, None, None, &[]),
-                    target: b.clone(),
-                });
-            }
-        }
-        Ok(out)
-    }
 }
 
 /// A rayon pool (one thread per core) whose threads run at nice 19, the lowest CPU priority:

@@ -15,6 +15,7 @@ use cudarl_cuda::verdict::{Baselines, FullOptions, Verdict, hidden_salt, hidden_
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc, Rules, TaskSpec, check_compile_only};
 use cudarl_data::Table;
+use cudarl_rl::verdict_rows::{KernelMeta, agreement, fails_unrun, their_reason, validations};
 use cudarl_tables::TableRow;
 use cudarl_tables::validate::{AgreementRow, ValidationRow};
 use rayon::prelude::*;
@@ -420,7 +421,7 @@ fn write_tables(
     ctx: &mut StageContext<'_>,
     rows: &[Row],
     verdicts: Vec<Option<Verdict>>,
-    archive: Option<(Vec<RowMeta>, Vec<Option<Verdict>>)>,
+    archive: Option<(Vec<KernelMeta>, Vec<Option<Verdict>>)>,
 ) -> Result<(), StageError> {
     let mut verdicts: Vec<Verdict> = verdicts
         .into_iter()
@@ -441,24 +442,17 @@ fn write_tables(
     if unjudged > 0 {
         ctx.warn(format!("{unjudged} of {} kernels were not judged: the judge failed on its side twice (`judge_error`, e.g. out of GPU memory beside other processes; not memoized: the next run judges them again)", verdicts.len()));
     }
-    let mut ids: Vec<RowMeta> = rows
+    let mut ids: Vec<KernelMeta> = rows
         .iter()
-        .map(|r| RowMeta {
-            kernel_id: r.kernel_id.clone(),
-            role: r.role.clone(),
-            source: "synth".into(),
-            claimed_correct: None,
-            claimed_speedup: None,
-            their_error: None,
-        })
+        .map(|r| KernelMeta::task_kernel(&r.kernel_id, &r.role))
         .collect();
     if let Some((m, v)) = archive {
         ids.extend(m);
         verdicts.extend(v.into_iter().map(|v| v.expect("every archive row")));
     }
-    let batch = validations_batch(&ids, &verdicts)?;
+    let batch = cudarl_tables::to_batch(&validations(&ids, &verdicts)).map_err(data_err)?;
     write_output(ctx, "validations", &batch)?;
-    let batch = agreement_batch(&ids, &verdicts)?;
+    let batch = cudarl_tables::to_batch(&agreement(&ids, &verdicts)).map_err(data_err)?;
     write_output(ctx, "agreement", &batch)
 }
 
@@ -583,15 +577,6 @@ impl TaskKernels<'_> {
         self.progress.inc(1);
         Ok(())
     }
-}
-
-/// A candidate that cannot work, found without running it: rejected by the static checks, does
-/// not build (error or time limit) or does not load.
-fn fails_unrun(v: &Verdict) -> bool {
-    matches!(
-        v.failure.as_deref(),
-        Some("static_reject" | "compile_error" | "compile_timeout" | "load_error")
-    )
 }
 
 /// A verdict whose build hit its time limit: not memoized, like the compile cache's entry
@@ -735,37 +720,6 @@ impl PartRows {
     }
 }
 
-/// What a validations row says besides the verdict.
-#[derive(Debug, Clone)]
-struct RowMeta {
-    kernel_id: String,
-    role: String,
-    source: String,
-    claimed_correct: Option<bool>,
-    claimed_speedup: Option<f64>,
-    their_error: Option<String>,
-}
-
-/// The line of an archive's error text that says what failed (the build log before it is
-/// noise): the last line mentioning an error, else the last non-empty line.
-fn their_reason(e: &str) -> Option<String> {
-    let lines: Vec<&str> = e.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    let pick = lines
-        .iter()
-        .rev()
-        .find(|l| {
-            let l = l.to_ascii_lowercase();
-            l.contains("error")
-                || l.contains("mismatch")
-                || l.contains("failed")
-                || l.contains("incorrect")
-        })
-        .or(lines.last())?;
-    let mut s = pick.to_string();
-    s.truncate(300);
-    Some(s)
-}
-
 impl Validate {
     /// The archive kernels to validate: SakanaAI's and CUDA-L1's rows (CUDA-L1's only for the
     /// GPUs in `cuda_l1_gpus`), at most `archive_limit` per source.
@@ -802,7 +756,7 @@ impl Validate {
                 n += 1;
                 let _ = fmt.get(i);
                 items.push(Arch {
-                    meta: RowMeta {
+                    meta: KernelMeta {
                         kernel_id: k.to_string(),
                         role: "archive".into(),
                         source: source.into(),
@@ -828,7 +782,7 @@ impl Validate {
         gpu: Option<cudarl_cuda::gpu::GpuInfo>,
         env_key: &str,
         rows_of: &PartRows,
-    ) -> Result<(Vec<RowMeta>, Vec<Option<Verdict>>), StageError> {
+    ) -> Result<(Vec<KernelMeta>, Vec<Option<Verdict>>), StageError> {
         use cudarl_cuda::torchfmt::{self, Format};
         let problems = cudarl_rl::kernelbench::load_kb_problems(
             ctx.input_path("problems")?,
@@ -1015,7 +969,7 @@ fn build_archive(
 
 /// An archive kernel to validate: its row's identity and claims, its problem, its code.
 struct Arch {
-    meta: RowMeta,
+    meta: KernelMeta,
     task: String,
     code: String,
 }
@@ -1034,107 +988,4 @@ fn test_digests(p: &cudarl_cuda::torchfmt::KbProblem) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// `agreement`'s rows ([`AgreementRow`]): the archive kernels of `ids` beside their verdicts.
-fn agreement_batch(
-    ids: &[RowMeta],
-    vs: &[Verdict],
-) -> Result<arrow::array::RecordBatch, StageError> {
-    // Our verdict: executed ones as run; candidates that cannot work (rejected, do not build,
-    // do not load) are incorrect; those the harness could not run (no GPU, no tests, an
-    // argument it cannot bind) are unknown.
-    let ours = |v: &Verdict| {
-        if v.executed {
-            v.correct
-        } else if fails_unrun(v) {
-            Some(false)
-        } else {
-            None
-        }
-    };
-    let rows: Vec<AgreementRow> = ids
-        .iter()
-        .zip(vs)
-        .filter(|(m, _)| m.source != "synth")
-        .map(|(m, v)| AgreementRow {
-            kernel_id: m.kernel_id.clone(),
-            task_id: v.task_id.clone(),
-            source: m.source.clone(),
-            claimed_correct: m.claimed_correct,
-            our_correct: ours(v),
-            agree: m.claimed_correct.zip(ours(v)).map(|(a, b)| a == b),
-            our_reason: v.failure.as_ref().map(|f| {
-                let s = format!("{f}: {}", v.failure_detail.as_deref().unwrap_or(""));
-                let end = (0..=s.len().min(300))
-                    .rev()
-                    .find(|&i| s.is_char_boundary(i))
-                    .unwrap_or(0);
-                s[..end].to_string()
-            }),
-            their_reason: m.their_error.clone(),
-            claimed_speedup: m.claimed_speedup,
-            our_speedup_vs_torch: v.speedup_vs_torch,
-        })
-        .collect();
-    cudarl_tables::to_batch(&rows).map_err(data_err)
-}
-
-fn validations_batch(
-    ids: &[RowMeta],
-    vs: &[Verdict],
-) -> Result<arrow::array::RecordBatch, StageError> {
-    let vs: Vec<Verdict> = vs
-        .iter()
-        .map(|v| {
-            let mut v = v.clone();
-            v.compile_seconds = 0.0;
-            v.cache_hit = false;
-            v.so_hash = None;
-            v
-        })
-        .collect();
-    let max_res = |v: &Verdict, f: fn(&cudarl_cuda::diag::KernelResources) -> u32| {
-        v.resources.iter().map(f).max().map(i64::from)
-    };
-    let rows: Vec<ValidationRow> = ids
-        .iter()
-        .zip(&vs)
-        .map(|(m, v)| ValidationRow {
-            kernel_id: m.kernel_id.clone(),
-            task_id: v.task_id.clone(),
-            role: m.role.clone(),
-            mode: v.mode.clone(),
-            compiled: v.compiled,
-            executed: v.executed,
-            correct: v.correct,
-            failure: v.failure.clone(),
-            failure_detail: v.failure_detail.clone(),
-            static_flags: v.static_flags.iter().map(|f| f.rule.clone()).collect(),
-            hack_flags: v.hack_flags.clone(),
-            registers: max_res(v, |r| r.registers),
-            shared_mem_bytes: max_res(v, |r| r.shared_mem_bytes),
-            spill_bytes: max_res(v, |r| r.spill_store_bytes + r.spill_load_bytes),
-            tests: v.tests.len() as i64,
-            tests_passed: v.tests.iter().filter(|t| t.passed).count() as i64,
-            max_abs_err: v.max_abs_err,
-            max_rel_err: v.max_rel_err,
-            median_ms: v.timing.as_ref().map(|t| t.median_ms),
-            p10_ms: v.timing.as_ref().map(|t| t.p10_ms),
-            p90_ms: v.timing.as_ref().map(|t| t.p90_ms),
-            cv: v.timing.as_ref().map(|t| t.cv),
-            speedup_vs_naive: v.speedup_vs_naive,
-            torch_median_ms: v.torch_timing.as_ref().map(|t| t.median_ms),
-            speedup_vs_torch: v.speedup_vs_torch,
-            dram_fraction_of_peak: v.dram_fraction_of_peak,
-            gpu: v.gpu.as_ref().map(|g| g.name.clone()),
-            nvcc: v.nvcc_version.clone(),
-            arch: v.arch.clone(),
-            verdict_json: serde_json::to_string(v).expect("verdict json"),
-            source: m.source.clone(),
-            claimed_correct: m.claimed_correct,
-            claimed_speedup: m.claimed_speedup,
-        })
-        .collect();
-    cudarl_tables::to_batch(&rows).map_err(data_err)
 }
