@@ -47,15 +47,16 @@ install: build
 ## Without a GPU the pipeline file's `cpu` profile applies by itself (pipelines/default.toml
 ## [profiles.cpu]: 2 cores, configs/model/cpu.toml, compile-only rewards, a smaller data set and
 ## RL run),
-## and `status`, `show` and `export` reuse the last run's settings.
+## and `status`, `show` and `export` reuse the settings of the last run of the default targets.
 run: setup build
 	$(BIN) run
 	$(BIN) status
 
 ## curriculum: ingest + task families -> validate (compile-only without a GPU) -> curriculum,
-## and KernelBench native signatures (kb-specs), on the bundled data.
+## and KernelBench native signatures (kb-specs), on the bundled data; remembered as run `archive`
+## (`cudarl-pipe show curriculum --run archive`).
 curriculum: build
-	$(BIN) run curriculum kb-specs --set curriculum.archive=true
+	$(BIN) run curriculum kb-specs --set curriculum.archive=true --run archive
 
 ## test: set up, build, lint, and run every test (Rust and Python). A one-off build: no
 ## incremental compilation state (it would double the target folder's size).

@@ -477,7 +477,7 @@ fn profiles_default_targets_and_remembered_runs() {
         head.contains(targets),
         "default.toml names its default targets"
     );
-    let head = head.replace(targets, "targets = [\"curriculum\"]");
+    let head = head.replace(targets, "targets = [\"splits\"]");
     std::fs::write(
         &pl,
         format!("{head}[profiles.cpu]\n\"splits.seed\" = 5\n\n[profiles.other.splits]\nseed = 6\n"),
@@ -500,7 +500,7 @@ fn profiles_default_targets_and_remembered_runs() {
         .map(|v| v["node"].as_str().unwrap().to_string())
         .collect();
     assert!(
-        ran.contains(&"curriculum".to_string()) && !ran.contains(&"sft-data".to_string()),
+        ran.contains(&"splits".to_string()) && !ran.contains(&"curriculum".to_string()),
         "a bare run builds the default targets and what they need: {ran:?}"
     );
     let state = |o: &std::process::Output, node: &str| {
@@ -512,17 +512,20 @@ fn profiles_default_targets_and_remembered_runs() {
             .unwrap()
     };
     // The reading verbs take that run's settings (said so, with the run's name), whatever
-    // the machine.
-    let o = run(&["status", "curriculum", "--json"]);
+    // the machine; `status --exit-code` is 0 with the default targets fresh, the rest missing.
+    let o = run(&["status", "splits", "--json"]);
     let e = stderr(&o);
-    assert_eq!(state(&o, "curriculum"), "fresh", "{e}");
+    assert_eq!(state(&o, "splits"), "fresh", "{e}");
     assert!(
-        e.contains("the settings of run `curriculum`, the last that built the default targets"),
+        e.contains("the settings of run `splits`, the last that built the default targets"),
         "{e}"
     );
     if !gpu {
         assert!(e.contains("--profile cpu"), "{e}");
     }
+    let o = run(&["status", "--exit-code"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("MISSING  curriculum"), "{}", stdout(&o));
     // Told otherwise: the file's own sizes, another profile (nested tables allowed), or `--set`
     // on top of the machine's profile. (status without a GPU, status with one)
     for (other, want) in [
@@ -530,44 +533,51 @@ fn profiles_default_targets_and_remembered_runs() {
         (["--profile", "other"], ("stale", "stale")),
         (["--set", "splits.seed=5"], ("fresh", "stale")),
     ] {
-        let mut args = vec!["status", "curriculum", "--json"];
+        let mut args = vec!["status", "splits", "--json"];
         args.extend(other);
         let o = run(&args);
         let want = if gpu { want.1 } else { want.0 };
-        assert_eq!(state(&o, "curriculum"), want, "{other:?}: {}", stderr(&o));
+        assert_eq!(state(&o, "splits"), want, "{other:?}: {}", stderr(&o));
     }
     // A one-off run of another target is remembered under its own name and switches nothing.
-    let o = run(&["run", "splits", "--set", "splits.seed=9"]);
+    let o = run(&["run", "ingest-kernelbench", "--set", "splits.seed=9"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = run(&["status", "curriculum", "--json"]);
-    let e = stderr(&o);
-    assert_eq!(state(&o, "curriculum"), "fresh", "{e}");
-    assert!(
-        !e.contains("splits.seed=9") && e.contains("other runs: splits (--run NAME)"),
-        "{e}"
-    );
-    let o = run(&["status", "splits", "--json", "--run", "splits"]);
+    let o = run(&["status", "splits", "--json"]);
     let e = stderr(&o);
     assert_eq!(state(&o, "splits"), "fresh", "{e}");
+    assert!(
+        !e.contains("splits.seed=9") && e.contains("other runs: ingest-kernelbench (--run NAME)"),
+        "{e}"
+    );
+    let o = run(&["status", "splits", "--json", "--run", "ingest-kernelbench"]);
+    let e = stderr(&o);
+    assert_eq!(state(&o, "splits"), "stale", "{e}");
     assert!(e.contains("--set splits.seed=9"), "{e}");
+    // `--run` on a reading verb wins over a profile from the environment.
+    let o = p
+        .cmd(&["status", "splits", "--json", "--run", "splits"])
+        .env("CUDARL_PROFILE", "other")
+        .output()
+        .unwrap();
+    assert_eq!(state(&o, "splits"), "fresh", "{}", stderr(&o));
     // An unknown run: named with the ones there are (exit 2); `--run` with `--set` on a
     // reading verb is a usage error.
-    let o = run(&["status", "--run", "split"]);
+    let o = run(&["status", "--run", "ingest-kernelbenc"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("did you mean `splits`?")
-            && stderr(&o).contains("runs: splits, curriculum"),
+        stderr(&o).contains("did you mean `ingest-kernelbench`?")
+            && stderr(&o).contains("runs: ingest-kernelbench, splits"),
         "{}",
         stderr(&o)
     );
     let o = run(&["status", "--run", "splits", "--set", "splits.seed=1"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    // A run that builds the default targets under another profile and a chosen name becomes
-    // what the reading verbs use.
+    // A run that builds the default targets upstream of its own, under another profile and a
+    // chosen name, becomes what the reading verbs use.
     let o = run(&["run", "curriculum", "--profile", "other", "--run", "seed6"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = run(&["status", "curriculum", "--json"]);
-    assert_eq!(state(&o, "curriculum"), "fresh", "{}", stderr(&o));
+    let o = run(&["status", "splits", "--json"]);
+    assert_eq!(state(&o, "splits"), "fresh", "{}", stderr(&o));
     assert!(
         stderr(&o).contains("run `seed6`") && stderr(&o).contains("--profile other"),
         "{}",
@@ -590,12 +600,11 @@ fn profiles_default_targets_and_remembered_runs() {
         "{}",
         stderr(&o)
     );
-    std::fs::write(&pl, head.replace("[\"curriculum\"]", "[\"curriculm\"]")).unwrap();
+    std::fs::write(&pl, head.replace("[\"splits\"]", "[\"splts\"]")).unwrap();
     let o = run(&["run", "--profile", "none"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("pipeline.targets")
-            && stderr(&o).contains("did you mean `curriculum`?"),
+        stderr(&o).contains("pipeline.targets") && stderr(&o).contains("did you mean `splits`?"),
         "{}",
         stderr(&o)
     );
@@ -606,43 +615,42 @@ fn profiles_default_targets_and_remembered_runs() {
 #[test]
 fn dry_run_estimates_seconds_from_previous_runs() {
     let p = Project::new();
-    p.run_json(&["run", "ingest-kernelbench"]);
-    let o = p.run(&[
-        "run",
-        "ingest-kernelbench",
-        "splits",
-        "--force",
-        "ingest-kernelbench",
-        "--dry-run",
-        "--json",
-    ]);
+    p.run_json(&["run", "splits"]);
+    let dry = |json: bool| {
+        let mut args = vec![
+            "run",
+            "splits",
+            "curriculum",
+            "--force",
+            "ingest-kernelbench",
+        ];
+        args.push("--dry-run");
+        if json {
+            args.push("--json");
+        }
+        p.run(&args)
+    };
+    let o = dry(true);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let recs: Vec<serde_json::Value> = stdout(&o)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     let rec = |n: &str| recs.iter().find(|r| r["node"] == n).unwrap().clone();
-    let ingest = rec("ingest-kernelbench");
-    assert_eq!(ingest["status"], "would_run", "{ingest}");
-    assert!(
-        ingest["estimated_seconds"].as_f64().unwrap() > 0.0,
-        "{ingest}"
-    );
-    let splits = rec("splits");
-    assert_eq!(splits["status"], "would_run", "{splits}");
-    assert!(splits["estimated_seconds"].is_null(), "{splits}");
-    let o = p.run(&[
-        "run",
-        "ingest-kernelbench",
-        "splits",
-        "--force",
-        "ingest-kernelbench",
-        "--dry-run",
-    ]);
-    let out = stdout(&o);
+    // The forced node and the one downstream of it ran before: their seconds; curriculum
+    // never ran: null.
+    for n in ["ingest-kernelbench", "splits"] {
+        let r = rec(n);
+        assert_eq!(r["status"], "would_run", "{r}");
+        assert!(r["estimated_seconds"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let c = rec("curriculum");
+    assert_eq!(c["status"], "would_run", "{c}");
+    assert!(c["estimated_seconds"].is_null(), "{c}");
+    let out = stdout(&dry(false));
     assert!(
         out.lines()
-            .any(|l| l.contains("splits") && l.contains("n/a")),
+            .any(|l| l.contains(" curriculum ") && l.contains("n/a")),
         "{out}"
     );
     let last = out.lines().last().unwrap_or_default();

@@ -736,7 +736,15 @@ impl Engine {
         // Upstream outputs (all upstream nodes are finished when this runs).
         let upstream = match self.upstream_outputs(idx, st) {
             Ok(u) => u,
-            Err(un) => return upstream_incomplete(&node.name, (&kind, cv), &un, st.opts),
+            Err(un) => {
+                let mut r = upstream_incomplete(&node.name, (&kind, cv), &un, st.opts);
+                if st.opts.dry_run {
+                    r.estimated_seconds = self
+                        .previous_manifest(&node.name, st.lock)
+                        .map(|m| m.seconds);
+                }
+                return r;
+            }
         };
         let prep = match self.prepare(idx, &upstream) {
             Ok(p) => p,

@@ -589,7 +589,7 @@ pub fn comparison(
         out["holdout_collab_primary"] = versus(primary, "collab").into();
         out["holdout_collab_guardrail"] = guardrail.and_then(|g| versus(g, "collab")).into();
     }
-    comparison_text(md, &out, primary, guardrail, collab);
+    comparison_text(md, &out, (primary, guardrail), (collab, full));
     out
 }
 
@@ -660,57 +660,60 @@ fn multi_minus_single_turn(rows: &[Row], guardrail: Option<Metric>) -> Value {
         .into()
 }
 
-/// A difference `v[key]` with its standard error `v["se"]`, as the report shows it.
-fn show_diff(v: &Value, key: &str) -> String {
+/// A difference `v[key]` with its standard error `v["se"]`, as the report shows it; `na` when
+/// there is none.
+fn show_diff(v: &Value, key: &str, na: &str) -> String {
     match (v[key].as_f64(), v["se"].as_f64()) {
         (Some(d), Some(se)) => format!("{d:+.3} +- {se:.3}"),
         (Some(d), None) => format!("{d:+.3} (one task: no standard error)"),
-        _ => "n/a (not measured)".into(),
+        _ => na.into(),
     }
 }
 
 /// Appends the pre-registered comparison's section to `md` from `out` (what
-/// [`comparison`] returns); `collab`: collab-SFT was evaluated.
+/// [`comparison`] returns); `collab`: collab-SFT was evaluated; `full`: kernels ran (else a
+/// missing difference reads "n/a (not measured)").
 fn comparison_text(
     md: &mut String,
     out: &Value,
-    primary: Metric,
-    guardrail: Option<Metric>,
-    collab: bool,
+    (primary, guardrail): (Metric, Option<Metric>),
+    (collab, full): (bool, bool),
 ) {
+    let na = if full { "n/a" } else { "n/a (not measured)" };
     md.push_str(&format!(
         "
 ## Pre-registered comparison
 
 Primary metric, named in the pipeline before the run: **{}**. RL - SFT on the hold-out families, paired by sampling seed (+- one standard error clustered by task): {}.",
         primary.name(),
-        show_diff(&out["holdout_primary"], "rl_minus_sft")
+        show_diff(&out["holdout_primary"], "rl_minus_sft", na)
     ));
     if let Some(g) = guardrail {
         md.push_str(&format!(
             " Guardrail {}: {}.",
             g.name(),
-            show_diff(&out["holdout_guardrail"], "rl_minus_sft")
+            show_diff(&out["holdout_guardrail"], "rl_minus_sft", na)
         ));
     }
     let m = &out["rl_multi_minus_single_turn"];
-    if m.is_object() {
-        md.push_str(&format!(
-            " RL's multi-turn minus single-turn {} on the hold-out (best turn against first turn, same episodes): {}.",
-            m["metric"].as_str().unwrap_or_default(),
-            show_diff(m, "multi_minus_single")
-        ));
-    }
+    let g = guardrail
+        .filter(|g| g.compile_only())
+        .unwrap_or(Metric::Pass);
+    md.push_str(&format!(
+        " RL's multi-turn minus single-turn {} on the hold-out (best turn against first turn, same episodes): {}.",
+        m["metric"].as_str().unwrap_or(g.name()),
+        show_diff(m, "multi_minus_single", na)
+    ));
     if collab {
         md.push_str(&format!(
             " Cross-agent fine-tuning (`collab`), collab-SFT - SFT on the same episodes' seeds: {}",
-            show_diff(&out["holdout_collab_primary"], "collab_minus_sft")
+            show_diff(&out["holdout_collab_primary"], "collab_minus_sft", na)
         ));
         if let Some(g) = guardrail {
             md.push_str(&format!(
                 ", guardrail {}: {}",
                 g.name(),
-                show_diff(&out["holdout_collab_guardrail"], "collab_minus_sft")
+                show_diff(&out["holdout_collab_guardrail"], "collab_minus_sft", na)
             ));
         }
         md.push('.');
@@ -1177,10 +1180,36 @@ mod tests {
             ep("rl", "b", true),
             ep("rl", "b", false),
         ];
-        let schema = std::sync::Arc::new(arrow::datatypes::Schema::empty());
+        // Three RL steps with the frozen control's columns beside RL's.
+        let cols = [
+            "mean_reward",
+            "control_reward",
+            "pass_rate",
+            "control_pass_rate",
+        ];
+        let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(
+            cols.iter()
+                .map(|c| {
+                    arrow::datatypes::Field::new(*c, arrow::datatypes::DataType::Float64, false)
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let column = |v: [f64; 3]| -> arrow::array::ArrayRef {
+            std::sync::Arc::new(arrow::array::Float64Array::from(v.to_vec()))
+        };
+        let batch = arrow::record_batch::RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                column([0.1, 0.3, 0.5]),
+                column([0.1, 0.2, 0.2]),
+                column([0.0, 0.5, 0.5]),
+                column([0.0, 0.25, 0.0]),
+            ],
+        )
+        .expect("a metrics batch");
         let metrics = Table {
             file: "metrics".into(),
-            batch: arrow::record_batch::RecordBatch::new_empty(schema.clone()),
+            batch,
             schema,
         };
         let pre = (Metric::FastNaive15, Some(Metric::Pass));
@@ -1194,19 +1223,36 @@ mod tests {
             assert!(c[k].is_null(), "{k}: {c}");
         }
         assert!(c["rl_multi_minus_single_turn"].is_null(), "{c}");
+        // The reward was measured (compile-only rewards).
+        assert_eq!(c["practised_reward"]["steps"], 2, "{c}");
         assert!(
             md.contains("fast_naive_1_5**. RL - SFT on the hold-out families, paired by sampling seed (+- one standard error clustered by task): n/a (not measured)")
                 && !md.contains("+0.000"),
             "{md}"
         );
-        // A compile rate is measured without a GPU; on a GPU every metric is.
+        // A compile rate is measured without a GPU (collab-SFT against SFT too); on a GPU every
+        // metric is.
+        let mut with_collab = rows;
+        for (t, pass) in [("a", true), ("a", true), ("b", true), ("b", false)] {
+            with_collab.push(ep("collab", t, pass));
+        }
         let mut md = String::new();
-        let c = comparison(&mut md, &rows, &metrics, (Metric::Compile, None), false);
+        let c = comparison(
+            &mut md,
+            &with_collab,
+            &metrics,
+            (Metric::Compile, None),
+            false,
+        );
         assert_eq!(c["holdout_primary"]["pairs"], 4, "{c}");
+        assert_eq!(c["holdout_collab_primary"]["collab_minus_sft"], 0.0, "{c}");
+        assert_eq!(c["holdout_collab_primary"]["pairs"], 4, "{c}");
         let mut md = String::new();
-        let c = comparison(&mut md, &rows, &metrics, pre, true);
+        let c = comparison(&mut md, &with_collab, &metrics, pre, true);
         assert_eq!(c["holdout_guardrail"]["rl_minus_sft"], 0.5, "{c}");
         assert_eq!(c["holdout_primary"]["rl_minus_sft"], 0.0, "{c}");
+        assert_eq!(c["practised_pass_rate"]["steps"], 2, "{c}");
+        assert_eq!(c["rl_multi_minus_single_turn"]["metric"], "pass", "{c}");
     }
 
     #[test]

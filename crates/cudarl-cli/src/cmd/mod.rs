@@ -88,7 +88,7 @@ pub struct Ctx {
     pub lock: Option<PathBuf>,
     /// The settings the pipeline loads with (see [`Settings`]).
     pub settings: Settings,
-    /// Where the settings came from when not from the command line (the last run's, or the
+    /// Where the settings came from when not from the command line (a remembered run's, or the
     /// `cpu` profile for want of a GPU): said on stderr the first time the pipeline loads.
     settings_note: Option<String>,
     noted: std::sync::atomic::AtomicBool,
@@ -123,7 +123,7 @@ fn covers(path: &Path, display: &str, r: &runs::RunRecord, defaults: &[String]) 
 }
 
 /// Whether verb `c` only reads the store (and builds what it reads), so that it reuses the
-/// settings of the last `run`.
+/// settings of a remembered `run` ([`runs`]).
 fn reads_store(c: &Command) -> bool {
     !matches!(c, Command::Run { .. } | Command::Bench { .. })
 }
@@ -626,12 +626,17 @@ fn run(
     {
         eprintln!("warning: no SIGINT/SIGTERM handlers ({e}): an interrupt ends the run at once");
     }
-    let summary = engine.run(engine.pipeline().targets_or_default(targets), &opts)?;
+    // A shard or merge names its stage: no default targets for it.
+    let targets = match opts.part {
+        cudarl_core::RunPart::Whole => engine.pipeline().targets_or_default(targets),
+        _ => targets,
+    };
+    let summary = engine.run(targets, &opts)?;
     // What the verbs that read the store build on next; a run stopped by bad input (exit 2)
-    // leaves the store as it was.
-    if !opts.dry_run && summary.exit_code() != 2 {
-        ctx.remember_run(engine.pipeline(), targets)?;
-    }
+    // leaves the store as it was. Not being able to record it does not undo the run.
+    let remembered = (!opts.dry_run && summary.exit_code() != 2)
+        .then(|| ctx.remember_run(engine.pipeline(), targets))
+        .transpose();
     for r in &summary.records {
         if json {
             json_line(r);
@@ -641,6 +646,12 @@ fn run(
     }
     if opts.dry_run && !json {
         println!("{}", dry_run_summary(&summary.records));
+    }
+    if let Err(e) = remembered {
+        eprintln!(
+            "warning: this run's settings were not remembered for the reading verbs: {}",
+            e.message
+        );
     }
     let code = summary.exit_code();
     if code == cudarl_core::interrupt::EXIT_CODE {
@@ -732,7 +743,13 @@ fn status(
                 pipeline.targets.join(", "),
                 match not_fresh {
                     0 => "are fresh".to_string(),
-                    n => format!("need {n} node(s) built: `cudarl-pipe run`"),
+                    n if ctx.settings == Settings::default() => {
+                        format!("need {n} node(s) built: `cudarl-pipe run`")
+                    }
+                    n => format!(
+                        "need {n} node(s) built: `cudarl-pipe run {}`",
+                        ctx.settings.flags()
+                    ),
                 }
             ));
         }

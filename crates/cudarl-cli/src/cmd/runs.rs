@@ -42,18 +42,46 @@ pub struct RunRecord {
 }
 
 /// The folder of pipeline `pipeline`'s remembered runs in `store`.
-fn dir(store: &Path, pipeline: &str) -> PathBuf {
-    store.join("settings").join(pipeline)
+///
+/// # Errors
+/// A pipeline name that is not one path component of the allowed characters (exit 2).
+fn dir(store: &Path, pipeline: &str) -> Result<PathBuf, CliError> {
+    if !allowed(pipeline) {
+        return Err(CliError::usage(format!(
+            "pipeline.name {pipeline:?}: a name of letters, digits, '-', '_', '.' and '+' (at most 100, not starting with '.') is needed to remember its runs"
+        )));
+    }
+    Ok(store.join("settings").join(pipeline))
+}
+
+/// Whether `name` is letters, digits, `-`, `_`, `.` and `+`, not starting with `.`, at most 100
+/// characters: one path component.
+fn allowed(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name.len() <= 100
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
 }
 
 /// The name a run is remembered under when not given `--run`: its targets joined by `+`
-/// (`all` for every node).
+/// (`all` for every node); past 100 characters, the first 80 and 8 hex digits of the whole
+/// name's BLAKE3.
 pub fn default_name(targets: &[String]) -> String {
-    if targets.is_empty() {
-        "all".into()
+    let name = if targets.is_empty() {
+        "all".to_string()
     } else {
         targets.join("+")
+    };
+    if name.len() <= 100 {
+        return name;
     }
+    let head: String = name.chars().take(80).collect();
+    format!(
+        "{head}+{}",
+        cudarl_core::Digest::of_bytes(name.as_bytes()).short(8)
+    )
 }
 
 /// Checks a run name given with `--run`: ASCII letters, digits, `-`, `_`, `.` and `+`, not
@@ -62,13 +90,7 @@ pub fn default_name(targets: &[String]) -> String {
 /// # Errors
 /// Any other name (exit 2, the rule said).
 pub fn check_name(name: &str) -> Result<(), CliError> {
-    let ok = !name.is_empty()
-        && !name.starts_with('.')
-        && name.len() <= 100
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'));
-    if ok {
+    if allowed(name) {
         Ok(())
     } else {
         Err(CliError::usage(format!(
@@ -78,12 +100,16 @@ pub fn check_name(name: &str) -> Result<(), CliError> {
 }
 
 /// The remembered runs of pipeline `pipeline` in `store`, the latest first; none when the store
-/// or the folder does not exist.
+/// or the folder does not exist, or the pipeline's name cannot be a folder.
 ///
 /// # Errors
 /// A file in the folder that is not a run record (exit 2, the file named).
 pub fn list(store: &Path, pipeline: &str) -> Result<Vec<RunRecord>, CliError> {
-    let Ok(entries) = std::fs::read_dir(dir(store, pipeline)) else {
+    // A pipeline whose name cannot be a folder has no remembered runs (`run` warns).
+    let Ok(entries) = dir(store, pipeline).map(std::fs::read_dir) else {
+        return Ok(vec![]);
+    };
+    let Ok(entries) = entries else {
         return Ok(vec![]);
     };
     let mut runs = Vec::new();
@@ -115,7 +141,7 @@ pub fn remember(
     pipeline: &str,
     record: &RunRecord,
 ) -> Result<(), CliError> {
-    let path = dir(store.root(), pipeline).join(format!("{}.json", record.name));
+    let path = dir(store.root(), pipeline)?.join(format!("{}.json", record.name));
     let bytes = serde_json::to_vec_pretty(record).expect("run record serializes");
     store
         .write_atomic(&path, &bytes)
