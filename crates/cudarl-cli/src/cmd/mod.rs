@@ -101,17 +101,22 @@ pub struct Ctx {
 
 pub use runs::Settings;
 
-/// Whether run `r` built every default target `defaults` of the pipeline file at `path`: each
-/// is one of its targets or upstream of one (the graph as the file draws it); with no default
-/// targets, whether it built every node.
-fn covers(path: &Path, display: &str, r: &runs::RunRecord, defaults: &[String]) -> bool {
+/// Whether run `r` built every default target `defaults`: each is one of its targets or
+/// upstream of one in `graph` (the pipeline as its file draws it, loaded only when a record
+/// does not name every default target itself); with no default targets, whether it built every
+/// node.
+fn covers<'a>(
+    r: &runs::RunRecord,
+    defaults: &[String],
+    graph: &dyn Fn() -> Option<&'a Pipeline>,
+) -> bool {
     if defaults.is_empty() {
         return r.targets.is_empty();
     }
     if defaults.iter().all(|d| r.targets.contains(d)) {
         return true;
     }
-    let Ok(p) = Pipeline::load(path, display, None, &[], &Registry) else {
+    let Some(p) = graph() else {
         return false;
     };
     let Ok(built) = p.closure(&r.targets) else {
@@ -213,16 +218,17 @@ impl Ctx {
         let Ok(file) = cudarl_core::pipeline::read_pipeline_file(pipeline_path, display) else {
             return Ok((given, None));
         };
-        if profile.is_some() || !cli.sets.is_empty() {
-            if reads && cli.run_name.is_some() {
-                return Err(CliError::usage(
-                    "--run NAME reads with that run's settings: give it without --profile and --set",
-                ));
-            }
+        if (profile.is_some() || !cli.sets.is_empty()) && reads && cli.run_name.is_some() {
+            return Err(CliError::usage(
+                "--run NAME reads with that run's settings: give it without --profile and --set",
+            ));
+        }
+        if profile.is_some() {
             return Ok((given, None));
         }
+        // `--set` alone goes on top of the machine's profile, below.
         let mut other_runs = String::new();
-        if reads {
+        if reads && cli.sets.is_empty() {
             let runs = runs::list(store, &file.name)?;
             if let Some(n) = &cli.run_name {
                 let r = runs::find(&runs, n, &file.name, store)?;
@@ -233,9 +239,15 @@ impl Ctx {
                 );
                 return Ok((r.settings.clone(), Some(note)));
             }
-            let main = runs
-                .iter()
-                .find(|r| covers(pipeline_path, display, r, &file.targets));
+            let loaded = std::cell::OnceCell::new();
+            let graph = || {
+                loaded
+                    .get_or_init(|| {
+                        Pipeline::load(pipeline_path, display, None, &[], &Registry).ok()
+                    })
+                    .as_ref()
+            };
+            let main = runs.iter().find(|r| covers(r, &file.targets, &graph));
             let others: Vec<&runs::RunRecord> = runs
                 .iter()
                 .filter(|r| main.is_none_or(|m| m.name != r.name))
