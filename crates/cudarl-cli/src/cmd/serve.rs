@@ -107,7 +107,11 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
             store: Some(store),
         },
         gpus: (0..n_gpus)
-            .map(|i| WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]).on_gpu(i))
+            .map(|i| {
+                WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![])
+                    .on_gpu(i)
+                    .judge_allocator()
+            })
             .collect(),
         salt,
         queue: a.queue,
