@@ -394,6 +394,59 @@ fn reference_outputs(
         .collect()
 }
 
+/// The statistics of one output buffer `a` against its float64 reference `r` (magnitudes `m`,
+/// the longest contraction `contraction`), as 0-dim float64 tensors on the GPU: unwritten
+/// elements (still the poison), non-finite ones, elements outside the tolerance
+/// ([`eval::tolerance`]), the largest absolute error and the largest relative error
+/// (`|got - r| / max(|r|, 1e-12)`, non-finite elements at 0). The comparison works in place on
+/// one float64 copy of the output: at a bench shape each float64 temporary is eight bytes an
+/// element, and the caching allocator keeps a judge's peak.
+///
+/// # Errors
+/// The reference's element count differs from the buffer's (a task spec error), or libtorch
+/// failed.
+fn compare_output(
+    task: &TaskSpec,
+    a: &Buf,
+    r: Tensor,
+    m: Tensor,
+    contraction: i64,
+) -> Result<[Tensor; 5], JudgeError> {
+    let e = |r: Result<Tensor, tch::TchError>| r.map_err(JudgeError::from);
+    let r = e(r.f_reshape([-1]))?;
+    if r.size()[0] != a.n {
+        return Err(JudgeError::Task(format!(
+            "task spec error: the reference for `{}` has {} elements, the buffer {}",
+            a.name,
+            r.size()[0],
+            a.n
+        )));
+    }
+    let m = e(m.f_reshape([-1]))?;
+    let got = a.data()?;
+    let unwritten = e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(a.elem.poison))?.f_sum(Kind::Double))?;
+    let finite = e(got.f_isfinite())?;
+    let non_finite = e(e(e(finite.f_logical_not())?.f_sum(Kind::Double))?.f_sub(&unwritten))?;
+    // |got - reference|, non-finite elements (counted above) at 0; a copy even if the output
+    // were float64 already (its view is the candidate's buffer).
+    let mut d = e(got.f_to_dtype(Kind::Double, false, true))?;
+    let _ = e(d.f_sub_(&r))?;
+    let _ = e(d.f_abs_())?;
+    let _ = e(d.f_nan_to_num_(0.0, 0.0, 0.0))?;
+    let _ = e(d.f_mul_(&finite))?;
+    drop(finite);
+    let tol = e(eval::tolerance(task, &m, contraction))?;
+    drop(m);
+    let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
+    drop(tol);
+    let max_abs = e(d.f_max())?;
+    let mut den = e(r.f_abs())?;
+    drop(r);
+    let _ = e(den.f_clamp_min_(1e-12))?;
+    let _ = e(d.f_div_(&den))?;
+    Ok([unwritten, non_finite, bad, max_abs, e(d.f_max())?])
+}
+
 /// One drawn input set of the torch baseline: the inputs (named, shaped) and the scalars.
 type DrawnSet = (Vec<(String, Tensor)>, Vec<(String, f64)>);
 
@@ -1497,50 +1550,11 @@ impl Judge {
             let env = b.env_tensors(Kind::Double)?;
             let want = reference_outputs(&refs, &env, &b.scalars, true)?;
             // The float64 inputs are not read again (a reference may still share one, as a
-            // view). The comparison works in place on one float64 buffer per output: at a bench
-            // shape every float64 temporary is eight bytes an element, and the caching
-            // allocator keeps the peak of each judge.
+            // view); [`compare_output`] works in place.
             drop(env);
             for (a, (r, m, contraction)) in b.outputs().zip(want) {
-                let r = e(r.f_reshape([-1]))?;
-                if r.size()[0] != a.n {
-                    return Err(JudgeError::Task(format!(
-                        "task spec error: the reference for `{}` has {} elements, the buffer {}",
-                        a.name,
-                        r.size()[0],
-                        a.n
-                    )));
-                }
-                let m = e(m
-                    .ok_or_else(|| JudgeError::Machine("no magnitude".into()))?
-                    .f_reshape([-1]))?;
-                let got = a.data()?;
-                let unwritten =
-                    e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(a.elem.poison))?.f_sum(Kind::Double))?;
-                let finite = e(got.f_isfinite())?;
-                let non_finite =
-                    e(e(e(finite.f_logical_not())?.f_sum(Kind::Double))?.f_sub(&unwritten))?;
-                // |got - reference|, non-finite elements (counted above) at 0.
-                let mut d = e(got.f_to_dtype(Kind::Double, false, true))?;
-                let _ = e(d.f_sub_(&r))?;
-                let _ = e(d.f_abs_())?;
-                let _ = e(d.f_nan_to_num_(0.0, 0.0, 0.0))?;
-                let _ = e(d.f_mul_(&finite))?;
-                drop(finite);
-                let tol = e(eval::tolerance(task, &m, contraction))?;
-                drop(m);
-                let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
-                drop(tol);
-                stats.push(unwritten);
-                stats.push(non_finite);
-                stats.push(bad);
-                stats.push(e(d.f_max())?);
-                // Relative error: d / max(|reference|, 1e-12), in place on d.
-                let mut den = e(r.f_abs())?;
-                drop(r);
-                let _ = e(den.f_clamp_min_(1e-12))?;
-                let _ = e(d.f_div_(&den))?;
-                stats.push(e(d.f_max())?);
+                let m = m.ok_or_else(|| JudgeError::Machine("no magnitude".into()))?;
+                stats.extend(compare_output(task, a, r, m, contraction)?);
             }
         }
         let flat: Vec<f64> =
