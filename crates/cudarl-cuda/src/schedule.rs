@@ -210,8 +210,7 @@ impl<'a> Scheduler<'a> {
         }
         // The one place the timing mode is read: with `Batched` the scheduler times in a worker
         // pool of its own, which lives as long as this run.
-        let mut own_timer = (self.timing == TimingMode::Batched)
-            .then(|| WorkerPool::new(crate::worker::worker_exe(), vec![]).judge_allocator());
+        let mut own_timer = (self.timing == TimingMode::Batched).then(WorkerPool::judge);
         let timer = own_timer.as_mut();
         let batched = timer.is_some();
         let (ttx, trx) = channel::<Pending>();

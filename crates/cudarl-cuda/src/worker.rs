@@ -392,9 +392,7 @@ impl WorkerPool {
     /// `n` pools of `cudarl-pipe-worker` ([`worker_exe`]) for the visible GPU, to test
     /// candidates side by side with [`drain_on`] (normally [`DEFAULT_GPU_WORKERS`]; at least one).
     pub fn testers(n: usize) -> Vec<WorkerPool> {
-        (0..n.max(1))
-            .map(|_| WorkerPool::new(worker_exe(), vec![]).judge_allocator())
-            .collect()
+        (0..n.max(1)).map(|_| WorkerPool::judge()).collect()
     }
 
     /// The GPU this pool's jobs run on, as the lock id of [`GpuLock`].
@@ -416,8 +414,14 @@ impl WorkerPool {
         self
     }
 
-    /// The same pool with [`judge_alloc_conf`]'s allocator settings for its workers: the native
-    /// judge's pools (not the Python worker's, which times torch's own kernels in its process).
+    /// A pool of native judges: `cudarl-pipe-worker` ([`worker_exe`]) with [`judge_alloc_conf`]'s
+    /// allocator settings (not the Python worker's pool, which times torch's own kernels in its
+    /// process).
+    pub fn judge() -> WorkerPool {
+        WorkerPool::new(worker_exe(), vec![]).judge_allocator()
+    }
+
+    /// The same pool with [`judge_alloc_conf`]'s allocator settings for its workers.
     pub fn judge_allocator(mut self) -> WorkerPool {
         let set = |k: &str| std::env::var_os(k).is_some() || self.env.iter().any(|(e, _)| e == k);
         if let Some(c) = judge_alloc_conf(set) {

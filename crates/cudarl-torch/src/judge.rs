@@ -1384,12 +1384,11 @@ impl Judge {
         shape: &ShapeCase,
         wall: Duration,
     ) -> Result<(), Fail> {
-        let (_, set_bytes) = set_layout(task, &shape.sizes)?;
         let seed = self.rng.random();
-        let base = self.place(1, set_bytes)?;
-        let set = self.fill(task, &shape.sizes, seed, base, Inputs::Seed)?;
-        self.test_window(r, std::slice::from_ref(&set), wall)?;
-        let t = self.check_sets(task, &[(&set, seed)], shape)?.remove(0);
+        let t = self
+            .test_sets(r, task, shape, (&[seed], 1), wall)?
+            .1
+            .remove(0);
         if t.passed {
             return Ok(());
         }
@@ -1400,6 +1399,37 @@ impl Judge {
                 t.message.unwrap_or_default()
             ),
         ))
+    }
+
+    /// One test window of a set per seed of `seeds` on `shape`, at a drawn place of the arena
+    /// with room for `room` sets, every set checked ([`Judge::check_sets`]); returns the place
+    /// and the results in seed order.
+    fn test_sets(
+        &mut self,
+        r: &mut RunnerProcess,
+        task: &TaskSpec,
+        shape: &ShapeCase,
+        (seeds, room): (&[u64], usize),
+        wall: Duration,
+    ) -> Result<(u64, Vec<TestResult>), Fail> {
+        let (_, set_bytes) = set_layout(task, &shape.sizes)?;
+        let base = self.place(room, set_bytes)?;
+        let sets = seeds
+            .iter()
+            .enumerate()
+            .map(|(j, &seed)| {
+                self.fill(
+                    task,
+                    &shape.sizes,
+                    seed,
+                    base + j as u64 * set_bytes,
+                    Inputs::Seed,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.test_window(r, &sets, wall)?;
+        let with: Vec<(&Bufs, u64)> = sets.iter().zip(seeds.iter().copied()).collect();
+        Ok((base, self.check_sets(task, &with, shape)?))
     }
 
     /// The tests of one shape (see the module docs): a block of one set per seed at a drawn
@@ -1420,24 +1450,8 @@ impl Judge {
             return Ok(Vec::new());
         };
         let (_, set_bytes) = set_layout(task, &shape.sizes)?;
-        let base = self.place(seeds.len().max(2), set_bytes)?;
-        let sets = seeds
-            .iter()
-            .enumerate()
-            .map(|(j, &seed)| {
-                self.fill(
-                    task,
-                    &shape.sizes,
-                    seed,
-                    base + j as u64 * set_bytes,
-                    Inputs::Seed,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.test_window(r, &sets, wall)?;
-        let with: Vec<(&Bufs, u64)> = sets.iter().zip(seeds.iter().copied()).collect();
-        let mut out = self.check_sets(task, &with, shape)?;
-        drop(sets);
+        // Room for the two probes at the same place.
+        let (base, mut out) = self.test_sets(r, task, shape, (seeds, seeds.len().max(2)), wall)?;
         let probes = [
             self.fill(task, &shape.sizes, first, base, Inputs::Probe)?,
             self.fill(task, &shape.sizes, first, base + set_bytes, Inputs::Seed)?,

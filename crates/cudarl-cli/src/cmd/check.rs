@@ -513,7 +513,7 @@ fn check_native(
             })
             .collect();
     }
-    let mut pool = WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![]).judge_allocator();
+    let mut pool = WorkerPool::judge();
     let salt = compiler
         .store
         .as_ref()

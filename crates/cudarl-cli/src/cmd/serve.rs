@@ -106,13 +106,7 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
             timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
             store: Some(store),
         },
-        gpus: (0..n_gpus)
-            .map(|i| {
-                WorkerPool::new(cudarl_cuda::worker::worker_exe(), vec![])
-                    .on_gpu(i)
-                    .judge_allocator()
-            })
-            .collect(),
+        gpus: (0..n_gpus).map(|i| WorkerPool::judge().on_gpu(i)).collect(),
         salt,
         queue: a.queue,
         compile_workers: a.compile_workers.unwrap_or(cores),
