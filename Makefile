@@ -81,17 +81,19 @@ bench: build
 	$(BIN) bench ingest-sakana --out benchmarks/results/ingest_sakana_full_size_cpu_$(DATE).json
 
 ## carry: stripped, gzip-compressed binaries for a GPU host without a Rust toolchain, in .carry/ (cudarl-pipe, the
-## worker, the gated GPU test binary, and the trainer library's tests, whose decoder tests are gated);
+## worker, the gated GPU test binary, and the trainer and judge libraries' tests, whose GPU tests are gated);
 ## scripts/gpu/checks.sh runs them there.
 carry: build
 	$(CARGO) test --release --no-run -p cudarl-cli --test gpu
 	$(CARGO) test --release --no-run -p cudarl-train --lib
+	$(CARGO) test --release --no-run -p cudarl-torch --lib
 	mkdir -p .carry && rm -f .carry/*.gz
 	cp target/release/cudarl-pipe target/release/cudarl-pipe-worker target/release/cudarl-pipe-runner target/release/cudarl-pipe-train .carry/
 	cp "$$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)" .carry/gpu-tests
 	cp "$$(ls -t target/release/deps/cudarl_train-* | grep -v '\.d$$' | head -1)" .carry/train-tests
-	strip .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-runner .carry/cudarl-pipe-train .carry/gpu-tests .carry/train-tests
-	gzip -9 .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-runner .carry/cudarl-pipe-train .carry/gpu-tests .carry/train-tests
+	cp "$$(ls -t target/release/deps/cudarl_torch-* | grep -v '\.d$$' | head -1)" .carry/torch-tests
+	strip .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-runner .carry/cudarl-pipe-train .carry/gpu-tests .carry/train-tests .carry/torch-tests
+	gzip -9 .carry/cudarl-pipe .carry/cudarl-pipe-worker .carry/cudarl-pipe-runner .carry/cudarl-pipe-train .carry/gpu-tests .carry/train-tests .carry/torch-tests
 	ls -la .carry
 
 clean:

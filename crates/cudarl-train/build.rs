@@ -10,42 +10,20 @@
 //! fatbin (SASS for sm_80 and sm_90, PTX for later GPUs) that the crate embeds
 //! (`cfg(cudarl_fused_adamw)`); without nvcc the crate steps bf16 parameters with libtorch ops.
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// Compiles `csrc/adamw.cu` into `$OUT_DIR/adamw.fatbin`; whether it did.
 fn fused_adamw() -> bool {
     // The harness's search (`$CUDARL_NVCC`, `$CUDA_HOME`, `PATH`, the nvcc wheel of the
     // repository's `.venv` or of `$VIRTUAL_ENV`).
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let nvcc = match cudarl_cuda::Nvcc::discover(&root) {
-        Ok(n) => n.path,
-        Err(e) => {
-            println!("cargo:warning={e}: bf16 AdamW steps run as libtorch ops, not fused");
-            return false;
-        }
-    };
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("adamw.fatbin");
-    let status = Command::new(&nvcc)
-        .args(["-fatbin", "-O3", "-std=c++17"])
-        .args([
-            "-gencode=arch=compute_80,code=sm_80",
-            "-gencode=arch=compute_90,code=sm_90",
-            "-gencode=arch=compute_90,code=compute_90",
-        ])
-        .arg("csrc/adamw.cu")
-        .arg("-o")
-        .arg(&out)
-        .status();
-    match status {
-        Ok(s) if s.success() => true,
-        other => {
-            println!(
-                "cargo:warning={} failed on csrc/adamw.cu ({other:?}): bf16 AdamW steps run as libtorch ops",
-                nvcc.display()
-            );
-            false
-        }
+    let built = cudarl_cuda::Nvcc::discover(&root)
+        .map_err(|e| e.to_string())
+        .and_then(|n| n.embedded_fatbin(Path::new("csrc/adamw.cu"), &out));
+    if let Err(e) = &built {
+        println!("cargo:warning={e}: bf16 AdamW steps run as libtorch ops");
     }
+    built.is_ok()
 }
 
 fn cuda_include(torch_lib: &Path) -> Option<PathBuf> {

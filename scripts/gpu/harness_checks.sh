@@ -8,7 +8,8 @@
 #   PART=bench  `bench validate` (kernels/hour, cold store) and `bench serve` (latency under
 #               load) with the binaries of this checkout and, when $OLD holds another build's
 #               binaries (*.gz) and $OLD_ROOT that build's configs, pipelines and task families,
-#               with those too, in the same run: the cost of the isolation as a ratio.
+#               with those too, in the same run: the cost of the isolation as a ratio. BENCHES:
+#               which of the two (default "validate serve").
 #   PART=profile  the Nsight Compute profile pass: `check --json` with and without `--ncu`
 #               on naive and optimized kernels of vector_add, row_sum, matmul and softmax; writes
 #               profile_pass.json (timing, the judge's DRAM fraction, the counters, the pass's ms).
@@ -353,14 +354,18 @@ elif [ "$PART" = bench ]; then
     export CUDARL_WORKER=$B/cudarl-pipe-worker CUDARL_RUNNER=$B/cudarl-pipe-runner
     # TRACE=1: the new build's judge steps, timestamped, per worker process (CUDARL_JUDGE_TRACE).
     [ "$side" = new ] && [ -n "${TRACE:-}" ] && export CUDARL_JUDGE_TRACE=$OUT/judge_trace_validate.txt
-    t0=$(date +%s)
-    timeout ${BENCH_LIMIT:-280} "$B/cudarl-pipe" --root "$ROOT" bench validate --kernels "$K" --out "$OUT/bench_validate_$side.json" > /dev/null 2> "$OUT/bench_validate_$side.err"
-    echo "bench validate $side rc=$? $(( $(date +%s) - t0 )) s"
+    if [[ " ${BENCHES:-validate serve} " == *" validate "* ]]; then
+      t0=$(date +%s)
+      timeout ${BENCH_LIMIT:-280} "$B/cudarl-pipe" --root "$ROOT" bench validate --kernels "$K" --out "$OUT/bench_validate_$side.json" > /dev/null 2> "$OUT/bench_validate_$side.err"
+      echo "bench validate $side rc=$? $(( $(date +%s) - t0 )) s"
+    fi
     [ -n "${CUDARL_JUDGE_TRACE:-}" ] && export CUDARL_JUDGE_TRACE=$OUT/judge_trace_serve.txt
-    t0=$(date +%s)
-    timeout ${SERVE_LIMIT:-120} "$B/cudarl-pipe" --root "$ROOT" bench serve --clients ${SERVE_CLIENTS:-16} --seconds ${SERVE_SECONDS:-30} \
-      --out "$OUT/bench_serve_$side.json" > /dev/null 2> "$OUT/bench_serve_$side.err"
-    echo "bench serve $side rc=$? $(( $(date +%s) - t0 )) s"
+    if [[ " ${BENCHES:-validate serve} " == *" serve "* ]]; then
+      t0=$(date +%s)
+      timeout ${SERVE_LIMIT:-120} "$B/cudarl-pipe" --root "$ROOT" bench serve --clients ${SERVE_CLIENTS:-16} --seconds ${SERVE_SECONDS:-30} \
+        --out "$OUT/bench_serve_$side.json" > /dev/null 2> "$OUT/bench_serve_$side.err"
+      echo "bench serve $side rc=$? $(( $(date +%s) - t0 )) s"
+    fi
     unset CUDARL_JUDGE_TRACE
   done
   # Single cases of tests/kernels/hacks/ named in $CASES (space-separated stems), new binaries.

@@ -114,6 +114,46 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
 }
 
+/// Loads `fatbin` (an nvcc fatbin a crate embeds) on device `ordinal`'s primary context, the one
+/// libtorch uses, and makes that context current; returns the `CUfunction`s named `names`, in
+/// order, and the context, as addresses.
+///
+/// # Errors
+/// A driver call failed (its name and error in the message).
+pub fn load_embedded_kernels(
+    fatbin: &[u8],
+    ordinal: i32,
+    names: &[&str],
+) -> Result<(Vec<usize>, usize), String> {
+    use cudarc::driver::result;
+    let err = |what: &str, e: result::DriverError| format!("{what}: {e:?}");
+    // The fatbin 8-byte aligned, as cuModuleLoadData reads it.
+    let mut image = vec![0u64; fatbin.len().div_ceil(8)];
+    // SAFETY: `image` has at least `fatbin.len()` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(fatbin.as_ptr(), image.as_mut_ptr().cast(), fatbin.len())
+    };
+    result::init().map_err(|e| err("cuInit", e))?;
+    let dev = result::device::get(ordinal).map_err(|e| err("cuDeviceGet", e))?;
+    // SAFETY: `dev` came from cuDeviceGet; the primary context is kept for the life of the
+    // process (never released).
+    unsafe {
+        let ctx = result::primary_ctx::retain(dev).map_err(|e| err("retain", e))?;
+        result::ctx::set_current(ctx).map_err(|e| err("cuCtxSetCurrent", e))?;
+        let module = result::module::load_data(image.as_ptr().cast())
+            .map_err(|e| err("cuModuleLoadData", e))?;
+        let mut fs = Vec::with_capacity(names.len());
+        for k in names {
+            let name = std::ffi::CString::new(*k).map_err(|e| e.to_string())?;
+            fs.push(
+                result::module::get_function(module, name)
+                    .map_err(|e| err("cuModuleGetFunction", e))? as usize,
+            );
+        }
+        Ok((fs, ctx as usize))
+    }
+}
+
 /// Reads the device's attributes.
 ///
 /// # Errors

@@ -55,6 +55,34 @@ fn venv_nvcc(venv: &Path) -> Option<PathBuf> {
 }
 
 impl Nvcc {
+    /// Compiles `src` into a fatbin at `out` for a crate that embeds a kernel of its own (called
+    /// from build scripts): `-O3 -std=c++17`, SASS for sm_80 and sm_90 and PTX for later GPUs.
+    ///
+    /// # Errors
+    /// nvcc could not start or failed (its status in the message; its diagnostics went to the
+    /// build script's stderr).
+    pub fn embedded_fatbin(&self, src: &Path, out: &Path) -> Result<(), String> {
+        let status = Command::new(&self.path)
+            .args(["-fatbin", "-O3", "-std=c++17"])
+            .args([
+                "-gencode=arch=compute_80,code=sm_80",
+                "-gencode=arch=compute_90,code=sm_90",
+                "-gencode=arch=compute_90,code=compute_90",
+            ])
+            .arg(src)
+            .arg("-o")
+            .arg(out)
+            .status();
+        match status {
+            Ok(s) if s.success() => Ok(()),
+            other => Err(format!(
+                "{} failed on {} ({other:?})",
+                self.path.display(),
+                src.display()
+            )),
+        }
+    }
+
     /// The toolkit's root: the directory above nvcc's `bin`, as found and, if that is a link,
     /// also resolved (the sandbox grants both).
     pub fn toolkit_roots(&self) -> Vec<PathBuf> {

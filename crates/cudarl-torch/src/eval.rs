@@ -70,8 +70,13 @@ fn int_arg(e: &Expr, f: &str) -> R<i64> {
 /// # Errors
 /// libtorch errors.
 pub fn tolerance(task: &cudarl_cuda::task::TaskSpec, m: &Tensor, contraction: i64) -> R<Tensor> {
-    m.f_mul_scalar(task.rtol_for(contraction))?
-        .f_add_scalar(task.atol)
+    let (rtol, atol) = tolerance_terms(task, contraction);
+    m.f_mul_scalar(rtol)?.f_add_scalar(atol)
+}
+
+/// `(rtol, atol)` of [`tolerance`] for an output whose longest contraction is `contraction`.
+pub fn tolerance_terms(task: &cudarl_cuda::task::TaskSpec, contraction: i64) -> (f64, f64) {
+    (task.rtol_for(contraction), task.atol)
 }
 
 /// Evaluates `e`. With `with_magnitude`, also returns the tolerance magnitude (see the module

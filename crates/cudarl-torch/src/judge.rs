@@ -251,15 +251,6 @@ struct Buf {
     pristine: Option<Tensor>,
 }
 
-impl Buf {
-    fn data(&self) -> Result<Tensor, JudgeError> {
-        self.whole
-            .f_narrow(0, 0, self.n)
-            .and_then(|t| t.f_view_dtype(self.elem.float))
-            .map_err(JudgeError::from)
-    }
-}
-
 /// One set of buffers of a shape, at a base offset of the arena.
 struct Bufs {
     args: Vec<Buf>,
@@ -398,9 +389,10 @@ fn reference_outputs(
 /// the longest contraction `contraction`), as 0-dim float64 tensors on the GPU: unwritten
 /// elements (still the poison), non-finite ones, elements outside the tolerance
 /// ([`eval::tolerance`]), the largest absolute error and the largest relative error
-/// (`|got - r| / max(|r|, 1e-12)`, non-finite elements at 0). The comparison works in place on
-/// one float64 copy of the output: at a bench shape each float64 temporary is eight bytes an
-/// element, and the caching allocator keeps a judge's peak.
+/// (`|got - r| / max(|r|, 1e-12)`, non-finite elements at 0). One pass of the comparison kernel
+/// ([`crate::compare::stats`]) where the build has it; else libtorch ops, in place on one float64
+/// copy of the output: at a bench shape each float64 temporary is eight bytes an element, and
+/// the caching allocator keeps a judge's peak.
 ///
 /// # Errors
 /// The reference's element count differs from the buffer's (a task spec error), or libtorch
@@ -423,28 +415,13 @@ fn compare_output(
         )));
     }
     let m = e(m.f_reshape([-1]))?;
-    let got = a.data()?;
-    let unwritten = e(e(e(a.whole.f_narrow(0, 0, a.n))?.f_eq(a.elem.poison))?.f_sum(Kind::Double))?;
-    let finite = e(got.f_isfinite())?;
-    let non_finite = e(e(e(finite.f_logical_not())?.f_sum(Kind::Double))?.f_sub(&unwritten))?;
-    // |got - reference|, non-finite elements (counted above) at 0; a copy even if the output
-    // were float64 already (its view is the candidate's buffer).
-    let mut d = e(got.f_to_dtype(Kind::Double, false, true))?;
-    let _ = e(d.f_sub_(&r))?;
-    let _ = e(d.f_abs_())?;
-    let _ = e(d.f_nan_to_num_(0.0, 0.0, 0.0))?;
-    let _ = e(d.f_mul_(&finite))?;
-    drop(finite);
-    let tol = e(eval::tolerance(task, &m, contraction))?;
-    drop(m);
-    let bad = e(e(d.f_gt_tensor(&tol))?.f_sum(Kind::Double))?;
-    drop(tol);
-    let max_abs = e(d.f_max())?;
-    let mut den = e(r.f_abs())?;
-    drop(r);
-    let _ = e(den.f_clamp_min_(1e-12))?;
-    let _ = e(d.f_div_(&den))?;
-    Ok([unwritten, non_finite, bad, max_abs, e(d.f_max())?])
+    let bits = e(a.whole.f_narrow(0, 0, a.n))?;
+    crate::compare::output_stats(
+        &bits,
+        &a.elem,
+        (r, m),
+        eval::tolerance_terms(task, contraction),
+    )
 }
 
 /// One drawn input set of the torch baseline: the inputs (named, shaped) and the scalars.
@@ -1412,6 +1389,7 @@ impl Judge {
         (seeds, room): (&[u64], usize),
         wall: Duration,
     ) -> Result<(u64, Vec<TestResult>), Fail> {
+        let mut lap = Lap::new();
         let (_, set_bytes) = set_layout(task, &shape.sizes)?;
         let base = self.place(room, set_bytes)?;
         let sets = seeds
@@ -1427,9 +1405,20 @@ impl Judge {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let fill = lap.ms();
         self.test_window(r, &sets, wall)?;
+        let window = lap.ms();
         let with: Vec<(&Bufs, u64)> = sets.iter().zip(seeds.iter().copied()).collect();
-        Ok((base, self.check_sets(task, &with, shape)?))
+        let checked = self.check_sets(task, &with, shape)?;
+        tracing::debug!(
+            sets = seeds.len(),
+            set_bytes,
+            fill,
+            window,
+            check = lap.ms(),
+            "tests: window"
+        );
+        Ok((base, checked))
     }
 
     /// The tests of one shape (see the module docs): a block of one set per seed at a drawn
@@ -1452,12 +1441,22 @@ impl Judge {
         let (_, set_bytes) = set_layout(task, &shape.sizes)?;
         // Room for the two probes at the same place.
         let (base, mut out) = self.test_sets(r, task, shape, (seeds, seeds.len().max(2)), wall)?;
+        let mut lap = Lap::new();
         let probes = [
             self.fill(task, &shape.sizes, first, base, Inputs::Probe)?,
             self.fill(task, &shape.sizes, first, base + set_bytes, Inputs::Seed)?,
         ];
+        let fill = lap.ms();
         self.test_window(r, &probes, wall)?;
+        let window = lap.ms();
         let checked = self.check_sets(task, &[(&probes[0], first), (&probes[1], first)], shape)?;
+        tracing::debug!(
+            set_bytes,
+            fill,
+            window,
+            check = lap.ms(),
+            "tests: probe window"
+        );
         let how = [
             "inputs equal to an earlier test's but for a few elements, at that test's pointer",
             "an earlier test's inputs at a new pointer",

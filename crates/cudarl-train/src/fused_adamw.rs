@@ -86,31 +86,10 @@ pub fn available() -> bool {
 }
 
 fn load(ordinal: i32) -> Loaded {
-    use cudarc::driver::result;
-    let err = |what: &str, e: result::DriverError| format!("{what}: {e:?}");
-    // The fatbin 8-byte aligned, as cuModuleLoadData reads it.
-    let mut image = vec![0u64; FATBIN.len().div_ceil(8)];
-    // SAFETY: `image` has at least `FATBIN.len()` bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(FATBIN.as_ptr(), image.as_mut_ptr().cast(), FATBIN.len())
-    };
-    result::init().map_err(|e| err("cuInit", e))?;
-    let dev = result::device::get(ordinal).map_err(|e| err("cuDeviceGet", e))?;
-    // SAFETY: `dev` came from cuDeviceGet; the primary context is the one libtorch uses, kept
-    // for the life of the process (never released).
-    unsafe {
-        let ctx = result::primary_ctx::retain(dev).map_err(|e| err("retain", e))?;
-        result::ctx::set_current(ctx).map_err(|e| err("cuCtxSetCurrent", e))?;
-        let module = result::module::load_data(image.as_ptr().cast())
-            .map_err(|e| err("cuModuleLoadData", e))?;
-        let mut fs = [0usize; 4];
-        for (f, k) in fs.iter_mut().zip(KERNELS) {
-            let name = std::ffi::CString::new(k).expect("no NUL");
-            *f = result::module::get_function(module, name)
-                .map_err(|e| err("cuModuleGetFunction", e))? as usize;
-        }
-        Ok((fs, ctx as usize))
-    }
+    let (fs, ctx) = cudarl_cuda::gpu::load_embedded_kernels(FATBIN, ordinal, &KERNELS)?;
+    let mut out = [0usize; 4];
+    out.copy_from_slice(&fs);
+    Ok((out, ctx))
 }
 
 /// Runs one AdamW step of `param` (bf16, contiguous, on a CUDA device) with its gradient
