@@ -29,6 +29,7 @@ fn fused_compare() -> bool {
 fn main() {
     println!("cargo:rerun-if-changed=csrc/compare.cu");
     println!("cargo:rerun-if-env-changed=CUDARL_NVCC");
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
     println!("cargo::rustc-check-cfg=cfg(cudarl_fused_compare)");
     if fused_compare() {

@@ -4,14 +4,16 @@
 #   PART=tests  the gated GPU tests (tests/gpu.rs): every task family's naive and optimized
 #               kernels pass on all seeds and hold-out shapes, optimized beats naive, the same
 #               kernel timed twice agrees within 2%, every reward hack in tests/kernels/hacks/ is
-#               rejected with its reason inside one validate run that goes on;
+#               rejected with its reason inside one validate run that goes on; then the judge's
+#               and the trainer's library tests, whose GPU tests are gated (torch-tests: the
+#               comparison kernel against libtorch; train-tests: the fused AdamW, decoding);
 #   PART=shard  sharded validation with GPU verdicts: `run validate` whole vs two shards (run at
 #               the same time, separate stores, one shared cache) + `--merge` on a third store;
 #               the merged table must equal the whole run's;
 #   PART=serve  `bench serve`: the HTTP service under load (64 clients, 60 s) and its overhead vs `check`;
 #   PART=bench  cold compiles and a cache hit, `run validate` over every task kernel (speedups vs
 #               naive and vs torch), `bench validate` (kernels/hour), load_inline for comparison.
-# Carry (built on the CPU machine by `make carry`): .carry/{cudarl-pipe,cudarl-pipe-worker,gpu-tests}.gz
+# Carry (built on the CPU machine by `make carry`): .carry/{cudarl-pipe,cudarl-pipe-worker,gpu-tests,torch-tests,train-tests}.gz
 # Usage: PART=tests OUT=out bash scripts/gpu/checks.sh
 set -uo pipefail
 CARRY=${CARRY:-.carry}
@@ -123,6 +125,11 @@ elif [ "$PART" = tests ]; then
   CUDARL_GPU=1 CUDARL_BIN=$BIN CUDARL_TEST_REPO=$PWD timeout ${LIMIT:-540} "$B/gpu-tests" --include-ignored --test-threads 1 ${TESTS:-} > "$W/gpu_tests.log" 2>&1
   echo $? > "$W/gpu_tests.rc"
   ms $t0 > "$W/gpu_tests.wall"
+  for t in torch-tests train-tests; do
+    [ -x "$B/$t" ] || continue
+    CUDARL_GPU=1 timeout 300 "$B/$t" --test-threads 1 > "$W/$t.log" 2>&1
+    echo $? > "$W/$t.rc"
+  done
 else
   # Cold compiles (5 distinct sources, fresh store) and a cache hit.
   for i in 1 2 3 4 5; do

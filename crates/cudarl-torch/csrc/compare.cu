@@ -1,6 +1,6 @@
 // The judge's comparison of one output buffer with its float64 reference in one pass
-// (`crates/cudarl-torch/src/compare.rs` launches it; `judge.rs`'s `compare_output` is the same
-// arithmetic as libtorch ops, kept as the fallback and as the test's oracle). Per element `i` of
+// (`crates/cudarl-torch/src/compare.rs` launches it; its `torch_stats` is the same arithmetic
+// as libtorch ops, kept as the fallback and as the test's oracle). Per element `i` of
 // `n`, with `g` the candidate's value read from its raw bits `got[i]`:
 //   unwritten   += got[i] == poison (the bit pattern)
 //   non_finite  += !isfinite(g)                 (the caller subtracts `unwritten`)

@@ -78,7 +78,7 @@ fn functions() -> Option<[usize; 3]> {
 /// libtorch path can free them as it goes.
 ///
 /// # Errors
-/// libtorch failed, or the kernel's launch failed.
+/// libtorch failed.
 pub fn output_stats(
     bits: &Tensor,
     elem: &Elem,
@@ -133,12 +133,12 @@ pub fn torch_stats(
 /// `mag * rtol + atol`, largest absolute error, largest relative error; 0-dim float64 tensors on
 /// the GPU) for the `n` elements of `bits` (the output's raw bits, `elem.bits`, contiguous on
 /// device 0) against `reference` and `mag` (float64, `n` elements each), from one kernel.
-/// `Ok(None)`: the kernel is not in this build, cannot load, is turned off
-/// (`CUDARL_JUDGE_COMPARE=torch`), or the tensors do not qualify; the caller then compares with
-/// libtorch ops.
+/// `Ok(None)`: the kernel is not in this build, cannot load or launch (then it is not tried
+/// again), is turned off (`CUDARL_JUDGE_COMPARE=torch`), or the tensors do not qualify; the
+/// caller then compares with libtorch ops.
 ///
 /// # Errors
-/// libtorch failed, or the launch failed (then the kernel is not used again).
+/// libtorch failed.
 pub fn stats(
     bits: &Tensor,
     elem: &Elem,
@@ -207,10 +207,10 @@ pub fn stats(
         )
     };
     if let Err(e) = launched {
+        // Nothing was enqueued: libtorch ops answer this comparison and every later one.
+        eprintln!("judge: the comparison kernel failed to launch ({e:?}); libtorch ops instead");
         *FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(format!("{e:?}")));
-        return Err(JudgeError::Machine(format!(
-            "comparison kernel launch: {e:?}"
-        )));
+        return Ok(None);
     }
     let counts = out.f_narrow(0, 0, 3)?.f_to_kind(Kind::Double)?;
     let maxima = out.f_narrow(0, 3, 2)?.f_view_dtype(Kind::Double)?;
@@ -259,13 +259,27 @@ mod tests {
             let poison = Tensor::from_slice(&[5i64, 7, 1 << 20, n - 1]).to_device(dev);
             let bits = bits.index_fill(0, &poison, elem.poison);
             let special = |v: f64| Tensor::from(v).to_kind(elem.float).view_dtype(elem.bits);
+            // Subnormal in the element type (f16's smallest normal is about 6.1e-5).
+            let sub = if dtype == "f16" { 3e-6 } else { 1e-40 };
             for (i, v) in [
                 (9i64, f64::NAN),
                 (10, f64::INFINITY),
                 (2_000_001, f64::NEG_INFINITY),
+                (14, -0.0),
+                (15, sub),
+                (16, -sub / 3.0),
             ] {
                 bits.get(i).copy_(&special(v).to(dev));
             }
+            // A NaN with the sign bit set, and a NaN and an infinite magnitude.
+            let neg_nan = match dtype {
+                "f32" => i64::from(0xFFC0_0000u32 as i32),
+                "f16" => i64::from(0xFE00u16 as i16),
+                _ => i64::from(0xFFC0u16 as i16),
+            };
+            let _ = bits.get(17).fill_(neg_nan);
+            let _ = m.get(18).fill_(f64::NAN);
+            let _ = m.get(19).fill_(f64::INFINITY);
             let _ = r.get(12).fill_(f64::INFINITY);
             let r_nan = r.copy();
             let _ = r_nan.get(13).fill_(f64::NAN);
@@ -287,7 +301,7 @@ mod tests {
                 }
                 // The cases are there: poison, non-finite outputs, errors out of tolerance.
                 assert_eq!(t[0], 4.0, "{dtype}: unwritten");
-                assert_eq!(t[1], 3.0, "{dtype}: non-finite");
+                assert_eq!(t[1], 4.0, "{dtype}: non-finite");
                 assert!(t[2] > 1000.0, "{dtype}: {} outside the tolerance", t[2]);
                 assert!(
                     t[2] < (n * 2 / 3) as f64,
