@@ -4,7 +4,8 @@
 # MiB) while it runs, in order,
 #   1. the gated hack test (tests/gpu.rs `every_hack_is_rejected_with_its_reason_and_the_run_goes_on`:
 #      `validate` of the hand-written tasks with every case of tests/kernels/hacks/), and
-#   2. `run validate` of the default task set on a fresh store (VALIDATE_LIMIT s, default 300),
+#   2. `run validate` of the default task set on a fresh store (VALIDATE_LIMIT s, default 300;
+#      killed 5 s after the limit: on SIGTERM a run finishes the node it is on),
 # then prints the largest holding of each process kind (worker, runner, trainer, other) per
 # phase and the lines of the test's failure, if any.
 # Usage: OUT=out bash scripts/gpu/judge_memory.sh
@@ -39,7 +40,7 @@ CUDARL_JUDGE_TRACE=$OUT/judge_trace.txt CUDARL_GPU=1 CUDARL_BIN=$B/cudarl-pipe C
 echo "hack test rc=$? $(( $(date +%s) - t0 )) s" | tee "$OUT/hack_test.rc"
 echo validate > "$OUT/phase"
 t0=$(date +%s)
-timeout "${VALIDATE_LIMIT:-300}" "$B/cudarl-pipe" --root . --store "$B/store" run validate --json \
+timeout -k 5 "${VALIDATE_LIMIT:-300}" "$B/cudarl-pipe" --root . --store "$B/store" run validate --json \
   > "$OUT/validate.jsonl" 2> "$OUT/validate.err"
 echo "validate rc=$? $(( $(date +%s) - t0 )) s" | tee "$OUT/validate.rc"
 "$B/cudarl-pipe" --root . --store "$B/store" show validate --output validations --json --head 100000 \
