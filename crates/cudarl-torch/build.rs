@@ -11,28 +11,13 @@
 //! And the judge's one-pass comparison kernel `csrc/compare.cu`, compiled with nvcc (found as
 //! the harness finds it) into a fatbin the crate embeds (SASS for sm_80 and sm_90, PTX for later
 //! GPUs; `cfg(cudarl_fused_compare)`); without nvcc the judge compares with libtorch ops.
-use std::path::{Path, PathBuf};
-
-/// Compiles `csrc/compare.cu` into `$OUT_DIR/compare.fatbin`; whether it did.
-fn fused_compare() -> bool {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("compare.fatbin");
-    let built = cudarl_cuda::Nvcc::discover(&root)
-        .map_err(|e| e.to_string())
-        .and_then(|n| n.embedded_fatbin(Path::new("csrc/compare.cu"), &out));
-    if let Err(e) = &built {
-        println!("cargo:warning={e}: the judge compares outputs with libtorch ops");
-    }
-    built.is_ok()
-}
-
 fn main() {
-    println!("cargo:rerun-if-changed=csrc/compare.cu");
-    println!("cargo:rerun-if-env-changed=CUDARL_NVCC");
-    println!("cargo:rerun-if-env-changed=CUDA_HOME");
-    println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
     println!("cargo::rustc-check-cfg=cfg(cudarl_fused_compare)");
-    if fused_compare() {
+    if cudarl_cuda::Nvcc::build_script_fatbin(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
+        "csrc/compare.cu",
+        "the judge compares outputs with libtorch ops",
+    ) {
         println!("cargo:rustc-cfg=cudarl_fused_compare");
     }
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");

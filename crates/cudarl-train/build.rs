@@ -11,21 +11,6 @@
 //! (`cfg(cudarl_fused_adamw)`); without nvcc the crate steps bf16 parameters with libtorch ops.
 use std::path::{Path, PathBuf};
 
-/// Compiles `csrc/adamw.cu` into `$OUT_DIR/adamw.fatbin`; whether it did.
-fn fused_adamw() -> bool {
-    // The harness's search (`$CUDARL_NVCC`, `$CUDA_HOME`, `PATH`, the nvcc wheel of the
-    // repository's `.venv` or of `$VIRTUAL_ENV`).
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("adamw.fatbin");
-    let built = cudarl_cuda::Nvcc::discover(&root)
-        .map_err(|e| e.to_string())
-        .and_then(|n| n.embedded_fatbin(Path::new("csrc/adamw.cu"), &out));
-    if let Err(e) = &built {
-        println!("cargo:warning={e}: bf16 AdamW steps run as libtorch ops");
-    }
-    built.is_ok()
-}
-
 fn cuda_include(torch_lib: &Path) -> Option<PathBuf> {
     let site = torch_lib.parent()?.parent()?;
     let mut dirs = vec![
@@ -45,9 +30,6 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_CUDARL_TORCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-changed=csrc/cuda_graph.cpp");
-    println!("cargo:rerun-if-changed=csrc/adamw.cu");
-    println!("cargo:rerun-if-env-changed=CUDARL_NVCC");
-    println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
     println!("cargo::rustc-check-cfg=cfg(cudarl_fused_adamw)");
     if let Ok(args) = std::env::var("DEP_CUDARL_TORCH_LINK_ARGS") {
         for a in args.split(' ').filter(|a| !a.is_empty()) {
@@ -78,7 +60,13 @@ fn main() {
             for l in ["torch_cuda", "c10_cuda", "torch_cpu", "c10"] {
                 println!("cargo:rustc-link-lib=dylib={l}");
             }
-            if fused_adamw() {
+            // The harness's search for nvcc (`$CUDARL_NVCC`, `$CUDA_HOME`, `PATH`, the nvcc
+            // wheel of the repository's `.venv` or of `$VIRTUAL_ENV`).
+            if cudarl_cuda::Nvcc::build_script_fatbin(
+                Path::new(env!("CARGO_MANIFEST_DIR")),
+                "csrc/adamw.cu",
+                "bf16 AdamW steps run as libtorch ops",
+            ) {
                 println!("cargo:rustc-cfg=cudarl_fused_adamw");
             }
         }

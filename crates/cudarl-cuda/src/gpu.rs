@@ -120,11 +120,11 @@ pub fn device_count() -> usize {
 ///
 /// # Errors
 /// A driver call failed (its name and error in the message).
-pub fn load_embedded_kernels(
+pub fn load_embedded_kernels<const N: usize>(
     fatbin: &[u8],
     ordinal: i32,
-    names: &[&str],
-) -> Result<(Vec<usize>, usize), String> {
+    names: &[&str; N],
+) -> Result<([usize; N], usize), String> {
     use cudarc::driver::result;
     let err = |what: &str, e: result::DriverError| format!("{what}: {e:?}");
     // The fatbin 8-byte aligned, as cuModuleLoadData reads it.
@@ -142,13 +142,11 @@ pub fn load_embedded_kernels(
         result::ctx::set_current(ctx).map_err(|e| err("cuCtxSetCurrent", e))?;
         let module = result::module::load_data(image.as_ptr().cast())
             .map_err(|e| err("cuModuleLoadData", e))?;
-        let mut fs = Vec::with_capacity(names.len());
-        for k in names {
+        let mut fs = [0usize; N];
+        for (f, k) in fs.iter_mut().zip(names) {
             let name = std::ffi::CString::new(*k).map_err(|e| e.to_string())?;
-            fs.push(
-                result::module::get_function(module, name)
-                    .map_err(|e| err("cuModuleGetFunction", e))? as usize,
-            );
+            *f = result::module::get_function(module, name)
+                .map_err(|e| err("cuModuleGetFunction", e))? as usize;
         }
         Ok((fs, ctx as usize))
     }

@@ -55,8 +55,33 @@ fn venv_nvcc(venv: &Path) -> Option<PathBuf> {
 }
 
 impl Nvcc {
-    /// Compiles `src` into a fatbin at `out` for a crate that embeds a kernel of its own (called
-    /// from build scripts): `-O3 -std=c++17`, SASS for sm_80 and sm_90 and PTX for later GPUs.
+    /// For the build script of a crate that embeds a kernel of its own, run in the package's
+    /// directory `manifest_dir` (two levels below the repository root): compiles `src` (a path
+    /// in the package) with the nvcc [`Nvcc::discover`] finds into `$OUT_DIR/<name>.fatbin`,
+    /// `name` being `src`'s file stem, and prints Cargo's rerun lines for the source and for the
+    /// environment the search reads. Where no nvcc is found or it fails, prints a Cargo warning
+    /// ending in `without` (what the crate does instead). Whether the fatbin was built.
+    pub fn build_script_fatbin(manifest_dir: &Path, src: &str, without: &str) -> bool {
+        println!("cargo:rerun-if-changed={src}");
+        for v in ["CUDARL_NVCC", "CUDA_HOME", "VIRTUAL_ENV"] {
+            println!("cargo:rerun-if-env-changed={v}");
+        }
+        let stem = Path::new(src)
+            .file_stem()
+            .map_or_else(|| "kernel".into(), |s| s.to_string_lossy().into_owned());
+        let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default())
+            .join(format!("{stem}.fatbin"));
+        let built = Nvcc::discover(&manifest_dir.join("../.."))
+            .map_err(|e| e.to_string())
+            .and_then(|n| n.embedded_fatbin(Path::new(src), &out));
+        if let Err(e) = &built {
+            println!("cargo:warning={e}: {without}");
+        }
+        built.is_ok()
+    }
+
+    /// Compiles `src` into a fatbin at `out` for a crate that embeds a kernel of its own:
+    /// `-O3 -std=c++17`, SASS for sm_80 and sm_90 and PTX for later GPUs.
     ///
     /// # Errors
     /// nvcc could not start or failed (its status in the message; its diagnostics went to the

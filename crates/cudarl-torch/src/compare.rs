@@ -54,16 +54,16 @@ fn torch_only() -> bool {
 
 fn load() -> Result<[usize; 3], String> {
     // Device 0's primary context: the judge's and libtorch's.
-    let (fs, _) = cudarl_cuda::gpu::load_embedded_kernels(FATBIN, 0, &KERNELS)?;
-    let mut out = [0usize; 3];
-    out.copy_from_slice(&fs);
-    Ok(out)
+    Ok(cudarl_cuda::gpu::load_embedded_kernels(FATBIN, 0, &KERNELS)?.0)
 }
 
 /// The loaded kernels, or `None` when they cannot run (the first failure printed to stderr).
 fn functions() -> Option<[usize; 3]> {
     let mut fns = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner());
     let loaded = fns.get_or_insert_with(|| {
+        if torch_only() {
+            return Err("turned off (CUDARL_JUDGE_COMPARE=torch)".into());
+        }
         let l = load();
         if let Err(e) = &l {
             eprintln!("judge: the comparison kernel cannot run ({e}); libtorch ops instead");
@@ -154,7 +154,6 @@ pub fn stats(
         _ => return Ok(None),
     };
     let qualifies = available()
-        && !torch_only()
         && n > 0
         && bits.device() == Device::Cuda(0)
         && bits.is_contiguous()

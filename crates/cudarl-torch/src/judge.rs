@@ -1364,7 +1364,7 @@ impl Judge {
         let seed = self.rng.random();
         let t = self
             .test_sets(r, task, shape, (&[seed], 1), wall)?
-            .1
+            .2
             .remove(0);
         if t.passed {
             return Ok(());
@@ -1379,8 +1379,8 @@ impl Judge {
     }
 
     /// One test window of a set per seed of `seeds` on `shape`, at a drawn place of the arena
-    /// with room for `room` sets, every set checked ([`Judge::check_sets`]); returns the place
-    /// and the results in seed order.
+    /// with room for `room` sets, every set checked ([`Judge::check_sets`]); returns the place,
+    /// the bytes of one set and the results in seed order.
     fn test_sets(
         &mut self,
         r: &mut RunnerProcess,
@@ -1388,7 +1388,7 @@ impl Judge {
         shape: &ShapeCase,
         (seeds, room): (&[u64], usize),
         wall: Duration,
-    ) -> Result<(u64, Vec<TestResult>), Fail> {
+    ) -> Result<(u64, u64, Vec<TestResult>), Fail> {
         let mut lap = Lap::new();
         let (_, set_bytes) = set_layout(task, &shape.sizes)?;
         let base = self.place(room, set_bytes)?;
@@ -1418,7 +1418,7 @@ impl Judge {
             check = lap.ms(),
             "tests: window"
         );
-        Ok((base, checked))
+        Ok((base, set_bytes, checked))
     }
 
     /// The tests of one shape (see the module docs): a block of one set per seed at a drawn
@@ -1438,9 +1438,9 @@ impl Judge {
         let Some(&first) = seeds.first() else {
             return Ok(Vec::new());
         };
-        let (_, set_bytes) = set_layout(task, &shape.sizes)?;
         // Room for the two probes at the same place.
-        let (base, mut out) = self.test_sets(r, task, shape, (seeds, seeds.len().max(2)), wall)?;
+        let (base, set_bytes, mut out) =
+            self.test_sets(r, task, shape, (seeds, seeds.len().max(2)), wall)?;
         let mut lap = Lap::new();
         let probes = [
             self.fill(task, &shape.sizes, first, base, Inputs::Probe)?,

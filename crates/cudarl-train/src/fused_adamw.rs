@@ -86,10 +86,7 @@ pub fn available() -> bool {
 }
 
 fn load(ordinal: i32) -> Loaded {
-    let (fs, ctx) = cudarl_cuda::gpu::load_embedded_kernels(FATBIN, ordinal, &KERNELS)?;
-    let mut out = [0usize; 4];
-    out.copy_from_slice(&fs);
-    Ok((out, ctx))
+    cudarl_cuda::gpu::load_embedded_kernels(FATBIN, ordinal, &KERNELS)
 }
 
 /// Runs one AdamW step of `param` (bf16, contiguous, on a CUDA device) with its gradient
