@@ -184,6 +184,11 @@ pub struct RlServe {
     pub sample_only: bool,
 }
 
+/// The text after which constrained decoding writes a launcher declaration's parameters
+/// (`Request::Generate`'s `launchers`): every launcher the harness builds is declared
+/// `extern "C" void launch(...)` (docs/architecture.md, "The task language").
+pub const LAUNCHER_TRIGGER: &str = "void launch(";
+
 /// A request to the RL trainer (tagged by `op`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
@@ -210,6 +215,14 @@ pub enum Request {
         /// policy: such completions are not kept (no `id`) and cannot be trained on.
         #[serde(default)]
         reference: bool,
+        /// Constrained decoding of each conversation's launcher declaration (empty: none; an
+        /// empty string: none for that conversation): once a completion's text first contains
+        /// [`LAUNCHER_TRIGGER`], the rest of the declaration through its closing `)` is written
+        /// by the sampler, not drawn, and those tokens take no part in an update (their
+        /// positions are masked out of the policy-gradient, KL and entropy terms). A
+        /// declaration without the trigger is not constrained.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        launchers: Vec<String>,
     },
     /// One update of `agent` on kept completions, answered by [`Reply::Updated`]; every kept
     /// completion of that agent is dropped after.
@@ -274,6 +287,10 @@ pub struct Completion {
     pub mean_log_prob: f64,
     /// PPO: the value head's estimate of the prompt's state (reward units).
     pub value: Option<f64>,
+    /// Tokens of the launcher declaration written by constrained decoding (0: none; see
+    /// `Request::Generate`'s `launchers`).
+    #[serde(default)]
+    pub forced_tokens: usize,
 }
 
 /// The trainer's GPU memory over one request, from libtorch's caching allocator (bytes; as
@@ -423,6 +440,7 @@ mod tests {
                 finish: Finish::Eos,
                 mean_log_prob: -0.1,
                 value: None,
+                forced_tokens: 2,
             }],
             seconds: 0.5,
             gpu_memory: Some(GpuMemory {

@@ -162,6 +162,7 @@ mod tests {
             &mut self,
             _role: Role,
             c: &[Vec<ChatMessage>],
+            _launchers: &[String],
         ) -> Result<Vec<crate::episode::Answer>, crate::RlError> {
             Ok(c.iter()
                 .map(|_| crate::episode::Answer {

@@ -40,7 +40,9 @@ pub struct Answer {
 
 /// Something that answers conversations.
 pub trait Policy {
-    /// One answer per conversation, in order.
+    /// One answer per conversation, in order. `launchers[i]` is the launcher declaration
+    /// conversation `i` asks for (its task's signature), which a policy may hold its answer to
+    /// (the trainer's constrained decoding, [`crate::trainer::Sampling::constrain_launcher`]).
     ///
     /// # Errors
     /// Whatever the policy fails with, in words.
@@ -48,6 +50,7 @@ pub trait Policy {
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
+        launchers: &[String],
     ) -> Result<Vec<Answer>, RlError>;
 
     /// [`Policy::answer`] that calls `on_finish(i, text)` as soon as answer `i` is known (a
@@ -60,9 +63,10 @@ pub trait Policy {
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
+        launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
-        let a = self.answer(role, conversations)?;
+        let a = self.answer(role, conversations, launchers)?;
         for (i, x) in a.iter().enumerate() {
             on_finish(i, &x.text);
         }
@@ -740,7 +744,8 @@ impl<T: EpisodeTask + ?Sized> Round<'_, T> {
         let (tasks, active) = (self.tasks, self.active);
         // Kernels go to the harness's compiler as soon as each answer is finished.
         // (Not code the episode already submitted: that is answered from its earlier turn.)
-        let answers = policy.answer_streaming(self.role, convs, &mut |k, text| {
+        let launchers: Vec<String> = active.iter().map(|&i| tasks[i].text().signature).collect();
+        let answers = policy.answer_streaming(self.role, convs, &launchers, &mut |k, text| {
             if let (Some(&i), Some(c)) = (active.get(k), prompts::extract_code(text))
                 && !eps[i].seen.contains_key(&code_hash(&c))
             {
@@ -930,12 +935,22 @@ pub(crate) mod tests {
     /// Answers with fixed texts, in order, and records the conversations it saw.
     struct Scripted {
         answers: Vec<String>,
-        seen: Vec<(Role, Vec<ChatMessage>)>,
+        seen: Vec<(Role, Vec<ChatMessage>, String)>,
     }
 
     impl Policy for Scripted {
-        fn answer(&mut self, role: Role, c: &[Vec<ChatMessage>]) -> Result<Vec<Answer>, RlError> {
-            self.seen.extend(c.iter().map(|m| (role, m.clone())));
+        fn answer(
+            &mut self,
+            role: Role,
+            c: &[Vec<ChatMessage>],
+            launchers: &[String],
+        ) -> Result<Vec<Answer>, RlError> {
+            assert_eq!(launchers.len(), c.len(), "a launcher per conversation");
+            let seen = c
+                .iter()
+                .zip(launchers)
+                .map(|(m, l)| (role, m.clone(), l.clone()));
+            self.seen.extend(seen);
             Ok(c.iter()
                 .map(|_| Answer {
                     id: None,
@@ -1083,8 +1098,12 @@ pub(crate) mod tests {
         );
         assert!((e.turns[2].reward.reward - 0.55).abs() < 1e-12);
         // The optimizer saw the tester's compile errors and the broken kernel in its prompt.
-        let (role, conv) = &policy.seen[1];
+        let (role, conv, launcher) = &policy.seen[1];
         assert_eq!(*role, Role::Optimizer);
+        // Every turn's request named the task's launcher, which constrained decoding holds to.
+        let declared = task.text().signature;
+        assert!(declared.contains(cudarl_protocol::rl::LAUNCHER_TRIGGER));
+        assert!(policy.seen.iter().all(|(_, _, l)| *l == declared) && *launcher == declared);
         let user = &conv[1].content;
         assert!(user.contains("Compilation failed:") && user.contains(broken.trim_end()));
         // The best turn is the fixed one; credits are the returns-to-go of rewards (0, 0, 0.55)

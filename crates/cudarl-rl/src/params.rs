@@ -285,6 +285,20 @@ pub struct Params {
     /// key; 0: off (the terms summed into one loss, unscaled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aux_grad_cap: Option<f64>,
+    /// Constrained decoding of the launcher declaration: once an answer writes
+    /// `void launch(`, the trainer writes the rest of the task's declaration through its `)`
+    /// and the model decodes on from there; those tokens are masked out of updates
+    /// (`cudarl_protocol::rl::LAUNCHER_TRIGGER`, docs/architecture.md, "Constrained
+    /// launcher"). Applies to both agents, the frozen control and every stage that samples
+    /// with these settings (`eval`, `collab-data`, `optimize`). Absent: off, and left out of
+    /// the key. Measured (H100, the main job's SFT and RL checkpoints, greedy KernelBench
+    /// episodes paired by problem): first turns failing on the launcher's signature 38 -> 0 of
+    /// 100, failing on undefined names 12 -> 54; KernelBench level 1 compile 0.36 -> 0.28 (SFT)
+    /// and 0.32 -> 0.32 (RL), 11 episodes compiled only without it and 6 only with it (exact
+    /// McNemar p = 0.33); `eval` 231 -> 290 s
+    /// (`benchmarks/results/constrained_launcher_h100_2026-12-06.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constrain_launcher: Option<bool>,
     /// PPO-ptx: SFT conversations per minibatch step (absent: 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx_batch: Option<usize>,
@@ -411,6 +425,7 @@ impl Params {
             temperature: self.temperature,
             top_p: self.top_p,
             seed: self.seed as i64,
+            constrain_launcher: self.constrain_launcher.unwrap_or(false),
         }
     }
 

@@ -163,6 +163,9 @@ pub struct Sampling {
     pub top_p: f64,
     /// First seed (incremented per `generate`).
     pub seed: i64,
+    /// Constrained decoding of the launcher declaration each conversation asks for
+    /// (`Request::Generate`'s `launchers`).
+    pub constrain_launcher: bool,
 }
 
 /// The RL trainer process (`cudarl-pipe-train` with an `rl-serve` job): [`Request`]s on its
@@ -267,10 +270,11 @@ impl TrainerClient {
         &mut self,
         agent: Role,
         conversations: &[Vec<ChatMessage>],
+        launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Generated, RlError> {
         let s = next_seed(&mut self.sampling);
-        self.sample(agent, conversations, (&s, false), on_finish)
+        self.sample(agent, (conversations, launchers), (&s, false), on_finish)
     }
 
     /// One completion per conversation from `agent`'s policy, or with `reference` from its
@@ -278,11 +282,17 @@ impl TrainerClient {
     fn sample(
         &mut self,
         agent: Role,
-        conversations: &[Vec<ChatMessage>],
+        (conversations, launchers): (&[Vec<ChatMessage>], &[String]),
         (s, reference): (&Sampling, bool),
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Generated, RlError> {
+        let launchers = if s.constrain_launcher {
+            launchers.to_vec()
+        } else {
+            Vec::new()
+        };
         let req = Request::Generate {
+            launchers,
             agent,
             conversations: conversations.to_vec(),
             max_new_tokens: s.max_new_tokens,
@@ -390,17 +400,24 @@ impl Policy for TrainerClient {
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
+        launchers: &[String],
     ) -> Result<Vec<Answer>, RlError> {
-        self.answer_streaming(role, conversations, &mut |_, _| {})
+        self.answer_streaming(role, conversations, launchers, &mut |_, _| {})
     }
 
     fn answer_streaming(
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
+        launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
-        Ok(answers(self.generate(role, conversations, on_finish)?))
+        Ok(answers(self.generate(
+            role,
+            conversations,
+            launchers,
+            on_finish,
+        )?))
     }
 
     fn generation_seconds(&self) -> f64 {
@@ -421,20 +438,22 @@ impl Policy for FrozenReference<'_> {
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
+        launchers: &[String],
     ) -> Result<Vec<Answer>, RlError> {
-        self.answer_streaming(role, conversations, &mut |_, _| {})
+        self.answer_streaming(role, conversations, launchers, &mut |_, _| {})
     }
 
     fn answer_streaming(
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
+        launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
         let s = next_seed(&mut self.sampling);
         let g = self
             .trainer
-            .sample(role, conversations, (&s, true), on_finish)?;
+            .sample(role, (conversations, launchers), (&s, true), on_finish)?;
         Ok(answers(g))
     }
 

@@ -216,6 +216,7 @@ fn shares(
         temperature: 1.0,
         top_p: 1.0,
         seed: 7,
+        constrain_launcher: false,
     };
     let mut tc = TrainerClient::start(&job, dir, sampling).unwrap();
     let cfg = RewardConfig::load(

@@ -16,6 +16,7 @@ use crate::tokenizer::{ChatMessage, ChatTokenizer};
 use crate::train::{ComputeKind, Precision, clip_grad_norm};
 
 pub use cudarl_protocol::Role;
+use cudarl_protocol::rl::LAUNCHER_TRIGGER;
 
 /// One sampled completion of a conversation.
 #[derive(Debug, Clone)]
@@ -30,6 +31,9 @@ pub struct Completion {
     pub text: String,
     /// Why it ended.
     pub finish: Finish,
+    /// The tokens `ids[start..start + len]` constrained decoding wrote (the rest of the
+    /// launcher declaration; their `log_probs` are 0 and an update masks them out), or `None`.
+    pub forced: Option<(usize, usize)>,
 }
 
 /// Optimizer settings of an agent.
@@ -159,12 +163,16 @@ impl TrainableAgent {
         params: &SampleParams,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Completion>, ModelError> {
-        self.generate_streaming_with(&self.model, conversations, params, on_finish)
+        self.generate_streaming_with(&self.model, conversations, params, &[], on_finish)
     }
 
     /// [`TrainableAgent::generate_streaming`] with another model of the same vocabulary in
     /// place of the policy (the frozen reference: `rl-train`'s `control`), with this agent's
-    /// tokenizer and system prompt.
+    /// tokenizer and system prompt, and constrained decoding of `launchers[i]`, conversation
+    /// `i`'s launcher declaration (none where `launchers` is empty or the entry is empty): once
+    /// answer `i` first contains [`LAUNCHER_TRIGGER`], the rest of the declaration through its
+    /// `)` is appended as tokens the model did not draw ([`Completion::forced`]), and the
+    /// answer is decoded on from there in a second pass over the batch's constrained rows.
     ///
     /// # Errors
     /// Tokenizer or libtorch errors.
@@ -173,40 +181,131 @@ impl TrainableAgent {
         model: &Qwen2,
         conversations: &[Vec<ChatMessage>],
         params: &SampleParams,
+        launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Completion>, ModelError> {
         let prompts: Vec<Vec<i64>> = conversations
             .iter()
             .map(|c| Ok(self.tokenizer.render(&self.with_system(c), true)?.0))
             .collect::<Result<_, ModelError>>()?;
+        let rules: Vec<Option<(&str, &str)>> = (0..prompts.len())
+            .map(|i| {
+                let tail = launchers.get(i).and_then(|l| launcher_tail(l))?;
+                Some((LAUNCHER_TRIGGER, tail))
+            })
+            .collect();
+        self.sample_constrained(model, prompts, params, &rules, on_finish)
+    }
+
+    /// Samples continuations of `prompts` where `rules[i] = (trigger, tail)` holds row `i`:
+    /// once its answer first contains `trigger`, the tokens of the last drawn token's text
+    /// through `trigger`, then of `tail`, are written in its place ([`Completion::forced`],
+    /// log-probability 0), and the row is decoded on from there in a second batch.
+    ///
+    /// # Errors
+    /// Tokenizer or libtorch errors.
+    pub(crate) fn sample_constrained(
+        &self,
+        model: &Qwen2,
+        prompts: Vec<Vec<i64>>,
+        params: &SampleParams,
+        rules: &[Option<(&str, &str)>],
+        on_finish: &mut dyn FnMut(usize, &str),
+    ) -> Result<Vec<Completion>, ModelError> {
         let mut eos = vec![self.tokenizer.im_end];
         eos.extend(self.tokenizer.eos);
         let tok = &self.tokenizer;
-        let mut finished = |i: usize, ids: &[i64]| {
+        let rule = |i: usize| rules.get(i).copied().flatten();
+        let text_of = |ids: &[i64]| {
             let body: Vec<i64> = ids.iter().copied().filter(|t| !eos.contains(t)).collect();
-            if let Ok(text) = tok.decode(&body) {
+            tok.decode(&body)
+        };
+        // Rows stopped at the trigger finish after the second pass, not here.
+        let triggered = std::cell::RefCell::new(vec![false; prompts.len()]);
+        let mut stop = |i: usize, ids: &[i64]| {
+            let hit = rule(i).is_some_and(|(trigger, _)| ends_with(tok, ids, trigger));
+            if hit {
+                triggered.borrow_mut()[i] = true;
+            }
+            hit
+        };
+        let mut finished = |i: usize, ids: &[i64]| {
+            if !triggered.borrow()[i]
+                && let Ok(text) = text_of(ids)
+            {
                 on_finish(i, &text);
             }
         };
-        let g = generate_streaming(
-            model,
-            &prompts,
-            params,
-            &eos,
-            &mut |_, _| false,
-            &mut finished,
-        )?;
+        let g = generate_streaming(model, &prompts, params, &eos, &mut stop, &mut finished)?;
         let mut out = Vec::with_capacity(prompts.len());
         for (i, p) in prompts.into_iter().enumerate() {
             let ids = g.tokens[i].clone();
-            let body: Vec<i64> = ids.iter().copied().filter(|t| !eos.contains(t)).collect();
             out.push(Completion {
-                text: self.tokenizer.decode(&body)?,
+                text: text_of(&ids)?,
                 prompt_ids: p,
                 ids,
                 log_probs: g.log_probs[i].clone(),
                 finish: g.finish[i],
+                forced: None,
             });
+        }
+        // The constrained rows: drawn tokens up to the one that completed the trigger, that
+        // token's text through the trigger and the declaration's tail as written tokens (cut
+        // at the token budget, where the answer ends by length).
+        let mut rows = Vec::new();
+        for i in (0..out.len()).filter(|&i| triggered.borrow()[i]) {
+            let c = &mut out[i];
+            let (trigger, tail) = rule(i).expect("a constrained row has a rule");
+            let (keep, mut forced) = forced_tokens(tok, &c.ids, (trigger, tail))?;
+            forced.truncate(params.max_new_tokens.saturating_sub(keep));
+            c.ids.truncate(keep);
+            c.log_probs.truncate(keep);
+            c.forced = Some((keep, forced.len()));
+            c.log_probs.extend(std::iter::repeat_n(0.0, forced.len()));
+            c.ids.extend(forced);
+            c.text = text_of(&c.ids)?;
+            c.finish = Finish::Length;
+            if c.ids.len() < params.max_new_tokens {
+                rows.push(i);
+            } else {
+                on_finish(i, &c.text);
+            }
+        }
+        if rows.is_empty() {
+            return Ok(out);
+        }
+        let cont: Vec<Vec<i64>> = rows
+            .iter()
+            .map(|&i| [out[i].prompt_ids.as_slice(), &out[i].ids].concat())
+            .collect();
+        let used = rows.iter().map(|&i| out[i].ids.len()).min().unwrap_or(0);
+        let p2 = SampleParams {
+            max_new_tokens: params.max_new_tokens - used,
+            seed: params.seed.map(|s| s.wrapping_add(1 << 20)),
+            ..params.clone()
+        };
+        let bases: Vec<Vec<i64>> = rows.iter().map(|&i| out[i].ids.clone()).collect();
+        let mut finished2 = |k: usize, ids: &[i64]| {
+            let mut all = bases[k].clone();
+            let room = params.max_new_tokens - all.len();
+            all.extend_from_slice(&ids[..ids.len().min(room)]);
+            if let Ok(text) = text_of(&all) {
+                on_finish(rows[k], &text);
+            }
+        };
+        let g = generate_streaming(model, &cont, &p2, &eos, &mut |_, _| false, &mut finished2)?;
+        for (k, &i) in rows.iter().enumerate() {
+            let c = &mut out[i];
+            let room = params.max_new_tokens - c.ids.len();
+            let n = g.tokens[k].len().min(room);
+            c.ids.extend_from_slice(&g.tokens[k][..n]);
+            c.log_probs.extend_from_slice(&g.log_probs[k][..n]);
+            c.finish = if n < g.tokens[k].len() {
+                Finish::Length
+            } else {
+                g.finish[k]
+            };
+            c.text = text_of(&c.ids)?;
         }
         Ok(out)
     }
@@ -310,4 +409,45 @@ impl TrainableAgent {
         self.tokenizer
             .write_hf_configs(dir, self.model.config.max_position_embeddings)
     }
+}
+
+/// The part of launcher declaration `launcher` constrained decoding writes: what follows
+/// [`LAUNCHER_TRIGGER`] through the closing `)` (a trailing `;` dropped), or `None` for a
+/// declaration without the trigger.
+pub(crate) fn launcher_tail(launcher: &str) -> Option<&str> {
+    let k = launcher.find(LAUNCHER_TRIGGER)? + LAUNCHER_TRIGGER.len();
+    let tail = launcher[k..].trim_end().trim_end_matches(';').trim_end();
+    tail.ends_with(')').then_some(tail)
+}
+
+/// Whether the text of the last tokens of `ids` contains `trigger` (ASCII): asked after
+/// every drawn token, so the first time it does the last token completed it. Every token is
+/// at least one character, so the trigger's lie within the last `trigger.len() + 4`.
+fn ends_with(tok: &ChatTokenizer, ids: &[i64], trigger: &str) -> bool {
+    let from = ids.len().saturating_sub(trigger.len() + 4);
+    tok.decode(&ids[from..]).is_ok_and(|t| t.contains(trigger))
+}
+
+/// For drawn tokens `ids` whose last token completed `trigger`: how many of them to keep and
+/// the tokens written after them, the last token's text through the trigger and then `tail`
+/// (so what follows the trigger is `tail`, whatever the last token went on to draw).
+///
+/// # Errors
+/// Tokenizer errors.
+fn forced_tokens(
+    tok: &ChatTokenizer,
+    ids: &[i64],
+    (trigger, tail): (&str, &str),
+) -> Result<(usize, Vec<i64>), ModelError> {
+    let k = ids.len();
+    let full = tok.decode(ids)?;
+    let prev = tok.decode(&ids[..k.saturating_sub(1)])?;
+    let end = full.find(trigger).map(|q| q + trigger.len());
+    Ok(match end {
+        Some(end) if k > 0 && full.starts_with(&prev) && end > prev.len() => {
+            let text = format!("{}{tail}", &full[prev.len()..end]);
+            (k - 1, tok.encode(&text)?)
+        }
+        _ => (k, tok.encode(tail)?),
+    })
 }

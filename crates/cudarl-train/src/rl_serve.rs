@@ -257,6 +257,7 @@ impl Server {
                 seed,
                 stream,
                 reference,
+                launchers,
             } => {
                 let p = crate::job::sample_params(max_new_tokens, temperature, top_p, seed);
                 let a = &self.agents[agent.index()];
@@ -267,13 +268,18 @@ impl Server {
                 } else {
                     &a.model
                 };
-                let comps =
-                    a.generate_streaming_with(model, &conversations, &p, &mut |i, text| {
+                let comps = a.generate_streaming_with(
+                    model,
+                    &conversations,
+                    &p,
+                    &launchers,
+                    &mut |i, text| {
                         if stream {
                             let text = text.to_string();
                             write_reply(out, &Reply::Partial { index: i, text });
                         }
-                    })?;
+                    },
+                )?;
                 let values: Option<Vec<f64>> = match &self.critics {
                     Some(c) if !comps.is_empty() && !reference => {
                         let prompts: Vec<&[i64]> =
@@ -298,8 +304,9 @@ impl Server {
                         tokens: c.ids.len(),
                         finish: c.finish,
                         mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
-                            / lp.len().max(1) as f64,
+                            / (lp.len() - c.forced.map_or(0, |(_, n)| n)).max(1) as f64,
                         value: values.as_ref().map(|v| v[ci]),
+                        forced_tokens: c.forced.map_or(0, |(_, n)| n),
                     });
                     // Nothing to keep where no update can come.
                     if let Some(id) = id.filter(|_| !self.job.sample_only) {
@@ -512,7 +519,11 @@ fn minibatches<'k>(
             let adv = Tensor::from_slice(&adv).to_device(device);
             let ret: Vec<f32> = chunk.iter().map(|(_, _, r)| *r as f32).collect();
             let ret = Tensor::from_slice(&ret).to_device(device);
-            (seqs, kept[&chunk[0].0].temperature, adv, ret)
+            let forced = chunk
+                .iter()
+                .map(|(id, _, _)| kept[id].completion.forced)
+                .collect();
+            (seqs, kept[&chunk[0].0].temperature, adv, ret, forced)
         })
         .collect()
 }
@@ -528,16 +539,17 @@ fn fixed_log_probs(
     batches: &[Minibatch<'_>],
     st: &mut UpdateStats,
 ) -> Result<Vec<(Tensor, Tensor)>, ModelError> {
-    let score = |m: &Qwen2, seqs: &[(&[i64], &[i64])], temp: f64, entropy: bool| {
+    let score = |m: &Qwen2, (seqs, temp, _, _, forced): &Minibatch<'_>, entropy: bool| {
         let _g = tch::no_grad_guard();
-        let sc = Scored::new(m, seqs, temp, ScorePass::default())?;
+        let mut sc = Scored::new(m, seqs, *temp, ScorePass::default())?;
+        sc.exclude(forced);
         let (logp, ent, _) = sc.log_probs(m, entropy)?;
         Ok::<_, ModelError>((logp, ent, sc.mask))
     };
     let mut fixed = Vec::new();
-    for (seqs, temp, _, _) in batches {
-        let (old, ent, mask) = score(model, seqs, *temp, true)?;
-        let (rf, _, _) = score(r, seqs, *temp, false)?;
+    for mb in batches {
+        let (old, ent, mask) = score(model, mb, true)?;
+        let (rf, _, _) = score(r, mb, false)?;
         if let Some(ent) = ent {
             st.entropy +=
                 (ent.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[]);
@@ -584,7 +596,7 @@ impl UpdateStep<'_> {
         (old, rf): &(Tensor, Tensor),
         st: &mut UpdateStats,
     ) -> Result<bool, ModelError> {
-        let (_, _, adv, ret) = mb;
+        let (_, _, adv, ret, _) = mb;
         let fp = self.fused_pass(mb, old, rf)?;
         let (logp, mask) = (fp.fused.logp, &fp.mask);
         // How far this update has moved the policy on these completions (k1 estimator).
@@ -646,12 +658,13 @@ impl UpdateStep<'_> {
     /// libtorch errors.
     fn fused_pass(
         &mut self,
-        (seqs, temp, adv, _): &Minibatch<'_>,
+        (seqs, temp, adv, _, forced): &Minibatch<'_>,
         old: &Tensor,
         rf: &Tensor,
     ) -> Result<FusedStep, ModelError> {
         let a = &mut *self.a;
-        let scored = Scored::new(&a.model, seqs, *temp, self.pass)?;
+        let mut scored = Scored::new(&a.model, seqs, *temp, self.pass)?;
+        scored.exclude(forced);
         let mask = scored.mask.shallow_clone();
         a.begin_step();
         let params = a.model.trainable().trainable_variables();
@@ -714,7 +727,15 @@ impl UpdateStep<'_> {
 
 /// One minibatch of an update: (prompt, completion) token pairs, the sampling temperature,
 /// the advantages `[b]`, the value targets `[b]` (PPO; zeros with GRPO).
-type Minibatch<'a> = (Vec<(&'a [i64], &'a [i64])>, f64, Tensor, Tensor);
+/// A minibatch: its (prompt, completion) pairs, sampling temperature, advantages `[b]`,
+/// returns `[b]` and each completion's tokens written by constrained decoding.
+type Minibatch<'a> = (
+    Vec<(&'a [i64], &'a [i64])>,
+    f64,
+    Tensor,
+    Tensor,
+    Vec<Option<(usize, usize)>>,
+);
 
 /// Runs the request loop on stdin/stdout until `quit` or end of input.
 ///
@@ -833,6 +854,7 @@ mod tests {
             seed,
             stream: false,
             reference,
+            launchers: Vec::new(),
         };
         generated(s.handle(req, &mut Vec::new()).unwrap())
     }
@@ -850,6 +872,99 @@ mod tests {
                 ret: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn constrained_decoding_writes_the_tail_and_an_update_leaves_it_out() {
+        let (_d, m) = tiny_model();
+        let _rng = crate::torch_rng();
+        let mut j = job("");
+        (j.generator, j.optimizer) = (m.clone(), m.clone());
+        let mut s = Server::new(j).unwrap();
+        let a = &s.agents[0];
+        let conv = vec![ChatMessage::new("user", "Write k.")];
+        let prompt = a.tokenizer.render(&a.with_system(&conv), true).unwrap().0;
+        let sample = |seed: i64, rules: &[Option<(&str, &str)>]| {
+            let params = crate::job::sample_params(48, 1.0, 1.0, seed);
+            let mut seen = Vec::new();
+            let c = a
+                .sample_constrained(
+                    &a.model,
+                    vec![prompt.clone()],
+                    &params,
+                    rules,
+                    &mut |i, t| seen.push((i, t.to_string())),
+                )
+                .unwrap();
+            (c.into_iter().next().unwrap(), seen)
+        };
+        let text = |ids: &[i64]| a.tokenizer.decode(ids).unwrap();
+        // The trigger: the text of two tokens a seed draws, printable ASCII and not in the
+        // answer before them (the random model draws raw bytes too).
+        let (seed, free, k, trigger) = (11..200)
+            .find_map(|seed| {
+                let (free, _) = sample(seed, &[None]);
+                (3..free.ids.len().min(12)).find_map(|k| {
+                    let t = text(&free.ids[k - 2..k]);
+                    let ok = t.len() >= 2
+                        && t.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+                        && !text(&free.ids[..k - 1]).contains(&t)
+                        && text(&free.ids[..k]).starts_with(&text(&free.ids[..k - 1]));
+                    ok.then(|| (seed, free.clone(), k, t))
+                })
+            })
+            .expect("a seed draws a printable pair of tokens");
+        let tail = " int64_t n)";
+        let (c, seen) = sample(seed, &[Some((trigger.as_str(), tail))]);
+        // The drawn tokens before the one that completed the trigger are kept; that token's
+        // text through the trigger and the tail are written.
+        let (start, len) = c.forced.expect("the trigger was drawn");
+        assert_eq!(start, k - 1);
+        assert_eq!(&c.ids[..start], &free.ids[..start]);
+        let full = text(&free.ids[..k]);
+        let through = &full[..full.find(&trigger).unwrap() + trigger.len()];
+        assert_eq!(text(&c.ids[..start + len]), format!("{through}{tail}"));
+        assert!(
+            c.text.starts_with(&format!("{through}{tail}")),
+            "{:?}",
+            c.text
+        );
+        assert!(c.log_probs[start..start + len].iter().all(|x| *x == 0.0));
+        assert_eq!(c.ids.len(), c.log_probs.len());
+        assert!(
+            c.ids.len() <= 48 && c.finish != crate::Finish::Stop,
+            "{c:?}"
+        );
+        assert!(c.ids.len() > start + len, "decoding went on after the tail");
+        assert_eq!(
+            seen,
+            vec![(0, c.text.clone())],
+            "one finish, with the whole answer"
+        );
+        // A task's declaration: its parameters through `)` are written.
+        assert_eq!(
+            crate::agent::launcher_tail(
+                "extern \"C\" void launch(const float* x, float* out, int64_t n, cudaStream_t stream);"
+            ),
+            Some("const float* x, float* out, int64_t n, cudaStream_t stream)")
+        );
+        assert_eq!(crate::agent::launcher_tail("void run(int n)"), None);
+        // An update counts every drawn token of the kept completions and none it wrote.
+        let r = generate4(&mut s, 12, 1, false);
+        let ids: Vec<u64> = r["completions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_u64().unwrap())
+            .collect();
+        let lens: Vec<usize> = ids
+            .iter()
+            .map(|id| s.kept[id].completion.ids.len())
+            .collect();
+        s.kept.get_mut(&ids[0]).unwrap().completion.forced = Some((1, lens[0] - 1));
+        let st = s.update(Role::Generator, &alternating(&r)).unwrap();
+        let drawn = 1 + lens[1..].iter().sum::<usize>();
+        assert_eq!(st.tokens as usize, drawn, "{st:?}");
     }
 
     /// One `generate` of 4 completions from the checkpoint in `m`, then an `update` of the
@@ -1170,6 +1285,7 @@ mod tests {
                     seed: 100 + step,
                     stream: false,
                     reference,
+                    launchers: Vec::new(),
                 };
                 generated(s.handle(req, &mut Vec::new()).unwrap())
             };

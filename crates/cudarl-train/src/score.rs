@@ -120,6 +120,28 @@ impl Scored {
         })
     }
 
+    /// Leaves the completion tokens `spans[i] = (start, len)` of row `i` out of [`Scored::mask`]
+    /// (tokens constrained decoding wrote, which the policy did not draw). Rows past `spans`'
+    /// length and `None` spans keep every token.
+    pub fn exclude(&mut self, spans: &[Option<(usize, usize)>]) {
+        if spans.iter().all(Option::is_none) {
+            return;
+        }
+        let (b, t) = self.mask.size2().expect("the mask is [b, T]");
+        let mut keep = vec![1.0f32; (b * t) as usize];
+        for (i, span) in spans.iter().enumerate().take(b as usize) {
+            if let Some((start, len)) = *span {
+                let row = i * t as usize;
+                let end = (start + len).min(t as usize);
+                keep[row + start.min(end)..row + end].fill(0.0);
+            }
+        }
+        let keep = Tensor::from_slice(&keep)
+            .view([b, t])
+            .to_device(self.mask.device());
+        self.mask = &self.mask * keep;
+    }
+
     /// The final normed hidden states `[b * w, h]` (with the graph on the `Graph` trunk).
     fn hidden(&self, model: &Qwen2) -> Tensor {
         let h = match &self.trunk {
