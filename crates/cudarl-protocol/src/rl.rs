@@ -184,6 +184,10 @@ pub struct RlServe {
     pub sample_only: bool,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// The text after which constrained decoding writes a launcher declaration's parameters
 /// (`Request::Generate`'s `launchers`): every launcher the harness builds is declared
 /// `extern "C" void launch(...)` (docs/architecture.md, "The task language").
@@ -279,17 +283,18 @@ pub struct Completion {
     pub id: Option<u64>,
     /// The decoded completion, without `<|im_end|>`.
     pub text: String,
-    /// New tokens.
+    /// New tokens (those constrained decoding wrote included).
     pub tokens: usize,
     /// Why it ended.
     pub finish: Finish,
-    /// Mean log-probability per new token under the sampling distribution (nats).
+    /// Mean log-probability per drawn token under the sampling distribution (nats; the tokens
+    /// constrained decoding wrote left out).
     pub mean_log_prob: f64,
     /// PPO: the value head's estimate of the prompt's state (reward units).
     pub value: Option<f64>,
-    /// Tokens of the launcher declaration written by constrained decoding (0: none; see
-    /// `Request::Generate`'s `launchers`).
-    #[serde(default)]
+    /// Tokens of the launcher declaration written by constrained decoding (0: none, and left
+    /// out of the JSON; see `Request::Generate`'s `launchers`).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub forced_tokens: usize,
 }
 
@@ -455,6 +460,17 @@ mod tests {
             "{line}"
         );
         assert_eq!(serde_json::from_str::<Reply>(&line).unwrap(), g);
+        // A completion nothing was written into has no `forced_tokens` in the JSON.
+        let free = Completion {
+            forced_tokens: 0,
+            ..match &g {
+                Reply::Generated(x) => x.completions[0].clone(),
+                _ => unreachable!(),
+            }
+        };
+        let line = serde_json::to_string(&free).unwrap();
+        assert!(!line.contains("forced_tokens"), "{line}");
+        assert_eq!(serde_json::from_str::<Completion>(&line).unwrap(), free);
         assert_eq!(serde_json::to_string(&Reply::Ready).unwrap(), r#""ready""#);
         let e = serde_json::from_str::<Reply>(r#"{"updated": {"loss": 1, "lost": 2}}"#);
         assert!(e.is_err(), "an unknown field is refused");

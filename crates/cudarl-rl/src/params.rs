@@ -295,7 +295,7 @@ pub struct Params {
     /// episodes paired by problem): first turns failing on the launcher's signature 38 -> 0 of
     /// 100, failing on undefined names 12 -> 54; KernelBench level 1 compile 0.36 -> 0.28 (SFT)
     /// and 0.32 -> 0.32 (RL), 11 episodes compiled only without it and 6 only with it (exact
-    /// McNemar p = 0.33); `eval` 231 -> 290 s
+    /// McNemar p = 0.33); `eval` 231 s unconstrained, 290 s constrained (one run each)
     /// (`benchmarks/results/constrained_launcher_h100_2026-12-06.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constrain_launcher: Option<bool>,

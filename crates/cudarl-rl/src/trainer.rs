@@ -314,7 +314,8 @@ impl TrainerClient {
     /// The frozen references of both agents as a [`Policy`] with its own sampling state
     /// `sampling` (its seed advancing per generation as the policy's does): `rl-train`'s frozen
     /// control, which answers the same tasks with the same seeds as the policy without moving
-    /// the policy's sampling. Its answers have no id and cannot be trained on.
+    /// the policy's sampling (with constrained decoding, the draws of the second pass depend on
+    /// which rows reach it, in each apart). Its answers have no id and cannot be trained on.
     pub fn frozen(&mut self, sampling: Sampling) -> FrozenReference<'_> {
         FrozenReference {
             trainer: self,

@@ -184,6 +184,13 @@ impl TrainableAgent {
         launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Completion>, ModelError> {
+        if !launchers.is_empty() && launchers.len() != conversations.len() {
+            return Err(ModelError::Generate(format!(
+                "{} launchers for {} conversations: one per conversation, or none",
+                launchers.len(),
+                conversations.len()
+            )));
+        }
         let prompts: Vec<Vec<i64>> = conversations
             .iter()
             .map(|c| Ok(self.tokenizer.render(&self.with_system(c), true)?.0))
@@ -223,7 +230,7 @@ impl TrainableAgent {
         // Rows stopped at the trigger finish after the second pass, not here.
         let triggered = std::cell::RefCell::new(vec![false; prompts.len()]);
         let mut stop = |i: usize, ids: &[i64]| {
-            let hit = rule(i).is_some_and(|(trigger, _)| ends_with(tok, ids, trigger));
+            let hit = rule(i).is_some_and(|(trigger, _)| contains_trigger(tok, ids, trigger));
             if hit {
                 triggered.borrow_mut()[i] = true;
             }
@@ -284,26 +291,28 @@ impl TrainableAgent {
             seed: params.seed.map(|s| s.wrapping_add(1 << 20)),
             ..params.clone()
         };
+        // Each row stops at its own budget; the batch's is the roomiest row's.
         let bases: Vec<Vec<i64>> = rows.iter().map(|&i| out[i].ids.clone()).collect();
+        let rooms: Vec<usize> = bases
+            .iter()
+            .map(|b| params.max_new_tokens - b.len())
+            .collect();
+        let mut stop2 = |k: usize, ids: &[i64]| ids.len() >= rooms[k];
         let mut finished2 = |k: usize, ids: &[i64]| {
-            let mut all = bases[k].clone();
-            let room = params.max_new_tokens - all.len();
-            all.extend_from_slice(&ids[..ids.len().min(room)]);
+            let all = [bases[k].as_slice(), &ids[..ids.len().min(rooms[k])]].concat();
             if let Ok(text) = text_of(&all) {
                 on_finish(rows[k], &text);
             }
         };
-        let g = generate_streaming(model, &cont, &p2, &eos, &mut |_, _| false, &mut finished2)?;
+        let g = generate_streaming(model, &cont, &p2, &eos, &mut stop2, &mut finished2)?;
         for (k, &i) in rows.iter().enumerate() {
             let c = &mut out[i];
-            let room = params.max_new_tokens - c.ids.len();
-            let n = g.tokens[k].len().min(room);
+            let n = g.tokens[k].len().min(rooms[k]);
             c.ids.extend_from_slice(&g.tokens[k][..n]);
             c.log_probs.extend_from_slice(&g.log_probs[k][..n]);
-            c.finish = if n < g.tokens[k].len() {
-                Finish::Length
-            } else {
-                g.finish[k]
+            c.finish = match g.finish[k] {
+                Finish::Eos if n == g.tokens[k].len() => Finish::Eos,
+                _ => Finish::Length,
             };
             c.text = text_of(&c.ids)?;
         }
@@ -420,17 +429,19 @@ pub(crate) fn launcher_tail(launcher: &str) -> Option<&str> {
     tail.ends_with(')').then_some(tail)
 }
 
-/// Whether the text of the last tokens of `ids` contains `trigger` (ASCII): asked after
-/// every drawn token, so the first time it does the last token completed it. Every token is
-/// at least one character, so the trigger's lie within the last `trigger.len() + 4`.
-fn ends_with(tok: &ChatTokenizer, ids: &[i64], trigger: &str) -> bool {
+/// Whether the text of the last `trigger.len() + 4` tokens of `ids` contains `trigger`
+/// (ASCII): asked after every drawn token, so the first time it does the last token completed
+/// it. A token other than a special one (which decoding skips) is at least one character, so
+/// the trigger's tokens lie within that window.
+fn contains_trigger(tok: &ChatTokenizer, ids: &[i64], trigger: &str) -> bool {
     let from = ids.len().saturating_sub(trigger.len() + 4);
     tok.decode(&ids[from..]).is_ok_and(|t| t.contains(trigger))
 }
 
 /// For drawn tokens `ids` whose last token completed `trigger`: how many of them to keep and
 /// the tokens written after them, the last token's text through the trigger and then `tail`
-/// (so what follows the trigger is `tail`, whatever the last token went on to draw).
+/// (so what follows the trigger is `tail`, whatever the last token went on to draw); all of
+/// them and nothing written where the text does not split at the last token.
 ///
 /// # Errors
 /// Tokenizer errors.
@@ -448,6 +459,8 @@ fn forced_tokens(
             let text = format!("{}{tail}", &full[prev.len()..end]);
             (k - 1, tok.encode(&text)?)
         }
-        _ => (k, tok.encode(tail)?),
+        // Text that does not split at the last token (a tokenizer whose decoding of a prefix
+        // is not a prefix of the whole): the row goes on as drawn, unconstrained.
+        _ => (k, Vec::new()),
     })
 }

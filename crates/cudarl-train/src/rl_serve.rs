@@ -7,9 +7,12 @@
 //!
 //! Requests (`op`):
 //! - `generate` {agent, conversations: [[{role, content}]], max_new_tokens, temperature, top_p,
-//!   seed, stream?} -> {completions: [{id, text, tokens, finish, mean_log_prob, value?}],
-//!   seconds}; the tokens are kept under `id` for a later update. `value` (PPO only) is the
-//!   value head's estimate of the prompt's state. With `stream: true`, each answer is also
+//!   seed, stream?, launchers?} -> {completions: [{id, text, tokens, finish, mean_log_prob,
+//!   value?, forced_tokens?}], seconds}; the tokens are kept under `id` for a later update.
+//!   `value` (PPO only) is the value head's estimate of the prompt's state. `launchers` (one
+//!   declaration per conversation) turns on constrained decoding of the launcher
+//!   ([`TrainableAgent::generate_streaming_with`]); `forced_tokens` counts the tokens it wrote,
+//!   which an update leaves out. With `stream: true`, each answer is also
 //!   sent as soon as it is finished, as a line `{ok, partial: {index, text}}` before the final
 //!   response (the stage compiles finished kernels while the batch decodes on).
 //! - `update` {agent, samples: [{id, advantage, return?}]} -> {loss, pg_loss, kl, clip_frac,
@@ -304,7 +307,9 @@ impl Server {
                         tokens: c.ids.len(),
                         finish: c.finish,
                         mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
-                            / (lp.len() - c.forced.map_or(0, |(_, n)| n)).max(1) as f64,
+                            / lp.len()
+                                .saturating_sub(c.forced.map_or(0, |(_, n)| n))
+                                .max(1) as f64,
                         value: values.as_ref().map(|v| v[ci]),
                         forced_tokens: c.forced.map_or(0, |(_, n)| n),
                     });
@@ -726,9 +731,8 @@ impl UpdateStep<'_> {
 }
 
 /// One minibatch of an update: (prompt, completion) token pairs, the sampling temperature,
-/// the advantages `[b]`, the value targets `[b]` (PPO; zeros with GRPO).
-/// A minibatch: its (prompt, completion) pairs, sampling temperature, advantages `[b]`,
-/// returns `[b]` and each completion's tokens written by constrained decoding.
+/// the advantages `[b]`, the value targets `[b]` (PPO; zeros with GRPO), and each
+/// completion's tokens written by constrained decoding (`(start, len)`, left out of the loss).
 type Minibatch<'a> = (
     Vec<(&'a [i64], &'a [i64])>,
     f64,
@@ -884,62 +888,86 @@ mod tests {
         let a = &s.agents[0];
         let conv = vec![ChatMessage::new("user", "Write k.")];
         let prompt = a.tokenizer.render(&a.with_system(&conv), true).unwrap().0;
+        // Three rows of one prompt: row 0 free, rows 1 and 2 held to a rule each.
         let sample = |seed: i64, rules: &[Option<(&str, &str)>]| {
             let params = crate::job::sample_params(48, 1.0, 1.0, seed);
             let mut seen = Vec::new();
             let c = a
                 .sample_constrained(
                     &a.model,
-                    vec![prompt.clone()],
+                    vec![prompt.clone(); 3],
                     &params,
                     rules,
                     &mut |i, t| seen.push((i, t.to_string())),
                 )
                 .unwrap();
-            (c.into_iter().next().unwrap(), seen)
+            seen.sort();
+            (c, seen)
         };
         let text = |ids: &[i64]| a.tokenizer.decode(ids).unwrap();
-        // The trigger: the text of two tokens a seed draws, printable ASCII and not in the
-        // answer before them (the random model draws raw bytes too).
-        let (seed, free, k, trigger) = (11..200)
+        // A trigger for a row: the text of two tokens it draws at `k`, printable ASCII and not
+        // in the answer before them (the random model draws raw bytes too).
+        let trigger_at = |ids: &[i64], k: usize| {
+            let t = text(&ids[k - 2..k]);
+            let ok = t.len() >= 2
+                && t.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+                && !text(&ids[..k - 1]).contains(&t)
+                && text(&ids[..k]).starts_with(&text(&ids[..k - 1]));
+            ok.then_some((k, t))
+        };
+        let first =
+            |ids: &[i64], from: usize| (from..ids.len().min(16)).find_map(|k| trigger_at(ids, k));
+        let (seed, free, (k1, t1), (k2, t2)) = (11..300)
             .find_map(|seed| {
-                let (free, _) = sample(seed, &[None]);
-                (3..free.ids.len().min(12)).find_map(|k| {
-                    let t = text(&free.ids[k - 2..k]);
-                    let ok = t.len() >= 2
-                        && t.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
-                        && !text(&free.ids[..k - 1]).contains(&t)
-                        && text(&free.ids[..k]).starts_with(&text(&free.ids[..k - 1]));
-                    ok.then(|| (seed, free.clone(), k, t))
-                })
+                let (free, _) = sample(seed, &[None, None, None]);
+                let r1 = first(&free[1].ids, 3)?;
+                let r2 = first(&free[2].ids, r1.0 + 2)?;
+                Some((seed, free, r1, r2))
             })
-            .expect("a seed draws a printable pair of tokens");
+            .expect("a seed draws printable pairs of tokens in rows 1 and 2");
         let tail = " int64_t n)";
-        let (c, seen) = sample(seed, &[Some((trigger.as_str(), tail))]);
-        // The drawn tokens before the one that completed the trigger are kept; that token's
-        // text through the trigger and the tail are written.
-        let (start, len) = c.forced.expect("the trigger was drawn");
-        assert_eq!(start, k - 1);
-        assert_eq!(&c.ids[..start], &free.ids[..start]);
-        let full = text(&free.ids[..k]);
-        let through = &full[..full.find(&trigger).unwrap() + trigger.len()];
-        assert_eq!(text(&c.ids[..start + len]), format!("{through}{tail}"));
+        let rules = [None, Some((t1.as_str(), tail)), Some((t2.as_str(), tail))];
+        let (c, seen) = sample(seed, &rules);
+        // The free row draws what it drew without the others' rules.
+        assert_eq!(c[0].ids, free[0].ids);
+        assert!(c[0].forced.is_none());
+        for (r, k, trigger) in [(1, k1, &t1), (2, k2, &t2)] {
+            let c = &c[r];
+            // The drawn tokens before the one that completed the trigger are kept; that
+            // token's text through the trigger and the tail are written.
+            let (start, len) = c.forced.expect("the trigger was drawn");
+            assert_eq!(start, k - 1);
+            assert_eq!(&c.ids[..start], &free[r].ids[..start]);
+            let full = text(&free[r].ids[..k]);
+            let through = &full[..full.find(trigger.as_str()).unwrap() + trigger.len()];
+            assert_eq!(text(&c.ids[..start + len]), format!("{through}{tail}"));
+            assert!(
+                c.text.starts_with(&format!("{through}{tail}")),
+                "{:?}",
+                c.text
+            );
+            assert!(c.log_probs[start..start + len].iter().all(|x| *x == 0.0));
+            assert_eq!(c.ids.len(), c.log_probs.len());
+            // Each row within its own budget, decoded on after the tail.
+            assert!(
+                c.ids.len() <= 48 && c.finish != crate::Finish::Stop,
+                "{c:?}"
+            );
+            assert!(c.ids.len() > start + len, "decoding went on after the tail");
+        }
+        let want: Vec<(usize, String)> = c
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (i, x.text.clone()))
+            .collect();
+        assert_eq!(seen, want, "one finish per row, with its whole answer");
+        // A rule list that does not match the conversations is refused.
+        let conv3 = vec![conv.clone(); 3];
+        let p = crate::job::sample_params(4, 1.0, 1.0, 1);
+        let two = vec!["void launch(int n)".to_string(); 2];
         assert!(
-            c.text.starts_with(&format!("{through}{tail}")),
-            "{:?}",
-            c.text
-        );
-        assert!(c.log_probs[start..start + len].iter().all(|x| *x == 0.0));
-        assert_eq!(c.ids.len(), c.log_probs.len());
-        assert!(
-            c.ids.len() <= 48 && c.finish != crate::Finish::Stop,
-            "{c:?}"
-        );
-        assert!(c.ids.len() > start + len, "decoding went on after the tail");
-        assert_eq!(
-            seen,
-            vec![(0, c.text.clone())],
-            "one finish, with the whole answer"
+            a.generate_streaming_with(&a.model, &conv3, &p, &two, &mut |_, _| {})
+                .is_err()
         );
         // A task's declaration: its parameters through `)` are written.
         assert_eq!(
