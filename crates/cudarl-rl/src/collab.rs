@@ -163,13 +163,18 @@ mod tests {
             _role: Role,
             c: &[Vec<ChatMessage>],
             _launchers: &[String],
+            on_finish: &mut dyn FnMut(usize, &str),
         ) -> Result<Vec<crate::episode::Answer>, crate::RlError> {
-            Ok(c.iter()
-                .map(|_| crate::episode::Answer {
-                    id: None,
-                    text: self.0.remove(0),
-                    tokens: 1,
-                    value: None,
+            Ok((0..c.len())
+                .map(|i| {
+                    let text = self.0.remove(0);
+                    on_finish(i, &text);
+                    crate::episode::Answer {
+                        id: None,
+                        text,
+                        tokens: 1,
+                        value: None,
+                    }
                 })
                 .collect())
         }

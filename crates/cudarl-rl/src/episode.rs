@@ -40,9 +40,11 @@ pub struct Answer {
 
 /// Something that answers conversations.
 pub trait Policy {
-    /// One answer per conversation, in order. `launchers[i]` is the launcher declaration
-    /// conversation `i` asks for (its task's signature), which a policy may hold its answer to
-    /// (the trainer's constrained decoding, [`crate::trainer::Sampling::constrain_launcher`]).
+    /// One answer per conversation, in order, calling `on_finish(i, text)` once answer `i` is
+    /// known (a streaming policy calls it while the others are still being generated, so their
+    /// kernels compile meanwhile). `launchers[i]` is the launcher declaration conversation `i`
+    /// asks for (its task's signature), which a policy may hold its answer to (the trainer's
+    /// constrained decoding, [`crate::trainer::Sampling::constrain_launcher`]).
     ///
     /// # Errors
     /// Whatever the policy fails with, in words.
@@ -51,27 +53,8 @@ pub trait Policy {
         role: Role,
         conversations: &[Vec<ChatMessage>],
         launchers: &[String],
-    ) -> Result<Vec<Answer>, RlError>;
-
-    /// [`Policy::answer`] that calls `on_finish(i, text)` as soon as answer `i` is known (a
-    /// streaming policy: while the others are still being generated). The default answers
-    /// first and then calls it for each answer in order.
-    ///
-    /// # Errors
-    /// As [`Policy::answer`].
-    fn answer_streaming(
-        &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-        launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
-    ) -> Result<Vec<Answer>, RlError> {
-        let a = self.answer(role, conversations, launchers)?;
-        for (i, x) in a.iter().enumerate() {
-            on_finish(i, &x.text);
-        }
-        Ok(a)
-    }
+    ) -> Result<Vec<Answer>, RlError>;
 
     /// Seconds spent generating so far, by the generator's own clock (0 for a policy that
     /// does not keep one): what a rollout subtracts from its wall time to get the judges'.
@@ -745,7 +728,7 @@ impl<T: EpisodeTask + ?Sized> Round<'_, T> {
         // Kernels go to the harness's compiler as soon as each answer is finished.
         // (Not code the episode already submitted: that is answered from its earlier turn.)
         let launchers: Vec<String> = active.iter().map(|&i| tasks[i].text().signature).collect();
-        let answers = policy.answer_streaming(self.role, convs, &launchers, &mut |k, text| {
+        let answers = policy.answer(self.role, convs, &launchers, &mut |k, text| {
             if let (Some(&i), Some(c)) = (active.get(k), prompts::extract_code(text))
                 && !eps[i].seen.contains_key(&code_hash(&c))
             {
@@ -944,6 +927,7 @@ pub(crate) mod tests {
             role: Role,
             c: &[Vec<ChatMessage>],
             launchers: &[String],
+            on_finish: &mut dyn FnMut(usize, &str),
         ) -> Result<Vec<Answer>, RlError> {
             assert_eq!(launchers.len(), c.len(), "a launcher per conversation");
             let seen = c
@@ -951,12 +935,16 @@ pub(crate) mod tests {
                 .zip(launchers)
                 .map(|(m, l)| (role, m.clone(), l.clone()));
             self.seen.extend(seen);
-            Ok(c.iter()
-                .map(|_| Answer {
-                    id: None,
-                    text: self.answers.remove(0),
-                    tokens: 1,
-                    value: None,
+            Ok((0..c.len())
+                .map(|i| {
+                    let text = self.answers.remove(0);
+                    on_finish(i, &text);
+                    Answer {
+                        id: None,
+                        text,
+                        tokens: 1,
+                        value: None,
+                    }
                 })
                 .collect())
         }

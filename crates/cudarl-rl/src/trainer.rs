@@ -402,15 +402,6 @@ impl Policy for TrainerClient {
         role: Role,
         conversations: &[Vec<ChatMessage>],
         launchers: &[String],
-    ) -> Result<Vec<Answer>, RlError> {
-        self.answer_streaming(role, conversations, launchers, &mut |_, _| {})
-    }
-
-    fn answer_streaming(
-        &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-        launchers: &[String],
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
         Ok(answers(self.generate(
@@ -436,15 +427,6 @@ pub struct FrozenReference<'a> {
 
 impl Policy for FrozenReference<'_> {
     fn answer(
-        &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-        launchers: &[String],
-    ) -> Result<Vec<Answer>, RlError> {
-        self.answer_streaming(role, conversations, launchers, &mut |_, _| {})
-    }
-
-    fn answer_streaming(
         &mut self,
         role: Role,
         conversations: &[Vec<ChatMessage>],
