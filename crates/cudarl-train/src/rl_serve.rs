@@ -293,38 +293,7 @@ impl Server {
                     }
                     _ => None,
                 };
-                let mut out = Vec::new();
-                for (ci, c) in comps.into_iter().enumerate() {
-                    let lp = &c.log_probs;
-                    // Reference samples are not kept: no id, nothing to train on.
-                    let id = (!reference).then(|| {
-                        self.next_id += 1;
-                        self.next_id - 1
-                    });
-                    out.push(cudarl_protocol::Completion {
-                        id,
-                        text: c.text.clone(),
-                        tokens: c.ids.len(),
-                        finish: c.finish,
-                        mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
-                            / lp.len()
-                                .saturating_sub(c.forced.map_or(0, |(_, n)| n))
-                                .max(1) as f64,
-                        value: values.as_ref().map(|v| v[ci]),
-                        forced_tokens: c.forced.map_or(0, |(_, n)| n),
-                    });
-                    // Nothing to keep where no update can come.
-                    if let Some(id) = id.filter(|_| !self.job.sample_only) {
-                        self.kept.insert(
-                            id,
-                            Kept {
-                                role: agent,
-                                completion: c,
-                                temperature,
-                            },
-                        );
-                    }
-                }
+                let out = self.completions(agent, comps, values.as_deref(), reference, temperature);
                 Reply::Generated(Generated {
                     completions: out,
                     seconds: t0.elapsed().as_secs_f64(),
@@ -369,6 +338,51 @@ impl Server {
             }
             Request::Quit => return Ok(None),
         }))
+    }
+
+    /// The reply's completions for one `generate` request, numbering and keeping (for the
+    /// next `update`) every sample of the policy; reference samples get no id.
+    fn completions(
+        &mut self,
+        agent: Role,
+        comps: Vec<Completion>,
+        values: Option<&[f64]>,
+        reference: bool,
+        temperature: f64,
+    ) -> Vec<cudarl_protocol::Completion> {
+        let mut out = Vec::new();
+        for (ci, c) in comps.into_iter().enumerate() {
+            let lp = &c.log_probs;
+            // Reference samples are not kept: no id, nothing to train on.
+            let id = (!reference).then(|| {
+                self.next_id += 1;
+                self.next_id - 1
+            });
+            out.push(cudarl_protocol::Completion {
+                id,
+                text: c.text.clone(),
+                tokens: c.ids.len(),
+                finish: c.finish,
+                mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
+                    / lp.len()
+                        .saturating_sub(c.forced.map_or(0, |(_, n)| n))
+                        .max(1) as f64,
+                value: values.map(|v| v[ci]),
+                forced_tokens: c.forced.map_or(0, |(_, n)| n),
+            });
+            // Nothing to keep where no update can come.
+            if let Some(id) = id.filter(|_| !self.job.sample_only) {
+                self.kept.insert(
+                    id,
+                    Kept {
+                        role: agent,
+                        completion: c,
+                        temperature,
+                    },
+                );
+            }
+        }
+        out
     }
 
     /// `dir/<agent>.safetensors` ([`TrainableAgent::save_state`]), PPO's critics as
