@@ -37,6 +37,6 @@ pub use pipeline::{ParamsError, Pipeline, StageFactory};
 pub use report::{NoProgress, NullReporter, ProgressSink, Reporter};
 pub use stage::{
     ExternalFiles, InputDecl, InputSource, OutputDecl, OutputKind, ResolveContext, ResolvedInput,
-    RunPart, Stage, StageContext, StageError,
+    RunPart, ShardError, Stage, StageContext, StageError,
 };
 pub use stale::DirtyReason;

@@ -258,13 +258,18 @@ pub enum RunPart {
     Merge,
 }
 
+/// A shard that is not `i/N` with `0 <= i < N` (the text as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}`: expected i/N with 0 <= i < N, e.g. 0/4")]
+pub struct ShardError(pub String);
+
 impl RunPart {
     /// Parses `i/N` (`0 <= i < N`).
     ///
     /// # Errors
-    /// A message naming the expected form.
-    pub fn parse_shard(s: &str) -> Result<RunPart, String> {
-        let bad = || format!("`{s}`: expected i/N with 0 <= i < N, e.g. 0/4");
+    /// [`ShardError`]: not of that form.
+    pub fn parse_shard(s: &str) -> Result<RunPart, ShardError> {
+        let bad = || ShardError(s.to_string());
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
         let index: u32 = i.trim().parse().map_err(|_| bad())?;
         let count: u32 = n.trim().parse().map_err(|_| bad())?;

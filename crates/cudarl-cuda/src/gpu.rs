@@ -155,23 +155,22 @@ pub fn load_embedded_kernels<const N: usize>(
 /// Reads the device's attributes.
 ///
 /// # Errors
-/// Driver errors, as text.
-pub fn info(ctx: &Arc<CudaContext>) -> Result<GpuInfo, String> {
-    let e = |x: cudarc::driver::DriverError| x.to_string();
-    let (maj, min) = ctx.compute_capability().map_err(e)?;
-    let a = |k| ctx.attribute(k).map_err(e);
+/// The driver's error for the first query that failed.
+pub fn info(ctx: &Arc<CudaContext>) -> Result<GpuInfo, cudarc::driver::DriverError> {
+    let (maj, min) = ctx.compute_capability()?;
+    let a = |k| ctx.attribute(k);
     let mut ver = 0i32;
     // SAFETY: plain driver query.
     unsafe { sys::cuDriverGetVersion(&mut ver) };
     Ok(GpuInfo {
-        name: ctx.name().map_err(e)?,
+        name: ctx.name()?,
         arch: format!("sm_{maj}{min}"),
         sms: a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         sm_clock_khz: a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)?,
         mem_clock_khz: a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?,
         l2_bytes: a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
         driver_version: ver,
-        total_mem_bytes: ctx.total_mem().map_err(e)?,
+        total_mem_bytes: ctx.total_mem()?,
         mem_bus_bits: a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?,
     })
 }

@@ -25,9 +25,9 @@ pub const SCRIPT: &str = "python/cudarl_worker.py";
 /// The worker script's bytes (part of every row-memo key of the stages that use it).
 ///
 /// # Errors
-/// The script cannot be read (message names it).
-pub fn script_source(root: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(root.join(SCRIPT)).map_err(|e| format!("{SCRIPT}: {e}"))
+/// The script cannot be read ([`PythonError`] names it).
+pub fn script_source(root: &Path) -> Result<Vec<u8>, PythonError> {
+    std::fs::read(root.join(SCRIPT)).map_err(|e| PythonError(format!("{SCRIPT}: {e}")))
 }
 
 /// Torch's build environment, from the Python worker's `build_env`.

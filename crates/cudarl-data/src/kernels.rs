@@ -78,16 +78,29 @@ pub fn normalize_unit(value: f64, unit: &str, target: &str) -> Option<f64> {
     si_scale(prefix).map(|s| value * s)
 }
 
+/// Why an `NCU_Profile` text is not a profile.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NcuError {
+    /// Not a Python literal.
+    #[error(transparent)]
+    Literal(#[from] pyrepr::ParseError),
+    /// A literal, but not a dict of the profile's shape (what is not).
+    #[error("{0}")]
+    Shape(&'static str),
+}
+
 /// Parses the archive's `NCU_Profile` Python-repr dict.
 ///
 /// # Errors
-/// The text is not a Python literal of the expected shape.
-pub fn parse_ncu(text: &str) -> std::result::Result<NcuProfile, String> {
-    let v = pyrepr::parse(text).map_err(|e| e.to_string())?;
-    let d = v.as_dict().ok_or("not a dict")?;
+/// [`NcuError`]: the text is not a Python literal, or not one of the expected shape.
+pub fn parse_ncu(text: &str) -> std::result::Result<NcuProfile, NcuError> {
+    let v = pyrepr::parse(text)?;
+    let d = v.as_dict().ok_or(NcuError::Shape("not a dict"))?;
     let mut metrics = Vec::new();
     if let Some(m) = d.get("metrics") {
-        let m = m.as_dict().ok_or("`metrics` is not a dict")?;
+        let m = m
+            .as_dict()
+            .ok_or(NcuError::Shape("`metrics` is not a dict"))?;
         for (name, mv) in m {
             let md = mv.as_dict();
             let get = |k: &str| md.and_then(|d| d.get(k));

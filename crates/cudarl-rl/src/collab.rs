@@ -160,11 +160,10 @@ mod tests {
     impl Policy for Scripted {
         fn answer(
             &mut self,
-            _role: Role,
-            c: &[Vec<ChatMessage>],
-            _launchers: &[String],
+            ask: crate::episode::Ask<'_>,
             on_finish: &mut dyn FnMut(usize, &str),
         ) -> Result<Vec<crate::episode::Answer>, crate::RlError> {
+            let c = ask.conversations;
             Ok((0..c.len())
                 .map(|i| {
                     let text = self.0.remove(0);

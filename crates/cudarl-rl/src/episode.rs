@@ -38,21 +38,32 @@ pub struct Answer {
     pub value: Option<f64>,
 }
 
+/// What one agent is asked at once: a conversation per episode, and each one's launcher
+/// declaration.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The agent that answers.
+    pub role: Role,
+    /// One conversation per episode, in order.
+    pub conversations: &'a [Vec<ChatMessage>],
+    /// `launchers[i]`: the launcher declaration conversation `i` asks for (its task's
+    /// signature, `extern "C" void launch(...)`), which a policy may hold its answer to (the
+    /// trainer's constrained decoding, [`crate::trainer::Sampling::constrain_launcher`]). As
+    /// many as `conversations`.
+    pub launchers: &'a [String],
+}
+
 /// Something that answers conversations.
 pub trait Policy {
-    /// One answer per conversation, in order, calling `on_finish(i, text)` once answer `i` is
-    /// known (a streaming policy calls it while the others are still being generated, so their
-    /// kernels compile meanwhile). `launchers[i]` is the launcher declaration conversation `i`
-    /// asks for (its task's signature), which a policy may hold its answer to (the trainer's
-    /// constrained decoding, [`crate::trainer::Sampling::constrain_launcher`]).
+    /// One answer per conversation of `ask`, in order, calling `on_finish(i, text)` once answer
+    /// `i` is known (a streaming policy calls it while the others are still being generated, so
+    /// their kernels compile meanwhile).
     ///
     /// # Errors
     /// Whatever the policy fails with, in words.
     fn answer(
         &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-        launchers: &[String],
+        ask: Ask<'_>,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError>;
 
@@ -728,7 +739,12 @@ impl<T: EpisodeTask + ?Sized> Round<'_, T> {
         // Kernels go to the harness's compiler as soon as each answer is finished.
         // (Not code the episode already submitted: that is answered from its earlier turn.)
         let launchers: Vec<String> = active.iter().map(|&i| tasks[i].text().signature).collect();
-        let answers = policy.answer(self.role, convs, &launchers, &mut |k, text| {
+        let ask = Ask {
+            role: self.role,
+            conversations: convs,
+            launchers: &launchers,
+        };
+        let answers = policy.answer(ask, &mut |k, text| {
             if let (Some(&i), Some(c)) = (active.get(k), prompts::extract_code(text))
                 && !eps[i].seen.contains_key(&code_hash(&c))
             {
@@ -924,11 +940,10 @@ pub(crate) mod tests {
     impl Policy for Scripted {
         fn answer(
             &mut self,
-            role: Role,
-            c: &[Vec<ChatMessage>],
-            launchers: &[String],
+            ask: Ask<'_>,
             on_finish: &mut dyn FnMut(usize, &str),
         ) -> Result<Vec<Answer>, RlError> {
+            let (role, c, launchers) = (ask.role, ask.conversations, ask.launchers);
             assert_eq!(launchers.len(), c.len(), "a launcher per conversation");
             let seen = c
                 .iter()

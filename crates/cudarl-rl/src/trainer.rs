@@ -8,12 +8,10 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use cudarl_protocol::{
-    ChatMessage, Event, Generated, Job, Reply, Request, RlServe, Role, Sample, UpdateStats,
-};
+use cudarl_protocol::{Event, Generated, Job, Reply, Request, RlServe, Role, Sample, UpdateStats};
 
 use crate::RlError;
-use crate::episode::{Answer, Policy};
+use crate::episode::{Answer, Ask, Policy};
 
 /// The trainer binary: `$CUDARL_TRAINER`, else `cudarl-pipe-train` beside the running binary.
 pub fn trainer_exe() -> PathBuf {
@@ -268,33 +266,31 @@ impl TrainerClient {
     /// The trainer reported an error, died, or answered something else.
     pub fn generate(
         &mut self,
-        agent: Role,
-        conversations: &[Vec<ChatMessage>],
-        launchers: &[String],
+        ask: Ask<'_>,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Generated, RlError> {
         let s = next_seed(&mut self.sampling);
-        self.sample(agent, (conversations, launchers), (&s, false), on_finish)
+        self.sample(ask, &s, false, on_finish)
     }
 
     /// One completion per conversation from `agent`'s policy, or with `reference` from its
     /// frozen reference, with sampling `s`.
     fn sample(
         &mut self,
-        agent: Role,
-        (conversations, launchers): (&[Vec<ChatMessage>], &[String]),
-        (s, reference): (&Sampling, bool),
+        ask: Ask<'_>,
+        s: &Sampling,
+        reference: bool,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Generated, RlError> {
         let launchers = if s.constrain_launcher {
-            launchers.to_vec()
+            ask.launchers.to_vec()
         } else {
             Vec::new()
         };
         let req = Request::Generate {
             launchers,
-            agent,
-            conversations: conversations.to_vec(),
+            agent: ask.role,
+            conversations: ask.conversations.to_vec(),
             max_new_tokens: s.max_new_tokens,
             temperature: s.temperature,
             top_p: s.top_p,
@@ -399,17 +395,10 @@ fn unexpected(want: &str, got: &Reply) -> RlError {
 impl Policy for TrainerClient {
     fn answer(
         &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-        launchers: &[String],
+        ask: Ask<'_>,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
-        Ok(answers(self.generate(
-            role,
-            conversations,
-            launchers,
-            on_finish,
-        )?))
+        Ok(answers(self.generate(ask, on_finish)?))
     }
 
     fn generation_seconds(&self) -> f64 {
@@ -428,15 +417,11 @@ pub struct FrozenReference<'a> {
 impl Policy for FrozenReference<'_> {
     fn answer(
         &mut self,
-        role: Role,
-        conversations: &[Vec<ChatMessage>],
-        launchers: &[String],
+        ask: Ask<'_>,
         on_finish: &mut dyn FnMut(usize, &str),
     ) -> Result<Vec<Answer>, RlError> {
         let s = next_seed(&mut self.sampling);
-        let g = self
-            .trainer
-            .sample(role, (conversations, launchers), (&s, true), on_finish)?;
+        let g = self.trainer.sample(ask, &s, true, on_finish)?;
         Ok(answers(g))
     }
 

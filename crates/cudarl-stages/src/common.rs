@@ -423,8 +423,9 @@ pub fn materialize(
         let (Some(f), Some(d)) = (files.get(i), digests.get(i)) else {
             continue;
         };
-        let digest = Digest::from_hex(d)
-            .map_err(|e| StageError::bad_input(table.display().to_string(), Some("digest"), e))?;
+        let digest = Digest::from_hex(d).map_err(|e| {
+            StageError::bad_input(table.display().to_string(), Some("digest"), e.to_string())
+        })?;
         let (src, dst) = (store.blob_path(&digest), dir.join(f));
         let failed = |e: &dyn std::fmt::Display| {
             StageError::Failed(format!("checkpoint file `{f}` ({d}): {e}"))

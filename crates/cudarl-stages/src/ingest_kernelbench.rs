@@ -96,15 +96,7 @@ impl IngestKernelBench {
 }
 
 impl Stage for IngestKernelBench {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> serde_json::Value {
-        crate::common::params_json_hub(&self.params, self.params.source == KbSource::Hub)
-    }
+    stage_identity!(KIND, 1, hub if |p: &Params| p.source == KbSource::Hub);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("source")]
     }

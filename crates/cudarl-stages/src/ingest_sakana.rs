@@ -86,15 +86,7 @@ impl IngestSakana {
 }
 
 impl Stage for IngestSakana {
-    fn kind(&self) -> &str {
-        KIND
-    }
-    fn code_version(&self) -> u32 {
-        1
-    }
-    fn params(&self) -> serde_json::Value {
-        crate::common::params_json_hub(&self.params, self.params.source == SakanaSource::Hub)
-    }
+    stage_identity!(KIND, 1, hub if |p: &Params| p.source == SakanaSource::Hub);
     fn inputs(&self) -> Vec<InputDecl> {
         crate::common::kernel_ingest_inputs()
     }

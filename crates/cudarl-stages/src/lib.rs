@@ -16,6 +16,20 @@ macro_rules! stage_identity {
             crate::common::params_json(&self.params)
         }
     };
+    // An ingest stage whose `hub` params are keyed only when `$uses_hub` holds
+    // ([`common::params_json_hub`]).
+    ($kind:expr, $version:expr, hub if $uses_hub:expr) => {
+        fn kind(&self) -> &str {
+            $kind
+        }
+        fn code_version(&self) -> u32 {
+            $version
+        }
+        fn params(&self) -> serde_json::Value {
+            let uses_hub = $uses_hub;
+            crate::common::params_json_hub(&self.params, uses_hub(&self.params))
+        }
+    };
 }
 
 /// `resolve_external` of a stage whose one external input is the Python worker script

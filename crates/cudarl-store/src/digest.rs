@@ -46,11 +46,9 @@ impl Digest {
     /// Parses the 64-character hex form.
     ///
     /// # Errors
-    /// Not 64 hex digits.
-    pub fn from_hex(s: &str) -> Result<Digest, String> {
-        blake3::Hash::from_hex(s)
-            .map(|h| Digest(*h.as_bytes()))
-            .map_err(|e| format!("`{s}` is not a blake3 digest: {e}"))
+    /// Not 64 hex digits ([`ParseDigestError`] names the text).
+    pub fn from_hex(s: &str) -> Result<Digest, ParseDigestError> {
+        s.parse()
     }
 
     /// First `n` hex characters, for human-facing output.

@@ -629,7 +629,7 @@ impl Judge {
         // SAFETY: the judge synchronizes explicitly; no implicit event tracking on raw pointers.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let info = cudarl_cuda::gpu::info(&ctx).map_err(JudgeError::Machine)?;
+        let info = cudarl_cuda::gpu::info(&ctx).map_err(|e| JudgeError::Machine(e.to_string()))?;
         Ok(Judge {
             ctx,
             stream,
