@@ -297,6 +297,7 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
         .collect();
     let want: BTreeSet<&str> = [
         "/v1/evaluate",
+        "/v1/evaluate/batch",
         "/v1/optimize",
         "/v1/tasks",
         "/v1/tasks/{id}",
@@ -322,12 +323,14 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     assert_eq!(s.call("POST", "/v1/optimize", None, Some("{}")).status, 401);
     for path in want.iter().filter(|p| **p != "/v1/optimize") {
         let probe = path.replace("{id}", "vector_add");
-        let method = if *path == "/v1/evaluate" {
-            "POST"
-        } else {
-            "GET"
+        let body = match *path {
+            "/v1/evaluate" => Some(evaluate_body("vector_add", &naive)),
+            "/v1/evaluate/batch" => Some(
+                json!({"candidates": [{"task_id": "vector_add", "source": naive}]}).to_string(),
+            ),
+            _ => None,
         };
-        let body = (method == "POST").then(|| evaluate_body("vector_add", &naive));
+        let method = if body.is_some() { "POST" } else { "GET" };
         let r = s.call(method, &probe, tok, body.as_deref());
         assert_eq!(r.status, 200, "{path}");
     }
@@ -415,7 +418,170 @@ fn serve_backpressure_and_deadlines() {
     assert!(m.lines().any(|l| l == "cudarl_serve_queue_depth 0"), "{m}");
 }
 
-/// `compute_score` and its async form, in the repository's Python, scoring through `s`.
+/// Posts `body` to `/v1/evaluate/batch` and reads the answer line by line as it arrives: the
+/// status, the content type, and each line with the seconds since the request was sent.
+fn batch_lines(s: &Server, body: &str) -> (u16, Option<String>, Vec<(f64, Value)>) {
+    use std::io::BufRead;
+    let t0 = std::time::Instant::now();
+    let resp = match ureq::post(&format!("{}/v1/evaluate/batch", s.base))
+        .timeout(Duration::from_secs(300))
+        .set("Content-Type", "application/json")
+        .send_string(body)
+    {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("batch: {e}"),
+    };
+    let (status, kind) = (
+        resp.status(),
+        resp.header("content-type").map(str::to_string),
+    );
+    let lines = std::io::BufReader::new(resp.into_reader())
+        .lines()
+        .map(|l| {
+            let l = l.expect("a line");
+            (
+                t0.elapsed().as_secs_f64(),
+                serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}")),
+            )
+        })
+        .collect();
+    (status, kind, lines)
+}
+
+#[test]
+fn serve_batch_streams_each_candidates_answer_with_its_id() {
+    let p = Project::new();
+    let s = Server::start(&p, &["--queue", "1", "--compile-workers", "2"]);
+    let naive = std::fs::read_to_string(p.path("datasets/tasks/vector_add/naive.cu")).unwrap();
+    let broken = naive.replacen(";", "", 1);
+    let cached = s.call(
+        "POST",
+        "/v1/evaluate",
+        None,
+        Some(&evaluate_body("vector_add", &naive)),
+    );
+    assert_eq!(cached.status, 200, "{}", cached.body);
+    let first = format!("// first\n{naive}");
+    let body = json!({"candidates": [
+        {"id": "cached", "task_id": "vector_add", "source": naive},
+        {"id": "unknown", "task_id": "nope", "source": naive},
+        {"id": "empty", "task_id": "vector_add", "source": " "},
+        {"id": "new", "task_id": "vector_add", "source": first},
+        {"id": "broken", "task_id": "vector_add", "source": broken},
+        {"task_id": "vector_add", "source": format!("// no id\n{naive}")},
+    ]})
+    .to_string();
+    let (status, kind, lines) = batch_lines(&s, &body);
+    assert_eq!(status, 200);
+    assert_eq!(kind.as_deref(), Some("application/x-ndjson"));
+    // Every candidate answered once; what needed no judging first, in order.
+    let mut seen: Vec<u64> = lines
+        .iter()
+        .map(|(_, l)| l["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seen[..3], [0, 1, 2], "{lines:?}");
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
+    let line = |i: u64| &lines.iter().find(|(_, l)| l["index"] == i).unwrap().1;
+    assert_eq!(line(0)["id"], "cached");
+    assert_eq!(line(0)["cache"], "hit");
+    assert_eq!(line(0)["verdict"], cached.json());
+    assert_eq!(
+        (line(1)["id"].as_str(), line(1)["status"].as_u64()),
+        (Some("unknown"), Some(404))
+    );
+    assert!(
+        line(1)["error"].as_str().unwrap().contains("unknown task"),
+        "{}",
+        line(1)
+    );
+    assert_eq!(line(2)["status"], 422);
+    assert!(
+        line(2)["error"].as_str().unwrap().contains("source"),
+        "{}",
+        line(2)
+    );
+    assert_eq!(
+        (line(3)["status"].as_u64(), &line(3)["verdict"]["compiled"]),
+        (Some(200), &json!(true))
+    );
+    assert!(line(3).get("cache").is_none());
+    assert_eq!(line(4)["verdict"]["failure"], "compile_error");
+    assert!(line(4)["verdict"]["reward"].is_object() && line(4)["verdict"]["feedback"].is_string());
+    assert!(line(5).get("id").is_none(), "{}", line(5));
+    // Streamed: the answers known at once came well before the last build ended.
+    let last = lines.iter().map(|(t, _)| *t).fold(0.0, f64::max);
+    assert!(last - lines[2].0 > 0.2, "{lines:?}");
+    // A batch verdict is the one `/v1/evaluate` gives, from the same cache.
+    let again = s.call(
+        "POST",
+        "/v1/evaluate",
+        None,
+        Some(&evaluate_body("vector_add", &first)),
+    );
+    assert_eq!(again.cache.as_deref(), Some("hit"));
+    assert_eq!(again.json(), line(3)["verdict"]);
+
+    // The whole request refused: no candidates, too many, an unknown field in one.
+    let tiny = json!({"task_id": "vector_add", "source": "x"});
+    for (body, says) in [
+        (json!({"candidates": []}), "1 to 1024"),
+        (json!({"candidates": vec![tiny.clone(); 1025]}), "not 1025"),
+        (
+            json!({"candidates": [{"task_id": "vector_add", "source": "x", "colour": 1}]}),
+            "colour",
+        ),
+    ] {
+        let r = s.call("POST", "/v1/evaluate/batch", None, Some(&body.to_string()));
+        assert_eq!(r.status, 422, "{}", r.body);
+        assert!(r.body.contains(says), "{says}: {}", r.body);
+    }
+
+    // A deadline shorter than a build: that candidate's line is a 504, and its build goes on
+    // holding the only admission slot.
+    let late = format!("// late\n{naive}");
+    let body = json!({"deadline_s": 0.001, "candidates": [{"id": "late", "task_id": "vector_add", "source": late}]});
+    let (status, _, lines) = batch_lines(&s, &body.to_string());
+    assert_eq!(status, 200);
+    assert_eq!(
+        (lines.len(), lines[0].1["status"].as_u64()),
+        (1, Some(504)),
+        "{lines:?}"
+    );
+    assert!(lines[0].1["error"].as_str().unwrap().contains("deadline"));
+    // While it does, a batch that needs judging is told to come back; one that needs none is
+    // answered.
+    let r = s.call(
+        "POST",
+        "/v1/evaluate/batch",
+        None,
+        Some(&json!({"candidates": [{"task_id": "vector_add", "source": format!("// busy\n{naive}")}]}).to_string()),
+    );
+    assert_eq!(
+        (r.status, r.retry_after.as_deref()),
+        (429, Some("1")),
+        "{}",
+        r.body
+    );
+    let (status, _, lines) = batch_lines(
+        &s,
+        &json!({"candidates": [{"task_id": "vector_add", "source": naive}]}).to_string(),
+    );
+    assert_eq!(
+        (status, lines[0].1["cache"].as_str()),
+        (200, Some("hit")),
+        "{lines:?}"
+    );
+    let m = s.call("GET", "/metrics", None, None).body;
+    assert!(
+        m.contains("cudarl_serve_responses_total{code=\"429\"} 1"),
+        "{m}"
+    );
+}
+
+/// `compute_score`, its async form and `compute_score_batch`, in the repository's Python,
+/// scoring through `s`.
 fn verl_reward_function(s: &Server, naive: &str) {
     let Some(python) = common::python() else {
         eprintln!("SKIPPED the VERL reward-function check: no .venv (run `make setup`)");
@@ -433,13 +599,17 @@ c = r.compute_score("x", "no code here", "vector_add")
 assert c["score"] == 0.0 and c["error"] == "no_code", c
 d = r.compute_score("x", good, "no_such_task")
 assert d["error"] == "http_404" and d["score"] == 0.0, d
+g = r.compute_score_batch(["x"] * 4, [good, "no code here", good.replace(";", "", 1), good],
+                          ["vector_add", "vector_add", "vector_add", "no_such_task"], [{}] * 4)
+assert [x["error"] for x in g] == ["", "no_code", "", "http_404"], g
+assert g[0]["score"] == a["score"] and g[2]["failure"] == "compile_error", g
 os.environ["CUDARL_SERVE_TOKEN"] = "wrong"
 e = r.compute_score("x", good, "vector_add")
 assert e["error"] == "http_401", e
 os.environ["CUDARL_SERVE_URL"] = "http://127.0.0.1:9"
 f = r.compute_score("x", good, "vector_add")
 assert f["error"].startswith("network"), f
-assert dict(r.ERRORS) == {"no_code": 1, "http_404": 1, "http_401": 1, "network": 1}, r.ERRORS
+assert dict(r.ERRORS) == {"no_code": 2, "http_404": 2, "http_401": 1, "network": 1}, r.ERRORS
 print("OK", a["score"])
 "#;
     python_against(s, &python, &["-c", script], naive);
@@ -473,4 +643,31 @@ fn python_against(s: &Server, python: &str, args: &[&str], stdin: &str) {
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+#[test]
+fn bench_serve_reports_a_batch_answered_once_per_candidate() {
+    let p = Project::new();
+    let o = p.run(&[
+        "bench",
+        "serve",
+        "--mode",
+        "compile",
+        "--clients",
+        "2",
+        "--seconds",
+        "2",
+        "--overhead-reps",
+        "1",
+        "--batch",
+        "5",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["lost"], 0, "{v}");
+    let b = &v["batch"];
+    assert_eq!(b["candidates"], 5, "{v}");
+    assert_eq!(b["answered_once"], true, "{b}");
+    assert_eq!(b["statuses"], json!({"200": 5}), "{b}");
+    assert!(b["first_line_seconds"].as_f64().unwrap() <= b["seconds"].as_f64().unwrap());
 }

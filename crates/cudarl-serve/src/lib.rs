@@ -9,6 +9,11 @@
 //!   reward's components under the served reward config (what `rl-train` stores per turn), and
 //!   `feedback`: the tester's words on it, as `rl-train`'s episodes show the optimizer
 //!   (compile errors with lines, the failing shape, resource findings).
+//! - `POST /v1/evaluate/batch` {candidates: [{id?, task_id, source, abi?, seeds?, mode?,
+//!   deadline_s?}, ...], deadline_s?} -> `application/x-ndjson`: one line per candidate as its
+//!   answer is ready, `{index, id?, status, verdict | error, cache?}` (`verdict` as
+//!   `/v1/evaluate` answers, `status` what `/v1/evaluate` would have answered it), for a
+//!   trainer that scores a whole step's rollouts at once ([`BatchRequest`]).
 //! - `GET /v1/tasks`, `GET /v1/tasks/{id}` (prompt, signature, shapes).
 //! - `POST /v1/optimize` {problem | problem_id, name?, level?, samples?, turns?} -> what
 //!   `cudarl-pipe optimize --json` prints, with the kept kernel's `code`, `model_new` and
@@ -26,9 +31,11 @@
 //! - `GET /healthz`, `GET /metrics` (Prometheus text: queue depth, latency histogram, verdict
 //!   and response counts).
 //!
-//! Admission: at most `queue` requests are in the service at once (waiting or running); one
-//! more is answered 429 at once (backpressure, never an unbounded queue). Each request has a
-//! deadline (504 when it passes; the build goes on in the background and lands in the caches).
+//! Admission: at most `queue` requests are in the service at once (waiting or running; a batch
+//! is one request, its candidates judged side by side under the same build and GPU limits as
+//! everyone's); one more is answered 429 at once (backpressure, never an unbounded queue).
+//! Each request has a deadline (504 when it passes; the build goes on in the background and
+//! lands in the caches).
 //! nvcc runs on up to `compile_workers` blocking threads (all cores by default); full tests go
 //! to one worker pool per GPU, one job per GPU at a time. Verdicts are cached in memory by the
 //! BLAKE3 hash of (task, abi, mode, seeds, source); compiled objects are cached in the store
@@ -187,10 +194,14 @@ pub struct OptimizeRequest {
 pub type Optimizer =
     Arc<dyn Fn(OptimizeRequest) -> Result<Value, (u16, String)> + Send + Sync + 'static>;
 
-/// `POST /v1/evaluate` body.
+/// `POST /v1/evaluate` body, and one candidate of a [`BatchRequest`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvaluateRequest {
+    /// The client's name for the candidate, echoed in its line of a batch answer (not part of
+    /// the verdict or its cache key; `/v1/evaluate` answers without it).
+    #[serde(default)]
+    pub id: Option<String>,
     /// Task id (`GET /v1/tasks`).
     pub task_id: String,
     /// The candidate's CUDA source (native ABI: `extern "C" void launch(...)`).
@@ -204,7 +215,30 @@ pub struct EvaluateRequest {
     /// `compile` or `full` (default: full with a GPU, compile without).
     #[serde(default)]
     pub mode: Option<String>,
-    /// Seconds this request may take (capped by the server's deadline).
+    /// Seconds this request may take (capped by the server's deadline; in a batch, from the
+    /// batch's start, instead of the batch's `deadline_s`).
+    #[serde(default)]
+    pub deadline_s: Option<f64>,
+}
+
+/// Most candidates in one [`BatchRequest`].
+pub const MAX_BATCH: usize = 1024;
+
+/// `POST /v1/evaluate/batch` body: 1 to [`MAX_BATCH`] candidates, judged side by side as one
+/// admitted request. The answer streams one JSON line per candidate, in the order they finish
+/// (cached verdicts and request errors first): `index` (its place in `candidates`), `id` (when
+/// given), `status` (the HTTP status `/v1/evaluate` would have answered it: 200, 404, 422, 500
+/// or 504) and `verdict` (status 200; `cache: "hit"` when from the verdict cache) or `error`.
+/// The whole request is refused only as a body (400, 413, 415, 422: not 1 to [`MAX_BATCH`]
+/// candidates, or one of them malformed), by the token (401) or by a full queue (429 with
+/// Retry-After).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// The candidates, each as `POST /v1/evaluate` takes one.
+    pub candidates: Vec<EvaluateRequest>,
+    /// Seconds each candidate may take from the batch's start, unless it gives its own (capped
+    /// by the server's deadline).
     #[serde(default)]
     pub deadline_s: Option<f64>,
 }
@@ -401,20 +435,11 @@ pub fn router(cfg: Config) -> Router {
         optimizing: Arc::new(Semaphore::new(1)),
     };
     let state: Shared = Arc::new(inner);
-    let evaluate_route = post(evaluate)
-        // 413 from the Content-Length alone (before reading a byte), or once a chunked body
-        // passes the limit; axum's own 2 MB default is replaced by it.
-        .layer::<_, std::convert::Infallible>(tower_http::limit::RequestBodyLimitLayer::new(
-            max_body,
-        ))
-        .layer::<_, std::convert::Infallible>(DefaultBodyLimit::disable())
-        // Outermost: every answer of the route is counted, the body limit's 413 too.
-        .layer::<_, std::convert::Infallible>(axum::middleware::from_fn_with_state(
-            state.clone(),
-            count_status,
-        ));
+    let evaluate_route = limited(post(evaluate), &state, max_body);
+    let batch_route = limited(post(evaluate_batch), &state, max_body);
     Router::new()
         .route("/v1/evaluate", evaluate_route)
+        .route("/v1/evaluate/batch", batch_route)
         .route(
             "/v1/optimize",
             post(optimize).layer::<_, std::convert::Infallible>(
@@ -427,6 +452,25 @@ pub fn router(cfg: Config) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .with_state(state)
+}
+
+/// `route` with the body limit (413 from the Content-Length alone, before reading a byte, or
+/// once a chunked body passes it; axum's own 2 MB default is replaced by it) and, outermost,
+/// every answer counted by status (the limit's 413 too).
+fn limited(
+    route: axum::routing::MethodRouter<Shared>,
+    state: &Shared,
+    max_body: usize,
+) -> axum::routing::MethodRouter<Shared> {
+    route
+        .layer::<_, std::convert::Infallible>(tower_http::limit::RequestBodyLimitLayer::new(
+            max_body,
+        ))
+        .layer::<_, std::convert::Infallible>(DefaultBodyLimit::disable())
+        .layer::<_, std::convert::Infallible>(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_status,
+        ))
 }
 
 /// Serves `cfg` on `addr` until SIGINT or SIGTERM. Calls `on_listen` with the bound address
@@ -468,12 +512,9 @@ async fn optimize(
     headers: HeaderMap,
     body: Result<Json<OptimizeRequest>, JsonRejection>,
 ) -> Response {
-    if !authorized(&s, &headers) {
-        return unauthorized();
-    }
-    let req = match body {
-        Ok(Json(r)) => r,
-        Err(e) => return error(e.status(), e.body_text()),
+    let req = match accepted(&s, &headers, body) {
+        Ok(r) => r,
+        Err(refused) => return *refused,
     };
     if req.problem.is_some() == req.problem_id.is_some() {
         return error(
@@ -514,6 +555,21 @@ fn authorized(s: &Inner, headers: &HeaderMap) -> bool {
             let (a, b) = (given.as_bytes(), tok.as_bytes());
             a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
         })
+}
+
+/// The body of an authorized call, or the answer refusing it: 401 without the token, else the
+/// JSON rejection's status and text (400 for bad syntax, 415 for another content type, 422 for
+/// JSON that is not a `T`).
+fn accepted<T>(
+    s: &Inner,
+    headers: &HeaderMap,
+    body: Result<Json<T>, JsonRejection>,
+) -> Result<T, Box<Response>> {
+    if !authorized(s, headers) {
+        return Err(Box::new(unauthorized()));
+    }
+    body.map(|Json(r)| r)
+        .map_err(|e| Box::new(error(e.status(), e.body_text())))
 }
 
 fn unauthorized() -> Response {
@@ -576,52 +632,201 @@ async fn evaluate_inner(
     headers: &HeaderMap,
     body: Result<Json<EvaluateRequest>, JsonRejection>,
 ) -> Response {
-    if !authorized(s, headers) {
-        return unauthorized();
-    }
-    let req = match body {
-        Ok(Json(r)) => r,
-        Err(e) => return error(e.status(), e.body_text()),
+    let req = match accepted(s, headers, body) {
+        Ok(r) => r,
+        Err(refused) => return *refused,
     };
+    let deadline = deadline_of(s, req.deadline_s);
+    let judging = match prepare(s, req) {
+        Prepared::Done(status, v, hit) => return respond(status, v, hit),
+        Prepared::Judge(j) => j,
+    };
+    let Some(admitted) = admit(s) else {
+        return busy(s);
+    };
+    let (status, v) = run_judging(s.clone(), *judging, deadline, admitted).await;
+    respond(status, v, false)
+}
+
+/// `POST /v1/evaluate/batch` ([`BatchRequest`]): the candidates' answers as NDJSON lines,
+/// request errors and cached verdicts first, then each judged one as it finishes. The batch is
+/// admitted as one request when any candidate needs judging.
+async fn evaluate_batch(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Result<Json<BatchRequest>, JsonRejection>,
+) -> Response {
+    use futures_util::StreamExt;
+    let batch = match accepted(&s, &headers, body) {
+        Ok(b) => b,
+        Err(refused) => return *refused,
+    };
+    let n = batch.candidates.len();
+    if n == 0 || n > MAX_BATCH {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("candidates: give 1 to {MAX_BATCH} candidates, not {n}"),
+        );
+    }
+    let mut ready = Vec::new();
+    let mut judgings = Vec::new();
+    for (index, mut req) in batch.candidates.into_iter().enumerate() {
+        let id = req.id.take();
+        let deadline = deadline_of(&s, req.deadline_s.or(batch.deadline_s));
+        match prepare(&s, req) {
+            Prepared::Done(status, v, hit) => ready.push(batch_line(index, id, status, v, hit)),
+            Prepared::Judge(j) => judgings.push((index, id, deadline, j)),
+        }
+    }
+    let judged = futures_util::stream::FuturesUnordered::new();
+    if !judgings.is_empty() {
+        let Some(admitted) = admit(&s) else {
+            return busy(&s);
+        };
+        for (index, id, deadline, j) in judgings {
+            let (s, admitted) = (s.clone(), admitted.clone());
+            judged.push(async move {
+                let (status, v) = run_judging(s, *j, deadline, admitted).await;
+                batch_line(index, id, status, v, false)
+            });
+        }
+    }
+    let lines = futures_util::stream::iter(ready)
+        .chain(judged)
+        .map(Ok::<_, std::convert::Infallible>);
+    let mut r = axum::body::Body::from_stream(lines).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    r
+}
+
+/// One line of a batch answer: the candidate's `index` and `id`, the `status` `/v1/evaluate`
+/// would have answered, and `verdict` (200, `cache: "hit"` when `hit`) or `error`.
+fn batch_line(index: usize, id: Option<String>, status: StatusCode, v: Value, hit: bool) -> String {
+    let mut line = json!({"index": index, "status": status.as_u16()});
+    if let Some(id) = id {
+        line["id"] = id.into();
+    }
+    if status == StatusCode::OK {
+        line["verdict"] = v;
+        if hit {
+            line["cache"] = "hit".into();
+        }
+    } else {
+        line["error"] = v["error"].clone();
+    }
+    let mut text = line.to_string();
+    text.push('\n');
+    text
+}
+
+/// A candidate's way to its answer: known before any work, or through the judge.
+enum Prepared {
+    /// The answer's status and JSON body (`{"error": ...}` unless 200), and whether it is a
+    /// cached verdict.
+    Done(StatusCode, Value, bool),
+    /// To judge.
+    Judge(Box<Judging>),
+}
+
+/// A request to judge: its task, source, public seeds, full tests or compile-only, and its key
+/// in the verdict cache.
+struct Judging {
+    task: Served,
+    source: String,
+    seeds: Vec<u64>,
+    full: bool,
+    key: [u8; 32],
+}
+
+/// What `req` comes to before any work: a 404 or 422 ([`check_request`]), a cached verdict, or
+/// a judging.
+fn prepare(s: &Inner, req: EvaluateRequest) -> Prepared {
     let (task, full, seeds) = match check_request(s, &req) {
         Ok(c) => c,
-        Err((status, message)) => return error(status, message),
+        Err((status, message)) => return Prepared::Done(status, json!({"error": message}), false),
     };
     let key = cache_key(&req.task_id, full, &seeds, &req.source);
-    if let Some(r) = cached(s, &key) {
-        return r;
+    if let Some(v) = cached(s, &key) {
+        return Prepared::Done(StatusCode::OK, v, true);
     }
-    let Some(admitted) = admit(s) else {
-        let mut r = error(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "queue full ({} requests in the service); retry later",
-                s.queue
-            ),
-        );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return r;
-    };
-    let deadline = req
-        .deadline_s
-        .filter(|d| d.is_finite() && *d > 0.0)
-        .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)));
-    let source = req.source.clone();
+    Prepared::Judge(Box::new(Judging {
+        task,
+        source: req.source,
+        seeds,
+        full,
+        key,
+    }))
+}
+
+/// `own` seconds (positive and finite; else none) capped by the server's deadline.
+fn deadline_of(s: &Inner, own: Option<f64>) -> Duration {
+    own.filter(|d| d.is_finite() && *d > 0.0)
+        .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)))
+}
+
+/// Judges `j` within `deadline`: 200 with the verdict ([`answer`]: counted and cached), 504 when
+/// the deadline passed first (the build goes on and lands in the caches), or 500 with the
+/// service's own failure.
+async fn run_judging(
+    s: Shared,
+    j: Judging,
+    deadline: Duration,
+    admitted: Arc<Admitted>,
+) -> (StatusCode, Value) {
+    let Judging {
+        task,
+        source,
+        seeds,
+        full,
+        key,
+    } = j;
     let tier = task.tier();
-    let public_seeds = seeds.clone();
-    let job = judge(s.clone(), task, req.source, seeds, full, admitted);
+    let job = judge(
+        s.clone(),
+        task,
+        source.clone(),
+        seeds.clone(),
+        full,
+        admitted,
+    );
     match tokio::time::timeout(deadline, job).await {
-        Err(_) => error(
+        Err(_) => (
             StatusCode::GATEWAY_TIMEOUT,
-            format!(
+            json!({"error": format!(
                 "deadline of {:.1} s passed (the build goes on and is cached)",
                 deadline.as_secs_f64()
-            ),
+            )}),
         ),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.0),
-        Ok(Ok(v)) => answer(s, &v, key, (&source, tier, &public_seeds)),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, json!({"error": e.0})),
+        Ok(Ok(v)) => (StatusCode::OK, answer(&s, &v, key, (&source, tier, &seeds))),
     }
+}
+
+/// A JSON answer with `status`; marked `x-cache: hit` when `hit`.
+fn respond(status: StatusCode, v: Value, hit: bool) -> Response {
+    let mut r = (status, Json(v)).into_response();
+    if hit {
+        r.headers_mut()
+            .insert("x-cache", HeaderValue::from_static("hit"));
+    }
+    r
+}
+
+/// 429 with Retry-After: the queue is full.
+fn busy(s: &Inner) -> Response {
+    let mut r = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!(
+            "queue full ({} requests in the service); retry later",
+            s.queue
+        ),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 /// What an evaluate request asks for: its task, whether to run the full tests (else compile
@@ -681,16 +886,12 @@ fn check_request(
     Ok((task, full, seeds))
 }
 
-/// The cached verdict of request `key` as a response marked `x-cache: hit`, counted; `None`
-/// when not cached.
-fn cached(s: &Inner, key: &[u8; 32]) -> Option<Response> {
+/// The cached verdict of request `key`, counted; `None` when not cached.
+fn cached(s: &Inner, key: &[u8; 32]) -> Option<Value> {
     let cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
-    let v = cache.0.get(key)?;
+    let v = cache.0.get(key)?.clone();
     s.metrics.cache_hits.inc();
-    let mut r = Json(v.clone()).into_response();
-    r.headers_mut()
-        .insert("x-cache", HeaderValue::from_static("hit"));
-    Some(r)
+    Some(v)
 }
 
 /// An admission slot for one request, the queue-depth gauge updated; `None` when the queue is
@@ -716,7 +917,7 @@ fn answer(
     v: &Verdict,
     key: [u8; 32],
     (source, tier, public_seeds): (&str, i64, &[u64]),
-) -> Response {
+) -> Value {
     // `pass` (ran and correct), `compiled` (compile-only, no failure) or the failure.
     let outcome = v
         .failure
@@ -751,7 +952,7 @@ fn answer(
             }
         }
     }
-    Json(value).into_response()
+    value
 }
 
 /// BLAKE3 of the fields a verdict depends on (the service's compiler and GPU are fixed for

@@ -118,6 +118,10 @@ pub enum BenchCmd {
         /// `auto` or `compile`.
         #[arg(long, default_value = "auto")]
         mode: String,
+        /// Then this many distinct candidates as one `POST /v1/evaluate/batch` (0: none):
+        /// seconds to its first and last answer line.
+        #[arg(long, default_value_t = 0)]
+        batch: usize,
         /// Also write the result as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -284,6 +288,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
             queue,
             overhead_reps,
             mode,
+            batch,
             out,
         } => crate::cmd::serve_bench::run(
             ctx,
@@ -293,6 +298,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
                 queue,
                 overhead_reps,
                 mode,
+                batch,
             },
         )
         .and_then(|r| finish(r, out)),

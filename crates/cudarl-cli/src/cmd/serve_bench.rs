@@ -23,6 +23,8 @@ pub struct Load {
     pub overhead_reps: usize,
     /// `auto` or `compile`.
     pub mode: String,
+    /// Distinct candidates sent as one `POST /v1/evaluate/batch` after the load (0: none).
+    pub batch: usize,
 }
 
 /// The service as a child process; killed on drop.
@@ -164,6 +166,9 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
         .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
 
+    let batch = (l.batch > 0)
+        .then(|| batch(&served.base, &kernels, l.batch, &agent))
+        .transpose()?;
     let (serve_ms, check_ms) = overhead(ctx, l, &served.base, &kernels[0], &agent)?;
     let (s50, c50) = (percentile(&serve_ms, 50.0), percentile(&check_ms, 50.0));
     drop(served);
@@ -186,10 +191,52 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
         "verdicts_per_second": ok.len() as f64 / wall,
         "latency_ms": {"p50": percentile(&lat, 50.0), "p90": percentile(&lat, 90.0),
             "p99": percentile(&lat, 99.0), "max": lat.last().copied()},
+        "batch": batch,
         "overhead": {"kernel": kernels[0].0, "reps": l.overhead_reps,
             "serve_ms_p50": s50, "check_ms_p50": c50, "check_over_serve": c50 / s50,
             "serve_ms": serve_ms, "check_ms": check_ms},
     }))
+}
+
+/// `n` distinct candidates (the task kernels in turn, each with a comment of its own) as one
+/// `POST /v1/evaluate/batch` to the service at `base`: seconds to the answer's first and last
+/// line, lines by status, and whether every candidate's id came back exactly once.
+///
+/// # Errors
+/// The request fails as a whole, or a line of the answer is not JSON.
+fn batch(
+    base: &str,
+    kernels: &[(String, String)],
+    n: usize,
+    agent: &dyn Fn() -> ureq::Agent,
+) -> Result<Value, CliError> {
+    let candidates: Vec<Value> = (0..n)
+        .map(|i| {
+            let (task, code) = &kernels[i % kernels.len()];
+            json!({"id": format!("b{i}"), "task_id": task, "source": format!("// batch {i}\n{code}")})
+        })
+        .collect();
+    let failed = |e: &dyn std::fmt::Display| CliError::failed(format!("batch of {n}: {e}"));
+    let t = Instant::now();
+    let resp = agent()
+        .post(&format!("{base}/v1/evaluate/batch"))
+        .send_json(json!({"candidates": candidates}))
+        .map_err(|e| failed(&e))?;
+    let mut first = None;
+    let mut statuses: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut ids = std::collections::BTreeSet::new();
+    let mut lines = 0;
+    for line in BufReader::new(resp.into_reader()).lines() {
+        let line = line.map_err(|e| failed(&e))?;
+        first.get_or_insert(t.elapsed().as_secs_f64());
+        let v: Value = serde_json::from_str(&line).map_err(|e| failed(&e))?;
+        *statuses.entry(v["status"].to_string()).or_default() += 1;
+        ids.extend(v["id"].as_str().map(str::to_string));
+        lines += 1;
+    }
+    Ok(json!({"candidates": n, "first_line_seconds": first,
+        "seconds": t.elapsed().as_secs_f64(), "statuses": statuses,
+        "answered_once": lines == n && ids.len() == n}))
 }
 
 /// Every task family's naive and optimized kernels under `datasets/tasks`, as (task id, code).
