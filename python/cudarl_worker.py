@@ -772,13 +772,24 @@ def same_bits(a, b):
 COMPARE_CHUNK = 1 << 25  # elements per comparison chunk (256 MiB per float64 temporary)
 
 
-def compare(outs, exp, atol, rtol, scaled=False):
+def rms(e, device):
+    """sqrt(mean(e^2)) of tensor `e` in float64 on `device` (non-finite elements count as 0), in
+    chunks of COMPARE_CHUNK elements; 0 for an empty tensor."""
+    ef, sq = e.reshape(-1), 0.0
+    for s0 in range(0, ef.numel(), COMPARE_CHUNK):
+        e64 = ef[s0 : s0 + COMPARE_CHUNK].to(device, torch.float64)
+        sq += float(torch.where(torch.isfinite(e64), e64, torch.zeros_like(e64)).square().sum())
+    return math.sqrt(sq / ef.numel()) if ef.numel() else 0.0
+
+
+def compare(outs, exp, atol, rtol, scaled=False, scales=None):
     """(passed, max_abs, max_rel, non_finite, message) with |o - e| <= atol + rtol |e|
     (torch.allclose, KernelBench's check). With `scaled` (inputs redrawn from another
     distribution: magnitudes up to 1e4 and mixed), atol is multiplied by max(1, rms(e)) of that
-    output: an element near zero that results from cancelling large terms carries an absolute
-    rounding error of the terms' scale under any summation order (Higham, Accuracy and
-    Stability of Numerical Algorithms, eq. 3.5), which a fixed atol cannot allow for."""
+    output (`scales[i]` when given: the rms of the whole output that `e` is a sample of): an
+    element near zero that results from cancelling large terms carries an absolute rounding
+    error of the terms' scale under any summation order (Higham, Accuracy and Stability of
+    Numerical Algorithms, eq. 3.5), which a fixed atol cannot allow for."""
     if len(outs) != len(exp):
         return False, math.inf, math.inf, 0, f"{len(outs)} outputs, expected {len(exp)}"
     mabs = mrel = 0.0
@@ -795,11 +806,7 @@ def compare(outs, exp, atol, rtol, scaled=False):
         n = of.numel()
         a_eff = atol
         if scaled and n:
-            sq = 0.0
-            for s0 in range(0, n, COMPARE_CHUNK):
-                e64 = ef[s0 : s0 + COMPARE_CHUNK].to(of.device, torch.float64)
-                sq += float(torch.where(torch.isfinite(e64), e64, torch.zeros_like(e64)).square().sum())
-            a_eff = atol * max(1.0, math.sqrt(sq / n))
+            a_eff = atol * max(1.0, scales[i] if scales is not None else rms(ef, of.device))
         nbad, first = 0, None
         for s0 in range(0, n, COMPARE_CHUNK):
             o64 = of[s0 : s0 + COMPARE_CHUNK].to(torch.float64)
@@ -2118,12 +2125,15 @@ class TorchJudge:
             verified += 1
             with torch.no_grad():
                 exp = as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in fresh]))
+            scaled = dist != "native"
             got, want = self.timed_positions(outs, exp, whole=verified == 1)
-            ok, _, _, _, msg = compare(got, want, self.atol, self.rtol, scaled=dist != "native")
+            # A sample's tolerance is the whole output's (its rms over every element).
+            scales = [rms(e, "cuda") if isinstance(e, torch.Tensor) else 0.0 for e in exp] if scaled else None
+            ok, _, _, _, msg = compare(got, want, self.atol, self.rtol, scaled=scaled, scales=scales)
             if not ok and verified > 1:
                 # The verdict and its message are the whole outputs' (positions in them, not in
                 # the sample).
-                ok, _, _, _, msg = compare(outs, exp, self.atol, self.rtol, scaled=dist != "native")
+                ok, _, _, _, msg = compare(outs, exp, self.atol, self.rtol, scaled=scaled)
             if not ok:
                 return None, ("timed_output_mismatch", f"a timed launch on fresh inputs: {msg}")
             if any(

@@ -599,6 +599,7 @@ c = r.compute_score("x", "no code here", "vector_add")
 assert c["score"] == 0.0 and c["error"] == "no_code", c
 d = r.compute_score("x", good, "no_such_task")
 assert d["error"] == "http_404" and d["score"] == 0.0, d
+r.BATCH_CANDIDATES = 2  # three candidates in two requests
 g = r.compute_score_batch(["x"] * 4, [good, "no code here", good.replace(";", "", 1), good],
                           ["vector_add", "vector_add", "vector_add", "no_such_task"], [{}] * 4)
 assert [x["error"] for x in g] == ["", "no_code", "", "http_404"], g
@@ -606,10 +607,14 @@ assert g[0]["score"] == a["score"] and g[2]["failure"] == "compile_error", g
 os.environ["CUDARL_SERVE_TOKEN"] = "wrong"
 e = r.compute_score("x", good, "vector_add")
 assert e["error"] == "http_401", e
+h = r.compute_score_batch(["x"] * 3, [good] * 3, ["vector_add"] * 3)
+assert [x["error"] for x in h] == ["http_401"] * 3 and set(h[0]) == set(a), h
 os.environ["CUDARL_SERVE_URL"] = "http://127.0.0.1:9"
 f = r.compute_score("x", good, "vector_add")
 assert f["error"].startswith("network"), f
-assert dict(r.ERRORS) == {"no_code": 2, "http_404": 2, "http_401": 1, "network": 1}, r.ERRORS
+k = r.compute_score_batch(["x"], [good], ["vector_add"])
+assert k[0]["error"].startswith("network"), k
+assert dict(r.ERRORS) == {"no_code": 2, "http_404": 2, "http_401": 4, "network": 2}, r.ERRORS
 print("OK", a["score"])
 "#;
     python_against(s, &python, &["-c", script], naive);

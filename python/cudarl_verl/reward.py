@@ -5,12 +5,14 @@ rollout (custom_reward_function.path = this file, .name = compute_score). The la
 block of the answer goes to POST /v1/evaluate of the kernel-evaluation service for the task
 named by `ground_truth` (the task id, from the exported `reward_model` column); the score is
 the service's shaped reward (`reward.reward`), the same numbers `rl-train` uses.
-`compute_score_batch` scores a whole batch in one POST /v1/evaluate/batch, for VERL's `batch`
-reward manager (custom_reward_function.name = compute_score_batch).
+`compute_score_batch` scores a whole batch through POST /v1/evaluate/batch (in requests of at
+most BATCH_CANDIDATES candidates and BATCH_BYTES of JSON, sent side by side), for VERL's
+`batch` reward manager (custom_reward_function.name = compute_score_batch).
 
 Settings (environment): CUDARL_SERVE_URL (default http://127.0.0.1:8000), CUDARL_SERVE_TOKEN
 (bearer token, optional), CUDARL_SERVE_MODE (`compile` or `full`; default: the server's),
-CUDARL_SERVE_TIMEOUT_S (default 300). Errors (no code block, HTTP or network errors, timeouts)
+CUDARL_SERVE_TIMEOUT_S (default 300). A request answered 429 (the service's queue is full) is
+sent again after its Retry-After, up to RETRIES times. Errors (no code block, HTTP or network errors, timeouts)
 score 0 and are counted in `ERRORS` by kind; they never raise into the trainer.
 """
 
@@ -18,13 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import http.client
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 
 ERRORS: collections.Counter = collections.Counter()
+RETRIES = 30  # 429 answers a request is sent again after (each after its Retry-After)
+BATCH_CANDIDATES = 1024  # most candidates per batch request (the service's limit)
+BATCH_BYTES = 768 << 10  # most JSON bytes per batch request (the service's default limit is 1 MiB)
+BATCH_REQUESTS = 4  # batch requests in flight at once
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.S)
 
@@ -56,7 +65,13 @@ def _post(path: str, body: dict):
     )
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    return urllib.request.urlopen(req, timeout=timeout + 5)
+    for attempt in range(RETRIES + 1):
+        try:
+            return urllib.request.urlopen(req, timeout=timeout + 5)
+        except urllib.error.HTTPError as e:
+            if e.code != 429 or attempt == RETRIES:
+                raise
+            time.sleep(float(e.headers.get("Retry-After") or 1))
 
 
 def _with_mode(candidate: dict) -> dict:
@@ -73,17 +88,39 @@ def evaluate(task_id: str, source: str) -> dict:
 
 def evaluate_batch(candidates: list[dict]) -> list[dict]:
     """POST /v1/evaluate/batch with `candidates` ({task_id, source} each); the answer's lines
-    in the candidates' order ({index, status, verdict} or {index, status, error}; a candidate
-    the answer left out gets status 0). Raises on HTTP errors of the whole request."""
+    in the candidates' order ({index, status, verdict} or {index, status, error}). Raises on
+    HTTP errors of the whole request; a candidate whose line did not come (the answer was cut
+    off) gets status -1 and the reason."""
+    lines, missing = {}, "no line for it in the answer"
     with _post("/v1/evaluate/batch", {"candidates": [_with_mode(c) for c in candidates]}) as r:
-        lines = {(x := json.loads(line))["index"]: x for line in r if line.strip()}
-    return [lines.get(i, {"index": i, "status": 0, "error": "no answer"}) for i in range(len(candidates))]
+        try:
+            for line in r:
+                if line.strip():
+                    x = json.loads(line)
+                    lines[x["index"]] = x
+        except (http.client.HTTPException, OSError, ValueError, KeyError) as e:
+            missing = f"the answer was cut off: {type(e).__name__}: {e}"
+    return [lines.get(i, {"index": i, "status": -1, "error": missing}) for i in range(len(candidates))]
+
+
+def _chunks(candidates: list[dict]) -> list[list[int]]:
+    """`candidates`' indices in runs of at most BATCH_CANDIDATES and BATCH_BYTES of JSON."""
+    runs, run, size = [], [], 0
+    for i, c in enumerate(candidates):
+        n = len(json.dumps(c)) + 2
+        if run and (len(run) == BATCH_CANDIDATES or size + n > BATCH_BYTES):
+            runs.append(run)
+            run, size = [], 0
+        run.append(i)
+        size += n
+    return runs + [run] if run else runs
 
 
 def _failed(error: str) -> dict:
-    """A score of 0 for a rollout the service did not judge, counted in ERRORS."""
+    """A score of 0 for a rollout the service did not judge, counted in ERRORS (the keys of
+    `_scored`'s, so VERL's per-key lists of a batch stay aligned)."""
     ERRORS[error.split(":")[0]] += 1
-    return {"score": 0.0, "error": error, "compiled": False, "correct": False}
+    return {"score": 0.0, "error": error, "compiled": False, "correct": False, "speedup": 0.0, "failure": ""}
 
 
 def _scored(v: dict) -> dict:
@@ -114,25 +151,31 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs) -> list[dict]:
     """VERL's batch reward-function signature: the scores of every rollout, in order, as
-    `compute_score` gives each, from one POST /v1/evaluate/batch of the rollouts with a code
-    block."""
+    `compute_score` gives each, from POST /v1/evaluate/batch requests of the rollouts with a
+    code block (a network failure or a cut-off answer scores what it left unanswered 0, as
+    `network`)."""
     codes = [extract_code(s) for s in solution_strs]
     asked = [i for i, c in enumerate(codes) if c is not None]
+    candidates = [{"task_id": str(ground_truths[i]), "source": codes[i]} for i in asked]
+
+    def run(chunk: list[int]) -> list[dict]:
+        try:
+            return evaluate_batch([candidates[k] for k in chunk])
+        except urllib.error.HTTPError as e:
+            return [{"status": e.code} for _ in chunk]
+        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError) as e:
+            return [{"status": -1, "error": str(e)} for _ in chunk]
+
+    chunks = _chunks(candidates)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=BATCH_REQUESTS) as pool:
+        answered = [line for lines in pool.map(run, chunks) for line in lines]
     scores = [_failed("no_code") if c is None else None for c in codes]
-    try:
-        lines = evaluate_batch([{"task_id": str(ground_truths[i]), "source": codes[i]} for i in asked]) if asked else []
-    except urllib.error.HTTPError as e:
-        lines = [{"status": e.code, "error": ""} for _ in asked]
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        lines = [{"status": -1, "error": str(e)} for _ in asked]
-    for i, line in zip(asked, lines, strict=True):
+    for i, line in zip((asked[k] for chunk in chunks for k in chunk), answered, strict=True):
         status = line["status"]
         if status == 200:
             scores[i] = _scored(line["verdict"])
         elif status == -1:
             scores[i] = _failed(f"network: {line['error']}")
-        elif status == 0:
-            scores[i] = _failed("no_answer")
         else:
             scores[i] = _failed(f"http_{status}")
     return scores

@@ -5,8 +5,9 @@
   in full: the same tensors come back.
 - A larger output is compared at TIMED_COMPARE positions, the same ones in the candidate's output
   and the reference's, drawn from the judge's generator (two draws differ).
-- An output wrong at one element in 10^5 fails the comparison in each of 8 windows; a right one
-  passes in each.
+- An output wrong at one element in 10^5, all of them in its last third (positions drawn from a
+  prefix would miss them), fails the comparison in each of 8 windows; a right one passes in each.
+- A sample's tolerance under `scaled` is the one given for the whole output (`scales`).
 
 Prints `timed positions: ok` and exits 0, or raises.
 """
@@ -40,13 +41,18 @@ def main():
     assert not torch.equal(got[1], again[1]), "each window draws its own positions"
 
     wrong = large.clone()
-    bad = torch.randperm(N, generator=torch.Generator().manual_seed(2))[: N // 100_000]
+    third = N // 3
+    bad = 2 * third + torch.randperm(third, generator=torch.Generator().manual_seed(2))[: N // 100_000]
     wrong[bad] += 1.0
     for _ in range(8):
         g, e = positions([small, large], [small, large], False)
         assert w.compare(g, e, 1e-5, 1e-5)[0], "a right output passes"
         g, e = positions([small, wrong], [small, large], False)
         assert not w.compare(g, e, 1e-5, 1e-5)[0], "an output wrong at 1 in 1e5 elements fails"
+    got, want = [torch.tensor([1000.5])], [torch.tensor([1000.0])]
+    assert not w.compare(got, want, 1e-3, 0.0, scaled=True, scales=[1.0])[0], "the given scale, not the sample's"
+    assert w.compare(got, want, 1e-3, 0.0, scaled=True, scales=[1e3])[0], "the given scale, not the sample's"
+    assert abs(w.rms(torch.tensor([3.0, 4.0, float("nan")]), "cpu") - (25 / 3) ** 0.5) < 1e-12
     print("timed positions: ok")
 
 

@@ -225,7 +225,9 @@ pub struct EvaluateRequest {
 pub const MAX_BATCH: usize = 1024;
 
 /// `POST /v1/evaluate/batch` body: 1 to [`MAX_BATCH`] candidates, judged side by side as one
-/// admitted request. The answer streams one JSON line per candidate, in the order they finish
+/// admitted request, at most the compile threads plus the GPUs of them in flight at once. They
+/// run whether or not the client reads; a client that hangs up stops those not yet started.
+/// The answer streams one JSON line per candidate, in the order they finish
 /// (cached verdicts and request errors first): `index` (its place in `candidates`), `id` (when
 /// given), `status` (the HTTP status `/v1/evaluate` would have answered it: 200, 404, 422, 500
 /// or 504) and `verdict` (status 200; `cache: "hit"` when from the verdict cache) or `error`.
@@ -362,6 +364,10 @@ struct Inner {
     admission: Arc<Semaphore>,
     queue: usize,
     compile: Arc<Semaphore>,
+    /// Most candidates of one batch in flight at once (building, waiting for a GPU or on it):
+    /// the compile threads plus the GPUs, enough to keep both busy, so a request arriving
+    /// during a batch waits behind at most that many of its candidates.
+    batch_window: usize,
     deadline: Duration,
     gpu_wall: Duration,
     token: Option<String>,
@@ -400,6 +406,7 @@ pub fn router(cfg: Config) -> Router {
             }))
         })
         .collect();
+    let batch_window = cfg.compile_workers.max(1) + gpus.len().max(1);
     let inner = Inner {
         tasks: cfg
             .tasks
@@ -424,6 +431,7 @@ pub fn router(cfg: Config) -> Router {
         admission: Arc::new(Semaphore::new(cfg.queue.max(1))),
         queue: cfg.queue.max(1),
         compile: Arc::new(Semaphore::new(cfg.compile_workers.max(1))),
+        batch_window,
         deadline: cfg.deadline,
         gpu_wall: cfg.gpu_wall,
         token: cfg.token,
@@ -638,13 +646,19 @@ async fn evaluate_inner(
     };
     let deadline = deadline_of(s, req.deadline_s);
     let judging = match prepare(s, req) {
-        Prepared::Done(status, v, hit) => return respond(status, v, hit),
+        Prepared::Done(status, v, hit) => {
+            if hit {
+                s.metrics.cache_hits.inc();
+            }
+            return respond(status, v, hit);
+        }
         Prepared::Judge(j) => j,
     };
     let Some(admitted) = admit(s) else {
         return busy(s);
     };
-    let (status, v) = run_judging(s.clone(), *judging, deadline, admitted).await;
+    let started = tokio::time::Instant::now();
+    let (status, v) = run_judging(s.clone(), *judging, (started, deadline), admitted).await;
     respond(status, v, false)
 }
 
@@ -668,29 +682,57 @@ async fn evaluate_batch(
             format!("candidates: give 1 to {MAX_BATCH} candidates, not {n}"),
         );
     }
+    let started = tokio::time::Instant::now();
     let mut ready = Vec::new();
     let mut judgings = Vec::new();
     for (index, mut req) in batch.candidates.into_iter().enumerate() {
         let id = req.id.take();
-        let deadline = deadline_of(&s, req.deadline_s.or(batch.deadline_s));
+        let own = req.deadline_s.filter(|d| d.is_finite() && *d > 0.0);
+        let deadline = deadline_of(&s, own.or(batch.deadline_s));
         match prepare(&s, req) {
-            Prepared::Done(status, v, hit) => ready.push(batch_line(index, id, status, v, hit)),
+            Prepared::Done(status, v, hit) => {
+                ready.push((batch_line(index, id, status, v, hit), hit))
+            }
             Prepared::Judge(j) => judgings.push((index, id, deadline, j)),
         }
     }
-    let judged = futures_util::stream::FuturesUnordered::new();
+    // Every candidate's task sends its line here; the answer streams them in arrival order.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let mut tasks = tokio::task::JoinSet::new();
     if !judgings.is_empty() {
         let Some(admitted) = admit(&s) else {
             return busy(&s);
         };
+        let window = Arc::new(Semaphore::new(s.batch_window));
         for (index, id, deadline, j) in judgings {
-            let (s, admitted) = (s.clone(), admitted.clone());
-            judged.push(async move {
-                let (status, v) = run_judging(s, *j, deadline, admitted).await;
-                batch_line(index, id, status, v, false)
+            let (s, admitted, window, tx) =
+                (s.clone(), admitted.clone(), window.clone(), tx.clone());
+            tasks.spawn(async move {
+                let Ok(_in_flight) = window.acquire_owned().await else {
+                    return;
+                };
+                let (status, v) = run_judging(s, *j, (started, deadline), admitted).await;
+                let _ = tx.send(batch_line(index, id, status, v, false));
             });
         }
     }
+    drop(tx);
+    // Cache hits count once they are answered (not in a batch refused with 429).
+    let ready: Vec<String> = ready
+        .into_iter()
+        .map(|(line, hit)| {
+            if hit {
+                s.metrics.cache_hits.inc();
+            }
+            line
+        })
+        .collect();
+    // The tasks live as long as the answer: a client that hangs up aborts the candidates not
+    // yet started (a build already running goes on into the caches, holding the admission
+    // slot, as for `/v1/evaluate`). They run whether or not the client reads.
+    let judged = futures_util::stream::unfold((rx, tasks), |(mut rx, tasks)| async move {
+        rx.recv().await.map(|line| (line, (rx, tasks)))
+    });
     let lines = futures_util::stream::iter(ready)
         .chain(judged)
         .map(Ok::<_, std::convert::Infallible>);
@@ -767,13 +809,13 @@ fn deadline_of(s: &Inner, own: Option<f64>) -> Duration {
         .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)))
 }
 
-/// Judges `j` within `deadline`: 200 with the verdict ([`answer`]: counted and cached), 504 when
-/// the deadline passed first (the build goes on and lands in the caches), or 500 with the
-/// service's own failure.
+/// Judges `j` within `deadline` of `started`: 200 with the verdict ([`answer`]: counted and
+/// cached), 504 when the deadline passed first (a build already started goes on and lands in the
+/// caches; none starts past the deadline), or 500 with the service's own failure.
 async fn run_judging(
     s: Shared,
     j: Judging,
-    deadline: Duration,
+    (started, deadline): (tokio::time::Instant, Duration),
     admitted: Arc<Admitted>,
 ) -> (StatusCode, Value) {
     let Judging {
@@ -783,6 +825,18 @@ async fn run_judging(
         full,
         key,
     } = j;
+    let late = || {
+        (
+            StatusCode::GATEWAY_TIMEOUT,
+            json!({"error": format!(
+                "deadline of {:.1} s passed (the build goes on and is cached)",
+                deadline.as_secs_f64()
+            )}),
+        )
+    };
+    if started.elapsed() >= deadline {
+        return late();
+    }
     let tier = task.tier();
     let job = judge(
         s.clone(),
@@ -792,14 +846,8 @@ async fn run_judging(
         full,
         admitted,
     );
-    match tokio::time::timeout(deadline, job).await {
-        Err(_) => (
-            StatusCode::GATEWAY_TIMEOUT,
-            json!({"error": format!(
-                "deadline of {:.1} s passed (the build goes on and is cached)",
-                deadline.as_secs_f64()
-            )}),
-        ),
+    match tokio::time::timeout_at(started + deadline, job).await {
+        Err(_) => late(),
         Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, json!({"error": e.0})),
         Ok(Ok(v)) => (StatusCode::OK, answer(&s, &v, key, (&source, tier, &seeds))),
     }
@@ -886,12 +934,10 @@ fn check_request(
     Ok((task, full, seeds))
 }
 
-/// The cached verdict of request `key`, counted; `None` when not cached.
+/// The cached verdict of request `key`; `None` when not cached.
 fn cached(s: &Inner, key: &[u8; 32]) -> Option<Value> {
     let cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
-    let v = cache.0.get(key)?.clone();
-    s.metrics.cache_hits.inc();
-    Some(v)
+    cache.0.get(key).cloned()
 }
 
 /// An admission slot for one request, the queue-depth gauge updated; `None` when the queue is

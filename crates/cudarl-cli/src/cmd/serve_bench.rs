@@ -52,6 +52,8 @@ fn start(ctx: &Ctx, l: &Load) -> Result<Served, CliError> {
         .arg(&ctx.store)
         .args(["serve", "--bind", "127.0.0.1:0", "--mode", &l.mode])
         .args(["--queue", &l.queue.to_string()])
+        // A batch of a thousand kernels is a few MB of JSON.
+        .args(["--max-body-bytes", &(64usize << 20).to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
