@@ -523,6 +523,32 @@ fn serve_batch_streams_each_candidates_answer_with_its_id() {
     assert_eq!(again.cache.as_deref(), Some("hit"));
     assert_eq!(again.json(), line(3)["verdict"]);
 
+    // Identical candidates are judged once and each gets its line.
+    let verdicts = |s: &Server| -> f64 {
+        let m = s.call("GET", "/metrics", None, None).body;
+        m.lines()
+            .filter(|l| l.starts_with("cudarl_serve_verdicts_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = verdicts(&s);
+    let twice = json!({"task_id": "vector_add", "source": format!("// twice\n{naive}")});
+    let body = json!({"candidates": [twice.clone(), twice]}).to_string();
+    let (status, _, lines) = batch_lines(&s, &body);
+    assert_eq!((status, lines.len()), (200, 2), "{lines:?}");
+    assert_eq!(lines[0].1["verdict"], lines[1].1["verdict"]);
+    assert_eq!(lines[0].1["status"], 200);
+    assert_eq!(
+        verdicts(&s) - before,
+        1.0,
+        "one judging for two identical candidates"
+    );
+    let m = s.call("GET", "/metrics", None, None).body;
+    assert!(
+        m.contains("cudarl_serve_batch_lines_total{code=\"404\"} 1"),
+        "{m}"
+    );
+
     // The whole request refused: no candidates, too many, an unknown field in one.
     let tiny = json!({"task_id": "vector_add", "source": "x"});
     for (body, says) in [

@@ -227,7 +227,8 @@ pub const MAX_BATCH: usize = 1024;
 /// `POST /v1/evaluate/batch` body: 1 to [`MAX_BATCH`] candidates, judged side by side as one
 /// admitted request, at most the compile threads plus the GPUs of them in flight at once. They
 /// run whether or not the client reads; a client that hangs up stops those not yet started.
-/// The answer streams one JSON line per candidate, in the order they finish
+/// Identical candidates (the same task, mode, seeds and source) are judged once, under the
+/// first one's deadline, and each gets its line. The answer streams one JSON line per candidate, in the order they finish
 /// (cached verdicts and request errors first): `index` (its place in `candidates`), `id` (when
 /// given), `status` (the HTTP status `/v1/evaluate` would have answered it: 200, 404, 422, 500
 /// or 504) and `verdict` (status 200; `cache: "hit"` when from the verdict cache) or `error`.
@@ -279,6 +280,7 @@ struct Metrics {
     verdicts: Family<OutcomeLabel, Counter>,
     flagged: Family<FlagLabel, Counter>,
     responses: Family<StatusLabel, Counter>,
+    batch_lines: Family<StatusLabel, Counter>,
     cache_hits: Counter,
 }
 
@@ -291,6 +293,7 @@ impl Metrics {
         let verdicts = Family::<OutcomeLabel, Counter>::default();
         let flagged = Family::<FlagLabel, Counter>::default();
         let responses = Family::<StatusLabel, Counter>::default();
+        let batch_lines = Family::<StatusLabel, Counter>::default();
         let cache_hits = Counter::default();
         registry.register(
             "queue_depth",
@@ -318,6 +321,11 @@ impl Metrics {
             responses.clone(),
         );
         registry.register(
+            "batch_lines",
+            "Candidates of batch requests answered, by the status of their line",
+            batch_lines.clone(),
+        );
+        registry.register(
             "cache_hits",
             "Evaluate requests answered from the verdict cache",
             cache_hits.clone(),
@@ -329,8 +337,18 @@ impl Metrics {
             verdicts,
             flagged,
             responses,
+            batch_lines,
             cache_hits,
         }
+    }
+
+    /// Counts a batch line of `status`.
+    fn batch_line(&self, status: StatusCode) {
+        self.batch_lines
+            .get_or_create(&StatusLabel {
+                code: status.as_u16().to_string(),
+            })
+            .inc();
     }
 }
 
@@ -684,16 +702,23 @@ async fn evaluate_batch(
     }
     let started = tokio::time::Instant::now();
     let mut ready = Vec::new();
-    let mut judgings = Vec::new();
+    // Identical candidates (one cache key: task, mode, seeds, source) are judged once, under the
+    // first one's deadline, and each gets its line.
+    type Group = (Vec<(usize, Option<String>)>, Box<Judging>, Duration);
+    let mut judgings: Vec<Group> = Vec::new();
     for (index, mut req) in batch.candidates.into_iter().enumerate() {
         let id = req.id.take();
         let own = req.deadline_s.filter(|d| d.is_finite() && *d > 0.0);
         let deadline = deadline_of(&s, own.or(batch.deadline_s));
         match prepare(&s, req) {
             Prepared::Done(status, v, hit) => {
-                ready.push((batch_line(index, id, status, v, hit), hit))
+                ready.push((batch_line(index, id, status, v, hit), status, hit))
             }
-            Prepared::Judge(j) => judgings.push((index, id, deadline, j)),
+            Prepared::Judge(j) => match judgings.iter_mut().find(|g: &&mut Group| g.1.key == j.key)
+            {
+                Some(same) => same.0.push((index, id)),
+                None => judgings.push((vec![(index, id)], j, deadline)),
+            },
         }
     }
     // Every candidate's task sends its line here; the answer streams them in arrival order.
@@ -704,15 +729,18 @@ async fn evaluate_batch(
             return busy(&s);
         };
         let window = Arc::new(Semaphore::new(s.batch_window));
-        for (index, id, deadline, j) in judgings {
+        for (asked, j, deadline) in judgings {
             let (s, admitted, window, tx) =
                 (s.clone(), admitted.clone(), window.clone(), tx.clone());
             tasks.spawn(async move {
                 let Ok(_in_flight) = window.acquire_owned().await else {
                     return;
                 };
-                let (status, v) = run_judging(s, *j, (started, deadline), admitted).await;
-                let _ = tx.send(batch_line(index, id, status, v, false));
+                let (status, v) = run_judging(s.clone(), *j, (started, deadline), admitted).await;
+                for (index, id) in asked {
+                    s.metrics.batch_line(status);
+                    let _ = tx.send(batch_line(index, id, status, v.clone(), false));
+                }
             });
         }
     }
@@ -720,10 +748,11 @@ async fn evaluate_batch(
     // Cache hits count once they are answered (not in a batch refused with 429).
     let ready: Vec<String> = ready
         .into_iter()
-        .map(|(line, hit)| {
+        .map(|(line, status, hit)| {
             if hit {
                 s.metrics.cache_hits.inc();
             }
+            s.metrics.batch_line(status);
             line
         })
         .collect();
