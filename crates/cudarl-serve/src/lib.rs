@@ -662,7 +662,7 @@ async fn evaluate_inner(
         Ok(r) => r,
         Err(refused) => return *refused,
     };
-    let deadline = deadline_of(s, req.deadline_s);
+    let deadline = deadline_of(s, req.deadline_s, s.deadline);
     let judging = match prepare(s, req) {
         Prepared::Done(status, v, hit) => {
             if hit {
@@ -701,6 +701,7 @@ async fn evaluate_batch(
         );
     }
     let started = tokio::time::Instant::now();
+    let batch_deadline = deadline_of(&s, batch.deadline_s, s.deadline);
     let mut ready = Vec::new();
     // Identical candidates (one cache key: task, mode, seeds, source) are judged once, under the
     // first one's deadline, and each gets its line.
@@ -708,8 +709,7 @@ async fn evaluate_batch(
     let mut judgings: Vec<Group> = Vec::new();
     for (index, mut req) in batch.candidates.into_iter().enumerate() {
         let id = req.id.take();
-        let own = req.deadline_s.filter(|d| d.is_finite() && *d > 0.0);
-        let deadline = deadline_of(&s, own.or(batch.deadline_s));
+        let deadline = deadline_of(&s, req.deadline_s, batch_deadline);
         match prepare(&s, req) {
             Prepared::Done(status, v, hit) => {
                 ready.push((batch_line(index, id, status, v, hit), status, hit))
@@ -832,10 +832,10 @@ fn prepare(s: &Inner, req: EvaluateRequest) -> Prepared {
     }))
 }
 
-/// `own` seconds (positive and finite; else none) capped by the server's deadline.
-fn deadline_of(s: &Inner, own: Option<f64>) -> Duration {
+/// `own` seconds (when positive and finite) capped by the server's deadline, else `fallback`.
+fn deadline_of(s: &Inner, own: Option<f64>, fallback: Duration) -> Duration {
     own.filter(|d| d.is_finite() && *d > 0.0)
-        .map_or(s.deadline, |d| s.deadline.min(Duration::from_secs_f64(d)))
+        .map_or(fallback, |d| s.deadline.min(Duration::from_secs_f64(d)))
 }
 
 /// Judges `j` within `deadline` of `started`: 200 with the verdict ([`answer`]: counted and

@@ -353,6 +353,7 @@ impl Server {
         let mut out = Vec::new();
         for (ci, c) in comps.into_iter().enumerate() {
             let lp = &c.log_probs;
+            let forced = c.forced.map_or(0, |(_, n)| n);
             // Reference samples are not kept: no id, nothing to train on.
             let id = (!reference).then(|| {
                 self.next_id += 1;
@@ -364,11 +365,9 @@ impl Server {
                 tokens: c.ids.len(),
                 finish: c.finish,
                 mean_log_prob: lp.iter().map(|x| f64::from(*x)).sum::<f64>()
-                    / lp.len()
-                        .saturating_sub(c.forced.map_or(0, |(_, n)| n))
-                        .max(1) as f64,
+                    / lp.len().saturating_sub(forced).max(1) as f64,
                 value: values.map(|v| v[ci]),
-                forced_tokens: c.forced.map_or(0, |(_, n)| n),
+                forced_tokens: forced,
             });
             // Nothing to keep where no update can come.
             if let Some(id) = id.filter(|_| !self.job.sample_only) {
