@@ -47,6 +47,7 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
     assert!(kb >= 100, "{hj}");
     assert_eq!(hj["tasks"], 2 + kb);
     assert_eq!(hj["gpus"], 0);
+    assert_eq!(hj["gpu_testers"], 0);
 
     // /v1/* needs the token.
     let r = s.call("GET", "/v1/tasks", None, None);
@@ -341,6 +342,30 @@ fn serve_endpoints_errors_token_cache_and_shutdown() {
 
     // SIGTERM: a clean exit.
     assert_eq!(s.stop(), Some(0));
+}
+
+/// `--gpus` naming a device there is none of, or given to a compile-only service, and
+/// `--gpu-testers 0` are usage errors (exit 2, the flag named) before anything is built.
+#[test]
+fn serve_refuses_gpus_it_cannot_judge_on() {
+    let p = Project::new();
+    for (args, want) in [
+        (&["serve", "--gpus", "99"][..], "--gpus"),
+        (
+            &["serve", "--mode", "compile", "--gpus", "0"][..],
+            "--gpus 0",
+        ),
+        (&["serve", "--gpu-testers", "0"][..], "--gpu-testers"),
+    ] {
+        let o = p.run(args);
+        let err = common::stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    assert!(
+        !p.path("artifacts").exists(),
+        "a refused serve built nothing"
+    );
 }
 
 #[test]
@@ -692,10 +717,24 @@ fn bench_serve_reports_a_batch_answered_once_per_candidate() {
         "1",
         "--batch",
         "5",
+        "--gpu-testers",
+        "2,1",
     ]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["lost"], 0, "{v}");
+    // The measured service, then the baseline under the same load, with the ratios over it.
+    assert_eq!(v["gpu_testers"], 2, "{v}");
+    let base = &v["baselines"][0];
+    assert_eq!(base["gpu_testers"], 1, "{v}");
+    assert_eq!(base["lost"], 0, "{v}");
+    assert!(base["ok"].as_u64().unwrap() > 0, "{base}");
+    let ratio = base["measured_over_baseline"]["verdicts_per_second"]
+        .as_f64()
+        .unwrap();
+    let want =
+        v["verdicts_per_second"].as_f64().unwrap() / base["verdicts_per_second"].as_f64().unwrap();
+    assert!((ratio - want).abs() < 1e-9, "{base}");
     let b = &v["batch"];
     assert_eq!(b["candidates"], 5, "{v}");
     assert_eq!(b["answered_once"], true, "{b}");

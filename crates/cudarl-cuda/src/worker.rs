@@ -336,8 +336,8 @@ enum Hold {
     Held,
 }
 
-/// One worker process for one GPU, replaced on failure (a server keeps one pool per GPU, each
-/// pinned with [`WorkerPool::on_gpu`]).
+/// One worker process for one GPU, replaced on failure (`serve` keeps several per GPU, its
+/// testers, each pinned with [`WorkerPool::on_gpu`]).
 pub struct WorkerPool {
     exe: PathBuf,
     args: Vec<String>,

@@ -37,7 +37,9 @@
 //! Each request has a deadline (504 when it passes; the build goes on in the background and
 //! lands in the caches).
 //! nvcc runs on up to `compile_workers` blocking threads (all cores by default); full tests go
-//! to one worker pool per GPU, one job per GPU at a time. Verdicts are cached in memory by the
+//! to the GPUs' testers (`serve --gpu-testers`, [`cudarl_cuda::worker::DEFAULT_GPU_WORKERS`] per
+//! GPU by default), one candidate each: a GPU's testers run tests side by side and each timing
+//! has the GPU alone. Verdicts are cached in memory by the
 //! BLAKE3 hash of (task, abi, mode, seeds, source); compiled objects are cached in the store
 //! by nvcc's own key, so a repeated source never recompiles. An optional bearer token guards
 //! `/v1/*`.
@@ -138,8 +140,11 @@ pub struct Config {
     pub root: std::path::PathBuf,
     /// nvcc, the target architecture, the store's compile cache.
     pub compiler: Compiler,
-    /// One worker pool per GPU (empty: compile-only service).
-    pub gpus: Vec<WorkerPool>,
+    /// The testers of each GPU, one worker pool each (empty: compile-only service). A GPU's
+    /// testers run candidates' tests side by side while each timing has the GPU alone
+    /// ([`cudarl_cuda::worker::GpuLock`], as `validate`'s testers do), and share the GPU's
+    /// baseline timings.
+    pub gpus: Vec<Vec<WorkerPool>>,
     /// Hidden-seed salt (the store's; hidden seeds are derived per task and source).
     pub salt: Vec<u8>,
     /// Most requests in the service at once (waiting or running); one more gets 429.
@@ -352,10 +357,11 @@ impl Metrics {
     }
 }
 
-/// A GPU: its worker pool and its naive-kernel timings.
+/// One tester of a GPU: its worker pool, and the GPU's naive-kernel and libtorch timings
+/// (shared by the GPU's testers).
 struct GpuSlot {
     pool: WorkerPool,
-    baselines: std::sync::Mutex<Baselines>,
+    baselines: Arc<std::sync::Mutex<Baselines>>,
 }
 
 struct Inner {
@@ -375,7 +381,11 @@ struct Inner {
     >,
     compiler: Compiler,
     rules: Rules,
+    /// Every GPU's testers, interleaved (the first of each GPU, then the second, ...), so
+    /// round-robin picks spread candidates over the GPUs.
     gpus: Vec<Arc<Mutex<GpuSlot>>>,
+    /// The GPUs the service judges on (0: compile-only).
+    n_gpus: usize,
     gpu_free: Arc<Semaphore>,
     next_gpu: AtomicUsize,
     salt: Vec<u8>,
@@ -414,16 +424,8 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 /// The router with every endpoint (for [`serve`] and in-process use).
 pub fn router(cfg: Config) -> Router {
     let max_body = cfg.max_body_bytes;
-    let gpus: Vec<Arc<Mutex<GpuSlot>>> = cfg
-        .gpus
-        .into_iter()
-        .map(|pool| {
-            Arc::new(Mutex::new(GpuSlot {
-                pool,
-                baselines: Default::default(),
-            }))
-        })
-        .collect();
+    let n_gpus = cfg.gpus.iter().filter(|t| !t.is_empty()).count();
+    let gpus = interleave(cfg.gpus);
     let batch_window = cfg.compile_workers.max(1) + gpus.len().max(1);
     let inner = Inner {
         tasks: cfg
@@ -444,6 +446,7 @@ pub fn router(cfg: Config) -> Router {
         rules: Rules::builtin(),
         gpu_free: Arc::new(Semaphore::new(gpus.len())),
         gpus,
+        n_gpus,
         next_gpu: AtomicUsize::new(0),
         salt: cfg.salt,
         admission: Arc::new(Semaphore::new(cfg.queue.max(1))),
@@ -478,6 +481,29 @@ pub fn router(cfg: Config) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .with_state(state)
+}
+
+/// The testers of every GPU as slots, the first tester of each GPU, then the second, ...; a
+/// GPU's testers share one baseline table.
+fn interleave(gpus: Vec<Vec<WorkerPool>>) -> Vec<Arc<Mutex<GpuSlot>>> {
+    let mut per_gpu: Vec<_> = gpus
+        .into_iter()
+        .map(|testers| {
+            let baselines = Arc::new(std::sync::Mutex::new(Baselines::default()));
+            testers.into_iter().map(move |pool| GpuSlot {
+                pool,
+                baselines: baselines.clone(),
+            })
+        })
+        .collect();
+    let mut slots = Vec::new();
+    loop {
+        let round: Vec<_> = per_gpu.iter_mut().filter_map(Iterator::next).collect();
+        if round.is_empty() {
+            return slots;
+        }
+        slots.extend(round.into_iter().map(|g| Arc::new(Mutex::new(g))));
+    }
 }
 
 /// `route` with the body limit (413 from the Content-Length alone, before reading a byte, or
@@ -1278,7 +1304,7 @@ async fn task(State(s): State<Shared>, headers: HeaderMap, Path(id): Path<String
 async fn healthz(State(s): State<Shared>) -> Response {
     Json(
         json!({"ok": true, "tasks": s.tasks.len() + s.kernelbench.len(),
-        "kernelbench": s.kernelbench.len(), "gpus": s.gpus.len(),
+        "kernelbench": s.kernelbench.len(), "gpus": s.n_gpus, "gpu_testers": s.gpus.len(),
         "mode": if s.gpus.is_empty() { "compile-only" } else { "full" },
         "nvcc": s.compiler.nvcc.version, "arch": s.compiler.arch}),
     )

@@ -122,6 +122,10 @@ pub enum BenchCmd {
         /// seconds to its first and last answer line.
         #[arg(long, default_value_t = 0)]
         batch: usize,
+        /// `serve --gpu-testers` of the measured service, then of baselines given the same load
+        /// (`4,1`: four testers per GPU, against one), each reported as a ratio.
+        #[arg(long, value_delimiter = ',', default_value = "4", value_name = "N,...")]
+        gpu_testers: Vec<usize>,
         /// Also write the result as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -289,6 +293,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
             overhead_reps,
             mode,
             batch,
+            gpu_testers,
             out,
         } => crate::cmd::serve_bench::run(
             ctx,
@@ -299,6 +304,7 @@ pub fn run(ctx: &Ctx, which: BenchCmd) -> Result<i32, CliError> {
                 overhead_reps,
                 mode,
                 batch,
+                gpu_testers,
             },
         )
         .and_then(|r| finish(r, out)),

@@ -47,9 +47,54 @@ pub struct ServeArgs {
     /// Verdicts kept in the in-memory result cache.
     #[arg(long, default_value_t = 10_000)]
     pub cache_entries: usize,
+    /// The GPUs to judge on, by CUDA device index (`0,2`; default: every visible GPU).
+    #[arg(long, value_delimiter = ',', value_name = "INDEX,...")]
+    pub gpus: Option<Vec<usize>>,
+    /// Testers per GPU: worker processes that run candidates' tests side by side while each
+    /// timing has the GPU alone.
+    #[arg(long, default_value_t = cudarl_cuda::worker::DEFAULT_GPU_WORKERS, value_name = "N")]
+    pub gpu_testers: usize,
     /// Reward config scoring each verdict (`configs/reward/<NAME>.toml`).
     #[arg(long, default_value = "default", value_name = "NAME")]
     pub reward: String,
+}
+
+/// The CUDA device indices `serve` judges on: `picked` (checked against the devices this
+/// machine shows), or every visible GPU; none without a GPU (`has_gpu` false: none found, or
+/// `--mode compile`).
+///
+/// # Errors
+/// Usage (exit 2): `--gpus` names a device the machine does not show, or is given where there
+/// is no GPU to judge on; `--gpu-testers 0`.
+fn pick_gpus(
+    has_gpu: bool,
+    picked: Option<Vec<usize>>,
+    testers: usize,
+) -> Result<Vec<usize>, CliError> {
+    if testers == 0 {
+        return Err(CliError::usage("--gpu-testers: at least 1 tester per GPU"));
+    }
+    let visible = if has_gpu {
+        cudarl_cuda::gpu::device_count()
+    } else {
+        0
+    };
+    let Some(mut picked) = picked else {
+        return Ok((0..visible).collect());
+    };
+    if let Some(bad) = picked.iter().find(|&&i| i >= visible) {
+        return Err(CliError::usage(if visible == 0 {
+            format!("--gpus {bad}: no GPU to judge on (none found, or `--mode compile`)")
+        } else {
+            format!(
+                "--gpus: no GPU {bad} (this machine shows {visible}: 0 to {})",
+                visible - 1
+            )
+        }));
+    }
+    picked.sort_unstable();
+    picked.dedup();
+    Ok(picked)
 }
 
 /// Runs the service until SIGINT/SIGTERM.
@@ -59,15 +104,16 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
             "serve: --mode is auto or compile (requests choose full or compile)",
         ));
     }
+    let gpu = (a.mode != Mode::Compile)
+        .then(cudarl_cuda::gpu::probe)
+        .flatten();
+    let gpus = pick_gpus(gpu.is_some(), a.gpus.clone(), a.gpu_testers)?;
     let engine = ctx.engine(Arc::new(crate::report::CliReporter::detect(false)), 0)?;
     super::build(&engine, "synth-tasks")?;
     let tasks = cudarl_serve::load_served_tasks(
         &super::output_blob(&engine, "synth-tasks", "tasks")?,
         &super::output_blob(&engine, "synth-tasks", "task_kernels")?,
     )?;
-    let gpu = (a.mode != Mode::Compile)
-        .then(cudarl_cuda::gpu::probe)
-        .flatten();
     // KernelBench problems with a native launcher; without them (no Python with torch for
     // `kb-specs`), the task families alone, and the reason on stderr.
     let kernelbench = kernelbench(ctx, &engine, gpu.is_some()).unwrap_or_else(|e| {
@@ -78,11 +124,7 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
     let reward = cudarl_rl::reward::RewardConfig::load(&ctx.root.join(&rel), &rel)
         .map_err(|e| CliError::usage(e.to_string()))?;
     let nvcc = Nvcc::discover(&ctx.root).map_err(|e| CliError::failed(e.to_string()))?;
-    let n_gpus = if gpu.is_some() {
-        cudarl_cuda::gpu::device_count()
-    } else {
-        0
-    };
+    let n_gpus = gpus.len();
     let store = engine.store().clone();
     let salt = if n_gpus > 0 {
         hidden_salt(&store).map_err(|e| CliError::failed(e.to_string()))?
@@ -106,7 +148,14 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
             timeout: cudarl_cuda::compile::DEFAULT_TIMEOUT,
             store: Some(store),
         },
-        gpus: (0..n_gpus).map(|i| WorkerPool::judge().on_gpu(i)).collect(),
+        gpus: gpus
+            .iter()
+            .map(|&i| {
+                (0..a.gpu_testers)
+                    .map(|_| WorkerPool::judge().on_gpu(i))
+                    .collect()
+            })
+            .collect(),
         salt,
         queue: a.queue,
         compile_workers: a.compile_workers.unwrap_or(cores),

@@ -25,6 +25,10 @@ pub struct Load {
     pub mode: String,
     /// Distinct candidates sent as one `POST /v1/evaluate/batch` after the load (0: none).
     pub batch: usize,
+    /// `serve --gpu-testers` of the measured service, then of each baseline service: each
+    /// baseline gets the same load (its own distinct sources, so no compile-cache hit) and the
+    /// measured service's verdicts/s and p50 latency as ratios over it.
+    pub gpu_testers: Vec<usize>,
 }
 
 /// The service as a child process; killed on drop.
@@ -43,7 +47,7 @@ impl Drop for Served {
     }
 }
 
-fn start(ctx: &Ctx, l: &Load) -> Result<Served, CliError> {
+fn start(ctx: &Ctx, l: &Load, gpu_testers: usize) -> Result<Served, CliError> {
     let exe = std::env::current_exe().map_err(|e| CliError::failed(e.to_string()))?;
     let mut child = Command::new(exe)
         .arg("--root")
@@ -52,6 +56,7 @@ fn start(ctx: &Ctx, l: &Load) -> Result<Served, CliError> {
         .arg(&ctx.store)
         .args(["serve", "--bind", "127.0.0.1:0", "--mode", &l.mode])
         .args(["--queue", &l.queue.to_string()])
+        .args(["--gpu-testers", &gpu_testers.to_string()])
         // A batch of a thousand kernels is a few MB of JSON.
         .args(["--max-body-bytes", &(64usize << 20).to_string()])
         .stdout(Stdio::piped())
@@ -79,40 +84,99 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// One client's record: (request id, status, seconds, task id echoed in the verdict, task id
-/// asked for).
-type Record = (String, u16, f64, Option<String>, String);
+/// asked for, the verdict's `correct`).
+type Record = (String, u16, f64, Option<String>, String, Option<bool>);
 
-/// Runs the load test and the overhead comparison; returns the result JSON.
+/// Runs the load test and the overhead comparison, then the load on each baseline service;
+/// returns the result JSON.
 ///
 /// # Errors
-/// The task families cannot be read or the service does not start.
+/// The task families cannot be read or a service does not start.
 pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
     let kernels = task_kernels(ctx)?;
-    let served = start(ctx, l)?;
     let agent = || {
         ureq::AgentBuilder::new()
             .timeout(Duration::from_secs(600))
             .build()
     };
-    let health: Value = agent()
-        .get(&format!("{}/healthz", served.base))
+    let testers = l.gpu_testers.first().copied().unwrap_or(1);
+    let served = start(ctx, l, testers)?;
+    let health = get_json(&agent(), &format!("{}/healthz", served.base))?;
+    let mut out = load(&served.base, &kernels, l, testers, &agent)?;
+    let batch = (l.batch > 0)
+        .then(|| batch(&served.base, &kernels, l.batch, &agent))
+        .transpose()?;
+    let (serve_ms, check_ms) = overhead(ctx, l, &served.base, &kernels[0], &agent)?;
+    let (s50, c50) = (percentile(&serve_ms, 50.0), percentile(&check_ms, 50.0));
+    drop(served);
+    let mut baselines = Vec::new();
+    for &n in l.gpu_testers.iter().skip(1) {
+        let served = start(ctx, l, n)?;
+        let mut b = load(&served.base, &kernels, l, n, &agent)?;
+        drop(served);
+        b["measured_over_baseline"] = json!({
+            "verdicts_per_second": out["verdicts_per_second"].as_f64().unwrap_or(f64::NAN)
+                / b["verdicts_per_second"].as_f64().unwrap_or(f64::NAN),
+            "latency_p50": out["latency_ms"]["p50"].as_f64().unwrap_or(f64::NAN)
+                / b["latency_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
+        });
+        baselines.push(b);
+    }
+    let extra = json!({
+        "bench": "serve",
+        "machine": super::bench::machine(),
+        "service": health,
+        "clients": l.clients,
+        "seconds": l.seconds,
+        "queue": l.queue,
+        "batch": batch,
+        "overhead": {"kernel": kernels[0].0, "reps": l.overhead_reps,
+            "serve_ms_p50": s50, "check_ms_p50": c50, "check_over_serve": c50 / s50,
+            "serve_ms": serve_ms, "check_ms": check_ms},
+        "baselines": baselines,
+    });
+    if let (Some(o), Value::Object(e)) = (out.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    Ok(out)
+}
+
+/// `GET url` as JSON.
+fn get_json(a: &ureq::Agent, url: &str) -> Result<Value, CliError> {
+    a.get(url)
         .call()
         .map_err(|e| CliError::failed(e.to_string()))?
         .into_json()
-        .map_err(|e| CliError::failed(e.to_string()))?;
+        .map_err(|e| CliError::failed(e.to_string()))
+}
+
+/// `l.clients` clients sending distinct candidates (task kernels, each with a comment naming
+/// the service's tester count, client and sequence number) to `POST /v1/evaluate` at `base`
+/// for `l.seconds`: requests, 200s, 429s, lost and duplicated answers, correct verdicts,
+/// verdicts/s, latency (ms), and the server's own verdict count, which must equal the 200s.
+///
+/// # Errors
+/// `/metrics` cannot be read after the load.
+fn load(
+    base: &str,
+    kernels: &[(String, String)],
+    l: &Load,
+    testers: usize,
+    agent: &dyn Fn() -> ureq::Agent,
+) -> Result<Value, CliError> {
     let records: Arc<Mutex<Vec<Record>>> = Arc::default();
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(l.seconds);
     std::thread::scope(|s| {
         for c in 0..l.clients {
-            let (records, kernels, base) = (records.clone(), &kernels, &served.base);
+            let records = records.clone();
             let a = agent();
             s.spawn(move || {
                 let mut seq = 0usize;
                 while Instant::now() < end {
                     let (task, code) = &kernels[(c * 7 + seq) % kernels.len()];
                     let id = format!("c{c}r{seq}");
-                    let src = format!("// bench {id}\n{code}");
+                    let src = format!("// bench t{testers} {id}\n{code}");
                     let t = Instant::now();
                     let r = a
                         .post(&format!("{base}/v1/evaluate"))
@@ -122,10 +186,12 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
                         Ok(resp) => {
                             let v: Value = resp.into_json().unwrap_or_default();
                             let echoed = v["task_id"].as_str().map(str::to_string);
-                            (id, 200, secs, echoed, task.clone())
+                            (id, 200, secs, echoed, task.clone(), v["correct"].as_bool())
                         }
-                        Err(ureq::Error::Status(code, _)) => (id, code, secs, None, task.clone()),
-                        Err(_) => (id, 0, secs, None, task.clone()),
+                        Err(ureq::Error::Status(code, _)) => {
+                            (id, code, secs, None, task.clone(), None)
+                        }
+                        Err(_) => (id, 0, secs, None, task.clone(), None),
                     };
                     let busy = rec.1 == 429;
                     records.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
@@ -157,7 +223,7 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
     lat.sort_by(|a, b| a.total_cmp(b));
     // The server's own count of verdicts: must equal the 200s received (no duplicates).
     let metrics = agent()
-        .get(&format!("{}/metrics", served.base))
+        .get(&format!("{base}/metrics"))
         .call()
         .map_err(|e| CliError::failed(e.to_string()))?
         .into_string()
@@ -167,20 +233,8 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
         .filter(|x| x.starts_with("cudarl_serve_verdicts_total"))
         .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-
-    let batch = (l.batch > 0)
-        .then(|| batch(&served.base, &kernels, l.batch, &agent))
-        .transpose()?;
-    let (serve_ms, check_ms) = overhead(ctx, l, &served.base, &kernels[0], &agent)?;
-    let (s50, c50) = (percentile(&serve_ms, 50.0), percentile(&check_ms, 50.0));
-    drop(served);
     Ok(json!({
-        "bench": "serve",
-        "machine": super::bench::machine(),
-        "service": health,
-        "clients": l.clients,
-        "seconds": l.seconds,
-        "queue": l.queue,
+        "gpu_testers": testers,
         "wall_seconds": wall,
         "requests": recs.len(),
         "ok": ok.len(),
@@ -189,14 +243,13 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
         "lost_statuses": lost.iter().map(|r| r.1).collect::<Vec<_>>(),
         "duplicated": ok.len() - unique,
         "wrong_task_in_verdict": wrong_task,
+        // Every candidate is a task's own naive or optimized kernel: all correct on a GPU
+        // (compile mode leaves `correct` unset).
+        "correct": ok.iter().filter(|r| r.5 == Some(true)).count(),
         "server_verdicts": server_verdicts,
         "verdicts_per_second": ok.len() as f64 / wall,
         "latency_ms": {"p50": percentile(&lat, 50.0), "p90": percentile(&lat, 90.0),
             "p99": percentile(&lat, 99.0), "max": lat.last().copied()},
-        "batch": batch,
-        "overhead": {"kernel": kernels[0].0, "reps": l.overhead_reps,
-            "serve_ms_p50": s50, "check_ms_p50": c50, "check_over_serve": c50 / s50,
-            "serve_ms": serve_ms, "check_ms": check_ms},
     }))
 }
 
