@@ -1,12 +1,13 @@
 """Multi-turn VERL agent loop for cudarl-pipe kernel tasks (verl==0.9.1).
 
 The same episode as `cudarl-pipe run rl-train`, on VERL's rollout servers: the policy writes a
-kernel for the task, the tester (`cudarl-pipe serve`, POST /v1/evaluate) compiles, tests and
-times it and answers in words (`feedback`: compile errors with lines, the failing shape,
-resource findings), the policy revises in the same conversation, up to `max_turns` (the
-exported `extra_info.max_turns`), stopping early once a turn's reward reaches the stop reward
-(0.8, as rl-train). Only the policy's own tokens are trained: the tester's messages get
-response_mask 0.
+kernel for the task, the tester (`cudarl-pipe serve`, POST /v1/evaluate/batch: the turns that
+the loop's episodes finish within CUDARL_BATCH_WAIT_MS of one another go as one request, see
+`cudarl_verl.reward.evaluate_async`) compiles, tests and times it and answers in words
+(`feedback`: compile errors with lines, the failing shape, resource findings), the policy
+revises in the same conversation, up to `max_turns` (the exported `extra_info.max_turns`),
+stopping early once a turn's reward reaches the stop reward (0.8, as rl-train). Only the
+policy's own tokens are trained: the tester's messages get response_mask 0.
 
 verl 0.9 removed the Interaction API, so this subclasses `AgentLoopBase` and registers itself
 as `cudarl_kernel_agent`, the `agent_name` column of `export --format verl`. VERL finds it
@@ -25,9 +26,7 @@ when a row has no `extra_info.max_turns`).
 
 from __future__ import annotations
 
-import asyncio
 import os
-import urllib.error
 from typing import Any
 from uuid import uuid4
 
@@ -56,14 +55,15 @@ async def tester(task_id: str, answer: str) -> tuple[float, str, dict]:
     if code is None:
         _reward.ERRORS["no_code"] += 1
         return 0.0, "No code block found. Answer with one ```cuda code block.", {"error": "no_code"}
-    try:
-        v = await asyncio.to_thread(_reward.evaluate, task_id, code)
-    except urllib.error.HTTPError as e:
-        _reward.ERRORS[f"http_{e.code}"] += 1
-        return 0.0, "", {"error": f"http_{e.code}"}
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
+    line = await _reward.evaluate_async(task_id, code)
+    status = line["status"]
+    if status == -1:
         _reward.ERRORS["network"] += 1
-        return 0.0, "", {"error": f"network: {e}"}
+        return 0.0, "", {"error": f"network: {line.get('error')}"}
+    if status != 200:
+        _reward.ERRORS[f"http_{status}"] += 1
+        return 0.0, "", {"error": f"http_{status}"}
+    v = line["verdict"]
     r = v.get("reward") or {}
     return float(r.get("reward", 0.0)), str(v.get("feedback") or ""), v
 

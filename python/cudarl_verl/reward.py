@@ -9,11 +9,16 @@ the service's shaped reward (`reward.reward`), the same numbers `rl-train` uses.
 most BATCH_CANDIDATES candidates and BATCH_BYTES of JSON, sent side by side), for VERL's
 `batch` reward manager (custom_reward_function.name = compute_score_batch).
 
+`evaluate_async` is what VERL's agent loop awaits: the candidates that coroutines of one event
+loop send within CUDARL_BATCH_WAIT_MS of one another (default 20) go as one batch request, and
+each coroutine resumes as its own line arrives.
+
 Settings (environment): CUDARL_SERVE_URL (default http://127.0.0.1:8000), CUDARL_SERVE_TOKEN
 (bearer token, optional), CUDARL_SERVE_MODE (`compile` or `full`; default: the server's),
-CUDARL_SERVE_TIMEOUT_S (default 300). A request answered 429 (the service's queue is full) is
-sent again after its Retry-After, up to RETRIES times. Errors (no code block, HTTP or network errors, timeouts)
-score 0 and are counted in `ERRORS` by kind; they never raise into the trainer.
+CUDARL_SERVE_TIMEOUT_S (default 300), CUDARL_BATCH_WAIT_MS (default 20). A request answered 429
+(the service's queue is full) is sent again after its Retry-After, up to RETRIES times. Errors
+(no code block, HTTP or network errors, timeouts) score 0 and are counted in `ERRORS` by kind;
+they never raise into the trainer.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import http.client
 import json
 import os
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 
 ERRORS: collections.Counter = collections.Counter()
 RETRIES = 30  # 429 answers a request is sent again after (each after its Retry-After)
@@ -86,21 +93,95 @@ def evaluate(task_id: str, source: str) -> dict:
         return json.load(r)
 
 
-def evaluate_batch(candidates: list[dict]) -> list[dict]:
-    """POST /v1/evaluate/batch with `candidates` ({task_id, source} each); the answer's lines
-    in the candidates' order ({index, status, verdict} or {index, status, error}). Raises on
-    HTTP errors of the whole request; a candidate whose line did not come (the answer was cut
-    off) gets status -1 and the reason."""
-    lines, missing = {}, "no line for it in the answer"
+def evaluate_batch_stream(candidates: list[dict], on_line) -> str | None:
+    """POST /v1/evaluate/batch with `candidates` ({task_id, source} each), calling
+    `on_line(line)` for each answer line ({index, status, verdict} or {index, status, error}) as
+    it arrives. Returns None when the answer ended normally, else why it was cut off. Raises on
+    HTTP errors of the whole request."""
     with _post("/v1/evaluate/batch", {"candidates": [_with_mode(c) for c in candidates]}) as r:
         try:
             for line in r:
                 if line.strip():
-                    x = json.loads(line)
-                    lines[x["index"]] = x
+                    on_line(json.loads(line))
         except (http.client.HTTPException, OSError, ValueError, KeyError) as e:
-            missing = f"the answer was cut off: {type(e).__name__}: {e}"
+            return f"the answer was cut off: {type(e).__name__}: {e}"
+    return None
+
+
+def evaluate_batch(candidates: list[dict]) -> list[dict]:
+    """`evaluate_batch_stream`'s lines in the candidates' order. A candidate whose line did not
+    come (the answer was cut off) gets status -1 and the reason. Raises on HTTP errors of the
+    whole request."""
+    lines = {}
+    cut = evaluate_batch_stream(candidates, lambda x: lines.__setitem__(x["index"], x))
+    missing = cut or "no line for it in the answer"
     return [lines.get(i, {"index": i, "status": -1, "error": missing}) for i in range(len(candidates))]
+
+
+class _Batcher:
+    """Candidates of one event loop's coroutines gathered for CUDARL_BATCH_WAIT_MS, then sent as
+    one batch request (at most BATCH_CANDIDATES; more start the next) on a thread; each
+    coroutine's future gets its line as the line arrives."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.pending: list[tuple[dict, asyncio.Future]] = []
+        self.timer: asyncio.TimerHandle | None = None
+
+    def submit(self, candidate: dict) -> asyncio.Future:
+        fut = self.loop.create_future()
+        self.pending.append((candidate, fut))
+        if len(self.pending) >= BATCH_CANDIDATES:
+            self.flush()
+        elif self.timer is None:
+            wait = float(os.environ.get("CUDARL_BATCH_WAIT_MS", "20")) / 1000.0
+            self.timer = self.loop.call_later(wait, self.flush)
+        return fut
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        batch, self.pending = self.pending, []
+        if batch:
+            threading.Thread(target=self._send, args=(batch,), daemon=True).start()
+
+    def _send(self, batch: list[tuple[dict, asyncio.Future]]) -> None:
+        def answer(i: int, line: dict) -> None:
+            fut = batch[i][1]
+            if not fut.done():
+                fut.set_result(line)
+
+        def post(i: int, line: dict) -> None:
+            try:
+                self.loop.call_soon_threadsafe(answer, i, line)
+            except RuntimeError:  # the loop closed: nobody waits for the line
+                pass
+
+        try:
+            cut = evaluate_batch_stream([c for c, _ in batch], lambda x: post(x["index"], x))
+            missing = {"status": -1, "error": cut or "no line for it in the answer"}
+        except urllib.error.HTTPError as e:
+            missing = {"status": e.code}
+        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError) as e:
+            missing = {"status": -1, "error": str(e)}
+        for i in range(len(batch)):  # answered ones are done: these change nothing
+            post(i, dict(missing, index=i))
+
+
+_BATCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def evaluate_async(task_id: str, source: str) -> dict:
+    """One candidate's batch line ({index, status, verdict} or {index, status, error}; status -1:
+    a network failure or a cut-off answer), sent in a batch request with the candidates that
+    other coroutines of this event loop send within CUDARL_BATCH_WAIT_MS. Never raises for the
+    service's answers."""
+    loop = asyncio.get_running_loop()
+    batcher = _BATCHERS.get(loop)
+    if batcher is None:
+        batcher = _BATCHERS[loop] = _Batcher(loop)
+    return await batcher.submit({"task_id": task_id, "source": source})
 
 
 def _chunks(candidates: list[dict]) -> list[list[int]]:

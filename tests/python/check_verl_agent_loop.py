@@ -85,30 +85,38 @@ class ScriptedPolicy:
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids))
 
 
-def run(answers, max_turns=3):
+async def episode(answers, max_turns=3):
+    """One episode of the registered agent loop with a scripted policy: (output, policy)."""
     policy = ScriptedPolicy(answers)
+    # Built inside the running event loop, as AgentLoopWorker builds it (the loop captures it).
+    loop = hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(config=cfg),
+        server_manager=policy,
+        tokenizer=tok,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data),
+        tools=ToolListWrap([]),
+    )
+    out = await loop.run(
+        {"temperature": 1.0},
+        raw_prompt=task["prompt"],
+        extra_info={"task_id": "vector_add", "max_turns": max_turns},
+        reward_model={"style": "rule", "ground_truth": "vector_add"},
+    )
+    return out, policy
 
-    async def episode():
-        # Built inside the running event loop, as AgentLoopWorker builds it (the loop captures it).
-        loop = hydra.utils.instantiate(
-            config=entry,
-            trainer_config=DictConfigWrap(config=cfg),
-            server_manager=policy,
-            tokenizer=tok,
-            processor=None,
-            hf_model_type=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(cfg.data),
-            tools=ToolListWrap([]),
-        )
-        return await loop.run(
-            {"temperature": 1.0},
-            raw_prompt=task["prompt"],
-            extra_info={"task_id": "vector_add", "max_turns": max_turns},
-            reward_model={"style": "rule", "ground_truth": "vector_add"},
-        )
 
-    return asyncio.run(episode()), policy
+def run(answers, max_turns=3):
+    return asyncio.run(episode(answers, max_turns))
+
+
+def metric(name):
+    """The sum of a counter family of the service's /metrics."""
+    text = urllib.request.urlopen(f"{base}/metrics").read().decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
 
 
 fence = lambda code: f"Here is the kernel.\n```cuda\n{code}```"
@@ -142,6 +150,23 @@ os.environ["CUDARL_STOP_REWARD"] = str(scores[2])
 out1, p1 = run([fence(naive), fence(broken)])
 assert out1.extra_fields["turn_scores"] == [scores[2]] and len(p1.answers) == 1, out1.extra_fields
 assert all(m == 1 for m in out1.response_mask)
+
+# Episodes of one event loop whose turns end together share one batch request, and each gets
+# its own verdict (broken kernels score 0, fixed ones what the fixed kernel scored).
+os.environ["CUDARL_BATCH_WAIT_MS"] = "2000"
+lines, requests = metric("cudarl_serve_batch_lines_total"), metric("cudarl_serve_responses_total")
+kinds = [naive, broken, naive + "// another\n", broken + "// another\n"]
+
+
+async def side_by_side():
+    return await asyncio.gather(*(episode([fence(k)], max_turns=1) for k in kinds))
+
+
+got = [o.extra_fields["turn_scores"] for o, _ in asyncio.run(side_by_side())]
+assert got == [[scores[2]], [0.0], [scores[2]], [0.0]], got
+assert metric("cudarl_serve_batch_lines_total") - lines == 4
+assert metric("cudarl_serve_responses_total") - requests == 1, "one batch request for the four"
+del os.environ["CUDARL_BATCH_WAIT_MS"]
 
 # The turn limit from extra_info.
 os.environ["CUDARL_STOP_REWARD"] = "2.0"
