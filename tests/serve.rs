@@ -665,6 +665,13 @@ f = r.compute_score("x", good, "vector_add")
 assert f["error"].startswith("network"), f
 k = r.compute_score_batch(["x"], [good], ["vector_add"])
 assert k[0]["error"].startswith("network"), k
+# The agent loop's batched path answers a network failure, and unusable settings, with a line.
+m = asyncio.run(r.evaluate_async("vector_add", "x"))
+assert m["status"] == -1 and m["index"] == 0, m
+os.environ["CUDARL_SERVE_TIMEOUT_S"] = "soon"
+m = asyncio.run(r.evaluate_async("vector_add", "x"))
+assert m["status"] == -1 and "ValueError" in m["error"], m
+del os.environ["CUDARL_SERVE_TIMEOUT_S"]
 assert dict(r.ERRORS) == {"no_code": 2, "http_404": 2, "http_401": 4, "network": 2}, r.ERRORS
 print("OK", a["score"])
 "#;

@@ -30,7 +30,6 @@ import http.client
 import json
 import os
 import re
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -118,55 +117,73 @@ def evaluate_batch(candidates: list[dict]) -> list[dict]:
     return [lines.get(i, {"index": i, "status": -1, "error": missing}) for i in range(len(candidates))]
 
 
+#: Batch requests of the agent loops' batchers in flight at once (more wait for a thread).
+_SENDERS = concurrent.futures.ThreadPoolExecutor(max_workers=4 * BATCH_REQUESTS, thread_name_prefix="cudarl-batch")
+
+
 class _Batcher:
     """Candidates of one event loop's coroutines gathered for CUDARL_BATCH_WAIT_MS, then sent as
-    one batch request (at most BATCH_CANDIDATES; more start the next) on a thread; each
-    coroutine's future gets its line as the line arrives."""
+    one batch request (at most BATCH_CANDIDATES and BATCH_BYTES of JSON; more start the next) on
+    a sender thread; each coroutine's future gets its line as the line arrives. Only the loop's
+    thread calls `submit` and `flush`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
+        self.loop = weakref.ref(loop)
         self.pending: list[tuple[dict, asyncio.Future]] = []
+        self.size = 0
         self.timer: asyncio.TimerHandle | None = None
 
-    def submit(self, candidate: dict) -> asyncio.Future:
-        fut = self.loop.create_future()
+    def submit(self, loop: asyncio.AbstractEventLoop, candidate: dict) -> asyncio.Future:
+        n = len(json.dumps(candidate)) + 2
+        if self.pending and self.size + n > BATCH_BYTES:
+            self.flush()
+        fut = loop.create_future()
         self.pending.append((candidate, fut))
+        self.size += n
         if len(self.pending) >= BATCH_CANDIDATES:
             self.flush()
         elif self.timer is None:
             wait = float(os.environ.get("CUDARL_BATCH_WAIT_MS", "20")) / 1000.0
-            self.timer = self.loop.call_later(wait, self.flush)
+            self.timer = loop.call_later(wait, self.flush)
         return fut
 
     def flush(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        batch, self.pending = self.pending, []
+        batch, self.pending, self.size = self.pending, [], 0
         if batch:
-            threading.Thread(target=self._send, args=(batch,), daemon=True).start()
+            _SENDERS.submit(self._send, batch)
 
     def _send(self, batch: list[tuple[dict, asyncio.Future]]) -> None:
+        """Sends `batch`; every future gets a line, whatever happens (status -1 with the reason
+        where the service gave none)."""
+
         def answer(i: int, line: dict) -> None:
             fut = batch[i][1]
             if not fut.done():
                 fut.set_result(line)
 
-        def post(i: int, line: dict) -> None:
+        def post(i, line: dict) -> None:
+            loop = self.loop()
+            if loop is None or not isinstance(i, int) or not 0 <= i < len(batch):
+                return
             try:
-                self.loop.call_soon_threadsafe(answer, i, line)
+                loop.call_soon_threadsafe(answer, i, line)
             except RuntimeError:  # the loop closed: nobody waits for the line
                 pass
 
+        missing = {"status": -1, "error": "no line for it in the answer"}
         try:
-            cut = evaluate_batch_stream([c for c, _ in batch], lambda x: post(x["index"], x))
-            missing = {"status": -1, "error": cut or "no line for it in the answer"}
+            cut = evaluate_batch_stream([c for c, _ in batch], lambda x: post(x.get("index"), x))
+            missing["error"] = cut or missing["error"]
         except urllib.error.HTTPError as e:
             missing = {"status": e.code}
-        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError) as e:
-            missing = {"status": -1, "error": str(e)}
-        for i in range(len(batch)):  # answered ones are done: these change nothing
-            post(i, dict(missing, index=i))
+        except Exception as e:  # network, timeouts, bad settings: the turn scores 0, never hangs
+            missing = {"status": -1, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            for i in range(len(batch)):  # answered ones are done: these change nothing
+                post(i, dict(missing, index=i))
 
 
 _BATCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -174,14 +191,14 @@ _BATCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 async def evaluate_async(task_id: str, source: str) -> dict:
     """One candidate's batch line ({index, status, verdict} or {index, status, error}; status -1:
-    a network failure or a cut-off answer), sent in a batch request with the candidates that
-    other coroutines of this event loop send within CUDARL_BATCH_WAIT_MS. Never raises for the
-    service's answers."""
+    a network failure, a cut-off answer or unusable settings), sent in a batch request with the
+    candidates that other coroutines of this event loop send within CUDARL_BATCH_WAIT_MS. Never
+    raises for the service's answers and always returns."""
     loop = asyncio.get_running_loop()
     batcher = _BATCHERS.get(loop)
     if batcher is None:
         batcher = _BATCHERS[loop] = _Batcher(loop)
-    return await batcher.submit({"task_id": task_id, "source": source})
+    return await batcher.submit(loop, {"task_id": task_id, "source": source})
 
 
 def _chunks(candidates: list[dict]) -> list[list[int]]:

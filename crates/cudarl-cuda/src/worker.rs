@@ -41,8 +41,8 @@ use crate::gpu::{RunJob, RunResult};
 
 /// A machine-wide advisory lock (flock(2)) on one GPU, exclusive (timing) or shared (tests),
 /// released on drop. The lock file is `<dir>/cudarl-gpu-<id>.lock` with `dir` = `$CUDARL_GPU_LOCK_DIR` or the system temp
-/// directory, and `id` the GPU's `CUDA_VISIBLE_DEVICES` value (`default` when unset): processes
-/// that see the same device share one lock.
+/// directory, and `id` the device's physical id ([`physical_gpu`]): processes that use the same
+/// device share one lock, however each one's `CUDA_VISIBLE_DEVICES` numbers it.
 #[derive(Debug)]
 pub struct GpuLock {
     // Dropped first: the flock goes before the in-process gate lets the next thread in.
@@ -174,10 +174,10 @@ impl GpuLock {
         Ok(f)
     }
 
-    /// The lock id of the GPU this process uses as CUDA device 0: `CUDA_VISIBLE_DEVICES`, or
-    /// `default` when it is unset (the id [`WorkerPool`]s use for their workers).
+    /// The lock id of the GPU this process uses as CUDA device 0, [`physical_gpu`]`(0)` (the id
+    /// unpinned [`WorkerPool`]s use for their workers).
     pub fn visible_id() -> String {
-        std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "default".into())
+        physical_gpu(0)
     }
 
     /// The lock if the GPU `id` is free now, `None` if another holder has it.
@@ -197,6 +197,21 @@ impl GpuLock {
             id: id.to_string(),
             exclusive: true,
         }))
+    }
+}
+
+/// The physical id of this process's CUDA device `index`: the `index`th entry of
+/// `CUDA_VISIBLE_DEVICES` (an index or a UUID) when it is set, else `index`. A child pinned with
+/// [`WorkerPool::on_gpu`]`(index)` sees this device as its device 0, and every process using the
+/// device takes the same [`GpuLock`].
+pub fn physical_gpu(index: usize) -> String {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(',')
+            .nth(index)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| index.to_string()),
+        _ => index.to_string(),
     }
 }
 
@@ -402,15 +417,15 @@ impl WorkerPool {
             .rev()
             .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
             .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var("CUDA_VISIBLE_DEVICES").ok())
-            .unwrap_or_else(|| "default".into())
+            .unwrap_or_else(|| physical_gpu(0))
     }
 
-    /// The same pool with its workers pinned to GPU `index` (`CUDA_VISIBLE_DEVICES`; the
-    /// worker then sees that GPU as device 0).
+    /// The same pool with its workers pinned to this process's CUDA device `index`
+    /// (`CUDA_VISIBLE_DEVICES` = [`physical_gpu`]`(index)`; the worker then sees that GPU as
+    /// its device 0).
     pub fn on_gpu(mut self, index: usize) -> WorkerPool {
         self.env
-            .push(("CUDA_VISIBLE_DEVICES".into(), index.to_string()));
+            .push(("CUDA_VISIBLE_DEVICES".into(), physical_gpu(index)));
         self
     }
 
@@ -1175,9 +1190,22 @@ mod tests {
     fn pools_lock_the_gpu_they_are_pinned_to() {
         let p = WorkerPool::new(PathBuf::from("/bin/true"), vec![]);
         let pinned = WorkerPool::new(PathBuf::from("/bin/true"), vec![]).on_gpu(3);
-        assert_eq!(pinned.gpu_id(), "3");
-        let expected = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "default".into());
-        assert_eq!(p.gpu_id(), expected);
+        // Device 3 of this process, and device 0 for the unpinned pool and for a trainer
+        // (`visible_id`): the physical ids, so every process using a device takes one lock.
+        let physical: Vec<String> = match std::env::var("CUDA_VISIBLE_DEVICES") {
+            Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_string()).collect(),
+            _ => (0..4).map(|i| i.to_string()).collect(),
+        };
+        let nth = |i: usize| physical.get(i).cloned().unwrap_or_else(|| i.to_string());
+        assert_eq!(pinned.gpu_id(), nth(3));
+        assert_eq!(p.gpu_id(), nth(0));
+        assert_eq!(GpuLock::visible_id(), nth(0));
+        let pinned_0 = WorkerPool::new(PathBuf::from("/bin/true"), vec![]).on_gpu(0);
+        assert_eq!(
+            pinned_0.gpu_id(),
+            p.gpu_id(),
+            "serve's tester and validate's share a lock"
+        );
         assert!(GpuLock::path("0,1").ends_with("cudarl-gpu-0_1.lock"));
     }
 }

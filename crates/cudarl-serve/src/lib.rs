@@ -140,11 +140,11 @@ pub struct Config {
     pub root: std::path::PathBuf,
     /// nvcc, the target architecture, the store's compile cache.
     pub compiler: Compiler,
-    /// The testers of each GPU, one worker pool each (empty: compile-only service). A GPU's
-    /// testers run candidates' tests side by side while each timing has the GPU alone
+    /// The testers of each GPU (empty: compile-only service). A GPU's testers run candidates'
+    /// tests side by side while each timing has the GPU alone
     /// ([`cudarl_cuda::worker::GpuLock`], as `validate`'s testers do), and share the GPU's
     /// baseline timings.
-    pub gpus: Vec<Vec<WorkerPool>>,
+    pub gpus: Vec<Vec<Tester>>,
     /// Hidden-seed salt (the store's; hidden seeds are derived per task and source).
     pub salt: Vec<u8>,
     /// Most requests in the service at once (waiting or running); one more gets 429.
@@ -230,16 +230,16 @@ pub struct EvaluateRequest {
 pub const MAX_BATCH: usize = 1024;
 
 /// `POST /v1/evaluate/batch` body: 1 to [`MAX_BATCH`] candidates, judged side by side as one
-/// admitted request, at most the compile threads plus the GPUs of them in flight at once. They
-/// run whether or not the client reads; a client that hangs up stops those not yet started.
-/// Identical candidates (the same task, mode, seeds and source) are judged once, under the
-/// first one's deadline, and each gets its line. The answer streams one JSON line per candidate, in the order they finish
-/// (cached verdicts and request errors first): `index` (its place in `candidates`), `id` (when
-/// given), `status` (the HTTP status `/v1/evaluate` would have answered it: 200, 404, 422, 500
-/// or 504) and `verdict` (status 200; `cache: "hit"` when from the verdict cache) or `error`.
-/// The whole request is refused only as a body (400, 413, 415, 422: not 1 to [`MAX_BATCH`]
-/// candidates, or one of them malformed), by the token (401) or by a full queue (429 with
-/// Retry-After).
+/// admitted request, at most the compile threads plus the GPU testers of them in flight at once.
+/// They run whether or not the client reads; a client that hangs up stops those not yet started.
+/// Identical candidates (the same task, mode, seeds and source) are judged once, under the first
+/// one's deadline, and each gets its line. The answer streams one JSON line per candidate, in the
+/// order they finish (cached verdicts and request errors first): `index` (its place in
+/// `candidates`), `id` (when given), `status` (the HTTP status `/v1/evaluate` would have answered
+/// it: 200, 404, 422, 500 or 504) and `verdict` (status 200; `cache: "hit"` when from the verdict
+/// cache) or `error`. The whole request is refused only as a body (400, 413, 415, 422: not 1 to
+/// [`MAX_BATCH`] candidates, or one of them malformed), by the token (401) or by a full queue (429
+/// with Retry-After).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
@@ -357,10 +357,19 @@ impl Metrics {
     }
 }
 
-/// One tester of a GPU: its worker pool, and the GPU's naive-kernel and libtorch timings
-/// (shared by the GPU's testers).
+/// One tester of a GPU: a native judge and a KernelBench judge, both pinned to the GPU
+/// ([`WorkerPool::on_gpu`]); their processes start with their first candidate.
+pub struct Tester {
+    /// The native judge (`cudarl-pipe-worker`, [`WorkerPool::judge`]).
+    pub native: WorkerPool,
+    /// The Python judge of KernelBench candidates ([`cudarl_cuda::torchfmt::pool`]).
+    pub kernelbench: WorkerPool,
+}
+
+/// One tester of a GPU, and the GPU's naive-kernel and libtorch timings (shared by the GPU's
+/// testers).
 struct GpuSlot {
-    pool: WorkerPool,
+    tester: Tester,
     baselines: Arc<std::sync::Mutex<Baselines>>,
 }
 
@@ -369,8 +378,6 @@ struct Inner {
     kernelbench: BTreeMap<String, Arc<ServedProblem>>,
     gpu_info: Option<cudarl_cuda::gpu::GpuInfo>,
     root: std::path::PathBuf,
-    /// The Python worker pool running KernelBench candidates (started on first use).
-    kb_pool: Mutex<Option<WorkerPool>>,
     /// A Python worker for torch-format candidates (torch's build environment, the `ModelNew`
     /// extraction) and the environment it reported, started on first use.
     torch_py: Mutex<
@@ -392,8 +399,8 @@ struct Inner {
     admission: Arc<Semaphore>,
     queue: usize,
     compile: Arc<Semaphore>,
-    /// Most candidates of one batch in flight at once (building, waiting for a GPU or on it):
-    /// the compile threads plus the GPUs, enough to keep both busy, so a request arriving
+    /// Most candidates of one batch in flight at once (building, waiting for a GPU tester or on it):
+    /// the compile threads plus the GPU testers, enough to keep both busy, so a request arriving
     /// during a batch waits behind at most that many of its candidates.
     batch_window: usize,
     deadline: Duration,
@@ -440,7 +447,6 @@ pub fn router(cfg: Config) -> Router {
             .collect(),
         gpu_info: cfg.gpu,
         root: cfg.root,
-        kb_pool: Mutex::new(None),
         torch_py: Mutex::new(None),
         compiler: cfg.compiler,
         rules: Rules::builtin(),
@@ -485,13 +491,13 @@ pub fn router(cfg: Config) -> Router {
 
 /// The testers of every GPU as slots, the first tester of each GPU, then the second, ...; a
 /// GPU's testers share one baseline table.
-fn interleave(gpus: Vec<Vec<WorkerPool>>) -> Vec<Arc<Mutex<GpuSlot>>> {
+fn interleave(gpus: Vec<Vec<Tester>>) -> Vec<Arc<Mutex<GpuSlot>>> {
     let mut per_gpu: Vec<_> = gpus
         .into_iter()
         .map(|testers| {
             let baselines = Arc::new(std::sync::Mutex::new(Baselines::default()));
-            testers.into_iter().map(move |pool| GpuSlot {
-                pool,
+            testers.into_iter().map(move |tester| GpuSlot {
+                tester,
                 baselines: baselines.clone(),
             })
         })
@@ -1115,13 +1121,7 @@ async fn judge(
     }
     let gpus = s.gpu_free.clone();
     held(&gpus, admitted, move || {
-        // A free slot exists (the semaphore counts them): take the first unlocked one,
-        // starting round-robin.
-        let n = s.gpus.len();
-        let start = s.next_gpu.fetch_add(1, Ordering::Relaxed);
-        let mut slot = (0..n)
-            .find_map(|k| s.gpus[(start + k) % n].try_lock().ok())
-            .unwrap_or_else(|| s.gpus[start % n].lock().unwrap_or_else(|e| e.into_inner()));
+        let mut slot = free_slot(&s);
         let slot = &mut *slot;
         let opts = FullOptions {
             public_seeds: seeds,
@@ -1138,7 +1138,7 @@ async fn judge(
             task.naive.as_deref(),
             &s.rules,
             &s.compiler,
-            &mut slot.pool,
+            &mut slot.tester.native,
             &opts,
             &slot.baselines,
         )
@@ -1147,8 +1147,18 @@ async fn judge(
     .await
 }
 
+/// A free tester of the GPUs, for the holder of a `gpu_free` permit (the semaphore counts free
+/// slots, so one exists): the first unlocked one, starting round-robin.
+fn free_slot(s: &Inner) -> std::sync::MutexGuard<'_, GpuSlot> {
+    let n = s.gpus.len();
+    let start = s.next_gpu.fetch_add(1, Ordering::Relaxed);
+    (0..n)
+        .find_map(|k| s.gpus[(start + k) % n].try_lock().ok())
+        .unwrap_or_else(|| s.gpus[start % n].lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Runs `f` on a blocking thread once a permit of `sem` is free (`compile`: one of the
-/// `compile_workers`; `gpu_free`: a GPU), holding the permit and the request's admission until
+/// `compile_workers`; `gpu_free`: a GPU tester), holding the permit and the request's admission until
 /// `f` returns, so a request past its deadline keeps its place until its work ends.
 async fn held<T: Send + 'static>(
     sem: &Arc<Semaphore>,
@@ -1235,8 +1245,8 @@ async fn judge_kb(
     }
     let gpus = s.gpu_free.clone();
     held(&gpus, admitted, move || {
-        let mut pool = s.kb_pool.lock().unwrap_or_else(|e| e.into_inner());
-        let pool = pool.get_or_insert_with(|| cudarl_cuda::torchfmt::pool(&s.root));
+        let mut slot = free_slot(&s);
+        let pool = &mut slot.tester.kernelbench;
         let opts = cudarl_cuda::torchfmt::TorchRunOptions {
             wall: s.gpu_wall,
             bench: Some(cudarl_cuda::gpu::BenchSpec::default()),

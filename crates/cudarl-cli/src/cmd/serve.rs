@@ -9,7 +9,7 @@ use std::time::Duration;
 use cudarl_cuda::verdict::hidden_salt;
 use cudarl_cuda::worker::WorkerPool;
 use cudarl_cuda::{Compiler, Nvcc};
-use cudarl_serve::Config;
+use cudarl_serve::{Config, Tester};
 
 use super::check::Mode;
 use super::{CliError, Ctx};
@@ -51,7 +51,8 @@ pub struct ServeArgs {
     #[arg(long, value_delimiter = ',', value_name = "INDEX,...")]
     pub gpus: Option<Vec<usize>>,
     /// Testers per GPU: worker processes that run candidates' tests side by side while each
-    /// timing has the GPU alone.
+    /// timing has the GPU alone (four gave 1.14x the verdicts/s of one and 0.81x its p50
+    /// latency at 16 clients: benchmarks/results/verdict_speed_h100_2026-12-06.json).
     #[arg(long, default_value_t = cudarl_cuda::worker::DEFAULT_GPU_WORKERS, value_name = "N")]
     pub gpu_testers: usize,
     /// Reward config scoring each verdict (`configs/reward/<NAME>.toml`).
@@ -152,7 +153,10 @@ pub fn run(ctx: &Ctx, a: ServeArgs) -> Result<i32, CliError> {
             .iter()
             .map(|&i| {
                 (0..a.gpu_testers)
-                    .map(|_| WorkerPool::judge().on_gpu(i))
+                    .map(|_| Tester {
+                        native: WorkerPool::judge().on_gpu(i),
+                        kernelbench: cudarl_cuda::torchfmt::pool(&ctx.root).on_gpu(i),
+                    })
                     .collect()
             })
             .collect(),

@@ -102,7 +102,7 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
     let testers = l.gpu_testers.first().copied().unwrap_or(1);
     let served = start(ctx, l, testers)?;
     let health = get_json(&agent(), &format!("{}/healthz", served.base))?;
-    let mut out = load(&served.base, &kernels, l, testers, &agent)?;
+    let mut out = load(&served.base, &kernels, l, (0, testers), &agent)?;
     let batch = (l.batch > 0)
         .then(|| batch(&served.base, &kernels, l.batch, &agent))
         .transpose()?;
@@ -110,9 +110,9 @@ pub fn run(ctx: &Ctx, l: &Load) -> Result<Value, CliError> {
     let (s50, c50) = (percentile(&serve_ms, 50.0), percentile(&check_ms, 50.0));
     drop(served);
     let mut baselines = Vec::new();
-    for &n in l.gpu_testers.iter().skip(1) {
+    for (run, &n) in l.gpu_testers.iter().enumerate().skip(1) {
         let served = start(ctx, l, n)?;
-        let mut b = load(&served.base, &kernels, l, n, &agent)?;
+        let mut b = load(&served.base, &kernels, l, (run, n), &agent)?;
         drop(served);
         b["measured_over_baseline"] = json!({
             "verdicts_per_second": out["verdicts_per_second"].as_f64().unwrap_or(f64::NAN)
@@ -151,7 +151,8 @@ fn get_json(a: &ureq::Agent, url: &str) -> Result<Value, CliError> {
 }
 
 /// `l.clients` clients sending distinct candidates (task kernels, each with a comment naming
-/// the service's tester count, client and sequence number) to `POST /v1/evaluate` at `base`
+/// the service's run and tester count, the client and its sequence number, so no two runs
+/// share a source) to `POST /v1/evaluate` at `base`
 /// for `l.seconds`: requests, 200s, 429s, lost and duplicated answers, correct verdicts,
 /// verdicts/s, latency (ms), and the server's own verdict count, which must equal the 200s.
 ///
@@ -161,7 +162,7 @@ fn load(
     base: &str,
     kernels: &[(String, String)],
     l: &Load,
-    testers: usize,
+    (run, testers): (usize, usize),
     agent: &dyn Fn() -> ureq::Agent,
 ) -> Result<Value, CliError> {
     let records: Arc<Mutex<Vec<Record>>> = Arc::default();
@@ -176,7 +177,7 @@ fn load(
                 while Instant::now() < end {
                     let (task, code) = &kernels[(c * 7 + seq) % kernels.len()];
                     let id = format!("c{c}r{seq}");
-                    let src = format!("// bench t{testers} {id}\n{code}");
+                    let src = format!("// bench run {run} t{testers} {id}\n{code}");
                     let t = Instant::now();
                     let r = a
                         .post(&format!("{base}/v1/evaluate"))
