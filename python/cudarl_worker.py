@@ -2086,7 +2086,10 @@ class TorchJudge:
         Ends the runner: the fixed cost subtracted from every window (`calibrate`) is measured
         once the runner process is gone, so nothing the candidate left running (a thread of its
         own, GPU work on another stream) can lengthen it and shorten every sample; the fixed
-        cost measured before the timed windows only decides when they stop (`enough_reps`)."""
+        cost measured before the timed windows only decides when they stop (`enough_reps`).
+
+        Wall time by phase, ms, goes to `self.timing_ms` (`calibrate`, `inputs`, `windows`,
+        `reference`, `checks`): each phase's GPU work is waited for before the next starts."""
         import random
 
         rng = random.SystemRandom()
@@ -2105,14 +2108,26 @@ class TorchJudge:
                 poison_fill(outs, 0xFF)
             return [x.cuda() if isinstance(x, torch.Tensor) else x for x in xs]
 
+        phase = self.timing_ms = dict.fromkeys(("calibrate", "inputs", "windows", "reference", "checks"), 0.0)
+        clock = [time.perf_counter()]
+
+        def lap(name):
+            torch.cuda.synchronize()
+            now = time.perf_counter()
+            phase[name] += (now - clock[0]) * 1e3
+            clock[0] = now
+
         base, w = self.calibrate(0, fresh_inputs, outs, stream)
+        lap("calibrate")
         n_windows = w + int(bench["warmup"]) + int(bench["max_reps"])
         first_timed = w + int(bench["warmup"])
         while w < n_windows:
             w += 1
             heartbeat()
             fresh = fresh_inputs()
+            lap("inputs")
             ms, at_stop, a = self.window(w, False, fresh, outs, stream)
+            lap("windows")
             if ms is None:
                 if a is None:
                     raise self.runner.timeout()
@@ -2128,6 +2143,7 @@ class TorchJudge:
             verified += 1
             with torch.no_grad():
                 exp = as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in fresh]))
+            lap("reference")
             scaled = dist != "native"
             got, want = self.timed_positions(outs, exp, whole=verified == 1)
             # A sample's tolerance is the whole output's (its rms over every element).
@@ -2144,13 +2160,16 @@ class TorchJudge:
                 for i, x in enumerate(fresh)
             ):
                 return None, ("timed_output_mismatch", "a timed launch changed its inputs")
+            lap("checks")
             raw.append(ms)
             times.append(max(ms - base, 1e-4))
             spent += ms
             if enough_reps(times, spent, bench):
                 break
         self.runner.kill()
+        lap("windows")
         base, w = self.calibrate(w, fresh_inputs, outs, stream)
+        lap("calibrate")
         times = [max(ms - base, 1e-4) for ms in raw]
         stats = timing_stats(times, statistics.median(times), after_stop)
         stats.update(sets=1, windows=w, overhead_ms=base, verified_sets=verified)
@@ -2344,6 +2363,7 @@ def judge_full_size(judge, req, res):
         res["failure"] = list(failure)
         return
     res["worker_ms"]["timing"] = (time.perf_counter() - t_time) * 1e3
+    res["worker_ms"].update({f"timing_{k}": v for k, v in getattr(judge, "timing_ms", {}).items()})
     heartbeat()
     t_ref = time.perf_counter()
     # Timed once the runner is gone (`time_candidate` ends it): nothing of the candidate's can

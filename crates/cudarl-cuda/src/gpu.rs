@@ -435,6 +435,24 @@ pub struct WorkerMs {
     /// A torch-format run: the whole run in the worker, from the request to the answer.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub total: f64,
+    /// A torch-format run, of `timing`: the empty windows that measure the fixed cost, before
+    /// and after the timed ones.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timing_calibrate: f64,
+    /// Of `timing`: drawing each window's fresh inputs and poisoning its outputs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timing_inputs: f64,
+    /// Of `timing`: the windows themselves (the handshake with the runner, the candidate's
+    /// launch, the samples at the stop event).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timing_windows: f64,
+    /// Of `timing`: the reference `Model` on each timed window's inputs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timing_reference: f64,
+    /// Of `timing`: comparing each timed window's outputs with the reference and its inputs
+    /// with the judge's copies.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timing_checks: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
