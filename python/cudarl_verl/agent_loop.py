@@ -56,13 +56,8 @@ async def tester(task_id: str, answer: str) -> tuple[float, str, dict]:
         _reward.ERRORS["no_code"] += 1
         return 0.0, "No code block found. Answer with one ```cuda code block.", {"error": "no_code"}
     line = await _reward.evaluate_async(task_id, code)
-    status = line["status"]
-    if status == -1:
-        _reward.ERRORS["network"] += 1
-        return 0.0, "", {"error": f"network: {line.get('error')}"}
-    if status != 200:
-        _reward.ERRORS[f"http_{status}"] += 1
-        return 0.0, "", {"error": f"http_{status}"}
+    if line["status"] != 200:
+        return 0.0, "", {"error": _reward.line_score(line)["error"]}
     v = line["verdict"]
     r = v.get("reward") or {}
     return float(r.get("reward", 0.0)), str(v.get("feedback") or ""), v

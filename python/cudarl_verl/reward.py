@@ -107,14 +107,30 @@ def evaluate_batch_stream(candidates: list[dict], on_line) -> str | None:
     return None
 
 
+def _refused(e: Exception) -> dict:
+    """The line a candidate gets when its whole batch request failed with `e`: the HTTP status
+    of a refusal, else status -1 with the reason (network, timeouts, unusable settings)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return {"status": e.code}
+    return {"status": -1, "error": f"{type(e).__name__}: {e}"}
+
+
 def evaluate_batch(candidates: list[dict]) -> list[dict]:
-    """`evaluate_batch_stream`'s lines in the candidates' order. A candidate whose line did not
-    come (the answer was cut off) gets status -1 and the reason. Raises on HTTP errors of the
-    whole request."""
+    """`evaluate_batch_stream`'s lines in the candidates' order. Never raises: a candidate whose
+    line did not come gets status -1 and the reason (the answer was cut off), and a failed
+    request gives every candidate `_refused`'s line."""
     lines = {}
-    cut = evaluate_batch_stream(candidates, lambda x: lines.__setitem__(x["index"], x))
+    try:
+        cut = evaluate_batch_stream(candidates, lambda x: lines.__setitem__(x["index"], x))
+    except Exception as e:  # every failure is a line, never an exception
+        return [dict(_refused(e), index=i) for i in range(len(candidates))]
     missing = cut or "no line for it in the answer"
     return [lines.get(i, {"index": i, "status": -1, "error": missing}) for i in range(len(candidates))]
+
+
+def _json_size(candidate: dict) -> int:
+    """Bytes `candidate` takes in a batch request's JSON (with its separator)."""
+    return len(json.dumps(candidate)) + 2
 
 
 #: Batch requests of the agent loops' batchers in flight at once (more wait for a thread).
@@ -134,7 +150,7 @@ class _Batcher:
         self.timer: asyncio.TimerHandle | None = None
 
     def submit(self, loop: asyncio.AbstractEventLoop, candidate: dict) -> asyncio.Future:
-        n = len(json.dumps(candidate)) + 2
+        n = _json_size(candidate)
         if self.pending and self.size + n > BATCH_BYTES:
             self.flush()
         fut = loop.create_future()
@@ -177,10 +193,8 @@ class _Batcher:
         try:
             cut = evaluate_batch_stream([c for c, _ in batch], lambda x: post(x.get("index"), x))
             missing["error"] = cut or missing["error"]
-        except urllib.error.HTTPError as e:
-            missing = {"status": e.code}
-        except Exception as e:  # network, timeouts, bad settings: the turn scores 0, never hangs
-            missing = {"status": -1, "error": f"{type(e).__name__}: {e}"}
+        except Exception as e:  # the turn scores 0, never hangs
+            missing = _refused(e)
         finally:
             for i in range(len(batch)):  # answered ones are done: these change nothing
                 post(i, dict(missing, index=i))
@@ -205,7 +219,7 @@ def _chunks(candidates: list[dict]) -> list[list[int]]:
     """`candidates`' indices in runs of at most BATCH_CANDIDATES and BATCH_BYTES of JSON."""
     runs, run, size = [], [], 0
     for i, c in enumerate(candidates):
-        n = len(json.dumps(c)) + 2
+        n = _json_size(c)
         if run and (len(run) == BATCH_CANDIDATES or size + n > BATCH_BYTES):
             runs.append(run)
             run, size = [], 0
@@ -234,6 +248,17 @@ def _scored(v: dict) -> dict:
     }
 
 
+def line_score(line: dict) -> dict:
+    """The score of a batch answer's line (`evaluate_batch`, `evaluate_async`): its verdict's
+    (status 200), else 0 as `network` (status -1) or `http_<status>`, counted in ERRORS."""
+    status = line["status"]
+    if status == 200:
+        return _scored(line["verdict"])
+    if status == -1:
+        return _failed(f"network: {line.get('error')}")
+    return _failed(f"http_{status}")
+
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     """VERL's reward-function signature. Returns {"score": float, ...details}."""
     code = extract_code(solution_str)
@@ -255,27 +280,13 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=
     codes = [extract_code(s) for s in solution_strs]
     asked = [i for i, c in enumerate(codes) if c is not None]
     candidates = [{"task_id": str(ground_truths[i]), "source": codes[i]} for i in asked]
-
-    def run(chunk: list[int]) -> list[dict]:
-        try:
-            return evaluate_batch([candidates[k] for k in chunk])
-        except urllib.error.HTTPError as e:
-            return [{"status": e.code} for _ in chunk]
-        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError) as e:
-            return [{"status": -1, "error": str(e)} for _ in chunk]
-
     chunks = _chunks(candidates)
     with concurrent.futures.ThreadPoolExecutor(max_workers=BATCH_REQUESTS) as pool:
-        answered = [line for lines in pool.map(run, chunks) for line in lines]
+        answered = pool.map(lambda chunk: evaluate_batch([candidates[k] for k in chunk]), chunks)
+        lines = [line for chunk_lines in answered for line in chunk_lines]
     scores = [_failed("no_code") if c is None else None for c in codes]
-    for i, line in zip((asked[k] for chunk in chunks for k in chunk), answered, strict=True):
-        status = line["status"]
-        if status == 200:
-            scores[i] = _scored(line["verdict"])
-        elif status == -1:
-            scores[i] = _failed(f"network: {line['error']}")
-        else:
-            scores[i] = _failed(f"http_{status}")
+    for i, line in zip((asked[k] for chunk in chunks for k in chunk), lines, strict=True):
+        scores[i] = line_score(line)
     return scores
 
 

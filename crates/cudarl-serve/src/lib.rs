@@ -399,9 +399,9 @@ struct Inner {
     admission: Arc<Semaphore>,
     queue: usize,
     compile: Arc<Semaphore>,
-    /// Most candidates of one batch in flight at once (building, waiting for a GPU tester or on it):
-    /// the compile threads plus the GPU testers, enough to keep both busy, so a request arriving
-    /// during a batch waits behind at most that many of its candidates.
+    /// Most candidates of one batch in flight at once (building, waiting for a GPU tester or on
+    /// it): the compile threads plus the GPU testers, enough to keep both busy, so a request
+    /// arriving during a batch waits behind at most that many of its candidates.
     batch_window: usize,
     deadline: Duration,
     gpu_wall: Duration,
