@@ -9,6 +9,9 @@
 #      then a batch of BATCH (256) distinct candidates, with the first of TESTERS (default "4,1")
 #      as `serve --gpu-testers`, then the same load with each later one (the baselines);
 #      then 64 clients for 20 s (nothing may be lost);
+#      SERVE=0 skips this part;
+#   JUDGE_OPS=1: the judge's per-window operations timed at 19_ReLU's sizes, this checkout's
+#      worker against BEFORE_WORKER's (scripts/gpu/judge_ops.py; judge_ops.json);
 #   3. GPU_TESTS: a filter of the gated GPU tests to run (.carry/gpu-tests; default the torch-format
 #      and KernelBench ones; "" skips).
 # ACTION=start starts the job and waits like `wait`; ACTION=wait waits up to WAIT_S (540) s and,
@@ -50,6 +53,12 @@ for v in \$variants; do
 done
 cp $D/worker_this.py python/cudarl_worker.py
 S=$D/store_this
+if [ -n "${JUDGE_OPS:-}" ]; then
+  t0=\$(date +%s%N)
+  timeout 300 python3 scripts/gpu/judge_ops.py ${BEFORE_WORKER:+--before "$BEFORE_WORKER"} --out $D/judge_ops.json > $D/judge_ops.txt 2>&1
+  echo "judge ops rc=\$? ms=\$(( (\$(date +%s%N) - t0) / 1000000 ))" >> $D/log.txt
+fi
+if [ "${SERVE:-1}" = 1 ]; then
 t0=\$(date +%s%N)
 timeout 500 \$B --root . --store \$S bench serve --clients ${SERVE_CLIENTS:-16} --seconds ${SERVE_SECONDS:-30} \
   --batch ${BATCH:-256} --gpu-testers $TESTERS --overhead-reps 3 --out $D/serve_load.json > /dev/null 2> $D/serve_load.err
@@ -58,6 +67,7 @@ t0=\$(date +%s%N)
 timeout 300 \$B --root . --store \$S bench serve --clients 64 --seconds 20 --overhead-reps 1 \
   --gpu-testers ${TESTERS%%,*} --out $D/serve_64.json > /dev/null 2> $D/serve_64.err
 echo "serve 64 rc=\$? ms=\$(( (\$(date +%s%N) - t0) / 1000000 ))" >> $D/log.txt
+fi
 if [ -n "${GPU_TESTS-torch_format kernelbench_native a_fault_in_one_runner torch_ops_standing_in}" ]; then
   for t in ${GPU_TESTS-torch_format kernelbench_native a_fault_in_one_runner torch_ops_standing_in}; do
     t0=\$(date +%s%N)
@@ -84,6 +94,11 @@ for f in sorted(d.glob("kb_*.jsonl")):
         print(f"{f.stem:28} #{i} correct={v.get('correct')} total={w.get('total', 0):7.0f} "
               f"timing={w.get('timing', 0):6.0f} full={w.get('full_size', 0):6.0f} "
               f"build_s={v.get('compile_seconds')} speedup={v.get('speedup_vs_torch')}")
+        parts = {k[7:]: round(x) for k, x in w.items() if k.startswith("timing_")}
+        if parts:
+            print(f"{'':28}    timing parts ms {parts}")
+if (d / "judge_ops.txt").exists():
+    print((d / "judge_ops.txt").read_text())
 for name in ("serve_load", "serve_64"):
     p = d / f"{name}.json"
     if not p.exists():

@@ -453,6 +453,14 @@ pub struct WorkerMs {
     /// with the judge's copies.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub timing_checks: f64,
+    /// Of `timing`: ending the runner after the timed windows, until its process is reaped
+    /// (the fixed cost is measured again after it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timing_end: f64,
+    /// Of `timing_windows`: waiting for the runner to say it enqueued its launch, before each
+    /// window starts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timing_ready: f64,
 }
 
 fn is_zero(x: &f64) -> bool {

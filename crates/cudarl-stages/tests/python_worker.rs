@@ -205,13 +205,12 @@ def get_init_inputs():
     assert_eq!(t["tensors"][0]["shape"], json!([b, b]), "{t}");
 }
 
-/// A timed window of the torch-format judge is compared in full first, then at drawn positions
-/// that catch an output wrong at one element in 10^5 (`tests/python/check_timed_positions.py`).
-#[test]
-fn timed_windows_are_compared_at_drawn_positions_that_catch_rare_wrong_elements() {
+/// Runs a check script of `tests/python` with the worker's Python and asserts it printed
+/// `expect`; skipped (printed) where that Python has no torch and CUDARL_REQUIRE_PYTHON is unset.
+fn python_check(script: &str, expect: &str) {
     let py = cudarl_cuda::pyworker::python(&root());
     let o = std::process::Command::new(&py)
-        .arg(root().join("tests/python/check_timed_positions.py"))
+        .arg(root().join("tests/python").join(script))
         .output()
         .expect("python starts");
     let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
@@ -220,5 +219,19 @@ fn timed_windows_are_compared_at_drawn_positions_that_catch_rare_wrong_elements(
         return;
     }
     assert!(o.status.success(), "{text}");
-    assert!(text.contains("timed positions: ok"), "{text}");
+    assert!(text.contains(expect), "{text}");
+}
+
+/// A timed window of the torch-format judge is compared in full first, then at drawn positions
+/// that catch an output wrong at one element in 10^5 (`tests/python/check_timed_positions.py`).
+#[test]
+fn timed_windows_are_compared_at_drawn_positions_that_catch_rare_wrong_elements() {
+    python_check("check_timed_positions.py", "timed positions: ok");
+}
+
+/// The judge's float32 comparison and rms give the float64 check's verdicts, also at the
+/// tolerance's edge and on non-finite elements (`tests/python/check_compare.py`).
+#[test]
+fn float32_comparison_gives_the_float64_checks_verdicts() {
+    python_check("check_compare.py", "compare: ok");
 }
