@@ -1681,12 +1681,14 @@ class TorchRunner:
             os.close(r_req)
             os.close(w_ans)
         os.set_blocking(self.r, False)
-        self.buf, self.step_s = b"", step_s
+        self.buf, self.step_s, self.up = b"", step_s, False
 
     def wait_up(self):
         """Waits for the runner's `up` (CUDA, CUPTI's first use and the filters, after the
         fork: under a second), at most START_S s, with heartbeats so the caller's limit between
-        two lines holds; the step limit starts after it."""
+        two lines holds; the step limit starts after it. Returns at once once it was up."""
+        if self.up:
+            return
         deadline = time.monotonic() + START_S
         while (left := deadline - time.monotonic()) > 0:
             heartbeat()
@@ -1696,6 +1698,7 @@ class TorchRunner:
             if a[0] != "up":
                 self.kill()
                 raise RunnerGone("crash", f"the runner started with {a}")
+            self.up = True
             return
         self.kill()
         raise RunnerGone("timeout", f"the runner did not start within {START_S:.0f} s")
@@ -1780,8 +1783,8 @@ class TorchRunner:
 SPARE = None
 """The runner started ahead for the next torch-format run (`req["next_runner"]`): `(spec, TorchRunner)`.
 Its start (a fork of the zygote, CUDA, CUPTI: 0.19-0.24 s on the H200 host,
-benchmarks/results/kb_judge_h200_2026-12-04.json, `forked_runners_cupti`) overlaps what the judge
-does between runs."""
+benchmarks/results/kb_judge_h200_2026-12-04.json, `forked_runners_cupti`) overlaps the current
+run's untimed steps; a timed run waits for it to be up before its first window (`spare_up`)."""
 
 
 def take_spare(spec, step_s):
@@ -1795,6 +1798,20 @@ def take_spare(spec, step_s):
             return spare[1]
         spare[1].close()
     return TorchRunner(spec, step_s)
+
+
+def spare_up():
+    """Waits until the spare runner (`start_spare`) is up; a spare that does not come up is
+    ended (the next run starts its own runner and reports what fails then)."""
+    global SPARE
+    if SPARE is None:
+        return
+    try:
+        SPARE[1].wait_up()
+    except RunnerGone as e:
+        print(f"the next runner did not start: {e}", file=sys.stderr, flush=True)
+        SPARE[1].close()
+        SPARE = None
 
 
 def start_spare(spec, step_s):
@@ -2315,14 +2332,16 @@ def judge_torch(judge, req, res, t_start):
     ms = res["worker_ms"]
     judge.runner.wait_up()
     ms["runner"] = (time.perf_counter() - t_start) * 1e3
-    if not req.get("bench") and req.get("next_runner"):
-        # Nothing of this run is timed: the next runner starts up beside it.
-        start_spare(req["next_runner"], float(req.get("step_s", 60)))
-        judge.spare_started = True
     if req.get("bench"):
         t_switch = time.perf_counter()
         judge.measure_switch()
         ms["switch"] = (time.perf_counter() - t_switch) * 1e3
+    if req.get("next_runner"):
+        # The next runner starts up beside this run's untimed steps (load, tests, the problem's
+        # own sizes); a timed run waits for it to be up before its first window
+        # (`spare_up`), so its start is never beside a timed window.
+        start_spare(req["next_runner"], float(req.get("step_s", 60)))
+        judge.spare_started = True
     # Asked before any candidate code runs: a profiler that worked then and answers "none"
     # later was switched off by the candidate.
     t_load = time.perf_counter()
@@ -2417,6 +2436,9 @@ def judge_full_size(judge, req, res):
     if not bench:
         return
     heartbeat()
+    t_up = time.perf_counter()
+    spare_up()
+    res["worker_ms"]["runner"] += (time.perf_counter() - t_up) * 1e3
     t_time = time.perf_counter()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")

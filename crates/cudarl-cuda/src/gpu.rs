@@ -405,7 +405,8 @@ pub struct WorkerMs {
     pub transfer: f64,
     /// Waiting for a sandboxed runner to be ready (CUDA initialized; usually started ahead of
     /// time) and, for a native run, loading the candidate in it (a torch-format run reports
-    /// `load` apart).
+    /// `load` apart; a timed one also waits here for the next run's runner to be up before
+    /// its first timing window).
     #[serde(default)]
     pub runner: f64,
     /// The profile pass ([`RunJob::profile`]): starting `ncu` and its runner, the profiled
