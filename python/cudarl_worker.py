@@ -1537,9 +1537,10 @@ class Zygote:
     def tail(self):
         return err_tail(self.err)
 
-    def line(self, timeout):
+    def line(self, timeout, exit_ends=False):
         """The zygote's next line other than an `exit` (kept in `exits`); None when `timeout` (s)
-        passes first. Raises RunnerGone("harness") when the zygote has ended."""
+        passes first, or with `exit_ends` as soon as an `exit` line was kept. Raises
+        RunnerGone("harness") when the zygote has ended."""
         import select
 
         deadline = time.monotonic() + timeout
@@ -1550,6 +1551,8 @@ class Zygote:
                 if word == "exit":
                     pid, _, code = rest.partition(" ")
                     self.exits[int(pid)] = int(code)
+                    if exit_ends:
+                        return None
                     continue
                 return line.decode()
             if self.sock.fileno() < 0:
@@ -1595,7 +1598,7 @@ class Zygote:
         deadline = time.monotonic() + timeout
         while pid not in self.exits:
             try:
-                self.line(min(max(deadline - time.monotonic(), 0.0), 1.0))
+                self.line(min(max(deadline - time.monotonic(), 0.0), 1.0), exit_ends=True)
             except RunnerGone:
                 break
             if time.monotonic() >= deadline:

@@ -235,3 +235,10 @@ fn timed_windows_are_compared_at_drawn_positions_that_catch_rare_wrong_elements(
 fn float32_comparison_gives_the_float64_checks_verdicts() {
     python_check("check_compare.py", "compare: ok");
 }
+
+/// The judge learns a runner's end as soon as the zygote reports it, not a read slice later
+/// (`tests/python/check_zygote_exit.py`).
+#[test]
+fn a_runners_exit_is_known_as_soon_as_the_zygote_reports_it() {
+    python_check("check_zygote_exit.py", "zygote exits: ok");
+}
