@@ -814,7 +814,8 @@ def close_by_margin(o, e, atol, rtol):
     """(max abs, max rel) of a chunk that passes |o - e| <= atol + rtol |e| with CLOSE_MARGIN to
     spare, computed in float32; None when the float64 check must decide: an element within the
     margin or off tolerance, a non-finite one (NaN and infinity make the worst difference NaN),
-    a float64 or non-float operand, or operands on different devices. A chunk it passes passes
+    a float64 or non-float operand, operands on different devices, or an atol below float32's
+    smallest normal number. A chunk it passes passes
     the float64 check; max abs and max rel are float32's.
 
     A right 1.6e9-element output is compared in 40 ms against the float64 check's 244 ms (H200),
@@ -823,6 +824,8 @@ def close_by_margin(o, e, atol, rtol):
     small = (torch.float32, torch.float16, torch.bfloat16)
     if o.dtype not in small or e.dtype not in small or o.device != e.device or not o.numel():
         return None
+    if atol * (1 - CLOSE_MARGIN) < torch.finfo(torch.float32).tiny:
+        return None  # a threshold among subnormals: float32's rounding there exceeds the margin
     o, e = o.float(), e.float()
     d = torch.sub(o, e).abs_()
     ea = e.abs()
@@ -980,6 +983,7 @@ SAMPLES = 4096  # output elements sampled per output and window (work after the 
 # (benchmarks/results/verdict_speed_h100_2026-12-06.json).
 TIMED_COMPARE = 1 << 22
 START_S = 120.0  # how long the judge waits for a runner to start (before any candidate code)
+SPARE_UP_S = 10.0  # how long a run waits for the spare runner it started (`spare_up`, `take_spare`)
 GATE_S = 1.0  # how long the judge waits for the runner to enqueue a window before starting it
 CALIBRATION = 5  # empty windows before the timed ones; the least is the fixed cost
 GO, DONE = 0, 4  # byte offsets of an arena's control words (u32): the window the judge opened, the runner finished
@@ -1601,7 +1605,7 @@ class Zygote:
                 self.line(min(max(deadline - time.monotonic(), 0.0), 1.0), exit_ends=True)
             except RunnerGone:
                 break
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline and b"\n" not in self.buf:
                 break
         return self.exits.get(pid)
 
@@ -1686,13 +1690,13 @@ class TorchRunner:
         os.set_blocking(self.r, False)
         self.buf, self.step_s, self.up = b"", step_s, False
 
-    def wait_up(self):
+    def wait_up(self, limit=START_S):
         """Waits for the runner's `up` (CUDA, CUPTI's first use and the filters, after the
-        fork: under a second), at most START_S s, with heartbeats so the caller's limit between
+        fork: under a second), at most `limit` s, with heartbeats so the caller's limit between
         two lines holds; the step limit starts after it. Returns at once once it was up."""
         if self.up:
             return
-        deadline = time.monotonic() + START_S
+        deadline = time.monotonic() + limit
         while (left := deadline - time.monotonic()) > 0:
             heartbeat()
             a = self.reply(min(5.0, left))
@@ -1704,7 +1708,7 @@ class TorchRunner:
             self.up = True
             return
         self.kill()
-        raise RunnerGone("timeout", f"the runner did not start within {START_S:.0f} s")
+        raise RunnerGone("timeout", f"the runner did not start within {limit:.0f} s")
 
     def send(self, msg):
         try:
@@ -1791,16 +1795,28 @@ run's untimed steps; a timed run waits for it to be up before its first window (
 
 
 def take_spare(spec, step_s):
-    """The runner for `spec`: the spare when it was started for exactly this spec and still
-    runs, else a new one (a spare for another spec is ended)."""
+    """The runner for `spec`: the spare when it was started for exactly this spec, still runs
+    and (for a spec that profiles) started its profiler, else a new one (a spare for another
+    spec, or one whose start failed, is ended). The spare started beside another candidate's
+    run, which could have made its start fail (taking the GPU's memory, say): a new runner
+    starts once that candidate is gone."""
     global SPARE
     spare, SPARE = SPARE, None
     if spare is not None:
-        if spare[0] == spec and spare[1].proc.poll() is None:
+        if spare[0] == spec and spare[1].proc.poll() is None and spare_started_well(spare[1], spec):
             spare[1].step_s = step_s
             return spare[1]
         spare[1].close()
     return TorchRunner(spec, step_s)
+
+
+def spare_started_well(runner, spec):
+    """Whether `runner` came up and, if `spec` profiles, its profiler started."""
+    try:
+        runner.wait_up(SPARE_UP_S)
+        return not spec.get("profile") or runner.ask({"op": "profiler"})[0] == "ok"
+    except RunnerGone:
+        return False
 
 
 def spare_up():
@@ -1810,7 +1826,7 @@ def spare_up():
     if SPARE is None:
         return
     try:
-        SPARE[1].wait_up()
+        SPARE[1].wait_up(SPARE_UP_S)
     except RunnerGone as e:
         print(f"the next runner did not start: {e}", file=sys.stderr, flush=True)
         SPARE[1].close()

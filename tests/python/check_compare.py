@@ -59,7 +59,49 @@ def straddling(n, seed, sign, low=1 - 4e-7, high=1 + 4e-7):
     return o.float(), e.float()
 
 
+def ulp_edge(n, seed, atol=ATOL):
+    """Outputs 0-2 float32 steps either side of the float64 tolerance's edge, for references of
+    magnitudes 1e-6..1e2 (where atol dominates the tolerance, a float32 step is far finer than
+    the tolerance, so float32's rounding alone would decide them)."""
+    g = torch.Generator().manual_seed(seed)
+    mag = 10 ** (torch.rand(n, generator=g, dtype=torch.float64) * 8 - 6)
+    e = (mag * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)).float()
+    side = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    o = (e.double() + side * (atol + RTOL * e.double().abs())).float()
+    steps = torch.randint(-2, 3, (n,), generator=g)
+    for k in range(2):
+        up, down = steps > k, steps < -k
+        o = torch.where(up, torch.nextafter(o, torch.tensor(math.inf)), o)
+        o = torch.where(down, torch.nextafter(o, torch.tensor(-math.inf)), o)
+    return o, e
+
+
+def per_element(o, e, atol=ATOL):
+    """`compare` with one element per chunk (each decided alone, in float32 or float64) against
+    the float64 check: the same count of elements off tolerance and first one; returns how
+    many elements float32 decided."""
+    chunk, fast, decided = w.COMPARE_CHUNK, w.close_by_margin, []
+    w.COMPARE_CHUNK = 1
+    w.close_by_margin = lambda *a: decided.append(fast(*a)) or decided[-1]
+    try:
+        got = w.compare([o], [e], atol, RTOL)
+    finally:
+        w.COMPARE_CHUNK, w.close_by_margin = chunk, fast
+    want = exact([o], [e], atol=atol)
+    assert got[0] == want[0] and got[4] == want[4], f"element by element: {got[4]!r} against {want[4]!r}"
+    return sum(d is not None for d in decided)
+
+
 def main():
+    o, e = ulp_edge(1500, 11)
+    assert per_element(o, e) > 50, "float32 decides elements near the edge"
+    assert not exact([o], [e])[0], "some elements are past the edge"
+    o0, e0 = ulp_edge(200, 12, atol=0.0)
+    per_element(o0, e0, atol=0.0)
+    sub = torch.tensor([7.86264084177569e-39])
+    per_element(torch.tensor([7.941267698608956e-39]), sub, atol=0.0)
+    assert not w.compare([torch.tensor([7.941267698608956e-39])], [sub], 0.0, RTOL)[0], "a subnormal edge"
+
     n = 3 * w.COMPARE_CHUNK // 64
     passed = failed = 0
     for seed in range(6):
@@ -110,7 +152,7 @@ def main():
     want = float(x.double().square().mean().sqrt())
     assert abs(w.rms(x, "cpu") - want) <= 1e-6 * want, "rms in float32 within 1e-6 of float64's"
     assert abs(w.rms(torch.tensor([3.0, 4.0, math.inf]), "cpu") - (25 / 3) ** 0.5) < 1e-12
-    huge = torch.tensor([3e30, 4e30])
+    huge = torch.tensor([3e30, 4e30]).repeat(256)
     assert abs(w.rms(huge, "cpu") - 12.5**0.5 * 1e30) <= 1e-6 * 1e30 * 12.5**0.5, "past float32's range"
     assert w.rms(torch.empty(0), "cpu") == 0.0
 
@@ -123,6 +165,9 @@ def main():
     assert w.same_bits(n1, n1.clone()) and not w.same_bits(n1, n2), "NaN payloads count"
     h = torch.randn(8).half()
     assert w.same_bits(h, h.clone()) and not w.same_bits(h, h + 1)
+    t = torch.randn(4, 3)
+    assert w.same_bits(t.t(), t.t().contiguous()), "a transposed view"
+    assert w.same_bits(torch.tensor(1.5), torch.tensor(1.5)) and not w.same_bits(torch.tensor(1.5), torch.tensor(2.5))
     print("compare: ok")
 
 

@@ -5,7 +5,8 @@
   reads the socket in slices of 1 s), although nothing else follows and the wait may last 30 s:
   the judge measures the window's fixed cost again only after the runner is gone, so every
   timed run waits for this.
-- Lines that arrive together (another runner's exit, then this one's) are all kept.
+- Lines that arrive together (another runner's exit, then this one's) are all kept, also by a
+  poll that does not wait.
 - A runner with no exit line is still running after a short wait (None, then TimeoutExpired).
 
 Prints `zygote exits: ok` and exits 0, or raises.
@@ -37,6 +38,11 @@ def main():
     waited = time.monotonic() - t
     assert waited < 0.5, f"the exit line was there, but the wait took {waited:.2f} s"
     assert z.exits == {41: 0, 42: -9}, z.exits
+
+    z, theirs = zygote()
+    theirs.sendall(b"exit 41 0\nexit 42 -9\n")
+    time.sleep(0.05)
+    assert w.Forked(z, 42).poll() == -9, "a poll finds an exit line queued behind another"
 
     z, theirs = zygote()
     r = w.Forked(z, 7)

@@ -242,3 +242,10 @@ fn float32_comparison_gives_the_float64_checks_verdicts() {
 fn a_runners_exit_is_known_as_soon_as_the_zygote_reports_it() {
     python_check("check_zygote_exit.py", "zygote exits: ok");
 }
+
+/// A spare runner whose start failed beside the previous candidate's run is replaced, not handed
+/// to the next candidate (`tests/python/check_spare_runner.py`).
+#[test]
+fn a_spare_runner_that_started_badly_is_replaced() {
+    python_check("check_spare_runner.py", "spare runner: ok");
+}
