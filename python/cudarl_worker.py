@@ -866,12 +866,12 @@ def compare(outs, exp, atol, rtol, scaled=False, scales=None):
             a_eff = atol * max(1.0, scales[i] if scales is not None else rms(ef, of.device))
         nbad, first = 0, None
         for s0 in range(0, n, COMPARE_CHUNK):
-            quick = close_by_margin(of[s0 : s0 + COMPARE_CHUNK], ef[s0 : s0 + COMPARE_CHUNK].to(of.device), a_eff, rtol)
+            oc, ec = of[s0 : s0 + COMPARE_CHUNK], ef[s0 : s0 + COMPARE_CHUNK].to(of.device)
+            quick = close_by_margin(oc, ec, a_eff, rtol)
             if quick is not None:
                 mabs, mrel = max(mabs, quick[0]), max(mrel, quick[1])
                 continue
-            o64 = of[s0 : s0 + COMPARE_CHUNK].to(torch.float64)
-            e64 = ef[s0 : s0 + COMPARE_CHUNK].to(of.device, torch.float64)
+            o64, e64 = oc.to(torch.float64), ec.to(torch.float64)
             fin = torch.isfinite(e64)
             nonf += int((~torch.isfinite(o64) & fin).sum())
             both_nan = torch.isnan(o64) & torch.isnan(e64)
@@ -887,7 +887,7 @@ def compare(outs, exp, atol, rtol, scaled=False, scales=None):
                 idx = int(bad.nonzero()[0])
                 first = (s0 + idx, float(o64[idx]), float(e64[idx]))
             nbad += k
-            del o64, e64, fin, both_nan, same_inf, d, bad
+            del oc, ec, o64, e64, fin, both_nan, same_inf, d, bad
         if nbad and msg is None:
             msg = (
                 f"output {i}: {nbad} of {n} elements off tolerance (atol {a_eff:.3g}, rtol {rtol}); "
@@ -1811,24 +1811,23 @@ def take_spare(spec, step_s):
 
 
 def spare_started_well(runner, spec):
-    """Whether `runner` came up and, if `spec` profiles, its profiler started."""
-    try:
-        runner.wait_up(SPARE_UP_S)
-        return not spec.get("profile") or runner.ask({"op": "profiler"})[0] == "ok"
-    except RunnerGone:
-        return False
+    """Whether `runner` came up within SPARE_UP_S s and, if `spec` profiles, its profiler
+    started; asked once per runner (kept in `runner.started_well`)."""
+    if getattr(runner, "started_well", None) is None:
+        try:
+            runner.wait_up(SPARE_UP_S)
+            runner.started_well = not spec.get("profile") or runner.ask({"op": "profiler"})[0] == "ok"
+        except RunnerGone:
+            runner.started_well = False
+    return runner.started_well
 
 
 def spare_up():
-    """Waits until the spare runner (`start_spare`) is up; a spare that does not come up is
-    ended (the next run starts its own runner and reports what fails then)."""
+    """Waits until the spare runner (`start_spare`) is up; a spare that did not start well
+    (`spare_started_well`) is ended, and the next run starts its own runner."""
     global SPARE
-    if SPARE is None:
-        return
-    try:
-        SPARE[1].wait_up(SPARE_UP_S)
-    except RunnerGone as e:
-        print(f"the next runner did not start: {e}", file=sys.stderr, flush=True)
+    if SPARE is not None and not spare_started_well(SPARE[1], SPARE[0]):
+        print("the next runner did not start well: ended", file=sys.stderr, flush=True)
         SPARE[1].close()
         SPARE = None
 

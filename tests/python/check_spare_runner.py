@@ -7,6 +7,8 @@
   would otherwise report `kernels_unlisted` for a candidate that did nothing.
 - So is a spare that never comes up, and one started for another spec.
 - A spec that does not profile does not ask.
+- A timed run ends a spare that started badly before its timing (`spare_up`); a good spare is
+  checked once, there and at take together.
 
 Prints `spare runner: ok` and exits 0, or raises.
 """
@@ -70,6 +72,15 @@ def main():
     quiet = {"dir": "/tmp/c", "profile": False}
     r = Runner(quiet, answer="none")
     assert take(r, quiet) is r and r.asked == [], "a spec that does not profile does not ask"
+    w.SPARE = (spec, Runner(spec, answer="none"))
+    bad = w.SPARE[1]
+    w.spare_up()
+    assert w.SPARE is None and bad.closed, "a timed run ends a spare that started badly before timing"
+    kept = Runner(spec)
+    w.SPARE = (spec, kept)
+    w.spare_up()
+    assert w.SPARE[1] is kept and w.take_spare(spec, 30.0) is kept
+    assert kept.asked == ["profiler"], "a spare is checked once, before timing and at take"
     print("spare runner: ok")
 
 
