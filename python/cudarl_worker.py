@@ -985,6 +985,8 @@ TIMED_COMPARE = 1 << 22
 START_S = 120.0  # how long the judge waits for a runner to start (before any candidate code)
 SPARE_UP_S = 10.0  # how long a run waits for the spare runner it started (`spare_up`, `take_spare`)
 GATE_S = 1.0  # how long the judge waits for the runner to enqueue a window before starting it
+# Steps of the check at a problem's own sizes, timed apart (`worker_ms.full_size_<part>`).
+FULL_SIZE_PARTS = ("draw", "reference", "bind", "run", "compare")
 CALIBRATION = 5  # empty windows before the timed ones; the least is the fixed cost
 GO, DONE = 0, 4  # byte offsets of an arena's control words (u32): the window the judge opened, the runner finished
 ANSWER_CHARS = 32000  # longest runner answer line read (a profiled forward's kernel names)
@@ -1903,9 +1905,16 @@ class TorchJudge:
         self.switch_ms = max(min(both) - min(alone), 0.0)
 
     def bind(self, specs, values, sizes, init_seed, inputs, params):
-        """A fresh arena holding `values` (key -> tensor), opened by the runner (which closes
+        """An arena holding `values` (key -> tensor), the rest zeroed, opened by the runner: the
+        current one refilled when its layout is the same (the runner keeps its mapping: the
+        problem's own sizes are checked at several seeds), else a fresh one (the runner closes
         the previous one first), then the previous one freed."""
-        arena = Arena(self.drv, specs)
+        same = self.arena is not None and self.arena.ptr and self.arena.layout == arena_layout(specs)[0]
+        if same:
+            arena = self.arena
+            arena.mem.zero_()
+        else:
+            arena = Arena(self.drv, specs)
         for k, x in values.items():
             arena.views[k].copy_(x)
         torch.cuda.synchronize()
@@ -1926,12 +1935,16 @@ class TorchJudge:
             )
         except RunnerGone:
             arena.free()  # the runner is gone: nothing maps it any more
+            if same:
+                self.arena = None
             raise
         if word != "ok":
             self.runner.kill()
             arena.free()
+            if same:
+                self.arena = None
             raise RunnerGone("crash", f"the runner did not take the arena: {text}")
-        if self.arena is not None:
+        if self.arena is not None and not same:
             self.arena.free()
         self.arena = arena
 
@@ -2027,7 +2040,19 @@ class TorchJudge:
     def full_size(self, problem, t):
         """The problem at its own sizes: fresh inputs drawn on the GPU, the reference run first
         (in this process), then the candidate in the runner. Returns (message or None, max abs
-        error, what timing needs)."""
+        error, what timing needs). Wall time by step, ms, adds to `self.full_ms`
+        (`FULL_SIZE_PARTS`: `draw`, the model and fresh inputs; `reference`, its forward;
+        `bind`, the arena the runner maps; `run`, poisoning and the candidate's run; `compare`)."""
+        ms = self.full_ms = getattr(self, "full_ms", None) or dict.fromkeys(FULL_SIZE_PARTS, 0.0)
+        t0 = time.perf_counter()
+
+        def step(part):
+            nonlocal t0
+            torch.cuda.synchronize()
+            now = time.perf_counter()
+            ms[part] += (now - t0) * 1e3
+            t0 = now
+
         seed = int(t["seed"])
         dist = t.get("dist", "native")
         torch.manual_seed(seed)
@@ -2042,17 +2067,22 @@ class TorchJudge:
         model = model.cuda().eval()
         inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in inputs]
         params = dict(model.state_dict())
+        step("draw")
         with torch.no_grad():
             exp = as_list(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]))
+        step("reference")
         specs, values, ins = self.specs_of(inputs, params)
         specs += [(f"o0.{i:04}", e.shape, e.dtype) for i, e in enumerate(exp)]
         self.bind(specs, values, self.req.get("bench_sizes") or {}, seed, ins, list(params))
+        step("bind")
         poison_fill(self.arena.outputs(0), 0xFF)
         torch.cuda.synchronize()
         word, text = self.runner.ask({"op": "test", "set": 0, "byte": 0xFF, "seed": seed, "poison_bytes": 1 << 20})
+        step("run")
         if word != "done":
             return f"seed {seed}: {text}", 0.0, None
         ok, mabs, _, _, msg = compare(self.arena.outputs(0), exp, self.atol, self.rtol, scaled=dist != "native")
+        step("compare")
         if not ok:
             return f"seed {seed} ({dist}): {msg}", mabs, None
         return None, mabs, (model, inputs, params, seed, dist)
@@ -2433,6 +2463,7 @@ def judge_full_size(judge, req, res):
             break
     res["full_size"] = full
     res["worker_ms"]["full_size"] = (time.perf_counter() - t_full) * 1e3
+    res["worker_ms"].update({f"full_size_{k}": v for k, v in (getattr(judge, "full_ms", None) or {}).items()})
     if not (keep and res["tests"] and all(t["passed"] for t in res["tests"])):
         return
     heartbeat()
@@ -2554,6 +2585,7 @@ class RunnerState:
     def __init__(self, drv):
         self.drv, self.cand, self.ptr, self.fn, self.cal = drv, None, 0, None, None
         self.no_profiler = None
+        self.handle = None  # the IPC handle (hex) of the arena mapped at `ptr`
 
     def load(self, req):
         self.code, self.pid = req["code"], req["problem_id"]
@@ -2561,12 +2593,16 @@ class RunnerState:
         return "ok"
 
     def bind(self, req):
+        """Maps the arena of `handle` (closing the one mapped before), or keeps the mapping when
+        the judge refilled the same arena, and takes its views, the problem and its init inputs."""
         self.fn = self.inputs = self.params = self.outputs = self.mem = None
-        if self.ptr:
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        if self.ptr and req["handle"] != self.handle:
             self.drv.close(self.ptr)
-            self.ptr = 0
-        self.ptr = self.drv.open(bytes.fromhex(req["handle"]))
+            self.ptr, self.handle = 0, None
+        if not self.ptr:
+            self.ptr = self.drv.open(bytes.fromhex(req["handle"]))
+            self.handle = req["handle"]
         self.mem = device_bytes(self.ptr, req["size"])
         v = arena_views(self.mem, req["layout"])
         self.problem = load_problem(self.code, self.pid, req["sizes"])

@@ -97,6 +97,9 @@ for f in sorted(d.glob("kb_*.jsonl")):
         parts = {k[7:]: round(x) for k, x in w.items() if k.startswith("timing_")}
         if parts:
             print(f"{'':28}    timing parts ms {parts}")
+        parts = {k[10:]: round(x) for k, x in w.items() if k.startswith("full_size_") and k != "full_size_wait"}
+        if parts:
+            print(f"{'':28}    full-size parts ms {parts}")
 if (d / "judge_ops.txt").exists():
     print((d / "judge_ops.txt").read_text())
 for name in ("serve_load", "serve_64"):

@@ -462,6 +462,22 @@ pub struct WorkerMs {
     /// window starts.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub timing_ready: f64,
+    /// Of `full_size`, over its seeds: building the reference `Model` and drawing fresh inputs
+    /// on the GPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_size_draw: f64,
+    /// Of `full_size`: the reference's forward.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_size_reference: f64,
+    /// Of `full_size`: a fresh arena with the inputs and parameters, mapped by the runner.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_size_bind: f64,
+    /// Of `full_size`: poisoning the outputs and the candidate's run in its runner.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_size_run: f64,
+    /// Of `full_size`: comparing the outputs with the reference's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub full_size_compare: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
