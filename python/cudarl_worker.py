@@ -1860,6 +1860,7 @@ class TorchJudge:
         self.spare_started = False
         self.switch_ms = 0.0
         self.profiler = False
+        self.full_ms = None  # the own-sizes check's steps, ms (`full_size`)
 
     def close(self):
         """Ends the runner and frees the arenas (again: nothing)."""
@@ -1934,7 +1935,9 @@ class TorchJudge:
                 }
             )
         except RunnerGone:
-            arena.free()  # the runner is gone: nothing maps it any more
+            # Ended first (a runner that reported a CUDA error is still alive and may map it).
+            self.runner.kill()
+            arena.free()
             if same:
                 self.arena = None
             raise
@@ -2043,7 +2046,7 @@ class TorchJudge:
         error, what timing needs). Wall time by step, ms, adds to `self.full_ms`
         (`FULL_SIZE_PARTS`: `draw`, the model and fresh inputs; `reference`, its forward;
         `bind`, the arena the runner maps; `run`, poisoning and the candidate's run; `compare`)."""
-        ms = self.full_ms = getattr(self, "full_ms", None) or dict.fromkeys(FULL_SIZE_PARTS, 0.0)
+        ms = self.full_ms = self.full_ms or dict.fromkeys(FULL_SIZE_PARTS, 0.0)
         t0 = time.perf_counter()
 
         def step(part):
@@ -2312,9 +2315,10 @@ def run_torch(req):
     runner (`TorchRunner`); this process holds the expected outputs and the reference and owns
     the comparisons and the clock.
 
-    Per test: a fresh candidate (seeded like the reference) on the recorded inputs in a fresh
-    arena; two runs with the allocator and the output buffers poisoned (NaN, then 0x3F bytes, so
-    an unwritten output differs between the runs); inputs and parameters must be bit-identical to
+    Per test: a fresh candidate (seeded like the reference) on the recorded inputs in an arena
+    (the test before's zeroed and refilled where the layout is the same, else a fresh one); two
+    runs with the allocator and the output buffers poisoned (NaN, then 0x3F bytes, so an
+    unwritten output differs between the runs); inputs and parameters must be bit-identical to
     the judge's copies afterwards. The answer's `failure` ([kind, detail]) names how the runner
     ended a run (`sandbox_violation`, `timeout`, `crash`) or what timing found
     (`timed_output_mismatch`).
@@ -2463,7 +2467,7 @@ def judge_full_size(judge, req, res):
             break
     res["full_size"] = full
     res["worker_ms"]["full_size"] = (time.perf_counter() - t_full) * 1e3
-    res["worker_ms"].update({f"full_size_{k}": v for k, v in (getattr(judge, "full_ms", None) or {}).items()})
+    res["worker_ms"].update({f"full_size_{k}": v for k, v in (judge.full_ms or {}).items()})
     if not (keep and res["tests"] and all(t["passed"] for t in res["tests"])):
         return
     heartbeat()

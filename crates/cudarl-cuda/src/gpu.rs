@@ -469,7 +469,8 @@ pub struct WorkerMs {
     /// Of `full_size`: the reference's forward.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub full_size_reference: f64,
-    /// Of `full_size`: a fresh arena with the inputs and parameters, mapped by the runner.
+    /// Of `full_size`: the arena with the inputs and parameters (fresh, or the previous seed's
+    /// zeroed and refilled) that the runner maps.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub full_size_bind: f64,
     /// Of `full_size`: poisoning the outputs and the candidate's run in its runner.
