@@ -42,6 +42,12 @@
 #   PART=torch-build  `bench torch-build` (cold torch-extension builds of archive kernels, one
 #               unit against the harness's kernel/host build; KERNELS, default 6, JOBS, default
 #               4) into torch_build.json.
+#   PART=families  generated families whose group starts with one of FAMILY_GROUPS (space-
+#               separated, e.g. "conv:conv3d conv:transposed2d"): `run synth-tasks` on a fresh
+#               store, then per family one `check --json` of its naive and fast kernels in turn;
+#               writes families.jsonl (per kernel: task, group, file, correct, failure, the
+#               recorded tests, median_ms, the fast kernel's speedup over the naive one) and
+#               prints a table. FAMILY_LIMIT: at most this many families (default 24).
 # Usage: PART=hacks OUT=out bash scripts/gpu/harness_checks.sh
 set -uo pipefail
 . "$(dirname "$0")/detach.sh"
@@ -265,6 +271,61 @@ for a in agree + wrapped:
 for label, a in [("torch-format equivalents", agree), ("ModelNew wrappers", wrapped)]:
     if a:
         print(f"{label}: {sum(x['same_verdict'] for x in a)}/{len(a)} same verdict as native")
+PY
+elif [ "$PART" = families ]; then
+  S=$(mktemp -d); K=$(mktemp -d)
+  CUDARL_WORKER=$NEW/cudarl-pipe-worker "$NEW/cudarl-pipe" --root . --store "$S" run synth-tasks > "$OUT/synth.log" 2>&1
+  "$NEW/cudarl-pipe" --root . --store "$S" show synth-tasks --output tasks --json --head 100000 > "$K/tasks.jsonl"
+  "$NEW/cudarl-pipe" --root . --store "$S" show synth-tasks --output task_kernels --json --head 100000 > "$K/kernels.jsonl"
+  python3 - "$K" "${FAMILY_GROUPS:-conv:}" "${FAMILY_LIMIT:-24}" <<'PY'
+import json, pathlib, sys
+k, prefixes, limit = pathlib.Path(sys.argv[1]), sys.argv[2].split(), int(sys.argv[3])
+tasks = [json.loads(l) for l in (k / "tasks.jsonl").read_text().splitlines() if l.strip()]
+picked = []
+for t in tasks:
+    g = t.get("group") or ""
+    if any(g.startswith(p) for p in prefixes) and len(picked) < limit:
+        picked.append((t["task_id"], g))
+rows = [json.loads(l) for l in (k / "kernels.jsonl").read_text().splitlines() if l.strip()]
+with open(k / "list.txt", "w") as out:
+    for tid, g in picked:
+        files = []
+        for r in rows:
+            if r.get("task_id") == tid:
+                f = k / f"{tid}__{r['file'].replace('/', '_')}"
+                f.write_text(r["code"])
+                files.append(str(f))
+        out.write(" ".join([tid, g] + files) + "\n")
+PY
+  : > "$OUT/families.jsonl"
+  while read -r tid g files; do
+    srcs=""; for f in $files; do srcs="$srcs --source $f"; done
+    timeout 300 "$NEW/cudarl-pipe" --root . --store "$S" check --task "$tid" $srcs --json 2>> "$OUT/families.err" |
+      python3 -c 'import json,sys
+files = sys.argv[3].split()
+for i, l in enumerate(x for x in sys.stdin if x.strip()):
+    v = json.loads(l)
+    t = v.get("timing") or {}
+    print(json.dumps({"task": sys.argv[1], "group": sys.argv[2], "file": files[i].rsplit("__", 1)[-1] if i < len(files) else None,
+                      "correct": v.get("correct"), "failure": v.get("failure"), "detail": (v.get("failure_detail") or "")[:300],
+                      "tests": len(v.get("tests") or []), "median_ms": t.get("median_ms"), "compiled": v.get("compiled")}))' "$tid" "$g" "$files" >> "$OUT/families.jsonl"
+  done < "$K/list.txt"
+  python3 - "$OUT/families.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+by = {}
+for r in rows:
+    by.setdefault(r["task"], []).append(r)
+for t, rs in by.items():
+    naive = next((r for r in rs if r["file"] == "naive.cu"), None)
+    for r in rs:
+        sp = (naive["median_ms"] / r["median_ms"]) if naive and naive.get("median_ms") and r.get("median_ms") else None
+        r["speedup_vs_naive"] = sp
+        print(f"{t:14} {r['group']:32} {str(r['file']):22} correct={r['correct']} ms={r['median_ms']} x_naive={sp and round(sp, 2)} {r['failure'] or ''} {r['detail'][:80]}")
+with open(sys.argv[1], "w") as f:
+    for rs in by.values():
+        for r in rs:
+            f.write(json.dumps(r) + "\n")
 PY
 elif [ "$PART" = serve-kb ]; then
   S=${STORE:-/tmp/cudarl-main/store}

@@ -31,7 +31,8 @@
 //! | `transpose(x)` | swaps the last two dimensions |
 //! | `prod(x, d)` | product over dimension `d`; a third argument `1` keeps it |
 //! | `cumprod(x, d)` | inclusive prefix product over dimension `d` |
-//! | `conv1d(x, w, s, p, g)`, `conv2d(x, w, s, p, g)` | `F.conv1d` / `F.conv2d` with stride `s`, padding `p`, `g` groups (integer literals); a bias `b` after `w` (`conv2d(x, w, b, s, p, g)`) |
+//! | `conv1d(x, w, s, p, g)`, `conv2d(x, w, s, p, g)`, `conv3d(x, w, s, p, g)` | `F.conv1d` / `F.conv2d` / `F.conv3d` with stride `s`, padding `p`, `g` groups (integer literals); a bias `b` after `w` (`conv2d(x, w, b, s, p, g)`) |
+//! | `conv_transpose2d(x, w, s, p, g)` | `F.conv_transpose2d` (no output padding, no dilation), the same arguments; `w` of shape `(C_in, C_out / g, kh, kw)` |
 //! | `max_pool1d(x, k, s)`, `avg_pool1d(x, k, s)`, `max_pool2d(x, k, s)`, `avg_pool2d(x, k, s)` | `F.max_pool1d` ... with window `k` and stride `s` (integer literals), no padding |
 //! | `group_norm(x, w, b, g, eps)` | `F.group_norm(x, g, w, b, eps)` |
 //!
@@ -108,6 +109,8 @@ pub const FUNCTIONS: &[(&str, usize, usize)] = &[
     ("cumprod", 2, 2),
     ("conv1d", 5, 6),
     ("conv2d", 5, 6),
+    ("conv3d", 5, 6),
+    ("conv_transpose2d", 5, 6),
     ("max_pool1d", 3, 3),
     ("avg_pool1d", 3, 3),
     ("max_pool2d", 3, 3),
@@ -358,7 +361,7 @@ impl Expr {
                     ),
                     "matmul" => format!("torch.matmul({}, {})", a[0], a[1]),
                     "transpose" => format!("{}.transpose(-2, -1)", a[0]),
-                    "conv1d" | "conv2d" => {
+                    "conv1d" | "conv2d" | "conv3d" | "conv_transpose2d" => {
                         let n = args.len();
                         let bias = if n == 6 { a[2].as_str() } else { "None" };
                         format!(

@@ -76,7 +76,8 @@ impl Stage for SynthTasks {
     // 6: row-reduction maps are drawn trees, with two of three optimized kernels each;
     // naive row sums accumulate in double.
     // 7: operator families (KernelBench-style modules, tiers 0-3); `problem` and `group`.
-    stage_identity!(KIND, 7);
+    // 8: 3D and transposed 2D convolution families.
+    stage_identity!(KIND, 8);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }

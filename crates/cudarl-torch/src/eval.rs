@@ -26,8 +26,8 @@ impl<'a> Env<'a> {
         }
     }
 
-    /// The longest contraction (terms of one output element's sum of products) of any `matmul`,
-    /// `conv1d` or `conv2d` evaluated in this environment so far: the `K` of a matmul's inner
+    /// The longest contraction (terms of one output element's sum of products) of any `matmul`
+    /// or convolution evaluated in this environment so far: the `K` of a matmul's inner
     /// dimension, `C_in / groups` times the kernel's elements for a convolution; 0 when none ran.
     /// The judge derives an f32 task's tolerance from it
     /// ([`cudarl_cuda::task::TaskSpec::rtol_for`]).
@@ -458,8 +458,8 @@ fn softmax(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> 
     }))
 }
 
-/// Linear and windowed operations on `x`: `matmul`, `transpose`, `conv1d`, `conv2d` and the
-/// 1-d and 2-d max and average pools.
+/// Linear and windowed operations on `x`: `matmul`, `transpose`, `conv1d`, `conv2d`, `conv3d`,
+/// `conv_transpose2d` and the 1-d and 2-d max and average pools.
 fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
     let (f, args, env) = (c.f, c.args, c.env);
     Ok(Some(match f {
@@ -480,7 +480,7 @@ fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
                 .transpose()?;
             Val::T(v, m)
         }
-        "conv1d" | "conv2d" => {
+        "conv1d" | "conv2d" | "conv3d" | "conv_transpose2d" => {
             let (w, mw) = c.tensor_arg(1)?;
             let n = args.len();
             let (b, mb) = if n == 6 {
@@ -495,13 +495,22 @@ fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
                 int_arg(&args[n - 1], f)?,
             );
             let conv = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| -> R<Tensor> {
-                if f == "conv1d" {
-                    x.f_conv1d(w, b, [st], [pad], [1], groups)
-                } else {
-                    x.f_conv2d(w, b, [st, st], [pad, pad], [1, 1], groups)
+                match f {
+                    "conv1d" => x.f_conv1d(w, b, [st], [pad], [1], groups),
+                    "conv2d" => x.f_conv2d(w, b, [st, st], [pad, pad], [1, 1], groups),
+                    "conv3d" => x.f_conv3d(w, b, [st; 3], [pad; 3], [1; 3], groups),
+                    _ => x.f_conv_transpose2d(w, b, [st, st], [pad, pad], [0, 0], groups, [1, 1]),
                 }
             };
-            env.contracted(w.size().iter().skip(1).product());
+            // A transposed convolution's weight is (C_in, C_out / groups, kh, kw): an output
+            // element sums at most C_in / groups input channels times the kernel's elements.
+            let ws = w.size();
+            env.contracted(if f == "conv_transpose2d" {
+                ws.first().copied().unwrap_or(0) / groups.max(1)
+                    * ws.iter().skip(2).product::<i64>()
+            } else {
+                ws.iter().skip(1).product()
+            });
             let v = conv(x, &w, b.as_ref())?;
             let m = match (mx, mw) {
                 (Some(mx), Some(mw)) => Some(conv(mx, &mw, mb.as_ref())?),
@@ -710,6 +719,21 @@ mod tests {
         assert_eq!(v, vec![2.0, 2.0, 4.0]);
         let (v, _) = run("avg_pool1d(x, 3, 1)", &[("x", &x)], &[]);
         assert_eq!(v, vec![0.0, 1.0]);
+        // Transposed: [1, 2] scatters [1, -1] from each position: [1, -1 + 2, -2]; magnitude
+        // [1, 1 + 2, 2].
+        let xt = t(&[1.0, 2.0], &[1, 1, 1, 2]);
+        let wt = t(&[1.0, -1.0], &[1, 1, 1, 2]);
+        let (v, m) = run(
+            "conv_transpose2d(xt, wt, 1, 0, 1)",
+            &[("xt", &xt), ("wt", &wt)],
+            &[],
+        );
+        assert_eq!((v, m), (vec![1.0, 1.0, -2.0], vec![1.0, 3.0, 2.0]));
+        // conv3d of a 2 x 2 x 2 cube of ones with a 2 x 2 x 2 filter of 0.5: one output, 4.
+        let x3 = t(&[1.0; 8], &[1, 1, 2, 2, 2]);
+        let w3 = t(&[0.5; 8], &[1, 1, 2, 2, 2]);
+        let (v, _) = run("conv3d(x3, w3, 1, 0, 1)", &[("x3", &x3), ("w3", &w3)], &[]);
+        assert_eq!(v, vec![4.0]);
         // Products: n |y| for n factors.
         let q = t(&[1.0, 2.0, -3.0, 0.5, 4.0, 2.0], &[2, 3]);
         let (v, m) = run("prod(q, 1)", &[("q", &q)], &[]);
@@ -764,6 +788,20 @@ mod tests {
         assert_eq!(
             k("conv2d(x2, w2, 1, 1, 1)", &[("x2", &x2), ("w2", &w2)]),
             27
+        );
+        let (x3, w3) = (z(&[1, 2, 5, 5, 5]), z(&[4, 2, 3, 3, 3]));
+        assert_eq!(
+            k("conv3d(x3, w3, 1, 0, 1)", &[("x3", &x3), ("w3", &w3)]),
+            54
+        );
+        // Transposed: the weight is (C_in, C_out, kh, kw); C_in times the kernel's elements.
+        let (xt, wt) = (z(&[1, 3, 4, 4]), z(&[3, 5, 2, 2]));
+        assert_eq!(
+            k(
+                "conv_transpose2d(xt, wt, 2, 0, 1)",
+                &[("xt", &xt), ("wt", &wt)]
+            ),
+            12
         );
     }
 

@@ -1,6 +1,8 @@
 //! Convolution families: KernelBench's convolutions (level 1 `conv_standard_1D`,
 //! `conv_standard_2D__square_input__square_kernel`, `conv_depthwise_2D_square_input_square_kernel`,
-//! `conv_pointwise_2D`; level 2 `Conv2d_ReLU_BiasAdd` and its kin) as seeded families.
+//! `conv_pointwise_2D`, `conv_standard_3D__cubic_input__cubic_kernel`,
+//! `conv_transposed_2D__square_input__square_kernel`; level 2 `Conv2d_ReLU_BiasAdd` and its kin)
+//! as seeded families.
 //!
 //! Kinds and tiers:
 //! - tier 2, `conv:conv1d`: `nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)` over
@@ -14,6 +16,13 @@
 //!   literal, so a depthwise family keeps `in_channels` fixed across its shapes (8, 16 or 32).
 //! - tier 2, `conv:pointwise2d`: the 1x1 convolution `nn.Conv2d(in_channels, out_channels,
 //!   kernel_size=1, bias=False)`.
+//! - tier 2, `conv:conv3d`: `nn.Conv3d(in_channels, out_channels, kernel_size, bias=False)` over
+//!   `(batch_size, in_channels, depth, height, width)` with a cubic kernel, stride 1, no
+//!   padding.
+//! - tier 2, `conv:transposed2d`: `nn.ConvTranspose2d(in_channels, out_channels, kernel_size,
+//!   bias=False)` with a square kernel, some families with stride 2 (`|stride2`) or padding 1
+//!   (`|pad`); the weight is `(in_channels, out_channels, kernel_size, kernel_size)` and each
+//!   output dimension `(d - 1) * stride - 2 * padding + kernel_size`.
 //! - tier 3, `conv:fused2d`: `nn.Conv2d(in_channels, out_channels, kernel_size)` with its bias,
 //!   then 1-3 elementwise steps (activations, scaling, clamping) and optionally a parameter
 //!   `self.bias` of shape `(out_channels, 1, 1)` added (broadcast over the batch and the
@@ -31,8 +40,12 @@
 //! output channels in registers (`tile_2d.cu`, `tile_1d.cu`); a block per 32 x 32 tile of one
 //! depthwise plane, input tile and filter in shared memory, 4 rows per thread
 //! (`depthwise_tile.cu`); the pointwise convolution as a batched matmul `W (Cout x Cin) X_n
-//! (Cin x H W)` with 32 x 32 shared-memory tiles (`pointwise_gemm.cu`). Kernel sizes 3 and 5
-//! get unrolled window loops; any other size runs the same code with runtime bounds.
+//! (Cin x H W)` with 32 x 32 shared-memory tiles (`pointwise_gemm.cu`); for the 3D and transposed
+//! kinds one thread per output position computing 4 or 8 output channels, each input value read
+//! once for all of them and the filters' taps staged in shared memory 4 input channels at a time
+//! (`cob_3d.cu`, `cob_transposed.cu`; a transposed output gathers the inputs `i` with
+//! `i * stride - padding + k = o`, PyTorch docs, `torch.nn.ConvTranspose2d`). Kernel sizes 3 and
+//! 5 get unrolled window loops; any other size runs the same code with runtime bounds.
 
 use std::collections::BTreeMap;
 
@@ -59,6 +72,10 @@ enum Kind {
     Pointwise,
     /// `nn.Conv2d` with its bias, then elementwise steps.
     Fused,
+    /// `nn.Conv3d`, no bias, stride 1, no padding, a cubic kernel.
+    Conv3d,
+    /// `nn.ConvTranspose2d`, no bias, square `stride` and `pad`, no output padding.
+    Transposed2d { stride: i64, pad: i64 },
 }
 
 /// `(batch_size, in_channels, out_channels, height, width)` of one shape; a 1D shape's length
@@ -104,6 +121,49 @@ const CONV2D_REGIMES: [[Dims; 3]; 3] = [
     ],
 ];
 
+/// `(batch_size, in_channels, out_channels, depth, height, width)` of one 3D shape.
+type Dims3 = (i64, i64, i64, i64, i64, i64);
+
+/// Train shapes of the 3D regimes: a few channels over larger volumes, many channels over small
+/// ones, irregular.
+const CONV3D_REGIMES: [[Dims3; 3]; 3] = [
+    [
+        (8, 16, 32, 12, 48, 48),
+        (4, 32, 64, 16, 32, 32),
+        (16, 8, 24, 10, 40, 40),
+    ],
+    [
+        (10, 64, 128, 8, 16, 16),
+        (2, 128, 64, 12, 12, 12),
+        (20, 32, 96, 6, 20, 20),
+    ],
+    [
+        (6, 12, 20, 14, 30, 26),
+        (3, 7, 18, 11, 37, 29),
+        (9, 10, 14, 13, 23, 31),
+    ],
+];
+
+/// Train shapes of the transposed regimes (the output grows by the stride): small images with
+/// many channels, smaller ones with more, irregular.
+const TRANSPOSED_REGIMES: [[Dims; 3]; 3] = [
+    [
+        (8, 24, 16, 32, 32),
+        (16, 16, 8, 24, 24),
+        (4, 64, 32, 16, 16),
+    ],
+    [
+        (16, 128, 64, 12, 12),
+        (4, 256, 128, 8, 8),
+        (32, 64, 32, 14, 14),
+    ],
+    [
+        (6, 20, 12, 27, 35),
+        (10, 9, 14, 19, 23),
+        (3, 40, 24, 13, 45),
+    ],
+];
+
 /// Train shapes `(batch_size, height, width)` of the depthwise regimes.
 const DEPTHWISE_REGIMES: [[(i64, i64, i64); 3]; 3] = [
     [(12, 128, 128), (4, 256, 256), (20, 64, 96)],
@@ -141,11 +201,20 @@ impl Kind {
                 "kernel_size",
                 "length",
             ],
-            Kind::Conv2d { .. } | Kind::Fused => vec![
+            Kind::Conv2d { .. } | Kind::Fused | Kind::Transposed2d { .. } => vec![
                 "batch_size",
                 "in_channels",
                 "out_channels",
                 "kernel_size",
+                "height",
+                "width",
+            ],
+            Kind::Conv3d => vec![
+                "batch_size",
+                "in_channels",
+                "out_channels",
+                "kernel_size",
+                "depth",
                 "height",
                 "width",
             ],
@@ -195,6 +264,29 @@ impl Kind {
     /// capped at 33.
     fn shapes(self, k: i64, regime: usize) -> (Shapes, Shapes) {
         let r = regime % 3;
+        if self == Kind::Conv3d {
+            let maps = |v: &[Dims3]| -> Shapes {
+                v.iter()
+                    .map(|&(n, cin, cout, d, h, w)| {
+                        BTreeMap::from([
+                            ("batch_size".to_string(), n),
+                            ("in_channels".to_string(), cin),
+                            ("out_channels".to_string(), cout),
+                            ("kernel_size".to_string(), k),
+                            ("depth".to_string(), d),
+                            ("height".to_string(), h),
+                            ("width".to_string(), w),
+                        ])
+                    })
+                    .collect()
+            };
+            let holdout = [
+                (1, 1, 1, k, k, k),
+                (2, 3, 17, 9, 13, 11),
+                (1, 5, 9, 21, 19, 23),
+            ];
+            return (maps(&CONV3D_REGIMES[r]), maps(&holdout));
+        }
         let (train, holdout): (Vec<Dims>, Vec<Dims>) = match self {
             Kind::Conv1d => (
                 CONV1D_REGIMES[r].to_vec(),
@@ -215,6 +307,11 @@ impl Kind {
                 POINTWISE_REGIMES[r].to_vec(),
                 vec![(1, 1, 1, 1, 1), (3, 17, 33, 9, 45), (2, 129, 65, 31, 63)],
             ),
+            Kind::Transposed2d { .. } => (
+                TRANSPOSED_REGIMES[r].to_vec(),
+                vec![(1, 1, 1, 1, 1), (3, 5, 33, 9, 11), (2, 7, 13, 17, 31)],
+            ),
+            Kind::Conv3d => unreachable!("3D shapes are drawn above"),
         };
         let maps = |v: Vec<Dims>| v.into_iter().map(|d| self.sizes(k, d)).collect();
         (maps(train), maps(holdout))
@@ -223,7 +320,7 @@ impl Kind {
     /// `(stride, padding)`, the same along both spatial dimensions.
     fn stride_pad(self) -> (i64, i64) {
         match self {
-            Kind::Conv2d { stride, pad } => (stride, pad),
+            Kind::Conv2d { stride, pad } | Kind::Transposed2d { stride, pad } => (stride, pad),
             _ => (1, 0),
         }
     }
@@ -237,6 +334,18 @@ fn out_dim(dim: &str, s: i64, p: i64) -> String {
         (1, p) => format!("{dim}+{}-kernel_size+1", 2 * p),
         (s, 0) => format!("({dim}-kernel_size)/{s}+1"),
         (s, p) => format!("({dim}+{}-kernel_size)/{s}+1", 2 * p),
+    }
+}
+
+/// The output size along a dimension of input size `dim` of a transposed convolution with
+/// window `kernel_size`, stride `s` and padding `p` (no output padding), as a shape formula:
+/// `(dim - 1) s - 2 p + kernel_size`.
+fn out_dim_transposed(dim: &str, s: i64, p: i64) -> String {
+    match (s, p) {
+        (1, 0) => format!("{dim}+kernel_size-1"),
+        (1, p) => format!("{dim}-{}+kernel_size-1", 2 * p),
+        (s, 0) => format!("({dim}-1)*{s}+kernel_size"),
+        (s, p) => format!("({dim}-1)*{s}-{}+kernel_size", 2 * p),
     }
 }
 
@@ -263,6 +372,9 @@ fn prelude(kind: Kind) -> (String, String) {
             "in_channels",
         ),
         Kind::Pointwise => ("out_channels", "height, W = width", "1, KW = 1", "1"),
+        Kind::Conv3d | Kind::Transposed2d { .. } => {
+            unreachable!("3D and transposed kernels have preludes of their own")
+        }
     };
     let alias = format!(
         "    const int64_t N = batch_size, C = in_channels, CO = {co}, G = {g};\n    \
@@ -565,10 +677,13 @@ fn conv_family(
         .into_iter()
         .chain(l.spatial.iter().copied())
         .collect();
-    let w_shape: Vec<&str> = [l.cout, l.cpg]
-        .into_iter()
-        .chain(l.kk.iter().copied())
-        .collect();
+    // `nn.ConvTranspose2d`'s weight is (in_channels, out_channels, kh, kw).
+    let w_lead = if matches!(kind, Kind::Transposed2d { .. }) {
+        ["in_channels", "out_channels"]
+    } else {
+        [l.cout, l.cpg]
+    };
+    let w_shape: Vec<&str> = w_lead.into_iter().chain(l.kk.iter().copied()).collect();
     let mut inputs: Vec<(&str, Vec<&str>)> = vec![("in0", x_shape)];
     if extra_bias {
         inputs.push(("bias", vec!["out_channels", "1", "1"]));
@@ -612,7 +727,7 @@ struct Layout {
     /// The input's spatial dimensions, and the output's as shape formulas.
     spatial: &'static [&'static str],
     out_spatial: Vec<String>,
-    /// The layer's attribute name (`conv1d`, `conv2d`, `conv`).
+    /// The layer's attribute name (`conv1d`, `conv2d`, `conv`, `conv3d`, `conv_transpose2d`).
     layer: &'static str,
 }
 
@@ -627,20 +742,27 @@ impl Kind {
         let kk: &[&str] = match self {
             Kind::Conv1d => &["kernel_size"],
             Kind::Pointwise => &["1", "1"],
+            Kind::Conv3d => &["kernel_size", "kernel_size", "kernel_size"],
             _ => &["kernel_size", "kernel_size"],
         };
-        let spatial: &[&str] = if self == Kind::Conv1d {
-            &["length"]
-        } else {
-            &["height", "width"]
+        let spatial: &[&str] = match self {
+            Kind::Conv1d => &["length"],
+            Kind::Conv3d => &["depth", "height", "width"],
+            _ => &["height", "width"],
         };
         let out_spatial: Vec<String> = match self {
             Kind::Pointwise => vec!["height".into(), "width".into()],
+            Kind::Transposed2d { .. } => spatial
+                .iter()
+                .map(|d| out_dim_transposed(d, s, p))
+                .collect(),
             _ => spatial.iter().map(|d| out_dim(d, s, p)).collect(),
         };
         let layer = match self {
             Kind::Conv1d => "conv1d",
             Kind::Fused => "conv",
+            Kind::Conv3d => "conv3d",
+            Kind::Transposed2d { .. } => "conv_transpose2d",
             _ => "conv2d",
         };
         Layout {
@@ -661,10 +783,11 @@ fn conv_reference(kind: Kind, (wname, bname): (&str, &str)) -> String {
         Kind::Depthwise { channels } => channels,
         _ => 1,
     };
-    let f = if kind == Kind::Conv1d {
-        "conv1d"
-    } else {
-        "conv2d"
+    let f = match kind {
+        Kind::Conv1d => "conv1d",
+        Kind::Conv3d => "conv3d",
+        Kind::Transposed2d { .. } => "conv_transpose2d",
+        _ => "conv2d",
     };
     if kind == Kind::Fused {
         format!("{f}(in0, {wname}, {bname}, {s}, {p}, {groups})")
@@ -674,6 +797,9 @@ fn conv_reference(kind: Kind, (wname, bname): (&str, &str)) -> String {
 }
 
 /// (bytes, flops): every buffer read or written once; two flops per multiply-add, one per step.
+/// A transposed convolution's multiply-adds are counted from its input, each element times
+/// `out_channels` times the kernel's elements (exact without padding; with padding it counts
+/// the taps that fall outside the output too).
 fn conv_cost(kind: Kind, l: &Layout, steps: &[Step]) -> (String, String) {
     let fused = kind == Kind::Fused;
     let cout = l.cout;
@@ -710,12 +836,37 @@ fn conv_cost(kind: Kind, l: &Layout, steps: &[Step]) -> (String, String) {
     if fused && steps.contains(&Step::AddBias) {
         bytes.push_str(" + 4*out_channels");
     }
-    let mut flops = format!("2*{o_elems}*{per_filter}");
+    let mut flops = if matches!(kind, Kind::Transposed2d { .. }) {
+        format!("2*{x_elems}*out_channels*kernel_size*kernel_size")
+    } else {
+        format!("2*{o_elems}*{per_filter}")
+    };
     let epi_ops = steps.len() + usize::from(fused);
     if epi_ops > 0 {
         flops.push_str(&format!(" + {epi_ops}*{o_elems}"));
     }
     (bytes, flops)
+}
+
+/// A layer call's stride and padding arguments (`, stride=2, padding=1`; none at 1 and 0) and
+/// their words for the docstring (`stride 2, padding 1`).
+fn stride_pad_words(stride: i64, pad: i64) -> (String, String) {
+    let mut opts = String::new();
+    let mut how = vec![];
+    if stride != 1 {
+        opts.push_str(&format!(", stride={stride}"));
+        how.push(format!("stride {stride}"));
+    }
+    if pad != 0 {
+        opts.push_str(&format!(", padding={pad}"));
+        how.push(format!("padding {pad}"));
+    }
+    let how = if how.is_empty() {
+        "stride 1, no padding".to_string()
+    } else {
+        how.join(", ")
+    };
+    (opts, how)
 }
 
 /// The module's `__init__` parameters, `get_init_inputs`, layer constructor, docstring sentence.
@@ -731,21 +882,7 @@ fn conv_layer(
             "Performs a standard 1D convolution (no bias, stride 1, no padding)".into(),
         ),
         Kind::Conv2d { stride, pad } => {
-            let mut opts = String::new();
-            let mut how = vec![];
-            if stride != 1 {
-                opts.push_str(&format!(", stride={stride}"));
-                how.push(format!("stride {stride}"));
-            }
-            if pad != 0 {
-                opts.push_str(&format!(", padding={pad}"));
-                how.push(format!("padding {pad}"));
-            }
-            let how = if how.is_empty() {
-                "stride 1, no padding".to_string()
-            } else {
-                how.join(", ")
-            };
+            let (opts, how) = stride_pad_words(stride, pad);
             (
                 vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
                 vec!["in_channels", "out_channels", "kernel_size"],
@@ -753,6 +890,27 @@ fn conv_layer(
                 format!("Performs a standard 2D convolution with a square kernel (no bias, {how})"),
             )
         }
+        Kind::Transposed2d { stride, pad } => {
+            let (opts, how) = stride_pad_words(stride, pad);
+            (
+                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                vec!["in_channels", "out_channels", "kernel_size"],
+                format!(
+                    "nn.ConvTranspose2d(in_channels, out_channels, kernel_size{opts}, bias=False)"
+                ),
+                format!(
+                    "Performs a transposed 2D convolution with a square kernel (no bias, {how})"
+                ),
+            )
+        }
+        Kind::Conv3d => (
+            vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+            vec!["in_channels", "out_channels", "kernel_size"],
+            "nn.Conv3d(in_channels, out_channels, kernel_size, bias=False)".into(),
+            "Performs a standard 3D convolution with a cubic kernel (no bias, stride 1, no \
+             padding)"
+                .into(),
+        ),
         Kind::Depthwise { .. } => (
             vec!["in_channels: int", "kernel_size: int"],
             vec!["in_channels", "kernel_size"],
@@ -841,6 +999,15 @@ fn conv_kernels(
         sig: &sig,
         w: wname,
     };
+    if matches!(kind, Kind::Conv3d | Kind::Transposed2d { .. }) {
+        let (naive, fast) = volume_kernels(parts, block, cob);
+        let file = if kind == Kind::Conv3d {
+            "cob_3d.cu"
+        } else {
+            "cob_transposed.cu"
+        };
+        return (file, naive, fast);
+    }
     let naive = naive_kernel(parts, &epilogue("    "), block);
     let (file, fast) = match kind {
         Kind::Depthwise { .. } => ("depthwise_tile.cu", depthwise_kernel(parts)),
@@ -855,6 +1022,203 @@ fn conv_kernels(
         ),
     };
     (file, naive, fast)
+}
+
+/// The sizes of a 3D or transposed convolution's kernels (`N, C, CO, K`, the input's
+/// `D, H, W` and the output's `DO, HO, WO`; a transposed one is 2D: `D = DO = 1`), after its
+/// stride and padding macros.
+fn volume_prelude(kind: Kind) -> String {
+    let (s, p) = kind.stride_pad();
+    let (dims, outs) = if kind == Kind::Conv3d {
+        (
+            "depth, H = height, W = width",
+            "D - K + 1, HO = H - K + 1, WO = W - K + 1",
+        )
+    } else {
+        (
+            "1, H = height, W = width",
+            "1, HO = (H - 1) * STRIDE - 2 * PAD + K, WO = (W - 1) * STRIDE - 2 * PAD + K",
+        )
+    };
+    format!(
+        "#define STRIDE {s}\n#define PAD {p}\n@@\
+         const int64_t N = batch_size, C = in_channels, CO = out_channels, K = kernel_size;\n    \
+         const int64_t D = {dims};\n    \
+         const int64_t DO = {outs};\n    \
+         (void)N; (void)C; (void)CO; (void)K; (void)D; (void)H; (void)W; (void)DO; (void)HO; (void)WO;\n"
+    )
+}
+
+/// The loops over the taps of output `(od, oh, ow)` for one input channel at `xp`, indented by
+/// `ind`, each tap running `tap(x, t)` (C statements, one per line) with the input's value `x`
+/// and the tap's index `t` (`(kd * k_n + kh) * k_n + kw`): a 3D convolution reads
+/// `x[od + kd, oh + kh, ow + kw]`; a transposed one the input element `i` with
+/// `i * STRIDE - PAD + k = o` along each dimension, where one exists.
+fn volume_taps(kind: Kind, ind: &str, tap: impl Fn(&str, &str) -> Vec<String>) -> String {
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let body = if kind == Kind::Conv3d {
+        lines.push((0, "for (int kd = 0; kd < k_n; ++kd) {".into()));
+        lines.push((1, "for (int kh = 0; kh < k_n; ++kh) {".into()));
+        lines.push((2, "for (int kw = 0; kw < k_n; ++kw) {".into()));
+        tap(
+            "xp[((od + kd) * H + oh + kh) * W + ow + kw]",
+            "(kd * k_n + kh) * k_n + kw",
+        )
+    } else {
+        lines.push((0, "for (int kh = 0; kh < k_n; ++kh) {".into()));
+        lines.push((1, "const int64_t th = oh + PAD - kh;".into()));
+        lines.push((
+            1,
+            "if (th < 0 || th % STRIDE != 0 || th / STRIDE >= H) continue;".into(),
+        ));
+        lines.push((1, "for (int kw = 0; kw < k_n; ++kw) {".into()));
+        lines.push((2, "const int64_t tw = ow + PAD - kw;".into()));
+        lines.push((
+            2,
+            "if (tw < 0 || tw % STRIDE != 0 || tw / STRIDE >= W) continue;".into(),
+        ));
+        tap("xp[(th / STRIDE) * W + tw / STRIDE]", "kh * k_n + kw")
+    };
+    let depth = if kind == Kind::Conv3d { 3 } else { 2 };
+    lines.extend(body.into_iter().map(|l| (depth, l)));
+    lines.extend((0..depth).rev().map(|d| (d, "}".to_string())));
+    lines
+        .into_iter()
+        .map(|(d, l)| format!("{ind}{}{l}\n", "    ".repeat(d)))
+        .collect()
+}
+
+/// The naive and the fast kernel of a 3D or transposed 2D convolution. Naive: one thread per
+/// output element looping over the input channels and the window. Fast: each thread computes
+/// one output position for `cob` output channels of one image, so each input value it reads
+/// serves all of them; 4 input channels at a time, the `cob` filters' taps are staged in shared
+/// memory (output channel innermost, read as broadcasts); kernel sizes 3 and 5 are compiled
+/// with unrolled window loops.
+fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, String) {
+    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
+    let pre = volume_prelude(kind);
+    let (macros, alias) = pre.split_once("@@").expect("prelude");
+    let alias = format!("    {alias}");
+    let what = if kind == Kind::Conv3d {
+        "a 3D convolution"
+    } else {
+        "a transposed 2D convolution"
+    };
+    // The weight of (output channel co, input channel ci): (CO, C, taps) for a convolution,
+    // (C, CO, taps) for a transposed one.
+    let widx = |co: &str, ci: &str| {
+        if kind == Kind::Conv3d {
+            format!("({co} * C + {ci}) * taps")
+        } else {
+            format!("({ci} * CO + {co}) * taps")
+        }
+    };
+    let taps_n = if kind == Kind::Conv3d {
+        "k_n * k_n * k_n"
+    } else {
+        "k_n * k_n"
+    };
+    let position =
+        "const int64_t ow = p % WO, oh = (p / WO) % HO, od = p / (WO * HO);\n    (void)od;\n";
+    let naive = format!(
+        "// naive: {what}, one thread per output element; a direct loop over the input\n\
+         // channels and the kernel window.\n\
+         {HEADER}\n{macros}\n\
+         __global__ void conv_naive({decl}) {{\n{alias}    \
+         const float* WT = {w};\n    \
+         const int k_n = (int)K;\n    \
+         const int taps = {taps_n};\n    \
+         const int64_t P = DO * HO * WO;\n    \
+         const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (i >= N * CO * P) return;\n    \
+         const int64_t p = i % P, co = (i / P) % CO, n = i / (P * CO);\n    \
+         {position}    \
+         float acc = 0.0f;\n    \
+         for (int64_t ci = 0; ci < C; ++ci) {{\n        \
+         const float* xp = in0 + (n * C + ci) * D * H * W;\n        \
+         const float* wp = WT + {wi};\n\
+         {taps}    }}\n    \
+         out[i] = acc;\n}}\n\n\
+         {sig} {{\n{alias}    \
+         if (DO <= 0 || HO <= 0 || WO <= 0 || N * CO == 0) return;\n    \
+         const int64_t total = N * CO * DO * HO * WO;\n    \
+         const int block = {block};\n    \
+         conv_naive<<<(unsigned)((total + block - 1) / block), block, 0, stream>>>({names});\n}}\n",
+        wi = widx("co", "ci"),
+        taps = volume_taps(kind, "        ", |x, t| vec![format!(
+            "acc += {x} * wp[{t}];"
+        )]),
+    );
+    let fast = format!(
+        "// fast: {what}; each thread computes one output position for {cob} output channels\n\
+         // of one image, so each input value it reads serves all of them. 4 input channels at a\n\
+         // time, the {cob} filters' taps are staged in shared memory (output channel innermost,\n\
+         // read as broadcasts). Kernel sizes 3 and 5 are compiled with unrolled window loops.\n\
+         {HEADER}\n{macros}#define COB {cob}\n#define CIB 4\n#define TPB 128\n\n\
+         template <int KC>\n\
+         __global__ void __launch_bounds__(TPB) conv_cob({decl}) {{\n{alias}    \
+         const float* WT = {w};\n    \
+         const int k_n = KC > 0 ? KC : (int)K;\n    \
+         const int taps = {taps_n};\n    \
+         extern __shared__ float s_w[];\n    \
+         const int tid = threadIdx.x;\n    \
+         const int64_t P = DO * HO * WO;\n    \
+         const int64_t p = (int64_t)blockIdx.x * TPB + tid;\n    \
+         {position}    \
+         const int64_t cob_n = (CO + COB - 1) / COB;\n    \
+         for (int64_t job = blockIdx.y; job < N * cob_n; job += gridDim.y) {{\n        \
+         const int64_t n = job / cob_n, co0 = (job % cob_n) * COB;\n        \
+         float acc[COB];\n\
+         #pragma unroll\n        \
+         for (int j = 0; j < COB; ++j) acc[j] = 0.0f;\n        \
+         for (int64_t c0 = 0; c0 < C; c0 += CIB) {{\n            \
+         for (int e = tid; e < CIB * taps * COB; e += TPB) {{\n                \
+         const int j = e % COB, t = (e / COB) % taps, c = e / (COB * taps);\n                \
+         const int64_t co = co0 + j, ci = c0 + c;\n                \
+         s_w[e] = (co < CO && ci < C) ? WT[{wf} + t] : 0.0f;\n            }}\n            \
+         __syncthreads();\n            \
+         if (p < P) {{\n                \
+         for (int c = 0; c < CIB && c0 + c < C; ++c) {{\n                    \
+         const float* xp = in0 + (n * C + c0 + c) * D * H * W;\n                    \
+         const float* sw = s_w + c * taps * COB;\n\
+         #pragma unroll\n\
+         {taps}                }}\n            }}\n            \
+         __syncthreads();\n        }}\n        \
+         if (p < P) {{\n\
+         #pragma unroll\n            \
+         for (int j = 0; j < COB; ++j) {{\n                \
+         if (co0 + j < CO) out[(n * CO + co0 + j) * P + p] = acc[j];\n            }}\n        }}\n    }}\n}}\n\n\
+         template <int KC>\n\
+         static void run_cob(dim3 grid, size_t bytes, cudaStream_t stream, {decl}) {{\n    \
+         if (bytes > 48 * 1024)\n        \
+         cudaFuncSetAttribute(conv_cob<KC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);\n    \
+         conv_cob<KC><<<grid, TPB, bytes, stream>>>({names});\n}}\n\n\
+         {sig} {{\n{alias}    \
+         if (DO <= 0 || HO <= 0 || WO <= 0 || N * CO == 0) return;\n    \
+         const int64_t P = DO * HO * WO;\n    \
+         int64_t jobs = N * ((CO + COB - 1) / COB);\n    \
+         if (jobs > 65535) jobs = 65535;\n    \
+         const size_t bytes = (size_t)CIB * {taps_k} * COB * sizeof(float);\n    \
+         const dim3 grid((unsigned)((P + TPB - 1) / TPB), (unsigned)jobs);\n    \
+         if (kernel_size == 3) run_cob<3>(grid, bytes, stream, {names});\n    \
+         else if (kernel_size == 5) run_cob<5>(grid, bytes, stream, {names});\n    \
+         else run_cob<0>(grid, bytes, stream, {names});\n}}\n",
+        wf = widx("co", "ci"),
+        taps = volume_taps(kind, "                    ", |x, t| {
+            vec![
+                format!("const float xv = __ldg(&{x});"),
+                format!("const float* wk = sw + ({t}) * COB;"),
+                "#pragma unroll".into(),
+                "for (int j = 0; j < COB; ++j) acc[j] += xv * wk[j];".into(),
+            ]
+        }),
+        taps_k = if kind == Kind::Conv3d {
+            "K * K * K"
+        } else {
+            "K * K"
+        },
+    );
+    (naive, fast)
 }
 
 /// The family's group: the kind, its stride and padding variants, and the fused kind's steps.
@@ -874,19 +1238,42 @@ fn conv_group(kind: Kind, steps: &[Step]) -> String {
         Kind::Depthwise { .. } => group_of("conv:depthwise2d", &[], ""),
         Kind::Pointwise => group_of("conv:pointwise2d", &[], ""),
         Kind::Fused => group_of("conv:fused2d", steps, ""),
+        Kind::Conv3d => group_of("conv:conv3d", &[], ""),
+        Kind::Transposed2d { stride, pad } => {
+            let mut extra = String::new();
+            if stride != 1 {
+                extra.push_str(&format!("|stride{stride}"));
+            }
+            if pad != 0 {
+                extra.push_str("|pad");
+            }
+            group_of("conv:transposed2d", &[], &extra)
+        }
     }
 }
 
-/// Draws one convolution family: a 1D convolution (15%), a standard 2D one (25%; half of them
-/// with stride 2, padding `kernel_size // 2` or both), a depthwise one (15%), a pointwise one
-/// (15%) or a 2D convolution with its bias and 1-3 elementwise steps (30%; a third of them
-/// with a `(out_channels, 1, 1)` bias parameter among the steps); kernel size 3 or 5, one of
-/// three shape regimes.
+/// Draws one convolution family: a 1D convolution (about 12%), a standard 2D one (19%; half of
+/// them with stride 2, padding `kernel_size // 2` or both), a depthwise one (12%), a pointwise
+/// one (12%), a 2D convolution with its bias and 1-3 elementwise steps (23%; a third of them
+/// with a `(out_channels, 1, 1)` bias parameter among the steps), a 3D one (12%) or a transposed
+/// 2D one (12%; stride 1 or 2, padding 0 or 1); kernel size 3 or 5, one of three shape regimes.
 pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
     let k = pick(rng, &[3, 5]);
     let regime = rng.random_range(0..3);
     let launch = (pick(rng, &[128, 256, 512]), pick(rng, &[4, 8]));
-    match rng.random_range(0..20) {
+    match rng.random_range(0..26) {
+        20..=22 => conv_family(id, Kind::Conv3d, k, regime, &[], launch),
+        23..=25 => {
+            let (stride, pad) = (pick(rng, &[1, 2]), pick(rng, &[0, 1]));
+            conv_family(
+                id,
+                Kind::Transposed2d { stride, pad },
+                k,
+                regime,
+                &[],
+                launch,
+            )
+        }
         0..=2 => conv_family(id, Kind::Conv1d, k, regime, &[], launch),
         3..=7 => {
             let (stride, pad) = match rng.random_range(0..10) {
@@ -967,6 +1354,11 @@ mod tests {
             "conv:conv2d|stride2",
             "conv:conv2d|pad",
             "conv:conv2d|stride2|pad",
+            "conv:conv3d",
+            "conv:transposed2d",
+            "conv:transposed2d|stride2",
+            "conv:transposed2d|pad",
+            "conv:transposed2d|stride2|pad",
             "conv:depthwise2d",
             "conv:pointwise2d",
             "conv:fused2d",
