@@ -1225,31 +1225,27 @@ fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, Stri
 fn conv_group(kind: Kind, steps: &[Step]) -> String {
     match kind {
         Kind::Conv1d => group_of("conv:conv1d", &[], ""),
-        Kind::Conv2d { stride, pad } => {
-            let mut extra = String::new();
-            if stride != 1 {
-                extra.push_str(&format!("|stride{stride}"));
-            }
-            if pad != 0 {
-                extra.push_str("|pad");
-            }
-            group_of("conv:conv2d", &[], &extra)
-        }
+        Kind::Conv2d { stride, pad } => group_of("conv:conv2d", &[], &variant(stride, pad)),
         Kind::Depthwise { .. } => group_of("conv:depthwise2d", &[], ""),
         Kind::Pointwise => group_of("conv:pointwise2d", &[], ""),
         Kind::Fused => group_of("conv:fused2d", steps, ""),
         Kind::Conv3d => group_of("conv:conv3d", &[], ""),
         Kind::Transposed2d { stride, pad } => {
-            let mut extra = String::new();
-            if stride != 1 {
-                extra.push_str(&format!("|stride{stride}"));
-            }
-            if pad != 0 {
-                extra.push_str("|pad");
-            }
-            group_of("conv:transposed2d", &[], &extra)
+            group_of("conv:transposed2d", &[], &variant(stride, pad))
         }
     }
+}
+
+/// A group's stride and padding variant: `|stride2`, `|pad`, both or none.
+fn variant(stride: i64, pad: i64) -> String {
+    let mut extra = String::new();
+    if stride != 1 {
+        extra.push_str(&format!("|stride{stride}"));
+    }
+    if pad != 0 {
+        extra.push_str("|pad");
+    }
+    extra
 }
 
 /// Draws one convolution family: a 1D convolution (about 12%), a standard 2D one (19%; half of
