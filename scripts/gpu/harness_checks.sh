@@ -45,9 +45,11 @@
 #   PART=families  generated families whose group starts with one of FAMILY_GROUPS (space-
 #               separated, e.g. "conv:conv3d conv:transposed2d"): `run synth-tasks` on a fresh
 #               store, then per family one `check --json` of its naive and fast kernels in turn;
-#               writes families.jsonl (per kernel: task, group, file, correct, failure, the
-#               recorded tests, median_ms, the fast kernel's speedup over the naive one) and
-#               prints a table. FAMILY_LIMIT: at most this many families (default 24).
+#               writes families.jsonl (per kernel: task, group, file, compiled, correct, failure
+#               and its detail, the number of tests, median_ms, the speedup over the family's
+#               naive kernel; a kernel without a verdict, e.g. after a timeout, has failure
+#               `no_verdict`) and prints a table. FAMILY_LIMIT: at most this many families
+#               (default 24).
 # Usage: PART=hacks OUT=out bash scripts/gpu/harness_checks.sh
 set -uo pipefail
 . "$(dirname "$0")/detach.sh"
@@ -300,15 +302,19 @@ PY
   : > "$OUT/families.jsonl"
   while read -r tid g files; do
     srcs=""; for f in $files; do srcs="$srcs --source $f"; done
-    timeout 300 "$NEW/cudarl-pipe" --root . --store "$S" check --task "$tid" $srcs --json 2>> "$OUT/families.err" |
-      python3 -c 'import json,sys
+    timeout 300 "$NEW/cudarl-pipe" --root . --store "$S" check --task "$tid" $srcs --json < /dev/null 2>> "$OUT/families.err" > "$K/verdicts.jsonl"
+    python3 - "$tid" "$g" "$files" "$K/verdicts.jsonl" >> "$OUT/families.jsonl" <<'PY'
+import json, sys
 files = sys.argv[3].split()
-for i, l in enumerate(x for x in sys.stdin if x.strip()):
-    v = json.loads(l)
+lines = [json.loads(x) for x in open(sys.argv[4]) if x.strip()]
+for i, f in enumerate(files):
+    v = lines[i] if i < len(lines) else {"failure": "no_verdict"}
     t = v.get("timing") or {}
-    print(json.dumps({"task": sys.argv[1], "group": sys.argv[2], "file": files[i].rsplit("__", 1)[-1] if i < len(files) else None,
-                      "correct": v.get("correct"), "failure": v.get("failure"), "detail": (v.get("failure_detail") or "")[:300],
-                      "tests": len(v.get("tests") or []), "median_ms": t.get("median_ms"), "compiled": v.get("compiled")}))' "$tid" "$g" "$files" >> "$OUT/families.jsonl"
+    print(json.dumps({"task": sys.argv[1], "group": sys.argv[2], "file": f.rsplit("__", 1)[-1],
+                      "compiled": v.get("compiled"), "correct": v.get("correct"), "failure": v.get("failure"),
+                      "detail": (v.get("failure_detail") or "")[:300], "tests": len(v.get("tests") or []),
+                      "median_ms": t.get("median_ms")}))
+PY
   done < "$K/list.txt"
   python3 - "$OUT/families.jsonl" <<'PY'
 import json, sys

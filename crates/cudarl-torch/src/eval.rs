@@ -503,11 +503,16 @@ fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
                 }
             };
             // A transposed convolution's weight is (C_in, C_out / groups, kh, kw): an output
-            // element sums at most C_in / groups input channels times the kernel's elements.
+            // element sums C_in / groups input channels times the taps of each dimension that
+            // land on it, at most ceil(k / stride) of its k.
             let ws = w.size();
             env.contracted(if f == "conv_transpose2d" {
+                let st = st.max(1);
                 ws.first().copied().unwrap_or(0) / groups.max(1)
-                    * ws.iter().skip(2).product::<i64>()
+                    * ws.iter()
+                        .skip(2)
+                        .map(|k| (k + st - 1) / st)
+                        .product::<i64>()
             } else {
                 ws.iter().skip(1).product()
             });
@@ -794,15 +799,16 @@ mod tests {
             k("conv3d(x3, w3, 1, 0, 1)", &[("x3", &x3), ("w3", &w3)]),
             54
         );
-        // Transposed: the weight is (C_in, C_out, kh, kw); C_in times the kernel's elements.
+        // Transposed: the weight is (C_in, C_out, kh, kw); C_in times ceil(k / stride) taps
+        // per dimension (stride 2 over a 2 x 2 kernel: one tap each; stride 1: all four).
         let (xt, wt) = (z(&[1, 3, 4, 4]), z(&[3, 5, 2, 2]));
-        assert_eq!(
+        let kt = |st: i64| {
             k(
-                "conv_transpose2d(xt, wt, 2, 0, 1)",
-                &[("xt", &xt), ("wt", &wt)]
-            ),
-            12
-        );
+                &format!("conv_transpose2d(xt, wt, {st}, 0, 1)"),
+                &[("xt", &xt), ("wt", &wt)],
+            )
+        };
+        assert_eq!((kt(2), kt(1)), (3, 12));
     }
 
     #[test]

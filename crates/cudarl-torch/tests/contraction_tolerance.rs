@@ -17,7 +17,7 @@ use cudarl_cuda::task::{ArgKind, DEFAULT_INPUT_SCALES, TaskSpec, eval_formula};
 use cudarl_torch::eval::{Env, eval, tolerance};
 use tch::{Kind, Tensor};
 
-const CONTRACTIONS: [&str; 3] = ["matmul", "conv1d", "conv2d"];
+const CONTRACTIONS: [&str; 5] = ["matmul", "conv1d", "conv2d", "conv3d", "conv_transpose2d"];
 
 /// `x` rounded to TF32 (11 significant bits, ties to even), in float64.
 fn tf32(x: &Tensor) -> Tensor {

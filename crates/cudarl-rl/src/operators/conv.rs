@@ -836,8 +836,16 @@ fn conv_cost(kind: Kind, l: &Layout, steps: &[Step]) -> (String, String) {
     if fused && steps.contains(&Step::AddBias) {
         bytes.push_str(" + 4*out_channels");
     }
-    let mut flops = if matches!(kind, Kind::Transposed2d { .. }) {
-        format!("2*{x_elems}*out_channels*kernel_size*kernel_size")
+    let mut flops = if let Kind::Transposed2d { pad, .. } = kind {
+        let along = |d: &str| match pad {
+            0 => format!("{d}*kernel_size"),
+            p => format!("({d}*kernel_size-{})", 2 * p),
+        };
+        format!(
+            "2*batch_size*in_channels*out_channels*{}*{}",
+            along("height"),
+            along("width")
+        )
     } else {
         format!("2*{o_elems}*{per_filter}")
     };
