@@ -1103,32 +1103,57 @@ fn volume_taps(kind: Kind, ind: &str, tap: impl Fn(&str, &str) -> Vec<String>) -
 /// memory (output channel innermost, read as broadcasts); kernel sizes 3 and 5 are compiled
 /// with unrolled window loops.
 fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, String) {
-    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
+    let kind = parts.kind;
     let pre = volume_prelude(kind);
     let (macros, alias) = pre.split_once("@@").expect("prelude");
-    let alias = format!("    {alias}");
-    let what = if kind == Kind::Conv3d {
-        "a 3D convolution"
-    } else {
-        "a transposed 2D convolution"
-    };
-    // The weight of (output channel co, input channel ci): (CO, C, taps) for a convolution,
-    // (C, CO, taps) for a transposed one.
-    let widx = |co: &str, ci: &str| {
-        if kind == Kind::Conv3d {
-            format!("({co} * C + {ci}) * taps")
+    let text = VolumeText {
+        macros,
+        alias: format!("    {alias}"),
+        what: if kind == Kind::Conv3d {
+            "a 3D convolution"
         } else {
-            format!("({ci} * CO + {co}) * taps")
-        }
+            "a transposed 2D convolution"
+        },
+        // The weight of (output channel co, input channel ci): (CO, C, taps) for a
+        // convolution, (C, CO, taps) for a transposed one.
+        wi: if kind == Kind::Conv3d {
+            "(co * C + ci) * taps"
+        } else {
+            "(ci * CO + co) * taps"
+        },
+        taps_n: if kind == Kind::Conv3d {
+            "k_n * k_n * k_n"
+        } else {
+            "k_n * k_n"
+        },
     };
-    let taps_n = if kind == Kind::Conv3d {
-        "k_n * k_n * k_n"
-    } else {
-        "k_n * k_n"
-    };
-    let position =
-        "const int64_t ow = p % WO, oh = (p / WO) % HO, od = p / (WO * HO);\n    (void)od;\n";
-    let naive = format!(
+    (
+        volume_naive(parts, &text, block),
+        volume_fast(parts, &text, cob),
+    )
+}
+
+/// What the naive and the fast kernel of a 3D or transposed convolution share: the macros and
+/// the sizes' aliases ([`volume_prelude`]), the kind in words, the offset of filter `(co, ci)`
+/// in the weight and the number of taps.
+struct VolumeText<'a> {
+    macros: &'a str,
+    alias: String,
+    what: &'static str,
+    wi: &'static str,
+    taps_n: &'static str,
+}
+
+/// The output position `(od, oh, ow)` of flat index `p`.
+const VOLUME_POSITION: &str =
+    "const int64_t ow = p % WO, oh = (p / WO) % HO, od = p / (WO * HO);\n    (void)od;\n";
+
+/// The naive kernel ([`volume_kernels`]) with `block` threads a block.
+fn volume_naive(parts: KernelParts<'_>, t: &VolumeText<'_>, block: u32) -> String {
+    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
+    let (macros, alias, what, taps_n) = (t.macros, &t.alias, t.what, t.taps_n);
+    let position = VOLUME_POSITION;
+    format!(
         "// naive: {what}, one thread per output element; a direct loop over the input\n\
          // channels and the kernel window.\n\
          {HEADER}\n{macros}\n\
@@ -1152,12 +1177,19 @@ fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, Stri
          const int64_t total = N * CO * DO * HO * WO;\n    \
          const int block = {block};\n    \
          conv_naive<<<(unsigned)((total + block - 1) / block), block, 0, stream>>>({names});\n}}\n",
-        wi = widx("co", "ci"),
+        wi = t.wi,
         taps = volume_taps(kind, "        ", |x, t| vec![format!(
             "acc += {x} * wp[{t}];"
         )]),
-    );
-    let fast = format!(
+    )
+}
+
+/// The fast kernel ([`volume_kernels`]) with `cob` output channels a thread.
+fn volume_fast(parts: KernelParts<'_>, t: &VolumeText<'_>, cob: u32) -> String {
+    let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
+    let (macros, alias, what, taps_n) = (t.macros, &t.alias, t.what, t.taps_n);
+    let position = VOLUME_POSITION;
+    format!(
         "// fast: {what}; each thread computes one output position for {cob} output channels\n\
          // of one image, so each input value it reads serves all of them. 4 input channels at a\n\
          // time, the {cob} filters' taps are staged in shared memory (output channel innermost,\n\
@@ -1211,7 +1243,7 @@ fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, Stri
          if (kernel_size == 3) run_cob<3>(grid, bytes, stream, {names});\n    \
          else if (kernel_size == 5) run_cob<5>(grid, bytes, stream, {names});\n    \
          else run_cob<0>(grid, bytes, stream, {names});\n}}\n",
-        wf = widx("co", "ci"),
+        wf = t.wi,
         taps = volume_taps(kind, "                    ", |x, t| {
             vec![
                 format!("const float xv = __ldg(&{x});"),
@@ -1225,8 +1257,7 @@ fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, Stri
         } else {
             "K * K"
         },
-    );
-    (naive, fast)
+    )
 }
 
 /// The family's group: the kind, its stride and padding variants, and the fused kind's steps.
