@@ -783,11 +783,10 @@ fn conv_reference(kind: Kind, (wname, bname): (&str, &str)) -> String {
         Kind::Depthwise { channels } => channels,
         _ => 1,
     };
+    // The layer's attribute is the function's name but for the fused kind's `conv`.
     let f = match kind {
-        Kind::Conv1d => "conv1d",
-        Kind::Conv3d => "conv3d",
-        Kind::Transposed2d { .. } => "conv_transpose2d",
-        _ => "conv2d",
+        Kind::Fused => "conv2d",
+        _ => kind.layout().layer,
     };
     if kind == Kind::Fused {
         format!("{f}(in0, {wname}, {bname}, {s}, {p}, {groups})")
@@ -1035,7 +1034,7 @@ fn conv_kernels(
 /// The sizes of a 3D or transposed convolution's kernels (`N, C, CO, K`, the input's
 /// `D, H, W` and the output's `DO, HO, WO`; a transposed one is 2D: `D = DO = 1`), after its
 /// stride and padding macros.
-fn volume_prelude(kind: Kind) -> String {
+fn volume_prelude(kind: Kind) -> (String, String) {
     let (s, p) = kind.stride_pad();
     let (dims, outs) = if kind == Kind::Conv3d {
         (
@@ -1048,13 +1047,14 @@ fn volume_prelude(kind: Kind) -> String {
             "1, HO = (H - 1) * STRIDE - 2 * PAD + K, WO = (W - 1) * STRIDE - 2 * PAD + K",
         )
     };
-    format!(
-        "#define STRIDE {s}\n#define PAD {p}\n@@\
-         const int64_t N = batch_size, C = in_channels, CO = out_channels, K = kernel_size;\n    \
+    let macros = format!("#define STRIDE {s}\n#define PAD {p}\n");
+    let alias = format!(
+        "    const int64_t N = batch_size, C = in_channels, CO = out_channels, K = kernel_size;\n    \
          const int64_t D = {dims};\n    \
          const int64_t DO = {outs};\n    \
          (void)N; (void)C; (void)CO; (void)K; (void)D; (void)H; (void)W; (void)DO; (void)HO; (void)WO;\n"
-    )
+    );
+    (macros, alias)
 }
 
 /// The loops over the taps of output `(od, oh, ow)` for one input channel at `xp`, indented by
@@ -1104,11 +1104,10 @@ fn volume_taps(kind: Kind, ind: &str, tap: impl Fn(&str, &str) -> Vec<String>) -
 /// with unrolled window loops.
 fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, String) {
     let kind = parts.kind;
-    let pre = volume_prelude(kind);
-    let (macros, alias) = pre.split_once("@@").expect("prelude");
+    let (macros, alias) = volume_prelude(kind);
     let text = VolumeText {
         macros,
-        alias: format!("    {alias}"),
+        alias,
         what: if kind == Kind::Conv3d {
             "a 3D convolution"
         } else {
@@ -1136,8 +1135,8 @@ fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, Stri
 /// What the naive and the fast kernel of a 3D or transposed convolution share: the macros and
 /// the sizes' aliases ([`volume_prelude`]), the kind in words, the offset of filter `(co, ci)`
 /// in the weight and the number of taps.
-struct VolumeText<'a> {
-    macros: &'a str,
+struct VolumeText {
+    macros: String,
     alias: String,
     what: &'static str,
     wi: &'static str,
@@ -1149,9 +1148,9 @@ const VOLUME_POSITION: &str =
     "const int64_t ow = p % WO, oh = (p / WO) % HO, od = p / (WO * HO);\n    (void)od;\n";
 
 /// The naive kernel ([`volume_kernels`]) with `block` threads a block.
-fn volume_naive(parts: KernelParts<'_>, t: &VolumeText<'_>, block: u32) -> String {
+fn volume_naive(parts: KernelParts<'_>, t: &VolumeText, block: u32) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias, what, taps_n) = (t.macros, &t.alias, t.what, t.taps_n);
+    let (macros, alias, what, taps_n) = (&t.macros, &t.alias, t.what, t.taps_n);
     let position = VOLUME_POSITION;
     format!(
         "// naive: {what}, one thread per output element; a direct loop over the input\n\
@@ -1185,9 +1184,9 @@ fn volume_naive(parts: KernelParts<'_>, t: &VolumeText<'_>, block: u32) -> Strin
 }
 
 /// The fast kernel ([`volume_kernels`]) with `cob` output channels a thread.
-fn volume_fast(parts: KernelParts<'_>, t: &VolumeText<'_>, cob: u32) -> String {
+fn volume_fast(parts: KernelParts<'_>, t: &VolumeText, cob: u32) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias, what, taps_n) = (t.macros, &t.alias, t.what, t.taps_n);
+    let (macros, alias, what, taps_n) = (&t.macros, &t.alias, t.what, t.taps_n);
     let position = VOLUME_POSITION;
     format!(
         "// fast: {what}; each thread computes one output position for {cob} output channels\n\
