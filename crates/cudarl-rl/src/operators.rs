@@ -39,7 +39,7 @@
 //!
 //! - convolutions ([`conv`]): `nn.Conv1d`, `nn.Conv2d` (stride 2 and same padding as variants)
 //!   and `nn.Conv3d` (tier 2), `nn.ConvTranspose2d` (tier 2; stride 2 and padding 1 as
-//!   variants), depthwise and pointwise `nn.Conv2d` (tier 2), `nn.Conv2d` with its bias then
+//!   variants), the standard 2D, 3D and transposed ones also with asymmetric windows, depthwise and pointwise `nn.Conv2d` (tier 2), `nn.Conv2d` with its bias then
 //!   1-3 elementwise steps (tier 3, KernelBench level 2's shape).
 //! - pooling, group norm and products ([`pool`]): `nn.MaxPool1d/2d`, `nn.AvgPool1d/2d` and
 //!   `nn.GroupNorm` (tier 2; group norm followed by activations tier 3), `torch.prod` over the
@@ -325,8 +325,8 @@ struct Module<'a> {
     init_inputs: Vec<String>,
     forward_args: &'a [&'a str],
     body: Vec<String>,
-    /// Module constants in order (name, value).
-    constants: Vec<(String, i64)>,
+    /// Module constants in order (name, Python value: `8`, `(3, 7)`).
+    constants: Vec<(String, String)>,
     /// `get_inputs` lines, then the returned names.
     inputs: Vec<String>,
     returned: Vec<String>,
@@ -336,7 +336,12 @@ impl Module<'static> {
     /// A module without `__init__` parameters or state whose `forward(x)` runs `body` on its
     /// one input `x`, made in `get_inputs` by the line `input`, and returns `x`; `doc` is its
     /// docstring, `constants` its module constants in order.
-    fn of_x(doc: String, body: Vec<String>, constants: Vec<(String, i64)>, input: String) -> Self {
+    fn of_x(
+        doc: String,
+        body: Vec<String>,
+        constants: Vec<(String, String)>,
+        input: String,
+    ) -> Self {
         Module {
             doc,
             init_params: vec![],
@@ -394,8 +399,11 @@ fn render_module(m: &Module<'_>) -> String {
 }
 
 /// Constants of the module: the sizes of the first train shape, in `order`.
-fn constants(order: &[&str], shape: &BTreeMap<String, i64>) -> Vec<(String, i64)> {
-    order.iter().map(|k| (k.to_string(), shape[*k])).collect()
+fn constants(order: &[&str], shape: &BTreeMap<String, i64>) -> Vec<(String, String)> {
+    order
+        .iter()
+        .map(|k| (k.to_string(), shape[*k].to_string()))
+        .collect()
 }
 
 /// The spec of a family with the KernelBench argument order: `inputs` (name, shape), then
@@ -2786,8 +2794,8 @@ fn draw_steps(rng: &mut ChaCha8Rng, n: usize, operands: bool) -> Vec<Step> {
 /// Draws `count` operator families with `seed`, skipping any whose reference is in `exclude`
 /// or repeats an earlier one at the same train shapes and dtype (up to commuted operands,
 /// [`canonical`]; at most 50 draws per family). The mix is about 26% tier 0 (about 15% of it
-/// f16 or bf16 twins), 24% tier 1, 24% tier 2, 26% tier 3 (450 families of seed 0: 114, 106,
-/// 120, 110), about 11% of draws convolutions ([`conv`]) and 8% pooling, group norm, `prod` and
+/// f16 or bf16 twins), 24% tier 1, 24% tier 2, 26% tier 3 (450 families of seed 0: 118, 108,
+/// 118, 106), about 11% of draws convolutions ([`conv`]) and 8% pooling, group norm, `prod` and
 /// `cumprod` ([`pool`]); ids are `gen_op_0000`, ... in draw order.
 pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Family> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6f70_735f_6b62);

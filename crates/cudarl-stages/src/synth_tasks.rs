@@ -77,7 +77,8 @@ impl Stage for SynthTasks {
     // naive row sums accumulate in double.
     // 7: operator families (KernelBench-style modules, tiers 0-3); `problem` and `group`.
     // 8: 3D and transposed 2D convolution families.
-    stage_identity!(KIND, 8);
+    // 9: asymmetric convolution windows (`kernel_size = (3, 7)`).
+    stage_identity!(KIND, 9);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }

@@ -1,8 +1,8 @@
 //! Convolution families: KernelBench's convolutions (level 1 `conv_standard_1D`,
 //! `conv_standard_2D__square_input__square_kernel`, `conv_depthwise_2D_square_input_square_kernel`,
 //! `conv_pointwise_2D`, `conv_standard_3D__cubic_input__cubic_kernel`,
-//! `conv_transposed_2D__square_input__square_kernel`; level 2 `Conv2d_ReLU_BiasAdd` and its kin)
-//! as seeded families.
+//! `conv_transposed_2D__square_input__square_kernel`, their `asymmetric_kernel` kin; level 2
+//! `Conv2d_ReLU_BiasAdd` and its kin) as seeded families.
 //!
 //! Kinds and tiers:
 //! - tier 2, `conv:conv1d`: `nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)` over
@@ -23,6 +23,10 @@
 //!   bias=False)` with a square kernel, some families with stride 2 (`|stride2`) or padding 1
 //!   (`|pad`); the weight is `(in_channels, out_channels, kernel_size, kernel_size)` and each
 //!   output dimension `(d - 1) * stride - 2 * padding + kernel_size`.
+//! - `|asym` (standard 2D, 3D and transposed kinds): an asymmetric window stated as KernelBench
+//!   states it, the module constant `kernel_size = (3, 7)` (3D: `(3, 5, 7)`) passed to the
+//!   layer; a tuple is no launcher size, so its extents are literals of the weight's shape and
+//!   of the kernels ([`Window`]).
 //! - tier 3, `conv:fused2d`: `nn.Conv2d(in_channels, out_channels, kernel_size)` with its bias,
 //!   then 1-3 elementwise steps (activations, scaling, clamping) and optionally a parameter
 //!   `self.bias` of shape `(out_channels, 1, 1)` added (broadcast over the batch and the
@@ -45,7 +49,8 @@
 //! once for all of them and the filters' taps staged in shared memory 4 input channels at a time
 //! (`cob_3d.cu`, `cob_transposed.cu`; a transposed output gathers the inputs `i` with
 //! `i * stride - padding + k = o`, PyTorch docs, `torch.nn.ConvTranspose2d`). Kernel sizes 3 and
-//! 5 get unrolled window loops; any other size runs the same code with runtime bounds.
+//! 5 and asymmetric windows get unrolled window loops; any other size runs the same code with
+//! runtime bounds.
 
 use std::collections::BTreeMap;
 
@@ -54,8 +59,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{
-    HEADER, MM_TOL, Module, Step, chain_doc, constants, cuda_chain, draw_steps, finish, group_of,
-    kb_spec, params, pick, ref_chain, render_module,
+    HEADER, MM_TOL, Module, Step, chain_doc, cuda_chain, draw_steps, finish, group_of, kb_spec,
+    params, pick, ref_chain, render_module,
 };
 use crate::families::{Family, Shapes};
 
@@ -76,6 +81,47 @@ enum Kind {
     Conv3d,
     /// `nn.ConvTranspose2d`, no bias, square `stride` and `pad`, no output padding.
     Transposed2d { stride: i64, pad: i64 },
+}
+
+/// A convolution's window. `Square(k)` (cubic in 3D): the module constant and launcher size
+/// `kernel_size`, `k` in the train shapes. `Tuple(kd, kh, kw)` (`kd` 1 in 2D): the module's
+/// `kernel_size = (kh, kw)` (`(kd, kh, kw)` in 3D), as KernelBench's asymmetric-kernel problems
+/// state it; `kb-specs` derives no launcher size from a tuple constant, so the extents are
+/// literals of the shapes and the kernels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Window {
+    Square(i64),
+    Tuple(i64, i64, i64),
+}
+
+impl Window {
+    /// The extents `(depth, height, width)` as values.
+    fn dims(self) -> (i64, i64, i64) {
+        match self {
+            Window::Square(k) => (k, k, k),
+            Window::Tuple(d, h, w) => (d, h, w),
+        }
+    }
+
+    /// The extents `[depth, height, width]` as shape and C expressions: `kernel_size`, or the
+    /// literals of a tuple.
+    fn extents(self) -> [String; 3] {
+        match self {
+            Window::Square(_) => ["kernel_size"; 3].map(String::from),
+            Window::Tuple(d, h, w) => [d, h, w].map(|v| v.to_string()),
+        }
+    }
+
+    /// The module's `kernel_size` constant of a `dims`-dimensional window (`5`, `(3, 7)`).
+    fn constant(self, dims: usize) -> String {
+        match self {
+            Window::Square(k) => k.to_string(),
+            Window::Tuple(d, h, w) => {
+                let v: Vec<String> = [d, h, w][3 - dims..].iter().map(i64::to_string).collect();
+                format!("({})", v.join(", "))
+            }
+        }
+    }
 }
 
 /// `(batch_size, in_channels, out_channels, height, width)` of one shape; a 1D shape's length
@@ -237,8 +283,9 @@ impl Kind {
         }
     }
 
-    /// The sizes of `d` with kernel size `k`, named as the module names them.
-    fn sizes(self, k: i64, (n, cin, cout, h, w): Dims) -> BTreeMap<String, i64> {
+    /// The sizes of `d` with window `win` (a square one's `kernel_size`), named as the module
+    /// names them.
+    fn sizes(self, win: Window, (n, cin, cout, h, w): Dims) -> BTreeMap<String, i64> {
         let mut m = BTreeMap::from([
             ("batch_size".to_string(), n),
             ("in_channels".to_string(), cin),
@@ -246,7 +293,7 @@ impl Kind {
         if !matches!(self, Kind::Depthwise { .. }) {
             m.insert("out_channels".into(), cout);
         }
-        if self != Kind::Pointwise {
+        if let (false, Window::Square(k)) = (self == Kind::Pointwise, win) {
             m.insert("kernel_size".into(), k);
         }
         if self == Kind::Conv1d {
@@ -258,30 +305,25 @@ impl Kind {
         m
     }
 
-    /// Train and hold-out shapes of regime `regime` with kernel size `k`. The hold-out shapes
+    /// Train and hold-out shapes of regime `regime` with window `win`. The hold-out shapes
     /// are a degenerate one (one image, one channel where the kind allows it, the input as
     /// large as the window) and two with odd sizes; the second stays valid with every size
     /// capped at 33.
-    fn shapes(self, k: i64, regime: usize) -> (Shapes, Shapes) {
+    fn shapes(self, win: Window, regime: usize) -> (Shapes, Shapes) {
         let r = regime % 3;
+        let (kd, kh, kw) = win.dims();
         if self == Kind::Conv3d {
             let maps = |v: &[Dims3]| -> Shapes {
                 v.iter()
                     .map(|&(n, cin, cout, d, h, w)| {
-                        BTreeMap::from([
-                            ("batch_size".to_string(), n),
-                            ("in_channels".to_string(), cin),
-                            ("out_channels".to_string(), cout),
-                            ("kernel_size".to_string(), k),
-                            ("depth".to_string(), d),
-                            ("height".to_string(), h),
-                            ("width".to_string(), w),
-                        ])
+                        let mut m = self.sizes(win, (n, cin, cout, h, w));
+                        m.insert("depth".to_string(), d);
+                        m
                     })
                     .collect()
             };
             let holdout = [
-                (1, 1, 1, k, k, k),
+                (1, 1, 1, kd, kh, kw),
                 (2, 3, 17, 9, 13, 11),
                 (1, 5, 9, 21, 19, 23),
             ];
@@ -290,18 +332,18 @@ impl Kind {
         let (train, holdout): (Vec<Dims>, Vec<Dims>) = match self {
             Kind::Conv1d => (
                 CONV1D_REGIMES[r].to_vec(),
-                vec![(1, 1, 1, 0, k), (3, 7, 33, 0, 1001), (5, 17, 65, 0, 3001)],
+                vec![(1, 1, 1, 0, kw), (3, 7, 33, 0, 1001), (5, 17, 65, 0, 3001)],
             ),
             Kind::Conv2d { .. } | Kind::Fused => (
                 CONV2D_REGIMES[r].to_vec(),
-                vec![(1, 1, 1, k, k), (3, 5, 33, 47, 45), (2, 7, 65, 67, 129)],
+                vec![(1, 1, 1, kh, kw), (3, 5, 33, 47, 45), (2, 7, 65, 67, 129)],
             ),
             Kind::Depthwise { channels: c } => (
                 DEPTHWISE_REGIMES[r]
                     .iter()
                     .map(|&(n, h, w)| (n, c, c, h, w))
                     .collect(),
-                vec![(1, c, c, k, k), (3, c, c, 45, 47), (2, c, c, 131, 129)],
+                vec![(1, c, c, kh, kw), (3, c, c, 45, 47), (2, c, c, 131, 129)],
             ),
             Kind::Pointwise => (
                 POINTWISE_REGIMES[r].to_vec(),
@@ -313,7 +355,7 @@ impl Kind {
             ),
             Kind::Conv3d => unreachable!("3D shapes are drawn above"),
         };
-        let maps = |v: Vec<Dims>| v.into_iter().map(|d| self.sizes(k, d)).collect();
+        let maps = |v: Vec<Dims>| v.into_iter().map(|d| self.sizes(win, d)).collect();
         (maps(train), maps(holdout))
     }
 
@@ -326,55 +368,52 @@ impl Kind {
     }
 }
 
-/// The output size along a dimension of input size `dim` for window `kernel_size`, stride `s`
-/// and padding `p`, as a shape formula.
-fn out_dim(dim: &str, s: i64, p: i64) -> String {
+/// The output size along a dimension of input size `dim` for a window of extent `k` (a size
+/// name or a literal), stride `s` and padding `p`, as a shape formula.
+fn out_dim(dim: &str, k: &str, s: i64, p: i64) -> String {
     match (s, p) {
-        (1, 0) => format!("{dim}-kernel_size+1"),
-        (1, p) => format!("{dim}+{}-kernel_size+1", 2 * p),
-        (s, 0) => format!("({dim}-kernel_size)/{s}+1"),
-        (s, p) => format!("({dim}+{}-kernel_size)/{s}+1", 2 * p),
+        (1, 0) => format!("{dim}-{k}+1"),
+        (1, p) => format!("{dim}+{}-{k}+1", 2 * p),
+        (s, 0) => format!("({dim}-{k})/{s}+1"),
+        (s, p) => format!("({dim}+{}-{k})/{s}+1", 2 * p),
     }
 }
 
-/// The output size along a dimension of input size `dim` of a transposed convolution with
-/// window `kernel_size`, stride `s` and padding `p` (no output padding), as a shape formula:
-/// `(dim - 1) s - 2 p + kernel_size`.
-fn out_dim_transposed(dim: &str, s: i64, p: i64) -> String {
+/// The output size along a dimension of input size `dim` of a transposed convolution with a
+/// window of extent `k`, stride `s` and padding `p` (no output padding), as a shape formula:
+/// `(dim - 1) s - 2 p + k`.
+fn out_dim_transposed(dim: &str, k: &str, s: i64, p: i64) -> String {
     match (s, p) {
-        (1, 0) => format!("{dim}+kernel_size-1"),
-        (1, p) => format!("{dim}-{}+kernel_size-1", 2 * p),
-        (s, 0) => format!("({dim}-1)*{s}+kernel_size"),
-        (s, p) => format!("({dim}-1)*{s}-{}+kernel_size", 2 * p),
+        (1, 0) => format!("{dim}+{k}-1"),
+        (1, p) => format!("{dim}-{}+{k}-1", 2 * p),
+        (s, 0) => format!("({dim}-1)*{s}+{k}"),
+        (s, p) => format!("({dim}-1)*{s}-{}+{k}", 2 * p),
     }
 }
 
 /// The kernels' C prelude: stride and padding macros, then the sizes as `N, C, CO, H, W, KH,
-/// KW, G` (a 1D convolution is a 2D one of height 1) and the output size `HO x WO`.
-fn prelude(kind: Kind) -> (String, String) {
+/// KW, G` (a 1D convolution is a 2D one of height 1; a tuple window's extents are literals)
+/// and the output size `HO x WO`.
+fn prelude(kind: Kind, win: Window) -> (String, String) {
     let (s, p) = kind.stride_pad();
     let (sh, ph) = if kind == Kind::Conv1d { (1, 0) } else { (s, p) };
     let macros = format!(
         "#define STRIDE_H {sh}\n#define STRIDE_W {s}\n#define PAD_H {ph}\n#define PAD_W {p}\n"
     );
-    let (co, hw, kk, g) = match kind {
-        Kind::Conv1d => ("out_channels", "1, W = length", "1, KW = kernel_size", "1"),
-        Kind::Conv2d { .. } | Kind::Fused => (
-            "out_channels",
-            "height, W = width",
-            "kernel_size, KW = kernel_size",
-            "1",
-        ),
-        Kind::Depthwise { .. } => (
-            "in_channels",
-            "height, W = width",
-            "kernel_size, KW = kernel_size",
-            "in_channels",
-        ),
-        Kind::Pointwise => ("out_channels", "height, W = width", "1, KW = 1", "1"),
+    let [_, kh, kw] = win.extents();
+    let (co, hw, g) = match kind {
+        Kind::Conv1d => ("out_channels", "1, W = length", "1"),
+        Kind::Conv2d { .. } | Kind::Fused => ("out_channels", "height, W = width", "1"),
+        Kind::Depthwise { .. } => ("in_channels", "height, W = width", "in_channels"),
+        Kind::Pointwise => ("out_channels", "height, W = width", "1"),
         Kind::Conv3d | Kind::Transposed2d { .. } => {
             unreachable!("3D and transposed kernels have preludes of their own")
         }
+    };
+    let kk = match kind {
+        Kind::Conv1d => format!("1, KW = {kw}"),
+        Kind::Pointwise => "1, KW = 1".to_string(),
+        _ => format!("{kh}, KW = {kw}"),
     };
     let alias = format!(
         "    const int64_t N = batch_size, C = in_channels, CO = {co}, G = {g};\n    \
@@ -386,12 +425,13 @@ fn prelude(kind: Kind) -> (String, String) {
     (macros, alias)
 }
 
-/// What every kernel of a convolution family is written against: the family's kind, the
-/// kernel's parameter list `decl` and argument names `names` ([`params`]), the launcher's
-/// declaration `sig`, and `w`, the name of the weight argument.
+/// What every kernel of a convolution family is written against: the family's kind and
+/// window, the kernel's parameter list `decl` and argument names `names` ([`params`]), the
+/// launcher's declaration `sig`, and `w`, the name of the weight argument.
 #[derive(Debug, Clone, Copy)]
 struct KernelParts<'a> {
     kind: Kind,
+    win: Window,
     decl: &'a str,
     names: &'a str,
     sig: &'a str,
@@ -402,7 +442,7 @@ struct KernelParts<'a> {
 /// its group and the window; `epilogue` updates `float v` of output channel `co`.
 fn naive_kernel(parts: KernelParts<'_>, epilogue: &str, block: u32) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias) = prelude(kind);
+    let (macros, alias) = prelude(kind, parts.win);
     format!(
         "// naive: one thread per output element; a direct loop over the input channels of its\n\
          // group and the kernel window (taps outside the input are the zero padding).\n\
@@ -446,20 +486,38 @@ fn naive_kernel(parts: KernelParts<'_>, epilogue: &str, block: u32) -> String {
 /// blockIdx.y the (image, channel block) pairs (striding past 65535).
 fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias) = prelude(kind);
+    let (macros, alias) = prelude(kind, parts.win);
     let (tw, th, cib, what) = if kind == Kind::Conv1d {
         (128, 1, 8, "128 output positions")
     } else {
         (32, 8, 4, "8 x 32 output pixels")
     };
-    // The template arguments (KHC, KWC) for kernel sizes 3, 5 and any other.
+    // The template arguments (KHC, KWC): a tuple window's extents, else one instance for
+    // kernel sizes 3, 5 and any other.
     let kh = |k: u32| if kind == Kind::Conv1d { 1 } else { k };
+    let (dispatch, unrolled) = match parts.win {
+        Window::Tuple(_, h, w) => (
+            format!("    run_tile<{h}, {w}>(grid, bytes, stream, {names});\n"),
+            format!("The {h} x {w} window is compiled with unrolled loops."),
+        ),
+        Window::Square(_) => (
+            format!(
+                "    if (kernel_size == 3) run_tile<{}, 3>(grid, bytes, stream, {names});\n    \
+                 else if (kernel_size == 5) run_tile<{}, 5>(grid, bytes, stream, {names});\n    \
+                 else run_tile<{}, 0>(grid, bytes, stream, {names});\n",
+                kh(3),
+                kh(5),
+                kh(0)
+            ),
+            "Kernel sizes 3 and 5 are compiled with unrolled window loops.".to_string(),
+        ),
+    };
     format!(
         "// fast: each block computes a tile of {what} for {cob} output channels of one image.\n\
          // {cib} input channels at a time, the input tile with its halo and the filters' taps\n\
          // are staged in shared memory (the taps ordered by output channel innermost, read as\n\
          // broadcasts); each thread accumulates its position's {cob} outputs in registers.\n\
-         // Kernel sizes 3 and 5 are compiled with unrolled window loops.\n\
+         // {unrolled}\n\
          {HEADER}\n{macros}#define TW {tw}\n#define TH {th}\n#define COB {cob}\n#define CIB {cib}\n\n\
          template <int KHC, int KWC>\n\
          __global__ void __launch_bounds__(TW * TH) conv_tile({decl}) {{\n{alias}    \
@@ -526,13 +584,8 @@ fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
          if (jobs > 65535) jobs = 65535;\n    \
          const int64_t ih_t = (TH - 1) * STRIDE_H + KH, iw_t = (TW - 1) * STRIDE_W + KW;\n    \
          const size_t bytes = (size_t)(CIB * ih_t * iw_t + CIB * KH * KW * COB) * sizeof(float);\n    \
-         const dim3 grid((unsigned)tiles, (unsigned)jobs);\n    \
-         if (kernel_size == 3) run_tile<{}, 3>(grid, bytes, stream, {names});\n    \
-         else if (kernel_size == 5) run_tile<{}, 5>(grid, bytes, stream, {names});\n    \
-         else run_tile<{}, 0>(grid, bytes, stream, {names});\n}}\n",
-        kh(3),
-        kh(5),
-        kh(0),
+         const dim3 grid((unsigned)tiles, (unsigned)jobs);\n\
+         {dispatch}}}\n",
     )
 }
 
@@ -542,7 +595,7 @@ fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
 /// (striding past 65535).
 fn depthwise_kernel(parts: KernelParts<'_>) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias) = prelude(kind);
+    let (macros, alias) = prelude(kind, parts.win);
     format!(
         "// fast: one block per 32 x 32 output tile of one (image, channel) plane, 32 x 8 threads\n\
          // computing 4 rows each; the input tile with its halo and the channel's filter are\n\
@@ -609,7 +662,7 @@ fn depthwise_kernel(parts: KernelParts<'_>) -> String {
 /// images (striding past 65535).
 fn pointwise_kernel(parts: KernelParts<'_>) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias) = prelude(kind);
+    let (macros, alias) = prelude(kind, parts.win);
     format!(
         "// fast: a 1x1 convolution is a matmul per image, out_n (Cout x HW) = W (Cout x Cin)\n\
          // x_n (Cin x HW): 32 x 32 output tiles, 32 x 8 threads computing 4 outputs each, the\n\
@@ -653,23 +706,23 @@ fn pointwise_kernel(parts: KernelParts<'_>) -> String {
     )
 }
 
-/// A convolution family of `kind` with kernel size `k` (ignored by the pointwise kind), the
+/// A convolution family of `kind` with window `win` (ignored by the pointwise kind; a tuple
+/// only for the standard 2D, 3D and transposed kinds), the
 /// train shapes of `regime`, and for the fused kind the elementwise `steps` after the
 /// convolution's bias (a `Step::AddBias` among them adds a parameter of shape
 /// `(out_channels, 1, 1)`). `block` is the naive kernel's block size, `cob` the output channels
 /// per thread of the tiled kernel.
 fn conv_family(
     id: &str,
-    kind: Kind,
-    k: i64,
+    (kind, win): (Kind, Window),
     regime: usize,
     steps: &[Step],
     (block, cob): (u32, u32),
 ) -> Family {
-    let (train, holdout) = kind.shapes(k, regime);
+    let (train, holdout) = kind.shapes(win, regime);
     let fused = kind == Kind::Fused;
     let extra_bias = fused && steps.contains(&Step::AddBias);
-    let l = kind.layout();
+    let l = kind.layout(win);
     let wname = format!("{}_weight", l.layer);
     let bname = format!("{}_bias", l.layer);
     // Buffers in the launcher's order: the input, the module's own parameter, the layer's.
@@ -683,7 +736,10 @@ fn conv_family(
     } else {
         [l.cout, l.cpg]
     };
-    let w_shape: Vec<&str> = w_lead.into_iter().chain(l.kk.iter().copied()).collect();
+    let w_shape: Vec<&str> = w_lead
+        .into_iter()
+        .chain(l.kk.iter().map(String::as_str))
+        .collect();
     let mut inputs: Vec<(&str, Vec<&str>)> = vec![("in0", x_shape)];
     if extra_bias {
         inputs.push(("bias", vec!["out_channels", "1", "1"]));
@@ -698,22 +754,35 @@ fn conv_family(
         .collect();
     let reference = ref_chain(steps, &conv_reference(kind, (&wname, &bname)), "");
     let ins: Vec<(&str, &[&str])> = inputs.iter().map(|(a, s)| (*a, s.as_slice())).collect();
+    // A tuple window's `kernel_size` is a module constant but no launcher size.
     let names = kind.names();
+    let sizes: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| *n != "kernel_size" || matches!(win, Window::Square(_)))
+        .collect();
     let spec = kb_spec(
         id,
         if fused { 3 } else { 2 },
         &ins,
         &out_shape,
-        &names,
+        &sizes,
         reference,
         train,
         holdout,
         MM_TOL,
         conv_cost(kind, &l, steps),
     );
-    let module = conv_module(kind, l.layer, steps, &spec, &inputs[0].1);
-    let (file, naive, fast) = conv_kernels(kind, &spec, (&wname, &bname), steps, (block, cob));
-    finish(spec, module, conv_group(kind, steps), naive, (file, fast))
+    let module = conv_module((kind, win), l.layer, steps, &spec, &inputs[0].1);
+    let (file, naive, fast) =
+        conv_kernels((kind, win), &spec, (&wname, &bname), steps, (block, cob));
+    finish(
+        spec,
+        module,
+        conv_group(kind, win, steps),
+        naive,
+        (file, fast),
+    )
 }
 
 /// How a convolution kind names the dimensions of its buffers.
@@ -722,8 +791,8 @@ struct Layout {
     cout: &'static str,
     /// The input channels each filter reads (`1` for a depthwise one).
     cpg: &'static str,
-    /// The window's dimensions.
-    kk: &'static [&'static str],
+    /// The window's dimensions (size names or literals).
+    kk: Vec<String>,
     /// The input's spatial dimensions, and the output's as shape formulas.
     spatial: &'static [&'static str],
     out_spatial: Vec<String>,
@@ -732,38 +801,32 @@ struct Layout {
 }
 
 impl Kind {
-    /// The names of the dimensions of the kind's buffers.
-    fn layout(self) -> Layout {
+    /// The names of the dimensions of the kind's buffers with window `win`.
+    fn layout(self, win: Window) -> Layout {
         let (s, p) = self.stride_pad();
         let (cout, cpg) = match self {
             Kind::Depthwise { .. } => ("in_channels", "1"),
             _ => ("out_channels", "in_channels"),
         };
-        let kk: &[&str] = match self {
-            Kind::Conv1d => &["kernel_size"],
-            Kind::Pointwise => &["1", "1"],
-            Kind::Conv3d => &["kernel_size", "kernel_size", "kernel_size"],
-            _ => &["kernel_size", "kernel_size"],
+        let [kd, kh, kw] = win.extents();
+        let kk: Vec<String> = match self {
+            Kind::Conv1d => vec![kw],
+            Kind::Pointwise => vec!["1".into(), "1".into()],
+            Kind::Conv3d => vec![kd, kh, kw],
+            _ => vec![kh, kw],
         };
         let spatial: &[&str] = match self {
             Kind::Conv1d => &["length"],
             Kind::Conv3d => &["depth", "height", "width"],
             _ => &["height", "width"],
         };
+        let windowed = spatial.iter().zip(&kk);
         let out_spatial: Vec<String> = match self {
             Kind::Pointwise => vec!["height".into(), "width".into()],
-            Kind::Transposed2d { .. } => spatial
-                .iter()
-                .map(|d| out_dim_transposed(d, s, p))
+            Kind::Transposed2d { .. } => windowed
+                .map(|(d, k)| out_dim_transposed(d, k, s, p))
                 .collect(),
-            _ => spatial.iter().map(|d| out_dim(d, s, p)).collect(),
-        };
-        let layer = match self {
-            Kind::Conv1d => "conv1d",
-            Kind::Fused => "conv",
-            Kind::Conv3d => "conv3d",
-            Kind::Transposed2d { .. } => "conv_transpose2d",
-            _ => "conv2d",
+            _ => windowed.map(|(d, k)| out_dim(d, k, s, p)).collect(),
         };
         Layout {
             cout,
@@ -771,7 +834,18 @@ impl Kind {
             kk,
             spatial,
             out_spatial,
-            layer,
+            layer: self.layer(),
+        }
+    }
+
+    /// The layer's attribute name in the module.
+    fn layer(self) -> &'static str {
+        match self {
+            Kind::Conv1d => "conv1d",
+            Kind::Fused => "conv",
+            Kind::Conv3d => "conv3d",
+            Kind::Transposed2d { .. } => "conv_transpose2d",
+            _ => "conv2d",
         }
     }
 }
@@ -786,7 +860,7 @@ fn conv_reference(kind: Kind, (wname, bname): (&str, &str)) -> String {
     // The layer's attribute is the function's name but for the fused kind's `conv`.
     let f = match kind {
         Kind::Fused => "conv2d",
-        _ => kind.layout().layer,
+        _ => kind.layer(),
     };
     if kind == Kind::Fused {
         format!("{f}(in0, {wname}, {bname}, {s}, {p}, {groups})")
@@ -820,7 +894,7 @@ fn conv_cost(kind: Kind, l: &Layout, steps: &[Step]) -> (String, String) {
     );
     // The filter's elements per output channel (`in_channels*kernel_size*kernel_size`).
     let per_filter: Vec<&str> = std::iter::once(l.cpg)
-        .chain(l.kk.iter().copied())
+        .chain(l.kk.iter().map(String::as_str))
         .filter(|d| *d != "1")
         .collect();
     let per_filter = if per_filter.is_empty() {
@@ -836,14 +910,14 @@ fn conv_cost(kind: Kind, l: &Layout, steps: &[Step]) -> (String, String) {
         bytes.push_str(" + 4*out_channels");
     }
     let mut flops = if let Kind::Transposed2d { pad, .. } = kind {
-        let along = |d: &str| match pad {
-            0 => format!("{d}*kernel_size"),
-            p => format!("({d}*kernel_size-{})", 2 * p),
+        let along = |d: &str, k: &str| match pad {
+            0 => format!("{d}*{k}"),
+            p => format!("({d}*{k}-{})", 2 * p),
         };
         format!(
             "2*batch_size*in_channels*out_channels*{}*{}",
-            along("height"),
-            along("width")
+            along("height", &l.kk[0]),
+            along("width", &l.kk[1])
         )
     } else {
         format!("2*{o_elems}*{per_filter}")
@@ -876,11 +950,17 @@ fn stride_pad_words(stride: i64, pad: i64) -> (String, String) {
     (opts, how)
 }
 
-/// The module's `__init__` parameters, `get_init_inputs`, layer constructor, docstring sentence.
+/// The module's `__init__` parameters, `get_init_inputs`, layer constructor, docstring sentence
+/// of `kind` with window `win`.
 fn conv_layer(
-    kind: Kind,
+    (kind, win): (Kind, Window),
     steps: &[Step],
 ) -> (Vec<&'static str>, Vec<&'static str>, String, String) {
+    let (ks, window) = match (win, kind) {
+        (Window::Tuple(..), _) => ("kernel_size: tuple", "an asymmetric kernel"),
+        (_, Kind::Conv3d) => ("kernel_size: int", "a cubic kernel"),
+        _ => ("kernel_size: int", "a square kernel"),
+    };
     match kind {
         Kind::Conv1d => (
             vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
@@ -891,32 +971,30 @@ fn conv_layer(
         Kind::Conv2d { stride, pad } => {
             let (opts, how) = stride_pad_words(stride, pad);
             (
-                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                vec!["in_channels: int", "out_channels: int", ks],
                 vec!["in_channels", "out_channels", "kernel_size"],
                 format!("nn.Conv2d(in_channels, out_channels, kernel_size{opts}, bias=False)"),
-                format!("Performs a standard 2D convolution with a square kernel (no bias, {how})"),
+                format!("Performs a standard 2D convolution with {window} (no bias, {how})"),
             )
         }
         Kind::Transposed2d { stride, pad } => {
             let (opts, how) = stride_pad_words(stride, pad);
             (
-                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                vec!["in_channels: int", "out_channels: int", ks],
                 vec!["in_channels", "out_channels", "kernel_size"],
                 format!(
                     "nn.ConvTranspose2d(in_channels, out_channels, kernel_size{opts}, bias=False)"
                 ),
-                format!(
-                    "Performs a transposed 2D convolution with a square kernel (no bias, {how})"
-                ),
+                format!("Performs a transposed 2D convolution with {window} (no bias, {how})"),
             )
         }
         Kind::Conv3d => (
-            vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+            vec!["in_channels: int", "out_channels: int", ks],
             vec!["in_channels", "out_channels", "kernel_size"],
             "nn.Conv3d(in_channels, out_channels, kernel_size, bias=False)".into(),
-            "Performs a standard 3D convolution with a cubic kernel (no bias, stride 1, no \
-             padding)"
-                .into(),
+            format!(
+                "Performs a standard 3D convolution with {window} (no bias, stride 1, no padding)"
+            ),
         ),
         Kind::Depthwise { .. } => (
             vec!["in_channels: int", "kernel_size: int"],
@@ -945,16 +1023,29 @@ fn conv_layer(
     }
 }
 
-/// The module of the convolution `kind` in attribute `layer` (then `steps`) over `x_shape`.
+/// The module of the convolution `kind` with window `win` in attribute `layer` (then `steps`)
+/// over `x_shape`.
 fn conv_module(
-    kind: Kind,
+    (kind, win): (Kind, Window),
     layer: &str,
     steps: &[Step],
     spec: &TaskSpec,
     x_shape: &[&str],
 ) -> String {
     let fused = kind == Kind::Fused;
-    let (init_params, init_inputs, layer_call, what) = conv_layer(kind, steps);
+    let (init_params, init_inputs, layer_call, what) = conv_layer((kind, win), steps);
+    let spatial = kind.layout(win).kk.len();
+    let constants = kind
+        .names()
+        .into_iter()
+        .map(|n| {
+            let v = match n {
+                "kernel_size" => win.constant(spatial),
+                _ => spec.train_shapes[0][n].to_string(),
+            };
+            (n.to_string(), v)
+        })
+        .collect();
     let mut init_body = vec![];
     if fused && steps.contains(&Step::AddBias) {
         init_body.push("self.bias = nn.Parameter(torch.randn(out_channels, 1, 1))".to_string());
@@ -975,7 +1066,7 @@ fn conv_module(
         init_inputs: init_inputs.iter().map(|s| s.to_string()).collect(),
         forward_args: &["x"],
         body,
-        constants: constants(&kind.names(), &spec.train_shapes[0]),
+        constants,
         inputs: vec![format!("x = torch.rand({})", x_shape.join(", "))],
         returned: vec!["x".into()],
     })
@@ -983,7 +1074,7 @@ fn conv_module(
 
 /// The fast kernel's file, the naive kernel and the fast one (`block`, `cob` as [`conv_family`]).
 fn conv_kernels(
-    kind: Kind,
+    (kind, win): (Kind, Window),
     spec: &TaskSpec,
     (wname, bname): (&str, &str),
     steps: &[Step],
@@ -1001,6 +1092,7 @@ fn conv_kernels(
     };
     let parts = KernelParts {
         kind,
+        win,
         decl: &decl,
         names: &arg_names,
         sig: &sig,
@@ -1031,61 +1123,66 @@ fn conv_kernels(
     (file, naive, fast)
 }
 
-/// The sizes of a 3D or transposed convolution's kernels (`N, C, CO, K`, the input's
-/// `D, H, W` and the output's `DO, HO, WO`; a transposed one is 2D: `D = DO = 1`), after its
-/// stride and padding macros.
-fn volume_prelude(kind: Kind) -> (String, String) {
+/// The sizes of a 3D or transposed convolution's kernels (`N, C, CO`, the window's `KD, KH,
+/// KW`, the input's `D, H, W` and the output's `DO, HO, WO`; a transposed one is 2D: `KD = D =
+/// DO = 1`) with window `win`, after its stride and padding macros.
+fn volume_prelude(kind: Kind, win: Window) -> (String, String) {
     let (s, p) = kind.stride_pad();
-    let (dims, outs) = if kind == Kind::Conv3d {
+    let [kd, kh, kw] = win.extents();
+    let (kd, dims, outs) = if kind == Kind::Conv3d {
         (
+            kd.as_str(),
             "depth, H = height, W = width",
-            "D - K + 1, HO = H - K + 1, WO = W - K + 1",
+            "D - KD + 1, HO = H - KH + 1, WO = W - KW + 1",
         )
     } else {
         (
+            "1",
             "1, H = height, W = width",
-            "1, HO = (H - 1) * STRIDE - 2 * PAD + K, WO = (W - 1) * STRIDE - 2 * PAD + K",
+            "1, HO = (H - 1) * STRIDE - 2 * PAD + KH, WO = (W - 1) * STRIDE - 2 * PAD + KW",
         )
     };
     let macros = format!("#define STRIDE {s}\n#define PAD {p}\n");
     let alias = format!(
-        "    const int64_t N = batch_size, C = in_channels, CO = out_channels, K = kernel_size;\n    \
+        "    const int64_t N = batch_size, C = in_channels, CO = out_channels;\n    \
+         const int64_t KD = {kd}, KH = {kh}, KW = {kw};\n    \
          const int64_t D = {dims};\n    \
          const int64_t DO = {outs};\n    \
-         (void)N; (void)C; (void)CO; (void)K; (void)D; (void)H; (void)W; (void)DO; (void)HO; (void)WO;\n"
+         (void)N; (void)C; (void)CO; (void)KD; (void)KH; (void)KW; (void)D; (void)H; (void)W;\n    \
+         (void)DO; (void)HO; (void)WO;\n"
     );
     (macros, alias)
 }
 
 /// The loops over the taps of output `(od, oh, ow)` for one input channel at `xp`, indented by
 /// `ind`, each tap running `tap(x, t)` (C statements, one per line) with the input's value `x`
-/// and the tap's index `t` (`(kd * k_n + kh) * k_n + kw`): a 3D convolution reads
+/// and the tap's index `t` (`(kd * kh_n + kh) * kw_n + kw`): a 3D convolution reads
 /// `x[od + kd, oh + kh, ow + kw]`; a transposed one the input element `i` with
 /// `i * STRIDE - PAD + k = o` along each dimension, where one exists.
 fn volume_taps(kind: Kind, ind: &str, tap: impl Fn(&str, &str) -> Vec<String>) -> String {
     let mut lines: Vec<(usize, String)> = Vec::new();
     let body = if kind == Kind::Conv3d {
-        lines.push((0, "for (int kd = 0; kd < k_n; ++kd) {".into()));
-        lines.push((1, "for (int kh = 0; kh < k_n; ++kh) {".into()));
-        lines.push((2, "for (int kw = 0; kw < k_n; ++kw) {".into()));
+        lines.push((0, "for (int kd = 0; kd < kd_n; ++kd) {".into()));
+        lines.push((1, "for (int kh = 0; kh < kh_n; ++kh) {".into()));
+        lines.push((2, "for (int kw = 0; kw < kw_n; ++kw) {".into()));
         tap(
             "xp[((od + kd) * H + oh + kh) * W + ow + kw]",
-            "(kd * k_n + kh) * k_n + kw",
+            "(kd * kh_n + kh) * kw_n + kw",
         )
     } else {
-        lines.push((0, "for (int kh = 0; kh < k_n; ++kh) {".into()));
+        lines.push((0, "for (int kh = 0; kh < kh_n; ++kh) {".into()));
         lines.push((1, "const int64_t th = oh + PAD - kh;".into()));
         lines.push((
             1,
             "if (th < 0 || th % STRIDE != 0 || th / STRIDE >= H) continue;".into(),
         ));
-        lines.push((1, "for (int kw = 0; kw < k_n; ++kw) {".into()));
+        lines.push((1, "for (int kw = 0; kw < kw_n; ++kw) {".into()));
         lines.push((2, "const int64_t tw = ow + PAD - kw;".into()));
         lines.push((
             2,
             "if (tw < 0 || tw % STRIDE != 0 || tw / STRIDE >= W) continue;".into(),
         ));
-        tap("xp[(th / STRIDE) * W + tw / STRIDE]", "kh * k_n + kw")
+        tap("xp[(th / STRIDE) * W + tw / STRIDE]", "kh * kw_n + kw")
     };
     let depth = if kind == Kind::Conv3d { 3 } else { 2 };
     lines.extend(body.into_iter().map(|l| (depth, l)));
@@ -1100,11 +1197,11 @@ fn volume_taps(kind: Kind, ind: &str, tap: impl Fn(&str, &str) -> Vec<String>) -
 /// output element looping over the input channels and the window. Fast: each thread computes
 /// one output position for `cob` output channels of one image, so each input value it reads
 /// serves all of them; 4 input channels at a time, the `cob` filters' taps are staged in shared
-/// memory (output channel innermost, read as broadcasts); kernel sizes 3 and 5 are compiled
-/// with unrolled window loops.
+/// memory (output channel innermost, read as broadcasts); kernel sizes 3 and 5 (a tuple
+/// window's extents) are compiled with unrolled window loops.
 fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, String) {
     let kind = parts.kind;
-    let (macros, alias) = volume_prelude(kind);
+    let (macros, alias) = volume_prelude(kind, parts.win);
     let text = VolumeText {
         macros,
         alias,
@@ -1120,11 +1217,6 @@ fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, Stri
         } else {
             "(ci * CO + co) * taps"
         },
-        taps_n: if kind == Kind::Conv3d {
-            "k_n * k_n * k_n"
-        } else {
-            "k_n * k_n"
-        },
     };
     (
         volume_naive(parts, &text, block),
@@ -1133,14 +1225,13 @@ fn volume_kernels(parts: KernelParts<'_>, block: u32, cob: u32) -> (String, Stri
 }
 
 /// What the naive and the fast kernel of a 3D or transposed convolution share: the macros and
-/// the sizes' aliases ([`volume_prelude`]), the kind in words, the offset of filter `(co, ci)`
-/// in the weight and the number of taps.
+/// the sizes' aliases ([`volume_prelude`]), the kind in words and the offset of filter
+/// `(co, ci)` in the weight.
 struct VolumeText {
     macros: String,
     alias: String,
     what: &'static str,
     wi: &'static str,
-    taps_n: &'static str,
 }
 
 /// The output position `(od, oh, ow)` of flat index `p`.
@@ -1150,7 +1241,7 @@ const VOLUME_POSITION: &str =
 /// The naive kernel ([`volume_kernels`]) with `block` threads a block.
 fn volume_naive(parts: KernelParts<'_>, t: &VolumeText, block: u32) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias, what, taps_n) = (&t.macros, &t.alias, t.what, t.taps_n);
+    let (macros, alias, what) = (&t.macros, &t.alias, t.what);
     let position = VOLUME_POSITION;
     format!(
         "// naive: {what}, one thread per output element; a direct loop over the input\n\
@@ -1158,8 +1249,8 @@ fn volume_naive(parts: KernelParts<'_>, t: &VolumeText, block: u32) -> String {
          {HEADER}\n{macros}\n\
          __global__ void conv_naive({decl}) {{\n{alias}    \
          const float* WT = {w};\n    \
-         const int k_n = (int)K;\n    \
-         const int taps = {taps_n};\n    \
+         const int kd_n = (int)KD, kh_n = (int)KH, kw_n = (int)KW;\n    \
+         const int taps = kd_n * kh_n * kw_n;\n    \
          const int64_t P = DO * HO * WO;\n    \
          const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
          if (i >= N * CO * P) return;\n    \
@@ -1186,19 +1277,47 @@ fn volume_naive(parts: KernelParts<'_>, t: &VolumeText, block: u32) -> String {
 /// The fast kernel ([`volume_kernels`]) with `cob` output channels a thread.
 fn volume_fast(parts: KernelParts<'_>, t: &VolumeText, cob: u32) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
-    let (macros, alias, what, taps_n) = (&t.macros, &t.alias, t.what, t.taps_n);
+    let (macros, alias, what) = (&t.macros, &t.alias, t.what);
     let position = VOLUME_POSITION;
+    // The window's loop bounds: a tuple's extents are compile-time constants; a square window
+    // of size 3 or 5 gets its own instance (`KC`), any other size runtime bounds.
+    let square = |k: &str| format!("KC > 0 ? KC : (int){k}");
+    let (bounds, dispatch, unrolled) = match parts.win {
+        Window::Tuple(..) => (
+            "(int)KD, kh_n = (int)KH, kw_n = (int)KW".to_string(),
+            format!("    run_cob<0>(grid, bytes, stream, {names});\n"),
+            "The window's extents are constants: its loops unroll.",
+        ),
+        Window::Square(_) => (
+            format!(
+                "{}, kh_n = {}, kw_n = {}",
+                if kind == Kind::Conv3d {
+                    square("KD")
+                } else {
+                    "1".to_string()
+                },
+                square("KH"),
+                square("KW")
+            ),
+            format!(
+                "    if (kernel_size == 3) run_cob<3>(grid, bytes, stream, {names});\n    \
+                 else if (kernel_size == 5) run_cob<5>(grid, bytes, stream, {names});\n    \
+                 else run_cob<0>(grid, bytes, stream, {names});\n"
+            ),
+            "Kernel sizes 3 and 5 are compiled with unrolled window loops.",
+        ),
+    };
     format!(
         "// fast: {what}; each thread computes one output position for {cob} output channels\n\
          // of one image, so each input value it reads serves all of them. 4 input channels at a\n\
          // time, the {cob} filters' taps are staged in shared memory (output channel innermost,\n\
-         // read as broadcasts). Kernel sizes 3 and 5 are compiled with unrolled window loops.\n\
+         // read as broadcasts). {unrolled}\n\
          {HEADER}\n{macros}#define COB {cob}\n#define CIB 4\n#define TPB 128\n\n\
          template <int KC>\n\
          __global__ void __launch_bounds__(TPB) conv_cob({decl}) {{\n{alias}    \
          const float* WT = {w};\n    \
-         const int k_n = KC > 0 ? KC : (int)K;\n    \
-         const int taps = {taps_n};\n    \
+         const int kd_n = {bounds};\n    \
+         const int taps = kd_n * kh_n * kw_n;\n    \
          extern __shared__ float s_w[];\n    \
          const int tid = threadIdx.x;\n    \
          const int64_t P = DO * HO * WO;\n    \
@@ -1237,11 +1356,9 @@ fn volume_fast(parts: KernelParts<'_>, t: &VolumeText, cob: u32) -> String {
          const int64_t P = DO * HO * WO;\n    \
          int64_t jobs = N * ((CO + COB - 1) / COB);\n    \
          if (jobs > 65535) jobs = 65535;\n    \
-         const size_t bytes = (size_t)CIB * {taps_k} * COB * sizeof(float);\n    \
-         const dim3 grid((unsigned)((P + TPB - 1) / TPB), (unsigned)jobs);\n    \
-         if (kernel_size == 3) run_cob<3>(grid, bytes, stream, {names});\n    \
-         else if (kernel_size == 5) run_cob<5>(grid, bytes, stream, {names});\n    \
-         else run_cob<0>(grid, bytes, stream, {names});\n}}\n",
+         const size_t bytes = (size_t)(CIB * KD * KH * KW * COB) * sizeof(float);\n    \
+         const dim3 grid((unsigned)((P + TPB - 1) / TPB), (unsigned)jobs);\n\
+         {dispatch}}}\n",
         wf = t.wi,
         taps = volume_taps(kind, "                    ", |x, t| {
             vec![
@@ -1251,26 +1368,50 @@ fn volume_fast(parts: KernelParts<'_>, t: &VolumeText, cob: u32) -> String {
                 "for (int j = 0; j < COB; ++j) acc[j] += xv * wk[j];".into(),
             ]
         }),
-        taps_k = if kind == Kind::Conv3d {
-            "K * K * K"
-        } else {
-            "K * K"
-        },
     )
 }
 
-/// The family's group: the kind, its stride and padding variants, and the fused kind's steps.
-fn conv_group(kind: Kind, steps: &[Step]) -> String {
+/// The family's group: the kind, its stride and padding variants, `|asym` for a tuple window,
+/// and the fused kind's steps.
+fn conv_group(kind: Kind, win: Window, steps: &[Step]) -> String {
+    let asym = if matches!(win, Window::Tuple(..)) {
+        "|asym"
+    } else {
+        ""
+    };
     match kind {
         Kind::Conv1d => group_of("conv:conv1d", &[], ""),
-        Kind::Conv2d { stride, pad } => group_of("conv:conv2d", &[], &variant(stride, pad)),
+        Kind::Conv2d { stride, pad } => {
+            group_of("conv:conv2d", &[], &(variant(stride, pad) + asym))
+        }
         Kind::Depthwise { .. } => group_of("conv:depthwise2d", &[], ""),
         Kind::Pointwise => group_of("conv:pointwise2d", &[], ""),
         Kind::Fused => group_of("conv:fused2d", steps, ""),
-        Kind::Conv3d => group_of("conv:conv3d", &[], ""),
+        Kind::Conv3d => group_of("conv:conv3d", &[], asym),
         Kind::Transposed2d { stride, pad } => {
-            group_of("conv:transposed2d", &[], &variant(stride, pad))
+            group_of("conv:transposed2d", &[], &(variant(stride, pad) + asym))
         }
+    }
+}
+
+/// The asymmetric windows drawn for 2D kinds, `(kh, kw)`: KernelBench's (3, 5) and (3, 7) and
+/// their kin (extents 3, 5 and 7, which no first train shape's size equals).
+const ASYM_2D: [(i64, i64); 4] = [(3, 5), (5, 3), (3, 7), (5, 7)];
+
+/// The asymmetric windows drawn for the 3D kind, `(kd, kh, kw)`: KernelBench's (3, 5, 7) and
+/// kin, the depth at most 5 (the shallowest train input is 6 deep).
+const ASYM_3D: [(i64, i64, i64); 3] = [(3, 5, 7), (5, 3, 3), (3, 3, 5)];
+
+/// A drawn window: square of `k`, or with probability `p` an asymmetric one.
+fn draw_window(rng: &mut ChaCha8Rng, k: i64, p: f64, three: bool) -> Window {
+    if !rng.random_bool(p) {
+        Window::Square(k)
+    } else if three {
+        let (d, h, w) = pick(rng, &ASYM_3D);
+        Window::Tuple(d, h, w)
+    } else {
+        let (h, w) = pick(rng, &ASYM_2D);
+        Window::Tuple(1, h, w)
     }
 }
 
@@ -1291,24 +1432,30 @@ fn variant(stride: i64, pad: i64) -> String {
 /// one (12%), a 2D convolution with its bias and 1-3 elementwise steps (23%; a third of them
 /// with a `(out_channels, 1, 1)` bias parameter among the steps), a 3D one (12%) or a transposed
 /// 2D one (12%; stride 1 or 2, padding 0 or 1); kernel size 3 or 5, one of three shape regimes.
+/// A third of the standard 2D and transposed windows and half of the 3D ones are asymmetric
+/// ([`ASYM_2D`], [`ASYM_3D`]).
 pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
     let k = pick(rng, &[3, 5]);
     let regime = rng.random_range(0..3);
     let launch = (pick(rng, &[128, 256, 512]), pick(rng, &[4, 8]));
+    let square = Window::Square(k);
     match rng.random_range(0..26) {
-        20..=22 => conv_family(id, Kind::Conv3d, k, regime, &[], launch),
+        20..=22 => {
+            let win = draw_window(rng, k, 0.5, true);
+            conv_family(id, (Kind::Conv3d, win), regime, &[], launch)
+        }
         23..=25 => {
             let (stride, pad) = (pick(rng, &[1, 2]), pick(rng, &[0, 1]));
+            let win = draw_window(rng, k, 1.0 / 3.0, false);
             conv_family(
                 id,
-                Kind::Transposed2d { stride, pad },
-                k,
+                (Kind::Transposed2d { stride, pad }, win),
                 regime,
                 &[],
                 launch,
             )
         }
-        0..=2 => conv_family(id, Kind::Conv1d, k, regime, &[], launch),
+        0..=2 => conv_family(id, (Kind::Conv1d, square), regime, &[], launch),
         3..=7 => {
             let (stride, pad) = match rng.random_range(0..10) {
                 0..=4 => (1, 0),
@@ -1316,13 +1463,21 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
                 7..=8 => (1, k / 2),
                 _ => (2, k / 2),
             };
-            conv_family(id, Kind::Conv2d { stride, pad }, k, regime, &[], launch)
+            let win = draw_window(rng, k, 1.0 / 3.0, false);
+            conv_family(id, (Kind::Conv2d { stride, pad }, win), regime, &[], launch)
         }
         8..=10 => {
             let channels = pick(rng, &[8, 16, 32]);
-            conv_family(id, Kind::Depthwise { channels }, k, regime, &[], launch)
+            let kind = Kind::Depthwise { channels };
+            conv_family(id, (kind, square), regime, &[], launch)
         }
-        11..=13 => conv_family(id, Kind::Pointwise, 1, regime, &[], launch),
+        11..=13 => conv_family(
+            id,
+            (Kind::Pointwise, Window::Square(1)),
+            regime,
+            &[],
+            launch,
+        ),
         _ => {
             let n = rng.random_range(1..=3);
             let mut steps = draw_steps(rng, n, false);
@@ -1330,7 +1485,7 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
                 let at = rng.random_range(0..=steps.len());
                 steps.insert(at, Step::AddBias);
             }
-            conv_family(id, Kind::Fused, k, regime, &steps, launch)
+            conv_family(id, (Kind::Fused, square), regime, &steps, launch)
         }
     }
 }
@@ -1339,6 +1494,7 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
 mod tests {
     use std::collections::BTreeSet;
 
+    use cudarl_cuda::task::eval_formula;
     use rand::SeedableRng;
 
     use super::*;
@@ -1352,7 +1508,7 @@ mod tests {
     #[test]
     fn every_kind_draws_validates_and_compiles_with_nvcc() {
         let mut by_template: BTreeMap<String, Family> = BTreeMap::new();
-        for seed in 0..300u64 {
+        for seed in 0..400u64 {
             let id = format!("gen_op_{seed:04}");
             let f = draw(&mut ChaCha8Rng::seed_from_u64(seed), &id);
             let g = draw(&mut ChaCha8Rng::seed_from_u64(seed), &id);
@@ -1379,6 +1535,39 @@ mod tests {
                     panic!("{id}: {other} and {name} are both {v}");
                 }
             }
+            // A tuple window (`kernel_size = (3, 7)`) is no launcher size, and no constant has
+            // one of its extents as its value (kb-specs keeps those dimensions literal).
+            let tuple = m
+                .lines()
+                .find_map(|l| l.strip_prefix("kernel_size = ("))
+                .map(|t| t.trim_end_matches(')'));
+            if let Some(t) = tuple {
+                assert!(
+                    f.spec.group.as_deref().unwrap_or("").contains("|asym"),
+                    "{id}"
+                );
+                assert!(!f.spec.sizes.iter().any(|s| s == "kernel_size"), "{id}");
+                for e in t.split(", ") {
+                    let e: i64 = e.parse().expect("extent");
+                    assert!(first.values().all(|v| *v != e), "{id}: a size is {e}");
+                }
+            }
+            // Every dimension is positive at the hold-out shape the module test runs at (every
+            // size capped at 33).
+            let capped: BTreeMap<String, i64> = f.spec.holdout_shapes[1]
+                .iter()
+                .map(|(k, v)| (k.clone(), (*v).min(33)))
+                .collect();
+            for shape in f.spec.train_shapes.iter().chain(&f.spec.holdout_shapes) {
+                for s in [shape, &capped] {
+                    for a in &f.spec.args {
+                        for d in &a.shape {
+                            let v = eval_formula(d, s).expect("dim");
+                            assert!(v > 0, "{id}: {d} = {v}");
+                        }
+                    }
+                }
+            }
             by_template.entry(template(&f)).or_insert(f);
         }
         let got: BTreeSet<&str> = by_template.keys().map(String::as_str).collect();
@@ -1388,8 +1577,11 @@ mod tests {
             "conv:conv2d|stride2",
             "conv:conv2d|pad",
             "conv:conv2d|stride2|pad",
+            "conv:conv2d|asym",
             "conv:conv3d",
+            "conv:conv3d|asym",
             "conv:transposed2d",
+            "conv:transposed2d|asym",
             "conv:transposed2d|stride2",
             "conv:transposed2d|pad",
             "conv:transposed2d|stride2|pad",

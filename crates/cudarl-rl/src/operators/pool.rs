@@ -162,8 +162,8 @@ fn pool_module(
 ) -> String {
     let body = chain_body(pre, &[format!("x = self.{attr}(x)")], &[]);
     let mut consts = constants(dims, &spec.train_shapes[0]);
-    consts.push(("kernel_size".into(), k));
-    consts.push(("stride".into(), s));
+    consts.push(("kernel_size".into(), k.to_string()));
+    consts.push(("stride".into(), s.to_string()));
     render_module(&Module {
         doc: format!("Simple model that performs {}.", chain_doc(what, pre, &[])),
         init_params: vec!["kernel_size: int".into(), "stride: int".into()],
@@ -570,7 +570,7 @@ fn group_norm_family(id: &str, groups: i64, pre: &[Step], post: &[Step], block: 
     );
     let body = chain_body(pre, &["x = self.gn(x)".into()], post);
     let mut consts = constants(&dims, &spec.train_shapes[0]);
-    consts.push(("num_groups".into(), groups));
+    consts.push(("num_groups".into(), groups.to_string()));
     let module = render_module(&Module {
         doc: format!(
             "Simple model that performs {}.",
