@@ -10,7 +10,9 @@
 //!   `(batch_size, out_channels, length - kernel_size + 1)`.
 //! - tier 2, `conv:conv2d`: `nn.Conv2d(in_channels, out_channels, kernel_size, bias=False)` over
 //!   `(batch_size, in_channels, height, width)` with a square kernel; some families stride 2
-//!   (`|stride2`) or pad by `kernel_size // 2` (`|pad`), both literals of the module's call.
+//!   (`|stride2`) or pad by `kernel_size // 2` (`|pad`; an asymmetric window by half of the
+//!   square size 3 or 5 drawn with it, so not "same" along both dimensions), both literals of
+//!   the module's call.
 //! - tier 2, `conv:depthwise2d`: `nn.Conv2d(in_channels, in_channels, kernel_size,
 //!   groups=in_channels, bias=False)`. The reference language takes the group count as a
 //!   literal, so a depthwise family keeps `in_channels` fixed across its shapes (8, 16 or 32).
@@ -773,7 +775,7 @@ fn conv_family(
         MM_TOL,
         conv_cost(kind, &l, steps),
     );
-    let module = conv_module((kind, win), l.layer, steps, &spec, &inputs[0].1);
+    let module = conv_module((kind, win), &l, steps, &spec, &inputs[0].1);
     let (file, naive, fast) =
         conv_kernels((kind, win), &spec, (&wname, &bname), steps, (block, cob));
     finish(
@@ -1023,18 +1025,18 @@ fn conv_layer(
     }
 }
 
-/// The module of the convolution `kind` with window `win` in attribute `layer` (then `steps`)
-/// over `x_shape`.
+/// The module of the convolution `kind` with window `win` in layout `l`'s attribute (then
+/// `steps`) over `x_shape`.
 fn conv_module(
     (kind, win): (Kind, Window),
-    layer: &str,
+    l: &Layout,
     steps: &[Step],
     spec: &TaskSpec,
     x_shape: &[&str],
 ) -> String {
     let fused = kind == Kind::Fused;
     let (init_params, init_inputs, layer_call, what) = conv_layer((kind, win), steps);
-    let spatial = kind.layout(win).kk.len();
+    let (layer, spatial) = (l.layer, l.kk.len());
     let constants = kind
         .names()
         .into_iter()
@@ -1428,8 +1430,8 @@ fn variant(stride: i64, pad: i64) -> String {
 }
 
 /// Draws one convolution family: a 1D convolution (about 12%), a standard 2D one (19%; half of
-/// them with stride 2, padding `kernel_size // 2` or both), a depthwise one (12%), a pointwise
-/// one (12%), a 2D convolution with its bias and 1-3 elementwise steps (23%; a third of them
+/// them with stride 2, padding `k // 2` of the drawn size `k` or both), a depthwise one (12%),
+/// a pointwise one (12%), a 2D convolution with its bias and 1-3 elementwise steps (23%; a third of them
 /// with a `(out_channels, 1, 1)` bias parameter among the steps), a 3D one (12%) or a transposed
 /// 2D one (12%; stride 1 or 2, padding 0 or 1); kernel size 3 or 5, one of three shape regimes.
 /// A third of the standard 2D and transposed windows and half of the 3D ones are asymmetric
