@@ -39,7 +39,8 @@
 //!
 //! - convolutions ([`conv`]): `nn.Conv1d`, `nn.Conv2d` (stride 2 and same padding as variants)
 //!   and `nn.Conv3d` (tier 2), `nn.ConvTranspose2d` (tier 2; stride 2 and padding 1 as
-//!   variants), the standard 2D, 3D and transposed ones also with asymmetric windows, depthwise and pointwise `nn.Conv2d` (tier 2), `nn.Conv2d` with its bias then
+//!   variants), the standard 2D, 3D and transposed ones also with asymmetric windows,
+//!   depthwise and pointwise `nn.Conv2d` (tier 2), `nn.Conv2d` with its bias then
 //!   1-3 elementwise steps (tier 3, KernelBench level 2's shape).
 //! - pooling, group norm and products ([`pool`]): `nn.MaxPool1d/2d`, `nn.AvgPool1d/2d` and
 //!   `nn.GroupNorm` (tier 2; group norm followed by activations tier 3), `torch.prod` over the
