@@ -33,7 +33,8 @@
 //! | `cumprod(x, d)` | inclusive prefix product over dimension `d` |
 //! | `conv1d(x, w, s, p, g)`, `conv2d(x, w, s, p, g)`, `conv3d(x, w, s, p, g)` | `F.conv1d` / `F.conv2d` / `F.conv3d` with stride `s`, padding `p`, `g` groups (integer literals); a bias `b` after `w` (`conv2d(x, w, b, s, p, g)`) |
 //! | `conv_transpose2d(x, w, s, p, g)` | `F.conv_transpose2d` (no output padding, no dilation), the same arguments; `w` of shape `(C_in, C_out / g, kh, kw)` |
-//! | `max_pool1d(x, k, s)`, `avg_pool1d(x, k, s)`, `max_pool2d(x, k, s)`, `avg_pool2d(x, k, s)` | `F.max_pool1d` ... with window `k` and stride `s` (integer literals), no padding |
+//! | `max_pool1d(x, k, s, p, d)`, `max_pool2d(...)`, `max_pool3d(...)` | `F.max_pool1d` ... with window `k`, stride `s`, padding `p` (default 0) and dilation `d` (default 1), integer literals; square and cubic windows |
+//! | `avg_pool1d(x, k, s, p)`, `avg_pool2d(...)`, `avg_pool3d(...)` | `F.avg_pool1d` ... with window `k`, stride `s` and padding `p` (default 0; padded zeros count, `count_include_pad=True`) |
 //! | `group_norm(x, w, b, g, eps)` | `F.group_norm(x, g, w, b, eps)` |
 //!
 //! Besides the value, evaluation can produce a **magnitude** per element, the `m` of the
@@ -111,10 +112,12 @@ pub const FUNCTIONS: &[(&str, usize, usize)] = &[
     ("conv2d", 5, 6),
     ("conv3d", 5, 6),
     ("conv_transpose2d", 5, 6),
-    ("max_pool1d", 3, 3),
-    ("avg_pool1d", 3, 3),
-    ("max_pool2d", 3, 3),
-    ("avg_pool2d", 3, 3),
+    ("max_pool1d", 3, 5),
+    ("avg_pool1d", 3, 4),
+    ("max_pool2d", 3, 5),
+    ("avg_pool2d", 3, 4),
+    ("max_pool3d", 3, 5),
+    ("avg_pool3d", 3, 4),
     ("group_norm", 5, 5),
 ];
 
@@ -373,12 +376,19 @@ impl Expr {
                             dim(&args[n - 1])
                         )
                     }
-                    "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" => format!(
-                        "{f}.{name}({}, kernel_size={}, stride={})",
-                        a[0],
-                        dim(&args[1]),
-                        dim(&args[2])
-                    ),
+                    "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" | "max_pool3d"
+                    | "avg_pool3d" => {
+                        let mut s = format!(
+                            "{f}.{name}({}, kernel_size={}, stride={}",
+                            a[0],
+                            dim(&args[1]),
+                            dim(&args[2])
+                        );
+                        for (arg, key) in args.iter().skip(3).zip(["padding", "dilation"]) {
+                            s.push_str(&format!(", {key}={}", dim(arg)));
+                        }
+                        s + ")"
+                    }
                     "group_norm" => format!(
                         "{f}.group_norm({}, {}, {}, {}, {})",
                         a[0],
@@ -435,9 +445,24 @@ mod tests {
         );
         assert_eq!(parse("sum(x, 1)").unwrap().vars(), vec!["x".to_string()]);
         assert_eq!(parse("1e-5").unwrap(), Expr::Num(1e-5));
+        // Pooling's padding and dilation are keyword arguments when given.
+        for (e, want) in [
+            (
+                "avg_pool1d(x, 4, 2)",
+                "avg_pool1d(x, kernel_size=4, stride=2)",
+            ),
+            (
+                "max_pool3d(x, 3, 2, 1, 3)",
+                "max_pool3d(x, kernel_size=3, stride=2, padding=1, dilation=3)",
+            ),
+        ] {
+            let got = parse(e).unwrap().to_torch();
+            assert_eq!(got, format!("torch.nn.functional.{want}"), "{e}");
+        }
         for (bad, want) in [
             ("foo(x)", "unknown function `foo`"),
             ("sum(x, 1, 2, 3)", "takes 1 to 3 arguments"),
+            ("avg_pool2d(x, 2, 2, 0, 1)", "takes 3 or 4 arguments, got 5"),
             ("(a + b", "expected `)`"),
             ("a b", "unexpected `b`"),
             ("a $ b", "unexpected character `$`"),

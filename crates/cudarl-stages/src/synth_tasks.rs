@@ -78,7 +78,8 @@ impl Stage for SynthTasks {
     // 7: operator families (KernelBench-style modules, tiers 0-3); `problem` and `group`.
     // 8: 3D and transposed 2D convolution families.
     // 9: asymmetric convolution windows (`kernel_size = (3, 7)`).
-    stage_identity!(KIND, 9);
+    // 10: pooling with padding and dilation; 3D pooling.
+    stage_identity!(KIND, 10);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }

@@ -459,7 +459,7 @@ fn softmax(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> 
 }
 
 /// Linear and windowed operations on `x`: `matmul`, `transpose`, `conv1d`, `conv2d`, `conv3d`,
-/// `conv_transpose2d` and the 1-d and 2-d max and average pools.
+/// `conv_transpose2d` and the 1-d, 2-d and 3-d max and average pools.
 fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
     let (f, args, env) = (c.f, c.args, c.env);
     Ok(Some(match f {
@@ -523,14 +523,20 @@ fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
             };
             Val::T(v, m)
         }
-        "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" => {
+        "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" | "max_pool3d" | "avg_pool3d" => {
             let (k, st) = (int_arg(&args[1], f)?, int_arg(&args[2], f)?);
+            let p = args.get(3).map(|a| int_arg(a, f)).transpose()?.unwrap_or(0);
+            let d = args.get(4).map(|a| int_arg(a, f)).transpose()?.unwrap_or(1);
             let pool = |t: &Tensor| -> R<Tensor> {
                 match f {
-                    "max_pool1d" => t.f_max_pool1d([k], [st], [0], [1], false),
-                    "avg_pool1d" => t.f_avg_pool1d([k], [st], [0], false, true),
-                    "max_pool2d" => t.f_max_pool2d([k, k], [st, st], [0, 0], [1, 1], false),
-                    _ => t.f_avg_pool2d([k, k], [st, st], [0, 0], false, true, None::<i64>),
+                    "max_pool1d" => t.f_max_pool1d([k], [st], [p], [d], false),
+                    "avg_pool1d" => t.f_avg_pool1d([k], [st], [p], false, true),
+                    "max_pool2d" => t.f_max_pool2d([k; 2], [st; 2], [p; 2], [d; 2], false),
+                    "avg_pool2d" => {
+                        t.f_avg_pool2d([k; 2], [st; 2], [p; 2], false, true, None::<i64>)
+                    }
+                    "max_pool3d" => t.f_max_pool3d([k; 3], [st; 3], [p; 3], [d; 3], false),
+                    _ => t.f_avg_pool3d([k; 3], [st; 3], [p; 3], false, true, None::<i64>),
                 }
             };
             let v = pool(x)?;
@@ -724,6 +730,24 @@ mod tests {
         assert_eq!(v, vec![2.0, 2.0, 4.0]);
         let (v, _) = run("avg_pool1d(x, 3, 1)", &[("x", &x)], &[]);
         assert_eq!(v, vec![0.0, 1.0]);
+        // Padding 1 (-inf for max, counted zeros for average) and dilation 2: taps -1 and 1,
+        // 0 and 2, 1 and 3, 2 and 4; magnitudes the windows' largest |x|.
+        let (v, m) = run("max_pool1d(x, 2, 1, 1, 2)", &[("x", &x)], &[]);
+        assert_eq!(
+            (v, m),
+            (vec![2.0, 1.0, 4.0, -3.0], vec![2.0, 3.0, 4.0, 3.0])
+        );
+        let (v, _) = run("avg_pool1d(x, 2, 2, 1)", &[("x", &x)], &[]);
+        assert_eq!(v, vec![0.5, -0.5, 2.0]);
+        // A 2 x 2 x 2 cube of 1..8: one full window; with padding 1 and stride 2, eight
+        // windows each holding one element, averaged over 8 taps.
+        let c = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], &[1, 1, 2, 2, 2]);
+        let (v, _) = run("max_pool3d(c, 2, 1)", &[("c", &c)], &[]);
+        assert_eq!(v, vec![8.0]);
+        let (v, _) = run("avg_pool3d(c, 2, 1)", &[("c", &c)], &[]);
+        assert_eq!(v, vec![4.5]);
+        let (v, _) = run("avg_pool3d(c, 2, 2, 1)", &[("c", &c)], &[]);
+        assert_eq!(v, (1..=8).map(|i| i as f64 / 8.0).collect::<Vec<_>>());
         // Transposed: [1, 2] scatters [1, -1] from each position: [1, -1 + 2, -2]; magnitude
         // [1, 1 + 2, 2].
         let xt = t(&[1.0, 2.0], &[1, 1, 1, 2]);

@@ -1,14 +1,20 @@
 //! Pooling, group normalization, product and cumulative-product families, in the style of
-//! KernelBench level 1 (`41_Max_Pooling_1D`, `42_Max_Pooling_2D`, `44_Average_Pooling_1D`,
-//! `45_Average_Pooling_2D`, `35_GroupNorm_`, `90_cumprod` and the `prod` reduction).
+//! KernelBench level 1 (`41_Max_Pooling_1D` to `46_Average_Pooling_3D`, `35_GroupNorm_`,
+//! `90_cumprod` and the `prod` reduction).
 //!
 //! Kinds, tiers and groups:
-//! - tier 2, `pool:max1d` / `pool:avg1d`: `nn.MaxPool1d(kernel_size, stride)` /
-//!   `nn.AvgPool1d(kernel_size, stride)` over `(batch_size, features, sequence_length)` /
+//! - tier 2, `pool:max1d` / `pool:avg1d`: `nn.MaxPool1d(kernel_size=kernel_size,
+//!   stride=stride, padding=padding, dilation=dilation)` / `nn.AvgPool1d(kernel_size=...,
+//!   stride=..., padding=...)` over `(batch_size, features, sequence_length)` /
 //!   `(batch_size, in_channels, input_length)` (KernelBench's names), after an optional
-//!   activation; window 2-4, stride 1, 2 or the window, no padding.
+//!   activation; window 2-5 or 8, stride 1, 2 or the window, padding in half the draws,
+//!   dilation 2 or 3 in four max poolings in ten. Groups get `|pad` and `|dil`
+//!   (`pool:max1d|pad|dil`).
 //! - tier 2, `pool:max2d` / `pool:avg2d`: `nn.MaxPool2d` / `nn.AvgPool2d` with a square
-//!   window over `(batch_size, channels, height, width)`, likewise.
+//!   window (2-5; average also 11) over `(batch_size, channels, height, width)`, likewise.
+//! - tier 2, `pool:max3d` / `pool:avg3d`: `nn.MaxPool3d` / `nn.AvgPool3d` with a cubic window
+//!   (2-4) over `(batch_size, channels, dim1, dim2, dim3)` / `(batch_size, channels, depth,
+//!   height, width)`, likewise.
 //! - tier 2 (tier 3 with 1-2 activations after it), `norm:group`: `nn.GroupNorm(num_groups,
 //!   num_features)` with its affine weight and bias, eps 1e-5, over `(batch_size,
 //!   num_features, height, width)`, after an optional activation.
@@ -19,8 +25,8 @@
 //! - tier 1, `scan:cumprod`: `torch.cumprod(x, dim=1)` over `(batch_size, dim)` rows, after an
 //!   optional activation.
 //!
-//! Window sizes, strides and group counts are module constants, as in KernelBench
-//! (`kernel_size = 4`, `stride = 2`, `num_groups = 8`), and literals in the reference and the
+//! Window sizes, strides, paddings, dilations and group counts are module constants, as in
+//! KernelBench (`kernel_size = 4`, `stride = 2`, `padding = 1`, `num_groups = 8`), and literals in the reference and the
 //! kernels; no dimension of a buffer at the first train shape (the module's constants) equals
 //! one of them, so `kb-specs` derives exactly the declared sizes.
 //!
@@ -62,20 +68,23 @@ const PRODUCT_STEPS: &[Step] = &[
 
 /// Draws one pooling, group-norm, prod or cumprod family.
 pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
-    match rng.random_range(0..20) {
-        0..=3 => {
+    match rng.random_range(0..23) {
+        0..=10 => {
             let max = rng.random_bool(0.5);
-            let (k, s) = window(rng);
+            let dims = match rng.random_range(0..11) {
+                0..=3 => 1,
+                4..=7 => 2,
+                _ => 3,
+            };
+            let pool = draw_pool(rng, max, dims);
             let pre = pool_pre(rng);
-            pool1d_family(id, max, k, s, &pre)
+            match dims {
+                1 => pool1d_family(id, pool, &pre),
+                2 => pool2d_family(id, pool, &pre),
+                _ => pool3d_family(id, pool, &pre),
+            }
         }
-        4..=7 => {
-            let max = rng.random_bool(0.5);
-            let (k, s) = window(rng);
-            let pre = pool_pre(rng);
-            pool2d_family(id, max, k, s, &pre)
-        }
-        8..=12 => {
+        11..=15 => {
             let groups = pick(rng, &[2, 4, 8]);
             let (pre, post) = if rng.random_bool(0.5) {
                 let k = rng.random_range(0..=1);
@@ -87,7 +96,7 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
             let block = pick(rng, &[256, 512, 1024]);
             group_norm_family(id, groups, &pre, &post, block)
         }
-        13..=16 => {
+        16..=19 => {
             let mid = rng.random_bool(0.4);
             let keep = rng.random_bool(0.5);
             let pre = product_pre(rng);
@@ -104,11 +113,142 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
     }
 }
 
-/// A pooling window and stride: window 2, 3 or 4; stride 1, 2 or the window.
-fn window(rng: &mut ChaCha8Rng) -> (i64, i64) {
-    let k = pick(rng, &[2, 3, 4]);
+/// A pooling window as KernelBench states it (`kernel_size`, `stride`, `padding`,
+/// `dilation`): `k` taps per dimension at stride `s`, `p` implicit elements on each side of
+/// every dimension (at most `k / 2`, PyTorch's limit; `-inf` for max pooling, zeros that count
+/// for average pooling, `count_include_pad=True`), taps `d` apart (max pooling only; average
+/// pooling has no dilation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pool {
+    max: bool,
+    k: i64,
+    s: i64,
+    p: i64,
+    d: i64,
+}
+
+impl Pool {
+    /// The input extent one window's taps cover, `d (k - 1) + 1`: the smallest extent with
+    /// one output; every extent of every shape is at least this, so every window, padded or
+    /// not, has a tap inside the input.
+    fn extent(self) -> i64 {
+        self.d * (self.k - 1) + 1
+    }
+
+    /// The output extent of an input extent `dim`, `(dim + 2 p - d (k - 1) - 1) / s + 1`
+    /// (PyTorch docs, `torch.nn.MaxPool1d`, without `ceil_mode`), as a shape formula.
+    fn out_dim(self, dim: &str) -> String {
+        let off = self.extent() - 2 * self.p;
+        let num = match off.cmp(&0) {
+            std::cmp::Ordering::Greater => format!("{dim}-{off}"),
+            std::cmp::Ordering::Equal => dim.to_string(),
+            std::cmp::Ordering::Less => format!("{dim}+{}", -off),
+        };
+        format!("({num})/{}+1", self.s)
+    }
+
+    /// The reference call on `x` over `n` dimensions: `max_pool2d(x, k, s, p, d)`,
+    /// `avg_pool2d(x, k, s, p)` (`crates/cudarl-cuda/src/expr.rs`).
+    fn reference(self, x: &str, n: usize) -> String {
+        let Pool { k, s, p, d, .. } = self;
+        if self.max {
+            format!("max_pool{n}d({x}, {k}, {s}, {p}, {d})")
+        } else {
+            format!("avg_pool{n}d({x}, {k}, {s}, {p})")
+        }
+    }
+
+    /// The group suffix: `|pad` with padding, `|dil` with dilation.
+    fn variant(self) -> String {
+        let mut v = String::new();
+        if self.p > 0 {
+            v.push_str("|pad");
+        }
+        if self.d > 1 {
+            v.push_str("|dil");
+        }
+        v
+    }
+
+    /// The module's constants and `__init__` parameters past `kernel_size`, as KernelBench's
+    /// pooling problems state them (`stride: int = None, padding: int = 0, dilation: int = 1`).
+    fn settings(self) -> Vec<(&'static str, &'static str, i64)> {
+        let mut v = vec![
+            ("stride", "int = None", self.s),
+            ("padding", "int = 0", self.p),
+        ];
+        if self.max {
+            v.push(("dilation", "int = 1", self.d));
+        }
+        v
+    }
+
+    /// The words for the module's docstring: `kernel size 4, stride 2, padding 1, dilation 3`.
+    fn words(self, n: usize) -> String {
+        let size = match n {
+            1 => format!("kernel size {}", self.k),
+            2 => format!("square kernel of size {}", self.k),
+            _ => format!("cubic kernel of size {}", self.k),
+        };
+        let mut w = format!("{size}, stride {}, padding {}", self.s, self.p);
+        if self.max {
+            w.push_str(&format!(", dilation {}", self.d));
+        }
+        w
+    }
+
+    /// The C++ constants of the window.
+    fn consts(self) -> String {
+        let Pool { k, s, p, d, .. } = self;
+        format!(
+            "constexpr int POOL_K = {k};\nconstexpr int POOL_S = {s};\n\
+             constexpr int POOL_P = {p};\nconstexpr int POOL_D = {d};\n"
+        )
+    }
+
+    /// (initial value, update of `acc` by `v`, the value written, the value of a padded
+    /// element staged in shared memory) over `n` dimensions: the maximum, or the sum divided
+    /// by the `k^n` taps (padded ones count).
+    fn ops(self, n: usize) -> (&'static str, &'static str, String, &'static str) {
+        if self.max {
+            (
+                "-INFINITY",
+                "acc = fmaxf(acc, v);",
+                "acc".into(),
+                "-INFINITY",
+            )
+        } else {
+            let taps = self.k.pow(n as u32);
+            ("0.0f", "acc += v;", format!("acc / {taps}.0f"), "0.0f")
+        }
+    }
+}
+
+/// A pooling window over `dims` (1-3) dimensions: window 2-5 or 8 (1D), 2-5 (2D max), 2-5 or
+/// 11 (2D average), 2-4 (3D); stride 1, 2 or the window; padding in half the draws (1 to
+/// `k / 2`); dilation 2 or 3 in four max poolings in ten. KernelBench's pooling problems
+/// (`41_Max_Pooling_1D` to `46_Average_Pooling_3D`) use windows 3, 4, 8 and 11, padding 1-4 and
+/// dilation 3.
+fn draw_pool(rng: &mut ChaCha8Rng, max: bool, dims: usize) -> Pool {
+    let ks: &[i64] = match (dims, max) {
+        (1, _) => &[2, 3, 4, 5, 8],
+        (2, true) => &[2, 3, 4, 5],
+        (2, false) => &[2, 3, 4, 5, 11],
+        _ => &[2, 3, 4],
+    };
+    let k = pick(rng, ks);
     let s = pick(rng, &[1, 2, k]);
-    (k, s)
+    let p = if rng.random_bool(0.5) {
+        rng.random_range(1..=k / 2)
+    } else {
+        0
+    };
+    let d = if max && rng.random_bool(0.4) {
+        pick(rng, &[2, 3])
+    } else {
+        1
+    };
+    Pool { max, k, s, p, d }
 }
 
 /// An optional activation before a pooling (three times in ten).
@@ -129,48 +269,40 @@ fn product_pre(rng: &mut ChaCha8Rng) -> Vec<Step> {
     }
 }
 
-/// (initial value, update of `acc` by `v`, the value written) of a pooling window of
-/// `window` elements: the maximum, or the sum divided by the window's size (no padding, so
-/// every window is full).
-fn pool_ops(max: bool, window: i64) -> (&'static str, &'static str, String) {
-    if max {
-        ("-INFINITY", "acc = fmaxf(acc, v);", "acc".into())
-    } else {
-        ("0.0f", "acc += v;", format!("acc / {window}.0f"))
-    }
-}
-
-/// The `nn` class, the attribute name (as KernelBench names it), and the words for a pooling.
-fn pool_names(max: bool, dims: u32) -> (&'static str, &'static str, String) {
-    let (cls, attr, what) = if max {
+/// The module of a pooling `pool` over `x` of `dims` after `pre`: `self.maxpool =
+/// nn.MaxPool2d(kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation)`
+/// (`self.avg_pool = nn.AvgPool2d(...)` without dilation), the window's settings module
+/// constants, as in KernelBench.
+fn pool_module(spec: &TaskSpec, dims: &[&str], pool: Pool, pre: &[Step]) -> String {
+    let n = dims.len() - 2;
+    let (cls, attr, what) = if pool.max {
         ("MaxPool", "maxpool", "max")
     } else {
         ("AvgPool", "avg_pool", "average")
     };
-    (cls, attr, format!("{dims}D {what} pooling"))
-}
-
-/// The module of a pooling over `x` of `dims` after `pre`: `self.{attr} = nn.{cls}(kernel_size,
-/// stride)` with the window `k` and stride `s` as module constants, `what` its docstring.
-fn pool_module(
-    spec: &TaskSpec,
-    dims: &[&str],
-    (attr, cls): (&str, &str),
-    what: &str,
-    (k, s): (i64, i64),
-    pre: &[Step],
-) -> String {
     let body = chain_body(pre, &[format!("x = self.{attr}(x)")], &[]);
     let mut consts = constants(dims, &spec.train_shapes[0]);
-    consts.push(("kernel_size".into(), k.to_string()));
-    consts.push(("stride".into(), s.to_string()));
+    consts.push(("kernel_size".into(), pool.k.to_string()));
+    let mut init_params = vec!["kernel_size: int".to_string()];
+    let mut names = vec!["kernel_size".to_string()];
+    for (name, ty, v) in pool.settings() {
+        consts.push((name.into(), v.to_string()));
+        init_params.push(format!("{name}: {ty}"));
+        names.push(name.into());
+    }
+    let kw: Vec<String> = names.iter().map(|k| format!("{k}={k}")).collect();
     render_module(&Module {
-        doc: format!("Simple model that performs {}.", chain_doc(what, pre, &[])),
-        init_params: vec!["kernel_size: int".into(), "stride: int".into()],
-        init_body: vec![format!(
-            "self.{attr} = nn.{cls}(kernel_size=kernel_size, stride=stride)"
-        )],
-        init_inputs: vec!["kernel_size".into(), "stride".into()],
+        doc: format!(
+            "Simple model that performs {}.",
+            chain_doc(
+                &format!("{n}D {what} pooling ({})", pool.words(n)),
+                pre,
+                &[]
+            )
+        ),
+        init_params,
+        init_body: vec![format!("self.{attr} = nn.{cls}{n}d({})", kw.join(", "))],
+        init_inputs: names,
         forward_args: &["x"],
         body,
         constants: consts,
@@ -179,21 +311,19 @@ fn pool_module(
     })
 }
 
-/// A max or average pooling family of `in0` of shape `dims` (1D or 2D by their count) after `pre`.
+/// A max or average pooling family of `in0` of shape `dims` (1-3 spatial dimensions by their
+/// count) after `pre`. Tolerance: the elementwise one, or the matmul one for averages of more
+/// than 32 taps (the float sum's rounding grows with the taps).
 fn pool_family(
     id: &str,
-    max: bool,
-    (k, s): (i64, i64),
+    pool: Pool,
     pre: &[Step],
     dims: &[&str],
     (train, holdout): (Shapes, Shapes),
 ) -> Family {
     let n = dims.len() - 2;
-    let kind = if max { "max" } else { "avg" };
-    let out: Vec<String> = dims[2..]
-        .iter()
-        .map(|d| format!("({d}-{k})/{s}+1"))
-        .collect();
+    let kind = if pool.max { "max" } else { "avg" };
+    let out: Vec<String> = dims[2..].iter().map(|d| pool.out_dim(d)).collect();
     let out_shape: Vec<&str> = dims[..2]
         .iter()
         .copied()
@@ -207,43 +337,37 @@ fn pool_family(
         .chain(out.iter().map(|d| format!("({d})")))
         .collect::<Vec<_>>()
         .join("*");
-    let mut flops = format!("{}*{out_elems}", k.pow(n as u32));
+    let taps = pool.k.pow(n as u32);
+    let mut flops = format!("{taps}*{out_elems}");
     if !pre.is_empty() {
         flops.push_str(&format!(" + {}*{in_elems}", pre.len()));
     }
+    let tol = if !pool.max && taps > 32 {
+        MM_TOL
+    } else {
+        EW_TOL
+    };
     let spec = kb_spec(
         id,
         2,
         &[("in0", dims)],
         &out_shape,
         dims,
-        format!("{kind}_pool{n}d({x}, {k}, {s})"),
+        pool.reference(&x, n),
         train,
         holdout,
-        EW_TOL,
+        tol,
         (format!("4*{in_elems} + 4*{out_elems}"), flops),
     );
-    let (cls, attr, what) = pool_names(max, n as u32);
-    let window = if n == 1 {
-        format!("kernel size {k}")
-    } else {
-        format!("square kernel of size {k}")
+    let module = pool_module(&spec, dims, pool, pre);
+    let (file, (naive, fast)) = match n {
+        1 => (
+            "row_tiles.cu",
+            pool1d_kernels(&spec, pool, pre, (dims[1], dims[2])),
+        ),
+        _ => ("plane_tiles.cu", plane_pool_kernels(&spec, pool, pre, dims)),
     };
-    let module = pool_module(
-        &spec,
-        dims,
-        (attr, &format!("{cls}{n}d")),
-        &format!("{what} ({window}, stride {s}, no padding)"),
-        (k, s),
-        pre,
-    );
-    let (file, (naive, fast)) = if n == 1 {
-        let cl = (dims[1], dims[2]);
-        ("row_tiles.cu", pool1d_kernels(&spec, max, (k, s), pre, cl))
-    } else {
-        ("plane_tiles.cu", pool2d_kernels(&spec, max, (k, s), pre))
-    };
-    let group = group_of(&format!("pool:{kind}{n}d"), pre, "");
+    let group = group_of(&format!("pool:{kind}{n}d"), pre, &pool.variant());
     finish(spec, module, group, naive, (file, fast))
 }
 
@@ -252,15 +376,15 @@ fn pool_family(
 
 /// 1D max or average pooling of `x` of shape `(batch_size, features, sequence_length)` (max,
 /// KernelBench's names) or `(batch_size, in_channels, input_length)` (average), as
-/// `nn.MaxPool1d(kernel_size, stride)` / `nn.AvgPool1d(kernel_size, stride)` compute it with
-/// no padding (PyTorch docs, `torch.nn.MaxPool1d`, `torch.nn.AvgPool1d`): output `j` of a row
-/// is the maximum / mean of inputs `j * stride .. j * stride + kernel_size - 1`, and a row
-/// has `(length - kernel_size) / stride + 1` outputs. `pre` is applied to `x` first.
+/// `nn.MaxPool1d` / `nn.AvgPool1d` compute it (PyTorch docs, `torch.nn.MaxPool1d`,
+/// `torch.nn.AvgPool1d`): output `j` of a row is the maximum / mean of the taps
+/// `j * stride - padding + t * dilation` for `t` in `0..kernel_size`, padded taps `-inf` /
+/// zero. `pre` is applied to `x` first (before the padding).
 ///
-/// Kernels: one thread per output, reading its window; a block per 1024 consecutive outputs
-/// of a row (walking the rows), the inputs their windows cover staged in shared memory once.
-fn pool1d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
-    let (c, l) = if max {
+/// Kernels: one thread per output, reading its taps; a block per 1024 consecutive outputs of
+/// a row (walking the rows), the inputs their windows cover staged in shared memory once.
+fn pool1d_family(id: &str, pool: Pool, pre: &[Step]) -> Family {
+    let (c, l) = if pool.max {
         ("features", "sequence_length")
     } else {
         ("in_channels", "input_length")
@@ -271,45 +395,43 @@ fn pool1d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
         &[("batch_size", 8), (c, 32), (l, 65536)],
     ]);
     let holdout = shapes(&[
-        &[("batch_size", 1), (c, 1), (l, k)],
+        &[("batch_size", 1), (c, 1), (l, pool.extent())],
         &[("batch_size", 3), (c, 5), (l, 999)],
         &[("batch_size", 7), (c, 17), (l, 32771)],
     ]);
-    pool_family(
-        id,
-        max,
-        (k, s),
-        pre,
-        &["batch_size", c, l],
-        (train, holdout),
-    )
+    let dims = ["batch_size", c, l];
+    pool_family(id, pool, pre, &dims, (train, holdout))
 }
 
 /// The naive and fast 1D pooling kernels over rows of `l` inputs, `c` rows per sample.
 fn pool1d_kernels(
     spec: &TaskSpec,
-    max: bool,
-    (k, s): (i64, i64),
+    pool: Pool,
     pre: &[Step],
     (c, l): (&str, &str),
 ) -> (String, String) {
     let sig = spec.signature();
     let (decl, names) = params(spec);
-    let (init, upd, fin) = pool_ops(max, k);
-    let consts_c = pool_consts(k, s);
+    let (init, upd, fin, pad) = pool.ops(1);
+    let consts_c = pool.consts();
     let alias = format!(
-        "    const int64_t C = {c}, L = {l};\n    const int64_t lo = (L - POOL_K) / POOL_S + 1;\n"
+        "    const int64_t C = {c}, L = {l};\n    \
+         const int64_t lo = (L + 2 * POOL_P - POOL_D * (POOL_K - 1) - 1) / POOL_S + 1;\n"
     );
     let naive = format!(
-        "// naive: one thread per output element, reading its window of POOL_K inputs.\n{HEADER}\n\
+        "// naive: one thread per output element, reading the POOL_K taps of its window\n\
+         // (padded taps skipped: -inf for the maximum, zeros for the mean).\n{HEADER}\n\
          {consts_c}\n\
          __global__ void pool_naive({decl}) {{\n{alias}    \
          const int64_t n = batch_size * C * lo;\n    \
          const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
          if (i >= n) return;\n    \
-         const float* xr = in0 + (i / lo) * L + (i % lo) * POOL_S;\n    \
+         const float* xr = in0 + (i / lo) * L;\n    \
+         const int64_t start = (i % lo) * POOL_S - POOL_P;\n    \
          float acc = {init};\n    \
-         for (int j = 0; j < POOL_K; ++j) {{\n        float v = xr[j];\n{}        {upd}\n    }}\n    \
+         for (int j = 0; j < POOL_K; ++j) {{\n        \
+         const int64_t pos = start + j * POOL_D;\n        \
+         if (pos < 0 || pos >= L) continue;\n        float v = xr[pos];\n{}        {upd}\n    }}\n    \
          out[i] = {fin};\n}}\n\n\
          {sig} {{\n{alias}    const int64_t n = batch_size * C * lo;\n    \
          const int64_t grid = (n + 255) / 256;\n    \
@@ -319,59 +441,56 @@ fn pool1d_kernels(
     let fast = format!(
         "// fast: a block takes TILE consecutive outputs of a row and walks the rows (blockIdx.y,\n\
          // striding by gridDim.y); the inputs its windows cover are staged in shared memory\n\
-         // once (coalesced loads, the activation applied once per input), then each thread\n\
-         // computes PER outputs at stride THREADS (coalesced stores).\n{HEADER}\n\
+         // once (coalesced loads, the activation applied once per input, padding as {pad}),\n\
+         // then each thread computes PER outputs at stride THREADS (coalesced stores).\n{HEADER}\n\
          {consts_c}constexpr int THREADS = 256;\nconstexpr int PER = 4;\n\
-         constexpr int TILE = THREADS * PER;\nconstexpr int SPAN = (TILE - 1) * POOL_S + POOL_K;\n\n\
+         constexpr int TILE = THREADS * PER;\n\
+         constexpr int SPAN = (TILE - 1) * POOL_S + POOL_D * (POOL_K - 1) + 1;\n\n\
          __global__ void __launch_bounds__(THREADS) pool_tiled({decl}) {{\n    \
          __shared__ float xs[SPAN];\n{alias}    const int64_t rows = batch_size * C;\n    \
-         const int64_t o0 = (int64_t)blockIdx.x * TILE;\n    const int64_t i0 = o0 * POOL_S;\n    \
-         // o0 < lo, so i0 <= L - POOL_K: the span is not empty.\n    \
-         const int span = (int)(L - i0 < SPAN ? L - i0 : SPAN);\n    \
+         const int64_t o0 = (int64_t)blockIdx.x * TILE;\n    \
+         const int64_t i0 = o0 * POOL_S - POOL_P;\n    \
          for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {{\n        \
-         const float* xr = in0 + r * L + i0;\n        __syncthreads();\n        \
-         for (int t = threadIdx.x; t < span; t += THREADS) {{\n            float v = xr[t];\n{}            \
+         const float* xr = in0 + r * L;\n        __syncthreads();\n        \
+         for (int t = threadIdx.x; t < SPAN; t += THREADS) {{\n            \
+         const int64_t pos = i0 + t;\n            float v = {pad};\n            \
+         if (pos >= 0 && pos < L) {{\n                v = xr[pos];\n{}            }}\n            \
          xs[t] = v;\n        }}\n        __syncthreads();\n\
          #pragma unroll\n        for (int p = 0; p < PER; ++p) {{\n            \
          const int q = threadIdx.x + p * THREADS;\n            if (o0 + q < lo) {{\n                \
          float acc = {init};\n\
          #pragma unroll\n                for (int j = 0; j < POOL_K; ++j) {{\n                    \
-         const float v = xs[q * POOL_S + j];\n                    {upd}\n                }}\n                \
+         const float v = xs[q * POOL_S + j * POOL_D];\n                    {upd}\n                }}\n                \
          out[r * lo + o0 + q] = {fin};\n            }}\n        }}\n    }}\n}}\n\n\
          {sig} {{\n{alias}    const int64_t rows = batch_size * C;\n    \
          if (rows <= 0 || lo <= 0) return;\n    const int64_t gx = (lo + TILE - 1) / TILE;\n    \
          const int64_t gy = rows < 65535 ? rows : 65535;\n    \
          pool_tiled<<<dim3((unsigned)gx, (unsigned)gy), THREADS, 0, stream>>>({names});\n}}\n",
-        cuda_chain(pre, "", "0", "            "),
+        cuda_chain(pre, "", "0", "                "),
     );
     (naive, fast)
 }
 
 // ---------------------------------------------------------------------------------------
-// Tier 2: 2D pooling.
+// Tier 2: 2D and 3D pooling.
 
 /// 2D max or average pooling with a square window of `x` of shape `(batch_size, channels,
-/// height, width)`, as `nn.MaxPool2d(kernel_size, stride)` / `nn.AvgPool2d(kernel_size,
-/// stride)` compute it with no padding (PyTorch docs, `torch.nn.MaxPool2d`,
-/// `torch.nn.AvgPool2d`): output `(i, j)` of a plane is the maximum / mean of the
-/// `kernel_size x kernel_size` inputs from `(i * stride, j * stride)`; a plane has
-/// `(height - kernel_size) / stride + 1` rows of `(width - kernel_size) / stride + 1`
-/// outputs. `pre` is applied to `x` first.
+/// height, width)`, as `nn.MaxPool2d` / `nn.AvgPool2d` compute it (PyTorch docs,
+/// `torch.nn.MaxPool2d`, `torch.nn.AvgPool2d`): output `(i, j)` of a plane is the maximum /
+/// mean of the `kernel_size x kernel_size` taps from `(i * stride - padding, j * stride -
+/// padding)`, `dilation` apart, padded taps `-inf` / zero. `pre` is applied to `x` first.
 ///
-/// Kernels: one thread per output, reading its window; 32 x 8 output tiles per block (walking
-/// the planes and tile rows), the input patch they cover staged in shared memory once.
-fn pool2d_family(id: &str, max: bool, k: i64, s: i64, pre: &[Step]) -> Family {
+/// Kernels: one thread per output, reading its taps; 32 x 8 output tiles per block (fewer
+/// rows where the input patch would pass 40 KB of shared memory), walking the planes and
+/// tile rows, the input patch they cover staged in shared memory once.
+fn pool2d_family(id: &str, pool: Pool, pre: &[Step]) -> Family {
     let dims = ["batch_size", "channels", "height", "width"];
-    pool_family(id, max, (k, s), pre, &dims, pool2d_shapes(k))
-}
-
-/// Train and hold-out shapes `(batch_size, channels, height, width)` for a window of `k`.
-fn pool2d_shapes(k: i64) -> (Shapes, Shapes) {
+    let e = pool.extent();
     let train = shapes(&[
         &[
             ("batch_size", 16),
             ("channels", 32),
-            ("height", 128),
+            ("height", 160),
             ("width", 256),
         ],
         &[
@@ -391,8 +510,8 @@ fn pool2d_shapes(k: i64) -> (Shapes, Shapes) {
         &[
             ("batch_size", 1),
             ("channels", 1),
-            ("height", k),
-            ("width", k),
+            ("height", e),
+            ("width", e),
         ],
         &[
             ("batch_size", 3),
@@ -407,84 +526,224 @@ fn pool2d_shapes(k: i64) -> (Shapes, Shapes) {
             ("width", 129),
         ],
     ]);
-    (train, holdout)
+    pool_family(id, pool, pre, &dims, (train, holdout))
 }
 
-/// The C++ constants of a pooling window of `k` elements per dimension at stride `s`.
-fn pool_consts(k: i64, s: i64) -> String {
-    format!("constexpr int POOL_K = {k};\nconstexpr int POOL_S = {s};\n")
+/// 3D max or average pooling with a cubic window of `x` of shape `(batch_size, channels,
+/// dim1, dim2, dim3)` (max) or `(batch_size, channels, depth, height, width)` (average),
+/// KernelBench's names (`43_Max_Pooling_3D`, `46_Average_Pooling_3D`), as `nn.MaxPool3d` /
+/// `nn.AvgPool3d` compute it, likewise per dimension.
+///
+/// Kernels: one thread per output, reading its taps; the 2D tile kernel per output depth
+/// slice, walking the window's depth taps (slices outside the input skipped), each slice's
+/// patch staged in shared memory in turn.
+fn pool3d_family(id: &str, pool: Pool, pre: &[Step]) -> Family {
+    let [z, y, x] = if pool.max {
+        ["dim1", "dim2", "dim3"]
+    } else {
+        ["depth", "height", "width"]
+    };
+    let dims = ["batch_size", "channels", z, y, x];
+    let e = pool.extent();
+    let shape = |v: [i64; 5]| -> Vec<(&str, i64)> { dims.iter().copied().zip(v).collect() };
+    let (t0, t1, t2) = (
+        shape([16, 24, 40, 48, 56]),
+        shape([4, 32, 16, 32, 64]),
+        shape([2, 8, 64, 64, 64]),
+    );
+    let (h0, h1, h2) = (
+        shape([1, 1, e, e, e]),
+        shape([2, 3, 13, 17, 33]),
+        shape([1, 5, 21, 31, 45]),
+    );
+    let train = shapes(&[&t0, &t1, &t2]);
+    let holdout = shapes(&[&h0, &h1, &h2]);
+    pool_family(id, pool, pre, &dims, (train, holdout))
 }
 
-/// Aliases of the 2D pooling kernels: input and output sizes, and the plane count.
-const POOL2D_ALIAS: &str = "    const int64_t H = height, W = width;\n    \
-                            const int64_t ho = (H - POOL_K) / POOL_S + 1, wo = (W - POOL_K) / POOL_S + 1;\n    \
-                            const int64_t planes = batch_size * channels;\n";
+/// Rows per output tile of the 2D and 3D tile kernels: 8, or fewer where the input patch of
+/// a 32 x 8 tile would pass 40 KB of shared memory (wide windows at wide strides).
+fn tile_rows(pool: Pool) -> i64 {
+    let e = pool.extent();
+    let width = 31 * pool.s + e;
+    [8, 4, 2, 1]
+        .into_iter()
+        .find(|ty| width * ((ty - 1) * pool.s + e) * 4 <= 40 * 1024)
+        .unwrap_or(1)
+}
 
-/// The naive and fast 2D pooling kernels: one thread per output; 32 x 8 output tiles per block.
-fn pool2d_kernels(
+/// The naive and fast 2D or 3D pooling kernels over `dims` (`(batch_size, channels, [depth,]
+/// height, width)`): one thread per output; 32 x `tile_rows` output tiles per block, a
+/// 3D output's depth taps walked slice by slice.
+fn plane_pool_kernels(
     spec: &TaskSpec,
-    max: bool,
-    (k, s): (i64, i64),
+    pool: Pool,
     pre: &[Step],
+    dims: &[&str],
 ) -> (String, String) {
     let (decl, names) = params(spec);
     let sig = spec.signature();
-    let (init, upd, fin) = pool_ops(max, k * k);
-    let consts_c = pool_consts(k, s);
-    let alias = POOL2D_ALIAS;
-    let naive = format!(
-        "// naive: one thread per output element, reading its POOL_K x POOL_K window.\n{HEADER}\n\
-         {consts_c}\n\
-         __global__ void pool_naive({decl}) {{\n{alias}    \
-         const int64_t n = planes * ho * wo;\n    \
-         const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
-         if (i >= n) return;\n    \
-         const int64_t ox = i % wo, t = i / wo, oy = t % ho, p = t / ho;\n    \
-         const float* xp = in0 + (p * H + oy * POOL_S) * W + ox * POOL_S;\n    \
-         float acc = {init};\n    \
-         for (int ky = 0; ky < POOL_K; ++ky) {{\n        \
-         for (int kx = 0; kx < POOL_K; ++kx) {{\n            float v = xp[ky * W + kx];\n{}            \
-         {upd}\n        }}\n    }}\n    out[i] = {fin};\n}}\n\n\
-         {sig} {{\n{alias}    const int64_t n = planes * ho * wo;\n    \
-         const int64_t grid = (n + 255) / 256;\n    \
-         if (grid > 0) pool_naive<<<(unsigned)grid, 256, 0, stream>>>({names});\n}}\n",
-        cuda_chain(pre, "", "0", "            "),
-    );
+    let three = dims.len() == 5;
+    let n = dims.len() - 2;
+    let (init, upd, fin, pad) = pool.ops(n);
+    let consts_c = pool.consts();
+    let extent = "(X + 2 * POOL_P - POOL_D * (POOL_K - 1) - 1) / POOL_S + 1";
+    let out = |x: &str| extent.replace('X', x);
+    let (alias, outputs) = if three {
+        (
+            format!(
+                "    const int64_t D = {}, H = {}, W = {};\n    \
+                 const int64_t zo = {}, ho = {}, wo = {};\n    \
+                 const int64_t planes = batch_size * channels;\n",
+                dims[2],
+                dims[3],
+                dims[4],
+                out("D"),
+                out("H"),
+                out("W")
+            ),
+            "planes * zo",
+        )
+    } else {
+        (
+            format!(
+                "    const int64_t H = height, W = width;\n    \
+                 const int64_t ho = {}, wo = {};\n    \
+                 const int64_t planes = batch_size * channels;\n",
+                out("H"),
+                out("W")
+            ),
+            "planes",
+        )
+    };
+    let naive = plane_pool_naive(&decl, &names, &sig, (&consts_c, &alias), pool, pre, three);
+    let ty = tile_rows(pool);
+    let (slice_open, slice_close, plane_base) = if three {
+        (
+            "            for (int kz = 0; kz < POOL_K; ++kz) {\n                \
+             // the same slice for the whole block: the barriers below stay uniform.\n                \
+             const int64_t z = (p % zo) * POOL_S - POOL_P + kz * POOL_D;\n                \
+             if (z < 0 || z >= D) continue;\n                \
+             const float* xp = in0 + ((p / zo) * D + z) * H * W;\n",
+            "            }\n",
+            "",
+        )
+    } else {
+        ("", "", "        const float* xp = in0 + p * H * W;\n")
+    };
+    // KernelBench's `dim3` size (`43_Max_Pooling_3D`) hides CUDA's type of that name, which
+    // `struct dim3` still names.
+    let d3 = if dims.contains(&"dim3") {
+        "struct dim3"
+    } else {
+        "dim3"
+    };
+    let what = if three {
+        "of one output depth slice, walking the window's depth taps slice by slice"
+    } else {
+        "of one plane"
+    };
     let fast = format!(
-        "// fast: a 32 x 8 block computes a 32 x 8 tile of outputs of one plane, walking the\n\
+        "// fast: a 32 x TY block computes a 32 x TY tile of outputs {what}, walking the\n\
          // planes (blockIdx.z) and tile rows (blockIdx.y) with grid strides; the input patch\n\
          // the tile's windows cover is staged in shared memory once (coalesced loads along a\n\
-         // row, the activation applied once per input).\n{HEADER}\n\
-         {consts_c}constexpr int TX = 32;\nconstexpr int TY = 8;\n\
-         constexpr int IW = (TX - 1) * POOL_S + POOL_K;\nconstexpr int IH = (TY - 1) * POOL_S + POOL_K;\n\n\
+         // row, the activation applied once per input, padding as {pad}).\n{HEADER}\n\
+         {consts_c}constexpr int TX = 32;\nconstexpr int TY = {ty};\n\
+         constexpr int PW = (TX - 1) * POOL_S + POOL_D * (POOL_K - 1) + 1;\n\
+         constexpr int PH = (TY - 1) * POOL_S + POOL_D * (POOL_K - 1) + 1;\n\n\
          __global__ void __launch_bounds__(TX * TY) pool_tiled({decl}) {{\n    \
-         __shared__ float xs[IH][IW];\n{alias}    \
+         __shared__ float xs[PH][PW];\n{alias}    \
          const int64_t tiles_y = (ho + TY - 1) / TY;\n    \
          const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TX + tx;\n    \
-         const int64_t ox0 = (int64_t)blockIdx.x * TX, ix0 = ox0 * POOL_S;\n    \
-         // ox0 < wo, so ix0 <= W - POOL_K: the patch is not empty.\n    \
-         const int hx = (int)(W - ix0 < IW ? W - ix0 : IW);\n    \
-         for (int64_t p = blockIdx.z; p < planes; p += gridDim.z) {{\n        \
-         const float* xp = in0 + p * H * W;\n        \
+         const int64_t ox0 = (int64_t)blockIdx.x * TX, x0 = ox0 * POOL_S - POOL_P;\n    \
+         for (int64_t p = blockIdx.z; p < {outputs}; p += gridDim.z) {{\n{plane_base}        \
          for (int64_t by = blockIdx.y; by < tiles_y; by += gridDim.y) {{\n            \
-         const int64_t oy0 = by * TY, iy0 = oy0 * POOL_S;\n            \
-         const int hy = (int)(H - iy0 < IH ? H - iy0 : IH);\n            __syncthreads();\n            \
-         for (int t = tid; t < IH * IW; t += TX * TY) {{\n                \
-         const int yy = t / IW, xx = t % IW;\n                if (yy < hy && xx < hx) {{\n                    \
-         float v = xp[(iy0 + yy) * W + ix0 + xx];\n{}                    xs[yy][xx] = v;\n                }}\n            }}\n            \
-         __syncthreads();\n            const int64_t oy = oy0 + ty, ox = ox0 + tx;\n            \
-         if (oy < ho && ox < wo) {{\n                float acc = {init};\n\
-         #pragma unroll\n                for (int ky = 0; ky < POOL_K; ++ky) {{\n\
-         #pragma unroll\n                    for (int kx = 0; kx < POOL_K; ++kx) {{\n                        \
-         const float v = xs[ty * POOL_S + ky][tx * POOL_S + kx];\n                        {upd}\n                    }}\n                }}\n                \
-         out[(p * ho + oy) * wo + ox] = {fin};\n            }}\n        }}\n    }}\n}}\n\n\
-         {sig} {{\n{alias}    if (planes <= 0 || ho <= 0 || wo <= 0) return;\n    \
+         const int64_t oy0 = by * TY, y0 = oy0 * POOL_S - POOL_P;\n            \
+         float acc = {init};\n{slice_open}            __syncthreads();\n            \
+         for (int t = tid; t < PH * PW; t += TX * TY) {{\n                \
+         const int yy = t / PW, xx = t % PW;\n                \
+         const int64_t y = y0 + yy, x = x0 + xx;\n                float v = {pad};\n                \
+         if (y >= 0 && y < H && x >= 0 && x < W) {{\n                    v = xp[y * W + x];\n{}                }}\n                \
+         xs[yy][xx] = v;\n            }}\n            __syncthreads();\n\
+         #pragma unroll\n            for (int ky = 0; ky < POOL_K; ++ky) {{\n\
+         #pragma unroll\n                for (int kx = 0; kx < POOL_K; ++kx) {{\n                    \
+         const float v = xs[ty * POOL_S + ky * POOL_D][tx * POOL_S + kx * POOL_D];\n                    \
+         {upd}\n                }}\n            }}\n{slice_close}            \
+         const int64_t oy = oy0 + ty, ox = ox0 + tx;\n            \
+         if (oy < ho && ox < wo) out[(p * ho + oy) * wo + ox] = {fin};\n        }}\n    }}\n}}\n\n\
+         {sig} {{\n{alias}    if ({outputs} <= 0 || ho <= 0 || wo <= 0) return;\n    \
          const int64_t gx = (wo + TX - 1) / TX, ty = (ho + TY - 1) / TY;\n    \
-         const int64_t gy = ty < 65535 ? ty : 65535, gz = planes < 65535 ? planes : 65535;\n    \
-         pool_tiled<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)gz), dim3(TX, TY), 0, stream>>>({names});\n}}\n",
+         const int64_t gy = ty < 65535 ? ty : 65535;\n    \
+         const int64_t gz = {outputs} < 65535 ? {outputs} : 65535;\n    \
+         const {d3} grid((unsigned)gx, (unsigned)gy, (unsigned)gz), block(TX, TY);\n    \
+         pool_tiled<<<grid, block, 0, stream>>>({names});\n}}\n",
         cuda_chain(pre, "", "0", "                    "),
     );
     (naive, fast)
+}
+
+/// The naive 2D or 3D pooling kernel: one thread per output element, reading its taps and
+/// skipping the padded ones.
+fn plane_pool_naive(
+    decl: &str,
+    names: &str,
+    sig: &str,
+    (consts_c, alias): (&str, &str),
+    pool: Pool,
+    pre: &[Step],
+    three: bool,
+) -> String {
+    let (init, upd, fin, _) = pool.ops(if three { 3 } else { 2 });
+    let (n, index, base, z_open, z_close, ind) = if three {
+        (
+            "planes * zo * ho * wo",
+            "const int64_t ox = i % wo, t = i / wo, oy = t % ho, t2 = t / ho, oz = t2 % zo, \
+             p = t2 / zo;",
+            "in0 + p * D * H * W",
+            "    for (int kz = 0; kz < POOL_K; ++kz) {\n        \
+             const int64_t z = oz * POOL_S - POOL_P + kz * POOL_D;\n        \
+             if (z < 0 || z >= D) continue;\n",
+            "    }\n",
+            "    ",
+        )
+    } else {
+        (
+            "planes * ho * wo",
+            "const int64_t ox = i % wo, t = i / wo, oy = t % ho, p = t / ho;",
+            "in0 + p * H * W",
+            "",
+            "",
+            "",
+        )
+    };
+    let row = if three {
+        "(z * H + y) * W + x"
+    } else {
+        "y * W + x"
+    };
+    format!(
+        "// naive: one thread per output element, reading its POOL_K^{} taps (padded taps\n\
+         // skipped: -inf for the maximum, zeros for the mean).\n{HEADER}\n\
+         {consts_c}\n\
+         __global__ void pool_naive({decl}) {{\n{alias}    \
+         const int64_t n = {n};\n    \
+         const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    \
+         if (i >= n) return;\n    {index}\n    \
+         const float* xp = {base};\n    \
+         const int64_t y0 = oy * POOL_S - POOL_P, x0 = ox * POOL_S - POOL_P;\n    \
+         float acc = {init};\n{z_open}{ind}    \
+         for (int ky = 0; ky < POOL_K; ++ky) {{\n{ind}        \
+         const int64_t y = y0 + ky * POOL_D;\n{ind}        if (y < 0 || y >= H) continue;\n{ind}        \
+         for (int kx = 0; kx < POOL_K; ++kx) {{\n{ind}            \
+         const int64_t x = x0 + kx * POOL_D;\n{ind}            if (x < 0 || x >= W) continue;\n{ind}            \
+         float v = xp[{row}];\n{}{ind}            {upd}\n{ind}        }}\n{ind}    }}\n{z_close}    \
+         out[i] = {fin};\n}}\n\n\
+         {sig} {{\n{alias}    const int64_t n = {n};\n    \
+         const int64_t grid = (n + 255) / 256;\n    \
+         if (grid > 0) pool_naive<<<(unsigned)grid, 256, 0, stream>>>({names});\n}}\n",
+        if three { 3 } else { 2 },
+        cuda_chain(pre, "", "0", &format!("{ind}            ")),
+    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -766,6 +1025,7 @@ mod tests {
     fn every_kind_draws_validates_and_compiles_with_nvcc() {
         // One family per kind and fast kernel file; every kind is drawn.
         let mut by_kind: BTreeMap<(String, String), Family> = BTreeMap::new();
+        let mut variants = BTreeSet::new();
         for seed in 0..400u64 {
             let f = draw(&mut ChaCha8Rng::seed_from_u64(seed), "gen_op_0000");
             let g = draw(&mut ChaCha8Rng::seed_from_u64(seed), "gen_op_0000");
@@ -790,6 +1050,9 @@ mod tests {
                 }
             }
             let group = f.spec.group.clone().expect("group");
+            if group.starts_with("pool:") {
+                variants.insert(group.split(':').nth(1).unwrap_or_default().to_string());
+            }
             let kind: Vec<&str> = group.split(':').take(2).collect();
             let kind = kind.join(":");
             let kind = kind.split('|').next().unwrap_or_default().to_string();
@@ -818,6 +1081,8 @@ mod tests {
             "pool:avg1d/row_tiles.cu",
             "pool:max2d/plane_tiles.cu",
             "pool:avg2d/plane_tiles.cu",
+            "pool:max3d/plane_tiles.cu",
+            "pool:avg3d/plane_tiles.cu",
             "norm:group/block_per_group.cu",
             "reduce:prod/warp_per_row.cu",
             "reduce:prod_keep/warp_per_row.cu",
@@ -826,6 +1091,77 @@ mod tests {
         ] {
             assert!(keys.iter().any(|k| k == want), "{want} not in {keys:?}");
         }
+        for want in [
+            "max1d|pad|dil",
+            "avg2d|pad",
+            "max2d|dil",
+            "max3d|pad|dil",
+            "avg3d|pad",
+        ] {
+            assert!(variants.contains(want), "{want} not in {variants:?}");
+        }
         super::super::tests::compile_with_nvcc(by_kind.values());
+    }
+
+    #[test]
+    fn pooling_windows_state_padding_and_dilation_as_kernelbench_does() {
+        // 41_Max_Pooling_1D's settings: kernel 8, stride 1, padding 4, dilation 3; the
+        // smallest extent with an output is 3 * 7 + 1 = 22.
+        let pool = Pool {
+            max: true,
+            k: 8,
+            s: 1,
+            p: 4,
+            d: 3,
+        };
+        assert_eq!(pool.extent(), 22);
+        assert_eq!(pool.out_dim("sequence_length"), "(sequence_length-14)/1+1");
+        let f = pool1d_family("gen_op_0000", pool, &[]);
+        let module = f.spec.module.as_deref().expect("module");
+        for line in [
+            "nn.MaxPool1d(kernel_size=kernel_size, stride=stride, padding=padding, \
+             dilation=dilation)",
+            "kernel_size = 8",
+            "padding = 4",
+            "dilation = 3",
+            "return [kernel_size, stride, padding, dilation]",
+        ] {
+            assert!(module.contains(line), "{line} not in\n{module}");
+        }
+        assert_eq!(f.spec.reference["out"], "max_pool1d(in0, 8, 1, 4, 3)");
+        assert_eq!(f.spec.group.as_deref(), Some("pool:max1d|pad|dil:"));
+        // Every shape's extents hold a window: the output has a positive size everywhere.
+        for s in f.spec.train_shapes.iter().chain(&f.spec.holdout_shapes) {
+            let out = &f
+                .spec
+                .args
+                .iter()
+                .find(|a| a.name == "out")
+                .expect("out")
+                .shape;
+            for d in out {
+                assert!(eval_formula(d, s).expect("dim") > 0, "{d} at {s:?}");
+            }
+        }
+        // 45_Average_Pooling_2D's window 11 at stride 11: the tile kernel keeps its patch
+        // within 40 KB of shared memory with fewer rows.
+        let wide = Pool {
+            max: false,
+            k: 11,
+            s: 11,
+            p: 0,
+            d: 1,
+        };
+        assert_eq!(tile_rows(wide), 2);
+        let g = pool2d_family("gen_op_0001", wide, &[]);
+        assert!(g.optimized[0].1.contains("constexpr int TY = 2;"));
+        assert_eq!(g.spec.reference["out"], "avg_pool2d(in0, 11, 11, 0)");
+        assert!(
+            !g.spec
+                .module
+                .as_deref()
+                .expect("module")
+                .contains("dilation")
+        );
     }
 }
