@@ -682,7 +682,9 @@ fn instruction_finding(h: &CodeHit, what: &str) -> Finding {
 /// object's code with the values the linker wrote into its relocation fields, which the object
 /// holds as zeros). On the 285 honest builds of
 /// `benchmarks/results/object_byte_scan_false_positives_cpu_2026-12-04.json` no linked library
-/// has a hit.
+/// has a hit; on an H100 host one honest kernel of 938 had one, in a displacement the link wrote
+/// (`benchmarks/results/main_job_pooling_h100_2026-12-07.json`), which the build then linked
+/// away (`Compiler::scan_linked` in `crates/cudarl-cuda/src/compile.rs`).
 ///
 /// # Errors
 /// The bytes are not an ELF file `object` can read.

@@ -971,3 +971,66 @@ extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cu
     assert!(!v.compiled);
     assert_eq!(v.failure.as_deref(), Some("static_reject"));
 }
+
+/// The same bytes written by a layout accident: the `lea` reads a table in `.rodata`, another
+/// output section, so the link's displacement is an accident of where the linker put the two
+/// (an honest naive kernel met it on a GPU host,
+/// `benchmarks/results/main_job_pooling_h100_2026-12-07.json`). The build is linked again
+/// between padding objects, which move the code against `.rodata`; that library holds no
+/// refused encoding and is the one stored. The displacement into `.text.far` above, which no
+/// padding outside the object moves, stays refused.
+#[test]
+fn a_syscall_encoding_a_layout_accident_writes_is_linked_away() {
+    let Some((_d, store, c)) = compiler_with_store() else {
+        return;
+    };
+    let va = vector_add();
+    let rules = Rules::builtin();
+    let source = |offset: u32| {
+        format!(
+            r#"#include <cuda_runtime.h>
+#include <stdint.h>
+__global__ void add(const float* a, const float* b, float* out, int64_t n) {{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}}
+asm(".section .rodata\n.p2align 6\nlookup_table:\n.skip 70000\n.text\n");
+extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {{
+    long r;
+    asm volatile("movabsq $0x1122334455667788, %%rdx\n\tleaq lookup_table+{offset}(%%rip), %%rax" : "=a"(r) : : "rdx");
+    (void)r;
+    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
+}}
+"#
+        )
+    };
+    // The stored library of `offset`'s build and the displacement of the `lea` after the marker.
+    let library = |offset: u32| -> (Vec<u8>, u32) {
+        let v = check_compile_only(&va, &source(offset), &rules, &c).unwrap();
+        assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
+        let bytes = std::fs::read(store.blob_path(&v.so_hash.expect("a stored library"))).unwrap();
+        let marker = [0x48, 0xba, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11];
+        let at = bytes
+            .windows(marker.len())
+            .position(|w| w == marker)
+            .expect("the marker")
+            + marker.len();
+        assert_eq!(
+            &bytes[at..at + 3],
+            &[0x48, 0x8d, 0x05],
+            "lea rax, [rip + disp32]"
+        );
+        let d = u32::from_le_bytes(bytes[at + 3..at + 7].try_into().unwrap());
+        (bytes, d)
+    };
+    let (_, d0) = library(0);
+    // The offset into the table that makes the first link's displacement end in `0f 05`.
+    let offset = 0x050fu32.wrapping_sub(d0) & 0xffff;
+    let (bytes, d) = library(offset);
+    assert_ne!(d & 0xffff, 0x050f, "the stored library is the relinked one");
+    assert_eq!(
+        cudarl_cuda::inspect::linked(&bytes).unwrap(),
+        vec![],
+        "the stored library holds no refused encoding"
+    );
+}
