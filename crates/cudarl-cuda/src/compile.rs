@@ -38,8 +38,9 @@ pub const WALL_FACTOR: u32 = 4;
 /// Key-derivation context of the compile cache (v2: sandboxed two-step builds with object
 /// inspection and the shared CUDA runtime; v3: CPU-time limits, builds stopped by a limit not
 /// cached; v4: one nvcc run to the shared object; v5: object checks by section prefix and byte,
-/// exported names, tensor-core precision in the PTX; v6: the linked library scanned, half-precision arithmetic flagged).
-pub const CACHE_CONTEXT: &str = "cudarl-pipe compile cache v6";
+/// exported names, tensor-core precision in the PTX; v6: the linked library scanned, half-precision arithmetic flagged;
+/// v7: a library hit a second, padded link moves away is stored from that link).
+pub const CACHE_CONTEXT: &str = "cudarl-pipe compile cache v7";
 
 /// The object nvcc keeps beside the other intermediate files of a native build.
 const OBJECT: &str = "keep/kernel.o";
