@@ -31,7 +31,7 @@
 //! | `transpose(x)` | swaps the last two dimensions |
 //! | `prod(x, d)` | product over dimension `d`; a third argument `1` keeps it |
 //! | `cumprod(x, d)` | inclusive prefix product over dimension `d` |
-//! | `conv1d(x, w, s, p, g)`, `conv2d(x, w, s, p, g)`, `conv3d(x, w, s, p, g)` | `F.conv1d` / `F.conv2d` / `F.conv3d` with stride `s`, padding `p`, `g` groups (integer literals); a bias `b` after `w` (`conv2d(x, w, b, s, p, g)`) |
+//! | `conv1d(x, w, s, p, g)`, `conv2d(x, w, s, p, g)`, `conv3d(x, w, s, p, g)` | `F.conv1d` / `F.conv2d` / `F.conv3d` with stride `s`, padding `p`, `g` groups (integer literals); a bias `b` after `w` (`conv2d(x, w, b, s, p, g)`); a dilation `d` last (`conv2d(x, w, s, p, g, d)`, default 1) |
 //! | `conv_transpose2d(x, w, s, p, g)` | `F.conv_transpose2d` (no output padding, no dilation), the same arguments; `w` of shape `(C_in, C_out / g, kh, kw)` |
 //! | `max_pool1d(x, k, s, p, d)`, `max_pool2d(...)`, `max_pool3d(...)` | `F.max_pool1d` ... with window `k`, stride `s`, padding `p` (default 0) and dilation `d` (default 1), integer literals; square and cubic windows |
 //! | `avg_pool1d(x, k, s, p)`, `avg_pool2d(...)`, `avg_pool3d(...)` | `F.avg_pool1d` ... with window `k`, stride `s` and padding `p` (default 0; padded zeros count, `count_include_pad=True`) |
@@ -108,10 +108,10 @@ pub const FUNCTIONS: &[(&str, usize, usize)] = &[
     ("transpose", 1, 1),
     ("prod", 2, 3),
     ("cumprod", 2, 2),
-    ("conv1d", 5, 6),
-    ("conv2d", 5, 6),
-    ("conv3d", 5, 6),
-    ("conv_transpose2d", 5, 6),
+    ("conv1d", 5, 7),
+    ("conv2d", 5, 7),
+    ("conv3d", 5, 7),
+    ("conv_transpose2d", 5, 7),
     ("max_pool1d", 3, 5),
     ("avg_pool1d", 3, 4),
     ("max_pool2d", 3, 5),
@@ -365,16 +365,22 @@ impl Expr {
                     "matmul" => format!("torch.matmul({}, {})", a[0], a[1]),
                     "transpose" => format!("{}.transpose(-2, -1)", a[0]),
                     "conv1d" | "conv2d" | "conv3d" | "conv_transpose2d" => {
-                        let n = args.len();
-                        let bias = if n == 6 { a[2].as_str() } else { "None" };
-                        format!(
-                            "{f}.{name}({}, {}, {bias}, stride={}, padding={}, groups={})",
+                        let (bias, at) = match num(&args[2]) {
+                            Some(_) => ("None", 2),
+                            None => (a[2].as_str(), 3),
+                        };
+                        let mut s = format!(
+                            "{f}.{name}({}, {}, {bias}, stride={}, padding={}, groups={}",
                             a[0],
                             a[1],
-                            dim(&args[n - 3]),
-                            dim(&args[n - 2]),
-                            dim(&args[n - 1])
-                        )
+                            dim(&args[at]),
+                            dim(&args[at + 1]),
+                            args.get(at + 2).map(dim).unwrap_or_default()
+                        );
+                        if let Some(d) = args.get(at + 3) {
+                            s.push_str(&format!(", dilation={}", dim(d)));
+                        }
+                        s + ")"
                     }
                     "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" | "max_pool3d"
                     | "avg_pool3d" => {
@@ -445,8 +451,17 @@ mod tests {
         );
         assert_eq!(parse("sum(x, 1)").unwrap().vars(), vec!["x".to_string()]);
         assert_eq!(parse("1e-5").unwrap(), Expr::Num(1e-5));
-        // Pooling's padding and dilation are keyword arguments when given.
+        // Pooling's padding and dilation, a convolution's bias and dilation, are keyword
+        // arguments when given.
         for (e, want) in [
+            (
+                "conv2d(x, w, 1, 2, 1, 3)",
+                "conv2d(x, w, None, stride=1, padding=2, groups=1, dilation=3)",
+            ),
+            (
+                "conv1d(x, w, b, 2, 0, 1)",
+                "conv1d(x, w, b, stride=2, padding=0, groups=1)",
+            ),
             (
                 "avg_pool1d(x, 4, 2)",
                 "avg_pool1d(x, kernel_size=4, stride=2)",

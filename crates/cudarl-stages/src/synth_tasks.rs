@@ -79,7 +79,8 @@ impl Stage for SynthTasks {
     // 8: 3D and transposed 2D convolution families.
     // 9: asymmetric convolution windows (`kernel_size = (3, 7)`).
     // 10: pooling with padding and dilation; 3D pooling.
-    stage_identity!(KIND, 10);
+    // 11: dilated 1D and 2D convolutions, strided 1D ones.
+    stage_identity!(KIND, 11);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }

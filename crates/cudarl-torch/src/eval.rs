@@ -482,24 +482,35 @@ fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
         }
         "conv1d" | "conv2d" | "conv3d" | "conv_transpose2d" => {
             let (w, mw) = c.tensor_arg(1)?;
-            let n = args.len();
-            let (b, mb) = if n == 6 {
+            // A bias is the third argument when it is no number; then stride, padding, groups
+            // and an optional dilation.
+            let (b, mb, at) = if int_arg(&args[2], f).is_err() {
                 let (b, mb) = c.tensor_arg(2)?;
-                (Some(b), mb)
+                (Some(b), mb, 3)
             } else {
-                (None, None)
+                (None, None, 2)
             };
+            if args.len() < at + 3 {
+                return Err(err(format!(
+                    "`{f}`: stride, padding and groups are required"
+                )));
+            }
             let (st, pad, groups) = (
-                int_arg(&args[n - 3], f)?,
-                int_arg(&args[n - 2], f)?,
-                int_arg(&args[n - 1], f)?,
+                int_arg(&args[at], f)?,
+                int_arg(&args[at + 1], f)?,
+                int_arg(&args[at + 2], f)?,
             );
+            let d = args
+                .get(at + 3)
+                .map(|a| int_arg(a, f))
+                .transpose()?
+                .unwrap_or(1);
             let conv = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| -> R<Tensor> {
                 match f {
-                    "conv1d" => x.f_conv1d(w, b, [st], [pad], [1], groups),
-                    "conv2d" => x.f_conv2d(w, b, [st, st], [pad, pad], [1, 1], groups),
-                    "conv3d" => x.f_conv3d(w, b, [st; 3], [pad; 3], [1; 3], groups),
-                    _ => x.f_conv_transpose2d(w, b, [st, st], [pad, pad], [0, 0], groups, [1, 1]),
+                    "conv1d" => x.f_conv1d(w, b, [st], [pad], [d], groups),
+                    "conv2d" => x.f_conv2d(w, b, [st, st], [pad, pad], [d, d], groups),
+                    "conv3d" => x.f_conv3d(w, b, [st; 3], [pad; 3], [d; 3], groups),
+                    _ => x.f_conv_transpose2d(w, b, [st, st], [pad, pad], [0, 0], groups, [d, d]),
                 }
             };
             // A transposed convolution's weight is (C_in, C_out / groups, kh, kw): an output
@@ -720,6 +731,9 @@ mod tests {
         );
         assert_eq!(v, vec![-0.5, 5.5, 4.5]);
         assert_eq!(m, vec![1.5, 5.5, 4.5]);
+        // Dilation 2: taps 2 apart, windows [1, -3] and [2, 4].
+        let (v, _) = run("conv1d(x, w, 1, 0, 1, 2)", &[("x", &x), ("w", &w)], &[]);
+        assert_eq!(v, vec![4.0, -2.0]);
         // 2 x 2 windows of a 2 x 4 plane, stride 2.
         let p = t(&[1.0, -5.0, 2.0, 3.0, 0.0, 4.0, -1.0, 7.0], &[1, 1, 2, 4]);
         let (v, m) = run("max_pool2d(p, 2, 2)", &[("p", &p)], &[]);

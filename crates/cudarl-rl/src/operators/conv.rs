@@ -6,8 +6,13 @@
 //!
 //! Kinds and tiers:
 //! - tier 2, `conv:conv1d`: `nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)` over
-//!   `x` of shape `(batch_size, in_channels, length)`, stride 1, no padding; the output is
-//!   `(batch_size, out_channels, length - kernel_size + 1)`.
+//!   `x` of shape `(batch_size, in_channels, length)`, no padding; the output is `(batch_size,
+//!   out_channels, length - kernel_size + 1)`; some families stride 2 or 3 (`|stride2`).
+//! - `|dil` (1D and standard 2D kinds, three in ten): a dilation of 2-4 (1D) or 2-3 (2D),
+//!   `dilation=2` a literal of the layer's call as the stride and padding are; the window's taps
+//!   are that far apart and its extent `dilation * (kernel_size - 1) + 1` (KernelBench's
+//!   `conv_standard_1D_dilated_strided__`, `conv_standard_2D_square_input_asymmetric_kernel___
+//!   dilated____padded__`).
 //! - tier 2, `conv:conv2d`: `nn.Conv2d(in_channels, out_channels, kernel_size, bias=False)` over
 //!   `(batch_size, in_channels, height, width)` with a square kernel; some families stride 2
 //!   (`|stride2`) or pad by `kernel_size // 2` (`|pad`; an asymmetric window by half of the
@@ -37,7 +42,8 @@
 //! PyTorch docs, `torch.nn.Conv1d` and `torch.nn.Conv2d`: output channel `co` of image `n` is
 //! `sum_ci sum_kh sum_kw w[co, ci, kh, kw] x[n, g * Cin/groups + ci, oh * s - p + kh, ow * s - p
 //! + kw]` (zero outside the input) plus the bias, `g` the group of `co`; the output size is
-//! `(H + 2 p - K) / s + 1` per spatial dimension.
+//! `(H + 2 p - K) / s + 1` per spatial dimension. With dilation `d` the taps are `oh * s - p + kh
+//! * d`, and `K` is the dilated extent `d (K - 1) + 1`.
 //!
 //! Kernels: the naive one is one thread per output element looping over the input channels of
 //! its group and the window. The fast ones: a block per output tile (32 x 8 pixels in 2D, 128
@@ -69,10 +75,10 @@ use crate::families::{Family, Shapes};
 /// A convolution kind.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
-    /// `nn.Conv1d`, no bias, stride 1, no padding.
-    Conv1d,
-    /// `nn.Conv2d`, no bias, square `stride` and `pad`.
-    Conv2d { stride: i64, pad: i64 },
+    /// `nn.Conv1d`, no bias, no padding, `stride` and dilation `dil`.
+    Conv1d { stride: i64, dil: i64 },
+    /// `nn.Conv2d`, no bias, square `stride`, `pad` and dilation `dil`.
+    Conv2d { stride: i64, pad: i64, dil: i64 },
     /// Depthwise `nn.Conv2d` over `channels` channels (fixed across the shapes).
     Depthwise { channels: i64 },
     /// The 1x1 `nn.Conv2d`.
@@ -242,7 +248,7 @@ impl Kind {
     /// The module constants, in the module's order.
     fn names(self) -> Vec<&'static str> {
         match self {
-            Kind::Conv1d => vec![
+            Kind::Conv1d { .. } => vec![
                 "batch_size",
                 "in_channels",
                 "out_channels",
@@ -298,7 +304,7 @@ impl Kind {
         if let (false, Window::Square(k)) = (self == Kind::Pointwise, win) {
             m.insert("kernel_size".into(), k);
         }
-        if self == Kind::Conv1d {
+        if matches!(self, Kind::Conv1d { .. }) {
             m.insert("length".into(), w);
         } else {
             m.insert("height".into(), h);
@@ -314,6 +320,9 @@ impl Kind {
     fn shapes(self, win: Window, regime: usize) -> (Shapes, Shapes) {
         let r = regime % 3;
         let (kd, kh, kw) = win.dims();
+        // The smallest input holds one dilated window.
+        let d = self.dilation();
+        let (kh, kw) = (d * (kh - 1) + 1, d * (kw - 1) + 1);
         if self == Kind::Conv3d {
             let maps = |v: &[Dims3]| -> Shapes {
                 v.iter()
@@ -332,7 +341,7 @@ impl Kind {
             return (maps(&CONV3D_REGIMES[r]), maps(&holdout));
         }
         let (train, holdout): (Vec<Dims>, Vec<Dims>) = match self {
-            Kind::Conv1d => (
+            Kind::Conv1d { .. } => (
                 CONV1D_REGIMES[r].to_vec(),
                 vec![(1, 1, 1, 0, kw), (3, 7, 33, 0, 1001), (5, 17, 65, 0, 3001)],
             ),
@@ -364,15 +373,39 @@ impl Kind {
     /// `(stride, padding)`, the same along both spatial dimensions.
     fn stride_pad(self) -> (i64, i64) {
         match self {
-            Kind::Conv2d { stride, pad } | Kind::Transposed2d { stride, pad } => (stride, pad),
+            Kind::Conv2d { stride, pad, .. } | Kind::Transposed2d { stride, pad } => (stride, pad),
+            Kind::Conv1d { stride, .. } => (stride, 0),
             _ => (1, 0),
+        }
+    }
+
+    /// The dilation, the same along both spatial dimensions: the window's taps are this far
+    /// apart (1: adjacent).
+    fn dilation(self) -> i64 {
+        match self {
+            Kind::Conv1d { dil, .. } | Kind::Conv2d { dil, .. } => dil,
+            _ => 1,
         }
     }
 }
 
 /// The output size along a dimension of input size `dim` for a window of extent `k` (a size
-/// name or a literal), stride `s` and padding `p`, as a shape formula.
-fn out_dim(dim: &str, k: &str, s: i64, p: i64) -> String {
+/// name or a literal), stride `s`, padding `p` and dilation `d`, as a shape formula: `(dim + 2 p
+/// - d (k - 1) - 1) / s + 1` (PyTorch docs, `torch.nn.Conv2d`), the dilated extent `d k - d + 1`
+/// a literal or `(2*kernel_size-1)`.
+fn out_dim(dim: &str, k: &str, s: i64, p: i64, d: i64) -> String {
+    let dilated;
+    let k = match (d, k.parse::<i64>()) {
+        (1, _) => k,
+        (_, Ok(v)) => {
+            dilated = (d * (v - 1) + 1).to_string();
+            dilated.as_str()
+        }
+        (_, Err(_)) => {
+            dilated = format!("({d}*{k}-{})", d - 1);
+            dilated.as_str()
+        }
+    };
     match (s, p) {
         (1, 0) => format!("{dim}-{k}+1"),
         (1, p) => format!("{dim}+{}-{k}+1", 2 * p),
@@ -393,18 +426,21 @@ fn out_dim_transposed(dim: &str, k: &str, s: i64, p: i64) -> String {
     }
 }
 
-/// The kernels' C prelude: stride and padding macros, then the sizes as `N, C, CO, H, W, KH,
-/// KW, G` (a 1D convolution is a 2D one of height 1; a tuple window's extents are literals)
-/// and the output size `HO x WO`.
+/// The kernels' C prelude: stride, padding and dilation macros, then the sizes as `N, C, CO,
+/// H, W, KH, KW, G` (a 1D convolution is a 2D one of height 1; a tuple window's extents are
+/// literals) and the output size `HO x WO`.
 fn prelude(kind: Kind, win: Window) -> (String, String) {
     let (s, p) = kind.stride_pad();
-    let (sh, ph) = if kind == Kind::Conv1d { (1, 0) } else { (s, p) };
+    let d = kind.dilation();
+    let one_d = matches!(kind, Kind::Conv1d { .. });
+    let (sh, ph, dh) = if one_d { (1, 0, 1) } else { (s, p, d) };
     let macros = format!(
-        "#define STRIDE_H {sh}\n#define STRIDE_W {s}\n#define PAD_H {ph}\n#define PAD_W {p}\n"
+        "#define STRIDE_H {sh}\n#define STRIDE_W {s}\n#define PAD_H {ph}\n#define PAD_W {p}\n\
+         #define DIL_H {dh}\n#define DIL_W {d}\n"
     );
     let [_, kh, kw] = win.extents();
     let (co, hw, g) = match kind {
-        Kind::Conv1d => ("out_channels", "1, W = length", "1"),
+        Kind::Conv1d { .. } => ("out_channels", "1, W = length", "1"),
         Kind::Conv2d { .. } | Kind::Fused => ("out_channels", "height, W = width", "1"),
         Kind::Depthwise { .. } => ("in_channels", "height, W = width", "in_channels"),
         Kind::Pointwise => ("out_channels", "height, W = width", "1"),
@@ -413,15 +449,16 @@ fn prelude(kind: Kind, win: Window) -> (String, String) {
         }
     };
     let kk = match kind {
-        Kind::Conv1d => format!("1, KW = {kw}"),
+        Kind::Conv1d { .. } => format!("1, KW = {kw}"),
         Kind::Pointwise => "1, KW = 1".to_string(),
         _ => format!("{kh}, KW = {kw}"),
     };
     let alias = format!(
         "    const int64_t N = batch_size, C = in_channels, CO = {co}, G = {g};\n    \
          const int64_t H = {hw}, KH = {kk};\n    \
-         const int64_t HO = H + 2 * PAD_H >= KH ? (H + 2 * PAD_H - KH) / STRIDE_H + 1 : 0;\n    \
-         const int64_t WO = W + 2 * PAD_W >= KW ? (W + 2 * PAD_W - KW) / STRIDE_W + 1 : 0;\n    \
+         const int64_t EH = DIL_H * (KH - 1) + 1, EW = DIL_W * (KW - 1) + 1;\n    \
+         const int64_t HO = H + 2 * PAD_H >= EH ? (H + 2 * PAD_H - EH) / STRIDE_H + 1 : 0;\n    \
+         const int64_t WO = W + 2 * PAD_W >= EW ? (W + 2 * PAD_W - EW) / STRIDE_W + 1 : 0;\n    \
          (void)N; (void)C; (void)CO; (void)G; (void)H; (void)W; (void)KH; (void)KW; (void)HO; (void)WO;\n"
     );
     (macros, alias)
@@ -465,10 +502,10 @@ fn naive_kernel(parts: KernelParts<'_>, epilogue: &str, block: u32) -> String {
          const float* xp = in0 + (n * C + g * CPG + ci) * H * W;\n        \
          const float* wp = WT + (co * CPG + ci) * KH * KW;\n        \
          for (int64_t kh = 0; kh < KH; ++kh) {{\n            \
-         const int64_t ih = oh * STRIDE_H - PAD_H + kh;\n            \
+         const int64_t ih = oh * STRIDE_H - PAD_H + kh * DIL_H;\n            \
          if (ih < 0 || ih >= H) continue;\n            \
          for (int64_t kw = 0; kw < KW; ++kw) {{\n                \
-         const int64_t iw = ow * STRIDE_W - PAD_W + kw;\n                \
+         const int64_t iw = ow * STRIDE_W - PAD_W + kw * DIL_W;\n                \
          if (iw < 0 || iw >= W) continue;\n                \
          acc += xp[ih * W + iw] * wp[kh * KW + kw];\n            }}\n        }}\n    }}\n    \
          float v = acc;\n{epilogue}    out[i] = v;\n}}\n\n\
@@ -489,14 +526,15 @@ fn naive_kernel(parts: KernelParts<'_>, epilogue: &str, block: u32) -> String {
 fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
     let (kind, decl, names, sig, w) = (parts.kind, parts.decl, parts.names, parts.sig, parts.w);
     let (macros, alias) = prelude(kind, parts.win);
-    let (tw, th, cib, what) = if kind == Kind::Conv1d {
+    let one_d = matches!(kind, Kind::Conv1d { .. });
+    let (tw, th, cib, what) = if one_d {
         (128, 1, 8, "128 output positions")
     } else {
         (32, 8, 4, "8 x 32 output pixels")
     };
     // The template arguments (KHC, KWC): a tuple window's extents, else one instance for
     // kernel sizes 3, 5 and any other.
-    let kh = |k: u32| if kind == Kind::Conv1d { 1 } else { k };
+    let kh = |k: u32| if one_d { 1 } else { k };
     let (dispatch, unrolled) = match parts.win {
         Window::Tuple(_, h, w) => (
             format!("    run_tile<{h}, {w}>(grid, bytes, stream, {names});\n"),
@@ -527,8 +565,8 @@ fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
          const int kh_n = KHC > 0 ? KHC : (int)KH;\n    \
          const int kw_n = KWC > 0 ? KWC : (int)KW;\n    \
          const int taps = kh_n * kw_n;\n    \
-         const int ih_t = (TH - 1) * STRIDE_H + kh_n;\n    \
-         const int iw_t = (TW - 1) * STRIDE_W + kw_n;\n    \
+         const int ih_t = (TH - 1) * STRIDE_H + DIL_H * (kh_n - 1) + 1;\n    \
+         const int iw_t = (TW - 1) * STRIDE_W + DIL_W * (kw_n - 1) + 1;\n    \
          extern __shared__ float smem[];\n    \
          float* s_in = smem;\n    \
          float* s_w = smem + CIB * ih_t * iw_t;\n    \
@@ -561,7 +599,7 @@ fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
          for (int kh = 0; kh < kh_n; ++kh) {{\n\
          #pragma unroll\n                    \
          for (int kw = 0; kw < kw_n; ++kw) {{\n                        \
-         const float xv = si[kh * iw_t + kw];\n                        \
+         const float xv = si[kh * DIL_H * iw_t + kw * DIL_W];\n                        \
          const float* wk = sw + (kh * kw_n + kw) * COB;\n\
          #pragma unroll\n                        \
          for (int j = 0; j < COB; ++j) acc[j] += xv * wk[j];\n                    }}\n                }}\n            }}\n            \
@@ -584,7 +622,7 @@ fn tile_kernel(parts: KernelParts<'_>, epilogue: &str, cob: u32) -> String {
          const int64_t tiles = ((HO + TH - 1) / TH) * ((WO + TW - 1) / TW);\n    \
          int64_t jobs = N * ((CO + COB - 1) / COB);\n    \
          if (jobs > 65535) jobs = 65535;\n    \
-         const int64_t ih_t = (TH - 1) * STRIDE_H + KH, iw_t = (TW - 1) * STRIDE_W + KW;\n    \
+         const int64_t ih_t = (TH - 1) * STRIDE_H + EH, iw_t = (TW - 1) * STRIDE_W + EW;\n    \
          const size_t bytes = (size_t)(CIB * ih_t * iw_t + CIB * KH * KW * COB) * sizeof(float);\n    \
          const dim3 grid((unsigned)tiles, (unsigned)jobs);\n\
          {dispatch}}}\n",
@@ -812,13 +850,13 @@ impl Kind {
         };
         let [kd, kh, kw] = win.extents();
         let kk: Vec<String> = match self {
-            Kind::Conv1d => vec![kw],
+            Kind::Conv1d { .. } => vec![kw],
             Kind::Pointwise => vec!["1".into(), "1".into()],
             Kind::Conv3d => vec![kd, kh, kw],
             _ => vec![kh, kw],
         };
         let spatial: &[&str] = match self {
-            Kind::Conv1d => &["length"],
+            Kind::Conv1d { .. } => &["length"],
             Kind::Conv3d => &["depth", "height", "width"],
             _ => &["height", "width"],
         };
@@ -828,7 +866,9 @@ impl Kind {
             Kind::Transposed2d { .. } => windowed
                 .map(|(d, k)| out_dim_transposed(d, k, s, p))
                 .collect(),
-            _ => windowed.map(|(d, k)| out_dim(d, k, s, p)).collect(),
+            _ => windowed
+                .map(|(d, k)| out_dim(d, k, s, p, self.dilation()))
+                .collect(),
         };
         Layout {
             cout,
@@ -843,7 +883,7 @@ impl Kind {
     /// The layer's attribute name in the module.
     fn layer(self) -> &'static str {
         match self {
-            Kind::Conv1d => "conv1d",
+            Kind::Conv1d { .. } => "conv1d",
             Kind::Fused => "conv",
             Kind::Conv3d => "conv3d",
             Kind::Transposed2d { .. } => "conv_transpose2d",
@@ -864,10 +904,14 @@ fn conv_reference(kind: Kind, (wname, bname): (&str, &str)) -> String {
         Kind::Fused => "conv2d",
         _ => kind.layer(),
     };
+    let dil = match kind.dilation() {
+        1 => String::new(),
+        d => format!(", {d}"),
+    };
     if kind == Kind::Fused {
         format!("{f}(in0, {wname}, {bname}, {s}, {p}, {groups})")
     } else {
-        format!("{f}(in0, {wname}, {s}, {p}, {groups})")
+        format!("{f}(in0, {wname}, {s}, {p}, {groups}{dil})")
     }
 }
 
@@ -931,9 +975,10 @@ fn conv_cost(kind: Kind, l: &Layout, steps: &[Step]) -> (String, String) {
     (bytes, flops)
 }
 
-/// A layer call's stride and padding arguments (`, stride=2, padding=1`; none at 1 and 0) and
-/// their words for the docstring (`stride 2, padding 1`).
-fn stride_pad_words(stride: i64, pad: i64) -> (String, String) {
+/// A layer call's stride, padding and dilation arguments (`, stride=2, padding=1,
+/// dilation=2`; none at 1, 0 and 1) and their words for the docstring (`stride 2, padding 1,
+/// dilation 2`).
+fn stride_pad_words(stride: i64, pad: i64, dil: i64) -> (String, String) {
     let mut opts = String::new();
     let mut how = vec![];
     if stride != 1 {
@@ -943,6 +988,10 @@ fn stride_pad_words(stride: i64, pad: i64) -> (String, String) {
     if pad != 0 {
         opts.push_str(&format!(", padding={pad}"));
         how.push(format!("padding {pad}"));
+    }
+    if dil != 1 {
+        opts.push_str(&format!(", dilation={dil}"));
+        how.push(format!("dilation {dil}"));
     }
     let how = if how.is_empty() {
         "stride 1, no padding".to_string()
@@ -964,14 +1013,17 @@ fn conv_layer(
         _ => ("kernel_size: int", "a square kernel"),
     };
     match kind {
-        Kind::Conv1d => (
-            vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
-            vec!["in_channels", "out_channels", "kernel_size"],
-            "nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)".into(),
-            "Performs a standard 1D convolution (no bias, stride 1, no padding)".into(),
-        ),
-        Kind::Conv2d { stride, pad } => {
-            let (opts, how) = stride_pad_words(stride, pad);
+        Kind::Conv1d { stride, dil } => {
+            let (opts, how) = stride_pad_words(stride, 0, dil);
+            (
+                vec!["in_channels: int", "out_channels: int", "kernel_size: int"],
+                vec!["in_channels", "out_channels", "kernel_size"],
+                format!("nn.Conv1d(in_channels, out_channels, kernel_size{opts}, bias=False)"),
+                format!("Performs a standard 1D convolution (no bias, {how})"),
+            )
+        }
+        Kind::Conv2d { stride, pad, dil } => {
+            let (opts, how) = stride_pad_words(stride, pad, dil);
             (
                 vec!["in_channels: int", "out_channels: int", ks],
                 vec!["in_channels", "out_channels", "kernel_size"],
@@ -980,7 +1032,7 @@ fn conv_layer(
             )
         }
         Kind::Transposed2d { stride, pad } => {
-            let (opts, how) = stride_pad_words(stride, pad);
+            let (opts, how) = stride_pad_words(stride, pad, 1);
             (
                 vec!["in_channels: int", "out_channels: int", ks],
                 vec!["in_channels", "out_channels", "kernel_size"],
@@ -1114,7 +1166,7 @@ fn conv_kernels(
         Kind::Depthwise { .. } => ("depthwise_tile.cu", depthwise_kernel(parts)),
         Kind::Pointwise => ("pointwise_gemm.cu", pointwise_kernel(parts)),
         _ => (
-            if kind == Kind::Conv1d {
+            if matches!(kind, Kind::Conv1d { .. }) {
                 "tile_1d.cu"
             } else {
                 "tile_2d.cu"
@@ -1382,16 +1434,16 @@ fn conv_group(kind: Kind, win: Window, steps: &[Step]) -> String {
         ""
     };
     match kind {
-        Kind::Conv1d => group_of("conv:conv1d", &[], ""),
-        Kind::Conv2d { stride, pad } => {
-            group_of("conv:conv2d", &[], &(variant(stride, pad) + asym))
+        Kind::Conv1d { stride, dil } => group_of("conv:conv1d", &[], &variant(stride, 0, dil)),
+        Kind::Conv2d { stride, pad, dil } => {
+            group_of("conv:conv2d", &[], &(variant(stride, pad, dil) + asym))
         }
         Kind::Depthwise { .. } => group_of("conv:depthwise2d", &[], ""),
         Kind::Pointwise => group_of("conv:pointwise2d", &[], ""),
         Kind::Fused => group_of("conv:fused2d", steps, ""),
         Kind::Conv3d => group_of("conv:conv3d", &[], asym),
         Kind::Transposed2d { stride, pad } => {
-            group_of("conv:transposed2d", &[], &(variant(stride, pad) + asym))
+            group_of("conv:transposed2d", &[], &(variant(stride, pad, 1) + asym))
         }
     }
 }
@@ -1417,8 +1469,19 @@ fn draw_window(rng: &mut ChaCha8Rng, k: i64, p: f64, three: bool) -> Window {
     }
 }
 
-/// A group's stride and padding variant: `|stride2`, `|pad`, both or none.
-fn variant(stride: i64, pad: i64) -> String {
+/// A dilation: 1, or (three times in ten) one of `dils` (KernelBench level 1's dilated
+/// convolutions use 2-4).
+fn draw_dilation(rng: &mut ChaCha8Rng, dils: &[i64]) -> i64 {
+    if rng.random_bool(0.3) {
+        pick(rng, dils)
+    } else {
+        1
+    }
+}
+
+/// A group's stride, padding and dilation variant: `|stride2`, `|pad`, `|dil`, any of them or
+/// none.
+fn variant(stride: i64, pad: i64, dil: i64) -> String {
     let mut extra = String::new();
     if stride != 1 {
         extra.push_str(&format!("|stride{stride}"));
@@ -1426,16 +1489,20 @@ fn variant(stride: i64, pad: i64) -> String {
     if pad != 0 {
         extra.push_str("|pad");
     }
+    if dil != 1 {
+        extra.push_str("|dil");
+    }
     extra
 }
 
-/// Draws one convolution family: a 1D convolution (about 12%), a standard 2D one (19%; half of
-/// them with stride 2, padding `k // 2` of the drawn size `k` or both), a depthwise one (12%),
-/// a pointwise one (12%), a 2D convolution with its bias and 1-3 elementwise steps (23%; a third of them
-/// with a `(out_channels, 1, 1)` bias parameter among the steps), a 3D one (12%) or a transposed
-/// 2D one (12%; stride 1 or 2, padding 0 or 1); kernel size 3 or 5, one of three shape regimes.
-/// A third of the standard 2D and transposed windows and half of the 3D ones are asymmetric
-/// ([`ASYM_2D`], [`ASYM_3D`]).
+/// Draws one convolution family: a 1D convolution (about 12%; half stride 1, a quarter each 2 and
+/// 3, three in ten dilated 2-4), a standard 2D one (19%; half of them with stride 2, padding `k //
+/// 2` of the drawn size `k` or both; three in ten dilated 2 or 3), a depthwise one (12%), a
+/// pointwise one (12%), a 2D convolution with its bias and 1-3 elementwise steps (23%; a third of
+/// them with a `(out_channels, 1, 1)` bias parameter among the steps), a 3D one (12%) or a
+/// transposed 2D one (12%; stride 1 or 2, padding 0 or 1); kernel size 3 or 5, one of three shape
+/// regimes. A third of the standard 2D and transposed windows and half of the 3D ones are
+/// asymmetric ([`ASYM_2D`], [`ASYM_3D`]).
 pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
     let k = pick(rng, &[3, 5]);
     let regime = rng.random_range(0..3);
@@ -1457,7 +1524,12 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
                 launch,
             )
         }
-        0..=2 => conv_family(id, (Kind::Conv1d, square), regime, &[], launch),
+        0..=2 => {
+            let stride = pick(rng, &[1, 1, 2, 3]);
+            let dil = draw_dilation(rng, &[2, 3, 4]);
+            let kind = Kind::Conv1d { stride, dil };
+            conv_family(id, (kind, square), regime, &[], launch)
+        }
         3..=7 => {
             let (stride, pad) = match rng.random_range(0..10) {
                 0..=4 => (1, 0),
@@ -1466,7 +1538,9 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
                 _ => (2, k / 2),
             };
             let win = draw_window(rng, k, 1.0 / 3.0, false);
-            conv_family(id, (Kind::Conv2d { stride, pad }, win), regime, &[], launch)
+            let dil = draw_dilation(rng, &[2, 3]);
+            let kind = Kind::Conv2d { stride, pad, dil };
+            conv_family(id, (kind, win), regime, &[], launch)
         }
         8..=10 => {
             let channels = pick(rng, &[8, 16, 32]);
@@ -1575,7 +1649,12 @@ mod tests {
         let got: BTreeSet<&str> = by_template.keys().map(String::as_str).collect();
         for want in [
             "conv:conv1d",
+            "conv:conv1d|dil",
+            "conv:conv1d|stride2",
+            "conv:conv1d|stride3|dil",
             "conv:conv2d",
+            "conv:conv2d|dil",
+            "conv:conv2d|stride2|pad|dil",
             "conv:conv2d|stride2",
             "conv:conv2d|pad",
             "conv:conv2d|stride2|pad",
@@ -1593,6 +1672,7 @@ mod tests {
         ] {
             assert!(got.contains(want), "{want} not in {got:?}");
         }
+        assert!(got.iter().any(|g| g.ends_with("|dil|asym")), "{got:?}");
         super::super::tests::compile_with_nvcc(by_template.values());
     }
 }

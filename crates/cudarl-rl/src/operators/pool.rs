@@ -26,9 +26,9 @@
 //!   optional activation.
 //!
 //! Window sizes, strides, paddings, dilations and group counts are module constants, as in
-//! KernelBench (`kernel_size = 4`, `stride = 2`, `padding = 1`, `num_groups = 8`), and literals in the reference and the
-//! kernels; no dimension of a buffer at the first train shape (the module's constants) equals
-//! one of them, so `kb-specs` derives exactly the declared sizes.
+//! KernelBench (`kernel_size = 4`, `stride = 2`, `padding = 1`, `num_groups = 8`), and literals in
+//! the reference and the kernels; no dimension of a buffer at the first train shape (the module's
+//! constants) equals one of them, so `kb-specs` derives exactly the declared sizes.
 //!
 //! Products: the judge draws inputs uniform in `[-s, s)`, and a product of `n` such values has
 //! a typical magnitude of `(s / e)^n` (the mean of `ln |x|` is `ln s - 1`, its standard deviation
@@ -639,7 +639,7 @@ fn plane_pool_kernels(
         "dim3"
     };
     let what = if three {
-        "of one output depth slice, walking the window's depth taps slice by slice"
+        "of one output depth slice (the window's depth taps in turn)"
     } else {
         "of one plane"
     };
