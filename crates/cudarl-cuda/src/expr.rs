@@ -32,7 +32,7 @@
 //! | `prod(x, d)` | product over dimension `d`; a third argument `1` keeps it |
 //! | `cumprod(x, d)` | inclusive prefix product over dimension `d` |
 //! | `conv1d(x, w, s, p, g)`, `conv2d(x, w, s, p, g)`, `conv3d(x, w, s, p, g)` | `F.conv1d` / `F.conv2d` / `F.conv3d` with stride `s`, padding `p`, `g` groups (integer literals); a bias `b` after `w` (`conv2d(x, w, b, s, p, g)`); a dilation `d` last (`conv2d(x, w, s, p, g, d)`, default 1) |
-//! | `conv_transpose2d(x, w, s, p, g)` | `F.conv_transpose2d` (no output padding, no dilation), the same arguments; `w` of shape `(C_in, C_out / g, kh, kw)` |
+//! | `conv_transpose2d(x, w, s, p, g)` | `F.conv_transpose2d` (no output padding), the same arguments; `w` of shape `(C_in, C_out / g, kh, kw)` |
 //! | `max_pool1d(x, k, s, p, d)`, `max_pool2d(...)`, `max_pool3d(...)` | `F.max_pool1d` ... with window `k`, stride `s`, padding `p` (default 0) and dilation `d` (default 1), integer literals; square and cubic windows |
 //! | `avg_pool1d(x, k, s, p)`, `avg_pool2d(...)`, `avg_pool3d(...)` | `F.avg_pool1d` ... with window `k`, stride `s` and padding `p` (default 0; padded zeros count, `count_include_pad=True`) |
 //! | `group_norm(x, w, b, g, eps)` | `F.group_norm(x, g, w, b, eps)` |
@@ -277,6 +277,23 @@ impl Parser {
                 args.len()
             )));
         }
+        // A convolution's bias, when there is one, is its third argument, and no number; then
+        // stride, padding and groups, and optionally a dilation.
+        if t.starts_with("conv") {
+            let bias = match &args[2] {
+                Expr::Num(_) => false,
+                Expr::Neg(a) => !matches!(**a, Expr::Num(_)),
+                _ => true,
+            };
+            let settings = args.len() - 2 - usize::from(bias);
+            if !(3..=4).contains(&settings) {
+                return Err(ParseError(format!(
+                    "`{t}` takes stride, padding, groups and an optional dilation after {}, \
+                     got {settings} (offset {off})",
+                    if bias { "its bias" } else { "the weight" }
+                )));
+            }
+        }
         Ok(Expr::Call(t, args))
     }
 }
@@ -478,6 +495,8 @@ mod tests {
             ("foo(x)", "unknown function `foo`"),
             ("sum(x, 1, 2, 3)", "takes 1 to 3 arguments"),
             ("avg_pool2d(x, 2, 2, 0, 1)", "takes 3 or 4 arguments, got 5"),
+            ("conv2d(x, w, b, 1, 0)", "after its bias, got 2"),
+            ("conv2d(x, w, 1, 0, 1, 2, 9)", "after the weight, got 5"),
             ("(a + b", "expected `)`"),
             ("a b", "unexpected `b`"),
             ("a $ b", "unexpected character `$`"),

@@ -7,7 +7,8 @@
 //! Kinds and tiers:
 //! - tier 2, `conv:conv1d`: `nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)` over
 //!   `x` of shape `(batch_size, in_channels, length)`, no padding; the output is `(batch_size,
-//!   out_channels, length - kernel_size + 1)`; some families stride 2 or 3 (`|stride2`).
+//!   out_channels, (length - kernel_size) / stride + 1)` (the dilated extent for
+//!   `kernel_size` with `|dil`); some families stride 2 or 3 (`|stride2`, `|stride3`).
 //! - `|dil` (1D and standard 2D kinds, three in ten): a dilation of 2-4 (1D) or 2-3 (2D),
 //!   `dilation=2` a literal of the layer's call as the stride and padding are; the window's taps
 //!   are that far apart and its extent `dilation * (kernel_size - 1) + 1` (KernelBench's
