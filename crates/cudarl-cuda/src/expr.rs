@@ -303,14 +303,7 @@ impl Expr {
     /// rendered `Model.forward` returns ([`crate::task::TaskSpec::problem_source`]).
     pub fn to_torch(&self) -> String {
         let f = "torch.nn.functional";
-        let num = |e: &Expr| match e {
-            Expr::Num(v) => Some(*v),
-            Expr::Neg(a) => match **a {
-                Expr::Num(v) => Some(-v),
-                _ => None,
-            },
-            _ => None,
-        };
+        let num = literal;
         let lit = |v: f64| {
             if v.fract() == 0.0 && v.abs() < 1e15 {
                 format!("{v:.1}")
@@ -381,36 +374,9 @@ impl Expr {
                     ),
                     "matmul" => format!("torch.matmul({}, {})", a[0], a[1]),
                     "transpose" => format!("{}.transpose(-2, -1)", a[0]),
-                    "conv1d" | "conv2d" | "conv3d" | "conv_transpose2d" => {
-                        let (bias, at) = match num(&args[2]) {
-                            Some(_) => ("None", 2),
-                            None => (a[2].as_str(), 3),
-                        };
-                        let mut s = format!(
-                            "{f}.{name}({}, {}, {bias}, stride={}, padding={}, groups={}",
-                            a[0],
-                            a[1],
-                            dim(&args[at]),
-                            dim(&args[at + 1]),
-                            args.get(at + 2).map(dim).unwrap_or_default()
-                        );
-                        if let Some(d) = args.get(at + 3) {
-                            s.push_str(&format!(", dilation={}", dim(d)));
-                        }
-                        s + ")"
-                    }
-                    "max_pool1d" | "avg_pool1d" | "max_pool2d" | "avg_pool2d" | "max_pool3d"
-                    | "avg_pool3d" => {
-                        let mut s = format!(
-                            "{f}.{name}({}, kernel_size={}, stride={}",
-                            a[0],
-                            dim(&args[1]),
-                            dim(&args[2])
-                        );
-                        for (arg, key) in args.iter().skip(3).zip(["padding", "dilation"]) {
-                            s.push_str(&format!(", {key}={}", dim(arg)));
-                        }
-                        s + ")"
+                    "conv1d" | "conv2d" | "conv3d" | "conv_transpose2d" | "max_pool1d"
+                    | "avg_pool1d" | "max_pool2d" | "avg_pool2d" | "max_pool3d" | "avg_pool3d" => {
+                        windowed_torch(name, args, &a)
                     }
                     "group_norm" => format!(
                         "{f}.group_norm({}, {}, {}, {}, {})",
@@ -446,6 +412,58 @@ impl Expr {
             Expr::Call(_, args) => args.iter().for_each(|a| a.collect_vars(out)),
         }
     }
+}
+
+/// A number literal (`2`, `-0.5`), or `None`.
+fn literal(e: &Expr) -> Option<f64> {
+    match e {
+        Expr::Num(v) => Some(*v),
+        Expr::Neg(a) => match **a {
+            Expr::Num(v) => Some(-v),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A convolution or pooling call `name(args)` in PyTorch (`a`: the arguments rendered), its
+/// settings as keyword arguments: `F.conv2d(x, w, None, stride=1, padding=0, groups=1,
+/// dilation=2)`, `F.max_pool2d(x, kernel_size=3, stride=2, padding=1, dilation=1)`.
+fn windowed_torch(name: &str, args: &[Expr], a: &[String]) -> String {
+    let f = "torch.nn.functional";
+    let dim = |e: &Expr| {
+        literal(e)
+            .map(|v| format!("{}", v as i64))
+            .unwrap_or_default()
+    };
+    if name.starts_with("conv") {
+        let (bias, at) = match literal(&args[2]) {
+            Some(_) => ("None", 2),
+            None => (a[2].as_str(), 3),
+        };
+        let mut s = format!(
+            "{f}.{name}({}, {}, {bias}, stride={}, padding={}, groups={}",
+            a[0],
+            a[1],
+            dim(&args[at]),
+            dim(&args[at + 1]),
+            args.get(at + 2).map(dim).unwrap_or_default()
+        );
+        if let Some(d) = args.get(at + 3) {
+            s.push_str(&format!(", dilation={}", dim(d)));
+        }
+        return s + ")";
+    }
+    let mut s = format!(
+        "{f}.{name}({}, kernel_size={}, stride={}",
+        a[0],
+        dim(&args[1]),
+        dim(&args[2])
+    );
+    for (arg, key) in args.iter().skip(3).zip(["padding", "dilation"]) {
+        s.push_str(&format!(", {key}={}", dim(arg)));
+    }
+    s + ")"
 }
 
 #[cfg(test)]

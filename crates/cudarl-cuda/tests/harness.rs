@@ -908,12 +908,51 @@ fn the_shim_is_out_of_reach_of_the_candidates_macros() {
     );
 }
 
+/// A vector-add candidate whose launcher loads the address `target` with a `lea` right after a
+/// marker (`movabs rdx, 0x1122334455667788`), beside the assembly `section` (which defines
+/// `target`'s label).
+fn lea_candidate(section: &str, target: &str) -> String {
+    format!(
+        r#"#include <cuda_runtime.h>
+#include <stdint.h>
+__global__ void add(const float* a, const float* b, float* out, int64_t n) {{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}}
+asm("{section}");
+extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {{
+    long r;
+    asm volatile("movabsq $0x1122334455667788, %%rdx\n\tleaq {target}(%%rip), %%rax" : "=a"(r) : : "rdx");
+    (void)r;
+    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
+}}
+"#
+    )
+}
+
+/// The displacement of the `lea` after [`lea_candidate`]'s marker in a linked library.
+fn lea_displacement(library: &[u8]) -> u32 {
+    let marker = [0x48, 0xba, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11];
+    let at = library
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("the marker")
+        + marker.len();
+    assert_eq!(
+        &library[at..at + 3],
+        &[0x48, 0x8d, 0x05],
+        "lea rax, [rip + disp32]"
+    );
+    u32::from_le_bytes(library[at + 3..at + 7].try_into().unwrap())
+}
+
 /// The bytes of a `syscall` that only the link writes: a `lea` to a label in another `.text.*`
 /// section holds zeros in the object (its relocation field), and its displacement after the
 /// link is the layout's, which the candidate steers with padding before the label. A first
 /// build reads where the link put the label; a second, padded so the displacement's low bytes
 /// are `0f 05`, is refused by the scan of the linked library (`object-instruction`), while the
-/// object alone shows nothing.
+/// object alone shows nothing. Linking again between padding objects does not move the label
+/// against the `lea`: both are the candidate's.
 #[test]
 fn a_syscall_encoding_the_link_writes_is_refused() {
     let Some((_d, store, c)) = compiler_with_store() else {
@@ -922,46 +961,17 @@ fn a_syscall_encoding_the_link_writes_is_refused() {
     let va = vector_add();
     let rules = Rules::builtin();
     let source = |pad: u32| {
-        format!(
-            r#"#include <cuda_runtime.h>
-#include <stdint.h>
-__global__ void add(const float* a, const float* b, float* out, int64_t n) {{
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
-}}
-asm(".section .text.far,\"ax\",@progbits\n.skip {pad}\nfar_label:\n\tret\n.text\n");
-extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {{
-    long r;
-    asm volatile("movabsq $0x1122334455667788, %%rdx\n\tleaq far_label(%%rip), %%rax" : "=a"(r) : : "rdx");
-    (void)r;
-    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
-}}
-"#
-        )
-    };
-    // The displacement of the `lea` after the marker, in the linked library of `pad`.
-    let displacement = |pad: u32| -> u32 {
-        let v = check_compile_only(&va, &source(pad), &rules, &c).unwrap();
-        assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
-        let so = store.blob_path(&v.so_hash.expect("a stored library"));
-        let bytes = std::fs::read(so).unwrap();
-        let marker = [0x48, 0xba, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11];
-        let at = bytes
-            .windows(marker.len())
-            .position(|w| w == marker)
-            .expect("the marker")
-            + marker.len();
-        assert_eq!(
-            &bytes[at..at + 3],
-            &[0x48, 0x8d, 0x05],
-            "lea rax, [rip + disp32]"
+        let section = format!(
+            r#".section .text.far,\"ax\",@progbits\n.skip {pad}\nfar_label:\n\tret\n.text\n"#
         );
-        u32::from_le_bytes(bytes[at + 3..at + 7].try_into().unwrap())
+        lea_candidate(&section, "far_label")
     };
-    let d0 = displacement(0);
+    let v = check_compile_only(&va, &source(0), &rules, &c).unwrap();
+    assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
+    let so = store.blob_path(&v.so_hash.expect("a stored library"));
+    let d0 = lea_displacement(&std::fs::read(so).unwrap());
     let pad = 0x050fu32.wrapping_sub(d0) & 0xffff;
-    let src = source(pad);
-    let v = check_compile_only(&va, &src, &rules, &c).unwrap();
+    let v = check_compile_only(&va, &source(pad), &rules, &c).unwrap();
     let flag = v
         .static_flags
         .iter()
@@ -977,8 +987,7 @@ extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cu
 /// (an honest naive kernel met it on a GPU host,
 /// `benchmarks/results/main_job_pooling_h100_2026-12-07.json`). The build is linked again
 /// between padding objects, which move the code against `.rodata`; that library holds no
-/// refused encoding and is the one stored. The displacement into `.text.far` above, which no
-/// padding outside the object moves, stays refused.
+/// refused encoding and is the one stored.
 #[test]
 fn a_syscall_encoding_a_layout_accident_writes_is_linked_away() {
     let Some((_d, store, c)) = compiler_with_store() else {
@@ -986,48 +995,23 @@ fn a_syscall_encoding_a_layout_accident_writes_is_linked_away() {
     };
     let va = vector_add();
     let rules = Rules::builtin();
-    let source = |offset: u32| {
-        format!(
-            r#"#include <cuda_runtime.h>
-#include <stdint.h>
-__global__ void add(const float* a, const float* b, float* out, int64_t n) {{
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
-}}
-asm(".section .rodata\n.p2align 6\nlookup_table:\n.skip 70000\n.text\n");
-extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {{
-    long r;
-    asm volatile("movabsq $0x1122334455667788, %%rdx\n\tleaq lookup_table+{offset}(%%rip), %%rax" : "=a"(r) : : "rdx");
-    (void)r;
-    add<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(a, b, out, n);
-}}
-"#
-        )
-    };
-    // The stored library of `offset`'s build and the displacement of the `lea` after the marker.
-    let library = |offset: u32| -> (Vec<u8>, u32) {
-        let v = check_compile_only(&va, &source(offset), &rules, &c).unwrap();
+    let section = r".section .rodata\n.p2align 6\nlookup_table:\n.skip 70000\n.text\n";
+    // The stored library of the build reading the table at `offset`.
+    let library = |offset: u32| -> Vec<u8> {
+        let src = lea_candidate(section, &format!("lookup_table+{offset}"));
+        let v = check_compile_only(&va, &src, &rules, &c).unwrap();
         assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
-        let bytes = std::fs::read(store.blob_path(&v.so_hash.expect("a stored library"))).unwrap();
-        let marker = [0x48, 0xba, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11];
-        let at = bytes
-            .windows(marker.len())
-            .position(|w| w == marker)
-            .expect("the marker")
-            + marker.len();
-        assert_eq!(
-            &bytes[at..at + 3],
-            &[0x48, 0x8d, 0x05],
-            "lea rax, [rip + disp32]"
-        );
-        let d = u32::from_le_bytes(bytes[at + 3..at + 7].try_into().unwrap());
-        (bytes, d)
+        std::fs::read(store.blob_path(&v.so_hash.expect("a stored library"))).unwrap()
     };
-    let (_, d0) = library(0);
+    let d0 = lea_displacement(&library(0));
     // The offset into the table that makes the first link's displacement end in `0f 05`.
     let offset = 0x050fu32.wrapping_sub(d0) & 0xffff;
-    let (bytes, d) = library(offset);
-    assert_ne!(d & 0xffff, 0x050f, "the stored library is the relinked one");
+    let bytes = library(offset);
+    assert_ne!(
+        lea_displacement(&bytes) & 0xffff,
+        0x050f,
+        "the stored library is the relinked one"
+    );
     assert_eq!(
         cudarl_cuda::inspect::linked(&bytes).unwrap(),
         vec![],

@@ -585,7 +585,7 @@ fn plane_pool_kernels(
     let sig = spec.signature();
     let three = dims.len() == 5;
     let n = dims.len() - 2;
-    let (init, upd, fin, pad) = pool.ops(n);
+    let (init, _, fin, pad) = pool.ops(n);
     let consts_c = pool.consts();
     let extent = "(X + 2 * POOL_P - POOL_D * (POOL_K - 1) - 1) / POOL_S + 1";
     let out = |x: &str| extent.replace('X', x);
@@ -638,6 +638,7 @@ fn plane_pool_kernels(
     } else {
         "dim3"
     };
+    let body = patch_body(pool, pre, three);
     let what = if three {
         "of one output depth slice (the window's depth taps in turn)"
     } else {
@@ -659,16 +660,7 @@ fn plane_pool_kernels(
          for (int64_t p = blockIdx.z; p < {outputs}; p += gridDim.z) {{\n{plane_base}        \
          for (int64_t by = blockIdx.y; by < tiles_y; by += gridDim.y) {{\n            \
          const int64_t oy0 = by * TY, y0 = oy0 * POOL_S - POOL_P;\n            \
-         float acc = {init};\n{slice_open}            __syncthreads();\n            \
-         for (int t = tid; t < PH * PW; t += TX * TY) {{\n                \
-         const int yy = t / PW, xx = t % PW;\n                \
-         const int64_t y = y0 + yy, x = x0 + xx;\n                float v = {pad};\n                \
-         if (y >= 0 && y < H && x >= 0 && x < W) {{\n                    v = xp[y * W + x];\n{}                }}\n                \
-         xs[yy][xx] = v;\n            }}\n            __syncthreads();\n\
-         #pragma unroll\n            for (int ky = 0; ky < POOL_K; ++ky) {{\n\
-         #pragma unroll\n                for (int kx = 0; kx < POOL_K; ++kx) {{\n                    \
-         const float v = xs[ty * POOL_S + ky * POOL_D][tx * POOL_S + kx * POOL_D];\n                    \
-         {upd}\n                }}\n            }}\n{slice_close}            \
+         float acc = {init};\n{slice_open}{body}{slice_close}            \
          const int64_t oy = oy0 + ty, ox = ox0 + tx;\n            \
          if (oy < ho && ox < wo) out[(p * ho + oy) * wo + ox] = {fin};\n        }}\n    }}\n}}\n\n\
          {sig} {{\n{alias}    if ({outputs} <= 0 || ho <= 0 || wo <= 0) return;\n    \
@@ -677,9 +669,40 @@ fn plane_pool_kernels(
          const int64_t gz = {outputs} < 65535 ? {outputs} : 65535;\n    \
          const {d3} grid((unsigned)gx, (unsigned)gy, (unsigned)gz), block(TX, TY);\n    \
          pool_tiled<<<grid, block, 0, stream>>>({names});\n}}\n",
-        cuda_chain(pre, "", "0", "                    "),
     );
     (naive, fast)
+}
+
+/// The body of the 2D tile kernel's work on one patch, at the indentation of its tile loop:
+/// stage the padded patch, then accumulate each thread's window (one more level inside the 3D
+/// kernel's loop over depth taps).
+fn patch_body(pool: Pool, pre: &[Step], three: bool) -> String {
+    let (_, upd, _, pad) = pool.ops(if three { 3 } else { 2 });
+    let body = format!(
+        "            __syncthreads();\n            \
+         for (int t = tid; t < PH * PW; t += TX * TY) {{\n                \
+         const int yy = t / PW, xx = t % PW;\n                \
+         const int64_t y = y0 + yy, x = x0 + xx;\n                float v = {pad};\n                \
+         if (y >= 0 && y < H && x >= 0 && x < W) {{\n                    v = xp[y * W + x];\n{}                }}\n                \
+         xs[yy][xx] = v;\n            }}\n            __syncthreads();\n\
+         #pragma unroll\n            for (int ky = 0; ky < POOL_K; ++ky) {{\n\
+         #pragma unroll\n                for (int kx = 0; kx < POOL_K; ++kx) {{\n                    \
+         const float v = xs[ty * POOL_S + ky * POOL_D][tx * POOL_S + kx * POOL_D];\n                    \
+         {upd}\n                }}\n            }}\n",
+        cuda_chain(pre, "", "0", "                    "),
+    );
+    if !three {
+        return body;
+    }
+    body.lines()
+        .map(|l| {
+            if l.starts_with("    ") {
+                format!("    {l}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
 }
 
 /// The naive 2D or 3D pooling kernel: one thread per output element, reading its taps and
