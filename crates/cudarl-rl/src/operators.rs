@@ -1470,35 +1470,57 @@ fn mid_split(spec: &TaskSpec, c: Comb, mean: bool, pre: &[Step]) -> String {
 // ---------------------------------------------------------------------------------------
 // Tier 1: cumulative sums and products over the last dimension.
 
-/// The inclusive scan over the last dimension of `x` of shape `(batch_size, dim)` after `pre`:
-/// `torch.cumsum(x, dim=1)` (`c` [`Comb::Sum`]) or `torch.cumprod(x, dim=1)` ([`Comb::Prod`];
-/// PyTorch docs: `y[i] = x[0] op ... op x[i]`). A product's inputs are drawn in `[-s, s)` with
+/// The form of a cumulative sum or product over rows: inclusive (`torch.cumsum(x, dim=1)`,
+/// KernelBench's `89_cumsum`), exclusive (the first output 0, each later one the sum of the
+/// elements before it, stated as `92_cumsum_exclusive` states it with `narrow`, `select` and
+/// `cat`), or reverse (each output the sum of its element and those after it, `torch.cumsum(x.
+/// flip(1), dim=1).flip(1)` as in `91_cumsum_reverse`). Products are inclusive only.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scan {
+    Inclusive,
+    Exclusive,
+    Reverse,
+}
+
+/// The scan ([`Scan`]: inclusive, exclusive or reverse) over the last dimension of `x` of shape
+/// `(batch_size, dim)` after `pre`: `torch.cumsum(x, dim=1)` (`c` [`Comb::Sum`]) or
+/// `torch.cumprod(x, dim=1)` ([`Comb::Prod`], inclusive only; PyTorch docs: `y[i] = x[0] op ...
+/// op x[i]`). A product's inputs are drawn in `[-s, s)` with
 /// `s` 2, 1 or 1.5, so the running product drifts toward zero instead of overflowing.
 ///
 /// Kernels: one thread per row (the running value in double); one block per row scanning
 /// chunks of `blockDim.x` elements with warp shuffles, then over the warps' totals, the carry
 /// between chunks kept in double.
-fn scan_family(id: &str, c: Comb, pre: &[Step]) -> Family {
-    let (f, word, op, one, one_d, flops) = match c {
+fn scan_family(id: &str, c: Comb, scan: Scan, pre: &[Step]) -> Family {
+    assert!(
+        c == Comb::Sum || scan == Scan::Inclusive,
+        "products are inclusive only"
+    );
+    let (f, word, flops) = match c {
         Comb::Prod => (
             "cumprod",
             "product",
-            '*',
-            "1.0f",
-            "1.0",
             format!("{}*batch_size*dim", 1 + pre.len()),
         ),
-        _ => ("cumsum", "sum", '+', "0.0f", "0.0", "batch_size*dim".into()),
+        _ => ("cumsum", "sum", "batch_size*dim".into()),
     };
     let (train, holdout) = row_shapes("dim", false);
     let x = ref_chain(pre, "in0", "");
+    // The judge's reference (`crates/cudarl-cuda/src/expr.rs`) has no flip or shift: the
+    // exclusive sum is the inclusive one less the element, the reverse one the row's total
+    // less the inclusive sum before the element.
+    let reference = match scan {
+        Scan::Inclusive => format!("{f}({x}, 1)"),
+        Scan::Exclusive => format!("cumsum({x}, 1) - ({x})"),
+        Scan::Reverse => format!("sum({x}, 1, 1) - cumsum({x}, 1) + ({x})"),
+    };
     let mut spec = kb_spec(
         id,
         1,
         &[("in0", &["batch_size", "dim"])],
         &["batch_size", "dim"],
         &["batch_size", "dim"],
-        format!("{f}({x}, 1)"),
+        reference,
         train,
         holdout,
         EW_TOL,
@@ -1508,55 +1530,118 @@ fn scan_family(id: &str, c: Comb, pre: &[Step]) -> Family {
         spec.input_scales = Some(vec![2.0, 1.0, 1.5]);
     }
     let mut body: Vec<String> = pre.iter().map(|s| s.torch()).collect();
-    body.push(format!("return torch.{f}(x, dim=1)"));
-    let what = format!("an inclusive cumulative {word} over the last dimension");
+    let what = match scan {
+        Scan::Inclusive => {
+            body.push(format!("return torch.{f}(x, dim=1)"));
+            format!("an inclusive cumulative {word} over the last dimension")
+        }
+        Scan::Exclusive => {
+            body.push(
+                "cumsum = torch.cumsum(x.narrow(dim=1, start=0, length=x.size(1) - 1), dim=1)"
+                    .into(),
+            );
+            body.push(
+                "return torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), cumsum), dim=1)"
+                    .into(),
+            );
+            "an exclusive cumulative sum over the last dimension (the first element 0, each \
+             later one the sum of the elements before it)"
+                .into()
+        }
+        Scan::Reverse => {
+            body.push("return torch.cumsum(x.flip(1), dim=1).flip(1)".into());
+            "a reverse cumulative sum over the last dimension (each element the sum of itself \
+             and the elements after it)"
+                .into()
+        }
+    };
     let module = render_module(&Module::of_x(
         format!("Simple model that performs {}.", chain_doc(&what, pre, &[])),
         body,
         constants(&["batch_size", "dim"], &spec.train_shapes[0]),
         "x = torch.rand(batch_size, dim)".into(),
     ));
+    let (naive, fast) = scan_kernels(&spec, c, scan, pre);
+    let variant = match scan {
+        Scan::Inclusive => "",
+        Scan::Exclusive => "|exclusive",
+        Scan::Reverse => "|reverse",
+    };
+    let group = group_of(&format!("scan:{f}"), pre, variant);
+    finish(spec, module, group, naive, ("block_scan.cu", fast))
+}
+
+/// The naive and fast kernels of a scan family: one thread per row with the running value in
+/// double; one block per row scanning chunks of `blockDim.x` elements. A reverse scan walks
+/// the row from its end (element `dim - 1 - c` at step `c`); an exclusive one writes each
+/// element's running value before adding it (in the block scan, the inclusive warp scan
+/// shifted up one lane).
+fn scan_kernels(spec: &TaskSpec, c: Comb, scan: Scan, pre: &[Step]) -> (String, String) {
+    let (word, op, one, one_d) = match c {
+        Comb::Prod => ("product", '*', "1.0f", "1.0"),
+        _ => ("sum", '+', "0.0f", "0.0"),
+    };
     let sig = spec.signature();
-    let (decl, names) = params(&spec);
+    let (decl, names) = params(spec);
+    let (at, from_end) = match scan {
+        Scan::Reverse => ("dim - 1 - c", " from the row's end"),
+        _ => ("c", ""),
+    };
+    let (update, first_write) = match scan {
+        Scan::Exclusive => (
+            format!("        out[r * dim + j] = (float)acc;\n        acc {op}= (double)v;\n"),
+            ", written before it is added",
+        ),
+        _ => (
+            format!("        acc {op}= (double)v;\n        out[r * dim + j] = (float)acc;\n"),
+            "",
+        ),
+    };
     let naive = format!(
-        "// naive: one thread per row, the running {word} in double.\n{HEADER}\n\
+        "// naive: one thread per row, the running {word} in double{first_write}{from_end}.\n\
+         {HEADER}\n\
          __global__ void scan_naive({decl}) {{\n    \
          const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n    if (r >= batch_size) return;\n    \
-         double acc = {one_d};\n    for (int64_t c = 0; c < dim; ++c) {{\n        float v = in0[r * dim + c];\n{}        \
-         acc {op}= (double)v;\n        out[r * dim + c] = (float)acc;\n    }}\n}}\n\n\
+         double acc = {one_d};\n    for (int64_t c = 0; c < dim; ++c) {{\n        \
+         const int64_t j = {at};\n        float v = in0[r * dim + j];\n{}{update}    }}\n}}\n\n\
          {sig} {{\n    const int64_t grid = (batch_size + 127) / 128;\n    \
          if (grid > 0) scan_naive<<<(unsigned)grid, 128, 0, stream>>>({names});\n}}\n",
-        cuda_chain(pre, "", "c", "        ")
+        cuda_chain(pre, "", "j", "        ")
     );
     // The value written: the carry, then the warp's and the earlier warps' part of the chunk.
-    let written = match c {
-        Comb::Prod => "carry * ((double)v * (double)before)",
-        _ => "carry + (double)(v + before)",
+    let (shift, written) = match (c, scan) {
+        (Comb::Prod, _) => ("", "carry * ((double)v * (double)before)"),
+        (_, Scan::Exclusive) => (
+            "        float ex = __shfl_up_sync(0xffffffffu, v, 1);\n        \
+             if (lane == 0) ex = 0.0f;\n",
+            "carry + (double)(ex + before)",
+        ),
+        _ => ("", "carry + (double)(v + before)"),
     };
     let fast = format!(
-        "// fast: one block per row scanning chunks of blockDim.x elements (warp shuffles, then\n\
-         // the warps' totals); the carry between chunks is kept in double.\n{HEADER}\n\
+        "// fast: one block per row scanning chunks of blockDim.x elements{from_end} (warp\n\
+         // shuffles, then the warps' totals); the carry between chunks is kept in double.\n{HEADER}\n\
          __global__ void scan_block({decl}) {{\n    __shared__ float sh[32];\n    \
          const int64_t r = blockIdx.x;\n    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n    \
          const int nw = blockDim.x >> 5;\n    double carry = {one_d};\n    \
          for (int64_t base = 0; base < dim; base += blockDim.x) {{\n        \
-         const int64_t c = base + threadIdx.x;\n        float v = {one};\n        if (c < dim) {{\n            \
-         v = in0[r * dim + c];\n{}        }}\n        \
+         const int64_t c = base + threadIdx.x, j = {at};\n        float v = {one};\n        if (c < dim) {{\n            \
+         v = in0[r * dim + j];\n{}        }}\n        \
          for (int off = 1; off < 32; off <<= 1) {{\n            \
-         const float t = __shfl_up_sync(0xffffffffu, v, off);\n            if (lane >= off) v {op}= t;\n        }}\n        \
+         const float t = __shfl_up_sync(0xffffffffu, v, off);\n            if (lane >= off) v {op}= t;\n        }}\n\
+         {shift}        \
          if (lane == 31) sh[w] = v;\n        __syncthreads();\n        if (w == 0) {{\n            \
          float s = lane < nw ? sh[lane] : {one};\n            \
          for (int off = 1; off < 32; off <<= 1) {{\n                \
          const float t = __shfl_up_sync(0xffffffffu, s, off);\n                if (lane >= off) s {op}= t;\n            }}\n            \
          sh[lane] = s;\n        }}\n        __syncthreads();\n        \
          const float before = w > 0 ? sh[w - 1] : {one};\n        \
-         if (c < dim) out[r * dim + c] = (float)({written});\n        \
+         if (c < dim) out[r * dim + j] = (float)({written});\n        \
          const float total = sh[nw - 1];\n        __syncthreads();\n        carry {op}= (double)total;\n    }}\n}}\n\n\
          {sig} {{\n    if (batch_size > 0) scan_block<<<(unsigned)batch_size, 256, 0, stream>>>({names});\n}}\n",
-        cuda_chain(pre, "", "c", "            ")
+        cuda_chain(pre, "", "j", "            ")
     );
-    let group = group_of(&format!("scan:{f}"), pre, "");
-    finish(spec, module, group, naive, ("block_scan.cu", fast))
+    (naive, fast)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2796,8 +2881,8 @@ fn draw_steps(rng: &mut ChaCha8Rng, n: usize, operands: bool) -> Vec<Step> {
 /// Draws `count` operator families with `seed`, skipping any whose reference is in `exclude`
 /// or repeats an earlier one at the same train shapes and dtype (up to commuted operands,
 /// [`canonical`]; at most 50 draws per family). The mix is about 26% tier 0 (about 15% of it
-/// f16 or bf16 twins), 24% tier 1, 24% tier 2, 26% tier 3 (450 families of seed 0: 109, 99,
-/// 130, 112), about 11% of draws convolutions ([`conv`]) and 8% pooling, group norm, `prod` and
+/// f16 or bf16 twins), 24% tier 1, 24% tier 2, 26% tier 3 (450 families of seed 0: 107, 103,
+/// 125, 115), about 11% of draws convolutions ([`conv`]) and 8% pooling, group norm, `prod` and
 /// `cumprod` ([`pool`]); ids are `gen_op_0000`, ... in draw order.
 pub fn generate(count: usize, seed: u64, exclude: &BTreeSet<String>) -> Vec<Family> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6f70_735f_6b62);
@@ -2858,7 +2943,16 @@ fn draw_family(rng: &mut ChaCha8Rng, id: &str) -> Family {
         55..=58 => {
             let k = rng.random_range(0..=1);
             let pre = draw_steps(rng, k, false);
-            scan_family(id, Comb::Sum, &pre)
+            let scan = pick(
+                rng,
+                &[
+                    Scan::Inclusive,
+                    Scan::Inclusive,
+                    Scan::Exclusive,
+                    Scan::Reverse,
+                ],
+            );
+            scan_family(id, Comb::Sum, scan, &pre)
         }
         59..=67 => {
             let norm = pick(rng, NORMS);
@@ -3037,6 +3131,50 @@ mod tests {
             assert!(keys.iter().any(|k| k == want), "{want} not in {keys:?}");
         }
         compile_with_nvcc(by_template.values());
+    }
+
+    #[test]
+    fn cumulative_sums_in_three_forms_state_kernelbench_and_compile_with_nvcc() {
+        let mut families = Vec::new();
+        for (i, scan) in [Scan::Inclusive, Scan::Exclusive, Scan::Reverse]
+            .into_iter()
+            .enumerate()
+        {
+            for pre in [vec![], vec![Step::Sigmoid]] {
+                let id = format!("gen_op_{:04}", families.len());
+                let f = scan_family(&id, Comb::Sum, scan, &pre);
+                f.spec.validate().unwrap_or_else(|e| panic!("{id}: {e}"));
+                let m = f.spec.module.as_deref().expect("module");
+                let (group, reference, phrase) = [
+                    ("scan:cumsum:", "cumsum(in0, 1)", "torch.cumsum(x, dim=1)"),
+                    (
+                        "scan:cumsum|exclusive:",
+                        "cumsum(in0, 1) - (in0)",
+                        "x.narrow(dim=1, start=0, length=x.size(1) - 1)",
+                    ),
+                    (
+                        "scan:cumsum|reverse:",
+                        "sum(in0, 1, 1) - cumsum(in0, 1) + (in0)",
+                        "torch.cumsum(x.flip(1), dim=1).flip(1)",
+                    ),
+                ][i];
+                assert!(m.contains(phrase), "{id}: {m}");
+                if pre.is_empty() {
+                    assert_eq!(f.spec.group.as_deref(), Some(group));
+                    assert_eq!(f.spec.reference["out"], reference);
+                }
+                families.push(f);
+            }
+        }
+        assert!(
+            families[2]
+                .spec
+                .module
+                .as_deref()
+                .unwrap()
+                .contains("torch.zeros_like(")
+        );
+        compile_with_nvcc(families.iter());
     }
 
     /// Compiles every kernel (naive and fast) of `families` with its shim for sm_90, two nvcc

@@ -80,7 +80,8 @@ impl Stage for SynthTasks {
     // 9: asymmetric convolution windows (`kernel_size = (3, 7)`).
     // 10: pooling with padding and dilation; 3D pooling.
     // 11: dilated 1D and 2D convolutions, strided 1D ones.
-    stage_identity!(KIND, 11);
+    // 12: exclusive and reverse cumulative sums.
+    stage_identity!(KIND, 12);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }

@@ -108,7 +108,7 @@ pub(super) fn draw(rng: &mut ChaCha8Rng, id: &str) -> Family {
         }
         _ => {
             let pre = product_pre(rng);
-            super::scan_family(id, Comb::Prod, &pre)
+            super::scan_family(id, Comb::Prod, super::Scan::Inclusive, &pre)
         }
     }
 }
