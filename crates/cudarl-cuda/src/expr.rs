@@ -280,11 +280,7 @@ impl Parser {
         // A convolution's bias, when there is one, is its third argument, and no number; then
         // stride, padding and groups, and optionally a dilation.
         if t.starts_with("conv") {
-            let bias = match &args[2] {
-                Expr::Num(_) => false,
-                Expr::Neg(a) => !matches!(**a, Expr::Num(_)),
-                _ => true,
-            };
+            let bias = conv_bias(&args);
             let settings = args.len() - 2 - usize::from(bias);
             if !(3..=4).contains(&settings) {
                 return Err(ParseError(format!(
@@ -426,6 +422,13 @@ fn literal(e: &Expr) -> Option<f64> {
     }
 }
 
+/// Whether a convolution call's third argument is its bias: any argument but a number literal
+/// (`conv2d(x, w, b, 1, 0, 1)`); its stride, padding, groups and optional dilation follow.
+/// `args` holds at least three arguments, as the parser guarantees for every convolution.
+pub fn conv_bias(args: &[Expr]) -> bool {
+    literal(&args[2]).is_none()
+}
+
 /// A convolution or pooling call `name(args)` in PyTorch (`a`: the arguments rendered), its
 /// settings as keyword arguments: `F.conv2d(x, w, None, stride=1, padding=0, groups=1,
 /// dilation=2)`, `F.max_pool2d(x, kernel_size=3, stride=2, padding=1, dilation=1)`.
@@ -437,9 +440,10 @@ fn windowed_torch(name: &str, args: &[Expr], a: &[String]) -> String {
             .unwrap_or_default()
     };
     if name.starts_with("conv") {
-        let (bias, at) = match literal(&args[2]) {
-            Some(_) => ("None", 2),
-            None => (a[2].as_str(), 3),
+        let (bias, at) = if conv_bias(args) {
+            (a[2].as_str(), 3)
+        } else {
+            ("None", 2)
         };
         let mut s = format!(
             "{f}.{name}({}, {}, {bias}, stride={}, padding={}, groups={}",

@@ -930,6 +930,17 @@ extern "C" void launch(const float* a, const float* b, float* out, int64_t n, cu
     )
 }
 
+/// The library `src` built into `store` (it must compile).
+fn stored_library(
+    (store, c): (&cudarl_store::Store, &Compiler),
+    task: &cudarl_cuda::TaskSpec,
+    src: &str,
+) -> Vec<u8> {
+    let v = check_compile_only(task, src, &Rules::builtin(), c).unwrap();
+    assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
+    std::fs::read(store.blob_path(&v.so_hash.expect("a stored library"))).unwrap()
+}
+
 /// The displacement of the `lea` after [`lea_candidate`]'s marker in a linked library.
 fn lea_displacement(library: &[u8]) -> u32 {
     let marker = [0x48, 0xba, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11];
@@ -966,10 +977,7 @@ fn a_syscall_encoding_the_link_writes_is_refused() {
         );
         lea_candidate(&section, "far_label")
     };
-    let v = check_compile_only(&va, &source(0), &rules, &c).unwrap();
-    assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
-    let so = store.blob_path(&v.so_hash.expect("a stored library"));
-    let d0 = lea_displacement(&std::fs::read(so).unwrap());
+    let d0 = lea_displacement(&stored_library((&store, &c), &va, &source(0)));
     let pad = 0x050fu32.wrapping_sub(d0) & 0xffff;
     let v = check_compile_only(&va, &source(pad), &rules, &c).unwrap();
     let flag = v
@@ -994,14 +1002,11 @@ fn a_syscall_encoding_a_layout_accident_writes_is_linked_away() {
         return;
     };
     let va = vector_add();
-    let rules = Rules::builtin();
     let section = r".section .rodata\n.p2align 6\nlookup_table:\n.skip 70000\n.text\n";
     // The stored library of the build reading the table at `offset`.
-    let library = |offset: u32| -> Vec<u8> {
+    let library = |offset: u32| {
         let src = lea_candidate(section, &format!("lookup_table+{offset}"));
-        let v = check_compile_only(&va, &src, &rules, &c).unwrap();
-        assert!(v.compiled, "{:?} {:?}", v.failure_detail, v.static_flags);
-        std::fs::read(store.blob_path(&v.so_hash.expect("a stored library"))).unwrap()
+        stored_library((&store, &c), &va, &src)
     };
     let d0 = lea_displacement(&library(0));
     // The offset into the table that makes the first link's displacement end in `0f 05`.

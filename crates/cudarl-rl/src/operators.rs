@@ -302,6 +302,12 @@ fn cuda_chain(steps: &[Step], y: &str, c: &str, indent: &str) -> String {
         .collect()
 }
 
+/// The input extent a window of `k` taps `d` apart covers, `d (k - 1) + 1` (PyTorch docs,
+/// `torch.nn.Conv2d`, `torch.nn.MaxPool2d`: the dilated kernel size).
+fn dilated_extent(k: i64, d: i64) -> i64 {
+    d * (k - 1) + 1
+}
+
 fn group_of(kind: &str, steps: &[Step], extra: &str) -> String {
     let names: Vec<&str> = steps.iter().map(|s| s.name()).collect();
     format!("{kind}{extra}:{}", names.join(">"))

@@ -484,7 +484,7 @@ fn linear(c: &Call<'_, '_>, x: &Tensor, mx: Option<&Tensor>) -> R<Option<Val>> {
             let (w, mw) = c.tensor_arg(1)?;
             // A bias is the third argument when it is no number; then stride, padding, groups
             // and an optional dilation.
-            let (b, mb, at) = if int_arg(&args[2], f).is_err() {
+            let (b, mb, at) = if cudarl_cuda::expr::conv_bias(args) {
                 let (b, mb) = c.tensor_arg(2)?;
                 (Some(b), mb, 3)
             } else {

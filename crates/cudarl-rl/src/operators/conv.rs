@@ -68,8 +68,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{
-    HEADER, MM_TOL, Module, Step, chain_doc, cuda_chain, draw_steps, finish, group_of, kb_spec,
-    params, pick, ref_chain, render_module,
+    HEADER, MM_TOL, Module, Step, chain_doc, cuda_chain, dilated_extent, draw_steps, finish,
+    group_of, kb_spec, params, pick, ref_chain, render_module,
 };
 use crate::families::{Family, Shapes};
 
@@ -323,7 +323,7 @@ impl Kind {
         let (kd, kh, kw) = win.dims();
         // The smallest input holds one dilated window.
         let d = self.dilation();
-        let (kh, kw) = (d * (kh - 1) + 1, d * (kw - 1) + 1);
+        let (kh, kw) = (dilated_extent(kh, d), dilated_extent(kw, d));
         if self == Kind::Conv3d {
             let maps = |v: &[Dims3]| -> Shapes {
                 v.iter()
@@ -399,7 +399,7 @@ fn out_dim(dim: &str, k: &str, s: i64, p: i64, d: i64) -> String {
     let k = match (d, k.parse::<i64>()) {
         (1, _) => k,
         (_, Ok(v)) => {
-            dilated = (d * (v - 1) + 1).to_string();
+            dilated = dilated_extent(v, d).to_string();
             dilated.as_str()
         }
         (_, Err(_)) => {

@@ -132,7 +132,7 @@ impl Pool {
     /// one output; every extent of every shape is at least this, so every window, padded or
     /// not, has a tap inside the input.
     fn extent(self) -> i64 {
-        self.d * (self.k - 1) + 1
+        super::dilated_extent(self.k, self.d)
     }
 
     /// The output extent of an input extent `dim`, `(dim + 2 p - d (k - 1) - 1) / s + 1`
