@@ -364,7 +364,151 @@ impl Module<'static> {
     }
 }
 
+/// How a module is written, apart from what it computes. KernelBench's problems vary in it:
+/// 89 of level 1's 100 `forward`s carry a docstring with `Args:` and `Returns:` (34 of level
+/// 2's), level 2 mostly leaves `forward` unannotated, and some problems return `get_inputs`'
+/// tensors inline (counted on `datasets/kernelbench/problems.parquet`). A model that only ever
+/// read one way of writing a module misreads the others, so the families are written in all of
+/// them. Drawn from the module's content (blake3), so a family is always written the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Style {
+    /// `forward` (and `__init__`, when it has parameters) get a docstring.
+    docstrings: bool,
+    /// `forward`'s arguments carry `torch.Tensor` annotations.
+    annotated: bool,
+    /// `get_inputs` returns its tensors inline (`return [torch.rand(...)]`).
+    inline_inputs: bool,
+    /// An empty `get_init_inputs` says so in a comment, as KernelBench's level 1 does.
+    note_empty_init: bool,
+}
+
+impl Style {
+    /// The style of a module with docstring `doc` and `forward` body `body`: docstrings in 5
+    /// of 8 modules, annotations in 5 of 8, inline inputs in 3 of 8, the comment in half.
+    fn of(m: &Module<'_>) -> Style {
+        let mut h = blake3::Hasher::new();
+        h.update(m.doc.as_bytes());
+        for l in &m.body {
+            h.update(l.as_bytes());
+        }
+        let b = h.finalize();
+        let b = b.as_bytes();
+        Style {
+            docstrings: b[0] % 8 < 5,
+            annotated: b[1] % 8 < 5,
+            inline_inputs: b[2] % 8 < 3,
+            note_empty_init: b[3] % 2 == 0,
+        }
+    }
+}
+
+/// The shape a `get_inputs` line states for `name` (`x = torch.rand(batch_size, dim)`:
+/// `batch_size, dim`), if it is one tensor made by `torch.rand`/`torch.randn`.
+fn input_shape<'s>(inputs: &'s [String], name: &str) -> Option<&'s str> {
+    inputs.iter().find_map(|l| {
+        let rhs = l.strip_prefix(name)?.trim_start().strip_prefix('=')?.trim();
+        let args = rhs
+            .strip_prefix("torch.rand(")
+            .or_else(|| rhs.strip_prefix("torch.randn("))?
+            .strip_suffix(')')?;
+        (!args.contains('(')).then_some(args)
+    })
+}
+
+/// The first sentence of `forward`'s docstring, from the module's: "Simple model that performs
+/// a sum." becomes "Performs a sum.".
+fn forward_summary(doc: &str) -> String {
+    let rest = ["Simple model that ", "A model that ", "Model that "]
+        .iter()
+        .find_map(|p| doc.strip_prefix(p))
+        .unwrap_or(doc);
+    let mut c = rest.chars();
+    c.next().map_or(String::new(), |f| {
+        f.to_uppercase().chain(c).collect::<String>()
+    })
+}
+
+/// A docstring at method indentation: `lines` (empty strings for blank lines) in `"""`.
+fn method_docstring(lines: &[String]) -> String {
+    let mut s = String::from("        \"\"\"\n");
+    for l in lines {
+        if l.is_empty() {
+            s.push('\n');
+        } else {
+            s.push_str(&format!("        {l}\n"));
+        }
+    }
+    s.push_str("        \"\"\"\n");
+    s
+}
+
+/// `__init__`'s docstring: one `Args:` line per parameter (`"dim: int"`, `"stride: int = None"`).
+fn init_docstring(params: &[String]) -> String {
+    let mut lines = vec![
+        "Initializes the model.".to_string(),
+        String::new(),
+        "Args:".into(),
+    ];
+    for p in params {
+        let (name, ty) = p.split_once(':').unwrap_or((p.as_str(), ""));
+        let name = name.trim();
+        let ty = ty.split('=').next().unwrap_or("").trim();
+        let what = name.replace('_', " ");
+        lines.push(if ty.is_empty() {
+            format!("    {name}: The {what}.")
+        } else {
+            format!("    {name} ({ty}): The {what}.")
+        });
+    }
+    method_docstring(&lines)
+}
+
+/// `forward`'s docstring: its summary, each argument's shape (from `get_inputs`), the result.
+fn forward_docstring(m: &Module<'_>) -> String {
+    let mut lines = vec![forward_summary(&m.doc), String::new(), "Args:".into()];
+    for a in m.forward_args {
+        lines.push(match input_shape(&m.inputs, a) {
+            Some(shape) => format!("    {a} (torch.Tensor): Input tensor of shape ({shape})."),
+            None => format!("    {a} (torch.Tensor): Input tensor."),
+        });
+    }
+    lines.extend([
+        String::new(),
+        "Returns:".into(),
+        "    torch.Tensor: Output tensor.".into(),
+    ]);
+    method_docstring(&lines)
+}
+
+/// `get_inputs`' body: its lines and `return [...]`, or with [`Style::inline_inputs`] the
+/// tensors in the `return` itself when every line makes one returned name in order.
+fn inputs_body(m: &Module<'_>, inline: bool) -> String {
+    let made: Option<Vec<&str>> = (inline && m.inputs.len() == m.returned.len())
+        .then(|| {
+            m.inputs
+                .iter()
+                .zip(&m.returned)
+                .map(|(l, r)| {
+                    l.strip_prefix(r.as_str())?
+                        .trim_start()
+                        .strip_prefix('=')
+                        .map(str::trim)
+                })
+                .collect()
+        })
+        .flatten();
+    match made {
+        Some(exprs) => format!("    return [{}]\n", exprs.join(", ")),
+        None => {
+            let mut s: String = m.inputs.iter().map(|l| format!("    {l}\n")).collect();
+            s.push_str(&format!("    return [{}]\n", m.returned.join(", ")));
+            s
+        }
+    }
+}
+
 fn render_module(m: &Module<'_>) -> String {
+    let style = Style::of(m);
     let mut s = String::from("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n");
     s.push_str(&format!("    \"\"\"\n    {}\n    \"\"\"\n\n", m.doc));
     let ip = if m.init_params.is_empty() {
@@ -372,21 +516,33 @@ fn render_module(m: &Module<'_>) -> String {
     } else {
         format!(", {}", m.init_params.join(", "))
     };
-    s.push_str(&format!(
-        "    def __init__(self{ip}):\n        super(Model, self).__init__()\n"
-    ));
+    s.push_str(&format!("    def __init__(self{ip}):\n"));
+    if style.docstrings && !m.init_params.is_empty() {
+        s.push_str(&init_docstring(&m.init_params));
+    }
+    s.push_str("        super(Model, self).__init__()\n");
     for l in &m.init_body {
         s.push_str(&format!("        {l}\n"));
     }
-    let fa: Vec<String> = m
-        .forward_args
-        .iter()
-        .map(|a| format!("{a}: torch.Tensor"))
-        .collect();
-    s.push_str(&format!(
-        "\n    def forward(self, {}) -> torch.Tensor:\n",
-        fa.join(", ")
-    ));
+    if style.annotated {
+        let fa: Vec<String> = m
+            .forward_args
+            .iter()
+            .map(|a| format!("{a}: torch.Tensor"))
+            .collect();
+        s.push_str(&format!(
+            "\n    def forward(self, {}) -> torch.Tensor:\n",
+            fa.join(", ")
+        ));
+    } else {
+        s.push_str(&format!(
+            "\n    def forward(self, {}):\n",
+            m.forward_args.join(", ")
+        ));
+    }
+    if style.docstrings {
+        s.push_str(&forward_docstring(m));
+    }
     for l in &m.body {
         s.push_str(&format!("        {l}\n"));
     }
@@ -395,12 +551,14 @@ fn render_module(m: &Module<'_>) -> String {
         s.push_str(&format!("{k} = {v}\n"));
     }
     s.push_str("\n\ndef get_inputs():\n");
-    for l in &m.inputs {
-        s.push_str(&format!("    {l}\n"));
-    }
-    s.push_str(&format!("    return [{}]\n", m.returned.join(", ")));
+    s.push_str(&inputs_body(m, style.inline_inputs));
+    let note = if m.init_inputs.is_empty() && style.note_empty_init {
+        "  # No special initialization inputs needed"
+    } else {
+        ""
+    };
     s.push_str(&format!(
-        "\n\ndef get_init_inputs():\n    return [{}]\n",
+        "\n\ndef get_init_inputs():\n    return [{}]{note}\n",
         m.init_inputs.join(", ")
     ));
     s
@@ -3072,6 +3230,61 @@ fn draw_linear_chain(rng: &mut ChaCha8Rng, id: &str) -> Family {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modules_are_written_in_each_of_kernelbenchs_styles() {
+        let fams = generate(450, 0, &BTreeSet::new());
+        let modules: Vec<&str> = fams
+            .iter()
+            .map(|f| f.spec.module.as_deref().expect("module"))
+            .collect();
+        let share = |p: &dyn Fn(&str) -> bool| {
+            modules.iter().filter(|m| p(m)).count() as f64 / modules.len() as f64
+        };
+        let documented = share(&|m| m.contains("        Args:\n"));
+        let annotated = share(&|m| m.contains(": torch.Tensor) -> torch.Tensor:"));
+        let inline = share(&|m| m.contains("    return [torch.rand"));
+        let noted = share(&|m| m.contains("# No special initialization inputs needed"));
+        for (what, got, want) in [
+            ("docstrings", documented, 5.0 / 8.0),
+            ("annotations", annotated, 5.0 / 8.0),
+            ("inline inputs", inline, 3.0 / 8.0),
+        ] {
+            assert!(
+                (got - want).abs() < 0.1,
+                "{what}: {got:.2} of modules, want {want:.2}"
+            );
+        }
+        assert!(noted > 0.2 && noted < 0.6, "{noted}");
+        // A documented forward states each input's shape as get_inputs makes it.
+        let m = Module::of_x(
+            "Simple model that performs a sum.".into(),
+            vec!["return torch.sum(x, dim=1)".into()],
+            vec![("rows".into(), "8".into()), ("cols".into(), "4".into())],
+            "x = torch.rand(rows, cols)".into(),
+        );
+        let doc = forward_docstring(&m);
+        assert!(
+            doc.starts_with("        \"\"\"\n        Performs a sum.\n\n        Args:\n"),
+            "{doc}"
+        );
+        assert!(
+            doc.contains("x (torch.Tensor): Input tensor of shape (rows, cols)."),
+            "{doc}"
+        );
+        assert_eq!(
+            inputs_body(&m, true),
+            "    return [torch.rand(rows, cols)]\n"
+        );
+        assert_eq!(
+            inputs_body(&m, false),
+            "    x = torch.rand(rows, cols)\n    return [x]\n"
+        );
+        assert_eq!(
+            init_docstring(&["stride: int = None".into()]),
+            "        \"\"\"\n        Initializes the model.\n\n        Args:\n            stride (int): The stride.\n        \"\"\"\n"
+        );
+    }
 
     #[test]
     fn families_are_valid_deterministic_and_cover_every_tier() {

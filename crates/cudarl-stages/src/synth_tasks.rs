@@ -81,7 +81,8 @@ impl Stage for SynthTasks {
     // 10: pooling with padding and dilation; 3D pooling.
     // 11: dilated 1D and 2D convolutions, strided 1D ones.
     // 12: exclusive and reverse cumulative sums.
-    stage_identity!(KIND, 12);
+    // 13: modules written in KernelBench's styles (docstrings, annotations, inline inputs).
+    stage_identity!(KIND, 13);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }
