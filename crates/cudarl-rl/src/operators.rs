@@ -294,11 +294,13 @@ fn ref_chain(steps: &[Step], e: &str, y: &str) -> String {
         .fold(e.to_string(), |acc, s| s.reference(&acc, y))
 }
 
-/// CUDA statements of `steps`, one per line at `indent`.
+/// CUDA statements of `steps`, one per line at `indent`, each after a comment quoting the
+/// module's statement it carries out (`// x = torch.relu(x)`): a kernel reads as a line-by-line
+/// translation of its module's `forward`, which a model writing one can copy from the prompt.
 fn cuda_chain(steps: &[Step], y: &str, c: &str, indent: &str) -> String {
     steps
         .iter()
-        .map(|s| format!("{indent}{}\n", s.cuda(y, c)))
+        .map(|s| format!("{indent}// {}\n{indent}{}\n", s.torch(), s.cuda(y, c)))
         .collect()
 }
 

@@ -82,7 +82,8 @@ impl Stage for SynthTasks {
     // 11: dilated 1D and 2D convolutions, strided 1D ones.
     // 12: exclusive and reverse cumulative sums.
     // 13: modules written in KernelBench's styles (docstrings, annotations, inline inputs).
-    stage_identity!(KIND, 13);
+    // 14: elementwise steps in kernels quote their module statement in a comment.
+    stage_identity!(KIND, 14);
     fn inputs(&self) -> Vec<InputDecl> {
         vec![InputDecl::external("families")]
     }
