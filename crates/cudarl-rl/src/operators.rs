@@ -297,6 +297,9 @@ fn ref_chain(steps: &[Step], e: &str, y: &str) -> String {
 /// CUDA statements of `steps`, one per line at `indent`, each after a comment quoting the
 /// module's statement it carries out (`// x = torch.relu(x)`): a kernel reads as a line-by-line
 /// translation of its module's `forward`, which a model writing one can copy from the prompt.
+/// On the tier-0 hold-out families, first turns quoting every statement were correct in 4 of
+/// 13, the others in 0 of 59 (H100, 2026-12-07,
+/// `benchmarks/results/main_job_module_styles_h100_2026-12-07.json`).
 fn cuda_chain(steps: &[Step], y: &str, c: &str, indent: &str) -> String {
     steps
         .iter()
@@ -372,6 +375,9 @@ impl Module<'static> {
 /// tensors inline (counted on `datasets/kernelbench/problems.parquet`). A model that only ever
 /// read one way of writing a module misreads the others, so the families are written in all of
 /// them. Drawn from the module's content (blake3), so a family is always written the same way.
+/// Measured with the quoted statements of [`cuda_chain`] in one main job (H100, 2026-12-07):
+/// KernelBench hold-out compile rates unchanged within the run's noise
+/// (`benchmarks/results/main_job_module_styles_h100_2026-12-07.json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Style {
     /// `forward` (and `__init__`, when it has parameters) get a docstring.
@@ -399,7 +405,7 @@ impl Style {
             docstrings: b[0] % 8 < 5,
             annotated: b[1] % 8 < 5,
             inline_inputs: b[2] % 8 < 3,
-            note_empty_init: b[3] % 2 == 0,
+            note_empty_init: b[3].is_multiple_of(2),
         }
     }
 }
