@@ -410,11 +410,20 @@ impl Style {
     }
 }
 
+/// What a `get_inputs` line assigns to `name` (`x = torch.rand(n)`: `torch.rand(n)`), if it
+/// assigns to `name`.
+fn assigned<'s>(line: &'s str, name: &str) -> Option<&'s str> {
+    line.strip_prefix(name)?
+        .trim_start()
+        .strip_prefix('=')
+        .map(str::trim)
+}
+
 /// The shape a `get_inputs` line states for `name` (`x = torch.rand(batch_size, dim)`:
 /// `batch_size, dim`), if it is one tensor made by `torch.rand`/`torch.randn`.
 fn input_shape<'s>(inputs: &'s [String], name: &str) -> Option<&'s str> {
     inputs.iter().find_map(|l| {
-        let rhs = l.strip_prefix(name)?.trim_start().strip_prefix('=')?.trim();
+        let rhs = assigned(l, name)?;
         let args = rhs
             .strip_prefix("torch.rand(")
             .or_else(|| rhs.strip_prefix("torch.randn("))?
@@ -496,12 +505,7 @@ fn inputs_body(m: &Module<'_>, inline: bool) -> String {
             m.inputs
                 .iter()
                 .zip(&m.returned)
-                .map(|(l, r)| {
-                    l.strip_prefix(r.as_str())?
-                        .trim_start()
-                        .strip_prefix('=')
-                        .map(str::trim)
-                })
+                .map(|(l, r)| assigned(l, r))
                 .collect()
         })
         .flatten();
